@@ -1,0 +1,106 @@
+"""The shared part of every dense-family kernel: config -> DSL types, the persistent grid, and
+the TMA producer role that feeds the A/B shared-memory ring (identical on sm_90a and sm_100a).
+
+Arch subclasses (``sm90.GemmSm90``, ``sm100.GemmSm100``) add the MMA role (WGMMA with register
+accumulators / tcgen05 with TMEM accumulators) and the way accumulators reach the epilogue. The
+epilogue math itself is ``cutegemm.epilogue.apply_epilogue`` for both.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+
+from ..schedulers.static import StaticPersistentScheduler, persistent_grid
+from .config import GemmConfig, config_errors
+
+CUTLASS_DTYPES = {
+    "bf16": cutlass.BFloat16,
+    "fp16": cutlass.Float16,
+    "fp32": cutlass.Float32,
+}
+
+
+class GemmBase:
+    """Base of the dense kernels: holds the config, the scheduler choice and the load role."""
+
+    def __init__(self, config: GemmConfig):
+        err = config_errors(config)
+        if err:
+            raise ValueError(f"invalid GemmConfig {config}: {'; '.join(err)}")
+        self.config = config
+        self.a_dtype = CUTLASS_DTYPES[config.a_dtype]
+        self.b_dtype = CUTLASS_DTYPES[config.b_dtype]
+        self.c_dtype = CUTLASS_DTYPES[config.out_dtype]
+        self.acc_dtype = cutlass.Float32
+        self.cluster_shape_mn = (config.cluster_m, config.cluster_n)
+        self.num_mcast_ctas_a = config.cluster_n  # A tile is shared by the CTAs of one cluster row
+        self.num_mcast_ctas_b = config.cluster_m
+        self.is_a_mcast = self.num_mcast_ctas_a > 1
+        self.is_b_mcast = self.num_mcast_ctas_b > 1
+
+    # -- scheduling (arch-neutral) -------------------------------------------------------------
+    def make_scheduler(self, mC_mnl: cute.Tensor, cta_tile_mn) -> StaticPersistentScheduler:
+        return StaticPersistentScheduler.create(
+            (mC_mnl.shape[0], mC_mnl.shape[1], mC_mnl.shape[2]),
+            cta_tile_mn,
+            self.cluster_shape_mn,
+            self.config.group,
+            self.config.raster == "m",
+        )
+
+    def grid(self, mC_mnl: cute.Tensor, cta_tile_mn, max_clusters):
+        return persistent_grid(
+            (mC_mnl.shape[0], mC_mnl.shape[1], mC_mnl.shape[2]),
+            cta_tile_mn,
+            self.cluster_shape_mn,
+            max_clusters,
+        )
+
+    # -- producer role (arch-neutral) ----------------------------------------------------------
+    @cute.jit
+    def load_ab(
+        self,
+        sched: StaticPersistentScheduler,
+        ab_pipeline: pipeline.PipelineAsync,
+        k_tile_cnt: cutlass.Int32,
+        tma_atom_a: cute.CopyAtom,
+        tAgA: cute.Tensor,  # (TMA, RestM, RestK, RestL)
+        tAsA: cute.Tensor,  # (TMA, STAGE)
+        a_mcast_mask,
+        tma_atom_b: cute.CopyAtom,
+        tBgB: cute.Tensor,  # (TMA, RestN, RestK, RestL)
+        tBsB: cute.Tensor,  # (TMA, STAGE)
+        b_mcast_mask,
+    ):
+        """One elected thread: TMA A and B k-tiles of every scheduled tile into the stage ring."""
+        producer_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ab_stage)
+        work = sched.first()
+        while sched.is_valid(work):
+            tile_m, tile_n, tile_l = sched.cta_tile(work)
+            # (TMA, RestK)
+            tAgA_k = tAgA[(None, tile_m, None, tile_l)]
+            tBgB_k = tBgB[(None, tile_n, None, tile_l)]
+            for k_tile in range(k_tile_cnt):
+                ab_pipeline.producer_acquire(producer_state)
+                full_bar = ab_pipeline.producer_get_barrier(producer_state)
+                cute.copy(
+                    tma_atom_a,
+                    tAgA_k[(None, k_tile)],
+                    tAsA[(None, producer_state.index)],
+                    tma_bar_ptr=full_bar,
+                    mcast_mask=a_mcast_mask,
+                )
+                cute.copy(
+                    tma_atom_b,
+                    tBgB_k[(None, k_tile)],
+                    tBsB[(None, producer_state.index)],
+                    tma_bar_ptr=full_bar,
+                    mcast_mask=b_mcast_mask,
+                )
+                ab_pipeline.producer_commit(producer_state)
+                producer_state.advance()
+            work = sched.next(work)
+        # Do not exit while peers in the cluster may still signal our empty barriers.
+        ab_pipeline.producer_tail(producer_state)

@@ -1,0 +1,144 @@
+"""GemmConfig (the compile-cache key), GemmProblem, and ``can_implement``: the one statement of
+what the dense kernels support."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..epilogue import EpilogueSpec
+
+ARCHS = ("sm_90a", "sm_100a")
+INPUT_DTYPES = ("bf16", "fp16")
+OUTPUT_DTYPES = ("bf16", "fp16", "fp32")
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+TMA_ALIGN_BYTES = 16
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Everything that changes the compiled kernel. Frozen and hashable: it is the cache key.
+
+    tile_m/tile_n: the CTA tile (sm_100a with two_cta: the MMA tile of the CTA pair, so the CTA
+    tile is tile_m/2 x tile_n). stages=0 picks as many A/B stages as shared memory holds.
+    raster/group: tile order of the persistent scheduler (see schedulers/static.py).
+    """
+
+    arch: str
+    a_dtype: str = "bf16"
+    b_dtype: str = "bf16"
+    out_dtype: str = "bf16"
+    a_major: str = "k"  # "k" (row-major A) | "m" (column-major A)
+    b_major: str = "n"  # "n" (row-major B) | "k" (column-major B, e.g. weight.t())
+    tile_m: int = 128
+    tile_n: int = 256
+    cluster_m: int = 1
+    cluster_n: int = 1
+    stages: int = 0
+    two_cta: bool = False
+    raster: str = "m"
+    group: int = 8
+    scheduler: str = "static"
+    epilogue: EpilogueSpec = field(default_factory=EpilogueSpec)
+
+    @property
+    def name(self) -> str:
+        """Spells out family, dtypes, majors, tile, epilogue, scheduler and arch."""
+        tile = f"{self.tile_m}x{self.tile_n}" + ("_2cta" if self.two_cta else "")
+        return (
+            f"dense_{self.a_dtype}{self.b_dtype}_{self.out_dtype}_{self.a_major}{self.b_major}"
+            f"_t{tile}_c{self.cluster_m}x{self.cluster_n}_epi-{self.epilogue.name}"
+            f"_{self.scheduler}-{self.raster}{self.group}_{self.arch}"
+        )
+
+
+@dataclass(frozen=True)
+class GemmProblem:
+    """One (batched) problem: C[l] = A[l] @ B[l], A (M, K), B (K, N), C (M, N)."""
+
+    m: int
+    n: int
+    k: int
+    l: int = 1
+    a_dtype: str = "bf16"
+    b_dtype: str = "bf16"
+    out_dtype: str = "bf16"
+    a_major: str = "k"
+    b_major: str = "n"
+    # Element strides of the non-unit modes (None: compact), checked for TMA's 16-byte rule.
+    a_strides: tuple[int, ...] | None = None
+    b_strides: tuple[int, ...] | None = None
+    out_strides: tuple[int, ...] | None = None
+
+
+def config_errors(cfg: GemmConfig) -> list[str]:
+    """Rules on the config alone (independent of problem size)."""
+    err = []
+    if cfg.arch not in ARCHS:
+        err.append(f"arch {cfg.arch!r} not in {ARCHS}")
+    if cfg.a_dtype not in INPUT_DTYPES or cfg.b_dtype != cfg.a_dtype:
+        err.append(f"a/b dtype must be equal and one of {INPUT_DTYPES}, got {cfg.a_dtype}/{cfg.b_dtype}")
+    if cfg.out_dtype not in OUTPUT_DTYPES:
+        err.append(f"out dtype {cfg.out_dtype!r} not in {OUTPUT_DTYPES}")
+    if cfg.a_major not in ("k", "m"):
+        err.append(f"a_major must be 'k' or 'm', got {cfg.a_major!r}")
+    if cfg.b_major not in ("k", "n"):
+        err.append(f"b_major must be 'k' or 'n', got {cfg.b_major!r}")
+    for v, nm in ((cfg.cluster_m, "cluster_m"), (cfg.cluster_n, "cluster_n")):
+        if v not in (1, 2, 4):
+            err.append(f"{nm} must be 1, 2 or 4, got {v}")
+    if cfg.cluster_m * cfg.cluster_n > 4:
+        err.append("cluster size must be <= 4")
+    if cfg.raster not in ("m", "n") or cfg.group < 1:
+        err.append(f"raster must be 'm'/'n' and group >= 1, got {cfg.raster!r}/{cfg.group}")
+    if cfg.scheduler != "static":
+        err.append(f"scheduler {cfg.scheduler!r} not available for dense GEMM (static)")
+    if cfg.stages not in (0,) and not 2 <= cfg.stages <= 12:
+        err.append(f"stages must be 0 (auto) or 2..12, got {cfg.stages}")
+    if cfg.arch == "sm_90a":
+        if cfg.two_cta:
+            err.append("two_cta is an sm_100a feature")
+        if cfg.tile_m not in (64, 128):
+            err.append(f"sm_90a tile_m must be 64 or 128, got {cfg.tile_m}")
+        if cfg.tile_n not in (64, 128, 192, 256):
+            err.append(f"sm_90a tile_n must be 64, 128, 192 or 256, got {cfg.tile_n}")
+    elif cfg.arch == "sm_100a":
+        ok_m = (128, 256) if cfg.two_cta else (64, 128)
+        if cfg.tile_m not in ok_m:
+            err.append(f"sm_100a tile_m must be in {ok_m} (two_cta={cfg.two_cta}), got {cfg.tile_m}")
+        if cfg.tile_n % 32 or not 32 <= cfg.tile_n <= 256:
+            err.append(f"sm_100a tile_n must be a multiple of 32 in [32, 256], got {cfg.tile_n}")
+        if cfg.two_cta and cfg.cluster_m % 2:
+            err.append("two_cta needs cluster_m to be even")
+    return err
+
+
+def _aligned(count_elems: int, dtype: str) -> bool:
+    return (count_elems * DTYPE_BYTES[dtype]) % TMA_ALIGN_BYTES == 0
+
+
+def problem_errors(cfg: GemmConfig, p: GemmProblem) -> list[str]:
+    """Rules that tie a config to a problem: dtypes/majors match, TMA alignment."""
+    err = []
+    for attr in ("a_dtype", "b_dtype", "out_dtype", "a_major", "b_major"):
+        if getattr(cfg, attr) != getattr(p, attr):
+            err.append(f"config {attr}={getattr(cfg, attr)!r} but problem has {getattr(p, attr)!r}")
+    if min(p.m, p.n, p.k, p.l) < 1:
+        err.append(f"kernel needs M, N, K, L >= 1 (got {p.m}, {p.n}, {p.k}, {p.l})")
+    for nm, strides, dtype in (
+        ("a", p.a_strides, p.a_dtype),
+        ("b", p.b_strides, p.b_dtype),
+        ("out", p.out_strides, p.out_dtype),
+    ):
+        for s in strides or ():
+            if not _aligned(s, dtype):
+                err.append(
+                    f"{nm}: stride {s} elements is not a multiple of {TMA_ALIGN_BYTES} bytes "
+                    f"(TMA needs 16-byte aligned strides)"
+                )
+    return err
+
+
+def can_implement(cfg: GemmConfig, p: GemmProblem | None = None) -> tuple[bool, str]:
+    """(ok, reason). The public API raises ValueError with the reason when not ok."""
+    err = config_errors(cfg) + (problem_errors(cfg, p) if p is not None else [])
+    return (not err, "; ".join(err))

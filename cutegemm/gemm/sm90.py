@@ -1,0 +1,375 @@
+"""Dense GEMM for Hopper (sm_90a): persistent, warp-specialized, WGMMA.
+
+Pipeline (one CTA; a cluster of cluster_m x cluster_n CTAs shares A/B tiles by TMA multicast):
+
+    warp 0 (producer, 40 regs)      consumer warpgroups 1..W (WGMMA, 232 regs)
+    ---------------------------     ------------------------------------------------------
+    for tile in scheduler:          for tile in scheduler:
+      for k in K-tiles:               for k in K-tiles:
+        wait stage empty                wait stage full -> WGMMA (acc in registers)
+        TMA A,B -> smem stage           release stage k-1 once WGMMA k-1 retired
+                                      epilogue per (epi_m x epi_n) subtile:
+                                        acc -> apply_epilogue -> cast -> stmatrix -> smem
+                                        -> TMA store (ring of epi_stage buffers)
+
+W = tile_m // 64 consumer warpgroups, each owning 64 rows of the tile. While the consumers run
+the epilogue of tile i, the producer is already loading tile i+1 into free stages.
+Constraints: see ``config.config_errors`` (tile_m 64/128, tile_n 64..256, cluster <= 4).
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
+from cutlass.tensor_utils import LayoutEnum
+
+from ..epilogue import apply_epilogue
+from .base import GemmBase
+
+SMEM_CAPACITY_SM90 = 232448
+BAR_EPILOGUE = 1
+
+
+class GemmSm90(GemmBase):
+    threads_per_warpgroup = 128
+    load_registers = 40
+    mma_registers = 232
+    epi_stage = 4
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.num_mma_wg = config.tile_m // 64
+        self.atom_layout_mnk = (self.num_mma_wg, 1, 1)
+        self.threads_per_cta = (1 + self.num_mma_wg) * self.threads_per_warpgroup
+        self.num_mma_threads = self.num_mma_wg * self.threads_per_warpgroup
+        self.load_warp_id = 0
+        self.epi_store_warp_id = 4  # first warp of the first consumer warpgroup
+        self.epi_barrier = pipeline.NamedBarrier(barrier_id=BAR_EPILOGUE, num_threads=self.num_mma_threads)
+
+    # ---------------------------------------------------------------------------------------
+    def _setup(self, a_layout: LayoutEnum, b_layout: LayoutEnum, c_layout: LayoutEnum):
+        cfg = self.config
+        self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            self.a_dtype,
+            self.b_dtype,
+            a_layout.sm90_mma_major_mode(),
+            b_layout.sm90_mma_major_mode(),
+            self.acc_dtype,
+            self.atom_layout_mnk,
+            tiler_mn=(64, cfg.tile_n),
+        )
+        inst_k = cute.size(self.tiled_mma.shape_mnk, mode=[2])
+        self.tile_shape_mnk = (cfg.tile_m, cfg.tile_n, inst_k * 4)  # K tile = 64 for 16-bit inputs
+        self.cta_layout_mnk = cute.make_layout((*self.cluster_shape_mn, 1))
+        # Epilogue subtile: the full M of the tile (all consumer WGs) x 32 columns.
+        self.epi_tile = (cfg.tile_m, 32)
+
+        ab_bytes = (cfg.tile_m + cfg.tile_n) * self.tile_shape_mnk[2] * self.a_dtype.width // 8
+        epi_bytes = cute.size(self.epi_tile) * self.c_dtype.width // 8 * self.epi_stage
+        budget = SMEM_CAPACITY_SM90 - 1024 - epi_bytes  # 1 KiB for mbarriers
+        self.ab_stage = cfg.stages or budget // ab_bytes
+        if self.ab_stage < 2 or self.ab_stage * ab_bytes > budget:
+            raise ValueError(f"{cfg.name}: {self.ab_stage} stages of {ab_bytes} B do not fit in shared memory")
+
+        def staged_layout(layout, dtype, mn, stages, is_k_major):
+            major_size = self.tile_shape_mnk[2] if is_k_major else mn
+            atom = warpgroup.make_smem_layout_atom(
+                sm90_utils.get_smem_layout_atom(layout, dtype, major_size), dtype
+            )
+            return cute.tile_to_shape(
+                atom,
+                (mn, self.tile_shape_mnk[2], stages),
+                order=(0, 1, 2) if is_k_major else (1, 0, 2),
+            )
+
+        self.a_smem_layout_staged = staged_layout(
+            a_layout, self.a_dtype, cfg.tile_m, self.ab_stage, cfg.a_major == "k"
+        )
+        self.b_smem_layout_staged = staged_layout(
+            b_layout, self.b_dtype, cfg.tile_n, self.ab_stage, cfg.b_major == "k"
+        )
+        c_major_size = self.epi_tile[1] if c_layout.is_n_major_c() else self.epi_tile[0]
+        c_atom = warpgroup.make_smem_layout_atom(
+            sm90_utils.get_smem_layout_atom(c_layout, self.c_dtype, c_major_size), self.c_dtype
+        )
+        self.epi_smem_layout_staged = cute.tile_to_shape(
+            c_atom,
+            (*self.epi_tile, self.epi_stage),
+            order=(1, 0, 2) if c_layout.is_m_major_c() else (0, 1, 2),
+        )
+
+    @cute.jit
+    def __call__(
+        self,
+        mA: cute.Tensor,  # (M, K, L)
+        mB: cute.Tensor,  # (N, K, L)
+        mC: cute.Tensor,  # (M, N, L)
+        alpha: cutlass.Float32,
+        max_clusters: cutlass.Int32,
+        stream: cuda.CUstream,
+    ):
+        self.c_layout = LayoutEnum.from_tensor(mC)
+        self._setup(LayoutEnum.from_tensor(mA), LayoutEnum.from_tensor(mB), self.c_layout)
+        cfg = self.config
+
+        def tma_load(tensor, staged, tile, mcast):
+            op = cpasync.CopyBulkTensorTileG2SOp() if mcast == 1 else cpasync.CopyBulkTensorTileG2SMulticastOp()
+            return cpasync.make_tiled_tma_atom(
+                op, tensor, cute.slice_(staged, (None, None, 0)), tile, num_multicast=mcast
+            )
+
+        tma_atom_a, tma_tensor_a = tma_load(
+            mA, self.a_smem_layout_staged, (cfg.tile_m, self.tile_shape_mnk[2]), self.num_mcast_ctas_a
+        )
+        tma_atom_b, tma_tensor_b = tma_load(
+            mB, self.b_smem_layout_staged, (cfg.tile_n, self.tile_shape_mnk[2]), self.num_mcast_ctas_b
+        )
+        tma_atom_c, tma_tensor_c = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(),
+            mC,
+            cute.slice_(self.epi_smem_layout_staged, (None, None, 0)),
+            self.epi_tile,
+        )
+
+        @cute.struct
+        class SharedStorage:
+            ab_mbar: cute.struct.MemRange[cutlass.Int64, self.ab_stage * 2]
+            sA: cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(self.a_smem_layout_staged)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(self.b_smem_layout_staged)], 1024]
+            sC: cute.struct.Align[
+                cute.struct.MemRange[self.c_dtype, cute.cosize(self.epi_smem_layout_staged)], 1024
+            ]
+
+        self.shared_storage = SharedStorage
+        self.kernel(
+            tma_atom_a,
+            tma_tensor_a,
+            tma_atom_b,
+            tma_tensor_b,
+            tma_atom_c,
+            tma_tensor_c,
+            alpha,
+            self.tiled_mma,
+            self.cta_layout_mnk,
+            self.a_smem_layout_staged,
+            self.b_smem_layout_staged,
+            self.epi_smem_layout_staged,
+        ).launch(
+            grid=self.grid(mC, (cfg.tile_m, cfg.tile_n), max_clusters),
+            block=[self.threads_per_cta, 1, 1],
+            cluster=(*self.cluster_shape_mn, 1),
+            min_blocks_per_mp=1,
+            stream=stream,
+        )
+
+    # ---------------------------------------------------------------------------------------
+    @cute.kernel
+    def kernel(
+        self,
+        tma_atom_a: cute.CopyAtom,
+        mA_mkl: cute.Tensor,
+        tma_atom_b: cute.CopyAtom,
+        mB_nkl: cute.Tensor,
+        tma_atom_c: cute.CopyAtom,
+        mC_mnl: cute.Tensor,
+        alpha: cutlass.Float32,
+        tiled_mma: cute.TiledMma,
+        cta_layout_mnk: cute.Layout,
+        a_smem_layout_staged: cute.ComposedLayout,
+        b_smem_layout_staged: cute.ComposedLayout,
+        epi_smem_layout_staged: cute.ComposedLayout,
+    ):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tidx, _, _ = cute.arch.thread_idx()
+        if warp_idx == self.load_warp_id:
+            cpasync.prefetch_descriptor(tma_atom_a)
+            cpasync.prefetch_descriptor(tma_atom_b)
+            cpasync.prefetch_descriptor(tma_atom_c)
+
+        cta_rank_in_cluster = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        cluster_coord_mnk = cta_layout_mnk.get_flat_coord(cta_rank_in_cluster)
+        a_mcast_mask = cute.make_layout_image_mask(cta_layout_mnk, cluster_coord_mnk, mode=1)
+        b_mcast_mask = cute.make_layout_image_mask(cta_layout_mnk, cluster_coord_mnk, mode=0)
+        a_mcast_mask = a_mcast_mask if self.is_a_mcast else 0
+        b_mcast_mask = b_mcast_mask if self.is_b_mcast else 0
+
+        smem = utils.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        tma_bytes = cute.size_in_bytes(
+            self.a_dtype, cute.slice_(a_smem_layout_staged, (None, None, 0))
+        ) + cute.size_in_bytes(self.b_dtype, cute.slice_(b_smem_layout_staged, (None, None, 0)))
+        # Every consumer warp of every CTA that reads a multicast stage releases it.
+        mcast_size = self.num_mcast_ctas_a + self.num_mcast_ctas_b - 1
+        ab_pipeline = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.ab_mbar.data_ptr(),
+            num_stages=self.ab_stage,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, mcast_size * self.num_mma_wg * 4),
+            tx_count=tma_bytes,
+            cta_layout_vmnk=cute.make_layout((1, *cta_layout_mnk.shape)),
+            defer_sync=True,
+        )
+        pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mn, is_relaxed=True)
+
+        # (bM, bK, STAGE), (bN, bK, STAGE), (EPI_M, EPI_N, EPI_STAGE)
+        sA = storage.sA.get_tensor(a_smem_layout_staged.outer, swizzle=a_smem_layout_staged.inner)
+        sB = storage.sB.get_tensor(b_smem_layout_staged.outer, swizzle=b_smem_layout_staged.inner)
+        sC = storage.sC.get_tensor(epi_smem_layout_staged.outer, swizzle=epi_smem_layout_staged.inner)
+
+        # (bM, bK, RestM, RestK, RestL)
+        gA_mkl = cute.local_tile(mA_mkl, cute.slice_(self.tile_shape_mnk, (None, 0, None)), (None, None, None))
+        # (bN, bK, RestN, RestK, RestL)
+        gB_nkl = cute.local_tile(mB_nkl, cute.slice_(self.tile_shape_mnk, (0, None, None)), (None, None, None))
+        # (bM, bN, RestM, RestN, RestL)
+        gC_mnl = cute.local_tile(mC_mnl, cute.slice_(self.tile_shape_mnk, (None, None, 0)), (None, None, None))
+
+        # TMA partitions. A is multicast along the cluster's N mode, B along its M mode.
+        # (TMA, STAGE), (TMA, RestM, RestK, RestL)
+        tAsA, tAgA = cpasync.tma_partition(
+            tma_atom_a,
+            cluster_coord_mnk[1],
+            cute.make_layout(cute.slice_(cta_layout_mnk, (0, None, 0)).shape),
+            cute.group_modes(sA, 0, 2),
+            cute.group_modes(gA_mkl, 0, 2),
+        )
+        # (TMA, STAGE), (TMA, RestN, RestK, RestL)
+        tBsB, tBgB = cpasync.tma_partition(
+            tma_atom_b,
+            cluster_coord_mnk[0],
+            cute.make_layout(cute.slice_(cta_layout_mnk, (None, 0, 0)).shape),
+            cute.group_modes(sB, 0, 2),
+            cute.group_modes(gB_nkl, 0, 2),
+        )
+        k_tile_cnt = cute.size(gA_mkl, mode=[3])
+        sched = self.make_scheduler(mC_mnl, (self.config.tile_m, self.config.tile_n))
+
+        pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
+
+        warp_group_idx = cute.arch.make_warp_uniform(tidx // self.threads_per_warpgroup)
+        if warp_group_idx == 0:
+            cute.arch.setmaxregister_decrease(self.load_registers)
+            if warp_idx == self.load_warp_id:
+                self.load_ab(
+                    sched, ab_pipeline, k_tile_cnt,
+                    tma_atom_a, tAgA, tAsA, a_mcast_mask,
+                    tma_atom_b, tBgB, tBsB, b_mcast_mask,
+                )  # fmt: skip
+        else:
+            cute.arch.setmaxregister_increase(self.mma_registers)
+            self.mma_and_epilogue(
+                sched, ab_pipeline, k_tile_cnt, tiled_mma, sA, sB, sC, gC_mnl,
+                tma_atom_c, alpha, tidx - self.threads_per_warpgroup, warp_idx,
+            )  # fmt: skip
+
+    # ---------------------------------------------------------------------------------------
+    @cute.jit
+    def mma_and_epilogue(
+        self,
+        sched,
+        ab_pipeline: pipeline.PipelineAsync,
+        k_tile_cnt: cutlass.Int32,
+        tiled_mma: cute.TiledMma,
+        sA: cute.Tensor,
+        sB: cute.Tensor,
+        sC: cute.Tensor,
+        gC_mnl: cute.Tensor,
+        tma_atom_c: cute.CopyAtom,
+        alpha: cutlass.Float32,
+        mma_tidx: cutlass.Int32,
+        warp_idx: cutlass.Int32,
+    ):
+        """Consumer warpgroups: WGMMA mainloop into register accumulators, then the epilogue."""
+        thr_mma = tiled_mma.get_slice(mma_tidx)
+        # (MMA, MMA_M, MMA_K, STAGE), (MMA, MMA_N, MMA_K, STAGE)
+        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+        # (MMA, MMA_M, MMA_N)
+        acc_shape = thr_mma.partition_C(gC_mnl).shape[:3]
+        acc = cute.make_rmem_tensor(acc_shape, self.acc_dtype)
+        num_k_blocks = cute.size(tCrA, mode=[2])
+
+        # Epilogue copies: registers -> smem with stmatrix, then one warp TMA-stores the subtile.
+        copy_atom_r2s = sm90_utils.sm90_get_smem_store_op(
+            self.c_layout, elem_ty_d=self.c_dtype, elem_ty_acc=self.acc_dtype
+        )
+        copy_atom_c = cute.make_copy_atom(
+            cute.nvgpu.warp.StMatrix8x8x16bOp(self.c_layout.is_m_major_c(), 4), self.c_dtype
+        )
+        tiled_copy_r2s = cute.make_tiled_copy_S(copy_atom_r2s, cute.make_tiled_copy_C_atom(copy_atom_c, tiled_mma))
+        thr_copy_r2s = tiled_copy_r2s.get_slice(mma_tidx)
+        # (R2S, R2S_M, R2S_N, EPI_STAGE)
+        tRS_sC = thr_copy_r2s.partition_D(sC)
+        # (R2S, R2S_M, R2S_N) view of the whole accumulator
+        tRS_rAcc = tiled_copy_r2s.retile(acc)
+        rD_shape = cute.shape(thr_copy_r2s.partition_S(sC))[:3]
+        tRS_rD = cute.make_rmem_tensor(rD_shape, self.acc_dtype)
+        tRS_rD_out = cute.make_rmem_tensor(rD_shape, self.c_dtype)
+        size_rD = cute.size(tRS_rD)
+
+        store_pipeline = pipeline.PipelineTmaStore.create(
+            num_stages=self.epi_stage,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads),
+        )
+        read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stage)
+        release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stage)
+        epi_count = cutlass.Int32(0)  # subtiles stored so far: picks the epilogue smem buffer
+
+        work = sched.first()
+        while sched.is_valid(work):
+            tile_m, tile_n, tile_l = sched.cta_tile(work)
+
+            # ---- mainloop: keep one WGMMA batch in flight, release the stage behind it ----
+            acc.fill(0.0)
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+            warpgroup.fence()
+            for k_tile in range(k_tile_cnt):
+                ab_pipeline.consumer_wait(read_state)
+                for kb in cutlass.range_constexpr(num_k_blocks):
+                    coord = (None, None, kb, read_state.index)
+                    cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
+                warpgroup.commit_group()
+                warpgroup.wait_group(1)
+                if k_tile > 0:
+                    ab_pipeline.consumer_release(release_state)
+                    release_state.advance()
+                read_state.advance()
+            warpgroup.wait_group(0)
+            if k_tile_cnt > 0:
+                ab_pipeline.consumer_release(release_state)
+                release_state.advance()
+
+            # ---- epilogue ----
+            gC = gC_mnl[(None, None, tile_m, tile_n, tile_l)]
+            # ((EPI_M, EPI_N), (RestM, RestN))
+            gC_epi = cute.zipped_divide(gC, self.epi_tile)
+            bSG_sC, bSG_gC = cpasync.tma_partition(
+                tma_atom_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), gC_epi
+            )
+            epi_rest = gC_epi.shape[1]
+            epi_layout = cute.make_layout(epi_rest, stride=(epi_rest[1], 1))
+            num_epi = cute.size(epi_rest)
+            for epi_idx in cutlass.range_constexpr(num_epi):
+                for v in cutlass.range_constexpr(size_rD):
+                    tRS_rD[v] = tRS_rAcc[epi_idx * size_rD + v]
+                out = apply_epilogue(self.config.epilogue, tRS_rD.load(), alpha)
+                tRS_rD_out.store(out.to(self.c_dtype))
+                buf = epi_count % self.epi_stage
+                cute.copy(tiled_copy_r2s, tRS_rD_out, tRS_sC[(None, None, None, buf)])
+                # Make the smem writes visible to the TMA (async proxy), then one warp stores.
+                cute.arch.fence_proxy("async.shared", space="cta")
+                self.epi_barrier.arrive_and_wait()
+                if warp_idx == self.epi_store_warp_id:
+                    cute.copy(tma_atom_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_layout.get_hier_coord(epi_idx))])
+                    store_pipeline.producer_commit()
+                    store_pipeline.producer_acquire()
+                self.epi_barrier.arrive_and_wait()
+                epi_count += 1
+            work = sched.next(work)
+
+        store_pipeline.producer_tail()

@@ -1,0 +1,29 @@
+"""Fake (symbolic) kernel arguments: one compiled kernel serves every M, N, K, L and stride of a
+config. Shapes and non-unit strides are dynamic; the unit stride encodes the operand's major mode,
+and the declared stride divisibility is TMA's 16-byte rule, checked again by the TVM-FFI call."""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+from ..gemm.base import CUTLASS_DTYPES
+from ..gemm.config import DTYPE_BYTES, TMA_ALIGN_BYTES, GemmConfig
+
+
+def _fake_matrix(dtype: str, unit_mode: int):
+    """A (rows, cols, L) tensor whose mode ``unit_mode`` (0 or 1) has stride 1."""
+    div = TMA_ALIGN_BYTES // DTYPE_BYTES[dtype]
+    shape = (cute.sym_int32(), cute.sym_int32(), cute.sym_int32())
+    stride = [cute.sym_int64(divisibility=div), cute.sym_int64(divisibility=div), cute.sym_int64(divisibility=div)]
+    stride[unit_mode] = 1
+    return make_fake_tensor(CUTLASS_DTYPES[dtype], shape, tuple(stride), assumed_align=TMA_ALIGN_BYTES)
+
+
+def dense_fake_args(cfg: GemmConfig):
+    """(mA (M,K,L), mB (N,K,L), mC (M,N,L), alpha, max_clusters, stream) for ``cute.compile``."""
+    a = _fake_matrix(cfg.a_dtype, 1 if cfg.a_major == "k" else 0)
+    b = _fake_matrix(cfg.b_dtype, 1 if cfg.b_major == "k" else 0)
+    c = _fake_matrix(cfg.out_dtype, 1)
+    return a, b, c, cutlass.Float32(1.0), cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True)

@@ -1,0 +1,134 @@
+"""Static persistent tile scheduler (arch-neutral).
+
+Work unit: one *cluster tile* (cluster_m x cluster_n CTA tiles). The grid is
+``(cluster_m, cluster_n, num_persistent_clusters)``; cluster ``c = blockIdx.z`` walks the linear
+cluster-tile indices ``c, c + gridDim.z, c + 2 * gridDim.z, ...``. A linear index becomes
+``(m, n, l)`` cluster coordinates through :func:`swizzled_tile_coord`, the one mapping used by the
+kernels (traced with DSL integers) and by the CPU property tests (plain ints).
+
+Raster and swizzle (L2 reuse): with ``raster="m"`` the walk goes along M inside bands of
+``group`` N-columns, N fastest inside the band; so the ~132 tiles in flight cover ``group``
+N-columns x (132 / group) M-rows and both operands are re-read from L2, not HBM.
+``raster="n"`` swaps the roles of M and N.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import cutlass
+import cutlass.cute as cute
+from cutlass.cutlass_dsl import extract_mlir_values, new_from_mlir_values
+
+
+def swizzled_tile_coord(idx, tiles_m, tiles_n, group, raster_m, min_fn=min):
+    """Linear tile index -> (m, n, l) tile coordinates.
+
+    Works on Python ints (tests) and on DSL Int32 values (kernels, pass ``min_fn=cutlass.min``).
+    ``raster_m`` and ``group`` must be Python values (compile-time).
+    """
+    per_batch = tiles_m * tiles_n
+    l_idx = idx // per_batch
+    r = idx - l_idx * per_batch
+    if raster_m:
+        major_count, minor_count = tiles_m, tiles_n
+    else:
+        major_count, minor_count = tiles_n, tiles_m
+    band_size = group * major_count
+    band = r // band_size
+    r = r - band * band_size
+    first_minor = band * group
+    width = min_fn(group, minor_count - first_minor)
+    major = r // width
+    minor = first_minor + (r - major * width)
+    if raster_m:
+        return major, minor, l_idx
+    return minor, major, l_idx
+
+
+class TileScheduler(Protocol):
+    """What every scheduler gives the kernel roles (producer, MMA, epilogue).
+
+    Roles keep a loop-carried ``work`` handle: ``first()``, then ``next(work)`` until
+    ``is_valid(work)`` is false; ``cta_tile(work)`` gives this CTA's (m, n, l) tile coordinates.
+    """
+
+    def first(self): ...
+
+    def next(self, work): ...
+
+    def is_valid(self, work): ...
+
+    def cta_tile(self, work): ...
+
+
+class StaticPersistentScheduler:
+    """Strided walk over cluster tiles; built inside the kernel from the problem shape.
+
+    Holds only Int32 runtime values (the ``_dyn`` list) plus compile-time settings, so the DSL can
+    carry it through the roles' dynamic loops.
+    """
+
+    _dyn = ("tiles_m", "tiles_n", "total", "start", "stride", "cta_m", "cta_n")
+
+    def __init__(self, cluster_mn, group: int, raster_m: bool, values=None):
+        self.cluster_mn = cluster_mn
+        self.group = group
+        self.raster_m = raster_m
+        for name, v in zip(self._dyn, values or ()):
+            setattr(self, name, v)
+
+    @staticmethod
+    def create(problem_mnl, tile_mn, cluster_mn, group: int, raster_m: bool) -> StaticPersistentScheduler:
+        m, n, l_count = problem_mnl
+        tiles_m = cutlass.Int32(cute.ceil_div(m, tile_mn[0] * cluster_mn[0]))
+        tiles_n = cutlass.Int32(cute.ceil_div(n, tile_mn[1] * cluster_mn[1]))
+        bx, by, cluster_id = cute.arch.block_idx()
+        _, _, num_clusters = cute.arch.grid_dim()
+        values = (
+            tiles_m,
+            tiles_n,
+            tiles_m * tiles_n * cutlass.Int32(l_count),
+            cutlass.Int32(cluster_id),
+            cutlass.Int32(num_clusters),
+            cutlass.Int32(bx) % cluster_mn[0],
+            cutlass.Int32(by) % cluster_mn[1],
+        )
+        return StaticPersistentScheduler(cluster_mn, group, raster_m, values)
+
+    def __extract_mlir_values__(self):
+        return extract_mlir_values([getattr(self, k) for k in self._dyn])
+
+    def __new_from_mlir_values__(self, values):
+        old = [getattr(self, k) for k in self._dyn]
+        return StaticPersistentScheduler(
+            self.cluster_mn, self.group, self.raster_m, new_from_mlir_values(old, values)
+        )
+
+    def first(self):
+        return self.start
+
+    def next(self, work):
+        return work + self.stride
+
+    def is_valid(self, work):
+        return work < self.total
+
+    def cta_tile(self, work):
+        cm, cn, l_idx = swizzled_tile_coord(
+            work, self.tiles_m, self.tiles_n, self.group, self.raster_m, min_fn=cutlass.min
+        )
+        return (
+            cm * self.cluster_mn[0] + self.cta_m,
+            cn * self.cluster_mn[1] + self.cta_n,
+            l_idx,
+        )
+
+
+def persistent_grid(problem_mnl, tile_mn, cluster_mn, max_clusters: int):
+    """Host side: grid (cluster_m, cluster_n, clusters) with clusters = min(cluster tiles, max_clusters)."""
+    m, n, l_count = problem_mnl
+    total = (
+        cute.ceil_div(m, tile_mn[0] * cluster_mn[0]) * cute.ceil_div(n, tile_mn[1] * cluster_mn[1]) * l_count
+    )
+    return (cluster_mn[0], cluster_mn[1], cutlass.min(total, max_clusters))
