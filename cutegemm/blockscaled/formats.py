@@ -123,7 +123,5 @@ def get_format(name: str | BlockFormat) -> BlockFormat:
         raise TypeError(f"format name: expected a str or BlockFormat, got {type(name).__name__}")
     fmt = FORMATS.get(name.lower())
     if fmt is None:
-        raise ValueError(
-            f"unknown block-scaled format {name!r}; expected one of {sorted(FORMATS)}"
-        )
+        raise ValueError(f"unknown block-scaled format {name!r}; expected one of {sorted(FORMATS)}")
     return fmt

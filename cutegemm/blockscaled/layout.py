@@ -57,8 +57,7 @@ def to_swizzled(scales_plain: torch.Tensor) -> torch.Tensor:
     _check_byte_tensor(scales_plain, "scales_plain")
     if scales_plain.dim() not in (2, 3):
         raise ValueError(
-            f"scales_plain: expected shape (rows, cols) or (L, rows, cols), "
-            f"got {tuple(scales_plain.shape)}"
+            f"scales_plain: expected shape (rows, cols) or (L, rows, cols), got {tuple(scales_plain.shape)}"
         )
     batched = scales_plain.dim() == 3
     src = scales_plain.view(torch.uint8)

@@ -22,7 +22,8 @@ MX formats (MXFP8, MXFP8_E5M2, MXFP4; OCP MX v1.0):
     * A block containing NaN or ±Inf: scale byte 0xFF (e8m0 NaN) and all elements stored as
       zero, so the whole block (and only that block) dequantizes to NaN.
     * Elements are ``x / 2**E`` rounded to nearest-even in the element type, saturating to
-      ``±elem_max`` (never Inf/NaN). The division is exact (power of two).
+      ``±elem_max`` (never Inf/NaN). Scaling by the power of two is exact for every value
+      that does not round to zero.
 
 NVFP4 (NVIDIA's two-level recipe):
     * ``global_scale`` (fp32, per tensor) defaults to ``amax_tensor / (448 * 6)`` where
@@ -123,8 +124,7 @@ def pack_fp4(values: torch.Tensor) -> torch.Tensor:
         raise TypeError("values: expected a floating-point torch.Tensor")
     if values.dim() == 0 or values.shape[-1] % 2:
         raise ValueError(
-            f"values: last dimension must be even to pack FP4 pairs, got shape "
-            f"{tuple(values.shape)}"
+            f"values: last dimension must be even to pack FP4 pairs, got shape {tuple(values.shape)}"
         )
     a = values.float().abs()
     # Midpoints of the grid; ties go to the even code (mantissa bit 0): 0.25->0, 0.75->1,
@@ -204,9 +204,7 @@ def quantize_ref(
     if x.dtype not in _INPUT_DTYPES:
         raise TypeError(f"x: expected dtype float32, bfloat16 or float16, got {x.dtype}")
     if x.dim() not in (2, 3) or x.numel() == 0:
-        raise ValueError(
-            f"x: expected a non-empty (rows, K) or (L, rows, K) tensor, got {tuple(x.shape)}"
-        )
+        raise ValueError(f"x: expected a non-empty (rows, K) or (L, rows, K) tensor, got {tuple(x.shape)}")
     if not isinstance(fmt, (BlockFormat, str)):
         raise TypeError(f"fmt: expected a BlockFormat or str, got {type(fmt).__name__}")
     fmt = get_format(fmt)
@@ -235,8 +233,9 @@ def quantize_ref(
         e = torch.where(amax == 0, -_E8M0_BIAS, e).clamp(-_E8M0_BIAS, _E8M0_BIAS)
         scale_bits = torch.where(nonfinite, _E8M0_NAN, e + _E8M0_BIAS).to(torch.uint8)
         scales = scale_bits.view(torch.float8_e8m0fnu)
-        # For finite inputs e <= 127 - emax_elem, so 2**-e is a normal fp32 and exact.
-        scaled = blocks * _exp2_int(-e.clamp(min=-126)).unsqueeze(-1)
+        # e <= 127 - emax_elem, so 2**-e is a normal fp32 and the product rounds only for
+        # values that are far below the element grid anyway (fp32 subnormal results).
+        scaled = blocks * _exp2_int(-e).unsqueeze(-1)
     else:
         if global_scale is None:
             finite_amax = torch.where(torch.isfinite(xf), xf.abs(), 0.0).amax()

@@ -41,13 +41,18 @@ class GemmBase:
         self.is_b_mcast = self.num_mcast_ctas_b > 1
 
     # -- scheduling (arch-neutral) -------------------------------------------------------------
-    def make_scheduler(self, mC_mnl: cute.Tensor, cta_tile_mn) -> StaticPersistentScheduler:
+    def make_scheduler(
+        self, mC_mnl: cute.Tensor, cta_tile_mn, ctas_per_tile_m: int = 1
+    ) -> StaticPersistentScheduler:
+        """``ctas_per_tile_m=2``: a CTA pair shares one MMA tile (sm_100 2-CTA); the scheduler then
+        hands out that tile's coordinates (see ``StaticPersistentScheduler.create``)."""
         return StaticPersistentScheduler.create(
             (mC_mnl.shape[0], mC_mnl.shape[1], mC_mnl.shape[2]),
             cta_tile_mn,
             self.cluster_shape_mn,
             self.config.group,
             self.config.raster == "m",
+            ctas_per_tile_m,
         )
 
     def grid(self, mC_mnl: cute.Tensor, cta_tile_mn, max_clusters):

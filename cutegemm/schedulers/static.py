@@ -79,22 +79,33 @@ class StaticPersistentScheduler:
             setattr(self, name, v)
 
     @staticmethod
-    def create(problem_mnl, tile_mn, cluster_mn, group: int, raster_m: bool) -> StaticPersistentScheduler:
+    def create(
+        problem_mnl, tile_mn, cluster_mn, group: int, raster_m: bool, ctas_per_tile_m: int = 1
+    ) -> StaticPersistentScheduler:
+        """``tile_mn`` is the tile of one CTA. ``ctas_per_tile_m`` CTAs adjacent along the cluster's
+        M mode may share one tile of ``ctas_per_tile_m * tile_mn[0]`` rows (the sm_100 2-CTA MMA:
+        2); ``cta_tile`` then returns the M coordinate of that shared tile, so every CTA of the
+        pair gets the same coordinates. The walk and the grid do not change."""
         m, n, l_count = problem_mnl
         tiles_m = cutlass.Int32(cute.ceil_div(m, tile_mn[0] * cluster_mn[0]))
         tiles_n = cutlass.Int32(cute.ceil_div(n, tile_mn[1] * cluster_mn[1]))
         bx, by, cluster_id = cute.arch.block_idx()
         _, _, num_clusters = cute.arch.grid_dim()
+        cta_m = cutlass.Int32(bx) % cluster_mn[0]
+        if ctas_per_tile_m > 1:
+            cta_m = cta_m // ctas_per_tile_m
         values = (
             tiles_m,
             tiles_n,
             tiles_m * tiles_n * cutlass.Int32(l_count),
             cutlass.Int32(cluster_id),
             cutlass.Int32(num_clusters),
-            cutlass.Int32(bx) % cluster_mn[0],
+            cta_m,
             cutlass.Int32(by) % cluster_mn[1],
         )
-        return StaticPersistentScheduler(cluster_mn, group, raster_m, values)
+        # A cluster covers cluster_m / ctas_per_tile_m shared tiles along M.
+        tiles_per_cluster = (cluster_mn[0] // ctas_per_tile_m, cluster_mn[1])
+        return StaticPersistentScheduler(tiles_per_cluster, group, raster_m, values)
 
     def __extract_mlir_values__(self):
         return extract_mlir_values([getattr(self, k) for k in self._dyn])

@@ -1,0 +1,166 @@
+"""Benchmarks: ours vs torch in one process, same inputs, median of CUDA-event-timed reps with
+the L2 flushed before every rep (a 60 MB L2 would otherwise hold a decode-size weight)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+DENSE_SHAPES = [
+    (8192, 8192, 8192),
+    (4096, 4096, 4096),
+    (16384, 7168, 2048),
+    (2048, 4096, 7168),
+    (128, 7168, 2048),
+]
+
+
+@dataclass
+class Row:
+    case: str
+    ours_ms: float
+    torch_ms: float
+    ours_tflops: float
+    torch_tflops: float
+    ratio: float
+    config: str
+    max_abs_err: float
+    torch_max_abs_err: float
+
+
+class Timer:
+    def __init__(self, flush_mb: int = 512):
+        self.flush = torch.empty(flush_mb * 2**20 // 4, dtype=torch.float32, device="cuda")
+
+    def __call__(self, fn, reps: int = 30, warmup: int = 5) -> float:
+        for _ in range(warmup):
+            fn()
+        times = []
+        for _ in range(reps):
+            self.flush.fill_(1.0)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return statistics.median(times)
+
+
+def _dense_inputs(m, n, k, dtype, b_layout="k"):
+    torch.manual_seed(0)
+    a = torch.randn(m, k, device="cuda", dtype=dtype)
+    if b_layout == "k":  # nn.Linear weight (N, K) used as b = w.t()
+        b = torch.randn(n, k, device="cuda", dtype=dtype).t()
+    else:
+        b = torch.randn(k, n, device="cuda", dtype=dtype)
+    return a, b
+
+
+def bench_dense(shapes=DENSE_SHAPES, dtype=torch.bfloat16, b_layout="k", config_for=None, reps=30):
+    from .gemm.api import gemm
+
+    timer = Timer()
+    rows = []
+    for m, n, k in shapes:
+        a, b = _dense_inputs(m, n, k, dtype, b_layout)
+        cfg = config_for(m, n, k) if config_for else None
+        out = gemm(a, b, config=cfg)
+        ref = torch.matmul(a.double(), b.double())
+        tout = torch.matmul(a, b)
+        err = (out.double() - ref).abs().max().item()
+        terr = (tout.double() - ref).abs().max().item()
+        t_ours = timer(lambda a=a, b=b, cfg=cfg: gemm(a, b, config=cfg), reps)
+        t_torch = timer(lambda a=a, b=b: torch.matmul(a, b), reps)
+        flops = 2.0 * m * n * k
+        from .gemm.api import TORCH_TO_NAME, _device_info
+        from .gemm.config import GemmProblem
+        from .gemm.policy import policy_for
+
+        arch, sms = _device_info(torch.cuda.current_device())
+        used = cfg or policy_for(arch, sms).choose(
+            GemmProblem(m, n, k, 1, TORCH_TO_NAME[dtype], TORCH_TO_NAME[dtype], TORCH_TO_NAME[dtype], "k",
+                        "k" if b_layout == "k" else "n")
+        )
+        rows.append(
+            Row(
+                f"{m}x{n}x{k}",
+                t_ours,
+                t_torch,
+                flops / t_ours / 1e9,
+                flops / t_torch / 1e9,
+                t_torch / t_ours,
+                used.name,
+                err,
+                terr,
+            )
+        )
+        print(format_row(rows[-1]), flush=True)
+    return rows
+
+
+def format_row(r: Row) -> str:
+    return (
+        f"{r.case:>20} | ours {r.ours_tflops:7.1f} TFLOP/s ({r.ours_ms:8.4f} ms) | torch {r.torch_tflops:7.1f} "
+        f"({r.torch_ms:8.4f} ms) | {r.ratio:5.2f}x torch | err {r.max_abs_err:.3g} (torch {r.torch_max_abs_err:.3g}) | {r.config}"
+    )
+
+
+def markdown_table(rows: list[Row], title: str) -> str:
+    lines = [f"### {title}", "", "| case | ours TFLOP/s | torch TFLOP/s | ×torch | config |", "|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.case} | {r.ours_tflops:.1f} | {r.torch_tflops:.1f} | {r.ratio:.2f} | `{r.config}` |")
+    ratios = [r.ratio for r in rows]
+    geo = statistics.geometric_mean(ratios) if ratios else float("nan")
+    lines.append(f"| **geomean** | | | **{geo:.2f}** | |")
+    return "\n".join(lines)
+
+
+def write_results(rows: list[Row], family: str, outdir: Path) -> Path:
+    outdir.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "family": family,
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "rows": [asdict(r) for r in rows],
+    }
+    path = outdir / f"{family}.json"
+    path.write_text(json.dumps(meta, indent=1))
+    (outdir / f"{family}.md").write_text(markdown_table(rows, f"{family} on {meta['gpu']} ({meta['date']})") + "\n")
+    plot(path)
+    return path
+
+
+def plot(json_path: Path) -> Path | None:
+    """Bar chart ours vs torch (TFLOP/s) per case; skipped when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot (run `python -m cutegemm plot <json>` elsewhere)")
+        return None
+    meta = json.loads(Path(json_path).read_text())
+    rows = meta["rows"]
+    xs = range(len(rows))
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(rows)), 4))
+    ax.bar([x - 0.2 for x in xs], [r["ours_tflops"] for r in rows], 0.4, label="cutegemm")
+    ax.bar([x + 0.2 for x in xs], [r["torch_tflops"] for r in rows], 0.4, label="torch")
+    for x, r in zip(xs, rows):
+        ax.text(x, max(r["ours_tflops"], r["torch_tflops"]) * 1.01, f"{r['ratio']:.2f}x", ha="center")
+    ax.set_xticks(list(xs), [r["case"] for r in rows], rotation=20)
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title(f"{meta['family']} — {meta['gpu']} — {meta['date']}")
+    ax.legend()
+    fig.tight_layout()
+    out = Path(json_path).with_suffix(".png")
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

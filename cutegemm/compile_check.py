@@ -1,0 +1,101 @@
+"""`python -m cutegemm compile-check`: compile every kernel variant of the support matrix for each
+arch with fake tensors (no GPU needed) and check the SASS for the intended instructions and for
+no local-memory spills."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+from .epilogue import EpilogueSpec
+from .gemm.config import GemmConfig
+
+# SASS markers: required (count > 0) and forbidden (count == 0).
+SPILLS = {"LDL": r"\bLDL(\.|\s)", "STL": r"\bSTL(\.|\s)"}
+REQUIRED = {
+    "sm_90a": {"HGMMA": r"\bHGMMA\.", "UTMALDG": r"\bUTMALDG", "UTMASTG": r"\bUTMASTG", "USETMAXREG": r"USETMAXREG"},
+    "sm_100a": {"UTCHMMA": r"\bUTCHMMA", "LDTM": r"\bLDTM", "UTMALDG": r"\bUTMALDG", "UTMASTG": r"\bUTMASTG"},
+}
+
+
+def dense_variants(arch: str) -> list[GemmConfig]:
+    """The dense support matrix, each dimension covered at least once (not the full product)."""
+    if arch == "sm_90a":
+        big = GemmConfig(arch=arch, tile_m=128, tile_n=256, cluster_m=2)
+        tiles = [
+            replace(big, cluster_m=1, cluster_n=2),
+            GemmConfig(arch=arch, tile_m=128, tile_n=128),
+            GemmConfig(arch=arch, tile_m=128, tile_n=192),
+            GemmConfig(arch=arch, tile_m=64, tile_n=128, raster="n", group=1),
+            GemmConfig(arch=arch, tile_m=128, tile_n=64),
+        ]
+    else:
+        big = GemmConfig(arch=arch, tile_m=256, tile_n=256, two_cta=True, cluster_m=2)
+        tiles = [
+            GemmConfig(arch=arch, tile_m=128, tile_n=256),
+            GemmConfig(arch=arch, tile_m=128, tile_n=128, cluster_n=2),
+            GemmConfig(arch=arch, tile_m=64, tile_n=128),
+        ]
+    majors = [replace(big, a_major=am, b_major=bm) for am in "km" for bm in "kn"]
+    dtypes = [
+        replace(big, a_dtype="fp16", b_dtype="fp16", out_dtype="fp16"),
+        replace(big, out_dtype="fp32"),
+        replace(big, a_dtype="fp16", b_dtype="fp16", out_dtype="fp32", a_major="m", b_major="k"),
+    ]
+    epis = [replace(big, epilogue=EpilogueSpec(alpha=True))]
+    return majors + dtypes + tiles + epis
+
+
+@dataclass
+class CheckResult:
+    name: str
+    ok: bool
+    markers: dict
+    seconds: float
+    error: str = ""
+
+    def line(self) -> str:
+        status = "PASS" if self.ok else "FAIL"
+        found = " ".join(f"{k}={v}" for k, v in self.markers.items())
+        tail = f"  ({self.error})" if self.error else ""
+        return f"{status} {self.name:<80} {found} [{self.seconds:.1f}s]{tail}"
+
+
+def check_config(cfg: GemmConfig) -> CheckResult:
+    from .gemm.api import build_dense
+    from .runtime.sass import compile_to_sass, count_markers
+
+    t0 = time.time()
+    try:
+        kernel, args = build_dense(cfg)
+        sass = compile_to_sass(kernel, args, cfg.arch)
+    except Exception as exc:  # report every variant, then fail at the end
+        return CheckResult(cfg.name, False, {}, time.time() - t0, f"{type(exc).__name__}: {exc}"[:300])
+    required = dict(REQUIRED[cfg.arch])
+    if cfg.arch == "sm_100a" and cfg.two_cta:
+        required["UTCHMMA.2CTA"] = r"\bUTCHMMA\S*2CTA"
+    req = count_markers(sass, required)
+    bad = count_markers(sass, SPILLS)
+    missing = [k for k, v in req.items() if v == 0]
+    spilled = [k for k, v in bad.items() if v]
+    err = ""
+    if missing:
+        err += f"missing {missing} "
+    if spilled:
+        err += f"local-memory spills {spilled}"
+    return CheckResult(cfg.name, not err, {**req, **bad}, time.time() - t0, err.strip())
+
+
+def all_variants(archs) -> list[GemmConfig]:
+    return [cfg for arch in archs for cfg in dense_variants(arch)]
+
+
+def main(archs) -> int:
+    results = []
+    for cfg in all_variants(archs):
+        res = check_config(cfg)
+        print(res.line(), flush=True)
+        results.append(res)
+    failed = [r for r in results if not r.ok]
+    print(f"compile-check: {len(results) - len(failed)}/{len(results)} variants passed for {', '.join(archs)}")
+    return 1 if failed else 0

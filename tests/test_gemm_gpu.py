@@ -1,0 +1,165 @@
+"""Dense GEMM on a GPU (sm_90a runs on the H200; the same tests run on sm_100 when present)."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import cutegemm
+from cutegemm.gemm.config import GemmConfig
+
+from .gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def make_operand(rows, cols, dtype, contiguous_rows: bool, batch=None, scale=1.0):
+    """A (batch, rows, cols) operand, row-major if contiguous_rows else a column-major view."""
+    shape = (rows, cols) if batch is None else (batch, rows, cols)
+    if contiguous_rows:
+        return torch.randn(shape, device="cuda", dtype=torch.float32).mul_(scale).to(dtype)
+    t = torch.randn((*shape[:-2], cols, rows), device="cuda", dtype=torch.float32).mul_(scale).to(dtype)
+    return t.mT
+
+
+def check_gemm(a, b, out_dtype, alpha=1.0, config=None):
+    L = a.shape[0] if a.dim() == 3 else None
+    m, n = a.shape[-2], b.shape[-1]
+    shape = (m, n) if L is None else (L, m, n)
+    buf, out = poisoned_out(shape, out_dtype)
+    res = cutegemm.gemm(a, b, out=out, alpha=alpha, config=config)
+    assert res.data_ptr() == out.data_ptr()
+    torch.cuda.synchronize()
+    ref = torch.matmul(a.double(), b.double()) * alpha
+    same = (torch.matmul(a, b).to(torch.float64) * alpha).to(out_dtype)
+    assert_within_torch_error(out, same, ref, what=f"{tuple(a.shape)}@{tuple(b.shape)}->{out_dtype}")
+    assert_outside_untouched(buf, m, n)
+    return out
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    m=st.integers(1, 700),
+    n8=st.integers(1, 90),
+    k8=st.integers(1, 90),
+    batch=st.sampled_from([None, 1, 3]),
+    a_rowmajor=st.booleans(),
+    b_rowmajor=st.booleans(),
+)
+def test_dense_shapes_and_majors(m, n8, k8, batch, a_rowmajor, b_rowmajor):
+    n, k = 8 * n8, 8 * k8
+    if not a_rowmajor:
+        m = 8 * max(1, m // 8)  # column-major A: M is the contiguous dim, 16-byte aligned
+    a = make_operand(m, k, torch.bfloat16, a_rowmajor, batch)
+    b = make_operand(k, n, torch.bfloat16, b_rowmajor, batch)
+    check_gemm(a, b, torch.bfloat16)
+
+
+@pytest.mark.parametrize(
+    "in_dtype,out_dtype", [("fp16", "fp16"), ("bf16", "fp32"), ("fp16", "fp32"), ("bf16", "fp16")]
+)
+def test_dense_dtypes(in_dtype, out_dtype):
+    a = make_operand(333, 264, DTYPES[in_dtype], True)
+    b = make_operand(264, 520, DTYPES[in_dtype], False)
+    check_gemm(a, b, DTYPES[out_dtype])
+
+
+@pytest.mark.parametrize(
+    "tile",
+    [
+        dict(tile_m=128, tile_n=256, cluster_m=2),
+        dict(tile_m=128, tile_n=256, cluster_n=2),
+        dict(tile_m=128, tile_n=192),
+        dict(tile_m=128, tile_n=128, cluster_m=2),
+        dict(tile_m=64, tile_n=128, raster="n", group=1),
+        dict(tile_m=128, tile_n=64, cluster_n=2, raster="n", group=3),
+    ],
+)
+def test_dense_tiles_and_clusters(tile):
+    """Every tile/cluster/raster of the policy on ragged shapes (partial tiles and clusters)."""
+    arch = "sm_90a" if torch.cuda.get_device_capability()[0] == 9 else "sm_100a"
+    a = make_operand(1000, 328, torch.bfloat16, True)
+    b = make_operand(328, 1032, torch.bfloat16, False)
+    cfg = replace(GemmConfig(arch=arch, a_major="k", b_major="k"), **tile)
+    check_gemm(a, b, torch.bfloat16, config=cfg)
+
+
+def test_alpha_and_broadcast_weight():
+    a = make_operand(3 * 130, 64, torch.bfloat16, True).view(3, 130, 64)
+    b = make_operand(64, 136, torch.bfloat16, False)
+    check_gemm(a, b, torch.bfloat16, alpha=0.37)
+
+
+def test_bitwise_deterministic():
+    a = make_operand(2048, 1024, torch.bfloat16, True)
+    b = make_operand(1024, 3072, torch.bfloat16, False)
+    outs = [cutegemm.gemm(a, b) for _ in range(3)]
+    for o in outs[1:]:
+        assert torch.equal(o, outs[0])
+
+
+def test_large_values_and_nan_propagation():
+    a = make_operand(256, 512, torch.bfloat16, True, scale=100.0)
+    b = make_operand(512, 256, torch.bfloat16, True, scale=100.0)
+    check_gemm(a, b, torch.float32)
+    a[7, 3] = float("nan")
+    out = cutegemm.gemm(a, b)
+    assert torch.isnan(out[7]).all() and not torch.isnan(out[:7]).any() and not torch.isnan(out[8:]).any()
+
+
+def test_empty_and_k_zero():
+    a = torch.randn(0, 64, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(64, 32, device="cuda", dtype=torch.bfloat16)
+    assert cutegemm.gemm(a, b).shape == (0, 32)
+    a = torch.randn(5, 0, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(0, 16, device="cuda", dtype=torch.bfloat16)
+    assert torch.equal(cutegemm.gemm(a, b), torch.zeros(5, 16, device="cuda", dtype=torch.bfloat16))
+
+
+def test_misaligned_storage_offset_is_copied():
+    base = torch.randn(64 * 72 + 1, device="cuda", dtype=torch.bfloat16)
+    a = base[1:].view(64, 72)  # data pointer 2 bytes past an aligned address
+    b = make_operand(72, 64, torch.bfloat16, True)
+    check_gemm(a, b, torch.bfloat16)
+
+
+def test_bad_inputs_on_gpu():
+    a = torch.randn(64, 60, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="16-byte"):
+        cutegemm.gemm(a, torch.randn(60, 64, device="cuda", dtype=torch.bfloat16))  # K=60: lda 120 B
+    a = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="b.dtype"):
+        cutegemm.gemm(a, torch.randn(64, 64, device="cuda", dtype=torch.float16))
+    with pytest.raises(ValueError, match="shapes do not match"):
+        cutegemm.gemm(a, torch.randn(32, 64, device="cuda", dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="out must have shape"):
+        cutegemm.gemm(a, a, out=torch.empty(64, 32, device="cuda", dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="row-major"):
+        cutegemm.gemm(a, a, out=torch.empty(64, 64, device="cuda", dtype=torch.bfloat16).t())
+    with pytest.raises(ValueError, match="CUDA"):
+        cutegemm.gemm(a, a.cpu())
+
+
+def test_second_process_loads_from_disk_cache(tmp_path):
+    """A fresh process gets its first result from the disk cache without recompiling."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, cutegemm\n"
+        "from cutegemm.gemm.api import DENSE_CACHE\n"
+        "a = torch.randn(256, 128, device='cuda', dtype=torch.bfloat16)\n"
+        "b = torch.randn(128, 256, device='cuda', dtype=torch.bfloat16)\n"
+        "torch.testing.assert_close(cutegemm.gemm(a, b).float(), (a.float() @ b.float()), atol=0.5, rtol=0.02)\n"
+        "print(DENSE_CACHE.stats)\n"
+    )
+    env = dict(os.environ, CUTEGEMM_CACHE_DIR=str(tmp_path))
+    first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    second = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert "'compiled': 1" in first.stdout, first.stdout + first.stderr
+    assert "'compiled': 0" in second.stdout and "'disk': 1" in second.stdout, second.stdout + second.stderr
