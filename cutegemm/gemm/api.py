@@ -119,14 +119,15 @@ def gemm(a, b, *, out=None, out_dtype=None, alpha: float = 1.0, config: GemmConf
     if a.dim() == 3 and b.dim() == 3 and a.shape[0] != b.shape[0]:
         raise ValueError(f"batch sizes differ: a has {a.shape[0]}, b has {b.shape[0]}")
     if a.dim() == 3 and b.dim() == 2:
-        # One weight for every batch: fold the batch into M when a's layout allows it.
+        # One weight for every batch: fold the batch into M when the layouts allow it.
+        rows = a.shape[0] * a.shape[1]
         try:
-            folded = a.view(a.shape[0] * a.shape[1], a.shape[2])
+            a2 = a.view(rows, a.shape[2])
+            out2 = None if out is None else out.view(rows, out.shape[-1])
         except RuntimeError:
             b = b.expand(a.shape[0], *b.shape)
         else:
-            res = gemm(folded, b, out=None if out is None else out.view(folded.shape[0], -1),
-                       out_dtype=out_dtype, alpha=alpha, config=config)
+            res = gemm(a2, b, out=out2, out_dtype=out_dtype, alpha=alpha, config=config)
             return res.view(a.shape[0], a.shape[1], -1) if out is None else out
     if a.dim() == 2 and b.dim() == 3:
         a = a.expand(b.shape[0], *a.shape)
