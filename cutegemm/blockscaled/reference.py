@@ -31,7 +31,7 @@ NVFP4 (NVIDIA's two-level recipe):
       fp32 (``2**-126``) so it never underflows; if there is no non-zero finite value it is
       1.0. A given ``global_scale`` must be a positive finite scalar.
     * Block scale ``s = amax / 6 / global_scale``, stored as e4m3 with round-to-nearest-even
-      and saturation to 448 (values below half the smallest e4m3 subnormal become 0).
+      and saturation to 448 (values up to 2**-10, half the smallest e4m3 subnormal, become 0).
     * Elements are ``x / (s_e4m3 * global_scale)`` rounded to nearest-even on the e2m1 grid,
       saturating at ±6. A block whose e4m3 scale is 0 stores zero elements (no NaN).
     * A block containing NaN or ±Inf gets the e4m3 NaN scale (0x7F) and zero elements, so it
@@ -219,7 +219,7 @@ def quantize_ref(
         raise ValueError(f"x: {fmt.name} packs two elements per byte, so K must be even, got {k}")
 
     bs = fmt.block_size
-    xf = x.float()
+    xf = x.detach().float()
     blocks = F.pad(xf, (0, -k % bs)).unflatten(-1, (-1, bs))
     nonfinite = ~torch.isfinite(blocks).all(dim=-1)
     amax = torch.where(nonfinite, 0.0, blocks.abs().amax(dim=-1))
@@ -249,8 +249,7 @@ def quantize_ref(
         s = torch.where(nonfinite, torch.nan, amax / _E2M1_MAX / gs)
         scales = s.clamp(max=_E4M3_MAX).to(torch.float8_e4m3fn)
         denom = (scales.float() * gs).unsqueeze(-1)
-        scaled = blocks / torch.where(denom > 0, denom, 1.0)
-        scaled = torch.where(denom > 0, scaled, 0.0)
+        scaled = torch.where(denom > 0, blocks / denom, 0.0)
 
     scaled = torch.where(nonfinite.unsqueeze(-1), 0.0, scaled).flatten(-2)[..., :k]
     if fmt.elems_per_byte == 2:

@@ -76,7 +76,7 @@ def _tma_view(t3: torch.Tensor, unit_mode: int, name: str) -> torch.Tensor:
     align = TMA_ALIGN_BYTES // elem
     if t3.data_ptr() % TMA_ALIGN_BYTES:
         # A storage offset broke the 16-byte base alignment: a fresh allocation is aligned.
-        t3 = t3.contiguous() if unit_mode == 2 else t3.mT.contiguous().mT
+        t3 = t3.clone(memory_format=torch.contiguous_format) if unit_mode == 2 else t3.mT.clone(memory_format=torch.contiguous_format).mT
     strides = list(t3.stride())
     strides[unit_mode] = 1
     for i, size in enumerate(t3.shape):

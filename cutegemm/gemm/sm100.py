@@ -1,0 +1,504 @@
+"""Dense GEMM for Blackwell (sm_100a): persistent, warp-specialized, tcgen05 MMA, TMEM accumulators.
+
+Pipeline (one CTA; a cluster of cluster_m x cluster_n CTAs shares A/B tiles by TMA multicast):
+
+    warp 5 (load)              warp 4 (MMA)                    warps 0-3 (epilogue)
+    -----------------------    ----------------------------    ---------------------------------
+    for tile in scheduler:     for tile in scheduler:          allocate TMEM (warp 0)
+      for k in K-tiles:          wait acc stage empty          for tile in scheduler:
+        wait stage empty         for k in K-tiles:               wait acc stage full
+        TMA A,B -> smem stage      wait stage full               per (epi_m x epi_n) subtile:
+                                   tcgen05.mma -> TMEM acc         TMEM -> regs (tcgen05.ld)
+                                   commit -> stage empty           [last subtile: acc stage empty]
+                                 commit -> acc stage full          apply_epilogue -> cast
+                                                                   -> smem -> TMA store (ring of
+                                                                      epi_stage buffers)
+                                                               free TMEM
+
+ab ring: ab_stage smem stages (PipelineTmaUmma: TMA tx-count "full", tcgen05.commit "empty").
+acc ring: acc_stage (2 when 2 x tile_n fp32 columns fit in the 512 TMEM columns) accumulators in
+TMEM (PipelineUmmaAsync), so the epilogue of tile i overlaps the mainloop of tile i+1.
+
+2-CTA mode (config.two_cta): tcgen05.mma.cta_group::2 computes one tile_m x tile_n MMA tile with a
+CTA pair (cluster ranks 2j, 2j+1; the even one is the leader). Each CTA TMA-loads its half of A
+(tile_m/2 rows) and its half of B (tile_n/2 rows) and signals the leader's barrier; only the
+leader waits, issues the MMA and commits; both CTAs hold tile_m/2 accumulator rows in their own
+TMEM and run the epilogue on them. The scheduler hands both CTAs the pair tile's coordinates
+(``ctas_per_tile_m=2``).
+
+Constraints: see ``config.config_errors`` (tile_m 64/128, or 128/256 with two_cta; tile_n a
+multiple of 32 up to 256; cluster <= 4, cluster_m even with two_cta).
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.memory as memory
+import cutlass.pipeline as pipeline
+import cutlass.utils.blackwell_helpers as sm100_utils
+from cutlass.cute.nvgpu import cpasync, tcgen05
+from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
+from cutlass.tensor_utils import LayoutEnum
+
+from ..epilogue import apply_epilogue
+from .base import GemmBase
+
+SMEM_CAPACITY_SM100 = memory.get_smem_capacity_in_bytes("sm_100")
+TMEM_COLUMNS = 512
+MBAR_BYTES = 1024  # mbarriers, TMEM pointer slot and alignment padding before the 1 KiB-aligned sA
+# Named barriers (0 is __syncthreads).
+BAR_EPILOGUE = 1  # the 4 epilogue warps, around each smem subtile
+BAR_TMEM_PTR = 2  # epilogue warps + MMA warp: the TMEM address is ready
+
+
+class GemmSm100(GemmBase):
+    epi_warp_ids = (0, 1, 2, 3)  # warp w reads TMEM lanes 32*(w%4).. (tcgen05.ld sub-partition rule)
+    mma_warp_id = 4
+    load_warp_id = 5
+    threads_per_cta = 32 * 6
+    min_epi_stage = 2
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.use_2cta = config.two_cta
+        self.cta_per_mma = 2 if config.two_cta else 1
+        self.cta_group = tcgen05.CtaGroup.TWO if config.two_cta else tcgen05.CtaGroup.ONE
+        self.mma_tiler_mn = (config.tile_m, config.tile_n)
+        self.cta_tile_mn = (config.tile_m // self.cta_per_mma, config.tile_n)
+        # B is shared by the MMA tiles of one cluster column: cluster_m CTAs, i.e. cluster_m / 2 pairs.
+        self.num_mcast_ctas_b = config.cluster_m // self.cta_per_mma
+        self.is_b_mcast = self.num_mcast_ctas_b > 1
+        self.num_epi_threads = 32 * len(self.epi_warp_ids)
+        self.epi_barrier = pipeline.NamedBarrier(barrier_id=BAR_EPILOGUE, num_threads=self.num_epi_threads)
+        self.tmem_ptr_barrier = pipeline.NamedBarrier(
+            barrier_id=BAR_TMEM_PTR, num_threads=self.num_epi_threads + 32
+        )
+
+    # ---------------------------------------------------------------------------------------
+    def _setup(self, a_layout: LayoutEnum, b_layout: LayoutEnum, c_layout: LayoutEnum):
+        cfg = self.config
+        self.tiled_mma = sm100_utils.make_trivial_tiled_mma(
+            self.a_dtype,
+            self.b_dtype,
+            a_layout.mma_major_mode(),
+            b_layout.mma_major_mode(),
+            self.acc_dtype,
+            self.cta_group,
+            self.mma_tiler_mn,
+        )
+        inst_k = cute.size(self.tiled_mma.shape_mnk, mode=[2])
+        self.mma_tiler = (*self.mma_tiler_mn, inst_k * 4)  # K tile = 64 for 16-bit inputs
+        self.cta_tile_shape_mnk = (*self.cta_tile_mn, self.mma_tiler[2])
+        # (V, M, N, K): V is the CTA inside an MMA pair (size 1 without two_cta).
+        self.cluster_layout_vmnk = cute.tiled_divide(
+            cute.make_layout((*self.cluster_shape_mn, 1)), (self.tiled_mma.thr_id.shape,)
+        )
+        self.epi_tile = sm100_utils.compute_epilogue_tile_shape(
+            self.cta_tile_shape_mnk, self.use_2cta, c_layout, self.c_dtype
+        )
+
+        # TMEM: one fp32 accumulator per stage; double-buffer when two fit.
+        acc_shape = self.tiled_mma.partition_shape_C(self.mma_tiler[:2])
+        acc_cols = memory.get_num_tmem_alloc_cols(self.tiled_mma.make_fragment_C(acc_shape), rounding=False)
+        self.acc_stage = 2 if 2 * acc_cols <= TMEM_COLUMNS else 1
+        self.num_tmem_cols = memory.get_num_tmem_alloc_cols(
+            self.tiled_mma.make_fragment_C(cute.append(acc_shape, self.acc_stage))
+        )
+
+        # SMEM: A/B stages first (they hide the load latency), leftovers go to the store ring.
+        a_one = sm100_utils.make_smem_layout_a(self.tiled_mma, self.mma_tiler, self.a_dtype, 1)
+        b_one = sm100_utils.make_smem_layout_b(self.tiled_mma, self.mma_tiler, self.b_dtype, 1)
+        ab_bytes = cute.size_in_bytes(self.a_dtype, a_one) + cute.size_in_bytes(self.b_dtype, b_one)
+        c_one = sm100_utils.make_smem_layout_epi(self.c_dtype, c_layout, self.epi_tile, 1)
+        c_bytes = cute.size_in_bytes(self.c_dtype, c_one)
+        budget = SMEM_CAPACITY_SM100 - MBAR_BYTES - self.min_epi_stage * c_bytes
+        self.ab_stage = cfg.stages or budget // ab_bytes
+        if self.ab_stage < 2 or self.ab_stage * ab_bytes > budget:
+            raise ValueError(f"{cfg.name}: {self.ab_stage} stages of {ab_bytes} B do not fit in shared memory")
+        self.epi_stage = self.min_epi_stage + (budget - self.ab_stage * ab_bytes) // c_bytes
+
+        self.a_smem_layout_staged = sm100_utils.make_smem_layout_a(
+            self.tiled_mma, self.mma_tiler, self.a_dtype, self.ab_stage
+        )
+        self.b_smem_layout_staged = sm100_utils.make_smem_layout_b(
+            self.tiled_mma, self.mma_tiler, self.b_dtype, self.ab_stage
+        )
+        self.epi_smem_layout_staged = sm100_utils.make_smem_layout_epi(
+            self.c_dtype, c_layout, self.epi_tile, self.epi_stage
+        )
+        # Bytes landing in the leader CTA's full barrier per stage: both CTAs of the pair.
+        self.tma_bytes = ab_bytes * self.cta_per_mma
+
+    @cute.jit
+    def __call__(
+        self,
+        mA: cute.Tensor,  # (M, K, L)
+        mB: cute.Tensor,  # (N, K, L)
+        mC: cute.Tensor,  # (M, N, L)
+        alpha: cutlass.Float32,
+        max_clusters: cutlass.Int32,
+        stream: cuda.CUstream,
+    ):
+        self.c_layout = LayoutEnum.from_tensor(mC)
+        self._setup(LayoutEnum.from_tensor(mA), LayoutEnum.from_tensor(mB), self.c_layout)
+        vmnk_shape = self.cluster_layout_vmnk.shape
+
+        # A/B loads: the op picks 2-CTA (barrier of the leader) and/or multicast from the cluster shape.
+        tma_atom_a, tma_tensor_a = cute.nvgpu.make_tiled_tma_atom_A(
+            sm100_utils.cluster_shape_to_tma_atom_A(self.cluster_shape_mn, self.tiled_mma.thr_id),
+            mA,
+            cute.slice_(self.a_smem_layout_staged, (None, None, None, 0)),
+            self.mma_tiler,
+            self.tiled_mma,
+            vmnk_shape,
+        )
+        tma_atom_b, tma_tensor_b = cute.nvgpu.make_tiled_tma_atom_B(
+            sm100_utils.cluster_shape_to_tma_atom_B(self.cluster_shape_mn, self.tiled_mma.thr_id),
+            mB,
+            cute.slice_(self.b_smem_layout_staged, (None, None, None, 0)),
+            self.mma_tiler,
+            self.tiled_mma,
+            vmnk_shape,
+        )
+        tma_atom_c, tma_tensor_c = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(),
+            mC,
+            cute.select(self.epi_smem_layout_staged, mode=[0, 1]),
+            self.epi_tile,
+        )
+
+        @cute.struct
+        class SharedStorage:
+            ab_mbar: cute.struct.MemRange[cutlass.Int64, self.ab_stage * 2]
+            acc_mbar: cute.struct.MemRange[cutlass.Int64, self.acc_stage * 2]
+            tmem_dealloc_mbar: cutlass.Int64
+            tmem_ptr: cutlass.Int32
+            sA: cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(self.a_smem_layout_staged)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(self.b_smem_layout_staged)], 1024]
+            sC: cute.struct.Align[
+                cute.struct.MemRange[self.c_dtype, cute.cosize(self.epi_smem_layout_staged)], 1024
+            ]
+
+        self.shared_storage = SharedStorage
+        self.kernel(
+            tma_atom_a,
+            tma_tensor_a,
+            tma_atom_b,
+            tma_tensor_b,
+            tma_atom_c,
+            tma_tensor_c,
+            alpha,
+            self.tiled_mma,
+            self.cluster_layout_vmnk,
+            self.a_smem_layout_staged,
+            self.b_smem_layout_staged,
+            self.epi_smem_layout_staged,
+            self.epi_tile,
+        ).launch(
+            grid=self.grid(mC, self.cta_tile_mn, max_clusters),
+            block=[self.threads_per_cta, 1, 1],
+            cluster=(*self.cluster_shape_mn, 1),
+            min_blocks_per_mp=1,
+            stream=stream,
+        )
+
+    # ---------------------------------------------------------------------------------------
+    @cute.kernel
+    def kernel(
+        self,
+        tma_atom_a: cute.CopyAtom,
+        mA_mkl: cute.Tensor,
+        tma_atom_b: cute.CopyAtom,
+        mB_nkl: cute.Tensor,
+        tma_atom_c: cute.CopyAtom,
+        mC_mnl: cute.Tensor,
+        alpha: cutlass.Float32,
+        tiled_mma: cute.TiledMma,
+        cluster_layout_vmnk: cute.Layout,
+        a_smem_layout_staged: cute.ComposedLayout,
+        b_smem_layout_staged: cute.ComposedLayout,
+        epi_smem_layout_staged: cute.ComposedLayout,
+        epi_tile: cute.Tile,
+    ):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tidx, _, _ = cute.arch.thread_idx()
+        if warp_idx == self.load_warp_id:
+            cpasync.prefetch_descriptor(tma_atom_a)
+            cpasync.prefetch_descriptor(tma_atom_b)
+            cpasync.prefetch_descriptor(tma_atom_c)
+
+        bidx, _, _ = cute.arch.block_idx()
+        mma_coord_v = bidx % self.cta_per_mma  # which half of the MMA pair this CTA holds
+        is_leader_cta = mma_coord_v == 0
+        cta_rank_in_cluster = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        cluster_coord_vmnk = cluster_layout_vmnk.get_flat_coord(cta_rank_in_cluster)
+
+        smem = memory.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        # One tcgen05.commit per stage arrives on every CTA that received the stage's multicast.
+        ab_pipeline = pipeline.PipelineTmaUmma.create(
+            barrier_storage=storage.ab_mbar.data_ptr(),
+            num_stages=self.ab_stage,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(
+                pipeline.Agent.Thread, self.num_mcast_ctas_a + self.num_mcast_ctas_b - 1
+            ),
+            tx_count=self.tma_bytes,
+            cta_layout_vmnk=cluster_layout_vmnk,
+            defer_sync=True,
+        )
+        # Full: the leader's commit, multicast to both CTAs of the pair. Empty: one elected thread
+        # per epilogue warp of both CTAs arrives on the leader's barrier.
+        acc_pipeline = pipeline.PipelineUmmaAsync.create(
+            barrier_storage=storage.acc_mbar.data_ptr(),
+            num_stages=self.acc_stage,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(
+                pipeline.Agent.Thread, len(self.epi_warp_ids) * self.cta_per_mma
+            ),
+            cta_layout_vmnk=cluster_layout_vmnk,
+            defer_sync=True,
+        )
+        # Initialises the 2-CTA dealloc mbarrier before the cluster-wide init sync below.
+        tmem = memory.TmemAllocator(
+            storage.tmem_ptr.ptr,
+            barrier_for_retrieve=self.tmem_ptr_barrier,
+            allocator_warp_id=self.epi_warp_ids[0],
+            is_two_cta=self.use_2cta,
+            two_cta_tmem_dealloc_mbar_ptr=storage.tmem_dealloc_mbar.ptr,
+        )
+        pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mn, is_relaxed=True)
+
+        # (MMA, MMA_M, MMA_K, STAGE), (MMA, MMA_N, MMA_K, STAGE), (EPI_M, EPI_N, EPI_STAGE)
+        sA = storage.sA.get_tensor(a_smem_layout_staged.outer, swizzle=a_smem_layout_staged.inner)
+        sB = storage.sB.get_tensor(b_smem_layout_staged.outer, swizzle=b_smem_layout_staged.inner)
+        sC = storage.sC.get_tensor(epi_smem_layout_staged.outer, swizzle=epi_smem_layout_staged.inner)
+
+        # Multicast masks: A goes to the CTAs of the cluster row (mode N), B to the cluster column
+        # (mode M); in 2-CTA mode the masks also carry the pair's peer, whose barrier is the leader's.
+        a_mcast_mask = None
+        b_mcast_mask = None
+        if cutlass.const_expr(self.is_a_mcast or self.is_b_mcast or self.use_2cta):
+            a_mcast_mask = cpasync.create_tma_multicast_mask(cluster_layout_vmnk, cluster_coord_vmnk, mcast_mode=2)
+            b_mcast_mask = cpasync.create_tma_multicast_mask(cluster_layout_vmnk, cluster_coord_vmnk, mcast_mode=1)
+
+        # Global tiles are MMA tiles (tile_m rows: both CTAs of a pair); thr_mma picks our half.
+        # (bM, bK, RestM, RestK, RestL)
+        gA_mkl = cute.local_tile(mA_mkl, cute.slice_(self.mma_tiler, (None, 0, None)), (None, None, None))
+        # (bN, bK, RestN, RestK, RestL)
+        gB_nkl = cute.local_tile(mB_nkl, cute.slice_(self.mma_tiler, (0, None, None)), (None, None, None))
+        # (bM, bN, RestM, RestN, RestL)
+        gC_mnl = cute.local_tile(mC_mnl, cute.slice_(self.mma_tiler, (None, None, 0)), (None, None, None))
+        k_tile_cnt = cute.size(gA_mkl, mode=[3])
+        thr_mma = tiled_mma.get_slice(mma_coord_v)
+        # (MMA, MMA_M, MMA_K, RestM, RestK, RestL)
+        tCgA = thr_mma.partition_A(gA_mkl)
+        # (MMA, MMA_N, MMA_K, RestN, RestK, RestL)
+        tCgB = thr_mma.partition_B(gB_nkl)
+        # (MMA, MMA_M, MMA_N, RestM, RestN, RestL)
+        tCgC = thr_mma.partition_C(gC_mnl)
+
+        # (TMA, STAGE), (TMA, RestM, RestK, RestL)
+        tAsA, tAgA = cpasync.tma_partition(
+            tma_atom_a,
+            cluster_coord_vmnk[2],
+            cute.make_layout(cute.slice_(cluster_layout_vmnk, (0, 0, None, 0)).shape),
+            cute.group_modes(sA, 0, 3),
+            cute.group_modes(tCgA, 0, 3),
+        )
+        # (TMA, STAGE), (TMA, RestN, RestK, RestL)
+        tBsB, tBgB = cpasync.tma_partition(
+            tma_atom_b,
+            cluster_coord_vmnk[1],
+            cute.make_layout(cute.slice_(cluster_layout_vmnk, (0, None, 0, 0)).shape),
+            cute.group_modes(sB, 0, 3),
+            cute.group_modes(tCgB, 0, 3),
+        )
+        # (MMA, MMA_M, MMA_N, ACC_STAGE): layout of the TMEM accumulators (address comes later)
+        acc_layout = tiled_mma.make_fragment_C(
+            cute.append(tiled_mma.partition_shape_C(self.mma_tiler[:2]), self.acc_stage)
+        ).layout
+        sched = self.make_scheduler(mC_mnl, self.cta_tile_mn, ctas_per_tile_m=self.cta_per_mma)
+
+        # Peers' barriers must be initialised before any TMA multicast / remote arrive reaches them.
+        pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
+
+        if warp_idx == self.load_warp_id:
+            self.load_ab(
+                sched, ab_pipeline, k_tile_cnt,
+                tma_atom_a, tAgA, tAsA, a_mcast_mask,
+                tma_atom_b, tBgB, tBsB, b_mcast_mask,
+            )  # fmt: skip
+        elif warp_idx == self.mma_warp_id:
+            self.mma(sched, ab_pipeline, acc_pipeline, tmem, tiled_mma, acc_layout, sA, sB, k_tile_cnt, is_leader_cta)
+        elif warp_idx < self.mma_warp_id:
+            self.epilogue(
+                sched, acc_pipeline, tmem, acc_layout, tCgC, sC, epi_tile, tma_atom_c, alpha, tidx, warp_idx
+            )
+
+    # ---------------------------------------------------------------------------------------
+    @cute.jit
+    def mma(
+        self,
+        sched,
+        ab_pipeline: pipeline.PipelineAsync,
+        acc_pipeline: pipeline.PipelineAsync,
+        tmem: memory.TmemAllocator,
+        tiled_mma: cute.TiledMma,
+        acc_layout: cute.Layout,  # (MMA, MMA_M, MMA_N, ACC_STAGE)
+        sA: cute.Tensor,
+        sB: cute.Tensor,
+        k_tile_cnt: cutlass.Int32,
+        is_leader_cta: cutlass.Boolean,
+    ):
+        """MMA warp: tcgen05.mma of every k-tile into the current TMEM accumulator stage.
+
+        In 2-CTA mode only the leader CTA issues; its commits arrive on the barriers of both CTAs
+        (stage empty: every CTA that received the multicast; acc full: the pair).
+        """
+        # (MMA, MMA_M, MMA_K, STAGE), (MMA, MMA_N, MMA_K, STAGE): smem descriptors
+        tCrA = tiled_mma.make_fragment_A(sA)
+        tCrB = tiled_mma.make_fragment_B(sB)
+        num_k_blocks = cute.size(tCrA, mode=[2])
+        tmem.wait_for_alloc()
+        # (MMA, MMA_M, MMA_N, ACC_STAGE)
+        tCtAcc_base = cute.make_tensor(tmem.retrieve_ptr(self.acc_dtype), acc_layout)
+
+        ab_consumer_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stage)
+        acc_producer_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.acc_stage)
+        work = sched.first()
+        while sched.is_valid(work):
+            # (MMA, MMA_M, MMA_N)
+            tCtAcc = tCtAcc_base[(None, None, None, acc_producer_state.index)]
+            if is_leader_cta:
+                # The epilogue (of both CTAs) has drained this accumulator stage.
+                acc_pipeline.producer_acquire(acc_producer_state)
+            # First k-block of a tile overwrites the accumulator.
+            tiled_mma.set(tcgen05.Field.ACCUMULATE, False)
+            for k_tile in cutlass.range(k_tile_cnt, unroll=1):
+                if is_leader_cta:
+                    ab_pipeline.consumer_wait(ab_consumer_state)
+                    for kb in cutlass.range_constexpr(num_k_blocks):
+                        coord = (None, None, kb, ab_consumer_state.index)
+                        cute.gemm(tiled_mma, tCtAcc, tCrA[coord], tCrB[coord], tCtAcc)
+                        tiled_mma.set(tcgen05.Field.ACCUMULATE, True)
+                    # tcgen05.commit: the stage is freed once these MMAs have read it.
+                    ab_pipeline.consumer_release(ab_consumer_state)
+                ab_consumer_state.advance()
+            if is_leader_cta:
+                # tcgen05.commit: the accumulator is full once every MMA of the tile completed.
+                acc_pipeline.producer_commit(acc_producer_state)
+            acc_producer_state.advance()
+            work = sched.next(work)
+        # The peer CTA's epilogue arrives remotely on our empty barriers: wait for them before exit.
+        acc_pipeline.producer_tail(acc_producer_state)
+
+    # ---------------------------------------------------------------------------------------
+    @cute.jit
+    def epilogue(
+        self,
+        sched,
+        acc_pipeline: pipeline.PipelineAsync,
+        tmem: memory.TmemAllocator,
+        acc_layout: cute.Layout,  # (MMA, MMA_M, MMA_N, ACC_STAGE)
+        tCgC: cute.Tensor,  # (MMA, MMA_M, MMA_N, RestM, RestN, RestL)
+        sC: cute.Tensor,  # (EPI_M, EPI_N, EPI_STAGE)
+        epi_tile: cute.Tile,
+        tma_atom_c: cute.CopyAtom,
+        alpha: cutlass.Float32,
+        epi_tidx: cutlass.Int32,
+        warp_idx: cutlass.Int32,
+    ):
+        """Epilogue warps: own the TMEM allocation; TMEM -> registers -> apply_epilogue -> smem -> TMA."""
+        tmem.allocate(self.num_tmem_cols)  # by warp epi_warp_ids[0]; the others wait for the address
+        tmem.wait_for_alloc()
+        tmem_ptr = tmem.retrieve_ptr(self.acc_dtype)
+        # The tiled MMA has one atom per tile, so MMA_M = MMA_N = 1: drop them.
+        # (CTA_M, CTA_N, ACC_STAGE)
+        tAcc = cute.make_tensor(tmem_ptr, acc_layout)[((None, None), 0, 0, None)]
+        # (CTA_M, CTA_N, RestM, RestN, RestL)
+        gC = tCgC[((None, None), 0, 0, None, None, None)]
+
+        # TMEM -> registers: the widest tcgen05.ld for this epilogue subtile.
+        copy_atom_t2r = sm100_utils.get_tmem_load_op(
+            self.cta_tile_shape_mnk, self.c_layout, self.c_dtype, self.acc_dtype, epi_tile, self.use_2cta
+        )
+        # (EPI_TILE_M, EPI_TILE_N, EPI_M, EPI_N, ACC_STAGE)
+        tAcc_epi = cute.flat_divide(tAcc, epi_tile)
+        tiled_copy_t2r = tcgen05.make_tmem_copy(copy_atom_t2r, tAcc_epi[(None, None, 0, 0, 0)])
+        thr_copy_t2r = tiled_copy_t2r.get_slice(epi_tidx)
+        # (T2R, T2R_M, T2R_N, EPI_M, EPI_N, ACC_STAGE)
+        tTR_tAcc_all = thr_copy_t2r.partition_S(tAcc_epi)
+        # (EPI_TILE_M, EPI_TILE_N, EPI_M, EPI_N, RestM, RestN, RestL)
+        gC_epi = cute.flat_divide(gC, epi_tile)
+        # (T2R, T2R_M, T2R_N)
+        tTR_rAcc = cute.make_rmem_tensor(
+            thr_copy_t2r.partition_D(gC_epi)[(None, None, None, 0, 0, 0, 0, 0)].shape, self.acc_dtype
+        )
+        tTR_rC = cute.make_rmem_tensor(tTR_rAcc.shape, self.c_dtype)
+
+        # Registers -> smem, in the thread layout of the TMEM load.
+        copy_atom_r2s = sm100_utils.get_smem_store_op(self.c_layout, self.c_dtype, self.acc_dtype, tiled_copy_t2r)
+        tiled_copy_r2s = cute.make_tiled_copy_D(copy_atom_r2s, tiled_copy_t2r)
+        thr_copy_r2s = tiled_copy_r2s.get_slice(epi_tidx)
+        # (R2S, R2S_M, R2S_N, EPI_STAGE)
+        tRS_sC = thr_copy_r2s.partition_D(sC)
+        # (R2S, R2S_M, R2S_N)
+        tRS_rC = tiled_copy_r2s.retile(tTR_rC)
+
+        # smem -> global by TMA, one subtile per store; TMA clips rows/columns past M/N.
+        # (TMA, EPI_STAGE), (TMA, EPI_M, EPI_N, RestM, RestN, RestL)
+        bSG_sC, bSG_gC_all = cpasync.tma_partition(
+            tma_atom_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), cute.group_modes(gC_epi, 0, 2)
+        )
+        store_pipeline = pipeline.PipelineTmaStore.create(
+            num_stages=self.epi_stage,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_epi_threads),
+        )
+        acc_consumer_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.acc_stage)
+        epi_count = cutlass.Int32(0)  # subtiles stored so far: picks the smem buffer of the store ring
+
+        work = sched.first()
+        while sched.is_valid(work):
+            tile_m, tile_n, tile_l = sched.cta_tile(work)
+            # (TMA, EPI_M * EPI_N)
+            bSG_gC = cute.group_modes(bSG_gC_all[(None, None, None, tile_m, tile_n, tile_l)], 1, 3)
+            # (T2R, T2R_M, T2R_N, EPI_M * EPI_N)
+            tTR_tAcc = cute.group_modes(tTR_tAcc_all[(None, None, None, None, None, acc_consumer_state.index)], 3, 5)
+            num_epi = cute.size(tTR_tAcc, mode=[3])
+
+            acc_pipeline.consumer_wait(acc_consumer_state)
+            for epi_idx in cutlass.range_constexpr(num_epi):
+                cute.copy(tiled_copy_t2r, tTR_tAcc[(None, None, None, epi_idx)], tTR_rAcc)
+                if cutlass.const_expr(epi_idx == num_epi - 1):
+                    # Every TMEM read of this stage has completed (tcgen05.wait::ld): give the
+                    # stage back so the MMA warp can start the tile after next while we store.
+                    cute.arch.fence_view_async_tmem_load()
+                    with cute.arch.elect_one():
+                        acc_pipeline.consumer_release(acc_consumer_state)
+                out = apply_epilogue(self.config.epilogue, tiled_copy_r2s.retile(tTR_rAcc).load(), alpha)
+                tRS_rC.store(out.to(self.c_dtype))
+                # The store that last used this buffer was waited for (producer_acquire below,
+                # epi_stage - 1 stores ago) before the barrier that ended the previous subtile.
+                buf = epi_count % self.epi_stage
+                cute.copy(tiled_copy_r2s, tRS_rC, tRS_sC[(None, None, None, buf)])
+                # Make the smem writes visible to the TMA (async proxy), then one warp stores.
+                cute.arch.fence_proxy("async.shared", space="cta")
+                self.epi_barrier.arrive_and_wait()
+                if warp_idx == self.epi_warp_ids[0]:
+                    cute.copy(tma_atom_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_idx)])
+                    store_pipeline.producer_commit()
+                    store_pipeline.producer_acquire()
+                self.epi_barrier.arrive_and_wait()
+                epi_count += 1
+            acc_consumer_state.advance()
+            work = sched.next(work)
+
+        # Stores must have read smem before the CTA exits; all TMEM reads finished before the
+        # last epilogue barrier, and every MMA before the last acc-full wait.
+        store_pipeline.producer_tail()
+        tmem.relinquish_alloc_permit()
+        # 2-CTA: waits (mbarrier) until the peer CTA's epilogue is done with its TMEM too.
+        tmem.free(tmem_ptr, self.num_tmem_cols)
