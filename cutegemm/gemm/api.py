@@ -59,39 +59,146 @@ def _check_operand(name: str, t, dims=(2, 3)):
         raise ValueError(f"{name} must have {' or '.join(map(str, dims))} dims, got shape {tuple(t.shape)}")
 
 
-def _major(t3: torch.Tensor, rows_mode: int, cols_mode: int) -> str | None:
-    """'cols' if the cols mode is contiguous, 'rows' if the rows mode is, else None."""
-    if t3.stride(cols_mode) == 1 or t3.shape[cols_mode] == 1:
-        return "cols"
-    if t3.stride(rows_mode) == 1 or t3.shape[rows_mode] == 1:
-        return "rows"
-    return None
-
-
-def _tma_view(t3: torch.Tensor, unit_mode: int, name: str) -> torch.Tensor:
-    """Return ``t3`` (or an aligned copy) with mode ``unit_mode`` at stride 1 and size-1 modes at
-    a 16-byte stride (TMA validates every stride, used or not); raise if a stride breaks TMA's
-    16-byte rule."""
-    elem = t3.element_size()
-    align = TMA_ALIGN_BYTES // elem
-    if t3.data_ptr() % TMA_ALIGN_BYTES:
-        # A storage offset broke the 16-byte base alignment: a fresh allocation is aligned.
-        t3 = t3.clone(memory_format=torch.contiguous_format) if unit_mode == 2 else t3.mT.clone(memory_format=torch.contiguous_format).mT
+def _kernel_view(t3: torch.Tensor, unit_mode: int, order: tuple[int, int, int], name: str):
+    """(size, stride) of the kernel's view of a (L, rows, cols) operand: ``unit_mode`` at stride 1,
+    size-1 modes at a 16-byte stride (TMA validates every stride, used or not), modes reordered
+    by ``order``. Raises if a stride breaks TMA's 16-byte rule."""
+    align = TMA_ALIGN_BYTES // t3.element_size()
     strides = list(t3.stride())
     strides[unit_mode] = 1
     for i, size in enumerate(t3.shape):
         if i != unit_mode and size == 1:
             strides[i] = align
-    if strides != list(t3.stride()):
-        t3 = t3.as_strided(t3.shape, strides)
-    for i, s in enumerate(strides):
-        if i != unit_mode and s % align:
+    for i, st in enumerate(strides):
+        if i != unit_mode and st % align:
             raise ValueError(
-                f"{name}: stride {s} (elements) of dim {i} is not a multiple of {align} elements: TMA "
+                f"{name}: stride {st} (elements) of dim {i} is not a multiple of {align} elements: TMA "
                 f"needs 16-byte aligned strides (for a contiguous {t3.dtype} matrix: its last dim "
                 f"must be a multiple of {align})"
             )
-    return t3
+    return tuple(t3.shape[i] for i in order), tuple(strides[i] for i in order)
+
+
+def _unit_mode(t3: torch.Tensor) -> int | None:
+    """Which of modes 2 (cols) / 1 (rows) of a (L, rows, cols) tensor is contiguous."""
+    if t3.stride(2) == 1 or t3.shape[2] == 1:
+        return 2
+    if t3.stride(1) == 1 or t3.shape[1] == 1:
+        return 1
+    return None
+
+
+def _aligned_operand(t3: torch.Tensor) -> torch.Tensor:
+    """t3 itself, or a copy when no mode is contiguous or the base pointer is not 16-byte aligned."""
+    unit = _unit_mode(t3)
+    if unit is not None and t3.data_ptr() % TMA_ALIGN_BYTES == 0:
+        return t3
+    if unit == 1:
+        return t3.mT.clone(memory_format=torch.contiguous_format).mT
+    return t3.clone(memory_format=torch.contiguous_format)
+
+
+class _Plan:
+    """Everything one (shapes, strides, dtypes, device, options) signature needs to launch."""
+
+    __slots__ = ("fn", "views", "out_shape", "out_dtype", "max_clusters", "config", "direct")
+
+    def launch(self, sources, alpha):
+        (sa, ta), (sb, tb), (sc, tc) = self.views
+        self.fn(sources[0].as_strided(sa, ta), sources[1].as_strided(sb, tb), sources[2].as_strided(sc, tc),
+                alpha, self.max_clusters)
+
+
+_PLANS: dict = {}
+
+
+def _check_args(a, b, out, out_dtype):
+    _check_operand("a", a)
+    _check_operand("b", b)
+    if a.dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"a.dtype must be torch.bfloat16 or torch.float16, got {a.dtype}")
+    if b.dtype != a.dtype:
+        raise TypeError(f"b.dtype ({b.dtype}) must equal a.dtype ({a.dtype})")
+    if a.device != b.device:
+        raise ValueError(f"a and b must be on the same device, got {a.device} and {b.device}")
+    if out_dtype not in TORCH_TO_NAME:
+        raise TypeError(f"out_dtype must be torch.bfloat16, torch.float16 or torch.float32, got {out_dtype}")
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"a and b shapes do not match for a @ b: {tuple(a.shape)} @ {tuple(b.shape)}")
+    if a.dim() == 3 and b.dim() == 3 and a.shape[0] != b.shape[0]:
+        raise ValueError(f"batch sizes differ: a has {a.shape[0]}, b has {b.shape[0]}")
+    res_shape = torch.Size([*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1]])
+    if out is not None:
+        _check_operand("out", out)
+        if out.shape != res_shape:
+            raise ValueError(f"out must have shape {tuple(res_shape)}, got {tuple(out.shape)}")
+        if out.dtype != out_dtype:
+            raise TypeError(f"out.dtype ({out.dtype}) differs from out_dtype ({out_dtype})")
+        if out.device != a.device:
+            raise ValueError(f"out must be on {a.device}, got {out.device}")
+        if out.shape[-1] > 1 and out.stride(-1) != 1:
+            raise ValueError("out must be row-major (stride 1 along its last dim)")
+        if out.data_ptr() % TMA_ALIGN_BYTES:
+            raise ValueError("out's data pointer must be 16-byte aligned")
+    return res_shape
+
+
+def _plan(a, b, out, out_dtype, alpha, config):
+    """The slow path: validate, pick and compile the kernel, compute the kernel views.
+    Returns (plan, sources): sources are the tensors the views apply to (copies if needed)."""
+    res_shape = _check_args(a, b, out, out_dtype)
+    if out is None:
+        out = torch.empty(res_shape, dtype=out_dtype, device=a.device)
+    if out.numel() == 0 or a.shape[-1] == 0:
+        return None, (a, b, out)
+    # Bring everything to (L, rows, cols).
+    if a.dim() == 3 and b.dim() == 2:
+        # One weight for every batch: fold the batch into M when the layouts allow it.
+        try:
+            a3 = a.view(1, a.shape[0] * a.shape[1], a.shape[2])
+            c3 = out.view(1, a3.shape[1], out.shape[-1])
+            b3 = b.unsqueeze(0)
+        except RuntimeError:
+            a3, b3, c3 = a, b.expand(a.shape[0], *b.shape), out
+    else:
+        a3 = a.unsqueeze(0) if a.dim() == 2 and b.dim() == 2 else a.expand(*res_shape[:-2], *a.shape[-2:])
+        b3 = b.unsqueeze(0) if b.dim() == 2 and a.dim() == 2 else b.expand(*res_shape[:-2], *b.shape[-2:])
+        c3 = out.unsqueeze(0) if out.dim() == 2 else out
+    a3s, b3s = _aligned_operand(a3), _aligned_operand(b3)
+    L, M, K = a3s.shape
+    N = b3s.shape[2]
+    a_unit, b_unit = _unit_mode(a3s), _unit_mode(b3s)
+    a_major = "k" if a_unit == 2 else "m"
+    b_major = "n" if b_unit == 2 else "k"
+    # Kernel views: A (M, K, L), B (N, K, L), C (M, N, L).
+    views = (
+        _kernel_view(a3s, a_unit, (1, 2, 0), "a"),
+        _kernel_view(b3s, b_unit, (2, 1, 0), "b"),
+        _kernel_view(c3, 2, (1, 2, 0), "out"),
+    )
+    arch, num_sms = _device_info(a.device.index if a.device.index is not None else torch.cuda.current_device())
+    problem = GemmProblem(
+        M, N, K, L, TORCH_TO_NAME[a.dtype], TORCH_TO_NAME[b.dtype], TORCH_TO_NAME[out_dtype], a_major, b_major
+    )
+    epi = EpilogueSpec(alpha=alpha != 1.0)
+    cfg = config if config is not None else policy_for(arch, num_sms).choose(problem, epilogue=epi)
+    ok, why = can_implement(cfg, problem)
+    if not ok:
+        raise ValueError(f"cannot run {cfg.name}: {why}")
+    if cfg.epilogue != epi and not cfg.epilogue.alpha:
+        raise ValueError(f"alpha={alpha} needs a config with EpilogueSpec(alpha=True), got {cfg.name}")
+    plan = _Plan()
+    plan.fn = DENSE_CACHE.get(cfg)
+    plan.views = views
+    plan.out_shape = res_shape
+    plan.out_dtype = out_dtype
+    plan.max_clusters = max(1, num_sms // (cfg.cluster_m * cfg.cluster_n))
+    plan.config = cfg
+    # Cacheable when the views apply to the caller's own tensors (no copies were needed).
+    plan.direct = a3s.data_ptr() == a.data_ptr() and b3s.data_ptr() == b.data_ptr() and (
+        a3s.stride() == a3.stride() and b3s.stride() == b3.stride()
+    )
+    return plan, (a3s if not plan.direct else a, b3s if not plan.direct else b, out)
 
 
 def gemm(a, b, *, out=None, out_dtype=None, alpha: float = 1.0, config: GemmConfig | None = None):
@@ -101,96 +208,42 @@ def gemm(a, b, *, out=None, out_dtype=None, alpha: float = 1.0, config: GemmConf
     any row- or column-major views with 16-byte aligned strides; bf16 or fp16, a.dtype == b.dtype.
     out_dtype: torch.bfloat16 / float16 / float32 (default: a.dtype). ``out``: optional row-major
     output of the result shape. ``config``: force a kernel configuration (must pass can_implement).
+
+    Per-call cost: the first call for a (shapes, strides, dtypes, device, options) signature
+    validates, picks the config and compiles (or loads it from the disk cache); later calls only
+    check data-pointer alignment and launch.
     """
-    _check_operand("a", a)
-    _check_operand("b", b)
-    if a.dtype not in (torch.bfloat16, torch.float16):
-        raise TypeError(f"a.dtype must be torch.bfloat16 or torch.float16, got {a.dtype}")
-    if b.dtype != a.dtype:
-        raise TypeError(f"b.dtype ({b.dtype}) must equal a.dtype ({a.dtype})")
-    if a.device != b.device:
-        raise ValueError(f"a and b must be on the same device, got {a.device} and {b.device}")
     if out_dtype is None:
-        out_dtype = out.dtype if out is not None else a.dtype
-    if out_dtype not in TORCH_TO_NAME:
-        raise TypeError(f"out_dtype must be torch.bfloat16, torch.float16 or torch.float32, got {out_dtype}")
-    if a.shape[-1] != b.shape[-2]:
-        raise ValueError(f"a and b shapes do not match for a @ b: {tuple(a.shape)} @ {tuple(b.shape)}")
-    if a.dim() == 3 and b.dim() == 3 and a.shape[0] != b.shape[0]:
-        raise ValueError(f"batch sizes differ: a has {a.shape[0]}, b has {b.shape[0]}")
-    if a.dim() == 3 and b.dim() == 2:
-        # One weight for every batch: fold the batch into M when the layouts allow it.
-        rows = a.shape[0] * a.shape[1]
-        try:
-            a2 = a.view(rows, a.shape[2])
-            out2 = None if out is None else out.view(rows, out.shape[-1])
-        except RuntimeError:
-            b = b.expand(a.shape[0], *b.shape)
-        else:
-            res = gemm(a2, b, out=out2, out_dtype=out_dtype, alpha=alpha, config=config)
-            return res.view(a.shape[0], a.shape[1], -1) if out is None else out
-    if a.dim() == 2 and b.dim() == 3:
-        a = a.expand(b.shape[0], *a.shape)
-    squeeze = a.dim() == 2
-    a3 = a.unsqueeze(0) if squeeze else a  # (L, M, K)
-    b3 = b.unsqueeze(0) if squeeze else b  # (L, K, N)
-    L, M, K = a3.shape
-    N = b3.shape[2]
-    res_shape = (M, N) if squeeze else (L, M, N)
-    if out is not None:
-        _check_operand("out", out)
-        if tuple(out.shape) != res_shape:
-            raise ValueError(f"out must have shape {res_shape}, got {tuple(out.shape)}")
-        if out.dtype != out_dtype:
-            raise TypeError(f"out.dtype ({out.dtype}) differs from out_dtype ({out_dtype})")
-        if out.device != a.device:
-            raise ValueError(f"out must be on {a.device}, got {out.device}")
-        if N > 1 and out.stride(-1) != 1:
-            raise ValueError("out must be row-major (stride 1 along its last dim)")
-    else:
-        out = torch.empty(res_shape, dtype=out_dtype, device=a.device)
-    if out.numel() == 0:
+        out_dtype = out.dtype if out is not None else getattr(a, "dtype", None)
+    try:
+        key = (
+            a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, out_dtype,
+            None if out is None else (out.shape, out.stride(), out.dtype, out.device),
+            alpha != 1.0, config,
+        )  # fmt: skip
+    except AttributeError:
+        key = None  # not tensors: the slow path raises the right TypeError
+    plan = _PLANS.get(key) if key is not None else None
+    if (
+        plan is not None
+        and not (a.data_ptr() % 16 or b.data_ptr() % 16 or (out is not None and out.data_ptr() % 16))
+        and a.device.index == torch.cuda.current_device()
+    ):
+        if out is None:
+            out = torch.empty(plan.out_shape, dtype=out_dtype, device=a.device)
+        plan.launch((a, b, out), alpha)
         return out
-    if K == 0:
-        return out.zero_()
-
-    # Kernel views: A (M, K, L), B (N, K, L), C (M, N, L).
-    a_major = "k" if _major(a3, 1, 2) == "cols" else "m" if _major(a3, 1, 2) == "rows" else None
-    if a_major is None:
-        a3, a_major = a3.contiguous(), "k"
-    b_major = "n" if _major(b3, 1, 2) == "cols" else "k" if _major(b3, 1, 2) == "rows" else None
-    if b_major is None:
-        b3, b_major = b3.contiguous(), "n"
-    a3 = _tma_view(a3, 2 if a_major == "k" else 1, "a")
-    b3 = _tma_view(b3, 1 if b_major == "k" else 2, "b")
-    out3 = out.unsqueeze(0) if squeeze else out
-    c3 = _tma_view(out3, 2, "out")
-    if c3.data_ptr() != out3.data_ptr():
-        raise ValueError("out's data pointer must be 16-byte aligned")
-
-    arch, num_sms = _device_info(a.device.index if a.device.index is not None else torch.cuda.current_device())
-    problem = GemmProblem(
-        M, N, K, L, TORCH_TO_NAME[a.dtype], TORCH_TO_NAME[b.dtype], TORCH_TO_NAME[out_dtype], a_major, b_major
-    )
-    epi = EpilogueSpec(alpha=alpha != 1.0)
-    pol = policy_for(arch, num_sms)
-    cfg = config if config is not None else pol.choose(problem, epilogue=epi)
-    ok, why = can_implement(cfg, problem)
-    if not ok:
-        raise ValueError(f"cannot run {cfg.name}: {why}")
-    fn = DENSE_CACHE.get(cfg)
-    args = (
-        a3.permute(1, 2, 0),
-        b3.permute(2, 1, 0),
-        c3.permute(1, 2, 0),
-        float(alpha),
-        max(1, num_sms // (cfg.cluster_m * cfg.cluster_n)),
-    )
+    plan, sources = _plan(a, b, out, out_dtype, alpha, config)
+    out = sources[2]
+    if plan is None:  # empty output or K == 0
+        return out if out.numel() == 0 else out.zero_()
+    if plan.direct and key is not None:
+        _PLANS[key] = plan
     if a.device.index == torch.cuda.current_device():
-        fn(*args)
+        plan.launch(sources, alpha)
     else:
         with torch.cuda.device(a.device):
-            fn(*args)
+            plan.launch(sources, alpha)
     return out
 
 

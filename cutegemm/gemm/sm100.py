@@ -116,7 +116,9 @@ class GemmSm100(GemmBase):
         budget = SMEM_CAPACITY_SM100 - MBAR_BYTES - self.min_epi_stage * c_bytes
         self.ab_stage = cfg.stages or budget // ab_bytes
         if self.ab_stage < 2 or self.ab_stage * ab_bytes > budget:
-            raise ValueError(f"{cfg.name}: {self.ab_stage} stages of {ab_bytes} B do not fit in shared memory")
+            raise ValueError(
+                f"{cfg.name}: {self.ab_stage} stages of {ab_bytes} B do not fit in shared memory"
+            )
         self.epi_stage = self.min_epi_stage + (budget - self.ab_stage * ab_bytes) // c_bytes
 
         self.a_smem_layout_staged = sm100_utils.make_smem_layout_a(
@@ -175,8 +177,12 @@ class GemmSm100(GemmBase):
             acc_mbar: cute.struct.MemRange[cutlass.Int64, self.acc_stage * 2]
             tmem_dealloc_mbar: cutlass.Int64
             tmem_ptr: cutlass.Int32
-            sA: cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(self.a_smem_layout_staged)], 1024]
-            sB: cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(self.b_smem_layout_staged)], 1024]
+            sA: cute.struct.Align[
+                cute.struct.MemRange[self.a_dtype, cute.cosize(self.a_smem_layout_staged)], 1024
+            ]
+            sB: cute.struct.Align[
+                cute.struct.MemRange[self.b_dtype, cute.cosize(self.b_smem_layout_staged)], 1024
+            ]
             sC: cute.struct.Align[
                 cute.struct.MemRange[self.c_dtype, cute.cosize(self.epi_smem_layout_staged)], 1024
             ]
@@ -281,8 +287,12 @@ class GemmSm100(GemmBase):
         a_mcast_mask = None
         b_mcast_mask = None
         if cutlass.const_expr(self.is_a_mcast or self.is_b_mcast or self.use_2cta):
-            a_mcast_mask = cpasync.create_tma_multicast_mask(cluster_layout_vmnk, cluster_coord_vmnk, mcast_mode=2)
-            b_mcast_mask = cpasync.create_tma_multicast_mask(cluster_layout_vmnk, cluster_coord_vmnk, mcast_mode=1)
+            a_mcast_mask = cpasync.create_tma_multicast_mask(
+                cluster_layout_vmnk, cluster_coord_vmnk, mcast_mode=2
+            )
+            b_mcast_mask = cpasync.create_tma_multicast_mask(
+                cluster_layout_vmnk, cluster_coord_vmnk, mcast_mode=1
+            )
 
         # Global tiles are MMA tiles (tile_m rows: both CTAs of a pair); thr_mma picks our half.
         # (bM, bK, RestM, RestK, RestL)
@@ -332,11 +342,15 @@ class GemmSm100(GemmBase):
                 tma_atom_b, tBgB, tBsB, b_mcast_mask,
             )  # fmt: skip
         elif warp_idx == self.mma_warp_id:
-            self.mma(sched, ab_pipeline, acc_pipeline, tmem, tiled_mma, acc_layout, sA, sB, k_tile_cnt, is_leader_cta)
+            self.mma(
+                sched, ab_pipeline, acc_pipeline, tmem,
+                tiled_mma, acc_layout, sA, sB, k_tile_cnt, is_leader_cta,
+            )  # fmt: skip
         elif warp_idx < self.mma_warp_id:
             self.epilogue(
-                sched, acc_pipeline, tmem, acc_layout, tCgC, sC, epi_tile, tma_atom_c, alpha, tidx, warp_idx
-            )
+                sched, acc_pipeline, tmem, acc_layout,
+                tCgC, sC, epi_tile, tma_atom_c, alpha, tidx, warp_idx,
+            )  # fmt: skip
 
     # ---------------------------------------------------------------------------------------
     @cute.jit
@@ -377,7 +391,7 @@ class GemmSm100(GemmBase):
                 acc_pipeline.producer_acquire(acc_producer_state)
             # First k-block of a tile overwrites the accumulator.
             tiled_mma.set(tcgen05.Field.ACCUMULATE, False)
-            for k_tile in cutlass.range(k_tile_cnt, unroll=1):
+            for _k_tile in cutlass.range(k_tile_cnt, unroll=1):
                 if is_leader_cta:
                     ab_pipeline.consumer_wait(ab_consumer_state)
                     for kb in cutlass.range_constexpr(num_k_blocks):
@@ -440,7 +454,9 @@ class GemmSm100(GemmBase):
         tTR_rC = cute.make_rmem_tensor(tTR_rAcc.shape, self.c_dtype)
 
         # Registers -> smem, in the thread layout of the TMEM load.
-        copy_atom_r2s = sm100_utils.get_smem_store_op(self.c_layout, self.c_dtype, self.acc_dtype, tiled_copy_t2r)
+        copy_atom_r2s = sm100_utils.get_smem_store_op(
+            self.c_layout, self.c_dtype, self.acc_dtype, tiled_copy_t2r
+        )
         tiled_copy_r2s = cute.make_tiled_copy_D(copy_atom_r2s, tiled_copy_t2r)
         thr_copy_r2s = tiled_copy_r2s.get_slice(epi_tidx)
         # (R2S, R2S_M, R2S_N, EPI_STAGE)
@@ -466,7 +482,9 @@ class GemmSm100(GemmBase):
             # (TMA, EPI_M * EPI_N)
             bSG_gC = cute.group_modes(bSG_gC_all[(None, None, None, tile_m, tile_n, tile_l)], 1, 3)
             # (T2R, T2R_M, T2R_N, EPI_M * EPI_N)
-            tTR_tAcc = cute.group_modes(tTR_tAcc_all[(None, None, None, None, None, acc_consumer_state.index)], 3, 5)
+            tTR_tAcc = cute.group_modes(
+                tTR_tAcc_all[(None, None, None, None, None, acc_consumer_state.index)], 3, 5
+            )
             num_epi = cute.size(tTR_tAcc, mode=[3])
 
             acc_pipeline.consumer_wait(acc_consumer_state)

@@ -75,7 +75,7 @@ class StaticPersistentScheduler:
         self.cluster_mn = cluster_mn
         self.group = group
         self.raster_m = raster_m
-        for name, v in zip(self._dyn, values or ()):
+        for name, v in zip(self._dyn, values or (), strict=False):
             setattr(self, name, v)
 
     @staticmethod
