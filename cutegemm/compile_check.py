@@ -28,6 +28,9 @@ def dense_variants(arch: str) -> list[GemmConfig]:
             GemmConfig(arch=arch, tile_m=128, tile_n=192),
             GemmConfig(arch=arch, tile_m=64, tile_n=128, raster="n", group=1),
             GemmConfig(arch=arch, tile_m=128, tile_n=64),
+            GemmConfig(arch=arch, tile_m=128, tile_n=128, cluster_m=2, pingpong=True),
+            GemmConfig(arch=arch, tile_m=64, tile_n=256, cluster_n=2, pingpong=True, out_dtype="fp32"),
+            GemmConfig(arch=arch, tile_m=128, tile_n=64, pingpong=True, a_major="m", b_major="k"),
         ]
     else:
         big = GemmConfig(arch=arch, tile_m=256, tile_n=256, two_cta=True, cluster_m=2)

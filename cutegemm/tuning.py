@@ -12,6 +12,14 @@ from .gemm.config import GemmProblem, can_implement
 from .gemm.policy import policy_for
 
 SM90_CANDIDATES = [
+    dict(tile_m=128, tile_n=128, cluster_m=2, cluster_n=1, raster="m", group=8, pingpong=True),
+    dict(tile_m=128, tile_n=128, cluster_m=1, cluster_n=2, raster="m", group=8, pingpong=True),
+    dict(tile_m=128, tile_n=128, cluster_m=2, cluster_n=1, raster="n", group=8, pingpong=True),
+    dict(tile_m=64, tile_n=256, cluster_m=2, cluster_n=1, raster="m", group=8, pingpong=True),
+    dict(tile_m=128, tile_n=64, cluster_m=1, cluster_n=1, raster="n", group=1, pingpong=True),
+    dict(tile_m=128, tile_n=64, cluster_m=1, cluster_n=2, raster="n", group=1, pingpong=True),
+    dict(tile_m=128, tile_n=64, cluster_m=1, cluster_n=2, raster="n", group=1),
+    dict(tile_m=128, tile_n=64, cluster_m=1, cluster_n=4, raster="n", group=1),
     dict(tile_m=128, tile_n=256, cluster_m=2, cluster_n=1, raster="m", group=8),
     dict(tile_m=128, tile_n=256, cluster_m=1, cluster_n=2, raster="m", group=8),
     dict(tile_m=128, tile_n=256, cluster_m=2, cluster_n=1, raster="n", group=8),

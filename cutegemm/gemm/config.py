@@ -21,6 +21,10 @@ class GemmConfig:
     tile_m/tile_n: the CTA tile (sm_100a with two_cta: the MMA tile of the CTA pair, so the CTA
     tile is tile_m/2 x tile_n). stages=0 picks as many A/B stages as shared memory holds.
     raster/group: tile order of the persistent scheduler (see schedulers/static.py).
+    pingpong (sm_90a): the two consumer warpgroups take alternate tiles, so one runs its epilogue
+    while the other runs its mainloop; tile_m x tile_n is then one warpgroup's tile (<= 128x128
+    or 64x256: 128 fp32 accumulator registers per thread). Otherwise "cooperative": both
+    warpgroups split every tile along M (tile_m // 64 warpgroups).
     """
 
     arch: str
@@ -35,6 +39,7 @@ class GemmConfig:
     cluster_n: int = 1
     stages: int = 0
     two_cta: bool = False
+    pingpong: bool = False  # sm_90a: each consumer warpgroup owns whole tiles, alternating
     raster: str = "m"
     group: int = 8
     scheduler: str = "static"
@@ -43,7 +48,7 @@ class GemmConfig:
     @property
     def name(self) -> str:
         """Spells out family, dtypes, majors, tile, epilogue, scheduler and arch."""
-        tile = f"{self.tile_m}x{self.tile_n}" + ("_2cta" if self.two_cta else "")
+        tile = f"{self.tile_m}x{self.tile_n}" + ("_2cta" if self.two_cta else "") + ("_pp" if self.pingpong else "")
         return (
             f"dense_{self.a_dtype}{self.b_dtype}_{self.out_dtype}_{self.a_major}{self.b_major}"
             f"_t{tile}_c{self.cluster_m}x{self.cluster_n}_epi-{self.epilogue.name}"
@@ -97,11 +102,15 @@ def config_errors(cfg: GemmConfig) -> list[str]:
     if cfg.arch == "sm_90a":
         if cfg.two_cta:
             err.append("two_cta is an sm_100a feature")
+        if cfg.pingpong and cfg.tile_m * cfg.tile_n > 128 * 128:
+            err.append(f"sm_90a pingpong tile must hold <= 128x128 accumulators per warpgroup, got {cfg.tile_m}x{cfg.tile_n}")
         if cfg.tile_m not in (64, 128):
             err.append(f"sm_90a tile_m must be 64 or 128, got {cfg.tile_m}")
         if cfg.tile_n not in (64, 128, 192, 256):
             err.append(f"sm_90a tile_n must be 64, 128, 192 or 256, got {cfg.tile_n}")
     elif cfg.arch == "sm_100a":
+        if cfg.pingpong:
+            err.append("pingpong is an sm_90a schedule")
         ok_m = (128, 256) if cfg.two_cta else (64, 128)
         if cfg.tile_m not in ok_m:
             err.append(f"sm_100a tile_m must be in {ok_m} (two_cta={cfg.two_cta}), got {cfg.tile_m}")

@@ -12,8 +12,12 @@ Pipeline (one CTA; a cluster of cluster_m x cluster_n CTAs shares A/B tiles by T
                                         acc -> apply_epilogue -> cast -> stmatrix -> smem
                                         -> TMA store (ring of epi_stage buffers)
 
-W = tile_m // 64 consumer warpgroups, each owning 64 rows of the tile. While the consumers run
-the epilogue of tile i, the producer is already loading tile i+1 into free stages.
+Two consumer schedules (config.pingpong):
+- cooperative: W = tile_m // 64 warpgroups split every tile along M (64 rows each). While they
+  run the epilogue of tile i, the producer already loads tile i+1 into free stages.
+- pingpong: 2 warpgroups take alternate tiles (WG0: tiles 0, 2, 4, ... of this CTA; WG1: 1, 3,
+  ...). Named barriers hand the tensor cores from one to the other after each mainloop, so
+  one warpgroup's epilogue runs under the other's WGMMAs. Each has its own epilogue buffers.
 Constraints: see ``config.config_errors`` (tile_m 64/128, tile_n 64..256, cluster <= 4).
 """
 
@@ -33,24 +37,27 @@ from ..epilogue import apply_epilogue
 from .base import GemmBase
 
 SMEM_CAPACITY_SM90 = 232448
-BAR_EPILOGUE = 1
+BAR_EPILOGUE = 1  # + warpgroup turn (1, 2)
+BAR_ORDER = 3  # + warpgroup turn (3, 4): pingpong tensor-core hand-off
 
 
 class GemmSm90(GemmBase):
     threads_per_warpgroup = 128
     load_registers = 40
     mma_registers = 232
-    epi_stage = 4
 
     def __init__(self, config):
         super().__init__(config)
-        self.num_mma_wg = config.tile_m // 64
-        self.atom_layout_mnk = (self.num_mma_wg, 1, 1)
+        self.pingpong = config.pingpong
+        self.num_mma_wg = 2 if self.pingpong else config.tile_m // 64
+        # Warpgroups that share one tile's WGMMAs (and its epilogue barrier).
+        self.wg_per_tile = 1 if self.pingpong else self.num_mma_wg
+        self.atom_layout_mnk = (self.wg_per_tile, 1, 1)
         self.threads_per_cta = (1 + self.num_mma_wg) * self.threads_per_warpgroup
-        self.num_mma_threads = self.num_mma_wg * self.threads_per_warpgroup
+        self.threads_per_tile = self.wg_per_tile * self.threads_per_warpgroup
         self.load_warp_id = 0
-        self.epi_store_warp_id = 4  # first warp of the first consumer warpgroup
-        self.epi_barrier = pipeline.NamedBarrier(barrier_id=BAR_EPILOGUE, num_threads=self.num_mma_threads)
+        # Epilogue buffer groups: one per warpgroup in pingpong, one shared in cooperative.
+        self.epi_groups = 2 if self.pingpong else 1
 
     # ---------------------------------------------------------------------------------------
     def _setup(self, a_layout: LayoutEnum, b_layout: LayoutEnum, c_layout: LayoutEnum):
@@ -67,11 +74,12 @@ class GemmSm90(GemmBase):
         inst_k = cute.size(self.tiled_mma.shape_mnk, mode=[2])
         self.tile_shape_mnk = (cfg.tile_m, cfg.tile_n, inst_k * 4)  # K tile = 64 for 16-bit inputs
         self.cta_layout_mnk = cute.make_layout((*self.cluster_shape_mn, 1))
-        # Epilogue subtile: the full M of the tile (all consumer WGs) x 32 columns.
-        self.epi_tile = (cfg.tile_m, 32)
+        # Epilogue subtile x 32 columns: all cooperative WGs' rows, or one WG's 64 rows (pingpong).
+        self.epi_tile = (64 * self.wg_per_tile, 32)
+        self.epi_stage = 4 if not self.pingpong else 2
 
         ab_bytes = (cfg.tile_m + cfg.tile_n) * self.tile_shape_mnk[2] * self.a_dtype.width // 8
-        epi_bytes = cute.size(self.epi_tile) * self.c_dtype.width // 8 * self.epi_stage
+        epi_bytes = cute.size(self.epi_tile) * self.c_dtype.width // 8 * self.epi_stage * self.epi_groups
         budget = SMEM_CAPACITY_SM90 - 1024 - epi_bytes  # 1 KiB for mbarriers
         self.ab_stage = cfg.stages or budget // ab_bytes
         if self.ab_stage < 2 or self.ab_stage * ab_bytes > budget:
@@ -100,7 +108,7 @@ class GemmSm90(GemmBase):
         )
         self.epi_smem_layout_staged = cute.tile_to_shape(
             c_atom,
-            (*self.epi_tile, self.epi_stage),
+            (*self.epi_tile, self.epi_stage * self.epi_groups),
             order=(1, 0, 2) if c_layout.is_m_major_c() else (0, 1, 2),
         )
 
@@ -210,7 +218,7 @@ class GemmSm90(GemmBase):
             barrier_storage=storage.ab_mbar.data_ptr(),
             num_stages=self.ab_stage,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, mcast_size * self.num_mma_wg * 4),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, mcast_size * self.wg_per_tile * 4),
             tx_count=tma_bytes,
             cta_layout_vmnk=cute.make_layout((1, *cta_layout_mnk.shape)),
             defer_sync=True,
@@ -262,9 +270,11 @@ class GemmSm90(GemmBase):
                 )  # fmt: skip
         else:
             cute.arch.setmaxregister_increase(self.mma_registers)
+            # pingpong: warpgroup 1 or 2 -> 0 / 1, each owning whole tiles; cooperative: one group.
+            wg = warp_group_idx - 1 if self.pingpong else 0
             self.mma_and_epilogue(
-                sched, ab_pipeline, k_tile_cnt, tiled_mma, sA, sB, sC, gC_mnl,
-                tma_atom_c, alpha, tidx - self.threads_per_warpgroup, warp_idx,
+                sched, ab_pipeline, k_tile_cnt, tiled_mma, sA, sB, sC, gC_mnl, tma_atom_c, alpha,
+                (tidx - self.threads_per_warpgroup) % self.threads_per_tile, wg, warp_idx,
             )  # fmt: skip
 
     # ---------------------------------------------------------------------------------------
@@ -282,9 +292,14 @@ class GemmSm90(GemmBase):
         tma_atom_c: cute.CopyAtom,
         alpha: cutlass.Float32,
         mma_tidx: cutlass.Int32,
+        wg: cutlass.Int32,
         warp_idx: cutlass.Int32,
     ):
-        """Consumer warpgroups: WGMMA mainloop into register accumulators, then the epilogue."""
+        """Consumer warpgroups: WGMMA mainloop into register accumulators, then the epilogue.
+
+        ``wg``: this warpgroup's turn in pingpong (0/1; always 0 in cooperative). ``mma_tidx``:
+        thread index among the threads that share a tile.
+        """
         thr_mma = tiled_mma.get_slice(mma_tidx)
         # (MMA, MMA_M, MMA_K, STAGE), (MMA, MMA_N, MMA_K, STAGE)
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
@@ -314,19 +329,33 @@ class GemmSm90(GemmBase):
 
         store_pipeline = pipeline.PipelineTmaStore.create(
             num_stages=self.epi_stage,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads),
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.threads_per_tile),
         )
+        # Barriers: the epilogue's (threads sharing a tile) and, in pingpong, one "your turn for
+        # the tensor cores" barrier per warpgroup (its 128 threads sync, the other's 128 arrive).
+        epi_barrier = pipeline.NamedBarrier(barrier_id=BAR_EPILOGUE + wg, num_threads=self.threads_per_tile)
+        store_warp = warp_idx % 4 == 0  # one warp of the group issues the TMA stores
+        if self.wg_per_tile > 1:
+            store_warp = warp_idx == 4
         read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stage)
         release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stage)
         epi_count = cutlass.Int32(0)  # subtiles stored so far: picks the epilogue smem buffer
 
         work = sched.first()
+        if cutlass.const_expr(self.pingpong):
+            if wg == 1:
+                # Tile 0 of this CTA belongs to warpgroup 0: skip its stages.
+                work = sched.next(work)
+                read_state, release_state = self._skip(read_state, release_state, k_tile_cnt)
         while sched.is_valid(work):
             tile_m, tile_n, tile_l = sched.cta_tile(work)
 
             # ---- mainloop: keep one WGMMA batch in flight, release the stage behind it ----
             acc.fill(0.0)
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+            if cutlass.const_expr(self.pingpong):
+                if work >= sched.first() + sched.stride:  # not this CTA's first tile: wait our turn
+                    cute.arch.barrier(barrier_id=BAR_ORDER + wg, number_of_threads=2 * self.threads_per_warpgroup)
             warpgroup.fence()
             for k_tile in range(k_tile_cnt):
                 ab_pipeline.consumer_wait(read_state)
@@ -339,6 +368,9 @@ class GemmSm90(GemmBase):
                     ab_pipeline.consumer_release(release_state)
                     release_state.advance()
                 read_state.advance()
+            if cutlass.const_expr(self.pingpong):
+                # All WGMMAs of this tile are issued: hand the tensor cores to the other warpgroup.
+                cute.arch.barrier_arrive(barrier_id=BAR_ORDER + 1 - wg, number_of_threads=2 * self.threads_per_warpgroup)
             warpgroup.wait_group(0)
             if k_tile_cnt > 0:
                 ab_pipeline.consumer_release(release_state)
@@ -359,17 +391,30 @@ class GemmSm90(GemmBase):
                     tRS_rD[v] = tRS_rAcc[epi_idx * size_rD + v]
                 out = apply_epilogue(self.config.epilogue, tRS_rD.load(), alpha)
                 tRS_rD_out.store(out.to(self.c_dtype))
-                buf = epi_count % self.epi_stage
+                buf = wg * self.epi_stage + epi_count % self.epi_stage
                 cute.copy(tiled_copy_r2s, tRS_rD_out, tRS_sC[(None, None, None, buf)])
                 # Make the smem writes visible to the TMA (async proxy), then one warp stores.
                 cute.arch.fence_proxy("async.shared", space="cta")
-                self.epi_barrier.arrive_and_wait()
-                if warp_idx == self.epi_store_warp_id:
+                epi_barrier.arrive_and_wait()
+                if store_warp:
                     cute.copy(tma_atom_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_layout.get_hier_coord(epi_idx))])
                     store_pipeline.producer_commit()
+                    # Before the buffer after next is rewritten, its store must have read it.
                     store_pipeline.producer_acquire()
-                self.epi_barrier.arrive_and_wait()
+                epi_barrier.arrive_and_wait()
                 epi_count += 1
             work = sched.next(work)
+            if cutlass.const_expr(self.pingpong):
+                # The next tile of this CTA belongs to the other warpgroup: skip its stages.
+                work = sched.next(work)
+                read_state, release_state = self._skip(read_state, release_state, k_tile_cnt)
 
         store_pipeline.producer_tail()
+
+    @cute.jit
+    def _skip(self, read_state, release_state, k_tile_cnt: cutlass.Int32):
+        """Advance both consumer states past one tile's k-tiles (consumed by the other warpgroup)."""
+        for _ in range(k_tile_cnt):
+            read_state.advance()
+            release_state.advance()
+        return read_state, release_state
