@@ -38,16 +38,18 @@ class ArchPolicy:
 
 
 class Sm90Policy(ArchPolicy):
+    # Chosen from `python -m cutegemm bench sweep` on the H200 (bench/RESULTS.md, 2026-11-29):
+    # 128x256 cooperative + 2x1 cluster, N-major raster, was best or within 2% of best on every
+    # large shape; pingpong 128x128 was within 1-4% but never clearly ahead; for M <= 128 a
+    # 128x64 tile (112 CTAs at N=7168) beat 64x128, 64x256 and every multicast variant.
     def _tile(self, p: GemmProblem) -> dict:
+        if p.m <= 128:
+            return dict(tile_m=128, tile_n=64, raster="n", group=1)
         big_tiles = ceil_div(p.m, 128) * ceil_div(p.n, 256) * p.l
         if big_tiles >= self.num_sms:
-            # Large problems: 128x256 tiles, B multicast over a 2x1 cluster halves B's L2 traffic.
             cluster_m = 2 if ceil_div(p.m, 128) >= 2 else 1
-            return dict(tile_m=128, tile_n=256, cluster_m=cluster_m, raster="m", group=8)
-        if p.m <= 128:
-            # Decode-like: few rows; spread N over as many CTAs as possible.
-            return dict(tile_m=64, tile_n=128, cluster_m=1, cluster_n=1, raster="n", group=1)
-        return dict(tile_m=128, tile_n=128, cluster_m=1, cluster_n=1, raster="m", group=8)
+            return dict(tile_m=128, tile_n=256, cluster_m=cluster_m, raster="n", group=8)
+        return dict(tile_m=128, tile_n=128, raster="m", group=8)
 
 
 class Sm100Policy(ArchPolicy):

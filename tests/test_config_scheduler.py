@@ -1,0 +1,108 @@
+"""CPU tests: config rules, the scheduler's tile map, the policy."""
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cutegemm.gemm.config import GemmConfig, GemmProblem, can_implement
+from cutegemm.gemm.policy import policy_for
+from cutegemm.schedulers.static import swizzled_tile_coord
+
+
+def ceil_div(a, b):
+    return -(-a // b)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    tiles_m=st.integers(1, 40),
+    tiles_n=st.integers(1, 40),
+    batches=st.integers(1, 4),
+    group=st.integers(1, 9),
+    raster_m=st.booleans(),
+    workers=st.integers(1, 140),
+)
+def test_every_tile_exactly_once(tiles_m, tiles_n, batches, group, raster_m, workers):
+    """The persistent walk (worker w takes w, w + W, ...) visits each (m, n, l) tile exactly once."""
+    total = tiles_m * tiles_n * batches
+    seen = []
+    for w in range(min(workers, total)):
+        for idx in range(w, total, workers):
+            m, n, l_idx = swizzled_tile_coord(idx, tiles_m, tiles_n, group, raster_m)
+            assert 0 <= m < tiles_m and 0 <= n < tiles_n and 0 <= l_idx < batches
+            seen.append((m, n, l_idx))
+    assert len(seen) == total and len(set(seen)) == total
+
+
+def test_raster_group_keeps_tiles_in_flight_local():
+    """With raster m and group 8, the first 8*M tiles cover 8 N-columns (L2 reuse of B)."""
+    coords = [swizzled_tile_coord(i, 16, 32, 8, True) for i in range(16 * 8)]
+    assert {n for _, n, _ in coords} == set(range(8))
+    assert {m for m, _, _ in coords} == set(range(16))
+
+
+def test_cluster_tile_counts_cover_problem():
+    """Cluster tiles x cluster shape x tile cover the problem (partial clusters included)."""
+    for m, n, tm, tn, cm, cn in [(1000, 1032, 128, 256, 2, 1), (1, 8, 64, 128, 1, 2), (4096, 4096, 128, 64, 1, 4)]:
+        assert ceil_div(m, tm * cm) * tm * cm >= m and ceil_div(n, tn * cn) * tn * cn >= n
+
+
+@pytest.mark.parametrize(
+    "change,needle",
+    [
+        (dict(arch="sm_80"), "arch"),
+        (dict(a_dtype="fp32", b_dtype="fp32"), "a/b dtype"),
+        (dict(out_dtype="int8"), "out dtype"),
+        (dict(tile_m=96), "tile_m"),
+        (dict(tile_n=96), "tile_n"),
+        (dict(cluster_m=3), "cluster_m"),
+        (dict(cluster_m=4, cluster_n=2), "cluster size"),
+        (dict(two_cta=True), "two_cta"),
+        (dict(pingpong=True, tile_m=128, tile_n=256), "pingpong"),
+        (dict(a_major="n"), "a_major"),
+        (dict(stages=1), "stages"),
+        (dict(scheduler="clc"), "scheduler"),
+    ],
+)
+def test_config_rules_name_the_problem(change, needle):
+    cfg = replace(GemmConfig(arch="sm_90a"), **change)
+    ok, why = can_implement(cfg)
+    assert not ok and needle in why
+
+
+def test_problem_alignment_rule():
+    cfg = GemmConfig(arch="sm_90a")
+    ok, _ = can_implement(cfg, GemmProblem(100, 64, 64, a_strides=(64,)))
+    assert ok
+    ok, why = can_implement(cfg, GemmProblem(100, 64, 60, a_strides=(60,)))
+    assert not ok and "16 bytes" in why
+    ok, why = can_implement(cfg, GemmProblem(100, 64, 64, out_dtype="fp32"))
+    assert not ok and "out_dtype" in why
+
+
+def test_sm100_rules():
+    ok, _ = can_implement(GemmConfig(arch="sm_100a", tile_m=256, tile_n=256, two_cta=True, cluster_m=2))
+    assert ok
+    ok, why = can_implement(GemmConfig(arch="sm_100a", tile_m=256, tile_n=256, two_cta=True, cluster_m=1))
+    assert not ok and "cluster_m" in why
+    ok, why = can_implement(GemmConfig(arch="sm_100a", pingpong=True))
+    assert not ok and "pingpong" in why
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    m=st.integers(1, 20000),
+    n=st.integers(1, 20000).map(lambda x: 8 * ceil_div(x, 8)),
+    k=st.integers(8, 20000),
+    l_count=st.integers(1, 8),
+    arch=st.sampled_from(["sm_90a", "sm_100a"]),
+    a_major=st.sampled_from("km"),
+    b_major=st.sampled_from("kn"),
+)
+def test_policy_always_picks_an_implementable_config(m, n, k, l_count, arch, a_major, b_major):
+    p = GemmProblem(m, n, k, l_count, a_major=a_major, b_major=b_major)
+    cfg = policy_for(arch).choose(p)
+    ok, why = can_implement(cfg, p)
+    assert ok, why
