@@ -170,3 +170,24 @@ def plot(json_path: Path) -> Path | None:
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def host_overhead(calls: int = 2000) -> dict:
+    """Host time per warm call (µs) on a tiny problem, ours vs torch.matmul, same process."""
+    from .gemm.api import gemm
+
+    a = torch.randn(128, 128, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(128, 128, device="cuda", dtype=torch.bfloat16)
+    res = {}
+    for name, fn in (("cutegemm.gemm", lambda: gemm(a, b)), ("torch.matmul", lambda: torch.matmul(a, b))):
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        res[name] = (t1 - t0) / calls * 1e6
+    print("host time per call (µs): " + ", ".join(f"{k} {v:.1f}" for k, v in res.items()))
+    return res

@@ -14,9 +14,10 @@ for step in "$@"; do
 import torch, cutegemm
 a=torch.randn(1000,328,device='cuda',dtype=torch.bfloat16); b=torch.randn(328,1032,device='cuda',dtype=torch.bfloat16)
 o=cutegemm.gemm(a,b); r=a.double()@b.double(); print('smoke max err', (o.double()-r).abs().max().item(), 'torch', ((a@b).double()-r).abs().max().item())" ;;
-    test) python -m pytest tests -q -x -p no:cacheprovider --hypothesis-show-statistics 2>&1 | tail -40 ;;
+    test) python -m pytest tests -q -p no:cacheprovider --hypothesis-show-statistics 2>&1 | grep -E 'passing|passed|failed|FAILED|Error|error' | tail -40 ;;
     bench) python -m cutegemm bench dense --out "$OUTDIR" ;;
     sweep) python -m cutegemm bench sweep ;;
+    overhead) python -c "from cutegemm.benchmarks import host_overhead; host_overhead()" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done
