@@ -40,6 +40,7 @@ class GemmConfig:
     stages: int = 0
     two_cta: bool = False
     pingpong: bool = False  # sm_90a: each consumer warpgroup owns whole tiles, alternating
+    grouped: bool = False  # MoE packed form: A (total_M, K) split into experts by a device offs tensor
     raster: str = "m"
     group: int = 8
     scheduler: str = "static"
@@ -49,8 +50,9 @@ class GemmConfig:
     def name(self) -> str:
         """Spells out family, dtypes, majors, tile, epilogue, scheduler and arch."""
         tile = f"{self.tile_m}x{self.tile_n}" + ("_2cta" if self.two_cta else "") + ("_pp" if self.pingpong else "")
+        family = "grouped" if self.grouped else "dense"
         return (
-            f"dense_{self.a_dtype}{self.b_dtype}_{self.out_dtype}_{self.a_major}{self.b_major}"
+            f"{family}_{self.a_dtype}{self.b_dtype}_{self.out_dtype}_{self.a_major}{self.b_major}"
             f"_t{tile}_c{self.cluster_m}x{self.cluster_n}_epi-{self.epilogue.name}"
             f"_{self.scheduler}-{self.raster}{self.group}_{self.arch}"
         )
@@ -97,6 +99,11 @@ def config_errors(cfg: GemmConfig) -> list[str]:
         err.append(f"raster must be 'm'/'n' and group >= 1, got {cfg.raster!r}/{cfg.group}")
     if cfg.scheduler != "static":
         err.append(f"scheduler {cfg.scheduler!r} not available for dense GEMM (static)")
+    if cfg.grouped:
+        if cfg.a_major != "k":
+            err.append("grouped: A must be row-major (a_major='k')")
+        if cfg.cluster_m != 1:
+            err.append("grouped: cluster_m must be 1 (CTAs of a cluster share one expert's m-tile)")
     if cfg.stages not in (0,) and not 2 <= cfg.stages <= 12:
         err.append(f"stages must be 0 (auto) or 2..12, got {cfg.stages}")
     if cfg.arch == "sm_90a":

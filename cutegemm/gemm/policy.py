@@ -36,6 +36,15 @@ class ArchPolicy:
     def _tile(self, p: GemmProblem) -> dict:
         raise NotImplementedError
 
+    def choose_grouped(self, p: GemmProblem, num_groups: int, **overrides) -> GemmConfig:
+        """Grouped: p.m is the total row count; the tile follows the mean rows per expert."""
+        rows = p.m / max(num_groups, 1)
+        tile = dict(tile_m=64, tile_n=128) if rows <= 64 else dict(tile_m=128, tile_n=256 if p.n >= 2048 else 128)
+        if self.arch == "sm_100a":
+            tile = dict(tile_m=64 if rows <= 64 else 128, tile_n=128)
+        cfg = replace(self.choose(p), grouped=True, cluster_m=1, cluster_n=1, raster="m", group=1, **tile)
+        return replace(cfg, **overrides) if overrides else cfg
+
 
 class Sm90Policy(ArchPolicy):
     # Chosen from `python -m cutegemm bench sweep` on the H200 (bench/RESULTS.md, 2026-11-29):

@@ -27,3 +27,9 @@ def dense_fake_args(cfg: GemmConfig):
     b = _fake_matrix(cfg.b_dtype, 1 if cfg.b_major == "k" else 0)
     c = _fake_matrix(cfg.out_dtype, 1)
     return a, b, c, cutlass.Float32(1.0), cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True)
+
+
+def grouped_fake_args(cfg: GemmConfig):
+    """Dense args + offs (E,) int32: A is the packed (total_M, K, 1), B (N, K, E), C (total_M, N, 1)."""
+    offs = make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=4)
+    return (*dense_fake_args(cfg)[:-1], make_fake_stream(use_tvm_ffi_env_stream=True), offs)

@@ -1,0 +1,158 @@
+"""Grouped (MoE) tile scheduler: the tile -> (expert, m-tile, n-tile) map is computed on the device
+from the ``offs`` tensor, so no host sync is needed and a captured CUDA graph stays correct when
+the contents of ``offs`` change between replays.
+
+Problem: A packed (total_M, K); expert e owns rows [start_e, end_e) with end_e = offs[e] and
+start_e = offs[e - 1] (0 for e = 0), both clamped into [0, total_M] and end_e >= start_e (bad
+offsets stay memory-safe: an expert gets a clamped, possibly empty, row range). Expert e has
+ceil((end_e - start_e) / tile_m) m-tiles; every m-tile is paired with every N cluster tile.
+
+Order: expert-major; inside an expert, m fastest, so CTAs working at the same time share the
+expert's B columns (the weights, the big operand) in L2.
+
+At kernel start one warp turns offs into ``tile_start[e]`` (the first linear tile of expert e,
+``tile_start[E]`` = total) in shared memory; a tile index is then mapped by a binary search.
+:func:`grouped_tile_map` is the plain-Python twin used by the CPU tests.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass.cutlass_dsl import extract_mlir_values, new_from_mlir_values
+
+
+def expert_rows(offs, total_m):
+    """[(start_e, end_e)] with the clamping rules of the kernel (plain Python)."""
+    rows, prev = [], 0
+    for o in offs:
+        end = min(max(int(o), 0), total_m)
+        start = min(max(prev, 0), total_m)
+        rows.append((start, max(end, start)))
+        prev = int(o)
+    return rows
+
+
+def grouped_tile_map(offs, total_m: int, tile_m: int, n_tiles: int):
+    """Linear tile index -> (expert, row_start, row_end, m_tile, n_tile), in the kernel's order."""
+    out = []
+    for e, (start, end) in enumerate(expert_rows(offs, total_m)):
+        mt = -(-(end - start) // tile_m)
+        for t in range(mt * n_tiles):
+            out.append((e, start, end, t % mt, t // mt))
+    return out
+
+
+class GroupedScheduler:
+    """Device side. ``tile_start`` is a shared-memory Int32 tensor of E + 1 entries filled by
+    :meth:`fill_tile_starts`. Holds only Int32 runtime values plus compile-time settings."""
+
+    _dyn = ("total", "start", "stride", "num_groups", "cta_n", "total_m")
+
+    def __init__(self, tile_start, tile_m: int, cluster_n: int, values=None):
+        self.tile_start = tile_start
+        self.tile_m = tile_m
+        self.cluster_n = cluster_n
+        for name, v in zip(self._dyn, values or (), strict=False):
+            setattr(self, name, v)
+
+    @staticmethod
+    @cute.jit
+    def fill_tile_starts(
+        tile_start: cute.Tensor, mOffs: cute.Tensor, total_m: cutlass.Int32, tile_m: cutlass.Constexpr,
+        n_cluster_tiles: cutlass.Int32, lane: cutlass.Int32,
+    ):  # fmt: skip
+        """One warp: tile_start[e] = sum_{j<e} m_tiles(j) * n_cluster_tiles (exclusive scan)."""
+        num_groups = cute.size(mOffs)
+        per_lane = (num_groups + 31) // 32
+        first = lane * per_lane
+        # Pass 1: this lane's sum over its experts.
+        local = cutlass.Int32(0)
+        for i in range(per_lane):
+            e = first + i
+            if e < num_groups:
+                local += GroupedScheduler._group_tiles(mOffs, e, total_m, tile_m) * n_cluster_tiles
+        # Exclusive prefix over lanes (Hillis-Steele inclusive scan, then subtract own).
+        incl = local
+        for shift in cutlass.range_constexpr(5):
+            other = cute.arch.shuffle_sync_up(incl, 1 << shift)
+            if lane >= (1 << shift):
+                incl += other
+        run = incl - local
+        # Pass 2: write the exclusive prefix for this lane's experts.
+        for i in range(per_lane):
+            e = first + i
+            if e < num_groups:
+                tile_start[e] = run
+                run += GroupedScheduler._group_tiles(mOffs, e, total_m, tile_m) * n_cluster_tiles
+        if lane == 31:
+            tile_start[num_groups] = incl
+
+    @staticmethod
+    def _group_tiles(mOffs, e, total_m, tile_m):
+        start, end = GroupedScheduler._group_rows(mOffs, e, total_m)
+        return (end - start + (tile_m - 1)) // tile_m
+
+    @staticmethod
+    def _group_rows(mOffs, e, total_m):
+        end = cutlass.min(cutlass.max(cutlass.Int32(mOffs[e]), 0), total_m)
+        prev = cutlass.Int32(0)
+        if e > 0:
+            prev = cutlass.Int32(mOffs[e - 1])
+        start = cutlass.min(cutlass.max(prev, 0), total_m)
+        return start, cutlass.max(end, start)
+
+    @staticmethod
+    def create(tile_start, mOffs, total_m, tile_m: int, cluster_n: int) -> GroupedScheduler:
+        bx, by, cluster_id = cute.arch.block_idx()
+        _, _, num_clusters = cute.arch.grid_dim()
+        num_groups = cutlass.Int32(cute.size(mOffs))
+        values = (
+            cutlass.Int32(tile_start[num_groups]),
+            cutlass.Int32(cluster_id),
+            cutlass.Int32(num_clusters),
+            num_groups,
+            cutlass.Int32(by) % cluster_n,
+            cutlass.Int32(total_m),
+        )
+        sched = GroupedScheduler(tile_start, tile_m, cluster_n, values)
+        sched.mOffs = mOffs
+        return sched
+
+    def __extract_mlir_values__(self):
+        return extract_mlir_values([getattr(self, k) for k in self._dyn])
+
+    def __new_from_mlir_values__(self, values):
+        old = [getattr(self, k) for k in self._dyn]
+        new = GroupedScheduler(self.tile_start, self.tile_m, self.cluster_n, new_from_mlir_values(old, values))
+        new.mOffs = self.mOffs
+        return new
+
+    def first(self):
+        return self.start
+
+    def next(self, work):
+        return work + self.stride
+
+    def is_valid(self, work):
+        return work < self.total
+
+    @cute.jit
+    def cta_tile(self, work):
+        """(m_tile, n_tile, expert, row_start, row_end): m_tile counts tiles from row_start."""
+        # Binary search: the last expert e with tile_start[e] <= work (empty experts share a start;
+        # the search lands on the last of them, the one that owns the tile).
+        lo = cutlass.Int32(0)
+        hi = self.num_groups - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.tile_start[mid] <= work:
+                lo = mid
+            else:
+                hi = mid - 1
+        e = lo
+        local = work - self.tile_start[e]
+        start, end = GroupedScheduler._group_rows(self.mOffs, e, self.total_m)
+        mt = (end - start + (self.tile_m - 1)) // self.tile_m
+        n_tile = (local // mt) * self.cluster_n + self.cta_n
+        return local % mt, n_tile, e, start, end

@@ -1,0 +1,59 @@
+"""CPU: the grouped (MoE) tile map — every (expert, m-tile, n-tile) exactly once, empty experts,
+clamping of bad offsets; the device's binary-search lookup mirrored in plain Python."""
+
+import bisect
+import itertools
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cutegemm.schedulers.grouped import expert_rows, grouped_tile_map
+
+
+def device_lookup(offs, total_m, tile_m, n_tiles, work):
+    """Plain-Python mirror of GroupedScheduler (tile_start prefix + 'last start <= work')."""
+    rows = expert_rows(offs, total_m)
+    counts = [-(-(e - s) // tile_m) * n_tiles for s, e in rows]
+    tile_start = [0, *itertools.accumulate(counts)]
+    e = bisect.bisect_right(tile_start[:-1], work) - 1
+    local = work - tile_start[e]
+    start, end = rows[e]
+    mt = -(-(end - start) // tile_m)
+    return e, start, end, local % mt, local // mt
+
+
+counts_st = st.lists(st.one_of(st.just(0), st.integers(0, 300)), min_size=1, max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(counts=counts_st, tile_m=st.sampled_from([64, 128]), n_tiles=st.integers(1, 9), workers=st.integers(1, 140))
+def test_every_expert_tile_exactly_once(counts, tile_m, n_tiles, workers):
+    offs = list(itertools.accumulate(counts))
+    total_m = offs[-1]
+    tiles = grouped_tile_map(offs, total_m, tile_m, n_tiles)
+    expected = {(e, mt, nt) for e, c in enumerate(counts) for mt in range(-(-c // tile_m)) for nt in range(n_tiles)}
+    got = []
+    for w in range(workers):
+        for idx in range(w, len(tiles), workers):
+            e, start, end, mt, nt = device_lookup(offs, total_m, tile_m, n_tiles, idx)
+            assert (e, start, end, mt, nt) == tiles[idx]
+            # The tile lies inside its expert's rows: the rows it may store are [row0, min(end, row0 + tile_m)).
+            row0 = start + mt * tile_m
+            assert start <= row0 < end
+            got.append((e, mt, nt))
+    assert len(got) == len(expected) and set(got) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(offs=st.lists(st.integers(-50, 400), min_size=1, max_size=20), total_m=st.integers(0, 300))
+def test_bad_offsets_are_clamped_into_valid_rows(offs, total_m):
+    for start, end in expert_rows(offs, total_m):
+        assert 0 <= start <= end <= total_m
+    for e, start, end, mt, _ in grouped_tile_map(offs, total_m, 64, 2):
+        assert start + mt * 64 < end <= total_m
+
+
+def test_rows_of_experts_partition_total_for_valid_offs():
+    offs = [0, 5, 5, 130, 131, 400]
+    rows = expert_rows(offs, 400)
+    assert rows == [(0, 0), (0, 5), (5, 5), (5, 130), (130, 131), (131, 400)]
