@@ -45,8 +45,41 @@ def dense_variants(arch: str) -> list[GemmConfig]:
         replace(big, out_dtype="fp32"),
         replace(big, a_dtype="fp16", b_dtype="fp16", out_dtype="fp32", a_major="m", b_major="k"),
     ]
-    epis = [replace(big, epilogue=EpilogueSpec(alpha=True))]
+    epis = [replace(big, epilogue=EpilogueSpec(alpha=True))] + epilogue_variants(arch, big)
     return majors + dtypes + tiles + epis
+
+
+def epilogue_variants(arch: str, big: GemmConfig) -> list[GemmConfig]:
+    """Each epilogue op at least once on the arch's biggest tile (the register-hungriest), the
+    gated ones also on the other accumulator fragment shapes (pingpong / 64-row tiles)."""
+    E = EpilogueSpec
+    ops = [
+        E(bias=True, bias_dtype="bf16", activation="relu"),
+        E(activation="gelu"),
+        E(activation="gelu_tanh"),
+        E(activation="silu"),
+        E(gated="swiglu"),
+        E(gated="geglu", bias=True, bias_dtype="fp32"),
+        E(alpha=True, beta=True, c_dtype="bf16"),
+        E(alpha=True, beta=True, c_dtype="fp32", bias=True, bias_dtype="fp16", activation="gelu_tanh"),
+    ]
+    out = [replace(big, epilogue=e) for e in ops]
+    out.append(replace(big, out_dtype="fp32", epilogue=E(alpha=True, bias=True, bias_dtype="fp32")))
+    out.append(replace(big, out_dtype="fp32", epilogue=E(gated="swiglu", bias=True, bias_dtype="bf16")))
+    if arch == "sm_90a":
+        others = [
+            GemmConfig(arch=arch, tile_m=128, tile_n=128, cluster_m=2, pingpong=True),
+            GemmConfig(arch=arch, tile_m=64, tile_n=128, raster="n", group=1),
+            GemmConfig(arch=arch, tile_m=128, tile_n=64, pingpong=True, a_major="m", b_major="k"),
+        ]
+    else:
+        others = [
+            GemmConfig(arch=arch, tile_m=128, tile_n=128, cluster_n=2),
+            GemmConfig(arch=arch, tile_m=64, tile_n=128),
+        ]
+    out += [replace(cfg, epilogue=E(gated="swiglu", bias=True, bias_dtype="bf16")) for cfg in others]
+    out += [replace(others[0], epilogue=E(alpha=True, beta=True, c_dtype="bf16", bias=True, activation="silu"))]
+    return out
 
 
 @dataclass

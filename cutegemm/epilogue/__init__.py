@@ -1,5 +1,19 @@
 """Composable epilogue ops applied to the fp32 accumulator, shared by every kernel family and arch."""
 
-from .ops import EpilogueSpec, apply_epilogue
+from .ops import ACTIVATIONS, EPI_DTYPES, GATED, EpilogueSpec, apply_epilogue, epilogue_subtile, store_gated
+from .reference import GATE_LAYOUTS, activation_ref, epilogue_ref, interleave_gate_up, split_gate_up
 
-__all__ = ["EpilogueSpec", "apply_epilogue"]
+__all__ = [
+    "ACTIVATIONS",
+    "EPI_DTYPES",
+    "GATED",
+    "GATE_LAYOUTS",
+    "EpilogueSpec",
+    "activation_ref",
+    "apply_epilogue",
+    "epilogue_ref",
+    "epilogue_subtile",
+    "interleave_gate_up",
+    "split_gate_up",
+    "store_gated",
+]

@@ -1,42 +1,317 @@
 """Epilogue ops: one implementation, used by the sm90 and the sm100 kernels alike.
 
-The mainloop hands every epilogue subtile to :func:`apply_epilogue` as an fp32 ``TensorSSA``
-(registers on sm90, loaded from TMEM on sm100); the result is cast to the output dtype and
-stored. Today the spec holds ``alpha`` (a runtime fp32 scalar); bias, activations and quantized
-output join it as further fields, so the spec stays the one statement of what a kernel fuses
-and part of the compile-cache key.
+The mainloop hands every epilogue subtile to :func:`epilogue_subtile` as an fp32 ``TensorSSA``
+(registers on sm90, loaded from TMEM on sm100) together with the global ``(m, n, l)``
+coordinate of each element (an identity tensor partitioned exactly like the accumulator);
+the result is cast to the output dtype and stored. :class:`EpilogueSpec` is the one statement of
+what a kernel fuses and part of the compile-cache key (``GemmConfig.epilogue``).
+
+Order of operations on the fp32 accumulator ``acc`` of GEMM column ``n`` (all in fp32)::
+
+    y = alpha * acc            (alpha)
+    y = y + beta * C[m, n]     (beta; C is read in its own dtype and converted to fp32)
+    y = y + bias[n]            (bias; bias converted to fp32)
+    out = act(y)               (activation: relu | gelu | gelu_tanh | silu)
+
+Gated (``gated``: swiglu | geglu): the GEMM computes 2*N' columns, interleaved gate, up, gate,
+up, ... (column 2j is gate j, 2j+1 is up j); ``y`` above is computed for every GEMM column (bias
+has 2*N' entries, one per pre-activation column) and output column j is
+``act(y[2j]) * y[2j+1]`` with act = silu (swiglu) or erf-gelu (geglu).
+
+The torch twins of these formulas are in :mod:`cutegemm.epilogue.reference`.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
 
+EPI_DTYPES = ("bf16", "fp16", "fp32")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
+GATED = ("swiglu", "geglu")
+
 
 @dataclass(frozen=True)
 class EpilogueSpec:
-    """What the epilogue does to the fp32 accumulator before the cast.
+    """What the epilogue does to the fp32 accumulator before the cast (see the module docstring
+    for the formulas and their order). Disabled ops emit no code.
 
-    alpha: multiply by a runtime fp32 scalar (skipped at compile time when False, so
-    ``alpha == 1`` costs nothing).
+    alpha: multiply by a runtime fp32 scalar (``alpha == 1`` costs nothing when False).
+    beta: add ``beta * C`` (runtime fp32 scalar; C an input tensor of the output's shape, row
+        major, dtype ``c_dtype``).
+    bias: add a per-GEMM-column vector of dtype ``bias_dtype``.
+    activation: None | "relu" | "gelu" (erf) | "gelu_tanh" | "silu", applied last.
+    gated: None | "swiglu" | "geglu" (erf gelu): the output has half the GEMM's columns; B's
+        columns alternate gate, up (see the module docstring). Excludes ``activation`` and
+        ``beta``.
+    c_dtype / bias_dtype: dtypes of the C and bias tensors; leave them at the default "fp32"
+        when the op is off, so that one kernel has one key.
     """
 
     alpha: bool = False
+    beta: bool = False
+    bias: bool = False
+    activation: str | None = None
+    gated: str | None = None
+    c_dtype: str = "fp32"
+    bias_dtype: str = "fp32"
+
+    def __post_init__(self):
+        err = []
+        for f in ("alpha", "beta", "bias"):
+            if not isinstance(getattr(self, f), bool):
+                err.append(f"{f} must be a bool, got {getattr(self, f)!r}")
+        if self.activation is not None and self.activation not in ACTIVATIONS:
+            err.append(f"activation must be None or one of {ACTIVATIONS}, got {self.activation!r}")
+        if self.gated is not None and self.gated not in GATED:
+            err.append(f"gated must be None or one of {GATED}, got {self.gated!r}")
+        if self.gated is not None and self.activation is not None:
+            err.append(f"gated={self.gated!r} already applies its activation; activation must be None")
+        if self.gated is not None and self.beta:
+            err.append("beta * C cannot be combined with a gated activation")
+        for f, on in (("c_dtype", self.beta), ("bias_dtype", self.bias)):
+            v = getattr(self, f)
+            if v not in EPI_DTYPES:
+                err.append(f"{f} must be one of {EPI_DTYPES}, got {v!r}")
+            elif not on and v != "fp32":
+                err.append(f"{f}={v!r} without {'beta' if f == 'c_dtype' else 'bias'}=True: leave it at 'fp32'")
+        if err:
+            raise ValueError("invalid EpilogueSpec: " + "; ".join(err))
 
     @property
     def name(self) -> str:
         parts = ["alpha"] if self.alpha else []
+        if self.beta:
+            parts.append(f"beta{self.c_dtype}")
+        if self.bias:
+            parts.append(f"bias{self.bias_dtype}")
+        if self.activation:
+            parts.append(self.activation)
+        if self.gated:
+            parts.append(self.gated)
         return "+".join(parts) if parts else "identity"
 
+    @property
+    def needs_coords(self) -> bool:
+        """Whether the kernel must give each accumulator element its global coordinate."""
+        return self.beta or self.bias or self.gated is not None
 
-def apply_epilogue(spec: EpilogueSpec, acc: cute.TensorSSA, alpha: cutlass.Float32) -> cute.TensorSSA:
-    """Apply the ops of ``spec`` to one fp32 accumulator subtile (a TensorSSA).
+    @property
+    def cols_per_output(self) -> int:
+        """GEMM columns per output column (2 for gated)."""
+        return 2 if self.gated else 1
 
-    A plain Python function traced inside the kernel: ``spec`` is a compile-time value, so
-    disabled ops emit no code.
+
+# --- activations ----------------------------------------------------------------------------
+# Written once over a small math namespace ``m``: in the kernels ``m`` is CUTE_MATH (fp32
+# TensorSSA, fast-math exp / rcp); tests/test_epilogue_cpu.py runs the very same formulas with
+# fp32 torch tensors (``TorchMath`` there) against float64 references.
+class CuteMath:
+    """The few primitives the activations use, on fp32 TensorSSA."""
+
+    @staticmethod
+    def exp(x):
+        return cute.math.exp(x, fastmath=True)  # ex2.approx.ftz (rel. error ~2^-22)
+
+    @staticmethod
+    def rcp(x):
+        return cute.math.rcp(x, approx=True, ftz=True)  # rcp.approx.ftz (rel. error ~2^-23)
+
+    @staticmethod
+    def abs(x):
+        return cute.math.abs(x)
+
+    @staticmethod
+    def where(cond, x, y):
+        return cute.where(cond, x, y)
+
+
+CUTE_MATH = CuteMath()
+
+_SQRT1_2 = 1.0 / math.sqrt(2.0)
+_GELU_TANH_2K = 2.0 * math.sqrt(2.0 / math.pi)  # 0.5 * (1 + tanh(u)) == sigmoid(2u)
+# Phi(x) = 0.5 * (1 + erf(x / sqrt(2))) from erfc(z), z = |x| / sqrt(2):
+#   erfc(z) = exp(-z^2 + Q(z)), Q a degree-11 polynomial fitted in float64 (mpmath reference)
+#   on [0, 4.5]; erfc(4.5) = 2e-10. In fp32 (tests/test_epilogue_cpu.py): Phi within 5e-8
+#   absolute, erfc within 6e-6 relative (the fp32 rounding of z^2 dominates).
+_ERFC_Q = (8.078845326053852e-08, -1.1283843517303467, 0.3634340167045593, -0.10299013555049896,
+           0.019567711278796196, -0.0002747102698776871, -0.00142836628947407, 0.0005849004373885691,
+           -0.00013137023779563606, 1.8087161151925102e-05, -1.429832309440826e-06,
+           4.984368118243765e-08)  # fmt: skip
+
+
+def _poly(x, coeffs):
+    r = coeffs[-1]
+    for c in reversed(coeffs[:-1]):
+        r = r * x + c
+    return r
+
+
+def _sigmoid(z, m):
+    """1 / (1 + exp(-z)); exp overflow gives 0, as it should."""
+    return m.rcp(1.0 + m.exp(z * -1.0))
+
+
+def _normal_cdf(x, m):
+    """Phi(x): one polynomial, one exp, two selects (no branch; NaN stays NaN). Past the fit
+    (x < -6.36) Phi flushes to 0: GELU's absolute error there is below 7e-10."""
+    z = m.abs(x) * _SQRT1_2
+    half_erfc = m.where(z > 4.5, 0.0, m.exp(_poly(z, _ERFC_Q) - z * z) * 0.5)
+    return m.where(x < 0.0, half_erfc, 1.0 - half_erfc)
+
+
+def relu(x, m=CUTE_MATH):
+    """max(x, 0); NaN stays NaN (like torch.relu)."""
+    return m.where(x < 0.0, 0.0, x)
+
+
+def silu(x, m=CUTE_MATH):
+    """x * sigmoid(x)."""
+    return x * _sigmoid(x, m)
+
+
+def gelu(x, m=CUTE_MATH):
+    """Exact (erf) GELU: x * Phi(x) = 0.5 * x * (1 + erf(x / sqrt(2)))."""
+    return x * _normal_cdf(x, m)
+
+
+def gelu_tanh(x, m=CUTE_MATH):
+    """tanh GELU, 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))), written as
+    x * sigmoid(2u): the same function without cancellation near tanh = -1."""
+    return x * _sigmoid(x * _GELU_TANH_2K * (1.0 + 0.044715 * x * x), m)
+
+
+ACTIVATION_FNS = {"relu": relu, "gelu": gelu, "gelu_tanh": gelu_tanh, "silu": silu}
+GATE_ACTIVATION = {"swiglu": "silu", "geglu": "gelu"}
+
+
+def apply_epilogue(spec: EpilogueSpec, acc: cute.TensorSSA, alpha: cutlass.Float32, *, beta=None, c=None, bias=None):
+    """``act(alpha * acc + beta * c + bias)`` on one fp32 subtile (TensorSSA), each op only when
+    ``spec`` enables it. ``c`` / ``bias`` are fp32 TensorSSA of the same shape as ``acc``. For a
+    gated spec this returns the pre-activation values (gating pairs columns: see
+    :func:`epilogue_subtile`).
+
+    A plain Python function traced inside the kernel: ``spec`` is a compile-time value.
     """
     if spec.alpha:
         acc = acc * alpha
+    if spec.beta:
+        acc = acc + c * beta
+    if spec.bias:
+        acc = acc + bias
+    if spec.activation is not None:
+        acc = ACTIVATION_FNS[spec.activation](acc)
     return acc
+
+
+def apply_gate(spec: EpilogueSpec, gate: cute.TensorSSA, up: cute.TensorSSA):
+    """``act(gate) * up`` for a gated spec (swiglu: silu; geglu: erf gelu)."""
+    return ACTIVATION_FNS[GATE_ACTIVATION[spec.gated]](gate) * up
+
+
+# --- per-element inputs and gating, from a coordinate tensor ----------------------------------
+def _static_offsets(coords: cute.Tensor) -> list[tuple]:
+    """The compile-time coordinate offset of every element of a (per-thread) coordinate tensor
+    from its first element. The thread's base coordinate is dynamic; these offsets are not."""
+    out = []
+    for v in range(cute.size(coords)):
+        off = coords.layout(v)
+        out.append(tuple(off) if isinstance(off, tuple) else (off,))
+    return out
+
+
+def gate_up_pairs(coords: cute.Tensor) -> list[tuple[int, int]]:
+    """(gate index, up index) of every interleaved pair in a fragment with coordinates ``coords``:
+    the up element sits one column right of its gate, in the same thread.
+
+    Proven at compile time (raises otherwise): the value layout is static, so every element's
+    column offset from the thread's first element is known; the first element's column is a
+    dynamic value whose divisibility the DSL tracks through the partition (WGMMA fragments start
+    at column 2 * (lane % 4), tcgen05.ld ones at a multiple of 32). Even first column + even
+    offset = gate column."""
+    n0 = coords.iterator[1]
+    if cute.get_divisibility(n0) % 2:
+        raise ValueError(f"gated epilogue: a thread's first column {n0} is not provably even")
+    offs = _static_offsets(coords)
+    index = {o: v for v, o in enumerate(offs)}
+    pairs = []
+    for v, o in enumerate(offs):
+        if o[1] % 2:
+            continue
+        partner = (o[0], o[1] + 1, *o[2:])
+        if partner not in index:
+            raise ValueError(f"gated epilogue: fragment element {v} at offset {o} has no up partner {partner}")
+        pairs.append((v, index[partner]))
+    if 2 * len(pairs) != len(offs):
+        raise ValueError(f"gated epilogue: fragment offsets {offs} do not split into (gate, up) pairs")
+    return pairs
+
+
+def _gather_fp32(coords: cute.Tensor, shape, load):
+    """fp32 register tensor of ``shape``: element v = ``load(coordinate of element v)``."""
+    r = cute.make_rmem_tensor(shape, cutlass.Float32)
+    for v in range(cute.size(coords)):
+        r[v] = load(coords[v]).to(cutlass.Float32)
+    return r.load()
+
+
+def epilogue_subtile(
+    spec: EpilogueSpec,
+    acc: cute.TensorSSA,
+    coords,
+    alpha: cutlass.Float32,
+    beta: cutlass.Float32,
+    mCin,
+    mBias,
+):
+    """The whole epilogue of one fp32 accumulator subtile; returns the values to cast and store.
+
+    coords: a per-thread coordinate tensor with one global (m, n, l) GEMM coordinate per element
+    of ``acc``, in the same order (None when ``spec.needs_coords`` is False). mCin (M, N, L) and
+    mBias (N,): global tensors (None when unused). Reads of C and bias clamp the coordinate into
+    the tensor, so elements past M / N (never stored: the TMA store clips them) read a valid
+    address instead of branching.
+
+    Non-gated: returns a TensorSSA of ``acc``'s shape. Gated: returns a 1-D TensorSSA with one
+    value per (gate, up) pair, in the order of :func:`gate_up_pairs` (``coords``).
+    """
+    c = bias = None
+    if spec.beta:
+        last_m, last_n = mCin.shape[0] - 1, mCin.shape[1] - 1
+        c = _gather_fp32(
+            coords, acc.shape, lambda mnl: mCin[(cutlass.min(mnl[0], last_m), cutlass.min(mnl[1], last_n), mnl[2])]
+        )
+    if spec.bias:
+        last_n = mBias.shape[0] - 1
+        bias = _gather_fp32(coords, acc.shape, lambda mnl: mBias[cutlass.min(mnl[1], last_n)])
+    y = apply_epilogue(spec, acc, alpha, beta=beta, c=c, bias=bias)
+    if spec.gated is None:
+        return y
+    pairs = gate_up_pairs(coords)
+    r_y = cute.make_rmem_tensor(acc.shape, cutlass.Float32)
+    r_y.store(y)
+    r_gate = cute.make_rmem_tensor(len(pairs), cutlass.Float32)
+    r_up = cute.make_rmem_tensor(len(pairs), cutlass.Float32)
+    for k, (g, u) in enumerate(pairs):
+        r_gate[k] = r_y[g]
+        r_up[k] = r_y[u]
+    return apply_gate(spec, r_gate.load(), r_up.load())
+
+
+def store_gated(out: cute.TensorSSA, coords, local, s_out: cute.Tensor, dtype):
+    """Write the gated values of one subtile into the output subtile in shared memory.
+
+    out: from :func:`epilogue_subtile` (one value per pair); coords: the same coordinate tensor
+    (gives the pairing); local: the subtile-local (m, n) coordinate of every accumulator element
+    (same order); s_out: (EPI_M, EPI_N / 2) smem buffer. Gate column n lands in output column n/2.
+    One st.shared per value: the halved fragment matches no stmatrix layout.
+    """
+    pairs = gate_up_pairs(coords)
+    r_out = cute.make_rmem_tensor(len(pairs), dtype)
+    r_out.store(out.to(dtype))
+    for k, (g, _) in enumerate(pairs):
+        mn = local[g]
+        s_out[(mn[0], mn[1] >> 1)] = r_out[k]

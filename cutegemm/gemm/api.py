@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 import torch
 
-from ..epilogue import EpilogueSpec
+from ..epilogue import ACTIVATIONS, GATE_LAYOUTS, GATED, EpilogueSpec, epilogue_ref, interleave_gate_up
 from ..runtime.cache import KernelCache
 from .config import DTYPE_BYTES, TMA_ALIGN_BYTES, GemmConfig, GemmProblem, can_implement
 from .policy import policy_for
@@ -101,18 +102,25 @@ def _aligned_operand(t3: torch.Tensor) -> torch.Tensor:
 class _Plan:
     """Everything one (shapes, strides, dtypes, device, options) signature needs to launch."""
 
-    __slots__ = ("fn", "views", "out_shape", "out_dtype", "max_clusters", "config", "direct")
+    __slots__ = ("fn", "views", "c_view", "has_bias", "out_shape", "out_dtype", "max_clusters", "config", "direct")
 
-    def launch(self, sources, alpha):
+    def launch(self, sources, alpha, beta):
+        """sources: (a, b, out, c, bias), the tensors the views apply to."""
         (sa, ta), (sb, tb), (sc, tc) = self.views
-        self.fn(sources[0].as_strided(sa, ta), sources[1].as_strided(sb, tb), sources[2].as_strided(sc, tc),
-                alpha, self.max_clusters)
+        cv = self.c_view
+        self.fn(
+            sources[0].as_strided(sa, ta), sources[1].as_strided(sb, tb), sources[2].as_strided(sc, tc),
+            None if cv is None else sources[3].as_strided(*cv), sources[4] if self.has_bias else None,
+            alpha, beta, self.max_clusters,
+        )  # fmt: skip
 
 
 _PLANS: dict = {}
+_ACTIVATION_NAMES = (*ACTIVATIONS, *GATED)
+_EPI_TORCH_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def _check_args(a, b, out, out_dtype):
+def _check_args(a, b, out, out_dtype, gated: bool = False):
     _check_operand("a", a)
     _check_operand("b", b)
     if a.dtype not in (torch.bfloat16, torch.float16):
@@ -127,7 +135,12 @@ def _check_args(a, b, out, out_dtype):
         raise ValueError(f"a and b shapes do not match for a @ b: {tuple(a.shape)} @ {tuple(b.shape)}")
     if a.dim() == 3 and b.dim() == 3 and a.shape[0] != b.shape[0]:
         raise ValueError(f"batch sizes differ: a has {a.shape[0]}, b has {b.shape[0]}")
-    res_shape = torch.Size([*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1]])
+    n_out = b.shape[-1]
+    if gated:
+        if n_out % 2:
+            raise ValueError(f"a gated activation needs b with an even number of columns (gate, up), got {n_out}")
+        n_out //= 2
+    res_shape = torch.Size([*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], n_out])
     if out is not None:
         _check_operand("out", out)
         if out.shape != res_shape:
@@ -143,30 +156,93 @@ def _check_args(a, b, out, out_dtype):
     return res_shape
 
 
-def _plan(a, b, out, out_dtype, alpha, config):
+def _check_activation(activation, gate_layout):
+    if activation is not None and activation not in _ACTIVATION_NAMES:
+        raise ValueError(f"activation must be None or one of {_ACTIVATION_NAMES}, got {activation!r}")
+    if gate_layout not in GATE_LAYOUTS:
+        raise ValueError(f"gate_layout must be one of {GATE_LAYOUTS}, got {gate_layout!r}")
+
+
+def _check_epilogue_args(a, b, res_shape, beta, c, bias, activation):
+    """Validates beta/c/bias against the problem (activation and gate_layout already checked)."""
+    gated = activation in GATED
+    if beta != 0.0:
+        if gated:
+            raise ValueError(f"beta * c cannot be combined with the gated activation {activation!r}")
+        if c is None:
+            raise ValueError(f"beta={beta} needs the residual tensor c")
+    if c is not None:
+        _check_operand("c", c)
+        if c.dtype not in _EPI_TORCH_DTYPES:
+            raise TypeError(f"c.dtype must be torch.bfloat16, torch.float16 or torch.float32, got {c.dtype}")
+        if c.shape != res_shape:
+            raise ValueError(f"c must have the output's shape {tuple(res_shape)}, got {tuple(c.shape)}")
+        if c.device != a.device:
+            raise ValueError(f"c must be on {a.device}, got {c.device}")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor):
+            raise TypeError(f"bias must be a torch.Tensor, got {type(bias).__name__}")
+        if bias.device != a.device:
+            raise ValueError(f"bias must be on {a.device}, got {bias.device}")
+        if bias.dtype not in _EPI_TORCH_DTYPES:
+            raise TypeError(f"bias.dtype must be torch.bfloat16, torch.float16 or torch.float32, got {bias.dtype}")
+        n = b.shape[-1]
+        if bias.shape != (n,):
+            what = f"one value per GEMM column, gate and up: ({n},) = 2 x {n // 2}" if gated else f"({n},)"
+            raise ValueError(f"bias must have shape {what}, got {tuple(bias.shape)}")
+
+
+def _interleave_b(b: torch.Tensor) -> torch.Tensor:
+    """``[gate | up]`` columns of b -> interleaved (a copy), keeping a K-major b K-major."""
+    if b.shape[-1] > 1 and b.stride(-2) == 1 and b.stride(-1) != 1:
+        return interleave_gate_up(b.mT, dim=-2).mT
+    return interleave_gate_up(b, dim=-1)
+
+
+def _rowmajor_input(t3: torch.Tensor) -> torch.Tensor:
+    """t3 (L, rows, cols) itself when the kernel can read it in place (stride 1 along cols,
+    16-byte aligned strides and base), else a contiguous copy."""
+    align = TMA_ALIGN_BYTES // t3.element_size()
+    ok = (t3.shape[2] == 1 or t3.stride(2) == 1) and t3.data_ptr() % TMA_ALIGN_BYTES == 0
+    ok = ok and all(size == 1 or st % align == 0 for size, st in zip(t3.shape[:2], t3.stride()[:2], strict=True))
+    return t3 if ok else t3.contiguous()
+
+
+def _plan(a, b, out, out_dtype, alpha, config, beta=0.0, c=None, bias=None, activation=None):
     """The slow path: validate, pick and compile the kernel, compute the kernel views.
-    Returns (plan, sources): sources are the tensors the views apply to (copies if needed)."""
-    res_shape = _check_args(a, b, out, out_dtype)
+    Returns (plan, sources): sources (a, b, out, c, bias) are the tensors the views apply to
+    (copies where needed). ``b`` and ``bias`` of a gated activation are interleaved already."""
+    gated = activation in GATED
+    res_shape = _check_args(a, b, out, out_dtype, gated)
+    _check_epilogue_args(a, b, res_shape, beta, c, bias, activation)
+    if beta == 0.0:
+        c = None  # not read (cuBLAS semantics)
     if out is None:
         out = torch.empty(res_shape, dtype=out_dtype, device=a.device)
     if out.numel() == 0 or a.shape[-1] == 0:
-        return None, (a, b, out)
+        return None, (a, b, out, c, bias)
     # Bring everything to (L, rows, cols).
     if a.dim() == 3 and b.dim() == 2:
         # One weight for every batch: fold the batch into M when the layouts allow it.
         try:
             a3 = a.view(1, a.shape[0] * a.shape[1], a.shape[2])
-            c3 = out.view(1, a3.shape[1], out.shape[-1])
+            o3 = out.view(1, a3.shape[1], out.shape[-1])
             b3 = b.unsqueeze(0)
+            r3 = None if c is None else c.reshape(1, a3.shape[1], c.shape[-1])  # a copy if c cannot fold
         except RuntimeError:
-            a3, b3, c3 = a, b.expand(a.shape[0], *b.shape), out
+            a3, b3, o3, r3 = a, b.expand(a.shape[0], *b.shape), out, c
     else:
         a3 = a.unsqueeze(0) if a.dim() == 2 and b.dim() == 2 else a.expand(*res_shape[:-2], *a.shape[-2:])
         b3 = b.unsqueeze(0) if b.dim() == 2 and a.dim() == 2 else b.expand(*res_shape[:-2], *b.shape[-2:])
-        c3 = out.unsqueeze(0) if out.dim() == 2 else out
+        o3 = out.unsqueeze(0) if out.dim() == 2 else out
+        r3 = None if c is None else (c.unsqueeze(0) if c.dim() == 2 else c)
     a3s, b3s = _aligned_operand(a3), _aligned_operand(b3)
+    r3s = None if r3 is None else _rowmajor_input(r3)
+    bias_s = None
+    if bias is not None:
+        bias_s = bias if bias.stride(0) == 1 and bias.data_ptr() % TMA_ALIGN_BYTES == 0 else bias.clone()
     L, M, K = a3s.shape
-    N = b3s.shape[2]
+    N = b3s.shape[2]  # GEMM columns (gated: 2 x the output's)
     a_unit, b_unit = _unit_mode(a3s), _unit_mode(b3s)
     a_major = "k" if a_unit == 2 else "m"
     b_major = "n" if b_unit == 2 else "k"
@@ -174,40 +250,90 @@ def _plan(a, b, out, out_dtype, alpha, config):
     views = (
         _kernel_view(a3s, a_unit, (1, 2, 0), "a"),
         _kernel_view(b3s, b_unit, (2, 1, 0), "b"),
-        _kernel_view(c3, 2, (1, 2, 0), "out"),
+        _kernel_view(o3, 2, (1, 2, 0), "out"),
     )
     arch, num_sms = _device_info(a.device.index if a.device.index is not None else torch.cuda.current_device())
     problem = GemmProblem(
         M, N, K, L, TORCH_TO_NAME[a.dtype], TORCH_TO_NAME[b.dtype], TORCH_TO_NAME[out_dtype], a_major, b_major
     )
-    epi = EpilogueSpec(alpha=alpha != 1.0)
-    cfg = config if config is not None else policy_for(arch, num_sms).choose(problem, epilogue=epi)
+    epi = EpilogueSpec(
+        alpha=alpha != 1.0,
+        beta=r3s is not None,
+        c_dtype=TORCH_TO_NAME[r3s.dtype] if r3s is not None else "fp32",
+        bias=bias_s is not None,
+        bias_dtype=TORCH_TO_NAME[bias_s.dtype] if bias_s is not None else "fp32",
+        activation=None if gated else activation,
+        gated=activation if gated else None,
+    )
+    if config is None:
+        cfg = policy_for(arch, num_sms).choose(problem, epilogue=epi)
+    elif config.epilogue == EpilogueSpec():
+        cfg = replace(config, epilogue=epi)  # a forced tile: the call's arguments give the epilogue
+    elif config.epilogue in (epi, replace(epi, alpha=True)):
+        cfg = config  # an alpha kernel also serves alpha == 1
+    else:
+        raise ValueError(f"config.epilogue {config.epilogue} does not match the call's epilogue {epi}")
     ok, why = can_implement(cfg, problem)
     if not ok:
         raise ValueError(f"cannot run {cfg.name}: {why}")
-    if cfg.epilogue != epi and not cfg.epilogue.alpha:
-        raise ValueError(f"alpha={alpha} needs a config with EpilogueSpec(alpha=True), got {cfg.name}")
     plan = _Plan()
     plan.fn = DENSE_CACHE.get(cfg)
     plan.views = views
+    plan.c_view = None if r3s is None else _kernel_view(r3s, 2, (1, 2, 0), "c")
+    plan.has_bias = bias_s is not None
     plan.out_shape = res_shape
     plan.out_dtype = out_dtype
     plan.max_clusters = max(1, num_sms // (cfg.cluster_m * cfg.cluster_n))
     plan.config = cfg
     # Cacheable when the views apply to the caller's own tensors (no copies were needed).
-    plan.direct = a3s.data_ptr() == a.data_ptr() and b3s.data_ptr() == b.data_ptr() and (
-        a3s.stride() == a3.stride() and b3s.stride() == b3.stride()
-    )
-    return plan, (a3s if not plan.direct else a, b3s if not plan.direct else b, out)
+    plan.direct = (
+        a3s.data_ptr() == a.data_ptr() and b3s.data_ptr() == b.data_ptr()
+        and a3s.stride() == a3.stride() and b3s.stride() == b3.stride()
+        and (r3s is None or (r3s is r3 and r3.data_ptr() == c.data_ptr()))
+        and bias_s is bias
+    )  # fmt: skip
+    if plan.direct:
+        return plan, (a, b, out, c, bias)
+    return plan, (a3s, b3s, out, r3s, bias_s)
 
 
-def gemm(a, b, *, out=None, out_dtype=None, alpha: float = 1.0, config: GemmConfig | None = None):
-    """``out = alpha * (a @ b)`` with fp32 accumulation.
+def gemm(
+    a,
+    b,
+    *,
+    out=None,
+    out_dtype=None,
+    alpha: float = 1.0,
+    beta: float = 0.0,
+    c=None,
+    bias=None,
+    activation: str | None = None,
+    gate_layout: str = "interleaved",
+    config: GemmConfig | None = None,
+):
+    """``out = act(alpha * (a @ b) + beta * c + bias)`` with fp32 accumulation and an fp32
+    epilogue, fused into the GEMM.
 
     a: (M, K) or (L, M, K); b: (K, N) or (L, K, N) (a 2-D operand is shared by every batch);
     any row- or column-major views with 16-byte aligned strides; bf16 or fp16, a.dtype == b.dtype.
     out_dtype: torch.bfloat16 / float16 / float32 (default: a.dtype). ``out``: optional row-major
-    output of the result shape. ``config``: force a kernel configuration (must pass can_implement).
+    output of the result shape. ``config``: force a kernel configuration (must pass
+    can_implement); its ``epilogue`` is taken from the call's arguments when left at the default.
+
+    Epilogue (all in fp32, in this order; see ``cutegemm.epilogue.ops``):
+    - ``alpha``: scales a @ b.
+    - ``beta``, ``c``: adds ``beta * c``; c has the output's shape (batch included), dtype bf16 /
+      fp16 / fp32, any strides (a row-major view with 16-byte aligned strides is read in place,
+      anything else is copied first). ``beta == 0`` never reads c. c may be ``out`` itself.
+    - ``bias``: (N,) bf16 / fp16 / fp32, added to every row.
+    - ``activation``: None, "relu", "gelu" (erf), "gelu_tanh", "silu": applied last; or gated
+      "swiglu" (silu(gate) * up) / "geglu" (erf-gelu(gate) * up): b has 2 * N' columns, out has
+      N'. ``gate_layout="interleaved"`` (default): b's columns alternate gate, up, gate, up, ...;
+      ``"halves"``: b = [gate | up]; the kernel reads interleaved columns, so "halves" costs a
+      copy of b (and of bias) on every call: convert the weight once with
+      ``cutegemm.epilogue.interleave_gate_up`` instead. For gated activations ``bias`` has 2 * N'
+      entries, one per pre-activation column, in b's column order; ``beta * c`` is not
+      supported with them.
 
     Per-call cost: the first call for a (shapes, strides, dtypes, device, options) signature
     validates, picks the config and compiles (or loads it from the disk cache); later calls only
@@ -215,11 +341,24 @@ def gemm(a, b, *, out=None, out_dtype=None, alpha: float = 1.0, config: GemmConf
     """
     if out_dtype is None:
         out_dtype = out.dtype if out is not None else getattr(a, "dtype", None)
+    if activation is not None:
+        _check_activation(activation, gate_layout)
+        if gate_layout == "halves" and activation in GATED:
+            _check_operand("b", b)
+            _check_args(a, b, out, out_dtype, gated=True)  # shape errors name the caller's b
+            b = _interleave_b(b)
+            if isinstance(bias, torch.Tensor) and bias.shape == (b.shape[-1],):
+                bias = interleave_gate_up(bias)
+    elif gate_layout not in GATE_LAYOUTS:
+        _check_activation(activation, gate_layout)
+    has_beta = beta != 0.0
     try:
         key = (
             a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, out_dtype,
             None if out is None else (out.shape, out.stride(), out.dtype, out.device),
-            alpha != 1.0, config,
+            alpha != 1.0, config, activation,
+            (c.shape, c.stride(), c.dtype, c.device) if has_beta and c is not None else has_beta,
+            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
         )  # fmt: skip
     except AttributeError:
         key = None  # not tensors: the slow path raises the right TypeError
@@ -227,32 +366,56 @@ def gemm(a, b, *, out=None, out_dtype=None, alpha: float = 1.0, config: GemmConf
     if (
         plan is not None
         and not (a.data_ptr() % 16 or b.data_ptr() % 16 or (out is not None and out.data_ptr() % 16))
+        and not (has_beta and c.data_ptr() % 16)
+        and not (bias is not None and bias.data_ptr() % 16)
         and a.device.index == torch.cuda.current_device()
     ):
         if out is None:
             out = torch.empty(plan.out_shape, dtype=out_dtype, device=a.device)
-        plan.launch((a, b, out), alpha)
+        plan.launch((a, b, out, c, bias), float(alpha), float(beta))
         return out
-    plan, sources = _plan(a, b, out, out_dtype, alpha, config)
+    plan, sources = _plan(a, b, out, out_dtype, alpha, config, beta, c, bias, activation)
     out = sources[2]
     if plan is None:  # empty output or K == 0
-        return out if out.numel() == 0 else out.zero_()
+        if out.numel() == 0:
+            return out
+        if beta == 0.0 and bias is None and activation is None:
+            return out.zero_()
+        acc = torch.zeros(*out.shape[:-1], b.shape[-1], dtype=torch.float32, device=out.device)
+        return out.copy_(epilogue_ref(acc, alpha=alpha, beta=beta, c=c, bias=bias, activation=activation))
     if plan.direct and key is not None:
         _PLANS[key] = plan
     if a.device.index == torch.cuda.current_device():
-        plan.launch(sources, alpha)
+        plan.launch(sources, float(alpha), float(beta))
     else:
         with torch.cuda.device(a.device):
-            plan.launch(sources, alpha)
+            plan.launch(sources, float(alpha), float(beta))
     return out
 
 
-def gemm_ref(a, b, *, out_dtype=None, alpha: float = 1.0, compute_dtype=torch.float32):
-    """Plain-torch twin of :func:`gemm`: computes in ``compute_dtype`` then casts."""
+def gemm_ref(
+    a,
+    b,
+    *,
+    out_dtype=None,
+    alpha: float = 1.0,
+    beta: float = 0.0,
+    c=None,
+    bias=None,
+    activation: str | None = None,
+    gate_layout: str = "interleaved",
+    compute_dtype=torch.float32,
+):
+    """Plain-torch twin of :func:`gemm`: the matmul and the epilogue in ``compute_dtype``
+    (``cutegemm.epilogue.epilogue_ref``), then the cast. Same arguments, same rules."""
+    _check_activation(activation, gate_layout)
+    if beta != 0.0 and c is None:
+        raise ValueError(f"beta={beta} needs the residual tensor c")
+    if beta != 0.0 and activation in GATED:
+        raise ValueError(f"beta * c cannot be combined with the gated activation {activation!r}")
     out_dtype = out_dtype or a.dtype
-    res = torch.matmul(a.to(compute_dtype), b.to(compute_dtype))
-    if alpha != 1.0:
-        res = res * alpha
+    acc = torch.matmul(a.to(compute_dtype), b.to(compute_dtype))
+    res = epilogue_ref(acc, alpha=alpha, beta=beta, c=c, bias=bias, activation=activation, gate_layout=gate_layout)
     return res.to(out_dtype)
 
 

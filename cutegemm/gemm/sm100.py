@@ -10,7 +10,7 @@ Pipeline (one CTA; a cluster of cluster_m x cluster_n CTAs shares A/B tiles by T
         TMA A,B -> smem stage      wait stage full               per (epi_m x epi_n) subtile:
                                    tcgen05.mma -> TMEM acc         TMEM -> regs (tcgen05.ld)
                                    commit -> stage empty           [last subtile: acc stage empty]
-                                 commit -> acc stage full          apply_epilogue -> cast
+                                 commit -> acc stage full          epilogue_subtile -> cast
                                                                    -> smem -> TMA store (ring of
                                                                       epi_stage buffers)
                                                                free TMEM
@@ -25,6 +25,14 @@ CTA pair (cluster ranks 2j, 2j+1; the even one is the leader). Each CTA TMA-load
 leader waits, issues the MMA and commits; both CTAs hold tile_m/2 accumulator rows in their own
 TMEM and run the epilogue on them. The scheduler hands both CTAs the pair tile's coordinates
 (``ctas_per_tile_m=2``).
+
+Epilogue ops (``config.epilogue``, see ``cutegemm.epilogue.ops``): bias, beta * C and gated
+activations need each accumulator element's global (m, n, l) coordinate; an identity tensor
+goes through the accumulator's own path (thr_mma.partition_C -> epilogue tiles -> the
+tcgen05.ld partition -> the r2s retile), so coordinates match the registers by construction.
+C and bias are read from global memory per element. Gated (swiglu/geglu): the accumulator tile
+is tile_m x tile_n GEMM columns, the output tile tile_m x tile_n/2; each gated value is written
+to shared memory by coordinate and TMA-stored like any subtile.
 
 Constraints: see ``config.config_errors`` (tile_m 64/128, or 128/256 with two_cta; tile_n a
 multiple of 32 up to 256; cluster <= 4, cluster_m even with two_cta).
@@ -42,7 +50,7 @@ from cutlass.cute.nvgpu import cpasync, tcgen05
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.tensor_utils import LayoutEnum
 
-from ..epilogue import apply_epilogue
+from ..epilogue import epilogue_subtile, store_gated
 from .base import GemmBase
 
 SMEM_CAPACITY_SM100 = memory.get_smem_capacity_in_bytes("sm_100")
@@ -98,6 +106,11 @@ class GemmSm100(GemmBase):
         self.epi_tile = sm100_utils.compute_epilogue_tile_shape(
             self.cta_tile_shape_mnk, self.use_2cta, c_layout, self.c_dtype
         )
+        # What one subtile writes: half the columns when gated (one output per gate/up pair).
+        self.epi_tile_out = self.epi_tile
+        if cfg.epilogue.gated is not None:
+            epi_m, epi_n = cute.product_each(cute.shape(self.epi_tile))
+            self.epi_tile_out = (epi_m, epi_n // 2)
 
         # TMEM: one fp32 accumulator per stage; double-buffer when two fit.
         acc_shape = self.tiled_mma.partition_shape_C(self.mma_tiler[:2])
@@ -111,7 +124,7 @@ class GemmSm100(GemmBase):
         a_one = sm100_utils.make_smem_layout_a(self.tiled_mma, self.mma_tiler, self.a_dtype, 1)
         b_one = sm100_utils.make_smem_layout_b(self.tiled_mma, self.mma_tiler, self.b_dtype, 1)
         ab_bytes = cute.size_in_bytes(self.a_dtype, a_one) + cute.size_in_bytes(self.b_dtype, b_one)
-        c_one = sm100_utils.make_smem_layout_epi(self.c_dtype, c_layout, self.epi_tile, 1)
+        c_one = sm100_utils.make_smem_layout_epi(self.c_dtype, c_layout, self.epi_tile_out, 1)
         c_bytes = cute.size_in_bytes(self.c_dtype, c_one)
         budget = SMEM_CAPACITY_SM100 - MBAR_BYTES - self.min_epi_stage * c_bytes
         self.ab_stage = cfg.stages or budget // ab_bytes
@@ -128,7 +141,7 @@ class GemmSm100(GemmBase):
             self.tiled_mma, self.mma_tiler, self.b_dtype, self.ab_stage
         )
         self.epi_smem_layout_staged = sm100_utils.make_smem_layout_epi(
-            self.c_dtype, c_layout, self.epi_tile, self.epi_stage
+            self.c_dtype, c_layout, self.epi_tile_out, self.epi_stage
         )
         # Bytes landing in the leader CTA's full barrier per stage: both CTAs of the pair.
         self.tma_bytes = ab_bytes * self.cta_per_mma
@@ -138,8 +151,11 @@ class GemmSm100(GemmBase):
         self,
         mA: cute.Tensor,  # (M, K, L)
         mB: cute.Tensor,  # (N, K, L)
-        mC: cute.Tensor,  # (M, N, L)
+        mC: cute.Tensor,  # (M, N, L) output (gated: N / 2 columns)
+        mCin: cute.Tensor | None,  # (M, N, L) residual C of beta * C, or None
+        mBias: cute.Tensor | None,  # (N,) bias, or None
         alpha: cutlass.Float32,
+        beta: cutlass.Float32,
         max_clusters: cutlass.Int32,
         stream: cuda.CUstream,
     ):
@@ -168,7 +184,7 @@ class GemmSm100(GemmBase):
             cpasync.CopyBulkTensorTileS2GOp(),
             mC,
             cute.select(self.epi_smem_layout_staged, mode=[0, 1]),
-            self.epi_tile,
+            self.epi_tile_out,
         )
 
         @cute.struct
@@ -195,7 +211,10 @@ class GemmSm100(GemmBase):
             tma_tensor_b,
             tma_atom_c,
             tma_tensor_c,
+            mCin,
+            mBias,
             alpha,
+            beta,
             self.tiled_mma,
             self.cluster_layout_vmnk,
             self.a_smem_layout_staged,
@@ -203,7 +222,7 @@ class GemmSm100(GemmBase):
             self.epi_smem_layout_staged,
             self.epi_tile,
         ).launch(
-            grid=self.grid(mC, self.cta_tile_mn, max_clusters),
+            grid=self.grid(self.acc_space(mC, mB), self.cta_tile_mn, max_clusters),
             block=[self.threads_per_cta, 1, 1],
             cluster=(*self.cluster_shape_mn, 1),
             min_blocks_per_mp=1,
@@ -220,7 +239,10 @@ class GemmSm100(GemmBase):
         mB_nkl: cute.Tensor,
         tma_atom_c: cute.CopyAtom,
         mC_mnl: cute.Tensor,
+        mCin: cute.Tensor | None,
+        mBias: cute.Tensor | None,
         alpha: cutlass.Float32,
+        beta: cutlass.Float32,
         tiled_mma: cute.TiledMma,
         cluster_layout_vmnk: cute.Layout,
         a_smem_layout_staged: cute.ComposedLayout,
@@ -299,16 +321,34 @@ class GemmSm100(GemmBase):
         gA_mkl = cute.local_tile(mA_mkl, cute.slice_(self.mma_tiler, (None, 0, None)), (None, None, None))
         # (bN, bK, RestN, RestK, RestL)
         gB_nkl = cute.local_tile(mB_nkl, cute.slice_(self.mma_tiler, (0, None, None)), (None, None, None))
-        # (bM, bN, RestM, RestN, RestL)
-        gC_mnl = cute.local_tile(mC_mnl, cute.slice_(self.mma_tiler, (None, None, 0)), (None, None, None))
         k_tile_cnt = cute.size(gA_mkl, mode=[3])
         thr_mma = tiled_mma.get_slice(mma_coord_v)
         # (MMA, MMA_M, MMA_K, RestM, RestK, RestL)
         tCgA = thr_mma.partition_A(gA_mkl)
         # (MMA, MMA_N, MMA_K, RestN, RestK, RestL)
         tCgB = thr_mma.partition_B(gB_nkl)
-        # (MMA, MMA_M, MMA_N, RestM, RestN, RestL)
-        tCgC = thr_mma.partition_C(gC_mnl)
+        epi = self.config.epilogue
+        if cutlass.const_expr(epi.gated is None):
+            # (bM, bN, RestM, RestN, RestL)
+            gC_mnl = cute.local_tile(mC_mnl, cute.slice_(self.mma_tiler, (None, None, 0)), (None, None, None))
+            # (MMA, MMA_M, MMA_N, RestM, RestN, RestL) -> (CTA_M, CTA_N, RestM, RestN, RestL)
+            gC_cta = thr_mma.partition_C(gC_mnl)[((None, None), 0, 0, None, None, None)]
+        else:
+            # (CTA_M, CTA_N / 2, RestM * CTA_PER_MMA, RestN, RestL): output tiles of one CTA; CTA v
+            # of an MMA pair holds rows [v, v + 1) * CTA_M of the pair's tile (as partition_C).
+            gC_cta = cute.local_tile(
+                mC_mnl, (self.cta_tile_mn[0], self.cta_tile_mn[1] // 2), (None, None, None)
+            )
+        # (MMA, MMA_M, MMA_N, RestM, RestN, RestL): global (m, n, l) GEMM coordinate per accumulator
+        tCcAcc = None
+        if cutlass.const_expr(epi.needs_coords):
+            tCcAcc = thr_mma.partition_C(
+                cute.local_tile(
+                    cute.make_identity_tensor(self.acc_space(mC_mnl, mB_nkl).shape),
+                    cute.slice_(self.mma_tiler, (None, None, 0)),
+                    (None, None, None),
+                )
+            )
 
         # (TMA, STAGE), (TMA, RestM, RestK, RestL)
         tAsA, tAgA = cpasync.tma_partition(
@@ -330,7 +370,7 @@ class GemmSm100(GemmBase):
         acc_layout = tiled_mma.make_fragment_C(
             cute.append(tiled_mma.partition_shape_C(self.mma_tiler[:2]), self.acc_stage)
         ).layout
-        sched = self.make_scheduler(mC_mnl, self.cta_tile_mn, ctas_per_tile_m=self.cta_per_mma)
+        sched = self.make_scheduler(self.acc_space(mC_mnl, mB_nkl), self.cta_tile_mn, ctas_per_tile_m=self.cta_per_mma)
 
         # Peers' barriers must be initialised before any TMA multicast / remote arrive reaches them.
         pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
@@ -349,7 +389,8 @@ class GemmSm100(GemmBase):
         elif warp_idx < self.mma_warp_id:
             self.epilogue(
                 sched, acc_pipeline, tmem, acc_layout,
-                tCgC, sC, epi_tile, tma_atom_c, alpha, tidx, warp_idx,
+                gC_cta, sC, epi_tile, tma_atom_c, alpha, tidx, warp_idx,
+                tCcAcc, mCin, mBias, beta, mma_coord_v,
             )  # fmt: skip
 
     # ---------------------------------------------------------------------------------------
@@ -409,6 +450,13 @@ class GemmSm100(GemmBase):
         # The peer CTA's epilogue arrives remotely on our empty barriers: wait for them before exit.
         acc_pipeline.producer_tail(acc_producer_state)
 
+    def acc_space(self, mC: cute.Tensor, mB: cute.Tensor):
+        """What the tiles cover: the (M, N, L) output, or for gated outputs an (M, 2 * N', L)
+        identity tensor over the GEMM's columns (mB is (N, K, L))."""
+        if self.config.epilogue.gated is None:
+            return mC
+        return cute.make_identity_tensor((mC.shape[0], mB.shape[0], mC.shape[2]))
+
     # ---------------------------------------------------------------------------------------
     @cute.jit
     def epilogue(
@@ -417,23 +465,28 @@ class GemmSm100(GemmBase):
         acc_pipeline: pipeline.PipelineAsync,
         tmem: memory.TmemAllocator,
         acc_layout: cute.Layout,  # (MMA, MMA_M, MMA_N, ACC_STAGE)
-        tCgC: cute.Tensor,  # (MMA, MMA_M, MMA_N, RestM, RestN, RestL)
+        gC: cute.Tensor,  # (CTA_M, CTA_N, RestM, RestN, RestL) output tiles (gated: see kernel)
         sC: cute.Tensor,  # (EPI_M, EPI_N, EPI_STAGE)
         epi_tile: cute.Tile,
         tma_atom_c: cute.CopyAtom,
         alpha: cutlass.Float32,
         epi_tidx: cutlass.Int32,
         warp_idx: cutlass.Int32,
+        tCcAcc: cute.Tensor | None,  # (MMA, MMA_M, MMA_N, RestM, RestN, RestL) coordinates, or None
+        mCin: cute.Tensor | None,
+        mBias: cute.Tensor | None,
+        beta: cutlass.Float32,
+        mma_coord_v: cutlass.Int32,
     ):
-        """Epilogue warps: own the TMEM allocation; TMEM -> registers -> apply_epilogue -> smem -> TMA."""
+        """Epilogue warps: own the TMEM allocation; TMEM -> registers -> epilogue_subtile -> smem -> TMA."""
+        epi = self.config.epilogue
+        gated = epi.gated is not None
         tmem.allocate(self.num_tmem_cols)  # by warp epi_warp_ids[0]; the others wait for the address
         tmem.wait_for_alloc()
         tmem_ptr = tmem.retrieve_ptr(self.acc_dtype)
         # The tiled MMA has one atom per tile, so MMA_M = MMA_N = 1: drop them.
         # (CTA_M, CTA_N, ACC_STAGE)
         tAcc = cute.make_tensor(tmem_ptr, acc_layout)[((None, None), 0, 0, None)]
-        # (CTA_M, CTA_N, RestM, RestN, RestL)
-        gC = tCgC[((None, None), 0, 0, None, None, None)]
 
         # TMEM -> registers: the widest tcgen05.ld for this epilogue subtile.
         copy_atom_t2r = sm100_utils.get_tmem_load_op(
@@ -445,12 +498,21 @@ class GemmSm100(GemmBase):
         thr_copy_t2r = tiled_copy_t2r.get_slice(epi_tidx)
         # (T2R, T2R_M, T2R_N, EPI_M, EPI_N, ACC_STAGE)
         tTR_tAcc_all = thr_copy_t2r.partition_S(tAcc_epi)
-        # (EPI_TILE_M, EPI_TILE_N, EPI_M, EPI_N, RestM, RestN, RestL)
-        gC_epi = cute.flat_divide(gC, epi_tile)
         # (T2R, T2R_M, T2R_N)
-        tTR_rAcc = cute.make_rmem_tensor(
-            thr_copy_t2r.partition_D(gC_epi)[(None, None, None, 0, 0, 0, 0, 0)].shape, self.acc_dtype
-        )
+        if cutlass.const_expr(not gated):
+            # (EPI_TILE_M, EPI_TILE_N, EPI_M, EPI_N, RestM, RestN, RestL)
+            gC_epi = cute.flat_divide(gC, epi_tile)
+            tTR_rAcc = cute.make_rmem_tensor(
+                thr_copy_t2r.partition_D(gC_epi)[(None, None, None, 0, 0, 0, 0, 0)].shape, self.acc_dtype
+            )
+        else:
+            # (EPI_TILE_M, EPI_TILE_N / 2, EPI_M, EPI_N, RestM * CTA_PER_MMA, RestN, RestL)
+            gC_epi = cute.flat_divide(gC, self.epi_tile_out)
+            # (EPI_TILE_M, EPI_TILE_N, EPI_M, EPI_N): CTA-local coordinates in accumulator subtiles
+            cTile_epi = cute.flat_divide(cute.make_identity_tensor(cute.product_each(tAcc.shape[:2])), epi_tile)
+            tTR_rAcc = cute.make_rmem_tensor(
+                thr_copy_t2r.partition_D(cTile_epi)[(None, None, None, 0, 0)].shape, self.acc_dtype
+            )
         tTR_rC = cute.make_rmem_tensor(tTR_rAcc.shape, self.c_dtype)
 
         # Registers -> smem, in the thread layout of the TMEM load.
@@ -463,6 +525,14 @@ class GemmSm100(GemmBase):
         tRS_sC = thr_copy_r2s.partition_D(sC)
         # (R2S, R2S_M, R2S_N)
         tRS_rC = tiled_copy_r2s.retile(tTR_rC)
+        if cutlass.const_expr(gated):
+            # (R2S, R2S_M, R2S_N): subtile-local (m, n) of each register, in the r2s order
+            tRS_cE = tiled_copy_r2s.retile(thr_copy_t2r.partition_D(cTile_epi)[(None, None, None, 0, 0)])
+        if cutlass.const_expr(epi.needs_coords):
+            # (T2R, T2R_M, T2R_N, EPI_M, EPI_N, RestM, RestN, RestL): global coordinates, as gC_epi
+            tTR_cAcc_all = thr_copy_t2r.partition_D(
+                cute.flat_divide(tCcAcc[((None, None), 0, 0, None, None, None)], epi_tile)
+            )
 
         # smem -> global by TMA, one subtile per store; TMA clips rows/columns past M/N.
         # (TMA, EPI_STAGE), (TMA, EPI_M, EPI_N, RestM, RestN, RestL)
@@ -479,8 +549,14 @@ class GemmSm100(GemmBase):
         work = sched.first()
         while sched.is_valid(work):
             tile_m, tile_n, tile_l = sched.cta_tile(work)
+            out_m = tile_m
+            if cutlass.const_expr(gated):
+                out_m = tile_m * self.cta_per_mma + mma_coord_v  # gC holds single-CTA tiles
             # (TMA, EPI_M * EPI_N)
-            bSG_gC = cute.group_modes(bSG_gC_all[(None, None, None, tile_m, tile_n, tile_l)], 1, 3)
+            bSG_gC = cute.group_modes(bSG_gC_all[(None, None, None, out_m, tile_n, tile_l)], 1, 3)
+            if cutlass.const_expr(epi.needs_coords):
+                # (T2R, T2R_M, T2R_N, EPI_M * EPI_N)
+                tTR_cAcc = cute.group_modes(tTR_cAcc_all[(None, None, None, None, None, tile_m, tile_n, tile_l)], 3, 5)
             # (T2R, T2R_M, T2R_N, EPI_M * EPI_N)
             tTR_tAcc = cute.group_modes(
                 tTR_tAcc_all[(None, None, None, None, None, acc_consumer_state.index)], 3, 5
@@ -496,12 +572,22 @@ class GemmSm100(GemmBase):
                     cute.arch.fence_view_async_tmem_load()
                     with cute.arch.elect_one():
                         acc_pipeline.consumer_release(acc_consumer_state)
-                out = apply_epilogue(self.config.epilogue, tiled_copy_r2s.retile(tTR_rAcc).load(), alpha)
-                tRS_rC.store(out.to(self.c_dtype))
+                coords = None
+                if cutlass.const_expr(epi.needs_coords):
+                    # (R2S, R2S_M, R2S_N): global coordinates of the registers below
+                    coords = tiled_copy_r2s.retile(tTR_cAcc[(None, None, None, epi_idx)])
+                out = epilogue_subtile(
+                    epi, tiled_copy_r2s.retile(tTR_rAcc).load(), coords, alpha, beta, mCin, mBias
+                )
+                if cutlass.const_expr(not gated):
+                    tRS_rC.store(out.to(self.c_dtype))
                 # The store that last used this buffer was waited for (producer_acquire below,
                 # epi_stage - 1 stores ago) before the barrier that ended the previous subtile.
                 buf = epi_count % self.epi_stage
-                cute.copy(tiled_copy_r2s, tRS_rC, tRS_sC[(None, None, None, buf)])
+                if cutlass.const_expr(not gated):
+                    cute.copy(tiled_copy_r2s, tRS_rC, tRS_sC[(None, None, None, buf)])
+                else:
+                    store_gated(out, coords, tRS_cE, sC[(None, None, buf)], self.c_dtype)
                 # Make the smem writes visible to the TMA (async proxy), then one warp stores.
                 cute.arch.fence_proxy("async.shared", space="cta")
                 self.epi_barrier.arrive_and_wait()

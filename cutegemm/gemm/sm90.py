@@ -9,7 +9,7 @@ Pipeline (one CTA; a cluster of cluster_m x cluster_n CTAs shares A/B tiles by T
         wait stage empty                wait stage full -> WGMMA (acc in registers)
         TMA A,B -> smem stage           release stage k-1 once WGMMA k-1 retired
                                       epilogue per (epi_m x epi_n) subtile:
-                                        acc -> apply_epilogue -> cast -> stmatrix -> smem
+                                        acc -> epilogue_subtile -> cast -> stmatrix -> smem
                                         -> TMA store (ring of epi_stage buffers)
 
 Two consumer schedules (config.pingpong):
@@ -18,6 +18,14 @@ Two consumer schedules (config.pingpong):
 - pingpong: 2 warpgroups take alternate tiles (WG0: tiles 0, 2, 4, ... of this CTA; WG1: 1, 3,
   ...). Named barriers hand the tensor cores from one to the other after each mainloop, so
   one warpgroup's epilogue runs under the other's WGMMAs. Each has its own epilogue buffers.
+Epilogue ops (``config.epilogue``, see ``cutegemm.epilogue.ops``): bias, beta * C and gated
+activations need each accumulator element's global (m, n, l) coordinate; an identity tensor
+goes through the accumulator's own partition (thr_mma.partition_C -> tiled_copy_r2s.retile), so
+the coordinates match the registers by construction. C and bias are read from global memory per
+element. Gated (swiglu/geglu): the accumulator tile is tile_m x tile_n GEMM columns, the output
+tile tile_m x tile_n/2; each gated value is written to shared memory by coordinate (st.shared,
+no stmatrix) and TMA-stored like any subtile.
+
 Constraints: see ``config.config_errors`` (tile_m 64/128, tile_n 64..256, cluster <= 4).
 """
 
@@ -33,7 +41,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.tensor_utils import LayoutEnum
 
-from ..epilogue import apply_epilogue
+from ..epilogue import epilogue_subtile, store_gated
 from .base import GemmBase
 
 SMEM_CAPACITY_SM90 = 232448
@@ -76,10 +84,12 @@ class GemmSm90(GemmBase):
         self.cta_layout_mnk = cute.make_layout((*self.cluster_shape_mn, 1))
         # Epilogue subtile x 32 columns: all cooperative WGs' rows, or one WG's 64 rows (pingpong).
         self.epi_tile = (64 * self.wg_per_tile, 32)
+        # What one subtile writes: half the columns when gated (one output per gate/up pair).
+        self.epi_tile_out = (self.epi_tile[0], self.epi_tile[1] // cfg.epilogue.cols_per_output)
         self.epi_stage = 4 if not self.pingpong else 2
 
         ab_bytes = (cfg.tile_m + cfg.tile_n) * self.tile_shape_mnk[2] * self.a_dtype.width // 8
-        epi_bytes = cute.size(self.epi_tile) * self.c_dtype.width // 8 * self.epi_stage * self.epi_groups
+        epi_bytes = cute.size(self.epi_tile_out) * self.c_dtype.width // 8 * self.epi_stage * self.epi_groups
         budget = SMEM_CAPACITY_SM90 - 1024 - epi_bytes  # 1 KiB for mbarriers
         self.ab_stage = cfg.stages or budget // ab_bytes
         if self.ab_stage < 2 or self.ab_stage * ab_bytes > budget:
@@ -102,13 +112,13 @@ class GemmSm90(GemmBase):
         self.b_smem_layout_staged = staged_layout(
             b_layout, self.b_dtype, cfg.tile_n, self.ab_stage, cfg.b_major == "k"
         )
-        c_major_size = self.epi_tile[1] if c_layout.is_n_major_c() else self.epi_tile[0]
+        c_major_size = self.epi_tile_out[1] if c_layout.is_n_major_c() else self.epi_tile_out[0]
         c_atom = warpgroup.make_smem_layout_atom(
             sm90_utils.get_smem_layout_atom(c_layout, self.c_dtype, c_major_size), self.c_dtype
         )
         self.epi_smem_layout_staged = cute.tile_to_shape(
             c_atom,
-            (*self.epi_tile, self.epi_stage * self.epi_groups),
+            (*self.epi_tile_out, self.epi_stage * self.epi_groups),
             order=(1, 0, 2) if c_layout.is_m_major_c() else (0, 1, 2),
         )
 
@@ -117,8 +127,11 @@ class GemmSm90(GemmBase):
         self,
         mA: cute.Tensor,  # (M, K, L)
         mB: cute.Tensor,  # (N, K, L)
-        mC: cute.Tensor,  # (M, N, L)
+        mC: cute.Tensor,  # (M, N, L) output (gated: N / 2 columns)
+        mCin: cute.Tensor | None,  # (M, N, L) residual C of beta * C, or None
+        mBias: cute.Tensor | None,  # (N,) bias, or None
         alpha: cutlass.Float32,
+        beta: cutlass.Float32,
         max_clusters: cutlass.Int32,
         stream: cuda.CUstream,
     ):
@@ -142,7 +155,7 @@ class GemmSm90(GemmBase):
             cpasync.CopyBulkTensorTileS2GOp(),
             mC,
             cute.slice_(self.epi_smem_layout_staged, (None, None, 0)),
-            self.epi_tile,
+            self.epi_tile_out,
         )
 
         @cute.struct
@@ -162,14 +175,17 @@ class GemmSm90(GemmBase):
             tma_tensor_b,
             tma_atom_c,
             tma_tensor_c,
+            mCin,
+            mBias,
             alpha,
+            beta,
             self.tiled_mma,
             self.cta_layout_mnk,
             self.a_smem_layout_staged,
             self.b_smem_layout_staged,
             self.epi_smem_layout_staged,
         ).launch(
-            grid=self.grid(mC, (cfg.tile_m, cfg.tile_n), max_clusters),
+            grid=self.grid(self.acc_space(mC, mB), (cfg.tile_m, cfg.tile_n), max_clusters),
             block=[self.threads_per_cta, 1, 1],
             cluster=(*self.cluster_shape_mn, 1),
             min_blocks_per_mp=1,
@@ -186,7 +202,10 @@ class GemmSm90(GemmBase):
         mB_nkl: cute.Tensor,
         tma_atom_c: cute.CopyAtom,
         mC_mnl: cute.Tensor,
+        mCin: cute.Tensor | None,
+        mBias: cute.Tensor | None,
         alpha: cutlass.Float32,
+        beta: cutlass.Float32,
         tiled_mma: cute.TiledMma,
         cta_layout_mnk: cute.Layout,
         a_smem_layout_staged: cute.ComposedLayout,
@@ -234,8 +253,20 @@ class GemmSm90(GemmBase):
         gA_mkl = cute.local_tile(mA_mkl, cute.slice_(self.tile_shape_mnk, (None, 0, None)), (None, None, None))
         # (bN, bK, RestN, RestK, RestL)
         gB_nkl = cute.local_tile(mB_nkl, cute.slice_(self.tile_shape_mnk, (0, None, None)), (None, None, None))
-        # (bM, bN, RestM, RestN, RestL)
-        gC_mnl = cute.local_tile(mC_mnl, cute.slice_(self.tile_shape_mnk, (None, None, 0)), (None, None, None))
+        epi = self.config.epilogue
+        # (bM, bN, RestM, RestN, RestL) output tiles (gated: bN / 2 output columns)
+        out_tiler = cute.slice_(self.tile_shape_mnk, (None, None, 0))
+        if cutlass.const_expr(epi.gated is not None):
+            out_tiler = (self.config.tile_m, self.config.tile_n // 2)
+        gC_mnl = cute.local_tile(mC_mnl, out_tiler, (None, None, None))
+        # (bM, bN, RestM, RestN, RestL): global (m, n, l) GEMM coordinate of every accumulator
+        cAcc_mnl = None
+        if cutlass.const_expr(epi.needs_coords):
+            cAcc_mnl = cute.local_tile(
+                cute.make_identity_tensor(self.acc_space(mC_mnl, mB_nkl).shape),
+                cute.slice_(self.tile_shape_mnk, (None, None, 0)),
+                (None, None, None),
+            )
 
         # TMA partitions. A is multicast along the cluster's N mode, B along its M mode.
         # (TMA, STAGE), (TMA, RestM, RestK, RestL)
@@ -255,7 +286,7 @@ class GemmSm90(GemmBase):
             cute.group_modes(gB_nkl, 0, 2),
         )
         k_tile_cnt = cute.size(gA_mkl, mode=[3])
-        sched = self.make_scheduler(mC_mnl, (self.config.tile_m, self.config.tile_n))
+        sched = self.make_scheduler(self.acc_space(mC_mnl, mB_nkl), (self.config.tile_m, self.config.tile_n))
 
         pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
 
@@ -275,6 +306,7 @@ class GemmSm90(GemmBase):
             self.mma_and_epilogue(
                 sched, ab_pipeline, k_tile_cnt, tiled_mma, sA, sB, sC, gC_mnl, tma_atom_c, alpha,
                 (tidx - self.threads_per_warpgroup) % self.threads_per_tile, wg, warp_idx,
+                cAcc_mnl, mCin, mBias, beta,
             )  # fmt: skip
 
     # ---------------------------------------------------------------------------------------
@@ -294,18 +326,24 @@ class GemmSm90(GemmBase):
         mma_tidx: cutlass.Int32,
         wg: cutlass.Int32,
         warp_idx: cutlass.Int32,
+        cAcc_mnl: cute.Tensor | None,  # (bM, bN, RestM, RestN, RestL) coordinates, or None
+        mCin: cute.Tensor | None,
+        mBias: cute.Tensor | None,
+        beta: cutlass.Float32,
     ):
         """Consumer warpgroups: WGMMA mainloop into register accumulators, then the epilogue.
 
         ``wg``: this warpgroup's turn in pingpong (0/1; always 0 in cooperative). ``mma_tidx``:
         thread index among the threads that share a tile.
         """
+        epi = self.config.epilogue
+        gated = epi.gated is not None
         thr_mma = tiled_mma.get_slice(mma_tidx)
         # (MMA, MMA_M, MMA_K, STAGE), (MMA, MMA_N, MMA_K, STAGE)
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
         # (MMA, MMA_M, MMA_N)
-        acc_shape = thr_mma.partition_C(gC_mnl).shape[:3]
+        acc_shape = thr_mma.partition_C(gC_mnl if not gated else cAcc_mnl).shape[:3]
         acc = cute.make_rmem_tensor(acc_shape, self.acc_dtype)
         num_k_blocks = cute.size(tCrA, mode=[2])
 
@@ -318,13 +356,18 @@ class GemmSm90(GemmBase):
         )
         tiled_copy_r2s = cute.make_tiled_copy_S(copy_atom_r2s, cute.make_tiled_copy_C_atom(copy_atom_c, tiled_mma))
         thr_copy_r2s = tiled_copy_r2s.get_slice(mma_tidx)
-        # (R2S, R2S_M, R2S_N, EPI_STAGE)
-        tRS_sC = thr_copy_r2s.partition_D(sC)
         # (R2S, R2S_M, R2S_N) view of the whole accumulator
         tRS_rAcc = tiled_copy_r2s.retile(acc)
-        rD_shape = cute.shape(thr_copy_r2s.partition_S(sC))[:3]
+        if cutlass.const_expr(not gated):
+            # (R2S, R2S_M, R2S_N, EPI_STAGE)
+            tRS_sC = thr_copy_r2s.partition_D(sC)
+            rD_shape = cute.shape(thr_copy_r2s.partition_S(sC))[:3]
+            tRS_rD_out = cute.make_rmem_tensor(rD_shape, self.c_dtype)
+        else:
+            # (R2S, R2S_M, R2S_N): subtile-local (m, n) of each accumulator register of a subtile
+            tRS_cE = thr_copy_r2s.partition_S(cute.make_identity_tensor(self.epi_tile))
+            rD_shape = cute.shape(tRS_cE)
         tRS_rD = cute.make_rmem_tensor(rD_shape, self.acc_dtype)
-        tRS_rD_out = cute.make_rmem_tensor(rD_shape, self.c_dtype)
         size_rD = cute.size(tRS_rD)
 
         store_pipeline = pipeline.PipelineTmaStore.create(
@@ -379,20 +422,31 @@ class GemmSm90(GemmBase):
             # ---- epilogue ----
             gC = gC_mnl[(None, None, tile_m, tile_n, tile_l)]
             # ((EPI_M, EPI_N), (RestM, RestN))
-            gC_epi = cute.zipped_divide(gC, self.epi_tile)
+            gC_epi = cute.zipped_divide(gC, self.epi_tile_out)
             bSG_sC, bSG_gC = cpasync.tma_partition(
                 tma_atom_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), gC_epi
             )
             epi_rest = gC_epi.shape[1]
             epi_layout = cute.make_layout(epi_rest, stride=(epi_rest[1], 1))
             num_epi = cute.size(epi_rest)
+            tRS_cAcc = None
+            if cutlass.const_expr(epi.needs_coords):
+                # (R2S_V, EPI): global coordinates of tRS_rAcc's registers; column epi_idx holds
+                # those that the loop below copies into tRS_rD for subtile epi_idx.
+                tCcAcc = thr_mma.partition_C(cAcc_mnl[(None, None, tile_m, tile_n, tile_l)])
+                tRS_cAcc = cute.composition(tiled_copy_r2s.retile(tCcAcc), cute.make_layout((size_rD, num_epi)))
             for epi_idx in cutlass.range_constexpr(num_epi):
                 for v in cutlass.range_constexpr(size_rD):
                     tRS_rD[v] = tRS_rAcc[epi_idx * size_rD + v]
-                out = apply_epilogue(self.config.epilogue, tRS_rD.load(), alpha)
-                tRS_rD_out.store(out.to(self.c_dtype))
+                coords = tRS_cAcc[(None, epi_idx)] if cutlass.const_expr(epi.needs_coords) else None
+                out = epilogue_subtile(epi, tRS_rD.load(), coords, alpha, beta, mCin, mBias)
+                if cutlass.const_expr(not gated):
+                    tRS_rD_out.store(out.to(self.c_dtype))
                 buf = wg * self.epi_stage + epi_count % self.epi_stage
-                cute.copy(tiled_copy_r2s, tRS_rD_out, tRS_sC[(None, None, None, buf)])
+                if cutlass.const_expr(not gated):
+                    cute.copy(tiled_copy_r2s, tRS_rD_out, tRS_sC[(None, None, None, buf)])
+                else:
+                    store_gated(out, coords, tRS_cE, sC[(None, None, buf)], self.c_dtype)
                 # Make the smem writes visible to the TMA (async proxy), then one warp stores.
                 cute.arch.fence_proxy("async.shared", space="cta")
                 epi_barrier.arrive_and_wait()
@@ -410,6 +464,13 @@ class GemmSm90(GemmBase):
                 read_state, release_state = self._skip(read_state, release_state, k_tile_cnt)
 
         store_pipeline.producer_tail()
+
+    def acc_space(self, mC: cute.Tensor, mB: cute.Tensor):
+        """What the tiles cover: the (M, N, L) output, or for gated outputs an (M, 2 * N', L)
+        identity tensor over the GEMM's columns (mB is (N, K, L))."""
+        if self.config.epilogue.gated is None:
+            return mC
+        return cute.make_identity_tensor((mC.shape[0], mB.shape[0], mC.shape[2]))
 
     @cute.jit
     def _skip(self, read_state, release_state, k_tile_cnt: cutlass.Int32):

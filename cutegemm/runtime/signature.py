@@ -21,12 +21,26 @@ def _fake_matrix(dtype: str, unit_mode: int):
     return make_fake_tensor(CUTLASS_DTYPES[dtype], shape, tuple(stride), assumed_align=TMA_ALIGN_BYTES)
 
 
+def _fake_vector(dtype: str):
+    """A contiguous (N,) tensor."""
+    return make_fake_tensor(CUTLASS_DTYPES[dtype], (cute.sym_int32(),), (1,), assumed_align=TMA_ALIGN_BYTES)
+
+
 def dense_fake_args(cfg: GemmConfig):
-    """(mA (M,K,L), mB (N,K,L), mC (M,N,L), alpha, max_clusters, stream) for ``cute.compile``."""
+    """(mA (M,K,L), mB (N,K,L), mC (M,N,L), mCin (M,N,L) | None, mBias (N,) | None, alpha, beta,
+    max_clusters, stream) for ``cute.compile``. Epilogue inputs the spec does not use are
+    ``None``: compiled as constants, the caller passes ``None`` in their place."""
+    epi = cfg.epilogue
     a = _fake_matrix(cfg.a_dtype, 1 if cfg.a_major == "k" else 0)
     b = _fake_matrix(cfg.b_dtype, 1 if cfg.b_major == "k" else 0)
     c = _fake_matrix(cfg.out_dtype, 1)
-    return a, b, c, cutlass.Float32(1.0), cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True)
+    c_in = _fake_matrix(epi.c_dtype, 1) if epi.beta else None
+    bias = _fake_vector(epi.bias_dtype) if epi.bias else None
+    return (
+        a, b, c, c_in, bias,
+        cutlass.Float32(1.0), cutlass.Float32(0.0), cutlass.Int32(1),
+        make_fake_stream(use_tvm_ffi_env_stream=True),
+    )  # fmt: skip
 
 
 def grouped_fake_args(cfg: GemmConfig):
