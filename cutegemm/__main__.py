@@ -29,12 +29,17 @@ def cmd_bench(args) -> int:
     from . import benchmarks
 
     outdir = Path(args.out)
-    families = ["dense"] if args.family == "all" else [args.family]
+    families = ["dense", "grouped"] if args.family == "all" else [args.family]
     for fam in families:
         if fam == "dense":
             rows = benchmarks.bench_dense(reps=args.reps)
             path = benchmarks.write_results(rows, f"dense_{torch.cuda.get_device_name().replace(' ', '_')}", outdir)
             print(benchmarks.markdown_table(rows, f"dense bf16 on {torch.cuda.get_device_name()}"))
+            print(f"results: {path}")
+        elif fam == "grouped":
+            rows = benchmarks.bench_grouped(reps=args.reps)
+            path = benchmarks.write_results(rows, f"grouped_{torch.cuda.get_device_name().replace(' ', '_')}", outdir)
+            print(benchmarks.markdown_table(rows, f"grouped bf16 on {torch.cuda.get_device_name()} (vs torch._grouped_mm)"))
             print(f"results: {path}")
         elif fam == "sweep":
             from .tuning import sweep_dense
@@ -55,7 +60,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m cutegemm")
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("bench", help="benchmark vs torch on a GPU (compile-check without one)")
-    b.add_argument("family", nargs="?", default="dense", choices=["dense", "sweep", "all"])
+    b.add_argument("family", nargs="?", default="dense", choices=["dense", "grouped", "sweep", "all"])
     b.add_argument("--reps", type=int, default=30)
     b.add_argument("--out", default="results")
     b.set_defaults(fn=cmd_bench)

@@ -191,3 +191,51 @@ def host_overhead(calls: int = 2000) -> dict:
         res[name] = (t1 - t0) / calls * 1e6
     print("host time per call (µs): " + ", ".join(f"{k} {v:.1f}" for k, v in res.items()))
     return res
+
+
+GROUPED_SHAPES = [
+    # (experts, mean tokens per expert, N, K): Mixtral up/down, fine-grained MoE, decode
+    (8, 2048, 14336, 4096),
+    (8, 2048, 4096, 14336),
+    (64, 128, 2816, 2048),
+    (128, 32, 4096, 7168),
+    (32, 16, 4096, 7168),
+]
+
+
+def _moe_counts(experts: int, tokens: int, seed: int = 0) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.multinomial(torch.ones(experts), experts * tokens, replacement=True, generator=gen).bincount(
+        minlength=experts
+    ).tolist()
+
+
+def bench_grouped(shapes=GROUPED_SHAPES, dtype=torch.bfloat16, reps=30):
+    """Ours vs torch._grouped_mm (and a loop of torch.matmul) on MoE shapes, uneven expert loads."""
+    from .grouped import grouped_gemm
+
+    timer = Timer()
+    rows = []
+    for e, tok, n, k in shapes:
+        counts = _moe_counts(e, tok)
+        total = sum(counts)
+        a = torch.randn(total, k, device="cuda", dtype=dtype)
+        b = torch.randn(e, n, k, device="cuda", dtype=dtype).transpose(1, 2)  # (E, K, N) view
+        offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
+        out = grouped_gemm(a, b, offs=offs)
+        tref = torch._grouped_mm(a, b, offs=offs)
+        ref = torch.cat([a[s:t].double() @ b[i].double() for i, (s, t) in enumerate(zip([0, *offs.tolist()[:-1]], offs.tolist(), strict=True))])
+        err = (out.double() - ref).abs().max().item()
+        terr = (tref.double() - ref).abs().max().item()
+        t_ours = timer(lambda a=a, b=b, offs=offs: grouped_gemm(a, b, offs=offs), reps)
+        t_torch = timer(lambda a=a, b=b, offs=offs: torch._grouped_mm(a, b, offs=offs), reps)
+        bounds = list(zip([0, *offs.tolist()[:-1]], offs.tolist(), strict=True))
+        t_loop = timer(lambda a=a, b=b, bounds=bounds: [a[s:t] @ b[i] for i, (s, t) in enumerate(bounds)], reps)
+        flops = 2.0 * total * n * k
+        from .grouped.api import _PLANS
+
+        cfg = next(p.config.name for key, p in _PLANS.items() if key[0] == a.shape and key[2] == b.shape)
+        rows.append(Row(f"E{e}x{tok}tok N{n} K{k}", t_ours, t_torch, flops / t_ours / 1e9, flops / t_torch / 1e9,
+                        t_torch / t_ours, cfg, err, terr))  # fmt: skip
+        print(format_row(rows[-1]) + f" | loop of matmul {flops / t_loop / 1e9:.1f} TFLOP/s", flush=True)
+    return rows

@@ -1,0 +1,48 @@
+"""torch modules built on the grouped GEMM."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .grouped import grouped_gemm
+
+
+class GroupedExperts(nn.Module):
+    """The expert MLPs of an MoE layer: per expert ``down(silu(x @ W_gate) * (x @ W_up))``.
+
+    Routing is given, not computed: ``x`` holds the tokens sorted by expert (total_tokens, hidden)
+    and ``offs`` (int32, on the GPU) the cumulative end row of each expert, as produced by a
+    router's sort. Weights are stored as (E, out, in) like ``nn.Linear`` and used as transposed
+    views (no copies). Two grouped GEMM launches plus the SwiGLU in torch; no host sync.
+    """
+
+    def __init__(self, num_experts: int, hidden: int, intermediate: int, *, dtype=torch.bfloat16, device=None):
+        super().__init__()
+        self.num_experts, self.hidden, self.intermediate = num_experts, hidden, intermediate
+        # gate and up stacked: rows [0, I) gate, [I, 2I) up.
+        self.w_gate_up = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden, dtype=dtype, device=device))
+        self.w_down = nn.Parameter(torch.empty(num_experts, hidden, intermediate, dtype=dtype, device=device))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        nn.init.normal_(self.w_gate_up, std=self.hidden**-0.5)
+        nn.init.normal_(self.w_down, std=self.intermediate**-0.5)
+
+    def forward(self, x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        h = grouped_gemm(x, self.w_gate_up.transpose(1, 2), offs=offs)  # (T, 2I)
+        gate, up = h[:, : self.intermediate], h[:, self.intermediate :]
+        act = (torch.nn.functional.silu(gate.float()) * up.float()).to(x.dtype)
+        return grouped_gemm(act, self.w_down.transpose(1, 2), offs=offs)  # (T, hidden)
+
+    def forward_ref(self, x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        """Plain-torch twin (fp32 math, host loop over experts)."""
+        out = torch.zeros(x.shape[0], self.hidden, dtype=torch.float32, device=x.device)
+        prev = 0
+        for e, end in enumerate(offs.tolist()):
+            xe = x[prev:end].float()
+            gu = xe @ self.w_gate_up[e].float().t()
+            act = torch.nn.functional.silu(gu[:, : self.intermediate]) * gu[:, self.intermediate :]
+            out[prev:end] = act @ self.w_down[e].float().t()
+            prev = end
+        return out.to(x.dtype)

@@ -1,0 +1,161 @@
+"""Grouped (MoE) GEMM on a GPU: packed offs form vs an fp64 reference, poisoned outputs, rows
+outside every expert untouched, CUDA-graph replay with changing offs; K-grouped and list forms."""
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import cutegemm
+from cutegemm.grouped import grouped_gemm, grouped_gemm_ref
+
+from .gemm_check import assert_within_torch_error
+
+pytestmark = pytest.mark.gpu
+
+
+def make_offs(counts):
+    return torch.tensor(counts, dtype=torch.int32, device="cuda").cumsum(0, dtype=torch.int32)
+
+
+def check_packed(counts, n, k, dtype=torch.bfloat16, b_transposed=True, pad_rows=5, config=None):
+    E = len(counts)
+    total = sum(counts) + pad_rows  # rows past offs[-1] belong to no expert
+    a = torch.randn(total, k, device="cuda", dtype=dtype)
+    b = (torch.randn(E, n, k, device="cuda", dtype=dtype).transpose(1, 2) if b_transposed
+         else torch.randn(E, k, n, device="cuda", dtype=dtype))  # fmt: skip
+    offs = make_offs(counts)
+    out = torch.full((total, n), float("nan"), device="cuda", dtype=dtype)
+    grouped_gemm(a, b, offs=offs, out=out, config=config)
+    torch.cuda.synchronize()
+    end = sum(counts)
+    ref = grouped_gemm_ref(a, b, offs=offs, compute_dtype=torch.float64)
+    # torch's own same-precision error: per-expert bf16 matmuls.
+    same = torch.cat([a[s:e] @ b[i] for i, (s, e) in enumerate(zip([0, *offs.tolist()[:-1]], offs.tolist(), strict=True))])
+    if end:
+        assert_within_torch_error(out[:end], same, ref[:end], what=f"grouped E={E} n={n} k={k}")
+    assert torch.isnan(out[end:]).all(), "rows past offs[-1] were written"
+    return a, b, offs, out
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    counts=st.lists(st.one_of(st.just(0), st.integers(1, 300)), min_size=1, max_size=12),
+    n8=st.integers(1, 48),
+    k8=st.integers(1, 48),
+    b_transposed=st.booleans(),
+)
+def test_packed_property(counts, n8, k8, b_transposed):
+    check_packed(counts, 8 * n8, 8 * k8, b_transposed=b_transposed)
+
+
+@pytest.mark.parametrize(
+    "counts",
+    [[0, 0, 0], [700], [0, 700, 0], [3, 1, 2], [129, 127, 128, 1, 0, 255], [16] * 32],
+    ids=["all-empty", "one", "one-of-three", "tiny", "ragged", "decode"],
+)
+def test_packed_edge_cases(counts):
+    check_packed(counts, 264, 136)
+
+
+def test_packed_large_tiles_and_fp16():
+    check_packed([1000, 37, 513], 2048, 512)
+    check_packed([300, 5], 256, 128, dtype=torch.float16)
+
+
+def test_cuda_graph_replay_with_changing_offs():
+    torch.manual_seed(0)
+    E, n, k, total = 8, 256, 128, 1024
+    a = torch.randn(total, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(E, k, n, device="cuda", dtype=torch.bfloat16)
+    offs = make_offs([total // E] * E)
+    out = torch.zeros(total, n, device="cuda", dtype=torch.bfloat16)
+    grouped_gemm(a, b, offs=offs, out=out)  # compile + plan outside the capture
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        grouped_gemm(a, b, offs=offs, out=out)
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g, stream=s):
+            grouped_gemm(a, b, offs=offs, out=out)
+    gen = torch.Generator().manual_seed(1)
+    exact = 0
+    for _ in range(24):
+        counts = torch.multinomial(torch.ones(E), total, replacement=True, generator=gen).bincount(minlength=E)
+        counts[torch.randint(0, E, (2,), generator=gen)] = 0  # some empty experts
+        offs.copy_(torch.cumsum(counts, 0).to(torch.int32))
+        out.zero_()
+        g.replay()
+        eager = torch.zeros_like(out)
+        grouped_gemm(a, b, offs=offs, out=eager)
+        torch.cuda.synchronize()
+        exact += int(torch.equal(out, eager))
+    assert exact == 24
+
+
+def test_bitwise_deterministic():
+    a, b, offs, out = check_packed([100, 200, 0, 300], 512, 256)
+    again = torch.full_like(out, float("nan"))
+    grouped_gemm(a, b, offs=offs, out=again)
+    end = int(offs[-1])
+    assert torch.equal(out[:end], again[:end])
+
+
+def test_k_grouped_and_list_forms():
+    m, n = 96, 136
+    counts = [40, 0, 88, 8]
+    a = torch.randn(m, sum(counts), device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(sum(counts), n, device="cuda", dtype=torch.bfloat16)
+    offs = make_offs(counts)
+    out = grouped_gemm(a, b, offs=offs)
+    ref = grouped_gemm_ref(a, b, offs=offs, compute_dtype=torch.float64)
+    assert out.shape == (4, m, n)
+    torch.testing.assert_close(out.double(), ref, atol=0.1, rtol=0.02)
+    xs = [torch.randn(mm, kk, device="cuda", dtype=torch.bfloat16) for mm, kk in [(5, 64), (130, 8), (64, 256)]]
+    ws = [torch.randn(kk, nn, device="cuda", dtype=torch.bfloat16) for kk, nn in [(64, 24), (8, 512), (256, 8)]]
+    for o, x, w in zip(grouped_gemm(xs, ws), xs, ws, strict=True):
+        torch.testing.assert_close(o.float(), (x.float() @ w.float()), atol=0.1, rtol=0.02)
+
+
+def test_grouped_bad_inputs():
+    a = torch.randn(64, 32, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(4, 32, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="int32"):
+        grouped_gemm(a, b, offs=torch.tensor([16, 32, 48, 64], device="cuda"))
+    with pytest.raises(ValueError, match="entries"):
+        grouped_gemm(a, b, offs=make_offs([16, 16, 32]))
+    with pytest.raises(ValueError, match="on cuda"):
+        grouped_gemm(a, b, offs=make_offs([16] * 4).cpu())
+    with pytest.raises(ValueError, match="non-decreasing"):
+        grouped_gemm(a, b, offs=torch.tensor([16, 8, 48, 64], dtype=torch.int32, device="cuda"), check_offs=True)
+    with pytest.raises(ValueError, match="exceeds"):
+        grouped_gemm(a, b, offs=make_offs([16, 16, 16, 17]), check_offs=True)
+
+
+def test_bad_offs_stay_memory_safe():
+    """Unchecked bad offsets (decreasing, negative, past the end) clamp: nothing outside out is written."""
+    a = torch.randn(200, 64, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(4, 64, 64, device="cuda", dtype=torch.bfloat16)
+    buf = torch.full((210, 64), float("nan"), device="cuda", dtype=torch.bfloat16)
+    out = buf[:200]
+    grouped_gemm(a, b, offs=torch.tensor([150, -3, 100, 10_000], dtype=torch.int32, device="cuda"), out=out)
+    torch.cuda.synchronize()
+    assert torch.isnan(buf[200:]).all()
+
+
+def test_public_export():
+    assert cutegemm.grouped_gemm is grouped_gemm
+
+
+def test_grouped_experts_module():
+    from cutegemm.nn import GroupedExperts
+
+    torch.manual_seed(0)
+    moe = GroupedExperts(4, 256, 128, device="cuda")
+    counts = [30, 0, 70, 28]
+    x = torch.randn(sum(counts), 256, device="cuda", dtype=torch.bfloat16)
+    offs = make_offs(counts)
+    y = moe(x, offs)
+    ref = moe.forward_ref(x, offs)
+    torch.testing.assert_close(y.float(), ref.float(), atol=0.05, rtol=0.05)
