@@ -1,12 +1,23 @@
 """cutegemm: GEMM kernels for NVIDIA Hopper (sm_90a, run-verified on H200) and Blackwell
 (sm_100a, compile-verified), written with CuTe DSL.
 
-Public API: ``gemm``, ``gemm_ref``, ``GemmConfig``, ``can_implement``.
+Public API: ``gemm``, ``gemm_ref``, ``grouped_gemm``, ``grouped_gemm_ref``, ``GemmConfig``,
+``can_implement``; ``cutegemm.nn.GroupedExperts``.
 """
 
 from .epilogue import EpilogueSpec
 from .gemm.api import gemm, gemm_ref
 from .gemm.config import GemmConfig, GemmProblem, can_implement
+from .grouped import grouped_gemm, grouped_gemm_ref
 
 __version__ = "0.1.0"
-__all__ = ["gemm", "gemm_ref", "GemmConfig", "GemmProblem", "can_implement", "EpilogueSpec"]
+__all__ = [
+    "gemm",
+    "gemm_ref",
+    "grouped_gemm",
+    "grouped_gemm_ref",
+    "GemmConfig",
+    "GemmProblem",
+    "can_implement",
+    "EpilogueSpec",
+]

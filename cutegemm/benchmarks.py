@@ -224,12 +224,12 @@ def bench_grouped(shapes=GROUPED_SHAPES, dtype=torch.bfloat16, reps=30):
         offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
         out = grouped_gemm(a, b, offs=offs)
         tref = torch._grouped_mm(a, b, offs=offs)
-        ref = torch.cat([a[s:t].double() @ b[i].double() for i, (s, t) in enumerate(zip([0, *offs.tolist()[:-1]], offs.tolist()))])
+        ref = torch.cat([a[s:t].double() @ b[i].double() for i, (s, t) in enumerate(zip([0, *offs.tolist()[:-1]], offs.tolist(), strict=True))])
         err = (out.double() - ref).abs().max().item()
         terr = (tref.double() - ref).abs().max().item()
         t_ours = timer(lambda a=a, b=b, offs=offs: grouped_gemm(a, b, offs=offs), reps)
         t_torch = timer(lambda a=a, b=b, offs=offs: torch._grouped_mm(a, b, offs=offs), reps)
-        bounds = list(zip([0, *offs.tolist()[:-1]], offs.tolist()))
+        bounds = list(zip([0, *offs.tolist()[:-1]], offs.tolist(), strict=True))
         t_loop = timer(lambda a=a, b=b, bounds=bounds: [a[s:t] @ b[i] for i, (s, t) in enumerate(bounds)], reps)
         flops = 2.0 * total * n * k
         from .grouped.api import _PLANS

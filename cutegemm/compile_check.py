@@ -99,11 +99,12 @@ class CheckResult:
 
 def check_config(cfg: GemmConfig) -> CheckResult:
     from .gemm.api import build_dense
+    from .grouped.api import build_grouped
     from .runtime.sass import compile_to_sass, count_markers
 
     t0 = time.time()
     try:
-        kernel, args = build_dense(cfg)
+        kernel, args = (build_grouped if cfg.grouped else build_dense)(cfg)
         sass = compile_to_sass(kernel, args, cfg.arch)
     except Exception as exc:  # report every variant, then fail at the end
         return CheckResult(cfg.name, False, {}, time.time() - t0, f"{type(exc).__name__}: {exc}"[:300])
@@ -122,8 +123,18 @@ def check_config(cfg: GemmConfig) -> CheckResult:
     return CheckResult(cfg.name, not err, {**req, **bad}, time.time() - t0, err.strip())
 
 
+def grouped_variants(arch: str) -> list[GemmConfig]:
+    if arch != "sm_90a":
+        return []  # the sm_100a kernel does not take the grouped scheduler yet
+    return [
+        GemmConfig(arch=arch, grouped=True, tile_m=128, tile_n=256, b_major="k"),
+        GemmConfig(arch=arch, grouped=True, tile_m=64, tile_n=128, cluster_n=2),
+        GemmConfig(arch=arch, grouped=True, tile_m=128, tile_n=128, pingpong=True, out_dtype="fp32"),
+    ]
+
+
 def all_variants(archs) -> list[GemmConfig]:
-    return [cfg for arch in archs for cfg in dense_variants(arch)]
+    return [cfg for arch in archs for cfg in dense_variants(arch) + grouped_variants(arch)]
 
 
 def main(archs) -> int:

@@ -248,7 +248,7 @@ def test_epilogue_argument_checks():
 
 def test_fake_args_follow_the_spec():
     base = dense_fake_args(GemmConfig(arch="sm_90a"))
-    assert len(base) == 9 and base[3] is None and base[4] is None
+    assert len(base) == 10 and base[3] is None and base[4] is None and base[9] is None
     full = dense_fake_args(
         GemmConfig(arch="sm_100a", epilogue=EpilogueSpec(beta=True, c_dtype="bf16", bias=True, bias_dtype="fp16"))
     )

@@ -49,7 +49,7 @@ def test_every_expert_tile_exactly_once(counts, tile_m, n_tiles, workers):
 def test_bad_offsets_are_clamped_into_valid_rows(offs, total_m):
     for start, end in expert_rows(offs, total_m):
         assert 0 <= start <= end <= total_m
-    for e, start, end, mt, _ in grouped_tile_map(offs, total_m, 64, 2):
+    for _, start, end, mt, _ in grouped_tile_map(offs, total_m, 64, 2):
         assert start + mt * 64 < end <= total_m
 
 

@@ -31,7 +31,7 @@ def check_packed(counts, n, k, dtype=torch.bfloat16, b_transposed=True, pad_rows
     end = sum(counts)
     ref = grouped_gemm_ref(a, b, offs=offs, compute_dtype=torch.float64)
     # torch's own same-precision error: per-expert bf16 matmuls.
-    same = torch.cat([a[s:e] @ b[i] for i, (s, e) in enumerate(zip([0, *offs.tolist()[:-1]], offs.tolist()))])
+    same = torch.cat([a[s:e] @ b[i] for i, (s, e) in enumerate(zip([0, *offs.tolist()[:-1]], offs.tolist(), strict=True))])
     if end:
         assert_within_torch_error(out[:end], same, ref[:end], what=f"grouped E={E} n={n} k={k}")
     assert torch.isnan(out[end:]).all(), "rows past offs[-1] were written"

@@ -111,7 +111,7 @@ class _Plan:
         self.fn(
             sources[0].as_strided(sa, ta), sources[1].as_strided(sb, tb), sources[2].as_strided(sc, tc),
             None if cv is None else sources[3].as_strided(*cv), sources[4] if self.has_bias else None,
-            alpha, beta, self.max_clusters,
+            alpha, beta, self.max_clusters, None,
         )  # fmt: skip
 
 

@@ -8,6 +8,8 @@ epilogue math itself is ``cutegemm.epilogue.apply_epilogue`` for both.
 
 from __future__ import annotations
 
+import inspect
+
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
@@ -71,7 +73,7 @@ class GemmBase:
         ab_pipeline: pipeline.PipelineAsync,
         k_tile_cnt: cutlass.Int32,
         tma_atom_a: cute.CopyAtom,
-        tAgA: cute.Tensor,  # (TMA, RestM, RestK, RestL)
+        tAgA,  # (TMA, RestM, RestK, RestL), or tile -> (TMA, RestK)
         tAsA: cute.Tensor,  # (TMA, STAGE)
         a_mcast_mask,
         tma_atom_b: cute.CopyAtom,
@@ -83,10 +85,14 @@ class GemmBase:
         producer_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ab_stage)
         work = sched.first()
         while sched.is_valid(work):
-            tile_m, tile_n, tile_l = sched.cta_tile(work)
-            # (TMA, RestK)
-            tAgA_k = tAgA[(None, tile_m, None, tile_l)]
-            tBgB_k = tBgB[(None, tile_n, None, tile_l)]
+            tile = sched.cta_tile(work)
+            # (TMA, RestK). A may be given as a function of the tile (grouped: rows start at the
+            # expert's first row, not at a multiple of the tile).
+            if cutlass.const_expr(inspect.isfunction(tAgA)):
+                tAgA_k = tAgA(tile)
+            else:
+                tAgA_k = tAgA[(None, tile[0], None, tile[2])]
+            tBgB_k = tBgB[(None, tile[1], None, tile[2])]
             for k_tile in range(k_tile_cnt):
                 ab_pipeline.producer_acquire(producer_state)
                 full_bar = ab_pipeline.producer_get_barrier(producer_state)

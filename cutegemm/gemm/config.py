@@ -104,6 +104,10 @@ def config_errors(cfg: GemmConfig) -> list[str]:
             err.append("grouped: A must be row-major (a_major='k')")
         if cfg.cluster_m != 1:
             err.append("grouped: cluster_m must be 1 (CTAs of a cluster share one expert's m-tile)")
+        if cfg.epilogue.beta or cfg.epilogue.bias or cfg.epilogue.gated or cfg.epilogue.activation:
+            err.append("grouped: only the alpha epilogue so far (bias/activation/beta/gated: dense only)")
+        if cfg.arch != "sm_90a":
+            err.append("grouped: sm_90a only so far (the sm_100a kernel does not take the grouped scheduler yet)")
     if cfg.stages not in (0,) and not 2 <= cfg.stages <= 12:
         err.append(f"stages must be 0 (auto) or 2..12, got {cfg.stages}")
     if cfg.arch == "sm_90a":

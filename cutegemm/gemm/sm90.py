@@ -42,9 +42,12 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.tensor_utils import LayoutEnum
 
 from ..epilogue import epilogue_subtile, store_gated
+from ..schedulers.grouped import GroupedScheduler, fill_tile_starts
 from .base import GemmBase
+from .epilogue_store import store_subtile_predicated
 
 SMEM_CAPACITY_SM90 = 232448
+GROUPED_MAX_GROUPS = 1024  # capacity of the shared-memory tile-start table (grouped kernels)
 BAR_EPILOGUE = 1  # + warpgroup turn (1, 2)
 BAR_ORDER = 3  # + warpgroup turn (3, 4): pingpong tensor-core hand-off
 
@@ -90,7 +93,8 @@ class GemmSm90(GemmBase):
 
         ab_bytes = (cfg.tile_m + cfg.tile_n) * self.tile_shape_mnk[2] * self.a_dtype.width // 8
         epi_bytes = cute.size(self.epi_tile_out) * self.c_dtype.width // 8 * self.epi_stage * self.epi_groups
-        budget = SMEM_CAPACITY_SM90 - 1024 - epi_bytes  # 1 KiB for mbarriers
+        table_bytes = 4 * (GROUPED_MAX_GROUPS + 1) if cfg.grouped else 0
+        budget = SMEM_CAPACITY_SM90 - 1024 - epi_bytes - table_bytes  # 1 KiB for mbarriers
         self.ab_stage = cfg.stages or budget // ab_bytes
         if self.ab_stage < 2 or self.ab_stage * ab_bytes > budget:
             raise ValueError(f"{cfg.name}: {self.ab_stage} stages of {ab_bytes} B do not fit in shared memory")
@@ -134,6 +138,7 @@ class GemmSm90(GemmBase):
         beta: cutlass.Float32,
         max_clusters: cutlass.Int32,
         stream: cuda.CUstream,
+        mOffs: cute.Tensor | None = None,  # grouped: (E,) int32 cumulative end rows of A's experts
     ):
         self.c_layout = LayoutEnum.from_tensor(mC)
         self._setup(LayoutEnum.from_tensor(mA), LayoutEnum.from_tensor(mB), self.c_layout)
@@ -158,9 +163,12 @@ class GemmSm90(GemmBase):
             self.epi_tile_out,
         )
 
+        table_len = GROUPED_MAX_GROUPS + 1 if cfg.grouped else 1
+
         @cute.struct
         class SharedStorage:
             ab_mbar: cute.struct.MemRange[cutlass.Int64, self.ab_stage * 2]
+            tile_start: cute.struct.MemRange[cutlass.Int32, table_len]
             sA: cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(self.a_smem_layout_staged)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(self.b_smem_layout_staged)], 1024]
             sC: cute.struct.Align[
@@ -177,6 +185,8 @@ class GemmSm90(GemmBase):
             tma_tensor_c,
             mCin,
             mBias,
+            mC if cfg.grouped else None,
+            mOffs,
             alpha,
             beta,
             self.tiled_mma,
@@ -185,7 +195,9 @@ class GemmSm90(GemmBase):
             self.b_smem_layout_staged,
             self.epi_smem_layout_staged,
         ).launch(
-            grid=self.grid(self.acc_space(mC, mB), (cfg.tile_m, cfg.tile_n), max_clusters),
+            grid=self.grid(self.acc_space(mC, mB), (cfg.tile_m, cfg.tile_n), max_clusters)
+            if not cfg.grouped  # grouped: the tile count lives on the device; one CTA per SM
+            else (*self.cluster_shape_mn, max_clusters),
             block=[self.threads_per_cta, 1, 1],
             cluster=(*self.cluster_shape_mn, 1),
             min_blocks_per_mp=1,
@@ -204,6 +216,8 @@ class GemmSm90(GemmBase):
         mC_mnl: cute.Tensor,
         mCin: cute.Tensor | None,
         mBias: cute.Tensor | None,
+        mC_gmem: cute.Tensor | None,  # grouped: C itself, for predicated stores of partial tiles
+        mOffs: cute.Tensor | None,
         alpha: cutlass.Float32,
         beta: cutlass.Float32,
         tiled_mma: cute.TiledMma,
@@ -286,9 +300,35 @@ class GemmSm90(GemmBase):
             cute.group_modes(gB_nkl, 0, 2),
         )
         k_tile_cnt = cute.size(gA_mkl, mode=[3])
-        sched = self.make_scheduler(self.acc_space(mC_mnl, mB_nkl), (self.config.tile_m, self.config.tile_n))
-
+        cfg = self.config
+        a_tiles = tAgA
+        if cutlass.const_expr(cfg.grouped):
+            # The tile map lives in shared memory, built by warp 0 from offs (no host sync).
+            tile_start = storage.tile_start.get_tensor(cute.make_layout(GROUPED_MAX_GROUPS + 1))
+            n_cluster_tiles = cute.ceil_div(mC_mnl.shape[1], cfg.tile_n * cfg.cluster_n)
+            if warp_idx == 0:
+                fill_tile_starts(tile_start, mOffs, mA_mkl.shape[0], cfg.tile_m, n_cluster_tiles, cute.arch.lane_idx())
         pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
+        if cutlass.const_expr(cfg.grouped):
+            cute.arch.sync_threads()  # the table is visible to every role
+            sched = GroupedScheduler.create(tile_start, mOffs, mA_mkl.shape[0], cfg.tile_m, cfg.cluster_n)
+            a_cta_layout = cute.make_layout(cute.slice_(cta_layout_mnk, (0, None, 0)).shape)
+
+            def a_tiles(tile):
+                """(TMA, RestK) A k-tiles of a grouped tile: rows from the expert's first row."""
+                m_tile, _, _, row_start, _ = tile
+                gA = cute.local_tile(
+                    cute.domain_offset((row_start, 0, 0), mA_mkl),
+                    cute.slice_(self.tile_shape_mnk, (None, 0, None)),
+                    (None, None, None),
+                )
+                _, tAgA_e = cpasync.tma_partition(
+                    tma_atom_a, cluster_coord_mnk[1], a_cta_layout,
+                    cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2),
+                )  # fmt: skip
+                return tAgA_e[(None, m_tile, None, 0)]
+        else:
+            sched = self.make_scheduler(self.acc_space(mC_mnl, mB_nkl), (cfg.tile_m, cfg.tile_n))
 
         warp_group_idx = cute.arch.make_warp_uniform(tidx // self.threads_per_warpgroup)
         if warp_group_idx == 0:
@@ -296,7 +336,7 @@ class GemmSm90(GemmBase):
             if warp_idx == self.load_warp_id:
                 self.load_ab(
                     sched, ab_pipeline, k_tile_cnt,
-                    tma_atom_a, tAgA, tAsA, a_mcast_mask,
+                    tma_atom_a, a_tiles, tAsA, a_mcast_mask,
                     tma_atom_b, tBgB, tBsB, b_mcast_mask,
                 )  # fmt: skip
         else:
@@ -306,7 +346,7 @@ class GemmSm90(GemmBase):
             self.mma_and_epilogue(
                 sched, ab_pipeline, k_tile_cnt, tiled_mma, sA, sB, sC, gC_mnl, tma_atom_c, alpha,
                 (tidx - self.threads_per_warpgroup) % self.threads_per_tile, wg, warp_idx,
-                cAcc_mnl, mCin, mBias, beta,
+                cAcc_mnl, mCin, mBias, beta, mC_mnl, mC_gmem,
             )  # fmt: skip
 
     # ---------------------------------------------------------------------------------------
@@ -330,6 +370,8 @@ class GemmSm90(GemmBase):
         mCin: cute.Tensor | None,
         mBias: cute.Tensor | None,
         beta: cutlass.Float32,
+        mC_mnl: cute.Tensor,  # TMA coordinate tensor of C
+        mC_gmem: cute.Tensor | None,  # grouped: C in global memory (partial-tile stores)
     ):
         """Consumer warpgroups: WGMMA mainloop into register accumulators, then the epilogue.
 
@@ -391,7 +433,7 @@ class GemmSm90(GemmBase):
                 work = sched.next(work)
                 read_state, release_state = self._skip(read_state, release_state, k_tile_cnt)
         while sched.is_valid(work):
-            tile_m, tile_n, tile_l = sched.cta_tile(work)
+            tile = sched.cta_tile(work)
 
             # ---- mainloop: keep one WGMMA batch in flight, release the stage behind it ----
             acc.fill(0.0)
@@ -420,7 +462,19 @@ class GemmSm90(GemmBase):
                 release_state.advance()
 
             # ---- epilogue ----
-            gC = gC_mnl[(None, None, tile_m, tile_n, tile_l)]
+            full_tile = True
+            if cutlass.const_expr(self.config.grouped):
+                # Rows of this expert start at row_start: offset C, and store with TMA only when
+                # every row of the tile belongs to the expert (else predicated, row < row_end).
+                m_tile, n_tile, _, row_start, row_end = tile
+                tile_rows = (self.config.tile_m, self.config.tile_n)
+                gC = cute.local_tile(cute.domain_offset((row_start, 0, 0), mC_mnl), tile_rows, (m_tile, n_tile, 0))
+                gC_real = cute.local_tile(cute.domain_offset((row_start, 0, 0), mC_gmem), tile_rows, (m_tile, n_tile, 0))
+                rows_left = row_end - row_start - m_tile * self.config.tile_m
+                cols_left = mC_gmem.shape[1] - n_tile * self.config.tile_n
+                full_tile = rows_left >= self.config.tile_m
+            else:
+                gC = gC_mnl[(None, None, tile[0], tile[1], tile[2])]
             # ((EPI_M, EPI_N), (RestM, RestN))
             gC_epi = cute.zipped_divide(gC, self.epi_tile_out)
             bSG_sC, bSG_gC = cpasync.tma_partition(
@@ -433,7 +487,7 @@ class GemmSm90(GemmBase):
             if cutlass.const_expr(epi.needs_coords):
                 # (R2S_V, EPI): global coordinates of tRS_rAcc's registers; column epi_idx holds
                 # those that the loop below copies into tRS_rD for subtile epi_idx.
-                tCcAcc = thr_mma.partition_C(cAcc_mnl[(None, None, tile_m, tile_n, tile_l)])
+                tCcAcc = thr_mma.partition_C(cAcc_mnl[(None, None, tile[0], tile[1], tile[2])])
                 tRS_cAcc = cute.composition(tiled_copy_r2s.retile(tCcAcc), cute.make_layout((size_rD, num_epi)))
             for epi_idx in cutlass.range_constexpr(num_epi):
                 for v in cutlass.range_constexpr(size_rD):
@@ -450,11 +504,25 @@ class GemmSm90(GemmBase):
                 # Make the smem writes visible to the TMA (async proxy), then one warp stores.
                 cute.arch.fence_proxy("async.shared", space="cta")
                 epi_barrier.arrive_and_wait()
-                if store_warp:
-                    cute.copy(tma_atom_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_layout.get_hier_coord(epi_idx))])
-                    store_pipeline.producer_commit()
-                    # Before the buffer after next is rewritten, its store must have read it.
-                    store_pipeline.producer_acquire()
+                epi_coord = epi_layout.get_hier_coord(epi_idx)
+                if full_tile:
+                    if store_warp:
+                        cute.copy(tma_atom_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_coord)])
+                        store_pipeline.producer_commit()
+                        # Before the buffer after next is rewritten, its store must have read it.
+                        store_pipeline.producer_acquire()
+                else:
+                    # A grouped tile that crosses the expert's last row: every thread copies
+                    # 16-byte row pieces of the subtile, rows < row_end and columns < N only.
+                    if cutlass.const_expr(self.config.grouped):
+                        store_subtile_predicated(
+                            sC[(None, None, buf)],
+                            cute.local_tile(gC_real, self.epi_tile, epi_coord),  # (EPI_M, EPI_N)
+                            rows_left - epi_coord[0] * self.epi_tile[0],
+                            cols_left - epi_coord[1] * self.epi_tile[1],
+                            mma_tidx,
+                            self.threads_per_tile,
+                        )
                 epi_barrier.arrive_and_wait()
                 epi_count += 1
             work = sched.next(work)

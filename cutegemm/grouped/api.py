@@ -48,7 +48,8 @@ class _GroupedPlan:
 
     def launch(self, a, b, out, offs, alpha):
         (sa, ta), (sb, tb), (sc, tc) = self.views
-        self.fn(a.as_strided(sa, ta), b.as_strided(sb, tb), out.as_strided(sc, tc), alpha, self.max_clusters, offs)
+        self.fn(a.as_strided(sa, ta), b.as_strided(sb, tb), out.as_strided(sc, tc), None, None, alpha, 0.0,
+                self.max_clusters, offs)
 
 
 def _check_offs_values(offs: torch.Tensor, total_m: int):

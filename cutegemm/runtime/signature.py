@@ -26,9 +26,9 @@ def _fake_vector(dtype: str):
     return make_fake_tensor(CUTLASS_DTYPES[dtype], (cute.sym_int32(),), (1,), assumed_align=TMA_ALIGN_BYTES)
 
 
-def dense_fake_args(cfg: GemmConfig):
+def dense_fake_args(cfg: GemmConfig, offs=None):
     """(mA (M,K,L), mB (N,K,L), mC (M,N,L), mCin (M,N,L) | None, mBias (N,) | None, alpha, beta,
-    max_clusters, stream) for ``cute.compile``. Epilogue inputs the spec does not use are
+    max_clusters, stream, mOffs | None) for ``cute.compile``. Epilogue inputs the spec does not use are
     ``None``: compiled as constants, the caller passes ``None`` in their place."""
     epi = cfg.epilogue
     a = _fake_matrix(cfg.a_dtype, 1 if cfg.a_major == "k" else 0)
@@ -39,11 +39,10 @@ def dense_fake_args(cfg: GemmConfig):
     return (
         a, b, c, c_in, bias,
         cutlass.Float32(1.0), cutlass.Float32(0.0), cutlass.Int32(1),
-        make_fake_stream(use_tvm_ffi_env_stream=True),
+        make_fake_stream(use_tvm_ffi_env_stream=True), offs,
     )  # fmt: skip
 
 
 def grouped_fake_args(cfg: GemmConfig):
     """Dense args + offs (E,) int32: A is the packed (total_M, K, 1), B (N, K, E), C (total_M, N, 1)."""
-    offs = make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=4)
-    return (*dense_fake_args(cfg)[:-1], make_fake_stream(use_tvm_ffi_env_stream=True), offs)
+    return dense_fake_args(cfg, offs=make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=4))

@@ -43,6 +43,55 @@ def grouped_tile_map(offs, total_m: int, tile_m: int, n_tiles: int):
     return out
 
 
+@cute.jit
+def _group_rows(mOffs: cute.Tensor, e: cutlass.Int32, total_m: cutlass.Int32):
+    """(start, end) rows of expert e, clamped into [0, total_m] with end >= start."""
+    end = cutlass.min(cutlass.max(cutlass.Int32(mOffs[e]), 0), total_m)
+    prev = cutlass.Int32(0)
+    if e > 0:
+        prev = cutlass.Int32(mOffs[e - 1])
+    start = cutlass.min(cutlass.max(prev, 0), total_m)
+    return start, cutlass.max(end, start)
+
+
+@cute.jit
+def _group_tiles(mOffs: cute.Tensor, e: cutlass.Int32, total_m: cutlass.Int32, tile_m: cutlass.Constexpr):
+    start, end = _group_rows(mOffs, e, total_m)
+    return (end - start + (tile_m - 1)) // tile_m
+
+
+@cute.jit
+def fill_tile_starts(
+    tile_start: cute.Tensor, mOffs: cute.Tensor, total_m: cutlass.Int32, tile_m: cutlass.Constexpr,
+    n_cluster_tiles: cutlass.Int32, lane: cutlass.Int32,
+):  # fmt: skip
+    """One warp: tile_start[e] = sum_{j<e} m_tiles(j) * n_cluster_tiles (exclusive scan)."""
+    num_groups = cute.size(mOffs)
+    per_lane = (num_groups + 31) // 32
+    first = lane * per_lane
+    # Pass 1: this lane's sum over its experts.
+    local = cutlass.Int32(0)
+    for i in range(per_lane):
+        e = first + i
+        if e < num_groups:
+            local += _group_tiles(mOffs, e, total_m, tile_m) * n_cluster_tiles
+    # Exclusive prefix over lanes (Hillis-Steele inclusive scan, then subtract own).
+    incl = local
+    for shift in cutlass.range_constexpr(5):
+        other = cute.arch.shuffle_sync_up(incl, 1 << shift)
+        if lane >= (1 << shift):
+            incl += other
+    run = incl - local
+    # Pass 2: write the exclusive prefix for this lane's experts.
+    for i in range(per_lane):
+        e = first + i
+        if e < num_groups:
+            tile_start[e] = run
+            run += _group_tiles(mOffs, e, total_m, tile_m) * n_cluster_tiles
+    if lane == 31:
+        tile_start[num_groups] = incl
+
+
 class GroupedScheduler:
     """Device side. ``tile_start`` is a shared-memory Int32 tensor of E + 1 entries filled by
     :meth:`fill_tile_starts`. Holds only Int32 runtime values plus compile-time settings."""
@@ -56,51 +105,6 @@ class GroupedScheduler:
         for name, v in zip(self._dyn, values or (), strict=False):
             setattr(self, name, v)
 
-    @staticmethod
-    @cute.jit
-    def fill_tile_starts(
-        tile_start: cute.Tensor, mOffs: cute.Tensor, total_m: cutlass.Int32, tile_m: cutlass.Constexpr,
-        n_cluster_tiles: cutlass.Int32, lane: cutlass.Int32,
-    ):  # fmt: skip
-        """One warp: tile_start[e] = sum_{j<e} m_tiles(j) * n_cluster_tiles (exclusive scan)."""
-        num_groups = cute.size(mOffs)
-        per_lane = (num_groups + 31) // 32
-        first = lane * per_lane
-        # Pass 1: this lane's sum over its experts.
-        local = cutlass.Int32(0)
-        for i in range(per_lane):
-            e = first + i
-            if e < num_groups:
-                local += GroupedScheduler._group_tiles(mOffs, e, total_m, tile_m) * n_cluster_tiles
-        # Exclusive prefix over lanes (Hillis-Steele inclusive scan, then subtract own).
-        incl = local
-        for shift in cutlass.range_constexpr(5):
-            other = cute.arch.shuffle_sync_up(incl, 1 << shift)
-            if lane >= (1 << shift):
-                incl += other
-        run = incl - local
-        # Pass 2: write the exclusive prefix for this lane's experts.
-        for i in range(per_lane):
-            e = first + i
-            if e < num_groups:
-                tile_start[e] = run
-                run += GroupedScheduler._group_tiles(mOffs, e, total_m, tile_m) * n_cluster_tiles
-        if lane == 31:
-            tile_start[num_groups] = incl
-
-    @staticmethod
-    def _group_tiles(mOffs, e, total_m, tile_m):
-        start, end = GroupedScheduler._group_rows(mOffs, e, total_m)
-        return (end - start + (tile_m - 1)) // tile_m
-
-    @staticmethod
-    def _group_rows(mOffs, e, total_m):
-        end = cutlass.min(cutlass.max(cutlass.Int32(mOffs[e]), 0), total_m)
-        prev = cutlass.Int32(0)
-        if e > 0:
-            prev = cutlass.Int32(mOffs[e - 1])
-        start = cutlass.min(cutlass.max(prev, 0), total_m)
-        return start, cutlass.max(end, start)
 
     @staticmethod
     def create(tile_start, mOffs, total_m, tile_m: int, cluster_n: int) -> GroupedScheduler:
@@ -152,7 +156,7 @@ class GroupedScheduler:
                 hi = mid - 1
         e = lo
         local = work - self.tile_start[e]
-        start, end = GroupedScheduler._group_rows(self.mOffs, e, self.total_m)
+        start, end = _group_rows(self.mOffs, e, self.total_m)
         mt = (end - start + (self.tile_m - 1)) // self.tile_m
         n_tile = (local // mt) * self.cluster_n + self.cta_n
         return local % mt, n_tile, e, start, end

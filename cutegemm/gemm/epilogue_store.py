@@ -1,0 +1,40 @@
+"""Predicated store of one staged epilogue subtile (shared memory -> global memory), for tiles that
+TMA cannot store whole: grouped tiles that cross an expert's last row. Arch-neutral: both
+kernels stage subtiles in shared memory before storing them."""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+
+
+@cute.jit
+def store_subtile_predicated(
+    sC: cute.Tensor,  # (EPI_M, EPI_N) staged subtile in shared memory
+    gC: cute.Tensor,  # (EPI_M, EPI_N) its place in global memory
+    rows_valid: cutlass.Int32,  # rows [0, rows_valid) of the subtile may be written
+    cols_valid: cutlass.Int32,  # columns [0, cols_valid)
+    tidx: cutlass.Int32,
+    num_threads: cutlass.Constexpr,
+):
+    """Every thread copies 16-byte row pieces; a piece is written only when its row is valid and
+    its first column is (N is a multiple of 16 bytes, so a piece never straddles the N edge)."""
+    dtype = sC.element_type
+    vec = 128 // dtype.width
+    epi_m, epi_n = cute.size(sC, mode=[0]), cute.size(sC, mode=[1])
+    thr_n = epi_n // vec
+    thr_m = num_threads // thr_n
+    atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=128)
+    tiled = cute.make_tiled_copy_tv(
+        atom, cute.make_layout((thr_m, thr_n), stride=(thr_n, 1)), cute.make_layout((1, vec))
+    )
+    thr = tiled.get_slice(tidx)
+    # (CPY, CPY_M, CPY_N)
+    tS = thr.partition_S(sC)
+    tD = thr.partition_D(gC)
+    tI = thr.partition_S(cute.make_identity_tensor((epi_m, epi_n)))
+    for i in cutlass.range_constexpr(cute.size(tS, mode=[1])):
+        for j in cutlass.range_constexpr(cute.size(tS, mode=[2])):
+            row, col = tI[(0, i, j)]
+            if row < rows_valid and col < cols_valid:
+                cute.copy(atom, tS[(None, i, j)], tD[(None, i, j)])
