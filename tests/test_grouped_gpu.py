@@ -111,7 +111,7 @@ def test_k_grouped_and_list_forms():
     out = grouped_gemm(a, b, offs=offs)
     ref = grouped_gemm_ref(a, b, offs=offs, compute_dtype=torch.float64)
     assert out.shape == (4, m, n)
-    torch.testing.assert_close(out.double(), ref, atol=0.1, rtol=0.02)
+    torch.testing.assert_close(out.double(), ref.double(), atol=0.1, rtol=0.02)
     xs = [torch.randn(mm, kk, device="cuda", dtype=torch.bfloat16) for mm, kk in [(5, 64), (130, 8), (64, 256)]]
     ws = [torch.randn(kk, nn, device="cuda", dtype=torch.bfloat16) for kk, nn in [(64, 24), (8, 512), (256, 8)]]
     for o, x, w in zip(grouped_gemm(xs, ws), xs, ws, strict=True):
