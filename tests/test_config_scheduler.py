@@ -106,3 +106,17 @@ def test_policy_always_picks_an_implementable_config(m, n, k, l_count, arch, a_m
     cfg = policy_for(arch).choose(p)
     ok, why = can_implement(cfg, p)
     assert ok, why
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    total=st.integers(1, 100_000),
+    experts=st.integers(1, 512),
+    n=st.integers(1, 4000).map(lambda x: 8 * x),
+    b_major=st.sampled_from("kn"),
+)
+def test_grouped_policy_is_implementable(total, experts, n, b_major):
+    p = GemmProblem(total, n, 4096, b_major=b_major)
+    cfg = policy_for("sm_90a").choose_grouped(p, experts)
+    ok, why = can_implement(cfg, p)
+    assert ok and cfg.grouped, why

@@ -37,12 +37,19 @@ class ArchPolicy:
         raise NotImplementedError
 
     def choose_grouped(self, p: GemmProblem, num_groups: int, **overrides) -> GemmConfig:
-        """Grouped: p.m is the total row count; the tile follows the mean rows per expert."""
+        """Grouped: p.m is the total row count; the tile follows the mean rows per expert.
+        sm_90a choices from tools/grouped_sweep.py on the H200 (bench/RESULTS.md, 2026-11-29)."""
         rows = p.m / max(num_groups, 1)
-        tile = dict(tile_m=64, tile_n=128) if rows <= 64 else dict(tile_m=128, tile_n=256 if p.n >= 2048 else 128)
+        if rows <= 64:  # decode: memory-bound on the weights; small tiles, A shared over 2 CTAs
+            tile = dict(tile_m=64, tile_n=128, cluster_n=2)
+        elif rows <= 256:  # many mid-size experts: pingpong hides the epilogue of ragged tiles
+            tile = dict(tile_m=128, tile_n=128, pingpong=True, cluster_n=2)
+        else:
+            tile = dict(tile_m=128, tile_n=256, cluster_n=2)
         if self.arch == "sm_100a":
             tile = dict(tile_m=64 if rows <= 64 else 128, tile_n=128)
-        cfg = replace(self.choose(p), grouped=True, cluster_m=1, cluster_n=1, raster="m", group=1, **tile)
+        cfg = replace(self.choose(p), grouped=True, cluster_m=1, cluster_n=1, raster="m", group=1, two_cta=False)
+        cfg = replace(cfg, **tile)
         return replace(cfg, **overrides) if overrides else cfg
 
 
