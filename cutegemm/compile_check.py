@@ -124,8 +124,13 @@ def check_config(cfg: GemmConfig) -> CheckResult:
 
 
 def grouped_variants(arch: str) -> list[GemmConfig]:
-    if arch != "sm_90a":
-        return []  # the sm_100a kernel does not take the grouped scheduler yet
+    if arch == "sm_100a":  # 1-CTA only (config rule)
+        return [
+            GemmConfig(arch=arch, grouped=True, tile_m=128, tile_n=256, b_major="k"),
+            GemmConfig(arch=arch, grouped=True, tile_m=64, tile_n=128, cluster_n=2),
+            GemmConfig(arch=arch, grouped=True, tile_m=128, tile_n=128, out_dtype="fp32"),
+            GemmConfig(arch=arch, grouped=True, tile_m=64, tile_n=256, cluster_n=2, out_dtype="fp32", b_major="k"),
+        ]
     return [
         GemmConfig(arch=arch, grouped=True, tile_m=128, tile_n=256, b_major="k"),
         GemmConfig(arch=arch, grouped=True, tile_m=64, tile_n=128, cluster_n=2),

@@ -120,3 +120,28 @@ def test_grouped_policy_is_implementable(total, experts, n, b_major):
     cfg = policy_for("sm_90a").choose_grouped(p, experts)
     ok, why = can_implement(cfg, p)
     assert ok and cfg.grouped, why
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    total=st.integers(1, 100_000),
+    experts=st.integers(1, 512),
+    n=st.integers(1, 4000).map(lambda x: 8 * x),
+    b_major=st.sampled_from("kn"),
+    out_dtype=st.sampled_from(["bf16", "fp32"]),
+)
+def test_grouped_policy_is_implementable_sm100(total, experts, n, b_major, out_dtype):
+    p = GemmProblem(total, n, 4096, b_major=b_major, out_dtype=out_dtype)
+    cfg = policy_for("sm_100a").choose_grouped(p, experts)
+    ok, why = can_implement(cfg, p)
+    assert ok and cfg.grouped and cfg.arch == "sm_100a" and not cfg.two_cta, why
+
+
+def test_sm100_grouped_rules():
+    for tile_m, cluster_n in ((128, 1), (64, 2), (128, 4)):
+        ok, why = can_implement(GemmConfig(arch="sm_100a", grouped=True, tile_m=tile_m, tile_n=128, cluster_n=cluster_n))
+        assert ok, why
+    ok, why = can_implement(GemmConfig(arch="sm_100a", grouped=True, tile_m=256, tile_n=256, two_cta=True, cluster_m=2))
+    assert not ok and "two_cta" in why and "1-CTA" in why
+    ok, why = can_implement(GemmConfig(arch="sm_100a", grouped=True, cluster_m=2))
+    assert not ok and "cluster_m" in why

@@ -129,6 +129,8 @@ def test_grouped_bad_inputs():
         grouped_gemm(a, b, offs=make_offs([16] * 4).cpu())
     with pytest.raises(ValueError, match="non-decreasing"):
         grouped_gemm(a, b, offs=torch.tensor([16, 8, 48, 64], dtype=torch.int32, device="cuda"), check_offs=True)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        grouped_gemm(a, torch.randn(4, 32, 60, device="cuda", dtype=torch.bfloat16), offs=make_offs([16] * 4))
     with pytest.raises(ValueError, match="exceeds"):
         grouped_gemm(a, b, offs=make_offs([16, 16, 16, 17]), check_offs=True)
 

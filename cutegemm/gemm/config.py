@@ -106,8 +106,11 @@ def config_errors(cfg: GemmConfig) -> list[str]:
             err.append("grouped: cluster_m must be 1 (CTAs of a cluster share one expert's m-tile)")
         if cfg.epilogue.beta or cfg.epilogue.bias or cfg.epilogue.gated or cfg.epilogue.activation:
             err.append("grouped: only the alpha epilogue so far (bias/activation/beta/gated: dense only)")
-        if cfg.arch != "sm_90a":
-            err.append("grouped: sm_90a only so far (the sm_100a kernel does not take the grouped scheduler yet)")
+        if cfg.arch == "sm_100a" and cfg.two_cta:
+            err.append(
+                "grouped: sm_100a supports 1-CTA MMA only (two_cta=False); a 2-CTA pair would need "
+                "cluster_m=2 sharing one expert m-tile and per-CTA row predicates, not implemented"
+            )
     if cfg.stages not in (0,) and not 2 <= cfg.stages <= 12:
         err.append(f"stages must be 0 (auto) or 2..12, got {cfg.stages}")
     if cfg.arch == "sm_90a":

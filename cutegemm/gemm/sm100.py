@@ -34,8 +34,15 @@ C and bias are read from global memory per element. Gated (swiglu/geglu): the ac
 is tile_m x tile_n GEMM columns, the output tile tile_m x tile_n/2; each gated value is written
 to shared memory by coordinate and TMA-stored like any subtile.
 
+Grouped (config.grouped, packed MoE form; 1-CTA only): A (total_M, K, 1), B (N, K, E), C
+(total_M, N, 1), offs (E,) as ``mOffs``. Same protocol as sm90 (``cutegemm.grouped.kernel_parts``):
+warp 0 builds the tile-start table in shared memory from offs, every role walks the
+GroupedScheduler's (m_tile, n_tile, expert, row_start, row_end) tiles; A is TMA-loaded from the
+expert's first row; the epilogue TMA-stores tiles whose rows all belong to the expert and stores
+the others by predicated 16-byte copies from the staged subtile (rows < row_end, columns < N).
+
 Constraints: see ``config.config_errors`` (tile_m 64/128, or 128/256 with two_cta; tile_n a
-multiple of 32 up to 256; cluster <= 4, cluster_m even with two_cta).
+multiple of 32 up to 256; cluster <= 4, cluster_m even with two_cta; grouped: no two_cta).
 """
 
 from __future__ import annotations
@@ -51,7 +58,17 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.tensor_utils import LayoutEnum
 
 from ..epilogue import epilogue_subtile, store_gated
+from ..grouped.kernel_parts import (
+    fill_tile_starts,
+    from_row,
+    grouped_out_tile,
+    make_grouped_scheduler,
+    tile_table,
+    tile_table_bytes,
+    tile_table_len,
+)
 from .base import GemmBase
+from .epilogue_store import store_subtile_predicated
 
 SMEM_CAPACITY_SM100 = memory.get_smem_capacity_in_bytes("sm_100")
 TMEM_COLUMNS = 512
@@ -126,7 +143,7 @@ class GemmSm100(GemmBase):
         ab_bytes = cute.size_in_bytes(self.a_dtype, a_one) + cute.size_in_bytes(self.b_dtype, b_one)
         c_one = sm100_utils.make_smem_layout_epi(self.c_dtype, c_layout, self.epi_tile_out, 1)
         c_bytes = cute.size_in_bytes(self.c_dtype, c_one)
-        budget = SMEM_CAPACITY_SM100 - MBAR_BYTES - self.min_epi_stage * c_bytes
+        budget = SMEM_CAPACITY_SM100 - MBAR_BYTES - tile_table_bytes(cfg.grouped) - self.min_epi_stage * c_bytes
         self.ab_stage = cfg.stages or budget // ab_bytes
         if self.ab_stage < 2 or self.ab_stage * ab_bytes > budget:
             raise ValueError(
@@ -158,10 +175,11 @@ class GemmSm100(GemmBase):
         beta: cutlass.Float32,
         max_clusters: cutlass.Int32,
         stream: cuda.CUstream,
-        mOffs: cute.Tensor | None = None,  # grouped offs: not supported by this kernel yet (config rule)
+        mOffs: cute.Tensor | None = None,  # grouped: (E,) int32 cumulative end rows of A's experts
     ):
         self.c_layout = LayoutEnum.from_tensor(mC)
         self._setup(LayoutEnum.from_tensor(mA), LayoutEnum.from_tensor(mB), self.c_layout)
+        cfg = self.config
         vmnk_shape = self.cluster_layout_vmnk.shape
 
         # A/B loads: the op picks 2-CTA (barrier of the leader) and/or multicast from the cluster shape.
@@ -194,6 +212,7 @@ class GemmSm100(GemmBase):
             acc_mbar: cute.struct.MemRange[cutlass.Int64, self.acc_stage * 2]
             tmem_dealloc_mbar: cutlass.Int64
             tmem_ptr: cutlass.Int32
+            tile_start: cute.struct.MemRange[cutlass.Int32, tile_table_len(cfg.grouped)]
             sA: cute.struct.Align[
                 cute.struct.MemRange[self.a_dtype, cute.cosize(self.a_smem_layout_staged)], 1024
             ]
@@ -214,6 +233,8 @@ class GemmSm100(GemmBase):
             tma_tensor_c,
             mCin,
             mBias,
+            mC if cfg.grouped else None,
+            mOffs,
             alpha,
             beta,
             self.tiled_mma,
@@ -223,7 +244,9 @@ class GemmSm100(GemmBase):
             self.epi_smem_layout_staged,
             self.epi_tile,
         ).launch(
-            grid=self.grid(self.acc_space(mC, mB), self.cta_tile_mn, max_clusters),
+            grid=self.grid(self.acc_space(mC, mB), self.cta_tile_mn, max_clusters)
+            if not cfg.grouped  # grouped: the tile count lives on the device; one CTA per SM
+            else (*self.cluster_shape_mn, max_clusters),
             block=[self.threads_per_cta, 1, 1],
             cluster=(*self.cluster_shape_mn, 1),
             min_blocks_per_mp=1,
@@ -242,6 +265,8 @@ class GemmSm100(GemmBase):
         mC_mnl: cute.Tensor,
         mCin: cute.Tensor | None,
         mBias: cute.Tensor | None,
+        mC_gmem: cute.Tensor | None,  # grouped: C itself, for predicated stores of partial tiles
+        mOffs: cute.Tensor | None,
         alpha: cutlass.Float32,
         beta: cutlass.Float32,
         tiled_mma: cute.TiledMma,
@@ -371,15 +396,71 @@ class GemmSm100(GemmBase):
         acc_layout = tiled_mma.make_fragment_C(
             cute.append(tiled_mma.partition_shape_C(self.mma_tiler[:2]), self.acc_stage)
         ).layout
-        sched = self.make_scheduler(self.acc_space(mC_mnl, mB_nkl), self.cta_tile_mn, ctas_per_tile_m=self.cta_per_mma)
+        cfg = self.config
+        if cutlass.const_expr(cfg.grouped):
+            # The tile map lives in shared memory, built by warp 0 from offs (no host sync).
+            tile_start, n_cluster_tiles = tile_table(storage.tile_start, mC_mnl.shape[1], cfg.tile_n, cfg.cluster_n)
+            if warp_idx == 0:
+                fill_tile_starts(tile_start, mOffs, mA_mkl.shape[0], cfg.tile_m, n_cluster_tiles, cute.arch.lane_idx())
+        else:
+            sched = self.make_scheduler(
+                self.acc_space(mC_mnl, mB_nkl), self.cta_tile_mn, ctas_per_tile_m=self.cta_per_mma
+            )
 
         # Peers' barriers must be initialised before any TMA multicast / remote arrive reaches them.
         pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
 
+        a_tiles = tAgA
+        c_tiles = None
+        if cutlass.const_expr(cfg.grouped):
+            sched = make_grouped_scheduler(tile_start, mOffs, mA_mkl.shape[0], cfg.tile_m, cfg.cluster_n)
+            a_cta_layout = cute.make_layout(cute.slice_(cluster_layout_vmnk, (0, 0, None, 0)).shape)
+
+            def a_tiles(tile):
+                """(TMA, RestK) A k-tiles of a grouped tile: rows from the expert's first row."""
+                m_tile, _, _, row_start, _ = tile
+                # (bM, bK, RestM, RestK, RestL) -> (MMA, MMA_M, MMA_K, RestM, RestK, RestL)
+                gA = cute.local_tile(
+                    from_row(mA_mkl, row_start), cute.slice_(self.mma_tiler, (None, 0, None)), (None, None, None)
+                )
+                _, tAgA_e = cpasync.tma_partition(
+                    tma_atom_a, cluster_coord_vmnk[2], a_cta_layout,
+                    cute.group_modes(sA, 0, 3), cute.group_modes(thr_mma.partition_A(gA), 0, 3),
+                )  # fmt: skip
+                return tAgA_e[(None, m_tile, None, 0)]
+
+            # Tile-local (m, n) of every element of this CTA's output, in epilogue subtiles:
+            # (EPI_TILE_M, EPI_TILE_N, EPI_M * EPI_N), as bSG_gC / gC_real_epi below.
+            cC_epi = cute.group_modes(
+                cute.flat_divide(
+                    thr_mma.partition_C(cute.make_identity_tensor(self.mma_tiler[:2]))[((None, None), 0, 0)],
+                    epi_tile,
+                ),
+                2,
+                4,
+            )
+
+            def c_tiles(tile):
+                """Output of a grouped tile: (bSG_gC (TMA, EPI_M * EPI_N) TMA destinations,
+                gC_real_epi (EPI_TILE_M, EPI_TILE_N, EPI_M * EPI_N) the same subtiles of C itself,
+                cC_epi their tile-local coordinates, rows_left, cols_left, full_tile)."""
+                gC_t, gC_real_t, rows_left, cols_left, full_tile = grouped_out_tile(
+                    mC_mnl, mC_gmem, tile, self.mma_tiler[:2]
+                )
+                # (CTA_M, CTA_N): this CTA's part of the MMA tile -> (EPI_TILE_M, EPI_TILE_N, EPI_M, EPI_N)
+                gC_epi_t = cute.flat_divide(thr_mma.partition_C(gC_t)[((None, None), 0, 0)], epi_tile)
+                _, bSG_gC_t = cpasync.tma_partition(
+                    tma_atom_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), cute.group_modes(gC_epi_t, 0, 2)
+                )
+                gC_real_epi = cute.group_modes(
+                    cute.flat_divide(thr_mma.partition_C(gC_real_t)[((None, None), 0, 0)], epi_tile), 2, 4
+                )
+                return cute.group_modes(bSG_gC_t, 1, 3), gC_real_epi, cC_epi, rows_left, cols_left, full_tile
+
         if warp_idx == self.load_warp_id:
             self.load_ab(
                 sched, ab_pipeline, k_tile_cnt,
-                tma_atom_a, tAgA, tAsA, a_mcast_mask,
+                tma_atom_a, a_tiles, tAsA, a_mcast_mask,
                 tma_atom_b, tBgB, tBsB, b_mcast_mask,
             )  # fmt: skip
         elif warp_idx == self.mma_warp_id:
@@ -391,7 +472,7 @@ class GemmSm100(GemmBase):
             self.epilogue(
                 sched, acc_pipeline, tmem, acc_layout,
                 gC_cta, sC, epi_tile, tma_atom_c, alpha, tidx, warp_idx,
-                tCcAcc, mCin, mBias, beta, mma_coord_v,
+                tCcAcc, mCin, mBias, beta, mma_coord_v, c_tiles,
             )  # fmt: skip
 
     # ---------------------------------------------------------------------------------------
@@ -478,8 +559,14 @@ class GemmSm100(GemmBase):
         mBias: cute.Tensor | None,
         beta: cutlass.Float32,
         mma_coord_v: cutlass.Int32,
+        c_tiles=None,  # grouped: tile -> its output views (see the kernel); None for dense
     ):
-        """Epilogue warps: own the TMEM allocation; TMEM -> registers -> epilogue_subtile -> smem -> TMA."""
+        """Epilogue warps: own the TMEM allocation; TMEM -> registers -> epilogue_subtile -> smem -> TMA.
+
+        Grouped: a tile's rows start at its expert's first row; a tile that crosses the expert's
+        last row is stored by predicated copies (rows < row_end, columns < N), not by TMA.
+        """
+        grouped = self.config.grouped
         epi = self.config.epilogue
         gated = epi.gated is not None
         tmem.allocate(self.num_tmem_cols)  # by warp epi_warp_ids[0]; the others wait for the address
@@ -549,12 +636,18 @@ class GemmSm100(GemmBase):
 
         work = sched.first()
         while sched.is_valid(work):
-            tile_m, tile_n, tile_l = sched.cta_tile(work)
-            out_m = tile_m
-            if cutlass.const_expr(gated):
-                out_m = tile_m * self.cta_per_mma + mma_coord_v  # gC holds single-CTA tiles
-            # (TMA, EPI_M * EPI_N)
-            bSG_gC = cute.group_modes(bSG_gC_all[(None, None, None, out_m, tile_n, tile_l)], 1, 3)
+            tile = sched.cta_tile(work)
+            full_tile = True
+            if cutlass.const_expr(grouped):
+                # (m_tile, n_tile, expert, row_start, row_end): C from the expert's first row.
+                bSG_gC, gC_real_epi, cC_epi, rows_left, cols_left, full_tile = c_tiles(tile)
+            else:
+                tile_m, tile_n, tile_l = tile
+                out_m = tile_m
+                if cutlass.const_expr(gated):
+                    out_m = tile_m * self.cta_per_mma + mma_coord_v  # gC holds single-CTA tiles
+                # (TMA, EPI_M * EPI_N)
+                bSG_gC = cute.group_modes(bSG_gC_all[(None, None, None, out_m, tile_n, tile_l)], 1, 3)
             if cutlass.const_expr(epi.needs_coords):
                 # (T2R, T2R_M, T2R_N, EPI_M * EPI_N)
                 tTR_cAcc = cute.group_modes(tTR_cAcc_all[(None, None, None, None, None, tile_m, tile_n, tile_l)], 3, 5)
@@ -592,10 +685,29 @@ class GemmSm100(GemmBase):
                 # Make the smem writes visible to the TMA (async proxy), then one warp stores.
                 cute.arch.fence_proxy("async.shared", space="cta")
                 self.epi_barrier.arrive_and_wait()
-                if warp_idx == self.epi_warp_ids[0]:
-                    cute.copy(tma_atom_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_idx)])
-                    store_pipeline.producer_commit()
-                    store_pipeline.producer_acquire()
+                if full_tile:
+                    if warp_idx == self.epi_warp_ids[0]:
+                        cute.copy(tma_atom_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_idx)])
+                        store_pipeline.producer_commit()
+                        store_pipeline.producer_acquire()
+                else:
+                    if cutlass.const_expr(grouped):
+                        # A grouped tile that crosses the expert's last row: every epilogue thread
+                        # copies 16-byte row pieces of the subtile, rows < row_end, columns < N.
+                        row0, col0 = cC_epi[(0, 0, epi_idx)]
+                        store_subtile_predicated(
+                            sC[(None, None, buf)],
+                            gC_real_epi[(None, None, epi_idx)],  # (EPI_TILE_M, EPI_TILE_N)
+                            rows_left - row0,
+                            cols_left - col0,
+                            epi_tidx,
+                            self.num_epi_threads,
+                        )
+                        if warp_idx == self.epi_warp_ids[0]:
+                            # Keep the store ring's rule (at most epi_stage - 1 TMA stores still
+                            # reading smem after each subtile): the TMA stores of a previous full
+                            # tile may still read the buffers the next subtiles overwrite.
+                            store_pipeline.producer_acquire()
                 self.epi_barrier.arrive_and_wait()
                 epi_count += 1
             acc_consumer_state.advance()

@@ -42,12 +42,19 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.tensor_utils import LayoutEnum
 
 from ..epilogue import epilogue_subtile, store_gated
-from ..schedulers.grouped import GroupedScheduler, fill_tile_starts
+from ..grouped.kernel_parts import (
+    fill_tile_starts,
+    from_row,
+    grouped_out_tile,
+    make_grouped_scheduler,
+    tile_table,
+    tile_table_bytes,
+    tile_table_len,
+)
 from .base import GemmBase
 from .epilogue_store import store_subtile_predicated
 
 SMEM_CAPACITY_SM90 = 232448
-GROUPED_MAX_GROUPS = 1024  # capacity of the shared-memory tile-start table (grouped kernels)
 BAR_EPILOGUE = 1  # + warpgroup turn (1, 2)
 BAR_ORDER = 3  # + warpgroup turn (3, 4): pingpong tensor-core hand-off
 
@@ -93,7 +100,7 @@ class GemmSm90(GemmBase):
 
         ab_bytes = (cfg.tile_m + cfg.tile_n) * self.tile_shape_mnk[2] * self.a_dtype.width // 8
         epi_bytes = cute.size(self.epi_tile_out) * self.c_dtype.width // 8 * self.epi_stage * self.epi_groups
-        table_bytes = 4 * (GROUPED_MAX_GROUPS + 1) if cfg.grouped else 0
+        table_bytes = tile_table_bytes(cfg.grouped)
         budget = SMEM_CAPACITY_SM90 - 1024 - epi_bytes - table_bytes  # 1 KiB for mbarriers
         self.ab_stage = cfg.stages or budget // ab_bytes
         if self.ab_stage < 2 or self.ab_stage * ab_bytes > budget:
@@ -163,7 +170,7 @@ class GemmSm90(GemmBase):
             self.epi_tile_out,
         )
 
-        table_len = GROUPED_MAX_GROUPS + 1 if cfg.grouped else 1
+        table_len = tile_table_len(cfg.grouped)
 
         @cute.struct
         class SharedStorage:
@@ -304,21 +311,19 @@ class GemmSm90(GemmBase):
         a_tiles = tAgA
         if cutlass.const_expr(cfg.grouped):
             # The tile map lives in shared memory, built by warp 0 from offs (no host sync).
-            tile_start = storage.tile_start.get_tensor(cute.make_layout(GROUPED_MAX_GROUPS + 1))
-            n_cluster_tiles = cute.ceil_div(mC_mnl.shape[1], cfg.tile_n * cfg.cluster_n)
+            tile_start, n_cluster_tiles = tile_table(storage.tile_start, mC_mnl.shape[1], cfg.tile_n, cfg.cluster_n)
             if warp_idx == 0:
                 fill_tile_starts(tile_start, mOffs, mA_mkl.shape[0], cfg.tile_m, n_cluster_tiles, cute.arch.lane_idx())
         pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
         if cutlass.const_expr(cfg.grouped):
-            cute.arch.sync_threads()  # the table is visible to every role
-            sched = GroupedScheduler.create(tile_start, mOffs, mA_mkl.shape[0], cfg.tile_m, cfg.cluster_n)
+            sched = make_grouped_scheduler(tile_start, mOffs, mA_mkl.shape[0], cfg.tile_m, cfg.cluster_n)
             a_cta_layout = cute.make_layout(cute.slice_(cta_layout_mnk, (0, None, 0)).shape)
 
             def a_tiles(tile):
                 """(TMA, RestK) A k-tiles of a grouped tile: rows from the expert's first row."""
                 m_tile, _, _, row_start, _ = tile
                 gA = cute.local_tile(
-                    cute.domain_offset((row_start, 0, 0), mA_mkl),
+                    from_row(mA_mkl, row_start),
                     cute.slice_(self.tile_shape_mnk, (None, 0, None)),
                     (None, None, None),
                 )
@@ -466,13 +471,9 @@ class GemmSm90(GemmBase):
             if cutlass.const_expr(self.config.grouped):
                 # Rows of this expert start at row_start: offset C, and store with TMA only when
                 # every row of the tile belongs to the expert (else predicated, row < row_end).
-                m_tile, n_tile, _, row_start, row_end = tile
-                tile_rows = (self.config.tile_m, self.config.tile_n)
-                gC = cute.local_tile(cute.domain_offset((row_start, 0, 0), mC_mnl), tile_rows, (m_tile, n_tile, 0))
-                gC_real = cute.local_tile(cute.domain_offset((row_start, 0, 0), mC_gmem), tile_rows, (m_tile, n_tile, 0))
-                rows_left = row_end - row_start - m_tile * self.config.tile_m
-                cols_left = mC_gmem.shape[1] - n_tile * self.config.tile_n
-                full_tile = rows_left >= self.config.tile_m
+                gC, gC_real, rows_left, cols_left, full_tile = grouped_out_tile(
+                    mC_mnl, mC_gmem, tile, (self.config.tile_m, self.config.tile_n)
+                )
             else:
                 gC = gC_mnl[(None, None, tile[0], tile[1], tile[2])]
             # ((EPI_M, EPI_N), (RestM, RestN))
@@ -523,6 +524,11 @@ class GemmSm90(GemmBase):
                             mma_tidx,
                             self.threads_per_tile,
                         )
+                        if store_warp:
+                            # This path commits no TMA store, so nothing retires the earlier ones:
+                            # wait until they have read their buffers before the next subtile
+                            # rewrites one of them.
+                            cute.arch.cp_async_bulk_wait_group(0, read=True)
                 epi_barrier.arrive_and_wait()
                 epi_count += 1
             work = sched.next(work)

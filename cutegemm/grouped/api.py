@@ -30,6 +30,7 @@ from ..gemm.api import (
 from ..gemm.config import TMA_ALIGN_BYTES, GemmConfig, GemmProblem, can_implement
 from ..gemm.policy import policy_for
 from ..runtime.cache import KernelCache
+from .kernel_parts import GROUPED_MAX_GROUPS
 
 
 def build_grouped(config: GemmConfig):
@@ -124,6 +125,13 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
     if offs.numel() != E:
         raise ValueError(f"offs has {offs.numel()} entries but b has {E} experts")
     total_m = a.shape[0]
+    if E > GROUPED_MAX_GROUPS:
+        raise ValueError(f"at most {GROUPED_MAX_GROUPS} experts are supported (the kernel's tile table), got {E}")
+    out_elem = torch.empty((), dtype=out_dtype).element_size()
+    if (N * out_elem) % TMA_ALIGN_BYTES:
+        # Partial tiles are stored in 16-byte pieces: N must end on a 16-byte boundary so no piece
+        # reaches past the last column.
+        raise ValueError(f"N * {out_elem} bytes must be a multiple of 16 for the grouped form, got N={N}")
     if out is None:
         out = torch.empty(total_m, N, dtype=out_dtype, device=a.device)
     else:

@@ -1,0 +1,81 @@
+"""Device-side pieces of the packed grouped (MoE) GEMM shared by the sm_90a and sm_100a kernels.
+
+Both kernels run the same grouped protocol around their arch-specific MMA:
+
+1. shared memory holds a ``tile_start`` table of E + 1 Int32 (:func:`tile_table_len`,
+   :func:`tile_table`); before ``pipeline_init_wait`` warp 0 fills it from ``offs``
+   (``if warp_idx == 0: fill_tile_starts(...)``, written in the kernel body: the same ``if``
+   inside a nested ``cute.jit`` helper changed the sm_90a SASS);
+2. after ``pipeline_init_wait`` every thread syncs and builds the scheduler from the table
+   (:func:`make_grouped_scheduler`); its tiles are (m_tile, n_tile, expert, row_start, row_end);
+3. A is read from the expert's first row (:func:`from_row`, the load role's ``a_tiles(tile)``);
+4. the output tile of a grouped tile is C offset by row_start (:func:`grouped_out_tile`); it is
+   TMA-stored when every row belongs to the expert, otherwise stored by predicated copies
+   (``gemm.epilogue_store.store_subtile_predicated``).
+"""
+
+from __future__ import annotations
+
+import cutlass.cute as cute
+
+from ..schedulers.grouped import GroupedScheduler, fill_tile_starts
+
+__all__ = [
+    "GROUPED_MAX_GROUPS",
+    "fill_tile_starts",
+    "from_row",
+    "grouped_out_tile",
+    "make_grouped_scheduler",
+    "tile_table",
+    "tile_table_bytes",
+    "tile_table_len",
+]
+
+GROUPED_MAX_GROUPS = 1024  # capacity of the shared-memory tile-start table (grouped kernels)
+
+
+def tile_table_len(grouped: bool) -> int:
+    """Int32 entries of the SharedStorage ``tile_start`` member (1 for dense: unused)."""
+    return GROUPED_MAX_GROUPS + 1 if grouped else 1
+
+
+def tile_table_bytes(grouped: bool) -> int:
+    """Shared-memory bytes the table takes from the stage budget (0 for dense)."""
+    return 4 * (GROUPED_MAX_GROUPS + 1) if grouped else 0
+
+
+def tile_table(table_storage, n_out, tile_n: int, cluster_n: int):
+    """(tile_start, n_cluster_tiles): the table in shared memory (E + 1 Int32) and the number of
+    cluster tiles along N. One warp then fills the table from offs before ``pipeline_init_wait``:
+    ``fill_tile_starts(tile_start, mOffs, total_m, tile_m, n_cluster_tiles, lane)``; it is visible
+    to every thread once :func:`make_grouped_scheduler` has synced the CTA."""
+    tile_start = table_storage.get_tensor(cute.make_layout(GROUPED_MAX_GROUPS + 1))
+    return tile_start, cute.ceil_div(n_out, tile_n * cluster_n)
+
+
+def make_grouped_scheduler(tile_start, mOffs, total_m, tile_m: int, cluster_n: int) -> GroupedScheduler:
+    """Every thread of the CTA: wait until the table is written, then the scheduler over it."""
+    cute.arch.sync_threads()  # the table is visible to every role
+    return GroupedScheduler.create(tile_start, mOffs, total_m, tile_m, cluster_n)
+
+
+def from_row(t: cute.Tensor, row_start) -> cute.Tensor:
+    """(M, ...) tensor viewed from row ``row_start`` on (an expert's rows start anywhere)."""
+    return cute.domain_offset((row_start, 0, 0), t)
+
+
+def grouped_out_tile(mC: cute.Tensor, mC_gmem: cute.Tensor, tile, tile_mn):
+    """Output tile of grouped tile ``tile`` = (m_tile, n_tile, expert, row_start, row_end).
+
+    Returns (gC, gC_real, rows_left, cols_left, full_tile): the tile_mn tile of the TMA
+    coordinate tensor ``mC`` and of C itself (``mC_gmem``), both counted from the expert's first
+    row; how many of the tile's rows belong to the expert and how many columns lie inside N
+    (either may exceed the tile); and whether every row belongs to the expert (TMA-storable).
+    """
+    m_tile, n_tile, _, row_start, row_end = tile
+    gC = cute.local_tile(from_row(mC, row_start), tile_mn, (m_tile, n_tile, 0))
+    gC_real = cute.local_tile(from_row(mC_gmem, row_start), tile_mn, (m_tile, n_tile, 0))
+    rows_left = row_end - row_start - m_tile * tile_mn[0]
+    cols_left = mC_gmem.shape[1] - n_tile * tile_mn[1]
+    full_tile = rows_left >= tile_mn[0]
+    return gC, gC_real, rows_left, cols_left, full_tile
