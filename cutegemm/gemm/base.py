@@ -58,6 +58,10 @@ class GemmBase:
         )
 
     def grid(self, mC_mnl: cute.Tensor, cta_tile_mn, max_clusters):
+        """Persistent grid (cluster_m, cluster_n, clusters). Grouped: the tile count lives on the
+        device (offs), so every cluster slot is launched and finds its work from the table."""
+        if self.config.grouped:
+            return (*self.cluster_shape_mn, max_clusters)
         return persistent_grid(
             (mC_mnl.shape[0], mC_mnl.shape[1], mC_mnl.shape[2]),
             cta_tile_mn,

@@ -202,9 +202,7 @@ class GemmSm90(GemmBase):
             self.b_smem_layout_staged,
             self.epi_smem_layout_staged,
         ).launch(
-            grid=self.grid(self.acc_space(mC, mB), (cfg.tile_m, cfg.tile_n), max_clusters)
-            if not cfg.grouped  # grouped: the tile count lives on the device; one CTA per SM
-            else (*self.cluster_shape_mn, max_clusters),
+            grid=self.grid(self.acc_space(mC, mB), (cfg.tile_m, cfg.tile_n), max_clusters),
             block=[self.threads_per_cta, 1, 1],
             cluster=(*self.cluster_shape_mn, 1),
             min_blocks_per_mp=1,
