@@ -1,0 +1,220 @@
+"""Expert-parallel MoE layer on ``torch.distributed`` (NCCL on GPUs, gloo on the CPU).
+
+Each rank of ``ep_group`` owns a contiguous block of ``num_experts_total // world_size`` experts,
+stored as a :class:`cutegemm.nn.GroupedExperts`. A forward pass routes every (token, top-k slot)
+pair to the rank that owns its expert, runs the local experts there with the packed grouped GEMM,
+sends the results back and combines them with the router weights. Capacity-free: no token is
+dropped, any number of tokens may go to any expert (including none).
+
+Exchange protocol of :meth:`ExpertParallelMoE.forward` (W ranks, L local experts per rank,
+T tokens on this rank, k slots per token):
+
+1. Flatten the T*k (token, slot) pairs and sort them by global expert id (stable argsort, on the
+   device). Since experts are assigned to ranks in contiguous blocks, the sorted pairs are already
+   grouped by destination rank, and within each destination by local expert.
+2. Count pairs per global expert (``scatter_add_``, on the device) -> ``send_counts`` (W, L).
+3. ``all_to_all_single`` of the counts (equal splits of L int64 each) -> ``recv_counts`` (W, L):
+   ``recv_counts[r, l]`` = pairs rank r sends to this rank's local expert l.
+4. **The one host read**: the per-rank split sizes (``send_counts.sum(1)`` and
+   ``recv_counts.sum(1)``) are copied to the host in one transfer, because ``all_to_all_single``
+   takes uneven splits only as Python lists. Everything else stays on the device.
+5. ``all_to_all_single`` of the token rows (uneven splits) -> received rows, ordered by source rank
+   and, within a source, by local expert. The local expert id of every received row is implied by
+   ``recv_counts`` (it is rebuilt on the device with ``repeat_interleave``), so it is not sent:
+   that saves one collective and its bandwidth.
+6. Re-sort the received rows by local expert (stable argsort), build ``offs`` (int32 cumulative end
+   row per local expert, ``recv_counts.sum(0).cumsum(0)``) on the device, run the local experts:
+   on CUDA tensors ``GroupedExperts.forward`` (cutegemm grouped GEMM); on CPU tensors
+   ``GroupedExperts.forward_ref`` (plain torch, fp32 math) so gloo tests run without a GPU.
+7. Un-sort, send the result rows back with the reverse ``all_to_all_single`` (splits swapped),
+   un-sort to (T, k, hidden) and combine in fp32: ``out[t] = sum_j topk_weight[t, j] * y[t, j]``.
+
+Limitations: forward only (``torch.distributed.all_to_all_single`` and the cutegemm grouped GEMM
+have no autograd); expert ids are not range-checked unless ``check_routing=True`` (a host sync);
+no fp8/MXFP8 dispatch yet; not CUDA-graph capturable (step 4 is a host read).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .grouped import grouped_gemm_ref
+from .nn import GroupedExperts
+
+
+def _check_routing_shapes(x, topk_idx, topk_weight, hidden):
+    if x.dim() != 2 or x.shape[1] != hidden:
+        raise ValueError(f"x must be (tokens, hidden={hidden}), got {tuple(x.shape)}")
+    if topk_idx.dim() != 2 or topk_idx.shape[0] != x.shape[0]:
+        raise ValueError(f"topk_idx must be (tokens={x.shape[0]}, k), got {tuple(topk_idx.shape)}")
+    if topk_weight.shape != topk_idx.shape:
+        raise ValueError(f"topk_weight {tuple(topk_weight.shape)} must match topk_idx {tuple(topk_idx.shape)}")
+    if topk_idx.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"topk_idx must be int64 (or int32), got {topk_idx.dtype}")
+    if topk_idx.device != x.device or topk_weight.device != x.device:
+        raise ValueError("x, topk_idx and topk_weight must be on one device")
+
+
+def _sort_pairs(topk_idx: torch.Tensor, num_experts: int):
+    """Flatten (token, slot) pairs and sort them by expert (stable). Returns (order, token of each
+    sorted pair, per-expert counts (num_experts,) int64); all on the device, no sync."""
+    flat = topk_idx.reshape(-1).long()
+    order = torch.argsort(flat, stable=True)
+    token = torch.div(order, topk_idx.shape[1], rounding_mode="floor")
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    return order, token, counts
+
+
+def _combine(y_sorted, order, topk_weight, out_dtype):
+    """y_sorted: expert outputs in sorted-pair order -> sum_j topk_weight[t, j] * y[t, j] (fp32 math)."""
+    T, k = topk_weight.shape
+    y = torch.empty_like(y_sorted)
+    y[order] = y_sorted
+    y = y.view(T, k, y_sorted.shape[1]).float() * topk_weight.float().unsqueeze(-1)
+    return y.sum(1).to(out_dtype)
+
+
+def _run_experts(experts: GroupedExperts, x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """CUDA: cutegemm grouped GEMM; CPU: the plain-torch twin (so gloo tests need no GPU)."""
+    if x.is_cuda:
+        return experts(x, offs)
+    return experts.forward_ref(x, offs)
+
+
+class ExpertParallelMoE(nn.Module):
+    """Expert-parallel MoE expert layer (see the module docstring for the exchange protocol).
+
+    Args:
+        num_experts_total: experts across all ranks; must be divisible by the group's world size.
+        hidden, intermediate: expert MLP sizes (``down(silu(x @ W_gate) * (x @ W_up))``).
+        ep_group: a ``torch.distributed`` ProcessGroup (None: the default world group).
+        dtype, device: of the local expert weights (and of the tokens passed to ``forward``).
+
+    Rank r of ``ep_group`` owns global experts ``[r * L, (r + 1) * L)`` with
+    ``L = num_experts_total // world_size``, stored in ``self.experts`` (a ``GroupedExperts``).
+    """
+
+    def __init__(self, num_experts_total: int, hidden: int, intermediate: int, ep_group=None,
+                 dtype=torch.bfloat16, device=None):  # fmt: skip
+        super().__init__()
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("ExpertParallelMoE needs an initialized torch.distributed process group")
+        self.ep_group = ep_group
+        self.world_size = dist.get_world_size(ep_group)
+        self.rank = dist.get_rank(ep_group)
+        if num_experts_total <= 0 or num_experts_total % self.world_size:
+            raise ValueError(
+                f"num_experts_total={num_experts_total} must be a positive multiple of the expert-parallel "
+                f"world size {self.world_size} (each rank owns the same number of experts)"
+            )
+        self.num_experts_total = num_experts_total
+        self.num_local_experts = num_experts_total // self.world_size
+        self.expert_start = self.rank * self.num_local_experts
+        self.hidden, self.intermediate = hidden, intermediate
+        self.experts = GroupedExperts(self.num_local_experts, hidden, intermediate, dtype=dtype, device=device)
+
+    def extra_repr(self) -> str:
+        return (f"experts {self.expert_start}..{self.expert_start + self.num_local_experts - 1} of "
+                f"{self.num_experts_total}, rank {self.rank}/{self.world_size}")  # fmt: skip
+
+    @torch.no_grad()
+    def load_full_weights(self, w_gate_up: torch.Tensor, w_down: torch.Tensor):
+        """Copy this rank's slice out of the full expert weights (E_total, 2I, hidden) and
+        (E_total, hidden, I), e.g. built on every rank from a common seed."""
+        s, e = self.expert_start, self.expert_start + self.num_local_experts
+        self.experts.w_gate_up.copy_(w_gate_up[s:e])
+        self.experts.w_down.copy_(w_down[s:e])
+
+    @torch.no_grad()
+    def gather_full_weights(self):
+        """All ranks' expert weights, concatenated in global expert order (a collective: every rank
+        of the group must call it). Returns (w_gate_up (E_total, 2I, hidden), w_down (E_total, hidden, I))."""
+        full = []
+        for w in (self.experts.w_gate_up, self.experts.w_down):
+            parts = [torch.empty_like(w) for _ in range(self.world_size)]
+            dist.all_gather(parts, w.detach().contiguous(), group=self.ep_group)
+            full.append(torch.cat(parts))
+        return tuple(full)
+
+    def reference_forward(self, x, topk_idx, topk_weight, all_weights=None):
+        """Single-process result for this rank's tokens from the full set of expert weights
+        (``all_weights`` = (w_gate_up, w_down); gathered from all ranks when None, which is a
+        collective). fp32 math, plain torch (``grouped_gemm_ref``)."""
+        if all_weights is None:
+            all_weights = self.gather_full_weights()
+        return moe_reference(x, topk_idx, topk_weight, *all_weights)
+
+    def forward(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor,
+                check_routing: bool = False) -> torch.Tensor:  # fmt: skip
+        """x (T, hidden) this rank's tokens; topk_idx (T, k) global expert ids; topk_weight (T, k).
+        Returns (T, hidden) in x's dtype. Every rank of the group must call it (collectives), also
+        with T == 0."""
+        _check_routing_shapes(x, topk_idx, topk_weight, self.hidden)
+        if check_routing and topk_idx.numel():
+            lo, hi = int(topk_idx.min()), int(topk_idx.max())  # host sync, opt-in
+            if lo < 0 or hi >= self.num_experts_total:
+                raise ValueError(f"expert ids must lie in [0, {self.num_experts_total}), got [{lo}, {hi}]")
+        W, L, H, group = self.world_size, self.num_local_experts, self.hidden, self.ep_group
+        dev = x.device
+
+        # 1-2. sort pairs by expert; per-expert counts (== per (destination rank, local expert)).
+        order, token, send_counts = _sort_pairs(topk_idx, self.num_experts_total)
+        x_send = x.index_select(0, token)  # (T*k, H), grouped by destination rank, then local expert
+
+        # 3. exchange the counts (equal splits: L per rank).
+        recv_counts = torch.empty_like(send_counts)
+        dist.all_to_all_single(recv_counts, send_counts, group=group)
+        recv_counts = recv_counts.view(W, L)
+
+        # 4. the one host read: split sizes as Python lists (all_to_all_single needs them so).
+        splits = torch.stack([send_counts.view(W, L).sum(1), recv_counts.sum(1)]).tolist()
+        send_splits, recv_splits = splits
+        total_recv = sum(recv_splits)
+
+        # 5. exchange the token rows (uneven splits).
+        x_recv = x.new_empty(total_recv, H)
+        dist.all_to_all_single(x_recv, x_send, output_split_sizes=recv_splits,
+                               input_split_sizes=send_splits, group=group)  # fmt: skip
+
+        # 6. re-sort by local expert, offs on the device, local experts.
+        local_id = torch.repeat_interleave(
+            torch.arange(L, device=dev).repeat(W), recv_counts.reshape(-1), output_size=total_recv
+        )
+        perm = torch.argsort(local_id, stable=True)
+        offs = recv_counts.sum(0).cumsum(0).to(torch.int32)
+        y_local = _run_experts(self.experts, x_recv.index_select(0, perm).contiguous(), offs)
+        y_recv = torch.empty_like(y_local)
+        y_recv[perm] = y_local
+
+        # 7. send the results back (splits swapped) and combine with the router weights.
+        y_back = y_local.new_empty(x_send.shape[0], H)
+        dist.all_to_all_single(y_back, y_recv, output_split_sizes=send_splits,
+                               input_split_sizes=recv_splits, group=group)  # fmt: skip
+        return _combine(y_back, order, topk_weight, x.dtype)
+
+
+def moe_reference(x, topk_idx, topk_weight, w_gate_up, w_down):
+    """Single-process reference: all experts in one process, fp32 math (``grouped_gemm_ref``).
+    w_gate_up (E, 2I, hidden) (rows [0, I) gate, [I, 2I) up), w_down (E, hidden, I)."""
+    E, two_i, _ = w_gate_up.shape
+    inter = two_i // 2
+    order, token, counts = _sort_pairs(topk_idx, E)
+    offs = counts.cumsum(0).to(torch.int32)
+    xs = x.index_select(0, token)
+    h = grouped_gemm_ref(xs, w_gate_up.transpose(1, 2), offs=offs, out_dtype=torch.float32)
+    act = torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]
+    y = grouped_gemm_ref(act, w_down.transpose(1, 2), offs=offs, out_dtype=torch.float32)
+    return _combine(y, order, topk_weight, x.dtype)
+
+
+def moe_single_device(x, topk_idx, topk_weight, experts: GroupedExperts):
+    """The same layer on one device with every expert local (no communication): the 1-GPU baseline
+    for the benchmark and the multi-GPU tests. CUDA: cutegemm grouped GEMM; CPU: forward_ref."""
+    _check_routing_shapes(x, topk_idx, topk_weight, experts.hidden)
+    order, token, counts = _sort_pairs(topk_idx, experts.num_experts)
+    offs = counts.cumsum(0).to(torch.int32)
+    y = _run_experts(experts, x.index_select(0, token), offs)
+    return _combine(y, order, topk_weight, x.dtype)
