@@ -1,6 +1,6 @@
 """Tokens/s of one expert-parallel MoE layer forward on N GPUs vs the same layer on one GPU.
 
-STATUS: written without a multi-GPU machine and NOT YET RUN. Numbers from it do not exist yet.
+STATUS: run once on 2 H200s (2026-11-29, small layer; numbers in bench/RESULTS.md).
 
     python tools/bench_ep.py --gpus 2 [--tokens 8192 --experts 64 --hidden 4096 --inter 1536 --topk 8]
 
