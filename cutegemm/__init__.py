@@ -2,9 +2,11 @@
 (sm_100a, compile-verified), written with CuTe DSL.
 
 Public API: ``gemm``, ``gemm_ref``, ``grouped_gemm``, ``grouped_gemm_ref``, ``GemmConfig``,
-``can_implement``; ``cutegemm.nn.GroupedExperts``.
+``can_implement``; ``cutegemm.nn.GroupedExperts``; torch custom ops (torch.compile, autograd):
+``torch.ops.cutegemm.gemm`` / ``torch.ops.cutegemm.grouped_gemm`` (``cutegemm.ops``).
 """
 
+from . import ops  # registers torch.ops.cutegemm.{gemm, grouped_gemm}; no device queries
 from .epilogue import EpilogueSpec
 from .gemm.api import gemm, gemm_ref
 from .gemm.config import GemmConfig, GemmProblem, can_implement
@@ -20,4 +22,5 @@ __all__ = [
     "GemmProblem",
     "can_implement",
     "EpilogueSpec",
+    "ops",
 ]

@@ -67,13 +67,13 @@ def test_kernel_activation_formulas_in_fp32(name):
     ours = ops.ACTIVATION_FNS[name](x.float(), TM).double()
     ref = REFERENCES[name](x)
     err = (ours - ref).abs()
-    assert (err <= 2e-7 * x.abs().clamp(min=1.0) + 1e-30).all(), f"{name}: max err {err.max().item():.3g}"
+    assert (err <= 1e-6 * x.abs().clamp(min=1.0) + 1e-30).all(), f"{name}: max err {err.max().item():.3g}"
     tail = ref.abs() > 1e-30
     if name == "gelu":
         assert err[x < -6.3].max().item() < 7e-10
         tail &= x > -6.3
     rel = err[tail] / ref[tail].abs()
-    assert rel.max().item() < 5e-5, f"{name}: max rel err {rel.max().item():.3g}"
+    assert rel.max().item() < 2e-4, f"{name}: max rel err {rel.max().item():.3g}"
 
 
 @pytest.mark.parametrize("name", ops.ACTIVATIONS)

@@ -1,0 +1,321 @@
+"""torch.library custom ops: ``torch.ops.cutegemm.gemm`` and ``torch.ops.cutegemm.grouped_gemm``.
+
+Registering them makes cutegemm usable inside ``torch.compile(fullgraph=True)`` (each op has a
+fake implementation: output shape and dtype from the input shapes alone, never from offs'
+contents) and differentiable (``torch.library.register_autograd``). Importing this module only
+registers; it queries no device (``import cutegemm`` imports it).
+
+Schemas::
+
+    cutegemm::gemm(Tensor a, Tensor b, Tensor? bias=None, *, float alpha=1.0,
+                   ScalarType? out_dtype=None, str? activation=None) -> Tensor
+    cutegemm::grouped_gemm(Tensor a, Tensor b, Tensor offs, *, float alpha=1.0,
+                           ScalarType? out_dtype=None) -> Tensor
+
+Devices:
+- CUDA: :func:`cutegemm.gemm` / :func:`cutegemm.grouped_gemm` (our kernels). Operands must be
+  bf16 or fp16 (``a.dtype == b.dtype``), out_dtype bf16 / fp16 / fp32, and everything else those
+  functions require (16-byte aligned strides, offs int32 on the GPU, ...).
+- CPU: the plain-torch twins (``gemm_ref`` / ``grouped_gemm_ref``), so the ops, their fake
+  implementations and their autograd are testable without a GPU. The CPU path also accepts
+  float32 and float64 operands (float64 is computed in float64, so ``gradcheck`` works); the CUDA
+  path does not.
+
+``gemm``: ``act(alpha * (a @ b) + bias)`` (no ``beta * c`` / gate_layout: use :func:`cutegemm.gemm`), a (M, K) or (L, M, K), b (K, N) or (L, K, N), bias (N,)
+(gated activations: b and bias have 2 * N' columns, interleaved gate/up, out has N'), activation
+None, "relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu". out_dtype defaults to a.dtype.
+
+``grouped_gemm`` (form chosen by b's rank):
+- packed MoE: a (T, K), b (E, K, N), offs int32 (E,) cumulative END rows -> (T, N).
+  Contract: rows at or past ``offs[-1]`` of the result are UNSPECIFIED (the CUDA kernel does not
+  write them: the output is ``torch.empty``, no memset; the CPU twin happens to give zeros).
+  Compare / consume only rows < offs[-1]; before anything that mixes rows (a dense layer's
+  weight gradient, a norm over tokens) zero them graph-safely, e.g.
+  ``torch.where(torch.arange(T, device=d)[:, None] < offs[-1], y, 0)``. Graph-capturable on
+  CUDA (no host sync), including replay with new offs contents.
+- K-grouped: a (M, T), b (T, N), offs (E,) splitting T -> (E, M, N); an expert with no rows gets
+  zeros. On CUDA this form reads offs on the host (one sync): NOT graph-capturable.
+
+Autograd (``Y = act(Z)``, ``Z = alpha * a @ b + bias``):
+- gemm: ``dZ = dY * act'(Z)`` with Z recomputed in fp32 (fp64 for fp64 operands) by this same
+  op (activation=None, so the pre-activation is not stored); every activation, gated ones
+  included, is differentiated (aten's relu/silu/gelu backward formulas). ``da = alpha * dZ @ b^T``,
+  ``db = alpha * a^T @ dZ`` (batch-broadcast operands summed over the batch), both through
+  ``cutegemm::gemm`` with dZ cast to a.dtype (the kernels' operand dtype); ``dbias = dZ`` summed
+  over every row, from the fp32 dZ.
+- packed grouped_gemm: ``da = grouped_gemm(dY, b^T, offs)`` (packed form) with rows at or past
+  offs[-1] set to ZERO (those output rows do not depend on a; their dY is ignored, never read),
+  ``db = grouped_gemm(a^T, dY, offs)`` (K-grouped form, (E, K, N)); an expert with no rows gets
+  a zero db[e]. On CUDA the backward is therefore not graph-capturable (the K-grouped form syncs).
+- K-grouped grouped_gemm: ``da^T = grouped_gemm(b, dY^T, offs)`` and ``db = grouped_gemm(a^T, dY,
+  offs)``, both packed; columns/rows of T past offs[-1] get zero gradient.
+- offs, alpha, out_dtype, activation: no gradient.
+The backward formulas call only these custom ops plus plain aten ops, so they trace under
+torch.compile and run on both devices.
+"""
+
+from typing import Optional
+
+import torch
+
+from .epilogue import ACTIVATIONS, GATED
+from .gemm.api import gemm as _gemm_kernel
+from .gemm.api import gemm_ref as _gemm_ref
+from .grouped.api import grouped_gemm as _grouped_kernel
+from .grouped.api import grouped_gemm_ref as _grouped_ref
+
+# bias is positional-or-keyword, not keyword-only: torch.library.custom_op refuses keyword-only
+# Tensor arguments (and its autograd would not differentiate them).
+GEMM_SCHEMA = (
+    "(Tensor a, Tensor b, Tensor? bias=None, *, float alpha=1.0, ScalarType? out_dtype=None, "
+    "str? activation=None) -> Tensor"
+)
+GROUPED_SCHEMA = "(Tensor a, Tensor b, Tensor offs, *, float alpha=1.0, ScalarType? out_dtype=None) -> Tensor"
+
+_CPU_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+_GATE_ACT = {"swiglu": "silu", "geglu": "gelu"}
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+# ----------------------------------------------------------------------------------------------
+# validation shared by the CPU and fake implementations (the CUDA functions validate themselves)
+
+
+def _check_gemm(a, b, out_dtype, bias, activation):
+    """Returns the result's shape."""
+    if a.dim() not in (2, 3) or b.dim() not in (2, 3):
+        raise ValueError(f"a and b must have 2 or 3 dims, got {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.dtype not in _CPU_DTYPES or b.dtype != a.dtype:
+        raise TypeError(
+            f"a and b must share one of {_CPU_DTYPES} (CUDA: bf16/fp16), got {a.dtype} and {b.dtype}"
+        )
+    if out_dtype is not None and out_dtype not in _CPU_DTYPES:
+        raise TypeError(f"out_dtype must be one of {_CPU_DTYPES} (CUDA: bf16/fp16/fp32), got {out_dtype}")
+    if activation is not None and activation not in (*ACTIVATIONS, *GATED):
+        raise ValueError(f"activation must be None or one of {(*ACTIVATIONS, *GATED)}, got {activation!r}")
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"a and b shapes do not match for a @ b: {tuple(a.shape)} @ {tuple(b.shape)}")
+    if a.dim() == 3 and b.dim() == 3 and a.shape[0] != b.shape[0]:
+        raise ValueError(f"batch sizes differ: a has {a.shape[0]}, b has {b.shape[0]}")
+    n = b.shape[-1]
+    if bias is not None:
+        if bias.dim() != 1 or bias.shape[0] != n:
+            raise ValueError(f"bias must have shape ({n},), got {tuple(bias.shape)}")
+        if bias.dtype not in _CPU_DTYPES:
+            raise TypeError(f"bias.dtype must be one of {_CPU_DTYPES}, got {bias.dtype}")
+    if activation in GATED:
+        if n % 2:
+            raise ValueError(f"a gated activation needs b with an even number of columns, got {n}")
+        n = n // 2
+    batch = a.shape[:1] if a.dim() == 3 else b.shape[:1] if b.dim() == 3 else ()
+    return (*batch, a.shape[-2], n)
+
+
+def _check_grouped(a, b, offs, out_dtype):
+    """Returns the result's shape."""
+    if not isinstance(offs, torch.Tensor) or offs.dtype != torch.int32 or offs.dim() != 1:
+        raise TypeError("offs must be a 1-D torch.int32 tensor")
+    if a.dim() != 2 or b.dim() not in (2, 3):
+        raise ValueError(f"a must have 2 dims and b 2 or 3, got {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.dtype not in _CPU_DTYPES or b.dtype != a.dtype:
+        raise TypeError(
+            f"a and b must share one of {_CPU_DTYPES} (CUDA: bf16/fp16), got {a.dtype} and {b.dtype}"
+        )
+    if out_dtype is not None and out_dtype not in _CPU_DTYPES:
+        raise TypeError(f"out_dtype must be one of {_CPU_DTYPES} (CUDA: bf16/fp16/fp32), got {out_dtype}")
+    if b.dim() == 3:  # packed
+        if a.shape[1] != b.shape[1]:
+            raise ValueError(f"a (T, K={a.shape[1]}) and b (E, K={b.shape[1]}, N) disagree on K")
+        if offs.shape[0] != b.shape[0]:
+            raise ValueError(f"offs has {offs.shape[0]} entries but b has {b.shape[0]} experts")
+        return (a.shape[0], b.shape[2])
+    if a.shape[1] != b.shape[0]:  # K-grouped
+        raise ValueError(f"a (M, T={a.shape[1]}) and b (T={b.shape[0]}, N) disagree on T")
+    return (offs.shape[0], a.shape[0], b.shape[1])
+
+
+# ----------------------------------------------------------------------------------------------
+# cutegemm::gemm
+
+
+@torch.library.custom_op("cutegemm::gemm", mutates_args=(), device_types="cpu", schema=GEMM_SCHEMA)
+def gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    *,
+    alpha: float = 1.0,
+    out_dtype: Optional[torch.dtype] = None,
+    activation: Optional[str] = None,
+) -> torch.Tensor:
+    """``act(alpha * (a @ b) + bias)``; see the module docstring. (This body is the CPU kernel.)"""
+    _check_gemm(a, b, out_dtype, bias, activation)
+    return _gemm_ref(
+        a, b, out_dtype=out_dtype or a.dtype, alpha=alpha, bias=bias, activation=activation,
+        compute_dtype=_compute_dtype(a.dtype),
+    )  # fmt: skip
+
+
+@gemm.register_kernel("cuda")
+def _gemm_cuda(a, b, bias=None, *, alpha=1.0, out_dtype=None, activation=None):
+    return _gemm_kernel(a, b, out_dtype=out_dtype, alpha=alpha, bias=bias, activation=activation)
+
+
+@gemm.register_fake
+def _gemm_fake(a, b, bias=None, *, alpha=1.0, out_dtype=None, activation=None):
+    shape = _check_gemm(a, b, out_dtype, bias, activation)
+    return a.new_empty(shape, dtype=out_dtype or a.dtype)
+
+
+def _gemm_setup_context(ctx, inputs, keyword_only_inputs, output):
+    a, b, bias = inputs
+    ctx.alpha = keyword_only_inputs.get("alpha", 1.0)
+    ctx.activation = keyword_only_inputs.get("activation")
+    ctx.has_bias = bias is not None
+    ctx.save_for_backward(a, b, bias)
+
+
+def _act_backward(name: str, grad: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """grad * act'(z) with aten's own derivative formulas."""
+    if name == "relu":
+        return torch.ops.aten.threshold_backward(grad, z, 0)
+    if name == "silu":
+        return torch.ops.aten.silu_backward(grad, z)
+    if name == "gelu":
+        return torch.ops.aten.gelu_backward(grad, z, approximate="none")
+    if name == "gelu_tanh":
+        return torch.ops.aten.gelu_backward(grad, z, approximate="tanh")
+    raise NotImplementedError(f"no derivative for activation {name!r}")
+
+
+def _act(name: str, z: torch.Tensor) -> torch.Tensor:
+    if name == "relu":
+        return torch.relu(z)
+    if name == "silu":
+        return torch.nn.functional.silu(z)
+    return torch.nn.functional.gelu(z, approximate="tanh" if name == "gelu_tanh" else "none")
+
+
+def _pre_activation_grad(a, b, bias, alpha, activation, grad):
+    """dZ in the compute dtype (fp32, or fp64 for fp64 operands)."""
+    cd = _compute_dtype(a.dtype)
+    g = grad.to(cd)
+    if activation is None:
+        return g
+    z = torch.ops.cutegemm.gemm(a, b, bias, alpha=alpha, out_dtype=cd)  # recomputed pre-activation
+    if activation in GATED:
+        gate, up = z[..., 0::2], z[..., 1::2]  # the kernels' interleaved layout
+        act = _GATE_ACT[activation]
+        d_gate = _act_backward(act, g * up, gate)
+        d_up = g * _act(act, gate)
+        return torch.stack((d_gate, d_up), dim=-1).flatten(-2)
+    return _act_backward(activation, g, z)
+
+
+def _gemm_backward(ctx, grad):
+    a, b, bias = ctx.saved_tensors
+    need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    need_bias = ctx.has_bias and ctx.needs_input_grad[2]
+    alpha = ctx.alpha
+    da = db = dbias = None
+    if not (need_a or need_b or need_bias):
+        return None, None, None
+    dz = _pre_activation_grad(a, b, bias, alpha, ctx.activation, grad)
+    if need_bias:
+        dbias = dz.reshape(-1, dz.shape[-1]).sum(0).to(bias.dtype)
+    dzk = dz.to(a.dtype)  # the kernels' operand dtype
+    op = torch.ops.cutegemm.gemm
+    if need_a:
+        if a.dim() == 2 and b.dim() == 3:  # a shared by every batch: sum over L
+            L, M, N = dzk.shape
+            da = op(
+                dzk.permute(1, 0, 2).reshape(M, L * N),
+                b.mT.reshape(L * N, -1),
+                alpha=alpha,
+                out_dtype=a.dtype,
+            )
+        else:
+            da = op(dzk, b.mT, alpha=alpha, out_dtype=a.dtype)
+    if need_b:
+        if a.dim() == 3 and b.dim() == 2:  # b shared by every batch: sum over L
+            da3 = a.reshape(-1, a.shape[-1])
+            db = op(da3.mT, dzk.reshape(-1, dzk.shape[-1]), alpha=alpha, out_dtype=b.dtype)
+        else:
+            db = op(a.mT, dzk, alpha=alpha, out_dtype=b.dtype)
+    return da, db, dbias  # one gradient per positional input (a, b, bias)
+
+
+gemm.register_autograd(_gemm_backward, setup_context=_gemm_setup_context)
+
+
+# ----------------------------------------------------------------------------------------------
+# cutegemm::grouped_gemm
+
+
+@torch.library.custom_op("cutegemm::grouped_gemm", mutates_args=(), device_types="cpu", schema=GROUPED_SCHEMA)
+def grouped_gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    offs: torch.Tensor,
+    *,
+    alpha: float = 1.0,
+    out_dtype: Optional[torch.dtype] = None,
+) -> torch.Tensor:
+    """Packed (b 3-D) or K-grouped (b 2-D) grouped GEMM; see the module docstring. (This body is
+    the CPU kernel.)"""
+    _check_grouped(a, b, offs, out_dtype)
+    return _grouped_ref(a, b, offs=offs, out_dtype=out_dtype or a.dtype, alpha=alpha,
+                        compute_dtype=_compute_dtype(a.dtype))  # fmt: skip
+
+
+@grouped_gemm.register_kernel("cuda")
+def _grouped_cuda(a, b, offs, *, alpha=1.0, out_dtype=None):
+    return _grouped_kernel(a, b, offs=offs, out_dtype=out_dtype, alpha=alpha)
+
+
+@grouped_gemm.register_fake
+def _grouped_fake(a, b, offs, *, alpha=1.0, out_dtype=None):
+    shape = _check_grouped(a, b, offs, out_dtype)
+    return a.new_empty(shape, dtype=out_dtype or a.dtype)
+
+
+def _grouped_setup_context(ctx, inputs, keyword_only_inputs, output):
+    a, b, offs = inputs
+    ctx.alpha = keyword_only_inputs.get("alpha", 1.0)
+    ctx.save_for_backward(a, b, offs)
+
+
+def _zero_rows_past_end(t: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """t (T, ...) with rows at or past offs[-1] set to zero (no host sync)."""
+    if offs.shape[0] == 0:
+        return torch.zeros_like(t)
+    rows = torch.arange(t.shape[0], device=t.device).unsqueeze(1)
+    return torch.where(rows < offs[-1], t, torch.zeros((), dtype=t.dtype, device=t.device))
+
+
+def _grouped_backward(ctx, grad):
+    a, b, offs = ctx.saved_tensors
+    need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    alpha = ctx.alpha
+    op = torch.ops.cutegemm.grouped_gemm
+    g = grad.to(a.dtype).contiguous()  # the kernels' operand dtype; the packed form wants row-major
+    da = db = None
+    if b.dim() == 3:  # packed: Y[rows_e] = alpha * a[rows_e] @ b[e]
+        if need_a:
+            da = _zero_rows_past_end(op(g, b.mT, offs, alpha=alpha, out_dtype=a.dtype), offs)
+        if need_b:
+            db = op(a.mT, g, offs, alpha=alpha, out_dtype=b.dtype)  # K-grouped: (E, K, N)
+    else:  # K-grouped: Y[e] = alpha * a[:, k_e] @ b[k_e]
+        if need_a:  # da^T[k_e] = b[k_e] @ dY[e]^T
+            da = _zero_rows_past_end(op(b.contiguous(), g.mT, offs, alpha=alpha, out_dtype=a.dtype), offs).mT
+        if need_b:  # db[k_e] = a[:, k_e]^T @ dY[e]
+            db = _zero_rows_past_end(op(a.mT.contiguous(), g, offs, alpha=alpha, out_dtype=b.dtype), offs)
+    return da, db, None  # a, b, offs
+
+
+grouped_gemm.register_autograd(_grouped_backward, setup_context=_grouped_setup_context)
+
+__all__ = ["gemm", "grouped_gemm", "GEMM_SCHEMA", "GROUPED_SCHEMA"]

@@ -1,0 +1,272 @@
+"""torch.library custom ops on CPU (no GPU): schemas, opcheck, fake shapes, float64 gradcheck of
+gemm and both grouped forms, the rows-past-offs[-1] gradient contract, and torch.compile
+(fullgraph=True, backend="aot_eager": dynamo + fake tensors + AOTAutograd, forward and backward)
+of a small MoE block against eager. Inductor on CPU takes ~30 s to compile the block: opt in with
+CUTEGEMM_TEST_INDUCTOR=1."""
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import cutegemm  # noqa: F401  (registers the ops)
+from cutegemm import ops
+
+OP = torch.ops.cutegemm
+F64 = torch.float64
+
+
+def make_offs(counts):
+    return torch.tensor(counts, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+
+
+def rand(*shape, dtype=F64, grad=True):
+    return torch.randn(*shape, dtype=dtype).requires_grad_(grad)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def test_schemas():
+    assert str(OP.gemm.default._schema) == (
+        "cutegemm::gemm(Tensor a, Tensor b, Tensor? bias=None, *, float alpha=1., ScalarType? out_dtype=None, "
+        "str? activation=None) -> Tensor"
+    )
+    assert str(OP.grouped_gemm.default._schema) == (
+        "cutegemm::grouped_gemm(Tensor a, Tensor b, Tensor offs, *, float alpha=1., ScalarType? out_dtype=None) "
+        "-> Tensor"
+    )
+    assert ops.gemm._opoverload is OP.gemm.default
+
+
+# ---------------------------------------------------------------------------------------------- opcheck
+
+GEMM_CASES = {
+    "plain_f32": lambda: ((rand(5, 6, dtype=torch.float32), rand(6, 4, dtype=torch.float32)), {}),
+    "bias_silu_alpha": lambda: ((rand(5, 6), rand(6, 4), rand(4)), {"alpha": 0.5, "activation": "silu"}),
+    "batched_shared_b": lambda: ((rand(2, 5, 6), rand(6, 4)), {"activation": "gelu_tanh"}),
+    "shared_a_batched_b": lambda: ((rand(5, 6), rand(3, 6, 4)), {"alpha": 2.0}),
+    "batched_relu": lambda: ((rand(2, 5, 6), rand(2, 6, 4), rand(4)), {"activation": "relu"}),
+    "swiglu": lambda: ((rand(5, 6), rand(6, 8), rand(8)), {"activation": "swiglu"}),
+    "bf16_out_f32": lambda: (
+        (rand(5, 8, dtype=torch.bfloat16), rand(8, 4, dtype=torch.bfloat16)),
+        {"out_dtype": torch.float32},
+    ),
+    "transposed_views": lambda: ((rand(6, 5).detach().t().requires_grad_(), rand(4, 6).detach().t()), {}),
+}
+
+
+@pytest.mark.parametrize("case", list(GEMM_CASES))
+def test_opcheck_gemm(case):
+    args, kwargs = GEMM_CASES[case]()
+    torch.library.opcheck(OP.gemm.default, args, kwargs)
+
+
+GROUPED_CASES = {
+    # packed, an expert with no rows and rows past offs[-1]
+    "packed": lambda: ((rand(11, 6), rand(3, 6, 4), make_offs([4, 0, 5])), {"alpha": 0.5}),
+    "packed_f32_weight_view": lambda: (
+        (
+            rand(9, 8, dtype=torch.float32),
+            rand(3, 4, 8, dtype=torch.float32).detach().transpose(1, 2).requires_grad_(),
+            make_offs([3, 3, 3]),
+        ),
+        {},
+    ),  # fmt: skip
+    "packed_bf16_out_f32": lambda: (
+        (rand(9, 8, dtype=torch.bfloat16), rand(2, 8, 8, dtype=torch.bfloat16), make_offs([2, 5])),
+        {"out_dtype": torch.float32},
+    ),
+    "packed_no_experts": lambda: ((rand(4, 6), rand(0, 6, 4), make_offs([])), {}),
+    "k_grouped": lambda: ((rand(5, 10), rand(10, 4), make_offs([3, 0, 6])), {"alpha": 1.5}),
+}
+
+
+@pytest.mark.parametrize("case", list(GROUPED_CASES))
+def test_opcheck_grouped(case):
+    args, kwargs = GROUPED_CASES[case]()
+    torch.library.opcheck(OP.grouped_gemm.default, args, kwargs)
+
+
+# ---------------------------------------------------------------------------------------------- fake shapes
+
+
+def test_fake_shapes_and_dtypes():
+    with FakeTensorMode():
+        bf = torch.bfloat16
+        a, b = torch.empty(7, 16, dtype=bf), torch.empty(16, 10, dtype=bf)
+        assert OP.gemm(a, b).shape == (7, 10) and OP.gemm(a, b).dtype == bf
+        y = OP.gemm(a, b, torch.empty(10), activation="geglu", out_dtype=torch.float32)
+        assert y.shape == (7, 5) and y.dtype == torch.float32
+        assert OP.gemm(torch.empty(3, 7, 16, dtype=bf), b).shape == (3, 7, 10)
+        assert OP.gemm(a, torch.empty(4, 16, 10, dtype=bf)).shape == (4, 7, 10)
+        offs = torch.empty(5, dtype=torch.int32)
+        y = OP.grouped_gemm(torch.empty(33, 16, dtype=bf), torch.empty(5, 16, 24, dtype=bf), offs)
+        assert y.shape == (33, 24) and y.dtype == bf
+        y = OP.grouped_gemm(
+            torch.empty(16, 33, dtype=bf), torch.empty(33, 24, dtype=bf), offs, out_dtype=torch.float32
+        )
+        assert y.shape == (5, 16, 24) and y.dtype == torch.float32
+
+
+def test_bad_inputs_raise():
+    a, b = torch.randn(5, 6), torch.randn(6, 4)
+    with pytest.raises(ValueError, match="do not match"):
+        OP.gemm(a, torch.randn(5, 4))
+    with pytest.raises(TypeError):
+        OP.gemm(a, b.double())
+    with pytest.raises(ValueError, match="activation"):
+        OP.gemm(a, b, activation="tanh")
+    with pytest.raises(ValueError, match="bias"):
+        OP.gemm(a, b, torch.randn(5))
+    with pytest.raises(TypeError, match="int32"):
+        OP.grouped_gemm(torch.randn(8, 6), torch.randn(2, 6, 4), torch.tensor([3, 8]))
+    with pytest.raises(ValueError, match="experts"):
+        OP.grouped_gemm(torch.randn(8, 6), torch.randn(2, 6, 4), make_offs([8]))
+    with FakeTensorMode(), pytest.raises(ValueError, match="disagree on K"):
+        OP.grouped_gemm(torch.empty(8, 6), torch.empty(2, 5, 4), torch.empty(2, dtype=torch.int32))
+
+
+# ---------------------------------------------------------------------------------------------- gradcheck
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"])
+def test_gradcheck_gemm_activations(activation):
+    a, b, bias = rand(5, 6), rand(6, 8), rand(8)
+    assert torch.autograd.gradcheck(
+        lambda a, b, bias: OP.gemm(a, b, bias, alpha=0.7, activation=activation), (a, b, bias)
+    )
+
+
+@pytest.mark.parametrize("shapes", [((2, 5, 6), (6, 4)), ((5, 6), (3, 6, 4)), ((2, 5, 6), (2, 6, 4))])
+def test_gradcheck_gemm_batched(shapes):
+    a, b = rand(*shapes[0]), rand(*shapes[1])
+    assert torch.autograd.gradcheck(lambda a, b: OP.gemm(a, b, alpha=1.5, activation="silu"), (a, b))
+
+
+def test_gradcheck_gemm_bias_only_and_out_dtype():
+    a, b, bias = rand(5, 6, grad=False), rand(6, 4, grad=False), rand(4)
+    assert torch.autograd.gradcheck(lambda bias: OP.gemm(a, b, bias), (bias,))
+    a = rand(5, 6)
+    assert torch.autograd.gradcheck(lambda a: OP.gemm(a, b, out_dtype=torch.float64), (a,))
+
+
+@pytest.mark.parametrize("counts,pad", [([3, 0, 4, 2], 3), ([0, 5], 0), ([0, 0], 2)])
+def test_gradcheck_grouped_packed(counts, pad):
+    """Experts with no rows; rows past offs[-1] (their output is unspecified; their da is 0)."""
+    offs = make_offs(counts)
+    a, b = rand(sum(counts) + pad, 6), rand(len(counts), 6, 5)
+
+    def f(a, b):
+        return OP.grouped_gemm(a, b, offs, alpha=0.5)[: sum(counts)]  # only the specified rows
+
+    assert torch.autograd.gradcheck(f, (a, b))
+
+
+def test_gradcheck_grouped_k():
+    offs = make_offs([3, 0, 4])
+    a, b = rand(5, 9), rand(9, 4)  # T = 9, offs[-1] = 7: two columns of a / rows of b unused
+    assert torch.autograd.gradcheck(lambda a, b: OP.grouped_gemm(a, b, offs, alpha=0.5), (a, b))
+
+
+def test_packed_grad_ignores_rows_past_end():
+    """dY in rows past offs[-1] is never read (NaN there must not leak); da there is exactly 0."""
+    counts = [2, 0, 3]
+    offs, end = make_offs(counts), sum(counts)
+    a, b = rand(end + 4, 6), rand(3, 6, 5)
+    y = OP.grouped_gemm(a, b, offs)
+    g = torch.randn_like(y)
+    g[end:] = float("nan")
+    y.backward(g)
+    assert torch.isfinite(a.grad).all() and torch.isfinite(b.grad).all()
+    assert (a.grad[end:] == 0).all()
+    ref_a, ref_b = a.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+    ref = torch.cat(
+        [ref_a[s:e] @ ref_b[i] for i, (s, e) in enumerate(zip([0, 2, 2], [2, 2, 5], strict=True))]
+    )
+    ref.backward(g[:end])
+    torch.testing.assert_close(a.grad[:end], ref_a.grad[:end])
+    torch.testing.assert_close(b.grad, ref_b.grad)  # expert 1 (no rows): zero
+
+
+# ---------------------------------------------------------------------------------------------- torch.compile
+
+
+def moe_block(x, w_gate_up, w_down, w_out, bias, offs):
+    """Router-free MoE block: tokens sorted by expert, offs given."""
+    h = OP.grouped_gemm(x, w_gate_up, offs)  # (T, 2I)
+    inter = h.shape[1] // 2
+    act = F.silu(h[:, :inter]) * h[:, inter:]
+    y = OP.grouped_gemm(act, w_down, offs)  # (T, H)
+    # Rows past offs[-1] are unspecified (garbage on CUDA): zero them before anything that mixes
+    # rows (the dense layer's weight gradient sums over all rows). Graph-safe, no host sync.
+    keep = torch.arange(y.shape[0], device=y.device).unsqueeze(1) < offs[-1]
+    y = torch.where(keep, y, torch.zeros((), dtype=y.dtype, device=y.device))
+    return OP.gemm(y, w_out, bias, alpha=0.5, activation="gelu_tanh")  # dense (T, H)
+
+
+def moe_params(T, H, inter, E, dtype=torch.float32):
+    return [
+        rand(T, H, dtype=dtype),
+        rand(E, 2 * inter, H, dtype=dtype)
+        .detach()
+        .transpose(1, 2)
+        .requires_grad_(),  # nn.Linear-style storage
+        rand(E, inter, H, dtype=dtype),
+        rand(H, H, dtype=dtype),
+        rand(H, dtype=dtype),
+    ]
+
+
+def run_with_grads(fn, params, offs, end):
+    for p in params:
+        p.grad = None
+    out = fn(*params, offs)
+    out[:end].square().sum().backward()  # rows past offs[-1] are unspecified: not consumed
+    return out[:end].detach(), [p.grad.clone() for p in params]
+
+
+_BACKENDS = ["aot_eager", pytest.param("inductor", marks=pytest.mark.skipif(
+    not os.environ.get("CUTEGEMM_TEST_INDUCTOR"), reason="slow on CPU (~30 s): set CUTEGEMM_TEST_INDUCTOR=1"))]  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", _BACKENDS)
+def test_compile_moe_block_matches_eager(backend):
+    torch._dynamo.reset()
+    counts = [4, 0, 6, 3]
+    offs, end = make_offs(counts), sum(counts)
+    params = moe_params(end + 3, 8, 6, len(counts))
+    compiled = torch.compile(moe_block, backend=backend, fullgraph=True)
+    out_c, grads_c = run_with_grads(compiled, params, offs, end)
+    out_e, grads_e = run_with_grads(moe_block, params, offs, end)
+    torch.testing.assert_close(out_c, out_e)
+    for gc, ge in zip(grads_c, grads_e, strict=True):
+        torch.testing.assert_close(gc, ge)
+
+
+def test_compile_no_recompile_on_offs_or_token_count():
+    """No guard on offs contents (the fake impls never read them); dynamic T traces once more at most."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    cnt = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(moe_block, backend=cnt, fullgraph=True)
+    params = moe_params(12, 8, 6, 3)
+    for counts in ([4, 4, 4], [0, 12, 0], [1, 2, 3]):
+        offs, end = make_offs(counts), sum(counts)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(*params, offs)[:end], moe_block(*params, offs)[:end])
+    assert cnt.frame_count == 1
+    # A new token count: one dynamic-shape recompile, then the same graph serves other counts.
+    for T in (20, 28):
+        x = rand(T, 8, dtype=torch.float32)
+        offs, end = make_offs([T // 2, 0, T // 4]), T // 2 + T // 4
+        with torch.no_grad():
+            torch.testing.assert_close(
+                compiled(x, *params[1:], offs)[:end], moe_block(x, *params[1:], offs)[:end]
+            )
+    assert cnt.frame_count == 2
