@@ -46,3 +46,12 @@ class GroupedExperts(nn.Module):
             out[prev:end] = act @ self.w_down[e].float().t()
             prev = end
         return out.to(x.dtype)
+
+
+def __getattr__(name):
+    # ExpertParallelMoE lives in cutegemm.parallel (it imports this module); expose it here too.
+    if name == "ExpertParallelMoE":
+        from .parallel import ExpertParallelMoE
+
+        return ExpertParallelMoE
+    raise AttributeError(name)

@@ -59,9 +59,9 @@ def test_gelu_tanh_reference_is_torchs():
 
 @pytest.mark.parametrize("name", ops.ACTIVATIONS)
 def test_kernel_activation_formulas_in_fp32(name):
-    """The exact formulas the kernels trace, run in fp32: max error vs float64 within a few fp32
-    ulps of the value's scale (absolute |x| * 2e-7), and 5e-5 relative in the tails (the fp32 rounding
-    of large exp arguments; for gelu
+    """The exact formulas the kernels trace, run in fp32: max error vs float64 within ~8 fp32
+    ulps of the value's scale (absolute |x| * 1e-6; torch's CPU exp differs by SIMD path), and 2e-4
+    relative in the tails (the fp32 rounding of large exp arguments; for gelu
     down to x = -6.3, where Phi flushes to 0: absolute error < 7e-10 past it)."""
     x = _x_grid()
     ours = ops.ACTIVATION_FNS[name](x.float(), TM).double()
