@@ -16,6 +16,22 @@ REQUIRED = {
     "sm_90a": {"HGMMA": r"\bHGMMA\.", "UTMALDG": r"\bUTMALDG", "UTMASTG": r"\bUTMASTG", "USETMAXREG": r"USETMAXREG"},
     "sm_100a": {"UTCHMMA": r"\bUTCHMMA", "LDTM": r"\bLDTM", "UTMALDG": r"\bUTMALDG", "UTMASTG": r"\bUTMASTG"},
 }
+# Block-scaled (sm_100a): the block-scaled MMA of the element kind (UTCQMMA: kind::mxf8f6f4,
+# UTCOMMA: kind::mxf4 / mxf4nvf4) and the scale-factor copy SMEM -> TMEM (tcgen05.cp = UTCCP).
+BLOCKSCALED_MMA = {"e4m3": "UTCQMMA", "e2m1": "UTCOMMA"}
+
+
+def required_markers(cfg: GemmConfig) -> dict[str, str]:
+    if not cfg.blockscaled:
+        required = dict(REQUIRED[cfg.arch])
+        if cfg.arch == "sm_100a" and cfg.two_cta:
+            required["UTCHMMA.2CTA"] = r"\bUTCHMMA\S*2CTA"
+        return required
+    mma = BLOCKSCALED_MMA[cfg.a_dtype]
+    required = {mma: rf"\b{mma}", "UTCCP": r"\bUTCCP", **{k: v for k, v in REQUIRED[cfg.arch].items() if k != "UTCHMMA"}}
+    if cfg.two_cta:
+        required[f"{mma}.2CTA"] = rf"\b{mma}\S*2CTA"
+    return required
 
 
 def dense_variants(arch: str) -> list[GemmConfig]:
@@ -108,10 +124,7 @@ def check_config(cfg: GemmConfig) -> CheckResult:
         sass = compile_to_sass(kernel, args, cfg.arch)
     except Exception as exc:  # report every variant, then fail at the end
         return CheckResult(cfg.name, False, {}, time.time() - t0, f"{type(exc).__name__}: {exc}"[:300])
-    required = dict(REQUIRED[cfg.arch])
-    if cfg.arch == "sm_100a" and cfg.two_cta:
-        required["UTCHMMA.2CTA"] = r"\bUTCHMMA\S*2CTA"
-    req = count_markers(sass, required)
+    req = count_markers(sass, required_markers(cfg))
     bad = count_markers(sass, SPILLS)
     missing = [k for k, v in req.items() if v == 0]
     spilled = [k for k, v in bad.items() if v]
@@ -138,8 +151,39 @@ def grouped_variants(arch: str) -> list[GemmConfig]:
     ]
 
 
+def blockscaled_variants(arch: str) -> list[GemmConfig]:
+    """Block-scaled recipes (native on sm_100a only; sm_90a emulation is not a kernel variant yet):
+    each recipe on the 1-CTA and the 2-CTA MMA, tile N 64/128/192/256, clusters with scale multicast."""
+    if arch != "sm_100a":
+        return []
+    E = EpilogueSpec
+    mxfp8 = dict(a_dtype="e4m3", b_dtype="e4m3", sf_dtype="e8m0", sf_vec=32)
+    mxfp4 = dict(a_dtype="e2m1", b_dtype="e2m1", sf_dtype="e8m0", sf_vec=32)
+    # NVFP4: the per-tensor global scales of A and B are folded into alpha.
+    nvfp4 = dict(a_dtype="e2m1", b_dtype="e2m1", sf_dtype="e4m3", sf_vec=16, epilogue=E(alpha=True))
+    base = GemmConfig(arch=arch, a_major="k", b_major="k")
+    big = dict(tile_m=256, tile_n=256, two_cta=True, cluster_m=2)
+    return [
+        replace(base, **mxfp8, tile_m=128, tile_n=256),
+        replace(base, **mxfp8, **big),
+        replace(base, **mxfp8, tile_m=128, tile_n=128, cluster_m=2, cluster_n=2, out_dtype="fp32"),
+        replace(base, **mxfp8, **big, epilogue=E(alpha=True, bias=True, bias_dtype="bf16", activation="gelu")),
+        replace(base, **nvfp4, tile_m=128, tile_n=256),
+        replace(base, **nvfp4, **big),
+        replace(base, **nvfp4, tile_m=256, tile_n=128, two_cta=True, cluster_m=2, cluster_n=2),
+        replace(base, **nvfp4, tile_m=128, tile_n=128, cluster_n=2, out_dtype="fp16"),
+        replace(base, **mxfp4, tile_m=128, tile_n=128),
+        # N = 64 / 192: SFB granules of 128 columns, odd tiles shift into them
+        replace(base, **mxfp8, tile_m=128, tile_n=192, cluster_n=2),
+        replace(base, **nvfp4, tile_m=256, tile_n=64, two_cta=True, cluster_m=2),
+        replace(base, **mxfp4, **big),
+    ]
+
+
 def all_variants(archs) -> list[GemmConfig]:
-    return [cfg for arch in archs for cfg in dense_variants(arch) + grouped_variants(arch)]
+    return [
+        cfg for arch in archs for cfg in dense_variants(arch) + grouped_variants(arch) + blockscaled_variants(arch)
+    ]
 
 
 def main(archs) -> int:

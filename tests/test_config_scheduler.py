@@ -145,3 +145,56 @@ def test_sm100_grouped_rules():
     assert not ok and "two_cta" in why and "1-CTA" in why
     ok, why = can_implement(GemmConfig(arch="sm_100a", grouped=True, cluster_m=2))
     assert not ok and "cluster_m" in why
+
+
+BS_MXFP8 = dict(a_dtype="e4m3", b_dtype="e4m3", sf_dtype="e8m0", sf_vec=32, a_major="k", b_major="k")
+BS_NVFP4 = dict(a_dtype="e2m1", b_dtype="e2m1", sf_dtype="e4m3", sf_vec=16, a_major="k", b_major="k")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        dict(BS_MXFP8, tile_n=256),
+        dict(BS_NVFP4, tile_n=128),
+        dict(BS_MXFP8, tile_m=256, tile_n=256, two_cta=True, cluster_m=2),
+        dict(BS_NVFP4, tile_m=256, tile_n=128, two_cta=True, cluster_m=2, cluster_n=2),
+        dict(BS_MXFP8, a_dtype="e2m1", b_dtype="e2m1"),  # MXFP4
+        dict(BS_MXFP8, tile_n=192),
+        dict(BS_NVFP4, tile_m=256, tile_n=64, two_cta=True, cluster_m=2),
+    ],
+)
+def test_blockscaled_rules_accept(change):
+    ok, why = can_implement(replace(GemmConfig(arch="sm_100a"), **change))
+    assert ok, why
+
+
+@pytest.mark.parametrize(
+    "arch,change,needle",
+    [
+        ("sm_90a", dict(BS_MXFP8), "sm_100a only"),
+        ("sm_100a", dict(BS_MXFP8, tile_n=96), "tile_n"),
+        ("sm_100a", dict(BS_MXFP8, tile_n=224), "tile_n"),
+        ("sm_100a", dict(BS_MXFP8, tile_m=64), "MMA M"),
+        ("sm_100a", dict(BS_MXFP8, tile_m=128, two_cta=True, cluster_m=2), "MMA M"),
+        ("sm_100a", dict(BS_MXFP8, b_major="n"), "K-major"),
+        ("sm_100a", dict(BS_MXFP8, sf_vec=16), "sf_vec"),
+        ("sm_100a", dict(BS_NVFP4, sf_dtype="e5m2"), "sf dtype"),
+        ("sm_100a", dict(BS_MXFP8, b_dtype="e2m1"), "equal dtypes"),
+        ("sm_100a", dict(BS_MXFP8, grouped=True), "grouped"),
+        ("sm_100a", dict(BS_MXFP8, cluster_m=4, cluster_n=2), "cluster size"),
+        ("sm_100a", dict(sf_dtype="e8m0"), "sf_vec"),
+    ],
+)
+def test_blockscaled_rules_name_the_problem(arch, change, needle):
+    ok, why = can_implement(replace(GemmConfig(arch=arch), **change))
+    assert not ok and needle in why, why
+
+
+def test_blockscaled_alignment_rule():
+    cfg = replace(GemmConfig(arch="sm_100a"), **BS_NVFP4)
+    p = dict(a_dtype="e2m1", b_dtype="e2m1", a_major="k", b_major="k")
+    ok, why = can_implement(cfg, GemmProblem(128, 128, 64, a_strides=(64,), b_strides=(64,), **p))
+    assert ok, why
+    ok, why = can_implement(cfg, GemmProblem(128, 128, 48, a_strides=(48,), **p))
+    assert not ok and "16 bytes" in why
+    assert "bs-e4m3v16" in cfg.name and "bs" not in GemmConfig(arch="sm_100a").name

@@ -21,6 +21,8 @@ CUTLASS_DTYPES = {
     "bf16": cutlass.BFloat16,
     "fp16": cutlass.Float16,
     "fp32": cutlass.Float32,
+    "e4m3": cutlass.Float8E4M3FN,  # block-scaled operands (sm_100a)
+    "e2m1": cutlass.Float4E2M1FN,
 }
 
 

@@ -12,6 +12,15 @@ INPUT_DTYPES = ("bf16", "fp16")
 OUTPUT_DTYPES = ("bf16", "fp16", "fp32")
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 TMA_ALIGN_BYTES = 16
+# Block-scaled (sm_100a): element dtypes, scale dtypes, and the (element, scale, vec) recipes.
+BLOCKSCALED_DTYPES = ("e4m3", "e2m1")
+SF_DTYPES = ("e8m0", "e4m3")
+BLOCKSCALED_RECIPES = {
+    ("e4m3", "e8m0", 32): "mxfp8",
+    ("e2m1", "e8m0", 32): "mxfp4",
+    ("e2m1", "e4m3", 16): "nvfp4",
+}
+ELEMENT_BITS = {"bf16": 16, "fp16": 16, "fp32": 32, "e4m3": 8, "e2m1": 4}
 
 
 @dataclass(frozen=True)
@@ -45,12 +54,22 @@ class GemmConfig:
     group: int = 8
     scheduler: str = "static"
     epilogue: EpilogueSpec = field(default_factory=EpilogueSpec)
+    # Block-scaled MMA (sm_100a): a_dtype/b_dtype in BLOCKSCALED_DTYPES, one scale of sf_dtype per
+    # sf_vec elements along K (128x4 swizzled layout). sf_vec=0: not block-scaled.
+    sf_dtype: str = ""
+    sf_vec: int = 0
+
+    @property
+    def blockscaled(self) -> bool:
+        return self.sf_vec > 0
 
     @property
     def name(self) -> str:
         """Spells out family, dtypes, majors, tile, epilogue, scheduler and arch."""
         tile = f"{self.tile_m}x{self.tile_n}" + ("_2cta" if self.two_cta else "") + ("_pp" if self.pingpong else "")
         family = "grouped" if self.grouped else "dense"
+        if self.blockscaled:
+            family += f"-bs-{self.sf_dtype}v{self.sf_vec}"
         return (
             f"{family}_{self.a_dtype}{self.b_dtype}_{self.out_dtype}_{self.a_major}{self.b_major}"
             f"_t{tile}_c{self.cluster_m}x{self.cluster_n}_epi-{self.epilogue.name}"
@@ -82,7 +101,11 @@ def config_errors(cfg: GemmConfig) -> list[str]:
     err = []
     if cfg.arch not in ARCHS:
         err.append(f"arch {cfg.arch!r} not in {ARCHS}")
-    if cfg.a_dtype not in INPUT_DTYPES or cfg.b_dtype != cfg.a_dtype:
+    if cfg.blockscaled:
+        err += blockscaled_errors(cfg)
+    elif cfg.sf_dtype:
+        err.append(f"sf_dtype={cfg.sf_dtype!r} needs sf_vec > 0 (block-scaled)")
+    elif cfg.a_dtype not in INPUT_DTYPES or cfg.b_dtype != cfg.a_dtype:
         err.append(f"a/b dtype must be equal and one of {INPUT_DTYPES}, got {cfg.a_dtype}/{cfg.b_dtype}")
     if cfg.out_dtype not in OUTPUT_DTYPES:
         err.append(f"out dtype {cfg.out_dtype!r} not in {OUTPUT_DTYPES}")
@@ -135,8 +158,35 @@ def config_errors(cfg: GemmConfig) -> list[str]:
     return err
 
 
+def blockscaled_errors(cfg: GemmConfig) -> list[str]:
+    """Rules of the block-scaled MMA (tcgen05.mma.kind::mxf8f6f4 / mxf4 / mxf4nvf4)."""
+    err = []
+    if cfg.arch != "sm_100a":
+        err.append(f"block-scaled GEMM is native on sm_100a only, got arch {cfg.arch!r}")
+    recipe = (cfg.a_dtype, cfg.sf_dtype, cfg.sf_vec)
+    if cfg.a_dtype != cfg.b_dtype or recipe not in BLOCKSCALED_RECIPES:
+        err.append(
+            f"block-scaled a/b dtype, sf dtype, sf_vec must be equal dtypes and one of "
+            f"{sorted(BLOCKSCALED_RECIPES)}, got {cfg.a_dtype}/{cfg.b_dtype}, {cfg.sf_dtype!r}, {cfg.sf_vec}"
+        )
+    if cfg.a_major != "k" or cfg.b_major != "k":
+        err.append("block-scaled: A and B must be K-major (a_major='k', b_major='k')")
+    ok_m = 256 if cfg.two_cta else 128
+    if cfg.tile_m != ok_m:
+        err.append(f"block-scaled: MMA M must be 128 (1-CTA) or 256 (two_cta), got tile_m={cfg.tile_m} two_cta={cfg.two_cta}")
+    # Scale factors of B are loaded and held in TMEM in 128-column granules (64 / 192: odd tiles
+    # start half a granule in), so N = 96 or 224 is not possible.
+    if cfg.tile_n not in (64, 128, 192, 256):
+        err.append(f"block-scaled: tile_n must be 64, 128, 192 or 256, got {cfg.tile_n}")
+    if cfg.grouped:
+        err.append("block-scaled: dense only (grouped not implemented)")
+    if cfg.cluster_m > 4 or cfg.cluster_n > 4:
+        err.append("block-scaled: each cluster dim must be <= 4 (scale-factor multicast)")
+    return err
+
+
 def _aligned(count_elems: int, dtype: str) -> bool:
-    return (count_elems * DTYPE_BYTES[dtype]) % TMA_ALIGN_BYTES == 0
+    return (count_elems * ELEMENT_BITS[dtype]) % (8 * TMA_ALIGN_BYTES) == 0
 
 
 def problem_errors(cfg: GemmConfig, p: GemmProblem) -> list[str]:

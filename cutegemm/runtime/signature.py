@@ -9,13 +9,16 @@ import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
 from ..gemm.base import CUTLASS_DTYPES
-from ..gemm.config import DTYPE_BYTES, TMA_ALIGN_BYTES, GemmConfig
+from ..gemm.config import ELEMENT_BITS, TMA_ALIGN_BYTES, GemmConfig
 
 
 def _fake_matrix(dtype: str, unit_mode: int):
     """A (rows, cols, L) tensor whose mode ``unit_mode`` (0 or 1) has stride 1."""
-    div = TMA_ALIGN_BYTES // DTYPE_BYTES[dtype]
-    shape = (cute.sym_int32(), cute.sym_int32(), cute.sym_int32())
+    div = 8 * TMA_ALIGN_BYTES // ELEMENT_BITS[dtype]
+    shape = [cute.sym_int32(), cute.sym_int32(), cute.sym_int32()]
+    if ELEMENT_BITS[dtype] < 8:  # packed sub-byte elements: the unit mode holds whole bytes
+        shape[unit_mode] = cute.sym_int32(divisibility=8 // ELEMENT_BITS[dtype])
+    shape = tuple(shape)
     stride = [cute.sym_int64(divisibility=div), cute.sym_int64(divisibility=div), cute.sym_int64(divisibility=div)]
     stride[unit_mode] = 1
     return make_fake_tensor(CUTLASS_DTYPES[dtype], shape, tuple(stride), assumed_align=TMA_ALIGN_BYTES)
@@ -36,11 +39,22 @@ def dense_fake_args(cfg: GemmConfig, offs=None):
     c = _fake_matrix(cfg.out_dtype, 1)
     c_in = _fake_matrix(epi.c_dtype, 1) if epi.beta else None
     bias = _fake_vector(epi.bias_dtype) if epi.bias else None
-    return (
+    args = (
         a, b, c, c_in, bias,
         cutlass.Float32(1.0), cutlass.Float32(0.0), cutlass.Int32(1),
         make_fake_stream(use_tvm_ffi_env_stream=True), offs,
     )  # fmt: skip
+    if cfg.blockscaled:
+        args += (_fake_scales(cfg.sf_dtype), _fake_scales(cfg.sf_dtype))
+    return args
+
+
+def _fake_scales(sf_dtype: str):
+    """Block-scaled scale factors: the contiguous bytes of the 128x4 swizzled layout (a flat
+    (bytes,) tensor; the kernel views it in the scale-factor atom layout over A's / B's shape)."""
+    from ..gemm.sm100 import SF_DTYPES
+
+    return make_fake_tensor(SF_DTYPES[sf_dtype], (cute.sym_int32(),), (1,), assumed_align=TMA_ALIGN_BYTES)
 
 
 def grouped_fake_args(cfg: GemmConfig):
