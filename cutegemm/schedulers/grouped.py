@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass.cutlass_dsl import extract_mlir_values, new_from_mlir_values
+
+from .static import PersistentWalk
 
 
 def expert_rows(offs, total_m):
@@ -92,7 +93,7 @@ def fill_tile_starts(
         tile_start[num_groups] = incl
 
 
-class GroupedScheduler:
+class GroupedScheduler(PersistentWalk):
     """Device side. ``tile_start`` is a shared-memory Int32 tensor of E + 1 entries filled by
     :meth:`fill_tile_starts`. Holds only Int32 runtime values plus compile-time settings."""
 
@@ -102,8 +103,7 @@ class GroupedScheduler:
         self.tile_start = tile_start
         self.tile_m = tile_m
         self.cluster_n = cluster_n
-        for name, v in zip(self._dyn, values or (), strict=False):
-            setattr(self, name, v)
+        self._set_values(values)
 
 
     @staticmethod
@@ -122,24 +122,6 @@ class GroupedScheduler:
         sched = GroupedScheduler(tile_start, tile_m, cluster_n, values)
         sched.mOffs = mOffs
         return sched
-
-    def __extract_mlir_values__(self):
-        return extract_mlir_values([getattr(self, k) for k in self._dyn])
-
-    def __new_from_mlir_values__(self, values):
-        old = [getattr(self, k) for k in self._dyn]
-        new = GroupedScheduler(self.tile_start, self.tile_m, self.cluster_n, new_from_mlir_values(old, values))
-        new.mOffs = self.mOffs
-        return new
-
-    def first(self):
-        return self.start
-
-    def next(self, work):
-        return work + self.stride
-
-    def is_valid(self, work):
-        return work < self.total
 
     @cute.jit
     def cta_tile(self, work):

@@ -14,6 +14,7 @@ N-columns x (132 / group) M-rows and both operands are re-read from L2, not HBM.
 
 from __future__ import annotations
 
+import copy
 from typing import Protocol
 
 import cutlass
@@ -62,7 +63,37 @@ class TileScheduler(Protocol):
     def cta_tile(self, work): ...
 
 
-class StaticPersistentScheduler:
+class PersistentWalk:
+    """Shared by every scheduler: a strided walk over linear tile indices (``start``, ``start +
+    stride``, ... while ``< total``), and the DSL protocol that carries the Int32 runtime values
+    named in ``_dyn`` through the roles' dynamic loops (everything else is compile-time state,
+    kept by a shallow copy)."""
+
+    _dyn: tuple[str, ...] = ()
+
+    def _set_values(self, values):
+        for name, v in zip(self._dyn, values or (), strict=False):
+            setattr(self, name, v)
+
+    def __extract_mlir_values__(self):
+        return extract_mlir_values([getattr(self, k) for k in self._dyn])
+
+    def __new_from_mlir_values__(self, values):
+        new = copy.copy(self)
+        new._set_values(new_from_mlir_values([getattr(self, k) for k in self._dyn], values))
+        return new
+
+    def first(self):
+        return self.start
+
+    def next(self, work):
+        return work + self.stride
+
+    def is_valid(self, work):
+        return work < self.total
+
+
+class StaticPersistentScheduler(PersistentWalk):
     """Strided walk over cluster tiles; built inside the kernel from the problem shape.
 
     Holds only Int32 runtime values (the ``_dyn`` list) plus compile-time settings, so the DSL can
@@ -75,8 +106,7 @@ class StaticPersistentScheduler:
         self.cluster_mn = cluster_mn
         self.group = group
         self.raster_m = raster_m
-        for name, v in zip(self._dyn, values or (), strict=False):
-            setattr(self, name, v)
+        self._set_values(values)
 
     @staticmethod
     def create(
@@ -106,24 +136,6 @@ class StaticPersistentScheduler:
         # A cluster covers cluster_m / ctas_per_tile_m shared tiles along M.
         tiles_per_cluster = (cluster_mn[0] // ctas_per_tile_m, cluster_mn[1])
         return StaticPersistentScheduler(tiles_per_cluster, group, raster_m, values)
-
-    def __extract_mlir_values__(self):
-        return extract_mlir_values([getattr(self, k) for k in self._dyn])
-
-    def __new_from_mlir_values__(self, values):
-        old = [getattr(self, k) for k in self._dyn]
-        return StaticPersistentScheduler(
-            self.cluster_mn, self.group, self.raster_m, new_from_mlir_values(old, values)
-        )
-
-    def first(self):
-        return self.start
-
-    def next(self, work):
-        return work + self.stride
-
-    def is_valid(self, work):
-        return work < self.total
 
     def cta_tile(self, work):
         cm, cn, l_idx = swizzled_tile_coord(
