@@ -163,57 +163,22 @@ class BlockScaledSm100Mixin:
             "sfb_smem_layout": cute.slice_(sfb_smem_layout_staged, (None, None, None, 0)),
         }
 
-    @cute.jit
-    def load_ab_sf(
-        self,
-        sched,
-        ab_pipeline: pipeline.PipelineAsync,
-        k_tile_cnt: cutlass.Int32,
-        tma_atom_a: cute.CopyAtom,
-        tAgA: cute.Tensor,  # (TMA, RestM, RestK, RestL)
-        tAsA: cute.Tensor,  # (TMA, STAGE)
-        a_mcast_mask,
-        tma_atom_b: cute.CopyAtom,
-        tBgB: cute.Tensor,  # (TMA, RestN, RestK, RestL)
-        tBsB: cute.Tensor,  # (TMA, STAGE)
-        b_mcast_mask,
-        tma_atom_sfa: cute.CopyAtom,
-        tma_atom_sfb: cute.CopyAtom,
-        sf,
-    ):
-        """Load warp of the block-scaled kernel: as ``GemmBase.load_ab`` (dense, not grouped), plus
-        the k-tile's SFA and SFB on the same stage barrier."""
-        tAgSFA, tAsSFA, tBgSFB, tBsSFB = sf["tAgSFA"], sf["tAsSFA"], sf["tBgSFB"], sf["tBsSFB"]
-        producer_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ab_stage)
-        work = sched.first()
-        while sched.is_valid(work):
-            tile_m, tile_n, tile_l = sched.cta_tile(work)
-            # (TMA, RestK)
-            tAgA_k = tAgA[(None, tile_m, None, tile_l)]
-            tBgB_k = tBgB[(None, tile_n, None, tile_l)]
-            tAgSFA_k = tAgSFA[(None, tile_m, None, tile_l)]
-            sfb_n = tile_n
-            if cutlass.const_expr(self.config.tile_n == 64):
-                sfb_n = tile_n // 2  # SFB tiles are 128 columns: two MMA tiles share one
-            tBgSFB_k = tBgSFB[(None, sfb_n, None, tile_l)]
-            for k_tile in range(k_tile_cnt):
-                ab_pipeline.producer_acquire(producer_state)
-                full_bar = ab_pipeline.producer_get_barrier(producer_state)
-                stage = producer_state.index
-                cute.copy(tma_atom_a, tAgA_k[(None, k_tile)], tAsA[(None, stage)], tma_bar_ptr=full_bar, mcast_mask=a_mcast_mask)
-                cute.copy(tma_atom_b, tBgB_k[(None, k_tile)], tBsB[(None, stage)], tma_bar_ptr=full_bar, mcast_mask=b_mcast_mask)
-                cute.copy(
-                    tma_atom_sfa, tAgSFA_k[(None, k_tile)], tAsSFA[(None, stage)],
-                    tma_bar_ptr=full_bar, mcast_mask=sf["sfa_mcast_mask"],
-                )  # fmt: skip
-                cute.copy(
-                    tma_atom_sfb, tBgSFB_k[(None, k_tile)], tBsSFB[(None, stage)],
-                    tma_bar_ptr=full_bar, mcast_mask=sf["sfb_mcast_mask"],
-                )  # fmt: skip
-                ab_pipeline.producer_commit(producer_state)
-                producer_state.advance()
-            work = sched.next(work)
-        ab_pipeline.producer_tail(producer_state)
+    def sf_load_operands(self, tma_atom_sfa: cute.CopyAtom, tma_atom_sfb: cute.CopyAtom, sf):
+        """The scale factors as ``GemmBase.load_ab`` extra operands: SFA follows A's m-tile, SFB
+        B's n-tile (SFB tiles are 128 columns: two 64-column MMA tiles share one)."""
+        tAgSFA, tBgSFB = sf["tAgSFA"], sf["tBgSFB"]
+        halve_n = self.config.tile_n == 64
+
+        def sfa_tiles(tile):
+            return tAgSFA[(None, tile[0], None, tile[2])]
+
+        def sfb_tiles(tile):
+            return tBgSFB[(None, tile[1] // 2 if halve_n else tile[1], None, tile[2])]
+
+        return (
+            (tma_atom_sfa, sfa_tiles, sf["tAsSFA"], sf["sfa_mcast_mask"]),
+            (tma_atom_sfb, sfb_tiles, sf["tBsSFB"], sf["sfb_mcast_mask"]),
+        )
 
     def s2t_copy(self, sSF: cute.Tensor, tSF: cute.Tensor):
         """tcgen05.cp (4x32dp128bit) of a scale-factor stage SMEM -> TMEM: (tiled copy, source

@@ -86,8 +86,13 @@ class GemmBase:
         tBgB: cute.Tensor,  # (TMA, RestN, RestK, RestL)
         tBsB: cute.Tensor,  # (TMA, STAGE)
         b_mcast_mask,
+        extra=(),
     ):
-        """One elected thread: TMA A and B k-tiles of every scheduled tile into the stage ring."""
+        """One elected thread: TMA A and B k-tiles of every scheduled tile into the stage ring.
+
+        ``extra``: more operands loaded on the same stage barrier (block-scaled: the scale
+        factors), each ``(tma_atom, tile -> (TMA, RestK), smem (TMA, STAGE), mcast_mask)``.
+        """
         producer_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ab_stage)
         work = sched.first()
         while sched.is_valid(work):
@@ -99,6 +104,7 @@ class GemmBase:
             else:
                 tAgA_k = tAgA[(None, tile[0], None, tile[2])]
             tBgB_k = tBgB[(None, tile[1], None, tile[2])]
+            extra_k = [op[1](tile) for op in extra]  # (TMA, RestK) per extra operand
             for k_tile in range(k_tile_cnt):
                 ab_pipeline.producer_acquire(producer_state)
                 full_bar = ab_pipeline.producer_get_barrier(producer_state)
@@ -116,6 +122,15 @@ class GemmBase:
                     tma_bar_ptr=full_bar,
                     mcast_mask=b_mcast_mask,
                 )
+                for i in cutlass.range_constexpr(len(extra)):
+                    atom, _, smem, mask = extra[i]
+                    cute.copy(
+                        atom,
+                        extra_k[i][(None, k_tile)],
+                        smem[(None, producer_state.index)],
+                        tma_bar_ptr=full_bar,
+                        mcast_mask=mask,
+                    )
                 ab_pipeline.producer_commit(producer_state)
                 producer_state.advance()
             work = sched.next(work)

@@ -526,19 +526,14 @@ class GemmSm100(BlockScaledSm100Mixin, GemmBase):
                 return cute.group_modes(bSG_gC_t, 1, 3), gC_real_epi, cC_epi, rows_left, cols_left, full_tile
 
         if warp_idx == self.load_warp_id:
+            extra = ()
             if cutlass.const_expr(self.blockscaled):
-                self.load_ab_sf(
-                    sched, ab_pipeline, k_tile_cnt,
-                    tma_atom_a, tAgA, tAsA, a_mcast_mask,
-                    tma_atom_b, tBgB, tBsB, b_mcast_mask,
-                    tma_atom_sfa, tma_atom_sfb, sf,
-                )  # fmt: skip
-            else:
-                self.load_ab(
-                    sched, ab_pipeline, k_tile_cnt,
-                    tma_atom_a, a_tiles, tAsA, a_mcast_mask,
-                    tma_atom_b, tBgB, tBsB, b_mcast_mask,
-                )  # fmt: skip
+                extra = self.sf_load_operands(tma_atom_sfa, tma_atom_sfb, sf)
+            self.load_ab(
+                sched, ab_pipeline, k_tile_cnt,
+                tma_atom_a, a_tiles, tAsA, a_mcast_mask,
+                tma_atom_b, tBgB, tBsB, b_mcast_mask, extra,
+            )  # fmt: skip
         elif warp_idx == self.mma_warp_id:
             if cutlass.const_expr(self.blockscaled):
                 self.mma_blockscaled(
