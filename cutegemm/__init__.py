@@ -7,6 +7,7 @@ Public API: ``gemm``, ``gemm_ref``, ``grouped_gemm``, ``grouped_gemm_ref``, ``Ge
 """
 
 from . import ops  # registers torch.ops.cutegemm.{gemm, grouped_gemm}; no device queries
+from .blockscaled.quantize import dequantize, quantize
 from .epilogue import EpilogueSpec
 from .gemm.api import gemm, gemm_ref
 from .gemm.config import GemmConfig, GemmProblem, can_implement
@@ -23,4 +24,6 @@ __all__ = [
     "can_implement",
     "EpilogueSpec",
     "ops",
+    "quantize",
+    "dequantize",
 ]

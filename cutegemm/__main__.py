@@ -1,4 +1,4 @@
-"""Command line: ``python -m cutegemm {bench,compile-check,plot}``."""
+"""Command line: ``python -m cutegemm {bench,compile-check,plot,tune}``."""
 
 from __future__ import annotations
 
@@ -41,10 +41,55 @@ def cmd_bench(args) -> int:
             path = benchmarks.write_results(rows, f"grouped_{torch.cuda.get_device_name().replace(' ', '_')}", outdir)
             print(benchmarks.markdown_table(rows, f"grouped bf16 on {torch.cuda.get_device_name()} (vs torch._grouped_mm)"))
             print(f"results: {path}")
+        elif fam == "quantize":
+            from .blockscaled.bench import bench_quantize, quant_markdown_table, write_quant_results
+
+            rows = bench_quantize(reps=args.reps)
+            print(quant_markdown_table(rows, f"quantize (bf16 input) on {torch.cuda.get_device_name()}"))
+            print(f"results: {write_quant_results(rows, outdir)}")
         elif fam == "sweep":
             from .tuning import sweep_dense
 
             sweep_dense(reps=args.reps)
+    return 0
+
+
+def _parse_shapes(text: str, fields: int) -> list[tuple[int, ...]]:
+    shapes = []
+    for item in text.split(","):
+        dims = tuple(int(x) for x in item.lower().strip().split("x"))
+        if len(dims) != fields:
+            raise SystemExit(f"bad shape {item!r}: expected {fields} numbers joined by 'x'")
+        shapes.append(dims)
+    return shapes
+
+
+def cmd_tune(args) -> int:
+    """Tune a list of shapes now (regardless of CUTEGEMM_AUTOTUNE) and persist the winners."""
+    if not _has_gpu():
+        print("Tuning needs a CUDA GPU (it times kernels); none here: nothing tuned.")
+        return 0
+    from . import benchmarks, tuning
+
+    if args.family == "dense":
+        shapes = _parse_shapes(args.shapes, 3) if args.shapes else benchmarks.DENSE_SHAPES
+        jobs = [
+            (f"{m}x{n}x{k}", lambda m=m, n=n, k=k: tuning.tune_dense(m, n, k, reps=args.reps))
+            for m, n, k in shapes
+        ]
+    else:  # grouped: ExMxNxK, M = total rows over all E experts
+        shapes = _parse_shapes(args.shapes, 4) if args.shapes else [
+            (e, e * tok, n, k) for e, tok, n, k in benchmarks.GROUPED_SHAPES
+        ]  # fmt: skip
+        jobs = [
+            (f"E{e} {m}x{n}x{k}", lambda e=e, m=m, n=n, k=k: tuning.tune_grouped(m, n, k, e, reps=args.reps))
+            for e, m, n, k in shapes
+        ]
+    for label, job in tuning.progress(jobs, f"tune {args.family}"):
+        res = job()
+        speed = f"{res.speedup:.2f}x the default" if res.speedup else "the default failed"
+        print(f"{label:>24}: {res.winner_ms:.4f} ms, {speed} | {res.winner.name}", flush=True)
+    print(f"records: {tuning.tuning_file()}")
     return 0
 
 
@@ -60,7 +105,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m cutegemm")
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("bench", help="benchmark vs torch on a GPU (compile-check without one)")
-    b.add_argument("family", nargs="?", default="dense", choices=["dense", "grouped", "sweep", "all"])
+    b.add_argument("family", nargs="?", default="dense", choices=["dense", "grouped", "quantize", "sweep", "all"])
     b.add_argument("--reps", type=int, default=30)
     b.add_argument("--out", default="results")
     b.set_defaults(fn=cmd_bench)
@@ -70,6 +115,11 @@ def main(argv=None) -> int:
     pl = sub.add_parser("plot", help="PNG from a results JSON")
     pl.add_argument("json")
     pl.set_defaults(fn=cmd_plot)
+    t = sub.add_parser("tune", help="autotune configs for shapes on a GPU and persist the winners")
+    t.add_argument("family", nargs="?", default="dense", choices=["dense", "grouped"])
+    t.add_argument("--shapes", default="", help="dense: MxNxK,... ; grouped: ExMxNxK,... (M = total rows)")
+    t.add_argument("--reps", type=int, default=20)
+    t.set_defaults(fn=cmd_tune)
     args = p.parse_args(argv)
     return args.fn(args)
 

@@ -31,6 +31,8 @@ class Row:
     config: str
     max_abs_err: float
     torch_max_abs_err: float
+    # bench_grouped: the same tile with scheduler="dynamic" (cooperative), and static cooperative
+    scheduler_ms: dict | None = None
 
 
 class Timer:
@@ -124,6 +126,14 @@ def markdown_table(rows: list[Row], title: str) -> str:
     ratios = [r.ratio for r in rows]
     geo = statistics.geometric_mean(ratios) if ratios else float("nan")
     lines.append(f"| **geomean** | | | **{geo:.2f}** | |")
+    sched = [r for r in rows if r.scheduler_ms]
+    if sched:  # bench_grouped: static vs dynamic scheduler on the policy's tile
+        names = list(sched[0].scheduler_ms)
+        lines += ["", "| case | " + " | ".join(f"{k} ms" for k in names) + " |"]
+        lines.append("|---|" + "---|" * len(names))
+        for r in sched:
+            times = " | ".join(f"{r.scheduler_ms.get(k, float('nan')):.4f}" for k in names)
+            lines.append(f"| {r.case} | {times} |")
     return "\n".join(lines)
 
 
@@ -234,8 +244,111 @@ def bench_grouped(shapes=GROUPED_SHAPES, dtype=torch.bfloat16, reps=30):
         flops = 2.0 * total * n * k
         from .grouped.api import _PLANS
 
-        cfg = next(p.config.name for key, p in _PLANS.items() if key[0] == a.shape and key[2] == b.shape)
+        plan_cfg = next(p.config for key, p in _PLANS.items() if key[0] == a.shape and key[2] == b.shape)
+        cfg = plan_cfg.name
+        sched = _scheduler_times(timer, reps, a, b, offs, plan_cfg, t_ours)
         rows.append(Row(f"E{e}x{tok}tok N{n} K{k}", t_ours, t_torch, flops / t_ours / 1e9, flops / t_torch / 1e9,
-                        t_torch / t_ours, cfg, err, terr))  # fmt: skip
-        print(format_row(rows[-1]) + f" | loop of matmul {flops / t_loop / 1e9:.1f} TFLOP/s", flush=True)
+                        t_torch / t_ours, cfg, err, terr, sched))  # fmt: skip
+        print(format_row(rows[-1]) + f" | loop of matmul {flops / t_loop / 1e9:.1f} TFLOP/s | "
+              + " ".join(f"{k} {v:.4f} ms" for k, v in sched.items()), flush=True)  # fmt: skip
+    return rows
+
+
+def _scheduler_times(timer, reps, a, b, offs, cfg, t_policy):
+    """The policy's tile with the static and the dynamic scheduler side by side (the dynamic one is
+    cooperative only: a pingpong policy tile is also timed static-cooperative)."""
+    from dataclasses import replace
+
+    from .grouped import grouped_gemm
+
+    times = {"static": t_policy}
+    coop = replace(cfg, pingpong=False)
+    if cfg.pingpong:
+        times["static-coop"] = timer(lambda: grouped_gemm(a, b, offs=offs, config=coop), reps)
+    dyn = replace(coop, scheduler="dynamic")
+    grouped_gemm(a, b, offs=offs, config=dyn)  # compile outside the timing
+    times["dynamic"] = timer(lambda: grouped_gemm(a, b, offs=offs, config=dyn), reps)
+    return times
+
+
+def bench_epilogue_quant(m=8192, n_out=4096, k=8192, reps=20):
+    """Issue-3 benchmark: ``gemm + swiglu + MXFP8 output`` (B has 2 x n_out interleaved gate/up
+    columns) against (a) our plain bf16 GEMM of the same shape, (b) cuBLAS of the same shape, and
+    (c) the torch chain ``matmul -> silu(gate) * up -> quantize_ref``. Prints and returns rows."""
+    from .blockscaled import quantize_ref
+    from .gemm.api import gemm
+
+    timer = Timer()
+    a, b = _dense_inputs(m, 2 * n_out, k, torch.bfloat16)
+    flops = 2.0 * m * 2 * n_out * k
+
+    def torch_chain():
+        y = torch.matmul(a, b)
+        h = torch.nn.functional.silu(y[:, 0::2].float()) * y[:, 1::2].float()
+        return quantize_ref(h, "mxfp8")
+
+    cases = {
+        "ours swiglu+mxfp8": lambda: gemm(a, b, activation="swiglu", out_dtype="mxfp8"),
+        "ours plain bf16": lambda: gemm(a, b),
+        "ours swiglu bf16": lambda: gemm(a, b, activation="swiglu"),
+        "torch.matmul bf16": lambda: torch.matmul(a, b),
+        "torch chain (matmul, silu*up, quantize_ref)": torch_chain,
+    }
+    times = {name: timer(f, reps) for name, f in cases.items()}
+    base = times["ours plain bf16"]
+    rows = []
+    for name, t in times.items():
+        line = f"{name:>45} | {t:8.4f} ms | {flops / t / 1e9:7.1f} TFLOP/s | {t / base:5.3f}x our plain GEMM time"
+        print(line, flush=True)
+        rows.append({"case": name, "ms": t, "tflops": flops / t / 1e9, "vs_plain": t / base})
+    chain = times["torch chain (matmul, silu*up, quantize_ref)"] / times["ours swiglu+mxfp8"]
+    print(f"fused swiglu+mxfp8 is {chain:.2f}x faster than the torch chain; "
+          f"{times['ours swiglu+mxfp8'] / base:.3f}x our plain bf16 GEMM", flush=True)  # fmt: skip
+    return rows
+
+
+FP8_SHAPES = [(8192, 8192, 8192), (16384, 7168, 2048), (4096, 4096, 4096), (128, 7168, 2048)]
+
+
+def bench_fp8(shapes=FP8_SHAPES, reps=20, configs=None):
+    """FP8 e4m3 with row-wise fp32 scales vs ``torch._scaled_mm`` (row-wise), same inputs, same
+    run. ``configs``: optional list of GemmConfig overrides (dicts) to time beside the policy's."""
+    from dataclasses import replace
+
+    from .gemm.api import _device_info, gemm
+    from .gemm.config import GemmProblem, can_implement
+    from .gemm.policy import policy_for
+
+    timer = Timer()
+    arch, sms = _device_info(torch.cuda.current_device())
+    rows = []
+    for m, n, k in shapes:
+        torch.manual_seed(0)
+        a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+        b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn).t()
+        sa = torch.rand(m, 1, device="cuda") + 0.5
+        sb = torch.rand(1, n, device="cuda") + 0.5
+        ref = (a.double() @ b.double()) * sa.double() * sb.double()
+        out = gemm(a, b, scale_a=sa, scale_b=sb)
+        tout = torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+        err = (out.double() - ref).abs().max().item()
+        terr = (tout.double() - ref).abs().max().item()
+        t_torch = timer(
+            lambda a=a, b=b, sa=sa, sb=sb: torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16),
+            reps,
+        )
+        flops = 2.0 * m * n * k
+        default = policy_for(arch, sms).choose(GemmProblem(m, n, k, 1, "e4m3", "e4m3", "bf16", "k", "k"))
+        cands = [None] + [replace(default, **c) for c in (configs or [])]
+        for cfg in cands:
+            if cfg is not None and not can_implement(cfg)[0]:
+                continue
+            try:
+                t = timer(lambda cfg=cfg, a=a, b=b, sa=sa, sb=sb: gemm(a, b, scale_a=sa, scale_b=sb, config=cfg), reps)
+            except Exception as exc:  # a candidate that fails to compile is reported, not fatal
+                print(f"   {(cfg or default).name}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                continue
+            name = (cfg or default).name + ("" if cfg is not None else " (policy)")
+            rows.append(Row(f"{m}x{n}x{k}", t, t_torch, flops / t / 1e9, flops / t_torch / 1e9, t_torch / t, name, err, terr))
+            print(format_row(rows[-1]), flush=True)
     return rows

@@ -21,9 +21,25 @@ REQUIRED = {
 BLOCKSCALED_MMA = {"e4m3": "UTCQMMA", "e2m1": "UTCOMMA"}
 
 
+# Dynamic schedulers: the atomic tile counter and the st.async broadcast into the ring ("dynamic"),
+# clusterlaunchcontrol.try_cancel (SELFCAST for 1-CTA clusters, BROADCAST = multicast) ("clc").
+SCHEDULER_MARKERS = {
+    "static": {},
+    "dynamic": {"ATOMG.ADD": r"\bATOMG\S*ADD", "STAS": r"\bSTAS\b"},
+    "clc": {"UGETNEXTWORKID": r"\bUGETNEXTWORKID"},
+}
+
+
 def required_markers(cfg: GemmConfig) -> dict[str, str]:
+    return {**_mma_markers(cfg), **SCHEDULER_MARKERS[cfg.scheduler]}
+
+
+def _mma_markers(cfg: GemmConfig) -> dict[str, str]:
     if not cfg.blockscaled:
         required = dict(REQUIRED[cfg.arch])
+        if cfg.arch == "sm_90a" and cfg.a_dtype == "e4m3":  # FP8 WGMMA
+            del required["HGMMA"]
+            required["QGMMA"] = r"\bQGMMA\."
         if cfg.arch == "sm_100a" and cfg.two_cta:
             required["UTCHMMA.2CTA"] = r"\bUTCHMMA\S*2CTA"
         return required
@@ -95,7 +111,51 @@ def epilogue_variants(arch: str, big: GemmConfig) -> list[GemmConfig]:
         ]
     out += [replace(cfg, epilogue=E(gated="swiglu", bias=True, bias_dtype="bf16")) for cfg in others]
     out += [replace(others[0], epilogue=E(alpha=True, beta=True, c_dtype="bf16", bias=True, activation="silu"))]
+    if arch == "sm_90a":
+        out += quant_and_user_variants(arch) + fp8_variants(arch)
     return out
+
+
+def fp8_variants(arch: str) -> list[GemmConfig]:
+    """Dense FP8 (e4m3, K-major A and B) with per-row / per-column fp32 scales in the epilogue."""
+    E = EpilogueSpec
+    fp8 = dict(a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k")
+    return [
+        GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=256, cluster_m=2, epilogue=E(scale_a=True, scale_b=True)),
+        GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=128, cluster_n=2, pingpong=True, epilogue=E(scale_a=True, scale_b=True)),
+        GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=256, out_dtype="fp32", epilogue=E(scale_a=True)),
+        GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=256, epilogue=E(scale_a=True, scale_b=True, bias=True, bias_dtype="bf16", gated="swiglu", quant="mxfp8"), out_dtype="e4m3"),
+    ]
+
+
+def sample_user_epilogue(acc, row, col, bias, scale):
+    """The user-defined epilogue compiled by compile-check: silu(acc + bias[col]) * scale[row]."""
+    from .epilogue import fn
+
+    return fn.silu(acc + bias[col]) * scale[row]
+
+
+def quant_and_user_variants(arch: str) -> list[GemmConfig]:
+    """Quantized outputs (each format, plain / gated / pingpong / 64-row tiles) and a user
+    epilogue (sm_90a so far)."""
+    from .epilogue.user import register
+
+    E = EpilogueSpec
+    user = register(sample_user_epilogue)
+    t256 = GemmConfig(arch=arch, tile_m=128, tile_n=256, cluster_m=2)
+    t128 = GemmConfig(arch=arch, tile_m=128, tile_n=128, cluster_m=2, pingpong=True)
+    t64 = GemmConfig(arch=arch, tile_m=64, tile_n=128, raster="n", group=1)
+    return [
+        replace(t256, out_dtype="e4m3", epilogue=E(quant="mxfp8")),
+        replace(t256, out_dtype="e4m3", epilogue=E(gated="swiglu", quant="mxfp8")),
+        replace(t256, out_dtype="u8", epilogue=E(bias=True, bias_dtype="bf16", activation="gelu", quant="nvfp4")),
+        replace(t256, out_dtype="u8", epilogue=E(gated="swiglu", quant="nvfp4")),
+        replace(t128, out_dtype="u8", epilogue=E(alpha=True, quant="mxfp4")),
+        replace(t64, out_dtype="e4m3", epilogue=E(gated="geglu", quant="mxfp8")),
+        replace(t256, epilogue=E(alpha=True, user=user, user_args=("bf16", "fp32"))),
+        replace(t128, epilogue=E(user=user, user_args=("fp32", "fp32"))),
+        replace(t256, out_dtype="e4m3", epilogue=E(user=user, user_args=("bf16", "bf16"), quant="mxfp8")),
+    ]
 
 
 @dataclass
@@ -134,6 +194,28 @@ def check_config(cfg: GemmConfig) -> CheckResult:
     if spilled:
         err += f"local-memory spills {spilled}"
     return CheckResult(cfg.name, not err, {**req, **bad}, time.time() - t0, err.strip())
+
+
+def scheduler_variants(arch: str) -> list[GemmConfig]:
+    """Dynamic schedulers (schedulers/dynamic.py), dense and grouped, with and without clusters."""
+    if arch == "sm_90a":
+        return [
+            GemmConfig(arch=arch, tile_m=128, tile_n=256, cluster_m=2, scheduler="dynamic"),
+            GemmConfig(
+                arch=arch, tile_m=128, tile_n=128, scheduler="dynamic", epilogue=EpilogueSpec(alpha=True)
+            ),
+            GemmConfig(arch=arch, grouped=True, tile_m=128, tile_n=256, cluster_n=2, scheduler="dynamic"),
+            GemmConfig(arch=arch, grouped=True, tile_m=64, tile_n=128, cluster_n=2, scheduler="dynamic"),
+            GemmConfig(arch=arch, grouped=True, tile_m=128, tile_n=128, scheduler="dynamic", b_major="k"),
+        ]
+    return [
+        GemmConfig(arch=arch, tile_m=128, tile_n=256, scheduler="clc"),
+        GemmConfig(arch=arch, tile_m=256, tile_n=256, two_cta=True, cluster_m=2, scheduler="clc"),
+        GemmConfig(arch=arch, tile_m=128, tile_n=128, scheduler="dynamic"),
+        GemmConfig(arch=arch, grouped=True, tile_m=128, tile_n=128, scheduler="clc"),
+        GemmConfig(arch=arch, grouped=True, tile_m=64, tile_n=128, cluster_n=2, scheduler="clc"),
+        GemmConfig(arch=arch, grouped=True, tile_m=128, tile_n=256, b_major="k", scheduler="dynamic"),
+    ]
 
 
 def grouped_variants(arch: str) -> list[GemmConfig]:
@@ -182,8 +264,25 @@ def blockscaled_variants(arch: str) -> list[GemmConfig]:
 
 def all_variants(archs) -> list[GemmConfig]:
     return [
-        cfg for arch in archs for cfg in dense_variants(arch) + grouped_variants(arch) + blockscaled_variants(arch)
+        cfg
+        for arch in archs
+        for family in (dense_variants, grouped_variants, blockscaled_variants, scheduler_variants)
+        for cfg in family(arch)
     ]
+
+
+def quantize_results(archs) -> list[CheckResult]:
+    """The block-scaled quantize kernels (cutegemm.blockscaled.quantize), every variant."""
+    from .blockscaled.quantize import all_configs, check_variant
+
+    out = []
+    for cfg in (c for arch in archs for c in all_configs(arch)):
+        t0 = time.time()
+        ok, markers, err = check_variant(cfg)
+        res = CheckResult(cfg.name, ok, markers, time.time() - t0, err)
+        print(res.line(), flush=True)
+        out.append(res)
+    return out
 
 
 def main(archs) -> int:
@@ -192,6 +291,7 @@ def main(archs) -> int:
         res = check_config(cfg)
         print(res.line(), flush=True)
         results.append(res)
+    results += quantize_results(archs)
     failed = [r for r in results if not r.ok]
     print(f"compile-check: {len(results) - len(failed)}/{len(results)} variants passed for {', '.join(archs)}")
     return 1 if failed else 0

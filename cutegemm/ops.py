@@ -1,4 +1,6 @@
-"""torch.library custom ops: ``torch.ops.cutegemm.gemm`` and ``torch.ops.cutegemm.grouped_gemm``.
+"""torch.library custom ops: ``torch.ops.cutegemm.gemm`` and ``torch.ops.cutegemm.grouped_gemm``
+(plus ``cutegemm::quantize`` / ``cutegemm::gemm_quantized`` and their BlockScaledTensor wrappers
+``quantize`` / ``gemm_quantized``: see :mod:`cutegemm.quant_ops`).
 
 Registering them makes cutegemm usable inside ``torch.compile(fullgraph=True)`` (each op has a
 fake implementation: output shape and dtype from the input shapes alone, never from offs'
@@ -52,6 +54,13 @@ Autograd (``Y = act(Z)``, ``Z = alpha * a @ b + bias``):
 - offs, alpha, out_dtype, activation: no gradient.
 The backward formulas call only these custom ops plus plain aten ops, so they trace under
 torch.compile and run on both devices.
+
+CUDA graphs (``torch.cuda.graph``; tests/test_ops_gpu.py): the forward of ``gemm`` and of the
+packed ``grouped_gemm`` (alone or inside a model, e.g. an MoE block) can be captured and replayed
+with new input contents and new offs contents (same shapes). Call each signature once eagerly
+before capturing (on a side stream, as torch recommends): the first call compiles or loads the
+kernel. Not capturable: the K-grouped form and therefore the packed form's backward (host sync).
+With autotuning on (:mod:`cutegemm.tuning`) a signature is never tuned during a capture.
 """
 
 from typing import Optional
@@ -63,6 +72,7 @@ from .gemm.api import gemm as _gemm_kernel
 from .gemm.api import gemm_ref as _gemm_ref
 from .grouped.api import grouped_gemm as _grouped_kernel
 from .grouped.api import grouped_gemm_ref as _grouped_ref
+from .quant_ops import gemm_quantized, quantize  # registers cutegemm::{quantize, gemm_quantized}
 
 # bias is positional-or-keyword, not keyword-only: torch.library.custom_op refuses keyword-only
 # Tensor arguments (and its autograd would not differentiate them).
@@ -318,4 +328,4 @@ def _grouped_backward(ctx, grad):
 
 grouped_gemm.register_autograd(_grouped_backward, setup_context=_grouped_setup_context)
 
-__all__ = ["gemm", "grouped_gemm", "GEMM_SCHEMA", "GROUPED_SCHEMA"]
+__all__ = ["gemm", "grouped_gemm", "quantize", "gemm_quantized", "GEMM_SCHEMA", "GROUPED_SCHEMA"]

@@ -1,7 +1,9 @@
 """torch.library custom ops on CPU (no GPU): schemas, opcheck, fake shapes, float64 gradcheck of
 gemm and both grouped forms, the rows-past-offs[-1] gradient contract, and torch.compile
 (fullgraph=True, backend="aot_eager": dynamo + fake tensors + AOTAutograd, forward and backward)
-of a small MoE block against eager. Inductor on CPU takes ~30 s to compile the block: opt in with
+of a small MoE block against eager; the quantization ops (cutegemm::quantize,
+cutegemm::gemm_quantized): opcheck, fake shapes == real shapes (hypothesis), wrappers == the torch
+references byte for byte, bad inputs, torch.compile(fullgraph=True) bitwise equal to eager. Inductor on CPU takes ~30 s to compile the block: opt in with
 CUTEGEMM_TEST_INDUCTOR=1."""
 
 import os
@@ -9,6 +11,8 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import cutegemm  # noqa: F401  (registers the ops)
@@ -270,3 +274,161 @@ def test_compile_no_recompile_on_offs_or_token_count():
                 compiled(x, *params[1:], offs)[:end], moe_block(x, *params[1:], offs)[:end]
             )
     assert cnt.frame_count == 2
+
+
+# ---------------------------------------------------------------------------------------------- quantization ops
+
+QUANTIZE_FORMATS = ["mxfp8", "mxfp8_e5m2", "mxfp4", "nvfp4"]
+
+
+def _bytes(t):
+    return t.view(torch.uint8) if t.element_size() == 1 else t
+
+
+def assert_same_quantized(q, ref):
+    """Bitwise equality of two BlockScaledTensors (elements, swizzled scales, global scale)."""
+    assert (
+        q.fmt == ref.fmt and tuple(q.shape) == tuple(ref.shape) and q.scales_swizzled and ref.scales_swizzled
+    )
+    assert q.data.dtype == ref.data.dtype and q.scales.dtype == ref.scales.dtype
+    assert torch.equal(_bytes(q.data), _bytes(ref.data))
+    assert torch.equal(_bytes(q.scales), _bytes(ref.scales))
+    assert (q.global_scale is None) == (ref.global_scale is None)
+    if q.global_scale is not None:
+        assert q.global_scale.shape == () and torch.equal(q.global_scale, ref.global_scale.reshape(()))
+
+
+def test_quant_schemas():
+    assert str(OP.quantize.default._schema) == (
+        'cutegemm::quantize(Tensor x, str fmt, Tensor? global_scale=None, *, str scale_rule="ocp") '
+        "-> (Tensor, Tensor, Tensor)"
+    )
+    assert str(OP.gemm_quantized.default._schema) == (
+        "cutegemm::gemm_quantized(Tensor a, Tensor b, Tensor? bias=None, Tensor? out_global_scale=None, *, "
+        "str out_dtype, float alpha=1., str? activation=None) -> (Tensor, Tensor)"
+    )
+    assert (
+        ops.quantize is cutegemm.quant_ops.quantize
+        and ops.gemm_quantized is cutegemm.quant_ops.gemm_quantized
+    )
+
+
+QUANT_OPCHECK = {
+    "quantize_mxfp8_bf16": lambda: (OP.quantize, (torch.randn(130, 96, dtype=torch.bfloat16), "mxfp8"), {}),
+    "quantize_mxfp8_ceil_batched": lambda: (
+        OP.quantize,
+        (torch.randn(2, 7, 64), "mxfp8"),
+        {"scale_rule": "ceil"},
+    ),
+    "quantize_mxfp4_tail": lambda: (OP.quantize, (torch.randn(5, 50, dtype=torch.float16), "mxfp4"), {}),
+    "quantize_nvfp4_default_gs": lambda: (OP.quantize, (torch.randn(33, 48), "nvfp4"), {}),
+    "quantize_nvfp4_given_gs": lambda: (OP.quantize, (torch.randn(33, 48), "nvfp4", torch.tensor(0.02)), {}),
+    "gemm_mxfp8_bias_gelu": lambda: (
+        OP.gemm_quantized,
+        (
+            torch.randn(40, 24, dtype=torch.bfloat16),
+            torch.randn(24, 64, dtype=torch.bfloat16),
+            torch.randn(64),
+        ),
+        {"out_dtype": "mxfp8", "alpha": 0.5, "activation": "gelu"},
+    ),
+    "gemm_mxfp4_swiglu_batched": lambda: (
+        OP.gemm_quantized,
+        (torch.randn(3, 9, 16, dtype=torch.bfloat16), torch.randn(16, 128, dtype=torch.bfloat16)),
+        {"out_dtype": "mxfp4", "activation": "swiglu"},
+    ),
+    "gemm_nvfp4_batched_b": lambda: (
+        OP.gemm_quantized,
+        (torch.randn(9, 16, dtype=F64), torch.randn(2, 16, 32, dtype=F64), None, torch.tensor([0.05])),
+        {"out_dtype": "nvfp4"},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(QUANT_OPCHECK))
+def test_opcheck_quant_ops(case):
+    op, args, kwargs = QUANT_OPCHECK[case]()
+    torch.library.opcheck(op.default, args, kwargs)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    fmt=st.sampled_from(QUANTIZE_FORMATS),
+    lead=st.sampled_from([(), (1,), (3,)]),
+    rows=st.integers(1, 300),
+    k2=st.integers(1, 100),
+    scale=st.sampled_from([1e-30, 1e-3, 1.0, 1e4]),
+)
+def test_quantize_op_fake_matches_real(fmt, lead, rows, k2, scale):
+    shape = (*lead, rows, 2 * k2)
+    x = torch.randn(*shape) * scale
+    data, scales, gs = OP.quantize(x, fmt)
+    with FakeTensorMode():
+        fd, fs, fg = OP.quantize(torch.empty(shape), fmt)
+    for real, fake in ((data, fd), (scales, fs), (gs, fg)):
+        assert (real.shape, real.dtype) == (fake.shape, fake.dtype)
+    # the wrapper is quantize_ref, byte for byte (CPU)
+    from cutegemm.blockscaled import quantize_ref
+
+    assert_same_quantized(ops.quantize(x, fmt), quantize_ref(x, fmt))
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "mxfp4", "nvfp4"])
+@pytest.mark.parametrize("shapes,activation", [(((7, 16), (16, 64)), None), (((2, 130, 8), (8, 96)), "relu"),
+                                                (((5, 24), (3, 24, 64)), "geglu")])  # fmt: skip
+def test_gemm_quantized_op_fake_matches_real_and_ref(fmt, shapes, activation):
+    a, b = torch.randn(*shapes[0], dtype=torch.bfloat16), torch.randn(*shapes[1], dtype=torch.bfloat16)
+    gs = torch.tensor([0.03]) if fmt == "nvfp4" else None
+    data, scales = OP.gemm_quantized(a, b, None, gs, out_dtype=fmt, alpha=0.5, activation=activation)
+    with FakeTensorMode():
+        fd, fs = OP.gemm_quantized(
+            torch.empty(shapes[0], dtype=torch.bfloat16), torch.empty(shapes[1], dtype=torch.bfloat16), None,
+            None if gs is None else torch.empty(1), out_dtype=fmt, alpha=0.5, activation=activation,
+        )  # fmt: skip
+    assert (data.shape, data.dtype, scales.shape, scales.dtype) == (fd.shape, fd.dtype, fs.shape, fs.dtype)
+    q = ops.gemm_quantized(a, b, out_dtype=fmt, out_global_scale=gs, alpha=0.5, activation=activation)
+    ref = cutegemm.gemm_ref(a, b, out_dtype=fmt, out_global_scale=gs, alpha=0.5, activation=activation)
+    assert_same_quantized(q, ref)
+
+
+def _quant_bad_calls():
+    a, b = torch.randn(8, 16, dtype=torch.bfloat16), torch.randn(16, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="fmt"):
+        OP.quantize(torch.randn(4, 32), "int8")
+    with pytest.raises(ValueError, match="no global scale"):
+        OP.quantize(torch.randn(4, 32), "mxfp8", torch.ones(()))
+    with pytest.raises(ValueError, match="K must be even"):
+        OP.quantize(torch.randn(4, 33), "mxfp4")
+    with pytest.raises(ValueError, match="scale_rule"):
+        OP.quantize(torch.randn(4, 32), "nvfp4", scale_rule="ceil")
+    with pytest.raises(ValueError, match="needs out_global_scale"):
+        OP.gemm_quantized(a, b, out_dtype="nvfp4")
+    with pytest.raises(ValueError, match="NVFP4 outputs only"):
+        OP.gemm_quantized(a, b, None, torch.ones(1), out_dtype="mxfp8")
+    with pytest.raises(ValueError, match="multiple of 32"):
+        OP.gemm_quantized(a, b[:, :48], out_dtype="mxfp8")
+    with pytest.raises(ValueError, match="out_dtype"):
+        OP.gemm_quantized(a, b, out_dtype="fp8")
+
+
+def test_quant_ops_bad_inputs_raise():
+    _quant_bad_calls()  # the CPU kernels
+    with FakeTensorMode():
+        _quant_bad_calls()  # the fake implementations
+
+
+def quantized_block(x, w, gs):
+    """Both quantization ops in one graph: quantize the input, a GEMM with a quantized output."""
+    qx = ops.quantize(x, "mxfp8")
+    qy = ops.gemm_quantized(x, w, out_dtype="nvfp4", out_global_scale=gs, activation="silu")
+    qz = ops.quantize(x.float() * 2, "nvfp4")
+    return qx, qy, qz
+
+
+def test_compile_quant_ops_fullgraph_matches_eager():
+    torch._dynamo.reset()
+    x, w = torch.randn(40, 32, dtype=torch.bfloat16), torch.randn(32, 96, dtype=torch.bfloat16)
+    gs = torch.tensor([0.01])
+    compiled = torch.compile(quantized_block, backend="aot_eager", fullgraph=True)
+    for got, want in zip(compiled(x, w, gs), quantized_block(x, w, gs), strict=True):
+        assert_same_quantized(got, want)

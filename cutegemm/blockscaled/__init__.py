@@ -1,7 +1,9 @@
-"""Block-scaled formats (MXFP8, MXFP4, NVFP4): descriptors, scale layouts, reference quantizers."""
+"""Block-scaled formats (MXFP8, MXFP4, NVFP4): descriptors, scale layouts, reference quantizers and
+the fast GPU quantizer (``quantize``)."""
 
 from .formats import FORMATS, MXFP4, MXFP8, MXFP8_E5M2, NVFP4, BlockFormat, get_format
 from .layout import from_swizzled, swizzled_shape, to_swizzled
+from .quantize import dequantize, quantize
 from .reference import BlockScaledTensor, dequantize_ref, pack_fp4, quantize_ref, unpack_fp4
 
 __all__ = [
@@ -20,4 +22,6 @@ __all__ = [
     "dequantize_ref",
     "pack_fp4",
     "unpack_fp4",
+    "quantize",
+    "dequantize",
 ]

@@ -116,7 +116,8 @@ def gemm_blockscaled(
     fn = DENSE_CACHE.get(cfg)
     fn(
         _operand_view(qa), _operand_view(qb), c_view, None, None,
-        alpha, 0.0, max_clusters, None, None, _scale_bytes(qa), _scale_bytes(qb),
+        alpha, 0.0, max_clusters, None, _scale_bytes(qa), _scale_bytes(qb),
+        *(None,) * 6, None,  # quantized-output scales, global scale, 4 epilogue vectors, workspace
     )  # fmt: skip
     return out if batched else out[0]
 

@@ -29,6 +29,9 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 
+from .quant import QUANT_FORMATS
+from .user import MAX_EPILOGUE_ARGS, apply_user_kernel
+
 EPI_DTYPES = ("bf16", "fp16", "fp32")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 GATED = ("swiglu", "geglu")
@@ -49,6 +52,11 @@ class EpilogueSpec:
         ``beta``.
     c_dtype / bias_dtype: dtypes of the C and bias tensors; leave them at the default "fp32"
         when the op is off, so that one kernel has one key.
+    quant: None | "mxfp8" | "mxfp4" | "nvfp4": the output is block-quantized along its columns
+        (see :mod:`cutegemm.epilogue.quant`): data (e4m3, or e2m1 pairs as bytes) plus 128x4
+        swizzled scale factors, written by the kernel.
+    user: key of a registered user-defined epilogue (:mod:`cutegemm.epilogue.user`), applied to
+        ``alpha * acc`` instead of beta / bias / activation; user_args: dtypes of its vectors.
     """
 
     alpha: bool = False
@@ -58,9 +66,30 @@ class EpilogueSpec:
     gated: str | None = None
     c_dtype: str = "fp32"
     bias_dtype: str = "fp32"
+    quant: str | None = None
+    user: str | None = None
+    user_args: tuple = ()
+    scale_a: bool = False  # FP8: multiply by an fp32 per-row (or per-tensor) scale of A
+    scale_b: bool = False  # FP8: multiply by an fp32 per-column (or per-tensor) scale of B
 
     def __post_init__(self):
         err = []
+        if self.quant is not None and self.quant not in QUANT_FORMATS:
+            err.append(f"quant must be None or one of {QUANT_FORMATS}, got {self.quant!r}")
+        if self.user is not None:
+            if self.beta or self.bias or self.activation or self.gated:
+                err.append("a user epilogue replaces beta / bias / activation / gated: leave them off")
+            if len(self.user_args) > MAX_EPILOGUE_ARGS:
+                err.append(
+                    f"a user epilogue takes at most {MAX_EPILOGUE_ARGS} vectors, got {len(self.user_args)}"
+                )
+            for d in self.user_args:
+                if d not in EPI_DTYPES:
+                    err.append(f"user_args dtypes must be in {EPI_DTYPES}, got {d!r}")
+        elif self.user_args:
+            err.append("user_args without a user epilogue")
+        if (self.scale_a or self.scale_b) and self.user is not None:
+            err.append("scale_a / scale_b (FP8 scales) cannot be combined with a user epilogue yet")
         for f in ("alpha", "beta", "bias"):
             if not isinstance(getattr(self, f), bool):
                 err.append(f"{f} must be a bool, got {getattr(self, f)!r}")
@@ -77,13 +106,17 @@ class EpilogueSpec:
             if v not in EPI_DTYPES:
                 err.append(f"{f} must be one of {EPI_DTYPES}, got {v!r}")
             elif not on and v != "fp32":
-                err.append(f"{f}={v!r} without {'beta' if f == 'c_dtype' else 'bias'}=True: leave it at 'fp32'")
+                err.append(
+                    f"{f}={v!r} without {'beta' if f == 'c_dtype' else 'bias'}=True: leave it at 'fp32'"
+                )
         if err:
             raise ValueError("invalid EpilogueSpec: " + "; ".join(err))
 
     @property
     def name(self) -> str:
-        parts = ["alpha"] if self.alpha else []
+        parts = [f"scale{'a' * self.scale_a}{'b' * self.scale_b}"] if self.scale_a or self.scale_b else []
+        if self.alpha:
+            parts.append("alpha")
         if self.beta:
             parts.append(f"beta{self.c_dtype}")
         if self.bias:
@@ -92,12 +125,24 @@ class EpilogueSpec:
             parts.append(self.activation)
         if self.gated:
             parts.append(self.gated)
+        if self.user:
+            parts.append(f"user{self.user}" + "".join(f"-{d}" for d in self.user_args))
+        if self.quant:
+            parts.append(f"q{self.quant}")
         return "+".join(parts) if parts else "identity"
 
     @property
     def needs_coords(self) -> bool:
         """Whether the kernel must give each accumulator element its global coordinate."""
-        return self.beta or self.bias or self.gated is not None
+        return (
+            self.beta
+            or self.bias
+            or self.gated is not None
+            or self.quant is not None
+            or self.user is not None
+            or self.scale_a
+            or self.scale_b
+        )
 
     @property
     def cols_per_output(self) -> int:
@@ -188,7 +233,9 @@ ACTIVATION_FNS = {"relu": relu, "gelu": gelu, "gelu_tanh": gelu_tanh, "silu": si
 GATE_ACTIVATION = {"swiglu": "silu", "geglu": "gelu"}
 
 
-def apply_epilogue(spec: EpilogueSpec, acc: cute.TensorSSA, alpha: cutlass.Float32, *, beta=None, c=None, bias=None):
+def apply_epilogue(
+    spec: EpilogueSpec, acc: cute.TensorSSA, alpha: cutlass.Float32, *, beta=None, c=None, bias=None
+):
     """``act(alpha * acc + beta * c + bias)`` on one fp32 subtile (TensorSSA), each op only when
     ``spec`` enables it. ``c`` / ``bias`` are fp32 TensorSSA of the same shape as ``acc``. For a
     gated spec this returns the pre-activation values (gating pairs columns: see
@@ -243,7 +290,9 @@ def gate_up_pairs(coords: cute.Tensor) -> list[tuple[int, int]]:
             continue
         partner = (o[0], o[1] + 1, *o[2:])
         if partner not in index:
-            raise ValueError(f"gated epilogue: fragment element {v} at offset {o} has no up partner {partner}")
+            raise ValueError(
+                f"gated epilogue: fragment element {v} at offset {o} has no up partner {partner}"
+            )
         pairs.append((v, index[partner]))
     if 2 * len(pairs) != len(offs):
         raise ValueError(f"gated epilogue: fragment offsets {offs} do not split into (gate, up) pairs")
@@ -266,6 +315,7 @@ def epilogue_subtile(
     beta: cutlass.Float32,
     mCin,
     mBias,
+    vectors=(),
 ):
     """The whole epilogue of one fp32 accumulator subtile; returns the values to cast and store.
 
@@ -278,11 +328,24 @@ def epilogue_subtile(
     Non-gated: returns a TensorSSA of ``acc``'s shape. Gated: returns a 1-D TensorSSA with one
     value per (gate, up) pair, in the order of :func:`gate_up_pairs` (``coords``).
     """
+    if spec.user is not None:
+        y = acc * alpha if spec.alpha else acc
+        return apply_user_kernel(spec.user, y, coords, vectors)
+    # FP8 scales (per row of A / per column of B; a 1-element vector is a per-tensor scale): the
+    # dequantization of the accumulator, before every other op. vectors = (scale_a, scale_b).
+    if spec.scale_a:
+        sa, last_a = vectors[0], vectors[0].shape[0] - 1
+        acc = acc * _gather_fp32(coords, acc.shape, lambda mnl: sa[cutlass.min(mnl[0], last_a)])
+    if spec.scale_b:
+        sb, last_b = vectors[1], vectors[1].shape[0] - 1
+        acc = acc * _gather_fp32(coords, acc.shape, lambda mnl: sb[cutlass.min(mnl[1], last_b)])
     c = bias = None
     if spec.beta:
         last_m, last_n = mCin.shape[0] - 1, mCin.shape[1] - 1
         c = _gather_fp32(
-            coords, acc.shape, lambda mnl: mCin[(cutlass.min(mnl[0], last_m), cutlass.min(mnl[1], last_n), mnl[2])]
+            coords,
+            acc.shape,
+            lambda mnl: mCin[(cutlass.min(mnl[0], last_m), cutlass.min(mnl[1], last_n), mnl[2])],
         )
     if spec.bias:
         last_n = mBias.shape[0] - 1

@@ -3,17 +3,33 @@
 from __future__ import annotations
 
 import functools
+import weakref
 from dataclasses import replace
 
 import torch
 
 from ..epilogue import ACTIVATIONS, GATE_LAYOUTS, GATED, EpilogueSpec, epilogue_ref, interleave_gate_up
+from ..epilogue.quant import QUANT_FORMATS
 from ..runtime.cache import KernelCache
-from .config import DTYPE_BYTES, TMA_ALIGN_BYTES, GemmConfig, GemmProblem, can_implement
+from .config import DTYPE_BYTES, QUANT_OUT_DTYPES, TMA_ALIGN_BYTES, GemmConfig, GemmProblem, can_implement
 from .policy import policy_for
 
 TORCH_TO_NAME = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+INPUT_TO_NAME = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float8_e4m3fn: "e4m3"}
 NAME_TO_TORCH = {v: k for k, v in TORCH_TO_NAME.items()}
+
+
+def new_workspace(config: GemmConfig, device):
+    """Scheduler "dynamic": the (1,) int32 tile counter, allocated once per plan; else None."""
+    return torch.zeros(1, dtype=torch.int32, device=device) if config.scheduler == "dynamic" else None
+
+
+def reset_workspace(workspace):
+    """Zero the tile counter on the current stream right before the launch that uses it, so a
+    captured CUDA graph records the reset (one plan must not run on two streams at once)."""
+    if workspace is not None:
+        workspace.zero_()
+    return workspace
 
 
 def kernel_class(arch: str):
@@ -102,35 +118,193 @@ def _aligned_operand(t3: torch.Tensor) -> torch.Tensor:
 class _Plan:
     """Everything one (shapes, strides, dtypes, device, options) signature needs to launch."""
 
-    __slots__ = ("fn", "views", "c_view", "has_bias", "out_shape", "out_dtype", "max_clusters", "config", "direct")
+    __slots__ = ("fn", "views", "c_view", "has_bias", "out_shape", "out_dtype", "max_clusters", "config", "direct",
+                 "quant", "n_vectors", "workspace", "device", "device_index", "out_dims", "b_memo")  # fmt: skip
 
-    def launch(self, sources, alpha, beta):
-        """sources: (a, b, out, c, bias), the tensors the views apply to."""
+    def launch(self, sources, alpha, beta, epi_extra=(None, None)):
+        """sources: (a, b, out, c, bias), the tensors the views apply to; epi_extra: (quantized
+        output scale bytes, NVFP4 global scale, *user epilogue vectors) (see signature.py)."""
         (sa, ta), (sb, tb), (sc, tc) = self.views
         cv = self.c_view
+        vecs = _NO_VECTORS if len(epi_extra) == 2 else (*epi_extra[2:], None, None, None, None)[:4]
         self.fn(
-            sources[0].as_strided(sa, ta), sources[1].as_strided(sb, tb), sources[2].as_strided(sc, tc),
+            sources[0].as_strided(sa, ta), memo_view(self, sources[1], sb, tb), sources[2].as_strided(sc, tc),
             None if cv is None else sources[3].as_strided(*cv), sources[4] if self.has_bias else None,
-            alpha, beta, self.max_clusters, None,
+            alpha, beta, self.max_clusters, None, None, None, epi_extra[0], epi_extra[1], *vecs,
+            reset_workspace(self.workspace),
         )  # fmt: skip
+
+    def new_output(self, device=None):
+        """A fresh output on the plan's device: the tensor the kernel writes and, when quantized,
+        the zeroed scale bytes. (``*out_dims``: torch.empty parses plain ints faster than a
+        torch.Size.)"""
+        if self.quant is None:
+            return torch.empty(*self.out_dims, dtype=self.out_dtype, device=self.device), None
+        return _quant_outputs(self.quant, self.out_shape, self.device)
+
+    def bind(self, device: torch.device):
+        """Records what the fast path needs: the device (launch and allocation) and the output
+        dims as plain ints."""
+        self.device = device
+        self.device_index = device.index
+        self.out_dims = tuple(int(d) for d in self.out_shape)
+        return self
+
+
+def memo_view(plan, t: torch.Tensor, size, stride) -> torch.Tensor:
+    """``t.as_strided(size, stride)``, memoized on ``plan`` for the same tensor object (the weight
+    operand is usually passed again and again). The memo is used only for that very object at
+    the same data pointer (a ``t.set_()`` / ``t.data = ...`` swap misses; t's shape, strides and
+    dtype are fixed by the plan key). It is a view of ``t.detach()``, so it never keeps ``t``
+    alive, and ``t``'s death drops it (weakref callback): no stale view, no leaked storage."""
+    ptr = t.data_ptr()
+    memo = getattr(plan, "b_memo", None)
+    if memo is not None and memo[0]() is t and memo[1] == ptr:
+        return memo[2]
+    view = t.detach().as_strided(size, stride)
+
+    def drop(ref, plan=plan):
+        m = getattr(plan, "b_memo", None)
+        if m is not None and m[0] is ref:
+            plan.b_memo = None
+
+    plan.b_memo = (weakref.ref(t, drop), ptr, view)
+    return view
 
 
 _PLANS: dict = {}
+_NO_VECTORS = (None, None, None, None)
+# The current CUDA device index. torch._C._cuda_getDevice is what torch.cuda.current_device()
+# returns after its lazy-init check; a cached plan implies CUDA is initialized already.
+_current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 _ACTIVATION_NAMES = (*ACTIVATIONS, *GATED)
+
+
+def _quant_outputs(fmt: str, shape, device):
+    """(data the kernel writes: e4m3 (.., N) or uint8 (.., N / 2), scale bytes: zeroed 128x4
+    swizzled (L, rows_p, cols_p) uint8) for a quantized output of logical ``shape``."""
+    from ..blockscaled.layout import swizzled_shape
+    from ..epilogue.quant import QUANT
+
+    q = QUANT[fmt]
+    n = shape[-1]
+    if q.packed:
+        data = torch.empty((*shape[:-1], n // 2), dtype=torch.uint8, device=device)
+    else:
+        data = torch.empty(shape, dtype=torch.float8_e4m3fn, device=device)
+    rows_p, cols_p = swizzled_shape(shape[-2], -(-n // q.block))
+    batch = 1
+    for d in shape[:-2]:
+        batch *= d
+    # flat: the kernel's view (e8m0 bytes as uint8; NVFP4 scales as e4m3, as the kernel writes them)
+    sdtype = torch.uint8 if q.scale == "e8m0" else torch.float8_e4m3fn
+    scales = torch.zeros(batch * rows_p * cols_p, dtype=sdtype, device=device)
+    return data, scales
+
+
+def _quant_result(fmt: str, shape, data, scales, gs):
+    from ..blockscaled import BlockScaledTensor, get_format
+    from ..blockscaled.layout import swizzled_shape
+
+    f = get_format(fmt)
+    rows_p, cols_p = swizzled_shape(shape[-2], -(-shape[-1] // f.block_size))
+    scales = scales.view(*shape[:-2], rows_p, cols_p)
+    return BlockScaledTensor(
+        data=data.view(f.elem_dtype), scales=scales.view(f.scale_dtype), fmt=f, shape=torch.Size(shape),
+        global_scale=None if gs is None else gs.reshape(()), scales_swizzled=True,
+    )  # fmt: skip
+
+
+def _global_scale(fmt, out_global_scale, device):
+    """The NVFP4 output's (1,) fp32 global scale on ``device`` (None for MX formats)."""
+    if fmt != "nvfp4":
+        if out_global_scale is not None:
+            raise ValueError(f"out_global_scale is for NVFP4 outputs only, got out_dtype={fmt!r}")
+        return None
+    if out_global_scale is None:
+        raise ValueError(
+            "an NVFP4 output needs out_global_scale (fp32 per-tensor scale; e.g. amax / (448 * 6))"
+        )
+    if isinstance(out_global_scale, torch.Tensor):
+        if out_global_scale.numel() != 1:
+            raise ValueError(
+                f"out_global_scale must have one element, got shape {tuple(out_global_scale.shape)}"
+            )
+        return out_global_scale.detach().to(device=device, dtype=torch.float32).reshape(1)
+    gs = float(out_global_scale)
+    if not (gs > 0 and gs < float("inf")):
+        raise ValueError(f"out_global_scale must be positive and finite, got {gs}")
+    return torch.tensor([gs], dtype=torch.float32, device=device)
+
+
+def _fp8_scales(a, b, scale_a, scale_b):
+    """(scale_a, scale_b) as contiguous fp32 1-D tensors (None when not given): one per row of a
+    / per column of b, or a single per-tensor value."""
+    out = []
+    for name, t, n in (("scale_a", scale_a, a.shape[-2]), ("scale_b", scale_b, b.shape[-1])):
+        if t is None:
+            out.append(None)
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor (fp32), got {type(t).__name__}")
+        if t.dtype != torch.float32:
+            raise TypeError(f"{name} must be torch.float32, got {t.dtype}")
+        if t.device != a.device:
+            raise ValueError(f"{name} must be on {a.device}, got {t.device}")
+        if t.numel() not in (1, n) or (t.numel() == n and n > 1 and sum(s > 1 for s in t.shape) != 1):
+            raise ValueError(f"{name} must have 1 or {n} elements (per tensor / per {'row' if name == 'scale_a' else 'column'}), got shape {tuple(t.shape)}")
+        t = t.reshape(-1)
+        if t.stride(0) != 1 or t.data_ptr() % TMA_ALIGN_BYTES:
+            t = t.clone(memory_format=torch.contiguous_format)
+        out.append(t)
+    return tuple(out)
+
+
+def _epilogue_vectors(epilogue_args, device):
+    """User-epilogue vectors as contiguous, 16-byte aligned 1-D tensors on ``device``."""
+    from ..epilogue.user import MAX_EPILOGUE_ARGS
+
+    if not isinstance(epilogue_args, (tuple, list)):
+        raise TypeError(f"epilogue_args must be a tuple of tensors, got {type(epilogue_args).__name__}")
+    if len(epilogue_args) > MAX_EPILOGUE_ARGS:
+        raise ValueError(f"at most {MAX_EPILOGUE_ARGS} epilogue_args, got {len(epilogue_args)}")
+    out = []
+    for i, t in enumerate(epilogue_args):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"epilogue_args[{i}] must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 1 or t.numel() == 0:
+            raise ValueError(f"epilogue_args[{i}] must be a non-empty 1-D vector, got shape {tuple(t.shape)}")
+        if t.dtype not in _EPI_TORCH_DTYPES:
+            raise TypeError(f"epilogue_args[{i}].dtype must be bf16, fp16 or fp32, got {t.dtype}")
+        if t.device != device:
+            raise ValueError(f"epilogue_args[{i}] must be on {device}, got {t.device}")
+        if t.stride(0) != 1 or t.data_ptr() % TMA_ALIGN_BYTES:
+            t = t.clone(memory_format=torch.contiguous_format)
+        out.append(t)
+    return tuple(out)
+
+
 _EPI_TORCH_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def _check_args(a, b, out, out_dtype, gated: bool = False):
     _check_operand("a", a)
     _check_operand("b", b)
-    if a.dtype not in (torch.bfloat16, torch.float16):
-        raise TypeError(f"a.dtype must be torch.bfloat16 or torch.float16, got {a.dtype}")
+    if a.dtype not in INPUT_TO_NAME:
+        raise TypeError(f"a.dtype must be torch.bfloat16, torch.float16 or torch.float8_e4m3fn, got {a.dtype}")
     if b.dtype != a.dtype:
         raise TypeError(f"b.dtype ({b.dtype}) must equal a.dtype ({a.dtype})")
     if a.device != b.device:
         raise ValueError(f"a and b must be on the same device, got {a.device} and {b.device}")
-    if out_dtype not in TORCH_TO_NAME:
-        raise TypeError(f"out_dtype must be torch.bfloat16, torch.float16 or torch.float32, got {out_dtype}")
+    if isinstance(out_dtype, str):
+        if out_dtype not in QUANT_FORMATS:
+            raise ValueError(f"a quantized out_dtype must be one of {QUANT_FORMATS}, got {out_dtype!r}")
+        if out is not None:
+            raise ValueError(f"out= is not supported with a quantized output ({out_dtype})")
+    elif out_dtype not in TORCH_TO_NAME:
+        raise TypeError(
+            f"out_dtype must be torch.bfloat16, torch.float16, torch.float32 or one of {QUANT_FORMATS}, got {out_dtype}"
+        )
     if a.shape[-1] != b.shape[-2]:
         raise ValueError(f"a and b shapes do not match for a @ b: {tuple(a.shape)} @ {tuple(b.shape)}")
     if a.dim() == 3 and b.dim() == 3 and a.shape[0] != b.shape[0]:
@@ -138,7 +312,9 @@ def _check_args(a, b, out, out_dtype, gated: bool = False):
     n_out = b.shape[-1]
     if gated:
         if n_out % 2:
-            raise ValueError(f"a gated activation needs b with an even number of columns (gate, up), got {n_out}")
+            raise ValueError(
+                f"a gated activation needs b with an even number of columns (gate, up), got {n_out}"
+            )
         n_out //= 2
     res_shape = torch.Size([*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], n_out])
     if out is not None:
@@ -185,7 +361,9 @@ def _check_epilogue_args(a, b, res_shape, beta, c, bias, activation):
         if bias.device != a.device:
             raise ValueError(f"bias must be on {a.device}, got {bias.device}")
         if bias.dtype not in _EPI_TORCH_DTYPES:
-            raise TypeError(f"bias.dtype must be torch.bfloat16, torch.float16 or torch.float32, got {bias.dtype}")
+            raise TypeError(
+                f"bias.dtype must be torch.bfloat16, torch.float16 or torch.float32, got {bias.dtype}"
+            )
         n = b.shape[-1]
         if bias.shape != (n,):
             what = f"one value per GEMM column, gate and up: ({n},) = 2 x {n // 2}" if gated else f"({n},)"
@@ -204,25 +382,38 @@ def _rowmajor_input(t3: torch.Tensor) -> torch.Tensor:
     16-byte aligned strides and base), else a contiguous copy."""
     align = TMA_ALIGN_BYTES // t3.element_size()
     ok = (t3.shape[2] == 1 or t3.stride(2) == 1) and t3.data_ptr() % TMA_ALIGN_BYTES == 0
-    ok = ok and all(size == 1 or st % align == 0 for size, st in zip(t3.shape[:2], t3.stride()[:2], strict=True))
+    ok = ok and all(
+        size == 1 or st % align == 0 for size, st in zip(t3.shape[:2], t3.stride()[:2], strict=True)
+    )
     return t3 if ok else t3.contiguous()
 
 
-def _plan(a, b, out, out_dtype, alpha, config, beta=0.0, c=None, bias=None, activation=None):
+def _plan(
+    a, b, out, out_dtype, alpha, config, beta=0.0, c=None, bias=None, activation=None, user=None, vectors=()
+):
     """The slow path: validate, pick and compile the kernel, compute the kernel views.
-    Returns (plan, sources): sources (a, b, out, c, bias) are the tensors the views apply to
-    (copies where needed). ``b`` and ``bias`` of a gated activation are interleaved already."""
+    Returns (plan, sources, scales): sources (a, b, out, c, bias) are the tensors the views apply
+    to (copies where needed; ``out`` is the data tensor of a quantized output, ``scales`` its
+    scale bytes, else None). ``b`` and ``bias`` of a gated activation are interleaved already."""
     gated = activation in GATED
+    quant = out_dtype if isinstance(out_dtype, str) else None
     res_shape = _check_args(a, b, out, out_dtype, gated)
     _check_epilogue_args(a, b, res_shape, beta, c, bias, activation)
+    if user is not None and (beta != 0.0 or bias is not None or activation is not None):
+        raise ValueError("a user epilogue replaces beta * c, bias and activation: apply them inside it")
     if beta == 0.0:
         c = None  # not read (cuBLAS semantics)
-    if out is None:
+    scales = None
+    if quant is not None:
+        if res_shape[-1] % 32:
+            raise ValueError(f"a quantized output needs a multiple of 32 columns, got {res_shape[-1]}")
+        out, scales = _quant_outputs(quant, res_shape, a.device)
+    elif out is None:
         out = torch.empty(res_shape, dtype=out_dtype, device=a.device)
     if out.numel() == 0 or a.shape[-1] == 0:
-        return None, (a, b, out, c, bias)
+        return None, (a, b, out, c, bias), scales
     # Bring everything to (L, rows, cols).
-    if a.dim() == 3 and b.dim() == 2:
+    if a.dim() == 3 and b.dim() == 2 and quant is None:
         # One weight for every batch: fold the batch into M when the layouts allow it.
         try:
             a3 = a.view(1, a.shape[0] * a.shape[1], a.shape[2])
@@ -237,6 +428,11 @@ def _plan(a, b, out, out_dtype, alpha, config, beta=0.0, c=None, bias=None, acti
         o3 = out.unsqueeze(0) if out.dim() == 2 else out
         r3 = None if c is None else (c.unsqueeze(0) if c.dim() == 2 else c)
     a3s, b3s = _aligned_operand(a3), _aligned_operand(b3)
+    fp8 = a.dtype == torch.float8_e4m3fn
+    if fp8 and _unit_mode(a3s) != 2:  # FP8 WGMMA reads K-major operands only: copy
+        a3s = a3s.contiguous()
+    if fp8 and _unit_mode(b3s) != 1:
+        b3s = b3s.mT.contiguous().mT
     r3s = None if r3 is None else _rowmajor_input(r3)
     bias_s = None
     if bias is not None:
@@ -252,9 +448,12 @@ def _plan(a, b, out, out_dtype, alpha, config, beta=0.0, c=None, bias=None, acti
         _kernel_view(b3s, b_unit, (2, 1, 0), "b"),
         _kernel_view(o3, 2, (1, 2, 0), "out"),
     )
-    arch, num_sms = _device_info(a.device.index if a.device.index is not None else torch.cuda.current_device())
+    arch, num_sms = _device_info(
+        a.device.index if a.device.index is not None else torch.cuda.current_device()
+    )
+    out_name = QUANT_OUT_DTYPES[quant] if quant is not None else TORCH_TO_NAME[out_dtype]
     problem = GemmProblem(
-        M, N, K, L, TORCH_TO_NAME[a.dtype], TORCH_TO_NAME[b.dtype], TORCH_TO_NAME[out_dtype], a_major, b_major
+        M, N, K, L, INPUT_TO_NAME[a.dtype], INPUT_TO_NAME[b.dtype], out_name, a_major, b_major
     )
     epi = EpilogueSpec(
         alpha=alpha != 1.0,
@@ -264,9 +463,19 @@ def _plan(a, b, out, out_dtype, alpha, config, beta=0.0, c=None, bias=None, acti
         bias_dtype=TORCH_TO_NAME[bias_s.dtype] if bias_s is not None else "fp32",
         activation=None if gated else activation,
         gated=activation if gated else None,
+        quant=quant,
+        user=user,
+        user_args=tuple(TORCH_TO_NAME[v.dtype] for v in vectors) if user is not None else (),
+        scale_a=fp8 and vectors[0] is not None,
+        scale_b=fp8 and vectors[1] is not None,
     )
+    if config is not None and (config.arch != arch or config.grouped):
+        raise ValueError(f"config {config.name} cannot run dense on {arch} (arch or grouped mismatch)")
     if config is None:
-        cfg = policy_for(arch, num_sms).choose(problem, epilogue=epi)
+        from ..tuning import tuned_config  # opt-in autotuning; None when off -> deterministic default
+
+        cfg = tuned_config(arch, problem, epi, "dense", num_sms=num_sms)
+        cfg = cfg or policy_for(arch, num_sms).choose(problem, epilogue=epi)
     elif config.epilogue == EpilogueSpec():
         cfg = replace(config, epilogue=epi)  # a forced tile: the call's arguments give the epilogue
     elif config.epilogue in (epi, replace(epi, alpha=True)):
@@ -277,13 +486,24 @@ def _plan(a, b, out, out_dtype, alpha, config, beta=0.0, c=None, bias=None, acti
     if not ok:
         raise ValueError(f"cannot run {cfg.name}: {why}")
     plan = _Plan()
-    plan.fn = DENSE_CACHE.get(cfg)
+    if user is None:
+        plan.fn = DENSE_CACHE.get(cfg)
+    else:
+        try:
+            plan.fn = DENSE_CACHE.get(cfg)
+        except Exception as exc:
+            raise ValueError(
+                f"the user epilogue could not be traced into the kernel: {type(exc).__name__}: {exc}"
+            ) from exc
+    plan.quant = quant
+    plan.n_vectors = len(vectors)
     plan.views = views
     plan.c_view = None if r3s is None else _kernel_view(r3s, 2, (1, 2, 0), "c")
     plan.has_bias = bias_s is not None
     plan.out_shape = res_shape
     plan.out_dtype = out_dtype
     plan.max_clusters = max(1, num_sms // (cfg.cluster_m * cfg.cluster_n))
+    plan.workspace = new_workspace(cfg, a.device)
     plan.config = cfg
     # Cacheable when the views apply to the caller's own tensors (no copies were needed).
     plan.direct = (
@@ -293,8 +513,8 @@ def _plan(a, b, out, out_dtype, alpha, config, beta=0.0, c=None, bias=None, acti
         and bias_s is bias
     )  # fmt: skip
     if plan.direct:
-        return plan, (a, b, out, c, bias)
-    return plan, (a3s, b3s, out, r3s, bias_s)
+        return plan, (a, b, out, c, bias), scales
+    return plan, (a3s, b3s, out, r3s, bias_s), scales
 
 
 def gemm(
@@ -310,6 +530,11 @@ def gemm(
     activation: str | None = None,
     gate_layout: str = "interleaved",
     config: GemmConfig | None = None,
+    epilogue=None,
+    epilogue_args=(),
+    out_global_scale=None,
+    scale_a=None,
+    scale_b=None,
 ):
     """``out = act(alpha * (a @ b) + beta * c + bias)`` with fp32 accumulation and an fp32
     epilogue, fused into the GEMM.
@@ -335,12 +560,31 @@ def gemm(
       entries, one per pre-activation column, in b's column order; ``beta * c`` is not
       supported with them.
 
+    Quantized output: ``out_dtype="mxfp8"`` (e4m3 + e8m0 per 32 columns), ``"mxfp4"`` or
+    ``"nvfp4"`` (e2m1 + e4m3 per 16 columns; needs ``out_global_scale``, a positive fp32 scalar
+    or one-element tensor) returns a :class:`cutegemm.blockscaled.BlockScaledTensor` with 128x4
+    swizzled scales, quantized by the kernel from the fp32 epilogue values (any epilogue above,
+    gated included); equal to ``quantize_ref(gemm_ref(..., out_dtype=torch.float32), fmt)`` up
+    to the accumulation order. The output must have a multiple of 32 columns; sm_90a only so far.
+
+    User epilogue: ``epilogue=f, epilogue_args=(v0, ...)`` with ``f(acc, row, col, *vectors)``
+    (see :mod:`cutegemm.epilogue.user`): traced into the kernel, replacing beta / bias /
+    activation (alpha still scales acc first).
+
+    FP8 (sm_90a): a, b ``torch.float8_e4m3fn`` with fp32 ``scale_a`` (one per row of a: shape
+    (M,) or (M, 1), or one element: per tensor) and ``scale_b`` (per column of b: (N,) or (1, N),
+    or one element), as ``torch._scaled_mm``: ``out = (a @ b) * scale_a * scale_b`` then the
+    epilogue above. Both operands are read K-major (a row-major, b column-major, e.g.
+    ``w.t()`` of an (N, K) weight); other layouts are copied first. Scales may be omitted (1).
+
     Per-call cost: the first call for a (shapes, strides, dtypes, device, options) signature
     validates, picks the config and compiles (or loads it from the disk cache); later calls only
     check data-pointer alignment and launch.
     """
     if out_dtype is None:
-        out_dtype = out.dtype if out is not None else getattr(a, "dtype", None)
+        out_dtype = out.dtype if isinstance(out, torch.Tensor) else getattr(a, "dtype", None)
+        if out_dtype == torch.float8_e4m3fn:
+            out_dtype = torch.bfloat16  # FP8 inputs: bf16 output by default
     if activation is not None:
         _check_activation(activation, gate_layout)
         if gate_layout == "halves" and activation in GATED:
@@ -352,6 +596,23 @@ def gemm(
     elif gate_layout not in GATE_LAYOUTS:
         _check_activation(activation, gate_layout)
     has_beta = beta != 0.0
+    quant = out_dtype if isinstance(out_dtype, str) else None
+    user = vectors = gs = None
+    if epilogue is not None:
+        from ..epilogue.user import register
+
+        user = register(epilogue)
+        vectors = _epilogue_vectors(epilogue_args, getattr(a, "device", None))
+    elif epilogue_args:
+        raise ValueError("epilogue_args given without an epilogue function")
+    if getattr(a, "dtype", None) == torch.float8_e4m3fn:
+        if epilogue is not None:
+            raise ValueError("a user epilogue cannot be combined with FP8 inputs yet")
+        vectors = _fp8_scales(a, b, scale_a, scale_b)
+    elif scale_a is not None or scale_b is not None:
+        raise ValueError("scale_a / scale_b are for torch.float8_e4m3fn inputs")
+    if quant is not None or out_global_scale is not None:
+        gs = _global_scale(quant, out_global_scale, getattr(a, "device", None))
     try:
         key = (
             a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, out_dtype,
@@ -359,38 +620,65 @@ def gemm(
             alpha != 1.0, config, activation,
             (c.shape, c.stride(), c.dtype, c.device) if has_beta and c is not None else has_beta,
             None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
+            user, None if vectors is None else tuple(None if v is None else (v.shape, v.dtype) for v in vectors),
+            b.device,
         )  # fmt: skip
     except AttributeError:
         key = None  # not tensors: the slow path raises the right TypeError
     plan = _PLANS.get(key) if key is not None else None
+    # Fast path: the key fixes every checked property but data-pointer alignment (and the plan's
+    # device is a's, so one int compare checks the current device).
     if (
         plan is not None
+        and _current_device() == plan.device_index
         and not (a.data_ptr() % 16 or b.data_ptr() % 16 or (out is not None and out.data_ptr() % 16))
         and not (has_beta and c.data_ptr() % 16)
         and not (bias is not None and bias.data_ptr() % 16)
-        and a.device.index == torch.cuda.current_device()
     ):
+        scales = None
         if out is None:
-            out = torch.empty(plan.out_shape, dtype=out_dtype, device=a.device)
-        plan.launch((a, b, out, c, bias), float(alpha), float(beta))
-        return out
-    plan, sources = _plan(a, b, out, out_dtype, alpha, config, beta, c, bias, activation)
+            out, scales = plan.new_output()
+        epi_extra = (scales, gs, *vectors) if vectors else (scales, gs)
+        plan.launch((a, b, out, c, bias), float(alpha), float(beta), epi_extra)
+        return out if quant is None else _quant_result(quant, plan.out_shape, out, scales, gs)
+    plan, sources, scales = _plan(
+        a, b, out, out_dtype, alpha, config, beta, c, bias, activation, user, vectors or ()
+    )
     out = sources[2]
     if plan is None:  # empty output or K == 0
-        if out.numel() == 0:
-            return out
-        if beta == 0.0 and bias is None and activation is None:
-            return out.zero_()
-        acc = torch.zeros(*out.shape[:-1], b.shape[-1], dtype=torch.float32, device=out.device)
-        return out.copy_(epilogue_ref(acc, alpha=alpha, beta=beta, c=c, bias=bias, activation=activation))
+        return _degenerate(out, b, quant, scales, gs, alpha, beta, c, bias, activation, epilogue, vectors)
     if plan.direct and key is not None:
-        _PLANS[key] = plan
-    if a.device.index == torch.cuda.current_device():
-        plan.launch(sources, float(alpha), float(beta))
+        _PLANS[key] = plan.bind(a.device)
+    epi_extra = (scales, gs, *(vectors or ()))
+    if a.device.index == _current_device():
+        plan.launch(sources, float(alpha), float(beta), epi_extra)
     else:
         with torch.cuda.device(a.device):
-            plan.launch(sources, float(alpha), float(beta))
-    return out
+            plan.launch(sources, float(alpha), float(beta), epi_extra)
+    return out if quant is None else _quant_result(quant, plan.out_shape, out, scales, gs)
+
+
+def _degenerate(out, b, quant, scales, gs, alpha, beta, c, bias, activation, epilogue, vectors):
+    """Empty output or K == 0: the epilogue of a zero accumulator, in torch."""
+    shape = (*out.shape[:-1], b.shape[-1] if activation not in GATED else b.shape[-1] // 2)
+    if quant is not None and out.numel() == 0:
+        return _quant_result(quant, shape, out, scales, gs)
+    if out.numel() == 0:
+        return out
+    acc = torch.zeros(*out.shape[:-1], b.shape[-1], dtype=torch.float32, device=out.device)
+    if epilogue is not None:
+        from ..epilogue.user import apply_user_ref
+
+        y = apply_user_ref(epilogue, acc * alpha, vectors)
+    else:
+        y = epilogue_ref(acc, alpha=alpha, beta=beta, c=c, bias=bias, activation=activation)
+    if quant is not None:
+        from ..blockscaled import quantize_ref
+
+        return quantize_ref(y, quant, global_scale=None if gs is None else gs)
+    if beta == 0.0 and bias is None and activation is None and epilogue is None:
+        return out.zero_()
+    return out.copy_(y)
 
 
 def gemm_ref(
@@ -405,17 +693,47 @@ def gemm_ref(
     activation: str | None = None,
     gate_layout: str = "interleaved",
     compute_dtype=torch.float32,
+    epilogue=None,
+    epilogue_args=(),
+    out_global_scale=None,
+    scale_a=None,
+    scale_b=None,
 ):
     """Plain-torch twin of :func:`gemm`: the matmul and the epilogue in ``compute_dtype``
-    (``cutegemm.epilogue.epilogue_ref``), then the cast. Same arguments, same rules."""
+    (``cutegemm.epilogue.epilogue_ref``, or the user ``epilogue`` evaluated on torch tensors),
+    then the cast, or for a quantized ``out_dtype`` ("mxfp8" / "mxfp4" / "nvfp4")
+    ``quantize_ref`` of the fp32 result. Same arguments, same rules."""
     _check_activation(activation, gate_layout)
     if beta != 0.0 and c is None:
         raise ValueError(f"beta={beta} needs the residual tensor c")
     if beta != 0.0 and activation in GATED:
         raise ValueError(f"beta * c cannot be combined with the gated activation {activation!r}")
-    out_dtype = out_dtype or a.dtype
+    out_dtype = out_dtype or (torch.bfloat16 if a.dtype == torch.float8_e4m3fn else a.dtype)
     acc = torch.matmul(a.to(compute_dtype), b.to(compute_dtype))
-    res = epilogue_ref(acc, alpha=alpha, beta=beta, c=c, bias=bias, activation=activation, gate_layout=gate_layout)
+    if scale_a is not None:  # FP8 scales: per row of a / per column of b, or per tensor
+        sa = scale_a.to(compute_dtype).reshape(-1)
+        acc = acc * (sa if sa.numel() == 1 else sa.unsqueeze(-1))
+    if scale_b is not None:
+        acc = acc * scale_b.to(compute_dtype).reshape(-1)
+    if a.dtype == torch.float8_e4m3fn and out_dtype == a.dtype:
+        out_dtype = torch.bfloat16
+    if epilogue is not None:
+        from ..epilogue.user import apply_user_ref
+
+        if beta != 0.0 or bias is not None or activation is not None:
+            raise ValueError("a user epilogue replaces beta * c, bias and activation: apply them inside it")
+        res = apply_user_ref(epilogue, acc * alpha if alpha != 1.0 else acc, tuple(epilogue_args))
+    else:
+        res = epilogue_ref(
+            acc, alpha=alpha, beta=beta, c=c, bias=bias, activation=activation, gate_layout=gate_layout
+        )
+    if isinstance(out_dtype, str):
+        from ..blockscaled import quantize_ref
+
+        if out_dtype not in QUANT_FORMATS:
+            raise ValueError(f"a quantized out_dtype must be one of {QUANT_FORMATS}, got {out_dtype!r}")
+        gs = _global_scale(out_dtype, out_global_scale, res.device)
+        return quantize_ref(res.float(), out_dtype, global_scale=gs)
     return res.to(out_dtype)
 
 

@@ -14,6 +14,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 
+from ..schedulers.dynamic import BroadcastScheduler, SchedulerRing, clc_grid_clusters
 from ..schedulers.static import StaticPersistentScheduler, persistent_grid
 from .config import GemmConfig, config_errors
 
@@ -23,6 +24,7 @@ CUTLASS_DTYPES = {
     "fp32": cutlass.Float32,
     "e4m3": cutlass.Float8E4M3FN,  # block-scaled operands (sm_100a)
     "e2m1": cutlass.Float4E2M1FN,
+    "u8": cutlass.Uint8,  # packed FP4 pairs of a quantized output
 }
 
 
@@ -59,9 +61,19 @@ class GemmBase:
             ctas_per_tile_m,
         )
 
-    def grid(self, mC_mnl: cute.Tensor, cta_tile_mn, max_clusters):
+    def grid(self, mC_mnl: cute.Tensor, cta_tile_mn, max_clusters, mOffs=None, total_m=None):
         """Persistent grid (cluster_m, cluster_n, clusters). Grouped: the tile count lives on the
-        device (offs), so every cluster slot is launched and finds its work from the table."""
+        device (offs), so every cluster slot is launched and finds its work from the table.
+        CLC: one cluster per cluster tile (grouped: the upper bound of ``clc_grid_clusters``), laid
+        out along x as (cluster_m * clusters, cluster_n, 1) (gridDim.z stops at 65535)."""
+        if self.config.scheduler == "clc":
+            n_tiles = cute.ceil_div(mC_mnl.shape[1], cta_tile_mn[1] * self.cluster_shape_mn[1])
+            if self.config.grouped:
+                clusters = clc_grid_clusters(total_m, mOffs.shape[0], self.config.tile_m, n_tiles)
+            else:
+                m_tiles = cute.ceil_div(mC_mnl.shape[0], cta_tile_mn[0] * self.cluster_shape_mn[0])
+                clusters = m_tiles * n_tiles * mC_mnl.shape[2]
+            return (self.cluster_shape_mn[0] * clusters, self.cluster_shape_mn[1], 1)
         if self.config.grouped:
             return (*self.cluster_shape_mn, max_clusters)
         return persistent_grid(
@@ -70,6 +82,22 @@ class GemmBase:
             self.cluster_shape_mn,
             max_clusters,
         )
+
+    def broadcast_scheduler(self, inner, storage, mWorkspace) -> BroadcastScheduler:
+        """scheduler "dynamic" / "clc": ``inner`` (static or grouped) behind the shared-memory
+        ring of ``schedulers.dynamic`` (its barriers were initialised by :meth:`init_sched_ring`).
+        The load role uses ``.as_fetcher(cta_rank_in_cluster == 0)``."""
+        counter = mWorkspace.iterator if self.config.scheduler == "dynamic" else None
+        return BroadcastScheduler(
+            inner, SchedulerRing(storage), self.config.scheduler, self.cluster_shape_mn, counter
+        )
+
+    def init_sched_ring(self, storage, consumer_warps_per_cta: int, tidx):
+        """Before ``pipeline_init_arrive``: the ring's mbarriers (dynamic schedulers only)."""
+        if self.config.scheduler != "static":
+            SchedulerRing(storage).init(
+                consumer_warps_per_cta, self.cluster_shape_mn[0] * self.cluster_shape_mn[1], tidx
+            )
 
     # -- producer role (arch-neutral) ----------------------------------------------------------
     @cute.jit
@@ -134,5 +162,6 @@ class GemmBase:
                 ab_pipeline.producer_commit(producer_state)
                 producer_state.advance()
             work = sched.next(work)
+        sched.finish(work)
         # Do not exit while peers in the cluster may still signal our empty barriers.
         ab_pipeline.producer_tail(producer_state)

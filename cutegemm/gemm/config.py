@@ -9,7 +9,9 @@ from ..epilogue import EpilogueSpec
 
 ARCHS = ("sm_90a", "sm_100a")
 INPUT_DTYPES = ("bf16", "fp16")
+FP8_DTYPES = ("e4m3",)  # dense FP8 (sm_90a WGMMA): K-major A and B, fp32 scales in the epilogue
 OUTPUT_DTYPES = ("bf16", "fp16", "fp32")
+QUANT_OUT_DTYPES = {"mxfp8": "e4m3", "mxfp4": "u8", "nvfp4": "u8"}  # storage of quantized outputs
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 TMA_ALIGN_BYTES = 16
 # Block-scaled (sm_100a): element dtypes, scale dtypes, and the (element, scale, vec) recipes.
@@ -20,7 +22,7 @@ BLOCKSCALED_RECIPES = {
     ("e2m1", "e8m0", 32): "mxfp4",
     ("e2m1", "e4m3", 16): "nvfp4",
 }
-ELEMENT_BITS = {"bf16": 16, "fp16": 16, "fp32": 32, "e4m3": 8, "e2m1": 4}
+ELEMENT_BITS = {"bf16": 16, "fp16": 16, "fp32": 32, "e4m3": 8, "e2m1": 4, "u8": 8}
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,9 @@ class GemmConfig:
     tile_m/tile_n: the CTA tile (sm_100a with two_cta: the MMA tile of the CTA pair, so the CTA
     tile is tile_m/2 x tile_n). stages=0 picks as many A/B stages as shared memory holds.
     raster/group: tile order of the persistent scheduler (see schedulers/static.py).
+    scheduler: "static" (strided walk), "dynamic" (global atomic tile counter, both archs; the API
+    zeroes its workspace in-stream before each launch) or "clc" (sm_100a cluster launch control);
+    the dynamic ones need the cooperative schedule (see schedulers/dynamic.py).
     pingpong (sm_90a): the two consumer warpgroups take alternate tiles, so one runs its epilogue
     while the other runs its mainloop; tile_m x tile_n is then one warpgroup's tile (<= 128x128
     or 64x256: 128 fp32 accumulator registers per thread). Otherwise "cooperative": both
@@ -105,10 +110,25 @@ def config_errors(cfg: GemmConfig) -> list[str]:
         err += blockscaled_errors(cfg)
     elif cfg.sf_dtype:
         err.append(f"sf_dtype={cfg.sf_dtype!r} needs sf_vec > 0 (block-scaled)")
+    elif cfg.a_dtype in FP8_DTYPES and cfg.b_dtype == cfg.a_dtype:
+        if cfg.arch != "sm_90a":
+            err.append("dense FP8 (non-block-scaled) is an sm_90a kernel so far")
+        if cfg.a_major != "k" or cfg.b_major != "k":
+            err.append("FP8 WGMMA needs K-major A and B (a_major='k', b_major='k')")
     elif cfg.a_dtype not in INPUT_DTYPES or cfg.b_dtype != cfg.a_dtype:
-        err.append(f"a/b dtype must be equal and one of {INPUT_DTYPES}, got {cfg.a_dtype}/{cfg.b_dtype}")
-    if cfg.out_dtype not in OUTPUT_DTYPES:
+        err.append(f"a/b dtype must be equal and one of {INPUT_DTYPES + FP8_DTYPES}, got {cfg.a_dtype}/{cfg.b_dtype}")
+    epi = cfg.epilogue
+    if epi.quant is not None:
+        if cfg.out_dtype != QUANT_OUT_DTYPES[epi.quant]:
+            err.append(f"quantized output {epi.quant} is stored as {QUANT_OUT_DTYPES[epi.quant]!r}, got out dtype {cfg.out_dtype!r}")
+        if cfg.arch != "sm_90a":
+            err.append("quantized-output epilogue: sm_90a only so far")
+        if cfg.grouped:
+            err.append("quantized-output epilogue: dense only so far")
+    elif cfg.out_dtype not in OUTPUT_DTYPES:
         err.append(f"out dtype {cfg.out_dtype!r} not in {OUTPUT_DTYPES}")
+    if epi.user is not None and cfg.grouped:
+        err.append("user epilogue: dense only so far")
     if cfg.a_major not in ("k", "m"):
         err.append(f"a_major must be 'k' or 'm', got {cfg.a_major!r}")
     if cfg.b_major not in ("k", "n"):
@@ -120,8 +140,7 @@ def config_errors(cfg: GemmConfig) -> list[str]:
         err.append("cluster size must be <= 4")
     if cfg.raster not in ("m", "n") or cfg.group < 1:
         err.append(f"raster must be 'm'/'n' and group >= 1, got {cfg.raster!r}/{cfg.group}")
-    if cfg.scheduler != "static":
-        err.append(f"scheduler {cfg.scheduler!r} not available for dense GEMM (static)")
+    err += scheduler_errors(cfg)
     if cfg.grouped:
         if cfg.a_major != "k":
             err.append("grouped: A must be row-major (a_major='k')")
@@ -155,6 +174,23 @@ def config_errors(cfg: GemmConfig) -> list[str]:
             err.append(f"sm_100a tile_n must be a multiple of 32 in [32, 256], got {cfg.tile_n}")
         if cfg.two_cta and cfg.cluster_m % 2:
             err.append("two_cta needs cluster_m to be even")
+    return err
+
+
+SCHEDULERS = ("static", "dynamic", "clc")
+
+
+def scheduler_errors(cfg: GemmConfig) -> list[str]:
+    """static (both archs), dynamic (atomic counter; both archs), clc (cluster launch control,
+    sm_100a). The dynamic ones broadcast each tile to every role, which the sm_90a pingpong
+    schedule (warpgroups alternate tiles by position) does not do."""
+    if cfg.scheduler not in SCHEDULERS:
+        return [f"scheduler must be one of {SCHEDULERS}, got {cfg.scheduler!r}"]
+    err = []
+    if cfg.scheduler == "clc" and cfg.arch != "sm_100a":
+        err.append(f"scheduler 'clc' (cluster launch control) is an sm_100a feature, got arch {cfg.arch!r}")
+    if cfg.scheduler != "static" and cfg.pingpong:
+        err.append(f"scheduler {cfg.scheduler!r} supports the cooperative schedule only (pingpong=False)")
     return err
 
 
@@ -195,6 +231,8 @@ def problem_errors(cfg: GemmConfig, p: GemmProblem) -> list[str]:
     for attr in ("a_dtype", "b_dtype", "out_dtype", "a_major", "b_major"):
         if getattr(cfg, attr) != getattr(p, attr):
             err.append(f"config {attr}={getattr(cfg, attr)!r} but problem has {getattr(p, attr)!r}")
+    if cfg.epilogue.quant is not None and (p.n // cfg.epilogue.cols_per_output) % 32:
+        err.append(f"quantized output: the output's columns must be a multiple of 32, got {p.n // cfg.epilogue.cols_per_output}")
     if min(p.m, p.n, p.k, p.l) < 1:
         err.append(f"kernel needs M, N, K, L >= 1 (got {p.m}, {p.n}, {p.k}, {p.l})")
     for nm, strides, dtype in (

@@ -53,6 +53,11 @@ partition, as NVIDIA's example), so 2-CTA pairs each hold all of the tile's B sc
 epilogue is the dense one (NVFP4's global scales ride in alpha). acc_stage drops to 1 when two
 accumulators and the scales do not fit in TMEM (tile_n = 256).
 
+Scheduler (config.scheduler): "static"; "dynamic" (global atomic counter) or "clc"
+(clusterlaunchcontrol.try_cancel, grid = every cluster tile, grouped: an upper bound): the load
+warp of cluster rank 0 fetches each next tile and the load, MMA and epilogue warps of every CTA
+read it from a shared-memory ring (``schedulers.dynamic``). Compile-verified only (no sm_100 GPU).
+
 Constraints: see ``config.config_errors`` (tile_m 64/128, or 128/256 with two_cta; tile_n a
 multiple of 32 up to 256; cluster <= 4, cluster_m even with two_cta; grouped: no two_cta).
 """
@@ -81,6 +86,7 @@ from ..grouped.kernel_parts import (
     tile_table_bytes,
     tile_table_len,
 )
+from ..schedulers.dynamic import ring_storage_fields
 from .base import GemmBase
 from .epilogue_store import store_subtile_predicated
 
@@ -218,6 +224,8 @@ class GemmSm100(BlockScaledSm100Mixin, GemmBase):
             "sB": Align[MemRange[self.b_dtype, cute.cosize(self.b_smem_layout_staged)], 1024],
             "sC": Align[MemRange[self.c_dtype, cute.cosize(self.epi_smem_layout_staged)], 1024],
         }
+        if cfg.scheduler != "static":
+            fields.update(ring_storage_fields())
         if self.blockscaled:
             fields["sSFA"] = Align[MemRange[self.sf_dtype, cute.cosize(self.sfa_smem_layout_staged)], 128]
             fields["sSFB"] = Align[MemRange[self.sf_dtype, cute.cosize(self.sfb_smem_layout_staged)], 128]
@@ -238,6 +246,14 @@ class GemmSm100(BlockScaledSm100Mixin, GemmBase):
         mOffs: cute.Tensor | None = None,  # grouped: (E,) int32 cumulative end rows of A's experts
         mSFA: cute.Tensor | None = None,  # block-scaled: A's scales, 128x4 swizzled bytes (any shape)
         mSFB: cute.Tensor | None = None,  # block-scaled: B's scales, 128x4 swizzled bytes (any shape)
+        # The sm_90a signature's epilogue arguments (one signature for both archs; not used here yet).
+        mEpiSF: cute.Tensor | None = None,
+        mEpiGS: cute.Tensor | None = None,
+        mV0: cute.Tensor | None = None,
+        mV1: cute.Tensor | None = None,
+        mV2: cute.Tensor | None = None,
+        mV3: cute.Tensor | None = None,
+        mWorkspace: cute.Tensor | None = None,  # scheduler "dynamic": (1,) int32 tile counter, zeroed
     ):
         self.c_layout = LayoutEnum.from_tensor(mC)
         self._setup(LayoutEnum.from_tensor(mA), LayoutEnum.from_tensor(mB), self.c_layout)
@@ -283,6 +299,7 @@ class GemmSm100(BlockScaledSm100Mixin, GemmBase):
             mBias,
             mC if cfg.grouped else None,
             mOffs,
+            mWorkspace,
             alpha,
             beta,
             self.tiled_mma,
@@ -293,7 +310,7 @@ class GemmSm100(BlockScaledSm100Mixin, GemmBase):
             self.epi_tile,
             *sf_args,
         ).launch(
-            grid=self.grid(self.acc_space(mC, mB), self.cta_tile_mn, max_clusters),
+            grid=self.grid(self.acc_space(mC, mB), self.cta_tile_mn, max_clusters, mOffs, mA.shape[0]),
             block=[self.threads_per_cta, 1, 1],
             cluster=(*self.cluster_shape_mn, 1),
             min_blocks_per_mp=1,
@@ -314,6 +331,7 @@ class GemmSm100(BlockScaledSm100Mixin, GemmBase):
         mBias: cute.Tensor | None,
         mC_gmem: cute.Tensor | None,  # grouped: C itself, for predicated stores of partial tiles
         mOffs: cute.Tensor | None,
+        mWorkspace: cute.Tensor | None,
         alpha: cutlass.Float32,
         beta: cutlass.Float32,
         tiled_mma: cute.TiledMma,
@@ -383,6 +401,8 @@ class GemmSm100(BlockScaledSm100Mixin, GemmBase):
             is_two_cta=self.use_2cta,
             two_cta_tmem_dealloc_mbar_ptr=storage.tmem_dealloc_mbar.ptr,
         )
+        # Dynamic schedulers: the load, MMA and 4 epilogue warps read the tile ring.
+        self.init_sched_ring(storage, 2 + len(self.epi_warp_ids), tidx)
         pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mn, is_relaxed=True)
 
         # (MMA, MMA_M, MMA_K, STAGE), (MMA, MMA_N, MMA_K, STAGE), (EPI_M, EPI_N, EPI_STAGE)
@@ -525,12 +545,19 @@ class GemmSm100(BlockScaledSm100Mixin, GemmBase):
                 )
                 return cute.group_modes(bSG_gC_t, 1, 3), gC_real_epi, cC_epi, rows_left, cols_left, full_tile
 
+        load_sched = sched
+        if cutlass.const_expr(cfg.scheduler != "static"):
+            # The load warp of cluster rank 0 fetches tiles (atomic counter or CLC query); every
+            # role of every CTA reads them from its ring.
+            sched = self.broadcast_scheduler(sched, storage, mWorkspace)
+            load_sched = sched.as_fetcher(cta_rank_in_cluster == 0)
+
         if warp_idx == self.load_warp_id:
             extra = ()
             if cutlass.const_expr(self.blockscaled):
                 extra = self.sf_load_operands(tma_atom_sfa, tma_atom_sfb, sf)
             self.load_ab(
-                sched, ab_pipeline, k_tile_cnt,
+                load_sched, ab_pipeline, k_tile_cnt,
                 tma_atom_a, a_tiles, tAsA, a_mcast_mask,
                 tma_atom_b, tBgB, tBsB, b_mcast_mask, extra,
             )  # fmt: skip

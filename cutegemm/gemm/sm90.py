@@ -26,6 +26,11 @@ element. Gated (swiglu/geglu): the accumulator tile is tile_m x tile_n GEMM colu
 tile tile_m x tile_n/2; each gated value is written to shared memory by coordinate (st.shared,
 no stmatrix) and TMA-stored like any subtile.
 
+Scheduler (config.scheduler): "static" walks a fixed tile sequence in every role; "dynamic"
+(cooperative only) lets the producer warp of cluster rank 0 fetch tiles from a global atomic
+counter and broadcast them to every warp of the cluster through a shared-memory ring
+(``schedulers.dynamic``).
+
 Constraints: see ``config.config_errors`` (tile_m 64/128, tile_n 64..256, cluster <= 4).
 """
 
@@ -42,6 +47,7 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.tensor_utils import LayoutEnum
 
 from ..epilogue import epilogue_subtile, store_gated
+from ..epilogue.quant import quant_storage, store_quantized_subtile
 from ..grouped.kernel_parts import (
     fill_tile_starts,
     from_row,
@@ -51,6 +57,7 @@ from ..grouped.kernel_parts import (
     tile_table_bytes,
     tile_table_len,
 )
+from ..schedulers.dynamic import RING_DEPTH, ring_storage_fields
 from .base import GemmBase
 from .epilogue_store import store_subtile_predicated
 
@@ -66,6 +73,7 @@ class GemmSm90(GemmBase):
 
     def __init__(self, config):
         super().__init__(config)
+        self.out_per_elem = quant_storage(config.epilogue.quant)[1] if config.epilogue.quant else 1
         self.pingpong = config.pingpong
         self.num_mma_wg = 2 if self.pingpong else config.tile_m // 64
         # Warpgroups that share one tile's WGMMAs (and its epilogue barrier).
@@ -93,9 +101,13 @@ class GemmSm90(GemmBase):
         self.tile_shape_mnk = (cfg.tile_m, cfg.tile_n, inst_k * 4)  # K tile = 64 for 16-bit inputs
         self.cta_layout_mnk = cute.make_layout((*self.cluster_shape_mn, 1))
         # Epilogue subtile x 32 columns: all cooperative WGs' rows, or one WG's 64 rows (pingpong).
-        self.epi_tile = (64 * self.wg_per_tile, 32)
-        # What one subtile writes: half the columns when gated (one output per gate/up pair).
-        self.epi_tile_out = (self.epi_tile[0], self.epi_tile[1] // cfg.epilogue.cols_per_output)
+        # A quantized output takes 32 output columns per subtile (whole scale blocks).
+        epi = cfg.epilogue
+        cpo = epi.cols_per_output
+        self.epi_tile = (64 * self.wg_per_tile, 32 * cpo if epi.quant else 32)
+        # What one subtile writes: half the columns when gated (one output per gate/up pair), in
+        # stored elements (FP4: bytes holding two).
+        self.epi_tile_out = (self.epi_tile[0], self.epi_tile[1] // cpo // self.out_per_elem)
         self.epi_stage = 4 if not self.pingpong else 2
 
         ab_bytes = (cfg.tile_m + cfg.tile_n) * self.tile_shape_mnk[2] * self.a_dtype.width // 8
@@ -146,6 +158,15 @@ class GemmSm90(GemmBase):
         max_clusters: cutlass.Int32,
         stream: cuda.CUstream,
         mOffs: cute.Tensor | None = None,  # grouped: (E,) int32 cumulative end rows of A's experts
+        mSFA: cute.Tensor | None = None,  # block-scaled operands: sm_100a only (kept for one signature)
+        mSFB: cute.Tensor | None = None,
+        mEpiSF: cute.Tensor | None = None,  # quantized output: its scale bytes (128x4 swizzled)
+        mEpiGS: cute.Tensor | None = None,  # quantized NVFP4 output: (1,) fp32 global scale
+        mV0: cute.Tensor | None = None,  # user epilogue vectors
+        mV1: cute.Tensor | None = None,
+        mV2: cute.Tensor | None = None,
+        mV3: cute.Tensor | None = None,
+        mWorkspace: cute.Tensor | None = None,  # scheduler "dynamic": (1,) int32 tile counter, zeroed
     ):
         self.c_layout = LayoutEnum.from_tensor(mC)
         self._setup(LayoutEnum.from_tensor(mA), LayoutEnum.from_tensor(mB), self.c_layout)
@@ -171,11 +192,18 @@ class GemmSm90(GemmBase):
         )
 
         table_len = tile_table_len(cfg.grouped)
+        # The dynamic schedulers' tile ring (static: a 1-slot stub; every field here sits below
+        # the 1 KiB-aligned sA, so it moves nothing).
+        ring = ring_storage_fields(RING_DEPTH if cfg.scheduler != "static" else 1)
+        ring_full, ring_empty, ring_resp = ring["sched_full"], ring["sched_empty"], ring["sched_resp"]
 
         @cute.struct
         class SharedStorage:
             ab_mbar: cute.struct.MemRange[cutlass.Int64, self.ab_stage * 2]
             tile_start: cute.struct.MemRange[cutlass.Int32, table_len]
+            sched_full: ring_full
+            sched_empty: ring_empty
+            sched_resp: ring_resp
             sA: cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(self.a_smem_layout_staged)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(self.b_smem_layout_staged)], 1024]
             sC: cute.struct.Align[
@@ -194,6 +222,13 @@ class GemmSm90(GemmBase):
             mBias,
             mC if cfg.grouped else None,
             mOffs,
+            mEpiSF,
+            mEpiGS,
+            mV0,
+            mV1,
+            mV2,
+            mV3,
+            mWorkspace,
             alpha,
             beta,
             self.tiled_mma,
@@ -202,7 +237,9 @@ class GemmSm90(GemmBase):
             self.b_smem_layout_staged,
             self.epi_smem_layout_staged,
         ).launch(
-            grid=self.grid(self.acc_space(mC, mB), (cfg.tile_m, cfg.tile_n), max_clusters),
+            grid=self.grid(
+                self.acc_space(mC, mB), (cfg.tile_m, cfg.tile_n), max_clusters, mOffs, mA.shape[0]
+            ),
             block=[self.threads_per_cta, 1, 1],
             cluster=(*self.cluster_shape_mn, 1),
             min_blocks_per_mp=1,
@@ -223,6 +260,13 @@ class GemmSm90(GemmBase):
         mBias: cute.Tensor | None,
         mC_gmem: cute.Tensor | None,  # grouped: C itself, for predicated stores of partial tiles
         mOffs: cute.Tensor | None,
+        mEpiSF: cute.Tensor | None,
+        mEpiGS: cute.Tensor | None,
+        mV0: cute.Tensor | None,
+        mV1: cute.Tensor | None,
+        mV2: cute.Tensor | None,
+        mV3: cute.Tensor | None,
+        mWorkspace: cute.Tensor | None,
         alpha: cutlass.Float32,
         beta: cutlass.Float32,
         tiled_mma: cute.TiledMma,
@@ -261,6 +305,8 @@ class GemmSm90(GemmBase):
             cta_layout_vmnk=cute.make_layout((1, *cta_layout_mnk.shape)),
             defer_sync=True,
         )
+        # Dynamic schedulers: every consumer warp and the producer warp read the tile ring.
+        self.init_sched_ring(storage, 1 + 4 * self.num_mma_wg, tidx)
         pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mn, is_relaxed=True)
 
         # (bM, bK, STAGE), (bN, bK, STAGE), (EPI_M, EPI_N, EPI_STAGE)
@@ -275,8 +321,8 @@ class GemmSm90(GemmBase):
         epi = self.config.epilogue
         # (bM, bN, RestM, RestN, RestL) output tiles (gated: bN / 2 output columns)
         out_tiler = cute.slice_(self.tile_shape_mnk, (None, None, 0))
-        if cutlass.const_expr(epi.gated is not None):
-            out_tiler = (self.config.tile_m, self.config.tile_n // 2)
+        if cutlass.const_expr(epi.cols_per_output * self.out_per_elem > 1):
+            out_tiler = (self.config.tile_m, self.config.tile_n // epi.cols_per_output // self.out_per_elem)
         gC_mnl = cute.local_tile(mC_mnl, out_tiler, (None, None, None))
         # (bM, bN, RestM, RestN, RestL): global (m, n, l) GEMM coordinate of every accumulator
         cAcc_mnl = None
@@ -332,13 +378,21 @@ class GemmSm90(GemmBase):
                 return tAgA_e[(None, m_tile, None, 0)]
         else:
             sched = self.make_scheduler(self.acc_space(mC_mnl, mB_nkl), (cfg.tile_m, cfg.tile_n))
+        load_sched = sched
+        if cutlass.const_expr(cfg.scheduler != "static"):
+            # The producer warp of cluster rank 0 fetches tiles; every role reads them from the ring.
+            sched = self.broadcast_scheduler(sched, storage, mWorkspace)
+            load_sched = sched.as_fetcher(cta_rank_in_cluster == 0)
 
+        # Quantized output: (scale bytes, global scale, output rows, output columns).
+        quant_args = (mEpiSF, mEpiGS, mC_mnl.shape[0], mC_mnl.shape[1] * self.out_per_elem)
+        vectors = (mV0, mV1, mV2, mV3)  # user epilogue vectors, or (scale_a, scale_b) of FP8
         warp_group_idx = cute.arch.make_warp_uniform(tidx // self.threads_per_warpgroup)
         if warp_group_idx == 0:
             cute.arch.setmaxregister_decrease(self.load_registers)
             if warp_idx == self.load_warp_id:
                 self.load_ab(
-                    sched, ab_pipeline, k_tile_cnt,
+                    load_sched, ab_pipeline, k_tile_cnt,
                     tma_atom_a, a_tiles, tAsA, a_mcast_mask,
                     tma_atom_b, tBgB, tBsB, b_mcast_mask,
                 )  # fmt: skip
@@ -349,7 +403,7 @@ class GemmSm90(GemmBase):
             self.mma_and_epilogue(
                 sched, ab_pipeline, k_tile_cnt, tiled_mma, sA, sB, sC, gC_mnl, tma_atom_c, alpha,
                 (tidx - self.threads_per_warpgroup) % self.threads_per_tile, wg, warp_idx,
-                cAcc_mnl, mCin, mBias, beta, mC_mnl, mC_gmem,
+                cAcc_mnl, mCin, mBias, beta, mC_mnl, mC_gmem, quant_args, vectors,
             )  # fmt: skip
 
     # ---------------------------------------------------------------------------------------
@@ -375,6 +429,8 @@ class GemmSm90(GemmBase):
         beta: cutlass.Float32,
         mC_mnl: cute.Tensor,  # TMA coordinate tensor of C
         mC_gmem: cute.Tensor | None,  # grouped: C in global memory (partial-tile stores)
+        quant_args: tuple,
+        vectors: tuple,
     ):
         """Consumer warpgroups: WGMMA mainloop into register accumulators, then the epilogue.
 
@@ -383,27 +439,32 @@ class GemmSm90(GemmBase):
         """
         epi = self.config.epilogue
         gated = epi.gated is not None
+        quant = epi.quant is not None
+        direct = not gated and not quant  # registers -> stmatrix -> smem
         thr_mma = tiled_mma.get_slice(mma_tidx)
         # (MMA, MMA_M, MMA_K, STAGE), (MMA, MMA_N, MMA_K, STAGE)
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
         # (MMA, MMA_M, MMA_N)
-        acc_shape = thr_mma.partition_C(gC_mnl if not gated else cAcc_mnl).shape[:3]
+        acc_shape = thr_mma.partition_C(gC_mnl if direct else cAcc_mnl).shape[:3]
         acc = cute.make_rmem_tensor(acc_shape, self.acc_dtype)
         num_k_blocks = cute.size(tCrA, mode=[2])
 
         # Epilogue copies: registers -> smem with stmatrix, then one warp TMA-stores the subtile.
+        # (Gated / quantized outputs store by coordinate; the stmatrix partition still gives
+        # the register order: built for bf16 then.)
+        r2s_dtype = self.c_dtype if direct else cutlass.BFloat16
         copy_atom_r2s = sm90_utils.sm90_get_smem_store_op(
-            self.c_layout, elem_ty_d=self.c_dtype, elem_ty_acc=self.acc_dtype
+            self.c_layout, elem_ty_d=r2s_dtype, elem_ty_acc=self.acc_dtype
         )
         copy_atom_c = cute.make_copy_atom(
-            cute.nvgpu.warp.StMatrix8x8x16bOp(self.c_layout.is_m_major_c(), 4), self.c_dtype
+            cute.nvgpu.warp.StMatrix8x8x16bOp(self.c_layout.is_m_major_c(), 4), r2s_dtype
         )
         tiled_copy_r2s = cute.make_tiled_copy_S(copy_atom_r2s, cute.make_tiled_copy_C_atom(copy_atom_c, tiled_mma))
         thr_copy_r2s = tiled_copy_r2s.get_slice(mma_tidx)
         # (R2S, R2S_M, R2S_N) view of the whole accumulator
         tRS_rAcc = tiled_copy_r2s.retile(acc)
-        if cutlass.const_expr(not gated):
+        if cutlass.const_expr(direct):
             # (R2S, R2S_M, R2S_N, EPI_STAGE)
             tRS_sC = thr_copy_r2s.partition_D(sC)
             rD_shape = cute.shape(thr_copy_r2s.partition_S(sC))[:3]
@@ -492,12 +553,16 @@ class GemmSm90(GemmBase):
                 for v in cutlass.range_constexpr(size_rD):
                     tRS_rD[v] = tRS_rAcc[epi_idx * size_rD + v]
                 coords = tRS_cAcc[(None, epi_idx)] if cutlass.const_expr(epi.needs_coords) else None
-                out = epilogue_subtile(epi, tRS_rD.load(), coords, alpha, beta, mCin, mBias)
-                if cutlass.const_expr(not gated):
+                out = epilogue_subtile(epi, tRS_rD.load(), coords, alpha, beta, mCin, mBias, vectors)
+                if cutlass.const_expr(direct):
                     tRS_rD_out.store(out.to(self.c_dtype))
                 buf = wg * self.epi_stage + epi_count % self.epi_stage
-                if cutlass.const_expr(not gated):
+                if cutlass.const_expr(direct):
                     cute.copy(tiled_copy_r2s, tRS_rD_out, tRS_sC[(None, None, None, buf)])
+                elif cutlass.const_expr(quant):
+                    store_quantized_subtile(
+                        epi, out, coords, tRS_cE, sC[(None, None, buf)], quant_args, 4, 1 if gated else 2
+                    )
                 else:
                     store_gated(out, coords, tRS_cE, sC[(None, None, buf)], self.c_dtype)
                 # Make the smem writes visible to the TMA (async proxy), then one warp stores.
@@ -538,9 +603,9 @@ class GemmSm90(GemmBase):
         store_pipeline.producer_tail()
 
     def acc_space(self, mC: cute.Tensor, mB: cute.Tensor):
-        """What the tiles cover: the (M, N, L) output, or for gated outputs an (M, 2 * N', L)
+        """What the tiles cover: the (M, N, L) output, or for gated / packed outputs an (M, N, L)
         identity tensor over the GEMM's columns (mB is (N, K, L))."""
-        if self.config.epilogue.gated is None:
+        if self.config.epilogue.cols_per_output * self.out_per_elem == 1:
             return mC
         return cute.make_identity_tensor((mC.shape[0], mB.shape[0], mC.shape[2]))
 

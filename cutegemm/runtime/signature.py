@@ -46,7 +46,32 @@ def dense_fake_args(cfg: GemmConfig, offs=None):
     )  # fmt: skip
     if cfg.blockscaled:
         args += (_fake_scales(cfg.sf_dtype), _fake_scales(cfg.sf_dtype))
-    return args
+    else:
+        args += (None, None)
+    return args + epilogue_fake_args(epi) + (_fake_workspace(cfg),)
+
+
+def _fake_workspace(cfg: GemmConfig):
+    """Scheduler "dynamic": the (1,) int32 tile counter (the last kernel argument); else None."""
+    if cfg.scheduler != "dynamic":
+        return None
+    return make_fake_tensor(cutlass.Int32, (1,), (1,), assumed_align=4)
+
+
+def epilogue_fake_args(epi):
+    """(scale bytes of a quantized output | None, (1,) fp32 NVFP4 global scale | None, user
+    epilogue vectors v0..v3 | None): the last kernel arguments, in this order."""
+    sf = gs = None
+    if epi.quant is not None:
+        sf = make_fake_tensor(cutlass.Uint8 if epi.quant != "nvfp4" else cutlass.Float8E4M3FN,
+                              (cute.sym_int32(),), (1,), assumed_align=TMA_ALIGN_BYTES)  # fmt: skip
+        if epi.quant == "nvfp4":
+            gs = make_fake_tensor(cutlass.Float32, (1,), (1,), assumed_align=4)
+    vecs = [_fake_vector(d) for d in epi.user_args]
+    if epi.scale_a or epi.scale_b:  # FP8 scales: v0 = scale_a, v1 = scale_b (fp32)
+        vecs = [_fake_vector("fp32") if epi.scale_a else None, _fake_vector("fp32") if epi.scale_b else None]
+    vecs += [None] * (4 - len(vecs))
+    return (sf, gs, *vecs)
 
 
 def _fake_scales(sf_dtype: str):

@@ -105,7 +105,6 @@ class GroupedScheduler(PersistentWalk):
         self.cluster_n = cluster_n
         self._set_values(values)
 
-
     @staticmethod
     def create(tile_start, mOffs, total_m, tile_m: int, cluster_n: int) -> GroupedScheduler:
         bx, by, cluster_id = cute.arch.block_idx()

@@ -51,7 +51,8 @@ class TileScheduler(Protocol):
     """What every scheduler gives the kernel roles (producer, MMA, epilogue).
 
     Roles keep a loop-carried ``work`` handle: ``first()``, then ``next(work)`` until
-    ``is_valid(work)`` is false; ``cta_tile(work)`` gives this CTA's (m, n, l) tile coordinates.
+    ``is_valid(work)`` is false; ``cta_tile(work)`` gives this CTA's (m, n, l) tile coordinates;
+    ``finish(work)`` after the loop (the dynamic schedulers' fetcher waits for its ring there).
     """
 
     def first(self): ...
@@ -61,6 +62,8 @@ class TileScheduler(Protocol):
     def is_valid(self, work): ...
 
     def cta_tile(self, work): ...
+
+    def finish(self, work): ...
 
 
 class PersistentWalk:
@@ -91,6 +94,9 @@ class PersistentWalk:
 
     def is_valid(self, work):
         return work < self.total
+
+    def finish(self, work):
+        """After a role's loop (the dynamic schedulers' fetcher waits there); nothing here."""
 
 
 class StaticPersistentScheduler(PersistentWalk):

@@ -1,0 +1,284 @@
+"""torch.library custom ops for block-scaled quantization: ``torch.ops.cutegemm.quantize`` and
+``torch.ops.cutegemm.gemm_quantized``, with the wrappers :func:`quantize` and
+:func:`gemm_quantized` (also ``cutegemm.ops.quantize`` / ``cutegemm.ops.gemm_quantized``) that
+return a :class:`~cutegemm.blockscaled.BlockScaledTensor`.
+
+A custom op returns tensors, not a dataclass, so the ops return tuples and the wrappers (plain
+Python, traced through by torch.compile) put them back together. Each op has a fake
+implementation that gives the exact output shapes and dtypes from the input shapes alone
+(scales in the 128x4 swizzled, zero-padded ``(..., rows_p, cols_p)`` layout of
+:mod:`cutegemm.blockscaled.layout`), so ``torch.compile(fullgraph=True)`` traces them.
+
+Schemas::
+
+    cutegemm::quantize(Tensor x, str fmt, Tensor? global_scale=None, *, str scale_rule="ocp")
+        -> (Tensor data, Tensor scales, Tensor global_scale)
+    cutegemm::gemm_quantized(Tensor a, Tensor b, Tensor? bias=None, Tensor? out_global_scale=None,
+        *, str out_dtype, float alpha=1.0, str? activation=None) -> (Tensor data, Tensor scales)
+
+``quantize``: x (rows, K) or (L, rows, K), fp32 / bf16 / fp16; fmt "mxfp8", "mxfp8_e5m2",
+"mxfp4" or "nvfp4". data: ``fmt.elem_dtype``, K (FP4: K / 2, two elements per byte) on the last
+dim; scales: ``fmt.scale_dtype``, ``(..., rows_p, cols_p)`` = ``swizzled_shape(rows,
+ceil(K / block))``; global_scale: NVFP4: a 0-d fp32 tensor (the given one, copied, or the
+default ``amax / (448 * 6)`` computed on the device); MX formats: an empty ``(0,)`` fp32 tensor
+(the wrapper turns it into None). CUDA: :func:`cutegemm.quantize` (the fast kernel); CPU:
+:func:`cutegemm.blockscaled.quantize_ref`.
+
+``gemm_quantized``: ``act(alpha * (a @ b) + bias)`` quantized by the GEMM's epilogue, as
+``cutegemm.gemm(..., out_dtype=fmt, out_global_scale=...)``; out_dtype "mxfp8", "mxfp4" or
+"nvfp4" (NVFP4 needs ``out_global_scale``, a one-element fp32 tensor; MX formats take none);
+shapes and the gated activations as ``cutegemm::gemm``; the output must have a multiple of 32
+columns. data: e4m3 (..., M, N) or e2m1 x2 (..., M, N / 2); scales as above with the block size
+of the format (32 MX, 16 NVFP4). CUDA: :func:`cutegemm.gemm` (sm_90a); CPU: ``gemm_ref`` then
+``quantize_ref`` (fp64 operands are accumulated in fp64, then quantized from fp32).
+
+Not differentiable: no autograd is registered (the outputs are FP8 / FP4 / scale bytes, which
+cannot carry gradients; inputs that require grad get no gradient through these ops).
+
+CUDA graphs: both ops can be captured and replayed (no host sync) except ``quantize`` with a
+given NVFP4 ``global_scale``, whose validation reads it on the host (pass None to compute it on
+the device, or quantize outside the graph).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .blockscaled.formats import get_format
+from .blockscaled.layout import swizzled_shape
+from .blockscaled.reference import BlockScaledTensor, quantize_ref
+from .epilogue import ACTIVATIONS, GATED
+from .epilogue.quant import QUANT, QUANT_FORMATS
+from .gemm.api import gemm as _gemm_kernel
+from .gemm.api import gemm_ref as _gemm_ref
+
+QUANTIZE_SCHEMA = (
+    '(Tensor x, str fmt, Tensor? global_scale=None, *, str scale_rule="ocp") -> (Tensor, Tensor, Tensor)'
+)
+GEMM_QUANTIZED_SCHEMA = (
+    "(Tensor a, Tensor b, Tensor? bias=None, Tensor? out_global_scale=None, *, str out_dtype, "
+    "float alpha=1.0, str? activation=None) -> (Tensor, Tensor)"
+)
+
+_QUANTIZE_FORMATS = ("mxfp8", "mxfp8_e5m2", "mxfp4", "nvfp4")
+_X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_AB_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+
+
+# ----------------------------------------------------------------------------------------------
+# shape / dtype rules shared by the CPU, CUDA and fake implementations
+
+
+def _quantize_outputs(x, fmt_name: str, global_scale, scale_rule: str):
+    """Validates a quantize call; returns (data shape, data dtype, scales shape, scales dtype)."""
+    if fmt_name not in _QUANTIZE_FORMATS:
+        raise ValueError(f"fmt must be one of {_QUANTIZE_FORMATS}, got {fmt_name!r}")
+    fmt = get_format(fmt_name)
+    if x.dtype not in _X_DTYPES:
+        raise TypeError(f"x: expected dtype float32, bfloat16 or float16, got {x.dtype}")
+    if x.dim() not in (2, 3):
+        raise ValueError(f"x: expected a (rows, K) or (L, rows, K) tensor, got {tuple(x.shape)}")
+    if scale_rule not in ("ocp", "ceil") or (fmt.has_global_scale and scale_rule != "ocp"):
+        raise ValueError(f"scale_rule: {scale_rule!r} is not valid for {fmt.name} ('ocp', or 'ceil' for MX)")
+    if global_scale is not None and not fmt.has_global_scale:
+        raise ValueError(f"global_scale: format {fmt.name} has no global scale")
+    if global_scale is not None and global_scale.numel() != 1:
+        raise TypeError(f"global_scale: expected a one-element tensor, got shape {tuple(global_scale.shape)}")
+    k = x.shape[-1]
+    if fmt.elems_per_byte == 2 and k % 2:
+        raise ValueError(f"x: {fmt.name} packs two elements per byte, so K must be even, got {k}")
+    rows_p, cols_p = swizzled_shape(x.shape[-2], -(-k // fmt.block_size))
+    data_shape = (*x.shape[:-1], k // fmt.elems_per_byte)
+    return data_shape, fmt.elem_dtype, (*x.shape[:-2], rows_p, cols_p), fmt.scale_dtype
+
+
+def _gemm_quantized_outputs(a, b, bias, out_global_scale, out_dtype, activation):
+    """Validates a gemm_quantized call; returns (data shape, data dtype, scales shape, scales dtype)."""
+    if out_dtype not in QUANT_FORMATS:
+        raise ValueError(f"out_dtype must be one of {QUANT_FORMATS}, got {out_dtype!r}")
+    if a.dim() not in (2, 3) or b.dim() not in (2, 3):
+        raise ValueError(f"a and b must have 2 or 3 dims, got {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.dtype not in _AB_DTYPES or b.dtype != a.dtype:
+        raise TypeError(
+            f"a and b must share one of {_AB_DTYPES} (CUDA: bf16/fp16), got {a.dtype} and {b.dtype}"
+        )
+    if activation is not None and activation not in (*ACTIVATIONS, *GATED):
+        raise ValueError(f"activation must be None or one of {(*ACTIVATIONS, *GATED)}, got {activation!r}")
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"a and b shapes do not match for a @ b: {tuple(a.shape)} @ {tuple(b.shape)}")
+    if a.dim() == 3 and b.dim() == 3 and a.shape[0] != b.shape[0]:
+        raise ValueError(f"batch sizes differ: a has {a.shape[0]}, b has {b.shape[0]}")
+    n = b.shape[-1]
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
+        raise ValueError(f"bias must have shape ({n},), got {tuple(bias.shape)}")
+    if activation in GATED:
+        if n % 2:
+            raise ValueError(f"a gated activation needs b with an even number of columns, got {n}")
+        n = n // 2
+    if n % 32:
+        raise ValueError(f"a quantized output needs a multiple of 32 columns, got {n}")
+    if out_dtype == "nvfp4":
+        if out_global_scale is None:
+            raise ValueError(
+                "an NVFP4 output needs out_global_scale (fp32 per-tensor scale; e.g. amax / (448 * 6))"
+            )
+        if out_global_scale.numel() != 1:
+            raise ValueError(
+                f"out_global_scale must have one element, got shape {tuple(out_global_scale.shape)}"
+            )
+    elif out_global_scale is not None:
+        raise ValueError(f"out_global_scale is for NVFP4 outputs only, got out_dtype={out_dtype!r}")
+    fmt, q = get_format(out_dtype), QUANT[out_dtype]
+    batch = a.shape[:1] if a.dim() == 3 else b.shape[:1] if b.dim() == 3 else ()
+    rows_p, cols_p = swizzled_shape(a.shape[-2], n // q.block)
+    return (
+        (*batch, a.shape[-2], n // fmt.elems_per_byte),
+        fmt.elem_dtype,
+        (*batch, rows_p, cols_p),
+        fmt.scale_dtype,
+    )
+
+
+def _fresh(t: torch.Tensor, inputs) -> torch.Tensor:
+    """t, or a copy when it shares storage with an input (custom-op outputs must not alias)."""
+    for x in inputs:
+        if isinstance(x, torch.Tensor) and t.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+            return t.clone()
+    return t
+
+
+# ----------------------------------------------------------------------------------------------
+# cutegemm::quantize
+
+
+@torch.library.custom_op("cutegemm::quantize", mutates_args=(), device_types="cpu", schema=QUANTIZE_SCHEMA)
+def quantize_op(
+    x: torch.Tensor, fmt: str, global_scale: Optional[torch.Tensor] = None, *, scale_rule: str = "ocp"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(data, scales, global_scale); see the module docstring. (This body is the CPU kernel.)"""
+    _quantize_outputs(x, fmt, global_scale, scale_rule)
+    q = quantize_ref(x, fmt, global_scale=global_scale, scale_rule=scale_rule)
+    return _quantize_tuple(q, x, global_scale)
+
+
+def _quantize_tuple(q: BlockScaledTensor, x, global_scale):
+    gs = q.global_scale
+    gs = x.new_empty((0,), dtype=torch.float32) if gs is None else _fresh(gs.reshape(()), (x, global_scale))
+    return _fresh(q.data, (x,)), _fresh(q.scales, (x,)), gs
+
+
+@quantize_op.register_kernel("cuda")
+def _quantize_cuda(x, fmt, global_scale=None, *, scale_rule="ocp"):
+    from .blockscaled.quantize import quantize as quantize_kernel
+
+    _quantize_outputs(x, fmt, global_scale, scale_rule)
+    q = quantize_kernel(x, fmt, global_scale=global_scale, scale_rule=scale_rule)
+    return _quantize_tuple(q, x, global_scale)
+
+
+@quantize_op.register_fake
+def _quantize_fake(x, fmt, global_scale=None, *, scale_rule="ocp"):
+    data_shape, data_dtype, scales_shape, scales_dtype = _quantize_outputs(x, fmt, global_scale, scale_rule)
+    gs_shape = () if get_format(fmt).has_global_scale else (0,)
+    return (
+        x.new_empty(data_shape, dtype=data_dtype),
+        x.new_empty(scales_shape, dtype=scales_dtype),
+        x.new_empty(gs_shape, dtype=torch.float32),
+    )
+
+
+def quantize(x: torch.Tensor, fmt: str, *, global_scale=None, scale_rule: str = "ocp") -> BlockScaledTensor:
+    """``cutegemm.quantize`` through the ``cutegemm::quantize`` custom op (torch.compile /
+    CUDA graphs; CPU: ``quantize_ref``): a :class:`BlockScaledTensor` with swizzled scales.
+    ``global_scale``: NVFP4 only, a float or one-element tensor, None for the default."""
+    fmt_name = get_format(fmt).name
+    if global_scale is not None and not isinstance(global_scale, torch.Tensor):
+        global_scale = torch.tensor(float(global_scale), dtype=torch.float32, device=x.device)
+    data, scales, gs = torch.ops.cutegemm.quantize(x, fmt_name, global_scale, scale_rule=scale_rule)
+    f = get_format(fmt_name)
+    return BlockScaledTensor(
+        data=data, scales=scales, fmt=f, shape=x.shape, global_scale=gs if f.has_global_scale else None,
+        scales_swizzled=True,
+    )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------
+# cutegemm::gemm_quantized
+
+
+@torch.library.custom_op(
+    "cutegemm::gemm_quantized", mutates_args=(), device_types="cpu", schema=GEMM_QUANTIZED_SCHEMA
+)
+def gemm_quantized_op(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    out_global_scale: Optional[torch.Tensor] = None,
+    *,
+    out_dtype: str,
+    alpha: float = 1.0,
+    activation: Optional[str] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(data, scales); see the module docstring. (This body is the CPU kernel.)"""
+    _gemm_quantized_outputs(a, b, bias, out_global_scale, out_dtype, activation)
+    q = _gemm_ref(
+        a, b, out_dtype=out_dtype, alpha=alpha, bias=bias, activation=activation,
+        compute_dtype=torch.float64 if a.dtype == torch.float64 else torch.float32,
+        out_global_scale=out_global_scale,
+    )  # fmt: skip
+    return q.data, q.scales
+
+
+@gemm_quantized_op.register_kernel("cuda")
+def _gemm_quantized_cuda(a, b, bias=None, out_global_scale=None, *, out_dtype, alpha=1.0, activation=None):
+    q = _gemm_kernel(
+        a,
+        b,
+        out_dtype=out_dtype,
+        alpha=alpha,
+        bias=bias,
+        activation=activation,
+        out_global_scale=out_global_scale,
+    )
+    return q.data, q.scales
+
+
+@gemm_quantized_op.register_fake
+def _gemm_quantized_fake(a, b, bias=None, out_global_scale=None, *, out_dtype, alpha=1.0, activation=None):
+    data_shape, data_dtype, scales_shape, scales_dtype = _gemm_quantized_outputs(
+        a, b, bias, out_global_scale, out_dtype, activation
+    )
+    return a.new_empty(data_shape, dtype=data_dtype), a.new_empty(scales_shape, dtype=scales_dtype)
+
+
+def gemm_quantized(
+    a, b, bias=None, *, out_dtype: str, out_global_scale=None, alpha: float = 1.0, activation=None
+) -> BlockScaledTensor:
+    """``cutegemm.gemm(a, b, bias=bias, alpha=alpha, activation=activation, out_dtype=out_dtype,
+    out_global_scale=out_global_scale)`` through the ``cutegemm::gemm_quantized`` custom op
+    (torch.compile / CUDA graphs; CPU: gemm_ref + quantize_ref). ``out_global_scale``: NVFP4
+    only, a float or one-element tensor; it becomes the result's 0-d fp32 ``global_scale``."""
+    gs = out_global_scale
+    if gs is not None and not isinstance(gs, torch.Tensor):
+        gs = torch.tensor(float(gs), dtype=torch.float32, device=a.device)
+    data, scales = torch.ops.cutegemm.gemm_quantized(
+        a, b, bias, gs, out_dtype=out_dtype, alpha=alpha, activation=activation
+    )
+    n = b.shape[-1] // 2 if activation in GATED else b.shape[-1]
+    batch = a.shape[:1] if a.dim() == 3 else b.shape[:1] if b.dim() == 3 else ()
+    return BlockScaledTensor(
+        data=data, scales=scales, fmt=get_format(out_dtype), shape=torch.Size((*batch, a.shape[-2], n)),
+        global_scale=None if gs is None else gs.to(torch.float32).reshape(()), scales_swizzled=True,
+    )  # fmt: skip
+
+
+__all__ = [
+    "quantize",
+    "gemm_quantized",
+    "quantize_op",
+    "gemm_quantized_op",
+    "QUANTIZE_SCHEMA",
+    "GEMM_QUANTIZED_SCHEMA",
+]

@@ -1,0 +1,157 @@
+"""Host cost of the warm (cached-plan) fast paths of ``gemm`` / ``grouped_gemm`` on the CPU.
+
+No GPU: the slow path runs on CPU tensors with the CUDA-only pieces replaced (operand device
+check, device query, kernel compile -> a no-op Python callable), so a second call with the same
+signature takes the real fast path (key, plan lookup, checks, kernel views, output allocation,
+argument assembly) and only the TVM-FFI call itself is missing. Used by
+tests/test_fast_path_cpu.py and, for numbers::
+
+    PYTHONPATH=/work/main python tests/host_overhead_cpu.py [calls]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+
+import torch
+
+
+class NoOpKernel:
+    """Stands in for a compiled kernel: counts calls and keeps the last arguments."""
+
+    def __init__(self):
+        self.calls = 0
+        self.args = None
+
+    def __call__(self, *args):
+        self.calls += 1
+        self.args = args
+
+
+class _FakeCache:
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def get(self, cfg):
+        return self.kernel
+
+
+def _check_operand_cpu(name, t, dims=(2, 3)):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() not in dims:
+        raise ValueError(f"{name} must have {' or '.join(map(str, dims))} dims, got shape {tuple(t.shape)}")
+
+
+def _is_initialized():
+    return _INITIALIZED and not torch.cuda._is_in_bad_fork()
+
+
+def _lazy_init():
+    if _is_initialized() or hasattr(_TLS, "is_initializing"):
+        return
+
+
+def _emulated_current_device():
+    """torch.cuda.current_device() of an initialized process (its Python steps), returning None."""
+    _lazy_init()
+    return type(None)()
+
+
+_INITIALIZED = True
+_TLS = threading.local()
+
+
+@contextlib.contextmanager
+def cpu_fast_path(kernel: NoOpKernel | None = None):
+    """Patches the dense and grouped APIs so that CPU tensors run every host step with ``kernel``
+    (a fresh :class:`NoOpKernel` by default) as the compiled kernel; yields the kernel. Plans made
+    inside are dropped on exit."""
+    from cutegemm.gemm import api as dense
+    from cutegemm.grouped import api as grouped
+
+    kernel = kernel or NoOpKernel()
+    saved = []
+
+    def patch(mod, name, value):
+        if hasattr(mod, name) or name.startswith("_"):
+            saved.append((mod, name, getattr(mod, name, None), hasattr(mod, name)))
+            setattr(mod, name, value)
+
+    fake_cache = _FakeCache(kernel)
+    patch(dense, "_check_operand", _check_operand_cpu)
+    patch(grouped, "_check_operand", _check_operand_cpu)
+    patch(dense, "_device_info", lambda index: ("sm_90a", 132))
+    patch(grouped, "_device_info", lambda index: ("sm_90a", 132))
+    patch(dense, "DENSE_CACHE", fake_cache)
+    patch(grouped, "GROUPED_CACHE", fake_cache)
+    # The "current CUDA device" is None, the index of a CPU tensor's device, with the real cost:
+    # NoneType() is a C call returning None like torch._C._cuda_getDevice, and
+    # torch.cuda.current_device keeps its Python lazy-init checks.
+    if hasattr(dense, "_current_device"):
+        patch(dense, "_current_device", type(None))
+    if hasattr(grouped, "_current_device"):
+        patch(grouped, "_current_device", type(None))
+    old_cur = torch.cuda.current_device
+    torch.cuda.current_device = _emulated_current_device
+    dense._PLANS.clear()
+    grouped._PLANS.clear()
+    try:
+        yield kernel
+    finally:
+        torch.cuda.current_device = old_cur
+        for mod, name, value, existed in reversed(saved):
+            if existed:
+                setattr(mod, name, value)
+            else:
+                delattr(mod, name)
+        dense._PLANS.clear()
+        grouped._PLANS.clear()
+
+
+def _time(fn, calls: int, rounds: int = 25) -> float:
+    """µs per call: the fastest of ``rounds`` rounds of ``calls / rounds`` calls (CPU time), so
+    that other processes on the machine disturb it little."""
+    for _ in range(50):
+        fn()
+    per = max(calls // rounds, 100)
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.process_time()
+        for _ in range(per):
+            fn()
+        best = min(best, (time.process_time() - t0) / per * 1e6)
+    return best
+
+
+def measure(calls: int = 20000) -> dict:
+    """µs per warm call (best of 25 rounds of ``calls / 25``) of the fast paths with a no-op kernel,
+    beside torch.empty of the output (the allocation every path pays) for scale."""
+    import cutegemm
+    from cutegemm import ops  # noqa: F401
+
+    bf = torch.bfloat16
+    a, b = torch.randn(128, 128, dtype=bf), torch.randn(128, 128, dtype=bf)
+    bias = torch.randn(128, dtype=bf)
+    x = torch.randn(256, 128, dtype=bf)
+    w = torch.randn(4, 128, 128, dtype=bf).transpose(1, 2)
+    offs = torch.tensor([64, 128, 192, 256], dtype=torch.int32)
+    res = {}
+    with cpu_fast_path() as k:
+        res["gemm(a, b)"] = _time(lambda: cutegemm.gemm(a, b), calls)
+        res["gemm(a, b, bias, alpha, act)"] = _time(
+            lambda: cutegemm.gemm(a, b, bias=bias, alpha=0.5, activation="silu"), calls
+        )
+        res["grouped_gemm(x, w, offs)"] = _time(lambda: cutegemm.grouped_gemm(x, w, offs=offs), calls)
+        assert k.calls > 3 * calls
+    res["torch.empty(128, 128)"] = _time(lambda: torch.empty(128, 128, dtype=bf), calls)
+    return res
+
+
+if __name__ == "__main__":
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 20000
+    for name, us in measure(n).items():
+        print(f"{name:32s} {us:6.2f} µs")

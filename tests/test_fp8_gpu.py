@@ -1,0 +1,146 @@
+"""Dense FP8 (e4m3) GEMM with fp32 per-row / per-column / per-tensor scales (sm_90a WGMMA).
+
+Against a float64 reference of the dequantized product: our error must stay within 2x torch's
+own error at the same precision (torch._scaled_mm, fp32 accumulation, bf16 output); outputs in
+NaN-poisoned buffers; random data; hypothesis over shapes and scale kinds.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import cutegemm
+
+from .gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
+
+pytestmark = pytest.mark.gpu
+F8 = torch.float8_e4m3fn
+BF16 = torch.bfloat16
+
+
+def _sm90():
+    return torch.cuda.get_device_capability()[0] == 9
+
+
+def _operands(m, n, k, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    a = (torch.randn(m, k, generator=g, device="cuda") * 3).to(F8)
+    w = (torch.randn(n, k, generator=g, device="cuda") * 3).to(F8)  # (N, K) weight: b = w.t()
+    return a, w.t()
+
+
+def _scales(kind, m, n, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed + 1)
+    if kind == "row":
+        return torch.rand(m, 1, generator=g, device="cuda") + 0.1, torch.rand(1, n, generator=g, device="cuda") + 0.1
+    if kind == "tensor":
+        return torch.tensor(0.37, device="cuda"), torch.tensor(1.9, device="cuda")
+    return None, None
+
+
+def _reference(a, b, sa, sb):
+    acc = a.double() @ b.double()
+    if sa is not None:
+        acc = acc * sa.double().reshape(-1, 1) if sa.numel() > 1 else acc * sa.double()
+    if sb is not None:
+        acc = acc * sb.double().reshape(1, -1) if sb.numel() > 1 else acc * sb.double()
+    return acc
+
+
+def _torch_same_precision(a, b, sa, sb):
+    """torch._scaled_mm (needs K and N multiples of 16), else fp32 matmul of the same values,
+    scaled in fp32 and rounded to bf16 (what an fp32-accumulating FP8 kernel can reach)."""
+    if a.shape[1] % 16 or b.shape[1] % 16:
+        acc = a.float() @ b.float()
+        if sa is not None:
+            acc = acc * (sa.reshape(-1, 1) if sa.numel() > 1 else sa)
+        if sb is not None:
+            acc = acc * (sb.reshape(1, -1) if sb.numel() > 1 else sb)
+        return acc.to(BF16)
+    one = torch.tensor(1.0, device="cuda")
+    if sa is not None and sa.numel() > 1:
+        return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=BF16)
+    return torch._scaled_mm(a, b, scale_a=one if sa is None else sa, scale_b=one if sb is None else sb, out_dtype=BF16)
+
+
+@pytest.mark.parametrize("kind", ["row", "tensor", "none"])
+@pytest.mark.parametrize("m,n,k", [(512, 384, 256), (333, 200, 528), (1, 256, 4096), (4096, 1024, 1024)])
+def test_fp8_scaled(kind, m, n, k):
+    if not _sm90():
+        pytest.skip("dense FP8 is an sm_90a kernel so far")
+    a, b = _operands(m, n, k, seed=m + n + k)
+    sa, sb = _scales(kind, m, n)
+    buf, out = poisoned_out((m, n), BF16)
+    cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, out=out)
+    assert_outside_untouched(buf, m, n)
+    assert_within_torch_error(out, _torch_same_precision(a, b, sa, sb), _reference(a, b, sa, sb), what=f"fp8 {kind}")
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    m=st.integers(1, 1100),
+    n8=st.integers(1, 140),
+    k16=st.integers(1, 80),
+    kind=st.sampled_from(["row", "tensor"]),
+)
+def test_fp8_hypothesis(m, n8, k16, kind):
+    if not _sm90():
+        pytest.skip("dense FP8 is an sm_90a kernel so far")
+    n, k = 8 * n8, 16 * k16
+    a, b = _operands(m, n, k, seed=m * 31 + n)
+    sa, sb = _scales(kind, m, n, seed=k)
+    out = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb)
+    assert out.dtype == BF16 and out.shape == (m, n)
+    assert_within_torch_error(out, _torch_same_precision(a, b, sa, sb), _reference(a, b, sa, sb), what="fp8 hyp")
+
+
+def test_fp8_epilogue_bias_silu_and_fp32_out():
+    if not _sm90():
+        pytest.skip("dense FP8 is an sm_90a kernel so far")
+    m, n, k = 300, 520, 512
+    a, b = _operands(m, n, k, seed=7)
+    sa, sb = _scales("row", m, n)
+    bias = torch.randn(n, device="cuda").to(BF16)
+    out = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, bias=bias, activation="silu", out_dtype=torch.float32)
+    ref = torch.nn.functional.silu(_reference(a, b, sa, sb) + bias.double())
+    tsame = torch.nn.functional.silu(_torch_same_precision(a, b, sa, sb).float() + bias.float())
+    assert_within_torch_error(out, tsame, ref, what="fp8 bias silu")
+
+
+def test_fp8_row_major_b_is_copied_and_swiglu_mxfp8():
+    if not _sm90():
+        pytest.skip("dense FP8 is an sm_90a kernel so far")
+    m, n, k = 256, 512, 256
+    a, b = _operands(m, n, k, seed=9)
+    sa, sb = _scales("row", m, n)
+    out_rm = cutegemm.gemm(a, b.contiguous(), scale_a=sa, scale_b=sb)
+    out_km = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb)
+    assert torch.equal(out_rm, out_km)
+    q = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, activation="swiglu", out_dtype="mxfp8")
+    r = cutegemm.gemm_ref(a, b, scale_a=sa, scale_b=sb, activation="swiglu", out_dtype="mxfp8")
+    from .test_quant_epilogue_gpu import check_quantized
+
+    # FP8 WGMMA accumulates without fp32 promotion (torch's use_fast_accum=True): more values sit
+    # one rounding step away from the fp32 reference than in the bf16 path.
+    check_quantized(q, r, "mxfp8", min_equal=0.98)
+
+
+def test_fp8_bad_inputs_and_determinism():
+    if not _sm90():
+        pytest.skip("dense FP8 is an sm_90a kernel so far")
+    a, b = _operands(128, 128, 128)
+    with pytest.raises(TypeError, match="float32"):
+        cutegemm.gemm(a, b, scale_a=torch.ones(128, 1, device="cuda", dtype=BF16))
+    with pytest.raises(ValueError, match="1 or 128"):
+        cutegemm.gemm(a, b, scale_a=torch.ones(64, device="cuda"))
+    with pytest.raises(ValueError, match="float8"):
+        cutegemm.gemm(a.to(BF16), b.to(BF16), scale_a=torch.ones(1, device="cuda"))
+    with pytest.raises(TypeError):
+        cutegemm.gemm(a, b.to(BF16))
+    sa, sb = _scales("row", 128, 128)
+    x = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb)
+    for _ in range(3):
+        assert torch.equal(x, cutegemm.gemm(a, b, scale_a=sa, scale_b=sb))

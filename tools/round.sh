@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One bounded H200 round: unpack the staged DSL (and a precompiled kernel cache if carried), then
+# run the named steps, each under its own timeout, logging to $OUT. Every compile is appended to
+# $OUT/compiled.log (replay it here with tools/precompile.py for the next round).
+#   bash tools/round.sh STEP[:SECONDS] ...
+set -uo pipefail
+T0=$(date +%s)
+mkdir -p /tmp/site && tar -C /tmp/site -xJf .dsl/cutlass-dsl-4.8.1-cp312.tar.xz
+export PYTHONPATH=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site:$PWD PYTHONUNBUFFERED=1
+export CUTEGEMM_CACHE_DIR=/tmp/cutegemm-cache
+O=${OUT:-results}; mkdir -p "$O"
+export CUTEGEMM_COMPILE_LOG=$O/compiled.log
+if [ -f .kcache.tar.xz ]; then mkdir -p $CUTEGEMM_CACHE_DIR && tar -C $CUTEGEMM_CACHE_DIR -xJf .kcache.tar.xz; fi
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader | tee "$O/gpu.txt"
+echo "setup $(( $(date +%s) - T0 ))s; cached kernels: $(find $CUTEGEMM_CACHE_DIR -name '*.o' 2>/dev/null | wc -l)"
+PT="python -m pytest -q -p no:cacheprovider -x --hypothesis-show-statistics"
+for spec in "$@"; do
+  step=${spec%%:*}; lim=${spec#*:}; [ "$lim" = "$spec" ] && lim=120
+  t=$(date +%s)
+  case "$step" in
+    quant) cmd="$PT tests/test_quant_epilogue_gpu.py" ;;
+    fp8) cmd="$PT tests/test_fp8_gpu.py" ;;
+    quantize) cmd="$PT tests/test_quantize_gpu.py" ;;
+    ops) cmd="$PT tests/test_ops_gpu.py tests/test_tuning_gpu.py" ;;
+    bad) cmd="$PT tests/test_bad_inputs_gpu.py" ;;
+    sched) cmd="$PT tests/test_scheduler_gpu.py" ;;
+    dense) cmd="$PT tests/test_gemm_gpu.py tests/test_epilogue_gpu.py" ;;
+    grouped) cmd="$PT tests/test_grouped_gpu.py" ;;
+    bench_epi) cmd="python -c 'from cutegemm.benchmarks import bench_epilogue_quant as f; f()'" ;;
+    bench_fp8) cmd="python -c 'from cutegemm.benchmarks import bench_fp8 as f; f(configs=[dict(cluster_m=1, cluster_n=2), dict(tile_n=128, pingpong=True, cluster_m=2, cluster_n=1), dict(tile_n=192), dict(raster=\"m\")])'" ;;
+    bench_dense) cmd="python -m cutegemm bench dense --reps 20 --out $O" ;;
+    bench_grouped) cmd="python -m cutegemm bench grouped --reps 20 --out $O" ;;
+    bench_quantize) cmd="python -m cutegemm bench quantize --reps 20 --out $O" ;;
+    overhead) cmd="python -c 'from cutegemm.benchmarks import host_overhead; host_overhead()'" ;;
+    stress) cmd="python tools/stress.py --cases 1000 --seed 0 --time-limit $((lim - 15))" ;;
+    sanitize) cmd="bash tools/sanitize.sh" ;;
+    *) echo "unknown step $step"; continue ;;
+  esac
+  echo "=== $step (limit ${lim}s)"
+  timeout "$lim" bash -c "$cmd" > "$O/$step.log" 2>&1; rc=$?
+  grep -E "passed|failed|FAILED|Error|error:|TFLOP|GB/s|x faster|ms \||host|stress:|sanitizer:|µs|us/call" "$O/$step.log" | grep -v "^E  " | tail -25
+  echo "--- $step rc=$rc $(( $(date +%s) - t ))s (total $(( $(date +%s) - T0 ))s)"
+done

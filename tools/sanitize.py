@@ -1,0 +1,301 @@
+"""One small case of every sm_90a kernel variant family, each checked against its reference twin:
+the program that tools/sanitize.sh runs under ``compute-sanitizer --tool memcheck / racecheck /
+synccheck``. Run it once without the sanitizer first (the script does) so every kernel is in the
+disk cache (``$CUTEGEMM_CACHE_DIR``): compiling inside the sanitized process would be very slow.
+
+    python tools/sanitize.py [--list] [--only REGEX]
+
+Inputs are made on the CPU and copied over, references are computed on the CPU, so the sanitized
+process launches few kernels besides ours. Shapes are tiny but ragged: several tiles, partial M /
+N / K tiles, clusters that overhang the problem. Families: dense cooperative and pingpong tiles,
+2x1 / 1x2 clusters, every epilogue op (alpha, beta*C, bias, relu, gelu, gelu_tanh, silu, gated
+swiglu / geglu), fp16 / fp32 out, column-major A / B, batched; grouped packed (each policy tile)
+with empty experts, partial tiles, rows past offs[-1], and bad (clamped) offs; K-grouped; list;
+and ``cutegemm.quantize`` when it exists. Prints ``sanitize.py: cases=N kernels=K failures=F``
+(K: distinct compiled kernels used); exits 1 on a failed check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import traceback
+from dataclasses import replace
+
+import refcheck  # noqa: F401  (puts the repo root on sys.path)
+import torch
+
+import cutegemm
+from cutegemm.epilogue import EpilogueSpec
+from cutegemm.gemm.api import DENSE_CACHE
+from cutegemm.gemm.config import GemmConfig
+from cutegemm.grouped.api import GROUPED_CACHE
+
+BF, F16, F32 = torch.bfloat16, torch.float16, torch.float32
+_GEN = torch.Generator().manual_seed(0)
+
+
+def cpu(*shape, dtype=BF):
+    return torch.randn(*shape, generator=_GEN).to(dtype)
+
+
+def to_gpu(t):
+    return None if t is None else t.cuda()
+
+
+def colmajor(rows, cols, dtype=BF):
+    return cpu(cols, rows, dtype=dtype).t()
+
+
+def cfg(**kw):
+    return replace(GemmConfig(arch="sm_90a", a_major="k", b_major="n"), **kw)
+
+
+# ---------------------------------------------------------------------------------------------- dense
+def dense_case(a, b, tile: dict, out_dtype=BF, batch_out=None, **ops):
+    """gemm(a, b, **ops) on the GPU into a poisoned out with a forced tile; checked on the CPU."""
+    gated = ops.get("activation") in ("swiglu", "geglu")
+    n_out = b.shape[-1] // 2 if gated else b.shape[-1]
+    shape = (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], n_out)
+    config = cfg(
+        a_dtype={BF: "bf16", F16: "fp16"}[a.dtype],
+        b_dtype={BF: "bf16", F16: "fp16"}[b.dtype],
+        out_dtype={BF: "bf16", F16: "fp16", F32: "fp32"}[out_dtype],
+        a_major="k" if a.stride(-1) == 1 else "m",
+        b_major="n" if b.stride(-1) == 1 else "k",
+        **tile,
+    )
+    buf, out = refcheck.poisoned(shape, out_dtype, "cpu")
+    buf = buf.cuda()
+    out = buf[..., : shape[-2], : shape[-1]]
+    gpu_ops = {k: (to_gpu(v) if isinstance(v, torch.Tensor) else v) for k, v in ops.items()}
+    cutegemm.gemm(to_gpu(a), to_gpu(b), out=out, config=config, **gpu_ops)
+    torch.cuda.synchronize()
+    host = buf.cpu()
+    refcheck.assert_pad_untouched(host, shape[-2], shape[-1], "dense")
+    refcheck.check_dense(host[..., : shape[-2], : shape[-1]], a, b, what="dense", **ops)
+
+
+M, N, K = 200, 264, 136  # 2 M-tiles (partial), 2 N-tiles of 256 / 3 of 128 (partial), 3 K-blocks (partial)
+
+
+def _dense_cases():
+    a, b, bk = cpu(M, K), cpu(K, N), colmajor(K, N)
+    b2, bk2 = cpu(K, 2 * 136), colmajor(K, 2 * 136)  # gated: 136 output columns (16-byte rows)
+    c = {
+        "coop-128x256-plain": lambda: dense_case(a, b, dict(tile_m=128, tile_n=256)),
+        "coop-128x128-c2x1-alpha-beta": lambda: dense_case(
+            a, bk, dict(tile_m=128, tile_n=128, cluster_m=2), alpha=0.5, beta=-1.25, c=cpu(M, N)
+        ),
+        "coop-128x64-c1x2-bias-relu": lambda: dense_case(
+            a, bk, dict(tile_m=128, tile_n=64, cluster_n=2, raster="n", group=1), bias=cpu(N, dtype=F32),
+            activation="relu",
+        ),
+        "coop-128x192-gelu-fp32out": lambda: dense_case(a, b, dict(tile_m=128, tile_n=192), F32, activation="gelu"),
+        "coop-64x128-gelu_tanh-colmajor-a": lambda: dense_case(
+            colmajor(M, K), b, dict(tile_m=64, tile_n=128), activation="gelu_tanh"
+        ),
+        "pp-128x128-silu-fp16": lambda: dense_case(
+            cpu(M, K, dtype=F16), cpu(K, N, dtype=F16), dict(tile_m=128, tile_n=128, pingpong=True), F16,
+            activation="silu",
+        ),
+        "pp-64x256-c1x2-swiglu": lambda: dense_case(
+            a, bk2, dict(tile_m=64, tile_n=256, cluster_n=2, pingpong=True), activation="swiglu"
+        ),
+        "pp-128x64-geglu-bias": lambda: dense_case(
+            a, b2, dict(tile_m=128, tile_n=64, pingpong=True, raster="n", group=1), bias=cpu(2 * 136),
+            activation="geglu",
+        ),
+        "coop-128x128-c2x1-batched-beta-fp32c": lambda: dense_case(
+            cpu(3, 72, K), cpu(3, K, N), dict(tile_m=128, tile_n=128, cluster_m=2, raster="n", group=3), F32,
+            beta=0.75, c=cpu(3, 72, N, dtype=F32),
+        ),
+    }  # fmt: skip
+    return c
+
+
+# ---------------------------------------------------------------------------------------------- grouped
+def grouped_case(counts, n, k, tile: dict, b_row=True, alpha=1.0, pad=5, bad_offs=None, out_dtype=BF):
+    """Packed grouped GEMM into a poisoned out; valid counts or explicit bad offs (clamped)."""
+    offs = bad_offs if bad_offs is not None else list(refcheck_cumsum(counts))
+    E = len(offs)
+    total = (sum(counts) if bad_offs is None else 0) + pad
+    a = cpu(total, k)
+    b = cpu(E, k, n) if b_row else cpu(E, n, k).transpose(1, 2)
+    config = cfg(
+        grouped=True, b_major="n" if b_row else "k", out_dtype={BF: "bf16", F32: "fp32"}[out_dtype],
+        raster="m", group=1, epilogue=EpilogueSpec(alpha=alpha != 1.0), **tile,
+    )  # fmt: skip
+    buf = refcheck.poisoned((total, n), out_dtype, "cpu")[0].cuda()
+    out = buf[:total, :n]
+    offs_t = torch.tensor(offs, dtype=torch.int32).cuda()
+    cutegemm.grouped_gemm(a.cuda(), b.cuda(), offs=offs_t, out=out, alpha=alpha, config=config)
+    torch.cuda.synchronize()
+    host = buf.cpu()
+    refcheck.assert_pad_untouched(host, total, n, "grouped")
+    if bad_offs is None:
+        refcheck.check_packed(host[:total, :n], a, b, offs, alpha=alpha, what="grouped")
+    else:
+        refcheck.check_clamped(host[:total, :n], offs, what="grouped bad offs")
+
+
+def refcheck_cumsum(counts):
+    s = 0
+    for c in counts:
+        s += c
+        yield s
+
+
+T64 = dict(tile_m=64, tile_n=128, cluster_n=2)
+T128PP = dict(tile_m=128, tile_n=128, pingpong=True, cluster_n=2)
+T256 = dict(tile_m=128, tile_n=256, cluster_n=2)
+
+
+def _grouped_cases():
+    return {
+        "grouped-64x128-c1x2-decode": lambda: grouped_case([0, 37, 5, 0, 64, 1], 136, 72, T64, alpha=0.5),
+        "grouped-pp128x128-c1x2-ragged": lambda: grouped_case(
+            [130, 0, 257, 3], 264, 136, T128PP, b_row=False
+        ),
+        "grouped-128x256-c1x2-fp32out": lambda: grouped_case([300, 0, 129], 264, 136, T256, out_dtype=F32),
+        "grouped-64x128-bad-offs": lambda: grouped_case(
+            [], 136, 72, T64, alpha=0.5, pad=200, bad_offs=[150, -3, 100, 10_000, -(2**31), 7]
+        ),
+        "grouped-all-empty": lambda: grouped_case([0, 0, 0], 136, 72, T64, alpha=0.5),
+    }
+
+
+def kgrouped_case():
+    counts = [40, 0, 3, 85, 8]  # empty and misaligned K-slices (copied)
+    a, b = cpu(96, sum(counts)), cpu(sum(counts), 136)
+    offs = list(refcheck_cumsum(counts))
+    buf = refcheck.poisoned((len(counts), 96, 136), BF, "cpu")[0].cuda()
+    out = buf[..., :96, :136]
+    cutegemm.grouped_gemm(a.cuda(), b.cuda(), offs=torch.tensor(offs, dtype=torch.int32).cuda(), out=out)
+    torch.cuda.synchronize()
+    host = buf.cpu()
+    refcheck.assert_pad_untouched(host, 96, 136, "k-grouped")
+    refcheck.check_kgrouped(host[..., :96, :136], a, b, offs, what="k-grouped")
+
+
+def list_case():
+    shapes = [(5, 64, 24), (130, 8, 512), (0, 64, 16), (64, 256, 8), (7, 0, 16)]
+    xs = [cpu(m, k) for m, k, _ in shapes]
+    ws = [cpu(k, n) for _, k, n in shapes]
+    outs = cutegemm.grouped_gemm([x.cuda() for x in xs], [w.cuda() for w in ws])
+    torch.cuda.synchronize()
+    for o, x, w in zip(outs, xs, ws, strict=True):
+        refcheck.check_dense(o.cpu(), x, w, what="list")
+
+
+def _quantize_cases():
+    q = getattr(cutegemm, "quantize", None)
+    if q is None:
+        return {}
+    from cutegemm.blockscaled import quantize_ref
+
+    def case(fmt, x):
+        ours = q(x.cuda(), fmt)
+        torch.cuda.synchronize()
+        ref = quantize_ref(x.cuda(), fmt)  # byte-identical on the same device (its contract)
+        for name in ("data", "scales"):
+            o, r = getattr(ours, name), getattr(ref, name)
+            assert o.shape == r.shape and torch.equal(o.view(torch.uint8), r.view(torch.uint8)), (
+                f"quantize {fmt} {name}"
+            )
+
+    x = cpu(130, 96)
+    return {
+        "quantize-mxfp8": lambda: case("mxfp8", x),
+        "quantize-mxfp4-ktail": lambda: case("mxfp4", cpu(130, 40)),
+        "quantize-nvfp4-fp32": lambda: case("nvfp4", x.float()),
+    }
+
+
+def _optional_cases() -> dict:
+    """Kernel families that exist only in some versions of the package (guarded): the dynamic
+    (atomic tile counter) scheduler and the quantized-output (MXFP8) epilogue."""
+    from cutegemm.gemm.config import can_implement
+
+    out = {}
+    a, b = cpu(M, K), cpu(K, N)
+    try:
+        dyn = cfg(tile_m=128, tile_n=128, scheduler="dynamic")
+        if can_implement(dyn)[0]:
+            out["coop-128x128-dynamic-scheduler"] = lambda: dense_case(
+                a, b, dict(tile_m=128, tile_n=128, scheduler="dynamic"), alpha=0.5
+            )
+    except (TypeError, ValueError):
+        pass
+    try:
+        qcfg = cfg(tile_m=128, tile_n=128, out_dtype="e4m3", epilogue=EpilogueSpec(quant="mxfp8"))
+        if can_implement(qcfg)[0]:
+            out["coop-quantized-out-mxfp8"] = lambda: quant_out_case(a, b)
+    except (TypeError, ValueError, KeyError):
+        pass
+    return out
+
+
+def quant_out_case(a, b):
+    """gemm(out_dtype="mxfp8") (policy tile): dequantized result close to the fp64 product (the
+    exact rules are tested in tests/test_quant_epilogue_gpu.py; this case is for the sanitizer)."""
+    from cutegemm.blockscaled import dequantize_ref
+
+    q = cutegemm.gemm(a.cuda(), b.cuda(), out_dtype="mxfp8")
+    torch.cuda.synchronize()
+    got = dequantize_ref(q).cpu().double()
+    ref = a.double() @ b.double()
+    assert got.shape == ref.shape and torch.isfinite(got).all(), "quantized output: shape / NaN"
+    err = (got - ref).abs().max().item()
+    assert err <= 0.2 * ref.abs().max().item(), f"quantized output: max error {err:.4g}"
+
+
+def all_cases() -> dict:
+    return {
+        **_dense_cases(),
+        **_optional_cases(),
+        **_grouped_cases(),
+        "kgrouped": kgrouped_case,
+        "list": list_case,
+        **_quantize_cases(),
+    }
+
+
+def _kernel_count() -> int:
+    n = len(DENSE_CACHE._mem) + len(GROUPED_CACHE._mem)
+    try:
+        from cutegemm.blockscaled.quantize import _cache
+
+        n += len(_cache()._mem)
+    except (ImportError, AttributeError):
+        pass
+    return n
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--list", action="store_true", help="print the case names and exit")
+    p.add_argument("--only", default="", help="run the cases whose name matches this regex")
+    args = p.parse_args(argv)
+    cases = {k: v for k, v in all_cases().items() if re.search(args.only, k)}
+    if args.list:
+        print("\n".join(cases))
+        return 0
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        print("sanitize.py: needs an sm_90 (Hopper) GPU: the cases are sm_90a kernels", file=sys.stderr)
+        return 2
+    failures = 0
+    for name, fn in cases.items():
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - report every case, then fail
+            failures += 1
+            print(f"sanitize.py: FAIL {name}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+            traceback.print_exc()
+    print(f"sanitize.py: cases={len(cases)} kernels={_kernel_count()} failures={failures}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
