@@ -117,15 +117,21 @@ def epilogue_variants(arch: str, big: GemmConfig) -> list[GemmConfig]:
 
 
 def fp8_variants(arch: str) -> list[GemmConfig]:
-    """Dense FP8 (e4m3, K-major A and B) with per-row / per-column fp32 scales in the epilogue."""
+    """Dense FP8 (e4m3, K-major A and B) with per-row / per-column fp32 scales in the epilogue:
+    promoted accumulation (two fp32 accumulators, <= 64x128 per warpgroup) and fast accumulation."""
     E = EpilogueSpec
     fp8 = dict(a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k")
+    ab = E(scale_a=True, scale_b=True)
     return [
-        GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=256, cluster_m=2, epilogue=E(scale_a=True, scale_b=True)),
-        GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=128, cluster_n=2, pingpong=True, epilogue=E(scale_a=True, scale_b=True)),
-        GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=256, out_dtype="fp32", epilogue=E(scale_a=True)),
-        GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=256, epilogue=E(scale_a=True, scale_b=True, bias=True, bias_dtype="bf16", gated="swiglu", quant="mxfp8"), out_dtype="e4m3"),
-    ]
+        GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=128, cluster_m=2, epilogue=ab),
+        GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=64, raster="n", group=1, epilogue=ab),
+        GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=128, pingpong=True, cluster_n=2, epilogue=ab),
+        GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=128, pingpong=True, cluster_m=2, fast_accum=True, epilogue=ab),
+        GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=256, cluster_m=2, fast_accum=True, epilogue=ab),
+        GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=256, out_dtype="fp32", fast_accum=True, epilogue=E(scale_a=True)),
+        GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=128, out_dtype="e4m3",
+                   epilogue=E(scale_a=True, scale_b=True, bias=True, bias_dtype="bf16", gated="swiglu", quant="mxfp8")),
+    ]  # fmt: skip
 
 
 def sample_user_epilogue(acc, row, col, bias, scale):

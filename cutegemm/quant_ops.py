@@ -32,8 +32,9 @@ columns. data: e4m3 (..., M, N) or e2m1 x2 (..., M, N / 2); scales as above with
 of the format (32 MX, 16 NVFP4). CUDA: :func:`cutegemm.gemm` (sm_90a); CPU: ``gemm_ref`` then
 ``quantize_ref`` (fp64 operands are accumulated in fp64, then quantized from fp32).
 
-Not differentiable: no autograd is registered (the outputs are FP8 / FP4 / scale bytes, which
-cannot carry gradients; inputs that require grad get no gradient through these ops).
+Not differentiable: no autograd formula is registered (quantization is a step function; the
+outputs are FP8 / FP4 elements and scale bytes). Inputs that require grad are accepted; a
+backward through these ops raises torch's "no autograd formula was registered" RuntimeError.
 
 CUDA graphs: both ops can be captured and replayed (no host sync) except ``quantize`` with a
 given NVFP4 ``global_scale``, whose validation reads it on the host (pass None to compute it on

@@ -192,9 +192,11 @@ def _gemm_errors():
     return [
         Case("a-fp32", E, lambda: ((g(64, 64, dtype=F32), sq()), {}), TypeError, "a.dtype"),
         Case("a-int8", E, lambda: ((sq().to(torch.int8), sq().to(torch.int8)), {}), TypeError, "a.dtype"),
-        Case(
-            "a-fp8", E, lambda: ((sq().to(torch.float8_e4m3fn), sq().to(torch.float8_e4m3fn)), {}), TypeError
-        ),
+        Case("a-fp8-b-bf16", E, lambda: ((sq().to(torch.float8_e4m3fn), sq()), {}), TypeError, "b.dtype"),
+        Case("fp8-scale-bf16", E, lambda: ((sq().to(torch.float8_e4m3fn), sq().to(torch.float8_e4m3fn)),
+                                           {"scale_a": torch.ones(1, device="cuda", dtype=torch.bfloat16)}),
+             TypeError, "float32"),  # fmt: skip
+        Case("bf16-with-scale", E, lambda: ((sq(), sq()), {"scale_a": torch.ones(1, device="cuda")}), ValueError, "float8"),
         Case("b-dtype-mismatch", E, lambda: ((sq(), g(64, 64, dtype=F16)), {}), TypeError, "b.dtype"),
         Case("out-dtype-int", E, lambda: ((sq(), sq()), {"out_dtype": torch.int32}), TypeError, "out_dtype"),
         Case(

@@ -4,8 +4,6 @@ its arguments, so these tests check what the fast path hands the kernel, when it
 to the slow path, and that the memoized weight view is never stale nor keeps a tensor alive."""
 
 import gc
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,8 +12,7 @@ import cutegemm
 from cutegemm.gemm import api as dense
 from cutegemm.grouped import api as grouped
 
-sys.path.insert(0, str(Path(__file__).parent))
-from host_overhead_cpu import cpu_fast_path  # noqa: E402
+from .host_overhead_cpu import cpu_fast_path
 
 BF = torch.bfloat16
 

@@ -3,8 +3,8 @@ gemm and both grouped forms, the rows-past-offs[-1] gradient contract, and torch
 (fullgraph=True, backend="aot_eager": dynamo + fake tensors + AOTAutograd, forward and backward)
 of a small MoE block against eager; the quantization ops (cutegemm::quantize,
 cutegemm::gemm_quantized): opcheck, fake shapes == real shapes (hypothesis), wrappers == the torch
-references byte for byte, bad inputs, torch.compile(fullgraph=True) bitwise equal to eager. Inductor on CPU takes ~30 s to compile the block: opt in with
-CUTEGEMM_TEST_INDUCTOR=1."""
+references byte for byte, bad inputs, torch.compile(fullgraph=True) bitwise equal to eager.
+Inductor on CPU takes ~30 s to compile the block: opt in with CUTEGEMM_TEST_INDUCTOR=1."""
 
 import os
 
@@ -425,10 +425,18 @@ def quantized_block(x, w, gs):
     return qx, qy, qz
 
 
-def test_compile_quant_ops_fullgraph_matches_eager():
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])  # inductor: ~6 s here
+def test_compile_quant_ops_fullgraph_matches_eager(backend):
     torch._dynamo.reset()
     x, w = torch.randn(40, 32, dtype=torch.bfloat16), torch.randn(32, 96, dtype=torch.bfloat16)
     gs = torch.tensor([0.01])
-    compiled = torch.compile(quantized_block, backend="aot_eager", fullgraph=True)
+    compiled = torch.compile(quantized_block, backend=backend, fullgraph=True)
     for got, want in zip(compiled(x, w, gs), quantized_block(x, w, gs), strict=True):
         assert_same_quantized(got, want)
+
+
+def test_quant_ops_are_not_differentiable():
+    x = torch.randn(4, 32, requires_grad=True)
+    _, _, gs = OP.quantize(x, "nvfp4")
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        gs.sum().backward()

@@ -67,7 +67,12 @@ def check_quantized(ours, ref, fmt, min_equal=0.999):
     step = torch.maximum(_elem_step(dq_o, _block_scale(ours), fmt), _elem_step(dq_r, _block_scale(ref), fmt))
     err = (dq_o - dq_r).abs()
     bad = err > step * 1.0001 + 1e-30
-    assert not bad.any(), f"{fmt}: {bad.sum().item()} elements more than one step off (max err {err.max().item()})"
+    if bad.any():
+        idx = bad.nonzero()[:5].tolist()
+        detail = [(i, dq_o[tuple(i)].item(), dq_r[tuple(i)].item(), _block_scale(ours)[tuple(i)].item(),
+                   _block_scale(ref)[tuple(i)].item()) for i in idx]  # fmt: skip
+        raise AssertionError(f"{fmt}: {bad.sum().item()} elements more than one step off: (index, ours, ref, "
+                             f"our scale, ref scale) {detail}")  # fmt: skip
 
 
 def _inputs(m, n, k, seed=0, batch=None):

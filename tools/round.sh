@@ -27,7 +27,7 @@ for spec in "$@"; do
     dense) cmd="$PT tests/test_gemm_gpu.py tests/test_epilogue_gpu.py" ;;
     grouped) cmd="$PT tests/test_grouped_gpu.py" ;;
     bench_epi) cmd="python -c 'from cutegemm.benchmarks import bench_epilogue_quant as f; f()'" ;;
-    bench_fp8) cmd="python -c 'from cutegemm.benchmarks import bench_fp8 as f; f(configs=[dict(cluster_m=1, cluster_n=2), dict(tile_n=128, pingpong=True, cluster_m=2, cluster_n=1), dict(tile_n=192), dict(raster=\"m\")])'" ;;
+    bench_fp8) cmd="python -c 'from cutegemm.benchmarks import bench_fp8 as f; f(configs=[dict(tile_n=192), dict(tile_m=64, tile_n=192, pingpong=True), dict(tile_m=64, tile_n=128, pingpong=True), dict(cluster_m=1, cluster_n=2), dict(tile_n=128, pingpong=True, fast_accum=True), dict(tile_n=256, fast_accum=True)])'" ;;
     bench_dense) cmd="python -m cutegemm bench dense --reps 20 --out $O" ;;
     bench_grouped) cmd="python -m cutegemm bench grouped --reps 20 --out $O" ;;
     bench_quantize) cmd="python -m cutegemm bench quantize --reps 20 --out $O" ;;

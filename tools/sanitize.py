@@ -231,7 +231,7 @@ def _optional_cases() -> dict:
     try:
         qcfg = cfg(tile_m=128, tile_n=128, out_dtype="e4m3", epilogue=EpilogueSpec(quant="mxfp8"))
         if can_implement(qcfg)[0]:
-            out["coop-quantized-out-mxfp8"] = lambda: quant_out_case(a, b)
+            out["coop-quantized-out-mxfp8"] = lambda: quant_out_case(a, b[:, :256])  # N: a multiple of 32
     except (TypeError, ValueError, KeyError):
         pass
     return out

@@ -330,7 +330,7 @@ def epilogue_subtile(
     """
     if spec.user is not None:
         y = acc * alpha if spec.alpha else acc
-        return apply_user_kernel(spec.user, y, coords, vectors)
+        return apply_user_kernel(spec.user, y, coords, vectors[: len(spec.user_args)])
     # FP8 scales (per row of A / per column of B; a 1-element vector is a per-tensor scale): the
     # dequantization of the accumulator, before every other op. vectors = (scale_a, scale_b).
     if spec.scale_a:

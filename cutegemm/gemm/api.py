@@ -119,7 +119,8 @@ class _Plan:
     """Everything one (shapes, strides, dtypes, device, options) signature needs to launch."""
 
     __slots__ = ("fn", "views", "c_view", "has_bias", "out_shape", "out_dtype", "max_clusters", "config", "direct",
-                 "quant", "n_vectors", "workspace", "device", "device_index", "out_dims", "b_memo")  # fmt: skip
+                 "quant", "n_vectors", "workspace",
+                 "device", "device_index", "out_dims", "b_memo")  # fmt: skip
 
     def launch(self, sources, alpha, beta, epi_extra=(None, None)):
         """sources: (a, b, out, c, bias), the tensors the views apply to; epi_extra: (quantized
@@ -385,11 +386,12 @@ def _rowmajor_input(t3: torch.Tensor) -> torch.Tensor:
     ok = ok and all(
         size == 1 or st % align == 0 for size, st in zip(t3.shape[:2], t3.stride()[:2], strict=True)
     )
-    return t3 if ok else t3.contiguous()
+    return t3 if ok else t3.clone(memory_format=torch.contiguous_format)  # .contiguous() keeps a bad base
 
 
 def _plan(
-    a, b, out, out_dtype, alpha, config, beta=0.0, c=None, bias=None, activation=None, user=None, vectors=()
+    a, b, out, out_dtype, alpha, config, beta=0.0, c=None, bias=None, activation=None, user=None, vectors=(),
+    fast_accum=False,
 ):
     """The slow path: validate, pick and compile the kernel, compute the kernel views.
     Returns (plan, sources, scales): sources (a, b, out, c, bias) are the tensors the views apply
@@ -475,7 +477,9 @@ def _plan(
         from ..tuning import tuned_config  # opt-in autotuning; None when off -> deterministic default
 
         cfg = tuned_config(arch, problem, epi, "dense", num_sms=num_sms)
-        cfg = cfg or policy_for(arch, num_sms).choose(problem, epilogue=epi)
+        extra = {"fast_accum": True} if fast_accum else {}
+        cfg = cfg if cfg is not None and cfg.fast_accum == fast_accum else None
+        cfg = cfg or policy_for(arch, num_sms).choose(problem, epilogue=epi, **extra)
     elif config.epilogue == EpilogueSpec():
         cfg = replace(config, epilogue=epi)  # a forced tile: the call's arguments give the epilogue
     elif config.epilogue in (epi, replace(epi, alpha=True)):
@@ -535,6 +539,7 @@ def gemm(
     out_global_scale=None,
     scale_a=None,
     scale_b=None,
+    fast_accum: bool = False,
 ):
     """``out = act(alpha * (a @ b) + beta * c + bias)`` with fp32 accumulation and an fp32
     epilogue, fused into the GEMM.
@@ -576,6 +581,9 @@ def gemm(
     or one element), as ``torch._scaled_mm``: ``out = (a @ b) * scale_a * scale_b`` then the
     epilogue above. Both operands are read K-major (a row-major, b column-major, e.g.
     ``w.t()`` of an (N, K) weight); other layouts are copied first. Scales may be omitted (1).
+    The WGMMA partial sums are promoted into fp32 every 128 K (as torch._scaled_mm's default);
+    ``fast_accum=True`` keeps them in the tensor core (faster, error grows with K, as torch's
+    ``use_fast_accum=True``).
 
     Per-call cost: the first call for a (shapes, strides, dtypes, device, options) signature
     validates, picks the config and compiles (or loads it from the disk cache); later calls only
@@ -617,7 +625,7 @@ def gemm(
         key = (
             a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, out_dtype,
             None if out is None else (out.shape, out.stride(), out.dtype, out.device),
-            alpha != 1.0, config, activation,
+            alpha != 1.0, config, activation, fast_accum,
             (c.shape, c.stride(), c.dtype, c.device) if has_beta and c is not None else has_beta,
             None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
             user, None if vectors is None else tuple(None if v is None else (v.shape, v.dtype) for v in vectors),
@@ -642,7 +650,7 @@ def gemm(
         plan.launch((a, b, out, c, bias), float(alpha), float(beta), epi_extra)
         return out if quant is None else _quant_result(quant, plan.out_shape, out, scales, gs)
     plan, sources, scales = _plan(
-        a, b, out, out_dtype, alpha, config, beta, c, bias, activation, user, vectors or ()
+        a, b, out, out_dtype, alpha, config, beta, c, bias, activation, user, vectors or (), fast_accum
     )
     out = sources[2]
     if plan is None:  # empty output or K == 0

@@ -63,6 +63,9 @@ class GemmConfig:
     # sf_vec elements along K (128x4 swizzled layout). sf_vec=0: not block-scaled.
     sf_dtype: str = ""
     sf_vec: int = 0
+    # FP8 (sm_90a): False promotes the WGMMA partial sums into fp32 every K tile (accurate, as
+    # torch._scaled_mm's default); True accumulates in the tensor core only (use_fast_accum=True).
+    fast_accum: bool = False
 
     @property
     def blockscaled(self) -> bool:
@@ -72,6 +75,7 @@ class GemmConfig:
     def name(self) -> str:
         """Spells out family, dtypes, majors, tile, epilogue, scheduler and arch."""
         tile = f"{self.tile_m}x{self.tile_n}" + ("_2cta" if self.two_cta else "") + ("_pp" if self.pingpong else "")
+        tile += "_fastacc" if self.fast_accum else ""
         family = "grouped" if self.grouped else "dense"
         if self.blockscaled:
             family += f"-bs-{self.sf_dtype}v{self.sf_vec}"
@@ -106,6 +110,8 @@ def config_errors(cfg: GemmConfig) -> list[str]:
     err = []
     if cfg.arch not in ARCHS:
         err.append(f"arch {cfg.arch!r} not in {ARCHS}")
+    if cfg.fast_accum and cfg.a_dtype != "e4m3":
+        err.append("fast_accum is an FP8 (e4m3) option")
     if cfg.blockscaled:
         err += blockscaled_errors(cfg)
     elif cfg.sf_dtype:
@@ -115,6 +121,11 @@ def config_errors(cfg: GemmConfig) -> list[str]:
             err.append("dense FP8 (non-block-scaled) is an sm_90a kernel so far")
         if cfg.a_major != "k" or cfg.b_major != "k":
             err.append("FP8 WGMMA needs K-major A and B (a_major='k', b_major='k')")
+        if not cfg.fast_accum and (cfg.tile_m * cfg.tile_n // (1 if cfg.pingpong else cfg.tile_m // 64)) > 64 * 192:
+            err.append(
+                "FP8 with promotion holds two fp32 accumulators: at most 64x192 per warpgroup "
+                f"(tile {cfg.tile_m}x{cfg.tile_n}{' pingpong' if cfg.pingpong else ''}); or fast_accum=True"
+            )
     elif cfg.a_dtype not in INPUT_DTYPES or cfg.b_dtype != cfg.a_dtype:
         err.append(f"a/b dtype must be equal and one of {INPUT_DTYPES + FP8_DTYPES}, got {cfg.a_dtype}/{cfg.b_dtype}")
     epi = cfg.epilogue

@@ -448,6 +448,11 @@ class GemmSm90(GemmBase):
         # (MMA, MMA_M, MMA_N)
         acc_shape = thr_mma.partition_C(gC_mnl if direct else cAcc_mnl).shape[:3]
         acc = cute.make_rmem_tensor(acc_shape, self.acc_dtype)
+        # FP8 with promotion: every K tile's WGMMAs start a fresh partial sum (acc), added into an
+        # fp32 accumulator in registers once they retire, so the tensor core's reduced-precision
+        # FP8 accumulation spans 128 K only (as cuBLAS without fast accumulation / DeepGEMM).
+        promote = self.config.a_dtype == "e4m3" and not self.config.fast_accum
+        acc_sum = cute.make_rmem_tensor(acc_shape, self.acc_dtype) if promote else acc
         num_k_blocks = cute.size(tCrA, mode=[2])
 
         # Epilogue copies: registers -> smem with stmatrix, then one warp TMA-stores the subtile.
@@ -463,7 +468,7 @@ class GemmSm90(GemmBase):
         tiled_copy_r2s = cute.make_tiled_copy_S(copy_atom_r2s, cute.make_tiled_copy_C_atom(copy_atom_c, tiled_mma))
         thr_copy_r2s = tiled_copy_r2s.get_slice(mma_tidx)
         # (R2S, R2S_M, R2S_N) view of the whole accumulator
-        tRS_rAcc = tiled_copy_r2s.retile(acc)
+        tRS_rAcc = tiled_copy_r2s.retile(acc_sum)
         if cutlass.const_expr(direct):
             # (R2S, R2S_M, R2S_N, EPI_STAGE)
             tRS_sC = thr_copy_r2s.partition_D(sC)
@@ -500,7 +505,7 @@ class GemmSm90(GemmBase):
             tile = sched.cta_tile(work)
 
             # ---- mainloop: keep one WGMMA batch in flight, release the stage behind it ----
-            acc.fill(0.0)
+            acc_sum.fill(0.0)
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
             if cutlass.const_expr(self.pingpong):
                 if work >= sched.first() + sched.stride:  # not this CTA's first tile: wait our turn
@@ -508,22 +513,34 @@ class GemmSm90(GemmBase):
             warpgroup.fence()
             for k_tile in range(k_tile_cnt):
                 ab_pipeline.consumer_wait(read_state)
+                if cutlass.const_expr(promote):
+                    warpgroup.fence()  # the adds below read acc: order them before the overwrite
+                    tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
                 for kb in cutlass.range_constexpr(num_k_blocks):
                     coord = (None, None, kb, read_state.index)
                     cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
+                    if cutlass.const_expr(promote):
+                        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
                 warpgroup.commit_group()
-                warpgroup.wait_group(1)
-                if k_tile > 0:
-                    ab_pipeline.consumer_release(release_state)
+                if cutlass.const_expr(promote):
+                    warpgroup.wait_group(0)
+                    ab_pipeline.consumer_release(read_state)
                     release_state.advance()
+                    acc_sum.store(acc_sum.load() + acc.load())
+                else:
+                    warpgroup.wait_group(1)
+                    if k_tile > 0:
+                        ab_pipeline.consumer_release(release_state)
+                        release_state.advance()
                 read_state.advance()
             if cutlass.const_expr(self.pingpong):
                 # All WGMMAs of this tile are issued: hand the tensor cores to the other warpgroup.
                 cute.arch.barrier_arrive(barrier_id=BAR_ORDER + 1 - wg, number_of_threads=2 * self.threads_per_warpgroup)
             warpgroup.wait_group(0)
-            if k_tile_cnt > 0:
-                ab_pipeline.consumer_release(release_state)
-                release_state.advance()
+            if cutlass.const_expr(not promote):
+                if k_tile_cnt > 0:
+                    ab_pipeline.consumer_release(release_state)
+                    release_state.advance()
 
             # ---- epilogue ----
             full_tile = True

@@ -55,8 +55,8 @@ class _GroupedPlan:
     def launch(self, a, b, out, offs, alpha):
         (sa, ta), (sb, tb), (sc, tc) = self.views
         # (offs, scale factors A/B, quantized-output scales, global scale, 4 epilogue vectors, workspace)
-        self.fn(a.as_strided(sa, ta), memo_view(self, b, sb, tb), out.as_strided(sc, tc), None, None, alpha, 0.0,
-                self.max_clusters, offs, *(None,) * 8, reset_workspace(self.workspace))
+        self.fn(a.as_strided(sa, ta), memo_view(self, b, sb, tb), out.as_strided(sc, tc), None, None,
+                alpha, 0.0, self.max_clusters, offs, *(None,) * 8, reset_workspace(self.workspace))  # fmt: skip
 
 
 def _check_offs_values(offs: torch.Tensor, total_m: int):
@@ -96,7 +96,7 @@ def _plan_packed(a, b, offs, out, out_dtype, alpha, config):
 
         config = tuned_config(arch, problem, epi, "grouped", num_groups=E, num_sms=num_sms)
     if config is not None and (config.arch != arch or not config.grouped):
-        raise ValueError(f"config {config.name} cannot run the grouped form on {arch} (needs grouped=True)")
+        raise ValueError(f"config {config.name} cannot run the grouped form on this GPU (arch {arch}; needs grouped=True and that arch)")
     cfg = config if config is not None else policy_for(arch, num_sms).choose_grouped(problem, E, epilogue=epi)
     ok, why = can_implement(cfg, problem)
     if not ok:
@@ -204,6 +204,18 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
     return out
 
 
+def _padded_k_slice(a, b, start, end):
+    """a[:, start:end], b[start:end] copied with K padded by zeros to a multiple of 16 bytes."""
+    align = TMA_ALIGN_BYTES // a.element_size()
+    w = end - start
+    wp = -(-w // align) * align
+    a_e = torch.zeros(a.shape[0], wp, dtype=a.dtype, device=a.device)
+    a_e[:, :w] = a[:, start:end]
+    b_e = torch.zeros(wp, b.shape[1], dtype=b.dtype, device=b.device)
+    b_e[:w] = b[start:end]
+    return a_e, b_e
+
+
 def _grouped_k(a, b, offs, out, out_dtype, alpha, check_offs):
     """K-grouped: out[e] = a[:, k_e] @ b[k_e, :] with k_e the e-th slice of K given by offs."""
     M, K = a.shape
@@ -216,11 +228,19 @@ def _grouped_k(a, b, offs, out, out_dtype, alpha, check_offs):
         raise ValueError(f"out must be an ({E}, {M}, {N}) {out_dtype} tensor")
     if check_offs:
         _check_offs_values(offs, K)
+    # K slices of a (M, K) keep a's strides (and b's): when one breaks TMA's 16-byte rule, the
+    # slice is copied into a zero-padded aligned buffer (the padding adds zero products).
     prev = 0
     for e, end in enumerate(offs.tolist()):  # host sync: this form is not graph-capturable
         end = min(max(end, prev), K)
         if end > prev:
-            gemm(a[:, prev:end], b[prev:end], out=out[e], alpha=alpha)
+            try:
+                gemm(a[:, prev:end], b[prev:end], out=out[e], alpha=alpha)
+            except ValueError as exc:
+                if "16-byte" not in str(exc):
+                    raise
+                a_e, b_e = _padded_k_slice(a, b, prev, end)
+                gemm(a_e, b_e, out=out[e], alpha=alpha)
         else:
             out[e].zero_()
         prev = end
