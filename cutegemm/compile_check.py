@@ -111,8 +111,9 @@ def epilogue_variants(arch: str, big: GemmConfig) -> list[GemmConfig]:
         ]
     out += [replace(cfg, epilogue=E(gated="swiglu", bias=True, bias_dtype="bf16")) for cfg in others]
     out += [replace(others[0], epilogue=E(alpha=True, beta=True, c_dtype="bf16", bias=True, activation="silu"))]
+    out += quant_and_user_variants(arch)
     if arch == "sm_90a":
-        out += quant_and_user_variants(arch) + fp8_variants(arch)
+        out += fp8_variants(arch)
     return out
 
 
@@ -148,9 +149,14 @@ def quant_and_user_variants(arch: str) -> list[GemmConfig]:
 
     E = EpilogueSpec
     user = register(sample_user_epilogue)
-    t256 = GemmConfig(arch=arch, tile_m=128, tile_n=256, cluster_m=2)
-    t128 = GemmConfig(arch=arch, tile_m=128, tile_n=128, cluster_m=2, pingpong=True)
-    t64 = GemmConfig(arch=arch, tile_m=64, tile_n=128, raster="n", group=1)
+    if arch == "sm_90a":
+        t256 = GemmConfig(arch=arch, tile_m=128, tile_n=256, cluster_m=2)
+        t128 = GemmConfig(arch=arch, tile_m=128, tile_n=128, cluster_m=2, pingpong=True)
+        t64 = GemmConfig(arch=arch, tile_m=64, tile_n=128, raster="n", group=1)
+    else:
+        t256 = GemmConfig(arch=arch, tile_m=256, tile_n=256, two_cta=True, cluster_m=2)
+        t128 = GemmConfig(arch=arch, tile_m=128, tile_n=128, cluster_n=2)
+        t64 = GemmConfig(arch=arch, tile_m=128, tile_n=64)
     return [
         replace(t256, out_dtype="e4m3", epilogue=E(quant="mxfp8")),
         replace(t256, out_dtype="e4m3", epilogue=E(gated="swiglu", quant="mxfp8")),

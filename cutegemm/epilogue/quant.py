@@ -118,6 +118,12 @@ def quant_groups(offsets, block: int, quad: int, lane_col_step: int):
                 f"columns apart cross a {block}-column scale block"
             )
         groups.setdefault((row, col // block), []).append(v)
+    for key, members in groups.items():
+        if len(members) * quad != block:
+            raise ValueError(
+                f"quantized epilogue: a thread holds {len(members)} values of scale block {key}; with "
+                f"{quad} lanes that is not the block's {block} columns"
+            )
     return groups
 
 

@@ -132,10 +132,10 @@ def config_errors(cfg: GemmConfig) -> list[str]:
     if epi.quant is not None:
         if cfg.out_dtype != QUANT_OUT_DTYPES[epi.quant]:
             err.append(f"quantized output {epi.quant} is stored as {QUANT_OUT_DTYPES[epi.quant]!r}, got out dtype {cfg.out_dtype!r}")
-        if cfg.arch != "sm_90a":
-            err.append("quantized-output epilogue: sm_90a only so far")
         if cfg.grouped:
             err.append("quantized-output epilogue: dense only so far")
+        if cfg.arch == "sm_100a" and cfg.tile_m // (2 if cfg.two_cta else 1) != 128:
+            err.append("quantized-output epilogue on sm_100a: 128 rows per CTA (a thread must own whole rows)")
     elif cfg.out_dtype not in OUTPUT_DTYPES:
         err.append(f"out dtype {cfg.out_dtype!r} not in {OUTPUT_DTYPES}")
     if epi.user is not None and cfg.grouped:

@@ -77,6 +77,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from ..blockscaled.sm100_mainloop import SF_DTYPES, BlockScaledSm100Mixin
 from ..epilogue import epilogue_subtile, store_gated
+from ..epilogue.quant import quant_storage, store_quantized_subtile
 from ..grouped.kernel_parts import (
     fill_tile_starts,
     from_row,
@@ -107,6 +108,9 @@ class GemmSm100(BlockScaledSm100Mixin, GemmBase):
 
     def __init__(self, config):
         super().__init__(config)
+        epi = config.epilogue
+        # GEMM columns per stored output element: 2 per gated pair, 2 per packed FP4 byte.
+        self.out_div = epi.cols_per_output * (quant_storage(epi.quant)[1] if epi.quant else 1)
         self.use_2cta = config.two_cta
         self.cta_per_mma = 2 if config.two_cta else 1
         self.cta_group = tcgen05.CtaGroup.TWO if config.two_cta else tcgen05.CtaGroup.ONE
@@ -148,14 +152,21 @@ class GemmSm100(BlockScaledSm100Mixin, GemmBase):
         self.cluster_layout_vmnk = cute.tiled_divide(
             cute.make_layout((*self.cluster_shape_mn, 1)), (self.tiled_mma.thr_id.shape,)
         )
+        epi = cfg.epilogue
+        # Gated / quantized outputs store by coordinate: their subtile follows a bf16 output.
+        self.r2s_dtype = self.c_dtype if self.out_div == 1 and epi.quant is None else cutlass.BFloat16
         self.epi_tile = sm100_utils.compute_epilogue_tile_shape(
-            self.cta_tile_shape_mnk, self.use_2cta, c_layout, self.c_dtype
+            self.cta_tile_shape_mnk, self.use_2cta, c_layout, self.r2s_dtype
         )
-        # What one subtile writes: half the columns when gated (one output per gate/up pair).
+        if epi.quant is not None:  # whole scale blocks: 32 output columns per subtile
+            epi_m, _ = cute.product_each(cute.shape(self.epi_tile))
+            self.epi_tile = (epi_m, 32 * epi.cols_per_output)
+        # What one subtile writes: half the columns when gated (one output per gate/up pair), in
+        # stored elements (FP4: bytes holding two).
         self.epi_tile_out = self.epi_tile
-        if cfg.epilogue.gated is not None:
+        if self.out_div > 1:
             epi_m, epi_n = cute.product_each(cute.shape(self.epi_tile))
-            self.epi_tile_out = (epi_m, epi_n // 2)
+            self.epi_tile_out = (epi_m, epi_n // self.out_div)
 
         # TMEM: one fp32 accumulator per stage; double-buffer when two fit.
         acc_shape = self.tiled_mma.partition_shape_C(self.mma_tiler[:2])
@@ -300,6 +311,12 @@ class GemmSm100(BlockScaledSm100Mixin, GemmBase):
             mC if cfg.grouped else None,
             mOffs,
             mWorkspace,
+            mEpiSF,
+            mEpiGS,
+            mV0,
+            mV1,
+            mV2,
+            mV3,
             alpha,
             beta,
             self.tiled_mma,
@@ -332,6 +349,12 @@ class GemmSm100(BlockScaledSm100Mixin, GemmBase):
         mC_gmem: cute.Tensor | None,  # grouped: C itself, for predicated stores of partial tiles
         mOffs: cute.Tensor | None,
         mWorkspace: cute.Tensor | None,
+        mEpiSF: cute.Tensor | None,
+        mEpiGS: cute.Tensor | None,
+        mV0: cute.Tensor | None,
+        mV1: cute.Tensor | None,
+        mV2: cute.Tensor | None,
+        mV3: cute.Tensor | None,
         alpha: cutlass.Float32,
         beta: cutlass.Float32,
         tiled_mma: cute.TiledMma,
@@ -434,7 +457,7 @@ class GemmSm100(BlockScaledSm100Mixin, GemmBase):
         # (MMA, MMA_N, MMA_K, RestN, RestK, RestL)
         tCgB = thr_mma.partition_B(gB_nkl)
         epi = self.config.epilogue
-        if cutlass.const_expr(epi.gated is None):
+        if cutlass.const_expr(self.out_div == 1):
             # (bM, bN, RestM, RestN, RestL)
             gC_mnl = cute.local_tile(mC_mnl, cute.slice_(self.mma_tiler, (None, None, 0)), (None, None, None))
             # (MMA, MMA_M, MMA_N, RestM, RestN, RestL) -> (CTA_M, CTA_N, RestM, RestN, RestL)
@@ -443,7 +466,7 @@ class GemmSm100(BlockScaledSm100Mixin, GemmBase):
             # (CTA_M, CTA_N / 2, RestM * CTA_PER_MMA, RestN, RestL): output tiles of one CTA; CTA v
             # of an MMA pair holds rows [v, v + 1) * CTA_M of the pair's tile (as partition_C).
             gC_cta = cute.local_tile(
-                mC_mnl, (self.cta_tile_mn[0], self.cta_tile_mn[1] // 2), (None, None, None)
+                mC_mnl, (self.cta_tile_mn[0], self.cta_tile_mn[1] // self.out_div), (None, None, None)
             )
         # (MMA, MMA_M, MMA_N, RestM, RestN, RestL): global (m, n, l) GEMM coordinate per accumulator
         tCcAcc = None
@@ -577,6 +600,8 @@ class GemmSm100(BlockScaledSm100Mixin, GemmBase):
                 sched, acc_pipeline, tmem, acc_layout,
                 gC_cta, sC, epi_tile, tma_atom_c, alpha, tidx, warp_idx,
                 tCcAcc, mCin, mBias, beta, mma_coord_v, c_tiles,
+                (mEpiSF, mEpiGS, mC_mnl.shape[0], mC_mnl.shape[1] * (self.out_div // epi.cols_per_output)),
+                (mV0, mV1, mV2, mV3),
             )  # fmt: skip
 
     # ---------------------------------------------------------------------------------------
@@ -640,7 +665,7 @@ class GemmSm100(BlockScaledSm100Mixin, GemmBase):
     def acc_space(self, mC: cute.Tensor, mB: cute.Tensor):
         """What the tiles cover: the (M, N, L) output, or for gated outputs an (M, 2 * N', L)
         identity tensor over the GEMM's columns (mB is (N, K, L))."""
-        if self.config.epilogue.gated is None:
+        if self.out_div == 1:
             return mC
         return cute.make_identity_tensor((mC.shape[0], mB.shape[0], mC.shape[2]))
 
@@ -665,6 +690,8 @@ class GemmSm100(BlockScaledSm100Mixin, GemmBase):
         beta: cutlass.Float32,
         mma_coord_v: cutlass.Int32,
         c_tiles=None,  # grouped: tile -> its output views (see the kernel); None for dense
+        quant_args=None,  # quantized output: (scale bytes, global scale, rows, output columns)
+        vectors=(),  # user epilogue vectors / FP8 scales
     ):
         """Epilogue warps: own the TMEM allocation; TMEM -> registers -> epilogue_subtile -> smem -> TMA.
 
@@ -674,6 +701,8 @@ class GemmSm100(BlockScaledSm100Mixin, GemmBase):
         grouped = self.config.grouped
         epi = self.config.epilogue
         gated = epi.gated is not None
+        quant = epi.quant is not None
+        direct = not gated and not quant  # registers -> smem by the r2s copy
         tmem.allocate(self.num_tmem_cols)  # by warp epi_warp_ids[0]; the others wait for the address
         tmem.wait_for_alloc()
         tmem_ptr = tmem.retrieve_ptr(self.acc_dtype)
@@ -683,7 +712,7 @@ class GemmSm100(BlockScaledSm100Mixin, GemmBase):
 
         # TMEM -> registers: the widest tcgen05.ld for this epilogue subtile.
         copy_atom_t2r = sm100_utils.get_tmem_load_op(
-            self.cta_tile_shape_mnk, self.c_layout, self.c_dtype, self.acc_dtype, epi_tile, self.use_2cta
+            self.cta_tile_shape_mnk, self.c_layout, self.r2s_dtype, self.acc_dtype, epi_tile, self.use_2cta
         )
         # (EPI_TILE_M, EPI_TILE_N, EPI_M, EPI_N, ACC_STAGE)
         tAcc_epi = cute.flat_divide(tAcc, epi_tile)
@@ -692,7 +721,7 @@ class GemmSm100(BlockScaledSm100Mixin, GemmBase):
         # (T2R, T2R_M, T2R_N, EPI_M, EPI_N, ACC_STAGE)
         tTR_tAcc_all = thr_copy_t2r.partition_S(tAcc_epi)
         # (T2R, T2R_M, T2R_N)
-        if cutlass.const_expr(not gated):
+        if cutlass.const_expr(direct):
             # (EPI_TILE_M, EPI_TILE_N, EPI_M, EPI_N, RestM, RestN, RestL)
             gC_epi = cute.flat_divide(gC, epi_tile)
             tTR_rAcc = cute.make_rmem_tensor(
@@ -706,19 +735,21 @@ class GemmSm100(BlockScaledSm100Mixin, GemmBase):
             tTR_rAcc = cute.make_rmem_tensor(
                 thr_copy_t2r.partition_D(cTile_epi)[(None, None, None, 0, 0)].shape, self.acc_dtype
             )
-        tTR_rC = cute.make_rmem_tensor(tTR_rAcc.shape, self.c_dtype)
+        tTR_rC = cute.make_rmem_tensor(tTR_rAcc.shape, self.r2s_dtype)
 
         # Registers -> smem, in the thread layout of the TMEM load.
         copy_atom_r2s = sm100_utils.get_smem_store_op(
-            self.c_layout, self.c_dtype, self.acc_dtype, tiled_copy_t2r
+            self.c_layout, self.r2s_dtype, self.acc_dtype, tiled_copy_t2r
         )
         tiled_copy_r2s = cute.make_tiled_copy_D(copy_atom_r2s, tiled_copy_t2r)
         thr_copy_r2s = tiled_copy_r2s.get_slice(epi_tidx)
-        # (R2S, R2S_M, R2S_N, EPI_STAGE)
-        tRS_sC = thr_copy_r2s.partition_D(sC)
+        tRS_sC = None
+        if cutlass.const_expr(direct):
+            # (R2S, R2S_M, R2S_N, EPI_STAGE)
+            tRS_sC = thr_copy_r2s.partition_D(sC)
         # (R2S, R2S_M, R2S_N)
         tRS_rC = tiled_copy_r2s.retile(tTR_rC)
-        if cutlass.const_expr(gated):
+        if cutlass.const_expr(not direct):
             # (R2S, R2S_M, R2S_N): subtile-local (m, n) of each register, in the r2s order
             tRS_cE = tiled_copy_r2s.retile(thr_copy_t2r.partition_D(cTile_epi)[(None, None, None, 0, 0)])
         if cutlass.const_expr(epi.needs_coords):
@@ -749,7 +780,7 @@ class GemmSm100(BlockScaledSm100Mixin, GemmBase):
             else:
                 tile_m, tile_n, tile_l = tile
                 out_m = tile_m
-                if cutlass.const_expr(gated):
+                if cutlass.const_expr(self.out_div > 1):
                     out_m = tile_m * self.cta_per_mma + mma_coord_v  # gC holds single-CTA tiles
                 # (TMA, EPI_M * EPI_N)
                 bSG_gC = cute.group_modes(bSG_gC_all[(None, None, None, out_m, tile_n, tile_l)], 1, 3)
@@ -776,15 +807,18 @@ class GemmSm100(BlockScaledSm100Mixin, GemmBase):
                     # (R2S, R2S_M, R2S_N): global coordinates of the registers below
                     coords = tiled_copy_r2s.retile(tTR_cAcc[(None, None, None, epi_idx)])
                 out = epilogue_subtile(
-                    epi, tiled_copy_r2s.retile(tTR_rAcc).load(), coords, alpha, beta, mCin, mBias
+                    epi, tiled_copy_r2s.retile(tTR_rAcc).load(), coords, alpha, beta, mCin, mBias, vectors
                 )
-                if cutlass.const_expr(not gated):
+                if cutlass.const_expr(direct):
                     tRS_rC.store(out.to(self.c_dtype))
                 # The store that last used this buffer was waited for (producer_acquire below,
                 # epi_stage - 1 stores ago) before the barrier that ended the previous subtile.
                 buf = epi_count % self.epi_stage
-                if cutlass.const_expr(not gated):
+                if cutlass.const_expr(direct):
                     cute.copy(tiled_copy_r2s, tRS_rC, tRS_sC[(None, None, None, buf)])
+                elif cutlass.const_expr(quant):
+                    # tcgen05.ld 32dp32b: a thread holds whole rows of the subtile (quad = 1)
+                    store_quantized_subtile(epi, out, coords, tRS_cE, sC[(None, None, buf)], quant_args, 1, 0)
                 else:
                     store_gated(out, coords, tRS_cE, sC[(None, None, buf)], self.c_dtype)
                 # Make the smem writes visible to the TMA (async proxy), then one warp stores.
