@@ -94,16 +94,15 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 # validation shared by the CPU and fake implementations (the CUDA functions validate themselves)
 
 
-def _check_gemm(a, b, out_dtype, bias, activation):
-    """Returns the result's shape."""
+def check_gemm_operands(a, b, bias, activation):
+    """The a / b / bias / activation rules of the gemm ops (CPU, fake and quantized variants);
+    returns the result's shape (gated: half of b's columns)."""
     if a.dim() not in (2, 3) or b.dim() not in (2, 3):
         raise ValueError(f"a and b must have 2 or 3 dims, got {tuple(a.shape)} and {tuple(b.shape)}")
     if a.dtype not in _CPU_DTYPES or b.dtype != a.dtype:
         raise TypeError(
             f"a and b must share one of {_CPU_DTYPES} (CUDA: bf16/fp16), got {a.dtype} and {b.dtype}"
         )
-    if out_dtype is not None and out_dtype not in _CPU_DTYPES:
-        raise TypeError(f"out_dtype must be one of {_CPU_DTYPES} (CUDA: bf16/fp16/fp32), got {out_dtype}")
     if activation is not None and activation not in (*ACTIVATIONS, *GATED):
         raise ValueError(f"activation must be None or one of {(*ACTIVATIONS, *GATED)}, got {activation!r}")
     if a.shape[-1] != b.shape[-2]:
@@ -122,6 +121,13 @@ def _check_gemm(a, b, out_dtype, bias, activation):
         n = n // 2
     batch = a.shape[:1] if a.dim() == 3 else b.shape[:1] if b.dim() == 3 else ()
     return (*batch, a.shape[-2], n)
+
+
+def _check_gemm(a, b, out_dtype, bias, activation):
+    """Returns the result's shape."""
+    if out_dtype is not None and out_dtype not in _CPU_DTYPES:
+        raise TypeError(f"out_dtype must be one of {_CPU_DTYPES} (CUDA: bf16/fp16/fp32), got {out_dtype}")
+    return check_gemm_operands(a, b, bias, activation)
 
 
 def _check_grouped(a, b, offs, out_dtype):

@@ -50,7 +50,7 @@ import torch
 from .blockscaled.formats import get_format
 from .blockscaled.layout import swizzled_shape
 from .blockscaled.reference import BlockScaledTensor, quantize_ref
-from .epilogue import ACTIVATIONS, GATED
+from .epilogue import GATED
 from .epilogue.quant import QUANT, QUANT_FORMATS
 from .gemm.api import gemm as _gemm_kernel
 from .gemm.api import gemm_ref as _gemm_ref
@@ -65,7 +65,6 @@ GEMM_QUANTIZED_SCHEMA = (
 
 _QUANTIZE_FORMATS = ("mxfp8", "mxfp8_e5m2", "mxfp4", "nvfp4")
 _X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_AB_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -99,25 +98,9 @@ def _gemm_quantized_outputs(a, b, bias, out_global_scale, out_dtype, activation)
     """Validates a gemm_quantized call; returns (data shape, data dtype, scales shape, scales dtype)."""
     if out_dtype not in QUANT_FORMATS:
         raise ValueError(f"out_dtype must be one of {QUANT_FORMATS}, got {out_dtype!r}")
-    if a.dim() not in (2, 3) or b.dim() not in (2, 3):
-        raise ValueError(f"a and b must have 2 or 3 dims, got {tuple(a.shape)} and {tuple(b.shape)}")
-    if a.dtype not in _AB_DTYPES or b.dtype != a.dtype:
-        raise TypeError(
-            f"a and b must share one of {_AB_DTYPES} (CUDA: bf16/fp16), got {a.dtype} and {b.dtype}"
-        )
-    if activation is not None and activation not in (*ACTIVATIONS, *GATED):
-        raise ValueError(f"activation must be None or one of {(*ACTIVATIONS, *GATED)}, got {activation!r}")
-    if a.shape[-1] != b.shape[-2]:
-        raise ValueError(f"a and b shapes do not match for a @ b: {tuple(a.shape)} @ {tuple(b.shape)}")
-    if a.dim() == 3 and b.dim() == 3 and a.shape[0] != b.shape[0]:
-        raise ValueError(f"batch sizes differ: a has {a.shape[0]}, b has {b.shape[0]}")
-    n = b.shape[-1]
-    if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
-        raise ValueError(f"bias must have shape ({n},), got {tuple(bias.shape)}")
-    if activation in GATED:
-        if n % 2:
-            raise ValueError(f"a gated activation needs b with an even number of columns, got {n}")
-        n = n // 2
+    from .ops import check_gemm_operands
+
+    n = check_gemm_operands(a, b, bias, activation)[-1]
     if n % 32:
         raise ValueError(f"a quantized output needs a multiple of 32 columns, got {n}")
     if out_dtype == "nvfp4":

@@ -53,7 +53,7 @@ from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
 from .formats import BlockFormat, get_format
 from .layout import swizzled_shape
-from .reference import BlockScaledTensor, dequantize_ref
+from .reference import BlockScaledTensor, check_quantize_args, dequantize_ref
 
 __all__ = ["QuantizeConfig", "quantize", "dequantize", "TorchOps", "block_math_ref"]
 
@@ -617,20 +617,10 @@ def quantize(
             2**31 - 1 elements, or a GPU other than sm_90 / sm_100.
     """
     _check_x(x)
-    if not isinstance(fmt, (BlockFormat, str)):
-        raise TypeError(f"fmt: expected a BlockFormat or str, got {type(fmt).__name__}")
-    fmt = get_format(fmt)
+    fmt = check_quantize_args(x, fmt, global_scale, scale_rule)
     if fmt.name not in KINDS:
         raise ValueError(f"fmt: no quantize kernel for {fmt.name!r}")
-    if scale_rule not in ("ocp", "ceil"):
-        raise ValueError(f"scale_rule: expected one of ('ocp', 'ceil'), got {scale_rule!r}")
-    if fmt.has_global_scale and scale_rule != "ocp":
-        raise ValueError(f"scale_rule: {fmt.name} uses a fixed recipe, got {scale_rule!r}")
-    if global_scale is not None and not fmt.has_global_scale:
-        raise ValueError(f"global_scale: format {fmt.name} has no global scale")
     k = x.shape[-1]
-    if fmt.elems_per_byte == 2 and k % 2:
-        raise ValueError(f"x: {fmt.name} packs two elements per byte, so K must be even, got {k}")
     x = x.detach()
     bs = fmt.block_size
     padded_numel = x.numel() // k * (k + (-k % bs))

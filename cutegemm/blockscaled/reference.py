@@ -169,6 +169,24 @@ def _check_global_scale(global_scale: object, device: torch.device) -> torch.Ten
     return gs
 
 
+def check_quantize_args(x: torch.Tensor, fmt, global_scale, scale_rule: str) -> BlockFormat:
+    """The format / scale-rule / global-scale / K rules shared by :func:`quantize_ref` and the
+    quantize kernel; returns the :class:`BlockFormat`."""
+    if not isinstance(fmt, (BlockFormat, str)):
+        raise TypeError(f"fmt: expected a BlockFormat or str, got {type(fmt).__name__}")
+    fmt = get_format(fmt)
+    if scale_rule not in _SCALE_RULES:
+        raise ValueError(f"scale_rule: expected one of {_SCALE_RULES}, got {scale_rule!r}")
+    if fmt.has_global_scale and scale_rule != "ocp":
+        raise ValueError(f"scale_rule: {fmt.name} uses a fixed recipe, got {scale_rule!r}")
+    if global_scale is not None and not fmt.has_global_scale:
+        raise ValueError(f"global_scale: format {fmt.name} has no global scale")
+    k = x.shape[-1]
+    if fmt.elems_per_byte == 2 and k % 2:
+        raise ValueError(f"x: {fmt.name} packs two elements per byte, so K must be even, got {k}")
+    return fmt
+
+
 def quantize_ref(
     x: torch.Tensor,
     fmt: BlockFormat | str,
@@ -205,18 +223,8 @@ def quantize_ref(
         raise TypeError(f"x: expected dtype float32, bfloat16 or float16, got {x.dtype}")
     if x.dim() not in (2, 3) or x.numel() == 0:
         raise ValueError(f"x: expected a non-empty (rows, K) or (L, rows, K) tensor, got {tuple(x.shape)}")
-    if not isinstance(fmt, (BlockFormat, str)):
-        raise TypeError(f"fmt: expected a BlockFormat or str, got {type(fmt).__name__}")
-    fmt = get_format(fmt)
-    if scale_rule not in _SCALE_RULES:
-        raise ValueError(f"scale_rule: expected one of {_SCALE_RULES}, got {scale_rule!r}")
-    if fmt.has_global_scale and scale_rule != "ocp":
-        raise ValueError(f"scale_rule: {fmt.name} uses a fixed recipe, got {scale_rule!r}")
-    if global_scale is not None and not fmt.has_global_scale:
-        raise ValueError(f"global_scale: format {fmt.name} has no global scale")
+    fmt = check_quantize_args(x, fmt, global_scale, scale_rule)
     k = x.shape[-1]
-    if fmt.elems_per_byte == 2 and k % 2:
-        raise ValueError(f"x: {fmt.name} packs two elements per byte, so K must be even, got {k}")
 
     bs = fmt.block_size
     xf = x.detach().float()
