@@ -233,24 +233,73 @@ def host_overhead(calls: int = 2000, rounds: int = 5) -> dict:
 
 
 GROUPED_SHAPES = [
-    # (experts, mean tokens per expert, N, K): Mixtral up/down, fine-grained MoE, decode
-    (8, 2048, 14336, 4096),
-    (8, 2048, 4096, 14336),
-    (64, 128, 2816, 2048),
-    (128, 32, 4096, 7168),
-    (32, 16, 4096, 7168),
+    # (experts, mean tokens per expert, N, K), issue 4's MoE shapes:
+    (32, 512, 4096, 7168),  # DeepSeek-V3 up projection
+    (32, 512, 7168, 2048),  # DeepSeek-V3 down projection
+    (128, 128, 1536, 2048),  # Qwen3-30B-A3B (many small experts)
+    (8, 4096, 28672, 4096),  # Mixtral up projection
+    (32, 16, 4096, 7168),  # decode
 ]
+GROUPED_NAMES = ["DeepSeek-V3 up", "DeepSeek-V3 down", "Qwen3-30B-A3B", "Mixtral up", "decode"]
 
 
 def _moe_counts(experts: int, tokens: int, seed: int = 0) -> list[int]:
+    """Tokens per expert: Poisson around ``tokens``, rounded to a multiple of 8, one fixed seed."""
     gen = torch.Generator().manual_seed(seed)
-    return torch.multinomial(torch.ones(experts), experts * tokens, replacement=True, generator=gen).bincount(
-        minlength=experts
-    ).tolist()
+    lam = torch.full((experts,), float(tokens))
+    return [int(round(c / 8.0)) * 8 for c in torch.poisson(lam, generator=gen).tolist()]
 
 
-def bench_grouped(shapes=GROUPED_SHAPES, dtype=torch.bfloat16, reps=30):
-    """Ours vs torch._grouped_mm (and a loop of torch.matmul) on MoE shapes, uneven expert loads."""
+def bench_grouped(shapes=GROUPED_SHAPES, dtype=torch.bfloat16, reps=30, names=None):
+    """Ours vs torch._grouped_mm (and a loop of torch.matmul) on MoE shapes, uneven expert loads.
+    Also prints the time torch takes to read the weights once (``b.sum()``: the bound of a
+    memory-bound decode step) and our time relative to it."""
+    from .grouped import grouped_gemm
+
+    names = names or (GROUPED_NAMES if shapes is GROUPED_SHAPES else [None] * len(shapes))
+    timer = Timer()
+    rows = []
+    for (e, tok, n, k), label in zip(shapes, names, strict=True):
+        counts = _moe_counts(e, tok)
+        total = sum(counts)
+        a = torch.randn(total, k, device="cuda", dtype=dtype)
+        w = torch.randn(e, n, k, device="cuda", dtype=dtype)
+        b = w.transpose(1, 2)  # (E, K, N) view
+        offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
+        out = grouped_gemm(a, b, offs=offs)
+        tref = torch._grouped_mm(a, b, offs=offs)
+        ref = torch.cat([a[s:t].double() @ b[i].double() for i, (s, t) in enumerate(zip([0, *offs.tolist()[:-1]], offs.tolist(), strict=True))])
+        err = (out.double() - ref).abs().max().item()
+        terr = (tref.double() - ref).abs().max().item()
+        del ref
+        t_ours = timer(lambda a=a, b=b, offs=offs: grouped_gemm(a, b, offs=offs), reps)
+        t_torch = timer(lambda a=a, b=b, offs=offs: torch._grouped_mm(a, b, offs=offs), reps)
+        bounds = list(zip([0, *offs.tolist()[:-1]], offs.tolist(), strict=True))
+        t_loop = timer(lambda a=a, b=b, bounds=bounds: [a[s:t] @ b[i] for i, (s, t) in enumerate(bounds)], reps)
+        t_read = timer(lambda w=w: w.sum(dtype=torch.float32), reps)
+        flops = 2.0 * total * n * k
+        from .grouped.api import _PLANS
+
+        plan_cfg = next(p.config for key, p in _PLANS.items() if key[0] == a.shape and key[2] == b.shape)
+        cfg = plan_cfg.name
+        sched = _scheduler_times(timer, reps, a, b, offs, plan_cfg, t_ours)
+        case = f"{label + ': ' if label else ''}E{e}x{tok}tok N{n} K{k}"
+        rows.append(Row(case, t_ours, t_torch, flops / t_ours / 1e9, flops / t_torch / 1e9,
+                        t_torch / t_ours, cfg, err, terr, sched))  # fmt: skip
+        wbytes = w.numel() * w.element_size()
+        print(format_row(rows[-1]) + f" | loop of matmul {flops / t_loop / 1e9:.1f} TFLOP/s | weights read once "
+              f"(torch sum) {t_read:.4f} ms = {wbytes / t_read / 1e9:.0f} GB/s; ours {t_ours / t_read:.3f}x that | "
+              + " ".join(f"{k} {v:.4f} ms" for k, v in sched.items()), flush=True)  # fmt: skip
+        del a, w, b, out, tref
+    return rows
+
+
+def bench_grouped_fp8(shapes=((32, 512, 4096, 7168),), reps=20, configs=None):
+    """FP8 row-wise grouped GEMM (scale_a per token row, scale_b per expert and column) vs
+    ``torch._scaled_grouped_mm`` (same inputs, same run); our policy config and ``configs``
+    overrides (dicts) beside it."""
+    from dataclasses import replace
+
     from .grouped import grouped_gemm
 
     timer = Timer()
@@ -258,28 +307,49 @@ def bench_grouped(shapes=GROUPED_SHAPES, dtype=torch.bfloat16, reps=30):
     for e, tok, n, k in shapes:
         counts = _moe_counts(e, tok)
         total = sum(counts)
-        a = torch.randn(total, k, device="cuda", dtype=dtype)
-        b = torch.randn(e, n, k, device="cuda", dtype=dtype).transpose(1, 2)  # (E, K, N) view
+        torch.manual_seed(0)
+        a = torch.randn(total, k, device="cuda").to(torch.float8_e4m3fn)
+        w = torch.randn(e, n, k, device="cuda").to(torch.float8_e4m3fn)
+        b = w.transpose(1, 2)
+        sa = torch.rand(total, device="cuda") * 0.1 + 0.01
+        sb = torch.rand(e, n, device="cuda") * 0.1 + 0.01
         offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
-        out = grouped_gemm(a, b, offs=offs)
-        tref = torch._grouped_mm(a, b, offs=offs)
-        ref = torch.cat([a[s:t].double() @ b[i].double() for i, (s, t) in enumerate(zip([0, *offs.tolist()[:-1]], offs.tolist(), strict=True))])
-        err = (out.double() - ref).abs().max().item()
-        terr = (tref.double() - ref).abs().max().item()
-        t_ours = timer(lambda a=a, b=b, offs=offs: grouped_gemm(a, b, offs=offs), reps)
-        t_torch = timer(lambda a=a, b=b, offs=offs: torch._grouped_mm(a, b, offs=offs), reps)
-        bounds = list(zip([0, *offs.tolist()[:-1]], offs.tolist(), strict=True))
-        t_loop = timer(lambda a=a, b=b, bounds=bounds: [a[s:t] @ b[i] for i, (s, t) in enumerate(bounds)], reps)
         flops = 2.0 * total * n * k
+
+        def run_torch(a=a, b=b, sa=sa, sb=sb, offs=offs):
+            return torch._scaled_grouped_mm(a, b, sa, sb, offs=offs, out_dtype=torch.bfloat16)
+
+        def ours(cfg=None, fast=False, a=a, b=b, sa=sa, sb=sb, offs=offs):
+            return grouped_gemm(a, b, offs=offs, scale_a=sa, scale_b=sb, config=cfg, fast_accum=fast)
+
+        try:
+            tt = timer(run_torch, reps)
+        except Exception as exc:
+            print(f"torch._scaled_grouped_mm unavailable: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+            tt = float("nan")
+        out = ours()
         from .grouped.api import _PLANS
 
-        plan_cfg = next(p.config for key, p in _PLANS.items() if key[0] == a.shape and key[2] == b.shape)
-        cfg = plan_cfg.name
-        sched = _scheduler_times(timer, reps, a, b, offs, plan_cfg, t_ours)
-        rows.append(Row(f"E{e}x{tok}tok N{n} K{k}", t_ours, t_torch, flops / t_ours / 1e9, flops / t_torch / 1e9,
-                        t_torch / t_ours, cfg, err, terr, sched))  # fmt: skip
-        print(format_row(rows[-1]) + f" | loop of matmul {flops / t_loop / 1e9:.1f} TFLOP/s | "
-              + " ".join(f"{k} {v:.4f} ms" for k, v in sched.items()), flush=True)  # fmt: skip
+        base = next(p.config for key, p in _PLANS.items() if key[0] == a.shape and key[2] == b.shape)
+        ref = None
+        try:
+            ref = run_torch()
+        except Exception:
+            pass
+        for cfg in [None] + [replace(base, **c) for c in (configs or [])]:
+            try:
+                fast = cfg is not None and cfg.fast_accum
+                o = ours(cfg, fast)
+                t = timer(lambda cfg=cfg, fast=fast: ours(cfg, fast), reps)
+            except Exception as exc:
+                print(f"   {(cfg or base).name}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                continue
+            diff = float("nan") if ref is None else (o.float() - ref.float()).abs().max().item()
+            row = Row(f"FP8 rowwise E{e}x{tok}tok N{n} K{k}", t, tt, flops / t / 1e9, flops / tt / 1e9, tt / t,
+                      (cfg or base).name, diff, 0.0)  # fmt: skip
+            rows.append(row)
+            print(format_row(row) + " (err = max |ours - torch|)", flush=True)
+        del out
     return rows
 
 
@@ -389,4 +459,72 @@ def bench_fp8(shapes=FP8_SHAPES, reps=20, configs=None):
             row = Row(f"{m}x{n}x{k}", t, tt, flops / t / 1e9, flops / tt / 1e9, tt / t, name, err, torch_err[fast])
             rows.append(row)
             print(format_row(row), flush=True)
+    return rows
+
+
+def bench_fp8_blockwise(shapes=((8192, 8192, 8192),), reps=20, configs=None):
+    """DeepSeek-style FP8 block scaling (1x128 scales of A, 128x128 of B) vs torch in one run,
+    same inputs: torch's blockwise ``torch._scaled_mm`` (cuBLAS; the same recipe) when this torch
+    runs it on this GPU, else (reported as such) torch._scaled_mm row-wise; plain bf16 cuBLAS
+    (torch.matmul) is printed beside. ``configs``: GemmConfig overrides (dicts, e.g.
+    ``dict(tile_n=64)``) timed beside the policy's choice. Returns Rows (torch_ms: the blockwise
+    baseline when available)."""
+    from dataclasses import replace
+
+    from .gemm.api import _device_info, gemm, gemm_ref
+    from .gemm.config import GemmProblem, can_implement
+    from .gemm.policy import policy_for
+
+    timer = Timer()
+    arch, sms = _device_info(torch.cuda.current_device())
+    rows = []
+    for m, n, k in shapes:
+        torch.manual_seed(0)
+        kb, nb = -(-k // 128), -(-n // 128)
+        a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+        b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn).t()
+        sa = torch.rand(m, kb, device="cuda") + 0.5  # (M, K/128)
+        sb = torch.rand(kb, nb, device="cuda") + 0.5  # (K/128, N/128)
+        ref = gemm_ref(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.float64, compute_dtype=torch.float64)
+        flops = 2.0 * m * n * k
+        case = f"{m}x{n}x{k} blockwise"
+
+        def torch_blockwise(a=a, b=b, sa=sa.t().contiguous().t(), sb=sb.t().contiguous().t()):
+            return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+
+        try:
+            base_err = (torch_blockwise().double() - ref).abs().max().item()
+            base_t, base_name = timer(torch_blockwise, reps), "torch blockwise _scaled_mm"
+        except (RuntimeError, NotImplementedError, ValueError, TypeError) as exc:
+            print(f"{case}: torch blockwise _scaled_mm unavailable ({type(exc).__name__}: {str(exc)[:200]})")
+            ra, rb = torch.rand(m, 1, device="cuda") + 0.5, torch.rand(1, n, device="cuda") + 0.5
+
+            def torch_rowwise(a=a, b=b, ra=ra, rb=rb):
+                return torch._scaled_mm(a, b, scale_a=ra, scale_b=rb, out_dtype=torch.bfloat16)
+
+            base_err = float("nan")  # a different recipe: its error is not comparable
+            base_t, base_name = timer(torch_rowwise, reps), "torch row-wise _scaled_mm (other recipe)"
+        print(f"{case}: {base_name}: {flops / base_t / 1e9:.1f} TFLOP/s, max err {base_err:.3g}", flush=True)
+        a16, b16 = a.to(torch.bfloat16), b.to(torch.bfloat16)
+        t16 = timer(lambda a16=a16, b16=b16: torch.matmul(a16, b16), reps)
+        print(f"{case}: torch.matmul bf16 (cuBLAS): {flops / t16 / 1e9:.1f} TFLOP/s", flush=True)
+        del a16, b16
+        p = GemmProblem(m, n, k, 1, "e4m3", "e4m3", "bf16", "k", "k")
+        default = policy_for(arch, sms).choose(p, fp8_blockwise=True)
+        cands = [None] + [replace(default, **c) for c in (configs or [])]
+        for cfg in cands:
+            if cfg is not None and not can_implement(cfg)[0]:
+                print(f"   {cfg.name}: skipped ({can_implement(cfg)[1]})", flush=True)
+                continue
+            try:
+                out = gemm(a, b, scale_a=sa, scale_b=sb, config=cfg)
+                err = (out.double() - ref).abs().max().item()
+                t = timer(lambda cfg=cfg, a=a, b=b, sa=sa, sb=sb: gemm(a, b, scale_a=sa, scale_b=sb, config=cfg), reps)
+            except Exception as exc:  # a candidate that fails is reported, not fatal
+                print(f"   {(cfg or default).name}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                continue
+            name = (cfg or default).name + ("" if cfg is not None else " (policy)")
+            row = Row(case, t, base_t, flops / t / 1e9, flops / base_t / 1e9, base_t / t, name, err, base_err)
+            rows.append(row)
+            print(format_row(row) + f" | vs bf16 cuBLAS {t16 / t:.3f}x", flush=True)
     return rows

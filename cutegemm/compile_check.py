@@ -21,17 +21,37 @@ REQUIRED = {
 BLOCKSCALED_MMA = {"e4m3": "UTCQMMA", "e2m1": "UTCOMMA"}
 
 
-# Dynamic schedulers: the atomic tile counter and the st.async broadcast into the ring ("dynamic"),
+# Dynamic schedulers: the atomic tile counter and the st.async broadcast into the ring ("dynamic";
+# STAS only with a multi-CTA cluster: a 1-CTA cluster writes its ring slot with a plain st.shared),
 # clusterlaunchcontrol.try_cancel (SELFCAST for 1-CTA clusters, BROADCAST = multicast) ("clc").
 SCHEDULER_MARKERS = {
     "static": {},
     "dynamic": {"ATOMG.ADD": r"\bATOMG\S*ADD", "STAS": r"\bSTAS\b"},
     "clc": {"UGETNEXTWORKID": r"\bUGETNEXTWORKID"},
 }
+CLUSTER_ONLY_MARKERS = {"dynamic": ("STAS",)}
+
+
+def scheduler_markers(cfg: GemmConfig) -> dict[str, str]:
+    markers = dict(SCHEDULER_MARKERS[cfg.scheduler])
+    if cfg.cluster_m * cfg.cluster_n == 1:
+        for name in CLUSTER_ONLY_MARKERS.get(cfg.scheduler, ()):
+            del markers[name]
+    return markers
 
 
 def required_markers(cfg: GemmConfig) -> dict[str, str]:
-    return {**_mma_markers(cfg), **SCHEDULER_MARKERS[cfg.scheduler]}
+    return {**_mma_markers(cfg), **scheduler_markers(cfg)}
+
+
+def forbidden_markers(cfg: GemmConfig) -> dict[str, str]:
+    """No local-memory spills; no st.async in a 1-CTA-cluster "dynamic" kernel (the ring is then
+    filled with st.shared: st.async to shared::cluster needs a cluster of >= 2 CTAs)."""
+    forbidden = dict(SPILLS)
+    if cfg.cluster_m * cfg.cluster_n == 1:
+        for name in CLUSTER_ONLY_MARKERS.get(cfg.scheduler, ()):
+            forbidden[name] = SCHEDULER_MARKERS[cfg.scheduler][name]
+    return forbidden
 
 
 def _mma_markers(cfg: GemmConfig) -> dict[str, str]:
@@ -132,7 +152,21 @@ def fp8_variants(arch: str) -> list[GemmConfig]:
         GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=256, out_dtype="fp32", fast_accum=True, epilogue=E(scale_a=True)),
         GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=128, out_dtype="e4m3",
                    epilogue=E(scale_a=True, scale_b=True, bias=True, bias_dtype="bf16", gated="swiglu", quant="mxfp8")),
-    ]  # fmt: skip
+    ] + fp8_blockwise_variants(arch)  # fmt: skip
+
+
+def fp8_blockwise_variants(arch: str) -> list[GemmConfig]:
+    """DeepSeek-style FP8 block scaling (1x128 A / 128x128 B fp32 scales applied while promoting
+    each K tile): the policy's cooperative 128x128 + 2x1 cluster, the small-M 128x64 tile,
+    pingpong 64x128 (fp32 output), and 128x128 with an alpha + bias + silu epilogue."""
+    fp8 = dict(a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k", fp8_blockwise=True)
+    epi = EpilogueSpec(alpha=True, bias=True, bias_dtype="bf16", activation="silu")
+    return [
+        GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=128, cluster_m=2, raster="n", group=8),
+        GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=64, raster="n", group=1),
+        GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=128, pingpong=True, out_dtype="fp32"),
+        GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=128, epilogue=epi),
+    ]
 
 
 def sample_user_epilogue(acc, row, col, bias, scale):
@@ -197,14 +231,17 @@ def check_config(cfg: GemmConfig) -> CheckResult:
     except Exception as exc:  # report every variant, then fail at the end
         return CheckResult(cfg.name, False, {}, time.time() - t0, f"{type(exc).__name__}: {exc}"[:300])
     req = count_markers(sass, required_markers(cfg))
-    bad = count_markers(sass, SPILLS)
+    bad = count_markers(sass, forbidden_markers(cfg))
     missing = [k for k, v in req.items() if v == 0]
-    spilled = [k for k, v in bad.items() if v]
+    spilled = [k for k, v in bad.items() if v and k in SPILLS]
+    unwanted = [k for k, v in bad.items() if v and k not in SPILLS]
     err = ""
     if missing:
         err += f"missing {missing} "
     if spilled:
-        err += f"local-memory spills {spilled}"
+        err += f"local-memory spills {spilled} "
+    if unwanted:
+        err += f"forbidden {unwanted}"
     return CheckResult(cfg.name, not err, {**req, **bad}, time.time() - t0, err.strip())
 
 
@@ -227,6 +264,9 @@ def scheduler_variants(arch: str) -> list[GemmConfig]:
         GemmConfig(arch=arch, grouped=True, tile_m=128, tile_n=128, scheduler="clc"),
         GemmConfig(arch=arch, grouped=True, tile_m=64, tile_n=128, cluster_n=2, scheduler="clc"),
         GemmConfig(arch=arch, grouped=True, tile_m=128, tile_n=256, b_major="k", scheduler="dynamic"),
+        # multi-CTA clusters: the st.async ring broadcast (1-CTA clusters use st.shared)
+        GemmConfig(arch=arch, tile_m=256, tile_n=256, two_cta=True, cluster_m=2, scheduler="dynamic"),
+        GemmConfig(arch=arch, grouped=True, tile_m=64, tile_n=128, cluster_n=2, scheduler="dynamic"),
     ]
 
 
@@ -237,12 +277,43 @@ def grouped_variants(arch: str) -> list[GemmConfig]:
             GemmConfig(arch=arch, grouped=True, tile_m=64, tile_n=128, cluster_n=2),
             GemmConfig(arch=arch, grouped=True, tile_m=128, tile_n=128, out_dtype="fp32"),
             GemmConfig(arch=arch, grouped=True, tile_m=64, tile_n=256, cluster_n=2, out_dtype="fp32", b_major="k"),
-        ]
+        ] + grouped_epilogue_variants(arch)
     return [
         GemmConfig(arch=arch, grouped=True, tile_m=128, tile_n=256, b_major="k"),
         GemmConfig(arch=arch, grouped=True, tile_m=64, tile_n=128, cluster_n=2),
         GemmConfig(arch=arch, grouped=True, tile_m=128, tile_n=128, pingpong=True, out_dtype="fp32"),
+    ] + grouped_epilogue_variants(arch)
+
+
+def grouped_epilogue_variants(arch: str) -> list[GemmConfig]:
+    """Epilogues of the packed grouped kernel: per-expert bias + activation, gated swiglu,
+    quantized outputs (MXFP8 after swiglu, NVFP4, MXFP4), a user epilogue; FP8 row-wise scales
+    (sm_90a: promoted and fast accumulation)."""
+    from .epilogue.user import register
+
+    E = EpilogueSpec
+    user = register(sample_user_epilogue)
+    g = dict(arch=arch, grouped=True)
+    if arch == "sm_90a":
+        big, mid, small = dict(tile_m=128, tile_n=256, cluster_n=2), dict(tile_m=128, tile_n=128, pingpong=True, cluster_n=2), dict(tile_m=64, tile_n=128, cluster_n=2)  # fmt: skip
+    else:
+        big, mid, small = dict(tile_m=128, tile_n=256), dict(tile_m=128, tile_n=128), dict(tile_m=128, tile_n=128, cluster_n=2)  # fmt: skip
+    out = [
+        GemmConfig(**g, **big, epilogue=E(bias=True, bias_dtype="bf16", activation="gelu_tanh")),
+        GemmConfig(**g, **mid, epilogue=E(alpha=True, gated="swiglu", bias=True)),
+        GemmConfig(**g, **big, out_dtype="e4m3", epilogue=E(gated="swiglu", quant="mxfp8")),
+        GemmConfig(**g, **mid, out_dtype="u8", epilogue=E(bias=True, quant="nvfp4")),
+        GemmConfig(**g, **small, out_dtype="u8", epilogue=E(alpha=True, quant="mxfp4")),
+        GemmConfig(**g, **mid, epilogue=E(user=user, user_args=("bf16", "fp32"))),
     ]
+    if arch == "sm_90a":
+        fp8 = dict(a_dtype="e4m3", b_dtype="e4m3", b_major="k", epilogue=E(scale_a=True, scale_b=True))
+        out += [
+            GemmConfig(**g, tile_m=128, tile_n=192, cluster_n=2, **fp8),
+            GemmConfig(**g, tile_m=64, tile_n=128, cluster_n=2, **fp8),
+            GemmConfig(**g, tile_m=128, tile_n=256, cluster_n=2, fast_accum=True, **fp8),
+        ]
+    return out
 
 
 def blockscaled_variants(arch: str) -> list[GemmConfig]:

@@ -14,13 +14,15 @@ class GroupedExperts(nn.Module):
     Routing is given, not computed: ``x`` holds the tokens sorted by expert (total_tokens, hidden)
     and ``offs`` (int32, on the GPU) the cumulative end row of each expert, as produced by a
     router's sort. Weights are stored as (E, out, in) like ``nn.Linear`` and used as transposed
-    views (no copies). Two grouped GEMM launches plus the SwiGLU in torch; no host sync.
+    views (no copies). ``w_gate_up`` interleaves its output rows: row 2j is gate j, row 2j + 1 is
+    up j (``cutegemm.epilogue.interleave_gate_up(w, dim=1)`` converts a [gate | up] stack), so the
+    SwiGLU is fused into the first grouped GEMM's epilogue. Two launches, no host sync.
     """
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int, *, dtype=torch.bfloat16, device=None):
         super().__init__()
         self.num_experts, self.hidden, self.intermediate = num_experts, hidden, intermediate
-        # gate and up stacked: rows [0, I) gate, [I, 2I) up.
+        # gate and up interleaved: rows 2j gate j, 2j + 1 up j.
         self.w_gate_up = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden, dtype=dtype, device=device))
         self.w_down = nn.Parameter(torch.empty(num_experts, hidden, intermediate, dtype=dtype, device=device))
         self.reset_parameters()
@@ -30,10 +32,8 @@ class GroupedExperts(nn.Module):
         nn.init.normal_(self.w_down, std=self.intermediate**-0.5)
 
     def forward(self, x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-        h = grouped_gemm(x, self.w_gate_up.transpose(1, 2), offs=offs)  # (T, 2I)
-        gate, up = h[:, : self.intermediate], h[:, self.intermediate :]
-        act = (torch.nn.functional.silu(gate.float()) * up.float()).to(x.dtype)
-        return grouped_gemm(act, self.w_down.transpose(1, 2), offs=offs)  # (T, hidden)
+        h = grouped_gemm(x, self.w_gate_up.transpose(1, 2), offs=offs, activation="swiglu")  # (T, I)
+        return grouped_gemm(h, self.w_down.transpose(1, 2), offs=offs)  # (T, hidden)
 
     def forward_ref(self, x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
         """Plain-torch twin (fp32 math, host loop over experts)."""
@@ -42,7 +42,7 @@ class GroupedExperts(nn.Module):
         for e, end in enumerate(offs.tolist()):
             xe = x[prev:end].float()
             gu = xe @ self.w_gate_up[e].float().t()
-            act = torch.nn.functional.silu(gu[:, : self.intermediate]) * gu[:, self.intermediate :]
+            act = torch.nn.functional.silu(gu[:, 0::2]) * gu[:, 1::2]
             out[prev:end] = act @ self.w_down[e].float().t()
             prev = end
         return out.to(x.dtype)

@@ -198,14 +198,14 @@ class ExpertParallelMoE(nn.Module):
 
 def moe_reference(x, topk_idx, topk_weight, w_gate_up, w_down):
     """Single-process reference: all experts in one process, fp32 math (``grouped_gemm_ref``).
-    w_gate_up (E, 2I, hidden) (rows [0, I) gate, [I, 2I) up), w_down (E, hidden, I)."""
-    E, two_i, _ = w_gate_up.shape
-    inter = two_i // 2
+    w_gate_up (E, 2I, hidden) (rows interleaved: 2j gate j, 2j + 1 up j, as GroupedExperts),
+    w_down (E, hidden, I)."""
+    E = w_gate_up.shape[0]
     order, token, counts = _sort_pairs(topk_idx, E)
     offs = counts.cumsum(0).to(torch.int32)
     xs = x.index_select(0, token)
     h = grouped_gemm_ref(xs, w_gate_up.transpose(1, 2), offs=offs, out_dtype=torch.float32)
-    act = torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]
+    act = torch.nn.functional.silu(h[:, 0::2]) * h[:, 1::2]
     y = grouped_gemm_ref(act, w_down.transpose(1, 2), offs=offs, out_dtype=torch.float32)
     return _combine(y, order, topk_weight, x.dtype)
 

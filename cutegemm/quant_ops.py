@@ -1,7 +1,9 @@
 """torch.library custom ops for block-scaled quantization: ``torch.ops.cutegemm.quantize`` and
 ``torch.ops.cutegemm.gemm_quantized``, with the wrappers :func:`quantize` and
 :func:`gemm_quantized` (also ``cutegemm.ops.quantize`` / ``cutegemm.ops.gemm_quantized``) that
-return a :class:`~cutegemm.blockscaled.BlockScaledTensor`.
+return a :class:`~cutegemm.blockscaled.BlockScaledTensor`; and the block-scaled GEMM
+``torch.ops.cutegemm.gemm_blockscaled`` with the wrapper :func:`gemm_blockscaled`, which takes
+two BlockScaledTensors.
 
 A custom op returns tensors, not a dataclass, so the ops return tuples and the wrappers (plain
 Python, traced through by torch.compile) put them back together. Each op has a fake
@@ -15,6 +17,9 @@ Schemas::
         -> (Tensor data, Tensor scales, Tensor global_scale)
     cutegemm::gemm_quantized(Tensor a, Tensor b, Tensor? bias=None, Tensor? out_global_scale=None,
         *, str out_dtype, float alpha=1.0, str? activation=None) -> (Tensor data, Tensor scales)
+    cutegemm::gemm_blockscaled(Tensor a, Tensor a_scales, Tensor b, Tensor b_scales,
+        Tensor? a_global_scale=None, Tensor? b_global_scale=None, *, str fmt,
+        ScalarType? out_dtype=None, float alpha=1.0) -> Tensor
 
 ``quantize``: x (rows, K) or (L, rows, K), fp32 / bf16 / fp16; fmt "mxfp8", "mxfp8_e5m2",
 "mxfp4" or "nvfp4". data: ``fmt.elem_dtype``, K (FP4: K / 2, two elements per byte) on the last
@@ -32,6 +37,17 @@ columns. data: e4m3 (..., M, N) or e2m1 x2 (..., M, N / 2); scales as above with
 of the format (32 MX, 16 NVFP4). CUDA: :func:`cutegemm.gemm` (sm_90a); CPU: ``gemm_ref`` then
 ``quantize_ref`` (fp64 operands are accumulated in fp64, then quantized from fp32).
 
+``gemm_blockscaled``: ``alpha * dequantize(A) @ dequantize(B).mT`` -> (M, N) or (L, M, N) in
+out_dtype (bf16 default, fp16, fp32), the raw fields of two BlockScaledTensors (a custom op takes
+tensors only): a (M, K') / (L, M, K') and b (N, K') / (L, N, K') elements, both quantized along K
+(B as torch ``_scaled_mm``'s column-major operand, e.g. an (N, K) weight), ``fmt.elem_dtype``,
+K' = K (MXFP8) or K / 2 (FP4, two per byte); their scales in the 128x4 swizzled layout
+(``fmt.scale_dtype``, ``(..., rows_p, cols_p)``, as :func:`quantize` returns them); NVFP4 global
+scales (one-element fp32, None = 1; MX formats take none); fmt "mxfp8", "mxfp4" or "nvfp4".
+CUDA: :func:`cutegemm.blockscaled.sm100.gemm_blockscaled` (sm_100a only: NotImplementedError on
+sm_90a; it reads the NVFP4 global scales on the host, so it is not graph-capturable for NVFP4);
+CPU: ``gemm_ref`` (dequantize_ref both, fp32 matmul, cast).
+
 Not differentiable: no autograd formula is registered (quantization is a step function; the
 outputs are FP8 / FP4 elements and scale bytes). Inputs that require grad are accepted; a
 backward through these ops raises torch's "no autograd formula was registered" RuntimeError.
@@ -48,8 +64,11 @@ from typing import Optional
 import torch
 
 from .blockscaled.formats import get_format
-from .blockscaled.layout import swizzled_shape
+from .blockscaled.layout import swizzled_shape, to_swizzled
 from .blockscaled.reference import BlockScaledTensor, quantize_ref
+from .blockscaled.sm100 import RECIPES as _BLOCKSCALED_RECIPES
+from .blockscaled.sm100 import gemm_blockscaled as _gemm_blockscaled_kernel
+from .blockscaled.sm100 import gemm_blockscaled_ref as _gemm_blockscaled_ref
 from .epilogue import GATED
 from .epilogue.quant import QUANT, QUANT_FORMATS
 from .gemm.api import gemm as _gemm_kernel
@@ -62,6 +81,11 @@ GEMM_QUANTIZED_SCHEMA = (
     "(Tensor a, Tensor b, Tensor? bias=None, Tensor? out_global_scale=None, *, str out_dtype, "
     "float alpha=1.0, str? activation=None) -> (Tensor, Tensor)"
 )
+GEMM_BLOCKSCALED_SCHEMA = (
+    "(Tensor a, Tensor a_scales, Tensor b, Tensor b_scales, Tensor? a_global_scale=None, "
+    "Tensor? b_global_scale=None, *, str fmt, ScalarType? out_dtype=None, float alpha=1.0) -> Tensor"
+)
+_BLOCKSCALED_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 _QUANTIZE_FORMATS = ("mxfp8", "mxfp8_e5m2", "mxfp4", "nvfp4")
 _X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -123,6 +147,40 @@ def _gemm_quantized_outputs(a, b, bias, out_global_scale, out_dtype, activation)
         (*batch, rows_p, cols_p),
         fmt.scale_dtype,
     )
+
+
+def _gemm_blockscaled_outputs(a, a_scales, b, b_scales, a_global_scale, b_global_scale, fmt_name, out_dtype):
+    """Validates a gemm_blockscaled call; returns (output shape, output dtype, K)."""
+    if fmt_name not in _BLOCKSCALED_RECIPES:
+        raise ValueError(f"fmt must be one of {sorted(_BLOCKSCALED_RECIPES)}, got {fmt_name!r}")
+    fmt = get_format(fmt_name)
+    out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
+    if out_dtype not in _BLOCKSCALED_OUT_DTYPES:
+        raise ValueError(f"out_dtype must be one of {_BLOCKSCALED_OUT_DTYPES}, got {out_dtype}")
+    for nm, t in (("a", a), ("b", b)):
+        if t.dtype != fmt.elem_dtype:
+            raise TypeError(f"{nm}: {fmt.name} elements are {fmt.elem_dtype}, got {t.dtype}")
+        if t.dim() not in (2, 3):
+            raise ValueError(f"{nm}: expected a (rows, K) or (L, rows, K) tensor, got {tuple(t.shape)}")
+    shapes = f"a {tuple(a.shape)} vs b {tuple(b.shape)} (b is (N, K) or (L, N, K))"
+    if a.dim() != b.dim() or (a.dim() == 3 and a.shape[0] != b.shape[0]):
+        raise ValueError(f"batch mismatch: {shapes}")
+    if a.shape[-1] != b.shape[-1]:
+        raise ValueError(f"K mismatch: {shapes}")
+    k = a.shape[-1] * fmt.elems_per_byte
+    for nm, t, s in (("a", a, a_scales), ("b", b, b_scales)):
+        want = (*t.shape[:-2], *swizzled_shape(t.shape[-2], -(-k // fmt.block_size)))
+        if s.dtype != fmt.scale_dtype or tuple(s.shape) != want:
+            raise ValueError(
+                f"{nm}_scales: expected {fmt.scale_dtype} of the 128x4 swizzled shape {want}, "
+                f"got {s.dtype} {tuple(s.shape)}"
+            )
+    for nm, g in (("a_global_scale", a_global_scale), ("b_global_scale", b_global_scale)):
+        if g is not None and not fmt.has_global_scale:
+            raise ValueError(f"{nm}: format {fmt.name} has no global scale")
+        if g is not None and g.numel() != 1:
+            raise ValueError(f"{nm}: expected a one-element tensor, got shape {tuple(g.shape)}")
+    return (*a.shape[:-1], b.shape[-2]), out_dtype, k
 
 
 def _fresh(t: torch.Tensor, inputs) -> torch.Tensor:
@@ -258,11 +316,102 @@ def gemm_quantized(
     )  # fmt: skip
 
 
+# ----------------------------------------------------------------------------------------------
+# cutegemm::gemm_blockscaled
+
+
+def _blockscaled_operands(a, a_scales, b, b_scales, a_global_scale, b_global_scale, fmt_name, out_dtype):
+    """Validates; returns (qa, qb, out_dtype) rebuilt as BlockScaledTensors."""
+    _, out_dtype, k = _gemm_blockscaled_outputs(
+        a, a_scales, b, b_scales, a_global_scale, b_global_scale, fmt_name, out_dtype
+    )
+    fmt = get_format(fmt_name)
+
+    def rebuild(data, scales, gs):
+        gs = None if gs is None else gs.to(torch.float32).reshape(())
+        shape = torch.Size((*data.shape[:-1], k))
+        return BlockScaledTensor(data=data, scales=scales, fmt=fmt, shape=shape, global_scale=gs)
+
+    return rebuild(a, a_scales, a_global_scale), rebuild(b, b_scales, b_global_scale), out_dtype
+
+
+@torch.library.custom_op(
+    "cutegemm::gemm_blockscaled", mutates_args=(), device_types="cpu", schema=GEMM_BLOCKSCALED_SCHEMA
+)
+def gemm_blockscaled_op(
+    a: torch.Tensor,
+    a_scales: torch.Tensor,
+    b: torch.Tensor,
+    b_scales: torch.Tensor,
+    a_global_scale: Optional[torch.Tensor] = None,
+    b_global_scale: Optional[torch.Tensor] = None,
+    *,
+    fmt: str,
+    out_dtype: Optional[torch.dtype] = None,
+    alpha: float = 1.0,
+) -> torch.Tensor:
+    """alpha * dequantize(A) @ dequantize(B).mT; see the module docstring. (This body is the CPU
+    kernel: the reference twin.)"""
+    qa, qb, out_dtype = _blockscaled_operands(
+        a, a_scales, b, b_scales, a_global_scale, b_global_scale, fmt, out_dtype
+    )
+    return _gemm_blockscaled_ref(qa, qb, out_dtype=out_dtype, alpha=alpha)
+
+
+@gemm_blockscaled_op.register_kernel("cuda")
+def _gemm_blockscaled_cuda(
+    a, a_scales, b, b_scales, a_global_scale=None, b_global_scale=None, *, fmt, out_dtype=None, alpha=1.0
+):
+    qa, qb, out_dtype = _blockscaled_operands(
+        a, a_scales, b, b_scales, a_global_scale, b_global_scale, fmt, out_dtype
+    )
+    return _gemm_blockscaled_kernel(qa, qb, out_dtype=out_dtype, alpha=alpha)
+
+
+@gemm_blockscaled_op.register_fake
+def _gemm_blockscaled_fake(
+    a, a_scales, b, b_scales, a_global_scale=None, b_global_scale=None, *, fmt, out_dtype=None, alpha=1.0
+):
+    shape, out_dtype, _ = _gemm_blockscaled_outputs(
+        a, a_scales, b, b_scales, a_global_scale, b_global_scale, fmt, out_dtype
+    )
+    return a.new_empty(shape, dtype=out_dtype)
+
+
+def gemm_blockscaled(
+    qa: BlockScaledTensor,
+    qb: BlockScaledTensor,
+    *,
+    out_dtype: torch.dtype = torch.bfloat16,
+    alpha: float = 1.0,
+) -> torch.Tensor:
+    """``cutegemm.gemm(qa, qb, out_dtype=out_dtype, alpha=alpha)`` through the
+    ``cutegemm::gemm_blockscaled`` custom op (torch.compile; CPU: the reference twin). qa holds
+    A (M, K) / (L, M, K), qb holds B as (N, K) / (L, N, K), both quantized along K with the same
+    format; plain (unswizzled) scales are swizzled first (a copy)."""
+    for nm, q in (("qa", qa), ("qb", qb)):
+        if not isinstance(q, BlockScaledTensor):
+            raise TypeError(f"{nm} must be a BlockScaledTensor, got {type(q).__name__}")
+    if qa.fmt.name != qb.fmt.name:  # names: dynamo cannot compare the formats' float fields
+        raise ValueError(f"qa and qb must share a format, got {qa.fmt.name} and {qb.fmt.name}")
+
+    def scales(q):
+        return q.scales if q.scales_swizzled else to_swizzled(q.scales)
+
+    return torch.ops.cutegemm.gemm_blockscaled(
+        qa.data, scales(qa), qb.data, scales(qb), qa.global_scale, qb.global_scale,
+        fmt=qa.fmt.name, out_dtype=out_dtype, alpha=alpha,
+    )  # fmt: skip
+
+
 __all__ = [
     "quantize",
     "gemm_quantized",
+    "gemm_blockscaled",
     "quantize_op",
     "gemm_quantized_op",
+    "gemm_blockscaled_op",
     "QUANTIZE_SCHEMA",
     "GEMM_QUANTIZED_SCHEMA",
+    "GEMM_BLOCKSCALED_SCHEMA",
 ]

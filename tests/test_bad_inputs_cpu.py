@@ -176,7 +176,7 @@ def _experts_pair():
     rows = []
     for e, (s, t) in enumerate([(0, 5), (5, 5), (5, 12)]):
         gu = x[s:t] @ m.w_gate_up[e].t()
-        rows.append((torch.nn.functional.silu(gu[:, :16]) * gu[:, 16:]) @ m.w_down[e].t())
+        rows.append((torch.nn.functional.silu(gu[:, 0::2]) * gu[:, 1::2]) @ m.w_down[e].t())  # interleaved
     return ref, torch.cat(rows).detach()
 
 

@@ -57,3 +57,26 @@ def test_rows_of_experts_partition_total_for_valid_offs():
     offs = [0, 5, 5, 130, 131, 400]
     rows = expert_rows(offs, 400)
     assert rows == [(0, 0), (0, 5), (5, 5), (5, 130), (130, 131), (131, 400)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(counts=counts_st, tile_m=st.sampled_from([64, 128]), n_tiles=st.integers(1, 5))
+def test_two_cta_clusters_cover_every_m_tile_once(counts, tile_m, n_tiles):
+    """cluster_m = 2: cluster tile t gives CTA r the m-tile m0 + r of one expert; every real
+    (expert, m-tile, n-tile) is covered exactly once and the extra CTA of an odd expert gets an
+    empty row range (it stores nothing)."""
+    offs = list(itertools.accumulate(counts))
+    tiles = grouped_tile_map(offs, offs[-1], tile_m, n_tiles, cluster_m=2)
+    rows = expert_rows(offs, offs[-1])
+    got, empty = [], 0
+    for e, start, end, m0, nt in tiles:
+        assert m0 % 2 == 0
+        for r in range(2):
+            mt = m0 + r
+            if (end - start) - mt * tile_m > 0:
+                got.append((e, mt, nt))
+            else:
+                empty += 1
+    expected = [(e, mt, nt) for e, (s, t) in enumerate(rows) for nt in range(n_tiles) for mt in range(-(-(t - s) // tile_m))]
+    assert sorted(got) == sorted(expected)
+    assert empty == sum((-(-(t - s) // tile_m)) % 2 for s, t in rows) * n_tiles

@@ -146,3 +146,26 @@ def test_workspace_is_the_last_kernel_argument():
     assert ws is not None and "int32" in str(ws.element_type).lower()
     assert grouped_fake_args(replace(dyn, grouped=True))[-1] is not None
     assert len(dense_fake_args(dyn)) == len(dense_fake_args(GemmConfig(arch="sm_90a")))
+
+
+@pytest.mark.parametrize(
+    "cfg, stas",
+    [
+        (GemmConfig(arch="sm_90a", scheduler="dynamic"), "forbidden"),
+        (GemmConfig(arch="sm_100a", grouped=True, scheduler="dynamic"), "forbidden"),
+        (GemmConfig(arch="sm_90a", cluster_m=2, scheduler="dynamic"), "required"),
+        (GemmConfig(arch="sm_90a", grouped=True, cluster_n=2, scheduler="dynamic"), "required"),
+        (GemmConfig(arch="sm_100a", tile_m=256, two_cta=True, cluster_m=2, scheduler="dynamic"), "required"),
+        (GemmConfig(arch="sm_100a", scheduler="clc"), "neither"),
+    ],
+    ids=lambda x: x.name if isinstance(x, GemmConfig) else x,
+)
+def test_stas_marker_follows_the_cluster_size(cfg, stas):
+    """The "dynamic" ring is filled by st.async only in multi-CTA clusters (st.async to
+    shared::cluster needs >= 2 CTAs: compute-sanitizer flags it in a 1-CTA cluster); a 1-CTA
+    cluster uses a plain st.shared, and compile-check forbids STAS there."""
+    from cutegemm.compile_check import forbidden_markers, required_markers
+
+    want = {"required": (True, False), "forbidden": (False, True), "neither": (False, False)}[stas]
+    assert ("STAS" in required_markers(cfg), "STAS" in forbidden_markers(cfg)) == want
+    assert ("ATOMG.ADD" in required_markers(cfg)) == (cfg.scheduler == "dynamic")

@@ -1,30 +1,66 @@
-"""Time grouped configs on the MoE benchmark shapes (used to set Sm90Policy.choose_grouped)."""
+"""Time grouped configs on the MoE benchmark shapes (used to set Sm90Policy.choose_grouped).
+
+    python tools/grouped_sweep.py [--list]   (--list: print the candidate configs' reprs, for
+                                              tools/precompile.py, and exit)
+"""
+
+import sys
 from dataclasses import replace
+from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cutegemm.benchmarks import GROUPED_SHAPES, Timer, _moe_counts
-from cutegemm.gemm.config import GemmConfig
-from cutegemm.grouped import grouped_gemm
+from cutegemm.gemm.config import GemmConfig  # noqa: E402
 
 CANDS = [
-    dict(tile_m=128, tile_n=256),
     dict(tile_m=128, tile_n=256, cluster_n=2),
+    dict(tile_m=128, tile_n=256),
+    dict(tile_m=128, tile_n=256, cluster_n=2, raster="n"),
+    dict(tile_m=128, tile_n=192, cluster_n=2),
     dict(tile_m=128, tile_n=128, pingpong=True, cluster_n=2),
-    dict(tile_m=128, tile_n=128),
-    dict(tile_m=64, tile_n=256),
+    dict(tile_m=128, tile_n=128, pingpong=True),
+    dict(tile_m=128, tile_n=128, cluster_n=2),
+    dict(tile_m=64, tile_n=256, cluster_n=2),
     dict(tile_m=64, tile_n=128, cluster_n=2),
+    dict(tile_m=64, tile_n=128, cluster_n=4),
+    dict(tile_m=64, tile_n=128),
+    dict(tile_m=128, tile_n=256, cluster_n=2, scheduler="dynamic"),
+    dict(tile_m=64, tile_n=128, cluster_n=2, scheduler="dynamic"),
 ]
-timer = Timer()
-for e, tok, n, k in [GROUPED_SHAPES[0], GROUPED_SHAPES[2], GROUPED_SHAPES[4]]:
-    counts = _moe_counts(e, tok)
-    a = torch.randn(sum(counts), k, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-    offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
-    fl = 2.0 * sum(counts) * n * k
-    tt = timer(lambda: torch._grouped_mm(a, b, offs=offs), 20)
-    print(f"== E{e} tok{tok} N{n} K{k}: torch {fl / tt / 1e9:.1f}", flush=True)
-    for c in CANDS:
-        cfg = replace(GemmConfig(arch="sm_90a", grouped=True, b_major="k", raster="m", group=1), **c)
-        t = timer(lambda cfg=cfg: grouped_gemm(a, b, offs=offs, config=cfg), 20)
-        print(f"   {fl / t / 1e9:7.1f} TFLOP/s {tt / t:5.2f}x {cfg.name}", flush=True)
+
+
+def configs():
+    base = GemmConfig(arch="sm_90a", grouped=True, b_major="k", raster="m", group=1)
+    return [replace(base, **c) for c in CANDS]
+
+
+if __name__ == "__main__":
+    if "--list" in sys.argv:
+        for c in configs():
+            print(repr(c))
+        sys.exit(0)
+    import torch
+
+    from cutegemm.benchmarks import GROUPED_NAMES, GROUPED_SHAPES, Timer, _moe_counts
+    from cutegemm.grouped import grouped_gemm
+
+    timer = Timer()
+    for (e, tok, n, k), label in zip(GROUPED_SHAPES, GROUPED_NAMES, strict=True):
+        counts = _moe_counts(e, tok)
+        a = torch.randn(sum(counts), k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
+        fl = 2.0 * sum(counts) * n * k
+        tt = timer(lambda: torch._grouped_mm(a, b, offs=offs), 20)
+        print(f"== {label} E{e} tok{tok} N{n} K{k}: torch {fl / tt / 1e9:.1f} TFLOP/s ({tt:.4f} ms)", flush=True)
+        best = None
+        for cfg in configs():
+            try:
+                t = timer(lambda cfg=cfg: grouped_gemm(a, b, offs=offs, config=cfg), 20)
+            except Exception as exc:
+                print(f"   FAILED {cfg.name}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                continue
+            best = min(best or (t, cfg.name), (t, cfg.name))
+            print(f"   {fl / t / 1e9:7.1f} TFLOP/s {tt / t:5.2f}x {cfg.name}", flush=True)
+        print(f"   best: {tt / best[0]:.2f}x {best[1]}", flush=True)
+        del a, b

@@ -18,6 +18,7 @@ for spec in "$@"; do
   step=${spec%%:*}; lim=${spec#*:}; [ "$lim" = "$spec" ] && lim=120
   t=$(date +%s)
   case "$step" in
+    pre) cmd="python tools/round_configs.py > $O/cfgs.log && python tools/precompile.py $O/cfgs.log --variants --jobs 16" ;;
     quant) cmd="$PT tests/test_quant_epilogue_gpu.py" ;;
     fp8) cmd="$PT tests/test_fp8_gpu.py" ;;
     quantize) cmd="$PT tests/test_quantize_gpu.py" ;;
@@ -26,12 +27,18 @@ for spec in "$@"; do
     sched) cmd="$PT tests/test_scheduler_gpu.py" ;;
     dense) cmd="$PT tests/test_gemm_gpu.py tests/test_epilogue_gpu.py" ;;
     grouped) cmd="$PT tests/test_grouped_gpu.py" ;;
+    gepi) cmd="$PT tests/test_grouped_epilogue_gpu.py" ;;
+    blockwise) cmd="$PT tests/test_fp8_blockwise_gpu.py" ;;
+    gsweep) cmd="python tools/grouped_sweep.py" ;;
+    bench_gfp8) cmd="python -c 'from cutegemm.benchmarks import bench_grouped_fp8 as f; f(configs=[dict(tile_m=128, tile_n=128, pingpong=True, fast_accum=True), dict(tile_n=256, fast_accum=True), dict(tile_m=64, tile_n=192, pingpong=True), dict(tile_m=128, tile_n=128)])'" ;;
+    bench_blockwise) cmd="python -c 'from cutegemm.benchmarks import bench_fp8_blockwise as f; f()'" ;;
+    memcheck_new) cmd="SANITIZE_ONLY='dynamic|grouped-epilogue' bash tools/sanitize.sh memcheck racecheck" ;;
     bench_epi) cmd="python -c 'from cutegemm.benchmarks import bench_epilogue_quant as f; f()'" ;;
     bench_fp8) cmd="python -c 'from cutegemm.benchmarks import bench_fp8 as f; f(configs=[dict(tile_n=192), dict(tile_m=64, tile_n=192, pingpong=True), dict(tile_m=64, tile_n=128, pingpong=True), dict(cluster_m=1, cluster_n=2), dict(tile_n=128, pingpong=True, fast_accum=True), dict(tile_n=256, fast_accum=True)])'" ;;
     bench_dense) cmd="python -m cutegemm bench dense --reps 20 --out $O" ;;
     bench_grouped) cmd="python -m cutegemm bench grouped --reps 20 --out $O" ;;
     bench_quantize) cmd="python -m cutegemm bench quantize --reps 20 --out $O" ;;
-    overhead) cmd="python -c 'from cutegemm.benchmarks import host_overhead; host_overhead()'" ;;
+    overhead) cmd="python -c 'from cutegemm.benchmarks import host_overhead; host_overhead()'; python tools/overhead_breakdown.py" ;;
     stress) cmd="python tools/stress.py --cases 1000 --seed 0 --time-limit $((lim - 15))" ;;
     sanitize) cmd="bash tools/sanitize.sh" ;;
     *) echo "unknown step $step"; continue ;;

@@ -163,7 +163,39 @@ def _grouped_cases():
             [], 136, 72, T64, alpha=0.5, pad=200, bad_offs=[150, -3, 100, 10_000, -(2**31), 7]
         ),
         "grouped-all-empty": lambda: grouped_case([0, 0, 0], 136, 72, T64, alpha=0.5),
+        "grouped-epilogue-bias-swiglu": lambda: grouped_epilogue_case([130, 0, 257, 3], 256, 136),
+        "grouped-epilogue-nvfp4": lambda: grouped_epilogue_case([70, 0, 133, 64], 256, 128, fmt="nvfp4"),
+        "grouped-epilogue-mxfp4-swiglu": lambda: grouped_epilogue_case([1, 200, 0, 9], 128, 64, fmt="mxfp4"),
     }
+
+
+def grouped_epilogue_case(counts, n, k, fmt=None):
+    """Packed grouped GEMM with a per-expert bias and swiglu (bf16 output, NaN-poisoned rows past
+    offs[-1] checked untouched) or a quantized output (scales of rows past the expert's end must
+    not be written: the swizzled scale buffer is compared with the reference's)."""
+    from cutegemm.grouped import grouped_gemm_ref
+
+    E, total = len(counts), sum(counts)
+    a = cpu(total + 7, k).cuda()
+    b = cpu(E * k, n).reshape(E, k, n).cuda()
+    offs = torch.tensor(list(refcheck_cumsum(counts)), dtype=torch.int32).cuda()
+    bias = cpu(E, n).cuda()
+    if fmt is None:
+        out = torch.full((total + 7, n // 2), float("nan"), dtype=BF, device="cuda")
+        cutegemm.grouped_gemm(a, b, offs=offs, out=out, bias=bias, activation="swiglu")
+        torch.cuda.synchronize()
+        ref = grouped_gemm_ref(a, b, offs=offs, bias=bias, activation="swiglu", compute_dtype=torch.float64)
+        assert torch.isnan(out[total:]).all(), "grouped epilogue: rows past offs[-1] written"
+        err = (out[:total].double() - ref[:total]).abs().max().item()
+        assert err <= 0.02 * (ref[:total].abs().max().item() + 1), f"grouped epilogue: max error {err:.4g}"
+        return
+    gs = 0.05 if fmt == "nvfp4" else None
+    kw = dict(activation="swiglu") if fmt == "mxfp4" else dict(bias=bias)
+    q = cutegemm.grouped_gemm(a[:total], b, offs=offs, out_dtype=fmt, out_global_scale=gs, **kw)
+    torch.cuda.synchronize()
+    ref = grouped_gemm_ref(a[:total], b, offs=offs, out_dtype=fmt, out_global_scale=gs, **kw)
+    same = (q.scales.view(torch.uint8) == ref.scales.view(torch.uint8)).float().mean().item()
+    assert same >= 0.99, f"grouped quantized {fmt}: only {same:.4f} of scale bytes equal"
 
 
 def kgrouped_case():

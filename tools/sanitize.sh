@@ -19,7 +19,8 @@ mkdir -p "$OUTDIR"
 TOOLS=${*:-memcheck racecheck synccheck}
 
 start=$(date +%s)
-if ! timeout "${SANITIZE_WARM_TIMEOUT:-180}" python tools/sanitize.py > "$OUTDIR/sanitize_warm.log" 2>&1; then
+ONLY=(--only "${SANITIZE_ONLY:-}")  # SANITIZE_ONLY=regex: only the matching cases
+if ! timeout "${SANITIZE_WARM_TIMEOUT:-180}" python tools/sanitize.py "${ONLY[@]}" > "$OUTDIR/sanitize_warm.log" 2>&1; then
   tail -30 "$OUTDIR/sanitize_warm.log"
   echo "sanitizer: warm pass (no sanitizer) failed: see $OUTDIR/sanitize_warm.log"
   exit 1
@@ -32,7 +33,7 @@ for tool in $TOOLS; do
   t0=$(date +%s)
   # shellcheck disable=SC2086
   PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${SANITIZE_TIMEOUT:-130}" compute-sanitizer --tool "$tool" --error-exitcode 99 \
-    --print-limit 50 ${SANITIZE_ARGS:-} python tools/sanitize.py > "$log" 2>&1
+    --print-limit 50 ${SANITIZE_ARGS:-} python tools/sanitize.py "${ONLY[@]}" > "$log" 2>&1
   rc=$?
   errors=$(grep -oE "ERROR SUMMARY: [0-9]+" "$log" | tail -1 | grep -oE "[0-9]+$")
   kernels=$(grep -oE "kernels=[0-9]+" "$log" | tail -1 | cut -d= -f2)

@@ -7,13 +7,18 @@ quantized along K (torch ``_scaled_mm``'s A row-major / B column-major). Scales 
 as the raw bytes of the 128x4 swizzled layout; NVFP4's per-tensor global scales are folded into
 the epilogue's alpha.
 
-Not yet exposed through ``cutegemm.gemm``: the public ``gemm(qa, qb)`` is the lead's to wire. On
-sm_90a there is no block-scaled MMA; the emulated Hopper path is not written yet, so this raises
-``NotImplementedError`` there.
+Public entry points: ``cutegemm.gemm(qa, qb, out_dtype=..., alpha=..., config=...)`` and its twin
+``cutegemm.gemm_ref(qa, qb, ...)`` dispatch here when an operand is a BlockScaledTensor
+(:func:`gemm_api` / :func:`gemm_ref_api`; every other option of theirs must stay at its default),
+and the custom op ``torch.ops.cutegemm.gemm_blockscaled`` (:mod:`cutegemm.quant_ops`). On sm_90a
+there is no block-scaled MMA; the emulated Hopper path is not written yet, so the kernel raises
+``NotImplementedError`` there (dequantize and run the bf16 GEMM instead).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import replace
 
 import torch
@@ -22,7 +27,7 @@ from ..epilogue import EpilogueSpec
 from ..gemm.config import GemmConfig, GemmProblem, can_implement
 from .formats import MXFP4, MXFP8, NVFP4
 from .layout import to_swizzled
-from .reference import BlockScaledTensor
+from .reference import BlockScaledTensor, dequantize_ref
 
 # format name -> (element dtype, scale dtype, vec) of GemmConfig
 RECIPES = {
@@ -33,7 +38,9 @@ RECIPES = {
 _OUT_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
-def blockscaled_config(fmt_name: str, m: int, n: int, out_dtype: torch.dtype = torch.bfloat16, alpha: bool = False):
+def blockscaled_config(
+    fmt_name: str, m: int, n: int, out_dtype: torch.dtype = torch.bfloat16, alpha: bool = False
+):
     """A simple tile choice for sm_100a: 2-CTA 256x256 for large problems, else 1-CTA 128 x N."""
     elem, sf, vec = RECIPES[fmt_name]
     base = GemmConfig(
@@ -45,14 +52,13 @@ def blockscaled_config(fmt_name: str, m: int, n: int, out_dtype: torch.dtype = t
     return replace(base, tile_m=128, tile_n=256 if n > 128 else 128)
 
 
-def _check(qa, qb):
+def check_operands(qa, qb, out_dtype=torch.bfloat16):
+    """The operand rules of :func:`gemm_blockscaled` and its reference twin (no device rule)."""
     for nm, q in (("qa", qa), ("qb", qb)):
         if not isinstance(q, BlockScaledTensor):
             raise TypeError(f"{nm} must be a BlockScaledTensor, got {type(q).__name__}")
         if q.fmt.name not in RECIPES:
             raise ValueError(f"{nm}: format {q.fmt.name!r} has no sm_100a kernel (have {sorted(RECIPES)})")
-        if q.data.device.type != "cuda":
-            raise ValueError(f"{nm} must be on a CUDA device, got {q.data.device}")
         if len(q.shape) not in (2, 3):
             raise ValueError(f"{nm} must be (rows, K) or (L, rows, K), got {tuple(q.shape)}")
     if qa.fmt != qb.fmt:
@@ -61,6 +67,15 @@ def _check(qa, qb):
         raise ValueError(f"K mismatch: qa {tuple(qa.shape)} vs qb {tuple(qb.shape)}")
     if len(qa.shape) != len(qb.shape) or (len(qa.shape) == 3 and qa.shape[0] != qb.shape[0]):
         raise ValueError(f"batch mismatch: qa {tuple(qa.shape)} vs qb {tuple(qb.shape)}")
+    if out_dtype not in _OUT_NAMES:
+        raise ValueError(f"out_dtype must be one of {list(_OUT_NAMES)}, got {out_dtype}")
+
+
+def _check(qa, qb, out_dtype):
+    check_operands(qa, qb, out_dtype)
+    for nm, q in (("qa", qa), ("qb", qb)):
+        if q.data.device.type != "cuda":
+            raise ValueError(f"{nm} must be on a CUDA device, got {q.data.device}")
 
 
 def _operand_view(q: BlockScaledTensor) -> torch.Tensor:
@@ -81,30 +96,48 @@ def gemm_blockscaled(
     qb: BlockScaledTensor,
     *,
     out_dtype: torch.dtype = torch.bfloat16,
+    alpha: float = 1.0,
     config: GemmConfig | None = None,
 ) -> torch.Tensor:
-    """``dequantize(qa) @ dequantize(qb).mT`` (fp32 accumulation) -> (M, N) or (L, M, N)."""
-    _check(qa, qb)
-    major, _ = torch.cuda.get_device_capability(qa.data.device)
+    """``alpha * dequantize(qa) @ dequantize(qb).mT`` (fp32 accumulation) -> (M, N) or (L, M, N).
+
+    Raises ValueError for CPU operands or a bad shape / format / out_dtype, NotImplementedError
+    on a GPU other than sm_100 (sm_90a: no block-scaled MMA; the Hopper path is not written)."""
+    _check(qa, qb, out_dtype)
+    major, minor = torch.cuda.get_device_capability(qa.data.device)
+    if major == 9:
+        raise NotImplementedError(
+            "block-scaled GEMM on sm_90a (Hopper) is not implemented yet; dequantize the operands "
+            "(cutegemm.dequantize) and run the bf16 cutegemm.gemm, or use sm_100a (Blackwell)"
+        )
     if major != 10:
         raise NotImplementedError(
-            f"block-scaled GEMM runs natively on sm_100 (Blackwell) only; this GPU is sm_{major}x "
-            "(the Hopper emulation is not implemented yet)"
+            f"block-scaled GEMM needs sm_100a (Blackwell); this GPU is sm_{major}{minor}: dequantize "
+            "the operands (cutegemm.dequantize) and run a bf16 GEMM instead"
         )
     from ..gemm.api import DENSE_CACHE
 
     fmt = qa.fmt
     m, k = qa.shape[-2], qa.shape[-1]
     n = qb.shape[-2]
-    alpha = 1.0
+    alpha = float(alpha)
     if qa.global_scale is not None or qb.global_scale is not None:
         # NVFP4: value = e2m1 * e4m3 scale * global scale; fold both global scales into alpha.
         ga = 1.0 if qa.global_scale is None else float(qa.global_scale)
         gb = 1.0 if qb.global_scale is None else float(qb.global_scale)
-        alpha = ga * gb
+        alpha *= ga * gb
+    if config is not None and (config.a_dtype, config.sf_dtype, config.sf_vec) != RECIPES[fmt.name]:
+        raise ValueError(
+            f"config {config.name} is not a {fmt.name} kernel (a_dtype, sf_dtype, sf_vec must be "
+            f"{RECIPES[fmt.name]}, see blockscaled_config)"
+        )
     cfg = config or blockscaled_config(fmt.name, m, n, out_dtype, alpha=alpha != 1.0)
+    if alpha != 1.0 and not cfg.epilogue.alpha:  # a given config without the alpha multiply
+        cfg = replace(cfg, epilogue=replace(cfg.epilogue, alpha=True))
     elem = RECIPES[fmt.name][0]
-    ok, why = can_implement(cfg, GemmProblem(m, n, k, 1, elem, elem, _OUT_NAMES[out_dtype], "k", "k", (k,), (k,)))
+    ok, why = can_implement(
+        cfg, GemmProblem(m, n, k, 1, elem, elem, _OUT_NAMES[out_dtype], "k", "k", (k,), (k,))
+    )
     if not ok:
         raise ValueError(f"cannot run {cfg.name}: {why}")
     batched = len(qa.shape) == 3
@@ -122,4 +155,94 @@ def gemm_blockscaled(
     return out if batched else out[0]
 
 
-__all__ = ["gemm_blockscaled", "blockscaled_config", "RECIPES"]
+def gemm_blockscaled_ref(
+    qa: BlockScaledTensor,
+    qb: BlockScaledTensor,
+    *,
+    out_dtype: torch.dtype = torch.bfloat16,
+    alpha: float = 1.0,
+    compute_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Plain-torch twin of :func:`gemm_blockscaled` (any device): ``dequantize_ref`` of both
+    operands, ``alpha * A @ B.mT`` in ``compute_dtype``, then the cast. Same operand rules; any
+    floating out_dtype (float64 too, for fp64 checks)."""
+    check_operands(qa, qb)
+    if not (isinstance(out_dtype, torch.dtype) and out_dtype.is_floating_point):
+        raise ValueError(
+            f"out_dtype must be one of {list(_OUT_NAMES)} (or float64 for the reference), got {out_dtype}"
+        )
+    acc = torch.matmul(dequantize_ref(qa).to(compute_dtype), dequantize_ref(qb).to(compute_dtype).mT)
+    if alpha != 1.0:
+        acc = acc * alpha
+    return acc.to(out_dtype)
+
+
+# -- cutegemm.gemm / cutegemm.gemm_ref with BlockScaledTensor operands --------------------------
+GEMM_OPTIONS = ("out_dtype", "alpha", "config")
+GEMM_REF_OPTIONS = ("out_dtype", "alpha", "compute_dtype")
+
+
+def is_blockscaled(a, b) -> bool:
+    return isinstance(a, BlockScaledTensor) or isinstance(b, BlockScaledTensor)
+
+
+@functools.cache
+def _parameters(fn) -> tuple:
+    """(name, default) of ``fn``'s parameters after a and b."""
+    params = inspect.signature(fn).parameters.items()
+    return tuple((name, p.default) for name, p in params if name not in ("a", "b"))
+
+
+def _is_default(value, default) -> bool:
+    if value is default:
+        return True
+    if isinstance(value, torch.Tensor) or isinstance(default, torch.Tensor):
+        return False
+    try:
+        return bool(value == default)
+    except Exception:
+        return False
+
+
+def _options(call: dict, fn, supported: tuple[str, ...]) -> dict:
+    """The ``supported`` arguments of a call of ``fn`` (its ``locals()`` at entry); a ValueError
+    names every other argument that is not at its default (not supported with block-scaled
+    operands yet)."""
+    opts, bad = {}, []
+    for name, default in _parameters(fn):
+        value = call.get(name, default)
+        if name in supported:
+            opts[name] = value
+        elif not _is_default(value, default):
+            bad.append(name)
+    if bad:
+        raise ValueError(
+            f"{fn.__name__} with BlockScaledTensor operands supports only {', '.join(supported)} so far; "
+            f"got {', '.join(bad)}"
+        )
+    if opts.get("out_dtype") is None:
+        opts["out_dtype"] = torch.bfloat16
+    return opts
+
+
+def gemm_api(call: dict, fn) -> torch.Tensor:
+    """``cutegemm.gemm(qa, qb, ...)`` (``call``: gemm's arguments, ``fn``: gemm itself):
+    :func:`gemm_blockscaled` with out_dtype (default bf16), alpha and config."""
+    return gemm_blockscaled(call["a"], call["b"], **_options(call, fn, GEMM_OPTIONS))
+
+
+def gemm_ref_api(call: dict, fn) -> torch.Tensor:
+    """``cutegemm.gemm_ref(qa, qb, ...)``: :func:`gemm_blockscaled_ref`."""
+    return gemm_blockscaled_ref(call["a"], call["b"], **_options(call, fn, GEMM_REF_OPTIONS))
+
+
+__all__ = [
+    "gemm_blockscaled",
+    "gemm_blockscaled_ref",
+    "blockscaled_config",
+    "check_operands",
+    "is_blockscaled",
+    "gemm_api",
+    "gemm_ref_api",
+    "RECIPES",
+]

@@ -307,6 +307,14 @@ def _gather_fp32(coords: cute.Tensor, shape, load):
     return r.load()
 
 
+def _col_index(mnl, vec, group_cols):
+    """Index of coordinate ``mnl``'s entry in a per-column vector, clamped into it (elements
+    past N are never stored; clamping avoids a branch). Grouped: the expert's row of N."""
+    if group_cols is None:
+        return cutlass.min(mnl[1], vec.shape[0] - 1)
+    return cutlass.min(mnl[1], group_cols - 1) + mnl[2] * group_cols
+
+
 def epilogue_subtile(
     spec: EpilogueSpec,
     acc: cute.TensorSSA,
@@ -316,6 +324,7 @@ def epilogue_subtile(
     mCin,
     mBias,
     vectors=(),
+    group_cols=None,
 ):
     """The whole epilogue of one fp32 accumulator subtile; returns the values to cast and store.
 
@@ -324,6 +333,10 @@ def epilogue_subtile(
     mBias (N,): global tensors (None when unused). Reads of C and bias clamp the coordinate into
     the tensor, so elements past M / N (never stored: the TMA store clips them) read a valid
     address instead of branching.
+
+    group_cols: grouped kernels pass the GEMM's column count N: then l of a coordinate is the
+    expert, and the per-column vectors (bias, scale_b) hold one row of N per expert (flat
+    (E * N,), element ``l * N + n``). None (dense): one vector shared by every batch.
 
     Non-gated: returns a TensorSSA of ``acc``'s shape. Gated: returns a 1-D TensorSSA with one
     value per (gate, up) pair, in the order of :func:`gate_up_pairs` (``coords``).
@@ -337,8 +350,8 @@ def epilogue_subtile(
         sa, last_a = vectors[0], vectors[0].shape[0] - 1
         acc = acc * _gather_fp32(coords, acc.shape, lambda mnl: sa[cutlass.min(mnl[0], last_a)])
     if spec.scale_b:
-        sb, last_b = vectors[1], vectors[1].shape[0] - 1
-        acc = acc * _gather_fp32(coords, acc.shape, lambda mnl: sb[cutlass.min(mnl[1], last_b)])
+        sb = vectors[1]
+        acc = acc * _gather_fp32(coords, acc.shape, lambda mnl: sb[_col_index(mnl, sb, group_cols)])
     c = bias = None
     if spec.beta:
         last_m, last_n = mCin.shape[0] - 1, mCin.shape[1] - 1
@@ -348,8 +361,7 @@ def epilogue_subtile(
             lambda mnl: mCin[(cutlass.min(mnl[0], last_m), cutlass.min(mnl[1], last_n), mnl[2])],
         )
     if spec.bias:
-        last_n = mBias.shape[0] - 1
-        bias = _gather_fp32(coords, acc.shape, lambda mnl: mBias[cutlass.min(mnl[1], last_n)])
+        bias = _gather_fp32(coords, acc.shape, lambda mnl: mBias[_col_index(mnl, mBias, group_cols)])
     y = apply_epilogue(spec, acc, alpha, beta=beta, c=c, bias=bias)
     if spec.gated is None:
         return y

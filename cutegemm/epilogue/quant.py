@@ -141,6 +141,7 @@ def store_quantized(
     l_idx,
     quad: int,
     lane_col_step: int,
+    row_limit=None,
 ):
     """Quantize one subtile's values and stage them; write their scales to global memory.
 
@@ -151,6 +152,7 @@ def store_quantized(
     output's scale bytes, 128x4 swizzled, (L * rows_p * cols_p,). gs: NVFP4 global scale (fp32).
     m_rows / n_out: rows and output columns of the output (scales of rows >= M and blocks past
     N are not written: the swizzled padding stays as the caller allocated it, zero).
+    row_limit: rows >= it get no scale either (grouped: the expert's end row; default m_rows).
     """
     q = QUANT[fmt]
     groups = quant_groups(out_offsets, q.block, quad, lane_col_step)
@@ -198,7 +200,7 @@ def store_quantized(
         blk = (first_coord[1] + out_offsets[members[0]][1]) // q.block
         inner = (row % 32) * 16 + ((row // 32) % 4) * 4 + blk % 4
         idx = l_idx * (rows_p * cols_p) + ((row // 128) * (cols_p // 4) + blk // 4) * 512 + inner
-        pred = (lane % quad == 0) & (row < m_rows) & (blk < n_blocks)
+        pred = (lane % quad == 0) & (row < (m_rows if row_limit is None else row_limit)) & (blk < n_blocks)
         _store_if(pred, mSF, cutlass.select_(pred, idx, 0), sf_val)
         del blk_off
     if not q.packed:
@@ -234,10 +236,12 @@ def store_quantized_subtile(spec, out, coords, local, s_out, quant_args, quad: i
     spec: the EpilogueSpec (``quant`` set); out: :func:`epilogue_subtile`'s values (gated: one
     per (gate, up) pair); coords / local: the global (m, n, l) GEMM coordinate and the
     subtile-local (m, n) of every accumulator element; quant_args: (scale bytes, (1,) fp32
-    global scale or None, output rows, output columns)."""
+    global scale or None, output rows, output columns[, row limit: grouped, the expert's end
+    row])."""
     from .ops import gate_up_pairs
 
-    mSF, mGS, m_rows, n_out = quant_args
+    mSF, mGS, m_rows, n_out = quant_args[:4]
+    row_limit = quant_args[4] if len(quant_args) > 4 else None
     cpo = spec.cols_per_output
     offs = _static_offsets(coords)
     idx = [g for g, _ in gate_up_pairs(coords)] if spec.gated else list(range(len(offs)))
@@ -246,6 +250,6 @@ def store_quantized_subtile(spec, out, coords, local, s_out, quant_args, quad: i
     first = (coords[0][0], coords[0][1] // cpo)
     gs = mGS[0] if QUANT[spec.quant].scale == "e4m3" else cutlass.Float32(1.0)
     store_quantized(
-        spec.quant, out, out_offsets, out_local, first, s_out, mSF, gs, m_rows, n_out, coords[0][2],
-        quad, lane_col_step,
+        spec.quant, out, out_offsets, out_local, first, s_out, mSF, gs, m_rows, n_out,
+        0 if row_limit is not None else coords[0][2], quad, lane_col_step, row_limit,
     )  # fmt: skip

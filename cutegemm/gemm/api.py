@@ -119,7 +119,7 @@ class _Plan:
     """Everything one (shapes, strides, dtypes, device, options) signature needs to launch."""
 
     __slots__ = ("fn", "views", "c_view", "has_bias", "out_shape", "out_dtype", "max_clusters", "config", "direct",
-                 "quant", "n_vectors", "workspace",
+                 "quant", "n_vectors", "workspace", "block_scales",
                  "device", "device_index", "out_dims", "b_memo")  # fmt: skip
 
     def launch(self, sources, alpha, beta, epi_extra=(None, None)):
@@ -128,10 +128,13 @@ class _Plan:
         (sa, ta), (sb, tb), (sc, tc) = self.views
         cv = self.c_view
         vecs = _NO_VECTORS if len(epi_extra) == 2 else (*epi_extra[2:], None, None, None, None)[:4]
+        sfa = sfb = None
+        if self.block_scales:  # FP8 block scaling: the scales go to the kernel's mSFA / mSFB
+            sfa, sfb, vecs = epi_extra[2], epi_extra[3], _NO_VECTORS
         self.fn(
             sources[0].as_strided(sa, ta), memo_view(self, sources[1], sb, tb), sources[2].as_strided(sc, tc),
             None if cv is None else sources[3].as_strided(*cv), sources[4] if self.has_bias else None,
-            alpha, beta, self.max_clusters, None, None, None, epi_extra[0], epi_extra[1], *vecs,
+            alpha, beta, self.max_clusters, None, sfa, sfb, epi_extra[0], epi_extra[1], *vecs,
             reset_workspace(self.workspace),
         )  # fmt: skip
 
@@ -259,6 +262,79 @@ def _fp8_scales(a, b, scale_a, scale_b):
             t = t.clone(memory_format=torch.contiguous_format)
         out.append(t)
     return tuple(out)
+
+
+FP8_BLOCK = 128  # DeepSeek-style FP8 block scaling: 1x128 blocks of A, 128x128 blocks of B
+
+
+def _fp8_block_shapes(a, b) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(scale_a shape, scale_b shape) of FP8 block scaling for a (M, K) @ b (K, N), as
+    torch._scaled_mm's (BlockWise1x128, BlockWise128x128): (M, ceil(K/128)), (ceil(K/128), ceil(N/128))."""
+    m, k = a.shape[-2], a.shape[-1]
+    n = b.shape[-1]
+    kb, nb = -(-k // FP8_BLOCK), -(-n // FP8_BLOCK)
+    return (m, kb), (kb, nb)
+
+
+def _is_fp8_blockwise(a, b, scale_a, scale_b) -> bool:
+    """Whether 2-D scales ask for FP8 block scaling: scale_a (M, ceil(K/128)) and scale_b
+    (ceil(K/128), ceil(N/128)) (torch._scaled_mm's 1x128 x 128x128 shapes). With one K block
+    and one N block the shapes are also per-row x per-tensor scales, the same product: then the
+    row-wise path (scales in the epilogue) serves them."""
+    if not (isinstance(scale_a, torch.Tensor) and isinstance(scale_b, torch.Tensor)):
+        return False
+    if scale_a.dim() != 2 or scale_b.dim() != 2 or a.dim() < 2 or b.dim() < 2:
+        return False
+    sa_shape, sb_shape = _fp8_block_shapes(a, b)
+    return tuple(scale_a.shape) == sa_shape and tuple(scale_b.shape) == sb_shape and sb_shape != (1, 1)
+
+
+def _fp8_block_scales(a, b, scale_a, scale_b):
+    """FP8 block scaling: validates and returns (scale_a (M, KB), scale_b as the kernel's
+    (NB, KB) view) (any strides, read in place); None when the scales are not block scales
+    (row-wise / per-tensor / none: ``_fp8_scales``). Raises for a 2-D scale_a with more than one
+    column that is not a valid block-scaling pair."""
+    if not isinstance(b, torch.Tensor):
+        return None  # _check_args names the bad operand
+    blockwise = _is_fp8_blockwise(a, b, scale_a, scale_b)
+    looks_blockwise = isinstance(scale_a, torch.Tensor) and scale_a.dim() == 2 and scale_a.shape[-1] > 1
+    if not blockwise and not looks_blockwise:
+        return None
+    rule = "FP8 block scaling (1x128 scales of a, 128x128 scales of b, as torch._scaled_mm)"
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"{rule} needs 2-D a and b, got shapes {tuple(a.shape)} and {tuple(b.shape)}")
+    sa_shape, sb_shape = _fp8_block_shapes(a, b)
+    for name, t in (("scale_a", scale_a), ("scale_b", scale_b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{rule}: {name} must be a torch.Tensor (fp32), got {type(t).__name__}")
+        if t.dtype != torch.float32:
+            raise TypeError(f"{rule}: {name} must be torch.float32, got {t.dtype}")
+        if t.device != a.device:
+            raise ValueError(f"{rule}: {name} must be on {a.device}, got {t.device}")
+    if tuple(scale_a.shape) != sa_shape:
+        raise ValueError(
+            f"{rule}: scale_a must have shape (M, ceil(K/128)) = {sa_shape}, got {tuple(scale_a.shape)}"
+        )
+    if tuple(scale_b.shape) != sb_shape:
+        hint = ""
+        if tuple(scale_b.shape) == sb_shape[::-1]:
+            hint = " (it has the (N/128, K/128) shape of the (N, K) weight's scales: pass scale_b.t(), as b = w.t())"
+        raise ValueError(
+            f"{rule}: scale_b must have shape (ceil(K/128), ceil(N/128)) = {sb_shape}, got "
+            f"{tuple(scale_b.shape)}{hint}"
+        )
+    return scale_a, scale_b.t()
+
+
+def _fp8_blockwise_ref(a, b, scale_a, scale_b, compute_dtype=torch.float32):
+    """Dequantize-then-matmul reference of FP8 block scaling: every element of a times its
+    (row, K block) scale, every element of b times its (K block, N block) scale, then one matmul
+    in ``compute_dtype`` (equal to the sum over K blocks of the scaled block products)."""
+    k, n = b.shape
+    sa = scale_a.to(compute_dtype).repeat_interleave(FP8_BLOCK, dim=1)[:, :k]
+    sb = scale_b.to(compute_dtype).repeat_interleave(FP8_BLOCK, dim=0)[:k]
+    sb = sb.repeat_interleave(FP8_BLOCK, dim=1)[:, :n]
+    return torch.matmul(a.to(compute_dtype) * sa, b.to(compute_dtype) * sb)
 
 
 def _epilogue_vectors(epilogue_args, device):
@@ -431,6 +507,8 @@ def _plan(
         r3 = None if c is None else (c.unsqueeze(0) if c.dim() == 2 else c)
     a3s, b3s = _aligned_operand(a3), _aligned_operand(b3)
     fp8 = a.dtype == torch.float8_e4m3fn
+    # FP8 block scaling: vectors = (scale_a (M, KB), scale_b (NB, KB)) from _fp8_block_scales
+    blockwise = fp8 and len(vectors) == 2 and vectors[0] is not None and vectors[0].dim() == 2
     if fp8 and _unit_mode(a3s) != 2:  # FP8 WGMMA reads K-major operands only: copy
         a3s = a3s.contiguous()
     if fp8 and _unit_mode(b3s) != 1:
@@ -468,8 +546,8 @@ def _plan(
         quant=quant,
         user=user,
         user_args=tuple(TORCH_TO_NAME[v.dtype] for v in vectors) if user is not None else (),
-        scale_a=fp8 and vectors[0] is not None,
-        scale_b=fp8 and vectors[1] is not None,
+        scale_a=fp8 and not blockwise and vectors[0] is not None,
+        scale_b=fp8 and not blockwise and vectors[1] is not None,
     )
     if config is not None and (config.arch != arch or config.grouped):
         raise ValueError(f"config {config.name} cannot run dense on {arch} (arch or grouped mismatch)")
@@ -478,7 +556,9 @@ def _plan(
 
         cfg = tuned_config(arch, problem, epi, "dense", num_sms=num_sms)
         extra = {"fast_accum": True} if fast_accum else {}
-        cfg = cfg if cfg is not None and cfg.fast_accum == fast_accum else None
+        if blockwise:
+            extra["fp8_blockwise"] = True
+        cfg = cfg if cfg is not None and cfg.fast_accum == fast_accum and cfg.fp8_blockwise == blockwise else None
         cfg = cfg or policy_for(arch, num_sms).choose(problem, epilogue=epi, **extra)
     elif config.epilogue == EpilogueSpec():
         cfg = replace(config, epilogue=epi)  # a forced tile: the call's arguments give the epilogue
@@ -486,6 +566,11 @@ def _plan(
         cfg = config  # an alpha kernel also serves alpha == 1
     else:
         raise ValueError(f"config.epilogue {config.epilogue} does not match the call's epilogue {epi}")
+    if cfg.fp8_blockwise != blockwise:
+        raise ValueError(
+            f"config {cfg.name}: fp8_blockwise={cfg.fp8_blockwise} but the call's scales are "
+            f"{'1x128 / 128x128 block scales' if blockwise else 'not block scales'}"
+        )
     ok, why = can_implement(cfg, problem)
     if not ok:
         raise ValueError(f"cannot run {cfg.name}: {why}")
@@ -500,6 +585,7 @@ def _plan(
                 f"the user epilogue could not be traced into the kernel: {type(exc).__name__}: {exc}"
             ) from exc
     plan.quant = quant
+    plan.block_scales = blockwise
     plan.n_vectors = len(vectors)
     plan.views = views
     plan.c_view = None if r3s is None else _kernel_view(r3s, 2, (1, 2, 0), "c")
@@ -585,10 +671,28 @@ def gemm(
     ``fast_accum=True`` keeps them in the tensor core (faster, error grows with K, as torch's
     ``use_fast_accum=True``).
 
+    FP8 block scaling (DeepSeek-V3, sm_90a): a (M, K), b (K, N) e4m3 (2-D; b typically ``w.t()``
+    of an (N, K) weight) with fp32 ``scale_a`` of shape (M, ceil(K/128)) (one per row per
+    128-wide K block) and ``scale_b`` of shape (ceil(K/128), ceil(N/128)) (one per 128x128 block
+    of b), the shapes of ``torch._scaled_mm``'s 1x128 x 128x128 blockwise recipe, so the same
+    tensors serve both: ``out = sum_kb (a[:, kb] @ b[kb, :]) * scale_a[:, kb] * scale_b[kb, n // 128]``
+    in fp32, then the epilogue and the cast. Scales of an (N, K) weight stored as
+    (ceil(N/128), ceil(K/128)) go in as ``.t()`` (like ``b = w.t()``); any strides are read in
+    place (torch wants scale_a M-major, ``s.t().contiguous().t()``; we take either). K need not
+    be a multiple of 128 (the last block is partial) but must be a multiple of 16 (TMA).
+    The scales multiply each 128-wide K tile's partial sum as it is promoted into the fp32
+    accumulator (no ``fast_accum``). With a single K block and a single N block the shapes are
+    per-row x per-tensor scales, computed by the row-wise path (the same product).
+
     Per-call cost: the first call for a (shapes, strides, dtypes, device, options) signature
     validates, picks the config and compiles (or loads it from the disk cache); later calls only
     check data-pointer alignment and launch.
     """
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):  # BlockScaledTensor a, b:
+        from ..blockscaled import sm100 as _bs  # sm_100a block-scaled GEMM (see gemm_blockscaled)
+
+        if _bs.is_blockscaled(a, b):
+            return _bs.gemm_api(locals(), gemm)
     if out_dtype is None:
         out_dtype = out.dtype if isinstance(out, torch.Tensor) else getattr(a, "dtype", None)
         if out_dtype == torch.float8_e4m3fn:
@@ -616,7 +720,7 @@ def gemm(
     if getattr(a, "dtype", None) == torch.float8_e4m3fn:
         if epilogue is not None:
             raise ValueError("a user epilogue cannot be combined with FP8 inputs yet")
-        vectors = _fp8_scales(a, b, scale_a, scale_b)
+        vectors = _fp8_block_scales(a, b, scale_a, scale_b) or _fp8_scales(a, b, scale_a, scale_b)
     elif scale_a is not None or scale_b is not None:
         raise ValueError("scale_a / scale_b are for torch.float8_e4m3fn inputs")
     if quant is not None or out_global_scale is not None:
@@ -711,13 +815,22 @@ def gemm_ref(
     (``cutegemm.epilogue.epilogue_ref``, or the user ``epilogue`` evaluated on torch tensors),
     then the cast, or for a quantized ``out_dtype`` ("mxfp8" / "mxfp4" / "nvfp4")
     ``quantize_ref`` of the fp32 result. Same arguments, same rules."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):  # BlockScaledTensor a, b:
+        from ..blockscaled import sm100 as _bs  # dequantize_ref both, matmul, cast
+
+        if _bs.is_blockscaled(a, b):
+            return _bs.gemm_ref_api(locals(), gemm_ref)
     _check_activation(activation, gate_layout)
     if beta != 0.0 and c is None:
         raise ValueError(f"beta={beta} needs the residual tensor c")
     if beta != 0.0 and activation in GATED:
         raise ValueError(f"beta * c cannot be combined with the gated activation {activation!r}")
     out_dtype = out_dtype or (torch.bfloat16 if a.dtype == torch.float8_e4m3fn else a.dtype)
-    acc = torch.matmul(a.to(compute_dtype), b.to(compute_dtype))
+    if a.dtype == torch.float8_e4m3fn and _fp8_block_scales(a, b, scale_a, scale_b) is not None:
+        acc = _fp8_blockwise_ref(a, b, scale_a, scale_b, compute_dtype)  # DeepSeek block scales
+        scale_a = scale_b = None
+    else:
+        acc = torch.matmul(a.to(compute_dtype), b.to(compute_dtype))
     if scale_a is not None:  # FP8 scales: per row of a / per column of b, or per tensor
         sa = scale_a.to(compute_dtype).reshape(-1)
         acc = acc * (sa if sa.numel() == 1 else sa.unsqueeze(-1))

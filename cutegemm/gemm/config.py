@@ -66,6 +66,10 @@ class GemmConfig:
     # FP8 (sm_90a): False promotes the WGMMA partial sums into fp32 every K tile (accurate, as
     # torch._scaled_mm's default); True accumulates in the tensor core only (use_fast_accum=True).
     fast_accum: bool = False
+    # FP8 (sm_90a) DeepSeek-V3 block scaling: fp32 scales per 1x128 block of A (row, K block) and
+    # per 128x128 block of B (N block, K block), applied to every K tile's promoted WGMMA partial
+    # sum in the mainloop (the K tile is 128). Passed as the kernel's mSFA / mSFB.
+    fp8_blockwise: bool = False
 
     @property
     def blockscaled(self) -> bool:
@@ -76,6 +80,7 @@ class GemmConfig:
         """Spells out family, dtypes, majors, tile, epilogue, scheduler and arch."""
         tile = f"{self.tile_m}x{self.tile_n}" + ("_2cta" if self.two_cta else "") + ("_pp" if self.pingpong else "")
         tile += "_fastacc" if self.fast_accum else ""
+        tile += "_bw128" if self.fp8_blockwise else ""
         family = "grouped" if self.grouped else "dense"
         if self.blockscaled:
             family += f"-bs-{self.sf_dtype}v{self.sf_vec}"
@@ -112,6 +117,8 @@ def config_errors(cfg: GemmConfig) -> list[str]:
         err.append(f"arch {cfg.arch!r} not in {ARCHS}")
     if cfg.fast_accum and cfg.a_dtype != "e4m3":
         err.append("fast_accum is an FP8 (e4m3) option")
+    if cfg.fp8_blockwise:
+        err += fp8_blockwise_errors(cfg)
     if cfg.blockscaled:
         err += blockscaled_errors(cfg)
     elif cfg.sf_dtype:
@@ -132,14 +139,10 @@ def config_errors(cfg: GemmConfig) -> list[str]:
     if epi.quant is not None:
         if cfg.out_dtype != QUANT_OUT_DTYPES[epi.quant]:
             err.append(f"quantized output {epi.quant} is stored as {QUANT_OUT_DTYPES[epi.quant]!r}, got out dtype {cfg.out_dtype!r}")
-        if cfg.grouped:
-            err.append("quantized-output epilogue: dense only so far")
         if cfg.arch == "sm_100a" and cfg.tile_m // (2 if cfg.two_cta else 1) != 128:
             err.append("quantized-output epilogue on sm_100a: 128 rows per CTA (a thread must own whole rows)")
     elif cfg.out_dtype not in OUTPUT_DTYPES:
         err.append(f"out dtype {cfg.out_dtype!r} not in {OUTPUT_DTYPES}")
-    if epi.user is not None and cfg.grouped:
-        err.append("user epilogue: dense only so far")
     if cfg.a_major not in ("k", "m"):
         err.append(f"a_major must be 'k' or 'm', got {cfg.a_major!r}")
     if cfg.b_major not in ("k", "n"):
@@ -155,10 +158,13 @@ def config_errors(cfg: GemmConfig) -> list[str]:
     if cfg.grouped:
         if cfg.a_major != "k":
             err.append("grouped: A must be row-major (a_major='k')")
-        if cfg.cluster_m != 1:
-            err.append("grouped: cluster_m must be 1 (CTAs of a cluster share one expert's m-tile)")
-        if cfg.epilogue.beta or cfg.epilogue.bias or cfg.epilogue.gated or cfg.epilogue.activation:
-            err.append("grouped: only the alpha epilogue so far (bias/activation/beta/gated: dense only)")
+        if cfg.cluster_m != 1 and (cfg.arch != "sm_90a" or cfg.cluster_m != 2):
+            err.append(
+                "grouped: cluster_m must be 1 (sm_90a: 1 or 2; the CTAs of a 2x1 cluster take two "
+                "consecutive m-tiles of one expert and share its B tile by multicast)"
+            )
+        if cfg.epilogue.beta:
+            err.append("grouped: beta * C is not supported (bias, activations, gated, quantized and user epilogues are)")
         if cfg.arch == "sm_100a" and cfg.two_cta:
             err.append(
                 "grouped: sm_100a supports 1-CTA MMA only (two_cta=False); a 2-CTA pair would need "
@@ -202,6 +208,34 @@ def scheduler_errors(cfg: GemmConfig) -> list[str]:
         err.append(f"scheduler 'clc' (cluster launch control) is an sm_100a feature, got arch {cfg.arch!r}")
     if cfg.scheduler != "static" and cfg.pingpong:
         err.append(f"scheduler {cfg.scheduler!r} supports the cooperative schedule only (pingpong=False)")
+    return err
+
+
+def fp8_blockwise_errors(cfg: GemmConfig) -> list[str]:
+    """Rules of the DeepSeek-style FP8 block scaling (1x128 scales of A, 128x128 scales of B) on
+    sm_90a: the scales multiply each 128-wide K tile's WGMMA partial sum as it is promoted into
+    the fp32 accumulator, so a tile must see one K block per K tile and one B scale per K tile."""
+    err = []
+    what = "fp8_blockwise (1x128 / 128x128 FP8 scales)"
+    if cfg.arch != "sm_90a":
+        err.append(f"{what} is an sm_90a kernel, got arch {cfg.arch!r}")
+    if cfg.a_dtype != "e4m3" or cfg.b_dtype != "e4m3":
+        err.append(f"{what} needs e4m3 A and B, got {cfg.a_dtype}/{cfg.b_dtype}")
+    if cfg.a_major != "k" or cfg.b_major != "k":
+        err.append(f"{what} needs K-major A and B (a_major='k', b_major='k')")
+    if cfg.fast_accum:
+        err.append(f"{what} scales the promoted partial sums: fast_accum must be False")
+    if cfg.tile_n not in (64, 128):
+        err.append(
+            f"{what}: tile_n must be 64 or 128 (a tile must not straddle a 128-column scale block "
+            f"of B), got {cfg.tile_n}"
+        )
+    if cfg.blockscaled or cfg.sf_dtype:
+        err.append(f"{what} cannot be combined with sm_100a block-scaled MMA (sf_vec/sf_dtype)")
+    if cfg.epilogue.scale_a or cfg.epilogue.scale_b:
+        err.append(f"{what} cannot be combined with per-row/per-column epilogue scales (scale_a/scale_b vectors)")
+    if cfg.grouped:
+        err.append(f"{what}: dense only (grouped not implemented)")
     return err
 
 

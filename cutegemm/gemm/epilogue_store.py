@@ -23,12 +23,14 @@ def store_subtile_predicated(
     vec = 128 // dtype.width
     epi_m, epi_n = cute.size(sC, mode=[0]), cute.size(sC, mode=[1])
     thr_n = epi_n // vec
-    thr_m = num_threads // thr_n
+    # Narrow subtiles (e.g. 16-byte FP4 rows) need fewer threads than there are: the rest idle.
+    thr_m = min(num_threads // thr_n, epi_m)
     atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=128)
     tiled = cute.make_tiled_copy_tv(
         atom, cute.make_layout((thr_m, thr_n), stride=(thr_n, 1)), cute.make_layout((1, vec))
     )
-    thr = tiled.get_slice(tidx)
+    used = thr_m * thr_n
+    thr = tiled.get_slice(cutlass.min(tidx, used - 1) if cutlass.const_expr(used < num_threads) else tidx)
     # (CPY, CPY_M, CPY_N)
     tS = thr.partition_S(sC)
     tD = thr.partition_D(gC)
@@ -36,5 +38,5 @@ def store_subtile_predicated(
     for i in cutlass.range_constexpr(cute.size(tS, mode=[1])):
         for j in cutlass.range_constexpr(cute.size(tS, mode=[2])):
             row, col = tI[(0, i, j)]
-            if row < rows_valid and col < cols_valid:
+            if row < rows_valid and col < cols_valid and tidx < used:
                 cute.copy(atom, tS[(None, i, j)], tD[(None, i, j)])

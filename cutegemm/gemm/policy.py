@@ -26,6 +26,11 @@ class ArchPolicy:
             # FP8 fast accumulation (bench_fp8 on the H200, 2026-11-29): pingpong 128x128 + 2x1
             # cluster was best or tied on every shape > 128 rows (+15% at 16384x7168x2048).
             overrides = dict(tile_m=128, tile_n=128, pingpong=True, cluster_m=2, raster="n", group=8, **overrides)
+        if overrides.get("fp8_blockwise") and self.arch == "sm_90a" and p.m > 128:
+            # DeepSeek FP8 block scaling: a tile must not straddle a 128-column scale block of B
+            # (tile_n <= 128); cooperative 128x128 + 2x1 cluster (64x128 per warpgroup, two fp32
+            # accumulators). Not yet tuned on the H200. M <= 128 keeps the 128x64 tile below.
+            overrides = {**dict(tile_m=128, tile_n=128, cluster_m=2, raster="n", group=8), **overrides}
         base = dict(
             arch=self.arch,
             a_dtype=p.a_dtype,
@@ -50,6 +55,9 @@ class ArchPolicy:
             tile = dict(tile_m=128, tile_n=128, pingpong=True, cluster_n=2)
         else:
             tile = dict(tile_m=128, tile_n=256, cluster_n=2)
+        if p.a_dtype == "e4m3" and not overrides.get("fast_accum", False):
+            # FP8 with promotion: two fp32 accumulators, at most 64x192 per warpgroup
+            tile = dict(tile_m=64, tile_n=128, cluster_n=2) if rows <= 64 else dict(tile_m=128, tile_n=192, cluster_n=2)
         if self.arch == "sm_100a":
             tile = dict(tile_m=64 if rows <= 64 else 128, tile_n=128)
         cfg = replace(self.choose(p), grouped=True, cluster_m=1, cluster_n=1, raster="m", group=1, two_cta=False)

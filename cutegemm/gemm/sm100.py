@@ -81,6 +81,8 @@ from ..epilogue.quant import quant_storage, store_quantized_subtile
 from ..grouped.kernel_parts import (
     fill_tile_starts,
     from_row,
+    grouped_acc_coords,
+    grouped_acc_space,
     grouped_out_tile,
     make_grouped_scheduler,
     tile_table,
@@ -470,7 +472,7 @@ class GemmSm100(BlockScaledSm100Mixin, GemmBase):
             )
         # (MMA, MMA_M, MMA_N, RestM, RestN, RestL): global (m, n, l) GEMM coordinate per accumulator
         tCcAcc = None
-        if cutlass.const_expr(epi.needs_coords):
+        if cutlass.const_expr(epi.needs_coords and not self.config.grouped):
             tCcAcc = thr_mma.partition_C(
                 cute.local_tile(
                     cute.make_identity_tensor(self.acc_space(mC_mnl, mB_nkl).shape),
@@ -502,7 +504,9 @@ class GemmSm100(BlockScaledSm100Mixin, GemmBase):
         cfg = self.config
         if cutlass.const_expr(cfg.grouped):
             # The tile map lives in shared memory, built by warp 0 from offs (no host sync).
-            tile_start, n_cluster_tiles = tile_table(storage.tile_start, mC_mnl.shape[1], cfg.tile_n, cfg.cluster_n)
+            tile_start, n_cluster_tiles = tile_table(
+                storage.tile_start, self.acc_space(mC_mnl, mB_nkl).shape[1], cfg.tile_n, cfg.cluster_n
+            )
             if warp_idx == 0:
                 fill_tile_starts(tile_start, mOffs, mA_mkl.shape[0], cfg.tile_m, n_cluster_tiles, cute.arch.lane_idx())
         else:
@@ -540,33 +544,53 @@ class GemmSm100(BlockScaledSm100Mixin, GemmBase):
                 )  # fmt: skip
                 return tAgA_e[(None, m_tile, None, 0)]
 
+            # Output tile of a CTA (gated / FP4: fewer stored columns than GEMM columns; grouped
+            # tiles are 1-CTA MMAs, so the CTA tile is the MMA tile).
+            out_tile = (self.cta_tile_mn[0], self.cta_tile_mn[1] // self.out_div)
             # Tile-local (m, n) of every element of this CTA's output, in epilogue subtiles:
             # (EPI_TILE_M, EPI_TILE_N, EPI_M * EPI_N), as bSG_gC / gC_real_epi below.
-            cC_epi = cute.group_modes(
-                cute.flat_divide(
-                    thr_mma.partition_C(cute.make_identity_tensor(self.mma_tiler[:2]))[((None, None), 0, 0)],
-                    epi_tile,
-                ),
-                2,
-                4,
-            )
+            if cutlass.const_expr(self.out_div == 1):
+                cC_epi = cute.group_modes(
+                    cute.flat_divide(
+                        thr_mma.partition_C(cute.make_identity_tensor(self.mma_tiler[:2]))[((None, None), 0, 0)],
+                        epi_tile,
+                    ),
+                    2,
+                    4,
+                )
+            else:
+                cC_epi = cute.group_modes(cute.flat_divide(cute.make_identity_tensor(out_tile), self.epi_tile_out), 2, 4)
+            # (bM, bN, RestM, RestN, RestE): (packed row, GEMM column, expert) of every accumulator
+            cAcc_tiles = None
+            if cutlass.const_expr(epi.needs_coords):
+                cAcc_tiles = cute.local_tile(
+                    grouped_acc_space(mC_mnl, mB_nkl), cute.slice_(self.mma_tiler, (None, None, 0)), (None, None, None)
+                )
 
             def c_tiles(tile):
                 """Output of a grouped tile: (bSG_gC (TMA, EPI_M * EPI_N) TMA destinations,
                 gC_real_epi (EPI_TILE_M, EPI_TILE_N, EPI_M * EPI_N) the same subtiles of C itself,
-                cC_epi their tile-local coordinates, rows_left, cols_left, full_tile)."""
-                gC_t, gC_real_t, rows_left, cols_left, full_tile = grouped_out_tile(
-                    mC_mnl, mC_gmem, tile, self.mma_tiler[:2]
-                )
-                # (CTA_M, CTA_N): this CTA's part of the MMA tile -> (EPI_TILE_M, EPI_TILE_N, EPI_M, EPI_N)
-                gC_epi_t = cute.flat_divide(thr_mma.partition_C(gC_t)[((None, None), 0, 0)], epi_tile)
+                cC_epi their tile-local coordinates, rows_left, cols_left, full_tile, and the
+                accumulator's global coordinates (EPI_TILE_M, EPI_TILE_N, EPI_M, EPI_N) or None)."""
+                gC_t, gC_real_t, rows_left, cols_left, full_tile = grouped_out_tile(mC_mnl, mC_gmem, tile, out_tile)
+                if cutlass.const_expr(self.out_div == 1):
+                    # (CTA_M, CTA_N): this CTA's part of the MMA tile -> (EPI_TILE_M, EPI_TILE_N, EPI_M, EPI_N)
+                    gC_epi_t = cute.flat_divide(thr_mma.partition_C(gC_t)[((None, None), 0, 0)], epi_tile)
+                    gC_real_epi = cute.group_modes(
+                        cute.flat_divide(thr_mma.partition_C(gC_real_t)[((None, None), 0, 0)], epi_tile), 2, 4
+                    )
+                else:
+                    gC_epi_t = cute.flat_divide(gC_t, self.epi_tile_out)
+                    gC_real_epi = cute.group_modes(cute.flat_divide(gC_real_t, self.epi_tile_out), 2, 4)
                 _, bSG_gC_t = cpasync.tma_partition(
                     tma_atom_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), cute.group_modes(gC_epi_t, 0, 2)
                 )
-                gC_real_epi = cute.group_modes(
-                    cute.flat_divide(thr_mma.partition_C(gC_real_t)[((None, None), 0, 0)], epi_tile), 2, 4
-                )
-                return cute.group_modes(bSG_gC_t, 1, 3), gC_real_epi, cC_epi, rows_left, cols_left, full_tile
+                coords = None
+                if cutlass.const_expr(epi.needs_coords):
+                    coords = cute.flat_divide(
+                        thr_mma.partition_C(grouped_acc_coords(cAcc_tiles, tile))[((None, None), 0, 0)], epi_tile
+                    )
+                return cute.group_modes(bSG_gC_t, 1, 3), gC_real_epi, cC_epi, rows_left, cols_left, full_tile, coords
 
         load_sched = sched
         if cutlass.const_expr(cfg.scheduler != "static"):
@@ -601,7 +625,7 @@ class GemmSm100(BlockScaledSm100Mixin, GemmBase):
                 gC_cta, sC, epi_tile, tma_atom_c, alpha, tidx, warp_idx,
                 tCcAcc, mCin, mBias, beta, mma_coord_v, c_tiles,
                 (mEpiSF, mEpiGS, mC_mnl.shape[0], mC_mnl.shape[1] * (self.out_div // epi.cols_per_output)),
-                (mV0, mV1, mV2, mV3),
+                (mV0, mV1, mV2, mV3), mB_nkl.shape[0] if cutlass.const_expr(cfg.grouped) else None,
             )  # fmt: skip
 
     # ---------------------------------------------------------------------------------------
@@ -692,6 +716,7 @@ class GemmSm100(BlockScaledSm100Mixin, GemmBase):
         c_tiles=None,  # grouped: tile -> its output views (see the kernel); None for dense
         quant_args=None,  # quantized output: (scale bytes, global scale, rows, output columns)
         vectors=(),  # user epilogue vectors / FP8 scales
+        group_cols=None,  # grouped: the GEMM's N (per-expert vectors hold E rows of N)
     ):
         """Epilogue warps: own the TMEM allocation; TMEM -> registers -> epilogue_subtile -> smem -> TMA.
 
@@ -752,7 +777,7 @@ class GemmSm100(BlockScaledSm100Mixin, GemmBase):
         if cutlass.const_expr(not direct):
             # (R2S, R2S_M, R2S_N): subtile-local (m, n) of each register, in the r2s order
             tRS_cE = tiled_copy_r2s.retile(thr_copy_t2r.partition_D(cTile_epi)[(None, None, None, 0, 0)])
-        if cutlass.const_expr(epi.needs_coords):
+        if cutlass.const_expr(epi.needs_coords and not grouped):
             # (T2R, T2R_M, T2R_N, EPI_M, EPI_N, RestM, RestN, RestL): global coordinates, as gC_epi
             tTR_cAcc_all = thr_copy_t2r.partition_D(
                 cute.flat_divide(tCcAcc[((None, None), 0, 0, None, None, None)], epi_tile)
@@ -774,9 +799,14 @@ class GemmSm100(BlockScaledSm100Mixin, GemmBase):
         while sched.is_valid(work):
             tile = sched.cta_tile(work)
             full_tile = True
+            tile_quant_args = quant_args
             if cutlass.const_expr(grouped):
                 # (m_tile, n_tile, expert, row_start, row_end): C from the expert's first row.
-                bSG_gC, gC_real_epi, cC_epi, rows_left, cols_left, full_tile = c_tiles(tile)
+                bSG_gC, gC_real_epi, cC_epi, rows_left, cols_left, full_tile, cT_epi = c_tiles(tile)
+                tile_quant_args = (*quant_args, tile[4])  # no scales for the next expert's rows
+                if cutlass.const_expr(epi.needs_coords):
+                    # (T2R, T2R_M, T2R_N, EPI_M * EPI_N)
+                    tTR_cAcc = cute.group_modes(thr_copy_t2r.partition_D(cT_epi), 3, 5)
             else:
                 tile_m, tile_n, tile_l = tile
                 out_m = tile_m
@@ -784,9 +814,11 @@ class GemmSm100(BlockScaledSm100Mixin, GemmBase):
                     out_m = tile_m * self.cta_per_mma + mma_coord_v  # gC holds single-CTA tiles
                 # (TMA, EPI_M * EPI_N)
                 bSG_gC = cute.group_modes(bSG_gC_all[(None, None, None, out_m, tile_n, tile_l)], 1, 3)
-            if cutlass.const_expr(epi.needs_coords):
-                # (T2R, T2R_M, T2R_N, EPI_M * EPI_N)
-                tTR_cAcc = cute.group_modes(tTR_cAcc_all[(None, None, None, None, None, tile_m, tile_n, tile_l)], 3, 5)
+                if cutlass.const_expr(epi.needs_coords):
+                    # (T2R, T2R_M, T2R_N, EPI_M * EPI_N)
+                    tTR_cAcc = cute.group_modes(
+                        tTR_cAcc_all[(None, None, None, None, None, tile_m, tile_n, tile_l)], 3, 5
+                    )
             # (T2R, T2R_M, T2R_N, EPI_M * EPI_N)
             tTR_tAcc = cute.group_modes(
                 tTR_tAcc_all[(None, None, None, None, None, acc_consumer_state.index)], 3, 5
@@ -807,7 +839,8 @@ class GemmSm100(BlockScaledSm100Mixin, GemmBase):
                     # (R2S, R2S_M, R2S_N): global coordinates of the registers below
                     coords = tiled_copy_r2s.retile(tTR_cAcc[(None, None, None, epi_idx)])
                 out = epilogue_subtile(
-                    epi, tiled_copy_r2s.retile(tTR_rAcc).load(), coords, alpha, beta, mCin, mBias, vectors
+                    epi, tiled_copy_r2s.retile(tTR_rAcc).load(), coords, alpha, beta, mCin, mBias, vectors,
+                    group_cols,
                 )
                 if cutlass.const_expr(direct):
                     tRS_rC.store(out.to(self.c_dtype))
@@ -818,7 +851,7 @@ class GemmSm100(BlockScaledSm100Mixin, GemmBase):
                     cute.copy(tiled_copy_r2s, tRS_rC, tRS_sC[(None, None, None, buf)])
                 elif cutlass.const_expr(quant):
                     # tcgen05.ld 32dp32b: a thread holds whole rows of the subtile (quad = 1)
-                    store_quantized_subtile(epi, out, coords, tRS_cE, sC[(None, None, buf)], quant_args, 1, 0)
+                    store_quantized_subtile(epi, out, coords, tRS_cE, sC[(None, None, buf)], tile_quant_args, 1, 0)
                 else:
                     store_gated(out, coords, tRS_cE, sC[(None, None, buf)], self.c_dtype)
                 # Make the smem writes visible to the TMA (async proxy), then one warp stores.

@@ -31,6 +31,11 @@ Scheduler (config.scheduler): "static" walks a fixed tile sequence in every role
 counter and broadcast them to every warp of the cluster through a shared-memory ring
 (``schedulers.dynamic``).
 
+FP8 (e4m3): every 128-wide K tile's WGMMA partial sum is promoted into an fp32 accumulator
+(unless fast_accum); with config.fp8_blockwise (DeepSeek 1x128 / 128x128 scales, in mSFA /
+mSFB) it is multiplied by scale_a[row, kt] * scale_b[n_block, kt] as it is added, the scales of
+the next K tile being loaded from global memory under the current tile's WGMMAs.
+
 Constraints: see ``config.config_errors`` (tile_m 64/128, tile_n 64..256, cluster <= 4).
 """
 
@@ -51,6 +56,8 @@ from ..epilogue.quant import quant_storage, store_quantized_subtile
 from ..grouped.kernel_parts import (
     fill_tile_starts,
     from_row,
+    grouped_acc_coords,
+    grouped_acc_space,
     grouped_out_tile,
     make_grouped_scheduler,
     tile_table,
@@ -229,6 +236,8 @@ class GemmSm90(GemmBase):
             mV2,
             mV3,
             mWorkspace,
+            mSFA if cfg.fp8_blockwise else None,
+            mSFB if cfg.fp8_blockwise else None,
             alpha,
             beta,
             self.tiled_mma,
@@ -267,6 +276,8 @@ class GemmSm90(GemmBase):
         mV2: cute.Tensor | None,
         mV3: cute.Tensor | None,
         mWorkspace: cute.Tensor | None,
+        mSFA: cute.Tensor | None,  # FP8 block scaling: (M, ceil(K/128)) fp32 scales of A, or None
+        mSFB: cute.Tensor | None,  # FP8 block scaling: (ceil(N/128), ceil(K/128)) fp32 scales of B
         alpha: cutlass.Float32,
         beta: cutlass.Float32,
         tiled_mma: cute.TiledMma,
@@ -327,8 +338,11 @@ class GemmSm90(GemmBase):
         # (bM, bN, RestM, RestN, RestL): global (m, n, l) GEMM coordinate of every accumulator
         cAcc_mnl = None
         if cutlass.const_expr(epi.needs_coords):
+            # grouped: (packed row, GEMM column, expert), offset per tile by the expert's first row
             cAcc_mnl = cute.local_tile(
-                cute.make_identity_tensor(self.acc_space(mC_mnl, mB_nkl).shape),
+                grouped_acc_space(mC_mnl, mB_nkl)
+                if cutlass.const_expr(self.config.grouped)
+                else cute.make_identity_tensor(self.acc_space(mC_mnl, mB_nkl).shape),
                 cute.slice_(self.tile_shape_mnk, (None, None, 0)),
                 (None, None, None),
             )
@@ -355,12 +369,16 @@ class GemmSm90(GemmBase):
         a_tiles = tAgA
         if cutlass.const_expr(cfg.grouped):
             # The tile map lives in shared memory, built by warp 0 from offs (no host sync).
-            tile_start, n_cluster_tiles = tile_table(storage.tile_start, mC_mnl.shape[1], cfg.tile_n, cfg.cluster_n)
+            tile_start, n_cluster_tiles = tile_table(
+                storage.tile_start, self.acc_space(mC_mnl, mB_nkl).shape[1], cfg.tile_n, cfg.cluster_n
+            )
             if warp_idx == 0:
-                fill_tile_starts(tile_start, mOffs, mA_mkl.shape[0], cfg.tile_m, n_cluster_tiles, cute.arch.lane_idx())
+                fill_tile_starts(
+                    tile_start, mOffs, mA_mkl.shape[0], cfg.tile_m * cfg.cluster_m, n_cluster_tiles, cute.arch.lane_idx()
+                )
         pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
         if cutlass.const_expr(cfg.grouped):
-            sched = make_grouped_scheduler(tile_start, mOffs, mA_mkl.shape[0], cfg.tile_m, cfg.cluster_n)
+            sched = make_grouped_scheduler(tile_start, mOffs, mA_mkl.shape[0], cfg.tile_m, cfg.cluster_n, cfg.cluster_m)
             a_cta_layout = cute.make_layout(cute.slice_(cta_layout_mnk, (0, None, 0)).shape)
 
             def a_tiles(tile):
@@ -404,6 +422,8 @@ class GemmSm90(GemmBase):
                 sched, ab_pipeline, k_tile_cnt, tiled_mma, sA, sB, sC, gC_mnl, tma_atom_c, alpha,
                 (tidx - self.threads_per_warpgroup) % self.threads_per_tile, wg, warp_idx,
                 cAcc_mnl, mCin, mBias, beta, mC_mnl, mC_gmem, quant_args, vectors,
+                mB_nkl.shape[0] if cutlass.const_expr(cfg.grouped) else None,
+                block_scales=(mSFA, mSFB),
             )  # fmt: skip
 
     # ---------------------------------------------------------------------------------------
@@ -431,6 +451,8 @@ class GemmSm90(GemmBase):
         mC_gmem: cute.Tensor | None,  # grouped: C in global memory (partial-tile stores)
         quant_args: tuple,
         vectors: tuple,
+        group_cols,  # grouped: the GEMM's N (per-expert vectors hold E rows of N); dense: None
+        block_scales: tuple = (None, None),  # FP8 block scaling (config.fp8_blockwise): (mSFA, mSFB)
     ):
         """Consumer warpgroups: WGMMA mainloop into register accumulators, then the epilogue.
 
@@ -454,6 +476,23 @@ class GemmSm90(GemmBase):
         promote = self.config.a_dtype == "e4m3" and not self.config.fast_accum
         acc_sum = cute.make_rmem_tensor(acc_shape, self.acc_dtype) if promote else acc
         num_k_blocks = cute.size(tCrA, mode=[2])
+        # FP8 block scaling (DeepSeek 1x128 / 128x128, config.fp8_blockwise): K tile kt's partial
+        # sum is promoted as acc_sum += acc * scale_a[row, kt] * scale_b[n_block, kt]. A thread's
+        # fragment of a 64xN WGMMA atom is ((2, 2, N/8), MMA_M, MMA_N) = (column pair, row +8,
+        # 8-column group), MMA_M atoms 64 rows apart: 2 * MMA_M distinct rows; one N block per
+        # tile (tile_n <= 128 never straddles one). Those 2 * MMA_M + 1 scales of the next K tile
+        # are loaded from global memory (L2) while the current tile's WGMMAs run.
+        blockwise = self.config.fp8_blockwise
+        if cutlass.const_expr(blockwise):
+            mSFA, mSFB = block_scales
+            mma_m = acc_shape[1]
+            assert promote and acc_shape[0] == (2, 2, self.config.tile_n // 8) and acc_shape[2] == 1, acc_shape
+            n_sa = 2 * mma_m
+            # tile-local (row, col) of each accumulator register
+            tCcTile = thr_mma.partition_C(cute.make_identity_tensor((self.config.tile_m, self.config.tile_n)))
+            sa_rows = cute.make_rmem_tensor((n_sa,), cutlass.Int32)
+            sf_cur = cute.make_rmem_tensor((n_sa + 1,), cutlass.Float32)  # A scales, then B's
+            sf_next = cute.make_rmem_tensor((n_sa + 1,), cutlass.Float32)
 
         # Epilogue copies: registers -> smem with stmatrix, then one warp TMA-stores the subtile.
         # (Gated / quantized outputs store by coordinate; the stmatrix partition still gives
@@ -503,10 +542,25 @@ class GemmSm90(GemmBase):
                 read_state, release_state = self._skip(read_state, release_state, k_tile_cnt)
         while sched.is_valid(work):
             tile = sched.cta_tile(work)
+            # Grouped, cooperative: a warpgroup whose 64 rows of the tile all lie past the
+            # expert's last row (a ragged last m-tile, or an empty tile of a 2-CTA cluster) skips
+            # its WGMMAs; it still waits for and releases every stage.
+            active = True
+            if cutlass.const_expr(self.config.grouped and self.wg_per_tile > 1):
+                active = tile[4] - tile[3] - tile[0] * self.config.tile_m > (mma_tidx // self.threads_per_warpgroup) * 64
 
             # ---- mainloop: keep one WGMMA batch in flight, release the stage behind it ----
             acc_sum.fill(0.0)
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+            if cutlass.const_expr(blockwise):
+                # This tile's rows (clamped: rows past M read row M - 1's scales, never stored)
+                # and N block; K tile 0's scales.
+                n_blk = tile[1] * self.config.tile_n // 128
+                for i in cutlass.range_constexpr(n_sa):
+                    row = tile[0] * self.config.tile_m + tCcTile[((0, i % 2, 0), i // 2, 0)][0]
+                    sa_rows[i] = cutlass.min(row, mSFA.shape[0] - 1)
+                    sf_cur[i] = mSFA[(sa_rows[i], 0)]
+                sf_cur[n_sa] = mSFB[(n_blk, 0)]
             if cutlass.const_expr(self.pingpong):
                 if work >= sched.first() + sched.stride:  # not this CTA's first tile: wait our turn
                     cute.arch.barrier(barrier_id=BAR_ORDER + wg, number_of_threads=2 * self.threads_per_warpgroup)
@@ -516,17 +570,33 @@ class GemmSm90(GemmBase):
                 if cutlass.const_expr(promote):
                     warpgroup.fence()  # the adds below read acc: order them before the overwrite
                     tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
-                for kb in cutlass.range_constexpr(num_k_blocks):
-                    coord = (None, None, kb, read_state.index)
-                    cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
-                    if cutlass.const_expr(promote):
-                        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+                if active:
+                    for kb in cutlass.range_constexpr(num_k_blocks):
+                        coord = (None, None, kb, read_state.index)
+                        cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
+                        if cutlass.const_expr(promote):
+                            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
                 warpgroup.commit_group()
                 if cutlass.const_expr(promote):
+                    if cutlass.const_expr(blockwise):
+                        # Prefetch the next K tile's scales (the last tile reloads its own).
+                        k_next = cutlass.min(k_tile + 1, k_tile_cnt - 1)
+                        for i in cutlass.range_constexpr(n_sa):
+                            sf_next[i] = mSFA[(sa_rows[i], k_next)]
+                        sf_next[n_sa] = mSFB[(n_blk, k_next)]
                     warpgroup.wait_group(0)
                     ab_pipeline.consumer_release(read_state)
                     release_state.advance()
-                    acc_sum.store(acc_sum.load() + acc.load())
+                    if cutlass.const_expr(blockwise):
+                        for i in cutlass.range_constexpr(n_sa):
+                            scale = sf_cur[i] * sf_cur[n_sa]
+                            for v in cutlass.range_constexpr(cute.size(acc_shape[0]) // 2):
+                                idx = ((v % 2, i % 2, v // 2), i // 2, 0)
+                                acc_sum[idx] = acc_sum[idx] + acc[idx] * scale
+                        for i in cutlass.range_constexpr(n_sa + 1):
+                            sf_cur[i] = sf_next[i]
+                    else:
+                        acc_sum.store(acc_sum.load() + acc.load())
                 else:
                     warpgroup.wait_group(1)
                     if k_tile > 0:
@@ -544,12 +614,14 @@ class GemmSm90(GemmBase):
 
             # ---- epilogue ----
             full_tile = True
+            tile_quant_args = quant_args
             if cutlass.const_expr(self.config.grouped):
                 # Rows of this expert start at row_start: offset C, and store with TMA only when
                 # every row of the tile belongs to the expert (else predicated, row < row_end).
                 gC, gC_real, rows_left, cols_left, full_tile = grouped_out_tile(
-                    mC_mnl, mC_gmem, tile, (self.config.tile_m, self.config.tile_n)
+                    mC_mnl, mC_gmem, tile, gC_mnl.shape[:2]
                 )
+                tile_quant_args = (*quant_args, tile[4])  # no scales for the next expert's rows
             else:
                 gC = gC_mnl[(None, None, tile[0], tile[1], tile[2])]
             # ((EPI_M, EPI_N), (RestM, RestN))
@@ -564,13 +636,16 @@ class GemmSm90(GemmBase):
             if cutlass.const_expr(epi.needs_coords):
                 # (R2S_V, EPI): global coordinates of tRS_rAcc's registers; column epi_idx holds
                 # those that the loop below copies into tRS_rD for subtile epi_idx.
-                tCcAcc = thr_mma.partition_C(cAcc_mnl[(None, None, tile[0], tile[1], tile[2])])
+                if cutlass.const_expr(self.config.grouped):
+                    tCcAcc = thr_mma.partition_C(grouped_acc_coords(cAcc_mnl, tile))
+                else:
+                    tCcAcc = thr_mma.partition_C(cAcc_mnl[(None, None, tile[0], tile[1], tile[2])])
                 tRS_cAcc = cute.composition(tiled_copy_r2s.retile(tCcAcc), cute.make_layout((size_rD, num_epi)))
             for epi_idx in cutlass.range_constexpr(num_epi):
                 for v in cutlass.range_constexpr(size_rD):
                     tRS_rD[v] = tRS_rAcc[epi_idx * size_rD + v]
                 coords = tRS_cAcc[(None, epi_idx)] if cutlass.const_expr(epi.needs_coords) else None
-                out = epilogue_subtile(epi, tRS_rD.load(), coords, alpha, beta, mCin, mBias, vectors)
+                out = epilogue_subtile(epi, tRS_rD.load(), coords, alpha, beta, mCin, mBias, vectors, group_cols)
                 if cutlass.const_expr(direct):
                     tRS_rD_out.store(out.to(self.c_dtype))
                 buf = wg * self.epi_stage + epi_count % self.epi_stage
@@ -578,7 +653,7 @@ class GemmSm90(GemmBase):
                     cute.copy(tiled_copy_r2s, tRS_rD_out, tRS_sC[(None, None, None, buf)])
                 elif cutlass.const_expr(quant):
                     store_quantized_subtile(
-                        epi, out, coords, tRS_cE, sC[(None, None, buf)], quant_args, 4, 1 if gated else 2
+                        epi, out, coords, tRS_cE, sC[(None, None, buf)], tile_quant_args, 4, 1 if gated else 2
                     )
                 else:
                     store_gated(out, coords, tRS_cE, sC[(None, None, buf)], self.c_dtype)
@@ -598,9 +673,9 @@ class GemmSm90(GemmBase):
                     if cutlass.const_expr(self.config.grouped):
                         store_subtile_predicated(
                             sC[(None, None, buf)],
-                            cute.local_tile(gC_real, self.epi_tile, epi_coord),  # (EPI_M, EPI_N)
-                            rows_left - epi_coord[0] * self.epi_tile[0],
-                            cols_left - epi_coord[1] * self.epi_tile[1],
+                            cute.local_tile(gC_real, self.epi_tile_out, epi_coord),  # (EPI_M, EPI_N)
+                            rows_left - epi_coord[0] * self.epi_tile_out[0],
+                            cols_left - epi_coord[1] * self.epi_tile_out[1],
                             mma_tidx,
                             self.threads_per_tile,
                         )

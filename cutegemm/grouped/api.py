@@ -9,6 +9,21 @@ Forms:
   written. offs contents are not checked on this path (that would need a sync): bad offsets are
   clamped into [0, total_M] and made non-decreasing per expert, so the kernel stays memory-safe;
   ``check_offs=True`` validates them with a sync and raises ValueError.
+
+  Epilogues (packed form, one kernel, the dense formulas of :mod:`cutegemm.epilogue.ops` per
+  expert): ``bias`` (E, N) per expert and GEMM column (or (N,) shared by every expert),
+  ``activation`` relu / gelu / gelu_tanh / silu or gated swiglu / geglu (b's columns interleaved
+  gate, up; ``gate_layout="halves"`` copies b per call), ``alpha``; a quantized ``out_dtype``
+  ("mxfp8" / "mxfp4" / "nvfp4", with ``out_global_scale`` for NVFP4) returns a
+  BlockScaledTensor of the packed (total_M, N') output, scales in the 128x4 swizzled layout over
+  the packed rows (= ``quantize_ref`` of the bf16/fp32 result; rows past offs[-1] get no data
+  and no scales); a user epilogue ``epilogue=f, epilogue_args=(v, ...)``: ``row`` is the packed
+  row (so a per-token vector of total_M entries lines up), ``col`` the column (column vectors
+  are shared by every expert). FP8 (sm_90a): a, b ``torch.float8_e4m3fn`` (b read K-major, e.g.
+  ``w.transpose(1, 2)`` of an (E, N, K) weight, else copied), ``scale_a`` (total_M,) per token
+  row or one value, ``scale_b`` (E, N) per expert and column, (E,) per expert, or one value —
+  ``torch._scaled_grouped_mm``'s row-wise recipe; promoted accumulation (``fast_accum=True``:
+  tensor-core accumulation). beta * C is not supported in the grouped form.
 - K-grouped (weight gradient): ``grouped_gemm(a, b, offs=offs)`` with a (M, total_K), b (total_K, N)
   -> (E, M, N), offs splitting K. Implemented as one dense GEMM per expert on K-slices: it reads
   offs on the host (one sync), so it is NOT graph-capturable (documented limitation).
@@ -18,20 +33,31 @@ Forms:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
+from ..epilogue import GATED, EpilogueSpec, epilogue_ref, interleave_gate_up
 from ..gemm.api import (
+    _EPI_TORCH_DTYPES,
+    INPUT_TO_NAME,
     TORCH_TO_NAME,
+    _check_activation,
     _check_operand,
     _current_device,
     _device_info,
+    _epilogue_vectors,
+    _global_scale,
+    _interleave_b,
     _kernel_view,
+    _quant_outputs,
+    _quant_result,
     gemm,
     memo_view,
     new_workspace,
     reset_workspace,
 )
-from ..gemm.config import TMA_ALIGN_BYTES, GemmConfig, GemmProblem, can_implement
+from ..gemm.config import QUANT_OUT_DTYPES, TMA_ALIGN_BYTES, GemmConfig, GemmProblem, can_implement
 from ..gemm.policy import policy_for
 from ..runtime.cache import KernelCache
 from .kernel_parts import GROUPED_MAX_GROUPS
@@ -50,13 +76,94 @@ _PLANS: dict = {}
 
 class _GroupedPlan:
     __slots__ = ("fn", "views", "max_clusters", "config", "workspace", "device", "device_index", "out_dims",
-                 "out_dtype", "b_memo")  # fmt: skip
+                 "out_dtype", "b_memo", "quant", "out_shape")  # fmt: skip
 
-    def launch(self, a, b, out, offs, alpha):
+    def launch(self, a, b, out, offs, alpha, bias=None, extra=None):
+        """extra: (quantized-output scale bytes, NVFP4 global scale, v0..v3) or None."""
         (sa, ta), (sb, tb), (sc, tc) = self.views
         # (offs, scale factors A/B, quantized-output scales, global scale, 4 epilogue vectors, workspace)
-        self.fn(a.as_strided(sa, ta), memo_view(self, b, sb, tb), out.as_strided(sc, tc), None, None,
-                alpha, 0.0, self.max_clusters, offs, *(None,) * 8, reset_workspace(self.workspace))  # fmt: skip
+        self.fn(a.as_strided(sa, ta), memo_view(self, b, sb, tb), out.as_strided(sc, tc), None, bias,
+                alpha, 0.0, self.max_clusters, offs, None, None, *(extra or _NO_EXTRA),
+                reset_workspace(self.workspace))  # fmt: skip
+
+    def new_output(self):
+        """(the tensor the kernel writes, quantized-output scale bytes or None)."""
+        if self.quant is None:
+            return torch.empty(*self.out_dims, dtype=self.out_dtype, device=self.device), None
+        return _quant_outputs(self.quant, self.out_shape, self.device)
+
+
+_NO_EXTRA = (None,) * 6
+
+
+def _per_expert(name: str, t, E: int, n: int, device, dtypes=_EPI_TORCH_DTYPES) -> torch.Tensor:
+    """A per-(expert, column) vector given as (E, n), (n,) (shared by every expert), (E,) / (E, 1)
+    (one value per expert) or one element, as the kernel reads it: flat contiguous (E * n,)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name}.dtype must be one of {dtypes}, got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{name} must be on {device}, got {t.device}")
+    if t.shape == (E, n):
+        v = t
+    elif t.shape == (n,) or t.numel() == 1:
+        v = t.reshape(1, -1).expand(E, n)
+    elif t.shape in ((E,), (E, 1)):
+        v = t.reshape(E, 1).expand(E, n)
+    else:
+        raise ValueError(f"{name} must have shape ({E}, {n}) (per expert and column), ({n},) or ({E},), got {tuple(t.shape)}")
+    v = v.contiguous()
+    return (v.clone() if v.data_ptr() % TMA_ALIGN_BYTES else v).view(-1)
+
+
+def _row_vector(name: str, t, rows: int, device) -> torch.Tensor:
+    """FP8 scale_a of the packed form: (total_M,) / (total_M, 1) or one element, flat fp32."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.float32:
+        raise TypeError(f"{name} must be torch.float32, got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{name} must be on {device}, got {t.device}")
+    if t.numel() not in (1, rows) or (t.numel() == rows and rows > 1 and sum(d > 1 for d in t.shape) != 1):
+        raise ValueError(f"{name} must have 1 or {rows} elements (per tensor / per row of a), got shape {tuple(t.shape)}")
+    t = t.reshape(-1)
+    if t.stride(0) != 1 or t.data_ptr() % TMA_ALIGN_BYTES:
+        t = t.clone(memory_format=torch.contiguous_format)
+    return t
+
+
+class _Epi:
+    """The packed form's epilogue inputs of one call, as the kernel takes them."""
+
+    __slots__ = ("bias", "vectors", "quant", "gs", "activation", "user", "fp8")
+
+    def __init__(self):
+        self.bias = self.gs = self.activation = self.user = self.quant = None
+        self.vectors = ()
+        self.fp8 = False
+
+    def spec(self, alpha, fast_accum=False):
+        from ..epilogue import EpilogueSpec
+
+        gated = self.activation in GATED
+        return EpilogueSpec(
+            alpha=alpha != 1.0,
+            bias=self.bias is not None,
+            bias_dtype=TORCH_TO_NAME[self.bias.dtype] if self.bias is not None else "fp32",
+            activation=None if gated else self.activation,
+            gated=self.activation if gated else None,
+            quant=self.quant,
+            user=self.user,
+            user_args=tuple(TORCH_TO_NAME[v.dtype] for v in self.vectors) if self.user is not None else (),
+            scale_a=self.fp8 and self.vectors[0] is not None,
+            scale_b=self.fp8 and self.vectors[1] is not None,
+        )
+
+    def extra(self, scales):
+        if scales is None and self.gs is None and not self.vectors:
+            return None
+        return (scales, self.gs, *(*self.vectors, None, None, None, None)[:4])
 
 
 def _check_offs_values(offs: torch.Tensor, total_m: int):
@@ -70,7 +177,7 @@ def _check_offs_values(offs: torch.Tensor, total_m: int):
         raise ValueError(f"offs[-1] = {o[-1]} exceeds a.shape[0] = {total_m}")
 
 
-def _plan_packed(a, b, offs, out, out_dtype, alpha, config):
+def _plan_packed(a, b, offs, out, out_dtype, alpha, config, epi_in: _Epi, fast_accum=False):
     E, K, N = b.shape
     total_m = a.shape[0]
     if a.stride(1) != 1 and K > 1:
@@ -84,124 +191,248 @@ def _plan_packed(a, b, offs, out, out_dtype, alpha, config):
         _kernel_view(out.unsqueeze(0), 2, (1, 2, 0), "out"),
     )
     arch, num_sms = _device_info(a.device.index)
-    name = TORCH_TO_NAME
+    quant = epi_in.quant
+    out_name = QUANT_OUT_DTYPES[quant] if quant is not None else TORCH_TO_NAME[out_dtype]
     problem = GemmProblem(
-        total_m, N, K, 1, name[a.dtype], name[b.dtype], name[out_dtype], "k", "n" if b_unit == 2 else "k"
+        total_m, N, K, 1, INPUT_TO_NAME[a.dtype], INPUT_TO_NAME[b.dtype], out_name, "k", "n" if b_unit == 2 else "k"
     )
-    from ..epilogue import EpilogueSpec
-
-    epi = EpilogueSpec(alpha=alpha != 1.0)
+    epi = epi_in.spec(alpha)
+    extra = {"fast_accum": True} if fast_accum else {}
     if config is None:  # opt-in autotuning (cutegemm.tuning); None when off: the policy's default
         from ..tuning import tuned_config
 
         config = tuned_config(arch, problem, epi, "grouped", num_groups=E, num_sms=num_sms)
+        config = config if config is not None and config.fast_accum == fast_accum else None
+    elif config.epilogue != epi and config.epilogue in (EpilogueSpec(), replace(epi, alpha=False)):
+        config = replace(config, epilogue=epi)  # a forced tile: the call's arguments give the epilogue
+    elif config.epilogue not in (epi, replace(epi, alpha=True)):  # an alpha kernel serves alpha == 1
+        raise ValueError(f"config.epilogue {config.epilogue} does not match the call's epilogue {epi}")
     if config is not None and (config.arch != arch or not config.grouped):
         raise ValueError(f"config {config.name} cannot run the grouped form on this GPU (arch {arch}; needs grouped=True and that arch)")
-    cfg = config if config is not None else policy_for(arch, num_sms).choose_grouped(problem, E, epilogue=epi)
+    cfg = config if config is not None else policy_for(arch, num_sms).choose_grouped(problem, E, epilogue=epi, **extra)
     ok, why = can_implement(cfg, problem)
     if not ok:
         raise ValueError(f"cannot run {cfg.name}: {why}")
     plan = _GroupedPlan()
-    plan.fn = GROUPED_CACHE.get(cfg)
+    try:
+        plan.fn = GROUPED_CACHE.get(cfg)
+    except Exception as exc:
+        if epi.user is None:
+            raise
+        raise ValueError(f"the user epilogue could not be traced into the kernel: {type(exc).__name__}: {exc}") from exc
     plan.views = views
     plan.max_clusters = max(1, num_sms // (cfg.cluster_m * cfg.cluster_n))
     plan.workspace = new_workspace(cfg, a.device)
     plan.config = cfg
+    plan.quant = quant
     return plan
 
 
-def _fast_key(a, b, offs, out, out_dtype, alpha, config):
+def _fast_key(a, b, offs, out, out_dtype, alpha, config, bias=None, activation=None, epilogue=None,
+              epilogue_args=(), scale_a=None, scale_b=None, fast_accum=False, gate_layout="interleaved"):  # fmt: skip
     """The plan key of a packed call: every property the checks below read, so a cached plan
     implies they all pass (but data-pointer alignment). Positions 0 / 2 / -1 (a.shape, b.shape,
     config) are read by benchmarks and tests. None when the inputs are not tensors."""
     try:
-        return (
+        key = (
             a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device,
             offs.shape, offs.dtype, offs.device, out_dtype,
             None if out is None else (out.shape, out.stride(), out.dtype, out.device),
-            alpha != 1.0, config,
+            alpha != 1.0,
         )  # fmt: skip
-    except AttributeError:
+        if bias is not None or activation is not None or epilogue is not None or scale_a is not None \
+                or scale_b is not None or fast_accum:  # fmt: skip
+            key += (
+                None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
+                activation, gate_layout, epilogue,
+                tuple((v.shape, v.stride(), v.dtype, v.device) for v in epilogue_args),
+                None if scale_a is None else (scale_a.shape, scale_a.stride(), scale_a.device),
+                None if scale_b is None else (scale_b.shape, scale_b.stride(), scale_b.device),
+                fast_accum,
+            )  # fmt: skip
+        return (*key, config)
+    except (AttributeError, TypeError):
         return None
 
 
-def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.0, config=None,
-                 check_offs: bool = False):  # fmt: skip
-    """See the module docstring for the three forms."""
-    key = _fast_key(a, b, offs, out, out_dtype, alpha, config)
+def _prepare_epilogue(a, b, E, N, total_m, out_dtype, bias, activation, epilogue, epilogue_args,
+                      out_global_scale, scale_a, scale_b) -> _Epi:  # fmt: skip
+    """Checks the packed form's epilogue arguments and converts them to the kernel's inputs
+    (N: the GEMM's columns, gated included)."""
+    e = _Epi()
+    e.activation = activation
+    e.quant = out_dtype if isinstance(out_dtype, str) else None
+    if bias is not None:
+        e.bias = _per_expert("bias", bias, E, N, a.device)
+    if epilogue is not None:
+        from ..epilogue.user import register
+
+        if bias is not None or activation is not None:
+            raise ValueError("a user epilogue replaces bias and activation: apply them inside it")
+        e.user = register(epilogue)
+        e.vectors = _epilogue_vectors(epilogue_args, a.device)
+    elif epilogue_args:
+        raise ValueError("epilogue_args given without an epilogue function")
+    if a.dtype == torch.float8_e4m3fn:
+        if epilogue is not None:
+            raise ValueError("a user epilogue cannot be combined with FP8 inputs yet")
+        e.fp8 = True
+        e.vectors = (
+            None if scale_a is None else _row_vector("scale_a", scale_a, total_m, a.device),
+            None if scale_b is None else _per_expert("scale_b", scale_b, E, N, a.device, (torch.float32,)),
+        )
+    elif scale_a is not None or scale_b is not None:
+        raise ValueError("scale_a / scale_b are for torch.float8_e4m3fn inputs")
+    if e.quant is not None or out_global_scale is not None:
+        e.gs = _global_scale(e.quant, out_global_scale, a.device)
+    return e
+
+
+def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.0, bias=None,
+                 activation: str | None = None, gate_layout: str = "interleaved", epilogue=None,
+                 epilogue_args=(), out_global_scale=None, scale_a=None, scale_b=None,
+                 fast_accum: bool = False, config=None, check_offs: bool = False):  # fmt: skip
+    """See the module docstring for the three forms; the epilogue arguments (packed form only)
+    are described there too."""
+    key = _fast_key(a, b, offs, out, out_dtype, alpha, config, bias, activation, epilogue, epilogue_args,
+                    scale_a, scale_b, fast_accum, gate_layout)  # fmt: skip
     plan = _PLANS.get(key) if key is not None else None
-    if (
-        plan is not None
-        and _current_device() == plan.device_index
+    if plan is not None and not (
+        _current_device() == plan.device_index
         and not (a.data_ptr() % 16 or b.data_ptr() % 16 or (out is not None and out.data_ptr() % 16))
     ):
+        plan = None  # the slow path (other device: a plan of its own; misaligned: the error)
+    if plan is not None:
         if check_offs:
             _check_offs_values(offs, a.shape[0])
-        if out is None:
-            out = torch.empty(*plan.out_dims, dtype=plan.out_dtype, device=plan.device)
-        plan.launch(a, b, out, offs, float(alpha))
-        return out
-    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
+        if len(key) == 15:  # no epilogue inputs: the common MoE call
+            if out is None:
+                out = torch.empty(*plan.out_dims, dtype=plan.out_dtype, device=plan.device)
+            plan.launch(a, b, out, offs, float(alpha))
+            return out
+    elif isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
+        _no_epilogue("the list form", bias, activation, epilogue, out_global_scale, scale_a, scale_b, out_dtype)
         return _grouped_list(a, b, offs=offs, out_dtype=out_dtype, alpha=alpha)
-    _check_operand("a", a, dims=(2,))
-    _check_operand("b", b, dims=(2, 3))
-    if offs is None:
-        raise ValueError("offs is required for tensor inputs (int32 cumulative end offsets, on the GPU)")
-    if not isinstance(offs, torch.Tensor) or offs.dtype != torch.int32 or offs.dim() != 1:
-        raise TypeError("offs must be a 1-D torch.int32 tensor")
-    if offs.device != a.device:
-        raise ValueError(f"offs must be on {a.device} (no host sync on this path), got {offs.device}")
-    if a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype:
-        raise TypeError(f"a and b must both be bf16 or both fp16, got {a.dtype} and {b.dtype}")
-    if b.device != a.device:
-        raise ValueError(f"b must be on {a.device}, got {b.device}")
-    out_dtype = out_dtype or (out.dtype if isinstance(out, torch.Tensor) else a.dtype)
-    if out_dtype not in TORCH_TO_NAME:
-        raise TypeError(f"out_dtype must be bf16, fp16 or fp32, got {out_dtype}")
-    if b.dim() == 2:
-        return _grouped_k(a, b, offs, out, out_dtype, alpha, check_offs)
+    fp8 = getattr(a, "dtype", None) == torch.float8_e4m3fn
+    if plan is None:
+        _check_operand("a", a, dims=(2,))
+        _check_operand("b", b, dims=(2, 3))
+        if offs is None:
+            raise ValueError("offs is required for tensor inputs (int32 cumulative end offsets, on the GPU)")
+        if not isinstance(offs, torch.Tensor) or offs.dtype != torch.int32 or offs.dim() != 1:
+            raise TypeError("offs must be a 1-D torch.int32 tensor")
+        if offs.device != a.device:
+            raise ValueError(f"offs must be on {a.device} (no host sync on this path), got {offs.device}")
+        if a.dtype not in (torch.bfloat16, torch.float16, torch.float8_e4m3fn) or b.dtype != a.dtype:
+            raise TypeError(f"a and b must both be bf16, fp16 or float8_e4m3fn, got {a.dtype} and {b.dtype}")
+        if b.device != a.device:
+            raise ValueError(f"b must be on {a.device}, got {b.device}")
+    if out_dtype is None:
+        out_dtype = out.dtype if isinstance(out, torch.Tensor) else torch.bfloat16 if fp8 else a.dtype
+    quant = out_dtype if isinstance(out_dtype, str) else None
+    if plan is None:
+        if quant is not None:
+            from ..epilogue.quant import QUANT_FORMATS
+
+            if quant not in QUANT_FORMATS:
+                raise ValueError(f"a quantized out_dtype must be one of {QUANT_FORMATS}, got {quant!r}")
+            if out is not None:
+                raise ValueError(f"out= is not supported with a quantized output ({quant})")
+        elif out_dtype not in TORCH_TO_NAME:
+            raise TypeError(f"out_dtype must be bf16, fp16, fp32 or one of mxfp8 / mxfp4 / nvfp4, got {out_dtype}")
+        if activation is not None or gate_layout != "interleaved":
+            _check_activation(activation, gate_layout)
+        if b.dim() == 2:
+            if fp8:
+                raise TypeError("the K-grouped form takes bf16 / fp16 operands")
+            _no_epilogue("the K-grouped form", bias, activation, epilogue, out_global_scale, scale_a, scale_b, out_dtype)
+            return _grouped_k(a, b, offs, out, out_dtype, alpha, check_offs)
+        E, K, N = b.shape
+        if a.shape[1] != K:
+            raise ValueError(f"a (total_M, K={a.shape[1]}) and b (E, K={K}, N) disagree on K")
+        if offs.numel() != E:
+            raise ValueError(f"offs has {offs.numel()} entries but b has {E} experts")
+        if E > GROUPED_MAX_GROUPS:
+            raise ValueError(f"at most {GROUPED_MAX_GROUPS} experts are supported (the kernel's tile table), got {E}")
     E, K, N = b.shape
-    if a.shape[1] != K:
-        raise ValueError(f"a (total_M, K={a.shape[1]}) and b (E, K={K}, N) disagree on K")
-    if offs.numel() != E:
-        raise ValueError(f"offs has {offs.numel()} entries but b has {E} experts")
     total_m = a.shape[0]
-    if E > GROUPED_MAX_GROUPS:
-        raise ValueError(f"at most {GROUPED_MAX_GROUPS} experts are supported (the kernel's tile table), got {E}")
-    out_elem = torch.empty((), dtype=out_dtype).element_size()
-    if (N * out_elem) % TMA_ALIGN_BYTES:
-        # Partial tiles are stored in 16-byte pieces: N must end on a 16-byte boundary so no piece
-        # reaches past the last column.
-        raise ValueError(f"N * {out_elem} bytes must be a multiple of 16 for the grouped form, got N={N}")
-    if out is None:
-        out = torch.empty(total_m, N, dtype=out_dtype, device=a.device)
+    b_call = b
+    gated = activation in GATED
+    if gated and gate_layout == "halves":
+        if N % 2 == 0:
+            b = _interleave_b(b)  # a copy per call: store the weight interleaved instead
+            if isinstance(bias, torch.Tensor) and bias.shape[-1] == N:
+                bias = interleave_gate_up(bias, dim=-1)
+    epi_in = _prepare_epilogue(a, b, E, N, total_m, out_dtype, bias, activation, epilogue, epilogue_args,
+                               out_global_scale, scale_a, scale_b)  # fmt: skip
+    n_out = N // 2 if gated else N
+    if plan is not None:
+        scales = None
+        if out is None:
+            out, scales = plan.new_output()
+        plan.launch(a, b, out, offs, float(alpha), epi_in.bias, epi_in.extra(scales))
+        return out if quant is None else _quant_result(quant, plan.out_shape, out, scales, epi_in.gs)
+    if gated and N % 2:
+        raise ValueError(f"a gated activation needs b with an even number of columns (gate, up), got {N}")
+    if quant is not None:
+        if n_out % 32:
+            raise ValueError(f"a quantized output needs a multiple of 32 columns, got {n_out}")
+        out_elem = 1
+    else:
+        out_elem = torch.empty((), dtype=out_dtype).element_size()
+        if (n_out * out_elem) % TMA_ALIGN_BYTES:
+            # Partial tiles are stored in 16-byte pieces: N must end on a 16-byte boundary so no
+            # piece reaches past the last column.
+            raise ValueError(f"N * {out_elem} bytes must be a multiple of 16 for the grouped form, got N={n_out}")
+    if fp8 and b.stride(1) != 1 and K > 1:
+        b = b.transpose(1, 2).contiguous().transpose(1, 2)  # FP8 WGMMA reads B K-major: copy
+    scales = None
+    if quant is not None:
+        out, scales = _quant_outputs(quant, (total_m, n_out), a.device)
+    elif out is None:
+        out = torch.empty(total_m, n_out, dtype=out_dtype, device=a.device)
     else:
         _check_operand("out", out, dims=(2,))
-        if out.shape != (total_m, N) or out.dtype != out_dtype or out.device != a.device:
-            raise ValueError(f"out must be a ({total_m}, {N}) {out_dtype} tensor on {a.device}")
-        if N > 1 and out.stride(1) != 1:
+        if out.shape != (total_m, n_out) or out.dtype != out_dtype or out.device != a.device:
+            raise ValueError(f"out must be a ({total_m}, {n_out}) {out_dtype} tensor on {a.device}")
+        if n_out > 1 and out.stride(1) != 1:
             raise ValueError("out must be row-major (stride 1 along its last dim)")
     if check_offs:
         _check_offs_values(offs, total_m)
-    if E == 0 or total_m == 0 or N == 0:
-        return out
+
+    def result():
+        return out if quant is None else _quant_result(quant, (total_m, n_out), out, scales, epi_in.gs)
+
+    if E == 0 or total_m == 0 or n_out == 0:
+        return result()
     if K == 0:
-        return out.zero_()
+        if bias is None and activation is None and epilogue is None and quant is None:
+            return out.zero_()
+        ref = grouped_gemm_ref(a, b, offs=offs, out_dtype=out_dtype, alpha=alpha, bias=bias, activation=activation,
+                               epilogue=epilogue, epilogue_args=epilogue_args, out_global_scale=out_global_scale)  # fmt: skip
+        if quant is not None:
+            return ref
+        return out.copy_(ref)
     for name, t in (("a", a), ("b", b), ("out", out)):
         if t.data_ptr() % TMA_ALIGN_BYTES:
             raise ValueError(f"{name}'s data pointer must be 16-byte aligned (got a storage offset that breaks it)")
-    if plan is None:
-        plan = _plan_packed(a, b, offs, out, out_dtype, alpha, config)
-        plan.device, plan.device_index = a.device, a.device.index
-        plan.out_dims, plan.out_dtype = (total_m, N), out_dtype
-        if key is not None:
-            _PLANS[key] = plan
+    plan = _plan_packed(a, b, offs, out, out_dtype, alpha, config, epi_in, fast_accum)
+    plan.device, plan.device_index = a.device, a.device.index
+    plan.out_dims, plan.out_dtype, plan.out_shape = (total_m, n_out), out_dtype, (total_m, n_out)
+    # Cacheable when the call's own b is what the kernel reads (no interleave / K-major copy).
+    if key is not None and b is b_call:
+        _PLANS[key] = plan
     if a.device.index == _current_device():
-        plan.launch(a, b, out, offs, float(alpha))
+        plan.launch(a, b, out, offs, float(alpha), epi_in.bias, epi_in.extra(scales))
     else:
         with torch.cuda.device(a.device):
-            plan.launch(a, b, out, offs, float(alpha))
-    return out
+            plan.launch(a, b, out, offs, float(alpha), epi_in.bias, epi_in.extra(scales))
+    return result()
+
+
+def _no_epilogue(form, bias, activation, epilogue, out_global_scale, scale_a, scale_b, out_dtype):
+    if any(x is not None for x in (bias, activation, epilogue, out_global_scale, scale_a, scale_b)) or isinstance(out_dtype, str):
+        raise ValueError(f"{form} takes alpha only: bias, activations, user epilogues, FP8 scales and quantized outputs are for the packed (offs) form")
 
 
 def _padded_k_slice(a, b, start, end):
@@ -257,22 +488,67 @@ def _grouped_list(a_list, b_list, *, offs, out_dtype, alpha):
     return [gemm(x, w, out_dtype=out_dtype, alpha=alpha) for x, w in zip(a_list, b_list, strict=True)]
 
 
-def grouped_gemm_ref(a, b, *, offs=None, out_dtype=None, alpha: float = 1.0, compute_dtype=torch.float32):
-    """Plain-torch twin (loops over groups on the host)."""
+def grouped_gemm_ref(a, b, *, offs=None, out_dtype=None, alpha: float = 1.0, bias=None, activation=None,
+                     gate_layout: str = "interleaved", epilogue=None, epilogue_args=(), out_global_scale=None,
+                     scale_a=None, scale_b=None, compute_dtype=torch.float32):  # fmt: skip
+    """Plain-torch twin (loops over groups on the host). Packed form: per expert e, rows
+    [offs[e-1], offs[e]) get ``epilogue(alpha * (a_e @ b[e]) * scale_a * scale_b[e] + bias[e])``
+    (the dense ``epilogue_ref`` / user epilogue with packed row indices); rows at or past
+    offs[-1] are zero here and not written by the kernel. A quantized ``out_dtype`` returns
+    ``quantize_ref`` of the fp32 result."""
     if isinstance(a, (list, tuple)):
         return [((x.to(compute_dtype) @ w.to(compute_dtype)) * alpha).to(out_dtype or x.dtype) for x, w in zip(a, b, strict=True)]
-    out_dtype = out_dtype or a.dtype
+    fp8 = a.dtype == torch.float8_e4m3fn
+    out_dtype = out_dtype or (torch.bfloat16 if fp8 else a.dtype)
     bounds = offs.tolist()
     if b.dim() == 3:
-        out = torch.zeros(a.shape[0], b.shape[2], dtype=compute_dtype, device=a.device)
+        E, _, N = b.shape
+        gated = activation in GATED
+        acc = torch.zeros(a.shape[0], N, dtype=compute_dtype, device=a.device)
         prev = 0
         for e, end in enumerate(bounds):
-            out[prev:end] = a[prev:end].to(compute_dtype) @ b[e].to(compute_dtype)
+            acc[prev:end] = a[prev:end].to(compute_dtype) @ b[e].to(compute_dtype)
             prev = end
-        return (out * alpha).to(out_dtype)
+        if scale_a is not None:
+            sa = scale_a.to(compute_dtype).reshape(-1)
+            acc = acc * (sa if sa.numel() == 1 else sa.unsqueeze(-1))
+        n_out = N // 2 if gated else N
+        res = torch.zeros(a.shape[0], n_out, dtype=compute_dtype, device=a.device)
+        if epilogue is not None:
+            from ..epilogue.user import apply_user_ref
+
+            y = acc * alpha if alpha != 1.0 else acc
+            res[: bounds[-1] if bounds else 0] = apply_user_ref(epilogue, y, tuple(epilogue_args))[: bounds[-1] if bounds else 0]
+        else:
+            prev = 0
+            for e, end in enumerate(bounds):
+                if end > prev:
+                    y = acc[prev:end]
+                    if scale_b is not None:
+                        y = y * _expert_row(scale_b, e, E, N, compute_dtype)
+                    bias_e = None if bias is None else _expert_row(bias, e, E, N, compute_dtype)
+                    res[prev:end] = epilogue_ref(y, alpha=alpha, bias=bias_e, activation=activation,
+                                                 gate_layout=gate_layout)  # fmt: skip
+                prev = max(prev, end)
+        if isinstance(out_dtype, str):
+            from ..blockscaled import quantize_ref
+
+            gs = _global_scale(out_dtype, out_global_scale, res.device)
+            return quantize_ref(res.float(), out_dtype, global_scale=gs)
+        return res.to(out_dtype)
     out = torch.zeros(len(bounds), a.shape[0], b.shape[1], dtype=compute_dtype, device=a.device)
     prev = 0
     for e, end in enumerate(bounds):
         out[e] = a[:, prev:end].to(compute_dtype) @ b[prev:end].to(compute_dtype)
         prev = end
     return (out * alpha).to(out_dtype)
+
+
+def _expert_row(t: torch.Tensor, e: int, E: int, n: int, dtype) -> torch.Tensor:
+    """Expert e's row of a per-(expert, column) vector given as (E, n), (n,), (E,) or one value."""
+    t = t.to(dtype)
+    if t.shape == (E, n):
+        return t[e]
+    if t.shape == (n,) or t.numel() == 1:
+        return t.reshape(-1)
+    return t.reshape(E)[e]

@@ -24,6 +24,8 @@ __all__ = [
     "GROUPED_MAX_GROUPS",
     "fill_tile_starts",
     "from_row",
+    "grouped_acc_coords",
+    "grouped_acc_space",
     "grouped_out_tile",
     "make_grouped_scheduler",
     "tile_table",
@@ -53,10 +55,11 @@ def tile_table(table_storage, n_out, tile_n: int, cluster_n: int):
     return tile_start, cute.ceil_div(n_out, tile_n * cluster_n)
 
 
-def make_grouped_scheduler(tile_start, mOffs, total_m, tile_m: int, cluster_n: int) -> GroupedScheduler:
-    """Every thread of the CTA: wait until the table is written, then the scheduler over it."""
+def make_grouped_scheduler(tile_start, mOffs, total_m, tile_m: int, cluster_n: int, cluster_m: int = 1) -> GroupedScheduler:
+    """Every thread of the CTA: wait until the table is written, then the scheduler over it.
+    (The table must have been filled with ``tile_m * cluster_m`` rows per cluster tile.)"""
     cute.arch.sync_threads()  # the table is visible to every role
-    return GroupedScheduler.create(tile_start, mOffs, total_m, tile_m, cluster_n)
+    return GroupedScheduler.create(tile_start, mOffs, total_m, tile_m, cluster_n, cluster_m)
 
 
 def from_row(t: cute.Tensor, row_start) -> cute.Tensor:
@@ -64,9 +67,26 @@ def from_row(t: cute.Tensor, row_start) -> cute.Tensor:
     return cute.domain_offset((row_start, 0, 0), t)
 
 
+def grouped_acc_space(mC: cute.Tensor, mB: cute.Tensor):
+    """Identity tensor over (total_M, GEMM columns, E) (mB is (N, K, E)): the epilogue coordinate
+    (m, n, l) of a grouped accumulator element is its packed row, its GEMM column and its expert,
+    so per-row vectors index the packed rows and per-(expert, column) vectors use l."""
+    return cute.make_identity_tensor((mC.shape[0], mB.shape[0], mB.shape[2]))
+
+
+def grouped_acc_coords(cAcc_tiles: cute.Tensor, tile) -> cute.Tensor:
+    """(bM, bN) global coordinates of grouped tile ``tile``'s accumulator elements.
+
+    cAcc_tiles: (bM, bN, RestM, RestN, RestE) tiles of :func:`grouped_acc_space`; the tile's rows
+    start at its expert's first row, so the m coordinate is row_start + m_tile * bM + i."""
+    m_tile, n_tile, expert, row_start, _ = tile
+    return cute.domain_offset((row_start, 0), cAcc_tiles[(None, None, m_tile, n_tile, expert)])
+
+
 def grouped_out_tile(mC: cute.Tensor, mC_gmem: cute.Tensor, tile, tile_mn):
     """Output tile of grouped tile ``tile`` = (m_tile, n_tile, expert, row_start, row_end).
 
+    tile_mn: the OUTPUT tile (gated / FP4 outputs: fewer stored columns than GEMM columns).
     Returns (gC, gC_real, rows_left, cols_left, full_tile): the tile_mn tile of the TMA
     coordinate tensor ``mC`` and of C itself (``mC_gmem``), both counted from the expert's first
     row; how many of the tile's rows belong to the expert and how many columns lie inside N

@@ -31,7 +31,7 @@ HOST_ONLY = frozenset({
     "__init__.py", "__main__.py", "benchmarks.py", "compile_check.py", "nn.py", "ops.py", "parallel.py",
     "tuning.py", "gemm/api.py", "gemm/policy.py", "grouped/api.py", "grouped/__init__.py",
     "blockscaled/bench.py", "blockscaled/reference.py", "blockscaled/__init__.py",
-    "epilogue/reference.py", "runtime/sass.py",
+    "epilogue/reference.py", "runtime/sass.py", "quant_ops.py", "blockscaled/sm100.py",
 })  # fmt: skip
 
 

@@ -46,6 +46,8 @@ def dense_fake_args(cfg: GemmConfig, offs=None):
     )  # fmt: skip
     if cfg.blockscaled:
         args += (_fake_scales(cfg.sf_dtype), _fake_scales(cfg.sf_dtype))
+    elif cfg.fp8_blockwise:
+        args += (_fake_block_scales(), _fake_block_scales())
     else:
         args += (None, None)
     return args + epilogue_fake_args(epi) + (_fake_workspace(cfg),)
@@ -80,6 +82,16 @@ def _fake_scales(sf_dtype: str):
     from ..gemm.sm100 import SF_DTYPES
 
     return make_fake_tensor(SF_DTYPES[sf_dtype], (cute.sym_int32(),), (1,), assumed_align=TMA_ALIGN_BYTES)
+
+
+def _fake_block_scales():
+    """FP8 block scaling (sm_90a, config.fp8_blockwise): a 2-D fp32 matrix with dynamic shape and
+    both strides dynamic (any layout, no copies): mSFA (M, ceil(K/128)) per 1x128 block of A,
+    mSFB (ceil(N/128), ceil(K/128)) per 128x128 block of B (the transposed view of torch's
+    (ceil(K/128), ceil(N/128)) scale_b). Read element-wise by the consumer warps."""
+    return make_fake_tensor(
+        cutlass.Float32, (cute.sym_int32(), cute.sym_int32()), (cute.sym_int64(), cute.sym_int64()), assumed_align=4
+    )
 
 
 def grouped_fake_args(cfg: GemmConfig):

@@ -31,7 +31,9 @@ Ring protocol (``depth`` slots of 16 bytes, a "full" and an "empty" mbarrier eac
 - the fetcher is one whole warp, the load warp of cluster rank 0. For slot s it waits ``empty[s]``
   (its own CTA's barrier: every consumer warp of every CTA of the cluster arrives there), lane r
   arms ``full[s]`` of CTA r with the slot's byte count, then the query fills every CTA's slot
-  (CLC: the multicast response; dynamic: lane 0's atomic, ``st.async`` by lane r into CTA r);
+  (CLC: the multicast response; dynamic: lane 0's atomic, ``st.async`` by lane r into CTA r).
+  Dynamic with a 1-CTA cluster: no ``st.async`` (it needs a cluster of >= 2 CTAs); lane 0 writes
+  the slot with a plain shared store and then arrives on ``full[s]`` (no tx bytes armed);
 - every consuming warp (the fetcher included) waits ``full[s]``, reads the slot, fences, and one
   lane arrives on rank 0's ``empty[s]``. The fetcher asks for slot s + 1 right after consuming
   slot s (one tile of lookahead), unless slot s said "done";
@@ -249,12 +251,15 @@ class BroadcastScheduler:
     def _issue(self, index, phase):
         """Fetcher warp: fill slot ``index`` of every CTA of the cluster with the next tile."""
         lane = cute.arch.lane_idx()
+        num_clusters = self.num_clusters  # outside the const_expr branches (MLIR dominance)
+        local = self.mode == "dynamic" and self.cluster_size == 1  # compile-time
         cute.arch.mbarrier_wait(self.ring.empty + index, phase ^ 1)
-        if lane < self.cluster_size:
-            if cutlass.const_expr(self.cluster_size > 1):
-                cute.arch.mbarrier_arrive_and_expect_tx(self.ring.full + index, self._tx_bytes(), lane)
-            else:
-                cute.arch.mbarrier_arrive_and_expect_tx(self.ring.full + index, self._tx_bytes())
+        if cutlass.const_expr(not local):
+            if lane < self.cluster_size:
+                if cutlass.const_expr(self.cluster_size > 1):
+                    cute.arch.mbarrier_arrive_and_expect_tx(self.ring.full + index, self._tx_bytes(), lane)
+                else:
+                    cute.arch.mbarrier_arrive_and_expect_tx(self.ring.full + index, self._tx_bytes())
         if cutlass.const_expr(self.mode == "clc"):
             with cute.arch.elect_one():
                 cute.arch.issue_clc_query(
@@ -266,9 +271,18 @@ class BroadcastScheduler:
                 ticket = cutlass.Int32(
                     cute.arch.atomic_add(self.counter, cutlass.Int32(1), sem="relaxed", scope="gpu")
                 )
-            tile = cute.arch.shuffle_sync(ticket, 0) + self.num_clusters
-            if lane < self.cluster_size:
-                cute.arch.store_async_dsmem(self.ring.slot(index), tile, self.ring.full + index, lane)
+            tile = cute.arch.shuffle_sync(ticket, 0) + num_clusters
+            if cutlass.const_expr(local):
+                # 1-CTA cluster: st.async (shared::cluster) needs a cluster of >= 2 CTAs
+                # (compute-sanitizer: "Invalid __shared__ write"). A plain st.shared, then a
+                # plain arrive on full[s] (count 1; release at CTA scope orders the store
+                # before it; the consumers' wait acquires): same slots, same phases.
+                if lane == 0:
+                    cute.arch.store(self.ring.slot(index), tile, ss="cta")
+                    cute.arch.mbarrier_arrive(self.ring.full + index)
+            else:
+                if lane < self.cluster_size:
+                    cute.arch.store_async_dsmem(self.ring.slot(index), tile, self.ring.full + index, lane)
 
 
 # -- host side / plain-Python twins ------------------------------------------------------------

@@ -34,13 +34,15 @@ def expert_rows(offs, total_m):
     return rows
 
 
-def grouped_tile_map(offs, total_m: int, tile_m: int, n_tiles: int):
-    """Linear tile index -> (expert, row_start, row_end, m_tile, n_tile), in the kernel's order."""
+def grouped_tile_map(offs, total_m: int, tile_m: int, n_tiles: int, cluster_m: int = 1):
+    """Linear cluster tile index -> (expert, row_start, row_end, m_tile, n_tile), in the kernel's
+    order; with ``cluster_m`` > 1, m_tile is the cluster's first m-tile (CTA r of the cluster
+    takes m_tile + r; a CTA past the expert's rows has an empty tile)."""
     out = []
     for e, (start, end) in enumerate(expert_rows(offs, total_m)):
-        mt = -(-(end - start) // tile_m)
+        mt = -(-(end - start) // (tile_m * cluster_m))
         for t in range(mt * n_tiles):
-            out.append((e, start, end, t % mt, t // mt))
+            out.append((e, start, end, (t % mt) * cluster_m, t // mt))
     return out
 
 
@@ -97,16 +99,17 @@ class GroupedScheduler(PersistentWalk):
     """Device side. ``tile_start`` is a shared-memory Int32 tensor of E + 1 entries filled by
     :meth:`fill_tile_starts`. Holds only Int32 runtime values plus compile-time settings."""
 
-    _dyn = ("total", "start", "stride", "num_groups", "cta_n", "total_m")
+    _dyn = ("total", "start", "stride", "num_groups", "cta_n", "total_m", "cta_m")
 
-    def __init__(self, tile_start, tile_m: int, cluster_n: int, values=None):
+    def __init__(self, tile_start, tile_m: int, cluster_n: int, values=None, cluster_m: int = 1):
         self.tile_start = tile_start
         self.tile_m = tile_m
         self.cluster_n = cluster_n
+        self.cluster_m = cluster_m
         self._set_values(values)
 
     @staticmethod
-    def create(tile_start, mOffs, total_m, tile_m: int, cluster_n: int) -> GroupedScheduler:
+    def create(tile_start, mOffs, total_m, tile_m: int, cluster_n: int, cluster_m: int = 1) -> GroupedScheduler:
         bx, by, cluster_id = cute.arch.block_idx()
         _, _, num_clusters = cute.arch.grid_dim()
         num_groups = cutlass.Int32(cute.size(mOffs))
@@ -117,14 +120,18 @@ class GroupedScheduler(PersistentWalk):
             num_groups,
             cutlass.Int32(by) % cluster_n,
             cutlass.Int32(total_m),
+            cutlass.Int32(bx) % cluster_m,
         )
-        sched = GroupedScheduler(tile_start, tile_m, cluster_n, values)
+        sched = GroupedScheduler(tile_start, tile_m, cluster_n, values, cluster_m)
         sched.mOffs = mOffs
         return sched
 
     @cute.jit
     def cta_tile(self, work):
-        """(m_tile, n_tile, expert, row_start, row_end): m_tile counts tiles from row_start."""
+        """(m_tile, n_tile, expert, row_start, row_end): m_tile counts tiles from row_start. With
+        cluster_m > 1 the cluster covers cluster_m consecutive m-tiles of one expert (CTA r takes
+        the r-th); one past the expert's rows is an empty tile (row_end - row_start <= m_tile *
+        tile_m): it loads and multiplies nothing useful and stores nothing."""
         # Binary search: the last expert e with tile_start[e] <= work (empty experts share a start;
         # the search lands on the last of them, the one that owns the tile).
         lo = cutlass.Int32(0)
@@ -138,6 +145,7 @@ class GroupedScheduler(PersistentWalk):
         e = lo
         local = work - self.tile_start[e]
         start, end = _group_rows(self.mOffs, e, self.total_m)
-        mt = (end - start + (self.tile_m - 1)) // self.tile_m
+        rows_per_cluster = self.tile_m * self.cluster_m
+        mt = (end - start + (rows_per_cluster - 1)) // rows_per_cluster
         n_tile = (local // mt) * self.cluster_n + self.cta_n
-        return local % mt, n_tile, e, start, end
+        return (local % mt) * self.cluster_m + self.cta_m, n_tile, e, start, end

@@ -1,0 +1,223 @@
+"""CPU: DeepSeek-style FP8 block scaling (1x128 scales of A, 128x128 scales of B) on sm_90a:
+config rules, the policy's choice, argument validation (errors raised before any GPU work),
+and gemm_ref against a hand-written float64 loop over K blocks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import cutegemm
+from cutegemm.epilogue import EpilogueSpec
+from cutegemm.gemm.config import GemmConfig, GemmProblem, can_implement
+from cutegemm.gemm.policy import policy_for
+
+F8 = torch.float8_e4m3fn
+BW = dict(arch="sm_90a", a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k", fp8_blockwise=True)
+
+
+# ---- config rules ------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(tile_m=128, tile_n=128, cluster_m=2, raster="n"),
+        dict(tile_m=128, tile_n=64),
+        dict(tile_m=64, tile_n=128, pingpong=True),
+        dict(tile_m=64, tile_n=64, out_dtype="fp32"),
+        dict(tile_m=128, tile_n=128, epilogue=EpilogueSpec(bias=True, bias_dtype="bf16", activation="silu")),
+    ],
+)
+def test_blockwise_configs_accepted(kw):
+    ok, why = can_implement(GemmConfig(**BW, **kw))
+    assert ok, why
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(tile_n=192), "tile_n must be 64 or 128"),
+        (dict(tile_n=256), "tile_n must be 64 or 128"),
+        (dict(tile_n=128, fast_accum=True), "fast_accum must be False"),
+        (dict(tile_n=128, b_major="n"), "K-major"),
+        (dict(tile_n=128, a_major="m"), "K-major"),
+        (dict(tile_n=128, a_dtype="bf16", b_dtype="bf16"), "e4m3"),
+        (dict(tile_n=128, arch="sm_100a", tile_m=128), "sm_90a"),
+        (dict(tile_n=128, epilogue=EpilogueSpec(scale_a=True, scale_b=True)), "per-row/per-column"),
+        (dict(tile_n=128, grouped=True), "dense only"),
+        (dict(tile_n=128, sf_dtype="e8m0", sf_vec=32), "block-scaled"),
+    ],
+)
+def test_blockwise_config_rejected(kw, match):
+    cfg = GemmConfig(**{**BW, **kw})
+    ok, why = can_implement(cfg)
+    assert not ok
+    assert match in why, why
+
+
+def test_blockwise_is_in_the_name():
+    plain = GemmConfig(**{**BW, "fp8_blockwise": False}, tile_n=128)
+    bw = GemmConfig(**BW, tile_n=128)
+    assert plain.name != bw.name and "bw128" in bw.name and hash(plain) != hash(bw)
+
+
+@pytest.mark.parametrize("m", [1, 128, 129, 8192])
+def test_policy_picks_a_valid_blockwise_tile(m):
+    p = GemmProblem(m, 7168, 2048, 1, "e4m3", "e4m3", "bf16", "k", "k")
+    cfg = policy_for("sm_90a", 132).choose(p, fp8_blockwise=True)
+    assert cfg.fp8_blockwise and cfg.tile_n in (64, 128)
+    ok, why = can_implement(cfg, p)
+    assert ok, why
+
+
+def test_compile_check_lists_blockwise_variants():
+    from cutegemm.compile_check import _mma_markers, all_variants
+
+    bw = [c for c in all_variants(["sm_90a"]) if c.fp8_blockwise]
+    assert len(bw) >= 2
+    for c in bw:
+        assert can_implement(c)[0], c.name
+        assert "QGMMA" in _mma_markers(c)
+
+
+def test_fake_args_carry_the_scale_tensors():
+    from cutegemm.runtime.signature import dense_fake_args
+
+    args = dense_fake_args(GemmConfig(**BW, tile_n=128))
+    # (a, b, c, c_in, bias, alpha, beta, max_clusters, stream, offs, sfa, sfb, ...)
+    assert args[10] is not None and args[11] is not None
+    plain = dense_fake_args(GemmConfig(**{**BW, "fp8_blockwise": False}, tile_n=128))
+    assert plain[10] is None and plain[11] is None
+
+
+# ---- argument validation (CPU tensors: every check below runs before the CUDA check) -------------
+def _fp8(m, n, k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    a = (torch.randn(m, k, generator=g) * 2).to(F8)
+    w = (torch.randn(n, k, generator=g) * 2).to(F8)
+    return a, w.t()
+
+
+def _block_scales(m, n, k, seed=0, lo=0.5, hi=2.0):
+    g = torch.Generator().manual_seed(seed + 1)
+    kb, nb = math.ceil(k / 128), math.ceil(n / 128)
+    sa = torch.rand(m, kb, generator=g) * (hi - lo) + lo
+    sb = torch.rand(kb, nb, generator=g) * (hi - lo) + lo
+    return sa, sb
+
+
+def test_scale_b_in_weight_orientation_gets_a_hint():
+    a, b = _fp8(64, 384, 256)
+    sa, sb = _block_scales(64, 384, 256)
+    with pytest.raises(ValueError, match=r"scale_b must have shape .*\(2, 3\).*pass scale_b.t\(\)"):
+        cutegemm.gemm(a, b, scale_a=sa, scale_b=sb.t().contiguous())
+
+
+def test_bad_scale_a_shape():
+    a, b = _fp8(64, 384, 256)
+    _, sb = _block_scales(64, 384, 256)
+    with pytest.raises(ValueError, match=r"scale_a must have shape \(M, ceil\(K/128\)\) = \(64, 2\)"):
+        cutegemm.gemm(a, b, scale_a=torch.ones(64, 3), scale_b=sb)
+
+
+def test_bad_scale_dtype_and_missing_scale_b():
+    a, b = _fp8(64, 384, 256)
+    sa, sb = _block_scales(64, 384, 256)
+    with pytest.raises(TypeError, match="scale_a must be torch.float32"):
+        cutegemm.gemm(a, b, scale_a=sa.to(torch.bfloat16), scale_b=sb)
+    with pytest.raises(TypeError, match="scale_b must be torch.float32"):
+        cutegemm.gemm(a, b, scale_a=sa, scale_b=sb.double())
+    with pytest.raises(TypeError, match="scale_b must be a torch.Tensor"):
+        cutegemm.gemm(a, b, scale_a=sa, scale_b=None)
+
+
+def test_blockwise_needs_2d_operands():
+    a, b = _fp8(64, 384, 256)
+    sa, sb = _block_scales(64, 384, 256)
+    with pytest.raises(ValueError, match="needs 2-D a and b"):
+        cutegemm.gemm(a.unsqueeze(0), b, scale_a=sa, scale_b=sb)
+
+
+def test_valid_blockwise_call_reaches_the_device_check():
+    a, b = _fp8(64, 384, 256)
+    sa, sb = _block_scales(64, 384, 256)
+    with pytest.raises(ValueError, match="a must be a CUDA tensor"):
+        cutegemm.gemm(a, b, scale_a=sa, scale_b=sb)
+
+
+def test_blockwise_detection():
+    from cutegemm.gemm.api import _is_fp8_blockwise
+
+    a, b = _fp8(64, 384, 256)
+    sa, sb = _block_scales(64, 384, 256)
+    assert _is_fp8_blockwise(a, b, sa, sb)
+    assert not _is_fp8_blockwise(a, b, sa[:, :1], torch.ones(1, 384))  # row-wise
+    assert not _is_fp8_blockwise(a, b, torch.ones(()), torch.ones(()))  # per tensor
+    a1, b1 = _fp8(64, 100, 112)  # one K block, one N block: per-row x per-tensor, same product
+    assert not _is_fp8_blockwise(a1, b1, torch.ones(64, 1), torch.ones(1, 1))
+
+
+# ---- gemm_ref against a float64 loop over K blocks -----------------------------------------------
+def _loop_reference(a, b, sa, sb):
+    """out[m, n] = sum_kb (sum_{k in kb} a[m, k] b[k, n]) * sa[m, kb] * sb[kb, n // 128], float64."""
+    m, k = a.shape
+    n = b.shape[1]
+    a64, b64, sa64, sb64 = a.double(), b.double(), sa.double(), sb.double()
+    out = torch.zeros(m, n, dtype=torch.float64)
+    for kb in range(math.ceil(k / 128)):
+        part = a64[:, kb * 128 : (kb + 1) * 128] @ b64[kb * 128 : (kb + 1) * 128, :]
+        col_scale = torch.stack([sb64[kb, j // 128] for j in range(n)])
+        out += part * sa64[:, kb : kb + 1] * col_scale
+    return out
+
+
+@pytest.mark.parametrize("m,n,k", [(5, 130, 272), (33, 256, 128), (7, 384, 400), (2, 64, 16)])
+def test_gemm_ref_matches_float64_loop(m, n, k):
+    a, b = _fp8(m, n, k, seed=m + n + k)
+    sa, sb = _block_scales(m, n, k, seed=k)
+    exact = _loop_reference(a, b, sa, sb)
+    ref64 = cutegemm.gemm_ref(
+        a, b, scale_a=sa, scale_b=sb, out_dtype=torch.float64, compute_dtype=torch.float64
+    )
+    torch.testing.assert_close(ref64, exact, atol=1e-9, rtol=1e-9)
+    ref32 = cutegemm.gemm_ref(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.float32)
+    torch.testing.assert_close(ref32.double(), exact, atol=1e-3 * exact.abs().max().item(), rtol=1e-4)
+    bf = cutegemm.gemm_ref(a, b, scale_a=sa, scale_b=sb)
+    assert bf.dtype == torch.bfloat16 and bf.shape == (m, n)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    m=st.integers(1, 40),
+    n=st.integers(1, 300),
+    k16=st.integers(1, 30),
+    exp_a=st.integers(-3, 3),
+    exp_b=st.integers(-3, 3),
+)
+def test_gemm_ref_hypothesis(m, n, k16, exp_a, exp_b):
+    k = 16 * k16
+    a, b = _fp8(m, n, k, seed=m * 7 + n)
+    sa, sb = _block_scales(m, n, k, seed=k, lo=0.5 * 10.0**exp_a, hi=2.0 * 10.0**exp_a)
+    sb = sb * 10.0**exp_b
+    exact = _loop_reference(a, b, sa, sb)
+    # (one K block and one N block: the row-wise path computes it, the same product)
+    ref = cutegemm.gemm_ref(
+        a, b, scale_a=sa, scale_b=sb, out_dtype=torch.float64, compute_dtype=torch.float64
+    )
+    torch.testing.assert_close(ref, exact, atol=1e-9 * max(exact.abs().max().item(), 1.0), rtol=1e-9)
+
+
+def test_gemm_ref_zero_blocks():
+    """A zero scale block of B zeroes exactly its 128x128 block's contribution."""
+    m, n, k = 8, 256, 256
+    a, b = _fp8(m, n, k, seed=3)
+    sa, sb = _block_scales(m, n, k, seed=3)
+    sb[1, 0] = 0.0  # K block 1, N block 0
+    out = cutegemm.gemm_ref(
+        a, b, scale_a=sa, scale_b=sb, out_dtype=torch.float64, compute_dtype=torch.float64
+    )
+    only_kb0 = (a.double()[:, :128] @ b.double()[:128, :128]) * sa.double()[:, :1] * sb[0, 0].double()
+    torch.testing.assert_close(out[:, :128], only_kb0, atol=1e-9, rtol=1e-9)

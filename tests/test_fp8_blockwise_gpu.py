@@ -1,0 +1,251 @@
+"""DeepSeek-style FP8 block scaling on sm_90a: e4m3 A (M, K) with fp32 scale_a (M, ceil(K/128))
+(1x128 blocks), e4m3 B (K, N) = w.t() with fp32 scale_b (ceil(K/128), ceil(N/128)) (128x128
+blocks), torch._scaled_mm's shapes.
+
+Reference: the dequantized product in float64 (``gemm_ref(..., compute_dtype=float64)``, itself
+checked against a float64 loop over K blocks in test_fp8_blockwise_cpu.py). Our error must stay
+within 2x the error of a same-precision baseline: torch's own blockwise ``torch._scaled_mm``
+(cuBLAS, sm_90 with CUDA >= 12.9) when this torch runs it and its result is sane, else the
+dequantized product in fp32 rounded to bf16 (what an fp32-accumulating kernel can reach; the
+tensor core's FP8 accumulation within one 128-wide K block is why 2x, not 1x, is the bar, as in
+test_fp8_gpu.py). Outputs go to NaN-poisoned buffers (every element written, nothing outside);
+hypothesis over M, N, K (K not a multiple of 128, partial M/N tiles) and scale magnitudes
+(1e-3..1e3); zero blocks.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import cutegemm
+
+from .gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
+
+pytestmark = pytest.mark.gpu
+F8 = torch.float8_e4m3fn
+BF16 = torch.bfloat16
+
+
+def _sm90():
+    return torch.cuda.get_device_capability()[0] == 9
+
+
+def _skip_unless_sm90():
+    if not _sm90():
+        pytest.skip("FP8 block scaling is an sm_90a kernel")
+
+
+def _operands(m, n, k, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    a = (torch.randn(m, k, generator=g, device="cuda") * 3).to(F8)
+    w = (torch.randn(n, k, generator=g, device="cuda") * 3).to(F8)  # (N, K) weight: b = w.t()
+    return a, w.t()
+
+
+def _scales(m, n, k, seed=0, log10_lo=-0.3, log10_hi=0.3):
+    """scale_a (M, KB), scale_b (KB, NB) log-uniform in [10^lo, 10^hi]."""
+    g = torch.Generator(device="cuda").manual_seed(seed + 1)
+    kb, nb = math.ceil(k / 128), math.ceil(n / 128)
+
+    def draw(*shape):
+        return 10.0 ** (torch.rand(*shape, generator=g, device="cuda") * (log10_hi - log10_lo) + log10_lo)
+
+    return draw(m, kb), draw(kb, nb)
+
+
+def _reference(a, b, sa, sb):
+    return cutegemm.gemm_ref(
+        a, b, scale_a=sa, scale_b=sb, out_dtype=torch.float64, compute_dtype=torch.float64
+    )
+
+
+def _torch_blockwise(a, b, sa, sb):
+    """torch._scaled_mm with (BlockWise1x128, BlockWise128x128) scales in the layouts torch's own
+    tests use (scale_a M-major, scale_b the .t() of an (NB, KB) tensor); None when this torch /
+    GPU does not run it."""
+    try:
+        return torch._scaled_mm(
+            a, b, scale_a=sa.t().contiguous().t(), scale_b=sb.t().contiguous().t(), out_dtype=BF16
+        )
+    except (RuntimeError, NotImplementedError, ValueError, TypeError):
+        return None
+
+
+def _baseline(a, b, sa, sb, ref):
+    """The same-precision baseline (see the module docstring) and its name."""
+    t = _torch_blockwise(a, b, sa, sb)
+    scale = ref.abs().max().item() or 1.0
+    if t is not None and not torch.isnan(t).any() and (t.double() - ref).abs().max().item() <= 2e-2 * scale:
+        return t, "torch blockwise _scaled_mm"
+    return cutegemm.gemm_ref(a, b, scale_a=sa, scale_b=sb), "fp32 dequantized matmul -> bf16"
+
+
+def _check(out, a, b, sa, sb, what):
+    ref = _reference(a, b, sa, sb)
+    base, name = _baseline(a, b, sa, sb, ref)
+    assert_within_torch_error(out, base, ref, what=f"{what} (vs {name})")
+
+
+@pytest.mark.parametrize(
+    "m,n,k",
+    [
+        (512, 384, 256),
+        (333, 200, 528),
+        (1, 256, 4096),
+        (4096, 1024, 1024),
+        (256, 7168, 2048),
+        (130, 136, 144),
+    ],
+)
+def test_blockwise(m, n, k):
+    _skip_unless_sm90()
+    a, b = _operands(m, n, k, seed=m + n + k)
+    sa, sb = _scales(m, n, k, seed=k)
+    buf, out = poisoned_out((m, n), BF16)
+    res = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, out=out)
+    assert res is out
+    assert_outside_untouched(buf, m, n)
+    _check(out, a, b, sa, sb, f"fp8 blockwise {m}x{n}x{k}")
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    m=st.integers(1, 1100),
+    n8=st.integers(1, 140),
+    k16=st.integers(1, 80),
+    lo=st.floats(-3.0, 3.0),
+    span=st.floats(0.0, 6.0),
+)
+def test_blockwise_hypothesis(m, n8, k16, lo, span):
+    """Shapes with partial M / N tiles and K not a multiple of 128 (the last K block partial);
+    scales log-uniform over up to 6 decades within 1e-3..1e3."""
+    _skip_unless_sm90()
+    n, k = 8 * n8, 16 * k16
+    hi = min(lo + span, 3.0)
+    a, b = _operands(m, n, k, seed=m * 31 + n)
+    sa, sb = _scales(m, n, k, seed=k, log10_lo=lo, log10_hi=hi)
+    buf, out = poisoned_out((m, n), BF16)
+    cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, out=out)
+    assert_outside_untouched(buf, m, n)
+    _check(out, a, b, sa, sb, "fp8 blockwise hyp")
+
+
+def test_blockwise_zero_blocks():
+    """Zero data blocks and zero scale blocks: exactly their contributions vanish (and a row /
+    column of blocks that is all zero gives exact zeros)."""
+    _skip_unless_sm90()
+    m, n, k = 384, 512, 640
+    a, b = _operands(m, n, k, seed=5)
+    sa, sb = _scales(m, n, k, seed=5)
+    a = a.float()
+    a[:128, 128:256] = 0  # a zero 1x128 data block run (rows 0..127, K block 1)
+    a = a.to(F8)  # (e4m3 -> fp32 -> e4m3 is exact)
+    sb[2, 1] = 0.0  # a zero 128x128 scale block (K block 2, N block 1)
+    sa[200:260, :] = 0.0  # rows with all-zero scales -> exact zero rows
+    sb[:, 3] = 0.0  # N block 3: all-zero scales -> exact zero columns 384..511
+    buf, out = poisoned_out((m, n), BF16)
+    cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, out=out)
+    assert_outside_untouched(buf, m, n)
+    assert (out[200:260] == 0).all()
+    assert (out[:, 384:] == 0).all()
+    _check(out, a, b, sa, sb, "fp8 blockwise zero blocks")
+
+
+def test_blockwise_scale_layouts_and_determinism():
+    """Any strides of the scales are read in place: torch's M-major scale_a and the .t() of an
+    (NB, KB) weight-scale tensor give the same bits as contiguous ones; repeated calls agree."""
+    _skip_unless_sm90()
+    m, n, k = 640, 768, 1152
+    a, b = _operands(m, n, k, seed=11)
+    sa, sb = _scales(m, n, k, seed=11)
+    x = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb)
+    y = cutegemm.gemm(a, b, scale_a=sa.t().contiguous().t(), scale_b=sb.t().contiguous().t())
+    assert torch.equal(x, y)
+    for _ in range(3):
+        assert torch.equal(x, cutegemm.gemm(a, b, scale_a=sa, scale_b=sb))
+    # row-major b (copied to K-major first) gives the same result
+    assert torch.equal(x, cutegemm.gemm(a, b.contiguous(), scale_a=sa, scale_b=sb))
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        dict(tile_m=128, tile_n=64, raster="n", group=1),
+        dict(tile_m=64, tile_n=128, pingpong=True),
+        dict(tile_m=128, tile_n=128),
+    ],
+)
+def test_blockwise_forced_tiles(override):
+    """The other tiles of the support matrix (tile_n 64 splits a scale block over two tiles;
+    pingpong 64-row tiles)."""
+    _skip_unless_sm90()
+    from cutegemm.gemm.config import GemmConfig
+
+    m, n, k = 300, 520, 700 - 700 % 16
+    a, b = _operands(m, n, k, seed=13)
+    sa, sb = _scales(m, n, k, seed=13, log10_lo=-2, log10_hi=2)
+    cfg = GemmConfig(
+        arch="sm_90a",
+        a_dtype="e4m3",
+        b_dtype="e4m3",
+        a_major="k",
+        b_major="k",
+        fp8_blockwise=True,
+        **override,
+    )
+    buf, out = poisoned_out((m, n), BF16)
+    cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, out=out, config=cfg)
+    assert_outside_untouched(buf, m, n)
+    _check(out, a, b, sa, sb, f"fp8 blockwise {cfg.name}")
+
+
+def test_blockwise_epilogue_bias_silu_fp32_out():
+    _skip_unless_sm90()
+    m, n, k = 300, 520, 512
+    a, b = _operands(m, n, k, seed=7)
+    sa, sb = _scales(m, n, k, seed=7)
+    bias = torch.randn(n, device="cuda").to(BF16)
+    out = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, bias=bias, activation="silu", out_dtype=torch.float32)
+    assert out.dtype == torch.float32
+    ref = torch.nn.functional.silu(_reference(a, b, sa, sb) + bias.double())
+    # Same precision: torch's blockwise product (FP8 tensor-core accumulation inside each 128-wide
+    # K block, as ours), then the epilogue in fp32; an fp32 dequantized matmul would not see the
+    # tensor core's reduced-precision accumulation and is no same-precision baseline.
+    try:
+        prod = torch._scaled_mm(a, b, scale_a=sa.t().contiguous().t(), scale_b=sb.t().contiguous().t(),
+                                out_dtype=torch.float32)  # fmt: skip
+    except (RuntimeError, NotImplementedError, ValueError, TypeError):
+        prod = _baseline(a, b, sa, sb, _reference(a, b, sa, sb))[0].float()
+    same = torch.nn.functional.silu(prod + bias.float())
+    assert_within_torch_error(out, same, ref, atol=1e-4, what="fp8 blockwise bias silu")
+
+
+def test_blockwise_long_k_vs_torch():
+    """K = 8192 (64 promoted K tiles)."""
+    _skip_unless_sm90()
+    m, n, k = 1024, 1024, 8192
+    a, b = _operands(m, n, k, seed=17)
+    sa, sb = _scales(m, n, k, seed=17)
+    _check(cutegemm.gemm(a, b, scale_a=sa, scale_b=sb), a, b, sa, sb, "fp8 blockwise long K")
+
+
+def test_blockwise_bad_inputs():
+    _skip_unless_sm90()
+    a, b = _operands(256, 384, 256)
+    sa, sb = _scales(256, 384, 256)
+    with pytest.raises(ValueError, match="pass scale_b.t"):
+        cutegemm.gemm(a, b, scale_a=sa, scale_b=sb.t().contiguous())
+    with pytest.raises(ValueError, match="fast_accum must be False"):
+        cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, fast_accum=True)
+    with pytest.raises(ValueError, match="must be on"):
+        cutegemm.gemm(a, b, scale_a=sa.cpu(), scale_b=sb)
+    with pytest.raises(ValueError, match="16-byte"):  # K = 200: TMA needs K % 16 == 0
+        a2, b2 = _operands(64, 128, 200)
+        cutegemm.gemm(
+            a2, b2, scale_a=torch.ones(64, 2, device="cuda"), scale_b=torch.ones(2, 1, device="cuda")
+        )
