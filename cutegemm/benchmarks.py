@@ -288,7 +288,7 @@ def bench_grouped(shapes=GROUPED_SHAPES, dtype=torch.bfloat16, reps=30, names=No
                         t_torch / t_ours, cfg, err, terr, sched))  # fmt: skip
         wbytes = w.numel() * w.element_size()
         print(format_row(rows[-1]) + f" | loop of matmul {flops / t_loop / 1e9:.1f} TFLOP/s | weights read once "
-              f"(torch sum) {t_read:.4f} ms = {wbytes / t_read / 1e9:.0f} GB/s; ours {t_ours / t_read:.3f}x that | "
+              f"(torch sum) {t_read:.4f} ms = {wbytes / t_read / 1e6:.0f} GB/s; ours {t_ours / t_read:.3f}x that | "
               + " ".join(f"{k} {v:.4f} ms" for k, v in sched.items()), flush=True)  # fmt: skip
         del a, w, b, out, tref
     return rows
@@ -355,18 +355,23 @@ def bench_grouped_fp8(shapes=((32, 512, 4096, 7168),), reps=20, configs=None):
 
 def _scheduler_times(timer, reps, a, b, offs, cfg, t_policy):
     """The policy's tile with the static and the dynamic scheduler side by side (the dynamic one is
-    cooperative only: a pingpong policy tile is also timed static-cooperative)."""
+    cooperative only: a pingpong policy tile is also timed static-cooperative). The policy's own
+    time is reused for its scheduler."""
     from dataclasses import replace
 
     from .grouped import grouped_gemm
 
-    times = {"static": t_policy}
-    coop = replace(cfg, pingpong=False)
+    def run(c):
+        grouped_gemm(a, b, offs=offs, config=c)  # compile outside the timing
+        return timer(lambda: grouped_gemm(a, b, offs=offs, config=c), reps)
+
+    static = replace(cfg, scheduler="static")
+    times = {"static": t_policy if cfg == static else run(static)}
+    coop = replace(static, pingpong=False)
     if cfg.pingpong:
-        times["static-coop"] = timer(lambda: grouped_gemm(a, b, offs=offs, config=coop), reps)
+        times["static-coop"] = run(coop)
     dyn = replace(coop, scheduler="dynamic")
-    grouped_gemm(a, b, offs=offs, config=dyn)  # compile outside the timing
-    times["dynamic"] = timer(lambda: grouped_gemm(a, b, offs=offs, config=dyn), reps)
+    times["dynamic"] = t_policy if cfg == dyn else run(dyn)
     return times
 
 
@@ -414,10 +419,9 @@ def bench_fp8(shapes=FP8_SHAPES, reps=20, configs=None):
     run. Promoted configs (accurate) are compared with torch's default, ``fast_accum`` configs with
     torch's ``use_fast_accum=True``. ``configs``: GemmConfig overrides (dicts) timed beside the
     policy's choice."""
-    from dataclasses import replace
 
-    from .gemm.api import _device_info, gemm
-    from .gemm.config import GemmProblem, can_implement
+    from .gemm.api import _device_info
+    from .gemm.config import GemmProblem
     from .gemm.policy import policy_for
 
     timer = Timer()
@@ -442,24 +446,38 @@ def bench_fp8(shapes=FP8_SHAPES, reps=20, configs=None):
             print(f"{m}x{n}x{k}: torch._scaled_mm fast_accum={fast}: {flops / torch_t[fast] / 1e9:.1f} TFLOP/s, "
                   f"max err {torch_err[fast]:.3g}", flush=True)  # fmt: skip
         default = policy_for(arch, sms).choose(GemmProblem(m, n, k, 1, "e4m3", "e4m3", "bf16", "k", "k"))
-        cands = [None] + [replace(default, **c) for c in (configs or [])]
-        for cfg in cands:
-            if cfg is not None and not can_implement(cfg)[0]:
-                continue
+        for cfg, name, t, err in _fp8_candidates(timer, reps, a, b, sa, sb, ref, default, configs):
             fast = bool(cfg is not None and cfg.fast_accum)
-            try:
-                out = gemm(a, b, scale_a=sa, scale_b=sb, config=cfg)
-                err = (out.double() - ref).abs().max().item()
-                t = timer(lambda cfg=cfg, a=a, b=b, sa=sa, sb=sb: gemm(a, b, scale_a=sa, scale_b=sb, config=cfg), reps)
-            except Exception as exc:  # a candidate that fails is reported, not fatal
-                print(f"   {(cfg or default).name}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-                continue
-            name = (cfg or default).name + ("" if cfg is not None else " (policy)")
             tt = torch_t[fast]
             row = Row(f"{m}x{n}x{k}", t, tt, flops / t / 1e9, flops / tt / 1e9, tt / t, name, err, torch_err[fast])
             rows.append(row)
             print(format_row(row), flush=True)
     return rows
+
+
+def _fp8_candidates(timer, reps, a, b, sa, sb, ref, default, configs):
+    """[(config or None, name, ms, max err)] of ``gemm(a, b, scale_a=sa, scale_b=sb)`` with the
+    policy's config (None) and each override of ``default`` in ``configs`` (dicts); a candidate
+    that is not implementable or fails is reported and left out."""
+    from dataclasses import replace
+
+    from .gemm.api import gemm
+    from .gemm.config import can_implement
+
+    out = []
+    for cfg in [None] + [replace(default, **c) for c in (configs or [])]:
+        if cfg is not None and not can_implement(cfg)[0]:
+            print(f"   {cfg.name}: skipped ({can_implement(cfg)[1]})", flush=True)
+            continue
+        try:
+            o = gemm(a, b, scale_a=sa, scale_b=sb, config=cfg)
+            err = (o.double() - ref).abs().max().item()
+            t = timer(lambda cfg=cfg: gemm(a, b, scale_a=sa, scale_b=sb, config=cfg), reps)
+        except Exception as exc:  # a candidate that fails is reported, not fatal
+            print(f"   {(cfg or default).name}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+            continue
+        out.append((cfg, (cfg or default).name + ("" if cfg is not None else " (policy)"), t, err))
+    return out
 
 
 def bench_fp8_blockwise(shapes=((8192, 8192, 8192),), reps=20, configs=None):
@@ -469,10 +487,9 @@ def bench_fp8_blockwise(shapes=((8192, 8192, 8192),), reps=20, configs=None):
     (torch.matmul) is printed beside. ``configs``: GemmConfig overrides (dicts, e.g.
     ``dict(tile_n=64)``) timed beside the policy's choice. Returns Rows (torch_ms: the blockwise
     baseline when available)."""
-    from dataclasses import replace
 
-    from .gemm.api import _device_info, gemm, gemm_ref
-    from .gemm.config import GemmProblem, can_implement
+    from .gemm.api import _device_info, gemm_ref
+    from .gemm.config import GemmProblem
     from .gemm.policy import policy_for
 
     timer = Timer()
@@ -511,19 +528,7 @@ def bench_fp8_blockwise(shapes=((8192, 8192, 8192),), reps=20, configs=None):
         del a16, b16
         p = GemmProblem(m, n, k, 1, "e4m3", "e4m3", "bf16", "k", "k")
         default = policy_for(arch, sms).choose(p, fp8_blockwise=True)
-        cands = [None] + [replace(default, **c) for c in (configs or [])]
-        for cfg in cands:
-            if cfg is not None and not can_implement(cfg)[0]:
-                print(f"   {cfg.name}: skipped ({can_implement(cfg)[1]})", flush=True)
-                continue
-            try:
-                out = gemm(a, b, scale_a=sa, scale_b=sb, config=cfg)
-                err = (out.double() - ref).abs().max().item()
-                t = timer(lambda cfg=cfg, a=a, b=b, sa=sa, sb=sb: gemm(a, b, scale_a=sa, scale_b=sb, config=cfg), reps)
-            except Exception as exc:  # a candidate that fails is reported, not fatal
-                print(f"   {(cfg or default).name}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-                continue
-            name = (cfg or default).name + ("" if cfg is not None else " (policy)")
+        for _, name, t, err in _fp8_candidates(timer, reps, a, b, sa, sb, ref, default, configs):
             row = Row(case, t, base_t, flops / t / 1e9, flops / base_t / 1e9, base_t / t, name, err, base_err)
             rows.append(row)
             print(format_row(row) + f" | vs bf16 cuBLAS {t16 / t:.3f}x", flush=True)

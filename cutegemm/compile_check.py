@@ -98,7 +98,10 @@ def dense_variants(arch: str) -> list[GemmConfig]:
         replace(big, a_dtype="fp16", b_dtype="fp16", out_dtype="fp32", a_major="m", b_major="k"),
     ]
     epis = [replace(big, epilogue=EpilogueSpec(alpha=True))] + epilogue_variants(arch, big)
-    return majors + dtypes + tiles + epis
+    # flat launches (2-D operands as torch holds them, see GemmConfig.flat): each major pair
+    flat = [replace(big, flat=True, a_major=am, b_major=bm) for am, bm in (("k", "k"), ("m", "n"))]
+    flat.append(replace(tiles[-1], flat=True, epilogue=EpilogueSpec(bias=True, activation="silu")))
+    return majors + dtypes + tiles + epis + flat
 
 
 def epilogue_variants(arch: str, big: GemmConfig) -> list[GemmConfig]:

@@ -98,6 +98,7 @@ def cpu_fast_path(kernel: NoOpKernel | None = None):
     old_cur = torch.cuda.current_device
     torch.cuda.current_device = _emulated_current_device
     dense._PLANS.clear()
+    getattr(dense, "_PLAIN_PLANS", {}).clear()
     grouped._PLANS.clear()
     try:
         yield kernel
@@ -109,6 +110,7 @@ def cpu_fast_path(kernel: NoOpKernel | None = None):
             else:
                 delattr(mod, name)
         dense._PLANS.clear()
+        getattr(dense, "_PLAIN_PLANS", {}).clear()
         grouped._PLANS.clear()
 
 

@@ -92,8 +92,24 @@ def test_dense_fast_path_falls_back_when_needed(kernel, monkeypatch):
     assert len(plans) == 3
 
 
+def test_flat_launch_passes_the_callers_2d_tensors(kernel):
+    """2-D operands whose strides TMA takes go to a flat (GemmConfig.flat) kernel as they are:
+    no per-call views (host overhead); size-1 modes and batched calls keep the 3-D views."""
+    a, b = torch.randn(64, 32, dtype=BF), torch.randn(48, 32, dtype=BF).t()
+    for _ in range(2):
+        out = cutegemm.gemm(a, b)
+        assert kernel.args[0] is a and kernel.args[1] is b and kernel.args[2] is out
+    plan = next(iter(dense._PLANS.values()))
+    assert plan.config.flat and plan.config.name.startswith("dense-2d")
+    cutegemm.gemm(torch.randn(1, 32, dtype=BF), b)  # M = 1: a's row stride is free, so a view
+    assert kernel.args[0].dim() == 3
+    cutegemm.gemm(a.unsqueeze(0), b.unsqueeze(0))
+    assert kernel.args[0].dim() == 3 and kernel.args[1].dim() == 3
+
+
 def test_weight_view_memo_is_never_stale(kernel):
-    a, b = torch.randn(64, 32, dtype=BF), torch.randn(32, 48, dtype=BF)
+    # batched operands: the kernel gets (N, K, L) views of b (2-D calls pass b itself)
+    a, b = torch.randn(2, 64, 32, dtype=BF), torch.randn(2, 32, 48, dtype=BF)
     cutegemm.gemm(a, b)
     cutegemm.gemm(a, b)
     v1 = kernel.args[1]
@@ -103,15 +119,15 @@ def test_weight_view_memo_is_never_stale(kernel):
     cutegemm.gemm(a, b2)
     assert kernel.args[1].data_ptr() == b2.data_ptr()
     # same object, new storage (b.data = ..., b.set_()): the view follows
-    new = torch.randn(32, 48, dtype=BF)
+    new = torch.randn(2, 32, 48, dtype=BF)
     b.set_(new)
     cutegemm.gemm(a, b)
     assert kernel.args[1].data_ptr() == new.data_ptr()
-    assert torch.equal(kernel.args[1][:, :, 0].t(), new)
+    assert torch.equal(kernel.args[1][:, :, 0].t(), new[0])
 
 
 def test_weight_view_memo_does_not_keep_the_weight_alive(kernel):
-    a, b = torch.randn(64, 32, dtype=BF), torch.randn(32, 48, dtype=BF)
+    a, b = torch.randn(2, 64, 32, dtype=BF), torch.randn(2, 32, 48, dtype=BF)
     for _ in range(2):
         cutegemm.gemm(a, b)
     plan = next(iter(dense._PLANS.values()))

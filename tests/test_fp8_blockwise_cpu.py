@@ -149,7 +149,7 @@ def test_valid_blockwise_call_reaches_the_device_check():
 
 
 def test_blockwise_detection():
-    from cutegemm.gemm.api import _is_fp8_blockwise
+    from cutegemm.gemm.fp8_args import is_fp8_blockwise as _is_fp8_blockwise
 
     a, b = _fp8(64, 384, 256)
     sa, sb = _block_scales(64, 384, 256)

@@ -163,3 +163,4 @@ def test_fp8_fast_accum_matches_torch_fast_accum_error(m, n, k):
     assert_within_torch_error(fast, tfast, ref, what="fp8 fast accum")
     promoted = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb)
     assert_within_torch_error(promoted, _torch_same_precision(a, b, sa, sb), ref, what="fp8 promoted")
+

@@ -161,3 +161,24 @@ def test_grouped_experts_module():
     y = moe(x, offs)
     ref = moe.forward_ref(x, offs)
     torch.testing.assert_close(y.float(), ref.float(), atol=0.05, rtol=0.05)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        dict(tile_m=128, tile_n=256, cluster_m=2),
+        dict(tile_m=128, tile_n=128, cluster_m=2, cluster_n=2),
+        dict(tile_m=128, tile_n=192, cluster_m=2, scheduler="dynamic"),
+        dict(tile_m=64, tile_n=256, cluster_m=2),
+    ],
+    ids=["c2x1", "c2x2", "c2x1-dynamic", "64x256-c2x1"],
+)
+def test_two_cta_clusters_and_ragged_experts(cfg):
+    """2x1 clusters (two consecutive m-tiles of one expert per cluster; the second CTA of an
+    expert with an odd m-tile count has an empty tile) and the warpgroup skip of row halves past
+    the expert's end: ragged counts, empty experts, one-row experts, rows past offs[-1]."""
+    from dataclasses import replace
+
+    config = replace(cutegemm.GemmConfig(arch="sm_90a", grouped=True, b_major="k", raster="m", group=1), **cfg)
+    for counts in ([130, 0, 1, 257, 64, 65, 300], [1] * 9, [0, 0, 700], [383, 129]):
+        check_packed(counts, 264, 136, config=config)

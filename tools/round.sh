@@ -30,11 +30,11 @@ for spec in "$@"; do
     gepi) cmd="$PT tests/test_grouped_epilogue_gpu.py" ;;
     blockwise) cmd="$PT tests/test_fp8_blockwise_gpu.py" ;;
     gsweep) cmd="python tools/grouped_sweep.py" ;;
-    bench_gfp8) cmd="python -c 'from cutegemm.benchmarks import bench_grouped_fp8 as f; f(configs=[dict(tile_m=128, tile_n=128, pingpong=True, fast_accum=True), dict(tile_n=256, fast_accum=True), dict(tile_m=64, tile_n=192, pingpong=True), dict(tile_m=128, tile_n=128)])'" ;;
-    bench_blockwise) cmd="python -c 'from cutegemm.benchmarks import bench_fp8_blockwise as f; f()'" ;;
+    bench_gfp8) cmd="python -c 'from cutegemm.benchmarks import bench_grouped_fp8 as f; f(configs=[dict(cluster_m=2, cluster_n=1), dict(tile_m=128, tile_n=128, pingpong=True, fast_accum=True), dict(tile_n=256, cluster_m=2, cluster_n=1, fast_accum=True), dict(tile_n=256, fast_accum=True)])'" ;;
+    bench_blockwise) cmd="python -c 'from cutegemm.benchmarks import bench_fp8_blockwise as f; f(configs=[dict(cluster_m=1, cluster_n=2), dict(tile_n=64)])'" ;;
     memcheck_new) cmd="SANITIZE_ONLY='dynamic|grouped-epilogue' bash tools/sanitize.sh memcheck racecheck" ;;
     bench_epi) cmd="python -c 'from cutegemm.benchmarks import bench_epilogue_quant as f; f()'" ;;
-    bench_fp8) cmd="python -c 'from cutegemm.benchmarks import bench_fp8 as f; f(configs=[dict(tile_n=192), dict(tile_m=64, tile_n=192, pingpong=True), dict(tile_m=64, tile_n=128, pingpong=True), dict(cluster_m=1, cluster_n=2), dict(tile_n=128, pingpong=True, fast_accum=True), dict(tile_n=256, fast_accum=True)])'" ;;
+    bench_fp8) cmd="python -c 'from cutegemm.benchmarks import bench_fp8 as f; f(shapes=[(8192, 8192, 8192), (16384, 7168, 2048), (4096, 4096, 4096)], configs=[dict(tile_n=128, pingpong=True, fast_accum=True), dict(tile_n=256, fast_accum=True), dict(tile_n=256, fast_accum=True, cluster_m=1, cluster_n=2)])'" ;;
     bench_dense) cmd="python -m cutegemm bench dense --reps 20 --out $O" ;;
     bench_grouped) cmd="python -m cutegemm bench grouped --reps 20 --out $O" ;;
     bench_quantize) cmd="python -m cutegemm bench quantize --reps 20 --out $O" ;;

@@ -12,7 +12,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cutegemm.epilogue import EpilogueSpec as E  # noqa: E402
-from cutegemm.gemm.config import GemmProblem  # noqa: E402
+from cutegemm.gemm.config import GemmConfig, GemmProblem  # noqa: E402
 from cutegemm.gemm.policy import policy_for  # noqa: E402
 
 SMS = 132
@@ -52,23 +52,27 @@ for rows in (40, 153, 512):
     grouped(rows * 8, 8, 4096, fp8, a="e4m3", fast_accum=True)
 base = pol.choose_grouped(GemmProblem(16384, 4096, 7168, 1, "e4m3", "e4m3", "bf16", "k", "k"), 32,
                           epilogue=fp8[0][0])  # fmt: skip
-for c in (dict(tile_m=128, tile_n=128, pingpong=True, fast_accum=True), dict(tile_n=256, fast_accum=True),
-          dict(tile_m=64, tile_n=192, pingpong=True), dict(tile_m=128, tile_n=128)):  # fmt: skip
+for c in (dict(cluster_m=2, cluster_n=1),
+          dict(tile_m=128, tile_n=128, pingpong=True, fast_accum=True),
+          dict(tile_n=256, cluster_m=2, cluster_n=1, fast_accum=True), dict(tile_n=256, fast_accum=True)):  # fmt: skip
     out.append(replace(base, **c))
-# DeepSeek blockwise FP8 (dense): the policy for M > 128 and M <= 128
+# DeepSeek blockwise FP8 (dense): the policy for M > 128 and M <= 128, the bench's overlap variants
 for m in (8192, 64):
     p = GemmProblem(m, 8192, 8192, 1, "e4m3", "e4m3", "bf16", "k", "k")
     out.append(pol.choose(p, fp8_blockwise=True))
-# the grouped sweep and the bf16 grouped bench's policy picks
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grouped_sweep import configs  # noqa: E402
-
-out += configs()
-for e, tok, n, k in ((32, 512, 4096, 7168), (32, 512, 7168, 2048), (128, 128, 1536, 2048), (8, 4096, 28672, 4096),
-                     (32, 16, 4096, 7168)):  # fmt: skip
-    p = GemmProblem(e * tok, n, k, 1, "bf16", "bf16", "bf16", "k", "k")
-    c = pol.choose_grouped(p, e, epilogue=E())
-    out += [c, replace(c, pingpong=False), replace(c, pingpong=False, scheduler="dynamic")]
+bw = pol.choose(GemmProblem(8192, 8192, 8192, 1, "e4m3", "e4m3", "bf16", "k", "k"), fp8_blockwise=True)
+out += [replace(bw, cluster_m=1, cluster_n=2), replace(bw, tile_n=64)]
+# FP8 row-wise dense bench candidates and the overlap test configs (tests/test_fp8_gpu.py)
+rw = pol.choose(GemmProblem(8192, 8192, 8192, 1, "e4m3", "e4m3", "bf16", "k", "k"))
+E8 = E(scale_a=True, scale_b=True)
+for c in (dict(tile_n=128, pingpong=True, fast_accum=True), dict(tile_n=256, fast_accum=True),
+          dict(tile_n=256, fast_accum=True, cluster_m=1, cluster_n=2)):  # fmt: skip
+    out.append(replace(rw, epilogue=E8, **c))
+# tests/test_grouped_gpu.py::test_two_cta_clusters_and_ragged_experts
+g = GemmConfig(arch="sm_90a", grouped=True, b_major="k", raster="m", group=1)
+for c in (dict(tile_m=128, tile_n=256, cluster_m=2), dict(tile_m=128, tile_n=128, cluster_m=2, cluster_n=2),
+          dict(tile_m=128, tile_n=192, cluster_m=2, scheduler="dynamic"), dict(tile_m=64, tile_n=256, cluster_m=2)):  # fmt: skip
+    out.append(replace(g, **c))
 seen = set()
 for c in out:
     if c not in seen:

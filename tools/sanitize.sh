@@ -36,6 +36,8 @@ for tool in $TOOLS; do
     --print-limit 50 ${SANITIZE_ARGS:-} python tools/sanitize.py "${ONLY[@]}" > "$log" 2>&1
   rc=$?
   errors=$(grep -oE "ERROR SUMMARY: [0-9]+" "$log" | tail -1 | grep -oE "[0-9]+$")
+  # racecheck prints "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)" instead
+  [ -z "$errors" ] && errors=$(grep -oE "RACECHECK SUMMARY: [0-9]+ hazards displayed \([0-9]+ errors" "$log" | tail -1 | grep -oE "\([0-9]+" | tr -d "(")
   kernels=$(grep -oE "kernels=[0-9]+" "$log" | tail -1 | cut -d= -f2)
   failures=$(grep -oE "failures=[0-9]+" "$log" | tail -1 | cut -d= -f2)
   echo "sanitizer: $tool kernels=${kernels:-?} errors=${errors:-?} (checks failed: ${failures:-?}, rc=$rc, $(( $(date +%s) - t0 )) s, log $log)"

@@ -11,7 +11,19 @@ import torch
 from ..epilogue import ACTIVATIONS, GATE_LAYOUTS, GATED, EpilogueSpec, epilogue_ref, interleave_gate_up
 from ..epilogue.quant import QUANT_FORMATS
 from ..runtime.cache import KernelCache
-from .config import DTYPE_BYTES, QUANT_OUT_DTYPES, TMA_ALIGN_BYTES, GemmConfig, GemmProblem, can_implement
+from .config import (
+    DTYPE_BYTES,
+    QUANT_OUT_DTYPES,
+    TMA_ALIGN_BYTES,
+    GemmConfig,
+    GemmProblem,
+    can_implement,
+    config_errors,
+)
+from .fp8_args import FP8_BLOCK  # noqa: F401  (re-exported)
+from .fp8_args import fp8_block_scales as _fp8_block_scales
+from .fp8_args import fp8_blockwise_ref as _fp8_blockwise_ref
+from .fp8_args import fp8_scales as _fp8_scales
 from .policy import policy_for
 
 TORCH_TO_NAME = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -118,21 +130,25 @@ def _aligned_operand(t3: torch.Tensor) -> torch.Tensor:
 class _Plan:
     """Everything one (shapes, strides, dtypes, device, options) signature needs to launch."""
 
-    __slots__ = ("fn", "views", "c_view", "has_bias", "out_shape", "out_dtype", "max_clusters", "config", "direct",
+    __slots__ = ("fn", "views", "c_view", "has_bias", "flat", "out_shape", "out_dtype", "max_clusters", "config", "direct",
                  "quant", "n_vectors", "workspace", "block_scales",
                  "device", "device_index", "out_dims", "b_memo")  # fmt: skip
 
     def launch(self, sources, alpha, beta, epi_extra=(None, None)):
         """sources: (a, b, out, c, bias), the tensors the views apply to; epi_extra: (quantized
         output scale bytes, NVFP4 global scale, *user epilogue vectors) (see signature.py)."""
-        (sa, ta), (sb, tb), (sc, tc) = self.views
         cv = self.c_view
         vecs = _NO_VECTORS if len(epi_extra) == 2 else (*epi_extra[2:], None, None, None, None)[:4]
         sfa = sfb = None
         if self.block_scales:  # FP8 block scaling: the scales go to the kernel's mSFA / mSFB
             sfa, sfb, vecs = epi_extra[2], epi_extra[3], _NO_VECTORS
+        if self.flat:  # the caller's own 2-D tensors (see GemmConfig.flat)
+            a, b, o = sources[0], sources[1], sources[2]
+        else:
+            (sa, ta), (sb, tb), (sc, tc) = self.views
+            a, b, o = sources[0].as_strided(sa, ta), memo_view(self, sources[1], sb, tb), sources[2].as_strided(sc, tc)
         self.fn(
-            sources[0].as_strided(sa, ta), memo_view(self, sources[1], sb, tb), sources[2].as_strided(sc, tc),
+            a, b, o,
             None if cv is None else sources[3].as_strided(*cv), sources[4] if self.has_bias else None,
             alpha, beta, self.max_clusters, None, sfa, sfb, epi_extra[0], epi_extra[1], *vecs,
             reset_workspace(self.workspace),
@@ -177,6 +193,7 @@ def memo_view(plan, t: torch.Tensor, size, stride) -> torch.Tensor:
 
 
 _PLANS: dict = {}
+_PLAIN_PLANS: dict = {}  # plans of gemm(a, b) with every option at its default (bf16 / fp16)
 _NO_VECTORS = (None, None, None, None)
 # The current CUDA device index. torch._C._cuda_getDevice is what torch.cuda.current_device()
 # returns after its lazy-init check; a cached plan implies CUDA is initialized already.
@@ -239,102 +256,6 @@ def _global_scale(fmt, out_global_scale, device):
     if not (gs > 0 and gs < float("inf")):
         raise ValueError(f"out_global_scale must be positive and finite, got {gs}")
     return torch.tensor([gs], dtype=torch.float32, device=device)
-
-
-def _fp8_scales(a, b, scale_a, scale_b):
-    """(scale_a, scale_b) as contiguous fp32 1-D tensors (None when not given): one per row of a
-    / per column of b, or a single per-tensor value."""
-    out = []
-    for name, t, n in (("scale_a", scale_a, a.shape[-2]), ("scale_b", scale_b, b.shape[-1])):
-        if t is None:
-            out.append(None)
-            continue
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor (fp32), got {type(t).__name__}")
-        if t.dtype != torch.float32:
-            raise TypeError(f"{name} must be torch.float32, got {t.dtype}")
-        if t.device != a.device:
-            raise ValueError(f"{name} must be on {a.device}, got {t.device}")
-        if t.numel() not in (1, n) or (t.numel() == n and n > 1 and sum(s > 1 for s in t.shape) != 1):
-            raise ValueError(f"{name} must have 1 or {n} elements (per tensor / per {'row' if name == 'scale_a' else 'column'}), got shape {tuple(t.shape)}")
-        t = t.reshape(-1)
-        if t.stride(0) != 1 or t.data_ptr() % TMA_ALIGN_BYTES:
-            t = t.clone(memory_format=torch.contiguous_format)
-        out.append(t)
-    return tuple(out)
-
-
-FP8_BLOCK = 128  # DeepSeek-style FP8 block scaling: 1x128 blocks of A, 128x128 blocks of B
-
-
-def _fp8_block_shapes(a, b) -> tuple[tuple[int, int], tuple[int, int]]:
-    """(scale_a shape, scale_b shape) of FP8 block scaling for a (M, K) @ b (K, N), as
-    torch._scaled_mm's (BlockWise1x128, BlockWise128x128): (M, ceil(K/128)), (ceil(K/128), ceil(N/128))."""
-    m, k = a.shape[-2], a.shape[-1]
-    n = b.shape[-1]
-    kb, nb = -(-k // FP8_BLOCK), -(-n // FP8_BLOCK)
-    return (m, kb), (kb, nb)
-
-
-def _is_fp8_blockwise(a, b, scale_a, scale_b) -> bool:
-    """Whether 2-D scales ask for FP8 block scaling: scale_a (M, ceil(K/128)) and scale_b
-    (ceil(K/128), ceil(N/128)) (torch._scaled_mm's 1x128 x 128x128 shapes). With one K block
-    and one N block the shapes are also per-row x per-tensor scales, the same product: then the
-    row-wise path (scales in the epilogue) serves them."""
-    if not (isinstance(scale_a, torch.Tensor) and isinstance(scale_b, torch.Tensor)):
-        return False
-    if scale_a.dim() != 2 or scale_b.dim() != 2 or a.dim() < 2 or b.dim() < 2:
-        return False
-    sa_shape, sb_shape = _fp8_block_shapes(a, b)
-    return tuple(scale_a.shape) == sa_shape and tuple(scale_b.shape) == sb_shape and sb_shape != (1, 1)
-
-
-def _fp8_block_scales(a, b, scale_a, scale_b):
-    """FP8 block scaling: validates and returns (scale_a (M, KB), scale_b as the kernel's
-    (NB, KB) view) (any strides, read in place); None when the scales are not block scales
-    (row-wise / per-tensor / none: ``_fp8_scales``). Raises for a 2-D scale_a with more than one
-    column that is not a valid block-scaling pair."""
-    if not isinstance(b, torch.Tensor):
-        return None  # _check_args names the bad operand
-    blockwise = _is_fp8_blockwise(a, b, scale_a, scale_b)
-    looks_blockwise = isinstance(scale_a, torch.Tensor) and scale_a.dim() == 2 and scale_a.shape[-1] > 1
-    if not blockwise and not looks_blockwise:
-        return None
-    rule = "FP8 block scaling (1x128 scales of a, 128x128 scales of b, as torch._scaled_mm)"
-    if a.dim() != 2 or b.dim() != 2:
-        raise ValueError(f"{rule} needs 2-D a and b, got shapes {tuple(a.shape)} and {tuple(b.shape)}")
-    sa_shape, sb_shape = _fp8_block_shapes(a, b)
-    for name, t in (("scale_a", scale_a), ("scale_b", scale_b)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{rule}: {name} must be a torch.Tensor (fp32), got {type(t).__name__}")
-        if t.dtype != torch.float32:
-            raise TypeError(f"{rule}: {name} must be torch.float32, got {t.dtype}")
-        if t.device != a.device:
-            raise ValueError(f"{rule}: {name} must be on {a.device}, got {t.device}")
-    if tuple(scale_a.shape) != sa_shape:
-        raise ValueError(
-            f"{rule}: scale_a must have shape (M, ceil(K/128)) = {sa_shape}, got {tuple(scale_a.shape)}"
-        )
-    if tuple(scale_b.shape) != sb_shape:
-        hint = ""
-        if tuple(scale_b.shape) == sb_shape[::-1]:
-            hint = " (it has the (N/128, K/128) shape of the (N, K) weight's scales: pass scale_b.t(), as b = w.t())"
-        raise ValueError(
-            f"{rule}: scale_b must have shape (ceil(K/128), ceil(N/128)) = {sb_shape}, got "
-            f"{tuple(scale_b.shape)}{hint}"
-        )
-    return scale_a, scale_b.t()
-
-
-def _fp8_blockwise_ref(a, b, scale_a, scale_b, compute_dtype=torch.float32):
-    """Dequantize-then-matmul reference of FP8 block scaling: every element of a times its
-    (row, K block) scale, every element of b times its (K block, N block) scale, then one matmul
-    in ``compute_dtype`` (equal to the sum over K blocks of the scaled block products)."""
-    k, n = b.shape
-    sa = scale_a.to(compute_dtype).repeat_interleave(FP8_BLOCK, dim=1)[:, :k]
-    sb = scale_b.to(compute_dtype).repeat_interleave(FP8_BLOCK, dim=0)[:k]
-    sb = sb.repeat_interleave(FP8_BLOCK, dim=1)[:, :n]
-    return torch.matmul(a.to(compute_dtype) * sa, b.to(compute_dtype) * sb)
 
 
 def _epilogue_vectors(epilogue_args, device):
@@ -574,7 +495,17 @@ def _plan(
     ok, why = can_implement(cfg, problem)
     if not ok:
         raise ValueError(f"cannot run {cfg.name}: {why}")
+    # Cacheable when the views apply to the caller's own tensors (no copies were needed).
+    direct = (
+        a3s.data_ptr() == a.data_ptr() and b3s.data_ptr() == b.data_ptr()
+        and a3s.stride() == a3.stride() and b3s.stride() == b3.stride()
+        and (r3s is None or (r3s is r3 and r3.data_ptr() == c.data_ptr()))
+        and bias_s is bias
+    )  # fmt: skip
+    if config is None and direct and _flat_ok(a, b, out, views) and not config_errors(replace(cfg, flat=True)):
+        cfg = replace(cfg, flat=True)  # the caller's 2-D tensors go to the kernel as they are
     plan = _Plan()
+    plan.flat = cfg.flat
     if user is None:
         plan.fn = DENSE_CACHE.get(cfg)
     else:
@@ -595,16 +526,24 @@ def _plan(
     plan.max_clusters = max(1, num_sms // (cfg.cluster_m * cfg.cluster_n))
     plan.workspace = new_workspace(cfg, a.device)
     plan.config = cfg
-    # Cacheable when the views apply to the caller's own tensors (no copies were needed).
-    plan.direct = (
-        a3s.data_ptr() == a.data_ptr() and b3s.data_ptr() == b.data_ptr()
-        and a3s.stride() == a3.stride() and b3s.stride() == b3.stride()
-        and (r3s is None or (r3s is r3 and r3.data_ptr() == c.data_ptr()))
-        and bias_s is bias
-    )  # fmt: skip
+    plan.direct = direct
     if plan.direct:
         return plan, (a, b, out, c, bias), scales
     return plan, (a3s, b3s, out, r3s, bias_s), scales
+
+
+def _flat_ok(a, b, out, views) -> bool:
+    """Whether the caller's 2-D a, b, out are exactly the kernel's views without their unit L
+    mode (so a flat launch passes them as they are): same sizes and strides, no size-1 mode
+    whose stride the view had to replace."""
+    if a.dim() != 2 or b.dim() != 2 or out.dim() != 2:
+        return False
+    (sa, ta), (sb, tb), (sc, tc) = views
+    return (
+        (tuple(a.shape), a.stride()) == (tuple(sa[:2]), tuple(ta[:2]))
+        and (tuple(b.shape), b.stride()) == ((sb[1], sb[0]), (tb[1], tb[0]))
+        and (tuple(out.shape), out.stride()) == (tuple(sc[:2]), tuple(tc[:2]))
+    )
 
 
 def gemm(
@@ -688,6 +627,30 @@ def gemm(
     validates, picks the config and compiles (or loads it from the disk cache); later calls only
     check data-pointer alignment and launch.
     """
+    # The plain call ``gemm(a, b)`` (every option at its default): one small key, one lookup.
+    plain = (
+        out is None and out_dtype is None and alpha == 1.0 and beta == 0.0 and bias is None
+        and activation is None and config is None and epilogue is None and not epilogue_args
+        and scale_a is None and scale_b is None and not fast_accum and out_global_scale is None
+    )  # fmt: skip
+    if plain:
+        try:
+            pkey = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device)
+            plan = _PLAIN_PLANS.get(pkey)
+        except AttributeError:
+            pkey = plan = None
+        if (
+            plan is not None
+            and _current_device() == plan.device_index
+            and not (a.data_ptr() % 16 or b.data_ptr() % 16)
+        ):
+            out = torch.empty(*plan.out_dims, dtype=plan.out_dtype, device=plan.device)
+            if plan.flat:
+                plan.fn(a, b, out, None, None, 1.0, 0.0, plan.max_clusters, None, None, None, None, None, None, None,
+                        None, None, reset_workspace(plan.workspace))  # fmt: skip
+            else:
+                plan.launch((a, b, out, None, None), 1.0, 0.0)
+            return out
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):  # BlockScaledTensor a, b:
         from ..blockscaled import sm100 as _bs  # sm_100a block-scaled GEMM (see gemm_blockscaled)
 
@@ -761,6 +724,8 @@ def gemm(
         return _degenerate(out, b, quant, scales, gs, alpha, beta, c, bias, activation, epilogue, vectors)
     if plan.direct and key is not None:
         _PLANS[key] = plan.bind(a.device)
+        if plain and pkey is not None and a.dtype in (torch.bfloat16, torch.float16) and not plan.quant:
+            _PLAIN_PLANS[pkey] = plan
     epi_extra = (scales, gs, *(vectors or ()))
     if a.device.index == _current_device():
         plan.launch(sources, float(alpha), float(beta), epi_extra)

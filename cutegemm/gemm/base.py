@@ -61,6 +61,19 @@ class GemmBase:
             ctas_per_tile_m,
         )
 
+    @staticmethod
+    def unflatten(mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor):
+        """flat configs: A (M, K), B (K, N), C (M, N) as torch holds them -> the kernel's
+        (M, K, 1), (N, K, 1), (M, N, 1). The unit L mode gets a 16-byte stride (TMA checks every
+        stride, used or not), as the host's views of batched launches do."""
+
+        def with_l(t, order):
+            shape = (*(t.shape[i] for i in order), 1)
+            stride = (*(t.stride[i] for i in order), 128 // t.element_type.width)
+            return cute.make_tensor(t.iterator, cute.make_layout(shape, stride=stride))
+
+        return with_l(mA, (0, 1)), with_l(mB, (1, 0)), with_l(mC, (0, 1))
+
     def grid(self, mC_mnl: cute.Tensor, cta_tile_mn, max_clusters, mOffs=None, total_m=None):
         """Persistent grid (cluster_m, cluster_n, clusters). Grouped: the tile count lives on the
         device (offs), so every cluster slot is launched and finds its work from the table.

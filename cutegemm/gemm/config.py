@@ -70,6 +70,9 @@ class GemmConfig:
     # per 128x128 block of B (N block, K block), applied to every K tile's promoted WGMMA partial
     # sum in the mainloop (the K tile is 128). Passed as the kernel's mSFA / mSFB.
     fp8_blockwise: bool = False
+    # The launch takes A (M, K), B (K, N) and C (M, N) as torch holds them (L = 1): no strided
+    # views are made on the host per call (host overhead); the kernel appends the unit L mode.
+    flat: bool = False
 
     @property
     def blockscaled(self) -> bool:
@@ -81,7 +84,7 @@ class GemmConfig:
         tile = f"{self.tile_m}x{self.tile_n}" + ("_2cta" if self.two_cta else "") + ("_pp" if self.pingpong else "")
         tile += "_fastacc" if self.fast_accum else ""
         tile += "_bw128" if self.fp8_blockwise else ""
-        family = "grouped" if self.grouped else "dense"
+        family = "grouped" if self.grouped else "dense-2d" if self.flat else "dense"
         if self.blockscaled:
             family += f"-bs-{self.sf_dtype}v{self.sf_vec}"
         return (
@@ -119,6 +122,8 @@ def config_errors(cfg: GemmConfig) -> list[str]:
         err.append("fast_accum is an FP8 (e4m3) option")
     if cfg.fp8_blockwise:
         err += fp8_blockwise_errors(cfg)
+    if cfg.flat and (cfg.grouped or cfg.blockscaled or cfg.epilogue.quant or cfg.epilogue.beta):
+        err.append("flat (2-D launch): dense only, not block-scaled, no quantized output, no beta * C")
     if cfg.blockscaled:
         err += blockscaled_errors(cfg)
     elif cfg.sf_dtype:

@@ -268,6 +268,8 @@ class GemmSm100(BlockScaledSm100Mixin, GemmBase):
         mV3: cute.Tensor | None = None,
         mWorkspace: cute.Tensor | None = None,  # scheduler "dynamic": (1,) int32 tile counter, zeroed
     ):
+        if cutlass.const_expr(self.config.flat):
+            mA, mB, mC = self.unflatten(mA, mB, mC)
         self.c_layout = LayoutEnum.from_tensor(mC)
         self._setup(LayoutEnum.from_tensor(mA), LayoutEnum.from_tensor(mB), self.c_layout)
         cfg = self.config

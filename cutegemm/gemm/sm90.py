@@ -175,6 +175,8 @@ class GemmSm90(GemmBase):
         mV3: cute.Tensor | None = None,
         mWorkspace: cute.Tensor | None = None,  # scheduler "dynamic": (1,) int32 tile counter, zeroed
     ):
+        if cutlass.const_expr(self.config.flat):
+            mA, mB, mC = self.unflatten(mA, mB, mC)
         self.c_layout = LayoutEnum.from_tensor(mC)
         self._setup(LayoutEnum.from_tensor(mA), LayoutEnum.from_tensor(mB), self.c_layout)
         cfg = self.config
@@ -542,12 +544,6 @@ class GemmSm90(GemmBase):
                 read_state, release_state = self._skip(read_state, release_state, k_tile_cnt)
         while sched.is_valid(work):
             tile = sched.cta_tile(work)
-            # Grouped, cooperative: a warpgroup whose 64 rows of the tile all lie past the
-            # expert's last row (a ragged last m-tile, or an empty tile of a 2-CTA cluster) skips
-            # its WGMMAs; it still waits for and releases every stage.
-            active = True
-            if cutlass.const_expr(self.config.grouped and self.wg_per_tile > 1):
-                active = tile[4] - tile[3] - tile[0] * self.config.tile_m > (mma_tidx // self.threads_per_warpgroup) * 64
 
             # ---- mainloop: keep one WGMMA batch in flight, release the stage behind it ----
             acc_sum.fill(0.0)
@@ -570,12 +566,11 @@ class GemmSm90(GemmBase):
                 if cutlass.const_expr(promote):
                     warpgroup.fence()  # the adds below read acc: order them before the overwrite
                     tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
-                if active:
-                    for kb in cutlass.range_constexpr(num_k_blocks):
-                        coord = (None, None, kb, read_state.index)
-                        cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
-                        if cutlass.const_expr(promote):
-                            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+                for kb in cutlass.range_constexpr(num_k_blocks):
+                    coord = (None, None, kb, read_state.index)
+                    cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
+                    if cutlass.const_expr(promote):
+                        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
                 warpgroup.commit_group()
                 if cutlass.const_expr(promote):
                     if cutlass.const_expr(blockwise):

@@ -58,6 +58,7 @@ from ..gemm.api import (
     reset_workspace,
 )
 from ..gemm.config import QUANT_OUT_DTYPES, TMA_ALIGN_BYTES, GemmConfig, GemmProblem, can_implement
+from ..gemm.fp8_args import scale_vector
 from ..gemm.policy import policy_for
 from ..runtime.cache import KernelCache
 from .kernel_parts import GROUPED_MAX_GROUPS
@@ -119,18 +120,7 @@ def _per_expert(name: str, t, E: int, n: int, device, dtypes=_EPI_TORCH_DTYPES) 
 
 def _row_vector(name: str, t, rows: int, device) -> torch.Tensor:
     """FP8 scale_a of the packed form: (total_M,) / (total_M, 1) or one element, flat fp32."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != torch.float32:
-        raise TypeError(f"{name} must be torch.float32, got {t.dtype}")
-    if t.device != device:
-        raise ValueError(f"{name} must be on {device}, got {t.device}")
-    if t.numel() not in (1, rows) or (t.numel() == rows and rows > 1 and sum(d > 1 for d in t.shape) != 1):
-        raise ValueError(f"{name} must have 1 or {rows} elements (per tensor / per row of a), got shape {tuple(t.shape)}")
-    t = t.reshape(-1)
-    if t.stride(0) != 1 or t.data_ptr() % TMA_ALIGN_BYTES:
-        t = t.clone(memory_format=torch.contiguous_format)
-    return t
+    return scale_vector(name, t, rows, device, "row of a")
 
 
 class _Epi:

@@ -24,6 +24,16 @@ def _fake_matrix(dtype: str, unit_mode: int):
     return make_fake_tensor(CUTLASS_DTYPES[dtype], shape, tuple(stride), assumed_align=TMA_ALIGN_BYTES)
 
 
+def _fake_matrix2(dtype: str, unit_mode: int):
+    """A 2-D (rows, cols) tensor whose mode ``unit_mode`` has stride 1 (flat launches)."""
+    div = 8 * TMA_ALIGN_BYTES // ELEMENT_BITS[dtype]
+    stride = [cute.sym_int64(divisibility=div), cute.sym_int64(divisibility=div)]
+    stride[unit_mode] = 1
+    return make_fake_tensor(
+        CUTLASS_DTYPES[dtype], (cute.sym_int32(), cute.sym_int32()), tuple(stride), assumed_align=TMA_ALIGN_BYTES
+    )
+
+
 def _fake_vector(dtype: str):
     """A contiguous (N,) tensor."""
     return make_fake_tensor(CUTLASS_DTYPES[dtype], (cute.sym_int32(),), (1,), assumed_align=TMA_ALIGN_BYTES)
@@ -34,9 +44,14 @@ def dense_fake_args(cfg: GemmConfig, offs=None):
     max_clusters, stream, mOffs | None) for ``cute.compile``. Epilogue inputs the spec does not use are
     ``None``: compiled as constants, the caller passes ``None`` in their place."""
     epi = cfg.epilogue
-    a = _fake_matrix(cfg.a_dtype, 1 if cfg.a_major == "k" else 0)
-    b = _fake_matrix(cfg.b_dtype, 1 if cfg.b_major == "k" else 0)
-    c = _fake_matrix(cfg.out_dtype, 1)
+    if cfg.flat:  # torch's own orientation: A (M, K), B (K, N), C (M, N)
+        a = _fake_matrix2(cfg.a_dtype, 1 if cfg.a_major == "k" else 0)
+        b = _fake_matrix2(cfg.b_dtype, 0 if cfg.b_major == "k" else 1)
+        c = _fake_matrix2(cfg.out_dtype, 1)
+    else:
+        a = _fake_matrix(cfg.a_dtype, 1 if cfg.a_major == "k" else 0)
+        b = _fake_matrix(cfg.b_dtype, 1 if cfg.b_major == "k" else 0)
+        c = _fake_matrix(cfg.out_dtype, 1)
     c_in = _fake_matrix(epi.c_dtype, 1) if epi.beta else None
     bias = _fake_vector(epi.bias_dtype) if epi.bias else None
     args = (
