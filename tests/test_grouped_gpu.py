@@ -175,8 +175,8 @@ def test_grouped_experts_module():
 )
 def test_two_cta_clusters_and_ragged_experts(cfg):
     """2x1 clusters (two consecutive m-tiles of one expert per cluster; the second CTA of an
-    expert with an odd m-tile count has an empty tile) and the warpgroup skip of row halves past
-    the expert's end: ragged counts, empty experts, one-row experts, rows past offs[-1]."""
+    expert with an odd m-tile count has an empty tile: it must store nothing): ragged counts,
+    empty experts, one-row experts, rows past offs[-1]."""
     from dataclasses import replace
 
     config = replace(cutegemm.GemmConfig(arch="sm_90a", grouped=True, b_major="k", raster="m", group=1), **cfg)
