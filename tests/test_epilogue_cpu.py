@@ -24,7 +24,12 @@ class TorchMath:
     """The CuteMath primitives on fp32 torch tensors (exact exp / reciprocal instead of the
     kernels' ex2.approx / rcp.approx, ~1e-7 relative apart)."""
 
-    exp = staticmethod(torch.exp)
+    @staticmethod
+    def exp(x):
+        # correctly rounded fp32 exp (evaluated in float64): torch's own fp32 CPU exp depends on
+        # the SIMD path it takes (tensor alignment, ISA), up to ~20 ulps apart (seen in CI)
+        return torch.exp(x.double()).to(x.dtype)
+
     rcp = staticmethod(torch.reciprocal)
     abs = staticmethod(torch.abs)
 
