@@ -133,7 +133,7 @@ class _Epi:
         self.vectors = ()
         self.fp8 = False
 
-    def spec(self, alpha, fast_accum=False):
+    def spec(self, alpha):
         from ..epilogue import EpilogueSpec
 
         gated = self.activation in GATED
