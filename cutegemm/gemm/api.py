@@ -20,10 +20,7 @@ from .config import (
     can_implement,
     config_errors,
 )
-from .fp8_args import FP8_BLOCK  # noqa: F401  (re-exported)
-from .fp8_args import fp8_block_scales as _fp8_block_scales
-from .fp8_args import fp8_blockwise_ref as _fp8_blockwise_ref
-from .fp8_args import fp8_scales as _fp8_scales
+from .fp8_args import fp8_block_scales, fp8_blockwise_ref, fp8_scales
 from .policy import policy_for
 
 TORCH_TO_NAME = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -428,7 +425,7 @@ def _plan(
         r3 = None if c is None else (c.unsqueeze(0) if c.dim() == 2 else c)
     a3s, b3s = _aligned_operand(a3), _aligned_operand(b3)
     fp8 = a.dtype == torch.float8_e4m3fn
-    # FP8 block scaling: vectors = (scale_a (M, KB), scale_b (NB, KB)) from _fp8_block_scales
+    # FP8 block scaling: vectors = (scale_a (M, KB), scale_b (NB, KB)) from fp8_block_scales
     blockwise = fp8 and len(vectors) == 2 and vectors[0] is not None and vectors[0].dim() == 2
     if fp8 and _unit_mode(a3s) != 2:  # FP8 WGMMA reads K-major operands only: copy
         a3s = a3s.contiguous()
@@ -683,7 +680,7 @@ def gemm(
     if getattr(a, "dtype", None) == torch.float8_e4m3fn:
         if epilogue is not None:
             raise ValueError("a user epilogue cannot be combined with FP8 inputs yet")
-        vectors = _fp8_block_scales(a, b, scale_a, scale_b) or _fp8_scales(a, b, scale_a, scale_b)
+        vectors = fp8_block_scales(a, b, scale_a, scale_b) or fp8_scales(a, b, scale_a, scale_b)
     elif scale_a is not None or scale_b is not None:
         raise ValueError("scale_a / scale_b are for torch.float8_e4m3fn inputs")
     if quant is not None or out_global_scale is not None:
@@ -791,8 +788,8 @@ def gemm_ref(
     if beta != 0.0 and activation in GATED:
         raise ValueError(f"beta * c cannot be combined with the gated activation {activation!r}")
     out_dtype = out_dtype or (torch.bfloat16 if a.dtype == torch.float8_e4m3fn else a.dtype)
-    if a.dtype == torch.float8_e4m3fn and _fp8_block_scales(a, b, scale_a, scale_b) is not None:
-        acc = _fp8_blockwise_ref(a, b, scale_a, scale_b, compute_dtype)  # DeepSeek block scales
+    if a.dtype == torch.float8_e4m3fn and fp8_block_scales(a, b, scale_a, scale_b) is not None:
+        acc = fp8_blockwise_ref(a, b, scale_a, scale_b, compute_dtype)  # DeepSeek block scales
         scale_a = scale_b = None
     else:
         acc = torch.matmul(a.to(compute_dtype), b.to(compute_dtype))
