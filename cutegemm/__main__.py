@@ -47,6 +47,11 @@ def cmd_bench(args) -> int:
             rows = bench_quantize(reps=args.reps)
             print(quant_markdown_table(rows, f"quantize (bf16 input) on {torch.cuda.get_device_name()}"))
             print(f"results: {write_quant_results(rows, outdir)}")
+        elif fam == "fp4w":
+            rows = benchmarks.bench_fp4_weight(reps=args.reps)
+            path = benchmarks.write_results(rows, f"fp4w_{torch.cuda.get_device_name().replace(' ', '_')}", outdir)
+            print(benchmarks.markdown_table(rows, f"FP4 weight x bf16 (decode) on {torch.cuda.get_device_name()}"))
+            print(f"results: {path}")
         elif fam == "sweep":
             from .tuning import sweep_dense
 
@@ -105,7 +110,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m cutegemm")
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("bench", help="benchmark vs torch on a GPU (compile-check without one)")
-    b.add_argument("family", nargs="?", default="dense", choices=["dense", "grouped", "quantize", "sweep", "all"])
+    b.add_argument("family", nargs="?", default="dense", choices=["dense", "grouped", "quantize", "fp4w", "sweep", "all"])
     b.add_argument("--reps", type=int, default=30)
     b.add_argument("--out", default="results")
     b.set_defaults(fn=cmd_bench)

@@ -533,3 +533,68 @@ def bench_fp8_blockwise(shapes=((8192, 8192, 8192),), reps=20, configs=None):
             rows.append(row)
             print(format_row(row) + f" | vs bf16 cuBLAS {t16 / t:.3f}x", flush=True)
     return rows
+
+
+FP4W_DENSE = [(1, 28672, 4096), (16, 28672, 4096), (64, 28672, 4096)]
+FP4W_GROUPED = [(32, 16, 4096, 7168)]
+
+
+def bench_fp4_weight(reps=30, dense=FP4W_DENSE, grouped=FP4W_GROUPED, fmts=("nvfp4", "mxfp4"), configs=()):
+    """FP4 weights x bf16 activations (decode) vs the bf16 baselines a Hopper user has, same run,
+    same (dequantized) weights: cuBLAS ``x @ w.T`` / ``torch._grouped_mm``, and dequantize-then-
+    cuBLAS. ``configs``: dicts of Fp4WeightConfig overrides timed beside the default."""
+    from dataclasses import replace
+
+    from . import dequantize, quantize
+    from .blockscaled.fp4_weight_api import _arch, gemm_fp4_weight, pick_config
+
+    timer = Timer()
+    arch = _arch(torch.cuda.current_device())
+    rows = []
+    cases = [("dense", None, m, n, k) for m, n, k in dense] + [("grouped", e, t, n, k) for e, t, n, k in grouped]
+    for fmt in fmts:
+        for kind, e, m, n, k in cases:
+            torch.manual_seed(0)
+            if kind == "dense":
+                w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+                offs, total, experts = None, m, 1
+            else:
+                counts = _moe_counts(e, m)
+                total, experts = sum(counts), e
+                w = torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16)
+                offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
+            qw = quantize(w, fmt)
+            del w
+            wd = dequantize(qw).to(torch.bfloat16)  # exact: e2m1 * scale fits bf16
+            x = torch.randn(total, k, device="cuda", dtype=torch.bfloat16)
+            if offs is None:
+                ref = x.double() @ wd.double().T
+                base = lambda x=x, wd=wd: torch.matmul(x, wd.T)  # noqa: E731
+                deq = lambda x=x, qw=qw: torch.matmul(x, dequantize(qw).to(torch.bfloat16).T)  # noqa: E731
+                base_name = "cuBLAS bf16"
+            else:
+                bounds = list(zip([0, *offs.tolist()[:-1]], offs.tolist(), strict=True))
+                ref = torch.cat([x[s:t].double() @ wd[i].double().T for i, (s, t) in enumerate(bounds)])
+                wt = wd.transpose(1, 2)
+                base = lambda x=x, wt=wt, offs=offs: torch._grouped_mm(x, wt, offs=offs)  # noqa: E731
+                deq = lambda x=x, qw=qw, offs=offs: torch._grouped_mm(  # noqa: E731
+                    x, dequantize(qw).to(torch.bfloat16).transpose(1, 2), offs=offs
+                )
+                base_name = "torch._grouped_mm bf16"
+            terr = (base().double() - ref).abs().max().item()
+            t_base = timer(base, reps)
+            t_deq = timer(deq, max(5, reps // 3))
+            qbytes = qw.data.numel() * qw.data.element_size() + qw.scales.numel()
+            default = pick_config(total, fmt, torch.bfloat16, arch, offs is not None, experts)
+            for cfg in [default] + [replace(default, **c) for c in configs]:
+                fn = lambda x=x, qw=qw, offs=offs, cfg=cfg: gemm_fp4_weight(x, qw, offs=offs, config=cfg)  # noqa: E731
+                err = (fn().double() - ref).abs().max().item()
+                t = timer(fn, reps)
+                flops = 2.0 * total * n * k
+                case = f"{fmt} {kind} M={total}{f' E={e}' if e else ''} N={n} K={k}"
+                row = Row(case, t, t_base, flops / t / 1e9, flops / t_base / 1e9, t_base / t, cfg.name, err, terr)
+                rows.append(row)
+                print(format_row(row) + f" | baseline {base_name} | ours reads {qbytes / t / 1e6:.0f} GB/s of FP4 weights"
+                      f" | dequantize+{base_name} {t_deq:.4f} ms (ours {t_deq / t:.2f}x faster)", flush=True)  # fmt: skip
+            del qw, wd, x, ref
+    return rows

@@ -371,6 +371,20 @@ def quantize_results(archs) -> list[CheckResult]:
     return out
 
 
+def fp4_weight_results(archs) -> list[CheckResult]:
+    """The FP4-weight (W4A16) kernels (cutegemm.blockscaled.fp4_weight), every variant."""
+    from .blockscaled.fp4_weight import all_configs, check_variant
+
+    out = []
+    for cfg in (c for arch in archs for c in all_configs(arch)):
+        t0 = time.time()
+        ok, markers, err = check_variant(cfg)
+        res = CheckResult(cfg.name, ok, markers, time.time() - t0, err)
+        print(res.line(), flush=True)
+        out.append(res)
+    return out
+
+
 def main(archs) -> int:
     results = []
     for cfg in all_variants(archs):
@@ -378,6 +392,7 @@ def main(archs) -> int:
         print(res.line(), flush=True)
         results.append(res)
     results += quantize_results(archs)
+    results += fp4_weight_results(archs)
     failed = [r for r in results if not r.ok]
     print(f"compile-check: {len(results) - len(failed)}/{len(results)} variants passed for {', '.join(archs)}")
     return 1 if failed else 0

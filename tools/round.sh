@@ -29,6 +29,9 @@ for spec in "$@"; do
     grouped) cmd="$PT tests/test_grouped_gpu.py" ;;
     gepi) cmd="$PT tests/test_grouped_epilogue_gpu.py" ;;
     blockwise) cmd="$PT tests/test_fp8_blockwise_gpu.py" ;;
+    fp4w) cmd="$PT tests/test_fp4_weight_gpu.py tests/test_fp4_weight_cpu.py" ;;
+    bench_fp4w) cmd="python -c 'from cutegemm.benchmarks import bench_fp4_weight as f; f(configs=[dict(stages=4, warps_n=2, warps_k=4), dict(stages=0, warps_n=1, warps_k=4)])'" ;;
+    ncu_fp4w) cmd="ncu --clock-control none -k regex:Fp4WeightKernel -c 2 --import-source no --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy --section InstructionStats --section SourceCounters python tools/fp4w_profile.py 'n_tiles=2' 'n_tiles=2, row_tiles=2, warps_k=2'" ;;
     gsweep) cmd="python tools/grouped_sweep.py" ;;
     bench_gfp8) cmd="python -c 'from cutegemm.benchmarks import bench_grouped_fp8 as f; f(configs=[dict(cluster_m=2, cluster_n=1), dict(tile_m=128, tile_n=128, pingpong=True, fast_accum=True), dict(tile_n=256, cluster_m=2, cluster_n=1, fast_accum=True), dict(tile_n=256, fast_accum=True)])'" ;;
     bench_blockwise) cmd="python -c 'from cutegemm.benchmarks import bench_fp8_blockwise as f; f(configs=[dict(cluster_m=1, cluster_n=2), dict(tile_n=64)])'" ;;

@@ -221,18 +221,29 @@ def _options(call: dict, fn, supported: tuple[str, ...]) -> dict:
             f"got {', '.join(bad)}"
         )
     if opts.get("out_dtype") is None:
-        opts["out_dtype"] = torch.bfloat16
+        out = opts.get("out")
+        opts["out_dtype"] = out.dtype if isinstance(out, torch.Tensor) else torch.bfloat16
     return opts
 
 
 def gemm_api(call: dict, fn) -> torch.Tensor:
     """``cutegemm.gemm(qa, qb, ...)`` (``call``: gemm's arguments, ``fn``: gemm itself):
-    :func:`gemm_blockscaled` with out_dtype (default bf16), alpha and config."""
+    :func:`gemm_blockscaled` with out_dtype (default bf16), alpha and config; a bf16 tensor times
+    an FP4 weight, ``gemm(x, qw)``, is the FP4-weight GEMM (``fp4_weight_api``)."""
+    from .fp4_weight_api import gemm_fp4_weight, is_fp4_weight_call
+
+    if is_fp4_weight_call(call["a"], call["b"]):
+        return gemm_fp4_weight(call["a"], call["b"], **_options(call, fn, ("out", *GEMM_OPTIONS)))
     return gemm_blockscaled(call["a"], call["b"], **_options(call, fn, GEMM_OPTIONS))
 
 
 def gemm_ref_api(call: dict, fn) -> torch.Tensor:
-    """``cutegemm.gemm_ref(qa, qb, ...)``: :func:`gemm_blockscaled_ref`."""
+    """``cutegemm.gemm_ref(qa, qb, ...)``: :func:`gemm_blockscaled_ref` (``gemm_ref(x, qw)``:
+    ``gemm_fp4_weight_ref``)."""
+    from .fp4_weight_api import gemm_fp4_weight_ref, is_fp4_weight_call
+
+    if is_fp4_weight_call(call["a"], call["b"]):
+        return gemm_fp4_weight_ref(call["a"], call["b"], **_options(call, fn, GEMM_REF_OPTIONS))
     return gemm_blockscaled_ref(call["a"], call["b"], **_options(call, fn, GEMM_REF_OPTIONS))
 
 

@@ -303,6 +303,8 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
     elif isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
         _no_epilogue("the list form", bias, activation, epilogue, out_global_scale, scale_a, scale_b, out_dtype)
         return _grouped_list(a, b, offs=offs, out_dtype=out_dtype, alpha=alpha)
+    elif not isinstance(b, torch.Tensor) and type(b).__name__ == "BlockScaledTensor":
+        return _fp4_weight(locals(), grouped_gemm)
     fp8 = getattr(a, "dtype", None) == torch.float8_e4m3fn
     if plan is None:
         _check_operand("a", a, dims=(2,))
@@ -478,6 +480,19 @@ def _grouped_list(a_list, b_list, *, offs, out_dtype, alpha):
     return [gemm(x, w, out_dtype=out_dtype, alpha=alpha) for x, w in zip(a_list, b_list, strict=True)]
 
 
+def _fp4_weight(call: dict, fn):
+    """grouped_gemm(x, qw, offs=offs) / grouped_gemm_ref with an FP4 BlockScaledTensor weight qw
+    (E, N, K): the FP4-weight kernel (``cutegemm.blockscaled.fp4_weight_api``); its options only."""
+    from ..blockscaled import fp4_weight_api as fw
+    from ..blockscaled.sm100 import _options
+
+    if call.get("offs") is None:
+        raise ValueError("offs is required for tensor inputs (int32 cumulative end offsets, on the GPU)")
+    ref = fn is grouped_gemm_ref
+    opts = _options(call, fn, ("offs", "out_dtype", "alpha", *(("compute_dtype",) if ref else ("out", "config"))))
+    return (fw.gemm_fp4_weight_ref if ref else fw.gemm_fp4_weight)(call["a"], call["b"], **opts)
+
+
 def grouped_gemm_ref(a, b, *, offs=None, out_dtype=None, alpha: float = 1.0, bias=None, activation=None,
                      gate_layout: str = "interleaved", epilogue=None, epilogue_args=(), out_global_scale=None,
                      scale_a=None, scale_b=None, compute_dtype=torch.float32):  # fmt: skip
@@ -488,6 +503,8 @@ def grouped_gemm_ref(a, b, *, offs=None, out_dtype=None, alpha: float = 1.0, bia
     ``quantize_ref`` of the fp32 result."""
     if isinstance(a, (list, tuple)):
         return [((x.to(compute_dtype) @ w.to(compute_dtype)) * alpha).to(out_dtype or x.dtype) for x, w in zip(a, b, strict=True)]
+    if not isinstance(b, torch.Tensor) and type(b).__name__ == "BlockScaledTensor":
+        return _fp4_weight(locals(), grouped_gemm_ref)
     fp8 = a.dtype == torch.float8_e4m3fn
     out_dtype = out_dtype or (torch.bfloat16 if fp8 else a.dtype)
     bounds = offs.tolist()

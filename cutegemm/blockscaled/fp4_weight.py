@@ -1,0 +1,730 @@
+"""FP4 weights x bf16 activations (W4A16) for decode: ``x @ dequantize(qw).T`` without ever
+writing a dequantized weight to memory. Dense ``(M, K) x (N, K)`` and grouped (MoE, the packed
+``offs`` form: ``x`` (total_M, K), ``qw`` (E, N, K)). NVFP4 (e4m3 scales per 16, fp32 global
+scale) and MXFP4 (e8m0 scales per 32). CuTe DSL, arch-neutral: warp-level ``mma.sync`` bf16
+tensor-core MMAs and plain vector loads, so the same code runs on sm_90a and sm_100a.
+
+Decode is bound by reading the weights (4.5 bits per element instead of 16), so the kernel is
+built around streaming them once at full bandwidth:
+
+* The MMA computes ``out^T = W . x^T`` with W as the 16-row A operand (``m16n8k16``) and the
+  tokens as the 8-column B operand (1..8 n8 tiles per pass), so M = 1..64 tokens cost one pass
+  over the weights.
+* Each thread loads 16 bytes (32 e2m1 values, one 128-bit load) of a weight row per 128-wide K
+  chunk, straight into registers, and turns them into A fragments itself. The order of K inside
+  an MMA is free as long as both operands agree: the 8 nibbles of a 32-bit word are paired as
+  (k, k+4), which makes the e2m1 -> bf16 conversion two shifts and masks per pair, and the
+  thread's activation words get the same pairing with two byte permutes.
+* e2m1 -> bf16 is exact: the nibble's magnitude bits land in the bf16 exponent/mantissa so that
+  the bf16 value is ``e2m1 * 2**-126`` (the 0.5 code is a bf16 subnormal, which bf16 arithmetic
+  keeps), and one packed bf16 multiply by ``scale * 2**118`` (NVFP4; exact: an e4m3 scale times
+  an e2m1 value has <= 6 significant bits) gives ``w * scale * 2**-8``; the 2**8 and the global
+  scale are applied to the fp32 accumulators at the end. MXFP4 (scales 2**-127 .. 2**127) takes
+  two multiplies, by 2**126 then by the scale, so no intermediate over/underflows.
+* Weight loads bypass L1 (they are read once); activations are small and re-read by every warp
+  through L1, in a fragment order prepared on the host (``fragment_order_x``: one small copy
+  of x per call) so a warp's activation load is 512 contiguous bytes.
+
+Grid: (N / rows per CTA, L or E, m-slices). A CTA's warps own disjoint weight rows and walk the
+whole K; the token rows of its batch / expert are processed in chunks of 8 * n_tiles. Grouped: a
+CTA reads its expert's row range from ``offs`` on the device (no host sync, CUDA-graph safe) and
+an expert with no rows costs nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass._mlir.dialects import llvm
+from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+__all__ = ["Fp4WeightConfig", "all_configs", "check_variant", "build_fp4_weight", "SASS_REQUIRED"]
+
+CHUNK_K = 128  # K values per thread-row step (4 threads x 32 values)
+FORMATS = ("nvfp4", "mxfp4")
+OUT_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
+SASS_REQUIRED = {
+    "HMMA.16816.F32.BF16": r"\bHMMA\.16816\.F32\.BF16\b",
+    "LDG.128": r"\bLDG\.E[.A-Z0-9_:]*\.128",
+}
+SASS_FORBIDDEN = {"LDL": r"\bLDL(\.|\s)", "STL": r"\bSTL(\.|\s)"}
+_BF16X2_2P126 = 0x7E807E80  # bf16x2 (2**126, 2**126)
+_F32_2P118 = "0f7A800000"  # fp32 2**118 as a PTX immediate
+_BF16X2_ONE = 0x3F803F80
+
+
+@dataclass(frozen=True)
+class Fp4WeightConfig:
+    """What changes the compiled kernel.
+
+    fmt: ``nvfp4`` | ``mxfp4``; n_tiles: 8-token MMA tiles per pass (tokens per pass = 8 * n_tiles);
+    row_tiles: 16-row weight tiles per warp; warps_n x warps_k: the CTA's warps, warps_n groups
+    over weight rows, warps_k over K (the K chunks of a row are dealt round-robin to warps_k
+    warps, whose partial sums meet in shared memory); grouped: MoE packed form; out_dtype:
+    bf16 | fp16 | fp32; arch: sm_90a | sm_100a.
+    """
+
+    fmt: str = "nvfp4"
+    n_tiles: int = 2
+    row_tiles: int = 1
+    warps_n: int = 2
+    warps_k: int = 4
+    grouped: bool = False
+    out_dtype: str = "bf16"
+    arch: str = "sm_90a"
+    min_blocks: int = 0  # CTAs per SM the registers are capped for; 0: none
+    stages: int = 4  # cp.async ring depth (K chunks in flight per warp); 0: register prefetch
+
+    def __post_init__(self):
+        if self.fmt not in FORMATS:
+            raise ValueError(f"Fp4WeightConfig.fmt must be one of {FORMATS}, got {self.fmt!r}")
+        if self.n_tiles not in (1, 2, 4, 8):
+            raise ValueError(f"Fp4WeightConfig.n_tiles must be 1, 2, 4 or 8, got {self.n_tiles}")
+        if self.row_tiles not in (1, 2, 4):
+            raise ValueError(f"Fp4WeightConfig.row_tiles must be 1, 2 or 4, got {self.row_tiles}")
+        if self.warps_n not in (1, 2, 4, 8) or self.warps_k not in (1, 2, 4, 8) or self.warps > 16:
+            raise ValueError(f"Fp4WeightConfig.warps_n / warps_k must be 1..8 (<= 16 warps), got {self.warps_n}, {self.warps_k}")
+        if self.out_dtype not in OUT_DTYPES:
+            raise ValueError(f"Fp4WeightConfig.out_dtype must be one of {sorted(OUT_DTYPES)}, got {self.out_dtype!r}")
+        if self.arch not in ("sm_90a", "sm_100a"):
+            raise ValueError(f"Fp4WeightConfig.arch must be sm_90a or sm_100a, got {self.arch!r}")
+
+    @property
+    def warps(self) -> int:
+        return self.warps_n * self.warps_k
+
+    @property
+    def rows_per_cta(self) -> int:
+        return self.warps_n * 16 * self.row_tiles
+
+    @property
+    def tokens_per_pass(self) -> int:
+        return 8 * self.n_tiles
+
+    @property
+    def name(self) -> str:
+        g = "grouped_" if self.grouped else ""
+        return (
+            f"fp4w_{g}{self.fmt}_t{self.tokens_per_pass}_r{self.rows_per_cta}_w{self.warps_n}x{self.warps_k}_"
+            f"{self.out_dtype}_{self.arch}" + (f"_mb{self.min_blocks}" if self.min_blocks else "")
+            + f"_s{self.stages}"
+        )
+
+
+# --- inline PTX helpers ------------------------------------------------------------------------
+def _i32(v, loc=None, ip=None):
+    return cutlass.Int32(v).ir_value(loc=loc, ip=ip)
+
+
+@dsl_user_op
+def ld_global_v4_stream(addr, *, loc=None, ip=None):
+    """Four 32-bit words from a 16-byte aligned global address, not allocated in L1."""
+    res = llvm.inline_asm(
+        llvm.StructType.get_literal([T.i32()] * 4),
+        [cutlass.Int64(addr).ir_value(loc=loc, ip=ip)],
+        "ld.global.nc.L1::no_allocate.v4.b32 {$0, $1, $2, $3}, [$4];",
+        "=r,=r,=r,=r,l",
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+    return [cutlass.Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
+
+
+@dsl_user_op
+def ld_global_v4(addr, *, loc=None, ip=None):
+    """Four 32-bit words from a 16-byte aligned global address (read-only path, L1 cached)."""
+    res = llvm.inline_asm(
+        llvm.StructType.get_literal([T.i32()] * 4),
+        [cutlass.Int64(addr).ir_value(loc=loc, ip=ip)],
+        "ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];",
+        "=r,=r,=r,=r,l",
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+    return [cutlass.Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
+
+
+@dsl_user_op
+def cp_async_16(smem_addr, gmem_addr, *, loc=None, ip=None):
+    """16 bytes global -> shared, asynchronous, not cached in L1 (cp.async.cg)."""
+    llvm.inline_asm(
+        None,
+        [cutlass.Int32(smem_addr).ir_value(loc=loc, ip=ip), cutlass.Int64(gmem_addr).ir_value(loc=loc, ip=ip)],
+        "cp.async.cg.shared.global [$0], [$1], 16;",
+        "r,l",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+@dsl_user_op
+def cp_async_4(smem_addr, gmem_addr, *, loc=None, ip=None):
+    llvm.inline_asm(
+        None,
+        [cutlass.Int32(smem_addr).ir_value(loc=loc, ip=ip), cutlass.Int64(gmem_addr).ir_value(loc=loc, ip=ip)],
+        "cp.async.ca.shared.global [$0], [$1], 4;",
+        "r,l",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+@dsl_user_op
+def cp_async_commit(*, loc=None, ip=None):
+    llvm.inline_asm(None, [], "cp.async.commit_group;", "", has_side_effects=True,
+                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)  # fmt: skip
+
+
+@dsl_user_op
+def cp_async_wait(n: int, *, loc=None, ip=None):
+    llvm.inline_asm(None, [], f"cp.async.wait_group {n};", "", has_side_effects=True,
+                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)  # fmt: skip
+
+
+@dsl_user_op
+def ld_shared_v4(addr, *, loc=None, ip=None):
+    res = llvm.inline_asm(
+        llvm.StructType.get_literal([T.i32()] * 4),
+        [cutlass.Int32(addr).ir_value(loc=loc, ip=ip)],
+        "ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];",
+        "=r,=r,=r,=r,r",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+    return [cutlass.Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
+
+
+@dsl_user_op
+def ld_shared_b32(addr, *, loc=None, ip=None):
+    return cutlass.Int32(
+        llvm.inline_asm(
+            T.i32(),
+            [cutlass.Int32(addr).ir_value(loc=loc, ip=ip)],
+            "ld.shared.b32 $0, [$1];",
+            "=r,r",
+            has_side_effects=True,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+def _ld_scalar(ptx_type: str):
+    @dsl_user_op
+    def load(addr, *, loc=None, ip=None):
+        return cutlass.Int32(
+            llvm.inline_asm(
+                T.i32(),
+                [cutlass.Int64(addr).ir_value(loc=loc, ip=ip)],
+                f"ld.global.nc.{ptx_type} $0, [$1];",
+                "=r,l",
+                has_side_effects=False,
+                is_align_stack=False,
+                asm_dialect=llvm.AsmDialect.AD_ATT,
+            )
+        )
+
+    return load
+
+
+ld_global_u8 = _ld_scalar("u8")
+ld_global_u16 = _ld_scalar("u16")
+
+
+# (mag shift, sign shift) of word i: nibble i's magnitude -> bf16 bits 6-8, its sign -> bit 15
+# (and nibble i + 4's -> bits 22-24 / 31). A negative shift is a right shift.
+_WORD_SHIFTS = ((6, 12), (2, 8), (-2, 4), (-6, 0))
+
+
+def _shift_ptx(dst: str, src: str, s: int) -> str:
+    if s > 0:
+        return f"shl.b32 {dst}, {src}, {s};"
+    if s < 0:
+        return f"shr.b32 {dst}, {src}, {-s};"
+    return f"mov.b32 {dst}, {src};"
+
+
+def _dequant_ptx(two_muls: bool) -> str:
+    lines = ["{", ".reg .b32 m, s;"]
+    if two_muls:
+        lines += [".reg .b32 t, c;", f"mov.b32 c, {_BF16X2_2P126:#x};"]
+    for i, (sm, ss) in enumerate(_WORD_SHIFTS):
+        lines += [
+            _shift_ptx("m", "$4", sm),
+            _shift_ptx("s", "$4", ss),
+            "and.b32 m, m, 0x01C001C0;",
+            "and.b32 s, s, 0x80008000;",
+            "or.b32 m, m, s;",
+        ]
+        if two_muls:
+            lines += ["mul.rn.bf16x2 t, m, c;", f"mul.rn.bf16x2 ${i}, t, $5;"]
+        else:
+            lines.append(f"mul.rn.bf16x2 ${i}, m, $5;")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+_DQ_ONE = _dequant_ptx(False)
+_DQ_TWO = _dequant_ptx(True)
+
+
+@dsl_user_op
+def dequant_fp4x8(word, factor, two_muls: bool, *, loc=None, ip=None):
+    """8 e2m1 nibbles (k0..k7, k0 in the low bits) -> 4 bf16x2 words ``(k_i, k_{i+4}) * c``:
+    ``c = factor * 2**-126`` (one multiply) or ``factor`` (two_muls: by 2**126, then factor)."""
+    res = llvm.inline_asm(
+        llvm.StructType.get_literal([T.i32()] * 4),
+        [_i32(word, loc, ip), _i32(factor, loc, ip)],
+        _DQ_TWO if two_muls else _DQ_ONE,
+        "=r,=r,=r,=r,r,r",
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+    return [cutlass.Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
+
+
+@dsl_user_op
+def nvfp4_factors(pair, *, loc=None, ip=None):
+    """Two e4m3 scale bytes (low byte first) -> two bf16x2 words, each ``(s * 2**118)`` twice."""
+    res = llvm.inline_asm(
+        llvm.StructType.get_literal([T.i32()] * 2),
+        [_i32(pair, loc, ip)],
+        "{\n.reg .b32 h;\n.reg .b16 p, lo, hi;\n.reg .f32 f0, f1;\n"
+        "cvt.u16.u32 p, $2;\n"
+        "cvt.rn.f16x2.e4m3x2 h, p;\n"
+        "mov.b32 {lo, hi}, h;\n"
+        "cvt.f32.f16 f0, lo;\ncvt.f32.f16 f1, hi;\n"
+        f"mul.f32 f0, f0, {_F32_2P118};\nmul.f32 f1, f1, {_F32_2P118};\n"
+        "cvt.rn.bf16x2.f32 $0, f0, f0;\ncvt.rn.bf16x2.f32 $1, f1, f1;\n}",
+        "=r,=r,r",
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+    return [cutlass.Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(2)]
+
+
+@dsl_user_op
+def mma_bf16_16816(a, b, c, *, loc=None, ip=None):
+    """``mma.sync.m16n8k16`` bf16 x bf16 -> fp32: a 4 words, b 2 words, c 4 fp32; returns d."""
+    res = llvm.inline_asm(
+        llvm.StructType.get_literal([T.f32()] * 4),
+        [_i32(v, loc, ip) for v in a]
+        + [_i32(v, loc, ip) for v in b]
+        + [cutlass.Float32(v).ir_value(loc=loc, ip=ip) for v in c],
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+        "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f",
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+    return [cutlass.Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
+
+
+def mx_factor_bits(e):
+    """e8m0 byte -> bf16 bits of 2**(e - 127) (e = 0: the subnormal 2**-127; 255: NaN)."""
+    sel = cutlass.select_
+    return sel(e == 0, cutlass.Int32(0x40), sel(e == 255, cutlass.Int32(0x7FC0), e << 7))
+
+
+def fragment_order_x(x: torch.Tensor) -> torch.Tensor:
+    """(rows, K) bf16 activations -> the kernel's fragment order, zero-padded to whole 128-wide
+    K chunks: a (K_p / 128 * 4, rows, 4, 8) tensor whose [4 c + j, m, t] holds token m's K values
+    128 c + 32 t + 8 j + (0, 4, 1, 5, 2, 6, 3, 7). One LDG.128 of a warp then reads 512
+    contiguous bytes (8 tokens x 4 threads), already paired as the B fragments want."""
+    rows, k = x.shape
+    kp = -(-k // CHUNK_K) * CHUNK_K
+    if kp != k:
+        x = torch.nn.functional.pad(x, (0, kp - k))
+    v = x.reshape(rows, kp // CHUNK_K, 4, 4, 2, 4)  # (m, c, t, j, half, i): K = 128c + 32t + 8j + 4half + i
+    return v.permute(1, 3, 0, 2, 5, 4).reshape(kp // CHUNK_K * 4, rows, 4, 8)
+
+
+# --- torch twin of the register math (CPU tests check it against dequantize_ref) ---------------
+def dequant_words_ref(word: torch.Tensor, factor_bits: torch.Tensor, two_muls: bool) -> torch.Tensor:
+    """Twin of :func:`dequant_fp4x8` on int64 tensors holding uint32 values: (..., 4, 2) fp32
+    values of the 4 bf16x2 words (low half first), computed with the kernel's shifts and masks
+    and bf16 multiplies (exact products: rounding to bf16 changes nothing)."""
+
+    def bf16_pair(bits):
+        lo = ((bits & 0xFFFF) << 16).to(torch.int32).view(torch.float32)
+        hi = (((bits >> 16) & 0xFFFF) << 16).to(torch.int32).view(torch.float32)
+        return torch.stack([lo, hi], dim=-1)
+
+    def bf16_mul(a, b):
+        return (a.double() * b.double()).to(torch.bfloat16).float()
+
+    out = []
+    for sm, ss in _WORD_SHIFTS:
+        m = ((word << sm) if sm >= 0 else (word >> -sm)) & 0x01C001C0
+        sg = (word << ss) & 0x80008000
+        v = bf16_pair((m | sg) & 0xFFFFFFFF)
+        f = bf16_pair(factor_bits & 0xFFFFFFFF)
+        if two_muls:
+            v = bf16_mul(v, torch.full_like(v, 2.0**126))
+        out.append(bf16_mul(v, f))
+    return torch.stack(out, dim=-2)
+
+
+def nvfp4_factor_ref(scale_byte: torch.Tensor) -> torch.Tensor:
+    """Twin of :func:`nvfp4_factors` for one e4m3 byte: bf16x2 bits of ``s * 2**118`` twice."""
+    s = scale_byte.to(torch.uint8).view(torch.float8_e4m3fn).float() * 2.0**118
+    b = s.to(torch.bfloat16).view(torch.int16).to(torch.int64) & 0xFFFF
+    return b | (b << 16)
+
+
+def mx_factor_ref(e: torch.Tensor) -> torch.Tensor:
+    """Twin of :func:`mx_factor_bits` (both halves)."""
+    e = e.to(torch.int64)
+    f = torch.where(e == 0, 0x40, torch.where(e == 255, 0x7FC0, e << 7))
+    return f | (f << 16)
+
+
+# --- the kernel ---------------------------------------------------------------------------------
+class Fp4WeightKernel:
+    def __init__(self, cfg: Fp4WeightConfig):
+        self.cfg = cfg
+        self.mx = cfg.fmt == "mxfp4"
+        self.out_dtype = OUT_DTYPES[cfg.out_dtype]
+        self.min_blocks = cfg.min_blocks
+
+    @cute.jit
+    def __call__(
+        self,
+        mX: cute.Tensor,  # (total_M * K / 2,) int32: bf16 activations, row-major, pairs
+        mW: cute.Tensor,  # (L * N * K / 8,) int32: packed e2m1, row-major (L, N, K)
+        mS: cute.Tensor,  # (scale bytes,) uint8: swizzled 128x4 scales, (L, N_p, cols_p)
+        mOut: cute.Tensor,  # (total_M * N,) output, row-major
+        mOffs: cute.Tensor,  # (E,) int32 cumulative end rows (grouped; dense: unused)
+        mGs: cute.Tensor,  # (1,) fp32 global scale (NVFP4) or 1
+        m_rows: cutlass.Int32,  # dense: M per batch; grouped: total_M
+        n: cutlass.Int32,
+        k: cutlass.Int32,
+        batches: cutlass.Int32,  # L (dense) or E (grouped)
+        m_slices: cutlass.Int32,
+        tile_stride: cutlass.Int32,  # scale bytes per 128-row tile row
+        alpha: cutlass.Float32,
+        stream,
+    ):
+        grid_x = (n + self.cfg.rows_per_cta - 1) // self.cfg.rows_per_cta
+        self.kernel(mX, mW, mS, mOut, mOffs, mGs, m_rows, n, k, m_slices, tile_stride, alpha).launch(
+            grid=[grid_x, batches, m_slices], block=[32 * self.cfg.warps, 1, 1], stream=stream,
+            min_blocks_per_mp=self.min_blocks, preferred_smem_carveout=100 if self.min_blocks > 1 else None,
+        )
+
+    @cute.kernel
+    def kernel(self, mX, mW, mS, mOut, mOffs, mGs, m_rows, n, k, m_slices, tile_stride, alpha):
+        from cutlass import memory
+
+        cfg = self.cfg
+        RT, NT, RW, KW = cfg.row_tiles, cfg.n_tiles, cfg.warps_n, cfg.warps_k
+        tidx, _, _ = cute.arch.thread_idx()
+        bx, batch, slice_ = cute.arch.block_idx()
+        warp = tidx // 32
+        lane = tidx % 32
+        rw = warp % RW  # row group
+        kg = warp // RW  # K group: chunks kg, kg + KW, ...
+        g = lane // 4
+        t = lane % 4
+        n_p = (n + 127) // 128 * 128
+        cols_p = cutlass.Int32(0)
+        if cutlass.const_expr(self.mx):
+            cols_p = ((k + 31) // 32 + 3) // 4 * 4
+        else:
+            cols_p = ((k + 15) // 16 + 3) // 4 * 4
+        # rows of tokens this CTA reads: a batch of the dense form, an expert's segment of offs
+        row_start = cutlass.Int32(0)
+        row_end = m_rows
+        x_base = cutlass.Int64(0)  # token row of the batch's first row (dense)
+        if cutlass.const_expr(cfg.grouped):
+            row_end = mOffs[batch]
+            if batch > 0:
+                row_start = mOffs[batch - 1]
+        else:
+            x_base = cutlass.Int64(batch) * cutlass.Int64(m_rows)
+        gs = mGs[0] * alpha
+        if cutlass.const_expr(not self.mx):
+            gs = gs * cutlass.Float32(256.0)  # the NVFP4 factors carry 2**-8 (module docstring)
+
+        # Byte addresses. Weight row r, chunk c, thread t: 16 bytes at r * K/2 + 64 c + 16 t.
+        # Its scales (128x4 swizzled): tile row r // 128, in-tile (r % 32) * 16 + (r // 32 % 4) * 4,
+        # column kk // vec of K value kk = 128 c + 32 t: NVFP4 (2c + t // 2) * 512 + 2 (t % 2)
+        # (two scales, 16 K each), MXFP4 c * 512 + t.
+        row0 = bx * cfg.rows_per_cta + rw * (16 * RT)
+        # per-row byte offsets (32-bit: one weight matrix is < 2 GiB) from 64-bit batch bases
+        w_addr = cute.make_rmem_tensor((RT, 2), cutlass.Int32)
+        s_addr = cute.make_rmem_tensor((RT, 2), cutlass.Int32)
+        w_base = mW.iterator.toint() + cutlass.Int64(batch) * cutlass.Int64(n) * cutlass.Int64(k // 2)
+        s_base = mS.iterator.toint() + cutlass.Int64(batch) * cutlass.Int64(n_p) * cutlass.Int64(cols_p)
+        for rt in cutlass.range_constexpr(RT):
+            for hr in cutlass.range_constexpr(2):
+                r = cutlass.min(row0 + 16 * rt + 8 * hr + g, n - 1)  # rows past N: never stored
+                w_addr[rt, hr] = r * (k // 2) + 16 * t
+                in_tile = (r % 32) * 16 + ((r // 32) % 4) * 4
+                if cutlass.const_expr(self.mx):
+                    in_tile += t
+                else:
+                    in_tile += (t // 2) * 512 + 2 * (t % 2)
+                s_addr[rt, hr] = (r // 128) * tile_stride + in_tile
+        # activations in the fragment order of ``fragment_order_x`` (host): 16 bytes of token m,
+        # thread t, step j of chunk c at ((4 c + j) * rows + m) * 64 + 16 t
+        x_addr = cute.make_rmem_tensor((NT,), cutlass.Int32)
+        x_ptr = mX.iterator.toint()
+        x_plane = m_rows * 64
+        acc = cute.make_rmem_tensor((RT, NT, 4), cutlass.Float32)
+        rW = cute.make_rmem_tensor((RT, 2, 4), cutlass.Int32)  # raw e2m1 words of the current chunk
+        rS = cute.make_rmem_tensor((RT, 2), cutlass.Int32)  # its raw scale bytes
+        nW = cute.make_rmem_tensor((RT, 2, 4), cutlass.Int32)  # the next chunk's (prefetch)
+        nS = cute.make_rmem_tensor((RT, 2), cutlass.Int32)
+        n_acc = RT * NT * 4
+        sRed = None
+        if cutlass.const_expr(KW > 1):
+            # partial sums of K groups 1.. for group 0: (value, lane, row group, K group - 1)
+            sRed = memory.SmemAllocator().allocate_tensor(
+                cutlass.Float32, cute.make_layout((n_acc, 32, RW, KW - 1), stride=(32, 1, 32 * n_acc, 32 * n_acc * RW)), 16
+            )
+        D = cfg.stages
+        ring_w = cutlass.Int32(0)
+        ring_s = cutlass.Int32(0)
+        if cutlass.const_expr(D > 0):
+            # per warp: D stages x (2 RT) pieces x 32 lanes x 16 bytes (weights), x 4 bytes (scales)
+            sRing = memory.SmemAllocator().allocate_tensor(
+                cutlass.Int32, cute.make_layout(cfg.warps * D * 2 * RT * 32 * 5), 16
+            )
+            ring_w = sRing.iterator.toint() + warp * (D * 2 * RT * 512) + lane * 16
+            ring_s = sRing.iterator.toint() + cfg.warps * (D * 2 * RT * 512) + warp * (D * 2 * RT * 128) + lane * 4
+        full_chunks = k // CHUNK_K
+        my_chunks = cutlass.max(full_chunks - kg + KW - 1, 0) // KW  # kg, kg + KW, ... < full_chunks
+        tail_group = full_chunks % KW
+
+        m_chunk = slice_ * (8 * NT)
+        while row_start + m_chunk < row_end:
+            m0 = row_start + m_chunk
+            for nt in cutlass.range_constexpr(NT):
+                m = cutlass.min(m0 + nt * 8 + g, row_end - 1)  # tokens past the end: never stored
+                x_addr[nt] = m * 64 + 16 * t
+            acc.fill(0.0)
+            if cutlass.const_expr(D > 0):
+                # cp.async ring: chunk i of this warp in stage i % D, D chunks in flight. Each
+                # thread reads back only the bytes it copied itself, so waiting for its own
+                # groups is enough (no barrier).
+                for st in cutlass.range_constexpr(D):
+                    if st < my_chunks:
+                        self.issue_chunk(kg + st * KW, st, w_base, s_base, w_addr, s_addr, ring_w, ring_s)
+                    cp_async_commit()
+                for i in cutlass.range(my_chunks, unroll=1):
+                    st = i % D
+                    cp_async_wait(D - 1)
+                    for rt in cutlass.range_constexpr(RT):
+                        for hr in cutlass.range_constexpr(2):
+                            p = rt * 2 + hr
+                            words = ld_shared_v4(ring_w + (st * (2 * RT) + p) * 512)
+                            for q in cutlass.range_constexpr(4):
+                                rW[rt, hr, q] = words[q]
+                            sw = ld_shared_b32(ring_s + (st * (2 * RT) + p) * 128)
+                            if cutlass.const_expr(self.mx):
+                                rS[rt, hr] = (sw >> (8 * t)) & 0xFF
+                            else:
+                                rS[rt, hr] = (sw >> (16 * (t % 2))) & 0xFFFF
+                    self.mma_chunk(kg + i * KW, rW, rS, x_ptr, x_addr, x_plane, acc)
+                    if i + D < my_chunks:  # refill this stage (its bytes are in registers now)
+                        self.issue_chunk(kg + (i + D) * KW, st, w_base, s_base, w_addr, s_addr, ring_w, ring_s)
+                    cp_async_commit()
+                cp_async_wait(0)
+            else:
+                if my_chunks > 0:
+                    self.load_chunk(kg, w_base, s_base, w_addr, s_addr, nW, nS, True, False)
+                for i in cutlass.range(my_chunks, unroll=1):
+                    c = kg + i * KW
+                    for rt in cutlass.range_constexpr(RT):
+                        for hr in cutlass.range_constexpr(2):
+                            rS[rt, hr] = nS[rt, hr]
+                            for q in cutlass.range_constexpr(4):
+                                rW[rt, hr, q] = nW[rt, hr, q]
+                    if i + 1 < my_chunks:  # prefetch the next chunk under this one's math
+                        self.load_chunk(c + KW, w_base, s_base, w_addr, s_addr, nW, nS, True, False)
+                    self.mma_chunk(c, rW, rS, x_ptr, x_addr, x_plane, acc)
+            if full_chunks * CHUNK_K < k:  # K % 128: threads past K contribute zeros
+                if kg == tail_group:
+                    live = full_chunks * CHUNK_K + 32 * t < k
+                    self.load_chunk(full_chunks, w_base, s_base, w_addr, s_addr, rW, rS, live, True)
+                    self.mma_chunk(full_chunks, rW, rS, x_ptr, x_addr, x_plane, acc)
+            if cutlass.const_expr(KW > 1):
+                if kg > 0:
+                    for v in cutlass.range_constexpr(n_acc):
+                        sRed[v, lane, rw, kg - 1] = acc[v // (NT * 4), (v // 4) % NT, v % 4]
+                cute.arch.sync_threads()
+                if kg == 0:
+                    for kk in cutlass.range_constexpr(KW - 1):
+                        for v in cutlass.range_constexpr(n_acc):
+                            acc[v // (NT * 4), (v // 4) % NT, v % 4] += sRed[v, lane, rw, kk]
+            # out[m, n]: acc (rt, nt, 2 hr + i) is weight row 16 rt + 8 hr + g, token 8 nt + 2 t + i
+            if kg == 0:
+                for rt in cutlass.range_constexpr(RT):
+                    for hr in cutlass.range_constexpr(2):
+                        col_n = row0 + 16 * rt + 8 * hr + g
+                        for nt in cutlass.range_constexpr(NT):
+                            for i in cutlass.range_constexpr(2):
+                                m = m0 + nt * 8 + 2 * t + i
+                                if m < row_end:
+                                    if col_n < n:
+                                        v = self.out_dtype(acc[rt, nt, 2 * hr + i] * gs)
+                                        mOut[(x_base + cutlass.Int64(m)) * cutlass.Int64(n) + cutlass.Int64(col_n)] = v
+            if cutlass.const_expr(KW > 1):
+                cute.arch.sync_threads()  # sRed is rewritten by the next pass
+            m_chunk += m_slices * (8 * NT)
+
+    @cute.jit
+    def issue_chunk(self, c, st, w_base, s_base, w_addr, s_addr, ring_w, ring_s):
+        """cp.async this thread's pieces of K chunk ``c`` into ring stage ``st``: 16 bytes per
+        weight row, and the aligned 4-byte group holding its scale(s)."""
+        RT = self.cfg.row_tiles
+        t = cute.arch.lane_idx() % 4
+        s_off = (c * 512 - t) if self.mx else (c * 1024 - 2 * (t % 2))
+        for rt in cutlass.range_constexpr(RT):
+            for hr in cutlass.range_constexpr(2):
+                p = rt * 2 + hr
+                cp_async_16(ring_w + (st * (2 * RT) + p) * 512, w_base + cutlass.Int64(w_addr[rt, hr] + c * 64))
+                cp_async_4(ring_s + (st * (2 * RT) + p) * 128, s_base + cutlass.Int64(s_addr[rt, hr] + s_off))
+
+    @cute.jit
+    def load_chunk(self, c, w_base, s_base, w_addr, s_addr, rW, rS, live, masked: cutlass.Constexpr):
+        """Issue the loads of K chunk ``c``: this thread's 16 bytes of each of its weight rows and
+        their raw scale bytes (NVFP4: two e4m3, MXFP4: one e8m0). ``masked``: the K tail, where
+        a thread without K values (``live`` false) reads its row's first piece (in bounds) and
+        keeps zeros / scale 1."""
+        RT = self.cfg.row_tiles
+        t = cute.arch.lane_idx() % 4
+        w_off = c * 64
+        s_off = c * 512 if self.mx else c * 1024
+        if cutlass.const_expr(masked):
+            w_off = cutlass.select_(live, w_off, -16 * t)
+            s_off = cutlass.select_(live, s_off, -t if self.mx else -(t // 2) * 512 - 2 * (t % 2))
+        for rt in cutlass.range_constexpr(RT):
+            for hr in cutlass.range_constexpr(2):
+                words = ld_global_v4_stream(w_base + cutlass.Int64(w_addr[rt, hr] + w_off))
+                for q in cutlass.range_constexpr(4):
+                    rW[rt, hr, q] = words[q]
+                    if cutlass.const_expr(masked):
+                        rW[rt, hr, q] = cutlass.select_(live, words[q], cutlass.Int32(0))
+        for rt in cutlass.range_constexpr(RT):
+            for hr in cutlass.range_constexpr(2):
+                if cutlass.const_expr(self.mx):
+                    rS[rt, hr] = ld_global_u8(s_base + cutlass.Int64(s_addr[rt, hr] + s_off))
+                    if cutlass.const_expr(masked):
+                        rS[rt, hr] = cutlass.select_(live, rS[rt, hr], cutlass.Int32(127))
+                else:
+                    rS[rt, hr] = ld_global_u16(s_base + cutlass.Int64(s_addr[rt, hr] + s_off))
+                    if cutlass.const_expr(masked):
+                        rS[rt, hr] = cutlass.select_(live, rS[rt, hr], cutlass.Int32(0x3838))  # e4m3 1.0
+
+    @cute.jit
+    def mma_chunk(self, c, rW, rS, x_ptr, x_addr, x_plane, acc):
+        """Dequantize chunk ``c`` (loaded by :meth:`load_chunk`) and multiply it with the tokens'
+        K values into ``acc`` (the activations are zero-padded to whole chunks)."""
+        RT, NT = self.cfg.row_tiles, self.cfg.n_tiles
+        rF = cute.make_rmem_tensor((RT, 2, 2), cutlass.Int32)  # bf16x2 scale factors (per 16 K)
+        rA = cute.make_rmem_tensor((RT, 2, 4), cutlass.Int32)  # dequantized words of one j
+        for rt in cutlass.range_constexpr(RT):
+            for hr in cutlass.range_constexpr(2):
+                if cutlass.const_expr(self.mx):
+                    f = mx_factor_bits(rS[rt, hr])
+                    rF[rt, hr, 0] = f | (f << 16)
+                    rF[rt, hr, 1] = rF[rt, hr, 0]
+                else:
+                    fac = nvfp4_factors(rS[rt, hr])
+                    rF[rt, hr, 0] = fac[0]
+                    rF[rt, hr, 1] = fac[1]
+        for j in cutlass.range_constexpr(4):
+            for rt in cutlass.range_constexpr(RT):
+                for hr in cutlass.range_constexpr(2):
+                    dq = dequant_fp4x8(rW[rt, hr, j], rF[rt, hr, j // 2], self.mx)
+                    for q in cutlass.range_constexpr(4):
+                        rA[rt, hr, q] = dq[q]
+            for nt in cutlass.range_constexpr(NT):
+                # (x_0, x_4), (x_1, x_5), (x_2, x_6), (x_3, x_7) of this thread's 8 K values
+                xw = ld_global_v4(x_ptr + cutlass.Int64(x_addr[nt] + (4 * c + j) * x_plane))
+                for h in cutlass.range_constexpr(2):
+                    # B fragment of step (j, h): tokens' K values (2h, 2h+4) and (2h+1, 2h+5)
+                    b = (xw[2 * h], xw[2 * h + 1])
+                    for rt in cutlass.range_constexpr(RT):
+                        a = (rA[rt, 0, 2 * h], rA[rt, 1, 2 * h], rA[rt, 0, 2 * h + 1], rA[rt, 1, 2 * h + 1])
+                        d = mma_bf16_16816(a, b, [acc[rt, nt, q] for q in range(4)])
+                        for q in cutlass.range_constexpr(4):
+                            acc[rt, nt, q] = d[q]
+
+
+# --- compile ------------------------------------------------------------------------------------
+def _flat(dtype, div, align):
+    return make_fake_tensor(dtype, (cute.sym_int64(divisibility=div),), (1,), assumed_align=align)
+
+
+def fake_args(cfg: Fp4WeightConfig):
+    i32 = cutlass.Int32(1)
+    return (
+        _flat(cutlass.Int32, 4, 16),
+        _flat(cutlass.Int32, 4, 16),
+        _flat(cutlass.Uint8, 1, 16),
+        _flat(OUT_DTYPES[cfg.out_dtype], 1, 4),
+        _flat(cutlass.Int32, 1, 4),
+        _flat(cutlass.Float32, 1, 4),
+        i32, i32, i32, i32, i32, i32,
+        cutlass.Float32(1.0),
+        make_fake_stream(use_tvm_ffi_env_stream=True),
+    )  # fmt: skip
+
+
+def build_fp4_weight(cfg: Fp4WeightConfig):
+    """(kernel object, fake args) for :class:`~cutegemm.runtime.cache.KernelCache`."""
+    return Fp4WeightKernel(cfg), fake_args(cfg)
+
+
+@functools.cache
+def kernel_cache():
+    from ..runtime.cache import KernelCache
+
+    return KernelCache(build_fp4_weight)
+
+
+def all_configs(arch: str) -> list[Fp4WeightConfig]:
+    """The compile-checked variants for ``arch``: every kernel the host policy picks
+    (``fp4_weight_api.pick_config``) plus fp32 output and the other pipelines."""
+    from .fp4_weight_api import pick_config
+
+    out = []
+    for fmt in FORMATS:
+        for grouped in (False, True):
+            for rows in (1, 16, 32, 64):
+                out.append(pick_config(rows * (8 if grouped else 1), fmt, torch.bfloat16, arch, grouped, 8))
+    out.append(Fp4WeightConfig(fmt="nvfp4", out_dtype="fp32", arch=arch))
+    out.append(Fp4WeightConfig(fmt="mxfp4", out_dtype="fp16", n_tiles=4, warps_n=4, warps_k=2, stages=0, arch=arch))
+    return list(dict.fromkeys(out))
+
+
+def check_variant(cfg: Fp4WeightConfig) -> tuple[bool, dict, str]:
+    """Compile ``cfg`` to SASS (no GPU needed) and check it: (ok, marker counts, error)."""
+    from ..runtime.sass import compile_to_sass, count_markers
+
+    try:
+        sass = compile_to_sass(*build_fp4_weight(cfg), cfg.arch)
+    except Exception as exc:  # reported per variant by compile-check
+        return False, {}, f"{type(exc).__name__}: {exc}"[:300]
+    found = count_markers(sass, SASS_REQUIRED | SASS_FORBIDDEN)
+    missing = [k for k in SASS_REQUIRED if found[k] == 0]
+    spilled = [k for k in SASS_FORBIDDEN if found[k]]
+    err = (f"missing {missing} " if missing else "") + (f"local-memory spills {spilled}" if spilled else "")
+    return not err, found, err.strip()
+
+

@@ -1,0 +1,196 @@
+"""Host side of the FP4-weight GEMM (:mod:`cutegemm.blockscaled.fp4_weight`).
+
+``gemm_fp4_weight(x, qw)``: ``x @ dequantize(qw).mT`` for bf16 activations ``x`` (M, K) and an
+NVFP4 / MXFP4 :class:`BlockScaledTensor` weight ``qw`` of logical shape (N, K) (quantized along
+K, the layout ``cutegemm.quantize(w, "nvfp4")`` gives for a ``(N, K)`` nn.Linear weight). With
+``offs`` it is the MoE packed form: ``x`` (total_M, K), ``qw`` (E, N, K), ``offs`` int32 (E,)
+cumulative end rows on the GPU; rows of expert e are ``offs[e-1] .. offs[e]``; rows at or past
+``offs[-1]`` are not written. No host sync (the global scale stays on the device), so the
+call can be captured in a CUDA graph. Public entry points: ``cutegemm.gemm(x, qw)`` and
+``cutegemm.grouped_gemm(x, qw, offs=offs)``; ``cutegemm.gemm_ref`` / ``grouped_gemm_ref`` run
+:func:`gemm_fp4_weight_ref`.
+
+Supported: bf16 activations; K a multiple of 32 (the kernel loads 16-byte pieces of weight
+rows); out_dtype bf16 / fp16 / fp32. Any M works; the kernel is built for decode (up to 32
+tokens per pass over a CTA's weight rows; more tokens take more passes, which re-read those
+rows, mostly from L2: for prefill, dequantize and run the bf16 GEMM). Other K: ValueError.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .formats import MXFP4, NVFP4
+from .layout import to_swizzled
+from .reference import BlockScaledTensor, dequantize_ref
+
+__all__ = ["gemm_fp4_weight", "gemm_fp4_weight_ref", "pick_config", "is_fp4_weight_call"]
+
+_FORMATS = (NVFP4.name, MXFP4.name)
+_OUT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def is_fp4_weight_call(a, b) -> bool:
+    """True for (activation tensor, NVFP4 / MXFP4 BlockScaledTensor weight)."""
+    return isinstance(a, torch.Tensor) and isinstance(b, BlockScaledTensor) and b.fmt.name in _FORMATS
+
+
+def check_args(x, qw, offs=None, out_dtype=torch.bfloat16) -> None:
+    """The argument rules shared by the kernel path and its reference twin (no device rule)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+    if not isinstance(qw, BlockScaledTensor):
+        raise TypeError(f"qw: expected a BlockScaledTensor, got {type(qw).__name__}")
+    if qw.fmt.name not in _FORMATS:
+        raise ValueError(
+            f"qw: FP4-weight GEMM takes {' / '.join(_FORMATS)} weights, got {qw.fmt.name} "
+            "(MXFP8 x MXFP8 is cutegemm.gemm(qa, qb) on sm_100a)"
+        )
+    if x.dtype != torch.bfloat16:
+        raise TypeError(f"x: the FP4-weight GEMM takes bf16 activations, got {x.dtype}")
+    grouped = offs is not None
+    if x.dim() != 2:
+        raise ValueError(f"x: expected (M, K), got {tuple(x.shape)}")
+    if len(qw.shape) != (3 if grouped else 2):
+        want = "(E, N, K) with offs" if grouped else "(N, K) without offs"
+        raise ValueError(f"qw: expected {want}, got {tuple(qw.shape)}")
+    if x.shape[1] != qw.shape[-1]:
+        raise ValueError(f"K mismatch: x {tuple(x.shape)} vs qw {tuple(qw.shape)}")
+    if grouped:
+        if not isinstance(offs, torch.Tensor) or offs.dtype != torch.int32 or offs.dim() != 1:
+            raise TypeError("offs must be a 1-D torch.int32 tensor")
+        if offs.numel() != qw.shape[0]:
+            raise ValueError(f"offs has {offs.numel()} entries but qw has {qw.shape[0]} experts")
+    if not isinstance(out_dtype, torch.dtype) or not out_dtype.is_floating_point:
+        raise TypeError(f"out_dtype must be a floating torch dtype, got {out_dtype}")
+
+
+def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bool, experts: int = 1):
+    """The kernel variant: tokens per pass from the (mean) rows per batch / expert."""
+    from .fp4_weight import Fp4WeightConfig
+
+    rows = -(-m // max(experts, 1)) if grouped else m
+    n_tiles = 1 if rows <= 8 else 2 if rows <= 16 else 4  # more rows: passes in the CTA (L2 hits)
+    # Measured on the H200 (bench/RESULTS.md, fourth session): dense decode is fastest with
+    # 16-row warps, K split over 2-4 warps and register prefetch; NVFP4 grouped (many small
+    # experts) with a 4-deep cp.async ring and 2 x 4 warps (MXFP4 grouped: not, 1.45x slower).
+    if grouped and fmt == "nvfp4":
+        shape = dict(row_tiles=1, warps_n=2, warps_k=4, stages=4)
+    else:
+        shape = dict(row_tiles=1, warps_n=1, warps_k=2 if 8 < m <= 16 else 4, stages=0)
+    return Fp4WeightConfig(fmt=fmt, n_tiles=n_tiles, grouped=grouped, out_dtype=_OUT[out_dtype], arch=arch, **shape)
+
+
+@functools.cache
+def _arch(index: int) -> str:
+    major, minor = torch.cuda.get_device_capability(index)
+    if major in (9, 10):
+        return f"sm_{major}{minor}a" if major == 9 else "sm_100a"
+    raise NotImplementedError(f"the FP4-weight GEMM is compiled for sm_90a / sm_100a; this GPU is sm_{major}{minor}")
+
+
+@functools.lru_cache(maxsize=16)
+def _one(device: torch.device) -> torch.Tensor:
+    return torch.ones(1, dtype=torch.float32, device=device)
+
+
+def _scale_bytes(qw: BlockScaledTensor) -> torch.Tensor:
+    s = qw.scales if qw.scales_swizzled else to_swizzled(qw.scales)
+    return s.contiguous().view(torch.uint8).reshape(-1)
+
+
+def gemm_fp4_weight(
+    x: torch.Tensor,
+    qw: BlockScaledTensor,
+    *,
+    offs: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    alpha: float = 1.0,
+    config=None,
+) -> torch.Tensor:
+    """``alpha * x @ dequantize(qw).mT`` (fp32 accumulation), dense or MoE packed; see the
+    module docstring. ``out``: an (M, N) contiguous tensor to write (its dtype is the output
+    dtype). Raises TypeError / ValueError for bad arguments, NotImplementedError on a GPU other
+    than sm_90 / sm_100."""
+    if out_dtype is None:
+        out_dtype = out.dtype if isinstance(out, torch.Tensor) else torch.bfloat16
+    check_args(x, qw, offs, out_dtype)
+    if out_dtype not in _OUT:
+        raise TypeError(f"out_dtype must be one of {list(_OUT)}, got {out_dtype}")
+    dev = x.device
+    if dev.type != "cuda" or qw.data.device != dev or (offs is not None and offs.device != dev):
+        raise ValueError(f"x, qw (and offs) must be on one CUDA device, got {dev}, {qw.data.device}")
+    m, k = x.shape
+    n = qw.shape[-2]
+    if k % 32:
+        raise ValueError(f"the FP4-weight GEMM needs K % 32 == 0, got K={k}")
+    grouped = offs is not None
+    batches = qw.shape[0] if grouped else 1
+    if out is None:
+        out = torch.empty(m, n, dtype=out_dtype, device=dev)
+    elif not isinstance(out, torch.Tensor) or out.shape != (m, n) or out.dtype != out_dtype or out.device != dev:
+        raise ValueError(f"out must be a ({m}, {n}) {out_dtype} tensor on {dev}")
+    elif not out.is_contiguous():
+        raise ValueError("out must be contiguous")
+    if m == 0 or n == 0 or batches == 0:
+        return out
+    arch = _arch(dev.index if dev.index is not None else torch.cuda.current_device())
+    cfg = config or pick_config(m, qw.fmt.name, out_dtype, arch, grouped, batches)
+    if (cfg.fmt, cfg.grouped, cfg.out_dtype) != (qw.fmt.name, grouped, _OUT[out_dtype]):
+        raise ValueError(f"config {cfg.name} does not match this call ({qw.fmt.name}, grouped={grouped}, {out_dtype})")
+    from .fp4_weight import fragment_order_x, kernel_cache
+
+    xf = fragment_order_x(x)  # a small copy: the activations in the kernel's fragment order
+    data = qw.data.contiguous().view(torch.uint8).reshape(-1)
+    if data.data_ptr() % 16:
+        data = data.clone()
+    scales = _scale_bytes(qw)
+    n_p = -(-n // 128) * 128
+    cols_p = scales.numel() // (batches * n_p)
+    gs = qw.global_scale
+    gs = _one(dev) if gs is None else gs.detach().to(device=dev, dtype=torch.float32).reshape(1)
+    m_slices = 1  # a CTA's passes over its weight rows run back to back: the repeats hit L2
+    kernel_cache().get(cfg)(
+        xf.view(torch.int32).reshape(-1),
+        data.view(torch.int32),
+        scales,
+        out.view(-1),
+        offs if grouped else gs.view(torch.int32),  # dense: unused
+        gs,
+        m,
+        n,
+        k,
+        batches,
+        m_slices,
+        128 * cols_p,
+        float(alpha),
+    )
+    return out
+
+
+def gemm_fp4_weight_ref(
+    x: torch.Tensor,
+    qw: BlockScaledTensor,
+    *,
+    offs: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    alpha: float = 1.0,
+    compute_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Plain-torch twin (any device): dequantize the weight, multiply in ``compute_dtype``. Rows
+    at or past ``offs[-1]`` are zero here (the kernel leaves them unwritten)."""
+    check_args(x, qw, offs, out_dtype)
+    w = dequantize_ref(qw).to(compute_dtype)
+    xc = x.to(compute_dtype)
+    if offs is None:
+        acc = xc @ w.mT
+    else:
+        acc = torch.zeros(x.shape[0], w.shape[-2], dtype=compute_dtype, device=x.device)
+        prev = 0
+        for e, end in enumerate(offs.tolist()):
+            acc[prev:end] = xc[prev:end] @ w[e].mT
+            prev = end
+    return (acc * alpha if alpha != 1.0 else acc).to(out_dtype)

@@ -1,0 +1,201 @@
+"""FP4-weight GEMM (W4A16) on the CPU: the kernel's register math (torch twins) is exact, the
+fragment pairing reproduces the matmul, argument errors, and compile-checks for both archs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import cutegemm
+from cutegemm.blockscaled import fp4_weight as fw
+from cutegemm.blockscaled.fp4_weight_api import check_args, gemm_fp4_weight_ref, pick_config
+from cutegemm.blockscaled.reference import _E2M1_VALUES, dequantize_ref, quantize_ref
+
+E2M1 = torch.tensor(_E2M1_VALUES + tuple(-v for v in _E2M1_VALUES), dtype=torch.float64)
+
+
+def _words(codes: torch.Tensor) -> torch.Tensor:
+    """(..., 8) nibble codes (k0 first) -> (...,) uint32 words as int64 (k0 in the low bits)."""
+    shifts = torch.arange(8, dtype=torch.int64) * 4
+    return (codes.to(torch.int64) << shifts).sum(-1)
+
+
+def test_dequant_twin_nvfp4_exact_for_every_code_and_scale():
+    codes = torch.arange(16).repeat(8)[:16].reshape(2, 8)  # all 16 codes
+    for sbyte in range(256):
+        if sbyte & 0x7F == 0x7F:  # NaN scale: checked separately
+            continue
+        scale = torch.tensor([sbyte], dtype=torch.uint8).view(torch.float8_e4m3fn).double()
+        factor = fw.nvfp4_factor_ref(torch.tensor(sbyte))
+        got = fw.dequant_words_ref(_words(codes), factor, two_muls=False).double()  # (2, 4, 2)
+        want = E2M1[codes] * scale * 2.0**-8
+        # word i holds (k_i, k_{i+4})
+        want_pairs = torch.stack([want[:, :4], want[:, 4:]], dim=-1)
+        assert torch.equal(got, want_pairs), sbyte
+
+
+def test_dequant_twin_nvfp4_nan_scale_is_nan():
+    got = fw.dequant_words_ref(_words(torch.arange(8)), fw.nvfp4_factor_ref(torch.tensor(0x7F)), False)
+    assert torch.isnan(got).all()
+
+
+@pytest.mark.parametrize("e", [0, 1, 2, 60, 126, 127, 128, 129, 200, 253, 254, 255])
+def test_dequant_twin_mxfp4_exact_over_the_e8m0_range(e):
+    codes = torch.arange(16).reshape(2, 8)
+    got = fw.dequant_words_ref(_words(codes), fw.mx_factor_ref(torch.tensor(e)), two_muls=True).double()
+    if e == 255:
+        assert torch.isnan(got).all()
+        return
+    want = E2M1[codes] * 2.0 ** (e - 127)
+    want = want.float().double()  # the reference dequantizes in fp32 (6 * 2**127 -> inf)
+    want_pairs = torch.stack([want[:, :4], want[:, 4:]], dim=-1)
+    assert torch.equal(got, want_pairs), e
+
+
+def _simulate_chunk(codes: torch.Tensor, scales: torch.Tensor, x: torch.Tensor, vec: int) -> torch.Tensor:
+    """One warp's 128-wide K chunk as the kernel builds it: per lane (g, t) and step (j, h) the
+    m16n8k16 A / B fragments (PTX fragment layouts) from the twins; returns D (16 rows, 8 tokens)."""
+    d = torch.zeros(16, 8, dtype=torch.float64)
+    for j in range(4):
+        for h in range(2):
+            A = torch.zeros(16, 16, dtype=torch.float64)
+            B = torch.zeros(16, 8, dtype=torch.float64)
+            for lane in range(32):
+                g, t = lane // 4, lane % 4
+                words = []
+                for row in (g, g + 8):
+                    k0 = 32 * t + 8 * j
+                    w = _words(codes[row, k0 : k0 + 8])
+                    blk = k0 // vec
+                    s = scales[row, blk]
+                    if vec == 16:
+                        f = fw.nvfp4_factor_ref(s)
+                        dq = fw.dequant_words_ref(w, f, False).double() * 2.0**8
+                    else:
+                        dq = fw.dequant_words_ref(w, fw.mx_factor_ref(s), True).double()
+                    words.append(dq)
+                # a0a1 = row g word 2h, a2a3 = row g+8 word 2h, a4a5 = row g word 2h+1, a6a7 = row g+8 word 2h+1
+                A[g, 2 * t : 2 * t + 2] = words[0][2 * h]
+                A[g + 8, 2 * t : 2 * t + 2] = words[1][2 * h]
+                A[g, 2 * t + 8 : 2 * t + 10] = words[0][2 * h + 1]
+                A[g + 8, 2 * t + 8 : 2 * t + 10] = words[1][2 * h + 1]
+                xk = x[g, 32 * t + 8 * j : 32 * t + 8 * j + 8].double()
+                # b0b1 = (x_{2h}, x_{2h+4}) (prmt 0x5410), b2b3 = (x_{2h+1}, x_{2h+5}) (prmt 0x7632)
+                B[2 * t, g], B[2 * t + 1, g] = xk[2 * h], xk[2 * h + 4]
+                B[2 * t + 8, g], B[2 * t + 9, g] = xk[2 * h + 1], xk[2 * h + 5]
+            d += A @ B
+    return d
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_fragment_pairing_reproduces_the_matmul(fmt):
+    torch.manual_seed(0)
+    vec = 16 if fmt == "nvfp4" else 32
+    codes = torch.randint(0, 16, (16, 128))
+    if fmt == "nvfp4":
+        scales = torch.randint(0, 0x7F, (16, 128 // vec))  # e4m3 bytes, no NaN
+        sval = scales.to(torch.uint8).view(torch.float8_e4m3fn).double()
+    else:
+        scales = torch.randint(100, 150, (16, 128 // vec))
+        sval = 2.0 ** (scales.double() - 127)
+    x = torch.randn(8, 128).to(torch.bfloat16)
+    w = E2M1[codes] * sval.repeat_interleave(vec, dim=1)
+    want = w @ x.double().T
+    got = _simulate_chunk(codes, scales, x, vec)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("k", [128, 256, 96, 32])
+def test_fragment_order_x(k):
+    rows = 5
+    x = torch.arange(rows * k, dtype=torch.float32).reshape(rows, k).to(torch.bfloat16)
+    xf = fw.fragment_order_x(x)
+    kp = -(-k // 128) * 128
+    assert xf.shape == (kp // 128 * 4, rows, 4, 8)
+    xp = torch.nn.functional.pad(x, (0, kp - k))
+    order = [0, 4, 1, 5, 2, 6, 3, 7]
+    for c in range(kp // 128):
+        for j in range(4):
+            for m in range(rows):
+                for t in range(4):
+                    base = 128 * c + 32 * t + 8 * j
+                    assert torch.equal(xf[4 * c + j, m, t], xp[m, [base + o for o in order]])
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    m=st.integers(1, 20),
+    n=st.integers(1, 40),
+    kb=st.integers(1, 6),
+    fmt=st.sampled_from(["nvfp4", "mxfp4"]),
+)
+def test_reference_matches_dequantized_matmul(m, n, kb, fmt):
+    k = 32 * kb
+    torch.manual_seed(m * 1000 + n * 10 + kb)
+    w = torch.randn(n, k)
+    qw = quantize_ref(w, fmt)
+    x = torch.randn(m, k).to(torch.bfloat16)
+    got = gemm_fp4_weight_ref(x, qw, out_dtype=torch.float32)
+    want = x.float() @ dequantize_ref(qw).T
+    torch.testing.assert_close(got, want)
+    # the public twins route here
+    torch.testing.assert_close(cutegemm.gemm_ref(x, qw, out_dtype=torch.float32), want)
+
+
+def test_grouped_reference_leaves_rows_past_the_last_offset_zero():
+    torch.manual_seed(1)
+    qw = quantize_ref(torch.randn(3, 24, 64), "nvfp4")
+    x = torch.randn(20, 64).to(torch.bfloat16)
+    offs = torch.tensor([4, 4, 15], dtype=torch.int32)
+    got = cutegemm.grouped_gemm_ref(x, qw, offs=offs, out_dtype=torch.float32)
+    w = dequantize_ref(qw)
+    torch.testing.assert_close(got[:4], x[:4].float() @ w[0].T)
+    torch.testing.assert_close(got[4:15], x[4:15].float() @ w[2].T)
+    assert torch.equal(got[15:], torch.zeros(5, 24))
+
+
+def test_argument_errors():
+    qw = quantize_ref(torch.randn(16, 64), "nvfp4")
+    x = torch.randn(4, 64).to(torch.bfloat16)
+    with pytest.raises(TypeError, match="bf16 activations"):
+        check_args(x.float(), qw)
+    with pytest.raises(ValueError, match="K mismatch"):
+        check_args(torch.randn(4, 32).to(torch.bfloat16), qw)
+    with pytest.raises(ValueError, match="mxfp8"):
+        check_args(x, quantize_ref(torch.randn(16, 64), "mxfp8"))
+    with pytest.raises(ValueError, match="without offs"):
+        check_args(x, quantize_ref(torch.randn(2, 16, 64), "nvfp4"))
+    with pytest.raises(ValueError, match="experts"):
+        check_args(x, quantize_ref(torch.randn(2, 16, 64), "nvfp4"), offs=torch.tensor([4], dtype=torch.int32))
+    with pytest.raises(TypeError, match="int32"):
+        check_args(x, quantize_ref(torch.randn(2, 16, 64), "nvfp4"), offs=torch.tensor([2, 4]))
+    with pytest.raises(ValueError, match="CUDA"):
+        cutegemm.gemm(x, qw)  # CPU tensors
+    with pytest.raises(ValueError, match="offs is required"):
+        cutegemm.grouped_gemm(x, quantize_ref(torch.randn(2, 16, 64), "nvfp4"))
+
+
+def test_pick_config_tokens_per_pass():
+    assert pick_config(1, "nvfp4", torch.bfloat16, "sm_90a", False).tokens_per_pass == 8
+    assert pick_config(16, "nvfp4", torch.bfloat16, "sm_90a", False).tokens_per_pass == 16
+    assert pick_config(64, "mxfp4", torch.bfloat16, "sm_90a", False).tokens_per_pass == 32
+    assert pick_config(512, "nvfp4", torch.bfloat16, "sm_90a", True, experts=32).tokens_per_pass == 16
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        fw.Fp4WeightConfig(fmt="nvfp4", n_tiles=2),
+        fw.Fp4WeightConfig(fmt="mxfp4", n_tiles=8, grouped=True),
+        fw.Fp4WeightConfig(fmt="nvfp4", n_tiles=1, grouped=True, out_dtype="fp32"),
+    ],
+    ids=lambda c: c.name,
+)
+def test_compile_check(cfg, arch):
+    from dataclasses import replace
+
+    ok, markers, err = fw.check_variant(replace(cfg, arch=arch))
+    assert ok, (err, markers)

@@ -1,0 +1,172 @@
+"""FP4-weight GEMM (W4A16) on a GPU (sm_90 / sm_100): every element against a float64 reference
+of the dequantized weights, error within 2x torch's own bf16 error; poisoned outputs; grouped
+with empty experts and rows past the last offset untouched; CUDA-graph replay with new offs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import cutegemm
+from cutegemm.blockscaled.reference import dequantize_ref
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] not in (9, 10),
+    reason="needs an sm_90 / sm_100 GPU",
+)
+POISON = float("nan")
+
+
+def _weights(shape, fmt, seed, special=True):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    w = torch.randn(*shape, device="cuda", generator=g)
+    if special and shape[-1] >= 64:
+        w[..., :1, :32] = 0.0  # a zero block
+        w[..., 1:2, 32:64] *= 1e4  # large values (saturating scales)
+        w[..., 2:3, :16] *= 1e-6  # tiny values
+    return cutegemm.quantize(w.to(torch.bfloat16), fmt)
+
+
+def _check(out, x, qw, bounds=None):
+    """Max error vs float64 <= 2x torch bf16 matmul's (same dequantized weights) + eps."""
+    wd = dequantize_ref(qw).double()
+    if bounds is None:
+        ref = x.double() @ wd.T
+        tref = (x @ wd.to(torch.bfloat16).T).double()
+    else:
+        ref = torch.zeros(out.shape, dtype=torch.float64, device=out.device)
+        tref = ref.clone()
+        for e, (s, t) in enumerate(bounds):
+            ref[s:t] = x[s:t].double() @ wd[e].T
+            tref[s:t] = (x[s:t] @ wd[e].to(torch.bfloat16).T).double()
+    assert not torch.isnan(out).any(), "unwritten (poisoned) or NaN outputs"
+    if out.numel() == 0:
+        return
+    err = (out.double() - ref).abs().max().item()
+    terr = (tref - ref).abs().max().item()
+    scale = ref.abs().max().item()
+    assert err <= 2 * terr + 1e-6 * scale + 1e-30, (err, terr)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    m=st.integers(1, 80),
+    n=st.integers(1, 300),
+    kb=st.integers(1, 24),
+    fmt=st.sampled_from(["nvfp4", "mxfp4"]),
+    out_dtype=st.sampled_from([torch.bfloat16, torch.float32]),
+)
+def test_dense_matches_reference(m, n, kb, fmt, out_dtype):
+    k = 32 * kb
+    qw = _weights((n, k), fmt, seed=m * 7 + n * 13 + kb)
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    out = torch.full((m, n), POISON, device="cuda", dtype=out_dtype)
+    res = cutegemm.gemm(x, qw, out=out)
+    assert res is out
+    _check(out, x, qw)
+
+
+@pytest.mark.parametrize("m", [1, 16, 64])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_decode_shapes(m, fmt):
+    qw = _weights((4096, 2048), fmt, seed=m)
+    x = torch.randn(m, 2048, device="cuda").to(torch.bfloat16)
+    _check(cutegemm.gemm(x, qw), x, qw)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [dict(stages=4, warps_n=2, warps_k=4), dict(stages=3, warps_n=1, warps_k=4, min_blocks=4),
+     dict(stages=0, warps_n=4, warps_k=2, row_tiles=2), dict(stages=6, warps_n=1, warps_k=8)],
+    ids=str,
+)  # fmt: skip
+@pytest.mark.parametrize("grouped", [False, True])
+def test_other_pipelines(shape, grouped):
+    """The variants the policy does not pick (cp.async ring vs register prefetch, other warp
+    splits), dense and grouped, K with a tail chunk."""
+    from dataclasses import replace
+
+    from cutegemm.blockscaled.fp4_weight_api import _arch, gemm_fp4_weight, pick_config
+
+    k, n = 32 * 37, 200
+    e = 3 if grouped else 1
+    qw = _weights((e, n, k) if grouped else (n, k), "nvfp4", seed=11)
+    counts = [9, 0, 30] if grouped else [21]
+    x = torch.randn(sum(counts), k, device="cuda").to(torch.bfloat16)
+    offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32) if grouped else None
+    cfg = replace(pick_config(x.shape[0], "nvfp4", torch.bfloat16, _arch(0), grouped, e), **shape)
+    out = torch.full((x.shape[0], n), POISON, device="cuda", dtype=torch.bfloat16)
+    gemm_fp4_weight(x, qw, offs=offs, out=out, config=cfg)
+    bounds = list(zip([0, *offs.tolist()[:-1]], offs.tolist(), strict=True)) if grouped else None
+    _check(out, x, qw, bounds)
+
+
+def test_alpha_and_global_scale():
+    qw = cutegemm.quantize(torch.randn(96, 256, device="cuda").to(torch.bfloat16), "nvfp4", global_scale=0.37)
+    x = torch.randn(5, 256, device="cuda").to(torch.bfloat16)
+    got = cutegemm.gemm(x, qw, alpha=0.5, out_dtype=torch.float32)
+    want = cutegemm.gemm_ref(x, qw, alpha=0.5, out_dtype=torch.float64).float()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    counts=st.lists(st.sampled_from([0, 0, 1, 3, 8, 16, 17, 40, 70]), min_size=1, max_size=8),
+    extra=st.integers(0, 9),
+    n=st.integers(1, 200),
+    kb=st.integers(1, 10),
+    fmt=st.sampled_from(["nvfp4", "mxfp4"]),
+)
+def test_grouped_matches_reference(counts, extra, n, kb, fmt):
+    k = 32 * kb
+    e = len(counts)
+    qw = _weights((e, n, k), fmt, seed=sum(counts) + n + kb)
+    total = sum(counts) + extra  # rows past offs[-1] must stay untouched
+    x = torch.randn(total, k, device="cuda").to(torch.bfloat16)
+    offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
+    out = torch.full((total, n), POISON, device="cuda", dtype=torch.bfloat16)
+    cutegemm.grouped_gemm(x, qw, offs=offs, out=out)
+    end = sum(counts)
+    assert torch.isnan(out[end:]).all(), "a row past offs[-1] was written"
+    bounds = list(zip([0, *offs.tolist()[:-1]], offs.tolist(), strict=True))
+    _check(out[:end], x[:end], qw, bounds)
+
+
+def test_grouped_cuda_graph_replay_with_new_offs():
+    e, n, k, total = 8, 256, 512, 96
+    qw = _weights((e, n, k), "nvfp4", seed=5)
+    x = torch.randn(total, k, device="cuda").to(torch.bfloat16)
+    offs = torch.zeros(e, dtype=torch.int32, device="cuda")
+    out = torch.empty(total, n, device="cuda", dtype=torch.bfloat16)
+    cutegemm.grouped_gemm(x, qw, offs=offs.copy_(torch.arange(1, e + 1, device="cuda") * 12), out=out)  # compile
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        cutegemm.grouped_gemm(x, qw, offs=offs, out=out)
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(20):
+        cuts = torch.sort(torch.randint(0, total + 1, (e,), generator=gen)).values
+        offs.copy_(cuts.to(torch.int32))
+        out.fill_(POISON)
+        graph.replay()
+        torch.cuda.synchronize()
+        want = cutegemm.grouped_gemm(x, qw, offs=offs)
+        end = int(cuts[-1])
+        assert torch.equal(out[:end], want[:end])
+        assert torch.isnan(out[end:]).all()
+        bounds = list(zip([0, *cuts.tolist()[:-1]], cuts.tolist(), strict=True))
+        _check(out[:end], x[:end], qw, bounds)
+
+
+def test_errors_on_gpu():
+    qw = _weights((64, 48), "nvfp4", seed=1, special=False)
+    x = torch.randn(4, 48, device="cuda").to(torch.bfloat16)
+    with pytest.raises(ValueError, match="K % 32"):
+        cutegemm.gemm(x, qw)
+    qw = _weights((64, 128), "nvfp4", seed=1, special=False)
+    x = torch.randn(4, 128, device="cuda").to(torch.bfloat16)
+    with pytest.raises(ValueError, match="out must be"):
+        cutegemm.gemm(x, qw, out=torch.empty(4, 63, device="cuda", dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="bf16 activations"):
+        cutegemm.gemm(x.half(), qw)

@@ -1,0 +1,18 @@
+"""One dense and one grouped FP4-weight call (decode shapes) for ncu."""
+import sys
+
+import torch
+
+import cutegemm
+from cutegemm.blockscaled.fp4_weight import Fp4WeightConfig
+from cutegemm.blockscaled.fp4_weight_api import gemm_fp4_weight
+
+torch.manual_seed(0)
+m, n, k = 16, 28672, 4096
+qw = cutegemm.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), "nvfp4")
+x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+cfgs = [eval(f"Fp4WeightConfig({s})") for s in sys.argv[1:]] or [None]
+for cfg in cfgs:
+    for _ in range(1):
+        gemm_fp4_weight(x, qw, config=cfg)
+torch.cuda.synchronize()
