@@ -79,6 +79,7 @@ class Fp4WeightConfig:
     arch: str = "sm_90a"
     min_blocks: int = 0  # CTAs per SM the registers are capped for; 0: none
     stages: int = 4  # cp.async ring depth (K chunks in flight per warp); 0: register prefetch
+    l2_prefetch: int = 0  # L2 prefetch-size hint of the weight loads: 0, 128 or 256 bytes
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -112,7 +113,7 @@ class Fp4WeightConfig:
         return (
             f"fp4w_{g}{self.fmt}_t{self.tokens_per_pass}_r{self.rows_per_cta}_w{self.warps_n}x{self.warps_k}_"
             f"{self.out_dtype}_{self.arch}" + (f"_mb{self.min_blocks}" if self.min_blocks else "")
-            + f"_s{self.stages}"
+            + f"_s{self.stages}" + (f"_l2p{self.l2_prefetch}" if self.l2_prefetch else "")
         )
 
 
@@ -122,12 +123,14 @@ def _i32(v, loc=None, ip=None):
 
 
 @dsl_user_op
-def ld_global_v4_stream(addr, *, loc=None, ip=None):
-    """Four 32-bit words from a 16-byte aligned global address, not allocated in L1."""
+def ld_global_v4_stream(addr, l2_prefetch: int = 0, *, loc=None, ip=None):
+    """Four 32-bit words from a 16-byte aligned global address, not allocated in L1 (with an L2
+    prefetch-size hint of 128 / 256 bytes if given)."""
+    hint = f".L2::{l2_prefetch}B" if l2_prefetch else ""
     res = llvm.inline_asm(
         llvm.StructType.get_literal([T.i32()] * 4),
         [cutlass.Int64(addr).ir_value(loc=loc, ip=ip)],
-        "ld.global.nc.L1::no_allocate.v4.b32 {$0, $1, $2, $3}, [$4];",
+        f"ld.global.nc.L1::no_allocate{hint}.v4.b32 {{$0, $1, $2, $3}}, [$4];",
         "=r,=r,=r,=r,l",
         has_side_effects=False,
         is_align_stack=False,
@@ -152,12 +155,13 @@ def ld_global_v4(addr, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def cp_async_16(smem_addr, gmem_addr, *, loc=None, ip=None):
+def cp_async_16(smem_addr, gmem_addr, l2_prefetch: int = 0, *, loc=None, ip=None):
     """16 bytes global -> shared, asynchronous, not cached in L1 (cp.async.cg)."""
+    hint = f".L2::{l2_prefetch}B" if l2_prefetch else ""
     llvm.inline_asm(
         None,
         [cutlass.Int32(smem_addr).ir_value(loc=loc, ip=ip), cutlass.Int64(gmem_addr).ir_value(loc=loc, ip=ip)],
-        "cp.async.cg.shared.global [$0], [$1], 16;",
+        f"cp.async.cg.shared.global{hint} [$0], [$1], 16;",
         "r,l",
         has_side_effects=True,
         is_align_stack=False,
@@ -596,7 +600,7 @@ class Fp4WeightKernel:
         for rt in cutlass.range_constexpr(RT):
             for hr in cutlass.range_constexpr(2):
                 p = rt * 2 + hr
-                cp_async_16(ring_w + (st * (2 * RT) + p) * 512, w_base + cutlass.Int64(w_addr[rt, hr] + c * 64))
+                cp_async_16(ring_w + (st * (2 * RT) + p) * 512, w_base + cutlass.Int64(w_addr[rt, hr] + c * 64), self.cfg.l2_prefetch)
                 cp_async_4(ring_s + (st * (2 * RT) + p) * 128, s_base + cutlass.Int64(s_addr[rt, hr] + s_off))
 
     @cute.jit
@@ -614,7 +618,7 @@ class Fp4WeightKernel:
             s_off = cutlass.select_(live, s_off, -t if self.mx else -(t // 2) * 512 - 2 * (t % 2))
         for rt in cutlass.range_constexpr(RT):
             for hr in cutlass.range_constexpr(2):
-                words = ld_global_v4_stream(w_base + cutlass.Int64(w_addr[rt, hr] + w_off))
+                words = ld_global_v4_stream(w_base + cutlass.Int64(w_addr[rt, hr] + w_off), self.cfg.l2_prefetch)
                 for q in cutlass.range_constexpr(4):
                     rW[rt, hr, q] = words[q]
                     if cutlass.const_expr(masked):

@@ -74,12 +74,13 @@ def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bo
     rows = -(-m // max(experts, 1)) if grouped else m
     n_tiles = 1 if rows <= 8 else 2 if rows <= 16 else 4  # more rows: passes in the CTA (L2 hits)
     # Measured on the H200 (bench/RESULTS.md, fourth session): dense decode is fastest with
-    # 16-row warps, K split over 2-4 warps and register prefetch; NVFP4 grouped (many small
+    # 16-row warps, K split over 2-4 warps, register prefetch and an L2 prefetch hint (+3%);
+    # NVFP4 grouped (many small
     # experts) with a 4-deep cp.async ring and 2 x 4 warps (MXFP4 grouped: not, 1.45x slower).
     if grouped and fmt == "nvfp4":
         shape = dict(row_tiles=1, warps_n=2, warps_k=4, stages=4)
     else:
-        shape = dict(row_tiles=1, warps_n=1, warps_k=2 if 8 < m <= 16 else 4, stages=0)
+        shape = dict(row_tiles=1, warps_n=1, warps_k=2 if 8 < m <= 16 else 4, stages=0, l2_prefetch=256)
     return Fp4WeightConfig(fmt=fmt, n_tiles=n_tiles, grouped=grouped, out_dtype=_OUT[out_dtype], arch=arch, **shape)
 
 
