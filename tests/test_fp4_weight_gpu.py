@@ -159,6 +159,23 @@ def test_grouped_cuda_graph_replay_with_new_offs():
         _check(out[:end], x[:end], qw, bounds)
 
 
+def test_grouped_bad_offs_are_clamped_and_checked():
+    """offs past total_M / decreasing: clamped like the bf16 grouped path (memory-safe, rows of
+    no clamped expert untouched); check_offs=True raises."""
+    e, n, k, total = 3, 64, 128, 20
+    qw = _weights((e, n, k), "nvfp4", seed=2, special=False)
+    x = torch.randn(total, k, device="cuda").to(torch.bfloat16)
+    offs = torch.tensor([12, 5, 100], dtype=torch.int32, device="cuda")
+    out = torch.full((total, n), POISON, device="cuda", dtype=torch.bfloat16)
+    cutegemm.grouped_gemm(x, qw, offs=offs, out=out)
+    # expert 0: [0, 12), expert 1: [12, max(5, 12)) = empty, expert 2: [5, 20) (clamped)
+    wd = dequantize_ref(qw).double()
+    torch.testing.assert_close(out[12:].double(), x[12:].double() @ wd[2].T, rtol=2e-2, atol=2e-2)
+    assert not torch.isnan(out).any()
+    with pytest.raises(ValueError):
+        cutegemm.grouped_gemm(x, qw, offs=offs, check_offs=True)
+
+
 def test_errors_on_gpu():
     qw = _weights((64, 48), "nvfp4", seed=1, special=False)
     x = torch.randn(4, 48, device="cuda").to(torch.bfloat16)

@@ -283,6 +283,47 @@ def quant_out_case(a, b):
     assert err <= 0.2 * ref.abs().max().item(), f"quantized output: max error {err:.4g}"
 
 
+def _fp4_weight_cases():
+    """FP4 weights x bf16 (cutegemm.blockscaled.fp4_weight): dense and grouped, every pipeline
+    (register prefetch, cp.async ring), ragged N and a K tail chunk, poisoned outputs with a
+    guard row; rows past offs[-1] must stay poisoned."""
+    from cutegemm.blockscaled import quantize_ref
+    from cutegemm.blockscaled.fp4_weight_api import gemm_fp4_weight, gemm_fp4_weight_ref, pick_config
+
+    def case(fmt, grouped, shape):
+        n, k = 200, 32 * 13  # 3 full 128-K chunks + a 32-wide tail
+        e = 3 if grouped else 1
+        w = cpu(e, n, k) if grouped else cpu(n, k)
+        qw = quantize_ref(w, fmt)
+        counts = [9, 0, 30] if grouped else [21]
+        x = cpu(sum(counts) + 2, k)  # 2 rows past offs[-1] (grouped) / a guard (dense: sliced)
+        offs = torch.tensor(counts).cumsum(0).to(torch.int32) if grouped else None
+        rows = x.shape[0] if grouped else counts[0]
+        cfg = replace(pick_config(rows, fmt, BF, "sm_90a", grouped, e), **shape)
+        buf = torch.full((x.shape[0] + 1, n), float("nan"), dtype=BF).cuda()
+        out = buf[:rows]
+        qg = type(qw)(qw.data.cuda(), qw.scales.cuda(), qw.fmt, qw.shape,
+                      None if qw.global_scale is None else qw.global_scale.cuda(), qw.scales_swizzled)  # fmt: skip
+        gemm_fp4_weight(x[:rows].cuda(), qg, offs=to_gpu(offs), out=out, config=cfg)
+        torch.cuda.synchronize()
+        host = buf.cpu()
+        end = sum(counts) if grouped else rows
+        assert torch.isnan(host[end:]).all(), "fp4 weight: a row past the end was written"
+        ref = gemm_fp4_weight_ref(x[:rows], qw, offs=offs, out_dtype=F32)[:end]
+        got = host[:end].float()
+        assert not torch.isnan(got).any(), "fp4 weight: unwritten outputs"
+        err = (got - ref).abs().max().item()
+        assert err <= 0.02 * ref.abs().max().item() + 1e-3, f"fp4 weight: max error {err:.4g}"
+
+    out = {}
+    for fmt in ("nvfp4", "mxfp4"):
+        for grouped in (False, True):
+            for name, shape in (("regs", dict(stages=0)), ("ring", dict(stages=4, warps_n=2, warps_k=4))):
+                g = "grouped" if grouped else "dense"
+                out[f"fp4w-{fmt}-{g}-{name}"] = lambda f=fmt, gr=grouped, sh=shape: case(f, gr, sh)
+    return out
+
+
 def all_cases() -> dict:
     return {
         **_dense_cases(),
@@ -291,6 +332,7 @@ def all_cases() -> dict:
         "kgrouped": kgrouped_case,
         "list": list_case,
         **_quantize_cases(),
+        **_fp4_weight_cases(),
     }
 
 
@@ -300,6 +342,9 @@ def _kernel_count() -> int:
         from cutegemm.blockscaled.quantize import _cache
 
         n += len(_cache()._mem)
+        from cutegemm.blockscaled.fp4_weight import kernel_cache
+
+        n += len(kernel_cache()._mem)
     except (ImportError, AttributeError):
         pass
     return n

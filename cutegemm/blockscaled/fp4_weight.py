@@ -453,9 +453,11 @@ class Fp4WeightKernel:
         row_end = m_rows
         x_base = cutlass.Int64(0)  # token row of the batch's first row (dense)
         if cutlass.const_expr(cfg.grouped):
-            row_end = mOffs[batch]
+            # expert e: rows [clamp(offs[e-1]), max(clamp(offs[e]), start)), clamp into
+            # [0, total_M] (schedulers.grouped.expert_rows): bad offs stay memory-safe
             if batch > 0:
-                row_start = mOffs[batch - 1]
+                row_start = cutlass.min(cutlass.max(mOffs[batch - 1], 0), m_rows)
+            row_end = cutlass.max(cutlass.min(cutlass.max(mOffs[batch], 0), m_rows), row_start)
         else:
             x_base = cutlass.Int64(batch) * cutlass.Int64(m_rows)
         gs = mGs[0] * alpha

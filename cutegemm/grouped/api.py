@@ -489,7 +489,10 @@ def _fp4_weight(call: dict, fn):
     if call.get("offs") is None:
         raise ValueError("offs is required for tensor inputs (int32 cumulative end offsets, on the GPU)")
     ref = fn is grouped_gemm_ref
-    opts = _options(call, fn, ("offs", "out_dtype", "alpha", *(("compute_dtype",) if ref else ("out", "config"))))
+    extra = ("compute_dtype",) if ref else ("out", "config", "check_offs")
+    opts = _options(call, fn, ("offs", "out_dtype", "alpha", *extra))
+    if opts.pop("check_offs", False):
+        _check_offs_values(call["offs"], call["a"].shape[0])
     return (fw.gemm_fp4_weight_ref if ref else fw.gemm_fp4_weight)(call["a"], call["b"], **opts)
 
 
