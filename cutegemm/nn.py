@@ -48,6 +48,44 @@ class GroupedExperts(nn.Module):
         return out.to(x.dtype)
 
 
+    def quantized(self, fmt: str = "nvfp4") -> QuantizedGroupedExperts:
+        """The same experts with FP4 weights (``"nvfp4"`` or ``"mxfp4"``) for decode: see
+        :class:`QuantizedGroupedExperts`."""
+        return QuantizedGroupedExperts(self, fmt)
+
+
+class QuantizedGroupedExperts(nn.Module):
+    """Inference twin of :class:`GroupedExperts` with FP4 (NVFP4 / MXFP4) weights: both grouped
+    GEMMs run the FP4-weight kernel (``cutegemm.blockscaled.fp4_weight``: weights dequantized in
+    registers, never in memory; built for decode, i.e. few tokens per expert), the SwiGLU runs in
+    torch between them (the FP4 kernel has no fused epilogue). Same routing inputs, no host sync.
+    Weights are quantized once with ``cutegemm.quantize`` (per-tensor NVFP4 global scale from the
+    weight's amax)."""
+
+    def __init__(self, experts: GroupedExperts, fmt: str = "nvfp4"):
+        super().__init__()
+        from .blockscaled.quantize import quantize
+
+        self.fmt, self.hidden = fmt, experts.hidden
+        with torch.no_grad():
+            self.q_gate_up = quantize(experts.w_gate_up.detach().to(torch.bfloat16), fmt)
+            self.q_down = quantize(experts.w_down.detach().to(torch.bfloat16), fmt)
+
+    def forward(self, x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        gu = grouped_gemm(x, self.q_gate_up, offs=offs)  # (T, 2I), gate/up interleaved
+        h = (torch.nn.functional.silu(gu[:, 0::2].float()) * gu[:, 1::2].float()).to(x.dtype)
+        return grouped_gemm(h, self.q_down, offs=offs)
+
+    def forward_ref(self, x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        """Plain-torch twin on the dequantized weights (fp32 math, bf16 between the GEMMs like
+        the kernel path)."""
+        from .grouped import grouped_gemm_ref
+
+        gu = grouped_gemm_ref(x, self.q_gate_up, offs=offs, out_dtype=x.dtype)
+        h = (torch.nn.functional.silu(gu[:, 0::2].float()) * gu[:, 1::2].float()).to(x.dtype)
+        return grouped_gemm_ref(h, self.q_down, offs=offs, out_dtype=x.dtype)
+
+
 def __getattr__(name):
     # ExpertParallelMoE lives in cutegemm.parallel (it imports this module); expose it here too.
     if name == "ExpertParallelMoE":

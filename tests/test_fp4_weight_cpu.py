@@ -199,3 +199,21 @@ def test_compile_check(cfg, arch):
 
     ok, markers, err = fw.check_variant(replace(cfg, arch=arch))
     assert ok, (err, markers)
+
+
+def test_quantized_grouped_experts_reference_on_cpu():
+    from cutegemm.nn import GroupedExperts, QuantizedGroupedExperts
+
+    torch.manual_seed(0)
+    layer = GroupedExperts(3, 64, 32)
+    q = QuantizedGroupedExperts.__new__(QuantizedGroupedExperts)
+    torch.nn.Module.__init__(q)
+    q.fmt, q.hidden = "nvfp4", 64
+    q.q_gate_up = quantize_ref(layer.w_gate_up.detach().float(), "nvfp4")
+    q.q_down = quantize_ref(layer.w_down.detach().float(), "nvfp4")
+    x = torch.randn(9, 64).to(torch.bfloat16)
+    offs = torch.tensor([2, 2, 9], dtype=torch.int32)
+    got = q.forward_ref(x, offs).float()
+    full = layer.forward_ref(x, offs).float()
+    assert got.shape == (9, 64)
+    assert (got - full).norm() <= 0.25 * full.norm()

@@ -187,3 +187,20 @@ def test_errors_on_gpu():
         cutegemm.gemm(x, qw, out=torch.empty(4, 63, device="cuda", dtype=torch.bfloat16))
     with pytest.raises(TypeError, match="bf16 activations"):
         cutegemm.gemm(x.half(), qw)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_quantized_grouped_experts(fmt):
+    from cutegemm.nn import GroupedExperts
+
+    torch.manual_seed(0)
+    layer = GroupedExperts(4, 256, 128, device="cuda")
+    q = layer.quantized(fmt)
+    counts = [5, 0, 17, 3]
+    x = torch.randn(sum(counts), 256, device="cuda").to(torch.bfloat16)
+    offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
+    got, want = q(x, offs), q.forward_ref(x, offs)
+    torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2)
+    # quantization error vs the bf16 layer: small relative to the output
+    full = layer.forward_ref(x, offs).float()
+    assert (got.float() - full).norm() <= 0.25 * full.norm()
