@@ -122,127 +122,79 @@ def _i32(v, loc=None, ip=None):
     return cutlass.Int32(v).ir_value(loc=loc, ip=ip)
 
 
+def _i64(v, loc=None, ip=None):
+    return cutlass.Int64(v).ir_value(loc=loc, ip=ip)
+
+
+def _asm(ptx: str, ins: list, constraints: str, n_out: int = 0, out=cutlass.Int32, effects=False, loc=None, ip=None):
+    """One inline-PTX statement: ``ins`` are MLIR values, ``n_out`` results of DSL type ``out``
+    (None for none, the value for one, a list for several)."""
+    ty = T.f32() if out is cutlass.Float32 else T.i32()
+    res_ty = None if n_out == 0 else ty if n_out == 1 else llvm.StructType.get_literal([ty] * n_out)
+    res = llvm.inline_asm(res_ty, ins, ptx, constraints, has_side_effects=effects, is_align_stack=False,
+                          asm_dialect=llvm.AsmDialect.AD_ATT)  # fmt: skip
+    if n_out <= 1:
+        return None if n_out == 0 else out(res)
+    return [out(llvm.extractvalue(ty, res, [i], loc=loc, ip=ip)) for i in range(n_out)]
+
+
+_V4 = "{$0, $1, $2, $3}"
+
+
+def _l2(l2_prefetch: int) -> str:
+    return f".L2::{l2_prefetch}B" if l2_prefetch else ""
+
+
 @dsl_user_op
 def ld_global_v4_stream(addr, l2_prefetch: int = 0, *, loc=None, ip=None):
     """Four 32-bit words from a 16-byte aligned global address, not allocated in L1 (with an L2
     prefetch-size hint of 128 / 256 bytes if given)."""
-    hint = f".L2::{l2_prefetch}B" if l2_prefetch else ""
-    res = llvm.inline_asm(
-        llvm.StructType.get_literal([T.i32()] * 4),
-        [cutlass.Int64(addr).ir_value(loc=loc, ip=ip)],
-        f"ld.global.nc.L1::no_allocate{hint}.v4.b32 {{$0, $1, $2, $3}}, [$4];",
-        "=r,=r,=r,=r,l",
-        has_side_effects=False,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
-    return [cutlass.Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
+    ptx = f"ld.global.nc.L1::no_allocate{_l2(l2_prefetch)}.v4.b32 {_V4}, [$4];"
+    return _asm(ptx, [_i64(addr, loc, ip)], "=r,=r,=r,=r,l", 4, loc=loc, ip=ip)
 
 
 @dsl_user_op
 def ld_global_v4(addr, *, loc=None, ip=None):
     """Four 32-bit words from a 16-byte aligned global address (read-only path, L1 cached)."""
-    res = llvm.inline_asm(
-        llvm.StructType.get_literal([T.i32()] * 4),
-        [cutlass.Int64(addr).ir_value(loc=loc, ip=ip)],
-        "ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];",
-        "=r,=r,=r,=r,l",
-        has_side_effects=False,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
-    return [cutlass.Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
+    return _asm(f"ld.global.nc.v4.b32 {_V4}, [$4];", [_i64(addr, loc, ip)], "=r,=r,=r,=r,l", 4, loc=loc, ip=ip)
 
 
 @dsl_user_op
-def cp_async_16(smem_addr, gmem_addr, l2_prefetch: int = 0, *, loc=None, ip=None):
-    """16 bytes global -> shared, asynchronous, not cached in L1 (cp.async.cg)."""
-    hint = f".L2::{l2_prefetch}B" if l2_prefetch else ""
-    llvm.inline_asm(
-        None,
-        [cutlass.Int32(smem_addr).ir_value(loc=loc, ip=ip), cutlass.Int64(gmem_addr).ir_value(loc=loc, ip=ip)],
-        f"cp.async.cg.shared.global{hint} [$0], [$1], 16;",
-        "r,l",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
+def ld_global_u8(addr, *, loc=None, ip=None):
+    return _asm("ld.global.nc.u8 $0, [$1];", [_i64(addr, loc, ip)], "=r,l", 1, loc=loc, ip=ip)
 
 
 @dsl_user_op
-def cp_async_4(smem_addr, gmem_addr, *, loc=None, ip=None):
-    llvm.inline_asm(
-        None,
-        [cutlass.Int32(smem_addr).ir_value(loc=loc, ip=ip), cutlass.Int64(gmem_addr).ir_value(loc=loc, ip=ip)],
-        "cp.async.ca.shared.global [$0], [$1], 4;",
-        "r,l",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
+def ld_global_u16(addr, *, loc=None, ip=None):
+    return _asm("ld.global.nc.u16 $0, [$1];", [_i64(addr, loc, ip)], "=r,l", 1, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def cp_async(smem_addr, gmem_addr, size: int, l2_prefetch: int = 0, *, loc=None, ip=None):
+    """``size`` (4 or 16) bytes global -> shared, asynchronous (16: not cached in L1)."""
+    kind = "cg" if size == 16 else "ca"
+    ptx = f"cp.async.{kind}.shared.global{_l2(l2_prefetch)} [$0], [$1], {size};"
+    _asm(ptx, [_i32(smem_addr, loc, ip), _i64(gmem_addr, loc, ip)], "r,l", effects=True, loc=loc, ip=ip)
 
 
 @dsl_user_op
 def cp_async_commit(*, loc=None, ip=None):
-    llvm.inline_asm(None, [], "cp.async.commit_group;", "", has_side_effects=True,
-                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)  # fmt: skip
+    _asm("cp.async.commit_group;", [], "", effects=True, loc=loc, ip=ip)
 
 
 @dsl_user_op
 def cp_async_wait(n: int, *, loc=None, ip=None):
-    llvm.inline_asm(None, [], f"cp.async.wait_group {n};", "", has_side_effects=True,
-                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)  # fmt: skip
+    _asm(f"cp.async.wait_group {n};", [], "", effects=True, loc=loc, ip=ip)
 
 
 @dsl_user_op
 def ld_shared_v4(addr, *, loc=None, ip=None):
-    res = llvm.inline_asm(
-        llvm.StructType.get_literal([T.i32()] * 4),
-        [cutlass.Int32(addr).ir_value(loc=loc, ip=ip)],
-        "ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];",
-        "=r,=r,=r,=r,r",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
-    return [cutlass.Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
+    return _asm(f"ld.shared.v4.b32 {_V4}, [$4];", [_i32(addr, loc, ip)], "=r,=r,=r,=r,r", 4, effects=True, loc=loc, ip=ip)
 
 
 @dsl_user_op
 def ld_shared_b32(addr, *, loc=None, ip=None):
-    return cutlass.Int32(
-        llvm.inline_asm(
-            T.i32(),
-            [cutlass.Int32(addr).ir_value(loc=loc, ip=ip)],
-            "ld.shared.b32 $0, [$1];",
-            "=r,r",
-            has_side_effects=True,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-        )
-    )
-
-
-def _ld_scalar(ptx_type: str):
-    @dsl_user_op
-    def load(addr, *, loc=None, ip=None):
-        return cutlass.Int32(
-            llvm.inline_asm(
-                T.i32(),
-                [cutlass.Int64(addr).ir_value(loc=loc, ip=ip)],
-                f"ld.global.nc.{ptx_type} $0, [$1];",
-                "=r,l",
-                has_side_effects=False,
-                is_align_stack=False,
-                asm_dialect=llvm.AsmDialect.AD_ATT,
-            )
-        )
-
-    return load
-
-
-ld_global_u8 = _ld_scalar("u8")
-ld_global_u16 = _ld_scalar("u16")
+    return _asm("ld.shared.b32 $0, [$1];", [_i32(addr, loc, ip)], "=r,r", 1, effects=True, loc=loc, ip=ip)
 
 
 # (mag shift, sign shift) of word i: nibble i's magnitude -> bf16 bits 6-8, its sign -> bit 15
@@ -286,55 +238,33 @@ _DQ_TWO = _dequant_ptx(True)
 def dequant_fp4x8(word, factor, two_muls: bool, *, loc=None, ip=None):
     """8 e2m1 nibbles (k0..k7, k0 in the low bits) -> 4 bf16x2 words ``(k_i, k_{i+4}) * c``:
     ``c = factor * 2**-126`` (one multiply) or ``factor`` (two_muls: by 2**126, then factor)."""
-    res = llvm.inline_asm(
-        llvm.StructType.get_literal([T.i32()] * 4),
-        [_i32(word, loc, ip), _i32(factor, loc, ip)],
-        _DQ_TWO if two_muls else _DQ_ONE,
-        "=r,=r,=r,=r,r,r",
-        has_side_effects=False,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
-    return [cutlass.Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
+    ptx = _DQ_TWO if two_muls else _DQ_ONE
+    return _asm(ptx, [_i32(word, loc, ip), _i32(factor, loc, ip)], "=r,=r,=r,=r,r,r", 4, loc=loc, ip=ip)
+
+
+_NVFP4_FACTORS = (
+    "{\n.reg .b32 h;\n.reg .b16 p, lo, hi;\n.reg .f32 f0, f1;\n"
+    "cvt.u16.u32 p, $2;\n"
+    "cvt.rn.f16x2.e4m3x2 h, p;\n"
+    "mov.b32 {lo, hi}, h;\n"
+    "cvt.f32.f16 f0, lo;\ncvt.f32.f16 f1, hi;\n"
+    f"mul.f32 f0, f0, {_F32_2P118};\nmul.f32 f1, f1, {_F32_2P118};\n"
+    "cvt.rn.bf16x2.f32 $0, f0, f0;\ncvt.rn.bf16x2.f32 $1, f1, f1;\n}"
+)
 
 
 @dsl_user_op
 def nvfp4_factors(pair, *, loc=None, ip=None):
     """Two e4m3 scale bytes (low byte first) -> two bf16x2 words, each ``(s * 2**118)`` twice."""
-    res = llvm.inline_asm(
-        llvm.StructType.get_literal([T.i32()] * 2),
-        [_i32(pair, loc, ip)],
-        "{\n.reg .b32 h;\n.reg .b16 p, lo, hi;\n.reg .f32 f0, f1;\n"
-        "cvt.u16.u32 p, $2;\n"
-        "cvt.rn.f16x2.e4m3x2 h, p;\n"
-        "mov.b32 {lo, hi}, h;\n"
-        "cvt.f32.f16 f0, lo;\ncvt.f32.f16 f1, hi;\n"
-        f"mul.f32 f0, f0, {_F32_2P118};\nmul.f32 f1, f1, {_F32_2P118};\n"
-        "cvt.rn.bf16x2.f32 $0, f0, f0;\ncvt.rn.bf16x2.f32 $1, f1, f1;\n}",
-        "=r,=r,r",
-        has_side_effects=False,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
-    return [cutlass.Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(2)]
+    return _asm(_NVFP4_FACTORS, [_i32(pair, loc, ip)], "=r,=r,r", 2, loc=loc, ip=ip)
 
 
 @dsl_user_op
 def mma_bf16_16816(a, b, c, *, loc=None, ip=None):
     """``mma.sync.m16n8k16`` bf16 x bf16 -> fp32: a 4 words, b 2 words, c 4 fp32; returns d."""
-    res = llvm.inline_asm(
-        llvm.StructType.get_literal([T.f32()] * 4),
-        [_i32(v, loc, ip) for v in a]
-        + [_i32(v, loc, ip) for v in b]
-        + [cutlass.Float32(v).ir_value(loc=loc, ip=ip) for v in c],
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
-        "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f",
-        has_side_effects=False,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
-    return [cutlass.Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
+    ins = [_i32(v, loc, ip) for v in (*a, *b)] + [cutlass.Float32(v).ir_value(loc=loc, ip=ip) for v in c]
+    ptx = f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {_V4}, {{$4, $5, $6, $7}}, {{$8, $9}}, {{$10, $11, $12, $13}};"
+    return _asm(ptx, ins, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", 4, out=cutlass.Float32, loc=loc, ip=ip)
 
 
 def mx_factor_bits(e):
@@ -602,8 +532,8 @@ class Fp4WeightKernel:
         for rt in cutlass.range_constexpr(RT):
             for hr in cutlass.range_constexpr(2):
                 p = rt * 2 + hr
-                cp_async_16(ring_w + (st * (2 * RT) + p) * 512, w_base + cutlass.Int64(w_addr[rt, hr] + c * 64), self.cfg.l2_prefetch)
-                cp_async_4(ring_s + (st * (2 * RT) + p) * 128, s_base + cutlass.Int64(s_addr[rt, hr] + s_off))
+                cp_async(ring_w + (st * (2 * RT) + p) * 512, w_base + cutlass.Int64(w_addr[rt, hr] + c * 64), 16, self.cfg.l2_prefetch)
+                cp_async(ring_s + (st * (2 * RT) + p) * 128, s_base + cutlass.Int64(s_addr[rt, hr] + s_off), 4)
 
     @cute.jit
     def load_chunk(self, c, w_base, s_base, w_addr, s_addr, rW, rS, live, masked: cutlass.Constexpr):
@@ -721,16 +651,8 @@ def all_configs(arch: str) -> list[Fp4WeightConfig]:
 
 def check_variant(cfg: Fp4WeightConfig) -> tuple[bool, dict, str]:
     """Compile ``cfg`` to SASS (no GPU needed) and check it: (ok, marker counts, error)."""
-    from ..runtime.sass import compile_to_sass, count_markers
+    from ..runtime.sass import check_sass
 
-    try:
-        sass = compile_to_sass(*build_fp4_weight(cfg), cfg.arch)
-    except Exception as exc:  # reported per variant by compile-check
-        return False, {}, f"{type(exc).__name__}: {exc}"[:300]
-    found = count_markers(sass, SASS_REQUIRED | SASS_FORBIDDEN)
-    missing = [k for k in SASS_REQUIRED if found[k] == 0]
-    spilled = [k for k in SASS_FORBIDDEN if found[k]]
-    err = (f"missing {missing} " if missing else "") + (f"local-memory spills {spilled}" if spilled else "")
-    return not err, found, err.strip()
+    return check_sass(build_fp4_weight(cfg), cfg.arch, SASS_REQUIRED, SASS_FORBIDDEN)
 
 

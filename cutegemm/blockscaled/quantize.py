@@ -731,14 +731,6 @@ def dequantize(q: BlockScaledTensor) -> torch.Tensor:
 
 def check_variant(cfg: QuantizeConfig) -> tuple[bool, dict, str]:
     """Compile ``cfg`` to SASS (no GPU needed) and check it: (ok, marker counts, error)."""
-    from ..runtime.sass import compile_to_sass, count_markers
+    from ..runtime.sass import check_sass
 
-    try:
-        sass = compile_to_sass(*build_quantize(cfg), cfg.arch)
-    except Exception as exc:  # reported per variant by compile-check
-        return False, {}, f"{type(exc).__name__}: {exc}"[:300]
-    found = count_markers(sass, SASS_REQUIRED | SASS_FORBIDDEN)
-    missing = [k for k in SASS_REQUIRED if found[k] == 0]
-    spilled = [k for k in SASS_FORBIDDEN if found[k]]
-    err = (f"missing {missing} " if missing else "") + (f"local-memory spills {spilled}" if spilled else "")
-    return not err, found, err.strip()
+    return check_sass(build_quantize(cfg), cfg.arch, SASS_REQUIRED, SASS_FORBIDDEN)

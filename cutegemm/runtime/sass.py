@@ -46,3 +46,18 @@ def compile_to_sass(kernel, args, arch: str) -> str:
 
 def count_markers(sass: str, patterns: dict[str, str]) -> dict[str, int]:
     return {name: len(re.findall(pat, sass)) for name, pat in patterns.items()}
+
+
+def check_sass(build: tuple, arch: str, required: dict[str, str], forbidden: dict[str, str]) -> tuple[bool, dict, str]:
+    """Compile ``build`` = (kernel, fake args) for ``arch`` (no GPU needed) and check its SASS:
+    every ``required`` marker present, no ``forbidden`` one (local-memory spills).
+    Returns (ok, marker counts, error)."""
+    try:
+        sass = compile_to_sass(*build, arch)
+    except Exception as exc:  # reported per variant by compile-check
+        return False, {}, f"{type(exc).__name__}: {exc}"[:300]
+    found = count_markers(sass, required | forbidden)
+    missing = [k for k in required if found[k] == 0]
+    spilled = [k for k in forbidden if found[k]]
+    err = (f"missing {missing} " if missing else "") + (f"local-memory spills {spilled}" if spilled else "")
+    return not err, found, err.strip()
