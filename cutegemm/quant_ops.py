@@ -20,6 +20,8 @@ Schemas::
     cutegemm::gemm_blockscaled(Tensor a, Tensor a_scales, Tensor b, Tensor b_scales,
         Tensor? a_global_scale=None, Tensor? b_global_scale=None, *, str fmt,
         ScalarType? out_dtype=None, float alpha=1.0) -> Tensor
+    cutegemm::gemm_fp4_weight(Tensor x, Tensor w, Tensor w_scales, Tensor? w_global_scale=None,
+        Tensor? offs=None, *, str fmt, ScalarType? out_dtype=None, float alpha=1.0) -> Tensor
 
 ``quantize``: x (rows, K) or (L, rows, K), fp32 / bf16 / fp16; fmt "mxfp8", "mxfp8_e5m2",
 "mxfp4" or "nvfp4". data: ``fmt.elem_dtype``, K (FP4: K / 2, two elements per byte) on the last
@@ -47,6 +49,14 @@ scales (one-element fp32, None = 1; MX formats take none); fmt "mxfp8", "mxfp4" 
 CUDA: :func:`cutegemm.blockscaled.sm100.gemm_blockscaled` (sm_100a only: NotImplementedError on
 sm_90a; it reads the NVFP4 global scales on the host, so it is not graph-capturable for NVFP4);
 CPU: ``gemm_ref`` (dequantize_ref both, fp32 matmul, cast).
+
+``gemm_fp4_weight``: ``alpha * x @ dequantize(W).mT`` for bf16 activations x (M, K) and an
+NVFP4 / MXFP4 weight W (N, K) (or (E, N, K) with ``offs``: the MoE packed form, rows of expert e
+are ``offs[e-1] .. offs[e]``; rows at or past ``offs[-1]`` are zero: the op zero-fills the
+output first, since a custom op's output must be fully defined), the raw fields
+of the weight's BlockScaledTensor (elements ``float4_e2m1fn_x2`` (.., N, K / 2), swizzled
+scales, NVFP4 global scale). CUDA: :func:`cutegemm.blockscaled.fp4_weight_api.gemm_fp4_weight`
+(no host sync: graph-capturable); CPU: its reference twin. Wrapper: :func:`gemm_fp4_weight`.
 
 Not differentiable: no autograd formula is registered (quantization is a step function; the
 outputs are FP8 / FP4 elements and scale bytes). Inputs that require grad are accepted; a
@@ -86,6 +96,10 @@ GEMM_BLOCKSCALED_SCHEMA = (
     "Tensor? b_global_scale=None, *, str fmt, ScalarType? out_dtype=None, float alpha=1.0) -> Tensor"
 )
 _BLOCKSCALED_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+GEMM_FP4_WEIGHT_SCHEMA = (
+    "(Tensor x, Tensor w, Tensor w_scales, Tensor? w_global_scale=None, Tensor? offs=None, *, str fmt, "
+    "ScalarType? out_dtype=None, float alpha=1.0) -> Tensor"
+)
 
 _QUANTIZE_FORMATS = ("mxfp8", "mxfp8_e5m2", "mxfp4", "nvfp4")
 _X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -404,7 +418,91 @@ def gemm_blockscaled(
     )  # fmt: skip
 
 
+# ----------------------------------------------------------------------------------------------
+# cutegemm::gemm_fp4_weight
+
+
+def _fp4_weight_operand(x, w, w_scales, w_global_scale, offs, fmt_name, out_dtype):
+    """Validates; returns (qw, out_dtype): the weight rebuilt as a BlockScaledTensor."""
+    from .blockscaled.fp4_weight_api import check_args
+
+    if fmt_name not in ("nvfp4", "mxfp4"):
+        raise ValueError(f"fmt must be 'nvfp4' or 'mxfp4', got {fmt_name!r}")
+    fmt = get_format(fmt_name)
+    out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
+    if out_dtype not in _BLOCKSCALED_OUT_DTYPES:
+        raise ValueError(f"out_dtype must be one of {_BLOCKSCALED_OUT_DTYPES}, got {out_dtype}")
+    if w.dtype != fmt.elem_dtype or w.dim() not in (2, 3):
+        raise TypeError(f"w: expected {fmt.elem_dtype} (N, K/2) or (E, N, K/2), got {w.dtype} {tuple(w.shape)}")
+    k = w.shape[-1] * 2
+    want = (*w.shape[:-2], *swizzled_shape(w.shape[-2], -(-k // fmt.block_size)))
+    if w_scales.dtype != fmt.scale_dtype or tuple(w_scales.shape) != want:
+        raise ValueError(
+            f"w_scales: expected {fmt.scale_dtype} of the 128x4 swizzled shape {want}, got "
+            f"{w_scales.dtype} {tuple(w_scales.shape)}"
+        )
+    if w_global_scale is not None and (not fmt.has_global_scale or w_global_scale.numel() != 1):
+        raise ValueError(f"w_global_scale: {fmt.name} takes {'one fp32 element' if fmt.has_global_scale else 'none'}")
+    gs = None if w_global_scale is None else w_global_scale.to(torch.float32).reshape(())
+    qw = BlockScaledTensor(data=w, scales=w_scales, fmt=fmt, shape=torch.Size((*w.shape[:-1], k)), global_scale=gs)
+    check_args(x, qw, offs, out_dtype)
+    return qw, out_dtype
+
+
+@torch.library.custom_op(
+    "cutegemm::gemm_fp4_weight", mutates_args=(), device_types="cpu", schema=GEMM_FP4_WEIGHT_SCHEMA
+)
+def gemm_fp4_weight_op(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    w_scales: torch.Tensor,
+    w_global_scale: Optional[torch.Tensor] = None,
+    offs: Optional[torch.Tensor] = None,
+    *,
+    fmt: str,
+    out_dtype: Optional[torch.dtype] = None,
+    alpha: float = 1.0,
+) -> torch.Tensor:
+    """alpha * x @ dequantize(W).mT; see the module docstring. (This body is the CPU kernel: the
+    reference twin.)"""
+    from .blockscaled.fp4_weight_api import gemm_fp4_weight_ref
+
+    qw, out_dtype = _fp4_weight_operand(x, w, w_scales, w_global_scale, offs, fmt, out_dtype)
+    return gemm_fp4_weight_ref(x, qw, offs=offs, out_dtype=out_dtype, alpha=alpha)
+
+
+@gemm_fp4_weight_op.register_kernel("cuda")
+def _gemm_fp4_weight_cuda(x, w, w_scales, w_global_scale=None, offs=None, *, fmt, out_dtype=None, alpha=1.0):
+    from .blockscaled.fp4_weight_api import gemm_fp4_weight as kernel
+
+    qw, out_dtype = _fp4_weight_operand(x, w, w_scales, w_global_scale, offs, fmt, out_dtype)
+    # rows past offs[-1] are not written by the kernel: zero them (the op's output is defined)
+    out = None if offs is None else torch.zeros(x.shape[0], w.shape[-2], dtype=out_dtype, device=x.device)
+    return kernel(x, qw, offs=offs, out=out, out_dtype=out_dtype, alpha=alpha)
+
+
+@gemm_fp4_weight_op.register_fake
+def _gemm_fp4_weight_fake(x, w, w_scales, w_global_scale=None, offs=None, *, fmt, out_dtype=None, alpha=1.0):
+    _, out_dtype = _fp4_weight_operand(x, w, w_scales, w_global_scale, offs, fmt, out_dtype)
+    return x.new_empty((x.shape[0], w.shape[-2]), dtype=out_dtype)
+
+
+def gemm_fp4_weight(x, qw: BlockScaledTensor, *, offs=None, out_dtype=torch.bfloat16, alpha: float = 1.0):
+    """``cutegemm.gemm(x, qw)`` / ``cutegemm.grouped_gemm(x, qw, offs=offs)`` (FP4 weight, bf16
+    activations) through the ``cutegemm::gemm_fp4_weight`` custom op (torch.compile, CUDA graphs;
+    CPU: the reference twin). Plain (unswizzled) scales are swizzled first (a copy)."""
+    if not isinstance(qw, BlockScaledTensor):
+        raise TypeError(f"qw must be a BlockScaledTensor, got {type(qw).__name__}")
+    scales = qw.scales if qw.scales_swizzled else to_swizzled(qw.scales)
+    return torch.ops.cutegemm.gemm_fp4_weight(
+        x, qw.data, scales, qw.global_scale, offs, fmt=qw.fmt.name, out_dtype=out_dtype, alpha=alpha
+    )
+
+
 __all__ = [
+    "gemm_fp4_weight",
+    "gemm_fp4_weight_op",
+    "GEMM_FP4_WEIGHT_SCHEMA",
     "quantize",
     "gemm_quantized",
     "gemm_blockscaled",

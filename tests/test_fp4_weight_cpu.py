@@ -217,3 +217,67 @@ def test_quantized_grouped_experts_reference_on_cpu():
     full = layer.forward_ref(x, offs).float()
     assert got.shape == (9, 64)
     assert (got - full).norm() <= 0.25 * full.norm()
+
+
+# --- the custom op cutegemm::gemm_fp4_weight ----------------------------------------------------
+def _op_args(x, qw, offs=None):
+    return (x, qw.data, qw.scales, qw.global_scale, offs)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("grouped", [False, True])
+def test_op_cpu_kernel_fake_and_opcheck(fmt, grouped):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from cutegemm import quant_ops
+
+    torch.manual_seed(0)
+    qw = quantize_ref(torch.randn(*((3,) if grouped else ()), 40, 96), fmt)
+    x = torch.randn(11, 96).to(torch.bfloat16)
+    offs = torch.tensor([4, 4, 9], dtype=torch.int32) if grouped else None
+    got = quant_ops.gemm_fp4_weight(x, qw, offs=offs, out_dtype=torch.float32, alpha=0.5)
+    want = gemm_fp4_weight_ref(x, qw, offs=offs, out_dtype=torch.float32, alpha=0.5)
+    assert torch.equal(got, want)
+    with FakeTensorMode() as mode:
+        fake = torch.ops.cutegemm.gemm_fp4_weight(
+            *[None if t is None else mode.from_tensor(t) for t in _op_args(x, qw, offs)], fmt=fmt
+        )
+    assert (tuple(fake.shape), fake.dtype) == ((11, 40), torch.bfloat16)
+    for test in ("test_faketensor", "test_autograd_registration", "test_aot_dispatch_dynamic"):
+        torch.library.opcheck(
+            torch.ops.cutegemm.gemm_fp4_weight.default, _op_args(x, qw, offs), {"fmt": fmt}, test_utils=test
+        )
+
+
+def test_op_bad_inputs():
+    qw = quantize_ref(torch.randn(40, 96), "nvfp4")
+    x = torch.randn(11, 96).to(torch.bfloat16)
+    op = torch.ops.cutegemm.gemm_fp4_weight
+    with pytest.raises(ValueError, match="fmt must be"):
+        op(*_op_args(x, qw), fmt="mxfp8")
+    with pytest.raises(TypeError, match="w: expected"):
+        op(x, qw.data.view(torch.uint8), qw.scales, fmt="nvfp4")
+    with pytest.raises(ValueError, match="w_scales"):
+        op(x, qw.data, qw.scales[:, :1], fmt="nvfp4")
+    with pytest.raises(ValueError, match="w_global_scale"):
+        op(x, qw.data, qw.scales, torch.ones(2), fmt="nvfp4")
+    with pytest.raises(ValueError, match="K mismatch"):
+        op(x[:, :64], *_op_args(x, qw)[1:], fmt="nvfp4")
+    with pytest.raises(ValueError, match="out_dtype"):
+        op(*_op_args(x, qw), fmt="nvfp4", out_dtype=torch.int8)
+
+
+def _fp4_block(x, w, offs):
+    from cutegemm import quant_ops
+
+    qw = quant_ops.quantize(w, "nvfp4")
+    return quant_ops.gemm_fp4_weight(x, qw, offs=offs, out_dtype=torch.float32).relu()
+
+
+def test_op_compile_fullgraph_matches_eager():
+    torch._dynamo.reset()
+    x = torch.randn(10, 64).to(torch.bfloat16)
+    w = torch.randn(2, 24, 64)
+    offs = torch.tensor([3, 10], dtype=torch.int32)
+    compiled = torch.compile(_fp4_block, backend="aot_eager", fullgraph=True)
+    assert torch.equal(compiled(x, w, offs), _fp4_block(x, w, offs))

@@ -204,3 +204,17 @@ def test_quantized_grouped_experts(fmt):
     # quantization error vs the bf16 layer: small relative to the output
     full = layer.forward_ref(x, offs).float()
     assert (got.float() - full).norm() <= 0.25 * full.norm()
+
+
+def test_custom_op_matches_the_direct_call_and_compiles():
+    from cutegemm import quant_ops
+
+    qw = _weights((3, 96, 256), "nvfp4", seed=4)
+    x = torch.randn(40, 256, device="cuda").to(torch.bfloat16)
+    offs = torch.tensor([10, 10, 33], dtype=torch.int32, device="cuda")
+    got = quant_ops.gemm_fp4_weight(x, qw, offs=offs)
+    want = cutegemm.grouped_gemm(x, qw, offs=offs)
+    assert torch.equal(got[:33], want[:33]) and torch.equal(got[33:], torch.zeros_like(got[33:]))
+    torch._dynamo.reset()
+    f = torch.compile(lambda x, offs: quant_ops.gemm_fp4_weight(x, qw, offs=offs).float().relu(), fullgraph=True)
+    assert torch.equal(f(x, offs), got.float().relu())
