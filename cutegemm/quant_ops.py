@@ -21,7 +21,8 @@ Schemas::
         Tensor? a_global_scale=None, Tensor? b_global_scale=None, *, str fmt,
         ScalarType? out_dtype=None, float alpha=1.0) -> Tensor
     cutegemm::gemm_fp4_weight(Tensor x, Tensor w, Tensor w_scales, Tensor? w_global_scale=None,
-        Tensor? offs=None, *, str fmt, ScalarType? out_dtype=None, float alpha=1.0) -> Tensor
+        Tensor? offs=None, Tensor? scale_a=None, *, str fmt, ScalarType? out_dtype=None,
+        float alpha=1.0) -> Tensor
 
 ``quantize``: x (rows, K) or (L, rows, K), fp32 / bf16 / fp16; fmt "mxfp8", "mxfp8_e5m2",
 "mxfp4" or "nvfp4". data: ``fmt.elem_dtype``, K (FP4: K / 2, two elements per byte) on the last
@@ -97,8 +98,8 @@ GEMM_BLOCKSCALED_SCHEMA = (
 )
 _BLOCKSCALED_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 GEMM_FP4_WEIGHT_SCHEMA = (
-    "(Tensor x, Tensor w, Tensor w_scales, Tensor? w_global_scale=None, Tensor? offs=None, *, str fmt, "
-    "ScalarType? out_dtype=None, float alpha=1.0) -> Tensor"
+    "(Tensor x, Tensor w, Tensor w_scales, Tensor? w_global_scale=None, Tensor? offs=None, "
+    "Tensor? scale_a=None, *, str fmt, ScalarType? out_dtype=None, float alpha=1.0) -> Tensor"
 )
 
 _QUANTIZE_FORMATS = ("mxfp8", "mxfp8_e5m2", "mxfp4", "nvfp4")
@@ -422,7 +423,7 @@ def gemm_blockscaled(
 # cutegemm::gemm_fp4_weight
 
 
-def _fp4_weight_operand(x, w, w_scales, w_global_scale, offs, fmt_name, out_dtype):
+def _fp4_weight_operand(x, w, w_scales, w_global_scale, offs, scale_a, fmt_name, out_dtype):
     """Validates; returns (qw, out_dtype): the weight rebuilt as a BlockScaledTensor."""
     from .blockscaled.fp4_weight_api import check_args
 
@@ -445,7 +446,7 @@ def _fp4_weight_operand(x, w, w_scales, w_global_scale, offs, fmt_name, out_dtyp
         raise ValueError(f"w_global_scale: {fmt.name} takes {'one fp32 element' if fmt.has_global_scale else 'none'}")
     gs = None if w_global_scale is None else w_global_scale.to(torch.float32).reshape(())
     qw = BlockScaledTensor(data=w, scales=w_scales, fmt=fmt, shape=torch.Size((*w.shape[:-1], k)), global_scale=gs)
-    check_args(x, qw, offs, out_dtype)
+    check_args(x, qw, offs, out_dtype, scale_a)
     return qw, out_dtype
 
 
@@ -458,6 +459,7 @@ def gemm_fp4_weight_op(
     w_scales: torch.Tensor,
     w_global_scale: Optional[torch.Tensor] = None,
     offs: Optional[torch.Tensor] = None,
+    scale_a: Optional[torch.Tensor] = None,
     *,
     fmt: str,
     out_dtype: Optional[torch.dtype] = None,
@@ -467,27 +469,31 @@ def gemm_fp4_weight_op(
     reference twin.)"""
     from .blockscaled.fp4_weight_api import gemm_fp4_weight_ref
 
-    qw, out_dtype = _fp4_weight_operand(x, w, w_scales, w_global_scale, offs, fmt, out_dtype)
-    return gemm_fp4_weight_ref(x, qw, offs=offs, out_dtype=out_dtype, alpha=alpha)
+    qw, out_dtype = _fp4_weight_operand(x, w, w_scales, w_global_scale, offs, scale_a, fmt, out_dtype)
+    return gemm_fp4_weight_ref(x, qw, offs=offs, out_dtype=out_dtype, alpha=alpha, scale_a=scale_a)
 
 
 @gemm_fp4_weight_op.register_kernel("cuda")
-def _gemm_fp4_weight_cuda(x, w, w_scales, w_global_scale=None, offs=None, *, fmt, out_dtype=None, alpha=1.0):
+def _gemm_fp4_weight_cuda(
+    x, w, w_scales, w_global_scale=None, offs=None, scale_a=None, *, fmt, out_dtype=None, alpha=1.0
+):
     from .blockscaled.fp4_weight_api import gemm_fp4_weight as kernel
 
-    qw, out_dtype = _fp4_weight_operand(x, w, w_scales, w_global_scale, offs, fmt, out_dtype)
+    qw, out_dtype = _fp4_weight_operand(x, w, w_scales, w_global_scale, offs, scale_a, fmt, out_dtype)
     # rows past offs[-1] are not written by the kernel: zero them (the op's output is defined)
     out = None if offs is None else torch.zeros(x.shape[0], w.shape[-2], dtype=out_dtype, device=x.device)
-    return kernel(x, qw, offs=offs, out=out, out_dtype=out_dtype, alpha=alpha)
+    return kernel(x, qw, offs=offs, out=out, out_dtype=out_dtype, alpha=alpha, scale_a=scale_a)
 
 
 @gemm_fp4_weight_op.register_fake
-def _gemm_fp4_weight_fake(x, w, w_scales, w_global_scale=None, offs=None, *, fmt, out_dtype=None, alpha=1.0):
-    _, out_dtype = _fp4_weight_operand(x, w, w_scales, w_global_scale, offs, fmt, out_dtype)
+def _gemm_fp4_weight_fake(
+    x, w, w_scales, w_global_scale=None, offs=None, scale_a=None, *, fmt, out_dtype=None, alpha=1.0
+):
+    _, out_dtype = _fp4_weight_operand(x, w, w_scales, w_global_scale, offs, scale_a, fmt, out_dtype)
     return x.new_empty((x.shape[0], w.shape[-2]), dtype=out_dtype)
 
 
-def gemm_fp4_weight(x, qw: BlockScaledTensor, *, offs=None, out_dtype=torch.bfloat16, alpha: float = 1.0):
+def gemm_fp4_weight(x, qw: BlockScaledTensor, *, offs=None, scale_a=None, out_dtype=torch.bfloat16, alpha: float = 1.0):
     """``cutegemm.gemm(x, qw)`` / ``cutegemm.grouped_gemm(x, qw, offs=offs)`` (FP4 weight, bf16
     activations) through the ``cutegemm::gemm_fp4_weight`` custom op (torch.compile, CUDA graphs;
     CPU: the reference twin). Plain (unswizzled) scales are swizzled first (a copy)."""
@@ -495,7 +501,7 @@ def gemm_fp4_weight(x, qw: BlockScaledTensor, *, offs=None, out_dtype=torch.bflo
         raise TypeError(f"qw must be a BlockScaledTensor, got {type(qw).__name__}")
     scales = qw.scales if qw.scales_swizzled else to_swizzled(qw.scales)
     return torch.ops.cutegemm.gemm_fp4_weight(
-        x, qw.data, scales, qw.global_scale, offs, fmt=qw.fmt.name, out_dtype=out_dtype, alpha=alpha
+        x, qw.data, scales, qw.global_scale, offs, scale_a, fmt=qw.fmt.name, out_dtype=out_dtype, alpha=alpha
     )
 
 

@@ -159,7 +159,7 @@ def test_grouped_reference_leaves_rows_past_the_last_offset_zero():
 def test_argument_errors():
     qw = quantize_ref(torch.randn(16, 64), "nvfp4")
     x = torch.randn(4, 64).to(torch.bfloat16)
-    with pytest.raises(TypeError, match="bf16 activations"):
+    with pytest.raises(TypeError, match="bf16 or float8_e4m3fn activations"):
         check_args(x.float(), qw)
     with pytest.raises(ValueError, match="K mismatch"):
         check_args(torch.randn(4, 32).to(torch.bfloat16), qw)
@@ -281,3 +281,38 @@ def test_op_compile_fullgraph_matches_eager():
     offs = torch.tensor([3, 10], dtype=torch.int32)
     compiled = torch.compile(_fp4_block, backend="aot_eager", fullgraph=True)
     assert torch.equal(compiled(x, w, offs), _fp4_block(x, w, offs))
+
+
+# --- FP8 (e4m3) activations --------------------------------------------------------------------
+def test_fragment_order_x_converts_e4m3_exactly():
+    torch.manual_seed(0)
+    k = 96  # a tail: padded with zeros to 128
+    x8 = (torch.randn(3, k) * 50).to(torch.float8_e4m3fn)
+    xf = fw.fragment_order_x(x8)
+    assert xf.dtype == torch.bfloat16 and xf.shape == (4, 3, 4, 8)
+    want = fw.fragment_order_x(x8.float().to(torch.bfloat16))  # e4m3 -> bf16 is exact
+    assert torch.equal(xf, want)
+    assert torch.equal(x8.float().to(torch.bfloat16).float(), x8.float())
+
+
+def test_fp8_activation_reference_and_rules():
+    torch.manual_seed(1)
+    qw = quantize_ref(torch.randn(24, 64), "mxfp4")
+    x8 = torch.randn(5, 64).to(torch.float8_e4m3fn)
+    sa = torch.rand(5) + 0.5
+    got = cutegemm.gemm_ref(x8, qw, scale_a=sa, out_dtype=torch.float32)
+    want = (x8.float() * sa[:, None]) @ dequantize_ref(qw).T
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(  # one element: per tensor
+        gemm_fp4_weight_ref(x8, qw, scale_a=sa[:1], out_dtype=torch.float32), (x8.float() * sa[0]) @ dequantize_ref(qw).T
+    )
+    with pytest.raises(ValueError, match="float8_e4m3fn activations"):
+        check_args(x8.to(torch.bfloat16), qw, scale_a=sa)
+    with pytest.raises(ValueError, match="1 or M=5"):
+        check_args(x8, qw, scale_a=torch.ones(4))
+    with pytest.raises(TypeError, match="float32"):
+        check_args(x8, qw, scale_a=sa.double())
+    from cutegemm import quant_ops
+
+    op = quant_ops.gemm_fp4_weight(x8, qw, scale_a=sa, out_dtype=torch.float32)
+    torch.testing.assert_close(op, want)

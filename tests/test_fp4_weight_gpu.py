@@ -185,7 +185,7 @@ def test_errors_on_gpu():
     x = torch.randn(4, 128, device="cuda").to(torch.bfloat16)
     with pytest.raises(ValueError, match="out must be"):
         cutegemm.gemm(x, qw, out=torch.empty(4, 63, device="cuda", dtype=torch.bfloat16))
-    with pytest.raises(TypeError, match="bf16 activations"):
+    with pytest.raises(TypeError, match="bf16 or float8_e4m3fn activations"):
         cutegemm.gemm(x.half(), qw)
 
 
@@ -218,3 +218,31 @@ def test_custom_op_matches_the_direct_call_and_compiles():
     torch._dynamo.reset()
     f = torch.compile(lambda x, offs: quant_ops.gemm_fp4_weight(x, qw, offs=offs).float().relu(), backend="aot_eager", fullgraph=True)
     assert torch.equal(f(x, offs), got.float().relu())
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+@pytest.mark.parametrize("per_tensor", [False, True])
+def test_fp8_activations(grouped, per_tensor):
+    """float8_e4m3fn activations with a per-token (or per-tensor) fp32 scale."""
+    e, n, k = 3, 150, 32 * 11
+    qw = _weights((e, n, k) if grouped else (n, k), "nvfp4", seed=9)
+    counts = [7, 0, 19] if grouped else [13]
+    total = sum(counts)
+    x8 = (torch.randn(total, k, device="cuda") * 4).to(torch.float8_e4m3fn)
+    sa = torch.rand(1 if per_tensor else total, device="cuda") + 0.25
+    offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32) if grouped else None
+    out = torch.full((total, n), POISON, device="cuda", dtype=torch.bfloat16)
+    if grouped:
+        cutegemm.grouped_gemm(x8, qw, offs=offs, scale_a=sa, out=out)
+    else:
+        cutegemm.gemm(x8, qw, scale_a=sa, out=out)
+    xd = x8.double() * sa.double().reshape(-1, 1)
+    wd = dequantize_ref(qw).double()
+    bounds = list(zip([0, *offs.tolist()[:-1]], offs.tolist(), strict=True)) if grouped else [(0, total)]
+    ref = torch.cat([xd[s:t] @ (wd[i] if grouped else wd).T for i, (s, t) in enumerate(bounds)])
+    tref = torch.cat([(xd[s:t].to(torch.bfloat16) @ (wd[i] if grouped else wd).to(torch.bfloat16).T).double()
+                      for i, (s, t) in enumerate(bounds)])  # fmt: skip
+    assert not torch.isnan(out).any()
+    err = (out.double() - ref).abs().max().item()
+    terr = (tref - ref).abs().max().item()
+    assert err <= 2 * terr + 1e-6 * ref.abs().max().item(), (err, terr)

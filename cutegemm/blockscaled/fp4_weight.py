@@ -78,6 +78,7 @@ class Fp4WeightConfig:
     out_dtype: str = "bf16"
     arch: str = "sm_90a"
     min_blocks: int = 0  # CTAs per SM the registers are capped for; 0: none
+    x_scale: bool = False  # multiply token m's outputs by a per-token fp32 scale (FP8 activations)
     stages: int = 4  # cp.async ring depth (K chunks in flight per warp); 0: register prefetch
     l2_prefetch: int = 0  # L2 prefetch-size hint of the weight loads: 0, 128 or 256 bytes
 
@@ -114,6 +115,7 @@ class Fp4WeightConfig:
             f"fp4w_{g}{self.fmt}_t{self.tokens_per_pass}_r{self.rows_per_cta}_w{self.warps_n}x{self.warps_k}_"
             f"{self.out_dtype}_{self.arch}" + (f"_mb{self.min_blocks}" if self.min_blocks else "")
             + f"_s{self.stages}" + (f"_l2p{self.l2_prefetch}" if self.l2_prefetch else "")
+            + ("_xs" if self.x_scale else "")
         )
 
 
@@ -274,16 +276,20 @@ def mx_factor_bits(e):
 
 
 def fragment_order_x(x: torch.Tensor) -> torch.Tensor:
-    """(rows, K) bf16 activations -> the kernel's fragment order, zero-padded to whole 128-wide
-    K chunks: a (K_p / 128 * 4, rows, 4, 8) tensor whose [4 c + j, m, t] holds token m's K values
-    128 c + 32 t + 8 j + (0, 4, 1, 5, 2, 6, 3, 7). One LDG.128 of a warp then reads 512
-    contiguous bytes (8 tokens x 4 threads), already paired as the B fragments want."""
+    """(rows, K) bf16 (or float8_e4m3fn: converted to bf16, exactly) activations -> the kernel's
+    fragment order, zero-padded to whole 128-wide K chunks: a bf16 (K_p / 128 * 4, rows, 4, 8)
+    tensor whose [4 c + j, m, t] holds token m's K values 128 c + 32 t + 8 j + (0, 4, 1, 5, 2, 6,
+    3, 7). One LDG.128 of a warp then reads 512 contiguous bytes (8 tokens x 4 threads), already
+    paired as the B fragments want. One copy kernel (the cast included)."""
     rows, k = x.shape
     kp = -(-k // CHUNK_K) * CHUNK_K
     if kp != k:
-        x = torch.nn.functional.pad(x, (0, kp - k))
+        x = torch.nn.functional.pad(x.view(torch.uint8) if x.element_size() == 1 else x, (0, kp - k))
+        x = x.view(torch.float8_e4m3fn) if x.dtype == torch.uint8 else x
     v = x.reshape(rows, kp // CHUNK_K, 4, 4, 2, 4)  # (m, c, t, j, half, i): K = 128c + 32t + 8j + 4half + i
-    return v.permute(1, 3, 0, 2, 5, 4).reshape(kp // CHUNK_K * 4, rows, 4, 8)
+    out = torch.empty((kp // CHUNK_K, 4, rows, 4, 4, 2), dtype=torch.bfloat16, device=x.device)
+    out.copy_(v.permute(1, 3, 0, 2, 5, 4))
+    return out.view(kp // CHUNK_K * 4, rows, 4, 8)
 
 
 # --- torch twin of the register math (CPU tests check it against dequantize_ref) ---------------
@@ -343,6 +349,7 @@ class Fp4WeightKernel:
         mOut: cute.Tensor,  # (total_M * N,) output, row-major
         mOffs: cute.Tensor,  # (E,) int32 cumulative end rows (grouped; dense: unused)
         mGs: cute.Tensor,  # (1,) fp32 global scale (NVFP4) or 1
+        mXs: cute.Tensor,  # (rows,) fp32 per-token scales of FP8 activations (x_scale) or unused
         m_rows: cutlass.Int32,  # dense: M per batch; grouped: total_M
         n: cutlass.Int32,
         k: cutlass.Int32,
@@ -353,13 +360,13 @@ class Fp4WeightKernel:
         stream,
     ):
         grid_x = (n + self.cfg.rows_per_cta - 1) // self.cfg.rows_per_cta
-        self.kernel(mX, mW, mS, mOut, mOffs, mGs, m_rows, n, k, m_slices, tile_stride, alpha).launch(
+        self.kernel(mX, mW, mS, mOut, mOffs, mGs, mXs, m_rows, n, k, m_slices, tile_stride, alpha).launch(
             grid=[grid_x, batches, m_slices], block=[32 * self.cfg.warps, 1, 1], stream=stream,
             min_blocks_per_mp=self.min_blocks, preferred_smem_carveout=100 if self.min_blocks > 1 else None,
         )
 
     @cute.kernel
-    def kernel(self, mX, mW, mS, mOut, mOffs, mGs, m_rows, n, k, m_slices, tile_stride, alpha):
+    def kernel(self, mX, mW, mS, mOut, mOffs, mGs, mXs, m_rows, n, k, m_slices, tile_stride, alpha):
         from cutlass import memory
 
         cfg = self.cfg
@@ -516,7 +523,10 @@ class Fp4WeightKernel:
                                 m = m0 + nt * 8 + 2 * t + i
                                 if m < row_end:
                                     if col_n < n:
-                                        v = self.out_dtype(acc[rt, nt, 2 * hr + i] * gs)
+                                        y = acc[rt, nt, 2 * hr + i] * gs
+                                        if cutlass.const_expr(cfg.x_scale):
+                                            y = y * mXs[x_base + cutlass.Int64(m)]
+                                        v = self.out_dtype(y)
                                         mOut[(x_base + cutlass.Int64(m)) * cutlass.Int64(n) + cutlass.Int64(col_n)] = v
             if cutlass.const_expr(KW > 1):
                 cute.arch.sync_threads()  # sRed is rewritten by the next pass
@@ -616,6 +626,7 @@ def fake_args(cfg: Fp4WeightConfig):
         _flat(OUT_DTYPES[cfg.out_dtype], 1, 4),
         _flat(cutlass.Int32, 1, 4),
         _flat(cutlass.Float32, 1, 4),
+        _flat(cutlass.Float32, 1, 4),
         i32, i32, i32, i32, i32, i32,
         cutlass.Float32(1.0),
         make_fake_stream(use_tvm_ffi_env_stream=True),
@@ -645,6 +656,8 @@ def all_configs(arch: str) -> list[Fp4WeightConfig]:
             for rows in (1, 16, 32, 64):
                 out.append(pick_config(rows * (8 if grouped else 1), fmt, torch.bfloat16, arch, grouped, 8))
     out.append(Fp4WeightConfig(fmt="nvfp4", out_dtype="fp32", arch=arch))
+    out.append(pick_config(16, "nvfp4", torch.bfloat16, arch, False, 1, x_scale=True))  # FP8 activations
+    out.append(pick_config(128, "mxfp4", torch.bfloat16, arch, True, 8, x_scale=True))
     out.append(Fp4WeightConfig(fmt="mxfp4", out_dtype="fp16", n_tiles=4, warps_n=4, warps_k=2, stages=0, arch=arch))
     return list(dict.fromkeys(out))
 

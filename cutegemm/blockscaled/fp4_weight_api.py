@@ -10,7 +10,9 @@ call can be captured in a CUDA graph. Public entry points: ``cutegemm.gemm(x, qw
 ``cutegemm.grouped_gemm(x, qw, offs=offs)``; ``cutegemm.gemm_ref`` / ``grouped_gemm_ref`` run
 :func:`gemm_fp4_weight_ref`.
 
-Supported: bf16 activations; K a multiple of 32 (the kernel loads 16-byte pieces of weight
+Supported: bf16 activations, or float8_e4m3fn ones with optional per-token / per-tensor fp32
+``scale_a`` (converted to bf16 exactly on the way into the kernel's fragment order, the scale
+applied to the fp32 results); K a multiple of 32 (the kernel loads 16-byte pieces of weight
 rows); out_dtype bf16 / fp16 / fp32. Any M works; the kernel is built for decode (up to 32
 tokens per pass over a CTA's weight rows; more tokens take more passes, which re-read those
 rows, mostly from L2: for prefill, dequantize and run the bf16 GEMM). Other K: ValueError.
@@ -37,8 +39,15 @@ def is_fp4_weight_call(a, b) -> bool:
     return isinstance(a, torch.Tensor) and isinstance(b, BlockScaledTensor) and b.fmt.name in _FORMATS
 
 
-def check_args(x, qw, offs=None, out_dtype=torch.bfloat16) -> None:
+def check_args(x, qw, offs=None, out_dtype=torch.bfloat16, scale_a=None) -> None:
     """The argument rules shared by the kernel path and its reference twin (no device rule)."""
+    if scale_a is not None:
+        if getattr(x, "dtype", None) != torch.float8_e4m3fn:
+            raise ValueError("scale_a (per-token activation scales) is for float8_e4m3fn activations")
+        if not isinstance(scale_a, torch.Tensor) or scale_a.dtype != torch.float32:
+            raise TypeError("scale_a must be a float32 tensor of shape (M,), (M, 1) or one element")
+        if scale_a.numel() not in (1, x.shape[0]) or scale_a.dim() > 2:
+            raise ValueError(f"scale_a must have 1 or M={x.shape[0]} elements, got shape {tuple(scale_a.shape)}")
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
     if not isinstance(qw, BlockScaledTensor):
@@ -48,8 +57,8 @@ def check_args(x, qw, offs=None, out_dtype=torch.bfloat16) -> None:
             f"qw: FP4-weight GEMM takes {' / '.join(_FORMATS)} weights, got {qw.fmt.name} "
             "(MXFP8 x MXFP8 is cutegemm.gemm(qa, qb) on sm_100a)"
         )
-    if x.dtype != torch.bfloat16:
-        raise TypeError(f"x: the FP4-weight GEMM takes bf16 activations, got {x.dtype}")
+    if x.dtype not in (torch.bfloat16, torch.float8_e4m3fn):
+        raise TypeError(f"x: the FP4-weight GEMM takes bf16 or float8_e4m3fn activations, got {x.dtype}")
     grouped = offs is not None
     if x.dim() != 2:
         raise ValueError(f"x: expected (M, K), got {tuple(x.shape)}")
@@ -67,7 +76,8 @@ def check_args(x, qw, offs=None, out_dtype=torch.bfloat16) -> None:
         raise TypeError(f"out_dtype must be a floating torch dtype, got {out_dtype}")
 
 
-def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bool, experts: int = 1):
+def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bool, experts: int = 1,
+                x_scale: bool = False):  # fmt: skip
     """The kernel variant: tokens per pass from the (mean) rows per batch / expert."""
     from .fp4_weight import Fp4WeightConfig
 
@@ -81,7 +91,9 @@ def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bo
         shape = dict(row_tiles=1, warps_n=2, warps_k=4, stages=4)
     else:
         shape = dict(row_tiles=1, warps_n=1, warps_k=2 if 8 < m <= 16 else 4, stages=0, l2_prefetch=256)
-    return Fp4WeightConfig(fmt=fmt, n_tiles=n_tiles, grouped=grouped, out_dtype=_OUT[out_dtype], arch=arch, **shape)
+    return Fp4WeightConfig(
+        fmt=fmt, n_tiles=n_tiles, grouped=grouped, out_dtype=_OUT[out_dtype], arch=arch, x_scale=x_scale, **shape
+    )
 
 
 @functools.cache
@@ -110,15 +122,18 @@ def gemm_fp4_weight(
     out: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     alpha: float = 1.0,
+    scale_a: torch.Tensor | None = None,
     config=None,
 ) -> torch.Tensor:
     """``alpha * x @ dequantize(qw).mT`` (fp32 accumulation), dense or MoE packed; see the
     module docstring. ``out``: an (M, N) contiguous tensor to write (its dtype is the output
-    dtype). Raises TypeError / ValueError for bad arguments, NotImplementedError on a GPU other
-    than sm_90 / sm_100."""
+    dtype). ``x`` float8_e4m3fn: converted to bf16 (exact) in the activation reorder copy;
+    ``scale_a`` (fp32, (M,) / (M, 1) per token or one element) multiplies each token's outputs
+    in the kernel. Raises TypeError / ValueError for bad arguments, NotImplementedError on a GPU
+    other than sm_90 / sm_100."""
     if out_dtype is None:
         out_dtype = out.dtype if isinstance(out, torch.Tensor) else torch.bfloat16
-    check_args(x, qw, offs, out_dtype)
+    check_args(x, qw, offs, out_dtype, scale_a)
     if out_dtype not in _OUT:
         raise TypeError(f"out_dtype must be one of {list(_OUT)}, got {out_dtype}")
     dev = x.device
@@ -139,9 +154,17 @@ def gemm_fp4_weight(
     if m == 0 or n == 0 or batches == 0:
         return out
     arch = _arch(dev.index if dev.index is not None else torch.cuda.current_device())
-    cfg = config or pick_config(m, qw.fmt.name, out_dtype, arch, grouped, batches)
-    if (cfg.fmt, cfg.grouped, cfg.out_dtype) != (qw.fmt.name, grouped, _OUT[out_dtype]):
-        raise ValueError(f"config {cfg.name} does not match this call ({qw.fmt.name}, grouped={grouped}, {out_dtype})")
+    x_scale = scale_a is not None
+    cfg = config or pick_config(m, qw.fmt.name, out_dtype, arch, grouped, batches, x_scale)
+    if (cfg.fmt, cfg.grouped, cfg.out_dtype, cfg.x_scale) != (qw.fmt.name, grouped, _OUT[out_dtype], x_scale):
+        raise ValueError(
+            f"config {cfg.name} does not match this call ({qw.fmt.name}, grouped={grouped}, {out_dtype}, "
+            f"scale_a={'yes' if x_scale else 'no'})"
+        )
+    if x_scale:
+        if scale_a.device != dev:
+            raise ValueError(f"scale_a must be on {dev}, got {scale_a.device}")
+        scale_a = scale_a.reshape(-1).expand(m).contiguous()  # one element: broadcast, no host read
     from .fp4_weight import fragment_order_x, kernel_cache
 
     xf = fragment_order_x(x)  # a small copy: the activations in the kernel's fragment order
@@ -161,6 +184,7 @@ def gemm_fp4_weight(
         out.view(-1),
         offs if grouped else gs.view(torch.int32),  # dense: unused
         gs,
+        scale_a if x_scale else gs,  # unused without scale_a
         m,
         n,
         k,
@@ -179,13 +203,16 @@ def gemm_fp4_weight_ref(
     offs: torch.Tensor | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
     alpha: float = 1.0,
+    scale_a: torch.Tensor | None = None,
     compute_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """Plain-torch twin (any device): dequantize the weight, multiply in ``compute_dtype``. Rows
     at or past ``offs[-1]`` are zero here (the kernel leaves them unwritten)."""
-    check_args(x, qw, offs, out_dtype)
+    check_args(x, qw, offs, out_dtype, scale_a)
     w = dequantize_ref(qw).to(compute_dtype)
     xc = x.to(compute_dtype)
+    if scale_a is not None:
+        xc = xc * scale_a.to(compute_dtype).reshape(-1, 1)
     if offs is None:
         acc = xc @ w.mT
     else:

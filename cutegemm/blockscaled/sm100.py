@@ -233,7 +233,7 @@ def gemm_api(call: dict, fn) -> torch.Tensor:
     from .fp4_weight_api import gemm_fp4_weight, is_fp4_weight_call
 
     if is_fp4_weight_call(call["a"], call["b"]):
-        return gemm_fp4_weight(call["a"], call["b"], **_options(call, fn, ("out", *GEMM_OPTIONS)))
+        return gemm_fp4_weight(call["a"], call["b"], **_options(call, fn, ("out", "scale_a", *GEMM_OPTIONS)))
     return gemm_blockscaled(call["a"], call["b"], **_options(call, fn, GEMM_OPTIONS))
 
 
@@ -243,7 +243,7 @@ def gemm_ref_api(call: dict, fn) -> torch.Tensor:
     from .fp4_weight_api import gemm_fp4_weight_ref, is_fp4_weight_call
 
     if is_fp4_weight_call(call["a"], call["b"]):
-        return gemm_fp4_weight_ref(call["a"], call["b"], **_options(call, fn, GEMM_REF_OPTIONS))
+        return gemm_fp4_weight_ref(call["a"], call["b"], **_options(call, fn, ("scale_a", *GEMM_REF_OPTIONS)))
     return gemm_blockscaled_ref(call["a"], call["b"], **_options(call, fn, GEMM_REF_OPTIONS))
 
 

@@ -490,7 +490,7 @@ def _fp4_weight(call: dict, fn):
         raise ValueError("offs is required for tensor inputs (int32 cumulative end offsets, on the GPU)")
     ref = fn is grouped_gemm_ref
     extra = ("compute_dtype",) if ref else ("out", "config", "check_offs")
-    opts = _options(call, fn, ("offs", "out_dtype", "alpha", *extra))
+    opts = _options(call, fn, ("offs", "out_dtype", "alpha", "scale_a", *extra))
     if opts.pop("check_offs", False):
         _check_offs_values(call["offs"], call["a"].shape[0])
     return (fw.gemm_fp4_weight_ref if ref else fw.gemm_fp4_weight)(call["a"], call["b"], **opts)
