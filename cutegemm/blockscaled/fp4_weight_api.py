@@ -76,6 +76,7 @@ def check_args(x, qw, offs=None, out_dtype=torch.bfloat16, scale_a=None) -> None
         raise TypeError(f"out_dtype must be a floating torch dtype, got {out_dtype}")
 
 
+@functools.lru_cache(maxsize=1024)
 def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bool, experts: int = 1,
                 x_scale: bool = False):  # fmt: skip
     """The kernel variant: tokens per pass from the (mean) rows per batch / expert."""
