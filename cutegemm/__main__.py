@@ -29,29 +29,27 @@ def cmd_bench(args) -> int:
     from . import benchmarks
 
     outdir = Path(args.out)
+    gpu = torch.cuda.get_device_name()
+    # family -> (bench function, result-file prefix, table title) for the Row-table families
+    tables = {
+        "dense": (benchmarks.bench_dense, "dense", f"dense bf16 on {gpu}"),
+        "grouped": (benchmarks.bench_grouped, "grouped", f"grouped bf16 on {gpu} (vs torch._grouped_mm)"),
+        "fp4w": (benchmarks.bench_fp4_weight, "fp4w", f"FP4 weight x bf16 (decode) on {gpu}"),
+    }
     families = ["dense", "grouped"] if args.family == "all" else [args.family]
     for fam in families:
-        if fam == "dense":
-            rows = benchmarks.bench_dense(reps=args.reps)
-            path = benchmarks.write_results(rows, f"dense_{torch.cuda.get_device_name().replace(' ', '_')}", outdir)
-            print(benchmarks.markdown_table(rows, f"dense bf16 on {torch.cuda.get_device_name()}"))
-            print(f"results: {path}")
-        elif fam == "grouped":
-            rows = benchmarks.bench_grouped(reps=args.reps)
-            path = benchmarks.write_results(rows, f"grouped_{torch.cuda.get_device_name().replace(' ', '_')}", outdir)
-            print(benchmarks.markdown_table(rows, f"grouped bf16 on {torch.cuda.get_device_name()} (vs torch._grouped_mm)"))
+        if fam in tables:
+            bench, prefix, title = tables[fam]
+            rows = bench(reps=args.reps)
+            path = benchmarks.write_results(rows, f"{prefix}_{gpu.replace(' ', '_')}", outdir)
+            print(benchmarks.markdown_table(rows, title))
             print(f"results: {path}")
         elif fam == "quantize":
             from .blockscaled.bench import bench_quantize, quant_markdown_table, write_quant_results
 
             rows = bench_quantize(reps=args.reps)
-            print(quant_markdown_table(rows, f"quantize (bf16 input) on {torch.cuda.get_device_name()}"))
+            print(quant_markdown_table(rows, f"quantize (bf16 input) on {gpu}"))
             print(f"results: {write_quant_results(rows, outdir)}")
-        elif fam == "fp4w":
-            rows = benchmarks.bench_fp4_weight(reps=args.reps)
-            path = benchmarks.write_results(rows, f"fp4w_{torch.cuda.get_device_name().replace(' ', '_')}", outdir)
-            print(benchmarks.markdown_table(rows, f"FP4 weight x bf16 (decode) on {torch.cuda.get_device_name()}"))
-            print(f"results: {path}")
         elif fam == "sweep":
             from .tuning import sweep_dense
 

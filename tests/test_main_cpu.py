@@ -1,0 +1,36 @@
+"""`python -m cutegemm bench FAMILY` dispatch on a (stubbed) GPU: every table family calls its
+benchmark, writes its results and prints its table; no kernels run."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+
+@pytest.mark.parametrize(
+    "family, expected",
+    [
+        ("dense", ["bench_dense"]),
+        ("grouped", ["bench_grouped"]),
+        ("fp4w", ["bench_fp4_weight"]),
+        ("all", ["bench_dense", "bench_grouped"]),
+    ],
+)
+def test_bench_families_dispatch(monkeypatch, tmp_path, capsys, family, expected):
+    import torch
+
+    import cutegemm.__main__ as main
+    import cutegemm.benchmarks as bench
+
+    calls = []
+    monkeypatch.setattr(main, "_has_gpu", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU")
+    for name in ("bench_dense", "bench_grouped", "bench_fp4_weight"):
+        monkeypatch.setattr(bench, name, lambda reps, name=name: calls.append((name, reps)) or [])
+    monkeypatch.setattr(bench, "write_results", lambda rows, prefix, out: out / prefix)
+    monkeypatch.setattr(bench, "markdown_table", lambda rows, title: f"TABLE {title}")
+    assert main.cmd_bench(types.SimpleNamespace(family=family, reps=3, out=str(tmp_path))) == 0
+    assert calls == [(name, 3) for name in expected]
+    out = capsys.readouterr().out
+    assert out.count("TABLE ") == len(expected) and "Fake_GPU" in out
