@@ -1,4 +1,5 @@
-"""FP4 weights x bf16 activations (W4A16) for decode: ``x @ dequantize(qw).T`` without ever
+"""FP4 weights x bf16 activations (W4A16; FP8 activations are converted to bf16 exactly on the
+host, their per-token scale applied in the kernel) for decode: ``x @ dequantize(qw).T`` without ever
 writing a dequantized weight to memory. Dense ``(M, K) x (N, K)`` and grouped (MoE, the packed
 ``offs`` form: ``x`` (total_M, K), ``qw`` (E, N, K)). NVFP4 (e4m3 scales per 16, fp32 global
 scale) and MXFP4 (e8m0 scales per 32). CuTe DSL, arch-neutral: warp-level ``mma.sync`` bf16
@@ -8,13 +9,13 @@ Decode is bound by reading the weights (4.5 bits per element instead of 16), so 
 built around streaming them once at full bandwidth:
 
 * The MMA computes ``out^T = W . x^T`` with W as the 16-row A operand (``m16n8k16``) and the
-  tokens as the 8-column B operand (1..8 n8 tiles per pass), so M = 1..64 tokens cost one pass
-  over the weights.
+  tokens as the 8-column B operand (1..8 n8 tiles per pass; the host policy uses up to 4, i.e.
+  32 tokens per pass over a CTA's weight rows, more tokens take more passes, mostly from L2).
 * Each thread loads 16 bytes (32 e2m1 values, one 128-bit load) of a weight row per 128-wide K
   chunk, straight into registers, and turns them into A fragments itself. The order of K inside
   an MMA is free as long as both operands agree: the 8 nibbles of a 32-bit word are paired as
-  (k, k+4), which makes the e2m1 -> bf16 conversion two shifts and masks per pair, and the
-  thread's activation words get the same pairing with two byte permutes.
+  (k, k+4), which makes the e2m1 -> bf16 conversion two shifts and masks per pair; the
+  activations get the same pairing in the host-side reorder (below).
 * e2m1 -> bf16 is exact: the nibble's magnitude bits land in the bf16 exponent/mantissa so that
   the bf16 value is ``e2m1 * 2**-126`` (the 0.5 code is a bf16 subnormal, which bf16 arithmetic
   keeps), and one packed bf16 multiply by ``scale * 2**118`` (NVFP4; exact: an e4m3 scale times
@@ -25,10 +26,13 @@ built around streaming them once at full bandwidth:
   through L1, in a fragment order prepared on the host (``fragment_order_x``: one small copy
   of x per call) so a warp's activation load is 512 contiguous bytes.
 
-Grid: (N / rows per CTA, L or E, m-slices). A CTA's warps own disjoint weight rows and walk the
-whole K; the token rows of its batch / expert are processed in chunks of 8 * n_tiles. Grouped: a
-CTA reads its expert's row range from ``offs`` on the device (no host sync, CUDA-graph safe) and
-an expert with no rows costs nothing.
+Grid: (N / rows per CTA, 1 or E, m-slices). A CTA has warps_n x warps_k warps: warps_n groups
+of weight rows (16 * row_tiles each), and the K chunks of a row dealt round-robin to warps_k warps
+whose partial sums meet in shared memory. Weight chunks are prefetched one ahead in registers
+(``stages=0``) or through a per-warp cp.async ring (``stages`` deep). The token rows of the CTA's
+expert are processed in chunks of 8 * n_tiles. Grouped: a CTA reads its expert's row range from
+``offs`` on the device (clamped like the bf16 grouped path; no host sync, CUDA-graph safe) and an
+expert with no rows costs nothing. Measured on the H200: ``bench/RESULTS.md`` (fourth session).
 """
 
 from __future__ import annotations
