@@ -75,7 +75,7 @@ from typing import Optional
 import torch
 
 from .blockscaled.formats import get_format
-from .blockscaled.layout import swizzled_shape, to_swizzled
+from .blockscaled.layout import swizzled_shape
 from .blockscaled.reference import BlockScaledTensor, quantize_ref
 from .blockscaled.sm100 import RECIPES as _BLOCKSCALED_RECIPES
 from .blockscaled.sm100 import gemm_blockscaled as _gemm_blockscaled_kernel
@@ -409,12 +409,8 @@ def gemm_blockscaled(
             raise TypeError(f"{nm} must be a BlockScaledTensor, got {type(q).__name__}")
     if qa.fmt.name != qb.fmt.name:  # names: dynamo cannot compare the formats' float fields
         raise ValueError(f"qa and qb must share a format, got {qa.fmt.name} and {qb.fmt.name}")
-
-    def scales(q):
-        return q.scales if q.scales_swizzled else to_swizzled(q.scales)
-
     return torch.ops.cutegemm.gemm_blockscaled(
-        qa.data, scales(qa), qb.data, scales(qb), qa.global_scale, qb.global_scale,
+        qa.data, qa.swizzled_scales(), qb.data, qb.swizzled_scales(), qa.global_scale, qb.global_scale,
         fmt=qa.fmt.name, out_dtype=out_dtype, alpha=alpha,
     )  # fmt: skip
 
@@ -499,9 +495,8 @@ def gemm_fp4_weight(x, qw: BlockScaledTensor, *, offs=None, scale_a=None, out_dt
     CPU: the reference twin). Plain (unswizzled) scales are swizzled first (a copy)."""
     if not isinstance(qw, BlockScaledTensor):
         raise TypeError(f"qw must be a BlockScaledTensor, got {type(qw).__name__}")
-    scales = qw.scales if qw.scales_swizzled else to_swizzled(qw.scales)
     return torch.ops.cutegemm.gemm_fp4_weight(
-        x, qw.data, scales, qw.global_scale, offs, scale_a, fmt=qw.fmt.name, out_dtype=out_dtype, alpha=alpha
+        x, qw.data, qw.swizzled_scales(), qw.global_scale, offs, scale_a, fmt=qw.fmt.name, out_dtype=out_dtype, alpha=alpha
     )
 
 

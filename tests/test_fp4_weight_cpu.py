@@ -44,7 +44,7 @@ def test_dequant_twin_nvfp4_nan_scale_is_nan():
 @pytest.mark.parametrize("e", [0, 1, 2, 60, 126, 127, 128, 129, 200, 253, 254, 255])
 def test_dequant_twin_mxfp4_exact_over_the_e8m0_range(e):
     codes = torch.arange(16).reshape(2, 8)
-    got = fw.dequant_words_ref(_words(codes), fw.mx_factor_ref(torch.tensor(e)), two_muls=True).double()
+    got = fw.dequant_words_ref(_words(codes), fw.mx_scale_bf16_ref(torch.tensor(e)), two_muls=True).double()
     if e == 255:
         assert torch.isnan(got).all()
         return
@@ -74,7 +74,7 @@ def _simulate_chunk(codes: torch.Tensor, scales: torch.Tensor, x: torch.Tensor, 
                         f = fw.nvfp4_factor_ref(s)
                         dq = fw.dequant_words_ref(w, f, False).double() * 2.0**8
                     else:
-                        dq = fw.dequant_words_ref(w, fw.mx_factor_ref(s), True).double()
+                        dq = fw.dequant_words_ref(w, fw.mx_scale_bf16_ref(s), True).double()
                     words.append(dq)
                 # a0a1 = row g word 2h, a2a3 = row g+8 word 2h, a4a5 = row g word 2h+1, a6a7 = row g+8 word 2h+1
                 A[g, 2 * t : 2 * t + 2] = words[0][2 * h]

@@ -59,7 +59,6 @@ SASS_REQUIRED = {
 SASS_FORBIDDEN = {"LDL": r"\bLDL(\.|\s)", "STL": r"\bSTL(\.|\s)"}
 _BF16X2_2P126 = 0x7E807E80  # bf16x2 (2**126, 2**126)
 _F32_2P118 = "0f7A800000"  # fp32 2**118 as a PTX immediate
-_BF16X2_ONE = 0x3F803F80
 
 
 @dataclass(frozen=True)
@@ -273,7 +272,7 @@ def mma_bf16_16816(a, b, c, *, loc=None, ip=None):
     return _asm(ptx, ins, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", 4, out=cutlass.Float32, loc=loc, ip=ip)
 
 
-def mx_factor_bits(e):
+def mx_scale_bf16_bits(e):
     """e8m0 byte -> bf16 bits of 2**(e - 127) (e = 0: the subnormal 2**-127; 255: NaN)."""
     sel = cutlass.select_
     return sel(e == 0, cutlass.Int32(0x40), sel(e == 255, cutlass.Int32(0x7FC0), e << 7))
@@ -329,8 +328,8 @@ def nvfp4_factor_ref(scale_byte: torch.Tensor) -> torch.Tensor:
     return b | (b << 16)
 
 
-def mx_factor_ref(e: torch.Tensor) -> torch.Tensor:
-    """Twin of :func:`mx_factor_bits` (both halves)."""
+def mx_scale_bf16_ref(e: torch.Tensor) -> torch.Tensor:
+    """Twin of :func:`mx_scale_bf16_bits` (both halves)."""
     e = e.to(torch.int64)
     f = torch.where(e == 0, 0x40, torch.where(e == 255, 0x7FC0, e << 7))
     return f | (f << 16)
@@ -590,7 +589,7 @@ class Fp4WeightKernel:
         for rt in cutlass.range_constexpr(RT):
             for hr in cutlass.range_constexpr(2):
                 if cutlass.const_expr(self.mx):
-                    f = mx_factor_bits(rS[rt, hr])
+                    f = mx_scale_bf16_bits(rS[rt, hr])
                     rF[rt, hr, 0] = f | (f << 16)
                     rF[rt, hr, 1] = rF[rt, hr, 0]
                 else:

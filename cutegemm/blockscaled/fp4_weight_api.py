@@ -25,7 +25,6 @@ import functools
 import torch
 
 from .formats import MXFP4, NVFP4
-from .layout import to_swizzled
 from .reference import BlockScaledTensor, dequantize_ref
 
 __all__ = ["gemm_fp4_weight", "gemm_fp4_weight_ref", "pick_config", "is_fp4_weight_call"]
@@ -86,8 +85,8 @@ def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bo
     n_tiles = 1 if rows <= 8 else 2 if rows <= 16 else 4  # more rows: passes in the CTA (L2 hits)
     # Measured on the H200 (bench/RESULTS.md, fourth session): dense decode is fastest with
     # 16-row warps, K split over 2-4 warps, register prefetch and an L2 prefetch hint (+3%);
-    # NVFP4 grouped (many small
-    # experts) with a 4-deep cp.async ring and 2 x 4 warps (MXFP4 grouped: not, 1.45x slower).
+    # NVFP4 grouped (many small experts) with a 4-deep cp.async ring and 2 x 4 warps (MXFP4
+    # grouped is 1.5x slower with the ring: it takes the dense shape).
     if grouped and fmt == "nvfp4":
         shape = dict(row_tiles=1, warps_n=2, warps_k=4, stages=4)
     else:
@@ -97,22 +96,13 @@ def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bo
     )
 
 
-@functools.cache
 def _arch(index: int) -> str:
-    major, minor = torch.cuda.get_device_capability(index)
-    if major in (9, 10):
-        return f"sm_{major}{minor}a" if major == 9 else "sm_100a"
-    raise NotImplementedError(f"the FP4-weight GEMM is compiled for sm_90a / sm_100a; this GPU is sm_{major}{minor}")
+    from ..gemm.api import _device_info  # cached
 
-
-@functools.lru_cache(maxsize=16)
-def _one(device: torch.device) -> torch.Tensor:
-    return torch.ones(1, dtype=torch.float32, device=device)
-
-
-def _scale_bytes(qw: BlockScaledTensor) -> torch.Tensor:
-    s = qw.scales if qw.scales_swizzled else to_swizzled(qw.scales)
-    return s.contiguous().view(torch.uint8).reshape(-1)
+    try:
+        return _device_info(index)[0]
+    except ValueError as exc:
+        raise NotImplementedError(f"the FP4-weight GEMM: {exc}") from None
 
 
 def gemm_fp4_weight(
@@ -172,11 +162,15 @@ def gemm_fp4_weight(
     data = qw.data.contiguous().view(torch.uint8).reshape(-1)
     if data.data_ptr() % 16:
         data = data.clone()
-    scales = _scale_bytes(qw)
+    scales = qw.swizzled_scales().contiguous().view(torch.uint8).reshape(-1)
     n_p = -(-n // 128) * 128
     cols_p = scales.numel() // (batches * n_p)
     gs = qw.global_scale
-    gs = _one(dev) if gs is None else gs.detach().to(device=dev, dtype=torch.float32).reshape(1)
+    if gs is None:
+        from .quantize import _scalar_on
+
+        gs = _scalar_on(1.0, dev)
+    gs = gs.detach().to(device=dev, dtype=torch.float32).reshape(1)
     m_slices = 1  # a CTA's passes over its weight rows run back to back: the repeats hit L2
     kernel_cache().get(cfg)(
         xf.view(torch.int32).reshape(-1),

@@ -93,6 +93,10 @@ class BlockScaledTensor:
     global_scale: torch.Tensor | None = None
     scales_swizzled: bool = True
 
+    def swizzled_scales(self) -> torch.Tensor:
+        """The scales in the 128x4 swizzled layout (a copy when they are stored plain)."""
+        return self.scales if self.scales_swizzled else to_swizzled(self.scales)
+
     def plain_scales(self) -> torch.Tensor:
         """The scales in the plain ``(..., rows, ceil(K / block_size))`` layout."""
         if not self.scales_swizzled:

@@ -26,7 +26,6 @@ import torch
 from ..epilogue import EpilogueSpec
 from ..gemm.config import GemmConfig, GemmProblem, can_implement
 from .formats import MXFP4, MXFP8, NVFP4
-from .layout import to_swizzled
 from .reference import BlockScaledTensor, dequantize_ref
 
 # format name -> (element dtype, scale dtype, vec) of GemmConfig
@@ -87,8 +86,7 @@ def _operand_view(q: BlockScaledTensor) -> torch.Tensor:
 
 
 def _scale_bytes(q: BlockScaledTensor) -> torch.Tensor:
-    s = q.scales if q.scales_swizzled else to_swizzled(q.scales)
-    return s.contiguous().reshape(-1)
+    return q.swizzled_scales().contiguous().reshape(-1)
 
 
 def gemm_blockscaled(
