@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .epilogue import epilogue_ref
 from .grouped import grouped_gemm
 
 
@@ -47,7 +48,6 @@ class GroupedExperts(nn.Module):
             prev = end
         return out.to(x.dtype)
 
-
     def quantized(self, fmt: str = "nvfp4") -> QuantizedGroupedExperts:
         """The same experts with FP4 weights (``"nvfp4"`` or ``"mxfp4"``) for decode: see
         :class:`QuantizedGroupedExperts`."""
@@ -73,8 +73,7 @@ class QuantizedGroupedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
         gu = grouped_gemm(x, self.q_gate_up, offs=offs)  # (T, 2I), gate/up interleaved
-        h = (torch.nn.functional.silu(gu[:, 0::2].float()) * gu[:, 1::2].float()).to(x.dtype)
-        return grouped_gemm(h, self.q_down, offs=offs)
+        return grouped_gemm(_swiglu(gu, x.dtype), self.q_down, offs=offs)
 
     def forward_ref(self, x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
         """Plain-torch twin on the dequantized weights (fp32 math, bf16 between the GEMMs like
@@ -82,8 +81,12 @@ class QuantizedGroupedExperts(nn.Module):
         from .grouped import grouped_gemm_ref
 
         gu = grouped_gemm_ref(x, self.q_gate_up, offs=offs, out_dtype=x.dtype)
-        h = (torch.nn.functional.silu(gu[:, 0::2].float()) * gu[:, 1::2].float()).to(x.dtype)
-        return grouped_gemm_ref(h, self.q_down, offs=offs, out_dtype=x.dtype)
+        return grouped_gemm_ref(_swiglu(gu, x.dtype), self.q_down, offs=offs, out_dtype=x.dtype)
+
+
+def _swiglu(gu: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """silu(gate) * up of interleaved gate/up columns, in fp32, cast to ``dtype``."""
+    return epilogue_ref(gu.float(), activation="swiglu").to(dtype)
 
 
 def __getattr__(name):

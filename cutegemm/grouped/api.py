@@ -37,6 +37,7 @@ from dataclasses import replace
 
 import torch
 
+from ..blockscaled.reference import BlockScaledTensor
 from ..epilogue import GATED, EpilogueSpec, epilogue_ref, interleave_gate_up
 from ..gemm.api import (
     _EPI_TORCH_DTYPES,
@@ -303,7 +304,7 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
     elif isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
         _no_epilogue("the list form", bias, activation, epilogue, out_global_scale, scale_a, scale_b, out_dtype)
         return _grouped_list(a, b, offs=offs, out_dtype=out_dtype, alpha=alpha)
-    elif not isinstance(b, torch.Tensor) and type(b).__name__ == "BlockScaledTensor":
+    elif isinstance(b, BlockScaledTensor):
         return _fp4_weight(locals(), grouped_gemm)
     fp8 = getattr(a, "dtype", None) == torch.float8_e4m3fn
     if plan is None:
@@ -506,7 +507,7 @@ def grouped_gemm_ref(a, b, *, offs=None, out_dtype=None, alpha: float = 1.0, bia
     ``quantize_ref`` of the fp32 result."""
     if isinstance(a, (list, tuple)):
         return [((x.to(compute_dtype) @ w.to(compute_dtype)) * alpha).to(out_dtype or x.dtype) for x, w in zip(a, b, strict=True)]
-    if not isinstance(b, torch.Tensor) and type(b).__name__ == "BlockScaledTensor":
+    if isinstance(b, BlockScaledTensor):
         return _fp4_weight(locals(), grouped_gemm_ref)
     fp8 = a.dtype == torch.float8_e4m3fn
     out_dtype = out_dtype or (torch.bfloat16 if fp8 else a.dtype)
