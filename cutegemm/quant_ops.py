@@ -173,29 +173,38 @@ def _gemm_blockscaled_outputs(a, a_scales, b, b_scales, a_global_scale, b_global
     if out_dtype not in _BLOCKSCALED_OUT_DTYPES:
         raise ValueError(f"out_dtype must be one of {_BLOCKSCALED_OUT_DTYPES}, got {out_dtype}")
     for nm, t in (("a", a), ("b", b)):
-        if t.dtype != fmt.elem_dtype:
-            raise TypeError(f"{nm}: {fmt.name} elements are {fmt.elem_dtype}, got {t.dtype}")
-        if t.dim() not in (2, 3):
-            raise ValueError(f"{nm}: expected a (rows, K) or (L, rows, K) tensor, got {tuple(t.shape)}")
+        _check_elements(nm, t, fmt)
     shapes = f"a {tuple(a.shape)} vs b {tuple(b.shape)} (b is (N, K) or (L, N, K))"
     if a.dim() != b.dim() or (a.dim() == 3 and a.shape[0] != b.shape[0]):
         raise ValueError(f"batch mismatch: {shapes}")
     if a.shape[-1] != b.shape[-1]:
         raise ValueError(f"K mismatch: {shapes}")
-    k = a.shape[-1] * fmt.elems_per_byte
-    for nm, t, s in (("a", a, a_scales), ("b", b, b_scales)):
-        want = (*t.shape[:-2], *swizzled_shape(t.shape[-2], -(-k // fmt.block_size)))
-        if s.dtype != fmt.scale_dtype or tuple(s.shape) != want:
-            raise ValueError(
-                f"{nm}_scales: expected {fmt.scale_dtype} of the 128x4 swizzled shape {want}, "
-                f"got {s.dtype} {tuple(s.shape)}"
-            )
-    for nm, g in (("a_global_scale", a_global_scale), ("b_global_scale", b_global_scale)):
-        if g is not None and not fmt.has_global_scale:
-            raise ValueError(f"{nm}: format {fmt.name} has no global scale")
-        if g is not None and g.numel() != 1:
-            raise ValueError(f"{nm}: expected a one-element tensor, got shape {tuple(g.shape)}")
-    return (*a.shape[:-1], b.shape[-2]), out_dtype, k
+    for nm, t, s, g in (("a", a, a_scales, a_global_scale), ("b", b, b_scales, b_global_scale)):
+        _check_scales(nm, t, s, g, fmt)
+    return (*a.shape[:-1], b.shape[-2]), out_dtype, a.shape[-1] * fmt.elems_per_byte
+
+
+def _check_elements(nm: str, t, fmt) -> None:
+    """The raw elements of a BlockScaledTensor operand: ``fmt.elem_dtype``, (rows, K') or (L, rows, K')."""
+    if t.dtype != fmt.elem_dtype:
+        raise TypeError(f"{nm}: expected {fmt.name} data ({fmt.name} elements are {fmt.elem_dtype}), got {t.dtype}")
+    if t.dim() not in (2, 3):
+        raise ValueError(f"{nm}: expected a (rows, K) or (L, rows, K) tensor, got {tuple(t.shape)}")
+
+
+def _check_scales(nm: str, t, scales, global_scale, fmt) -> None:
+    """The scales (128x4 swizzled, of elements ``t``) and global scale of a BlockScaledTensor operand."""
+    k = t.shape[-1] * fmt.elems_per_byte
+    want = (*t.shape[:-2], *swizzled_shape(t.shape[-2], -(-k // fmt.block_size)))
+    if scales.dtype != fmt.scale_dtype or tuple(scales.shape) != want:
+        raise ValueError(
+            f"{nm}_scales: expected {fmt.scale_dtype} of the 128x4 swizzled shape {want}, "
+            f"got {scales.dtype} {tuple(scales.shape)}"
+        )
+    if global_scale is not None and not fmt.has_global_scale:
+        raise ValueError(f"{nm}_global_scale: format {fmt.name} has no global scale")
+    if global_scale is not None and global_scale.numel() != 1:
+        raise ValueError(f"{nm}_global_scale: expected a one-element tensor, got shape {tuple(global_scale.shape)}")
 
 
 def _fresh(t: torch.Tensor, inputs) -> torch.Tensor:
@@ -429,17 +438,9 @@ def _fp4_weight_operand(x, w, w_scales, w_global_scale, offs, scale_a, fmt_name,
     out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
     if out_dtype not in _BLOCKSCALED_OUT_DTYPES:
         raise ValueError(f"out_dtype must be one of {_BLOCKSCALED_OUT_DTYPES}, got {out_dtype}")
-    if w.dtype != fmt.elem_dtype or w.dim() not in (2, 3):
-        raise TypeError(f"w: expected {fmt.elem_dtype} (N, K/2) or (E, N, K/2), got {w.dtype} {tuple(w.shape)}")
+    _check_elements("w", w, fmt)
+    _check_scales("w", w, w_scales, w_global_scale, fmt)
     k = w.shape[-1] * 2
-    want = (*w.shape[:-2], *swizzled_shape(w.shape[-2], -(-k // fmt.block_size)))
-    if w_scales.dtype != fmt.scale_dtype or tuple(w_scales.shape) != want:
-        raise ValueError(
-            f"w_scales: expected {fmt.scale_dtype} of the 128x4 swizzled shape {want}, got "
-            f"{w_scales.dtype} {tuple(w_scales.shape)}"
-        )
-    if w_global_scale is not None and (not fmt.has_global_scale or w_global_scale.numel() != 1):
-        raise ValueError(f"w_global_scale: {fmt.name} takes {'one fp32 element' if fmt.has_global_scale else 'none'}")
     gs = None if w_global_scale is None else w_global_scale.to(torch.float32).reshape(())
     qw = BlockScaledTensor(data=w, scales=w_scales, fmt=fmt, shape=torch.Size((*w.shape[:-1], k)), global_scale=gs)
     check_args(x, qw, offs, out_dtype, scale_a)
