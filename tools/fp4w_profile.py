@@ -1,4 +1,5 @@
-"""One dense and one grouped FP4-weight call (decode shapes) for ncu."""
+"""One dense FP4-weight call (M=16, N=28672, K=4096, NVFP4) per config given on the command line
+(Fp4WeightConfig keyword text, e.g. 'n_tiles=2, warps_k=2'), for ncu."""
 import sys
 
 import torch
@@ -13,6 +14,5 @@ qw = cutegemm.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), "
 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
 cfgs = [eval(f"Fp4WeightConfig({s})") for s in sys.argv[1:]] or [None]
 for cfg in cfgs:
-    for _ in range(1):
-        gemm_fp4_weight(x, qw, config=cfg)
+    gemm_fp4_weight(x, qw, config=cfg)
 torch.cuda.synchronize()
