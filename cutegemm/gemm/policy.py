@@ -29,7 +29,9 @@ class ArchPolicy:
         if overrides.get("fp8_blockwise") and self.arch == "sm_90a" and p.m > 128:
             # DeepSeek FP8 block scaling: a tile must not straddle a 128-column scale block of B
             # (tile_n <= 128); cooperative 128x128 + 2x1 cluster (64x128 per warpgroup, two fp32
-            # accumulators). Not yet tuned on the H200. M <= 128 keeps the 128x64 tile below.
+            # accumulators). H200, 8192³ (third session, bench/2026-11-29c/): 1034 TFLOP/s, ahead of
+            # the 1x2 cluster (1000, with pipelined promotion); few tiles measured. M <= 128 keeps
+            # the 128x64 tile below.
             overrides = {**dict(tile_m=128, tile_n=128, cluster_m=2, raster="n", group=8), **overrides}
         base = dict(
             arch=self.arch,
