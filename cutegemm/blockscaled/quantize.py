@@ -532,12 +532,9 @@ def all_configs(arch: str) -> list[QuantizeConfig | AmaxConfig]:
 # --- host API ---------------------------------------------------------------------------------
 @functools.cache
 def _arch_of(index: int) -> str:
-    major, minor = torch.cuda.get_device_capability(index)
-    if major == 9:
-        return "sm_90a"
-    if major == 10:
-        return "sm_100a"
-    raise ValueError(f"cutegemm.quantize runs on sm_90 / sm_100 GPUs; device {index} is sm_{major}{minor}")
+    from ..gemm.api import _device_info  # ValueError on a GPU other than sm_90 / sm_100
+
+    return _device_info(index)[0]
 
 
 def _check_x(x) -> None:
