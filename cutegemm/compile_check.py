@@ -357,12 +357,13 @@ def all_variants(archs) -> list[GemmConfig]:
     ]
 
 
-def family_results(archs, module) -> list[CheckResult]:
-    """Every variant of a kernel family module with ``all_configs(arch)`` and ``check_variant``."""
+def family_results(archs, all_configs, check_variant) -> list[CheckResult]:
+    """Every variant of a kernel family: ``all_configs(arch)`` lists them, ``check_variant(cfg)``
+    compiles one and checks its SASS."""
     out = []
-    for cfg in (c for arch in archs for c in module.all_configs(arch)):
+    for cfg in (c for arch in archs for c in all_configs(arch)):
         t0 = time.time()
-        ok, markers, err = module.check_variant(cfg)
+        ok, markers, err = check_variant(cfg)
         res = CheckResult(cfg.name, ok, markers, time.time() - t0, err)
         print(res.line(), flush=True)
         out.append(res)
@@ -371,16 +372,16 @@ def family_results(archs, module) -> list[CheckResult]:
 
 def quantize_results(archs) -> list[CheckResult]:
     """The block-scaled quantize kernels (cutegemm.blockscaled.quantize), every variant."""
-    from .blockscaled import quantize
+    from .blockscaled.quantize import all_configs, check_variant
 
-    return family_results(archs, quantize)
+    return family_results(archs, all_configs, check_variant)
 
 
 def fp4_weight_results(archs) -> list[CheckResult]:
     """The FP4-weight (W4A16) kernels (cutegemm.blockscaled.fp4_weight), every variant."""
-    from .blockscaled import fp4_weight
+    from .blockscaled.fp4_weight import all_configs, check_variant
 
-    return family_results(archs, fp4_weight)
+    return family_results(archs, all_configs, check_variant)
 
 
 def main(archs) -> int:
