@@ -535,6 +535,73 @@ def bench_fp8_blockwise(shapes=((8192, 8192, 8192),), reps=20, configs=None):
     return rows
 
 
+MXFP8_SHAPES = [(8192, 8192, 8192), (16384, 7168, 2048), (4096, 4096, 4096)]
+
+
+def bench_mxfp8(shapes=MXFP8_SHAPES, reps=20, configs=()):
+    """MXFP8 x MXFP8 on sm_90a (emulated, ``blockscaled.sm90_mx``) vs what a Hopper user has, same
+    run, same operands: (1) cuBLAS bf16 on the dequantized operands (exact in bf16; the issue's
+    ">= 1.0x cuBLAS bf16"), (2) dequantize-then-cuBLAS (bf16 scale multiply of the e4m3 elements
+    in torch, then torch.matmul: the path without an MX kernel; the scales are decoded to bf16
+    once, outside the timing), (3) torch._scaled_mm row-wise FP8 (another recipe, for scale).
+    ``configs``: dicts of GemmConfig overrides timed beside the default (mx_config). Returns Rows
+    (torch_ms: dequantize-then-cuBLAS)."""
+    timer = Timer()
+    return [row for m, n, k in shapes for row in _bench_mxfp8_shape(timer, m, n, k, reps, configs)]
+
+
+def _bench_mxfp8_shape(timer, m, n, k, reps, configs):
+    from dataclasses import replace
+
+    from . import gemm, quantize
+    from .blockscaled.reference import dequantize_ref, e8m0_to_float
+    from .blockscaled.sm90_mx import mx_config
+
+    torch.manual_seed(0)
+    qa = quantize(torch.randn(m, k, device="cuda", dtype=torch.bfloat16), "mxfp8")
+    qb = quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), "mxfp8")
+    a16, b16 = dequantize_ref(qa).to(torch.bfloat16), dequantize_ref(qb).to(torch.bfloat16)
+    ref = a16.double() @ b16.double().T
+    flops = 2.0 * m * n * k
+    case = f"mxfp8 {m}x{n}x{k}"
+    t16 = timer(lambda: a16 @ b16.T, reps)
+    err16 = ((a16 @ b16.T).double() - ref).abs().max().item()
+    sa16 = e8m0_to_float(qa.plain_scales()).to(torch.bfloat16).unsqueeze(-1)
+    sb16 = e8m0_to_float(qb.plain_scales()).to(torch.bfloat16).unsqueeze(-1)
+
+    def dq_then_cublas():
+        a = (qa.data.view(m, k // 32, 32).to(torch.bfloat16) * sa16).view(m, k)
+        b = (qb.data.view(n, k // 32, 32).to(torch.bfloat16) * sb16).view(n, k)
+        return a @ b.T
+
+    t_dq = timer(dq_then_cublas, reps)
+    ones_a = torch.ones(m, 1, device="cuda")
+    ones_b = torch.ones(1, n, device="cuda")
+    t_rw = timer(
+        lambda: torch._scaled_mm(qa.data, qb.data.T, scale_a=ones_a, scale_b=ones_b, out_dtype=torch.bfloat16),
+        reps,
+    )
+    print(
+        f"{case}: cuBLAS bf16 {flops / t16 / 1e9:.1f} TFLOP/s (max err {err16:.3g}); dequantize+cuBLAS "
+        f"{flops / t_dq / 1e9:.1f}; torch._scaled_mm row-wise FP8 (other recipe) {flops / t_rw / 1e9:.1f}",
+        flush=True,
+    )
+    rows = []
+    default = mx_config(m, n)
+    for cfg in [default] + [replace(default, **c) for c in configs]:
+        try:
+            out = gemm(qa, qb, config=cfg)
+            err = (out.double() - ref).abs().max().item()
+            t = timer(lambda cfg=cfg: gemm(qa, qb, config=cfg), reps)
+        except Exception as exc:  # a candidate that does not compile / fit is reported, not fatal
+            print(f"{case}: {cfg.name}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+            continue
+        row = Row(case, t, t_dq, flops / t / 1e9, flops / t_dq / 1e9, t_dq / t, cfg.name, err, err16)
+        rows.append(row)
+        print(format_row(row) + f" | vs cuBLAS bf16 {t16 / t:.3f}x | vs row-wise FP8 {t_rw / t:.3f}x", flush=True)
+    return rows
+
+
 FP4W_DENSE = [(1, 28672, 4096), (16, 28672, 4096), (64, 28672, 4096)]
 FP4W_GROUPED = [(32, 16, 4096, 7168)]
 

@@ -155,7 +155,7 @@ def fp8_variants(arch: str) -> list[GemmConfig]:
         GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=256, out_dtype="fp32", fast_accum=True, epilogue=E(scale_a=True)),
         GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=128, out_dtype="e4m3",
                    epilogue=E(scale_a=True, scale_b=True, bias=True, bias_dtype="bf16", gated="swiglu", quant="mxfp8")),
-    ] + fp8_blockwise_variants(arch)  # fmt: skip
+    ] + fp8_blockwise_variants(arch) + fp8_mx_variants(arch)  # fmt: skip
 
 
 def fp8_blockwise_variants(arch: str) -> list[GemmConfig]:
@@ -169,6 +169,22 @@ def fp8_blockwise_variants(arch: str) -> list[GemmConfig]:
         GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=64, raster="n", group=1),
         GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=128, pingpong=True, out_dtype="fp32"),
         GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=128, epilogue=epi),
+    ]
+
+
+def fp8_mx_variants(arch: str) -> list[GemmConfig]:
+    """MXFP8 emulation (sm_90a only: per-32 promotion with e8m0 scales decoded to fp32, TMA-loaded
+    with A and B): the default 128x128, tile N 64 with a 1x2 cluster, 64-row tiles with fp32
+    output, a 2x1 cluster with an alpha + bias + gelu epilogue."""
+    if arch != "sm_90a":
+        return []
+    mx = dict(a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k", fp8_mx=True)
+    epi = EpilogueSpec(alpha=True, bias=True, bias_dtype="bf16", activation="gelu")
+    return [
+        GemmConfig(arch=arch, **mx, tile_m=128, tile_n=128),
+        GemmConfig(arch=arch, **mx, tile_m=128, tile_n=64, cluster_n=2, raster="n", group=4),
+        GemmConfig(arch=arch, **mx, tile_m=64, tile_n=128, out_dtype="fp32"),
+        GemmConfig(arch=arch, **mx, tile_m=128, tile_n=128, cluster_m=2, epilogue=epi),
     ]
 
 

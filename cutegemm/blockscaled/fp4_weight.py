@@ -43,9 +43,23 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass._mlir.dialects import llvm
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
-from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass.cutlass_dsl import dsl_user_op
+
+from ..runtime.ptx import (
+    _V4,
+    _asm,
+    _i32,
+    cp_async,
+    cp_async_commit,
+    cp_async_wait,
+    ld_global_u8,
+    ld_global_u16,
+    ld_global_v4,
+    ld_global_v4_stream,
+    ld_shared_b32,
+    ld_shared_v4,
+)
 
 __all__ = ["Fp4WeightConfig", "all_configs", "check_variant", "build_fp4_weight", "SASS_REQUIRED"]
 
@@ -120,86 +134,6 @@ class Fp4WeightConfig:
             + f"_s{self.stages}" + (f"_l2p{self.l2_prefetch}" if self.l2_prefetch else "")
             + ("_xs" if self.x_scale else "")
         )
-
-
-# --- inline PTX helpers ------------------------------------------------------------------------
-def _i32(v, loc=None, ip=None):
-    return cutlass.Int32(v).ir_value(loc=loc, ip=ip)
-
-
-def _i64(v, loc=None, ip=None):
-    return cutlass.Int64(v).ir_value(loc=loc, ip=ip)
-
-
-def _asm(ptx: str, ins: list, constraints: str, n_out: int = 0, out=cutlass.Int32, effects=False, loc=None, ip=None):
-    """One inline-PTX statement: ``ins`` are MLIR values, ``n_out`` results of DSL type ``out``
-    (None for none, the value for one, a list for several)."""
-    ty = T.f32() if out is cutlass.Float32 else T.i32()
-    res_ty = None if n_out == 0 else ty if n_out == 1 else llvm.StructType.get_literal([ty] * n_out)
-    res = llvm.inline_asm(res_ty, ins, ptx, constraints, has_side_effects=effects, is_align_stack=False,
-                          asm_dialect=llvm.AsmDialect.AD_ATT)  # fmt: skip
-    if n_out <= 1:
-        return None if n_out == 0 else out(res)
-    return [out(llvm.extractvalue(ty, res, [i], loc=loc, ip=ip)) for i in range(n_out)]
-
-
-_V4 = "{$0, $1, $2, $3}"
-
-
-def _l2(l2_prefetch: int) -> str:
-    return f".L2::{l2_prefetch}B" if l2_prefetch else ""
-
-
-@dsl_user_op
-def ld_global_v4_stream(addr, l2_prefetch: int = 0, *, loc=None, ip=None):
-    """Four 32-bit words from a 16-byte aligned global address, not allocated in L1 (with an L2
-    prefetch-size hint of 128 / 256 bytes if given)."""
-    ptx = f"ld.global.nc.L1::no_allocate{_l2(l2_prefetch)}.v4.b32 {_V4}, [$4];"
-    return _asm(ptx, [_i64(addr, loc, ip)], "=r,=r,=r,=r,l", 4, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def ld_global_v4(addr, *, loc=None, ip=None):
-    """Four 32-bit words from a 16-byte aligned global address (read-only path, L1 cached)."""
-    return _asm(f"ld.global.nc.v4.b32 {_V4}, [$4];", [_i64(addr, loc, ip)], "=r,=r,=r,=r,l", 4, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def ld_global_u8(addr, *, loc=None, ip=None):
-    return _asm("ld.global.nc.u8 $0, [$1];", [_i64(addr, loc, ip)], "=r,l", 1, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def ld_global_u16(addr, *, loc=None, ip=None):
-    return _asm("ld.global.nc.u16 $0, [$1];", [_i64(addr, loc, ip)], "=r,l", 1, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def cp_async(smem_addr, gmem_addr, size: int, l2_prefetch: int = 0, *, loc=None, ip=None):
-    """``size`` (4 or 16) bytes global -> shared, asynchronous (16: not cached in L1)."""
-    kind = "cg" if size == 16 else "ca"
-    ptx = f"cp.async.{kind}.shared.global{_l2(l2_prefetch)} [$0], [$1], {size};"
-    _asm(ptx, [_i32(smem_addr, loc, ip), _i64(gmem_addr, loc, ip)], "r,l", effects=True, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def cp_async_commit(*, loc=None, ip=None):
-    _asm("cp.async.commit_group;", [], "", effects=True, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def cp_async_wait(n: int, *, loc=None, ip=None):
-    _asm(f"cp.async.wait_group {n};", [], "", effects=True, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def ld_shared_v4(addr, *, loc=None, ip=None):
-    return _asm(f"ld.shared.v4.b32 {_V4}, [$4];", [_i32(addr, loc, ip)], "=r,=r,=r,=r,r", 4, effects=True, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def ld_shared_b32(addr, *, loc=None, ip=None):
-    return _asm("ld.shared.b32 $0, [$1];", [_i32(addr, loc, ip)], "=r,r", 1, effects=True, loc=loc, ip=ip)
 
 
 # (mag shift, sign shift) of word i: nibble i's magnitude -> bf16 bits 6-8, its sign -> bit 15

@@ -112,6 +112,13 @@ def _exp2_int(e: torch.Tensor) -> torch.Tensor:
     return torch.where(e < -126, torch.full_like(normal, 2.0**-127), normal)
 
 
+def e8m0_to_float(scales: torch.Tensor) -> torch.Tensor:
+    """Exact fp32 values of e8m0 scales (float8_e8m0fnu or their uint8 bytes): ``2**(byte - 127)``,
+    NaN for byte 0xFF."""
+    bits = scales.view(torch.uint8).int()
+    return torch.where(bits == _E8M0_NAN, torch.nan, _exp2_int(bits - _E8M0_BIAS))
+
+
 def pack_fp4(values: torch.Tensor) -> torch.Tensor:
     """Round fp values to e2m1 (nearest-even, saturating at ±6) and pack two per byte.
 
@@ -297,8 +304,7 @@ def dequantize_ref(q: BlockScaledTensor) -> torch.Tensor:
         elems = q.data.float()
     scales = q.plain_scales()
     if fmt.is_mx:
-        bits = scales.view(torch.uint8).int()
-        scale_f = torch.where(bits == _E8M0_NAN, torch.nan, _exp2_int(bits - _E8M0_BIAS))
+        scale_f = e8m0_to_float(scales)
     else:
         scale_f = scales.float()
     out = elems * scale_f.repeat_interleave(fmt.block_size, dim=-1)[..., :k]

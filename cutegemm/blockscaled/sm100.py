@@ -7,12 +7,12 @@ quantized along K (torch ``_scaled_mm``'s A row-major / B column-major). Scales 
 as the raw bytes of the 128x4 swizzled layout; NVFP4's per-tensor global scales are folded into
 the epilogue's alpha.
 
-Public entry points: ``cutegemm.gemm(qa, qb, out_dtype=..., alpha=..., config=...)`` and its twin
+Public entry points: ``cutegemm.gemm(qa, qb, out_dtype=..., alpha=..., config=..., out=...)`` and its twin
 ``cutegemm.gemm_ref(qa, qb, ...)`` dispatch here when an operand is a BlockScaledTensor
 (:func:`gemm_api` / :func:`gemm_ref_api`; every other option of theirs must stay at its default),
 and the custom op ``torch.ops.cutegemm.gemm_blockscaled`` (:mod:`cutegemm.quant_ops`). On sm_90a
-there is no block-scaled MMA; the emulated Hopper path is not written yet, so the kernel raises
-``NotImplementedError`` there (dequantize and run the bf16 GEMM instead).
+there is no block-scaled MMA: MXFP8 x MXFP8 runs the emulation of :mod:`.sm90_mx` (e4m3 WGMMAs,
+per-32 promotion with the scales); FP4 x FP4 raises ``NotImplementedError`` there.
 """
 
 from __future__ import annotations
@@ -96,18 +96,25 @@ def gemm_blockscaled(
     out_dtype: torch.dtype = torch.bfloat16,
     alpha: float = 1.0,
     config: GemmConfig | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``alpha * dequantize(qa) @ dequantize(qb).mT`` (fp32 accumulation) -> (M, N) or (L, M, N).
 
+    ``out``: an optional (M, N) / (L, M, N) result tensor of ``out_dtype`` (unit column stride,
+    16-byte aligned row stride, e.g. a view into a larger buffer); it is returned.
+
     Raises ValueError for CPU operands or a bad shape / format / out_dtype, NotImplementedError
-    on a GPU other than sm_100 (sm_90a: no block-scaled MMA; the Hopper path is not written)."""
+    on a GPU other than sm_100 / sm_90 and for FP4 x FP4 on sm_90 (MXFP8 x MXFP8 is emulated
+    there, :mod:`.sm90_mx`)."""
     _check(qa, qb, out_dtype)
     major, minor = torch.cuda.get_device_capability(qa.data.device)
-    if major == 9:
-        raise NotImplementedError(
-            "block-scaled GEMM on sm_90a (Hopper) is not implemented yet; dequantize the operands "
-            "(cutegemm.dequantize) and run the bf16 cutegemm.gemm, or use sm_100a (Blackwell)"
-        )
+    if major == 9:  # Hopper: MXFP8 x MXFP8 emulated with e4m3 WGMMAs (FP4: NotImplementedError)
+        from ..gemm.api import _device_info
+        from .sm90_mx import check_mx_operands, gemm_mx_sm90
+
+        check_mx_operands(qa, qb)
+        alpha = float(alpha)
+        return gemm_mx_sm90(qa, qb, out_dtype, alpha, config, _device_info(qa.data.device.index or 0)[1], out)
     if major != 10:
         raise NotImplementedError(
             f"block-scaled GEMM needs sm_100a (Blackwell); this GPU is sm_{major}{minor}: dequantize "
@@ -140,8 +147,7 @@ def gemm_blockscaled(
         raise ValueError(f"cannot run {cfg.name}: {why}")
     batched = len(qa.shape) == 3
     L = qa.shape[0] if batched else 1
-    out = torch.empty((L, m, n), dtype=out_dtype, device=qa.data.device)
-    c_view = out.as_strided((m, n, L), (n, 1, m * n))
+    out, c_view = output_view(out, L, m, n, out_dtype, qa.data.device, batched)
     num_sms = torch.cuda.get_device_properties(qa.data.device).multi_processor_count
     max_clusters = max(1, num_sms // (cfg.cluster_m * cfg.cluster_n))
     fn = DENSE_CACHE.get(cfg)
@@ -150,7 +156,28 @@ def gemm_blockscaled(
         alpha, 0.0, max_clusters, None, _scale_bytes(qa), _scale_bytes(qb),
         *(None,) * 6, None,  # quantized-output scales, global scale, 4 epilogue vectors, workspace
     )  # fmt: skip
-    return out if batched else out[0]
+    return out
+
+
+def output_view(out, L: int, m: int, n: int, out_dtype, device, batched: bool):
+    """(result, its (M, N, L) kernel view): a new tensor, or the caller's ``out`` checked."""
+    shape = (L, m, n) if batched else (m, n)
+    if out is None:
+        res = torch.empty(shape, dtype=out_dtype, device=device)
+    else:
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != shape or out.dtype != out_dtype:
+            got = f"{tuple(out.shape)} {out.dtype}" if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ValueError(f"out must be a {shape} {out_dtype} tensor, got {got}")
+        if out.device != device:
+            raise ValueError(f"out is on {out.device}, the operands on {device}")
+        align = 16 // out.element_size()
+        if out.stride(-1) != 1 or out.stride(-2) % align or (batched and out.stride(0) % align) or out.data_ptr() % 16:
+            raise ValueError(
+                f"out needs unit column stride and 16-byte aligned rows / batches / start, got strides {out.stride()}"
+            )
+        res = out
+    res3 = res if batched else res.unsqueeze(0)
+    return res, res3.permute(1, 2, 0)
 
 
 def gemm_blockscaled_ref(
@@ -176,7 +203,7 @@ def gemm_blockscaled_ref(
 
 
 # -- cutegemm.gemm / cutegemm.gemm_ref with BlockScaledTensor operands --------------------------
-GEMM_OPTIONS = ("out_dtype", "alpha", "config")
+GEMM_OPTIONS = ("out_dtype", "alpha", "config", "out")
 GEMM_REF_OPTIONS = ("out_dtype", "alpha", "compute_dtype")
 
 
@@ -231,7 +258,7 @@ def gemm_api(call: dict, fn) -> torch.Tensor:
     from .fp4_weight_api import gemm_fp4_weight, is_fp4_weight_call
 
     if is_fp4_weight_call(call["a"], call["b"]):
-        return gemm_fp4_weight(call["a"], call["b"], **_options(call, fn, ("out", "scale_a", *GEMM_OPTIONS)))
+        return gemm_fp4_weight(call["a"], call["b"], **_options(call, fn, ("scale_a", *GEMM_OPTIONS)))
     return gemm_blockscaled(call["a"], call["b"], **_options(call, fn, GEMM_OPTIONS))
 
 

@@ -70,6 +70,12 @@ class GemmConfig:
     # per 128x128 block of B (N block, K block), applied to every K tile's promoted WGMMA partial
     # sum in the mainloop (the K tile is 128). Passed as the kernel's mSFA / mSFB.
     fp8_blockwise: bool = False
+    # MXFP8 emulation (sm_90a, no block-scaled MMA there): e4m3 A and B with one e8m0 scale per
+    # 32 K of every row of A and every column of B, decoded on the host to fp32 (mSFA (M, K/32),
+    # mSFB in the consumers' register order, see ``blockscaled.sm90_mx``). Each 32-wide WGMMA
+    # starts a fresh partial sum, promoted as acc += partial * scale_a[row] * scale_b[col]; the
+    # scales travel with A and B through the TMA stage ring.
+    fp8_mx: bool = False
     # The launch takes A (M, K), B (K, N) and C (M, N) as torch holds them (L = 1): no strided
     # views are made on the host per call (host overhead); the kernel appends the unit L mode.
     flat: bool = False
@@ -84,6 +90,7 @@ class GemmConfig:
         tile = f"{self.tile_m}x{self.tile_n}" + ("_2cta" if self.two_cta else "") + ("_pp" if self.pingpong else "")
         tile += "_fastacc" if self.fast_accum else ""
         tile += "_bw128" if self.fp8_blockwise else ""
+        tile += "_mx32" if self.fp8_mx else ""
         family = "grouped" if self.grouped else "dense-2d" if self.flat else "dense"
         if self.blockscaled:
             family += f"-bs-{self.sf_dtype}v{self.sf_vec}"
@@ -122,6 +129,8 @@ def config_errors(cfg: GemmConfig) -> list[str]:
         err.append("fast_accum is an FP8 (e4m3) option")
     if cfg.fp8_blockwise:
         err += fp8_blockwise_errors(cfg)
+    if cfg.fp8_mx:
+        err += fp8_mx_errors(cfg)
     if cfg.flat and (cfg.grouped or cfg.blockscaled or cfg.epilogue.quant or cfg.epilogue.beta):
         err.append("flat (2-D launch): dense only, not block-scaled, no quantized output, no beta * C")
     if cfg.blockscaled:
@@ -241,6 +250,30 @@ def fp8_blockwise_errors(cfg: GemmConfig) -> list[str]:
         err.append(f"{what} cannot be combined with per-row/per-column epilogue scales (scale_a/scale_b vectors)")
     if cfg.grouped:
         err.append(f"{what}: dense only (grouped not implemented)")
+    return err
+
+
+def fp8_mx_errors(cfg: GemmConfig) -> list[str]:
+    """Rules of the MXFP8 emulation on sm_90a: per-32 promotion of e4m3 WGMMA partial sums. A
+    warpgroup holds 64 x tile_n partial and promoted fp32 sums plus tile_n / 4 column scales."""
+    err = []
+    what = "fp8_mx (MXFP8 emulation)"
+    if cfg.arch != "sm_90a":
+        err.append(f"{what} is an sm_90a kernel (sm_100a has the native block-scaled MMA), got arch {cfg.arch!r}")
+    if cfg.a_dtype != "e4m3" or cfg.b_dtype != "e4m3":
+        err.append(f"{what} needs e4m3 A and B, got {cfg.a_dtype}/{cfg.b_dtype}")
+    if cfg.a_major != "k" or cfg.b_major != "k":
+        err.append(f"{what} needs K-major A and B (a_major='k', b_major='k')")
+    if cfg.fast_accum or cfg.fp8_blockwise or cfg.blockscaled or cfg.sf_dtype:
+        err.append(f"{what} cannot be combined with fast_accum, fp8_blockwise or sf_vec/sf_dtype")
+    if cfg.tile_n not in (64, 128) or cfg.tile_m not in (64, 128):
+        err.append(f"{what}: tile_m and tile_n must be 64 or 128, got {cfg.tile_m}x{cfg.tile_n}")
+    if cfg.pingpong:
+        err.append(f"{what}: cooperative schedule only (pingpong=False)")
+    if cfg.epilogue.scale_a or cfg.epilogue.scale_b:
+        err.append(f"{what} cannot be combined with per-row/per-column epilogue scales (scale_a/scale_b vectors)")
+    if cfg.grouped or cfg.flat:
+        err.append(f"{what}: dense (L, M, K) launches only (not grouped, not flat)")
     return err
 
 

@@ -51,6 +51,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.tensor_utils import LayoutEnum
 
+from ..blockscaled.sm90_mx_mainloop import MX_KB, SF_BYTES, MxSm90Mixin
 from ..epilogue import epilogue_subtile, store_gated
 from ..epilogue.quant import quant_storage, store_quantized_subtile
 from ..grouped.kernel_parts import (
@@ -73,7 +74,7 @@ BAR_EPILOGUE = 1  # + warpgroup turn (1, 2)
 BAR_ORDER = 3  # + warpgroup turn (3, 4): pingpong tensor-core hand-off
 
 
-class GemmSm90(GemmBase):
+class GemmSm90(MxSm90Mixin, GemmBase):
     threads_per_warpgroup = 128
     load_registers = 40
     mma_registers = 232
@@ -118,6 +119,8 @@ class GemmSm90(GemmBase):
         self.epi_stage = 4 if not self.pingpong else 2
 
         ab_bytes = (cfg.tile_m + cfg.tile_n) * self.tile_shape_mnk[2] * self.a_dtype.width // 8
+        if cfg.fp8_mx:  # the K tile's scales ride with A and B
+            ab_bytes += self.mx_stage_bytes()
         epi_bytes = cute.size(self.epi_tile_out) * self.c_dtype.width // 8 * self.epi_stage * self.epi_groups
         table_bytes = tile_table_bytes(cfg.grouped)
         budget = SMEM_CAPACITY_SM90 - 1024 - epi_bytes - table_bytes  # 1 KiB for mbarriers
@@ -165,7 +168,7 @@ class GemmSm90(GemmBase):
         max_clusters: cutlass.Int32,
         stream: cuda.CUstream,
         mOffs: cute.Tensor | None = None,  # grouped: (E,) int32 cumulative end rows of A's experts
-        mSFA: cute.Tensor | None = None,  # block-scaled operands: sm_100a only (kept for one signature)
+        mSFA: cute.Tensor | None = None,  # FP8 block scales (fp8_blockwise / fp8_mx), else None
         mSFB: cute.Tensor | None = None,
         mEpiSF: cute.Tensor | None = None,  # quantized output: its scale bytes (128x4 swizzled)
         mEpiGS: cute.Tensor | None = None,  # quantized NVFP4 output: (1,) fp32 global scale
@@ -200,7 +203,11 @@ class GemmSm90(GemmBase):
             self.epi_tile_out,
         )
 
+        tma_atom_sfa = tma_atom_sfb = None
+        if cutlass.const_expr(cfg.fp8_mx):
+            tma_atom_sfa, mSFA, tma_atom_sfb, mSFB = self.mx_tma(mSFA, mSFB)
         table_len = tile_table_len(cfg.grouped)
+        sf_len = self.mx_cosizes() if cfg.fp8_mx else (1, 1)
         # The dynamic schedulers' tile ring (static: a 1-slot stub; every field here sits below
         # the 1 KiB-aligned sA, so it moves nothing).
         ring = ring_storage_fields(RING_DEPTH if cfg.scheduler != "static" else 1)
@@ -218,6 +225,9 @@ class GemmSm90(GemmBase):
             sC: cute.struct.Align[
                 cute.struct.MemRange[self.c_dtype, cute.cosize(self.epi_smem_layout_staged)], 1024
             ]
+            # MXFP8 emulation: fp32 scale stages (one unused word each otherwise)
+            sSFA: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, sf_len[0]], 16]
+            sSFB: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, sf_len[1]], 16]
 
         self.shared_storage = SharedStorage
         self.kernel(
@@ -238,8 +248,10 @@ class GemmSm90(GemmBase):
             mV2,
             mV3,
             mWorkspace,
-            mSFA if cfg.fp8_blockwise else None,
-            mSFB if cfg.fp8_blockwise else None,
+            mSFA if cfg.fp8_blockwise or cfg.fp8_mx else None,
+            mSFB if cfg.fp8_blockwise or cfg.fp8_mx else None,
+            tma_atom_sfa,
+            tma_atom_sfb,
             alpha,
             beta,
             self.tiled_mma,
@@ -280,6 +292,8 @@ class GemmSm90(GemmBase):
         mWorkspace: cute.Tensor | None,
         mSFA: cute.Tensor | None,  # FP8 block scaling: (M, ceil(K/128)) fp32 scales of A, or None
         mSFB: cute.Tensor | None,  # FP8 block scaling: (ceil(N/128), ceil(K/128)) fp32 scales of B
+        tma_atom_sfa: cute.CopyAtom | None,  # fp8_mx: TMA of the scales (mSFA / mSFB: TMA tensors)
+        tma_atom_sfb: cute.CopyAtom | None,
         alpha: cutlass.Float32,
         beta: cutlass.Float32,
         tiled_mma: cute.TiledMma,
@@ -307,6 +321,8 @@ class GemmSm90(GemmBase):
         tma_bytes = cute.size_in_bytes(
             self.a_dtype, cute.slice_(a_smem_layout_staged, (None, None, 0))
         ) + cute.size_in_bytes(self.b_dtype, cute.slice_(b_smem_layout_staged, (None, None, 0)))
+        if cutlass.const_expr(self.config.fp8_mx):
+            tma_bytes += self.mx_stage_bytes()
         # Every consumer warp of every CTA that reads a multicast stage releases it.
         mcast_size = self.num_mcast_ctas_a + self.num_mcast_ctas_b - 1
         ab_pipeline = pipeline.PipelineTmaAsync.create(
@@ -407,14 +423,22 @@ class GemmSm90(GemmBase):
         # Quantized output: (scale bytes, global scale, output rows, output columns).
         quant_args = (mEpiSF, mEpiGS, mC_mnl.shape[0], mC_mnl.shape[1] * self.out_per_elem)
         vectors = (mV0, mV1, mV2, mV3)  # user epilogue vectors, or (scale_a, scale_b) of FP8
+        block_scales = (mSFA, mSFB)
+        mx_parts = None
+        if cutlass.const_expr(cfg.fp8_mx):
+            sSFA, sSFB, mx_parts = self.mx_partition(storage, tma_atom_sfa, mSFA, tma_atom_sfb, mSFB)
+            block_scales = (sSFA, sSFB)
         warp_group_idx = cute.arch.make_warp_uniform(tidx // self.threads_per_warpgroup)
         if warp_group_idx == 0:
             cute.arch.setmaxregister_decrease(self.load_registers)
             if warp_idx == self.load_warp_id:
+                extra = ()
+                if cutlass.const_expr(cfg.fp8_mx):
+                    extra = self.mx_load_operands(tma_atom_sfa, tma_atom_sfb, mx_parts)
                 self.load_ab(
                     load_sched, ab_pipeline, k_tile_cnt,
                     tma_atom_a, a_tiles, tAsA, a_mcast_mask,
-                    tma_atom_b, tBgB, tBsB, b_mcast_mask,
+                    tma_atom_b, tBgB, tBsB, b_mcast_mask, extra,
                 )  # fmt: skip
         else:
             cute.arch.setmaxregister_increase(self.mma_registers)
@@ -425,7 +449,7 @@ class GemmSm90(GemmBase):
                 (tidx - self.threads_per_warpgroup) % self.threads_per_tile, wg, warp_idx,
                 cAcc_mnl, mCin, mBias, beta, mC_mnl, mC_gmem, quant_args, vectors,
                 mB_nkl.shape[0] if cutlass.const_expr(cfg.grouped) else None,
-                block_scales=(mSFA, mSFB),
+                block_scales=block_scales,
             )  # fmt: skip
 
     # ---------------------------------------------------------------------------------------
@@ -454,7 +478,7 @@ class GemmSm90(GemmBase):
         quant_args: tuple,
         vectors: tuple,
         group_cols,  # grouped: the GEMM's N (per-expert vectors hold E rows of N); dense: None
-        block_scales: tuple = (None, None),  # FP8 block scaling (config.fp8_blockwise): (mSFA, mSFB)
+        block_scales: tuple = (None, None),  # fp8_blockwise: (mSFA, mSFB); fp8_mx: (sSFA, sSFB)
     ):
         """Consumer warpgroups: WGMMA mainloop into register accumulators, then the epilogue.
 
@@ -495,6 +519,19 @@ class GemmSm90(GemmBase):
             sa_rows = cute.make_rmem_tensor((n_sa,), cutlass.Int32)
             sf_cur = cute.make_rmem_tensor((n_sa + 1,), cutlass.Float32)  # A scales, then B's
             sf_next = cute.make_rmem_tensor((n_sa + 1,), cutlass.Float32)
+        # MXFP8 emulation (config.fp8_mx): scales per 32-K block of every row / column, in shared
+        # memory stages next to A and B (see blockscaled.sm90_mx_mainloop): this thread's row
+        # addresses and its first column-scale group.
+        mx = self.config.fp8_mx
+        if cutlass.const_expr(mx):
+            sSFA, sSFB = block_scales
+            assert promote and acc_shape[0] == (2, 2, self.config.tile_n // 8) and acc_shape[2] == 1, acc_shape
+            tCcTile = thr_mma.partition_C(cute.make_identity_tensor((self.config.tile_m, self.config.tile_n)))
+            sfa_rows = [
+                sSFA.iterator.toint() + tCcTile[((0, i % 2, 0), i // 2, 0)][0] * (MX_KB * SF_BYTES)
+                for i in range(2 * acc_shape[1])
+            ]
+            sfb_base = sSFB.iterator.toint() + tCcTile[((0, 0, 0), 0, 0)][1] * (2 * SF_BYTES)  # 4 q floats
 
         # Epilogue copies: registers -> smem with stmatrix, then one warp TMA-stores the subtile.
         # (Gated / quantized outputs store by coordinate; the stmatrix partition still gives
@@ -561,43 +598,51 @@ class GemmSm90(GemmBase):
                 if work >= sched.first() + sched.stride:  # not this CTA's first tile: wait our turn
                     cute.arch.barrier(barrier_id=BAR_ORDER + wg, number_of_threads=2 * self.threads_per_warpgroup)
             warpgroup.fence()
-            for k_tile in range(k_tile_cnt):
-                ab_pipeline.consumer_wait(read_state)
-                if cutlass.const_expr(promote):
-                    warpgroup.fence()  # the adds below read acc: order them before the overwrite
-                    tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
-                for kb in cutlass.range_constexpr(num_k_blocks):
-                    coord = (None, None, kb, read_state.index)
-                    cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
-                    if cutlass.const_expr(promote):
-                        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-                warpgroup.commit_group()
-                if cutlass.const_expr(promote):
-                    if cutlass.const_expr(blockwise):
-                        # Prefetch the next K tile's scales (the last tile reloads its own).
-                        k_next = cutlass.min(k_tile + 1, k_tile_cnt - 1)
-                        for i in cutlass.range_constexpr(n_sa):
-                            sf_next[i] = mSFA[(sa_rows[i], k_next)]
-                        sf_next[n_sa] = mSFB[(n_blk, k_next)]
-                    warpgroup.wait_group(0)
+            if cutlass.const_expr(mx):
+                for _k_tile in range(k_tile_cnt):
+                    ab_pipeline.consumer_wait(read_state)
+                    tiled_mma = self.mx_k_tile(tiled_mma, acc, acc_sum, tCrA, tCrB, read_state.index, sfa_rows, sfb_base)
                     ab_pipeline.consumer_release(read_state)
                     release_state.advance()
-                    if cutlass.const_expr(blockwise):
-                        for i in cutlass.range_constexpr(n_sa):
-                            scale = sf_cur[i] * sf_cur[n_sa]
-                            for v in cutlass.range_constexpr(cute.size(acc_shape[0]) // 2):
-                                idx = ((v % 2, i % 2, v // 2), i // 2, 0)
-                                acc_sum[idx] = acc_sum[idx] + acc[idx] * scale
-                        for i in cutlass.range_constexpr(n_sa + 1):
-                            sf_cur[i] = sf_next[i]
-                    else:
-                        acc_sum.store(acc_sum.load() + acc.load())
-                else:
-                    warpgroup.wait_group(1)
-                    if k_tile > 0:
-                        ab_pipeline.consumer_release(release_state)
+                    read_state.advance()
+            else:
+                for k_tile in range(k_tile_cnt):
+                    ab_pipeline.consumer_wait(read_state)
+                    if cutlass.const_expr(promote):
+                        warpgroup.fence()  # the adds below read acc: order them before the overwrite
+                        tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
+                    for kb in cutlass.range_constexpr(num_k_blocks):
+                        coord = (None, None, kb, read_state.index)
+                        cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
+                        if cutlass.const_expr(promote):
+                            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+                    warpgroup.commit_group()
+                    if cutlass.const_expr(promote):
+                        if cutlass.const_expr(blockwise):
+                            # Prefetch the next K tile's scales (the last tile reloads its own).
+                            k_next = cutlass.min(k_tile + 1, k_tile_cnt - 1)
+                            for i in cutlass.range_constexpr(n_sa):
+                                sf_next[i] = mSFA[(sa_rows[i], k_next)]
+                            sf_next[n_sa] = mSFB[(n_blk, k_next)]
+                        warpgroup.wait_group(0)
+                        ab_pipeline.consumer_release(read_state)
                         release_state.advance()
-                read_state.advance()
+                        if cutlass.const_expr(blockwise):
+                            for i in cutlass.range_constexpr(n_sa):
+                                scale = sf_cur[i] * sf_cur[n_sa]
+                                for v in cutlass.range_constexpr(cute.size(acc_shape[0]) // 2):
+                                    idx = ((v % 2, i % 2, v // 2), i // 2, 0)
+                                    acc_sum[idx] = acc_sum[idx] + acc[idx] * scale
+                            for i in cutlass.range_constexpr(n_sa + 1):
+                                sf_cur[i] = sf_next[i]
+                        else:
+                            acc_sum.store(acc_sum.load() + acc.load())
+                    else:
+                        warpgroup.wait_group(1)
+                        if k_tile > 0:
+                            ab_pipeline.consumer_release(release_state)
+                            release_state.advance()
+                    read_state.advance()
             if cutlass.const_expr(self.pingpong):
                 # All WGMMAs of this tile are issued: hand the tensor cores to the other warpgroup.
                 cute.arch.barrier_arrive(barrier_id=BAR_ORDER + 1 - wg, number_of_threads=2 * self.threads_per_warpgroup)

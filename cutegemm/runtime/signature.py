@@ -63,6 +63,8 @@ def dense_fake_args(cfg: GemmConfig, offs=None):
         args += (_fake_scales(cfg.sf_dtype), _fake_scales(cfg.sf_dtype))
     elif cfg.fp8_blockwise:
         args += (_fake_block_scales(), _fake_block_scales())
+    elif cfg.fp8_mx:
+        args += (_fake_mx_scales(k_major=True), _fake_mx_scales(k_major=False))
     else:
         args += (None, None)
     return args + epilogue_fake_args(epi) + (_fake_workspace(cfg),)
@@ -107,6 +109,18 @@ def _fake_block_scales():
     return make_fake_tensor(
         cutlass.Float32, (cute.sym_int32(), cute.sym_int32()), (cute.sym_int64(), cute.sym_int64()), assumed_align=4
     )
+
+
+def _fake_mx_scales(k_major: bool):
+    """MXFP8 emulation (sm_90a, config.fp8_mx): fp32 scales, 3-D with dynamic shape, TMA-loaded.
+    mSFA (M, Kb, L) with unit stride along Kb (K blocks, a multiple of 4); mSFB (Np, Kb, L) with
+    unit stride along Np (the columns, permuted and padded per tile; see ``blockscaled.sm90_mx``)."""
+    shape = (cute.sym_int32(), cute.sym_int32(), cute.sym_int32())
+    if k_major:
+        stride = (cute.sym_int64(divisibility=4), 1, cute.sym_int64(divisibility=4))
+    else:
+        stride = (1, cute.sym_int64(divisibility=4), cute.sym_int64(divisibility=4))
+    return make_fake_tensor(cutlass.Float32, shape, stride, assumed_align=TMA_ALIGN_BYTES)
 
 
 def grouped_fake_args(cfg: GemmConfig):

@@ -1,0 +1,176 @@
+"""MXFP8 x MXFP8 GEMM on Hopper (sm_90a), emulated: host side of ``GemmSm90`` with
+``config.fp8_mx`` (kernel pieces: ``sm90_mx_mainloop``).
+
+``gemm_mx_sm90(qa, qb)`` computes ``dequantize(qa) @ dequantize(qb).T`` from the e4m3 elements
+and e8m0 scales (one per 32 K of every row) of two MXFP8 ``BlockScaledTensor``s: e4m3 WGMMAs of
+K 32, each partial sum promoted into fp32 with ``scale_a[row] * scale_b[col]`` of its K block. The
+result equals the fp32 GEMM of the dequantized operands up to fp32 summation order (the tensor
+core sums 32 products per promotion). The dequantized operands never exist in memory.
+
+The scales are decoded here, per call, to fp32 (exact: powers of two, NaN for byte 0xFF):
+  * ``sfa`` (M, Kb, L) with Kb = ceil(K / 32) rounded up to a multiple of 4 (one 128-wide K tile
+    per TMA box of 4), padding 0;
+  * ``sfb`` (Np, Kb, L), Np = N rounded up to the tile, unit stride along Np, each tile's columns
+    permuted so that one consumer thread's columns are contiguous (``sfb_permutation``).
+Padding scales meet zero-filled elements (TMA fills out-of-bounds A / B with zeros), so they add
+nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+
+import torch
+
+from ..epilogue import EpilogueSpec
+from ..gemm.config import GemmConfig, GemmProblem, can_implement
+from .reference import BlockScaledTensor, e8m0_to_float
+
+MX_K_BLOCK = 32
+K_TILE_BLOCKS = 4  # 32-wide K blocks per 128-wide K tile (the kernel's TMA box of scales)
+_OUT_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def mx_config(m: int, n: int, out_dtype: torch.dtype = torch.bfloat16, alpha: bool = False) -> GemmConfig:
+    """The default MXFP8-emulation config: cooperative 128 x 128 (two warpgroups of 64 x 128;
+    each holds a partial and a promoted fp32 sum), 64 rows when M is small."""
+    base = GemmConfig(
+        arch="sm_90a", a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k", out_dtype=_OUT_NAMES[out_dtype],
+        tile_m=128, tile_n=128, fp8_mx=True, epilogue=EpilogueSpec(alpha=alpha),
+    )  # fmt: skip
+    if m <= 64:
+        return replace(base, tile_m=64)
+    return base
+
+
+@functools.cache
+def sfb_permutation(tile_n: int) -> torch.Tensor:
+    """perm[p] = the tile-local column whose B scale the kernel reads at position p of a tile.
+
+    A consumer thread (q = lane % 4) holds accumulator register v = 2 j + e of column
+    8 j + 2 q + e and reads its scales, four at a time, from positions (v // 4) * 16 + 4 q + v % 4.
+    """
+    perm = torch.empty(tile_n, dtype=torch.long)
+    for p in range(tile_n):
+        g, q, w = p // 16, (p % 16) // 4, p % 4
+        v = 4 * g + w
+        perm[p] = 8 * (v // 2) + 2 * q + v % 2
+    return perm
+
+
+def _plain_scales3(q: BlockScaledTensor) -> torch.Tensor:
+    """(L, rows, ceil(K / 32)) fp32 scales."""
+    s = e8m0_to_float(q.plain_scales())
+    return s if s.dim() == 3 else s.unsqueeze(0)
+
+
+def _padded_kb(k: int) -> int:
+    kb = -(-k // MX_K_BLOCK)
+    return -(-kb // K_TILE_BLOCKS) * K_TILE_BLOCKS
+
+
+def mx_scales_a(qa: BlockScaledTensor) -> torch.Tensor:
+    """The kernel's mSFA: (M, Kb, L) fp32 view, unit stride along Kb (padded to a multiple of 4)."""
+    s = _plain_scales3(qa)
+    L, m, kb = s.shape
+    kbp = _padded_kb(qa.shape[-1])
+    buf = torch.zeros((L, m, kbp), dtype=torch.float32, device=s.device)
+    buf[:, :, :kb] = s
+    return buf.permute(1, 2, 0)
+
+
+def mx_scales_b(qb: BlockScaledTensor, tile_n: int) -> torch.Tensor:
+    """The kernel's mSFB: (Np, Kb, L) fp32 view, unit stride along Np; each tile_n-column tile's
+    scales in ``sfb_permutation`` order."""
+    s = _plain_scales3(qb)
+    L, n, kb = s.shape
+    kbp = _padded_kb(qb.shape[-1])
+    n_tiles = -(-n // tile_n)
+    padded = torch.zeros((L, n_tiles * tile_n, kbp), dtype=torch.float32, device=s.device)
+    padded[:, :n, :kb] = s
+    perm = sfb_permutation(tile_n).to(s.device)
+    tiles = padded.view(L, n_tiles, tile_n, kbp).index_select(2, perm)  # (L, tiles, p, Kb)
+    buf = tiles.reshape(L, n_tiles * tile_n, kbp).transpose(1, 2).contiguous()  # (L, Kb, Np)
+    return buf.permute(2, 1, 0)
+
+
+def check_mx_operands(qa, qb) -> None:
+    """Rules of the sm_90a path beyond ``sm100.check_operands``: MXFP8 both, K a multiple of 16
+    (TMA: 16-byte rows), contiguous elements."""
+    for nm, q in (("qa", qa), ("qb", qb)):
+        if q.fmt.name != "mxfp8":
+            raise NotImplementedError(
+                f"{nm}: {q.fmt.name} x {q.fmt.name} has no sm_90a (Hopper) kernel: Hopper's tensor cores "
+                "have no FP4 inputs; MXFP8 x MXFP8 is emulated, FP4 weights run with bf16 / e4m3 "
+                "activations (cutegemm.gemm(x, qw)), or dequantize (cutegemm.dequantize) and run bf16"
+            )
+        if q.data.dtype != torch.float8_e4m3fn:
+            raise ValueError(f"{nm}: MXFP8 elements must be float8_e4m3fn, got {q.data.dtype}")
+    k = qa.shape[-1]
+    if k % 16:
+        raise ValueError(f"MXFP8 on sm_90a: K must be a multiple of 16 (TMA needs 16-byte rows), got K={k}")
+
+
+def gemm_mx_sm90(
+    qa: BlockScaledTensor,
+    qb: BlockScaledTensor,
+    out_dtype: torch.dtype,
+    alpha: float,
+    config: GemmConfig | None,
+    num_sms: int,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Launch of the emulated MXFP8 GEMM (operands already checked by the caller; ``out`` as
+    in ``gemm_blockscaled``)."""
+    from ..gemm.api import DENSE_CACHE, new_workspace, reset_workspace
+    from .sm100 import output_view
+
+    check_mx_operands(qa, qb)
+    m, k = qa.shape[-2], qa.shape[-1]
+    n = qb.shape[-2]
+    if config is not None and not config.fp8_mx:
+        raise ValueError(f"config {config.name} is not an MXFP8-emulation kernel (fp8_mx=True, see mx_config)")
+    cfg = config or mx_config(m, n, out_dtype, alpha=alpha != 1.0)
+    if alpha != 1.0 and not cfg.epilogue.alpha:
+        cfg = replace(cfg, epilogue=replace(cfg.epilogue, alpha=True))
+    ok, why = can_implement(cfg, GemmProblem(m, n, k, 1, "e4m3", "e4m3", _OUT_NAMES[out_dtype], "k", "k", (k,), (k,)))
+    if not ok:
+        raise ValueError(f"cannot run {cfg.name}: {why}")
+    batched = len(qa.shape) == 3
+    L = qa.shape[0] if batched else 1
+    a = qa.data.contiguous().view(L, m, k).permute(1, 2, 0)
+    b = qb.data.contiguous().view(L, n, k).permute(1, 2, 0)
+    out, c_view = output_view(out, L, m, n, out_dtype, qa.data.device, batched)
+    max_clusters = max(1, num_sms // (cfg.cluster_m * cfg.cluster_n))
+    DENSE_CACHE.get(cfg)(
+        a, b, c_view, None, None, alpha, 0.0, max_clusters, None,
+        mx_scales_a(qa), mx_scales_b(qb, cfg.tile_n),
+        *(None,) * 6,  # quantized-output scales, global scale, 4 epilogue vectors
+        reset_workspace(new_workspace(cfg, qa.data.device)),  # scheduler "dynamic": its tile counter
+    )  # fmt: skip
+    return out
+
+
+def mx_emulation_ref(qa: BlockScaledTensor, qb: BlockScaledTensor, tile_n: int = 128) -> torch.Tensor:
+    """Plain-torch model of the kernel's arithmetic from the kernel's own inputs (any device,
+    fp32, 2-D operands): per 32-K block, the block's partial product of the raw e4m3 values,
+    scaled by the A scale read from ``mx_scales_a`` at (row, block) and the B scale read from
+    ``mx_scales_b`` where a thread holding column c reads it. Agrees with ``dequantize_ref``
+    math only if the layouts and the read positions agree (CPU tests)."""
+    m, k = qa.shape
+    n = qb.shape[0]
+    sfa = mx_scales_a(qa)[:, :, 0]
+    sfb = mx_scales_b(qb, tile_n)[:, :, 0]  # (Np, Kb): position-ordered
+    # position of column c: its tile, then the inverse of the permutation
+    inv = torch.argsort(sfb_permutation(tile_n))
+    cols = torch.arange(n)
+    pos = (cols // tile_n) * tile_n + inv[cols % tile_n]
+    a = qa.data.float()
+    b = qb.data.float()
+    acc = torch.zeros((m, n), dtype=torch.float32)
+    for kb in range(-(-k // MX_K_BLOCK)):
+        sl = slice(kb * MX_K_BLOCK, min(k, (kb + 1) * MX_K_BLOCK))
+        part = a[:, sl] @ b[:, sl].T
+        acc += part * (sfa[:, kb, None] * sfb[pos, kb][None, :])
+    return acc
