@@ -174,8 +174,8 @@ def fp8_blockwise_variants(arch: str) -> list[GemmConfig]:
 
 def fp8_mx_variants(arch: str) -> list[GemmConfig]:
     """MXFP8 emulation (sm_90a only: per-32 promotion with e8m0 scales decoded to fp32, TMA-loaded
-    with A and B): the default 128x128, tile N 64 with a 1x2 cluster, 64-row tiles with fp32
-    output, a 2x1 cluster with an alpha + bias + gelu epilogue."""
+    with A and B): the default 128x128, tile N 64 with a 1x2 cluster, 64-row tiles, fp32 output
+    with the dynamic scheduler, a 2x1 cluster with an alpha + bias + gelu epilogue."""
     if arch != "sm_90a":
         return []
     mx = dict(a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k", fp8_mx=True)
@@ -183,7 +183,8 @@ def fp8_mx_variants(arch: str) -> list[GemmConfig]:
     return [
         GemmConfig(arch=arch, **mx, tile_m=128, tile_n=128),
         GemmConfig(arch=arch, **mx, tile_m=128, tile_n=64, cluster_n=2, raster="n", group=4),
-        GemmConfig(arch=arch, **mx, tile_m=64, tile_n=128, out_dtype="fp32"),
+        GemmConfig(arch=arch, **mx, tile_m=64, tile_n=128),
+        GemmConfig(arch=arch, **mx, tile_m=128, tile_n=128, out_dtype="fp32", scheduler="dynamic"),
         GemmConfig(arch=arch, **mx, tile_m=128, tile_n=128, cluster_m=2, epilogue=epi),
     ]
 

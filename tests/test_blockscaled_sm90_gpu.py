@@ -63,9 +63,10 @@ def _torch_same_precision(qa, qb, out_dtype):
 
 
 def _run_checked(qa, qb, out_dtype=torch.bfloat16, what="", **kw):
+    """gemm(qa, qb, out=<poisoned view>, **kw) (the out dtype follows ``out``), checked."""
     shape = (*qa.shape[:-1], qb.shape[-2])
     m, n = shape[-2], shape[-1]
-    buf, out = poisoned_out(shape, out_dtype)
+    buf, out = poisoned_out(shape, out_dtype, pad_cols=8 + (-n) % 8)  # rows 16-byte aligned
     res = cutegemm.gemm(qa, qb, out=out, **kw)
     assert res is out
     assert_outside_untouched(buf, m, n)
@@ -84,7 +85,9 @@ def _run_checked(qa, qb, out_dtype=torch.bfloat16, what="", **kw):
 def test_mxfp8_matches_reference(m, n, k, out_dtype):
     _skip_unless_sm90()
     qa, qb = _operands(m, n, k, seed=m + n + k)
-    _run_checked(qa, qb, out_dtype, what=f"mxfp8 {m}x{n}x{k}", out_dtype=out_dtype)
+    out = _run_checked(qa, qb, out_dtype, what=f"mxfp8 {m}x{n}x{k}")
+    own = cutegemm.gemm(qa, qb, out_dtype=out_dtype)  # allocated here (odd N: padded rows, copied)
+    assert own.is_contiguous() and own.shape == (m, n) and torch.equal(own, out)
 
 
 @pytest.mark.parametrize(
@@ -130,7 +133,7 @@ def test_mxfp8_hypothesis(m, n8, k16, spread, out32):
     n, k = 8 * n8, 16 * k16
     qa, qb = _operands(m, n, k, seed=m * 31 + n + k, spread=spread)
     out_dtype = torch.float32 if out32 else torch.bfloat16
-    _run_checked(qa, qb, out_dtype, what=f"hyp {m}x{n}x{k} spread {spread}", out_dtype=out_dtype)
+    _run_checked(qa, qb, out_dtype, what=f"hyp {m}x{n}x{k} spread {spread}")
 
 
 def test_mxfp8_zero_blocks_saturation_and_nan():

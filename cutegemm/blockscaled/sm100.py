@@ -156,14 +156,41 @@ def gemm_blockscaled(
         alpha, 0.0, max_clusters, None, _scale_bytes(qa), _scale_bytes(qb),
         *(None,) * 6, None,  # quantized-output scales, global scale, 4 epilogue vectors, workspace
     )  # fmt: skip
-    return out
+    return finish_output(out)
+
+
+class _CopyOut:
+    """A padded result buffer whose first n columns are the result: ``finish`` copies them out,
+    into ``target`` (the caller's out) if given."""
+
+    def __init__(self, buf, n, batched, target=None):
+        self.buf, self.n, self.batched, self.target = buf, n, batched, target
+
+    def finish(self):
+        res = self.buf[..., : self.n]
+        res = res if self.batched else res[0]
+        if self.target is not None:
+            return self.target.copy_(res)
+        return res.contiguous()
+
+
+def finish_output(res):
+    """The result of ``output_view`` once the kernel has run."""
+    return res.finish() if isinstance(res, _CopyOut) else res
 
 
 def output_view(out, L: int, m: int, n: int, out_dtype, device, batched: bool):
-    """(result, its (M, N, L) kernel view): a new tensor, or the caller's ``out`` checked."""
+    """(result, its (M, N, L) kernel view): a new tensor (rows padded to 16 bytes when N needs it;
+    pass the result to ``finish_output`` after the launch), or the caller's ``out`` checked."""
     shape = (L, m, n) if batched else (m, n)
     if out is None:
-        res = torch.empty(shape, dtype=out_dtype, device=device)
+        align = 16 // torch.empty((), dtype=out_dtype).element_size()
+        n_p = -(-n // align) * align  # TMA stores need 16-byte rows: a padded buffer, then a copy
+        res = torch.empty((L, m, n_p), dtype=out_dtype, device=device)
+        view = res.permute(1, 2, 0)[:, :n]
+        if n_p == n:
+            return (res if batched else res[0]), view
+        return _CopyOut(res, n, batched), view
     else:
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != shape or out.dtype != out_dtype:
             got = f"{tuple(out.shape)} {out.dtype}" if isinstance(out, torch.Tensor) else type(out).__name__
@@ -175,6 +202,9 @@ def output_view(out, L: int, m: int, n: int, out_dtype, device, batched: bool):
             raise ValueError(
                 f"out needs unit column stride and 16-byte aligned rows / batches / start, got strides {out.stride()}"
             )
+        if n % align:  # TMA stores whole 16-byte row pieces: write into scratch, copy (see gemm)
+            align_buf = torch.empty((L, m, -(-n // align) * align), dtype=out_dtype, device=device)
+            return _CopyOut(align_buf, n, batched, target=out), align_buf.permute(1, 2, 0)[:, :n]
         res = out
     res3 = res if batched else res.unsqueeze(0)
     return res, res3.permute(1, 2, 0)

@@ -34,12 +34,13 @@ _OUT_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp3
 
 def mx_config(m: int, n: int, out_dtype: torch.dtype = torch.bfloat16, alpha: bool = False) -> GemmConfig:
     """The default MXFP8-emulation config: cooperative 128 x 128 (two warpgroups of 64 x 128;
-    each holds a partial and a promoted fp32 sum), 64 rows when M is small."""
+    each holds a partial and a promoted fp32 sum), 64 rows when M is small (bf16 / fp16 output:
+    64 x 128 with an fp32 output spills registers)."""
     base = GemmConfig(
         arch="sm_90a", a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k", out_dtype=_OUT_NAMES[out_dtype],
         tile_m=128, tile_n=128, fp8_mx=True, epilogue=EpilogueSpec(alpha=alpha),
     )  # fmt: skip
-    if m <= 64:
+    if m <= 64 and out_dtype != torch.float32:
         return replace(base, tile_m=64)
     return base
 
@@ -124,7 +125,7 @@ def gemm_mx_sm90(
     """Launch of the emulated MXFP8 GEMM (operands already checked by the caller; ``out`` as
     in ``gemm_blockscaled``)."""
     from ..gemm.api import DENSE_CACHE, new_workspace, reset_workspace
-    from .sm100 import output_view
+    from .sm100 import finish_output, output_view
 
     check_mx_operands(qa, qb)
     m, k = qa.shape[-2], qa.shape[-1]
@@ -149,7 +150,7 @@ def gemm_mx_sm90(
         *(None,) * 6,  # quantized-output scales, global scale, 4 epilogue vectors
         reset_workspace(new_workspace(cfg, qa.data.device)),  # scheduler "dynamic": its tile counter
     )  # fmt: skip
-    return out
+    return finish_output(out)
 
 
 def mx_emulation_ref(qa: BlockScaledTensor, qb: BlockScaledTensor, tile_n: int = 128) -> torch.Tensor:

@@ -12,8 +12,11 @@ fp32 by the host (``blockscaled.sm90_mx``) and ride the A/B stage ring: the prod
 TMA-loads a (tile_m, 4) block of mSFA and a (tile_n, 4) block of mSFB into every stage next to
 the A and B tiles, on the same full barrier.
 
-Register order: a thread's fragment of a 64 x N WGMMA atom is ((2, 2, N / 8), MMA_M, MMA_N) =
-(column pair e, row + 8 h, 8-column group j): column ``8 j + 2 q + e`` (q = lane % 4). The host
+Register order: the tiled MMA's atom is 64 x tile_n / MX_PARTS here (one WGMMA per column part,
+so parts are promoted while the next parts' WGMMAs run); a thread's fragment is
+((2, 2, tile_n / (8 MX_PARTS)), MMA_M, MX_PARTS) = (column pair e, row + 8 h, 8-column group j,
+part): with v = tile_n / (4 MX_PARTS) * part + 2 j + e, column
+``8 (v // 2) + 2 q + v % 2`` (q = lane % 4). The host
 stores each tile's B scales permuted so that the N / 4 scales of one thread are contiguous in
 groups of four, (v // 4) * 16 + 4 q + v % 4 for register v = 2 j + e: a K block's column scales
 are tile_n / 16 conflict-free 16-byte shared loads per thread (lanes of one q broadcast).
@@ -28,7 +31,13 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from ..runtime.ptx import ld_shared_v4_f32
 
 MX_KB = 4  # 32-wide K blocks per 128-wide K tile
+MX_PARTS = 2  # WGMMAs (column parts of the tile) per K block; MX_PARTS - 1 stay in flight
 SF_BYTES = 4  # fp32 scales
+
+
+def _unit_mode(t: cute.Tensor) -> cute.Tensor:
+    """``t`` with a trailing mode of size 1 (the rank cute.gemm expects of a single MMA_N slice)."""
+    return cute.make_tensor(t.iterator, cute.append(t.layout, cute.make_layout(1)))
 
 
 class MxSm90Mixin:
@@ -102,28 +111,51 @@ class MxSm90Mixin:
         tCrA: cute.Tensor,
         tCrB: cute.Tensor,
         stage: cutlass.Int32,
-        sfa_rows,  # list of 2 * MMA_M shared addresses: row i's four K-block scales in stage 0
+        sfa_rows,  # list of 2 shared addresses: row i's four K-block scales in stage 0
         sfb_base,  # shared address of this thread's first B-scale group in stage 0, K block 0
     ):
-        """One 128-wide K tile: four WGMMAs of K 32, each promoted with its scales once retired.
+        """One 128-wide K tile: per 32-wide K block, one WGMMA per column part of the tile
+        (MX_PARTS parts; the tiled MMA's atom is 64 x tile_n / MX_PARTS x 32 here), each into its
+        own part of ``acc``. Step s issues WGMMA s, waits for s - (MX_PARTS - 1) and promotes it
+        (that part is rewritten only by the next step, after a fence), so MX_PARTS - 1 WGMMAs
+        stay in flight while one part is promoted.
         Called while tracing (Python loops unroll); returns tiled_mma."""
         tm, tn = self.config.tile_m, self.config.tile_n
-        n_rows = len(sfa_rows)
-        n_vec = tn // 16  # 16-byte groups of B scales per thread per K block
-        sa = [ld_shared_v4_f32(sfa_rows[i] + stage * (tm * MX_KB * SF_BYTES)) for i in range(n_rows)]
+        parts = MX_PARTS
+        part_v = tn // (4 * parts)  # registers of one part per row: column pairs x 8-column groups
+        sa = [ld_shared_v4_f32(row + stage * (tm * MX_KB * SF_BYTES)) for row in sfa_rows]
         sb_stage = sfb_base + stage * (tn * MX_KB * SF_BYTES)
-        for kb in range(MX_KB):
-            warpgroup.fence()  # the promotion below read acc: order it before the overwrite
+        steps = [(kb, nh) for kb in range(MX_KB) for nh in range(parts)]
+        sb = [None] * len(steps)
+
+        def issue(s):
+            kb, nh = steps[s]
+            warpgroup.fence()  # the promotion of this part's last use read it: order before
             tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
-            cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, stage)], tCrB[(None, None, kb, stage)], acc)
+            part = _unit_mode(acc[(None, None, nh)])  # (MMA, MMA_M, 1)
+            b_part = _unit_mode(tCrB[(None, nh, kb, stage)])  # (MMA, 1)
+            cute.gemm(tiled_mma, part, tCrA[(None, None, kb, stage)], b_part, part)
             warpgroup.commit_group()
-            sb = []
-            for g in range(n_vec):
-                sb += ld_shared_v4_f32(sb_stage + (kb * tn + g * 16) * SF_BYTES)
-            warpgroup.wait_group(0)
-            for i in range(n_rows):
+            vals = []  # this part's column scales (register v = part_v * nh + local v)
+            for g in range(part_v // 4):
+                vals += ld_shared_v4_f32(sb_stage + (kb * tn + (part_v // 4 * nh + g) * 16) * SF_BYTES)
+            sb[s] = vals
+
+        def promote(s):
+            kb, nh = steps[s]
+            for i in range(len(sa)):
                 s_row = sa[i][kb]
-                for v in range(tn // 4):
-                    idx = ((v % 2, i % 2, v // 2), i // 2, 0)
-                    acc_sum[idx] = acc_sum[idx] + acc[idx] * (s_row * sb[v])
+                for v in range(part_v):
+                    idx = ((v % 2, i % 2, v // 2), i // 2, nh)
+                    acc_sum[idx] = acc_sum[idx] + acc[idx] * (s_row * sb[s][v])
+
+        lag = parts - 1
+        for s in range(len(steps)):
+            issue(s)
+            if s >= lag:
+                warpgroup.wait_group(lag)
+                promote(s - lag)
+        warpgroup.wait_group(0)
+        for s in range(len(steps) - lag, len(steps)):
+            promote(s)
         return tiled_mma  # its ACCUMULATE field changed: the caller's loop carries it

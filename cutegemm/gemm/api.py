@@ -114,6 +114,22 @@ def _unit_mode(t3: torch.Tensor) -> int | None:
     return None
 
 
+def unaligned_out_scratch(out: torch.Tensor) -> torch.Tensor:
+    """A view of the shape of ``out`` into a fresh buffer whose rows are padded to 16 bytes."""
+    align = TMA_ALIGN_BYTES // out.element_size()
+    n = out.shape[-1]
+    buf = torch.empty((*out.shape[:-1], -(-n // align) * align), dtype=out.dtype, device=out.device)
+    return buf[..., :n]
+
+
+def copy_unaligned_out(out, written):
+    """After the launch: ``written`` is out itself, or the scratch of ``unaligned_out_scratch``."""
+    if out is not None and written is not out:
+        out.copy_(written)
+        return out
+    return written
+
+
 def _aligned_operand(t3: torch.Tensor) -> torch.Tensor:
     """t3 itself, or a copy when no mode is contiguous or the base pointer is not 16-byte aligned."""
     unit = _unit_mode(t3)
@@ -406,6 +422,11 @@ def _plan(
         out, scales = _quant_outputs(quant, res_shape, a.device)
     elif out is None:
         out = torch.empty(res_shape, dtype=out_dtype, device=a.device)
+    elif out.numel() and (out.shape[-1] * out.element_size()) % TMA_ALIGN_BYTES:
+        # The TMA store writes whole 16-byte row pieces: up to 15 bytes past column N of every row.
+        # A caller's view may have its data there (a slice of a larger buffer), so the kernel
+        # writes into padded scratch and gemm copies the N columns into out (copy_unaligned_out).
+        out = unaligned_out_scratch(out)
     if out.numel() == 0 or a.shape[-1] == 0:
         return None, (a, b, out, c, bias), scales
     # Bring everything to (L, rows, cols).
@@ -716,10 +737,11 @@ def gemm(
     plan, sources, scales = _plan(
         a, b, out, out_dtype, alpha, config, beta, c, bias, activation, user, vectors or (), fast_accum
     )
-    out = sources[2]
+    user_out, out = out, sources[2]
     if plan is None:  # empty output or K == 0
+        out = copy_unaligned_out(user_out, out) if quant is None else out
         return _degenerate(out, b, quant, scales, gs, alpha, beta, c, bias, activation, epilogue, vectors)
-    if plan.direct and key is not None:
+    if plan.direct and key is not None and (user_out is None or out is user_out):  # no scratch copy
         _PLANS[key] = plan.bind(a.device)
         if plain and pkey is not None and a.dtype in (torch.bfloat16, torch.float16) and not plan.quant:
             _PLAIN_PLANS[pkey] = plan
@@ -729,7 +751,9 @@ def gemm(
     else:
         with torch.cuda.device(a.device):
             plan.launch(sources, float(alpha), float(beta), epi_extra)
-    return out if quant is None else _quant_result(quant, plan.out_shape, out, scales, gs)
+    if quant is not None:
+        return _quant_result(quant, plan.out_shape, out, scales, gs)
+    return copy_unaligned_out(user_out, out)
 
 
 def _degenerate(out, b, quant, scales, gs, alpha, beta, c, bias, activation, epilogue, vectors):

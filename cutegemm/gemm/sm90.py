@@ -51,7 +51,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.tensor_utils import LayoutEnum
 
-from ..blockscaled.sm90_mx_mainloop import MX_KB, SF_BYTES, MxSm90Mixin
+from ..blockscaled.sm90_mx_mainloop import MX_KB, MX_PARTS, SF_BYTES, MxSm90Mixin
 from ..epilogue import epilogue_subtile, store_gated
 from ..epilogue.quant import quant_storage, store_quantized_subtile
 from ..grouped.kernel_parts import (
@@ -103,7 +103,7 @@ class GemmSm90(MxSm90Mixin, GemmBase):
             b_layout.sm90_mma_major_mode(),
             self.acc_dtype,
             self.atom_layout_mnk,
-            tiler_mn=(64, cfg.tile_n),
+            tiler_mn=(64, cfg.tile_n // MX_PARTS if cfg.fp8_mx else cfg.tile_n),  # fp8_mx: WGMMA per part
         )
         inst_k = cute.size(self.tiled_mma.shape_mnk, mode=[2])
         self.tile_shape_mnk = (cfg.tile_m, cfg.tile_n, inst_k * 4)  # K tile = 64 for 16-bit inputs
@@ -525,12 +525,9 @@ class GemmSm90(MxSm90Mixin, GemmBase):
         mx = self.config.fp8_mx
         if cutlass.const_expr(mx):
             sSFA, sSFB = block_scales
-            assert promote and acc_shape[0] == (2, 2, self.config.tile_n // 8) and acc_shape[2] == 1, acc_shape
+            assert promote and acc_shape == ((2, 2, self.config.tile_n // (8 * MX_PARTS)), 1, MX_PARTS), acc_shape
             tCcTile = thr_mma.partition_C(cute.make_identity_tensor((self.config.tile_m, self.config.tile_n)))
-            sfa_rows = [
-                sSFA.iterator.toint() + tCcTile[((0, i % 2, 0), i // 2, 0)][0] * (MX_KB * SF_BYTES)
-                for i in range(2 * acc_shape[1])
-            ]
+            sfa_rows = [sSFA.iterator.toint() + tCcTile[((0, h, 0), 0, 0)][0] * (MX_KB * SF_BYTES) for h in range(2)]
             sfb_base = sSFB.iterator.toint() + tCcTile[((0, 0, 0), 0, 0)][1] * (2 * SF_BYTES)  # 4 q floats
 
         # Epilogue copies: registers -> smem with stmatrix, then one warp TMA-stores the subtile.
