@@ -147,7 +147,7 @@ def gemm_blockscaled(
         raise ValueError(f"cannot run {cfg.name}: {why}")
     batched = len(qa.shape) == 3
     L = qa.shape[0] if batched else 1
-    out, c_view = output_view(out, L, m, n, out_dtype, qa.data.device, batched)
+    written, c_view = output_view(out, L, m, n, out_dtype, qa.data.device, batched)
     num_sms = torch.cuda.get_device_properties(qa.data.device).multi_processor_count
     max_clusters = max(1, num_sms // (cfg.cluster_m * cfg.cluster_n))
     fn = DENSE_CACHE.get(cfg)
@@ -156,42 +156,17 @@ def gemm_blockscaled(
         alpha, 0.0, max_clusters, None, _scale_bytes(qa), _scale_bytes(qb),
         *(None,) * 6, None,  # quantized-output scales, global scale, 4 epilogue vectors, workspace
     )  # fmt: skip
-    return finish_output(out)
-
-
-class _CopyOut:
-    """A padded result buffer whose first n columns are the result: ``finish`` copies them out,
-    into ``target`` (the caller's out) if given."""
-
-    def __init__(self, buf, n, batched, target=None):
-        self.buf, self.n, self.batched, self.target = buf, n, batched, target
-
-    def finish(self):
-        res = self.buf[..., : self.n]
-        res = res if self.batched else res[0]
-        if self.target is not None:
-            return self.target.copy_(res)
-        return res.contiguous()
-
-
-def finish_output(res):
-    """The result of ``output_view`` once the kernel has run."""
-    return res.finish() if isinstance(res, _CopyOut) else res
+    return finish_output(out, written)
 
 
 def output_view(out, L: int, m: int, n: int, out_dtype, device, batched: bool):
-    """(result, its (M, N, L) kernel view): a new tensor (rows padded to 16 bytes when N needs it;
-    pass the result to ``finish_output`` after the launch), or the caller's ``out`` checked."""
+    """(written, its (M, N, L) kernel view): the caller's ``out`` (checked), or a view into a buffer
+    whose rows are padded to 16 bytes (TMA stores whole 16-byte row pieces) when there is no out or
+    its N columns are not a multiple of 16 bytes. After the launch, ``finish_output``."""
+    from ..gemm.api import padded_rows
+
     shape = (L, m, n) if batched else (m, n)
-    if out is None:
-        align = 16 // torch.empty((), dtype=out_dtype).element_size()
-        n_p = -(-n // align) * align  # TMA stores need 16-byte rows: a padded buffer, then a copy
-        res = torch.empty((L, m, n_p), dtype=out_dtype, device=device)
-        view = res.permute(1, 2, 0)[:, :n]
-        if n_p == n:
-            return (res if batched else res[0]), view
-        return _CopyOut(res, n, batched), view
-    else:
+    if out is not None:
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != shape or out.dtype != out_dtype:
             got = f"{tuple(out.shape)} {out.dtype}" if isinstance(out, torch.Tensor) else type(out).__name__
             raise ValueError(f"out must be a {shape} {out_dtype} tensor, got {got}")
@@ -202,12 +177,19 @@ def output_view(out, L: int, m: int, n: int, out_dtype, device, batched: bool):
             raise ValueError(
                 f"out needs unit column stride and 16-byte aligned rows / batches / start, got strides {out.stride()}"
             )
-        if n % align:  # TMA stores whole 16-byte row pieces: write into scratch, copy (see gemm)
-            align_buf = torch.empty((L, m, -(-n // align) * align), dtype=out_dtype, device=device)
-            return _CopyOut(align_buf, n, batched, target=out), align_buf.permute(1, 2, 0)[:, :n]
-        res = out
-    res3 = res if batched else res.unsqueeze(0)
-    return res, res3.permute(1, 2, 0)
+    written = out if out is not None and (n * out.element_size()) % 16 == 0 else padded_rows(shape, out_dtype, device)
+    w3 = written if batched else written.unsqueeze(0)
+    return written, w3.permute(1, 2, 0)
+
+
+def finish_output(out, written):
+    """The result once the kernel has written ``written`` (see ``output_view``): out (the N
+    columns copied in when the kernel wrote scratch), or the new result, contiguous."""
+    from ..gemm.api import copy_unaligned_out
+
+    if out is None:
+        return written.contiguous()  # a no-op unless the rows were padded
+    return copy_unaligned_out(out, written)
 
 
 def gemm_blockscaled_ref(

@@ -26,10 +26,10 @@ import torch
 from ..epilogue import EpilogueSpec
 from ..gemm.config import GemmConfig, GemmProblem, can_implement
 from .reference import BlockScaledTensor, e8m0_to_float
+from .sm100 import _OUT_NAMES, finish_output, output_view
 
 MX_K_BLOCK = 32
 K_TILE_BLOCKS = 4  # 32-wide K blocks per 128-wide K tile (the kernel's TMA box of scales)
-_OUT_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
 def mx_config(m: int, n: int, out_dtype: torch.dtype = torch.bfloat16, alpha: bool = False) -> GemmConfig:
@@ -122,12 +122,10 @@ def gemm_mx_sm90(
     num_sms: int,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Launch of the emulated MXFP8 GEMM (operands already checked by the caller; ``out`` as
-    in ``gemm_blockscaled``)."""
+    """Launch of the emulated MXFP8 GEMM (operands already checked by the caller with
+    ``sm100.check_operands`` and ``check_mx_operands``; ``out`` as in ``gemm_blockscaled``)."""
     from ..gemm.api import DENSE_CACHE, new_workspace, reset_workspace
-    from .sm100 import finish_output, output_view
 
-    check_mx_operands(qa, qb)
     m, k = qa.shape[-2], qa.shape[-1]
     n = qb.shape[-2]
     if config is not None and not config.fp8_mx:
@@ -142,7 +140,7 @@ def gemm_mx_sm90(
     L = qa.shape[0] if batched else 1
     a = qa.data.contiguous().view(L, m, k).permute(1, 2, 0)
     b = qb.data.contiguous().view(L, n, k).permute(1, 2, 0)
-    out, c_view = output_view(out, L, m, n, out_dtype, qa.data.device, batched)
+    written, c_view = output_view(out, L, m, n, out_dtype, qa.data.device, batched)
     max_clusters = max(1, num_sms // (cfg.cluster_m * cfg.cluster_n))
     DENSE_CACHE.get(cfg)(
         a, b, c_view, None, None, alpha, 0.0, max_clusters, None,
@@ -150,7 +148,7 @@ def gemm_mx_sm90(
         *(None,) * 6,  # quantized-output scales, global scale, 4 epilogue vectors
         reset_workspace(new_workspace(cfg, qa.data.device)),  # scheduler "dynamic": its tile counter
     )  # fmt: skip
-    return finish_output(out)
+    return finish_output(out, written)
 
 
 def mx_emulation_ref(qa: BlockScaledTensor, qb: BlockScaledTensor, tile_n: int = 128) -> torch.Tensor:

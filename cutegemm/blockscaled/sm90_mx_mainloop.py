@@ -17,8 +17,8 @@ so parts are promoted while the next parts' WGMMAs run); a thread's fragment is
 ((2, 2, tile_n / (8 MX_PARTS)), MMA_M, MX_PARTS) = (column pair e, row + 8 h, 8-column group j,
 part): with v = tile_n / (4 MX_PARTS) * part + 2 j + e, column
 ``8 (v // 2) + 2 q + v % 2`` (q = lane % 4). The host
-stores each tile's B scales permuted so that the N / 4 scales of one thread are contiguous in
-groups of four, (v // 4) * 16 + 4 q + v % 4 for register v = 2 j + e: a K block's column scales
+stores each tile's B scales permuted so that the tile_n / 4 scales of one thread are contiguous
+in groups of four, at (v // 4) * 16 + 4 q + v % 4 for register v: a K block's column scales
 are tile_n / 16 conflict-free 16-byte shared loads per thread (lanes of one q broadcast).
 """
 

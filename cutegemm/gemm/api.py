@@ -114,16 +114,16 @@ def _unit_mode(t3: torch.Tensor) -> int | None:
     return None
 
 
-def unaligned_out_scratch(out: torch.Tensor) -> torch.Tensor:
-    """A view of the shape of ``out`` into a fresh buffer whose rows are padded to 16 bytes."""
-    align = TMA_ALIGN_BYTES // out.element_size()
-    n = out.shape[-1]
-    buf = torch.empty((*out.shape[:-1], -(-n // align) * align), dtype=out.dtype, device=out.device)
-    return buf[..., :n]
+def padded_rows(shape, dtype: torch.dtype, device) -> torch.Tensor:
+    """A ``shape`` view into a fresh buffer whose rows are padded to a multiple of 16 bytes (the
+    TMA store writes whole 16-byte row pieces: up to 15 bytes past the last column)."""
+    align = TMA_ALIGN_BYTES // torch.empty((), dtype=dtype).element_size()
+    n = shape[-1]
+    return torch.empty((*shape[:-1], -(-n // align) * align), dtype=dtype, device=device)[..., :n]
 
 
 def copy_unaligned_out(out, written):
-    """After the launch: ``written`` is out itself, or the scratch of ``unaligned_out_scratch``."""
+    """After the launch: ``written`` is out itself, or the ``padded_rows`` scratch (copied into out)."""
     if out is not None and written is not out:
         out.copy_(written)
         return out
@@ -426,7 +426,7 @@ def _plan(
         # The TMA store writes whole 16-byte row pieces: up to 15 bytes past column N of every row.
         # A caller's view may have its data there (a slice of a larger buffer), so the kernel
         # writes into padded scratch and gemm copies the N columns into out (copy_unaligned_out).
-        out = unaligned_out_scratch(out)
+        out = padded_rows(out.shape, out.dtype, out.device)
     if out.numel() == 0 or a.shape[-1] == 0:
         return None, (a, b, out, c, bias), scales
     # Bring everything to (L, rows, cols).

@@ -229,14 +229,8 @@ def fp8_blockwise_errors(cfg: GemmConfig) -> list[str]:
     """Rules of the DeepSeek-style FP8 block scaling (1x128 scales of A, 128x128 scales of B) on
     sm_90a: the scales multiply each 128-wide K tile's WGMMA partial sum as it is promoted into
     the fp32 accumulator, so a tile must see one K block per K tile and one B scale per K tile."""
-    err = []
     what = "fp8_blockwise (1x128 / 128x128 FP8 scales)"
-    if cfg.arch != "sm_90a":
-        err.append(f"{what} is an sm_90a kernel, got arch {cfg.arch!r}")
-    if cfg.a_dtype != "e4m3" or cfg.b_dtype != "e4m3":
-        err.append(f"{what} needs e4m3 A and B, got {cfg.a_dtype}/{cfg.b_dtype}")
-    if cfg.a_major != "k" or cfg.b_major != "k":
-        err.append(f"{what} needs K-major A and B (a_major='k', b_major='k')")
+    err = _fp8_scaled_mainloop_errors(cfg, what)
     if cfg.fast_accum:
         err.append(f"{what} scales the promoted partial sums: fast_accum must be False")
     if cfg.tile_n not in (64, 128):
@@ -246,32 +240,36 @@ def fp8_blockwise_errors(cfg: GemmConfig) -> list[str]:
         )
     if cfg.blockscaled or cfg.sf_dtype:
         err.append(f"{what} cannot be combined with sm_100a block-scaled MMA (sf_vec/sf_dtype)")
-    if cfg.epilogue.scale_a or cfg.epilogue.scale_b:
-        err.append(f"{what} cannot be combined with per-row/per-column epilogue scales (scale_a/scale_b vectors)")
     if cfg.grouped:
         err.append(f"{what}: dense only (grouped not implemented)")
+    return err
+
+
+def _fp8_scaled_mainloop_errors(cfg: GemmConfig, what: str) -> list[str]:
+    """The rules both sm_90a scale-in-the-mainloop modes (fp8_blockwise, fp8_mx) share."""
+    err = []
+    if cfg.arch != "sm_90a":
+        err.append(f"{what} is an sm_90a kernel, got arch {cfg.arch!r}")
+    if cfg.a_dtype != "e4m3" or cfg.b_dtype != "e4m3":
+        err.append(f"{what} needs e4m3 A and B, got {cfg.a_dtype}/{cfg.b_dtype}")
+    if cfg.a_major != "k" or cfg.b_major != "k":
+        err.append(f"{what} needs K-major A and B (a_major='k', b_major='k')")
+    if cfg.epilogue.scale_a or cfg.epilogue.scale_b:
+        err.append(f"{what} cannot be combined with per-row/per-column epilogue scales (scale_a/scale_b vectors)")
     return err
 
 
 def fp8_mx_errors(cfg: GemmConfig) -> list[str]:
     """Rules of the MXFP8 emulation on sm_90a: per-32 promotion of e4m3 WGMMA partial sums. A
     warpgroup holds 64 x tile_n partial and promoted fp32 sums plus tile_n / 4 column scales."""
-    err = []
-    what = "fp8_mx (MXFP8 emulation)"
-    if cfg.arch != "sm_90a":
-        err.append(f"{what} is an sm_90a kernel (sm_100a has the native block-scaled MMA), got arch {cfg.arch!r}")
-    if cfg.a_dtype != "e4m3" or cfg.b_dtype != "e4m3":
-        err.append(f"{what} needs e4m3 A and B, got {cfg.a_dtype}/{cfg.b_dtype}")
-    if cfg.a_major != "k" or cfg.b_major != "k":
-        err.append(f"{what} needs K-major A and B (a_major='k', b_major='k')")
+    what = "fp8_mx (MXFP8 emulation; sm_100a has the native block-scaled MMA)"
+    err = _fp8_scaled_mainloop_errors(cfg, what)
     if cfg.fast_accum or cfg.fp8_blockwise or cfg.blockscaled or cfg.sf_dtype:
         err.append(f"{what} cannot be combined with fast_accum, fp8_blockwise or sf_vec/sf_dtype")
     if cfg.tile_n not in (64, 128) or cfg.tile_m not in (64, 128):
         err.append(f"{what}: tile_m and tile_n must be 64 or 128, got {cfg.tile_m}x{cfg.tile_n}")
     if cfg.pingpong:
         err.append(f"{what}: cooperative schedule only (pingpong=False)")
-    if cfg.epilogue.scale_a or cfg.epilogue.scale_b:
-        err.append(f"{what} cannot be combined with per-row/per-column epilogue scales (scale_a/scale_b vectors)")
     if cfg.grouped or cfg.flat:
         err.append(f"{what}: dense (L, M, K) launches only (not grouped, not flat)")
     return err
