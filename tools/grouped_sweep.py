@@ -13,18 +13,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from cutegemm.gemm.config import GemmConfig  # noqa: E402
 
 CANDS = [
+    dict(tile_m=128, tile_n=256, cluster_n=2, scheduler="dynamic"),
+    dict(tile_m=128, tile_n=256, cluster_n=2, scheduler="dynamic", epi_stages=4),
     dict(tile_m=128, tile_n=256, cluster_n=2),
-    dict(tile_m=128, tile_n=256, cluster_m=2),
-    dict(tile_m=128, tile_n=256, cluster_m=2, cluster_n=2),
     dict(tile_m=128, tile_n=192, cluster_n=2),
-    dict(tile_m=128, tile_n=192, cluster_m=2),
-    dict(tile_m=128, tile_n=128, cluster_m=2),
     dict(tile_m=128, tile_n=128, cluster_n=2),
     dict(tile_m=128, tile_n=128, pingpong=True, cluster_n=2),
-    dict(tile_m=64, tile_n=128, cluster_n=2),
-    dict(tile_m=64, tile_n=256, cluster_m=2),
-    dict(tile_m=128, tile_n=256, cluster_m=2, scheduler="dynamic"),
-    dict(tile_m=128, tile_n=192, cluster_m=2, scheduler="dynamic"),
+    dict(tile_m=64, tile_n=256, pingpong=True, cluster_n=2),
+    dict(tile_m=64, tile_n=256, pingpong=True),
+    dict(tile_m=64, tile_n=256, pingpong=True, cluster_m=2),
+    dict(tile_m=64, tile_n=192, pingpong=True, cluster_n=2),
+    dict(tile_m=64, tile_n=128, pingpong=True, cluster_n=2),
     dict(tile_m=64, tile_n=128, cluster_n=2, scheduler="dynamic"),
 ]
 

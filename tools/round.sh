@@ -36,6 +36,8 @@ for spec in "$@"; do
     ncu_fp4w) cmd="ncu --clock-control none -k regex:Fp4WeightKernel -c 2 --import-source no --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy --section InstructionStats --section SourceCounters python tools/fp4w_profile.py 'n_tiles=2' 'n_tiles=2, row_tiles=2, warps_k=2'" ;;
     gsweep) cmd="python tools/grouped_sweep.py" ;;
     bench_gfp8) cmd="python -c 'from cutegemm.benchmarks import bench_grouped_fp8 as f; f(configs=[dict(cluster_m=2, cluster_n=1), dict(tile_m=128, tile_n=128, pingpong=True, fast_accum=True), dict(tile_n=256, cluster_m=2, cluster_n=1, fast_accum=True), dict(tile_n=256, fast_accum=True)])'" ;;
+    bench_fp8e) cmd="python -c 'from cutegemm.benchmarks import bench_fp8 as f; f(shapes=[(8192, 8192, 8192), (16384, 7168, 2048), (4096, 4096, 4096)], configs=[dict(epi_stages=4), dict(tile_n=128, pingpong=True, fast_accum=True), dict(tile_n=128, pingpong=True, fast_accum=True, epi_stages=4)])'" ;;
+    bench_gfp8e) cmd="python -c 'from cutegemm.benchmarks import bench_grouped_fp8 as f; f(configs=[dict(epi_stages=4), dict(tile_m=128, tile_n=128, pingpong=True, fast_accum=True), dict(tile_m=64, tile_n=256, pingpong=True, fast_accum=True), dict(tile_m=64, tile_n=128, pingpong=True)])'" ;;
     bench_blockwise) cmd="python -c 'from cutegemm.benchmarks import bench_fp8_blockwise as f; f(configs=[dict(cluster_m=1, cluster_n=2), dict(tile_n=64)])'" ;;
     sanitize_fp4w) cmd="SANITIZE_ONLY='fp4w' bash tools/sanitize.sh memcheck racecheck synccheck" ;;
     memcheck_new) cmd="SANITIZE_ONLY='dynamic|grouped-epilogue' bash tools/sanitize.sh memcheck racecheck" ;;

@@ -52,6 +52,9 @@ class GemmConfig:
     cluster_m: int = 1
     cluster_n: int = 1
     stages: int = 0
+    # sm_90a epilogue buffers (TMA-store ring). 0 = auto: 4 (cooperative) / 2 per warpgroup
+    # (pingpong), fewer (down to 2) when that frees shared memory for one more A/B stage.
+    epi_stages: int = 0
     two_cta: bool = False
     pingpong: bool = False  # sm_90a: each consumer warpgroup owns whole tiles, alternating
     grouped: bool = False  # MoE packed form: A (total_M, K) split into experts by a device offs tensor
@@ -91,6 +94,7 @@ class GemmConfig:
         tile += "_fastacc" if self.fast_accum else ""
         tile += "_bw128" if self.fp8_blockwise else ""
         tile += "_mx32" if self.fp8_mx else ""
+        tile += f"_e{self.epi_stages}" if self.epi_stages else ""
         family = "grouped" if self.grouped else "dense-2d" if self.flat else "dense"
         if self.blockscaled:
             family += f"-bs-{self.sf_dtype}v{self.sf_vec}"
@@ -186,6 +190,8 @@ def config_errors(cfg: GemmConfig) -> list[str]:
             )
     if cfg.stages not in (0,) and not 2 <= cfg.stages <= 12:
         err.append(f"stages must be 0 (auto) or 2..12, got {cfg.stages}")
+    if cfg.epi_stages and (cfg.arch != "sm_90a" or not 2 <= cfg.epi_stages <= 8):
+        err.append(f"epi_stages: 0 (auto) or 2..8, sm_90a only (sm_100a sizes its ring itself), got {cfg.epi_stages}")
     if cfg.arch == "sm_90a":
         if cfg.two_cta:
             err.append("two_cta is an sm_100a feature")

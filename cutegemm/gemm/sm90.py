@@ -116,14 +116,23 @@ class GemmSm90(MxSm90Mixin, GemmBase):
         # What one subtile writes: half the columns when gated (one output per gate/up pair), in
         # stored elements (FP4: bytes holding two).
         self.epi_tile_out = (self.epi_tile[0], self.epi_tile[1] // cpo // self.out_per_elem)
-        self.epi_stage = 4 if not self.pingpong else 2
-
         ab_bytes = (cfg.tile_m + cfg.tile_n) * self.tile_shape_mnk[2] * self.a_dtype.width // 8
         if cfg.fp8_mx:  # the K tile's scales ride with A and B
             ab_bytes += self.mx_stage_bytes()
-        epi_bytes = cute.size(self.epi_tile_out) * self.c_dtype.width // 8 * self.epi_stage * self.epi_groups
-        table_bytes = tile_table_bytes(cfg.grouped)
-        budget = SMEM_CAPACITY_SM90 - 1024 - epi_bytes - table_bytes  # 1 KiB for mbarriers
+        epi_stage_bytes = cute.size(self.epi_tile_out) * self.c_dtype.width // 8 * self.epi_groups
+        budget = SMEM_CAPACITY_SM90 - 1024 - tile_table_bytes(cfg.grouped)  # 1 KiB for mbarriers
+
+        def ab_stages(epi_stage):
+            return (budget - epi_stage * epi_stage_bytes) // ab_bytes
+
+        # Epilogue ring: 4 buffers (cooperative) / 2 per warpgroup (pingpong), fewer (not below 2)
+        # where that frees room for one more A/B stage (e.g. grouped 128x256: its tile table
+        # would leave 3 stages beside 4 buffers, 4 beside 3).
+        self.epi_stage = cfg.epi_stages or (2 if self.pingpong else 4)
+        if not cfg.epi_stages:
+            while self.epi_stage > 2 and ab_stages(self.epi_stage) < ab_stages(2):
+                self.epi_stage -= 1
+        budget -= self.epi_stage * epi_stage_bytes
         self.ab_stage = cfg.stages or budget // ab_bytes
         if self.ab_stage < 2 or self.ab_stage * ab_bytes > budget:
             raise ValueError(f"{cfg.name}: {self.ab_stage} stages of {ab_bytes} B do not fit in shared memory")
