@@ -53,10 +53,10 @@ class ArchPolicy:
         rows = p.m / max(num_groups, 1)
         if rows <= 64:  # decode: memory-bound on the weights; small tiles, A shared over 2 CTAs
             tile = dict(tile_m=64, tile_n=128, cluster_n=2)
-        elif rows <= 256:  # many mid-size experts: pingpong hides the epilogue of ragged tiles
-            tile = dict(tile_m=128, tile_n=128, pingpong=True, cluster_n=2)
-        else:  # large experts: the dynamic (atomic-counter) scheduler was 1.5-3.5% faster on the
-            # H200 (DeepSeek-V3 up, Mixtral up; bench/RESULTS.md, third session)
+        else:  # 128x256 with the dynamic (atomic-counter) scheduler: best or within 1% of best on
+            # every MoE shape > 64 rows per expert once the epilogue ring left it 4 A/B stages
+            # (H200, 2026-11-30, tools/grouped_sweep.py: DeepSeek-V3 up / down, Qwen3 (ahead of
+            # pingpong 128x128 by 6%), Mixtral; 2x1 clusters and pingpong 64x256 were slower)
             tile = dict(tile_m=128, tile_n=256, cluster_n=2, scheduler="dynamic")
         if p.a_dtype == "e4m3":
             tile.pop("scheduler", None)  # FP8 grouped was measured with the static scheduler only
