@@ -653,10 +653,15 @@ def bench_fp4_weight(reps=30, dense=FP4W_DENSE, grouped=FP4W_GROUPED, fmts=("nvf
             t_deq = timer(deq, max(5, reps // 3))
             qbytes = qw.data.numel() * qw.data.element_size() + qw.scales.numel()
             default = pick_config(total, fmt, torch.bfloat16, arch, offs is not None, experts)
-            for cfg in [default] + [replace(default, **c) for c in configs]:
-                fn = lambda x=x, qw=qw, offs=offs, cfg=cfg: gemm_fp4_weight(x, qw, offs=offs, config=cfg)  # noqa: E731
-                err = (fn().double() - ref).abs().max().item()
-                t = timer(fn, reps)
+            for overrides in [{}, *configs]:
+                try:
+                    cfg = replace(default, **overrides)
+                    fn = lambda x=x, qw=qw, offs=offs, cfg=cfg: gemm_fp4_weight(x, qw, offs=offs, config=cfg)  # noqa: E731
+                    err = (fn().double() - ref).abs().max().item()
+                    t = timer(fn, reps)
+                except Exception as exc:  # a candidate that does not fit or fails is reported, not fatal
+                    print(f"   {overrides}: FAILED {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                    continue
                 flops = 2.0 * total * n * k
                 case = f"{fmt} {kind} M={total}{f' E={e}' if e else ''} N={n} K={k}"
                 row = Row(case, t, t_base, flops / t / 1e9, flops / t_base / 1e9, t_base / t, cfg.name, err, terr)

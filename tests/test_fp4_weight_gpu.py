@@ -79,7 +79,9 @@ def test_decode_shapes(m, fmt):
 @pytest.mark.parametrize(
     "shape",
     [dict(stages=4, warps_n=2, warps_k=4), dict(stages=3, warps_n=1, warps_k=4, min_blocks=4),
-     dict(stages=0, warps_n=4, warps_k=2, row_tiles=2), dict(stages=6, warps_n=1, warps_k=8)],
+     dict(stages=0, warps_n=4, warps_k=2, row_tiles=2), dict(stages=6, warps_n=1, warps_k=8),
+     dict(stages=0, ring=3, ring_k=2, warps_n=8, warps_k=1), dict(stages=0, ring=2, ring_k=4, warps_n=2, warps_k=2),
+     dict(stages=0, ring=4, ring_k=1, warps_n=4, warps_k=1, row_tiles=2)],
     ids=str,
 )  # fmt: skip
 @pytest.mark.parametrize("grouped", [False, True])
@@ -99,6 +101,47 @@ def test_other_pipelines(shape, grouped):
     cfg = replace(pick_config(x.shape[0], "nvfp4", torch.bfloat16, _arch(0), grouped, e), **shape)
     out = torch.full((x.shape[0], n), POISON, device="cuda", dtype=torch.bfloat16)
     gemm_fp4_weight(x, qw, offs=offs, out=out, config=cfg)
+    bounds = list(zip([0, *offs.tolist()[:-1]], offs.tolist(), strict=True)) if grouped else None
+    _check(out, x, qw, bounds)
+
+
+RING_SHAPES = [
+    dict(ring=3, ring_k=2, warps_n=8, warps_k=1),
+    dict(ring=4, ring_k=2, warps_n=4, warps_k=1),
+    dict(ring=3, ring_k=2, warps_n=4, warps_k=2, row_tiles=2),
+    dict(ring=2, ring_k=4, warps_n=1, warps_k=1, n_tiles=1),
+]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    counts=st.lists(st.integers(0, 45), min_size=1, max_size=4),
+    n=st.integers(1, 300),
+    kb=st.integers(1, 40),
+    fmt=st.sampled_from(["nvfp4", "mxfp4"]),
+    grouped=st.booleans(),
+    shape=st.sampled_from(RING_SHAPES),
+    out_dtype=st.sampled_from([torch.bfloat16, torch.float32]),
+)
+def test_bulk_copy_ring(counts, n, kb, fmt, grouped, shape, out_dtype):
+    """The bulk-copy ring (cfg.ring): rows past N inside a CTA, K with a partial last chunk and
+    partial stages, several token passes, empty experts, both formats."""
+    from dataclasses import replace
+
+    from cutegemm.blockscaled.fp4_weight_api import _arch, gemm_fp4_weight, pick_config
+
+    k = 32 * kb
+    if not grouped:
+        counts = [max(sum(counts), 1)]
+    e = len(counts)
+    qw = _weights((e, n, k) if grouped else (n, k), fmt, seed=n * 31 + kb * 7 + e)
+    m = sum(counts)
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32) if grouped else None
+    cfg = replace(pick_config(max(m, 1), fmt, out_dtype, _arch(0), grouped, e), stages=0, l2_prefetch=0, **shape)
+    out = torch.full((m, n), POISON, device="cuda", dtype=out_dtype)
+    if m:
+        gemm_fp4_weight(x, qw, offs=offs, out=out, config=cfg)
     bounds = list(zip([0, *offs.tolist()[:-1]], offs.tolist(), strict=True)) if grouped else None
     _check(out, x, qw, bounds)
 

@@ -50,6 +50,7 @@ from ..runtime.ptx import (
     _V4,
     _asm,
     _i32,
+    bulk_g2s,
     cp_async,
     cp_async_commit,
     cp_async_wait,
@@ -58,6 +59,8 @@ from ..runtime.ptx import (
     ld_global_v4,
     ld_global_v4_stream,
     ld_shared_b32,
+    ld_shared_u8,
+    ld_shared_u16,
     ld_shared_v4,
 )
 
@@ -69,6 +72,11 @@ OUT_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass
 SASS_REQUIRED = {
     "HMMA.16816.F32.BF16": r"\bHMMA\.16816\.F32\.BF16\b",
     "LDG.128": r"\bLDG\.E[.A-Z0-9_:]*\.128",
+}
+RING_SASS_REQUIRED = {
+    "HMMA.16816.F32.BF16": SASS_REQUIRED["HMMA.16816.F32.BF16"],
+    "UBLKCP.S.G": r"\bUBLKCP\.S\.G\b",  # cp.async.bulk global -> shared
+    "LDS.128": r"\bLDS\.128\b",
 }
 SASS_FORBIDDEN = {"LDL": r"\bLDL(\.|\s)", "STL": r"\bSTL(\.|\s)"}
 _BF16X2_2P126 = 0x7E807E80  # bf16x2 (2**126, 2**126)
@@ -98,6 +106,12 @@ class Fp4WeightConfig:
     x_scale: bool = False  # multiply token m's outputs by a per-token fp32 scale (FP8 activations)
     stages: int = 4  # cp.async ring depth (K chunks in flight per warp); 0: register prefetch
     l2_prefetch: int = 0  # L2 prefetch-size hint of the weight loads: 0, 128 or 256 bytes
+    # Bulk-copy ring (0: off): a producer warp streams the CTA's weight rows, their scales and
+    # the tokens' activations for ring_k K chunks per stage into ``ring`` shared-memory stages
+    # with cp.async.bulk (mbarrier transaction counts); the consumer warps read everything from
+    # shared memory (the activations are loaded once per CTA, not once per warp).
+    ring: int = 0
+    ring_k: int = 2
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -112,6 +126,16 @@ class Fp4WeightConfig:
             raise ValueError(f"Fp4WeightConfig.out_dtype must be one of {sorted(OUT_DTYPES)}, got {self.out_dtype!r}")
         if self.arch not in ("sm_90a", "sm_100a"):
             raise ValueError(f"Fp4WeightConfig.arch must be sm_90a or sm_100a, got {self.arch!r}")
+        if self.ring:
+            if not 2 <= self.ring <= 8 or self.ring_k not in (1, 2, 4):
+                raise ValueError(f"Fp4WeightConfig.ring must be 0 or 2..8 and ring_k 1, 2 or 4, got {self.ring}, {self.ring_k}")
+            if 128 % self.rows_per_cta or self.stages or self.min_blocks:
+                raise ValueError(
+                    "Fp4WeightConfig with ring: rows per CTA must divide 128 (the scales' 128-row tiles); "
+                    "stages and min_blocks must be 0"
+                )
+            if self.smem_bytes > 227 * 1024:
+                raise ValueError(f"Fp4WeightConfig: {self.ring} ring stages need {self.smem_bytes} B of shared memory")
 
     @property
     def warps(self) -> int:
@@ -125,6 +149,26 @@ class Fp4WeightConfig:
     def tokens_per_pass(self) -> int:
         return 8 * self.n_tiles
 
+    # Ring stage layout (bytes): weight rows at a pitch of ring_k * 64 + 64 (the extra 64 bytes
+    # put rows g and g + 1 on opposite bank halves: a warp's 16-byte reads are conflict-free),
+    # the scales' 512-byte column groups, then 4 * ring_k activation planes of tokens_per_pass x 64.
+    @property
+    def w_pitch(self) -> int:
+        return self.ring_k * 64 + 64
+
+    @property
+    def scale_groups(self) -> int:
+        return self.ring_k * (1 if self.fmt == "mxfp4" else 2)
+
+    @property
+    def stage_bytes(self) -> int:
+        return self.rows_per_cta * self.w_pitch + self.scale_groups * 512 + 4 * self.ring_k * self.tokens_per_pass * 64
+
+    @property
+    def smem_bytes(self) -> int:
+        red = 4 * self.row_tiles * self.n_tiles * 4 * 32 * self.warps_n * (self.warps_k - 1)
+        return self.ring * (self.stage_bytes + 16) + red + 256
+
     @property
     def name(self) -> str:
         g = "grouped_" if self.grouped else ""
@@ -133,6 +177,7 @@ class Fp4WeightConfig:
             f"{self.out_dtype}_{self.arch}" + (f"_mb{self.min_blocks}" if self.min_blocks else "")
             + f"_s{self.stages}" + (f"_l2p{self.l2_prefetch}" if self.l2_prefetch else "")
             + ("_xs" if self.x_scale else "")
+            + (f"_ring{self.ring}x{self.ring_k}" if self.ring else "")
         )
 
 
@@ -297,6 +342,11 @@ class Fp4WeightKernel:
         stream,
     ):
         grid_x = (n + self.cfg.rows_per_cta - 1) // self.cfg.rows_per_cta
+        if cutlass.const_expr(self.cfg.ring > 0):
+            self.kernel_ring(mX, mW, mS, mOut, mOffs, mGs, mXs, m_rows, n, k, tile_stride, alpha).launch(
+                grid=[grid_x, batches, 1], block=[32 * (1 + self.cfg.warps), 1, 1], stream=stream,
+            )
+            return
         self.kernel(mX, mW, mS, mOut, mOffs, mGs, mXs, m_rows, n, k, m_slices, tile_stride, alpha).launch(
             grid=[grid_x, batches, m_slices], block=[32 * self.cfg.warps, 1, 1], stream=stream,
             min_blocks_per_mp=self.min_blocks, preferred_smem_carveout=100 if self.min_blocks > 1 else None,
@@ -323,17 +373,7 @@ class Fp4WeightKernel:
         else:
             cols_p = ((k + 15) // 16 + 3) // 4 * 4
         # rows of tokens this CTA reads: a batch of the dense form, an expert's segment of offs
-        row_start = cutlass.Int32(0)
-        row_end = m_rows
-        x_base = cutlass.Int64(0)  # token row of the batch's first row (dense)
-        if cutlass.const_expr(cfg.grouped):
-            # expert e: rows [clamp(offs[e-1]), max(clamp(offs[e]), start)), clamp into
-            # [0, total_M] (schedulers.grouped.expert_rows): bad offs stay memory-safe
-            if batch > 0:
-                row_start = cutlass.min(cutlass.max(mOffs[batch - 1], 0), m_rows)
-            row_end = cutlass.max(cutlass.min(cutlass.max(mOffs[batch], 0), m_rows), row_start)
-        else:
-            x_base = cutlass.Int64(batch) * cutlass.Int64(m_rows)
+        row_start, row_end, x_base = self.token_range(mOffs, m_rows, batch)
         gs = mGs[0] * alpha
         if cutlass.const_expr(not self.mx):
             gs = gs * cutlass.Float32(256.0)  # the NVFP4 factors carry 2**-8 (module docstring)
@@ -441,33 +481,231 @@ class Fp4WeightKernel:
                     live = full_chunks * CHUNK_K + 32 * t < k
                     self.load_chunk(full_chunks, w_base, s_base, w_addr, s_addr, rW, rS, live, True)
                     self.mma_chunk(full_chunks, rW, rS, x_ptr, x_addr, x_plane, acc)
-            if cutlass.const_expr(KW > 1):
-                if kg > 0:
-                    for v in cutlass.range_constexpr(n_acc):
-                        sRed[v, lane, rw, kg - 1] = acc[v // (NT * 4), (v // 4) % NT, v % 4]
-                cute.arch.sync_threads()
-                if kg == 0:
-                    for kk in cutlass.range_constexpr(KW - 1):
-                        for v in cutlass.range_constexpr(n_acc):
-                            acc[v // (NT * 4), (v // 4) % NT, v % 4] += sRed[v, lane, rw, kk]
-            # out[m, n]: acc (rt, nt, 2 hr + i) is weight row 16 rt + 8 hr + g, token 8 nt + 2 t + i
-            if kg == 0:
-                for rt in cutlass.range_constexpr(RT):
-                    for hr in cutlass.range_constexpr(2):
-                        col_n = row0 + 16 * rt + 8 * hr + g
-                        for nt in cutlass.range_constexpr(NT):
-                            for i in cutlass.range_constexpr(2):
-                                m = m0 + nt * 8 + 2 * t + i
-                                if m < row_end:
-                                    if col_n < n:
-                                        y = acc[rt, nt, 2 * hr + i] * gs
-                                        if cutlass.const_expr(cfg.x_scale):
-                                            y = y * mXs[x_base + cutlass.Int64(m)]
-                                        v = self.out_dtype(y)
-                                        mOut[(x_base + cutlass.Int64(m)) * cutlass.Int64(n) + cutlass.Int64(col_n)] = v
-            if cutlass.const_expr(KW > 1):
-                cute.arch.sync_threads()  # sRed is rewritten by the next pass
+            self.finish_pass(acc, sRed, kg, rw, m0, row_end, x_base, row0, n, gs, mXs, mOut, 0)
             m_chunk += m_slices * (8 * NT)
+
+    @cute.kernel
+    def kernel_ring(self, mX, mW, mS, mOut, mOffs, mGs, mXs, m_rows, n, k, tile_stride, alpha):
+        """The bulk-copy ring (``cfg.ring`` > 0). Warp 0 streams stage after stage into shared
+        memory with ``cp.async.bulk``: per stage ``ring_k`` K chunks of the CTA's weight rows (one
+        copy per row), their scales' 512-byte column groups (the CTA's rows lie in one 128-row
+        scale tile) and the token pass's activation planes (one copy per plane, the pass's
+        tokens contiguous in ``fragment_order_x``), all counted on the stage's full barrier.
+        Warps 1.. (warps_n x warps_k, as in :meth:`kernel`) read weights, scales and activations
+        from the stage and release it. Rows past N / tokens past the pass's end are not copied:
+        their results come from stale bytes and are never stored."""
+        from cutlass import memory
+
+        cfg = self.cfg
+        RT, NT, RW, KW = cfg.row_tiles, cfg.n_tiles, cfg.warps_n, cfg.warps_k
+        S, SK, R, T = cfg.ring, cfg.ring_k, cfg.rows_per_cta, cfg.tokens_per_pass
+        SG, W = cfg.scale_groups, cfg.warps
+        pitch, stage = cfg.w_pitch, cfg.stage_bytes
+        s_region = R * pitch  # stage offsets of the scales and the activations
+        x_region = s_region + SG * 512
+        tidx, _, _ = cute.arch.thread_idx()
+        bx, batch, _ = cute.arch.block_idx()
+        _, n_batches, _ = cute.arch.grid_dim()
+        warp = cute.arch.make_warp_uniform(tidx // 32)
+        lane = tidx % 32
+        row_start, row_end, x_base = self.token_range(mOffs, m_rows, batch)
+        n_p = (n + 127) // 128 * 128
+        vec = 32 if self.mx else 16
+        cols_p = ((k + vec - 1) // vec + 3) // 4 * 4
+        n_chunks = (k + CHUNK_K - 1) // CHUNK_K
+        n_kst = (n_chunks + SK - 1) // SK
+        row0 = bx * R  # the CTA's first weight row
+
+        alloc = memory.SmemAllocator()
+        ring = alloc.allocate_tensor(cutlass.Int32, cute.make_layout(S * stage // 4), 128)
+        bars = alloc.allocate_tensor(cutlass.Int64, cute.make_layout(2 * S), 8)
+        sRed = None
+        if cutlass.const_expr(KW > 1):
+            n_acc = RT * NT * 4
+            sRed = alloc.allocate_tensor(
+                cutlass.Float32, cute.make_layout((n_acc, 32, RW, KW - 1), stride=(32, 1, 32 * n_acc, 32 * n_acc * RW)), 16
+            )
+        ring_base = ring.iterator.toint()
+        bar_base = bars.iterator.toint()
+        full = bars.iterator
+        empty = bars.iterator + S
+        if tidx == 0:
+            for i in cutlass.range_constexpr(S):
+                cute.arch.mbarrier_init(full + i, 1)
+                cute.arch.mbarrier_init(empty + i, W)
+            cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        if warp == 0:
+            # ---- producer ----
+            half_k = k // 2
+            w_base = mW.iterator.toint() + (cutlass.Int64(batch) * cutlass.Int64(n) + cutlass.Int64(row0)) * cutlass.Int64(half_k)
+            s_base = (
+                mS.iterator.toint()
+                + cutlass.Int64(batch) * cutlass.Int64(n_p) * cutlass.Int64(cols_p)
+                + cutlass.Int64(row0 // 128) * cutlass.Int64(tile_stride)
+            )
+            x_ptr = mX.iterator.toint()
+            x_rows = m_rows  # token rows per activation plane (dense: every batch's rows)
+            if cutlass.const_expr(not cfg.grouped):
+                x_rows = m_rows * n_batches
+            rows_valid = cutlass.min(R, n - row0)
+            it = cutlass.Int32(0)
+            m0 = row_start
+            while m0 < row_end:
+                t_valid = cutlass.min(T, row_end - m0)
+                for ks in range(n_kst):
+                    slot = it % S
+                    if it >= S:
+                        cute.arch.mbarrier_wait(empty + slot, (it // S + 1) % 2)
+                    c0 = ks * SK
+                    planes = 4 * cutlass.min(SK, n_chunks - c0)
+                    w_bytes = cutlass.min(SK * 64, half_k - c0 * 64)
+                    g0 = c0 * (SG // SK)
+                    n_groups = cutlass.min(SG, cols_p // 4 - g0)
+                    if lane == 0:
+                        tx = rows_valid * w_bytes + n_groups * 512 + planes * t_valid * 64
+                        cute.arch.mbarrier_arrive_and_expect_tx(full + slot, tx)
+                    cute.arch.sync_warp()
+                    st = ring_base + slot * stage
+                    fb = bar_base + slot * 8
+                    for i in cutlass.range_constexpr((R + 31) // 32):
+                        r = lane + 32 * i
+                        if r < rows_valid:
+                            src = w_base + cutlass.Int64(r) * cutlass.Int64(half_k) + cutlass.Int64(c0 * 64)
+                            bulk_g2s(st + r * pitch, src, w_bytes, fb)
+                    if lane < n_groups:
+                        bulk_g2s(st + s_region + lane * 512, s_base + cutlass.Int64((g0 + lane) * 512), 512, fb)
+                    if lane < planes:
+                        tok = cutlass.Int64(4 * c0 + lane) * cutlass.Int64(x_rows) + x_base + cutlass.Int64(m0)
+                        bulk_g2s(st + x_region + lane * (T * 64), x_ptr + tok * 64, t_valid * 64, fb)
+                    it += 1
+                m0 += T
+        else:
+            # ---- consumers ----
+            cw = warp - 1
+            rw = cw % RW
+            kg = cw // RW
+            g = lane // 4
+            t = lane % 4
+            gs = mGs[0] * alpha
+            if cutlass.const_expr(not self.mx):
+                gs = gs * cutlass.Float32(256.0)  # the NVFP4 factors carry 2**-8 (module docstring)
+            x_addr = cute.make_rmem_tensor((NT,), cutlass.Int32)
+            for nt in cutlass.range_constexpr(NT):
+                x_addr[nt] = (nt * 8 + g) * 64 + 16 * t
+            w_off = cute.make_rmem_tensor((RT, 2), cutlass.Int32)
+            s_off = cute.make_rmem_tensor((RT, 2), cutlass.Int32)
+            for rt in cutlass.range_constexpr(RT):
+                for hr in cutlass.range_constexpr(2):
+                    r_loc = rw * (16 * RT) + 16 * rt + 8 * hr + g
+                    w_off[rt, hr] = r_loc * pitch + 16 * t
+                    ir = row0 % 128 + r_loc  # row in the 128-row scale tile
+                    s_off[rt, hr] = s_region + (ir % 32) * 16 + ((ir // 32) % 4) * 4
+                    if cutlass.const_expr(self.mx):
+                        s_off[rt, hr] += t
+                    else:
+                        s_off[rt, hr] += (t // 2) * 512 + 2 * (t % 2)
+            acc = cute.make_rmem_tensor((RT, NT, 4), cutlass.Float32)
+            rW = cute.make_rmem_tensor((RT, 2, 4), cutlass.Int32)
+            rS = cute.make_rmem_tensor((RT, 2), cutlass.Int32)
+            it = cutlass.Int32(0)
+            m0 = row_start
+            while m0 < row_end:
+                acc.fill(0.0)
+                for ks in range(n_kst):
+                    slot = it % S
+                    cute.arch.mbarrier_wait(full + slot, (it // S) % 2)
+                    st = ring_base + slot * stage
+                    for q in cutlass.range_constexpr(SK):
+                        mine = True
+                        if cutlass.const_expr(KW > 1):
+                            mine = kg == q % KW
+                        c = ks * SK + q
+                        if mine and c < n_chunks:
+                            # K values past K (a partial last chunk): zero weights, unit scales
+                            live = c * CHUNK_K + 32 * t < k
+                            for rt in cutlass.range_constexpr(RT):
+                                for hr in cutlass.range_constexpr(2):
+                                    words = ld_shared_v4(st + w_off[rt, hr] + q * 64)
+                                    for w in cutlass.range_constexpr(4):
+                                        rW[rt, hr, w] = cutlass.select_(live, words[w], cutlass.Int32(0))
+                                    if cutlass.const_expr(self.mx):
+                                        sb = ld_shared_u8(st + s_off[rt, hr] + q * 512)
+                                        rS[rt, hr] = cutlass.select_(live, sb, cutlass.Int32(127))
+                                    else:
+                                        sb = ld_shared_u16(st + s_off[rt, hr] + q * 1024)
+                                        rS[rt, hr] = cutlass.select_(live, sb, cutlass.Int32(0x3838))
+                            self.mma_chunk(q, rW, rS, st + x_region, x_addr, T * 64, acc, True)
+                    cute.arch.sync_warp()
+                    if lane == 0:
+                        cute.arch.mbarrier_arrive(empty + slot)
+                    it += 1
+                self.finish_pass(acc, sRed, kg, rw, m0, row_end, x_base, row0 + rw * (16 * RT), n, gs, mXs, mOut, 32 * W)
+                m0 += T
+
+    @cute.jit
+    def sync(self, bar_threads: cutlass.Constexpr):
+        """All threads of the CTA (0) or the ``bar_threads`` consumer threads (named barrier 1)."""
+        if cutlass.const_expr(bar_threads == 0):
+            cute.arch.sync_threads()
+        else:
+            cute.arch.barrier(barrier_id=1, number_of_threads=bar_threads)
+
+    @cute.jit
+    def finish_pass(self, acc, sRed, kg, rw, m0, row_end, x_base, row0, n, gs, mXs, mOut,
+                    bar_threads: cutlass.Constexpr):  # fmt: skip
+        """End of one token pass: the K groups' partial sums meet in shared memory (``sRed``),
+        K group 0 scales and stores its fragment (tokens < row_end, weight rows < n)."""
+        cfg = self.cfg
+        RT, NT, KW = cfg.row_tiles, cfg.n_tiles, cfg.warps_k
+        n_acc = RT * NT * 4
+        lane = cute.arch.lane_idx()
+        g = lane // 4
+        t = lane % 4
+        if cutlass.const_expr(KW > 1):
+            if kg > 0:
+                for v in cutlass.range_constexpr(n_acc):
+                    sRed[v, lane, rw, kg - 1] = acc[v // (NT * 4), (v // 4) % NT, v % 4]
+            self.sync(bar_threads)
+            if kg == 0:
+                for kk in cutlass.range_constexpr(KW - 1):
+                    for v in cutlass.range_constexpr(n_acc):
+                        acc[v // (NT * 4), (v // 4) % NT, v % 4] += sRed[v, lane, rw, kk]
+        # out[m, n]: acc (rt, nt, 2 hr + i) is weight row 16 rt + 8 hr + g, token 8 nt + 2 t + i
+        if kg == 0:
+            for rt in cutlass.range_constexpr(RT):
+                for hr in cutlass.range_constexpr(2):
+                    col_n = row0 + 16 * rt + 8 * hr + g
+                    for nt in cutlass.range_constexpr(NT):
+                        for i in cutlass.range_constexpr(2):
+                            m = m0 + nt * 8 + 2 * t + i
+                            if m < row_end:
+                                if col_n < n:
+                                    y = acc[rt, nt, 2 * hr + i] * gs
+                                    if cutlass.const_expr(cfg.x_scale):
+                                        y = y * mXs[x_base + cutlass.Int64(m)]
+                                    v = self.out_dtype(y)
+                                    mOut[(x_base + cutlass.Int64(m)) * cutlass.Int64(n) + cutlass.Int64(col_n)] = v
+        if cutlass.const_expr(KW > 1):
+            self.sync(bar_threads)  # sRed is rewritten by the next pass
+
+    @cute.jit
+    def token_range(self, mOffs, m_rows, batch):
+        """(row_start, row_end, x_base): the token rows this CTA multiplies (a batch of the dense
+        form, an expert's segment of offs) and the batch's first token row (dense)."""
+        row_start = cutlass.Int32(0)
+        row_end = m_rows
+        x_base = cutlass.Int64(0)
+        if cutlass.const_expr(self.cfg.grouped):
+            # expert e: rows [clamp(offs[e-1]), max(clamp(offs[e]), start)), clamp into
+            # [0, total_M] (schedulers.grouped.expert_rows): bad offs stay memory-safe
+            if batch > 0:
+                row_start = cutlass.min(cutlass.max(mOffs[batch - 1], 0), m_rows)
+            row_end = cutlass.max(cutlass.min(cutlass.max(mOffs[batch], 0), m_rows), row_start)
+        else:
+            x_base = cutlass.Int64(batch) * cutlass.Int64(m_rows)
+        return row_start, row_end, x_base
 
     @cute.jit
     def issue_chunk(self, c, st, w_base, s_base, w_addr, s_addr, ring_w, ring_s):
@@ -514,9 +752,11 @@ class Fp4WeightKernel:
                         rS[rt, hr] = cutlass.select_(live, rS[rt, hr], cutlass.Int32(0x3838))  # e4m3 1.0
 
     @cute.jit
-    def mma_chunk(self, c, rW, rS, x_ptr, x_addr, x_plane, acc):
+    def mma_chunk(self, c, rW, rS, x_ptr, x_addr, x_plane, acc, x_smem: cutlass.Constexpr = False):
         """Dequantize chunk ``c`` (loaded by :meth:`load_chunk`) and multiply it with the tokens'
-        K values into ``acc`` (the activations are zero-padded to whole chunks)."""
+        K values into ``acc`` (the activations are zero-padded to whole chunks). ``x_smem``: the
+        activations are in shared memory (ring stage: ``x_ptr`` its 32-bit address, ``c`` the
+        chunk's index in the stage), else in global memory."""
         RT, NT = self.cfg.row_tiles, self.cfg.n_tiles
         rF = cute.make_rmem_tensor((RT, 2, 2), cutlass.Int32)  # bf16x2 scale factors (per 16 K)
         rA = cute.make_rmem_tensor((RT, 2, 4), cutlass.Int32)  # dequantized words of one j
@@ -538,7 +778,10 @@ class Fp4WeightKernel:
                         rA[rt, hr, q] = dq[q]
             for nt in cutlass.range_constexpr(NT):
                 # (x_0, x_4), (x_1, x_5), (x_2, x_6), (x_3, x_7) of this thread's 8 K values
-                xw = ld_global_v4(x_ptr + cutlass.Int64(x_addr[nt] + (4 * c + j) * x_plane))
+                if cutlass.const_expr(x_smem):
+                    xw = ld_shared_v4(x_ptr + x_addr[nt] + (4 * c + j) * x_plane)
+                else:
+                    xw = ld_global_v4(x_ptr + cutlass.Int64(x_addr[nt] + (4 * c + j) * x_plane))
                 for h in cutlass.range_constexpr(2):
                     # B fragment of step (j, h): tokens' K values (2h, 2h+4) and (2h+1, 2h+5)
                     b = (xw[2 * h], xw[2 * h + 1])
@@ -603,6 +846,7 @@ def check_variant(cfg: Fp4WeightConfig) -> tuple[bool, dict, str]:
     """Compile ``cfg`` to SASS (no GPU needed) and check it: (ok, marker counts, error)."""
     from ..runtime.sass import check_sass
 
-    return check_sass(build_fp4_weight(cfg), cfg.arch, SASS_REQUIRED, SASS_FORBIDDEN)
+    required = RING_SASS_REQUIRED if cfg.ring else SASS_REQUIRED
+    return check_sass(build_fp4_weight(cfg), cfg.arch, required, SASS_FORBIDDEN)
 
 

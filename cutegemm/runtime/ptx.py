@@ -104,3 +104,23 @@ def ld_shared_v4_f32(addr, *, loc=None, ip=None):
     """Four fp32 from a 16-byte aligned shared-memory address (``addr``: its 32-bit offset)."""
     return _asm(f"ld.shared.v4.f32 {_V4}, [$4];", [_i32(addr, loc, ip)], "=f,=f,=f,=f,r", 4, out=cutlass.Float32,
                 effects=True, loc=loc, ip=ip)  # fmt: skip
+
+
+@dsl_user_op
+def ld_shared_u8(addr, *, loc=None, ip=None):
+    return _asm("ld.shared.u8 $0, [$1];", [_i32(addr, loc, ip)], "=r,r", 1, effects=True, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def ld_shared_u16(addr, *, loc=None, ip=None):
+    return _asm("ld.shared.u16 $0, [$1];", [_i32(addr, loc, ip)], "=r,r", 1, effects=True, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def bulk_g2s(smem_addr, gmem_addr, size, mbar_addr, *, loc=None, ip=None):
+    """``cp.async.bulk`` of ``size`` bytes (a multiple of 16; both addresses 16-byte aligned)
+    global -> shared, completing ``size`` transaction bytes on the shared-memory mbarrier at
+    ``mbar_addr`` (32-bit shared offsets)."""
+    ptx = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];"
+    ins = [_i32(smem_addr, loc, ip), _i64(gmem_addr, loc, ip), _i32(size, loc, ip), _i32(mbar_addr, loc, ip)]
+    _asm(ptx, ins, "r,l,r,r", effects=True, loc=loc, ip=ip)
