@@ -81,7 +81,7 @@ def test_decode_shapes(m, fmt):
     [dict(stages=4, warps_n=2, warps_k=4), dict(stages=3, warps_n=1, warps_k=4, min_blocks=4),
      dict(stages=0, warps_n=4, warps_k=2, row_tiles=2), dict(stages=6, warps_n=1, warps_k=8),
      dict(stages=0, ring=3, ring_k=2, warps_n=8, warps_k=1), dict(stages=0, ring=2, ring_k=4, warps_n=2, warps_k=2),
-     dict(stages=0, ring=4, ring_k=1, warps_n=4, warps_k=1, row_tiles=2)],
+     dict(stages=0, ring=4, ring_k=2, warps_n=4, warps_k=1, row_tiles=2)],
     ids=str,
 )  # fmt: skip
 @pytest.mark.parametrize("grouped", [False, True])

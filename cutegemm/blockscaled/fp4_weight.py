@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 import torch
+from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 from cutlass.cutlass_dsl import dsl_user_op
 
@@ -75,7 +76,8 @@ SASS_REQUIRED = {
 }
 RING_SASS_REQUIRED = {
     "HMMA.16816.F32.BF16": SASS_REQUIRED["HMMA.16816.F32.BF16"],
-    "UBLKCP.S.G": r"\bUBLKCP\.S\.G\b",  # cp.async.bulk global -> shared
+    "UTMALDG": r"\bUTMALDG\b",  # TMA box of weight rows
+    "UBLKCP.S.G": r"\bUBLKCP\.S\.G\b",  # cp.async.bulk global -> shared (scales, activations)
     "LDS.128": r"\bLDS\.128\b",
 }
 SASS_FORBIDDEN = {"LDL": r"\bLDL(\.|\s)", "STL": r"\bSTL(\.|\s)"}
@@ -127,8 +129,8 @@ class Fp4WeightConfig:
         if self.arch not in ("sm_90a", "sm_100a"):
             raise ValueError(f"Fp4WeightConfig.arch must be sm_90a or sm_100a, got {self.arch!r}")
         if self.ring:
-            if not 2 <= self.ring <= 8 or self.ring_k not in (1, 2, 4):
-                raise ValueError(f"Fp4WeightConfig.ring must be 0 or 2..8 and ring_k 1, 2 or 4, got {self.ring}, {self.ring_k}")
+            if not 2 <= self.ring <= 8 or self.ring_k not in (2, 4):
+                raise ValueError(f"Fp4WeightConfig.ring must be 0 or 2..8 and ring_k 2 or 4, got {self.ring}, {self.ring_k}")
             if 128 % self.rows_per_cta or self.stages or self.min_blocks:
                 raise ValueError(
                     "Fp4WeightConfig with ring: rows per CTA must divide 128 (the scales' 128-row tiles); "
@@ -149,25 +151,26 @@ class Fp4WeightConfig:
     def tokens_per_pass(self) -> int:
         return 8 * self.n_tiles
 
-    # Ring stage layout (bytes): weight rows at a pitch of ring_k * 64 + 64 (the extra 64 bytes
-    # put rows g and g + 1 on opposite bank halves: a warp's 16-byte reads are conflict-free),
-    # the scales' 512-byte column groups, then 4 * ring_k activation planes of tokens_per_pass x 64.
+    # Ring stage layout (bytes): ring_k / 2 TMA boxes of the CTA's weight rows x 128 bytes (two K
+    # chunks; 128-byte swizzle), the scales' 512-byte column groups, then 4 * ring_k activation
+    # planes of tokens_per_pass x 64 bytes.
     @property
-    def w_pitch(self) -> int:
-        return self.ring_k * 64 + 64
+    def w_box_bytes(self) -> int:
+        return self.rows_per_cta * 128
 
     @property
     def scale_groups(self) -> int:
         return self.ring_k * (1 if self.fmt == "mxfp4" else 2)
 
     @property
-    def stage_bytes(self) -> int:
-        return self.rows_per_cta * self.w_pitch + self.scale_groups * 512 + 4 * self.ring_k * self.tokens_per_pass * 64
+    def side_bytes(self) -> int:
+        """Scales + activations of one stage."""
+        return self.scale_groups * 512 + 4 * self.ring_k * self.tokens_per_pass * 64
 
     @property
     def smem_bytes(self) -> int:
         red = 4 * self.row_tiles * self.n_tiles * 4 * 32 * self.warps_n * (self.warps_k - 1)
-        return self.ring * (self.stage_bytes + 16) + red + 256
+        return self.ring * (self.ring_k // 2 * self.w_box_bytes + self.side_bytes + 16) + red + 1024 + 256
 
     @property
     def name(self) -> str:
@@ -343,7 +346,18 @@ class Fp4WeightKernel:
     ):
         grid_x = (n + self.cfg.rows_per_cta - 1) // self.cfg.rows_per_cta
         if cutlass.const_expr(self.cfg.ring > 0):
-            self.kernel_ring(mX, mW, mS, mOut, mOffs, mGs, mXs, m_rows, n, k, tile_stride, alpha).launch(
+            # The weights as an (N, K/2, L) byte tensor, read by a TMA box of rows_per_cta x 128
+            # bytes (rows past N and bytes past K/2 arrive as zeros).
+            half_k = cute.assume(k // 2, divby=16)
+            w3 = cute.make_tensor(
+                cute.recast_ptr(mW.iterator, dtype=cutlass.Uint8),
+                cute.make_layout((n, half_k, batches), stride=(half_k, 1, cutlass.Int64(n) * cutlass.Int64(half_k))),
+            )
+            sw_layout = self.w_smem_layout()
+            tma_atom, tma_w = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileG2SOp(), w3, cute.slice_(sw_layout, (None, None, 0)), (self.cfg.rows_per_cta, 128)
+            )
+            self.kernel_ring(tma_atom, tma_w, mX, mS, mOut, mOffs, mGs, mXs, m_rows, n, k, tile_stride, alpha).launch(
                 grid=[grid_x, batches, 1], block=[32 * (1 + self.cfg.warps), 1, 1], stream=stream,
             )
             return
@@ -484,25 +498,37 @@ class Fp4WeightKernel:
             self.finish_pass(acc, sRed, kg, rw, m0, row_end, x_base, row0, n, gs, mXs, mOut, 0)
             m_chunk += m_slices * (8 * NT)
 
+    def w_smem_layout(self):
+        """(rows_per_cta, 128 bytes, ring * ring_k / 2) weight boxes, 128-byte swizzle: byte b of
+        row r of a box sits at r * 128 + (((b >> 4) ^ (r % 8)) << 4) + b % 16."""
+        cfg = self.cfg
+        atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, cutlass.Uint8)
+        return cute.tile_to_shape(atom, (cfg.rows_per_cta, 128, cfg.ring * cfg.ring_k // 2), order=(0, 1, 2))
+
     @cute.kernel
-    def kernel_ring(self, mX, mW, mS, mOut, mOffs, mGs, mXs, m_rows, n, k, tile_stride, alpha):
-        """The bulk-copy ring (``cfg.ring`` > 0). Warp 0 streams stage after stage into shared
-        memory with ``cp.async.bulk``: per stage ``ring_k`` K chunks of the CTA's weight rows (one
-        copy per row), their scales' 512-byte column groups (the CTA's rows lie in one 128-row
-        scale tile) and the token pass's activation planes (one copy per plane, the pass's
-        tokens contiguous in ``fragment_order_x``), all counted on the stage's full barrier.
-        Warps 1.. (warps_n x warps_k, as in :meth:`kernel`) read weights, scales and activations
-        from the stage and release it. Rows past N / tokens past the pass's end are not copied:
-        their results come from stale bytes and are never stored."""
+    def kernel_ring(self, tma_atom: cute.CopyAtom, mW: cute.Tensor, mX, mS, mOut, mOffs, mGs, mXs, m_rows, n, k,
+                    tile_stride, alpha):  # fmt: skip
+        """The streaming ring (``cfg.ring`` > 0). Warp 0 fills stage after stage of shared memory,
+        all counted on the stage's full mbarrier: ``ring_k / 2`` TMA boxes of the CTA's weight
+        rows x 128 bytes (rows past N and bytes past K/2 arrive as zeros), one ``cp.async.bulk``
+        of the scales' 512-byte column groups (the CTA's rows lie in one 128-row scale tile) and
+        one per activation plane of the token pass (its tokens are contiguous in
+        ``fragment_order_x``). Warps 1.. (warps_n x warps_k, as in :meth:`kernel`) read weights,
+        scales and activations from the stage, then release it. Tokens past the pass's end are
+        not copied: their results come from stale bytes and are never stored.
+
+        Bank conflicts: a warp's 16-byte weight reads cover two rows per 8 lanes; MMA row g of a
+        16-row tile reads weight row g // 2 + 4 (g % 2) (rows 0 and 4, 1 and 5, ...), whose
+        swizzled pieces lie in opposite halves of the banks. The stores use the same map."""
         from cutlass import memory
 
         cfg = self.cfg
         RT, NT, RW, KW = cfg.row_tiles, cfg.n_tiles, cfg.warps_n, cfg.warps_k
         S, SK, R, T = cfg.ring, cfg.ring_k, cfg.rows_per_cta, cfg.tokens_per_pass
         SG, W = cfg.scale_groups, cfg.warps
-        pitch, stage = cfg.w_pitch, cfg.stage_bytes
-        s_region = R * pitch  # stage offsets of the scales and the activations
-        x_region = s_region + SG * 512
+        NB = SK // 2  # weight boxes per stage
+        side = cfg.side_bytes
+        x_region = SG * 512  # offset of the activations in a stage's side buffer
         tidx, _, _ = cute.arch.thread_idx()
         bx, batch, _ = cute.arch.block_idx()
         _, n_batches, _ = cute.arch.grid_dim()
@@ -517,7 +543,9 @@ class Fp4WeightKernel:
         row0 = bx * R  # the CTA's first weight row
 
         alloc = memory.SmemAllocator()
-        ring = alloc.allocate_tensor(cutlass.Int32, cute.make_layout(S * stage // 4), 128)
+        sw_layout = self.w_smem_layout()
+        sW = alloc.allocate_tensor(cutlass.Uint8, sw_layout.outer, 1024, swizzle=sw_layout.inner)
+        sides = alloc.allocate_tensor(cutlass.Int32, cute.make_layout(S * side // 4), 128)
         bars = alloc.allocate_tensor(cutlass.Int64, cute.make_layout(2 * S), 8)
         sRed = None
         if cutlass.const_expr(KW > 1):
@@ -525,7 +553,8 @@ class Fp4WeightKernel:
             sRed = alloc.allocate_tensor(
                 cutlass.Float32, cute.make_layout((n_acc, 32, RW, KW - 1), stride=(32, 1, 32 * n_acc, 32 * n_acc * RW)), 16
             )
-        ring_base = ring.iterator.toint()
+        w_smem = sW.iterator.toint()
+        side_base = sides.iterator.toint()
         bar_base = bars.iterator.toint()
         full = bars.iterator
         empty = bars.iterator + S
@@ -538,8 +567,13 @@ class Fp4WeightKernel:
 
         if warp == 0:
             # ---- producer ----
-            half_k = k // 2
-            w_base = mW.iterator.toint() + (cutlass.Int64(batch) * cutlass.Int64(n) + cutlass.Int64(row0)) * cutlass.Int64(half_k)
+            if lane == 0:
+                cpasync.prefetch_descriptor(tma_atom)
+            # (TMA, boxes), (TMA, RestN, RestK, L)
+            tWs, tWg = cpasync.tma_partition(
+                tma_atom, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2),
+                cute.group_modes(cute.local_tile(mW, (R, 128), (None, None, None)), 0, 2),
+            )  # fmt: skip
             s_base = (
                 mS.iterator.toint()
                 + cutlass.Int64(batch) * cutlass.Int64(n_p) * cutlass.Int64(cols_p)
@@ -549,7 +583,6 @@ class Fp4WeightKernel:
             x_rows = m_rows  # token rows per activation plane (dense: every batch's rows)
             if cutlass.const_expr(not cfg.grouped):
                 x_rows = m_rows * n_batches
-            rows_valid = cutlass.min(R, n - row0)
             it = cutlass.Int32(0)
             m0 = row_start
             while m0 < row_end:
@@ -560,25 +593,22 @@ class Fp4WeightKernel:
                         cute.arch.mbarrier_wait(empty + slot, (it // S + 1) % 2)
                     c0 = ks * SK
                     planes = 4 * cutlass.min(SK, n_chunks - c0)
-                    w_bytes = cutlass.min(SK * 64, half_k - c0 * 64)
                     g0 = c0 * (SG // SK)
                     n_groups = cutlass.min(SG, cols_p // 4 - g0)
                     if lane == 0:
-                        tx = rows_valid * w_bytes + n_groups * 512 + planes * t_valid * 64
+                        tx = NB * R * 128 + n_groups * 512 + planes * t_valid * 64
                         cute.arch.mbarrier_arrive_and_expect_tx(full + slot, tx)
+                        for j in cutlass.range_constexpr(NB):
+                            cute.copy(tma_atom, tWg[(None, bx, ks * NB + j, batch)], tWs[(None, slot * NB + j)],
+                                      tma_bar_ptr=full + slot)  # fmt: skip
+                        st = side_base + slot * side
+                        fb = bar_base + slot * 8
+                        bulk_g2s(st, s_base + cutlass.Int64(g0 * 512), n_groups * 512, fb)
                     cute.arch.sync_warp()
-                    st = ring_base + slot * stage
-                    fb = bar_base + slot * 8
-                    for i in cutlass.range_constexpr((R + 31) // 32):
-                        r = lane + 32 * i
-                        if r < rows_valid:
-                            src = w_base + cutlass.Int64(r) * cutlass.Int64(half_k) + cutlass.Int64(c0 * 64)
-                            bulk_g2s(st + r * pitch, src, w_bytes, fb)
-                    if lane < n_groups:
-                        bulk_g2s(st + s_region + lane * 512, s_base + cutlass.Int64((g0 + lane) * 512), 512, fb)
                     if lane < planes:
                         tok = cutlass.Int64(4 * c0 + lane) * cutlass.Int64(x_rows) + x_base + cutlass.Int64(m0)
-                        bulk_g2s(st + x_region + lane * (T * 64), x_ptr + tok * 64, t_valid * 64, fb)
+                        bulk_g2s(side_base + slot * side + x_region + lane * (T * 64), x_ptr + tok * 64, t_valid * 64,
+                                 bar_base + slot * 8)  # fmt: skip
                     it += 1
                 m0 += T
         else:
@@ -588,20 +618,21 @@ class Fp4WeightKernel:
             kg = cw // RW
             g = lane // 4
             t = lane % 4
+            gp = g // 2 + 4 * (g % 2)  # the weight row of MMA row g (class docstring)
             gs = mGs[0] * alpha
             if cutlass.const_expr(not self.mx):
                 gs = gs * cutlass.Float32(256.0)  # the NVFP4 factors carry 2**-8 (module docstring)
             x_addr = cute.make_rmem_tensor((NT,), cutlass.Int32)
             for nt in cutlass.range_constexpr(NT):
                 x_addr[nt] = (nt * 8 + g) * 64 + 16 * t
-            w_off = cute.make_rmem_tensor((RT, 2), cutlass.Int32)
+            w_row = cute.make_rmem_tensor((RT, 2), cutlass.Int32)  # row * 128 in a box
             s_off = cute.make_rmem_tensor((RT, 2), cutlass.Int32)
             for rt in cutlass.range_constexpr(RT):
                 for hr in cutlass.range_constexpr(2):
-                    r_loc = rw * (16 * RT) + 16 * rt + 8 * hr + g
-                    w_off[rt, hr] = r_loc * pitch + 16 * t
+                    r_loc = rw * (16 * RT) + 16 * rt + 8 * hr + gp
+                    w_row[rt, hr] = r_loc * 128
                     ir = row0 % 128 + r_loc  # row in the 128-row scale tile
-                    s_off[rt, hr] = s_region + (ir % 32) * 16 + ((ir // 32) % 4) * 4
+                    s_off[rt, hr] = (ir % 32) * 16 + ((ir // 32) % 4) * 4
                     if cutlass.const_expr(self.mx):
                         s_off[rt, hr] += t
                     else:
@@ -616,7 +647,7 @@ class Fp4WeightKernel:
                 for ks in range(n_kst):
                     slot = it % S
                     cute.arch.mbarrier_wait(full + slot, (it // S) % 2)
-                    st = ring_base + slot * stage
+                    st = side_base + slot * side
                     for q in cutlass.range_constexpr(SK):
                         mine = True
                         if cutlass.const_expr(KW > 1):
@@ -625,9 +656,11 @@ class Fp4WeightKernel:
                         if mine and c < n_chunks:
                             # K values past K (a partial last chunk): zero weights, unit scales
                             live = c * CHUNK_K + 32 * t < k
+                            box = w_smem + (slot * NB + q // 2) * (R * 128)
+                            piece = (q % 2) * 4 + t  # 16-byte piece of the 128-byte box row
                             for rt in cutlass.range_constexpr(RT):
                                 for hr in cutlass.range_constexpr(2):
-                                    words = ld_shared_v4(st + w_off[rt, hr] + q * 64)
+                                    words = ld_shared_v4(box + w_row[rt, hr] + (piece ^ gp) * 16)
                                     for w in cutlass.range_constexpr(4):
                                         rW[rt, hr, w] = cutlass.select_(live, words[w], cutlass.Int32(0))
                                     if cutlass.const_expr(self.mx):
@@ -641,7 +674,8 @@ class Fp4WeightKernel:
                     if lane == 0:
                         cute.arch.mbarrier_arrive(empty + slot)
                     it += 1
-                self.finish_pass(acc, sRed, kg, rw, m0, row_end, x_base, row0 + rw * (16 * RT), n, gs, mXs, mOut, 32 * W)
+                self.finish_pass(acc, sRed, kg, rw, m0, row_end, x_base, row0 + rw * (16 * RT), n, gs, mXs, mOut,
+                                 32 * W, True)  # fmt: skip
                 m0 += T
 
     @cute.jit
@@ -654,15 +688,18 @@ class Fp4WeightKernel:
 
     @cute.jit
     def finish_pass(self, acc, sRed, kg, rw, m0, row_end, x_base, row0, n, gs, mXs, mOut,
-                    bar_threads: cutlass.Constexpr):  # fmt: skip
+                    bar_threads: cutlass.Constexpr, permuted: cutlass.Constexpr = False):  # fmt: skip
         """End of one token pass: the K groups' partial sums meet in shared memory (``sRed``),
-        K group 0 scales and stores its fragment (tokens < row_end, weight rows < n)."""
+        K group 0 scales and stores its fragment (tokens < row_end, weight rows < n).
+        ``permuted``: MMA row g holds weight row g // 2 + 4 (g % 2) (:meth:`kernel_ring`)."""
         cfg = self.cfg
         RT, NT, KW = cfg.row_tiles, cfg.n_tiles, cfg.warps_k
         n_acc = RT * NT * 4
         lane = cute.arch.lane_idx()
         g = lane // 4
         t = lane % 4
+        if cutlass.const_expr(permuted):
+            g = g // 2 + 4 * (g % 2)
         if cutlass.const_expr(KW > 1):
             if kg > 0:
                 for v in cutlass.range_constexpr(n_acc):
