@@ -567,8 +567,7 @@ class Fp4WeightKernel:
 
         if warp == 0:
             # ---- producer ----
-            if lane == 0:
-                cpasync.prefetch_descriptor(tma_atom)
+            cpasync.prefetch_descriptor(tma_atom)  # the TMA ops elect their thread: call them warp-wide
             # (TMA, boxes), (TMA, RestN, RestK, L)
             tWs, tWg = cpasync.tma_partition(
                 tma_atom, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2),
@@ -598,13 +597,10 @@ class Fp4WeightKernel:
                     if lane == 0:
                         tx = NB * R * 128 + n_groups * 512 + planes * t_valid * 64
                         cute.arch.mbarrier_arrive_and_expect_tx(full + slot, tx)
-                        for j in cutlass.range_constexpr(NB):
-                            cute.copy(tma_atom, tWg[(None, bx, ks * NB + j, batch)], tWs[(None, slot * NB + j)],
-                                      tma_bar_ptr=full + slot)  # fmt: skip
-                        st = side_base + slot * side
-                        fb = bar_base + slot * 8
-                        bulk_g2s(st, s_base + cutlass.Int64(g0 * 512), n_groups * 512, fb)
+                        bulk_g2s(side_base + slot * side, s_base + cutlass.Int64(g0 * 512), n_groups * 512, bar_base + slot * 8)
                     cute.arch.sync_warp()
+                    for j in cutlass.range_constexpr(NB):
+                        cute.copy(tma_atom, tWg[(None, bx, ks * NB + j, batch)], tWs[(None, slot * NB + j)], tma_bar_ptr=full + slot)
                     if lane < planes:
                         tok = cutlass.Int64(4 * c0 + lane) * cutlass.Int64(x_rows) + x_base + cutlass.Int64(m0)
                         bulk_g2s(side_base + slot * side + x_region + lane * (T * 64), x_ptr + tok * 64, t_valid * 64,
