@@ -78,8 +78,9 @@ def test_decode_shapes(m, fmt):
 
 @pytest.mark.parametrize(
     "shape",
-    [dict(stages=4, warps_n=2, warps_k=4), dict(stages=3, warps_n=1, warps_k=4, min_blocks=4),
-     dict(stages=0, warps_n=4, warps_k=2, row_tiles=2), dict(stages=6, warps_n=1, warps_k=8),
+    [dict(ring=0, stages=4, warps_n=2, warps_k=4, row_tiles=1), dict(ring=0, stages=3, warps_n=1, warps_k=4, row_tiles=1, min_blocks=4),
+     dict(ring=0, stages=0, warps_n=4, warps_k=2, row_tiles=2), dict(ring=0, stages=6, warps_n=1, warps_k=8, row_tiles=1),
+     dict(ring=0, stages=0, warps_n=1, warps_k=2, row_tiles=1, l2_prefetch=256),
      dict(stages=0, ring=3, ring_k=2, warps_n=8, warps_k=1), dict(stages=0, ring=2, ring_k=4, warps_n=2, warps_k=2),
      dict(stages=0, ring=4, ring_k=2, warps_n=4, warps_k=1, row_tiles=2)],
     ids=str,

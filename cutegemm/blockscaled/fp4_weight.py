@@ -11,8 +11,8 @@ built around streaming them once at full bandwidth:
 * The MMA computes ``out^T = W . x^T`` with W as the 16-row A operand (``m16n8k16``) and the
   tokens as the 8-column B operand (1..8 n8 tiles per pass; the host policy uses up to 4, i.e.
   32 tokens per pass over a CTA's weight rows, more tokens take more passes, mostly from L2).
-* Each thread loads 16 bytes (32 e2m1 values, one 128-bit load) of a weight row per 128-wide K
-  chunk, straight into registers, and turns them into A fragments itself. The order of K inside
+* Each thread turns 16 bytes (32 e2m1 values) of a weight row per 128-wide K chunk into A
+  fragments itself (read from the ring's shared memory, or loaded straight into registers). The order of K inside
   an MMA is free as long as both operands agree: the 8 nibbles of a 32-bit word are paired as
   (k, k+4), which makes the e2m1 -> bf16 conversion two shifts and masks per pair; the
   activations get the same pairing in the host-side reorder (below).
@@ -25,6 +25,17 @@ built around streaming them once at full bandwidth:
 * Weight loads bypass L1 (they are read once); activations are small and re-read by every warp
   through L1, in a fragment order prepared on the host (``fragment_order_x``: one small copy
   of x per call) so a warp's activation load is 512 contiguous bytes.
+
+Two ways to feed the math (``Fp4WeightConfig.ring``):
+
+* the streaming ring (``ring`` > 0, the host policy's choice since 2026-11-30): one producer
+  warp fills ``ring`` shared-memory stages, each ``ring_k`` K chunks of the CTA's 128 weight
+  rows (a 2-D TMA box, 128-byte swizzle), their scales (one bulk copy of whole 512-byte groups of
+  the 128x4 layout) and the token pass's activation planes (bulk copies); the consumer warps
+  read everything from shared memory, so the activations are fetched once per CTA instead of
+  once per warp (:meth:`Fp4WeightKernel.kernel_ring`). Per-row bulk copies were tried first:
+  issue-bound at ~780 GB/s;
+* per-thread loads (``ring`` = 0, the fourth session's kernel), described below.
 
 Grid: (N / rows per CTA, 1 or E, m-slices). A CTA has warps_n x warps_k warps: warps_n groups
 of weight rows (16 * row_tiles each), and the K chunks of a row dealt round-robin to warps_k warps
@@ -495,7 +506,7 @@ class Fp4WeightKernel:
                     live = full_chunks * CHUNK_K + 32 * t < k
                     self.load_chunk(full_chunks, w_base, s_base, w_addr, s_addr, rW, rS, live, True)
                     self.mma_chunk(full_chunks, rW, rS, x_ptr, x_addr, x_plane, acc)
-            self.finish_pass(acc, sRed, kg, rw, m0, row_end, x_base, row0, n, gs, mXs, mOut, 0)
+            self.finish_pass(acc, sRed, lane, kg, rw, m0, row_end, x_base, row0, n, gs, mXs, mOut, 0)
             m_chunk += m_slices * (8 * NT)
 
     def w_smem_layout(self):
@@ -670,7 +681,7 @@ class Fp4WeightKernel:
                     if lane == 0:
                         cute.arch.mbarrier_arrive(empty + slot)
                     it += 1
-                self.finish_pass(acc, sRed, kg, rw, m0, row_end, x_base, row0 + rw * (16 * RT), n, gs, mXs, mOut,
+                self.finish_pass(acc, sRed, lane, kg, rw, m0, row_end, x_base, row0 + rw * (16 * RT), n, gs, mXs, mOut,
                                  32 * W, True)  # fmt: skip
                 m0 += T
 
@@ -683,15 +694,15 @@ class Fp4WeightKernel:
             cute.arch.barrier(barrier_id=1, number_of_threads=bar_threads)
 
     @cute.jit
-    def finish_pass(self, acc, sRed, kg, rw, m0, row_end, x_base, row0, n, gs, mXs, mOut,
+    def finish_pass(self, acc, sRed, lane, kg, rw, m0, row_end, x_base, row0, n, gs, mXs, mOut,
                     bar_threads: cutlass.Constexpr, permuted: cutlass.Constexpr = False):  # fmt: skip
         """End of one token pass: the K groups' partial sums meet in shared memory (``sRed``),
-        K group 0 scales and stores its fragment (tokens < row_end, weight rows < n).
+        K group 0 scales and stores its fragment (tokens < row_end, weight rows < n). ``lane``
+        comes from the caller (recomputing it here cost a register spill in :meth:`kernel`).
         ``permuted``: MMA row g holds weight row g // 2 + 4 (g % 2) (:meth:`kernel_ring`)."""
         cfg = self.cfg
         RT, NT, KW = cfg.row_tiles, cfg.n_tiles, cfg.warps_k
         n_acc = RT * NT * 4
-        lane = cute.arch.lane_idx()
         g = lane // 4
         t = lane % 4
         if cutlass.const_expr(permuted):
@@ -872,6 +883,9 @@ def all_configs(arch: str) -> list[Fp4WeightConfig]:
     out.append(pick_config(16, "nvfp4", torch.bfloat16, arch, False, 1, x_scale=True))  # FP8 activations
     out.append(pick_config(128, "mxfp4", torch.bfloat16, arch, True, 8, x_scale=True))
     out.append(Fp4WeightConfig(fmt="mxfp4", out_dtype="fp16", n_tiles=4, warps_n=4, warps_k=2, stages=0, arch=arch))
+    # the register-prefetch pipeline and other ring shapes
+    out.append(Fp4WeightConfig(fmt="nvfp4", n_tiles=2, warps_n=1, warps_k=2, stages=0, l2_prefetch=256, arch=arch))
+    out.append(Fp4WeightConfig(fmt="mxfp4", n_tiles=1, warps_n=8, warps_k=1, stages=0, ring=2, ring_k=4, arch=arch))
     return list(dict.fromkeys(out))
 
 

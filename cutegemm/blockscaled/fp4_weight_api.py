@@ -83,14 +83,15 @@ def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bo
 
     rows = -(-m // max(experts, 1)) if grouped else m
     n_tiles = 1 if rows <= 8 else 2 if rows <= 16 else 4  # more rows: passes in the CTA (L2 hits)
-    # Measured on the H200 (bench/RESULTS.md, fourth session): dense decode is fastest with
-    # 16-row warps, K split over 2-4 warps, register prefetch and an L2 prefetch hint (+3%);
-    # NVFP4 grouped (many small experts) with a 4-deep cp.async ring and 2 x 4 warps (MXFP4
-    # grouped is 1.5x slower with the ring: it takes the dense shape).
-    if grouped and fmt == "nvfp4":
-        shape = dict(row_tiles=1, warps_n=2, warps_k=4, stages=4)
-    else:
-        shape = dict(row_tiles=1, warps_n=1, warps_k=2 if 8 < m <= 16 else 4, stages=0, l2_prefetch=256)
+    # Measured on the H200 (bench/RESULTS.md, 2026-11-30): the TMA / bulk-copy ring with 128
+    # weight rows per CTA (4 row groups of 32 x 2 K groups, 4 stages of 256 K) was best or within
+    # 2% of best on every decode shape, dense and grouped, both formats (the register-prefetch /
+    # cp.async pipelines of the fourth session: 3-35% slower; 6-8 stages or 64-row CTAs: slower).
+    shape = dict(ring=4, ring_k=2, row_tiles=2, warps_n=4, warps_k=2, stages=0)
+    if grouped and fmt == "mxfp4":
+        # the same ring with 8 x 16-row warps: the 4 x 2 split spills two registers here (2.89x vs
+        # 2.95x torch._grouped_mm with the spill, same run)
+        shape = dict(ring=4, ring_k=2, row_tiles=1, warps_n=8, warps_k=1, stages=0)
     return Fp4WeightConfig(
         fmt=fmt, n_tiles=n_tiles, grouped=grouped, out_dtype=_OUT[out_dtype], arch=arch, x_scale=x_scale, **shape
     )
