@@ -81,7 +81,7 @@ def test_decode_shapes(m, fmt):
     [dict(ring=0, stages=4, warps_n=2, warps_k=4, row_tiles=1), dict(ring=0, stages=3, warps_n=1, warps_k=4, row_tiles=1, min_blocks=4),
      dict(ring=0, stages=0, warps_n=4, warps_k=2, row_tiles=2), dict(ring=0, stages=6, warps_n=1, warps_k=8, row_tiles=1),
      dict(ring=0, stages=0, warps_n=1, warps_k=2, row_tiles=1, l2_prefetch=256),
-     dict(stages=0, ring=3, ring_k=2, warps_n=8, warps_k=1), dict(stages=0, ring=2, ring_k=4, warps_n=2, warps_k=2),
+     dict(stages=0, ring=3, ring_k=2, warps_n=8, warps_k=1, row_tiles=1), dict(stages=0, ring=2, ring_k=4, warps_n=2, warps_k=2, row_tiles=1),
      dict(stages=0, ring=4, ring_k=2, warps_n=4, warps_k=1, row_tiles=2)],
     ids=str,
 )  # fmt: skip
@@ -107,10 +107,10 @@ def test_other_pipelines(shape, grouped):
 
 
 RING_SHAPES = [
-    dict(ring=3, ring_k=2, warps_n=8, warps_k=1),
-    dict(ring=4, ring_k=2, warps_n=4, warps_k=1),
+    dict(ring=3, ring_k=2, warps_n=8, warps_k=1, row_tiles=1),
+    dict(ring=4, ring_k=2, warps_n=4, warps_k=1, row_tiles=1),
     dict(ring=3, ring_k=2, warps_n=4, warps_k=2, row_tiles=2),
-    dict(ring=2, ring_k=4, warps_n=1, warps_k=1, n_tiles=1),
+    dict(ring=2, ring_k=4, warps_n=1, warps_k=1, row_tiles=1, n_tiles=1),
 ]
 
 
