@@ -42,6 +42,7 @@ for spec in "$@"; do
     fp4smoke) cmd="python tools/fp4_smoke.py" ;;
     fp4ring) cmd="$PT tests/test_fp4_weight_gpu.py -k 'ring or other_pipelines'" ;;
     bench_fp4ring) cmd="python -c 'from cutegemm.benchmarks import bench_fp4_weight as f; R = dict(stages=0, l2_prefetch=0); f(configs=[dict(R, ring=4, ring_k=2, warps_n=8, warps_k=1), dict(R, ring=6, ring_k=2, warps_n=8, warps_k=1), dict(R, ring=3, ring_k=4, warps_n=8, warps_k=1), dict(R, ring=4, ring_k=2, warps_n=4, warps_k=2, row_tiles=2), dict(R, ring=4, ring_k=2, warps_n=4, warps_k=1), dict(R, ring=8, ring_k=2, warps_n=4, warps_k=1), dict(R, ring=2, ring_k=4, warps_n=8, warps_k=1)])'" ;;
+    bench_fp4w_policy) cmd="python -c 'from cutegemm.benchmarks import bench_fp4_weight as f; f()'" ;;
     bench_blockwise) cmd="python -c 'from cutegemm.benchmarks import bench_fp8_blockwise as f; f(configs=[dict(cluster_m=1, cluster_n=2), dict(tile_n=64)])'" ;;
     sanitize_fp4w) cmd="SANITIZE_ONLY='fp4w' bash tools/sanitize.sh memcheck racecheck synccheck" ;;
     memcheck_new) cmd="SANITIZE_ONLY='dynamic|grouped-epilogue' bash tools/sanitize.sh memcheck racecheck" ;;
