@@ -198,3 +198,51 @@ def test_blockscaled_alignment_rule():
     ok, why = can_implement(cfg, GemmProblem(128, 128, 48, a_strides=(48,), **p))
     assert not ok and "16 bytes" in why
     assert "bs-e4m3v16" in cfg.name and "bs" not in GemmConfig(arch="sm_100a").name
+
+
+# --- sm_90a epilogue ring vs A/B stages (GemmConfig.epi_stages) ---------------------------------
+def _stages(cfg):
+    """(A/B stages, epilogue buffers) the sm_90a kernel picks for ``cfg`` (host-side setup, traced
+    for sm_90a without a GPU)."""
+    import cutlass.cute as cute
+    from cutlass.tensor_utils import LayoutEnum
+
+    from cutegemm.gemm.sm90 import GemmSm90
+    from cutegemm.runtime.sass import compile_options
+
+    g = GemmSm90(cfg)
+    row = LayoutEnum.ROW_MAJOR
+
+    @cute.jit
+    def probe():
+        g._setup(row, row, row)
+
+    cute.compile(probe, options=compile_options("sm_90a"))
+    return g.ab_stage, g.epi_stage
+
+
+@pytest.mark.parametrize(
+    "kw, want",
+    [
+        (dict(), (4, 4)),  # dense 128x256: 4 stages beside 4 buffers
+        (dict(grouped=True), (4, 3)),  # its 4 KiB tile table: 3 buffers keep the 4th stage
+        (dict(grouped=True, epi_stages=4), (3, 4)),  # the old ring, explicitly
+        (dict(tile_n=128, pingpong=True), (6, 2)),
+        (dict(a_dtype="e4m3", b_dtype="e4m3", tile_n=192), (5, 3)),  # FP8: a 5th stage for 1 buffer
+        (dict(out_dtype="fp32"), (4, 2)),  # fp32 subtiles are twice the size
+    ],
+    ids=str,
+)
+def test_epilogue_ring_gives_way_to_ab_stages(kw, want):
+    cfg = replace(GemmConfig(arch="sm_90a", b_major="k"), **kw)
+    assert _stages(cfg) == want
+
+
+def test_epi_stages_rules():
+    assert can_implement(GemmConfig(arch="sm_90a", epi_stages=3))[0]
+    for bad in (GemmConfig(arch="sm_90a", epi_stages=1), GemmConfig(arch="sm_90a", epi_stages=9),
+                GemmConfig(arch="sm_100a", tile_n=128, epi_stages=2)):  # fmt: skip
+        ok, why = can_implement(bad)
+        assert not ok and "epi_stages" in why, why
+    assert "_e3_" in GemmConfig(arch="sm_90a", epi_stages=3).name
+    assert "_e" not in GemmConfig(arch="sm_90a").name.split("_c")[0].split("_t")[-1]
