@@ -18,7 +18,7 @@ for fmt in ("nvfp4", "mxfp4"):
         qw = cutegemm.quantize(w, fmt)
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         cfg = replace(pick_config(m, fmt, torch.bfloat16, _arch(0), False, 1), stages=0, l2_prefetch=0,
-                      ring=4, ring_k=2, warps_n=8, warps_k=1)  # fmt: skip
+                      ring=4, ring_k=2, warps_n=8, warps_k=1, row_tiles=1)  # fmt: skip
         out = gemm_fp4_weight(x, qw, config=cfg)
         torch.cuda.synchronize()
         ref = gemm_fp4_weight_ref(x, qw, out_dtype=torch.float32)

@@ -32,7 +32,7 @@ for spec in "$@"; do
     fp4w) cmd="$PT tests/test_fp4_weight_gpu.py tests/test_fp4_weight_cpu.py" ;;
     mx) cmd="$PT tests/test_blockscaled_sm90_gpu.py tests/test_blockscaled_sm90_cpu.py" ;;
     bench_mx) cmd="python -c 'from cutegemm.benchmarks import bench_mxfp8 as f; f(configs=[dict(cluster_m=2), dict(cluster_n=2), dict(tile_n=64), dict(raster=\"n\"), dict(scheduler=\"dynamic\")])'" ;;
-    bench_fp4w) cmd="python -c 'from cutegemm.benchmarks import bench_fp4_weight as f; f(configs=[dict(stages=4, warps_n=2, warps_k=4), dict(stages=0, warps_n=1, warps_k=4)])'" ;;
+    bench_fp4w) cmd="python -c 'from cutegemm.benchmarks import bench_fp4_weight as f; f(configs=[dict(ring=0, row_tiles=1, stages=4, warps_n=2, warps_k=4), dict(ring=0, row_tiles=1, stages=0, warps_n=1, warps_k=4, l2_prefetch=256)])'" ;;
     ncu_fp4w) cmd="ncu --clock-control none -k regex:Fp4WeightKernel -c 2 --import-source no --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy --section InstructionStats --section SourceCounters python tools/fp4w_profile.py 'n_tiles=2' 'n_tiles=2, row_tiles=2, warps_k=2'" ;;
     gsweep) cmd="python tools/grouped_sweep.py" ;;
     gsweep2) cmd="python tools/grouped_sweep.py --set cluster_m" ;;
@@ -41,7 +41,7 @@ for spec in "$@"; do
     bench_gfp8e) cmd="python -c 'from cutegemm.benchmarks import bench_grouped_fp8 as f; f(configs=[dict(epi_stages=4), dict(tile_m=128, tile_n=128, pingpong=True, fast_accum=True), dict(tile_m=64, tile_n=256, pingpong=True, fast_accum=True), dict(tile_m=64, tile_n=128, pingpong=True)])'" ;;
     fp4smoke) cmd="python tools/fp4_smoke.py" ;;
     fp4ring) cmd="$PT tests/test_fp4_weight_gpu.py -k 'ring or other_pipelines'" ;;
-    bench_fp4ring) cmd="python -c 'from cutegemm.benchmarks import bench_fp4_weight as f; R = dict(stages=0, l2_prefetch=0); f(configs=[dict(R, ring=4, ring_k=2, warps_n=8, warps_k=1), dict(R, ring=6, ring_k=2, warps_n=8, warps_k=1), dict(R, ring=3, ring_k=4, warps_n=8, warps_k=1), dict(R, ring=4, ring_k=2, warps_n=4, warps_k=2, row_tiles=2), dict(R, ring=4, ring_k=2, warps_n=4, warps_k=1), dict(R, ring=8, ring_k=2, warps_n=4, warps_k=1), dict(R, ring=2, ring_k=4, warps_n=8, warps_k=1)])'" ;;
+    bench_fp4ring) cmd="python -c 'from cutegemm.benchmarks import bench_fp4_weight as f; R = dict(stages=0, l2_prefetch=0); f(configs=[dict(R, ring=4, ring_k=2, warps_n=8, warps_k=1, row_tiles=1), dict(R, ring=6, ring_k=2, warps_n=8, warps_k=1, row_tiles=1), dict(R, ring=3, ring_k=4, warps_n=8, warps_k=1, row_tiles=1), dict(R, ring=4, ring_k=2, warps_n=4, warps_k=2, row_tiles=2), dict(R, ring=4, ring_k=2, warps_n=4, warps_k=1, row_tiles=1), dict(R, ring=8, ring_k=2, warps_n=4, warps_k=1, row_tiles=1), dict(R, ring=2, ring_k=4, warps_n=8, warps_k=1, row_tiles=1)])'" ;;
     bench_fp4w_policy) cmd="python -c 'from cutegemm.benchmarks import bench_fp4_weight as f; f()'" ;;
     bench_blockwise) cmd="python -c 'from cutegemm.benchmarks import bench_fp8_blockwise as f; f(configs=[dict(cluster_m=1, cluster_n=2), dict(tile_n=64)])'" ;;
     sanitize_fp4w) cmd="SANITIZE_ONLY='fp4w' bash tools/sanitize.sh memcheck racecheck synccheck" ;;

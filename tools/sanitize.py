@@ -285,7 +285,7 @@ def quant_out_case(a, b):
 
 def _fp4_weight_cases():
     """FP4 weights x bf16 (cutegemm.blockscaled.fp4_weight): dense and grouped, every pipeline
-    (register prefetch, cp.async ring), ragged N and a K tail chunk, poisoned outputs with a
+    (TMA ring, register prefetch, cp.async ring), ragged N and a K tail chunk, poisoned outputs with a
     guard row; rows past offs[-1] must stay poisoned."""
     from cutegemm.blockscaled import quantize_ref
     from cutegemm.blockscaled.fp4_weight_api import gemm_fp4_weight, gemm_fp4_weight_ref, pick_config
@@ -318,7 +318,12 @@ def _fp4_weight_cases():
     out = {}
     for fmt in ("nvfp4", "mxfp4"):
         for grouped in (False, True):
-            for name, shape in (("regs", dict(stages=0)), ("ring", dict(stages=4, warps_n=2, warps_k=4))):
+            pipelines = (
+                ("tma", {}),  # the policy's TMA / bulk-copy ring
+                ("regs", dict(ring=0, stages=0, row_tiles=1, warps_n=1, warps_k=2)),
+                ("cpasync", dict(ring=0, stages=4, row_tiles=1, warps_n=2, warps_k=4)),
+            )
+            for name, shape in pipelines:
                 g = "grouped" if grouped else "dense"
                 out[f"fp4w-{fmt}-{g}-{name}"] = lambda f=fmt, gr=grouped, sh=shape: case(f, gr, sh)
     return out
