@@ -125,7 +125,7 @@ RING_SHAPES = [
     out_dtype=st.sampled_from([torch.bfloat16, torch.float32]),
 )
 def test_bulk_copy_ring(counts, n, kb, fmt, grouped, shape, out_dtype):
-    """The bulk-copy ring (cfg.ring): rows past N inside a CTA, K with a partial last chunk and
+    """The streaming ring (cfg.ring: TMA + bulk copies): rows past N inside a CTA, K with a partial last chunk and
     partial stages, several token passes, empty experts, both formats."""
     from dataclasses import replace
 

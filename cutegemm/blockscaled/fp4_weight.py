@@ -104,7 +104,9 @@ class Fp4WeightConfig:
     row_tiles: 16-row weight tiles per warp; warps_n x warps_k: the CTA's warps, warps_n groups
     over weight rows, warps_k over K (the K chunks of a row are dealt round-robin to warps_k
     warps, whose partial sums meet in shared memory); grouped: MoE packed form; out_dtype:
-    bf16 | fp16 | fp32; arch: sm_90a | sm_100a.
+    bf16 | fp16 | fp32; arch: sm_90a | sm_100a. ring > 0 selects the streaming ring (then
+    warps_n * 16 * row_tiles must divide 128 and stages / min_blocks are 0; the CTA gets one more
+    warp, the producer).
     """
 
     fmt: str = "nvfp4"
@@ -119,10 +121,10 @@ class Fp4WeightConfig:
     x_scale: bool = False  # multiply token m's outputs by a per-token fp32 scale (FP8 activations)
     stages: int = 4  # cp.async ring depth (K chunks in flight per warp); 0: register prefetch
     l2_prefetch: int = 0  # L2 prefetch-size hint of the weight loads: 0, 128 or 256 bytes
-    # Bulk-copy ring (0: off): a producer warp streams the CTA's weight rows, their scales and
-    # the tokens' activations for ring_k K chunks per stage into ``ring`` shared-memory stages
-    # with cp.async.bulk (mbarrier transaction counts); the consumer warps read everything from
-    # shared memory (the activations are loaded once per CTA, not once per warp).
+    # Streaming ring (0: off): a producer warp streams the CTA's weight rows (2-D TMA boxes), their
+    # scales and the tokens' activations (cp.async.bulk) for ring_k K chunks per stage into
+    # ``ring`` shared-memory stages (mbarrier transaction counts); the consumer warps read
+    # everything from shared memory (the activations are loaded once per CTA, not once per warp).
     ring: int = 0
     ring_k: int = 2
 
