@@ -184,6 +184,48 @@ def test_pick_config_tokens_per_pass():
     assert pick_config(512, "nvfp4", torch.bfloat16, "sm_90a", True, experts=32).tokens_per_pass == 16
 
 
+def test_pick_config_streams_through_the_ring():
+    for fmt in ("nvfp4", "mxfp4"):
+        for grouped in (False, True):
+            for m in (1, 16, 64, 4096):
+                cfg = pick_config(m, fmt, torch.bfloat16, "sm_90a", grouped, 32 if grouped else 1)
+                assert cfg.ring == 4 and cfg.ring_k == 2 and cfg.rows_per_cta == 128 and cfg.stages == 0, cfg
+                assert cfg.smem_bytes <= 227 * 1024
+
+
+def test_ring_config_rules():
+    base = dict(fmt="nvfp4", stages=0, ring=4, ring_k=2, warps_n=4, warps_k=2, row_tiles=2)
+    assert fw.Fp4WeightConfig(**base).rows_per_cta == 128
+    for bad in (dict(ring_k=1), dict(ring=1), dict(ring=9), dict(warps_n=8), dict(row_tiles=4),
+                dict(stages=4), dict(min_blocks=2), dict(ring=8, ring_k=4, n_tiles=8)):  # fmt: skip
+        with pytest.raises(ValueError):
+            fw.Fp4WeightConfig(**{**base, **bad})
+
+
+def test_ring_weight_reads_are_conflict_free_and_match_the_swizzle():
+    """The consumer's shared-memory address of weight row piece (row r, 16-byte piece p) equals the
+    TMA 128-byte swizzle's, and every quarter-warp (8 lanes, the unit of a 16-byte-per-lane load)
+    reads 8 distinct 16-byte bank groups."""
+
+    def tma_sw128(r, byte):  # Swizzle<3,4,3> on the box's byte offset
+        off = r * 128 + byte
+        return off ^ (((off >> 7) & 7) << 4)
+
+    for rb in (0, 8, 16, 40):  # first row of a 16-row MMA tile (+ 8 for its second half)
+        for q in range(2):  # chunk of the 128-byte box row
+            groups = {}
+            for lane in range(32):
+                g, t = lane // 4, lane % 4
+                gp = g // 2 + 4 * (g % 2)  # kernel_ring's row map
+                r, piece = rb + gp, q * 4 + t
+                addr = r * 128 + (piece ^ gp) * 16  # kernel_ring's address
+                assert addr == tma_sw128(r, piece * 16)
+                groups.setdefault(lane // 8, set()).add((addr % 128) // 16)
+            assert all(len(v) == 8 for v in groups.values()), groups
+        # every weight row of the tile is read by exactly one g
+        assert sorted(g // 2 + 4 * (g % 2) for g in range(8)) == list(range(8))
+
+
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 @pytest.mark.parametrize(
     "cfg",
@@ -191,6 +233,12 @@ def test_pick_config_tokens_per_pass():
         fw.Fp4WeightConfig(fmt="nvfp4", n_tiles=2),
         fw.Fp4WeightConfig(fmt="mxfp4", n_tiles=8, grouped=True),
         fw.Fp4WeightConfig(fmt="nvfp4", n_tiles=1, grouped=True, out_dtype="fp32"),
+        # the streaming ring: the policy's shapes, a K-split one with fp32 out, 4-chunk stages
+        pick_config(16, "nvfp4", torch.bfloat16, "sm_90a", False),
+        pick_config(512, "mxfp4", torch.bfloat16, "sm_90a", True, experts=32, x_scale=True),
+        fw.Fp4WeightConfig(fmt="mxfp4", n_tiles=4, out_dtype="fp32", stages=0, ring=3, ring_k=2, warps_n=4,
+                           warps_k=2, row_tiles=2),  # fmt: skip
+        fw.Fp4WeightConfig(fmt="nvfp4", n_tiles=1, grouped=True, stages=0, ring=2, ring_k=4, warps_n=2, warps_k=1),
     ],
     ids=lambda c: c.name,
 )
