@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cutegemm
+from cutegemm.blockscaled import fp4_math as fm
 from cutegemm.blockscaled import fp4_weight as fw
 from cutegemm.blockscaled.fp4_weight_api import check_args, gemm_fp4_weight_ref, pick_config
 from cutegemm.blockscaled.reference import _E2M1_VALUES, dequantize_ref, quantize_ref
@@ -28,8 +29,8 @@ def test_dequant_twin_nvfp4_exact_for_every_code_and_scale():
         if sbyte & 0x7F == 0x7F:  # NaN scale: checked separately
             continue
         scale = torch.tensor([sbyte], dtype=torch.uint8).view(torch.float8_e4m3fn).double()
-        factor = fw.nvfp4_factor_ref(torch.tensor(sbyte))
-        got = fw.dequant_words_ref(_words(codes), factor, two_muls=False).double()  # (2, 4, 2)
+        factor = fm.nvfp4_factor_ref(torch.tensor(sbyte))
+        got = fm.dequant_words_ref(_words(codes), factor, two_muls=False).double()  # (2, 4, 2)
         want = E2M1[codes] * scale * 2.0**-8
         # word i holds (k_i, k_{i+4})
         want_pairs = torch.stack([want[:, :4], want[:, 4:]], dim=-1)
@@ -37,14 +38,14 @@ def test_dequant_twin_nvfp4_exact_for_every_code_and_scale():
 
 
 def test_dequant_twin_nvfp4_nan_scale_is_nan():
-    got = fw.dequant_words_ref(_words(torch.arange(8)), fw.nvfp4_factor_ref(torch.tensor(0x7F)), False)
+    got = fm.dequant_words_ref(_words(torch.arange(8)), fm.nvfp4_factor_ref(torch.tensor(0x7F)), False)
     assert torch.isnan(got).all()
 
 
 @pytest.mark.parametrize("e", [0, 1, 2, 60, 126, 127, 128, 129, 200, 253, 254, 255])
 def test_dequant_twin_mxfp4_exact_over_the_e8m0_range(e):
     codes = torch.arange(16).reshape(2, 8)
-    got = fw.dequant_words_ref(_words(codes), fw.mx_scale_bf16_ref(torch.tensor(e)), two_muls=True).double()
+    got = fm.dequant_words_ref(_words(codes), fm.mx_scale_bf16_ref(torch.tensor(e)), two_muls=True).double()
     if e == 255:
         assert torch.isnan(got).all()
         return
@@ -71,10 +72,10 @@ def _simulate_chunk(codes: torch.Tensor, scales: torch.Tensor, x: torch.Tensor, 
                     blk = k0 // vec
                     s = scales[row, blk]
                     if vec == 16:
-                        f = fw.nvfp4_factor_ref(s)
-                        dq = fw.dequant_words_ref(w, f, False).double() * 2.0**8
+                        f = fm.nvfp4_factor_ref(s)
+                        dq = fm.dequant_words_ref(w, f, False).double() * 2.0**8
                     else:
-                        dq = fw.dequant_words_ref(w, fw.mx_scale_bf16_ref(s), True).double()
+                        dq = fm.dequant_words_ref(w, fm.mx_scale_bf16_ref(s), True).double()
                     words.append(dq)
                 # a0a1 = row g word 2h, a2a3 = row g+8 word 2h, a4a5 = row g word 2h+1, a6a7 = row g+8 word 2h+1
                 A[g, 2 * t : 2 * t + 2] = words[0][2 * h]
@@ -111,7 +112,7 @@ def test_fragment_pairing_reproduces_the_matmul(fmt):
 def test_fragment_order_x(k):
     rows = 5
     x = torch.arange(rows * k, dtype=torch.float32).reshape(rows, k).to(torch.bfloat16)
-    xf = fw.fragment_order_x(x)
+    xf = fm.fragment_order_x(x)
     kp = -(-k // 128) * 128
     assert xf.shape == (kp // 128 * 4, rows, 4, 8)
     xp = torch.nn.functional.pad(x, (0, kp - k))
@@ -336,9 +337,9 @@ def test_fragment_order_x_converts_e4m3_exactly():
     torch.manual_seed(0)
     k = 96  # a tail: padded with zeros to 128
     x8 = (torch.randn(3, k) * 50).to(torch.float8_e4m3fn)
-    xf = fw.fragment_order_x(x8)
+    xf = fm.fragment_order_x(x8)
     assert xf.dtype == torch.bfloat16 and xf.shape == (4, 3, 4, 8)
-    want = fw.fragment_order_x(x8.float().to(torch.bfloat16))  # e4m3 -> bf16 is exact
+    want = fm.fragment_order_x(x8.float().to(torch.bfloat16))  # e4m3 -> bf16 is exact
     assert torch.equal(xf, want)
     assert torch.equal(x8.float().to(torch.bfloat16).float(), x8.float())
 

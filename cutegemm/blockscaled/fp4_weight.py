@@ -43,7 +43,9 @@ whose partial sums meet in shared memory. Weight chunks are prefetched one ahead
 (``stages=0``) or through a per-warp cp.async ring (``stages`` deep). The token rows of the CTA's
 expert are processed in chunks of 8 * n_tiles. Grouped: a CTA reads its expert's row range from
 ``offs`` on the device (clamped like the bf16 grouped path; no host sync, CUDA-graph safe) and an
-expert with no rows costs nothing. Measured on the H200: ``bench/RESULTS.md`` (fourth session).
+expert with no rows costs nothing. Measured on the H200: ``bench/RESULTS.md`` (fourth session;
+the ring: 2026-11-30). The register math (dequantization, scale decodes, the MMA wrapper, the
+activation reorder) and its torch twins live in :mod:`cutegemm.blockscaled.fp4_math`.
 """
 
 from __future__ import annotations
@@ -56,12 +58,8 @@ import cutlass.cute as cute
 import torch
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
-from cutlass.cutlass_dsl import dsl_user_op
 
 from ..runtime.ptx import (
-    _V4,
-    _asm,
-    _i32,
     bulk_g2s,
     cp_async,
     cp_async_commit,
@@ -75,10 +73,10 @@ from ..runtime.ptx import (
     ld_shared_u16,
     ld_shared_v4,
 )
+from .fp4_math import CHUNK_K, dequant_fp4x8, mma_bf16_16816, mx_scale_bf16_bits, nvfp4_factors
 
 __all__ = ["Fp4WeightConfig", "all_configs", "check_variant", "build_fp4_weight", "SASS_REQUIRED"]
 
-CHUNK_K = 128  # K values per thread-row step (4 threads x 32 values)
 FORMATS = ("nvfp4", "mxfp4")
 OUT_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
 SASS_REQUIRED = {
@@ -92,8 +90,6 @@ RING_SASS_REQUIRED = {
     "LDS.128": r"\bLDS\.128\b",
 }
 SASS_FORBIDDEN = {"LDL": r"\bLDL(\.|\s)", "STL": r"\bSTL(\.|\s)"}
-_BF16X2_2P126 = 0x7E807E80  # bf16x2 (2**126, 2**126)
-_F32_2P118 = "0f7A800000"  # fp32 2**118 as a PTX immediate
 
 
 @dataclass(frozen=True)
@@ -197,139 +193,6 @@ class Fp4WeightConfig:
         )
 
 
-# (mag shift, sign shift) of word i: nibble i's magnitude -> bf16 bits 6-8, its sign -> bit 15
-# (and nibble i + 4's -> bits 22-24 / 31). A negative shift is a right shift.
-_WORD_SHIFTS = ((6, 12), (2, 8), (-2, 4), (-6, 0))
-
-
-def _shift_ptx(dst: str, src: str, s: int) -> str:
-    if s > 0:
-        return f"shl.b32 {dst}, {src}, {s};"
-    if s < 0:
-        return f"shr.b32 {dst}, {src}, {-s};"
-    return f"mov.b32 {dst}, {src};"
-
-
-def _dequant_ptx(two_muls: bool) -> str:
-    lines = ["{", ".reg .b32 m, s;"]
-    if two_muls:
-        lines += [".reg .b32 t, c;", f"mov.b32 c, {_BF16X2_2P126:#x};"]
-    for i, (sm, ss) in enumerate(_WORD_SHIFTS):
-        lines += [
-            _shift_ptx("m", "$4", sm),
-            _shift_ptx("s", "$4", ss),
-            "and.b32 m, m, 0x01C001C0;",
-            "and.b32 s, s, 0x80008000;",
-            "or.b32 m, m, s;",
-        ]
-        if two_muls:
-            lines += ["mul.rn.bf16x2 t, m, c;", f"mul.rn.bf16x2 ${i}, t, $5;"]
-        else:
-            lines.append(f"mul.rn.bf16x2 ${i}, m, $5;")
-    lines.append("}")
-    return "\n".join(lines)
-
-
-_DQ_ONE = _dequant_ptx(False)
-_DQ_TWO = _dequant_ptx(True)
-
-
-@dsl_user_op
-def dequant_fp4x8(word, factor, two_muls: bool, *, loc=None, ip=None):
-    """8 e2m1 nibbles (k0..k7, k0 in the low bits) -> 4 bf16x2 words ``(k_i, k_{i+4}) * c``:
-    ``c = factor * 2**-126`` (one multiply) or ``factor`` (two_muls: by 2**126, then factor)."""
-    ptx = _DQ_TWO if two_muls else _DQ_ONE
-    return _asm(ptx, [_i32(word, loc, ip), _i32(factor, loc, ip)], "=r,=r,=r,=r,r,r", 4, loc=loc, ip=ip)
-
-
-_NVFP4_FACTORS = (
-    "{\n.reg .b32 h;\n.reg .b16 p, lo, hi;\n.reg .f32 f0, f1;\n"
-    "cvt.u16.u32 p, $2;\n"
-    "cvt.rn.f16x2.e4m3x2 h, p;\n"
-    "mov.b32 {lo, hi}, h;\n"
-    "cvt.f32.f16 f0, lo;\ncvt.f32.f16 f1, hi;\n"
-    f"mul.f32 f0, f0, {_F32_2P118};\nmul.f32 f1, f1, {_F32_2P118};\n"
-    "cvt.rn.bf16x2.f32 $0, f0, f0;\ncvt.rn.bf16x2.f32 $1, f1, f1;\n}"
-)
-
-
-@dsl_user_op
-def nvfp4_factors(pair, *, loc=None, ip=None):
-    """Two e4m3 scale bytes (low byte first) -> two bf16x2 words, each ``(s * 2**118)`` twice."""
-    return _asm(_NVFP4_FACTORS, [_i32(pair, loc, ip)], "=r,=r,r", 2, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def mma_bf16_16816(a, b, c, *, loc=None, ip=None):
-    """``mma.sync.m16n8k16`` bf16 x bf16 -> fp32: a 4 words, b 2 words, c 4 fp32; returns d."""
-    ins = [_i32(v, loc, ip) for v in (*a, *b)] + [cutlass.Float32(v).ir_value(loc=loc, ip=ip) for v in c]
-    ptx = f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {_V4}, {{$4, $5, $6, $7}}, {{$8, $9}}, {{$10, $11, $12, $13}};"
-    return _asm(ptx, ins, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", 4, out=cutlass.Float32, loc=loc, ip=ip)
-
-
-def mx_scale_bf16_bits(e):
-    """e8m0 byte -> bf16 bits of 2**(e - 127) (e = 0: the subnormal 2**-127; 255: NaN)."""
-    sel = cutlass.select_
-    return sel(e == 0, cutlass.Int32(0x40), sel(e == 255, cutlass.Int32(0x7FC0), e << 7))
-
-
-def fragment_order_x(x: torch.Tensor) -> torch.Tensor:
-    """(rows, K) bf16 (or float8_e4m3fn: converted to bf16, exactly) activations -> the kernel's
-    fragment order, zero-padded to whole 128-wide K chunks: a bf16 (K_p / 128 * 4, rows, 4, 8)
-    tensor whose [4 c + j, m, t] holds token m's K values 128 c + 32 t + 8 j + (0, 4, 1, 5, 2, 6,
-    3, 7). One LDG.128 of a warp then reads 512 contiguous bytes (8 tokens x 4 threads), already
-    paired as the B fragments want. One copy kernel (the cast included)."""
-    rows, k = x.shape
-    kp = -(-k // CHUNK_K) * CHUNK_K
-    if kp != k:
-        x = torch.nn.functional.pad(x.view(torch.uint8) if x.element_size() == 1 else x, (0, kp - k))
-        x = x.view(torch.float8_e4m3fn) if x.dtype == torch.uint8 else x
-    v = x.reshape(rows, kp // CHUNK_K, 4, 4, 2, 4)  # (m, c, t, j, half, i): K = 128c + 32t + 8j + 4half + i
-    out = torch.empty((kp // CHUNK_K, 4, rows, 4, 4, 2), dtype=torch.bfloat16, device=x.device)
-    out.copy_(v.permute(1, 3, 0, 2, 5, 4))
-    return out.view(kp // CHUNK_K * 4, rows, 4, 8)
-
-
-# --- torch twin of the register math (CPU tests check it against dequantize_ref) ---------------
-def dequant_words_ref(word: torch.Tensor, factor_bits: torch.Tensor, two_muls: bool) -> torch.Tensor:
-    """Twin of :func:`dequant_fp4x8` on int64 tensors holding uint32 values: (..., 4, 2) fp32
-    values of the 4 bf16x2 words (low half first), computed with the kernel's shifts and masks
-    and bf16 multiplies (exact products: rounding to bf16 changes nothing)."""
-
-    def bf16_pair(bits):
-        lo = ((bits & 0xFFFF) << 16).to(torch.int32).view(torch.float32)
-        hi = (((bits >> 16) & 0xFFFF) << 16).to(torch.int32).view(torch.float32)
-        return torch.stack([lo, hi], dim=-1)
-
-    def bf16_mul(a, b):
-        return (a.double() * b.double()).to(torch.bfloat16).float()
-
-    out = []
-    for sm, ss in _WORD_SHIFTS:
-        m = ((word << sm) if sm >= 0 else (word >> -sm)) & 0x01C001C0
-        sg = (word << ss) & 0x80008000
-        v = bf16_pair((m | sg) & 0xFFFFFFFF)
-        f = bf16_pair(factor_bits & 0xFFFFFFFF)
-        if two_muls:
-            v = bf16_mul(v, torch.full_like(v, 2.0**126))
-        out.append(bf16_mul(v, f))
-    return torch.stack(out, dim=-2)
-
-
-def nvfp4_factor_ref(scale_byte: torch.Tensor) -> torch.Tensor:
-    """Twin of :func:`nvfp4_factors` for one e4m3 byte: bf16x2 bits of ``s * 2**118`` twice."""
-    s = scale_byte.to(torch.uint8).view(torch.float8_e4m3fn).float() * 2.0**118
-    b = s.to(torch.bfloat16).view(torch.int16).to(torch.int64) & 0xFFFF
-    return b | (b << 16)
-
-
-def mx_scale_bf16_ref(e: torch.Tensor) -> torch.Tensor:
-    """Twin of :func:`mx_scale_bf16_bits` (both halves)."""
-    e = e.to(torch.int64)
-    f = torch.where(e == 0, 0x40, torch.where(e == 255, 0x7FC0, e << 7))
-    return f | (f << 16)
-
-
 # --- the kernel ---------------------------------------------------------------------------------
 class Fp4WeightKernel:
     def __init__(self, cfg: Fp4WeightConfig):
@@ -393,17 +256,10 @@ class Fp4WeightKernel:
         kg = warp // RW  # K group: chunks kg, kg + KW, ...
         g = lane // 4
         t = lane % 4
-        n_p = (n + 127) // 128 * 128
-        cols_p = cutlass.Int32(0)
-        if cutlass.const_expr(self.mx):
-            cols_p = ((k + 31) // 32 + 3) // 4 * 4
-        else:
-            cols_p = ((k + 15) // 16 + 3) // 4 * 4
+        n_p, cols_p = self.scale_dims(n, k)
         # rows of tokens this CTA reads: a batch of the dense form, an expert's segment of offs
         row_start, row_end, x_base = self.token_range(mOffs, m_rows, batch)
-        gs = mGs[0] * alpha
-        if cutlass.const_expr(not self.mx):
-            gs = gs * cutlass.Float32(256.0)  # the NVFP4 factors carry 2**-8 (module docstring)
+        gs = self.out_scale(mGs, alpha)
 
         # Byte addresses. Weight row r, chunk c, thread t: 16 bytes at r * K/2 + 64 c + 16 t.
         # Its scales (128x4 swizzled): tile row r // 128, in-tile (r % 32) * 16 + (r // 32 % 4) * 4,
@@ -414,16 +270,12 @@ class Fp4WeightKernel:
         w_addr = cute.make_rmem_tensor((RT, 2), cutlass.Int32)
         s_addr = cute.make_rmem_tensor((RT, 2), cutlass.Int32)
         w_base = mW.iterator.toint() + cutlass.Int64(batch) * cutlass.Int64(n) * cutlass.Int64(k // 2)
-        s_base = mS.iterator.toint() + cutlass.Int64(batch) * cutlass.Int64(n_p) * cutlass.Int64(cols_p)
+        s_base = self.scales_base(mS, batch, n_p, cols_p)
         for rt in cutlass.range_constexpr(RT):
             for hr in cutlass.range_constexpr(2):
                 r = cutlass.min(row0 + 16 * rt + 8 * hr + g, n - 1)  # rows past N: never stored
                 w_addr[rt, hr] = r * (k // 2) + 16 * t
-                in_tile = (r % 32) * 16 + ((r // 32) % 4) * 4
-                if cutlass.const_expr(self.mx):
-                    in_tile += t
-                else:
-                    in_tile += (t // 2) * 512 + 2 * (t % 2)
+                in_tile = self.scale_in_tile(r, t)
                 s_addr[rt, hr] = (r // 128) * tile_stride + in_tile
         # activations in the fragment order of ``fragment_order_x`` (host): 16 bytes of token m,
         # thread t, step j of chunk c at ((4 c + j) * rows + m) * 64 + 16 t
@@ -548,9 +400,7 @@ class Fp4WeightKernel:
         warp = cute.arch.make_warp_uniform(tidx // 32)
         lane = tidx % 32
         row_start, row_end, x_base = self.token_range(mOffs, m_rows, batch)
-        n_p = (n + 127) // 128 * 128
-        vec = 32 if self.mx else 16
-        cols_p = ((k + vec - 1) // vec + 3) // 4 * 4
+        n_p, cols_p = self.scale_dims(n, k)
         n_chunks = (k + CHUNK_K - 1) // CHUNK_K
         n_kst = (n_chunks + SK - 1) // SK
         row0 = bx * R  # the CTA's first weight row
@@ -586,11 +436,7 @@ class Fp4WeightKernel:
                 tma_atom, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2),
                 cute.group_modes(cute.local_tile(mW, (R, 128), (None, None, None)), 0, 2),
             )  # fmt: skip
-            s_base = (
-                mS.iterator.toint()
-                + cutlass.Int64(batch) * cutlass.Int64(n_p) * cutlass.Int64(cols_p)
-                + cutlass.Int64(row0 // 128) * cutlass.Int64(tile_stride)
-            )
+            s_base = self.scales_base(mS, batch, n_p, cols_p) + cutlass.Int64(row0 // 128) * cutlass.Int64(tile_stride)
             x_ptr = mX.iterator.toint()
             x_rows = m_rows  # token rows per activation plane (dense: every batch's rows)
             if cutlass.const_expr(not cfg.grouped):
@@ -628,9 +474,7 @@ class Fp4WeightKernel:
             g = lane // 4
             t = lane % 4
             gp = g // 2 + 4 * (g % 2)  # the weight row of MMA row g (class docstring)
-            gs = mGs[0] * alpha
-            if cutlass.const_expr(not self.mx):
-                gs = gs * cutlass.Float32(256.0)  # the NVFP4 factors carry 2**-8 (module docstring)
+            gs = self.out_scale(mGs, alpha)
             x_addr = cute.make_rmem_tensor((NT,), cutlass.Int32)
             for nt in cutlass.range_constexpr(NT):
                 x_addr[nt] = (nt * 8 + g) * 64 + 16 * t
@@ -640,12 +484,7 @@ class Fp4WeightKernel:
                 for hr in cutlass.range_constexpr(2):
                     r_loc = rw * (16 * RT) + 16 * rt + 8 * hr + gp
                     w_row[rt, hr] = r_loc * 128
-                    ir = row0 % 128 + r_loc  # row in the 128-row scale tile
-                    s_off[rt, hr] = (ir % 32) * 16 + ((ir // 32) % 4) * 4
-                    if cutlass.const_expr(self.mx):
-                        s_off[rt, hr] += t
-                    else:
-                        s_off[rt, hr] += (t // 2) * 512 + 2 * (t % 2)
+                    s_off[rt, hr] = self.scale_in_tile(row0 % 128 + r_loc, t)  # the CTA's rows: one scale tile
             acc = cute.make_rmem_tensor((RT, NT, 4), cutlass.Float32)
             rW = cute.make_rmem_tensor((RT, 2, 4), cutlass.Int32)
             rS = cute.make_rmem_tensor((RT, 2), cutlass.Int32)
@@ -674,10 +513,10 @@ class Fp4WeightKernel:
                                         rW[rt, hr, w] = cutlass.select_(live, words[w], cutlass.Int32(0))
                                     if cutlass.const_expr(self.mx):
                                         sb = ld_shared_u8(st + s_off[rt, hr] + q * 512)
-                                        rS[rt, hr] = cutlass.select_(live, sb, cutlass.Int32(127))
+                                        rS[rt, hr] = cutlass.select_(live, sb, cutlass.Int32(self.unit_scale))
                                     else:
                                         sb = ld_shared_u16(st + s_off[rt, hr] + q * 1024)
-                                        rS[rt, hr] = cutlass.select_(live, sb, cutlass.Int32(0x3838))
+                                        rS[rt, hr] = cutlass.select_(live, sb, cutlass.Int32(self.unit_scale))
                             self.mma_chunk(q, rW, rS, st + x_region, x_addr, T * 64, acc, True)
                     cute.arch.sync_warp()
                     if lane == 0:
@@ -736,6 +575,43 @@ class Fp4WeightKernel:
         if cutlass.const_expr(KW > 1):
             self.sync(bar_threads)  # sRed is rewritten by the next pass
 
+    @property
+    def unit_scale(self) -> int:
+        """The raw scale byte(s) of 1.0 (K values past K get it with zero weights): e8m0 127,
+        NVFP4 two e4m3 0x38."""
+        return 127 if self.mx else 0x3838
+
+    @cute.jit
+    def out_scale(self, mGs, alpha):
+        """What the fp32 accumulators are multiplied by: global scale x alpha (x 2**8 for NVFP4,
+        whose factors carry 2**-8, module docstring)."""
+        gs = mGs[0] * alpha
+        if cutlass.const_expr(not self.mx):
+            gs = gs * cutlass.Float32(256.0)
+        return gs
+
+    def scale_dims(self, n, k):
+        """(N_p, cols_p) of one batch's 128x4-swizzled scales: rows padded to 128, scale columns
+        (one per 32 K for MXFP4, 16 for NVFP4) padded to 4."""
+        vec = 32 if self.mx else 16
+        return (n + 127) // 128 * 128, ((k + vec - 1) // vec + 3) // 4 * 4
+
+    def scales_base(self, mS, batch, n_p, cols_p):
+        """64-bit address of batch ``batch``'s scales (``scale_dims`` gives N_p, cols_p)."""
+        return mS.iterator.toint() + cutlass.Int64(batch) * cutlass.Int64(n_p) * cutlass.Int64(cols_p)
+
+    def scale_in_tile(self, r, t):
+        """Offset, in row r's 128-row scale tile, of thread t's scale byte(s) of a K chunk's first
+        column group: (r % 32) * 16 + (r // 32 % 4) * 4, plus the column of K value 32 t (MXFP4
+        t; NVFP4 (t // 2) * 512 + 2 (t % 2), two scales of 16 K). Chunk c adds c * 512 (MXFP4) /
+        c * 1024 (NVFP4)."""
+        in_tile = (r % 32) * 16 + ((r // 32) % 4) * 4
+        if cutlass.const_expr(self.mx):
+            in_tile += t
+        else:
+            in_tile += (t // 2) * 512 + 2 * (t % 2)
+        return in_tile
+
     @cute.jit
     def token_range(self, mOffs, m_rows, batch):
         """(row_start, row_end, x_base): the token rows this CTA multiplies (a batch of the dense
@@ -791,11 +667,11 @@ class Fp4WeightKernel:
                 if cutlass.const_expr(self.mx):
                     rS[rt, hr] = ld_global_u8(s_base + cutlass.Int64(s_addr[rt, hr] + s_off))
                     if cutlass.const_expr(masked):
-                        rS[rt, hr] = cutlass.select_(live, rS[rt, hr], cutlass.Int32(127))
+                        rS[rt, hr] = cutlass.select_(live, rS[rt, hr], cutlass.Int32(self.unit_scale))
                 else:
                     rS[rt, hr] = ld_global_u16(s_base + cutlass.Int64(s_addr[rt, hr] + s_off))
                     if cutlass.const_expr(masked):
-                        rS[rt, hr] = cutlass.select_(live, rS[rt, hr], cutlass.Int32(0x3838))  # e4m3 1.0
+                        rS[rt, hr] = cutlass.select_(live, rS[rt, hr], cutlass.Int32(self.unit_scale))
 
     @cute.jit
     def mma_chunk(self, c, rW, rS, x_ptr, x_addr, x_plane, acc, x_smem: cutlass.Constexpr = False):

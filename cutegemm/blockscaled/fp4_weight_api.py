@@ -157,7 +157,8 @@ def gemm_fp4_weight(
         if scale_a.device != dev:
             raise ValueError(f"scale_a must be on {dev}, got {scale_a.device}")
         scale_a = scale_a.reshape(-1).expand(m).contiguous()  # one element: broadcast, no host read
-    from .fp4_weight import fragment_order_x, kernel_cache
+    from .fp4_math import fragment_order_x
+    from .fp4_weight import kernel_cache
 
     xf = fragment_order_x(x)  # a small copy: the activations in the kernel's fragment order
     data = qw.data.contiguous().view(torch.uint8).reshape(-1)

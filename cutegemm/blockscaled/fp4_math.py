@@ -1,0 +1,151 @@
+"""The register math of the FP4-weight kernel (:mod:`cutegemm.blockscaled.fp4_weight`) and its
+torch twins: e2m1 -> bf16 by shifts and masks plus one or two packed bf16 multiplies by the
+block's scale factor, the scale-factor decodes (NVFP4 e4m3, MXFP4 e8m0), the ``mma.sync``
+m16n8k16 wrapper, and the host-side activation reorder into the kernel's fragment order. The
+twins reproduce the kernel's arithmetic bit for bit on torch tensors (the CPU tests check them
+against ``dequantize_ref``)."""
+
+from __future__ import annotations
+
+import cutlass
+import torch
+from cutlass.cutlass_dsl import dsl_user_op
+
+from ..runtime.ptx import _V4, _asm, _i32
+
+CHUNK_K = 128  # K values per thread-row step (4 threads x 32 values)
+_BF16X2_2P126 = 0x7E807E80  # bf16x2 (2**126, 2**126)
+_F32_2P118 = "0f7A800000"  # fp32 2**118 as a PTX immediate
+
+
+# (mag shift, sign shift) of word i: nibble i's magnitude -> bf16 bits 6-8, its sign -> bit 15
+# (and nibble i + 4's -> bits 22-24 / 31). A negative shift is a right shift.
+_WORD_SHIFTS = ((6, 12), (2, 8), (-2, 4), (-6, 0))
+
+
+def _shift_ptx(dst: str, src: str, s: int) -> str:
+    if s > 0:
+        return f"shl.b32 {dst}, {src}, {s};"
+    if s < 0:
+        return f"shr.b32 {dst}, {src}, {-s};"
+    return f"mov.b32 {dst}, {src};"
+
+
+def _dequant_ptx(two_muls: bool) -> str:
+    lines = ["{", ".reg .b32 m, s;"]
+    if two_muls:
+        lines += [".reg .b32 t, c;", f"mov.b32 c, {_BF16X2_2P126:#x};"]
+    for i, (sm, ss) in enumerate(_WORD_SHIFTS):
+        lines += [
+            _shift_ptx("m", "$4", sm),
+            _shift_ptx("s", "$4", ss),
+            "and.b32 m, m, 0x01C001C0;",
+            "and.b32 s, s, 0x80008000;",
+            "or.b32 m, m, s;",
+        ]
+        if two_muls:
+            lines += ["mul.rn.bf16x2 t, m, c;", f"mul.rn.bf16x2 ${i}, t, $5;"]
+        else:
+            lines.append(f"mul.rn.bf16x2 ${i}, m, $5;")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+_DQ_ONE = _dequant_ptx(False)
+_DQ_TWO = _dequant_ptx(True)
+
+
+@dsl_user_op
+def dequant_fp4x8(word, factor, two_muls: bool, *, loc=None, ip=None):
+    """8 e2m1 nibbles (k0..k7, k0 in the low bits) -> 4 bf16x2 words ``(k_i, k_{i+4}) * c``:
+    ``c = factor * 2**-126`` (one multiply) or ``factor`` (two_muls: by 2**126, then factor)."""
+    ptx = _DQ_TWO if two_muls else _DQ_ONE
+    return _asm(ptx, [_i32(word, loc, ip), _i32(factor, loc, ip)], "=r,=r,=r,=r,r,r", 4, loc=loc, ip=ip)
+
+
+_NVFP4_FACTORS = (
+    "{\n.reg .b32 h;\n.reg .b16 p, lo, hi;\n.reg .f32 f0, f1;\n"
+    "cvt.u16.u32 p, $2;\n"
+    "cvt.rn.f16x2.e4m3x2 h, p;\n"
+    "mov.b32 {lo, hi}, h;\n"
+    "cvt.f32.f16 f0, lo;\ncvt.f32.f16 f1, hi;\n"
+    f"mul.f32 f0, f0, {_F32_2P118};\nmul.f32 f1, f1, {_F32_2P118};\n"
+    "cvt.rn.bf16x2.f32 $0, f0, f0;\ncvt.rn.bf16x2.f32 $1, f1, f1;\n}"
+)
+
+
+@dsl_user_op
+def nvfp4_factors(pair, *, loc=None, ip=None):
+    """Two e4m3 scale bytes (low byte first) -> two bf16x2 words, each ``(s * 2**118)`` twice."""
+    return _asm(_NVFP4_FACTORS, [_i32(pair, loc, ip)], "=r,=r,r", 2, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def mma_bf16_16816(a, b, c, *, loc=None, ip=None):
+    """``mma.sync.m16n8k16`` bf16 x bf16 -> fp32: a 4 words, b 2 words, c 4 fp32; returns d."""
+    ins = [_i32(v, loc, ip) for v in (*a, *b)] + [cutlass.Float32(v).ir_value(loc=loc, ip=ip) for v in c]
+    ptx = f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {_V4}, {{$4, $5, $6, $7}}, {{$8, $9}}, {{$10, $11, $12, $13}};"
+    return _asm(ptx, ins, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", 4, out=cutlass.Float32, loc=loc, ip=ip)
+
+
+def mx_scale_bf16_bits(e):
+    """e8m0 byte -> bf16 bits of 2**(e - 127) (e = 0: the subnormal 2**-127; 255: NaN)."""
+    sel = cutlass.select_
+    return sel(e == 0, cutlass.Int32(0x40), sel(e == 255, cutlass.Int32(0x7FC0), e << 7))
+
+
+def fragment_order_x(x: torch.Tensor) -> torch.Tensor:
+    """(rows, K) bf16 (or float8_e4m3fn: converted to bf16, exactly) activations -> the kernel's
+    fragment order, zero-padded to whole 128-wide K chunks: a bf16 (K_p / 128 * 4, rows, 4, 8)
+    tensor whose [4 c + j, m, t] holds token m's K values 128 c + 32 t + 8 j + (0, 4, 1, 5, 2, 6,
+    3, 7). One LDG.128 of a warp then reads 512 contiguous bytes (8 tokens x 4 threads), already
+    paired as the B fragments want. One copy kernel (the cast included)."""
+    rows, k = x.shape
+    kp = -(-k // CHUNK_K) * CHUNK_K
+    if kp != k:
+        x = torch.nn.functional.pad(x.view(torch.uint8) if x.element_size() == 1 else x, (0, kp - k))
+        x = x.view(torch.float8_e4m3fn) if x.dtype == torch.uint8 else x
+    v = x.reshape(rows, kp // CHUNK_K, 4, 4, 2, 4)  # (m, c, t, j, half, i): K = 128c + 32t + 8j + 4half + i
+    out = torch.empty((kp // CHUNK_K, 4, rows, 4, 4, 2), dtype=torch.bfloat16, device=x.device)
+    out.copy_(v.permute(1, 3, 0, 2, 5, 4))
+    return out.view(kp // CHUNK_K * 4, rows, 4, 8)
+
+
+# --- torch twin of the register math (CPU tests check it against dequantize_ref) ---------------
+def dequant_words_ref(word: torch.Tensor, factor_bits: torch.Tensor, two_muls: bool) -> torch.Tensor:
+    """Twin of :func:`dequant_fp4x8` on int64 tensors holding uint32 values: (..., 4, 2) fp32
+    values of the 4 bf16x2 words (low half first), computed with the kernel's shifts and masks
+    and bf16 multiplies (exact products: rounding to bf16 changes nothing)."""
+
+    def bf16_pair(bits):
+        lo = ((bits & 0xFFFF) << 16).to(torch.int32).view(torch.float32)
+        hi = (((bits >> 16) & 0xFFFF) << 16).to(torch.int32).view(torch.float32)
+        return torch.stack([lo, hi], dim=-1)
+
+    def bf16_mul(a, b):
+        return (a.double() * b.double()).to(torch.bfloat16).float()
+
+    out = []
+    for sm, ss in _WORD_SHIFTS:
+        m = ((word << sm) if sm >= 0 else (word >> -sm)) & 0x01C001C0
+        sg = (word << ss) & 0x80008000
+        v = bf16_pair((m | sg) & 0xFFFFFFFF)
+        f = bf16_pair(factor_bits & 0xFFFFFFFF)
+        if two_muls:
+            v = bf16_mul(v, torch.full_like(v, 2.0**126))
+        out.append(bf16_mul(v, f))
+    return torch.stack(out, dim=-2)
+
+
+def nvfp4_factor_ref(scale_byte: torch.Tensor) -> torch.Tensor:
+    """Twin of :func:`nvfp4_factors` for one e4m3 byte: bf16x2 bits of ``s * 2**118`` twice."""
+    s = scale_byte.to(torch.uint8).view(torch.float8_e4m3fn).float() * 2.0**118
+    b = s.to(torch.bfloat16).view(torch.int16).to(torch.int64) & 0xFFFF
+    return b | (b << 16)
+
+
+def mx_scale_bf16_ref(e: torch.Tensor) -> torch.Tensor:
+    """Twin of :func:`mx_scale_bf16_bits` (both halves)."""
+    e = e.to(torch.int64)
+    f = torch.where(e == 0, 0x40, torch.where(e == 255, 0x7FC0, e << 7))
+    return f | (f << 16)
