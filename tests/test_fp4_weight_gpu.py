@@ -147,6 +147,38 @@ def test_bulk_copy_ring(counts, n, kb, fmt, grouped, shape, out_dtype):
     _check(out, x, qw, bounds)
 
 
+@pytest.mark.parametrize("view", ["column_slice", "misaligned", "neighbours_nan"])
+@pytest.mark.parametrize("grouped", [False, True])
+def test_activation_views(view, grouped):
+    """The ring reads x with TMA as the caller stored it: a column slice of a wider tensor, a view
+    2 bytes off 16-byte alignment, and NaN / Inf in the memory around x (other rows, columns past
+    K) must not change a result."""
+    m, n, k = 37, 200, 32 * 9
+    counts = [5, 0, 32]
+    qw = _weights((3, n, k) if grouped else (n, k), "nvfp4", seed=11)
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    if view == "column_slice":
+        wide = torch.full((m, k + 48), float("nan"), device="cuda", dtype=torch.bfloat16)
+        wide[:, :k] = x
+        xv = wide[:, :k]
+    elif view == "misaligned":
+        flat = torch.randn(m * k + 1, device="cuda").to(torch.bfloat16)
+        flat[1:] = x.reshape(-1)
+        xv = flat[1:].view(m, k)
+        assert xv.data_ptr() % 16
+    else:
+        buf = torch.full((m + 64, k), float("inf"), device="cuda", dtype=torch.bfloat16)
+        buf[32 : 32 + m] = x
+        xv = buf[32 : 32 + m]
+    offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32) if grouped else None
+    out = torch.full((m, n), POISON, device="cuda", dtype=torch.bfloat16)
+    from cutegemm.blockscaled.fp4_weight_api import gemm_fp4_weight
+
+    gemm_fp4_weight(xv, qw, offs=offs, out=out)
+    bounds = list(zip([0, *offs.tolist()[:-1]], offs.tolist(), strict=True)) if grouped else None
+    _check(out, x, qw, bounds)
+
+
 def test_alpha_and_global_scale():
     qw = cutegemm.quantize(torch.randn(96, 256, device="cuda").to(torch.bfloat16), "nvfp4", global_scale=0.37)
     x = torch.randn(5, 256, device="cuda").to(torch.bfloat16)

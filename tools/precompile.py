@@ -4,7 +4,7 @@ fingerprint + config, see cutegemm/runtime/cache.py).
 
     python tools/precompile.py [LOG ...] [--variants] [--jobs 2]
 
-LOG files hold one GemmConfig repr per line, as written by a run with CUTEGEMM_COMPILE_LOG=LOG;
+LOG files hold one GemmConfig / Fp4WeightConfig repr per line, as written by a run with CUTEGEMM_COMPILE_LOG=LOG;
 --variants adds every sm_90a compile-check variant. Configs that need a user epilogue defined in
 another process are skipped."""
 
@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 def _configs(logs, variants):
     from cutegemm.epilogue import EpilogueSpec  # noqa: F401  (eval namespace)
+    from cutegemm.blockscaled.fp4_weight import Fp4WeightConfig
     from cutegemm.gemm.config import GemmConfig  # noqa: F401
 
     out = []
@@ -29,25 +30,31 @@ def _configs(logs, variants):
             line = line.strip()
             if line.startswith("GemmConfig("):
                 out.append(eval(line, {"GemmConfig": GemmConfig, "EpilogueSpec": EpilogueSpec}))  # noqa: S307
+            elif line.startswith("Fp4WeightConfig("):
+                out.append(eval(line, {"Fp4WeightConfig": Fp4WeightConfig}))  # noqa: S307
     if variants:
         from cutegemm.compile_check import all_variants
 
         out += all_variants(["sm_90a"])
     seen, uniq = set(), []
     for cfg in out:
-        if cfg not in seen and cfg.epilogue.user is None:
+        if cfg not in seen and getattr(getattr(cfg, "epilogue", None), "user", None) is None:
             seen.add(cfg)
             uniq.append(cfg)
     return uniq
 
 
 def _compile(cfg):
+    from cutegemm.blockscaled import fp4_weight
     from cutegemm.gemm.api import DENSE_CACHE
     from cutegemm.grouped.api import GROUPED_CACHE
 
     t = time.time()
     try:
-        (GROUPED_CACHE if cfg.grouped else DENSE_CACHE).get(cfg)
+        if isinstance(cfg, fp4_weight.Fp4WeightConfig):
+            fp4_weight.kernel_cache().get(cfg)
+        else:
+            (GROUPED_CACHE if cfg.grouped else DENSE_CACHE).get(cfg)
         return f"ok   {time.time() - t:5.1f}s {cfg.name}"
     except Exception as exc:
         return f"FAIL {cfg.name}: {type(exc).__name__}: {str(exc)[:200]}"

@@ -42,6 +42,10 @@ for spec in "$@"; do
     fp4smoke) cmd="python tools/fp4_smoke.py" ;;
     fp4ring) cmd="$PT tests/test_fp4_weight_gpu.py -k 'ring or other_pipelines'" ;;
     bench_fp4ring) cmd="python -c 'from cutegemm.benchmarks import bench_fp4_weight as f; R = dict(stages=0, l2_prefetch=0); f(configs=[dict(R, ring=4, ring_k=2, warps_n=8, warps_k=1, row_tiles=1), dict(R, ring=6, ring_k=2, warps_n=8, warps_k=1, row_tiles=1), dict(R, ring=3, ring_k=4, warps_n=8, warps_k=1, row_tiles=1), dict(R, ring=4, ring_k=2, warps_n=4, warps_k=2, row_tiles=2), dict(R, ring=4, ring_k=2, warps_n=4, warps_k=1, row_tiles=1), dict(R, ring=8, ring_k=2, warps_n=4, warps_k=1, row_tiles=1), dict(R, ring=2, ring_k=4, warps_n=8, warps_k=1, row_tiles=1)])'" ;;
+    bench_fp4w16) cmd="python -c 'from cutegemm.benchmarks import bench_fp4_weight as f; f(dense=[(16, 28672, 4096)], fmts=(\"nvfp4\",), configs=[dict(warps_n=8, warps_k=2, row_tiles=1), dict(warps_n=4, warps_k=4, row_tiles=2, ring=3, ring_k=4), dict(warps_n=8, warps_k=1, row_tiles=1)])'" ;;
+    ncu_ring) cmd="ncu --clock-control none -k regex:Fp4WeightKernel -c 2 --import-source no --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy --section InstructionStats python tools/fp4w_profile.py 'n_tiles=2, row_tiles=2, warps_n=4, warps_k=2, stages=0, ring=4, ring_k=2' 'n_tiles=2, row_tiles=1, warps_n=8, warps_k=2, stages=0, ring=4, ring_k=2'" ;;
+    fp4parts) cmd="python tools/fp4w_parts.py" ;;
+    fp4quick) cmd="$PT tests/test_fp4_weight_gpu.py -k 'ring or views or decode or fp8 or graph or alpha'" ;;
     bench_fp4w_policy) cmd="python -c 'from cutegemm.benchmarks import bench_fp4_weight as f; f()'" ;;
     bench_blockwise) cmd="python -c 'from cutegemm.benchmarks import bench_fp8_blockwise as f; f(configs=[dict(cluster_m=1, cluster_n=2), dict(tile_n=64)])'" ;;
     sanitize_fp4w) cmd="SANITIZE_ONLY='fp4w' bash tools/sanitize.sh memcheck racecheck synccheck" ;;

@@ -80,6 +80,19 @@ def nvfp4_factors(pair, *, loc=None, ip=None):
     return _asm(_NVFP4_FACTORS, [_i32(pair, loc, ip)], "=r,=r,r", 2, loc=loc, ip=ip)
 
 
+_PAIRS = (
+    "prmt.b32 $0, $4, $6, 0x5410;\nprmt.b32 $1, $4, $6, 0x7632;\n"
+    "prmt.b32 $2, $5, $7, 0x5410;\nprmt.b32 $3, $5, $7, 0x7632;"
+)
+
+
+@dsl_user_op
+def pair_natural_x(words, *, loc=None, ip=None):
+    """4 words of 8 bf16 activations in K order ((x0, x1), (x2, x3), (x4, x5), (x6, x7)) ->
+    the dequantized weights' pairing ((x0, x4), (x1, x5), (x2, x6), (x3, x7)): four PRMTs."""
+    return _asm(_PAIRS, [_i32(w, loc, ip) for w in words], "=r,=r,=r,=r,r,r,r,r", 4, loc=loc, ip=ip)
+
+
 @dsl_user_op
 def mma_bf16_16816(a, b, c, *, loc=None, ip=None):
     """``mma.sync.m16n8k16`` bf16 x bf16 -> fp32: a 4 words, b 2 words, c 4 fp32; returns d."""
@@ -135,6 +148,14 @@ def dequant_words_ref(word: torch.Tensor, factor_bits: torch.Tensor, two_muls: b
             v = bf16_mul(v, torch.full_like(v, 2.0**126))
         out.append(bf16_mul(v, f))
     return torch.stack(out, dim=-2)
+
+
+def pair_natural_x_ref(words: torch.Tensor) -> torch.Tensor:
+    """Twin of :func:`pair_natural_x` on (..., 4) int64 tensors holding uint32 words."""
+    lo = [w & 0xFFFF for w in words.unbind(-1)]
+    hi = [(w >> 16) & 0xFFFF for w in words.unbind(-1)]
+    x = [lo[0], hi[0], lo[1], hi[1], lo[2], hi[2], lo[3], hi[3]]
+    return torch.stack([x[i] | (x[i + 4] << 16) for i in range(4)], dim=-1)
 
 
 def nvfp4_factor_ref(scale_byte: torch.Tensor) -> torch.Tensor:

@@ -73,7 +73,14 @@ from ..runtime.ptx import (
     ld_shared_u16,
     ld_shared_v4,
 )
-from .fp4_math import CHUNK_K, dequant_fp4x8, mma_bf16_16816, mx_scale_bf16_bits, nvfp4_factors
+from .fp4_math import (
+    CHUNK_K,
+    dequant_fp4x8,
+    mma_bf16_16816,
+    mx_scale_bf16_bits,
+    nvfp4_factors,
+    pair_natural_x,
+)
 
 __all__ = ["Fp4WeightConfig", "all_configs", "check_variant", "build_fp4_weight", "SASS_REQUIRED"]
 
@@ -161,11 +168,15 @@ class Fp4WeightConfig:
         return 8 * self.n_tiles
 
     # Ring stage layout (bytes): ring_k / 2 TMA boxes of the CTA's weight rows x 128 bytes (two K
-    # chunks; 128-byte swizzle), the scales' 512-byte column groups, then 4 * ring_k activation
-    # planes of tokens_per_pass x 64 bytes.
+    # chunks), 2 * ring_k TMA boxes of the pass's tokens x 64 activations (128 bytes), both with
+    # the 128-byte swizzle, and the scales' 512-byte column groups.
     @property
     def w_box_bytes(self) -> int:
         return self.rows_per_cta * 128
+
+    @property
+    def x_box_bytes(self) -> int:
+        return self.tokens_per_pass * 128
 
     @property
     def scale_groups(self) -> int:
@@ -173,13 +184,14 @@ class Fp4WeightConfig:
 
     @property
     def side_bytes(self) -> int:
-        """Scales + activations of one stage."""
-        return self.scale_groups * 512 + 4 * self.ring_k * self.tokens_per_pass * 64
+        """Scales of one stage."""
+        return self.scale_groups * 512
 
     @property
     def smem_bytes(self) -> int:
         red = 4 * self.row_tiles * self.n_tiles * 4 * 32 * self.warps_n * (self.warps_k - 1)
-        return self.ring * (self.ring_k // 2 * self.w_box_bytes + self.side_bytes + 16) + red + 1024 + 256
+        boxes = self.ring_k // 2 * self.w_box_bytes + 2 * self.ring_k * self.x_box_bytes
+        return self.ring * (boxes + self.side_bytes + 16) + red + 1024 + 256
 
     @property
     def name(self) -> str:
@@ -233,7 +245,21 @@ class Fp4WeightKernel:
             tma_atom, tma_w = cpasync.make_tiled_tma_atom(
                 cpasync.CopyBulkTensorTileG2SOp(), w3, cute.slice_(sw_layout, (None, None, 0)), (self.cfg.rows_per_cta, 128)
             )
-            self.kernel_ring(tma_atom, tma_w, mX, mS, mOut, mOffs, mGs, mXs, m_rows, n, k, tile_stride, alpha).launch(
+            # The activations as they are ((rows, K) bf16, row-major), read by TMA boxes of
+            # tokens_per_pass x 64 (rows past the end and K values past K arrive as zeros).
+            x_rows = m_rows
+            if cutlass.const_expr(not self.cfg.grouped):
+                x_rows = m_rows * batches
+            k32 = cute.assume(k, divby=32)
+            x2 = cute.make_tensor(
+                cute.recast_ptr(mX.iterator, dtype=cutlass.BFloat16), cute.make_layout((x_rows, k32), stride=(k32, 1))
+            )
+            sx_layout = self.x_smem_layout()
+            tma_atom_x, tma_x = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileG2SOp(), x2, cute.slice_(sx_layout, (None, None, 0)), (self.cfg.tokens_per_pass, 64)
+            )
+            self.kernel_ring(tma_atom, tma_w, tma_atom_x, tma_x, mS, mOut, mOffs, mGs, mXs, m_rows, n, k, tile_stride,
+                             alpha).launch(
                 grid=[grid_x, batches, 1], block=[32 * (1 + self.cfg.warps), 1, 1], stream=stream,
             )
             return
@@ -370,21 +396,30 @@ class Fp4WeightKernel:
         atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, cutlass.Uint8)
         return cute.tile_to_shape(atom, (cfg.rows_per_cta, 128, cfg.ring * cfg.ring_k // 2), order=(0, 1, 2))
 
+    def x_smem_layout(self):
+        """(tokens_per_pass, 64 bf16, ring * 2 * ring_k) activation boxes, 128-byte swizzle (the
+        byte map of :meth:`w_smem_layout`; a box row is one token's 64 K values)."""
+        cfg = self.cfg
+        atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, cutlass.BFloat16)
+        return cute.tile_to_shape(atom, (cfg.tokens_per_pass, 64, cfg.ring * 2 * cfg.ring_k), order=(0, 1, 2))
+
     @cute.kernel
-    def kernel_ring(self, tma_atom: cute.CopyAtom, mW: cute.Tensor, mX, mS, mOut, mOffs, mGs, mXs, m_rows, n, k,
-                    tile_stride, alpha):  # fmt: skip
+    def kernel_ring(self, tma_atom: cute.CopyAtom, mW: cute.Tensor, tma_atom_x: cute.CopyAtom, mX2: cute.Tensor, mS,
+                    mOut, mOffs, mGs, mXs, m_rows, n, k, tile_stride, alpha):  # fmt: skip
         """The streaming ring (``cfg.ring`` > 0). Warp 0 fills stage after stage of shared memory,
         all counted on the stage's full mbarrier: ``ring_k / 2`` TMA boxes of the CTA's weight
-        rows x 128 bytes (rows past N and bytes past K/2 arrive as zeros), one ``cp.async.bulk``
-        of the scales' 512-byte column groups (the CTA's rows lie in one 128-row scale tile) and
-        one per activation plane of the token pass (its tokens are contiguous in
-        ``fragment_order_x``). Warps 1.. (warps_n x warps_k, as in :meth:`kernel`) read weights,
-        scales and activations from the stage, then release it. Tokens past the pass's end are
-        not copied: their results come from stale bytes and are never stored.
+        rows x 128 bytes (rows past N and bytes past K/2 arrive as zeros), ``2 ring_k`` TMA boxes
+        of the token pass's activations as the caller stored them (tokens x 64 K values; rows past
+        the tensor and K values past K arrive as zeros) and one ``cp.async.bulk`` of the scales'
+        512-byte column groups (the CTA's rows lie in one 128-row scale tile). Warps 1..
+        (warps_n x warps_k, as in :meth:`kernel`) read weights, scales and activations from the
+        stage, then release it; four PRMTs per 16-byte activation read give the weights' (k, k+4)
+        pairing. Tokens past the pass's end (another expert's, or zeros) are never stored.
 
         Bank conflicts: a warp's 16-byte weight reads cover two rows per 8 lanes; MMA row g of a
         16-row tile reads weight row g // 2 + 4 (g % 2) (rows 0 and 4, 1 and 5, ...), whose
-        swizzled pieces lie in opposite halves of the banks. The stores use the same map."""
+        swizzled pieces lie in opposite halves of the banks. The stores use the same map. The
+        activation reads (token g, piece 4 (t % 2) + j of box t // 2) are two-way conflicted."""
         from cutlass import memory
 
         cfg = self.cfg
@@ -392,8 +427,9 @@ class Fp4WeightKernel:
         S, SK, R, T = cfg.ring, cfg.ring_k, cfg.rows_per_cta, cfg.tokens_per_pass
         SG, W = cfg.scale_groups, cfg.warps
         NB = SK // 2  # weight boxes per stage
+        NX = 2 * SK  # activation boxes per stage
+        XB = cfg.x_box_bytes
         side = cfg.side_bytes
-        x_region = SG * 512  # offset of the activations in a stage's side buffer
         tidx, _, _ = cute.arch.thread_idx()
         bx, batch, _ = cute.arch.block_idx()
         _, n_batches, _ = cute.arch.grid_dim()
@@ -408,6 +444,8 @@ class Fp4WeightKernel:
         alloc = memory.SmemAllocator()
         sw_layout = self.w_smem_layout()
         sW = alloc.allocate_tensor(cutlass.Uint8, sw_layout.outer, 1024, swizzle=sw_layout.inner)
+        sx_layout = self.x_smem_layout()
+        sX = alloc.allocate_tensor(cutlass.BFloat16, sx_layout.outer, 1024, swizzle=sx_layout.inner)
         sides = alloc.allocate_tensor(cutlass.Int32, cute.make_layout(S * side // 4), 128)
         bars = alloc.allocate_tensor(cutlass.Int64, cute.make_layout(2 * S), 8)
         sRed = None
@@ -417,6 +455,7 @@ class Fp4WeightKernel:
                 cutlass.Float32, cute.make_layout((n_acc, 32, RW, KW - 1), stride=(32, 1, 32 * n_acc, 32 * n_acc * RW)), 16
             )
         w_smem = sW.iterator.toint()
+        x_smem = sX.iterator.toint()
         side_base = sides.iterator.toint()
         bar_base = bars.iterator.toint()
         full = bars.iterator
@@ -431,39 +470,36 @@ class Fp4WeightKernel:
         if warp == 0:
             # ---- producer ----
             cpasync.prefetch_descriptor(tma_atom)  # the TMA ops elect their thread: call them warp-wide
+            cpasync.prefetch_descriptor(tma_atom_x)
             # (TMA, boxes), (TMA, RestN, RestK, L)
             tWs, tWg = cpasync.tma_partition(
                 tma_atom, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2),
                 cute.group_modes(cute.local_tile(mW, (R, 128), (None, None, None)), 0, 2),
             )  # fmt: skip
             s_base = self.scales_base(mS, batch, n_p, cols_p) + cutlass.Int64(row0 // 128) * cutlass.Int64(tile_stride)
-            x_ptr = mX.iterator.toint()
-            x_rows = m_rows  # token rows per activation plane (dense: every batch's rows)
-            if cutlass.const_expr(not cfg.grouped):
-                x_rows = m_rows * n_batches
+            sXb = cute.group_modes(sX, 0, 2)
             it = cutlass.Int32(0)
             m0 = row_start
             while m0 < row_end:
-                t_valid = cutlass.min(T, row_end - m0)
+                # (T, 64, K / 64) boxes of this pass's tokens (dense: x_base = the batch's first row)
+                gX = cute.local_tile(cute.domain_offset((cutlass.Int32(x_base) + m0, 0), mX2), (T, 64), (0, None))
+                tXs, tXg = cpasync.tma_partition(tma_atom_x, 0, cute.make_layout(1), sXb, cute.group_modes(gX, 0, 2))
                 for ks in range(n_kst):
                     slot = it % S
                     if it >= S:
                         cute.arch.mbarrier_wait(empty + slot, (it // S + 1) % 2)
                     c0 = ks * SK
-                    planes = 4 * cutlass.min(SK, n_chunks - c0)
                     g0 = c0 * (SG // SK)
                     n_groups = cutlass.min(SG, cols_p // 4 - g0)
                     if lane == 0:
-                        tx = NB * R * 128 + n_groups * 512 + planes * t_valid * 64
+                        tx = NB * R * 128 + NX * XB + n_groups * 512
                         cute.arch.mbarrier_arrive_and_expect_tx(full + slot, tx)
                         bulk_g2s(side_base + slot * side, s_base + cutlass.Int64(g0 * 512), n_groups * 512, bar_base + slot * 8)
                     cute.arch.sync_warp()
                     for j in cutlass.range_constexpr(NB):
                         cute.copy(tma_atom, tWg[(None, bx, ks * NB + j, batch)], tWs[(None, slot * NB + j)], tma_bar_ptr=full + slot)
-                    if lane < planes:
-                        tok = cutlass.Int64(4 * c0 + lane) * cutlass.Int64(x_rows) + x_base + cutlass.Int64(m0)
-                        bulk_g2s(side_base + slot * side + x_region + lane * (T * 64), x_ptr + tok * 64, t_valid * 64,
-                                 bar_base + slot * 8)  # fmt: skip
+                    for j in cutlass.range_constexpr(NX):
+                        cute.copy(tma_atom_x, tXg[(None, ks * NX + j)], tXs[(None, slot * NX + j)], tma_bar_ptr=full + slot)
                     it += 1
                 m0 += T
         else:
@@ -475,9 +511,12 @@ class Fp4WeightKernel:
             t = lane % 4
             gp = g // 2 + 4 * (g % 2)  # the weight row of MMA row g (class docstring)
             gs = self.out_scale(mGs, alpha)
+            # token 8 nt + g's 16-byte piece 4 (t % 2) + j of activation box t // 2 (swizzled):
+            # x_smem + box * XB + x_addr[nt] + (x_sw ^ 16 j)
             x_addr = cute.make_rmem_tensor((NT,), cutlass.Int32)
             for nt in cutlass.range_constexpr(NT):
-                x_addr[nt] = (nt * 8 + g) * 64 + 16 * t
+                x_addr[nt] = (t // 2) * XB + (nt * 8 + g) * 128
+            x_sw = ((4 * (t % 2)) ^ g) * 16
             w_row = cute.make_rmem_tensor((RT, 2), cutlass.Int32)  # row * 128 in a box
             s_off = cute.make_rmem_tensor((RT, 2), cutlass.Int32)
             for rt in cutlass.range_constexpr(RT):
@@ -502,7 +541,8 @@ class Fp4WeightKernel:
                             mine = kg == q % KW
                         c = ks * SK + q
                         if mine and c < n_chunks:
-                            # K values past K (a partial last chunk): zero weights, unit scales
+                            # K values past K (a partial last chunk): zero weights and activations
+                            # (the TMA fills them), unit scales (the scale bytes there are stale)
                             live = c * CHUNK_K + 32 * t < k
                             box = w_smem + (slot * NB + q // 2) * (R * 128)
                             piece = (q % 2) * 4 + t  # 16-byte piece of the 128-byte box row
@@ -510,14 +550,15 @@ class Fp4WeightKernel:
                                 for hr in cutlass.range_constexpr(2):
                                     words = ld_shared_v4(box + w_row[rt, hr] + (piece ^ gp) * 16)
                                     for w in cutlass.range_constexpr(4):
-                                        rW[rt, hr, w] = cutlass.select_(live, words[w], cutlass.Int32(0))
+                                        rW[rt, hr, w] = words[w]
                                     if cutlass.const_expr(self.mx):
                                         sb = ld_shared_u8(st + s_off[rt, hr] + q * 512)
                                         rS[rt, hr] = cutlass.select_(live, sb, cutlass.Int32(self.unit_scale))
                                     else:
                                         sb = ld_shared_u16(st + s_off[rt, hr] + q * 1024)
                                         rS[rt, hr] = cutlass.select_(live, sb, cutlass.Int32(self.unit_scale))
-                            self.mma_chunk(q, rW, rS, st + x_region, x_addr, T * 64, acc, True)
+                            xq = x_smem + (slot * NX + 2 * q) * XB
+                            self.mma_chunk(q, rW, rS, xq, x_addr, x_sw, acc, "swizzled")
                     cute.arch.sync_warp()
                     if lane == 0:
                         cute.arch.mbarrier_arrive(empty + slot)
@@ -674,11 +715,13 @@ class Fp4WeightKernel:
                         rS[rt, hr] = cutlass.select_(live, rS[rt, hr], cutlass.Int32(self.unit_scale))
 
     @cute.jit
-    def mma_chunk(self, c, rW, rS, x_ptr, x_addr, x_plane, acc, x_smem: cutlass.Constexpr = False):
+    def mma_chunk(self, c, rW, rS, x_ptr, x_addr, x_plane, acc, x_mode: cutlass.Constexpr = "global"):
         """Dequantize chunk ``c`` (loaded by :meth:`load_chunk`) and multiply it with the tokens'
-        K values into ``acc`` (the activations are zero-padded to whole chunks). ``x_smem``: the
-        activations are in shared memory (ring stage: ``x_ptr`` its 32-bit address, ``c`` the
-        chunk's index in the stage), else in global memory."""
+        K values into ``acc`` (the activations are zero-padded to whole chunks). ``x_mode``
+        "global": fragment-ordered activations (``fragment_order_x``) in global memory, plane
+        ``4 c + j`` at ``x_ptr + x_addr[nt] + (4 c + j) * x_plane``; "swizzled": the chunk's two
+        activation boxes of a ring stage (:meth:`kernel_ring`), K in order, piece j of token
+        8 nt + g at ``x_ptr + x_addr[nt] + (x_plane ^ 16 j)``."""
         RT, NT = self.cfg.row_tiles, self.cfg.n_tiles
         rF = cute.make_rmem_tensor((RT, 2, 2), cutlass.Int32)  # bf16x2 scale factors (per 16 K)
         rA = cute.make_rmem_tensor((RT, 2, 4), cutlass.Int32)  # dequantized words of one j
@@ -700,8 +743,8 @@ class Fp4WeightKernel:
                         rA[rt, hr, q] = dq[q]
             for nt in cutlass.range_constexpr(NT):
                 # (x_0, x_4), (x_1, x_5), (x_2, x_6), (x_3, x_7) of this thread's 8 K values
-                if cutlass.const_expr(x_smem):
-                    xw = ld_shared_v4(x_ptr + x_addr[nt] + (4 * c + j) * x_plane)
+                if cutlass.const_expr(x_mode == "swizzled"):
+                    xw = pair_natural_x(ld_shared_v4(x_ptr + x_addr[nt] + (x_plane ^ (16 * j))))
                 else:
                     xw = ld_global_v4(x_ptr + cutlass.Int64(x_addr[nt] + (4 * c + j) * x_plane))
                 for h in cutlass.range_constexpr(2):

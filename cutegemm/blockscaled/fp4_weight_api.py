@@ -160,7 +160,13 @@ def gemm_fp4_weight(
     from .fp4_math import fragment_order_x
     from .fp4_weight import kernel_cache
 
-    xf = fragment_order_x(x)  # a small copy: the activations in the kernel's fragment order
+    if cfg.ring:
+        # the ring reads x as it is (TMA boxes): bf16, rows of K contiguous, 16-byte aligned
+        xf = x.to(torch.bfloat16).contiguous()
+        if xf.data_ptr() % 16:
+            xf = xf.clone()
+    else:
+        xf = fragment_order_x(x)  # a small copy: the activations in the kernel's fragment order
     data = qw.data.contiguous().view(torch.uint8).reshape(-1)
     if data.data_ptr() % 16:
         data = data.clone()

@@ -1,0 +1,40 @@
+"""Where the time of one dense FP4-weight decode call goes (M=16, N=28672, K=4096): the whole
+call, the call with the activation reorder done beforehand (kernel + host glue), the reorder
+alone, and cuBLAS bf16 on the same (dequantized) weights; L2-cold CUDA-event medians, one
+process. Extra ``Fp4WeightConfig`` keyword texts on the command line are timed too."""
+import sys
+
+import torch
+
+import cutegemm
+from cutegemm.benchmarks import Timer
+from cutegemm.blockscaled import fp4_math
+from cutegemm.blockscaled.fp4_weight import Fp4WeightConfig  # noqa: F401  (eval)
+from cutegemm.blockscaled.fp4_weight_api import gemm_fp4_weight
+
+torch.manual_seed(0)
+timer = Timer()
+for fmt in ("nvfp4", "mxfp4"):
+    for m, n, k in [(16, 28672, 4096), (1, 28672, 4096)]:
+        qw = cutegemm.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), fmt)
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        wd = cutegemm.dequantize(qw).to(torch.bfloat16)
+        t_cublas = timer(lambda: x @ wd.T)
+        t_full = timer(lambda: gemm_fp4_weight(x, qw))
+        xf = fp4_math.fragment_order_x(x)
+        t_reorder = timer(lambda: fp4_math.fragment_order_x(x))
+        orig = fp4_math.fragment_order_x
+        fp4_math.fragment_order_x = lambda _x: xf
+        try:
+            t_pre = timer(lambda: gemm_fp4_weight(x, qw))
+            extra = []
+            for s in sys.argv[1:]:
+                cfg = eval(f"Fp4WeightConfig(fmt={fmt!r}, {s})")  # noqa: S307
+                extra.append((s, timer(lambda cfg=cfg: gemm_fp4_weight(x, qw, config=cfg))))
+        finally:
+            fp4_math.fragment_order_x = orig
+        print(f"{fmt} M={m}: full call {t_full * 1e3:.1f} us | pre-reordered x {t_pre * 1e3:.1f} us | "
+              f"reorder alone {t_reorder * 1e3:.1f} us | cuBLAS bf16 {t_cublas * 1e3:.1f} us "
+              f"({t_cublas / t_full:.2f}x full, {t_cublas / t_pre:.2f}x pre-reordered)", flush=True)
+        for s, t in extra:
+            print(f"   [{s}] pre-reordered {t * 1e3:.1f} us ({t_cublas / t:.2f}x)", flush=True)
