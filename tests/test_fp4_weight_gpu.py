@@ -147,6 +147,71 @@ def test_bulk_copy_ring(counts, n, kb, fmt, grouped, shape, out_dtype):
     _check(out, x, qw, bounds)
 
 
+SPLIT_SHAPES = [
+    dict(ring=4, ring_k=2, warps_n=4, warps_k=2, row_tiles=2),
+    dict(ring=3, ring_k=2, warps_n=4, warps_k=1, row_tiles=1),
+    dict(ring=2, ring_k=4, warps_n=8, warps_k=1, row_tiles=1, n_tiles=1),
+]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    m=st.integers(1, 70),
+    n=st.integers(1, 700),
+    kb=st.integers(1, 48),
+    fmt=st.sampled_from(["nvfp4", "mxfp4"]),
+    shape=st.sampled_from(SPLIT_SHAPES),
+    sms=st.sampled_from([1, 2, 3, 5, 132]),
+    out_dtype=st.sampled_from([torch.bfloat16, torch.float32]),
+)
+def test_split_ring(m, n, kb, fmt, shape, sms, out_dtype, monkeypatch):
+    """The split (persistent, equal unit ranges) ring: segments cut between 1..many CTAs, CTAs
+    spanning several segments (the SM count is faked to vary the cut points), several token
+    passes, K tails; every output written once, deterministic, the counters left at zero (every
+    example reuses the workspace)."""
+    from dataclasses import replace
+
+    from cutegemm.blockscaled import fp4_weight_api as api
+
+    monkeypatch.setattr(api, "_sm_count", lambda index: sms)
+    k = 32 * kb
+    qw = _weights((n, k), fmt, seed=n * 13 + kb)
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    cfg = replace(api.pick_config(m, fmt, out_dtype, api._arch(0), False, 1), stages=0, l2_prefetch=0, split=True,
+                  **shape)  # fmt: skip
+    out = torch.full((m, n), POISON, device="cuda", dtype=out_dtype)
+    api.gemm_fp4_weight(x, qw, out=out, config=cfg)
+    _check(out, x, qw)
+    again = api.gemm_fp4_weight(x, qw, out_dtype=out_dtype, config=cfg)
+    assert torch.equal(again, out), "split results differ between two runs"
+
+
+def test_split_cuda_graph_replay():
+    """A captured split call replays correctly with new activations (the counters reset)."""
+    from dataclasses import replace
+
+    from cutegemm.blockscaled import fp4_weight_api as api
+
+    m, n, k = 16, 1000, 32 * 40
+    qw = _weights((n, k), "nvfp4", seed=5)
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    cfg = replace(api.pick_config(m, "nvfp4", torch.bfloat16, api._arch(0), False, 1), split=True)
+    api.gemm_fp4_weight(x, qw, config=cfg)  # compile + workspace outside the capture
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        api.gemm_fp4_weight(x, qw, config=cfg)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            out = api.gemm_fp4_weight(x, qw, config=cfg)
+    torch.cuda.current_stream().wait_stream(s)
+    for i in range(20):
+        x.copy_(torch.randn(m, k, device="cuda").to(torch.bfloat16) * (1 + i))
+        g.replay()
+        torch.cuda.synchronize()
+        _check(out, x, qw)
+
+
 @pytest.mark.parametrize("view", ["column_slice", "misaligned", "neighbours_nan"])
 @pytest.mark.parametrize("grouped", [False, True])
 def test_activation_views(view, grouped):

@@ -1,21 +1,22 @@
 """Where the time of one dense FP4-weight decode call goes (M=16, N=28672, K=4096): the whole
 call, the call with the activation reorder done beforehand (kernel + host glue), the reorder
 alone, and cuBLAS bf16 on the same (dequantized) weights; L2-cold CUDA-event medians, one
-process. Extra ``Fp4WeightConfig`` keyword texts on the command line are timed too."""
+process. Overrides of the policy's config on the command line (keyword text, e.g.
+'split=True') are timed too."""
 import sys
+from dataclasses import replace
 
 import torch
 
 import cutegemm
 from cutegemm.benchmarks import Timer
 from cutegemm.blockscaled import fp4_math
-from cutegemm.blockscaled.fp4_weight import Fp4WeightConfig  # noqa: F401  (eval)
-from cutegemm.blockscaled.fp4_weight_api import gemm_fp4_weight
+from cutegemm.blockscaled.fp4_weight_api import _arch, gemm_fp4_weight, pick_config
 
 torch.manual_seed(0)
 timer = Timer()
 for fmt in ("nvfp4", "mxfp4"):
-    for m, n, k in [(16, 28672, 4096), (1, 28672, 4096)]:
+    for m, n, k in [(16, 28672, 4096), (1, 28672, 4096), (64, 28672, 4096)]:
         qw = cutegemm.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), fmt)
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         wd = cutegemm.dequantize(qw).to(torch.bfloat16)
@@ -29,7 +30,7 @@ for fmt in ("nvfp4", "mxfp4"):
             t_pre = timer(lambda: gemm_fp4_weight(x, qw))
             extra = []
             for s in sys.argv[1:]:
-                cfg = eval(f"Fp4WeightConfig(fmt={fmt!r}, {s})")  # noqa: S307
+                cfg = replace(pick_config(m, fmt, torch.bfloat16, _arch(0), False), **eval(f"dict({s})"))  # noqa: S307
                 extra.append((s, timer(lambda cfg=cfg: gemm_fp4_weight(x, qw, config=cfg))))
         finally:
             fp4_math.fragment_order_x = orig

@@ -64,6 +64,7 @@ from ..runtime.ptx import (
     cp_async,
     cp_async_commit,
     cp_async_wait,
+    ld_global_cg_f32,
     ld_global_u8,
     ld_global_u16,
     ld_global_v4,
@@ -130,6 +131,10 @@ class Fp4WeightConfig:
     # everything from shared memory (the activations are loaded once per CTA, not once per warp).
     ring: int = 0
     ring_k: int = 2
+    # Split (dense ring only): a persistent grid of CTAs takes equal ranges of all (segment, K
+    # stage) units, so the SMs stream equal weight bytes whatever N / rows_per_cta is; segments
+    # cut between CTAs meet through a workspace (``Fp4WeightKernel.split_finish``).
+    split: bool = False
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -144,6 +149,8 @@ class Fp4WeightConfig:
             raise ValueError(f"Fp4WeightConfig.out_dtype must be one of {sorted(OUT_DTYPES)}, got {self.out_dtype!r}")
         if self.arch not in ("sm_90a", "sm_100a"):
             raise ValueError(f"Fp4WeightConfig.arch must be sm_90a or sm_100a, got {self.arch!r}")
+        if self.split and not self.ring:
+            raise ValueError("Fp4WeightConfig.split needs the ring")
         if self.ring:
             if not 2 <= self.ring <= 8 or self.ring_k not in (2, 4):
                 raise ValueError(f"Fp4WeightConfig.ring must be 0 or 2..8 and ring_k 2 or 4, got {self.ring}, {self.ring_k}")
@@ -152,6 +159,8 @@ class Fp4WeightConfig:
                     "Fp4WeightConfig with ring: rows per CTA must divide 128 (the scales' 128-row tiles); "
                     "stages and min_blocks must be 0"
                 )
+            if self.split and self.grouped:
+                raise ValueError("Fp4WeightConfig.split is for the dense form")
             if self.smem_bytes > 227 * 1024:
                 raise ValueError(f"Fp4WeightConfig: {self.ring} ring stages need {self.smem_bytes} B of shared memory")
 
@@ -202,6 +211,7 @@ class Fp4WeightConfig:
             + f"_s{self.stages}" + (f"_l2p{self.l2_prefetch}" if self.l2_prefetch else "")
             + ("_xs" if self.x_scale else "")
             + (f"_ring{self.ring}x{self.ring_k}" if self.ring else "")
+            + ("_split" if self.split else "")
         )
 
 
@@ -223,11 +233,13 @@ class Fp4WeightKernel:
         mOffs: cute.Tensor,  # (E,) int32 cumulative end rows (grouped; dense: unused)
         mGs: cute.Tensor,  # (1,) fp32 global scale (NVFP4) or 1
         mXs: cute.Tensor,  # (rows,) fp32 per-token scales of FP8 activations (x_scale) or unused
+        mWork: cute.Tensor,  # split: (Int32) per-segment counters (zero) + partial-sum slots; else unused
         m_rows: cutlass.Int32,  # dense: M per batch; grouped: total_M
         n: cutlass.Int32,
         k: cutlass.Int32,
         batches: cutlass.Int32,  # L (dense) or E (grouped)
         m_slices: cutlass.Int32,
+        n_ctas: cutlass.Int32,  # split: the persistent grid's CTA count
         tile_stride: cutlass.Int32,  # scale bytes per 128-row tile row
         alpha: cutlass.Float32,
         stream,
@@ -258,9 +270,12 @@ class Fp4WeightKernel:
             tma_atom_x, tma_x = cpasync.make_tiled_tma_atom(
                 cpasync.CopyBulkTensorTileG2SOp(), x2, cute.slice_(sx_layout, (None, None, 0)), (self.cfg.tokens_per_pass, 64)
             )
-            self.kernel_ring(tma_atom, tma_w, tma_atom_x, tma_x, mS, mOut, mOffs, mGs, mXs, m_rows, n, k, tile_stride,
-                             alpha).launch(
-                grid=[grid_x, batches, 1], block=[32 * (1 + self.cfg.warps), 1, 1], stream=stream,
+            grid = [grid_x, batches, 1]
+            if cutlass.const_expr(self.cfg.split):
+                grid = [n_ctas, 1, 1]
+            self.kernel_ring(tma_atom, tma_w, tma_atom_x, tma_x, mS, mOut, mOffs, mGs, mXs, mWork, m_rows, n, k,
+                             batches, n_ctas, tile_stride, alpha).launch(
+                grid=grid, block=[32 * (1 + self.cfg.warps), 1, 1], stream=stream,
             )
             return
         self.kernel(mX, mW, mS, mOut, mOffs, mGs, mXs, m_rows, n, k, m_slices, tile_stride, alpha).launch(
@@ -405,7 +420,7 @@ class Fp4WeightKernel:
 
     @cute.kernel
     def kernel_ring(self, tma_atom: cute.CopyAtom, mW: cute.Tensor, tma_atom_x: cute.CopyAtom, mX2: cute.Tensor, mS,
-                    mOut, mOffs, mGs, mXs, m_rows, n, k, tile_stride, alpha):  # fmt: skip
+                    mOut, mOffs, mGs, mXs, mWork, m_rows, n, k, batches, n_ctas, tile_stride, alpha):  # fmt: skip
         """The streaming ring (``cfg.ring`` > 0). Warp 0 fills stage after stage of shared memory,
         all counted on the stage's full mbarrier: ``ring_k / 2`` TMA boxes of the CTA's weight
         rows x 128 bytes (rows past N and bytes past K/2 arrive as zeros), ``2 ring_k`` TMA boxes
@@ -419,7 +434,13 @@ class Fp4WeightKernel:
         Bank conflicts: a warp's 16-byte weight reads cover two rows per 8 lanes; MMA row g of a
         16-row tile reads weight row g // 2 + 4 (g % 2) (rows 0 and 4, 1 and 5, ...), whose
         swizzled pieces lie in opposite halves of the banks. The stores use the same map. The
-        activation reads (token g, piece 4 (t % 2) + j of box t // 2) are two-way conflicted."""
+        activation reads (token g, piece 4 (t % 2) + j of box t // 2) are two-way conflicted.
+
+        Work: units of (segment, K stage), a segment being one token pass over one CTA-row tile of
+        one batch. Without ``split`` a CTA takes its tile's segments (grid: row tiles x batches;
+        grouped: the expert's passes from offs). With ``split`` (dense) a persistent grid of
+        ``n_ctas`` CTAs takes equal ranges of all units, so every SM streams the same number of
+        weight bytes; a segment cut between CTAs is finished by :meth:`split_finish`."""
         from cutlass import memory
 
         cfg = self.cfg
@@ -431,15 +452,22 @@ class Fp4WeightKernel:
         XB = cfg.x_box_bytes
         side = cfg.side_bytes
         tidx, _, _ = cute.arch.thread_idx()
-        bx, batch, _ = cute.arch.block_idx()
-        _, n_batches, _ = cute.arch.grid_dim()
+        bx, by, _ = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(tidx // 32)
         lane = tidx % 32
-        row_start, row_end, x_base = self.token_range(mOffs, m_rows, batch)
         n_p, cols_p = self.scale_dims(n, k)
         n_chunks = (k + CHUNK_K - 1) // CHUNK_K
         n_kst = (n_chunks + SK - 1) // SK
-        row0 = bx * R  # the CTA's first weight row
+        n_tiles = (n + R - 1) // R
+        row_start, row_end, x_base0 = self.token_range(mOffs, m_rows, by)
+        n_pass = (row_end - row_start + T - 1) // T
+        u_lo = cutlass.Int32(0)
+        u_hi = n_pass * n_kst
+        total = u_hi
+        if cutlass.const_expr(cfg.split):
+            total = batches * n_tiles * n_pass * n_kst
+            u_lo = cutlass.Int32(cutlass.Int64(bx) * cutlass.Int64(total) // cutlass.Int64(n_ctas))
+            u_hi = cutlass.Int32(cutlass.Int64(bx + 1) * cutlass.Int64(total) // cutlass.Int64(n_ctas))
 
         alloc = memory.SmemAllocator()
         sw_layout = self.w_smem_layout()
@@ -448,6 +476,7 @@ class Fp4WeightKernel:
         sX = alloc.allocate_tensor(cutlass.BFloat16, sx_layout.outer, 1024, swizzle=sx_layout.inner)
         sides = alloc.allocate_tensor(cutlass.Int32, cute.make_layout(S * side // 4), 128)
         bars = alloc.allocate_tensor(cutlass.Int64, cute.make_layout(2 * S), 8)
+        sFlag = alloc.allocate_tensor(cutlass.Int32, cute.make_layout(4), 16)
         sRed = None
         if cutlass.const_expr(KW > 1):
             n_acc = RT * NT * 4
@@ -476,32 +505,33 @@ class Fp4WeightKernel:
                 tma_atom, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2),
                 cute.group_modes(cute.local_tile(mW, (R, 128), (None, None, None)), 0, 2),
             )  # fmt: skip
-            s_base = self.scales_base(mS, batch, n_p, cols_p) + cutlass.Int64(row0 // 128) * cutlass.Int64(tile_stride)
             sXb = cute.group_modes(sX, 0, 2)
             it = cutlass.Int32(0)
-            m0 = row_start
-            while m0 < row_end:
+            u = u_lo
+            while u < u_hi:
+                seg, ks, tile, batch, m0, x_base = self.ring_unit(u, n_kst, n_pass, n_tiles, bx, by, row_start, x_base0,
+                                                                  m_rows)  # fmt: skip
                 # (T, 64, K / 64) boxes of this pass's tokens (dense: x_base = the batch's first row)
                 gX = cute.local_tile(cute.domain_offset((cutlass.Int32(x_base) + m0, 0), mX2), (T, 64), (0, None))
                 tXs, tXg = cpasync.tma_partition(tma_atom_x, 0, cute.make_layout(1), sXb, cute.group_modes(gX, 0, 2))
-                for ks in range(n_kst):
-                    slot = it % S
-                    if it >= S:
-                        cute.arch.mbarrier_wait(empty + slot, (it // S + 1) % 2)
-                    c0 = ks * SK
-                    g0 = c0 * (SG // SK)
-                    n_groups = cutlass.min(SG, cols_p // 4 - g0)
-                    if lane == 0:
-                        tx = NB * R * 128 + NX * XB + n_groups * 512
-                        cute.arch.mbarrier_arrive_and_expect_tx(full + slot, tx)
-                        bulk_g2s(side_base + slot * side, s_base + cutlass.Int64(g0 * 512), n_groups * 512, bar_base + slot * 8)
-                    cute.arch.sync_warp()
-                    for j in cutlass.range_constexpr(NB):
-                        cute.copy(tma_atom, tWg[(None, bx, ks * NB + j, batch)], tWs[(None, slot * NB + j)], tma_bar_ptr=full + slot)
-                    for j in cutlass.range_constexpr(NX):
-                        cute.copy(tma_atom_x, tXg[(None, ks * NX + j)], tXs[(None, slot * NX + j)], tma_bar_ptr=full + slot)
-                    it += 1
-                m0 += T
+                s_base = self.scales_base(mS, batch, n_p, cols_p) + cutlass.Int64(tile * R // 128) * cutlass.Int64(tile_stride)
+                slot = it % S
+                if it >= S:
+                    cute.arch.mbarrier_wait(empty + slot, (it // S + 1) % 2)
+                c0 = ks * SK
+                g0 = c0 * (SG // SK)
+                n_groups = cutlass.min(SG, cols_p // 4 - g0)
+                if lane == 0:
+                    tx = NB * R * 128 + NX * XB + n_groups * 512
+                    cute.arch.mbarrier_arrive_and_expect_tx(full + slot, tx)
+                    bulk_g2s(side_base + slot * side, s_base + cutlass.Int64(g0 * 512), n_groups * 512, bar_base + slot * 8)
+                cute.arch.sync_warp()
+                for j in cutlass.range_constexpr(NB):
+                    cute.copy(tma_atom, tWg[(None, tile, ks * NB + j, batch)], tWs[(None, slot * NB + j)], tma_bar_ptr=full + slot)
+                for j in cutlass.range_constexpr(NX):
+                    cute.copy(tma_atom_x, tXg[(None, ks * NX + j)], tXs[(None, slot * NX + j)], tma_bar_ptr=full + slot)
+                it += 1
+                u += 1
         else:
             # ---- consumers ----
             cw = warp - 1
@@ -521,51 +551,143 @@ class Fp4WeightKernel:
             s_off = cute.make_rmem_tensor((RT, 2), cutlass.Int32)
             for rt in cutlass.range_constexpr(RT):
                 for hr in cutlass.range_constexpr(2):
-                    r_loc = rw * (16 * RT) + 16 * rt + 8 * hr + gp
-                    w_row[rt, hr] = r_loc * 128
-                    s_off[rt, hr] = self.scale_in_tile(row0 % 128 + r_loc, t)  # the CTA's rows: one scale tile
+                    w_row[rt, hr] = (rw * (16 * RT) + 16 * rt + 8 * hr + gp) * 128
             acc = cute.make_rmem_tensor((RT, NT, 4), cutlass.Float32)
             rW = cute.make_rmem_tensor((RT, 2, 4), cutlass.Int32)
             rS = cute.make_rmem_tensor((RT, 2), cutlass.Int32)
             it = cutlass.Int32(0)
-            m0 = row_start
-            while m0 < row_end:
-                acc.fill(0.0)
-                for ks in range(n_kst):
-                    slot = it % S
-                    cute.arch.mbarrier_wait(full + slot, (it // S) % 2)
-                    st = side_base + slot * side
-                    for q in cutlass.range_constexpr(SK):
-                        mine = True
-                        if cutlass.const_expr(KW > 1):
-                            mine = kg == q % KW
-                        c = ks * SK + q
-                        if mine and c < n_chunks:
-                            # K values past K (a partial last chunk): zero weights and activations
-                            # (the TMA fills them), unit scales (the scale bytes there are stale)
-                            live = c * CHUNK_K + 32 * t < k
-                            box = w_smem + (slot * NB + q // 2) * (R * 128)
-                            piece = (q % 2) * 4 + t  # 16-byte piece of the 128-byte box row
-                            for rt in cutlass.range_constexpr(RT):
-                                for hr in cutlass.range_constexpr(2):
-                                    words = ld_shared_v4(box + w_row[rt, hr] + (piece ^ gp) * 16)
-                                    for w in cutlass.range_constexpr(4):
-                                        rW[rt, hr, w] = words[w]
-                                    if cutlass.const_expr(self.mx):
-                                        sb = ld_shared_u8(st + s_off[rt, hr] + q * 512)
-                                        rS[rt, hr] = cutlass.select_(live, sb, cutlass.Int32(self.unit_scale))
-                                    else:
-                                        sb = ld_shared_u16(st + s_off[rt, hr] + q * 1024)
-                                        rS[rt, hr] = cutlass.select_(live, sb, cutlass.Int32(self.unit_scale))
-                            xq = x_smem + (slot * NX + 2 * q) * XB
-                            self.mma_chunk(q, rW, rS, xq, x_addr, x_sw, acc, "swizzled")
-                    cute.arch.sync_warp()
-                    if lane == 0:
-                        cute.arch.mbarrier_arrive(empty + slot)
-                    it += 1
-                self.finish_pass(acc, sRed, lane, kg, rw, m0, row_end, x_base, row0 + rw * (16 * RT), n, gs, mXs, mOut,
-                                 32 * W, True)  # fmt: skip
-                m0 += T
+            u = u_lo
+            while u < u_hi:
+                seg, ks, tile, batch, m0, x_base = self.ring_unit(u, n_kst, n_pass, n_tiles, bx, by, row_start, x_base0,
+                                                                  m_rows)  # fmt: skip
+                if ks == 0 or u == u_lo:  # a segment starts here
+                    acc.fill(0.0)
+                for rt in cutlass.range_constexpr(RT):
+                    for hr in cutlass.range_constexpr(2):
+                        # the CTA's rows lie in one 128-row scale tile
+                        s_off[rt, hr] = self.scale_in_tile((tile * R) % 128 + w_row[rt, hr] // 128, t)
+                slot = it % S
+                cute.arch.mbarrier_wait(full + slot, (it // S) % 2)
+                st = side_base + slot * side
+                for q in cutlass.range_constexpr(SK):
+                    mine = True
+                    if cutlass.const_expr(KW > 1):
+                        mine = kg == q % KW
+                    c = ks * SK + q
+                    if mine and c < n_chunks:
+                        # K values past K (a partial last chunk): zero weights and activations
+                        # (the TMA fills them), unit scales (the scale bytes there are stale)
+                        live = c * CHUNK_K + 32 * t < k
+                        box = w_smem + (slot * NB + q // 2) * (R * 128)
+                        piece = (q % 2) * 4 + t  # 16-byte piece of the 128-byte box row
+                        for rt in cutlass.range_constexpr(RT):
+                            for hr in cutlass.range_constexpr(2):
+                                words = ld_shared_v4(box + w_row[rt, hr] + (piece ^ gp) * 16)
+                                for w in cutlass.range_constexpr(4):
+                                    rW[rt, hr, w] = words[w]
+                                if cutlass.const_expr(self.mx):
+                                    sb = ld_shared_u8(st + s_off[rt, hr] + q * 512)
+                                    rS[rt, hr] = cutlass.select_(live, sb, cutlass.Int32(self.unit_scale))
+                                else:
+                                    sb = ld_shared_u16(st + s_off[rt, hr] + q * 1024)
+                                    rS[rt, hr] = cutlass.select_(live, sb, cutlass.Int32(self.unit_scale))
+                        xq = x_smem + (slot * NX + 2 * q) * XB
+                        self.mma_chunk(q, rW, rS, xq, x_addr, x_sw, acc, "swizzled")
+                cute.arch.sync_warp()
+                if lane == 0:
+                    cute.arch.mbarrier_arrive(empty + slot)
+                it += 1
+                if ks == n_kst - 1 or u == u_hi - 1:  # the segment ends here
+                    row0 = tile * R + rw * (16 * RT)
+                    r_end = row_end
+                    if cutlass.const_expr(cfg.split):
+                        r_end = m_rows
+                        su0 = u - ks  # the segment's first unit
+                        if su0 >= u_lo and su0 + n_kst <= u_hi:
+                            self.finish_pass(acc, sRed, lane, kg, rw, m0, r_end, x_base, row0, n, gs, mXs, mOut,
+                                             32 * W, True)  # fmt: skip
+                        else:
+                            self.split_finish(acc, sRed, sFlag, mWork, lane, kg, rw, cw, seg, su0, u_lo, total, n_ctas,
+                                              n_kst, batches * n_tiles * n_pass, m0, r_end, x_base, row0, n, gs, mXs,
+                                              mOut, 32 * W)  # fmt: skip
+                    else:
+                        self.finish_pass(acc, sRed, lane, kg, rw, m0, r_end, x_base, row0, n, gs, mXs, mOut, 32 * W, True)
+                u += 1
+
+    @cute.jit
+    def ring_unit(self, u, n_kst, n_pass, n_tiles, bx, by, row_start, x_base0, m_rows):
+        """Unit u of the ring's work -> (segment, K stage, row tile, batch, first token row of the
+        pass, the batch's first x row). Split: segments run (batch, row tile, pass), passes of a
+        tile back to back (their weight reads hit L2); else the CTA's tile (bx, by) and its passes."""
+        seg = u // n_kst
+        ks = u - seg * n_kst
+        tile = bx
+        batch = by
+        m0 = row_start + seg * self.cfg.tokens_per_pass
+        x_base = x_base0
+        if cutlass.const_expr(self.cfg.split):
+            rest = seg // n_pass
+            tile = rest % n_tiles
+            batch = rest // n_tiles
+            m0 = (seg - rest * n_pass) * self.cfg.tokens_per_pass
+            x_base = cutlass.Int64(batch) * cutlass.Int64(m_rows)
+        return seg, ks, tile, batch, m0, x_base
+
+    @cute.jit
+    def split_finish(self, acc, sRed, sFlag, mWork, lane, kg, rw, cw, seg, su0, u_lo, total, n_ctas, n_kst, n_segs,
+                     m0, row_end, x_base, row0, n, gs, mXs, mOut, bar_threads: cutlass.Constexpr):  # fmt: skip
+        """A segment cut between CTAs (``split``): its K groups meet (``sRed``), K group 0 writes
+        its fp32 partial sums to the CTA's slot in ``mWork`` and one thread counts the CTA in on
+        the segment's counter (acq_rel, GPU scope). The CTA that completes the count adds the
+        partials of every contributor in CTA order (its own from registers: the sum is the same
+        whatever the arrival order, so results are deterministic), stores the fragment and resets
+        the counter for the next launch. Nobody waits for another CTA.
+
+        mWork (Int32 words): n_segs counters (rounded up to 4), then 2 slots per CTA of
+        warps_n x n_acc x 32 fp32: slot 0 for the segment holding the CTA's first unit, 1 for
+        the one holding its last (the units between are whole segments, stored directly)."""
+        cfg = self.cfg
+        RT, NT, RW = cfg.row_tiles, cfg.n_tiles, cfg.warps_n
+        n_acc = RT * NT * 4
+        slot_words = RW * n_acc * 32
+        slots0 = (n_segs + 3) // 4 * 4
+        me = cute.arch.block_idx()[0]
+        mWf = cute.make_tensor(cute.recast_ptr(mWork.iterator, dtype=cutlass.Float32), mWork.layout)
+        G64 = cutlass.Int64(n_ctas)
+        T64 = cutlass.Int64(total)
+        c_first = cutlass.Int32((cutlass.Int64(su0 + 1) * G64 - 1) // T64)
+        c_last = cutlass.Int32((cutlass.Int64(su0 + n_kst) * G64 - 1) // T64)
+        self.reduce_k_groups(acc, sRed, lane, kg, rw, bar_threads)
+        if kg == 0:
+            base = slots0 + (me * 2 + cutlass.select_(u_lo >= su0, 0, 1)) * slot_words + rw * n_acc * 32 + lane
+            for v in cutlass.range_constexpr(n_acc):
+                mWf[base + v * 32] = acc[v // (NT * 4), (v // 4) % NT, v % 4]
+            cute.arch.fence_acq_rel_gpu()
+        self.sync(bar_threads)
+        if cw == 0 and lane == 0:
+            old = cute.arch.atomic_add(mWork.iterator + seg, cutlass.Int32(1), sem="acq_rel", scope="gpu")
+            last = cutlass.Int32(old) == c_last - c_first
+            sFlag[0] = cutlass.select_(last, 1, 0)
+            if last:
+                mWork[seg] = 0  # every contributor has counted in: ready for the next launch
+        self.sync(bar_threads)
+        if sFlag[0] == 1:
+            cute.arch.fence_acq_rel_gpu()
+            if kg == 0:
+                tot = cute.make_rmem_tensor((RT, NT, 4), cutlass.Float32)
+                tot.fill(0.0)
+                for c in range(c_first, c_last + 1):
+                    if c == me:
+                        for v in cutlass.range_constexpr(n_acc):
+                            tot[v // (NT * 4), (v // 4) % NT, v % 4] += acc[v // (NT * 4), (v // 4) % NT, v % 4]
+                    else:
+                        c_lo = cutlass.Int32(cutlass.Int64(c) * T64 // G64)  # CTA c's first unit
+                        base = slots0 + (c * 2 + cutlass.select_(c_lo >= su0, 0, 1)) * slot_words + rw * n_acc * 32 + lane
+                        addr = mWork.iterator.toint() + cutlass.Int64(base) * 4
+                        for v in cutlass.range_constexpr(n_acc):
+                            tot[v // (NT * 4), (v // 4) % NT, v % 4] += ld_global_cg_f32(addr + v * 128)
+                self.store_fragment(tot, lane, m0, row_end, x_base, row0, n, gs, mXs, mOut, True)
+        self.sync(bar_threads)  # sFlag and sRed are rewritten by the next segment
 
     @cute.jit
     def sync(self, bar_threads: cutlass.Constexpr):
@@ -582,13 +704,18 @@ class Fp4WeightKernel:
         K group 0 scales and stores its fragment (tokens < row_end, weight rows < n). ``lane``
         comes from the caller (recomputing it here cost a register spill in :meth:`kernel`).
         ``permuted``: MMA row g holds weight row g // 2 + 4 (g % 2) (:meth:`kernel_ring`)."""
+        self.reduce_k_groups(acc, sRed, lane, kg, rw, bar_threads)
+        if kg == 0:
+            self.store_fragment(acc, lane, m0, row_end, x_base, row0, n, gs, mXs, mOut, permuted)
+        if cutlass.const_expr(self.cfg.warps_k > 1):
+            self.sync(bar_threads)  # sRed is rewritten by the next pass
+
+    @cute.jit
+    def reduce_k_groups(self, acc, sRed, lane, kg, rw, bar_threads: cutlass.Constexpr):
+        """K groups 1.. add their partial sums into K group 0's ``acc`` through ``sRed``."""
         cfg = self.cfg
         RT, NT, KW = cfg.row_tiles, cfg.n_tiles, cfg.warps_k
         n_acc = RT * NT * 4
-        g = lane // 4
-        t = lane % 4
-        if cutlass.const_expr(permuted):
-            g = g // 2 + 4 * (g % 2)
         if cutlass.const_expr(KW > 1):
             if kg > 0:
                 for v in cutlass.range_constexpr(n_acc):
@@ -598,23 +725,30 @@ class Fp4WeightKernel:
                 for kk in cutlass.range_constexpr(KW - 1):
                     for v in cutlass.range_constexpr(n_acc):
                         acc[v // (NT * 4), (v // 4) % NT, v % 4] += sRed[v, lane, rw, kk]
-        # out[m, n]: acc (rt, nt, 2 hr + i) is weight row 16 rt + 8 hr + g, token 8 nt + 2 t + i
-        if kg == 0:
-            for rt in cutlass.range_constexpr(RT):
-                for hr in cutlass.range_constexpr(2):
-                    col_n = row0 + 16 * rt + 8 * hr + g
-                    for nt in cutlass.range_constexpr(NT):
-                        for i in cutlass.range_constexpr(2):
-                            m = m0 + nt * 8 + 2 * t + i
-                            if m < row_end:
-                                if col_n < n:
-                                    y = acc[rt, nt, 2 * hr + i] * gs
-                                    if cutlass.const_expr(cfg.x_scale):
-                                        y = y * mXs[x_base + cutlass.Int64(m)]
-                                    v = self.out_dtype(y)
-                                    mOut[(x_base + cutlass.Int64(m)) * cutlass.Int64(n) + cutlass.Int64(col_n)] = v
-        if cutlass.const_expr(KW > 1):
-            self.sync(bar_threads)  # sRed is rewritten by the next pass
+
+    @cute.jit
+    def store_fragment(self, acc, lane, m0, row_end, x_base, row0, n, gs, mXs, mOut, permuted: cutlass.Constexpr):
+        """out[m, n] = acc x gs (x the token's scale): acc (rt, nt, 2 hr + i) is weight row
+        row0 + 16 rt + 8 hr + g, token m0 + 8 nt + 2 t + i; tokens < row_end, rows < n."""
+        cfg = self.cfg
+        RT, NT = cfg.row_tiles, cfg.n_tiles
+        g = lane // 4
+        t = lane % 4
+        if cutlass.const_expr(permuted):
+            g = g // 2 + 4 * (g % 2)
+        for rt in cutlass.range_constexpr(RT):
+            for hr in cutlass.range_constexpr(2):
+                col_n = row0 + 16 * rt + 8 * hr + g
+                for nt in cutlass.range_constexpr(NT):
+                    for i in cutlass.range_constexpr(2):
+                        m = m0 + nt * 8 + 2 * t + i
+                        if m < row_end:
+                            if col_n < n:
+                                y = acc[rt, nt, 2 * hr + i] * gs
+                                if cutlass.const_expr(cfg.x_scale):
+                                    y = y * mXs[x_base + cutlass.Int64(m)]
+                                v = self.out_dtype(y)
+                                mOut[(x_base + cutlass.Int64(m)) * cutlass.Int64(n) + cutlass.Int64(col_n)] = v
 
     @property
     def unit_scale(self) -> int:
@@ -772,7 +906,8 @@ def fake_args(cfg: Fp4WeightConfig):
         _flat(cutlass.Int32, 1, 4),
         _flat(cutlass.Float32, 1, 4),
         _flat(cutlass.Float32, 1, 4),
-        i32, i32, i32, i32, i32, i32,
+        _flat(cutlass.Int32, 1, 16),
+        i32, i32, i32, i32, i32, i32, i32,
         cutlass.Float32(1.0),
         make_fake_stream(use_tvm_ffi_env_stream=True),
     )  # fmt: skip
@@ -807,6 +942,10 @@ def all_configs(arch: str) -> list[Fp4WeightConfig]:
     # the register-prefetch pipeline and other ring shapes
     out.append(Fp4WeightConfig(fmt="nvfp4", n_tiles=2, warps_n=1, warps_k=2, stages=0, l2_prefetch=256, arch=arch))
     out.append(Fp4WeightConfig(fmt="mxfp4", n_tiles=1, warps_n=8, warps_k=1, stages=0, ring=2, ring_k=4, arch=arch))
+    # the split ring (persistent grid), 128- and 64-row CTAs
+    out.append(Fp4WeightConfig(fmt="nvfp4", row_tiles=2, warps_n=4, warps_k=2, stages=0, ring=4, split=True, arch=arch))
+    out.append(Fp4WeightConfig(fmt="mxfp4", out_dtype="fp32", n_tiles=4, warps_n=4, warps_k=1, stages=0, ring=3,
+                               split=True, arch=arch))  # fmt: skip
     return list(dict.fromkeys(out))
 
 

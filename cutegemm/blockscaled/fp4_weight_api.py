@@ -180,6 +180,9 @@ def gemm_fp4_weight(
         gs = _scalar_on(1.0, dev)
     gs = gs.detach().to(device=dev, dtype=torch.float32).reshape(1)
     m_slices = 1  # a CTA's passes over its weight rows run back to back: the repeats hit L2
+    n_ctas, work = 0, gs.view(torch.int32)
+    if cfg.split:
+        n_ctas, work = _split_work(cfg, dev, m, n, k, batches)
     kernel_cache().get(cfg)(
         xf.view(torch.int32).reshape(-1),
         data.view(torch.int32),
@@ -188,15 +191,48 @@ def gemm_fp4_weight(
         offs if grouped else gs.view(torch.int32),  # dense: unused
         gs,
         scale_a if x_scale else gs,  # unused without scale_a
+        work,
         m,
         n,
         k,
         batches,
         m_slices,
+        n_ctas,
         128 * cols_p,
         float(alpha),
     )
     return out
+
+
+_WORKSPACES: dict = {}
+
+
+def _split_work(cfg, dev: torch.device, m: int, n: int, k: int, batches: int) -> tuple[int, torch.Tensor]:
+    """(CTA count, workspace) of a split launch: as many CTAs as fit on the GPU at once (never
+    more than there are units), and an Int32 workspace of one counter per segment (zero; the
+    kernel leaves them zero) + 2 partial-sum slots per CTA. Cached per (device, stream): calls
+    on one stream run one after another, so they can share it; another stream gets its own."""
+    from .fp4_math import CHUNK_K
+
+    segs = batches * -(-n // cfg.rows_per_cta) * -(-m // cfg.tokens_per_pass)
+    n_chunks = -(-k // CHUNK_K)
+    units = segs * -(-n_chunks // cfg.ring_k)
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    sms = _sm_count(idx)
+    per_sm = max(1, min(2, (227 * 1024) // cfg.smem_bytes))
+    n_ctas = max(1, min(units, sms * per_sm))
+    words = -(-segs // 4) * 4 + n_ctas * 2 * cfg.rows_per_cta * cfg.tokens_per_pass
+    key = (idx, torch.cuda.current_stream(idx).cuda_stream)
+    ws = _WORKSPACES.get(key)
+    if ws is None or ws.numel() < words:
+        ws = torch.zeros(max(words, 2 * (ws.numel() if ws is not None else 0)), dtype=torch.int32, device=dev)
+        _WORKSPACES[key] = ws
+    return n_ctas, ws
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def gemm_fp4_weight_ref(

@@ -54,6 +54,13 @@ def ld_global_v4(addr, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def ld_global_cg_f32(addr, *, loc=None, ip=None):
+    """One fp32 from global memory through L2 only (``.cg``: another CTA's fresh store)."""
+    return _asm("ld.global.cg.f32 $0, [$1];", [_i64(addr, loc, ip)], "=f,l", 1, out=cutlass.Float32, effects=True,
+                loc=loc, ip=ip)  # fmt: skip
+
+
+@dsl_user_op
 def ld_global_u8(addr, *, loc=None, ip=None):
     return _asm("ld.global.nc.u8 $0, [$1];", [_i64(addr, loc, ip)], "=r,l", 1, loc=loc, ip=ip)
 
