@@ -4,6 +4,8 @@ with empty experts and rows past the last offset untouched; CUDA-graph replay wi
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -164,7 +166,7 @@ SPLIT_SHAPES = [
     sms=st.sampled_from([1, 2, 3, 5, 132]),
     out_dtype=st.sampled_from([torch.bfloat16, torch.float32]),
 )
-def test_split_ring(m, n, kb, fmt, shape, sms, out_dtype, monkeypatch):
+def test_split_ring(m, n, kb, fmt, shape, sms, out_dtype):
     """The split (persistent, equal unit ranges) ring: segments cut between 1..many CTAs, CTAs
     spanning several segments (the SM count is faked to vary the cut points), several token
     passes, K tails; every output written once, deterministic, the counters left at zero (every
@@ -173,16 +175,16 @@ def test_split_ring(m, n, kb, fmt, shape, sms, out_dtype, monkeypatch):
 
     from cutegemm.blockscaled import fp4_weight_api as api
 
-    monkeypatch.setattr(api, "_sm_count", lambda index: sms)
     k = 32 * kb
     qw = _weights((n, k), fmt, seed=n * 13 + kb)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     cfg = replace(api.pick_config(m, fmt, out_dtype, api._arch(0), False, 1), stages=0, l2_prefetch=0, split=True,
                   **shape)  # fmt: skip
     out = torch.full((m, n), POISON, device="cuda", dtype=out_dtype)
-    api.gemm_fp4_weight(x, qw, out=out, config=cfg)
-    _check(out, x, qw)
-    again = api.gemm_fp4_weight(x, qw, out_dtype=out_dtype, config=cfg)
+    with mock.patch.object(api, "_sm_count", lambda index: sms):
+        api.gemm_fp4_weight(x, qw, out=out, config=cfg)
+        _check(out, x, qw)
+        again = api.gemm_fp4_weight(x, qw, out_dtype=out_dtype, config=cfg)
     assert torch.equal(again, out), "split results differ between two runs"
 
 

@@ -508,9 +508,10 @@ class Fp4WeightKernel:
             sXb = cute.group_modes(sX, 0, 2)
             it = cutlass.Int32(0)
             u = u_lo
+            seg = u_lo // n_kst
+            ks = u_lo - seg * n_kst
             while u < u_hi:
-                seg, ks, tile, batch, m0, x_base = self.ring_unit(u, n_kst, n_pass, n_tiles, bx, by, row_start, x_base0,
-                                                                  m_rows)  # fmt: skip
+                tile, batch, m0, x_base = self.ring_segment(seg, n_pass, n_tiles, bx, by, row_start, x_base0, m_rows)
                 # (T, 64, K / 64) boxes of this pass's tokens (dense: x_base = the batch's first row)
                 gX = cute.local_tile(cute.domain_offset((cutlass.Int32(x_base) + m0, 0), mX2), (T, 64), (0, None))
                 tXs, tXg = cpasync.tma_partition(tma_atom_x, 0, cute.make_layout(1), sXb, cute.group_modes(gX, 0, 2))
@@ -532,6 +533,10 @@ class Fp4WeightKernel:
                     cute.copy(tma_atom_x, tXg[(None, ks * NX + j)], tXs[(None, slot * NX + j)], tma_bar_ptr=full + slot)
                 it += 1
                 u += 1
+                ks += 1
+                if ks == n_kst:
+                    ks = 0
+                    seg += 1
         else:
             # ---- consumers ----
             cw = warp - 1
@@ -552,20 +557,24 @@ class Fp4WeightKernel:
             for rt in cutlass.range_constexpr(RT):
                 for hr in cutlass.range_constexpr(2):
                     w_row[rt, hr] = (rw * (16 * RT) + 16 * rt + 8 * hr + gp) * 128
+                    if cutlass.const_expr(R == 128):
+                        s_off[rt, hr] = self.scale_in_tile(w_row[rt, hr] // 128, t)
             acc = cute.make_rmem_tensor((RT, NT, 4), cutlass.Float32)
             rW = cute.make_rmem_tensor((RT, 2, 4), cutlass.Int32)
             rS = cute.make_rmem_tensor((RT, 2), cutlass.Int32)
             it = cutlass.Int32(0)
             u = u_lo
+            seg = u_lo // n_kst
+            ks = u_lo - seg * n_kst
             while u < u_hi:
-                seg, ks, tile, batch, m0, x_base = self.ring_unit(u, n_kst, n_pass, n_tiles, bx, by, row_start, x_base0,
-                                                                  m_rows)  # fmt: skip
                 if ks == 0 or u == u_lo:  # a segment starts here
                     acc.fill(0.0)
-                for rt in cutlass.range_constexpr(RT):
-                    for hr in cutlass.range_constexpr(2):
-                        # the CTA's rows lie in one 128-row scale tile
-                        s_off[rt, hr] = self.scale_in_tile((tile * R) % 128 + w_row[rt, hr] // 128, t)
+                if cutlass.const_expr(R < 128):
+                    tile = self.ring_segment(seg, n_pass, n_tiles, bx, by, row_start, x_base0, m_rows)[0]
+                    for rt in cutlass.range_constexpr(RT):
+                        for hr in cutlass.range_constexpr(2):
+                            # the CTA's rows lie in one 128-row scale tile
+                            s_off[rt, hr] = self.scale_in_tile((tile * R) % 128 + w_row[rt, hr] // 128, t)
                 slot = it % S
                 cute.arch.mbarrier_wait(full + slot, (it // S) % 2)
                 st = side_base + slot * side
@@ -598,29 +607,39 @@ class Fp4WeightKernel:
                     cute.arch.mbarrier_arrive(empty + slot)
                 it += 1
                 if ks == n_kst - 1 or u == u_hi - 1:  # the segment ends here
-                    row0 = tile * R + rw * (16 * RT)
-                    r_end = row_end
-                    if cutlass.const_expr(cfg.split):
-                        r_end = m_rows
-                        su0 = u - ks  # the segment's first unit
-                        if su0 >= u_lo and su0 + n_kst <= u_hi:
-                            self.finish_pass(acc, sRed, lane, kg, rw, m0, r_end, x_base, row0, n, gs, mXs, mOut,
-                                             32 * W, True)  # fmt: skip
-                        else:
-                            self.split_finish(acc, sRed, sFlag, mWork, lane, kg, rw, cw, seg, su0, u_lo, total, n_ctas,
-                                              n_kst, batches * n_tiles * n_pass, m0, r_end, x_base, row0, n, gs, mXs,
-                                              mOut, 32 * W)  # fmt: skip
-                    else:
-                        self.finish_pass(acc, sRed, lane, kg, rw, m0, r_end, x_base, row0, n, gs, mXs, mOut, 32 * W, True)
+                    self.end_segment(acc, sRed, sFlag, mWork, lane, kg, rw, cw, seg, u - ks, u_lo, u_hi, total, n_ctas,
+                                     n_kst, n_pass, n_tiles, batches, bx, by, row_start, row_end, x_base0, m_rows, n,
+                                     gs, mXs, mOut)  # fmt: skip
                 u += 1
+                ks += 1
+                if ks == n_kst:
+                    ks = 0
+                    seg += 1
 
     @cute.jit
-    def ring_unit(self, u, n_kst, n_pass, n_tiles, bx, by, row_start, x_base0, m_rows):
-        """Unit u of the ring's work -> (segment, K stage, row tile, batch, first token row of the
-        pass, the batch's first x row). Split: segments run (batch, row tile, pass), passes of a
-        tile back to back (their weight reads hit L2); else the CTA's tile (bx, by) and its passes."""
-        seg = u // n_kst
-        ks = u - seg * n_kst
+    def end_segment(self, acc, sRed, sFlag, mWork, lane, kg, rw, cw, seg, su0, u_lo, u_hi, total, n_ctas, n_kst,
+                    n_pass, n_tiles, batches, bx, by, row_start, row_end, x_base0, m_rows, n, gs, mXs, mOut):  # fmt: skip
+        """The consumers at the end of segment ``seg`` (first unit ``su0``): store it, or (split,
+        the segment cut between CTAs) :meth:`split_finish`."""
+        cfg = self.cfg
+        tile, batch, m0, x_base = self.ring_segment(seg, n_pass, n_tiles, bx, by, row_start, x_base0, m_rows)
+        row0 = tile * cfg.rows_per_cta + rw * (16 * cfg.row_tiles)
+        bar = 32 * cfg.warps
+        if cutlass.const_expr(cfg.split):
+            if su0 >= u_lo and su0 + n_kst <= u_hi:
+                self.finish_pass(acc, sRed, lane, kg, rw, m0, m_rows, x_base, row0, n, gs, mXs, mOut, bar, True)
+            else:
+                self.split_finish(acc, sRed, sFlag, mWork, lane, kg, rw, cw, seg, su0, u_lo, total, n_ctas, n_kst,
+                                  batches * n_tiles * n_pass, m0, m_rows, x_base, row0, n, gs, mXs, mOut, bar)  # fmt: skip
+        else:
+            self.finish_pass(acc, sRed, lane, kg, rw, m0, row_end, x_base, row0, n, gs, mXs, mOut, bar, True)
+
+    @cute.jit
+    def ring_segment(self, seg, n_pass, n_tiles, bx, by, row_start, x_base0, m_rows):
+        """Segment ``seg`` of the ring's work (units: segment x K stages) -> (row tile, batch, first
+        token row of the pass, the batch's first x row). Split: segments run (batch, row tile,
+        pass), a tile's passes back to back (their weight reads hit L2); else the CTA's own tile
+        (bx, by) and its passes."""
         tile = bx
         batch = by
         m0 = row_start + seg * self.cfg.tokens_per_pass
@@ -631,7 +650,7 @@ class Fp4WeightKernel:
             batch = rest // n_tiles
             m0 = (seg - rest * n_pass) * self.cfg.tokens_per_pass
             x_base = cutlass.Int64(batch) * cutlass.Int64(m_rows)
-        return seg, ks, tile, batch, m0, x_base
+        return tile, batch, m0, x_base
 
     @cute.jit
     def split_finish(self, acc, sRed, sFlag, mWork, lane, kg, rw, cw, seg, su0, u_lo, total, n_ctas, n_kst, n_segs,
