@@ -233,13 +233,14 @@ class Fp4WeightKernel:
         mOffs: cute.Tensor,  # (E,) int32 cumulative end rows (grouped; dense: unused)
         mGs: cute.Tensor,  # (1,) fp32 global scale (NVFP4) or 1
         mXs: cute.Tensor,  # (rows,) fp32 per-token scales of FP8 activations (x_scale) or unused
-        mWork: cute.Tensor,  # split: (Int32) per-segment counters (zero) + partial-sum slots; else unused
+        mWork: cute.Tensor,  # split: (Int32) per-segment counters (zero), partial-sum slots from word slot0
         m_rows: cutlass.Int32,  # dense: M per batch; grouped: total_M
         n: cutlass.Int32,
         k: cutlass.Int32,
         batches: cutlass.Int32,  # L (dense) or E (grouped)
         m_slices: cutlass.Int32,
         n_ctas: cutlass.Int32,  # split: the persistent grid's CTA count
+        slot0: cutlass.Int32,  # split: first word of the slots in mWork (>= the segment count)
         tile_stride: cutlass.Int32,  # scale bytes per 128-row tile row
         alpha: cutlass.Float32,
         stream,
@@ -274,7 +275,7 @@ class Fp4WeightKernel:
             if cutlass.const_expr(self.cfg.split):
                 grid = [n_ctas, 1, 1]
             self.kernel_ring(tma_atom, tma_w, tma_atom_x, tma_x, mS, mOut, mOffs, mGs, mXs, mWork, m_rows, n, k,
-                             batches, n_ctas, tile_stride, alpha).launch(
+                             batches, n_ctas, slot0, tile_stride, alpha).launch(
                 grid=grid, block=[32 * (1 + self.cfg.warps), 1, 1], stream=stream,
             )
             return
@@ -420,7 +421,7 @@ class Fp4WeightKernel:
 
     @cute.kernel
     def kernel_ring(self, tma_atom: cute.CopyAtom, mW: cute.Tensor, tma_atom_x: cute.CopyAtom, mX2: cute.Tensor, mS,
-                    mOut, mOffs, mGs, mXs, mWork, m_rows, n, k, batches, n_ctas, tile_stride, alpha):  # fmt: skip
+                    mOut, mOffs, mGs, mXs, mWork, m_rows, n, k, batches, n_ctas, slot0, tile_stride, alpha):  # fmt: skip
         """The streaming ring (``cfg.ring`` > 0). Warp 0 fills stage after stage of shared memory,
         all counted on the stage's full mbarrier: ``ring_k / 2`` TMA boxes of the CTA's weight
         rows x 128 bytes (rows past N and bytes past K/2 arrive as zeros), ``2 ring_k`` TMA boxes
@@ -607,7 +608,7 @@ class Fp4WeightKernel:
                     cute.arch.mbarrier_arrive(empty + slot)
                 it += 1
                 if ks == n_kst - 1 or u == u_hi - 1:  # the segment ends here
-                    self.end_segment(acc, sRed, sFlag, mWork, lane, kg, rw, cw, seg, u - ks, u_lo, u_hi, total, n_ctas,
+                    self.end_segment(acc, sRed, sFlag, mWork, slot0, lane, kg, rw, cw, seg, u - ks, u_lo, u_hi, total, n_ctas,
                                      n_kst, n_pass, n_tiles, batches, bx, by, row_start, row_end, x_base0, m_rows, n,
                                      gs, mXs, mOut)  # fmt: skip
                 u += 1
@@ -617,7 +618,7 @@ class Fp4WeightKernel:
                     seg += 1
 
     @cute.jit
-    def end_segment(self, acc, sRed, sFlag, mWork, lane, kg, rw, cw, seg, su0, u_lo, u_hi, total, n_ctas, n_kst,
+    def end_segment(self, acc, sRed, sFlag, mWork, slot0, lane, kg, rw, cw, seg, su0, u_lo, u_hi, total, n_ctas, n_kst,
                     n_pass, n_tiles, batches, bx, by, row_start, row_end, x_base0, m_rows, n, gs, mXs, mOut):  # fmt: skip
         """The consumers at the end of segment ``seg`` (first unit ``su0``): store it, or (split,
         the segment cut between CTAs) :meth:`split_finish`."""
@@ -629,8 +630,8 @@ class Fp4WeightKernel:
             if su0 >= u_lo and su0 + n_kst <= u_hi:
                 self.finish_pass(acc, sRed, lane, kg, rw, m0, m_rows, x_base, row0, n, gs, mXs, mOut, bar, True)
             else:
-                self.split_finish(acc, sRed, sFlag, mWork, lane, kg, rw, cw, seg, su0, u_lo, total, n_ctas, n_kst,
-                                  batches * n_tiles * n_pass, m0, m_rows, x_base, row0, n, gs, mXs, mOut, bar)  # fmt: skip
+                self.split_finish(acc, sRed, sFlag, mWork, slot0, lane, kg, rw, cw, seg, su0, u_lo, total, n_ctas, n_kst,
+                                  m0, m_rows, x_base, row0, n, gs, mXs, mOut, bar)  # fmt: skip
         else:
             self.finish_pass(acc, sRed, lane, kg, rw, m0, row_end, x_base, row0, n, gs, mXs, mOut, bar, True)
 
@@ -653,7 +654,7 @@ class Fp4WeightKernel:
         return tile, batch, m0, x_base
 
     @cute.jit
-    def split_finish(self, acc, sRed, sFlag, mWork, lane, kg, rw, cw, seg, su0, u_lo, total, n_ctas, n_kst, n_segs,
+    def split_finish(self, acc, sRed, sFlag, mWork, slot0, lane, kg, rw, cw, seg, su0, u_lo, total, n_ctas, n_kst,
                      m0, row_end, x_base, row0, n, gs, mXs, mOut, bar_threads: cutlass.Constexpr):  # fmt: skip
         """A segment cut between CTAs (``split``): its K groups meet (``sRed``), K group 0 writes
         its fp32 partial sums to the CTA's slot in ``mWork`` and one thread counts the CTA in on
@@ -662,14 +663,15 @@ class Fp4WeightKernel:
         whatever the arrival order, so results are deterministic), stores the fragment and resets
         the counter for the next launch. Nobody waits for another CTA.
 
-        mWork (Int32 words): n_segs counters (rounded up to 4), then 2 slots per CTA of
+        mWork (Int32 words): one counter per segment, then from word ``slot0`` (the host keeps it
+        past every counter, so a later call's slots never land on a counter) 2 slots per CTA of
         warps_n x n_acc x 32 fp32: slot 0 for the segment holding the CTA's first unit, 1 for
         the one holding its last (the units between are whole segments, stored directly)."""
         cfg = self.cfg
         RT, NT, RW = cfg.row_tiles, cfg.n_tiles, cfg.warps_n
         n_acc = RT * NT * 4
         slot_words = RW * n_acc * 32
-        slots0 = (n_segs + 3) // 4 * 4
+        slots0 = slot0
         me = cute.arch.block_idx()[0]
         mWf = cute.make_tensor(cute.recast_ptr(mWork.iterator, dtype=cutlass.Float32), mWork.layout)
         G64 = cutlass.Int64(n_ctas)
@@ -926,7 +928,7 @@ def fake_args(cfg: Fp4WeightConfig):
         _flat(cutlass.Float32, 1, 4),
         _flat(cutlass.Float32, 1, 4),
         _flat(cutlass.Int32, 1, 16),
-        i32, i32, i32, i32, i32, i32, i32,
+        i32, i32, i32, i32, i32, i32, i32, i32,
         cutlass.Float32(1.0),
         make_fake_stream(use_tvm_ffi_env_stream=True),
     )  # fmt: skip

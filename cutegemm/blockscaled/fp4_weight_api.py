@@ -92,6 +92,10 @@ def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bo
         # the same ring with 8 x 16-row warps: the 4 x 2 split spills two registers here (2.89x vs
         # 2.95x torch._grouped_mm with the spill, same run)
         shape = dict(ring=4, ring_k=2, row_tiles=1, warps_n=8, warps_k=1, stages=0)
+    if not grouped and rows > 8 * n_tiles:
+        # several token passes (dense): the split grid (equal unit ranges per CTA) measured 84 vs
+        # 92 us at M=64 (H200, 2026-11-30); with one pass it was slower (43 vs 34 us at M=16)
+        shape["split"] = True
     return Fp4WeightConfig(
         fmt=fmt, n_tiles=n_tiles, grouped=grouped, out_dtype=_OUT[out_dtype], arch=arch, x_scale=x_scale, **shape
     )
@@ -180,9 +184,9 @@ def gemm_fp4_weight(
         gs = _scalar_on(1.0, dev)
     gs = gs.detach().to(device=dev, dtype=torch.float32).reshape(1)
     m_slices = 1  # a CTA's passes over its weight rows run back to back: the repeats hit L2
-    n_ctas, work = 0, gs.view(torch.int32)
+    n_ctas, work, slot0 = 0, gs.view(torch.int32), 0
     if cfg.split:
-        n_ctas, work = _split_work(cfg, dev, m, n, k, batches)
+        n_ctas, work, slot0 = _split_work(cfg, dev, m, n, k, batches)
     kernel_cache().get(cfg)(
         xf.view(torch.int32).reshape(-1),
         data.view(torch.int32),
@@ -198,6 +202,7 @@ def gemm_fp4_weight(
         batches,
         m_slices,
         n_ctas,
+        slot0,
         128 * cols_p,
         float(alpha),
     )
@@ -207,27 +212,28 @@ def gemm_fp4_weight(
 _WORKSPACES: dict = {}
 
 
-def _split_work(cfg, dev: torch.device, m: int, n: int, k: int, batches: int) -> tuple[int, torch.Tensor]:
-    """(CTA count, workspace) of a split launch: as many CTAs as fit on the GPU at once (never
-    more than there are units), and an Int32 workspace of one counter per segment (zero; the
-    kernel leaves them zero) + 2 partial-sum slots per CTA. Cached per (device, stream): calls
-    on one stream run one after another, so they can share it; another stream gets its own."""
+def _split_work(cfg, dev: torch.device, m: int, n: int, k: int, batches: int) -> tuple[int, torch.Tensor, int]:
+    """(CTA count, workspace, first slot word) of a split launch: as many CTAs as fit on the GPU
+    at once (never more than there are units) and an Int32 workspace: a counter region (zero;
+    every launch leaves its counters zero) that only grows, then 2 partial-sum slots per CTA.
+    Cached per (device, stream): calls on one stream run one after another, so they share it;
+    another stream (or a graph's capture stream) gets its own."""
     from .fp4_math import CHUNK_K
 
     segs = batches * -(-n // cfg.rows_per_cta) * -(-m // cfg.tokens_per_pass)
     n_chunks = -(-k // CHUNK_K)
     units = segs * -(-n_chunks // cfg.ring_k)
     idx = dev.index if dev.index is not None else torch.cuda.current_device()
-    sms = _sm_count(idx)
     per_sm = max(1, min(2, (227 * 1024) // cfg.smem_bytes))
-    n_ctas = max(1, min(units, sms * per_sm))
-    words = -(-segs // 4) * 4 + n_ctas * 2 * cfg.rows_per_cta * cfg.tokens_per_pass
+    n_ctas = max(1, min(units, _sm_count(idx) * per_sm))
+    slot_words = n_ctas * 2 * cfg.rows_per_cta * cfg.tokens_per_pass
     key = (idx, torch.cuda.current_stream(idx).cuda_stream)
-    ws = _WORKSPACES.get(key)
-    if ws is None or ws.numel() < words:
-        ws = torch.zeros(max(words, 2 * (ws.numel() if ws is not None else 0)), dtype=torch.int32, device=dev)
-        _WORKSPACES[key] = ws
-    return n_ctas, ws
+    ws, counters = _WORKSPACES.get(key, (None, 0))
+    if ws is None or counters < segs or ws.numel() < counters + slot_words:
+        counters = max(counters, -(-segs // 256) * 256)
+        ws = torch.zeros(max(counters + slot_words, ws.numel() if ws is not None else 0), dtype=torch.int32, device=dev)
+        _WORKSPACES[key] = (ws, counters)
+    return n_ctas, ws, counters
 
 
 @functools.cache
