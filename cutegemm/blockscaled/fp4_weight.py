@@ -15,26 +15,29 @@ built around streaming them once at full bandwidth:
   fragments itself (read from the ring's shared memory, or loaded straight into registers). The order of K inside
   an MMA is free as long as both operands agree: the 8 nibbles of a 32-bit word are paired as
   (k, k+4), which makes the e2m1 -> bf16 conversion two shifts and masks per pair; the
-  activations get the same pairing in the host-side reorder (below).
+  activations get the same pairing from four PRMTs per 16-byte read (the ring) or from a
+  host-side reorder (the older pipelines, below).
 * e2m1 -> bf16 is exact: the nibble's magnitude bits land in the bf16 exponent/mantissa so that
   the bf16 value is ``e2m1 * 2**-126`` (the 0.5 code is a bf16 subnormal, which bf16 arithmetic
   keeps), and one packed bf16 multiply by ``scale * 2**118`` (NVFP4; exact: an e4m3 scale times
   an e2m1 value has <= 6 significant bits) gives ``w * scale * 2**-8``; the 2**8 and the global
   scale are applied to the fp32 accumulators at the end. MXFP4 (scales 2**-127 .. 2**127) takes
   two multiplies, by 2**126 then by the scale, so no intermediate over/underflows.
-* Weight loads bypass L1 (they are read once); activations are small and re-read by every warp
-  through L1, in a fragment order prepared on the host (``fragment_order_x``: one small copy
-  of x per call) so a warp's activation load is 512 contiguous bytes.
+* Older pipelines: weight loads bypass L1 (they are read once); activations are small and re-read
+  by every warp through L1, in a fragment order prepared on the host (``fragment_order_x``: one
+  small copy of x per call, ~5 us on the H200) so a warp's activation load is 512 contiguous
+  bytes. The ring reads x as the caller stored it (TMA boxes), no copy.
 
 Two ways to feed the math (``Fp4WeightConfig.ring``):
 
 * the streaming ring (``ring`` > 0, the host policy's choice since 2026-11-30): one producer
   warp fills ``ring`` shared-memory stages, each ``ring_k`` K chunks of the CTA's 128 weight
   rows (a 2-D TMA box, 128-byte swizzle), their scales (one bulk copy of whole 512-byte groups of
-  the 128x4 layout) and the token pass's activation planes (bulk copies); the consumer warps
-  read everything from shared memory, so the activations are fetched once per CTA instead of
-  once per warp (:meth:`Fp4WeightKernel.kernel_ring`). Per-row bulk copies were tried first:
-  issue-bound at ~780 GB/s;
+  the 128x4 layout) and the token pass's activations (2-D TMA boxes of x as stored); the
+  consumer warps read everything from shared memory, so the activations are fetched once per
+  CTA instead of once per warp (:meth:`Fp4WeightKernel.kernel_ring`). Per-row bulk copies were
+  tried first: issue-bound at ~780 GB/s. ``split`` (dense): a persistent grid whose CTAs take
+  equal ranges of (segment, K stage) units, partial segments meeting through a workspace;
 * per-thread loads (``ring`` = 0, the fourth session's kernel), described below.
 
 Grid: (N / rows per CTA, 1 or E, m-slices). A CTA has warps_n x warps_k warps: warps_n groups

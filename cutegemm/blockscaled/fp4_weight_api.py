@@ -11,11 +11,17 @@ call can be captured in a CUDA graph. Public entry points: ``cutegemm.gemm(x, qw
 :func:`gemm_fp4_weight_ref`.
 
 Supported: bf16 activations, or float8_e4m3fn ones with optional per-token / per-tensor fp32
-``scale_a`` (converted to bf16 exactly on the way into the kernel's fragment order, the scale
-applied to the fp32 results); K a multiple of 32 (the kernel loads 16-byte pieces of weight
-rows); out_dtype bf16 / fp16 / fp32. Any M works; the kernel is built for decode (up to 32
-tokens per pass over a CTA's weight rows; more tokens take more passes, which re-read those
-rows, mostly from L2: for prefill, dequantize and run the bf16 GEMM). Other K: ValueError.
+``scale_a`` (converted to bf16 exactly by one copy, the scale applied to the fp32 results); K a
+multiple of 32 (the kernel loads 16-byte pieces of weight rows); out_dtype bf16 / fp16 / fp32.
+``x`` may be any strided view (the kernel reads rows of K contiguous, 16-byte aligned bf16; other
+views are copied first). Any M works; the kernel is built for decode (up to 32 tokens per pass
+over a CTA's weight rows; more tokens take more passes, which re-read those rows, mostly from L2:
+for prefill, dequantize and run the bf16 GEMM). Other K: ValueError.
+
+Dense calls with several token passes use the split grid (``Fp4WeightConfig.split``): it keeps a
+small workspace per (device, stream) (counters the kernel leaves at zero + partial-sum slots), so
+calls on one stream, and CUDA graphs captured on a stream, are safe; one workspace is never used
+by two streams at once.
 """
 
 from __future__ import annotations
@@ -123,7 +129,7 @@ def gemm_fp4_weight(
 ) -> torch.Tensor:
     """``alpha * x @ dequantize(qw).mT`` (fp32 accumulation), dense or MoE packed; see the
     module docstring. ``out``: an (M, N) contiguous tensor to write (its dtype is the output
-    dtype). ``x`` float8_e4m3fn: converted to bf16 (exact) in the activation reorder copy;
+    dtype). ``x`` float8_e4m3fn: converted to bf16 (exact) by one copy on the host;
     ``scale_a`` (fp32, (M,) / (M, 1) per token or one element) multiplies each token's outputs
     in the kernel. Raises TypeError / ValueError for bad arguments, NotImplementedError on a GPU
     other than sm_90 / sm_100."""
