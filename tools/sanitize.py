@@ -285,7 +285,7 @@ def quant_out_case(a, b):
 
 def _fp4_weight_cases():
     """FP4 weights x bf16 (cutegemm.blockscaled.fp4_weight): dense and grouped, every pipeline
-    (TMA ring, register prefetch, cp.async ring), ragged N and a K tail chunk, poisoned outputs with a
+    (TMA ring, its split grid, register prefetch, cp.async ring), ragged N and a K tail chunk, poisoned outputs with a
     guard row; rows past offs[-1] must stay poisoned."""
     from cutegemm.blockscaled import quantize_ref
     from cutegemm.blockscaled.fp4_weight_api import gemm_fp4_weight, gemm_fp4_weight_ref, pick_config
@@ -323,6 +323,8 @@ def _fp4_weight_cases():
                 ("regs", dict(ring=0, stages=0, row_tiles=1, warps_n=1, warps_k=2)),
                 ("cpasync", dict(ring=0, stages=4, row_tiles=1, warps_n=2, warps_k=4)),
             )
+            if not grouped:  # the split grid: segments cut between CTAs, several token passes
+                pipelines += (("split", dict(split=True, n_tiles=1)),)
             for name, shape in pipelines:
                 g = "grouped" if grouped else "dense"
                 out[f"fp4w-{fmt}-{g}-{name}"] = lambda f=fmt, gr=grouped, sh=shape: case(f, gr, sh)
