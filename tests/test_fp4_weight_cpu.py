@@ -125,6 +125,34 @@ def test_fragment_order_x(k):
                     assert torch.equal(xf[4 * c + j, m, t], xp[m, [base + o for o in order]])
 
 
+def test_pair_natural_x_twin_gives_the_fragment_order():
+    """The ring's PRMT pairing of activations read in K order (twin) = the host fragment order."""
+    rows, k = 3, 256
+    x = torch.randn(rows, k).to(torch.bfloat16)
+    xf = fm.fragment_order_x(x)
+    words = x.view(torch.int16).to(torch.int64).reshape(rows, k // 8, 4, 2) & 0xFFFF
+    natural = words[..., 0] | (words[..., 1] << 16)  # (rows, K / 8, 4): 16-byte pieces in K order
+    paired = fm.pair_natural_x_ref(natural)
+    want = xf.view(torch.int16).to(torch.int64).reshape(k // 128, 4, rows, 4, 4, 2) & 0xFFFF
+    want = want[..., 0] | (want[..., 1] << 16)  # (c, j, m, t, word)
+    for c in range(k // 128):
+        for j in range(4):
+            for t in range(4):
+                assert torch.equal(paired[:, 16 * c + 4 * t + j], want[c, j, :, t])
+
+
+def test_split_rules_and_policy():
+    base = dict(fmt="nvfp4", stages=0, ring=4, ring_k=2, warps_n=4, warps_k=2, row_tiles=2)
+    assert fw.Fp4WeightConfig(**base, split=True).name.endswith("_split")
+    with pytest.raises(ValueError):
+        fw.Fp4WeightConfig(**base, split=True, grouped=True)
+    with pytest.raises(ValueError):
+        fw.Fp4WeightConfig(fmt="nvfp4", split=True)  # needs the ring
+    assert not pick_config(16, "nvfp4", torch.bfloat16, "sm_90a", False).split  # one token pass
+    assert pick_config(64, "nvfp4", torch.bfloat16, "sm_90a", False).split  # two passes
+    assert not pick_config(4096, "nvfp4", torch.bfloat16, "sm_90a", True, experts=32).split  # grouped
+
+
 @settings(max_examples=20, deadline=None)
 @given(
     m=st.integers(1, 20),

@@ -76,6 +76,7 @@ from ..runtime.ptx import (
     ld_shared_u8,
     ld_shared_u16,
     ld_shared_v4,
+    st_shared_v4,
 )
 from .fp4_math import (
     CHUNK_K,
@@ -479,7 +480,7 @@ class Fp4WeightKernel:
         sx_layout = self.x_smem_layout()
         sX = alloc.allocate_tensor(cutlass.BFloat16, sx_layout.outer, 1024, swizzle=sx_layout.inner)
         sides = alloc.allocate_tensor(cutlass.Int32, cute.make_layout(S * side // 4), 128)
-        bars = alloc.allocate_tensor(cutlass.Int64, cute.make_layout(2 * S), 8)
+        bars = alloc.allocate_tensor(cutlass.Int64, cute.make_layout(3 * S), 8)
         sFlag = alloc.allocate_tensor(cutlass.Int32, cute.make_layout(4), 16)
         sRed = None
         if cutlass.const_expr(KW > 1):
@@ -493,10 +494,12 @@ class Fp4WeightKernel:
         bar_base = bars.iterator.toint()
         full = bars.iterator
         empty = bars.iterator + S
+        xfull = bars.iterator + 2 * S  # the stage's activation boxes have landed (the producer pairs them)
         if tidx == 0:
             for i in cutlass.range_constexpr(S):
-                cute.arch.mbarrier_init(full + i, 1)
+                cute.arch.mbarrier_init(full + i, 2)  # weights + scales (tx) and the paired activations
                 cute.arch.mbarrier_init(empty + i, W)
+                cute.arch.mbarrier_init(xfull + i, 1)
             cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -527,20 +530,24 @@ class Fp4WeightKernel:
                 g0 = c0 * (SG // SK)
                 n_groups = cutlass.min(SG, cols_p // 4 - g0)
                 if lane == 0:
-                    tx = NB * R * 128 + NX * XB + n_groups * 512
-                    cute.arch.mbarrier_arrive_and_expect_tx(full + slot, tx)
+                    cute.arch.mbarrier_arrive_and_expect_tx(full + slot, NB * R * 128 + n_groups * 512)
+                    cute.arch.mbarrier_arrive_and_expect_tx(xfull + slot, NX * XB)
                     bulk_g2s(side_base + slot * side, s_base + cutlass.Int64(g0 * 512), n_groups * 512, bar_base + slot * 8)
                 cute.arch.sync_warp()
                 for j in cutlass.range_constexpr(NB):
                     cute.copy(tma_atom, tWg[(None, tile, ks * NB + j, batch)], tWs[(None, slot * NB + j)], tma_bar_ptr=full + slot)
                 for j in cutlass.range_constexpr(NX):
-                    cute.copy(tma_atom_x, tXg[(None, ks * NX + j)], tXs[(None, slot * NX + j)], tma_bar_ptr=full + slot)
+                    cute.copy(tma_atom_x, tXg[(None, ks * NX + j)], tXs[(None, slot * NX + j)], tma_bar_ptr=xfull + slot)
+                if it > 0:
+                    self.pair_stage(it - 1, x_smem, xfull, full, lane)
                 it += 1
                 u += 1
                 ks += 1
                 if ks == n_kst:
                     ks = 0
                     seg += 1
+            if it > 0:
+                self.pair_stage(it - 1, x_smem, xfull, full, lane)
         else:
             # ---- consumers ----
             cw = warp - 1
@@ -619,6 +626,26 @@ class Fp4WeightKernel:
                 if ks == n_kst:
                     ks = 0
                     seg += 1
+
+    @cute.jit
+    def pair_stage(self, it, x_smem, xfull, full, lane):
+        """Producer: once stage ``it``'s activation boxes have landed, turn every 16-byte piece
+        (8 K values in order) into the weights' (k, k+4) pairing in place (four PRMTs), then
+        count the stage's second arrival on its full barrier. The TMA will overwrite these bytes
+        S stages later: the proxy fence orders the generic writes before it."""
+        cfg = self.cfg
+        S = cfg.ring
+        slot = it % S
+        cute.arch.mbarrier_wait(xfull + slot, (it // S) % 2)
+        per_stage = 2 * cfg.ring_k * cfg.x_box_bytes
+        base = x_smem + slot * per_stage + lane * 16
+        for i in cutlass.range_constexpr(per_stage // (16 * 32)):
+            a = base + i * 512
+            st_shared_v4(a, pair_natural_x(ld_shared_v4(a)))
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.sync_warp()
+        if lane == 0:
+            cute.arch.mbarrier_arrive(full + slot)
 
     @cute.jit
     def end_segment(self, acc, sRed, sFlag, mWork, slot0, lane, kg, rw, cw, seg, su0, u_lo, u_hi, total, n_ctas, n_kst,
@@ -902,7 +929,7 @@ class Fp4WeightKernel:
             for nt in cutlass.range_constexpr(NT):
                 # (x_0, x_4), (x_1, x_5), (x_2, x_6), (x_3, x_7) of this thread's 8 K values
                 if cutlass.const_expr(x_mode == "swizzled"):
-                    xw = pair_natural_x(ld_shared_v4(x_ptr + x_addr[nt] + (x_plane ^ (16 * j))))
+                    xw = ld_shared_v4(x_ptr + x_addr[nt] + (x_plane ^ (16 * j)))  # paired by the producer
                 else:
                     xw = ld_global_v4(x_ptr + cutlass.Int64(x_addr[nt] + (4 * c + j) * x_plane))
                 for h in cutlass.range_constexpr(2):

@@ -102,6 +102,13 @@ def ld_shared_v4(addr, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def st_shared_v4(addr, words, *, loc=None, ip=None):
+    """Four 32-bit words to a 16-byte aligned shared-memory address (its 32-bit offset)."""
+    ins = [_i32(addr, loc, ip)] + [_i32(w, loc, ip) for w in words]
+    _asm("st.shared.v4.b32 [$0], {$1, $2, $3, $4};", ins, "r,r,r,r,r", effects=True, loc=loc, ip=ip)
+
+
+@dsl_user_op
 def ld_shared_b32(addr, *, loc=None, ip=None):
     return _asm("ld.shared.b32 $0, [$1];", [_i32(addr, loc, ip)], "=r,r", 1, effects=True, loc=loc, ip=ip)
 
