@@ -49,6 +49,7 @@ for spec in "$@"; do
     fp4quick) cmd="$PT tests/test_fp4_weight_gpu.py -k 'ring or views or decode or fp8 or graph or alpha'" ;;
     ncu_mem) cmd="ncu --clock-control none -k regex:Fp4WeightKernel -c 2 --import-source no --section SpeedOfLight --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --metrics dram__bytes_read.sum,lts__t_bytes.sum,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sector_hit_rate.pct,smsp__inst_executed.sum,smsp__cycles_active.avg,sm__cycles_elapsed.max,sm__cycles_active.min,sm__cycles_active.max python tools/fp4w_profile.py 'n_tiles=2, row_tiles=2, warps_n=4, warps_k=2, stages=0, ring=4, ring_k=2' 'n_tiles=2, row_tiles=2, warps_n=4, warps_k=2, stages=0, ring=4, ring_k=2, split=True'" ;;
     ncu_mix) cmd="ncu --clock-control none -k regex:Fp4WeightKernel -c 1 --import-source no --section InstructionStats --section WarpStateStats --section SourceCounters --print-details all python tools/fp4w_profile.py 'n_tiles=2, row_tiles=2, warps_n=4, warps_k=2, stages=0, ring=4, ring_k=2'" ;;
+    bench_fp4pair) cmd="python -c 'from cutegemm.benchmarks import bench_fp4_weight as f; f(configs=[dict(producer_pairs=False)])'" ;;
     bench_fp4w_policy) cmd="python -c 'from cutegemm.benchmarks import bench_fp4_weight as f; f()'" ;;
     bench_blockwise) cmd="python -c 'from cutegemm.benchmarks import bench_fp8_blockwise as f; f(configs=[dict(cluster_m=1, cluster_n=2), dict(tile_n=64)])'" ;;
     sanitize_fp4w) cmd="SANITIZE_ONLY='fp4w' bash tools/sanitize.sh memcheck racecheck synccheck" ;;

@@ -139,6 +139,9 @@ class Fp4WeightConfig:
     # stage) units, so the SMs stream equal weight bytes whatever N / rows_per_cta is; segments
     # cut between CTAs meet through a workspace (``Fp4WeightKernel.split_finish``).
     split: bool = False
+    # Ring: the producer warp pairs each stage's activations in place once (True), or every
+    # consumer warp pairs what it reads (False; four PRMTs per 16-byte read).
+    producer_pairs: bool = True
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -216,6 +219,7 @@ class Fp4WeightConfig:
             + ("_xs" if self.x_scale else "")
             + (f"_ring{self.ring}x{self.ring_k}" if self.ring else "")
             + ("_split" if self.split else "")
+            + ("_cpair" if self.ring and not self.producer_pairs else "")
         )
 
 
@@ -495,9 +499,11 @@ class Fp4WeightKernel:
         full = bars.iterator
         empty = bars.iterator + S
         xfull = bars.iterator + 2 * S  # the stage's activation boxes have landed (the producer pairs them)
+        PP = cfg.producer_pairs
         if tidx == 0:
             for i in cutlass.range_constexpr(S):
-                cute.arch.mbarrier_init(full + i, 2)  # weights + scales (tx) and the paired activations
+                # weights + scales (+ activations) (tx), and with producer_pairs the paired activations
+                cute.arch.mbarrier_init(full + i, 2 if PP else 1)
                 cute.arch.mbarrier_init(empty + i, W)
                 cute.arch.mbarrier_init(xfull + i, 1)
             cute.arch.mbarrier_init_fence()
@@ -530,24 +536,30 @@ class Fp4WeightKernel:
                 g0 = c0 * (SG // SK)
                 n_groups = cutlass.min(SG, cols_p // 4 - g0)
                 if lane == 0:
-                    cute.arch.mbarrier_arrive_and_expect_tx(full + slot, NB * R * 128 + n_groups * 512)
-                    cute.arch.mbarrier_arrive_and_expect_tx(xfull + slot, NX * XB)
+                    if cutlass.const_expr(PP):
+                        cute.arch.mbarrier_arrive_and_expect_tx(full + slot, NB * R * 128 + n_groups * 512)
+                        cute.arch.mbarrier_arrive_and_expect_tx(xfull + slot, NX * XB)
+                    else:
+                        cute.arch.mbarrier_arrive_and_expect_tx(full + slot, NB * R * 128 + n_groups * 512 + NX * XB)
                     bulk_g2s(side_base + slot * side, s_base + cutlass.Int64(g0 * 512), n_groups * 512, bar_base + slot * 8)
                 cute.arch.sync_warp()
                 for j in cutlass.range_constexpr(NB):
                     cute.copy(tma_atom, tWg[(None, tile, ks * NB + j, batch)], tWs[(None, slot * NB + j)], tma_bar_ptr=full + slot)
                 for j in cutlass.range_constexpr(NX):
-                    cute.copy(tma_atom_x, tXg[(None, ks * NX + j)], tXs[(None, slot * NX + j)], tma_bar_ptr=xfull + slot)
-                if it > 0:
-                    self.pair_stage(it - 1, x_smem, xfull, full, lane)
+                    cute.copy(tma_atom_x, tXg[(None, ks * NX + j)], tXs[(None, slot * NX + j)],
+                              tma_bar_ptr=(xfull if PP else full) + slot)  # fmt: skip
+                if cutlass.const_expr(PP):
+                    if it > 0:
+                        self.pair_stage(it - 1, x_smem, xfull, full, lane)
                 it += 1
                 u += 1
                 ks += 1
                 if ks == n_kst:
                     ks = 0
                     seg += 1
-            if it > 0:
-                self.pair_stage(it - 1, x_smem, xfull, full, lane)
+            if cutlass.const_expr(PP):
+                if it > 0:
+                    self.pair_stage(it - 1, x_smem, xfull, full, lane)
         else:
             # ---- consumers ----
             cw = warp - 1
@@ -612,7 +624,7 @@ class Fp4WeightKernel:
                                     sb = ld_shared_u16(st + s_off[rt, hr] + q * 1024)
                                     rS[rt, hr] = cutlass.select_(live, sb, cutlass.Int32(self.unit_scale))
                         xq = x_smem + (slot * NX + 2 * q) * XB
-                        self.mma_chunk(q, rW, rS, xq, x_addr, x_sw, acc, "swizzled")
+                        self.mma_chunk(q, rW, rS, xq, x_addr, x_sw, acc, "paired" if PP else "swizzled")
                 cute.arch.sync_warp()
                 if lane == 0:
                     cute.arch.mbarrier_arrive(empty + slot)
@@ -906,7 +918,8 @@ class Fp4WeightKernel:
         "global": fragment-ordered activations (``fragment_order_x``) in global memory, plane
         ``4 c + j`` at ``x_ptr + x_addr[nt] + (4 c + j) * x_plane``; "swizzled": the chunk's two
         activation boxes of a ring stage (:meth:`kernel_ring`), K in order, piece j of token
-        8 nt + g at ``x_ptr + x_addr[nt] + (x_plane ^ 16 j)``."""
+        8 nt + g at ``x_ptr + x_addr[nt] + (x_plane ^ 16 j)``, paired here; "paired": the same,
+        already paired by the producer."""
         RT, NT = self.cfg.row_tiles, self.cfg.n_tiles
         rF = cute.make_rmem_tensor((RT, 2, 2), cutlass.Int32)  # bf16x2 scale factors (per 16 K)
         rA = cute.make_rmem_tensor((RT, 2, 4), cutlass.Int32)  # dequantized words of one j
@@ -928,8 +941,10 @@ class Fp4WeightKernel:
                         rA[rt, hr, q] = dq[q]
             for nt in cutlass.range_constexpr(NT):
                 # (x_0, x_4), (x_1, x_5), (x_2, x_6), (x_3, x_7) of this thread's 8 K values
-                if cutlass.const_expr(x_mode == "swizzled"):
+                if cutlass.const_expr(x_mode == "paired"):
                     xw = ld_shared_v4(x_ptr + x_addr[nt] + (x_plane ^ (16 * j)))  # paired by the producer
+                elif cutlass.const_expr(x_mode == "swizzled"):
+                    xw = pair_natural_x(ld_shared_v4(x_ptr + x_addr[nt] + (x_plane ^ (16 * j))))
                 else:
                     xw = ld_global_v4(x_ptr + cutlass.Int64(x_addr[nt] + (4 * c + j) * x_plane))
                 for h in cutlass.range_constexpr(2):
