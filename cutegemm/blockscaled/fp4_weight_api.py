@@ -98,6 +98,9 @@ def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bo
         # the same ring with 8 x 16-row warps: the 4 x 2 split spills two registers here (2.89x vs
         # 2.95x torch._grouped_mm with the spill, same run)
         shape = dict(ring=4, ring_k=2, row_tiles=1, warps_n=8, warps_k=1, stages=0)
+    # The producer pairs the activations for up to 16 tokens per pass (+3-6% grouped, +3% M=16);
+    # at 32 the consumers pair what they read (the producer's 16 KB per stage: 7% slower at M=64)
+    shape["producer_pairs"] = n_tiles <= 2
     if not grouped and rows > 8 * n_tiles:
         # several token passes (dense): the split grid (equal unit ranges per CTA) measured 84 vs
         # 92 us at M=64 (H200, 2026-11-30); with one pass it was slower (43 vs 34 us at M=16)
