@@ -146,8 +146,8 @@ def gemm_fp4_weight(
         raise ValueError(f"x, qw (and offs) must be on one CUDA device, got {dev}, {qw.data.device}")
     m, k = x.shape
     n = qw.shape[-2]
-    if k % 32:
-        raise ValueError(f"the FP4-weight GEMM needs K % 32 == 0, got K={k}")
+    if k % 32 or k == 0:
+        raise ValueError(f"the FP4-weight GEMM needs K a positive multiple of 32, got K={k}")
     grouped = offs is not None
     batches = qw.shape[0] if grouped else 1
     if out is None:
