@@ -141,6 +141,37 @@ def test_pair_natural_x_twin_gives_the_fragment_order():
                 assert torch.equal(paired[:, 16 * c + 4 * t + j], want[c, j, :, t])
 
 
+@settings(max_examples=300, deadline=None)
+@given(n_segs=st.integers(1, 60), n_kst=st.integers(1, 24), ctas=st.integers(1, 400))
+def test_split_plan_covers_every_unit_once(n_segs, n_kst, ctas):
+    """The split grid's schedule (twin of the kernel's formulas): every unit in exactly one CTA's
+    piece, pieces within one segment; a segment cut between CTAs lists exactly the CTAs holding
+    its units (the counter waits for c_last - c_first + 1 arrivals) and each uses its own slot."""
+    total = n_segs * n_kst
+    ctas = min(ctas, total)
+    plan = fw.split_plan_ref(total, ctas, n_kst)
+    seen = [0] * total
+    holders = {s: set() for s in range(n_segs)}
+    for c, pieces in enumerate(plan):
+        assert pieces, "every CTA gets work (n_ctas <= units)"
+        slots = []
+        for seg, a, b, whole, slot, c_first, c_last in pieces:
+            assert seg * n_kst <= a < b <= (seg + 1) * n_kst
+            for u in range(a, b):
+                seen[u] += 1
+            holders[seg].add(c)
+            assert whole == (a == seg * n_kst and b == (seg + 1) * n_kst)
+            if not whole:
+                slots.append(slot)
+                assert c_first <= c <= c_last
+        assert len(slots) == len(set(slots)) <= 2
+    assert seen == [1] * total
+    for pieces in plan:
+        for seg, _a, _b, whole, _slot, c_first, c_last in pieces:
+            assert set(range(c_first, c_last + 1)) == holders[seg]
+            assert whole == (c_first == c_last)
+
+
 def test_split_rules_and_policy():
     base = dict(fmt="nvfp4", stages=0, ring=4, ring_k=2, warps_n=4, warps_k=2, row_tiles=2)
     assert fw.Fp4WeightConfig(**base, split=True).name.endswith("_split")

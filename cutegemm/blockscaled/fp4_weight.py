@@ -958,6 +958,35 @@ class Fp4WeightKernel:
 
 
 # --- compile ------------------------------------------------------------------------------------
+def split_plan_ref(total: int, n_ctas: int, n_kst: int) -> list[list[tuple]]:
+    """Torch-free twin of the split grid's schedule (:meth:`Fp4WeightKernel.kernel_ring` /
+    :meth:`Fp4WeightKernel.split_finish`, the same integer formulas): for every CTA the pieces of
+    segments it processes, as (segment, first unit, last unit + 1, whole, slot, contributors
+    c_first, c_last). The CPU tests check that the pieces partition the units, that a cut
+    segment's contributors are exactly the CTAs holding its units, and that a CTA's slots differ."""
+    plan = []
+    for c in range(n_ctas):
+        u_lo, u_hi = c * total // n_ctas, (c + 1) * total // n_ctas
+        pieces, u = [], u_lo
+        seg, ks = u_lo // n_kst, u_lo % n_kst
+        start = u_lo
+        while u < u_hi:
+            if ks == n_kst - 1 or u == u_hi - 1:  # the segment ends here (the kernel's test)
+                su0 = u - ks
+                whole = su0 >= u_lo and su0 + n_kst <= u_hi
+                c_first = ((su0 + 1) * n_ctas - 1) // total
+                c_last = ((su0 + n_kst) * n_ctas - 1) // total
+                slot = 0 if u_lo >= su0 else 1
+                pieces.append((seg, start, u + 1, whole, slot, c_first, c_last))
+                start = u + 1
+            u += 1
+            ks += 1
+            if ks == n_kst:
+                ks, seg = 0, seg + 1
+        plan.append(pieces)
+    return plan
+
+
 def _flat(dtype, div, align):
     return make_fake_tensor(dtype, (cute.sym_int64(divisibility=div),), (1,), assumed_align=align)
 
