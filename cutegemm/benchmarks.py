@@ -297,7 +297,8 @@ def bench_grouped(shapes=GROUPED_SHAPES, dtype=torch.bfloat16, reps=30, names=No
 def bench_grouped_fp8(shapes=((32, 512, 4096, 7168),), reps=20, configs=None):
     """FP8 row-wise grouped GEMM (scale_a per token row, scale_b per expert and column) vs
     ``torch._scaled_grouped_mm`` (same inputs, same run); our policy config and ``configs``
-    overrides (dicts) beside it."""
+    overrides (dicts) beside it. Promoted configs are compared with torch's default
+    (``use_fast_accum=False``), ``fast_accum`` configs with ``use_fast_accum=True``."""
     from dataclasses import replace
 
     from .grouped import grouped_gemm
@@ -316,17 +317,22 @@ def bench_grouped_fp8(shapes=((32, 512, 4096, 7168),), reps=20, configs=None):
         offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
         flops = 2.0 * total * n * k
 
-        def run_torch(a=a, b=b, sa=sa, sb=sb, offs=offs):
-            return torch._scaled_grouped_mm(a, b, sa, sb, offs=offs, out_dtype=torch.bfloat16)
+        def run_torch(a=a, b=b, sa=sa, sb=sb, offs=offs, fast=False):
+            return torch._scaled_grouped_mm(a, b, sa, sb, offs=offs, out_dtype=torch.bfloat16, use_fast_accum=fast)
 
         def ours(cfg=None, fast=False, a=a, b=b, sa=sa, sb=sb, offs=offs):
             return grouped_gemm(a, b, offs=offs, scale_a=sa, scale_b=sb, config=cfg, fast_accum=fast)
 
-        try:
-            tt = timer(run_torch, reps)
-        except Exception as exc:
-            print(f"torch._scaled_grouped_mm unavailable: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-            tt = float("nan")
+        torch_t = {}
+        for fast in (False, True):
+            try:
+                torch_t[fast] = timer(lambda fast=fast: run_torch(fast=fast), reps)
+                print(f"torch._scaled_grouped_mm use_fast_accum={fast}: {flops / torch_t[fast] / 1e9:.1f} TFLOP/s",
+                      flush=True)  # fmt: skip
+            except Exception as exc:
+                print(f"torch._scaled_grouped_mm (use_fast_accum={fast}) unavailable: {type(exc).__name__}: "
+                      f"{str(exc)[:200]}", flush=True)  # fmt: skip
+                torch_t[fast] = float("nan")
         out = ours()
         from .grouped.api import _PLANS
 
@@ -345,8 +351,9 @@ def bench_grouped_fp8(shapes=((32, 512, 4096, 7168),), reps=20, configs=None):
                 print(f"   {(cfg or base).name}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
                 continue
             diff = float("nan") if ref is None else (o.float() - ref.float()).abs().max().item()
-            row = Row(f"FP8 rowwise E{e}x{tok}tok N{n} K{k}", t, tt, flops / t / 1e9, flops / tt / 1e9, tt / t,
-                      (cfg or base).name, diff, 0.0)  # fmt: skip
+            tt = torch_t[fast]  # the same accumulation mode
+            row = Row(f"FP8 rowwise E{e}x{tok}tok N{n} K{k}{' fast_accum' if fast else ''}", t, tt, flops / t / 1e9,
+                      flops / tt / 1e9, tt / t, (cfg or base).name, diff, 0.0)  # fmt: skip
             rows.append(row)
             print(format_row(row) + " (err = max |ours - torch|)", flush=True)
         del out
