@@ -437,8 +437,11 @@ class Fp4WeightKernel:
         the tensor and K values past K arrive as zeros) and one ``cp.async.bulk`` of the scales'
         512-byte column groups (the CTA's rows lie in one 128-row scale tile). Warps 1..
         (warps_n x warps_k, as in :meth:`kernel`) read weights, scales and activations from the
-        stage, then release it; four PRMTs per 16-byte activation read give the weights' (k, k+4)
-        pairing. Tokens past the pass's end (another expert's, or zeros) are never stored.
+        stage, then release it. Four PRMTs per 16-byte activation piece give the weights' (k, k+4)
+        pairing: done once per stage by the producer after the boxes land (``producer_pairs``,
+        :meth:`pair_stage`; the stage's full barrier then counts two arrivals), or by every
+        consumer on each read. Tokens past the pass's end (another expert's, or zeros) are never
+        stored.
 
         Bank conflicts: a warp's 16-byte weight reads cover two rows per 8 lanes; MMA row g of a
         16-row tile reads weight row g // 2 + 4 (g % 2) (rows 0 and 4, 1 and 5, ...), whose
