@@ -20,8 +20,9 @@ for prefill, dequantize and run the bf16 GEMM). Other K: ValueError.
 
 Dense calls with several token passes use the split grid (``Fp4WeightConfig.split``): it keeps a
 small workspace per (device, stream) (counters the kernel leaves at zero + partial-sum slots), so
-calls on one stream, and CUDA graphs captured on a stream, are safe; one workspace is never used
-by two streams at once.
+calls on one stream are safe. A CUDA graph keeps the workspace of the stream it was captured on:
+do not replay it concurrently with split calls on that stream, or with another graph captured on
+the same stream (replays one after another are fine).
 """
 
 from __future__ import annotations
