@@ -10,7 +10,10 @@ Families (drawn round-robin, then a random variant and random shapes / values pe
 - grouped: the packed MoE form with random offs (empty experts, rows past offs[-1]) on the three
   grouped tiles of the sm_90a policy, bf16 / fp16 / fp32 out, b as (E, K, N) or a transposed view;
 - kgrouped: the K-grouped (weight-gradient) form, random splits including empty and misaligned ones;
-- list: the list form, random per-group M, N, K (zeros included).
+- list: the list form, random per-group M, N, K (zeros included);
+- fp4w: FP4 weights (NVFP4 / MXFP4) x bf16 activations, dense (half of them on the split grid)
+  and the packed grouped form, random M / N / K (K a multiple of 32), empty experts, rows past
+  offs[-1]; the reference is the bf16 matmul with the dequantized weights (exact in bf16).
 Outputs go into NaN-poisoned buffers; the check is the project's (tools/refcheck.py): error within
 2x torch's own same-precision error vs an fp64 reference, nothing written outside the output, for
 the packed form nothing at or past offs[-1]. Determinism: the first two cases of every variant
@@ -31,7 +34,7 @@ import traceback
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-FAMILIES = ("dense", "grouped", "kgrouped", "list")
+FAMILIES = ("dense", "grouped", "kgrouped", "list", "fp4w")
 
 
 def parse_args(argv=None):
@@ -144,6 +147,12 @@ class Runner:
             raise SystemExit(f"stress: needs an sm_90 or sm_100 GPU, found sm_{major}x")
         self.arch = "sm_90a" if major == 9 else "sm_100a"
         self.det_seen: Counter = Counter()
+        from cutegemm.blockscaled import fp4_weight_api, quantize_ref
+        from cutegemm.blockscaled.reference import dequantize_ref
+
+        self.fp4_api, self.dequantize_ref = fp4_weight_api, dequantize_ref
+        self.quantize = quantize_ref if dry_run else cutegemm.quantize
+        self.fp4_gemm = _emulated_fp4(fp4_weight_api) if dry_run else fp4_weight_api.gemm_fp4_weight
 
     # -- helpers
     def sync(self):
@@ -296,6 +305,43 @@ class Runner:
             self.rc.check_dense(o, x, w, what=what)
         return _KEY_LIST, run, outs, what
 
+    def fp4w(self):
+        rng, torch = self.rng, self.torch
+        fmt = rng.choice(["nvfp4", "mxfp4"])
+        grouped = rng.random() < 0.5
+        split = not grouped and rng.random() < 0.5
+        n, k = rng.randint(1, 600), 32 * rng.randint(1, 80)
+        if grouped:
+            E = rng.choice([1, 3, 8, 16])
+            counts = [0 if rng.random() < 0.25 else rng.randint(1, 40) for _ in range(E)]
+            total = sum(counts) + rng.choice([0, 0, 5])
+            offs_list = list(_cumsum(counts))
+            offs = torch.tensor(offs_list, dtype=torch.int32, device=self.dev)
+        else:
+            E, total, offs_list, offs = 1, rng.randint(1, 80), None, None
+        qw = self.quantize(self.randn(*((E, n, k) if grouped else (n, k)), dtype=torch.bfloat16), fmt)
+        wd = self.dequantize_ref(qw).to(torch.bfloat16)  # exact: e2m1 x scale fits bf16
+        x = self.randn(total, k, dtype=torch.bfloat16)
+        cfg = self.fp4_api.pick_config(max(total, 1), fmt, torch.bfloat16, self.arch, grouped, E)
+        if split:
+            cfg = replace(cfg, split=True)
+
+        def run():
+            buf, out = self.rc.poisoned((total, n), torch.bfloat16, self.dev)
+            self.fp4_gemm(x, qw, offs=offs, out=out, config=cfg)
+            return buf
+
+        what = f"fp4w {cfg.name} total={total} n={n} k={k} counts={offs_list}"
+        buf = run()
+        out = buf[:total, :n]
+        self.sync()
+        self.rc.assert_pad_untouched(buf, total, n, what)
+        if grouped:
+            self.rc.check_packed(out, x, wd.transpose(1, 2), offs_list, what=what)
+        else:
+            self.rc.check_dense(out, x, wd.T, what=what)
+        return _Key(f"fp4w-{cfg.name}"), run, buf, what
+
     def determinism(self, run, first) -> bool:
         """Second run, bitwise comparison with the first (poison included)."""
         second = run()
@@ -322,6 +368,18 @@ def _emulated(torch, cg):
         return out
 
     return gemm, grouped_gemm
+
+
+def _emulated_fp4(api):
+    """--dry-run: the FP4-weight reference twin in place of the kernel (rows past offs[-1] kept)."""
+
+    def gemm_fp4_weight(x, qw, *, offs=None, out=None, config=None):
+        ref = api.gemm_fp4_weight_ref(x, qw, offs=offs, out_dtype=out.dtype)
+        end = out.shape[0] if offs is None else (int(offs[-1]) if offs.numel() else 0)
+        out[:end] = ref[:end]
+        return out
+
+    return gemm_fp4_weight
 
 
 @dataclass(frozen=True)
@@ -351,6 +409,7 @@ def main(argv=None) -> int:
         "grouped": runner.grouped,
         "kgrouped": runner.kgrouped,
         "list": runner.list_form,
+        "fp4w": runner.fp4w,
     }
     counts, fails, det_checked, det_fail = Counter(), Counter(), 0, 0
     t0 = time.time()
