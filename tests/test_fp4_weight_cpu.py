@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 import cutegemm
 from cutegemm.blockscaled import fp4_math as fm
+from cutegemm.blockscaled import fp4_ring
 from cutegemm.blockscaled import fp4_weight as fw
 from cutegemm.blockscaled.fp4_weight_api import check_args, gemm_fp4_weight_ref, pick_config
 from cutegemm.blockscaled.reference import _E2M1_VALUES, dequantize_ref, quantize_ref
@@ -149,7 +150,7 @@ def test_split_plan_covers_every_unit_once(n_segs, n_kst, ctas):
     its units (the counter waits for c_last - c_first + 1 arrivals) and each uses its own slot."""
     total = n_segs * n_kst
     ctas = min(ctas, total)
-    plan = fw.split_plan_ref(total, ctas, n_kst)
+    plan = fp4_ring.split_plan_ref(total, ctas, n_kst)
     seen = [0] * total
     holders = {s: set() for s in range(n_segs)}
     for c, pieces in enumerate(plan):

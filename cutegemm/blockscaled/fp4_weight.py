@@ -12,43 +12,31 @@ built around streaming them once at full bandwidth:
   tokens as the 8-column B operand (1..8 n8 tiles per pass; the host policy uses up to 4, i.e.
   32 tokens per pass over a CTA's weight rows, more tokens take more passes, mostly from L2).
 * Each thread turns 16 bytes (32 e2m1 values) of a weight row per 128-wide K chunk into A
-  fragments itself (read from the ring's shared memory, or loaded straight into registers). The order of K inside
-  an MMA is free as long as both operands agree: the 8 nibbles of a 32-bit word are paired as
-  (k, k+4), which makes the e2m1 -> bf16 conversion two shifts and masks per pair; the
-  activations get the same pairing from four PRMTs per 16-byte read (the ring) or from a
-  host-side reorder (the older pipelines, below).
+  fragments itself (read from the ring's shared memory, or loaded straight into registers). The
+  order of K inside an MMA is free as long as both operands agree: the 8 nibbles of a 32-bit word
+  are paired as (k, k+4), which makes the e2m1 -> bf16 conversion two shifts and masks per pair;
+  the activations get the same pairing from four PRMTs per 16-byte piece (the ring) or from a
+  host-side reorder (the per-thread pipelines).
 * e2m1 -> bf16 is exact: the nibble's magnitude bits land in the bf16 exponent/mantissa so that
   the bf16 value is ``e2m1 * 2**-126`` (the 0.5 code is a bf16 subnormal, which bf16 arithmetic
   keeps), and one packed bf16 multiply by ``scale * 2**118`` (NVFP4; exact: an e4m3 scale times
   an e2m1 value has <= 6 significant bits) gives ``w * scale * 2**-8``; the 2**8 and the global
   scale are applied to the fp32 accumulators at the end. MXFP4 (scales 2**-127 .. 2**127) takes
   two multiplies, by 2**126 then by the scale, so no intermediate over/underflows.
-* Older pipelines: weight loads bypass L1 (they are read once); activations are small and re-read
-  by every warp through L1, in a fragment order prepared on the host (``fragment_order_x``: one
-  small copy of x per call, ~5 us on the H200) so a warp's activation load is 512 contiguous
-  bytes. The ring reads x as the caller stored it (TMA boxes), no copy.
 
-Two ways to feed the math (``Fp4WeightConfig.ring``):
+Two ways to feed the math (``Fp4WeightConfig.ring``), each a mixin of :class:`Fp4WeightKernel`:
 
-* the streaming ring (``ring`` > 0, the host policy's choice since 2026-11-30): one producer
-  warp fills ``ring`` shared-memory stages, each ``ring_k`` K chunks of the CTA's 128 weight
-  rows (a 2-D TMA box, 128-byte swizzle), their scales (one bulk copy of whole 512-byte groups of
-  the 128x4 layout) and the token pass's activations (2-D TMA boxes of x as stored); the
-  consumer warps read everything from shared memory, so the activations are fetched once per
-  CTA instead of once per warp (:meth:`Fp4WeightKernel.kernel_ring`). Per-row bulk copies were
-  tried first: issue-bound at ~780 GB/s. ``split`` (dense): a persistent grid whose CTAs take
-  equal ranges of (segment, K stage) units, partial segments meeting through a workspace;
-* per-thread loads (``ring`` = 0, the fourth session's kernel), described below.
+* the streaming ring (``ring`` > 0, the host policy's choice): :mod:`.fp4_ring`;
+* per-thread loads (``ring`` = 0, the fourth session's kernel): :mod:`.fp4_direct`.
 
-Grid: (N / rows per CTA, 1 or E, m-slices). A CTA has warps_n x warps_k warps: warps_n groups
-of weight rows (16 * row_tiles each), and the K chunks of a row dealt round-robin to warps_k warps
-whose partial sums meet in shared memory. Weight chunks are prefetched one ahead in registers
-(``stages=0``) or through a per-warp cp.async ring (``stages`` deep). The token rows of the CTA's
-expert are processed in chunks of 8 * n_tiles. Grouped: a CTA reads its expert's row range from
-``offs`` on the device (clamped like the bf16 grouped path; no host sync, CUDA-graph safe) and an
-expert with no rows costs nothing. Measured on the H200: ``bench/RESULTS.md`` (fourth session;
-the ring: 2026-11-30). The register math (dequantization, scale decodes, the MMA wrapper, the
-activation reorder) and its torch twins live in :mod:`cutegemm.blockscaled.fp4_math`.
+A CTA has warps_n x warps_k consumer warps: warps_n groups of weight rows (16 * row_tiles each),
+and the K chunks of a row dealt round-robin to warps_k warps whose partial sums meet in shared
+memory (:meth:`Fp4WeightKernel.finish_pass`). The token rows of the CTA's batch / expert are
+processed in passes of 8 * n_tiles. Grouped: a CTA reads its expert's row range from ``offs`` on
+the device (clamped like the bf16 grouped path; no host sync, CUDA-graph safe) and an expert
+with no rows costs nothing. The register math (dequantization, scale decodes, the MMA wrapper,
+the activation pairing / reorder) and its torch twins live in :mod:`.fp4_math`. This module: the
+config, the kernel class (host entry, shared fragment math, pass finishing), compile glue.
 """
 
 from __future__ import annotations
@@ -59,33 +47,21 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
 from ..runtime.ptx import (
-    bulk_g2s,
-    cp_async,
-    cp_async_commit,
-    cp_async_wait,
-    ld_global_cg_f32,
-    ld_global_u8,
-    ld_global_u16,
     ld_global_v4,
-    ld_global_v4_stream,
-    ld_shared_b32,
-    ld_shared_u8,
-    ld_shared_u16,
     ld_shared_v4,
-    st_shared_v4,
 )
+from .fp4_direct import DirectPipeline
 from .fp4_math import (
-    CHUNK_K,
     dequant_fp4x8,
     mma_bf16_16816,
     mx_scale_bf16_bits,
     nvfp4_factors,
     pair_natural_x,
 )
+from .fp4_ring import RingPipeline
 
 __all__ = ["Fp4WeightConfig", "all_configs", "check_variant", "build_fp4_weight", "SASS_REQUIRED"]
 
@@ -97,8 +73,8 @@ SASS_REQUIRED = {
 }
 RING_SASS_REQUIRED = {
     "HMMA.16816.F32.BF16": SASS_REQUIRED["HMMA.16816.F32.BF16"],
-    "UTMALDG": r"\bUTMALDG\b",  # TMA box of weight rows
-    "UBLKCP.S.G": r"\bUBLKCP\.S\.G\b",  # cp.async.bulk global -> shared (scales, activations)
+    "UTMALDG": r"\bUTMALDG\b",  # TMA boxes of weight rows and activations
+    "UBLKCP.S.G": r"\bUBLKCP\.S\.G\b",  # cp.async.bulk global -> shared (the scales)
     "LDS.128": r"\bLDS\.128\b",
 }
 SASS_FORBIDDEN = {"LDL": r"\bLDL(\.|\s)", "STL": r"\bSTL(\.|\s)"}
@@ -224,7 +200,10 @@ class Fp4WeightConfig:
 
 
 # --- the kernel ---------------------------------------------------------------------------------
-class Fp4WeightKernel:
+class Fp4WeightKernel(RingPipeline, DirectPipeline):
+    """The FP4-weight kernel: the host entry (``__call__``), the pipelines (:mod:`.fp4_ring`,
+    :mod:`.fp4_direct`) and the fragment math and pass finishing they share."""
+
     def __init__(self, cfg: Fp4WeightConfig):
         self.cfg = cfg
         self.mx = cfg.fmt == "mxfp4"
@@ -253,507 +232,12 @@ class Fp4WeightKernel:
         alpha: cutlass.Float32,
         stream,
     ):
-        grid_x = (n + self.cfg.rows_per_cta - 1) // self.cfg.rows_per_cta
         if cutlass.const_expr(self.cfg.ring > 0):
-            # The weights as an (N, K/2, L) byte tensor, read by a TMA box of rows_per_cta x 128
-            # bytes (rows past N and bytes past K/2 arrive as zeros).
-            half_k = cute.assume(k // 2, divby=16)
-            w3 = cute.make_tensor(
-                cute.recast_ptr(mW.iterator, dtype=cutlass.Uint8),
-                cute.make_layout((n, half_k, batches), stride=(half_k, 1, cutlass.Int64(n) * cutlass.Int64(half_k))),
-            )
-            sw_layout = self.w_smem_layout()
-            tma_atom, tma_w = cpasync.make_tiled_tma_atom(
-                cpasync.CopyBulkTensorTileG2SOp(), w3, cute.slice_(sw_layout, (None, None, 0)), (self.cfg.rows_per_cta, 128)
-            )
-            # The activations as they are ((rows, K) bf16, row-major), read by TMA boxes of
-            # tokens_per_pass x 64 (rows past the end and K values past K arrive as zeros).
-            x_rows = m_rows
-            if cutlass.const_expr(not self.cfg.grouped):
-                x_rows = m_rows * batches
-            k32 = cute.assume(k, divby=32)
-            x2 = cute.make_tensor(
-                cute.recast_ptr(mX.iterator, dtype=cutlass.BFloat16), cute.make_layout((x_rows, k32), stride=(k32, 1))
-            )
-            sx_layout = self.x_smem_layout()
-            tma_atom_x, tma_x = cpasync.make_tiled_tma_atom(
-                cpasync.CopyBulkTensorTileG2SOp(), x2, cute.slice_(sx_layout, (None, None, 0)), (self.cfg.tokens_per_pass, 64)
-            )
-            grid = [grid_x, batches, 1]
-            if cutlass.const_expr(self.cfg.split):
-                grid = [n_ctas, 1, 1]
-            self.kernel_ring(tma_atom, tma_w, tma_atom_x, tma_x, mS, mOut, mOffs, mGs, mXs, mWork, m_rows, n, k,
-                             batches, n_ctas, slot0, tile_stride, alpha).launch(
-                grid=grid, block=[32 * (1 + self.cfg.warps), 1, 1], stream=stream,
-            )
-            return
-        self.kernel(mX, mW, mS, mOut, mOffs, mGs, mXs, m_rows, n, k, m_slices, tile_stride, alpha).launch(
-            grid=[grid_x, batches, m_slices], block=[32 * self.cfg.warps, 1, 1], stream=stream,
-            min_blocks_per_mp=self.min_blocks, preferred_smem_carveout=100 if self.min_blocks > 1 else None,
-        )
-
-    @cute.kernel
-    def kernel(self, mX, mW, mS, mOut, mOffs, mGs, mXs, m_rows, n, k, m_slices, tile_stride, alpha):
-        from cutlass import memory
-
-        cfg = self.cfg
-        RT, NT, RW, KW = cfg.row_tiles, cfg.n_tiles, cfg.warps_n, cfg.warps_k
-        tidx, _, _ = cute.arch.thread_idx()
-        bx, batch, slice_ = cute.arch.block_idx()
-        warp = tidx // 32
-        lane = tidx % 32
-        rw = warp % RW  # row group
-        kg = warp // RW  # K group: chunks kg, kg + KW, ...
-        g = lane // 4
-        t = lane % 4
-        n_p, cols_p = self.scale_dims(n, k)
-        # rows of tokens this CTA reads: a batch of the dense form, an expert's segment of offs
-        row_start, row_end, x_base = self.token_range(mOffs, m_rows, batch)
-        gs = self.out_scale(mGs, alpha)
-
-        # Byte addresses. Weight row r, chunk c, thread t: 16 bytes at r * K/2 + 64 c + 16 t.
-        # Its scales (128x4 swizzled): tile row r // 128, in-tile (r % 32) * 16 + (r // 32 % 4) * 4,
-        # column kk // vec of K value kk = 128 c + 32 t: NVFP4 (2c + t // 2) * 512 + 2 (t % 2)
-        # (two scales, 16 K each), MXFP4 c * 512 + t.
-        row0 = bx * cfg.rows_per_cta + rw * (16 * RT)
-        # per-row byte offsets (32-bit: one weight matrix is < 2 GiB) from 64-bit batch bases
-        w_addr = cute.make_rmem_tensor((RT, 2), cutlass.Int32)
-        s_addr = cute.make_rmem_tensor((RT, 2), cutlass.Int32)
-        w_base = mW.iterator.toint() + cutlass.Int64(batch) * cutlass.Int64(n) * cutlass.Int64(k // 2)
-        s_base = self.scales_base(mS, batch, n_p, cols_p)
-        for rt in cutlass.range_constexpr(RT):
-            for hr in cutlass.range_constexpr(2):
-                r = cutlass.min(row0 + 16 * rt + 8 * hr + g, n - 1)  # rows past N: never stored
-                w_addr[rt, hr] = r * (k // 2) + 16 * t
-                in_tile = self.scale_in_tile(r, t)
-                s_addr[rt, hr] = (r // 128) * tile_stride + in_tile
-        # activations in the fragment order of ``fragment_order_x`` (host): 16 bytes of token m,
-        # thread t, step j of chunk c at ((4 c + j) * rows + m) * 64 + 16 t
-        x_addr = cute.make_rmem_tensor((NT,), cutlass.Int32)
-        x_ptr = mX.iterator.toint()
-        x_plane = m_rows * 64
-        acc = cute.make_rmem_tensor((RT, NT, 4), cutlass.Float32)
-        rW = cute.make_rmem_tensor((RT, 2, 4), cutlass.Int32)  # raw e2m1 words of the current chunk
-        rS = cute.make_rmem_tensor((RT, 2), cutlass.Int32)  # its raw scale bytes
-        nW = cute.make_rmem_tensor((RT, 2, 4), cutlass.Int32)  # the next chunk's (prefetch)
-        nS = cute.make_rmem_tensor((RT, 2), cutlass.Int32)
-        n_acc = RT * NT * 4
-        sRed = None
-        if cutlass.const_expr(KW > 1):
-            # partial sums of K groups 1.. for group 0: (value, lane, row group, K group - 1)
-            sRed = memory.SmemAllocator().allocate_tensor(
-                cutlass.Float32, cute.make_layout((n_acc, 32, RW, KW - 1), stride=(32, 1, 32 * n_acc, 32 * n_acc * RW)), 16
-            )
-        D = cfg.stages
-        ring_w = cutlass.Int32(0)
-        ring_s = cutlass.Int32(0)
-        if cutlass.const_expr(D > 0):
-            # per warp: D stages x (2 RT) pieces x 32 lanes x 16 bytes (weights), x 4 bytes (scales)
-            sRing = memory.SmemAllocator().allocate_tensor(
-                cutlass.Int32, cute.make_layout(cfg.warps * D * 2 * RT * 32 * 5), 16
-            )
-            ring_w = sRing.iterator.toint() + warp * (D * 2 * RT * 512) + lane * 16
-            ring_s = sRing.iterator.toint() + cfg.warps * (D * 2 * RT * 512) + warp * (D * 2 * RT * 128) + lane * 4
-        full_chunks = k // CHUNK_K
-        my_chunks = cutlass.max(full_chunks - kg + KW - 1, 0) // KW  # kg, kg + KW, ... < full_chunks
-        tail_group = full_chunks % KW
-
-        m_chunk = slice_ * (8 * NT)
-        while row_start + m_chunk < row_end:
-            m0 = row_start + m_chunk
-            for nt in cutlass.range_constexpr(NT):
-                m = cutlass.min(m0 + nt * 8 + g, row_end - 1)  # tokens past the end: never stored
-                x_addr[nt] = m * 64 + 16 * t
-            acc.fill(0.0)
-            if cutlass.const_expr(D > 0):
-                # cp.async ring: chunk i of this warp in stage i % D, D chunks in flight. Each
-                # thread reads back only the bytes it copied itself, so waiting for its own
-                # groups is enough (no barrier).
-                for st in cutlass.range_constexpr(D):
-                    if st < my_chunks:
-                        self.issue_chunk(kg + st * KW, st, w_base, s_base, w_addr, s_addr, ring_w, ring_s)
-                    cp_async_commit()
-                for i in cutlass.range(my_chunks, unroll=1):
-                    st = i % D
-                    cp_async_wait(D - 1)
-                    for rt in cutlass.range_constexpr(RT):
-                        for hr in cutlass.range_constexpr(2):
-                            p = rt * 2 + hr
-                            words = ld_shared_v4(ring_w + (st * (2 * RT) + p) * 512)
-                            for q in cutlass.range_constexpr(4):
-                                rW[rt, hr, q] = words[q]
-                            sw = ld_shared_b32(ring_s + (st * (2 * RT) + p) * 128)
-                            if cutlass.const_expr(self.mx):
-                                rS[rt, hr] = (sw >> (8 * t)) & 0xFF
-                            else:
-                                rS[rt, hr] = (sw >> (16 * (t % 2))) & 0xFFFF
-                    self.mma_chunk(kg + i * KW, rW, rS, x_ptr, x_addr, x_plane, acc)
-                    if i + D < my_chunks:  # refill this stage (its bytes are in registers now)
-                        self.issue_chunk(kg + (i + D) * KW, st, w_base, s_base, w_addr, s_addr, ring_w, ring_s)
-                    cp_async_commit()
-                cp_async_wait(0)
-            else:
-                if my_chunks > 0:
-                    self.load_chunk(kg, w_base, s_base, w_addr, s_addr, nW, nS, True, False)
-                for i in cutlass.range(my_chunks, unroll=1):
-                    c = kg + i * KW
-                    for rt in cutlass.range_constexpr(RT):
-                        for hr in cutlass.range_constexpr(2):
-                            rS[rt, hr] = nS[rt, hr]
-                            for q in cutlass.range_constexpr(4):
-                                rW[rt, hr, q] = nW[rt, hr, q]
-                    if i + 1 < my_chunks:  # prefetch the next chunk under this one's math
-                        self.load_chunk(c + KW, w_base, s_base, w_addr, s_addr, nW, nS, True, False)
-                    self.mma_chunk(c, rW, rS, x_ptr, x_addr, x_plane, acc)
-            if full_chunks * CHUNK_K < k:  # K % 128: threads past K contribute zeros
-                if kg == tail_group:
-                    live = full_chunks * CHUNK_K + 32 * t < k
-                    self.load_chunk(full_chunks, w_base, s_base, w_addr, s_addr, rW, rS, live, True)
-                    self.mma_chunk(full_chunks, rW, rS, x_ptr, x_addr, x_plane, acc)
-            self.finish_pass(acc, sRed, lane, kg, rw, m0, row_end, x_base, row0, n, gs, mXs, mOut, 0)
-            m_chunk += m_slices * (8 * NT)
-
-    def w_smem_layout(self):
-        """(rows_per_cta, 128 bytes, ring * ring_k / 2) weight boxes, 128-byte swizzle: byte b of
-        row r of a box sits at r * 128 + (((b >> 4) ^ (r % 8)) << 4) + b % 16."""
-        cfg = self.cfg
-        atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, cutlass.Uint8)
-        return cute.tile_to_shape(atom, (cfg.rows_per_cta, 128, cfg.ring * cfg.ring_k // 2), order=(0, 1, 2))
-
-    def x_smem_layout(self):
-        """(tokens_per_pass, 64 bf16, ring * 2 * ring_k) activation boxes, 128-byte swizzle (the
-        byte map of :meth:`w_smem_layout`; a box row is one token's 64 K values)."""
-        cfg = self.cfg
-        atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, cutlass.BFloat16)
-        return cute.tile_to_shape(atom, (cfg.tokens_per_pass, 64, cfg.ring * 2 * cfg.ring_k), order=(0, 1, 2))
-
-    @cute.kernel
-    def kernel_ring(self, tma_atom: cute.CopyAtom, mW: cute.Tensor, tma_atom_x: cute.CopyAtom, mX2: cute.Tensor, mS,
-                    mOut, mOffs, mGs, mXs, mWork, m_rows, n, k, batches, n_ctas, slot0, tile_stride, alpha):  # fmt: skip
-        """The streaming ring (``cfg.ring`` > 0). Warp 0 fills stage after stage of shared memory,
-        all counted on the stage's full mbarrier: ``ring_k / 2`` TMA boxes of the CTA's weight
-        rows x 128 bytes (rows past N and bytes past K/2 arrive as zeros), ``2 ring_k`` TMA boxes
-        of the token pass's activations as the caller stored them (tokens x 64 K values; rows past
-        the tensor and K values past K arrive as zeros) and one ``cp.async.bulk`` of the scales'
-        512-byte column groups (the CTA's rows lie in one 128-row scale tile). Warps 1..
-        (warps_n x warps_k, as in :meth:`kernel`) read weights, scales and activations from the
-        stage, then release it. Four PRMTs per 16-byte activation piece give the weights' (k, k+4)
-        pairing: done once per stage by the producer after the boxes land (``producer_pairs``,
-        :meth:`pair_stage`; the stage's full barrier then counts two arrivals), or by every
-        consumer on each read. Tokens past the pass's end (another expert's, or zeros) are never
-        stored.
-
-        Bank conflicts: a warp's 16-byte weight reads cover two rows per 8 lanes; MMA row g of a
-        16-row tile reads weight row g // 2 + 4 (g % 2) (rows 0 and 4, 1 and 5, ...), whose
-        swizzled pieces lie in opposite halves of the banks. The stores use the same map. The
-        activation reads (token g, piece 4 (t % 2) + j of box t // 2) are two-way conflicted.
-
-        Work: units of (segment, K stage), a segment being one token pass over one CTA-row tile of
-        one batch. Without ``split`` a CTA takes its tile's segments (grid: row tiles x batches;
-        grouped: the expert's passes from offs). With ``split`` (dense) a persistent grid of
-        ``n_ctas`` CTAs takes equal ranges of all units, so every SM streams the same number of
-        weight bytes; a segment cut between CTAs is finished by :meth:`split_finish`."""
-        from cutlass import memory
-
-        cfg = self.cfg
-        RT, NT, RW, KW = cfg.row_tiles, cfg.n_tiles, cfg.warps_n, cfg.warps_k
-        S, SK, R, T = cfg.ring, cfg.ring_k, cfg.rows_per_cta, cfg.tokens_per_pass
-        SG, W = cfg.scale_groups, cfg.warps
-        NB = SK // 2  # weight boxes per stage
-        NX = 2 * SK  # activation boxes per stage
-        XB = cfg.x_box_bytes
-        side = cfg.side_bytes
-        tidx, _, _ = cute.arch.thread_idx()
-        bx, by, _ = cute.arch.block_idx()
-        warp = cute.arch.make_warp_uniform(tidx // 32)
-        lane = tidx % 32
-        n_p, cols_p = self.scale_dims(n, k)
-        n_chunks = (k + CHUNK_K - 1) // CHUNK_K
-        n_kst = (n_chunks + SK - 1) // SK
-        n_tiles = (n + R - 1) // R
-        row_start, row_end, x_base0 = self.token_range(mOffs, m_rows, by)
-        n_pass = (row_end - row_start + T - 1) // T
-        u_lo = cutlass.Int32(0)
-        u_hi = n_pass * n_kst
-        total = u_hi
-        if cutlass.const_expr(cfg.split):
-            total = batches * n_tiles * n_pass * n_kst
-            u_lo = cutlass.Int32(cutlass.Int64(bx) * cutlass.Int64(total) // cutlass.Int64(n_ctas))
-            u_hi = cutlass.Int32(cutlass.Int64(bx + 1) * cutlass.Int64(total) // cutlass.Int64(n_ctas))
-
-        alloc = memory.SmemAllocator()
-        sw_layout = self.w_smem_layout()
-        sW = alloc.allocate_tensor(cutlass.Uint8, sw_layout.outer, 1024, swizzle=sw_layout.inner)
-        sx_layout = self.x_smem_layout()
-        sX = alloc.allocate_tensor(cutlass.BFloat16, sx_layout.outer, 1024, swizzle=sx_layout.inner)
-        sides = alloc.allocate_tensor(cutlass.Int32, cute.make_layout(S * side // 4), 128)
-        bars = alloc.allocate_tensor(cutlass.Int64, cute.make_layout(3 * S), 8)
-        sFlag = alloc.allocate_tensor(cutlass.Int32, cute.make_layout(4), 16)
-        sRed = None
-        if cutlass.const_expr(KW > 1):
-            n_acc = RT * NT * 4
-            sRed = alloc.allocate_tensor(
-                cutlass.Float32, cute.make_layout((n_acc, 32, RW, KW - 1), stride=(32, 1, 32 * n_acc, 32 * n_acc * RW)), 16
-            )
-        w_smem = sW.iterator.toint()
-        x_smem = sX.iterator.toint()
-        side_base = sides.iterator.toint()
-        bar_base = bars.iterator.toint()
-        full = bars.iterator
-        empty = bars.iterator + S
-        xfull = bars.iterator + 2 * S  # the stage's activation boxes have landed (the producer pairs them)
-        PP = cfg.producer_pairs
-        if tidx == 0:
-            for i in cutlass.range_constexpr(S):
-                # weights + scales (+ activations) (tx), and with producer_pairs the paired activations
-                cute.arch.mbarrier_init(full + i, 2 if PP else 1)
-                cute.arch.mbarrier_init(empty + i, W)
-                cute.arch.mbarrier_init(xfull + i, 1)
-            cute.arch.mbarrier_init_fence()
-        cute.arch.sync_threads()
-
-        if warp == 0:
-            # ---- producer ----
-            cpasync.prefetch_descriptor(tma_atom)  # the TMA ops elect their thread: call them warp-wide
-            cpasync.prefetch_descriptor(tma_atom_x)
-            # (TMA, boxes), (TMA, RestN, RestK, L)
-            tWs, tWg = cpasync.tma_partition(
-                tma_atom, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2),
-                cute.group_modes(cute.local_tile(mW, (R, 128), (None, None, None)), 0, 2),
-            )  # fmt: skip
-            sXb = cute.group_modes(sX, 0, 2)
-            it = cutlass.Int32(0)
-            u = u_lo
-            seg = u_lo // n_kst
-            ks = u_lo - seg * n_kst
-            while u < u_hi:
-                tile, batch, m0, x_base = self.ring_segment(seg, n_pass, n_tiles, bx, by, row_start, x_base0, m_rows)
-                # (T, 64, K / 64) boxes of this pass's tokens (dense: x_base = the batch's first row)
-                gX = cute.local_tile(cute.domain_offset((cutlass.Int32(x_base) + m0, 0), mX2), (T, 64), (0, None))
-                tXs, tXg = cpasync.tma_partition(tma_atom_x, 0, cute.make_layout(1), sXb, cute.group_modes(gX, 0, 2))
-                s_base = self.scales_base(mS, batch, n_p, cols_p) + cutlass.Int64(tile * R // 128) * cutlass.Int64(tile_stride)
-                slot = it % S
-                if it >= S:
-                    cute.arch.mbarrier_wait(empty + slot, (it // S + 1) % 2)
-                c0 = ks * SK
-                g0 = c0 * (SG // SK)
-                n_groups = cutlass.min(SG, cols_p // 4 - g0)
-                if lane == 0:
-                    if cutlass.const_expr(PP):
-                        cute.arch.mbarrier_arrive_and_expect_tx(full + slot, NB * R * 128 + n_groups * 512)
-                        cute.arch.mbarrier_arrive_and_expect_tx(xfull + slot, NX * XB)
-                    else:
-                        cute.arch.mbarrier_arrive_and_expect_tx(full + slot, NB * R * 128 + n_groups * 512 + NX * XB)
-                    bulk_g2s(side_base + slot * side, s_base + cutlass.Int64(g0 * 512), n_groups * 512, bar_base + slot * 8)
-                cute.arch.sync_warp()
-                for j in cutlass.range_constexpr(NB):
-                    cute.copy(tma_atom, tWg[(None, tile, ks * NB + j, batch)], tWs[(None, slot * NB + j)], tma_bar_ptr=full + slot)
-                for j in cutlass.range_constexpr(NX):
-                    cute.copy(tma_atom_x, tXg[(None, ks * NX + j)], tXs[(None, slot * NX + j)],
-                              tma_bar_ptr=(xfull if PP else full) + slot)  # fmt: skip
-                if cutlass.const_expr(PP):
-                    if it > 0:
-                        self.pair_stage(it - 1, x_smem, xfull, full, lane)
-                it += 1
-                u += 1
-                ks += 1
-                if ks == n_kst:
-                    ks = 0
-                    seg += 1
-            if cutlass.const_expr(PP):
-                if it > 0:
-                    self.pair_stage(it - 1, x_smem, xfull, full, lane)
+            self.launch_ring(mX, mW, mS, mOut, mOffs, mGs, mXs, mWork, m_rows, n, k, batches, n_ctas, slot0,
+                             tile_stride, alpha, stream)  # fmt: skip
         else:
-            # ---- consumers ----
-            cw = warp - 1
-            rw = cw % RW
-            kg = cw // RW
-            g = lane // 4
-            t = lane % 4
-            gp = g // 2 + 4 * (g % 2)  # the weight row of MMA row g (class docstring)
-            gs = self.out_scale(mGs, alpha)
-            # token 8 nt + g's 16-byte piece 4 (t % 2) + j of activation box t // 2 (swizzled):
-            # x_smem + box * XB + x_addr[nt] + (x_sw ^ 16 j)
-            x_addr = cute.make_rmem_tensor((NT,), cutlass.Int32)
-            for nt in cutlass.range_constexpr(NT):
-                x_addr[nt] = (t // 2) * XB + (nt * 8 + g) * 128
-            x_sw = ((4 * (t % 2)) ^ g) * 16
-            w_row = cute.make_rmem_tensor((RT, 2), cutlass.Int32)  # row * 128 in a box
-            s_off = cute.make_rmem_tensor((RT, 2), cutlass.Int32)
-            for rt in cutlass.range_constexpr(RT):
-                for hr in cutlass.range_constexpr(2):
-                    w_row[rt, hr] = (rw * (16 * RT) + 16 * rt + 8 * hr + gp) * 128
-                    if cutlass.const_expr(R == 128):
-                        s_off[rt, hr] = self.scale_in_tile(w_row[rt, hr] // 128, t)
-            acc = cute.make_rmem_tensor((RT, NT, 4), cutlass.Float32)
-            rW = cute.make_rmem_tensor((RT, 2, 4), cutlass.Int32)
-            rS = cute.make_rmem_tensor((RT, 2), cutlass.Int32)
-            it = cutlass.Int32(0)
-            u = u_lo
-            seg = u_lo // n_kst
-            ks = u_lo - seg * n_kst
-            while u < u_hi:
-                if ks == 0 or u == u_lo:  # a segment starts here
-                    acc.fill(0.0)
-                if cutlass.const_expr(R < 128):
-                    tile = self.ring_segment(seg, n_pass, n_tiles, bx, by, row_start, x_base0, m_rows)[0]
-                    for rt in cutlass.range_constexpr(RT):
-                        for hr in cutlass.range_constexpr(2):
-                            # the CTA's rows lie in one 128-row scale tile
-                            s_off[rt, hr] = self.scale_in_tile((tile * R) % 128 + w_row[rt, hr] // 128, t)
-                slot = it % S
-                cute.arch.mbarrier_wait(full + slot, (it // S) % 2)
-                st = side_base + slot * side
-                for q in cutlass.range_constexpr(SK):
-                    mine = True
-                    if cutlass.const_expr(KW > 1):
-                        mine = kg == q % KW
-                    c = ks * SK + q
-                    if mine and c < n_chunks:
-                        # K values past K (a partial last chunk): zero weights and activations
-                        # (the TMA fills them), unit scales (the scale bytes there are stale)
-                        live = c * CHUNK_K + 32 * t < k
-                        box = w_smem + (slot * NB + q // 2) * (R * 128)
-                        piece = (q % 2) * 4 + t  # 16-byte piece of the 128-byte box row
-                        for rt in cutlass.range_constexpr(RT):
-                            for hr in cutlass.range_constexpr(2):
-                                words = ld_shared_v4(box + w_row[rt, hr] + (piece ^ gp) * 16)
-                                for w in cutlass.range_constexpr(4):
-                                    rW[rt, hr, w] = words[w]
-                                if cutlass.const_expr(self.mx):
-                                    sb = ld_shared_u8(st + s_off[rt, hr] + q * 512)
-                                    rS[rt, hr] = cutlass.select_(live, sb, cutlass.Int32(self.unit_scale))
-                                else:
-                                    sb = ld_shared_u16(st + s_off[rt, hr] + q * 1024)
-                                    rS[rt, hr] = cutlass.select_(live, sb, cutlass.Int32(self.unit_scale))
-                        xq = x_smem + (slot * NX + 2 * q) * XB
-                        self.mma_chunk(q, rW, rS, xq, x_addr, x_sw, acc, "paired" if PP else "swizzled")
-                cute.arch.sync_warp()
-                if lane == 0:
-                    cute.arch.mbarrier_arrive(empty + slot)
-                it += 1
-                if ks == n_kst - 1 or u == u_hi - 1:  # the segment ends here
-                    self.end_segment(acc, sRed, sFlag, mWork, slot0, lane, kg, rw, cw, seg, u - ks, u_lo, u_hi, total, n_ctas,
-                                     n_kst, n_pass, n_tiles, batches, bx, by, row_start, row_end, x_base0, m_rows, n,
-                                     gs, mXs, mOut)  # fmt: skip
-                u += 1
-                ks += 1
-                if ks == n_kst:
-                    ks = 0
-                    seg += 1
-
-    @cute.jit
-    def pair_stage(self, it, x_smem, xfull, full, lane):
-        """Producer: once stage ``it``'s activation boxes have landed, turn every 16-byte piece
-        (8 K values in order) into the weights' (k, k+4) pairing in place (four PRMTs), then
-        count the stage's second arrival on its full barrier. The TMA will overwrite these bytes
-        S stages later: the proxy fence orders the generic writes before it."""
-        cfg = self.cfg
-        S = cfg.ring
-        slot = it % S
-        cute.arch.mbarrier_wait(xfull + slot, (it // S) % 2)
-        per_stage = 2 * cfg.ring_k * cfg.x_box_bytes
-        base = x_smem + slot * per_stage + lane * 16
-        for i in cutlass.range_constexpr(per_stage // (16 * 32)):
-            a = base + i * 512
-            st_shared_v4(a, pair_natural_x(ld_shared_v4(a)))
-        cute.arch.fence_proxy("async.shared", space="cta")
-        cute.arch.sync_warp()
-        if lane == 0:
-            cute.arch.mbarrier_arrive(full + slot)
-
-    @cute.jit
-    def end_segment(self, acc, sRed, sFlag, mWork, slot0, lane, kg, rw, cw, seg, su0, u_lo, u_hi, total, n_ctas, n_kst,
-                    n_pass, n_tiles, batches, bx, by, row_start, row_end, x_base0, m_rows, n, gs, mXs, mOut):  # fmt: skip
-        """The consumers at the end of segment ``seg`` (first unit ``su0``): store it, or (split,
-        the segment cut between CTAs) :meth:`split_finish`."""
-        cfg = self.cfg
-        tile, batch, m0, x_base = self.ring_segment(seg, n_pass, n_tiles, bx, by, row_start, x_base0, m_rows)
-        row0 = tile * cfg.rows_per_cta + rw * (16 * cfg.row_tiles)
-        bar = 32 * cfg.warps
-        if cutlass.const_expr(cfg.split):
-            if su0 >= u_lo and su0 + n_kst <= u_hi:
-                self.finish_pass(acc, sRed, lane, kg, rw, m0, m_rows, x_base, row0, n, gs, mXs, mOut, bar, True)
-            else:
-                self.split_finish(acc, sRed, sFlag, mWork, slot0, lane, kg, rw, cw, seg, su0, u_lo, total, n_ctas, n_kst,
-                                  m0, m_rows, x_base, row0, n, gs, mXs, mOut, bar)  # fmt: skip
-        else:
-            self.finish_pass(acc, sRed, lane, kg, rw, m0, row_end, x_base, row0, n, gs, mXs, mOut, bar, True)
-
-    @cute.jit
-    def ring_segment(self, seg, n_pass, n_tiles, bx, by, row_start, x_base0, m_rows):
-        """Segment ``seg`` of the ring's work (units: segment x K stages) -> (row tile, batch, first
-        token row of the pass, the batch's first x row). Split: segments run (batch, row tile,
-        pass), a tile's passes back to back (their weight reads hit L2); else the CTA's own tile
-        (bx, by) and its passes."""
-        tile = bx
-        batch = by
-        m0 = row_start + seg * self.cfg.tokens_per_pass
-        x_base = x_base0
-        if cutlass.const_expr(self.cfg.split):
-            rest = seg // n_pass
-            tile = rest % n_tiles
-            batch = rest // n_tiles
-            m0 = (seg - rest * n_pass) * self.cfg.tokens_per_pass
-            x_base = cutlass.Int64(batch) * cutlass.Int64(m_rows)
-        return tile, batch, m0, x_base
-
-    @cute.jit
-    def split_finish(self, acc, sRed, sFlag, mWork, slot0, lane, kg, rw, cw, seg, su0, u_lo, total, n_ctas, n_kst,
-                     m0, row_end, x_base, row0, n, gs, mXs, mOut, bar_threads: cutlass.Constexpr):  # fmt: skip
-        """A segment cut between CTAs (``split``): its K groups meet (``sRed``), K group 0 writes
-        its fp32 partial sums to the CTA's slot in ``mWork`` and one thread counts the CTA in on
-        the segment's counter (acq_rel, GPU scope). The CTA that completes the count adds the
-        partials of every contributor in CTA order (its own from registers: the sum is the same
-        whatever the arrival order, so results are deterministic), stores the fragment and resets
-        the counter for the next launch. Nobody waits for another CTA.
-
-        mWork (Int32 words): one counter per segment, then from word ``slot0`` (the host keeps it
-        past every counter, so a later call's slots never land on a counter) 2 slots per CTA of
-        warps_n x n_acc x 32 fp32: slot 0 for the segment holding the CTA's first unit, 1 for
-        the one holding its last (the units between are whole segments, stored directly)."""
-        cfg = self.cfg
-        RT, NT, RW = cfg.row_tiles, cfg.n_tiles, cfg.warps_n
-        n_acc = RT * NT * 4
-        slot_words = RW * n_acc * 32
-        slots0 = slot0
-        me = cute.arch.block_idx()[0]
-        mWf = cute.make_tensor(cute.recast_ptr(mWork.iterator, dtype=cutlass.Float32), mWork.layout)
-        G64 = cutlass.Int64(n_ctas)
-        T64 = cutlass.Int64(total)
-        c_first = cutlass.Int32((cutlass.Int64(su0 + 1) * G64 - 1) // T64)
-        c_last = cutlass.Int32((cutlass.Int64(su0 + n_kst) * G64 - 1) // T64)
-        self.reduce_k_groups(acc, sRed, lane, kg, rw, bar_threads)
-        if kg == 0:
-            base = slots0 + (me * 2 + cutlass.select_(u_lo >= su0, 0, 1)) * slot_words + rw * n_acc * 32 + lane
-            for v in cutlass.range_constexpr(n_acc):
-                mWf[base + v * 32] = acc[v // (NT * 4), (v // 4) % NT, v % 4]
-            cute.arch.fence_acq_rel_gpu()
-        self.sync(bar_threads)
-        if cw == 0 and lane == 0:
-            old = cute.arch.atomic_add(mWork.iterator + seg, cutlass.Int32(1), sem="acq_rel", scope="gpu")
-            last = cutlass.Int32(old) == c_last - c_first
-            sFlag[0] = cutlass.select_(last, 1, 0)
-            if last:
-                mWork[seg] = 0  # every contributor has counted in: ready for the next launch
-        self.sync(bar_threads)
-        if sFlag[0] == 1:
-            cute.arch.fence_acq_rel_gpu()
-            if kg == 0:
-                tot = cute.make_rmem_tensor((RT, NT, 4), cutlass.Float32)
-                tot.fill(0.0)
-                for c in range(c_first, c_last + 1):
-                    if c == me:
-                        for v in cutlass.range_constexpr(n_acc):
-                            tot[v // (NT * 4), (v // 4) % NT, v % 4] += acc[v // (NT * 4), (v // 4) % NT, v % 4]
-                    else:
-                        c_lo = cutlass.Int32(cutlass.Int64(c) * T64 // G64)  # CTA c's first unit
-                        base = slots0 + (c * 2 + cutlass.select_(c_lo >= su0, 0, 1)) * slot_words + rw * n_acc * 32 + lane
-                        addr = mWork.iterator.toint() + cutlass.Int64(base) * 4
-                        for v in cutlass.range_constexpr(n_acc):
-                            tot[v // (NT * 4), (v // 4) % NT, v % 4] += ld_global_cg_f32(addr + v * 128)
-                self.store_fragment(tot, lane, m0, row_end, x_base, row0, n, gs, mXs, mOut, True)
-        self.sync(bar_threads)  # sFlag and sRed are rewritten by the next segment
+            self.launch_direct(mX, mW, mS, mOut, mOffs, mGs, mXs, m_rows, n, k, batches, m_slices, tile_stride,
+                               alpha, stream)  # fmt: skip
 
     @cute.jit
     def sync(self, bar_threads: cutlass.Constexpr):
@@ -871,50 +355,6 @@ class Fp4WeightKernel:
         return row_start, row_end, x_base
 
     @cute.jit
-    def issue_chunk(self, c, st, w_base, s_base, w_addr, s_addr, ring_w, ring_s):
-        """cp.async this thread's pieces of K chunk ``c`` into ring stage ``st``: 16 bytes per
-        weight row, and the aligned 4-byte group holding its scale(s)."""
-        RT = self.cfg.row_tiles
-        t = cute.arch.lane_idx() % 4
-        s_off = (c * 512 - t) if self.mx else (c * 1024 - 2 * (t % 2))
-        for rt in cutlass.range_constexpr(RT):
-            for hr in cutlass.range_constexpr(2):
-                p = rt * 2 + hr
-                cp_async(ring_w + (st * (2 * RT) + p) * 512, w_base + cutlass.Int64(w_addr[rt, hr] + c * 64), 16, self.cfg.l2_prefetch)
-                cp_async(ring_s + (st * (2 * RT) + p) * 128, s_base + cutlass.Int64(s_addr[rt, hr] + s_off), 4)
-
-    @cute.jit
-    def load_chunk(self, c, w_base, s_base, w_addr, s_addr, rW, rS, live, masked: cutlass.Constexpr):
-        """Issue the loads of K chunk ``c``: this thread's 16 bytes of each of its weight rows and
-        their raw scale bytes (NVFP4: two e4m3, MXFP4: one e8m0). ``masked``: the K tail, where
-        a thread without K values (``live`` false) reads its row's first piece (in bounds) and
-        keeps zeros / scale 1."""
-        RT = self.cfg.row_tiles
-        t = cute.arch.lane_idx() % 4
-        w_off = c * 64
-        s_off = c * 512 if self.mx else c * 1024
-        if cutlass.const_expr(masked):
-            w_off = cutlass.select_(live, w_off, -16 * t)
-            s_off = cutlass.select_(live, s_off, -t if self.mx else -(t // 2) * 512 - 2 * (t % 2))
-        for rt in cutlass.range_constexpr(RT):
-            for hr in cutlass.range_constexpr(2):
-                words = ld_global_v4_stream(w_base + cutlass.Int64(w_addr[rt, hr] + w_off), self.cfg.l2_prefetch)
-                for q in cutlass.range_constexpr(4):
-                    rW[rt, hr, q] = words[q]
-                    if cutlass.const_expr(masked):
-                        rW[rt, hr, q] = cutlass.select_(live, words[q], cutlass.Int32(0))
-        for rt in cutlass.range_constexpr(RT):
-            for hr in cutlass.range_constexpr(2):
-                if cutlass.const_expr(self.mx):
-                    rS[rt, hr] = ld_global_u8(s_base + cutlass.Int64(s_addr[rt, hr] + s_off))
-                    if cutlass.const_expr(masked):
-                        rS[rt, hr] = cutlass.select_(live, rS[rt, hr], cutlass.Int32(self.unit_scale))
-                else:
-                    rS[rt, hr] = ld_global_u16(s_base + cutlass.Int64(s_addr[rt, hr] + s_off))
-                    if cutlass.const_expr(masked):
-                        rS[rt, hr] = cutlass.select_(live, rS[rt, hr], cutlass.Int32(self.unit_scale))
-
-    @cute.jit
     def mma_chunk(self, c, rW, rS, x_ptr, x_addr, x_plane, acc, x_mode: cutlass.Constexpr = "global"):
         """Dequantize chunk ``c`` (loaded by :meth:`load_chunk`) and multiply it with the tokens'
         K values into ``acc`` (the activations are zero-padded to whole chunks). ``x_mode``
@@ -961,35 +401,6 @@ class Fp4WeightKernel:
 
 
 # --- compile ------------------------------------------------------------------------------------
-def split_plan_ref(total: int, n_ctas: int, n_kst: int) -> list[list[tuple]]:
-    """Torch-free twin of the split grid's schedule (:meth:`Fp4WeightKernel.kernel_ring` /
-    :meth:`Fp4WeightKernel.split_finish`, the same integer formulas): for every CTA the pieces of
-    segments it processes, as (segment, first unit, last unit + 1, whole, slot, contributors
-    c_first, c_last). The CPU tests check that the pieces partition the units, that a cut
-    segment's contributors are exactly the CTAs holding its units, and that a CTA's slots differ."""
-    plan = []
-    for c in range(n_ctas):
-        u_lo, u_hi = c * total // n_ctas, (c + 1) * total // n_ctas
-        pieces, u = [], u_lo
-        seg, ks = u_lo // n_kst, u_lo % n_kst
-        start = u_lo
-        while u < u_hi:
-            if ks == n_kst - 1 or u == u_hi - 1:  # the segment ends here (the kernel's test)
-                su0 = u - ks
-                whole = su0 >= u_lo and su0 + n_kst <= u_hi
-                c_first = ((su0 + 1) * n_ctas - 1) // total
-                c_last = ((su0 + n_kst) * n_ctas - 1) // total
-                slot = 0 if u_lo >= su0 else 1
-                pieces.append((seg, start, u + 1, whole, slot, c_first, c_last))
-                start = u + 1
-            u += 1
-            ks += 1
-            if ks == n_kst:
-                ks, seg = 0, seg + 1
-        plan.append(pieces)
-    return plan
-
-
 def _flat(dtype, div, align):
     return make_fake_tensor(dtype, (cute.sym_int64(divisibility=div),), (1,), assumed_align=align)
 
