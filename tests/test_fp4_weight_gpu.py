@@ -31,6 +31,16 @@ def _weights(shape, fmt, seed, special=True):
     return cutegemm.quantize(w.to(torch.bfloat16), fmt)
 
 
+def _offs(counts):
+    """Cumulative end rows (int32, on the GPU) of per-expert token counts."""
+    return torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
+
+
+def _bounds(offs):
+    """(start, end) rows of every expert of ``offs``."""
+    return list(zip([0, *offs.tolist()[:-1]], offs.tolist(), strict=True))
+
+
 def _check(out, x, qw, bounds=None):
     """Max error vs float64 <= 2x torch bf16 matmul's (same dequantized weights) + eps."""
     wd = dequantize_ref(qw).double()
@@ -100,11 +110,11 @@ def test_other_pipelines(shape, grouped):
     qw = _weights((e, n, k) if grouped else (n, k), "nvfp4", seed=11)
     counts = [9, 0, 30] if grouped else [21]
     x = torch.randn(sum(counts), k, device="cuda").to(torch.bfloat16)
-    offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32) if grouped else None
+    offs = _offs(counts) if grouped else None
     cfg = replace(pick_config(x.shape[0], "nvfp4", torch.bfloat16, _arch(0), grouped, e), **shape)
     out = torch.full((x.shape[0], n), POISON, device="cuda", dtype=torch.bfloat16)
     gemm_fp4_weight(x, qw, offs=offs, out=out, config=cfg)
-    bounds = list(zip([0, *offs.tolist()[:-1]], offs.tolist(), strict=True)) if grouped else None
+    bounds = _bounds(offs) if grouped else None
     _check(out, x, qw, bounds)
 
 
@@ -140,12 +150,12 @@ def test_bulk_copy_ring(counts, n, kb, fmt, grouped, shape, out_dtype):
     qw = _weights((e, n, k) if grouped else (n, k), fmt, seed=n * 31 + kb * 7 + e)
     m = sum(counts)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-    offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32) if grouped else None
+    offs = _offs(counts) if grouped else None
     cfg = replace(pick_config(max(m, 1), fmt, out_dtype, _arch(0), grouped, e), stages=0, l2_prefetch=0, **shape)
     out = torch.full((m, n), POISON, device="cuda", dtype=out_dtype)
     if m:
         gemm_fp4_weight(x, qw, offs=offs, out=out, config=cfg)
-    bounds = list(zip([0, *offs.tolist()[:-1]], offs.tolist(), strict=True)) if grouped else None
+    bounds = _bounds(offs) if grouped else None
     _check(out, x, qw, bounds)
 
 
@@ -237,12 +247,12 @@ def test_activation_views(view, grouped):
         buf = torch.full((m + 64, k), float("inf"), device="cuda", dtype=torch.bfloat16)
         buf[32 : 32 + m] = x
         xv = buf[32 : 32 + m]
-    offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32) if grouped else None
+    offs = _offs(counts) if grouped else None
     out = torch.full((m, n), POISON, device="cuda", dtype=torch.bfloat16)
     from cutegemm.blockscaled.fp4_weight_api import gemm_fp4_weight
 
     gemm_fp4_weight(xv, qw, offs=offs, out=out)
-    bounds = list(zip([0, *offs.tolist()[:-1]], offs.tolist(), strict=True)) if grouped else None
+    bounds = _bounds(offs) if grouped else None
     _check(out, x, qw, bounds)
 
 
@@ -268,12 +278,12 @@ def test_grouped_matches_reference(counts, extra, n, kb, fmt):
     qw = _weights((e, n, k), fmt, seed=sum(counts) + n + kb)
     total = sum(counts) + extra  # rows past offs[-1] must stay untouched
     x = torch.randn(total, k, device="cuda").to(torch.bfloat16)
-    offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
+    offs = _offs(counts)
     out = torch.full((total, n), POISON, device="cuda", dtype=torch.bfloat16)
     cutegemm.grouped_gemm(x, qw, offs=offs, out=out)
     end = sum(counts)
     assert torch.isnan(out[end:]).all(), "a row past offs[-1] was written"
-    bounds = list(zip([0, *offs.tolist()[:-1]], offs.tolist(), strict=True))
+    bounds = _bounds(offs)
     _check(out[:end], x[:end], qw, bounds)
 
 
@@ -298,7 +308,7 @@ def test_grouped_cuda_graph_replay_with_new_offs():
         end = int(cuts[-1])
         assert torch.equal(out[:end], want[:end])
         assert torch.isnan(out[end:]).all()
-        bounds = list(zip([0, *cuts.tolist()[:-1]], cuts.tolist(), strict=True))
+        bounds = _bounds(cuts)
         _check(out[:end], x[:end], qw, bounds)
 
 
@@ -341,7 +351,7 @@ def test_quantized_grouped_experts(fmt):
     q = layer.quantized(fmt)
     counts = [5, 0, 17, 3]
     x = torch.randn(sum(counts), 256, device="cuda").to(torch.bfloat16)
-    offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
+    offs = _offs(counts)
     got, want = q(x, offs), q.forward_ref(x, offs)
     torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2)
     # quantization error vs the bf16 layer: small relative to the output
@@ -373,7 +383,7 @@ def test_fp8_activations(grouped, per_tensor):
     total = sum(counts)
     x8 = (torch.randn(total, k, device="cuda") * 4).to(torch.float8_e4m3fn)
     sa = torch.rand(1 if per_tensor else total, device="cuda") + 0.25
-    offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32) if grouped else None
+    offs = _offs(counts) if grouped else None
     out = torch.full((total, n), POISON, device="cuda", dtype=torch.bfloat16)
     if grouped:
         cutegemm.grouped_gemm(x8, qw, offs=offs, scale_a=sa, out=out)
@@ -381,7 +391,7 @@ def test_fp8_activations(grouped, per_tensor):
         cutegemm.gemm(x8, qw, scale_a=sa, out=out)
     xd = x8.double() * sa.double().reshape(-1, 1)
     wd = dequantize_ref(qw).double()
-    bounds = list(zip([0, *offs.tolist()[:-1]], offs.tolist(), strict=True)) if grouped else [(0, total)]
+    bounds = _bounds(offs) if grouped else [(0, total)]
     ref = torch.cat([xd[s:t] @ (wd[i] if grouped else wd).T for i, (s, t) in enumerate(bounds)])
     tref = torch.cat([(xd[s:t].to(torch.bfloat16) @ (wd[i] if grouped else wd).to(torch.bfloat16).T).double()
                       for i, (s, t) in enumerate(bounds)])  # fmt: skip
