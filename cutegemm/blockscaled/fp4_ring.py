@@ -350,6 +350,14 @@ class RingPipeline:
             x_base = cutlass.Int64(batch) * cutlass.Int64(m_rows)
         return tile, batch, m0, x_base
 
+    def slot_word(self, slot0, cta, cta_lo, su0, rw, lane):
+        """Word of lane ``lane`` of row group ``rw`` in CTA ``cta``'s slot for the segment starting
+        at unit ``su0``: slot 0 if the segment holds the CTA's first unit ``cta_lo``, else 1 (its
+        last). Value v of the lane sits ``32 v`` words further (:meth:`split_finish`)."""
+        n_acc = self.cfg.row_tiles * self.cfg.n_tiles * 4
+        slot_words = self.cfg.warps_n * n_acc * 32
+        return slot0 + (cta * 2 + cutlass.select_(cta_lo >= su0, 0, 1)) * slot_words + rw * n_acc * 32 + lane
+
     @cute.jit
     def split_finish(self, acc, sRed, sFlag, mWork, slot0, lane, kg, rw, cw, seg, su0, u_lo, total, n_ctas, n_kst,
                      m0, row_end, x_base, row0, n, gs, mXs, mOut, bar_threads: cutlass.Constexpr):  # fmt: skip
@@ -365,10 +373,8 @@ class RingPipeline:
         warps_n x n_acc x 32 fp32: slot 0 for the segment holding the CTA's first unit, 1 for
         the one holding its last (the units between are whole segments, stored directly)."""
         cfg = self.cfg
-        RT, NT, RW = cfg.row_tiles, cfg.n_tiles, cfg.warps_n
+        RT, NT = cfg.row_tiles, cfg.n_tiles
         n_acc = RT * NT * 4
-        slot_words = RW * n_acc * 32
-        slots0 = slot0
         me = cute.arch.block_idx()[0]
         mWf = cute.make_tensor(cute.recast_ptr(mWork.iterator, dtype=cutlass.Float32), mWork.layout)
         G64 = cutlass.Int64(n_ctas)
@@ -377,9 +383,9 @@ class RingPipeline:
         c_last = cutlass.Int32((cutlass.Int64(su0 + n_kst) * G64 - 1) // T64)
         self.reduce_k_groups(acc, sRed, lane, kg, rw, bar_threads)
         if kg == 0:
-            base = slots0 + (me * 2 + cutlass.select_(u_lo >= su0, 0, 1)) * slot_words + rw * n_acc * 32 + lane
+            base = self.slot_word(slot0, me, u_lo, su0, rw, lane)
             for v in cutlass.range_constexpr(n_acc):
-                mWf[base + v * 32] = acc[v // (NT * 4), (v // 4) % NT, v % 4]
+                mWf[base + v * 32] = acc[self.acc_index(v)]
             cute.arch.fence_acq_rel_gpu()
         self.sync(bar_threads)
         if cw == 0 and lane == 0:
@@ -397,13 +403,13 @@ class RingPipeline:
                 for c in range(c_first, c_last + 1):
                     if c == me:
                         for v in cutlass.range_constexpr(n_acc):
-                            tot[v // (NT * 4), (v // 4) % NT, v % 4] += acc[v // (NT * 4), (v // 4) % NT, v % 4]
+                            tot[self.acc_index(v)] += acc[self.acc_index(v)]
                     else:
                         c_lo = cutlass.Int32(cutlass.Int64(c) * T64 // G64)  # CTA c's first unit
-                        base = slots0 + (c * 2 + cutlass.select_(c_lo >= su0, 0, 1)) * slot_words + rw * n_acc * 32 + lane
+                        base = self.slot_word(slot0, c, c_lo, su0, rw, lane)
                         addr = mWork.iterator.toint() + cutlass.Int64(base) * 4
                         for v in cutlass.range_constexpr(n_acc):
-                            tot[v // (NT * 4), (v // 4) % NT, v % 4] += ld_global_cg_f32(addr + v * 128)
+                            tot[self.acc_index(v)] += ld_global_cg_f32(addr + v * 128)
                 self.store_fragment(tot, lane, m0, row_end, x_base, row0, n, gs, mXs, mOut, True)
         self.sync(bar_threads)  # sFlag and sRed are rewritten by the next segment
 

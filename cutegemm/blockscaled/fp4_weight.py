@@ -260,6 +260,12 @@ class Fp4WeightKernel(RingPipeline, DirectPipeline):
         if cutlass.const_expr(self.cfg.warps_k > 1):
             self.sync(bar_threads)  # sRed is rewritten by the next pass
 
+    def acc_index(self, v: int) -> tuple:
+        """The (rt, nt, q) register of flat accumulator index v (the order of ``sRed`` and of the
+        split grid's partial-sum slots)."""
+        NT = self.cfg.n_tiles
+        return v // (NT * 4), (v // 4) % NT, v % 4
+
     @cute.jit
     def reduce_k_groups(self, acc, sRed, lane, kg, rw, bar_threads: cutlass.Constexpr):
         """K groups 1.. add their partial sums into K group 0's ``acc`` through ``sRed``."""
@@ -269,12 +275,12 @@ class Fp4WeightKernel(RingPipeline, DirectPipeline):
         if cutlass.const_expr(KW > 1):
             if kg > 0:
                 for v in cutlass.range_constexpr(n_acc):
-                    sRed[v, lane, rw, kg - 1] = acc[v // (NT * 4), (v // 4) % NT, v % 4]
+                    sRed[v, lane, rw, kg - 1] = acc[self.acc_index(v)]
             self.sync(bar_threads)
             if kg == 0:
                 for kk in cutlass.range_constexpr(KW - 1):
                     for v in cutlass.range_constexpr(n_acc):
-                        acc[v // (NT * 4), (v // 4) % NT, v % 4] += sRed[v, lane, rw, kk]
+                        acc[self.acc_index(v)] += sRed[v, lane, rw, kk]
 
     @cute.jit
     def store_fragment(self, acc, lane, m0, row_end, x_base, row0, n, gs, mXs, mOut, permuted: cutlass.Constexpr):
@@ -384,10 +390,10 @@ class Fp4WeightKernel(RingPipeline, DirectPipeline):
                         rA[rt, hr, q] = dq[q]
             for nt in cutlass.range_constexpr(NT):
                 # (x_0, x_4), (x_1, x_5), (x_2, x_6), (x_3, x_7) of this thread's 8 K values
-                if cutlass.const_expr(x_mode == "paired"):
-                    xw = ld_shared_v4(x_ptr + x_addr[nt] + (x_plane ^ (16 * j)))  # paired by the producer
-                elif cutlass.const_expr(x_mode == "swizzled"):
-                    xw = pair_natural_x(ld_shared_v4(x_ptr + x_addr[nt] + (x_plane ^ (16 * j))))
+                if cutlass.const_expr(x_mode != "global"):
+                    xw = ld_shared_v4(x_ptr + x_addr[nt] + (x_plane ^ (16 * j)))
+                    if cutlass.const_expr(x_mode == "swizzled"):  # else paired by the producer
+                        xw = pair_natural_x(xw)
                 else:
                     xw = ld_global_v4(x_ptr + cutlass.Int64(x_addr[nt] + (4 * c + j) * x_plane))
                 for h in cutlass.range_constexpr(2):
