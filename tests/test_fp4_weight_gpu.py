@@ -62,6 +62,18 @@ def _check(out, x, qw, bounds=None):
     assert err <= 2 * terr + 1e-6 * scale + 1e-30, (err, terr)
 
 
+def _run_checked(x, qw, counts, cfg, out_dtype=torch.bfloat16, x_call=None):
+    """Run config ``cfg`` (grouped when ``counts`` is given) into a poisoned output and check it
+    against ``x`` (the call gets ``x_call`` if given: a view of the same values)."""
+    from cutegemm.blockscaled.fp4_weight_api import gemm_fp4_weight
+
+    offs = None if counts is None else _offs(counts)
+    out = torch.full((x.shape[0], qw.shape[-2]), POISON, device="cuda", dtype=out_dtype)
+    if x.shape[0]:
+        gemm_fp4_weight(x if x_call is None else x_call, qw, offs=offs, out=out, config=cfg)
+    _check(out, x, qw, None if offs is None else _bounds(offs))
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     m=st.integers(1, 80),
@@ -103,19 +115,15 @@ def test_other_pipelines(shape, grouped):
     splits), dense and grouped, K with a tail chunk."""
     from dataclasses import replace
 
-    from cutegemm.blockscaled.fp4_weight_api import _arch, gemm_fp4_weight, pick_config
+    from cutegemm.blockscaled.fp4_weight_api import _arch, pick_config
 
     k, n = 32 * 37, 200
     e = 3 if grouped else 1
     qw = _weights((e, n, k) if grouped else (n, k), "nvfp4", seed=11)
     counts = [9, 0, 30] if grouped else [21]
     x = torch.randn(sum(counts), k, device="cuda").to(torch.bfloat16)
-    offs = _offs(counts) if grouped else None
     cfg = replace(pick_config(x.shape[0], "nvfp4", torch.bfloat16, _arch(0), grouped, e), **shape)
-    out = torch.full((x.shape[0], n), POISON, device="cuda", dtype=torch.bfloat16)
-    gemm_fp4_weight(x, qw, offs=offs, out=out, config=cfg)
-    bounds = _bounds(offs) if grouped else None
-    _check(out, x, qw, bounds)
+    _run_checked(x, qw, counts if grouped else None, cfg)
 
 
 RING_SHAPES = [
@@ -141,7 +149,7 @@ def test_bulk_copy_ring(counts, n, kb, fmt, grouped, shape, out_dtype):
     partial stages, several token passes, empty experts, both formats."""
     from dataclasses import replace
 
-    from cutegemm.blockscaled.fp4_weight_api import _arch, gemm_fp4_weight, pick_config
+    from cutegemm.blockscaled.fp4_weight_api import _arch, pick_config
 
     k = 32 * kb
     if not grouped:
@@ -150,13 +158,8 @@ def test_bulk_copy_ring(counts, n, kb, fmt, grouped, shape, out_dtype):
     qw = _weights((e, n, k) if grouped else (n, k), fmt, seed=n * 31 + kb * 7 + e)
     m = sum(counts)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-    offs = _offs(counts) if grouped else None
     cfg = replace(pick_config(max(m, 1), fmt, out_dtype, _arch(0), grouped, e), stages=0, l2_prefetch=0, **shape)
-    out = torch.full((m, n), POISON, device="cuda", dtype=out_dtype)
-    if m:
-        gemm_fp4_weight(x, qw, offs=offs, out=out, config=cfg)
-    bounds = _bounds(offs) if grouped else None
-    _check(out, x, qw, bounds)
+    _run_checked(x, qw, counts if grouped else None, cfg, out_dtype)
 
 
 SPLIT_SHAPES = [
@@ -247,13 +250,7 @@ def test_activation_views(view, grouped):
         buf = torch.full((m + 64, k), float("inf"), device="cuda", dtype=torch.bfloat16)
         buf[32 : 32 + m] = x
         xv = buf[32 : 32 + m]
-    offs = _offs(counts) if grouped else None
-    out = torch.full((m, n), POISON, device="cuda", dtype=torch.bfloat16)
-    from cutegemm.blockscaled.fp4_weight_api import gemm_fp4_weight
-
-    gemm_fp4_weight(xv, qw, offs=offs, out=out)
-    bounds = _bounds(offs) if grouped else None
-    _check(out, x, qw, bounds)
+    _run_checked(x, qw, counts if grouped else None, None, x_call=xv)  # the policy's config
 
 
 def test_alpha_and_global_scale():

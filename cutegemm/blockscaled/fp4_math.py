@@ -1,7 +1,8 @@
 """The register math of the FP4-weight kernel (:mod:`cutegemm.blockscaled.fp4_weight`) and its
 torch twins: e2m1 -> bf16 by shifts and masks plus one or two packed bf16 multiplies by the
 block's scale factor, the scale-factor decodes (NVFP4 e4m3, MXFP4 e8m0), the ``mma.sync``
-m16n8k16 wrapper, and the host-side activation reorder into the kernel's fragment order. The
+m16n8k16 wrapper, the activations' pairing with the weights (four PRMTs in the ring, or the
+host-side reorder into the per-thread pipelines' fragment order). The
 twins reproduce the kernel's arithmetic bit for bit on torch tensors (the CPU tests check them
 against ``dequantize_ref``)."""
 
