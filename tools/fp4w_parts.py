@@ -20,12 +20,12 @@ for fmt in ("nvfp4", "mxfp4"):
         qw = cutegemm.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), fmt)
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         wd = cutegemm.dequantize(qw).to(torch.bfloat16)
-        t_cublas = timer(lambda: x @ wd.T)
-        t_full = timer(lambda: gemm_fp4_weight(x, qw))
-        t_reorder = timer(lambda: fp4_math.fragment_order_x(x))
+        t_cublas = timer(lambda x=x, wd=wd: x @ wd.T)
+        t_full = timer(lambda x=x, qw=qw: gemm_fp4_weight(x, qw))
+        t_reorder = timer(lambda x=x: fp4_math.fragment_order_x(x))
         print(f"{fmt} M={m}: full call {t_full * 1e3:.1f} us | host reorder alone {t_reorder * 1e3:.1f} us | "
               f"cuBLAS bf16 {t_cublas * 1e3:.1f} us ({t_cublas / t_full:.2f}x)", flush=True)
         for s in sys.argv[1:]:
             cfg = replace(pick_config(m, fmt, torch.bfloat16, _arch(0), False), **eval(f"dict({s})"))  # noqa: S307
-            t = timer(lambda cfg=cfg: gemm_fp4_weight(x, qw, config=cfg))
+            t = timer(lambda x=x, qw=qw, cfg=cfg: gemm_fp4_weight(x, qw, config=cfg))
             print(f"   [{s}] {t * 1e3:.1f} us ({t_cublas / t:.2f}x)", flush=True)
