@@ -62,6 +62,7 @@ for spec in "$@"; do
     overhead) cmd="python -c 'from cutegemm.benchmarks import host_overhead; host_overhead()'; python tools/overhead_breakdown.py" ;;
     stress) cmd="python tools/stress.py --cases 1000 --seed 0 --time-limit $((lim - 15))" ;;
     sanitize) cmd="bash tools/sanitize.sh" ;;
+    stress_fp4w) cmd="python tools/stress.py --cases 400 --seed 1 --families fp4w --time-limit $((lim - 15))" ;;
     *) echo "unknown step $step"; continue ;;
   esac
   echo "=== $step (limit ${lim}s)"
