@@ -542,6 +542,86 @@ def bench_fp8_blockwise(shapes=((8192, 8192, 8192),), reps=20, configs=None):
     return rows
 
 
+def bench_grouped_fp8_blockwise(shapes=((32, 512, 4096, 7168), (32, 512, 7168, 2048)), reps=20, configs=None):
+    """Grouped DeepSeek FP8 block scaling (scale_a (total_M, K/128), scale_b (E, K/128, N/128)) on
+    MoE shapes (E, mean tokens, N, K), same operands, same run, against what torch offers: a loop
+    of torch's blockwise ``torch._scaled_mm`` over the experts (the same recipe; one launch per
+    expert, host-synced counts), ``torch._scaled_grouped_mm`` row-wise (one launch, a coarser
+    recipe: per-token x per-(expert, column) scales) and ``torch._grouped_mm`` bf16. ``configs``:
+    GemmConfig override dicts timed beside the policy's choice. Returns Rows (torch_ms: the loop
+    of blockwise _scaled_mm when this torch runs it, else the row-wise grouped call)."""
+    timer = Timer()
+    return [row for shape in shapes for row in _bench_gbw_shape(timer, *shape, reps, configs)]
+
+
+def _bench_gbw_shape(timer, e, tok, n, k, reps, configs):
+    from dataclasses import replace
+
+    from .grouped import grouped_gemm, grouped_gemm_ref
+
+    rows = []
+    counts = _moe_counts(e, tok)
+    total = sum(counts)
+    kb, nb = -(-k // 128), -(-n // 128)
+    torch.manual_seed(0)
+    a = torch.randn(total, k, device="cuda").to(torch.float8_e4m3fn)
+    w = torch.randn(e, n, k, device="cuda").to(torch.float8_e4m3fn)
+    b = w.transpose(1, 2)
+    sa = torch.rand(total, kb, device="cuda") + 0.5
+    sb = (torch.rand(e, nb, kb, device="cuda") + 0.5).transpose(1, 2)  # the weight's scales, (E, KB, NB)
+    offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
+    bounds = [0, *offs.tolist()]
+    flops = 2.0 * total * n * k
+    case = f"E{e}x{tok}tok N{n} K{k} blockwise"
+    ref = grouped_gemm_ref(a, b, offs=offs, scale_a=sa, scale_b=sb, out_dtype=torch.float64)
+    sa_m = sa.t().contiguous().t()  # torch's blockwise layouts (M-major scale_a, .t() of (NB, KB))
+    sb_m = [sb[i].t().contiguous().t() for i in range(e)]
+
+    def torch_loop():
+        out = torch.empty(total, n, device="cuda", dtype=torch.bfloat16)
+        for i in range(e):
+            s, t = bounds[i], bounds[i + 1]
+            if t > s:
+                out[s:t] = torch._scaled_mm(a[s:t], b[i], scale_a=sa_m[s:t], scale_b=sb_m[i], out_dtype=torch.bfloat16)
+        return out
+
+    base_t, base_err, base_name = float("nan"), float("nan"), "none"
+    try:
+        base_err = (torch_loop().double() - ref).abs().max().item()
+        base_t, base_name = timer(torch_loop, reps), "loop of torch blockwise _scaled_mm"
+        print(f"{case}: {base_name}: {flops / base_t / 1e9:.1f} TFLOP/s, max err {base_err:.3g}", flush=True)
+    except (RuntimeError, NotImplementedError, ValueError, TypeError) as exc:
+        print(f"{case}: torch blockwise _scaled_mm unavailable ({type(exc).__name__}: {str(exc)[:200]})")
+    ra, rb = torch.rand(total, device="cuda") + 0.5, torch.rand(e, n, device="cuda") + 0.5
+    try:
+        t_rw = timer(lambda: torch._scaled_grouped_mm(a, b, ra, rb, offs=offs, out_dtype=torch.bfloat16), reps)
+        print(f"{case}: torch._scaled_grouped_mm row-wise (other recipe): {flops / t_rw / 1e9:.1f} TFLOP/s", flush=True)
+        if base_t != base_t:
+            base_t, base_name = t_rw, "torch._scaled_grouped_mm row-wise (other recipe)"
+    except (RuntimeError, NotImplementedError, ValueError, TypeError) as exc:
+        print(f"{case}: torch._scaled_grouped_mm unavailable ({type(exc).__name__}: {str(exc)[:200]})")
+    a16, b16 = a.to(torch.bfloat16), b.to(torch.bfloat16)
+    t16 = timer(lambda a16=a16, b16=b16: torch._grouped_mm(a16, b16, offs=offs), reps)
+    print(f"{case}: torch._grouped_mm bf16: {flops / t16 / 1e9:.1f} TFLOP/s", flush=True)
+    out = grouped_gemm(a, b, offs=offs, scale_a=sa, scale_b=sb)
+    from .grouped.api import _PLANS
+
+    base = next(p.config for key, p in _PLANS.items() if key[0] == a.shape and key[2] == b.shape and p.config.fp8_blockwise)
+    for cfg in [None] + [replace(base, **c) for c in (configs or [])]:
+        try:
+            o = grouped_gemm(a, b, offs=offs, scale_a=sa, scale_b=sb, config=cfg)
+            t = timer(lambda cfg=cfg: grouped_gemm(a, b, offs=offs, scale_a=sa, scale_b=sb, config=cfg), reps)
+        except Exception as exc:
+            print(f"   {(cfg or base).name}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+            continue
+        err = (o.double() - ref).abs().max().item()
+        row = Row(case, t, base_t, flops / t / 1e9, flops / base_t / 1e9, base_t / t, (cfg or base).name, err, base_err)
+        rows.append(row)
+        print(format_row(row) + f" | vs bf16 _grouped_mm {t16 / t:.3f}x", flush=True)
+    del out
+    return rows
+
+
 MXFP8_SHAPES = [(8192, 8192, 8192), (16384, 7168, 2048), (4096, 4096, 4096)]
 
 

@@ -308,7 +308,7 @@ def grouped_variants(arch: str) -> list[GemmConfig]:
 def grouped_epilogue_variants(arch: str) -> list[GemmConfig]:
     """Epilogues of the packed grouped kernel: per-expert bias + activation, gated swiglu,
     quantized outputs (MXFP8 after swiglu, NVFP4, MXFP4), a user epilogue; FP8 row-wise scales
-    (sm_90a: promoted and fast accumulation)."""
+    (sm_90a: promoted and fast accumulation) and DeepSeek block scales (sm_90a)."""
     from .epilogue.user import register
 
     E = EpilogueSpec
@@ -333,6 +333,15 @@ def grouped_epilogue_variants(arch: str) -> list[GemmConfig]:
             GemmConfig(**g, tile_m=64, tile_n=128, cluster_n=2, **fp8),
             GemmConfig(**g, tile_m=128, tile_n=256, cluster_n=2, fast_accum=True, **fp8),
         ]
+        # DeepSeek block scaling per expert (1x128 / 128x128): the policy's tiles, and one with a
+        # swiglu + MXFP8 output (the MoE up projection's usual next step)
+        bw = dict(a_dtype="e4m3", b_dtype="e4m3", b_major="k", fp8_blockwise=True)
+        out += [
+            GemmConfig(**g, tile_m=128, tile_n=128, cluster_n=2, **bw),
+            GemmConfig(**g, tile_m=64, tile_n=128, cluster_n=2, **bw),
+            GemmConfig(**g, tile_m=128, tile_n=128, scheduler="dynamic", out_dtype="e4m3",
+                       epilogue=E(gated="swiglu", quant="mxfp8"), **bw),
+        ]  # fmt: skip
     return out
 
 

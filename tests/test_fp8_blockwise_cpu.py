@@ -29,6 +29,8 @@ BW = dict(arch="sm_90a", a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k
         dict(tile_m=64, tile_n=128, pingpong=True),
         dict(tile_m=64, tile_n=64, out_dtype="fp32"),
         dict(tile_m=128, tile_n=128, epilogue=EpilogueSpec(bias=True, bias_dtype="bf16", activation="silu")),
+        dict(tile_m=128, tile_n=128, cluster_n=2, grouped=True),
+        dict(tile_m=64, tile_n=128, grouped=True, scheduler="dynamic"),
     ],
 )
 def test_blockwise_configs_accepted(kw):
@@ -47,7 +49,6 @@ def test_blockwise_configs_accepted(kw):
         (dict(tile_n=128, a_dtype="bf16", b_dtype="bf16"), "e4m3"),
         (dict(tile_n=128, arch="sm_100a", tile_m=128), "sm_90a"),
         (dict(tile_n=128, epilogue=EpilogueSpec(scale_a=True, scale_b=True)), "per-row/per-column"),
-        (dict(tile_n=128, grouped=True), "dense only"),
         (dict(tile_n=128, sf_dtype="e8m0", sf_vec=32), "block-scaled"),
     ],
 )
@@ -221,3 +222,71 @@ def test_gemm_ref_zero_blocks():
     )
     only_kb0 = (a.double()[:, :128] @ b.double()[:128, :128]) * sa.double()[:, :1] * sb[0, 0].double()
     torch.testing.assert_close(out[:, :128], only_kb0, atol=1e-9, rtol=1e-9)
+
+
+# ---- grouped (packed MoE form): scale_a (total_M, KB), scale_b (E, KB, NB) ------------------------
+def _grouped(counts, n, k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    E, total = len(counts), sum(counts)
+    a = (torch.randn(total, k, generator=g) * 2).to(F8)
+    w = (torch.randn(E, n, k, generator=g) * 2).to(F8)
+    kb, nb = math.ceil(k / 128), math.ceil(n / 128)
+    sa = torch.rand(total, kb, generator=g) + 0.5
+    sb = torch.rand(E, nb, kb, generator=g) + 0.5  # the (E, N, K) weight's scales
+    offs = torch.tensor(counts, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    return a, w.transpose(1, 2), offs, sa, sb.transpose(1, 2)
+
+
+def test_grouped_block_scales_validation():
+    from cutegemm.gemm.fp8_args import fp8_grouped_block_scales as f
+
+    a, b, _, sa, sb = _grouped([5, 0, 7], 300, 400)  # KB = 4, NB = 3
+    got_a, got_b = f(a, b, sa, sb)
+    assert got_a is sa and got_b.shape == (3, 4, 3) and torch.equal(got_b, sb.permute(2, 1, 0))
+    assert f(a, b, torch.ones(12), torch.ones(3, 300)) is None  # row-wise
+    assert f(a, b, None, None) is None
+    with pytest.raises(ValueError, match=r"pass scale_b.transpose\(1, 2\)"):
+        f(a, b, sa, sb.transpose(1, 2))
+    with pytest.raises(ValueError, match=r"scale_a must have shape \(total_M, ceil\(K/128\)\) = \(12, 4\)"):
+        f(a, b, sa[:, :2], sb)
+    with pytest.raises(ValueError, match="needs scale_b of shape"):
+        f(a, b, sa, torch.ones(3, 300))
+    with pytest.raises(TypeError, match="scale_b must be torch.float32"):
+        f(a, b, sa, sb.double())
+
+
+@pytest.mark.parametrize("counts", [[5, 0, 7], [0, 0], [40], [1, 2, 3, 0, 9]])
+def test_grouped_ref_matches_per_expert_loop(counts):
+    """grouped_gemm_ref with block scales = the float64 K-block loop on each expert's rows."""
+    from cutegemm.grouped import grouped_gemm_ref
+
+    n, k = 300, 400
+    a, b, offs, sa, sb = _grouped(counts, n, k, seed=len(counts))
+    ref = grouped_gemm_ref(a, b, offs=offs, scale_a=sa, scale_b=sb, out_dtype=torch.float64,
+                           compute_dtype=torch.float64)  # fmt: skip
+    bounds = [0, *offs.tolist()]
+    for e in range(len(counts)):
+        s, t = bounds[e], bounds[e + 1]
+        torch.testing.assert_close(ref[s:t], _loop_reference(a[s:t], b[e], sa[s:t], sb[e]), atol=1e-9, rtol=1e-9)
+
+
+@pytest.mark.parametrize("rows", [8, 64, 512, 4096])
+def test_grouped_policy_picks_a_blockwise_tile(rows):
+    p = GemmProblem(32 * rows, 4096, 7168, 1, "e4m3", "e4m3", "bf16", "k", "k")
+    cfg = policy_for("sm_90a", 132).choose_grouped(p, 32, fp8_blockwise=True)
+    assert cfg.grouped and cfg.fp8_blockwise and cfg.tile_n in (64, 128)
+    ok, why = can_implement(cfg, p)
+    assert ok, why
+
+
+def test_grouped_blockwise_variants_and_fake_args():
+    from cutegemm.compile_check import _mma_markers, all_variants
+    from cutegemm.runtime.signature import grouped_fake_args
+
+    gbw = [c for c in all_variants(["sm_90a"]) if c.fp8_blockwise and c.grouped]
+    assert len(gbw) >= 2
+    for c in gbw:
+        assert can_implement(c)[0], c.name
+        assert "QGMMA" in _mma_markers(c)
+        args = grouped_fake_args(c)
+        assert len(args[10].shape) == 2 and len(args[11].shape) == 3  # mSFA (M, KB), mSFB (NB, KB, E)

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 import cutegemm
 
 from .gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
+from .test_quant_epilogue_gpu import check_quantized
 
 pytestmark = pytest.mark.gpu
 F8 = torch.float8_e4m3fn
@@ -249,3 +250,162 @@ def test_blockwise_bad_inputs():
         cutegemm.gemm(
             a2, b2, scale_a=torch.ones(64, 2, device="cuda"), scale_b=torch.ones(2, 1, device="cuda")
         )
+
+
+# ---- grouped (MoE packed form): scale_a (total_M, KB) per token row, scale_b (E, KB, NB) per expert
+def _grouped_operands(counts, n, k, seed=0, pad_rows=5, log10_lo=-0.3, log10_hi=0.3):
+    """a (total + pad, K), b = w.transpose(1, 2) of an (E, N, K) weight, offs, scale_a, scale_b
+    (E, KB, NB) given as the .transpose(1, 2) of the weight's (E, NB, KB) scales."""
+    E = len(counts)
+    total = sum(counts) + pad_rows  # rows past offs[-1] belong to no expert
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    a = (torch.randn(total, k, generator=g, device="cuda") * 3).to(F8)
+    w = (torch.randn(E, n, k, generator=g, device="cuda") * 3).to(F8)
+    kb, nb = math.ceil(k / 128), math.ceil(n / 128)
+
+    def draw(*shape):
+        return 10.0 ** (torch.rand(*shape, generator=g, device="cuda") * (log10_hi - log10_lo) + log10_lo)
+
+    offs = torch.tensor(counts, dtype=torch.int32, device="cuda").cumsum(0, dtype=torch.int32)
+    return a, w.transpose(1, 2), offs, draw(total, kb), draw(E, nb, kb).transpose(1, 2)
+
+
+def _grouped_check(out, a, b, offs, sa, sb, what, pad_rows):
+    """Every expert's rows within 2x the same-precision baseline (torch's blockwise _scaled_mm per
+    expert, or the fp32 dequantized product), rows past offs[-1] untouched (NaN)."""
+    from cutegemm.grouped import grouped_gemm_ref
+
+    end = out.shape[0] - pad_rows
+    assert torch.isnan(out[end:]).all(), f"{what}: rows past offs[-1] were written"
+    ref = grouped_gemm_ref(a, b, offs=offs, scale_a=sa, scale_b=sb, out_dtype=torch.float64,
+                           compute_dtype=torch.float64)  # fmt: skip
+    bounds = [0, *offs.tolist()]
+    base = torch.empty(end, b.shape[2], dtype=BF16, device="cuda")
+    names = set()
+    for e in range(b.shape[0]):
+        s, t = bounds[e], bounds[e + 1]
+        if t > s:
+            base[s:t], name = _baseline(a[s:t], b[e], sa[s:t], sb[e], ref[s:t])
+            names.add(name)
+    if end:
+        assert_within_torch_error(out[:end], base, ref[:end], what=f"{what} (vs {', '.join(sorted(names))})")
+
+
+def _run_grouped(counts, n, k, seed=0, pad_rows=5, config=None, **scale_range):
+    _skip_unless_sm90()
+    from cutegemm.grouped import grouped_gemm
+
+    a, b, offs, sa, sb = _grouped_operands(counts, n, k, seed, pad_rows, **scale_range)
+    out = torch.full((a.shape[0], n), float("nan"), dtype=BF16, device="cuda")
+    res = grouped_gemm(a, b, offs=offs, scale_a=sa, scale_b=sb, out=out, config=config)
+    assert res is out
+    _grouped_check(out, a, b, offs, sa, sb, f"grouped fp8 blockwise {counts} n={n} k={k}", pad_rows)
+    return a, b, offs, sa, sb, out
+
+
+@pytest.mark.parametrize(
+    "counts",
+    [[0, 0, 0], [700], [0, 700, 0], [3, 1, 2], [129, 127, 128, 1, 0, 255], [16] * 32, [300, 0, 45]],
+    ids=["all-empty", "one", "one-of-three", "tiny", "ragged", "decode", "mixed"],
+)
+def test_grouped_blockwise_edge_cases(counts):
+    _run_grouped(counts, 384, 640, seed=len(counts))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    counts=st.lists(st.one_of(st.just(0), st.integers(1, 300)), min_size=1, max_size=10),
+    n16=st.integers(1, 40),
+    k16=st.integers(1, 50),
+    lo=st.floats(-3.0, 3.0),
+    span=st.floats(0.0, 6.0),
+)
+def test_grouped_blockwise_hypothesis(counts, n16, k16, lo, span):
+    """Ragged experts (incl. empty ones), N with partial 128-column scale blocks, K not a multiple
+    of 128; scales over up to 6 decades."""
+    _run_grouped(counts, 16 * n16, 16 * k16, seed=sum(counts) + n16, log10_lo=lo, log10_hi=min(lo + span, 3.0))
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        dict(tile_m=128, tile_n=128, cluster_n=2),
+        dict(tile_m=64, tile_n=128, cluster_n=2),
+        dict(tile_m=128, tile_n=64),
+        dict(tile_m=128, tile_n=128, scheduler="dynamic"),
+        dict(tile_m=128, tile_n=128, cluster_m=2),
+    ],
+)
+def test_grouped_blockwise_forced_tiles(override):
+    from cutegemm.gemm.config import GemmConfig
+
+    cfg = GemmConfig(arch="sm_90a", a_dtype="e4m3", b_dtype="e4m3", b_major="k", grouped=True,
+                     fp8_blockwise=True, **override)  # fmt: skip
+    _run_grouped([200, 0, 77, 130, 1], 520, 700 - 700 % 16, seed=3, config=cfg, log10_lo=-2, log10_hi=2)
+
+
+def test_grouped_blockwise_cuda_graph_replay():
+    """Captured once, replayed with 20 different offs contents: each replay equals an eager call
+    with the same offs, bit for bit."""
+    _skip_unless_sm90()
+    from cutegemm.grouped import grouped_gemm
+
+    E, n, k, total = 8, 384, 512, 600
+    a, b, offs, sa, sb = _grouped_operands([total // E] * E, n, k, seed=21, pad_rows=0)
+    out = torch.empty(total, n, dtype=BF16, device="cuda")
+    grouped_gemm(a, b, offs=offs, scale_a=sa, scale_b=sb, out=out)  # compile and warm up
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        grouped_gemm(a, b, offs=offs, scale_a=sa, scale_b=sb, out=out)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        cuts = torch.sort(torch.randint(0, total + 1, (E - 1,), generator=g)).values
+        new = torch.cat([cuts, torch.tensor([total])]).to(torch.int32)
+        offs.copy_(new)
+        out.fill_(float("nan"))
+        graph.replay()
+        eager = grouped_gemm(a, b, offs=offs, scale_a=sa, scale_b=sb)
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager), f"replay with offs {new.tolist()} differs from an eager call"
+
+
+def test_grouped_blockwise_swiglu_bias_and_mxfp8_out():
+    """Epilogues compose with the block scales: per-expert bias + swiglu (bf16), and swiglu with an
+    MXFP8 output (= quantize_ref of the reference's bf16 result, up to ties)."""
+    _skip_unless_sm90()
+    from cutegemm.blockscaled import quantize_ref
+    from cutegemm.grouped import grouped_gemm, grouped_gemm_ref
+
+    counts, n, k = [150, 0, 64, 300], 512, 384
+    a, b, offs, sa, sb = _grouped_operands(counts, n, k, seed=9, pad_rows=0)
+    bias = torch.randn(len(counts), n, device="cuda")
+    out = grouped_gemm(a, b, offs=offs, scale_a=sa, scale_b=sb, bias=bias, activation="swiglu")
+    ref = grouped_gemm_ref(a, b, offs=offs, scale_a=sa, scale_b=sb, bias=bias, activation="swiglu",
+                           out_dtype=torch.float64, compute_dtype=torch.float64)  # fmt: skip
+    same = grouped_gemm_ref(a, b, offs=offs, scale_a=sa, scale_b=sb, bias=bias, activation="swiglu")
+    assert_within_torch_error(out, same, ref, atol=1e-3, what="grouped blockwise bias swiglu")
+    q = grouped_gemm(a, b, offs=offs, scale_a=sa, scale_b=sb, activation="swiglu", out_dtype="mxfp8")
+    # the kernel's own fp32 result, quantized by the reference (the same accumulators)
+    want = quantize_ref(grouped_gemm(a, b, offs=offs, scale_a=sa, scale_b=sb, activation="swiglu",
+                                     out_dtype=torch.float32), "mxfp8")  # fmt: skip
+    check_quantized(q, want, "mxfp8")
+
+
+def test_grouped_blockwise_bad_inputs():
+    _skip_unless_sm90()
+    from cutegemm.grouped import grouped_gemm
+
+    a, b, offs, sa, sb = _grouped_operands([64, 64], 256, 256, pad_rows=0)
+    with pytest.raises(ValueError, match=r"scale_b must have shape \(E, ceil\(K/128\), ceil\(N/128\)\)"):
+        grouped_gemm(a, b, offs=offs, scale_a=sa, scale_b=sb.transpose(1, 2))
+    with pytest.raises(ValueError, match=r"scale_a must have shape \(total_M, ceil\(K/128\)\)"):
+        grouped_gemm(a, b, offs=offs, scale_a=sa[:-1], scale_b=sb)
+    with pytest.raises(ValueError, match="needs scale_b of shape"):
+        grouped_gemm(a, b, offs=offs, scale_a=sa, scale_b=torch.ones(2, 256, device="cuda"))
+    with pytest.raises(ValueError, match="fast_accum must be False"):
+        grouped_gemm(a, b, offs=offs, scale_a=sa, scale_b=sb, fast_accum=True)
+    with pytest.raises(TypeError, match="float32"):
+        grouped_gemm(a, b, offs=offs, scale_a=sa.double(), scale_b=sb)
+    with pytest.raises(ValueError, match="gate_layout='halves'"):
+        grouped_gemm(a, b, offs=offs, scale_a=sa, scale_b=sb, activation="swiglu", gate_layout="halves")

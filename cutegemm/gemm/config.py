@@ -246,8 +246,6 @@ def fp8_blockwise_errors(cfg: GemmConfig) -> list[str]:
         )
     if cfg.blockscaled or cfg.sf_dtype:
         err.append(f"{what} cannot be combined with sm_100a block-scaled MMA (sf_vec/sf_dtype)")
-    if cfg.grouped:
-        err.append(f"{what}: dense only (grouped not implemented)")
     return err
 
 

@@ -107,3 +107,37 @@ def fp8_blockwise_ref(a, b, scale_a, scale_b, compute_dtype=torch.float32):
     sb = scale_b.to(compute_dtype).repeat_interleave(FP8_BLOCK, dim=0)[:k]
     sb = sb.repeat_interleave(FP8_BLOCK, dim=1)[:, :n]
     return torch.matmul(a.to(compute_dtype) * sa, b.to(compute_dtype) * sb)
+
+
+def fp8_grouped_block_scales(a, b, scale_a, scale_b):
+    """FP8 block scaling of the packed grouped form: a (total_M, K), b (E, K, N), scale_a
+    (total_M, ceil(K/128)) per 1x128 block of a token row, scale_b (E, ceil(K/128), ceil(N/128))
+    per 128x128 block of each expert's weight (a 3-D scale_b is what asks for it). Returns
+    (scale_a, scale_b as the kernel's (NB, KB, E) view), read in place with any strides; None
+    when scale_b is not 3-D (row-wise / per-tensor / none)."""
+    if not (isinstance(scale_b, torch.Tensor) and scale_b.dim() == 3):
+        if isinstance(scale_a, torch.Tensor) and scale_a.dim() == 2 and scale_a.shape[1] > 1:
+            raise ValueError(
+                "grouped FP8 block scaling needs scale_b of shape (E, ceil(K/128), ceil(N/128)) "
+                f"(128x128 blocks per expert) beside a 2-D scale_a, got scale_b "
+                f"{None if scale_b is None else tuple(getattr(scale_b, 'shape', ()))}"
+            )
+        return None
+    rule = "grouped FP8 block scaling (1x128 scales of a, 128x128 scales of b per expert)"
+    E, k, n = b.shape
+    kb, nb = -(-k // FP8_BLOCK), -(-n // FP8_BLOCK)
+    for name, t in (("scale_a", scale_a), ("scale_b", scale_b)):
+        check_fp32_scale(name, t, a.device, rule)
+    if tuple(scale_a.shape) != (a.shape[0], kb):
+        raise ValueError(
+            f"{rule}: scale_a must have shape (total_M, ceil(K/128)) = {(a.shape[0], kb)}, got {tuple(scale_a.shape)}"
+        )
+    if tuple(scale_b.shape) != (E, kb, nb):
+        hint = ""
+        if tuple(scale_b.shape) == (E, nb, kb):
+            hint = " (it has the (E, N/128, K/128) shape of an (E, N, K) weight's scales: pass scale_b.transpose(1, 2))"
+        raise ValueError(
+            f"{rule}: scale_b must have shape (E, ceil(K/128), ceil(N/128)) = {(E, kb, nb)}, got "
+            f"{tuple(scale_b.shape)}{hint}"
+        )
+    return scale_a, scale_b.permute(2, 1, 0)

@@ -63,6 +63,8 @@ class ArchPolicy:
             if not overrides.get("fast_accum", False):
                 # FP8 with promotion: two fp32 accumulators, at most 64x192 per warpgroup
                 tile = dict(tile_m=64, tile_n=128, cluster_n=2) if rows <= 64 else dict(tile_m=128, tile_n=192, cluster_n=2)
+            if overrides.get("fp8_blockwise"):  # a tile must not straddle a 128-column scale block
+                tile = dict(tile_m=64 if rows <= 64 else 128, tile_n=128, cluster_n=2)
         if self.arch == "sm_100a":
             tile = dict(tile_m=64 if rows <= 64 else 128, tile_n=128)
         cfg = replace(self.choose(p), grouped=True, cluster_m=1, cluster_n=1, raster="m", group=1, two_cta=False)

@@ -300,7 +300,7 @@ class GemmSm90(MxSm90Mixin, GemmBase):
         mV3: cute.Tensor | None,
         mWorkspace: cute.Tensor | None,
         mSFA: cute.Tensor | None,  # FP8 block scaling: (M, ceil(K/128)) fp32 scales of A, or None
-        mSFB: cute.Tensor | None,  # FP8 block scaling: (ceil(N/128), ceil(K/128)) fp32 scales of B
+        mSFB: cute.Tensor | None,  # FP8 block scaling: (ceil(N/128), ceil(K/128)[, E]) fp32 scales of B
         tma_atom_sfa: cute.CopyAtom | None,  # fp8_mx: TMA of the scales (mSFA / mSFB: TMA tensors)
         tma_atom_sfb: cute.CopyAtom | None,
         alpha: cutlass.Float32,
@@ -594,12 +594,20 @@ class GemmSm90(MxSm90Mixin, GemmBase):
             if cutlass.const_expr(blockwise):
                 # This tile's rows (clamped: rows past M read row M - 1's scales, never stored)
                 # and N block; K tile 0's scales.
+                # Grouped: rows count from the expert's first row (tile[3]) and B's scales are
+                # the expert's (NB, KB) slice; rows past the expert's end read other rows'
+                # scales (clamped into A), their results are never stored.
                 n_blk = tile[1] * self.config.tile_n // 128
+                row0 = tile[0] * self.config.tile_m
+                sfb = mSFB
+                if cutlass.const_expr(self.config.grouped):
+                    row0 = row0 + tile[3]
+                    sfb = mSFB[(None, None, tile[2])]
                 for i in cutlass.range_constexpr(n_sa):
-                    row = tile[0] * self.config.tile_m + tCcTile[((0, i % 2, 0), i // 2, 0)][0]
+                    row = row0 + tCcTile[((0, i % 2, 0), i // 2, 0)][0]
                     sa_rows[i] = cutlass.min(row, mSFA.shape[0] - 1)
                     sf_cur[i] = mSFA[(sa_rows[i], 0)]
-                sf_cur[n_sa] = mSFB[(n_blk, 0)]
+                sf_cur[n_sa] = sfb[(n_blk, 0)]
             if cutlass.const_expr(self.pingpong):
                 if work >= sched.first() + sched.stride:  # not this CTA's first tile: wait our turn
                     cute.arch.barrier(barrier_id=BAR_ORDER + wg, number_of_threads=2 * self.threads_per_warpgroup)
@@ -629,7 +637,7 @@ class GemmSm90(MxSm90Mixin, GemmBase):
                             k_next = cutlass.min(k_tile + 1, k_tile_cnt - 1)
                             for i in cutlass.range_constexpr(n_sa):
                                 sf_next[i] = mSFA[(sa_rows[i], k_next)]
-                            sf_next[n_sa] = mSFB[(n_blk, k_next)]
+                            sf_next[n_sa] = sfb[(n_blk, k_next)]
                         warpgroup.wait_group(0)
                         ab_pipeline.consumer_release(read_state)
                         release_state.advance()

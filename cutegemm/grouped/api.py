@@ -23,7 +23,12 @@ Forms:
   ``w.transpose(1, 2)`` of an (E, N, K) weight, else copied), ``scale_a`` (total_M,) per token
   row or one value, ``scale_b`` (E, N) per expert and column, (E,) per expert, or one value —
   ``torch._scaled_grouped_mm``'s row-wise recipe; promoted accumulation (``fast_accum=True``:
-  tensor-core accumulation). beta * C is not supported in the grouped form.
+  tensor-core accumulation). DeepSeek-style block scaling (sm_90a): ``scale_a`` (total_M,
+  ceil(K/128)) per 1x128 block of a token row and a 3-D ``scale_b`` (E, ceil(K/128),
+  ceil(N/128)) per 128x128 block of each expert's weight (the ``.transpose(1, 2)`` of an (E, N/128,
+  K/128) weight-scale tensor), any strides, applied as each 128-wide K tile is promoted;
+  composes with bias / activations / quantized outputs (not with gate_layout="halves").
+  beta * C is not supported in the grouped form.
 - K-grouped (weight gradient): ``grouped_gemm(a, b, offs=offs)`` with a (M, total_K), b (total_K, N)
   -> (E, M, N), offs splitting K. Implemented as one dense GEMM per expert on K-slices: it reads
   offs on the host (one sync), so it is NOT graph-capturable (documented limitation).
@@ -59,7 +64,7 @@ from ..gemm.api import (
     reset_workspace,
 )
 from ..gemm.config import QUANT_OUT_DTYPES, TMA_ALIGN_BYTES, GemmConfig, GemmProblem, can_implement
-from ..gemm.fp8_args import scale_vector
+from ..gemm.fp8_args import fp8_blockwise_ref, fp8_grouped_block_scales, scale_vector
 from ..gemm.policy import policy_for
 from ..runtime.cache import KernelCache
 from .kernel_parts import GROUPED_MAX_GROUPS
@@ -80,12 +85,13 @@ class _GroupedPlan:
     __slots__ = ("fn", "views", "max_clusters", "config", "workspace", "device", "device_index", "out_dims",
                  "out_dtype", "b_memo", "quant", "out_shape")  # fmt: skip
 
-    def launch(self, a, b, out, offs, alpha, bias=None, extra=None):
-        """extra: (quantized-output scale bytes, NVFP4 global scale, v0..v3) or None."""
+    def launch(self, a, b, out, offs, alpha, bias=None, extra=None, block=(None, None)):
+        """extra: (quantized-output scale bytes, NVFP4 global scale, v0..v3) or None; block: FP8
+        block scales (scale_a (total_M, KB), scale_b's (NB, KB, E) view) or (None, None)."""
         (sa, ta), (sb, tb), (sc, tc) = self.views
         # (offs, scale factors A/B, quantized-output scales, global scale, 4 epilogue vectors, workspace)
         self.fn(a.as_strided(sa, ta), memo_view(self, b, sb, tb), out.as_strided(sc, tc), None, bias,
-                alpha, 0.0, self.max_clusters, offs, None, None, *(extra or _NO_EXTRA),
+                alpha, 0.0, self.max_clusters, offs, *block, *(extra or _NO_EXTRA),
                 reset_workspace(self.workspace))  # fmt: skip
 
     def new_output(self):
@@ -127,12 +133,13 @@ def _row_vector(name: str, t, rows: int, device) -> torch.Tensor:
 class _Epi:
     """The packed form's epilogue inputs of one call, as the kernel takes them."""
 
-    __slots__ = ("bias", "vectors", "quant", "gs", "activation", "user", "fp8")
+    __slots__ = ("bias", "vectors", "quant", "gs", "activation", "user", "fp8", "block")
 
     def __init__(self):
         self.bias = self.gs = self.activation = self.user = self.quant = None
         self.vectors = ()
         self.fp8 = False
+        self.block = (None, None)  # FP8 block scaling: (scale_a, scale_b's kernel view)
 
     def spec(self, alpha):
         from ..epilogue import EpilogueSpec
@@ -150,6 +157,11 @@ class _Epi:
             scale_a=self.fp8 and self.vectors[0] is not None,
             scale_b=self.fp8 and self.vectors[1] is not None,
         )
+
+    def _finish(self, out_global_scale, device):
+        if self.quant is not None or out_global_scale is not None:
+            self.gs = _global_scale(self.quant, out_global_scale, device)
+        return self
 
     def extra(self, scales):
         if scales is None and self.gs is None and not self.vectors:
@@ -169,6 +181,7 @@ def _check_offs_values(offs: torch.Tensor, total_m: int):
 
 
 def _plan_packed(a, b, offs, out, out_dtype, alpha, config, epi_in: _Epi, fast_accum=False):
+    blockwise = epi_in.block[0] is not None
     E, K, N = b.shape
     total_m = a.shape[0]
     if a.stride(1) != 1 and K > 1:
@@ -189,11 +202,14 @@ def _plan_packed(a, b, offs, out, out_dtype, alpha, config, epi_in: _Epi, fast_a
     )
     epi = epi_in.spec(alpha)
     extra = {"fast_accum": True} if fast_accum else {}
+    if blockwise:
+        extra["fp8_blockwise"] = True
     if config is None:  # opt-in autotuning (cutegemm.tuning); None when off: the policy's default
         from ..tuning import tuned_config
 
         config = tuned_config(arch, problem, epi, "grouped", num_groups=E, num_sms=num_sms)
-        config = config if config is not None and config.fast_accum == fast_accum else None
+        ok = config is not None and config.fast_accum == fast_accum and config.fp8_blockwise == blockwise
+        config = config if ok else None
     elif config.epilogue != epi and config.epilogue in (EpilogueSpec(), replace(epi, alpha=False)):
         config = replace(config, epilogue=epi)  # a forced tile: the call's arguments give the epilogue
     elif config.epilogue not in (epi, replace(epi, alpha=True)):  # an alpha kernel serves alpha == 1
@@ -201,6 +217,11 @@ def _plan_packed(a, b, offs, out, out_dtype, alpha, config, epi_in: _Epi, fast_a
     if config is not None and (config.arch != arch or not config.grouped):
         raise ValueError(f"config {config.name} cannot run the grouped form on this GPU (arch {arch}; needs grouped=True and that arch)")
     cfg = config if config is not None else policy_for(arch, num_sms).choose_grouped(problem, E, epilogue=epi, **extra)
+    if cfg.fp8_blockwise != blockwise:
+        raise ValueError(
+            f"config {cfg.name}: fp8_blockwise={cfg.fp8_blockwise} but the call's scales are "
+            f"{'1x128 / 128x128 block scales' if blockwise else 'not block scales'}"
+        )
     ok, why = can_implement(cfg, problem)
     if not ok:
         raise ValueError(f"cannot run {cfg.name}: {why}")
@@ -268,15 +289,17 @@ def _prepare_epilogue(a, b, E, N, total_m, out_dtype, bias, activation, epilogue
         if epilogue is not None:
             raise ValueError("a user epilogue cannot be combined with FP8 inputs yet")
         e.fp8 = True
+        block = fp8_grouped_block_scales(a, b, scale_a, scale_b)
+        if block is not None:
+            e.block, e.vectors = block, (None, None)
+            return e._finish(out_global_scale, a.device)
         e.vectors = (
             None if scale_a is None else _row_vector("scale_a", scale_a, total_m, a.device),
             None if scale_b is None else _per_expert("scale_b", scale_b, E, N, a.device, (torch.float32,)),
         )
     elif scale_a is not None or scale_b is not None:
         raise ValueError("scale_a / scale_b are for torch.float8_e4m3fn inputs")
-    if e.quant is not None or out_global_scale is not None:
-        e.gs = _global_scale(e.quant, out_global_scale, a.device)
-    return e
+    return e._finish(out_global_scale, a.device)
 
 
 def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.0, bias=None,
@@ -352,6 +375,11 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
     b_call = b
     gated = activation in GATED
     if gated and gate_layout == "halves":
+        if isinstance(scale_b, torch.Tensor) and scale_b.dim() == 3:
+            raise ValueError(
+                "FP8 block scaling with gate_layout='halves': interleaving b's columns would split its "
+                "128-column scale blocks; store the weight (and its scales) interleaved instead"
+            )
         if N % 2 == 0:
             b = _interleave_b(b)  # a copy per call: store the weight interleaved instead
             if isinstance(bias, torch.Tensor) and bias.shape[-1] == N:
@@ -363,7 +391,7 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
         scales = None
         if out is None:
             out, scales = plan.new_output()
-        plan.launch(a, b, out, offs, float(alpha), epi_in.bias, epi_in.extra(scales))
+        plan.launch(a, b, out, offs, float(alpha), epi_in.bias, epi_in.extra(scales), epi_in.block)
         return out if quant is None else _quant_result(quant, plan.out_shape, out, scales, epi_in.gs)
     if gated and N % 2:
         raise ValueError(f"a gated activation needs b with an even number of columns (gate, up), got {N}")
@@ -416,10 +444,10 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
     if key is not None and b is b_call:
         _PLANS[key] = plan
     if a.device.index == _current_device():
-        plan.launch(a, b, out, offs, float(alpha), epi_in.bias, epi_in.extra(scales))
+        plan.launch(a, b, out, offs, float(alpha), epi_in.bias, epi_in.extra(scales), epi_in.block)
     else:
         with torch.cuda.device(a.device):
-            plan.launch(a, b, out, offs, float(alpha), epi_in.bias, epi_in.extra(scales))
+            plan.launch(a, b, out, offs, float(alpha), epi_in.bias, epi_in.extra(scales), epi_in.block)
     return result()
 
 
@@ -516,10 +544,16 @@ def grouped_gemm_ref(a, b, *, offs=None, out_dtype=None, alpha: float = 1.0, bia
         E, _, N = b.shape
         gated = activation in GATED
         acc = torch.zeros(a.shape[0], N, dtype=compute_dtype, device=a.device)
+        blockwise = isinstance(scale_b, torch.Tensor) and scale_b.dim() == 3  # DeepSeek 1x128 / 128x128
         prev = 0
         for e, end in enumerate(bounds):
-            acc[prev:end] = a[prev:end].to(compute_dtype) @ b[e].to(compute_dtype)
+            if blockwise:
+                acc[prev:end] = fp8_blockwise_ref(a[prev:end], b[e], scale_a[prev:end], scale_b[e], compute_dtype)
+            else:
+                acc[prev:end] = a[prev:end].to(compute_dtype) @ b[e].to(compute_dtype)
             prev = end
+        if blockwise:
+            scale_a = scale_b = None  # applied per block above
         if scale_a is not None:
             sa = scale_a.to(compute_dtype).reshape(-1)
             acc = acc * (sa if sa.numel() == 1 else sa.unsqueeze(-1))
