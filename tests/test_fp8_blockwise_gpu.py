@@ -179,6 +179,7 @@ def test_blockwise_scale_layouts_and_determinism():
         dict(tile_m=128, tile_n=64, raster="n", group=1),
         dict(tile_m=64, tile_n=128, pingpong=True),
         dict(tile_m=128, tile_n=128),
+        dict(tile_m=128, tile_n=128, cluster_m=2, wg_order=True),
     ],
 )
 def test_blockwise_forced_tiles(override):
@@ -334,6 +335,7 @@ def test_grouped_blockwise_hypothesis(counts, n16, k16, lo, span):
         dict(tile_m=128, tile_n=64),
         dict(tile_m=128, tile_n=128, scheduler="dynamic"),
         dict(tile_m=128, tile_n=128, cluster_m=2),
+        dict(tile_m=128, tile_n=128, cluster_n=2, wg_order=True),
     ],
 )
 def test_grouped_blockwise_forced_tiles(override):

@@ -164,3 +164,26 @@ def test_fp8_fast_accum_matches_torch_fast_accum_error(m, n, k):
     promoted = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb)
     assert_within_torch_error(promoted, _torch_same_precision(a, b, sa, sb), ref, what="fp8 promoted")
 
+
+
+@pytest.mark.parametrize("m,n,k", [(1000, 520, 2048), (256, 384, 128), (129, 200, 4096)])
+def test_fp8_wg_order_is_bitwise_equal(m, n, k):
+    """config.wg_order (the consumer warpgroups take turns per K tile) changes the issue order
+    only: bitwise equal to the same tile without it, and within torch's error."""
+    if not _sm90():
+        pytest.skip("dense FP8 is an sm_90a kernel so far")
+    from dataclasses import replace
+
+    from cutegemm.epilogue import EpilogueSpec
+    from cutegemm.gemm.config import GemmConfig
+
+    a, b = _operands(m, n, k, seed=m + k)
+    sa, sb = _scales("row", m, n, seed=n)
+    cfg = GemmConfig(arch="sm_90a", a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k", tile_m=128,
+                     tile_n=192, cluster_m=2, epilogue=EpilogueSpec(scale_a=True, scale_b=True))  # fmt: skip
+    buf, out = poisoned_out((m, n), BF16)
+    cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, out=out, config=replace(cfg, wg_order=True))
+    assert_outside_untouched(buf, m, n)
+    plain = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, config=cfg)
+    assert torch.equal(out, plain)
+    assert_within_torch_error(out, _torch_same_precision(a, b, sa, sb), _reference(a, b, sa, sb), what="fp8 wg_order")

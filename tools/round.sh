@@ -51,7 +51,8 @@ for spec in "$@"; do
     ncu_mix) cmd="ncu --clock-control none -k regex:Fp4WeightKernel -c 1 --import-source no --section InstructionStats --section WarpStateStats --section SourceCounters --print-details all python tools/fp4w_profile.py 'n_tiles=2, row_tiles=2, warps_n=4, warps_k=2, stages=0, ring=4, ring_k=2'" ;;
     bench_fp4pair) cmd="python -c 'from cutegemm.benchmarks import bench_fp4_weight as f; f(configs=[dict(producer_pairs=False)])'" ;;
     bench_fp4w_policy) cmd="python -c 'from cutegemm.benchmarks import bench_fp4_weight as f; f()'" ;;
-    bench_gbw) cmd="python -c 'from cutegemm.benchmarks import bench_grouped_fp8_blockwise as f; f(configs=[dict(tile_m=128, tile_n=128, cluster_n=1), dict(scheduler=\"dynamic\"), dict(tile_n=64, cluster_n=2), dict(cluster_m=2, cluster_n=1)])'" ;;
+    bench_gbw) cmd="python -c 'from cutegemm.benchmarks import bench_grouped_fp8_blockwise as f; f(configs=[dict(wg_order=True), dict(tile_m=128, tile_n=128, cluster_n=1), dict(scheduler=\"dynamic\"), dict(scheduler=\"dynamic\", wg_order=True), dict(cluster_m=2, cluster_n=1)])'" ;;
+    bench_wgo) cmd="python -c 'from cutegemm.benchmarks import bench_fp8, bench_grouped_fp8, bench_fp8_blockwise; bench_fp8(shapes=[(8192, 8192, 8192), (16384, 7168, 2048)], configs=[dict(wg_order=True)]); bench_grouped_fp8(configs=[dict(wg_order=True), dict(tile_n=128, wg_order=True)]); bench_fp8_blockwise(configs=[dict(wg_order=True)])'" ;;
     bench_blockwise) cmd="python -c 'from cutegemm.benchmarks import bench_fp8_blockwise as f; f(configs=[dict(cluster_m=1, cluster_n=2), dict(tile_n=64)])'" ;;
     sanitize_fp4w) cmd="SANITIZE_ONLY='fp4w' bash tools/sanitize.sh memcheck racecheck synccheck" ;;
     memcheck_new) cmd="SANITIZE_ONLY='dynamic|grouped-epilogue' bash tools/sanitize.sh memcheck racecheck" ;;

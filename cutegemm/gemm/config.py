@@ -73,6 +73,10 @@ class GemmConfig:
     # per 128x128 block of B (N block, K block), applied to every K tile's promoted WGMMA partial
     # sum in the mainloop (the K tile is 128). Passed as the kernel's mSFA / mSFB.
     fp8_blockwise: bool = False
+    # FP8 with promotion, cooperative sm_90a: the two consumer warpgroups issue each K tile's
+    # WGMMAs in turn (named barriers), so one warpgroup's promotion adds run while the tensor
+    # cores work on the other's WGMMAs instead of both waiting at the same time.
+    wg_order: bool = False
     # MXFP8 emulation (sm_90a, no block-scaled MMA there): e4m3 A and B with one e8m0 scale per
     # 32 K of every row of A and every column of B, decoded on the host to fp32 (mSFA (M, K/32),
     # mSFB in the consumers' register order, see ``blockscaled.sm90_mx``). Each 32-wide WGMMA
@@ -94,6 +98,7 @@ class GemmConfig:
         tile += "_fastacc" if self.fast_accum else ""
         tile += "_bw128" if self.fp8_blockwise else ""
         tile += "_mx32" if self.fp8_mx else ""
+        tile += "_wgo" if self.wg_order else ""
         tile += f"_e{self.epi_stages}" if self.epi_stages else ""
         family = "grouped" if self.grouped else "dense-2d" if self.flat else "dense"
         if self.blockscaled:
@@ -133,6 +138,10 @@ def config_errors(cfg: GemmConfig) -> list[str]:
         err.append("fast_accum is an FP8 (e4m3) option")
     if cfg.fp8_blockwise:
         err += fp8_blockwise_errors(cfg)
+    if cfg.wg_order and (
+        cfg.arch != "sm_90a" or cfg.a_dtype != "e4m3" or cfg.fast_accum or cfg.fp8_mx or cfg.pingpong or cfg.tile_m != 128
+    ):
+        err.append("wg_order: sm_90a FP8 with promotion (not fast_accum / fp8_mx), cooperative 128-row tiles only")
     if cfg.fp8_mx:
         err += fp8_mx_errors(cfg)
     if cfg.flat and (cfg.grouped or cfg.blockscaled or cfg.epilogue.quant or cfg.epilogue.beta):

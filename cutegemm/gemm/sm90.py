@@ -72,6 +72,7 @@ from .epilogue_store import store_subtile_predicated
 SMEM_CAPACITY_SM90 = 232448
 BAR_EPILOGUE = 1  # + warpgroup turn (1, 2)
 BAR_ORDER = 3  # + warpgroup turn (3, 4): pingpong tensor-core hand-off
+BAR_K_ORDER = 5  # + consumer warpgroup (5, 6): config.wg_order, turns per K tile
 
 
 class GemmSm90(MxSm90Mixin, GemmBase):
@@ -578,6 +579,13 @@ class GemmSm90(MxSm90Mixin, GemmBase):
         read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stage)
         release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stage)
         epi_count = cutlass.Int32(0)  # subtiles stored so far: picks the epilogue smem buffer
+        # config.wg_order: the two consumer warpgroups take turns issuing each K tile's WGMMAs
+        # (warpgroup 0 first: warpgroup 1 opens its turn once).
+        k_order = self.config.wg_order
+        my_wg = mma_tidx // self.threads_per_warpgroup
+        if cutlass.const_expr(k_order):
+            if my_wg == 1:
+                cute.arch.barrier_arrive(barrier_id=BAR_K_ORDER, number_of_threads=2 * self.threads_per_warpgroup)
 
         work = sched.first()
         if cutlass.const_expr(self.pingpong):
@@ -625,12 +633,16 @@ class GemmSm90(MxSm90Mixin, GemmBase):
                     if cutlass.const_expr(promote):
                         warpgroup.fence()  # the adds below read acc: order them before the overwrite
                         tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
+                    if cutlass.const_expr(k_order):  # our turn
+                        cute.arch.barrier(barrier_id=BAR_K_ORDER + my_wg, number_of_threads=2 * self.threads_per_warpgroup)
                     for kb in cutlass.range_constexpr(num_k_blocks):
                         coord = (None, None, kb, read_state.index)
                         cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
                         if cutlass.const_expr(promote):
                             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
                     warpgroup.commit_group()
+                    if cutlass.const_expr(k_order):  # the other warpgroup's turn
+                        cute.arch.barrier_arrive(barrier_id=BAR_K_ORDER + 1 - my_wg, number_of_threads=2 * self.threads_per_warpgroup)
                     if cutlass.const_expr(promote):
                         if cutlass.const_expr(blockwise):
                             # Prefetch the next K tile's scales (the last tile reloads its own).
@@ -746,6 +758,9 @@ class GemmSm90(MxSm90Mixin, GemmBase):
                 work = sched.next(work)
                 read_state, release_state = self._skip(read_state, release_state, k_tile_cnt)
 
+        if cutlass.const_expr(k_order):
+            if my_wg == 0:  # take warpgroup 1's last hand-over: no arrival is left pending at exit
+                cute.arch.barrier(barrier_id=BAR_K_ORDER, number_of_threads=2 * self.threads_per_warpgroup)
         store_pipeline.producer_tail()
 
     def acc_space(self, mC: cute.Tensor, mB: cute.Tensor):
