@@ -29,7 +29,7 @@ x8 = torch.randn(sum(counts), 7168, device="cuda").to(torch.float8_e4m3fn)
 w8 = torch.randn(32, 4096, 7168, device="cuda").to(torch.float8_e4m3fn).transpose(1, 2)
 sa, sb = torch.rand(sum(counts), device="cuda") + 0.5, torch.rand(32, 4096, device="cuda") + 0.5
 grouped_gemm(x8, w8, offs=offs, scale_a=sa, scale_b=sb)
-base = next(p.config for key, p in _PLANS.items() if key[0] == x8.shape)
+base = next(p.config for key, p in _PLANS.items() if key[0] == x8.shape and key[4] == x8.dtype)
 wgo = replace(base, wg_order=True)
 jobs += [("fp8 grouped ours", lambda: grouped_gemm(x8, w8, offs=offs, scale_a=sa, scale_b=sb)),
          ("fp8 grouped wgo", lambda: grouped_gemm(x8, w8, offs=offs, scale_a=sa, scale_b=sb, config=wgo))]
