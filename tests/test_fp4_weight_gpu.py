@@ -253,6 +253,31 @@ def test_activation_views(view, grouped):
     _run_checked(x, qw, counts if grouped else None, None, x_call=xv)  # the policy's config
 
 
+@pytest.mark.parametrize("grouped", [False, True])
+def test_out_views(grouped):
+    """out as a view into a larger NaN buffer (row stride past N) and as a column-transposed
+    view: every output element written, nothing outside it, rows past offs[-1] kept."""
+    from cutegemm.blockscaled.fp4_weight_api import gemm_fp4_weight
+
+    m, n, k = 41, 136, 32 * 5
+    counts = [5, 0, 30]  # rows 35..40 belong to no expert
+    qw = _weights((3, n, k) if grouped else (n, k), "mxfp4", seed=5)
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    offs = _offs(counts) if grouped else None
+    bounds = _bounds(offs) if grouped else None
+    end = sum(counts) if grouped else m
+    buf = torch.full((m + 3, n + 8), POISON, device="cuda", dtype=torch.bfloat16)
+    res = gemm_fp4_weight(x, qw, offs=offs, out=buf[:m, :n])
+    assert res.data_ptr() == buf.data_ptr()
+    assert torch.isnan(buf[m:]).all() and torch.isnan(buf[:, n:]).all(), "written outside out"
+    assert torch.isnan(buf[end:m, :n]).all(), "rows past offs[-1] were written"
+    _check(buf[:end, :n], x[:end], qw, bounds)
+    t = torch.full((n, m), POISON, device="cuda", dtype=torch.bfloat16)
+    gemm_fp4_weight(x, qw, offs=offs, out=t.T)
+    assert torch.equal(t.T[:end], buf[:end, :n])
+    assert torch.isnan(t.T[end:]).all()
+
+
 def test_alpha_and_global_scale():
     qw = cutegemm.quantize(torch.randn(96, 256, device="cuda").to(torch.bfloat16), "nvfp4", global_scale=0.37)
     x = torch.randn(5, 256, device="cuda").to(torch.bfloat16)

@@ -91,8 +91,8 @@ class RingPipeline:
         (warps_n x warps_k, as in :meth:`kernel`) read weights, scales and activations from the
         stage, then release it. Four PRMTs per 16-byte activation piece give the weights' (k, k+4)
         pairing: done once per stage by the producer after the boxes land (``producer_pairs``,
-        :meth:`pair_stage`; the stage's full barrier then counts two arrivals), or by every
-        consumer on each read. Tokens past the pass's end (another expert's, or zeros) are never
+        :meth:`pair_stage`; the stage's full barrier then counts the TMA's arrival and one per
+        producer lane, its empty barrier one per consumer lane), or by every consumer on each read. Tokens past the pass's end (another expert's, or zeros) are never
         stored.
 
         Bank conflicts: a warp's 16-byte weight reads cover two rows per 8 lanes; MMA row g of a
@@ -157,9 +157,12 @@ class RingPipeline:
         PP = cfg.producer_pairs
         if tidx == 0:
             for i in cutlass.range_constexpr(S):
-                # weights + scales (+ activations) (tx), and with producer_pairs the paired activations
-                cute.arch.mbarrier_init(full + i, 2 if PP else 1)
-                cute.arch.mbarrier_init(empty + i, W)
+                # weights + scales (+ activations) (tx), and with producer_pairs the paired activations.
+                # With producer_pairs every lane that wrote or read the paired activations arrives
+                # itself (an arrive releases the arriving thread's own accesses only: one elected
+                # lane after a warp sync is not an ordering racecheck can follow).
+                cute.arch.mbarrier_init(full + i, 1 + 32 if PP else 1)
+                cute.arch.mbarrier_init(empty + i, W * 32 if PP else W)
                 cute.arch.mbarrier_init(xfull + i, 1)
             cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
@@ -280,9 +283,12 @@ class RingPipeline:
                                     rS[rt, hr] = cutlass.select_(live, sb, cutlass.Int32(self.unit_scale))
                         xq = x_smem + (slot * NX + 2 * q) * XB
                         self.mma_chunk(q, rW, rS, xq, x_addr, x_sw, acc, "paired" if PP else "swizzled")
-                cute.arch.sync_warp()
-                if lane == 0:
-                    cute.arch.mbarrier_arrive(empty + slot)
+                if cutlass.const_expr(PP):
+                    cute.arch.mbarrier_arrive(empty + slot)  # every lane: its reads of the paired x
+                else:
+                    cute.arch.sync_warp()
+                    if lane == 0:
+                        cute.arch.mbarrier_arrive(empty + slot)
                 it += 1
                 if ks == n_kst - 1 or u == u_hi - 1:  # the segment ends here
                     self.end_segment(acc, sRed, sFlag, mWork, slot0, lane, kg, rw, cw, seg, u - ks, u_lo, u_hi, total, n_ctas,
@@ -298,7 +304,7 @@ class RingPipeline:
     def pair_stage(self, it, x_smem, xfull, full, lane):
         """Producer: once stage ``it``'s activation boxes have landed, turn every 16-byte piece
         (8 K values in order) into the weights' (k, k+4) pairing in place (four PRMTs), then
-        count the stage's second arrival on its full barrier. The TMA will overwrite these bytes
+        count every lane's arrival on the stage's full barrier. The TMA will overwrite these bytes
         S stages later: the proxy fence orders the generic writes before it."""
         cfg = self.cfg
         S = cfg.ring
@@ -310,9 +316,7 @@ class RingPipeline:
             a = base + i * 512
             st_shared_v4(a, pair_natural_x(ld_shared_v4(a)))
         cute.arch.fence_proxy("async.shared", space="cta")
-        cute.arch.sync_warp()
-        if lane == 0:
-            cute.arch.mbarrier_arrive(full + slot)
+        cute.arch.mbarrier_arrive(full + slot)  # every lane releases its own writes
 
     @cute.jit
     def end_segment(self, acc, sRed, sFlag, mWork, slot0, lane, kg, rw, cw, seg, su0, u_lo, u_hi, total, n_ctas, n_kst,

@@ -132,8 +132,9 @@ def gemm_fp4_weight(
     config=None,
 ) -> torch.Tensor:
     """``alpha * x @ dequantize(qw).mT`` (fp32 accumulation), dense or MoE packed; see the
-    module docstring. ``out``: an (M, N) contiguous tensor to write (its dtype is the output
-    dtype). ``x`` float8_e4m3fn: converted to bf16 (exact) by one copy on the host;
+    module docstring. ``out``: an (M, N) tensor to write (its dtype is the output dtype); any
+    view: one that is not contiguous (or not 4-byte aligned) is written through a contiguous
+    copy of itself (two extra copies; rows the kernel does not write keep their values). ``x`` float8_e4m3fn: converted to bf16 (exact) by one copy on the host;
     ``scale_a`` (fp32, (M,) / (M, 1) per token or one element) multiplies each token's outputs
     in the kernel. Raises TypeError / ValueError for bad arguments, NotImplementedError on a GPU
     other than sm_90 / sm_100."""
@@ -155,10 +156,12 @@ def gemm_fp4_weight(
         out = torch.empty(m, n, dtype=out_dtype, device=dev)
     elif not isinstance(out, torch.Tensor) or out.shape != (m, n) or out.dtype != out_dtype or out.device != dev:
         raise ValueError(f"out must be a ({m}, {n}) {out_dtype} tensor on {dev}")
-    elif not out.is_contiguous():
-        raise ValueError("out must be contiguous")
     if m == 0 or n == 0 or batches == 0:
         return out
+    if not out.is_contiguous() or out.data_ptr() % 4:
+        staged = out.clone(memory_format=torch.contiguous_format)  # keeps the rows not written
+        gemm_fp4_weight(x, qw, offs=offs, out=staged, out_dtype=out_dtype, alpha=alpha, scale_a=scale_a, config=config)
+        return out.copy_(staged)
     arch = _arch(dev.index if dev.index is not None else torch.cuda.current_device())
     x_scale = scale_a is not None
     cfg = config or pick_config(m, qw.fmt.name, out_dtype, arch, grouped, batches, x_scale)
