@@ -574,7 +574,8 @@ def _bench_gbw_shape(timer, e, tok, n, k, reps, configs):
     flops = 2.0 * total * n * k
     case = f"E{e}x{tok}tok N{n} K{k} blockwise"
     ref = grouped_gemm_ref(a, b, offs=offs, scale_a=sa, scale_b=sb, out_dtype=torch.float64)
-    sa_m = sa.t().contiguous().t()  # torch's blockwise layouts (M-major scale_a, .t() of (NB, KB))
+    # torch's blockwise layouts, per expert: M-major scale_a of the expert's rows, .t() of (NB, KB)
+    sa_m = [sa[bounds[i] : bounds[i + 1]].t().contiguous().t() for i in range(e)]
     sb_m = [sb[i].t().contiguous().t() for i in range(e)]
 
     def torch_loop():
@@ -582,7 +583,7 @@ def _bench_gbw_shape(timer, e, tok, n, k, reps, configs):
         for i in range(e):
             s, t = bounds[i], bounds[i + 1]
             if t > s:
-                out[s:t] = torch._scaled_mm(a[s:t], b[i], scale_a=sa_m[s:t], scale_b=sb_m[i], out_dtype=torch.bfloat16)
+                out[s:t] = torch._scaled_mm(a[s:t], b[i], scale_a=sa_m[i], scale_b=sb_m[i], out_dtype=torch.bfloat16)
         return out
 
     base_t, base_err, base_name = float("nan"), float("nan"), "none"

@@ -398,13 +398,13 @@ def test_grouped_blockwise_bad_inputs():
     _skip_unless_sm90()
     from cutegemm.grouped import grouped_gemm
 
-    a, b, offs, sa, sb = _grouped_operands([64, 64], 256, 256, pad_rows=0)
+    a, b, offs, sa, sb = _grouped_operands([64, 64], 384, 256, pad_rows=0)  # KB = 2, NB = 3
     with pytest.raises(ValueError, match=r"scale_b must have shape \(E, ceil\(K/128\), ceil\(N/128\)\)"):
         grouped_gemm(a, b, offs=offs, scale_a=sa, scale_b=sb.transpose(1, 2))
     with pytest.raises(ValueError, match=r"scale_a must have shape \(total_M, ceil\(K/128\)\)"):
         grouped_gemm(a, b, offs=offs, scale_a=sa[:-1], scale_b=sb)
     with pytest.raises(ValueError, match="needs scale_b of shape"):
-        grouped_gemm(a, b, offs=offs, scale_a=sa, scale_b=torch.ones(2, 256, device="cuda"))
+        grouped_gemm(a, b, offs=offs, scale_a=sa, scale_b=torch.ones(2, 384, device="cuda"))
     with pytest.raises(ValueError, match="fast_accum must be False"):
         grouped_gemm(a, b, offs=offs, scale_a=sa, scale_b=sb, fast_accum=True)
     with pytest.raises(TypeError, match="float32"):

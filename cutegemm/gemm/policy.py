@@ -32,7 +32,9 @@ class ArchPolicy:
             # accumulators). H200, 8192³ (third session, bench/2026-11-29c/): 1034 TFLOP/s, ahead of
             # the 1x2 cluster (1000, with pipelined promotion); few tiles measured. M <= 128 keeps
             # the 128x64 tile below.
-            overrides = {**dict(tile_m=128, tile_n=128, cluster_m=2, raster="n", group=8), **overrides}
+            # wg_order (the warpgroups take turns per K tile): 1134 vs 1029 TFLOP/s at 8192³ in one
+            # run (bench/2026-11-30d/bench_wgo.log).
+            overrides = {**dict(tile_m=128, tile_n=128, cluster_m=2, raster="n", group=8, wg_order=True), **overrides}
         base = dict(
             arch=self.arch,
             a_dtype=p.a_dtype,
@@ -64,7 +66,9 @@ class ArchPolicy:
                 # FP8 with promotion: two fp32 accumulators, at most 64x192 per warpgroup
                 tile = dict(tile_m=64, tile_n=128, cluster_n=2) if rows <= 64 else dict(tile_m=128, tile_n=192, cluster_n=2)
             if overrides.get("fp8_blockwise"):  # a tile must not straddle a 128-column scale block
-                tile = dict(tile_m=64 if rows <= 64 else 128, tile_n=128, cluster_n=2)
+                # 128-row tiles with wg_order: +1.3% / +2% on DeepSeek-V3 up / down
+                # (bench/2026-11-30d/bench_gbw.log)
+                tile = dict(tile_m=64, tile_n=128, cluster_n=2) if rows <= 64 else dict(tile_m=128, tile_n=128, cluster_n=2, wg_order=True)
         if self.arch == "sm_100a":
             tile = dict(tile_m=64 if rows <= 64 else 128, tile_n=128)
         cfg = replace(self.choose(p), grouped=True, cluster_m=1, cluster_n=1, raster="m", group=1, two_cta=False)
