@@ -348,7 +348,8 @@ def grouped_epilogue_variants(arch: str) -> list[GemmConfig]:
 
 def blockscaled_variants(arch: str) -> list[GemmConfig]:
     """Block-scaled recipes (native on sm_100a only; sm_90a emulation is not a kernel variant yet):
-    each recipe on the 1-CTA and the 2-CTA MMA, tile N 64/128/192/256, clusters with scale multicast."""
+    each recipe on the 1-CTA and the 2-CTA MMA, tile N 64/128/192/256, clusters with scale multicast;
+    grouped (MoE) with the static, CLC and dynamic schedulers."""
     if arch != "sm_100a":
         return []
     E = EpilogueSpec
@@ -372,7 +373,13 @@ def blockscaled_variants(arch: str) -> list[GemmConfig]:
         replace(base, **mxfp8, tile_m=128, tile_n=192, cluster_n=2),
         replace(base, **nvfp4, tile_m=256, tile_n=64, two_cta=True, cluster_m=2),
         replace(base, **mxfp4, **big),
-    ]
+        # grouped (MoE packed form): per-expert padded A scales, B scales per expert (L = E)
+        replace(base, **mxfp8, tile_m=128, tile_n=128, grouped=True),
+        replace(base, **nvfp4, tile_m=128, tile_n=256, grouped=True, cluster_n=2),
+        replace(base, **mxfp4, tile_m=128, tile_n=128, grouped=True, scheduler="clc"),
+        replace(base, **mxfp8, tile_m=128, tile_n=256, grouped=True, scheduler="dynamic",
+                epilogue=E(bias=True, bias_dtype="bf16", gated="swiglu")),
+    ]  # fmt: skip
 
 
 def all_variants(archs) -> list[GemmConfig]:

@@ -51,8 +51,9 @@ def blockscaled_config(
     return replace(base, tile_m=128, tile_n=256 if n > 128 else 128)
 
 
-def check_operands(qa, qb, out_dtype=torch.bfloat16):
-    """The operand rules of :func:`gemm_blockscaled` and its reference twin (no device rule)."""
+def check_operands(qa, qb, out_dtype=torch.bfloat16, grouped: bool = False):
+    """The operand rules of :func:`gemm_blockscaled` and its reference twin (no device rule);
+    ``grouped``: qa (total_M, K) and qb (E, N, K) instead of equal ranks."""
     for nm, q in (("qa", qa), ("qb", qb)):
         if not isinstance(q, BlockScaledTensor):
             raise TypeError(f"{nm} must be a BlockScaledTensor, got {type(q).__name__}")
@@ -64,7 +65,12 @@ def check_operands(qa, qb, out_dtype=torch.bfloat16):
         raise ValueError(f"qa and qb must share a format, got {qa.fmt.name} and {qb.fmt.name}")
     if qa.shape[-1] != qb.shape[-1]:
         raise ValueError(f"K mismatch: qa {tuple(qa.shape)} vs qb {tuple(qb.shape)}")
-    if len(qa.shape) != len(qb.shape) or (len(qa.shape) == 3 and qa.shape[0] != qb.shape[0]):
+    if grouped:
+        if len(qa.shape) != 2 or len(qb.shape) != 3:
+            raise ValueError(
+                f"grouped block-scaled: qa must be (total_M, K) and qb (E, N, K), got {tuple(qa.shape)} and {tuple(qb.shape)}"
+            )
+    elif len(qa.shape) != len(qb.shape) or (len(qa.shape) == 3 and qa.shape[0] != qb.shape[0]):
         raise ValueError(f"batch mismatch: qa {tuple(qa.shape)} vs qb {tuple(qb.shape)}")
     if out_dtype not in _OUT_NAMES:
         raise ValueError(f"out_dtype must be one of {list(_OUT_NAMES)}, got {out_dtype}")
@@ -286,6 +292,8 @@ def gemm_ref_api(call: dict, fn) -> torch.Tensor:
 
 __all__ = [
     "gemm_blockscaled",
+    "grouped_gemm_blockscaled",
+    "grouped_gemm_blockscaled_ref",
     "gemm_blockscaled_ref",
     "blockscaled_config",
     "check_operands",
@@ -294,3 +302,90 @@ __all__ = [
     "gemm_ref_api",
     "RECIPES",
 ]
+
+
+# -- grouped (MoE packed form): grouped_gemm(qa, qb, offs=offs) ------------------------------------
+def check_grouped_operands(qa, qb, offs, out_dtype=torch.bfloat16) -> None:
+    """Rules of the grouped block-scaled GEMM and its twin: qa (total_M, K) and qb (E, N, K) in one
+    sm_100a format, offs int32 (E,) on qa's device."""
+    check_operands(qa, qb, out_dtype, grouped=True)
+    if not isinstance(offs, torch.Tensor) or offs.dtype != torch.int32 or offs.dim() != 1:
+        raise TypeError("offs must be a 1-D torch.int32 tensor (cumulative end rows of the experts)")
+    if offs.numel() != qb.shape[0]:
+        raise ValueError(f"offs has {offs.numel()} entries but qb has {qb.shape[0]} experts")
+    if offs.device != qa.data.device or qb.data.device != qa.data.device:
+        raise ValueError(f"qa, qb and offs must be on one device, got {qa.data.device}, {qb.data.device}, {offs.device}")
+
+
+def grouped_gemm_blockscaled(qa, qb, *, offs, out_dtype=torch.bfloat16, alpha: float = 1.0, config=None, out=None):
+    """``alpha * dequantize(qa_e) @ dequantize(qb[e]).T`` per expert e of the packed rows (``offs``,
+    ``torch._grouped_mm`` semantics) -> (total_M, N); rows past offs[-1] are not written. sm_100a
+    (tcgen05 block-scaled MMA, MXFP8 / MXFP4 / NVFP4): A's scales are re-laid out per expert on
+    the device (``grouped_sf``, no host sync for MX formats; NVFP4 reads its two global scales on
+    the host). Raises NotImplementedError on other GPUs (sm_90a has no block-scaled MMA)."""
+    from ..gemm.api import _device_info, new_workspace, reset_workspace
+    from ..grouped.api import GROUPED_CACHE
+    from ..grouped.kernel_parts import GROUPED_MAX_GROUPS
+    from .grouped_sf import grouped_scales_a
+
+    check_grouped_operands(qa, qb, offs, out_dtype)
+    dev = qa.data.device
+    if dev.type != "cuda":
+        raise ValueError(f"qa must be on a CUDA device, got {dev}")
+    arch, num_sms = _device_info(dev.index if dev.index is not None else torch.cuda.current_device())
+    if arch != "sm_100a":
+        raise NotImplementedError(
+            f"grouped block-scaled GEMM needs sm_100a (Blackwell); this GPU is {arch}: on Hopper run "
+            "FP4 weights with bf16 / e4m3 activations (grouped_gemm(x, qw, offs=offs)), FP8 with "
+            "row-wise or DeepSeek block scales, or dequantize and run bf16"
+        )
+    E, n, k = qb.shape
+    total_m = qa.shape[0]
+    if E > GROUPED_MAX_GROUPS:
+        raise ValueError(f"at most {GROUPED_MAX_GROUPS} experts are supported, got {E}")
+    if (n * torch.empty((), dtype=out_dtype).element_size()) % 16:
+        raise ValueError(f"N * {torch.empty((), dtype=out_dtype).element_size()} bytes must be a multiple of 16, got N={n}")
+    if out is None:
+        out = torch.empty(total_m, n, dtype=out_dtype, device=dev)
+    elif not isinstance(out, torch.Tensor) or out.shape != (total_m, n) or out.dtype != out_dtype or out.device != dev:
+        raise ValueError(f"out must be a ({total_m}, {n}) {out_dtype} tensor on {dev}")
+    elif out.stride(1) != 1 or out.stride(0) % (16 // out.element_size()) or out.data_ptr() % 16:
+        raise ValueError(f"out needs unit column stride and 16-byte aligned rows, got strides {out.stride()}")
+    if total_m == 0 or n == 0 or E == 0:
+        return out
+    alpha = float(alpha)
+    if qa.global_scale is not None or qb.global_scale is not None:  # NVFP4: fold into alpha (host read)
+        alpha *= (1.0 if qa.global_scale is None else float(qa.global_scale)) * (
+            1.0 if qb.global_scale is None else float(qb.global_scale)
+        )
+    elem, sf, vec = RECIPES[qa.fmt.name]
+    if config is not None and (config.a_dtype, config.sf_dtype, config.sf_vec, config.grouped) != (elem, sf, vec, True):
+        raise ValueError(f"config {config.name} is not a grouped {qa.fmt.name} kernel")
+    cfg = config or replace(
+        blockscaled_config(qa.fmt.name, 128, n, out_dtype, alpha=alpha != 1.0), tile_m=128, two_cta=False,
+        cluster_m=1, grouped=True, raster="m", group=1,
+    )  # fmt: skip
+    if alpha != 1.0 and not cfg.epilogue.alpha:
+        cfg = replace(cfg, epilogue=replace(cfg.epilogue, alpha=True))
+    ok, why = can_implement(cfg, GemmProblem(total_m, n, k, 1, elem, elem, _OUT_NAMES[out_dtype], "k", "k", (k,), (k,)))
+    if not ok:
+        raise ValueError(f"cannot run {cfg.name}: {why}")
+    max_clusters = max(1, num_sms // (cfg.cluster_m * cfg.cluster_n))
+    GROUPED_CACHE.get(cfg)(
+        _operand_view(qa), _operand_view(qb), out.unsqueeze(2), None, None,
+        alpha, 0.0, max_clusters, offs, grouped_scales_a(qa, offs), _scale_bytes(qb),
+        *(None,) * 6, reset_workspace(new_workspace(cfg, dev)),
+    )  # fmt: skip
+    return out
+
+
+def grouped_gemm_blockscaled_ref(qa, qb, *, offs, out_dtype=torch.bfloat16, alpha: float = 1.0,
+                                 compute_dtype=torch.float32):  # fmt: skip
+    """Plain-torch twin: dequantize both, then the grouped reference per expert (rows past
+    offs[-1] are zero here, unwritten by the kernel)."""
+    from ..grouped.api import grouped_gemm_ref
+
+    check_grouped_operands(qa, qb, offs, out_dtype if out_dtype in _OUT_NAMES else torch.bfloat16)
+    a = dequantize_ref(qa).to(compute_dtype)
+    b = dequantize_ref(qb).to(compute_dtype).transpose(1, 2)
+    return grouped_gemm_ref(a, b, offs=offs, out_dtype=out_dtype, alpha=alpha, compute_dtype=compute_dtype)

@@ -59,7 +59,13 @@ class BlockScaledSm100Mixin:
         atom layout ((32,4),(vec,4)) tiled over A's (M, K, L) / B's (N, K, L) shape, so they are
         indexed by element coordinates and partitioned exactly like A and B. SFB is loaded per CTA
         for all of the MMA tile's columns (tiled_mma_sfb, 1-CTA)."""
-        sfa = cute.make_tensor(mSFA.iterator, blockscaled_utils.tile_atom_to_shape_SF(mA.shape, self.sf_vec))
+        a_shape = mA.shape
+        if cutlass.const_expr(self.config.grouped):
+            # Grouped: A's scales are laid out per expert, each expert's rows from a new 128-row
+            # block (``blockscaled.grouped_sf``): P padded rows, P = bytes / padded K blocks.
+            kb_p = cute.round_up(cute.ceil_div(mA.shape[1], self.sf_vec), 4)
+            a_shape = (cute.size(mSFA) // kb_p, mA.shape[1], 1)
+        sfa = cute.make_tensor(mSFA.iterator, blockscaled_utils.tile_atom_to_shape_SF(a_shape, self.sf_vec))
         sfb = cute.make_tensor(mSFB.iterator, blockscaled_utils.tile_atom_to_shape_SF(mB.shape, self.sf_vec))
         sfa_one = cute.slice_(self.sfa_smem_layout_staged, (None, None, None, 0))
         sfb_one = cute.slice_(self.sfb_smem_layout_staged, (None, None, None, 0))
@@ -163,13 +169,17 @@ class BlockScaledSm100Mixin:
             "sfb_smem_layout": cute.slice_(sfb_smem_layout_staged, (None, None, None, 0)),
         }
 
-    def sf_load_operands(self, tma_atom_sfa: cute.CopyAtom, tma_atom_sfb: cute.CopyAtom, sf):
+    def sf_load_operands(self, tma_atom_sfa: cute.CopyAtom, tma_atom_sfb: cute.CopyAtom, sf, sfa_block=None):
         """The scale factors as ``GemmBase.load_ab`` extra operands: SFA follows A's m-tile, SFB
-        B's n-tile (SFB tiles are 128 columns: two 64-column MMA tiles share one)."""
+        B's n-tile (SFB tiles are 128 columns: two 64-column MMA tiles share one). Grouped:
+        ``sfa_block(tile)`` is the tile's 128-row block of the per-expert padded SFA layout (one
+        L), SFB's L mode is the expert (tile[2])."""
         tAgSFA, tBgSFB = sf["tAgSFA"], sf["tBgSFB"]
         halve_n = self.config.tile_n == 64
 
         def sfa_tiles(tile):
+            if cutlass.const_expr(sfa_block is not None):
+                return tAgSFA[(None, sfa_block(tile), None, 0)]
             return tAgSFA[(None, tile[0], None, tile[2])]
 
         def sfb_tiles(tile):

@@ -308,8 +308,11 @@ def blockscaled_errors(cfg: GemmConfig) -> list[str]:
     # start half a granule in), so N = 96 or 224 is not possible.
     if cfg.tile_n not in (64, 128, 192, 256):
         err.append(f"block-scaled: tile_n must be 64, 128, 192 or 256, got {cfg.tile_n}")
-    if cfg.grouped:
-        err.append("block-scaled: dense only (grouped not implemented)")
+    if cfg.grouped and (cfg.tile_m != 128 or cfg.two_cta or cfg.cluster_m != 1):
+        err.append(
+            "grouped block-scaled: 1-CTA 128-row tiles, cluster_m 1 (every expert's scale rows "
+            "start a 128-row block of the padded layout, one per m-tile)"
+        )
     if cfg.cluster_m > 4 or cfg.cluster_n > 4:
         err.append("block-scaled: each cluster dim must be <= 4 (scale-factor multicast)")
     return err

@@ -604,7 +604,15 @@ class GemmSm100(BlockScaledSm100Mixin, GemmBase):
         if warp_idx == self.load_warp_id:
             extra = ()
             if cutlass.const_expr(self.blockscaled):
-                extra = self.sf_load_operands(tma_atom_sfa, tma_atom_sfb, sf)
+                sfa_block = None
+                if cutlass.const_expr(cfg.grouped):
+
+                    def sfa_block(tile):
+                        """Expert tile[2]'s first scale block (its m-tiles before it: the table's
+                        start over the n cluster tiles) + the tile's m-tile."""
+                        return tile_start[tile[2]] // n_cluster_tiles + tile[0]
+
+                extra = self.sf_load_operands(tma_atom_sfa, tma_atom_sfb, sf, sfa_block)
             self.load_ab(
                 load_sched, ab_pipeline, k_tile_cnt,
                 tma_atom_a, a_tiles, tAsA, a_mcast_mask,

@@ -327,6 +327,8 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
     elif isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
         _no_epilogue("the list form", bias, activation, epilogue, out_global_scale, scale_a, scale_b, out_dtype)
         return _grouped_list(a, b, offs=offs, out_dtype=out_dtype, alpha=alpha)
+    elif isinstance(a, BlockScaledTensor):
+        return _blockscaled(locals(), grouped_gemm)
     elif isinstance(b, BlockScaledTensor):
         return _fp4_weight(locals(), grouped_gemm)
     fp8 = getattr(a, "dtype", None) == torch.float8_e4m3fn
@@ -513,16 +515,33 @@ def _fp4_weight(call: dict, fn):
     """grouped_gemm(x, qw, offs=offs) / grouped_gemm_ref with an FP4 BlockScaledTensor weight qw
     (E, N, K): the FP4-weight kernel (``cutegemm.blockscaled.fp4_weight_api``); its options only."""
     from ..blockscaled import fp4_weight_api as fw
+
+    return _quantized_call(call, fn, fw.gemm_fp4_weight, fw.gemm_fp4_weight_ref, ("scale_a",))
+
+
+def _blockscaled(call: dict, fn):
+    """grouped_gemm(qa, qw, offs=offs) / grouped_gemm_ref with BlockScaledTensors qa (total_M, K)
+    and qw (E, N, K) in one format: the sm_100a block-scaled grouped kernel
+    (``cutegemm.blockscaled.sm100.grouped_gemm_blockscaled``); its options only."""
+    from ..blockscaled import sm100
+
+    return _quantized_call(call, fn, sm100.grouped_gemm_blockscaled, sm100.grouped_gemm_blockscaled_ref, ())
+
+
+def _quantized_call(call: dict, fn, run, run_ref, options: tuple):
+    """A grouped call with a BlockScaledTensor operand: ``run`` (``run_ref`` for
+    grouped_gemm_ref) with offs, out_dtype, alpha, ``options`` and (kernel) out / config /
+    check_offs or (reference) compute_dtype; any other argument off its default is a ValueError."""
     from ..blockscaled.sm100 import _options
 
     if call.get("offs") is None:
-        raise ValueError("offs is required for tensor inputs (int32 cumulative end offsets, on the GPU)")
+        raise ValueError("offs is required (int32 cumulative end rows of the experts, on the GPU)")
     ref = fn is grouped_gemm_ref
     extra = ("compute_dtype",) if ref else ("out", "config", "check_offs")
-    opts = _options(call, fn, ("offs", "out_dtype", "alpha", "scale_a", *extra))
+    opts = _options(call, fn, ("offs", "out_dtype", "alpha", *options, *extra))
     if opts.pop("check_offs", False):
         _check_offs_values(call["offs"], call["a"].shape[0])
-    return (fw.gemm_fp4_weight_ref if ref else fw.gemm_fp4_weight)(call["a"], call["b"], **opts)
+    return (run_ref if ref else run)(call["a"], call["b"], **opts)
 
 
 def grouped_gemm_ref(a, b, *, offs=None, out_dtype=None, alpha: float = 1.0, bias=None, activation=None,
@@ -535,6 +554,8 @@ def grouped_gemm_ref(a, b, *, offs=None, out_dtype=None, alpha: float = 1.0, bia
     ``quantize_ref`` of the fp32 result."""
     if isinstance(a, (list, tuple)):
         return [((x.to(compute_dtype) @ w.to(compute_dtype)) * alpha).to(out_dtype or x.dtype) for x, w in zip(a, b, strict=True)]
+    if isinstance(a, BlockScaledTensor):
+        return _blockscaled(locals(), grouped_gemm_ref)
     if isinstance(b, BlockScaledTensor):
         return _fp4_weight(locals(), grouped_gemm_ref)
     fp8 = a.dtype == torch.float8_e4m3fn
