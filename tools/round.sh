@@ -55,6 +55,7 @@ for spec in "$@"; do
     bench_gbw) cmd="python -c 'from cutegemm.benchmarks import bench_grouped_fp8_blockwise as f; f(configs=[dict(wg_order=True), dict(tile_m=128, tile_n=128, cluster_n=1), dict(scheduler=\"dynamic\"), dict(scheduler=\"dynamic\", wg_order=True), dict(cluster_m=2, cluster_n=1)])'" ;;
     bench_wgo) cmd="python -c 'from cutegemm.benchmarks import bench_fp8, bench_grouped_fp8, bench_fp8_blockwise; bench_fp8(shapes=[(8192, 8192, 8192), (16384, 7168, 2048)], configs=[dict(wg_order=True)]); bench_grouped_fp8(configs=[dict(wg_order=True), dict(tile_n=128, wg_order=True)]); bench_fp8_blockwise(configs=[dict(wg_order=True)])'" ;;
     ncu_main) cmd="ncu --clock-control none --profile-from-start off --import-source no --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats --section LaunchStats --metrics lts__t_bytes.sum.per_second,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,smsp__cycles_active.avg,sm__cycles_elapsed.avg.per_second python tools/prof_mainloop.py" ;;
+    clocks) cmd="python tools/clock_probe.py --seconds 3" ;;
     bench_blockwise) cmd="python -c 'from cutegemm.benchmarks import bench_fp8_blockwise as f; f(configs=[dict(cluster_m=1, cluster_n=2), dict(tile_n=64)])'" ;;
     sanitize_fp4w) cmd="SANITIZE_ONLY='fp4w' bash tools/sanitize.sh memcheck racecheck synccheck" ;;
     memcheck_new) cmd="SANITIZE_ONLY='dynamic|grouped-epilogue' bash tools/sanitize.sh memcheck racecheck" ;;
@@ -71,6 +72,6 @@ for spec in "$@"; do
   esac
   echo "=== $step (limit ${lim}s)"
   timeout "$lim" bash -c "$cmd" > "$O/$step.log" 2>&1; rc=$?
-  grep -E "passed|failed|FAILED|Error|error:|TFLOP|GB/s|x faster|ms \||host|stress:|sanitizer:|µs|us/call" "$O/$step.log" | grep -v "^E  " | tail -25
+  grep -E "passed|failed|FAILED|Error|error:|TFLOP|MHz|GB/s|x faster|ms \||host|stress:|sanitizer:|µs|us/call" "$O/$step.log" | grep -v "^E  " | tail -25
   echo "--- $step rc=$rc $(( $(date +%s) - t ))s (total $(( $(date +%s) - T0 ))s)"
 done

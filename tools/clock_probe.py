@@ -1,0 +1,80 @@
+"""Sustained clock, power and throughput of GEMMs run back to back (~3 s each), ours vs torch:
+nvidia-smi samples SM clock and board power every 50 ms while one call repeats; prints the
+medians and TFLOP/s per watt. Shows how the 700 W limit sets the clock each kernel gets.
+
+    python tools/clock_probe.py [--seconds 3]
+"""
+
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+import cutegemm  # noqa: E402
+from cutegemm.benchmarks import _moe_counts  # noqa: E402
+from cutegemm.grouped import grouped_gemm  # noqa: E402
+from cutegemm.grouped.api import _PLANS  # noqa: E402
+
+
+def probe(name, fn, flops, seconds):
+    fn()
+    torch.cuda.synchronize()
+    smi = subprocess.Popen(
+        ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms", "50"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(0.3)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0, n = time.time(), 0
+    start.record()
+    while time.time() - t0 < seconds:
+        for _ in range(10):
+            fn()
+        n += 10
+        torch.cuda.synchronize()
+    end.record()
+    end.synchronize()
+    smi.terminate()
+    out = smi.communicate()[0].strip().splitlines()
+    samples = [tuple(float(x) for x in line.split(",")) for line in out if "," in line]
+    samples = samples[len(samples) // 4 :]  # skip the ramp
+    clk = sorted(s[0] for s in samples)[len(samples) // 2] if samples else float("nan")
+    pw = sorted(s[1] for s in samples)[len(samples) // 2] if samples else float("nan")
+    tflops = flops * n / (start.elapsed_time(end) / 1e3) / 1e12
+    print(f"{name:<48} {tflops:7.1f} TFLOP/s  SM {clk:6.0f} MHz  {pw:6.1f} W  {tflops / pw:5.3f} TFLOP/s/W", flush=True)
+
+
+def main():
+    seconds = float(sys.argv[sys.argv.index("--seconds") + 1]) if "--seconds" in sys.argv else 3.0
+    torch.manual_seed(0)
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16).t()
+    probe("dense 8192^3 ours", lambda: cutegemm.gemm(a, b), 2 * 8192**3, seconds)
+    probe("dense 8192^3 cuBLAS", lambda: torch.matmul(a, b), 2 * 8192**3, seconds)
+    for label, e, tok, n, k in [("mixtral E8x4096 N28672 K4096", 8, 4096, 28672, 4096),
+                                ("dsv3-down E32x512 N7168 K2048", 32, 512, 7168, 2048)]:  # fmt: skip
+        counts = _moe_counts(e, tok)
+        offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
+        x = torch.randn(sum(counts), k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        fl = 2 * sum(counts) * n * k
+        probe(f"{label} torch._grouped_mm", lambda x=x, w=w, offs=offs: torch._grouped_mm(x, w, offs=offs), fl, seconds)
+        probe(f"{label} ours (policy)", lambda x=x, w=w, offs=offs: grouped_gemm(x, w, offs=offs), fl, seconds)
+        base = next(p.config for key, p in _PLANS.items() if key[0] == x.shape and key[2] == w.shape)
+        for over in (dict(cluster_m=2, cluster_n=1), dict(cluster_m=2, cluster_n=2)):
+            cfg = replace(base, **over)
+            tag = f"c{cfg.cluster_m}x{cfg.cluster_n}"
+            try:
+                probe(f"{label} ours {tag}", lambda x=x, w=w, offs=offs, cfg=cfg: grouped_gemm(x, w, offs=offs, config=cfg), fl, seconds)
+            except Exception as exc:  # noqa: BLE001
+                print(f"{label} ours {tag}: FAILED {type(exc).__name__}: {str(exc)[:200]}")
+        del x, w
+
+
+if __name__ == "__main__":
+    main()
