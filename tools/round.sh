@@ -56,6 +56,7 @@ for spec in "$@"; do
     bench_wgo) cmd="python -c 'from cutegemm.benchmarks import bench_fp8, bench_grouped_fp8, bench_fp8_blockwise; bench_fp8(shapes=[(8192, 8192, 8192), (16384, 7168, 2048)], configs=[dict(wg_order=True)]); bench_grouped_fp8(configs=[dict(wg_order=True), dict(tile_n=128, wg_order=True)]); bench_fp8_blockwise(configs=[dict(wg_order=True)])'" ;;
     ncu_main) cmd="ncu --clock-control none --profile-from-start off --import-source no --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats --section LaunchStats --metrics lts__t_bytes.sum.per_second,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,smsp__cycles_active.avg,sm__cycles_elapsed.avg.per_second python tools/prof_mainloop.py" ;;
     clocks) cmd="python tools/clock_probe.py --seconds 3" ;;
+    bsgrouped) cmd="$PT tests/test_blockscaled_grouped_gpu.py tests/test_fp4_weight_gpu.py -k 'hopper or grouped'" ;;
     bench_blockwise) cmd="python -c 'from cutegemm.benchmarks import bench_fp8_blockwise as f; f(configs=[dict(cluster_m=1, cluster_n=2), dict(tile_n=64)])'" ;;
     sanitize_fp4w) cmd="SANITIZE_ONLY='fp4w' bash tools/sanitize.sh memcheck racecheck synccheck" ;;
     memcheck_new) cmd="SANITIZE_ONLY='dynamic|grouped-epilogue' bash tools/sanitize.sh memcheck racecheck" ;;
