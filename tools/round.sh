@@ -58,7 +58,7 @@ for spec in "$@"; do
     clocks) cmd="python tools/clock_probe.py --seconds 3" ;;
     bsgrouped) cmd="$PT tests/test_blockscaled_grouped_gpu.py tests/test_fp4_weight_gpu.py -k 'hopper or grouped'" ;;
     bench_blockwise) cmd="python -c 'from cutegemm.benchmarks import bench_fp8_blockwise as f; f(configs=[dict(cluster_m=1, cluster_n=2), dict(tile_n=64)])'" ;;
-    sanitize_fp8) cmd="SANITIZE_ONLY='fp8' bash tools/sanitize.sh memcheck racecheck synccheck" ;;
+    sanitize_fp8) cmd="SANITIZE_ONLY='^fp8-' bash tools/sanitize.sh memcheck racecheck synccheck" ;;
     sanitize_fp4w) cmd="SANITIZE_ONLY='fp4w' bash tools/sanitize.sh memcheck racecheck synccheck" ;;
     memcheck_new) cmd="SANITIZE_ONLY='dynamic|grouped-epilogue' bash tools/sanitize.sh memcheck racecheck" ;;
     bench_epi) cmd="python -c 'from cutegemm.benchmarks import bench_epilogue_quant as f; f()'" ;;
