@@ -343,9 +343,9 @@ def _fp8_cases():
         m, n, k = 300, 392, 640
         a, w = (cpu(m, k) * 2).to(F8), (cpu(n, k) * 2).to(F8)
         if kind == "rowwise":
-            sa, sb = cpu(m, 1).abs() + 0.1, cpu(1, n).abs() + 0.1
+            sa, sb = cpu(m, 1, dtype=F32).abs() + 0.1, cpu(1, n, dtype=F32).abs() + 0.1
         else:
-            sa, sb = cpu(m, 5).abs() + 0.1, cpu(5, 4).abs() + 0.1
+            sa, sb = cpu(m, 5, dtype=F32).abs() + 0.1, cpu(5, 4, dtype=F32).abs() + 0.1
         buf = torch.full((m + 2, n), float("nan"), dtype=BF).cuda()
         cutegemm.gemm(a.cuda(), w.cuda().t(), scale_a=sa.cuda(), scale_b=sb.cuda(), out=buf[:m])
         torch.cuda.synchronize()
@@ -359,7 +359,7 @@ def _fp8_cases():
         counts, n, k = [100, 0, 170, 9], 384, 512
         total = sum(counts) + 3
         a, w = (cpu(total, k) * 2).to(F8), (cpu(len(counts), n, k) * 2).to(F8)
-        sa, sb = cpu(total, 4).abs() + 0.1, cpu(len(counts), 4, 3).abs() + 0.1
+        sa, sb = cpu(total, 4, dtype=F32).abs() + 0.1, cpu(len(counts), 4, 3, dtype=F32).abs() + 0.1
         offs = torch.tensor(counts).cumsum(0).to(torch.int32)
         buf = torch.full((total, n), float("nan"), dtype=BF).cuda()
         grouped_gemm(a.cuda(), w.cuda().transpose(1, 2), offs=offs.cuda(), scale_a=sa.cuda(), scale_b=sb.cuda(), out=buf)
