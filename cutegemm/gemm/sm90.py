@@ -605,12 +605,15 @@ class GemmSm90(MxSm90Mixin, GemmBase):
                 # Grouped: rows count from the expert's first row (tile[3]) and B's scales are
                 # the expert's (NB, KB) slice; rows past the expert's end read other rows'
                 # scales (clamped into A), their results are never stored.
-                n_blk = tile[1] * self.config.tile_n // 128
+                # A tile past N (the second CTA of a 1x2 cluster at an odd n-tile count) reads the
+                # last N block's scales (clamped: memcheck found the read past B's scales), never
+                # stored.
                 row0 = tile[0] * self.config.tile_m
                 sfb = mSFB
                 if cutlass.const_expr(self.config.grouped):
                     row0 = row0 + tile[3]
                     sfb = mSFB[(None, None, tile[2])]
+                n_blk = cutlass.min(tile[1] * self.config.tile_n // 128, sfb.shape[0] - 1)
                 for i in cutlass.range_constexpr(n_sa):
                     row = row0 + tCcTile[((0, i % 2, 0), i // 2, 0)][0]
                     sa_rows[i] = cutlass.min(row, mSFA.shape[0] - 1)
