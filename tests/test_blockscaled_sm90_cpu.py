@@ -84,8 +84,9 @@ def test_config_rules():
         "cooperative schedule only": replace(cfg, pingpong=True),
         "cannot be combined with fast_accum": replace(cfg, fast_accum=True),
         "needs e4m3 A and B": GemmConfig(arch="sm_90a", fp8_mx=True, tile_n=128),
-        "dense (L, M, K) launches only": replace(cfg, grouped=True),
+        "not flat": replace(cfg, flat=True),
     }
+    assert can_implement(replace(cfg, grouped=True))[0]  # the grouped (MoE packed) form
     for msg, c in bad.items():
         ok, why = can_implement(c)
         assert not ok and msg in why, (msg, why)

@@ -57,6 +57,7 @@ for spec in "$@"; do
     ncu_main) cmd="ncu --clock-control none --profile-from-start off --import-source no --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats --section LaunchStats --metrics lts__t_bytes.sum.per_second,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,smsp__cycles_active.avg,sm__cycles_elapsed.avg.per_second python tools/prof_mainloop.py" ;;
     clocks) cmd="python tools/clock_probe.py --seconds 3" ;;
     bsgrouped) cmd="$PT tests/test_blockscaled_grouped_gpu.py tests/test_fp4_weight_gpu.py -k 'hopper or grouped'" ;;
+    bench_gmx) cmd="python tools/bench_grouped_mx.py" ;;
     bench_blockwise) cmd="python -c 'from cutegemm.benchmarks import bench_fp8_blockwise as f; f(configs=[dict(cluster_m=1, cluster_n=2), dict(tile_n=64)])'" ;;
     sanitize_fp8) cmd="SANITIZE_ONLY='^fp8-' bash tools/sanitize.sh memcheck racecheck synccheck" ;;
     sanitize_fp4w) cmd="SANITIZE_ONLY='fp4w' bash tools/sanitize.sh memcheck racecheck synccheck" ;;

@@ -91,6 +91,14 @@ def _operand_view(q: BlockScaledTensor) -> torch.Tensor:
     return d.as_strided((rows, kk, L), (kk, 1, rows * kk))
 
 
+def l1_view(t: torch.Tensor) -> torch.Tensor:
+    """A row-major (rows, cols) tensor as the kernel's (rows, cols, 1), the unit L mode at a
+    16-byte stride (TMA checks every stride, used or not)."""
+    from ..gemm.api import _kernel_view
+
+    return t.as_strided(*_kernel_view(t.unsqueeze(0), 2, (1, 2, 0), "out"))
+
+
 def _scale_bytes(q: BlockScaledTensor) -> torch.Tensor:
     return q.swizzled_scales().contiguous().reshape(-1)
 
@@ -322,7 +330,8 @@ def grouped_gemm_blockscaled(qa, qb, *, offs, out_dtype=torch.bfloat16, alpha: f
     ``torch._grouped_mm`` semantics) -> (total_M, N); rows past offs[-1] are not written. sm_100a
     (tcgen05 block-scaled MMA, MXFP8 / MXFP4 / NVFP4): A's scales are re-laid out per expert on
     the device (``grouped_sf``, no host sync for MX formats; NVFP4 reads its two global scales on
-    the host). Raises NotImplementedError on other GPUs (sm_90a has no block-scaled MMA)."""
+    the host). sm_90a: MXFP8 x MXFP8 is emulated (``sm90_mx``, e4m3 WGMMAs with per-32
+    promotion); FP4 x FP4 raises NotImplementedError there, as on other GPUs."""
     from ..gemm.api import _device_info, new_workspace, reset_workspace
     from ..grouped.api import GROUPED_CACHE
     from ..grouped.kernel_parts import GROUPED_MAX_GROUPS
@@ -333,7 +342,7 @@ def grouped_gemm_blockscaled(qa, qb, *, offs, out_dtype=torch.bfloat16, alpha: f
     if dev.type != "cuda":
         raise ValueError(f"qa must be on a CUDA device, got {dev}")
     arch, num_sms = _device_info(dev.index if dev.index is not None else torch.cuda.current_device())
-    if arch != "sm_100a":
+    if arch != "sm_100a" and not (arch == "sm_90a" and qa.fmt.name == "mxfp8"):
         raise NotImplementedError(
             f"grouped block-scaled GEMM needs sm_100a (Blackwell); this GPU is {arch}: on Hopper run "
             "FP4 weights with bf16 / e4m3 activations (grouped_gemm(x, qw, offs=offs)), FP8 with "
@@ -353,6 +362,11 @@ def grouped_gemm_blockscaled(qa, qb, *, offs, out_dtype=torch.bfloat16, alpha: f
         raise ValueError(f"out needs unit column stride and 16-byte aligned rows, got strides {out.stride()}")
     if total_m == 0 or n == 0 or E == 0:
         return out
+    if arch == "sm_90a":  # MXFP8 emulated on Hopper
+        from .sm90_mx import check_mx_operands, gemm_mx_sm90
+
+        check_mx_operands(qa, qb)
+        return gemm_mx_sm90(qa, qb, out_dtype, float(alpha), config, num_sms, out, offs=offs)
     alpha = float(alpha)
     if qa.global_scale is not None or qb.global_scale is not None:  # NVFP4: fold into alpha (host read)
         alpha *= (1.0 if qa.global_scale is None else float(qa.global_scale)) * (
@@ -372,7 +386,7 @@ def grouped_gemm_blockscaled(qa, qb, *, offs, out_dtype=torch.bfloat16, alpha: f
         raise ValueError(f"cannot run {cfg.name}: {why}")
     max_clusters = max(1, num_sms // (cfg.cluster_m * cfg.cluster_n))
     GROUPED_CACHE.get(cfg)(
-        _operand_view(qa), _operand_view(qb), out.unsqueeze(2), None, None,
+        _operand_view(qa), _operand_view(qb), l1_view(out), None, None,
         alpha, 0.0, max_clusters, offs, grouped_scales_a(qa, offs), _scale_bytes(qb),
         *(None,) * 6, reset_workspace(new_workspace(cfg, dev)),
     )  # fmt: skip

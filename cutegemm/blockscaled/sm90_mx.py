@@ -26,7 +26,7 @@ import torch
 from ..epilogue import EpilogueSpec
 from ..gemm.config import GemmConfig, GemmProblem, can_implement
 from .reference import BlockScaledTensor, e8m0_to_float
-from .sm100 import _OUT_NAMES, finish_output, output_view
+from .sm100 import _OUT_NAMES, finish_output, l1_view, output_view
 
 MX_K_BLOCK = 32
 K_TILE_BLOCKS = 4  # 32-wide K blocks per 128-wide K tile (the kernel's TMA box of scales)
@@ -121,27 +121,45 @@ def gemm_mx_sm90(
     config: GemmConfig | None,
     num_sms: int,
     out: torch.Tensor | None = None,
+    offs: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Launch of the emulated MXFP8 GEMM (operands already checked by the caller with
-    ``sm100.check_operands`` and ``check_mx_operands``; ``out`` as in ``gemm_blockscaled``)."""
+    ``sm100.check_operands`` and ``check_mx_operands``; ``out`` as in ``gemm_blockscaled``).
+    Grouped (``offs``: qa (total_M, K), qb (E, N, K), ``out`` (total_M, N) checked by
+    ``sm100.grouped_gemm_blockscaled``): the packed MoE form, A's scale rows read from each
+    expert's first row, B's scales per expert."""
     from ..gemm.api import DENSE_CACHE, new_workspace, reset_workspace
+    from ..grouped.api import GROUPED_CACHE
 
+    grouped = offs is not None
     m, k = qa.shape[-2], qa.shape[-1]
     n = qb.shape[-2]
-    if config is not None and not config.fp8_mx:
-        raise ValueError(f"config {config.name} is not an MXFP8-emulation kernel (fp8_mx=True, see mx_config)")
-    cfg = config or mx_config(m, n, out_dtype, alpha=alpha != 1.0)
+    if config is not None and (not config.fp8_mx or config.grouped != grouped):
+        raise ValueError(
+            f"config {config.name} is not an MXFP8-emulation kernel (fp8_mx=True, grouped={grouped}, see mx_config)"
+        )
+    rows = -(-m // qb.shape[0]) if grouped else m  # the tile follows the mean rows per expert
+    cfg = config or replace(mx_config(rows, n, out_dtype, alpha=alpha != 1.0), grouped=grouped)
     if alpha != 1.0 and not cfg.epilogue.alpha:
         cfg = replace(cfg, epilogue=replace(cfg.epilogue, alpha=True))
     ok, why = can_implement(cfg, GemmProblem(m, n, k, 1, "e4m3", "e4m3", _OUT_NAMES[out_dtype], "k", "k", (k,), (k,)))
     if not ok:
         raise ValueError(f"cannot run {cfg.name}: {why}")
+    max_clusters = max(1, num_sms // (cfg.cluster_m * cfg.cluster_n))
+    if grouped:
+        E = qb.shape[0]
+        GROUPED_CACHE.get(cfg)(
+            l1_view(qa.data.contiguous()), qb.data.contiguous().view(E, n, k).permute(1, 2, 0),
+            l1_view(out), None, None, alpha, 0.0, max_clusters, offs,
+            mx_scales_a(qa), mx_scales_b(qb, cfg.tile_n),
+            *(None,) * 6, reset_workspace(new_workspace(cfg, qa.data.device)),
+        )  # fmt: skip
+        return out
     batched = len(qa.shape) == 3
     L = qa.shape[0] if batched else 1
     a = qa.data.contiguous().view(L, m, k).permute(1, 2, 0)
     b = qb.data.contiguous().view(L, n, k).permute(1, 2, 0)
     written, c_view = output_view(out, L, m, n, out_dtype, qa.data.device, batched)
-    max_clusters = max(1, num_sms // (cfg.cluster_m * cfg.cluster_n))
     DENSE_CACHE.get(cfg)(
         a, b, c_view, None, None, alpha, 0.0, max_clusters, None,
         mx_scales_a(qa), mx_scales_b(qb, cfg.tile_n),

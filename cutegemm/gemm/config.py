@@ -283,8 +283,8 @@ def fp8_mx_errors(cfg: GemmConfig) -> list[str]:
         err.append(f"{what}: tile_m and tile_n must be 64 or 128, got {cfg.tile_m}x{cfg.tile_n}")
     if cfg.pingpong:
         err.append(f"{what}: cooperative schedule only (pingpong=False)")
-    if cfg.grouped or cfg.flat:
-        err.append(f"{what}: dense (L, M, K) launches only (not grouped, not flat)")
+    if cfg.flat:
+        err.append(f"{what}: (L, M, K) or grouped launches only (not flat)")
     return err
 
 

@@ -444,7 +444,7 @@ class GemmSm90(MxSm90Mixin, GemmBase):
             if warp_idx == self.load_warp_id:
                 extra = ()
                 if cutlass.const_expr(cfg.fp8_mx):
-                    extra = self.mx_load_operands(tma_atom_sfa, tma_atom_sfb, mx_parts)
+                    extra = self.mx_load_operands(tma_atom_sfa, tma_atom_sfb, mx_parts, mSFA, block_scales[0])
                 self.load_ab(
                     load_sched, ab_pipeline, k_tile_cnt,
                     tma_atom_a, a_tiles, tAsA, a_mcast_mask,
