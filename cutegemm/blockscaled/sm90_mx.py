@@ -60,6 +60,13 @@ def sfb_permutation(tile_n: int) -> torch.Tensor:
     return perm
 
 
+@functools.cache
+def _permutation_on(tile_n: int, device: torch.device) -> torch.Tensor:
+    """:func:`sfb_permutation` on ``device``, copied once (a host copy inside a CUDA-graph capture
+    would fail; the first, eager call makes it)."""
+    return sfb_permutation(tile_n).to(device)
+
+
 def _plain_scales3(q: BlockScaledTensor) -> torch.Tensor:
     """(L, rows, ceil(K / 32)) fp32 scales."""
     s = e8m0_to_float(q.plain_scales())
@@ -90,7 +97,7 @@ def mx_scales_b(qb: BlockScaledTensor, tile_n: int) -> torch.Tensor:
     n_tiles = -(-n // tile_n)
     padded = torch.zeros((L, n_tiles * tile_n, kbp), dtype=torch.float32, device=s.device)
     padded[:, :n, :kb] = s
-    perm = sfb_permutation(tile_n).to(s.device)
+    perm = _permutation_on(tile_n, s.device)
     tiles = padded.view(L, n_tiles, tile_n, kbp).index_select(2, perm)  # (L, tiles, p, Kb)
     buf = tiles.reshape(L, n_tiles * tile_n, kbp).transpose(1, 2).contiguous()  # (L, Kb, Np)
     return buf.permute(2, 1, 0)
