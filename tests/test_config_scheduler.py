@@ -161,6 +161,7 @@ BS_NVFP4 = dict(a_dtype="e2m1", b_dtype="e2m1", sf_dtype="e4m3", sf_vec=16, a_ma
         dict(BS_MXFP8, a_dtype="e2m1", b_dtype="e2m1"),  # MXFP4
         dict(BS_MXFP8, tile_n=192),
         dict(BS_NVFP4, tile_m=256, tile_n=64, two_cta=True, cluster_m=2),
+        dict(BS_MXFP8, grouped=True),  # the grouped (MoE packed) form: 1-CTA 128-row tiles
     ],
 )
 def test_blockscaled_rules_accept(change):
@@ -180,7 +181,8 @@ def test_blockscaled_rules_accept(change):
         ("sm_100a", dict(BS_MXFP8, sf_vec=16), "sf_vec"),
         ("sm_100a", dict(BS_NVFP4, sf_dtype="e5m2"), "sf dtype"),
         ("sm_100a", dict(BS_MXFP8, b_dtype="e2m1"), "equal dtypes"),
-        ("sm_100a", dict(BS_MXFP8, grouped=True), "grouped"),
+        ("sm_100a", dict(BS_MXFP8, grouped=True, cluster_m=2), "grouped"),
+        ("sm_100a", dict(BS_MXFP8, grouped=True, tile_m=256, two_cta=True, cluster_m=2), "grouped"),
         ("sm_100a", dict(BS_MXFP8, cluster_m=4, cluster_n=2), "cluster size"),
         ("sm_100a", dict(sf_dtype="e8m0"), "sf_vec"),
     ],
