@@ -38,6 +38,7 @@ for spec in "$@"; do
     gsweep2) cmd="python tools/grouped_sweep.py --set cluster_m" ;;
     bench_gfp8) cmd="python -c 'from cutegemm.benchmarks import bench_grouped_fp8 as f; f(configs=[dict(cluster_m=2, cluster_n=1), dict(tile_m=128, tile_n=128, pingpong=True, fast_accum=True), dict(tile_n=256, cluster_m=2, cluster_n=1, fast_accum=True), dict(tile_n=256, fast_accum=True)])'" ;;
     bench_fp8e) cmd="python -c 'from cutegemm.benchmarks import bench_fp8 as f; f(shapes=[(8192, 8192, 8192), (16384, 7168, 2048), (4096, 4096, 4096)], configs=[dict(epi_stages=4), dict(tile_n=128, pingpong=True, fast_accum=True), dict(tile_n=128, pingpong=True, fast_accum=True, epi_stages=4)])'" ;;
+    bench_gfp8_dyn) cmd="python -c 'from cutegemm.benchmarks import bench_grouped_fp8 as f; f(configs=[dict(scheduler=\"dynamic\"), dict(scheduler=\"dynamic\", epi_stages=2), dict(tile_n=256, fast_accum=True, scheduler=\"dynamic\"), dict(tile_n=256, fast_accum=True)])'" ;;
     bench_gfp8e) cmd="python -c 'from cutegemm.benchmarks import bench_grouped_fp8 as f; f(configs=[dict(epi_stages=4), dict(tile_m=128, tile_n=128, pingpong=True, fast_accum=True), dict(tile_m=64, tile_n=256, pingpong=True, fast_accum=True), dict(tile_m=64, tile_n=128, pingpong=True)])'" ;;
     fp4smoke) cmd="python tools/fp4_smoke.py" ;;
     fp4ring) cmd="$PT tests/test_fp4_weight_gpu.py -k 'ring or other_pipelines'" ;;
