@@ -290,3 +290,37 @@ def test_grouped_blockwise_variants_and_fake_args():
         assert "QGMMA" in _mma_markers(c)
         args = grouped_fake_args(c)
         assert len(args[10].shape) == 2 and len(args[11].shape) == 3  # mSFA (M, KB), mSFB (NB, KB, E)
+
+
+# ---- wg_order (FP8 with promotion: the consumer warpgroups take turns per K tile) -----------------
+@pytest.mark.parametrize(
+    "kw,ok",
+    [
+        (dict(tile_m=128, tile_n=128, cluster_m=2), True),
+        (dict(tile_m=128, tile_n=128, grouped=True, cluster_n=2), True),
+        (dict(tile_m=128, tile_n=192, fp8_blockwise=False), True),  # row-wise promoted
+        (dict(tile_m=64, tile_n=128), False),  # one warpgroup: nobody to take turns with
+        (dict(tile_m=64, tile_n=128, pingpong=True), False),
+        (dict(tile_m=128, tile_n=128, fp8_blockwise=False, fast_accum=True), False),
+        (dict(tile_m=128, tile_n=128, fp8_blockwise=False, a_dtype="bf16", b_dtype="bf16"), False),
+    ],
+)
+def test_wg_order_rules(kw, ok):
+    cfg = GemmConfig(**{**BW, **kw, "wg_order": True})
+    good, why = can_implement(cfg)
+    assert good == ok, why
+    if ok:
+        assert "_wgo" in cfg.name and GemmConfig(**{**BW, **kw}).name != cfg.name
+    else:
+        assert "wg_order" in why
+
+
+def test_policy_turns_wg_order_on_for_block_scaling_only():
+    p = GemmProblem(8192, 8192, 8192, 1, "e4m3", "e4m3", "bf16", "k", "k")
+    pol = policy_for("sm_90a", 132)
+    assert pol.choose(p, fp8_blockwise=True).wg_order
+    assert not pol.choose(p).wg_order  # row-wise promoted: measured slower with it
+    g = GemmProblem(32 * 512, 4096, 7168, 1, "e4m3", "e4m3", "bf16", "k", "k")
+    assert pol.choose_grouped(g, 32, fp8_blockwise=True).wg_order
+    assert not pol.choose_grouped(GemmProblem(32 * 16, 4096, 7168, 1, "e4m3", "e4m3", "bf16", "k", "k"), 32,
+                                  fp8_blockwise=True).wg_order  # 64-row tiles: one warpgroup
