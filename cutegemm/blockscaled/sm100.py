@@ -181,19 +181,26 @@ def output_view(out, L: int, m: int, n: int, out_dtype, device, batched: bool):
 
     shape = (L, m, n) if batched else (m, n)
     if out is not None:
-        if not isinstance(out, torch.Tensor) or tuple(out.shape) != shape or out.dtype != out_dtype:
-            got = f"{tuple(out.shape)} {out.dtype}" if isinstance(out, torch.Tensor) else type(out).__name__
-            raise ValueError(f"out must be a {shape} {out_dtype} tensor, got {got}")
-        if out.device != device:
-            raise ValueError(f"out is on {out.device}, the operands on {device}")
-        align = 16 // out.element_size()
-        if out.stride(-1) != 1 or out.stride(-2) % align or (batched and out.stride(0) % align) or out.data_ptr() % 16:
-            raise ValueError(
-                f"out needs unit column stride and 16-byte aligned rows / batches / start, got strides {out.stride()}"
-            )
+        check_out(out, shape, out_dtype, device)
     written = out if out is not None and (n * out.element_size()) % 16 == 0 else padded_rows(shape, out_dtype, device)
     w3 = written if batched else written.unsqueeze(0)
     return written, w3.permute(1, 2, 0)
+
+
+def check_out(out, shape, out_dtype, device) -> None:
+    """The rules of a caller's ``out`` (ValueError): the result's shape and dtype, the operands'
+    device, unit column stride, 16-byte aligned rows / batches / start (TMA stores)."""
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(shape) or out.dtype != out_dtype:
+        got = f"{tuple(out.shape)} {out.dtype}" if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"out must be a {tuple(shape)} {out_dtype} tensor, got {got}")
+    if out.device != device:
+        raise ValueError(f"out is on {out.device}, the operands on {device}")
+    align = 16 // out.element_size()
+    batched = out.dim() == 3
+    if out.stride(-1) != 1 or out.stride(-2) % align or (batched and out.stride(0) % align) or out.data_ptr() % 16:
+        raise ValueError(
+            f"out needs unit column stride and 16-byte aligned rows / batches / start, got strides {out.stride()}"
+        )
 
 
 def finish_output(out, written):
@@ -352,14 +359,13 @@ def grouped_gemm_blockscaled(qa, qb, *, offs, out_dtype=torch.bfloat16, alpha: f
     total_m = qa.shape[0]
     if E > GROUPED_MAX_GROUPS:
         raise ValueError(f"at most {GROUPED_MAX_GROUPS} experts are supported, got {E}")
-    if (n * torch.empty((), dtype=out_dtype).element_size()) % 16:
-        raise ValueError(f"N * {torch.empty((), dtype=out_dtype).element_size()} bytes must be a multiple of 16, got N={n}")
+    elem_bytes = torch.empty((), dtype=out_dtype).element_size()
+    if (n * elem_bytes) % 16:  # partial tiles store whole 16-byte row pieces
+        raise ValueError(f"N * {elem_bytes} bytes must be a multiple of 16, got N={n}")
     if out is None:
         out = torch.empty(total_m, n, dtype=out_dtype, device=dev)
-    elif not isinstance(out, torch.Tensor) or out.shape != (total_m, n) or out.dtype != out_dtype or out.device != dev:
-        raise ValueError(f"out must be a ({total_m}, {n}) {out_dtype} tensor on {dev}")
-    elif out.stride(1) != 1 or out.stride(0) % (16 // out.element_size()) or out.data_ptr() % 16:
-        raise ValueError(f"out needs unit column stride and 16-byte aligned rows, got strides {out.stride()}")
+    else:
+        check_out(out, (total_m, n), out_dtype, dev)
     if total_m == 0 or n == 0 or E == 0:
         return out
     if arch == "sm_90a":  # MXFP8 emulated on Hopper

@@ -26,7 +26,7 @@ import torch
 from ..epilogue import EpilogueSpec
 from ..gemm.config import GemmConfig, GemmProblem, can_implement
 from .reference import BlockScaledTensor, e8m0_to_float
-from .sm100 import _OUT_NAMES, finish_output, l1_view, output_view
+from .sm100 import _OUT_NAMES, _operand_view, finish_output, l1_view, output_view
 
 MX_K_BLOCK = 32
 K_TILE_BLOCKS = 4  # 32-wide K blocks per 128-wide K tile (the kernel's TMA box of scales)
@@ -153,19 +153,16 @@ def gemm_mx_sm90(
     if not ok:
         raise ValueError(f"cannot run {cfg.name}: {why}")
     max_clusters = max(1, num_sms // (cfg.cluster_m * cfg.cluster_n))
+    a, b = _operand_view(qa), _operand_view(qb)  # (M, K, L), (N, K, L) (grouped: L = E)
     if grouped:
-        E = qb.shape[0]
         GROUPED_CACHE.get(cfg)(
-            l1_view(qa.data.contiguous()), qb.data.contiguous().view(E, n, k).permute(1, 2, 0),
-            l1_view(out), None, None, alpha, 0.0, max_clusters, offs,
+            a, b, l1_view(out), None, None, alpha, 0.0, max_clusters, offs,
             mx_scales_a(qa), mx_scales_b(qb, cfg.tile_n),
             *(None,) * 6, reset_workspace(new_workspace(cfg, qa.data.device)),
         )  # fmt: skip
         return out
     batched = len(qa.shape) == 3
     L = qa.shape[0] if batched else 1
-    a = qa.data.contiguous().view(L, m, k).permute(1, 2, 0)
-    b = qb.data.contiguous().view(L, n, k).permute(1, 2, 0)
     written, c_view = output_view(out, L, m, n, out_dtype, qa.data.device, batched)
     DENSE_CACHE.get(cfg)(
         a, b, c_view, None, None, alpha, 0.0, max_clusters, None,
