@@ -155,6 +155,21 @@ class Runner:
         self.fp4_gemm = _emulated_fp4(fp4_weight_api) if dry_run else fp4_weight_api.gemm_fp4_weight
 
     # -- helpers
+    def poisoned_run(self, shape, dtype, call, what):
+        """(run, buf, out): ``run()`` calls ``call(out)`` with ``out`` a view of a fresh NaN-poisoned
+        buffer and returns the buffer; it has run once here, and nothing outside ``out`` was
+        written (out: the first ``shape[-2:]`` rows / columns of buf)."""
+
+        def run():
+            buf, out = self.rc.poisoned(shape, dtype, self.dev)
+            call(out)
+            return buf
+
+        buf = run()
+        self.sync()
+        self.rc.assert_pad_untouched(buf, shape[-2], shape[-1], what)
+        return run, buf, buf[..., : shape[-2], : shape[-1]]
+
     def sync(self):
         if not self.dry:
             self.torch.cuda.synchronize()
@@ -213,17 +228,12 @@ class Runner:
             **self.tile(v.tile),
         )  # fmt: skip
 
-        def run():
-            buf, out = self.rc.poisoned(out_shape, dt[v.out_dtype], self.dev)
+        def call(out):
             res = self.gemm(a, b, out=out, config=cfg, **ops)
             assert res.data_ptr() == out.data_ptr(), "out= was not used"
-            return buf
 
         what = f"dense {v.name} a{tuple(a.shape)} b{tuple(b.shape)} ops={sorted(ops)}"
-        buf = run()
-        out = buf[..., :m, :n_out]
-        self.sync()
-        self.rc.assert_pad_untouched(buf, m, n_out, what)
+        run, buf, out = self.poisoned_run(out_shape, dt[v.out_dtype], call, what)
         self.rc.check_dense(out, a, b, what=what, **ops)
         return v, run, buf, what
 
@@ -249,16 +259,10 @@ class Runner:
             **self.tile(v.tile),
         )  # fmt: skip
 
-        def run():
-            buf, out = self.rc.poisoned((total, n), dt[v.out_dtype], self.dev)
-            self.grouped_gemm(a, b, offs=offs, out=out, alpha=alpha, config=cfg)
-            return buf
-
         what = f"grouped {v.name} counts={counts} pad={pad} n={n} k={k} alpha={alpha}"
-        buf = run()
-        out = buf[:total, :n]
-        self.sync()
-        self.rc.assert_pad_untouched(buf, total, n, what)
+        run, buf, out = self.poisoned_run(
+            (total, n), dt[v.out_dtype], lambda out: self.grouped_gemm(a, b, offs=offs, out=out, alpha=alpha, config=cfg), what
+        )
         self.rc.check_packed(out, a, b, offs_list, alpha=alpha, what=what)
         return v, run, buf, what
 
@@ -273,16 +277,10 @@ class Runner:
         offs_list = list(_cumsum(counts))
         offs = torch.tensor(offs_list, dtype=torch.int32, device=self.dev)
 
-        def run():
-            buf, out = self.rc.poisoned((E, m, n), torch.bfloat16, self.dev)
-            self.grouped_gemm(a, b, offs=offs, out=out)
-            return buf
-
         what = f"kgrouped counts={counts} m={m} n={n}"
-        buf = run()
-        out = buf[..., :m, :n]
-        self.sync()
-        self.rc.assert_pad_untouched(buf, m, n, what)
+        run, buf, out = self.poisoned_run(
+            (E, m, n), torch.bfloat16, lambda out: self.grouped_gemm(a, b, offs=offs, out=out), what
+        )
         self.rc.check_kgrouped(out, a, b, offs_list, what=what)
         return _KEY_KGROUPED, run, buf, what
 
@@ -326,16 +324,10 @@ class Runner:
         if split:
             cfg = replace(cfg, split=True)
 
-        def run():
-            buf, out = self.rc.poisoned((total, n), torch.bfloat16, self.dev)
-            self.fp4_gemm(x, qw, offs=offs, out=out, config=cfg)
-            return buf
-
         what = f"fp4w {cfg.name} total={total} n={n} k={k} counts={offs_list}"
-        buf = run()
-        out = buf[:total, :n]
-        self.sync()
-        self.rc.assert_pad_untouched(buf, total, n, what)
+        run, buf, out = self.poisoned_run(
+            (total, n), torch.bfloat16, lambda out: self.fp4_gemm(x, qw, offs=offs, out=out, config=cfg), what
+        )
         if grouped:
             self.rc.check_packed(out, x, wd.transpose(1, 2), offs_list, what=what)
         else:
