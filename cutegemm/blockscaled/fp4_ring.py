@@ -92,8 +92,8 @@ class RingPipeline:
         stage, then release it. Four PRMTs per 16-byte activation piece give the weights' (k, k+4)
         pairing: done once per stage by the producer after the boxes land (``producer_pairs``,
         :meth:`pair_stage`; the stage's full barrier then counts the TMA's arrival and one per
-        producer lane, its empty barrier one per consumer lane), or by every consumer on each read. Tokens past the pass's end (another expert's, or zeros) are never
-        stored.
+        producer lane, its empty barrier one per consumer lane), or by every consumer on each
+        read. Tokens past the pass's end (another expert's, or zeros) are never stored.
 
         Bank conflicts: a warp's 16-byte weight reads cover two rows per 8 lanes; MMA row g of a
         16-row tile reads weight row g // 2 + 4 (g % 2) (rows 0 and 4, 1 and 5, ...), whose
