@@ -28,7 +28,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from ..grouped.kernel_parts import from_row
+from ..grouped.kernel_parts import grouped_k_tiles
 from ..runtime.ptx import ld_shared_v4_f32
 
 MX_KB = 4  # 32-wide K blocks per 128-wide K tile
@@ -95,17 +95,12 @@ class MxSm90Mixin:
         """The scales as ``GemmBase.load_ab`` extra operands (SFA follows A's m-tile, SFB B's
         n-tile). Built inside the producer's branch: the tile functions close over its values.
         Grouped (``mSFA`` / ``sSFA`` given): A's scale rows start at the expert's first row, as A's
-        (``grouped.kernel_parts.from_row``); B's scales are per expert (L = tile[2])."""
+        (``grouped.kernel_parts.grouped_k_tiles``); B's scales are per expert (L = tile[2])."""
         tAsSFA, tAgSFA, tBsSFB, tBgSFB = parts
 
         def sfa_tiles(tile):
             if cutlass.const_expr(self.config.grouped):
-                m_tile, _, _, row_start, _ = tile
-                g = cute.local_tile(from_row(mSFA, row_start), (self.config.tile_m, MX_KB), (None, None, None))
-                _, tAg = cpasync.tma_partition(
-                    tma_atom_sfa, 0, cute.make_layout(1), cute.group_modes(sSFA, 0, 2), cute.group_modes(g, 0, 2)
-                )
-                return tAg[(None, m_tile, None, 0)]
+                return grouped_k_tiles(tma_atom_sfa, 0, cute.make_layout(1), sSFA, mSFA, (self.config.tile_m, MX_KB), tile)
             return tAgSFA[(None, tile[0], None, tile[2])]
 
         def sfb_tiles(tile):

@@ -56,9 +56,9 @@ from ..epilogue import epilogue_subtile, store_gated
 from ..epilogue.quant import quant_storage, store_quantized_subtile
 from ..grouped.kernel_parts import (
     fill_tile_starts,
-    from_row,
     grouped_acc_coords,
     grouped_acc_space,
+    grouped_k_tiles,
     grouped_out_tile,
     make_grouped_scheduler,
     tile_table,
@@ -411,17 +411,8 @@ class GemmSm90(MxSm90Mixin, GemmBase):
 
             def a_tiles(tile):
                 """(TMA, RestK) A k-tiles of a grouped tile: rows from the expert's first row."""
-                m_tile, _, _, row_start, _ = tile
-                gA = cute.local_tile(
-                    from_row(mA_mkl, row_start),
-                    cute.slice_(self.tile_shape_mnk, (None, 0, None)),
-                    (None, None, None),
-                )
-                _, tAgA_e = cpasync.tma_partition(
-                    tma_atom_a, cluster_coord_mnk[1], a_cta_layout,
-                    cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2),
-                )  # fmt: skip
-                return tAgA_e[(None, m_tile, None, 0)]
+                a_tiler = cute.slice_(self.tile_shape_mnk, (None, 0, None))
+                return grouped_k_tiles(tma_atom_a, cluster_coord_mnk[1], a_cta_layout, sA, mA_mkl, a_tiler, tile)
         else:
             sched = self.make_scheduler(self.acc_space(mC_mnl, mB_nkl), (cfg.tile_m, cfg.tile_n))
         load_sched = sched

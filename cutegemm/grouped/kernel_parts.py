@@ -17,6 +17,7 @@ Both kernels run the same grouped protocol around their arch-specific MMA:
 from __future__ import annotations
 
 import cutlass.cute as cute
+from cutlass.cute.nvgpu import cpasync
 
 from ..schedulers.grouped import GroupedScheduler, fill_tile_starts
 
@@ -26,6 +27,7 @@ __all__ = [
     "from_row",
     "grouped_acc_coords",
     "grouped_acc_space",
+    "grouped_k_tiles",
     "grouped_out_tile",
     "make_grouped_scheduler",
     "tile_table",
@@ -65,6 +67,16 @@ def make_grouped_scheduler(tile_start, mOffs, total_m, tile_m: int, cluster_n: i
 def from_row(t: cute.Tensor, row_start) -> cute.Tensor:
     """(M, ...) tensor viewed from row ``row_start`` on (an expert's rows start anywhere)."""
     return cute.domain_offset((row_start, 0, 0), t)
+
+
+def grouped_k_tiles(tma_atom, cta_coord, cta_layout, smem: cute.Tensor, tensor: cute.Tensor, tiler, tile):
+    """(TMA, RestK) TMA k-tiles of ``tensor`` (rows, K, 1) for grouped tile ``tile``: rows counted
+    from the expert's first row (tile[3]), m-tile tile[0] of ``tiler`` (rows, K) tiles; ``smem``
+    (rows, K, STAGE) as the load stages hold them. (The sm_90a A operand and its MXFP8 scales.)"""
+    m_tile, _, _, row_start, _ = tile
+    g = cute.local_tile(from_row(tensor, row_start), tiler, (None, None, None))
+    _, t = cpasync.tma_partition(tma_atom, cta_coord, cta_layout, cute.group_modes(smem, 0, 2), cute.group_modes(g, 0, 2))
+    return t[(None, m_tile, None, 0)]
 
 
 def grouped_acc_space(mC: cute.Tensor, mB: cute.Tensor):
