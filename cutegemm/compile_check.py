@@ -303,7 +303,10 @@ def grouped_variants(arch: str) -> list[GemmConfig]:
         GemmConfig(arch=arch, grouped=True, tile_m=128, tile_n=256, b_major="k"),
         GemmConfig(arch=arch, grouped=True, tile_m=64, tile_n=128, cluster_n=2),
         GemmConfig(arch=arch, grouped=True, tile_m=128, tile_n=128, pingpong=True, out_dtype="fp32"),
-    ] + grouped_epilogue_variants(arch)
+        # MXFP8 x MXFP8 emulated per expert (grouped_gemm of two BlockScaledTensors on sm_90a)
+        GemmConfig(arch=arch, grouped=True, tile_m=128, tile_n=128, a_dtype="e4m3", b_dtype="e4m3",
+                   a_major="k", b_major="k", fp8_mx=True),
+    ] + grouped_epilogue_variants(arch)  # fmt: skip
 
 
 def grouped_epilogue_variants(arch: str) -> list[GemmConfig]:

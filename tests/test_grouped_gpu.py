@@ -182,3 +182,22 @@ def test_two_cta_clusters_and_ragged_experts(cfg):
     config = replace(cutegemm.GemmConfig(arch="sm_90a", grouped=True, b_major="k", raster="m", group=1), **cfg)
     for counts in ([130, 0, 1, 257, 64, 65, 300], [1] * 9, [0, 0, 700], [383, 129]):
         check_packed(counts, 264, 136, config=config)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        dict(tile_m=128, tile_n=256, cluster_n=2),
+        dict(tile_m=128, tile_n=256, cluster_n=2, scheduler="dynamic"),
+        dict(tile_m=128, tile_n=128, cluster_m=2),
+    ],
+    ids=["128x256-c1x2", "128x256-c1x2-dynamic", "128x128-c2x1"],
+)
+def test_half_empty_last_tiles(cfg):
+    """128-row tiles whose second warpgroup's 64 rows all lie past the expert's end issue no
+    WGMMA for them (the other warpgroup's rows must still be right, and nothing past the expert
+    may be written): last tiles of 1, 63, 64 rows (skipped half) and 65, 127 rows (not)."""
+    from dataclasses import replace
+
+    config = replace(cutegemm.GemmConfig(arch="sm_90a", grouped=True, b_major="k"), **cfg)
+    check_packed([64, 65, 192, 193, 1, 63, 0, 128, 127, 320], 264, 200, config=config)

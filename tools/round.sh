@@ -29,6 +29,7 @@ for spec in "$@"; do
     grouped) cmd="$PT tests/test_grouped_gpu.py" ;;
     gepi) cmd="$PT tests/test_grouped_epilogue_gpu.py" ;;
     blockwise) cmd="$PT tests/test_fp8_blockwise_gpu.py" ;;
+    gblockwise) cmd="$PT tests/test_fp8_blockwise_gpu.py -k grouped" ;;
     fp4w) cmd="$PT tests/test_fp4_weight_gpu.py tests/test_fp4_weight_cpu.py" ;;
     mx) cmd="$PT tests/test_blockscaled_sm90_gpu.py tests/test_blockscaled_sm90_cpu.py" ;;
     bench_mx) cmd="python -c 'from cutegemm.benchmarks import bench_mxfp8 as f; f(configs=[dict(cluster_m=2), dict(cluster_n=2), dict(tile_n=64), dict(raster=\"n\"), dict(scheduler=\"dynamic\")])'" ;;
@@ -36,6 +37,7 @@ for spec in "$@"; do
     ncu_fp4w) cmd="ncu --clock-control none -k regex:Fp4WeightKernel -c 2 --import-source no --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy --section InstructionStats --section SourceCounters python tools/fp4w_profile.py 'n_tiles=2' 'n_tiles=2, row_tiles=2, warps_k=2'" ;;
     gsweep) cmd="python tools/grouped_sweep.py" ;;
     gsweep2) cmd="python tools/grouped_sweep.py --set cluster_m" ;;
+    gsweep3) cmd="python tools/grouped_sweep.py --set skip" ;;
     bench_gfp8) cmd="python -c 'from cutegemm.benchmarks import bench_grouped_fp8 as f; f(configs=[dict(cluster_m=2, cluster_n=1), dict(tile_m=128, tile_n=128, pingpong=True, fast_accum=True), dict(tile_n=256, cluster_m=2, cluster_n=1, fast_accum=True), dict(tile_n=256, fast_accum=True)])'" ;;
     bench_fp8e) cmd="python -c 'from cutegemm.benchmarks import bench_fp8 as f; f(shapes=[(8192, 8192, 8192), (16384, 7168, 2048), (4096, 4096, 4096)], configs=[dict(epi_stages=4), dict(tile_n=128, pingpong=True, fast_accum=True), dict(tile_n=128, pingpong=True, fast_accum=True, epi_stages=4)])'" ;;
     bench_gfp8_dyn) cmd="python -c 'from cutegemm.benchmarks import bench_grouped_fp8 as f; f(configs=[dict(scheduler=\"dynamic\"), dict(scheduler=\"dynamic\", epi_stages=2), dict(tile_n=256, fast_accum=True, scheduler=\"dynamic\"), dict(tile_n=256, fast_accum=True)])'" ;;
@@ -59,6 +61,8 @@ for spec in "$@"; do
     clocks) cmd="python tools/clock_probe.py --seconds 3" ;;
     bsgrouped) cmd="$PT tests/test_blockscaled_grouped_gpu.py tests/test_fp4_weight_gpu.py -k 'hopper or grouped'" ;;
     bench_gmx) cmd="python tools/bench_grouped_mx.py" ;;
+    bench_gfp8p) cmd="python -c 'from cutegemm.benchmarks import bench_grouped_fp8 as f; f(shapes=((32, 512, 4096, 7168), (32, 512, 7168, 2048)), configs=[dict(tile_m=128, tile_n=128, pingpong=True, fast_accum=True)])'" ;;
+    bench_gbwp) cmd="python -c 'from cutegemm.benchmarks import bench_grouped_fp8_blockwise as f; f(configs=[])'" ;;
     bench_blockwise) cmd="python -c 'from cutegemm.benchmarks import bench_fp8_blockwise as f; f(configs=[dict(cluster_m=1, cluster_n=2), dict(tile_n=64)])'" ;;
     sanitize_fp8) cmd="SANITIZE_ONLY='^fp8-' bash tools/sanitize.sh memcheck racecheck synccheck" ;;
     sanitize_fp4w) cmd="SANITIZE_ONLY='fp4w' bash tools/sanitize.sh memcheck racecheck synccheck" ;;
