@@ -4,6 +4,7 @@ no local-memory spills."""
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, replace
 
@@ -240,6 +241,17 @@ class CheckResult:
         return f"{status} {self.name:<80} {found} [{self.seconds:.1f}s]{tail}"
 
 
+def wgmma_serialized(cfg: GemmConfig, sass: str) -> bool:
+    """ptxas serializes every WGMMA of a kernel (warning C7520) when it cannot prove a branch
+    around them warpgroup-uniform: then each HGMMA / QGMMA carries its own gsb0 wait. In our
+    sm_90a mainloops only the last WGMMA of a K tile's batch does (the MXFP8 emulation commits
+    each 32-wide K block alone, so it is not checked)."""
+    if cfg.arch != "sm_90a" or cfg.fp8_mx:
+        return False
+    gmma = re.findall(r"[HQ]GMMA\.[^\n]*", sass)
+    return bool(gmma) and all("gsb0" in g for g in gmma)
+
+
 def check_config(cfg: GemmConfig) -> CheckResult:
     from .gemm.api import build_dense
     from .grouped.api import build_grouped
@@ -262,7 +274,9 @@ def check_config(cfg: GemmConfig) -> CheckResult:
     if spilled:
         err += f"local-memory spills {spilled} "
     if unwanted:
-        err += f"forbidden {unwanted}"
+        err += f"forbidden {unwanted} "
+    if wgmma_serialized(cfg, sass):
+        err += "serialized WGMMA (every HGMMA/QGMMA waits for itself: ptxas C7520)"
     return CheckResult(cfg.name, not err, {**req, **bad}, time.time() - t0, err.strip())
 
 

@@ -594,7 +594,10 @@ class GemmSm90(MxSm90Mixin, GemmBase):
             # rows costs about half a tile.
             mma_on = True
             if cutlass.const_expr(skip_rows):
-                mma_on = tile[4] - tile[3] - tile[0] * self.config.tile_m > my_wg * 64
+                # Warp-uniform (a hint ptxas needs: a branch it cannot prove uniform around the
+                # WGMMAs makes it serialize every WGMMA of the kernel).
+                rows_here = cute.arch.make_warp_uniform(tile[4] - tile[3] - tile[0] * self.config.tile_m)
+                mma_on = rows_here > cute.arch.make_warp_uniform(my_wg) * 64
 
             # ---- mainloop: keep one WGMMA batch in flight, release the stage behind it ----
             acc_sum.fill(0.0)
@@ -631,50 +634,33 @@ class GemmSm90(MxSm90Mixin, GemmBase):
                     release_state.advance()
                     read_state.advance()
             else:
-                for k_tile in range(k_tile_cnt):
-                    ab_pipeline.consumer_wait(read_state)
-                    if cutlass.const_expr(k_order):  # our turn
-                        cute.arch.barrier(barrier_id=BAR_K_ORDER + my_wg, number_of_threads=2 * self.threads_per_warpgroup)
-                    if cutlass.const_expr(skip_rows):
-                        if mma_on:
-                            tiled_mma = self.issue_k_tile(tiled_mma, acc, tCrA, tCrB, read_state.index, promote)
+                bw = (mSFA, sfb, sa_rows, n_blk, sf_cur, sf_next) if cutlass.const_expr(blockwise) else None
+                if cutlass.const_expr(skip_rows):
+                    # The branch encloses whole K loops (a branch around single WGMMAs makes ptxas
+                    # serialize every WGMMA of the kernel).
+                    if mma_on:
+                        tiled_mma, read_state, release_state = self.mma_k_tiles(
+                            ab_pipeline, read_state, release_state, k_tile_cnt, tiled_mma, acc, acc_sum,
+                            tCrA, tCrB, my_wg, bw, True,
+                        )  # fmt: skip
                     else:
-                        tiled_mma = self.issue_k_tile(tiled_mma, acc, tCrA, tCrB, read_state.index, promote)
-                    if cutlass.const_expr(k_order):  # the other warpgroup's turn
-                        cute.arch.barrier_arrive(barrier_id=BAR_K_ORDER + 1 - my_wg, number_of_threads=2 * self.threads_per_warpgroup)
-                    if cutlass.const_expr(promote):
-                        if cutlass.const_expr(blockwise):
-                            # Prefetch the next K tile's scales (the last tile reloads its own).
-                            k_next = cutlass.min(k_tile + 1, k_tile_cnt - 1)
-                            for i in cutlass.range_constexpr(n_sa):
-                                sf_next[i] = mSFA[(sa_rows[i], k_next)]
-                            sf_next[n_sa] = sfb[(n_blk, k_next)]
-                        warpgroup.wait_group(0)
-                        ab_pipeline.consumer_release(read_state)
-                        release_state.advance()
-                        sf = (sf_cur, n_sa) if cutlass.const_expr(blockwise) else None
-                        if cutlass.const_expr(skip_rows):
-                            if mma_on:
-                                self.promote_k_tile(acc_sum, acc, sf)
-                        else:
-                            self.promote_k_tile(acc_sum, acc, sf)
-                        if cutlass.const_expr(blockwise):
-                            for i in cutlass.range_constexpr(n_sa + 1):
-                                sf_cur[i] = sf_next[i]
-                    else:
-                        warpgroup.wait_group(1)
-                        if k_tile > 0:
-                            ab_pipeline.consumer_release(release_state)
-                            release_state.advance()
-                    read_state.advance()
+                        read_state, release_state = self.idle_k_tiles(
+                            ab_pipeline, read_state, release_state, k_tile_cnt, my_wg
+                        )
+                else:
+                    tiled_mma, read_state, release_state = self.mma_k_tiles(
+                        ab_pipeline, read_state, release_state, k_tile_cnt, tiled_mma, acc, acc_sum,
+                        tCrA, tCrB, my_wg, bw, False,
+                    )  # fmt: skip
             if cutlass.const_expr(self.pingpong):
                 # All WGMMAs of this tile are issued: hand the tensor cores to the other warpgroup.
                 cute.arch.barrier_arrive(barrier_id=BAR_ORDER + 1 - wg, number_of_threads=2 * self.threads_per_warpgroup)
-            warpgroup.wait_group(0)
-            if cutlass.const_expr(not promote):
-                if k_tile_cnt > 0:
-                    ab_pipeline.consumer_release(release_state)
-                    release_state.advance()
+            if cutlass.const_expr(not skip_rows):  # (mma_k_tiles drained its WGMMAs itself)
+                warpgroup.wait_group(0)
+                if cutlass.const_expr(not promote):
+                    if k_tile_cnt > 0:
+                        ab_pipeline.consumer_release(release_state)
+                        release_state.advance()
 
             # ---- epilogue ----
             full_tile = True
@@ -760,6 +746,83 @@ class GemmSm90(MxSm90Mixin, GemmBase):
             if my_wg == 0:  # take warpgroup 1's last hand-over: no arrival is left pending at exit
                 cute.arch.barrier(barrier_id=BAR_K_ORDER, number_of_threads=2 * self.threads_per_warpgroup)
         store_pipeline.producer_tail()
+
+    @cute.jit
+    def mma_k_tiles(
+        self,
+        ab_pipeline: pipeline.PipelineAsync,
+        read_state,
+        release_state,
+        k_tile_cnt: cutlass.Int32,
+        tiled_mma: cute.TiledMma,
+        acc: cute.Tensor,
+        acc_sum: cute.Tensor,
+        tCrA: cute.Tensor,
+        tCrB: cute.Tensor,
+        my_wg: cutlass.Int32,
+        bw,  # FP8 block scaling: (mSFA, sfb, sa_rows, n_blk, sf_cur, sf_next); else None
+        drain: cutlass.Constexpr,
+    ):
+        """One tile's K loop: keep one WGMMA batch in flight and release the stage behind it (FP8
+        with promotion: wait for each K tile's batch, release its stage and add the partial sum
+        into acc_sum). drain: also wait for the last batch and release its stage. Returns
+        (tiled_mma, read_state, release_state)."""
+        promote = self.config.a_dtype == "e4m3" and not self.config.fast_accum
+        k_order = self.config.wg_order
+        for k_tile in range(k_tile_cnt):
+            ab_pipeline.consumer_wait(read_state)
+            if cutlass.const_expr(k_order):  # our turn
+                cute.arch.barrier(barrier_id=BAR_K_ORDER + my_wg, number_of_threads=2 * self.threads_per_warpgroup)
+            tiled_mma = self.issue_k_tile(tiled_mma, acc, tCrA, tCrB, read_state.index, promote)
+            if cutlass.const_expr(k_order):  # the other warpgroup's turn
+                cute.arch.barrier_arrive(barrier_id=BAR_K_ORDER + 1 - my_wg, number_of_threads=2 * self.threads_per_warpgroup)
+            if cutlass.const_expr(promote):
+                if cutlass.const_expr(bw is not None):
+                    # Prefetch the next K tile's scales (the last tile reloads its own).
+                    mSFA, sfb, sa_rows, n_blk, sf_cur, sf_next = bw
+                    n_sa = cute.size(sa_rows)
+                    k_next = cutlass.min(k_tile + 1, k_tile_cnt - 1)
+                    for i in cutlass.range_constexpr(n_sa):
+                        sf_next[i] = mSFA[(sa_rows[i], k_next)]
+                    sf_next[n_sa] = sfb[(n_blk, k_next)]
+                warpgroup.wait_group(0)
+                ab_pipeline.consumer_release(read_state)
+                release_state.advance()
+                if cutlass.const_expr(bw is not None):
+                    self.promote_k_tile(acc_sum, acc, (sf_cur, n_sa))
+                    for i in cutlass.range_constexpr(n_sa + 1):
+                        sf_cur[i] = sf_next[i]
+                else:
+                    self.promote_k_tile(acc_sum, acc, None)
+            else:
+                warpgroup.wait_group(1)
+                if k_tile > 0:
+                    ab_pipeline.consumer_release(release_state)
+                    release_state.advance()
+            read_state.advance()
+        if cutlass.const_expr(drain):
+            warpgroup.wait_group(0)
+            if cutlass.const_expr(not promote):
+                if k_tile_cnt > 0:
+                    ab_pipeline.consumer_release(release_state)
+                    release_state.advance()
+        return tiled_mma, read_state, release_state
+
+    @cute.jit
+    def idle_k_tiles(self, ab_pipeline: pipeline.PipelineAsync, read_state, release_state, k_tile_cnt: cutlass.Int32,
+                     my_wg: cutlass.Int32):  # fmt: skip
+        """A tile's K loop for a warpgroup with no rows to compute: wait for every stage (a
+        release before the stage has landed would count toward the previous round) and release
+        it; take the wg_order turns. Returns (read_state, release_state)."""
+        for _ in range(k_tile_cnt):
+            ab_pipeline.consumer_wait(read_state)
+            if cutlass.const_expr(self.config.wg_order):
+                cute.arch.barrier(barrier_id=BAR_K_ORDER + my_wg, number_of_threads=2 * self.threads_per_warpgroup)
+                cute.arch.barrier_arrive(barrier_id=BAR_K_ORDER + 1 - my_wg, number_of_threads=2 * self.threads_per_warpgroup)
+            ab_pipeline.consumer_release(read_state)
+            release_state.advance()
+            read_state.advance()
+        return read_state, release_state
 
     def issue_k_tile(self, tiled_mma: cute.TiledMma, acc, tCrA, tCrB, stage, promote: bool):
         """Issue one K tile's WGMMAs into ``acc`` and commit them as one group (promote: they
