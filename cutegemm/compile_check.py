@@ -372,8 +372,9 @@ def blockscaled_variants(arch: str) -> list[GemmConfig]:
     E = EpilogueSpec
     mxfp8 = dict(a_dtype="e4m3", b_dtype="e4m3", sf_dtype="e8m0", sf_vec=32)
     mxfp4 = dict(a_dtype="e2m1", b_dtype="e2m1", sf_dtype="e8m0", sf_vec=32)
-    # NVFP4: the per-tensor global scales of A and B are folded into alpha.
-    nvfp4 = dict(a_dtype="e2m1", b_dtype="e2m1", sf_dtype="e4m3", sf_vec=16, epilogue=E(alpha=True))
+    # NVFP4: the product of A's and B's per-tensor global scales is a 1-element device vector that
+    # the epilogue multiplies by (scale_a; no host read); one variant also has the call's alpha.
+    nvfp4 = dict(a_dtype="e2m1", b_dtype="e2m1", sf_dtype="e4m3", sf_vec=16, epilogue=E(scale_a=True))
     base = GemmConfig(arch=arch, a_major="k", b_major="k")
     big = dict(tile_m=256, tile_n=256, two_cta=True, cluster_m=2)
     return [
@@ -384,7 +385,8 @@ def blockscaled_variants(arch: str) -> list[GemmConfig]:
         replace(base, **nvfp4, tile_m=128, tile_n=256),
         replace(base, **nvfp4, **big),
         replace(base, **nvfp4, tile_m=256, tile_n=128, two_cta=True, cluster_m=2, cluster_n=2),
-        replace(base, **nvfp4, tile_m=128, tile_n=128, cluster_n=2, out_dtype="fp16"),
+        replace(base, **{**nvfp4, "epilogue": E(alpha=True, scale_a=True)}, tile_m=128, tile_n=128, cluster_n=2,
+                out_dtype="fp16"),
         replace(base, **mxfp4, tile_m=128, tile_n=128),
         # N = 64 / 192: SFB granules of 128 columns, odd tiles shift into them
         replace(base, **mxfp8, tile_m=128, tile_n=192, cluster_n=2),

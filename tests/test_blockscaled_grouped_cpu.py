@@ -148,3 +148,37 @@ def test_argument_errors():
         cutegemm.grouped_gemm(qa, qb, offs=offs, bias=torch.zeros(32))
     with pytest.raises(ValueError, match="CUDA device"):
         cutegemm.grouped_gemm(qa, qb, offs=offs)
+
+
+def test_nvfp4_global_scales_stay_on_the_device(monkeypatch):
+    """NVFP4's global scales reach the kernel as a 1-element device vector (their product), with
+    no host read (float / item on a scale would sync the call and break CUDA-graph capture); the
+    configs multiply by it (EpilogueSpec.scale_a) and only when the operands have scales."""
+    from dataclasses import replace
+
+    from cutegemm.blockscaled.sm100 import blockscaled_config, global_scale_vector, with_global_scale
+
+    torch.manual_seed(0)
+    qa = quantize_ref(torch.randn(64, 128), "nvfp4", global_scale=torch.tensor(0.25))
+    qb = quantize_ref(torch.randn(2, 32, 128), "nvfp4", global_scale=torch.tensor(3.0))
+    mx = quantize_ref(torch.randn(64, 128), "mxfp8")
+
+    def no_host_read(*_a, **_k):
+        raise AssertionError("host read of a global scale")
+
+    monkeypatch.setattr(torch.Tensor, "__float__", no_host_read)
+    monkeypatch.setattr(torch.Tensor, "item", no_host_read)
+    v = global_scale_vector(qa, qb)
+    monkeypatch.undo()
+    assert v.shape == (1,) and v.dtype == torch.float32 and v.device == qa.data.device
+    assert torch.equal(v, torch.tensor([0.75]))
+    assert global_scale_vector(mx, mx) is None
+    nv = blockscaled_config("nvfp4", 256, 256)
+    assert nv.epilogue.scale_a and not nv.epilogue.alpha
+    assert not blockscaled_config("mxfp8", 256, 256).epilogue.scale_a
+    bare = replace(nv, epilogue=replace(nv.epilogue, scale_a=False))
+    forced = with_global_scale(bare, v, 2.0)  # a given config gains the ops the call needs
+    assert forced.epilogue.scale_a and forced.epilogue.alpha
+    assert with_global_scale(nv, v, 1.0) == nv
+    with pytest.raises(ValueError, match="global scale"):
+        with_global_scale(nv, None, 1.0)

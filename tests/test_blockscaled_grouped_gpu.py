@@ -106,12 +106,13 @@ def test_grouped_blockscaled_schedulers(scheduler):
     _check([200, 0, 77, 130, 1], 384, 512, "mxfp8", seed=3, config=cfg)
 
 
-def test_grouped_blockscaled_cuda_graph_replay():
-    """MX formats need no host sync: captured once, replayed with 20 different offs, each replay
-    equal to an eager call bit for bit."""
-    _skip_unless_runs("mxfp8")
+@pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])
+def test_grouped_blockscaled_cuda_graph_replay(fmt):
+    """No host sync (NVFP4's global scales are read by the kernel): captured once, replayed with
+    20 different offs, each replay equal to an eager call bit for bit."""
+    _skip_unless_runs(fmt)
     E, n, k, total = 8, 256, 256, 600
-    qa, qb, offs = _operands([total // E] * E, n, k, "mxfp8", pad=0)
+    qa, qb, offs = _operands([total // E] * E, n, k, fmt, pad=0)
     out = torch.empty(total, n, dtype=torch.bfloat16, device="cuda")
     cutegemm.grouped_gemm(qa, qb, offs=offs, out=out)
     torch.cuda.synchronize()

@@ -38,13 +38,18 @@ _OUT_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp3
 
 
 def blockscaled_config(
-    fmt_name: str, m: int, n: int, out_dtype: torch.dtype = torch.bfloat16, alpha: bool = False
-):
-    """A simple tile choice for sm_100a: 2-CTA 256x256 for large problems, else 1-CTA 128 x N."""
+    fmt_name: str, m: int, n: int, out_dtype: torch.dtype = torch.bfloat16, alpha: bool = False,
+    global_scale: bool | None = None,
+):  # fmt: skip
+    """A simple tile choice for sm_100a: 2-CTA 256x256 for large problems, else 1-CTA 128 x N.
+    global_scale (default: NVFP4): the epilogue multiplies by a 1-element device vector, the
+    product of the operands' global scales (``global_scale_vector``), read in the kernel."""
     elem, sf, vec = RECIPES[fmt_name]
+    if global_scale is None:
+        global_scale = fmt_name == "nvfp4"
     base = GemmConfig(
         arch="sm_100a", a_dtype=elem, b_dtype=elem, sf_dtype=sf, sf_vec=vec, a_major="k", b_major="k",
-        out_dtype=_OUT_NAMES[out_dtype], epilogue=EpilogueSpec(alpha=alpha),
+        out_dtype=_OUT_NAMES[out_dtype], epilogue=EpilogueSpec(alpha=alpha, scale_a=global_scale),
     )  # fmt: skip
     if m >= 256 and n >= 256:
         return replace(base, tile_m=256, tile_n=256, two_cta=True, cluster_m=2)
@@ -99,6 +104,35 @@ def l1_view(t: torch.Tensor) -> torch.Tensor:
     return t.as_strided(*_kernel_view(t.unsqueeze(0), 2, (1, 2, 0), "out"))
 
 
+def global_scale_vector(qa: BlockScaledTensor, qb: BlockScaledTensor) -> torch.Tensor | None:
+    """NVFP4: value = e2m1 x e4m3 block scale x per-tensor global scale. The two global scales'
+    product as a (1,) fp32 tensor on the operands' device (torch ops, no host read: the call stays
+    sync-free and CUDA-graph capturable; a replay reads the scales' current values), or None when
+    neither operand has one. The kernel's epilogue multiplies by it (EpilogueSpec.scale_a with a
+    1-element vector: a per-tensor scale)."""
+    gs = [q.global_scale for q in (qa, qb) if q.global_scale is not None]
+    if not gs:
+        return None
+    dev = qa.data.device
+    v = gs[0].detach().to(device=dev, dtype=torch.float32).reshape(1)
+    if len(gs) == 2:
+        v = v * gs[1].detach().to(device=dev, dtype=torch.float32).reshape(1)
+    return v
+
+
+def with_global_scale(cfg: GemmConfig, vec: torch.Tensor | None, alpha: float) -> GemmConfig:
+    """``cfg`` with the epilogue ops this call needs: alpha when alpha != 1, the per-tensor
+    scale vector when the operands carry global scales (a given config may lack either)."""
+    epi = cfg.epilogue
+    if alpha != 1.0 and not epi.alpha:
+        epi = replace(epi, alpha=True)
+    if vec is not None and not epi.scale_a:
+        epi = replace(epi, scale_a=True)
+    if vec is None and epi.scale_a:
+        raise ValueError(f"config {cfg.name} multiplies by a global scale, but the operands have none")
+    return replace(cfg, epilogue=epi) if epi is not cfg.epilogue else cfg
+
+
 def _scale_bytes(q: BlockScaledTensor) -> torch.Tensor:
     return q.swizzled_scales().contiguous().reshape(-1)
 
@@ -140,19 +174,14 @@ def gemm_blockscaled(
     m, k = qa.shape[-2], qa.shape[-1]
     n = qb.shape[-2]
     alpha = float(alpha)
-    if qa.global_scale is not None or qb.global_scale is not None:
-        # NVFP4: value = e2m1 * e4m3 scale * global scale; fold both global scales into alpha.
-        ga = 1.0 if qa.global_scale is None else float(qa.global_scale)
-        gb = 1.0 if qb.global_scale is None else float(qb.global_scale)
-        alpha *= ga * gb
+    gs = global_scale_vector(qa, qb)  # NVFP4's global scales, applied in the epilogue
     if config is not None and (config.a_dtype, config.sf_dtype, config.sf_vec) != RECIPES[fmt.name]:
         raise ValueError(
             f"config {config.name} is not a {fmt.name} kernel (a_dtype, sf_dtype, sf_vec must be "
             f"{RECIPES[fmt.name]}, see blockscaled_config)"
         )
-    cfg = config or blockscaled_config(fmt.name, m, n, out_dtype, alpha=alpha != 1.0)
-    if alpha != 1.0 and not cfg.epilogue.alpha:  # a given config without the alpha multiply
-        cfg = replace(cfg, epilogue=replace(cfg.epilogue, alpha=True))
+    cfg = config or blockscaled_config(fmt.name, m, n, out_dtype, alpha=alpha != 1.0, global_scale=gs is not None)
+    cfg = with_global_scale(cfg, gs, alpha)
     elem = RECIPES[fmt.name][0]
     ok, why = can_implement(
         cfg, GemmProblem(m, n, k, 1, elem, elem, _OUT_NAMES[out_dtype], "k", "k", (k,), (k,))
@@ -168,7 +197,7 @@ def gemm_blockscaled(
     fn(
         _operand_view(qa), _operand_view(qb), c_view, None, None,
         alpha, 0.0, max_clusters, None, _scale_bytes(qa), _scale_bytes(qb),
-        *(None,) * 6, None,  # quantized-output scales, global scale, 4 epilogue vectors, workspace
+        None, None, gs, None, None, None, None,  # quantized-output scales, global scale, 4 epilogue vectors, workspace
     )  # fmt: skip
     return finish_output(out, written)
 
@@ -336,8 +365,8 @@ def grouped_gemm_blockscaled(qa, qb, *, offs, out_dtype=torch.bfloat16, alpha: f
     """``alpha * dequantize(qa_e) @ dequantize(qb[e]).T`` per expert e of the packed rows (``offs``,
     ``torch._grouped_mm`` semantics) -> (total_M, N); rows past offs[-1] are not written. sm_100a
     (tcgen05 block-scaled MMA, MXFP8 / MXFP4 / NVFP4): A's scales are re-laid out per expert on
-    the device (``grouped_sf``, no host sync for MX formats; NVFP4 reads its two global scales on
-    the host). sm_90a: MXFP8 x MXFP8 is emulated (``sm90_mx``, e4m3 WGMMAs with per-32
+    the device (``grouped_sf``) and NVFP4's global scales are multiplied in the epilogue from
+    device memory: no host sync, CUDA-graph capturable. sm_90a: MXFP8 x MXFP8 is emulated (``sm90_mx``, e4m3 WGMMAs with per-32
     promotion); FP4 x FP4 raises NotImplementedError there, as on other GPUs."""
     from ..gemm.api import _device_info, new_workspace, reset_workspace
     from ..grouped.api import GROUPED_CACHE
@@ -374,19 +403,15 @@ def grouped_gemm_blockscaled(qa, qb, *, offs, out_dtype=torch.bfloat16, alpha: f
         check_mx_operands(qa, qb)
         return gemm_mx_sm90(qa, qb, out_dtype, float(alpha), config, num_sms, out, offs=offs)
     alpha = float(alpha)
-    if qa.global_scale is not None or qb.global_scale is not None:  # NVFP4: fold into alpha (host read)
-        alpha *= (1.0 if qa.global_scale is None else float(qa.global_scale)) * (
-            1.0 if qb.global_scale is None else float(qb.global_scale)
-        )
+    gs = global_scale_vector(qa, qb)  # NVFP4's global scales, applied in the epilogue (no host read)
     elem, sf, vec = RECIPES[qa.fmt.name]
     if config is not None and (config.a_dtype, config.sf_dtype, config.sf_vec, config.grouped) != (elem, sf, vec, True):
         raise ValueError(f"config {config.name} is not a grouped {qa.fmt.name} kernel")
     cfg = config or replace(
-        blockscaled_config(qa.fmt.name, 128, n, out_dtype, alpha=alpha != 1.0), tile_m=128, two_cta=False,
-        cluster_m=1, grouped=True, raster="m", group=1,
+        blockscaled_config(qa.fmt.name, 128, n, out_dtype, alpha=alpha != 1.0, global_scale=gs is not None),
+        tile_m=128, two_cta=False, cluster_m=1, grouped=True, raster="m", group=1,
     )  # fmt: skip
-    if alpha != 1.0 and not cfg.epilogue.alpha:
-        cfg = replace(cfg, epilogue=replace(cfg.epilogue, alpha=True))
+    cfg = with_global_scale(cfg, gs, alpha)
     ok, why = can_implement(cfg, GemmProblem(total_m, n, k, 1, elem, elem, _OUT_NAMES[out_dtype], "k", "k", (k,), (k,)))
     if not ok:
         raise ValueError(f"cannot run {cfg.name}: {why}")
@@ -394,7 +419,7 @@ def grouped_gemm_blockscaled(qa, qb, *, offs, out_dtype=torch.bfloat16, alpha: f
     GROUPED_CACHE.get(cfg)(
         _operand_view(qa), _operand_view(qb), l1_view(out), None, None,
         alpha, 0.0, max_clusters, offs, grouped_scales_a(qa, offs), _scale_bytes(qb),
-        *(None,) * 6, reset_workspace(new_workspace(cfg, dev)),
+        None, None, gs, None, None, None, reset_workspace(new_workspace(cfg, dev)),
     )  # fmt: skip
     return out
 
