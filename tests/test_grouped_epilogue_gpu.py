@@ -145,8 +145,8 @@ def _sm90():
 @pytest.mark.parametrize("fast_accum", [False, True])
 @pytest.mark.parametrize("tile_m", [None, 128])
 def test_fp8_rowwise_grouped(fast_accum, tile_m):
-    """tile_m=128: the 128 x 192 cooperative tile of the DeepSeek-V3 policy, forced, so that last
-    tiles of 16 and 16 + 128 * 3 rows run with the second warpgroup skipped."""
+    """tile_m=128: the 128 x 192 cooperative tile of the DeepSeek-V3 policy, forced (last tiles of
+    96, 16 and 16 + 128 * 3 rows)."""
     from cutegemm.gemm.config import GemmConfig
 
     config = None

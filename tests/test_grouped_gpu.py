@@ -194,9 +194,9 @@ def test_two_cta_clusters_and_ragged_experts(cfg):
     ids=["128x256-c1x2", "128x256-c1x2-dynamic", "128x128-c2x1"],
 )
 def test_half_empty_last_tiles(cfg):
-    """128-row tiles whose second warpgroup's 64 rows all lie past the expert's end issue no
-    WGMMA for them (the other warpgroup's rows must still be right, and nothing past the expert
-    may be written): last tiles of 1, 63, 64 rows (skipped half) and 65, 127 rows (not)."""
+    """128-row tiles whose second warpgroup's 64 rows lie wholly or partly past the expert's end
+    (its rows must be right, and nothing past the expert may be written): last tiles of 1, 63, 64,
+    65 and 127 rows."""
     from dataclasses import replace
 
     config = replace(cutegemm.GemmConfig(arch="sm_90a", grouped=True, b_major="k"), **cfg)

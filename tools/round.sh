@@ -30,6 +30,8 @@ for spec in "$@"; do
     gepi) cmd="$PT tests/test_grouped_epilogue_gpu.py" ;;
     blockwise) cmd="$PT tests/test_fp8_blockwise_gpu.py" ;;
     gblockwise) cmd="$PT tests/test_fp8_blockwise_gpu.py -k grouped" ;;
+    gbad) cmd="$PT tests/test_bad_inputs_gpu.py -k grouped" ;;
+    sanitize_grouped) cmd="SANITIZE_ONLY='^grouped|^fp8-' bash tools/sanitize.sh memcheck racecheck synccheck" ;;
     fp4w) cmd="$PT tests/test_fp4_weight_gpu.py tests/test_fp4_weight_cpu.py" ;;
     mx) cmd="$PT tests/test_blockscaled_sm90_gpu.py tests/test_blockscaled_sm90_cpu.py" ;;
     bench_mx) cmd="python -c 'from cutegemm.benchmarks import bench_mxfp8 as f; f(configs=[dict(cluster_m=2), dict(cluster_n=2), dict(tile_n=64), dict(raster=\"n\"), dict(scheduler=\"dynamic\")])'" ;;
@@ -63,6 +65,12 @@ for spec in "$@"; do
     bench_gmx) cmd="python tools/bench_grouped_mx.py" ;;
     bench_gfp8p) cmd="python -c 'from cutegemm.benchmarks import bench_grouped_fp8 as f; f(shapes=((32, 512, 4096, 7168), (32, 512, 7168, 2048)), configs=[dict(tile_m=128, tile_n=128, pingpong=True, fast_accum=True)])'" ;;
     bench_gbwp) cmd="python -c 'from cutegemm.benchmarks import bench_grouped_fp8_blockwise as f; f(configs=[])'" ;;
+    # A/B against an older package copied to ab_old/cutegemm (untracked; travels with the tree):
+    # old, new, old, new in one call, so both see the same machine state.
+    ab_grouped) cmd="for i in 1 2; do for v in old new; do echo \"## \$v \$i\"; if [ \$v = old ]; then PP=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site:$PWD/ab_old; else PP=\$PYTHONPATH; fi; PYTHONPATH=\$PP python -m cutegemm bench grouped --reps 20 --out /tmp/ab_\$v\$i | grep -E 'TFLOP|static'; done; done" ;;
+    ab_gfp8) cmd="for i in 1 2; do for v in old new; do echo \"## \$v \$i\"; if [ \$v = old ]; then PP=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site:$PWD/ab_old; else PP=\$PYTHONPATH; fi; PYTHONPATH=\$PP python -c 'from cutegemm.benchmarks import bench_grouped_fp8 as f, bench_grouped_fp8_blockwise as g; f(shapes=((32, 512, 4096, 7168), (32, 512, 7168, 2048)), configs=[dict(scheduler=\"dynamic\")]); g(configs=[])' | grep -E 'TFLOP'; done; done" ;;
+    ab_skip) cmd="for v in old new; do echo \"## \$v\"; if [ \$v = old ]; then PP=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site:$PWD/ab_old; else PP=\$PYTHONPATH; fi; PYTHONPATH=\$PP python tools/skip_probe.py; done" ;;
+    ncu_skip) cmd="for v in old new; do echo \"## \$v\"; if [ \$v = old ]; then PP=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site:$PWD/ab_old; else PP=\$PYTHONPATH; fi; PROFILE=1 PYTHONPATH=\$PP ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum,sm__ops_path_tensor_src_bf16_dst_fp32.sum,sm__cycles_elapsed.avg.per_second,sm__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_bytes.sum.per_second python tools/skip_probe.py; done" ;;
     bench_blockwise) cmd="python -c 'from cutegemm.benchmarks import bench_fp8_blockwise as f; f(configs=[dict(cluster_m=1, cluster_n=2), dict(tile_n=64)])'" ;;
     sanitize_fp8) cmd="SANITIZE_ONLY='^fp8-' bash tools/sanitize.sh memcheck racecheck synccheck" ;;
     sanitize_fp4w) cmd="SANITIZE_ONLY='fp4w' bash tools/sanitize.sh memcheck racecheck synccheck" ;;

@@ -502,6 +502,7 @@ class GemmSm90(MxSm90Mixin, GemmBase):
         # FP8 accumulation spans 128 K only (as cuBLAS without fast accumulation / DeepGEMM).
         promote = self.config.a_dtype == "e4m3" and not self.config.fast_accum
         acc_sum = cute.make_rmem_tensor(acc_shape, self.acc_dtype) if promote else acc
+        num_k_blocks = cute.size(tCrA, mode=[2])
         # FP8 block scaling (DeepSeek 1x128 / 128x128, config.fp8_blockwise): K tile kt's partial
         # sum is promoted as acc_sum += acc * scale_a[row, kt] * scale_b[n_block, kt]. A thread's
         # fragment of a 64xN WGMMA atom is ((2, 2, N/8), MMA_M, MMA_N) = (column pair, row +8,
@@ -572,8 +573,6 @@ class GemmSm90(MxSm90Mixin, GemmBase):
         # config.wg_order: the two consumer warpgroups take turns issuing each K tile's WGMMAs
         # (warpgroup 0 first: warpgroup 1 opens its turn once).
         k_order = self.config.wg_order
-        # (Not with the MXFP8 emulation: the branch around its K tile costs it register spills.)
-        skip_rows = self.config.grouped and self.wg_per_tile > 1 and not mx
         my_wg = mma_tidx // self.threads_per_warpgroup
         if cutlass.const_expr(k_order):
             if my_wg == 1:
@@ -587,17 +586,6 @@ class GemmSm90(MxSm90Mixin, GemmBase):
                 read_state, release_state = self._skip(read_state, release_state, k_tile_cnt)
         while sched.is_valid(work):
             tile = sched.cta_tile(work)
-            # Grouped, two warpgroups per tile: a warpgroup whose 64 rows all lie past the
-            # expert's last row issues no WGMMA and no promotion (it still waits for and releases
-            # every stage, and stores nothing: its rows are masked in the epilogue). The other
-            # warpgroup then has the tensor cores alone, so a ragged last m-tile of at most 64
-            # rows costs about half a tile.
-            mma_on = True
-            if cutlass.const_expr(skip_rows):
-                # Warp-uniform (a hint ptxas needs: a branch it cannot prove uniform around the
-                # WGMMAs makes it serialize every WGMMA of the kernel).
-                rows_here = cute.arch.make_warp_uniform(tile[4] - tile[3] - tile[0] * self.config.tile_m)
-                mma_on = rows_here > cute.arch.make_warp_uniform(my_wg) * 64
 
             # ---- mainloop: keep one WGMMA batch in flight, release the stage behind it ----
             acc_sum.fill(0.0)
@@ -634,33 +622,55 @@ class GemmSm90(MxSm90Mixin, GemmBase):
                     release_state.advance()
                     read_state.advance()
             else:
-                bw = (mSFA, sfb, sa_rows, n_blk, sf_cur, sf_next) if cutlass.const_expr(blockwise) else None
-                if cutlass.const_expr(skip_rows):
-                    # The branch encloses whole K loops (a branch around single WGMMAs makes ptxas
-                    # serialize every WGMMA of the kernel).
-                    if mma_on:
-                        tiled_mma, read_state, release_state = self.mma_k_tiles(
-                            ab_pipeline, read_state, release_state, k_tile_cnt, tiled_mma, acc, acc_sum,
-                            tCrA, tCrB, my_wg, bw, True,
-                        )  # fmt: skip
+                for k_tile in range(k_tile_cnt):
+                    ab_pipeline.consumer_wait(read_state)
+                    if cutlass.const_expr(promote):
+                        warpgroup.fence()  # the adds below read acc: order them before the overwrite
+                        tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
+                    if cutlass.const_expr(k_order):  # our turn
+                        cute.arch.barrier(barrier_id=BAR_K_ORDER + my_wg, number_of_threads=2 * self.threads_per_warpgroup)
+                    for kb in cutlass.range_constexpr(num_k_blocks):
+                        coord = (None, None, kb, read_state.index)
+                        cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
+                        if cutlass.const_expr(promote):
+                            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+                    warpgroup.commit_group()
+                    if cutlass.const_expr(k_order):  # the other warpgroup's turn
+                        cute.arch.barrier_arrive(barrier_id=BAR_K_ORDER + 1 - my_wg, number_of_threads=2 * self.threads_per_warpgroup)
+                    if cutlass.const_expr(promote):
+                        if cutlass.const_expr(blockwise):
+                            # Prefetch the next K tile's scales (the last tile reloads its own).
+                            k_next = cutlass.min(k_tile + 1, k_tile_cnt - 1)
+                            for i in cutlass.range_constexpr(n_sa):
+                                sf_next[i] = mSFA[(sa_rows[i], k_next)]
+                            sf_next[n_sa] = sfb[(n_blk, k_next)]
+                        warpgroup.wait_group(0)
+                        ab_pipeline.consumer_release(read_state)
+                        release_state.advance()
+                        if cutlass.const_expr(blockwise):
+                            for i in cutlass.range_constexpr(n_sa):
+                                scale = sf_cur[i] * sf_cur[n_sa]
+                                for v in cutlass.range_constexpr(cute.size(acc_shape[0]) // 2):
+                                    idx = ((v % 2, i % 2, v // 2), i // 2, 0)
+                                    acc_sum[idx] = acc_sum[idx] + acc[idx] * scale
+                            for i in cutlass.range_constexpr(n_sa + 1):
+                                sf_cur[i] = sf_next[i]
+                        else:
+                            acc_sum.store(acc_sum.load() + acc.load())
                     else:
-                        read_state, release_state = self.idle_k_tiles(
-                            ab_pipeline, read_state, release_state, k_tile_cnt, my_wg
-                        )
-                else:
-                    tiled_mma, read_state, release_state = self.mma_k_tiles(
-                        ab_pipeline, read_state, release_state, k_tile_cnt, tiled_mma, acc, acc_sum,
-                        tCrA, tCrB, my_wg, bw, False,
-                    )  # fmt: skip
+                        warpgroup.wait_group(1)
+                        if k_tile > 0:
+                            ab_pipeline.consumer_release(release_state)
+                            release_state.advance()
+                    read_state.advance()
             if cutlass.const_expr(self.pingpong):
                 # All WGMMAs of this tile are issued: hand the tensor cores to the other warpgroup.
                 cute.arch.barrier_arrive(barrier_id=BAR_ORDER + 1 - wg, number_of_threads=2 * self.threads_per_warpgroup)
-            if cutlass.const_expr(not skip_rows):  # (mma_k_tiles drained its WGMMAs itself)
-                warpgroup.wait_group(0)
-                if cutlass.const_expr(not promote):
-                    if k_tile_cnt > 0:
-                        ab_pipeline.consumer_release(release_state)
-                        release_state.advance()
+            warpgroup.wait_group(0)
+            if cutlass.const_expr(not promote):
+                if k_tile_cnt > 0:
+                    ab_pipeline.consumer_release(release_state)
+                    release_state.advance()
 
             # ---- epilogue ----
             full_tile = True
@@ -746,110 +756,6 @@ class GemmSm90(MxSm90Mixin, GemmBase):
             if my_wg == 0:  # take warpgroup 1's last hand-over: no arrival is left pending at exit
                 cute.arch.barrier(barrier_id=BAR_K_ORDER, number_of_threads=2 * self.threads_per_warpgroup)
         store_pipeline.producer_tail()
-
-    @cute.jit
-    def mma_k_tiles(
-        self,
-        ab_pipeline: pipeline.PipelineAsync,
-        read_state,
-        release_state,
-        k_tile_cnt: cutlass.Int32,
-        tiled_mma: cute.TiledMma,
-        acc: cute.Tensor,
-        acc_sum: cute.Tensor,
-        tCrA: cute.Tensor,
-        tCrB: cute.Tensor,
-        my_wg: cutlass.Int32,
-        bw,  # FP8 block scaling: (mSFA, sfb, sa_rows, n_blk, sf_cur, sf_next); else None
-        drain: cutlass.Constexpr,
-    ):
-        """One tile's K loop: keep one WGMMA batch in flight and release the stage behind it (FP8
-        with promotion: wait for each K tile's batch, release its stage and add the partial sum
-        into acc_sum). drain: also wait for the last batch and release its stage. Returns
-        (tiled_mma, read_state, release_state)."""
-        promote = self.config.a_dtype == "e4m3" and not self.config.fast_accum
-        k_order = self.config.wg_order
-        for k_tile in range(k_tile_cnt):
-            ab_pipeline.consumer_wait(read_state)
-            if cutlass.const_expr(k_order):  # our turn
-                cute.arch.barrier(barrier_id=BAR_K_ORDER + my_wg, number_of_threads=2 * self.threads_per_warpgroup)
-            tiled_mma = self.issue_k_tile(tiled_mma, acc, tCrA, tCrB, read_state.index, promote)
-            if cutlass.const_expr(k_order):  # the other warpgroup's turn
-                cute.arch.barrier_arrive(barrier_id=BAR_K_ORDER + 1 - my_wg, number_of_threads=2 * self.threads_per_warpgroup)
-            if cutlass.const_expr(promote):
-                if cutlass.const_expr(bw is not None):
-                    # Prefetch the next K tile's scales (the last tile reloads its own).
-                    mSFA, sfb, sa_rows, n_blk, sf_cur, sf_next = bw
-                    n_sa = cute.size(sa_rows)
-                    k_next = cutlass.min(k_tile + 1, k_tile_cnt - 1)
-                    for i in cutlass.range_constexpr(n_sa):
-                        sf_next[i] = mSFA[(sa_rows[i], k_next)]
-                    sf_next[n_sa] = sfb[(n_blk, k_next)]
-                warpgroup.wait_group(0)
-                ab_pipeline.consumer_release(read_state)
-                release_state.advance()
-                if cutlass.const_expr(bw is not None):
-                    self.promote_k_tile(acc_sum, acc, (sf_cur, n_sa))
-                    for i in cutlass.range_constexpr(n_sa + 1):
-                        sf_cur[i] = sf_next[i]
-                else:
-                    self.promote_k_tile(acc_sum, acc, None)
-            else:
-                warpgroup.wait_group(1)
-                if k_tile > 0:
-                    ab_pipeline.consumer_release(release_state)
-                    release_state.advance()
-            read_state.advance()
-        if cutlass.const_expr(drain):
-            warpgroup.wait_group(0)
-            if cutlass.const_expr(not promote):
-                if k_tile_cnt > 0:
-                    ab_pipeline.consumer_release(release_state)
-                    release_state.advance()
-        return tiled_mma, read_state, release_state
-
-    @cute.jit
-    def idle_k_tiles(self, ab_pipeline: pipeline.PipelineAsync, read_state, release_state, k_tile_cnt: cutlass.Int32,
-                     my_wg: cutlass.Int32):  # fmt: skip
-        """A tile's K loop for a warpgroup with no rows to compute: wait for every stage (a
-        release before the stage has landed would count toward the previous round) and release
-        it; take the wg_order turns. Returns (read_state, release_state)."""
-        for _ in range(k_tile_cnt):
-            ab_pipeline.consumer_wait(read_state)
-            if cutlass.const_expr(self.config.wg_order):
-                cute.arch.barrier(barrier_id=BAR_K_ORDER + my_wg, number_of_threads=2 * self.threads_per_warpgroup)
-                cute.arch.barrier_arrive(barrier_id=BAR_K_ORDER + 1 - my_wg, number_of_threads=2 * self.threads_per_warpgroup)
-            ab_pipeline.consumer_release(read_state)
-            release_state.advance()
-            read_state.advance()
-        return read_state, release_state
-
-    def issue_k_tile(self, tiled_mma: cute.TiledMma, acc, tCrA, tCrB, stage, promote: bool):
-        """Issue one K tile's WGMMAs into ``acc`` and commit them as one group (promote: they
-        start a fresh partial sum). Called while tracing; returns tiled_mma."""
-        if promote:
-            warpgroup.fence()  # the promotion adds read acc: order them before the overwrite
-            tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
-        for kb in range(cute.size(tCrA, mode=[2])):
-            coord = (None, None, kb, stage)
-            cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
-            if promote:
-                tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-        warpgroup.commit_group()
-        return tiled_mma
-
-    def promote_k_tile(self, acc_sum, acc, sf):
-        """acc_sum += acc (one K tile's retired partial sum); FP8 block scaling (sf = (scales,
-        n_sa): n_sa A-row scales, then the B block's) multiplies each row by its two scales."""
-        if sf is None:
-            acc_sum.store(acc_sum.load() + acc.load())
-            return
-        sf_cur, n_sa = sf
-        for i in range(n_sa):
-            scale = sf_cur[i] * sf_cur[n_sa]
-            for v in range(cute.size(acc.shape[0]) // 2):
-                idx = ((v % 2, i % 2, v // 2), i // 2, 0)
-                acc_sum[idx] = acc_sum[idx] + acc[idx] * scale
 
     def acc_space(self, mC: cute.Tensor, mB: cute.Tensor):
         """What the tiles cover: the (M, N, L) output, or for gated / packed outputs an (M, N, L)
