@@ -1,7 +1,7 @@
 """Interleaved A/B of grouped configs on the issue-4 MoE shapes: every round times each config
 once (median of 20, L2 flushed), so drift in clock or temperature hits all configs alike.
 
-    python tools/tile_ab.py [ROUNDS]
+    python tools/tile_ab.py [ROUNDS] [--set width|cluster]
 """
 
 import sys
@@ -16,15 +16,21 @@ from cutegemm.benchmarks import GROUPED_NAMES, GROUPED_SHAPES, Timer, _moe_count
 from cutegemm.gemm.config import GemmConfig  # noqa: E402
 from cutegemm.grouped import grouped_gemm  # noqa: E402
 
-CANDS = [
-    dict(tile_m=128, tile_n=256, cluster_n=2, scheduler="dynamic"),  # the policy (> 64 rows)
-    dict(tile_m=128, tile_n=192, cluster_n=2, scheduler="dynamic"),
-    dict(tile_m=128, tile_n=128, cluster_n=2, scheduler="dynamic"),
-]
-SHAPES = ("Qwen3-30B-A3B", "DeepSeek-V3 down", "DeepSeek-V3 up")
+POLICY = dict(tile_m=128, tile_n=256, cluster_n=2, scheduler="dynamic")  # the policy (> 64 rows)
+SETS = {
+    # tile width (2026-11-30, fifth session)
+    "width": ([POLICY, dict(POLICY, tile_n=192), dict(POLICY, tile_n=128)],
+              ("Qwen3-30B-A3B", "DeepSeek-V3 down", "DeepSeek-V3 up")),
+    # B multicast over two m-tiles of one expert (2x1) instead of A over two n-tiles (1x2): less
+    # L2 -> SM traffic per tile (32 vs 40 KB per K step), wasted CTAs when an expert's m-tile
+    # count is odd
+    "cluster": ([POLICY, dict(POLICY, cluster_n=1, cluster_m=2), dict(tile_m=128, tile_n=256, cluster_m=2)],
+                ("Mixtral up", "DeepSeek-V3 up")),
+}
+CANDS, SHAPES = SETS[sys.argv[sys.argv.index("--set") + 1] if "--set" in sys.argv else "width"]
 
 if __name__ == "__main__":
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 3
     timer = Timer()
     base = GemmConfig(arch="sm_90a", grouped=True, b_major="k", raster="m", group=1)
     cfgs = [replace(base, **c) for c in CANDS]
