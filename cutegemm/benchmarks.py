@@ -294,6 +294,64 @@ def bench_grouped(shapes=GROUPED_SHAPES, dtype=torch.bfloat16, reps=30, names=No
     return rows
 
 
+# K-grouped (MoE weight gradient dW_e = x_e^T dy_e): (E, mean tokens, M = x's columns, N = dy's)
+KGROUPED_SHAPES = [
+    (32, 512, 7168, 4096, "DeepSeek-V3 dW up"),
+    (32, 512, 2048, 7168, "DeepSeek-V3 dW down"),
+    (128, 128, 2048, 1536, "Qwen3-30B-A3B dW"),
+    (8, 4096, 4096, 14336, "Mixtral dW up"),
+]
+
+
+def bench_grouped_k(shapes=KGROUPED_SHAPES, reps=20):
+    """K-grouped form, ``grouped_gemm(x.t(), dy, offs=offs)`` -> (E, M, N), the weight gradient
+    of an MoE layer, against ``torch._grouped_mm`` on the same 2-D x 2-D operands, a loop of
+    torch.matmul, and the per-expert loop of our dense GEMM (the form's implementation before
+    the K-grouped kernel). Same run, same operands; errors on the first three experts against
+    float64."""
+    from .gemm.api import gemm
+    from .grouped import grouped_gemm
+
+    timer = Timer()
+    for e, tok, m, n, label in shapes:
+        counts = _moe_counts(e, tok)
+        total = sum(counts)
+        torch.manual_seed(0)
+        x = torch.randn(total, m, device="cuda", dtype=torch.bfloat16)
+        dy = torch.randn(total, n, device="cuda", dtype=torch.bfloat16)
+        a = x.t()
+        offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
+        bounds = list(zip([0, *offs.tolist()[:-1]], offs.tolist(), strict=True))
+        flops = 2.0 * total * m * n
+        out = grouped_gemm(a, dy, offs=offs)
+        errs = []
+        for i, (s, t) in enumerate(bounds[:3]):
+            ref = a[:, s:t].double() @ dy[s:t].double()
+            errs.append(((out[i].double() - ref).abs().max().item(), ((a[:, s:t] @ dy[s:t]).double() - ref).abs().max().item()))
+        del out
+        line = f"{label}: E{e}x{tok}tok M{m} N{n} |"
+        t_ours = timer(lambda a=a, dy=dy, offs=offs: grouped_gemm(a, dy, offs=offs), reps)
+        line += f" ours {flops / t_ours / 1e9:7.1f} TFLOP/s ({t_ours:.4f} ms)"
+        try:
+            t_torch = timer(lambda a=a, dy=dy, offs=offs: torch._grouped_mm(a, dy, offs=offs), reps)
+            line += f" | torch._grouped_mm {flops / t_torch / 1e9:7.1f} ({t_torch:.4f} ms) {t_torch / t_ours:5.2f}x"
+        except Exception as exc:  # noqa: BLE001 (report and go on)
+            line += f" | torch._grouped_mm unavailable ({type(exc).__name__}: {str(exc)[:80]})"
+        res = torch.empty(e, m, n, device="cuda", dtype=torch.bfloat16)
+
+        def our_loop(a=a, dy=dy, bounds=bounds, res=res):
+            for i, (s, t) in enumerate(bounds):
+                gemm(a[:, s:t], dy[s:t], out=res[i])
+
+        t_loop = timer(our_loop, reps)
+        t_tloop = timer(lambda a=a, dy=dy, bounds=bounds: [a[:, s:t] @ dy[s:t] for s, t in bounds], reps)
+        line += f" | our per-expert loop {flops / t_loop / 1e9:7.1f} ({t_loop / t_ours:.2f}x)"
+        line += f" | loop of torch.matmul {flops / t_tloop / 1e9:7.1f} ({t_tloop / t_ours:.2f}x)"
+        line += " | max err experts 0-2 (torch's): " + ", ".join(f"{o:.3g} ({t:.3g})" for o, t in errs)
+        print(line, flush=True)
+        del x, dy, a, res
+
+
 def bench_grouped_fp8(shapes=((32, 512, 4096, 7168),), reps=20, configs=None):
     """FP8 row-wise grouped GEMM (scale_a per token row, scale_b per expert and column) vs
     ``torch._scaled_grouped_mm`` (same inputs, same run); our policy config and ``configs``

@@ -156,7 +156,22 @@ def fp8_variants(arch: str) -> list[GemmConfig]:
         GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=256, out_dtype="fp32", fast_accum=True, epilogue=E(scale_a=True)),
         GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=128, out_dtype="e4m3",
                    epilogue=E(scale_a=True, scale_b=True, bias=True, bias_dtype="bf16", gated="swiglu", quant="mxfp8")),
-    ] + fp8_blockwise_variants(arch) + fp8_mx_variants(arch)  # fmt: skip
+    ] + fp8_blockwise_variants(arch) + fp8_mx_variants(arch) + kgrouped_variants(arch)  # fmt: skip
+
+
+def kgrouped_variants(arch: str) -> list[GemmConfig]:
+    """The K-grouped kernel (sm_90a; the MoE weight gradient, dW_e = x_e^T dy_e): the policy's
+    128x256 2x1 with a column-major A (x.t()), 1x2 with a row-major A, and 128x128 with the
+    dynamic scheduler, an fp32 output and alpha."""
+    if arch != "sm_90a":
+        return []
+    kg = dict(arch=arch, kgrouped=True, b_major="n")
+    return [
+        GemmConfig(**kg, a_major="m", tile_m=128, tile_n=256, cluster_m=2, raster="n", group=8),
+        GemmConfig(**kg, a_major="k", tile_m=128, tile_n=256, cluster_n=2),
+        GemmConfig(**kg, a_major="m", tile_m=128, tile_n=128, scheduler="dynamic", out_dtype="fp32",
+                   epilogue=EpilogueSpec(alpha=True)),
+    ]
 
 
 def fp8_blockwise_variants(arch: str) -> list[GemmConfig]:

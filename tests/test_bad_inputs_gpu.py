@@ -768,20 +768,20 @@ def test_bad_offs_contents_packed_clamped(offs_list):
 
 @pytest.mark.parametrize("offs_list", [[40, -8, 64], [3, 1, 2], [30, 9999], [-1, -1]], ids=str)
 def test_bad_offs_contents_k_grouped_clamped(offs_list):
-    """K-grouped form (host loop): each slice clamped into [previous end, K]; an empty slice gives
-    zeros; check_offs=True raises."""
+    """K-grouped form (the sm_90a kernel, or the per-expert loop elsewhere): expert e's slice is
+    clamped as the packed form's rows are (``expert_rows``: [clamp(offs[e-1]), max(clamp(offs[e]),
+    start)] in [0, K]); an empty slice gives zeros; check_offs=True raises."""
+    from cutegemm.schedulers.grouped import expert_rows
+
     torch.manual_seed(0)
     M, K, N = 40, 64, 72
     a, b = g(M, K), g(K, N)
     offs = torch.tensor(offs_list, dtype=torch.int32, device="cuda")
     out = cutegemm.grouped_gemm(a, b, offs=offs)
     torch.cuda.synchronize()
-    prev = 0
-    for e, end in enumerate(offs_list):
-        end = min(max(end, prev), K)
-        ref = a[:, prev:end].double() @ b[prev:end].double()
+    for e, (start, end) in enumerate(expert_rows(offs_list, K)):
+        ref = a[:, start:end].double() @ b[start:end].double()
         torch.testing.assert_close(out[e].double(), ref, atol=0.05 + 0.01 * ref.abs().max().item(), rtol=0.02)
-        prev = end
     with pytest.raises(ValueError, match="non-decreasing|exceeds"):
         cutegemm.grouped_gemm(a, b, offs=offs, check_offs=True)
 

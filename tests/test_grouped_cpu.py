@@ -80,3 +80,31 @@ def test_two_cta_clusters_cover_every_m_tile_once(counts, tile_m, n_tiles):
     expected = [(e, mt, nt) for e, (s, t) in enumerate(rows) for nt in range(n_tiles) for mt in range(-(-(t - s) // tile_m))]
     assert sorted(got) == sorted(expected)
     assert empty == sum((-(-(t - s) // tile_m)) % 2 for s, t in rows) * n_tiles
+
+
+def test_kgrouped_config_rules_and_policy():
+    """The K-grouped kernel's config: sm_90a bf16 / fp16, cooperative, alpha only; the policy's
+    choice (kgrouped_config) always satisfies the rules, whatever the operand majors."""
+    from dataclasses import replace
+
+    from cutegemm.epilogue import EpilogueSpec
+    from cutegemm.gemm.config import GemmConfig, config_errors
+    from cutegemm.grouped.api import kgrouped_config
+
+    ok = GemmConfig(arch="sm_90a", kgrouped=True, a_major="m")
+    assert config_errors(ok) == [] and ok.name.startswith("kgrouped_")
+    bad = {
+        "arch": replace(ok, arch="sm_100a"),
+        "pingpong": replace(ok, pingpong=True, tile_m=64),
+        "grouped": replace(ok, grouped=True),
+        "fp8": replace(ok, a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k"),
+        "bias": replace(ok, epilogue=EpilogueSpec(bias=True)),
+        "clc": replace(ok, scheduler="clc"),
+    }
+    for what, cfg in bad.items():
+        assert any("kgrouped" in e for e in config_errors(cfg)), what
+    for m, n, k, e in [(7168, 4096, 512, 32), (2048, 1536, 128, 128), (64, 64, 1, 3), (100, 8, 0, 1)]:
+        for am, bm in itertools.product("km", "nk"):
+            cfg = kgrouped_config("sm_90a", 132, m, n, k, e, "bf16", "fp32", am, bm, True)
+            assert cfg.kgrouped and not cfg.pingpong and cfg.epilogue.alpha
+            assert config_errors(cfg) == [], (m, n, k, e, am, bm, config_errors(cfg))

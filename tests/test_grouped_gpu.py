@@ -201,3 +201,90 @@ def test_half_empty_last_tiles(cfg):
 
     config = replace(cutegemm.GemmConfig(arch="sm_90a", grouped=True, b_major="k"), **cfg)
     check_packed([64, 65, 192, 193, 1, 63, 0, 128, 127, 320], 264, 200, config=config)
+
+
+def _k_grouped_check(counts, m, n, a_col_major=False, dtype=torch.bfloat16, pad_k=0, config=None):
+    """K-grouped out[e] = a[:, k_e] @ b[k_e] vs float64, within 2x torch's own per-expert error;
+    out poisoned (NaN) so every element must be written; K columns past offs[-1] (pad_k) hold
+    Inf, which must not reach any expert."""
+    total = sum(counts)
+    K = total + pad_k
+    a = (torch.randn(K, m, device="cuda", dtype=dtype).t() if a_col_major
+         else torch.randn(m, K, device="cuda", dtype=dtype))  # fmt: skip
+    b = torch.randn(K, n, device="cuda", dtype=dtype)
+    if pad_k:
+        a[:, total:] = float("inf")
+        b[total:] = float("inf")
+    offs = make_offs(counts)
+    out = torch.full((len(counts), m, n), float("nan"), device="cuda", dtype=dtype)
+    grouped_gemm(a, b, offs=offs, out=out, config=config)
+    ref = grouped_gemm_ref(a[:, :total], b[:total], offs=offs, compute_dtype=torch.float64)
+    same = torch.stack([a[:, s:t] @ b[s:t] if t > s else torch.zeros(m, n, device="cuda", dtype=dtype)
+                        for s, t in zip([0, *offs.tolist()[:-1]], offs.tolist(), strict=True)])  # fmt: skip
+    assert torch.isfinite(out).all(), "an expert read K columns outside its slice (or was not written)"
+    assert_within_torch_error(out.reshape(-1, n), same.reshape(-1, n), ref.reshape(-1, n),
+                              what=f"K-grouped {counts} m={m} n={n}")  # fmt: skip
+    return a, b, offs, out
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    counts=st.lists(st.one_of(st.just(0), st.integers(1, 300)), min_size=1, max_size=8),
+    m8=st.integers(1, 40),
+    n8=st.integers(1, 40),
+    a_col_major=st.booleans(),
+)
+def test_k_grouped_kernel_property(counts, m8, n8, a_col_major):
+    """The K-grouped kernel (sm_90a: one launch; elsewhere the per-expert loop): slices of any
+    length (zero, shorter than a K tile, not multiples of it), a row- or column-major a (the
+    weight gradient's x.t()), neighbours' columns never leaking into an expert."""
+    _k_grouped_check(counts, 8 * m8, 8 * n8, a_col_major=a_col_major, pad_k=8)
+
+
+@pytest.mark.parametrize(
+    "counts", [[0, 0], [1], [63, 64, 65], [512, 0, 7, 129], [16] * 40], ids=["empty", "one", "tile-edges", "mixed", "many"]
+)
+def test_k_grouped_kernel_edges(counts):
+    _k_grouped_check(counts, 200, 264, pad_k=3)
+    _k_grouped_check(counts, 136, 72, a_col_major=True, dtype=torch.float16)
+
+
+def test_k_grouped_forced_configs():
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the K-grouped kernel is sm_90a")
+    from dataclasses import replace
+
+    base = cutegemm.GemmConfig(arch="sm_90a", kgrouped=True, a_major="m", b_major="n")
+    for over in (dict(tile_m=128, tile_n=256, cluster_m=2), dict(tile_m=128, tile_n=128, scheduler="dynamic"),
+                 dict(tile_m=128, tile_n=256, cluster_n=2), dict(tile_m=64, tile_n=128)):  # fmt: skip
+        _k_grouped_check([100, 0, 64, 300, 1], 256, 512, a_col_major=True, config=replace(base, **over), pad_k=5)
+    with pytest.raises(ValueError, match="not a K-grouped"):
+        _k_grouped_check([8], 64, 64, config=cutegemm.GemmConfig(arch="sm_90a"))
+
+
+def test_k_grouped_cuda_graph_replay():
+    """The K-grouped kernel reads offs on the device: captured once, replayed with 20 different
+    splits of K, each bitwise equal to an eager call."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the K-grouped kernel (graph-capturable) is sm_90a; elsewhere the form reads offs on the host")
+    E, m, n, total = 6, 256, 384, 1000
+    a = torch.randn(total, m, device="cuda", dtype=torch.bfloat16).t()
+    b = torch.randn(total, n, device="cuda", dtype=torch.bfloat16)
+    offs = make_offs([total // E] * (E - 1) + [total - (E - 1) * (total // E)])
+    out = torch.empty(E, m, n, device="cuda", dtype=torch.bfloat16)
+    grouped_gemm(a, b, offs=offs, out=out)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
+        grouped_gemm(a, b, offs=offs, out=out)
+    torch.cuda.current_stream().wait_stream(s)
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(20):
+        cuts = sorted(torch.randint(0, total + 1, (E - 1,), generator=gen).tolist())
+        offs.copy_(make_offs([x - y for x, y in zip([*cuts, total], [0, *cuts], strict=True)]))
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, grouped_gemm(a, b, offs=offs)), f"replay differs for cuts {cuts}"

@@ -54,9 +54,9 @@ def kernel_class(arch: str):
 
 
 def build_dense(config: GemmConfig):
-    from ..runtime.signature import dense_fake_args
+    from ..runtime.signature import dense_fake_args, fake_offs
 
-    return kernel_class(config.arch)(config), dense_fake_args(config)
+    return kernel_class(config.arch)(config), dense_fake_args(config, offs=fake_offs() if config.kgrouped else None)
 
 
 DENSE_CACHE = KernelCache(build_dense)

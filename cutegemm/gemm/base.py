@@ -118,13 +118,13 @@ class GemmBase:
         self,
         sched: StaticPersistentScheduler,
         ab_pipeline: pipeline.PipelineAsync,
-        k_tile_cnt: cutlass.Int32,
+        k_tile_cnt,  # Int32, or tile -> Int32 (K-grouped: each expert's own K range)
         tma_atom_a: cute.CopyAtom,
         tAgA,  # (TMA, RestM, RestK, RestL), or tile -> (TMA, RestK)
         tAsA: cute.Tensor,  # (TMA, STAGE)
         a_mcast_mask,
         tma_atom_b: cute.CopyAtom,
-        tBgB: cute.Tensor,  # (TMA, RestN, RestK, RestL)
+        tBgB,  # (TMA, RestN, RestK, RestL), or tile -> (TMA, RestK)
         tBsB: cute.Tensor,  # (TMA, STAGE)
         b_mcast_mask,
         extra=(),
@@ -144,9 +144,13 @@ class GemmBase:
                 tAgA_k = tAgA(tile)
             else:
                 tAgA_k = tAgA[(None, tile[0], None, tile[2])]
-            tBgB_k = tBgB[(None, tile[1], None, tile[2])]
+            if cutlass.const_expr(inspect.isfunction(tBgB)):
+                tBgB_k = tBgB(tile)
+            else:
+                tBgB_k = tBgB[(None, tile[1], None, tile[2])]
             extra_k = [op[1](tile) for op in extra]  # (TMA, RestK) per extra operand
-            for k_tile in range(k_tile_cnt):
+            kt_cnt = k_tile_cnt(tile) if cutlass.const_expr(inspect.isfunction(k_tile_cnt)) else k_tile_cnt
+            for k_tile in range(kt_cnt):
                 ab_pipeline.producer_acquire(producer_state)
                 full_bar = ab_pipeline.producer_get_barrier(producer_state)
                 cute.copy(

@@ -86,6 +86,11 @@ class GemmConfig:
     # The launch takes A (M, K), B (K, N) and C (M, N) as torch holds them (L = 1): no strided
     # views are made on the host per call (host overhead); the kernel appends the unit L mode.
     flat: bool = False
+    # K-grouped (the weight gradient of an MoE layer, sm_90a): A (M, total_K), B (total_K, N) and
+    # offs (E,) int32 cumulative K ends on the device; output (E, M, N), tile l = expert. Each tile
+    # reads its expert's K range from offs (no host sync), and the consumers zero the K values
+    # past the range in the last K tile's shared-memory stage before its WGMMAs.
+    kgrouped: bool = False
 
     @property
     def blockscaled(self) -> bool:
@@ -100,7 +105,7 @@ class GemmConfig:
         tile += "_mx32" if self.fp8_mx else ""
         tile += "_wgo" if self.wg_order else ""
         tile += f"_e{self.epi_stages}" if self.epi_stages else ""
-        family = "grouped" if self.grouped else "dense-2d" if self.flat else "dense"
+        family = "grouped" if self.grouped else "kgrouped" if self.kgrouped else "dense-2d" if self.flat else "dense"
         if self.blockscaled:
             family += f"-bs-{self.sf_dtype}v{self.sf_vec}"
         return (
@@ -144,6 +149,8 @@ def config_errors(cfg: GemmConfig) -> list[str]:
         err.append("wg_order: sm_90a FP8 with promotion (not fast_accum / fp8_mx), cooperative 128-row tiles only")
     if cfg.fp8_mx:
         err += fp8_mx_errors(cfg)
+    if cfg.kgrouped:
+        err += kgrouped_errors(cfg)
     if cfg.flat and (cfg.grouped or cfg.blockscaled or cfg.epilogue.quant or cfg.epilogue.beta):
         err.append("flat (2-D launch): dense only, not block-scaled, no quantized output, no beta * C")
     if cfg.blockscaled:
@@ -269,6 +276,26 @@ def _fp8_scaled_mainloop_errors(cfg: GemmConfig, what: str) -> list[str]:
         err.append(f"{what} needs K-major A and B (a_major='k', b_major='k')")
     if cfg.epilogue.scale_a or cfg.epilogue.scale_b:
         err.append(f"{what} cannot be combined with per-row/per-column epilogue scales (scale_a/scale_b vectors)")
+    return err
+
+
+def kgrouped_errors(cfg: GemmConfig) -> list[str]:
+    """Rules of the K-grouped kernel (sm_90a): bf16 / fp16, cooperative (each tile's K-tile count
+    is its own: pingpong's warpgroups skip each other's tiles by count), alpha as the only
+    epilogue op."""
+    what = "kgrouped (K-grouped weight-gradient form)"
+    err = []
+    if cfg.arch != "sm_90a":
+        err.append(f"{what} is an sm_90a kernel, got arch {cfg.arch!r}")
+    if cfg.a_dtype not in INPUT_DTYPES or cfg.b_dtype != cfg.a_dtype:
+        err.append(f"{what}: bf16 or fp16 A and B, got {cfg.a_dtype}/{cfg.b_dtype}")
+    if cfg.grouped or cfg.flat or cfg.pingpong or cfg.blockscaled or cfg.fp8_blockwise or cfg.fp8_mx:
+        err.append(f"{what} cannot be combined with grouped, flat, pingpong or scaled modes")
+    epi = cfg.epilogue
+    if epi.beta or epi.bias or epi.activation or epi.gated or epi.quant or epi.user or epi.scale_a or epi.scale_b:
+        err.append(f"{what}: alpha is the only epilogue op")
+    if cfg.scheduler == "clc":
+        err.append(f"{what}: static or dynamic scheduler")
     return err
 
 

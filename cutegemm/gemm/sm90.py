@@ -60,12 +60,14 @@ from ..grouped.kernel_parts import (
     grouped_acc_space,
     grouped_k_tiles,
     grouped_out_tile,
+    k_slice_tiles,
     make_grouped_scheduler,
     tile_table,
     tile_table_bytes,
     tile_table_len,
 )
 from ..schedulers.dynamic import RING_DEPTH, ring_storage_fields
+from ..schedulers.grouped import group_range
 from .base import GemmBase
 from .epilogue_store import store_subtile_predicated
 
@@ -415,6 +417,32 @@ class GemmSm90(MxSm90Mixin, GemmBase):
                 return grouped_k_tiles(tma_atom_a, cluster_coord_mnk[1], a_cta_layout, sA, mA_mkl, a_tiler, tile)
         else:
             sched = self.make_scheduler(self.acc_space(mC_mnl, mB_nkl), (cfg.tile_m, cfg.tile_n))
+        b_tiles, load_k_tiles, k_range = tBgB, k_tile_cnt, None
+        if cutlass.const_expr(cfg.kgrouped):
+            # K-grouped: tile (m, n, l) of expert l reads A's and B's K columns [k_start, k_end)
+            # from offs (clamped as the grouped rows are); the TMA boxes start at k_start.
+            total_k, tile_k = mA_mkl.shape[1], self.tile_shape_mnk[2]
+            a_cta_layout = cute.make_layout(cute.slice_(cta_layout_mnk, (0, None, 0)).shape)
+            b_cta_layout = cute.make_layout(cute.slice_(cta_layout_mnk, (None, 0, 0)).shape)
+
+            def a_tiles(tile):
+                k_start = group_range(mOffs, tile[2], total_k)[0]
+                a_tiler = cute.slice_(self.tile_shape_mnk, (None, 0, None))
+                return k_slice_tiles(tma_atom_a, cluster_coord_mnk[1], a_cta_layout, sA, mA_mkl, a_tiler, tile[0], k_start)
+
+            def b_tiles(tile):
+                k_start = group_range(mOffs, tile[2], total_k)[0]
+                b_tiler = cute.slice_(self.tile_shape_mnk, (0, None, None))
+                return k_slice_tiles(tma_atom_b, cluster_coord_mnk[0], b_cta_layout, sB, mB_nkl, b_tiler, tile[1], k_start)
+
+            def k_range(tile):
+                """(K tiles of the tile's expert, K values in its last K tile when partial, else 0)."""
+                k_start, k_end = group_range(mOffs, tile[2], total_k)
+                return (k_end - k_start + tile_k - 1) // tile_k, (k_end - k_start) % tile_k
+
+            def load_k_tiles(tile):
+                return k_range(tile)[0]
+
         load_sched = sched
         if cutlass.const_expr(cfg.scheduler != "static"):
             # The producer warp of cluster rank 0 fetches tiles; every role reads them from the ring.
@@ -437,9 +465,9 @@ class GemmSm90(MxSm90Mixin, GemmBase):
                 if cutlass.const_expr(cfg.fp8_mx):
                     extra = self.mx_load_operands(tma_atom_sfa, tma_atom_sfb, mx_parts, mSFA, block_scales[0])
                 self.load_ab(
-                    load_sched, ab_pipeline, k_tile_cnt,
+                    load_sched, ab_pipeline, load_k_tiles,
                     tma_atom_a, a_tiles, tAsA, a_mcast_mask,
-                    tma_atom_b, tBgB, tBsB, b_mcast_mask, extra,
+                    tma_atom_b, b_tiles, tBsB, b_mcast_mask, extra,
                 )  # fmt: skip
         else:
             cute.arch.setmaxregister_increase(self.mma_registers)
@@ -451,6 +479,7 @@ class GemmSm90(MxSm90Mixin, GemmBase):
                 cAcc_mnl, mCin, mBias, beta, mC_mnl, mC_gmem, quant_args, vectors,
                 mB_nkl.shape[0] if cutlass.const_expr(cfg.grouped) else None,
                 block_scales=block_scales,
+                k_range=k_range,
             )  # fmt: skip
 
     # ---------------------------------------------------------------------------------------
@@ -480,6 +509,7 @@ class GemmSm90(MxSm90Mixin, GemmBase):
         vectors: tuple,
         group_cols,  # grouped: the GEMM's N (per-expert vectors hold E rows of N); dense: None
         block_scales: tuple = (None, None),  # fp8_blockwise: (mSFA, mSFB); fp8_mx: (sSFA, sSFB)
+        k_range=None,  # K-grouped: tile -> (K tiles, K values of a partial last K tile or 0)
     ):
         """Consumer warpgroups: WGMMA mainloop into register accumulators, then the epilogue.
 
@@ -586,6 +616,9 @@ class GemmSm90(MxSm90Mixin, GemmBase):
                 read_state, release_state = self._skip(read_state, release_state, k_tile_cnt)
         while sched.is_valid(work):
             tile = sched.cta_tile(work)
+            kt_cnt, k_rem = k_tile_cnt, 0
+            if cutlass.const_expr(k_range is not None):
+                kt_cnt, k_rem = k_range(tile)
 
             # ---- mainloop: keep one WGMMA batch in flight, release the stage behind it ----
             acc_sum.fill(0.0)
@@ -615,15 +648,23 @@ class GemmSm90(MxSm90Mixin, GemmBase):
                     cute.arch.barrier(barrier_id=BAR_ORDER + wg, number_of_threads=2 * self.threads_per_warpgroup)
             warpgroup.fence()
             if cutlass.const_expr(mx):
-                for _k_tile in range(k_tile_cnt):
+                for _k_tile in range(kt_cnt):
                     ab_pipeline.consumer_wait(read_state)
                     tiled_mma = self.mx_k_tile(tiled_mma, acc, acc_sum, tCrA, tCrB, read_state.index, sfa_rows, sfb_base)
                     ab_pipeline.consumer_release(read_state)
                     release_state.advance()
                     read_state.advance()
             else:
-                for k_tile in range(k_tile_cnt):
+                for k_tile in range(kt_cnt):
                     ab_pipeline.consumer_wait(read_state)
+                    if cutlass.const_expr(k_range is not None):
+                        # K-grouped: the last K tile's columns past the expert's K range hold the
+                        # next expert's values: zero them in this stage before any WGMMA reads it.
+                        if k_tile == kt_cnt - 1:
+                            if k_rem > 0:
+                                self.zero_k_tail(sA, sB, read_state.index, k_rem, mma_tidx)
+                                cute.arch.fence_proxy("async.shared", space="cta")
+                                epi_barrier.arrive_and_wait()
                     if cutlass.const_expr(promote):
                         warpgroup.fence()  # the adds below read acc: order them before the overwrite
                         tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
@@ -668,7 +709,7 @@ class GemmSm90(MxSm90Mixin, GemmBase):
                 cute.arch.barrier_arrive(barrier_id=BAR_ORDER + 1 - wg, number_of_threads=2 * self.threads_per_warpgroup)
             warpgroup.wait_group(0)
             if cutlass.const_expr(not promote):
-                if k_tile_cnt > 0:
+                if kt_cnt > 0:
                     ab_pipeline.consumer_release(release_state)
                     release_state.advance()
 
@@ -756,6 +797,23 @@ class GemmSm90(MxSm90Mixin, GemmBase):
             if my_wg == 0:  # take warpgroup 1's last hand-over: no arrival is left pending at exit
                 cute.arch.barrier(barrier_id=BAR_K_ORDER, number_of_threads=2 * self.threads_per_warpgroup)
         store_pipeline.producer_tail()
+
+    @cute.jit
+    def zero_k_tail(self, sA: cute.Tensor, sB: cute.Tensor, stage: cutlass.Int32, k_rem: cutlass.Int32,
+                    tid: cutlass.Int32):  # fmt: skip
+        """Zero K columns k_rem.. of stage ``stage`` of A (tile_m, tile_k) and B (tile_n, tile_k):
+        each of the tile's threads (``tid``) takes every threads_per_tile-th element."""
+        tk, nthr = self.tile_shape_mnk[2], self.threads_per_tile
+        zero_a = sA.element_type(0.0)
+        for i in cutlass.range_constexpr(self.config.tile_m * tk // nthr):
+            idx = tid + i * nthr
+            if idx % tk >= k_rem:
+                sA[(idx // tk, idx % tk, stage)] = zero_a
+        zero_b = sB.element_type(0.0)
+        for i in cutlass.range_constexpr(self.config.tile_n * tk // nthr):
+            idx = tid + i * nthr
+            if idx % tk >= k_rem:
+                sB[(idx // tk, idx % tk, stage)] = zero_b
 
     def acc_space(self, mC: cute.Tensor, mB: cute.Tensor):
         """What the tiles cover: the (M, N, L) output, or for gated / packed outputs an (M, N, L)

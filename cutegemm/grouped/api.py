@@ -30,8 +30,12 @@ Forms:
   composes with bias / activations / quantized outputs (not with gate_layout="halves").
   beta * C is not supported in the grouped form.
 - K-grouped (weight gradient): ``grouped_gemm(a, b, offs=offs)`` with a (M, total_K), b (total_K, N)
-  -> (E, M, N), offs splitting K. Implemented as one dense GEMM per expert on K-slices: it reads
-  offs on the host (one sync), so it is NOT graph-capturable (documented limitation).
+  -> (E, M, N), offs splitting K (an expert with an empty slice gets zeros). sm_90a, bf16 / fp16:
+  one launch of the K-grouped kernel (``GemmConfig.kgrouped``: tile (m, n, expert) reads the
+  expert's K range from offs on the device, TMA boxes start at the range's first column, and the
+  consumers zero the columns past its end in the last K tile's stage): no host sync, CUDA-graph
+  capturable. Elsewhere one dense GEMM per expert, reading offs on the host (not capturable).
+  Bad offs are clamped as in the packed form (``schedulers.grouped.expert_rows``).
 - list: ``grouped_gemm([a0, a1, ...], [b0, b1, ...])`` -> list, arbitrary per-group M, N, K, one
   dense launch per group (no sync; graph-capturable when shapes are fixed).
 """
@@ -364,7 +368,7 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
             if fp8:
                 raise TypeError("the K-grouped form takes bf16 / fp16 operands")
             _no_epilogue("the K-grouped form", bias, activation, epilogue, out_global_scale, scale_a, scale_b, out_dtype)
-            return _grouped_k(a, b, offs, out, out_dtype, alpha, check_offs)
+            return _grouped_k(a, b, offs, out, out_dtype, alpha, check_offs, config)
         E, K, N = b.shape
         if a.shape[1] != K:
             raise ValueError(f"a (total_M, K={a.shape[1]}) and b (E, K={K}, N) disagree on K")
@@ -470,8 +474,11 @@ def _padded_k_slice(a, b, start, end):
     return a_e, b_e
 
 
-def _grouped_k(a, b, offs, out, out_dtype, alpha, check_offs):
-    """K-grouped: out[e] = a[:, k_e] @ b[k_e, :] with k_e the e-th slice of K given by offs."""
+def _grouped_k(a, b, offs, out, out_dtype, alpha, check_offs, config=None):
+    """K-grouped: out[e] = a[:, k_e] @ b[k_e, :] with k_e the e-th slice of K given by offs.
+    sm_90a: one launch of the K-grouped kernel (each tile reads its expert's K range from offs:
+    no host sync, CUDA-graph capturable); elsewhere (or for an out the kernel cannot store) one
+    dense launch per expert, reading offs on the host."""
     M, K = a.shape
     if b.shape[0] != K:
         raise ValueError(f"a (M, K={K}) and b (K={b.shape[0]}, N) disagree on K")
@@ -482,23 +489,90 @@ def _grouped_k(a, b, offs, out, out_dtype, alpha, check_offs):
         raise ValueError(f"out must be an ({E}, {M}, {N}) {out_dtype} tensor")
     if check_offs:
         _check_offs_values(offs, K)
+    if config is not None and not config.kgrouped:
+        raise ValueError(f"config {config.name} is not a K-grouped kernel (kgrouped=True)")
+    if out.numel() == 0:
+        return out
+    if _kgrouped_launch(a, b, offs, out, alpha, config):
+        return out
+    if config is not None:
+        raise ValueError(f"config {config.name} cannot run this K-grouped call (sm_90a, bf16 / fp16, out rows of 16-byte multiples)")
     # K slices of a (M, K) keep a's strides (and b's): when one breaks TMA's 16-byte rule, the
     # slice is copied into a zero-padded aligned buffer (the padding adds zero products).
-    prev = 0
-    for e, end in enumerate(offs.tolist()):  # host sync: this form is not graph-capturable
-        end = min(max(end, prev), K)
-        if end > prev:
+    from ..schedulers.grouped import expert_rows  # the kernel's clamping of bad offs
+
+    for e, (start, end) in enumerate(expert_rows(offs.tolist(), K)):  # host sync: not graph-capturable
+        if end > start:
             try:
-                gemm(a[:, prev:end], b[prev:end], out=out[e], alpha=alpha)
+                gemm(a[:, start:end], b[start:end], out=out[e], alpha=alpha)
             except ValueError as exc:
                 if "16-byte" not in str(exc):
                     raise
-                a_e, b_e = _padded_k_slice(a, b, prev, end)
+                a_e, b_e = _padded_k_slice(a, b, start, end)
                 gemm(a_e, b_e, out=out[e], alpha=alpha)
         else:
             out[e].zero_()
-        prev = end
     return out
+
+
+def kgrouped_config(arch: str, num_sms: int, m: int, n: int, k_mean: int, e: int, dtype: str, out_dtype: str,
+                    a_major: str, b_major: str, alpha: bool) -> GemmConfig:  # fmt: skip
+    """The K-grouped kernel's config: the dense policy's tile for one expert's (M, N, mean K)
+    problem batched over the experts, made cooperative (pingpong's warpgroups skip each other's
+    tiles by K-tile count, which differs per expert here) and static / dynamic."""
+    problem = GemmProblem(m, n, max(k_mean, 1), e, dtype, dtype, out_dtype, a_major, b_major)
+    cfg = policy_for(arch, num_sms).choose(problem, epilogue=EpilogueSpec(alpha=alpha))
+    cfg = replace(cfg, kgrouped=True, flat=False, grouped=False)
+    if cfg.pingpong:
+        cfg = replace(cfg, pingpong=False, tile_m=128)
+    return cfg
+
+
+def _kgrouped_launch(a, b, offs, out, alpha, config) -> bool:
+    """The K-grouped kernel (sm_90a, bf16 / fp16): True when it ran. False where it does not
+    apply (another arch or dtype; an out whose N columns are not contiguous or whose rows are
+    not 16-byte multiples): the caller loops over the experts then."""
+    from ..gemm.api import DENSE_CACHE, _aligned_operand, _unit_mode
+
+    dev = a.device
+    arch, num_sms = _device_info(dev.index if dev.index is not None else torch.cuda.current_device())
+    if arch != "sm_90a" or a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype:
+        return False
+    if out.stride(2) != 1 and out.shape[2] != 1:
+        return False
+    M, K = a.shape
+    E, N = offs.numel(), b.shape[1]
+    if K == 0:
+        out.zero_()
+        return True
+    a3, b3 = _aligned_operand(a.unsqueeze(0)), _aligned_operand(b.unsqueeze(0))
+    a_unit, b_unit = _unit_mode(a3), _unit_mode(b3)
+    try:  # A (M, K, 1), B (N, K, 1), C (M, N, E)
+        va = _kernel_view(a3, a_unit, (1, 2, 0), "a")
+        vb = _kernel_view(b3, b_unit, (2, 1, 0), "b")
+        vc = _kernel_view(out, 2, (1, 2, 0), "out")
+    except ValueError:
+        return False
+    cfg = config or kgrouped_config(
+        arch, num_sms, M, N, K // max(E, 1), INPUT_TO_NAME[a.dtype], TORCH_TO_NAME[out.dtype],
+        "k" if a_unit == 2 else "m", "n" if b_unit == 2 else "k", alpha != 1.0,
+    )  # fmt: skip
+    if alpha != 1.0 and not cfg.epilogue.alpha:
+        cfg = replace(cfg, epilogue=replace(cfg.epilogue, alpha=True))
+    problem = GemmProblem(M, N, K, E, INPUT_TO_NAME[a.dtype], INPUT_TO_NAME[b.dtype], TORCH_TO_NAME[out.dtype],
+                          cfg.a_major, cfg.b_major)  # fmt: skip
+    ok, why = can_implement(cfg, problem)
+    if not ok or cfg.a_major != ("k" if a_unit == 2 else "m") or cfg.b_major != ("n" if b_unit == 2 else "k"):
+        if config is not None:
+            raise ValueError(f"cannot run {cfg.name}: {why or 'operand majors differ from the config'}")
+        return False
+    offs_i = offs if offs.dtype == torch.int32 and offs.is_contiguous() else offs.to(torch.int32).contiguous()
+    DENSE_CACHE.get(cfg)(
+        a3.as_strided(*va), b3.as_strided(*vb), out.as_strided(*vc), None, None,
+        float(alpha), 0.0, max(1, num_sms // (cfg.cluster_m * cfg.cluster_n)), offs_i, None, None,
+        None, None, None, None, None, None, reset_workspace(new_workspace(cfg, dev)),
+    )  # fmt: skip
+    return True
 
 
 def _grouped_list(a_list, b_list, *, offs, out_dtype, alpha):

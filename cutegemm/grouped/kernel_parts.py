@@ -79,6 +79,15 @@ def grouped_k_tiles(tma_atom, cta_coord, cta_layout, smem: cute.Tensor, tensor: 
     return t[(None, m_tile, None, 0)]
 
 
+def k_slice_tiles(tma_atom, cta_coord, cta_layout, smem: cute.Tensor, tensor: cute.Tensor, tiler, mn_tile, k_start):
+    """(TMA, RestK) TMA k-tiles of ``tensor`` (rows, K, 1) from K column ``k_start`` on (the
+    K-grouped form: an expert's K slice starts anywhere), row tile ``mn_tile`` of ``tiler``;
+    ``smem`` (rows, K, STAGE) as the load stages hold them."""
+    g = cute.local_tile(cute.domain_offset((0, k_start, 0), tensor), tiler, (None, None, None))
+    _, t = cpasync.tma_partition(tma_atom, cta_coord, cta_layout, cute.group_modes(smem, 0, 2), cute.group_modes(g, 0, 2))
+    return t[(None, mn_tile, None, 0)]
+
+
 def grouped_acc_space(mC: cute.Tensor, mB: cute.Tensor):
     """Identity tensor over (total_M, GEMM columns, E) (mB is (N, K, E)): the epilogue coordinate
     (m, n, l) of a grouped accumulator element is its packed row, its GEMM column and its expert,

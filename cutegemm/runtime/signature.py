@@ -127,6 +127,11 @@ def _fake_mx_scales(k_major: bool):
     return make_fake_tensor(cutlass.Float32, shape, stride, assumed_align=TMA_ALIGN_BYTES)
 
 
+def fake_offs():
+    """offs (E,) int32: cumulative ends of the experts' rows (grouped) or K slices (kgrouped)."""
+    return make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=4)
+
+
 def grouped_fake_args(cfg: GemmConfig):
     """Dense args + offs (E,) int32: A is the packed (total_M, K, 1), B (N, K, E), C (total_M, N, 1)."""
-    return dense_fake_args(cfg, offs=make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=4))
+    return dense_fake_args(cfg, offs=fake_offs())

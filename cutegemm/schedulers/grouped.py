@@ -47,8 +47,9 @@ def grouped_tile_map(offs, total_m: int, tile_m: int, n_tiles: int, cluster_m: i
 
 
 @cute.jit
-def _group_rows(mOffs: cute.Tensor, e: cutlass.Int32, total_m: cutlass.Int32):
-    """(start, end) rows of expert e, clamped into [0, total_m] with end >= start."""
+def group_range(mOffs: cute.Tensor, e: cutlass.Int32, total_m: cutlass.Int32):
+    """(start, end) of group e (its rows, or its K slice in the K-grouped form), clamped into
+    [0, total_m] with end >= start."""
     end = cutlass.min(cutlass.max(cutlass.Int32(mOffs[e]), 0), total_m)
     prev = cutlass.Int32(0)
     if e > 0:
@@ -59,7 +60,7 @@ def _group_rows(mOffs: cute.Tensor, e: cutlass.Int32, total_m: cutlass.Int32):
 
 @cute.jit
 def _group_tiles(mOffs: cute.Tensor, e: cutlass.Int32, total_m: cutlass.Int32, tile_m: cutlass.Constexpr):
-    start, end = _group_rows(mOffs, e, total_m)
+    start, end = group_range(mOffs, e, total_m)
     return (end - start + (tile_m - 1)) // tile_m
 
 
@@ -144,7 +145,7 @@ class GroupedScheduler(PersistentWalk):
                 hi = mid - 1
         e = lo
         local = work - self.tile_start[e]
-        start, end = _group_rows(self.mOffs, e, self.total_m)
+        start, end = group_range(self.mOffs, e, self.total_m)
         rows_per_cluster = self.tile_m * self.cluster_m
         mt = (end - start + (rows_per_cluster - 1)) // rows_per_cluster
         n_tile = (local // mt) * self.cluster_n + self.cta_n
