@@ -72,7 +72,10 @@ for spec in "$@"; do
     ab_skip) cmd="for v in old new; do echo \"## \$v\"; if [ \$v = old ]; then PP=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site:$PWD/ab_old; else PP=\$PYTHONPATH; fi; PYTHONPATH=\$PP python tools/skip_probe.py; done" ;;
     ncu_skip) cmd="for v in old new; do echo \"## \$v\"; if [ \$v = old ]; then PP=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site:$PWD/ab_old; else PP=\$PYTHONPATH; fi; PROFILE=1 PYTHONPATH=\$PP ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum,sm__ops_path_tensor_src_bf16_dst_fp32.sum,sm__cycles_elapsed.avg.per_second,sm__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_bytes.sum.per_second python tools/skip_probe.py; done" ;;
     bench_kg) cmd="python -c 'from cutegemm.benchmarks import bench_grouped_k as f; f()'" ;;
-    kgtests) cmd="$PT tests/test_grouped_gpu.py tests/test_bad_inputs_gpu.py -k 'k_grouped or kg'" ;;
+    kgtests) cmd="$PT tests/test_grouped_gpu.py -k 'k_grouped'" ;;
+    kgbad) cmd="$PT tests/test_bad_inputs_gpu.py -k 'k_grouped or kg'" ;;
+    opsg) cmd="$PT tests/test_ops_gpu.py" ;;
+    kgdebug) cmd="bash tools/kg_debug.sh" ;;
     tile_ab) cmd="python tools/tile_ab.py 3" ;;
     tile_ab2) cmd="python tools/tile_ab.py 3 --set cluster" ;;
     bench_blockwise) cmd="python -c 'from cutegemm.benchmarks import bench_fp8_blockwise as f; f(configs=[dict(cluster_m=1, cluster_n=2), dict(tile_n=64)])'" ;;

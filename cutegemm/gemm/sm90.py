@@ -420,25 +420,39 @@ class GemmSm90(MxSm90Mixin, GemmBase):
         b_tiles, load_k_tiles, k_range = tBgB, k_tile_cnt, None
         if cutlass.const_expr(cfg.kgrouped):
             # K-grouped: tile (m, n, l) of expert l reads A's and B's K columns [k_start, k_end)
-            # from offs (clamped as the grouped rows are); the TMA boxes start at k_start.
+            # from offs (clamped as the grouped rows are). The TMA boxes start at k0, k_start
+            # rounded down to 16 bytes (a box whose contiguous-mode coordinate is not 16-byte
+            # aligned faulted with an illegal instruction on the H200); columns [k0, k_start) of
+            # the first K tile and those past k_end in the last belong to other experts and are
+            # zeroed in shared memory before the WGMMAs.
             total_k, tile_k = mA_mkl.shape[1], self.tile_shape_mnk[2]
+            k_align = 16 * 8 // self.a_dtype.width
             a_cta_layout = cute.make_layout(cute.slice_(cta_layout_mnk, (0, None, 0)).shape)
             b_cta_layout = cute.make_layout(cute.slice_(cta_layout_mnk, (None, 0, 0)).shape)
 
+            def k_window(tile):
+                """(k0, k_start, k_end): the expert's K range and the aligned first box column."""
+                k_start, k_end = group_range(mOffs, tile[2], total_k)
+                return k_start - k_start % k_align, k_start, k_end
+
             def a_tiles(tile):
-                k_start = group_range(mOffs, tile[2], total_k)[0]
                 a_tiler = cute.slice_(self.tile_shape_mnk, (None, 0, None))
-                return k_slice_tiles(tma_atom_a, cluster_coord_mnk[1], a_cta_layout, sA, mA_mkl, a_tiler, tile[0], k_start)
+                return k_slice_tiles(
+                    tma_atom_a, cluster_coord_mnk[1], a_cta_layout, sA, mA_mkl, a_tiler, tile[0], k_window(tile)[0]
+                )
 
             def b_tiles(tile):
-                k_start = group_range(mOffs, tile[2], total_k)[0]
                 b_tiler = cute.slice_(self.tile_shape_mnk, (0, None, None))
-                return k_slice_tiles(tma_atom_b, cluster_coord_mnk[0], b_cta_layout, sB, mB_nkl, b_tiler, tile[1], k_start)
+                return k_slice_tiles(
+                    tma_atom_b, cluster_coord_mnk[0], b_cta_layout, sB, mB_nkl, b_tiler, tile[1], k_window(tile)[0]
+                )
 
             def k_range(tile):
-                """(K tiles of the tile's expert, K values in its last K tile when partial, else 0)."""
-                k_start, k_end = group_range(mOffs, tile[2], total_k)
-                return (k_end - k_start + tile_k - 1) // tile_k, (k_end - k_start) % tile_k
+                """(K tiles of the tile's expert (0 when its range is empty), columns to zero at the
+                start of the first K tile, K values of a partial last K tile or 0)."""
+                k0, k_start, k_end = k_window(tile)
+                n_k = cutlass.select_(k_end > k_start, (k_end - k0 + tile_k - 1) // tile_k, 0)
+                return n_k, k_start - k0, (k_end - k0) % tile_k
 
             def load_k_tiles(tile):
                 return k_range(tile)[0]
@@ -509,7 +523,7 @@ class GemmSm90(MxSm90Mixin, GemmBase):
         vectors: tuple,
         group_cols,  # grouped: the GEMM's N (per-expert vectors hold E rows of N); dense: None
         block_scales: tuple = (None, None),  # fp8_blockwise: (mSFA, mSFB); fp8_mx: (sSFA, sSFB)
-        k_range=None,  # K-grouped: tile -> (K tiles, K values of a partial last K tile or 0)
+        k_range=None,  # K-grouped: tile -> (K tiles, head columns to zero, K values of a partial last K tile or 0)
     ):
         """Consumer warpgroups: WGMMA mainloop into register accumulators, then the epilogue.
 
@@ -616,9 +630,10 @@ class GemmSm90(MxSm90Mixin, GemmBase):
                 read_state, release_state = self._skip(read_state, release_state, k_tile_cnt)
         while sched.is_valid(work):
             tile = sched.cta_tile(work)
-            kt_cnt, k_rem = k_tile_cnt, 0
+            kt_cnt = k_tile_cnt
+            k_head, k_rem = 0, 0
             if cutlass.const_expr(k_range is not None):
-                kt_cnt, k_rem = k_range(tile)
+                kt_cnt, k_head, k_rem = k_range(tile)
 
             # ---- mainloop: keep one WGMMA batch in flight, release the stage behind it ----
             acc_sum.fill(0.0)
@@ -658,13 +673,16 @@ class GemmSm90(MxSm90Mixin, GemmBase):
                 for k_tile in range(kt_cnt):
                     ab_pipeline.consumer_wait(read_state)
                     if cutlass.const_expr(k_range is not None):
-                        # K-grouped: the last K tile's columns past the expert's K range hold the
-                        # next expert's values: zero them in this stage before any WGMMA reads it.
-                        if k_tile == kt_cnt - 1:
-                            if k_rem > 0:
-                                self.zero_k_tail(sA, sB, read_state.index, k_rem, mma_tidx)
-                                cute.arch.fence_proxy("async.shared", space="cta")
-                                epi_barrier.arrive_and_wait()
+                        # K-grouped: columns of the first K tile before the expert's range and of
+                        # the last past it hold other experts' values: zero them in this stage
+                        # before any WGMMA reads it.
+                        lo = cutlass.select_(k_tile == 0, k_head, 0)
+                        hi = cutlass.select_(k_tile == kt_cnt - 1, cutlass.select_(k_rem > 0, k_rem, self.tile_shape_mnk[2]),
+                                             self.tile_shape_mnk[2])  # fmt: skip
+                        if (lo > 0) | (hi < self.tile_shape_mnk[2]):
+                            self.zero_k_outside(sA, sB, read_state.index, lo, hi, mma_tidx)
+                            cute.arch.fence_proxy("async.shared", space="cta")
+                            epi_barrier.arrive_and_wait()
                     if cutlass.const_expr(promote):
                         warpgroup.fence()  # the adds below read acc: order them before the overwrite
                         tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
@@ -799,20 +817,21 @@ class GemmSm90(MxSm90Mixin, GemmBase):
         store_pipeline.producer_tail()
 
     @cute.jit
-    def zero_k_tail(self, sA: cute.Tensor, sB: cute.Tensor, stage: cutlass.Int32, k_rem: cutlass.Int32,
-                    tid: cutlass.Int32):  # fmt: skip
-        """Zero K columns k_rem.. of stage ``stage`` of A (tile_m, tile_k) and B (tile_n, tile_k):
-        each of the tile's threads (``tid``) takes every threads_per_tile-th element."""
+    def zero_k_outside(self, sA: cute.Tensor, sB: cute.Tensor, stage: cutlass.Int32, lo: cutlass.Int32,
+                       hi: cutlass.Int32, tid: cutlass.Int32):  # fmt: skip
+        """Zero the K columns outside [lo, hi) of stage ``stage`` of A (tile_m, tile_k) and B
+        (tile_n, tile_k): each of the tile's threads (``tid``) takes every threads_per_tile-th
+        element."""
         tk, nthr = self.tile_shape_mnk[2], self.threads_per_tile
         zero_a = sA.element_type(0.0)
         for i in cutlass.range_constexpr(self.config.tile_m * tk // nthr):
             idx = tid + i * nthr
-            if idx % tk >= k_rem:
+            if (idx % tk < lo) | (idx % tk >= hi):
                 sA[(idx // tk, idx % tk, stage)] = zero_a
         zero_b = sB.element_type(0.0)
         for i in cutlass.range_constexpr(self.config.tile_n * tk // nthr):
             idx = tid + i * nthr
-            if idx % tk >= k_rem:
+            if (idx % tk < lo) | (idx % tk >= hi):
                 sB[(idx // tk, idx % tk, stage)] = zero_b
 
     def acc_space(self, mC: cute.Tensor, mB: cute.Tensor):

@@ -554,7 +554,7 @@ def _kgrouped_launch(a, b, offs, out, alpha, config) -> bool:
     except ValueError:
         return False
     cfg = config or kgrouped_config(
-        arch, num_sms, M, N, K // max(E, 1), INPUT_TO_NAME[a.dtype], TORCH_TO_NAME[out.dtype],
+        arch, num_sms, M, N, K // max(E, 1), E, INPUT_TO_NAME[a.dtype], TORCH_TO_NAME[out.dtype],
         "k" if a_unit == 2 else "m", "n" if b_unit == 2 else "k", alpha != 1.0,
     )  # fmt: skip
     if alpha != 1.0 and not cfg.epilogue.alpha:
