@@ -218,7 +218,9 @@ def _k_grouped_check(counts, m, n, a_col_major=False, dtype=torch.bfloat16, pad_
     offs = make_offs(counts)
     out = torch.full((len(counts), m, n), float("nan"), device="cuda", dtype=dtype)
     grouped_gemm(a, b, offs=offs, out=out, config=config)
-    ref = grouped_gemm_ref(a[:, :total], b[:total], offs=offs, compute_dtype=torch.float64)
+    # float64 out: a reference rounded to bf16 would give torch's own result an error of exactly
+    # 0 wherever its fp32 sum rounds like the float64 one (short slices), leaving no tolerance
+    ref = grouped_gemm_ref(a[:, :total], b[:total], offs=offs, out_dtype=torch.float64, compute_dtype=torch.float64)
     same = torch.stack([a[:, s:t] @ b[s:t] if t > s else torch.zeros(m, n, device="cuda", dtype=dtype)
                         for s, t in zip([0, *offs.tolist()[:-1]], offs.tolist(), strict=True)])  # fmt: skip
     assert torch.isfinite(out).all(), "an expert read K columns outside its slice (or was not written)"
