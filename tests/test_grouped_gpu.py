@@ -38,13 +38,13 @@ def check_packed(counts, n, k, dtype=torch.bfloat16, b_transposed=True, pad_rows
     return a, b, offs, out
 
 
+def expert_counts(max_experts: int):
+    """Rows (or K values) per expert: zeros and 1..300, up to max_experts experts."""
+    return st.lists(st.one_of(st.just(0), st.integers(1, 300)), min_size=1, max_size=max_experts)
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    counts=st.lists(st.one_of(st.just(0), st.integers(1, 300)), min_size=1, max_size=12),
-    n8=st.integers(1, 48),
-    k8=st.integers(1, 48),
-    b_transposed=st.booleans(),
-)
+@given(counts=expert_counts(12), n8=st.integers(1, 48), k8=st.integers(1, 48), b_transposed=st.booleans())
 def test_packed_property(counts, n8, k8, b_transposed):
     check_packed(counts, 8 * n8, 8 * k8, b_transposed=b_transposed)
 
@@ -230,12 +230,7 @@ def _k_grouped_check(counts, m, n, a_col_major=False, dtype=torch.bfloat16, pad_
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    counts=st.lists(st.one_of(st.just(0), st.integers(1, 300)), min_size=1, max_size=8),
-    m8=st.integers(1, 40),
-    n8=st.integers(1, 40),
-    a_col_major=st.booleans(),
-)
+@given(counts=expert_counts(8), m8=st.integers(1, 40), n8=st.integers(1, 40), a_col_major=st.booleans())
 def test_k_grouped_kernel_property(counts, m8, n8, a_col_major):
     """The K-grouped kernel (sm_90a: one launch; elsewhere the per-expert loop): slices of any
     length (zero, shorter than a K tile, not multiples of it), a row- or column-major a (the
