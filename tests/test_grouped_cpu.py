@@ -108,3 +108,26 @@ def test_kgrouped_config_rules_and_policy():
             cfg = kgrouped_config("sm_90a", 132, m, n, k, e, "bf16", "fp32", am, bm, True)
             assert cfg.kgrouped and not cfg.pingpong and cfg.epilogue.alpha
             assert config_errors(cfg) == [], (m, n, k, e, am, bm, config_errors(cfg))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    offs=st.lists(st.integers(-20, 700), min_size=1, max_size=8),
+    tile_k=st.sampled_from([32, 64, 128]),
+    align=st.sampled_from([4, 8, 16]),
+)
+def test_k_grouped_window_covers_each_slice_exactly(offs, tile_k, align):
+    """The K-grouped kernel's K window (twin): the columns its K tiles keep (not zeroed) are
+    exactly the expert's clamped slice, and every box starts on a 16-byte boundary."""
+    from cutegemm.schedulers.grouped import k_window_ref
+
+    total = max(max(offs), 0) + 5
+    for start, end in expert_rows(offs, total):
+        k0, n_k, head, rem = k_window_ref(start, end, tile_k, align)
+        assert k0 % align == 0 and 0 <= head < align
+        kept = []
+        for t in range(n_k):
+            lo = head if t == 0 else 0
+            hi = rem if (t == n_k - 1 and rem > 0) else tile_k
+            kept += [k0 + t * tile_k + c for c in range(lo, hi)]
+        assert kept == list(range(start, end)), (start, end, k0, n_k, head, rem)

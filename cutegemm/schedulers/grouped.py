@@ -34,6 +34,17 @@ def expert_rows(offs, total_m):
     return rows
 
 
+def k_window_ref(start: int, end: int, tile_k: int, align: int) -> tuple[int, int, int, int]:
+    """Plain-Python twin of the K-grouped kernel's K window (``GemmSm90.kernel``'s ``k_range``)
+    for an expert whose K slice is [start, end): (k0, K tiles, head, rem). The TMA boxes start
+    at k0 = start rounded down to ``align`` elements (16 bytes) and cover K tiles of tile_k
+    columns (0 for an empty slice); the first tile's columns before ``head`` and, when rem > 0,
+    the last tile's columns from ``rem`` on are zeroed in shared memory."""
+    k0 = start - start % align
+    n_k = -(-(end - k0) // tile_k) if end > start else 0
+    return k0, n_k, start - k0, (end - k0) % tile_k
+
+
 def grouped_tile_map(offs, total_m: int, tile_m: int, n_tiles: int, cluster_m: int = 1):
     """Linear cluster tile index -> (expert, row_start, row_end, m_tile, n_tile), in the kernel's
     order; with ``cluster_m`` > 1, m_tile is the cluster's first m-tile (CTA r of the cluster
