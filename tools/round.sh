@@ -31,6 +31,7 @@ for spec in "$@"; do
     blockwise) cmd="$PT tests/test_fp8_blockwise_gpu.py" ;;
     gblockwise) cmd="$PT tests/test_fp8_blockwise_gpu.py -k grouped" ;;
     gbad) cmd="$PT tests/test_bad_inputs_gpu.py -k grouped" ;;
+    sanitize_kg) cmd="SANITIZE_ONLY='^kgrouped' bash tools/sanitize.sh memcheck racecheck synccheck" ;;
     sanitize_grouped) cmd="SANITIZE_ONLY='^grouped|^fp8-' bash tools/sanitize.sh memcheck racecheck synccheck" ;;
     fp4w) cmd="$PT tests/test_fp4_weight_gpu.py tests/test_fp4_weight_cpu.py" ;;
     mx) cmd="$PT tests/test_blockscaled_sm90_gpu.py tests/test_blockscaled_sm90_cpu.py" ;;

@@ -198,9 +198,13 @@ def grouped_epilogue_case(counts, n, k, fmt=None):
     assert same >= 0.99, f"grouped quantized {fmt}: only {same:.4f} of scale bytes equal"
 
 
-def kgrouped_case():
-    counts = [40, 0, 3, 85, 8]  # empty and misaligned K-slices (copied)
-    a, b = cpu(96, sum(counts)), cpu(sum(counts), 136)
+def kgrouped_case(a_col_major=False):
+    """The K-grouped kernel (sm_90a): empty slices and slices that start off a 16-byte boundary
+    (the kernel's TMA boxes start at the rounded-down column, the extra columns zeroed); a row-
+    or column-major a (the weight gradient's x.t())."""
+    counts = [40, 0, 3, 85, 8]
+    a = cpu(sum(counts), 96).t().contiguous().t() if a_col_major else cpu(96, sum(counts))
+    b = cpu(sum(counts), 136)
     offs = list(refcheck_cumsum(counts))
     buf = refcheck.poisoned((len(counts), 96, 136), BF, "cpu")[0].cuda()
     out = buf[..., :96, :136]
@@ -383,6 +387,7 @@ def all_cases() -> dict:
         **_optional_cases(),
         **_grouped_cases(),
         "kgrouped": kgrouped_case,
+        "kgrouped-col-major-a": lambda: kgrouped_case(a_col_major=True),
         "list": list_case,
         **_quantize_cases(),
         **_fp4_weight_cases(),
