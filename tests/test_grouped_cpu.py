@@ -131,3 +131,40 @@ def test_k_grouped_window_covers_each_slice_exactly(offs, tile_k, align):
             hi = rem if (t == n_k - 1 and rem > 0) else tile_k
             kept += [k0 + t * tile_k + c for c in range(lo, hi)]
         assert kept == list(range(start, end)), (start, end, k0, n_k, head, rem)
+
+
+def test_kgrouped_launch_plan_and_views(monkeypatch):
+    """The K-grouped launcher's host side (kernel replaced by a recorder): the weight gradient's
+    x.t() / dy / (E, M, N) out reach the kernel as (M, K, 1) M-major, (N, K, 1) N-major and
+    (M, N, E) views of the caller's own storage; the plan is built once per signature (alpha != 1
+    is another); an out whose columns are not contiguous is left to the per-expert loop."""
+    import torch
+
+    import cutegemm.grouped.api as gapi
+    from cutegemm.gemm.api import DENSE_CACHE
+
+    built, calls = [], []
+    monkeypatch.setattr(gapi, "_device_info", lambda index: ("sm_90a", 132))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(DENSE_CACHE, "get", lambda cfg: built.append(cfg) or (lambda *args: calls.append(args)))
+    monkeypatch.setattr(gapi, "_KG_PLANS", {})
+    bf = torch.bfloat16
+    M, N, counts = 200, 264, [40, 0, 3, 85]
+    K, E = sum(counts), len(counts)
+    a = torch.randn(K, M, dtype=bf).t()
+    b = torch.randn(K, N, dtype=bf)
+    offs = torch.tensor(counts).cumsum(0).to(torch.int32)
+    out = torch.empty(E, M, N, dtype=bf)
+    assert gapi._kgrouped_launch(a, b, offs, out, 1.0, None)
+    assert gapi._kgrouped_launch(a, b, offs, out, 1.0, None)
+    assert len(built) == 1 and len(calls) == 2
+    cfg = built[0]
+    assert cfg.kgrouped and (cfg.a_major, cfg.b_major) == ("m", "n") and not cfg.epilogue.alpha
+    A, B, C = calls[0][:3]
+    assert A.shape == (M, K, 1) and A.stride()[:2] == (1, M) and A.data_ptr() == a.data_ptr()
+    assert B.shape == (N, K, 1) and B.stride()[:2] == (1, N) and B.data_ptr() == b.data_ptr()
+    assert C.shape == (M, N, E) and C.stride() == (N, 1, M * N) and C.data_ptr() == out.data_ptr()
+    assert calls[0][8] is offs
+    assert gapi._kgrouped_launch(a, b, offs, out, 0.5, None)
+    assert len(built) == 2 and built[1].epilogue.alpha and calls[-1][5] == 0.5
+    assert not gapi._kgrouped_launch(a, b, offs, torch.empty(E, N, M, dtype=bf).transpose(1, 2), 1.0, None)

@@ -88,8 +88,9 @@ class GemmConfig:
     flat: bool = False
     # K-grouped (the weight gradient of an MoE layer, sm_90a): A (M, total_K), B (total_K, N) and
     # offs (E,) int32 cumulative K ends on the device; output (E, M, N), tile l = expert. Each tile
-    # reads its expert's K range from offs (no host sync), and the consumers zero the K values
-    # past the range in the last K tile's shared-memory stage before its WGMMAs.
+    # reads its expert's K range from offs (no host sync); its TMA boxes start at the range's
+    # first column rounded down to 16 bytes, and the consumers zero the K values outside the range
+    # in the first and last K tiles' shared-memory stages before their WGMMAs.
     kgrouped: bool = False
 
     @property

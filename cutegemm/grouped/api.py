@@ -32,9 +32,9 @@ Forms:
 - K-grouped (weight gradient): ``grouped_gemm(a, b, offs=offs)`` with a (M, total_K), b (total_K, N)
   -> (E, M, N), offs splitting K (an expert with an empty slice gets zeros). sm_90a, bf16 / fp16:
   one launch of the K-grouped kernel (``GemmConfig.kgrouped``: tile (m, n, expert) reads the
-  expert's K range from offs on the device, TMA boxes start at the range's first column, and the
-  consumers zero the columns past its end in the last K tile's stage): no host sync, CUDA-graph
-  capturable. Elsewhere one dense GEMM per expert, reading offs on the host (not capturable).
+  expert's K range from offs on the device, TMA boxes start at the range's first column rounded
+  down to 16 bytes, and the consumers zero the columns outside the range in the first and last
+  K tiles' stages): no host sync, CUDA-graph capturable. Elsewhere one dense GEMM per expert, reading offs on the host (not capturable).
   Bad offs are clamped as in the packed form (``schedulers.grouped.expert_rows``).
 - list: ``grouped_gemm([a0, a1, ...], [b0, b1, ...])`` -> list, arbitrary per-group M, N, K, one
   dense launch per group (no sync; graph-capturable when shapes are fixed).
@@ -528,51 +528,67 @@ def kgrouped_config(arch: str, num_sms: int, m: int, n: int, k_mean: int, e: int
     return cfg
 
 
+_KG_PLANS: dict = {}
+
+
 def _kgrouped_launch(a, b, offs, out, alpha, config) -> bool:
-    """The K-grouped kernel (sm_90a, bf16 / fp16): True when it ran. False where it does not
-    apply (another arch or dtype; an out whose N columns are not contiguous or whose rows are
-    not 16-byte multiples): the caller loops over the experts then."""
+    """The K-grouped kernel (sm_90a): True when it ran. False where it does not apply (another
+    arch; an out whose N columns are not contiguous or whose rows are not 16-byte multiples): the
+    caller loops over the experts then. The plan (config, kernel views, workspace) is built once
+    per (shapes, strides, 16-byte alignment of the bases, dtypes, device, alpha != 1, config)."""
+    if a.shape[1] == 0:
+        out.zero_()
+        return True
+    key = (a.shape, a.stride(), a.data_ptr() % TMA_ALIGN_BYTES, b.shape, b.stride(), b.data_ptr() % TMA_ALIGN_BYTES,
+           out.shape, out.stride(), out.dtype, a.dtype, a.device, alpha != 1.0, config)  # fmt: skip
+    plan = _KG_PLANS.get(key)
+    if plan is None:
+        plan = _KG_PLANS[key] = _kgrouped_plan(a, b, out, alpha, config)
+    if not plan:
+        return False
+    fn, (va, vb, vc), copy, max_clusters, workspace = plan
+    if copy:  # no contiguous mode, or a base off 16 bytes: the operands are copied on every call
+        from ..gemm.api import _aligned_operand
+
+        a, b = _aligned_operand(a.unsqueeze(0)), _aligned_operand(b.unsqueeze(0))
+    fn(
+        a.as_strided(*va), b.as_strided(*vb), out.as_strided(*vc), None, None,
+        float(alpha), 0.0, max_clusters, offs if offs.is_contiguous() else offs.contiguous(), None, None,
+        None, None, None, None, None, None, reset_workspace(workspace),
+    )  # fmt: skip
+    return True
+
+
+def _kgrouped_plan(a, b, out, alpha, config):
+    """(kernel, (A (M, K, 1), B (N, K, 1), C (M, N, E)) views, operands copied, max clusters,
+    workspace) for :func:`_kgrouped_launch`, or False where the kernel does not apply."""
     from ..gemm.api import DENSE_CACHE, _aligned_operand, _unit_mode
 
     dev = a.device
     arch, num_sms = _device_info(dev.index if dev.index is not None else torch.cuda.current_device())
-    if arch != "sm_90a" or a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype:
+    if arch != "sm_90a" or (out.stride(2) != 1 and out.shape[2] != 1):
         return False
-    if out.stride(2) != 1 and out.shape[2] != 1:
-        return False
-    M, K = a.shape
-    E, N = offs.numel(), b.shape[1]
-    if K == 0:
-        out.zero_()
-        return True
+    (M, K), E, N = a.shape, out.shape[0], b.shape[1]
     a3, b3 = _aligned_operand(a.unsqueeze(0)), _aligned_operand(b.unsqueeze(0))
     a_unit, b_unit = _unit_mode(a3), _unit_mode(b3)
-    try:  # A (M, K, 1), B (N, K, 1), C (M, N, E)
-        va = _kernel_view(a3, a_unit, (1, 2, 0), "a")
-        vb = _kernel_view(b3, b_unit, (2, 1, 0), "b")
-        vc = _kernel_view(out, 2, (1, 2, 0), "out")
+    try:
+        views = (_kernel_view(a3, a_unit, (1, 2, 0), "a"), _kernel_view(b3, b_unit, (2, 1, 0), "b"),
+                 _kernel_view(out, 2, (1, 2, 0), "out"))  # fmt: skip
     except ValueError:
         return False
-    cfg = config or kgrouped_config(
-        arch, num_sms, M, N, K // max(E, 1), E, INPUT_TO_NAME[a.dtype], TORCH_TO_NAME[out.dtype],
-        "k" if a_unit == 2 else "m", "n" if b_unit == 2 else "k", alpha != 1.0,
-    )  # fmt: skip
+    majors = ("k" if a_unit == 2 else "m", "n" if b_unit == 2 else "k")
+    dtype, out_name = INPUT_TO_NAME[a.dtype], TORCH_TO_NAME[out.dtype]
+    cfg = config or kgrouped_config(arch, num_sms, M, N, K // max(E, 1), E, dtype, out_name, *majors, alpha != 1.0)
     if alpha != 1.0 and not cfg.epilogue.alpha:
         cfg = replace(cfg, epilogue=replace(cfg.epilogue, alpha=True))
-    problem = GemmProblem(M, N, K, E, INPUT_TO_NAME[a.dtype], INPUT_TO_NAME[b.dtype], TORCH_TO_NAME[out.dtype],
-                          cfg.a_major, cfg.b_major)  # fmt: skip
-    ok, why = can_implement(cfg, problem)
-    if not ok or cfg.a_major != ("k" if a_unit == 2 else "m") or cfg.b_major != ("n" if b_unit == 2 else "k"):
+    ok, why = can_implement(cfg, GemmProblem(M, N, K, E, dtype, dtype, out_name, *majors))
+    if not ok or (cfg.a_major, cfg.b_major) != majors:
         if config is not None:
             raise ValueError(f"cannot run {cfg.name}: {why or 'operand majors differ from the config'}")
         return False
-    offs_i = offs if offs.dtype == torch.int32 and offs.is_contiguous() else offs.to(torch.int32).contiguous()
-    DENSE_CACHE.get(cfg)(
-        a3.as_strided(*va), b3.as_strided(*vb), out.as_strided(*vc), None, None,
-        float(alpha), 0.0, max(1, num_sms // (cfg.cluster_m * cfg.cluster_n)), offs_i, None, None,
-        None, None, None, None, None, None, reset_workspace(new_workspace(cfg, dev)),
-    )  # fmt: skip
-    return True
+    copy = a3.data_ptr() != a.data_ptr() or b3.data_ptr() != b.data_ptr()
+    max_clusters = max(1, num_sms // (cfg.cluster_m * cfg.cluster_n))
+    return DENSE_CACHE.get(cfg), views, copy, max_clusters, new_workspace(cfg, dev)
 
 
 def _grouped_list(a_list, b_list, *, offs, out_dtype, alpha):
