@@ -60,8 +60,8 @@ from ..grouped.kernel_parts import (
     grouped_acc_space,
     grouped_k_tiles,
     grouped_out_tile,
-    k_slice_tiles,
     make_grouped_scheduler,
+    offset_k_tiles,
     tile_table,
     tile_table_bytes,
     tile_table_len,
@@ -378,11 +378,13 @@ class GemmSm90(MxSm90Mixin, GemmBase):
             )
 
         # TMA partitions. A is multicast along the cluster's N mode, B along its M mode.
+        a_cta_layout = cute.make_layout(cute.slice_(cta_layout_mnk, (0, None, 0)).shape)
+        b_cta_layout = cute.make_layout(cute.slice_(cta_layout_mnk, (None, 0, 0)).shape)
         # (TMA, STAGE), (TMA, RestM, RestK, RestL)
         tAsA, tAgA = cpasync.tma_partition(
             tma_atom_a,
             cluster_coord_mnk[1],
-            cute.make_layout(cute.slice_(cta_layout_mnk, (0, None, 0)).shape),
+            a_cta_layout,
             cute.group_modes(sA, 0, 2),
             cute.group_modes(gA_mkl, 0, 2),
         )
@@ -390,7 +392,7 @@ class GemmSm90(MxSm90Mixin, GemmBase):
         tBsB, tBgB = cpasync.tma_partition(
             tma_atom_b,
             cluster_coord_mnk[0],
-            cute.make_layout(cute.slice_(cta_layout_mnk, (None, 0, 0)).shape),
+            b_cta_layout,
             cute.group_modes(sB, 0, 2),
             cute.group_modes(gB_nkl, 0, 2),
         )
@@ -409,7 +411,6 @@ class GemmSm90(MxSm90Mixin, GemmBase):
         pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
         if cutlass.const_expr(cfg.grouped):
             sched = make_grouped_scheduler(tile_start, mOffs, mA_mkl.shape[0], cfg.tile_m, cfg.cluster_n, cfg.cluster_m)
-            a_cta_layout = cute.make_layout(cute.slice_(cta_layout_mnk, (0, None, 0)).shape)
 
             def a_tiles(tile):
                 """(TMA, RestK) A k-tiles of a grouped tile: rows from the expert's first row."""
@@ -427,8 +428,6 @@ class GemmSm90(MxSm90Mixin, GemmBase):
             # zeroed in shared memory before the WGMMAs.
             total_k, tile_k = mA_mkl.shape[1], self.tile_shape_mnk[2]
             k_align = 16 * 8 // self.a_dtype.width
-            a_cta_layout = cute.make_layout(cute.slice_(cta_layout_mnk, (0, None, 0)).shape)
-            b_cta_layout = cute.make_layout(cute.slice_(cta_layout_mnk, (None, 0, 0)).shape)
 
             def k_window(tile):
                 """(k0, k_start, k_end): the expert's K range and the aligned first box column."""
@@ -437,14 +436,14 @@ class GemmSm90(MxSm90Mixin, GemmBase):
 
             def a_tiles(tile):
                 a_tiler = cute.slice_(self.tile_shape_mnk, (None, 0, None))
-                return k_slice_tiles(
-                    tma_atom_a, cluster_coord_mnk[1], a_cta_layout, sA, mA_mkl, a_tiler, tile[0], k_window(tile)[0]
+                return offset_k_tiles(
+                    tma_atom_a, cluster_coord_mnk[1], a_cta_layout, sA, mA_mkl, a_tiler, tile[0], (0, k_window(tile)[0], 0)
                 )
 
             def b_tiles(tile):
                 b_tiler = cute.slice_(self.tile_shape_mnk, (0, None, None))
-                return k_slice_tiles(
-                    tma_atom_b, cluster_coord_mnk[0], b_cta_layout, sB, mB_nkl, b_tiler, tile[1], k_window(tile)[0]
+                return offset_k_tiles(
+                    tma_atom_b, cluster_coord_mnk[0], b_cta_layout, sB, mB_nkl, b_tiler, tile[1], (0, k_window(tile)[0], 0)
                 )
 
             def k_range(tile):

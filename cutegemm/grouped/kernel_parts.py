@@ -28,6 +28,7 @@ __all__ = [
     "grouped_acc_coords",
     "grouped_acc_space",
     "grouped_k_tiles",
+    "offset_k_tiles",
     "grouped_out_tile",
     "make_grouped_scheduler",
     "tile_table",
@@ -69,23 +70,20 @@ def from_row(t: cute.Tensor, row_start) -> cute.Tensor:
     return cute.domain_offset((row_start, 0, 0), t)
 
 
-def grouped_k_tiles(tma_atom, cta_coord, cta_layout, smem: cute.Tensor, tensor: cute.Tensor, tiler, tile):
-    """(TMA, RestK) TMA k-tiles of ``tensor`` (rows, K, 1) for grouped tile ``tile``: rows counted
-    from the expert's first row (tile[3]), m-tile tile[0] of ``tiler`` (rows, K) tiles; ``smem``
-    (rows, K, STAGE) as the load stages hold them. (The sm_90a A operand and its MXFP8 scales.)"""
-    m_tile, _, _, row_start, _ = tile
-    g = cute.local_tile(from_row(tensor, row_start), tiler, (None, None, None))
-    _, t = cpasync.tma_partition(tma_atom, cta_coord, cta_layout, cute.group_modes(smem, 0, 2), cute.group_modes(g, 0, 2))
-    return t[(None, m_tile, None, 0)]
-
-
-def k_slice_tiles(tma_atom, cta_coord, cta_layout, smem: cute.Tensor, tensor: cute.Tensor, tiler, mn_tile, k_start):
-    """(TMA, RestK) TMA k-tiles of ``tensor`` (rows, K, 1) from K column ``k_start`` on (the
-    K-grouped form: an expert's K slice starts anywhere), row tile ``mn_tile`` of ``tiler``;
-    ``smem`` (rows, K, STAGE) as the load stages hold them."""
-    g = cute.local_tile(cute.domain_offset((0, k_start, 0), tensor), tiler, (None, None, None))
+def offset_k_tiles(tma_atom, cta_coord, cta_layout, smem: cute.Tensor, tensor: cute.Tensor, tiler, mn_tile, origin):
+    """(TMA, RestK) TMA k-tiles of ``tensor`` (rows, K, 1) viewed from ``origin`` (row, K column,
+    0) on, row tile ``mn_tile`` of ``tiler`` (rows, K) tiles; ``smem`` (rows, K, STAGE) as the
+    load stages hold them. Grouped: rows from the expert's first row; K-grouped: K from the
+    expert's slice (an origin need not be a multiple of the tile)."""
+    g = cute.local_tile(cute.domain_offset(origin, tensor), tiler, (None, None, None))
     _, t = cpasync.tma_partition(tma_atom, cta_coord, cta_layout, cute.group_modes(smem, 0, 2), cute.group_modes(g, 0, 2))
     return t[(None, mn_tile, None, 0)]
+
+
+def grouped_k_tiles(tma_atom, cta_coord, cta_layout, smem: cute.Tensor, tensor: cute.Tensor, tiler, tile):
+    """:func:`offset_k_tiles` of grouped tile ``tile``: rows from its expert's first row
+    (tile[3]), m-tile tile[0]. (The sm_90a A operand and its MXFP8 scales.)"""
+    return offset_k_tiles(tma_atom, cta_coord, cta_layout, smem, tensor, tiler, tile[0], (tile[3], 0, 0))
 
 
 def grouped_acc_space(mC: cute.Tensor, mB: cute.Tensor):
