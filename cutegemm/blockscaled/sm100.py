@@ -366,8 +366,9 @@ def grouped_gemm_blockscaled(qa, qb, *, offs, out_dtype=torch.bfloat16, alpha: f
     ``torch._grouped_mm`` semantics) -> (total_M, N); rows past offs[-1] are not written. sm_100a
     (tcgen05 block-scaled MMA, MXFP8 / MXFP4 / NVFP4): A's scales are re-laid out per expert on
     the device (``grouped_sf``) and NVFP4's global scales are multiplied in the epilogue from
-    device memory: no host sync, CUDA-graph capturable. sm_90a: MXFP8 x MXFP8 is emulated (``sm90_mx``, e4m3 WGMMAs with per-32
-    promotion); FP4 x FP4 raises NotImplementedError there, as on other GPUs."""
+    device memory: no host sync, CUDA-graph capturable. sm_90a: MXFP8 x MXFP8 is emulated
+    (``sm90_mx``, e4m3 WGMMAs with per-32 promotion); FP4 x FP4 raises NotImplementedError there,
+    as on other GPUs."""
     from ..gemm.api import _device_info, new_workspace, reset_workspace
     from ..grouped.api import GROUPED_CACHE
     from ..grouped.kernel_parts import GROUPED_MAX_GROUPS

@@ -94,7 +94,7 @@ class MxSm90Mixin:
     def mx_load_operands(self, tma_atom_sfa, tma_atom_sfb, parts, mSFA=None, sSFA=None):
         """The scales as ``GemmBase.load_ab`` extra operands (SFA follows A's m-tile, SFB B's
         n-tile). Built inside the producer's branch: the tile functions close over its values.
-        Grouped (``mSFA`` / ``sSFA`` given): A's scale rows start at the expert's first row, as A's
+        Grouped (needs ``mSFA`` / ``sSFA``): A's scale rows start at the expert's first row, as A's
         (``grouped.kernel_parts.grouped_k_tiles``); B's scales are per expert (L = tile[2])."""
         tAsSFA, tAgSFA, tBsSFB, tBgSFB = parts
 
