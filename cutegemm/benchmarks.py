@@ -303,14 +303,18 @@ KGROUPED_SHAPES = [
 ]
 
 
-def bench_grouped_k(shapes=KGROUPED_SHAPES, reps=20):
+def bench_grouped_k(shapes=KGROUPED_SHAPES, reps=20, configs=None, loops=True):
     """K-grouped form, ``grouped_gemm(x.t(), dy, offs=offs)`` -> (E, M, N), the weight gradient
     of an MoE layer, against ``torch._grouped_mm`` on the same 2-D x 2-D operands, a loop of
     torch.matmul, and the per-expert loop of our dense GEMM (the form's implementation before
-    the K-grouped kernel). Same run, same operands; errors on the first three experts against
-    float64."""
-    from .gemm.api import gemm
+    the K-grouped kernel; ``loops=False`` leaves both loops out). Same run, same operands; errors
+    on the first three experts against float64. ``configs``: overrides (dicts) of the policy's
+    K-grouped config, timed beside it."""
+    from dataclasses import replace
+
+    from .gemm.api import _device_info, gemm
     from .grouped import grouped_gemm
+    from .grouped.api import kgrouped_config
 
     timer = Timer()
     for e, tok, m, n, label in shapes:
@@ -343,12 +347,29 @@ def bench_grouped_k(shapes=KGROUPED_SHAPES, reps=20):
             for i, (s, t) in enumerate(bounds):
                 gemm(a[:, s:t], dy[s:t], out=res[i])
 
-        t_loop = timer(our_loop, reps)
-        t_tloop = timer(lambda a=a, dy=dy, bounds=bounds: [a[:, s:t] @ dy[s:t] for s, t in bounds], reps)
-        line += f" | our per-expert loop {flops / t_loop / 1e9:7.1f} ({t_loop / t_ours:.2f}x)"
-        line += f" | loop of torch.matmul {flops / t_tloop / 1e9:7.1f} ({t_tloop / t_ours:.2f}x)"
+        if loops:
+            t_loop = timer(our_loop, reps)
+            t_tloop = timer(lambda a=a, dy=dy, bounds=bounds: [a[:, s:t] @ dy[s:t] for s, t in bounds], reps)
+            line += f" | our per-expert loop {flops / t_loop / 1e9:7.1f} ({t_loop / t_ours:.2f}x)"
+            line += f" | loop of torch.matmul {flops / t_tloop / 1e9:7.1f} ({t_tloop / t_ours:.2f}x)"
         line += " | max err experts 0-2 (torch's): " + ", ".join(f"{o:.3g} ({t:.3g})" for o, t in errs)
         print(line, flush=True)
+        arch, sms = _device_info(torch.cuda.current_device())
+        base = kgrouped_config(arch, sms, m, n, total // e, e, "bf16", "bf16", "m", "n", False)
+        print(f"   policy config {base.name}", flush=True)
+        for over in configs or []:
+            cfg = replace(base, **over)
+            try:
+                o = grouped_gemm(a, dy, offs=offs, config=cfg)
+                t = timer(lambda a=a, dy=dy, offs=offs, cfg=cfg: grouped_gemm(a, dy, offs=offs, config=cfg), reps)
+            except Exception as exc:  # noqa: BLE001 (report and go on)
+                print(f"   {cfg.name}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                continue
+            diff = max((o[i].double() - (a[:, s:t].double() @ dy[s:t].double())).abs().max().item()
+                       for i, (s, t) in enumerate(bounds[:3]))  # fmt: skip
+            print(f"   {cfg.name}: {flops / t / 1e9:7.1f} TFLOP/s ({t:.4f} ms), {t_ours / t:.3f}x the policy's, "
+                  f"max err experts 0-2 {diff:.3g}", flush=True)  # fmt: skip
+            del o
         del x, dy, a, res
 
 

@@ -151,6 +151,9 @@ def fp8_variants(arch: str) -> list[GemmConfig]:
         GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=128, cluster_m=2, epilogue=ab),
         GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=64, raster="n", group=1, epilogue=ab),
         GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=128, pingpong=True, cluster_n=2, epilogue=ab),
+        # promotion in column halves (one half's WGMMAs in flight while the other is promoted)
+        GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=192, cluster_m=2, raster="n", promote_halves=1, epilogue=ab),
+        GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=128, cluster_m=2, raster="n", promote_halves=2, epilogue=ab),
         GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=128, pingpong=True, cluster_m=2, fast_accum=True, epilogue=ab),
         GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=256, cluster_m=2, fast_accum=True, epilogue=ab),
         GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=256, out_dtype="fp32", fast_accum=True, epilogue=E(scale_a=True)),
@@ -161,8 +164,8 @@ def fp8_variants(arch: str) -> list[GemmConfig]:
 
 def kgrouped_variants(arch: str) -> list[GemmConfig]:
     """The K-grouped kernel (sm_90a; the MoE weight gradient, dW_e = x_e^T dy_e): the policy's
-    128x256 2x1 with a column-major A (x.t()), 1x2 with a row-major A, and 128x128 with the
-    dynamic scheduler, an fp32 output and alpha."""
+    128x256 2x1 with a column-major A (x.t()), 1x2 with a row-major A, 128x128 with the
+    dynamic scheduler, an fp32 output and alpha, and two pingpong tiles."""
     if arch != "sm_90a":
         return []
     kg = dict(arch=arch, kgrouped=True, b_major="n")
@@ -171,6 +174,9 @@ def kgrouped_variants(arch: str) -> list[GemmConfig]:
         GemmConfig(**kg, a_major="k", tile_m=128, tile_n=256, cluster_n=2),
         GemmConfig(**kg, a_major="m", tile_m=128, tile_n=128, scheduler="dynamic", out_dtype="fp32",
                    epilogue=EpilogueSpec(alpha=True)),
+        # pingpong: a warpgroup skips the other's tile by that tile's K-tile count
+        GemmConfig(**kg, a_major="m", tile_m=128, tile_n=128, pingpong=True, cluster_m=2, raster="n", group=8),
+        GemmConfig(**kg, a_major="k", tile_m=128, tile_n=128, pingpong=True, cluster_n=2),
     ]
 
 
@@ -363,6 +369,7 @@ def grouped_epilogue_variants(arch: str) -> list[GemmConfig]:
         fp8 = dict(a_dtype="e4m3", b_dtype="e4m3", b_major="k", epilogue=E(scale_a=True, scale_b=True))
         out += [
             GemmConfig(**g, tile_m=128, tile_n=192, cluster_n=2, **fp8),
+            GemmConfig(**g, tile_m=128, tile_n=192, cluster_n=2, promote_halves=1, **fp8),
             GemmConfig(**g, tile_m=64, tile_n=128, cluster_n=2, **fp8),
             GemmConfig(**g, tile_m=128, tile_n=256, cluster_n=2, fast_accum=True, **fp8),
         ]

@@ -259,6 +259,24 @@ def test_k_grouped_forced_configs():
         _k_grouped_check([8], 64, 64, config=cutegemm.GemmConfig(arch="sm_90a"))
 
 
+@pytest.mark.parametrize(
+    "over",
+    [dict(tile_m=128, tile_n=128, cluster_m=2), dict(tile_m=128, tile_n=128), dict(tile_m=128, tile_n=128, cluster_n=2)],
+    ids=["128x128-c2x1", "128x128", "128x128-c1x2"],
+)  # fmt: skip
+def test_k_grouped_pingpong(over):
+    """Pingpong K-grouped: a warpgroup skips the other's tile by that tile's own K-tile count
+    (experts of 0, 1, 64, 100, 129, 300 and 700 K values). 448+ tiles, so every CTA's warpgroups
+    take several turns."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the K-grouped kernel is sm_90a")
+    from dataclasses import replace
+
+    base = cutegemm.GemmConfig(arch="sm_90a", kgrouped=True, a_major="m", b_major="n", pingpong=True)
+    _k_grouped_check([100, 0, 64, 300, 1, 700, 129], 1024, 1024, a_col_major=True, config=replace(base, **over), pad_k=5)
+    _k_grouped_check([700, 0, 3, 257], 1040, 1032, config=replace(base, **over))
+
+
 def test_k_grouped_cuda_graph_replay():
     """The K-grouped kernel reads offs on the device: captured once, replayed with 20 different
     splits of K, each bitwise equal to an eager call."""
