@@ -151,9 +151,6 @@ def fp8_variants(arch: str) -> list[GemmConfig]:
         GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=128, cluster_m=2, epilogue=ab),
         GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=64, raster="n", group=1, epilogue=ab),
         GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=128, pingpong=True, cluster_n=2, epilogue=ab),
-        # promotion in column halves (one half's WGMMAs in flight while the other is promoted)
-        GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=192, cluster_m=2, raster="n", promote_halves=1, epilogue=ab),
-        GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=128, cluster_m=2, raster="n", promote_halves=2, epilogue=ab),
         GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=128, pingpong=True, cluster_m=2, fast_accum=True, epilogue=ab),
         GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=256, cluster_m=2, fast_accum=True, epilogue=ab),
         GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=256, out_dtype="fp32", fast_accum=True, epilogue=E(scale_a=True)),
@@ -369,7 +366,6 @@ def grouped_epilogue_variants(arch: str) -> list[GemmConfig]:
         fp8 = dict(a_dtype="e4m3", b_dtype="e4m3", b_major="k", epilogue=E(scale_a=True, scale_b=True))
         out += [
             GemmConfig(**g, tile_m=128, tile_n=192, cluster_n=2, **fp8),
-            GemmConfig(**g, tile_m=128, tile_n=192, cluster_n=2, promote_halves=1, **fp8),
             GemmConfig(**g, tile_m=64, tile_n=128, cluster_n=2, **fp8),
             GemmConfig(**g, tile_m=128, tile_n=256, cluster_n=2, fast_accum=True, **fp8),
         ]

@@ -187,28 +187,3 @@ def test_fp8_wg_order_is_bitwise_equal(m, n, k):
     plain = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, config=cfg)
     assert torch.equal(out, plain)
     assert_within_torch_error(out, _torch_same_precision(a, b, sa, sb), _reference(a, b, sa, sb), what="fp8 wg_order")
-
-
-@pytest.mark.parametrize("tile_n,chain", [(192, 1), (128, 2), (128, 1)])
-@pytest.mark.parametrize("m,n,k", [(1000, 520, 2048), (256, 384, 128), (129, 200, 4224)])
-def test_fp8_promote_halves_is_bitwise_equal(tile_n, chain, m, n, k):
-    """config.promote_halves (each K tile's WGMMAs as two column halves, one promoted while the
-    other runs, chained over 1 or 2 K tiles, odd K tile counts included) changes the issue order
-    and the WGMMA width only: bitwise equal to the same tile without it, and within torch's error."""
-    if not _sm90():
-        pytest.skip("dense FP8 is an sm_90a kernel so far")
-    from dataclasses import replace
-
-    from cutegemm.epilogue import EpilogueSpec
-    from cutegemm.gemm.config import GemmConfig
-
-    a, b = _operands(m, n, k, seed=m + k)
-    sa, sb = _scales("row", m, n, seed=n)
-    cfg = GemmConfig(arch="sm_90a", a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k", tile_m=128,
-                     tile_n=tile_n, cluster_m=2, epilogue=EpilogueSpec(scale_a=True, scale_b=True))  # fmt: skip
-    buf, out = poisoned_out((m, n), BF16)
-    cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, out=out, config=replace(cfg, promote_halves=chain))
-    assert_outside_untouched(buf, m, n)
-    plain = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, config=cfg)
-    assert torch.equal(out, plain)
-    assert_within_torch_error(out, _torch_same_precision(a, b, sa, sb), _reference(a, b, sa, sb), what="fp8 halves")

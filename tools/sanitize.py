@@ -198,21 +198,22 @@ def grouped_epilogue_case(counts, n, k, fmt=None):
     assert same >= 0.99, f"grouped quantized {fmt}: only {same:.4f} of scale bytes equal"
 
 
-def kgrouped_case(a_col_major=False):
+def kgrouped_case(a_col_major=False, m=96, n=136, config=None):
     """The K-grouped kernel (sm_90a): empty slices and slices that start off a 16-byte boundary
     (the kernel's TMA boxes start at the rounded-down column, the extra columns zeroed); a row-
-    or column-major a (the weight gradient's x.t())."""
+    or column-major a (the weight gradient's x.t()); ``config``: a forced one (pingpong: at
+    1024 x 1024 every CTA's warpgroups take several turns, skipping by each tile's K count)."""
     counts = [40, 0, 3, 85, 8]
-    a = cpu(sum(counts), 96).t().contiguous().t() if a_col_major else cpu(96, sum(counts))
-    b = cpu(sum(counts), 136)
+    a = cpu(sum(counts), m).t().contiguous().t() if a_col_major else cpu(m, sum(counts))
+    b = cpu(sum(counts), n)
     offs = list(refcheck_cumsum(counts))
-    buf = refcheck.poisoned((len(counts), 96, 136), BF, "cpu")[0].cuda()
-    out = buf[..., :96, :136]
-    cutegemm.grouped_gemm(a.cuda(), b.cuda(), offs=torch.tensor(offs, dtype=torch.int32).cuda(), out=out)
+    buf = refcheck.poisoned((len(counts), m, n), BF, "cpu")[0].cuda()
+    out = buf[..., :m, :n]
+    cutegemm.grouped_gemm(a.cuda(), b.cuda(), offs=torch.tensor(offs, dtype=torch.int32).cuda(), out=out, config=config)
     torch.cuda.synchronize()
     host = buf.cpu()
-    refcheck.assert_pad_untouched(host, 96, 136, "k-grouped")
-    refcheck.check_kgrouped(host[..., :96, :136], a, b, offs, what="k-grouped")
+    refcheck.assert_pad_untouched(host, m, n, "k-grouped")
+    refcheck.check_kgrouped(host[..., :m, :n], a, b, offs, what="k-grouped")
 
 
 def list_case():
@@ -388,6 +389,10 @@ def all_cases() -> dict:
         **_grouped_cases(),
         "kgrouped": kgrouped_case,
         "kgrouped-col-major-a": lambda: kgrouped_case(a_col_major=True),
+        "kgrouped-pingpong": lambda: kgrouped_case(
+            a_col_major=True, m=1024, n=1024,
+            config=cutegemm.GemmConfig(arch="sm_90a", kgrouped=True, a_major="m", tile_m=128, tile_n=128, pingpong=True,
+                                       cluster_m=2)),
         "list": list_case,
         **_quantize_cases(),
         **_fp4_weight_cases(),

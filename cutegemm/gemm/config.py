@@ -77,12 +77,6 @@ class GemmConfig:
     # WGMMAs in turn (named barriers), so one warpgroup's promotion adds run while the tensor
     # cores work on the other's WGMMAs instead of both waiting at the same time.
     wg_order: bool = False
-    # FP8 with promotion (row-wise / per-tensor scales), sm_90a; 0 = off. n = 1, 2: each K tile's
-    # WGMMAs run as two column halves (64 x tile_n/2 atoms), each its own commit group, so one
-    # half's promotion adds run while the other half's WGMMAs are in flight, chained over n K
-    # tiles (the second half of K tile t is promoted after the first half of t + 1 is issued;
-    # only a chain's last half is promoted with nothing in flight).
-    promote_halves: int = 0
     # MXFP8 emulation (sm_90a, no block-scaled MMA there): e4m3 A and B with one e8m0 scale per
     # 32 K of every row of A and every column of B, decoded on the host to fp32 (mSFA (M, K/32),
     # mSFB in the consumers' register order, see ``blockscaled.sm90_mx``). Each 32-wide WGMMA
@@ -111,7 +105,6 @@ class GemmConfig:
         tile += "_bw128" if self.fp8_blockwise else ""
         tile += "_mx32" if self.fp8_mx else ""
         tile += "_wgo" if self.wg_order else ""
-        tile += f"_ph{self.promote_halves}" if self.promote_halves else ""
         tile += f"_e{self.epi_stages}" if self.epi_stages else ""
         family = "grouped" if self.grouped else "kgrouped" if self.kgrouped else "dense-2d" if self.flat else "dense"
         if self.blockscaled:
@@ -155,18 +148,6 @@ def config_errors(cfg: GemmConfig) -> list[str]:
         cfg.arch != "sm_90a" or cfg.a_dtype != "e4m3" or cfg.fast_accum or cfg.fp8_mx or cfg.pingpong or cfg.tile_m != 128
     ):
         err.append("wg_order: sm_90a FP8 with promotion (not fast_accum / fp8_mx), cooperative 128-row tiles only")
-    if cfg.promote_halves and (
-        cfg.arch != "sm_90a" or cfg.a_dtype != "e4m3" or cfg.fast_accum or cfg.fp8_mx or cfg.fp8_blockwise
-        or cfg.wg_order or cfg.tile_n % 16 or cfg.promote_halves not in (1, 2) or (cfg.promote_halves == 2 and cfg.tile_n > 128)
-    ):  # fmt: skip
-        # ptxas gives each half of a chain's next K tile fresh registers: at 64 x 192 per
-        # warpgroup a chain of 2 spills, and a chain of 4 spills and serializes the WGMMAs
-        # (C7511) even at 64 x 128.
-        err.append(
-            "promote_halves: sm_90a FP8 with promotion and row-wise / per-tensor scales (not fast_accum, "
-            "fp8_blockwise, fp8_mx or wg_order), tile_n a multiple of 16; chains of 1 K tile, or 2 with "
-            "tile_n <= 128"
-        )
     if cfg.fp8_mx:
         err += fp8_mx_errors(cfg)
     if cfg.kgrouped:
