@@ -829,20 +829,35 @@ class GemmSm90(MxSm90Mixin, GemmBase):
     def zero_k_outside(self, sA: cute.Tensor, sB: cute.Tensor, stage: cutlass.Int32, lo: cutlass.Int32,
                        hi: cutlass.Int32, tid: cutlass.Int32):  # fmt: skip
         """Zero the K columns outside [lo, hi) of stage ``stage`` of A (tile_m, tile_k) and B
-        (tile_n, tile_k). Thread ``tid`` of the tile owns column tid % tile_k of every
-        (threads / tile_k)-th row: it zeroes its rows of A and B when its column is outside the
-        range. (A sweep over the whole stage, unrolled, spilled registers in pingpong tiles; one
-        with a division per element cost 30% of DeepSeek-V3 dW up.)"""
+        (tile_n, tile_k), by the tile's threads (``tid``)."""
+        self._zero_cols(sA, self.config.a_major == "m", self.config.tile_m, stage, lo, hi, tid)
+        self._zero_cols(sB, self.config.b_major == "n", self.config.tile_n, stage, lo, hi, tid)
+
+    @cute.jit
+    def _zero_cols(self, s: cute.Tensor, mn_major: cutlass.Constexpr, rows: cutlass.Constexpr, stage: cutlass.Int32,
+                   lo: cutlass.Int32, hi: cutlass.Int32, tid: cutlass.Int32):  # fmt: skip
+        """Zero columns [0, lo) and [hi, tile_k) of one operand's stage (rows x tile_k).
+        MN-major (a column's rows contiguous, swizzled in 16-byte pieces): the threads take
+        (column, 8-row piece) pairs in turn and store 16 bytes each. K-major: thread t owns
+        column t % tile_k of every (threads / tile_k)-th row and zeroes them when its column is
+        outside the range. (An unrolled sweep over the whole stage spilled registers in
+        pingpong tiles; one with a division per element cost 30% of DeepSeek-V3 dW up.)"""
         tk, nthr = self.tile_shape_mnk[2], self.threads_per_tile
-        assert nthr % tk == 0, (nthr, tk)
-        col = tid % tk
-        if (col < lo) | (col >= hi):
-            zero_a = sA.element_type(0.0)
-            for r in range(tid // tk, self.config.tile_m, nthr // tk):
-                sA[(r, col, stage)] = zero_a
-            zero_b = sB.element_type(0.0)
-            for r in range(tid // tk, self.config.tile_n, nthr // tk):
-                sB[(r, col, stage)] = zero_b
+        zero = s.element_type(0.0)
+        if cutlass.const_expr(mn_major):
+            pieces = rows // 8
+            zeros = cute.make_rmem_tensor((8,), s.element_type)
+            zeros.fill(zero)
+            for j in range(tid, (lo + tk - hi) * pieces, nthr):
+                c = j // pieces
+                col = cutlass.select_(c < lo, c, hi + c - lo)
+                cute.autovec_copy(zeros, cute.local_tile(s[(None, col, stage)], (8,), (j % pieces,)))
+        else:
+            assert nthr % tk == 0, (nthr, tk)
+            col = tid % tk
+            if (col < lo) | (col >= hi):
+                for r in range(tid // tk, rows, nthr // tk):
+                    s[(r, col, stage)] = zero
 
     def acc_space(self, mC: cute.Tensor, mB: cute.Tensor):
         """What the tiles cover: the (M, N, L) output, or for gated / packed outputs an (M, N, L)
