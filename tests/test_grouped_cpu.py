@@ -106,7 +106,8 @@ def test_kgrouped_config_rules_and_policy():
     for m, n, k, e in [(7168, 4096, 512, 32), (2048, 1536, 128, 128), (64, 64, 1, 3), (100, 8, 0, 1)]:
         for am, bm in itertools.product("km", "nk"):
             cfg = kgrouped_config("sm_90a", 132, m, n, k, e, "bf16", "fp32", am, bm, True)
-            assert cfg.kgrouped and not cfg.pingpong and cfg.epilogue.alpha
+            assert cfg.kgrouped and cfg.epilogue.alpha
+            assert cfg.pingpong == (k <= 1024 and cfg.tile_m == 128 and cfg.tile_n == 128), cfg.name
             assert config_errors(cfg) == [], (m, n, k, e, am, bm, config_errors(cfg))
 
 

@@ -73,6 +73,8 @@ for spec in "$@"; do
     ab_skip) cmd="for v in old new; do echo \"## \$v\"; if [ \$v = old ]; then PP=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site:$PWD/ab_old; else PP=\$PYTHONPATH; fi; PYTHONPATH=\$PP python tools/skip_probe.py; done" ;;
     ncu_skip) cmd="for v in old new; do echo \"## \$v\"; if [ \$v = old ]; then PP=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site:$PWD/ab_old; else PP=\$PYTHONPATH; fi; PROFILE=1 PYTHONPATH=\$PP ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum,sm__ops_path_tensor_src_bf16_dst_fp32.sum,sm__cycles_elapsed.avg.per_second,sm__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_bytes.sum.per_second python tools/skip_probe.py; done" ;;
     bench_kgpp) cmd="python -c 'from cutegemm.benchmarks import bench_grouped_k as f; f(loops=False, configs=[dict(tile_n=128, pingpong=True), dict(tile_n=128, pingpong=True, cluster_m=1, cluster_n=2), dict(tile_n=128, pingpong=True, cluster_m=1), dict(scheduler=\"dynamic\")])'" ;;
+    stress_kg) cmd="python tools/stress.py --cases 300 --seed 3 --families kgrouped --time-limit $((lim - 15))" ;;
+    bench_gfp8pp) cmd="python -c 'from cutegemm.benchmarks import bench_grouped_fp8 as f; f(shapes=((32, 512, 4096, 7168), (32, 512, 7168, 2048)), configs=[dict(tile_m=64, tile_n=192, pingpong=True), dict(tile_m=64, tile_n=192, pingpong=True, cluster_n=1), dict(tile_m=64, tile_n=128, pingpong=True), dict(tile_m=64, tile_n=192, pingpong=True, fast_accum=True)])'" ;;
     bench_kg) cmd="python -c 'from cutegemm.benchmarks import bench_grouped_k as f; f()'" ;;
     kgtests) cmd="$PT tests/test_grouped_gpu.py -k 'k_grouped'" ;;
     kgbad) cmd="$PT tests/test_bad_inputs_gpu.py -k 'k_grouped or kg'" ;;
