@@ -75,7 +75,7 @@ for spec in "$@"; do
     bench_kgpp) cmd="python -c 'from cutegemm.benchmarks import bench_grouped_k as f; f(loops=False, configs=[dict(tile_n=128, pingpong=True), dict(tile_n=128, pingpong=True, cluster_m=1, cluster_n=2), dict(tile_n=128, pingpong=True, cluster_m=1), dict(scheduler=\"dynamic\")])'" ;;
     stress_kg) cmd="python tools/stress.py --cases 300 --seed 3 --families kgrouped --time-limit $((lim - 15))" ;;
     bench_gfp8pp) cmd="python -c 'from cutegemm.benchmarks import bench_grouped_fp8 as f; f(shapes=((32, 512, 4096, 7168), (32, 512, 7168, 2048)), configs=[dict(tile_m=64, tile_n=192, pingpong=True), dict(tile_m=64, tile_n=192, pingpong=True, cluster_n=1), dict(tile_m=64, tile_n=128, pingpong=True), dict(tile_m=64, tile_n=192, pingpong=True, fast_accum=True)])'" ;;
-    bench_kg) cmd="python -c 'from cutegemm.benchmarks import bench_grouped_k as f; f()'" ;;
+    bench_kg) cmd="python -c 'from cutegemm.benchmarks import bench_grouped_k as f; f(configs=[dict(tile_m=128, tile_n=256, pingpong=False), dict(tile_m=128, tile_n=128, pingpong=True), dict(tile_m=64, tile_n=256, pingpong=True)])'" ;;
     kgtests) cmd="$PT tests/test_grouped_gpu.py -k 'k_grouped'" ;;
     kgbad) cmd="$PT tests/test_bad_inputs_gpu.py -k 'k_grouped or kg'" ;;
     opsg) cmd="$PT tests/test_ops_gpu.py" ;;

@@ -204,7 +204,7 @@ def kgrouped_case(a_col_major=False, m=96, n=136, config=None):
     or column-major a (the weight gradient's x.t()); ``config``: a forced one (pingpong: at
     1024 x 1024 every CTA's warpgroups take several turns, skipping by each tile's K count)."""
     counts = [40, 0, 3, 85, 8]
-    a = cpu(sum(counts), m).t().contiguous().t() if a_col_major else cpu(m, sum(counts))
+    a = cpu(sum(counts), m).t() if a_col_major else cpu(m, sum(counts))  # (m, K), column- or row-major
     b = cpu(sum(counts), n)
     offs = list(refcheck_cumsum(counts))
     buf = refcheck.poisoned((len(counts), m, n), BF, "cpu")[0].cuda()
