@@ -702,17 +702,18 @@ def _bench_gbw_shape(timer, e, tok, n, k, reps, configs):
     return rows
 
 
-MXFP8_SHAPES = [(8192, 8192, 8192), (16384, 7168, 2048), (4096, 4096, 4096)]
+MXFP8_SHAPES = [(8192, 8192, 8192), (16384, 7168, 2048), (4096, 4096, 4096), (256, 8192, 8192), (64, 8192, 8192)]
 
 
 def bench_mxfp8(shapes=MXFP8_SHAPES, reps=20, configs=()):
-    """MXFP8 x MXFP8 on sm_90a (emulated, ``blockscaled.sm90_mx``) vs what a Hopper user has, same
-    run, same operands: (1) cuBLAS bf16 on the dequantized operands (exact in bf16; the issue's
-    ">= 1.0x cuBLAS bf16"), (2) dequantize-then-cuBLAS (bf16 scale multiply of the e4m3 elements
-    in torch, then torch.matmul: the path without an MX kernel; the scales are decoded to bf16
-    once, outside the timing), (3) torch._scaled_mm row-wise FP8 (another recipe, for scale).
-    ``configs``: dicts of GemmConfig overrides timed beside the default (mx_config). Returns Rows
-    (torch_ms: dequantize-then-cuBLAS)."""
+    """MXFP8 x MXFP8 on sm_90a (``blockscaled.sm90_mx``) vs what a Hopper user has, same run, same
+    operands: (1) cuBLAS bf16 on the dequantized operands (exact in bf16; the issue's ">= 1.0x
+    cuBLAS bf16"), (2) dequantize-then-cuBLAS (bf16 scale multiply of the e4m3 elements in torch,
+    then torch.matmul: the path without an MX kernel; the scales are decoded to bf16 once, outside
+    the timing), (3) torch._scaled_mm row-wise FP8 (another recipe, for scale). Ours: the policy
+    (``gemm(qa, qb)``), then both of its paths forced: the emulation (mx_config) and
+    dequantize-first (one bf16 dequantize pass per operand + the bf16 GEMM), then ``configs``
+    (dicts of GemmConfig overrides of mx_config). Returns Rows (torch_ms: dequantize-then-cuBLAS)."""
     timer = Timer()
     return [row for m, n, k in shapes for row in _bench_mxfp8_shape(timer, m, n, k, reps, configs)]
 
@@ -753,17 +754,23 @@ def _bench_mxfp8_shape(timer, m, n, k, reps, configs):
         f"{flops / t_dq / 1e9:.1f}; torch._scaled_mm row-wise FP8 (other recipe) {flops / t_rw / 1e9:.1f}",
         flush=True,
     )
+    from .blockscaled.sm90_mx import _dequantized_gemm, dequantize_first
+
     rows = []
     default = mx_config(m, n)
-    for cfg in [default] + [replace(default, **c) for c in configs]:
+    policy = "dequantize-first" if dequantize_first(m, n, qa, qb) else "emulation"
+    candidates = [(f"policy ({policy})", lambda: gemm(qa, qb)), (default.name + " (emulation)", lambda: gemm(qa, qb, config=default)),
+                  ("dequantize-first", lambda: _dequantized_gemm(qa, qb, torch.bfloat16, 1.0, None, None))]  # fmt: skip
+    candidates += [(c.name, lambda c=c: gemm(qa, qb, config=c)) for c in (replace(default, **o) for o in configs)]
+    for name, fn in candidates:
         try:
-            out = gemm(qa, qb, config=cfg)
+            out = fn()
             err = (out.double() - ref).abs().max().item()
-            t = timer(lambda cfg=cfg: gemm(qa, qb, config=cfg), reps)
+            t = timer(fn, reps)
         except Exception as exc:  # a candidate that does not compile / fit is reported, not fatal
-            print(f"{case}: {cfg.name}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+            print(f"{case}: {name}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
             continue
-        row = Row(case, t, t_dq, flops / t / 1e9, flops / t_dq / 1e9, t_dq / t, cfg.name, err, err16)
+        row = Row(case, t, t_dq, flops / t / 1e9, flops / t_dq / 1e9, t_dq / t, name, err, err16)
         rows.append(row)
         print(format_row(row) + f" | vs cuBLAS bf16 {t16 / t:.3f}x | vs row-wise FP8 {t_rw / t:.3f}x", flush=True)
     return rows

@@ -448,6 +448,13 @@ def quantize_results(archs) -> list[CheckResult]:
     return family_results(archs, all_configs, check_variant)
 
 
+def dequant_results(archs) -> list[CheckResult]:
+    """The MXFP8 -> bf16 dequantize kernels (cutegemm.blockscaled.dequant), every variant."""
+    from .blockscaled.dequant import all_configs, check_variant
+
+    return family_results(archs, all_configs, check_variant)
+
+
 def fp4_weight_results(archs) -> list[CheckResult]:
     """The FP4-weight (W4A16) kernels (cutegemm.blockscaled.fp4_weight), every variant."""
     from .blockscaled.fp4_weight import all_configs, check_variant
@@ -462,6 +469,7 @@ def main(archs) -> int:
         print(res.line(), flush=True)
         results.append(res)
     results += quantize_results(archs)
+    results += dequant_results(archs)
     results += fp4_weight_results(archs)
     failed = [r for r in results if not r.ok]
     print(f"compile-check: {len(results) - len(failed)}/{len(results)} variants passed for {', '.join(archs)}")

@@ -38,20 +38,22 @@ def test_bench_families_dispatch(monkeypatch, tmp_path, capsys, family, expected
 
 def test_compile_check_reaches_every_kernel_family(monkeypatch):
     """compile_check.main's family plumbing (the SASS check itself stubbed): every variant of
-    the quantize and FP4-weight families is listed and checked, for both archs."""
+    the quantize, dequantize and FP4-weight families is listed and checked, for both archs."""
     import importlib
 
     from cutegemm import compile_check
 
     seen = []
-    for name in ("cutegemm.blockscaled.quantize", "cutegemm.blockscaled.fp4_weight"):
+    families = ("cutegemm.blockscaled.quantize", "cutegemm.blockscaled.dequant", "cutegemm.blockscaled.fp4_weight")
+    for name in families:
         mod = importlib.import_module(name)
         monkeypatch.setattr(mod, "check_variant", lambda cfg: seen.append(cfg) or (True, {}, ""))
     archs = ["sm_90a", "sm_100a"]
-    res = compile_check.quantize_results(archs) + compile_check.fp4_weight_results(archs)
+    res = (compile_check.quantize_results(archs) + compile_check.dequant_results(archs)
+           + compile_check.fp4_weight_results(archs))  # fmt: skip
     want = [
         cfg
-        for name in ("cutegemm.blockscaled.quantize", "cutegemm.blockscaled.fp4_weight")
+        for name in families
         for arch in archs
         for cfg in importlib.import_module(name).all_configs(arch)
     ]

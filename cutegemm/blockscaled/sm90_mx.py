@@ -1,7 +1,10 @@
 """MXFP8 x MXFP8 GEMM on Hopper (sm_90a), emulated: host side of ``GemmSm90`` with
 ``config.fp8_mx`` (kernel pieces: ``sm90_mx_mainloop``).
 
-``gemm_mx_sm90(qa, qb)`` computes ``dequantize(qa) @ dequantize(qb).T`` from the e4m3 elements
+``gemm_mx_sm90(qa, qb)`` computes ``dequantize(qa) @ dequantize(qb).T``. Compute-bound shapes
+(``dequantize_first``: at least DEQUANT_MIN_ROWS rows, per expert when grouped) run as one bf16
+dequantize pass per operand (``dequant``) plus the bf16 GEMM, which is faster on the H200; the
+others, and every call with an explicit ``config``, run the emulation: from the e4m3 elements
 and e8m0 scales (one per 32 K of every row) of two MXFP8 ``BlockScaledTensor``s: e4m3 WGMMAs of
 K 32, each partial sum promoted into fp32 with ``scale_a[row] * scale_b[col]`` of its K block. The
 result equals the fp32 GEMM of the dequantized operands up to fp32 summation order (the tensor
@@ -120,6 +123,44 @@ def check_mx_operands(qa, qb) -> None:
         raise ValueError(f"MXFP8 on sm_90a: K must be a multiple of 16 (TMA needs 16-byte rows), got K={k}")
 
 
+# Dense: M rows (grouped: mean rows per expert) and N at least these take the dequantize-first
+# path. H200, same run (bench/2026-11-30f): see bench/RESULTS.md for the crossover.
+DEQUANT_MIN_ROWS = 256
+DEQUANT_MIN_COLS = 256
+
+
+def dequantize_first(rows: int, n: int, qa: BlockScaledTensor, qb: BlockScaledTensor) -> bool:
+    """Whether the policy runs ``gemm_mx_sm90`` as one bf16 dequantize pass over each operand
+    (``dequant.dequantize_bf16``) plus the bf16 GEMM: for compute-bound shapes (the emulated
+    mainloop's per-32 promotion makes it issue-bound at about half the bf16 GEMM's speed), when
+    both operands meet the dequantize kernel's rules. Small M (decode) keeps the emulation, which
+    reads the FP8 weights once instead of writing and reading a bf16 copy."""
+    from .dequant import check_dequant_operand
+
+    if rows < DEQUANT_MIN_ROWS or n < DEQUANT_MIN_COLS:
+        return False
+    try:
+        check_dequant_operand(qa, "qa")
+        check_dequant_operand(qb, "qb")
+    except ValueError:
+        return False
+    return True
+
+
+def _dequantized_gemm(qa, qb, out_dtype, alpha, out, offs):
+    """bf16 copies of both operands (one kernel pass each), then the bf16 GEMM (dense / batched,
+    or the packed grouped form with ``offs``). Exact operands (see ``dequant``), fp32
+    accumulation; temporary memory 2 bytes x (rows of A + rows of B) x K."""
+    from ..gemm.api import gemm
+    from ..grouped.api import grouped_gemm
+    from .dequant import dequantize_bf16
+
+    a16, b16 = dequantize_bf16(qa), dequantize_bf16(qb)
+    if offs is not None:
+        return grouped_gemm(a16, b16.transpose(1, 2), offs=offs, out=out, out_dtype=out_dtype, alpha=alpha)
+    return gemm(a16, b16.mT, out=out, out_dtype=out_dtype, alpha=alpha)
+
+
 def gemm_mx_sm90(
     qa: BlockScaledTensor,
     qb: BlockScaledTensor,
@@ -141,6 +182,8 @@ def gemm_mx_sm90(
     grouped = offs is not None
     m, k = qa.shape[-2], qa.shape[-1]
     n = qb.shape[-2]
+    if config is None and dequantize_first(m // qb.shape[0] if grouped else m, n, qa, qb):
+        return _dequantized_gemm(qa, qb, out_dtype, alpha, out, offs)
     if config is not None and (not config.fp8_mx or config.grouped != grouped):
         raise ValueError(
             f"config {config.name} is not an MXFP8-emulation kernel (fp8_mx=True, grouped={grouped}, see mx_config)"
