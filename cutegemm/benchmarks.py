@@ -702,7 +702,8 @@ def _bench_gbw_shape(timer, e, tok, n, k, reps, configs):
     return rows
 
 
-MXFP8_SHAPES = [(8192, 8192, 8192), (16384, 7168, 2048), (4096, 4096, 4096), (256, 8192, 8192), (64, 8192, 8192)]
+MXFP8_SHAPES = [(8192, 8192, 8192), (16384, 7168, 2048), (4096, 4096, 4096), (256, 8192, 8192), (64, 8192, 8192),
+                (16, 8192, 8192)]  # fmt: skip
 
 
 def bench_mxfp8(shapes=MXFP8_SHAPES, reps=20, configs=()):
