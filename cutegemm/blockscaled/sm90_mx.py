@@ -124,10 +124,10 @@ def check_mx_operands(qa, qb) -> None:
 
 
 # Dense: M rows (grouped: mean rows per expert) and N at least these take the dequantize-first
-# path. H200, same run (bench/2026-11-30f/round6/bench_mx.log), N = K = 8192: dequantize-first
-# 1.72x the emulation at 8192 rows, 1.45x at 256, 1.14x at 64 (the emulation's 64-row tiles
-# leave half the SMs idle there); fewer rows not measured.
-DEQUANT_MIN_ROWS = 64
+# path. H200, same run (bench/2026-11-30f/round7/bench_mx.log), N = K = 8192: dequantize-first
+# 1.73x the emulation at 8192 rows, 1.44x at 256, 1.13x at 64, 1.09x at 16 (the emulation's
+# 64-row tiles leave half the SMs idle there); fewer rows not measured.
+DEQUANT_MIN_ROWS = 16
 DEQUANT_MIN_COLS = 256
 
 
