@@ -625,11 +625,7 @@ class GemmSm90(MxSm90Mixin, GemmBase):
         if cutlass.const_expr(self.pingpong):
             if wg == 1:
                 # Tile 0 of this CTA belongs to warpgroup 0: skip its stages.
-                skip_cnt = k_tile_cnt
-                if cutlass.const_expr(k_range is not None):  # K-grouped: that tile's expert's count
-                    skip_cnt = cutlass.Int32(0)
-                    if sched.is_valid(work):
-                        skip_cnt = k_range(sched.cta_tile(work))[0]
+                skip_cnt = self._k_tiles_of(sched, work, k_tile_cnt, k_range)
                 work = sched.next(work)
                 read_state, release_state = self._skip(read_state, release_state, skip_cnt)
         while sched.is_valid(work):
@@ -812,11 +808,7 @@ class GemmSm90(MxSm90Mixin, GemmBase):
             work = sched.next(work)
             if cutlass.const_expr(self.pingpong):
                 # The next tile of this CTA belongs to the other warpgroup: skip its stages.
-                skip_cnt = k_tile_cnt
-                if cutlass.const_expr(k_range is not None):  # K-grouped: that tile's expert's count
-                    skip_cnt = cutlass.Int32(0)
-                    if sched.is_valid(work):
-                        skip_cnt = k_range(sched.cta_tile(work))[0]
+                skip_cnt = self._k_tiles_of(sched, work, k_tile_cnt, k_range)
                 work = sched.next(work)
                 read_state, release_state = self._skip(read_state, release_state, skip_cnt)
 
@@ -865,6 +857,17 @@ class GemmSm90(MxSm90Mixin, GemmBase):
         if self.config.epilogue.cols_per_output * self.out_per_elem == 1:
             return mC
         return cute.make_identity_tensor((mC.shape[0], mB.shape[0], mC.shape[2]))
+
+    @cute.jit
+    def _k_tiles_of(self, sched, work, k_tile_cnt: cutlass.Int32, k_range):
+        """K tiles of tile ``work`` (the one pingpong's other warpgroup takes): k_tile_cnt, or
+        for K-grouped its expert's own count (0 past the last tile)."""
+        cnt = k_tile_cnt
+        if cutlass.const_expr(k_range is not None):
+            cnt = cutlass.Int32(0)
+            if sched.is_valid(work):
+                cnt = k_range(sched.cta_tile(work))[0]
+        return cnt
 
     @cute.jit
     def _skip(self, read_state, release_state, k_tile_cnt: cutlass.Int32):
