@@ -47,9 +47,8 @@ tensors only): a (M, K') / (L, M, K') and b (N, K') / (L, N, K') elements, both 
 K' = K (MXFP8) or K / 2 (FP4, two per byte); their scales in the 128x4 swizzled layout
 (``fmt.scale_dtype``, ``(..., rows_p, cols_p)``, as :func:`quantize` returns them); NVFP4 global
 scales (one-element fp32, None = 1; MX formats take none); fmt "mxfp8", "mxfp4" or "nvfp4".
-CUDA: :func:`cutegemm.blockscaled.sm100.gemm_blockscaled` (sm_100a; on sm_90a MXFP8 only, emulated,
-FP4 raises NotImplementedError; it reads the NVFP4 global scales on the host, so it is not
-graph-capturable for NVFP4);
+CUDA: :func:`cutegemm.blockscaled.sm100.gemm_blockscaled` (sm_100a; on sm_90a dequantize-first, or
+the MXFP8 emulation for few rows);
 CPU: ``gemm_ref`` (dequantize_ref both, fp32 matmul, cast).
 
 ``gemm_fp4_weight``: ``alpha * x @ dequantize(W).mT`` for bf16 activations x (M, K) and an

@@ -1,8 +1,8 @@
 """GPU: the grouped (MoE packed form) block-scaled GEMM, ``grouped_gemm(qa, qb, offs=offs)`` with
 MXFP8 / MXFP4 / NVFP4 BlockScaledTensors. sm_100a runs the tcgen05 block-scaled MMA (those tests
 run where ``torch.cuda.get_device_capability()[0] == 10``: never run on this project's H200);
-sm_90a runs MXFP8 x MXFP8 emulated (e4m3 WGMMAs, per-32 promotion) and raises
-NotImplementedError for FP4 x FP4, naming the Hopper alternatives.
+sm_90a dequantizes both operands to bf16 and runs the bf16 grouped GEMM (MXFP8 with few rows
+per expert: emulated, e4m3 WGMMAs with per-32 promotion).
 
 Reference: the dequantized operands in float64 per expert (``grouped_gemm_ref``); ours within 2x
 the error of the same products in fp32 rounded to the output dtype; outputs poisoned (NaN),
@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cutegemm
-from cutegemm.blockscaled import quantize
+from cutegemm.blockscaled import dequantize_ref, quantize
 
 from .gemm_check import assert_within_torch_error
 
@@ -54,12 +54,21 @@ def _check(counts, n, k, fmt, seed=0, config=None, out_dtype=torch.bfloat16):
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-def test_hopper_fp4_raises_not_implemented(fmt):
+def test_hopper_fp4_dequantizes_first(fmt):
+    """FP4 x FP4 grouped on sm_90a: both operands dequantized to bf16, then our bf16 grouped GEMM
+    (bitwise equal to it on the reference-dequantized operands); empty experts, rows past
+    offs[-1] untouched."""
     if _major() != 9:
-        pytest.skip("the sm_90 message")
-    qa, qb, offs = _operands([3, 5], 64, 64, fmt)
-    with pytest.raises(NotImplementedError, match="sm_100a"):
-        cutegemm.grouped_gemm(qa, qb, offs=offs)
+        pytest.skip("the sm_90a path")
+    counts = [3, 0, 300, 5, 129]
+    qa, qb, offs = _operands(counts, 264, 256, fmt)
+    end = sum(counts)
+    out = torch.full((qa.shape[0], 264), float("nan"), dtype=torch.bfloat16, device="cuda")
+    assert cutegemm.grouped_gemm(qa, qb, offs=offs, out=out) is out
+    assert torch.isnan(out[end:]).all(), "rows past offs[-1] were written"
+    a16, b16 = dequantize_ref(qa).to(torch.bfloat16), dequantize_ref(qb).to(torch.bfloat16)
+    same = cutegemm.grouped_gemm(a16, b16.transpose(1, 2), offs=offs)
+    assert torch.equal(out[:end], same[:end])
 
 
 def _skip_unless_sm100():

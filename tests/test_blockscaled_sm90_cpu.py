@@ -96,8 +96,10 @@ def test_operand_rules():
     qa, qb = _q(16, 64, 0), _q(16, 64, 1)
     check_mx_operands(qa, qb)
     fp4 = quantize_ref(torch.randn(16, 64), "nvfp4")
-    with pytest.raises(NotImplementedError, match="no sm_90a"):
-        check_mx_operands(fp4, fp4)
+    check_mx_operands(fp4, fp4)  # FP4 x FP4: dequantize-first on sm_90a
+    wrong = replace(fp4, data=fp4.data.view(torch.uint8))
+    with pytest.raises(ValueError, match="float4_e2m1fn_x2"):
+        check_mx_operands(wrong, wrong)
     q40a, q40b = quantize_ref(torch.randn(16, 40), "mxfp8"), quantize_ref(torch.randn(8, 40), "mxfp8")
     with pytest.raises(ValueError, match="multiple of 16"):
         check_mx_operands(q40a, q40b)

@@ -182,9 +182,25 @@ def test_mxfp8_op_and_config_errors():
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-def test_fp4_x_fp4_raises_on_hopper(fmt):
+@pytest.mark.parametrize("batch", [None, 2])
+def test_fp4_x_fp4_on_hopper_dequantizes_first(fmt, batch):
+    """FP4 x FP4 on sm_90a: both operands dequantized to bf16 (one kernel pass each, equal to
+    dequantize_ref rounded to bf16), then our bf16 GEMM: bitwise equal to that GEMM on the
+    reference-dequantized operands, within 2x the error of torch's bf16 matmul of the same
+    operands (NVFP4's global scale makes the bf16 operands a rounding; MXFP4's are exact)."""
     _skip_unless_sm90()
-    qa = quantize_ref(torch.randn(64, 128, device="cuda"), fmt)
-    qb = quantize_ref(torch.randn(64, 128, device="cuda"), fmt)
-    with pytest.raises(NotImplementedError, match="no sm_90a"):
-        cutegemm.gemm(qa, qb)
+    lead = () if batch is None else (batch,)
+    g = torch.Generator(device="cuda").manual_seed(len(lead))
+    kw = {"global_scale": 0.37} if fmt == "nvfp4" else {}
+    m, n, k = 300, 264, 512
+    qa = cutegemm.quantize(torch.randn(*lead, m, k, generator=g, device="cuda"), fmt, **kw)
+    qb = cutegemm.quantize(torch.randn(*lead, n, k, generator=g, device="cuda"), fmt, **kw)
+    buf, out = poisoned_out((*lead, m, n), torch.bfloat16)
+    assert cutegemm.gemm(qa, qb, out=out, alpha=0.5) is out
+    assert_outside_untouched(buf, m, n)
+    a16, b16 = dequantize_ref(qa).to(torch.bfloat16), dequantize_ref(qb).to(torch.bfloat16)
+    assert torch.equal(out, cutegemm.gemm(a16, b16.mT, alpha=0.5))
+    ref = (dequantize_ref(qa).double() @ dequantize_ref(qb).double().mT) * 0.5
+    assert_within_torch_error(out, ((a16 @ b16.mT).double() * 0.5).to(torch.bfloat16), ref, what=f"{fmt} on sm_90a")
+    with pytest.raises(ValueError, match="no kernel config"):
+        cutegemm.gemm(qa, qb, config=mx_config(m, n))

@@ -1,4 +1,4 @@
-"""MXFP8 -> bf16 dequantize kernel (``cutegemm.blockscaled.dequant``), CPU side: the kernel's
+"""Block-scaled -> bf16 dequantize kernel (``cutegemm.blockscaled.dequant``), CPU side: the kernel's
 arithmetic twin against ``dequantize_ref``, the SASS of every variant, and the sm_90a MXFP8 GEMM's
 routing rule (``sm90_mx.dequantize_first``)."""
 
@@ -12,12 +12,13 @@ from cutegemm.blockscaled.reference import dequantize_ref, quantize_ref
 from cutegemm.blockscaled.sm90_mx import DEQUANT_MIN_COLS, DEQUANT_MIN_ROWS, dequantize_first
 
 
-@pytest.mark.parametrize("fmt", ["mxfp8", "mxfp8_e5m2"])
+@pytest.mark.parametrize("fmt", ["mxfp8", "mxfp8_e5m2", "mxfp4", "nvfp4"])
 @pytest.mark.parametrize("lead", [(), (3,)])
 @pytest.mark.parametrize("k", [96, 48, 16])
 def test_twin_equals_reference_bitwise(fmt, lead, k):
-    """fp32 element x 2**(scale - 127), rounded to bf16, equals dequantize_ref rounded to bf16:
-    scales over 2**-120 .. 2**100 (per column), zero and NaN blocks, a K tail block (48, 16)."""
+    """fp32 element (FP4 decoded by bit arithmetic) x fp32 scale (MX: 2**(byte - 127); NVFP4: the
+    e4m3 value, then x the global scale), rounded to bf16, equals dequantize_ref rounded to bf16:
+    scales over a wide range per column, zero and NaN blocks, a K tail block (48, 16)."""
     g = torch.Generator().manual_seed(k + len(lead))
     x = torch.randn(*lead, 200, k, generator=g) * torch.logspace(-36, 30, k)
     x[..., 5, :16] = 0.0
@@ -29,13 +30,24 @@ def test_twin_equals_reference_bitwise(fmt, lead, k):
     assert torch.equal(twin.view(torch.int16), ref.view(torch.int16))
 
 
-def test_scale_factor_bits_edges():
-    from cutegemm.blockscaled.quantize import TorchOps
+def test_scale_and_element_decodes():
+    """Every e8m0 edge, every e4m3 byte and every e2m1 code against torch's own decode."""
+    from cutegemm.blockscaled.quantize import TorchOps as T
+    from cutegemm.blockscaled.reference import unpack_fp4
 
     s = torch.tensor([0, 1, 126, 127, 128, 254, 255], dtype=torch.int32)
-    vals = TorchOps.as_float(dequant.scale_factor_bits(s, TorchOps).contiguous())
+    vals = T.as_float(dequant.scale_factor_bits(s, T).contiguous())
     assert vals[0].item() == 2.0**-127 and vals[1].item() == 2.0**-126 and vals[3].item() == 1.0
     assert vals[5].item() == 2.0**127 and torch.isnan(vals[6])
+    b = torch.arange(256, dtype=torch.int32)
+    e4m3 = T.as_float(dequant.e4m3_scale_bits(b, T).to(torch.int32).contiguous())
+    want = b.to(torch.uint8).view(torch.float8_e4m3fn).float()
+    assert torch.equal(e4m3.isnan(), want.isnan())
+    assert torch.equal(e4m3[~want.isnan()].view(torch.int32), want[~want.isnan()].view(torch.int32))
+    codes = torch.arange(16, dtype=torch.int32)
+    e2m1 = T.as_float(dequant.e2m1_bits(codes, T).to(torch.int32).contiguous())
+    packed = (codes[0::2] | (codes[1::2] << 4)).to(torch.uint8)
+    assert torch.equal(e2m1.view(torch.int32), unpack_fp4(packed).view(torch.int32))
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
@@ -54,7 +66,7 @@ def test_routing_rule_and_operand_checks():
     assert not dequantize_first(4096, 4096, q, q)  # CPU tensors: the kernel does not apply
     with pytest.raises(ValueError, match="CUDA"):
         dequant.dequantize_bf16(q)
-    with pytest.raises(ValueError, match="MXFP8"):
+    with pytest.raises(ValueError, match="CUDA"):
         dequant.check_dequant_operand(quantize_ref(torch.randn(4, 64), "nvfp4"))
     with pytest.raises(ValueError, match="fmt"):
-        dequant.DequantConfig(fmt="nvfp4")
+        dequant.DequantConfig(fmt="fp4")

@@ -1,4 +1,4 @@
-"""GPU: the MXFP8 -> bf16 dequantize kernel and the sm_90a MXFP8 GEMM's dequantize-first path.
+"""GPU: the block-scaled -> bf16 dequantize kernel and the sm_90a MXFP8 GEMM's dequantize-first path.
 
 The kernel must equal ``dequantize_ref(q).to(bf16)`` bit for bit (random values over a wide
 range of scales, zero / NaN blocks, batches, K tail blocks) and write nothing past its output.
@@ -44,7 +44,7 @@ def _check_kernel(q):
     assert torch.equal(dequant.dequantize_bf16(q).view(torch.int16), out.view(torch.int16))  # allocating form
 
 
-@pytest.mark.parametrize("fmt", ["mxfp8", "mxfp8_e5m2"])
+@pytest.mark.parametrize("fmt", ["mxfp8", "mxfp8_e5m2", "mxfp4", "nvfp4"])
 @pytest.mark.parametrize("shape", [(300, 4096), (3, 129, 48), (1, 16), (257, 2064)])
 def test_kernel_equals_reference_bitwise(fmt, shape):
     x = _wide(shape[:-2], shape[-2], shape[-1], seed=sum(shape))
@@ -55,10 +55,11 @@ def test_kernel_equals_reference_bitwise(fmt, shape):
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(rows=st.integers(1, 700), k16=st.integers(1, 40), batch=st.sampled_from([None, 2]), e5m2=st.booleans())
-def test_kernel_hypothesis(rows, k16, batch, e5m2):
+@given(rows=st.integers(1, 700), k16=st.integers(1, 40), batch=st.sampled_from([None, 2]),
+       fmt=st.sampled_from(["mxfp8", "mxfp8_e5m2", "mxfp4", "nvfp4"]))  # fmt: skip
+def test_kernel_hypothesis(rows, k16, batch, fmt):
     lead = () if batch is None else (batch,)
-    _check_kernel(cutegemm.quantize(_wide(lead, rows, 16 * k16, seed=rows * k16), "mxfp8_e5m2" if e5m2 else "mxfp8"))
+    _check_kernel(cutegemm.quantize(_wide(lead, rows, 16 * k16, seed=rows * k16), fmt))
 
 
 def _sm90():

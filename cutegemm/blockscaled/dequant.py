@@ -1,19 +1,21 @@
-"""MXFP8 -> bf16 dequantization on the GPU (CuTe DSL, sm_90a and sm_100a): ``dequantize_bf16(q)``.
+"""Block-scaled -> bf16 dequantization on the GPU (CuTe DSL, sm_90a and sm_100a):
+``dequantize_bf16(q)`` for MXFP8 (e4m3 / e5m2), MXFP4 and NVFP4.
 
-Used by the sm_90a MXFP8 x MXFP8 GEMM for compute-bound shapes (``sm90_mx``): Hopper has no
-block-scaled MMA, and one pass that writes bf16 copies of both operands, followed by the bf16
-WGMMA GEMM, is faster there than emulating the per-32 scaling inside the FP8 mainloop
-(bench/RESULTS.md, 2026-11-30 sixth session).
+Used by the sm_90a block-scaled GEMMs (``sm90_mx``): Hopper has no block-scaled MMA. For
+MXFP8, one pass that writes bf16 copies of both operands, followed by the bf16 WGMMA GEMM, is
+faster on compute-bound shapes than emulating the per-32 scaling inside the FP8 mainloop
+(bench/RESULTS.md, 2026-11-30 sixth session); FP4 x FP4 has only this path on Hopper.
 
 Design (memory bound, arch-neutral: plain vector loads/stores, no tensor cores): the elements
-are read as a flat row-major array of 16-byte chunks (16 e4m3 / e5m2 values, one 128-bit load);
-consecutive threads take consecutive chunks (coalesced), a CTA of ``threads`` threads handles
-``unroll`` tiles of ``threads`` chunks, and each thread issues all its loads (elements and its
-chunk's scale byte, read from the 128x4-swizzled layout) before any math. A value is
-``fp32(element) * 2**(scale - 127)`` (exact in fp32: a power-of-two scaling of an 8-bit float),
-rounded to bf16 with round-to-nearest-even, which is exact too unless ``|value| < 2**-130``
-(bf16 subnormals keep fewer bits) or it exceeds bf16's range; a NaN scale (0xFF) gives NaN, as
-``dequantize_ref`` does.
+are read as a flat row-major array of 16-element chunks (one 128-bit load of FP8, one 64-bit
+load of packed FP4); consecutive threads take consecutive chunks (coalesced), a CTA of
+``threads`` threads handles ``unroll`` tiles of ``threads`` chunks, and each thread issues all
+its loads (elements and its chunk's scale byte, read from the 128x4-swizzled layout) before any
+math. A value is ``fp32(element) * fp32(scale)`` (MX: ``2**(byte - 127)``; NVFP4: the e4m3
+scale, then times the global scale, in ``dequantize_ref``'s order), rounded to bf16 with
+round-to-nearest-even. For MX formats this is exact unless ``|value| < 2**-130`` (bf16
+subnormals keep fewer bits) or it exceeds bf16's range; NVFP4's global scale makes it a
+rounding, as in any bf16 dequantization. A NaN scale gives NaN, as ``dequantize_ref`` does.
 """
 
 from __future__ import annotations
@@ -31,12 +33,13 @@ from .reference import BlockScaledTensor
 
 __all__ = ["DequantConfig", "dequantize_bf16", "dequantize_bf16_ref"]
 
-CHUNK = 16  # elements per thread per step: one 128-bit load, two 128-bit stores
-MX_BLOCK = 32
-_ELEM = {"mxfp8": cutlass.Float8E4M3FN, "mxfp8_e5m2": cutlass.Float8E5M2}
-_TORCH_ELEM = {"mxfp8": torch.float8_e4m3fn, "mxfp8_e5m2": torch.float8_e5m2}
+CHUNK = 16  # elements per thread per step: one 128-bit (FP8) / 64-bit (FP4) load, two 128-bit stores
+_ELEM = {"mxfp8": cutlass.Float8E4M3FN, "mxfp8_e5m2": cutlass.Float8E5M2, "mxfp4": cutlass.Uint8, "nvfp4": cutlass.Uint8}
+_TORCH_ELEM = {"mxfp8": torch.float8_e4m3fn, "mxfp8_e5m2": torch.float8_e5m2, "mxfp4": torch.float4_e2m1fn_x2,
+               "nvfp4": torch.float4_e2m1fn_x2}  # fmt: skip
+_BLOCK = {"mxfp8": 32, "mxfp8_e5m2": 32, "mxfp4": 32, "nvfp4": 16}
 # SASS of every variant: 128-bit loads and stores, no local-memory spills (compile-check)
-SASS_REQUIRED = {"LDG.128": r"\bLDG\.E[.A-Z0-9]*\.128", "STG.128": r"\bSTG\.E[.A-Z0-9]*\.128"}
+SASS_REQUIRED = {"LDG.128": r"\bLDG\.E[.A-Z0-9]*\.128", "STG.128": r"\bSTG\.E[.A-Z0-9]*\.128"}  # FP4: LDG.64
 SASS_FORBIDDEN = {"LDL": r"\bLDL(\.|\s)", "STL": r"\bSTL(\.|\s)"}
 
 
@@ -59,6 +62,40 @@ class DequantConfig:
     def name(self) -> str:
         return f"dequant_{self.fmt}_bf16_{self.arch}"
 
+    @property
+    def fp4(self) -> bool:
+        return self.fmt in ("mxfp4", "nvfp4")
+
+    @property
+    def chunk_bytes(self) -> int:
+        return CHUNK // 2 if self.fp4 else CHUNK
+
+
+def e2m1_bits(code, m):
+    """fp32 bits of an e2m1 code (int32 nibble, sign in bit 3): magnitudes 0, 0.5, 1, 1.5, 2, 3,
+    4, 6 are 2**(e - 1) * (1 + man / 2) for e = mag >> 1 > 0, and man * 0.5 for e = 0."""
+    e = (code >> 1) & 3
+    man = code & 1
+    bits = _pick(m.to_int(e > 0), ((e + 126) << 23) | (man << 22), man * 0x3F000000)
+    return bits | ((code & 8) << 28)
+
+
+def _pick(flag, a, b):
+    """``a`` where the 0/1 int ``flag`` is 1, else ``b`` (ints; one form for DSL and torch)."""
+    return flag * a + (1 - flag) * b
+
+
+def e4m3_scale_bits(b, m):
+    """fp32 bits of an e4m3 scale byte (int32 in [0, 255]; NVFP4): normal (1 + man / 8) *
+    2**(e - 7), subnormal man * 2**-9 (normalised: man = 2**p + frac), NaN for 0x7F / 0xFF."""
+    e = (b >> 3) & 15
+    man = b & 7
+    normal = ((e + 120) << 23) | (man << 20)
+    p = m.to_int(man >= 2) + m.to_int(man >= 4)
+    sub = m.to_int(man > 0) * (((p + 118) << 23) | (((man - (1 << p)) << 23) >> p))
+    bits = _pick(m.to_int(e > 0), normal, sub) | ((b & 0x80) << 24)
+    return _pick(m.to_int((b & 0x7F) == 0x7F), 0x7FC00000, bits)
+
 
 def scale_factor_bits(sbyte, m):
     """fp32 bits of an e8m0 scale byte's value ``2**(sbyte - 127)`` (int32 in [0, 255]): byte 0
@@ -73,12 +110,14 @@ class DequantKernel:
     def __init__(self, cfg: DequantConfig):
         self.cfg = cfg
         self.elem = _ELEM[cfg.fmt]
+        self.chunks_per_block = _BLOCK[cfg.fmt] // CHUNK
 
     @cute.jit
     def __call__(
         self,
-        mQ: cute.Tensor,  # (numel,) elements, flat row-major
+        mQ: cute.Tensor,  # (bytes,) elements, flat row-major (FP4: packed bytes as uint8)
         mS: cute.Tensor,  # (scale bytes,) uint8, 128x4-swizzled
+        mGs: cute.Tensor,  # (1,) fp32 global scale (NVFP4; unused otherwise)
         mOut: cute.Tensor,  # (numel,) bf16
         rows: cutlass.Int32,  # rows per batch
         cpr: cutlass.Int32,  # chunks per row (K / 16)
@@ -91,30 +130,49 @@ class DequantKernel:
         grid = (total + per_cta - 1) // per_cta
         div_cpr = cute.fast_divmod_create_divisor_v2(cpr)
         div_rows = cute.fast_divmod_create_divisor_v2(rows)
-        self.kernel(mQ, mS, mOut, div_rows, div_cpr, (batch_stride, tile_stride), total).launch(
+        self.kernel(mQ, mS, mGs, mOut, div_rows, div_cpr, (batch_stride, tile_stride), total).launch(
             grid=[grid, 1, 1], block=[self.cfg.threads, 1, 1], stream=stream
         )
 
     @cute.kernel
-    def kernel(self, mQ, mS, mOut, div_rows, div_cpr, strides, total: cutlass.Int32):
+    def kernel(self, mQ, mS, mGs, mOut, div_rows, div_cpr, strides, total: cutlass.Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        U, T = self.cfg.unroll, self.cfg.threads
+        U, T, cb = self.cfg.unroll, self.cfg.threads, self.cfg.chunk_bytes
         base = bidx * (T * U) + tidx
-        rQ = cute.make_rmem_tensor((CHUNK, U), self.elem)
+        rQ = cute.make_rmem_tensor((cb, U), self.elem)
         rS = cute.make_rmem_tensor((U,), cutlass.Int32)
         for u in cutlass.range_constexpr(U):
             # past the end: load the last chunk instead (never stored)
             chunk = cutlass.min(base + u * T, total - 1)
-            cute.autovec_copy(cute.local_tile(mQ, (CHUNK,), (chunk,)), rQ[None, u])
+            cute.autovec_copy(cute.local_tile(mQ, (cb,), (chunk,)), rQ[None, u])
             row, cc = divmod(chunk, div_cpr)
             b, r = divmod(row, div_rows)
-            rS[u] = cutlass.Int32(mS[swizzle_offset(b, r, cc >> 1, *strides)])  # 2 chunks per block
+            col = cc // self.chunks_per_block  # the chunk's scale block
+            rS[u] = cutlass.Int32(mS[swizzle_offset(b, r, col, *strides)])
+        gs = cutlass.Float32(1.0)
+        if cutlass.const_expr(self.cfg.fmt == "nvfp4"):
+            gs = mGs[0]
+        rF = cute.make_rmem_tensor((CHUNK,), cutlass.Float32)
         rO = cute.make_rmem_tensor((CHUNK,), cutlass.BFloat16)
         for u in cutlass.range_constexpr(U):
             chunk = base + u * T
-            factor = CuteOps.as_float(scale_factor_bits(rS[u], CuteOps))
-            rO.store((rQ[None, u].load().to(cutlass.Float32) * factor).to(cutlass.BFloat16))
+            if cutlass.const_expr(self.cfg.fmt == "nvfp4"):
+                scale = CuteOps.as_float(e4m3_scale_bits(rS[u], CuteOps))
+            else:
+                scale = CuteOps.as_float(scale_factor_bits(rS[u], CuteOps))
+            if cutlass.const_expr(self.cfg.fp4):
+                for i in cutlass.range_constexpr(cb):  # low nibble first (pack_fp4's order)
+                    byte = cutlass.Int32(rQ[i, u])
+                    rF[2 * i] = CuteOps.as_float(e2m1_bits(byte & 15, CuteOps))
+                    rF[2 * i + 1] = CuteOps.as_float(e2m1_bits(byte >> 4, CuteOps))
+                for i in cutlass.range_constexpr(CHUNK):
+                    rF[i] = rF[i] * scale
+                    if cutlass.const_expr(self.cfg.fmt == "nvfp4"):
+                        rF[i] = rF[i] * gs  # (element * scale) * global scale, as dequantize_ref
+            else:
+                rF.store(rQ[None, u].load().to(cutlass.Float32) * scale)
+            rO.store(rF.load().to(cutlass.BFloat16))
             if chunk < total:
                 cute.autovec_copy(rO, cute.local_tile(mOut, (CHUNK,), (chunk,)))
 
@@ -127,8 +185,9 @@ def build_dequant(cfg: DequantConfig):
     """(kernel object, fake args) for :class:`~cutegemm.runtime.cache.KernelCache`: one kernel
     serves every shape."""
     args = (
-        _flat(_ELEM[cfg.fmt], CHUNK, 16),
+        _flat(_ELEM[cfg.fmt], cfg.chunk_bytes, 16),
         _flat(cutlass.Uint8, 1, 1),
+        _flat(cutlass.Float32, 1, 4),
         _flat(cutlass.BFloat16, CHUNK, 16),
         *(cutlass.Int32(1),) * 5,
         make_fake_stream(use_tvm_ffi_env_stream=True),
@@ -152,14 +211,17 @@ def check_variant(cfg: DequantConfig) -> tuple[bool, dict, str]:
     """Compile ``cfg`` to SASS (no GPU needed) and check it: (ok, marker counts, error)."""
     from ..runtime.sass import check_sass
 
-    return check_sass(build_dequant(cfg), cfg.arch, SASS_REQUIRED, SASS_FORBIDDEN)
+    required = {**SASS_REQUIRED, "LDG.64": r"\bLDG\.E[.A-Z0-9]*\.64"} if cfg.fp4 else SASS_REQUIRED
+    if cfg.fp4:
+        required.pop("LDG.128")
+    return check_sass(build_dequant(cfg), cfg.arch, required, SASS_FORBIDDEN)
 
 
 def check_dequant_operand(q: BlockScaledTensor, what: str = "q") -> None:
-    """The kernel's rules: an MXFP8 (e4m3 / e5m2) tensor on a CUDA device, contiguous 16-byte
-    aligned elements, K a multiple of 16, fewer than 2**31 elements, swizzled scales."""
+    """The kernel's rules: a BlockScaledTensor of a supported format on a CUDA device, contiguous
+    16-byte aligned elements, K a multiple of 16, fewer than 2**31 elements."""
     if q.fmt.name not in _ELEM:
-        raise ValueError(f"{what}: dequantize_bf16 takes MXFP8 tensors, got {q.fmt.name}")
+        raise ValueError(f"{what}: dequantize_bf16 takes {sorted(_ELEM)}, got {q.fmt.name}")
     d = q.data
     if d.device.type != "cuda":
         raise ValueError(f"{what}: expected a CUDA tensor, got device {d.device}")
@@ -169,41 +231,56 @@ def check_dequant_operand(q: BlockScaledTensor, what: str = "q") -> None:
         raise ValueError(f"{what}: the elements must be contiguous and 16-byte aligned")
     if q.shape[-1] % CHUNK:
         raise ValueError(f"{what}: K must be a multiple of {CHUNK}, got {q.shape[-1]}")
-    if d.numel() > MAX_ELEMENTS:
-        raise ValueError(f"{what}: at most {MAX_ELEMENTS} elements per call, got {d.numel()}")
+    if q.shape.numel() > MAX_ELEMENTS:
+        raise ValueError(f"{what}: at most {MAX_ELEMENTS} elements per call, got {q.shape.numel()}")
 
 
 def dequantize_bf16(q: BlockScaledTensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """bf16 values of an MXFP8 :class:`BlockScaledTensor` (``q.shape``, on its device) from one
-    kernel pass; equal to ``dequantize_ref(q).to(torch.bfloat16)`` (exact unless a value is below
-    2**-130 in magnitude). ``out``: an optional contiguous bf16 tensor of ``q.shape``."""
-    from .quantize import _arch_of
+    """bf16 values of a :class:`BlockScaledTensor` (MXFP8, MXFP8-e5m2, MXFP4, NVFP4; ``q.shape``,
+    on its device) from one kernel pass; equal to ``dequantize_ref(q).to(torch.bfloat16)`` (for MX
+    formats exact unless a value is below 2**-130 in magnitude). ``out``: an optional contiguous,
+    16-byte aligned bf16 tensor of ``q.shape``."""
+    from .quantize import _arch_of, _ones
 
     check_dequant_operand(q)
     if out is None:
         out = torch.empty(q.shape, dtype=torch.bfloat16, device=q.data.device)
     elif out.shape != q.shape or out.dtype != torch.bfloat16 or not out.is_contiguous() or out.data_ptr() % 16:
         raise ValueError(f"out: expected a contiguous 16-byte aligned bf16 tensor of shape {tuple(q.shape)}")
-    if q.data.numel() == 0:
+    numel = q.shape.numel()
+    if numel == 0:
         return out
     rows, k = q.shape[-2], q.shape[-1]
     scales = q.swizzled_scales()
-    batch_stride, tile_stride = scale_strides(rows, -(-k // MX_BLOCK))
+    batch_stride, tile_stride = scale_strides(rows, -(-k // q.fmt.block_size))
     cfg = DequantConfig(fmt=q.fmt.name, arch=_arch_of(q.data.device.index or 0))
+    gs = q.global_scale
+    gs = _ones(q.data.device) if gs is None else gs.detach().to(device=q.data.device, dtype=torch.float32).reshape(1)
     _cache().get(cfg)(
-        q.data.view(-1), scales.view(torch.uint8).reshape(-1), out.view(-1),
-        rows, k // CHUNK, q.data.numel() // CHUNK, batch_stride, tile_stride,
+        q.data.view(torch.uint8).view(-1) if cfg.fp4 else q.data.view(-1),
+        scales.view(torch.uint8).reshape(-1), gs, out.view(-1),
+        rows, k // CHUNK, numel // CHUNK, batch_stride, tile_stride,
     )  # fmt: skip
     return out
 
 
 def dequantize_bf16_ref(q: BlockScaledTensor) -> torch.Tensor:
-    """The kernel's arithmetic in torch (any device): fp32 element times the scale's fp32 value
-    (from :func:`scale_factor_bits`), rounded to bf16."""
-    from .quantize import TorchOps
+    """The kernel's arithmetic in torch (any device): fp32 element (FP4 decoded by
+    :func:`e2m1_bits`) times the scale's fp32 value (:func:`scale_factor_bits` /
+    :func:`e4m3_scale_bits`), NVFP4 then times the global scale, rounded to bf16."""
+    from .quantize import TorchOps as T
 
-    sbytes = q.plain_scales().view(torch.uint8).to(torch.int32)
-    factor = TorchOps.as_float(scale_factor_bits(sbytes, TorchOps).contiguous())
     k = q.shape[-1]
-    factor = factor.repeat_interleave(MX_BLOCK, dim=-1)[..., :k]
-    return (q.data.float() * factor).to(torch.bfloat16)
+    sbytes = q.plain_scales().view(torch.uint8).to(torch.int32)
+    scale_bits = e4m3_scale_bits(sbytes, T) if q.fmt.name == "nvfp4" else scale_factor_bits(sbytes, T)
+    scale = T.as_float(scale_bits.to(torch.int32).contiguous()).repeat_interleave(q.fmt.block_size, dim=-1)[..., :k]
+    if q.fmt.elems_per_byte == 2:
+        b = q.data.view(torch.uint8).to(torch.int32)
+        codes = torch.stack([b & 15, b >> 4], dim=-1).flatten(-2)
+        elems = T.as_float(e2m1_bits(codes, T).to(torch.int32).contiguous())
+    else:
+        elems = q.data.float()
+    out = elems * scale
+    if q.fmt.name == "nvfp4" and q.global_scale is not None:
+        out = out * q.global_scale.to(out.device)
+    return out.to(torch.bfloat16)

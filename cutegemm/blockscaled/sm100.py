@@ -11,8 +11,9 @@ Public entry points: ``cutegemm.gemm(qa, qb, out_dtype=..., alpha=..., config=..
 ``cutegemm.gemm_ref(qa, qb, ...)`` dispatch here when an operand is a BlockScaledTensor
 (:func:`gemm_api` / :func:`gemm_ref_api`; every other option of theirs must stay at its default),
 and the custom op ``torch.ops.cutegemm.gemm_blockscaled`` (:mod:`cutegemm.quant_ops`). On sm_90a
-there is no block-scaled MMA: MXFP8 x MXFP8 runs the emulation of :mod:`.sm90_mx` (e4m3 WGMMAs,
-per-32 promotion with the scales); FP4 x FP4 raises ``NotImplementedError`` there.
+there is no block-scaled MMA: :mod:`.sm90_mx` dequantizes both operands to bf16 (one kernel pass
+each) and runs the bf16 GEMM, or for MXFP8 with few rows emulates the scaling in an e4m3 WGMMA
+mainloop.
 """
 
 from __future__ import annotations
@@ -152,11 +153,11 @@ def gemm_blockscaled(
     16-byte aligned row stride, e.g. a view into a larger buffer); it is returned.
 
     Raises ValueError for CPU operands or a bad shape / format / out_dtype, NotImplementedError
-    on a GPU other than sm_100 / sm_90 and for FP4 x FP4 on sm_90 (MXFP8 x MXFP8 is emulated
-    there, :mod:`.sm90_mx`)."""
+    on a GPU other than sm_100 / sm_90 (sm_90: :mod:`.sm90_mx`, dequantize-first or the MXFP8
+    emulation)."""
     _check(qa, qb, out_dtype)
     major, minor = torch.cuda.get_device_capability(qa.data.device)
-    if major == 9:  # Hopper: MXFP8 x MXFP8 emulated with e4m3 WGMMAs (FP4: NotImplementedError)
+    if major == 9:  # Hopper: dequantize-first, or MXFP8 emulated with e4m3 WGMMAs
         from ..gemm.api import _device_info
         from .sm90_mx import check_mx_operands, gemm_mx_sm90
 
@@ -366,9 +367,9 @@ def grouped_gemm_blockscaled(qa, qb, *, offs, out_dtype=torch.bfloat16, alpha: f
     ``torch._grouped_mm`` semantics) -> (total_M, N); rows past offs[-1] are not written. sm_100a
     (tcgen05 block-scaled MMA, MXFP8 / MXFP4 / NVFP4): A's scales are re-laid out per expert on
     the device (``grouped_sf``) and NVFP4's global scales are multiplied in the epilogue from
-    device memory: no host sync, CUDA-graph capturable. sm_90a: MXFP8 x MXFP8 is emulated
-    (``sm90_mx``, e4m3 WGMMAs with per-32 promotion); FP4 x FP4 raises NotImplementedError there,
-    as on other GPUs."""
+    device memory: no host sync, CUDA-graph capturable. sm_90a (``sm90_mx``): both operands
+    dequantized to bf16 (one kernel pass each) and the bf16 grouped GEMM, or for MXFP8 with few
+    rows per expert the e4m3-WGMMA emulation; other GPUs raise NotImplementedError."""
     from ..gemm.api import _device_info, new_workspace, reset_workspace
     from ..grouped.api import GROUPED_CACHE
     from ..grouped.kernel_parts import GROUPED_MAX_GROUPS
@@ -379,11 +380,10 @@ def grouped_gemm_blockscaled(qa, qb, *, offs, out_dtype=torch.bfloat16, alpha: f
     if dev.type != "cuda":
         raise ValueError(f"qa must be on a CUDA device, got {dev}")
     arch, num_sms = _device_info(dev.index if dev.index is not None else torch.cuda.current_device())
-    if arch != "sm_100a" and not (arch == "sm_90a" and qa.fmt.name == "mxfp8"):
+    if arch not in ("sm_100a", "sm_90a"):
         raise NotImplementedError(
-            f"grouped block-scaled GEMM needs sm_100a (Blackwell); this GPU is {arch}: on Hopper run "
-            "FP4 weights with bf16 / e4m3 activations (grouped_gemm(x, qw, offs=offs)), FP8 with "
-            "row-wise or DeepSeek block scales, or dequantize and run bf16"
+            f"grouped block-scaled GEMM needs sm_100a (Blackwell) or sm_90a (Hopper); this GPU is {arch}: "
+            "dequantize and run bf16"
         )
     E, n, k = qb.shape
     total_m = qa.shape[0]
@@ -398,7 +398,7 @@ def grouped_gemm_blockscaled(qa, qb, *, offs, out_dtype=torch.bfloat16, alpha: f
         check_out(out, (total_m, n), out_dtype, dev)
     if total_m == 0 or n == 0 or E == 0:
         return out
-    if arch == "sm_90a":  # MXFP8 emulated on Hopper
+    if arch == "sm_90a":  # Hopper: dequantize-first, or MXFP8 emulated
         from .sm90_mx import check_mx_operands, gemm_mx_sm90
 
         check_mx_operands(qa, qb)

@@ -1,5 +1,6 @@
-"""MXFP8 x MXFP8 GEMM on Hopper (sm_90a), emulated: host side of ``GemmSm90`` with
-``config.fp8_mx`` (kernel pieces: ``sm90_mx_mainloop``).
+"""Block-scaled GEMMs on Hopper (sm_90a): MXFP8 x MXFP8 dequantize-first or emulated (host side
+of ``GemmSm90`` with ``config.fp8_mx``, kernel pieces: ``sm90_mx_mainloop``); MXFP4 / NVFP4 x
+the same format dequantize-first always (Hopper's tensor cores take no FP4).
 
 ``gemm_mx_sm90(qa, qb)`` computes ``dequantize(qa) @ dequantize(qb).T``. Compute-bound shapes
 (``dequantize_first``: at least DEQUANT_MIN_ROWS rows, per expert when grouped) run as one bf16
@@ -107,20 +108,18 @@ def mx_scales_b(qb: BlockScaledTensor, tile_n: int) -> torch.Tensor:
 
 
 def check_mx_operands(qa, qb) -> None:
-    """Rules of the sm_90a path beyond ``sm100.check_operands``: MXFP8 both, K a multiple of 16
-    (TMA: 16-byte rows), contiguous elements."""
+    """Rules of the sm_90a path beyond ``sm100.check_operands``: elements of the format's dtype
+    (MXFP8: float8_e4m3fn; FP4: float4_e2m1fn_x2), K a multiple of 16 (TMA / the dequantize
+    kernel's 16-element chunks)."""
+    from .dequant import _TORCH_ELEM
+
     for nm, q in (("qa", qa), ("qb", qb)):
-        if q.fmt.name != "mxfp8":
-            raise NotImplementedError(
-                f"{nm}: {q.fmt.name} x {q.fmt.name} has no sm_90a (Hopper) kernel: Hopper's tensor cores "
-                "have no FP4 inputs; MXFP8 x MXFP8 is emulated, FP4 weights run with bf16 / e4m3 "
-                "activations (cutegemm.gemm(x, qw)), or dequantize (cutegemm.dequantize) and run bf16"
-            )
-        if q.data.dtype != torch.float8_e4m3fn:
-            raise ValueError(f"{nm}: MXFP8 elements must be float8_e4m3fn, got {q.data.dtype}")
+        want = torch.float8_e4m3fn if q.fmt.name == "mxfp8" else _TORCH_ELEM.get(q.fmt.name)
+        if q.data.dtype != want:
+            raise ValueError(f"{nm}: {q.fmt.name} elements must be {want}, got {q.data.dtype}")
     k = qa.shape[-1]
     if k % 16:
-        raise ValueError(f"MXFP8 on sm_90a: K must be a multiple of 16 (TMA needs 16-byte rows), got K={k}")
+        raise ValueError(f"block-scaled GEMM on sm_90a: K must be a multiple of 16, got K={k}")
 
 
 # Dense: M rows (grouped: mean rows per expert) and N at least these take the dequantize-first
@@ -184,6 +183,14 @@ def gemm_mx_sm90(
     grouped = offs is not None
     m, k = qa.shape[-2], qa.shape[-1]
     n = qb.shape[-2]
+    if qa.fmt.name != "mxfp8":  # FP4 x FP4: no FP4 tensor-core input on Hopper, dequantize first
+        from .dequant import check_dequant_operand
+
+        if config is not None:
+            raise ValueError(f"{qa.fmt.name} on sm_90a has no kernel config to force: it dequantizes to bf16 first")
+        check_dequant_operand(qa, "qa")
+        check_dequant_operand(qb, "qb")
+        return _dequantized_gemm(qa, qb, out_dtype, alpha, out, offs)
     if config is None and dequantize_first(m // qb.shape[0] if grouped else m, n, qa, qb):
         return _dequantized_gemm(qa, qb, out_dtype, alpha, out, offs)
     if config is not None and (not config.fp8_mx or config.grouped != grouped):
