@@ -777,6 +777,32 @@ def _bench_mxfp8_shape(timer, m, n, k, reps, configs):
     return rows
 
 
+def bench_fp4x4_hopper(shapes=((8192, 8192, 8192), (16, 8192, 8192)), fmts=("nvfp4", "mxfp4"), reps=20):
+    """FP4 x FP4 on sm_90a (dequantize-first: one bf16 dequantize pass per operand + our bf16 GEMM)
+    vs the torch path on the same operands, same run: ``dequantize_ref`` (torch ops) of both to
+    bf16, then torch.matmul; and cuBLAS bf16 on operands dequantized beforehand."""
+    from . import gemm, quantize
+    from .blockscaled.reference import dequantize_ref
+
+    timer = Timer()
+    for fmt in fmts:
+        for m, n, k in shapes:
+            torch.manual_seed(0)
+            kw = {"global_scale": 0.37} if fmt == "nvfp4" else {}
+            qa = quantize(torch.randn(m, k, device="cuda"), fmt, **kw)
+            qb = quantize(torch.randn(n, k, device="cuda"), fmt, **kw)
+            a16, b16 = dequantize_ref(qa).to(torch.bfloat16), dequantize_ref(qb).to(torch.bfloat16)
+            flops = 2.0 * m * n * k
+            t_ours = timer(lambda qa=qa, qb=qb: gemm(qa, qb), reps)
+            t_torch = timer(lambda qa=qa, qb=qb: dequantize_ref(qa).to(torch.bfloat16) @ dequantize_ref(qb).to(torch.bfloat16).T, reps)
+            t16 = timer(lambda a16=a16, b16=b16: a16 @ b16.T, reps)
+            same = torch.equal(gemm(qa, qb), gemm(a16, b16.T))
+            print(f"{fmt} x {fmt} {m}x{n}x{k}: ours {flops / t_ours / 1e9:.1f} TFLOP/s ({t_ours:.4f} ms) | "
+                  f"dequantize_ref + torch.matmul {t_torch:.4f} ms ({t_torch / t_ours:.2f}x) | cuBLAS bf16 on "
+                  f"pre-dequantized operands {flops / t16 / 1e9:.1f} ({t16 / t_ours:.2f}x) | equal to our bf16 GEMM "
+                  f"of the dequantized operands: {same}", flush=True)  # fmt: skip
+
+
 FP4W_DENSE = [(1, 28672, 4096), (16, 28672, 4096), (64, 28672, 4096)]
 FP4W_GROUPED = [(32, 16, 4096, 7168)]
 
