@@ -33,7 +33,7 @@ def _wide(lead, rows, k, seed, spread=100):
 
 
 def _check_kernel(q):
-    n = q.data.numel()
+    n = q.shape.numel()  # elements (FP4 data holds two per byte)
     buf = torch.full((n + 64,), -1, dtype=torch.int16, device="cuda")  # 0xFFFF: a NaN bf16 pattern
     out = buf[:n].view(torch.bfloat16).view(q.shape)
     res = dequant.dequantize_bf16(q, out=out)
