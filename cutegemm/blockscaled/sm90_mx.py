@@ -134,8 +134,8 @@ def dequantize_first(rows: int, n: int, qa: BlockScaledTensor, qb: BlockScaledTe
     """Whether the policy runs ``gemm_mx_sm90`` as one bf16 dequantize pass over each operand
     (``dequant.dequantize_bf16``) plus the bf16 GEMM: for compute-bound shapes (the emulated
     mainloop's per-32 promotion makes it issue-bound at about half the bf16 GEMM's speed), when
-    both operands meet the dequantize kernel's rules. Small M (decode) keeps the emulation, which
-    reads the FP8 weights once instead of writing and reading a bf16 copy."""
+    both operands meet the dequantize kernel's rules. Below 16 rows (not measured) the emulation
+    stays: it reads the FP8 weights once instead of writing and reading a bf16 copy."""
     from .dequant import check_dequant_operand
 
     if rows < DEQUANT_MIN_ROWS or n < DEQUANT_MIN_COLS:
@@ -150,8 +150,9 @@ def dequantize_first(rows: int, n: int, qa: BlockScaledTensor, qb: BlockScaledTe
 
 def _dequantized_gemm(qa, qb, out_dtype, alpha, out, offs):
     """bf16 copies of both operands (one kernel pass each), then the bf16 GEMM (dense / batched,
-    or the packed grouped form with ``offs``). Exact operands (see ``dequant``), fp32
-    accumulation; temporary memory 2 bytes x (rows of A + rows of B) x K."""
+    or the packed grouped form with ``offs``). MX operands are exact in bf16, NVFP4's global
+    scale makes them a rounding (see ``dequant``); fp32 accumulation; temporary memory 2 bytes x
+    (rows of A + rows of B) x K."""
     from ..gemm.api import gemm
     from ..grouped.api import grouped_gemm
     from .dequant import dequantize_bf16
