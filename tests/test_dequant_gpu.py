@@ -67,7 +67,7 @@ def _sm90():
 
 
 @pytest.mark.parametrize("m,n,k,batch", [(1000, 520, 768, None), (256, 4096, 2048, None), (300, 264, 512, 3)])
-@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32, torch.float16])
 def test_routed_gemm_equals_bf16_gemm_of_dequantized(m, n, k, batch, out_dtype):
     if not _sm90():
         pytest.skip("the dequantize-first MXFP8 path is sm_90a's")
