@@ -616,8 +616,9 @@ def _fp4_weight(call: dict, fn):
 
 def _blockscaled(call: dict, fn):
     """grouped_gemm(qa, qw, offs=offs) / grouped_gemm_ref with BlockScaledTensors qa (total_M, K)
-    and qw (E, N, K) in one format: the sm_100a block-scaled grouped kernel
-    (``cutegemm.blockscaled.sm100.grouped_gemm_blockscaled``); its options only."""
+    and qw (E, N, K) in one format (``cutegemm.blockscaled.sm100.grouped_gemm_blockscaled``: the
+    sm_100a block-scaled grouped kernel; on sm_90a dequantize-first or the MXFP8 emulation); its
+    options only."""
     from ..blockscaled import sm100
 
     return _quantized_call(call, fn, sm100.grouped_gemm_blockscaled, sm100.grouped_gemm_blockscaled_ref, ())
