@@ -37,6 +37,7 @@ for spec in "$@"; do
     mx) cmd="$PT tests/test_blockscaled_sm90_gpu.py tests/test_blockscaled_sm90_cpu.py" ;;
     bench_mx) cmd="python -c 'from cutegemm.benchmarks import bench_mxfp8 as f; f()'" ;;
     bench_fp4x4) cmd="python -c 'from cutegemm.benchmarks import bench_fp4x4_hopper as f; f()'" ;;
+    dq_probe) cmd="python tools/dequant_probe.py" ;;
     dq_tests) cmd="$PT tests/test_dequant_gpu.py tests/test_dequant_cpu.py" ;;
     bench_fp4w) cmd="python -c 'from cutegemm.benchmarks import bench_fp4_weight as f; f(configs=[dict(ring=0, row_tiles=1, stages=4, warps_n=2, warps_k=4), dict(ring=0, row_tiles=1, stages=0, warps_n=1, warps_k=4, l2_prefetch=256)])'" ;;
     ncu_fp4w) cmd="ncu --clock-control none -k regex:Fp4WeightKernel -c 2 --import-source no --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy --section InstructionStats --section SourceCounters python tools/fp4w_profile.py 'n_tiles=2' 'n_tiles=2, row_tiles=2, warps_k=2'" ;;

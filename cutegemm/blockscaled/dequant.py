@@ -154,9 +154,8 @@ class DequantKernel:
         if cutlass.const_expr(self.cfg.fmt == "nvfp4"):
             gs = mGs[0]
         rF = cute.make_rmem_tensor((CHUNK,), cutlass.Float32)
-        rO = cute.make_rmem_tensor((CHUNK,), cutlass.BFloat16)
-        for u in cutlass.range_constexpr(U):
-            chunk = base + u * T
+        rO = cute.make_rmem_tensor((CHUNK, U), cutlass.BFloat16)
+        for u in cutlass.range_constexpr(U):  # every chunk converted before any store
             if cutlass.const_expr(self.cfg.fmt == "nvfp4"):
                 scale = CuteOps.as_float(e4m3_scale_bits(rS[u], CuteOps))
             else:
@@ -172,9 +171,11 @@ class DequantKernel:
                         rF[i] = rF[i] * gs  # (element * scale) * global scale, as dequantize_ref
             else:
                 rF.store(rQ[None, u].load().to(cutlass.Float32) * scale)
-            rO.store(rF.load().to(cutlass.BFloat16))
+            rO[None, u].store(rF.load().to(cutlass.BFloat16))
+        for u in cutlass.range_constexpr(U):
+            chunk = base + u * T
             if chunk < total:
-                cute.autovec_copy(rO, cute.local_tile(mOut, (CHUNK,), (chunk,)))
+                cute.autovec_copy(rO[None, u], cute.local_tile(mOut, (CHUNK,), (chunk,)))
 
 
 def _flat(dtype, div, align):
