@@ -156,7 +156,7 @@ def fp8_variants(arch: str) -> list[GemmConfig]:
         GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=256, out_dtype="fp32", fast_accum=True, epilogue=E(scale_a=True)),
         GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=128, out_dtype="e4m3",
                    epilogue=E(scale_a=True, scale_b=True, bias=True, bias_dtype="bf16", gated="swiglu", quant="mxfp8")),
-    ] + fp8_blockwise_variants(arch) + fp8_mx_variants(arch) + kgrouped_variants(arch)  # fmt: skip
+    ] + fp8_blockwise_variants(arch) + fp8_mx_variants(arch)  # fmt: skip
 
 
 def kgrouped_variants(arch: str) -> list[GemmConfig]:
@@ -423,7 +423,7 @@ def all_variants(archs) -> list[GemmConfig]:
     return [
         cfg
         for arch in archs
-        for family in (dense_variants, grouped_variants, blockscaled_variants, scheduler_variants)
+        for family in (dense_variants, kgrouped_variants, grouped_variants, blockscaled_variants, scheduler_variants)
         for cfg in family(arch)
     ]
 
@@ -449,7 +449,7 @@ def quantize_results(archs) -> list[CheckResult]:
 
 
 def dequant_results(archs) -> list[CheckResult]:
-    """The MXFP8 -> bf16 dequantize kernels (cutegemm.blockscaled.dequant), every variant."""
+    """The block-scaled -> bf16 dequantize kernels (cutegemm.blockscaled.dequant), every variant."""
     from .blockscaled.dequant import all_configs, check_variant
 
     return family_results(archs, all_configs, check_variant)

@@ -225,16 +225,21 @@ def check_variant(cfg: DequantConfig) -> tuple[bool, dict, str]:
     return check_sass(build_dequant(cfg), cfg.arch, required, SASS_FORBIDDEN)
 
 
+def check_elements(q: BlockScaledTensor, what: str = "q") -> None:
+    """A supported format whose elements have its torch dtype (FP4: float4_e2m1fn_x2)."""
+    if q.fmt.name not in _ELEM:
+        raise ValueError(f"{what}: dequantize_bf16 takes {sorted(_ELEM)}, got {q.fmt.name}")
+    if q.data.dtype != _TORCH_ELEM[q.fmt.name]:
+        raise ValueError(f"{what}: {q.fmt.name} elements must be {_TORCH_ELEM[q.fmt.name]}, got {q.data.dtype}")
+
+
 def check_dequant_operand(q: BlockScaledTensor, what: str = "q") -> None:
     """The kernel's rules: a BlockScaledTensor of a supported format on a CUDA device, contiguous
     16-byte aligned elements, K a multiple of 16, fewer than 2**31 elements."""
-    if q.fmt.name not in _ELEM:
-        raise ValueError(f"{what}: dequantize_bf16 takes {sorted(_ELEM)}, got {q.fmt.name}")
+    check_elements(q, what)
     d = q.data
     if d.device.type != "cuda":
         raise ValueError(f"{what}: expected a CUDA tensor, got device {d.device}")
-    if d.dtype != _TORCH_ELEM[q.fmt.name]:
-        raise ValueError(f"{what}: {q.fmt.name} elements must be {_TORCH_ELEM[q.fmt.name]}, got {d.dtype}")
     if not d.is_contiguous() or d.data_ptr() % 16:
         raise ValueError(f"{what}: the elements must be contiguous and 16-byte aligned")
     if q.shape[-1] % CHUNK:
@@ -248,13 +253,21 @@ def dequantize_bf16(q: BlockScaledTensor, out: torch.Tensor | None = None) -> to
     on its device) from one kernel pass; equal to ``dequantize_ref(q).to(torch.bfloat16)`` (for MX
     formats exact unless a value is below 2**-130 in magnitude). ``out``: an optional contiguous,
     16-byte aligned bf16 tensor of ``q.shape``."""
+    check_dequant_operand(q)
+    if out is not None and (
+        out.shape != q.shape or out.dtype != torch.bfloat16 or not out.is_contiguous() or out.data_ptr() % 16
+    ):
+        raise ValueError(f"out: expected a contiguous 16-byte aligned bf16 tensor of shape {tuple(q.shape)}")
+    return dequantize_checked(q, out)
+
+
+def dequantize_checked(q: BlockScaledTensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`dequantize_bf16` for a caller that has already checked ``q`` with
+    :func:`check_dequant_operand` (and ``out``): the launch only."""
     from .quantize import _arch_of, _ones
 
-    check_dequant_operand(q)
     if out is None:
         out = torch.empty(q.shape, dtype=torch.bfloat16, device=q.data.device)
-    elif out.shape != q.shape or out.dtype != torch.bfloat16 or not out.is_contiguous() or out.data_ptr() % 16:
-        raise ValueError(f"out: expected a contiguous 16-byte aligned bf16 tensor of shape {tuple(q.shape)}")
     numel = q.shape.numel()
     if numel == 0:
         return out

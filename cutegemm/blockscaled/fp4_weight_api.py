@@ -136,8 +136,9 @@ def gemm_fp4_weight(
     view: one that is not contiguous (or not 4-byte aligned) is written through a contiguous
     copy of itself (two extra copies; rows the kernel does not write keep their values). ``x``
     float8_e4m3fn: converted to bf16 (exact) by one copy on the host; ``scale_a`` (fp32, (M,) /
-    (M, 1) per token or one element) multiplies each token's outputs in the kernel. Raises TypeError / ValueError for bad arguments, NotImplementedError on a GPU
-    other than sm_90 / sm_100."""
+    (M, 1) per token or one element) multiplies each token's outputs in the kernel. Raises
+    TypeError / ValueError for bad arguments, NotImplementedError on a GPU other than sm_90 /
+    sm_100."""
     if out_dtype is None:
         out_dtype = out.dtype if isinstance(out, torch.Tensor) else torch.bfloat16
     check_args(x, qw, offs, out_dtype, scale_a)

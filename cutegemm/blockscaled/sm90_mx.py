@@ -111,12 +111,10 @@ def check_mx_operands(qa, qb) -> None:
     """Rules of the sm_90a path beyond ``sm100.check_operands``: elements of the format's dtype
     (MXFP8: float8_e4m3fn; FP4: float4_e2m1fn_x2), K a multiple of 16 (TMA / the dequantize
     kernel's 16-element chunks)."""
-    from .dequant import _TORCH_ELEM
+    from .dequant import check_elements
 
-    for nm, q in (("qa", qa), ("qb", qb)):
-        want = torch.float8_e4m3fn if q.fmt.name == "mxfp8" else _TORCH_ELEM.get(q.fmt.name)
-        if q.data.dtype != want:
-            raise ValueError(f"{nm}: {q.fmt.name} elements must be {want}, got {q.data.dtype}")
+    check_elements(qa, "qa")
+    check_elements(qb, "qb")
     k = qa.shape[-1]
     if k % 16:
         raise ValueError(f"block-scaled GEMM on sm_90a: K must be a multiple of 16, got K={k}")
@@ -155,9 +153,9 @@ def _dequantized_gemm(qa, qb, out_dtype, alpha, out, offs):
     (rows of A + rows of B) x K."""
     from ..gemm.api import gemm
     from ..grouped.api import grouped_gemm
-    from .dequant import dequantize_bf16
+    from .dequant import dequantize_checked  # callers checked both with check_dequant_operand
 
-    a16, b16 = dequantize_bf16(qa), dequantize_bf16(qb)
+    a16, b16 = dequantize_checked(qa), dequantize_checked(qb)
     if offs is not None:
         return grouped_gemm(a16, b16.transpose(1, 2), offs=offs, out=out, out_dtype=out_dtype, alpha=alpha)
     return gemm(a16, b16.mT, out=out, out_dtype=out_dtype, alpha=alpha)

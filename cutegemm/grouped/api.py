@@ -526,8 +526,6 @@ def kgrouped_config(arch: str, num_sms: int, m: int, n: int, k_mean: int, e: int
     problem = GemmProblem(m, n, max(k_mean, 1), e, dtype, dtype, out_dtype, a_major, b_major)
     cfg = policy_for(arch, num_sms).choose(problem, epilogue=EpilogueSpec(alpha=alpha))
     cfg = replace(cfg, kgrouped=True, flat=False, grouped=False)
-    if cfg.pingpong:
-        cfg = replace(cfg, pingpong=False, tile_m=128)
     if k_mean <= 1024 and cfg.tile_m == 128 and cfg.tile_n >= 128 and cfg.scheduler == "static":
         cfg = replace(cfg, tile_n=128, pingpong=True)
     return cfg
