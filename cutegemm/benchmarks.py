@@ -294,6 +294,77 @@ def bench_grouped(shapes=GROUPED_SHAPES, dtype=torch.bfloat16, reps=30, names=No
     return rows
 
 
+def _mixed_list_shapes(groups: int = 24, seed: int = 0) -> list[tuple[int, int, int]]:
+    """(M, N, K) of groups that share nothing: M 16..2048, N and K 256..4096 (multiples of 8)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def pick(lo, hi):
+        return int(torch.randint(lo // 8, hi // 8 + 1, (1,), generator=gen)) * 8
+
+    return [(pick(16, 2048), pick(256, 4096), pick(256, 4096)) for _ in range(groups)]
+
+
+def bench_grouped_list(shapes=GROUPED_SHAPES, names=None, mixed=True, reps=20):
+    """List form, ``grouped_gemm(xs, ws)`` with one (tokens_e, K) activation and one (K, N)
+    weight (a transposed view of an (N, K) tensor) per expert, on the MoE shapes of
+    :func:`bench_grouped` and (``mixed``) a list of groups with unrelated M, N, K. Same run, same
+    operands: our list-form kernel (one launch + its descriptor prep), our per-group loop of
+    dense GEMMs (the form's implementation before the kernel), a loop of torch.matmul, and, where
+    the groups share N and K, torch._grouped_mm on the same data packed beforehand (packing not
+    timed). GPU time L2-cold (:class:`Timer`); host time per call printed beside it."""
+    from .gemm.api import gemm
+    from .grouped import grouped_gemm
+
+    names = names or (GROUPED_NAMES if shapes is GROUPED_SHAPES else [None] * len(shapes))
+    cases = [(label, [(c, n, k) for c in _moe_counts(e, tok)]) for (e, tok, n, k), label in zip(shapes, names, strict=True)]
+    if mixed:
+        cases.append(("mixed M, N, K", _mixed_list_shapes()))
+    timer = Timer(spin_cycles=8_000_000)  # ~4 ms of spin: longer than the host time of a 128-group call
+    for label, dims in cases:
+        torch.manual_seed(0)
+        xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for m, _, k in dims]
+        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t() for _, n, k in dims]
+        flops = sum(2.0 * m * n * k for m, n, k in dims)
+        outs = grouped_gemm(xs, ws)
+        err = terr = 0.0
+        for g in range(min(3, len(dims))):
+            ref = xs[g].double() @ ws[g].double()
+            err = max(err, (outs[g].double() - ref).abs().max().item())
+            terr = max(terr, ((xs[g] @ ws[g]).double() - ref).abs().max().item())
+        del outs
+        t_ours = timer(lambda xs=xs, ws=ws: grouped_gemm(xs, ws), reps)
+        t_loop = timer(lambda xs=xs, ws=ws: [gemm(x, w) for x, w in zip(xs, ws, strict=True)], reps)
+        t_tloop = timer(lambda xs=xs, ws=ws: [x @ w for x, w in zip(xs, ws, strict=True)], reps)
+        host = []
+        for _ in range(20):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            grouped_gemm(xs, ws)
+            host.append((time.perf_counter() - t0) * 1e6)
+        torch.cuda.synchronize()
+        line = (f"{label}: G{len(dims)} | ours {flops / t_ours / 1e9:7.1f} TFLOP/s ({t_ours:.4f} ms, host "
+                f"{statistics.median(host):.0f} us/call) | our per-group loop {flops / t_loop / 1e9:7.1f} "
+                f"({t_loop / t_ours:.2f}x) | loop of torch.matmul {flops / t_tloop / 1e9:7.1f} ({t_tloop / t_ours:.2f}x)")  # fmt: skip
+        if len({(n, k) for _, n, k in dims}) == 1:
+            a = torch.cat(xs)
+            b = torch.stack([w.t() for w in ws]).transpose(1, 2)
+            offs = torch.tensor([m for m, _, _ in dims], device="cuda").cumsum(0).to(torch.int32)
+            t_gmm = timer(lambda a=a, b=b, offs=offs: torch._grouped_mm(a, b, offs=offs), reps)
+            line += f" | torch._grouped_mm packed {flops / t_gmm / 1e9:7.1f} ({t_gmm / t_ours:.2f}x)"
+            del a, b
+        line += f" | max err groups 0-2 {err:.3g} (torch {terr:.3g})"
+        print(line, flush=True)
+        from .gemm.api import _device_info
+        from .grouped.api import list_config
+
+        arch, sms = _device_info(torch.cuda.current_device())
+        live = [d for d in dims if all(d)]
+        cfg = list_config(arch, sms, len(live), sum(m for m, _, _ in live), sum(n for _, n, _ in live) // len(live),
+                          sum(k for _, _, k in live) // len(live), "bf16", "bf16", "k", "k", False)  # fmt: skip
+        print("   config " + cfg.name, flush=True)
+        del xs, ws
+
+
 # K-grouped (MoE weight gradient dW_e = x_e^T dy_e): (E, mean tokens, M = x's columns, N = dy's)
 KGROUPED_SHAPES = [
     (32, 512, 7168, 4096, "DeepSeek-V3 dW up"),

@@ -42,7 +42,8 @@ def scheduler_markers(cfg: GemmConfig) -> dict[str, str]:
 
 
 def required_markers(cfg: GemmConfig) -> dict[str, str]:
-    return {**_mma_markers(cfg), **scheduler_markers(cfg)}
+    listed = {"UTMACCTL.IV": r"\bUTMACCTL\.IV"} if cfg.listed else {}  # the groups' descriptors: acquire fences
+    return {**_mma_markers(cfg), **scheduler_markers(cfg), **listed}
 
 
 def forbidden_markers(cfg: GemmConfig) -> dict[str, str]:
@@ -174,6 +175,22 @@ def kgrouped_variants(arch: str) -> list[GemmConfig]:
         # pingpong: a warpgroup skips the other's tile by that tile's K-tile count
         GemmConfig(**kg, a_major="m", tile_m=128, tile_n=128, pingpong=True, cluster_m=2, raster="n", group=8),
         GemmConfig(**kg, a_major="k", tile_m=128, tile_n=128, pingpong=True, cluster_n=2),
+    ]
+
+
+def listed_variants(arch: str) -> list[GemmConfig]:
+    """The list-form kernel (sm_90a; per-group TMA descriptors written by a prep kernel): the
+    policy's 128x256 with the dynamic scheduler, 64x128 (decode-size groups), pingpong 128x128,
+    column-major A and K-major B with an fp32 output and alpha."""
+    if arch != "sm_90a":
+        return []
+    ls = dict(arch=arch, listed=True, raster="m", group=1)
+    return [
+        GemmConfig(**ls, tile_m=128, tile_n=256, scheduler="dynamic"),
+        GemmConfig(**ls, tile_m=64, tile_n=128),
+        GemmConfig(**ls, tile_m=128, tile_n=128, pingpong=True),
+        GemmConfig(**ls, a_major="m", b_major="k", tile_m=128, tile_n=128, out_dtype="fp32",
+                   epilogue=EpilogueSpec(alpha=True)),
     ]
 
 
@@ -423,7 +440,8 @@ def all_variants(archs) -> list[GemmConfig]:
     return [
         cfg
         for arch in archs
-        for family in (dense_variants, kgrouped_variants, grouped_variants, blockscaled_variants, scheduler_variants)
+        for family in (dense_variants, kgrouped_variants, listed_variants, grouped_variants, blockscaled_variants,
+                       scheduler_variants)
         for cfg in family(arch)
     ]
 

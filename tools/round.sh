@@ -31,6 +31,11 @@ for spec in "$@"; do
     blockwise) cmd="$PT tests/test_fp8_blockwise_gpu.py" ;;
     gblockwise) cmd="$PT tests/test_fp8_blockwise_gpu.py -k grouped" ;;
     gbad) cmd="$PT tests/test_bad_inputs_gpu.py -k grouped" ;;
+    list_tests) cmd="$PT tests/test_grouped_list_gpu.py tests/test_grouped_gpu.py -k 'list'" ;;
+    bench_list) cmd="python -c 'from cutegemm.benchmarks import bench_grouped_list as f; f()'" ;;
+    list_host) cmd="python tools/list_host.py" ;;
+    sanitize_list) cmd="SANITIZE_ONLY='^list' bash tools/sanitize.sh memcheck racecheck synccheck" ;;
+    stress_list) cmd="python tools/stress.py --cases 300 --seed 5 --families list --time-limit $((lim - 15))" ;;
     sanitize_kg) cmd="SANITIZE_ONLY='^kgrouped' bash tools/sanitize.sh memcheck racecheck synccheck" ;;
     sanitize_grouped) cmd="SANITIZE_ONLY='^grouped|^fp8-' bash tools/sanitize.sh memcheck racecheck synccheck" ;;
     fp4w) cmd="$PT tests/test_fp4_weight_gpu.py tests/test_fp4_weight_cpu.py" ;;

@@ -54,9 +54,10 @@ def kernel_class(arch: str):
 
 
 def build_dense(config: GemmConfig):
-    from ..runtime.signature import dense_fake_args, fake_offs
+    from ..runtime.signature import dense_fake_args, fake_list_table, fake_offs
 
-    return kernel_class(config.arch)(config), dense_fake_args(config, offs=fake_offs() if config.kgrouped else None)
+    offs = fake_offs() if config.kgrouped else fake_list_table() if config.listed else None
+    return kernel_class(config.arch)(config), dense_fake_args(config, offs=offs)
 
 
 DENSE_CACHE = KernelCache(build_dense)

@@ -13,6 +13,7 @@ import inspect
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
+from cutlass.cute.nvgpu import cpasync
 
 from ..schedulers.dynamic import BroadcastScheduler, SchedulerRing, clc_grid_clusters
 from ..schedulers.static import StaticPersistentScheduler, persistent_grid
@@ -87,7 +88,7 @@ class GemmBase:
                 m_tiles = cute.ceil_div(mC_mnl.shape[0], cta_tile_mn[0] * self.cluster_shape_mn[0])
                 clusters = m_tiles * n_tiles * mC_mnl.shape[2]
             return (self.cluster_shape_mn[0] * clusters, self.cluster_shape_mn[1], 1)
-        if self.config.grouped:
+        if self.config.grouped or self.config.listed:
             return (*self.cluster_shape_mn, max_clusters)
         return persistent_grid(
             (mC_mnl.shape[0], mC_mnl.shape[1], mC_mnl.shape[2]),
@@ -128,6 +129,7 @@ class GemmBase:
         tBsB: cute.Tensor,  # (TMA, STAGE)
         b_mcast_mask,
         extra=(),
+        descs=None,  # listed: tile -> (A descriptor, B descriptor) of its group
     ):
         """One elected thread: TMA A and B k-tiles of every scheduled tile into the stage ring.
 
@@ -150,6 +152,11 @@ class GemmBase:
                 tBgB_k = tBgB[(None, tile[1], None, tile[2])]
             extra_k = [op[1](tile) for op in extra]  # (TMA, RestK) per extra operand
             kt_cnt = k_tile_cnt(tile) if cutlass.const_expr(inspect.isfunction(k_tile_cnt)) else k_tile_cnt
+            desc_a = desc_b = None
+            if cutlass.const_expr(descs is not None):
+                desc_a, desc_b = descs(tile)
+                cpasync.fence_tma_desc_acquire(desc_a)
+                cpasync.fence_tma_desc_acquire(desc_b)
             for k_tile in range(kt_cnt):
                 ab_pipeline.producer_acquire(producer_state)
                 full_bar = ab_pipeline.producer_get_barrier(producer_state)
@@ -159,6 +166,7 @@ class GemmBase:
                     tAsA[(None, producer_state.index)],
                     tma_bar_ptr=full_bar,
                     mcast_mask=a_mcast_mask,
+                    tma_desc_ptr=desc_a,
                 )
                 cute.copy(
                     tma_atom_b,
@@ -166,6 +174,7 @@ class GemmBase:
                     tBsB[(None, producer_state.index)],
                     tma_bar_ptr=full_bar,
                     mcast_mask=b_mcast_mask,
+                    tma_desc_ptr=desc_b,
                 )
                 for i in cutlass.range_constexpr(len(extra)):
                     atom, _, smem, mask = extra[i]

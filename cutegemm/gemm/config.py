@@ -92,7 +92,13 @@ class GemmConfig:
     # first column rounded down to 16 bytes, and the consumers zero the K values outside the range
     # in the first and last K tiles' shared-memory stages before their WGMMAs.
     kgrouped: bool = False
-
+    # List form (sm_90a): one launch over G groups of arbitrary (M_g, N_g, K_g), each with its own
+    # A, B and C in global memory. A device table (``grouped.kernel_parts.LIST_FIELDS`` int64 per
+    # group: pointers, shapes, leading dims, first tile) is passed in the offs slot; a prep kernel
+    # writes one TMA descriptor per (group, operand) into a workspace, the GEMM's producer and
+    # store warp use the tile's group's descriptors. A, B and C of the launch are group 0's
+    # (templates for the descriptors: dtypes, majors, boxes).
+    listed: bool = False
     @property
     def blockscaled(self) -> bool:
         return self.sf_vec > 0
@@ -106,7 +112,7 @@ class GemmConfig:
         tile += "_mx32" if self.fp8_mx else ""
         tile += "_wgo" if self.wg_order else ""
         tile += f"_e{self.epi_stages}" if self.epi_stages else ""
-        family = "grouped" if self.grouped else "kgrouped" if self.kgrouped else "dense-2d" if self.flat else "dense"
+        family = "grouped" if self.grouped else "kgrouped" if self.kgrouped else "listed" if self.listed else "dense-2d" if self.flat else "dense"
         if self.blockscaled:
             family += f"-bs-{self.sf_dtype}v{self.sf_vec}"
         return (
@@ -152,6 +158,8 @@ def config_errors(cfg: GemmConfig) -> list[str]:
         err += fp8_mx_errors(cfg)
     if cfg.kgrouped:
         err += kgrouped_errors(cfg)
+    if cfg.listed:
+        err += listed_errors(cfg)
     if cfg.flat and (cfg.grouped or cfg.blockscaled or cfg.epilogue.quant or cfg.epilogue.beta):
         err.append("flat (2-D launch): dense only, not block-scaled, no quantized output, no beta * C")
     if cfg.blockscaled:
@@ -284,14 +292,29 @@ def kgrouped_errors(cfg: GemmConfig) -> list[str]:
     """Rules of the K-grouped kernel (sm_90a): bf16 / fp16, cooperative or pingpong (a
     warpgroup skips the other's tile by that tile's own K-tile count), alpha as the only
     epilogue op."""
-    what = "kgrouped (K-grouped weight-gradient form)"
+    return _alpha_only_errors(cfg, "kgrouped (K-grouped weight-gradient form)", cfg.grouped or cfg.listed)
+
+
+def listed_errors(cfg: GemmConfig) -> list[str]:
+    """Rules of the list-form kernel (sm_90a): those of the K-grouped kernel, and no cluster (a
+    multicast would need the peer CTA's tile in the same group)."""
+    what = "listed (list form)"
+    err = _alpha_only_errors(cfg, what, cfg.grouped or cfg.kgrouped)
+    if cfg.cluster_m != 1 or cfg.cluster_n != 1:
+        err.append(f"{what}: cluster 1x1")
+    return err
+
+
+def _alpha_only_errors(cfg: GemmConfig, what: str, other_form: bool) -> list[str]:
+    """sm_90a, bf16 / fp16 A and B, not combined with another form or a scaled mode, alpha as
+    the only epilogue op, static or dynamic scheduler."""
     err = []
     if cfg.arch != "sm_90a":
         err.append(f"{what} is an sm_90a kernel, got arch {cfg.arch!r}")
     if cfg.a_dtype not in INPUT_DTYPES or cfg.b_dtype != cfg.a_dtype:
         err.append(f"{what}: bf16 or fp16 A and B, got {cfg.a_dtype}/{cfg.b_dtype}")
-    if cfg.grouped or cfg.flat or cfg.blockscaled or cfg.fp8_blockwise or cfg.fp8_mx:
-        err.append(f"{what} cannot be combined with grouped, flat or scaled modes")
+    if other_form or cfg.flat or cfg.blockscaled or cfg.fp8_blockwise or cfg.fp8_mx:
+        err.append(f"{what} cannot be combined with another grouped form, flat or scaled modes")
     epi = cfg.epilogue
     if epi.beta or epi.bias or epi.activation or epi.gated or epi.quant or epi.user or epi.scale_a or epi.scale_b:
         err.append(f"{what}: alpha is the only epilogue op")

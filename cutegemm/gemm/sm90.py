@@ -55,12 +55,19 @@ from ..blockscaled.sm90_mx_mainloop import MX_KB, MX_PARTS, SF_BYTES, MxSm90Mixi
 from ..epilogue import epilogue_subtile, store_gated
 from ..epilogue.quant import quant_storage, store_quantized_subtile
 from ..grouped.kernel_parts import (
+    GROUPED_MAX_GROUPS,
+    fill_list_tile_starts,
     fill_tile_starts,
     grouped_acc_coords,
     grouped_acc_space,
     grouped_k_tiles,
     grouped_out_tile,
+    list_descriptor,
+    list_descriptors_kernel,
+    list_groups,
+    list_k_tiles,
     make_grouped_scheduler,
+    make_list_scheduler,
     offset_k_tiles,
     tile_table,
     tile_table_bytes,
@@ -123,7 +130,7 @@ class GemmSm90(MxSm90Mixin, GemmBase):
         if cfg.fp8_mx:  # the K tile's scales ride with A and B
             ab_bytes += self.mx_stage_bytes()
         epi_stage_bytes = cute.size(self.epi_tile_out) * self.c_dtype.width // 8 * self.epi_groups
-        budget = SMEM_CAPACITY_SM90 - 1024 - tile_table_bytes(cfg.grouped)  # 1 KiB for mbarriers
+        budget = SMEM_CAPACITY_SM90 - 1024 - tile_table_bytes(cfg.grouped or cfg.listed)  # 1 KiB for mbarriers
 
         def ab_stages(epi_stage):
             return (budget - epi_stage * epi_stage_bytes) // ab_bytes
@@ -218,7 +225,7 @@ class GemmSm90(MxSm90Mixin, GemmBase):
         tma_atom_sfa = tma_atom_sfb = None
         if cutlass.const_expr(cfg.fp8_mx):
             tma_atom_sfa, mSFA, tma_atom_sfb, mSFB = self.mx_tma(mSFA, mSFB)
-        table_len = tile_table_len(cfg.grouped)
+        table_len = tile_table_len(cfg.grouped or cfg.listed)
         sf_len = self.mx_cosizes() if cfg.fp8_mx else (1, 1)
         # The dynamic schedulers' tile ring (static: a 1-slot stub; every field here sits below
         # the 1 KiB-aligned sA, so it moves nothing).
@@ -242,6 +249,12 @@ class GemmSm90(MxSm90Mixin, GemmBase):
             sSFB: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, sf_len[1]], 16]
 
         self.shared_storage = SharedStorage
+        if cutlass.const_expr(cfg.listed):
+            # List form: mOffs is the group table. Each group's descriptors are written first.
+            unit_modes = (1 if cfg.a_major == "k" else 0, 1 if cfg.b_major == "k" else 0, 1)
+            list_descriptors_kernel(
+                tma_atom_a, tma_atom_b, tma_atom_c, mOffs, (self.a_dtype, self.b_dtype, self.c_dtype), unit_modes
+            ).launch(grid=(list_groups(mOffs), 1, 1), block=[96, 1, 1], stream=stream)
         self.kernel(
             tma_atom_a,
             tma_tensor_a,
@@ -408,6 +421,14 @@ class GemmSm90(MxSm90Mixin, GemmBase):
                 fill_tile_starts(
                     tile_start, mOffs, mA_mkl.shape[0], cfg.tile_m * cfg.cluster_m, n_cluster_tiles, cute.arch.lane_idx()
                 )
+        if cutlass.const_expr(cfg.listed):
+            # List form: mOffs is the group table (LIST_FIELDS int64 per group, a row with the
+            # total tile count, the descriptors); warp 0 copies the groups' first tiles into
+            # shared memory.
+            num_groups = list_groups(mOffs)
+            tile_start = storage.tile_start.get_tensor(cute.make_layout(GROUPED_MAX_GROUPS + 1))
+            if warp_idx == 0:
+                fill_list_tile_starts(tile_start, mOffs, num_groups, cute.arch.lane_idx())
         pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
         if cutlass.const_expr(cfg.grouped):
             sched = make_grouped_scheduler(tile_start, mOffs, mA_mkl.shape[0], cfg.tile_m, cfg.cluster_n, cfg.cluster_m)
@@ -416,9 +437,27 @@ class GemmSm90(MxSm90Mixin, GemmBase):
                 """(TMA, RestK) A k-tiles of a grouped tile: rows from the expert's first row."""
                 a_tiler = cute.slice_(self.tile_shape_mnk, (None, 0, None))
                 return grouped_k_tiles(tma_atom_a, cluster_coord_mnk[1], a_cta_layout, sA, mA_mkl, a_tiler, tile)
+        elif cutlass.const_expr(cfg.listed):
+            sched = make_list_scheduler(tile_start, mOffs, num_groups, cfg.tile_m)
         else:
             sched = self.make_scheduler(self.acc_space(mC_mnl, mB_nkl), (cfg.tile_m, cfg.tile_n))
         b_tiles, load_k_tiles, k_range = tBgB, k_tile_cnt, None
+        load_descs = out_desc = None
+        if cutlass.const_expr(cfg.listed):
+            # A list tile (m, n, 0, g) indexes the launch's TMA coordinate tensors (group 0's
+            # shapes: coordinates past them are fine) and loads / stores through group g's own
+            # descriptors, whose extents clip the boxes (zero fill past K, M, N; no store outside).
+            def k_range(tile):
+                return list_k_tiles(mOffs, tile[3], self.tile_shape_mnk[2]), 0, 0
+
+            def load_k_tiles(tile):
+                return k_range(tile)[0]
+
+            def load_descs(tile):
+                return list_descriptor(mOffs, num_groups, tile[3], 0), list_descriptor(mOffs, num_groups, tile[3], 1)
+
+            def out_desc(tile):
+                return list_descriptor(mOffs, num_groups, tile[3], 2)
         if cutlass.const_expr(cfg.kgrouped):
             # K-grouped: tile (m, n, l) of expert l reads A's and B's K columns [k_start, k_end)
             # from offs (clamped as the grouped rows are). The TMA boxes start at k0, k_start
@@ -480,7 +519,7 @@ class GemmSm90(MxSm90Mixin, GemmBase):
                 self.load_ab(
                     load_sched, ab_pipeline, load_k_tiles,
                     tma_atom_a, a_tiles, tAsA, a_mcast_mask,
-                    tma_atom_b, b_tiles, tBsB, b_mcast_mask, extra,
+                    tma_atom_b, b_tiles, tBsB, b_mcast_mask, extra, load_descs,
                 )  # fmt: skip
         else:
             cute.arch.setmaxregister_increase(self.mma_registers)
@@ -493,6 +532,7 @@ class GemmSm90(MxSm90Mixin, GemmBase):
                 mB_nkl.shape[0] if cutlass.const_expr(cfg.grouped) else None,
                 block_scales=block_scales,
                 k_range=k_range,
+                out_desc=out_desc,
             )  # fmt: skip
 
     # ---------------------------------------------------------------------------------------
@@ -523,6 +563,7 @@ class GemmSm90(MxSm90Mixin, GemmBase):
         group_cols,  # grouped: the GEMM's N (per-expert vectors hold E rows of N); dense: None
         block_scales: tuple = (None, None),  # fp8_blockwise: (mSFA, mSFB); fp8_mx: (sSFA, sSFB)
         k_range=None,  # K-grouped: tile -> (K tiles, head columns to zero, K values of a partial last K tile or 0)
+        out_desc=None,  # listed: tile -> its group's C descriptor
     ):
         """Consumer warpgroups: WGMMA mainloop into register accumulators, then the epilogue.
 
@@ -672,7 +713,7 @@ class GemmSm90(MxSm90Mixin, GemmBase):
             else:
                 for k_tile in range(kt_cnt):
                     ab_pipeline.consumer_wait(read_state)
-                    if cutlass.const_expr(k_range is not None):
+                    if cutlass.const_expr(self.config.kgrouped):
                         # K-grouped: columns of the first K tile before the expert's range and of
                         # the last past it hold other experts' values: zero them in this stage
                         # before any WGMMA reads it.
@@ -743,6 +784,11 @@ class GemmSm90(MxSm90Mixin, GemmBase):
                 tile_quant_args = (*quant_args, tile[4])  # no scales for the next expert's rows
             else:
                 gC = gC_mnl[(None, None, tile[0], tile[1], tile[2])]
+            desc_c = None
+            if cutlass.const_expr(out_desc is not None):
+                desc_c = out_desc(tile)
+                if store_warp:
+                    cpasync.fence_tma_desc_acquire(desc_c)
             # ((EPI_M, EPI_N), (RestM, RestN))
             gC_epi = cute.zipped_divide(gC, self.epi_tile_out)
             bSG_sC, bSG_gC = cpasync.tma_partition(
@@ -782,7 +828,7 @@ class GemmSm90(MxSm90Mixin, GemmBase):
                 epi_coord = epi_layout.get_hier_coord(epi_idx)
                 if full_tile:
                     if store_warp:
-                        cute.copy(tma_atom_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_coord)])
+                        cute.copy(tma_atom_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_coord)], tma_desc_ptr=desc_c)
                         store_pipeline.producer_commit()
                         # Before the buffer after next is rewritten, its store must have read it.
                         store_pipeline.producer_acquire()

@@ -16,13 +16,26 @@ Both kernels run the same grouped protocol around their arch-specific MMA:
 
 from __future__ import annotations
 
+import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync
+from cutlass.tensor_utils import TensorMapManager, TensorMapUpdateMode
 
-from ..schedulers.grouped import GroupedScheduler, fill_tile_starts
+from ..schedulers.grouped import (
+    LIST_FIELDS,
+    LIST_K,
+    LIST_M,
+    LIST_N,
+    LIST_PTR_A,
+    GroupedScheduler,
+    ListScheduler,
+    fill_list_tile_starts,
+    fill_tile_starts,
+)
 
 __all__ = [
     "GROUPED_MAX_GROUPS",
+    "fill_list_tile_starts",
     "fill_tile_starts",
     "from_row",
     "grouped_acc_coords",
@@ -30,6 +43,11 @@ __all__ = [
     "grouped_k_tiles",
     "offset_k_tiles",
     "grouped_out_tile",
+    "list_descriptor",
+    "list_descriptors_kernel",
+    "list_groups",
+    "list_k_tiles",
+    "make_list_scheduler",
     "make_grouped_scheduler",
     "tile_table",
     "tile_table_bytes",
@@ -40,7 +58,8 @@ GROUPED_MAX_GROUPS = 1024  # capacity of the shared-memory tile-start table (gro
 
 
 def tile_table_len(grouped: bool) -> int:
-    """Int32 entries of the SharedStorage ``tile_start`` member (1 for dense: unused)."""
+    """Int32 entries of the SharedStorage ``tile_start`` member (1 for dense: unused).
+    ``grouped``: the packed or the list form."""
     return GROUPED_MAX_GROUPS + 1 if grouped else 1
 
 
@@ -118,3 +137,78 @@ def grouped_out_tile(mC: cute.Tensor, mC_gmem: cute.Tensor, tile, tile_mn):
     cols_left = mC_gmem.shape[1] - n_tile * tile_mn[1]
     full_tile = rows_left >= tile_mn[0]
     return gC, gC_real, rows_left, cols_left, full_tile
+
+
+# --- list form (sm_90a): one TMA descriptor per (group, operand), written by a prep kernel -----
+DESC_BYTES = 128  # one TMA descriptor (CUtensorMap)
+_DESC_MANAGER = TensorMapManager(TensorMapUpdateMode.GMEM, DESC_BYTES)
+
+
+def list_groups(mTable: cute.Tensor):
+    """G of a list-form table tensor: (G + 1) rows of LIST_FIELDS int64, then the descriptor
+    workspace, 3 x 128 bytes per group (128-byte aligned: a row is 128 bytes)."""
+    return (mTable.shape[0] - LIST_FIELDS) // (LIST_FIELDS + 3 * DESC_BYTES // 8)
+
+
+def list_descriptor(mTable: cute.Tensor, num_groups, g, which: int, space=cute.AddressSpace.generic):
+    """Pointer to the TMA descriptor of group g's operand ``which`` (0 A, 1 B, 2 C), in the
+    workspace behind the table's rows: generic for the copies, gmem for the prep kernel's
+    writes."""
+    ptr = mTable.iterator + (num_groups + 1) * LIST_FIELDS + (g * 3 + which) * (DESC_BYTES // 8)
+    return _DESC_MANAGER.get_tensormap_ptr(ptr, space)
+
+
+def make_list_scheduler(tile_start, mTable, num_groups, tile_m: int) -> ListScheduler:
+    """Every thread of the CTA, after warp 0 has filled ``tile_start`` from the table
+    (``fill_list_tile_starts``): sync, then the scheduler over it."""
+    cute.arch.sync_threads()
+    return ListScheduler.create(tile_start, mTable, num_groups, tile_m)
+
+
+@cute.jit
+def list_k_tiles(mTable: cute.Tensor, g, tile_k: cutlass.Constexpr):
+    """K tiles of group g (0 when its K is 0: the tile stores alpha * 0)."""
+    k = cutlass.Int32(mTable[g * LIST_FIELDS + LIST_K])
+    return (k + (tile_k - 1)) // tile_k
+
+
+@cute.jit
+def _list_operand(mTable: cute.Tensor, g, which: cutlass.Constexpr, dtype: cutlass.Constexpr,
+                  rows_field: cutlass.Constexpr, cols_field: cutlass.Constexpr, unit_mode: cutlass.Constexpr):  # fmt: skip
+    """Group g's operand ``which`` as a (rows, cols, 1) global tensor with its leading dimension
+    on the mode that is not ``unit_mode`` (extents clamped to >= 1: an empty operand's
+    descriptor is never used, but stays a valid one)."""
+    row = g * LIST_FIELDS
+    ptr = cute.make_ptr(dtype, mTable[row + LIST_PTR_A + which], cute.AddressSpace.gmem, assumed_align=16)
+    rows = cutlass.max(cutlass.Int32(mTable[row + rows_field]), 1)
+    cols = cutlass.max(cutlass.Int32(mTable[row + cols_field]), 1)
+    ld = mTable[row + LIST_PTR_A + 6 + which]  # LIST_LD_A / _B / _C
+    stride = (ld, 1, 0) if unit_mode == 1 else (1, ld, 0)
+    return cute.make_tensor(ptr, cute.make_layout((rows, cols, 1), stride=stride))
+
+
+@cute.kernel
+def list_descriptors_kernel(
+    tma_atom_a: cute.CopyAtom, tma_atom_b: cute.CopyAtom, tma_atom_c: cute.CopyAtom,
+    mTable: cute.Tensor, dtypes: cutlass.Constexpr, unit_modes: cutlass.Constexpr,
+):  # fmt: skip
+    """Grid (G, 1, 1), 3 warps: warp w writes group blockIdx.x's descriptor of operand w (A (M, K),
+    B (N, K), C (M, N)): the template's descriptor (the launch's atom: dtype, box, swizzle) with
+    the group's address, extents and leading dimension (``tensormap.replace``), then a release
+    fence for the tensormap proxy. Launched on the GEMM's stream right before it."""
+    g, _, _ = cute.arch.block_idx()
+    w = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+    num_groups = list_groups(mTable)
+    atoms = (tma_atom_a, tma_atom_b, tma_atom_c)
+    fields = ((LIST_M, LIST_K), (LIST_N, LIST_K), (LIST_M, LIST_N))
+    for which in cutlass.range_constexpr(3):
+        if w == which:
+            ptr = list_descriptor(mTable, num_groups, g, which, cute.AddressSpace.gmem)
+            with cute.arch.elect_one():
+                cpasync.copy_tensormap(atoms[which], ptr)
+            cute.arch.sync_warp()
+            cute.arch.fence_acq_rel_cta()
+            t = _list_operand(mTable, g, which, dtypes[which], fields[which][0], fields[which][1], unit_modes[which])
+            cpasync.update_tma_descriptor(atoms[which], t, ptr)
+            cute.arch.sync_warp()
+            cpasync.fence_tma_desc_release()

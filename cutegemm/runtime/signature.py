@@ -132,6 +132,13 @@ def fake_offs():
     return make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=4)
 
 
+def fake_list_table():
+    """The list form's group table: LIST_FIELDS int64 per group and one more row
+    (``schedulers.grouped``), then the groups' descriptors (``grouped.kernel_parts``), 128-byte
+    aligned."""
+    return make_fake_tensor(cutlass.Int64, (cute.sym_int32(),), (1,), assumed_align=128)
+
+
 def grouped_fake_args(cfg: GemmConfig):
     """Dense args + offs (E,) int32: A is the packed (total_M, K, 1), B (N, K, E), C (total_M, N, 1)."""
     return dense_fake_args(cfg, offs=fake_offs())

@@ -161,3 +161,73 @@ class GroupedScheduler(PersistentWalk):
         mt = (end - start + (rows_per_cluster - 1)) // rows_per_cluster
         n_tile = (local // mt) * self.cluster_n + self.cta_n
         return (local % mt) * self.cluster_m + self.cta_m, n_tile, e, start, end
+
+
+# --- list form -------------------------------------------------------------------------------
+# The list-form kernel's group table: LIST_FIELDS int64 per group (row g), and one more row whose
+# LIST_TILE field holds the total tile count. Built on the host from the tensors' metadata
+# (``grouped.api``), read on the device by the scheduler, the producer and the descriptor prep.
+LIST_FIELDS = 16
+LIST_PTR_A, LIST_PTR_B, LIST_PTR_C, LIST_M, LIST_N, LIST_K, LIST_LD_A, LIST_LD_B, LIST_LD_C, LIST_TILE = range(10)
+
+
+def list_tile_map(shapes, tile_m: int, tile_n: int):
+    """Plain-Python twin of :class:`ListScheduler`: linear tile index -> (group, m_tile, n_tile)
+    for groups of (M, N) shapes, group-major, m fastest inside a group (its tiles share B)."""
+    out = []
+    for g, (m, n) in enumerate(shapes):
+        mt, nt = -(-m // tile_m), -(-n // tile_n)
+        out += [(g, t % mt, t // mt) for t in range(mt * nt)]
+    return out
+
+
+def list_tile_starts(shapes, tile_m: int, tile_n: int) -> list[int]:
+    """Exclusive prefix of the groups' tile counts, then the total (G + 1 values)."""
+    starts = [0]
+    for m, n in shapes:
+        starts.append(starts[-1] + -(-m // tile_m) * -(-n // tile_n))
+    return starts
+
+
+@cute.jit
+def fill_list_tile_starts(tile_start: cute.Tensor, mTable: cute.Tensor, num_groups: cutlass.Int32, lane: cutlass.Int32):
+    """One warp: the table's LIST_TILE column (G + 1 values) into shared memory."""
+    for g in range(lane, num_groups + 1, 32):
+        tile_start[g] = cutlass.Int32(mTable[g * LIST_FIELDS + LIST_TILE])
+
+
+class ListScheduler(PersistentWalk):
+    """Device side of the list form: a strided walk over every group's tiles; ``cta_tile`` is
+    (m_tile, n_tile, 0, group) (L = 0: each group's descriptors address its own tensors)."""
+
+    _dyn = ("total", "start", "stride", "num_groups")
+
+    def __init__(self, tile_start, mTable, tile_m: int, values=None):
+        self.tile_start = tile_start
+        self.mTable = mTable
+        self.tile_m = tile_m
+        self._set_values(values)
+
+    @staticmethod
+    def create(tile_start, mTable, num_groups, tile_m: int) -> ListScheduler:
+        _, _, cluster_id = cute.arch.block_idx()
+        _, _, num_clusters = cute.arch.grid_dim()
+        num_groups = cutlass.Int32(num_groups)
+        values = (cutlass.Int32(tile_start[num_groups]), cutlass.Int32(cluster_id), cutlass.Int32(num_clusters), num_groups)
+        return ListScheduler(tile_start, mTable, tile_m, values)
+
+    @cute.jit
+    def cta_tile(self, work):
+        lo = cutlass.Int32(0)
+        hi = self.num_groups - 1
+        while lo < hi:  # the last group g with tile_start[g] <= work (empty groups share a start)
+            mid = (lo + hi + 1) // 2
+            if self.tile_start[mid] <= work:
+                lo = mid
+            else:
+                hi = mid - 1
+        g = lo
+        local = work - self.tile_start[g]
+        m = cutlass.Int32(self.mTable[g * LIST_FIELDS + LIST_M])
+        mt = (m + (self.tile_m - 1)) // self.tile_m
+        return local % mt, local // mt, cutlass.Int32(0), g

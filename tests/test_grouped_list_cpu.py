@@ -1,0 +1,111 @@
+"""List form (``grouped_gemm([a...], [b...])``) without a GPU: the tile map twin of the device
+scheduler, the config rules and policy, the compile-check variants."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cutegemm.gemm.config import EpilogueSpec, GemmConfig, config_errors
+from cutegemm.schedulers.grouped import list_tile_map, list_tile_starts
+
+
+def _search(starts, work):
+    """The device scheduler's binary search (ListScheduler.cta_tile) on plain ints."""
+    lo, hi = 0, len(starts) - 2
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if starts[mid] <= work:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    shapes=st.lists(st.tuples(st.one_of(st.just(0), st.integers(1, 700)), st.one_of(st.just(0), st.integers(1, 700))),
+                    min_size=1, max_size=40),
+    tile=st.sampled_from([(64, 128), (128, 128), (128, 256)]),
+)  # fmt: skip
+def test_list_tile_map_covers_every_tile_once(shapes, tile):
+    tm, tn = tile
+    starts = list_tile_starts(shapes, tm, tn)
+    tiles = list_tile_map(shapes, tm, tn)
+    assert len(tiles) == starts[-1]
+    expect = {(g, i, j) for g, (m, n) in enumerate(shapes) for i in range(-(-m // tm)) for j in range(-(-n // tn))}
+    assert set(tiles) == expect and len(set(tiles)) == len(tiles)
+    for work, (g, mi, ni) in enumerate(tiles):
+        # the device's mapping: binary search for the group, then m fastest inside it
+        gg = _search(starts, work)
+        local = work - starts[gg]
+        mt = -(-shapes[gg][0] // tm)
+        assert (gg, local % mt, local // mt) == (g, mi, ni)
+
+
+def test_listed_config_rules():
+    ok = GemmConfig(arch="sm_90a", listed=True)
+    assert config_errors(ok) == [] and ok.name.startswith("listed_")
+    bad = {
+        "sm_100a": GemmConfig(arch="sm_100a", listed=True),
+        "cluster": GemmConfig(arch="sm_90a", listed=True, cluster_n=2),
+        "fp8": GemmConfig(arch="sm_90a", listed=True, a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k"),
+        "bias": GemmConfig(arch="sm_90a", listed=True, epilogue=EpilogueSpec(bias=True)),
+        "grouped": GemmConfig(arch="sm_90a", listed=True, grouped=True),
+        "kgrouped": GemmConfig(arch="sm_90a", listed=True, kgrouped=True),
+    }
+    for what, cfg in bad.items():
+        assert any("listed" in e or "kgrouped" in e for e in config_errors(cfg)), what
+
+
+@pytest.mark.parametrize("groups", [(32, 32 * 16, 4096, 7168), (8, 8 * 512, 4096, 7168), (1, 3, 24, 16), (0, 0, 0, 0)])
+@pytest.mark.parametrize("majors", [("k", "n"), ("m", "k")])
+def test_list_config_is_valid(groups, majors):
+    from cutegemm.grouped.api import list_config
+
+    cfg = list_config("sm_90a", 132, *groups, "bf16", "fp32", *majors, True)
+    assert cfg.listed and not cfg.grouped and (cfg.cluster_m, cfg.cluster_n) == (1, 1)
+    assert cfg.epilogue.alpha and (cfg.a_major, cfg.b_major) == majors
+    assert config_errors(cfg) == []
+
+
+@settings(max_examples=100, deadline=None)
+@given(shapes=st.lists(st.tuples(st.integers(0, 600), st.integers(0, 600), st.integers(0, 600)), min_size=1, max_size=30))
+def test_list_table_rows(shapes):
+    """The host's group table: each row's fields, the first tiles and the total match the tile
+    map twin; groups without work carry the template's operands."""
+    from cutegemm.grouped.api import list_table
+    from cutegemm.schedulers.grouped import (
+        LIST_FIELDS,
+        LIST_K,
+        LIST_LD_A,
+        LIST_LD_C,
+        LIST_M,
+        LIST_PTR_A,
+        LIST_PTR_C,  # fmt: skip
+        LIST_TILE,
+    )
+
+    live = [g for g, (m, n, k) in enumerate(shapes) if m and n and k]
+    t = live[0] if live else 0
+    G = len(shapes)
+    a_ptrs, b_ptrs, c_ptrs = [1000 + g for g in range(G)], [2000 + g for g in range(G)], [3000 + g for g in range(G)]
+    lds = ([10 + g for g in range(G)], [20 + g for g in range(G)])
+    table = list_table(shapes, a_ptrs, b_ptrs, c_ptrs, lds, 128, 256, t)
+    assert len(table) == LIST_FIELDS * (G + 1)
+    starts = list_tile_starts([(m, n) for m, n, _ in shapes], 128, 256)
+    assert table[G * LIST_FIELDS + LIST_TILE] == starts[-1]
+    for g, (m, n, k) in enumerate(shapes):
+        row = table[g * LIST_FIELDS : (g + 1) * LIST_FIELDS]
+        assert row[LIST_M : LIST_K + 1] == [m, n, k] and row[LIST_TILE] == starts[g] and row[LIST_LD_C] == n
+        src = g if m and n and k else t
+        assert row[LIST_PTR_A] == 1000 + src and row[LIST_LD_A] == 10 + src
+        assert row[LIST_PTR_C] == (3000 + g if m and n else 3000 + t)
+
+
+def test_compile_check_lists_listed_variants():
+    from cutegemm.compile_check import all_variants, required_markers
+
+    vs = [c for c in all_variants(["sm_90a", "sm_100a"]) if c.listed]
+    assert len(vs) >= 4 and all(c.arch == "sm_90a" for c in vs)
+    assert all("UTMACCTL.IV" in required_markers(c) for c in vs)
+    assert {c.scheduler for c in vs} == {"static", "dynamic"} and any(c.pingpong for c in vs)
