@@ -304,16 +304,20 @@ def _mixed_list_shapes(groups: int = 24, seed: int = 0) -> list[tuple[int, int, 
     return [(pick(16, 2048), pick(256, 4096), pick(256, 4096)) for _ in range(groups)]
 
 
-def bench_grouped_list(shapes=GROUPED_SHAPES, names=None, mixed=True, reps=20):
+def bench_grouped_list(shapes=GROUPED_SHAPES, names=None, mixed=True, reps=20, configs=()):
     """List form, ``grouped_gemm(xs, ws)`` with one (tokens_e, K) activation and one (K, N)
     weight (a transposed view of an (N, K) tensor) per expert, on the MoE shapes of
     :func:`bench_grouped` and (``mixed``) a list of groups with unrelated M, N, K. Same run, same
     operands: our list-form kernel (one launch + its descriptor prep), our per-group loop of
     dense GEMMs (the form's implementation before the kernel), a loop of torch.matmul, and, where
     the groups share N and K, torch._grouped_mm on the same data packed beforehand (packing not
-    timed). GPU time L2-cold (:class:`Timer`); host time per call printed beside it."""
+    timed). GPU time L2-cold (:class:`Timer`); host time per call printed beside it.
+    ``configs``: overrides (dicts) of the policy's list config, timed beside it."""
+    from dataclasses import replace
+
     from .gemm.api import gemm
     from .grouped import grouped_gemm
+    from .grouped.api import _list_launch
 
     names = names or (GROUPED_NAMES if shapes is GROUPED_SHAPES else [None] * len(shapes))
     cases = [(label, [(c, n, k) for c in _moe_counts(e, tok)]) for (e, tok, n, k), label in zip(shapes, names, strict=True)]
@@ -362,6 +366,15 @@ def bench_grouped_list(shapes=GROUPED_SHAPES, names=None, mixed=True, reps=20):
         cfg = list_config(arch, sms, len(live), sum(m for m, _, _ in live), sum(n for _, n, _ in live) // len(live),
                           sum(k for _, _, k in live) // len(live), "bf16", "bf16", "k", "k", False)  # fmt: skip
         print("   config " + cfg.name, flush=True)
+        for over in configs:
+            alt = replace(cfg, **over)
+            try:
+                _list_launch(xs, ws, None, 1.0, config=alt)
+                t = timer(lambda xs=xs, ws=ws, alt=alt: _list_launch(xs, ws, None, 1.0, config=alt), reps)
+            except Exception as exc:  # noqa: BLE001 (report and go on)
+                print(f"   {alt.name}: FAILED {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                continue
+            print(f"   {alt.name}: {flops / t / 1e9:7.1f} TFLOP/s ({t:.4f} ms), {t_ours / t:.3f}x the policy's", flush=True)
         del xs, ws
 
 

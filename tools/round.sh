@@ -33,6 +33,7 @@ for spec in "$@"; do
     gbad) cmd="$PT tests/test_bad_inputs_gpu.py -k grouped" ;;
     list_tests) cmd="$PT tests/test_grouped_list_gpu.py tests/test_grouped_gpu.py -k 'list'" ;;
     bench_list) cmd="python -c 'from cutegemm.benchmarks import bench_grouped_list as f; f()'" ;;
+    bench_list_cfg) cmd="python -c 'from cutegemm.benchmarks import bench_grouped_list as f; f(configs=[dict(scheduler=\"static\"), dict(tile_n=128, pingpong=True, scheduler=\"static\"), dict(tile_m=128, tile_n=192), dict(tile_m=64, tile_n=256, pingpong=True, scheduler=\"static\"), dict(raster=\"m\", group=8)])'" ;;
     list_host) cmd="python tools/list_host.py" ;;
     sanitize_list) cmd="SANITIZE_ONLY='^list' bash tools/sanitize.sh memcheck racecheck synccheck" ;;
     stress_list) cmd="python tools/stress.py --cases 300 --seed 5 --families list --time-limit $((lim - 15))" ;;
