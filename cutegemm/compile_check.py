@@ -65,7 +65,7 @@ def _mma_markers(cfg: GemmConfig) -> dict[str, str]:
         if cfg.arch == "sm_100a" and cfg.two_cta:
             required["UTCHMMA.2CTA"] = r"\bUTCHMMA\S*2CTA"
         return required
-    mma = BLOCKSCALED_MMA[cfg.a_dtype]
+    mma = BLOCKSCALED_MMA["e4m3" if cfg.a_dtype != cfg.b_dtype else cfg.a_dtype]  # mixed: kind::mxf8f6f4
     required = {mma: rf"\b{mma}", "UTCCP": r"\bUTCCP", **{k: v for k, v in REQUIRED[cfg.arch].items() if k != "UTCHMMA"}}
     if cfg.two_cta:
         required[f"{mma}.2CTA"] = rf"\b{mma}\S*2CTA"
@@ -407,6 +407,7 @@ def blockscaled_variants(arch: str) -> list[GemmConfig]:
     E = EpilogueSpec
     mxfp8 = dict(a_dtype="e4m3", b_dtype="e4m3", sf_dtype="e8m0", sf_vec=32)
     mxfp4 = dict(a_dtype="e2m1", b_dtype="e2m1", sf_dtype="e8m0", sf_vec=32)
+    mixed = dict(a_dtype="e4m3", b_dtype="e2m1", sf_dtype="e8m0", sf_vec=32)
     # NVFP4: the product of A's and B's per-tensor global scales is a 1-element device vector that
     # the epilogue multiplies by (scale_a; no host read); one variant also has the call's alpha.
     nvfp4 = dict(a_dtype="e2m1", b_dtype="e2m1", sf_dtype="e4m3", sf_vec=16, epilogue=E(scale_a=True))
@@ -427,10 +428,16 @@ def blockscaled_variants(arch: str) -> list[GemmConfig]:
         replace(base, **mxfp8, tile_m=128, tile_n=192, cluster_n=2),
         replace(base, **nvfp4, tile_m=256, tile_n=64, two_cta=True, cluster_m=2),
         replace(base, **mxfp4, **big),
+        # MXFP8 x MXFP4 (kind::mxf8f6f4; the FP4 operand unpacked to a byte per element in shared
+        # memory by its TMA): 1-CTA, 2-CTA with B multicast, FP4 activations x FP8 weights
+        replace(base, **mixed, tile_m=128, tile_n=256),
+        replace(base, **mixed, **big),
+        replace(base, **{**mixed, "a_dtype": "e2m1", "b_dtype": "e4m3"}, tile_m=128, tile_n=128, cluster_n=2),
         # grouped (MoE packed form): per-expert padded A scales, B scales per expert (L = E)
         replace(base, **mxfp8, tile_m=128, tile_n=128, grouped=True),
         replace(base, **nvfp4, tile_m=128, tile_n=256, grouped=True, cluster_n=2),
         replace(base, **mxfp4, tile_m=128, tile_n=128, grouped=True, scheduler="clc"),
+        replace(base, **mixed, tile_m=128, tile_n=256, grouped=True, cluster_n=2),
         replace(base, **mxfp8, tile_m=128, tile_n=256, grouped=True, scheduler="dynamic",
                 epilogue=E(bias=True, bias_dtype="bf16", gated="swiglu")),
     ]  # fmt: skip

@@ -141,7 +141,7 @@ def test_argument_errors():
     with pytest.raises(TypeError, match="int32"):
         cutegemm.grouped_gemm(qa, qb, offs=offs.long())
     with pytest.raises(ValueError, match="share a format"):
-        cutegemm.grouped_gemm(qa, quantize_ref(torch.randn(2, 32, 64), "mxfp4"), offs=offs)
+        cutegemm.grouped_gemm(qa, quantize_ref(torch.randn(2, 32, 64), "nvfp4"), offs=offs)
     with pytest.raises(ValueError, match=r"qb \(E, N, K\)"):
         cutegemm.grouped_gemm(qa, quantize_ref(torch.randn(32, 64), "mxfp8"), offs=offs)
     with pytest.raises(ValueError, match="supports only"):

@@ -153,3 +153,29 @@ def test_grouped_mxfp8_emulation_tiles(override):
     out_dtype = torch.float32 if override.get("out_dtype") == "fp32" else torch.bfloat16
     cfg = replace(mx_config(1024, 384, out_dtype), grouped=True, **override)
     _check([200, 0, 77, 130, 1], 384, 512, "mxfp8", seed=3, config=cfg, out_dtype=out_dtype)
+
+
+@pytest.mark.parametrize("counts", [[3, 0, 300, 5, 129], [0, 0], [16] * 8])
+def test_grouped_mixed_mx(counts):
+    """MXFP8 activations x MXFP4 expert weights, grouped: sm_90a dequantizes each operand in its
+    own format and runs the bf16 grouped GEMM (bitwise equal to it on the reference-dequantized
+    operands); sm_100a runs the kind::mxf8f6f4 kernel (the FP4 weights unpacked to a byte per
+    element by their TMA), checked against the reference. Rows past offs[-1] untouched."""
+    if _major() not in (9, 10):
+        pytest.skip("sm_90a / sm_100a")
+    g = torch.Generator(device="cuda").manual_seed(len(counts))
+    total, n, k = sum(counts) + 5, 256, 512
+    qa = quantize(torch.randn(total, k, generator=g, device="cuda").to(torch.bfloat16), "mxfp8")
+    qb = quantize(torch.randn(len(counts), n, k, generator=g, device="cuda").to(torch.bfloat16), "mxfp4")
+    offs = torch.tensor(counts, dtype=torch.int32, device="cuda").cumsum(0, dtype=torch.int32)
+    end = sum(counts)
+    out = torch.full((total, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    assert cutegemm.grouped_gemm(qa, qb, offs=offs, out=out) is out
+    assert torch.isnan(out[end:]).all(), "rows past offs[-1] were written"
+    ref = cutegemm.grouped_gemm_ref(qa, qb, offs=offs, out_dtype=torch.float64, compute_dtype=torch.float64)
+    same = cutegemm.grouped_gemm_ref(qa, qb, offs=offs, out_dtype=torch.bfloat16)
+    if end:
+        assert_within_torch_error(out[:end], same[:end], ref[:end], what=f"grouped mxfp8 x mxfp4 {counts}")
+    if _major() == 9 and end:
+        a16, b16 = dequantize_ref(qa).to(torch.bfloat16), dequantize_ref(qb).to(torch.bfloat16)
+        assert torch.equal(out[:end], cutegemm.grouped_gemm(a16, b16.transpose(1, 2), offs=offs)[:end])

@@ -218,3 +218,32 @@ def test_kernel_raises_not_implemented_off_sm100(monkeypatch, capability, messag
         cutegemm.gemm(qa, qb)
     with pytest.raises(NotImplementedError, match=message):
         bs.gemm_blockscaled(qa, qb, out_dtype=torch.float32)
+
+
+def test_mixed_mx_pair_rules_and_reference():
+    """MXFP8 x MXFP4 is a valid pair (either order): the reference dequantizes each operand in its
+    own format; NVFP4 pairs with nothing else; the sm_100a config has both element types and its
+    problem rule (K a multiple of 128)."""
+    from cutegemm.blockscaled import dequantize_ref
+    from cutegemm.blockscaled.sm100 import blockscaled_config, check_operands
+    from cutegemm.gemm.config import GemmProblem, can_implement, config_errors
+
+    a, b = torch.randn(40, 256), torch.randn(24, 256)
+    q8, q4 = quantize_ref(a, "mxfp8"), quantize_ref(b, "mxfp4")
+    check_operands(q8, q4)
+    check_operands(q4, quantize_ref(a, "mxfp8"))
+    out = cutegemm.gemm_ref(q8, q4, out_dtype=torch.float64)
+    want = dequantize_ref(q8).double() @ dequantize_ref(q4).double().T
+    torch.testing.assert_close(out, want)
+    with pytest.raises(ValueError, match="share a format"):
+        check_operands(q8, quantize_ref(b, "nvfp4"))
+    cfg = blockscaled_config("mxfp8", 1024, 1024, b_fmt_name="mxfp4")
+    assert (cfg.a_dtype, cfg.b_dtype, cfg.sf_dtype, cfg.sf_vec) == ("e4m3", "e2m1", "e8m0", 32)
+    assert config_errors(cfg) == []
+    assert can_implement(cfg, GemmProblem(1024, 1024, 1024, 1, "e4m3", "e2m1", "bf16", "k", "k"))[0]
+    ok, why = can_implement(cfg, GemmProblem(1024, 1024, 1056, 1, "e4m3", "e2m1", "bf16", "k", "k"))
+    assert not ok and "multiple of 128" in why
+    bad = blockscaled_config("nvfp4", 1024, 1024)
+    from dataclasses import replace
+
+    assert config_errors(replace(bad, b_dtype="e4m3"))  # NVFP4 scales (e4m3, 16) do not mix

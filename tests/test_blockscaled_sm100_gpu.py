@@ -86,3 +86,23 @@ def test_blockscaled_batched(fmt):
     out = gemm_blockscaled(qa, qb)
     assert out.shape == (3, 200, 300)
     check(out, reference(qa, qb), torch.bfloat16)
+
+
+@pytest.mark.parametrize("formats", [("mxfp8", "mxfp4"), ("mxfp4", "mxfp8")], ids=["mxfp8xmxfp4", "mxfp4xmxfp8"])
+@pytest.mark.parametrize("m,n,k", [(128, 256, 512), (1000, 520, 768), (1, 128, 256), (300, 4096, 2048)])
+@pytest.mark.parametrize(
+    "tile",
+    [None, dict(tile_m=128, tile_n=128, cluster_n=2), dict(tile_m=256, tile_n=256, two_cta=True, cluster_m=2)],
+    ids=["policy", "128x128-1x2", "2cta"],
+)
+def test_mixed_mx_matches_dequantized_matmul(formats, m, n, k, tile):
+    """MXFP8 x MXFP4 (kind::mxf8f6f4, the FP4 operand unpacked to a byte per element in shared
+    memory by its TMA) against the dequantized fp32 matmul."""
+    torch.manual_seed(m + n + k)
+    qa = quantize_ref(torch.randn(m, k, device="cuda"), formats[0])
+    qb = quantize_ref(torch.randn(n, k, device="cuda"), formats[1])
+    config = None
+    if tile is not None:
+        config = replace(blockscaled_config(formats[0], m, n, b_fmt_name=formats[1]), **tile)
+    out = gemm_blockscaled(qa, qb, config=config)
+    check(out, reference(qa, qb), torch.bfloat16)

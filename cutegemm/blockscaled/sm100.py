@@ -36,20 +36,30 @@ RECIPES = {
     NVFP4.name: ("e2m1", "e4m3", NVFP4.block_size),
 }
 _OUT_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+# Formats that may be paired with each other (kind::mxf8f6f4: both e8m0 scales per 32 K).
+MIXED_FORMATS = {MXFP8.name, MXFP4.name}
+
+
+def pair_recipe(qa, qb) -> tuple[str, str, str, int]:
+    """(A element dtype, B element dtype, scale dtype, vec) of GemmConfig for qa x qb."""
+    a_elem, sf, vec = RECIPES[qa.fmt.name]
+    return a_elem, RECIPES[qb.fmt.name][0], sf, vec
 
 
 def blockscaled_config(
     fmt_name: str, m: int, n: int, out_dtype: torch.dtype = torch.bfloat16, alpha: bool = False,
-    global_scale: bool | None = None,
+    global_scale: bool | None = None, b_fmt_name: str | None = None,
 ):  # fmt: skip
     """A simple tile choice for sm_100a: 2-CTA 256x256 for large problems, else 1-CTA 128 x N.
     global_scale (default: NVFP4): the epilogue multiplies by a 1-element device vector, the
-    product of the operands' global scales (``global_scale_vector``), read in the kernel."""
+    product of the operands' global scales (``global_scale_vector``), read in the kernel.
+    ``b_fmt_name``: B's format when it differs from A's (MXFP8 x MXFP4)."""
     elem, sf, vec = RECIPES[fmt_name]
+    b_elem = RECIPES[b_fmt_name or fmt_name][0]
     if global_scale is None:
         global_scale = fmt_name == "nvfp4"
     base = GemmConfig(
-        arch="sm_100a", a_dtype=elem, b_dtype=elem, sf_dtype=sf, sf_vec=vec, a_major="k", b_major="k",
+        arch="sm_100a", a_dtype=elem, b_dtype=b_elem, sf_dtype=sf, sf_vec=vec, a_major="k", b_major="k",
         out_dtype=_OUT_NAMES[out_dtype], epilogue=EpilogueSpec(alpha=alpha, scale_a=global_scale),
     )  # fmt: skip
     if m >= 256 and n >= 256:
@@ -67,8 +77,10 @@ def check_operands(qa, qb, out_dtype=torch.bfloat16, grouped: bool = False):
             raise ValueError(f"{nm}: format {q.fmt.name!r} has no sm_100a kernel (have {sorted(RECIPES)})")
         if len(q.shape) not in (2, 3):
             raise ValueError(f"{nm} must be (rows, K) or (L, rows, K), got {tuple(q.shape)}")
-    if qa.fmt != qb.fmt:
-        raise ValueError(f"qa and qb must share a format, got {qa.fmt.name} and {qb.fmt.name}")
+    if qa.fmt != qb.fmt and {qa.fmt.name, qb.fmt.name} != MIXED_FORMATS:
+        raise ValueError(
+            f"qa and qb must share a format (or pair MXFP8 with MXFP4), got {qa.fmt.name} and {qb.fmt.name}"
+        )
     if qa.shape[-1] != qb.shape[-1]:
         raise ValueError(f"K mismatch: qa {tuple(qa.shape)} vs qb {tuple(qb.shape)}")
     if grouped:
@@ -171,21 +183,21 @@ def gemm_blockscaled(
         )
     from ..gemm.api import DENSE_CACHE
 
-    fmt = qa.fmt
     m, k = qa.shape[-2], qa.shape[-1]
     n = qb.shape[-2]
     alpha = float(alpha)
     gs = global_scale_vector(qa, qb)  # NVFP4's global scales, applied in the epilogue
-    if config is not None and (config.a_dtype, config.sf_dtype, config.sf_vec) != RECIPES[fmt.name]:
+    recipe = pair_recipe(qa, qb)
+    if config is not None and (config.a_dtype, config.b_dtype, config.sf_dtype, config.sf_vec) != recipe:
         raise ValueError(
-            f"config {config.name} is not a {fmt.name} kernel (a_dtype, sf_dtype, sf_vec must be "
-            f"{RECIPES[fmt.name]}, see blockscaled_config)"
+            f"config {config.name} is not a {qa.fmt.name} x {qb.fmt.name} kernel (a_dtype, b_dtype, sf_dtype, "
+            f"sf_vec must be {recipe}, see blockscaled_config)"
         )
-    cfg = config or blockscaled_config(fmt.name, m, n, out_dtype, alpha=alpha != 1.0, global_scale=gs is not None)
+    cfg = config or blockscaled_config(qa.fmt.name, m, n, out_dtype, alpha=alpha != 1.0, global_scale=gs is not None,
+                                       b_fmt_name=qb.fmt.name)  # fmt: skip
     cfg = with_global_scale(cfg, gs, alpha)
-    elem = RECIPES[fmt.name][0]
     ok, why = can_implement(
-        cfg, GemmProblem(m, n, k, 1, elem, elem, _OUT_NAMES[out_dtype], "k", "k", (k,), (k,))
+        cfg, GemmProblem(m, n, k, 1, recipe[0], recipe[1], _OUT_NAMES[out_dtype], "k", "k", (k,), (k,))
     )
     if not ok:
         raise ValueError(f"cannot run {cfg.name}: {why}")
@@ -405,15 +417,18 @@ def grouped_gemm_blockscaled(qa, qb, *, offs, out_dtype=torch.bfloat16, alpha: f
         return gemm_mx_sm90(qa, qb, out_dtype, float(alpha), config, num_sms, out, offs=offs)
     alpha = float(alpha)
     gs = global_scale_vector(qa, qb)  # NVFP4's global scales, applied in the epilogue (no host read)
-    elem, sf, vec = RECIPES[qa.fmt.name]
-    if config is not None and (config.a_dtype, config.sf_dtype, config.sf_vec, config.grouped) != (elem, sf, vec, True):
-        raise ValueError(f"config {config.name} is not a grouped {qa.fmt.name} kernel")
+    a_elem, b_elem, sf, vec = pair_recipe(qa, qb)
+    if config is not None and (config.a_dtype, config.b_dtype, config.sf_dtype, config.sf_vec, config.grouped) != (
+        a_elem, b_elem, sf, vec, True
+    ):
+        raise ValueError(f"config {config.name} is not a grouped {qa.fmt.name} x {qb.fmt.name} kernel")
     cfg = config or replace(
-        blockscaled_config(qa.fmt.name, 128, n, out_dtype, alpha=alpha != 1.0, global_scale=gs is not None),
+        blockscaled_config(qa.fmt.name, 128, n, out_dtype, alpha=alpha != 1.0, global_scale=gs is not None,
+                           b_fmt_name=qb.fmt.name),
         tile_m=128, two_cta=False, cluster_m=1, grouped=True, raster="m", group=1,
     )  # fmt: skip
     cfg = with_global_scale(cfg, gs, alpha)
-    ok, why = can_implement(cfg, GemmProblem(total_m, n, k, 1, elem, elem, _OUT_NAMES[out_dtype], "k", "k", (k,), (k,)))
+    ok, why = can_implement(cfg, GemmProblem(total_m, n, k, 1, a_elem, b_elem, _OUT_NAMES[out_dtype], "k", "k", (k,), (k,)))
     if not ok:
         raise ValueError(f"cannot run {cfg.name}: {why}")
     max_clusters = max(1, num_sms // (cfg.cluster_m * cfg.cluster_n))

@@ -182,11 +182,13 @@ def gemm_mx_sm90(
     grouped = offs is not None
     m, k = qa.shape[-2], qa.shape[-1]
     n = qb.shape[-2]
-    if qa.fmt.name != "mxfp8":  # FP4 x FP4: no FP4 tensor-core input on Hopper, dequantize first
+    if qa.fmt.name != "mxfp8" or qb.fmt != qa.fmt:  # an FP4 operand: no FP4 tensor-core input on Hopper
         from .dequant import check_dequant_operand
 
         if config is not None:
-            raise ValueError(f"{qa.fmt.name} on sm_90a has no kernel config to force: it dequantizes to bf16 first")
+            raise ValueError(
+                f"{qa.fmt.name} x {qb.fmt.name} on sm_90a has no kernel config to force: it dequantizes to bf16 first"
+            )
         check_dequant_operand(qa, "qa")
         check_dequant_operand(qb, "qb")
         return _dequantized_gemm(qa, qb, out_dtype, alpha, out, offs)

@@ -22,6 +22,9 @@ BLOCKSCALED_RECIPES = {
     ("e2m1", "e8m0", 32): "mxfp4",
     ("e2m1", "e4m3", 16): "nvfp4",
 }
+# MXFP8 x MXFP4 (either order): tcgen05.mma.kind::mxf8f6f4 with e8m0 scales per 32 K; the FP4
+# operand is unpacked to a byte per element in shared memory (its K a multiple of 128).
+BLOCKSCALED_MIXED = {("e4m3", "e2m1"), ("e2m1", "e4m3")}
 ELEMENT_BITS = {"bf16": 16, "fp16": 16, "fp32": 32, "e4m3": 8, "e2m1": 4, "u8": 8}
 
 
@@ -345,10 +348,12 @@ def blockscaled_errors(cfg: GemmConfig) -> list[str]:
     if cfg.arch != "sm_100a":
         err.append(f"block-scaled GEMM is native on sm_100a only, got arch {cfg.arch!r}")
     recipe = (cfg.a_dtype, cfg.sf_dtype, cfg.sf_vec)
-    if cfg.a_dtype != cfg.b_dtype or recipe not in BLOCKSCALED_RECIPES:
+    mixed = (cfg.a_dtype, cfg.b_dtype) in BLOCKSCALED_MIXED and (cfg.sf_dtype, cfg.sf_vec) == ("e8m0", 32)
+    if not mixed and (cfg.a_dtype != cfg.b_dtype or recipe not in BLOCKSCALED_RECIPES):
         err.append(
             f"block-scaled a/b dtype, sf dtype, sf_vec must be equal dtypes and one of "
-            f"{sorted(BLOCKSCALED_RECIPES)}, got {cfg.a_dtype}/{cfg.b_dtype}, {cfg.sf_dtype!r}, {cfg.sf_vec}"
+            f"{sorted(BLOCKSCALED_RECIPES)}, or MXFP8 x MXFP4 (e4m3/e2m1 either order, e8m0, 32), got "
+            f"{cfg.a_dtype}/{cfg.b_dtype}, {cfg.sf_dtype!r}, {cfg.sf_vec}"
         )
     if cfg.a_major != "k" or cfg.b_major != "k":
         err.append("block-scaled: A and B must be K-major (a_major='k', b_major='k')")
@@ -383,6 +388,8 @@ def problem_errors(cfg: GemmConfig, p: GemmProblem) -> list[str]:
         err.append(f"quantized output: the output's columns must be a multiple of 32, got {p.n // cfg.epilogue.cols_per_output}")
     if min(p.m, p.n, p.k, p.l) < 1:
         err.append(f"kernel needs M, N, K, L >= 1 (got {p.m}, {p.n}, {p.k}, {p.l})")
+    if cfg.blockscaled and cfg.a_dtype != cfg.b_dtype and p.k % 128:
+        err.append(f"MXFP8 x MXFP4: K must be a multiple of 128 (the FP4 operand's unpacking TMA), got K={p.k}")
     for nm, strides, dtype in (
         ("a", p.a_strides, p.a_dtype),
         ("b", p.b_strides, p.b_dtype),

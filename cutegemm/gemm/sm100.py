@@ -132,6 +132,15 @@ class GemmSm100(BlockScaledSm100Mixin, EpilogueSm100Mixin, GemmBase):
         if self.blockscaled:
             self.sf_dtype = SF_DTYPES[config.sf_dtype]
             self.sf_vec = config.sf_vec
+        # Shared-memory element types. A mixed kind::mxf8f6f4 pair (MXFP8 x MXFP4) holds its
+        # 4-bit operand one element per byte: the TMA unpacks it (U4 -> U8, ``internal_type``)
+        # so both operands share the byte-per-element layout the MMA reads.
+        self.a_smem_dtype, self.b_smem_dtype = self.a_dtype, self.b_dtype
+        if self.a_dtype.width != self.b_dtype.width:
+            if self.a_dtype.width < 8:
+                self.a_smem_dtype = cutlass.Int8
+            if self.b_dtype.width < 8:
+                self.b_smem_dtype = cutlass.Int8
 
     # ---------------------------------------------------------------------------------------
     def _setup(self, a_layout: LayoutEnum, b_layout: LayoutEnum, c_layout: LayoutEnum):
@@ -184,9 +193,9 @@ class GemmSm100(BlockScaledSm100Mixin, EpilogueSm100Mixin, GemmBase):
             )
 
         # SMEM: A/B stages first (they hide the load latency), leftovers go to the store ring.
-        a_one = sm100_utils.make_smem_layout_a(self.tiled_mma, self.mma_tiler, self.a_dtype, 1)
-        b_one = sm100_utils.make_smem_layout_b(self.tiled_mma, self.mma_tiler, self.b_dtype, 1)
-        ab_bytes = cute.size_in_bytes(self.a_dtype, a_one) + cute.size_in_bytes(self.b_dtype, b_one)
+        a_one = sm100_utils.make_smem_layout_a(self.tiled_mma, self.mma_tiler, self.a_smem_dtype, 1)
+        b_one = sm100_utils.make_smem_layout_b(self.tiled_mma, self.mma_tiler, self.b_smem_dtype, 1)
+        ab_bytes = cute.size_in_bytes(self.a_smem_dtype, a_one) + cute.size_in_bytes(self.b_smem_dtype, b_one)
         if cutlass.const_expr(self.blockscaled):
             # One stage carries the k-tile's scale factors too (same barrier, same ring slot).
             ab_bytes += cute.size_in_bytes(
@@ -205,10 +214,10 @@ class GemmSm100(BlockScaledSm100Mixin, EpilogueSm100Mixin, GemmBase):
         self.epi_stage = self.min_epi_stage + (budget - self.ab_stage * ab_bytes) // c_bytes
 
         self.a_smem_layout_staged = sm100_utils.make_smem_layout_a(
-            self.tiled_mma, self.mma_tiler, self.a_dtype, self.ab_stage
+            self.tiled_mma, self.mma_tiler, self.a_smem_dtype, self.ab_stage
         )
         self.b_smem_layout_staged = sm100_utils.make_smem_layout_b(
-            self.tiled_mma, self.mma_tiler, self.b_dtype, self.ab_stage
+            self.tiled_mma, self.mma_tiler, self.b_smem_dtype, self.ab_stage
         )
         self.epi_smem_layout_staged = sm100_utils.make_smem_layout_epi(
             self.c_dtype, c_layout, self.epi_tile_out, self.epi_stage
@@ -235,8 +244,8 @@ class GemmSm100(BlockScaledSm100Mixin, EpilogueSm100Mixin, GemmBase):
             "tmem_dealloc_mbar": cutlass.Int64,
             "tmem_ptr": cutlass.Int32,
             "tile_start": MemRange[cutlass.Int32, tile_table_len(cfg.grouped)],
-            "sA": Align[MemRange[self.a_dtype, cute.cosize(self.a_smem_layout_staged)], 1024],
-            "sB": Align[MemRange[self.b_dtype, cute.cosize(self.b_smem_layout_staged)], 1024],
+            "sA": Align[MemRange[self.a_smem_dtype, cute.cosize(self.a_smem_layout_staged)], 1024],
+            "sB": Align[MemRange[self.b_smem_dtype, cute.cosize(self.b_smem_layout_staged)], 1024],
             "sC": Align[MemRange[self.c_dtype, cute.cosize(self.epi_smem_layout_staged)], 1024],
         }
         if cfg.scheduler != "static":
@@ -285,6 +294,7 @@ class GemmSm100(BlockScaledSm100Mixin, EpilogueSm100Mixin, GemmBase):
             self.mma_tiler,
             self.tiled_mma,
             vmnk_shape,
+            internal_type=self.a_smem_dtype if self.a_smem_dtype is not self.a_dtype else None,
         )
         tma_atom_b, tma_tensor_b = cute.nvgpu.make_tiled_tma_atom_B(
             sm100_utils.cluster_shape_to_tma_atom_B(self.cluster_shape_mn, self.tiled_mma.thr_id),
@@ -293,6 +303,7 @@ class GemmSm100(BlockScaledSm100Mixin, EpilogueSm100Mixin, GemmBase):
             self.mma_tiler,
             self.tiled_mma,
             vmnk_shape,
+            internal_type=self.b_smem_dtype if self.b_smem_dtype is not self.b_dtype else None,
         )
         tma_atom_c, tma_tensor_c = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileS2GOp(),
