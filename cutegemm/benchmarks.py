@@ -294,6 +294,18 @@ def bench_grouped(shapes=GROUPED_SHAPES, dtype=torch.bfloat16, reps=30, names=No
     return rows
 
 
+def host_time_us(fn, reps: int = 20) -> float:
+    """Median host time of one call (µs), the GPU idle before each (synchronized)."""
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
 def _mixed_list_shapes(groups: int = 24, seed: int = 0) -> list[tuple[int, int, int]]:
     """(M, N, K) of groups that share nothing: M 16..2048, N and K 256..4096 (multiples of 8)."""
     gen = torch.Generator().manual_seed(seed)
@@ -339,15 +351,9 @@ def bench_grouped_list(shapes=GROUPED_SHAPES, names=None, mixed=True, reps=20, c
         t_ours = timer(lambda xs=xs, ws=ws: grouped_gemm(xs, ws), reps)
         t_loop = timer(lambda xs=xs, ws=ws: [gemm(x, w) for x, w in zip(xs, ws, strict=True)], reps)
         t_tloop = timer(lambda xs=xs, ws=ws: [x @ w for x, w in zip(xs, ws, strict=True)], reps)
-        host = []
-        for _ in range(20):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            grouped_gemm(xs, ws)
-            host.append((time.perf_counter() - t0) * 1e6)
-        torch.cuda.synchronize()
+        host = host_time_us(lambda xs=xs, ws=ws: grouped_gemm(xs, ws))
         line = (f"{label}: G{len(dims)} | ours {flops / t_ours / 1e9:7.1f} TFLOP/s ({t_ours:.4f} ms, host "
-                f"{statistics.median(host):.0f} us/call) | our per-group loop {flops / t_loop / 1e9:7.1f} "
+                f"{host:.0f} us/call) | our per-group loop {flops / t_loop / 1e9:7.1f} "
                 f"({t_loop / t_ours:.2f}x) | loop of torch.matmul {flops / t_tloop / 1e9:7.1f} ({t_tloop / t_ours:.2f}x)")  # fmt: skip
         if len({(n, k) for _, n, k in dims}) == 1:
             a = torch.cat(xs)

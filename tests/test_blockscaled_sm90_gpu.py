@@ -181,52 +181,39 @@ def test_mxfp8_op_and_config_errors():
         cutegemm.gemm(qa, qb, out=torch.empty(64, 127, device="cuda", dtype=torch.bfloat16))
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-@pytest.mark.parametrize("batch", [None, 2])
-def test_fp4_x_fp4_on_hopper_dequantizes_first(fmt, batch):
-    """FP4 x FP4 on sm_90a: both operands dequantized to bf16 (one kernel pass each, equal to
-    dequantize_ref rounded to bf16), then our bf16 GEMM: bitwise equal to that GEMM on the
-    reference-dequantized operands, within 2x the error of torch's bf16 matmul of the same
-    operands (NVFP4's global scale makes the bf16 operands a rounding; MXFP4's are exact)."""
+def _check_dequantize_first(formats, batch, m, n, k, seed, kw):
+    """gemm(qa, qb, alpha=0.5) on sm_90a for formats that dequantize first: bitwise equal to our
+    bf16 GEMM of the reference-dequantized operands, within 2x the error of torch's bf16 matmul
+    of them, poisoned output with nothing written outside; an explicit config is refused."""
     _skip_unless_sm90()
     lead = () if batch is None else (batch,)
-    g = torch.Generator(device="cuda").manual_seed(len(lead))
-    kw = {"global_scale": 0.37} if fmt == "nvfp4" else {}
-    m, n, k = 300, 264, 512
-    qa = cutegemm.quantize(torch.randn(*lead, m, k, generator=g, device="cuda"), fmt, **kw)
-    qb = cutegemm.quantize(torch.randn(*lead, n, k, generator=g, device="cuda"), fmt, **kw)
+    g = torch.Generator(device="cuda").manual_seed(seed + len(lead))
+    qa = cutegemm.quantize(torch.randn(*lead, m, k, generator=g, device="cuda"), formats[0], **kw)
+    qb = cutegemm.quantize(torch.randn(*lead, n, k, generator=g, device="cuda"), formats[1], **kw)
     buf, out = poisoned_out((*lead, m, n), torch.bfloat16)
     assert cutegemm.gemm(qa, qb, out=out, alpha=0.5) is out
     assert_outside_untouched(buf, m, n)
     a16, b16 = dequantize_ref(qa).to(torch.bfloat16), dequantize_ref(qb).to(torch.bfloat16)
     assert torch.equal(out, cutegemm.gemm(a16, b16.mT, alpha=0.5))
     ref = (dequantize_ref(qa).double() @ dequantize_ref(qb).double().mT) * 0.5
-    assert_within_torch_error(out, ((a16 @ b16.mT).double() * 0.5).to(torch.bfloat16), ref, what=f"{fmt} on sm_90a")
+    assert_within_torch_error(out, ((a16 @ b16.mT).double() * 0.5).to(torch.bfloat16), ref, what=f"{formats} on sm_90a")
     with pytest.raises(ValueError, match="no kernel config"):
         cutegemm.gemm(qa, qb, config=mx_config(m, n))
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("batch", [None, 2])
+def test_fp4_x_fp4_on_hopper_dequantizes_first(fmt, batch):
+    """FP4 x FP4 on sm_90a: both operands dequantized to bf16 (one kernel pass each, equal to
+    dequantize_ref rounded to bf16), then our bf16 GEMM (NVFP4's global scale makes the bf16
+    operands a rounding; MXFP4's are exact)."""
+    _check_dequantize_first((fmt, fmt), batch, 300, 264, 512, 0, {"global_scale": 0.37} if fmt == "nvfp4" else {})
 
 
 @pytest.mark.parametrize("formats", [("mxfp8", "mxfp4"), ("mxfp4", "mxfp8")], ids=["mxfp8xmxfp4", "mxfp4xmxfp8"])
 @pytest.mark.parametrize("batch", [None, 2])
 def test_mixed_mx_on_hopper_dequantizes_first(formats, batch):
     """MXFP8 x MXFP4 (either order) on sm_90a: each operand dequantized in its own format (exact
-    in bf16), then our bf16 GEMM: bitwise equal to that GEMM on the reference-dequantized
-    operands, within 2x the error of torch's bf16 matmul; poisoned output, nothing written
-    outside; K not a multiple of 128 is fine here (the sm_100a kernel needs it)."""
-    _skip_unless_sm90()
-    lead = () if batch is None else (batch,)
-    g = torch.Generator(device="cuda").manual_seed(7 + len(lead))
-    m, n, k = 300, 264, 544
-    qa = cutegemm.quantize(torch.randn(*lead, m, k, generator=g, device="cuda"), formats[0])
-    qb = cutegemm.quantize(torch.randn(*lead, n, k, generator=g, device="cuda"), formats[1])
-    buf, out = poisoned_out((*lead, m, n), torch.bfloat16)
-    assert cutegemm.gemm(qa, qb, out=out, alpha=0.5) is out
-    assert_outside_untouched(buf, m, n)
-    a16, b16 = dequantize_ref(qa).to(torch.bfloat16), dequantize_ref(qb).to(torch.bfloat16)
-    assert torch.equal(out, cutegemm.gemm(a16, b16.mT, alpha=0.5))
-    ref = (dequantize_ref(qa).double() @ dequantize_ref(qb).double().mT) * 0.5
-    assert_within_torch_error(out, ((a16 @ b16.mT).double() * 0.5).to(torch.bfloat16), ref, what=f"{formats}")
-    torch.testing.assert_close(out.double(), cutegemm.gemm_ref(qa, qb, alpha=0.5, out_dtype=torch.float64),
-                               atol=0.05 * ref.abs().max().item(), rtol=0.02)  # fmt: skip
-    with pytest.raises(ValueError, match="no kernel config"):
-        cutegemm.gemm(qa, qb, config=mx_config(m, n))
+    in bf16), then our bf16 GEMM; K not a multiple of 128 is fine here (the sm_100a kernel needs
+    it)."""
+    _check_dequantize_first(formats, batch, 300, 264, 544, 7, {})

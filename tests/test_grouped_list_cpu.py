@@ -1,6 +1,8 @@
 """List form (``grouped_gemm([a...], [b...])``) without a GPU: the tile map twin of the device
 scheduler, the config rules and policy, the compile-check variants."""
 
+import bisect
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -10,15 +12,9 @@ from cutegemm.schedulers.grouped import list_tile_map, list_tile_starts
 
 
 def _search(starts, work):
-    """The device scheduler's binary search (ListScheduler.cta_tile) on plain ints."""
-    lo, hi = 0, len(starts) - 2
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if starts[mid] <= work:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    """What the device scheduler's binary search (``owner_group``) must find: the last group g
+    with starts[g] <= work (empty groups share a start with the group after them)."""
+    return bisect.bisect_right(starts[:-1], work) - 1
 
 
 @settings(max_examples=200, deadline=None)

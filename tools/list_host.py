@@ -3,10 +3,10 @@
 
 import cProfile
 import pstats
-import time
 
 import torch
 
+from cutegemm.benchmarks import host_time_us
 from cutegemm.grouped import grouped_gemm
 
 for label, g, m, n, k in [("qwen3", 128, 128, 1536, 2048), ("mixtral", 8, 4096, 14336, 4096), ("decode", 32, 16, 4096, 7168)]:
@@ -15,14 +15,7 @@ for label, g, m, n, k in [("qwen3", 128, 128, 1536, 2048), ("mixtral", 8, 4096, 
     for _ in range(3):
         grouped_gemm(xs, ws)
     torch.cuda.synchronize()
-    ts = []
-    for _ in range(20):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        grouped_gemm(xs, ws)
-        ts.append((time.perf_counter() - t0) * 1e6)
-    torch.cuda.synchronize()
-    print(f"{label}: host {sorted(ts)[10]:.0f} us/call (min {min(ts):.0f})", flush=True)
+    print(f"{label}: host {host_time_us(lambda xs=xs, ws=ws: grouped_gemm(xs, ws)):.0f} us/call", flush=True)
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(20):

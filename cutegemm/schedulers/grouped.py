@@ -107,6 +107,21 @@ def fill_tile_starts(
         tile_start[num_groups] = incl
 
 
+@cute.jit
+def owner_group(tile_start: cute.Tensor, num_groups: cutlass.Int32, work: cutlass.Int32):
+    """Binary search: the last group g with tile_start[g] <= work (empty groups share a start;
+    the search lands on the last of them, the one that owns the tile)."""
+    lo = cutlass.Int32(0)
+    hi = num_groups - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if tile_start[mid] <= work:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 class GroupedScheduler(PersistentWalk):
     """Device side. ``tile_start`` is a shared-memory Int32 tensor of E + 1 entries filled by
     :meth:`fill_tile_starts`. Holds only Int32 runtime values plus compile-time settings."""
@@ -144,17 +159,7 @@ class GroupedScheduler(PersistentWalk):
         cluster_m > 1 the cluster covers cluster_m consecutive m-tiles of one expert (CTA r takes
         the r-th); one past the expert's rows is an empty tile (row_end - row_start <= m_tile *
         tile_m): it loads and multiplies nothing useful and stores nothing."""
-        # Binary search: the last expert e with tile_start[e] <= work (empty experts share a start;
-        # the search lands on the last of them, the one that owns the tile).
-        lo = cutlass.Int32(0)
-        hi = self.num_groups - 1
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self.tile_start[mid] <= work:
-                lo = mid
-            else:
-                hi = mid - 1
-        e = lo
+        e = owner_group(self.tile_start, self.num_groups, work)
         local = work - self.tile_start[e]
         start, end = group_range(self.mOffs, e, self.total_m)
         rows_per_cluster = self.tile_m * self.cluster_m
@@ -218,15 +223,7 @@ class ListScheduler(PersistentWalk):
 
     @cute.jit
     def cta_tile(self, work):
-        lo = cutlass.Int32(0)
-        hi = self.num_groups - 1
-        while lo < hi:  # the last group g with tile_start[g] <= work (empty groups share a start)
-            mid = (lo + hi + 1) // 2
-            if self.tile_start[mid] <= work:
-                lo = mid
-            else:
-                hi = mid - 1
-        g = lo
+        g = owner_group(self.tile_start, self.num_groups, work)
         local = work - self.tile_start[g]
         m = cutlass.Int32(self.mTable[g * LIST_FIELDS + LIST_M])
         mt = (m + (self.tile_m - 1)) // self.tile_m
