@@ -88,7 +88,7 @@ def test_list_table_rows(shapes):
     lds = ([10 + g for g in range(G)], [20 + g for g in range(G)])
     table = list_table(shapes, a_ptrs, b_ptrs, c_ptrs, lds, 128, 256, t)
     assert len(table) == LIST_FIELDS * (G + 1)
-    starts = list_tile_starts([(m, n) for m, n, _ in shapes], 128, 256)
+    starts = list_tile_starts([(m if k else 0, n) for m, n, k in shapes], 128, 256)  # K = 0: no tiles
     assert table[G * LIST_FIELDS + LIST_TILE] == starts[-1]
     for g, (m, n, k) in enumerate(shapes):
         row = table[g * LIST_FIELDS : (g + 1) * LIST_FIELDS]

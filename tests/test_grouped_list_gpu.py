@@ -18,7 +18,8 @@ pytestmark = pytest.mark.gpu
 
 
 def _sm90():
-    return torch.cuda.get_device_capability()[0] == 9
+    """The list-form kernel's archs: sm_90a (run on the H200) and sm_100a (compile-verified)."""
+    return torch.cuda.get_device_capability()[0] in (9, 10)
 
 
 def make_groups(shapes, dtype=torch.bfloat16, a_col_major=False, b_k_major=False):
@@ -57,7 +58,7 @@ def run_kernel(xs, ws, out_dtype=None, alpha=1.0, config=None, pad=64):
 dims8 = st.one_of(st.just(0), st.integers(1, 48).map(lambda v: 8 * v))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or not _sm90(), reason="sm_90a list-form kernel")
+@pytest.mark.skipif(not torch.cuda.is_available() or not _sm90(), reason="sm_90a / sm_100a list-form kernel")
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     shapes=st.lists(st.tuples(st.one_of(st.just(0), st.integers(1, 300)), dims8, dims8), min_size=1, max_size=10),
@@ -74,7 +75,7 @@ def test_list_kernel_property(shapes, a_col_major, b_k_major, fp16, out32, alpha
     check_outputs(outs, xs, ws, alpha, out_dtype)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or not _sm90(), reason="sm_90a list-form kernel")
+@pytest.mark.skipif(not torch.cuda.is_available() or not _sm90(), reason="sm_90a / sm_100a list-form kernel")
 @pytest.mark.parametrize(
     "shapes",
     [
@@ -90,7 +91,7 @@ def test_list_kernel_edge_cases(shapes):
     check_outputs(run_kernel(xs, ws), xs, ws)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or not _sm90(), reason="sm_90a list-form kernel")
+@pytest.mark.skipif(not torch.cuda.is_available() or not _sm90(), reason="sm_90a / sm_100a list-form kernel")
 @pytest.mark.parametrize(
     "cfg",
     [
@@ -109,7 +110,7 @@ def test_list_kernel_configs(cfg):
     assert all(torch.equal(o, p) for o, p in zip(outs, again, strict=True)), "not bitwise reproducible"
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or not _sm90(), reason="sm_90a list-form kernel")
+@pytest.mark.skipif(not torch.cuda.is_available() or not _sm90(), reason="sm_90a / sm_100a list-form kernel")
 def test_list_fallbacks_stay_correct():
     # mixed majors, a misaligned base, > 1024 groups (chunked launches)
     xs, ws = make_groups([(40, 64, 32), (24, 64, 32)])
@@ -128,7 +129,7 @@ def test_list_fallbacks_stay_correct():
     check_outputs(outs, xs, ws)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or not _sm90(), reason="sm_90a list-form kernel")
+@pytest.mark.skipif(not torch.cuda.is_available() or not _sm90(), reason="sm_90a / sm_100a list-form kernel")
 def test_list_in_cuda_graph_falls_back_and_replays():
     xs, ws = make_groups([(40, 64, 32), (24, 128, 64)])
     grouped_gemm(xs, ws)  # compile outside the capture
@@ -148,7 +149,7 @@ def test_list_in_cuda_graph_falls_back_and_replays():
         check_outputs(outs, xs, ws)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or not _sm90(), reason="sm_90a list-form kernel")
+@pytest.mark.skipif(not torch.cuda.is_available() or not _sm90(), reason="sm_90a / sm_100a list-form kernel")
 def test_list_alpha_epilogue_config_explicit():
     cfg = GemmConfig(arch="sm_90a", listed=True, a_major="m", b_major="k", tile_m=128, tile_n=128, out_dtype="fp32",
                      epilogue=EpilogueSpec(alpha=True))  # fmt: skip

@@ -97,6 +97,10 @@ class GemmBase:
             max_clusters,
         )
 
+    def list_unit_modes(self) -> tuple[int, int, int]:
+        """List form: the unit-stride mode of A (M, K), B (N, K) and C (M, N) of every group."""
+        return (1 if self.config.a_major == "k" else 0, 1 if self.config.b_major == "k" else 0, 1)
+
     def broadcast_scheduler(self, inner, storage, mWorkspace) -> BroadcastScheduler:
         """scheduler "dynamic" / "clc": ``inner`` (static or grouped) behind the shared-memory
         ring of ``schedulers.dynamic`` (its barriers were initialised by :meth:`init_sched_ring`).

@@ -299,21 +299,22 @@ def kgrouped_errors(cfg: GemmConfig) -> list[str]:
 
 
 def listed_errors(cfg: GemmConfig) -> list[str]:
-    """Rules of the list-form kernel (sm_90a): those of the K-grouped kernel, and no cluster (a
-    multicast would need the peer CTA's tile in the same group)."""
+    """Rules of the list-form kernel (sm_90a, and sm_100a with the 1-CTA MMA): those of the
+    K-grouped kernel, and no cluster (a multicast would need the peer CTA's tile in the same
+    group)."""
     what = "listed (list form)"
-    err = _alpha_only_errors(cfg, what, cfg.grouped or cfg.kgrouped)
-    if cfg.cluster_m != 1 or cfg.cluster_n != 1:
-        err.append(f"{what}: cluster 1x1")
+    err = _alpha_only_errors(cfg, what, cfg.grouped or cfg.kgrouped, archs=("sm_90a", "sm_100a"))
+    if cfg.cluster_m != 1 or cfg.cluster_n != 1 or cfg.two_cta:
+        err.append(f"{what}: cluster 1x1, 1-CTA MMA")
     return err
 
 
-def _alpha_only_errors(cfg: GemmConfig, what: str, other_form: bool) -> list[str]:
-    """sm_90a, bf16 / fp16 A and B, not combined with another form or a scaled mode, alpha as
-    the only epilogue op, static or dynamic scheduler."""
+def _alpha_only_errors(cfg: GemmConfig, what: str, other_form: bool, archs=("sm_90a",)) -> list[str]:
+    """bf16 / fp16 A and B on ``archs``, not combined with another form or a scaled mode, alpha
+    as the only epilogue op, static or dynamic scheduler."""
     err = []
-    if cfg.arch != "sm_90a":
-        err.append(f"{what} is an sm_90a kernel, got arch {cfg.arch!r}")
+    if cfg.arch not in archs:
+        err.append(f"{what} is an {' / '.join(archs)} kernel, got arch {cfg.arch!r}")
     if cfg.a_dtype not in INPUT_DTYPES or cfg.b_dtype != cfg.a_dtype:
         err.append(f"{what}: bf16 or fp16 A and B, got {cfg.a_dtype}/{cfg.b_dtype}")
     if other_form or cfg.flat or cfg.blockscaled or cfg.fp8_blockwise or cfg.fp8_mx:

@@ -67,6 +67,8 @@ multiple of 32 up to 256; cluster <= 4, cluster_m even with two_cta; grouped: no
 
 from __future__ import annotations
 
+import inspect
+
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
@@ -81,12 +83,19 @@ from cutlass.tensor_utils import LayoutEnum
 from ..blockscaled.sm100_mainloop import SF_DTYPES, BlockScaledSm100Mixin
 from ..epilogue.quant import quant_storage
 from ..grouped.kernel_parts import (
+    GROUPED_MAX_GROUPS,
+    fill_list_tile_starts,
     fill_tile_starts,
     from_row,
     grouped_acc_coords,
     grouped_acc_space,
     grouped_out_tile,
+    launch_list_descriptors,
+    list_descriptor,
+    list_groups,
+    list_k_tiles,
     make_grouped_scheduler,
+    make_list_scheduler,
     tile_table,
     tile_table_bytes,
     tile_table_len,
@@ -205,7 +214,7 @@ class GemmSm100(BlockScaledSm100Mixin, EpilogueSm100Mixin, GemmBase):
             )
         c_one = sm100_utils.make_smem_layout_epi(self.c_dtype, c_layout, self.epi_tile_out, 1)
         c_bytes = cute.size_in_bytes(self.c_dtype, c_one)
-        budget = SMEM_CAPACITY_SM100 - MBAR_BYTES - tile_table_bytes(cfg.grouped) - self.min_epi_stage * c_bytes
+        budget = SMEM_CAPACITY_SM100 - MBAR_BYTES - tile_table_bytes(cfg.grouped or cfg.listed) - self.min_epi_stage * c_bytes
         self.ab_stage = cfg.stages or budget // ab_bytes
         if self.ab_stage < 2 or self.ab_stage * ab_bytes > budget:
             raise ValueError(
@@ -243,7 +252,7 @@ class GemmSm100(BlockScaledSm100Mixin, EpilogueSm100Mixin, GemmBase):
             "acc_mbar": MemRange[cutlass.Int64, self.acc_stage * 2],
             "tmem_dealloc_mbar": cutlass.Int64,
             "tmem_ptr": cutlass.Int32,
-            "tile_start": MemRange[cutlass.Int32, tile_table_len(cfg.grouped)],
+            "tile_start": MemRange[cutlass.Int32, tile_table_len(cfg.grouped or cfg.listed)],
             "sA": Align[MemRange[self.a_smem_dtype, cute.cosize(self.a_smem_layout_staged)], 1024],
             "sB": Align[MemRange[self.b_smem_dtype, cute.cosize(self.b_smem_layout_staged)], 1024],
             "sC": Align[MemRange[self.c_dtype, cute.cosize(self.epi_smem_layout_staged)], 1024],
@@ -316,6 +325,12 @@ class GemmSm100(BlockScaledSm100Mixin, EpilogueSm100Mixin, GemmBase):
             sf_args = self._make_sf_tma(mA, mB, mSFA, mSFB, vmnk_shape)
 
         self.shared_storage = self._shared_storage()
+        if cutlass.const_expr(cfg.listed):
+            # List form: mOffs is the group table; each group's descriptors are written first.
+            launch_list_descriptors(
+                (tma_atom_a, tma_atom_b, tma_atom_c), mOffs, (self.a_dtype, self.b_dtype, self.c_dtype),
+                self.list_unit_modes(), stream,
+            )  # fmt: skip
         self.kernel(
             tma_atom_a,
             tma_tensor_a,
@@ -524,6 +539,12 @@ class GemmSm100(BlockScaledSm100Mixin, EpilogueSm100Mixin, GemmBase):
             )
             if warp_idx == 0:
                 fill_tile_starts(tile_start, mOffs, mA_mkl.shape[0], cfg.tile_m, n_cluster_tiles, cute.arch.lane_idx())
+        elif cutlass.const_expr(cfg.listed):
+            # List form: mOffs is the group table; warp 0 copies the groups' first tiles.
+            num_groups = list_groups(mOffs)
+            tile_start = storage.tile_start.get_tensor(cute.make_layout(GROUPED_MAX_GROUPS + 1))
+            if warp_idx == 0:
+                fill_list_tile_starts(tile_start, mOffs, num_groups, cute.arch.lane_idx())
         else:
             sched = self.make_scheduler(
                 self.acc_space(mC_mnl, mB_nkl), self.cta_tile_mn, ctas_per_tile_m=self.cta_per_mma
@@ -607,6 +628,22 @@ class GemmSm100(BlockScaledSm100Mixin, EpilogueSm100Mixin, GemmBase):
                     )
                 return cute.group_modes(bSG_gC_t, 1, 3), gC_real_epi, cC_epi, rows_left, cols_left, full_tile, coords
 
+        k_tiles, load_descs, out_desc = k_tile_cnt, None, None
+        if cutlass.const_expr(cfg.listed):
+            # A list tile (m, n, 0, g) indexes group 0's TMA coordinate tensors and loads / stores
+            # through group g's own descriptors (their extents clip the boxes). The host gives
+            # K = 0 groups no tiles (an MMA-less tile would store an unwritten accumulator).
+            sched = make_list_scheduler(tile_start, mOffs, num_groups, cfg.tile_m)
+
+            def k_tiles(tile):
+                return list_k_tiles(mOffs, tile[3], self.mma_tiler[2])
+
+            def load_descs(tile):
+                return list_descriptor(mOffs, num_groups, tile[3], 0), list_descriptor(mOffs, num_groups, tile[3], 1)
+
+            def out_desc(tile):
+                return list_descriptor(mOffs, num_groups, tile[3], 2)
+
         load_sched = sched
         if cutlass.const_expr(cfg.scheduler != "static"):
             # The load warp of cluster rank 0 fetches tiles (atomic counter or CLC query); every
@@ -627,9 +664,9 @@ class GemmSm100(BlockScaledSm100Mixin, EpilogueSm100Mixin, GemmBase):
 
                 extra = self.sf_load_operands(tma_atom_sfa, tma_atom_sfb, sf, sfa_block)
             self.load_ab(
-                load_sched, ab_pipeline, k_tile_cnt,
+                load_sched, ab_pipeline, k_tiles,
                 tma_atom_a, a_tiles, tAsA, a_mcast_mask,
-                tma_atom_b, tBgB, tBsB, b_mcast_mask, extra,
+                tma_atom_b, tBgB, tBsB, b_mcast_mask, extra, load_descs,
             )  # fmt: skip
         elif warp_idx == self.mma_warp_id:
             if cutlass.const_expr(self.blockscaled):
@@ -640,7 +677,7 @@ class GemmSm100(BlockScaledSm100Mixin, EpilogueSm100Mixin, GemmBase):
             else:
                 self.mma(
                     sched, ab_pipeline, acc_pipeline, tmem,
-                    tiled_mma, acc_layout, sA, sB, k_tile_cnt, is_leader_cta,
+                    tiled_mma, acc_layout, sA, sB, k_tiles, is_leader_cta,
                 )  # fmt: skip
         elif warp_idx < self.mma_warp_id:
             self.epilogue(
@@ -649,6 +686,7 @@ class GemmSm100(BlockScaledSm100Mixin, EpilogueSm100Mixin, GemmBase):
                 tCcAcc, mCin, mBias, beta, mma_coord_v, c_tiles,
                 (mEpiSF, mEpiGS, mC_mnl.shape[0], mC_mnl.shape[1] * (self.out_div // epi.cols_per_output)),
                 (mV0, mV1, mV2, mV3), mB_nkl.shape[0] if cutlass.const_expr(cfg.grouped) else None,
+                out_desc,
             )  # fmt: skip
 
     # ---------------------------------------------------------------------------------------
@@ -663,7 +701,7 @@ class GemmSm100(BlockScaledSm100Mixin, EpilogueSm100Mixin, GemmBase):
         acc_layout: cute.Layout,  # (MMA, MMA_M, MMA_N, ACC_STAGE)
         sA: cute.Tensor,
         sB: cute.Tensor,
-        k_tile_cnt: cutlass.Int32,
+        k_tile_cnt,  # Int32, or tile -> Int32 (list form: each group's own K)
         is_leader_cta: cutlass.Boolean,
     ):
         """MMA warp: tcgen05.mma of every k-tile into the current TMEM accumulator stage.
@@ -690,7 +728,10 @@ class GemmSm100(BlockScaledSm100Mixin, EpilogueSm100Mixin, GemmBase):
                 acc_pipeline.producer_acquire(acc_producer_state)
             # First k-block of a tile overwrites the accumulator.
             tiled_mma.set(tcgen05.Field.ACCUMULATE, False)
-            for _k_tile in cutlass.range(k_tile_cnt, unroll=1):
+            kt_cnt = k_tile_cnt
+            if cutlass.const_expr(inspect.isfunction(k_tile_cnt)):
+                kt_cnt = k_tile_cnt(sched.cta_tile(work))
+            for _k_tile in cutlass.range(kt_cnt, unroll=1):
                 if is_leader_cta:
                     ab_pipeline.consumer_wait(ab_consumer_state)
                     for kb in cutlass.range_constexpr(num_k_blocks):

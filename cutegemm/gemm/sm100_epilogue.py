@@ -44,6 +44,7 @@ class EpilogueSm100Mixin:
         quant_args=None,  # quantized output: (scale bytes, global scale, rows, output columns)
         vectors=(),  # user epilogue vectors / FP8 scales
         group_cols=None,  # grouped: the GEMM's N (per-expert vectors hold E rows of N)
+        out_desc=None,  # listed: tile -> its group's C descriptor
     ):
         """Epilogue warps: own the TMEM allocation; TMEM -> registers -> epilogue_subtile -> smem -> TMA.
 
@@ -135,7 +136,7 @@ class EpilogueSm100Mixin:
                     # (T2R, T2R_M, T2R_N, EPI_M * EPI_N)
                     tTR_cAcc = cute.group_modes(thr_copy_t2r.partition_D(cT_epi), 3, 5)
             else:
-                tile_m, tile_n, tile_l = tile
+                tile_m, tile_n, tile_l = tile[0], tile[1], tile[2]  # (listed: tile[3] is the group)
                 out_m = tile_m
                 if cutlass.const_expr(self.out_div > 1):
                     out_m = tile_m * self.cta_per_mma + mma_coord_v  # gC holds single-CTA tiles
@@ -146,6 +147,11 @@ class EpilogueSm100Mixin:
                     tTR_cAcc = cute.group_modes(
                         tTR_cAcc_all[(None, None, None, None, None, tile_m, tile_n, tile_l)], 3, 5
                     )
+            desc_c = None
+            if cutlass.const_expr(out_desc is not None):
+                desc_c = out_desc(tile)
+                if warp_idx == self.epi_warp_ids[0]:
+                    cpasync.fence_tma_desc_acquire(desc_c)
             # (T2R, T2R_M, T2R_N, EPI_M * EPI_N)
             tTR_tAcc = cute.group_modes(
                 tTR_tAcc_all[(None, None, None, None, None, acc_consumer_state.index)], 3, 5
@@ -186,7 +192,7 @@ class EpilogueSm100Mixin:
                 self.epi_barrier.arrive_and_wait()
                 if full_tile:
                     if warp_idx == self.epi_warp_ids[0]:
-                        cute.copy(tma_atom_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_idx)])
+                        cute.copy(tma_atom_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_idx)], tma_desc_ptr=desc_c)
                         store_pipeline.producer_commit()
                         store_pipeline.producer_acquire()
                 else:

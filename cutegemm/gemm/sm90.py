@@ -62,8 +62,8 @@ from ..grouped.kernel_parts import (
     grouped_acc_space,
     grouped_k_tiles,
     grouped_out_tile,
+    launch_list_descriptors,
     list_descriptor,
-    list_descriptors_kernel,
     list_groups,
     list_k_tiles,
     make_grouped_scheduler,
@@ -251,10 +251,10 @@ class GemmSm90(MxSm90Mixin, GemmBase):
         self.shared_storage = SharedStorage
         if cutlass.const_expr(cfg.listed):
             # List form: mOffs is the group table. Each group's descriptors are written first.
-            unit_modes = (1 if cfg.a_major == "k" else 0, 1 if cfg.b_major == "k" else 0, 1)
-            list_descriptors_kernel(
-                tma_atom_a, tma_atom_b, tma_atom_c, mOffs, (self.a_dtype, self.b_dtype, self.c_dtype), unit_modes
-            ).launch(grid=(list_groups(mOffs), 1, 1), block=[96, 1, 1], stream=stream)
+            launch_list_descriptors(
+                (tma_atom_a, tma_atom_b, tma_atom_c), mOffs, (self.a_dtype, self.b_dtype, self.c_dtype),
+                self.list_unit_modes(), stream,
+            )  # fmt: skip
         self.kernel(
             tma_atom_a,
             tma_tensor_a,

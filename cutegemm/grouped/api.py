@@ -37,7 +37,7 @@ Forms:
   K tiles' stages): no host sync, CUDA-graph capturable. Elsewhere one dense GEMM per expert, reading offs on the host (not capturable).
   Bad offs are clamped as in the packed form (``schedulers.grouped.expert_rows``).
 - list: ``grouped_gemm([a0, a1, ...], [b0, b1, ...])`` -> list, arbitrary per-group M, N, K, one
-  dtype. sm_90a, bf16 / fp16: one launch of the list-form kernel (``GemmConfig.listed``) after a
+  dtype. sm_90a and sm_100a (compile-verified), bf16 / fp16: one launch of the list-form kernel (``GemmConfig.listed``) after a
   small prep kernel that writes each group's TMA descriptors (A, B, C) on the device from a group
   table the host builds from the tensors' metadata (no sync; outputs are views of one buffer).
   Elsewhere, and for operands TMA cannot read in place, groups whose operands are stored with
@@ -653,7 +653,8 @@ def list_config(arch: str, num_sms: int, groups: int, total_m: int, n: int, k: i
 def list_table(shapes, a_ptrs, b_ptrs, c_ptrs, lds, tile_m: int, tile_n: int, template: int) -> list[int]:
     """The list-form kernel's group table (``schedulers.grouped.LIST_FIELDS`` int64 per group,
     then one row holding the total tile count), flattened. A group without work (M, N or K = 0)
-    keeps the template group's operand pointers and leading dimensions (never read)."""
+    keeps the template group's operand pointers and leading dimensions (never read); a K = 0
+    group owns no tiles (the caller zeroes its output)."""
     lda, ldb = lds
     row_pad = [0] * (LIST_FIELDS - LIST_TILE - 1)
     table, start = [], 0
@@ -661,7 +662,7 @@ def list_table(shapes, a_ptrs, b_ptrs, c_ptrs, lds, tile_m: int, tile_n: int, te
         src = g if m and n and k else template
         c = c_ptrs[g] if m and n else c_ptrs[template]
         table += [a_ptrs[src], b_ptrs[src], c, m, n, k, lda[src], ldb[src], n, start, *row_pad]
-        start += -(-m // tile_m) * -(-n // tile_n)
+        start += -(-m // tile_m) * -(-n // tile_n) if k else 0
     table += [0] * LIST_TILE + [start] + row_pad
     return table
 
@@ -670,7 +671,7 @@ _LIST_OUT = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def _list_launch(a_list, b_list, out_dtype, alpha, config=None, flat=None):
-    """The list-form kernel (sm_90a, bf16 / fp16): one launch (plus its descriptor prep kernel)
+    """The list-form kernel (sm_90a / sm_100a, bf16 / fp16): one launch (plus its descriptor prep kernel)
     for every group; the list of outputs, or None where it does not apply (another arch or
     dtype, operands TMA cannot read in place, groups with different majors, outputs whose rows
     are not 16-byte multiples, or a CUDA graph being captured: the group table is copied from
@@ -691,8 +692,6 @@ def _list_launch(a_list, b_list, out_dtype, alpha, config=None, flat=None):
     if {t.get_device() for t in a_list} | {t.get_device() for t in b_list} != {idx}:
         return None
     arch, num_sms = _device_info(idx)
-    if arch != "sm_90a":
-        return None
     if len(a_list) > GROUPED_MAX_GROUPS:  # the kernel's shared-memory tile table: chunks of groups
         outs = []
         for i in range(0, len(a_list), GROUPED_MAX_GROUPS):
@@ -717,8 +716,11 @@ def _list_launch(a_list, b_list, out_dtype, alpha, config=None, flat=None):
     else:
         outs = [flat.as_strided((m, n), (n, 1), off) for (m, n, _), off in zip(shapes, offsets, strict=True)]
     live = [g for g, (m, n, k) in enumerate(shapes) if m and n and k]
-    if not live:  # every output is empty or a K = 0 product
-        return [t.zero_() for t in outs]
+    for g, (m, n, k) in enumerate(shapes):
+        if m and n and not k:  # a K = 0 product: zeros (the kernel gives such a group no tiles)
+            outs[g].zero_()
+    if not live:
+        return outs
     if any(n * out_bytes % TMA_ALIGN_BYTES for _, n, _ in shapes):
         return None
     t = live[0]

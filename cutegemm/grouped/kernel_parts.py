@@ -44,6 +44,7 @@ __all__ = [
     "offset_k_tiles",
     "grouped_out_tile",
     "list_descriptor",
+    "launch_list_descriptors",
     "list_descriptors_kernel",
     "list_groups",
     "list_k_tiles",
@@ -185,6 +186,15 @@ def _list_operand(mTable: cute.Tensor, g, which: cutlass.Constexpr, dtype: cutla
     ld = mTable[row + LIST_PTR_A + 6 + which]  # LIST_LD_A / _B / _C
     stride = (ld, 1, 0) if unit_mode == 1 else (1, ld, 0)
     return cute.make_tensor(ptr, cute.make_layout((rows, cols, 1), stride=stride))
+
+
+def launch_list_descriptors(tma_atoms, mTable: cute.Tensor, dtypes, unit_modes, stream):
+    """From a kernel's host ``__call__``: the prep kernel (:func:`list_descriptors_kernel`), one
+    CTA per group, on the GEMM's stream before the GEMM. ``unit_modes``: the unit-stride mode of
+    A (M, K), B (N, K), C (M, N)."""
+    list_descriptors_kernel(*tma_atoms, mTable, dtypes, unit_modes).launch(
+        grid=(list_groups(mTable), 1, 1), block=[96, 1, 1], stream=stream
+    )
 
 
 @cute.kernel
