@@ -180,7 +180,7 @@ def test_blockscaled_rules_accept(change):
         ("sm_100a", dict(BS_MXFP8, b_major="n"), "K-major"),
         ("sm_100a", dict(BS_MXFP8, sf_vec=16), "sf_vec"),
         ("sm_100a", dict(BS_NVFP4, sf_dtype="e5m2"), "sf dtype"),
-        ("sm_100a", dict(BS_MXFP8, b_dtype="e2m1"), "equal dtypes"),
+        ("sm_100a", dict(BS_NVFP4, b_dtype="e4m3"), "equal dtypes"),  # NVFP4 scales do not mix
         ("sm_100a", dict(BS_MXFP8, grouped=True, cluster_m=2), "grouped"),
         ("sm_100a", dict(BS_MXFP8, grouped=True, tile_m=256, two_cta=True, cluster_m=2), "grouped"),
         ("sm_100a", dict(BS_MXFP8, cluster_m=4, cluster_n=2), "cluster size"),

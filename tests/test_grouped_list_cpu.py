@@ -39,10 +39,11 @@ def test_list_tile_map_covers_every_tile_once(shapes, tile):
 
 
 def test_listed_config_rules():
-    ok = GemmConfig(arch="sm_90a", listed=True)
-    assert config_errors(ok) == [] and ok.name.startswith("listed_")
+    for arch in ("sm_90a", "sm_100a"):
+        ok = GemmConfig(arch=arch, listed=True)
+        assert config_errors(ok) == [] and ok.name.startswith("listed_")
     bad = {
-        "sm_100a": GemmConfig(arch="sm_100a", listed=True),
+        "sm_100a 2-CTA": GemmConfig(arch="sm_100a", listed=True, tile_m=256, two_cta=True, cluster_m=2),
         "cluster": GemmConfig(arch="sm_90a", listed=True, cluster_n=2),
         "fp8": GemmConfig(arch="sm_90a", listed=True, a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k"),
         "bias": GemmConfig(arch="sm_90a", listed=True, epilogue=EpilogueSpec(bias=True)),
@@ -102,6 +103,6 @@ def test_compile_check_lists_listed_variants():
     from cutegemm.compile_check import all_variants, required_markers
 
     vs = [c for c in all_variants(["sm_90a", "sm_100a"]) if c.listed]
-    assert len(vs) >= 4 and all(c.arch == "sm_90a" for c in vs)
+    assert len(vs) >= 6 and {c.arch for c in vs} == {"sm_90a", "sm_100a"}
     assert all("UTMACCTL.IV" in required_markers(c) for c in vs)
     assert {c.scheduler for c in vs} == {"static", "dynamic"} and any(c.pingpong for c in vs)
