@@ -181,7 +181,7 @@ def kgrouped_variants(arch: str) -> list[GemmConfig]:
 def listed_variants(arch: str) -> list[GemmConfig]:
     """The list-form kernel (per-group TMA descriptors written by a prep kernel). sm_90a: the
     policy's 128x256 with the dynamic scheduler, 64x128 (decode-size groups), pingpong 128x128,
-    column-major A and K-major B with an fp32 output and alpha. sm_100a (1-CTA MMA): 128x128
+    column-major A and K-major B with an fp32 output, alpha and gelu. sm_100a (1-CTA MMA): 128x128
     static, 64x128 dynamic with a column-major A."""
     ls = dict(arch=arch, listed=True, raster="m", group=1)
     if arch == "sm_100a":
@@ -194,7 +194,7 @@ def listed_variants(arch: str) -> list[GemmConfig]:
         GemmConfig(**ls, tile_m=64, tile_n=128),
         GemmConfig(**ls, tile_m=128, tile_n=128, pingpong=True),
         GemmConfig(**ls, a_major="m", b_major="k", tile_m=128, tile_n=128, out_dtype="fp32",
-                   epilogue=EpilogueSpec(alpha=True)),
+                   epilogue=EpilogueSpec(alpha=True, activation="gelu")),
     ]
 
 

@@ -138,4 +138,6 @@ def test_cpu_tensors_and_other_forms_are_rejected():
     with pytest.raises(ValueError, match="CUDA"):
         grouped_gemm(a.float(), b.float(), offs=offs, activation="silu")
     with pytest.raises(ValueError, match="packed"):
-        grouped_gemm([a], [b[0]], activation="silu")
+        grouped_gemm([a], [b[0]], bias=torch.zeros(8))
+    with pytest.raises(ValueError, match="no gated"):  # the list form takes elementwise activations only
+        grouped_gemm([a], [b[0]], activation="swiglu")

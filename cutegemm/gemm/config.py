@@ -303,15 +303,16 @@ def listed_errors(cfg: GemmConfig) -> list[str]:
     K-grouped kernel, and no cluster (a multicast would need the peer CTA's tile in the same
     group)."""
     what = "listed (list form)"
-    err = _alpha_only_errors(cfg, what, cfg.grouped or cfg.kgrouped, archs=("sm_90a", "sm_100a"))
+    err = _alpha_only_errors(cfg, what, cfg.grouped or cfg.kgrouped, archs=("sm_90a", "sm_100a"), activation=True)
     if cfg.cluster_m != 1 or cfg.cluster_n != 1 or cfg.two_cta:
         err.append(f"{what}: cluster 1x1, 1-CTA MMA")
     return err
 
 
-def _alpha_only_errors(cfg: GemmConfig, what: str, other_form: bool, archs=("sm_90a",)) -> list[str]:
+def _alpha_only_errors(cfg: GemmConfig, what: str, other_form: bool, archs=("sm_90a",), activation=False) -> list[str]:
     """bf16 / fp16 A and B on ``archs``, not combined with another form or a scaled mode, alpha
-    as the only epilogue op, static or dynamic scheduler."""
+    as the only epilogue op (``activation``: and an elementwise activation), static or dynamic
+    scheduler."""
     err = []
     if cfg.arch not in archs:
         err.append(f"{what} is an {' / '.join(archs)} kernel, got arch {cfg.arch!r}")
@@ -320,8 +321,8 @@ def _alpha_only_errors(cfg: GemmConfig, what: str, other_form: bool, archs=("sm_
     if other_form or cfg.flat or cfg.blockscaled or cfg.fp8_blockwise or cfg.fp8_mx:
         err.append(f"{what} cannot be combined with another grouped form, flat or scaled modes")
     epi = cfg.epilogue
-    if epi.beta or epi.bias or epi.activation or epi.gated or epi.quant or epi.user or epi.scale_a or epi.scale_b:
-        err.append(f"{what}: alpha is the only epilogue op")
+    if epi.beta or epi.bias or (epi.activation and not activation) or epi.gated or epi.quant or epi.user or epi.scale_a or epi.scale_b:
+        err.append(f"{what}: alpha is the only epilogue op" + (" (and relu / gelu / gelu_tanh / silu)" if activation else ""))
     if cfg.scheduler == "clc":
         err.append(f"{what}: static or dynamic scheduler")
     return err

@@ -55,7 +55,7 @@ from dataclasses import replace
 import torch
 
 from ..blockscaled.reference import BlockScaledTensor
-from ..epilogue import GATED, EpilogueSpec, epilogue_ref, interleave_gate_up
+from ..epilogue import ACTIVATIONS, GATED, EpilogueSpec, epilogue_ref, interleave_gate_up
 from ..gemm.api import (
     _EPI_TORCH_DTYPES,
     INPUT_TO_NAME,
@@ -338,8 +338,10 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
             plan.launch(a, b, out, offs, float(alpha))
             return out
     elif isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
-        _no_epilogue("the list form", bias, activation, epilogue, out_global_scale, scale_a, scale_b, out_dtype)
-        return _grouped_list(a, b, offs=offs, out_dtype=out_dtype, alpha=alpha)
+        if activation is not None and activation not in ACTIVATIONS:
+            raise ValueError(f"the list form takes activation None or one of {ACTIVATIONS} (no gated ones), got {activation!r}")
+        _no_epilogue("the list form", bias, None, epilogue, out_global_scale, scale_a, scale_b, out_dtype)
+        return _grouped_list(a, b, offs=offs, out_dtype=out_dtype, alpha=alpha, activation=activation)
     elif isinstance(a, BlockScaledTensor):
         return _blockscaled(locals(), grouped_gemm)
     elif isinstance(b, BlockScaledTensor):
@@ -468,7 +470,9 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
 
 def _no_epilogue(form, bias, activation, epilogue, out_global_scale, scale_a, scale_b, out_dtype):
     if any(x is not None for x in (bias, activation, epilogue, out_global_scale, scale_a, scale_b)) or isinstance(out_dtype, str):
-        raise ValueError(f"{form} takes alpha only: bias, activations, user epilogues, FP8 scales and quantized outputs are for the packed (offs) form")
+        more = " (the list form also takes relu / gelu / gelu_tanh / silu)" if form == "the list form" else ""
+        raise ValueError(f"{form} takes alpha only{more}: bias, activations, user epilogues, FP8 scales and quantized "
+                         "outputs are for the packed (offs) form")  # fmt: skip
 
 
 def _padded_k_slice(a, b, start, end):
@@ -603,7 +607,7 @@ def _kgrouped_plan(a, b, out, alpha, config):
     return DENSE_CACHE.get(cfg), views, copy, max_clusters, new_workspace(cfg, dev)
 
 
-def _grouped_list(a_list, b_list, *, offs, out_dtype, alpha):
+def _grouped_list(a_list, b_list, *, offs, out_dtype, alpha, activation=None):
     if offs is not None:
         raise ValueError("offs is not used with lists of tensors")
     if not isinstance(a_list, (list, tuple)) or not isinstance(b_list, (list, tuple)) or len(a_list) != len(b_list):
@@ -615,10 +619,10 @@ def _grouped_list(a_list, b_list, *, offs, out_dtype, alpha):
             raise ValueError(f"group {i}: the list form takes 2-D a (M, K) and b (K, N) tensors")
         if x.shape[1] != w.shape[0]:
             raise ValueError(f"group {i}: shapes do not match: a (M, K={x.shape[1]}) and b (K={w.shape[0]}, N)")
-    outs = _list_launch(list(a_list), list(b_list), out_dtype, alpha)
+    outs = _list_launch(list(a_list), list(b_list), out_dtype, alpha, activation=activation)
     if outs is not None:
         return outs
-    return [gemm(x, w, out_dtype=out_dtype, alpha=alpha) for x, w in zip(a_list, b_list, strict=True)]
+    return [gemm(x, w, out_dtype=out_dtype, alpha=alpha, activation=activation) for x, w in zip(a_list, b_list, strict=True)]
 
 
 def _list_lds(shapes, strides, ptrs, unit_dim: int, align: int, live) -> list[int] | None:
@@ -642,11 +646,12 @@ def _list_lds(shapes, strides, ptrs, unit_dim: int, align: int, live) -> list[in
 
 @functools.lru_cache(maxsize=256)
 def list_config(arch: str, num_sms: int, groups: int, total_m: int, n: int, k: int, dtype: str, out_dtype: str,
-                a_major: str, b_major: str, alpha: bool) -> GemmConfig:  # fmt: skip
+                a_major: str, b_major: str, alpha: bool, activation: str | None = None) -> GemmConfig:  # fmt: skip
     """The list-form kernel's config: the packed grouped policy's tile for ``groups`` groups of
     ``total_m`` rows in all and mean N, K (one CTA per tile: no cluster)."""
     problem = GemmProblem(max(total_m, 1), max(n, 1), max(k, 1), 1, dtype, dtype, out_dtype, a_major, b_major)
-    cfg = policy_for(arch, num_sms).choose_grouped(problem, max(groups, 1), epilogue=EpilogueSpec(alpha=alpha))
+    epi = EpilogueSpec(alpha=alpha, activation=activation)
+    cfg = policy_for(arch, num_sms).choose_grouped(problem, max(groups, 1), epilogue=epi)
     return replace(cfg, grouped=False, listed=True, cluster_m=1, cluster_n=1)
 
 
@@ -670,7 +675,7 @@ def list_table(shapes, a_ptrs, b_ptrs, c_ptrs, lds, tile_m: int, tile_n: int, te
 _LIST_OUT = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def _list_launch(a_list, b_list, out_dtype, alpha, config=None, flat=None):
+def _list_launch(a_list, b_list, out_dtype, alpha, config=None, flat=None, activation=None):
     """The list-form kernel (sm_90a / sm_100a, bf16 / fp16): one launch (plus its descriptor prep kernel)
     for every group; the list of outputs, or None where it does not apply (another arch or
     dtype, operands TMA cannot read in place, groups with different majors, outputs whose rows
@@ -695,7 +700,8 @@ def _list_launch(a_list, b_list, out_dtype, alpha, config=None, flat=None):
     if len(a_list) > GROUPED_MAX_GROUPS:  # the kernel's shared-memory tile table: chunks of groups
         outs = []
         for i in range(0, len(a_list), GROUPED_MAX_GROUPS):
-            part = _list_launch(a_list[i : i + GROUPED_MAX_GROUPS], b_list[i : i + GROUPED_MAX_GROUPS], out_dtype, alpha)
+            part = _list_launch(a_list[i : i + GROUPED_MAX_GROUPS], b_list[i : i + GROUPED_MAX_GROUPS], out_dtype, alpha,
+                                activation=activation)  # fmt: skip
             if part is None:
                 return None
             outs += part
@@ -742,11 +748,13 @@ def _list_launch(a_list, b_list, out_dtype, alpha, config=None, flat=None):
         m_live = sum(shapes[g][0] for g in live)
         n_mean, k_mean = sum(shapes[g][1] for g in live) // len(live), sum(shapes[g][2] for g in live) // len(live)
         cfg = list_config(arch, num_sms, len(live), m_live, n_mean, k_mean, dtype, out_name, a_major, b_major,
-                          alpha != 1.0)  # fmt: skip
+                          alpha != 1.0, activation)  # fmt: skip
     else:
         cfg = config
     if alpha != 1.0 and not cfg.epilogue.alpha:
         cfg = replace(cfg, epilogue=replace(cfg.epilogue, alpha=True))
+    if cfg.epilogue.activation != activation:
+        raise ValueError(f"config {cfg.name} has activation {cfg.epilogue.activation!r}, the call {activation!r}")
     if not cfg.listed or (cfg.a_major, cfg.b_major, cfg.a_dtype, cfg.out_dtype) != (a_major, b_major, dtype, out_name):
         raise ValueError(f"config {cfg.name} cannot run this list call (listed=True, majors {a_major}{b_major}, "
                          f"{dtype} -> {out_name})")  # fmt: skip
@@ -815,7 +823,8 @@ def grouped_gemm_ref(a, b, *, offs=None, out_dtype=None, alpha: float = 1.0, bia
     offs[-1] are zero here and not written by the kernel. A quantized ``out_dtype`` returns
     ``quantize_ref`` of the fp32 result."""
     if isinstance(a, (list, tuple)):
-        return [((x.to(compute_dtype) @ w.to(compute_dtype)) * alpha).to(out_dtype or x.dtype) for x, w in zip(a, b, strict=True)]
+        return [epilogue_ref(x.to(compute_dtype) @ w.to(compute_dtype), alpha=alpha, activation=activation).to(out_dtype or x.dtype)
+                for x, w in zip(a, b, strict=True)]  # fmt: skip
     if isinstance(a, BlockScaledTensor):
         return _blockscaled(locals(), grouped_gemm_ref)
     if isinstance(b, BlockScaledTensor):
