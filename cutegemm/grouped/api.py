@@ -37,7 +37,7 @@ Forms:
   K tiles' stages): no host sync, CUDA-graph capturable. Elsewhere one dense GEMM per expert, reading offs on the host (not capturable).
   Bad offs are clamped as in the packed form (``schedulers.grouped.expert_rows``).
 - list: ``grouped_gemm([a0, a1, ...], [b0, b1, ...])`` -> list, arbitrary per-group M, N, K, one
-  dtype. sm_90a and sm_100a (compile-verified), bf16 / fp16: one launch of the list-form kernel (``GemmConfig.listed``) after a
+  dtype; epilogue: alpha, an elementwise ``activation`` (relu / gelu / gelu_tanh / silu), out_dtype. sm_90a and sm_100a (compile-verified), bf16 / fp16: one launch of the list-form kernel (``GemmConfig.listed``) after a
   small prep kernel that writes each group's TMA descriptors (A, B, C) on the device from a group
   table the host builds from the tensors' metadata (no sync; outputs are views of one buffer).
   Elsewhere, and for operands TMA cannot read in place, groups whose operands are stored with
