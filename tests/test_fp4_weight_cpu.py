@@ -425,3 +425,17 @@ def test_fp8_activation_reference_and_rules():
 
     op = quant_ops.gemm_fp4_weight(x8, qw, scale_a=sa, out_dtype=torch.float32)
     torch.testing.assert_close(op, want)
+
+
+def test_multiply_placement_equals_shift_placement():
+    """The kernel places each pair of nibbles with one integer multiply by a constant between two
+    masks (``fp4_math._dequant_ptx``): the same bf16 bit patterns as the shift-and-mask
+    placement that ``dequant_words_ref`` (checked against dequantize_ref) uses, for every byte
+    value in every byte position and 200k random words."""
+    from cutegemm.blockscaled.fp4_math import placed_words_multiply_ref, placed_words_shift_ref
+
+    b = torch.arange(256, dtype=torch.int64)
+    words = [b << (8 * p) for p in range(4)]
+    words.append(torch.randint(0, 2**32, (200_000,), dtype=torch.int64, generator=torch.Generator().manual_seed(0)))
+    w = torch.cat(words)
+    assert torch.equal(placed_words_multiply_ref(w), placed_words_shift_ref(w))

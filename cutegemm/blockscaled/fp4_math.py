@@ -32,22 +32,34 @@ def _shift_ptx(dst: str, src: str, s: int) -> str:
     return f"mov.b32 {dst}, {src};"
 
 
+# Word i's two nibbles as placed for the multiply below: words 0 / 2 take the nibbles at bits 0-3
+# and 16-19 (of w / of w >> 8), words 1 / 3 those at bits 4-7 and 20-23.
+_WORD_MASKS = (0x000F000F, 0x00F000F0)
+# Multiplying the masked word by (2**a + 2**b) writes each nibble twice, at disjoint bit ranges
+# (no carries): once shifted so its magnitude lands on bf16 bits 6-8 (22-24), once so its sign
+# lands on bit 15 (31); the output mask keeps exactly those bits.
+_WORD_MULS = ((1 << 6) + (1 << 12), (1 << 2) + (1 << 8))
+_OUT_MASK = 0x81C081C0
+
+
 def _dequant_ptx(two_muls: bool) -> str:
-    lines = ["{", ".reg .b32 m, s;"]
+    """Per output word: one AND, one integer multiply by a constant (two shifted copies of the
+    nibbles, IMAD), one AND, the bf16x2 multiply; words 2 and 3 read w >> 8 (one shift for
+    both). The same bits as the shift-and-mask form of :func:`dequant_words_ref`."""
+    lines = ["{", ".reg .b32 x, h;", "shr.b32 h, $4, 8;"]
     if two_muls:
         lines += [".reg .b32 t, c;", f"mov.b32 c, {_BF16X2_2P126:#x};"]
-    for i, (sm, ss) in enumerate(_WORD_SHIFTS):
+    for i in range(4):
+        src = "$4" if i < 2 else "h"
         lines += [
-            _shift_ptx("m", "$4", sm),
-            _shift_ptx("s", "$4", ss),
-            "and.b32 m, m, 0x01C001C0;",
-            "and.b32 s, s, 0x80008000;",
-            "or.b32 m, m, s;",
+            f"and.b32 x, {src}, {_WORD_MASKS[i % 2]:#x};",
+            f"mul.lo.u32 x, x, {_WORD_MULS[i % 2]:#x};",
+            f"and.b32 x, x, {_OUT_MASK:#x};",
         ]
         if two_muls:
-            lines += ["mul.rn.bf16x2 t, m, c;", f"mul.rn.bf16x2 ${i}, t, $5;"]
+            lines += ["mul.rn.bf16x2 t, x, c;", f"mul.rn.bf16x2 ${i}, t, $5;"]
         else:
-            lines.append(f"mul.rn.bf16x2 ${i}, m, $5;")
+            lines.append(f"mul.rn.bf16x2 ${i}, x, $5;")
     lines.append("}")
     return "\n".join(lines)
 
@@ -149,6 +161,28 @@ def dequant_words_ref(word: torch.Tensor, factor_bits: torch.Tensor, two_muls: b
             v = bf16_mul(v, torch.full_like(v, 2.0**126))
         out.append(bf16_mul(v, f))
     return torch.stack(out, dim=-2)
+
+
+def placed_words_multiply_ref(word: torch.Tensor) -> torch.Tensor:
+    """The kernel's integer steps of :func:`dequant_fp4x8` on int64 tensors holding uint32
+    values: (..., 4) bf16x2 bit patterns before the bf16 multiply (masked word times a constant,
+    masked). The CPU tests check them against the shift-and-mask placement of
+    :func:`dequant_words_ref` for every byte value in every position."""
+    out = []
+    for i in range(4):
+        src = word if i < 2 else word >> 8
+        x = ((src & _WORD_MASKS[i % 2]) * _WORD_MULS[i % 2]) & 0xFFFFFFFF
+        out.append(x & _OUT_MASK)
+    return torch.stack(out, dim=-1)
+
+
+def placed_words_shift_ref(word: torch.Tensor) -> torch.Tensor:
+    """The shift-and-mask placement (magnitude to bf16 bits 6-8, sign to bit 15, per lane)."""
+    out = []
+    for sm, ss in _WORD_SHIFTS:
+        m = ((word << sm) if sm >= 0 else (word >> -sm)) & 0x01C001C0
+        out.append(m | ((word << ss) & 0x80008000))
+    return torch.stack(out, dim=-1)
 
 
 def pair_natural_x_ref(words: torch.Tensor) -> torch.Tensor:
