@@ -182,12 +182,13 @@ def listed_variants(arch: str) -> list[GemmConfig]:
     """The list-form kernel (per-group TMA descriptors written by a prep kernel). sm_90a: the
     policy's 128x256 with the dynamic scheduler, 64x128 (decode-size groups), pingpong 128x128,
     column-major A and K-major B with an fp32 output, alpha and gelu. sm_100a (1-CTA MMA): 128x128
-    static, 64x128 dynamic with a column-major A."""
+    static, 64x128 dynamic with a column-major A, 128x256 with the CLC scheduler and silu."""
     ls = dict(arch=arch, listed=True, raster="m", group=1)
     if arch == "sm_100a":
         return [
             GemmConfig(**ls, tile_m=128, tile_n=128),
             GemmConfig(**ls, a_major="m", tile_m=64, tile_n=128, scheduler="dynamic"),
+            GemmConfig(**ls, tile_m=128, tile_n=256, scheduler="clc", epilogue=EpilogueSpec(activation="silu")),
         ]
     return [
         GemmConfig(**ls, tile_m=128, tile_n=256, scheduler="dynamic"),

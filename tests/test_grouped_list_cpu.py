@@ -42,6 +42,7 @@ def test_listed_config_rules():
     for arch in ("sm_90a", "sm_100a"):
         ok = GemmConfig(arch=arch, listed=True)
         assert config_errors(ok) == [] and ok.name.startswith("listed_")
+    assert config_errors(GemmConfig(arch="sm_100a", listed=True, scheduler="clc")) == []
     bad = {
         "sm_100a 2-CTA": GemmConfig(arch="sm_100a", listed=True, tile_m=256, two_cta=True, cluster_m=2),
         "cluster": GemmConfig(arch="sm_90a", listed=True, cluster_n=2),
@@ -49,6 +50,7 @@ def test_listed_config_rules():
         "bias": GemmConfig(arch="sm_90a", listed=True, epilogue=EpilogueSpec(bias=True)),
         "grouped": GemmConfig(arch="sm_90a", listed=True, grouped=True),
         "kgrouped": GemmConfig(arch="sm_90a", listed=True, kgrouped=True),
+        "clc on sm_90a": GemmConfig(arch="sm_90a", listed=True, scheduler="clc"),
     }
     for what, cfg in bad.items():
         assert any("listed" in e or "kgrouped" in e for e in config_errors(cfg)), what
@@ -105,4 +107,5 @@ def test_compile_check_lists_listed_variants():
     vs = [c for c in all_variants(["sm_90a", "sm_100a"]) if c.listed]
     assert len(vs) >= 6 and {c.arch for c in vs} == {"sm_90a", "sm_100a"}
     assert all("UTMACCTL.IV" in required_markers(c) for c in vs)
-    assert {c.scheduler for c in vs} == {"static", "dynamic"} and any(c.pingpong for c in vs)
+    assert {c.scheduler for c in vs} == {"static", "dynamic", "clc"} and any(c.pingpong for c in vs)
+    assert all(c.arch == "sm_100a" for c in vs if c.scheduler == "clc")

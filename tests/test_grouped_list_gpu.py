@@ -92,16 +92,25 @@ def test_list_kernel_edge_cases(shapes):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not _sm90(), reason="sm_90a / sm_100a list-form kernel")
+def _arch():
+    return "sm_90a" if torch.cuda.get_device_capability()[0] == 9 else "sm_100a"
+
+
 @pytest.mark.parametrize(
-    "cfg",
+    "over",
     [
-        GemmConfig(arch="sm_90a", listed=True, tile_m=128, tile_n=256, scheduler="dynamic", raster="m", group=1),
-        GemmConfig(arch="sm_90a", listed=True, tile_m=64, tile_n=128, raster="m", group=1),
-        GemmConfig(arch="sm_90a", listed=True, tile_m=128, tile_n=128, pingpong=True, raster="m", group=1),
+        dict(tile_m=128, tile_n=256, scheduler="dynamic"),
+        dict(tile_m=64, tile_n=128),
+        dict(tile_m=128, tile_n=128, pingpong=True),  # sm_90a
+        dict(tile_m=128, tile_n=256, scheduler="clc"),  # sm_100a
     ],
-    ids=lambda c: c.name,
+    ids=["128x256-dynamic", "64x128", "128x128-pingpong", "128x256-clc"],
 )
-def test_list_kernel_configs(cfg):
+def test_list_kernel_configs(over):
+    arch = _arch()
+    if (arch == "sm_100a" and over.get("pingpong")) or (arch == "sm_90a" and over.get("scheduler") == "clc"):
+        pytest.skip(f"not a {arch} schedule")
+    cfg = GemmConfig(arch=arch, listed=True, raster="m", group=1, **over)
     shapes = [(100, 264, 72), (0, 8, 8), (513, 136, 200), (7, 1024, 1024), (260, 8, 0), (64, 64, 64)] * 3
     xs, ws = make_groups(shapes)
     outs = run_kernel(xs, ws, config=cfg)
@@ -151,7 +160,7 @@ def test_list_in_cuda_graph_falls_back_and_replays():
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not _sm90(), reason="sm_90a / sm_100a list-form kernel")
 def test_list_alpha_epilogue_config_explicit():
-    cfg = GemmConfig(arch="sm_90a", listed=True, a_major="m", b_major="k", tile_m=128, tile_n=128, out_dtype="fp32",
+    cfg = GemmConfig(arch=_arch(), listed=True, a_major="m", b_major="k", tile_m=128, tile_n=128, out_dtype="fp32",
                      epilogue=EpilogueSpec(alpha=True))  # fmt: skip
     xs, ws = make_groups([(64, 136, 72), (200, 8, 520)], a_col_major=True, b_k_major=True)
     outs = run_kernel(xs, ws, torch.float32, 0.25, config=cfg)

@@ -80,6 +80,9 @@ class GemmBase:
         device (offs), so every cluster slot is launched and finds its work from the table.
         CLC: one cluster per cluster tile (grouped: the upper bound of ``clc_grid_clusters``), laid
         out along x as (cluster_m * clusters, cluster_n, 1) (gridDim.z stops at 65535)."""
+        if self.config.scheduler == "clc" and self.config.listed:
+            # List form: the host passes its exact tile count as max_clusters (one cluster each).
+            return (self.cluster_shape_mn[0] * max_clusters, self.cluster_shape_mn[1], 1)
         if self.config.scheduler == "clc":
             n_tiles = cute.ceil_div(mC_mnl.shape[1], cta_tile_mn[1] * self.cluster_shape_mn[1])
             if self.config.grouped:

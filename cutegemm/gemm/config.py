@@ -300,19 +300,22 @@ def kgrouped_errors(cfg: GemmConfig) -> list[str]:
 
 def listed_errors(cfg: GemmConfig) -> list[str]:
     """Rules of the list-form kernel (sm_90a, and sm_100a with the 1-CTA MMA): those of the
-    K-grouped kernel, and no cluster (a multicast would need the peer CTA's tile in the same
-    group)."""
+    K-grouped kernel plus elementwise activations and, on sm_100a, the CLC scheduler (the host
+    knows the tile count: one cluster per tile); no cluster (a multicast would need the peer
+    CTA's tile in the same group)."""
     what = "listed (list form)"
-    err = _alpha_only_errors(cfg, what, cfg.grouped or cfg.kgrouped, archs=("sm_90a", "sm_100a"), activation=True)
+    err = _alpha_only_errors(cfg, what, cfg.grouped or cfg.kgrouped, archs=("sm_90a", "sm_100a"), activation=True,
+                             clc=cfg.arch == "sm_100a")  # fmt: skip
     if cfg.cluster_m != 1 or cfg.cluster_n != 1 or cfg.two_cta:
         err.append(f"{what}: cluster 1x1, 1-CTA MMA")
     return err
 
 
-def _alpha_only_errors(cfg: GemmConfig, what: str, other_form: bool, archs=("sm_90a",), activation=False) -> list[str]:
+def _alpha_only_errors(cfg: GemmConfig, what: str, other_form: bool, archs=("sm_90a",), activation=False,
+                       clc=False) -> list[str]:  # fmt: skip
     """bf16 / fp16 A and B on ``archs``, not combined with another form or a scaled mode, alpha
     as the only epilogue op (``activation``: and an elementwise activation), static or dynamic
-    scheduler."""
+    scheduler (``clc``: or CLC)."""
     err = []
     if cfg.arch not in archs:
         err.append(f"{what} is an {' / '.join(archs)} kernel, got arch {cfg.arch!r}")
@@ -323,7 +326,7 @@ def _alpha_only_errors(cfg: GemmConfig, what: str, other_form: bool, archs=("sm_
     epi = cfg.epilogue
     if epi.beta or epi.bias or (epi.activation and not activation) or epi.gated or epi.quant or epi.user or epi.scale_a or epi.scale_b:
         err.append(f"{what}: alpha is the only epilogue op" + (" (and relu / gelu / gelu_tanh / silu)" if activation else ""))
-    if cfg.scheduler == "clc":
+    if cfg.scheduler == "clc" and not clc:
         err.append(f"{what}: static or dynamic scheduler")
     return err
 

@@ -772,9 +772,11 @@ def _list_launch(a_list, b_list, out_dtype, alpha, config=None, flat=None, activ
     vb = _kernel_view(xb.unsqueeze(0), 2 if b_major == "n" else 1, (2, 1, 0), "b")
     vc = _kernel_view(xc.unsqueeze(0), 2, (1, 2, 0), "out")
     workspace = new_workspace(cfg, dev)
+    # CLC (sm_100a): one cluster per tile, so the grid is the table's tile count (host-known).
+    max_clusters = max(1, rows[len(shapes) * LIST_FIELDS + LIST_TILE]) if cfg.scheduler == "clc" else num_sms
     DENSE_CACHE.get(cfg)(
         xa.as_strided(*va), xb.as_strided(*vb), xc.as_strided(*vc), None, None,
-        float(alpha), 0.0, num_sms, table, None, None,
+        float(alpha), 0.0, max_clusters, table, None, None,
         None, None, None, None, None, None, reset_workspace(workspace),
     )  # fmt: skip
     return outs
