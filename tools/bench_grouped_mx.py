@@ -8,13 +8,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from dataclasses import replace  # noqa: E402
+
 import torch  # noqa: E402
 
 import cutegemm  # noqa: E402
 from cutegemm.benchmarks import Timer, _moe_counts  # noqa: E402
 from cutegemm.blockscaled import dequantize_ref, quantize  # noqa: E402
-from dataclasses import replace  # noqa: E402
-
 from cutegemm.blockscaled.sm90_mx import mx_config  # noqa: E402
 
 timer = Timer()
@@ -27,12 +27,12 @@ for e, tok, n, k in [(32, 512, 4096, 7168), (32, 512, 7168, 2048)]:
     a16 = dequantize_ref(qa).to(torch.bfloat16)
     w16 = dequantize_ref(qw).to(torch.bfloat16).transpose(1, 2)
     fl = 2.0 * total * n * k
-    ours = timer(lambda: cutegemm.grouped_gemm(qa, qw, offs=offs), 20)
+    ours = timer(lambda qa=qa, qw=qw, offs=offs: cutegemm.grouped_gemm(qa, qw, offs=offs), 20)
     emu_cfg = replace(mx_config(total // e, n), grouped=True)
-    emu = timer(lambda: cutegemm.grouped_gemm(qa, qw, offs=offs, config=emu_cfg), 20)
-    bf16 = timer(lambda: torch._grouped_mm(a16, w16, offs=offs), 20)
+    emu = timer(lambda qa=qa, qw=qw, offs=offs, c=emu_cfg: cutegemm.grouped_gemm(qa, qw, offs=offs, config=c), 20)
+    bf16 = timer(lambda a16=a16, w16=w16, offs=offs: torch._grouped_mm(a16, w16, offs=offs), 20)
 
-    def deq_then_mm():
+    def deq_then_mm(qa=qa, qw=qw, offs=offs):
         a = dequantize_ref(qa).to(torch.bfloat16)
         w = dequantize_ref(qw).to(torch.bfloat16).transpose(1, 2)
         return torch._grouped_mm(a, w, offs=offs)

@@ -23,7 +23,7 @@ for fmt in ("mxfp8", "nvfp4"):
         moved = n * (1 if fmt == "mxfp8" else 0.5) + n * 2
         for unroll in (2, 4):
             orig = dequant.DequantConfig
-            dequant.DequantConfig = lambda fmt, arch, u=unroll: orig(fmt=fmt, arch=arch, unroll=u)  # noqa: E731
+            dequant.DequantConfig = lambda fmt, arch, u=unroll, orig=orig: orig(fmt=fmt, arch=arch, unroll=u)  # noqa: E731
             try:
                 t = timer(lambda q=q, out=out: dequantize_bf16(q, out=out), 20)
                 ok = torch.equal(out.view(torch.int16), dequant.dequantize_bf16_ref(q).view(torch.int16))

@@ -5,7 +5,7 @@ import sys
 import torch
 
 import cutegemm
-from cutegemm.blockscaled.fp4_weight import Fp4WeightConfig
+from cutegemm.blockscaled.fp4_weight import Fp4WeightConfig  # noqa: F401  (eval namespace)
 from cutegemm.blockscaled.fp4_weight_api import gemm_fp4_weight
 
 torch.manual_seed(0)

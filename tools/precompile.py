@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def _configs(logs, variants):
-    from cutegemm.epilogue import EpilogueSpec  # noqa: F401  (eval namespace)
     from cutegemm.blockscaled.fp4_weight import Fp4WeightConfig
+    from cutegemm.epilogue import EpilogueSpec  # noqa: F401  (eval namespace)
     from cutegemm.gemm.config import GemmConfig  # noqa: F401
 
     out = []
