@@ -109,3 +109,28 @@ def test_compile_check_lists_listed_variants():
     assert all("UTMACCTL.IV" in required_markers(c) for c in vs)
     assert {c.scheduler for c in vs} == {"static", "dynamic", "clc"} and any(c.pingpong for c in vs)
     assert all(c.arch == "sm_100a" for c in vs if c.scheduler == "clc")
+
+
+def test_list_leading_dims_rules():
+    """``_list_lds``: the leading dimension of each group's operand read with the given mode
+    contiguous, or None when TMA cannot read one in place (no unit stride, a base or a leading
+    stride off 16 bytes); groups without work are not checked (0)."""
+    import torch
+
+    from cutegemm.grouped.api import _list_lds
+
+    def lds(ts, unit, live=None):
+        live = live if live is not None else [True] * len(ts)
+        return _list_lds([t.shape for t in ts], [t.stride() for t in ts], [t.data_ptr() for t in ts], unit, 8, live)
+
+    buf = torch.empty(4096 + 8, dtype=torch.bfloat16)
+    base = (-buf.data_ptr() // 2) % 8  # first 16-byte aligned element
+    row = buf[base : base + 40 * 64].view(40, 64)  # K-contiguous, ld 64
+    col = buf[base : base + 64 * 40].view(64, 40).t()  # (40, 64) M-contiguous, ld 40
+    assert lds([row], 1) == [64] and lds([col], 0) == [40]
+    assert lds([row], 0) is None and lds([col], 1) is None  # the wrong mode is not contiguous
+    assert lds([buf[base + 1 : base + 1 + 40 * 64].view(40, 64)], 1) is None  # base 2 bytes off
+    assert lds([buf[base : base + 40 * 60].view(40, 60)], 1) is None  # ld 60: 120 bytes
+    one = buf[base : base + 12].view(1, 12)  # a single row: ld rounded up to 16 bytes
+    assert lds([one], 1) == [16]
+    assert lds([row, buf[base + 1 : base + 9].view(1, 8)], 1, live=[True, False]) == [64, 0]  # not checked
