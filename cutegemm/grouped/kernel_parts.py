@@ -12,6 +12,21 @@ Both kernels run the same grouped protocol around their arch-specific MMA:
 4. the output tile of a grouped tile is C offset by row_start (:func:`grouped_out_tile`); it is
    TMA-stored when every row belongs to the expert, otherwise stored by predicated copies
    (``gemm.epilogue_store.store_subtile_predicated``).
+
+The list form (``GemmConfig.listed``: groups of arbitrary M, N, K, each with its own tensors) runs
+a protocol of the same shape:
+
+1. the host's group table (``schedulers.grouped.LIST_FIELDS`` int64 per group, a row with the
+   tile count, then room for 3 x 128-byte descriptors per group) is the ``offs`` argument;
+   :func:`launch_list_descriptors` runs the prep kernel (:func:`list_descriptors_kernel`) on the
+   GEMM's stream first: each group's A, B, C descriptors, the launch's template descriptors with
+   the group's address, extents and leading dimension;
+2. warp 0 copies the groups' first tiles into the same shared-memory table
+   (``fill_list_tile_starts``), then :func:`make_list_scheduler`; its tiles are (m_tile, n_tile,
+   0, group), so the launch's TMA coordinate tensors (group 0's shapes) index them;
+3. the load role and the storing warp pass :func:`list_descriptor` of the tile's group to every
+   TMA copy (after an acquire fence); the descriptors' extents clip the boxes, so a partial tile
+   needs no predicated path; :func:`list_k_tiles` gives each group's own K-tile count.
 """
 
 from __future__ import annotations
