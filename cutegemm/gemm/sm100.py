@@ -91,9 +91,8 @@ from ..grouped.kernel_parts import (
     grouped_acc_space,
     grouped_out_tile,
     launch_list_descriptors,
-    list_descriptor,
     list_groups,
-    list_k_tiles,
+    list_roles,
     make_grouped_scheduler,
     make_list_scheduler,
     tile_table,
@@ -630,19 +629,10 @@ class GemmSm100(BlockScaledSm100Mixin, EpilogueSm100Mixin, GemmBase):
 
         k_tiles, load_descs, out_desc = k_tile_cnt, None, None
         if cutlass.const_expr(cfg.listed):
-            # A list tile (m, n, 0, g) indexes group 0's TMA coordinate tensors and loads / stores
-            # through group g's own descriptors (their extents clip the boxes). The host gives
-            # K = 0 groups no tiles (an MMA-less tile would store an unwritten accumulator).
+            # The host gives K = 0 groups no tiles (an MMA-less tile would store an unwritten
+            # accumulator).
             sched = make_list_scheduler(tile_start, mOffs, num_groups, cfg.tile_m)
-
-            def k_tiles(tile):
-                return list_k_tiles(mOffs, tile[3], self.mma_tiler[2])
-
-            def load_descs(tile):
-                return list_descriptor(mOffs, num_groups, tile[3], 0), list_descriptor(mOffs, num_groups, tile[3], 1)
-
-            def out_desc(tile):
-                return list_descriptor(mOffs, num_groups, tile[3], 2)
+            k_tiles, load_descs, out_desc = list_roles(mOffs, num_groups, self.mma_tiler[2])
 
         load_sched = sched
         if cutlass.const_expr(cfg.scheduler != "static"):

@@ -63,9 +63,8 @@ from ..grouped.kernel_parts import (
     grouped_k_tiles,
     grouped_out_tile,
     launch_list_descriptors,
-    list_descriptor,
     list_groups,
-    list_k_tiles,
+    list_roles,
     make_grouped_scheduler,
     make_list_scheduler,
     offset_k_tiles,
@@ -444,20 +443,11 @@ class GemmSm90(MxSm90Mixin, GemmBase):
         b_tiles, load_k_tiles, k_range = tBgB, k_tile_cnt, None
         load_descs = out_desc = None
         if cutlass.const_expr(cfg.listed):
-            # A list tile (m, n, 0, g) indexes the launch's TMA coordinate tensors (group 0's
-            # shapes: coordinates past them are fine) and loads / stores through group g's own
-            # descriptors, whose extents clip the boxes (zero fill past K, M, N; no store outside).
+            # Each group's own K-tile count and descriptors (zero fill past K, M, N; no store outside).
+            load_k_tiles, load_descs, out_desc = list_roles(mOffs, num_groups, self.tile_shape_mnk[2])
+
             def k_range(tile):
-                return list_k_tiles(mOffs, tile[3], self.tile_shape_mnk[2]), 0, 0
-
-            def load_k_tiles(tile):
-                return k_range(tile)[0]
-
-            def load_descs(tile):
-                return list_descriptor(mOffs, num_groups, tile[3], 0), list_descriptor(mOffs, num_groups, tile[3], 1)
-
-            def out_desc(tile):
-                return list_descriptor(mOffs, num_groups, tile[3], 2)
+                return load_k_tiles(tile), 0, 0
         if cutlass.const_expr(cfg.kgrouped):
             # K-grouped: tile (m, n, l) of expert l reads A's and B's K columns [k_start, k_end)
             # from offs (clamped as the grouped rows are). The TMA boxes start at k0, k_start
@@ -907,7 +897,7 @@ class GemmSm90(MxSm90Mixin, GemmBase):
     @cute.jit
     def _k_tiles_of(self, sched, work, k_tile_cnt: cutlass.Int32, k_range):
         """K tiles of tile ``work`` (the one pingpong's other warpgroup takes): k_tile_cnt, or
-        for K-grouped its expert's own count (0 past the last tile)."""
+        for K-grouped / list tiles their expert's or group's own count (0 past the last tile)."""
         cnt = k_tile_cnt
         if cutlass.const_expr(k_range is not None):
             cnt = cutlass.Int32(0)

@@ -63,6 +63,7 @@ __all__ = [
     "list_descriptors_kernel",
     "list_groups",
     "list_k_tiles",
+    "list_roles",
     "make_list_scheduler",
     "make_grouped_scheduler",
     "tile_table",
@@ -172,6 +173,24 @@ def list_descriptor(mTable: cute.Tensor, num_groups, g, which: int, space=cute.A
     writes."""
     ptr = mTable.iterator + (num_groups + 1) * LIST_FIELDS + (g * 3 + which) * (DESC_BYTES // 8)
     return _DESC_MANAGER.get_tensormap_ptr(ptr, space)
+
+
+def list_roles(mTable: cute.Tensor, num_groups, tile_k: int):
+    """The list form's per-tile functions for the kernel roles: (K tiles of the tile's group,
+    its A and B descriptors for the load role, its C descriptor for the storing warp). A list
+    tile is (m, n, 0, group): it indexes the launch's TMA coordinate tensors (group 0's shapes;
+    coordinates past them are fine) and its group's descriptors' extents clip the boxes."""
+
+    def k_tiles(tile):
+        return list_k_tiles(mTable, tile[3], tile_k)
+
+    def load_descs(tile):
+        return list_descriptor(mTable, num_groups, tile[3], 0), list_descriptor(mTable, num_groups, tile[3], 1)
+
+    def out_desc(tile):
+        return list_descriptor(mTable, num_groups, tile[3], 2)
+
+    return k_tiles, load_descs, out_desc
 
 
 def make_list_scheduler(tile_start, mTable, num_groups, tile_m: int) -> ListScheduler:
