@@ -382,7 +382,7 @@ def grouped_gemm_blockscaled(qa, qb, *, offs, out_dtype=torch.bfloat16, alpha: f
     device memory: no host sync, CUDA-graph capturable. sm_90a (``sm90_mx``): both operands
     dequantized to bf16 (one kernel pass each) and the bf16 grouped GEMM, or for MXFP8 with few
     rows per expert the e4m3-WGMMA emulation; other GPUs raise NotImplementedError."""
-    from ..gemm.api import _device_info, new_workspace, reset_workspace
+    from ..gemm.api import _device_info, new_workspace
     from ..grouped.api import GROUPED_CACHE
     from ..grouped.kernel_parts import GROUPED_MAX_GROUPS
     from .grouped_sf import grouped_scales_a
@@ -435,7 +435,7 @@ def grouped_gemm_blockscaled(qa, qb, *, offs, out_dtype=torch.bfloat16, alpha: f
     GROUPED_CACHE.get(cfg)(
         _operand_view(qa), _operand_view(qb), l1_view(out), None, None,
         alpha, 0.0, max_clusters, offs, grouped_scales_a(qa, offs), _scale_bytes(qb),
-        None, None, gs, None, None, None, reset_workspace(new_workspace(cfg, dev)),
+        None, None, gs, None, None, None, new_workspace(cfg, dev),  # a fresh counter: zeroed in-stream
     )  # fmt: skip
     return out
 

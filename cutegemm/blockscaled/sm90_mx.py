@@ -176,7 +176,7 @@ def gemm_mx_sm90(
     Grouped (``offs``: qa (total_M, K), qb (E, N, K), ``out`` (total_M, N) checked by
     ``sm100.grouped_gemm_blockscaled``): the packed MoE form, A's scale rows read from each
     expert's first row, B's scales per expert."""
-    from ..gemm.api import DENSE_CACHE, new_workspace, reset_workspace
+    from ..gemm.api import DENSE_CACHE, new_workspace
     from ..grouped.api import GROUPED_CACHE
 
     grouped = offs is not None
@@ -211,7 +211,7 @@ def gemm_mx_sm90(
         GROUPED_CACHE.get(cfg)(
             a, b, l1_view(out), None, None, alpha, 0.0, max_clusters, offs,
             mx_scales_a(qa), mx_scales_b(qb, cfg.tile_n),
-            *(None,) * 6, reset_workspace(new_workspace(cfg, qa.data.device)),
+            *(None,) * 6, new_workspace(cfg, qa.data.device),  # a fresh counter: zeroed in-stream
         )  # fmt: skip
         return out
     batched = len(qa.shape) == 3
@@ -221,7 +221,7 @@ def gemm_mx_sm90(
         a, b, c_view, None, None, alpha, 0.0, max_clusters, None,
         mx_scales_a(qa), mx_scales_b(qb, cfg.tile_n),
         *(None,) * 6,  # quantized-output scales, global scale, 4 epilogue vectors
-        reset_workspace(new_workspace(cfg, qa.data.device)),  # scheduler "dynamic": its tile counter
+        new_workspace(cfg, qa.data.device),  # scheduler "dynamic": a fresh tile counter, zeroed in-stream
     )  # fmt: skip
     return finish_output(out, written)
 

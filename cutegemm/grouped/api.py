@@ -721,7 +721,8 @@ def _list_launch(a_list, b_list, out_dtype, alpha, config=None, flat=None, activ
         outs = list(flat[:total].view(-1, n0).split([m for m, _, _ in shapes]))
     else:
         outs = [flat.as_strided((m, n), (n, 1), off) for (m, n, _), off in zip(shapes, offsets, strict=True)]
-    live = [g for g, (m, n, k) in enumerate(shapes) if m and n and k]
+    has_work = [bool(m and n and k) for m, n, k in shapes]
+    live = [g for g, w in enumerate(has_work) if w]
     for g, (m, n, k) in enumerate(shapes):
         if m and n and not k:  # a K = 0 product: zeros (the kernel gives such a group no tiles)
             outs[g].zero_()
@@ -738,7 +739,6 @@ def _list_launch(a_list, b_list, out_dtype, alpha, config=None, flat=None, activ
     sa, sb = a_strides[t], b_strides[t]
     a_major = "k" if a_shapes[t][1] <= 1 or sa[1] == 1 else "m"
     b_major = "n" if b_shapes[t][1] <= 1 or sb[1] == 1 else "k"
-    has_work = [bool(m and n and k) for m, n, k in shapes]
     lda = _list_lds(a_shapes, a_strides, a_ptrs, 1 if a_major == "k" else 0, align, has_work)
     ldb = _list_lds(b_shapes, b_strides, b_ptrs, 1 if b_major == "n" else 0, align, has_work)
     if lda is None or ldb is None:
@@ -771,13 +771,12 @@ def _list_launch(a_list, b_list, out_dtype, alpha, config=None, flat=None, activ
     va = _kernel_view(xa.unsqueeze(0), 2 if a_major == "k" else 1, (1, 2, 0), "a")
     vb = _kernel_view(xb.unsqueeze(0), 2 if b_major == "n" else 1, (2, 1, 0), "b")
     vc = _kernel_view(xc.unsqueeze(0), 2, (1, 2, 0), "out")
-    workspace = new_workspace(cfg, dev)
     # CLC (sm_100a): one cluster per tile, so the grid is the table's tile count (host-known).
     max_clusters = max(1, rows[len(shapes) * LIST_FIELDS + LIST_TILE]) if cfg.scheduler == "clc" else num_sms
     DENSE_CACHE.get(cfg)(
         xa.as_strided(*va), xb.as_strided(*vb), xc.as_strided(*vc), None, None,
         float(alpha), 0.0, max_clusters, table, None, None,
-        None, None, None, None, None, None, reset_workspace(workspace),
+        None, None, None, None, None, None, new_workspace(cfg, dev),  # a fresh counter: zeroed in-stream
     )  # fmt: skip
     return outs
 
