@@ -1,6 +1,6 @@
 """Block-scaled GEMMs on Hopper (sm_90a): MXFP8 x MXFP8 dequantize-first or emulated (host side
 of ``GemmSm90`` with ``config.fp8_mx``, kernel pieces: ``sm90_mx_mainloop``); MXFP4 / NVFP4 x
-the same format dequantize-first always (Hopper's tensor cores take no FP4).
+the same format and MXFP8 x MXFP4 dequantize-first always (Hopper's tensor cores take no FP4).
 
 ``gemm_mx_sm90(qa, qb)`` computes ``dequantize(qa) @ dequantize(qb).T``. Compute-bound shapes
 (``dequantize_first``: at least DEQUANT_MIN_ROWS rows, per expert when grouped) run as one bf16
