@@ -201,13 +201,14 @@ def listed_variants(arch: str) -> list[GemmConfig]:
 
 def fp8_blockwise_variants(arch: str) -> list[GemmConfig]:
     """DeepSeek-style FP8 block scaling (1x128 A / 128x128 B fp32 scales applied while promoting
-    each K tile): the policy's cooperative 128x128 + 2x1 cluster (warpgroups taking turns per K
-    tile, wg_order), the small-M 128x64 tile,
+    each K tile): the policy's cooperative 128x128 and 128x192 (two B scale blocks per tile) + 2x1
+    cluster (warpgroups taking turns per K tile, wg_order), the small-M 128x64 tile,
     pingpong 64x128 (fp32 output), and 128x128 with an alpha + bias + silu epilogue."""
     fp8 = dict(a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k", fp8_blockwise=True)
     epi = EpilogueSpec(alpha=True, bias=True, bias_dtype="bf16", activation="silu")
     return [
         GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=128, cluster_m=2, raster="n", group=8, wg_order=True),
+        GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=192, cluster_m=2, raster="n", group=8, wg_order=True),
         GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=64, raster="n", group=1),
         GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=128, pingpong=True, out_dtype="fp32"),
         GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=128, epilogue=epi),
@@ -396,6 +397,7 @@ def grouped_epilogue_variants(arch: str) -> list[GemmConfig]:
         bw = dict(a_dtype="e4m3", b_dtype="e4m3", b_major="k", fp8_blockwise=True)
         out += [
             GemmConfig(**g, tile_m=128, tile_n=128, cluster_n=2, wg_order=True, **bw),
+            GemmConfig(**g, tile_m=128, tile_n=192, cluster_n=2, wg_order=True, **bw),
             GemmConfig(**g, tile_m=64, tile_n=128, cluster_n=2, **bw),
             GemmConfig(**g, tile_m=128, tile_n=128, scheduler="dynamic", out_dtype="e4m3",
                        epilogue=E(gated="swiglu", quant="mxfp8"), **bw),

@@ -31,6 +31,8 @@ BW = dict(arch="sm_90a", a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k
         dict(tile_m=128, tile_n=128, epilogue=EpilogueSpec(bias=True, bias_dtype="bf16", activation="silu")),
         dict(tile_m=128, tile_n=128, cluster_n=2, grouped=True),
         dict(tile_m=64, tile_n=128, grouped=True, scheduler="dynamic"),
+        dict(tile_m=128, tile_n=192, cluster_m=2, wg_order=True),
+        dict(tile_m=128, tile_n=192, cluster_n=2, grouped=True),
     ],
 )
 def test_blockwise_configs_accepted(kw):
@@ -41,8 +43,8 @@ def test_blockwise_configs_accepted(kw):
 @pytest.mark.parametrize(
     "kw,match",
     [
-        (dict(tile_n=192), "tile_n must be 64 or 128"),
-        (dict(tile_n=256), "tile_n must be 64 or 128"),
+        (dict(tile_n=256), "tile_n must be 64, 128"),
+        (dict(tile_m=64, tile_n=256, pingpong=True), "tile_n must be 64, 128"),
         (dict(tile_n=128, fast_accum=True), "fast_accum must be False"),
         (dict(tile_n=128, b_major="n"), "K-major"),
         (dict(tile_n=128, a_major="m"), "K-major"),
@@ -69,9 +71,18 @@ def test_blockwise_is_in_the_name():
 def test_policy_picks_a_valid_blockwise_tile(m):
     p = GemmProblem(m, 7168, 2048, 1, "e4m3", "e4m3", "bf16", "k", "k")
     cfg = policy_for("sm_90a", 132).choose(p, fp8_blockwise=True)
-    assert cfg.fp8_blockwise and cfg.tile_n in (64, 128)
+    assert cfg.fp8_blockwise and cfg.tile_n in (64, 128, 192)
     ok, why = can_implement(cfg, p)
     assert ok, why
+
+
+@pytest.mark.parametrize("mnk,tile_n", [((8192, 8192, 8192), 192), ((16384, 7168, 2048), 192), ((4096, 4096, 4096), 128),
+                                        ((1024, 7168, 2048), 128)])  # fmt: skip
+def test_policy_blockwise_tile_width(mnk, tile_n):
+    """128x192 (two B scale blocks per tile) from 8 waves of such tiles on, else 128x128."""
+    p = GemmProblem(*mnk, 1, "e4m3", "e4m3", "bf16", "k", "k")
+    cfg = policy_for("sm_90a", 132).choose(p, fp8_blockwise=True)
+    assert (cfg.tile_m, cfg.tile_n, cfg.wg_order) == (128, tile_n, True)
 
 
 def test_compile_check_lists_blockwise_variants():
@@ -274,7 +285,7 @@ def test_grouped_ref_matches_per_expert_loop(counts):
 def test_grouped_policy_picks_a_blockwise_tile(rows):
     p = GemmProblem(32 * rows, 4096, 7168, 1, "e4m3", "e4m3", "bf16", "k", "k")
     cfg = policy_for("sm_90a", 132).choose_grouped(p, 32, fp8_blockwise=True)
-    assert cfg.grouped and cfg.fp8_blockwise and cfg.tile_n in (64, 128)
+    assert cfg.grouped and cfg.fp8_blockwise and cfg.tile_n == (128 if rows <= 64 else 192)
     ok, why = can_implement(cfg, p)
     assert ok, why
 

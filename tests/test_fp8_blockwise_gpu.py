@@ -180,6 +180,8 @@ def test_blockwise_scale_layouts_and_determinism():
         dict(tile_m=64, tile_n=128, pingpong=True),
         dict(tile_m=128, tile_n=128),
         dict(tile_m=128, tile_n=128, cluster_m=2, wg_order=True),
+        dict(tile_m=128, tile_n=192, cluster_m=2, raster="n", group=8),
+        dict(tile_m=128, tile_n=192, cluster_m=2, wg_order=True),
     ],
 )
 def test_blockwise_forced_tiles(override):
@@ -204,6 +206,25 @@ def test_blockwise_forced_tiles(override):
     cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, out=out, config=cfg)
     assert_outside_untouched(buf, m, n)
     _check(out, a, b, sa, sb, f"fp8 blockwise {cfg.name}")
+
+
+@pytest.mark.parametrize("n", [64, 200, 256, 400, 520, 1000])
+def test_blockwise_192_wide_tiles_straddle_scale_blocks(n):
+    """A 192-wide tile covers two 128-column scale blocks of B, split 128 or 64 columns in by
+    its position; at N's end the second block may not exist (clamped, columns never stored).
+    Scales over 4 decades per block, so a column scaled by its neighbour block is caught."""
+    _skip_unless_sm90()
+    from cutegemm.gemm.config import GemmConfig
+
+    m, k = 192, 512
+    a, b = _operands(m, n, k, seed=n)
+    sa, sb = _scales(m, n, k, seed=n, log10_lo=-2, log10_hi=2)
+    cfg = GemmConfig(arch="sm_90a", a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k", fp8_blockwise=True,
+                     tile_m=128, tile_n=192, cluster_m=2, wg_order=True)  # fmt: skip
+    buf, out = poisoned_out((m, n), BF16)
+    cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, out=out, config=cfg)
+    assert_outside_untouched(buf, m, n)
+    _check(out, a, b, sa, sb, f"fp8 blockwise 128x192 n={n}")
 
 
 def test_blockwise_epilogue_bias_silu_fp32_out():
@@ -336,6 +357,8 @@ def test_grouped_blockwise_hypothesis(counts, n16, k16, lo, span):
         dict(tile_m=128, tile_n=128, scheduler="dynamic"),
         dict(tile_m=128, tile_n=128, cluster_m=2),
         dict(tile_m=128, tile_n=128, cluster_n=2, wg_order=True),
+        dict(tile_m=128, tile_n=192, cluster_n=2),
+        dict(tile_m=128, tile_n=192, cluster_n=2, wg_order=True, scheduler="dynamic"),
     ],
 )
 def test_grouped_blockwise_forced_tiles(override):

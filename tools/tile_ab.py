@@ -1,9 +1,13 @@
 """Interleaved A/B of grouped configs on the issue-4 MoE shapes: every round times each config
 once (median of 20, L2 flushed), so drift in clock or temperature hits all configs alike.
 
-    python tools/tile_ab.py [ROUNDS] [--set width|cluster]
+    python tools/tile_ab.py [ROUNDS] [--set width|cluster|small]
+
+With PROFILE=1: one launch of each config (and torch's) between cudaProfilerStart / Stop, for
+``ncu --profile-from-start off``.
 """
 
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +30,12 @@ SETS = {
     # count is odd
     "cluster": ([POLICY, dict(POLICY, cluster_n=1, cluster_m=2), dict(tile_m=128, tile_n=256, cluster_m=2)],
                 ("Mixtral up", "DeepSeek-V3 up")),
+    # many small experts (Qwen3: ~128 rows each, 1.31x padded row work at 128-row tiles, 1.16x
+    # at 64): 64-row tiles, one consumer warpgroup (cooperative) or two alternating (pingpong)
+    "small": ([POLICY, dict(POLICY, tile_n=192), dict(POLICY, tile_m=64), dict(POLICY, tile_m=64, cluster_n=1),
+               dict(tile_m=64, tile_n=256, cluster_n=2, pingpong=True), dict(tile_m=64, tile_n=192, cluster_n=2, pingpong=True),
+               dict(tile_m=64, tile_n=128, cluster_n=2, pingpong=True), dict(POLICY, cluster_n=1, cluster_m=2)],
+              ("Qwen3-30B-A3B",)),
 }
 CANDS, SHAPES = SETS[sys.argv[sys.argv.index("--set") + 1] if "--set" in sys.argv else "width"]
 
@@ -42,6 +52,18 @@ if __name__ == "__main__":
         b = torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
         offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
         fl = 2.0 * sum(counts) * n * k
+        if os.environ.get("PROFILE"):
+            runs = [lambda a=a, b=b, offs=offs: torch._grouped_mm(a, b, offs=offs)]
+            runs += [lambda c=c, a=a, b=b, offs=offs: grouped_gemm(a, b, offs=offs, config=c) for c in cfgs]
+            for f in runs:
+                f()
+                torch.cuda.synchronize()
+                torch.cuda.profiler.start()
+                f()
+                torch.cuda.synchronize()
+                torch.cuda.profiler.stop()
+                print("profiled", flush=True)
+            continue
         times = {c.name: [] for c in cfgs}
         times["torch"] = []
         for _ in range(rounds):

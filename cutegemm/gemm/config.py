@@ -262,15 +262,16 @@ def scheduler_errors(cfg: GemmConfig) -> list[str]:
 def fp8_blockwise_errors(cfg: GemmConfig) -> list[str]:
     """Rules of the DeepSeek-style FP8 block scaling (1x128 scales of A, 128x128 scales of B) on
     sm_90a: the scales multiply each 128-wide K tile's WGMMA partial sum as it is promoted into
-    the fp32 accumulator, so a tile must see one K block per K tile and one B scale per K tile."""
+    the fp32 accumulator, so a tile must see one K block per K tile and one or two B scales per
+    K tile (tile_n 192: the columns before and after a 128-column block boundary)."""
     what = "fp8_blockwise (1x128 / 128x128 FP8 scales)"
     err = _fp8_scaled_mainloop_errors(cfg, what)
     if cfg.fast_accum:
         err.append(f"{what} scales the promoted partial sums: fast_accum must be False")
-    if cfg.tile_n not in (64, 128):
+    if cfg.tile_n not in (64, 128, 192):
         err.append(
-            f"{what}: tile_n must be 64 or 128 (a tile must not straddle a 128-column scale block "
-            f"of B), got {cfg.tile_n}"
+            f"{what}: tile_n must be 64, 128 (one 128-column scale block of B per tile) or 192 "
+            f"(two blocks, split 64 or 128 columns in), got {cfg.tile_n}"
         )
     if cfg.blockscaled or cfg.sf_dtype:
         err.append(f"{what} cannot be combined with sm_100a block-scaled MMA (sf_vec/sf_dtype)")

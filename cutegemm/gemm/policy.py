@@ -27,14 +27,19 @@ class ArchPolicy:
             # cluster was best or tied on every shape > 128 rows (+15% at 16384x7168x2048).
             overrides = dict(tile_m=128, tile_n=128, pingpong=True, cluster_m=2, raster="n", group=8, **overrides)
         if overrides.get("fp8_blockwise") and self.arch == "sm_90a" and p.m > 128:
-            # DeepSeek FP8 block scaling: a tile must not straddle a 128-column scale block of B
-            # (tile_n <= 128); cooperative 128x128 + 2x1 cluster (64x128 per warpgroup, two fp32
+            # DeepSeek FP8 block scaling: tile_n 64 / 128 (one 128-column scale block of B) or
+            # 192 (two); cooperative 128x128 + 2x1 cluster (64x128 per warpgroup, two fp32
             # accumulators). H200, 8192³ (third session, bench/2026-11-29c/): 1034 TFLOP/s, ahead of
             # the 1x2 cluster (1000, with pipelined promotion); few tiles measured. M <= 128 keeps
             # the 128x64 tile below.
             # wg_order (the warpgroups take turns per K tile): 1134 vs 1029 TFLOP/s at 8192³ in one
             # run (bench/2026-11-30d/bench_wgo.log).
-            overrides = {**dict(tile_m=128, tile_n=128, cluster_m=2, raster="n", group=8, wg_order=True), **overrides}
+            # 128x192 (a tile over two B scale blocks; eighth session, bench/2026-11-30h/): 8192³
+            # 1253 vs 1145, 16384x7168x2048 1161 vs 1103, but 4096³ 1039 vs 1065 (5 waves of
+            # 128x192 tiles): the wide tile from 8 waves of tiles on.
+            wide = ceil_div(p.m, 128) * ceil_div(p.n, 192) * p.l >= 8 * self.num_sms
+            tile = dict(tile_m=128, tile_n=192 if wide else 128, cluster_m=2, raster="n", group=8, wg_order=True)
+            overrides = {**tile, **overrides}
         base = dict(
             arch=self.arch,
             a_dtype=p.a_dtype,
@@ -65,10 +70,11 @@ class ArchPolicy:
             if not overrides.get("fast_accum", False):
                 # FP8 with promotion: two fp32 accumulators, at most 64x192 per warpgroup
                 tile = dict(tile_m=64, tile_n=128, cluster_n=2) if rows <= 64 else dict(tile_m=128, tile_n=192, cluster_n=2)
-            if overrides.get("fp8_blockwise"):  # a tile must not straddle a 128-column scale block
+            if overrides.get("fp8_blockwise"):
                 # 128-row tiles with wg_order: +1.3% / +2% on DeepSeek-V3 up / down
-                # (bench/2026-11-30d/bench_gbw.log)
-                tile = dict(tile_m=64, tile_n=128, cluster_n=2) if rows <= 64 else dict(tile_m=128, tile_n=128, cluster_n=2, wg_order=True)
+                # (bench/2026-11-30d/bench_gbw.log); 128x192 (two B scale blocks per tile): +3.7% /
+                # +5% over 128x128 (bench/2026-11-30h/ab_bw.log)
+                tile = dict(tile_m=64, tile_n=128, cluster_n=2) if rows <= 64 else dict(tile_m=128, tile_n=192, cluster_n=2, wg_order=True)
         if self.arch == "sm_100a":
             tile = dict(tile_m=64 if rows <= 64 else 128, tile_n=128)
         cfg = replace(self.choose(p), grouped=True, cluster_m=1, cluster_n=1, raster="m", group=1, two_cta=False)

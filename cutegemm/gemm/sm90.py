@@ -581,9 +581,15 @@ class GemmSm90(MxSm90Mixin, GemmBase):
         # sum is promoted as acc_sum += acc * scale_a[row, kt] * scale_b[n_block, kt]. A thread's
         # fragment of a 64xN WGMMA atom is ((2, 2, N/8), MMA_M, MMA_N) = (column pair, row +8,
         # 8-column group), MMA_M atoms 64 rows apart: 2 * MMA_M distinct rows; one N block per
-        # tile (tile_n <= 128 never straddles one). Those 2 * MMA_M + 1 scales of the next K tile
-        # are loaded from global memory (L2) while the current tile's WGMMAs run.
+        # tile of at most 128 columns (a 192-wide tile has two, see two_nb). Those 2 * MMA_M + 1
+        # (+ 1) scales of the next K tile are loaded from global memory (L2) while the current
+        # tile's WGMMAs run.
         blockwise = self.config.fp8_blockwise
+        # A 192-wide tile (tile_n > 128) spans two N blocks of B: its 8-column groups before the
+        # block boundary (64 or 128 columns in, by the tile's position) take the first B scale,
+        # the rest the second.
+        two_nb = blockwise and self.config.tile_n > 128
+        n_sb = 2 if two_nb else 1
         if cutlass.const_expr(blockwise):
             mSFA, mSFB = block_scales
             mma_m = acc_shape[1]
@@ -592,8 +598,8 @@ class GemmSm90(MxSm90Mixin, GemmBase):
             # tile-local (row, col) of each accumulator register
             tCcTile = thr_mma.partition_C(cute.make_identity_tensor((self.config.tile_m, self.config.tile_n)))
             sa_rows = cute.make_rmem_tensor((n_sa,), cutlass.Int32)
-            sf_cur = cute.make_rmem_tensor((n_sa + 1,), cutlass.Float32)  # A scales, then B's
-            sf_next = cute.make_rmem_tensor((n_sa + 1,), cutlass.Float32)
+            sf_cur = cute.make_rmem_tensor((n_sa + n_sb,), cutlass.Float32)  # A scales, then B's
+            sf_next = cute.make_rmem_tensor((n_sa + n_sb,), cutlass.Float32)
         # MXFP8 emulation (config.fp8_mx): scales per 32-K block of every row / column, in shared
         # memory stages next to A and B (see blockscaled.sm90_mx_mainloop): this thread's row
         # addresses and its first column-scale group.
@@ -683,12 +689,17 @@ class GemmSm90(MxSm90Mixin, GemmBase):
                 if cutlass.const_expr(self.config.grouped):
                     row0 = row0 + tile[3]
                     sfb = mSFB[(None, None, tile[2])]
-                n_blk = cutlass.min(tile[1] * self.config.tile_n // 128, sfb.shape[0] - 1)
+                col0 = tile[1] * self.config.tile_n
+                n_blk = cutlass.min(col0 // 128, sfb.shape[0] - 1)
+                # two_nb: the second block (clamped at N's last block: its columns are past N,
+                # never stored) and the boundary's 8-column group within the tile
+                n_blk1 = cutlass.min(col0 // 128 + 1, sfb.shape[0] - 1)
+                nb_split = (128 - col0 % 128) // 8
                 for i in cutlass.range_constexpr(n_sa):
                     row = row0 + tCcTile[((0, i % 2, 0), i // 2, 0)][0]
                     sa_rows[i] = cutlass.min(row, mSFA.shape[0] - 1)
-                    sf_cur[i] = mSFA[(sa_rows[i], 0)]
-                sf_cur[n_sa] = sfb[(n_blk, 0)]
+                bw_at = (mSFA, sfb, sa_rows, n_blk, n_blk1)
+                self.load_block_scales(sf_cur, bw_at, 0, n_sa, two_nb)  # K tile 0's
             if cutlass.const_expr(self.pingpong):
                 if work >= sched.first() + sched.stride:  # not this CTA's first tile: wait our turn
                     cute.arch.barrier(barrier_id=BAR_ORDER + wg, number_of_threads=2 * self.threads_per_warpgroup)
@@ -729,21 +740,23 @@ class GemmSm90(MxSm90Mixin, GemmBase):
                         cute.arch.barrier_arrive(barrier_id=BAR_K_ORDER + 1 - my_wg, number_of_threads=2 * self.threads_per_warpgroup)
                     if cutlass.const_expr(promote):
                         if cutlass.const_expr(blockwise):
-                            # Prefetch the next K tile's scales (the last tile reloads its own).
-                            k_next = cutlass.min(k_tile + 1, k_tile_cnt - 1)
-                            for i in cutlass.range_constexpr(n_sa):
-                                sf_next[i] = mSFA[(sa_rows[i], k_next)]
-                            sf_next[n_sa] = sfb[(n_blk, k_next)]
+                            # Prefetch the next K tile's scales (the last tile reloads its own;
+                            # two K tiles ahead was measured slower, bench/2026-11-30h/ab_bw.log).
+                            self.load_block_scales(sf_next, bw_at, cutlass.min(k_tile + 1, k_tile_cnt - 1), n_sa, two_nb)
                         warpgroup.wait_group(0)
                         ab_pipeline.consumer_release(read_state)
                         release_state.advance()
                         if cutlass.const_expr(blockwise):
-                            for i in cutlass.range_constexpr(n_sa):
-                                scale = sf_cur[i] * sf_cur[n_sa]
-                                for v in cutlass.range_constexpr(cute.size(acc_shape[0]) // 2):
-                                    idx = ((v % 2, i % 2, v // 2), i // 2, 0)
-                                    acc_sum[idx] = acc_sum[idx] + acc[idx] * scale
-                            for i in cutlass.range_constexpr(n_sa + 1):
+                            if cutlass.const_expr(two_nb):
+                                # the boundary is 64 or 128 columns in (tiles start at multiples
+                                # of 64): one constant split per branch, no select per register
+                                if nb_split == 8:
+                                    self.promote_blockwise(acc_sum, acc, sf_cur, n_sa, acc_shape, 8)
+                                else:
+                                    self.promote_blockwise(acc_sum, acc, sf_cur, n_sa, acc_shape, 16)
+                            else:
+                                self.promote_blockwise(acc_sum, acc, sf_cur, n_sa, acc_shape, None)
+                            for i in cutlass.range_constexpr(n_sa + n_sb):
                                 sf_cur[i] = sf_next[i]
                         else:
                             acc_sum.store(acc_sum.load() + acc.load())
@@ -852,6 +865,36 @@ class GemmSm90(MxSm90Mixin, GemmBase):
             if my_wg == 0:  # take warpgroup 1's last hand-over: no arrival is left pending at exit
                 cute.arch.barrier(barrier_id=BAR_K_ORDER, number_of_threads=2 * self.threads_per_warpgroup)
         store_pipeline.producer_tail()
+
+    @cute.jit
+    def load_block_scales(self, dst: cute.Tensor, bw_at, k: cutlass.Int32, n_sa: cutlass.Constexpr,
+                          two_nb: cutlass.Constexpr):  # fmt: skip
+        """DeepSeek block scales of K tile ``k`` into ``dst``: this thread's n_sa row scales of A,
+        then B's scale (two_nb: the scales of the tile's two N blocks)."""
+        mSFA, sfb, sa_rows, n_blk, n_blk1 = bw_at
+        for i in cutlass.range_constexpr(n_sa):
+            dst[i] = mSFA[(sa_rows[i], k)]
+        dst[n_sa] = sfb[(n_blk, k)]
+        if cutlass.const_expr(two_nb):
+            dst[n_sa + 1] = sfb[(n_blk1, k)]
+
+    @cute.jit
+    def promote_blockwise(self, acc_sum: cute.Tensor, acc: cute.Tensor, sf: cute.Tensor, n_sa: cutlass.Constexpr,
+                          acc_shape: cutlass.Constexpr, split: cutlass.Constexpr):  # fmt: skip
+        """acc_sum += acc * scale_a[row] * scale_b[block] for one K tile (DeepSeek block scales).
+        ``sf``: the n_sa row scales of this thread, then B's scale (``split`` None) or B's two
+        scales, the first for the 8-column groups before group ``split``."""
+        for i in cutlass.range_constexpr(n_sa):
+            scale = sf[i] * sf[n_sa]
+            scale1 = scale
+            if cutlass.const_expr(split is not None):
+                scale1 = sf[i] * sf[n_sa + 1]
+            for v in cutlass.range_constexpr(cute.size(acc_shape[0]) // 2):
+                idx = ((v % 2, i % 2, v // 2), i // 2, 0)
+                s = scale
+                if cutlass.const_expr(split is not None and v // 2 >= split):
+                    s = scale1
+                acc_sum[idx] = acc_sum[idx] + acc[idx] * s
 
     @cute.jit
     def zero_k_outside(self, sA: cute.Tensor, sB: cute.Tensor, stage: cutlass.Int32, lo: cutlass.Int32,
