@@ -711,6 +711,25 @@ class GemmSm90(MxSm90Mixin, GemmBase):
                     ab_pipeline.consumer_release(read_state)
                     release_state.advance()
                     read_state.advance()
+            elif cutlass.const_expr(blockwise):
+                # Unrolled by two K tiles whose scale buffers swap roles: the scales loaded for
+                # K tile k + 1 are first read by its promotion, a whole K tile later (a register
+                # copy at the end of each K tile made every K tile wait for its loads).
+                bw_k = (bw_at, n_sa, two_nb, nb_split, acc_shape, my_wg)
+                for kp in range(kt_cnt // 2):
+                    tiled_mma, read_state, release_state = self.blockwise_k_tile(
+                        ab_pipeline, read_state, release_state, tiled_mma, acc, acc_sum, tCrA, tCrB, num_k_blocks,
+                        sf_cur, sf_next, 2 * kp + 1, bw_k,
+                    )  # fmt: skip
+                    tiled_mma, read_state, release_state = self.blockwise_k_tile(
+                        ab_pipeline, read_state, release_state, tiled_mma, acc, acc_sum, tCrA, tCrB, num_k_blocks,
+                        sf_next, sf_cur, cutlass.min(2 * kp + 2, kt_cnt - 1), bw_k,
+                    )  # fmt: skip
+                if kt_cnt % 2 == 1:  # the last K tile (its "next" load reloads its own scales)
+                    tiled_mma, read_state, release_state = self.blockwise_k_tile(
+                        ab_pipeline, read_state, release_state, tiled_mma, acc, acc_sum, tCrA, tCrB, num_k_blocks,
+                        sf_cur, sf_next, kt_cnt - 1, bw_k,
+                    )  # fmt: skip
             else:
                 for k_tile in range(kt_cnt):
                     ab_pipeline.consumer_wait(read_state)
@@ -739,27 +758,10 @@ class GemmSm90(MxSm90Mixin, GemmBase):
                     if cutlass.const_expr(k_order):  # the other warpgroup's turn
                         cute.arch.barrier_arrive(barrier_id=BAR_K_ORDER + 1 - my_wg, number_of_threads=2 * self.threads_per_warpgroup)
                     if cutlass.const_expr(promote):
-                        if cutlass.const_expr(blockwise):
-                            # Prefetch the next K tile's scales (the last tile reloads its own;
-                            # two K tiles ahead was measured slower, bench/2026-11-30h/ab_bw.log).
-                            self.load_block_scales(sf_next, bw_at, cutlass.min(k_tile + 1, k_tile_cnt - 1), n_sa, two_nb)
                         warpgroup.wait_group(0)
                         ab_pipeline.consumer_release(read_state)
                         release_state.advance()
-                        if cutlass.const_expr(blockwise):
-                            if cutlass.const_expr(two_nb):
-                                # the boundary is 64 or 128 columns in (tiles start at multiples
-                                # of 64): one constant split per branch, no select per register
-                                if nb_split == 8:
-                                    self.promote_blockwise(acc_sum, acc, sf_cur, n_sa, acc_shape, 8)
-                                else:
-                                    self.promote_blockwise(acc_sum, acc, sf_cur, n_sa, acc_shape, 16)
-                            else:
-                                self.promote_blockwise(acc_sum, acc, sf_cur, n_sa, acc_shape, None)
-                            for i in cutlass.range_constexpr(n_sa + n_sb):
-                                sf_cur[i] = sf_next[i]
-                        else:
-                            acc_sum.store(acc_sum.load() + acc.load())
+                        acc_sum.store(acc_sum.load() + acc.load())
                     else:
                         warpgroup.wait_group(1)
                         if k_tile > 0:
@@ -865,6 +867,56 @@ class GemmSm90(MxSm90Mixin, GemmBase):
             if my_wg == 0:  # take warpgroup 1's last hand-over: no arrival is left pending at exit
                 cute.arch.barrier(barrier_id=BAR_K_ORDER, number_of_threads=2 * self.threads_per_warpgroup)
         store_pipeline.producer_tail()
+
+    @cute.jit
+    def blockwise_k_tile(
+        self,
+        ab_pipeline: pipeline.PipelineAsync,
+        read_state,
+        release_state,
+        tiled_mma: cute.TiledMma,
+        acc: cute.Tensor,
+        acc_sum: cute.Tensor,
+        tCrA: cute.Tensor,
+        tCrB: cute.Tensor,
+        num_k_blocks: cutlass.Constexpr,
+        sf_use: cute.Tensor,
+        sf_load: cute.Tensor,
+        k_load: cutlass.Int32,
+        bw_k,  # (bw_at, n_sa, two_nb, nb_split, acc_shape, my_wg)
+    ):
+        """One K tile with DeepSeek block scales: its WGMMAs into a fresh partial sum, the scales
+        of K tile ``k_load`` into ``sf_load`` while they run, then acc_sum += partial * scales
+        (``sf_use``). Returns (tiled_mma, read_state, release_state)."""
+        bw_at, n_sa, two_nb, nb_split, acc_shape, my_wg = bw_k
+        k_order = self.config.wg_order
+        ab_pipeline.consumer_wait(read_state)
+        warpgroup.fence()  # the adds below read acc: order them before the overwrite
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
+        if cutlass.const_expr(k_order):  # our turn
+            cute.arch.barrier(barrier_id=BAR_K_ORDER + my_wg, number_of_threads=2 * self.threads_per_warpgroup)
+        for kb in cutlass.range_constexpr(num_k_blocks):
+            coord = (None, None, kb, read_state.index)
+            cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+        warpgroup.commit_group()
+        if cutlass.const_expr(k_order):  # the other warpgroup's turn
+            cute.arch.barrier_arrive(barrier_id=BAR_K_ORDER + 1 - my_wg, number_of_threads=2 * self.threads_per_warpgroup)
+        self.load_block_scales(sf_load, bw_at, k_load, n_sa, two_nb)
+        warpgroup.wait_group(0)
+        ab_pipeline.consumer_release(read_state)
+        release_state.advance()
+        if cutlass.const_expr(two_nb):
+            # the boundary is 64 or 128 columns in (tiles start at multiples of 64): one
+            # constant split per branch, no select per register
+            if nb_split == 8:
+                self.promote_blockwise(acc_sum, acc, sf_use, n_sa, acc_shape, 8)
+            else:
+                self.promote_blockwise(acc_sum, acc, sf_use, n_sa, acc_shape, 16)
+        else:
+            self.promote_blockwise(acc_sum, acc, sf_use, n_sa, acc_shape, None)
+        read_state.advance()
+        return tiled_mma, read_state, release_state
 
     @cute.jit
     def load_block_scales(self, dst: cute.Tensor, bw_at, k: cutlass.Int32, n_sa: cutlass.Constexpr,
