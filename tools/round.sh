@@ -35,6 +35,8 @@ for spec in "$@"; do
     bench_list) cmd="python -c 'from cutegemm.benchmarks import bench_grouped_list as f; f()'" ;;
     bench_list_cfg) cmd="python -c 'from cutegemm.benchmarks import bench_grouped_list as f; f(configs=[dict(scheduler=\"static\"), dict(tile_n=128, pingpong=True, scheduler=\"static\"), dict(tile_m=128, tile_n=192), dict(tile_m=64, tile_n=256, pingpong=True, scheduler=\"static\"), dict(raster=\"m\", group=8)])'" ;;
     list_host) cmd="python tools/list_host.py" ;;
+    list_host2) cmd="python tools/list_host.py --breakdown" ;;
+    bw_layout) cmd="python tools/bw_layout.py" ;;
     sanitize_list) cmd="SANITIZE_ONLY='^list' bash tools/sanitize.sh memcheck racecheck synccheck" ;;
     stress_list) cmd="python tools/stress.py --cases 300 --seed 5 --families list --time-limit $((lim - 15))" ;;
     sanitize_kg) cmd="SANITIZE_ONLY='^kgrouped' bash tools/sanitize.sh memcheck racecheck synccheck" ;;
@@ -93,6 +95,7 @@ for spec in "$@"; do
     kgdebug) cmd="bash tools/kg_debug.sh" ;;
     tile_ab) cmd="python tools/tile_ab.py 3" ;;
     tile_small) cmd="python tools/tile_ab.py 3 --set small" ;;
+    ncu_large) cmd="PROFILE=1 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum,lts__t_sector_hit_rate.pct,sm__cycles_active.min,sm__cycles_active.max python tools/tile_ab.py 1 --set large" ;;
     ncu_small) cmd="PROFILE=1 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,lts__t_bytes.sum.per_second,lts__t_sector_hit_rate.pct,sm__cycles_active.min,sm__cycles_active.max python tools/tile_ab.py 1 --set small" ;;
     bw192) cmd="$PT tests/test_fp8_blockwise_gpu.py" ;;
     bench_bw192) cmd="python -c 'from cutegemm.benchmarks_scaled import bench_fp8_blockwise as f, bench_grouped_fp8_blockwise as g; T = dict(tile_m=128, tile_n=192); f(shapes=[(8192, 8192, 8192), (16384, 7168, 2048), (4096, 4096, 4096)], configs=[dict(T, cluster_m=2, raster=\"n\", group=8), dict(T, cluster_m=2, raster=\"n\", group=8, wg_order=True), dict(T, cluster_m=1, cluster_n=2, raster=\"n\", group=8, wg_order=True)]); g(configs=[dict(T, cluster_n=2), dict(T, cluster_n=2, wg_order=True), dict(T, cluster_n=2, wg_order=True, scheduler=\"dynamic\")])'" ;;

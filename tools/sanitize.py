@@ -338,13 +338,14 @@ def _fp4_weight_cases():
 
 def _fp8_cases():
     """FP8 e4m3 on sm_90a: row-wise promoted (128x192), DeepSeek block scales dense (the policy's
-    wg_order tile: the warpgroups take turns through named barriers) and grouped (policy: wg_order
-    128x128 c1x2; empty experts, rows past offs[-1] poisoned)."""
+    wg_order tile: the warpgroups take turns through named barriers; and the 192-wide tile over
+    two scale blocks of B, N's last tile with the second block clamped) and grouped (policy:
+    wg_order 128x192 c1x2; empty experts, rows past offs[-1] poisoned)."""
     from cutegemm.grouped import grouped_gemm, grouped_gemm_ref
 
     F8 = torch.float8_e4m3fn
 
-    def dense(kind):
+    def dense(kind, config=None):
         m, n, k = 300, 392, 640
         a, w = (cpu(m, k) * 2).to(F8), (cpu(n, k) * 2).to(F8)
         if kind == "rowwise":
@@ -352,7 +353,7 @@ def _fp8_cases():
         else:
             sa, sb = cpu(m, 5, dtype=F32).abs() + 0.1, cpu(5, 4, dtype=F32).abs() + 0.1
         buf = torch.full((m + 2, n), float("nan"), dtype=BF).cuda()
-        cutegemm.gemm(a.cuda(), w.cuda().t(), scale_a=sa.cuda(), scale_b=sb.cuda(), out=buf[:m])
+        cutegemm.gemm(a.cuda(), w.cuda().t(), scale_a=sa.cuda(), scale_b=sb.cuda(), out=buf[:m], config=config)
         torch.cuda.synchronize()
         host = buf.cpu()
         assert torch.isnan(host[m:]).all(), "fp8: a row past the output was written"
@@ -378,6 +379,9 @@ def _fp8_cases():
     return {
         "fp8-rowwise-promoted": lambda: dense("rowwise"),
         "fp8-blockwise-wg-order": lambda: dense("blockwise"),
+        "fp8-blockwise-192-wide": lambda: dense("blockwise", GemmConfig(
+            arch="sm_90a", a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k", fp8_blockwise=True,
+            tile_m=128, tile_n=192, cluster_m=2, wg_order=True)),
         "fp8-grouped-blockwise-wg-order": grouped,
     }
 

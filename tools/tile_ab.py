@@ -1,7 +1,7 @@
 """Interleaved A/B of grouped configs on the issue-4 MoE shapes: every round times each config
 once (median of 20, L2 flushed), so drift in clock or temperature hits all configs alike.
 
-    python tools/tile_ab.py [ROUNDS] [--set width|cluster|small]
+    python tools/tile_ab.py [ROUNDS] [--set width|cluster|small|large]
 
 With PROFILE=1: one launch of each config (and torch's) between cudaProfilerStart / Stop, for
 ``ncu --profile-from-start off``.
@@ -36,6 +36,8 @@ SETS = {
                dict(tile_m=64, tile_n=256, cluster_n=2, pingpong=True), dict(tile_m=64, tile_n=192, cluster_n=2, pingpong=True),
                dict(tile_m=64, tile_n=128, cluster_n=2, pingpong=True), dict(POLICY, cluster_n=1, cluster_m=2)],
               ("Qwen3-30B-A3B",)),
+    # DRAM traffic of the large shapes (ncu, PROFILE=1): the policy against torch
+    "large": ([POLICY], ("DeepSeek-V3 up", "Mixtral up")),
 }
 CANDS, SHAPES = SETS[sys.argv[sys.argv.index("--set") + 1] if "--set" in sys.argv else "width"]
 

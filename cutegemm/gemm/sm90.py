@@ -744,19 +744,7 @@ class GemmSm90(MxSm90Mixin, GemmBase):
                             self.zero_k_outside(sA, sB, read_state.index, lo, hi, mma_tidx)
                             cute.arch.fence_proxy("async.shared", space="cta")
                             epi_barrier.arrive_and_wait()
-                    if cutlass.const_expr(promote):
-                        warpgroup.fence()  # the adds below read acc: order them before the overwrite
-                        tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
-                    if cutlass.const_expr(k_order):  # our turn
-                        cute.arch.barrier(barrier_id=BAR_K_ORDER + my_wg, number_of_threads=2 * self.threads_per_warpgroup)
-                    for kb in cutlass.range_constexpr(num_k_blocks):
-                        coord = (None, None, kb, read_state.index)
-                        cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
-                        if cutlass.const_expr(promote):
-                            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-                    warpgroup.commit_group()
-                    if cutlass.const_expr(k_order):  # the other warpgroup's turn
-                        cute.arch.barrier_arrive(barrier_id=BAR_K_ORDER + 1 - my_wg, number_of_threads=2 * self.threads_per_warpgroup)
+                    tiled_mma = self.issue_k_tile(tiled_mma, acc, tCrA, tCrB, read_state.index, num_k_blocks, promote, my_wg)
                     if cutlass.const_expr(promote):
                         warpgroup.wait_group(0)
                         ab_pipeline.consumer_release(read_state)
@@ -869,6 +857,28 @@ class GemmSm90(MxSm90Mixin, GemmBase):
         store_pipeline.producer_tail()
 
     @cute.jit
+    def issue_k_tile(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
+                     stage: cutlass.Int32, num_k_blocks: cutlass.Constexpr, fresh: cutlass.Constexpr,
+                     my_wg: cutlass.Int32):  # fmt: skip
+        """One K tile's WGMMAs from smem stage ``stage``, committed as one group (``fresh``: into a
+        new partial sum, FP8 promotion); with wg_order inside this warpgroup's turn. Returns
+        tiled_mma."""
+        if cutlass.const_expr(fresh):
+            warpgroup.fence()  # the adds after it read acc: order them before the overwrite
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
+        if cutlass.const_expr(self.config.wg_order):  # our turn
+            cute.arch.barrier(barrier_id=BAR_K_ORDER + my_wg, number_of_threads=2 * self.threads_per_warpgroup)
+        for kb in cutlass.range_constexpr(num_k_blocks):
+            coord = (None, None, kb, stage)
+            cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
+            if cutlass.const_expr(fresh):
+                tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+        warpgroup.commit_group()
+        if cutlass.const_expr(self.config.wg_order):  # the other warpgroup's turn
+            cute.arch.barrier_arrive(barrier_id=BAR_K_ORDER + 1 - my_wg, number_of_threads=2 * self.threads_per_warpgroup)
+        return tiled_mma
+
+    @cute.jit
     def blockwise_k_tile(
         self,
         ab_pipeline: pipeline.PipelineAsync,
@@ -889,19 +899,8 @@ class GemmSm90(MxSm90Mixin, GemmBase):
         of K tile ``k_load`` into ``sf_load`` while they run, then acc_sum += partial * scales
         (``sf_use``). Returns (tiled_mma, read_state, release_state)."""
         bw_at, n_sa, two_nb, nb_split, acc_shape, my_wg = bw_k
-        k_order = self.config.wg_order
         ab_pipeline.consumer_wait(read_state)
-        warpgroup.fence()  # the adds below read acc: order them before the overwrite
-        tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
-        if cutlass.const_expr(k_order):  # our turn
-            cute.arch.barrier(barrier_id=BAR_K_ORDER + my_wg, number_of_threads=2 * self.threads_per_warpgroup)
-        for kb in cutlass.range_constexpr(num_k_blocks):
-            coord = (None, None, kb, read_state.index)
-            cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
-            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-        warpgroup.commit_group()
-        if cutlass.const_expr(k_order):  # the other warpgroup's turn
-            cute.arch.barrier_arrive(barrier_id=BAR_K_ORDER + 1 - my_wg, number_of_threads=2 * self.threads_per_warpgroup)
+        tiled_mma = self.issue_k_tile(tiled_mma, acc, tCrA, tCrB, read_state.index, num_k_blocks, True, my_wg)
         self.load_block_scales(sf_load, bw_at, k_load, n_sa, two_nb)
         warpgroup.wait_group(0)
         ab_pipeline.consumer_release(read_state)
