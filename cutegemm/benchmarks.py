@@ -280,7 +280,7 @@ def bench_grouped(shapes=GROUPED_SHAPES, dtype=torch.bfloat16, reps=30, names=No
         flops = 2.0 * total * n * k
         from .grouped.api import _PLANS
 
-        plan_cfg = next(p.config for key, p in _PLANS.items() if key[0] == a.shape and key[2] == b.shape)
+        plan_cfg = next(p.config for key, p in _PLANS.items() if key[0] == a.shape and key[2] == b.shape and key[4] == a.dtype)
         cfg = plan_cfg.name
         sched = _scheduler_times(timer, reps, a, b, offs, plan_cfg, t_ours)
         case = f"{label + ': ' if label else ''}E{e}x{tok}tok N{n} K{k}"

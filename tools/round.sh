@@ -37,6 +37,7 @@ for spec in "$@"; do
     list_host) cmd="python tools/list_host.py" ;;
     list_host2) cmd="python tools/list_host.py --breakdown" ;;
     bw_layout) cmd="python tools/bw_layout.py" ;;
+    bench_bw_final) cmd="python -c 'from cutegemm.benchmarks_scaled import bench_fp8_blockwise as f, bench_grouped_fp8_blockwise as g, bench_grouped_fp8 as h; f(shapes=[(8192, 8192, 8192), (16384, 7168, 2048), (4096, 4096, 4096)]); g(); h(shapes=((32, 512, 4096, 7168),))'" ;;
     sanitize_list) cmd="SANITIZE_ONLY='^list' bash tools/sanitize.sh memcheck racecheck synccheck" ;;
     stress_list) cmd="python tools/stress.py --cases 300 --seed 5 --families list --time-limit $((lim - 15))" ;;
     sanitize_kg) cmd="SANITIZE_ONLY='^kgrouped' bash tools/sanitize.sh memcheck racecheck synccheck" ;;
