@@ -76,13 +76,23 @@ def test_policy_picks_a_valid_blockwise_tile(m):
     assert ok, why
 
 
-@pytest.mark.parametrize("mnk,tile_n", [((8192, 8192, 8192), 192), ((16384, 7168, 2048), 192), ((4096, 4096, 4096), 128),
-                                        ((1024, 7168, 2048), 128)])  # fmt: skip
+@pytest.mark.parametrize("mnk,tile_n", [((8192, 8192, 8192), 192), ((16384, 7168, 2048), 192), ((2048, 7168, 2048), 192),
+                                        ((512, 7168, 2048), 128), ((1024, 7168, 2048), 128)])  # fmt: skip
 def test_policy_blockwise_tile_width(mnk, tile_n):
-    """128x192 (two B scale blocks per tile) from 8 waves of such tiles on, else 128x128."""
+    """128x192 (two B scale blocks per tile) from 4 waves of such tiles on, else 128x128."""
     p = GemmProblem(*mnk, 1, "e4m3", "e4m3", "bf16", "k", "k")
     cfg = policy_for("sm_90a", 132).choose(p, fp8_blockwise=True)
     assert (cfg.tile_m, cfg.tile_n, cfg.wg_order) == (128, tile_n, True)
+
+
+@pytest.mark.parametrize("m,tile", [(1, (64, 64, True)), (64, (64, 64, True)), (65, (128, 64, False)),
+                                    (128, (128, 64, False))])  # fmt: skip
+def test_policy_blockwise_small_m(m, tile):
+    """Decode-sized M (<= 64): pingpong 64x64; up to 128 rows the 128x64 tile."""
+    p = GemmProblem(m, 7168, 2048, 1, "e4m3", "e4m3", "bf16", "k", "k")
+    cfg = policy_for("sm_90a", 132).choose(p, fp8_blockwise=True)
+    assert (cfg.tile_m, cfg.tile_n, cfg.pingpong) == tile
+    assert can_implement(cfg, p)[0]
 
 
 def test_compile_check_lists_blockwise_variants():

@@ -34,12 +34,19 @@ class ArchPolicy:
             # the 128x64 tile below.
             # wg_order (the warpgroups take turns per K tile): 1134 vs 1029 TFLOP/s at 8192³ in one
             # run (bench/2026-11-30d/bench_wgo.log).
-            # 128x192 (a tile over two B scale blocks; eighth session, bench/2026-11-30h/): 8192³
-            # 1253 vs 1145, 16384x7168x2048 1161 vs 1103, but 4096³ 1039 vs 1065 (5 waves of
-            # 128x192 tiles): the wide tile from 8 waves of tiles on.
-            wide = ceil_div(p.m, 128) * ceil_div(p.n, 192) * p.l >= 8 * self.num_sms
+            # 128x192 (a tile over two B scale blocks; bench/2026-11-30h/): 8192³ 1253 vs 1145,
+            # 16384x7168x2048 1161 vs 1103, 4096³ (5 waves of 128x192 tiles) 1039 vs 1065 and
+            # 1030 vs 1006 in two runs.
+            # From 4 waves of such tiles on (small-M sweep, bench/2026-11-30h/round12_bw_small_cfg/:
+            # 2048x7168x2048 981 vs 913; 512x7168x2048, 1.2 waves: 544 vs 664).
+            wide = ceil_div(p.m, 128) * ceil_div(p.n, 192) * p.l >= 4 * self.num_sms
             tile = dict(tile_m=128, tile_n=192 if wide else 128, cluster_m=2, raster="n", group=8, wg_order=True)
             overrides = {**tile, **overrides}
+        elif overrides.get("fp8_blockwise") and self.arch == "sm_90a" and p.m <= 64:
+            # Decode-sized M: pingpong 64x64 (twice the CTAs of 128x64 over N; M=16, N7168 K2048:
+            # 12.7 vs 14.4 µs, torch's blockwise _scaled_mm 12.0; round12_bw_small_cfg)
+            overrides = {**dict(tile_m=64, tile_n=64, pingpong=True, cluster_m=1, cluster_n=1, raster="n", group=1),
+                         **overrides}  # fmt: skip
         base = dict(
             arch=self.arch,
             a_dtype=p.a_dtype,
