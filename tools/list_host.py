@@ -27,19 +27,11 @@ for label, g, m, n, k in [] if "--breakdown" in sys.argv else [("qwen3", 128, 12
 
 # Breakdown of one list call's host time (GPU idle before each piece, median of 50): the table's
 # pinned copy, the counter, the compiled launch alone (arguments built beforehand), the whole call.
-import statistics  # noqa: E402
-import time  # noqa: E402
 from unittest import mock  # noqa: E402
 
 
-def _med(fn, reps=50):
-    ts = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(ts)
+def _med(fn):
+    return host_time_us(fn, reps=50)
 
 
 for label, g, m, n, k in [("mixtral", 8, 4096, 14336, 4096), ("qwen3", 128, 128, 1536, 2048)]:
