@@ -47,6 +47,26 @@ def check_dense(out, a, b, what="", **ops):
     assert_within_torch_error(out, same, ref, what=what)
 
 
+def check_fp8_blockwise(out, a, b, scale_a, scale_b, offs: list[int] | None = None, what=""):
+    """FP8 with DeepSeek block scales, dense (offs None) or packed grouped: within 2x the error
+    of the fp32 dequantize-then-matmul at bf16 output, against an fp64 reference; grouped rows
+    at or past offs[-1] untouched."""
+    end = out.shape[0] if offs is None else (offs[-1] if offs else 0)
+    if offs is not None:
+        assert torch.isnan(out[end:]).all(), f"{what}: a row at or past offs[-1] was written"
+    if end == 0 or out.shape[1] == 0:
+        return
+    kw = dict(scale_a=scale_a, scale_b=scale_b)
+    if offs is None:
+        ref = gemm_ref(a, b, out_dtype=torch.float64, compute_dtype=torch.float64, **kw)
+        same = gemm_ref(a, b, out_dtype=out.dtype, **kw)
+    else:
+        offs_t = torch.tensor(offs, dtype=torch.int32, device=a.device)
+        ref = grouped_gemm_ref(a, b, offs=offs_t, out_dtype=torch.float64, compute_dtype=torch.float64, **kw)
+        same = grouped_gemm_ref(a, b, offs=offs_t, out_dtype=out.dtype, **kw)
+    assert_within_torch_error(out[:end], same[:end], ref[:end], what=what)
+
+
 def check_packed(out, a, b, offs: list[int], alpha=1.0, what=""):
     """Packed grouped result for *valid* offs: expert rows within the bound, rows at or past
     offs[-1] untouched (NaN poison)."""

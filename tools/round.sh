@@ -118,6 +118,7 @@ for spec in "$@"; do
     stress) cmd="python tools/stress.py --cases 1000 --seed 0 --time-limit $((lim - 15))" ;;
     sanitize) cmd="bash tools/sanitize.sh" ;;
     stress_fp4w) cmd="python tools/stress.py --cases 400 --seed 1 --families fp4w --time-limit $((lim - 15))" ;;
+    stress_fp8bw) cmd="python tools/stress.py --cases 300 --seed 7 --families fp8bw --time-limit $((lim - 15))" ;;
     *) echo "unknown step $step"; continue ;;
   esac
   echo "=== $step (limit ${lim}s)"

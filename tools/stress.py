@@ -34,7 +34,7 @@ import traceback
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-FAMILIES = ("dense", "grouped", "kgrouped", "list", "fp4w")
+FAMILIES = ("dense", "grouped", "kgrouped", "list", "fp4w", "fp8bw")
 
 
 def parse_args(argv=None):
@@ -334,6 +334,56 @@ class Runner:
             self.rc.check_dense(out, x, wd.T, what=what)
         return _Key(f"fp4w-{cfg.name}"), run, buf, what
 
+    def fp8bw(self):
+        """FP8 e4m3 with DeepSeek block scales (sm_90a), dense or packed grouped, scales over
+        4 decades: the policy's tile or a forced one (128x192 over two B scale blocks, pingpong
+        64x64, 128x128 with warpgroup turns)."""
+        rng, torch = self.rng, self.torch
+        f8 = torch.float8_e4m3fn
+        grouped = rng.random() < 0.4
+        n, k = 16 * rng.randint(1, 64), 16 * rng.randint(1, 64)
+        kb, nb = -(-k // 128), -(-n // 128)
+        tiles = [None, dict(tile_m=128, tile_n=192, wg_order=True), dict(tile_m=128, tile_n=128, wg_order=True)]
+        if not grouped:
+            tiles.append(dict(tile_m=64, tile_n=64, pingpong=True))
+        tile = rng.choice(tiles)
+
+        def scales(*shape):
+            return 10.0 ** (torch.rand(*shape, device=self.dev, generator=self.gen) * 4 - 2)
+
+        if grouped:
+            E = rng.choice([1, 3, 8])
+            counts = [0 if rng.random() < 0.2 else rng.randint(1, 300) for _ in range(E)]
+            total = sum(counts) + rng.choice([0, 5])
+            offs_list = list(_cumsum(counts))
+            offs = torch.tensor(offs_list, dtype=torch.int32, device=self.dev)
+            a = self.randn(total, k, dtype=torch.float32, scale=3).to(f8)
+            b = self.randn(E, n, k, dtype=torch.float32, scale=3).to(f8).transpose(1, 2)
+            sa, sb = scales(total, kb), scales(E, nb, kb).transpose(1, 2)
+            out_shape = (total, n)
+        else:
+            m = rng.randint(1, 700)
+            offs_list = offs = None
+            a = self.randn(m, k, dtype=torch.float32, scale=3).to(f8)
+            b = self.randn(n, k, dtype=torch.float32, scale=3).to(f8).t()
+            sa, sb = scales(m, kb), scales(kb, nb)
+            out_shape = (m, n)
+        cfg = None
+        if tile is not None:
+            cfg = self.Config(arch=self.arch, a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k",
+                              fp8_blockwise=True, grouped=grouped, raster="m" if grouped else "n",
+                              group=1 if grouped else 8, **tile)  # fmt: skip
+
+        def call(out):
+            if grouped:
+                return self.grouped_gemm(a, b, offs=offs, out=out, scale_a=sa, scale_b=sb, config=cfg)
+            return self.gemm(a, b, out=out, scale_a=sa, scale_b=sb, config=cfg)
+
+        what = f"fp8bw {'grouped' if grouped else 'dense'} tile={tile} a{tuple(a.shape)} n={n} k={k} counts={offs_list}"
+        run, buf, out = self.poisoned_run(out_shape, torch.bfloat16, call, what)
+        self.rc.check_fp8_blockwise(out, a, b, sa, sb, offs_list, what=what)
+        return _Key(f"fp8bw-{'g' if grouped else 'd'}-{tile}"), run, buf, what
+
     def determinism(self, run, first) -> bool:
         """Second run, bitwise comparison with the first (poison included)."""
         second = run()
@@ -349,10 +399,10 @@ def _emulated(torch, cg):
     def gemm(a, b, *, out, config=None, **ops):
         return out.copy_(cg.gemm_ref(a, b, out_dtype=out.dtype, **ops))
 
-    def grouped_gemm(a, b, *, offs=None, out=None, alpha=1.0, config=None):
+    def grouped_gemm(a, b, *, offs=None, out=None, alpha=1.0, config=None, **ops):
         if isinstance(a, list):
             return cg.grouped_gemm_ref(a, b, alpha=alpha)
-        ref = cg.grouped_gemm_ref(a, b, offs=offs, alpha=alpha, out_dtype=out.dtype)
+        ref = cg.grouped_gemm_ref(a, b, offs=offs, alpha=alpha, out_dtype=out.dtype, **ops)
         if b.dim() == 2:
             return out.copy_(ref)
         end = int(offs[-1]) if offs.numel() else 0
@@ -402,6 +452,7 @@ def main(argv=None) -> int:
         "kgrouped": runner.kgrouped,
         "list": runner.list_form,
         "fp4w": runner.fp4w,
+        "fp8bw": runner.fp8bw,
     }
     counts, fails, det_checked, det_fail = Counter(), Counter(), 0, 0
     t0 = time.time()
