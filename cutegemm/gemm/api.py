@@ -510,6 +510,8 @@ def _plan(
         raise ValueError(
             f"config {cfg.name}: fp8_blockwise={cfg.fp8_blockwise} but the call's scales are "
             f"{'1x128 / 128x128 block scales' if blockwise else 'not block scales'}"
+            + ("" if blockwise else " (block scales of one K block and one N block are per-row x per-tensor "
+               "scales, run by the row-wise kernel: pass config=None or a row-wise config)")
         )
     ok, why = can_implement(cfg, problem)
     if not ok:
