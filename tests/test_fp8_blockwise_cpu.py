@@ -345,3 +345,17 @@ def test_policy_turns_wg_order_on_for_block_scaling_only():
     assert pol.choose_grouped(g, 32, fp8_blockwise=True).wg_order
     assert not pol.choose_grouped(GemmProblem(32 * 16, 4096, 7168, 1, "e4m3", "e4m3", "bf16", "k", "k"), 32,
                                   fp8_blockwise=True).wg_order  # 64-row tiles: one warpgroup
+
+
+def test_scale_a_copied_to_row_major_only_where_it_pays():
+    """An M-major scale_a (torch._scaled_mm's layout) of >= 256 rows becomes a row-major copy
+    (the kernels read each row's K blocks in turn); fewer rows, row-major ones and single-K-block
+    ones are read in place."""
+    from cutegemm.gemm.fp8_args import SCALE_A_COPY_MIN_ROWS, row_major_scale_a
+
+    big = torch.rand(SCALE_A_COPY_MIN_ROWS, 7).t().contiguous().t()  # M-major
+    got = row_major_scale_a(big)
+    assert got.stride() == (7, 1) and torch.equal(got, big) and got.data_ptr() != big.data_ptr()
+    for t in (torch.rand(SCALE_A_COPY_MIN_ROWS - 1, 7).t().contiguous().t(), torch.rand(300, 7),
+              torch.rand(300, 1)):  # fmt: skip
+        assert row_major_scale_a(t) is t

@@ -66,9 +66,24 @@ def is_fp8_blockwise(a, b, scale_a, scale_b) -> bool:
     return tuple(scale_a.shape) == sa_shape and tuple(scale_b.shape) == sb_shape and sb_shape != (1, 1)
 
 
+SCALE_A_COPY_MIN_ROWS = 256
+
+
+def row_major_scale_a(scale_a):
+    """The block-scaled kernels read scale_a (rows, K/128) thread by thread, each thread its rows'
+    scales K tile after K tile, so a row-major scale_a serves 32 K tiles per cache line. An
+    M-major one (torch._scaled_mm's layout) is copied to row-major from 256 rows on (H200: it ran
+    2-6% slower in place, bench/2026-11-30h/round8/bw_layout.log); fewer rows are read in place,
+    where the copy's launch would cost more than it saves."""
+    if scale_a.shape[1] > 1 and scale_a.stride(1) != 1 and scale_a.shape[0] >= SCALE_A_COPY_MIN_ROWS:
+        return scale_a.contiguous()
+    return scale_a
+
+
 def fp8_block_scales(a, b, scale_a, scale_b):
     """FP8 block scaling: validates and returns (scale_a (M, KB), scale_b as the kernel's
-    (NB, KB) view) (any strides, read in place); None when the scales are not block scales
+    (NB, KB) view) (any strides, read in place; an M-major scale_a of 256 rows or more is copied
+    to row-major, see ``row_major_scale_a``); None when the scales are not block scales
     (row-wise / per-tensor / none: ``_fp8_scales``). Raises for a 2-D scale_a with more than one
     column that is not a valid block-scaling pair."""
     if not isinstance(b, torch.Tensor):
@@ -95,7 +110,7 @@ def fp8_block_scales(a, b, scale_a, scale_b):
             f"{rule}: scale_b must have shape (ceil(K/128), ceil(N/128)) = {sb_shape}, got "
             f"{tuple(scale_b.shape)}{hint}"
         )
-    return scale_a, scale_b.t()
+    return row_major_scale_a(scale_a), scale_b.t()
 
 
 def fp8_blockwise_ref(a, b, scale_a, scale_b, compute_dtype=torch.float32):
@@ -113,7 +128,8 @@ def fp8_grouped_block_scales(a, b, scale_a, scale_b):
     """FP8 block scaling of the packed grouped form: a (total_M, K), b (E, K, N), scale_a
     (total_M, ceil(K/128)) per 1x128 block of a token row, scale_b (E, ceil(K/128), ceil(N/128))
     per 128x128 block of each expert's weight (a 3-D scale_b is what asks for it). Returns
-    (scale_a, scale_b as the kernel's (NB, KB, E) view), read in place with any strides; None
+    (scale_a, scale_b as the kernel's (NB, KB, E) view), read in place with any strides (but
+    ``row_major_scale_a``); None
     when scale_b is not 3-D (row-wise / per-tensor / none)."""
     if not (isinstance(scale_b, torch.Tensor) and scale_b.dim() == 3):
         if isinstance(scale_a, torch.Tensor) and scale_a.dim() == 2 and scale_a.shape[1] > 1:
@@ -140,4 +156,4 @@ def fp8_grouped_block_scales(a, b, scale_a, scale_b):
             f"{rule}: scale_b must have shape (E, ceil(K/128), ceil(N/128)) = {(E, kb, nb)}, got "
             f"{tuple(scale_b.shape)}{hint}"
         )
-    return scale_a, scale_b.permute(2, 1, 0)
+    return row_major_scale_a(scale_a), scale_b.permute(2, 1, 0)
