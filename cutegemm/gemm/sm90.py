@@ -34,7 +34,8 @@ counter and broadcast them to every warp of the cluster through a shared-memory 
 FP8 (e4m3): every 128-wide K tile's WGMMA partial sum is promoted into an fp32 accumulator
 (unless fast_accum); with config.fp8_blockwise (DeepSeek 1x128 / 128x128 scales, in mSFA /
 mSFB) it is multiplied by scale_a[row, kt] * scale_b[n_block, kt] as it is added, the scales of
-the next K tile being loaded from global memory under the current tile's WGMMAs.
+the next K tile being loaded from global memory under the current tile's WGMMAs (that mainloop:
+``gemm.sm90_blockwise``, mixed in).
 
 Constraints: see ``config.config_errors`` (tile_m 64/128, tile_n 64..256, cluster <= 4).
 """
@@ -76,6 +77,7 @@ from ..schedulers.dynamic import RING_DEPTH, ring_storage_fields
 from ..schedulers.grouped import group_range
 from .base import GemmBase
 from .epilogue_store import store_subtile_predicated
+from .sm90_blockwise import BlockwiseSm90Mixin
 
 SMEM_CAPACITY_SM90 = 232448
 BAR_EPILOGUE = 1  # + warpgroup turn (1, 2)
@@ -83,7 +85,7 @@ BAR_ORDER = 3  # + warpgroup turn (3, 4): pingpong tensor-core hand-off
 BAR_K_ORDER = 5  # + consumer warpgroup (5, 6): config.wg_order, turns per K tile
 
 
-class GemmSm90(MxSm90Mixin, GemmBase):
+class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, GemmBase):
     threads_per_warpgroup = 128
     load_registers = 40
     mma_registers = 232
@@ -577,29 +579,12 @@ class GemmSm90(MxSm90Mixin, GemmBase):
         promote = self.config.a_dtype == "e4m3" and not self.config.fast_accum
         acc_sum = cute.make_rmem_tensor(acc_shape, self.acc_dtype) if promote else acc
         num_k_blocks = cute.size(tCrA, mode=[2])
-        # FP8 block scaling (DeepSeek 1x128 / 128x128, config.fp8_blockwise): K tile kt's partial
-        # sum is promoted as acc_sum += acc * scale_a[row, kt] * scale_b[n_block, kt]. A thread's
-        # fragment of a 64xN WGMMA atom is ((2, 2, N/8), MMA_M, MMA_N) = (column pair, row +8,
-        # 8-column group), MMA_M atoms 64 rows apart: 2 * MMA_M distinct rows; one N block per
-        # tile of at most 128 columns (a 192-wide tile has two, see two_nb). Those 2 * MMA_M + 1
-        # (+ 1) scales of the next K tile are loaded from global memory (L2) while the current
-        # tile's WGMMAs run.
+        # FP8 block scaling (DeepSeek 1x128 / 128x128, config.fp8_blockwise): see
+        # gemm.sm90_blockwise (this thread's rows, scale registers).
         blockwise = self.config.fp8_blockwise
-        # A 192-wide tile (tile_n > 128) spans two N blocks of B: its 8-column groups before the
-        # block boundary (64 or 128 columns in, by the tile's position) take the first B scale,
-        # the rest the second.
-        two_nb = blockwise and self.config.tile_n > 128
-        n_sb = 2 if two_nb else 1
         if cutlass.const_expr(blockwise):
-            mSFA, mSFB = block_scales
-            mma_m = acc_shape[1]
-            assert promote and acc_shape[0] == (2, 2, self.config.tile_n // 8) and acc_shape[2] == 1, acc_shape
-            n_sa = 2 * mma_m
-            # tile-local (row, col) of each accumulator register
-            tCcTile = thr_mma.partition_C(cute.make_identity_tensor((self.config.tile_m, self.config.tile_n)))
-            sa_rows = cute.make_rmem_tensor((n_sa,), cutlass.Int32)
-            sf_cur = cute.make_rmem_tensor((n_sa + n_sb,), cutlass.Float32)  # A scales, then B's
-            sf_next = cute.make_rmem_tensor((n_sa + n_sb,), cutlass.Float32)
+            assert promote
+            bw = self.blockwise_setup(thr_mma, acc_shape, block_scales)
         # MXFP8 emulation (config.fp8_mx): scales per 32-K block of every row / column, in shared
         # memory stages next to A and B (see blockscaled.sm90_mx_mainloop): this thread's row
         # addresses and its first column-scale group.
@@ -676,30 +661,7 @@ class GemmSm90(MxSm90Mixin, GemmBase):
             acc_sum.fill(0.0)
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
             if cutlass.const_expr(blockwise):
-                # This tile's rows (clamped: rows past M read row M - 1's scales, never stored)
-                # and N block; K tile 0's scales.
-                # Grouped: rows count from the expert's first row (tile[3]) and B's scales are
-                # the expert's (NB, KB) slice; rows past the expert's end read other rows'
-                # scales (clamped into A), their results are never stored.
-                # A tile past N (the second CTA of a 1x2 cluster at an odd n-tile count) reads the
-                # last N block's scales (clamped: memcheck found the read past B's scales), never
-                # stored.
-                row0 = tile[0] * self.config.tile_m
-                sfb = mSFB
-                if cutlass.const_expr(self.config.grouped):
-                    row0 = row0 + tile[3]
-                    sfb = mSFB[(None, None, tile[2])]
-                col0 = tile[1] * self.config.tile_n
-                n_blk = cutlass.min(col0 // 128, sfb.shape[0] - 1)
-                # two_nb: the second block (clamped at N's last block: its columns are past N,
-                # never stored) and the boundary's 8-column group within the tile
-                n_blk1 = cutlass.min(col0 // 128 + 1, sfb.shape[0] - 1)
-                nb_split = (128 - col0 % 128) // 8
-                for i in cutlass.range_constexpr(n_sa):
-                    row = row0 + tCcTile[((0, i % 2, 0), i // 2, 0)][0]
-                    sa_rows[i] = cutlass.min(row, mSFA.shape[0] - 1)
-                bw_at = (mSFA, sfb, sa_rows, n_blk, n_blk1)
-                self.load_block_scales(sf_cur, bw_at, 0, n_sa, two_nb)  # K tile 0's
+                bw_at, nb_split = self.blockwise_tile_start(bw, tile)
             if cutlass.const_expr(self.pingpong):
                 if work >= sched.first() + sched.stride:  # not this CTA's first tile: wait our turn
                     cute.arch.barrier(barrier_id=BAR_ORDER + wg, number_of_threads=2 * self.threads_per_warpgroup)
@@ -712,24 +674,10 @@ class GemmSm90(MxSm90Mixin, GemmBase):
                     release_state.advance()
                     read_state.advance()
             elif cutlass.const_expr(blockwise):
-                # Unrolled by two K tiles whose scale buffers swap roles: the scales loaded for
-                # K tile k + 1 are first read by its promotion, a whole K tile later (a register
-                # copy at the end of each K tile made every K tile wait for its loads).
-                bw_k = (bw_at, n_sa, two_nb, nb_split, acc_shape, my_wg)
-                for kp in range(kt_cnt // 2):
-                    tiled_mma, read_state, release_state = self.blockwise_k_tile(
-                        ab_pipeline, read_state, release_state, tiled_mma, acc, acc_sum, tCrA, tCrB, num_k_blocks,
-                        sf_cur, sf_next, 2 * kp + 1, bw_k,
-                    )  # fmt: skip
-                    tiled_mma, read_state, release_state = self.blockwise_k_tile(
-                        ab_pipeline, read_state, release_state, tiled_mma, acc, acc_sum, tCrA, tCrB, num_k_blocks,
-                        sf_next, sf_cur, cutlass.min(2 * kp + 2, kt_cnt - 1), bw_k,
-                    )  # fmt: skip
-                if kt_cnt % 2 == 1:  # the last K tile (its "next" load reloads its own scales)
-                    tiled_mma, read_state, release_state = self.blockwise_k_tile(
-                        ab_pipeline, read_state, release_state, tiled_mma, acc, acc_sum, tCrA, tCrB, num_k_blocks,
-                        sf_cur, sf_next, kt_cnt - 1, bw_k,
-                    )  # fmt: skip
+                tiled_mma, read_state, release_state = self.blockwise_k_loop(
+                    ab_pipeline, read_state, release_state, tiled_mma, acc, acc_sum, tCrA, tCrB, num_k_blocks, kt_cnt,
+                    bw, bw_at, nb_split, my_wg,
+                )  # fmt: skip
             else:
                 for k_tile in range(kt_cnt):
                     ab_pipeline.consumer_wait(read_state)
@@ -877,75 +825,6 @@ class GemmSm90(MxSm90Mixin, GemmBase):
         if cutlass.const_expr(self.config.wg_order):  # the other warpgroup's turn
             cute.arch.barrier_arrive(barrier_id=BAR_K_ORDER + 1 - my_wg, number_of_threads=2 * self.threads_per_warpgroup)
         return tiled_mma
-
-    @cute.jit
-    def blockwise_k_tile(
-        self,
-        ab_pipeline: pipeline.PipelineAsync,
-        read_state,
-        release_state,
-        tiled_mma: cute.TiledMma,
-        acc: cute.Tensor,
-        acc_sum: cute.Tensor,
-        tCrA: cute.Tensor,
-        tCrB: cute.Tensor,
-        num_k_blocks: cutlass.Constexpr,
-        sf_use: cute.Tensor,
-        sf_load: cute.Tensor,
-        k_load: cutlass.Int32,
-        bw_k,  # (bw_at, n_sa, two_nb, nb_split, acc_shape, my_wg)
-    ):
-        """One K tile with DeepSeek block scales: its WGMMAs into a fresh partial sum, the scales
-        of K tile ``k_load`` into ``sf_load`` while they run, then acc_sum += partial * scales
-        (``sf_use``). Returns (tiled_mma, read_state, release_state)."""
-        bw_at, n_sa, two_nb, nb_split, acc_shape, my_wg = bw_k
-        ab_pipeline.consumer_wait(read_state)
-        tiled_mma = self.issue_k_tile(tiled_mma, acc, tCrA, tCrB, read_state.index, num_k_blocks, True, my_wg)
-        self.load_block_scales(sf_load, bw_at, k_load, n_sa, two_nb)
-        warpgroup.wait_group(0)
-        ab_pipeline.consumer_release(read_state)
-        release_state.advance()
-        if cutlass.const_expr(two_nb):
-            # the boundary is 64 or 128 columns in (tiles start at multiples of 64): one
-            # constant split per branch, no select per register
-            if nb_split == 8:
-                self.promote_blockwise(acc_sum, acc, sf_use, n_sa, acc_shape, 8)
-            else:
-                self.promote_blockwise(acc_sum, acc, sf_use, n_sa, acc_shape, 16)
-        else:
-            self.promote_blockwise(acc_sum, acc, sf_use, n_sa, acc_shape, None)
-        read_state.advance()
-        return tiled_mma, read_state, release_state
-
-    @cute.jit
-    def load_block_scales(self, dst: cute.Tensor, bw_at, k: cutlass.Int32, n_sa: cutlass.Constexpr,
-                          two_nb: cutlass.Constexpr):  # fmt: skip
-        """DeepSeek block scales of K tile ``k`` into ``dst``: this thread's n_sa row scales of A,
-        then B's scale (two_nb: the scales of the tile's two N blocks)."""
-        mSFA, sfb, sa_rows, n_blk, n_blk1 = bw_at
-        for i in cutlass.range_constexpr(n_sa):
-            dst[i] = mSFA[(sa_rows[i], k)]
-        dst[n_sa] = sfb[(n_blk, k)]
-        if cutlass.const_expr(two_nb):
-            dst[n_sa + 1] = sfb[(n_blk1, k)]
-
-    @cute.jit
-    def promote_blockwise(self, acc_sum: cute.Tensor, acc: cute.Tensor, sf: cute.Tensor, n_sa: cutlass.Constexpr,
-                          acc_shape: cutlass.Constexpr, split: cutlass.Constexpr):  # fmt: skip
-        """acc_sum += acc * scale_a[row] * scale_b[block] for one K tile (DeepSeek block scales).
-        ``sf``: the n_sa row scales of this thread, then B's scale (``split`` None) or B's two
-        scales, the first for the 8-column groups before group ``split``."""
-        for i in cutlass.range_constexpr(n_sa):
-            scale = sf[i] * sf[n_sa]
-            scale1 = scale
-            if cutlass.const_expr(split is not None):
-                scale1 = sf[i] * sf[n_sa + 1]
-            for v in cutlass.range_constexpr(cute.size(acc_shape[0]) // 2):
-                idx = ((v % 2, i % 2, v // 2), i // 2, 0)
-                s = scale
-                if cutlass.const_expr(split is not None and v // 2 >= split):
-                    s = scale1
-                acc_sum[idx] = acc_sum[idx] + acc[idx] * s
 
     @cute.jit
     def zero_k_outside(self, sA: cute.Tensor, sB: cute.Tensor, stage: cutlass.Int32, lo: cutlass.Int32,
