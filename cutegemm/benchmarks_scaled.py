@@ -52,11 +52,11 @@ def bench_grouped_fp8(shapes=((32, 512, 4096, 7168),), reps=20, configs=None):
         out = ours()
         from .grouped.api import _PLANS
 
-        # this call's plan: same operands and row-wise scale_a (a block-scaled plan of the same
-        # shapes may be cached from another benchmark in this process)
+        # this call's plan: the policy's (config None) for these operands, not a block-scaled
+        # plan of the same shapes another benchmark of this process may have cached
         base = next(p.config for key, p in _PLANS.items()
-                    if key[0] == a.shape and key[2] == b.shape and len(key) > 19 and key[19] is not None
-                    and key[19][0] == sa.shape and not p.config.fp8_blockwise)  # fmt: skip
+                    if key[0] == a.shape and key[2] == b.shape and key[4] == a.dtype and key[-1] is None
+                    and not p.config.fp8_blockwise)  # fmt: skip
         ref = None
         try:
             ref = run_torch()

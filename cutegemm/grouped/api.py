@@ -256,8 +256,8 @@ def _plan_packed(a, b, offs, out, out_dtype, alpha, config, epi_in: _Epi, fast_a
 def _fast_key(a, b, offs, out, out_dtype, alpha, config, bias=None, activation=None, epilogue=None,
               epilogue_args=(), scale_a=None, scale_b=None, fast_accum=False, gate_layout="interleaved"):  # fmt: skip
     """The plan key of a packed call: every property the checks below read, so a cached plan
-    implies they all pass (but data-pointer alignment). Positions 0 / 2 / -1 (a.shape, b.shape,
-    config) are read by benchmarks and tests. None when the inputs are not tensors."""
+    implies they all pass (but data-pointer alignment). Positions 0 / 2 / 4 / -1 (a.shape,
+    b.shape, a.dtype, config) are read by benchmarks and tests. None when the inputs are not tensors."""
     try:
         key = (
             a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device,

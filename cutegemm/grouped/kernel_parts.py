@@ -39,6 +39,7 @@ from cutlass.tensor_utils import TensorMapManager, TensorMapUpdateMode
 from ..schedulers.grouped import (
     LIST_FIELDS,
     LIST_K,
+    LIST_LD_A,
     LIST_M,
     LIST_N,
     LIST_PTR_A,
@@ -217,7 +218,7 @@ def _list_operand(mTable: cute.Tensor, g, which: cutlass.Constexpr, dtype: cutla
     ptr = cute.make_ptr(dtype, mTable[row + LIST_PTR_A + which], cute.AddressSpace.gmem, assumed_align=16)
     rows = cutlass.max(cutlass.Int32(mTable[row + rows_field]), 1)
     cols = cutlass.max(cutlass.Int32(mTable[row + cols_field]), 1)
-    ld = mTable[row + LIST_PTR_A + 6 + which]  # LIST_LD_A / _B / _C
+    ld = mTable[row + LIST_LD_A + which]  # LIST_LD_A / _B / _C
     stride = (ld, 1, 0) if unit_mode == 1 else (1, ld, 0)
     return cute.make_tensor(ptr, cute.make_layout((rows, cols, 1), stride=stride))
 
