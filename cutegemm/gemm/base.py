@@ -15,6 +15,7 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass.cute.nvgpu import cpasync
 
+from ..grouped.kernel_parts import launch_list_descriptors
 from ..schedulers.dynamic import BroadcastScheduler, SchedulerRing, clc_grid_clusters
 from ..schedulers.static import StaticPersistentScheduler, persistent_grid
 from .config import GemmConfig, config_errors
@@ -100,9 +101,12 @@ class GemmBase:
             max_clusters,
         )
 
-    def list_unit_modes(self) -> tuple[int, int, int]:
-        """List form: the unit-stride mode of A (M, K), B (N, K) and C (M, N) of every group."""
-        return (1 if self.config.a_major == "k" else 0, 1 if self.config.b_major == "k" else 0, 1)
+    def launch_list_prep(self, tma_atoms, mTable, stream):
+        """List form, in the host ``__call__`` before the GEMM: the prep kernel that writes every
+        group's A, B, C descriptors from the group table (``mTable``, the offs argument), on the
+        GEMM's stream. ``tma_atoms``: the launch's (A, B, C) atoms, the templates."""
+        unit_modes = (1 if self.config.a_major == "k" else 0, 1 if self.config.b_major == "k" else 0, 1)
+        launch_list_descriptors(tma_atoms, mTable, (self.a_dtype, self.b_dtype, self.c_dtype), unit_modes, stream)
 
     def broadcast_scheduler(self, inner, storage, mWorkspace) -> BroadcastScheduler:
         """scheduler "dynamic" / "clc": ``inner`` (static or grouped) behind the shared-memory

@@ -83,16 +83,13 @@ from cutlass.tensor_utils import LayoutEnum
 from ..blockscaled.sm100_mainloop import SF_DTYPES, BlockScaledSm100Mixin
 from ..epilogue.quant import quant_storage
 from ..grouped.kernel_parts import (
-    GROUPED_MAX_GROUPS,
-    fill_list_tile_starts,
     fill_tile_starts,
     from_row,
     grouped_acc_coords,
     grouped_acc_space,
     grouped_out_tile,
-    launch_list_descriptors,
-    list_groups,
     list_roles,
+    list_tile_table,
     make_grouped_scheduler,
     make_list_scheduler,
     tile_table,
@@ -324,12 +321,8 @@ class GemmSm100(BlockScaledSm100Mixin, EpilogueSm100Mixin, GemmBase):
             sf_args = self._make_sf_tma(mA, mB, mSFA, mSFB, vmnk_shape)
 
         self.shared_storage = self._shared_storage()
-        if cutlass.const_expr(cfg.listed):
-            # List form: mOffs is the group table; each group's descriptors are written first.
-            launch_list_descriptors(
-                (tma_atom_a, tma_atom_b, tma_atom_c), mOffs, (self.a_dtype, self.b_dtype, self.c_dtype),
-                self.list_unit_modes(), stream,
-            )  # fmt: skip
+        if cutlass.const_expr(cfg.listed):  # mOffs is the group table: each group's descriptors first
+            self.launch_list_prep((tma_atom_a, tma_atom_b, tma_atom_c), mOffs, stream)
         self.kernel(
             tma_atom_a,
             tma_tensor_a,
@@ -539,11 +532,8 @@ class GemmSm100(BlockScaledSm100Mixin, EpilogueSm100Mixin, GemmBase):
             if warp_idx == 0:
                 fill_tile_starts(tile_start, mOffs, mA_mkl.shape[0], cfg.tile_m, n_cluster_tiles, cute.arch.lane_idx())
         elif cutlass.const_expr(cfg.listed):
-            # List form: mOffs is the group table; warp 0 copies the groups' first tiles.
-            num_groups = list_groups(mOffs)
-            tile_start = storage.tile_start.get_tensor(cute.make_layout(GROUPED_MAX_GROUPS + 1))
-            if warp_idx == 0:
-                fill_list_tile_starts(tile_start, mOffs, num_groups, cute.arch.lane_idx())
+            # List form: mOffs is the group table (``kernel_parts.list_tile_table``).
+            tile_start, num_groups = list_tile_table(storage.tile_start, mOffs, warp_idx)
         else:
             sched = self.make_scheduler(
                 self.acc_space(mC_mnl, mB_nkl), self.cta_tile_mn, ctas_per_tile_m=self.cta_per_mma

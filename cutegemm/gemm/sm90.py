@@ -56,16 +56,13 @@ from ..blockscaled.sm90_mx_mainloop import MX_KB, MX_PARTS, SF_BYTES, MxSm90Mixi
 from ..epilogue import epilogue_subtile, store_gated
 from ..epilogue.quant import quant_storage, store_quantized_subtile
 from ..grouped.kernel_parts import (
-    GROUPED_MAX_GROUPS,
-    fill_list_tile_starts,
     fill_tile_starts,
     grouped_acc_coords,
     grouped_acc_space,
     grouped_k_tiles,
     grouped_out_tile,
-    launch_list_descriptors,
-    list_groups,
     list_roles,
+    list_tile_table,
     make_grouped_scheduler,
     make_list_scheduler,
     offset_k_tiles,
@@ -250,12 +247,8 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, GemmBase):
             sSFB: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, sf_len[1]], 16]
 
         self.shared_storage = SharedStorage
-        if cutlass.const_expr(cfg.listed):
-            # List form: mOffs is the group table. Each group's descriptors are written first.
-            launch_list_descriptors(
-                (tma_atom_a, tma_atom_b, tma_atom_c), mOffs, (self.a_dtype, self.b_dtype, self.c_dtype),
-                self.list_unit_modes(), stream,
-            )  # fmt: skip
+        if cutlass.const_expr(cfg.listed):  # mOffs is the group table: each group's descriptors first
+            self.launch_list_prep((tma_atom_a, tma_atom_b, tma_atom_c), mOffs, stream)
         self.kernel(
             tma_atom_a,
             tma_tensor_a,
@@ -423,13 +416,8 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, GemmBase):
                     tile_start, mOffs, mA_mkl.shape[0], cfg.tile_m * cfg.cluster_m, n_cluster_tiles, cute.arch.lane_idx()
                 )
         if cutlass.const_expr(cfg.listed):
-            # List form: mOffs is the group table (LIST_FIELDS int64 per group, a row with the
-            # total tile count, the descriptors); warp 0 copies the groups' first tiles into
-            # shared memory.
-            num_groups = list_groups(mOffs)
-            tile_start = storage.tile_start.get_tensor(cute.make_layout(GROUPED_MAX_GROUPS + 1))
-            if warp_idx == 0:
-                fill_list_tile_starts(tile_start, mOffs, num_groups, cute.arch.lane_idx())
+            # List form: mOffs is the group table (``kernel_parts.list_tile_table``).
+            tile_start, num_groups = list_tile_table(storage.tile_start, mOffs, warp_idx)
         pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
         if cutlass.const_expr(cfg.grouped):
             sched = make_grouped_scheduler(tile_start, mOffs, mA_mkl.shape[0], cfg.tile_m, cfg.cluster_n, cfg.cluster_m)

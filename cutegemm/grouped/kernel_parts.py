@@ -65,6 +65,7 @@ __all__ = [
     "list_groups",
     "list_k_tiles",
     "list_roles",
+    "list_tile_table",
     "make_list_scheduler",
     "make_grouped_scheduler",
     "tile_table",
@@ -192,6 +193,22 @@ def list_roles(mTable: cute.Tensor, num_groups, tile_k: int):
         return list_descriptor(mTable, num_groups, tile[3], 2)
 
     return k_tiles, load_descs, out_desc
+
+
+def list_tile_table(table_storage, mTable: cute.Tensor, warp_idx):
+    """List form, before ``pipeline_init_wait``: (tile_start, G). Warp 0 copies the groups' first
+    tiles from the group table into the shared-memory table (``fill_list_tile_starts``); it is
+    visible to every thread once :func:`make_list_scheduler` has synced the CTA."""
+    num_groups = list_groups(mTable)
+    tile_start = table_storage.get_tensor(cute.make_layout(GROUPED_MAX_GROUPS + 1))
+    _fill_list_table_warp0(tile_start, mTable, num_groups, warp_idx)
+    return tile_start, num_groups
+
+
+@cute.jit
+def _fill_list_table_warp0(tile_start: cute.Tensor, mTable: cute.Tensor, num_groups, warp_idx):
+    if warp_idx == 0:
+        fill_list_tile_starts(tile_start, mTable, num_groups, cute.arch.lane_idx())
 
 
 def make_list_scheduler(tile_start, mTable, num_groups, tile_m: int) -> ListScheduler:
