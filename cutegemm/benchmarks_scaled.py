@@ -233,7 +233,9 @@ def bench_fp8_blockwise(shapes=((8192, 8192, 8192),), reps=20, configs=None):
         del a16, b16
         p = GemmProblem(m, n, k, 1, "e4m3", "e4m3", "bf16", "k", "k")
         default = policy_for(arch, sms).choose(p, fp8_blockwise=True)
-        for _, name, t, err in _fp8_candidates(timer, reps, a, b, sa, sb, ref, default, configs):
+        # ours gets torch's layouts too (M-major scale_a, column-major scale_b): no copies
+        sa_m, sb_m = sa.t().contiguous().t(), sb.t().contiguous().t()
+        for _, name, t, err in _fp8_candidates(timer, reps, a, b, sa_m, sb_m, ref, default, configs):
             row = Row(case, t, base_t, flops / t / 1e9, flops / base_t / 1e9, base_t / t, name, err, base_err)
             rows.append(row)
             print(format_row(row) + f" | vs bf16 cuBLAS {t16 / t:.3f}x", flush=True)
@@ -302,6 +304,7 @@ def _bench_gbw_shape(timer, e, tok, n, k, reps, configs):
     a16, b16 = a.to(torch.bfloat16), b.to(torch.bfloat16)
     t16 = timer(lambda a16=a16, b16=b16: torch._grouped_mm(a16, b16, offs=offs), reps)
     print(f"{case}: torch._grouped_mm bf16: {flops / t16 / 1e9:.1f} TFLOP/s", flush=True)
+    sa = sa.t().contiguous().t()  # ours: M-major scale_a (torch's layout, TMA-loaded in place)
     out = grouped_gemm(a, b, offs=offs, scale_a=sa, scale_b=sb)
     from .grouped.api import _PLANS
 

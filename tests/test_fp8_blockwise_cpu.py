@@ -262,8 +262,11 @@ def test_grouped_block_scales_validation():
     from cutegemm.gemm.fp8_args import fp8_grouped_block_scales as f
 
     a, b, _, sa, sb = _grouped([5, 0, 7], 300, 400)  # KB = 4, NB = 3
-    got_a, got_b = f(a, b, sa, sb)
-    assert got_a is sa and got_b.shape == (3, 4, 3) and torch.equal(got_b, sb.permute(2, 1, 0))
+    got_a, got_b = f(a, b, sa, sb)  # row-major scale_a: an M-major copy (tma_scale_a)
+    assert torch.equal(got_a, sa) and got_a.stride(0) == 1
+    assert got_b.shape == (3, 4, 3) and torch.equal(got_b, sb.permute(2, 1, 0))
+    m_major = sa.t().contiguous().t()
+    assert f(a, b, m_major, sb)[0] is m_major  # 12 rows: TMA-ready in place
     assert f(a, b, torch.ones(12), torch.ones(3, 300)) is None  # row-wise
     assert f(a, b, None, None) is None
     with pytest.raises(ValueError, match=r"pass scale_b.transpose\(1, 2\)"):
@@ -347,15 +350,41 @@ def test_policy_turns_wg_order_on_for_block_scaling_only():
                                   fp8_blockwise=True).wg_order  # 64-row tiles: one warpgroup
 
 
-def test_scale_a_copied_to_row_major_only_where_it_pays():
-    """An M-major scale_a (torch._scaled_mm's layout) of >= 256 rows becomes a row-major copy
-    (the kernels read each row's K blocks in turn); fewer rows, row-major ones and single-K-block
-    ones are read in place."""
-    from cutegemm.gemm.fp8_args import SCALE_A_COPY_MIN_ROWS, row_major_scale_a
+def test_scale_a_is_tma_ready_m_major():
+    """The kernels TMA-load scale_a M-major with a 16-byte K-block stride: torch's M-major layout
+    with rows % 4 == 0 and an M-major view inside a wider buffer are used in place; row-major,
+    rows % 4 != 0 and misaligned views become an M-major copy with rows rounded up to 4 as the
+    K-block stride. The values are always those given."""
+    from cutegemm.gemm.fp8_args import tma_scale_a
 
-    big = torch.rand(SCALE_A_COPY_MIN_ROWS, 7).t().contiguous().t()  # M-major
-    got = row_major_scale_a(big)
-    assert got.stride() == (7, 1) and torch.equal(got, big) and got.data_ptr() != big.data_ptr()
-    for t in (torch.rand(SCALE_A_COPY_MIN_ROWS - 1, 7).t().contiguous().t(), torch.rand(300, 7),
-              torch.rand(300, 1)):  # fmt: skip
-        assert row_major_scale_a(t) is t
+    def ready(t):
+        return t.stride(0) == 1 and t.stride(1) % 4 == 0 and t.data_ptr() % 16 == 0
+
+    m_major = torch.rand(7, 256).t()  # (256, 7) stride (1, 256)
+    assert tma_scale_a(m_major) is m_major
+    wide = torch.rand(7, 260).t()[:250]  # M-major inside a wider buffer: stride (1, 260)
+    assert tma_scale_a(wide) is wide
+    for t in (torch.rand(256, 7), torch.rand(7, 250).t(), torch.rand(1, 7), torch.rand(7 * 256 + 1)[1:].view(7, 256).t()):
+        got = tma_scale_a(t)
+        assert got is not t and ready(got) and torch.equal(got, t), t.stride()
+        assert got.stride(1) == -(-t.shape[0] // 4) * 4
+
+
+def test_scale_b_view_copied_to_k_contiguous_only_where_it_pays():
+    """The kernel's (NB, KB[, E]) view of scale_b gets unit stride along K (one cache line per 32
+    K tiles for each tile's B-scale loads) when it is K-strided and A has >= 256 rows: dense
+    (torch's (KB, NB) row-major scale_b) and grouped ((E, KB, NB) row-major); torch._scaled_mm's
+    own column-major layout, single-K-block scales and small calls are read in place. The values
+    are those of the view."""
+    from cutegemm.gemm.fp8_args import SCALE_COPY_MIN_ROWS, k_contiguous_scale_b
+
+    rows = SCALE_COPY_MIN_ROWS
+    dense = torch.rand(7, 5).t()  # (NB, KB) view of a row-major (KB, NB) scale_b: K-strided
+    got = k_contiguous_scale_b(dense, rows)
+    assert got.stride(1) == 1 and torch.equal(got, dense)
+    grouped = torch.rand(3, 7, 5).permute(2, 1, 0)  # (NB, KB, E) view of a row-major (E, KB, NB)
+    got = k_contiguous_scale_b(grouped, rows)
+    assert got.stride(1) == 1 and got.shape == grouped.shape and torch.equal(got, grouped)
+    for t, r in ((dense, rows - 1), (torch.rand(5, 7).t().contiguous().t().t().contiguous(), rows),
+                 (torch.rand(1, 5).t(), rows), (torch.rand(3, 5, 7).permute(1, 2, 0), rows)):  # fmt: skip
+        assert k_contiguous_scale_b(t, r) is t

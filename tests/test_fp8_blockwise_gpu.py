@@ -158,17 +158,26 @@ def test_blockwise_zero_blocks():
 
 
 def test_blockwise_scale_layouts_and_determinism():
-    """Any strides of the scales are read in place: torch's M-major scale_a and the .t() of an
-    (NB, KB) weight-scale tensor give the same bits as contiguous ones; repeated calls agree."""
+    """Any layout of the scales gives the same bits: scale_a row-major (copied M-major), torch's
+    M-major (TMA-loaded in place), M-major inside a wider buffer (in place), a misaligned view and
+    an M of rows % 4 != 0 (both copied to a padded M-major buffer); scale_b as the .t() of an
+    (NB, KB) weight-scale tensor or row-major (copied K-contiguous). Repeated calls agree."""
     _skip_unless_sm90()
-    m, n, k = 640, 768, 1152
-    a, b = _operands(m, n, k, seed=11)
-    sa, sb = _scales(m, n, k, seed=11)
-    x = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb)
-    y = cutegemm.gemm(a, b, scale_a=sa.t().contiguous().t(), scale_b=sb.t().contiguous().t())
-    assert torch.equal(x, y)
-    for _ in range(3):
-        assert torch.equal(x, cutegemm.gemm(a, b, scale_a=sa, scale_b=sb))
+    for m in (640, 641, 130):
+        n, k = 768, 1152
+        a, b = _operands(m, n, k, seed=11)
+        sa, sb = _scales(m, n, k, seed=11)
+        kb = sa.shape[1]
+        x = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb)
+        _check(x, a, b, sa, sb, f"fp8 blockwise m={m}")
+        wide = torch.full((kb, m + 12), float("nan"), device="cuda")
+        wide[:, :m] = sa.t()
+        odd = torch.empty(m * kb + 1, device="cuda")[1:].view(kb, m).t()  # data_ptr % 16 == 4
+        odd.copy_(sa)
+        for sa2, sb2 in ((sa.t().contiguous().t(), sb.t().contiguous().t()), (wide.t()[:m], sb), (odd, sb)):
+            assert torch.equal(x, cutegemm.gemm(a, b, scale_a=sa2, scale_b=sb2)), (m, sa2.stride())
+        for _ in range(3):
+            assert torch.equal(x, cutegemm.gemm(a, b, scale_a=sa, scale_b=sb))
     # row-major b (copied to K-major first) gives the same result
     assert torch.equal(x, cutegemm.gemm(a, b.contiguous(), scale_a=sa, scale_b=sb))
 

@@ -119,6 +119,11 @@ for spec in "$@"; do
     sanitize) cmd="bash tools/sanitize.sh" ;;
     stress_fp4w) cmd="python tools/stress.py --cases 400 --seed 1 --families fp4w --time-limit $((lim - 15))" ;;
     stress_fp8bw) cmd="python tools/stress.py --cases 300 --seed 7 --families fp8bw --time-limit $((lim - 15))" ;;
+    ncu_fp8) cmd="ncu --clock-control none --profile-from-start off --import-source no --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section LaunchStats --section Occupancy --section InstructionStats --metrics sm__cycles_elapsed.avg.per_second,lts__t_bytes.sum,dram__bytes_read.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum python tools/prof_fp8.py" ;;
+    bench_fp8_dense) cmd="python -c 'from cutegemm.benchmarks_scaled import bench_fp8 as f, bench_fp8_blockwise as g; f(shapes=[(8192, 8192, 8192), (16384, 7168, 2048)]); g(shapes=[(8192, 8192, 8192), (16384, 7168, 2048)])'" ;;
+    bw_sb) cmd="python tools/bw_sb_layout.py" ;;
+    ncu_bw_src) cmd="ncu --clock-control none --profile-from-start off -k regex:kernel_cutlass -c 1 --import-source no --section WarpStateStats --section SourceCounters --section SpeedOfLight --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed,sm__cycles_elapsed.avg.per_second -o /tmp/bw_src python tools/prof_fp8.py && ncu -i /tmp/bw_src.ncu-rep --page source --print-source sass --csv > $O/bw_source.csv; ncu -i /tmp/bw_src.ncu-rep --page details" ;;
+    ab_bw2) cmd="for i in 1 2; do for v in old new; do echo \"## \$v \$i\"; if [ \$v = old ]; then PP=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site:$PWD/ab_old; else PP=\$PYTHONPATH; fi; PYTHONPATH=\$PP python tools/ab_bw2.py; done; done" ;;
     *) echo "unknown step $step"; continue ;;
   esac
   echo "=== $step (limit ${lim}s)"

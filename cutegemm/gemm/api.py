@@ -637,8 +637,12 @@ def gemm(
     of b), the shapes of ``torch._scaled_mm``'s 1x128 x 128x128 blockwise recipe, so the same
     tensors serve both: ``out = sum_kb (a[:, kb] @ b[kb, :]) * scale_a[:, kb] * scale_b[kb, n // 128]``
     in fp32, then the epilogue and the cast. Scales of an (N, K) weight stored as
-    (ceil(N/128), ceil(K/128)) go in as ``.t()`` (like ``b = w.t()``); any strides are read in
-    place (torch wants scale_a M-major, ``s.t().contiguous().t()``; we take either). K need not
+    (ceil(N/128), ceil(K/128)) go in as ``.t()`` (like ``b = w.t()``). Any layout is accepted;
+    torch's are read in place: scale_a M-major (``s.t().contiguous().t()``; TMA-loaded into every
+    pipeline stage beside A: a K-block stride that is a multiple of 4 rows and a 16-byte aligned
+    start, else it is copied per call into such a buffer) and scale_b column-major (a K-strided
+    view, e.g. a row-major (K/128, N/128) scale_b, is copied K-contiguous per call from 256 rows
+    of a on: ``gemm.fp8_args``). K need not
     be a multiple of 128 (the last block is partial) but must be a multiple of 16 (TMA).
     The scales multiply each 128-wide K tile's partial sum as it is promoted into the fp32
     accumulator (no ``fast_accum``). With a single K block and a single N block the shapes are

@@ -66,24 +66,49 @@ def is_fp8_blockwise(a, b, scale_a, scale_b) -> bool:
     return tuple(scale_a.shape) == sa_shape and tuple(scale_b.shape) == sb_shape and sb_shape != (1, 1)
 
 
-SCALE_A_COPY_MIN_ROWS = 256
+SCALE_COPY_MIN_ROWS = 256
 
 
-def row_major_scale_a(scale_a):
-    """The block-scaled kernels read scale_a (rows, K/128) thread by thread, each thread its rows'
-    scales K tile after K tile, so a row-major scale_a serves 32 K tiles per cache line. An
-    M-major one (torch._scaled_mm's layout) is copied to row-major from 256 rows on (H200: it ran
-    2-6% slower in place, bench/2026-11-30h/round8/bw_layout.log); fewer rows are read in place,
-    where the copy's launch would cost more than it saves."""
-    if scale_a.shape[1] > 1 and scale_a.stride(1) != 1 and scale_a.shape[0] >= SCALE_A_COPY_MIN_ROWS:
-        return scale_a.contiguous()
-    return scale_a
+SCALE_A_ROW_ALIGN = 4  # fp32 rows per 16 bytes: TMA's rule for scale_a's K-block stride
+
+
+def tma_scale_a(scale_a):
+    """scale_a (rows, K/128) as the kernels' TMA loads it: M-major (unit stride along the rows,
+    torch._scaled_mm's layout), the K-block stride a multiple of 4 rows (16 bytes) and a 16-byte
+    aligned start. Each K tile's stage then carries the tile's row scales (one TMA box of
+    tile_m rows), as DeepGEMM does. Such a tensor is used in place; any other layout (row-major,
+    an M-major one of rows % 4 != 0, a misaligned view) is copied, on the launch stream, into an
+    M-major buffer whose K-block stride is the row count rounded up to 4."""
+    rows, kb = scale_a.shape
+    if (
+        scale_a.stride(0) == 1
+        and scale_a.stride(1) % SCALE_A_ROW_ALIGN == 0
+        and scale_a.data_ptr() % TMA_ALIGN_BYTES == 0
+    ):
+        return scale_a
+    ld = -(-rows // SCALE_A_ROW_ALIGN) * SCALE_A_ROW_ALIGN
+    buf = torch.empty((kb, ld), dtype=scale_a.dtype, device=scale_a.device)
+    buf[:, :rows].copy_(scale_a.t())
+    return buf.t()[:rows]
+
+
+def k_contiguous_scale_b(sb_view, rows: int):
+    """The kernel's view of scale_b ((N/128, K/128) dense, (N/128, K/128, E) grouped) with unit
+    stride along K, copied when it has not and the call has ``rows`` >= 256 rows of A. Every
+    consumer thread loads its tile's B scale each K tile: K-strided, that is a new cache line
+    (an L2 round trip) every K tile, K-contiguous one per 32 K tiles. H200: torch's (K/128,
+    N/128) row-major scale_b read in place ran 4.5% slower at 8192^3 and on grouped DeepSeek-V3
+    up (bench/2026-11-30i/round2/bw_sb.log). torch._scaled_mm's own layout (column-major) needs
+    no copy. The copy is at most a few hundred KB, on the launch stream."""
+    if sb_view.shape[1] > 1 and sb_view.stride(1) != 1 and rows >= SCALE_COPY_MIN_ROWS:
+        return sb_view.movedim(1, -1).contiguous().movedim(-1, 1)
+    return sb_view
 
 
 def fp8_block_scales(a, b, scale_a, scale_b):
     """FP8 block scaling: validates and returns (scale_a (M, KB), scale_b as the kernel's
-    (NB, KB) view) (any strides, read in place; an M-major scale_a of 256 rows or more is copied
-    to row-major, see ``row_major_scale_a``); None when the scales are not block scales
+    (NB, KB) view) (scale_a M-major, ``tma_scale_a``; scale_b any strides, read in place but copied
+    K-contiguous from 256 rows on, ``k_contiguous_scale_b``); None when the scales are not block scales
     (row-wise / per-tensor / none: ``_fp8_scales``). Raises for a 2-D scale_a with more than one
     column that is not a valid block-scaling pair."""
     if not isinstance(b, torch.Tensor):
@@ -110,7 +135,7 @@ def fp8_block_scales(a, b, scale_a, scale_b):
             f"{rule}: scale_b must have shape (ceil(K/128), ceil(N/128)) = {sb_shape}, got "
             f"{tuple(scale_b.shape)}{hint}"
         )
-    return row_major_scale_a(scale_a), scale_b.t()
+    return tma_scale_a(scale_a), k_contiguous_scale_b(scale_b.t(), a.shape[0])
 
 
 def fp8_blockwise_ref(a, b, scale_a, scale_b, compute_dtype=torch.float32):
@@ -128,8 +153,8 @@ def fp8_grouped_block_scales(a, b, scale_a, scale_b):
     """FP8 block scaling of the packed grouped form: a (total_M, K), b (E, K, N), scale_a
     (total_M, ceil(K/128)) per 1x128 block of a token row, scale_b (E, ceil(K/128), ceil(N/128))
     per 128x128 block of each expert's weight (a 3-D scale_b is what asks for it). Returns
-    (scale_a, scale_b as the kernel's (NB, KB, E) view), read in place with any strides (but
-    ``row_major_scale_a``); None
+    (scale_a, scale_b as the kernel's (NB, KB, E) view), scale_a M-major (``tma_scale_a``), scale_b
+    read in place with any strides (but ``k_contiguous_scale_b``); None
     when scale_b is not 3-D (row-wise / per-tensor / none)."""
     if not (isinstance(scale_b, torch.Tensor) and scale_b.dim() == 3):
         if isinstance(scale_a, torch.Tensor) and scale_a.dim() == 2 and scale_a.shape[1] > 1:
@@ -156,4 +181,4 @@ def fp8_grouped_block_scales(a, b, scale_a, scale_b):
             f"{rule}: scale_b must have shape (E, ceil(K/128), ceil(N/128)) = {(E, kb, nb)}, got "
             f"{tuple(scale_b.shape)}{hint}"
         )
-    return row_major_scale_a(scale_a), scale_b.permute(2, 1, 0)
+    return tma_scale_a(scale_a), k_contiguous_scale_b(scale_b.permute(2, 1, 0), a.shape[0])

@@ -33,8 +33,8 @@ counter and broadcast them to every warp of the cluster through a shared-memory 
 
 FP8 (e4m3): every 128-wide K tile's WGMMA partial sum is promoted into an fp32 accumulator
 (unless fast_accum); with config.fp8_blockwise (DeepSeek 1x128 / 128x128 scales, in mSFA /
-mSFB) it is multiplied by scale_a[row, kt] * scale_b[n_block, kt] as it is added, the scales of
-the next K tile being loaded from global memory under the current tile's WGMMAs (that mainloop:
+mSFB) it is multiplied by scale_a[row, kt] * scale_b[n_block, kt] as it is added, scale_a riding
+the stage ring beside A (TMA), scale_b loaded from global memory a K tile ahead (that mainloop:
 ``gemm.sm90_blockwise``, mixed in).
 
 Constraints: see ``config.config_errors`` (tile_m 64/128, tile_n 64..256, cluster <= 4).
@@ -127,6 +127,8 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, GemmBase):
         ab_bytes = (cfg.tile_m + cfg.tile_n) * self.tile_shape_mnk[2] * self.a_dtype.width // 8
         if cfg.fp8_mx:  # the K tile's scales ride with A and B
             ab_bytes += self.mx_stage_bytes()
+        if cfg.fp8_blockwise:  # the K tile's scale_a rows ride with A and B
+            ab_bytes += self.sfa_stage_floats() * 4
         epi_stage_bytes = cute.size(self.epi_tile_out) * self.c_dtype.width // 8 * self.epi_groups
         budget = SMEM_CAPACITY_SM90 - 1024 - tile_table_bytes(cfg.grouped or cfg.listed)  # 1 KiB for mbarriers
 
@@ -223,8 +225,13 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, GemmBase):
         tma_atom_sfa = tma_atom_sfb = None
         if cutlass.const_expr(cfg.fp8_mx):
             tma_atom_sfa, mSFA, tma_atom_sfb, mSFB = self.mx_tma(mSFA, mSFB)
+        if cutlass.const_expr(cfg.fp8_blockwise):
+            tma_atom_sfa, mSFA = self.sfa_tma(mSFA)
         table_len = tile_table_len(cfg.grouped or cfg.listed)
         sf_len = self.mx_cosizes() if cfg.fp8_mx else (1, 1)
+        sf_align = 16
+        if cutlass.const_expr(cfg.fp8_blockwise):  # TMA destinations: 128-byte aligned stages
+            sf_len, sf_align = (cute.cosize(self.sfa_layout()), 1), 128
         # The dynamic schedulers' tile ring (static: a 1-slot stub; every field here sits below
         # the 1 KiB-aligned sA, so it moves nothing).
         ring = ring_storage_fields(RING_DEPTH if cfg.scheduler != "static" else 1)
@@ -242,8 +249,8 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, GemmBase):
             sC: cute.struct.Align[
                 cute.struct.MemRange[self.c_dtype, cute.cosize(self.epi_smem_layout_staged)], 1024
             ]
-            # MXFP8 emulation: fp32 scale stages (one unused word each otherwise)
-            sSFA: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, sf_len[0]], 16]
+            # MXFP8 emulation / block-scaled FP8's scale_a: fp32 scale stages (one unused word each otherwise)
+            sSFA: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, sf_len[0]], sf_align]
             sSFB: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, sf_len[1]], 16]
 
         self.shared_storage = SharedStorage
@@ -309,9 +316,9 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, GemmBase):
         mV2: cute.Tensor | None,
         mV3: cute.Tensor | None,
         mWorkspace: cute.Tensor | None,
-        mSFA: cute.Tensor | None,  # FP8 block scaling: (M, ceil(K/128)) fp32 scales of A, or None
+        mSFA: cute.Tensor | None,  # FP8 block scaling: TMA coordinates of the (M, ceil(K/128), 1) scales of A
         mSFB: cute.Tensor | None,  # FP8 block scaling: (ceil(N/128), ceil(K/128)[, E]) fp32 scales of B
-        tma_atom_sfa: cute.CopyAtom | None,  # fp8_mx: TMA of the scales (mSFA / mSFB: TMA tensors)
+        tma_atom_sfa: cute.CopyAtom | None,  # fp8_mx / fp8_blockwise: TMA of the scales (mSFA / mSFB: TMA tensors)
         tma_atom_sfb: cute.CopyAtom | None,
         alpha: cutlass.Float32,
         beta: cutlass.Float32,
@@ -342,6 +349,8 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, GemmBase):
         ) + cute.size_in_bytes(self.b_dtype, cute.slice_(b_smem_layout_staged, (None, None, 0)))
         if cutlass.const_expr(self.config.fp8_mx):
             tma_bytes += self.mx_stage_bytes()
+        if cutlass.const_expr(self.config.fp8_blockwise):
+            tma_bytes += self.sfa_rows() * 4
         # Every consumer warp of every CTA that reads a multicast stage releases it.
         mcast_size = self.num_mcast_ctas_a + self.num_mcast_ctas_b - 1
         ab_pipeline = pipeline.PipelineTmaAsync.create(
@@ -489,6 +498,8 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, GemmBase):
         if cutlass.const_expr(cfg.fp8_mx):
             sSFA, sSFB, mx_parts = self.mx_partition(storage, tma_atom_sfa, mSFA, tma_atom_sfb, mSFB)
             block_scales = (sSFA, sSFB)
+        if cutlass.const_expr(cfg.fp8_blockwise):
+            block_scales = (storage.sSFA.get_tensor(self.sfa_layout()), mSFB)
         warp_group_idx = cute.arch.make_warp_uniform(tidx // self.threads_per_warpgroup)
         if warp_group_idx == 0:
             cute.arch.setmaxregister_decrease(self.load_registers)
@@ -496,6 +507,8 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, GemmBase):
                 extra = ()
                 if cutlass.const_expr(cfg.fp8_mx):
                     extra = self.mx_load_operands(tma_atom_sfa, tma_atom_sfb, mx_parts, mSFA, block_scales[0])
+                if cutlass.const_expr(cfg.fp8_blockwise):
+                    extra = (self.sfa_load_operand(tma_atom_sfa, mSFA, block_scales[0]),)
                 self.load_ab(
                     load_sched, ab_pipeline, load_k_tiles,
                     tma_atom_a, a_tiles, tAsA, a_mcast_mask,
@@ -541,7 +554,7 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, GemmBase):
         quant_args: tuple,
         vectors: tuple,
         group_cols,  # grouped: the GEMM's N (per-expert vectors hold E rows of N); dense: None
-        block_scales: tuple = (None, None),  # fp8_blockwise: (mSFA, mSFB); fp8_mx: (sSFA, sSFB)
+        block_scales: tuple = (None, None),  # fp8_blockwise: (sSFA, mSFB); fp8_mx: (sSFA, sSFB)
         k_range=None,  # K-grouped: tile -> (K tiles, head columns to zero, K values of a partial last K tile or 0)
         out_desc=None,  # listed: tile -> its group's C descriptor
     ):

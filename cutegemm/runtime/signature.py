@@ -62,7 +62,7 @@ def dense_fake_args(cfg: GemmConfig, offs=None):
     if cfg.blockscaled:
         args += (_fake_scales(cfg.sf_dtype), _fake_scales(cfg.sf_dtype))
     elif cfg.fp8_blockwise:
-        args += (_fake_block_scales(2), _fake_block_scales(3 if cfg.grouped else 2))
+        args += (_fake_block_scale_a(), _fake_block_scales(3 if cfg.grouped else 2))
     elif cfg.fp8_mx:
         args += (_fake_mx_scales(k_major=True), _fake_mx_scales(k_major=False))
     else:
@@ -101,12 +101,24 @@ def _fake_scales(sf_dtype: str):
     return make_fake_tensor(SF_DTYPES[sf_dtype], (cute.sym_int32(),), (1,), assumed_align=TMA_ALIGN_BYTES)
 
 
+def _fake_block_scale_a():
+    """FP8 block scaling (sm_90a, config.fp8_blockwise): mSFA (M, ceil(K/128)) fp32 per 1x128
+    block of A's rows, M-major (unit stride along M, as torch._scaled_mm), the K-block stride a
+    multiple of 4 (16 bytes): TMA-loaded into every stage beside A (``fp8_args.tma_scale_a``)."""
+    return make_fake_tensor(
+        cutlass.Float32,
+        (cute.sym_int32(), cute.sym_int32()),
+        (1, cute.sym_int64(divisibility=4)),
+        assumed_align=TMA_ALIGN_BYTES,
+    )
+
+
 def _fake_block_scales(dims: int):
-    """FP8 block scaling (sm_90a, config.fp8_blockwise): an fp32 tensor with dynamic shape and
-    every stride dynamic (any layout, no copies): mSFA (M, ceil(K/128)) per 1x128 block of A,
-    mSFB (ceil(N/128), ceil(K/128)) per 128x128 block of B (the transposed view of torch's
-    (ceil(K/128), ceil(N/128)) scale_b); grouped: mSFB (ceil(N/128), ceil(K/128), E), the
-    permuted view of (E, ceil(K/128), ceil(N/128)). Read element-wise by the consumer warps."""
+    """FP8 block scaling (sm_90a, config.fp8_blockwise): mSFB, fp32 with dynamic shape and every
+    stride dynamic (any layout): (ceil(N/128), ceil(K/128)) per 128x128 block of B (the
+    transposed view of torch's (ceil(K/128), ceil(N/128)) scale_b); grouped: (ceil(N/128),
+    ceil(K/128), E), the permuted view of (E, ceil(K/128), ceil(N/128)). Read element-wise by
+    the consumer warps."""
     return make_fake_tensor(
         cutlass.Float32,
         tuple(cute.sym_int32() for _ in range(dims)),
