@@ -390,7 +390,7 @@ def grouped_epilogue_variants(arch: str) -> list[GemmConfig]:
     if arch == "sm_90a":
         fp8 = dict(a_dtype="e4m3", b_dtype="e4m3", b_major="k", epilogue=E(scale_a=True, scale_b=True))
         out += [
-            GemmConfig(**g, tile_m=128, tile_n=192, cluster_n=2, **fp8),
+            GemmConfig(**g, tile_m=128, tile_n=192, cluster_n=2, scheduler="dynamic", **fp8),  # the policy's
             GemmConfig(**g, tile_m=64, tile_n=128, cluster_n=2, **fp8),
             GemmConfig(**g, tile_m=128, tile_n=256, cluster_n=2, fast_accum=True, **fp8),
         ]

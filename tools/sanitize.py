@@ -340,7 +340,8 @@ def _fp8_cases():
     """FP8 e4m3 on sm_90a: row-wise promoted (128x192), DeepSeek block scales dense (the policy's
     wg_order tile: the warpgroups take turns through named barriers; and the 192-wide tile over
     two scale blocks of B, N's last tile with the second block clamped) and grouped (policy:
-    wg_order 128x192 c1x2; empty experts, rows past offs[-1] poisoned)."""
+    wg_order 128x192 c1x2; empty experts, rows past offs[-1] poisoned), grouped row-wise (policy:
+    128x192 c1x2 with the dynamic scheduler)."""
     from cutegemm.grouped import grouped_gemm, grouped_gemm_ref
 
     F8 = torch.float8_e4m3fn
@@ -361,20 +362,22 @@ def _fp8_cases():
         err = (host[:m].float() - ref).abs().max().item()
         assert err <= 0.02 * ref.abs().max().item(), f"fp8 {kind}: max error {err:.4g}"
 
-    def grouped():
+    def grouped(kind="blockwise"):
         counts, n, k = [100, 0, 170, 9], 384, 512
         total = sum(counts) + 3
         a, w = (cpu(total, k) * 2).to(F8), (cpu(len(counts), n, k) * 2).to(F8)
         sa, sb = cpu(total, 4, dtype=F32).abs() + 0.1, cpu(len(counts), 4, 3, dtype=F32).abs() + 0.1
+        if kind == "rowwise":  # policy: 128x192 with the dynamic scheduler, scales before the epilogue
+            sa, sb = cpu(total, dtype=F32).abs() + 0.1, cpu(len(counts), n, dtype=F32).abs() + 0.1
         offs = torch.tensor(counts).cumsum(0).to(torch.int32)
         buf = torch.full((total, n), float("nan"), dtype=BF).cuda()
         grouped_gemm(a.cuda(), w.cuda().transpose(1, 2), offs=offs.cuda(), scale_a=sa.cuda(), scale_b=sb.cuda(), out=buf)
         torch.cuda.synchronize()
         host, end = buf.cpu(), sum(counts)
-        assert torch.isnan(host[end:]).all(), "grouped fp8 blockwise: a row past offs[-1] was written"
+        assert torch.isnan(host[end:]).all(), f"grouped fp8 {kind}: a row past offs[-1] was written"
         ref = grouped_gemm_ref(a, w.transpose(1, 2), offs=offs, scale_a=sa, scale_b=sb, out_dtype=F32)[:end]
         err = (host[:end].float() - ref).abs().max().item()
-        assert err <= 0.02 * ref.abs().max().item(), f"grouped fp8 blockwise: max error {err:.4g}"
+        assert err <= 0.02 * ref.abs().max().item(), f"grouped fp8 {kind}: max error {err:.4g}"
 
     return {
         "fp8-rowwise-promoted": lambda: dense("rowwise"),
@@ -383,6 +386,7 @@ def _fp8_cases():
             arch="sm_90a", a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k", fp8_blockwise=True,
             tile_m=128, tile_n=192, cluster_m=2, wg_order=True)),
         "fp8-grouped-blockwise-wg-order": grouped,
+        "fp8-grouped-rowwise-dynamic": lambda: grouped("rowwise"),
     }
 
 

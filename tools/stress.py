@@ -370,6 +370,8 @@ class Runner:
             b = self.randn(n, k, dtype=torch.float32, scale=3).to(f8).t()
             sa, sb = scales(m, kb), scales(kb, nb)
             out_shape = (m, n)
+        if rng.random() < 0.5:  # torch's M-major scale_a: TMA-loaded in place when rows % 4 == 0
+            sa = sa.t().contiguous().t()
         cfg = None
         if tile is not None:
             cfg = self.Config(arch=self.arch, a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k",

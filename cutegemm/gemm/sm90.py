@@ -42,6 +42,8 @@ Constraints: see ``config.config_errors`` (tile_m 64/128, tile_n 64..256, cluste
 
 from __future__ import annotations
 
+import dataclasses
+
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
@@ -100,6 +102,10 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, GemmBase):
         self.load_warp_id = 0
         # Epilogue buffer groups: one per warpgroup in pingpong, one shared in cooperative.
         self.epi_groups = 2 if self.pingpong else 1
+        # FP8 per-row / per-column scales: applied to the accumulators once per tile
+        # (scale_accumulators), the epilogue proper then runs without them (epi_sub).
+        epi = config.epilogue
+        self.prescale = (epi.scale_a or epi.scale_b) and not config.listed and not config.kgrouped
 
     # ---------------------------------------------------------------------------------------
     def _setup(self, a_layout: LayoutEnum, b_layout: LayoutEnum, c_layout: LayoutEnum):
@@ -564,6 +570,7 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, GemmBase):
         thread index among the threads that share a tile.
         """
         epi = self.config.epilogue
+        epi_sub = dataclasses.replace(epi, scale_a=False, scale_b=False) if self.prescale else epi
         gated = epi.gated is not None
         quant = epi.quant is not None
         direct = not gated and not quant  # registers -> stmatrix -> smem
@@ -747,12 +754,14 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, GemmBase):
                     tCcAcc = thr_mma.partition_C(grouped_acc_coords(cAcc_mnl, tile))
                 else:
                     tCcAcc = thr_mma.partition_C(cAcc_mnl[(None, None, tile[0], tile[1], tile[2])])
+                if cutlass.const_expr(self.prescale):
+                    self.scale_accumulators(acc_sum, tCcAcc, vectors, group_cols)
                 tRS_cAcc = cute.composition(tiled_copy_r2s.retile(tCcAcc), cute.make_layout((size_rD, num_epi)))
             for epi_idx in cutlass.range_constexpr(num_epi):
                 for v in cutlass.range_constexpr(size_rD):
                     tRS_rD[v] = tRS_rAcc[epi_idx * size_rD + v]
-                coords = tRS_cAcc[(None, epi_idx)] if cutlass.const_expr(epi.needs_coords) else None
-                out = epilogue_subtile(epi, tRS_rD.load(), coords, alpha, beta, mCin, mBias, vectors, group_cols)
+                coords = tRS_cAcc[(None, epi_idx)] if cutlass.const_expr(epi_sub.needs_coords) else None
+                out = epilogue_subtile(epi_sub, tRS_rD.load(), coords, alpha, beta, mCin, mBias, vectors, group_cols)
                 if cutlass.const_expr(direct):
                     tRS_rD_out.store(out.to(self.c_dtype))
                 buf = wg * self.epi_stage + epi_count % self.epi_stage
@@ -760,7 +769,7 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, GemmBase):
                     cute.copy(tiled_copy_r2s, tRS_rD_out, tRS_sC[(None, None, None, buf)])
                 elif cutlass.const_expr(quant):
                     store_quantized_subtile(
-                        epi, out, coords, tRS_cE, sC[(None, None, buf)], tile_quant_args, 4, 1 if gated else 2
+                        epi_sub, out, coords, tRS_cE, sC[(None, None, buf)], tile_quant_args, 4, 1 if gated else 2
                     )
                 else:
                     store_gated(out, coords, tRS_cE, sC[(None, None, buf)], self.c_dtype)

@@ -1,6 +1,7 @@
-"""FP8 with DeepSeek block scales on Hopper: the pieces of ``cutegemm.gemm.sm90.GemmSm90`` used
-only when ``config.fp8_blockwise`` (mixed in; every call site is behind
-``const_expr(config.fp8_blockwise)``, so other kernels compile exactly as without it).
+"""FP8 scales on Hopper: the pieces of ``cutegemm.gemm.sm90.GemmSm90`` used only when
+``config.fp8_blockwise`` (DeepSeek block scales in the mainloop) or for FP8 per-row / per-column
+scales (:meth:`BlockwiseSm90Mixin.scale_accumulators`, before the epilogue); mixed in, every call
+site behind a compile-time condition, so other kernels compile exactly as without them.
 
 Scales: fp32 scale_a (M, K/128) per 1x128 block of A's rows, M-major (``fp8_args.tma_scale_a``),
 scale_b per 128x128 block of B (the kernel's (NB, KB) view; grouped: (NB, KB, E)). K tile kt's WGMMA partial sum (a fresh fp32
@@ -233,3 +234,37 @@ class BlockwiseSm90Mixin:
                 if cutlass.const_expr(split is not None and v // 2 >= split):
                     s = scale1
                 acc_sum[idx] = acc_sum[idx] + acc[idx] * s
+
+    def scale_accumulators(self, acc_sum: cute.Tensor, tCcAcc: cute.Tensor, vectors, group_cols):
+        """FP8 row-wise recipe: acc_sum[r, c] *= scale_a[r] * scale_b[c], once per tile before
+        the epilogue (``epilogue.scale_a`` / ``scale_b``; vectors = (scale_a, scale_b), a
+        1-element vector being a per-tensor scale). A thread loads its 2 rows' and tile_n / 4
+        columns' scales together, so their latency is paid once per tile; the epilogue used to
+        gather them per element and per 32-column subtile (16% of the time of grouped
+        DeepSeek-V3 down, bench/2026-11-30i/round7/fp8_epi.log). ``tCcAcc``: the global (m, n, l)
+        coordinate of every accumulator register (rows / columns past the problem read clamped
+        scales, never stored)."""
+        from ..epilogue.ops import _col_index
+
+        epi = self.config.epilogue
+        acc_shape = acc_sum.shape
+        assert acc_shape[0] == (2, 2, self.config.tile_n // 8) and acc_shape[2] == 1, acc_shape
+        n_rows, n_cols = 2 * acc_shape[1], self.config.tile_n // 4
+        sa, sb = vectors[0], vectors[1]
+        ra = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
+        rb = cute.make_rmem_tensor((n_cols,), cutlass.Float32)
+        if epi.scale_a:
+            for i in range(n_rows):
+                ra[i] = sa[cutlass.min(tCcAcc[((0, i % 2, 0), i // 2, 0)][0], sa.shape[0] - 1)]
+        if epi.scale_b:
+            for v in range(n_cols):
+                rb[v] = sb[_col_index(tCcAcc[((v % 2, 0, v // 2), 0, 0)], sb, group_cols)]
+        for i in range(n_rows):
+            for v in range(n_cols):
+                idx = ((v % 2, i % 2, v // 2), i // 2, 0)
+                x = acc_sum[idx]
+                if epi.scale_a:
+                    x = x * ra[i]
+                if epi.scale_b:
+                    x = x * rb[v]
+                acc_sum[idx] = x
