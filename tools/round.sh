@@ -128,6 +128,9 @@ for spec in "$@"; do
     fp8_epi) cmd="python tools/fp8_epi_probe.py" ;;
     ab_fp8rw) cmd="for i in 1 2; do for v in old new; do echo \"## \$v \$i\"; if [ \$v = old ]; then PP=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site:$PWD/ab_old; D=$PWD/ab_old; else PP=\$PYTHONPATH; D=$PWD; fi; cd \$D; PYTHONPATH=\$PP python -c 'import runpy, os, cutegemm; print(os.path.dirname(cutegemm.__file__)); runpy.run_path(\"$PWD/tools/fp8_epi_probe.py\")'; done; done; cd $PWD" ;;
     bench_gfp8_cfg2) cmd="python -c 'from cutegemm.benchmarks_scaled import bench_grouped_fp8 as f; f(shapes=((32, 512, 4096, 7168), (32, 512, 7168, 2048)), configs=[dict(scheduler=\"dynamic\"), dict(wg_order=True), dict(cluster_m=2, cluster_n=1), dict(tile_n=128), dict(tile_m=64, tile_n=192, pingpong=True), dict(tile_n=256, fast_accum=True)])'" ;;
+    bench_fp8_final) cmd="python -c 'from cutegemm.benchmarks_scaled import bench_fp8 as f, bench_grouped_fp8 as g, bench_grouped_fp8_blockwise as h; f(shapes=[(8192, 8192, 8192), (16384, 7168, 2048)]); g(shapes=((32, 512, 4096, 7168), (32, 512, 7168, 2048))); h()'" ;;
+    bias_epi) cmd="python tools/bias_epi_probe.py" ;;
+    epi_tests) cmd="$PT tests/test_epilogue_gpu.py" ;;
     *) echo "unknown step $step"; continue ;;
   esac
   echo "=== $step (limit ${lim}s)"

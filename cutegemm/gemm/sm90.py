@@ -102,10 +102,24 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, GemmBase):
         self.load_warp_id = 0
         # Epilogue buffer groups: one per warpgroup in pingpong, one shared in cooperative.
         self.epi_groups = 2 if self.pingpong else 1
-        # FP8 per-row / per-column scales: applied to the accumulators once per tile
-        # (scale_accumulators), the epilogue proper then runs without them (epi_sub).
+        # Per-row / per-column epilogue inputs applied to the accumulators once per tile
+        # (scale_accumulators), the epilogue proper then running without them (epi_sub): FP8
+        # scales, and a bias (with alpha before it) when there is no beta * C. Not for the
+        # MXFP8 emulation's accumulator layout, list / K-grouped tiles or user epilogues.
         epi = config.epilogue
-        self.prescale = (epi.scale_a or epi.scale_b) and not config.listed and not config.kgrouped
+        pre_ok = not config.listed and not config.kgrouped and not config.fp8_mx and epi.user is None
+        pre_bias = pre_ok and epi.bias and not epi.beta
+        self.pre_epilogue = (pre_ok and epi.scale_a, pre_ok and epi.scale_b, pre_bias)
+        self.prescale = any(self.pre_epilogue)
+
+    def epilogue_after_pre(self):
+        """The epilogue spec left for the subtiles once ``pre_epilogue`` ran (scale_accumulators)."""
+        epi = self.config.epilogue
+        if self.prescale:
+            epi = dataclasses.replace(epi, scale_a=False, scale_b=False)
+        if self.pre_epilogue[2]:
+            epi = dataclasses.replace(epi, alpha=False, bias=False, bias_dtype="fp32")
+        return epi
 
     # ---------------------------------------------------------------------------------------
     def _setup(self, a_layout: LayoutEnum, b_layout: LayoutEnum, c_layout: LayoutEnum):
@@ -570,7 +584,7 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, GemmBase):
         thread index among the threads that share a tile.
         """
         epi = self.config.epilogue
-        epi_sub = dataclasses.replace(epi, scale_a=False, scale_b=False) if self.prescale else epi
+        epi_sub = self.epilogue_after_pre()
         gated = epi.gated is not None
         quant = epi.quant is not None
         direct = not gated and not quant  # registers -> stmatrix -> smem
@@ -755,7 +769,7 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, GemmBase):
                 else:
                     tCcAcc = thr_mma.partition_C(cAcc_mnl[(None, None, tile[0], tile[1], tile[2])])
                 if cutlass.const_expr(self.prescale):
-                    self.scale_accumulators(acc_sum, tCcAcc, vectors, group_cols)
+                    self.scale_accumulators(acc_sum, tCcAcc, vectors, group_cols, alpha, mBias)
                 tRS_cAcc = cute.composition(tiled_copy_r2s.retile(tCcAcc), cute.make_layout((size_rD, num_epi)))
             for epi_idx in cutlass.range_constexpr(num_epi):
                 for v in cutlass.range_constexpr(size_rD):

@@ -235,36 +235,46 @@ class BlockwiseSm90Mixin:
                     s = scale1
                 acc_sum[idx] = acc_sum[idx] + acc[idx] * s
 
-    def scale_accumulators(self, acc_sum: cute.Tensor, tCcAcc: cute.Tensor, vectors, group_cols):
-        """FP8 row-wise recipe: acc_sum[r, c] *= scale_a[r] * scale_b[c], once per tile before
-        the epilogue (``epilogue.scale_a`` / ``scale_b``; vectors = (scale_a, scale_b), a
-        1-element vector being a per-tensor scale). A thread loads its 2 rows' and tile_n / 4
-        columns' scales together, so their latency is paid once per tile; the epilogue used to
-        gather them per element and per 32-column subtile (16% of the time of grouped
-        DeepSeek-V3 down, bench/2026-11-30i/round7/fp8_epi.log). ``tCcAcc``: the global (m, n, l)
-        coordinate of every accumulator register (rows / columns past the problem read clamped
-        scales, never stored)."""
+    def scale_accumulators(self, acc_sum: cute.Tensor, tCcAcc: cute.Tensor, vectors, group_cols, alpha, mBias):
+        """The per-row / per-column parts of the epilogue, once per tile before it (the
+        ``pre_epilogue`` ops): acc_sum[r, c] = acc_sum[r, c] * scale_a[r] * scale_b[c] (FP8
+        row-wise recipe; vectors = (scale_a, scale_b), a 1-element vector being a per-tensor
+        scale), then, with a bias and no beta * C, * alpha + bias[c]. A thread loads its 2 rows'
+        and tile_n / 4 columns' values together, so their latency is paid once per tile; the
+        epilogue used to gather them per element and per 32-column subtile (FP8 scales: 16% of
+        the time of grouped DeepSeek-V3 down, bias 8%: bench/2026-11-30i/round7/fp8_epi.log,
+        round11/bias_epi.log). ``tCcAcc``: the global (m, n, l) coordinate of every accumulator
+        register (rows / columns past the problem read clamped values, never stored)."""
         from ..epilogue.ops import _col_index
 
         epi = self.config.epilogue
+        scale_a, scale_b, bias = self.pre_epilogue
         acc_shape = acc_sum.shape
         assert acc_shape[0] == (2, 2, self.config.tile_n // 8) and acc_shape[2] == 1, acc_shape
         n_rows, n_cols = 2 * acc_shape[1], self.config.tile_n // 4
-        sa, sb = vectors[0], vectors[1]
         ra = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
         rb = cute.make_rmem_tensor((n_cols,), cutlass.Float32)
-        if epi.scale_a:
+        rbias = cute.make_rmem_tensor((n_cols,), cutlass.Float32)
+        if scale_a:
+            sa = vectors[0]
             for i in range(n_rows):
                 ra[i] = sa[cutlass.min(tCcAcc[((0, i % 2, 0), i // 2, 0)][0], sa.shape[0] - 1)]
-        if epi.scale_b:
-            for v in range(n_cols):
-                rb[v] = sb[_col_index(tCcAcc[((v % 2, 0, v // 2), 0, 0)], sb, group_cols)]
+        for v in range(n_cols):
+            mnl = tCcAcc[((v % 2, 0, v // 2), 0, 0)]
+            if scale_b:
+                rb[v] = vectors[1][_col_index(mnl, vectors[1], group_cols)]
+            if bias:
+                rbias[v] = mBias[_col_index(mnl, mBias, group_cols)].to(cutlass.Float32)
         for i in range(n_rows):
             for v in range(n_cols):
                 idx = ((v % 2, i % 2, v // 2), i // 2, 0)
                 x = acc_sum[idx]
-                if epi.scale_a:
+                if scale_a:
                     x = x * ra[i]
-                if epi.scale_b:
+                if scale_b:
                     x = x * rb[v]
+                if bias:
+                    if epi.alpha:
+                        x = x * alpha
+                    x = x + rbias[v]
                 acc_sum[idx] = x
