@@ -8,13 +8,13 @@ import sys
 from pathlib import Path
 
 import torch
+from probe_common import F8, dense_block_scaled, moe_operands
 
 import cutegemm
-from cutegemm.benchmarks import Timer, _moe_counts
+from cutegemm.benchmarks import Timer
 from cutegemm.gemm import fp8_args
 from cutegemm.grouped import grouped_gemm
 
-F8 = torch.float8_e4m3fn
 TMA = hasattr(fp8_args, "tma_scale_a")
 print("package", Path(cutegemm.__file__).parent, "scale_a", "M-major (TMA)" if TMA else "row-major", flush=True)
 timer = Timer()
@@ -26,10 +26,8 @@ def lay(sa):
 
 for m, n, k in [(8192, 8192, 8192), (16384, 7168, 2048), (2048, 7168, 2048), (512, 7168, 2048), (128, 7168, 2048),
                 (16, 7168, 2048)]:  # fmt: skip
-    torch.manual_seed(0)
-    a, b = torch.randn(m, k, device="cuda").to(F8), torch.randn(n, k, device="cuda").to(F8).t()
-    sa = torch.rand(m, k // 128, device="cuda") + 0.5
-    sb = (torch.rand(k // 128, n // 128, device="cuda") + 0.5).t().contiguous().t()
+    a, b, sa, sb = dense_block_scaled(m, n, k)
+    sb = sb.t().contiguous().t()  # K-contiguous view
     fl = 2.0 * m * n * k
     sa_k = lay(sa)
     t = timer(lambda a=a, b=b, sa=sa_k, sb=sb: cutegemm.gemm(a, b, scale_a=sa, scale_b=sb), 20)
@@ -38,15 +36,9 @@ for m, n, k in [(8192, 8192, 8192), (16384, 7168, 2048), (2048, 7168, 2048), (51
     print(f"dense {m}x{n}x{k}: ours {fl / t / 1e9:.1f} TFLOP/s ({t * 1e3:.1f} us) | torch {fl / tt / 1e9:.1f} | "
           f"{tt / t:.3f}x", flush=True)  # fmt: skip
 for e, tok, n, k in [(32, 512, 4096, 7168), (32, 512, 7168, 2048)]:
-    counts = _moe_counts(e, tok)
-    total = sum(counts)
-    torch.manual_seed(0)
-    a = torch.randn(total, k, device="cuda").to(F8)
-    b = torch.randn(e, n, k, device="cuda").to(F8).transpose(1, 2)
-    sa = lay(torch.rand(total, k // 128, device="cuda") + 0.5)
+    a, b, offs, fl = moe_operands(e, tok, n, k, F8)
+    sa = lay(torch.rand(a.shape[0], k // 128, device="cuda") + 0.5)
     sb = (torch.rand(e, n // 128, k // 128, device="cuda") + 0.5).transpose(1, 2)  # view K-contiguous
-    offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
-    fl = 2.0 * total * n * k
     t = timer(lambda: grouped_gemm(a, b, offs=offs, scale_a=sa, scale_b=sb), 20)
     print(f"grouped E{e}x{tok} N{n} K{k}: ours {fl / t / 1e9:.1f} TFLOP/s", flush=True)
 sys.stdout.flush()

@@ -2,16 +2,12 @@
 """Probe: what does a per-column bias (and bias + swiglu) cost in the bf16 epilogue? The same
 call with and without the bias, dense (long and short K) and grouped DeepSeek-V3 up / down."""
 
-import sys
-from pathlib import Path
+import torch
+from probe_common import moe_operands
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import torch  # noqa: E402
-
-import cutegemm  # noqa: E402
-from cutegemm.benchmarks import Timer, _moe_counts  # noqa: E402
-from cutegemm.grouped import grouped_gemm  # noqa: E402
+import cutegemm
+from cutegemm.benchmarks import Timer
+from cutegemm.grouped import grouped_gemm
 
 timer = Timer()
 BF = torch.bfloat16
@@ -26,14 +22,8 @@ for m, n, k in [(8192, 8192, 8192), (16384, 7168, 2048)]:
     print(f"dense {m}x{n}x{k}: plain {fl / t0 / 1e9:.1f} TFLOP/s, +bias {fl / t1 / 1e9:.1f}, torch addmm {fl / t2 / 1e9:.1f}",
           flush=True)  # fmt: skip
 for e, tok, n, k in [(32, 512, 4096, 7168), (32, 512, 7168, 2048)]:
-    counts = _moe_counts(e, tok)
-    total = sum(counts)
-    torch.manual_seed(0)
-    a = torch.randn(total, k, device="cuda", dtype=BF)
-    b = torch.randn(e, n, k, device="cuda", dtype=BF).transpose(1, 2)
+    a, b, offs, fl = moe_operands(e, tok, n, k)
     bias = torch.randn(e, n, device="cuda", dtype=BF)
-    offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
-    fl = 2.0 * total * n * k
     t0 = timer(lambda: grouped_gemm(a, b, offs=offs), 20)
     t1 = timer(lambda: grouped_gemm(a, b, offs=offs, bias=bias), 20)
     t2 = timer(lambda: grouped_gemm(a, b, offs=offs, bias=bias, activation="swiglu"), 20)

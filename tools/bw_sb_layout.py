@@ -5,26 +5,19 @@ row-major makes that view K-strided (a new cache line every K tile); its column-
 (``sb.t().contiguous().t()``) makes it K-contiguous. Same operands, policy configs and 128x128,
 dense and grouped; row-wise promoted (no block scales) beside."""
 
-import sys
 from dataclasses import replace
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
+from probe_common import F8, dense_block_scaled, moe_operands
 
-import torch  # noqa: E402
-
-import cutegemm  # noqa: E402
-from cutegemm.benchmarks import Timer, _moe_counts  # noqa: E402
-from cutegemm.gemm.api import _PLANS  # noqa: E402
-from cutegemm.grouped import grouped_gemm  # noqa: E402
+import cutegemm
+from cutegemm.benchmarks import Timer
+from cutegemm.gemm.api import _PLANS
+from cutegemm.grouped import grouped_gemm
 
 timer = Timer()
-F8 = torch.float8_e4m3fn
 for m, n, k in [(8192, 8192, 8192), (16384, 7168, 2048)]:
-    torch.manual_seed(0)
-    a, b = torch.randn(m, k, device="cuda").to(F8), torch.randn(n, k, device="cuda").to(F8).t()
-    sa = torch.rand(m, k // 128, device="cuda") + 0.5
-    sb = torch.rand(k // 128, n // 128, device="cuda") + 0.5
+    a, b, sa, sb = dense_block_scaled(m, n, k)
     sb_k = sb.t().contiguous().t()
     fl = 2.0 * m * n * k
     _PLANS.clear()
@@ -41,16 +34,11 @@ for m, n, k in [(8192, 8192, 8192), (16384, 7168, 2048)]:
     t_r = timer(lambda: cutegemm.gemm(a, b, scale_a=ra, scale_b=rb), 20)
     print(f"{m}x{n}x{k}: row-wise promoted (policy) {fl / t_r / 1e9:.1f} TFLOP/s", flush=True)
 for e, tok, n, k in [(32, 512, 4096, 7168)]:
-    counts = _moe_counts(e, tok)
-    total = sum(counts)
-    torch.manual_seed(0)
-    a = torch.randn(total, k, device="cuda").to(F8)
-    b = torch.randn(e, n, k, device="cuda").to(F8).transpose(1, 2)
+    a, b, offs, fl = moe_operands(e, tok, n, k, F8)
+    total = a.shape[0]
     sa = torch.rand(total, k // 128, device="cuda") + 0.5
     sb_k = (torch.rand(e, n // 128, k // 128, device="cuda") + 0.5).transpose(1, 2)  # view K-contiguous
     sb_n = sb_k.contiguous()  # (E, KB, NB) row-major: view K-strided
-    offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
-    fl = 2.0 * total * n * k
     t_k = timer(lambda: grouped_gemm(a, b, offs=offs, scale_a=sa, scale_b=sb_k), 20)
     t_n = timer(lambda: grouped_gemm(a, b, offs=offs, scale_a=sa, scale_b=sb_n), 20)
     ra, rb = torch.rand(total, device="cuda") + 0.5, torch.rand(e, n, device="cuda") + 0.5

@@ -3,19 +3,14 @@
 per-row x per-column scales against the same call without scales (same kernel config, identity
 epilogue), dense and grouped DeepSeek-V3 up; torch._scaled_mm / _scaled_grouped_mm beside."""
 
-import sys
-from pathlib import Path
+import torch
+from probe_common import F8, moe_operands
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import torch  # noqa: E402
-
-import cutegemm  # noqa: E402
-from cutegemm.benchmarks import Timer, _moe_counts  # noqa: E402
-from cutegemm.grouped import grouped_gemm  # noqa: E402
+import cutegemm
+from cutegemm.benchmarks import Timer
+from cutegemm.grouped import grouped_gemm
 
 timer = Timer()
-F8 = torch.float8_e4m3fn
 for m, n, k in [(8192, 8192, 8192), (16384, 7168, 2048)]:
     torch.manual_seed(0)
     a, b = torch.randn(m, k, device="cuda").to(F8), torch.randn(n, k, device="cuda").to(F8).t()
@@ -27,14 +22,9 @@ for m, n, k in [(8192, 8192, 8192), (16384, 7168, 2048)]:
     print(f"dense {m}x{n}x{k}: row-wise scales {fl / t_s / 1e9:.1f} TFLOP/s, no scales {fl / t_p / 1e9:.1f}, "
           f"torch row-wise {fl / tt / 1e9:.1f}", flush=True)  # fmt: skip
 for e, tok, n, k in [(32, 512, 4096, 7168), (32, 512, 7168, 2048)]:
-    counts = _moe_counts(e, tok)
-    total = sum(counts)
-    torch.manual_seed(0)
-    a = torch.randn(total, k, device="cuda").to(F8)
-    b = torch.randn(e, n, k, device="cuda").to(F8).transpose(1, 2)
+    a, b, offs, fl = moe_operands(e, tok, n, k, F8)
+    total = a.shape[0]
     ra, rb = torch.rand(total, device="cuda") + 0.5, torch.rand(e, n, device="cuda") + 0.5
-    offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
-    fl = 2.0 * total * n * k
     t_s = timer(lambda: grouped_gemm(a, b, offs=offs, scale_a=ra, scale_b=rb), 20)
     t_p = timer(lambda: grouped_gemm(a, b, offs=offs), 20)
     tt = timer(lambda: torch._scaled_grouped_mm(a, b, ra, rb, offs=offs, out_dtype=torch.bfloat16), 20)

@@ -5,6 +5,7 @@ costs cuBLAS. Run: ncu --clock-control none --profile-from-start off ... python 
 from dataclasses import replace
 
 import torch
+from probe_common import profile_each
 
 import cutegemm
 from cutegemm.gemm.api import _PLANS
@@ -26,12 +27,4 @@ jobs = [
     ("ours blockwise 128x128", lambda: cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, config=replace(bw, tile_n=128))),
     ("ours rowwise", lambda: cutegemm.gemm(a, b, scale_a=ra.reshape(-1), scale_b=rb.reshape(-1))),
 ]
-for _, f in jobs:  # compile and warm up outside the profiled range
-    f()
-torch.cuda.synchronize()
-for name, f in jobs:
-    print("profiling", name, flush=True)
-    torch.cuda.profiler.start()
-    f()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
+profile_each(jobs)  # compile and warm up outside the profiled range, then one launch each

@@ -5,6 +5,7 @@ without wg_order. Run: ncu --clock-control none --profile-from-start off ... pyt
 from dataclasses import replace
 
 import torch
+from probe_common import profile_each
 
 import cutegemm
 from cutegemm.benchmarks import _moe_counts
@@ -33,12 +34,4 @@ base = next(p.config for key, p in _PLANS.items() if key[0] == x8.shape and key[
 wgo = replace(base, wg_order=True)
 jobs += [("fp8 grouped ours", lambda: grouped_gemm(x8, w8, offs=offs, scale_a=sa, scale_b=sb)),
          ("fp8 grouped wgo", lambda: grouped_gemm(x8, w8, offs=offs, scale_a=sa, scale_b=sb, config=wgo))]
-for _, f in jobs:  # compile and warm up outside the profiled range
-    f()
-torch.cuda.synchronize()
-for name, f in jobs:
-    print("profiling", name, flush=True)
-    torch.cuda.profiler.start()
-    f()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
+profile_each(jobs)  # compile and warm up outside the profiled range, then one launch each
