@@ -270,3 +270,32 @@ def test_reference_matches_torch_functional():
     x = torch.randn(1000, dtype=torch.float64) * 5
     y = epilogue_ref(x.view(10, 100), activation="gelu_tanh").flatten()
     torch.testing.assert_close(y, torch.nn.functional.gelu(x, approximate="tanh"))
+
+
+@pytest.mark.parametrize(
+    "kw,pre,left",
+    [
+        # FP8 row-wise scales: applied to the accumulators once per tile, not in the subtiles
+        (dict(a_dtype="e4m3", b_dtype="e4m3", b_major="k", epilogue=EpilogueSpec(scale_a=True, scale_b=True)),
+         (True, True, False), EpilogueSpec()),
+        # a bias without beta * C joins that pass, with alpha before it; the activation stays
+        (dict(epilogue=EpilogueSpec(alpha=True, bias=True, bias_dtype="bf16", activation="silu")),
+         (False, False, True), EpilogueSpec(activation="silu")),
+        (dict(epilogue=EpilogueSpec(bias=True, gated="swiglu")), (False, False, True), EpilogueSpec(gated="swiglu")),
+        # beta * C with a bias keeps the bias in the subtiles (alpha * acc + beta * C + bias)
+        (dict(epilogue=EpilogueSpec(alpha=True, beta=True, bias=True)), (False, False, False),
+         EpilogueSpec(alpha=True, beta=True, bias=True)),
+        # the MXFP8 emulation's accumulator layout: the old path
+        (dict(a_dtype="e4m3", b_dtype="e4m3", b_major="k", tile_n=128, fp8_mx=True, epilogue=EpilogueSpec(bias=True)),
+         (False, False, False), EpilogueSpec(bias=True)),
+    ],
+)
+def test_sm90_pre_epilogue_rules(kw, pre, left):
+    """Which per-row / per-column epilogue inputs the sm_90a kernel applies to the accumulators
+    once per tile (``GemmSm90.pre_epilogue``: scale_a, scale_b, alpha + bias), and the epilogue
+    spec its subtiles then run."""
+    from cutegemm.gemm.sm90 import GemmSm90
+
+    k = GemmSm90(GemmConfig(arch="sm_90a", tile_m=128, **{"tile_n": 192, **kw}))
+    assert k.pre_epilogue == pre
+    assert k.epilogue_after_pre() == left
