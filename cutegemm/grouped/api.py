@@ -26,7 +26,8 @@ Forms:
   tensor-core accumulation). DeepSeek-style block scaling (sm_90a): ``scale_a`` (total_M,
   ceil(K/128)) per 1x128 block of a token row and a 3-D ``scale_b`` (E, ceil(K/128),
   ceil(N/128)) per 128x128 block of each expert's weight (the ``.transpose(1, 2)`` of an (E, N/128,
-  K/128) weight-scale tensor), any strides, applied as each 128-wide K tile is promoted;
+  K/128) weight-scale tensor), any layout (scale_a M-major, torch's, is TMA-loaded in place,
+  others are copied per call; see ``gemm.fp8_args``), applied as each 128-wide K tile is promoted;
   composes with bias / activations / quantized outputs (not with gate_layout="halves").
   beta * C is not supported in the grouped form.
 - K-grouped (weight gradient): ``grouped_gemm(a, b, offs=offs)`` with a (M, total_K), b (total_K, N)
