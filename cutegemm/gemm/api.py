@@ -819,7 +819,7 @@ def gemm_ref(
     if beta != 0.0 and activation in GATED:
         raise ValueError(f"beta * c cannot be combined with the gated activation {activation!r}")
     out_dtype = out_dtype or (torch.bfloat16 if a.dtype == torch.float8_e4m3fn else a.dtype)
-    if a.dtype == torch.float8_e4m3fn and fp8_block_scales(a, b, scale_a, scale_b) is not None:
+    if a.dtype == torch.float8_e4m3fn and fp8_block_scales(a, b, scale_a, scale_b, kernel_layout=False) is not None:
         acc = fp8_blockwise_ref(a, b, scale_a, scale_b, compute_dtype)  # DeepSeek block scales
         scale_a = scale_b = None
     else:

@@ -69,7 +69,7 @@ def is_fp8_blockwise(a, b, scale_a, scale_b) -> bool:
 SCALE_COPY_MIN_ROWS = 256
 
 
-SCALE_A_ROW_ALIGN = 4  # fp32 rows per 16 bytes: TMA's rule for scale_a's K-block stride
+SCALE_A_ROW_ALIGN = TMA_ALIGN_BYTES // 4  # fp32 rows per 16 bytes: TMA's rule for scale_a's K-block stride and box start
 
 
 def tma_scale_a(scale_a):
@@ -105,12 +105,13 @@ def k_contiguous_scale_b(sb_view, rows: int):
     return sb_view
 
 
-def fp8_block_scales(a, b, scale_a, scale_b):
+def fp8_block_scales(a, b, scale_a, scale_b, kernel_layout: bool = True):
     """FP8 block scaling: validates and returns (scale_a (M, KB), scale_b as the kernel's
     (NB, KB) view) (scale_a M-major, ``tma_scale_a``; scale_b any strides, read in place but copied
-    K-contiguous from 256 rows on, ``k_contiguous_scale_b``); None when the scales are not block scales
-    (row-wise / per-tensor / none: ``_fp8_scales``). Raises for a 2-D scale_a with more than one
-    column that is not a valid block-scaling pair."""
+    K-contiguous from 256 rows on, ``k_contiguous_scale_b``; ``kernel_layout=False``: as given,
+    for a caller that only validates); None when the scales are not block scales (row-wise /
+    per-tensor / none: ``_fp8_scales``). Raises for a 2-D scale_a with more than one column that
+    is not a valid block-scaling pair."""
     if not isinstance(b, torch.Tensor):
         return None  # _check_args names the bad operand
     blockwise = is_fp8_blockwise(a, b, scale_a, scale_b)
@@ -135,6 +136,8 @@ def fp8_block_scales(a, b, scale_a, scale_b):
             f"{rule}: scale_b must have shape (ceil(K/128), ceil(N/128)) = {sb_shape}, got "
             f"{tuple(scale_b.shape)}{hint}"
         )
+    if not kernel_layout:  # validation only (the reference): no copies
+        return scale_a, scale_b.t()
     return tma_scale_a(scale_a), k_contiguous_scale_b(scale_b.t(), a.shape[0])
 
 

@@ -42,8 +42,6 @@ Constraints: see ``config.config_errors`` (tile_m 64/128, tile_n 64..256, cluste
 
 from __future__ import annotations
 
-import dataclasses
-
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
@@ -76,6 +74,7 @@ from ..schedulers.dynamic import RING_DEPTH, ring_storage_fields
 from ..schedulers.grouped import group_range
 from .base import GemmBase
 from .epilogue_store import store_subtile_predicated
+from .sm90_accumulators import PreEpilogueSm90Mixin
 from .sm90_blockwise import BlockwiseSm90Mixin
 
 SMEM_CAPACITY_SM90 = 232448
@@ -84,7 +83,7 @@ BAR_ORDER = 3  # + warpgroup turn (3, 4): pingpong tensor-core hand-off
 BAR_K_ORDER = 5  # + consumer warpgroup (5, 6): config.wg_order, turns per K tile
 
 
-class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, GemmBase):
+class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90Mixin, GemmBase):
     threads_per_warpgroup = 128
     load_registers = 40
     mma_registers = 232
@@ -102,24 +101,6 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, GemmBase):
         self.load_warp_id = 0
         # Epilogue buffer groups: one per warpgroup in pingpong, one shared in cooperative.
         self.epi_groups = 2 if self.pingpong else 1
-        # Per-row / per-column epilogue inputs applied to the accumulators once per tile
-        # (scale_accumulators), the epilogue proper then running without them (epi_sub): FP8
-        # scales, and a bias (with alpha before it) when there is no beta * C. Not for the
-        # MXFP8 emulation's accumulator layout, list / K-grouped tiles or user epilogues.
-        epi = config.epilogue
-        pre_ok = not config.listed and not config.kgrouped and not config.fp8_mx and epi.user is None
-        pre_bias = pre_ok and epi.bias and not epi.beta
-        self.pre_epilogue = (pre_ok and epi.scale_a, pre_ok and epi.scale_b, pre_bias)
-        self.prescale = any(self.pre_epilogue)
-
-    def epilogue_after_pre(self):
-        """The epilogue spec left for the subtiles once ``pre_epilogue`` ran (scale_accumulators)."""
-        epi = self.config.epilogue
-        if self.prescale:
-            epi = dataclasses.replace(epi, scale_a=False, scale_b=False)
-        if self.pre_epilogue[2]:
-            epi = dataclasses.replace(epi, alpha=False, bias=False, bias_dtype="fp32")
-        return epi
 
     # ---------------------------------------------------------------------------------------
     def _setup(self, a_layout: LayoutEnum, b_layout: LayoutEnum, c_layout: LayoutEnum):
@@ -768,7 +749,7 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, GemmBase):
                     tCcAcc = thr_mma.partition_C(grouped_acc_coords(cAcc_mnl, tile))
                 else:
                     tCcAcc = thr_mma.partition_C(cAcc_mnl[(None, None, tile[0], tile[1], tile[2])])
-                if cutlass.const_expr(self.prescale):
+                if cutlass.const_expr(any(self.pre_epilogue)):
                     self.scale_accumulators(acc_sum, tCcAcc, vectors, group_cols, alpha, mBias)
                 tRS_cAcc = cute.composition(tiled_copy_r2s.retile(tCcAcc), cute.make_layout((size_rD, num_epi)))
             for epi_idx in cutlass.range_constexpr(num_epi):

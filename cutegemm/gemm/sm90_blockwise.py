@@ -1,7 +1,6 @@
-"""FP8 scales on Hopper: the pieces of ``cutegemm.gemm.sm90.GemmSm90`` used only when
-``config.fp8_blockwise`` (DeepSeek block scales in the mainloop) or for FP8 per-row / per-column
-scales (:meth:`BlockwiseSm90Mixin.scale_accumulators`, before the epilogue); mixed in, every call
-site behind a compile-time condition, so other kernels compile exactly as without them.
+"""FP8 with DeepSeek block scales on Hopper: the pieces of ``cutegemm.gemm.sm90.GemmSm90`` used
+only when ``config.fp8_blockwise`` (mixed in; every call site is behind
+``const_expr(config.fp8_blockwise)``, so other kernels compile exactly as without it).
 
 Scales: fp32 scale_a (M, K/128) per 1x128 block of A's rows, M-major (``fp8_args.tma_scale_a``),
 scale_b per 128x128 block of B (the kernel's (NB, KB) view; grouped: (NB, KB, E)). K tile kt's WGMMA partial sum (a fresh fp32
@@ -9,19 +8,18 @@ scale_b per 128x128 block of B (the kernel's (NB, KB) view; grouped: (NB, KB, E)
 
     acc_sum[r, c] += acc[r, c] * scale_a[r, kt] * scale_b[c // 128, kt]
 
-A thread's fragment of a 64xN WGMMA atom is ((2, 2, N/8), MMA_M, MMA_N) = (column pair, row + 8,
-8-column group), MMA_M atoms 64 rows apart: 2 * MMA_M distinct rows. A tile of at most 128
+A thread's rows and columns: ``gemm.sm90_accumulators`` (frag_dims, frag_idx). A tile of at most 128
 columns sees one N block of B; a 192-wide tile (``two_nb``) spans two: its 8-column groups before
 the block boundary (64 or 128 columns in, by the tile's position: tiles start at multiples of
 64) take the first B scale, the rest the second.
 
 scale_a rides the A/B stage ring (as in DeepGEMM): the producer TMA-loads the tile's rows of K
-block kt (one box of tile_m + SFA_PAD rows) into stage kt beside A and B, on the same full
+block kt (one box of sfa_rows(): tile_m, + 4 when grouped) into stage kt beside A and B, on the same full
 barrier, so a consumer reads its rows' scales from shared memory once the stage is full, with
 no global-load latency in the K loop. (Loaded by the consumers from global memory, the scales'
 latency sat in front of the first WGMMA of a K tile: ptxas hoists the scale product there.)
 Grouped tiles start at any row; the box starts at the row rounded down to 4 (16 bytes: TMA's
-alignment of the contiguous mode) and the consumers read SFA_PAD rows further in. The B scales
+alignment of the contiguous mode) and the consumers read that many rows further in. The B scales
 (one or two per K tile per tile) are loaded by the consumers from global memory one K tile
 ahead; the K loop is unrolled by two K tiles whose B-scale registers swap roles.
 """
@@ -33,7 +31,8 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-SFA_ALIGN = 4  # fp32 rows per 16 bytes
+from .fp8_args import SCALE_A_ROW_ALIGN as SFA_ALIGN  # fp32 rows per 16 bytes
+from .sm90_accumulators import frag_dims, frag_idx
 
 
 class BlockwiseSm90Mixin:
@@ -51,6 +50,14 @@ class BlockwiseSm90Mixin:
         """(rows, 1, stage) fp32 scale_a stages, rows contiguous, each stage 128-byte aligned."""
         r, st = self.sfa_rows(), self.sfa_stage_floats()
         return cute.make_layout((r, 1, self.ab_stage), stride=(1, st, st))
+
+    def sfa_box_row(self, tile):
+        """(first row of grouped tile ``tile``'s scale_a box, the tile's first row's offset in it):
+        the tile's first row rounded down to SFA_ALIGN (TMA's 16-byte rule for the contiguous
+        mode's coordinate)."""
+        row0 = tile[3] + tile[0] * self.config.tile_m
+        off = row0 % SFA_ALIGN
+        return row0 - off, off
 
     def sfa_tma(self, mSFA: cute.Tensor):
         """TMA atom and coordinate tensor of scale_a (M, KB) (M-major) as (M, KB, 1): one box of
@@ -74,8 +81,7 @@ class BlockwiseSm90Mixin:
 
         def sfa_tiles(tile):
             if cutlass.const_expr(self.config.grouped):
-                row0 = tile[3] + tile[0] * self.config.tile_m
-                g = cute.local_tile(cute.domain_offset((row0 - row0 % SFA_ALIGN, 0, 0), mSFA), (rows, 1),
+                g = cute.local_tile(cute.domain_offset((self.sfa_box_row(tile)[0], 0, 0), mSFA), (rows, 1),
                                     (None, None, None))  # fmt: skip
                 _, t = cpasync.tma_partition(tma_atom, 0, one, ssfa, cute.group_modes(g, 0, 2))
                 return t[(None, 0, None, 0)]
@@ -89,14 +95,13 @@ class BlockwiseSm90Mixin:
         acc_shape)."""
         cfg = self.config
         sSFA, mSFB = block_scales
-        assert acc_shape[0] == (2, 2, cfg.tile_n // 8) and acc_shape[2] == 1, acc_shape
-        n_sa = 2 * acc_shape[1]
+        n_sa = frag_dims(acc_shape, cfg.tile_n)[0]
         two_nb = cfg.tile_n > 128
         n_sb = 2 if two_nb else 1
         tCcTile = thr_mma.partition_C(cute.make_identity_tensor((cfg.tile_m, cfg.tile_n)))
         sa_rows = cute.make_rmem_tensor((n_sa,), cutlass.Int32)
         for i in range(n_sa):
-            sa_rows[i] = tCcTile[((0, i % 2, 0), i // 2, 0)][0]
+            sa_rows[i] = tCcTile[frag_idx(i, 0)][0]
         sa_vals = cute.make_rmem_tensor((n_sa,), cutlass.Float32)
         sb_cur = cute.make_rmem_tensor((n_sb,), cutlass.Float32)
         sb_next = cute.make_rmem_tensor((n_sb,), cutlass.Float32)
@@ -117,7 +122,7 @@ class BlockwiseSm90Mixin:
         sa_off = 0
         if cfg.grouped:  # (plain Python, traced inline: a compile-time branch)
             sfb = mSFB[(None, None, tile[2])]
-            sa_off = (tile[3] + tile[0] * cfg.tile_m) % SFA_ALIGN
+            sa_off = self.sfa_box_row(tile)[1]
         col0 = tile[1] * cfg.tile_n
         n_blk = cutlass.min(col0 // 128, sfb.shape[0] - 1)
         n_blk1 = cutlass.min(col0 // 128 + 1, sfb.shape[0] - 1)
@@ -229,52 +234,7 @@ class BlockwiseSm90Mixin:
             if cutlass.const_expr(split is not None):
                 scale1 = sa[i] * sb[1]
             for v in cutlass.range_constexpr(cute.size(acc_shape[0]) // 2):
-                idx = ((v % 2, i % 2, v // 2), i // 2, 0)
                 s = scale
                 if cutlass.const_expr(split is not None and v // 2 >= split):
                     s = scale1
-                acc_sum[idx] = acc_sum[idx] + acc[idx] * s
-
-    def scale_accumulators(self, acc_sum: cute.Tensor, tCcAcc: cute.Tensor, vectors, group_cols, alpha, mBias):
-        """The per-row / per-column parts of the epilogue, once per tile before it (the
-        ``pre_epilogue`` ops): acc_sum[r, c] = acc_sum[r, c] * scale_a[r] * scale_b[c] (FP8
-        row-wise recipe; vectors = (scale_a, scale_b), a 1-element vector being a per-tensor
-        scale), then, with a bias and no beta * C, * alpha + bias[c]. A thread loads its 2 rows'
-        and tile_n / 4 columns' values together, so their latency is paid once per tile; the
-        epilogue used to gather them per element and per 32-column subtile (FP8 scales: 16% of
-        the time of grouped DeepSeek-V3 down, bias 8%: bench/2026-11-30i/round7/fp8_epi.log,
-        round11/bias_epi.log). ``tCcAcc``: the global (m, n, l) coordinate of every accumulator
-        register (rows / columns past the problem read clamped values, never stored)."""
-        from ..epilogue.ops import _col_index
-
-        epi = self.config.epilogue
-        scale_a, scale_b, bias = self.pre_epilogue
-        acc_shape = acc_sum.shape
-        assert acc_shape[0] == (2, 2, self.config.tile_n // 8) and acc_shape[2] == 1, acc_shape
-        n_rows, n_cols = 2 * acc_shape[1], self.config.tile_n // 4
-        ra = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
-        rb = cute.make_rmem_tensor((n_cols,), cutlass.Float32)
-        rbias = cute.make_rmem_tensor((n_cols,), cutlass.Float32)
-        if scale_a:
-            sa = vectors[0]
-            for i in range(n_rows):
-                ra[i] = sa[cutlass.min(tCcAcc[((0, i % 2, 0), i // 2, 0)][0], sa.shape[0] - 1)]
-        for v in range(n_cols):
-            mnl = tCcAcc[((v % 2, 0, v // 2), 0, 0)]
-            if scale_b:
-                rb[v] = vectors[1][_col_index(mnl, vectors[1], group_cols)]
-            if bias:
-                rbias[v] = mBias[_col_index(mnl, mBias, group_cols)].to(cutlass.Float32)
-        for i in range(n_rows):
-            for v in range(n_cols):
-                idx = ((v % 2, i % 2, v // 2), i // 2, 0)
-                x = acc_sum[idx]
-                if scale_a:
-                    x = x * ra[i]
-                if scale_b:
-                    x = x * rb[v]
-                if bias:
-                    if epi.alpha:
-                        x = x * alpha
-                    x = x + rbias[v]
-                acc_sum[idx] = x
+                acc_sum[frag_idx(i, v)] = acc_sum[frag_idx(i, v)] + acc[frag_idx(i, v)] * s
