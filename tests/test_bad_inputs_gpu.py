@@ -314,6 +314,10 @@ def _gemm_errors():
         Case(
             "config-grouped", E, lambda: ((sq(), sq()), {"config": cfg(grouped=True)}), ValueError, "grouped"
         ),
+        # flat configs (2-D launches) take the caller's 2-D tensors only
+        Case("config-flat-batched", E, lambda: ((g(3, 64, 64), sq()), {"config": cfg(flat=True)}), ValueError, "flat"),
+        Case("config-flat-strided-out", E, lambda: ((sq(), sq()), {"config": cfg(flat=True), "out": g(64, 80)[:, :64]})),
+        Case("config-flat-2d", E, lambda: ((sq(), sq()), {"config": cfg(flat=True)})),
         Case(
             "config-wrong-epilogue",
             E,

@@ -203,6 +203,26 @@ def test_half_empty_last_tiles(cfg):
     check_packed([64, 65, 192, 193, 1, 63, 0, 128, 127, 320], 264, 200, config=config)
 
 
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        dict(tile_m=128, tile_n=128, cluster_n=2, scheduler="dynamic", raster="n", group=2),
+        dict(tile_m=128, tile_n=128, cluster_m=2, raster="n", group=3),
+        dict(tile_m=64, tile_n=128, cluster_n=2, raster="m", group=2),
+    ],
+    ids=["band2-c1x2-dynamic", "band3-c2x1", "nband2-64x128"],
+)
+def test_band_orders(cfg):
+    """Tile orders inside an expert other than the default (bands of m-tiles walked along N,
+    or of n-tiles walked along M; the last band shorter): every tile once, nothing outside the
+    experts written. Experts of many m-tiles and N of several cluster tiles."""
+    from dataclasses import replace
+
+    config = replace(cutegemm.GemmConfig(arch="sm_90a", grouped=True, b_major="k"), **cfg)
+    check_packed([1000, 0, 130, 777, 1, 64], 1000, 136, config=config)
+    check_packed([2050, 3], 520, 64, config=config)
+
+
 def _k_grouped_check(counts, m, n, a_col_major=False, dtype=torch.bfloat16, pad_k=0, config=None):
     """K-grouped out[e] = a[:, k_e] @ b[k_e] vs float64, within 2x torch's own per-expert error;
     out poisoned (NaN) so every element must be written; K columns past offs[-1] (pad_k) hold

@@ -52,13 +52,17 @@ def test_dynamic_hands_out_every_tile_once(total, clusters, seed):
             assert ts == []
 
 
+# (raster_m, group) orders inside an expert: the default, and bands of G m-tiles / n-tiles.
+orders_st = st.sampled_from([(True, 1), (False, 1), (False, 2), (False, 3), (False, 8), (True, 2), (True, 4)])
+
+
 @settings(max_examples=200, deadline=None)
 @given(counts=counts_st, tile_m=st.sampled_from([64, 128]), n_tiles=st.integers(1, 9),
-       clusters=st.integers(1, 140), pad=st.integers(0, 300), seed=st.integers(0, 2**31))  # fmt: skip
-def test_dynamic_grouped_covers_every_expert_tile_once(counts, tile_m, n_tiles, clusters, pad, seed):
+       clusters=st.integers(1, 140), pad=st.integers(0, 300), seed=st.integers(0, 2**31), order=orders_st)  # fmt: skip
+def test_dynamic_grouped_covers_every_expert_tile_once(counts, tile_m, n_tiles, clusters, pad, seed, order):
     offs = offs_of(counts)
     total_m = offs[-1] + pad
-    table = grouped_tile_map(offs, total_m, tile_m, n_tiles)
+    table = grouped_tile_map(offs, total_m, tile_m, n_tiles, raster_m=order[0], group=order[1])
     done = simulate_dynamic(len(table), clusters, random.Random(seed))
     got = Counter((table[t][0], table[t][3], table[t][4]) for ts in done.values() for t in ts)
     assert all(v == 1 for v in got.values())
@@ -67,6 +71,25 @@ def test_dynamic_grouped_covers_every_expert_tile_once(counts, tile_m, n_tiles, 
     for t in range(len(table)):
         e, start, end, mt, _ = table[t]
         assert counts[e] > 0 and start + mt * tile_m < end
+
+
+@settings(max_examples=100, deadline=None)
+@given(mt=st.integers(1, 40), nt=st.integers(1, 40), group=st.integers(1, 12))
+def test_grouped_band_order(mt, nt, group):
+    """Raster "n", group G inside one expert: m fastest inside bands of G m-tiles (the last band
+    may be shorter), the bands in m order, each walked along N; the default (raster "m", group
+    1) is m fastest over the whole expert, the order of the kernels before bands existed."""
+    offs = [mt * 128]
+    band = [(m, n) for *_, m, n in grouped_tile_map(offs, offs[-1], 128, nt, raster_m=False, group=group)]
+    want = []
+    for b0 in range(0, mt, group):
+        rows = range(b0, min(b0 + group, mt))
+        want += [(m, n) for n in range(nt) for m in rows]
+    assert band == want
+    default = [(m, n) for *_, m, n in grouped_tile_map(offs, offs[-1], 128, nt)]
+    assert default == [(m, n) for n in range(nt) for m in range(mt)]
+    if group >= mt:  # one band: the default order
+        assert band == default
 
 
 @settings(max_examples=300, deadline=None)

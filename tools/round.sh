@@ -53,6 +53,12 @@ for spec in "$@"; do
     dq_tests) cmd="$PT tests/test_dequant_gpu.py tests/test_dequant_cpu.py" ;;
     bench_fp4w) cmd="python -c 'from cutegemm.benchmarks_scaled import bench_fp4_weight as f; f(configs=[dict(ring=0, row_tiles=1, stages=4, warps_n=2, warps_k=4), dict(ring=0, row_tiles=1, stages=0, warps_n=1, warps_k=4, l2_prefetch=256)])'" ;;
     ncu_fp4w) cmd="ncu --clock-control none -k regex:Fp4WeightKernel -c 2 --import-source no --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy --section InstructionStats --section SourceCounters python tools/fp4w_profile.py 'n_tiles=2' 'n_tiles=2, row_tiles=2, warps_k=2'" ;;
+    small_m) cmd="python tools/small_m_probe.py 3 --set ${SET:-tiles}" ;;
+    ncu_small_m) cmd="PROFILE=1 ncu --clock-control none --profile-from-start off --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section LaunchStats --section SchedulerStats --section Occupancy python tools/small_m_probe.py --set ${SET:-tiles}" ;;
+    fp8_small) cmd="python -c 'from cutegemm.benchmarks_scaled import bench_fp8 as f; f(shapes=[(16, 7168, 2048), (64, 7168, 2048), (128, 7168, 2048), (16, 4096, 7168)], configs=[dict(tile_m=64, tile_n=128, cluster_m=1, raster=\"n\", group=1), dict(tile_m=64, tile_n=64, cluster_m=1, raster=\"n\", group=1), dict(tile_m=64, tile_n=64, pingpong=True, cluster_m=1, raster=\"n\", group=1)])'" ;;
+    fp8_small2) cmd="python -c 'from cutegemm.benchmarks_scaled import bench_fp8 as f; f(shapes=[(1, 7168, 2048), (32, 7168, 2048), (16, 28672, 4096), (64, 28672, 4096), (96, 7168, 2048)], configs=[dict(tile_m=64, tile_n=128, cluster_m=1, raster=\"n\", group=1), dict(tile_m=64, tile_n=64, cluster_m=1, raster=\"n\", group=1)])'" ;;
+    pad) cmd="python tools/pad_probe.py 3" ;;
+    band) cmd="python tools/tile_ab.py 3 --set band" ;;
     gsweep) cmd="python tools/grouped_sweep.py" ;;
     gsweep2) cmd="python tools/grouped_sweep.py --set cluster_m" ;;
     gsweep3) cmd="python tools/grouped_sweep.py --set skip" ;;
@@ -115,7 +121,7 @@ for spec in "$@"; do
     bench_grouped) cmd="python -m cutegemm bench grouped --reps 20 --out $O" ;;
     bench_quantize) cmd="python -m cutegemm bench quantize --reps 20 --out $O" ;;
     overhead) cmd="python -c 'from cutegemm.benchmarks import host_overhead; host_overhead()'; python tools/overhead_breakdown.py" ;;
-    stress) cmd="python tools/stress.py --cases 1000 --seed 0 --time-limit $((lim - 15))" ;;
+    stress) cmd="python tools/stress.py --cases 1000 --seed ${STRESS_SEED:-0} --time-limit $((lim - 15))" ;;
     sanitize) cmd="bash tools/sanitize.sh" ;;
     stress_fp4w) cmd="python tools/stress.py --cases 400 --seed 1 --families fp4w --time-limit $((lim - 15))" ;;
     stress_fp8bw) cmd="python tools/stress.py --cases 300 --seed 7 --families fp8bw --time-limit $((lim - 15))" ;;

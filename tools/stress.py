@@ -112,6 +112,9 @@ GROUPED = [
     GroupedVariant("g-pp128x128-c1x2-kk", b_row=False, tile=GT128PP),
     GroupedVariant("g-pp128x128-c1x2-kn-alpha-fp32out", out_dtype="fp32", alpha=True, tile=GT128PP),
     GroupedVariant("g-128x256-c1x2-kk", b_row=False, tile=GT256),
+    # tile orders inside an expert other than m fastest: bands of m-tiles along N / n-tiles along M
+    GroupedVariant("g-128x128-c2x1-kk-band2", b_row=False, tile=dict(tile_m=128, tile_n=128, cluster_m=2, raster="n", group=2)),
+    GroupedVariant("g-64x128-c1x2-kn-dyn-nband3", tile=dict(GT64, scheduler="dynamic", raster="m", group=3)),
 ]  # fmt: skip
 
 

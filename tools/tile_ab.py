@@ -36,6 +36,15 @@ SETS = {
                dict(tile_m=64, tile_n=256, cluster_n=2, pingpong=True), dict(tile_m=64, tile_n=192, cluster_n=2, pingpong=True),
                dict(tile_m=64, tile_n=128, cluster_n=2, pingpong=True), dict(POLICY, cluster_n=1, cluster_m=2)],
               ("Qwen3-30B-A3B",)),
+    # Tile order inside an expert (2026-11-30, eleventh session): bands of G cluster m-tiles
+    # walked along N (raster "n", group G) instead of m fastest over the whole expert; Mixtral's
+    # 32 m-tiles per expert re-read A ~30 times from DRAM under the default order
+    "band": ([POLICY, dict(POLICY, raster="n", group=4), dict(POLICY, raster="n", group=8),
+              dict(POLICY, raster="n", group=16), dict(POLICY, cluster_n=1, cluster_m=2, raster="n", group=4),
+              dict(POLICY, cluster_n=1, cluster_m=2, raster="n", group=8),
+              dict(POLICY, cluster_n=1, cluster_m=2, raster="n", group=4, scheduler="static"),
+              dict(POLICY, raster="n", group=2)],
+             ("Mixtral up", "DeepSeek-V3 up", "DeepSeek-V3 down")),
     # DRAM traffic of the large shapes (ncu, PROFILE=1): the policy against torch
     "large": ([POLICY], ("DeepSeek-V3 up", "Mixtral up")),
 }

@@ -525,6 +525,11 @@ def _plan(
     )  # fmt: skip
     if config is None and direct and _flat_ok(a, b, out, views) and not config_errors(replace(cfg, flat=True)):
         cfg = replace(cfg, flat=True)  # the caller's 2-D tensors go to the kernel as they are
+    elif cfg.flat and not (direct and _flat_ok(a, b, out, views)):
+        raise ValueError(
+            f"config {cfg.name} is a flat (2-D) launch: it takes 2-D a, b and out that the kernel can "
+            "read as they are (no batch, no copies); pass a config with flat=False for these operands"
+        )
     plan = _Plan()
     plan.flat = cfg.flat
     if user is None:

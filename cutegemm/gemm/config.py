@@ -34,7 +34,9 @@ class GemmConfig:
 
     tile_m/tile_n: the CTA tile (sm_100a with two_cta: the MMA tile of the CTA pair, so the CTA
     tile is tile_m/2 x tile_n). stages=0 picks as many A/B stages as shared memory holds.
-    raster/group: tile order of the persistent scheduler (see schedulers/static.py).
+    raster/group: tile order of the persistent scheduler (see schedulers/static.py); grouped: the
+    order inside each expert (schedulers/grouped.py; raster "m" with group 1 is m fastest over the
+    whole expert, the policy's choice for most shapes).
     scheduler: "static" (strided walk), "dynamic" (global atomic tile counter, both archs; the API
     zeroes its workspace in-stream before each launch) or "clc" (sm_100a cluster launch control);
     the dynamic ones need the cooperative schedule (see schedulers/dynamic.py).
@@ -115,6 +117,7 @@ class GemmConfig:
         tile += "_mx32" if self.fp8_mx else ""
         tile += "_wgo" if self.wg_order else ""
         tile += f"_e{self.epi_stages}" if self.epi_stages else ""
+        tile += f"_s{self.stages}" if self.stages else ""
         family = "grouped" if self.grouped else "kgrouped" if self.kgrouped else "listed" if self.listed else "dense-2d" if self.flat else "dense"
         if self.blockscaled:
             family += f"-bs-{self.sf_dtype}v{self.sf_vec}"

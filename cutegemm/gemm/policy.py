@@ -96,9 +96,20 @@ class ArchPolicy:
 class Sm90Policy(ArchPolicy):
     # Chosen from `python -m cutegemm bench sweep` on the H200 (bench/RESULTS.md, 2026-11-29):
     # 128x256 cooperative + 2x1 cluster, N-major raster, was best or within 2% of best on every
-    # large shape; pingpong 128x128 was within 1-4% but never clearly ahead; for M <= 128 a
+    # large shape; pingpong 128x128 was within 1-4% but never clearly ahead; for 64 < M <= 128 a
     # 128x64 tile (112 CTAs at N=7168) beat 64x128, 64x256 and every multicast variant.
     def _tile(self, p: GemmProblem) -> dict:
+        if p.m <= 64:
+            # Decode-sized M: 64-row tiles (one consumer warpgroup), not 128 rows mostly padding;
+            # 64x128 when that gives enough SMs a tile, else 64x64 (twice the CTAs). H200
+            # (bench/2026-11-30j/round4-6/, µs, old policy 128x64 -> new, torch in the same run):
+            # bf16 N7168 K2048: M=64 20.4 -> 15.3 (15.2), M=16 22.1 -> 15.8 (14.9); N28672 K4096
+            # M=16 123 -> 71 (69); N4096 K7168 M=64 43.5 -> 25.6 (24.7). FP8 row-wise (fewer
+            # bytes per K step: more CTAs pay off sooner): N7168 K2048 M=16 14.2 -> 11.3 (torch
+            # 13.1); N28672 K4096 M=16 71.7 -> 43.6 (50.9).
+            tiles = ceil_div(p.n, 128) * ceil_div(p.m, 64) * p.l
+            wide = tiles >= (self.num_sms if p.a_dtype == "e4m3" else self.num_sms // 3)
+            return dict(tile_m=64, tile_n=128 if wide else 64, raster="n", group=1)
         if p.m <= 128:
             return dict(tile_m=128, tile_n=64, raster="n", group=1)
         if p.a_dtype == "e4m3":

@@ -553,7 +553,7 @@ class GemmSm100(BlockScaledSm100Mixin, EpilogueSm100Mixin, GemmBase):
         a_tiles = tAgA
         c_tiles = None
         if cutlass.const_expr(cfg.grouped):
-            sched = make_grouped_scheduler(tile_start, mOffs, mA_mkl.shape[0], cfg.tile_m, cfg.cluster_n)
+            sched = make_grouped_scheduler(tile_start, mOffs, mA_mkl.shape[0], n_cluster_tiles, cfg)
             a_cta_layout = cute.make_layout(cute.slice_(cluster_layout_vmnk, (0, 0, None, 0)).shape)
 
             def a_tiles(tile):

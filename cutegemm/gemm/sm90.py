@@ -430,7 +430,7 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90Mixin, GemmBase):
             tile_start, num_groups = list_tile_table(storage.tile_start, mOffs, warp_idx)
         pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
         if cutlass.const_expr(cfg.grouped):
-            sched = make_grouped_scheduler(tile_start, mOffs, mA_mkl.shape[0], cfg.tile_m, cfg.cluster_n, cfg.cluster_m)
+            sched = make_grouped_scheduler(tile_start, mOffs, mA_mkl.shape[0], n_cluster_tiles, cfg)
 
             def a_tiles(tile):
                 """(TMA, RestK) A k-tiles of a grouped tile: rows from the expert's first row."""

@@ -96,11 +96,14 @@ def tile_table(table_storage, n_out, tile_n: int, cluster_n: int):
     return tile_start, cute.ceil_div(n_out, tile_n * cluster_n)
 
 
-def make_grouped_scheduler(tile_start, mOffs, total_m, tile_m: int, cluster_n: int, cluster_m: int = 1) -> GroupedScheduler:
-    """Every thread of the CTA: wait until the table is written, then the scheduler over it.
-    (The table must have been filled with ``tile_m * cluster_m`` rows per cluster tile.)"""
+def make_grouped_scheduler(tile_start, mOffs, total_m, n_cluster_tiles, cfg) -> GroupedScheduler:
+    """Every thread of the CTA: wait until the table is written, then the scheduler over it for
+    the GemmConfig ``cfg`` (tile, cluster, raster / group). (The table must have been filled with
+    ``tile_m * cluster_m`` rows per cluster tile and ``n_cluster_tiles`` along N.)"""
     cute.arch.sync_threads()  # the table is visible to every role
-    return GroupedScheduler.create(tile_start, mOffs, total_m, tile_m, cluster_n, cluster_m)
+    return GroupedScheduler.create(
+        tile_start, mOffs, total_m, cfg.tile_m, cfg.cluster_n, cfg.cluster_m, n_cluster_tiles, cfg.raster == "m", cfg.group
+    )
 
 
 def from_row(t: cute.Tensor, row_start) -> cute.Tensor:

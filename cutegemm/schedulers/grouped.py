@@ -7,8 +7,12 @@ start_e = offs[e - 1] (0 for e = 0), both clamped into [0, total_M] and end_e >=
 offsets stay memory-safe: an expert gets a clamped, possibly empty, row range). Expert e has
 ceil((end_e - start_e) / tile_m) m-tiles; every m-tile is paired with every N cluster tile.
 
-Order: expert-major; inside an expert, m fastest, so CTAs working at the same time share the
-expert's B columns (the weights, the big operand) in L2.
+Order: expert-major. Inside an expert the (m, n) cluster tiles follow the config's raster and
+group, as a dense problem of the expert's size would (``static.swizzled_tile_coord``). The default
+(raster "m", group 1) walks m fastest over the whole expert, so CTAs working at the same time share
+the expert's B columns (the weights, the big operand) in L2. Raster "n" with group G walks bands
+of G m-tiles, m fastest inside a band and the band along N: for experts of thousands of rows the
+CTAs in flight then share a band's A rows as well as B columns.
 
 At kernel start one warp turns offs into ``tile_start[e]`` (the first linear tile of expert e,
 ``tile_start[E]`` = total) in shared memory; a tile index is then mapped by a binary search.
@@ -20,7 +24,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 
-from .static import PersistentWalk
+from .static import PersistentWalk, swizzled_tile_coord
 
 
 def expert_rows(offs, total_m):
@@ -45,16 +49,27 @@ def k_window_ref(start: int, end: int, tile_k: int, align: int) -> tuple[int, in
     return k0, n_k, start - k0, (end - k0) % tile_k
 
 
-def grouped_tile_map(offs, total_m: int, tile_m: int, n_tiles: int, cluster_m: int = 1):
+def grouped_tile_map(offs, total_m: int, tile_m: int, n_tiles: int, cluster_m: int = 1, raster_m: bool = True, group: int = 1):
     """Linear cluster tile index -> (expert, row_start, row_end, m_tile, n_tile), in the kernel's
     order; with ``cluster_m`` > 1, m_tile is the cluster's first m-tile (CTA r of the cluster
-    takes m_tile + r; a CTA past the expert's rows has an empty tile)."""
+    takes m_tile + r; a CTA past the expert's rows has an empty tile). ``raster_m`` / ``group``:
+    the order inside an expert (see the module docstring)."""
     out = []
     for e, (start, end) in enumerate(expert_rows(offs, total_m)):
         mt = -(-(end - start) // (tile_m * cluster_m))
         for t in range(mt * n_tiles):
-            out.append((e, start, end, (t % mt) * cluster_m, t // mt))
+            m, n = expert_tile(t, mt, n_tiles, raster_m, group)
+            out.append((e, start, end, m * cluster_m, n))
     return out
+
+
+def expert_tile(local, mt, nt, raster_m: bool, group: int, min_fn=min):
+    """Tile ``local`` of an expert with mt x nt cluster tiles -> (m, n) cluster tile (Python ints
+    or DSL Int32; ``raster_m`` / ``group`` compile-time)."""
+    if raster_m and group == 1:  # m fastest over the whole expert (the default)
+        return local % mt, local // mt
+    m, n, _ = swizzled_tile_coord(local, mt, nt, group, raster_m, min_fn)
+    return m, n
 
 
 @cute.jit
@@ -126,17 +141,22 @@ class GroupedScheduler(PersistentWalk):
     """Device side. ``tile_start`` is a shared-memory Int32 tensor of E + 1 entries filled by
     :meth:`fill_tile_starts`. Holds only Int32 runtime values plus compile-time settings."""
 
-    _dyn = ("total", "start", "stride", "num_groups", "cta_n", "total_m", "cta_m")
+    _dyn = ("total", "start", "stride", "num_groups", "cta_n", "total_m", "cta_m", "tiles_n")
 
-    def __init__(self, tile_start, tile_m: int, cluster_n: int, values=None, cluster_m: int = 1):
+    def __init__(self, tile_start, tile_m: int, cluster_n: int, values=None, cluster_m: int = 1, raster_m: bool = True, group: int = 1):
         self.tile_start = tile_start
         self.tile_m = tile_m
         self.cluster_n = cluster_n
         self.cluster_m = cluster_m
+        self.raster_m = raster_m
+        self.group = group
         self._set_values(values)
 
     @staticmethod
-    def create(tile_start, mOffs, total_m, tile_m: int, cluster_n: int, cluster_m: int = 1) -> GroupedScheduler:
+    def create(
+        tile_start, mOffs, total_m, tile_m: int, cluster_n: int, cluster_m: int = 1, n_cluster_tiles=1,
+        raster_m: bool = True, group: int = 1,
+    ) -> GroupedScheduler:  # fmt: skip
         bx, by, cluster_id = cute.arch.block_idx()
         _, _, num_clusters = cute.arch.grid_dim()
         num_groups = cutlass.Int32(cute.size(mOffs))
@@ -148,8 +168,9 @@ class GroupedScheduler(PersistentWalk):
             cutlass.Int32(by) % cluster_n,
             cutlass.Int32(total_m),
             cutlass.Int32(bx) % cluster_m,
+            cutlass.Int32(n_cluster_tiles),
         )
-        sched = GroupedScheduler(tile_start, tile_m, cluster_n, values, cluster_m)
+        sched = GroupedScheduler(tile_start, tile_m, cluster_n, values, cluster_m, raster_m, group)
         sched.mOffs = mOffs
         return sched
 
@@ -164,8 +185,8 @@ class GroupedScheduler(PersistentWalk):
         start, end = group_range(self.mOffs, e, self.total_m)
         rows_per_cluster = self.tile_m * self.cluster_m
         mt = (end - start + (rows_per_cluster - 1)) // rows_per_cluster
-        n_tile = (local // mt) * self.cluster_n + self.cta_n
-        return (local % mt) * self.cluster_m + self.cta_m, n_tile, e, start, end
+        m_c, n_c = expert_tile(local, mt, self.tiles_n, self.raster_m, self.group, cutlass.min)
+        return m_c * self.cluster_m + self.cta_m, n_c * self.cluster_n + self.cta_n, e, start, end
 
 
 # --- list form -------------------------------------------------------------------------------
