@@ -81,6 +81,7 @@ def dense_variants(arch: str) -> list[GemmConfig]:
             GemmConfig(arch=arch, tile_m=128, tile_n=128),
             GemmConfig(arch=arch, tile_m=128, tile_n=192),
             GemmConfig(arch=arch, tile_m=64, tile_n=128, raster="n", group=1),
+            GemmConfig(arch=arch, tile_m=64, tile_n=64, raster="n", group=1, a_major="k", b_major="k", flat=True),
             GemmConfig(arch=arch, tile_m=128, tile_n=64),
             GemmConfig(arch=arch, tile_m=128, tile_n=128, cluster_m=2, pingpong=True),
             GemmConfig(arch=arch, tile_m=64, tile_n=256, cluster_n=2, pingpong=True, out_dtype="fp32"),
@@ -127,6 +128,7 @@ def epilogue_variants(arch: str, big: GemmConfig) -> list[GemmConfig]:
         others = [
             GemmConfig(arch=arch, tile_m=128, tile_n=128, cluster_m=2, pingpong=True),
             GemmConfig(arch=arch, tile_m=64, tile_n=128, raster="n", group=1),
+            GemmConfig(arch=arch, tile_m=64, tile_n=64, raster="n", group=1, a_major="k", b_major="k", flat=True),
             GemmConfig(arch=arch, tile_m=128, tile_n=64, pingpong=True, a_major="m", b_major="k"),
         ]
     else:
@@ -151,6 +153,8 @@ def fp8_variants(arch: str) -> list[GemmConfig]:
     return [
         GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=128, cluster_m=2, epilogue=ab),
         GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=64, raster="n", group=1, epilogue=ab),
+        # the policy's decode-sized M (<= 64 rows): one consumer warpgroup, 64x64 / 64x128
+        GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=64, raster="n", group=1, flat=True, epilogue=ab),
         GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=128, pingpong=True, cluster_n=2, epilogue=ab),
         GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=128, pingpong=True, cluster_m=2, fast_accum=True, epilogue=ab),
         GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=256, cluster_m=2, fast_accum=True, epilogue=ab),

@@ -85,11 +85,13 @@ def test_policy_blockwise_tile_width(mnk, tile_n):
     assert (cfg.tile_m, cfg.tile_n, cfg.wg_order) == (128, tile_n, True)
 
 
-@pytest.mark.parametrize("m,tile", [(1, (64, 64, True)), (64, (64, 64, True)), (65, (128, 64, False)),
-                                    (128, (128, 64, False))])  # fmt: skip
-def test_policy_blockwise_small_m(m, tile):
-    """Decode-sized M (<= 64): pingpong 64x64; up to 128 rows the 128x64 tile."""
-    p = GemmProblem(m, 7168, 2048, 1, "e4m3", "e4m3", "bf16", "k", "k")
+@pytest.mark.parametrize("m,n,tile", [(1, 7168, (64, 64, False)), (64, 7168, (64, 64, False)),
+                                      (16, 28672, (64, 128, False)), (65, 7168, (128, 64, False)),
+                                      (128, 7168, (128, 64, False))])  # fmt: skip
+def test_policy_blockwise_small_m(m, n, tile):
+    """Decode-sized M (<= 64): one warpgroup on 64x64 tiles, 64x128 from as many 128-column tiles
+    as SMs; up to 128 rows the 128x64 tile."""
+    p = GemmProblem(m, n, 2048, 1, "e4m3", "e4m3", "bf16", "k", "k")
     cfg = policy_for("sm_90a", 132).choose(p, fp8_blockwise=True)
     assert (cfg.tile_m, cfg.tile_n, cfg.pingpong) == tile
     assert can_implement(cfg, p)[0]

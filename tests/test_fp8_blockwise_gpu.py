@@ -192,6 +192,8 @@ def test_blockwise_scale_layouts_and_determinism():
         dict(tile_m=128, tile_n=192, cluster_m=2, raster="n", group=8),
         dict(tile_m=128, tile_n=192, cluster_m=2, wg_order=True),
         dict(tile_m=64, tile_n=64, pingpong=True, raster="n", group=1),
+        dict(tile_m=64, tile_n=64, raster="n", group=1),  # the decode policy: one warpgroup
+        dict(tile_m=64, tile_n=128, raster="n", group=1),
     ],
 )
 def test_blockwise_forced_tiles(override):

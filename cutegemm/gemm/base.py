@@ -48,6 +48,15 @@ class GemmBase:
         self.is_a_mcast = self.num_mcast_ctas_a > 1
         self.is_b_mcast = self.num_mcast_ctas_b > 1
 
+    def check_smem_size(self, size: int, capacity: int) -> None:
+        """At trace time (so compile-check catches it on a machine without a GPU): the kernel's
+        shared storage must fit the SM; CUDA would refuse the launch without saying why."""
+        if size > capacity:
+            raise ValueError(
+                f"{self.config.name}: {size} B of shared memory > {capacity} "
+                f"({getattr(self, 'ab_stage', '?')} A/B stages, {getattr(self, 'epi_stage', '?')} epilogue buffers)"
+            )
+
     # -- scheduling (arch-neutral) -------------------------------------------------------------
     def make_scheduler(
         self, mC_mnl: cute.Tensor, cta_tile_mn, ctas_per_tile_m: int = 1

@@ -43,10 +43,14 @@ class ArchPolicy:
             tile = dict(tile_m=128, tile_n=192 if wide else 128, cluster_m=2, raster="n", group=8, wg_order=True)
             overrides = {**tile, **overrides}
         elif overrides.get("fp8_blockwise") and self.arch == "sm_90a" and p.m <= 64:
-            # Decode-sized M: pingpong 64x64 (twice the CTAs of 128x64 over N; M=16, N7168 K2048:
-            # 12.7 vs 14.4 µs, torch's blockwise _scaled_mm 12.0; round12_bw_small_cfg)
-            overrides = {**dict(tile_m=64, tile_n=64, pingpong=True, cluster_m=1, cluster_n=1, raster="n", group=1),
-                         **overrides}  # fmt: skip
+            # Decode-sized M: one consumer warpgroup on 64-row tiles, 64x128 from as many
+            # 128-column tiles as SMs, else 64x64, as for row-wise scales (_tile). H200, µs, in one
+            # run (bench/2026-11-30j/round10/bw_small2.log; torch's blockwise _scaled_mm): N7168
+            # K2048 M=16 11.0 (pingpong 64x64, the old policy, 11.3; torch 12.0), M=64 10.7
+            # (10.9; 12.2); N28672 K4096 M=16 42.8 (49.7; 44.1); N4096 K7168 M=16 21.1 (21.5; 19.3).
+            wide = ceil_div(p.n, 128) * ceil_div(p.m, 64) * p.l >= self.num_sms
+            tile = dict(tile_m=64, tile_n=128 if wide else 64, pingpong=False, cluster_m=1, cluster_n=1, raster="n", group=1)
+            overrides = {**tile, **overrides}
         base = dict(
             arch=self.arch,
             a_dtype=p.a_dtype,

@@ -321,6 +321,7 @@ class GemmSm100(BlockScaledSm100Mixin, EpilogueSm100Mixin, GemmBase):
             sf_args = self._make_sf_tma(mA, mB, mSFA, mSFB, vmnk_shape)
 
         self.shared_storage = self._shared_storage()
+        self.check_smem_size(self.shared_storage.size_in_bytes(), SMEM_CAPACITY_SM100)
         if cutlass.const_expr(cfg.listed):  # mOffs is the group table: each group's descriptors first
             self.launch_list_prep((tma_atom_a, tma_atom_b, tma_atom_c), mOffs, stream)
         self.kernel(

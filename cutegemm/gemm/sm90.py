@@ -131,7 +131,11 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90Mixin, GemmBase):
         if cfg.fp8_blockwise:  # the K tile's scale_a rows ride with A and B
             ab_bytes += self.sfa_stage_floats() * 4
         epi_stage_bytes = cute.size(self.epi_tile_out) * self.c_dtype.width // 8 * self.epi_groups
-        budget = SMEM_CAPACITY_SM90 - 1024 - tile_table_bytes(cfg.grouped or cfg.listed)  # 1 KiB for mbarriers
+        # 1 KiB below sA for the mbarriers and the scheduler ring; 32 B past sC for the scale words
+        # (sSFA / sSFB, 16-byte aligned; one unused word each when there are no scale stages):
+        # the storage's size rounds up to its 1 KiB alignment, so A + B + C filling the rest
+        # exactly would overflow by 1 KiB (a 64x64 tile with FP4 output did, at launch).
+        budget = SMEM_CAPACITY_SM90 - 1024 - 32 - tile_table_bytes(cfg.grouped or cfg.listed)
 
         def ab_stages(epi_stage):
             return (budget - epi_stage * epi_stage_bytes) // ab_bytes
@@ -255,6 +259,7 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90Mixin, GemmBase):
             sSFB: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, sf_len[1]], 16]
 
         self.shared_storage = SharedStorage
+        self.check_smem_size(SharedStorage.size_in_bytes(), SMEM_CAPACITY_SM90)
         if cutlass.const_expr(cfg.listed):  # mOffs is the group table: each group's descriptors first
             self.launch_list_prep((tma_atom_a, tma_atom_b, tma_atom_c), mOffs, stream)
         self.kernel(
