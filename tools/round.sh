@@ -124,6 +124,7 @@ for spec in "$@"; do
     overhead) cmd="python -c 'from cutegemm.benchmarks import host_overhead; host_overhead()'; python tools/overhead_breakdown.py" ;;
     stress) cmd="python tools/stress.py --cases 1000 --seed ${STRESS_SEED:-0} --time-limit $((lim - 15))" ;;
     sanitize) cmd="bash tools/sanitize.sh" ;;
+    sanitize_decode) cmd="SANITIZE_ONLY='decode' bash tools/sanitize.sh memcheck racecheck synccheck" ;;
     stress_fp4w) cmd="python tools/stress.py --cases 400 --seed 1 --families fp4w --time-limit $((lim - 15))" ;;
     stress_fp8bw) cmd="python tools/stress.py --cases 300 --seed 7 --families fp8bw --time-limit $((lim - 15))" ;;
     ncu_fp8) cmd="ncu --clock-control none --profile-from-start off --import-source no --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section LaunchStats --section Occupancy --section InstructionStats --metrics sm__cycles_elapsed.avg.per_second,lts__t_bytes.sum,dram__bytes_read.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum python tools/prof_fp8.py" ;;

@@ -269,23 +269,26 @@ def _optional_cases() -> dict:
         qcfg = cfg(tile_m=128, tile_n=128, out_dtype="e4m3", epilogue=EpilogueSpec(quant="mxfp8"))
         if can_implement(qcfg)[0]:
             out["coop-quantized-out-mxfp8"] = lambda: quant_out_case(a, b[:, :256])  # N: a multiple of 32
+            # decode-sized M: the policy's 64-row tiles (64x64 here: few tiles), FP4 output
+            out["decode-quantized-out-mxfp4"] = lambda: quant_out_case(a[:20], b[:, :96], "mxfp4")
     except (TypeError, ValueError, KeyError):
         pass
     return out
 
 
-def quant_out_case(a, b):
-    """gemm(out_dtype="mxfp8") (policy tile): dequantized result close to the fp64 product (the
+def quant_out_case(a, b, fmt="mxfp8"):
+    """gemm(out_dtype=fmt) (policy tile): dequantized result close to the fp64 product (the
     exact rules are tested in tests/test_quant_epilogue_gpu.py; this case is for the sanitizer)."""
     from cutegemm.blockscaled import dequantize_ref
 
-    q = cutegemm.gemm(a.cuda(), b.cuda(), out_dtype="mxfp8")
+    q = cutegemm.gemm(a.cuda(), b.cuda(), out_dtype=fmt)
     torch.cuda.synchronize()
     got = dequantize_ref(q).cpu().double()
     ref = a.double() @ b.double()
     assert got.shape == ref.shape and torch.isfinite(got).all(), "quantized output: shape / NaN"
     err = (got - ref).abs().max().item()
-    assert err <= 0.2 * ref.abs().max().item(), f"quantized output: max error {err:.4g}"
+    tol = 0.2 if fmt == "mxfp8" else 0.4  # e2m1 steps of 1/6 of a block's max, its scale a power of 2
+    assert err <= tol * ref.abs().max().item(), f"quantized output: max error {err:.4g}"
 
 
 def _fp4_weight_cases():
@@ -346,8 +349,8 @@ def _fp8_cases():
 
     F8 = torch.float8_e4m3fn
 
-    def dense(kind, config=None):
-        m, n, k = 300, 392, 640
+    def dense(kind, config=None, m=300):
+        n, k = 392, 640
         a, w = (cpu(m, k) * 2).to(F8), (cpu(n, k) * 2).to(F8)
         if kind == "rowwise":
             sa, sb = cpu(m, 1, dtype=F32).abs() + 0.1, cpu(1, n, dtype=F32).abs() + 0.1
@@ -385,6 +388,9 @@ def _fp8_cases():
         "fp8-blockwise-192-wide": lambda: dense("blockwise", GemmConfig(
             arch="sm_90a", a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k", fp8_blockwise=True,
             tile_m=128, tile_n=192, cluster_m=2, wg_order=True)),
+        # decode-sized M: the policy's one-warpgroup 64x64 tiles
+        "fp8-rowwise-decode": lambda: dense("rowwise", m=40),
+        "fp8-blockwise-decode": lambda: dense("blockwise", m=40),
         "fp8-grouped-blockwise-wg-order": grouped,
         "fp8-grouped-rowwise-dynamic": lambda: grouped("rowwise"),
     }

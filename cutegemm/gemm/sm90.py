@@ -233,10 +233,12 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90Mixin, GemmBase):
         if cutlass.const_expr(cfg.fp8_blockwise):
             tma_atom_sfa, mSFA = self.sfa_tma(mSFA)
         table_len = tile_table_len(cfg.grouped or cfg.listed)
+        # Scale stages are TMA destinations: 128-byte aligned (MXFP8 emulation: both; block scales:
+        # scale_a); otherwise one unused word each.
         sf_len = self.mx_cosizes() if cfg.fp8_mx else (1, 1)
-        sf_align = 16
-        if cutlass.const_expr(cfg.fp8_blockwise):  # TMA destinations: 128-byte aligned stages
-            sf_len, sf_align = (cute.cosize(self.sfa_layout()), 1), 128
+        sf_align = (128, 128) if cfg.fp8_mx else (16, 16)
+        if cutlass.const_expr(cfg.fp8_blockwise):
+            sf_len, sf_align = (cute.cosize(self.sfa_layout()), 1), (128, 16)
         # The dynamic schedulers' tile ring (static: a 1-slot stub; every field here sits below
         # the 1 KiB-aligned sA, so it moves nothing).
         ring = ring_storage_fields(RING_DEPTH if cfg.scheduler != "static" else 1)
@@ -255,8 +257,8 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90Mixin, GemmBase):
                 cute.struct.MemRange[self.c_dtype, cute.cosize(self.epi_smem_layout_staged)], 1024
             ]
             # MXFP8 emulation / block-scaled FP8's scale_a: fp32 scale stages (one unused word each otherwise)
-            sSFA: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, sf_len[0]], sf_align]
-            sSFB: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, sf_len[1]], 16]
+            sSFA: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, sf_len[0]], sf_align[0]]
+            sSFB: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, sf_len[1]], sf_align[1]]
 
         self.shared_storage = SharedStorage
         self.check_smem_size(SharedStorage.size_in_bytes(), SMEM_CAPACITY_SM90)

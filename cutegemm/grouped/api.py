@@ -615,12 +615,16 @@ def _grouped_list(a_list, b_list, *, offs, out_dtype, alpha, activation=None):
         raise ValueError("the list form takes two lists of equal length")
     if a_list and len({t.dtype for t in [*a_list, *b_list]}) != 1:
         raise TypeError("all groups must share one dtype")
+    a_shapes, b_shapes = [], []
     for i, (x, w) in enumerate(zip(a_list, b_list, strict=True)):
         if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor) or x.dim() != 2 or w.dim() != 2:
             raise ValueError(f"group {i}: the list form takes 2-D a (M, K) and b (K, N) tensors")
-        if x.shape[1] != w.shape[0]:
-            raise ValueError(f"group {i}: shapes do not match: a (M, K={x.shape[1]}) and b (K={w.shape[0]}, N)")
-    outs = _list_launch(list(a_list), list(b_list), out_dtype, alpha, activation=activation)
+        sa, sb = x.shape, w.shape
+        if sa[1] != sb[0]:
+            raise ValueError(f"group {i}: shapes do not match: a (M, K={sa[1]}) and b (K={sb[0]}, N)")
+        a_shapes.append(sa)
+        b_shapes.append(sb)
+    outs = _list_launch(list(a_list), list(b_list), out_dtype, alpha, activation=activation, shapes=(a_shapes, b_shapes))
     if outs is not None:
         return outs
     return [gemm(x, w, out_dtype=out_dtype, alpha=alpha, activation=activation) for x, w in zip(a_list, b_list, strict=True)]
@@ -676,15 +680,16 @@ def list_table(shapes, a_ptrs, b_ptrs, c_ptrs, lds, tile_m: int, tile_n: int, te
 _LIST_OUT = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def _list_launch(a_list, b_list, out_dtype, alpha, config=None, flat=None, activation=None):
+def _list_launch(a_list, b_list, out_dtype, alpha, config=None, flat=None, activation=None, shapes=None):
     """The list-form kernel (sm_90a / sm_100a, bf16 / fp16): one launch (plus its descriptor prep kernel)
     for every group; the list of outputs, or None where it does not apply (another arch or
     dtype, operands TMA cannot read in place, groups with different majors, outputs whose rows
     are not 16-byte multiples, or a CUDA graph being captured: the group table is copied from
     the host per call), and the caller launches one dense GEMM per group then. ``flat``: the
-    buffer the outputs are views of (tests poison it), else a new one. Host work per group: a
-    few attribute reads and one table row; the table reaches the GPU by an asynchronous copy
-    from pinned memory (no sync)."""
+    buffer the outputs are views of (tests poison it), else a new one. ``shapes``: (a shapes, b
+    shapes) when the caller has read them already (chunks of many groups read them again). Host
+    work per group: a few attribute reads and one table row; the table reaches the GPU by an
+    asynchronous copy from pinned memory (no sync)."""
     if not a_list:
         return []
     x0 = a_list[0]
@@ -707,7 +712,7 @@ def _list_launch(a_list, b_list, out_dtype, alpha, config=None, flat=None, activ
                 return None
             outs += part
         return outs
-    a_shapes, b_shapes = [t.shape for t in a_list], [t.shape for t in b_list]
+    a_shapes, b_shapes = shapes or ([t.shape for t in a_list], [t.shape for t in b_list])
     shapes = [(sa[0], sb[1], sa[1]) for sa, sb in zip(a_shapes, b_shapes, strict=True)]
     out_bytes = 4 if odt == torch.float32 else 2
     sizes = [m * n for m, n, _ in shapes]
