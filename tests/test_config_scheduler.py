@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cutegemm.epilogue import EpilogueSpec
 from cutegemm.gemm.config import GemmConfig, GemmProblem, can_implement
 from cutegemm.gemm.policy import policy_for
 from cutegemm.schedulers.static import swizzled_tile_coord
@@ -232,6 +233,9 @@ def _stages(cfg):
         (dict(tile_n=128, pingpong=True), (6, 2)),
         (dict(a_dtype="e4m3", b_dtype="e4m3", tile_n=192), (5, 3)),  # FP8: a 5th stage for 1 buffer
         (dict(out_dtype="fp32"), (4, 2)),  # fp32 subtiles are twice the size
+        # 64x64 with an MXFP4 output: 14 stages + 2 buffers filled the budget exactly and the scale
+        # words after them overflowed shared memory by 1 KiB at launch (H200, 2026-11-30)
+        (dict(tile_m=64, tile_n=64, b_major="n", out_dtype="u8", epilogue=EpilogueSpec(quant="mxfp4")), (13, 4)),
     ],
     ids=str,
 )
@@ -248,3 +252,24 @@ def test_epi_stages_rules():
         assert not ok and "epi_stages" in why, why
     assert "_e3_" in GemmConfig(arch="sm_90a", epi_stages=3).name
     assert "_e" not in GemmConfig(arch="sm_90a").name.split("_c")[0].split("_t")[-1]
+
+
+@pytest.mark.parametrize(
+    "m,n,k,dtype,want",
+    [
+        (16, 7168, 2048, "bf16", (64, 128)),  # 56 tiles of 128 columns: >= a third of the SMs
+        (64, 4096, 7168, "bf16", (64, 64)),  # 32: twice the CTAs with 64 columns
+        (16, 28672, 4096, "bf16", (64, 128)),
+        (65, 7168, 2048, "bf16", (128, 64)),  # up to 128 rows: 128x64
+        (16, 7168, 2048, "e4m3", (64, 64)),  # FP8: 64x128 only from as many tiles as SMs
+        (64, 28672, 4096, "e4m3", (64, 128)),
+        (128, 7168, 2048, "e4m3", (128, 64)),
+    ],
+)
+def test_policy_decode_sized_m(m, n, k, dtype, want):
+    """Dense calls of <= 64 rows take 64-row tiles (one consumer warpgroup), sized by how many
+    SMs get a tile (bench/RESULTS.md, 2026-11-30 tenth session)."""
+    p = GemmProblem(m, n, k, 1, dtype, dtype, "bf16", "k", "k")
+    cfg = policy_for("sm_90a", 132).choose(p)
+    assert (cfg.tile_m, cfg.tile_n) == want and not cfg.pingpong
+    assert can_implement(cfg, p)[0]
