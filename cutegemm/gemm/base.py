@@ -54,7 +54,7 @@ class GemmBase:
         if size > capacity:
             raise ValueError(
                 f"{self.config.name}: {size} B of shared memory > {capacity} "
-                f"({getattr(self, 'ab_stage', '?')} A/B stages, {getattr(self, 'epi_stage', '?')} epilogue buffers)"
+                f"({self.ab_stage} A/B stages, {self.epi_stage} epilogue buffers)"
             )
 
     # -- scheduling (arch-neutral) -------------------------------------------------------------

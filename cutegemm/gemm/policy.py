@@ -43,13 +43,11 @@ class ArchPolicy:
             tile = dict(tile_m=128, tile_n=192 if wide else 128, cluster_m=2, raster="n", group=8, wg_order=True)
             overrides = {**tile, **overrides}
         elif overrides.get("fp8_blockwise") and self.arch == "sm_90a" and p.m <= 64:
-            # Decode-sized M: one consumer warpgroup on 64-row tiles, 64x128 from as many
-            # 128-column tiles as SMs, else 64x64, as for row-wise scales (_tile). H200, µs, in one
-            # run (bench/2026-11-30j/round10/bw_small2.log; torch's blockwise _scaled_mm): N7168
+            # Decode-sized M: the row-wise rule (decode_tile), one warpgroup per tile. H200, µs, in
+            # one run (bench/2026-11-30j/round10/bw_small2.log; torch's blockwise _scaled_mm): N7168
             # K2048 M=16 11.0 (pingpong 64x64, the old policy, 11.3; torch 12.0), M=64 10.7
             # (10.9; 12.2); N28672 K4096 M=16 42.8 (49.7; 44.1); N4096 K7168 M=16 21.1 (21.5; 19.3).
-            wide = ceil_div(p.n, 128) * ceil_div(p.m, 64) * p.l >= self.num_sms
-            tile = dict(tile_m=64, tile_n=128 if wide else 64, pingpong=False, cluster_m=1, cluster_n=1, raster="n", group=1)
+            tile = dict(self.decode_tile(p), pingpong=False, cluster_m=1, cluster_n=1)
             overrides = {**tile, **overrides}
         base = dict(
             arch=self.arch,
@@ -64,6 +62,18 @@ class ArchPolicy:
 
     def _tile(self, p: GemmProblem) -> dict:
         raise NotImplementedError
+
+    def decode_tile(self, p: GemmProblem) -> dict:
+        """Decode-sized M (<= 64): 64-row tiles (one consumer warpgroup), not 128 rows mostly
+        padding; 64x128 when that gives enough SMs a tile (FP8: as many tiles as SMs, its K steps
+        carry half the bytes so more CTAs pay off sooner; 16-bit: a third of them), else 64x64
+        (twice the CTAs). H200 (bench/2026-11-30j/round4-6/, µs, old policy 128x64 -> new, torch
+        in the same run): bf16 N7168 K2048: M=64 20.4 -> 15.3 (15.2), M=16 22.1 -> 15.8 (14.9);
+        N28672 K4096 M=16 123 -> 71 (69); N4096 K7168 M=64 43.5 -> 25.6 (24.7). FP8 row-wise:
+        N7168 K2048 M=16 14.2 -> 11.3 (torch 13.1); N28672 K4096 M=16 71.7 -> 43.6 (50.9)."""
+        tiles = ceil_div(p.n, 128) * ceil_div(p.m, 64) * p.l
+        wide = tiles >= (self.num_sms if p.a_dtype == "e4m3" else self.num_sms // 3)
+        return dict(tile_m=64, tile_n=128 if wide else 64, raster="n", group=1)
 
     def choose_grouped(self, p: GemmProblem, num_groups: int, **overrides) -> GemmConfig:
         """Grouped: p.m is the total row count; the tile follows the mean rows per expert.
@@ -104,16 +114,7 @@ class Sm90Policy(ArchPolicy):
     # 128x64 tile (112 CTAs at N=7168) beat 64x128, 64x256 and every multicast variant.
     def _tile(self, p: GemmProblem) -> dict:
         if p.m <= 64:
-            # Decode-sized M: 64-row tiles (one consumer warpgroup), not 128 rows mostly padding;
-            # 64x128 when that gives enough SMs a tile, else 64x64 (twice the CTAs). H200
-            # (bench/2026-11-30j/round4-6/, µs, old policy 128x64 -> new, torch in the same run):
-            # bf16 N7168 K2048: M=64 20.4 -> 15.3 (15.2), M=16 22.1 -> 15.8 (14.9); N28672 K4096
-            # M=16 123 -> 71 (69); N4096 K7168 M=64 43.5 -> 25.6 (24.7). FP8 row-wise (fewer
-            # bytes per K step: more CTAs pay off sooner): N7168 K2048 M=16 14.2 -> 11.3 (torch
-            # 13.1); N28672 K4096 M=16 71.7 -> 43.6 (50.9).
-            tiles = ceil_div(p.n, 128) * ceil_div(p.m, 64) * p.l
-            wide = tiles >= (self.num_sms if p.a_dtype == "e4m3" else self.num_sms // 3)
-            return dict(tile_m=64, tile_n=128 if wide else 64, raster="n", group=1)
+            return self.decode_tile(p)
         if p.m <= 128:
             return dict(tile_m=128, tile_n=64, raster="n", group=1)
         if p.a_dtype == "e4m3":
