@@ -390,3 +390,51 @@ def test_scale_b_view_copied_to_k_contiguous_only_where_it_pays():
     for t, r in ((dense, rows - 1), (torch.rand(5, 7).t().contiguous().t().t().contiguous(), rows),
                  (torch.rand(1, 5).t(), rows), (torch.rand(3, 5, 7).permute(1, 2, 0), rows)):  # fmt: skip
         assert k_contiguous_scale_b(t, r) is t
+
+
+# ---- split_promote (FP8 with promotion: two column halves per K tile, one promoted while the other runs)
+ROW = dict(BW, fp8_blockwise=False)
+
+
+@pytest.mark.parametrize(
+    "kw,ok",
+    [
+        (dict(tile_m=128, tile_n=192, cluster_m=2, split_promote=1), True),
+        (dict(tile_m=128, tile_n=128, split_promote=4), True),
+        (dict(tile_m=128, tile_n=192, grouped=True, cluster_n=2, scheduler="dynamic", split_promote=1), True),
+        (dict(tile_m=64, tile_n=128, split_promote=2), True),
+        (dict(tile_m=128, tile_n=128, split_promote=3), False),  # runs of 1, 2 or 4 K tiles
+        (dict(tile_m=128, tile_n=128, split_promote=1, fast_accum=True), False),  # nothing to promote
+        (dict(tile_m=128, tile_n=128, split_promote=1, fp8_blockwise=True), False),
+        (dict(tile_m=128, tile_n=128, split_promote=1, wg_order=True), False),
+        (dict(tile_m=128, tile_n=128, split_promote=1, a_dtype="bf16", b_dtype="bf16"), False),
+        (dict(tile_m=128, tile_n=128, split_promote=1, arch="sm_100a"), False),
+    ],
+)
+def test_split_promote_rules(kw, ok):
+    cfg = GemmConfig(**{**ROW, **kw})
+    good, why = can_implement(cfg)
+    assert good == ok, why
+    if ok:
+        assert f"_sp{cfg.split_promote}" in cfg.name
+        assert GemmConfig(**{**ROW, **kw, "split_promote": 0}).name != cfg.name
+    else:
+        assert "split_promote" in why
+
+
+@pytest.mark.parametrize("tile_n,parts", [(192, 1), (192, 2), (128, 2), (64, 2)])
+def test_fragment_index_of_column_parts(tile_n, parts):
+    """frag_idx with column parts (split_promote / fp8_mx fragments ((2, 2, tile_n / (8 P)),
+    MMA_M, P)) puts column v of part p at the register the P = 1 order gives column
+    p * part_v + v of a part-sized fragment: every register exactly once, rows and parts apart."""
+    from cutegemm.gemm.sm90_accumulators import frag_dims, frag_idx
+
+    acc_shape = ((2, 2, tile_n // (8 * parts)), 1, parts)
+    n_rows, n_cols = frag_dims(acc_shape, tile_n)
+    part_v = n_cols // parts if parts > 1 else 0
+    seen = {frag_idx(i, v, part_v) for i in range(n_rows) for v in range(n_cols)}
+    assert len(seen) == n_rows * n_cols == 2 * 2 * (tile_n // 8)
+    for v in range(n_cols):
+        (e, h, j), m, p = frag_idx(0, v, part_v)
+        assert p == (v // part_v if part_v else 0) and h == 0 and m == 0 and e == v % 2
+        assert j < tile_n // (8 * parts)

@@ -187,3 +187,43 @@ def test_fp8_wg_order_is_bitwise_equal(m, n, k):
     plain = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, config=cfg)
     assert torch.equal(out, plain)
     assert_within_torch_error(out, _torch_same_precision(a, b, sa, sb), _reference(a, b, sa, sb), what="fp8 wg_order")
+
+
+@pytest.mark.parametrize(
+    "m,n,k,tile,run",
+    [
+        (1000, 520, 2048, (128, 192), 1),
+        (256, 384, 128, (128, 192), 1),  # one K tile
+        (129, 200, 640, (128, 128), 4),  # 5 K tiles: one run of 4, then one alone
+        (300, 256, 1664, (128, 128), 2),  # 13 K tiles
+        (40, 300, 4096, (64, 128), 4),  # one warpgroup per tile
+    ],
+)
+def test_fp8_split_promote_is_bitwise_equal(m, n, k, tile, run):
+    """config.split_promote (two column halves per K tile, one promoted while the other's
+    WGMMAs run) changes the issue order only: bitwise equal to the same tile without it, within
+    torch's error, nothing written outside the output; with a bias (the once-per-tile scale and
+    bias pass reads the split fragment's register order)."""
+    if not _sm90():
+        pytest.skip("dense FP8 is an sm_90a kernel so far")
+    from dataclasses import replace
+
+    from cutegemm.epilogue import EpilogueSpec
+    from cutegemm.gemm.config import GemmConfig
+
+    a, b = _operands(m, n, k, seed=m + k + 1)
+    sa, sb = _scales("row", m, n, seed=n + 1)
+    cfg = GemmConfig(arch="sm_90a", a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k", tile_m=tile[0],
+                     tile_n=tile[1], cluster_m=2 if tile[0] == 128 else 1,
+                     epilogue=EpilogueSpec(scale_a=True, scale_b=True))  # fmt: skip
+    buf, out = poisoned_out((m, n), BF16)
+    cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, out=out, config=replace(cfg, split_promote=run))
+    assert_outside_untouched(buf, m, n)
+    plain = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, config=cfg)
+    assert torch.equal(out, plain)
+    assert_within_torch_error(out, _torch_same_precision(a, b, sa, sb), _reference(a, b, sa, sb), what="fp8 split")
+    bias = torch.randn(n, device="cuda", dtype=BF16)
+    epi = EpilogueSpec(scale_a=True, scale_b=True, bias=True, bias_dtype="bf16")
+    with_bias = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, bias=bias, config=replace(cfg, epilogue=epi, split_promote=run))
+    plain_bias = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, bias=bias, config=replace(cfg, epilogue=epi))
+    assert torch.equal(with_bias, plain_bias)

@@ -18,6 +18,8 @@ for spec in "$@"; do
   step=${spec%%:*}; lim=${spec#*:}; [ "$lim" = "$spec" ] && lim=120
   t=$(date +%s)
   case "$step" in
+    # any script, without a new step per experiment: PY="tools/x.py --args" bash tools/round.sh py:600
+    py) cmd="python ${PY:?set PY to a script and its arguments}" ;;
     pre) cmd="python tools/round_configs.py > $O/cfgs.log && python tools/precompile.py $O/cfgs.log --variants --jobs 16" ;;
     quant) cmd="$PT tests/test_quant_epilogue_gpu.py" ;;
     fp8) cmd="$PT tests/test_fp8_gpu.py" ;;
