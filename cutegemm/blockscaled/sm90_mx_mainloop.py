@@ -28,13 +28,17 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from ..gemm.sm90_accumulators import unit_mode
 from ..grouped.kernel_parts import grouped_k_tiles
 from ..runtime.ptx import ld_shared_v4_f32
 
 MX_KB = 4  # 32-wide K blocks per 128-wide K tile
 MX_PARTS = 2  # WGMMAs (column parts of the tile) per K block; MX_PARTS - 1 stay in flight
 SF_BYTES = 4  # fp32 scales
+
+
+def _unit_mode(t: cute.Tensor) -> cute.Tensor:
+    """``t`` with a trailing mode of size 1 (the rank cute.gemm expects of a single MMA_N slice)."""
+    return cute.make_tensor(t.iterator, cute.append(t.layout, cute.make_layout(1)))
 
 
 class MxSm90Mixin:
@@ -133,8 +137,8 @@ class MxSm90Mixin:
             kb, nh = steps[s]
             warpgroup.fence()  # the promotion of this part's last use read it: order before
             tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
-            part = unit_mode(acc[(None, None, nh)])  # (MMA, MMA_M, 1)
-            b_part = unit_mode(tCrB[(None, nh, kb, stage)])  # (MMA, 1)
+            part = _unit_mode(acc[(None, None, nh)])  # (MMA, MMA_M, 1)
+            b_part = _unit_mode(tCrB[(None, nh, kb, stage)])  # (MMA, 1)
             cute.gemm(tiled_mma, part, tCrA[(None, None, kb, stage)], b_part, part)
             warpgroup.commit_group()
             vals = []  # this part's column scales (register v = part_v * nh + local v)

@@ -82,13 +82,6 @@ class GemmConfig:
     # WGMMAs in turn (named barriers), so one warpgroup's promotion adds run while the tensor
     # cores work on the other's WGMMAs instead of both waiting at the same time.
     wg_order: bool = False
-    # FP8 with promotion (row-wise / per-tensor scales, sm_90a), 0 (off) or 1, 2, 4: each K tile's
-    # WGMMAs are issued as two column halves (a 64 x tile_n/2 atom), each into a fresh partial sum
-    # that is promoted while the other half's WGMMAs run; within a run of ``split_promote`` K
-    # tiles the next K tile's first half is issued before this one's second half is promoted, so
-    # the warpgroup keeps WGMMAs in flight (the plain loop waits for all of them every K tile).
-    # The same products and sums as the plain loop (bitwise equal results).
-    split_promote: int = 0
     # MXFP8 emulation (sm_90a, no block-scaled MMA there): e4m3 A and B with one e8m0 scale per
     # 32 K of every row of A and every column of B, decoded on the host to fp32 (mSFA (M, K/32),
     # mSFB in the consumers' register order, see ``blockscaled.sm90_mx``). Each 32-wide WGMMA
@@ -123,7 +116,6 @@ class GemmConfig:
         tile += "_bw128" if self.fp8_blockwise else ""
         tile += "_mx32" if self.fp8_mx else ""
         tile += "_wgo" if self.wg_order else ""
-        tile += f"_sp{self.split_promote}" if self.split_promote else ""
         tile += f"_e{self.epi_stages}" if self.epi_stages else ""
         tile += f"_s{self.stages}" if self.stages else ""
         family = "grouped" if self.grouped else "kgrouped" if self.kgrouped else "listed" if self.listed else "dense-2d" if self.flat else "dense"
@@ -168,14 +160,6 @@ def config_errors(cfg: GemmConfig) -> list[str]:
         cfg.arch != "sm_90a" or cfg.a_dtype != "e4m3" or cfg.fast_accum or cfg.fp8_mx or cfg.pingpong or cfg.tile_m != 128
     ):
         err.append("wg_order: sm_90a FP8 with promotion (not fast_accum / fp8_mx), cooperative 128-row tiles only")
-    if cfg.split_promote not in (0, 1, 2, 4):
-        err.append(f"split_promote must be 0 (off), 1, 2 or 4 (K tiles per run), got {cfg.split_promote!r}")
-    elif cfg.split_promote and (
-        cfg.arch != "sm_90a" or cfg.a_dtype != "e4m3" or cfg.fast_accum or cfg.fp8_mx or cfg.fp8_blockwise
-        or cfg.wg_order or cfg.kgrouped or cfg.listed or cfg.tile_n % 16
-    ):
-        err.append("split_promote: sm_90a FP8 with promotion and row-wise / per-tensor scales (not fast_accum, "
-                   "fp8_blockwise, fp8_mx or wg_order), dense or grouped (packed), tile_n a multiple of 16")
     if cfg.fp8_mx:
         err += fp8_mx_errors(cfg)
     if cfg.kgrouped:

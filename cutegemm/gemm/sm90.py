@@ -74,7 +74,7 @@ from ..schedulers.dynamic import RING_DEPTH, ring_storage_fields
 from ..schedulers.grouped import group_range
 from .base import GemmBase
 from .epilogue_store import store_subtile_predicated
-from .sm90_accumulators import PreEpilogueSm90Mixin, SplitPromoteSm90Mixin
+from .sm90_accumulators import PreEpilogueSm90Mixin
 from .sm90_blockwise import BlockwiseSm90Mixin
 
 SMEM_CAPACITY_SM90 = 232448
@@ -83,7 +83,7 @@ BAR_ORDER = 3  # + warpgroup turn (3, 4): pingpong tensor-core hand-off
 BAR_K_ORDER = 5  # + consumer warpgroup (5, 6): config.wg_order, turns per K tile
 
 
-class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90Mixin, SplitPromoteSm90Mixin, GemmBase):
+class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90Mixin, GemmBase):
     threads_per_warpgroup = 128
     load_registers = 40
     mma_registers = 232
@@ -112,8 +112,7 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90Mixin, SplitPromo
             b_layout.sm90_mma_major_mode(),
             self.acc_dtype,
             self.atom_layout_mnk,
-            # fp8_mx / split_promote: one WGMMA per column part of the tile
-            tiler_mn=(64, cfg.tile_n // MX_PARTS if cfg.fp8_mx or cfg.split_promote else cfg.tile_n),
+            tiler_mn=(64, cfg.tile_n // MX_PARTS if cfg.fp8_mx else cfg.tile_n),  # fp8_mx: WGMMA per part
         )
         inst_k = cute.size(self.tiled_mma.shape_mnk, mode=[2])
         self.tile_shape_mnk = (cfg.tile_m, cfg.tile_n, inst_k * 4)  # K tile = 64 for 16-bit inputs
@@ -689,10 +688,6 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90Mixin, SplitPromo
                     ab_pipeline, read_state, release_state, tiled_mma, acc, acc_sum, tCrA, tCrB, num_k_blocks, kt_cnt,
                     bw, bw_at, nb_split, my_wg,
                 )  # fmt: skip
-            elif cutlass.const_expr(self.config.split_promote):
-                tiled_mma, read_state, release_state = self.split_promote_k_loop(
-                    ab_pipeline, read_state, release_state, tiled_mma, acc, acc_sum, tCrA, tCrB, num_k_blocks, kt_cnt
-                )
             else:
                 for k_tile in range(kt_cnt):
                     ab_pipeline.consumer_wait(read_state)
