@@ -170,18 +170,17 @@ def gemm_blockscaled(
     _check(qa, qb, out_dtype)
     major, minor = torch.cuda.get_device_capability(qa.data.device)
     if major == 9:  # Hopper: dequantize-first, or MXFP8 emulated with e4m3 WGMMAs
-        from ..gemm.api import _device_info
         from .sm90_mx import check_mx_operands, gemm_mx_sm90
 
         check_mx_operands(qa, qb)
         alpha = float(alpha)
-        return gemm_mx_sm90(qa, qb, out_dtype, alpha, config, _device_info(qa.data.device.index or 0)[1], out)
+        return gemm_mx_sm90(qa, qb, out_dtype, alpha, config, out)
     if major != 10:
         raise NotImplementedError(
             f"block-scaled GEMM needs sm_100a (Blackwell); this GPU is sm_{major}{minor}: dequantize "
             "the operands (cutegemm.dequantize) and run a bf16 GEMM instead"
         )
-    from ..gemm.api import DENSE_CACHE
+    from ..gemm.api import DENSE_CACHE, max_clusters_for
 
     m, k = qa.shape[-2], qa.shape[-1]
     n = qb.shape[-2]
@@ -204,8 +203,7 @@ def gemm_blockscaled(
     batched = len(qa.shape) == 3
     L = qa.shape[0] if batched else 1
     written, c_view = output_view(out, L, m, n, out_dtype, qa.data.device, batched)
-    num_sms = torch.cuda.get_device_properties(qa.data.device).multi_processor_count
-    max_clusters = max(1, num_sms // (cfg.cluster_m * cfg.cluster_n))
+    max_clusters = max_clusters_for(cfg, qa.data.device)
     fn = DENSE_CACHE.get(cfg)
     fn(
         _operand_view(qa), _operand_view(qb), c_view, None, None,
@@ -382,7 +380,7 @@ def grouped_gemm_blockscaled(qa, qb, *, offs, out_dtype=torch.bfloat16, alpha: f
     device memory: no host sync, CUDA-graph capturable. sm_90a (``sm90_mx``): both operands
     dequantized to bf16 (one kernel pass each) and the bf16 grouped GEMM, or for MXFP8 with few
     rows per expert the e4m3-WGMMA emulation; other GPUs raise NotImplementedError."""
-    from ..gemm.api import _device_info, new_workspace
+    from ..gemm.api import _device_info, max_clusters_for, new_workspace
     from ..grouped.api import GROUPED_CACHE
     from ..grouped.kernel_parts import GROUPED_MAX_GROUPS
     from .grouped_sf import grouped_scales_a
@@ -391,7 +389,7 @@ def grouped_gemm_blockscaled(qa, qb, *, offs, out_dtype=torch.bfloat16, alpha: f
     dev = qa.data.device
     if dev.type != "cuda":
         raise ValueError(f"qa must be on a CUDA device, got {dev}")
-    arch, num_sms = _device_info(dev.index if dev.index is not None else torch.cuda.current_device())
+    arch, _ = _device_info(dev.index if dev.index is not None else torch.cuda.current_device())
     if arch not in ("sm_100a", "sm_90a"):
         raise NotImplementedError(
             f"grouped block-scaled GEMM needs sm_100a (Blackwell) or sm_90a (Hopper); this GPU is {arch}: "
@@ -414,7 +412,7 @@ def grouped_gemm_blockscaled(qa, qb, *, offs, out_dtype=torch.bfloat16, alpha: f
         from .sm90_mx import check_mx_operands, gemm_mx_sm90
 
         check_mx_operands(qa, qb)
-        return gemm_mx_sm90(qa, qb, out_dtype, float(alpha), config, num_sms, out, offs=offs)
+        return gemm_mx_sm90(qa, qb, out_dtype, float(alpha), config, out, offs=offs)
     alpha = float(alpha)
     gs = global_scale_vector(qa, qb)  # NVFP4's global scales, applied in the epilogue (no host read)
     a_elem, b_elem, sf, vec = pair_recipe(qa, qb)
@@ -431,7 +429,7 @@ def grouped_gemm_blockscaled(qa, qb, *, offs, out_dtype=torch.bfloat16, alpha: f
     ok, why = can_implement(cfg, GemmProblem(total_m, n, k, 1, a_elem, b_elem, _OUT_NAMES[out_dtype], "k", "k", (k,), (k,)))
     if not ok:
         raise ValueError(f"cannot run {cfg.name}: {why}")
-    max_clusters = max(1, num_sms // (cfg.cluster_m * cfg.cluster_n))
+    max_clusters = max_clusters_for(cfg, qa.data.device)
     GROUPED_CACHE.get(cfg)(
         _operand_view(qa), _operand_view(qb), l1_view(out), None, None,
         alpha, 0.0, max_clusters, offs, grouped_scales_a(qa, offs), _scale_bytes(qb),

@@ -167,7 +167,6 @@ def gemm_mx_sm90(
     out_dtype: torch.dtype,
     alpha: float,
     config: GemmConfig | None,
-    num_sms: int,
     out: torch.Tensor | None = None,
     offs: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -176,7 +175,7 @@ def gemm_mx_sm90(
     Grouped (``offs``: qa (total_M, K), qb (E, N, K), ``out`` (total_M, N) checked by
     ``sm100.grouped_gemm_blockscaled``): the packed MoE form, A's scale rows read from each
     expert's first row, B's scales per expert."""
-    from ..gemm.api import DENSE_CACHE, new_workspace
+    from ..gemm.api import DENSE_CACHE, max_clusters_for, new_workspace
     from ..grouped.api import GROUPED_CACHE
 
     grouped = offs is not None
@@ -205,7 +204,7 @@ def gemm_mx_sm90(
     ok, why = can_implement(cfg, GemmProblem(m, n, k, 1, "e4m3", "e4m3", _OUT_NAMES[out_dtype], "k", "k", (k,), (k,)))
     if not ok:
         raise ValueError(f"cannot run {cfg.name}: {why}")
-    max_clusters = max(1, num_sms // (cfg.cluster_m * cfg.cluster_n))
+    max_clusters = max_clusters_for(cfg, qa.data.device)
     a, b = _operand_view(qa), _operand_view(qb)  # (M, K, L), (N, K, L) (grouped: L = E)
     if grouped:
         GROUPED_CACHE.get(cfg)(

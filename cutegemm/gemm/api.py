@@ -77,6 +77,34 @@ def _device_info(index: int) -> tuple[str, int]:
     return arch, torch.cuda.get_device_properties(index).multi_processor_count
 
 
+@functools.cache
+def resident_clusters(index: int, cluster_size: int) -> int:
+    """How many clusters of ``cluster_size`` CTAs (one per SM, as a persistent kernel's shared
+    memory allows) device ``index`` runs at once: the size of a persistent grid. Not always
+    SMs // size: clusters may not span GPCs, and on the H200 (132 SMs) 30 clusters of 4 fit, not
+    33 (bench/RESULTS.md, twelfth session). A larger grid leaves the extra clusters waiting for
+    others to exit, so a static schedule's tiles for them run after everything else. Queried
+    once per (device, size) from the driver's occupancy calculator; SMs // size where that fails."""
+    num_sms = torch.cuda.get_device_properties(index).multi_processor_count
+    if cluster_size <= 1:
+        return num_sms
+    try:
+        from cutlass.utils import HardwareInfo
+
+        with torch.cuda.device(index):
+            fit = HardwareInfo(device_id=index).get_max_active_clusters(cluster_size)
+    except Exception:  # an older driver / DSL: the arithmetic bound (a performance, not a correctness, question)
+        fit = num_sms // cluster_size
+    return max(1, min(fit, num_sms // cluster_size))
+
+
+def max_clusters_for(cfg, device) -> int:
+    """The persistent grid's cluster count for ``cfg`` on ``device`` (a torch.device or index)."""
+    index = device if isinstance(device, int) else device.index
+    index = torch.cuda.current_device() if index is None else index
+    return resident_clusters(index, cfg.cluster_m * cfg.cluster_n)
+
+
 def _check_operand(name: str, t, dims=(2, 3)):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -549,7 +577,7 @@ def _plan(
     plan.has_bias = bias_s is not None
     plan.out_shape = res_shape
     plan.out_dtype = out_dtype
-    plan.max_clusters = max(1, num_sms // (cfg.cluster_m * cfg.cluster_n))
+    plan.max_clusters = max_clusters_for(cfg, a.device)
     plan.workspace = new_workspace(cfg, a.device)
     plan.config = cfg
     plan.direct = direct
