@@ -152,3 +152,17 @@ def test_grouped_graph_replay_with_changing_offs(cfg):
         end = int(counts.sum())
         exact += int(torch.equal(out[:end], eager[:end]) and torch.isnan(out[end:]).all().item())
     assert exact == 20
+
+
+def test_resident_clusters_bound_the_persistent_grid():
+    """gemm.api.resident_clusters: at most SMs // size clusters, at least one; clusters of 1
+    are the SM count; a config's grid follows its cluster size (H200: 30 clusters of 4 fit, not
+    33, so a grid of 33 left 3 clusters' static tiles to run after all others)."""
+    from cutegemm.gemm.api import max_clusters_for, resident_clusters
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert resident_clusters(0, 1) == sms
+    for size in (2, 4, 8):
+        assert 1 <= resident_clusters(0, size) <= sms // size
+    cfg = cutegemm.GemmConfig(arch="sm_90a", tile_m=128, tile_n=128, cluster_m=2, cluster_n=2)
+    assert max_clusters_for(cfg, torch.device("cuda", 0)) == resident_clusters(0, 4)
