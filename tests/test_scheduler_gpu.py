@@ -164,5 +164,5 @@ def test_resident_clusters_bound_the_persistent_grid():
     assert resident_clusters(0, 1) == sms
     for size in (2, 4, 8):
         assert 1 <= resident_clusters(0, size) <= sms // size
-    cfg = cutegemm.GemmConfig(arch="sm_90a", tile_m=128, tile_n=128, cluster_m=2, cluster_n=2)
+    cfg = GemmConfig(arch="sm_90a", tile_m=128, tile_n=128, cluster_m=2, cluster_n=2)
     assert max_clusters_for(cfg, torch.device("cuda", 0)) == resident_clusters(0, 4)
