@@ -11,10 +11,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import importlib  # noqa: E402
+
 import torch  # noqa: E402
 
-import cutegemm.gemm.api as gapi  # noqa: E402
-import cutegemm.grouped.api as grapi  # noqa: E402
+gapi = importlib.import_module("cutegemm.gemm.api")  # cutegemm.gemm is also a function's name
+grapi = importlib.import_module("cutegemm.grouped.api")
 from cutegemm.benchmarks import GROUPED_NAMES, GROUPED_SHAPES, Timer, _moe_counts  # noqa: E402
 from cutegemm.gemm.config import GemmConfig  # noqa: E402
 from cutegemm.grouped import grouped_gemm  # noqa: E402
