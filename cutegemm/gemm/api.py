@@ -92,6 +92,7 @@ def resident_clusters(index: int, cluster_size: int) -> int:
         from cutlass.utils import HardwareInfo
 
         with torch.cuda.device(index):
+            torch.empty(1, device=torch.device("cuda", index))  # the driver query needs the context
             fit = HardwareInfo(device_id=index).get_max_active_clusters(cluster_size)
     except Exception:  # an older driver / DSL: the arithmetic bound (a performance, not a correctness, question)
         fit = num_sms // cluster_size
