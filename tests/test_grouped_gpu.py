@@ -190,10 +190,8 @@ def test_two_cta_clusters_and_ragged_experts(cfg):
         dict(tile_m=128, tile_n=256, cluster_n=2),
         dict(tile_m=128, tile_n=256, cluster_n=2, scheduler="dynamic"),
         dict(tile_m=128, tile_n=128, cluster_m=2),
-        dict(tile_m=128, tile_n=256, cluster_n=2, scheduler="dynamic", tail_split=True),
-        dict(tile_m=128, tile_n=192, tail_split=True),
     ],
-    ids=["128x256-c1x2", "128x256-c1x2-dynamic", "128x128-c2x1", "128x256-c1x2-dynamic-tail", "128x192-tail"],
+    ids=["128x256-c1x2", "128x256-c1x2-dynamic", "128x128-c2x1"],
 )
 def test_half_empty_last_tiles(cfg):
     """128-row tiles whose second warpgroup's 64 rows lie wholly or partly past the expert's end
@@ -203,19 +201,6 @@ def test_half_empty_last_tiles(cfg):
 
     config = replace(cutegemm.GemmConfig(arch="sm_90a", grouped=True, b_major="k"), **cfg)
     check_packed([64, 65, 192, 193, 1, 63, 0, 128, 127, 320], 264, 200, config=config)
-
-
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(counts=expert_counts(10), n8=st.integers(1, 48), k8=st.integers(1, 64), dynamic=st.booleans())
-def test_tail_split_property(counts, n8, k8, dynamic):
-    """config.tail_split (an expert's last m-tile with <= 64 rows: both warpgroups on its rows,
-    half the K blocks each, sums met in shared memory): right rows, nothing past the experts
-    written, for any counts, N, and K (one K tile or several, partial last ones)."""
-    from dataclasses import replace
-
-    cfg = cutegemm.GemmConfig(arch="sm_90a", grouped=True, b_major="k", tile_m=128, tile_n=256, cluster_n=2)
-    cfg = replace(cfg, tail_split=True, scheduler="dynamic" if dynamic else "static")
-    check_packed(counts, 8 * n8, 8 * k8, config=cfg)
 
 
 @pytest.mark.parametrize(

@@ -45,10 +45,6 @@ SETS = {
               dict(POLICY, cluster_n=1, cluster_m=2, raster="n", group=4, scheduler="static"),
               dict(POLICY, raster="n", group=2)],
              ("Mixtral up", "DeepSeek-V3 up", "DeepSeek-V3 down")),
-    # An expert's last m-tile with <= 64 rows split along K between the warpgroups (tail_split,
-    # twelfth session): half the tensor work of such tiles
-    "tail": ([POLICY, dict(POLICY, tail_split=True), dict(POLICY, tail_split=True, scheduler="static")],
-             ("DeepSeek-V3 up", "DeepSeek-V3 down", "Qwen3-30B-A3B", "Mixtral up")),
     # DRAM traffic of the large shapes (ncu, PROFILE=1): the policy against torch
     "large": ([POLICY], ("DeepSeek-V3 up", "Mixtral up")),
 }

@@ -82,11 +82,6 @@ class GemmConfig:
     # WGMMAs in turn (named barriers), so one warpgroup's promotion adds run while the tensor
     # cores work on the other's WGMMAs instead of both waiting at the same time.
     wg_order: bool = False
-    # Grouped (packed), sm_90a cooperative 128-row tiles: an expert's last m-tile with at most 64
-    # of its rows is computed by both consumer warpgroups on rows 0..63, each over half of every
-    # K tile's K blocks, their partial sums added through shared memory (``gemm.sm90_tail``):
-    # half the tensor work of such a tile.
-    tail_split: bool = False
     # MXFP8 emulation (sm_90a, no block-scaled MMA there): e4m3 A and B with one e8m0 scale per
     # 32 K of every row of A and every column of B, decoded on the host to fp32 (mSFA (M, K/32),
     # mSFB in the consumers' register order, see ``blockscaled.sm90_mx``). Each 32-wide WGMMA
@@ -121,7 +116,6 @@ class GemmConfig:
         tile += "_bw128" if self.fp8_blockwise else ""
         tile += "_mx32" if self.fp8_mx else ""
         tile += "_wgo" if self.wg_order else ""
-        tile += "_ts" if self.tail_split else ""
         tile += f"_e{self.epi_stages}" if self.epi_stages else ""
         tile += f"_s{self.stages}" if self.stages else ""
         family = "grouped" if self.grouped else "kgrouped" if self.kgrouped else "listed" if self.listed else "dense-2d" if self.flat else "dense"
@@ -166,12 +160,6 @@ def config_errors(cfg: GemmConfig) -> list[str]:
         cfg.arch != "sm_90a" or cfg.a_dtype != "e4m3" or cfg.fast_accum or cfg.fp8_mx or cfg.pingpong or cfg.tile_m != 128
     ):
         err.append("wg_order: sm_90a FP8 with promotion (not fast_accum / fp8_mx), cooperative 128-row tiles only")
-    if cfg.tail_split and (
-        cfg.arch != "sm_90a" or not cfg.grouped or cfg.pingpong or cfg.tile_m != 128 or cfg.fp8_blockwise
-        or cfg.fp8_mx or cfg.wg_order or cfg.cluster_m != 1
-    ):
-        err.append("tail_split: sm_90a grouped (packed) cooperative 128-row tiles, cluster_m 1, not fp8_blockwise / "
-                   "fp8_mx / wg_order")
     if cfg.fp8_mx:
         err += fp8_mx_errors(cfg)
     if cfg.kgrouped:

@@ -76,7 +76,6 @@ from .base import GemmBase
 from .epilogue_store import store_subtile_predicated
 from .sm90_accumulators import PreEpilogueSm90Mixin
 from .sm90_blockwise import BlockwiseSm90Mixin
-from .sm90_tail import TailSplitSm90Mixin
 
 SMEM_CAPACITY_SM90 = 232448
 BAR_EPILOGUE = 1  # + warpgroup turn (1, 2)
@@ -84,7 +83,7 @@ BAR_ORDER = 3  # + warpgroup turn (3, 4): pingpong tensor-core hand-off
 BAR_K_ORDER = 5  # + consumer warpgroup (5, 6): config.wg_order, turns per K tile
 
 
-class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90Mixin, TailSplitSm90Mixin, GemmBase):
+class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90Mixin, GemmBase):
     threads_per_warpgroup = 128
     load_registers = 40
     mma_registers = 232
@@ -590,10 +589,6 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90Mixin, TailSplitS
         promote = self.config.a_dtype == "e4m3" and not self.config.fast_accum
         acc_sum = cute.make_rmem_tensor(acc_shape, self.acc_dtype) if promote else acc
         num_k_blocks = cute.size(tCrA, mode=[2])
-        tCrA0 = None
-        if cutlass.const_expr(self.config.tail_split):
-            # half tail tiles (gemm.sm90_tail): every warpgroup multiplies the first one's A rows
-            tCrA0 = tiled_mma.make_fragment_A(tiled_mma.get_slice(mma_tidx % self.threads_per_warpgroup).partition_A(sA))
         # FP8 block scaling (DeepSeek 1x128 / 128x128, config.fp8_blockwise): see
         # gemm.sm90_blockwise (this thread's rows, scale registers).
         blockwise = self.config.fp8_blockwise
@@ -693,17 +688,6 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90Mixin, TailSplitS
                     ab_pipeline, read_state, release_state, tiled_mma, acc, acc_sum, tCrA, tCrB, num_k_blocks, kt_cnt,
                     bw, bw_at, nb_split, my_wg,
                 )  # fmt: skip
-            elif cutlass.const_expr(self.config.tail_split):
-                if self.is_half_tail(tile):  # both warpgroups on rows 0..63, half the K blocks each
-                    tiled_mma, read_state, release_state = self.tail_k_loop(
-                        ab_pipeline, read_state, release_state, tiled_mma, acc, acc_sum, tCrA0, tCrB, sB, num_k_blocks,
-                        kt_cnt, promote, my_wg, mma_tidx % self.threads_per_warpgroup, epi_barrier,
-                    )  # fmt: skip
-                else:
-                    tiled_mma, read_state, release_state = self.plain_k_loop(
-                        ab_pipeline, read_state, release_state, tiled_mma, acc, acc_sum, tCrA, tCrB, num_k_blocks,
-                        kt_cnt, promote, my_wg,
-                    )  # fmt: skip
             else:
                 for k_tile in range(kt_cnt):
                     ab_pipeline.consumer_wait(read_state)
@@ -831,28 +815,6 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90Mixin, TailSplitS
             if my_wg == 0:  # take warpgroup 1's last hand-over: no arrival is left pending at exit
                 cute.arch.barrier(barrier_id=BAR_K_ORDER, number_of_threads=2 * self.threads_per_warpgroup)
         store_pipeline.producer_tail()
-
-    @cute.jit
-    def plain_k_loop(self, ab_pipeline, read_state, release_state, tiled_mma: cute.TiledMma, acc: cute.Tensor,
-                     acc_sum: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor, num_k_blocks: cutlass.Constexpr,
-                     kt_cnt: cutlass.Int32, promote: cutlass.Constexpr, my_wg: cutlass.Int32):  # fmt: skip
-        """The K loop of a full tile for kernels with ``tail_split`` (the generic loop below
-        without the K-grouped zeroing). Returns (tiled_mma, read_state, release_state)."""
-        for k_tile in range(kt_cnt):
-            ab_pipeline.consumer_wait(read_state)
-            tiled_mma = self.issue_k_tile(tiled_mma, acc, tCrA, tCrB, read_state.index, num_k_blocks, promote, my_wg)
-            if cutlass.const_expr(promote):
-                warpgroup.wait_group(0)
-                ab_pipeline.consumer_release(read_state)
-                release_state.advance()
-                acc_sum.store(acc_sum.load() + acc.load())
-            else:
-                warpgroup.wait_group(1)
-                if k_tile > 0:
-                    ab_pipeline.consumer_release(release_state)
-                    release_state.advance()
-            read_state.advance()
-        return tiled_mma, read_state, release_state
 
     @cute.jit
     def issue_k_tile(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
