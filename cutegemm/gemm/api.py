@@ -77,26 +77,31 @@ def _device_info(index: int) -> tuple[str, int]:
     return arch, torch.cuda.get_device_properties(index).multi_processor_count
 
 
-@functools.cache
+_RESIDENT: dict = {}
+
+
 def resident_clusters(index: int, cluster_size: int) -> int:
     """How many clusters of ``cluster_size`` CTAs (one per SM, as a persistent kernel's shared
     memory allows) device ``index`` runs at once: the size of a persistent grid. Not always
     SMs // size: clusters may not span GPCs, and on the H200 (132 SMs) 30 clusters of 4 fit, not
     33 (bench/RESULTS.md, twelfth session). A larger grid leaves the extra clusters waiting for
     others to exit, so a static schedule's tiles for them run after everything else. Queried
-    once per (device, size) from the driver's occupancy calculator; SMs // size where that fails."""
+    from the driver's occupancy calculator once per (device, size); where the query fails (an
+    older driver, or a first call inside a CUDA-graph capture) SMs // size, not remembered."""
     num_sms = torch.cuda.get_device_properties(index).multi_processor_count
     if cluster_size <= 1:
         return num_sms
-    try:
-        from cutlass.utils import HardwareInfo
+    key = (index, cluster_size)
+    if key not in _RESIDENT:
+        try:
+            from cutlass.utils import HardwareInfo
 
-        with torch.cuda.device(index):
-            torch.empty(1, device=torch.device("cuda", index))  # the driver query needs the context
-            fit = HardwareInfo(device_id=index).get_max_active_clusters(cluster_size)
-    except Exception:  # an older driver / DSL: the arithmetic bound (a performance, not a correctness, question)
-        fit = num_sms // cluster_size
-    return max(1, min(fit, num_sms // cluster_size))
+            with torch.cuda.device(index):
+                torch.empty(1, device=torch.device("cuda", index))  # the driver query needs the context
+                _RESIDENT[key] = HardwareInfo(device_id=index).get_max_active_clusters(cluster_size)
+        except Exception:  # a performance question only: fall back to the arithmetic bound
+            return max(1, num_sms // cluster_size)
+    return max(1, min(_RESIDENT[key], num_sms // cluster_size))
 
 
 def max_clusters_for(cfg, device) -> int:
