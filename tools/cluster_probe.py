@@ -13,11 +13,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import importlib  # noqa: E402
 
+from probe_common import moe_operands  # noqa: E402
+
 import torch  # noqa: E402
 
 gapi = importlib.import_module("cutegemm.gemm.api")  # cutegemm.gemm is also a function's name
 grapi = importlib.import_module("cutegemm.grouped.api")
-from cutegemm.benchmarks import GROUPED_NAMES, GROUPED_SHAPES, Timer, _moe_counts  # noqa: E402
+from cutegemm.benchmarks import GROUPED_NAMES, GROUPED_SHAPES, Timer  # noqa: E402
 from cutegemm.gemm.config import GemmConfig  # noqa: E402
 from cutegemm.grouped import grouped_gemm  # noqa: E402
 
@@ -45,11 +47,7 @@ cands = [("1x2 dynamic (policy)", dict(cluster_n=2, scheduler="dynamic")), ("2x2
 for (e, tok, n, k), label in zip(GROUPED_SHAPES, GROUPED_NAMES, strict=True):
     if label not in ("Mixtral up", "DeepSeek-V3 up"):
         continue
-    counts = _moe_counts(e, tok)
-    a = torch.randn(sum(counts), k, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-    offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
-    fl = 2.0 * sum(counts) * n * k
+    a, b, offs, fl = moe_operands(e, tok, n, k)
     ref = grouped_gemm(a, b, offs=offs, config=replace(base, **cands[0][1]))
     times = {}
     for _ in range(rounds):
