@@ -13,9 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import importlib  # noqa: E402
 
-from probe_common import moe_operands  # noqa: E402
-
 import torch  # noqa: E402
+from probe_common import moe_operands  # noqa: E402
 
 gapi = importlib.import_module("cutegemm.gemm.api")  # cutegemm.gemm is also a function's name
 grapi = importlib.import_module("cutegemm.grouped.api")
