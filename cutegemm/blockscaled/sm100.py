@@ -389,7 +389,7 @@ def grouped_gemm_blockscaled(qa, qb, *, offs, out_dtype=torch.bfloat16, alpha: f
     dev = qa.data.device
     if dev.type != "cuda":
         raise ValueError(f"qa must be on a CUDA device, got {dev}")
-    arch, _ = _device_info(dev.index if dev.index is not None else torch.cuda.current_device())
+    arch, num_sms = _device_info(dev.index if dev.index is not None else torch.cuda.current_device())
     if arch not in ("sm_100a", "sm_90a"):
         raise NotImplementedError(
             f"grouped block-scaled GEMM needs sm_100a (Blackwell) or sm_90a (Hopper); this GPU is {arch}: "
@@ -429,7 +429,7 @@ def grouped_gemm_blockscaled(qa, qb, *, offs, out_dtype=torch.bfloat16, alpha: f
     ok, why = can_implement(cfg, GemmProblem(total_m, n, k, 1, a_elem, b_elem, _OUT_NAMES[out_dtype], "k", "k", (k,), (k,)))
     if not ok:
         raise ValueError(f"cannot run {cfg.name}: {why}")
-    max_clusters = max_clusters_for(cfg, qa.data.device)
+    max_clusters = max_clusters_for(cfg, qa.data.device, num_sms)
     GROUPED_CACHE.get(cfg)(
         _operand_view(qa), _operand_view(qb), l1_view(out), None, None,
         alpha, 0.0, max_clusters, offs, grouped_scales_a(qa, offs), _scale_bytes(qb),

@@ -80,15 +80,17 @@ def _device_info(index: int) -> tuple[str, int]:
 _RESIDENT: dict = {}
 
 
-def resident_clusters(index: int, cluster_size: int) -> int:
+def resident_clusters(index: int, cluster_size: int, num_sms: int | None = None) -> int:
     """How many clusters of ``cluster_size`` CTAs (one per SM, as a persistent kernel's shared
     memory allows) device ``index`` runs at once: the size of a persistent grid. Not always
     SMs // size: clusters may not span GPCs, and on the H200 (132 SMs) 30 clusters of 4 fit, not
     33 (bench/RESULTS.md, twelfth session). A larger grid leaves the extra clusters waiting for
     others to exit, so a static schedule's tiles for them run after everything else. Queried
     from the driver's occupancy calculator once per (device, size); where the query fails (an
-    older driver, or a first call inside a CUDA-graph capture) SMs // size, not remembered."""
-    num_sms = torch.cuda.get_device_properties(index).multi_processor_count
+    older driver, or a first call inside a CUDA-graph capture) SMs // size, not remembered.
+    ``num_sms``: the device's SM count when the caller has it (``_device_info``)."""
+    if num_sms is None:
+        num_sms = torch.cuda.get_device_properties(index).multi_processor_count
     if cluster_size <= 1:
         return num_sms
     key = (index, cluster_size)
@@ -104,11 +106,12 @@ def resident_clusters(index: int, cluster_size: int) -> int:
     return max(1, min(_RESIDENT[key], num_sms // cluster_size))
 
 
-def max_clusters_for(cfg, device) -> int:
-    """The persistent grid's cluster count for ``cfg`` on ``device`` (a torch.device or index)."""
+def max_clusters_for(cfg, device, num_sms: int | None = None) -> int:
+    """The persistent grid's cluster count for ``cfg`` on ``device`` (a torch.device or index;
+    ``num_sms`` as the caller's ``_device_info`` gave it, if it has it)."""
     index = device if isinstance(device, int) else device.index
     index = torch.cuda.current_device() if index is None else index
-    return resident_clusters(index, cfg.cluster_m * cfg.cluster_n)
+    return resident_clusters(index, cfg.cluster_m * cfg.cluster_n, num_sms)
 
 
 def _check_operand(name: str, t, dims=(2, 3)):
@@ -583,7 +586,7 @@ def _plan(
     plan.has_bias = bias_s is not None
     plan.out_shape = res_shape
     plan.out_dtype = out_dtype
-    plan.max_clusters = max_clusters_for(cfg, a.device)
+    plan.max_clusters = max_clusters_for(cfg, a.device, num_sms)
     plan.workspace = new_workspace(cfg, a.device)
     plan.config = cfg
     plan.direct = direct

@@ -248,7 +248,7 @@ def _plan_packed(a, b, offs, out, out_dtype, alpha, config, epi_in: _Epi, fast_a
             raise
         raise ValueError(f"the user epilogue could not be traced into the kernel: {type(exc).__name__}: {exc}") from exc
     plan.views = views
-    plan.max_clusters = max_clusters_for(cfg, a.device)
+    plan.max_clusters = max_clusters_for(cfg, a.device, num_sms)
     plan.workspace = new_workspace(cfg, a.device)
     plan.config = cfg
     plan.quant = quant
@@ -605,7 +605,7 @@ def _kgrouped_plan(a, b, out, alpha, config):
             raise ValueError(f"cannot run {cfg.name}: {why or 'operand majors differ from the config'}")
         return False
     copy = a3.data_ptr() != a.data_ptr() or b3.data_ptr() != b.data_ptr()
-    return DENSE_CACHE.get(cfg), views, copy, max_clusters_for(cfg, dev), new_workspace(cfg, dev)
+    return DENSE_CACHE.get(cfg), views, copy, max_clusters_for(cfg, dev, num_sms), new_workspace(cfg, dev)
 
 
 def _grouped_list(a_list, b_list, *, offs, out_dtype, alpha, activation=None):
