@@ -86,24 +86,28 @@ def resident_clusters(index: int, cluster_size: int, num_sms: int | None = None)
     SMs // size: clusters may not span GPCs, and on the H200 (132 SMs) 30 clusters of 4 fit, not
     33 (bench/RESULTS.md, twelfth session). A larger grid leaves the extra clusters waiting for
     others to exit, so a static schedule's tiles for them run after everything else. Queried
-    from the driver's occupancy calculator once per (device, size); where the query fails (an
-    older driver, or a first call inside a CUDA-graph capture) SMs // size, not remembered.
-    ``num_sms``: the device's SM count when the caller has it (``_device_info``)."""
+    from the driver's occupancy calculator once per (device, size) and kept, a failed query's
+    answer too (SMs // size: an older driver must not retry the query's compile on every call);
+    during a CUDA-graph capture SMs // size without asking or keeping it. ``num_sms``: the
+    device's SM count when the caller has it (``_device_info``)."""
     if num_sms is None:
         num_sms = torch.cuda.get_device_properties(index).multi_processor_count
     if cluster_size <= 1:
         return num_sms
+    bound = max(1, num_sms // cluster_size)
     key = (index, cluster_size)
     if key not in _RESIDENT:
         try:
+            if torch.cuda.is_current_stream_capturing():
+                return bound  # the query loads a module: not while a graph is being captured
             from cutlass.utils import HardwareInfo
 
             with torch.cuda.device(index):
                 torch.empty(1, device=torch.device("cuda", index))  # the driver query needs the context
                 _RESIDENT[key] = HardwareInfo(device_id=index).get_max_active_clusters(cluster_size)
-        except Exception:  # a performance question only: fall back to the arithmetic bound
-            return max(1, num_sms // cluster_size)
-    return max(1, min(_RESIDENT[key], num_sms // cluster_size))
+        except Exception:  # a performance question only: the arithmetic bound, kept
+            _RESIDENT[key] = bound
+    return max(1, min(_RESIDENT[key], bound))
 
 
 def max_clusters_for(cfg, device, num_sms: int | None = None) -> int:
@@ -560,9 +564,10 @@ def _plan(
         and (r3s is None or (r3s is r3 and r3.data_ptr() == c.data_ptr()))
         and bias_s is bias
     )  # fmt: skip
-    if config is None and direct and _flat_ok(a, b, out, views) and not config_errors(replace(cfg, flat=True)):
+    flat_ok = direct and _flat_ok(a, b, out, views)
+    if config is None and flat_ok and not config_errors(replace(cfg, flat=True)):
         cfg = replace(cfg, flat=True)  # the caller's 2-D tensors go to the kernel as they are
-    elif cfg.flat and not (direct and _flat_ok(a, b, out, views)):
+    elif cfg.flat and not flat_ok:
         raise ValueError(
             f"config {cfg.name} is a flat (2-D) launch: it takes 2-D a, b and out that the kernel can "
             "read as they are (no batch, no copies); pass a config with flat=False for these operands"
