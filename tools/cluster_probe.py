@@ -29,7 +29,7 @@ for size in (1, 2, 4, 8):
 new_grid = gapi.max_clusters_for
 
 
-def old_grid(cfg, device):
+def old_grid(cfg, device, num_sms=None):
     return max(1, sms // (cfg.cluster_m * cfg.cluster_n))
 
 
