@@ -150,11 +150,14 @@ class GemmBase:
         b_mcast_mask,
         extra=(),
         descs=None,  # listed: tile -> (A descriptor, B descriptor) of its group
+        tx_bytes=None,  # tile -> the bytes every stage of the tile receives (default: the pipeline's)
     ):
         """One elected thread: TMA A and B k-tiles of every scheduled tile into the stage ring.
 
         ``extra``: more operands loaded on the same stage barrier (block-scaled: the scale
-        factors), each ``(tma_atom, tile -> (TMA, RestK), smem (TMA, STAGE), mcast_mask)``.
+        factors), each ``(tma_atom, tile -> (TMA, RestK), smem (TMA, STAGE), mcast_mask)``, or
+        with a fifth member ``tile -> Boolean``: whether the tile loads that operand at all
+        (``tx_bytes`` must then count only the loaded ones, those multicast by peers included).
         """
         producer_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ab_stage)
         work = sched.first()
@@ -166,11 +169,16 @@ class GemmBase:
                 tAgA_k = tAgA(tile)
             else:
                 tAgA_k = tAgA[(None, tile[0], None, tile[2])]
-            if cutlass.const_expr(inspect.isfunction(tBgB)):
+            tBgB_k = None  # B only as extra operands (swap_ab's token chunks): tma_atom_b None
+            if cutlass.const_expr(tma_atom_b is None):
+                pass
+            elif cutlass.const_expr(inspect.isfunction(tBgB)):
                 tBgB_k = tBgB(tile)
             else:
                 tBgB_k = tBgB[(None, tile[1], None, tile[2])]
             extra_k = [op[1](tile) for op in extra]  # (TMA, RestK) per extra operand
+            extra_live = [op[4](tile) if len(op) > 4 else True for op in extra]
+            tile_tx = tx_bytes(tile) if cutlass.const_expr(tx_bytes is not None) else None
             kt_cnt = k_tile_cnt(tile) if cutlass.const_expr(inspect.isfunction(k_tile_cnt)) else k_tile_cnt
             desc_a = desc_b = None
             if cutlass.const_expr(descs is not None):
@@ -178,8 +186,13 @@ class GemmBase:
                 cpasync.fence_tma_desc_acquire(desc_a)
                 cpasync.fence_tma_desc_acquire(desc_b)
             for k_tile in range(kt_cnt):
-                ab_pipeline.producer_acquire(producer_state)
                 full_bar = ab_pipeline.producer_get_barrier(producer_state)
+                if cutlass.const_expr(tx_bytes is None):
+                    ab_pipeline.producer_acquire(producer_state)
+                else:  # producer_acquire with this tile's byte count
+                    ab_pipeline.sync_object_empty.wait(producer_state.index, producer_state.phase)
+                    with cute.arch.elect_one():
+                        cute.arch.mbarrier_arrive_and_expect_tx(full_bar, tile_tx)
                 cute.copy(
                     tma_atom_a,
                     tAgA_k[(None, k_tile)],
@@ -188,23 +201,25 @@ class GemmBase:
                     mcast_mask=a_mcast_mask,
                     tma_desc_ptr=desc_a,
                 )
-                cute.copy(
-                    tma_atom_b,
-                    tBgB_k[(None, k_tile)],
-                    tBsB[(None, producer_state.index)],
-                    tma_bar_ptr=full_bar,
-                    mcast_mask=b_mcast_mask,
-                    tma_desc_ptr=desc_b,
-                )
-                for i in cutlass.range_constexpr(len(extra)):
-                    atom, _, smem, mask = extra[i]
+                if cutlass.const_expr(tma_atom_b is not None):
                     cute.copy(
-                        atom,
-                        extra_k[i][(None, k_tile)],
-                        smem[(None, producer_state.index)],
+                        tma_atom_b,
+                        tBgB_k[(None, k_tile)],
+                        tBsB[(None, producer_state.index)],
                         tma_bar_ptr=full_bar,
-                        mcast_mask=mask,
+                        mcast_mask=b_mcast_mask,
+                        tma_desc_ptr=desc_b,
                     )
+                for i in cutlass.range_constexpr(len(extra)):
+                    atom, _, smem, mask = extra[i][:4]
+                    if extra_live[i]:
+                        cute.copy(
+                            atom,
+                            extra_k[i][(None, k_tile)],
+                            smem[(None, producer_state.index)],
+                            tma_bar_ptr=full_bar,
+                            mcast_mask=mask,
+                        )
                 ab_pipeline.producer_commit(producer_state)
                 producer_state.advance()
             work = sched.next(work)

@@ -104,6 +104,15 @@ class GemmConfig:
     # store warp use the tile's group's descriptors. A, B and C of the launch are group 0's
     # (templates for the descriptors: dtypes, majors, boxes).
     listed: bool = False
+    # Grouped packed form, sm_90a, "swap AB": the kernel computes C^T = B^T A^T, so a tile's M
+    # runs over the weights' N (tile_m rows of one expert's B) and its N over the expert's tokens
+    # (tile_n of them at most). Each tile's WGMMAs are cut to its real tokens, rounded up to 16
+    # (a WGMMA width per 16 tokens, chosen at run time), and its tokens are loaded in 32-row TMA
+    # chunks, those past the expert's last token skipped (zero-filled, no memory read). An expert
+    # whose token count is not a multiple of tile_n thus pays neither a full tile of tensor work
+    # nor a full tile of loads for its last tile.
+    swap_ab: bool = False
+
     @property
     def blockscaled(self) -> bool:
         return self.sf_vec > 0
@@ -116,6 +125,7 @@ class GemmConfig:
         tile += "_bw128" if self.fp8_blockwise else ""
         tile += "_mx32" if self.fp8_mx else ""
         tile += "_wgo" if self.wg_order else ""
+        tile += "_swab" if self.swap_ab else ""
         tile += f"_e{self.epi_stages}" if self.epi_stages else ""
         tile += f"_s{self.stages}" if self.stages else ""
         family = "grouped" if self.grouped else "kgrouped" if self.kgrouped else "listed" if self.listed else "dense-2d" if self.flat else "dense"
@@ -166,6 +176,8 @@ def config_errors(cfg: GemmConfig) -> list[str]:
         err += kgrouped_errors(cfg)
     if cfg.listed:
         err += listed_errors(cfg)
+    if cfg.swap_ab:
+        err += swap_ab_errors(cfg)
     if cfg.flat and (cfg.grouped or cfg.blockscaled or cfg.epilogue.quant or cfg.epilogue.beta):
         err.append("flat (2-D launch): dense only, not block-scaled, no quantized output, no beta * C")
     if cfg.blockscaled:
@@ -230,7 +242,7 @@ def config_errors(cfg: GemmConfig) -> list[str]:
             err.append(f"sm_90a pingpong tile must hold <= 128x128 accumulators per warpgroup, got {cfg.tile_m}x{cfg.tile_n}")
         if cfg.tile_m not in (64, 128):
             err.append(f"sm_90a tile_m must be 64 or 128, got {cfg.tile_m}")
-        if cfg.tile_n not in (64, 128, 192, 256):
+        if cfg.tile_n not in (64, 128, 192, 256) and not cfg.swap_ab:
             err.append(f"sm_90a tile_n must be 64, 128, 192 or 256, got {cfg.tile_n}")
     elif cfg.arch == "sm_100a":
         if cfg.pingpong:
@@ -332,6 +344,34 @@ def _alpha_only_errors(cfg: GemmConfig, what: str, other_form: bool, archs=("sm_
         err.append(f"{what}: alpha is the only epilogue op" + (" (and relu / gelu / gelu_tanh / silu)" if activation else ""))
     if cfg.scheduler == "clc" and not clc:
         err.append(f"{what}: static or dynamic scheduler")
+    return err
+
+
+SWAP_CHUNK = 32  # swap_ab: tokens per TMA chunk of the token operand
+SWAP_STEP = 16  # swap_ab: WGMMA widths run over multiples of this many tokens
+
+
+def swap_ab_errors(cfg: GemmConfig) -> list[str]:
+    """Rules of the swapped grouped kernel (``GemmConfig.swap_ab``): sm_90a packed grouped form,
+    bf16 / fp16, cooperative 128-row (weight) tiles, tile_n tokens a multiple of 32, clusters
+    only along the weights (cluster_n 1: the CTAs of a cluster share the token tile by multicast),
+    and an epilogue that needs no coordinates (alpha and elementwise activations)."""
+    what = "swap_ab (grouped, tokens as the WGMMA's N)"
+    err = []
+    if cfg.arch != "sm_90a" or not cfg.grouped:
+        err.append(f"{what} is an sm_90a packed grouped kernel (grouped=True)")
+    if cfg.a_dtype not in INPUT_DTYPES or cfg.b_dtype != cfg.a_dtype:
+        err.append(f"{what}: bf16 or fp16 A and B, got {cfg.a_dtype}/{cfg.b_dtype}")
+    if cfg.pingpong or cfg.tile_m != 128 or cfg.tile_n % SWAP_CHUNK or not 32 <= cfg.tile_n <= 256:
+        err.append(f"{what}: cooperative 128 x tile_n tiles, tile_n a multiple of {SWAP_CHUNK} up to 256")
+    if cfg.cluster_n != 1 or (cfg.tile_n // SWAP_CHUNK) % cfg.cluster_m:
+        err.append(f"{what}: cluster_n must be 1 (cluster_m CTAs share one token tile, issuing its "
+                   f"{SWAP_CHUNK}-token chunks in turn: tile_n / {SWAP_CHUNK} a multiple of cluster_m)")
+    epi = cfg.epilogue
+    if epi.beta or epi.bias or epi.gated or epi.quant or epi.user or epi.scale_a or epi.scale_b:
+        err.append(f"{what}: alpha and elementwise activations are the only epilogue ops")
+    if cfg.fp8_blockwise or cfg.fp8_mx or cfg.blockscaled or cfg.flat:
+        err.append(f"{what} cannot be combined with scaled or flat modes")
     return err
 
 

@@ -75,7 +75,9 @@ from ..schedulers.grouped import group_range
 from .base import GemmBase
 from .epilogue_store import store_subtile_predicated
 from .sm90_accumulators import PreEpilogueSm90Mixin
+from .config import SWAP_CHUNK
 from .sm90_blockwise import BlockwiseSm90Mixin
+from .sm90_swap import SwapAbSm90Mixin
 
 SMEM_CAPACITY_SM90 = 232448
 BAR_EPILOGUE = 1  # + warpgroup turn (1, 2)
@@ -83,7 +85,7 @@ BAR_ORDER = 3  # + warpgroup turn (3, 4): pingpong tensor-core hand-off
 BAR_K_ORDER = 5  # + consumer warpgroup (5, 6): config.wg_order, turns per K tile
 
 
-class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90Mixin, GemmBase):
+class GemmSm90(SwapAbSm90Mixin, BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90Mixin, GemmBase):
     threads_per_warpgroup = 128
     load_registers = 40
     mma_registers = 232
@@ -163,12 +165,14 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90Mixin, GemmBase):
                 order=(0, 1, 2) if is_k_major else (1, 0, 2),
             )
 
-        self.a_smem_layout_staged = staged_layout(
-            a_layout, self.a_dtype, cfg.tile_m, self.ab_stage, cfg.a_major == "k"
-        )
-        self.b_smem_layout_staged = staged_layout(
-            b_layout, self.b_dtype, cfg.tile_n, self.ab_stage, cfg.b_major == "k"
-        )
+        # swap_ab: A is the weights (K-major when B was), B the tokens (K-major).
+        a_k_major = cfg.b_major == "k" if cfg.swap_ab else cfg.a_major == "k"
+        b_k_major = cfg.swap_ab or cfg.b_major == "k"
+        self.swap_majors = (a_layout.sm90_mma_major_mode(), b_layout.sm90_mma_major_mode())
+        self.a_smem_layout_staged = staged_layout(a_layout, self.a_dtype, cfg.tile_m, self.ab_stage, a_k_major)
+        self.b_smem_layout_staged = staged_layout(b_layout, self.b_dtype, cfg.tile_n, self.ab_stage, b_k_major)
+        if cfg.swap_ab:  # the token operand's TMA box: 32 rows
+            self.b_chunk_layout = staged_layout(b_layout, self.b_dtype, SWAP_CHUNK, 1, True)
         c_major_size = self.epi_tile_out[1] if c_layout.is_n_major_c() else self.epi_tile_out[0]
         c_atom = warpgroup.make_smem_layout_atom(
             sm90_utils.get_smem_layout_atom(c_layout, self.c_dtype, c_major_size), self.c_dtype
@@ -217,9 +221,17 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90Mixin, GemmBase):
         tma_atom_a, tma_tensor_a = tma_load(
             mA, self.a_smem_layout_staged, (cfg.tile_m, self.tile_shape_mnk[2]), self.num_mcast_ctas_a
         )
-        tma_atom_b, tma_tensor_b = tma_load(
-            mB, self.b_smem_layout_staged, (cfg.tile_n, self.tile_shape_mnk[2]), self.num_mcast_ctas_b
-        )
+        if cutlass.const_expr(cfg.swap_ab):
+            # Tokens in 32-row boxes, each issued whole by one CTA and multicast to the cluster.
+            tma_atom_b, tma_tensor_b = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileG2SOp() if not self.is_b_mcast else cpasync.CopyBulkTensorTileG2SMulticastOp(),
+                mB, cute.slice_(self.b_chunk_layout, (None, None, 0)), (SWAP_CHUNK, self.tile_shape_mnk[2]),
+                num_multicast=1,
+            )  # fmt: skip
+        else:
+            tma_atom_b, tma_tensor_b = tma_load(
+                mB, self.b_smem_layout_staged, (cfg.tile_n, self.tile_shape_mnk[2]), self.num_mcast_ctas_b
+            )
         tma_atom_c, tma_tensor_c = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileS2GOp(),
             mC,
@@ -412,18 +424,26 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90Mixin, GemmBase):
             cute.group_modes(sA, 0, 2),
             cute.group_modes(gA_mkl, 0, 2),
         )
-        # (TMA, STAGE), (TMA, RestN, RestK, RestL)
-        tBsB, tBgB = cpasync.tma_partition(
-            tma_atom_b,
-            cluster_coord_mnk[0],
-            b_cta_layout,
-            cute.group_modes(sB, 0, 2),
-            cute.group_modes(gB_nkl, 0, 2),
-        )
-        k_tile_cnt = cute.size(gA_mkl, mode=[3])
         cfg = self.config
+        tBsB = tBgB = None  # swap_ab: the tokens load in 32-row chunks (``swap_token_loads``)
+        if cutlass.const_expr(not cfg.swap_ab):
+            # (TMA, STAGE), (TMA, RestN, RestK, RestL)
+            tBsB, tBgB = cpasync.tma_partition(
+                tma_atom_b,
+                cluster_coord_mnk[0],
+                b_cta_layout,
+                cute.group_modes(sB, 0, 2),
+                cute.group_modes(gB_nkl, 0, 2),
+            )
+        k_tile_cnt = cute.size(gA_mkl, mode=[3])
         a_tiles = tAgA
-        if cutlass.const_expr(cfg.grouped):
+        if cutlass.const_expr(cfg.swap_ab):
+            # Tiles over (weights: M, tokens: N): the table counts each expert's token tiles
+            # times the cluster tiles along the weights.
+            tile_start, n_cluster_tiles = tile_table(storage.tile_start, mA_mkl.shape[0], cfg.tile_m, cfg.cluster_m)
+            if warp_idx == 0:
+                fill_tile_starts(tile_start, mOffs, mB_nkl.shape[0], cfg.tile_n, n_cluster_tiles, cute.arch.lane_idx())
+        elif cutlass.const_expr(cfg.grouped):
             # The tile map lives in shared memory, built by warp 0 from offs (no host sync).
             tile_start, n_cluster_tiles = tile_table(
                 storage.tile_start, self.acc_space(mC_mnl, mB_nkl).shape[1], cfg.tile_n, cfg.cluster_n
@@ -436,7 +456,9 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90Mixin, GemmBase):
             # List form: mOffs is the group table (``kernel_parts.list_tile_table``).
             tile_start, num_groups = list_tile_table(storage.tile_start, mOffs, warp_idx)
         pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
-        if cutlass.const_expr(cfg.grouped):
+        if cutlass.const_expr(cfg.swap_ab):
+            sched = make_grouped_scheduler(tile_start, mOffs, mB_nkl.shape[0], n_cluster_tiles, cfg)
+        elif cutlass.const_expr(cfg.grouped):
             sched = make_grouped_scheduler(tile_start, mOffs, mA_mkl.shape[0], n_cluster_tiles, cfg)
 
             def a_tiles(tile):
@@ -517,10 +539,14 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90Mixin, GemmBase):
                     extra = self.mx_load_operands(tma_atom_sfa, tma_atom_sfb, mx_parts, mSFA, block_scales[0])
                 if cutlass.const_expr(cfg.fp8_blockwise):
                     extra = (self.sfa_load_operand(tma_atom_sfa, mSFA, block_scales[0]),)
+                b_atom, tx_bytes = tma_atom_b, None
+                if cutlass.const_expr(cfg.swap_ab):  # the tokens, chunk by chunk
+                    extra, tx_bytes = self.swap_token_loads(tma_atom_b, sB, mB_nkl, b_mcast_mask)
+                    b_atom = None
                 self.load_ab(
                     load_sched, ab_pipeline, load_k_tiles,
                     tma_atom_a, a_tiles, tAsA, a_mcast_mask,
-                    tma_atom_b, b_tiles, tBsB, b_mcast_mask, extra, load_descs,
+                    b_atom, b_tiles, tBsB, b_mcast_mask, extra, load_descs, tx_bytes,
                 )  # fmt: skip
         else:
             cute.arch.setmaxregister_increase(self.mma_registers)
@@ -589,6 +615,9 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90Mixin, GemmBase):
         promote = self.config.a_dtype == "e4m3" and not self.config.fast_accum
         acc_sum = cute.make_rmem_tensor(acc_shape, self.acc_dtype) if promote else acc
         num_k_blocks = cute.size(tCrA, mode=[2])
+        swap = self.config.swap_ab
+        if cutlass.const_expr(swap):  # one WGMMA width per 16 tokens (see gemm.sm90_swap)
+            variants = self.swap_variants(tiled_mma, mma_tidx, sA, sB, acc)
         # FP8 block scaling (DeepSeek 1x128 / 128x128, config.fp8_blockwise): see
         # gemm.sm90_blockwise (this thread's rows, scale registers).
         blockwise = self.config.fp8_blockwise
@@ -683,6 +712,11 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90Mixin, GemmBase):
                     ab_pipeline.consumer_release(read_state)
                     release_state.advance()
                     read_state.advance()
+            elif cutlass.const_expr(swap):
+                read_state, release_state = self.swap_k_loop(
+                    ab_pipeline, read_state, release_state, variants, self.swap_width_index(tile), kt_cnt, num_k_blocks,
+                    my_wg,
+                )  # fmt: skip
             elif cutlass.const_expr(blockwise):
                 tiled_mma, read_state, release_state = self.blockwise_k_loop(
                     ab_pipeline, read_state, release_state, tiled_mma, acc, acc_sum, tCrA, tCrB, num_k_blocks, kt_cnt,
@@ -726,7 +760,11 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90Mixin, GemmBase):
             # ---- epilogue ----
             full_tile = True
             tile_quant_args = quant_args
-            if cutlass.const_expr(self.config.grouped):
+            if cutlass.const_expr(swap):
+                # Tokens of this expert start at row_start (C's columns here): subtiles past its
+                # last token are skipped, one that crosses it is stored by predicated copies.
+                gC, gC_real, tokens_left, cols_left = self.swap_out_tile(mC_mnl, mC_gmem, tile, gC_mnl.shape[:2])
+            elif cutlass.const_expr(self.config.grouped):
                 # Rows of this expert start at row_start: offset C, and store with TMA only when
                 # every row of the tile belongs to the expert (else predicated, row < row_end).
                 gC, gC_real, rows_left, cols_left, full_tile = grouped_out_tile(
@@ -779,7 +817,10 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90Mixin, GemmBase):
                 cute.arch.fence_proxy("async.shared", space="cta")
                 epi_barrier.arrive_and_wait()
                 epi_coord = epi_layout.get_hier_coord(epi_idx)
-                if full_tile:
+                sub_full = full_tile
+                if cutlass.const_expr(swap):  # every token column of the subtile is the expert's
+                    sub_full = tokens_left >= (epi_coord[1] + 1) * self.epi_tile_out[1]
+                if sub_full:
                     if store_warp:
                         cute.copy(tma_atom_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_coord)], tma_desc_ptr=desc_c)
                         store_pipeline.producer_commit()
@@ -788,7 +829,17 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90Mixin, GemmBase):
                 else:
                     # A grouped tile that crosses the expert's last row: every thread copies
                     # 16-byte row pieces of the subtile, rows < row_end and columns < N only.
-                    if cutlass.const_expr(self.config.grouped):
+                    # (swap_ab: token columns < the expert's end, weight rows < N; a subtile past
+                    # the end writes nothing.)
+                    if cutlass.const_expr(swap):
+                        self.swap_store_partial(
+                            sC[(None, None, buf)],
+                            cute.local_tile(gC_real, self.epi_tile_out, epi_coord),
+                            tokens_left - epi_coord[1] * self.epi_tile_out[1],
+                            cols_left - epi_coord[0] * self.epi_tile_out[0],
+                            mma_tidx,
+                        )
+                    elif cutlass.const_expr(self.config.grouped):
                         store_subtile_predicated(
                             sC[(None, None, buf)],
                             cute.local_tile(gC_real, self.epi_tile_out, epi_coord),  # (EPI_M, EPI_N)
@@ -797,6 +848,7 @@ class GemmSm90(BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90Mixin, GemmBase):
                             mma_tidx,
                             self.threads_per_tile,
                         )
+                    if cutlass.const_expr(self.config.grouped):
                         if store_warp:
                             # This path commits no TMA store, so nothing retires the earlier ones:
                             # wait until they have read their buffers before the next subtile

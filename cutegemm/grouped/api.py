@@ -98,14 +98,17 @@ _PLANS: dict = {}
 
 class _GroupedPlan:
     __slots__ = ("fn", "views", "max_clusters", "config", "workspace", "device", "device_index", "out_dims",
-                 "out_dtype", "b_memo", "quant", "out_shape")  # fmt: skip
+                 "out_dtype", "b_memo", "quant", "out_shape", "swap")  # fmt: skip
 
     def launch(self, a, b, out, offs, alpha, bias=None, extra=None, block=(None, None)):
         """extra: (quantized-output scale bytes, NVFP4 global scale, v0..v3) or None; block: FP8
         block scales (scale_a (total_M, KB), scale_b's (NB, KB, E) view) or (None, None)."""
         (sa, ta), (sb, tb), (sc, tc) = self.views
+        av, bv = a.as_strided(sa, ta), memo_view(self, b, sb, tb)
+        if self.swap:  # config.swap_ab: the kernel computes C^T = B^T A^T (C's view is (N, total_M, 1))
+            av, bv = bv, av
         # (offs, scale factors A/B, quantized-output scales, global scale, 4 epilogue vectors, workspace)
-        self.fn(a.as_strided(sa, ta), memo_view(self, b, sb, tb), out.as_strided(sc, tc), None, bias,
+        self.fn(av, bv, out.as_strided(sc, tc), None, bias,
                 alpha, 0.0, self.max_clusters, offs, *block, *(extra or _NO_EXTRA),
                 reset_workspace(self.workspace))  # fmt: skip
 
@@ -247,6 +250,9 @@ def _plan_packed(a, b, offs, out, out_dtype, alpha, config, epi_in: _Epi, fast_a
         if epi.user is None:
             raise
         raise ValueError(f"the user epilogue could not be traced into the kernel: {type(exc).__name__}: {exc}") from exc
+    plan.swap = cfg.swap_ab
+    if cfg.swap_ab:  # the output as the kernel's (N, total_M, 1) C^T
+        views = (*views[:2], _kernel_view(out.unsqueeze(0), 2, (2, 1, 0), "out"))
     plan.views = views
     plan.max_clusters = max_clusters_for(cfg, a.device, num_sms)
     plan.workspace = new_workspace(cfg, a.device)

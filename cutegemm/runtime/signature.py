@@ -48,6 +48,10 @@ def dense_fake_args(cfg: GemmConfig, offs=None):
         a = _fake_matrix2(cfg.a_dtype, 1 if cfg.a_major == "k" else 0)
         b = _fake_matrix2(cfg.b_dtype, 0 if cfg.b_major == "k" else 1)
         c = _fake_matrix2(cfg.out_dtype, 1)
+    elif cfg.swap_ab:  # C^T = B^T A^T: the weights (N, K, E), the tokens (total_M, K, 1), C (N, total_M, 1)
+        a = _fake_matrix(cfg.b_dtype, 1 if cfg.b_major == "k" else 0)
+        b = _fake_matrix(cfg.a_dtype, 1)
+        c = _fake_matrix(cfg.out_dtype, 0)
     else:
         a = _fake_matrix(cfg.a_dtype, 1 if cfg.a_major == "k" else 0)
         b = _fake_matrix(cfg.b_dtype, 1 if cfg.b_major == "k" else 0)

@@ -143,20 +143,25 @@ class GroupedScheduler(PersistentWalk):
 
     _dyn = ("total", "start", "stride", "num_groups", "cta_n", "total_m", "cta_m", "tiles_n")
 
-    def __init__(self, tile_start, tile_m: int, cluster_n: int, values=None, cluster_m: int = 1, raster_m: bool = True, group: int = 1):
+    def __init__(self, tile_start, tile_m: int, cluster_n: int, values=None, cluster_m: int = 1, raster_m: bool = True,
+                 group: int = 1, swap: bool = False):  # fmt: skip
         self.tile_start = tile_start
         self.tile_m = tile_m
         self.cluster_n = cluster_n
         self.cluster_m = cluster_m
         self.raster_m = raster_m
         self.group = group
+        self.swap = swap
         self._set_values(values)
 
     @staticmethod
     def create(
         tile_start, mOffs, total_m, tile_m: int, cluster_n: int, cluster_m: int = 1, n_cluster_tiles=1,
-        raster_m: bool = True, group: int = 1,
+        raster_m: bool = True, group: int = 1, swap: bool = False,
     ) -> GroupedScheduler:  # fmt: skip
+        """``swap`` (``GemmConfig.swap_ab``): the grouped rows (tile_m of them per tile) are the
+        GEMM's N and the other dimension (clusters of cluster_n CTAs) its M, so the CTA's place
+        along it is blockIdx.x and :meth:`cta_tile` returns the two tile indices swapped."""
         bx, by, cluster_id = cute.arch.block_idx()
         _, _, num_clusters = cute.arch.grid_dim()
         num_groups = cutlass.Int32(cute.size(mOffs))
@@ -165,12 +170,12 @@ class GroupedScheduler(PersistentWalk):
             cutlass.Int32(cluster_id),
             cutlass.Int32(num_clusters),
             num_groups,
-            cutlass.Int32(by) % cluster_n,
+            cutlass.Int32(bx if swap else by) % cluster_n,
             cutlass.Int32(total_m),
             cutlass.Int32(bx) % cluster_m,
             cutlass.Int32(n_cluster_tiles),
         )
-        sched = GroupedScheduler(tile_start, tile_m, cluster_n, values, cluster_m, raster_m, group)
+        sched = GroupedScheduler(tile_start, tile_m, cluster_n, values, cluster_m, raster_m, group, swap)
         sched.mOffs = mOffs
         return sched
 
@@ -179,14 +184,18 @@ class GroupedScheduler(PersistentWalk):
         """(m_tile, n_tile, expert, row_start, row_end): m_tile counts tiles from row_start. With
         cluster_m > 1 the cluster covers cluster_m consecutive m-tiles of one expert (CTA r takes
         the r-th); one past the expert's rows is an empty tile (row_end - row_start <= m_tile *
-        tile_m): it loads and multiplies nothing useful and stores nothing."""
+        tile_m): it loads and multiplies nothing useful and stores nothing. ``swap``: (n_tile,
+        m_tile, ...), the grouped rows' tile second."""
         e = owner_group(self.tile_start, self.num_groups, work)
         local = work - self.tile_start[e]
         start, end = group_range(self.mOffs, e, self.total_m)
         rows_per_cluster = self.tile_m * self.cluster_m
         mt = (end - start + (rows_per_cluster - 1)) // rows_per_cluster
         m_c, n_c = expert_tile(local, mt, self.tiles_n, self.raster_m, self.group, cutlass.min)
-        return m_c * self.cluster_m + self.cta_m, n_c * self.cluster_n + self.cta_n, e, start, end
+        m, n = m_c * self.cluster_m + self.cta_m, n_c * self.cluster_n + self.cta_n
+        if cutlass.const_expr(self.swap):
+            m, n = n, m
+        return m, n, e, start, end
 
 
 # --- list form -------------------------------------------------------------------------------

@@ -1,0 +1,153 @@
+"""Swap AB for the packed grouped GEMM on sm_90a (``GemmConfig.swap_ab``), mixed into ``GemmSm90``.
+
+The kernel computes C^T = B^T A^T: its A operand is the experts' weights viewed (N, K, E), its
+B operand the packed tokens (total_M, K, 1), and its C the output viewed (N, total_M, 1)
+(M-major: the stmatrix copies transpose). A tile is tile_m weight columns x up to tile_n tokens
+of one expert; the grouped scheduler runs over the tokens (``GroupedScheduler`` with ``swap``).
+
+What it buys: WGMMA's N can be any multiple of 8, its M only 64. With tokens along N,
+a tile whose expert has w < tile_n tokens left issues WGMMAs of width ceil(w / 16) * 16
+(one K loop per width, picked at run time on a warp-uniform value), and loads its tokens in
+32-row TMA chunks: a chunk past the expert's last token is pointed past the end of the token
+tensor, so TMA fills it with zeros without reading memory (the stage's byte count stays fixed).
+The expert's last tile then costs tensor work and token loads in proportion to its real tokens.
+In the usual orientation it costs a whole 128-row tile of both, which the H200 pays at its
+power limit (``bench/RESULTS.md``: 448 rows per expert took as long as 512).
+
+Epilogue: the subtiles are 128 weights x 32 tokens; those past the expert's last token are
+skipped, a subtile that crosses it is stored by predicated copies, the rest by TMA.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import cpasync, warpgroup
+
+from .config import SWAP_CHUNK, SWAP_STEP
+from .epilogue_store import store_subtile_predicated
+
+
+class SwapAbSm90Mixin:
+    """Device helpers of the swapped grouped kernel (see the module docstring)."""
+
+    def swap_token_loads(self, tma_atom_b, sB: cute.Tensor, mB: cute.Tensor, b_mcast_mask):
+        """The token operand as ``load_ab`` extra operands, and the per-tile byte count of a stage:
+        (ops, tile -> bytes). One operand per 32-token chunk this CTA issues (chunk j by CTA
+        j % cluster_m, multicast to the cluster), each ``(atom, tile -> (TMA, RestK), smem (TMA,
+        STAGE), mask, tile -> loaded)``: a chunk past the tile's last token is not loaded (the
+        WGMMA width never reaches it), and every CTA of the cluster expects A's box plus the
+        tile's chunks."""
+        cfg = self.config
+        tile_k = self.tile_shape_mnk[2]
+        # (CHUNK, K, chunks, 1, STAGE)
+        s_div = cute.flat_divide(sB, (SWAP_CHUNK, tile_k))
+        ops = []
+        s_0 = s_div[(None, None, 0, 0, None)]  # (the gmem partitions need a box's layout only)
+        for i in range(cfg.tile_n // SWAP_CHUNK // cfg.cluster_m):
+            smem, _ = self._chunk_partition(tma_atom_b, s_div[(None, None, self._chunk(i), 0, None)], mB, 0, (0, 0, 0))
+
+            def g_tiles(tile, i=i):
+                return self._chunk_partition(tma_atom_b, s_0, mB, self._chunk(i), (self._tile_tokens(tile)[0], 0, 0))[1]
+
+            def loaded(tile, i=i):
+                return self._chunk(i) < self._tile_tokens(tile)[1]
+
+            ops.append((tma_atom_b, g_tiles, smem, b_mcast_mask, loaded))
+        a_bytes = self.config.tile_m * tile_k * self.a_dtype.width // 8  # A's box (zero-filled past N too)
+        chunk_bytes = SWAP_CHUNK * tile_k * self.b_dtype.width // 8
+
+        def tx_bytes(tile):
+            return a_bytes + self._tile_tokens(tile)[1] * chunk_bytes
+
+        return ops, tx_bytes
+
+    def _chunk(self, i: int):
+        """The tile chunk that this CTA issues i-th (chunk j is issued by CTA j % cluster_m)."""
+        rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster()) % self.config.cluster_m
+        return i * self.config.cluster_m + rank
+
+    def _tile_tokens(self, tile):
+        """(first token, 32-token chunks) of a swapped tile."""
+        tok0 = tile[3] + tile[1] * self.config.tile_n
+        return tok0, (cutlass.min(tile[4] - tok0, self.config.tile_n) + (SWAP_CHUNK - 1)) // SWAP_CHUNK
+
+    def _chunk_partition(self, tma_atom_b, s_j, mB, chunk, origin):
+        """(smem (TMA, STAGE), gmem (TMA, RestK)) of token chunk ``chunk`` counted from ``origin``
+        (the partition of ``grouped.kernel_parts.offset_k_tiles``, 32-row boxes)."""
+        tiler = (SWAP_CHUNK, self.tile_shape_mnk[2])
+        g = cute.local_tile(cute.domain_offset(origin, mB), tiler, (None, None, None))
+        smem, gm = cpasync.tma_partition(
+            tma_atom_b, 0, cute.make_layout(1), cute.group_modes(s_j, 0, 2), cute.group_modes(g, 0, 2)
+        )
+        return smem, gm[(None, chunk, None, 0)]
+
+    def swap_variants(self, tiled_mma, mma_tidx, sA: cute.Tensor, sB: cute.Tensor, acc: cute.Tensor):
+        """One (tiled MMA, A fragment, B fragment, accumulator view) per WGMMA width 16, 32, ...,
+        tile_n: the B fragment reads the stage's first n token rows, the accumulator view is the
+        first n / 2 fp32 registers of each thread's (the WGMMA fragment is ordered by column)."""
+        cfg = self.config
+        tile_k = self.tile_shape_mnk[2]
+        stages = cute.size(sB, mode=[2])
+        out = []
+        for i in range(cfg.tile_n // SWAP_STEP):
+            n = SWAP_STEP * (i + 1)
+            mma = sm90_utils.make_trivial_tiled_mma(
+                self.a_dtype, self.b_dtype, self.swap_majors[0], self.swap_majors[1], self.acc_dtype,
+                self.atom_layout_mnk, tiler_mn=(64, n),
+            )  # fmt: skip
+            thr = mma.get_slice(mma_tidx)
+            s_n = cute.composition(sB, cute.make_layout((n, tile_k, stages), stride=(1, cfg.tile_n, cfg.tile_n * tile_k)))
+            t_a = mma.make_fragment_A(thr.partition_A(sA))
+            t_b = mma.make_fragment_B(thr.partition_B(s_n))
+            shape = thr.partition_C(cute.make_identity_tensor((cfg.tile_m, n))).shape
+            out.append((mma, t_a, t_b, cute.make_tensor(acc.iterator, cute.make_layout(shape))))
+        return out
+
+    @cute.jit
+    def swap_width_index(self, tile) -> cutlass.Int32:
+        """Index into :meth:`swap_variants` of a tile: its tokens (at most tile_n) in 16s, minus 1."""
+        left = tile[4] - tile[3] - tile[1] * self.config.tile_n
+        return cute.arch.make_warp_uniform((cutlass.min(left, self.config.tile_n) + (SWAP_STEP - 1)) // SWAP_STEP - 1)
+
+    @cute.jit
+    def swap_k_loop(self, ab_pipeline, read_state, release_state, variants, v: cutlass.Int32, kt_cnt: cutlass.Int32,
+                    num_k_blocks: cutlass.Constexpr, my_wg: cutlass.Int32):  # fmt: skip
+        """A tile's K loop at WGMMA width variant ``v`` (warp-uniform): one loop per width, so the
+        WGMMAs of each stay batched (one group in flight, the stage behind it released)."""
+        for vi in cutlass.range_constexpr(len(variants)):
+            if v == vi:
+                mma, t_a, t_b, acc = variants[vi]
+                mma.set(warpgroup.Field.ACCUMULATE, True)
+                for k_tile in range(kt_cnt):
+                    ab_pipeline.consumer_wait(read_state)
+                    mma = self.issue_k_tile(mma, acc, t_a, t_b, read_state.index, num_k_blocks, False, my_wg)
+                    warpgroup.wait_group(1)
+                    if k_tile > 0:
+                        ab_pipeline.consumer_release(release_state)
+                        release_state.advance()
+                    read_state.advance()
+        return read_state, release_state
+
+    @staticmethod
+    def swap_out_tile(mC: cute.Tensor, mC_gmem: cute.Tensor, tile, tile_mn):
+        """(gC, gC_real, tokens_left, weights_left) of swapped grouped tile ``tile``: the tile of the
+        (N, total_M) output views from the expert's first token, how many of its token columns
+        belong to the expert and how many weight rows lie inside N (either may exceed the tile)."""
+        m_tile, n_tile, _, row_start, row_end = tile
+        gC = cute.local_tile(cute.domain_offset((0, row_start, 0), mC), tile_mn, (m_tile, n_tile, 0))
+        gC_real = cute.local_tile(cute.domain_offset((0, row_start, 0), mC_gmem), tile_mn, (m_tile, n_tile, 0))
+        return gC, gC_real, row_end - row_start - n_tile * tile_mn[1], mC_gmem.shape[0] - m_tile * tile_mn[0]
+
+    @cute.jit
+    def swap_store_partial(self, sC_buf: cute.Tensor, gC_sub: cute.Tensor, tokens_valid: cutlass.Int32,
+                           weights_valid: cutlass.Int32, tidx: cutlass.Int32):  # fmt: skip
+        """Predicated store of a subtile (weights x tokens, weights contiguous) that crosses the
+        expert's last token: transposed views, so the 16-byte pieces run along the weights."""
+        rows, cols = self.epi_tile_out
+        t = cute.make_layout((cols, rows), stride=(rows, 1))
+        store_subtile_predicated(
+            cute.composition(sC_buf, t), cute.composition(gC_sub, t), tokens_valid, weights_valid, tidx,
+            self.threads_per_tile,
+        )

@@ -1,0 +1,95 @@
+"""The swapped grouped kernel (``GemmConfig.swap_ab``: tokens along the WGMMA's N, one WGMMA
+width per 16 tokens, token loads in 32-row chunks) on a GPU: ragged experts against an fp64
+reference with poisoned outputs (every element of every expert written, nothing past the last
+expert), clusters, both weight layouts, activations, CUDA-graph replay with changing offs."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import cutegemm
+from cutegemm.grouped import grouped_gemm, grouped_gemm_ref
+
+from .test_grouped_gpu import check_packed, expert_counts, make_offs
+
+pytestmark = pytest.mark.gpu
+
+SWAP = cutegemm.GemmConfig(arch="sm_90a", grouped=True, swap_ab=True, b_major="k", tile_m=128, tile_n=256, raster="m", group=1)
+CONFIGS = {
+    "256-c1x1-static": dict(),
+    "256-c2x1-dynamic": dict(cluster_m=2, scheduler="dynamic"),
+    "160-c1x1-static-bn": dict(tile_n=160, b_major="n"),
+    "192-c2x1-dynamic": dict(tile_n=192, cluster_m=2, scheduler="dynamic"),
+    "64-c1x1-dynamic-bn": dict(tile_n=64, scheduler="dynamic", b_major="n"),
+}
+# Last tiles of every width class: 1..16 tokens, 17..32 (one chunk), 33 (two chunks), a whole
+# tile, one past it, empty experts, and many experts of one token.
+RAGGED = ([130, 0, 1, 257, 64, 65, 300], [1] * 9, [0, 0, 700], [16] * 32, [15, 17, 31, 33, 47, 255, 256, 257, 512, 513])
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_swap_ragged_experts(name):
+    cfg = replace(SWAP, **CONFIGS[name])
+    for counts in RAGGED:
+        check_packed(counts, 264, 136, b_transposed=cfg.b_major == "k", config=cfg)
+    check_packed([1000, 37, 513], 2048, 512, b_transposed=cfg.b_major == "k", config=cfg)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(counts=expert_counts(12), n8=st.integers(1, 48), k8=st.integers(1, 48), which=st.sampled_from(sorted(CONFIGS)))
+def test_swap_property(counts, n8, k8, which):
+    cfg = replace(SWAP, **CONFIGS[which])
+    check_packed(counts, 8 * n8, 8 * k8, b_transposed=cfg.b_major == "k", config=cfg)
+
+
+def test_swap_fp16_and_activation():
+    cfg = replace(SWAP, cluster_m=2, scheduler="dynamic")
+    check_packed([300, 5, 0, 77], 256, 128, dtype=torch.float16, config=replace(cfg, a_dtype="fp16", b_dtype="fp16", out_dtype="fp16"))
+    torch.manual_seed(0)
+    counts = [40, 0, 300, 7]
+    a = torch.randn(sum(counts) + 3, 192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(4, 320, 192, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    offs = make_offs(counts)
+    for act in ("relu", "silu"):
+        out = torch.full((a.shape[0], 320), float("nan"), device="cuda", dtype=torch.bfloat16)
+        from cutegemm.epilogue import EpilogueSpec
+
+        grouped_gemm(a, b, offs=offs, out=out, activation=act, alpha=0.5, config=replace(cfg, epilogue=EpilogueSpec(alpha=True, activation=act)))
+        ref = grouped_gemm_ref(a, b, offs=offs, activation=act, alpha=0.5, compute_dtype=torch.float64)
+        end = sum(counts)
+        torch.testing.assert_close(out[:end].float(), ref[:end].float(), atol=2e-2, rtol=2e-2)
+        assert torch.isnan(out[end:]).all()
+
+
+def test_swap_cuda_graph_replay_with_changing_offs():
+    torch.manual_seed(0)
+    cfg = replace(SWAP, cluster_m=2, scheduler="dynamic")
+    E, n, k, total = 8, 384, 128, 1024
+    a = torch.randn(total, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(E, n, k, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    offs = make_offs([total // E] * E)
+    out = torch.zeros(total, n, device="cuda", dtype=torch.bfloat16)
+    grouped_gemm(a, b, offs=offs, out=out, config=cfg)
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        grouped_gemm(a, b, offs=offs, out=out, config=cfg)
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g, stream=s):
+            grouped_gemm(a, b, offs=offs, out=out, config=cfg)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(21):
+        counts = torch.multinomial(torch.ones(E), total, replacement=True, generator=gen).bincount(minlength=E)
+        counts[torch.randint(0, E, (2,), generator=gen)] = 0
+        offs.copy_(torch.cumsum(counts, 0).to(torch.int32))
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        ref = grouped_gemm_ref(a, b, offs=offs, compute_dtype=torch.float64)
+        end = int(counts.sum())
+        torch.testing.assert_close(out[:end].float(), ref[:end].float(), atol=0.1, rtol=2e-2)
+        assert torch.isnan(out[end:]).all()
