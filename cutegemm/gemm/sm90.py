@@ -73,9 +73,9 @@ from ..grouped.kernel_parts import (
 from ..schedulers.dynamic import RING_DEPTH, ring_storage_fields
 from ..schedulers.grouped import group_range
 from .base import GemmBase
+from .config import SWAP_CHUNK
 from .epilogue_store import store_subtile_predicated
 from .sm90_accumulators import PreEpilogueSm90Mixin
-from .config import SWAP_CHUNK
 from .sm90_blockwise import BlockwiseSm90Mixin
 from .sm90_swap import SwapAbSm90Mixin
 
