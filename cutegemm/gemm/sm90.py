@@ -798,64 +798,67 @@ class GemmSm90(SwapAbSm90Mixin, BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90
                     self.scale_accumulators(acc_sum, tCcAcc, vectors, group_cols, alpha, mBias)
                 tRS_cAcc = cute.composition(tiled_copy_r2s.retile(tCcAcc), cute.make_layout((size_rD, num_epi)))
             for epi_idx in cutlass.range_constexpr(num_epi):
-                for v in cutlass.range_constexpr(size_rD):
-                    tRS_rD[v] = tRS_rAcc[epi_idx * size_rD + v]
-                coords = tRS_cAcc[(None, epi_idx)] if cutlass.const_expr(epi_sub.needs_coords) else None
-                out = epilogue_subtile(epi_sub, tRS_rD.load(), coords, alpha, beta, mCin, mBias, vectors, group_cols)
-                if cutlass.const_expr(direct):
-                    tRS_rD_out.store(out.to(self.c_dtype))
-                buf = wg * self.epi_stage + epi_count % self.epi_stage
-                if cutlass.const_expr(direct):
-                    cute.copy(tiled_copy_r2s, tRS_rD_out, tRS_sC[(None, None, None, buf)])
-                elif cutlass.const_expr(quant):
-                    store_quantized_subtile(
-                        epi_sub, out, coords, tRS_cE, sC[(None, None, buf)], tile_quant_args, 4, 1 if gated else 2
-                    )
-                else:
-                    store_gated(out, coords, tRS_cE, sC[(None, None, buf)], self.c_dtype)
-                # Make the smem writes visible to the TMA (async proxy), then one warp stores.
-                cute.arch.fence_proxy("async.shared", space="cta")
-                epi_barrier.arrive_and_wait()
                 epi_coord = epi_layout.get_hier_coord(epi_idx)
-                sub_full = full_tile
-                if cutlass.const_expr(swap):  # every token column of the subtile is the expert's
-                    sub_full = tokens_left >= (epi_coord[1] + 1) * self.epi_tile_out[1]
-                if sub_full:
-                    if store_warp:
-                        cute.copy(tma_atom_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_coord)], tma_desc_ptr=desc_c)
-                        store_pipeline.producer_commit()
-                        # Before the buffer after next is rewritten, its store must have read it.
-                        store_pipeline.producer_acquire()
-                else:
-                    # A grouped tile that crosses the expert's last row: every thread copies
-                    # 16-byte row pieces of the subtile, rows < row_end and columns < N only.
-                    # (swap_ab: token columns < the expert's end, weight rows < N; a subtile past
-                    # the end writes nothing.)
-                    if cutlass.const_expr(swap):
-                        self.swap_store_partial(
-                            sC[(None, None, buf)],
-                            cute.local_tile(gC_real, self.epi_tile_out, epi_coord),
-                            tokens_left - epi_coord[1] * self.epi_tile_out[1],
-                            cols_left - epi_coord[0] * self.epi_tile_out[0],
-                            mma_tidx,
+                live = True
+                if cutlass.const_expr(swap):  # swap_ab: subtiles past the expert's last token are skipped
+                    live = tokens_left > epi_coord[1] * self.epi_tile_out[1]
+                if live:
+                    for v in cutlass.range_constexpr(size_rD):
+                        tRS_rD[v] = tRS_rAcc[epi_idx * size_rD + v]
+                    coords = tRS_cAcc[(None, epi_idx)] if cutlass.const_expr(epi_sub.needs_coords) else None
+                    out = epilogue_subtile(epi_sub, tRS_rD.load(), coords, alpha, beta, mCin, mBias, vectors, group_cols)
+                    if cutlass.const_expr(direct):
+                        tRS_rD_out.store(out.to(self.c_dtype))
+                    buf = wg * self.epi_stage + epi_count % self.epi_stage
+                    if cutlass.const_expr(direct):
+                        cute.copy(tiled_copy_r2s, tRS_rD_out, tRS_sC[(None, None, None, buf)])
+                    elif cutlass.const_expr(quant):
+                        store_quantized_subtile(
+                            epi_sub, out, coords, tRS_cE, sC[(None, None, buf)], tile_quant_args, 4, 1 if gated else 2
                         )
-                    elif cutlass.const_expr(self.config.grouped):
-                        store_subtile_predicated(
-                            sC[(None, None, buf)],
-                            cute.local_tile(gC_real, self.epi_tile_out, epi_coord),  # (EPI_M, EPI_N)
-                            rows_left - epi_coord[0] * self.epi_tile_out[0],
-                            cols_left - epi_coord[1] * self.epi_tile_out[1],
-                            mma_tidx,
-                            self.threads_per_tile,
-                        )
-                    if cutlass.const_expr(self.config.grouped):
+                    else:
+                        store_gated(out, coords, tRS_cE, sC[(None, None, buf)], self.c_dtype)
+                    # Make the smem writes visible to the TMA (async proxy), then one warp stores.
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    epi_barrier.arrive_and_wait()
+                    sub_full = full_tile
+                    if cutlass.const_expr(swap):  # every token column of the subtile is the expert's
+                        sub_full = tokens_left >= (epi_coord[1] + 1) * self.epi_tile_out[1]
+                    if sub_full:
                         if store_warp:
-                            # This path commits no TMA store, so nothing retires the earlier ones:
-                            # wait until they have read their buffers before the next subtile
-                            # rewrites one of them.
-                            cute.arch.cp_async_bulk_wait_group(0, read=True)
-                epi_barrier.arrive_and_wait()
-                epi_count += 1
+                            cute.copy(tma_atom_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_coord)], tma_desc_ptr=desc_c)
+                            store_pipeline.producer_commit()
+                            # Before the buffer after next is rewritten, its store must have read it.
+                            store_pipeline.producer_acquire()
+                    else:
+                        # A grouped tile that crosses the expert's last row: every thread copies
+                        # 16-byte row pieces of the subtile, rows < row_end and columns < N only.
+                        # (swap_ab: token columns < the expert's end, weight rows < N.)
+                        if cutlass.const_expr(swap):
+                            self.swap_store_partial(
+                                sC[(None, None, buf)],
+                                cute.local_tile(gC_real, self.epi_tile_out, epi_coord),
+                                tokens_left - epi_coord[1] * self.epi_tile_out[1],
+                                cols_left - epi_coord[0] * self.epi_tile_out[0],
+                                mma_tidx,
+                            )
+                        elif cutlass.const_expr(self.config.grouped):
+                            store_subtile_predicated(
+                                sC[(None, None, buf)],
+                                cute.local_tile(gC_real, self.epi_tile_out, epi_coord),  # (EPI_M, EPI_N)
+                                rows_left - epi_coord[0] * self.epi_tile_out[0],
+                                cols_left - epi_coord[1] * self.epi_tile_out[1],
+                                mma_tidx,
+                                self.threads_per_tile,
+                            )
+                        if cutlass.const_expr(self.config.grouped):
+                            if store_warp:
+                                # This path commits no TMA store, so nothing retires the earlier ones:
+                                # wait until they have read their buffers before the next subtile
+                                # rewrites one of them.
+                                cute.arch.cp_async_bulk_wait_group(0, read=True)
+                    epi_barrier.arrive_and_wait()
+                    epi_count += 1
             work = sched.next(work)
             if cutlass.const_expr(self.pingpong):
                 # The next tile of this CTA belongs to the other warpgroup: skip its stages.
