@@ -27,9 +27,8 @@ cands = [
     ("swap 128x256 c2x1 dynamic", dict(cluster_m=2)),
     ("swap 128x192 c2x1 dynamic", dict(cluster_m=2, tile_n=192)),
     ("swap 128x128 c2x1 dynamic", dict(cluster_m=2, tile_n=128)),
-    ("swap 128x224 c1x1 dynamic", dict(tile_n=224)),
     ("swap 128x160 c1x1 dynamic", dict(tile_n=160)),
-    ("swap 128x192 c1x1 dynamic", dict(tile_n=192)),
+    ("swap 128x256 c1x1 dynamic", dict()),
 ]
 for i, ((e, tok, n, k), label) in enumerate(zip(GROUPED_SHAPES, GROUPED_NAMES, strict=True)):
     if i not in only:

@@ -137,6 +137,29 @@ def owner_group(tile_start: cute.Tensor, num_groups: cutlass.Int32, work: cutlas
     return lo
 
 
+def even_split(count, parts, j):
+    """[lo, hi) of part j when ``count`` items are split into ``parts`` parts of floor or ceil of
+    count / parts items, in order (Python ints or DSL integers; no part is empty when parts <=
+    count). The product j * (count % parts) stays below parts**2 (the kernel uses Int64)."""
+    q, r = count // parts, count % parts
+    lo = j * q + (j * r) // parts
+    hi = (j + 1) * q + ((j + 1) * r) // parts
+    return lo, hi
+
+
+def swap_tile_map(offs, total_m: int, tile_n: int, m_tiles: int, cluster_m: int = 1):
+    """Plain-Python twin of the swapped grouped scheduler (``GemmConfig.swap_ab``): linear cluster
+    tile -> (expert, token_start, token_end, weight_tile) of CTA 0 (CTA r takes weight_tile + r);
+    each expert's tokens split evenly over ceil(tokens / tile_n) tiles, token tiles fastest."""
+    out = []
+    for e, (start, end) in enumerate(expert_rows(offs, total_m)):
+        mt = -(-(end - start) // tile_n)
+        for t in range(mt * m_tiles):
+            lo, hi = even_split(end - start, mt, t % mt)
+            out.append((e, start + lo, start + hi, (t // mt) * cluster_m))
+    return out
+
+
 class GroupedScheduler(PersistentWalk):
     """Device side. ``tile_start`` is a shared-memory Int32 tensor of E + 1 entries filled by
     :meth:`fill_tile_starts`. Holds only Int32 runtime values plus compile-time settings."""
@@ -192,10 +215,13 @@ class GroupedScheduler(PersistentWalk):
         rows_per_cluster = self.tile_m * self.cluster_m
         mt = (end - start + (rows_per_cluster - 1)) // rows_per_cluster
         m_c, n_c = expert_tile(local, mt, self.tiles_n, self.raster_m, self.group, cutlass.min)
-        m, n = m_c * self.cluster_m + self.cta_m, n_c * self.cluster_n + self.cta_n
         if cutlass.const_expr(self.swap):
-            m, n = n, m
-        return m, n, e, start, end
+            # The expert's tokens split evenly over its mt tiles (each gets floor or ceil of
+            # tokens / mt, at most tile_m): tiles that share a weight tile then run at one speed
+            # and read it from L2 together. The tile is returned as its own token range.
+            t0, t1 = even_split(cutlass.Int64(end - start), cutlass.Int64(mt), cutlass.Int64(m_c))  # 64-bit: no overflow
+            return n_c * self.cluster_n + self.cta_n, 0, e, start + cutlass.Int32(t0), start + cutlass.Int32(t1)
+        return m_c * self.cluster_m + self.cta_m, n_c * self.cluster_n + self.cta_n, e, start, end
 
 
 # --- list form -------------------------------------------------------------------------------
