@@ -64,6 +64,9 @@ def _mma_markers(cfg: GemmConfig) -> dict[str, str]:
             required["QGMMA"] = r"\bQGMMA\."
         if cfg.arch == "sm_100a" and cfg.two_cta:
             required["UTCHMMA.2CTA"] = r"\bUTCHMMA\S*2CTA"
+        if cfg.swap_ab:  # one WGMMA width per 16 tokens: the narrowest and the widest at least
+            for n in (16, cfg.tile_n):
+                required[f"HGMMA.64x{n}"] = rf"\bHGMMA\.64x{n}x16\."
         return required
     mma = BLOCKSCALED_MMA["e4m3" if cfg.a_dtype != cfg.b_dtype else cfg.a_dtype]  # mixed: kind::mxf8f6f4
     required = {mma: rf"\b{mma}", "UTCCP": r"\bUTCCP", **{k: v for k, v in REQUIRED[cfg.arch].items() if k != "UTCHMMA"}}
@@ -369,6 +372,13 @@ def grouped_variants(arch: str) -> list[GemmConfig]:
         # MXFP8 x MXFP8 emulated per expert (grouped_gemm of two BlockScaledTensors on sm_90a)
         GemmConfig(arch=arch, grouped=True, tile_m=128, tile_n=128, a_dtype="e4m3", b_dtype="e4m3",
                    a_major="k", b_major="k", fp8_mx=True),
+        # swap_ab (tokens along the WGMMA's N): the policy's two tiles, a 1-CTA odd-chunk tile
+        GemmConfig(arch=arch, grouped=True, swap_ab=True, tile_m=128, tile_n=256, cluster_m=2, b_major="k",
+                   scheduler="dynamic", raster="m", group=1),
+        GemmConfig(arch=arch, grouped=True, swap_ab=True, tile_m=128, tile_n=192, cluster_m=2, scheduler="dynamic",
+                   raster="m", group=1, epilogue=EpilogueSpec(alpha=True, activation="silu")),
+        GemmConfig(arch=arch, grouped=True, swap_ab=True, tile_m=128, tile_n=160, a_dtype="fp16", b_dtype="fp16",
+                   out_dtype="fp32", raster="m", group=1),
     ] + grouped_epilogue_variants(arch)  # fmt: skip
 
 

@@ -125,13 +125,16 @@ _SM90_DENSE = [
     dict(tile_m=64, tile_n=256, cluster_m=1, cluster_n=2, pingpong=True, raster="n", group=1),
     dict(tile_m=128, tile_n=192, cluster_m=2, cluster_n=1, pingpong=False, raster="m", group=8),
 ]
+_SM90_GROUPED_SWAP = dict(swap_ab=True, tile_m=128, cluster_m=2, cluster_n=1, pingpong=False, scheduler="dynamic")
+_SM90_GROUPED_PLAIN = dict(swap_ab=False, cluster_m=1)
 _SM90_GROUPED = [
-    dict(tile_m=128, tile_n=256, cluster_n=2, pingpong=False),
-    dict(tile_m=128, tile_n=128, cluster_n=2, pingpong=True),
-    dict(tile_m=64, tile_n=128, cluster_n=2, pingpong=False),
-    dict(tile_m=128, tile_n=256, cluster_n=1, pingpong=False),
-    dict(tile_m=128, tile_n=128, cluster_n=1, pingpong=True),
-    dict(tile_m=64, tile_n=256, cluster_n=2, pingpong=False),
+    dict(_SM90_GROUPED_PLAIN, tile_m=128, tile_n=256, cluster_n=2, pingpong=False, scheduler="dynamic"),
+    dict(_SM90_GROUPED_SWAP, tile_n=256),
+    dict(_SM90_GROUPED_SWAP, tile_n=192),
+    dict(_SM90_GROUPED_PLAIN, tile_m=128, tile_n=128, cluster_n=2, pingpong=True, scheduler="static"),
+    dict(_SM90_GROUPED_PLAIN, tile_m=64, tile_n=128, cluster_n=2, pingpong=False),
+    dict(_SM90_GROUPED_PLAIN, tile_m=128, tile_n=256, cluster_n=1, pingpong=False),
+    dict(_SM90_GROUPED_PLAIN, tile_m=64, tile_n=256, cluster_n=2, pingpong=False),
 ]
 _SM100_DENSE = [
     dict(tile_m=256, tile_n=256, two_cta=True, cluster_m=2, cluster_n=1),

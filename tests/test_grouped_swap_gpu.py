@@ -93,3 +93,29 @@ def test_swap_cuda_graph_replay_with_changing_offs():
         end = int(counts.sum())
         torch.testing.assert_close(out[:end].float(), ref[:end].float(), atol=0.1, rtol=2e-2)
         assert torch.isnan(out[end:]).all()
+
+
+def test_swap_fp32_output():
+    """fp16 inputs, fp32 output (the transposed stmatrix path at 4-byte elements)."""
+    torch.manual_seed(0)
+    counts = [100, 0, 33, 250]
+    a = torch.randn(sum(counts) + 4, 96, device="cuda", dtype=torch.float16)
+    b = torch.randn(4, 96, 200, device="cuda", dtype=torch.float16)
+    offs = make_offs(counts)
+    cfg = replace(SWAP, tile_n=160, a_dtype="fp16", b_dtype="fp16", out_dtype="fp32", b_major="n")
+    out = torch.full((a.shape[0], 200), float("nan"), device="cuda", dtype=torch.float32)
+    grouped_gemm(a, b, offs=offs, out=out, out_dtype=torch.float32, config=cfg)
+    ref = grouped_gemm_ref(a, b, offs=offs, compute_dtype=torch.float64)
+    end = sum(counts)
+    torch.testing.assert_close(out[:end].double(), ref[:end].double(), atol=1e-2, rtol=1e-3)
+    assert torch.isnan(out[end:]).all()
+
+
+def test_policy_picks_swap_for_moe_sized_experts():
+    """The packed form's default config for 64 < mean rows per expert <= 1024 (bf16, no bias)."""
+    from cutegemm.gemm.policy import policy_for
+
+    pol = policy_for("sm_90a", torch.cuda.get_device_properties(0).multi_processor_count)
+    p = cutegemm.GemmProblem(32 * 512, 4096, 7168, 1, b_major="k")
+    assert pol.choose_grouped(p, 32).swap_ab
+    assert not pol.choose_grouped(p, 4).swap_ab  # 4096 rows per expert

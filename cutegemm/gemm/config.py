@@ -351,6 +351,12 @@ SWAP_CHUNK = 32  # swap_ab: tokens per TMA chunk of the token operand
 SWAP_STEP = 16  # swap_ab: WGMMA widths run over multiples of this many tokens
 
 
+def swap_ab_epilogue(epi: EpilogueSpec) -> bool:
+    """Whether the swapped grouped kernel takes this epilogue: alpha and elementwise activations
+    (the ops that need no accumulator coordinates)."""
+    return not (epi.beta or epi.bias or epi.gated or epi.quant or epi.user or epi.scale_a or epi.scale_b)
+
+
 def swap_ab_errors(cfg: GemmConfig) -> list[str]:
     """Rules of the swapped grouped kernel (``GemmConfig.swap_ab``): sm_90a packed grouped form,
     bf16 / fp16, cooperative 128-row (weight) tiles, tile_n tokens a multiple of 32, clusters
@@ -367,8 +373,7 @@ def swap_ab_errors(cfg: GemmConfig) -> list[str]:
     if cfg.cluster_n != 1 or (cfg.tile_n // SWAP_CHUNK) % cfg.cluster_m:
         err.append(f"{what}: cluster_n must be 1 (cluster_m CTAs share one token tile, issuing its "
                    f"{SWAP_CHUNK}-token chunks in turn: tile_n / {SWAP_CHUNK} a multiple of cluster_m)")
-    epi = cfg.epilogue
-    if epi.beta or epi.bias or epi.gated or epi.quant or epi.user or epi.scale_a or epi.scale_b:
+    if not swap_ab_epilogue(cfg.epilogue):
         err.append(f"{what}: alpha and elementwise activations are the only epilogue ops")
     if cfg.fp8_blockwise or cfg.fp8_mx or cfg.blockscaled or cfg.flat:
         err.append(f"{what} cannot be combined with scaled or flat modes")

@@ -8,7 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .config import GemmConfig, GemmProblem
+from ..epilogue import EpilogueSpec
+from .config import GemmConfig, GemmProblem, swap_ab_epilogue
+
+# Packed grouped bf16 / fp16 with at most this many mean rows per expert (and more than 64) runs
+# the swapped kernel (GemmConfig.swap_ab).
+SWAP_MAX_ROWS = 1024
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -75,12 +80,23 @@ class ArchPolicy:
         wide = tiles >= (self.num_sms if p.a_dtype == "e4m3" else self.num_sms // 3)
         return dict(tile_m=64, tile_n=128 if wide else 64, raster="n", group=1)
 
-    def choose_grouped(self, p: GemmProblem, num_groups: int, **overrides) -> GemmConfig:
+    def choose_grouped(self, p: GemmProblem, num_groups: int, allow_swap: bool = True, **overrides) -> GemmConfig:
         """Grouped: p.m is the total row count; the tile follows the mean rows per expert.
-        sm_90a choices from tools/grouped_sweep.py on the H200 (bench/RESULTS.md, 2026-11-29)."""
+        sm_90a choices from tools/grouped_sweep.py on the H200 (bench/RESULTS.md, 2026-11-29).
+        ``allow_swap=False``: never the swapped kernel (the list form, which has none)."""
         rows = p.m / max(num_groups, 1)
         if rows <= 64:  # decode: memory-bound on the weights; small tiles, A shared over 2 CTAs
             tile = dict(tile_m=64, tile_n=128, cluster_n=2)
+        elif (allow_swap and self.arch == "sm_90a" and rows <= SWAP_MAX_ROWS and p.a_dtype in ("bf16", "fp16")
+              and swap_ab_epilogue(overrides.get("epilogue", EpilogueSpec()))):  # fmt: skip
+            # Tokens along the WGMMA's N (swap_ab): an expert's last tile costs its real tokens'
+            # tensor work and loads, not a whole 128-row tile's. H200 (bench/2026-12-01/, same
+            # runs as torch._grouped_mm): DeepSeek-V3 up 714 vs 678 TFLOP/s (the 128x256 c1x2
+            # tile below), down 679 vs 651, Qwen3-30B-A3B (128x192: its ~128-token experts fill
+            # one tile, and more stages keep more weight bytes in flight) 420 vs 401; Mixtral
+            # (4096 rows per expert, no ragged waste to save) 2-5% slower, so not above
+            # SWAP_MAX_ROWS.
+            tile = dict(tile_m=128, tile_n=192 if rows <= 192 else 256, cluster_m=2, scheduler="dynamic", swap_ab=True)
         else:  # 128x256 with the dynamic (atomic-counter) scheduler: best or within 1% of best on
             # every MoE shape > 64 rows per expert once the epilogue ring left it 4 A/B stages
             # (H200, 2026-11-30, tools/grouped_sweep.py: DeepSeek-V3 up / down, Qwen3 (ahead of
