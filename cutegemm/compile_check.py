@@ -66,7 +66,7 @@ def _mma_markers(cfg: GemmConfig) -> dict[str, str]:
             required["UTCHMMA.2CTA"] = r"\bUTCHMMA\S*2CTA"
         if cfg.swap_ab:  # one WGMMA width per 16 tokens: the narrowest and the widest at least
             for n in (16, cfg.tile_n):
-                required[f"HGMMA.64x{n}"] = rf"\bHGMMA\.64x{n}x16\."
+                required[f"GMMA.64x{n}"] = rf"\b[HQ]GMMA\.64x{n}x"
         return required
     mma = BLOCKSCALED_MMA["e4m3" if cfg.a_dtype != cfg.b_dtype else cfg.a_dtype]  # mixed: kind::mxf8f6f4
     required = {mma: rf"\b{mma}", "UTCCP": r"\bUTCCP", **{k: v for k, v in REQUIRED[cfg.arch].items() if k != "UTCHMMA"}}
@@ -376,7 +376,7 @@ def grouped_variants(arch: str) -> list[GemmConfig]:
         GemmConfig(arch=arch, grouped=True, swap_ab=True, tile_m=128, tile_n=256, cluster_m=2, b_major="k",
                    scheduler="dynamic", raster="m", group=1),
         GemmConfig(arch=arch, grouped=True, swap_ab=True, tile_m=128, tile_n=192, cluster_m=2, scheduler="dynamic",
-                   raster="m", group=1, epilogue=EpilogueSpec(alpha=True, activation="silu")),
+                   raster="m", group=1, epilogue=EpilogueSpec(alpha=True, bias=True, bias_dtype="bf16", activation="silu")),
         GemmConfig(arch=arch, grouped=True, swap_ab=True, tile_m=128, tile_n=160, a_dtype="fp16", b_dtype="fp16",
                    out_dtype="fp32", raster="m", group=1),
     ] + grouped_epilogue_variants(arch)  # fmt: skip

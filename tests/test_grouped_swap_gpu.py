@@ -119,3 +119,23 @@ def test_policy_picks_swap_for_moe_sized_experts():
     p = cutegemm.GemmProblem(32 * 512, 4096, 7168, 1, b_major="k")
     assert pol.choose_grouped(p, 32).swap_ab
     assert not pol.choose_grouped(p, 4).swap_ab  # 4096 rows per expert
+
+
+@pytest.mark.parametrize("bias_dtype", [torch.float32, torch.bfloat16])
+def test_swap_bias_alpha_activation(bias_dtype):
+    """Per-(expert, column) bias after alpha, then an activation: the swapped accumulator's rows
+    are the GEMM's columns, so the bias runs along them (tiles at N's edge, ragged tokens)."""
+    torch.manual_seed(1)
+    counts = [150, 0, 1, 40, 300, 17]
+    E, n, k = len(counts), 264, 136
+    a = torch.randn(sum(counts) + 6, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(E, n, k, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    bias = torch.randn(E, n, device="cuda", dtype=bias_dtype)
+    offs = make_offs(counts)
+    for cfg in (replace(SWAP, cluster_m=2, scheduler="dynamic"), replace(SWAP, tile_n=160)):
+        out = torch.full((a.shape[0], n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        grouped_gemm(a, b, offs=offs, out=out, bias=bias, alpha=0.75, activation="gelu", config=cfg)
+        ref = grouped_gemm_ref(a, b, offs=offs, bias=bias, alpha=0.75, activation="gelu", compute_dtype=torch.float64)
+        end = sum(counts)
+        torch.testing.assert_close(out[:end].float(), ref[:end].float(), atol=5e-2, rtol=2e-2)
+        assert torch.isnan(out[end:]).all()

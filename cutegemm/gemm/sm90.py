@@ -405,13 +405,16 @@ class GemmSm90(SwapAbSm90Mixin, BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90
         cAcc_mnl = None
         if cutlass.const_expr(epi.needs_coords):
             # grouped: (packed row, GEMM column, expert), offset per tile by the expert's first row
-            cAcc_mnl = cute.local_tile(
-                grouped_acc_space(mC_mnl, mB_nkl)
-                if cutlass.const_expr(self.config.grouped)
-                else cute.make_identity_tensor(self.acc_space(mC_mnl, mB_nkl).shape),
-                cute.slice_(self.tile_shape_mnk, (None, None, 0)),
-                (None, None, None),
-            )
+            if cutlass.const_expr(self.config.swap_ab):  # (token, GEMM column, expert) per element
+                cAcc_mnl = self.swap_acc_space(mA_mkl, mB_nkl, cute.slice_(self.tile_shape_mnk, (None, None, 0)))
+            else:
+                cAcc_mnl = cute.local_tile(
+                    grouped_acc_space(mC_mnl, mB_nkl)
+                    if cutlass.const_expr(self.config.grouped)
+                    else cute.make_identity_tensor(self.acc_space(mC_mnl, mB_nkl).shape),
+                    cute.slice_(self.tile_shape_mnk, (None, None, 0)),
+                    (None, None, None),
+                )
 
         # TMA partitions. A is multicast along the cluster's N mode, B along its M mode.
         a_cta_layout = cute.make_layout(cute.slice_(cta_layout_mnk, (0, None, 0)).shape)
@@ -790,7 +793,9 @@ class GemmSm90(SwapAbSm90Mixin, BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90
             if cutlass.const_expr(epi.needs_coords):
                 # (R2S_V, EPI): global coordinates of tRS_rAcc's registers; column epi_idx holds
                 # those that the loop below copies into tRS_rD for subtile epi_idx.
-                if cutlass.const_expr(self.config.grouped):
+                if cutlass.const_expr(swap):
+                    tCcAcc = thr_mma.partition_C(self.swap_acc_coords(cAcc_mnl, tile))
+                elif cutlass.const_expr(self.config.grouped):
                     tCcAcc = thr_mma.partition_C(grouped_acc_coords(cAcc_mnl, tile))
                 else:
                     tCcAcc = thr_mma.partition_C(cAcc_mnl[(None, None, tile[0], tile[1], tile[2])])

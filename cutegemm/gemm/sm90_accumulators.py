@@ -65,28 +65,37 @@ class PreEpilogueSm90Mixin:
         epi = self.config.epilogue
         scale_a, scale_b, bias = self.pre_epilogue
         n_rows, n_cols = frag_dims(acc_sum.shape, self.config.tile_n)
-        ra = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
-        rb = cute.make_rmem_tensor((n_cols,), cutlass.Float32)
-        rbias = cute.make_rmem_tensor((n_cols,), cutlass.Float32)
+        # swap_ab: the fragment's rows are GEMM columns and its columns tokens (the coordinates
+        # say (token, column, expert) all the same), so the row and column vectors trade places.
+        swap = self.config.swap_ab
+        n_a, n_b = (n_cols, n_rows) if swap else (n_rows, n_cols)
+
+        def at(j, along_rows):  # coordinates of the fragment's row j (column 0) or column j (row 0)
+            return tCcAcc[frag_idx(j, 0) if along_rows else frag_idx(0, j)]
+
+        ra = cute.make_rmem_tensor((n_a,), cutlass.Float32)
+        rb = cute.make_rmem_tensor((n_b,), cutlass.Float32)
+        rbias = cute.make_rmem_tensor((n_b,), cutlass.Float32)
         if scale_a:
             sa = vectors[0]
-            for i in range(n_rows):
-                ra[i] = sa[cutlass.min(tCcAcc[frag_idx(i, 0)][0], sa.shape[0] - 1)]
-        for v in range(n_cols):
-            mnl = tCcAcc[frag_idx(0, v)]
+            for i in range(n_a):
+                ra[i] = sa[cutlass.min(at(i, not swap)[0], sa.shape[0] - 1)]
+        for v in range(n_b):
+            mnl = at(v, swap)
             if scale_b:
                 rb[v] = vectors[1][_col_index(mnl, vectors[1], group_cols)]
             if bias:
                 rbias[v] = mBias[_col_index(mnl, mBias, group_cols)].to(cutlass.Float32)
         for i in range(n_rows):
             for v in range(n_cols):
+                ia, ib = (v, i) if swap else (i, v)
                 x = acc_sum[frag_idx(i, v)]
                 if scale_a:
-                    x = x * ra[i]
+                    x = x * ra[ia]
                 if scale_b:
-                    x = x * rb[v]
+                    x = x * rb[ib]
                 if bias:
                     if epi.alpha:
                         x = x * alpha
-                    x = x + rbias[v]
+                    x = x + rbias[ib]
                 acc_sum[frag_idx(i, v)] = x

@@ -101,8 +101,8 @@ class SwapAbSm90Mixin:
             s_n = cute.composition(sB, cute.make_layout((n, tile_k, stages), stride=(1, cfg.tile_n, cfg.tile_n * tile_k)))
             t_a = mma.make_fragment_A(thr.partition_A(sA))
             t_b = mma.make_fragment_B(thr.partition_B(s_n))
-            shape = thr.partition_C(cute.make_identity_tensor((cfg.tile_m, n))).shape
-            out.append((mma, t_a, t_b, cute.make_tensor(acc.iterator, cute.make_layout(shape))))
+            layout = cute.make_layout(thr.partition_C(cute.make_identity_tensor((cfg.tile_m, n))).shape)
+            out.append((mma, t_a, t_b, cute.make_tensor(acc.iterator, layout)))
         return out
 
     @cute.jit
@@ -129,6 +129,21 @@ class SwapAbSm90Mixin:
                         release_state.advance()
                     read_state.advance()
         return read_state, release_state
+
+    @staticmethod
+    def swap_acc_space(mA: cute.Tensor, mB: cute.Tensor, tile_mn):
+        """(bM, bN, RestM, RestN, RestE) tiles of the accumulator coordinates of the swapped
+        kernel, as the epilogue ops read them: element (i, j) of a tile is (token, GEMM column,
+        expert), the transpose of the kernel's own (weight column, token) (mA: the weights (N, K,
+        E), mB: the tokens (total_M, K, 1))."""
+        ident = cute.make_identity_tensor((mB.shape[0], mA.shape[0], mA.shape[2]))
+        return cute.local_tile(cute.make_tensor(ident.iterator, cute.select(ident.layout, mode=[1, 0, 2])), tile_mn,
+                               (None, None, None))  # fmt: skip
+
+    @staticmethod
+    def swap_acc_coords(cAcc_tiles: cute.Tensor, tile) -> cute.Tensor:
+        """(bM, bN) coordinates of swapped tile ``tile``'s accumulator (its tokens from tile[3])."""
+        return cute.domain_offset((0, tile[3]), cAcc_tiles[(None, None, tile[0], 0, tile[2])])
 
     @staticmethod
     def swap_out_tile(mC: cute.Tensor, mC_gmem: cute.Tensor, tile, tile_mn):
