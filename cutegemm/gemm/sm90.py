@@ -559,7 +559,7 @@ class GemmSm90(SwapAbSm90Mixin, BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90
                 sched, ab_pipeline, k_tile_cnt, tiled_mma, sA, sB, sC, gC_mnl, tma_atom_c, alpha,
                 (tidx - self.threads_per_warpgroup) % self.threads_per_tile, wg, warp_idx,
                 cAcc_mnl, mCin, mBias, beta, mC_mnl, mC_gmem, quant_args, vectors,
-                mB_nkl.shape[0] if cutlass.const_expr(cfg.grouped) else None,
+                (mA_mkl if cutlass.const_expr(cfg.swap_ab) else mB_nkl).shape[0] if cutlass.const_expr(cfg.grouped) else None,
                 block_scales=block_scales,
                 k_range=k_range,
                 out_desc=out_desc,
