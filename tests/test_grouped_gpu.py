@@ -38,6 +38,21 @@ def check_packed(counts, n, k, dtype=torch.bfloat16, b_transposed=True, pad_rows
     return a, b, offs, out
 
 
+def capture_graph(fn):
+    """Run ``fn`` once (compile + plan outside the capture), then capture it in a CUDA graph on a
+    side stream (run once more there first); returns the graph."""
+    fn()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g, stream=s):
+            fn()
+    return g
+
+
 def expert_counts(max_experts: int):
     """Rows (or K values) per expert: zeros and 1..300, up to max_experts experts."""
     return st.lists(st.one_of(st.just(0), st.integers(1, 300)), min_size=1, max_size=max_experts)
@@ -70,15 +85,7 @@ def test_cuda_graph_replay_with_changing_offs():
     b = torch.randn(E, k, n, device="cuda", dtype=torch.bfloat16)
     offs = make_offs([total // E] * E)
     out = torch.zeros(total, n, device="cuda", dtype=torch.bfloat16)
-    grouped_gemm(a, b, offs=offs, out=out)  # compile + plan outside the capture
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        grouped_gemm(a, b, offs=offs, out=out)
-        torch.cuda.synchronize()
-        with torch.cuda.graph(g, stream=s):
-            grouped_gemm(a, b, offs=offs, out=out)
+    g = capture_graph(lambda: grouped_gemm(a, b, offs=offs, out=out))
     gen = torch.Generator().manual_seed(1)
     exact = 0
     for _ in range(24):

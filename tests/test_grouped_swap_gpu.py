@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import cutegemm
 from cutegemm.grouped import grouped_gemm, grouped_gemm_ref
 
-from .test_grouped_gpu import check_packed, expert_counts, make_offs
+from .test_grouped_gpu import capture_graph, check_packed, expert_counts, make_offs
 
 pytestmark = pytest.mark.gpu
 
@@ -72,15 +72,7 @@ def test_swap_cuda_graph_replay_with_changing_offs():
     b = torch.randn(E, n, k, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
     offs = make_offs([total // E] * E)
     out = torch.zeros(total, n, device="cuda", dtype=torch.bfloat16)
-    grouped_gemm(a, b, offs=offs, out=out, config=cfg)
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        grouped_gemm(a, b, offs=offs, out=out, config=cfg)
-        torch.cuda.synchronize()
-        with torch.cuda.graph(g, stream=s):
-            grouped_gemm(a, b, offs=offs, out=out, config=cfg)
+    g = capture_graph(lambda: grouped_gemm(a, b, offs=offs, out=out, config=cfg))
     gen = torch.Generator().manual_seed(1)
     for _ in range(21):
         counts = torch.multinomial(torch.ones(E), total, replacement=True, generator=gen).bincount(minlength=E)
