@@ -3,16 +3,18 @@
 The kernel computes C^T = B^T A^T: its A operand is the experts' weights viewed (N, K, E), its
 B operand the packed tokens (total_M, K, 1), and its C the output viewed (N, total_M, 1)
 (M-major: the stmatrix copies transpose). A tile is tile_m weight columns x up to tile_n tokens
-of one expert; the grouped scheduler runs over the tokens (``GroupedScheduler`` with ``swap``).
+of one expert; the grouped scheduler runs over the tokens (``GroupedScheduler`` with ``swap``),
+each expert's tokens split evenly over its ceil(tokens / tile_n) tiles (the tiles that share a
+weight tile then run at one speed and read it from L2 together).
 
-What it buys: WGMMA's N can be any multiple of 8, its M only 64. With tokens along N,
-a tile whose expert has w < tile_n tokens left issues WGMMAs of width ceil(w / 16) * 16
-(one K loop per width, picked at run time on a warp-uniform value), and loads its tokens in
-32-row TMA chunks: a chunk past the expert's last token is pointed past the end of the token
-tensor, so TMA fills it with zeros without reading memory (the stage's byte count stays fixed).
-The expert's last tile then costs tensor work and token loads in proportion to its real tokens.
-In the usual orientation it costs a whole 128-row tile of both, which the H200 pays at its
-power limit (``bench/RESULTS.md``: 448 rows per expert took as long as 512).
+What it buys: WGMMA's N can be any multiple of 8, its M only 64. With tokens along N, a tile
+of w tokens issues WGMMAs of width ceil(w / 16) * 16 (one K loop per width, picked at run time
+on a warp-uniform value), and loads its tokens in 32-row TMA chunks, only the chunks it has
+(the stage's expected byte count is the tile's own; chunks zero-filled by an out-of-bounds box
+instead were not free on the H200). A ragged expert's tiles then cost tensor work and token
+loads in proportion to its real tokens. In the usual orientation its last tile costs a whole
+128-row tile of both, which the H200 pays at its power limit (``bench/RESULTS.md``: 448 rows per
+expert took as long as 512).
 
 Epilogue: the subtiles are 128 weights x 32 tokens; those past the expert's last token are
 skipped, a subtile that crosses it is stored by predicated copies, the rest by TMA.
