@@ -149,9 +149,10 @@ class SwapAbSm90Mixin:
 
     @staticmethod
     def swap_out_tile(mC: cute.Tensor, mC_gmem: cute.Tensor, tile, tile_mn):
-        """(gC, gC_real, tokens_left, weights_left) of swapped grouped tile ``tile``: the tile of the
-        (N, total_M) output views from the expert's first token, how many of its token columns
-        belong to the expert and how many weight rows lie inside N (either may exceed the tile)."""
+        """(gC, gC_real, tokens_left, weights_left) of swapped grouped tile ``tile`` (the scheduler
+        gives each tile its own token range [tile[3], tile[4]) and n_tile 0): the tile of the (N,
+        total_M) output views from its first token, how many of its token columns belong to it
+        and how many weight rows lie inside N (the latter may exceed the tile)."""
         m_tile, n_tile, _, row_start, row_end = tile
         gC = cute.local_tile(cute.domain_offset((0, row_start, 0), mC), tile_mn, (m_tile, n_tile, 0))
         gC_real = cute.local_tile(cute.domain_offset((0, row_start, 0), mC_gmem), tile_mn, (m_tile, n_tile, 0))
