@@ -57,7 +57,10 @@ KNOBS = (
     "raster",
     "group",
     "scheduler",
+    "swap_ab",
 )
+# Knobs a record written before they existed does not hold, and the value its kernel had.
+KNOB_BEFORE = {"swap_ab": False}
 MAX_CANDIDATES = 8
 CHECK_RTOL = 2e-2  # a candidate whose relative (Frobenius) error exceeds this is wrong, not slow
 
@@ -267,7 +270,8 @@ def save_record(key: str, record: dict, path: Path | None = None) -> Path:
 def config_from_record(record: dict, default: GemmConfig, p: GemmProblem) -> GemmConfig | None:
     """The default with the record's knobs, or None when the record is malformed or does not fit."""
     try:
-        cfg = replace(default, **{k: record["config"][k] for k in KNOBS if k in record["config"]})
+        knobs = {**KNOB_BEFORE, **record["config"]}
+        cfg = replace(default, **{k: knobs[k] for k in KNOBS if k in knobs})
     except (KeyError, TypeError):
         return None
     return cfg if can_implement(cfg, p)[0] else None

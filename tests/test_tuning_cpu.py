@@ -388,3 +388,17 @@ def test_unwritable_tuning_file_keeps_the_record_in_memory(monkeypatch, tmp_path
     assert first is not None and (first.tile_m, first.tile_n) == (128, 128)
     monkeypatch.setattr(tuning, "_measure", lambda *a: pytest.fail("re-timed"))
     assert tuning.tuned_config("sm_90a", p, EpilogueSpec(), "dense", num_sms=132) == first
+
+
+def test_grouped_records_keep_the_swapped_kernel_choice():
+    """A record stores swap_ab (a swapped winner comes back swapped, a plain one plain); a record
+    written before the knob existed describes an unswapped kernel."""
+    p = problem(32 * 512, 4096, 7168)
+    epi = EpilogueSpec()
+    default = tuning.default_config("sm_90a", "grouped", p, epi, num_groups=32, num_sms=132)
+    assert default.swap_ab
+    for cfg in tuning.candidates("sm_90a", "grouped", p, epi, num_groups=32, num_sms=132):
+        assert tuning.config_from_record({"config": tuning.knobs(cfg)}, default, p) == cfg
+    old = {k: v for k, v in tuning.knobs(replace(default, swap_ab=False, cluster_m=1, cluster_n=2)).items() if k != "swap_ab"}
+    restored = tuning.config_from_record({"config": old}, default, p)
+    assert restored is not None and not restored.swap_ab
