@@ -169,13 +169,9 @@ class GemmBase:
                 tAgA_k = tAgA(tile)
             else:
                 tAgA_k = tAgA[(None, tile[0], None, tile[2])]
-            tBgB_k = None  # B only as extra operands (swap_ab's token chunks): tma_atom_b None
-            if cutlass.const_expr(tma_atom_b is None):
-                pass
-            elif cutlass.const_expr(inspect.isfunction(tBgB)):
-                tBgB_k = tBgB(tile)
-            else:
-                tBgB_k = tBgB[(None, tile[1], None, tile[2])]
+            tBgB_k = None  # tma_atom_b None: B comes as extra operands (swap_ab's token chunks)
+            if cutlass.const_expr(tma_atom_b is not None):
+                tBgB_k = tBgB(tile) if cutlass.const_expr(inspect.isfunction(tBgB)) else tBgB[(None, tile[1], None, tile[2])]
             extra_k = [op[1](tile) for op in extra]  # (TMA, RestK) per extra operand
             extra_live = [op[4](tile) if len(op) > 4 else True for op in extra]
             tile_tx = tx_bytes(tile) if cutlass.const_expr(tx_bytes is not None) else None

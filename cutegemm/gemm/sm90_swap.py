@@ -71,9 +71,9 @@ class SwapAbSm90Mixin:
         return i * self.config.cluster_m + rank
 
     def _tile_tokens(self, tile):
-        """(first token, 32-token chunks) of a swapped tile."""
-        tok0 = tile[3] + tile[1] * self.config.tile_n
-        return tok0, (cutlass.min(tile[4] - tok0, self.config.tile_n) + (SWAP_CHUNK - 1)) // SWAP_CHUNK
+        """(first token, 32-token chunks) of a swapped tile: its tokens are [tile[3], tile[4])
+        (the scheduler's even split; at most tile_n, the min a guard)."""
+        return tile[3], (cutlass.min(tile[4] - tile[3], self.config.tile_n) + (SWAP_CHUNK - 1)) // SWAP_CHUNK
 
     def _chunk_partition(self, tma_atom_b, s_j, mB, chunk, origin):
         """(smem (TMA, STAGE), gmem (TMA, RestK)) of token chunk ``chunk`` counted from ``origin``
@@ -110,7 +110,7 @@ class SwapAbSm90Mixin:
     @cute.jit
     def swap_width_index(self, tile) -> cutlass.Int32:
         """Index into :meth:`swap_variants` of a tile: its tokens (at most tile_n) in 16s, minus 1."""
-        left = tile[4] - tile[3] - tile[1] * self.config.tile_n
+        left = tile[4] - tile[3]
         return cute.arch.make_warp_uniform((cutlass.min(left, self.config.tile_n) + (SWAP_STEP - 1)) // SWAP_STEP - 1)
 
     @cute.jit
@@ -153,10 +153,10 @@ class SwapAbSm90Mixin:
         gives each tile its own token range [tile[3], tile[4]) and n_tile 0): the tile of the (N,
         total_M) output views from its first token, how many of its token columns belong to it
         and how many weight rows lie inside N (the latter may exceed the tile)."""
-        m_tile, n_tile, _, row_start, row_end = tile
-        gC = cute.local_tile(cute.domain_offset((0, row_start, 0), mC), tile_mn, (m_tile, n_tile, 0))
-        gC_real = cute.local_tile(cute.domain_offset((0, row_start, 0), mC_gmem), tile_mn, (m_tile, n_tile, 0))
-        return gC, gC_real, row_end - row_start - n_tile * tile_mn[1], mC_gmem.shape[0] - m_tile * tile_mn[0]
+        m_tile, _, _, tok0, tok1 = tile
+        gC = cute.local_tile(cute.domain_offset((0, tok0, 0), mC), tile_mn, (m_tile, 0, 0))
+        gC_real = cute.local_tile(cute.domain_offset((0, tok0, 0), mC_gmem), tile_mn, (m_tile, 0, 0))
+        return gC, gC_real, tok1 - tok0, mC_gmem.shape[0] - m_tile * tile_mn[0]
 
     @cute.jit
     def swap_store_partial(self, sC_buf: cute.Tensor, gC_sub: cute.Tensor, tokens_valid: cutlass.Int32,

@@ -101,7 +101,7 @@ def make_grouped_scheduler(tile_start, mOffs, total_m, n_cluster_tiles, cfg) -> 
     the GemmConfig ``cfg`` (tile, cluster, raster / group). (The table must have been filled with
     ``tile_m * cluster_m`` rows per cluster tile and ``n_cluster_tiles`` along N.)"""
     cute.arch.sync_threads()  # the table is visible to every role
-    if cutlass.const_expr(getattr(cfg, "swap_ab", False)):
+    if cutlass.const_expr(cfg.swap_ab):
         # Tokens (grouped) along the tile's N, one CTA each; the cluster's CTAs along the weights.
         return GroupedScheduler.create(
             tile_start, mOffs, total_m, cfg.tile_n, cfg.cluster_m, 1, n_cluster_tiles, cfg.raster == "m", cfg.group, True
