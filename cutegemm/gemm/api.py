@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import weakref
 from dataclasses import replace
 
@@ -11,6 +10,7 @@ import torch
 from ..epilogue import ACTIVATIONS, GATE_LAYOUTS, GATED, EpilogueSpec, epilogue_ref, interleave_gate_up
 from ..epilogue.quant import QUANT_FORMATS
 from ..runtime.cache import KernelCache
+from ..runtime.device import _device_info, max_clusters_for, resident_clusters  # noqa: F401 (re-exported)
 from .config import (
     DTYPE_BYTES,
     QUANT_OUT_DTYPES,
@@ -61,61 +61,6 @@ def build_dense(config: GemmConfig):
 
 
 DENSE_CACHE = KernelCache(build_dense)
-
-
-@functools.cache
-def _device_info(index: int) -> tuple[str, int]:
-    major, minor = torch.cuda.get_device_capability(index)
-    if major == 9:
-        arch = "sm_90a"
-    elif major == 10:
-        arch = "sm_100a"
-    else:
-        raise ValueError(
-            f"cutegemm runs on sm_90 (Hopper) and sm_100 (Blackwell) GPUs; device {index} is sm_{major}{minor}"
-        )
-    return arch, torch.cuda.get_device_properties(index).multi_processor_count
-
-
-_RESIDENT: dict = {}
-
-
-def resident_clusters(index: int, cluster_size: int, num_sms: int | None = None) -> int:
-    """How many clusters of ``cluster_size`` CTAs (one per SM, as a persistent kernel's shared
-    memory allows) device ``index`` runs at once: the size of a persistent grid. Not always
-    SMs // size: clusters may not span GPCs, and on the H200 (132 SMs) 30 clusters of 4 fit, not
-    33 (bench/RESULTS.md, twelfth session). A larger grid leaves the extra clusters waiting for
-    others to exit, so a static schedule's tiles for them run after everything else. Queried
-    from the driver's occupancy calculator once per (device, size) and kept, a failed query's
-    answer too (SMs // size: an older driver must not retry the query's compile on every call);
-    during a CUDA-graph capture SMs // size without asking or keeping it. ``num_sms``: the
-    device's SM count when the caller has it (``_device_info``)."""
-    if num_sms is None:
-        num_sms = torch.cuda.get_device_properties(index).multi_processor_count
-    if cluster_size <= 1:
-        return num_sms
-    bound = max(1, num_sms // cluster_size)
-    key = (index, cluster_size)
-    if key not in _RESIDENT:
-        try:
-            if torch.cuda.is_current_stream_capturing():
-                return bound  # the query loads a module: not while a graph is being captured
-            from cutlass.utils import HardwareInfo
-
-            with torch.cuda.device(index):
-                torch.empty(1, device=torch.device("cuda", index))  # the driver query needs the context
-                _RESIDENT[key] = HardwareInfo(device_id=index).get_max_active_clusters(cluster_size)
-        except Exception:  # a performance question only: the arithmetic bound, kept
-            _RESIDENT[key] = bound
-    return max(1, min(_RESIDENT[key], bound))
-
-
-def max_clusters_for(cfg, device, num_sms: int | None = None) -> int:
-    """The persistent grid's cluster count for ``cfg`` on ``device`` (a torch.device or index;
-    ``num_sms`` as the caller's ``_device_info`` gave it, if it has it)."""
-    index = device if isinstance(device, int) else device.index
-    index = torch.cuda.current_device() if index is None else index
-    return resident_clusters(index, cfg.cluster_m * cfg.cluster_n, num_sms)
 
 
 def _check_operand(name: str, t, dims=(2, 3)):

@@ -32,7 +32,7 @@ HOST_ONLY = frozenset({
     "tuning.py", "gemm/api.py", "gemm/policy.py", "grouped/api.py", "grouped/__init__.py",
     "blockscaled/bench.py", "blockscaled/reference.py", "blockscaled/__init__.py",
     "epilogue/reference.py", "runtime/sass.py", "quant_ops.py", "blockscaled/sm100.py",
-    "gemm/fp8_args.py", "blockscaled/fp4_weight_api.py", "blockscaled/sm90_mx.py",
+    "gemm/fp8_args.py", "blockscaled/fp4_weight_api.py", "blockscaled/sm90_mx.py", "runtime/device.py",
 })  # fmt: skip
 
 
