@@ -105,12 +105,12 @@ class GemmConfig:
     # (templates for the descriptors: dtypes, majors, boxes).
     listed: bool = False
     # Grouped packed form, sm_90a, "swap AB": the kernel computes C^T = B^T A^T, so a tile's M
-    # runs over the weights' N (tile_m rows of one expert's B) and its N over the expert's tokens
-    # (tile_n of them at most). Each tile's WGMMAs are cut to its real tokens, rounded up to 16
-    # (a WGMMA width per 16 tokens, chosen at run time), and its tokens are loaded in 32-row TMA
-    # chunks, those past the expert's last token skipped (zero-filled, no memory read). An expert
-    # whose token count is not a multiple of tile_n thus pays neither a full tile of tensor work
-    # nor a full tile of loads for its last tile.
+    # runs over the weights' N (tile_m rows of one expert's B) and its N over the expert's tokens,
+    # split evenly over ceil(tokens / tile_n) tiles. Each tile's WGMMAs are cut to its real tokens,
+    # rounded up to 16 (a WGMMA width per 16 tokens, chosen at run time), and only the 32-row TMA
+    # chunks holding its tokens are loaded (the stage expects that many bytes). An expert whose
+    # token count is not a multiple of tile_n thus pays neither a full tile of tensor work nor a
+    # full tile of loads for it (gemm/sm90_swap.py).
     swap_ab: bool = False
 
     @property
@@ -363,7 +363,7 @@ def swap_ab_errors(cfg: GemmConfig) -> list[str]:
     """Rules of the swapped grouped kernel (``GemmConfig.swap_ab``): sm_90a packed grouped form,
     bf16 / fp16, cooperative 128-row (weight) tiles, tile_n tokens a multiple of 32, clusters
     only along the weights (cluster_n 1: the CTAs of a cluster share the token tile by multicast),
-    and an epilogue that needs no coordinates (alpha and elementwise activations)."""
+    and the epilogues of :func:`swap_ab_epilogue`."""
     what = "swap_ab (grouped, tokens as the WGMMA's N)"
     err = []
     if cfg.arch != "sm_90a" or not cfg.grouped:
