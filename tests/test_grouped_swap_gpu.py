@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cutegemm
+from cutegemm.epilogue import EpilogueSpec
 from cutegemm.grouped import grouped_gemm, grouped_gemm_ref
 
 from .test_grouped_gpu import capture_graph, check_packed, expert_counts, make_offs
@@ -55,8 +56,6 @@ def test_swap_fp16_and_activation():
     offs = make_offs(counts)
     for act in ("relu", "silu"):
         out = torch.full((a.shape[0], 320), float("nan"), device="cuda", dtype=torch.bfloat16)
-        from cutegemm.epilogue import EpilogueSpec
-
         grouped_gemm(a, b, offs=offs, out=out, activation=act, alpha=0.5, config=replace(cfg, epilogue=EpilogueSpec(alpha=True, activation=act)))
         ref = grouped_gemm_ref(a, b, offs=offs, activation=act, alpha=0.5, compute_dtype=torch.float64)
         end = sum(counts)
