@@ -329,7 +329,7 @@ def bench_grouped_list(shapes=GROUPED_SHAPES, names=None, mixed=True, reps=20, c
 
     from .gemm.api import gemm
     from .grouped import grouped_gemm
-    from .grouped.api import _list_launch
+    from .grouped.list_form import _list_launch
 
     names = names or (GROUPED_NAMES if shapes is GROUPED_SHAPES else [None] * len(shapes))
     cases = [(label, [(c, n, k) for c in _moe_counts(e, tok)]) for (e, tok, n, k), label in zip(shapes, names, strict=True)]
@@ -365,7 +365,7 @@ def bench_grouped_list(shapes=GROUPED_SHAPES, names=None, mixed=True, reps=20, c
         line += f" | max err groups 0-2 {err:.3g} (torch {terr:.3g})"
         print(line, flush=True)
         from .gemm.api import _device_info
-        from .grouped.api import list_config
+        from .grouped.list_form import list_config
 
         arch, sms = _device_info(torch.cuda.current_device())
         live = [d for d in dims if all(d)]
@@ -404,7 +404,7 @@ def bench_grouped_k(shapes=KGROUPED_SHAPES, reps=20, configs=None, loops=True):
 
     from .gemm.api import _device_info, gemm
     from .grouped import grouped_gemm
-    from .grouped.api import kgrouped_config
+    from .grouped.k_grouped import kgrouped_config
 
     timer = Timer()
     for e, tok, m, n, label in shapes:

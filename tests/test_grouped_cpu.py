@@ -89,7 +89,7 @@ def test_kgrouped_config_rules_and_policy():
 
     from cutegemm.epilogue import EpilogueSpec
     from cutegemm.gemm.config import GemmConfig, config_errors
-    from cutegemm.grouped.api import kgrouped_config
+    from cutegemm.grouped.k_grouped import kgrouped_config
 
     ok = GemmConfig(arch="sm_90a", kgrouped=True, a_major="m")
     assert config_errors(ok) == [] and ok.name.startswith("kgrouped_")
@@ -141,14 +141,14 @@ def test_kgrouped_launch_plan_and_views(monkeypatch):
     is another); an out whose columns are not contiguous is left to the per-expert loop."""
     import torch
 
-    import cutegemm.grouped.api as gapi
+    import cutegemm.grouped.k_grouped as k_grouped
     from cutegemm.gemm.api import DENSE_CACHE
 
     built, calls = [], []
-    monkeypatch.setattr(gapi, "_device_info", lambda index: ("sm_90a", 132))
+    monkeypatch.setattr(k_grouped, "_device_info", lambda index: ("sm_90a", 132))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(DENSE_CACHE, "get", lambda cfg: built.append(cfg) or (lambda *args: calls.append(args)))
-    monkeypatch.setattr(gapi, "_KG_PLANS", {})
+    monkeypatch.setattr(k_grouped, "_KG_PLANS", {})
     bf = torch.bfloat16
     M, N, counts = 200, 264, [40, 0, 3, 85]
     K, E = sum(counts), len(counts)
@@ -156,8 +156,8 @@ def test_kgrouped_launch_plan_and_views(monkeypatch):
     b = torch.randn(K, N, dtype=bf)
     offs = torch.tensor(counts).cumsum(0).to(torch.int32)
     out = torch.empty(E, M, N, dtype=bf)
-    assert gapi._kgrouped_launch(a, b, offs, out, 1.0, None)
-    assert gapi._kgrouped_launch(a, b, offs, out, 1.0, None)
+    assert k_grouped._kgrouped_launch(a, b, offs, out, 1.0, None)
+    assert k_grouped._kgrouped_launch(a, b, offs, out, 1.0, None)
     assert len(built) == 1 and len(calls) == 2
     cfg = built[0]
     assert cfg.kgrouped and (cfg.a_major, cfg.b_major) == ("m", "n") and not cfg.epilogue.alpha
@@ -166,6 +166,6 @@ def test_kgrouped_launch_plan_and_views(monkeypatch):
     assert B.shape == (N, K, 1) and B.stride()[:2] == (1, N) and B.data_ptr() == b.data_ptr()
     assert C.shape == (M, N, E) and C.stride() == (N, 1, M * N) and C.data_ptr() == out.data_ptr()
     assert calls[0][8] is offs
-    assert gapi._kgrouped_launch(a, b, offs, out, 0.5, None)
+    assert k_grouped._kgrouped_launch(a, b, offs, out, 0.5, None)
     assert len(built) == 2 and built[1].epilogue.alpha and calls[-1][5] == 0.5
-    assert not gapi._kgrouped_launch(a, b, offs, torch.empty(E, N, M, dtype=bf).transpose(1, 2), 1.0, None)
+    assert not k_grouped._kgrouped_launch(a, b, offs, torch.empty(E, N, M, dtype=bf).transpose(1, 2), 1.0, None)

@@ -59,7 +59,7 @@ def test_listed_config_rules():
 @pytest.mark.parametrize("groups", [(32, 32 * 16, 4096, 7168), (8, 8 * 512, 4096, 7168), (1, 3, 24, 16), (0, 0, 0, 0)])
 @pytest.mark.parametrize("majors", [("k", "n"), ("m", "k")])
 def test_list_config_is_valid(groups, majors):
-    from cutegemm.grouped.api import list_config
+    from cutegemm.grouped.list_form import list_config
 
     cfg = list_config("sm_90a", 132, *groups, "bf16", "fp32", *majors, True)
     assert cfg.listed and not cfg.grouped and (cfg.cluster_m, cfg.cluster_n) == (1, 1)
@@ -72,7 +72,7 @@ def test_list_config_is_valid(groups, majors):
 def test_list_table_rows(shapes):
     """The host's group table: each row's fields, the first tiles and the total match the tile
     map twin; groups without work carry the template's operands."""
-    from cutegemm.grouped.api import list_table
+    from cutegemm.grouped.list_form import list_table
     from cutegemm.schedulers.grouped import (
         LIST_FIELDS,
         LIST_K,
@@ -117,7 +117,7 @@ def test_list_leading_dims_rules():
     stride off 16 bytes); groups without work are not checked (0)."""
     import torch
 
-    from cutegemm.grouped.api import _list_lds
+    from cutegemm.grouped.list_form import _list_lds
 
     def lds(ts, unit, live=None):
         live = live if live is not None else [True] * len(ts)

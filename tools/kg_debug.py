@@ -6,7 +6,7 @@ import torch
 
 import cutegemm
 from cutegemm.grouped import grouped_gemm, grouped_gemm_ref
-from cutegemm.grouped.api import kgrouped_config
+from cutegemm.grouped.k_grouped import kgrouped_config
 
 m, n = int(sys.argv[1]), int(sys.argv[2])
 counts = [int(c) for c in sys.argv[3].split(",")]

@@ -76,8 +76,8 @@ for label, g, m, n, k in [("mixtral", 8, 4096, 14336, 4096), ("qwen3", 128, 128,
             grouped_gemm(xs, ws)
     torch.cuda.synchronize()
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15), flush=True)
-    import cutegemm.grouped.api as gapi  # noqa: E402
+    import cutegemm.grouped.list_form as list_form  # noqa: E402
 
-    print(f"{label}: _list_launch alone {_med(lambda xs=xs, ws=ws: gapi._list_launch(xs, ws, None, 1.0)):.0f} us; "
+    print(f"{label}: _list_launch alone {_med(lambda xs=xs, ws=ws: list_form._list_launch(xs, ws, None, 1.0)):.0f} us; "
           f"torch.empty of the outputs {_med(lambda g=g, m=m, n=n: torch.empty(g * m * n, dtype=torch.bfloat16, device='cuda')):.0f} us",
           flush=True)  # fmt: skip

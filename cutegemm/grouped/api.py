@@ -53,12 +53,13 @@ Forms:
   different majors, output rows that are not 16-byte multiples, or a call made while a CUDA graph
   is being captured (the table is copied from the host per call): one dense GEMM per group (no
   sync; graph-capturable when shapes are fixed).
+
+This module holds the public entry, the reference twin and the packed form; the K-grouped and the
+list forms' host paths are :mod:`cutegemm.grouped.k_grouped` and :mod:`cutegemm.grouped.list_form`.
 """
 
 from __future__ import annotations
 
-import array
-import functools
 from dataclasses import replace
 
 import torch
@@ -79,7 +80,6 @@ from ..gemm.api import (
     _kernel_view,
     _quant_outputs,
     _quant_result,
-    gemm,
     max_clusters_for,
     memo_view,
     new_workspace,
@@ -89,8 +89,9 @@ from ..gemm.config import QUANT_OUT_DTYPES, TMA_ALIGN_BYTES, GemmConfig, GemmPro
 from ..gemm.fp8_args import fp8_blockwise_ref, fp8_grouped_block_scales, scale_vector
 from ..gemm.policy import policy_for
 from ..runtime.cache import KernelCache
-from ..schedulers.grouped import LIST_FIELDS, LIST_TILE
+from .k_grouped import _grouped_k
 from .kernel_parts import GROUPED_MAX_GROUPS
+from .list_form import _grouped_list
 
 
 def build_grouped(config: GemmConfig):
@@ -489,316 +490,6 @@ def _no_epilogue(form, bias, activation, epilogue, out_global_scale, scale_a, sc
         more = " (the list form also takes relu / gelu / gelu_tanh / silu)" if form == "the list form" else ""
         raise ValueError(f"{form} takes alpha only{more}: bias, activations, user epilogues, FP8 scales and quantized "
                          "outputs are for the packed (offs) form")  # fmt: skip
-
-
-def _padded_k_slice(a, b, start, end):
-    """a[:, start:end], b[start:end] copied with K padded by zeros to a multiple of 16 bytes."""
-    align = TMA_ALIGN_BYTES // a.element_size()
-    w = end - start
-    wp = -(-w // align) * align
-    a_e = torch.zeros(a.shape[0], wp, dtype=a.dtype, device=a.device)
-    a_e[:, :w] = a[:, start:end]
-    b_e = torch.zeros(wp, b.shape[1], dtype=b.dtype, device=b.device)
-    b_e[:w] = b[start:end]
-    return a_e, b_e
-
-
-def _grouped_k(a, b, offs, out, out_dtype, alpha, check_offs, config=None):
-    """K-grouped: out[e] = a[:, k_e] @ b[k_e, :] with k_e the e-th slice of K given by offs.
-    sm_90a: one launch of the K-grouped kernel (each tile reads its expert's K range from offs:
-    no host sync, CUDA-graph capturable); elsewhere (or for an out the kernel cannot store) one
-    dense launch per expert, reading offs on the host."""
-    M, K = a.shape
-    if b.shape[0] != K:
-        raise ValueError(f"a (M, K={K}) and b (K={b.shape[0]}, N) disagree on K")
-    E, N = offs.numel(), b.shape[1]
-    if out is None:
-        out = torch.empty(E, M, N, dtype=out_dtype, device=a.device)
-    elif _check_operand("out", out, dims=(3,)) or out.shape != (E, M, N) or out.dtype != out_dtype:
-        raise ValueError(f"out must be an ({E}, {M}, {N}) {out_dtype} tensor")
-    if check_offs:
-        _check_offs_values(offs, K)
-    if config is not None and not config.kgrouped:
-        raise ValueError(f"config {config.name} is not a K-grouped kernel (kgrouped=True)")
-    if out.numel() == 0:
-        return out
-    if _kgrouped_launch(a, b, offs, out, alpha, config):
-        return out
-    if config is not None:
-        raise ValueError(f"config {config.name} cannot run this K-grouped call (sm_90a, bf16 / fp16, out rows of 16-byte multiples)")
-    # K slices of a (M, K) keep a's strides (and b's): when one breaks TMA's 16-byte rule, the
-    # slice is copied into a zero-padded aligned buffer (the padding adds zero products).
-    from ..schedulers.grouped import expert_rows  # the kernel's clamping of bad offs
-
-    for e, (start, end) in enumerate(expert_rows(offs.tolist(), K)):  # host sync: not graph-capturable
-        if end > start:
-            try:
-                gemm(a[:, start:end], b[start:end], out=out[e], alpha=alpha)
-            except ValueError as exc:
-                if "16-byte" not in str(exc):
-                    raise
-                a_e, b_e = _padded_k_slice(a, b, start, end)
-                gemm(a_e, b_e, out=out[e], alpha=alpha)
-        else:
-            out[e].zero_()
-    return out
-
-
-def kgrouped_config(arch: str, num_sms: int, m: int, n: int, k_mean: int, e: int, dtype: str, out_dtype: str,
-                    a_major: str, b_major: str, alpha: bool) -> GemmConfig:  # fmt: skip
-    """The K-grouped kernel's config: the dense policy's tile for one expert's (M, N, mean K)
-    problem batched over the experts, cooperative; with at most 1024 K values per expert (a
-    tile's mainloop is short next to its epilogue) pingpong 128x128 instead, so one
-    warpgroup's epilogue runs under the other's mainloop. H200, same run
-    (bench/2026-11-30f/round3): pingpong 128x128 2x1 against cooperative 128x256 2x1 +2.7% on
-    DeepSeek-V3 dW up (512 K per expert), +3.3% dW down, +1.1% Qwen3 (128), -5.4% Mixtral (4096)."""
-    problem = GemmProblem(m, n, max(k_mean, 1), e, dtype, dtype, out_dtype, a_major, b_major)
-    cfg = policy_for(arch, num_sms).choose(problem, epilogue=EpilogueSpec(alpha=alpha))
-    cfg = replace(cfg, kgrouped=True, flat=False, grouped=False)
-    if k_mean <= 1024 and cfg.tile_m == 128 and cfg.tile_n >= 128 and cfg.scheduler == "static":
-        cfg = replace(cfg, tile_n=128, pingpong=True)
-    return cfg
-
-
-_KG_PLANS: dict = {}
-
-
-def _kgrouped_launch(a, b, offs, out, alpha, config) -> bool:
-    """The K-grouped kernel (sm_90a): True when it ran. False where it does not apply (another
-    arch; an out whose N columns are not contiguous or whose rows are not 16-byte multiples): the
-    caller loops over the experts then. The plan (config, kernel views, workspace) is built once
-    per (shapes, strides, 16-byte alignment of the bases, dtypes, device, alpha != 1, config)."""
-    if a.shape[1] == 0:
-        out.zero_()
-        return True
-    key = (a.shape, a.stride(), a.data_ptr() % TMA_ALIGN_BYTES, b.shape, b.stride(), b.data_ptr() % TMA_ALIGN_BYTES,
-           out.shape, out.stride(), out.dtype, a.dtype, a.device, alpha != 1.0, config)  # fmt: skip
-    plan = _KG_PLANS.get(key)
-    if plan is None:
-        plan = _KG_PLANS[key] = _kgrouped_plan(a, b, out, alpha, config)
-    if not plan:
-        return False
-    fn, (va, vb, vc), copy, max_clusters, workspace = plan
-    if copy:  # no contiguous mode, or a base off 16 bytes: the operands are copied on every call
-        from ..gemm.api import _aligned_operand
-
-        a, b = _aligned_operand(a.unsqueeze(0)), _aligned_operand(b.unsqueeze(0))
-    fn(
-        a.as_strided(*va), b.as_strided(*vb), out.as_strided(*vc), None, None,
-        float(alpha), 0.0, max_clusters, offs if offs.is_contiguous() else offs.contiguous(), None, None,
-        None, None, None, None, None, None, reset_workspace(workspace),
-    )  # fmt: skip
-    return True
-
-
-def _kgrouped_plan(a, b, out, alpha, config):
-    """(kernel, (A (M, K, 1), B (N, K, 1), C (M, N, E)) views, operands copied, max clusters,
-    workspace) for :func:`_kgrouped_launch`, or False where the kernel does not apply."""
-    from ..gemm.api import DENSE_CACHE, _aligned_operand, _unit_mode
-
-    dev = a.device
-    arch, num_sms = _device_info(dev.index if dev.index is not None else torch.cuda.current_device())
-    if arch != "sm_90a" or (out.stride(2) != 1 and out.shape[2] != 1):
-        return False
-    (M, K), E, N = a.shape, out.shape[0], b.shape[1]
-    a3, b3 = _aligned_operand(a.unsqueeze(0)), _aligned_operand(b.unsqueeze(0))
-    a_unit, b_unit = _unit_mode(a3), _unit_mode(b3)
-    try:
-        views = (_kernel_view(a3, a_unit, (1, 2, 0), "a"), _kernel_view(b3, b_unit, (2, 1, 0), "b"),
-                 _kernel_view(out, 2, (1, 2, 0), "out"))  # fmt: skip
-    except ValueError:
-        return False
-    majors = ("k" if a_unit == 2 else "m", "n" if b_unit == 2 else "k")
-    dtype, out_name = INPUT_TO_NAME[a.dtype], TORCH_TO_NAME[out.dtype]
-    cfg = config or kgrouped_config(arch, num_sms, M, N, K // max(E, 1), E, dtype, out_name, *majors, alpha != 1.0)
-    if alpha != 1.0 and not cfg.epilogue.alpha:
-        cfg = replace(cfg, epilogue=replace(cfg.epilogue, alpha=True))
-    ok, why = can_implement(cfg, GemmProblem(M, N, K, E, dtype, dtype, out_name, *majors))
-    if not ok or (cfg.a_major, cfg.b_major) != majors:
-        if config is not None:
-            raise ValueError(f"cannot run {cfg.name}: {why or 'operand majors differ from the config'}")
-        return False
-    copy = a3.data_ptr() != a.data_ptr() or b3.data_ptr() != b.data_ptr()
-    return DENSE_CACHE.get(cfg), views, copy, max_clusters_for(cfg, dev, num_sms), new_workspace(cfg, dev)
-
-
-def _grouped_list(a_list, b_list, *, offs, out_dtype, alpha, activation=None):
-    if offs is not None:
-        raise ValueError("offs is not used with lists of tensors")
-    if not isinstance(a_list, (list, tuple)) or not isinstance(b_list, (list, tuple)) or len(a_list) != len(b_list):
-        raise ValueError("the list form takes two lists of equal length")
-    if a_list and len({t.dtype for t in [*a_list, *b_list]}) != 1:
-        raise TypeError("all groups must share one dtype")
-    a_shapes, b_shapes = [], []
-    for i, (x, w) in enumerate(zip(a_list, b_list, strict=True)):
-        if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor) or x.dim() != 2 or w.dim() != 2:
-            raise ValueError(f"group {i}: the list form takes 2-D a (M, K) and b (K, N) tensors")
-        sa, sb = x.shape, w.shape
-        if sa[1] != sb[0]:
-            raise ValueError(f"group {i}: shapes do not match: a (M, K={sa[1]}) and b (K={sb[0]}, N)")
-        a_shapes.append(sa)
-        b_shapes.append(sb)
-    outs = _list_launch(list(a_list), list(b_list), out_dtype, alpha, activation=activation, shapes=(a_shapes, b_shapes))
-    if outs is not None:
-        return outs
-    return [gemm(x, w, out_dtype=out_dtype, alpha=alpha, activation=activation) for x, w in zip(a_list, b_list, strict=True)]
-
-
-def _list_lds(shapes, strides, ptrs, unit_dim: int, align: int, live) -> list[int] | None:
-    """Leading dimensions (elements) of 2-D operands read with dim ``unit_dim`` contiguous, or
-    None when one cannot be (TMA: unit stride, 16-byte aligned base and leading stride). Groups
-    not in ``live`` (no work: never read) get 0."""
-    other = 1 - unit_dim
-    lds = []
-    for shape, stride, ptr, has_work in zip(shapes, strides, ptrs, live, strict=True):
-        if not has_work:
-            lds.append(0)
-            continue
-        if (shape[unit_dim] > 1 and stride[unit_dim] != 1) or ptr % TMA_ALIGN_BYTES:
-            return None
-        ld = stride[other] if shape[other] > 1 else -(-shape[unit_dim] // align) * align
-        if ld % align or ld <= 0:
-            return None
-        lds.append(ld)
-    return lds
-
-
-@functools.lru_cache(maxsize=256)
-def list_config(arch: str, num_sms: int, groups: int, total_m: int, n: int, k: int, dtype: str, out_dtype: str,
-                a_major: str, b_major: str, alpha: bool, activation: str | None = None) -> GemmConfig:  # fmt: skip
-    """The list-form kernel's config: the packed grouped policy's tile for ``groups`` groups of
-    ``total_m`` rows in all and mean N, K (one CTA per tile: no cluster)."""
-    problem = GemmProblem(max(total_m, 1), max(n, 1), max(k, 1), 1, dtype, dtype, out_dtype, a_major, b_major)
-    epi = EpilogueSpec(alpha=alpha, activation=activation)
-    cfg = policy_for(arch, num_sms).choose_grouped(problem, max(groups, 1), allow_swap=False, epilogue=epi)
-    return replace(cfg, grouped=False, listed=True, cluster_m=1, cluster_n=1)
-
-
-def list_table(shapes, a_ptrs, b_ptrs, c_ptrs, lds, tile_m: int, tile_n: int, template: int) -> list[int]:
-    """The list-form kernel's group table (``schedulers.grouped.LIST_FIELDS`` int64 per group,
-    then one row holding the total tile count), flattened. A group without work (M, N or K = 0)
-    keeps the template group's operand pointers and leading dimensions (never read); a K = 0
-    group owns no tiles (the caller zeroes its output)."""
-    lda, ldb = lds
-    row_pad = [0] * (LIST_FIELDS - LIST_TILE - 1)
-    table, start = [], 0
-    for g, (m, n, k) in enumerate(shapes):
-        src = g if m and n and k else template
-        c = c_ptrs[g] if m and n else c_ptrs[template]
-        table += [a_ptrs[src], b_ptrs[src], c, m, n, k, lda[src], ldb[src], n, start, *row_pad]
-        start += -(-m // tile_m) * -(-n // tile_n) if k else 0
-    table += [0] * LIST_TILE + [start] + row_pad
-    return table
-
-
-_LIST_OUT = (torch.bfloat16, torch.float16, torch.float32)
-
-
-def _list_launch(a_list, b_list, out_dtype, alpha, config=None, flat=None, activation=None, shapes=None):
-    """The list-form kernel (sm_90a / sm_100a, bf16 / fp16): one launch (plus its descriptor prep kernel)
-    for every group; the list of outputs, or None where it does not apply (another arch or
-    dtype, operands TMA cannot read in place, groups with different majors, outputs whose rows
-    are not 16-byte multiples, or a CUDA graph being captured: the group table is copied from
-    the host per call), and the caller launches one dense GEMM per group then. ``flat``: the
-    buffer the outputs are views of (tests poison it), else a new one. ``shapes``: (a shapes, b
-    shapes) when the caller has read them already (chunks of many groups read them again). Host
-    work per group: a few attribute reads and one table row; the table reaches the GPU by an
-    asynchronous copy from pinned memory (no sync)."""
-    if not a_list:
-        return []
-    x0 = a_list[0]
-    if not x0.is_cuda or x0.dtype not in (torch.bfloat16, torch.float16):
-        return None
-    odt = out_dtype or x0.dtype
-    if odt not in _LIST_OUT or torch.cuda.is_current_stream_capturing():
-        return None
-    dev = x0.device
-    idx = dev.index if dev.index is not None else torch.cuda.current_device()
-    if {t.get_device() for t in a_list} | {t.get_device() for t in b_list} != {idx}:
-        return None
-    arch, num_sms = _device_info(idx)
-    if len(a_list) > GROUPED_MAX_GROUPS:  # the kernel's shared-memory tile table: chunks of groups
-        outs = []
-        for i in range(0, len(a_list), GROUPED_MAX_GROUPS):
-            part = _list_launch(a_list[i : i + GROUPED_MAX_GROUPS], b_list[i : i + GROUPED_MAX_GROUPS], out_dtype, alpha,
-                                activation=activation)  # fmt: skip
-            if part is None:
-                return None
-            outs += part
-        return outs
-    a_shapes, b_shapes = shapes or ([t.shape for t in a_list], [t.shape for t in b_list])
-    shapes = [(sa[0], sb[1], sa[1]) for sa, sb in zip(a_shapes, b_shapes, strict=True)]
-    out_bytes = 4 if odt == torch.float32 else 2
-    sizes = [m * n for m, n, _ in shapes]
-    total = sum(sizes)
-    flat = torch.empty(total, dtype=odt, device=dev) if flat is None else flat
-    offsets, o = [], 0
-    for size in sizes:
-        offsets.append(o)
-        o += size
-    n0 = shapes[0][1]
-    if all(n == n0 for _, n, _ in shapes) and n0:  # one split of a 2-D view (host time: ~1 us per group)
-        outs = list(flat[:total].view(-1, n0).split([m for m, _, _ in shapes]))
-    else:
-        outs = [flat.as_strided((m, n), (n, 1), off) for (m, n, _), off in zip(shapes, offsets, strict=True)]
-    has_work = [bool(m and n and k) for m, n, k in shapes]
-    live = [g for g, w in enumerate(has_work) if w]
-    for g, (m, n, k) in enumerate(shapes):
-        if m and n and not k:  # a K = 0 product: zeros (the kernel gives such a group no tiles)
-            outs[g].zero_()
-    if not live:
-        return outs
-    if any(n * out_bytes % TMA_ALIGN_BYTES for _, n, _ in shapes):
-        return None
-    t = live[0]
-    # Majors from the template group (the first with work): A (M, K) K- or M-contiguous, B (K, N)
-    # N- or K-contiguous; every group must be readable the same way.
-    a_strides, b_strides = [x.stride() for x in a_list], [w.stride() for w in b_list]
-    a_ptrs, b_ptrs = [x.data_ptr() for x in a_list], [w.data_ptr() for w in b_list]
-    align = TMA_ALIGN_BYTES // x0.element_size()
-    sa, sb = a_strides[t], b_strides[t]
-    a_major = "k" if a_shapes[t][1] <= 1 or sa[1] == 1 else "m"
-    b_major = "n" if b_shapes[t][1] <= 1 or sb[1] == 1 else "k"
-    lda = _list_lds(a_shapes, a_strides, a_ptrs, 1 if a_major == "k" else 0, align, has_work)
-    ldb = _list_lds(b_shapes, b_strides, b_ptrs, 1 if b_major == "n" else 0, align, has_work)
-    if lda is None or ldb is None:
-        return None
-    dtype, out_name = INPUT_TO_NAME[x0.dtype], TORCH_TO_NAME[odt]
-    if config is None:
-        m_live = sum(shapes[g][0] for g in live)
-        n_mean, k_mean = sum(shapes[g][1] for g in live) // len(live), sum(shapes[g][2] for g in live) // len(live)
-        cfg = list_config(arch, num_sms, len(live), m_live, n_mean, k_mean, dtype, out_name, a_major, b_major,
-                          alpha != 1.0, activation)  # fmt: skip
-    else:
-        cfg = config
-    if alpha != 1.0 and not cfg.epilogue.alpha:
-        cfg = replace(cfg, epilogue=replace(cfg.epilogue, alpha=True))
-    if cfg.epilogue.activation != activation:
-        raise ValueError(f"config {cfg.name} has activation {cfg.epilogue.activation!r}, the call {activation!r}")
-    if not cfg.listed or (cfg.a_major, cfg.b_major, cfg.a_dtype, cfg.out_dtype) != (a_major, b_major, dtype, out_name):
-        raise ValueError(f"config {cfg.name} cannot run this list call (listed=True, majors {a_major}{b_major}, "
-                         f"{dtype} -> {out_name})")  # fmt: skip
-    base = flat.data_ptr()
-    c_ptrs = [base + off * out_bytes for off in offsets]
-    rows = list_table(shapes, a_ptrs, b_ptrs, c_ptrs, (lda, ldb), cfg.tile_m, cfg.tile_n, t)
-    # One device buffer: the table's rows (copied asynchronously from pinned memory), then the
-    # descriptors the prep kernel writes (3 x 128 bytes per group).
-    table = torch.empty(len(rows) + len(shapes) * 3 * 16, dtype=torch.int64, device=dev)
-    table[: len(rows)].copy_(torch.frombuffer(array.array("q", rows), dtype=torch.int64).pin_memory(), non_blocking=True)
-    from ..gemm.api import DENSE_CACHE
-
-    xa, xb, xc = a_list[t], b_list[t], outs[t]
-    va = _kernel_view(xa.unsqueeze(0), 2 if a_major == "k" else 1, (1, 2, 0), "a")
-    vb = _kernel_view(xb.unsqueeze(0), 2 if b_major == "n" else 1, (2, 1, 0), "b")
-    vc = _kernel_view(xc.unsqueeze(0), 2, (1, 2, 0), "out")
-    # CLC (sm_100a): one cluster per tile, so the grid is the table's tile count (host-known).
-    max_clusters = max(1, rows[len(shapes) * LIST_FIELDS + LIST_TILE]) if cfg.scheduler == "clc" else num_sms
-    DENSE_CACHE.get(cfg)(
-        xa.as_strided(*va), xb.as_strided(*vb), xc.as_strided(*vc), None, None,
-        float(alpha), 0.0, max_clusters, table, None, None,
-        None, None, None, None, None, None, new_workspace(cfg, dev),  # a fresh counter: zeroed in-stream
-    )  # fmt: skip
-    return outs
 
 
 def _fp4_weight(call: dict, fn):

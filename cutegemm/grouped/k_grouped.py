@@ -1,0 +1,168 @@
+"""K-grouped form of the grouped GEMM (the MoE weight gradient, dW_e = x_e^T dy_e):
+``grouped_gemm(a, b, offs=offs)`` with a (M, total_K), b (total_K, N) -> (E, M, N), offs splitting
+K (an expert with an empty slice gets zeros). :func:`cutegemm.grouped.api.grouped_gemm` checks the
+arguments and calls :func:`_grouped_k`.
+
+Launch path: sm_90a, bf16 / fp16: one launch of the K-grouped kernel (``GemmConfig.kgrouped``,
+compiled in the dense kernel cache; :func:`kgrouped_config` picks its tile): tile (m, n, expert)
+reads the expert's K range from offs on the device, so there is no host sync and the call is
+CUDA-graph capturable. :func:`_kgrouped_launch` builds its plan (config, kernel views, workspace)
+once per call signature. Elsewhere, or for an out the kernel cannot store: one dense GEMM per
+expert, reading offs on the host (not capturable); a K slice that breaks TMA's 16-byte rule is
+copied zero-padded (:func:`_padded_k_slice`). Bad offs are clamped as in the packed form
+(``schedulers.grouped.expert_rows``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from ..epilogue import EpilogueSpec
+from ..gemm.api import (
+    INPUT_TO_NAME,
+    TORCH_TO_NAME,
+    _check_operand,
+    _device_info,
+    _kernel_view,
+    gemm,
+    max_clusters_for,
+    new_workspace,
+    reset_workspace,
+)
+from ..gemm.config import TMA_ALIGN_BYTES, GemmConfig, GemmProblem, can_implement
+from ..gemm.policy import policy_for
+
+
+def _padded_k_slice(a, b, start, end):
+    """a[:, start:end], b[start:end] copied with K padded by zeros to a multiple of 16 bytes."""
+    align = TMA_ALIGN_BYTES // a.element_size()
+    w = end - start
+    wp = -(-w // align) * align
+    a_e = torch.zeros(a.shape[0], wp, dtype=a.dtype, device=a.device)
+    a_e[:, :w] = a[:, start:end]
+    b_e = torch.zeros(wp, b.shape[1], dtype=b.dtype, device=b.device)
+    b_e[:w] = b[start:end]
+    return a_e, b_e
+
+
+def _grouped_k(a, b, offs, out, out_dtype, alpha, check_offs, config=None):
+    """K-grouped: out[e] = a[:, k_e] @ b[k_e, :] with k_e the e-th slice of K given by offs.
+    sm_90a: one launch of the K-grouped kernel (each tile reads its expert's K range from offs:
+    no host sync, CUDA-graph capturable); elsewhere (or for an out the kernel cannot store) one
+    dense launch per expert, reading offs on the host."""
+    M, K = a.shape
+    if b.shape[0] != K:
+        raise ValueError(f"a (M, K={K}) and b (K={b.shape[0]}, N) disagree on K")
+    E, N = offs.numel(), b.shape[1]
+    if out is None:
+        out = torch.empty(E, M, N, dtype=out_dtype, device=a.device)
+    elif _check_operand("out", out, dims=(3,)) or out.shape != (E, M, N) or out.dtype != out_dtype:
+        raise ValueError(f"out must be an ({E}, {M}, {N}) {out_dtype} tensor")
+    if check_offs:
+        from .api import _check_offs_values  # the packed form's check (api imports this module)
+
+        _check_offs_values(offs, K)
+    if config is not None and not config.kgrouped:
+        raise ValueError(f"config {config.name} is not a K-grouped kernel (kgrouped=True)")
+    if out.numel() == 0:
+        return out
+    if _kgrouped_launch(a, b, offs, out, alpha, config):
+        return out
+    if config is not None:
+        raise ValueError(f"config {config.name} cannot run this K-grouped call (sm_90a, bf16 / fp16, out rows of 16-byte multiples)")
+    # K slices of a (M, K) keep a's strides (and b's): when one breaks TMA's 16-byte rule, the
+    # slice is copied into a zero-padded aligned buffer (the padding adds zero products).
+    from ..schedulers.grouped import expert_rows  # the kernel's clamping of bad offs
+
+    for e, (start, end) in enumerate(expert_rows(offs.tolist(), K)):  # host sync: not graph-capturable
+        if end > start:
+            try:
+                gemm(a[:, start:end], b[start:end], out=out[e], alpha=alpha)
+            except ValueError as exc:
+                if "16-byte" not in str(exc):
+                    raise
+                a_e, b_e = _padded_k_slice(a, b, start, end)
+                gemm(a_e, b_e, out=out[e], alpha=alpha)
+        else:
+            out[e].zero_()
+    return out
+
+
+def kgrouped_config(arch: str, num_sms: int, m: int, n: int, k_mean: int, e: int, dtype: str, out_dtype: str,
+                    a_major: str, b_major: str, alpha: bool) -> GemmConfig:  # fmt: skip
+    """The K-grouped kernel's config: the dense policy's tile for one expert's (M, N, mean K)
+    problem batched over the experts, cooperative; with at most 1024 K values per expert (a
+    tile's mainloop is short next to its epilogue) pingpong 128x128 instead, so one
+    warpgroup's epilogue runs under the other's mainloop. H200, same run
+    (bench/2026-11-30f/round3): pingpong 128x128 2x1 against cooperative 128x256 2x1 +2.7% on
+    DeepSeek-V3 dW up (512 K per expert), +3.3% dW down, +1.1% Qwen3 (128), -5.4% Mixtral (4096)."""
+    problem = GemmProblem(m, n, max(k_mean, 1), e, dtype, dtype, out_dtype, a_major, b_major)
+    cfg = policy_for(arch, num_sms).choose(problem, epilogue=EpilogueSpec(alpha=alpha))
+    cfg = replace(cfg, kgrouped=True, flat=False, grouped=False)
+    if k_mean <= 1024 and cfg.tile_m == 128 and cfg.tile_n >= 128 and cfg.scheduler == "static":
+        cfg = replace(cfg, tile_n=128, pingpong=True)
+    return cfg
+
+
+_KG_PLANS: dict = {}
+
+
+def _kgrouped_launch(a, b, offs, out, alpha, config) -> bool:
+    """The K-grouped kernel (sm_90a): True when it ran. False where it does not apply (another
+    arch; an out whose N columns are not contiguous or whose rows are not 16-byte multiples): the
+    caller loops over the experts then. The plan (config, kernel views, workspace) is built once
+    per (shapes, strides, 16-byte alignment of the bases, dtypes, device, alpha != 1, config)."""
+    if a.shape[1] == 0:
+        out.zero_()
+        return True
+    key = (a.shape, a.stride(), a.data_ptr() % TMA_ALIGN_BYTES, b.shape, b.stride(), b.data_ptr() % TMA_ALIGN_BYTES,
+           out.shape, out.stride(), out.dtype, a.dtype, a.device, alpha != 1.0, config)  # fmt: skip
+    plan = _KG_PLANS.get(key)
+    if plan is None:
+        plan = _KG_PLANS[key] = _kgrouped_plan(a, b, out, alpha, config)
+    if not plan:
+        return False
+    fn, (va, vb, vc), copy, max_clusters, workspace = plan
+    if copy:  # no contiguous mode, or a base off 16 bytes: the operands are copied on every call
+        from ..gemm.api import _aligned_operand
+
+        a, b = _aligned_operand(a.unsqueeze(0)), _aligned_operand(b.unsqueeze(0))
+    fn(
+        a.as_strided(*va), b.as_strided(*vb), out.as_strided(*vc), None, None,
+        float(alpha), 0.0, max_clusters, offs if offs.is_contiguous() else offs.contiguous(), None, None,
+        None, None, None, None, None, None, reset_workspace(workspace),
+    )  # fmt: skip
+    return True
+
+
+def _kgrouped_plan(a, b, out, alpha, config):
+    """(kernel, (A (M, K, 1), B (N, K, 1), C (M, N, E)) views, operands copied, max clusters,
+    workspace) for :func:`_kgrouped_launch`, or False where the kernel does not apply."""
+    from ..gemm.api import DENSE_CACHE, _aligned_operand, _unit_mode
+
+    dev = a.device
+    arch, num_sms = _device_info(dev.index if dev.index is not None else torch.cuda.current_device())
+    if arch != "sm_90a" or (out.stride(2) != 1 and out.shape[2] != 1):
+        return False
+    (M, K), E, N = a.shape, out.shape[0], b.shape[1]
+    a3, b3 = _aligned_operand(a.unsqueeze(0)), _aligned_operand(b.unsqueeze(0))
+    a_unit, b_unit = _unit_mode(a3), _unit_mode(b3)
+    try:
+        views = (_kernel_view(a3, a_unit, (1, 2, 0), "a"), _kernel_view(b3, b_unit, (2, 1, 0), "b"),
+                 _kernel_view(out, 2, (1, 2, 0), "out"))  # fmt: skip
+    except ValueError:
+        return False
+    majors = ("k" if a_unit == 2 else "m", "n" if b_unit == 2 else "k")
+    dtype, out_name = INPUT_TO_NAME[a.dtype], TORCH_TO_NAME[out.dtype]
+    cfg = config or kgrouped_config(arch, num_sms, M, N, K // max(E, 1), E, dtype, out_name, *majors, alpha != 1.0)
+    if alpha != 1.0 and not cfg.epilogue.alpha:
+        cfg = replace(cfg, epilogue=replace(cfg.epilogue, alpha=True))
+    ok, why = can_implement(cfg, GemmProblem(M, N, K, E, dtype, dtype, out_name, *majors))
+    if not ok or (cfg.a_major, cfg.b_major) != majors:
+        if config is not None:
+            raise ValueError(f"cannot run {cfg.name}: {why or 'operand majors differ from the config'}")
+        return False
+    copy = a3.data_ptr() != a.data_ptr() or b3.data_ptr() != b.data_ptr()
+    return DENSE_CACHE.get(cfg), views, copy, max_clusters_for(cfg, dev, num_sms), new_workspace(cfg, dev)
