@@ -379,6 +379,9 @@ def grouped_variants(arch: str) -> list[GemmConfig]:
                    raster="m", group=1, epilogue=EpilogueSpec(alpha=True, bias=True, bias_dtype="bf16", activation="silu")),
         GemmConfig(arch=arch, grouped=True, swap_ab=True, tile_m=128, tile_n=160, a_dtype="fp16", b_dtype="fp16",
                    out_dtype="fp32", raster="m", group=1),
+        # swap_ab with a gated output (the MoE up projection): gate / up pairs across lanes
+        GemmConfig(arch=arch, grouped=True, swap_ab=True, tile_m=128, tile_n=256, cluster_m=2, scheduler="dynamic",
+                   raster="m", group=1, epilogue=EpilogueSpec(alpha=True, bias=True, gated="swiglu")),
     ] + grouped_epilogue_variants(arch)  # fmt: skip
 
 

@@ -29,9 +29,10 @@ def test_swap_config_rules():
         assert any("swap_ab" in e for e in config_errors(cfg)), name
     from cutegemm.epilogue import EpilogueSpec
 
-    for epi in (EpilogueSpec(gated="swiglu"), EpilogueSpec(quant="mxfp8"), EpilogueSpec(scale_a=True)):
+    for epi in (EpilogueSpec(gated="swiglu", quant="mxfp8"), EpilogueSpec(quant="mxfp8"), EpilogueSpec(scale_a=True)):
         assert any("swap_ab" in e for e in config_errors(replace(SWAP, epilogue=epi))), epi
-    for epi in (EpilogueSpec(alpha=True, activation="gelu"), EpilogueSpec(alpha=True, bias=True, bias_dtype="bf16")):
+    for epi in (EpilogueSpec(alpha=True, activation="gelu"), EpilogueSpec(alpha=True, bias=True, bias_dtype="bf16"),
+                EpilogueSpec(alpha=True, bias=True, gated="swiglu"), EpilogueSpec(gated="geglu")):
         assert config_errors(replace(SWAP, epilogue=epi)) == [], epi
 
 

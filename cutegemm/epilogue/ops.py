@@ -260,7 +260,7 @@ def apply_gate(spec: EpilogueSpec, gate: cute.TensorSSA, up: cute.TensorSSA):
 
 
 # --- per-element inputs and gating, from a coordinate tensor ----------------------------------
-def _static_offsets(coords: cute.Tensor) -> list[tuple]:
+def static_offsets(coords: cute.Tensor) -> list[tuple]:
     """The compile-time coordinate offset of every element of a (per-thread) coordinate tensor
     from its first element. The thread's base coordinate is dynamic; these offsets are not."""
     out = []
@@ -282,7 +282,7 @@ def gate_up_pairs(coords: cute.Tensor) -> list[tuple[int, int]]:
     n0 = coords.iterator[1]
     if cute.get_divisibility(n0) % 2:
         raise ValueError(f"gated epilogue: a thread's first column {n0} is not provably even")
-    offs = _static_offsets(coords)
+    offs = static_offsets(coords)
     index = {o: v for v, o in enumerate(offs)}
     pairs = []
     for v, o in enumerate(offs):

@@ -99,14 +99,6 @@ def _store_if_2d(pred: cutlass.Boolean, t: cute.Tensor, i: cutlass.Int32, j: cut
         t[(i, j)] = val
 
 
-def _static_offsets(coords) -> list[tuple]:
-    out = []
-    for v in range(cute.size(coords)):
-        off = coords.layout(v)
-        out.append(tuple(off) if isinstance(off, tuple) else (off,))
-    return out
-
-
 def quant_groups(offsets, block: int, quad: int, lane_col_step: int):
     """Group element indices by (row offset, block of the output column offset); proves that
     every block of the quad's lanes is the union of one group per lane."""
@@ -238,12 +230,12 @@ def store_quantized_subtile(spec, out, coords, local, s_out, quant_args, quad: i
     subtile-local (m, n) of every accumulator element; quant_args: (scale bytes, (1,) fp32
     global scale or None, output rows, output columns[, row limit: grouped, the expert's end
     row])."""
-    from .ops import gate_up_pairs
+    from .ops import gate_up_pairs, static_offsets
 
     mSF, mGS, m_rows, n_out = quant_args[:4]
     row_limit = quant_args[4] if len(quant_args) > 4 else None
     cpo = spec.cols_per_output
-    offs = _static_offsets(coords)
+    offs = static_offsets(coords)
     idx = [g for g, _ in gate_up_pairs(coords)] if spec.gated else list(range(len(offs)))
     out_offsets = [(offs[v][0], offs[v][1] // cpo) for v in idx]
     out_local = [(local[v][0], local[v][1] // cpo) for v in idx]

@@ -352,11 +352,11 @@ SWAP_STEP = 16  # swap_ab: WGMMA widths run over multiples of this many tokens
 
 
 def swap_ab_epilogue(epi: EpilogueSpec) -> bool:
-    """Whether the swapped grouped kernel takes this epilogue: alpha, bias and elementwise
-    activations (gated pairs, quantized outputs and user epilogues work on the stored output's
-    rows, which the swapped accumulator holds as columns; FP8 scales come with FP8 inputs, which
-    it does not take)."""
-    return not (epi.beta or epi.gated or epi.quant or epi.user or epi.scale_a or epi.scale_b)
+    """Whether the swapped grouped kernel takes this epilogue: alpha, bias, elementwise and
+    gated activations (quantized outputs and user epilogues work on the stored output's rows,
+    which the swapped accumulator holds as columns; FP8 scales come with FP8 inputs, which it
+    does not take)."""
+    return not (epi.beta or epi.quant or epi.user or epi.scale_a or epi.scale_b)
 
 
 def swap_ab_errors(cfg: GemmConfig) -> list[str]:
@@ -377,7 +377,7 @@ def swap_ab_errors(cfg: GemmConfig) -> list[str]:
         err.append(f"{what}: cluster_n must be 1 (cluster_m CTAs share one token tile, issuing its "
                    f"{SWAP_CHUNK}-token chunks in turn: tile_n / {SWAP_CHUNK} a multiple of cluster_m)")
     if not swap_ab_epilogue(cfg.epilogue):
-        err.append(f"{what}: alpha, bias and elementwise activations are its epilogue ops")
+        err.append(f"{what}: alpha, bias, elementwise and gated activations are its epilogue ops")
     if cfg.fp8_blockwise or cfg.fp8_mx or cfg.blockscaled or cfg.flat:
         err.append(f"{what} cannot be combined with scaled or flat modes")
     return err

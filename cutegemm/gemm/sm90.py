@@ -42,6 +42,8 @@ Constraints: see ``config.config_errors`` (tile_m 64/128, tile_n 64..256, cluste
 
 from __future__ import annotations
 
+import dataclasses
+
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
@@ -127,6 +129,8 @@ class GemmSm90(SwapAbSm90Mixin, BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90
         # What one subtile writes: half the columns when gated (one output per gate/up pair), in
         # stored elements (FP4: bytes holding two).
         self.epi_tile_out = (self.epi_tile[0], self.epi_tile[1] // cpo // self.out_per_elem)
+        if cfg.swap_ab:  # the stored rows are the GEMM's columns: gated halves the weight rows
+            self.epi_tile_out = (self.epi_tile[0] // cpo, self.epi_tile[1])
         ab_bytes = (cfg.tile_m + cfg.tile_n) * self.tile_shape_mnk[2] * self.a_dtype.width // 8
         if cfg.fp8_mx:  # the K tile's scales ride with A and B
             ab_bytes += self.mx_stage_bytes()
@@ -400,6 +404,8 @@ class GemmSm90(SwapAbSm90Mixin, BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90
         out_tiler = cute.slice_(self.tile_shape_mnk, (None, None, 0))
         if cutlass.const_expr(epi.cols_per_output * self.out_per_elem > 1):
             out_tiler = (self.config.tile_m, self.config.tile_n // epi.cols_per_output // self.out_per_elem)
+            if cutlass.const_expr(self.config.swap_ab):  # gated: tile_m / 2 stored (weight) rows
+                out_tiler = (self.config.tile_m // epi.cols_per_output, self.config.tile_n)
         gC_mnl = cute.local_tile(mC_mnl, out_tiler, (None, None, None))
         # (bM, bN, RestM, RestN, RestL): global (m, n, l) GEMM coordinate of every accumulator
         cAcc_mnl = None
@@ -811,7 +817,12 @@ class GemmSm90(SwapAbSm90Mixin, BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90
                     for v in cutlass.range_constexpr(size_rD):
                         tRS_rD[v] = tRS_rAcc[epi_idx * size_rD + v]
                     coords = tRS_cAcc[(None, epi_idx)] if cutlass.const_expr(epi_sub.needs_coords) else None
-                    out = epilogue_subtile(epi_sub, tRS_rD.load(), coords, alpha, beta, mCin, mBias, vectors, group_cols)
+                    # swap_ab + gated: the subtile's values before gating (its gate / up pairs
+                    # lie in two threads; ``swap_gated_store`` pairs them)
+                    out = epilogue_subtile(
+                        dataclasses.replace(epi_sub, gated=None) if cutlass.const_expr(swap and gated) else epi_sub,
+                        tRS_rD.load(), coords, alpha, beta, mCin, mBias, vectors, group_cols,
+                    )  # fmt: skip
                     if cutlass.const_expr(direct):
                         tRS_rD_out.store(out.to(self.c_dtype))
                     buf = wg * self.epi_stage + epi_count % self.epi_stage
@@ -821,6 +832,8 @@ class GemmSm90(SwapAbSm90Mixin, BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90
                         store_quantized_subtile(
                             epi_sub, out, coords, tRS_cE, sC[(None, None, buf)], tile_quant_args, 4, 1 if gated else 2
                         )
+                    elif cutlass.const_expr(swap):
+                        self.swap_gated_store(epi_sub, out, coords, tRS_cE, sC[(None, None, buf)], self.c_dtype)
                     else:
                         store_gated(out, coords, tRS_cE, sC[(None, None, buf)], self.c_dtype)
                     # Make the smem writes visible to the TMA (async proxy), then one warp stores.

@@ -17,7 +17,10 @@ loads in proportion to its real tokens. In the usual orientation its last tile c
 expert took as long as 512).
 
 Epilogue: the subtiles are 128 weights x 32 tokens; those past the expert's last token are
-skipped, a subtile that crosses it is stored by predicated copies, the rest by TMA.
+skipped, a subtile that crosses it is stored by predicated copies, the rest by TMA. Gated
+outputs (swiglu / geglu): a (gate, up) pair is two adjacent GEMM columns, here two adjacent
+accumulator rows, which WGMMA gives to lanes 4 apart; one shuffle per token pairs them
+(:meth:`swap_gated_store`), and a subtile stores 64 output columns x 32 tokens.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
+from ..epilogue.ops import apply_gate, static_offsets
 from .config import SWAP_CHUNK, SWAP_STEP
 from .epilogue_store import store_subtile_predicated
 
@@ -169,3 +173,47 @@ class SwapAbSm90Mixin:
             cute.composition(sC_buf, t), cute.composition(gC_sub, t), tokens_valid, weights_valid, tidx,
             self.threads_per_tile,
         )
+
+    @staticmethod
+    def swap_gate_pairs(coords: cute.Tensor) -> list[tuple[int, int]]:
+        """(register at row offset 0, register at row offset 8) per token of a thread's swapped
+        subtile fragment (``coords``: (token, GEMM column, expert) per register). The WGMMA
+        fragment holds rows r and r + 8 of every token column; proven at trace time (raises
+        otherwise)."""
+        index = {}
+        for v, o in enumerate(static_offsets(coords)):
+            if o[1] not in (0, 8) or (o[0], o[1]) in index:
+                raise ValueError(f"swap_ab gated epilogue: unexpected fragment offset {o}")
+            index[(o[0], o[1])] = v
+        tokens = sorted({t for t, _ in index})
+        if any((t, 0) not in index or (t, 8) not in index for t in tokens):
+            raise ValueError(f"swap_ab gated epilogue: fragment offsets {sorted(index)} are not row pairs r, r + 8")
+        return [(index[(t, 0)], index[(t, 8)]) for t in tokens]
+
+    def swap_gated_store(self, spec, y: cute.TensorSSA, coords: cute.Tensor, local: cute.Tensor,
+                         s_out: cute.Tensor, dtype):  # fmt: skip
+        """Gate, then write one swapped subtile's outputs into ``s_out`` (64 output columns x 32
+        tokens). ``y``: the subtile's fp32 values after alpha / bias (``coords`` order); local:
+        subtile-local (weight row, token) of every register.
+
+        Gate column 2j and up column 2j + 1 are accumulator rows of lanes 4 apart: a lane with
+        even rows g, g + 8 holds gates, its partner (lane ^ 4) the ups of rows g + 1, g + 9. The
+        even lane finishes pair (g, g + 1), the odd one pair (g + 8, g + 9): per token each sends
+        the value the other needs (even: its gate of row g + 8; odd: its up of row g + 1), one
+        shuffle. Output row = (the kept register's row) >> 1."""
+        pairs = self.swap_gate_pairs(coords)
+        odd = (coords[0][1] & 1) != 0  # this lane's rows hold ups (GEMM columns 2j + 1)
+        r_y = cute.make_rmem_tensor(y.shape, cutlass.Float32)
+        r_y.store(y)
+        r_gate = cute.make_rmem_tensor(len(pairs), cutlass.Float32)
+        r_up = cute.make_rmem_tensor(len(pairs), cutlass.Float32)
+        for k, (v0, v8) in enumerate(pairs):
+            a, b = r_y[v0], r_y[v8]
+            got = cute.arch.shuffle_sync_bfly(cutlass.select_(odd, a, b), offset=4)
+            r_gate[k] = cutlass.select_(odd, got, a)
+            r_up[k] = cutlass.select_(odd, b, got)
+        r_out = cute.make_rmem_tensor(len(pairs), dtype)
+        r_out.store(apply_gate(spec, r_gate.load(), r_up.load()).to(dtype))
+        for k, (v0, v8) in enumerate(pairs):
+            row = cutlass.select_(odd, local[v8][0], local[v0][0]) >> 1
+            s_out[(row, local[v0][1])] = r_out[k]
