@@ -137,12 +137,12 @@ def test_swap_bias_alpha_activation(bias_dtype):
 def test_swap_gated(name, gated):
     """Gated outputs: a (gate, up) pair is two accumulator rows of lanes 4 apart, paired by a
     shuffle. Against fp64 and against the unswapped kernel (same K order and epilogue math: at
-    most one bf16 ulp apart); N' = 132 leaves a 4-column last weight tile, the ragged token
+    most one bf16 ulp apart); N' = 136 leaves an 8-column last weight tile, the ragged token
     counts every subtile kind; bias (E, 2N') and alpha before the gate."""
     torch.manual_seed(2)
     cfg = replace(SWAP, **CONFIGS[name])
     counts = [150, 0, 1, 40, 300, 17, 33, 256]
-    E, n, k = len(counts), 264, 136
+    E, n, k = len(counts), 272, 136
     a = torch.randn(sum(counts) + 6, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(E, n, k, device="cuda", dtype=torch.bfloat16)
     b = w.transpose(1, 2) if cfg.b_major == "k" else w.transpose(1, 2).contiguous()
