@@ -32,11 +32,12 @@ Forms:
   beta * C is not supported in the grouped form.
 
   Kernels (sm_90a): with up to 1024 mean rows per expert, bf16 / fp16 and an epilogue of alpha,
-  bias and elementwise activations, the policy runs the "swap AB" kernel (``GemmConfig.swap_ab``:
-  C^T = B^T A^T, each expert's tokens as the WGMMA's N, split evenly over ceil(tokens / tile_n)
-  tiles, one WGMMA width per 16 tokens and token loads in 32-row TMA chunks, so the last tile of a
-  ragged expert costs only its real tokens; ``gemm.sm90_swap``); otherwise (gated, quantized, user
-  epilogues, FP8, decode-sized or larger experts) the kernel whose tiles run along the packed rows.
+  bias, elementwise or gated activations, the policy runs the "swap AB" kernel
+  (``GemmConfig.swap_ab``: C^T = B^T A^T, each expert's tokens as the WGMMA's N, split evenly over
+  ceil(tokens / tile_n) tiles, one WGMMA width per 16 tokens and token loads in 32-row TMA chunks,
+  so the last tile of a ragged expert costs only its real tokens; gate / up pairs meet by a lane
+  shuffle; ``gemm.sm90_swap``); otherwise (quantized, user epilogues, FP8, decode-sized or larger
+  experts) the kernel whose tiles run along the packed rows.
   Both sum each element over K in the same order: on the H200 their outputs were bitwise equal.
 - K-grouped (weight gradient): ``grouped_gemm(a, b, offs=offs)`` with a (M, total_K), b (total_K, N)
   -> (E, M, N), offs splitting K (an expert with an empty slice gets zeros). sm_90a, bf16 / fp16:
