@@ -379,6 +379,10 @@ def grouped_variants(arch: str) -> list[GemmConfig]:
                    raster="m", group=1, epilogue=EpilogueSpec(alpha=True, bias=True, bias_dtype="bf16", activation="silu")),
         GemmConfig(arch=arch, grouped=True, swap_ab=True, tile_m=128, tile_n=160, a_dtype="fp16", b_dtype="fp16",
                    out_dtype="fp32", raster="m", group=1),
+        # swap_ab FP8 row-wise, promoted (each K tile's partial sum accumulates from zeros)
+        GemmConfig(arch=arch, grouped=True, swap_ab=True, tile_m=128, tile_n=192, cluster_m=2, scheduler="dynamic",
+                   a_dtype="e4m3", b_dtype="e4m3", raster="m", group=1, b_major="k",
+                   epilogue=EpilogueSpec(scale_a=True, scale_b=True)),
         # swap_ab with a gated output (the MoE up projection): gate / up pairs across lanes
         GemmConfig(arch=arch, grouped=True, swap_ab=True, tile_m=128, tile_n=256, cluster_m=2, scheduler="dynamic",
                    raster="m", group=1, epilogue=EpilogueSpec(alpha=True, bias=True, gated="swiglu")),

@@ -6,6 +6,7 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cutegemm.epilogue import EpilogueSpec
 from cutegemm.gemm.config import GemmConfig, config_errors
 from cutegemm.schedulers.grouped import even_split, swap_tile_map
 
@@ -18,7 +19,8 @@ def test_swap_config_rules():
     bad = {
         "not grouped": replace(SWAP, grouped=False),
         "sm_100a": replace(SWAP, arch="sm_100a"),
-        "fp8": replace(SWAP, a_dtype="e4m3", b_dtype="e4m3"),
+        "fp8 promoted 256 tokens": replace(SWAP, a_dtype="e4m3", b_dtype="e4m3", tile_n=256),
+        "e5m2": replace(SWAP, a_dtype="e5m2", b_dtype="e5m2", tile_n=128),
         "pingpong": replace(SWAP, pingpong=True, scheduler="static"),
         "64 rows": replace(SWAP, tile_m=64),
         "tile_n 200": replace(SWAP, tile_n=200),
@@ -26,10 +28,11 @@ def test_swap_config_rules():
         "cluster_n": replace(SWAP, cluster_n=2, cluster_m=1),
     }
     for name, cfg in bad.items():
-        assert any("swap_ab" in e for e in config_errors(cfg)), name
-    from cutegemm.epilogue import EpilogueSpec
-
-    for epi in (EpilogueSpec(gated="swiglu", quant="mxfp8"), EpilogueSpec(quant="mxfp8"), EpilogueSpec(scale_a=True)):
+        errs = config_errors(cfg)
+        assert errs and (name.startswith("fp8 promoted") or any("swap_ab" in e for e in errs)), (name, errs)
+    fp8 = replace(SWAP, a_dtype="e4m3", b_dtype="e4m3", tile_n=192, epilogue=EpilogueSpec(scale_a=True, scale_b=True))
+    assert config_errors(fp8) == [] and config_errors(replace(fp8, tile_n=256, fast_accum=True)) == []
+    for epi in (EpilogueSpec(gated="swiglu", quant="mxfp8"), EpilogueSpec(quant="mxfp8"), EpilogueSpec(beta=True)):
         assert any("swap_ab" in e for e in config_errors(replace(SWAP, epilogue=epi))), epi
     for epi in (EpilogueSpec(alpha=True, activation="gelu"), EpilogueSpec(alpha=True, bias=True, bias_dtype="bf16"),
                 EpilogueSpec(alpha=True, bias=True, gated="swiglu"), EpilogueSpec(gated="geglu")):

@@ -14,6 +14,7 @@ import cutegemm
 from cutegemm.epilogue import EpilogueSpec
 from cutegemm.grouped import grouped_gemm, grouped_gemm_ref
 
+from .gemm_check import assert_within_torch_error
 from .test_grouped_gpu import capture_graph, check_packed, expert_counts, make_offs
 
 pytestmark = pytest.mark.gpu
@@ -158,3 +159,45 @@ def test_swap_gated(name, gated):
         assert torch.isnan(out[end:]).all(), "rows past offs[-1] were written"
         outs.append(out[:end].float())
     torch.testing.assert_close(outs[0], outs[1], atol=0, rtol=2**-7)
+
+
+@pytest.mark.parametrize("fast_accum", [False, True])
+@pytest.mark.parametrize("tile_n", [192, 128])
+def test_swap_fp8_rowwise(tile_n, fast_accum):
+    """FP8 e4m3 with row-wise scales (scale_a per token, scale_b per expert and column) and, by
+    default, promotion per 128-wide K tile: against fp64 within torch's own error (per-expert
+    ``_scaled_mm``), and bitwise against the unswapped kernel (same K tiles, same order); ragged
+    counts incl. empty experts and single tokens, N off the 128-row weight tile, bias."""
+    torch.manual_seed(3)
+    counts = [256, 0, 96, 1, 400, 17, 33, 130]
+    E, n, k = len(counts), 272, 512
+    f8 = torch.float8_e4m3fn
+    a = torch.randn(sum(counts) + 4, k, device="cuda").to(f8)
+    w = torch.randn(E, n, k, device="cuda").to(f8)
+    sa = torch.rand(a.shape[0], device="cuda") * 0.1 + 0.01
+    sb = torch.rand(E, n, device="cuda") * 0.1 + 0.01
+    bias = torch.randn(E, n, device="cuda")
+    offs = make_offs(counts)
+    end = sum(counts)
+    cfg = replace(SWAP, a_dtype="e4m3", b_dtype="e4m3", tile_n=tile_n, cluster_m=2, scheduler="dynamic",
+                  fast_accum=fast_accum)  # fmt: skip
+    outs = []
+    for c in (cfg, replace(cfg, swap_ab=False, cluster_m=1)):
+        out = torch.full((a.shape[0], n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        grouped_gemm(a, w.transpose(1, 2), offs=offs, out=out, scale_a=sa, scale_b=sb, fast_accum=fast_accum, config=c)
+        assert torch.isnan(out[end:]).all(), "rows past offs[-1] were written"
+        outs.append(out[:end])
+    ref = grouped_gemm_ref(a, w.transpose(1, 2), offs=offs, scale_a=sa, scale_b=sb, compute_dtype=torch.float64)[:end]
+    same = torch.zeros_like(outs[0])
+    for e, (s, t) in enumerate(zip([0, *offs.tolist()[:-1]], offs.tolist(), strict=True)):
+        if t > s:
+            same[s:t] = torch._scaled_mm(a[s:t], w[e].t(), scale_a=sa[s:t, None], scale_b=sb[e][None, :],
+                                         out_dtype=torch.bfloat16, use_fast_accum=fast_accum)  # fmt: skip
+    assert_within_torch_error(outs[0], same, ref, what=f"swap FP8 tile_n={tile_n} fast_accum={fast_accum}")
+    if not fast_accum:
+        assert torch.equal(outs[0], outs[1]), "swapped and unswapped promoted FP8 differ"
+    # bias after the scales
+    out = grouped_gemm(a, w.transpose(1, 2), offs=offs, scale_a=sa, scale_b=sb, bias=bias, fast_accum=fast_accum,
+                       config=replace(cfg, epilogue=EpilogueSpec(scale_a=True, scale_b=True, bias=True)))  # fmt: skip
+    ref_b = grouped_gemm_ref(a, w.transpose(1, 2), offs=offs, scale_a=sa, scale_b=sb, bias=bias, compute_dtype=torch.float64)
+    torch.testing.assert_close(out[:end].float(), ref_b[:end].float(), atol=5e-2, rtol=2e-2)

@@ -353,24 +353,23 @@ SWAP_STEP = 16  # swap_ab: WGMMA widths run over multiples of this many tokens
 
 def swap_ab_epilogue(epi: EpilogueSpec) -> bool:
     """Whether the swapped grouped kernel takes this epilogue: alpha, bias, elementwise and
-    gated activations (quantized outputs and user epilogues work on the stored output's rows,
-    which the swapped accumulator holds as columns; FP8 scales come with FP8 inputs, which it
-    does not take)."""
-    return not (epi.beta or epi.quant or epi.user or epi.scale_a or epi.scale_b)
+    gated activations, FP8 row-wise scales (quantized outputs and user epilogues work on the
+    stored output's rows, which the swapped accumulator holds as columns)."""
+    return not (epi.beta or epi.quant or epi.user)
 
 
 def swap_ab_errors(cfg: GemmConfig) -> list[str]:
     """Rules of the swapped grouped kernel (``GemmConfig.swap_ab``): sm_90a packed grouped form,
-    bf16 / fp16, cooperative 128-row (weight) tiles, tile_n tokens a multiple of 32, clusters
+    bf16 / fp16 / e4m3 (FP8: the common rules hold, e.g. promotion up to tile_n 192, weights
+    K-major), cooperative 128-row (weight) tiles, tile_n tokens a multiple of 32, clusters
     only along the weights (cluster_n 1: the CTAs of a cluster share the token tile by multicast),
     and the epilogues of :func:`swap_ab_epilogue`."""
     what = "swap_ab (grouped, tokens as the WGMMA's N)"
     err = []
     if cfg.arch != "sm_90a" or not cfg.grouped:
         err.append(f"{what} is an sm_90a packed grouped kernel (grouped=True)")
-    if cfg.a_dtype not in INPUT_DTYPES or cfg.b_dtype != cfg.a_dtype:
-        # (FP8 with promotion and row / column scales had ptxas serialize every WGMMA: C7511)
-        err.append(f"{what}: bf16 or fp16 A and B, got {cfg.a_dtype}/{cfg.b_dtype}")
+    if cfg.a_dtype not in (*INPUT_DTYPES, "e4m3") or cfg.b_dtype != cfg.a_dtype:
+        err.append(f"{what}: bf16, fp16 or e4m3 A and B, got {cfg.a_dtype}/{cfg.b_dtype}")
     if cfg.pingpong or cfg.tile_m != 128 or cfg.tile_n % SWAP_CHUNK or not 32 <= cfg.tile_n <= 256:
         err.append(f"{what}: cooperative 128 x tile_n tiles, tile_n a multiple of {SWAP_CHUNK} up to 256")
     if cfg.cluster_n != 1 or (cfg.tile_n // SWAP_CHUNK) % cfg.cluster_m:

@@ -626,7 +626,9 @@ class GemmSm90(SwapAbSm90Mixin, BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90
         num_k_blocks = cute.size(tCrA, mode=[2])
         swap = self.config.swap_ab
         if cutlass.const_expr(swap):  # one WGMMA width per 16 tokens (see gemm.sm90_swap)
-            variants = self.swap_variants(tiled_mma, mma_tidx, sA, sB, acc)
+            variants = self.swap_variants(tiled_mma, mma_tidx, sA, sB, acc, acc_sum)
+            if cutlass.const_expr(promote):
+                acc.fill(0.0)  # FP8: each K tile's partial sum accumulates from zeros (swap_k_loop)
         # FP8 block scaling (DeepSeek 1x128 / 128x128, config.fp8_blockwise): see
         # gemm.sm90_blockwise (this thread's rows, scale registers).
         blockwise = self.config.fp8_blockwise
@@ -724,7 +726,7 @@ class GemmSm90(SwapAbSm90Mixin, BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90
             elif cutlass.const_expr(swap):
                 read_state, release_state = self.swap_k_loop(
                     ab_pipeline, read_state, release_state, variants, self.swap_width_index(tile), kt_cnt, num_k_blocks,
-                    my_wg,
+                    my_wg, promote,
                 )  # fmt: skip
             elif cutlass.const_expr(blockwise):
                 tiled_mma, read_state, release_state = self.blockwise_k_loop(

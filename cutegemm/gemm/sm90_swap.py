@@ -89,10 +89,12 @@ class SwapAbSm90Mixin:
         )
         return smem, gm[(None, chunk, None, 0)]
 
-    def swap_variants(self, tiled_mma, mma_tidx, sA: cute.Tensor, sB: cute.Tensor, acc: cute.Tensor):
-        """One (tiled MMA, A fragment, B fragment, accumulator view) per WGMMA width 16, 32, ...,
-        tile_n: the B fragment reads the stage's first n token rows, the accumulator view is the
-        first n / 2 fp32 registers of each thread's (the WGMMA fragment is ordered by column)."""
+    def swap_variants(self, tiled_mma, mma_tidx, sA: cute.Tensor, sB: cute.Tensor, acc: cute.Tensor,
+                      acc_sum: cute.Tensor):  # fmt: skip
+        """One (tiled MMA, A fragment, B fragment, accumulator view, promoted-sum view) per WGMMA
+        width 16, 32, ..., tile_n: the B fragment reads the stage's first n token rows, the
+        accumulator views are the first n / 2 fp32 registers of each thread's (the WGMMA fragment
+        is ordered by column); the promoted sum (FP8) is viewed the same way."""
         cfg = self.config
         tile_k = self.tile_shape_mnk[2]
         stages = cute.size(sB, mode=[2])
@@ -108,7 +110,7 @@ class SwapAbSm90Mixin:
             t_a = mma.make_fragment_A(thr.partition_A(sA))
             t_b = mma.make_fragment_B(thr.partition_B(s_n))
             layout = cute.make_layout(thr.partition_C(cute.make_identity_tensor((cfg.tile_m, n))).shape)
-            out.append((mma, t_a, t_b, cute.make_tensor(acc.iterator, layout)))
+            out.append((mma, t_a, t_b, cute.make_tensor(acc.iterator, layout), cute.make_tensor(acc_sum.iterator, layout)))
         return out
 
     @cute.jit
@@ -119,20 +121,32 @@ class SwapAbSm90Mixin:
 
     @cute.jit
     def swap_k_loop(self, ab_pipeline, read_state, release_state, variants, v: cutlass.Int32, kt_cnt: cutlass.Int32,
-                    num_k_blocks: cutlass.Constexpr, my_wg: cutlass.Int32):  # fmt: skip
+                    num_k_blocks: cutlass.Constexpr, my_wg: cutlass.Int32, promote: cutlass.Constexpr):  # fmt: skip
         """A tile's K loop at WGMMA width variant ``v`` (warp-uniform): one loop per width, so the
-        WGMMAs of each stay batched (one group in flight, the stage behind it released)."""
+        WGMMAs of each stay batched (one group in flight, the stage behind it released).
+        ``promote`` (FP8): every K tile's WGMMAs accumulate into a zeroed partial sum, added
+        into the promoted sum once they retire, then zeroed again (the whole accumulator is zero
+        between tiles: zeroed once before the first). Not the unswapped loop's first WGMMA
+        without accumulate: with more than one width, ptxas then serialized every QGMMA."""
         for vi in cutlass.range_constexpr(len(variants)):
             if v == vi:
-                mma, t_a, t_b, acc = variants[vi]
+                mma, t_a, t_b, acc, acc_sum = variants[vi]
                 mma.set(warpgroup.Field.ACCUMULATE, True)
                 for k_tile in range(kt_cnt):
                     ab_pipeline.consumer_wait(read_state)
                     mma = self.issue_k_tile(mma, acc, t_a, t_b, read_state.index, num_k_blocks, False, my_wg)
-                    warpgroup.wait_group(1)
-                    if k_tile > 0:
-                        ab_pipeline.consumer_release(release_state)
+                    if cutlass.const_expr(promote):
+                        warpgroup.wait_group(0)
+                        ab_pipeline.consumer_release(read_state)
                         release_state.advance()
+                        acc_sum.store(acc_sum.load() + acc.load())
+                        acc.fill(0.0)
+                        warpgroup.fence()  # the zeros before the next K tile's WGMMAs read them
+                    else:
+                        warpgroup.wait_group(1)
+                        if k_tile > 0:
+                            ab_pipeline.consumer_release(release_state)
+                            release_state.advance()
                     read_state.advance()
         return read_state, release_state
 
