@@ -191,7 +191,8 @@ def test_swap_fp8_rowwise(tile_n, fast_accum):
     same = torch.zeros_like(outs[0])
     for e, (s, t) in enumerate(zip([0, *offs.tolist()[:-1]], offs.tolist(), strict=True)):
         if t > s:
-            same[s:t] = torch._scaled_mm(a[s:t], w[e].t(), scale_a=sa[s:t, None], scale_b=sb[e][None, :],
+            # (cuBLAS wants 16-byte aligned scale vectors: copies)
+            same[s:t] = torch._scaled_mm(a[s:t], w[e].t(), scale_a=sa[s:t].clone()[:, None], scale_b=sb[e].clone()[None, :],
                                          out_dtype=torch.bfloat16, use_fast_accum=fast_accum)  # fmt: skip
     assert_within_torch_error(outs[0], same, ref, what=f"swap FP8 tile_n={tile_n} fast_accum={fast_accum}")
     if not fast_accum:

@@ -87,7 +87,9 @@ class ArchPolicy:
         rows = p.m / max(num_groups, 1)
         if rows <= 64:  # decode: memory-bound on the weights; small tiles, A shared over 2 CTAs
             tile = dict(tile_m=64, tile_n=128, cluster_n=2)
-        elif (allow_swap and self.arch == "sm_90a" and rows <= SWAP_MAX_ROWS and p.a_dtype in ("bf16", "fp16")
+        elif (allow_swap and self.arch == "sm_90a" and rows <= SWAP_MAX_ROWS
+              and (p.a_dtype in ("bf16", "fp16") or (p.a_dtype == "e4m3" and overrides.get("fast_accum", False)
+                                                      and not overrides.get("fp8_blockwise", False)))
               and swap_ab_epilogue(overrides.get("epilogue", EpilogueSpec()))):  # fmt: skip
             # Tokens along the WGMMA's N (swap_ab): an expert's last tile costs its real tokens'
             # tensor work and loads, not a whole 128-row tile's. H200 (bench/2026-12-01/, same
@@ -95,14 +97,16 @@ class ArchPolicy:
             # tile below), down 679 vs 651, Qwen3-30B-A3B (128x192: its ~128-token experts fill
             # one tile, and more stages keep more weight bytes in flight) 420 vs 401; Mixtral
             # (4096 rows per expert, no ragged waste to save) 2-5% slower, so not above
-            # SWAP_MAX_ROWS.
+            # SWAP_MAX_ROWS. FP8 row-wise with fast accumulation (bench/2026-12-01b/round5, vs the
+            # 128x256 c1x2 tile below): DeepSeek-V3 up 1354 vs 1251, Qwen3 702 vs 677, down 1125
+            # vs 1131; with promotion the swapped kernel was 7-17% slower (not taken).
             tile = dict(tile_m=128, tile_n=192 if rows <= 192 else 256, cluster_m=2, scheduler="dynamic", swap_ab=True)
         else:  # 128x256 with the dynamic (atomic-counter) scheduler: best or within 1% of best on
             # every MoE shape > 64 rows per expert once the epilogue ring left it 4 A/B stages
             # (H200, 2026-11-30, tools/grouped_sweep.py: DeepSeek-V3 up / down, Qwen3 (ahead of
             # pingpong 128x128 by 6%), Mixtral; 2x1 clusters and pingpong 64x256 were slower)
             tile = dict(tile_m=128, tile_n=256, cluster_n=2, scheduler="dynamic")
-        if p.a_dtype == "e4m3":
+        if p.a_dtype == "e4m3" and not tile.get("swap_ab"):
             tile.pop("scheduler", None)  # FP8 grouped was measured with the static scheduler only
             if not overrides.get("fast_accum", False):
                 # FP8 with promotion: two fp32 accumulators, at most 64x192 per warpgroup. Row-wise

@@ -127,7 +127,10 @@ class SwapAbSm90Mixin:
         ``promote`` (FP8): every K tile's WGMMAs accumulate into a zeroed partial sum, added
         into the promoted sum once they retire, then zeroed again (the whole accumulator is zero
         between tiles: zeroed once before the first). Not the unswapped loop's first WGMMA
-        without accumulate: with more than one width, ptxas then serialized every QGMMA."""
+        without accumulate: with more than one width, ptxas then serialized every QGMMA. Either
+        way slower than the unswapped promoted kernel on the H200 (DeepSeek-V3 up 1022 / 1054
+        (serialized) vs 1218 TFLOP/s, bench/2026-12-01b/round3-5): the policy swaps FP8 only
+        with fast accumulation."""
         for vi in cutlass.range_constexpr(len(variants)):
             if v == vi:
                 mma, t_a, t_b, acc, acc_sum = variants[vi]
