@@ -150,6 +150,8 @@ def refcheck_cumsum(counts):
 T64 = dict(tile_m=64, tile_n=128, cluster_n=2)
 T128PP = dict(tile_m=128, tile_n=128, pingpong=True, cluster_n=2)
 T256 = dict(tile_m=128, tile_n=256, cluster_n=2)
+SWAP256 = dict(swap_ab=True, tile_m=128, tile_n=256, cluster_m=2, scheduler="dynamic")
+SWAP160 = dict(swap_ab=True, tile_m=128, tile_n=160, scheduler="dynamic")
 
 
 def _grouped_cases():
@@ -163,6 +165,9 @@ def _grouped_cases():
             [], 136, 72, T64, alpha=0.5, pad=200, bad_offs=[150, -3, 100, 10_000, -(2**31), 7]
         ),
         "grouped-all-empty": lambda: grouped_case([0, 0, 0], 136, 72, T64, alpha=0.5),
+        # swap AB (tokens along the WGMMA's N): the policy's tiles, chunks skipped past the tokens
+        "grouped-swap-256-c2x1": lambda: grouped_case([130, 0, 1, 257, 33], 264, 136, SWAP256, b_row=False, alpha=0.5),
+        "grouped-swap-160-c1x1-bn": lambda: grouped_case([17, 300, 0, 64, 65], 264, 136, SWAP160),
         "grouped-epilogue-bias-swiglu": lambda: grouped_epilogue_case([130, 0, 257, 3], 256, 136),
         "grouped-epilogue-nvfp4": lambda: grouped_epilogue_case([70, 0, 133, 64], 256, 128, fmt="nvfp4"),
         "grouped-epilogue-mxfp4-swiglu": lambda: grouped_epilogue_case([1, 200, 0, 9], 128, 64, fmt="mxfp4"),
@@ -365,7 +370,7 @@ def _fp8_cases():
         err = (host[:m].float() - ref).abs().max().item()
         assert err <= 0.02 * ref.abs().max().item(), f"fp8 {kind}: max error {err:.4g}"
 
-    def grouped(kind="blockwise"):
+    def grouped(kind="blockwise", fast=False, config=None):
         counts, n, k = [100, 0, 170, 9], 384, 512
         total = sum(counts) + 3
         a, w = (cpu(total, k) * 2).to(F8), (cpu(len(counts), n, k) * 2).to(F8)
@@ -374,7 +379,8 @@ def _fp8_cases():
             sa, sb = cpu(total, dtype=F32).abs() + 0.1, cpu(len(counts), n, dtype=F32).abs() + 0.1
         offs = torch.tensor(counts).cumsum(0).to(torch.int32)
         buf = torch.full((total, n), float("nan"), dtype=BF).cuda()
-        grouped_gemm(a.cuda(), w.cuda().transpose(1, 2), offs=offs.cuda(), scale_a=sa.cuda(), scale_b=sb.cuda(), out=buf)
+        grouped_gemm(a.cuda(), w.cuda().transpose(1, 2), offs=offs.cuda(), scale_a=sa.cuda(), scale_b=sb.cuda(), out=buf,
+                     fast_accum=fast, config=config)  # fmt: skip
         torch.cuda.synchronize()
         host, end = buf.cpu(), sum(counts)
         assert torch.isnan(host[end:]).all(), f"grouped fp8 {kind}: a row past offs[-1] was written"
@@ -393,6 +399,12 @@ def _fp8_cases():
         "fp8-blockwise-decode": lambda: dense("blockwise", m=40),
         "fp8-grouped-blockwise-wg-order": grouped,
         "fp8-grouped-rowwise-dynamic": lambda: grouped("rowwise"),
+        # fast accumulation: the policy's swapped 128x192 c2x1; promoted swapped (a config only)
+        "fp8-grouped-rowwise-fast-swap": lambda: grouped("rowwise", fast=True),
+        "fp8-grouped-rowwise-swap-promoted": lambda: grouped("rowwise", config=GemmConfig(
+            arch="sm_90a", a_dtype="e4m3", b_dtype="e4m3", b_major="k", grouped=True, swap_ab=True, tile_m=128,
+            tile_n=192, cluster_m=2, scheduler="dynamic", raster="m", group=1,
+            epilogue=EpilogueSpec(scale_a=True, scale_b=True))),
     }
 
 
