@@ -36,8 +36,9 @@ Forms:
   (``GemmConfig.swap_ab``: C^T = B^T A^T, each expert's tokens as the WGMMA's N, split evenly over
   ceil(tokens / tile_n) tiles, one WGMMA width per 16 tokens and token loads in 32-row TMA chunks,
   so the last tile of a ragged expert costs only its real tokens; gate / up pairs meet by a lane
-  shuffle; ``gemm.sm90_swap``); otherwise (quantized, user epilogues, FP8, decode-sized or larger
-  experts) the kernel whose tiles run along the packed rows.
+  shuffle; ``gemm.sm90_swap``), and so does FP8 row-wise with ``fast_accum=True``; otherwise
+  (quantized, user epilogues, promoted or block-scaled FP8, decode-sized or larger experts) the
+  kernel whose tiles run along the packed rows.
   Both sum each element over K in the same order: on the H200 their outputs were bitwise equal.
 - K-grouped (weight gradient): ``grouped_gemm(a, b, offs=offs)`` with a (M, total_K), b (total_K, N)
   -> (E, M, N), offs splitting K (an expert with an empty slice gets zeros). sm_90a, bf16 / fp16:
