@@ -708,16 +708,7 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, BlockwiseSm90Mixin, MxSm90Mix
                             cute.arch.fence_proxy("async.shared", space="cta")
                             epi_barrier.arrive_and_wait()
                     tiled_mma = self.issue_k_tile(tiled_mma, acc, tCrA, tCrB, read_state.index, num_k_blocks, promote, my_wg)
-                    if cutlass.const_expr(promote):
-                        warpgroup.wait_group(0)
-                        ab_pipeline.consumer_release(read_state)
-                        release_state.advance()
-                        acc_sum.store(acc_sum.load() + acc.load())
-                    else:
-                        warpgroup.wait_group(1)
-                        if k_tile > 0:
-                            ab_pipeline.consumer_release(release_state)
-                            release_state.advance()
+                    release_state = self.retire_k_tile(ab_pipeline, read_state, release_state, k_tile, promote, acc, acc_sum)
                     read_state.advance()
             if cutlass.const_expr(self.pingpong):
                 # All WGMMAs of this tile are issued: hand the tensor cores to the other warpgroup.
@@ -744,6 +735,28 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, BlockwiseSm90Mixin, MxSm90Mix
             if my_wg == 0:  # take warpgroup 1's last hand-over: no arrival is left pending at exit
                 cute.arch.barrier(barrier_id=BAR_K_ORDER, number_of_threads=2 * self.threads_per_warpgroup)
         ep.store_pipeline.producer_tail()
+
+    @cute.jit
+    def retire_k_tile(self, ab_pipeline, read_state, release_state, k_tile: cutlass.Int32, promote: cutlass.Constexpr,
+                      acc: cute.Tensor, acc_sum: cute.Tensor, rezero: cutlass.Constexpr = False):  # fmt: skip
+        """After a K tile's WGMMAs are issued: keep one batch in flight and release the stage
+        behind it, or (``promote``, FP8) wait for this batch, release its stage and add the
+        partial sum into the promoted one (``rezero``: then zero the partial sum for the next
+        K tile, ``gemm.sm90_swap``). Returns release_state."""
+        if cutlass.const_expr(promote):
+            warpgroup.wait_group(0)
+            ab_pipeline.consumer_release(read_state)
+            release_state.advance()
+            acc_sum.store(acc_sum.load() + acc.load())
+            if cutlass.const_expr(rezero):
+                acc.fill(0.0)
+                warpgroup.fence()  # the zeros before the next K tile's WGMMAs read them
+        else:
+            warpgroup.wait_group(1)
+            if k_tile > 0:
+                ab_pipeline.consumer_release(release_state)
+                release_state.advance()
+        return release_state
 
     @cute.jit
     def issue_k_tile(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,

@@ -138,18 +138,8 @@ class SwapAbSm90Mixin:
                 for k_tile in range(kt_cnt):
                     ab_pipeline.consumer_wait(read_state)
                     mma = self.issue_k_tile(mma, acc, t_a, t_b, read_state.index, num_k_blocks, False, my_wg)
-                    if cutlass.const_expr(promote):
-                        warpgroup.wait_group(0)
-                        ab_pipeline.consumer_release(read_state)
-                        release_state.advance()
-                        acc_sum.store(acc_sum.load() + acc.load())
-                        acc.fill(0.0)
-                        warpgroup.fence()  # the zeros before the next K tile's WGMMAs read them
-                    else:
-                        warpgroup.wait_group(1)
-                        if k_tile > 0:
-                            ab_pipeline.consumer_release(release_state)
-                            release_state.advance()
+                    release_state = self.retire_k_tile(ab_pipeline, read_state, release_state, k_tile, promote, acc,
+                                                       acc_sum, rezero=True)  # fmt: skip
                     read_state.advance()
         return read_state, release_state
 
