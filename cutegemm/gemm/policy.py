@@ -99,7 +99,7 @@ class ArchPolicy:
             # (4096 rows per expert, no ragged waste to save) 2-5% slower, so not above
             # SWAP_MAX_ROWS. FP8 row-wise with fast accumulation (bench/2026-12-01b/round5, vs the
             # 128x256 c1x2 tile below): DeepSeek-V3 up 1354 vs 1251, Qwen3 702 vs 677, down 1125
-            # vs 1131; with promotion the swapped kernel was 7-17% slower (not taken).
+            # vs 1131; with promotion the swapped kernel was 7-21% slower (not taken).
             tile = dict(tile_m=128, tile_n=192 if rows <= 192 else 256, cluster_m=2, scheduler="dynamic", swap_ab=True)
         else:  # 128x256 with the dynamic (atomic-counter) scheduler: best or within 1% of best on
             # every MoE shape > 64 rows per expert once the epilogue ring left it 4 A/B stages
