@@ -88,8 +88,7 @@ class ArchPolicy:
         if rows <= 64:  # decode: memory-bound on the weights; small tiles, A shared over 2 CTAs
             tile = dict(tile_m=64, tile_n=128, cluster_n=2)
         elif (allow_swap and self.arch == "sm_90a" and rows <= SWAP_MAX_ROWS
-              and (p.a_dtype in ("bf16", "fp16") or (p.a_dtype == "e4m3" and overrides.get("fast_accum", False)
-                                                      and not overrides.get("fp8_blockwise", False)))
+              and (p.a_dtype in ("bf16", "fp16") or (p.a_dtype == "e4m3" and overrides.get("fast_accum", False)))
               and swap_ab_epilogue(overrides.get("epilogue", EpilogueSpec()))):  # fmt: skip
             # Tokens along the WGMMA's N (swap_ab): an expert's last tile costs its real tokens'
             # tensor work and loads, not a whole 128-row tile's. H200 (bench/2026-12-01/, same

@@ -121,11 +121,12 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, BlockwiseSm90Mixin, MxSm90Mix
         epi = cfg.epilogue
         cpo = epi.cols_per_output
         self.epi_tile = (64 * self.wg_per_tile, 32 * cpo if epi.quant else 32)
-        # What one subtile writes: half the columns when gated (one output per gate/up pair), in
-        # stored elements (FP4: bytes holding two).
-        self.epi_tile_out = (self.epi_tile[0], self.epi_tile[1] // cpo // self.out_per_elem)
-        if cfg.swap_ab:  # the stored rows are the GEMM's columns: gated halves the weight rows
-            self.epi_tile_out = (self.epi_tile[0] // cpo, self.epi_tile[1])
+        # Accumulator (rows, columns) per stored element: gated halves the GEMM's columns (one
+        # output per gate/up pair), FP4 stores bytes holding two. swap_ab: the stored rows are the
+        # GEMM's columns, so gated halves the rows (swap takes no quantized output).
+        self.out_div = (cpo, 1) if cfg.swap_ab else (1, cpo * self.out_per_elem)
+        # What one subtile writes, in stored elements
+        self.epi_tile_out = (self.epi_tile[0] // self.out_div[0], self.epi_tile[1] // self.out_div[1])
         ab_bytes = (cfg.tile_m + cfg.tile_n) * self.tile_shape_mnk[2] * self.a_dtype.width // 8
         if cfg.fp8_mx:  # the K tile's scales ride with A and B
             ab_bytes += self.mx_stage_bytes()
@@ -395,12 +396,10 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, BlockwiseSm90Mixin, MxSm90Mix
         # (bN, bK, RestN, RestK, RestL)
         gB_nkl = cute.local_tile(mB_nkl, cute.slice_(self.tile_shape_mnk, (0, None, None)), (None, None, None))
         epi = self.config.epilogue
-        # (bM, bN, RestM, RestN, RestL) output tiles (gated: bN / 2 output columns)
+        # (bM, bN, RestM, RestN, RestL) output tiles (gated: bN / 2 output columns; swapped: bM / 2)
         out_tiler = cute.slice_(self.tile_shape_mnk, (None, None, 0))
-        if cutlass.const_expr(epi.cols_per_output * self.out_per_elem > 1):
-            out_tiler = (self.config.tile_m, self.config.tile_n // epi.cols_per_output // self.out_per_elem)
-            if cutlass.const_expr(self.config.swap_ab):  # gated: tile_m / 2 stored (weight) rows
-                out_tiler = (self.config.tile_m // epi.cols_per_output, self.config.tile_n)
+        if cutlass.const_expr(self.out_div != (1, 1)):
+            out_tiler = (self.config.tile_m // self.out_div[0], self.config.tile_n // self.out_div[1])
         gC_mnl = cute.local_tile(mC_mnl, out_tiler, (None, None, None))
         # (bM, bN, RestM, RestN, RestL): global (m, n, l) GEMM coordinate of every accumulator
         cAcc_mnl = None
@@ -618,9 +617,7 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, BlockwiseSm90Mixin, MxSm90Mix
         num_k_blocks = cute.size(tCrA, mode=[2])
         swap = self.config.swap_ab
         if cutlass.const_expr(swap):  # one WGMMA width per 16 tokens (see gemm.sm90_swap)
-            variants = self.swap_variants(tiled_mma, mma_tidx, sA, sB, acc, acc_sum)
-            if cutlass.const_expr(promote):
-                acc.fill(0.0)  # FP8: each K tile's partial sum accumulates from zeros (swap_k_loop)
+            variants = self.swap_variants(tiled_mma, mma_tidx, sA, sB, acc, acc_sum, promote)
         # FP8 block scaling (DeepSeek 1x128 / 128x128, config.fp8_blockwise): see
         # gemm.sm90_blockwise (this thread's rows, scale registers).
         blockwise = self.config.fp8_blockwise

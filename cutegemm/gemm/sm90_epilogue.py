@@ -108,6 +108,9 @@ class EpilogueSm90Mixin:
         quant = epi.quant is not None
         direct = not gated and not quant
         swap = self.config.swap_ab
+        # swap_ab + gated: the subtile's values before gating (its gate / up pairs lie in two
+        # threads; ``swap_gated_store`` pairs them)
+        epi_values = dataclasses.replace(epi_sub, gated=None) if swap and gated else epi_sub
         tiled_copy_r2s, tRS_rAcc, tRS_sC, tRS_rD_out, tRS_cE, tRS_rD, size_rD, store_pipeline, epi_barrier, store_warp = ep
         full_tile = True
         tile_quant_args = quant_args
@@ -159,12 +162,7 @@ class EpilogueSm90Mixin:
                 for v in cutlass.range_constexpr(size_rD):
                     tRS_rD[v] = tRS_rAcc[epi_idx * size_rD + v]
                 coords = tRS_cAcc[(None, epi_idx)] if cutlass.const_expr(epi_sub.needs_coords) else None
-                # swap_ab + gated: the subtile's values before gating (its gate / up pairs
-                # lie in two threads; ``swap_gated_store`` pairs them)
-                out = epilogue_subtile(
-                    dataclasses.replace(epi_sub, gated=None) if cutlass.const_expr(swap and gated) else epi_sub,
-                    tRS_rD.load(), coords, alpha, beta, mCin, mBias, vectors, group_cols,
-                )  # fmt: skip
+                out = epilogue_subtile(epi_values, tRS_rD.load(), coords, alpha, beta, mCin, mBias, vectors, group_cols)
                 if cutlass.const_expr(direct):
                     tRS_rD_out.store(out.to(self.c_dtype))
                 buf = wg * self.epi_stage + epi_count % self.epi_stage

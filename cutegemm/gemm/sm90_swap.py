@@ -90,11 +90,12 @@ class SwapAbSm90Mixin:
         return smem, gm[(None, chunk, None, 0)]
 
     def swap_variants(self, tiled_mma, mma_tidx, sA: cute.Tensor, sB: cute.Tensor, acc: cute.Tensor,
-                      acc_sum: cute.Tensor):  # fmt: skip
+                      acc_sum: cute.Tensor, promote: bool):  # fmt: skip
         """One (tiled MMA, A fragment, B fragment, accumulator view, promoted-sum view) per WGMMA
         width 16, 32, ..., tile_n: the B fragment reads the stage's first n token rows, the
         accumulator views are the first n / 2 fp32 registers of each thread's (the WGMMA fragment
-        is ordered by column); the promoted sum (FP8) is viewed the same way."""
+        is ordered by column); the promoted sum (FP8) is viewed the same way. ``promote``: the
+        partial sum is zeroed here once (each K tile accumulates from zeros: :meth:`swap_k_loop`)."""
         cfg = self.config
         tile_k = self.tile_shape_mnk[2]
         stages = cute.size(sB, mode=[2])
@@ -111,6 +112,8 @@ class SwapAbSm90Mixin:
             t_b = mma.make_fragment_B(thr.partition_B(s_n))
             layout = cute.make_layout(thr.partition_C(cute.make_identity_tensor((cfg.tile_m, n))).shape)
             out.append((mma, t_a, t_b, cute.make_tensor(acc.iterator, layout), cute.make_tensor(acc_sum.iterator, layout)))
+        if promote:
+            acc.fill(0.0)
         return out
 
     @cute.jit
