@@ -28,15 +28,25 @@ INPUT_TO_NAME = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float8_e4m
 NAME_TO_TORCH = {v: k for k, v in TORCH_TO_NAME.items()}
 
 
-def new_workspace(config: GemmConfig, device):
-    """Scheduler "dynamic": the (1,) int32 tile counter, allocated once per plan; else None."""
+def new_workspace(config: GemmConfig, device, problem: GemmProblem | None = None):
+    """Scheduler "dynamic": the (1,) int32 tile counter, allocated once per plan. Split K (dense,
+    ``problem`` given): the tiles' counters and partial-sum slots (``gemm.sm90_split``), zeroed
+    once here. Else None."""
+    if config.split_k > 1:
+        from .sm90_split import split_workspace_words
+
+        tiles = -(-problem.m // config.tile_m) * -(-problem.n // config.tile_n) * problem.l
+        words = split_workspace_words(tiles, config.split_k, config.tile_m, config.tile_n)
+        return torch.zeros(words, dtype=torch.int32, device=device)
     return torch.zeros(1, dtype=torch.int32, device=device) if config.scheduler == "dynamic" else None
 
 
 def reset_workspace(workspace):
-    """Zero the tile counter on the current stream right before the launch that uses it, so a
-    captured CUDA graph records the reset (one plan must not run on two streams at once)."""
-    if workspace is not None:
+    """Zero the dynamic scheduler's tile counter on the current stream right before the launch that
+    uses it, so a captured CUDA graph records the reset (one plan must not run on two streams at
+    once). A split-K workspace (longer than one word) is left as it is: its counters run on
+    from launch to launch."""
+    if workspace is not None and workspace.numel() == 1:
         workspace.zero_()
     return workspace
 
@@ -537,7 +547,7 @@ def _plan(
     plan.out_shape = res_shape
     plan.out_dtype = out_dtype
     plan.max_clusters = max_clusters_for(cfg, a.device, num_sms)
-    plan.workspace = new_workspace(cfg, a.device)
+    plan.workspace = new_workspace(cfg, a.device, problem)
     plan.config = cfg
     plan.direct = direct
     if plan.direct:

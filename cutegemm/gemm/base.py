@@ -70,6 +70,7 @@ class GemmBase:
             self.config.group,
             self.config.raster == "m",
             ctas_per_tile_m,
+            self.config.split_k,
         )
 
     @staticmethod
@@ -108,6 +109,7 @@ class GemmBase:
             cta_tile_mn,
             self.cluster_shape_mn,
             max_clusters,
+            self.config.split_k,
         )
 
     def launch_list_prep(self, tma_atoms, mTable, stream):
@@ -151,6 +153,7 @@ class GemmBase:
         extra=(),
         descs=None,  # listed: tile -> (A descriptor, B descriptor) of its group
         tx_bytes=None,  # tile -> the bytes every stage of the tile receives (default: the pipeline's)
+        k_first=None,  # split K: tile -> its first K tile (default 0)
     ):
         """One elected thread: TMA A and B k-tiles of every scheduled tile into the stage ring.
 
@@ -181,7 +184,9 @@ class GemmBase:
                 desc_a, desc_b = descs(tile)
                 cpasync.fence_tma_desc_acquire(desc_a)
                 cpasync.fence_tma_desc_acquire(desc_b)
+            k0 = k_first(tile) if cutlass.const_expr(k_first is not None) else None
             for k_tile in range(kt_cnt):
+                kc = k_tile if cutlass.const_expr(k_first is None) else k_tile + k0
                 full_bar = ab_pipeline.producer_get_barrier(producer_state)
                 if cutlass.const_expr(tx_bytes is None):
                     ab_pipeline.producer_acquire(producer_state)
@@ -191,7 +196,7 @@ class GemmBase:
                         cute.arch.mbarrier_arrive_and_expect_tx(full_bar, tile_tx)
                 cute.copy(
                     tma_atom_a,
-                    tAgA_k[(None, k_tile)],
+                    tAgA_k[(None, kc)],
                     tAsA[(None, producer_state.index)],
                     tma_bar_ptr=full_bar,
                     mcast_mask=a_mcast_mask,
@@ -200,7 +205,7 @@ class GemmBase:
                 if cutlass.const_expr(tma_atom_b is not None):
                     cute.copy(
                         tma_atom_b,
-                        tBgB_k[(None, k_tile)],
+                        tBgB_k[(None, kc)],
                         tBsB[(None, producer_state.index)],
                         tma_bar_ptr=full_bar,
                         mcast_mask=b_mcast_mask,

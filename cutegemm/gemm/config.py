@@ -112,6 +112,14 @@ class GemmConfig:
     # token count is not a multiple of tile_n thus pays neither a full tile of tensor work nor a
     # full tile of loads for it (gemm/sm90_swap.py).
     swap_ab: bool = False
+    # Dense sm_90a, split K: every output tile's K tiles are cut into split_k equal ranges, each a
+    # work unit of its own (the unit order keeps a tile's ranges adjacent, so they run at the same
+    # time on different CTAs). Each unit writes its fp32 partial sums to the plan's workspace and
+    # counts in on the tile's counter; the unit that completes the count adds every partial in
+    # range order (the same bits whatever the arrival order) and runs the epilogue. For calls with
+    # too few output tiles to fill the GPU (decode: M <= 128 with a small N), see
+    # ``gemm/sm90_split.py``.
+    split_k: int = 1
 
     @property
     def blockscaled(self) -> bool:
@@ -126,6 +134,7 @@ class GemmConfig:
         tile += "_mx32" if self.fp8_mx else ""
         tile += "_wgo" if self.wg_order else ""
         tile += "_swab" if self.swap_ab else ""
+        tile += f"_sk{self.split_k}" if self.split_k > 1 else ""
         tile += f"_e{self.epi_stages}" if self.epi_stages else ""
         tile += f"_s{self.stages}" if self.stages else ""
         family = "grouped" if self.grouped else "kgrouped" if self.kgrouped else "listed" if self.listed else "dense-2d" if self.flat else "dense"
@@ -178,6 +187,8 @@ def config_errors(cfg: GemmConfig) -> list[str]:
         err += listed_errors(cfg)
     if cfg.swap_ab:
         err += swap_ab_errors(cfg)
+    if cfg.split_k != 1:
+        err += split_k_errors(cfg)
     if cfg.flat and (cfg.grouped or cfg.blockscaled or cfg.epilogue.quant or cfg.epilogue.beta):
         err.append("flat (2-D launch): dense only, not block-scaled, no quantized output, no beta * C")
     if cfg.blockscaled:
@@ -379,6 +390,30 @@ def swap_ab_errors(cfg: GemmConfig) -> list[str]:
         err.append(f"{what}: alpha, bias, elementwise and gated activations are its epilogue ops")
     if cfg.fp8_blockwise or cfg.fp8_mx or cfg.blockscaled or cfg.flat:
         err.append(f"{what} cannot be combined with scaled or flat modes")
+    return err
+
+
+SPLIT_K_CHOICES = (2, 4, 8)
+
+
+def split_k_errors(cfg: GemmConfig) -> list[str]:
+    """Rules of split K (``GemmConfig.split_k``): the dense sm_90a cooperative kernel with the
+    static scheduler and no cluster (a unit's workspace slot follows its CTA tile), K tiles without
+    per-K-block scales (row-wise FP8 is fine: its scales act in the epilogue), and a power of two
+    (the tile counters run on across launches, a multiple of split_k per launch; a power of two
+    keeps that true when the 32-bit counter wraps)."""
+    what = "split_k (dense sm_90a, K cut into work units)"
+    err = []
+    if cfg.split_k not in (1, *SPLIT_K_CHOICES):
+        err.append(f"{what}: split_k must be 1 or one of {SPLIT_K_CHOICES}, got {cfg.split_k}")
+    if cfg.arch != "sm_90a":
+        err.append(f"{what}: sm_90a only so far (sm_100a: not built)")
+    if cfg.grouped or cfg.kgrouped or cfg.listed or cfg.swap_ab:
+        err.append(f"{what}: dense only (not grouped, K-grouped, list or swap_ab)")
+    if cfg.pingpong or cfg.scheduler != "static" or cfg.cluster_m != 1 or cfg.cluster_n != 1:
+        err.append(f"{what}: cooperative tiles, the static scheduler and a 1x1 cluster")
+    if cfg.fp8_blockwise or cfg.fp8_mx or cfg.blockscaled:
+        err.append(f"{what}: not with per-K-block scales (fp8_blockwise, fp8_mx, block-scaled)")
     return err
 
 

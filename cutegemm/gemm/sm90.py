@@ -74,6 +74,7 @@ from .config import SWAP_CHUNK
 from .sm90_accumulators import PreEpilogueSm90Mixin
 from .sm90_blockwise import BlockwiseSm90Mixin
 from .sm90_epilogue import EpilogueSm90Mixin
+from .sm90_split import SplitKSm90Mixin
 from .sm90_swap import SwapAbSm90Mixin
 
 SMEM_CAPACITY_SM90 = 232448
@@ -82,7 +83,7 @@ BAR_ORDER = 3  # + warpgroup turn (3, 4): pingpong tensor-core hand-off
 BAR_K_ORDER = 5  # + consumer warpgroup (5, 6): config.wg_order, turns per K tile
 
 
-class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90Mixin, GemmBase):
+class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90Mixin, GemmBase):
     threads_per_warpgroup = 128
     load_registers = 40
     mma_registers = 232
@@ -260,6 +261,7 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, BlockwiseSm90Mixin, MxSm90Mix
         class SharedStorage:
             ab_mbar: cute.struct.MemRange[cutlass.Int64, self.ab_stage * 2]
             tile_start: cute.struct.MemRange[cutlass.Int32, table_len]
+            split_flag: cute.struct.MemRange[cutlass.Int32, 4]  # split K: "this unit completes the tile"
             sched_full: ring_full
             sched_empty: ring_empty
             sched_resp: ring_resp
@@ -472,7 +474,9 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, BlockwiseSm90Mixin, MxSm90Mix
             sched = make_list_scheduler(tile_start, mOffs, num_groups, cfg.tile_m)
         else:
             sched = self.make_scheduler(self.acc_space(mC_mnl, mB_nkl), (cfg.tile_m, cfg.tile_n))
-        b_tiles, load_k_tiles, k_range = tBgB, k_tile_cnt, None
+        b_tiles, load_k_tiles, k_range, k_first = tBgB, k_tile_cnt, None, None
+        if cutlass.const_expr(cfg.split_k > 1):  # each unit's K range (gemm.sm90_split)
+            k_range, load_k_tiles, k_first = self.split_k_roles(k_tile_cnt)
         load_descs = out_desc = None
         if cutlass.const_expr(cfg.listed):
             # Each group's own K-tile count and descriptors (zero fill past K, M, N; no store outside).
@@ -549,7 +553,7 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, BlockwiseSm90Mixin, MxSm90Mix
                 self.load_ab(
                     load_sched, ab_pipeline, load_k_tiles,
                     tma_atom_a, a_tiles, tAsA, a_mcast_mask,
-                    b_atom, b_tiles, tBsB, b_mcast_mask, extra, load_descs, tx_bytes,
+                    b_atom, b_tiles, tBsB, b_mcast_mask, extra, load_descs, tx_bytes, k_first,
                 )  # fmt: skip
         else:
             cute.arch.setmaxregister_increase(self.mma_registers)
@@ -563,6 +567,7 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, BlockwiseSm90Mixin, MxSm90Mix
                 block_scales=block_scales,
                 k_range=k_range,
                 out_desc=out_desc,
+                split=(mWorkspace, storage.split_flag.get_tensor(cute.make_layout(4))),
             )  # fmt: skip
 
     # ---------------------------------------------------------------------------------------
@@ -594,6 +599,7 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, BlockwiseSm90Mixin, MxSm90Mix
         block_scales: tuple = (None, None),  # fp8_blockwise: (sSFA, mSFB); fp8_mx: (sSFA, sSFB)
         k_range=None,  # K-grouped: tile -> (K tiles, head columns to zero, K values of a partial last K tile or 0)
         out_desc=None,  # listed: tile -> its group's C descriptor
+        split=None,  # split K: (workspace, shared-memory flag)
     ):
         """Consumer warpgroups: WGMMA mainloop into register accumulators, then the epilogue.
 
@@ -717,10 +723,14 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, BlockwiseSm90Mixin, MxSm90Mix
                     release_state.advance()
 
             # ---- epilogue (gemm.sm90_epilogue) ----
-            epi_count = self.store_tile(
-                ep, tile, acc_sum, thr_mma, epi_count, gC_mnl, mC_mnl, mC_gmem, cAcc_mnl, tma_atom_c, sC, alpha, beta,
-                mCin, mBias, quant_args, vectors, group_cols, out_desc, mma_tidx, wg,
-            )  # fmt: skip
+            store_args = (ep, tile, acc_sum, thr_mma, epi_count, gC_mnl, mC_mnl, mC_gmem, cAcc_mnl, tma_atom_c, sC, alpha,
+                          beta, mCin, mBias, quant_args, vectors, group_cols, out_desc, mma_tidx, wg)  # fmt: skip
+            if cutlass.const_expr(self.config.split_k > 1):
+                # split K: the unit that completes the tile sums the partials and stores it
+                if self.split_k_fixup(acc_sum, tile, sched.total // self.config.split_k, *split, mma_tidx, epi_barrier) == 1:
+                    epi_count = self.store_tile(*store_args)
+            else:
+                epi_count = self.store_tile(*store_args)
             work = sched.next(work)
             if cutlass.const_expr(self.pingpong):
                 # The next tile of this CTA belongs to the other warpgroup: skip its stages.

@@ -61,6 +61,20 @@ def ld_global_cg_f32(addr, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def ld_global_cg_v4_f32(addr, *, loc=None, ip=None):
+    """Four fp32 from a 16-byte aligned global address through L2 only (another CTA's fresh store)."""
+    return _asm(f"ld.global.cg.v4.f32 {_V4}, [$4];", [_i64(addr, loc, ip)], "=f,=f,=f,=f,l", 4, out=cutlass.Float32,
+                effects=True, loc=loc, ip=ip)  # fmt: skip
+
+
+@dsl_user_op
+def st_global_cg_v4_f32(addr, values, *, loc=None, ip=None):
+    """Four fp32 to a 16-byte aligned global address, cached in L2 only (read back by another CTA)."""
+    ins = [_i64(addr, loc, ip)] + [cutlass.Float32(v).ir_value(loc=loc, ip=ip) for v in values]
+    _asm("st.global.cg.v4.f32 [$0], {$1, $2, $3, $4};", ins, "l,f,f,f,f", effects=True, loc=loc, ip=ip)
+
+
+@dsl_user_op
 def ld_global_u8(addr, *, loc=None, ip=None):
     return _asm("ld.global.nc.u8 $0, [$1];", [_i64(addr, loc, ip)], "=r,l", 1, loc=loc, ip=ip)
 

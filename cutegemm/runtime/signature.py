@@ -75,7 +75,10 @@ def dense_fake_args(cfg: GemmConfig, offs=None):
 
 
 def _fake_workspace(cfg: GemmConfig):
-    """Scheduler "dynamic": the (1,) int32 tile counter (the last kernel argument); else None."""
+    """Scheduler "dynamic": the (1,) int32 tile counter (the last kernel argument); split K: the
+    int32 counters and slots of ``gemm.sm90_split``; else None."""
+    if cfg.split_k > 1:
+        return make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=16)
     if cfg.scheduler != "dynamic":
         return None
     return make_fake_tensor(cutlass.Int32, (1,), (1,), assumed_align=4)

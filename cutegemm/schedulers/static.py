@@ -47,6 +47,13 @@ def swizzled_tile_coord(idx, tiles_m, tiles_n, group, raster_m, min_fn=min):
     return minor, major, l_idx
 
 
+def split_k_range(split, k_tiles, split_k):
+    """(first K tile, K tile count) of K range ``split`` of ``split_k`` (split K: a tile's K tiles
+    cut into equal ranges, sizes differing by at most one). Python ints (tests) or DSL Int32."""
+    first = split * k_tiles // split_k
+    return first, (split + 1) * k_tiles // split_k - first
+
+
 class TileScheduler(Protocol):
     """What every scheduler gives the kernel roles (producer, MMA, epilogue).
 
@@ -108,20 +115,22 @@ class StaticPersistentScheduler(PersistentWalk):
 
     _dyn = ("tiles_m", "tiles_n", "total", "start", "stride", "cta_m", "cta_n")
 
-    def __init__(self, cluster_mn, group: int, raster_m: bool, values=None):
+    def __init__(self, cluster_mn, group: int, raster_m: bool, values=None, split_k: int = 1):
         self.cluster_mn = cluster_mn
         self.group = group
         self.raster_m = raster_m
+        self.split_k = split_k
         self._set_values(values)
 
     @staticmethod
     def create(
-        problem_mnl, tile_mn, cluster_mn, group: int, raster_m: bool, ctas_per_tile_m: int = 1
+        problem_mnl, tile_mn, cluster_mn, group: int, raster_m: bool, ctas_per_tile_m: int = 1, split_k: int = 1
     ) -> StaticPersistentScheduler:
         """``tile_mn`` is the tile of one CTA. ``ctas_per_tile_m`` CTAs adjacent along the cluster's
         M mode may share one tile of ``ctas_per_tile_m * tile_mn[0]`` rows (the sm_100 2-CTA MMA:
         2); ``cta_tile`` then returns the M coordinate of that shared tile, so every CTA of the
-        pair gets the same coordinates. The walk and the grid do not change."""
+        pair gets the same coordinates. The walk and the grid do not change. ``split_k`` > 1 (1x1
+        clusters): every tile is split_k work units, one per K range (see :meth:`cta_tile`)."""
         m, n, l_count = problem_mnl
         tiles_m = cutlass.Int32(cute.ceil_div(m, tile_mn[0] * cluster_mn[0]))
         tiles_n = cutlass.Int32(cute.ceil_div(n, tile_mn[1] * cluster_mn[1]))
@@ -133,7 +142,7 @@ class StaticPersistentScheduler(PersistentWalk):
         values = (
             tiles_m,
             tiles_n,
-            tiles_m * tiles_n * cutlass.Int32(l_count),
+            tiles_m * tiles_n * cutlass.Int32(l_count) * split_k,
             cutlass.Int32(cluster_id),
             cutlass.Int32(num_clusters),
             cta_m,
@@ -141,23 +150,27 @@ class StaticPersistentScheduler(PersistentWalk):
         )
         # A cluster covers cluster_m / ctas_per_tile_m shared tiles along M.
         tiles_per_cluster = (cluster_mn[0] // ctas_per_tile_m, cluster_mn[1])
-        return StaticPersistentScheduler(tiles_per_cluster, group, raster_m, values)
+        return StaticPersistentScheduler(tiles_per_cluster, group, raster_m, values, split_k)
 
     def cta_tile(self, work):
-        cm, cn, l_idx = swizzled_tile_coord(
-            work, self.tiles_m, self.tiles_n, self.group, self.raster_m, min_fn=cutlass.min
-        )
-        return (
-            cm * self.cluster_mn[0] + self.cta_m,
-            cn * self.cluster_mn[1] + self.cta_n,
-            l_idx,
-        )
+        """(m, n, l) tile coordinates; with split K (m, n, l, K range, linear tile index): unit
+        ``work`` is K range ``work % split_k`` of linear tile ``work // split_k``, so the
+        ranges of one tile are consecutive units (taken by consecutive CTAs of the walk)."""
+        t = work
+        if self.split_k > 1:
+            t = work // self.split_k
+        cm, cn, l_idx = swizzled_tile_coord(t, self.tiles_m, self.tiles_n, self.group, self.raster_m, min_fn=cutlass.min)
+        coord = (cm * self.cluster_mn[0] + self.cta_m, cn * self.cluster_mn[1] + self.cta_n, l_idx)
+        if self.split_k > 1:
+            return (*coord, work - t * self.split_k, t)
+        return coord
 
 
-def persistent_grid(problem_mnl, tile_mn, cluster_mn, max_clusters: int):
-    """Host side: grid (cluster_m, cluster_n, clusters) with clusters = min(cluster tiles, max_clusters)."""
+def persistent_grid(problem_mnl, tile_mn, cluster_mn, max_clusters: int, split_k: int = 1):
+    """Host side: grid (cluster_m, cluster_n, clusters) with clusters = min(cluster tiles (x
+    split_k work units each), max_clusters)."""
     m, n, l_count = problem_mnl
     total = (
-        cute.ceil_div(m, tile_mn[0] * cluster_mn[0]) * cute.ceil_div(n, tile_mn[1] * cluster_mn[1]) * l_count
+        cute.ceil_div(m, tile_mn[0] * cluster_mn[0]) * cute.ceil_div(n, tile_mn[1] * cluster_mn[1]) * l_count * split_k
     )
     return (cluster_mn[0], cluster_mn[1], cutlass.min(total, max_clusters))

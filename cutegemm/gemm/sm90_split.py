@@ -1,0 +1,107 @@
+"""Split K for the dense sm_90a kernel (``GemmConfig.split_k``), a mixin of
+:class:`~cutegemm.gemm.sm90.GemmSm90`.
+
+Decode-sized calls (a few to 128 rows) have few output tiles: 16 x 4096 x 7168 in 64x64 tiles is
+64 tiles for 132 SMs, so half the SMs would stream no weights at all. With split K each tile is
+``split_k`` work units (the static scheduler's :meth:`cta_tile` gives the unit's K range and
+linear tile index; :func:`~cutegemm.schedulers.static.split_k_range` cuts the K tiles). A unit's
+consumers run the usual mainloop over their range, then :meth:`SplitKSm90Mixin.split_k_fixup`:
+
+1. every thread stores its fp32 (promoted) accumulators to the unit's workspace slot, 16 bytes at
+   a time, the tile's threads side by side (a warp's stores cover 512 contiguous bytes), and
+   fences them (GPU scope);
+2. one thread adds 1 to the tile's counter (acq_rel, GPU scope). The counters run on from launch
+   to launch (never reset): the unit that sees ``count % split_k == split_k - 1`` completes the
+   tile. ``split_k`` is a power of two, so the 32-bit counter's wrap keeps the phase;
+3. the completing unit adds the slots of all ranges in range order (its own from registers):
+   the same sum whatever order the units arrived in, so results are bitwise reproducible. It
+   then runs the epilogue (bias, activation, scales, quantized output: all of them, once, on the
+   full sum); the other units store nothing to the output.
+
+No unit waits for another, so the units need not be resident together. Workspace (int32 words,
+zeroed once when the plan is made): ``split_counter_words`` counters, then ``split_k`` slots of
+``tile_m * tile_n`` fp32 per tile (:func:`split_workspace_words`). Like the dynamic scheduler's
+counter it belongs to one plan: one plan must not run on two streams at once.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+
+from ..runtime.ptx import ld_global_cg_v4_f32, st_global_cg_v4_f32
+from ..schedulers.static import split_k_range
+
+__all__ = ["SplitKSm90Mixin", "split_counter_words", "split_workspace_words"]
+
+
+def split_counter_words(tiles):
+    """Counter words ahead of the slots: one per output tile, rounded up to 16 bytes (Python or
+    DSL ints)."""
+    return (tiles + 3) // 4 * 4
+
+
+def split_workspace_words(tiles: int, split_k: int, tile_m: int, tile_n: int) -> int:
+    """Int32 words of a split-K workspace for ``tiles`` output tiles."""
+    return split_counter_words(tiles) + tiles * split_k * tile_m * tile_n
+
+
+class SplitKSm90Mixin:
+    def split_k_roles(self, k_tile_cnt):
+        """(k_range, load_k_tiles, k_first) of split K: a unit's K tile count and first K tile
+        from its K range (tile[3]); the consumers' ``k_range`` has no head or tail to zero."""
+        split_k = self.config.split_k
+
+        def k_first(tile):
+            return split_k_range(tile[3], k_tile_cnt, split_k)[0]
+
+        def load_k_tiles(tile):
+            return split_k_range(tile[3], k_tile_cnt, split_k)[1]
+
+        def k_range(tile):
+            return load_k_tiles(tile), 0, 0
+
+        return k_range, load_k_tiles, k_first
+
+    @cute.jit
+    def split_k_fixup(self, acc: cute.Tensor, tile, n_tiles: cutlass.Int32, mWorkspace: cute.Tensor,
+                      sFlag: cute.Tensor, tid: cutlass.Int32, epi_barrier) -> cutlass.Int32:  # fmt: skip
+        """Store this unit's partial sums, count in on the tile's counter; in the unit that
+        completes the count, replace ``acc`` by the sum of every range's partials (range order).
+        Returns 1 there (run the epilogue), else 0. ``tid``: the thread among the tile's
+        ``threads_per_tile``; ``n_tiles``: output tiles of the launch."""
+        split_k = self.config.split_k
+        nthr = self.threads_per_tile
+        n_vec = cute.size(acc) // 4
+        t, s = tile[4], tile[3]
+        # byte address of (tile t, range 0, vector 0, thread tid): the slots follow the counters;
+        # range r's slot is r * slot_bytes further
+        slot_bytes = self.config.tile_m * self.config.tile_n * 4
+        word = cutlass.Int64(split_counter_words(n_tiles)) + cutlass.Int64(t) * split_k * (slot_bytes // 4) + tid * 4
+        slot0 = mWorkspace.iterator.toint() + word * 4
+        mine = slot0 + cutlass.Int64(s) * slot_bytes
+        for v in cutlass.range_constexpr(n_vec):
+            st_global_cg_v4_f32(mine + v * nthr * 16, [acc[4 * v + i] for i in range(4)])
+        cute.arch.fence_acq_rel_gpu()
+        epi_barrier.arrive_and_wait()
+        if tid == 0:
+            old = cute.arch.atomic_add(mWorkspace.iterator + t, cutlass.Int32(1), sem="acq_rel", scope="gpu")
+            sFlag[0] = cutlass.select_(cutlass.Int32(old) % split_k == split_k - 1, 1, 0)
+        epi_barrier.arrive_and_wait()
+        last = sFlag[0]
+        if last == 1:
+            cute.arch.fence_acq_rel_gpu()
+            tot = cute.make_rmem_tensor(acc.layout, cutlass.Float32)
+            tot.fill(0.0)
+            for r in cutlass.range_constexpr(split_k):
+                if r == s:
+                    for i in cutlass.range_constexpr(cute.size(acc)):
+                        tot[i] = tot[i] + acc[i]
+                else:
+                    other = slot0 + r * slot_bytes
+                    for v in cutlass.range_constexpr(n_vec):
+                        p = ld_global_cg_v4_f32(other + v * nthr * 16)
+                        for i in cutlass.range_constexpr(4):
+                            tot[4 * v + i] = tot[4 * v + i] + p[i]
+            acc.store(tot.load())
+        return last
