@@ -88,13 +88,12 @@ def bench_dense(shapes=DENSE_SHAPES, dtype=torch.bfloat16, b_layout="k", config_
         flops = 2.0 * m * n * k
         from .gemm.api import TORCH_TO_NAME, _device_info
         from .gemm.config import GemmProblem
-        from .gemm.policy import policy_for
+        from .gemm.policy import policy_for, short_a_box
 
         arch, sms = _device_info(torch.cuda.current_device())
-        used = cfg or policy_for(arch, sms).choose(
-            GemmProblem(m, n, k, 1, TORCH_TO_NAME[dtype], TORCH_TO_NAME[dtype], TORCH_TO_NAME[dtype], "k",
-                        "k" if b_layout == "k" else "n")
-        )
+        prob = GemmProblem(m, n, k, 1, TORCH_TO_NAME[dtype], TORCH_TO_NAME[dtype], TORCH_TO_NAME[dtype], "k",
+                           "k" if b_layout == "k" else "n")  # fmt: skip
+        used = cfg or short_a_box(policy_for(arch, sms).choose(prob), prob)
         rows.append(
             Row(
                 f"{m}x{n}x{k}",

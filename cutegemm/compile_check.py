@@ -67,6 +67,8 @@ def _mma_markers(cfg: GemmConfig) -> dict[str, str]:
         if cfg.swap_ab:  # one WGMMA width per 16 tokens: the narrowest and the widest at least
             for n in (16, cfg.tile_n):
                 required[f"GMMA.64x{n}"] = rf"\b[HQ]GMMA\.64x{n}x"
+        if cfg.split_k > 1:  # a unit counts in on its tile's counter, GPU scope
+            required["ATOMG.ADD.GPU"] = r"\bATOMG\.E\.ADD\.STRONG\.GPU"
         return required
     mma = BLOCKSCALED_MMA["e4m3" if cfg.a_dtype != cfg.b_dtype else cfg.a_dtype]  # mixed: kind::mxf8f6f4
     required = {mma: rf"\b{mma}", "UTCCP": r"\bUTCCP", **{k: v for k, v in REQUIRED[cfg.arch].items() if k != "UTCHMMA"}}
@@ -89,6 +91,11 @@ def dense_variants(arch: str) -> list[GemmConfig]:
             GemmConfig(arch=arch, tile_m=128, tile_n=128, cluster_m=2, pingpong=True),
             GemmConfig(arch=arch, tile_m=64, tile_n=256, cluster_n=2, pingpong=True, out_dtype="fp32"),
             GemmConfig(arch=arch, tile_m=128, tile_n=64, pingpong=True, a_major="m", b_major="k"),
+            # decode-sized M: A's box of 16 rows (a 2-D launch, as the policy runs it), split K
+            GemmConfig(arch=arch, tile_m=64, tile_n=64, raster="n", group=1, a_major="k", b_major="k", flat=True,
+                       a_rows=16),
+            GemmConfig(arch=arch, tile_m=64, tile_n=128, raster="n", group=1, a_major="k", b_major="k", split_k=4,
+                       epilogue=EpilogueSpec(bias=True, activation="gelu")),
         ]
     else:
         big = GemmConfig(arch=arch, tile_m=256, tile_n=256, two_cta=True, cluster_m=2)
@@ -158,6 +165,9 @@ def fp8_variants(arch: str) -> list[GemmConfig]:
         GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=64, raster="n", group=1, epilogue=ab),
         # the policy's decode-sized M (<= 64 rows): one consumer warpgroup, 64x64 / 64x128
         GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=64, raster="n", group=1, flat=True, epilogue=ab),
+        *([GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=128, raster="n", group=1, flat=True, a_rows=8, epilogue=ab),
+           GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=64, raster="n", group=1, split_k=2, epilogue=ab)]
+          if arch == "sm_90a" else []),
         GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=128, pingpong=True, cluster_n=2, epilogue=ab),
         GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=128, pingpong=True, cluster_m=2, fast_accum=True, epilogue=ab),
         GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=256, cluster_m=2, fast_accum=True, epilogue=ab),

@@ -13,20 +13,20 @@ import torch
 
 from cutegemm.benchmarks import Timer, _dense_inputs
 from cutegemm.gemm.api import gemm
-from cutegemm.gemm.config import GemmConfig
+from cutegemm.gemm.config import GemmConfig, GemmProblem
+from cutegemm.gemm.policy import short_a_box
 
-SHAPES = ((16, 4096, 7168), (64, 4096, 7168), (128, 4096, 7168), (16, 7168, 2048), (64, 7168, 2048),
-          (128, 7168, 2048), (16, 28672, 4096), (1, 4096, 7168))  # fmt: skip
-BASE = GemmConfig(arch="sm_90a", a_major="k", b_major="k", raster="n", group=1, flat=True)
-CANDS = [
+SHAPES = ((1, 4096, 7168), (16, 4096, 7168), (32, 4096, 7168), (64, 4096, 7168), (128, 4096, 7168),
+          (16, 7168, 2048), (64, 7168, 2048), (128, 7168, 2048), (16, 28672, 4096), (128, 28672, 4096),
+          (16, 2048, 7168), (96, 1536, 7168))  # fmt: skip
+BASE = GemmConfig(arch="sm_90a", a_major="k", b_major="k", raster="n", group=1)
+CANDS = [  # split candidates take the policy's short A box where M allows one
     None,
     dict(tile_m=64, tile_n=64, split_k=2),
-    dict(tile_m=64, tile_n=64, split_k=4),
     dict(tile_m=64, tile_n=128, split_k=2),
     dict(tile_m=64, tile_n=128, split_k=4),
     dict(tile_m=128, tile_n=64, split_k=2),
     dict(tile_m=128, tile_n=64, split_k=4),
-    dict(tile_m=64, tile_n=256, split_k=4),
 ]
 
 
@@ -49,6 +49,8 @@ def main(rounds: int, fp8: bool):
         base = replace(BASE, a_dtype="e4m3", b_dtype="e4m3") if fp8 else BASE
         for c in CANDS:
             cfg = None if c is None else replace(base, **c)
+            if cfg is not None:
+                cfg = short_a_box(cfg, GemmProblem(m, n, k, 1, cfg.a_dtype, cfg.b_dtype, "bf16", "k", "k"))
             name = "policy" if c is None else cfg.name
             try:
                 o1 = gemm(a, b, config=cfg, **kw)

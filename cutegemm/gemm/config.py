@@ -120,6 +120,13 @@ class GemmConfig:
     # too few output tiles to fill the GPU (decode: M <= 128 with a small N), see
     # ``gemm/sm90_split.py``.
     split_k: int = 1
+    # Dense sm_90a with one M tile (M <= tile_m, decode): A's TMA box is a_rows rows (M rounded up
+    # to a power of two from 8), not tile_m. The box's rows past M would arrive as zeros filled in by the TMA unit,
+    # which was measured to cost the time of the rows (16 x 4096 x 7168 with a 64x64 tile: 32.6 us
+    # at M = 16, 25.7 at M = 64, bench/RESULTS.md 2026-12-01 third session); instead the
+    # consumers zero the stages' rows a_rows..tile_m once when the kernel starts (the TMA never
+    # writes them), so the tile's WGMMAs see the same zeros. 0: the whole tile.
+    a_rows: int = 0
 
     @property
     def blockscaled(self) -> bool:
@@ -135,6 +142,7 @@ class GemmConfig:
         tile += "_wgo" if self.wg_order else ""
         tile += "_swab" if self.swap_ab else ""
         tile += f"_sk{self.split_k}" if self.split_k > 1 else ""
+        tile += f"_ar{self.a_rows}" if self.a_rows else ""
         tile += f"_e{self.epi_stages}" if self.epi_stages else ""
         tile += f"_s{self.stages}" if self.stages else ""
         family = "grouped" if self.grouped else "kgrouped" if self.kgrouped else "listed" if self.listed else "dense-2d" if self.flat else "dense"
@@ -189,6 +197,8 @@ def config_errors(cfg: GemmConfig) -> list[str]:
         err += swap_ab_errors(cfg)
     if cfg.split_k != 1:
         err += split_k_errors(cfg)
+    if cfg.a_rows:
+        err += a_rows_errors(cfg)
     if cfg.flat and (cfg.grouped or cfg.blockscaled or cfg.epilogue.quant or cfg.epilogue.beta):
         err.append("flat (2-D launch): dense only, not block-scaled, no quantized output, no beta * C")
     if cfg.blockscaled:
@@ -417,6 +427,28 @@ def split_k_errors(cfg: GemmConfig) -> list[str]:
     return err
 
 
+A_ROWS = (8, 16, 32, 64)
+
+
+def a_rows_errors(cfg: GemmConfig) -> list[str]:
+    """Rules of a short A box (``GemmConfig.a_rows``): 8, 16, 32 or 64, dividing tile_m and below
+    it (whole 8-row swizzle atoms at the start of a K-major stage; the box's stage ring is the
+    stage ring of A with tile_m / a_rows box stages per stage), dense sm_90a, K-major A, A not
+    multicast (cluster_n 1), no per-stage scales riding with A. The problem must fit in the box
+    (``problem_errors``)."""
+    what = "a_rows (A's TMA box rows, decode-sized M)"
+    err = []
+    if cfg.a_rows not in A_ROWS or cfg.a_rows >= cfg.tile_m or cfg.tile_m % cfg.a_rows:
+        err.append(f"{what}: one of {A_ROWS} below tile_m={cfg.tile_m} and dividing it, got {cfg.a_rows}")
+    if cfg.arch != "sm_90a" or cfg.grouped or cfg.kgrouped or cfg.listed or cfg.swap_ab:
+        err.append(f"{what}: the dense sm_90a kernel only")
+    if cfg.a_major != "k" or cfg.cluster_n != 1:
+        err.append(f"{what}: K-major A (a_major='k') that is not multicast (cluster_n=1)")
+    if cfg.fp8_blockwise or cfg.fp8_mx or cfg.blockscaled:
+        err.append(f"{what}: not with per-stage scales (fp8_blockwise, fp8_mx, block-scaled)")
+    return err
+
+
 def fp8_mx_errors(cfg: GemmConfig) -> list[str]:
     """Rules of the MXFP8 emulation on sm_90a: per-32 promotion of e4m3 WGMMA partial sums. A
     warpgroup holds 64 x tile_n partial and promoted fp32 sums plus tile_n / 4 column scales."""
@@ -479,6 +511,8 @@ def problem_errors(cfg: GemmConfig, p: GemmProblem) -> list[str]:
         err.append(f"quantized output: the output's columns must be a multiple of 32, got {p.n // cfg.epilogue.cols_per_output}")
     if min(p.m, p.n, p.k, p.l) < 1:
         err.append(f"kernel needs M, N, K, L >= 1 (got {p.m}, {p.n}, {p.k}, {p.l})")
+    if cfg.a_rows and p.m > cfg.a_rows:
+        err.append(f"config a_rows={cfg.a_rows}: its TMA box loads A's first {cfg.a_rows} rows only, got M={p.m}")
     if cfg.blockscaled and cfg.a_dtype != cfg.b_dtype and p.k % 128:
         err.append(f"MXFP8 x MXFP4: K must be a multiple of 128 (the FP4 operand's unpacking TMA), got K={p.k}")
     for nm, strides, dtype in (

@@ -126,6 +126,20 @@ class ArchPolicy:
         return replace(cfg, **overrides) if overrides else cfg
 
 
+def short_a_box(cfg: GemmConfig, p: GemmProblem) -> GemmConfig:
+    """The dense call's config with ``a_rows`` (A's TMA box: M rounded up to a power of two from 8)
+    when M fits in fewer rows than the tile has and the config allows it (sm_90a dense, K-major A,
+    no A multicast); else cfg. H200, 16 x 4096 x 7168 in 64x64 tiles (bench/RESULTS.md, 2026-12-01
+    third session): the zeros the TMA unit fills in past M took time with the rows (M = 1 / 16 /
+    32 / 64: 37.7 / 32.6 / 28.5 / 25.7 us; torch 25.6-26.1)."""
+    from .config import A_ROWS, a_rows_errors
+
+    box = next((r for r in A_ROWS if r >= p.m), 0)
+    if cfg.a_rows or not box or box >= cfg.tile_m or a_rows_errors(replace(cfg, a_rows=box)):
+        return cfg
+    return replace(cfg, a_rows=box)
+
+
 class Sm90Policy(ArchPolicy):
     # Chosen from `python -m cutegemm bench sweep` on the H200 (bench/RESULTS.md, 2026-11-29):
     # 128x256 cooperative + 2x1 cluster, N-major raster, was best or within 2% of best on every

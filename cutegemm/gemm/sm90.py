@@ -67,6 +67,7 @@ from ..grouped.kernel_parts import (
     tile_table_bytes,
     tile_table_len,
 )
+from ..runtime.ptx import st_shared_v4
 from ..schedulers.dynamic import RING_DEPTH, ring_storage_fields
 from ..schedulers.grouped import group_range
 from .base import GemmBase
@@ -138,7 +139,7 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
         # (sSFA / sSFB, 16-byte aligned; one unused word each when there are no scale stages):
         # the storage's size rounds up to its 1 KiB alignment, so A + B + C filling the rest
         # exactly would overflow by 1 KiB (a 64x64 tile with FP4 output did, at launch).
-        budget = SMEM_CAPACITY_SM90 - 1024 - 32 - tile_table_bytes(cfg.grouped or cfg.listed)
+        budget = SMEM_CAPACITY_SM90 - 1024 - 32 - tile_table_bytes(cfg.grouped or cfg.listed) - 16 * (cfg.split_k > 1)
 
         def ab_stages(epi_stage):
             return (budget - epi_stage * epi_stage_bytes) // ab_bytes
@@ -171,6 +172,16 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
         b_k_major = cfg.swap_ab or cfg.b_major == "k"
         self.swap_majors = (a_layout.sm90_mma_major_mode(), b_layout.sm90_mma_major_mode())
         self.a_smem_layout_staged = staged_layout(a_layout, self.a_dtype, cfg.tile_m, self.ab_stage, a_k_major)
+        # config.a_rows: A's TMA box, a_rows rows at the start of every stage (tile_m / a_rows box
+        # stages per stage of A: a K-major stage is whole 8-row swizzle atoms, row-block major)
+        self.a_box_rows = cfg.a_rows or cfg.tile_m
+
+        def a_box_staged():  # built where it is used (host: the TMA atom; kernel: the partition)
+            return staged_layout(
+                a_layout, self.a_dtype, self.a_box_rows, self.ab_stage * (cfg.tile_m // self.a_box_rows), a_k_major
+            )
+
+        self.a_box_staged = a_box_staged
         self.b_smem_layout_staged = staged_layout(b_layout, self.b_dtype, cfg.tile_n, self.ab_stage, b_k_major)
         if cfg.swap_ab:  # the token operand's TMA box: 32 rows
             self.b_chunk_layout = staged_layout(b_layout, self.b_dtype, SWAP_CHUNK, 1, True)
@@ -220,7 +231,7 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
             )
 
         tma_atom_a, tma_tensor_a = tma_load(
-            mA, self.a_smem_layout_staged, (cfg.tile_m, self.tile_shape_mnk[2]), self.num_mcast_ctas_a
+            mA, self.a_box_staged(), (self.a_box_rows, self.tile_shape_mnk[2]), self.num_mcast_ctas_a
         )
         if cutlass.const_expr(cfg.swap_ab):
             # Tokens in 32-row boxes, each issued whole by one CTA and multicast to the cluster.
@@ -257,11 +268,12 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
         ring = ring_storage_fields(RING_DEPTH if cfg.scheduler != "static" else 1)
         ring_full, ring_empty, ring_resp = ring["sched_full"], ring["sched_empty"], ring["sched_resp"]
 
+        split_k = cfg.split_k > 1
+
         @cute.struct
         class SharedStorage:
             ab_mbar: cute.struct.MemRange[cutlass.Int64, self.ab_stage * 2]
             tile_start: cute.struct.MemRange[cutlass.Int32, table_len]
-            split_flag: cute.struct.MemRange[cutlass.Int32, 4]  # split K: "this unit completes the tile"
             sched_full: ring_full
             sched_empty: ring_empty
             sched_resp: ring_resp
@@ -273,6 +285,8 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
             # MXFP8 emulation / block-scaled FP8's scale_a: fp32 scale stages (one unused word each otherwise)
             sSFA: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, sf_len[0]], sf_align[0]]
             sSFB: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, sf_len[1]], sf_align[1]]
+            if cutlass.const_expr(split_k):  # split K: "this unit completes the tile" (gemm.sm90_split)
+                split_flag: cute.struct.MemRange[cutlass.Int32, 4]
 
         self.shared_storage = SharedStorage
         self.check_smem_size(SharedStorage.size_in_bytes(), SMEM_CAPACITY_SM90)
@@ -373,6 +387,8 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
             tma_bytes += self.mx_stage_bytes()
         if cutlass.const_expr(self.config.fp8_blockwise):
             tma_bytes += self.sfa_rows() * 4
+        if cutlass.const_expr(self.config.a_rows):  # A's box holds a_rows of the tile_m rows
+            tma_bytes -= (self.config.tile_m - self.a_box_rows) * self.tile_shape_mnk[2] * self.a_dtype.width // 8
         # Every consumer warp of every CTA that reads a multicast stage releases it.
         mcast_size = self.num_mcast_ctas_a + self.num_mcast_ctas_b - 1
         ab_pipeline = pipeline.PipelineTmaAsync.create(
@@ -421,13 +437,22 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
         # TMA partitions. A is multicast along the cluster's N mode, B along its M mode.
         a_cta_layout = cute.make_layout(cute.slice_(cta_layout_mnk, (0, None, 0)).shape)
         b_cta_layout = cute.make_layout(cute.slice_(cta_layout_mnk, (None, 0, 0)).shape)
+        sA_load, gA_load = sA, gA_mkl
+        if cutlass.const_expr(self.config.a_rows):
+            # config.a_rows: boxes of a_rows rows, into the first rows of every stage of A (box
+            # stage r * i is stage i; r = tile_m / a_rows)
+            box = self.a_box_staged()
+            r = self.config.tile_m // self.a_box_rows
+            sA_box = storage.sA.get_tensor(box.outer, swizzle=box.inner)
+            sA_load = cute.logical_divide(sA_box, (None, None, r))[(None, None, (0, None))]
+            gA_load = cute.local_tile(mA_mkl, (self.a_box_rows, self.tile_shape_mnk[2]), (None, None, None))
         # (TMA, STAGE), (TMA, RestM, RestK, RestL)
         tAsA, tAgA = cpasync.tma_partition(
             tma_atom_a,
             cluster_coord_mnk[1],
             a_cta_layout,
-            cute.group_modes(sA, 0, 2),
-            cute.group_modes(gA_mkl, 0, 2),
+            cute.group_modes(sA_load, 0, 2),
+            cute.group_modes(gA_load, 0, 2),
         )
         cfg = self.config
         tBsB = tBgB = None  # swap_ab: the tokens load in 32-row chunks (``swap_token_loads``)
@@ -567,7 +592,7 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
                 block_scales=block_scales,
                 k_range=k_range,
                 out_desc=out_desc,
-                split=(mWorkspace, storage.split_flag.get_tensor(cute.make_layout(4))),
+                split=(mWorkspace, storage.split_flag.get_tensor(cute.make_layout(4))) if cutlass.const_expr(cfg.split_k > 1) else None,
             )  # fmt: skip
 
     # ---------------------------------------------------------------------------------------
@@ -645,6 +670,11 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
         # (ep is only passed on inside the tile loop: a method called on it there would make the
         # DSL carry the whole tuple through the loop)
         epi_barrier = ep.epi_barrier
+        if cutlass.const_expr(self.config.a_rows):
+            # A's box fills the first a_rows rows of each stage: the rest are zeros, written once
+            self.zero_a_rows_past_box(sA, mma_tidx)
+            cute.arch.fence_proxy("async.shared", space="cta")  # before the WGMMAs read them
+            epi_barrier.arrive_and_wait()
         read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stage)
         release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stage)
         epi_count = cutlass.Int32(0)  # subtiles stored so far: picks the epilogue smem buffer
@@ -786,6 +816,19 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
         if cutlass.const_expr(self.config.wg_order):  # the other warpgroup's turn
             cute.arch.barrier_arrive(barrier_id=BAR_K_ORDER + 1 - my_wg, number_of_threads=2 * self.threads_per_warpgroup)
         return tiled_mma
+
+    @cute.jit
+    def zero_a_rows_past_box(self, sA: cute.Tensor, tid: cutlass.Int32):
+        """Zero rows a_rows..tile_m of every stage of A (config.a_rows), 16 bytes per store, by
+        the tile's threads: a K-major stage is tile_m rows of 128 bytes (whole 8-row swizzle
+        atoms, row-block major), so those rows are its last (tile_m - a_rows) * 128 bytes."""
+        row_bytes = self.tile_shape_mnk[2] * self.a_dtype.width // 8
+        assert row_bytes == 128 and self.config.a_major == "k", (row_bytes, self.config.a_major)
+        chunks = (self.config.tile_m - self.a_box_rows) * row_bytes // 16  # per stage
+        base = sA.iterator.toint() + self.a_box_rows * row_bytes
+        for j in range(tid, self.ab_stage * chunks, self.threads_per_tile):
+            stage = j // chunks
+            st_shared_v4(base + stage * (self.config.tile_m * row_bytes) + (j - stage * chunks) * 16, (0, 0, 0, 0))
 
     @cute.jit
     def zero_k_outside(self, sA: cute.Tensor, sB: cute.Tensor, stage: cutlass.Int32, lo: cutlass.Int32,

@@ -1,0 +1,81 @@
+"""CPU: the decode-sized-M options of the dense sm_90a kernel: the short A box
+(``GemmConfig.a_rows``) and split K (``GemmConfig.split_k``): their rules, the policy's choice
+and split K's K ranges and workspace."""
+
+from dataclasses import replace
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cutegemm.gemm.config import GemmConfig, GemmProblem, can_implement, config_errors
+from cutegemm.gemm.policy import policy_for, short_a_box
+from cutegemm.gemm.sm90_split import split_workspace_words
+from cutegemm.schedulers.static import split_k_range
+
+DECODE = GemmConfig(arch="sm_90a", a_major="k", b_major="k", tile_m=64, tile_n=64, raster="n", group=1)
+
+
+@given(k_tiles=st.integers(0, 600), split=st.sampled_from([2, 4, 8]))
+def test_split_k_ranges_partition_the_k_tiles(k_tiles, split):
+    """The ranges of one tile cover its K tiles once, in order, sizes within one of each other."""
+    ranges = [split_k_range(s, k_tiles, split) for s in range(split)]
+    at = 0
+    for first, count in ranges:
+        assert first == at and count >= 0
+        at += count
+    assert at == k_tiles
+    sizes = [c for _, c in ranges]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_split_workspace_words():
+    # 5 tiles: 8 counter words (16-byte aligned slots), then 2 slots of 64 x 128 fp32 per tile
+    assert split_workspace_words(5, 2, 64, 128) == 8 + 5 * 2 * 64 * 128
+    assert split_workspace_words(4, 4, 128, 64) == 4 + 4 * 4 * 128 * 64
+
+
+def test_split_k_rules():
+    ok = replace(DECODE, split_k=4)
+    assert not config_errors(ok) and "_sk4" in ok.name
+    bad = {
+        "split_k must be": dict(split_k=3),
+        "sm_90a only": dict(arch="sm_100a", tile_m=128),
+        "dense only": dict(grouped=True),
+        "1x1 cluster": dict(cluster_n=2),
+        "static scheduler": dict(scheduler="dynamic"),
+        "per-K-block scales": dict(a_dtype="e4m3", b_dtype="e4m3", tile_m=128, tile_n=128, fp8_blockwise=True),
+    }
+    for match, kw in bad.items():
+        errs = config_errors(replace(ok, **kw))
+        assert any(match in e for e in errs), (match, errs)
+
+
+def test_a_rows_rules():
+    ok = replace(DECODE, a_rows=16)
+    assert not config_errors(ok) and "_ar16" in ok.name
+    for kw in (dict(a_rows=24), dict(a_rows=64), dict(a_rows=128, tile_m=128, tile_n=64)):
+        assert any("a_rows" in e for e in config_errors(replace(ok, **kw))), kw
+    assert any("K-major A" in e for e in config_errors(replace(ok, a_major="m")))
+    assert any("K-major A" in e for e in config_errors(replace(ok, cluster_n=2)))
+    assert any("dense sm_90a" in e for e in config_errors(replace(ok, grouped=True)))
+    # the problem must fit in the box: rows past it would be read as zeros
+    p = GemmProblem(17, 256, 512, 1, "bf16", "bf16", "bf16", "k", "k")
+    ok_, why = can_implement(ok, p)
+    assert not ok_ and "a_rows=16" in why
+    assert can_implement(ok, replace(p, m=16))[0]
+
+
+def test_policy_short_a_box():
+    pol = policy_for("sm_90a", 132)
+    for dtype in ("bf16", "e4m3"):
+        for m, rows in ((1, 8), (8, 8), (9, 16), (16, 16), (17, 32), (32, 32), (33, 0), (64, 0), (65, 0), (128, 0)):
+            p = GemmProblem(m, 4096, 7168, 1, dtype, dtype, "bf16", "k", "k")
+            cfg = short_a_box(pol.choose(p), p)
+            assert cfg.a_rows == rows, (dtype, m, cfg.name)
+            assert can_implement(cfg, p)[0], cfg.name
+    # not for a column-major (M-major) A
+    p = GemmProblem(16, 4096, 7168, 1, "bf16", "bf16", "bf16", "m", "k")
+    assert short_a_box(pol.choose(p), p).a_rows == 0
+    # not for DeepSeek block scales (scale_a rides with A)
+    p = GemmProblem(16, 4096, 7168, 1, "e4m3", "e4m3", "bf16", "k", "k")
+    assert short_a_box(pol.choose(p, fp8_blockwise=True), p).a_rows == 0

@@ -1,0 +1,209 @@
+"""Dense GEMM at decode-sized M on a GPU: the short A box (``GemmConfig.a_rows``, the policy's
+choice for M <= 32 in a 64-row tile) and split K (``GemmConfig.split_k``), both sm_90a.
+
+Every result against a float64 reference within 2x torch's own error at the same precision, in
+NaN-poisoned buffers (nothing written outside the output); the short box must give the same bits
+as the whole-tile box (the rows past M are zeros either way); split K must give the same bits on
+every call (partial sums added in range order) and under CUDA-graph replay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import cutegemm
+from cutegemm.gemm.config import GemmConfig
+from cutegemm.gemm.policy import policy_for, short_a_box
+
+from .gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
+
+pytestmark = pytest.mark.gpu
+BF16, F8 = torch.bfloat16, torch.float8_e4m3fn
+
+
+def _sm90():
+    return torch.cuda.get_device_capability()[0] == 9
+
+
+def _need_sm90():
+    if not _sm90():
+        pytest.skip("a_rows and split_k are sm_90a kernel options so far")
+
+
+def _ops(m, n, k, dtype=BF16, seed=0, batch=None):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    shape_a = (m, k) if batch is None else (batch, m, k)
+    shape_w = (n, k) if batch is None else (batch, n, k)
+    a = torch.randn(shape_a, generator=g, device="cuda").to(dtype)
+    w = torch.randn(shape_w, generator=g, device="cuda").to(dtype)
+    return a, w.mT  # b = w^T: K-major, as a linear layer's weight
+
+
+def _cfg(dtype=BF16, **kw):
+    name = {BF16: "bf16", torch.float16: "fp16", F8: "e4m3"}[dtype]
+    base = dict(arch="sm_90a", a_dtype=name, b_dtype=name, a_major="k", b_major="k", tile_m=64, tile_n=64,
+                raster="n", group=1)  # fmt: skip
+    return GemmConfig(**{**base, **kw})
+
+
+def _check(out, a, b, what):
+    ref = a.double() @ b.double()
+    same = (a @ b).to(out.dtype) if a.dtype != F8 else (a.float() @ b.float()).to(out.dtype)
+    assert_within_torch_error(out, same, ref, what=what)
+
+
+# --- the short A box ---------------------------------------------------------------------------
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    m=st.integers(1, 32),
+    n8=st.integers(1, 80),
+    k8=st.integers(1, 120),
+    dtype=st.sampled_from([BF16, torch.float16]),
+    batch=st.sampled_from([None, 3]),
+)
+def test_a_rows_equals_whole_box(m, n8, k8, dtype, batch):
+    """The policy's short box (M <= 32) gives the bits of the whole 64-row box."""
+    _need_sm90()
+    n, k = 8 * n8, 8 * k8
+    a, b = _ops(m, n, k, dtype, seed=m * 7 + n + k, batch=batch)
+    shape = (m, n) if batch is None else (batch, m, n)
+    buf, out = poisoned_out(shape, dtype)
+    cutegemm.gemm(a, b, out=out)
+    assert_outside_untouched(buf, m, n)
+    _check(out, a, b, f"a_rows {m}x{n}x{k}")
+    tiles = [None, 16, 32] if m <= 16 else [None, 32]  # the whole box, and short boxes holding M
+    for rows in tiles:
+        cfg = _cfg(dtype, a_rows=0 if rows is None else rows)
+        other = cutegemm.gemm(a, b, config=cfg)
+        assert torch.equal(other, out), f"a_rows={rows}: not the bits of the policy's call"
+
+
+def test_a_rows_policy_and_refusal():
+    """The policy takes the short box for M <= 32 in a 64-row tile; a config whose box is shorter
+    than M is refused (its rows past the box would read as zeros)."""
+    _need_sm90()
+    from cutegemm.gemm.config import GemmProblem
+
+    for m, rows in ((1, 8), (8, 8), (9, 16), (16, 16), (17, 32), (32, 32), (33, 0), (64, 0)):
+        p = GemmProblem(m, 4096, 7168, 1, "bf16", "bf16", "bf16", "k", "k")
+        cfg = short_a_box(policy_for("sm_90a", 132).choose(p), p)
+        assert cfg.a_rows == rows, (m, cfg.name)
+    a, b = _ops(20, 256, 512)
+    with pytest.raises(ValueError, match="a_rows=16"):
+        cutegemm.gemm(a, b, config=_cfg(a_rows=16))
+
+
+@pytest.mark.parametrize("m", [1, 5, 16, 24])
+def test_a_rows_epilogues(m):
+    """Bias + GELU, beta * C with fp32 output, FP8 row-wise scales and an MXFP8 output (its scale
+    bytes included): the short box gives the bits of the whole box."""
+    _need_sm90()
+    n, k = 320, 1008
+    a, b = _ops(m, n, k, seed=m)
+    bias = torch.randn(n, device="cuda", dtype=BF16)
+    c = torch.randn(m, n, device="cuda", dtype=torch.float32)
+    whole = _cfg(a_rows=0)
+    got = cutegemm.gemm(a, b, bias=bias, activation="gelu")
+    assert torch.equal(got, cutegemm.gemm(a, b, bias=bias, activation="gelu", config=whole))
+    got = cutegemm.gemm(a, b, c=c, beta=0.5, out_dtype=torch.float32)
+    assert torch.equal(got, cutegemm.gemm(a, b, c=c, beta=0.5, out_dtype=torch.float32, config=whole))
+    a8, b8 = a.to(F8), b.to(F8)
+    sa, sb = torch.rand(m, device="cuda") + 0.5, torch.rand(n, device="cuda") + 0.5
+    got = cutegemm.gemm(a8, b8, scale_a=sa, scale_b=sb)
+    assert torch.equal(got, cutegemm.gemm(a8, b8, scale_a=sa, scale_b=sb, config=_cfg(F8)))
+    q = cutegemm.gemm(a, b, out_dtype="mxfp8")
+    q_whole = cutegemm.gemm(a, b, out_dtype="mxfp8", config=whole)
+    assert torch.equal(q.data.view(torch.uint8), q_whole.data.view(torch.uint8))
+    assert torch.equal(q.scales.view(torch.uint8), q_whole.scales.view(torch.uint8))
+
+
+# --- split K -----------------------------------------------------------------------------------
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    m=st.integers(1, 300),
+    n8=st.integers(1, 64),
+    k8=st.integers(1, 400),
+    split=st.sampled_from([2, 4, 8]),
+    tile=st.sampled_from([(64, 64), (64, 128), (128, 64)]),
+    dtype=st.sampled_from([BF16, F8]),
+)
+def test_split_k_shapes(m, n8, k8, split, tile, dtype):
+    """Ragged M, N, K (K tiles fewer than ranges included); more units than CTAs at the larger M;
+    repeat calls give the same bits."""
+    _need_sm90()
+    n, k = 8 * n8, 8 * k8
+    if dtype == F8:
+        k = 16 * max(1, k // 16)
+    a, b = _ops(m, n, k, dtype, seed=m + 3 * n + 5 * k)
+    cfg = _cfg(dtype, tile_m=tile[0], tile_n=tile[1], split_k=split)
+    buf, out = poisoned_out((m, n), BF16)
+    cutegemm.gemm(a, b, out=out, config=cfg)
+    assert_outside_untouched(buf, m, n)
+    _check(out, a, b, f"split_k={split} {tile} {m}x{n}x{k}")
+    assert torch.equal(out, cutegemm.gemm(a, b, config=cfg)), "split K is not bitwise reproducible"
+
+
+def test_split_k_epilogues_and_scales():
+    """Bias + SiLU, beta * C, FP8 row-wise scales and MXFP8 output run once, on the full sum."""
+    _need_sm90()
+    m, n, k = 48, 384, 2048
+    a, b = _ops(m, n, k, seed=11)
+    bias = torch.randn(n, device="cuda", dtype=BF16)
+    c = torch.randn(m, n, device="cuda", dtype=BF16)
+    cfg = _cfg(split_k=4)
+    got = cutegemm.gemm(a, b, bias=bias, activation="silu", config=cfg)
+    ref = torch.nn.functional.silu(a.double() @ b.double() + bias.double())
+    same = torch.nn.functional.silu((a @ b).float() + bias.float()).to(BF16)
+    assert_within_torch_error(got, same, ref, what="split bias+silu")
+    got = cutegemm.gemm(a, b, c=c, beta=-1.5, config=cfg)
+    ref = a.double() @ b.double() - 1.5 * c.double()
+    assert_within_torch_error(got, (a @ b).float().sub(1.5 * c.float()).to(BF16), ref, what="split beta")
+    a8, b8 = a.to(F8), b.to(F8)
+    sa, sb = torch.rand(m, device="cuda") + 0.5, torch.rand(n, device="cuda") + 0.5
+    got = cutegemm.gemm(a8, b8, scale_a=sa, scale_b=sb, config=_cfg(F8, tile_n=128, split_k=2))
+    plain = cutegemm.gemm(a8, b8, scale_a=sa, scale_b=sb, config=_cfg(F8, tile_n=128))
+    ref = (a8.double() @ b8.double()) * sa.double()[:, None] * sb.double()[None]
+    assert_within_torch_error(got, plain, ref, what="split fp8 row-wise")
+    q = cutegemm.gemm(a, b, out_dtype="mxfp8", config=cfg)
+    deq = cutegemm.dequantize(q).double()
+    q_plain = cutegemm.dequantize(cutegemm.gemm(a, b, out_dtype="mxfp8")).double()
+    ref = a.double() @ b.double()
+    assert (deq - ref).abs().max() <= 2 * (q_plain - ref).abs().max() + 1e-6
+
+
+def test_split_k_cuda_graph_replay():
+    """Captured once, replayed with 20 new activations: every replay gives the eager call's bits
+    (the tiles' counters run on across replays)."""
+    _need_sm90()
+    m, n, k = 16, 512, 3072
+    _, b = _ops(m, n, k, seed=5)
+    cfg = _cfg(tile_n=128, split_k=4)
+    x = torch.randn(m, k, device="cuda").to(BF16)
+    out = cutegemm.gemm(x, b, config=cfg)  # compile and build the plan outside the capture
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            cutegemm.gemm(x, b, out=out, config=cfg)
+    torch.cuda.current_stream().wait_stream(s)
+    for i in range(20):
+        x.copy_(torch.randn(m, k, device="cuda", generator=torch.Generator(device="cuda").manual_seed(i)).to(BF16))
+        g.replay()
+        eager = cutegemm.gemm(x, b, config=cfg)
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager), f"replay {i}"
+
+
+def test_split_k_config_rules():
+    _need_sm90()
+    a, b = _ops(16, 256, 512)
+    for bad, match in ((dict(split_k=3), "split_k must be"), (dict(split_k=2, cluster_n=2), "1x1 cluster"),
+                       (dict(split_k=2, pingpong=True), "cooperative")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            cutegemm.gemm(a, b, config=replace(_cfg(), **bad))
