@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cutegemm.gemm.config import GemmConfig, GemmProblem, can_implement, config_errors
-from cutegemm.gemm.policy import policy_for, short_a_box
+from cutegemm.gemm.policy import policy_for, short_a_box, small_m_options
 from cutegemm.gemm.sm90_split import split_workspace_words
 from cutegemm.schedulers.static import split_k_range
 
@@ -79,3 +79,22 @@ def test_policy_short_a_box():
     # not for DeepSeek block scales (scale_a rides with A)
     p = GemmProblem(16, 4096, 7168, 1, "e4m3", "e4m3", "bf16", "k", "k")
     assert short_a_box(pol.choose(p, fp8_blockwise=True), p).a_rows == 0
+
+
+def test_policy_split_few_tiles():
+    pol = policy_for("sm_90a", 132)
+    cases = {
+        (96, 1536, 7168, "bf16"): (128, 4),
+        (128, 4096, 7168, "bf16"): (128, 2),
+        (16, 2048, 7168, "fp16"): (64, 2),
+        (16, 4096, 7168, "bf16"): (64, 1),
+        (128, 7168, 2048, "bf16"): (128, 1),
+        (16, 2048, 512, "bf16"): (64, 1),  # 8 K tiles: ranges would hold fewer than 8
+        (96, 1536, 7168, "e4m3"): (128, 1),  # FP8: an option, not the policy's
+        (1024, 1536, 7168, "bf16"): (128, 1),
+    }
+    for (m, n, k, dt), (tile_m, split) in cases.items():
+        p = GemmProblem(m, n, k, 1, dt, dt, "bf16" if dt == "e4m3" else dt, "k", "k")
+        cfg = small_m_options(pol.choose(p), p, 132)
+        assert (cfg.tile_m, cfg.split_k) == (tile_m, split), ((m, n, k, dt), cfg.name)
+        assert can_implement(cfg, p)[0], cfg.name

@@ -46,8 +46,8 @@ def _ops(m, n, k, dtype=BF16, seed=0, batch=None):
 
 def _cfg(dtype=BF16, **kw):
     name = {BF16: "bf16", torch.float16: "fp16", F8: "e4m3"}[dtype]
-    base = dict(arch="sm_90a", a_dtype=name, b_dtype=name, a_major="k", b_major="k", tile_m=64, tile_n=64,
-                raster="n", group=1)  # fmt: skip
+    base = dict(arch="sm_90a", a_dtype=name, b_dtype=name, out_dtype="bf16" if dtype == F8 else name, a_major="k",
+                b_major="k", tile_m=64, tile_n=64, raster="n", group=1)  # fmt: skip
     return GemmConfig(**{**base, **kw})
 
 
@@ -111,13 +111,14 @@ def test_a_rows_epilogues(m):
     got = cutegemm.gemm(a, b, bias=bias, activation="gelu")
     assert torch.equal(got, cutegemm.gemm(a, b, bias=bias, activation="gelu", config=whole))
     got = cutegemm.gemm(a, b, c=c, beta=0.5, out_dtype=torch.float32)
-    assert torch.equal(got, cutegemm.gemm(a, b, c=c, beta=0.5, out_dtype=torch.float32, config=whole))
+    whole32 = replace(whole, out_dtype="fp32")
+    assert torch.equal(got, cutegemm.gemm(a, b, c=c, beta=0.5, out_dtype=torch.float32, config=whole32))
     a8, b8 = a.to(F8), b.to(F8)
     sa, sb = torch.rand(m, device="cuda") + 0.5, torch.rand(n, device="cuda") + 0.5
     got = cutegemm.gemm(a8, b8, scale_a=sa, scale_b=sb)
     assert torch.equal(got, cutegemm.gemm(a8, b8, scale_a=sa, scale_b=sb, config=_cfg(F8)))
     q = cutegemm.gemm(a, b, out_dtype="mxfp8")
-    q_whole = cutegemm.gemm(a, b, out_dtype="mxfp8", config=whole)
+    q_whole = cutegemm.gemm(a, b, out_dtype="mxfp8", config=replace(whole, out_dtype="e4m3"))
     assert torch.equal(q.data.view(torch.uint8), q_whole.data.view(torch.uint8))
     assert torch.equal(q.scales.view(torch.uint8), q_whole.scales.view(torch.uint8))
 
@@ -169,7 +170,7 @@ def test_split_k_epilogues_and_scales():
     plain = cutegemm.gemm(a8, b8, scale_a=sa, scale_b=sb, config=_cfg(F8, tile_n=128))
     ref = (a8.double() @ b8.double()) * sa.double()[:, None] * sb.double()[None]
     assert_within_torch_error(got, plain, ref, what="split fp8 row-wise")
-    q = cutegemm.gemm(a, b, out_dtype="mxfp8", config=cfg)
+    q = cutegemm.gemm(a, b, out_dtype="mxfp8", config=replace(cfg, out_dtype="e4m3"))
     deq = cutegemm.dequantize(q).double()
     q_plain = cutegemm.dequantize(cutegemm.gemm(a, b, out_dtype="mxfp8")).double()
     ref = a.double() @ b.double()
@@ -207,3 +208,16 @@ def test_split_k_config_rules():
                        (dict(split_k=2, pingpong=True), "cooperative")):  # fmt: skip
         with pytest.raises(ValueError, match=match):
             cutegemm.gemm(a, b, config=replace(_cfg(), **bad))
+
+
+@pytest.mark.parametrize("m,n,k", [(96, 1536, 7168), (128, 4096, 7168), (16, 2048, 7168), (5, 2048, 4100)])
+def test_policy_split_calls(m, n, k):
+    """Shapes where the policy splits K (few output tiles), plain calls: poisoned output,
+    the error bound, the same bits on a second call."""
+    _need_sm90()
+    a, b = _ops(m, n, k, seed=m + n)
+    buf, out = poisoned_out((m, n), BF16)
+    cutegemm.gemm(a, b, out=out)
+    assert_outside_untouched(buf, m, n)
+    _check(out, a, b, f"policy {m}x{n}x{k}")
+    assert torch.equal(out, cutegemm.gemm(a, b))

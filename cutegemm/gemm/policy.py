@@ -140,6 +140,38 @@ def short_a_box(cfg: GemmConfig, p: GemmProblem) -> GemmConfig:
     return replace(cfg, a_rows=box)
 
 
+def split_few_tiles(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig:
+    """The dense call's config with ``split_k`` when M <= 128 gives too few output tiles to keep
+    the SMs busy (16-bit inputs; FP8 split K is a tested option, not measured for the policy).
+    128-row tiles (their WGMMA time per K tile is twice a 64-row tile's): 4 or 2 K ranges while
+    the units fit in one wave; 64-row tiles (memory-bound): 2 ranges from a quarter of the SMs
+    down. Each range keeps at least 8 K tiles. H200 (bench/RESULTS.md, 2026-12-01 third
+    session, us, torch.matmul in the same run): 96 x 1536 x 7168 (24 tiles of 128x64) 25.0 ->
+    17.2 with 4 ranges (15.1); 128 x 4096 x 7168 (64 tiles) 32.4 -> 28.3 with 2 (26.0); 16 x 2048 x
+    7168 (32 tiles of 64x64) 19.3 -> 17.6 with 2 (16.5); not taken at 16 x 4096 x 7168 (64 tiles
+    of 64x64: 25.1 -> 26.2 with 2, torch 25.8)."""
+    from .config import split_k_errors
+
+    if p.m > 128 or cfg.split_k != 1 or cfg.a_dtype not in ("bf16", "fp16"):
+        return cfg
+    tiles = ceil_div(p.m, cfg.tile_m) * ceil_div(p.n, cfg.tile_n) * p.l
+    if cfg.tile_m == 128:
+        split = 4 if 4 * tiles <= num_sms else 2 if 2 * tiles <= num_sms else 1
+    else:
+        split = 2 if 4 * tiles <= num_sms else 1
+    while split > 1 and ceil_div(p.k, 64) < 8 * split:
+        split //= 2
+    if split == 1 or split_k_errors(replace(cfg, split_k=split)):
+        return cfg
+    return replace(cfg, split_k=split)
+
+
+def small_m_options(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig:
+    """The policy's decode-sized-M options of a dense sm_90a config: :func:`short_a_box`, then
+    :func:`split_few_tiles`."""
+    return split_few_tiles(short_a_box(cfg, p), p, num_sms)
+
+
 class Sm90Policy(ArchPolicy):
     # Chosen from `python -m cutegemm bench sweep` on the H200 (bench/RESULTS.md, 2026-11-29):
     # 128x256 cooperative + 2x1 cluster, N-major raster, was best or within 2% of best on every
