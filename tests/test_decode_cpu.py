@@ -89,7 +89,10 @@ def test_policy_split_few_tiles():
         (16, 2048, 7168, "fp16"): (64, 2),
         (16, 4096, 7168, "bf16"): (64, 1),
         (128, 7168, 2048, "bf16"): (128, 1),
-        (16, 2048, 512, "bf16"): (64, 1),  # 8 K tiles: ranges would hold fewer than 8
+        (16, 2048, 512, "bf16"): (64, 1),  # 8 K tiles: ranges would hold fewer than 24
+        (16, 2048, 3072, "bf16"): (64, 2),
+        (16, 2048, 3008, "bf16"): (64, 1),  # 47 K tiles
+        (96, 1536, 4096, "bf16"): (128, 2),  # 64 K tiles: 2 ranges, not 4
         (96, 1536, 7168, "e4m3"): (128, 1),  # FP8: an option, not the policy's
         (1024, 1536, 7168, "bf16"): (128, 1),
     }

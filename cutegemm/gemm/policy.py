@@ -145,7 +145,8 @@ def split_few_tiles(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig
     the SMs busy (16-bit inputs; FP8 split K is a tested option, not measured for the policy).
     128-row tiles (their WGMMA time per K tile is twice a 64-row tile's): 4 or 2 K ranges while
     the units fit in one wave; 64-row tiles (memory-bound): 2 ranges from a quarter of the SMs
-    down. Each range keeps at least 8 K tiles. H200 (bench/RESULTS.md, 2026-12-01 third
+    down. Each range keeps at least 24 K tiles of 64 (the measured calls had 28-56; a range's
+    partial sums cost a store, a counter and a read, ~2.5 us in all at 16 x 4096 x 7168). H200 (bench/RESULTS.md, 2026-12-01 third
     session, us, torch.matmul in the same run): 96 x 1536 x 7168 (24 tiles of 128x64) 25.0 ->
     17.2 with 4 ranges (15.1); 128 x 4096 x 7168 (64 tiles) 32.4 -> 28.3 with 2 (26.0); 16 x 2048 x
     7168 (32 tiles of 64x64) 19.3 -> 17.6 with 2 (16.5); not taken at 16 x 4096 x 7168 (64 tiles
@@ -159,7 +160,7 @@ def split_few_tiles(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig
         split = 4 if 4 * tiles <= num_sms else 2 if 2 * tiles <= num_sms else 1
     else:
         split = 2 if 4 * tiles <= num_sms else 1
-    while split > 1 and ceil_div(p.k, 64) < 8 * split:
+    while split > 1 and ceil_div(p.k, 64) < 24 * split:
         split //= 2
     if split == 1 or split_k_errors(replace(cfg, split_k=split)):
         return cfg
