@@ -1,0 +1,58 @@
+"""Dense calls at M <= 128: the policy before this session's decode options (its tile, A's box
+of tile_m rows, no split K; forced as a config) against the policy now (short A box, split K for
+few tiles) and torch (cuBLAS; FP8: torch._scaled_mm row-wise), rounds interleaved; each entry
+the best round's L2-cold median of 30.
+
+    python tools/decode_policy_probe.py [ROUNDS]
+"""
+
+import sys
+
+import torch
+
+from cutegemm.benchmarks import Timer, _dense_inputs
+from cutegemm.gemm.api import _device_info, gemm
+from cutegemm.gemm.config import GemmProblem
+from cutegemm.gemm.policy import policy_for, small_m_options
+
+SHAPES = ((1, 4096, 7168), (16, 4096, 7168), (32, 4096, 7168), (64, 4096, 7168), (128, 4096, 7168),
+          (16, 7168, 2048), (128, 7168, 2048), (16, 28672, 4096), (16, 2048, 7168), (96, 1536, 7168),
+          (1, 7168, 2048))  # fmt: skip
+FP8_SHAPES = ((16, 4096, 7168), (1, 7168, 2048), (16, 28672, 4096), (32, 7168, 2048))
+
+
+def main(rounds: int):
+    timer = Timer()
+    arch, sms = _device_info(torch.cuda.current_device())
+    pol = policy_for(arch, sms)
+    for fp8 in (False, True):
+        for m, n, k in FP8_SHAPES if fp8 else SHAPES:
+            a, b = _dense_inputs(m, n, k, torch.bfloat16, "k")
+            kw = {}
+            name = "bf16"
+            if fp8:
+                a, b, name = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn), "e4m3"
+                sa, sb = torch.rand(m, 1, device="cuda") + 0.5, torch.rand(1, n, device="cuda") + 0.5
+                kw = dict(scale_a=sa.view(-1), scale_b=sb.view(-1))
+                runs = {"torch": lambda a=a, b=b, sa=sa, sb=sb: torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)}
+            else:
+                runs = {"torch": lambda a=a, b=b: torch.matmul(a, b)}
+            p = GemmProblem(m, n, k, 1, name, name, "bf16", "k", "k")
+            old, new = pol.choose(p), small_m_options(pol.choose(p), p, sms)
+            runs["before"] = lambda a=a, b=b, old=old, kw=kw: gemm(a, b, config=old, **kw)
+            runs["policy"] = lambda a=a, b=b, kw=kw: gemm(a, b, **kw)
+            o1, o2 = runs["before"](), runs["policy"]()
+            diff = (o1.float() - o2.float()).abs().max().item()
+            times = {r: [] for r in runs}
+            for _ in range(rounds):
+                for r, f in runs.items():
+                    times[r].append(timer(f, 30))
+            best = {r: min(ts) * 1e3 for r, ts in times.items()}
+            print(f"{name} {m}x{n}x{k}: torch {best['torch']:6.2f} us | before {best['before']:6.2f} "
+                  f"({best['torch'] / best['before']:.2f}x) | policy {best['policy']:6.2f} "
+                  f"({best['torch'] / best['policy']:.2f}x) {new.name} | max |before - policy| {diff:.3g}",
+                  flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 2)
