@@ -113,16 +113,15 @@ def _dense_cases():
         ),
         # decode-sized M: A's 16-row box (rows 16..63 of every stage zeroed once), split K
         "decode-a_rows16-bias-gelu": lambda: dense_case(
-            cpu(13, K), bk, dict(tile_m=64, tile_n=64, raster="n", group=1, b_major="k", a_rows=16),
+            cpu(13, K), bk, dict(tile_m=64, tile_n=64, raster="n", group=1, a_rows=16),
             bias=cpu(N, dtype=F32), activation="gelu",
         ),
         "split-k4-64x128-beta": lambda: dense_case(
-            cpu(70, 1000), colmajor(1000, N), dict(tile_m=64, tile_n=128, raster="n", group=1, b_major="k", split_k=4),
+            cpu(70, 1000), colmajor(1000, N), dict(tile_m=64, tile_n=128, raster="n", group=1, split_k=4),
             beta=0.5, c=cpu(70, N),
         ),
         "split-k2-128x64-a_rows32": lambda: dense_case(
-            cpu(20, 1000), colmajor(1000, N), dict(tile_m=128, tile_n=64, raster="n", group=1, b_major="k", split_k=2,
-                                                   a_rows=32),
+            cpu(20, 1000), colmajor(1000, N), dict(tile_m=128, tile_n=64, raster="n", group=1, split_k=2, a_rows=32),
         ),
     }  # fmt: skip
     return c
