@@ -90,12 +90,12 @@ def dense_variants(arch: str) -> list[GemmConfig]:
             GemmConfig(arch=arch, tile_m=128, tile_n=64),
             GemmConfig(arch=arch, tile_m=128, tile_n=128, cluster_m=2, pingpong=True),
             GemmConfig(arch=arch, tile_m=64, tile_n=256, cluster_n=2, pingpong=True, out_dtype="fp32"),
-            GemmConfig(arch=arch, tile_m=128, tile_n=64, pingpong=True, a_major="m", b_major="k"),
             # decode-sized M: A's box of 16 rows (a 2-D launch, as the policy runs it), split K
             GemmConfig(arch=arch, tile_m=64, tile_n=64, raster="n", group=1, a_major="k", b_major="k", flat=True,
                        a_rows=16),
             GemmConfig(arch=arch, tile_m=64, tile_n=128, raster="n", group=1, a_major="k", b_major="k", split_k=4,
                        epilogue=EpilogueSpec(bias=True, activation="gelu")),
+            GemmConfig(arch=arch, tile_m=128, tile_n=64, pingpong=True, a_major="m", b_major="k"),  # last: see flat
         ]
     else:
         big = GemmConfig(arch=arch, tile_m=256, tile_n=256, two_cta=True, cluster_m=2)
