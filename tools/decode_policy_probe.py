@@ -9,6 +9,7 @@ the best round's L2-cold median of 30.
 import sys
 
 import torch
+from probe_common import interleaved_rounds
 
 from cutegemm.benchmarks import Timer, _dense_inputs
 from cutegemm.gemm.api import _device_info, gemm
@@ -43,10 +44,7 @@ def main(rounds: int):
             runs["policy"] = lambda a=a, b=b, kw=kw: gemm(a, b, **kw)
             o1, o2 = runs["before"](), runs["policy"]()
             diff = (o1.float() - o2.float()).abs().max().item()
-            times = {r: [] for r in runs}
-            for _ in range(rounds):
-                for r, f in runs.items():
-                    times[r].append(timer(f, 30))
+            times = interleaved_rounds(timer, runs, rounds)
             best = {r: min(ts) * 1e3 for r, ts in times.items()}
             print(f"{name} {m}x{n}x{k}: torch {best['torch']:6.2f} us | before {best['before']:6.2f} "
                   f"({best['torch'] / best['before']:.2f}x) | policy {best['policy']:6.2f} "

@@ -55,3 +55,13 @@ def profile_each(jobs):
         f()
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
+
+
+def interleaved_rounds(timer, runs: dict, rounds: int, reps: int = 30) -> dict:
+    """{name: [L2-cold median of ``reps`` per round]}: every round times each of ``runs`` once, in
+    turn, so clock and power drift fall on all of them alike."""
+    times = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, f in runs.items():
+            times[name].append(timer(f, reps))
+    return times

@@ -15,7 +15,7 @@ import os
 import sys
 from dataclasses import replace
 
-from probe_common import profile_each
+from probe_common import interleaved_rounds, profile_each
 
 from cutegemm.benchmarks import Timer, _dense_inputs
 from cutegemm.gemm.api import gemm
@@ -83,10 +83,7 @@ def main(rounds: int):
                 [(name, f) for name, f in runs.items() if name in PROFILED or "e2" in name or "e4" in name]
             )
             continue
-        times = {name: [] for name in runs}
-        for _ in range(rounds):
-            for name, f in runs.items():
-                times[name].append(timer(f, 30))
+        times = interleaved_rounds(timer, runs, rounds)
         print(f"== {m}x{n}x{k}: us per round (TFLOP/s of the last)", flush=True)
         for name, ts in times.items():
             print(

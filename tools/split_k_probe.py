@@ -10,6 +10,7 @@ import sys
 from dataclasses import replace
 
 import torch
+from probe_common import interleaved_rounds
 
 from cutegemm.benchmarks import Timer, _dense_inputs
 from cutegemm.gemm.api import gemm
@@ -62,10 +63,7 @@ def main(rounds: int, fp8: bool):
             print(f"   {m}x{n}x{k} {name}: max err {err:.4g} (torch {t_err:.4g}), repeat bitwise "
                   f"{torch.equal(o1, o2)}", flush=True)  # fmt: skip
             runs[name] = lambda a=a, b=b, cfg=cfg, kw=kw: gemm(a, b, config=cfg, **kw)
-        times = {name: [] for name in runs}
-        for _ in range(rounds):
-            for name, f in runs.items():
-                times[name].append(timer(f, 30))
+        times = interleaved_rounds(timer, runs, rounds)
         print(f"== {m}x{n}x{k}{' fp8' if fp8 else ''}: us per round", flush=True)
         for name, ts in times.items():
             print(f"   {' '.join(f'{t * 1e3:7.2f}' for t in ts)}  x torch {min(times['torch']) / min(ts):5.2f}  {name}",
