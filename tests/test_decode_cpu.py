@@ -57,6 +57,7 @@ def test_a_rows_rules():
         assert any("a_rows" in e for e in config_errors(replace(ok, **kw))), kw
     assert any("K-major A" in e for e in config_errors(replace(ok, a_major="m")))
     assert any("K-major A" in e for e in config_errors(replace(ok, cluster_n=2)))
+    assert any("cooperative" in e for e in config_errors(replace(ok, pingpong=True)))
     assert any("dense sm_90a" in e for e in config_errors(replace(ok, grouped=True)))
     # the problem must fit in the box: rows past it would be read as zeros
     p = GemmProblem(17, 256, 512, 1, "bf16", "bf16", "bf16", "k", "k")

@@ -433,8 +433,9 @@ A_ROWS = (8, 16, 32, 64)
 def a_rows_errors(cfg: GemmConfig) -> list[str]:
     """Rules of a short A box (``GemmConfig.a_rows``): 8, 16, 32 or 64, dividing tile_m and below
     it (whole 8-row swizzle atoms at the start of a K-major stage; the box's stage ring is the
-    stage ring of A with tile_m / a_rows box stages per stage), dense sm_90a, K-major A, A not
-    multicast (cluster_n 1), no per-stage scales riding with A. The problem must fit in the box
+    stage ring of A with tile_m / a_rows box stages per stage), dense sm_90a cooperative tiles
+    (the tile's threads zero the rest of the stages once), K-major A, A not multicast (cluster_n
+    1), no per-stage scales riding with A. The problem must fit in the box
     (``problem_errors``)."""
     what = "a_rows (A's TMA box rows, decode-sized M)"
     err = []
@@ -442,8 +443,8 @@ def a_rows_errors(cfg: GemmConfig) -> list[str]:
         err.append(f"{what}: one of {A_ROWS} below tile_m={cfg.tile_m} and dividing it, got {cfg.a_rows}")
     if cfg.arch != "sm_90a" or cfg.grouped or cfg.kgrouped or cfg.listed or cfg.swap_ab:
         err.append(f"{what}: the dense sm_90a kernel only")
-    if cfg.a_major != "k" or cfg.cluster_n != 1:
-        err.append(f"{what}: K-major A (a_major='k') that is not multicast (cluster_n=1)")
+    if cfg.a_major != "k" or cfg.cluster_n != 1 or cfg.pingpong:
+        err.append(f"{what}: K-major A (a_major='k') that is not multicast (cluster_n=1), cooperative tiles")
     if cfg.fp8_blockwise or cfg.fp8_mx or cfg.blockscaled:
         err.append(f"{what}: not with per-stage scales (fp8_blockwise, fp8_mx, block-scaled)")
     return err

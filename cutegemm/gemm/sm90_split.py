@@ -11,8 +11,9 @@ consumers run the usual mainloop over their range, then :meth:`SplitKSm90Mixin.s
    a time, the tile's threads side by side (a warp's stores cover 512 contiguous bytes), and
    fences them (GPU scope);
 2. one thread adds 1 to the tile's counter (acq_rel, GPU scope). The counters run on from launch
-   to launch (never reset): the unit that sees ``count % split_k == split_k - 1`` completes the
-   tile. ``split_k`` is a power of two, so the 32-bit counter's wrap keeps the phase;
+   to launch (never reset): the unit that reads a count whose low bits are ``split_k - 1``
+   completes the tile. ``split_k`` is a power of two, so the 32-bit counter's wrap keeps the
+   phase (a launch adds split_k, and 2**32 is a multiple of it);
 3. the completing unit adds the slots of all ranges in range order (its own from registers):
    the same sum whatever order the units arrived in, so results are bitwise reproducible. It
    then runs the epilogue (bias, activation, scales, quantized output: all of them, once, on the
@@ -86,7 +87,8 @@ class SplitKSm90Mixin:
         epi_barrier.arrive_and_wait()
         if tid == 0:
             old = cute.arch.atomic_add(mWorkspace.iterator + t, cutlass.Int32(1), sem="acq_rel", scope="gpu")
-            sFlag[0] = cutlass.select_(cutlass.Int32(old) % split_k == split_k - 1, 1, 0)
+            # the low bits of the count: the same after the signed 32-bit counter wraps
+            sFlag[0] = cutlass.select_((cutlass.Int32(old) & (split_k - 1)) == split_k - 1, 1, 0)
         epi_barrier.arrive_and_wait()
         last = sFlag[0]
         if last == 1:
