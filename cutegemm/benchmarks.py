@@ -88,12 +88,12 @@ def bench_dense(shapes=DENSE_SHAPES, dtype=torch.bfloat16, b_layout="k", config_
         flops = 2.0 * m * n * k
         from .gemm.api import TORCH_TO_NAME, _device_info
         from .gemm.config import GemmProblem
-        from .gemm.policy import policy_for, small_m_options
+        from .gemm.policy import policy_for
 
         arch, sms = _device_info(torch.cuda.current_device())
         prob = GemmProblem(m, n, k, 1, TORCH_TO_NAME[dtype], TORCH_TO_NAME[dtype], TORCH_TO_NAME[dtype], "k",
                            "k" if b_layout == "k" else "n")  # fmt: skip
-        used = cfg or small_m_options(policy_for(arch, sms).choose(prob), prob, sms)
+        used = cfg or policy_for(arch, sms).choose_dense(prob)
         rows.append(
             Row(
                 f"{m}x{n}x{k}",

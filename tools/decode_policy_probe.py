@@ -14,7 +14,7 @@ from probe_common import interleaved_rounds
 from cutegemm.benchmarks import Timer, _dense_inputs
 from cutegemm.gemm.api import _device_info, gemm
 from cutegemm.gemm.config import GemmProblem
-from cutegemm.gemm.policy import policy_for, small_m_options
+from cutegemm.gemm.policy import policy_for
 
 SHAPES = ((1, 4096, 7168), (16, 4096, 7168), (32, 4096, 7168), (64, 4096, 7168), (128, 4096, 7168),
           (16, 7168, 2048), (128, 7168, 2048), (16, 28672, 4096), (16, 2048, 7168), (96, 1536, 7168),
@@ -39,7 +39,7 @@ def main(rounds: int):
             else:
                 runs = {"torch": lambda a=a, b=b: torch.matmul(a, b)}
             p = GemmProblem(m, n, k, 1, name, name, "bf16", "k", "k")
-            old, new = pol.choose(p), small_m_options(pol.choose(p), p, sms)
+            old, new = pol.choose(p), pol.choose_dense(p)
             runs["before"] = lambda a=a, b=b, old=old, kw=kw: gemm(a, b, config=old, **kw)
             runs["policy"] = lambda a=a, b=b, kw=kw: gemm(a, b, **kw)
             o1, o2 = runs["before"](), runs["policy"]()

@@ -21,7 +21,7 @@ from .config import (
     config_errors,
 )
 from .fp8_args import fp8_block_scales, fp8_blockwise_ref, fp8_scales
-from .policy import policy_for, small_m_options
+from .policy import policy_for
 
 TORCH_TO_NAME = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 INPUT_TO_NAME = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float8_e4m3fn: "e4m3"}
@@ -495,7 +495,7 @@ def _plan(
         if blockwise:
             extra["fp8_blockwise"] = True
         cfg = cfg if cfg is not None and cfg.fast_accum == fast_accum and cfg.fp8_blockwise == blockwise else None
-        cfg = cfg or small_m_options(policy_for(arch, num_sms).choose(problem, epilogue=epi, **extra), problem, num_sms)
+        cfg = cfg or policy_for(arch, num_sms).choose_dense(problem, epilogue=epi, **extra)
     elif config.epilogue == EpilogueSpec():
         cfg = replace(config, epilogue=epi)  # a forced tile: the call's arguments give the epilogue
     elif config.epilogue in (epi, replace(epi, alpha=True)):

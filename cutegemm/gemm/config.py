@@ -121,11 +121,11 @@ class GemmConfig:
     # ``gemm/sm90_split.py``.
     split_k: int = 1
     # Dense sm_90a with one M tile (M <= tile_m, decode): A's TMA box is a_rows rows (M rounded up
-    # to a power of two from 8), not tile_m. The box's rows past M would arrive as zeros filled in by the TMA unit,
-    # which was measured to cost the time of the rows (16 x 4096 x 7168 with a 64x64 tile: 32.6 us
-    # at M = 16, 25.7 at M = 64, bench/RESULTS.md 2026-12-01 third session); instead the
-    # consumers zero the stages' rows a_rows..tile_m once when the kernel starts (the TMA never
-    # writes them), so the tile's WGMMAs see the same zeros. 0: the whole tile.
+    # to a power of two from 8), not tile_m. The box's rows past M would arrive as zeros filled in
+    # by the TMA unit, which was measured to cost the time of the rows (16 x 4096 x 7168 with a
+    # 64x64 tile: 32.6 us at M = 16, 25.7 at M = 64, bench/RESULTS.md 2026-12-01 third session);
+    # instead the consumers zero the stages' rows a_rows..tile_m once when the kernel starts (the
+    # TMA never writes them), so the tile's WGMMAs see the same zeros. 0: the whole tile.
     a_rows: int = 0
 
     @property
@@ -414,7 +414,7 @@ def split_k_errors(cfg: GemmConfig) -> list[str]:
     keeps that true when the 32-bit counter wraps)."""
     what = "split_k (dense sm_90a, K cut into work units)"
     err = []
-    if cfg.split_k not in (1, *SPLIT_K_CHOICES):
+    if cfg.split_k not in SPLIT_K_CHOICES:
         err.append(f"{what}: split_k must be 1 or one of {SPLIT_K_CHOICES}, got {cfg.split_k}")
     if cfg.arch != "sm_90a":
         err.append(f"{what}: sm_90a only so far (sm_100a: not built)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..epilogue import EpilogueSpec
-from .config import GemmConfig, GemmProblem, swap_ab_epilogue
+from .config import A_ROWS, GemmConfig, GemmProblem, a_rows_errors, split_k_errors, swap_ab_epilogue
 
 # Packed grouped bf16 / fp16 with at most this many mean rows per expert (and more than 64) runs
 # the swapped kernel (GemmConfig.swap_ab).
@@ -25,6 +25,11 @@ class ArchPolicy:
     arch: str
     num_sms: int
     smem_bytes: int
+
+    def choose_dense(self, p: GemmProblem, **overrides) -> GemmConfig:
+        """A dense call's config: :meth:`choose`, then the decode-sized-M options
+        (:func:`small_m_options`; no-ops where the arch or the config does not take them)."""
+        return small_m_options(self.choose(p, **overrides), p, self.num_sms)
 
     def choose(self, p: GemmProblem, **overrides) -> GemmConfig:
         if overrides.get("fast_accum") and self.arch == "sm_90a" and p.a_dtype == "e4m3" and p.m > 128:
@@ -132,8 +137,6 @@ def short_a_box(cfg: GemmConfig, p: GemmProblem) -> GemmConfig:
     no A multicast); else cfg. H200, 16 x 4096 x 7168 in 64x64 tiles (bench/RESULTS.md, 2026-12-01
     third session): the zeros the TMA unit fills in past M took time with the rows (M = 1 / 16 /
     32 / 64: 37.7 / 32.6 / 28.5 / 25.7 us; torch 25.6-26.1)."""
-    from .config import A_ROWS, a_rows_errors
-
     box = next((r for r in A_ROWS if r >= p.m), 0)
     if cfg.a_rows or not box or box >= cfg.tile_m or a_rows_errors(replace(cfg, a_rows=box)):
         return cfg
@@ -146,13 +149,12 @@ def split_few_tiles(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig
     128-row tiles (their WGMMA time per K tile is twice a 64-row tile's): 4 or 2 K ranges while
     the units fit in one wave; 64-row tiles (memory-bound): 2 ranges from a quarter of the SMs
     down. Each range keeps at least 24 K tiles of 64 (the measured calls had 28-56; a range's
-    partial sums cost a store, a counter and a read, ~2.5 us in all at 16 x 4096 x 7168). H200 (bench/RESULTS.md, 2026-12-01 third
-    session, us, torch.matmul in the same run): 96 x 1536 x 7168 (24 tiles of 128x64) 25.0 ->
+    partial sums cost a store, a counter and a read, ~2.5 us in all at 16 x 4096 x 7168).
+    H200 (bench/RESULTS.md, 2026-12-01 third session, us, torch.matmul in the same run):
+    96 x 1536 x 7168 (24 tiles of 128x64) 25.0 ->
     17.2 with 4 ranges (15.1); 128 x 4096 x 7168 (64 tiles) 32.4 -> 28.3 with 2 (26.0); 16 x 2048 x
     7168 (32 tiles of 64x64) 19.3 -> 17.6 with 2 (16.5); not taken at 16 x 4096 x 7168 (64 tiles
     of 64x64: 25.1 -> 26.2 with 2, torch 25.8)."""
-    from .config import split_k_errors
-
     if p.m > 128 or cfg.split_k != 1 or cfg.a_dtype not in ("bf16", "fp16"):
         return cfg
     tiles = ceil_div(p.m, cfg.tile_m) * ceil_div(p.n, cfg.tile_n) * p.l

@@ -582,6 +582,9 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
                 )  # fmt: skip
         else:
             cute.arch.setmaxregister_increase(self.mma_registers)
+            split = None  # split K: (workspace, shared-memory flag "this unit completes the tile")
+            if cutlass.const_expr(cfg.split_k > 1):
+                split = (mWorkspace, storage.split_flag.get_tensor(cute.make_layout(4)))
             # pingpong: warpgroup 1 or 2 -> 0 / 1, each owning whole tiles; cooperative: one group.
             wg = warp_group_idx - 1 if self.pingpong else 0
             self.mma_and_epilogue(
@@ -592,7 +595,7 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
                 block_scales=block_scales,
                 k_range=k_range,
                 out_desc=out_desc,
-                split=(mWorkspace, storage.split_flag.get_tensor(cute.make_layout(4))) if cutlass.const_expr(cfg.split_k > 1) else None,
+                split=split,
             )  # fmt: skip
 
     # ---------------------------------------------------------------------------------------
