@@ -93,6 +93,9 @@ def dense_variants(arch: str) -> list[GemmConfig]:
             # decode-sized M: A's box of 16 rows (a 2-D launch, as the policy runs it), split K
             GemmConfig(arch=arch, tile_m=64, tile_n=64, raster="n", group=1, a_major="k", b_major="k", flat=True,
                        a_rows=16),
+            # M = 65..96 in a 128-row tile: a box of 96 rows (six swizzle atoms), split K in two
+            GemmConfig(arch=arch, tile_m=128, tile_n=64, raster="n", group=1, a_major="k", b_major="k", flat=True,
+                       a_rows=96, split_k=2),
             GemmConfig(arch=arch, tile_m=64, tile_n=128, raster="n", group=1, a_major="k", b_major="k", split_k=4,
                        epilogue=EpilogueSpec(bias=True, activation="gelu")),
             GemmConfig(arch=arch, tile_m=128, tile_n=64, pingpong=True, a_major="m", b_major="k"),  # last: see flat

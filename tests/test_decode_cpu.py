@@ -53,7 +53,10 @@ def test_split_k_rules():
 def test_a_rows_rules():
     ok = replace(DECODE, a_rows=16)
     assert not config_errors(ok) and "_ar16" in ok.name
-    for kw in (dict(a_rows=24), dict(a_rows=64), dict(a_rows=128, tile_m=128, tile_n=64)):
+    for kw in (dict(a_rows=8), dict(a_rows=48), dict(a_rows=112, tile_m=128, tile_n=64)):
+        assert not config_errors(replace(ok, **kw)), kw  # 8 or a multiple of 16 below tile_m
+    for kw in (dict(a_rows=20), dict(a_rows=24), dict(a_rows=4), dict(a_rows=64),
+               dict(a_rows=120, tile_m=128, tile_n=64), dict(a_rows=128, tile_m=128, tile_n=64)):
         assert any("a_rows" in e for e in config_errors(replace(ok, **kw))), kw
     assert any("K-major A" in e for e in config_errors(replace(ok, a_major="m")))
     assert any("K-major A" in e for e in config_errors(replace(ok, cluster_n=2)))
@@ -69,7 +72,8 @@ def test_a_rows_rules():
 def test_policy_short_a_box():
     pol = policy_for("sm_90a", 132)
     for dtype in ("bf16", "e4m3"):
-        for m, rows in ((1, 8), (8, 8), (9, 16), (16, 16), (17, 32), (32, 32), (33, 0), (64, 0), (65, 0), (128, 0)):
+        for m, rows in ((1, 8), (8, 8), (9, 16), (16, 16), (17, 32), (32, 32), (33, 48), (48, 48), (49, 0), (64, 0),
+                        (65, 80), (96, 96), (97, 112), (112, 112), (113, 0), (128, 0)):  # fmt: skip
             p = GemmProblem(m, 4096, 7168, 1, dtype, dtype, "bf16", "k", "k")
             cfg = short_a_box(pol.choose(p), p)
             assert cfg.a_rows == rows, (dtype, m, cfg.name)

@@ -1,5 +1,5 @@
-"""Dense GEMM at decode-sized M on a GPU: the short A box (``GemmConfig.a_rows``, the policy's
-choice for M <= 32 in a 64-row tile) and split K (``GemmConfig.split_k``), both sm_90a.
+"""Dense GEMM at decode-sized M on a GPU: the short A box (``GemmConfig.a_rows``, M rounded up
+to 8 or 16 rows) and split K (``GemmConfig.split_k``), both sm_90a.
 
 Every result against a float64 reference within 2x torch's own error at the same precision, in
 NaN-poisoned buffers (nothing written outside the output); the short box must give the same bits
@@ -58,16 +58,17 @@ def _check(out, a, b, what):
 
 
 # --- the short A box ---------------------------------------------------------------------------
-@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
-    m=st.integers(1, 32),
+    m=st.integers(1, 120),
     n8=st.integers(1, 80),
     k8=st.integers(1, 120),
     dtype=st.sampled_from([BF16, torch.float16]),
     batch=st.sampled_from([None, 3]),
 )
 def test_a_rows_equals_whole_box(m, n8, k8, dtype, batch):
-    """The policy's short box (M <= 32) gives the bits of the whole 64-row box."""
+    """Short boxes (M rounded up to 8 or 16 rows, and 16 rows more) give the bits of the whole box,
+    in 64-row tiles (M <= 64) and 128-row tiles; so does the policy's call."""
     _need_sm90()
     n, k = 8 * n8, 8 * k8
     a, b = _ops(m, n, k, dtype, seed=m * 7 + n + k, batch=batch)
@@ -76,20 +77,24 @@ def test_a_rows_equals_whole_box(m, n8, k8, dtype, batch):
     cutegemm.gemm(a, b, out=out)
     assert_outside_untouched(buf, m, n)
     _check(out, a, b, f"a_rows {m}x{n}x{k}")
-    tiles = [None, 16, 32] if m <= 16 else [None, 32]  # the whole box, and short boxes holding M
-    for rows in tiles:
-        cfg = _cfg(dtype, a_rows=0 if rows is None else rows)
-        other = cutegemm.gemm(a, b, config=cfg)
-        assert torch.equal(other, out), f"a_rows={rows}: not the bits of the policy's call"
+    tm = 64 if m <= 64 else 128
+    whole = cutegemm.gemm(a, b, config=_cfg(dtype, tile_m=tm))
+    assert torch.equal(whole, out), "the policy's call: not the bits of the whole box"
+    box = 8 if m <= 8 else -(-m // 16) * 16
+    for rows in {box, -(-m // 16) * 16 + 16} - {tm, tm + 16}:  # short boxes holding M
+        buf, other = poisoned_out(shape, dtype)
+        cutegemm.gemm(a, b, out=other, config=_cfg(dtype, tile_m=tm, a_rows=rows))
+        assert_outside_untouched(buf, m, n)
+        assert torch.equal(other, whole), f"a_rows={rows} (tile_m {tm}): not the bits of the whole box"
 
 
 def test_a_rows_policy_and_refusal():
-    """The policy takes the short box for M <= 32 in a 64-row tile; a config whose box is shorter
+    """The policy takes the short box (M rounded up to 8 or 16) below the tile's rows; a config whose box is shorter
     than M is refused (its rows past the box would read as zeros)."""
     _need_sm90()
     from cutegemm.gemm.config import GemmProblem
 
-    for m, rows in ((1, 8), (8, 8), (9, 16), (16, 16), (17, 32), (32, 32), (33, 0), (64, 0)):
+    for m, rows in ((1, 8), (8, 8), (9, 16), (16, 16), (17, 32), (32, 32), (33, 48), (49, 0), (64, 0), (65, 80), (113, 0)):
         p = GemmProblem(m, 4096, 7168, 1, "bf16", "bf16", "bf16", "k", "k")
         cfg = short_a_box(policy_for("sm_90a", 132).choose(p), p)
         assert cfg.a_rows == rows, (m, cfg.name)

@@ -121,7 +121,7 @@ class GemmConfig:
     # ``gemm/sm90_split.py``.
     split_k: int = 1
     # Dense sm_90a with one M tile (M <= tile_m, decode): A's TMA box is a_rows rows (M rounded up
-    # to a power of two from 8), not tile_m. The box's rows past M would arrive as zeros filled in
+    # to 8 or a multiple of 16), not tile_m. The box's rows past M would arrive as zeros filled in
     # by the TMA unit, which was measured to cost the time of the rows (16 x 4096 x 7168 with a
     # 64x64 tile: 32.6 us at M = 16, 25.7 at M = 64, bench/RESULTS.md 2026-12-01 third session);
     # instead the consumers zero the stages' rows a_rows..tile_m once when the kernel starts (the
@@ -427,20 +427,16 @@ def split_k_errors(cfg: GemmConfig) -> list[str]:
     return err
 
 
-A_ROWS = (8, 16, 32, 64)
-
-
 def a_rows_errors(cfg: GemmConfig) -> list[str]:
-    """Rules of a short A box (``GemmConfig.a_rows``): 8, 16, 32 or 64, dividing tile_m and below
-    it (whole 8-row swizzle atoms at the start of a K-major stage; the box's stage ring is the
-    stage ring of A with tile_m / a_rows box stages per stage), dense sm_90a cooperative tiles
-    (the tile's threads zero the rest of the stages once), K-major A, A not multicast (cluster_n
-    1), no per-stage scales riding with A. The problem must fit in the box
-    (``problem_errors``)."""
+    """Rules of a short A box (``GemmConfig.a_rows``): 8 or a multiple of 16 below tile_m (whole
+    8-row swizzle atoms at the start of a K-major stage of A; DSL 4.8.1's TMA atom construction
+    aborts the process on a box of 3, 5, 7, ... such atoms, e.g. 24 rows), dense sm_90a cooperative tiles (the
+    tile's threads zero the rest of the stages once), K-major A, A not multicast (cluster_n 1),
+    no per-stage scales riding with A. The problem must fit in the box (``problem_errors``)."""
     what = "a_rows (A's TMA box rows, decode-sized M)"
     err = []
-    if cfg.a_rows not in A_ROWS or cfg.a_rows >= cfg.tile_m or cfg.tile_m % cfg.a_rows:
-        err.append(f"{what}: one of {A_ROWS} below tile_m={cfg.tile_m} and dividing it, got {cfg.a_rows}")
+    if (cfg.a_rows != 8 and cfg.a_rows % 16) or not 8 <= cfg.a_rows < cfg.tile_m:
+        err.append(f"{what}: 8 or a multiple of 16 below tile_m={cfg.tile_m}, got {cfg.a_rows}")
     if cfg.arch != "sm_90a" or cfg.grouped or cfg.kgrouped or cfg.listed or cfg.swap_ab:
         err.append(f"{what}: the dense sm_90a kernel only")
     if cfg.a_major != "k" or cfg.cluster_n != 1 or cfg.pingpong:

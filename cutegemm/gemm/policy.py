@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..epilogue import EpilogueSpec
-from .config import A_ROWS, GemmConfig, GemmProblem, a_rows_errors, split_k_errors, swap_ab_epilogue
+from .config import GemmConfig, GemmProblem, a_rows_errors, split_k_errors, swap_ab_epilogue
 
 # Packed grouped bf16 / fp16 with at most this many mean rows per expert (and more than 64) runs
 # the swapped kernel (GemmConfig.swap_ab).
@@ -132,13 +132,16 @@ class ArchPolicy:
 
 
 def short_a_box(cfg: GemmConfig, p: GemmProblem) -> GemmConfig:
-    """The dense call's config with ``a_rows`` (A's TMA box: M rounded up to a power of two from 8)
-    when M fits in fewer rows than the tile has and the config allows it (sm_90a dense, K-major A,
-    no A multicast); else cfg. H200, 16 x 4096 x 7168 in 64x64 tiles (bench/RESULTS.md, 2026-12-01
-    third session): the zeros the TMA unit fills in past M took time with the rows (M = 1 / 16 /
-    32 / 64: 37.7 / 32.6 / 28.5 / 25.7 us; torch 25.6-26.1)."""
-    box = next((r for r in A_ROWS if r >= p.m), 0)
-    if cfg.a_rows or not box or box >= cfg.tile_m or a_rows_errors(replace(cfg, a_rows=box)):
+    """The dense call's config with ``a_rows`` (A's TMA box: M rounded up to 8 or a multiple of
+    16) when M fits in fewer rows than the tile has and the config allows it (sm_90a dense,
+    K-major A, no A multicast); else cfg. The zeros the TMA unit fills in past M take time with
+    the rows. H200 (bench/RESULTS.md, 2026-12-01 third and fourth sessions, us, torch.matmul in
+    the same run): 16 x 4096 x 7168 in 64x64 tiles, M = 1 / 16 / 32 / 64: 37.7 / 32.6 / 28.5 /
+    25.7 (torch 25.6-26.1); with the box, 128x64 tiles: 72 x 4096 x 7168 33.7 -> 27.4 (27.2),
+    96 x 7168 x 2048 17.3 -> 15.8 (15.1), 96 x 28672 x 4096 93.5 -> 75.4 (71.9); FP8 96 x 7168 x
+    2048 12.5 -> 11.8 (torch._scaled_mm 12.6); 64x64 tiles: 40 x 4096 x 7168 26.2 -> 25.0 (25.9)."""
+    box = 8 if p.m <= 8 else ceil_div(p.m, 16) * 16
+    if cfg.a_rows or box >= cfg.tile_m or a_rows_errors(replace(cfg, a_rows=box)):
         return cfg
     return replace(cfg, a_rows=box)
 
@@ -184,7 +187,11 @@ class Sm90Policy(ArchPolicy):
         if p.m <= 64:
             return self.decode_tile(p)
         if p.m <= 128:
-            return dict(tile_m=128, tile_n=64, raster="n", group=1)
+            # 128x128 once its tiles fill the SMs (half the re-reads of A; H200, bench/RESULTS.md
+            # 2026-12-01 fourth session, us: 96 x 28672 x 4096 75.4 with 128x64 tiles (A's box of
+            # 96 rows) -> 71.2 (torch 71.9); FP8 128 x 28672 x 4096 47.4 -> 43.6 (43.3))
+            wide = ceil_div(p.n, 128) * p.l >= self.num_sms
+            return dict(tile_m=128, tile_n=128 if wide else 64, raster="n", group=1)
         if p.a_dtype == "e4m3":
             # FP8 with promotion (two fp32 accumulators, <= 64x192 per warpgroup), cooperative;
             # bench_fp8 on the H200 (2026-11-29): 128x192 + 2x1 cluster 1.00x / 0.93x torch at

@@ -172,14 +172,16 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
         b_k_major = cfg.swap_ab or cfg.b_major == "k"
         self.swap_majors = (a_layout.sm90_mma_major_mode(), b_layout.sm90_mma_major_mode())
         self.a_smem_layout_staged = staged_layout(a_layout, self.a_dtype, cfg.tile_m, self.ab_stage, a_k_major)
-        # config.a_rows: A's TMA box, a_rows rows at the start of every stage (tile_m / a_rows box
-        # stages per stage of A: a K-major stage is whole 8-row swizzle atoms, row-block major)
+        # config.a_rows: A's TMA box, the first a_rows rows of every stage (a K-major stage is
+        # whole 8-row swizzle atoms, row-block major: the box is its first a_rows / 8 atoms)
         self.a_box_rows = cfg.a_rows or cfg.tile_m
 
         def a_box_staged():  # built where it is used (host: the TMA atom; kernel: the partition)
-            return staged_layout(
-                a_layout, self.a_dtype, self.a_box_rows, self.ab_stage * (cfg.tile_m // self.a_box_rows), a_k_major
-            )
+            staged = staged_layout(a_layout, self.a_dtype, cfg.tile_m, self.ab_stage, a_k_major)
+            if self.a_box_rows == cfg.tile_m:
+                return staged
+            rows = (cute.make_layout(self.a_box_rows), cute.make_layout(self.tile_shape_mnk[2]), cute.make_layout(self.ab_stage))
+            return cute.composition(staged, rows)
 
         self.a_box_staged = a_box_staged
         self.b_smem_layout_staged = staged_layout(b_layout, self.b_dtype, cfg.tile_n, self.ab_stage, b_k_major)
@@ -438,13 +440,9 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
         a_cta_layout = cute.make_layout(cute.slice_(cta_layout_mnk, (0, None, 0)).shape)
         b_cta_layout = cute.make_layout(cute.slice_(cta_layout_mnk, (None, 0, 0)).shape)
         sA_load, gA_load = sA, gA_mkl
-        if cutlass.const_expr(self.config.a_rows):
-            # config.a_rows: boxes of a_rows rows, into the first rows of every stage of A (box
-            # stage r * i is stage i; r = tile_m / a_rows)
+        if cutlass.const_expr(self.config.a_rows):  # config.a_rows: the first a_rows rows of every stage
             box = self.a_box_staged()
-            r = self.config.tile_m // self.a_box_rows
-            sA_box = storage.sA.get_tensor(box.outer, swizzle=box.inner)
-            sA_load = cute.logical_divide(sA_box, (None, None, r))[(None, None, (0, None))]
+            sA_load = storage.sA.get_tensor(box.outer, swizzle=box.inner)
             gA_load = cute.local_tile(mA_mkl, (self.a_box_rows, self.tile_shape_mnk[2]), (None, None, None))
         # (TMA, STAGE), (TMA, RestM, RestK, RestL)
         tAsA, tAgA = cpasync.tma_partition(
