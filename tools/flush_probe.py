@@ -5,9 +5,12 @@ row-wise), the policy's config, a few other tiles / split-K counts, and the time
 to read the weight once (``b.sum()``); each entry the best of ROUNDS interleaved L2-cold
 medians of 30.
 
-    python tools/flush_probe.py [ROUNDS] [--set box] [--list]   (--list: the configs, for precompile)
+    python tools/flush_probe.py [ROUNDS] [--set box|split] [--clean] [--list]
+    (--list: the configs, for precompile)
 
 --set box: M between the powers of two, A's TMA box of M rounded up to 16 rows (any tile).
+--set split: few output tiles, split K 1 / 2 / 4 / 8. Both sets time the "write" flush only
+(--clean: both).
 """
 
 import sys
@@ -28,7 +31,11 @@ FP8 = ((16, 4096, 7168), (128, 7168, 2048))
 BOX = ((40, 4096, 7168), (56, 4096, 7168), (72, 4096, 7168), (96, 4096, 7168), (112, 4096, 7168), (96, 1536, 7168),
        (72, 1536, 7168), (96, 7168, 2048), (48, 2048, 7168), (96, 28672, 4096))  # fmt: skip
 BOX_FP8 = ((128, 28672, 4096), (96, 7168, 2048))
-SET = "box" if "--set" in sys.argv and sys.argv[sys.argv.index("--set") + 1] == "box" else "flush"
+# --set split: calls with few output tiles, split K 1 / 2 / 4 / 8 in 64- / 128-wide tiles (boxed)
+SPLIT = ((1, 7168, 2048), (16, 7168, 2048), (16, 2048, 7168), (16, 4096, 7168), (64, 4096, 7168), (128, 4096, 7168),
+         (72, 1536, 7168), (96, 1536, 7168), (128, 7168, 2048))  # fmt: skip
+SET = sys.argv[sys.argv.index("--set") + 1] if "--set" in sys.argv else "flush"
+MODES = ("write", "clean") if SET == "flush" or "--clean" in sys.argv else ("write",)
 
 
 def _ok(cfg):
@@ -40,13 +47,13 @@ def configs(p: GemmProblem):
     base = pol.choose(p)
     out = {"policy": pol.choose_dense(p)}
     box = next((r for r in (8, 16, 32, 64) if r >= p.m), 0)
-    if SET == "box":
+    if SET in ("box", "split"):
         box8 = 8 if p.m <= 8 else -(-p.m // 16) * 16
         pol_box = replace(out["policy"], a_rows=box8 if box8 < out["policy"].tile_m else 0)
         out["policy+box"] = pol_box
         tm = 64 if p.m <= 64 else 128
         for tn in (64, 128):
-            for s in (1, 2, 4):
+            for s in (1, 2, 4, 8) if SET == "split" else (1, 2, 4):
                 out[f"{tm}x{tn} s{s} box"] = replace(base, tile_m=tm, tile_n=tn, split_k=s, a_rows=box8 if box8 < tm else 0,
                                                    raster="n", group=1)  # fmt: skip
     elif p.m <= 64:
@@ -68,14 +75,15 @@ def configs(p: GemmProblem):
 
 
 def problems():
+    shapes = {"flush": (BF16, FP8), "box": (BOX, BOX_FP8), "split": (SPLIT, ())}[SET]
     for fp8 in (False, True):
         name = "e4m3" if fp8 else "bf16"
-        for m, n, k in (FP8 if fp8 else BF16) if SET == "flush" else (BOX_FP8 if fp8 else BOX):
+        for m, n, k in shapes[fp8]:
             yield fp8, m, n, k, GemmProblem(m, n, k, 1, name, name, "bf16", "k", "k")
 
 
 def main(rounds: int):
-    timers = {"write": Timer(), "clean": Timer(clean=True)}
+    timers = {mode: Timer(clean=mode == "clean") for mode in MODES}
     for fp8, m, n, k, p in problems():
         a, b = _dense_inputs(m, n, k, torch.bfloat16, "k")
         kw = {}

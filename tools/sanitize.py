@@ -123,6 +123,13 @@ def _dense_cases():
         "split-k2-128x64-a_rows32": lambda: dense_case(
             cpu(20, 1000), colmajor(1000, N), dict(tile_m=128, tile_n=64, raster="n", group=1, split_k=2, a_rows=32),
         ),
+        # a box of 3 / 6 swizzle atoms (48 / 96 rows): M between the powers of two
+        "decode-a_rows48-bias": lambda: dense_case(
+            cpu(41, K), bk, dict(tile_m=64, tile_n=64, raster="n", group=1, a_rows=48), bias=cpu(N, dtype=F32),
+        ),
+        "split-k4-128x64-a_rows96": lambda: dense_case(
+            cpu(90, 1000), colmajor(1000, N), dict(tile_m=128, tile_n=64, raster="n", group=1, split_k=4, a_rows=96),
+        ),
     }  # fmt: skip
     return c
 

@@ -14,7 +14,7 @@ consumers run the usual mainloop over their range, then :meth:`SplitKSm90Mixin.s
    to launch (never reset): the unit that reads a count whose low bits are ``split_k - 1``
    completes the tile. ``split_k`` is a power of two, so the 32-bit counter's wrap keeps the
    phase (a launch adds split_k, and 2**32 is a multiple of it);
-3. the completing unit adds the slots of all ranges in range order (its own from registers):
+3. the completing unit adds the slots of all ranges in range order (its own too, read back):
    the same sum whatever order the units arrived in, so results are bitwise reproducible. It
    then runs the epilogue (bias, activation, scales, quantized output: all of them, once, on the
    full sum); the other units store nothing to the output.
@@ -93,17 +93,14 @@ class SplitKSm90Mixin:
         last = sFlag[0]
         if last == 1:
             cute.arch.fence_acq_rel_gpu()
-            tot = cute.make_rmem_tensor(acc.layout, cutlass.Float32)
-            tot.fill(0.0)
-            for r in cutlass.range_constexpr(split_k):
-                if r == s:
-                    for i in cutlass.range_constexpr(cute.size(acc)):
-                        tot[i] = tot[i] + acc[i]
-                else:
-                    other = slot0 + r * slot_bytes
-                    for v in cutlass.range_constexpr(n_vec):
-                        p = ld_global_cg_v4_f32(other + v * nthr * 16)
-                        for i in cutlass.range_constexpr(4):
-                            tot[4 * v + i] = tot[4 * v + i] + p[i]
-            acc.store(tot.load())
+            # Every range's slot from memory, this unit's own included (the same bits as its
+            # registers): no branch between the loads, so each vector's split_k loads are in
+            # flight together, not one L2 round trip per range.
+            for v in cutlass.range_constexpr(n_vec):
+                parts = [ld_global_cg_v4_f32(slot0 + r * slot_bytes + v * nthr * 16) for r in range(split_k)]
+                for i in cutlass.range_constexpr(4):
+                    tot = cutlass.Float32(0.0)
+                    for r in cutlass.range_constexpr(split_k):
+                        tot = tot + parts[r][i]
+                    acc[4 * v + i] = tot
         return last
