@@ -150,7 +150,7 @@ def bench_fp8(shapes=FP8_SHAPES, reps=20, configs=None):
             torch_t[fast] = timer(run_torch, reps)
             print(f"{m}x{n}x{k}: torch._scaled_mm fast_accum={fast}: {flops / torch_t[fast] / 1e9:.1f} TFLOP/s, "
                   f"max err {torch_err[fast]:.3g}", flush=True)  # fmt: skip
-        default = policy_for(arch, sms).choose(GemmProblem(m, n, k, 1, "e4m3", "e4m3", "bf16", "k", "k"))
+        default = policy_for(arch, sms).choose_dense(GemmProblem(m, n, k, 1, "e4m3", "e4m3", "bf16", "k", "k"))
         for cfg, name, t, err in _fp8_candidates(timer, reps, a, b, sa, sb, ref, default, configs):
             fast = bool(cfg is not None and cfg.fast_accum)
             tt = torch_t[fast]
@@ -232,7 +232,7 @@ def bench_fp8_blockwise(shapes=((8192, 8192, 8192),), reps=20, configs=None):
         print(f"{case}: torch.matmul bf16 (cuBLAS): {flops / t16 / 1e9:.1f} TFLOP/s", flush=True)
         del a16, b16
         p = GemmProblem(m, n, k, 1, "e4m3", "e4m3", "bf16", "k", "k")
-        default = policy_for(arch, sms).choose(p, fp8_blockwise=True)
+        default = policy_for(arch, sms).choose_dense(p, fp8_blockwise=True)
         # ours gets torch's layouts too (M-major scale_a, column-major scale_b): no copies
         sa_m, sb_m = sa.t().contiguous().t(), sb.t().contiguous().t()
         for _, name, t, err in _fp8_candidates(timer, reps, a, b, sa_m, sb_m, ref, default, configs):

@@ -7,7 +7,7 @@ from dataclasses import replace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cutegemm.gemm.config import GemmConfig, GemmProblem, can_implement, config_errors
+from cutegemm.gemm.config import GemmConfig, GemmProblem, a_rows_errors, can_implement, config_errors
 from cutegemm.gemm.policy import policy_for, short_a_box, small_m_options
 from cutegemm.gemm.sm90_split import split_workspace_words
 from cutegemm.schedulers.static import split_k_range
@@ -81,9 +81,11 @@ def test_policy_short_a_box():
     # not for a column-major (M-major) A
     p = GemmProblem(16, 4096, 7168, 1, "bf16", "bf16", "bf16", "m", "k")
     assert short_a_box(pol.choose(p), p).a_rows == 0
-    # not for DeepSeek block scales (scale_a rides with A)
+    # DeepSeek block scales too (their scale_a rows have their own box); not the MXFP8 emulation
     p = GemmProblem(16, 4096, 7168, 1, "e4m3", "e4m3", "bf16", "k", "k")
-    assert short_a_box(pol.choose(p, fp8_blockwise=True), p).a_rows == 0
+    assert short_a_box(pol.choose(p, fp8_blockwise=True), p).a_rows == 16
+    assert any("fp8_mx" in e for e in a_rows_errors(replace(DECODE, a_dtype="e4m3", b_dtype="e4m3", fp8_mx=True,
+                                                            a_rows=16)))  # fmt: skip
 
 
 def test_policy_split_few_tiles():

@@ -128,6 +128,32 @@ def test_a_rows_epilogues(m):
     assert torch.equal(q.scales.view(torch.uint8), q_whole.scales.view(torch.uint8))
 
 
+@pytest.mark.parametrize("m", [3, 16, 40, 96])
+def test_a_rows_block_scales(m):
+    """DeepSeek block scales (1x128 of A, 128x128 of B): the policy's short box (scale_a's rows keep
+    their own box) gives the bits of the whole box, and writes nothing outside the output."""
+    _need_sm90()
+    from cutegemm.gemm.config import GemmProblem
+
+    n, k = 384, 1024
+    a, b = _ops(m, n, k, seed=m)
+    a8, b8 = a.to(F8), b.to(F8)
+    g = torch.Generator(device="cuda").manual_seed(m)
+    sa = torch.rand(m, k // 128, generator=g, device="cuda") + 0.5
+    sb = torch.rand(k // 128, n // 128, generator=g, device="cuda") + 0.5
+    p = GemmProblem(m, n, k, 1, "e4m3", "e4m3", "bf16", "k", "k")
+    cfg = policy_for("sm_90a", 132).choose_dense(p, fp8_blockwise=True)
+    assert cfg.fp8_blockwise and cfg.a_rows == (8 if m <= 8 else -(-m // 16) * 16), cfg.name
+    buf, out = poisoned_out((m, n), BF16)
+    cutegemm.gemm(a8, b8, scale_a=sa, scale_b=sb, out=out)
+    assert_outside_untouched(buf, m, n)
+    whole = cutegemm.gemm(a8, b8, scale_a=sa, scale_b=sb, config=replace(cfg, a_rows=0, epilogue=type(cfg.epilogue)()))
+    assert torch.equal(out, whole), f"a_rows={cfg.a_rows}: not the bits of the whole box"
+    ref = (a8.double().view(m, k // 128, 128) * sa.double()[..., None]).view(m, k) @ (
+        b8.double().contiguous().view(k // 128, 128, n // 128, 128) * sb.double()[:, None, :, None]).view(k, n)
+    assert (out.double() - ref).abs().max().item() <= 2e-2 * ref.abs().max().item()
+
+
 # --- split K -----------------------------------------------------------------------------------
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
 @given(

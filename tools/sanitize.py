@@ -415,7 +415,8 @@ def _fp8_cases():
             tile_m=128, tile_n=192, cluster_m=2, wg_order=True)),
         # decode-sized M: the policy's one-warpgroup 64x64 tiles
         "fp8-rowwise-decode": lambda: dense("rowwise", m=40),
-        "fp8-blockwise-decode": lambda: dense("blockwise", m=40),
+        "fp8-blockwise-decode": lambda: dense("blockwise", m=40),  # A's box of 48 rows
+        "fp8-blockwise-decode-96": lambda: dense("blockwise", m=96),  # 96 rows of a 128-row tile
         "fp8-grouped-blockwise-wg-order": grouped,
         "fp8-grouped-rowwise-dynamic": lambda: grouped("rowwise"),
         # fast accumulation: the policy's swapped 128x192 c2x1; promoted swapped (a config only)

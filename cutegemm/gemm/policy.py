@@ -139,7 +139,8 @@ def short_a_box(cfg: GemmConfig, p: GemmProblem) -> GemmConfig:
     the same run): 16 x 4096 x 7168 in 64x64 tiles, M = 1 / 16 / 32 / 64: 37.7 / 32.6 / 28.5 /
     25.7 (torch 25.6-26.1); with the box, 128x64 tiles: 72 x 4096 x 7168 33.7 -> 27.4 (27.2),
     96 x 7168 x 2048 17.3 -> 15.8 (15.1), 96 x 28672 x 4096 93.5 -> 75.4 (71.9); FP8 96 x 7168 x
-    2048 12.5 -> 11.8 (torch._scaled_mm 12.6); 64x64 tiles: 40 x 4096 x 7168 26.2 -> 25.0 (25.9)."""
+    2048 12.5 -> 11.8 (torch._scaled_mm 12.6); 64x64 tiles: 40 x 4096 x 7168 26.2 -> 25.0 (25.9).
+    DeepSeek block scales take it too (their scale_a rows keep a box of tile_m rows)."""
     box = 8 if p.m <= 8 else ceil_div(p.m, 16) * 16
     if cfg.a_rows or box >= cfg.tile_m or a_rows_errors(replace(cfg, a_rows=box)):
         return cfg
