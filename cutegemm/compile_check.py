@@ -224,7 +224,8 @@ def fp8_blockwise_variants(arch: str) -> list[GemmConfig]:
     each K tile): the policy's cooperative 128x128 and 128x192 (two B scale blocks per tile) + 2x1
     cluster (warpgroups taking turns per K tile, wg_order), the small-M 128x64 and (M <= 64)
     pingpong 64x64 tiles,
-    pingpong 64x128 (fp32 output), and 128x128 with an alpha + bias + silu epilogue."""
+    pingpong 64x128 (fp32 output), 128x128 with an alpha + bias + silu epilogue, and (sm_90a) the
+    decode tile with A's short box."""
     fp8 = dict(a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k", fp8_blockwise=True)
     epi = EpilogueSpec(alpha=True, bias=True, bias_dtype="bf16", activation="silu")
     return [
@@ -234,6 +235,9 @@ def fp8_blockwise_variants(arch: str) -> list[GemmConfig]:
         GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=64, pingpong=True, raster="n", group=1),
         GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=128, pingpong=True, out_dtype="fp32"),
         GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=128, epilogue=epi),
+        # the policy's decode tile: cooperative 64x64 with A's 16-row box (sm_90a option)
+        *([GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=64, raster="n", group=1, a_rows=16)]
+          if arch == "sm_90a" else []),
     ]
 
 
