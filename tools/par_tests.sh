@@ -5,12 +5,7 @@
 # Correctness only: nothing timed runs while the tests share the GPU.
 set -uo pipefail
 T0=$(date +%s)
-mkdir -p /tmp/site && tar -C /tmp/site -xJf .dsl/cutlass-dsl-4.8.1-cp312.tar.xz
-export PYTHONPATH=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site:$PWD PYTHONUNBUFFERED=1
-export CUTEGEMM_CACHE_DIR=/tmp/cutegemm-cache
-O=${OUT:-results}; mkdir -p "$O"
-if [ -f .kcache.tar.xz ]; then mkdir -p $CUTEGEMM_CACHE_DIR && tar -C $CUTEGEMM_CACHE_DIR -xJf .kcache.tar.xz; fi
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader | tee "$O/gpu.txt"
+. "$(dirname "$0")/gpu_env.sh"
 lim=$1; shift
 for f in "$@"; do
   n=$(basename "$f" .py)

@@ -5,13 +5,8 @@
 #   bash tools/round.sh STEP[:SECONDS] ...
 set -uo pipefail
 T0=$(date +%s)
-mkdir -p /tmp/site && tar -C /tmp/site -xJf .dsl/cutlass-dsl-4.8.1-cp312.tar.xz
-export PYTHONPATH=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site:$PWD PYTHONUNBUFFERED=1
-export CUTEGEMM_CACHE_DIR=/tmp/cutegemm-cache
-O=${OUT:-results}; mkdir -p "$O"
+. "$(dirname "$0")/gpu_env.sh"
 export CUTEGEMM_COMPILE_LOG=$O/compiled.log
-if [ -f .kcache.tar.xz ]; then mkdir -p $CUTEGEMM_CACHE_DIR && tar -C $CUTEGEMM_CACHE_DIR -xJf .kcache.tar.xz; fi
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader | tee "$O/gpu.txt"
 echo "setup $(( $(date +%s) - T0 ))s; cached kernels: $(find $CUTEGEMM_CACHE_DIR -name '*.o' 2>/dev/null | wc -l)"
 PT="python -m pytest -q -p no:cacheprovider -x --hypothesis-show-statistics"
 for spec in "$@"; do
