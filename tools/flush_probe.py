@@ -5,11 +5,11 @@ row-wise), the policy's config, a few other tiles / split-K counts, and the time
 to read the weight once (``b.sum()``); each entry the best of ROUNDS interleaved L2-cold
 medians of 30.
 
-    python tools/flush_probe.py [ROUNDS] [--set box|split] [--clean] [--list]
+    python tools/flush_probe.py [ROUNDS] [--set box|split|split8] [--clean] [--list]
     (--list: the configs, for precompile)
 
 --set box: M between the powers of two, A's TMA box of M rounded up to 16 rows (any tile).
---set split: few output tiles, split K 1 / 2 / 4 / 8. Both sets time the "write" flush only
+--set split: few output tiles, split K 1 / 2 / 4 / 8 (split8: the same in FP8 row-wise). Both sets time the "write" flush only
 (--clean: both).
 """
 
@@ -47,13 +47,13 @@ def configs(p: GemmProblem):
     base = pol.choose(p)
     out = {"policy": pol.choose_dense(p)}
     box = next((r for r in (8, 16, 32, 64) if r >= p.m), 0)
-    if SET in ("box", "split"):
+    if SET in ("box", "split", "split8"):
         box8 = 8 if p.m <= 8 else -(-p.m // 16) * 16
         pol_box = replace(out["policy"], a_rows=box8 if box8 < out["policy"].tile_m else 0)
         out["policy+box"] = pol_box
         tm = 64 if p.m <= 64 else 128
         for tn in (64, 128):
-            for s in (1, 2, 4, 8) if SET == "split" else (1, 2, 4):
+            for s in (1, 2, 4, 8) if SET.startswith("split") else (1, 2, 4):
                 out[f"{tm}x{tn} s{s} box"] = replace(base, tile_m=tm, tile_n=tn, split_k=s, a_rows=box8 if box8 < tm else 0,
                                                    raster="n", group=1)  # fmt: skip
     elif p.m <= 64:
@@ -75,7 +75,7 @@ def configs(p: GemmProblem):
 
 
 def problems():
-    shapes = {"flush": (BF16, FP8), "box": (BOX, BOX_FP8), "split": (SPLIT, ())}[SET]
+    shapes = {"flush": (BF16, FP8), "box": (BOX, BOX_FP8), "split": (SPLIT, ()), "split8": ((), SPLIT)}[SET]
     for fp8 in (False, True):
         name = "e4m3" if fp8 else "bf16"
         for m, n, k in shapes[fp8]:
@@ -117,8 +117,10 @@ def main(rounds: int):
 
 if __name__ == "__main__":
     if "--list" in sys.argv:
-        for _, _, _, _, p in problems():
+        from cutegemm.epilogue import EpilogueSpec
+
+        for fp8, _, _, _, p in problems():
             for cfg in configs(p).values():
-                print(repr(cfg))
+                print(repr(replace(cfg, epilogue=EpilogueSpec(scale_a=True, scale_b=True)) if fp8 else cfg))
     else:
         main(int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 2)
