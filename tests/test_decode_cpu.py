@@ -100,7 +100,11 @@ def test_policy_split_few_tiles():
         (16, 2048, 3072, "bf16"): (64, 2),
         (16, 2048, 3008, "bf16"): (64, 1),  # 47 K tiles
         (96, 1536, 4096, "bf16"): (128, 2),  # 64 K tiles: 2 ranges, not 4
-        (96, 1536, 7168, "e4m3"): (128, 1),  # FP8: an option, not the policy's
+        (96, 1536, 7168, "e4m3"): (128, 4),  # FP8 row-wise: K tiles of 128, >= 12 per range
+        (16, 2048, 7168, "e4m3"): (64, 4),  # FP8 64-row tiles: 4 ranges or none
+        (16, 4096, 7168, "e4m3"): (64, 1),
+        (128, 7168, 2048, "e4m3"): (128, 1),  # 16 K tiles
+        (96, 1536, 4096, "e4m3"): (128, 2),  # 32 K tiles: 2 ranges, not 4
         (1024, 1536, 7168, "bf16"): (128, 1),
     }
     for (m, n, k, dt), (tile_m, split) in cases.items():

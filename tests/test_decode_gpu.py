@@ -271,3 +271,26 @@ def test_policy_split_calls(m, n, k):
     assert_outside_untouched(buf, m, n)
     _check(out, a, b, f"policy {m}x{n}x{k}")
     assert torch.equal(out, cutegemm.gemm(a, b))
+
+
+@pytest.mark.parametrize("m,n,k", [(96, 1536, 7168), (16, 2048, 7168), (128, 4096, 7168), (40, 2048, 3072)])
+def test_policy_split_calls_fp8(m, n, k):
+    """FP8 row-wise calls the policy splits: poisoned output, the same error as the whole-K
+    config's (its bits may differ: the partial sums add per range), the same bits on a second
+    call."""
+    _need_sm90()
+    from cutegemm.gemm.config import GemmProblem
+
+    a, b = _ops(m, n, k, seed=m + n)
+    a8, b8 = a.to(F8), b.to(F8)
+    sa, sb = torch.rand(m, device="cuda") + 0.5, torch.rand(n, device="cuda") + 0.5
+    cfg = policy_for("sm_90a", 132).choose_dense(GemmProblem(m, n, k, 1, "e4m3", "e4m3", "bf16", "k", "k"))
+    assert cfg.split_k > 1, cfg.name
+    buf, out = poisoned_out((m, n), BF16)
+    cutegemm.gemm(a8, b8, scale_a=sa, scale_b=sb, out=out)
+    assert_outside_untouched(buf, m, n)
+    ref = (a8.double() * sa.double()[:, None]) @ (b8.double() * sb.double()[None, :])
+    whole = cutegemm.gemm(a8, b8, scale_a=sa, scale_b=sb, config=replace(cfg, split_k=1, epilogue=type(cfg.epilogue)()))
+    err, err_whole = ((out.double() - ref).abs().max().item(), (whole.double() - ref).abs().max().item())
+    assert err <= 2 * err_whole + 1e-6, (err, err_whole)
+    assert torch.equal(out, cutegemm.gemm(a8, b8, scale_a=sa, scale_b=sb))

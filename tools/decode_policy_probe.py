@@ -5,9 +5,10 @@ L2-cold median of 30 (``--clean``: the flush's dirty lines written back first, s
 
 --before tile (default): the policy's tile with A's box of tile_m rows and no split K.
 --before pow2: the 2026-12-01 third session's policy: 128x64 for 64 < M <= 128, A's box of a
-power of two (8 / 16 / 32) only for M <= 32 in 64-row tiles, then split K as now.
+power of two (8 / 16 / 32) only for M <= 32 in 64-row tiles, then split K as now (FP8: none).
+--fp8: the FP8 row-wise shapes only.
 
-    python tools/decode_policy_probe.py [ROUNDS] [--before tile|pow2] [--clean]
+    python tools/decode_policy_probe.py [ROUNDS] [--before tile|pow2] [--clean] [--fp8]
 """
 
 import sys
@@ -26,7 +27,7 @@ SHAPES = ((1, 4096, 7168), (16, 4096, 7168), (32, 4096, 7168), (40, 4096, 7168),
           (128, 7168, 2048), (16, 28672, 4096), (96, 28672, 4096), (128, 28672, 4096), (16, 2048, 7168),
           (72, 1536, 7168), (96, 1536, 7168), (1, 7168, 2048))  # fmt: skip
 FP8_SHAPES = ((16, 4096, 7168), (1, 7168, 2048), (16, 28672, 4096), (32, 7168, 2048), (96, 7168, 2048),
-              (128, 28672, 4096))  # fmt: skip
+              (128, 28672, 4096), (16, 2048, 7168), (96, 1536, 7168), (128, 4096, 7168))  # fmt: skip
 BEFORE = sys.argv[sys.argv.index("--before") + 1] if "--before" in sys.argv else "tile"
 
 
@@ -40,14 +41,14 @@ def before_config(pol, p):
     box = next((r for r in (8, 16, 32) if r >= p.m), 0)
     if box and box < cfg.tile_m and cfg.a_dtype in ("bf16", "fp16", "e4m3"):
         cfg = replace(cfg, a_rows=box)
-    return split_few_tiles(cfg, p, pol.num_sms)
+    return cfg if cfg.a_dtype == "e4m3" else split_few_tiles(cfg, p, pol.num_sms)  # FP8: no split then
 
 
 def main(rounds: int):
     timer = Timer(clean="--clean" in sys.argv)
     arch, sms = _device_info(torch.cuda.current_device())
     pol = policy_for(arch, sms)
-    for fp8 in (False, True):
+    for fp8 in (True,) if "--fp8" in sys.argv else (False, True):
         for m, n, k in FP8_SHAPES if fp8 else SHAPES:
             a, b = _dense_inputs(m, n, k, torch.bfloat16, "k")
             kw = {}

@@ -149,7 +149,7 @@ def short_a_box(cfg: GemmConfig, p: GemmProblem) -> GemmConfig:
 
 def split_few_tiles(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig:
     """The dense call's config with ``split_k`` when M <= 128 gives too few output tiles to keep
-    the SMs busy (16-bit inputs; FP8 split K is a tested option, not measured for the policy).
+    the SMs busy (16-bit inputs and FP8 row-wise; not DeepSeek block scales, see split_k_errors).
     128-row tiles (their WGMMA time per K tile is twice a 64-row tile's): 4 or 2 K ranges while
     the units fit in one wave; 64-row tiles (memory-bound): 2 ranges from a quarter of the SMs
     down. Each range keeps at least 24 K tiles of 64 (the measured calls had 28-56; a range's
@@ -158,15 +158,23 @@ def split_few_tiles(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig
     96 x 1536 x 7168 (24 tiles of 128x64) 25.0 ->
     17.2 with 4 ranges (15.1); 128 x 4096 x 7168 (64 tiles) 32.4 -> 28.3 with 2 (26.0); 16 x 2048 x
     7168 (32 tiles of 64x64) 19.3 -> 17.6 with 2 (16.5); not taken at 16 x 4096 x 7168 (64 tiles
-    of 64x64: 25.1 -> 26.2 with 2, torch 25.8)."""
-    if p.m > 128 or cfg.split_k != 1 or cfg.a_dtype not in ("bf16", "fp16"):
+    of 64x64: 25.1 -> 26.2 with 2, torch 25.8).
+    FP8 row-wise (bench/RESULTS.md, 2026-12-01 fourth session, us, torch._scaled_mm 22.2-24.5):
+    64-row tiles take 4 ranges or none: 16 x 2048 x 7168 (32 tiles of 64x64) 15.6 -> 12.9 with 4
+    (13.5 with 2), 16 x 4096 x 7168 (64 tiles) 16.6 -> 18.0 with 2; 128-row tiles as above: 96 x
+    1536 x 7168 17.5 -> 13.1 with 4, 128 x 4096 x 7168 19.9 -> 19.4 with 2; 16 K tiles (K = 2048)
+    do not split (128 x 7168 x 2048: 12.0 -> 17.8 with 2)."""
+    fp8 = cfg.a_dtype == "e4m3"
+    if p.m > 128 or cfg.split_k != 1 or cfg.a_dtype not in ("bf16", "fp16", "e4m3"):
         return cfg
     tiles = ceil_div(p.m, cfg.tile_m) * ceil_div(p.n, cfg.tile_n) * p.l
     if cfg.tile_m == 128:
         split = 4 if 4 * tiles <= num_sms else 2 if 2 * tiles <= num_sms else 1
     else:
-        split = 2 if 4 * tiles <= num_sms else 1
-    while split > 1 and ceil_div(p.k, 64) < 24 * split:
+        split = (4 if fp8 else 2) if 4 * tiles <= num_sms else 1
+    # K tiles of 64 (16-bit) / 128 (FP8) elements per range: at least 24 / 12 (3 / 1.5 KB a row)
+    k_tiles, min_tiles = (ceil_div(p.k, 128), 12) if fp8 else (ceil_div(p.k, 64), 24)
+    while split > 1 and k_tiles < min_tiles * split:
         split //= 2
     if split == 1 or split_k_errors(replace(cfg, split_k=split)):
         return cfg
