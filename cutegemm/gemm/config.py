@@ -430,9 +430,10 @@ def split_k_errors(cfg: GemmConfig) -> list[str]:
 def a_rows_errors(cfg: GemmConfig) -> list[str]:
     """Rules of a short A box (``GemmConfig.a_rows``): 8 or a multiple of 16 below tile_m (whole
     8-row swizzle atoms at the start of a K-major stage of A; DSL 4.8.1's TMA atom construction
-    aborts the process on a box of 3, 5, 7, ... such atoms, e.g. 24 rows), dense sm_90a cooperative tiles (the
-    tile's threads zero the rest of the stages once), K-major A, A not multicast (cluster_n 1),
-    no per-stage scales riding with A. The problem must fit in the box (``problem_errors``)."""
+    aborts the process on a box of 3, 5, 7, ... such atoms, e.g. 24 rows), dense sm_90a
+    cooperative tiles (the tile's threads zero the rest of the stages once), K-major A, A not
+    multicast (cluster_n 1), no per-32 scales riding with A (DeepSeek block scales are fine:
+    scale_a keeps its own box). The problem must fit in the box (``problem_errors``)."""
     what = "a_rows (A's TMA box rows, decode-sized M)"
     err = []
     if (cfg.a_rows != 8 and cfg.a_rows % 16) or not 8 <= cfg.a_rows < cfg.tile_m:
