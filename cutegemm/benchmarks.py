@@ -43,8 +43,9 @@ class Timer:
     ``clean``: the write is followed by a read of the same 512 MB, so the L2 the timed call
     finds holds clean lines only. After the write alone it holds ~60 MB of the flush's dirty
     lines, and the timed call (ours and the baseline alike) pays their write-back to HBM as
-    its loads evict them: ~12 us at 4.3 TB/s, a fixed cost that real calls, which follow
-    kernels that mostly read weights, do not pay in this form."""
+    its loads evict them: 3-6 us per decode-sized call on the H200 (bench/RESULTS.md,
+    2026-12-01 fourth session), a fixed cost that real calls, which follow kernels that mostly
+    read weights, do not pay in this form."""
 
     def __init__(self, flush_mb: int = 512, spin_cycles: int = 2_000_000, clean: bool = False):
         self.flush = torch.empty(flush_mb * 2**20 // 4, dtype=torch.float32, device="cuda")

@@ -3,9 +3,9 @@
 # by side, the decode policy probe (write flush, then one round with the clean flush), the dense
 # benchmark, DeepSeek block scales at 96 / 128 rows, compute-sanitizer on the decode cases.
 set -uo pipefail
-mkdir -p /tmp/site && tar -C /tmp/site -xJf .dsl/cutlass-dsl-4.8.1-cp312.tar.xz
-export PYTHONPATH=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site:$PWD PYTHONUNBUFFERED=1 CUTEGEMM_CACHE_DIR=/tmp/cutegemm-cache
-O=${OUT:?}/r7; mkdir -p "$O"; T=$(date +%s)
+: "${OUT:?}"
+. "$(dirname "$0")/gpu_env.sh"
+O=$OUT/r7; mkdir -p "$O"; T=$(date +%s)
 cat bench/2026-12-01d/round3_tests_probe/compiled_*.log bench/2026-12-01d/round4_split/cfgs.log > /tmp/all_cfgs.log
 python tools/precompile.py /tmp/all_cfgs.log --jobs 16 > "$O/pre.log" 2>&1
 echo "pre $(grep -c ^ok "$O/pre.log") ok, $(grep -c FAIL "$O/pre.log") fail, $(( $(date +%s) - T ))s"

@@ -21,7 +21,7 @@ from probe_common import interleaved_rounds
 
 from cutegemm.benchmarks import Timer, _dense_inputs
 from cutegemm.gemm.api import gemm
-from cutegemm.gemm.config import GemmProblem, a_rows_errors, split_k_errors
+from cutegemm.gemm.config import GemmProblem, a_rows_errors, a_rows_for, split_k_errors
 from cutegemm.gemm.policy import policy_for
 
 BF16 = ((1, 4096, 7168), (16, 4096, 7168), (64, 4096, 7168), (128, 4096, 7168), (16, 7168, 2048),
@@ -48,7 +48,7 @@ def configs(p: GemmProblem):
     out = {"policy": pol.choose_dense(p)}
     box = next((r for r in (8, 16, 32, 64) if r >= p.m), 0)
     if SET in ("box", "split", "split8"):
-        box8 = 8 if p.m <= 8 else -(-p.m // 16) * 16
+        box8 = a_rows_for(p.m)
         pol_box = replace(out["policy"], a_rows=box8 if box8 < out["policy"].tile_m else 0)
         out["policy+box"] = pol_box
         tm = 64 if p.m <= 64 else 128

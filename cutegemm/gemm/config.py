@@ -427,6 +427,11 @@ def split_k_errors(cfg: GemmConfig) -> list[str]:
     return err
 
 
+def a_rows_for(m: int) -> int:
+    """A's box rows for M rows: 8, else M rounded up to 16 (see :func:`a_rows_errors`)."""
+    return 8 if m <= 8 else -(-m // 16) * 16
+
+
 def a_rows_errors(cfg: GemmConfig) -> list[str]:
     """Rules of a short A box (``GemmConfig.a_rows``): 8 or a multiple of 16 below tile_m (whole
     8-row swizzle atoms at the start of a K-major stage of A; DSL 4.8.1's TMA atom construction

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..epilogue import EpilogueSpec
-from .config import GemmConfig, GemmProblem, a_rows_errors, split_k_errors, swap_ab_epilogue
+from .config import GemmConfig, GemmProblem, a_rows_errors, a_rows_for, split_k_errors, swap_ab_epilogue
 
 # Packed grouped bf16 / fp16 with at most this many mean rows per expert (and more than 64) runs
 # the swapped kernel (GemmConfig.swap_ab).
@@ -141,7 +141,7 @@ def short_a_box(cfg: GemmConfig, p: GemmProblem) -> GemmConfig:
     96 x 7168 x 2048 17.3 -> 15.8 (15.1), 96 x 28672 x 4096 93.5 -> 75.4 (71.9); FP8 96 x 7168 x
     2048 12.5 -> 11.8 (torch._scaled_mm 12.6); 64x64 tiles: 40 x 4096 x 7168 26.2 -> 25.0 (25.9).
     DeepSeek block scales take it too (their scale_a rows keep a box of tile_m rows)."""
-    box = 8 if p.m <= 8 else ceil_div(p.m, 16) * 16
+    box = a_rows_for(p.m)
     if cfg.a_rows or box >= cfg.tile_m or a_rows_errors(replace(cfg, a_rows=box)):
         return cfg
     return replace(cfg, a_rows=box)
@@ -153,7 +153,8 @@ def split_few_tiles(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig
     128-row tiles (their WGMMA time per K tile is twice a 64-row tile's): 4 or 2 K ranges while
     the units fit in one wave; 64-row tiles (memory-bound): 2 ranges from a quarter of the SMs
     down. Each range keeps at least 24 K tiles of 64 (the measured calls had 28-56; a range's
-    partial sums cost a store, a counter and a read, ~2.5 us in all at 16 x 4096 x 7168).
+    partial sums cost a store, a counter and a read, ~2 us in all at 16 x 4096 x 7168); FP8: see
+    below.
     H200 (bench/RESULTS.md, 2026-12-01 third session, us, torch.matmul in the same run):
     96 x 1536 x 7168 (24 tiles of 128x64) 25.0 ->
     17.2 with 4 ranges (15.1); 128 x 4096 x 7168 (64 tiles) 32.4 -> 28.3 with 2 (26.0); 16 x 2048 x

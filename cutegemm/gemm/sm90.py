@@ -177,9 +177,9 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
         self.a_box_rows = cfg.a_rows or cfg.tile_m
 
         def a_box_staged():  # built where it is used (host: the TMA atom; kernel: the partition)
+            if not cfg.a_rows:
+                return self.a_smem_layout_staged
             staged = staged_layout(a_layout, self.a_dtype, cfg.tile_m, self.ab_stage, a_k_major)
-            if self.a_box_rows == cfg.tile_m:
-                return staged
             rows = (cute.make_layout(self.a_box_rows), cute.make_layout(self.tile_shape_mnk[2]), cute.make_layout(self.ab_stage))
             return cute.composition(staged, rows)
 
