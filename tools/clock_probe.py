@@ -2,7 +2,12 @@
 nvidia-smi samples SM clock and board power every 50 ms while one call repeats; prints the
 medians and TFLOP/s per watt. Shows how the 700 W limit sets the clock each kernel gets.
 
-    python tools/clock_probe.py [--seconds 3]
+    python tools/clock_probe.py [--seconds 3] [--set bf16|bound]
+
+``--set bound``: the issue targets' shapes (FP8 row-wise and DeepSeek block scales 8192^3,
+Qwen3-30B-A3B and Mixtral grouped bf16), each line with the dense tensor peak at the clock the
+kernel got (132 SMs x 4096 bf16 / 8192 FP8 FLOP per SM clock), and the Qwen3 weights' read time
+by ``w.sum()`` (the bandwidth bound of that call).
 """
 
 import subprocess
@@ -21,7 +26,7 @@ from cutegemm.grouped import grouped_gemm  # noqa: E402
 from cutegemm.grouped.api import _PLANS  # noqa: E402
 
 
-def probe(name, fn, flops, seconds):
+def probe(name, fn, flops, seconds, flop_per_clk=None):
     fn()
     torch.cuda.synchronize()
     smi = subprocess.Popen(
@@ -46,11 +51,64 @@ def probe(name, fn, flops, seconds):
     clk = sorted(s[0] for s in samples)[len(samples) // 2] if samples else float("nan")
     pw = sorted(s[1] for s in samples)[len(samples) // 2] if samples else float("nan")
     tflops = flops * n / (start.elapsed_time(end) / 1e3) / 1e12
-    print(f"{name:<48} {tflops:7.1f} TFLOP/s  SM {clk:6.0f} MHz  {pw:6.1f} W  {tflops / pw:5.3f} TFLOP/s/W", flush=True)
+    peak = ""
+    if flop_per_clk:
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        pk = sms * flop_per_clk * clk * 1e6 / 1e12
+        peak = f"  peak at this clock {pk:7.1f} TFLOP/s ({tflops / pk:5.1%})"
+    print(f"{name:<48} {tflops:7.1f} TFLOP/s  SM {clk:6.0f} MHz  {pw:6.1f} W  {tflops / pw:5.3f} TFLOP/s/W{peak}", flush=True)
+    return tflops
+
+
+def bound_set(seconds):
+    """The issue targets' shapes, ours and torch's, with the tensor peak at the clock each got."""
+    from cutegemm.benchmarks import Timer
+
+    torch.manual_seed(0)
+    m = n = k = 8192
+    a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn).t()
+    sa, sb = torch.rand(m, 1, device="cuda") + 0.5, torch.rand(1, n, device="cuda") + 0.5
+    fl = 2.0 * m * n * k
+    probe("fp8 row-wise 8192^3 torch._scaled_mm", lambda: torch._scaled_mm(a, b, scale_a=sa, scale_b=sb,
+          out_dtype=torch.bfloat16), fl, seconds, 8192)  # fmt: skip
+    probe("fp8 row-wise 8192^3 ours", lambda: cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16),
+          fl, seconds, 8192)  # fmt: skip
+    ba, bb = torch.rand(m, k // 128, device="cuda") + 0.5, torch.rand(k // 128, n // 128, device="cuda") + 0.5
+    ta, tb = ba.t().contiguous().t(), bb.t().contiguous().t()
+    try:
+        probe("fp8 blockwise 8192^3 torch._scaled_mm", lambda: torch._scaled_mm(a, b, scale_a=ta, scale_b=tb,
+              out_dtype=torch.bfloat16), fl, seconds, 8192)  # fmt: skip
+    except Exception as exc:  # noqa: BLE001
+        print(f"fp8 blockwise torch: unavailable ({type(exc).__name__}: {str(exc)[:120]})")
+    probe("fp8 blockwise 8192^3 ours", lambda: cutegemm.gemm(a, b, scale_a=ba, scale_b=bb, out_dtype=torch.bfloat16),
+          fl, seconds, 8192)  # fmt: skip
+    for label, e, tok, n, k in [("qwen3 E128x128 N1536 K2048", 128, 128, 1536, 2048),
+                                ("mixtral E8x4096 N28672 K4096", 8, 4096, 28672, 4096)]:  # fmt: skip
+        counts = _moe_counts(e, tok)
+        offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
+        x = torch.randn(sum(counts), k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        fl = 2 * sum(counts) * n * k
+        probe(f"{label} torch._grouped_mm", lambda x=x, w=w, offs=offs: torch._grouped_mm(x, w, offs=offs), fl, seconds, 4096)
+        probe(f"{label} ours (policy)", lambda x=x, w=w, offs=offs: grouped_gemm(x, w, offs=offs), fl, seconds, 4096)
+        if e == 128:
+            timer = Timer()
+            t_sum = timer(lambda w=w: w.sum(), 30)
+            t_ours = timer(lambda x=x, w=w, offs=offs: grouped_gemm(x, w, offs=offs), 30)
+            t_torch = timer(lambda x=x, w=w, offs=offs: torch._grouped_mm(x, w, offs=offs), 30)
+            gb = (w.numel() + x.numel()) * 2 / 1e9
+            print(f"{label}: L2-flushed medians: w.sum() {t_sum * 1e3:.1f} us ({w.numel() * 2 / t_sum / 1e6:.0f} GB/s), "
+                  f"ours {t_ours * 1e3:.1f} us, torch {t_torch * 1e3:.1f} us; operands {gb:.3f} GB; 1.5x torch "
+                  f"= {t_torch / 1.5 * 1e3:.1f} us = {gb / (t_torch / 1.5) * 1e3:.0f} GB/s of operand reads", flush=True)
+        del x, w
 
 
 def main():
     seconds = float(sys.argv[sys.argv.index("--seconds") + 1]) if "--seconds" in sys.argv else 3.0
+    if "--set" in sys.argv and sys.argv[sys.argv.index("--set") + 1] == "bound":
+        bound_set(seconds)
+        return
     torch.manual_seed(0)
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16).t()

@@ -14,6 +14,12 @@ Families (drawn round-robin, then a random variant and random shapes / values pe
 - fp4w: FP4 weights (NVFP4 / MXFP4) x bf16 activations, dense (half of them on the split grid)
   and the packed grouped form, random M / N / K (K a multiple of 32), empty experts, rows past
   offs[-1]; the reference is the bf16 matmul with the dequantized weights (exact in bf16).
+- decode: dense calls of 1..128 rows through the policy (no forced config), so A's short TMA
+  box (a_rows), the 64-row tiles and split K run as users get them: bf16 with a random epilogue
+  (alpha, bias, an activation) or FP8 e4m3 row-wise; M from a small menu (one kernel per box
+  size), random N and K (up to 8192, so split K is taken);
+- swap: the packed grouped form through the swapped kernel (``swap_ab``: tokens on the MMA's N
+  side), forced 128x192 / 128x128 / 128x256 tiles, and the grouped policy at few tokens per expert.
 Outputs go into NaN-poisoned buffers; the check is the project's (tools/refcheck.py): error within
 2x torch's own same-precision error vs an fp64 reference, nothing written outside the output, for
 the packed form nothing at or past offs[-1]. Determinism: the first two cases of every variant
@@ -34,7 +40,7 @@ import traceback
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-FAMILIES = ("dense", "grouped", "kgrouped", "list", "fp4w", "fp8bw")
+FAMILIES = ("dense", "grouped", "kgrouped", "list", "fp4w", "fp8bw", "decode", "swap")
 
 
 def parse_args(argv=None):
@@ -116,6 +122,21 @@ GROUPED = [
     GroupedVariant("g-128x128-c2x1-kk-band2", b_row=False, tile=dict(tile_m=128, tile_n=128, cluster_m=2, raster="n", group=2)),
     GroupedVariant("g-64x128-c1x2-kn-dyn-nband3", tile=dict(GT64, scheduler="dynamic", raster="m", group=3)),
 ]  # fmt: skip
+
+
+# decode: (name, dtype, M choices, epilogue ops); M is one of the menu's values, N and K random
+DECODE = [
+    ("d-bf16", "bf16", (1, 16, 40), {}),
+    ("d-bf16-bias-gelu", "bf16", (8, 72, 128), dict(bias=True, activation="gelu")),
+    ("d-bf16-alpha-silu", "bf16", (33, 96), dict(alpha=True, activation="silu")),
+    ("d-fp8-rowwise", "e4m3", (1, 16, 96, 128), {}),
+]
+SWAP = [
+    ("s-128x192", dict(tile_m=128, tile_n=192, cluster_m=2, scheduler="dynamic")),
+    ("s-128x128", dict(tile_m=128, tile_n=128, cluster_m=1)),
+    ("s-128x256-alpha", dict(tile_m=128, tile_n=256, cluster_m=2, scheduler="dynamic")),
+    ("s-policy", None),
+]
 
 
 # ---------------------------------------------------------------------------------------------- runner
@@ -391,6 +412,73 @@ class Runner:
         self.rc.check_fp8_blockwise(out, a, b, sa, sb, offs_list, what=what)
         return _Key(f"fp8bw-{'g' if grouped else 'd'}-{tile}"), run, buf, what
 
+    def decode(self):
+        """Dense 1..128-row calls through the policy (box, 64-row tiles, split K)."""
+        rng, torch = self.rng, self.torch
+        name, dtype, ms, opts = self.pick(DECODE)
+        m = rng.choice(ms)
+        n = 8 * rng.randint(8, 640)
+        k = 8 * rng.randint(8, 1024)
+        if dtype == "e4m3":
+            f8 = torch.float8_e4m3fn
+            a = self.randn(m, k, dtype=torch.float32, scale=3).to(f8)
+            b = self.randn(n, k, dtype=torch.float32, scale=3).to(f8).t()
+            sa = torch.rand(m, 1, device=self.dev, generator=self.gen) + 0.5
+            sb = torch.rand(1, n, device=self.dev, generator=self.gen) + 0.5
+            what = f"decode {name} m={m} n={n} k={k}"
+            run, buf, out = self.poisoned_run(
+                (m, n), torch.bfloat16, lambda out: self.gemm(a, b, out=out, scale_a=sa, scale_b=sb), what
+            )
+            self.rc.check_fp8_blockwise(out, a, b, sa, sb, None, what=what)
+            return _Key(f"{name}-m{m}"), run, buf, what
+        a = self.randn(m, k, dtype=torch.bfloat16)
+        b = self.randn(n, k, dtype=torch.bfloat16).t()  # weights (N, K), as nn.Linear stores them
+        ops = {}
+        if opts.get("alpha"):
+            ops["alpha"] = round(rng.uniform(0.25, 2.0) * rng.choice([-1, 1]), 3)
+        if opts.get("bias"):
+            ops["bias"] = self.randn(n, dtype=torch.bfloat16)
+        if opts.get("activation"):
+            ops["activation"] = opts["activation"]
+
+        def call(out):
+            res = self.gemm(a, b, out=out, **ops)
+            assert res.data_ptr() == out.data_ptr(), "out= was not used"
+
+        what = f"decode {name} m={m} n={n} k={k} ops={sorted(ops)}"
+        run, buf, out = self.poisoned_run((m, n), torch.bfloat16, call, what)
+        self.rc.check_dense(out, a, b, what=what, **ops)
+        return _Key(f"{name}-m{m}"), run, buf, what
+
+    def swap(self):
+        """The packed grouped form through the swapped kernel (forced tiles or the policy's)."""
+        rng, torch = self.rng, self.torch
+        name, tile = self.pick(SWAP)
+        E = rng.choice([1, 3, 8, 32])
+        mean = rng.choice([8, 32, 100, 300])
+        counts = [0 if rng.random() < 0.2 else rng.randint(1, 2 * mean) for _ in range(E)]
+        pad = rng.choice([0, 0, 7])
+        total = sum(counts) + pad
+        n = 64 * rng.randint(1, 48)
+        k = 64 * rng.randint(1, 64)
+        a = self.randn(total, k, dtype=torch.bfloat16)
+        b = self.operand(k, n, torch.bfloat16, rng.random() < 0.5, batch=E)
+        offs_list = list(_cumsum(counts))
+        offs = torch.tensor(offs_list, dtype=torch.int32, device=self.dev)
+        alpha = round(rng.uniform(0.25, 2.0) * rng.choice([-1, 1]), 3) if "alpha" in name else 1.0
+        cfg = None
+        if tile is not None and self.arch == "sm_90a":
+            b_major = "n" if b.stride(-1) == 1 else "k"
+            cfg = self.Config(arch=self.arch, a_major="k", b_major=b_major, grouped=True, swap_ab=True, raster="m",
+                              group=1, epilogue=self.Spec(alpha=alpha != 1.0), **tile)  # fmt: skip
+
+        what = f"swap {name} counts={counts} pad={pad} n={n} k={k} alpha={alpha}"
+        run, buf, out = self.poisoned_run(
+            (total, n), torch.bfloat16, lambda out: self.grouped_gemm(a, b, offs=offs, out=out, alpha=alpha, config=cfg), what
+        )
+        self.rc.check_packed(out, a, b, offs_list, alpha=alpha, what=what)
+        return _Key(name), run, buf, what
+
     def determinism(self, run, first) -> bool:
         """Second run, bitwise comparison with the first (poison included)."""
         second = run()
@@ -460,6 +548,8 @@ def main(argv=None) -> int:
         "list": runner.list_form,
         "fp4w": runner.fp4w,
         "fp8bw": runner.fp8bw,
+        "decode": runner.decode,
+        "swap": runner.swap,
     }
     counts, fails, det_checked, det_fail = Counter(), Counter(), 0, 0
     t0 = time.time()
