@@ -86,6 +86,28 @@ def check_packed(out, a, b, offs: list[int], alpha=1.0, what=""):
     assert_within_torch_error(out[:end], same.to(out.dtype), ref[:end], what=what)
 
 
+def check_fp4w(out, x, wd, offs: list[int] | None = None, what=""):
+    """FP4-weight result: ``wd`` the exactly dequantized weights ((N, K), or (E, N, K) with the
+    packed form's ``offs``), in fp32 or fp64. The reference is fp64 on them; torch's error is that
+    of the bf16 matmul on the weights rounded to bf16 (a Hopper user's path). NVFP4's global
+    scale is not a power of two, so e2m1 x scale x global_scale does not fit bf16: checking against
+    the bf16-rounded weights would charge the kernel (which applies the global scale to its fp32
+    sums) with that rounding."""
+    end = out.shape[0] if offs is None else (offs[-1] if offs else 0)
+    if offs is not None:
+        assert torch.isnan(out[end:]).all(), f"{what}: a row at or past offs[-1] was written"
+    if end == 0 or out.shape[1] == 0:
+        return
+    w64, w16 = wd.double(), wd.to(torch.bfloat16)
+    if offs is None:
+        ref, same = x.double() @ w64.T, (x @ w16.T).float()
+    else:
+        bounds = [0, *offs]
+        ref = torch.cat([x[s:t].double() @ w64[e].T for e, (s, t) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))])
+        same = torch.cat([(x[s:t] @ w16[e].T).float() for e, (s, t) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))])
+    assert_within_torch_error(out[:end], same.to(out.dtype), ref, what=what)
+
+
 def check_clamped(out, offs: list[int], what=""):
     """Packed result for *bad* offs (unchecked, graph-safe path): rows of the clamped experts
     written, every other row untouched."""
