@@ -67,7 +67,9 @@ def _mma_markers(cfg: GemmConfig) -> dict[str, str]:
         if cfg.swap_ab:  # one WGMMA width per 16 tokens: the narrowest and the widest at least
             for n in (16, cfg.tile_n):
                 required[f"GMMA.64x{n}"] = rf"\b[HQ]GMMA\.64x{n}x"
-        if cfg.split_k > 1:  # a unit counts in on its tile's counter, GPU scope
+        if cfg.split_cluster:  # partial sums by st.async into range 0's shared memory
+            required["STAS"] = r"\bSTAS\b"
+        elif cfg.split_k > 1:  # a unit counts in on its tile's counter, GPU scope
             required["ATOMG.ADD.GPU"] = r"\bATOMG\.E\.ADD\.STRONG\.GPU"
         return required
     mma = BLOCKSCALED_MMA["e4m3" if cfg.a_dtype != cfg.b_dtype else cfg.a_dtype]  # mixed: kind::mxf8f6f4
@@ -98,6 +100,11 @@ def dense_variants(arch: str) -> list[GemmConfig]:
                        a_rows=96, split_k=2),
             GemmConfig(arch=arch, tile_m=64, tile_n=128, raster="n", group=1, a_major="k", b_major="k", split_k=4,
                        epilogue=EpilogueSpec(bias=True, activation="gelu")),
+            # split K through distributed shared memory (a cluster per tile): 2 and 4 ranges
+            GemmConfig(arch=arch, tile_m=128, tile_n=64, raster="n", group=1, a_major="k", b_major="k", flat=True,
+                       a_rows=96, split_k=2, split_cluster=True),
+            GemmConfig(arch=arch, tile_m=64, tile_n=64, raster="n", group=1, a_major="k", b_major="k", flat=True,
+                       a_rows=16, split_k=4, split_cluster=True, epilogue=EpilogueSpec(bias=True, activation="gelu")),
             GemmConfig(arch=arch, tile_m=128, tile_n=64, pingpong=True, a_major="m", b_major="k"),  # last: see flat
         ]
     else:
@@ -169,7 +176,9 @@ def fp8_variants(arch: str) -> list[GemmConfig]:
         # the policy's decode-sized M (<= 64 rows): one consumer warpgroup, 64x64 / 64x128
         GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=64, raster="n", group=1, flat=True, epilogue=ab),
         *([GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=128, raster="n", group=1, flat=True, a_rows=8, epilogue=ab),
-           GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=64, raster="n", group=1, split_k=2, epilogue=ab)]
+           GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=64, raster="n", group=1, split_k=2, epilogue=ab),
+           GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=64, raster="n", group=1, flat=True, a_rows=16, split_k=4,
+                      split_cluster=True, epilogue=ab)]
           if arch == "sm_90a" else []),
         GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=128, pingpong=True, cluster_n=2, epilogue=ab),
         GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=128, pingpong=True, cluster_m=2, fast_accum=True, epilogue=ab),

@@ -294,3 +294,90 @@ def test_policy_split_calls_fp8(m, n, k):
     err, err_whole = ((out.double() - ref).abs().max().item(), (whole.double() - ref).abs().max().item())
     assert err <= 2 * err_whole + 1e-6, (err, err_whole)
     assert torch.equal(out, cutegemm.gemm(a8, b8, scale_a=sa, scale_b=sb))
+
+
+# --- split K through distributed shared memory (GemmConfig.split_cluster) -----------------------
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    m=st.integers(1, 300),
+    n8=st.integers(1, 96),
+    k8=st.integers(1, 600),
+    split=st.sampled_from([2, 4, 8]),
+    tile=st.sampled_from([(64, 64), (64, 128), (128, 64)]),
+    dtype=st.sampled_from([BF16, F8]),
+    box=st.booleans(),
+)
+def test_split_cluster_matches_workspace(m, n8, k8, split, tile, dtype, box):
+    """The cluster exchange gives the workspace exchange's bits (same ranges, same order), in a
+    poisoned buffer, within the error bound; ragged M, N, K, fewer K tiles than ranges, more
+    clusters than fit on the GPU at once (large M), A's short box."""
+    _need_sm90()
+    from cutegemm.gemm.config import a_rows_for
+
+    n, k = 8 * n8, 8 * k8
+    if dtype == F8:
+        k = 16 * max(1, k // 16)
+    a, b = _ops(m, n, k, dtype, seed=m + 7 * n + 3 * k)
+    rows = a_rows_for(m) if box and m < tile[0] else 0
+    cfg = _cfg(dtype, tile_m=tile[0], tile_n=tile[1], split_k=split, a_rows=rows)
+    want = cutegemm.gemm(a, b, config=cfg)
+    buf, out = poisoned_out((m, n), BF16)
+    cutegemm.gemm(a, b, out=out, config=replace(cfg, split_cluster=True))
+    assert_outside_untouched(buf, m, n)
+    _check(out, a, b, f"split_cluster {split} {tile} rows={rows} {m}x{n}x{k}")
+    assert torch.equal(out, want), f"cluster and workspace exchanges differ: {m}x{n}x{k} {cfg.name}"
+
+
+def test_split_cluster_epilogues_and_scales():
+    """Bias + SiLU, beta * C, FP8 row-wise scales and MXFP8 output on the cluster exchange: the
+    workspace exchange's bits."""
+    _need_sm90()
+    m, n, k = 48, 384, 2048
+    a, b = _ops(m, n, k, seed=11)
+    bias = torch.randn(n, device="cuda", dtype=BF16)
+    c = torch.randn(m, n, device="cuda", dtype=BF16)
+    cfg = _cfg(split_k=4, a_rows=48)
+    cl = replace(cfg, split_cluster=True)
+    for kw in (dict(bias=bias, activation="silu"), dict(c=c, beta=-1.5)):
+        assert torch.equal(cutegemm.gemm(a, b, config=cl, **kw), cutegemm.gemm(a, b, config=cfg, **kw)), sorted(kw)
+    a8, b8 = a.to(F8), b.to(F8)
+    sa, sb = torch.rand(m, device="cuda") + 0.5, torch.rand(n, device="cuda") + 0.5
+    f8 = _cfg(F8, tile_n=128, split_k=2)
+    got = cutegemm.gemm(a8, b8, scale_a=sa, scale_b=sb, config=replace(f8, split_cluster=True))
+    assert torch.equal(got, cutegemm.gemm(a8, b8, scale_a=sa, scale_b=sb, config=f8))
+    q = cutegemm.gemm(a, b, out_dtype="mxfp8", config=replace(cl, out_dtype="e4m3"))
+    q_ws = cutegemm.gemm(a, b, out_dtype="mxfp8", config=replace(cfg, out_dtype="e4m3"))
+    assert torch.equal(q.data.view(torch.uint8), q_ws.data.view(torch.uint8))
+    assert torch.equal(q.scales.view(torch.uint8), q_ws.scales.view(torch.uint8))
+
+
+def test_split_cluster_cuda_graph_replay():
+    """Captured once, replayed with 20 new activations: every replay gives the eager call's bits."""
+    _need_sm90()
+    m, n, k = 16, 512, 3072
+    _, b = _ops(m, n, k, seed=5)
+    cfg = _cfg(tile_n=128, split_k=4, a_rows=16, split_cluster=True)
+    x = torch.randn(m, k, device="cuda").to(BF16)
+    out = cutegemm.gemm(x, b, config=cfg)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            cutegemm.gemm(x, b, out=out, config=cfg)
+    torch.cuda.current_stream().wait_stream(s)
+    for i in range(20):
+        x.copy_(torch.randn(m, k, device="cuda", generator=torch.Generator(device="cuda").manual_seed(i)).to(BF16))
+        g.replay()
+        eager = cutegemm.gemm(x, b, config=cfg)
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager), f"replay {i}"
+
+
+def test_split_cluster_config_rules():
+    _need_sm90()
+    a, b = _ops(16, 256, 512)
+    for bad, match in ((dict(split_cluster=True), "needs split_k"),
+                       (dict(split_k=2, split_cluster=True, pingpong=True), "cooperative")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            cutegemm.gemm(a, b, config=replace(_cfg(), **bad))

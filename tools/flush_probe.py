@@ -5,12 +5,14 @@ row-wise), the policy's config, a few other tiles / split-K counts, and the time
 to read the weight once (``b.sum()``); each entry the best of ROUNDS interleaved L2-cold
 medians of 30.
 
-    python tools/flush_probe.py [ROUNDS] [--set box|split|split8] [--clean] [--list]
+    python tools/flush_probe.py [ROUNDS] [--set box|split|split8|cluster|cluster8] [--clean] [--list]
     (--list: the configs, for precompile)
 
 --set box: M between the powers of two, A's TMA box of M rounded up to 16 rows (any tile).
---set split: few output tiles, split K 1 / 2 / 4 / 8 (split8: the same in FP8 row-wise). Both sets time the "write" flush only
-(--clean: both).
+--set split: few output tiles, split K 1 / 2 / 4 / 8 (split8: the same in FP8 row-wise).
+--set cluster: the same shapes, split K 2 / 4 / 8 through the workspace ("ws") and through
+distributed shared memory ("cl", ``split_cluster``), and the policy's split with the cluster
+exchange (cluster8: FP8 row-wise). These sets time the "write" flush only (--clean: both).
 """
 
 import sys
@@ -47,7 +49,18 @@ def configs(p: GemmProblem):
     base = pol.choose(p)
     out = {"policy": pol.choose_dense(p)}
     box = next((r for r in (8, 16, 32, 64) if r >= p.m), 0)
-    if SET in ("box", "split", "split8"):
+    if SET in ("cluster", "cluster8"):
+        box8 = a_rows_for(p.m)
+        pol = out["policy"]
+        if pol.split_k > 1:
+            out["policy cl"] = replace(pol, split_cluster=True)
+        tm = 64 if p.m <= 64 else 128
+        for tn in (64, 128):
+            for sk in (2, 4, 8):
+                cfg = replace(base, tile_m=tm, tile_n=tn, split_k=sk, a_rows=box8 if box8 < tm else 0, raster="n", group=1)
+                out[f"{tm}x{tn} s{sk} ws"] = cfg
+                out[f"{tm}x{tn} s{sk} cl"] = replace(cfg, split_cluster=True)
+    elif SET in ("box", "split", "split8"):
         box8 = a_rows_for(p.m)
         pol_box = replace(out["policy"], a_rows=box8 if box8 < out["policy"].tile_m else 0)
         out["policy+box"] = pol_box
@@ -75,7 +88,8 @@ def configs(p: GemmProblem):
 
 
 def problems():
-    shapes = {"flush": (BF16, FP8), "box": (BOX, BOX_FP8), "split": (SPLIT, ()), "split8": ((), SPLIT)}[SET]
+    shapes = {"flush": (BF16, FP8), "box": (BOX, BOX_FP8), "split": (SPLIT, ()), "split8": ((), SPLIT),
+              "cluster": (SPLIT, ()), "cluster8": ((), SPLIT)}[SET]
     for fp8 in (False, True):
         name = "e4m3" if fp8 else "bf16"
         for m, n, k in shapes[fp8]:

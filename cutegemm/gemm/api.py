@@ -31,8 +31,8 @@ NAME_TO_TORCH = {v: k for k, v in TORCH_TO_NAME.items()}
 def new_workspace(config: GemmConfig, device, problem: GemmProblem | None = None):
     """Scheduler "dynamic": the (1,) int32 tile counter, allocated once per plan. Split K (dense,
     ``problem`` given): the tiles' counters and partial-sum slots (``gemm.sm90_split``), zeroed
-    once here. Else None."""
-    if config.split_k > 1:
+    once here (``split_cluster``: none, the partial sums meet in shared memory). Else None."""
+    if config.split_k > 1 and not config.split_cluster:
         from .sm90_split import split_workspace_words
 
         tiles = -(-problem.m // config.tile_m) * -(-problem.n // config.tile_n) * problem.l

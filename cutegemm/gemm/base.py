@@ -104,6 +104,9 @@ class GemmBase:
             return (self.cluster_shape_mn[0] * clusters, self.cluster_shape_mn[1], 1)
         if self.config.grouped or self.config.listed:
             return (*self.cluster_shape_mn, max_clusters)
+        if self.config.split_cluster:  # one CTA per work unit, clusters of a tile's split_k units
+            m, n, l_count = mC_mnl.shape
+            return (1, 1, cute.ceil_div(m, cta_tile_mn[0]) * cute.ceil_div(n, cta_tile_mn[1]) * l_count * self.config.split_k)
         return persistent_grid(
             (mC_mnl.shape[0], mC_mnl.shape[1], mC_mnl.shape[2]),
             cta_tile_mn,

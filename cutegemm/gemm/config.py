@@ -120,6 +120,12 @@ class GemmConfig:
     # too few output tiles to fill the GPU (decode: M <= 128 with a small N), see
     # ``gemm/sm90_split.py``.
     split_k: int = 1
+    # Split K through distributed shared memory (needs split_k > 1): the split_k units of a tile
+    # are the CTAs of one cluster (1 x 1 x split_k, one unit per CTA, no persistent walk). Ranges
+    # 1.. store their fp32 partial sums into range 0's shared memory with st.async (completing
+    # bytes on its mbarrier); range 0 adds them in range order (the bits of the workspace path)
+    # and runs the epilogue. No workspace, no counter, no L2 round trip (gemm/sm90_split.py).
+    split_cluster: bool = False
     # Dense sm_90a with one M tile (M <= tile_m, decode): A's TMA box is a_rows rows (M rounded up
     # to 8 or a multiple of 16), not tile_m. The box's rows past M would arrive as zeros filled in
     # by the TMA unit, which was measured to cost the time of the rows (16 x 4096 x 7168 with a
@@ -142,6 +148,7 @@ class GemmConfig:
         tile += "_wgo" if self.wg_order else ""
         tile += "_swab" if self.swap_ab else ""
         tile += f"_sk{self.split_k}" if self.split_k > 1 else ""
+        tile += "c" if self.split_cluster else ""
         tile += f"_ar{self.a_rows}" if self.a_rows else ""
         tile += f"_e{self.epi_stages}" if self.epi_stages else ""
         tile += f"_s{self.stages}" if self.stages else ""
@@ -195,7 +202,7 @@ def config_errors(cfg: GemmConfig) -> list[str]:
         err += listed_errors(cfg)
     if cfg.swap_ab:
         err += swap_ab_errors(cfg)
-    if cfg.split_k != 1:
+    if cfg.split_k != 1 or cfg.split_cluster:
         err += split_k_errors(cfg)
     if cfg.a_rows:
         err += a_rows_errors(cfg)
@@ -414,7 +421,7 @@ def split_k_errors(cfg: GemmConfig) -> list[str]:
     keeps that true when the 32-bit counter wraps)."""
     what = "split_k (dense sm_90a, K cut into work units)"
     err = []
-    if cfg.split_k not in SPLIT_K_CHOICES:
+    if cfg.split_k != 1 and cfg.split_k not in SPLIT_K_CHOICES:
         err.append(f"{what}: split_k must be 1 or one of {SPLIT_K_CHOICES}, got {cfg.split_k}")
     if cfg.arch != "sm_90a":
         err.append(f"{what}: sm_90a only so far (sm_100a: not built)")
@@ -424,6 +431,8 @@ def split_k_errors(cfg: GemmConfig) -> list[str]:
         err.append(f"{what}: cooperative tiles, the static scheduler and a 1x1 cluster")
     if cfg.fp8_blockwise or cfg.fp8_mx or cfg.blockscaled:
         err.append(f"{what}: not with per-K-block scales (fp8_blockwise, fp8_mx, block-scaled)")
+    if cfg.split_cluster and cfg.split_k == 1:
+        err.append("split_cluster: needs split_k > 1 (the cluster is the split_k units of one tile)")
     return err
 
 

@@ -42,6 +42,8 @@ Constraints: see ``config.config_errors`` (tile_m 64/128, tile_n 64..256, cluste
 
 from __future__ import annotations
 
+import dataclasses
+
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
@@ -140,6 +142,8 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
         # the storage's size rounds up to its 1 KiB alignment, so A + B + C filling the rest
         # exactly would overflow by 1 KiB (a 64x64 tile with FP4 output did, at launch).
         budget = SMEM_CAPACITY_SM90 - 1024 - 32 - tile_table_bytes(cfg.grouped or cfg.listed) - 16 * (cfg.split_k > 1)
+        if cfg.split_cluster:  # range 0's receive slots (gemm.sm90_split)
+            budget -= self.split_recv_floats() * 4 + 16
 
         def ab_stages(epi_stage):
             return (budget - epi_stage * epi_stage_bytes) // ab_bytes
@@ -289,6 +293,9 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
             sSFB: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, sf_len[1]], sf_align[1]]
             if cutlass.const_expr(split_k):  # split K: "this unit completes the tile" (gemm.sm90_split)
                 split_flag: cute.struct.MemRange[cutlass.Int32, 4]
+            if cutlass.const_expr(cfg.split_cluster):  # range 0's receive slots and their mbarrier
+                split_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+                split_recv: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, self.split_recv_floats()], 16]
 
         self.shared_storage = SharedStorage
         self.check_smem_size(SharedStorage.size_in_bytes(), SMEM_CAPACITY_SM90)
@@ -328,7 +335,8 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
                 self.acc_space(mC, mB), (cfg.tile_m, cfg.tile_n), max_clusters, mOffs, mA.shape[0]
             ),
             block=[self.threads_per_cta, 1, 1],
-            cluster=(*self.cluster_shape_mn, 1),
+            # split_cluster: the split_k units of a tile form one cluster along z
+            cluster=(1, 1, cfg.split_k) if cfg.split_cluster else (*self.cluster_shape_mn, 1),
             min_blocks_per_mp=1,
             stream=stream,
         )
@@ -402,9 +410,16 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
             cta_layout_vmnk=cute.make_layout((1, *cta_layout_mnk.shape)),
             defer_sync=True,
         )
+        if cutlass.const_expr(self.config.split_cluster):
+            # The cluster is the tile's K ranges, not a multicast group: every CTA's consumer warps
+            # release their own stages (the pipeline's size-1 layout would pick rank 0's lanes).
+            ab_pipeline = dataclasses.replace(ab_pipeline, is_signaling_thread=tidx % 32 == 0)
+            self.split_cluster_arm(storage.split_mbar.data_ptr(), tidx)
         # Dynamic schedulers: every consumer warp and the producer warp read the tile ring.
         self.init_sched_ring(storage, 1 + 4 * self.num_mma_wg, tidx)
         pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mn, is_relaxed=True)
+        if cutlass.const_expr(self.config.split_cluster):  # range 0's mbarrier before any st.async
+            cute.arch.cluster_arrive_relaxed()
 
         # (bM, bK, STAGE), (bN, bK, STAGE), (EPI_M, EPI_N, EPI_STAGE)
         sA = storage.sA.get_tensor(a_smem_layout_staged.outer, swizzle=a_smem_layout_staged.inner)
@@ -484,6 +499,8 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
             # List form: mOffs is the group table (``kernel_parts.list_tile_table``).
             tile_start, num_groups = list_tile_table(storage.tile_start, mOffs, warp_idx)
         pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
+        if cutlass.const_expr(cfg.split_cluster):
+            cute.arch.cluster_wait()
         if cutlass.const_expr(cfg.swap_ab):
             sched = make_grouped_scheduler(tile_start, mOffs, mB_nkl.shape[0], n_cluster_tiles, cfg)
         elif cutlass.const_expr(cfg.grouped):
@@ -583,6 +600,9 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
             split = None  # split K: (workspace, shared-memory flag "this unit completes the tile")
             if cutlass.const_expr(cfg.split_k > 1):
                 split = (mWorkspace, storage.split_flag.get_tensor(cute.make_layout(4)))
+            if cutlass.const_expr(cfg.split_cluster):  # (receive slots, their mbarrier)
+                split = (storage.split_recv.get_tensor(cute.make_layout(self.split_recv_floats())),
+                         storage.split_mbar.data_ptr())  # fmt: skip
             # pingpong: warpgroup 1 or 2 -> 0 / 1, each owning whole tiles; cooperative: one group.
             wg = warp_group_idx - 1 if self.pingpong else 0
             self.mma_and_epilogue(
@@ -756,7 +776,11 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
             # ---- epilogue (gemm.sm90_epilogue) ----
             store_args = (ep, tile, acc_sum, thr_mma, epi_count, gC_mnl, mC_mnl, mC_gmem, cAcc_mnl, tma_atom_c, sC, alpha,
                           beta, mCin, mBias, quant_args, vectors, group_cols, out_desc, mma_tidx, wg)  # fmt: skip
-            if cutlass.const_expr(self.config.split_k > 1):
+            if cutlass.const_expr(self.config.split_cluster):
+                # split K in a cluster: range 0 sums the partials and stores the tile
+                if self.split_k_fixup_cluster(acc_sum, tile, *split, mma_tidx) == 1:
+                    epi_count = self.store_tile(*store_args)
+            elif cutlass.const_expr(self.config.split_k > 1):
                 # split K: the unit that completes the tile sums the partials and stores it
                 if self.split_k_fixup(acc_sum, tile, sched.total // self.config.split_k, *split, mma_tidx, epi_barrier) == 1:
                     epi_count = self.store_tile(*store_args)

@@ -19,7 +19,16 @@ consumers run the usual mainloop over their range, then :meth:`SplitKSm90Mixin.s
    then runs the epilogue (bias, activation, scales, quantized output: all of them, once, on the
    full sum); the other units store nothing to the output.
 
-No unit waits for another, so the units need not be resident together. Workspace (int32 words,
+No unit waits for another, so the units need not be resident together.
+
+``GemmConfig.split_cluster``: the split_k units of a tile are instead the CTAs of one cluster (1 x 1
+x split_k, grid = one CTA per unit), so they run at once and can reach each other's shared memory.
+Range 0 (cluster rank 0) keeps ``(split_k - 1) * tile_m * tile_n`` fp32 of receive slots and an
+mbarrier expecting their bytes (armed before the cluster's start-up barrier); every thread of
+range r > 0 stores its accumulators into slot r - 1 with ``st.async`` (16 bytes at a time, the
+slot layout of the workspace path), each store completing its bytes on that mbarrier, and is done.
+Range 0's threads wait for the mbarrier's phase and add the slots to their own partial sums in
+range order (:meth:`SplitKSm90Mixin.split_k_fixup_cluster`: the bits of the workspace path). Workspace (int32 words,
 zeroed once when the plan is made): ``split_counter_words`` counters, then ``split_k`` slots of
 ``tile_m * tile_n`` fp32 per tile (:func:`split_workspace_words`). Like the dynamic scheduler's
 counter it belongs to one plan: one plan must not run on two streams at once.
@@ -30,7 +39,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 
-from ..runtime.ptx import ld_global_cg_v4_f32, st_global_cg_v4_f32
+from ..runtime.ptx import ld_global_cg_v4_f32, ld_shared_v4_f32, st_async_cluster_v4_f32, st_global_cg_v4_f32
 from ..schedulers.static import split_k_range
 
 __all__ = ["SplitKSm90Mixin", "split_counter_words", "split_workspace_words"]
@@ -105,6 +114,51 @@ class SplitKSm90Mixin:
                 for i in cutlass.range_constexpr(4):
                     tot = cutlass.Float32(0.0)
                     for r in cutlass.range_constexpr(split_k):
+                        tot = tot + parts[r][i]
+                    acc[4 * v + i] = tot
+        return last
+
+    def split_recv_floats(self) -> int:
+        """split_cluster: fp32 receive slots in range 0's shared memory (one per other range)."""
+        return (self.config.split_k - 1) * self.config.tile_m * self.config.tile_n
+
+    @cute.jit
+    def split_cluster_arm(self, mbar, tidx: cutlass.Int32):
+        """split_cluster, at kernel start (before the cluster's start-up barrier): range 0's thread
+        0 sets up the receive mbarrier, one arrival (its own, now) and the other ranges' bytes."""
+        if cute.arch.block_idx_in_cluster() == 0:
+            if tidx == 0:
+                cute.arch.mbarrier_init(mbar, 1)
+                cute.arch.mbarrier_arrive_and_expect_tx(mbar, self.split_recv_floats() * 4)
+
+    @cute.jit
+    def split_k_fixup_cluster(self, acc: cute.Tensor, tile, sRecv: cute.Tensor, mbar,
+                              tid: cutlass.Int32) -> cutlass.Int32:  # fmt: skip
+        """split_cluster: ranges r > 0 store their partial sums into range 0's slot r - 1 (in its
+        shared memory, completing bytes on its mbarrier) and return 0; range 0 waits for all of
+        them, replaces ``acc`` by the sum of every range's partials (range order) and returns 1.
+        ``tid``: the thread among the tile's ``threads_per_tile``."""
+        split_k = self.config.split_k
+        nthr = self.threads_per_tile
+        n_vec = cute.size(acc) // 4
+        s = tile[3]  # the K range: this CTA's rank in its cluster
+        slot_bytes = self.config.tile_m * self.config.tile_n * 4
+        base = sRecv.iterator.toint() + tid * 16
+        mbar_addr = mbar.toint()
+        last = cutlass.Int32(1)
+        if s > 0:
+            mine = base + (s - 1) * slot_bytes
+            for v in cutlass.range_constexpr(n_vec):
+                st_async_cluster_v4_f32(mine + v * nthr * 16, mbar_addr, 0, [acc[4 * v + i] for i in range(4)])
+            last = cutlass.Int32(0)
+        else:
+            cute.arch.mbarrier_wait(mbar, 0)
+            for v in cutlass.range_constexpr(n_vec):
+                parts = [ld_shared_v4_f32(base + r * slot_bytes + v * nthr * 16) for r in range(split_k - 1)]
+                for i in cutlass.range_constexpr(4):
+                    # (0 + range 0) + range 1 + ...: the workspace path's order and bits
+                    tot = cutlass.Float32(0.0) + acc[4 * v + i]
+                    for r in cutlass.range_constexpr(split_k - 1):
                         tot = tot + parts[r][i]
                     acc[4 * v + i] = tot
         return last

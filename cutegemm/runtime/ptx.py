@@ -152,3 +152,15 @@ def bulk_g2s(smem_addr, gmem_addr, size, mbar_addr, *, loc=None, ip=None):
     ptx = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];"
     ins = [_i32(smem_addr, loc, ip), _i64(gmem_addr, loc, ip), _i32(size, loc, ip), _i32(mbar_addr, loc, ip)]
     _asm(ptx, ins, "r,l,r,r", effects=True, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def st_async_cluster_v4_f32(smem_addr, mbar_addr, rank, values, *, loc=None, ip=None):
+    """Four fp32 into CTA ``rank``'s shared memory (``smem_addr``: the same offset in this CTA's
+    window, 16-byte aligned) by ``st.async``; the 16 bytes complete on that CTA's mbarrier at
+    ``mbar_addr`` (this CTA's window address of it)."""
+    ins = [_i32(smem_addr, loc, ip), _i32(mbar_addr, loc, ip), _i32(rank, loc, ip)]
+    ins += [cutlass.Float32(v).ir_value(loc=loc, ip=ip) for v in values]
+    ptx = ("{\n.reg .b32 ra, rb;\nmapa.shared::cluster.u32 ra, $0, $2;\nmapa.shared::cluster.u32 rb, $1, $2;\n"
+           "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [ra], {$3, $4, $5, $6}, [rb];\n}")  # fmt: skip
+    _asm(ptx, ins, "r,r,r,f,f,f,f", effects=True, loc=loc, ip=ip)
