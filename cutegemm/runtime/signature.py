@@ -76,8 +76,8 @@ def dense_fake_args(cfg: GemmConfig, offs=None):
 
 def _fake_workspace(cfg: GemmConfig):
     """Scheduler "dynamic": the (1,) int32 tile counter (the last kernel argument); split K: the
-    int32 counters and slots of ``gemm.sm90_split``; else None."""
-    if cfg.split_k > 1:
+    int32 counters and slots of ``gemm.sm90_split`` (not with ``split_cluster``); else None."""
+    if cfg.split_k > 1 and not cfg.split_cluster:
         return make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=16)
     if cfg.scheduler != "dynamic":
         return None
