@@ -50,6 +50,17 @@ def test_split_k_rules():
         assert any(match in e for e in errs), (match, errs)
 
 
+def test_split_cluster_rules():
+    ok = GemmConfig(arch="sm_90a", tile_m=64, tile_n=64, a_major="k", b_major="k", split_k=8, split_cluster=True)
+    assert not config_errors(ok) and "_sk8c" in ok.name
+    for kw, what in ((dict(split_k=1), "needs split_k"), (dict(tile_n=128), "receives"),
+                     (dict(tile_m=128, tile_n=128, split_k=4), "receives"), (dict(cluster_n=2), "1x1 cluster")):  # fmt: skip
+        errs = config_errors(replace(ok, **kw))
+        assert any(what in e for e in errs), (kw, errs)
+    for kw in (dict(tile_n=128, split_k=4), dict(tile_m=128, split_k=4), dict(tile_m=128, tile_n=128, split_k=2)):
+        assert not config_errors(replace(ok, **kw)), kw
+
+
 def test_a_rows_rules():
     ok = replace(DECODE, a_rows=16)
     assert not config_errors(ok) and "_ar16" in ok.name

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import cutegemm
@@ -312,14 +312,15 @@ def test_split_cluster_matches_workspace(m, n8, k8, split, tile, dtype, box):
     poisoned buffer, within the error bound; ragged M, N, K, fewer K tiles than ranges, more
     clusters than fit on the GPU at once (large M), A's short box."""
     _need_sm90()
-    from cutegemm.gemm.config import a_rows_for
+    from cutegemm.gemm.config import a_rows_for, split_k_errors
 
     n, k = 8 * n8, 8 * k8
     if dtype == F8:
         k = 16 * max(1, k // 16)
     a, b = _ops(m, n, k, dtype, seed=m + 7 * n + 3 * k)
-    rows = a_rows_for(m) if box and m < tile[0] else 0
+    rows = a_rows_for(m) if box and a_rows_for(m) < tile[0] else 0
     cfg = _cfg(dtype, tile_m=tile[0], tile_n=tile[1], split_k=split, a_rows=rows)
+    assume(not split_k_errors(replace(cfg, split_cluster=True)))  # the receive slots must fit
     want = cutegemm.gemm(a, b, config=cfg)
     buf, out = poisoned_out((m, n), BF16)
     cutegemm.gemm(a, b, out=out, config=replace(cfg, split_cluster=True))
@@ -378,6 +379,7 @@ def test_split_cluster_config_rules():
     _need_sm90()
     a, b = _ops(16, 256, 512)
     for bad, match in ((dict(split_cluster=True), "needs split_k"),
-                       (dict(split_k=2, split_cluster=True, pingpong=True), "cooperative")):  # fmt: skip
+                       (dict(split_k=2, split_cluster=True, pingpong=True), "cooperative"),
+                       (dict(split_k=8, tile_n=128, split_cluster=True), "receives")):  # fmt: skip
         with pytest.raises(ValueError, match=match):
             cutegemm.gemm(a, b, config=replace(_cfg(), **bad))

@@ -411,6 +411,9 @@ def swap_ab_errors(cfg: GemmConfig) -> list[str]:
 
 
 SPLIT_K_CHOICES = (2, 4, 8)
+# split_cluster: range 0's receive slots, at most this many bytes (64x64 tiles with 8 ranges; the
+# stage ring keeps the rest of the 227 KiB)
+SPLIT_CLUSTER_RECV_MAX = 112 * 1024
 
 
 def split_k_errors(cfg: GemmConfig) -> list[str]:
@@ -433,6 +436,10 @@ def split_k_errors(cfg: GemmConfig) -> list[str]:
         err.append(f"{what}: not with per-K-block scales (fp8_blockwise, fp8_mx, block-scaled)")
     if cfg.split_cluster and cfg.split_k == 1:
         err.append("split_cluster: needs split_k > 1 (the cluster is the split_k units of one tile)")
+    recv = (cfg.split_k - 1) * cfg.tile_m * cfg.tile_n * 4
+    if cfg.split_cluster and recv > SPLIT_CLUSTER_RECV_MAX:
+        err.append(f"split_cluster: range 0 receives (split_k - 1) x tile_m x tile_n fp32 = {recv // 1024} KiB in "
+                   f"shared memory, at most {SPLIT_CLUSTER_RECV_MAX // 1024} KiB (fewer ranges or a smaller tile)")
     return err
 
 
