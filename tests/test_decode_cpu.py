@@ -122,4 +122,5 @@ def test_policy_split_few_tiles():
         p = GemmProblem(m, n, k, 1, dt, dt, "bf16" if dt == "e4m3" else dt, "k", "k")
         cfg = small_m_options(pol.choose(p), p, 132)
         assert (cfg.tile_m, cfg.split_k) == (tile_m, split), ((m, n, k, dt), cfg.name)
+        assert cfg.split_cluster == (split == 2), cfg.name  # two ranges meet in shared memory
         assert can_implement(cfg, p)[0], cfg.name
