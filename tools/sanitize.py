@@ -130,6 +130,15 @@ def _dense_cases():
         "split-k4-128x64-a_rows96": lambda: dense_case(
             cpu(90, 1000), colmajor(1000, N), dict(tile_m=128, tile_n=64, raster="n", group=1, split_k=4, a_rows=96),
         ),
+        # split K through distributed shared memory (st.async into range 0's slots, its mbarrier)
+        "splitc-k2-128x64-a_rows32": lambda: dense_case(
+            cpu(20, 1000), colmajor(1000, N),
+            dict(tile_m=128, tile_n=64, raster="n", group=1, split_k=2, a_rows=32, split_cluster=True),
+        ),
+        "splitc-k8-64x64-beta": lambda: dense_case(
+            cpu(70, 1000), colmajor(1000, N), dict(tile_m=64, tile_n=64, raster="n", group=1, split_k=8, split_cluster=True),
+            beta=0.5, c=cpu(70, N),
+        ),
     }  # fmt: skip
     return c
 
