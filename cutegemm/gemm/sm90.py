@@ -414,7 +414,7 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
             # The cluster is the tile's K ranges, not a multicast group: every CTA's consumer warps
             # release their own stages (the pipeline's size-1 layout would pick rank 0's lanes).
             ab_pipeline = dataclasses.replace(ab_pipeline, is_signaling_thread=tidx % 32 == 0)
-            self.split_cluster_arm(storage.split_mbar.data_ptr(), tidx)
+            self.split_cluster_arm(storage.split_mbar.data_ptr(), tidx, False)
         # Dynamic schedulers: every consumer warp and the producer warp read the tile ring.
         self.init_sched_ring(storage, 1 + 4 * self.num_mma_wg, tidx)
         pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mn, is_relaxed=True)
@@ -501,6 +501,7 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
         pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
         if cutlass.const_expr(cfg.split_cluster):
             cute.arch.cluster_wait()
+            self.split_cluster_arm(storage.split_mbar.data_ptr(), tidx, True)
         if cutlass.const_expr(cfg.swap_ab):
             sched = make_grouped_scheduler(tile_start, mOffs, mB_nkl.shape[0], n_cluster_tiles, cfg)
         elif cutlass.const_expr(cfg.grouped):

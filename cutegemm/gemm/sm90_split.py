@@ -24,7 +24,7 @@ No unit waits for another, so the units need not be resident together.
 ``GemmConfig.split_cluster``: the split_k units of a tile are instead the CTAs of one cluster (1 x 1
 x split_k, grid = one CTA per unit), so they run at once and can reach each other's shared memory.
 Range 0 (cluster rank 0) keeps ``(split_k - 1) * tile_m * tile_n`` fp32 of receive slots and an
-mbarrier expecting their bytes (armed before the cluster's start-up barrier); every thread of
+mbarrier expecting their bytes (initialized before the cluster's start-up barrier); every thread of
 range r > 0 stores its accumulators into slot r - 1 with ``st.async`` (16 bytes at a time, the
 slot layout of the workspace path), each store completing its bytes on that mbarrier, and is done.
 Range 0's threads wait for the mbarrier's phase and add the slots to their own partial sums in
@@ -123,13 +123,19 @@ class SplitKSm90Mixin:
         return (self.config.split_k - 1) * self.config.tile_m * self.config.tile_n
 
     @cute.jit
-    def split_cluster_arm(self, mbar, tidx: cutlass.Int32):
-        """split_cluster, at kernel start (before the cluster's start-up barrier): range 0's thread
-        0 sets up the receive mbarrier, one arrival (its own, now) and the other ranges' bytes."""
+    def split_cluster_arm(self, mbar, tidx: cutlass.Int32, after_sync: cutlass.Constexpr):
+        """split_cluster: range 0's receive mbarrier, one arrival and the other ranges' bytes.
+        Before the cluster's start-up barrier (``after_sync`` False) thread 0 initializes it; after
+        it, thread 0 arrives with the expected bytes (a peer's bytes that complete first leave
+        the count negative, and the phase still waits for this arrival). Init and arrive sit on
+        both sides of the barrier: back to back, compute-sanitizer's racecheck reported the
+        warp-wide init against thread 0's arrive (a warning, no error)."""
         if cute.arch.block_idx_in_cluster() == 0:
             if tidx == 0:
-                cute.arch.mbarrier_init(mbar, 1)
-                cute.arch.mbarrier_arrive_and_expect_tx(mbar, self.split_recv_floats() * 4)
+                if cutlass.const_expr(after_sync):
+                    cute.arch.mbarrier_arrive_and_expect_tx(mbar, self.split_recv_floats() * 4)
+                else:
+                    cute.arch.mbarrier_init(mbar, 1)
 
     @cute.jit
     def split_k_fixup_cluster(self, acc: cute.Tensor, tile, sRecv: cute.Tensor, mbar,
