@@ -212,9 +212,14 @@ def test_split_k_cuda_graph_replay():
     """Captured once, replayed with 20 new activations: every replay gives the eager call's bits
     (the tiles' counters run on across replays)."""
     _need_sm90()
+    _graph_replays(_cfg(tile_n=128, split_k=4))
+
+
+def _graph_replays(cfg):
+    """A 16 x 512 x 3072 call captured once and replayed with 20 new activations: each replay
+    gives the eager call's bits."""
     m, n, k = 16, 512, 3072
     _, b = _ops(m, n, k, seed=5)
-    cfg = _cfg(tile_n=128, split_k=4)
     x = torch.randn(m, k, device="cuda").to(BF16)
     out = cutegemm.gemm(x, b, config=cfg)  # compile and build the plan outside the capture
     s = torch.cuda.Stream()
@@ -356,24 +361,7 @@ def test_split_cluster_epilogues_and_scales():
 def test_split_cluster_cuda_graph_replay():
     """Captured once, replayed with 20 new activations: every replay gives the eager call's bits."""
     _need_sm90()
-    m, n, k = 16, 512, 3072
-    _, b = _ops(m, n, k, seed=5)
-    cfg = _cfg(tile_n=128, split_k=4, a_rows=16, split_cluster=True)
-    x = torch.randn(m, k, device="cuda").to(BF16)
-    out = cutegemm.gemm(x, b, config=cfg)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=s):
-            cutegemm.gemm(x, b, out=out, config=cfg)
-    torch.cuda.current_stream().wait_stream(s)
-    for i in range(20):
-        x.copy_(torch.randn(m, k, device="cuda", generator=torch.Generator(device="cuda").manual_seed(i)).to(BF16))
-        g.replay()
-        eager = cutegemm.gemm(x, b, config=cfg)
-        torch.cuda.synchronize()
-        assert torch.equal(out, eager), f"replay {i}"
+    _graph_replays(_cfg(tile_n=128, split_k=4, a_rows=16, split_cluster=True))
 
 
 def test_split_cluster_config_rules():

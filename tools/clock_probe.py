@@ -60,6 +60,19 @@ def probe(name, fn, flops, seconds, flop_per_clk=None):
     return tflops
 
 
+def moe_pair(label, e, tok, n, k, seconds, flop_per_clk=None):
+    """MoE operands (bf16, the benchmark's token counts) and the probes of torch._grouped_mm and
+    our policy on them; returns (x, w, offs)."""
+    counts = _moe_counts(e, tok)
+    offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
+    x = torch.randn(sum(counts), k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    fl = 2 * sum(counts) * n * k
+    probe(f"{label} torch._grouped_mm", lambda: torch._grouped_mm(x, w, offs=offs), fl, seconds, flop_per_clk)
+    probe(f"{label} ours (policy)", lambda: grouped_gemm(x, w, offs=offs), fl, seconds, flop_per_clk)
+    return x, w, offs
+
+
 def bound_set(seconds):
     """The issue targets' shapes, ours and torch's, with the tensor peak at the clock each got."""
     from cutegemm.benchmarks import Timer
@@ -85,13 +98,7 @@ def bound_set(seconds):
           fl, seconds, 8192)  # fmt: skip
     for label, e, tok, n, k in [("qwen3 E128x128 N1536 K2048", 128, 128, 1536, 2048),
                                 ("mixtral E8x4096 N28672 K4096", 8, 4096, 28672, 4096)]:  # fmt: skip
-        counts = _moe_counts(e, tok)
-        offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
-        x = torch.randn(sum(counts), k, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-        fl = 2 * sum(counts) * n * k
-        probe(f"{label} torch._grouped_mm", lambda x=x, w=w, offs=offs: torch._grouped_mm(x, w, offs=offs), fl, seconds, 4096)
-        probe(f"{label} ours (policy)", lambda x=x, w=w, offs=offs: grouped_gemm(x, w, offs=offs), fl, seconds, 4096)
+        x, w, offs = moe_pair(label, e, tok, n, k, seconds, 4096)
         if e == 128:
             timer = Timer()
             t_sum = timer(lambda w=w: w.sum(), 30)
@@ -116,13 +123,8 @@ def main():
     probe("dense 8192^3 cuBLAS", lambda: torch.matmul(a, b), 2 * 8192**3, seconds)
     for label, e, tok, n, k in [("mixtral E8x4096 N28672 K4096", 8, 4096, 28672, 4096),
                                 ("dsv3-down E32x512 N7168 K2048", 32, 512, 7168, 2048)]:  # fmt: skip
-        counts = _moe_counts(e, tok)
-        offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
-        x = torch.randn(sum(counts), k, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-        fl = 2 * sum(counts) * n * k
-        probe(f"{label} torch._grouped_mm", lambda x=x, w=w, offs=offs: torch._grouped_mm(x, w, offs=offs), fl, seconds)
-        probe(f"{label} ours (policy)", lambda x=x, w=w, offs=offs: grouped_gemm(x, w, offs=offs), fl, seconds)
+        x, w, offs = moe_pair(label, e, tok, n, k, seconds)
+        fl = 2 * x.shape[0] * n * k
         base = next(p.config for key, p in _PLANS.items() if key[0] == x.shape and key[2] == w.shape)
         for over in (dict(cluster_m=2, cluster_n=1), dict(cluster_m=2, cluster_n=2)):
             cfg = replace(base, **over)
