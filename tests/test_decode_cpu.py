@@ -122,5 +122,6 @@ def test_policy_split_few_tiles():
         p = GemmProblem(m, n, k, 1, dt, dt, "bf16" if dt == "e4m3" else dt, "k", "k")
         cfg = small_m_options(pol.choose(p), p, 132)
         assert (cfg.tile_m, cfg.split_k) == (tile_m, split), ((m, n, k, dt), cfg.name)
-        assert cfg.split_cluster == (split == 2), cfg.name  # two ranges meet in shared memory
+        # two ranges of tiles up to 128x64 meet in shared memory
+        assert cfg.split_cluster == (split == 2 and cfg.tile_m * cfg.tile_n <= 8192), cfg.name
         assert can_implement(cfg, p)[0], cfg.name

@@ -179,12 +179,14 @@ def split_few_tiles(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig
         split //= 2
     if split == 1 or split_k_errors(replace(cfg, split_k=split)):
         return cfg
-    # Two ranges meet in shared memory (split_cluster), more through the workspace: one run on the
-    # H200 (bench/RESULTS.md, 2026-12-01 fifth session, us, cluster vs workspace): 2 ranges
-    # bf16 128 x 4096 x 7168 27.1 vs 28.0, 16 x 2048 x 7168 16.3 vs 17.1, FP8 128 x 4096 x 7168
-    # 18.1 vs 19.0; 4 ranges slower (range 0 receives 3 slots at once: 96 x 1536 x 7168 19.2 vs
-    # 16.6, FP8 16 x 2048 x 7168 16.2 vs 12.8).
-    cluster = split == 2 and not split_k_errors(replace(cfg, split_k=split, split_cluster=True))
+    # Two ranges of tiles up to 128x64 meet in shared memory (split_cluster), the rest through the
+    # workspace: one run on the H200 (bench/RESULTS.md, 2026-12-01 fifth session, us, cluster vs
+    # workspace): 2 ranges bf16 128 x 4096 x 7168 27.1 vs 28.0, 16 x 2048 x 7168 16.3 vs 17.1,
+    # FP8 128 x 4096 x 7168 18.1 vs 19.0; slower with 4 ranges (range 0 receives 3 slots at once:
+    # 96 x 1536 x 7168 19.2 vs 16.6, FP8 16 x 2048 x 7168 16.2 vs 12.8) and with 128x128 tiles
+    # (64 KiB slots: 128 x 4096 x 7168 37.8 vs 31.7).
+    cluster = (split == 2 and cfg.tile_m * cfg.tile_n <= 128 * 64
+               and not split_k_errors(replace(cfg, split_k=split, split_cluster=True)))  # fmt: skip
     return replace(cfg, split_k=split, split_cluster=cluster)
 
 
