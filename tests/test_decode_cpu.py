@@ -59,6 +59,10 @@ def test_split_cluster_rules():
         assert any(what in e for e in errs), (kw, errs)
     for kw in (dict(tile_n=128, split_k=4), dict(tile_m=128, split_k=4), dict(tile_m=128, tile_n=128, split_k=2)):
         assert not config_errors(replace(ok, **kw)), kw
+    # one CTA per unit along the grid's z: at most 65535 units
+    p = GemmProblem(4096, 8192, 4096, 1, "bf16", "bf16", "bf16", "k", "k")
+    assert "65535" in can_implement(ok, p)[1]
+    assert can_implement(ok, replace(p, m=64))[0]
 
 
 def test_a_rows_rules():

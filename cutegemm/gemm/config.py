@@ -532,6 +532,11 @@ def problem_errors(cfg: GemmConfig, p: GemmProblem) -> list[str]:
         err.append(f"kernel needs M, N, K, L >= 1 (got {p.m}, {p.n}, {p.k}, {p.l})")
     if cfg.a_rows and p.m > cfg.a_rows:
         err.append(f"config a_rows={cfg.a_rows}: its TMA box loads A's first {cfg.a_rows} rows only, got M={p.m}")
+    if cfg.split_cluster:  # one CTA per work unit along the grid's z (at most 65535)
+        units = -(-p.m // cfg.tile_m) * -(-p.n // cfg.tile_n) * p.l * cfg.split_k
+        if units > 65535:
+            err.append(f"split_cluster: {units} work units (one CTA each) exceed the grid's 65535; "
+                       "use the workspace exchange (split_cluster=False) or fewer ranges")
     if cfg.blockscaled and cfg.a_dtype != cfg.b_dtype and p.k % 128:
         err.append(f"MXFP8 x MXFP4: K must be a multiple of 128 (the FP4 operand's unpacking TMA), got K={p.k}")
     for nm, strides, dtype in (
