@@ -18,7 +18,7 @@ from cutlass.cute.nvgpu import cpasync
 from ..grouped.kernel_parts import launch_list_descriptors
 from ..schedulers.dynamic import BroadcastScheduler, SchedulerRing, clc_grid_clusters
 from ..schedulers.static import StaticPersistentScheduler, persistent_grid
-from .config import GemmConfig, config_errors
+from .config import GRID_Z_MAX, GemmConfig, config_errors
 
 CUTLASS_DTYPES = {
     "bf16": cutlass.BFloat16,
@@ -104,9 +104,9 @@ class GemmBase:
             return (self.cluster_shape_mn[0] * clusters, self.cluster_shape_mn[1], 1)
         if self.config.grouped or self.config.listed:
             return (*self.cluster_shape_mn, max_clusters)
-        if self.config.split_cluster:  # one CTA per work unit, clusters of a tile's split_k units
-            m, n, l_count = mC_mnl.shape
-            return (1, 1, cute.ceil_div(m, cta_tile_mn[0]) * cute.ceil_div(n, cta_tile_mn[1]) * l_count * self.config.split_k)
+        if self.config.split_cluster:
+            # one CTA per work unit (no persistent walk; can_implement keeps the units <= GRID_Z_MAX)
+            max_clusters = GRID_Z_MAX
         return persistent_grid(
             (mC_mnl.shape[0], mC_mnl.shape[1], mC_mnl.shape[2]),
             cta_tile_mn,

@@ -414,6 +414,8 @@ SPLIT_K_CHOICES = (2, 4, 8)
 # split_cluster: range 0's receive slots, at most this many bytes (64x64 tiles with 8 ranges; the
 # stage ring keeps the rest of the 227 KiB)
 SPLIT_CLUSTER_RECV_MAX = 112 * 1024
+# split_cluster launches one CTA per work unit along the grid's z, which stops here
+GRID_Z_MAX = 65535
 
 
 def split_k_errors(cfg: GemmConfig) -> list[str]:
@@ -532,10 +534,10 @@ def problem_errors(cfg: GemmConfig, p: GemmProblem) -> list[str]:
         err.append(f"kernel needs M, N, K, L >= 1 (got {p.m}, {p.n}, {p.k}, {p.l})")
     if cfg.a_rows and p.m > cfg.a_rows:
         err.append(f"config a_rows={cfg.a_rows}: its TMA box loads A's first {cfg.a_rows} rows only, got M={p.m}")
-    if cfg.split_cluster:  # one CTA per work unit along the grid's z (at most 65535)
+    if cfg.split_cluster:  # one CTA per work unit along the grid's z
         units = -(-p.m // cfg.tile_m) * -(-p.n // cfg.tile_n) * p.l * cfg.split_k
-        if units > 65535:
-            err.append(f"split_cluster: {units} work units (one CTA each) exceed the grid's 65535; "
+        if units > GRID_Z_MAX:
+            err.append(f"split_cluster: {units} work units (one CTA each) exceed the grid's {GRID_Z_MAX}; "
                        "use the workspace exchange (split_cluster=False) or fewer ranges")
     if cfg.blockscaled and cfg.a_dtype != cfg.b_dtype and p.k % 128:
         err.append(f"MXFP8 x MXFP4: K must be a multiple of 128 (the FP4 operand's unpacking TMA), got K={p.k}")

@@ -69,7 +69,6 @@ from ..grouped.kernel_parts import (
     tile_table_bytes,
     tile_table_len,
 )
-from ..runtime.ptx import st_shared_v4
 from ..schedulers.dynamic import RING_DEPTH, ring_storage_fields
 from ..schedulers.grouped import group_range
 from .base import GemmBase
@@ -79,6 +78,7 @@ from .sm90_blockwise import BlockwiseSm90Mixin
 from .sm90_epilogue import EpilogueSm90Mixin
 from .sm90_split import SplitKSm90Mixin
 from .sm90_swap import SwapAbSm90Mixin
+from .sm90_zero import StageZeroSm90Mixin
 
 SMEM_CAPACITY_SM90 = 232448
 # Named barriers: 1, 2 are the epilogue's (sm90_epilogue.BAR_EPILOGUE + warpgroup turn)
@@ -86,7 +86,8 @@ BAR_ORDER = 3  # + warpgroup turn (3, 4): pingpong tensor-core hand-off
 BAR_K_ORDER = 5  # + consumer warpgroup (5, 6): config.wg_order, turns per K tile
 
 
-class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90Mixin, GemmBase):
+class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90Mixin,
+               StageZeroSm90Mixin, GemmBase):  # fmt: skip
     threads_per_warpgroup = 128
     load_registers = 40
     mma_registers = 232
@@ -599,11 +600,11 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
         else:
             cute.arch.setmaxregister_increase(self.mma_registers)
             split = None  # split K: (workspace, shared-memory flag "this unit completes the tile")
-            if cutlass.const_expr(cfg.split_k > 1):
-                split = (mWorkspace, storage.split_flag.get_tensor(cute.make_layout(4)))
-            if cutlass.const_expr(cfg.split_cluster):  # (receive slots, their mbarrier)
+            if cutlass.const_expr(cfg.split_cluster):  # in a cluster: (receive slots, their mbarrier)
                 split = (storage.split_recv.get_tensor(cute.make_layout(self.split_recv_floats())),
                          storage.split_mbar.data_ptr())  # fmt: skip
+            elif cutlass.const_expr(cfg.split_k > 1):
+                split = (mWorkspace, storage.split_flag.get_tensor(cute.make_layout(4)))
             # pingpong: warpgroup 1 or 2 -> 0 / 1, each owning whole tiles; cooperative: one group.
             wg = warp_group_idx - 1 if self.pingpong else 0
             self.mma_and_epilogue(
@@ -842,53 +843,6 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
         if cutlass.const_expr(self.config.wg_order):  # the other warpgroup's turn
             cute.arch.barrier_arrive(barrier_id=BAR_K_ORDER + 1 - my_wg, number_of_threads=2 * self.threads_per_warpgroup)
         return tiled_mma
-
-    @cute.jit
-    def zero_a_rows_past_box(self, sA: cute.Tensor, tid: cutlass.Int32):
-        """Zero rows a_rows..tile_m of every stage of A (config.a_rows), 16 bytes per store, by
-        the tile's threads: a K-major stage is tile_m rows of 128 bytes (whole 8-row swizzle
-        atoms, row-block major), so those rows are its last (tile_m - a_rows) * 128 bytes."""
-        row_bytes = self.tile_shape_mnk[2] * self.a_dtype.width // 8
-        assert row_bytes == 128 and self.config.a_major == "k", (row_bytes, self.config.a_major)
-        chunks = (self.config.tile_m - self.a_box_rows) * row_bytes // 16  # per stage
-        base = sA.iterator.toint() + self.a_box_rows * row_bytes
-        for j in range(tid, self.ab_stage * chunks, self.threads_per_tile):
-            stage = j // chunks
-            st_shared_v4(base + stage * (self.config.tile_m * row_bytes) + (j - stage * chunks) * 16, (0, 0, 0, 0))
-
-    @cute.jit
-    def zero_k_outside(self, sA: cute.Tensor, sB: cute.Tensor, stage: cutlass.Int32, lo: cutlass.Int32,
-                       hi: cutlass.Int32, tid: cutlass.Int32):  # fmt: skip
-        """Zero the K columns outside [lo, hi) of stage ``stage`` of A (tile_m, tile_k) and B
-        (tile_n, tile_k), by the tile's threads (``tid``)."""
-        self._zero_cols(sA, self.config.a_major == "m", self.config.tile_m, stage, lo, hi, tid)
-        self._zero_cols(sB, self.config.b_major == "n", self.config.tile_n, stage, lo, hi, tid)
-
-    @cute.jit
-    def _zero_cols(self, s: cute.Tensor, mn_major: cutlass.Constexpr, rows: cutlass.Constexpr, stage: cutlass.Int32,
-                   lo: cutlass.Int32, hi: cutlass.Int32, tid: cutlass.Int32):  # fmt: skip
-        """Zero columns [0, lo) and [hi, tile_k) of one operand's stage (rows x tile_k).
-        MN-major (a column's rows contiguous, swizzled in 16-byte pieces): the threads take
-        (column, 8-row piece) pairs in turn and store 16 bytes each. K-major: thread t owns
-        column t % tile_k of every (threads / tile_k)-th row and zeroes them when its column is
-        outside the range. (An unrolled sweep over the whole stage spilled registers in
-        pingpong tiles; one with a division per element cost 30% of DeepSeek-V3 dW up.)"""
-        tk, nthr = self.tile_shape_mnk[2], self.threads_per_tile
-        zero = s.element_type(0.0)
-        if cutlass.const_expr(mn_major):
-            pieces = rows // 8
-            zeros = cute.make_rmem_tensor((8,), s.element_type)
-            zeros.fill(zero)
-            for j in range(tid, (lo + tk - hi) * pieces, nthr):
-                c = j // pieces
-                col = cutlass.select_(c < lo, c, hi + c - lo)
-                cute.autovec_copy(zeros, cute.local_tile(s[(None, col, stage)], (8,), (j % pieces,)))
-        else:
-            assert nthr % tk == 0, (nthr, tk)
-            col = tid % tk
-            if (col < lo) | (col >= hi):
-                for r in range(tid // tk, rows, nthr // tk):
-                    s[(r, col, stage)] = zero
 
     def acc_space(self, mC: cute.Tensor, mB: cute.Tensor):
         """What the tiles cover: the (M, N, L) output, or for gated / packed outputs an (M, N, L)

@@ -19,7 +19,10 @@ consumers run the usual mainloop over their range, then :meth:`SplitKSm90Mixin.s
    then runs the epilogue (bias, activation, scales, quantized output: all of them, once, on the
    full sum); the other units store nothing to the output.
 
-No unit waits for another, so the units need not be resident together.
+No unit waits for another, so the units need not be resident together. Workspace (int32 words,
+zeroed once when the plan is made): ``split_counter_words`` counters, then ``split_k`` slots of
+``tile_m * tile_n`` fp32 per tile (:func:`split_workspace_words`). Like the dynamic scheduler's
+counter it belongs to one plan: one plan must not run on two streams at once.
 
 ``GemmConfig.split_cluster``: the split_k units of a tile are instead the CTAs of one cluster (1 x 1
 x split_k, grid = one CTA per unit), so they run at once and can reach each other's shared memory.
@@ -28,10 +31,7 @@ mbarrier expecting their bytes (initialized before the cluster's start-up barrie
 range r > 0 stores its accumulators into slot r - 1 with ``st.async`` (16 bytes at a time, the
 slot layout of the workspace path), each store completing its bytes on that mbarrier, and is done.
 Range 0's threads wait for the mbarrier's phase and add the slots to their own partial sums in
-range order (:meth:`SplitKSm90Mixin.split_k_fixup_cluster`: the bits of the workspace path). Workspace (int32 words,
-zeroed once when the plan is made): ``split_counter_words`` counters, then ``split_k`` slots of
-``tile_m * tile_n`` fp32 per tile (:func:`split_workspace_words`). Like the dynamic scheduler's
-counter it belongs to one plan: one plan must not run on two streams at once.
+range order (:meth:`SplitKSm90Mixin.split_k_fixup_cluster`: the bits of the workspace path).
 """
 
 from __future__ import annotations
