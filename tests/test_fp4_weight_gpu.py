@@ -421,3 +421,94 @@ def test_fp8_activations(grouped, per_tensor):
     err = (out.double() - ref).abs().max().item()
     terr = (tref - ref).abs().max().item()
     assert err <= 2 * terr + 1e-6 * ref.abs().max().item(), (err, terr)
+
+
+def _spy_dequant():
+    """A spy on the dequantize-first path's weight dequantization (counts its calls)."""
+    from cutegemm.blockscaled import dequant
+
+    return mock.patch.object(dequant, "dequantize_checked", wraps=dequant.dequantize_checked)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_prefill_dequantize_first(fmt, out_dtype):
+    """Dense calls from DQ_MIN_ROWS rows on dequantize the weight once and run the bf16 GEMM
+    (the spy proves which path ran): every element within the bound, nothing written outside
+    ``out`` (a view into a larger poisoned buffer); one row fewer stays on the decode kernel."""
+    from cutegemm.blockscaled import fp4_weight_api as api
+
+    m, n, k = api.DQ_MIN_ROWS + 37, 328, 32 * 9
+    qw = _weights((n, k), fmt, seed=m)
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    buf = torch.full((m + 2, n + 5), POISON, device="cuda", dtype=out_dtype)
+    with _spy_dequant() as spy:
+        res = cutegemm.gemm(x, qw, out=buf[:m, :n])
+    assert spy.call_count == 1 and res.data_ptr() == buf.data_ptr()
+    assert torch.isnan(buf[m:]).all() and torch.isnan(buf[:, n:]).all(), "written outside out"
+    _check(buf[:m, :n], x, qw)
+    with _spy_dequant() as spy:
+        small = cutegemm.gemm(x[: api.DQ_MIN_ROWS - 1], qw)
+    assert spy.call_count == 0
+    _check(small, x[: api.DQ_MIN_ROWS - 1], qw)
+
+
+def test_prefill_alpha_fp8_scale_a():
+    """The dequantize-first path with alpha (fp32 out, MXFP4: exact in bf16) and with e4m3
+    activations times a per-token scale (fp32 results scaled before the one rounding)."""
+    from cutegemm.blockscaled import fp4_weight_api as api
+
+    m, n, k = api.DQ_MIN_ROWS + 3, 200, 32 * 7
+    qw = _weights((n, k), "mxfp4", seed=4)
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    with _spy_dequant() as spy:
+        got = cutegemm.gemm(x, qw, alpha=0.75, out_dtype=torch.float32)
+    assert spy.call_count == 1
+    want = x.double() @ dequantize_ref(qw).double().T * 0.75
+    assert (got.double() - want).abs().max().item() <= 1e-5 * want.abs().max().item()
+    qn = _weights((n, k), "nvfp4", seed=6)
+    x8 = (torch.randn(m, k, device="cuda") * 4).to(torch.float8_e4m3fn)
+    sa = torch.rand(m, device="cuda") + 0.25
+    out = torch.full((m, n), POISON, device="cuda", dtype=torch.bfloat16)
+    with _spy_dequant() as spy:
+        cutegemm.gemm(x8, qn, scale_a=sa, out=out)
+    assert spy.call_count == 1
+    xd = x8.double() * sa.double().reshape(-1, 1)
+    wd = dequantize_ref(qn).double()
+    ref = xd @ wd.T
+    terr = ((xd.to(torch.bfloat16) @ wd.to(torch.bfloat16).T).double() - ref).abs().max().item()
+    assert not torch.isnan(out).any()
+    assert (out.double() - ref).abs().max().item() <= 2 * terr + 1e-6 * ref.abs().max().item()
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_grouped_prefill_dequantize_first(fmt):
+    """Grouped calls with DQ_MIN_ROWS_GROUPED mean rows per expert: the dequantize-first path
+    (empty expert, rows past offs[-1] untouched), and a CUDA graph of it replayed with new
+    activations."""
+    from cutegemm.blockscaled import fp4_weight_api as api
+
+    r = api.DQ_MIN_ROWS_GROUPED
+    counts = [2 * r + 5, 0, r + 60, r - 40]
+    e, n, k = len(counts), 136, 32 * 6
+    qw = _weights((e, n, k), fmt, seed=11)
+    total = sum(counts) + 7
+    x = torch.randn(total, k, device="cuda").to(torch.bfloat16)
+    offs = _offs(counts)
+    out = torch.full((total, n), POISON, device="cuda", dtype=torch.bfloat16)
+    with _spy_dequant() as spy:
+        cutegemm.grouped_gemm(x, qw, offs=offs, out=out)
+    assert spy.call_count == 1
+    end = sum(counts)
+    assert torch.isnan(out[end:]).all(), "a row past offs[-1] was written"
+    _check(out[:end], x[:end], qw, _bounds(offs))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        cutegemm.grouped_gemm(x, qw, offs=offs, out=out)
+    for seed in range(3):
+        x.copy_(torch.randn(total, k, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed)))
+        out.fill_(POISON)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.isnan(out[end:]).all()
+        _check(out[:end], x[:end], qw, _bounds(offs))

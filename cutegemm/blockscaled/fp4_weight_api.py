@@ -102,10 +102,14 @@ def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bo
     # The producer pairs the activations for up to 16 tokens per pass (+3-6% grouped, +3% M=16);
     # at 32 the consumers pair what they read (the producer's 16 KB per stage: 7% slower at M=64)
     shape["producer_pairs"] = n_tiles <= 2
-    if not grouped and rows > 8 * n_tiles:
-        # several token passes (dense): the split grid (equal unit ranges per CTA) measured 84 vs
-        # 92 us at M=64 (H200, 2026-11-30); with one pass it was slower (43 vs 34 us at M=16)
-        shape["split"] = True
+    if not grouped and rows > 32:
+        # dense, more than 32 rows: 64 tokens per pass (3 ring stages fit) on the split grid
+        # (equal unit ranges per CTA). H200, one run (bench/RESULTS.md, 2026-12-01 sixth session),
+        # N=28672 K=4096, NVFP4: M=64 65.0 us vs 81.3 with 2 passes of 32 (cuBLAS bf16 71.5);
+        # M=128 117.0 vs 150.0; MXFP4 M=64 67.3 vs 84.8. (Earlier: the split grid 84 vs 92 us at
+        # M=64 with 32-token passes; with one pass of <= 32 tokens it was slower, 43 vs 34 us at M=16.)
+        n_tiles = 8
+        shape.update(ring=3, split=True)
     return Fp4WeightConfig(
         fmt=fmt, n_tiles=n_tiles, grouped=grouped, out_dtype=_OUT[out_dtype], arch=arch, x_scale=x_scale, **shape
     )
@@ -175,6 +179,8 @@ def gemm_fp4_weight(
         if scale_a.device != dev:
             raise ValueError(f"scale_a must be on {dev}, got {scale_a.device}")
         scale_a = scale_a.reshape(-1).expand(m).contiguous()  # one element: broadcast, no host read
+    if config is None and dequantize_first(m, batches, grouped, x_scale, qw):
+        return _dequantized(x, qw, offs, out, out_dtype, alpha, scale_a)
     from .fp4_math import fragment_order_x
     from .fp4_weight import kernel_cache
 
@@ -221,6 +227,55 @@ def gemm_fp4_weight(
         float(alpha),
     )
     return out
+
+
+# Prefill: the decode kernel re-reads (and re-dequantizes) a CTA's weight rows once per pass of
+# 32 tokens, so its time grows with M while a bf16 GEMM's stays flat until it is compute bound.
+# From these rows on (dense: M; grouped: mean rows per expert) the policy dequantizes the weight
+# once (``dequant.dequantize_bf16``, our kernel) and runs the bf16 GEMM on it.
+# H200, one run (bench/RESULTS.md, 2026-12-01 sixth session), NVFP4 N=28672 K=4096, µs: M=192
+# decode kernel 167.8 / dequantize-first 176.0 / cuBLAS bf16 84.9; M=256 218.2 / 177.9 / 98.3;
+# M=1024 819.5 / 381.8 / 302.1. Grouped E=32 N=4096 K=7168: ~64 rows per expert 650.4 / 1115.5;
+# ~256 rows 2247.1 / 1386.6.
+DQ_MIN_ROWS = 193  # more than 3 passes of 64 tokens
+DQ_MIN_ROWS_GROUPED = 160
+
+
+def dequantize_first(m: int, batches: int, grouped: bool, x_scale: bool, qw: BlockScaledTensor) -> bool:
+    """Whether the policy takes the dequantize-first path (no config forced): enough rows (see
+    ``DQ_MIN_ROWS``), a weight the dequantize kernel takes, and not grouped with ``scale_a`` (the
+    per-token scale there stays in the decode kernel's epilogue)."""
+    from .dequant import check_dequant_operand
+
+    rows = -(-m // batches) if grouped else m
+    if rows < (DQ_MIN_ROWS_GROUPED if grouped else DQ_MIN_ROWS) or (grouped and x_scale):
+        return False
+    try:
+        check_dequant_operand(qw, "qw")
+    except ValueError:
+        return False
+    return True
+
+
+def _dequantized(x, qw, offs, out, out_dtype, alpha, scale_a):
+    """The dequantize-first path: a bf16 copy of the weight (temporary memory: 2 bytes x its
+    elements), then our bf16 GEMM (dense, or the packed grouped form with ``offs``: rows at or
+    past ``offs[-1]`` are not written). e4m3 activations become bf16 exactly; a per-token
+    ``scale_a`` (dense) multiplies the fp32 results before the one rounding to ``out_dtype``."""
+    from ..gemm.api import gemm
+    from ..grouped.api import grouped_gemm
+    from .dequant import dequantize_checked  # checked by dequantize_first
+
+    w16 = dequantize_checked(qw)
+    x16 = x.to(torch.bfloat16).contiguous()
+    if x16.data_ptr() % 16:
+        x16 = x16.clone()
+    if offs is not None:
+        return grouped_gemm(x16, w16.transpose(1, 2), offs=offs, out=out, out_dtype=out_dtype, alpha=alpha)
+    if scale_a is None:
+        return gemm(x16, w16.mT, out=out, out_dtype=out_dtype, alpha=alpha)
+    acc = gemm(x16, w16.mT, out_dtype=torch.float32, alpha=alpha)
+    return out.copy_(acc.mul_(scale_a.view(-1, 1)))
 
 
 _WORKSPACES: dict = {}

@@ -1,0 +1,133 @@
+"""FP4-weight calls (bf16 activations x NVFP4 / MXFP4 weights) from decode to prefill sizes, H200:
+where the decode kernel (``fp4_weight``, token passes over each CTA's weight rows) stops paying
+and the dequantize-first path (one bf16 copy of the weight by ``dequant.dequantize_bf16``, then
+the bf16 GEMM) takes over. Per case, one process, same operands, write flush, best of ROUNDS
+interleaved L2-cold medians of 30, µs:
+
+- ``base``: cuBLAS ``x @ w16.T`` / ``torch._grouped_mm`` on the weight dequantized beforehand;
+- ``policy``: ``cutegemm.gemm(x, qw)`` / ``grouped_gemm`` as the library routes the call;
+- ``kernel``: the decode kernel with the decode policy's config (``fp4_weight_api.pick_config``);
+- ``dq``: dequantize the weight (our kernel) + our bf16 GEMM;
+- ``t64 ...``: dense, 64 tokens per pass (n_tiles 8) ring configs (M > 32);
+- ``read``: torch reading the FP4 weight bytes once (a bound for the decode kernel).
+
+    python tools/fp4w_prefill_probe.py [ROUNDS] [--quick] [--list]
+"""
+
+import sys
+
+import torch
+from probe_common import interleaved_rounds
+
+import cutegemm
+from cutegemm.benchmarks import Timer, _moe_counts
+from cutegemm.blockscaled import fp4_weight_api as api
+from cutegemm.blockscaled.dequant import dequantize_checked
+from cutegemm.blockscaled.fp4_weight import Fp4WeightConfig
+from cutegemm.gemm.api import gemm
+from cutegemm.grouped.api import grouped_gemm
+
+N, K = 28672, 4096
+DENSE_M = (16, 32, 48, 64, 96, 128, 192, 256, 512, 1024, 4096)
+MX_M = (64, 256, 1024)
+GROUPED = ((32, 16), (32, 64), (32, 256), (32, 1024))  # (E, mean tokens per expert); N 4096, K 7168
+QUICK = "--quick" in sys.argv
+
+
+def t64_configs(fmt):
+    """Dense single-pass 64-token ring configs (the decode policy stops at 32 tokens per pass)."""
+    base = dict(fmt=fmt, n_tiles=8, out_dtype="bf16", arch="sm_90a", stages=0, producer_pairs=False)
+    return {
+        "t64 r3 4x2": Fp4WeightConfig(ring=3, ring_k=2, row_tiles=2, warps_n=4, warps_k=2, **base),
+        "t64 r3 4x2 split": Fp4WeightConfig(ring=3, ring_k=2, row_tiles=2, warps_n=4, warps_k=2, split=True, **base),
+        "t64 r4 8x1": Fp4WeightConfig(ring=4, ring_k=2, row_tiles=1, warps_n=8, warps_k=1, **base),
+    }
+
+
+def dense_cases():
+    for m in DENSE_M[:4] if QUICK else DENSE_M:
+        yield "nvfp4", m
+    for m in () if QUICK else MX_M:
+        yield "mxfp4", m
+
+
+def main(rounds: int):
+    timer = Timer()
+    torch.manual_seed(0)
+    for fmt, m in dense_cases():
+        w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+        qw = cutegemm.quantize(w, fmt)
+        w16 = dequantize_checked(qw)
+        x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
+        data = qw.data.view(torch.float32)
+        runs = {
+            "base": lambda x=x, w16=w16: x @ w16.T,
+            "policy": lambda x=x, qw=qw: cutegemm.gemm(x, qw),
+            "kernel": lambda x=x, qw=qw, c=api.pick_config(m, fmt, torch.bfloat16, "sm_90a", False): api.gemm_fp4_weight(x, qw, config=c),
+            "dq": lambda x=x, qw=qw: gemm(x, dequantize_checked(qw).mT),
+            "read": lambda data=data: data.sum(),
+        }
+        if m > 32:
+            for name, cfg in t64_configs(fmt).items():
+                runs[name] = lambda x=x, qw=qw, cfg=cfg: api.gemm_fp4_weight(x, qw, config=cfg)
+        report(f"{fmt} dense {m}x{N}x{K}", runs, timer, rounds, 2.0 * m * N * K)
+    for e, tok in GROUPED[:1] if QUICK else GROUPED:
+        n, k = 4096, 7168
+        counts = _moe_counts(e, tok)
+        offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
+        w = torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16)
+        qw = cutegemm.quantize(w, "nvfp4")
+        del w
+        w16 = dequantize_checked(qw)
+        x = torch.randn(sum(counts), k, device="cuda", dtype=torch.bfloat16)
+        data = qw.data.view(torch.float32)
+        runs = {
+            "base": lambda x=x, w16=w16, offs=offs: torch._grouped_mm(x, w16.transpose(1, 2), offs=offs),
+            "policy": lambda x=x, qw=qw, offs=offs: cutegemm.grouped_gemm(x, qw, offs=offs),
+            "kernel": lambda x=x, qw=qw, offs=offs, c=api.pick_config(sum(counts), "nvfp4", torch.bfloat16, "sm_90a", True, e):
+                api.gemm_fp4_weight(x, qw, offs=offs, config=c),  # fmt: skip
+            "dq": lambda x=x, qw=qw, offs=offs: grouped_gemm(x, dequantize_checked(qw).transpose(1, 2), offs=offs),
+            "read": lambda data=data: data.sum(),
+        }
+        report(f"nvfp4 grouped E{e} x ~{tok} N{n} K{k}", runs, timer, rounds, 2.0 * sum(counts) * n * k)
+        del w16
+
+
+def report(tag, runs, timer, rounds, flops):
+    ref = runs["base"]().float()
+    scale = ref.abs().max().item()
+    for name, f in runs.items():
+        if name in ("base", "read"):
+            continue
+        err = (f().float() - ref).abs().max().item()
+        if err > 0.02 * scale:
+            print(f"  {tag} {name}: max err {err:.3g} vs base (scale {scale:.3g}): check", flush=True)
+    times = interleaved_rounds(timer, runs, rounds)
+    best = {r: min(ts) * 1e3 for r, ts in times.items()}
+    t0 = best["base"]
+    parts = " | ".join(
+        f"{r} {t:8.1f}" + ("" if r in ("base", "read") else f" ({t0 / t:.2f}x)") for r, t in best.items()
+    )
+    print(f"{tag}: base {flops / t0 / 1e6:.0f} TFLOP/s | {parts}", flush=True)
+
+
+if __name__ == "__main__":
+    if "--list" in sys.argv:
+        for fmt, m in dense_cases():
+            print(repr(api.pick_config(m, fmt, torch.bfloat16, "sm_90a", False)))
+            if m > 32:
+                for cfg in t64_configs(fmt).values():
+                    print(repr(cfg))
+        # the dequantize-first path's bf16 GEMMs
+        from cutegemm.epilogue import EpilogueSpec
+        from cutegemm.gemm.config import GemmProblem
+        from cutegemm.gemm.policy import policy_for
+
+        pol = policy_for("sm_90a", 132)
+        for m in DENSE_M:
+            print(repr(pol.choose_dense(GemmProblem(m, N, K, 1, "bf16", "bf16", "bf16", "k", "k"))))
+        for e, tok in GROUPED:
+            p = GemmProblem(sum(_moe_counts(e, tok)), 4096, 7168, 1, "bf16", "bf16", "bf16", "k", "k")
+            print(repr(pol.choose_grouped(p, e, epilogue=EpilogueSpec())))
+    else:
+        main(int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 2)
