@@ -512,3 +512,37 @@ def test_grouped_prefill_dequantize_first(fmt):
         torch.cuda.synchronize()
         assert torch.isnan(out[end:]).all()
         _check(out[:end], x[:end], qw, _bounds(offs))
+
+
+WGMMA_SHAPES = [(2, 4), (4, 4), (8, 3), (8, 2), (16, 2)]  # (n_tiles: tokens / 8, ring stages)
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9, reason="the WGMMA kernel is sm_90a"
+)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    counts=st.lists(st.integers(0, 150), min_size=1, max_size=4),
+    n=st.integers(1, 300),
+    kb=st.integers(1, 40),
+    fmt=st.sampled_from(["nvfp4", "mxfp4"]),
+    grouped=st.booleans(),
+    shape=st.sampled_from(WGMMA_SHAPES),
+    out_dtype=st.sampled_from([torch.bfloat16, torch.float32]),
+)
+def test_wgmma_ring(counts, n, kb, fmt, grouped, shape, out_dtype):
+    """The WGMMA consumers (cfg.wgmma): rows past N inside a CTA, K with a partial last stage,
+    several token passes (tokens past a pass's end: zeros or the next expert's rows), empty
+    experts, both formats, every element against the float64 reference."""
+    from cutegemm.blockscaled.fp4_weight import Fp4WeightConfig
+
+    k = 32 * kb
+    if not grouped:
+        counts = [max(sum(counts), 1)]
+    e = len(counts)
+    qw = _weights((e, n, k) if grouped else (n, k), fmt, seed=n * 37 + kb * 5 + e)
+    x = torch.randn(sum(counts), k, device="cuda").to(torch.bfloat16)
+    out = {torch.bfloat16: "bf16", torch.float32: "fp32"}[out_dtype]
+    cfg = Fp4WeightConfig(fmt=fmt, n_tiles=shape[0], ring=shape[1], ring_k=2, warps_n=8, warps_k=1, row_tiles=1,
+                          stages=0, grouped=grouped, out_dtype=out, wgmma=True)  # fmt: skip
+    _run_checked(x, qw, counts if grouped else None, cfg, out_dtype)

@@ -8,7 +8,7 @@ interleaved L2-cold medians of 30, µs:
 - ``policy``: ``cutegemm.gemm(x, qw)`` / ``grouped_gemm`` as the library routes the call;
 - ``kernel``: the decode kernel with the decode policy's config (``fp4_weight_api.pick_config``);
 - ``dq``: dequantize the weight (our kernel) + our bf16 GEMM;
-- ``t64 ...``: dense, 64 tokens per pass (n_tiles 8) ring configs (M > 32);
+- ``wg t.. r..``: the WGMMA consumers (``Fp4WeightConfig.wgmma``), tokens per pass and ring stages;
 - ``read``: torch reading the FP4 weight bytes once (a bound for the decode kernel).
 
     python tools/fp4w_prefill_probe.py [ROUNDS] [--quick] [--list]
@@ -34,14 +34,14 @@ GROUPED = ((32, 16), (32, 64), (32, 256), (32, 1024))  # (E, mean tokens per exp
 QUICK = "--quick" in sys.argv
 
 
-def t64_configs(fmt):
-    """Dense single-pass 64-token ring configs (the decode policy stops at 32 tokens per pass)."""
-    base = dict(fmt=fmt, n_tiles=8, out_dtype="bf16", arch="sm_90a", stages=0, producer_pairs=False)
+def wg_configs(fmt, rows, grouped):
+    """WGMMA-consumer configs (``Fp4WeightConfig.wgmma``) for ``rows`` tokens (per expert)."""
+    shapes = [(2, 4), (4, 4)] if rows <= 32 else [(8, 2), (8, 3), (16, 2)]
     return {
-        "t64 r3 4x2": Fp4WeightConfig(ring=3, ring_k=2, row_tiles=2, warps_n=4, warps_k=2, **base),
-        "t64 r3 4x2 split": Fp4WeightConfig(ring=3, ring_k=2, row_tiles=2, warps_n=4, warps_k=2, split=True, **base),
-        "t64 r4 8x1": Fp4WeightConfig(ring=4, ring_k=2, row_tiles=1, warps_n=8, warps_k=1, **base),
-    }
+        f"wg t{8 * nt} r{ring}": Fp4WeightConfig(fmt=fmt, n_tiles=nt, ring=ring, ring_k=2, warps_n=8, warps_k=1,
+                                                 row_tiles=1, stages=0, grouped=grouped, wgmma=True)
+        for nt, ring in shapes
+    }  # fmt: skip
 
 
 def dense_cases():
@@ -67,9 +67,8 @@ def main(rounds: int):
             "dq": lambda x=x, qw=qw: gemm(x, dequantize_checked(qw).mT),
             "read": lambda data=data: data.sum(),
         }
-        if m > 32:
-            for name, cfg in t64_configs(fmt).items():
-                runs[name] = lambda x=x, qw=qw, cfg=cfg: api.gemm_fp4_weight(x, qw, config=cfg)
+        for name, cfg in wg_configs(fmt, m, False).items():
+            runs[name] = lambda x=x, qw=qw, cfg=cfg: api.gemm_fp4_weight(x, qw, config=cfg)
         report(f"{fmt} dense {m}x{N}x{K}", runs, timer, rounds, 2.0 * m * N * K)
     for e, tok in GROUPED[:1] if QUICK else GROUPED:
         n, k = 4096, 7168
@@ -89,6 +88,8 @@ def main(rounds: int):
             "dq": lambda x=x, qw=qw, offs=offs: grouped_gemm(x, dequantize_checked(qw).transpose(1, 2), offs=offs),
             "read": lambda data=data: data.sum(),
         }
+        for name, cfg in wg_configs("nvfp4", tok, True).items():
+            runs[name] = lambda x=x, qw=qw, offs=offs, cfg=cfg: api.gemm_fp4_weight(x, qw, offs=offs, config=cfg)
         report(f"nvfp4 grouped E{e} x ~{tok} N{n} K{k}", runs, timer, rounds, 2.0 * sum(counts) * n * k)
         del w16
 
@@ -115,9 +116,8 @@ if __name__ == "__main__":
     if "--list" in sys.argv:
         for fmt, m in dense_cases():
             print(repr(api.pick_config(m, fmt, torch.bfloat16, "sm_90a", False)))
-            if m > 32:
-                for cfg in t64_configs(fmt).values():
-                    print(repr(cfg))
+            for cfg in wg_configs(fmt, m, False).values():
+                print(repr(cfg))
         # the dequantize-first path's bf16 GEMMs
         from cutegemm.epilogue import EpilogueSpec
         from cutegemm.gemm.config import GemmProblem
@@ -127,6 +127,8 @@ if __name__ == "__main__":
         for m in DENSE_M:
             print(repr(pol.choose_dense(GemmProblem(m, N, K, 1, "bf16", "bf16", "bf16", "k", "k"))))
         for e, tok in GROUPED:
+            for cfg in wg_configs("nvfp4", tok, True).values():
+                print(repr(cfg))
             p = GemmProblem(sum(_moe_counts(e, tok)), 4096, 7168, 1, "bf16", "bf16", "bf16", "k", "k")
             print(repr(pol.choose_grouped(p, e, epilogue=EpilogueSpec())))
     else:

@@ -76,6 +76,29 @@ def dequant_fp4x8(word, factor, two_muls: bool, *, loc=None, ip=None):
     return _asm(ptx, [_i32(word, loc, ip), _i32(factor, loc, ip)], "=r,=r,=r,=r,r,r", 4, loc=loc, ip=ip)
 
 
+def _dequant_pair_ptx(two_muls: bool) -> str:
+    """One output word of :func:`dequant_fp4x8` (word ``i`` for a shift of ``4 i``)."""
+    lines = ["{", ".reg .b32 x;", "shr.b32 x, $1, $2;", f"and.b32 x, x, {_WORD_MASKS[0]:#x};",
+             f"mul.lo.u32 x, x, {_WORD_MULS[0]:#x};", f"and.b32 x, x, {_OUT_MASK:#x};"]  # fmt: skip
+    if two_muls:
+        lines += [".reg .b32 c;", f"mov.b32 c, {_BF16X2_2P126:#x};", "mul.rn.bf16x2 x, x, c;"]
+    lines += ["mul.rn.bf16x2 $0, x, $3;", "}"]
+    return "\n".join(lines)
+
+
+_DQP_ONE = _dequant_pair_ptx(False)
+_DQP_TWO = _dequant_pair_ptx(True)
+
+
+@dsl_user_op
+def dequant_fp4_pair(word, shift, factor, two_muls: bool, *, loc=None, ip=None):
+    """Output word ``shift / 4`` of :func:`dequant_fp4x8` alone: the bf16x2 ``(k_i, k_{i+4}) * c``
+    of nibbles i and i + 4 (``shift`` = 4 i, a register: the WGMMA kernel's thread t takes i = t)."""
+    ptx = _DQP_TWO if two_muls else _DQP_ONE
+    ins = [_i32(word, loc, ip), _i32(shift, loc, ip), _i32(factor, loc, ip)]
+    return _asm(ptx, ins, "=r,r,r,r", 1, loc=loc, ip=ip)
+
+
 _NVFP4_FACTORS = (
     "{\n.reg .b32 h;\n.reg .b16 p, lo, hi;\n.reg .f32 f0, f1;\n"
     "cvt.u16.u32 p, $2;\n"

@@ -60,8 +60,9 @@ class RingPipeline:
         grid = [grid_x, batches, 1]
         if cutlass.const_expr(self.cfg.split):
             grid = [n_ctas, 1, 1]
-        self.kernel_ring(tma_atom, tma_w, tma_atom_x, tma_x, mS, mOut, mOffs, mGs, mXs, mWork, m_rows, n, k,
-                         batches, n_ctas, slot0, tile_stride, alpha).launch(
+        kernel = self.kernel_wgmma if cutlass.const_expr(self.cfg.wgmma) else self.kernel_ring
+        kernel(tma_atom, tma_w, tma_atom_x, tma_x, mS, mOut, mOffs, mGs, mXs, mWork, m_rows, n, k,
+               batches, n_ctas, slot0, tile_stride, alpha).launch(
             grid=grid, block=[32 * (1 + self.cfg.warps), 1, 1], stream=stream,
         )
 
@@ -110,7 +111,7 @@ class RingPipeline:
         cfg = self.cfg
         RT, NT, RW, KW = cfg.row_tiles, cfg.n_tiles, cfg.warps_n, cfg.warps_k
         S, SK, R, T = cfg.ring, cfg.ring_k, cfg.rows_per_cta, cfg.tokens_per_pass
-        SG, W = cfg.scale_groups, cfg.warps
+        W = cfg.warps
         NB = SK // 2  # weight boxes per stage
         NX = 2 * SK  # activation boxes per stage
         XB = cfg.x_box_bytes
@@ -169,55 +170,8 @@ class RingPipeline:
 
         if warp == 0:
             # ---- producer ----
-            cpasync.prefetch_descriptor(tma_atom)  # the TMA ops elect their thread: call them warp-wide
-            cpasync.prefetch_descriptor(tma_atom_x)
-            # (TMA, boxes), (TMA, RestN, RestK, L)
-            tWs, tWg = cpasync.tma_partition(
-                tma_atom, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2),
-                cute.group_modes(cute.local_tile(mW, (R, 128), (None, None, None)), 0, 2),
-            )  # fmt: skip
-            sXb = cute.group_modes(sX, 0, 2)
-            it = cutlass.Int32(0)
-            u = u_lo
-            seg = u_lo // n_kst
-            ks = u_lo - seg * n_kst
-            while u < u_hi:
-                tile, batch, m0, x_base = self.ring_segment(seg, n_pass, n_tiles, bx, by, row_start, x_base0, m_rows)
-                # (T, 64, K / 64) boxes of this pass's tokens (dense: x_base = the batch's first row)
-                gX = cute.local_tile(cute.domain_offset((cutlass.Int32(x_base) + m0, 0), mX2), (T, 64), (0, None))
-                tXs, tXg = cpasync.tma_partition(tma_atom_x, 0, cute.make_layout(1), sXb, cute.group_modes(gX, 0, 2))
-                s_base = self.scales_base(mS, batch, n_p, cols_p) + cutlass.Int64(tile * R // 128) * cutlass.Int64(tile_stride)
-                slot = it % S
-                if it >= S:
-                    cute.arch.mbarrier_wait(empty + slot, (it // S + 1) % 2)
-                c0 = ks * SK
-                g0 = c0 * (SG // SK)
-                n_groups = cutlass.min(SG, cols_p // 4 - g0)
-                if lane == 0:
-                    if cutlass.const_expr(PP):
-                        cute.arch.mbarrier_arrive_and_expect_tx(full + slot, NB * R * 128 + n_groups * 512)
-                        cute.arch.mbarrier_arrive_and_expect_tx(xfull + slot, NX * XB)
-                    else:
-                        cute.arch.mbarrier_arrive_and_expect_tx(full + slot, NB * R * 128 + n_groups * 512 + NX * XB)
-                    bulk_g2s(side_base + slot * side, s_base + cutlass.Int64(g0 * 512), n_groups * 512, bar_base + slot * 8)
-                cute.arch.sync_warp()
-                for j in cutlass.range_constexpr(NB):
-                    cute.copy(tma_atom, tWg[(None, tile, ks * NB + j, batch)], tWs[(None, slot * NB + j)], tma_bar_ptr=full + slot)
-                for j in cutlass.range_constexpr(NX):
-                    cute.copy(tma_atom_x, tXg[(None, ks * NX + j)], tXs[(None, slot * NX + j)],
-                              tma_bar_ptr=(xfull if PP else full) + slot)  # fmt: skip
-                if cutlass.const_expr(PP):
-                    if it > 0:
-                        self.pair_stage(it - 1, x_smem, xfull, full, lane)
-                it += 1
-                u += 1
-                ks += 1
-                if ks == n_kst:
-                    ks = 0
-                    seg += 1
-            if cutlass.const_expr(PP):
-                if it > 0:
-                    self.pair_stage(it - 1, x_smem, xfull, full, lane)
+            self.produce(tma_atom, mW, tma_atom_x, mX2, sW, sX, mS, u_lo, u_hi, n_kst, n_pass, n_tiles, bx, by,
+                         row_start, x_base0, m_rows, n_p, cols_p, tile_stride, x_smem, side_base, bar_base, full, lane)
         else:
             # ---- consumers ----
             cw = warp - 1
@@ -299,6 +253,73 @@ class RingPipeline:
                 if ks == n_kst:
                     ks = 0
                     seg += 1
+
+    @cute.jit
+    def produce(self, tma_atom, mW, tma_atom_x, mX2, sW, sX, mS, u_lo, u_hi, n_kst, n_pass, n_tiles, bx, by, row_start,
+                x_base0, m_rows, n_p, cols_p, tile_stride, x_smem, side_base, bar_base, full, lane):  # fmt: skip
+        """The producer warp of :meth:`kernel_ring` (and of the WGMMA kernel, :mod:`.fp4_wgmma`):
+        units ``u_lo .. u_hi`` of (segment, K stage), each into the next ring slot (waiting for
+        its empty barrier), counted on its full barrier (``producer_pairs``: the activation boxes
+        on xfull, then paired by :meth:`pair_stage` one stage behind)."""
+        cfg = self.cfg
+        S, SK, R, T = cfg.ring, cfg.ring_k, cfg.rows_per_cta, cfg.tokens_per_pass
+        SG = cfg.scale_groups
+        NB = SK // 2
+        NX = 2 * SK
+        XB = cfg.x_box_bytes
+        side = cfg.side_bytes
+        PP = cfg.producer_pairs
+        empty = full + S
+        xfull = full + 2 * S
+        cpasync.prefetch_descriptor(tma_atom)  # the TMA ops elect their thread: call them warp-wide
+        cpasync.prefetch_descriptor(tma_atom_x)
+        # (TMA, boxes), (TMA, RestN, RestK, L)
+        tWs, tWg = cpasync.tma_partition(
+            tma_atom, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2),
+            cute.group_modes(cute.local_tile(mW, (R, 128), (None, None, None)), 0, 2),
+        )  # fmt: skip
+        sXb = cute.group_modes(sX, 0, 2)
+        it = cutlass.Int32(0)
+        u = u_lo
+        seg = u_lo // n_kst
+        ks = u_lo - seg * n_kst
+        while u < u_hi:
+            tile, batch, m0, x_base = self.ring_segment(seg, n_pass, n_tiles, bx, by, row_start, x_base0, m_rows)
+            # (T, 64, K / 64) boxes of this pass's tokens (dense: x_base = the batch's first row)
+            gX = cute.local_tile(cute.domain_offset((cutlass.Int32(x_base) + m0, 0), mX2), (T, 64), (0, None))
+            tXs, tXg = cpasync.tma_partition(tma_atom_x, 0, cute.make_layout(1), sXb, cute.group_modes(gX, 0, 2))
+            s_base = self.scales_base(mS, batch, n_p, cols_p) + cutlass.Int64(tile * R // 128) * cutlass.Int64(tile_stride)
+            slot = it % S
+            if it >= S:
+                cute.arch.mbarrier_wait(empty + slot, (it // S + 1) % 2)
+            c0 = ks * SK
+            g0 = c0 * (SG // SK)
+            n_groups = cutlass.min(SG, cols_p // 4 - g0)
+            if lane == 0:
+                if cutlass.const_expr(PP):
+                    cute.arch.mbarrier_arrive_and_expect_tx(full + slot, NB * R * 128 + n_groups * 512)
+                    cute.arch.mbarrier_arrive_and_expect_tx(xfull + slot, NX * XB)
+                else:
+                    cute.arch.mbarrier_arrive_and_expect_tx(full + slot, NB * R * 128 + n_groups * 512 + NX * XB)
+                bulk_g2s(side_base + slot * side, s_base + cutlass.Int64(g0 * 512), n_groups * 512, bar_base + slot * 8)
+            cute.arch.sync_warp()
+            for j in cutlass.range_constexpr(NB):
+                cute.copy(tma_atom, tWg[(None, tile, ks * NB + j, batch)], tWs[(None, slot * NB + j)], tma_bar_ptr=full + slot)
+            for j in cutlass.range_constexpr(NX):
+                cute.copy(tma_atom_x, tXg[(None, ks * NX + j)], tXs[(None, slot * NX + j)],
+                          tma_bar_ptr=(xfull if PP else full) + slot)  # fmt: skip
+            if cutlass.const_expr(PP):
+                if it > 0:
+                    self.pair_stage(it - 1, x_smem, xfull, full, lane)
+            it += 1
+            u += 1
+            ks += 1
+            if ks == n_kst:
+                ks = 0
+                seg += 1
+        if cutlass.const_expr(PP):
+            if it > 0:
+                self.pair_stage(it - 1, x_smem, xfull, full, lane)
 
     @cute.jit
     def pair_stage(self, it, x_smem, xfull, full, lane):

@@ -62,6 +62,7 @@ from .fp4_math import (
     pair_natural_x,
 )
 from .fp4_ring import RingPipeline
+from .fp4_wgmma import WgmmaPipeline
 
 __all__ = ["Fp4WeightConfig", "all_configs", "check_variant", "build_fp4_weight", "SASS_REQUIRED"]
 
@@ -76,6 +77,10 @@ RING_SASS_REQUIRED = {
     "UTMALDG": r"\bUTMALDG\b",  # TMA boxes of weight rows and activations
     "UBLKCP.S.G": r"\bUBLKCP\.S\.G\b",  # cp.async.bulk global -> shared (the scales)
     "LDS.128": r"\bLDS\.128\b",
+}
+WGMMA_SASS_REQUIRED = {
+    "HGMMA.64xNx16.F32.BF16": r"\bHGMMA\.64x\d+x16\.F32\.BF16\b",  # the warpgroup MMA, A from registers
+    **{key: RING_SASS_REQUIRED[key] for key in ("UTMALDG", "UBLKCP.S.G", "LDS.128")},
 }
 SASS_FORBIDDEN = {"LDL": r"\bLDL(\.|\s)", "STL": r"\bSTL(\.|\s)"}
 
@@ -118,12 +123,24 @@ class Fp4WeightConfig:
     # Ring: the producer warp pairs each stage's activations in place once (True), or every
     # consumer warp pairs what it reads (False; four PRMTs per 16-byte read).
     producer_pairs: bool = True
+    # sm_90a: the consumers multiply with the warpgroup MMA (A = the dequantized weights from
+    # registers, B = the ring's activations; :mod:`.fp4_wgmma`): two warpgroups of 64 weight rows
+    # (warps_n 8, row_tiles 1, warps_k 1), ring_k 2, producer_pairs; up to 128 tokens per pass.
+    wgmma: bool = False
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
             raise ValueError(f"Fp4WeightConfig.fmt must be one of {FORMATS}, got {self.fmt!r}")
-        if self.n_tiles not in (1, 2, 4, 8):
-            raise ValueError(f"Fp4WeightConfig.n_tiles must be 1, 2, 4 or 8, got {self.n_tiles}")
+        if self.n_tiles not in ((1, 2, 4, 8, 16) if self.wgmma else (1, 2, 4, 8)):
+            raise ValueError(f"Fp4WeightConfig.n_tiles must be 1, 2, 4 or 8 (16 with wgmma), got {self.n_tiles}")
+        if self.wgmma and (
+            self.arch != "sm_90a" or not self.ring or self.ring_k != 2 or (self.warps_n, self.warps_k, self.row_tiles) != (8, 1, 1)
+            or self.split or not self.producer_pairs
+        ):  # fmt: skip
+            raise ValueError(
+                "Fp4WeightConfig.wgmma needs sm_90a, the ring with ring_k 2, warps_n 8, warps_k 1, row_tiles 1, "
+                "producer_pairs and no split"
+            )
         if self.row_tiles not in (1, 2, 4):
             raise ValueError(f"Fp4WeightConfig.row_tiles must be 1, 2 or 4, got {self.row_tiles}")
         if self.warps_n not in (1, 2, 4, 8) or self.warps_k not in (1, 2, 4, 8) or self.warps > 16:
@@ -196,11 +213,12 @@ class Fp4WeightConfig:
             + (f"_ring{self.ring}x{self.ring_k}" if self.ring else "")
             + ("_split" if self.split else "")
             + ("_cpair" if self.ring and not self.producer_pairs else "")
+            + ("_wg" if self.wgmma else "")
         )
 
 
 # --- the kernel ---------------------------------------------------------------------------------
-class Fp4WeightKernel(RingPipeline, DirectPipeline):
+class Fp4WeightKernel(RingPipeline, WgmmaPipeline, DirectPipeline):
     """The FP4-weight kernel: the host entry (``__call__``), the pipelines (:mod:`.fp4_ring`,
     :mod:`.fp4_direct`) and the fragment math and pass finishing they share."""
 
@@ -468,7 +486,7 @@ def check_variant(cfg: Fp4WeightConfig) -> tuple[bool, dict, str]:
     """Compile ``cfg`` to SASS (no GPU needed) and check it: (ok, marker counts, error)."""
     from ..runtime.sass import check_sass
 
-    required = RING_SASS_REQUIRED if cfg.ring else SASS_REQUIRED
+    required = WGMMA_SASS_REQUIRED if cfg.wgmma else RING_SASS_REQUIRED if cfg.ring else SASS_REQUIRED
     return check_sass(build_fp4_weight(cfg), cfg.arch, required, SASS_FORBIDDEN)
 
 

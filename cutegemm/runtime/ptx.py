@@ -164,3 +164,37 @@ def st_async_cluster_v4_f32(smem_addr, mbar_addr, rank, values, *, loc=None, ip=
     ptx = ("{\n.reg .b32 ra, rb;\nmapa.shared::cluster.u32 ra, $0, $2;\nmapa.shared::cluster.u32 rb, $1, $2;\n"
            "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [ra], {$3, $4, $5, $6}, [rb];\n}")  # fmt: skip
     _asm(ptx, ins, "r,r,r,f,f,f,f", effects=True, loc=loc, ip=ip)
+
+
+def _wgmma_rs_ptx(n: int) -> str:
+    na = n // 2
+    d = ", ".join(f"${i}" for i in range(na))
+    a = ", ".join(f"${na + i}" for i in range(4))
+    return (
+        "{\n.reg .pred p;\n"
+        f"setp.ne.b32 p, ${na + 5}, 0;\n"
+        f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{d}}}, {{{a}}}, ${na + 4}, p, 1, 1, 0;\n}}"
+    )
+
+
+@dsl_user_op
+def wgmma_rs_bf16(acc, a, desc_b, n: int, *, loc=None, ip=None):
+    """``wgmma.mma_async`` m64 x ``n`` x k16, bf16 in, fp32 accumulate (always adds into ``acc``:
+    ``n / 2`` fp32 per thread, the D fragment order), A from registers (``a``: four bf16x2 words,
+    the m16n8k16 A fragment of the warp's 16 rows), B from shared memory (``desc_b``: a 64-bit
+    matrix descriptor, K-major). Returns the new accumulators. The caller fences
+    (``warpgroup.fence``) before, commits and waits after."""
+    na = n // 2
+    ins = [_i32(w, loc, ip) for w in a] + [_i64(desc_b, loc, ip), _i32(1, loc, ip)]
+    ins += [cutlass.Float32(v).ir_value(loc=loc, ip=ip) for v in acc]
+    cons = ",".join(["=f"] * na + ["r"] * 4 + ["l", "r"] + [str(i) for i in range(na)])
+    return _asm(_wgmma_rs_ptx(n), ins, cons, na, out=cutlass.Float32, effects=True, loc=loc, ip=ip)
+
+
+def smem_desc_sw128(addr):
+    """The wgmma matrix descriptor of a K-major operand in 128-byte swizzled atoms (8 rows x 128
+    bytes, 1024-byte aligned) starting at shared address ``addr`` (a K step inside the atom adds
+    its byte offset / 16): start address >> 4, leading byte offset 1 (unused here), stride byte
+    offset 1024 >> 4 between 8-row groups, layout type 1 (128-byte swizzle)."""
+    lo = ((cutlass.Int32(addr) >> 4) & 0x3FFF) | (1 << 16)
+    return (cutlass.Int64(64 | (1 << 30)) << 32) | cutlass.Int64(lo)

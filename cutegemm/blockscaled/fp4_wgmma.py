@@ -1,0 +1,172 @@
+"""The FP4-weight kernel's WGMMA consumers (``Fp4WeightConfig.wgmma``, sm_90a), a mixin of
+:class:`~cutegemm.blockscaled.fp4_weight.Fp4WeightKernel`: the weights are dequantized from
+shared memory into registers and multiplied by the Hopper warpgroup MMA with A from registers
+(``wgmma.mma_async`` m64 x tokens x k16, bf16), the activations read by the MMA straight from
+the ring's shared memory. The ``mma.sync`` consumers of :mod:`.fp4_ring` load every token's
+activations into registers once per 16-row weight tile and issue one MMA per 8 tokens, so their
+work grows with the tokens per pass; here the tokens are the MMA's N (up to 128), and the
+dequantization of a weight serves all of them.
+
+The producer is :meth:`~cutegemm.blockscaled.fp4_ring.RingPipeline.produce` (the ring's, with
+the activations paired in place by the producer warp): per stage one 128-row x 256-K TMA box of
+weight bytes (128-byte swizzle), the token pass's activations as four (tokens x 64 K) boxes in
+the 128-byte swizzled K-major layout the WGMMA descriptor reads, and the scales' column groups.
+
+Two consumer warpgroups (warps 0-7, 64 weight rows each; the producer is warp 8). Thread (g, t)
+of warp w holds weight rows r = 16 w + g and r + 8 of its warpgroup's 64. The A fragment of a
+k16 step j (K values 16 j .. 16 j + 15 of the stage) wants, per row, the bf16 pairs of logical
+K (2 t, 2 t + 1) and (2 t + 8, 2 t + 9); the producer's pairing puts activations
+(x_t, x_{t+4}) at logical (2 t, 2 t + 1) of every 8-value piece, so the thread dequantizes
+nibbles (t, t + 4) of the two 32-bit words (8 nibbles each) of the row's step: one output word
+of :func:`~cutegemm.blockscaled.fp4_math.dequant_fp4x8` each (``dequant_fp4_pair``). The four
+threads of a quad read the same 16 bytes (a broadcast); the 8 rows of a warp's read lie in
+different swizzled 16-byte columns, so the reads are conflict-free. The scale factor of a step
+(NVFP4: one per 16 K; MXFP4: one per 32 K) multiplies the bf16 pair (as in the ring); the
+global scale (and NVFP4's 2**8) scale the fp32 accumulators at the store
+(:meth:`~cutegemm.blockscaled.fp4_weight.Fp4WeightKernel.store_fragment`).
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.nvgpu import warpgroup
+
+from ..runtime.ptx import ld_shared_b32, ld_shared_v4, smem_desc_sw128, wgmma_rs_bf16
+from .fp4_math import CHUNK_K, dequant_fp4_pair, mx_scale_bf16_bits, nvfp4_factors
+
+__all__ = ["WgmmaPipeline"]
+
+
+class WgmmaPipeline:
+    """:meth:`kernel_wgmma`; launched by ``RingPipeline.launch_ring`` when ``cfg.wgmma``."""
+
+    @cute.kernel
+    def kernel_wgmma(self, tma_atom: cute.CopyAtom, mW: cute.Tensor, tma_atom_x: cute.CopyAtom, mX2: cute.Tensor, mS,
+                     mOut, mOffs, mGs, mXs, mWork, m_rows, n, k, batches, n_ctas, slot0, tile_stride, alpha):  # fmt: skip
+        """Grid (128-row weight tiles, batches / experts); each CTA runs its batch's (expert's)
+        token passes over its weight rows, the passes after the first reading the rows from L2."""
+        from cutlass import memory
+
+        cfg = self.cfg
+        S, SK, R, T = cfg.ring, cfg.ring_k, cfg.rows_per_cta, cfg.tokens_per_pass
+        W = cfg.warps
+        NX = 2 * SK  # activation boxes per stage
+        XB = cfg.x_box_bytes
+        side = cfg.side_bytes
+        NT = cfg.n_tiles
+        tidx, _, _ = cute.arch.thread_idx()
+        bx, by, _ = cute.arch.block_idx()
+        warp = cute.arch.make_warp_uniform(tidx // 32)
+        lane = tidx % 32
+        n_p, cols_p = self.scale_dims(n, k)
+        n_chunks = (k + CHUNK_K - 1) // CHUNK_K
+        n_kst = (n_chunks + SK - 1) // SK
+        n_tiles = (n + R - 1) // R
+        row_start, row_end, x_base0 = self.token_range(mOffs, m_rows, by)
+        n_pass = (row_end - row_start + T - 1) // T
+
+        alloc = memory.SmemAllocator()
+        sw_layout = self.w_smem_layout()
+        sW = alloc.allocate_tensor(cutlass.Uint8, sw_layout.outer, 1024, swizzle=sw_layout.inner)
+        sx_layout = self.x_smem_layout()
+        sX = alloc.allocate_tensor(cutlass.BFloat16, sx_layout.outer, 1024, swizzle=sx_layout.inner)
+        sides = alloc.allocate_tensor(cutlass.Int32, cute.make_layout(S * side // 4), 128)
+        bars = alloc.allocate_tensor(cutlass.Int64, cute.make_layout(3 * S), 8)
+        w_smem = sW.iterator.toint()
+        x_smem = sX.iterator.toint()
+        side_base = sides.iterator.toint()
+        bar_base = bars.iterator.toint()
+        full = bars.iterator
+        empty = bars.iterator + S
+        xfull = bars.iterator + 2 * S
+        if tidx == 0:
+            for i in cutlass.range_constexpr(S):
+                # the TMA's transaction bytes + every producer lane (paired activations); every
+                # consumer lane releases its own reads
+                cute.arch.mbarrier_init(full + i, 1 + 32)
+                cute.arch.mbarrier_init(empty + i, W * 32)
+                cute.arch.mbarrier_init(xfull + i, 1)
+            cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        if warp == W:
+            # ---- producer (the last warp) ----
+            self.produce(tma_atom, mW, tma_atom_x, mX2, sW, sX, mS, cutlass.Int32(0), n_pass * n_kst, n_kst, n_pass,
+                         n_tiles, bx, by, row_start, x_base0, m_rows, n_p, cols_p, tile_stride, x_smem, side_base,
+                         bar_base, full, lane)  # fmt: skip
+        else:
+            # ---- consumers: two warpgroups of 64 weight rows ----
+            g = lane // 4
+            t = lane % 4
+            shift = 4 * t  # nibbles (t, t + 4) of each 32-bit word
+            gs = self.out_scale(mGs, alpha)
+            r0 = (warp // 4) * 64 + (warp % 4) * 16  # the warp's first row in the CTA
+            w_off = cute.make_rmem_tensor((2,), cutlass.Int32)  # rows r0 + g, r0 + g + 8 (x 128 bytes)
+            s_off = cute.make_rmem_tensor((2,), cutlass.Int32)  # their scales' offset in the 128-row tile
+            for hr in cutlass.range_constexpr(2):
+                r = r0 + 8 * hr + g
+                w_off[hr] = r * 128
+                s_off[hr] = (r % 32) * 16 + ((r // 32) % 4) * 4
+            acc = cute.make_rmem_tensor((1, NT, 4), cutlass.Float32)
+            it = cutlass.Int32(0)
+            seg = cutlass.Int32(0)
+            while seg < n_pass:
+                acc.fill(0.0)
+                ks = cutlass.Int32(0)
+                while ks < n_kst:
+                    slot = it % S
+                    cute.arch.mbarrier_wait(full + slot, (it // S) % 2)
+                    self.wgmma_stage(acc, w_smem + slot * (R * 128), x_smem + slot * (NX * XB),
+                                     side_base + slot * side, w_off, s_off, g, shift, ks, k)  # fmt: skip
+                    cute.arch.mbarrier_arrive(empty + slot)  # every lane: its reads (the MMAs are done)
+                    it += 1
+                    ks += 1
+                m0 = row_start + seg * T
+                self.store_fragment(acc, lane, m0, row_end, x_base0, bx * R + r0, n, gs, mXs, mOut, False)
+                seg += 1
+
+    @cute.jit
+    def wgmma_stage(self, acc, w_box, x_stage, st, w_off, s_off, g, shift, ks, k):
+        """One ring stage (256 K): per 32 K, the rows' two 16-byte weight reads and scale factors,
+        then two k16 steps of dequantize (this thread's pairs) + fence + WGMMA; commit and wait at
+        the end (the stage is released after)."""
+        cfg = self.cfg
+        T = cfg.tokens_per_pass
+        XB = cfg.x_box_bytes
+        NT = cfg.n_tiles
+        k0 = ks * (cfg.ring_k * CHUNK_K)  # the stage's first K value
+        # the stage's scale words (4 scale bytes of a 128x4 column group each) of both rows
+        SG = cfg.scale_groups
+        sw = cute.make_rmem_tensor((2, SG), cutlass.Int32)
+        for hr in cutlass.range_constexpr(2):
+            for h in cutlass.range_constexpr(SG):
+                sw[hr, h] = ld_shared_b32(st + h * 512 + s_off[hr])
+        desc0 = smem_desc_sw128(x_stage)
+        for p in cutlass.range_constexpr(8):  # 16-byte pieces of the 128-byte weight rows: 32 K each
+            f = cute.make_rmem_tensor((2, 2), cutlass.Int32)  # bf16x2 factors: (row, k16 step)
+            for hr in cutlass.range_constexpr(2):
+                if cutlass.const_expr(self.mx):
+                    live = k0 + 32 * p < k  # past K: unit scales (zero weights and activations)
+                    e = cutlass.select_(live, (sw[hr, p // 4] >> (8 * (p % 4))) & 0xFF, cutlass.Int32(127))
+                    fb = mx_scale_bf16_bits(e)
+                    f[hr, 0] = fb | (fb << 16)
+                    f[hr, 1] = f[hr, 0]
+                else:
+                    live = k0 + 32 * p < k
+                    pair = cutlass.select_(live, (sw[hr, p // 2] >> (16 * (p % 2))) & 0xFFFF, cutlass.Int32(0x3838))
+                    fac = nvfp4_factors(pair)
+                    f[hr, 0] = fac[0]
+                    f[hr, 1] = fac[1]
+            wds = [ld_shared_v4(w_box + w_off[hr] + ((p ^ g) * 16)) for hr in range(2)]
+            for s in cutlass.range_constexpr(2):
+                j = 2 * p + s  # k16 step of the stage
+                a = [dequant_fp4_pair(wds[q % 2][2 * s + q // 2], shift, f[q % 2, s], self.mx) for q in range(4)]
+                # activations of step j: box j // 4, bytes 32 (j % 4) of its 128-byte rows
+                desc = desc0 + cutlass.Int64(((j // 4) * XB + (j % 4) * 32) >> 4)
+                warpgroup.fence()
+                d = wgmma_rs_bf16([acc[0, i // 4, i % 4] for i in range(T // 2)], a, desc, T)
+                for i in cutlass.range_constexpr(NT * 4):
+                    acc[0, i // 4, i % 4] = d[i]
+        warpgroup.commit_group()
+        warpgroup.wait_group(0)
