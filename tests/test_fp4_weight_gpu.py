@@ -544,5 +544,5 @@ def test_wgmma_ring(counts, n, kb, fmt, grouped, shape, out_dtype):
     x = torch.randn(sum(counts), k, device="cuda").to(torch.bfloat16)
     out = {torch.bfloat16: "bf16", torch.float32: "fp32"}[out_dtype]
     cfg = Fp4WeightConfig(fmt=fmt, n_tiles=shape[0], ring=shape[1], ring_k=2, warps_n=8, warps_k=1, row_tiles=1,
-                          stages=0, grouped=grouped, out_dtype=out, wgmma=True)  # fmt: skip
+                          stages=0, grouped=grouped, out_dtype=out, wgmma=True, producer_pairs=False)  # fmt: skip
     _run_checked(x, qw, counts if grouped else None, cfg, out_dtype)

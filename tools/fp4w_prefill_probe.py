@@ -39,7 +39,7 @@ def wg_configs(fmt, rows, grouped):
     shapes = [(2, 4), (4, 4)] if rows <= 32 else [(8, 2), (8, 3), (16, 2)]
     return {
         f"wg t{8 * nt} r{ring}": Fp4WeightConfig(fmt=fmt, n_tiles=nt, ring=ring, ring_k=2, warps_n=8, warps_k=1,
-                                                 row_tiles=1, stages=0, grouped=grouped, wgmma=True)
+                                                 row_tiles=1, stages=0, grouped=grouped, wgmma=True, producer_pairs=False)
         for nt, ring in shapes
     }  # fmt: skip
 

@@ -23,7 +23,7 @@ def one(fmt, m, n, k, nt, ring, counts=None):
     qw = cutegemm.quantize(w, fmt)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     cfg = Fp4WeightConfig(fmt=fmt, n_tiles=nt, ring=ring, ring_k=2, warps_n=8, warps_k=1, row_tiles=1, stages=0,
-                          grouped=grouped, wgmma=True)  # fmt: skip
+                          grouped=grouped, wgmma=True, producer_pairs=False)  # fmt: skip
     offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32) if grouped else None
     out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     api.gemm_fp4_weight(x, qw, offs=offs, out=out, config=cfg)

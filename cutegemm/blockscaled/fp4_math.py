@@ -76,26 +76,30 @@ def dequant_fp4x8(word, factor, two_muls: bool, *, loc=None, ip=None):
     return _asm(ptx, [_i32(word, loc, ip), _i32(factor, loc, ip)], "=r,=r,=r,=r,r,r", 4, loc=loc, ip=ip)
 
 
-def _dequant_pair_ptx(two_muls: bool) -> str:
-    """One output word of :func:`dequant_fp4x8` (word ``i`` for a shift of ``4 i``)."""
-    lines = ["{", ".reg .b32 x;", "shr.b32 x, $1, $2;", f"and.b32 x, x, {_WORD_MASKS[0]:#x};",
-             f"mul.lo.u32 x, x, {_WORD_MULS[0]:#x};", f"and.b32 x, x, {_OUT_MASK:#x};"]  # fmt: skip
+def _dequant_byte_ptx(two_muls: bool) -> str:
+    """A byte's two nibbles (K order: low nibble first) -> one bf16x2 word: PRMT picks the byte
+    (selector register: byte index + 0x4440, zeros elsewhere), a multiply by 0x1001 puts its
+    high nibble 16 bits above the low one, then the steps of :func:`dequant_fp4x8`."""
+    lines = ["{", ".reg .b32 x, z;", "mov.b32 z, 0;", "prmt.b32 x, $1, z, $2;", "mul.lo.u32 x, x, 0x1001;",
+             f"and.b32 x, x, {_WORD_MASKS[0]:#x};", f"mul.lo.u32 x, x, {_WORD_MULS[0]:#x};",
+             f"and.b32 x, x, {_OUT_MASK:#x};"]  # fmt: skip
     if two_muls:
         lines += [".reg .b32 c;", f"mov.b32 c, {_BF16X2_2P126:#x};", "mul.rn.bf16x2 x, x, c;"]
     lines += ["mul.rn.bf16x2 $0, x, $3;", "}"]
     return "\n".join(lines)
 
 
-_DQP_ONE = _dequant_pair_ptx(False)
-_DQP_TWO = _dequant_pair_ptx(True)
+_DQB_ONE = _dequant_byte_ptx(False)
+_DQB_TWO = _dequant_byte_ptx(True)
 
 
 @dsl_user_op
-def dequant_fp4_pair(word, shift, factor, two_muls: bool, *, loc=None, ip=None):
-    """Output word ``shift / 4`` of :func:`dequant_fp4x8` alone: the bf16x2 ``(k_i, k_{i+4}) * c``
-    of nibbles i and i + 4 (``shift`` = 4 i, a register: the WGMMA kernel's thread t takes i = t)."""
-    ptx = _DQP_TWO if two_muls else _DQP_ONE
-    ins = [_i32(word, loc, ip), _i32(shift, loc, ip), _i32(factor, loc, ip)]
+def dequant_fp4_byte(word, selector, factor, two_muls: bool, *, loc=None, ip=None):
+    """Byte ``selector - 0x4440`` of ``word`` (two e2m1 values, K in order) -> the bf16x2 word
+    ``(k_lo, k_hi) * c`` (``c`` as in :func:`dequant_fp4x8`): natural K pairs, the A fragment
+    the WGMMA kernel reads against activations in K order."""
+    ptx = _DQB_TWO if two_muls else _DQB_ONE
+    ins = [_i32(word, loc, ip), _i32(selector, loc, ip), _i32(factor, loc, ip)]
     return _asm(ptx, ins, "=r,r,r,r", 1, loc=loc, ip=ip)
 
 

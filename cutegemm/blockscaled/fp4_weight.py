@@ -124,8 +124,9 @@ class Fp4WeightConfig:
     # consumer warp pairs what it reads (False; four PRMTs per 16-byte read).
     producer_pairs: bool = True
     # sm_90a: the consumers multiply with the warpgroup MMA (A = the dequantized weights from
-    # registers, B = the ring's activations; :mod:`.fp4_wgmma`): two warpgroups of 64 weight rows
-    # (warps_n 8, row_tiles 1, warps_k 1), ring_k 2, producer_pairs; up to 128 tokens per pass.
+    # registers, B = the ring's activations in K order; :mod:`.fp4_wgmma`): two warpgroups of 64
+    # weight rows (warps_n 8, row_tiles 1, warps_k 1), ring_k 2, producer_pairs=False; up to 128
+    # tokens per pass.
     wgmma: bool = False
 
     def __post_init__(self):
@@ -135,11 +136,11 @@ class Fp4WeightConfig:
             raise ValueError(f"Fp4WeightConfig.n_tiles must be 1, 2, 4 or 8 (16 with wgmma), got {self.n_tiles}")
         if self.wgmma and (
             self.arch != "sm_90a" or not self.ring or self.ring_k != 2 or (self.warps_n, self.warps_k, self.row_tiles) != (8, 1, 1)
-            or self.split or not self.producer_pairs
+            or self.split or self.producer_pairs
         ):  # fmt: skip
             raise ValueError(
                 "Fp4WeightConfig.wgmma needs sm_90a, the ring with ring_k 2, warps_n 8, warps_k 1, row_tiles 1, "
-                "producer_pairs and no split"
+                "producer_pairs=False and no split"
             )
         if self.row_tiles not in (1, 2, 4):
             raise ValueError(f"Fp4WeightConfig.row_tiles must be 1, 2 or 4, got {self.row_tiles}")
@@ -212,7 +213,7 @@ class Fp4WeightConfig:
             + ("_xs" if self.x_scale else "")
             + (f"_ring{self.ring}x{self.ring_k}" if self.ring else "")
             + ("_split" if self.split else "")
-            + ("_cpair" if self.ring and not self.producer_pairs else "")
+            + ("_cpair" if self.ring and not self.producer_pairs and not self.wgmma else "")
             + ("_wg" if self.wgmma else "")
         )
 

@@ -7,23 +7,28 @@ activations into registers once per 16-row weight tile and issue one MMA per 8 t
 work grows with the tokens per pass; here the tokens are the MMA's N (up to 128), and the
 dequantization of a weight serves all of them.
 
-The producer is :meth:`~cutegemm.blockscaled.fp4_ring.RingPipeline.produce` (the ring's, with
-the activations paired in place by the producer warp): per stage one 128-row x 256-K TMA box of
-weight bytes (128-byte swizzle), the token pass's activations as four (tokens x 64 K) boxes in
-the 128-byte swizzled K-major layout the WGMMA descriptor reads, and the scales' column groups.
+The producer is :meth:`~cutegemm.blockscaled.fp4_ring.RingPipeline.produce` (the ring's, without
+the activation pairing): per stage one 128-row x 256-K TMA box of weight bytes (128-byte
+swizzle), the token pass's activations as four (tokens x 64 K) boxes in the 128-byte swizzled
+K-major layout the WGMMA descriptor reads, in K order, and the scales' column groups.
 
 Two consumer warpgroups (warps 0-7, 64 weight rows each; the producer is warp 8). Thread (g, t)
 of warp w holds weight rows r = 16 w + g and r + 8 of its warpgroup's 64. The A fragment of a
-k16 step j (K values 16 j .. 16 j + 15 of the stage) wants, per row, the bf16 pairs of logical
-K (2 t, 2 t + 1) and (2 t + 8, 2 t + 9); the producer's pairing puts activations
-(x_t, x_{t+4}) at logical (2 t, 2 t + 1) of every 8-value piece, so the thread dequantizes
-nibbles (t, t + 4) of the two 32-bit words (8 nibbles each) of the row's step: one output word
-of :func:`~cutegemm.blockscaled.fp4_math.dequant_fp4x8` each (``dequant_fp4_pair``). The four
-threads of a quad read the same 16 bytes (a broadcast); the 8 rows of a warp's read lie in
-different swizzled 16-byte columns, so the reads are conflict-free. The scale factor of a step
-(NVFP4: one per 16 K; MXFP4: one per 32 K) multiplies the bf16 pair (as in the ring); the
-global scale (and NVFP4's 2**8) scale the fp32 accumulators at the store
-(:meth:`~cutegemm.blockscaled.fp4_weight.Fp4WeightKernel.store_fragment`).
+k16 step (K values 16 j .. 16 j + 15 of the stage) wants, per row, the bf16 pairs of K
+(2 t, 2 t + 1) and (2 t + 8, 2 t + 9): byte t of the step's two 32-bit weight words (8 nibbles
+each), one PRMT + the multiply-and-mask placement of :mod:`.fp4_math` + the packed scale multiply
+each (``dequant_fp4_byte``). The four threads of a quad read the same 16 bytes (a broadcast); the
+8 rows of a warp's read lie in different swizzled 16-byte columns, so the reads are
+conflict-free. The scale factor of a step (NVFP4: one per 16 K; MXFP4: one per 32 K) multiplies
+the bf16 pair (as in the ring); the global scale (and NVFP4's 2**8) scale the fp32 accumulators
+at the store (:meth:`~cutegemm.blockscaled.fp4_weight.Fp4WeightKernel.store_fragment`).
+
+Per half stage (8 k16 steps) the A fragments are computed first, then one fence and the eight
+WGMMAs, a commit and a wait for the group before, so the dequantization of the next half
+overlaps this half's MMAs; a stage is released once the first half of the next one has waited
+for it. (Dequantizing each step right before its WGMMA made ptxas fence before every WGMMA and
+give each its own scoreboard wait, ``gsb0`` on all 16 per stage instead of 2: the MMAs ran one
+at a time, 62 us for NVFP4 64 x 28672 x 4096 on the H200.)
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import cutlass.cute as cute
 from cutlass.cute.nvgpu import warpgroup
 
 from ..runtime.ptx import ld_shared_b32, ld_shared_v4, smem_desc_sw128, wgmma_rs_bf16
-from .fp4_math import CHUNK_K, dequant_fp4_pair, mx_scale_bf16_bits, nvfp4_factors
+from .fp4_math import CHUNK_K, dequant_fp4_byte, mx_scale_bf16_bits, nvfp4_factors
 
 __all__ = ["WgmmaPipeline"]
 
@@ -82,9 +87,8 @@ class WgmmaPipeline:
         xfull = bars.iterator + 2 * S
         if tidx == 0:
             for i in cutlass.range_constexpr(S):
-                # the TMA's transaction bytes + every producer lane (paired activations); every
-                # consumer lane releases its own reads
-                cute.arch.mbarrier_init(full + i, 1 + 32)
+                # the TMA's transaction bytes; every consumer lane releases its own reads
+                cute.arch.mbarrier_init(full + i, 1)
                 cute.arch.mbarrier_init(empty + i, W * 32)
                 cute.arch.mbarrier_init(xfull + i, 1)
             cute.arch.mbarrier_init_fence()
@@ -99,7 +103,6 @@ class WgmmaPipeline:
             # ---- consumers: two warpgroups of 64 weight rows ----
             g = lane // 4
             t = lane % 4
-            shift = 4 * t  # nibbles (t, t + 4) of each 32-bit word
             gs = self.out_scale(mGs, alpha)
             r0 = (warp // 4) * 64 + (warp % 4) * 16  # the warp's first row in the CTA
             w_off = cute.make_rmem_tensor((2,), cutlass.Int32)  # rows r0 + g, r0 + g + 8 (x 128 bytes)
@@ -109,6 +112,7 @@ class WgmmaPipeline:
                 w_off[hr] = r * 128
                 s_off[hr] = (r % 32) * 16 + ((r // 32) % 4) * 4
             acc = cute.make_rmem_tensor((1, NT, 4), cutlass.Float32)
+            sel = t + 0x4440  # PRMT selector: byte t of a word (K pair 2 t, 2 t + 1 of its 8 values)
             it = cutlass.Int32(0)
             seg = cutlass.Int32(0)
             while seg < n_pass:
@@ -117,56 +121,65 @@ class WgmmaPipeline:
                 while ks < n_kst:
                     slot = it % S
                     cute.arch.mbarrier_wait(full + slot, (it // S) % 2)
-                    self.wgmma_stage(acc, w_smem + slot * (R * 128), x_smem + slot * (NX * XB),
-                                     side_base + slot * side, w_off, s_off, g, shift, ks, k)  # fmt: skip
-                    cute.arch.mbarrier_arrive(empty + slot)  # every lane: its reads (the MMAs are done)
+                    st = side_base + slot * side
+                    sw = cute.make_rmem_tensor((2, cfg.scale_groups), cutlass.Int32)  # the rows' scale words
+                    for hr in cutlass.range_constexpr(2):
+                        for h in cutlass.range_constexpr(cfg.scale_groups):
+                            sw[hr, h] = ld_shared_b32(st + h * 512 + s_off[hr])
+                    for half in cutlass.range_constexpr(2):
+                        self.wgmma_half(acc, half, w_smem + slot * (R * 128), x_smem + slot * (NX * XB), sw, w_off, g,
+                                        sel, ks, k)  # fmt: skip
+                        if half == 0 and ks > 0:
+                            # the previous stage's MMAs are done (wait_group(1) above): release it
+                            cute.arch.mbarrier_arrive(empty + (it - 1) % S)
                     it += 1
                     ks += 1
+                warpgroup.wait_group(0)
+                cute.arch.mbarrier_arrive(empty + (it - 1) % S)
                 m0 = row_start + seg * T
                 self.store_fragment(acc, lane, m0, row_end, x_base0, bx * R + r0, n, gs, mXs, mOut, False)
                 seg += 1
 
     @cute.jit
-    def wgmma_stage(self, acc, w_box, x_stage, st, w_off, s_off, g, shift, ks, k):
-        """One ring stage (256 K): per 32 K, the rows' two 16-byte weight reads and scale factors,
-        then two k16 steps of dequantize (this thread's pairs) + fence + WGMMA; commit and wait at
-        the end (the stage is released after)."""
+    def wgmma_half(self, acc, half: cutlass.Constexpr, w_box, x_stage, sw, w_off, g, sel, ks, k):
+        """Half a ring stage (128 K): the rows' four 16-byte weight reads and their scale factors,
+        eight k16 steps of A fragments (dequantized, natural K pairs), then one fence, the eight
+        WGMMAs, a commit and a wait for the group before (its A registers and, at a stage's first
+        half, the stage before are then free)."""
         cfg = self.cfg
         T = cfg.tokens_per_pass
         XB = cfg.x_box_bytes
         NT = cfg.n_tiles
         k0 = ks * (cfg.ring_k * CHUNK_K)  # the stage's first K value
-        # the stage's scale words (4 scale bytes of a 128x4 column group each) of both rows
-        SG = cfg.scale_groups
-        sw = cute.make_rmem_tensor((2, SG), cutlass.Int32)
-        for hr in cutlass.range_constexpr(2):
-            for h in cutlass.range_constexpr(SG):
-                sw[hr, h] = ld_shared_b32(st + h * 512 + s_off[hr])
-        desc0 = smem_desc_sw128(x_stage)
-        for p in cutlass.range_constexpr(8):  # 16-byte pieces of the 128-byte weight rows: 32 K each
+        a = cute.make_rmem_tensor((8, 4), cutlass.Int32)  # A fragments of the eight steps
+        for pp in cutlass.range_constexpr(4):
+            p = 4 * half + pp  # 16-byte piece of the 128-byte weight rows: 32 K
             f = cute.make_rmem_tensor((2, 2), cutlass.Int32)  # bf16x2 factors: (row, k16 step)
             for hr in cutlass.range_constexpr(2):
+                live = k0 + 32 * p < k  # past K: unit scales (the weights and activations are zeros)
                 if cutlass.const_expr(self.mx):
-                    live = k0 + 32 * p < k  # past K: unit scales (zero weights and activations)
                     e = cutlass.select_(live, (sw[hr, p // 4] >> (8 * (p % 4))) & 0xFF, cutlass.Int32(127))
                     fb = mx_scale_bf16_bits(e)
                     f[hr, 0] = fb | (fb << 16)
                     f[hr, 1] = f[hr, 0]
                 else:
-                    live = k0 + 32 * p < k
                     pair = cutlass.select_(live, (sw[hr, p // 2] >> (16 * (p % 2))) & 0xFFFF, cutlass.Int32(0x3838))
                     fac = nvfp4_factors(pair)
                     f[hr, 0] = fac[0]
                     f[hr, 1] = fac[1]
             wds = [ld_shared_v4(w_box + w_off[hr] + ((p ^ g) * 16)) for hr in range(2)]
             for s in cutlass.range_constexpr(2):
-                j = 2 * p + s  # k16 step of the stage
-                a = [dequant_fp4_pair(wds[q % 2][2 * s + q // 2], shift, f[q % 2, s], self.mx) for q in range(4)]
-                # activations of step j: box j // 4, bytes 32 (j % 4) of its 128-byte rows
-                desc = desc0 + cutlass.Int64(((j // 4) * XB + (j % 4) * 32) >> 4)
-                warpgroup.fence()
-                d = wgmma_rs_bf16([acc[0, i // 4, i % 4] for i in range(T // 2)], a, desc, T)
-                for i in cutlass.range_constexpr(NT * 4):
-                    acc[0, i // 4, i % 4] = d[i]
+                # A of step 2 pp + s: rows (g, g + 8) x K pairs (2 t, 2 t + 1) of word 2 s and
+                # (2 t + 8, 2 t + 9) = the same byte of word 2 s + 1
+                for q in cutlass.range_constexpr(4):
+                    a[2 * pp + s, q] = dequant_fp4_byte(wds[q % 2][2 * s + q // 2], sel, f[q % 2, s], self.mx)
+        desc0 = smem_desc_sw128(x_stage)
+        warpgroup.fence()
+        for jj in cutlass.range_constexpr(8):
+            j = 8 * half + jj  # k16 step of the stage: activation box j // 4, bytes 32 (j % 4) of its rows
+            desc = desc0 + cutlass.Int64(((j // 4) * XB + (j % 4) * 32) >> 4)
+            d = wgmma_rs_bf16([acc[0, i // 4, i % 4] for i in range(T // 2)], [a[jj, q] for q in range(4)], desc, T)
+            for i in cutlass.range_constexpr(NT * 4):
+                acc[0, i // 4, i % 4] = d[i]
         warpgroup.commit_group()
-        warpgroup.wait_group(0)
+        warpgroup.wait_group(1)
