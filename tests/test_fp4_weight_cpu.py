@@ -181,7 +181,8 @@ def test_split_rules_and_policy():
     with pytest.raises(ValueError):
         fw.Fp4WeightConfig(fmt="nvfp4", split=True)  # needs the ring
     assert not pick_config(16, "nvfp4", torch.bfloat16, "sm_90a", False).split  # one token pass
-    assert pick_config(64, "nvfp4", torch.bfloat16, "sm_90a", False).split  # two passes
+    assert pick_config(64, "nvfp4", torch.bfloat16, "sm_100a", False).split  # 64 tokens (mma.sync consumers)
+    assert not pick_config(64, "nvfp4", torch.bfloat16, "sm_90a", False).split  # the WGMMA consumers
     assert not pick_config(4096, "nvfp4", torch.bfloat16, "sm_90a", True, experts=32).split  # grouped
 
 
@@ -241,8 +242,32 @@ def test_argument_errors():
 def test_pick_config_tokens_per_pass():
     assert pick_config(1, "nvfp4", torch.bfloat16, "sm_90a", False).tokens_per_pass == 8
     assert pick_config(16, "nvfp4", torch.bfloat16, "sm_90a", False).tokens_per_pass == 16
-    assert pick_config(64, "mxfp4", torch.bfloat16, "sm_90a", False).tokens_per_pass == 32
+    assert pick_config(32, "mxfp4", torch.bfloat16, "sm_90a", False).tokens_per_pass == 32
+    assert pick_config(64, "mxfp4", torch.bfloat16, "sm_90a", False).tokens_per_pass == 64
     assert pick_config(512, "nvfp4", torch.bfloat16, "sm_90a", True, experts=32).tokens_per_pass == 16
+    assert pick_config(32 * 40, "nvfp4", torch.bfloat16, "sm_90a", True, experts=32).tokens_per_pass == 64
+
+
+def test_pick_config_wgmma_on_sm90_only():
+    """sm_90a: the WGMMA consumers from 17 dense rows / 33 rows per expert; sm_100a never."""
+    assert not pick_config(16, "nvfp4", torch.bfloat16, "sm_90a", False).wgmma
+    assert pick_config(17, "nvfp4", torch.bfloat16, "sm_90a", False).wgmma
+    assert not pick_config(32 * 32, "nvfp4", torch.bfloat16, "sm_90a", True, experts=32).wgmma
+    assert pick_config(32 * 33, "mxfp4", torch.bfloat16, "sm_90a", True, experts=32).wgmma
+    for m in (17, 64, 256):
+        assert not pick_config(m, "nvfp4", torch.bfloat16, "sm_100a", False).wgmma
+
+
+def test_wgmma_config_rules():
+    base = dict(fmt="nvfp4", stages=0, ring=3, ring_k=2, warps_n=8, warps_k=1, row_tiles=1, n_tiles=8,
+                producer_pairs=False, wgmma=True)  # fmt: skip
+    assert fw.Fp4WeightConfig(**base).name.endswith("_wg")
+    assert fw.Fp4WeightConfig(**{**base, "n_tiles": 16, "ring": 2}).tokens_per_pass == 128
+    for bad in (dict(arch="sm_100a"), dict(ring=0), dict(ring_k=4), dict(warps_n=4), dict(warps_k=2, warps_n=4),
+                dict(row_tiles=2, warps_n=4), dict(split=True), dict(producer_pairs=True), dict(n_tiles=16, ring=3),
+                dict(n_tiles=32)):  # fmt: skip
+        with pytest.raises(ValueError):
+            fw.Fp4WeightConfig(**{**base, **bad})
 
 
 def test_pick_config_streams_through_the_ring():
@@ -250,7 +275,7 @@ def test_pick_config_streams_through_the_ring():
         for grouped in (False, True):
             for m in (1, 16, 64, 4096):
                 cfg = pick_config(m, fmt, torch.bfloat16, "sm_90a", grouped, 32 if grouped else 1)
-                assert cfg.ring == 4 and cfg.ring_k == 2 and cfg.rows_per_cta == 128 and cfg.stages == 0, cfg
+                assert cfg.ring in (3, 4) and cfg.ring_k == 2 and cfg.rows_per_cta == 128 and cfg.stages == 0, cfg
                 assert cfg.smem_bytes <= 227 * 1024
 
 

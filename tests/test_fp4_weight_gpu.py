@@ -62,6 +62,16 @@ def _check(out, x, qw, bounds=None):
     assert err <= 2 * terr + 1e-6 * scale + 1e-30, (err, terr)
 
 
+def _mma_sync_config(m, fmt, out_dtype, grouped, experts):
+    """The decode policy's config with the mma.sync consumers (sm_100a's choice; on sm_90a the
+    policy takes the WGMMA consumers from 17 rows), built for this GPU's arch."""
+    from dataclasses import replace
+
+    from cutegemm.blockscaled.fp4_weight_api import _arch, pick_config
+
+    return replace(pick_config(m, fmt, out_dtype, "sm_100a", grouped, experts), arch=_arch(0))
+
+
 def _run_checked(x, qw, counts, cfg, out_dtype=torch.bfloat16, x_call=None):
     """Run config ``cfg`` (grouped when ``counts`` is given) into a poisoned output and check it
     against ``x`` (the call gets ``x_call`` if given: a view of the same values)."""
@@ -115,14 +125,12 @@ def test_other_pipelines(shape, grouped):
     splits), dense and grouped, K with a tail chunk."""
     from dataclasses import replace
 
-    from cutegemm.blockscaled.fp4_weight_api import _arch, pick_config
-
     k, n = 32 * 37, 200
     e = 3 if grouped else 1
     qw = _weights((e, n, k) if grouped else (n, k), "nvfp4", seed=11)
     counts = [9, 0, 30] if grouped else [21]
     x = torch.randn(sum(counts), k, device="cuda").to(torch.bfloat16)
-    cfg = replace(pick_config(x.shape[0], "nvfp4", torch.bfloat16, _arch(0), grouped, e), **shape)
+    cfg = replace(_mma_sync_config(x.shape[0], "nvfp4", torch.bfloat16, grouped, e), **shape)
     _run_checked(x, qw, counts if grouped else None, cfg)
 
 
@@ -149,7 +157,6 @@ def test_bulk_copy_ring(counts, n, kb, fmt, grouped, shape, out_dtype):
     partial stages, several token passes, empty experts, both formats."""
     from dataclasses import replace
 
-    from cutegemm.blockscaled.fp4_weight_api import _arch, pick_config
 
     k = 32 * kb
     if not grouped:
@@ -158,7 +165,8 @@ def test_bulk_copy_ring(counts, n, kb, fmt, grouped, shape, out_dtype):
     qw = _weights((e, n, k) if grouped else (n, k), fmt, seed=n * 31 + kb * 7 + e)
     m = sum(counts)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-    cfg = replace(pick_config(max(m, 1), fmt, out_dtype, _arch(0), grouped, e), stages=0, l2_prefetch=0, **shape)
+    cfg = replace(_mma_sync_config(min(max(m, 1), 32 * e), fmt, out_dtype, grouped, e), stages=0, l2_prefetch=0,
+                  **shape)  # fmt: skip
     _run_checked(x, qw, counts if grouped else None, cfg, out_dtype)
 
 
@@ -191,8 +199,7 @@ def test_split_ring(m, n, kb, fmt, shape, sms, out_dtype):
     k = 32 * kb
     qw = _weights((n, k), fmt, seed=n * 13 + kb)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-    cfg = replace(api.pick_config(m, fmt, out_dtype, api._arch(0), False, 1), stages=0, l2_prefetch=0, split=True,
-                  **shape)  # fmt: skip
+    cfg = replace(_mma_sync_config(min(m, 32), fmt, out_dtype, False, 1), stages=0, l2_prefetch=0, split=True, **shape)
     out = torch.full((m, n), POISON, device="cuda", dtype=out_dtype)
     with mock.patch.object(api, "_sm_count", lambda index: sms):
         api.gemm_fp4_weight(x, qw, out=out, config=cfg)
@@ -397,11 +404,16 @@ def test_custom_op_matches_the_direct_call_and_compiles():
 
 @pytest.mark.parametrize("grouped", [False, True])
 @pytest.mark.parametrize("per_tensor", [False, True])
-def test_fp8_activations(grouped, per_tensor):
-    """float8_e4m3fn activations with a per-token (or per-tensor) fp32 scale."""
+@pytest.mark.parametrize("rows", ["decode", "wgmma"])
+def test_fp8_activations(grouped, per_tensor, rows):
+    """float8_e4m3fn activations with a per-token (or per-tensor) fp32 scale (few rows: the
+    mma.sync consumers; more: on sm_90a the WGMMA consumers)."""
     e, n, k = 3, 150, 32 * 11
     qw = _weights((e, n, k) if grouped else (n, k), "nvfp4", seed=9)
-    counts = [7, 0, 19] if grouped else [13]
+    if rows == "decode":
+        counts = [7, 0, 19] if grouped else [13]
+    else:
+        counts = [70, 0, 60] if grouped else [45]
     total = sum(counts)
     x8 = (torch.randn(total, k, device="cuda") * 4).to(torch.float8_e4m3fn)
     sa = torch.rand(1 if per_tensor else total, device="cuda") + 0.25

@@ -110,6 +110,17 @@ def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bo
         # M=64 with 32-token passes; with one pass of <= 32 tokens it was slower, 43 vs 34 us at M=16.)
         n_tiles = 8
         shape.update(ring=3, split=True)
+    if arch == "sm_90a" and (rows > 32 or (not grouped and rows > 16)):
+        # sm_90a, more tokens: the WGMMA consumers (fp4_wgmma), 64 tokens per pass in 3 ring
+        # stages (32 in 4 for dense M <= 32). H200, one run (bench/RESULTS.md, 2026-12-01 sixth
+        # session), NVFP4 N=28672 K=4096, us: M=32 44.0 vs 50.0 (mma.sync consumers, 32-token
+        # pass); M=64 51.1 vs 64.7 (cuBLAS bf16 69.9); M=128 93.9 vs 117.5 (74.1); M=192 135.5 vs
+        # 167.8; MXFP4 M=64 53.3 vs 66.8. Grouped E=32 N=4096 K=7168: ~64 rows per expert 403.6
+        # vs 650.0 (torch._grouped_mm 604.0); ~256 rows 1288.1 vs 2247.6. (128 tokens per pass in
+        # 2 stages: within 2% at M = 96..256, slower below.) M=16: 41.9 vs 31.5, not taken.
+        n_tiles = 4 if rows <= 32 else 8
+        shape = dict(ring=4 if n_tiles == 4 else 3, ring_k=2, row_tiles=1, warps_n=8, warps_k=1, stages=0,
+                     producer_pairs=False, wgmma=True)  # fmt: skip
     return Fp4WeightConfig(
         fmt=fmt, n_tiles=n_tiles, grouped=grouped, out_dtype=_OUT[out_dtype], arch=arch, x_scale=x_scale, **shape
     )
@@ -233,12 +244,13 @@ def gemm_fp4_weight(
 # 32 tokens, so its time grows with M while a bf16 GEMM's stays flat until it is compute bound.
 # From these rows on (dense: M; grouped: mean rows per expert) the policy dequantizes the weight
 # once (``dequant.dequantize_bf16``, our kernel) and runs the bf16 GEMM on it.
-# H200, one run (bench/RESULTS.md, 2026-12-01 sixth session), NVFP4 N=28672 K=4096, µs: M=192
-# decode kernel 167.8 / dequantize-first 176.0 / cuBLAS bf16 84.9; M=256 218.2 / 177.9 / 98.3;
-# M=1024 819.5 / 381.8 / 302.1. Grouped E=32 N=4096 K=7168: ~64 rows per expert 650.4 / 1115.5;
-# ~256 rows 2247.1 / 1386.6.
-DQ_MIN_ROWS = 193  # more than 3 passes of 64 tokens
-DQ_MIN_ROWS_GROUPED = 160
+# H200, one run (bench/RESULTS.md, 2026-12-01 sixth session), NVFP4 N=28672 K=4096, us (sm_90a:
+# the WGMMA consumers / dequantize-first / cuBLAS bf16): M=256 177.7 / 178.4 / 98.7; M=512
+# 344.6 / 260.4 / 158.6; M=1024 674.1 / 389.3 / 307.8. Grouped E=32 N=4096 K=7168, mean rows
+# per expert ~256: 1288.1 / 1395.3 / 866.2; ~1024: 5087.6 / 3475.3 / 2743.9 (crossover ~400
+# by linear interpolation). On sm_100a (the mma.sync consumers) the same thresholds.
+DQ_MIN_ROWS = 257
+DQ_MIN_ROWS_GROUPED = 384
 
 
 def dequantize_first(m: int, batches: int, grouped: bool, x_scale: bool, qw: BlockScaledTensor) -> bool:
