@@ -326,7 +326,7 @@ def quant_out_case(a, b, fmt="mxfp8"):
 
 def _fp4_weight_cases():
     """FP4 weights x bf16 (cutegemm.blockscaled.fp4_weight): dense and grouped, every pipeline
-    (TMA ring, its split grid, register prefetch, cp.async ring), ragged N and a K tail chunk, poisoned outputs with a
+    (TMA ring, its split grid, the WGMMA consumers, register prefetch, cp.async ring), ragged N and a K tail chunk, poisoned outputs with a
     guard row; rows past offs[-1] must stay poisoned."""
     from cutegemm.blockscaled import quantize_ref
     from cutegemm.blockscaled.fp4_weight_api import gemm_fp4_weight, gemm_fp4_weight_ref, pick_config
@@ -340,7 +340,8 @@ def _fp4_weight_cases():
         x = cpu(sum(counts) + 2, k)  # 2 rows past offs[-1] (grouped) / a guard (dense: sliced)
         offs = torch.tensor(counts).cumsum(0).to(torch.int32) if grouped else None
         rows = x.shape[0] if grouped else counts[0]
-        cfg = replace(pick_config(rows, fmt, BF, "sm_90a", grouped, e), **shape)
+        # the mma.sync consumers' policy config (sm_100a's; sm_90a's takes the WGMMA ones here)
+        cfg = replace(pick_config(rows, fmt, BF, "sm_100a", grouped, e), arch="sm_90a", **shape)
         buf = torch.full((x.shape[0] + 1, n), float("nan"), dtype=BF).cuda()
         out = buf[:rows]
         qg = type(qw)(qw.data.cuda(), qw.scales.cuda(), qw.fmt, qw.shape,
@@ -361,6 +362,9 @@ def _fp4_weight_cases():
         for grouped in (False, True):
             pipelines = (
                 ("tma", {}),  # the policy's TMA / bulk-copy ring
+                # the WGMMA consumers, 16 tokens per pass: two passes, a K tail inside a stage
+                ("wgmma", dict(wgmma=True, producer_pairs=False, ring=4, ring_k=2, row_tiles=1, warps_n=8, warps_k=1,
+                               n_tiles=2, split=False)),  # fmt: skip
                 ("regs", dict(ring=0, stages=0, row_tiles=1, warps_n=1, warps_k=2)),
                 ("cpasync", dict(ring=0, stages=4, row_tiles=1, warps_n=2, warps_k=4)),
             )
