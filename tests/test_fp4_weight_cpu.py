@@ -264,7 +264,7 @@ def test_wgmma_config_rules():
     assert fw.Fp4WeightConfig(**base).name.endswith("_wg")
     assert fw.Fp4WeightConfig(**{**base, "n_tiles": 16, "ring": 2}).tokens_per_pass == 128
     for bad in (dict(arch="sm_100a"), dict(ring=0), dict(ring_k=4), dict(warps_n=4), dict(warps_k=2, warps_n=4),
-                dict(row_tiles=2, warps_n=4), dict(split=True), dict(producer_pairs=True), dict(n_tiles=16, ring=3),
+                dict(row_tiles=2, warps_n=4), dict(split=True, grouped=True), dict(producer_pairs=True), dict(n_tiles=16, ring=3),
                 dict(n_tiles=32)):  # fmt: skip
         with pytest.raises(ValueError):
             fw.Fp4WeightConfig(**{**base, **bad})

@@ -175,6 +175,9 @@ SPLIT_SHAPES = [
     dict(ring=3, ring_k=2, warps_n=4, warps_k=1, row_tiles=1),
     dict(ring=2, ring_k=4, warps_n=8, warps_k=1, row_tiles=1, n_tiles=1),
 ]
+if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:  # the WGMMA consumers (sm_90a)
+    SPLIT_SHAPES += [dict(ring=3, ring_k=2, warps_n=8, warps_k=1, row_tiles=1, n_tiles=n_tiles, wgmma=True,
+                          producer_pairs=False) for n_tiles in (2, 8)]  # fmt: skip
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

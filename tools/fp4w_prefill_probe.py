@@ -28,19 +28,22 @@ from cutegemm.gemm.api import gemm
 from cutegemm.grouped.api import grouped_gemm
 
 N, K = 28672, 4096
-DENSE_M = (16, 32, 48, 64, 96, 128, 192, 256, 512, 1024, 4096)
+DENSE_M = (16, 32, 48, 64, 96, 128, 192, 256, 512)
 MX_M = (64, 256, 1024)
-GROUPED = ((32, 16), (32, 64), (32, 256), (32, 1024))  # (E, mean tokens per expert); N 4096, K 7168
+GROUPED = ((32, 64), (32, 256))  # (E, mean tokens per expert); N 4096, K 7168
 QUICK = "--quick" in sys.argv
 
 
 def wg_configs(fmt, rows, grouped):
     """WGMMA-consumer configs (``Fp4WeightConfig.wgmma``) for ``rows`` tokens (per expert)."""
-    shapes = [(2, 4), (4, 4)] if rows <= 32 else [(8, 2), (8, 3), (16, 2)]
+    shapes = [(4, 4, False)] if rows <= 32 else [(8, 3, False), (16, 2, False)]
+    if not grouped:
+        shapes += [(4, 4, True)] if rows <= 32 else [(8, 3, True)]
     return {
-        f"wg t{8 * nt} r{ring}": Fp4WeightConfig(fmt=fmt, n_tiles=nt, ring=ring, ring_k=2, warps_n=8, warps_k=1,
-                                                 row_tiles=1, stages=0, grouped=grouped, wgmma=True, producer_pairs=False)
-        for nt, ring in shapes
+        f"wg t{8 * nt} r{ring}{' split' if split else ''}": Fp4WeightConfig(
+            fmt=fmt, n_tiles=nt, ring=ring, ring_k=2, warps_n=8, warps_k=1, row_tiles=1, stages=0, grouped=grouped,
+            wgmma=True, producer_pairs=False, split=split)
+        for nt, ring, split in shapes
     }  # fmt: skip
 
 

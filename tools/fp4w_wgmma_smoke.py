@@ -15,7 +15,7 @@ from cutegemm.blockscaled.fp4_weight import Fp4WeightConfig
 from cutegemm.blockscaled.reference import dequantize_ref
 
 
-def one(fmt, m, n, k, nt, ring, counts=None):
+def one(fmt, m, n, k, nt, ring, counts=None, split=False):
     torch.manual_seed(m + n + k)
     grouped = counts is not None
     e = len(counts) if grouped else 1
@@ -23,7 +23,7 @@ def one(fmt, m, n, k, nt, ring, counts=None):
     qw = cutegemm.quantize(w, fmt)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     cfg = Fp4WeightConfig(fmt=fmt, n_tiles=nt, ring=ring, ring_k=2, warps_n=8, warps_k=1, row_tiles=1, stages=0,
-                          grouped=grouped, wgmma=True, producer_pairs=False)  # fmt: skip
+                          grouped=grouped, wgmma=True, producer_pairs=False, split=split)  # fmt: skip
     offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32) if grouped else None
     out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     api.gemm_fp4_weight(x, qw, offs=offs, out=out, config=cfg)
@@ -56,6 +56,8 @@ if __name__ == "__main__":
         ("nvfp4", 16, 128, 256, 2, 4, None),
         ("mxfp4", 200, 130, 1024, 16, 2, None),
         ("nvfp4", 90, 200, 32 * 9, 4, 4, [40, 0, 50]),
+        ("nvfp4", 100, 1000, 32 * 40, 8, 3, None, True),  # split: passes cut between CTAs
+        ("mxfp4", 64, 28672, 4096, 8, 3, None, True),
     ]
     for c in cases:
         if not one(*c):

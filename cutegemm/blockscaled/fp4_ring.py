@@ -126,13 +126,7 @@ class RingPipeline:
         n_tiles = (n + R - 1) // R
         row_start, row_end, x_base0 = self.token_range(mOffs, m_rows, by)
         n_pass = (row_end - row_start + T - 1) // T
-        u_lo = cutlass.Int32(0)
-        u_hi = n_pass * n_kst
-        total = u_hi
-        if cutlass.const_expr(cfg.split):
-            total = batches * n_tiles * n_pass * n_kst
-            u_lo = cutlass.Int32(cutlass.Int64(bx) * cutlass.Int64(total) // cutlass.Int64(n_ctas))
-            u_hi = cutlass.Int32(cutlass.Int64(bx + 1) * cutlass.Int64(total) // cutlass.Int64(n_ctas))
+        u_lo, u_hi, total = self.unit_range(bx, batches, n_tiles, n_pass, n_kst, n_ctas)
 
         alloc = memory.SmemAllocator()
         sw_layout = self.w_smem_layout()
@@ -341,21 +335,36 @@ class RingPipeline:
 
     @cute.jit
     def end_segment(self, acc, sRed, sFlag, mWork, slot0, lane, kg, rw, cw, seg, su0, u_lo, u_hi, total, n_ctas, n_kst,
-                    n_pass, n_tiles, batches, bx, by, row_start, row_end, x_base0, m_rows, n, gs, mXs, mOut):  # fmt: skip
+                    n_pass, n_tiles, batches, bx, by, row_start, row_end, x_base0, m_rows, n, gs, mXs, mOut,
+                    permuted: cutlass.Constexpr = True):  # fmt: skip
         """The consumers at the end of segment ``seg`` (first unit ``su0``): store it, or (split,
-        the segment cut between CTAs) :meth:`split_finish`."""
+        the segment cut between CTAs) :meth:`split_finish`. ``permuted``: the mma.sync consumers'
+        row order (:meth:`kernel_ring`); the WGMMA consumers' is the natural one."""
         cfg = self.cfg
         tile, batch, m0, x_base = self.ring_segment(seg, n_pass, n_tiles, bx, by, row_start, x_base0, m_rows)
         row0 = tile * cfg.rows_per_cta + rw * (16 * cfg.row_tiles)
         bar = 32 * cfg.warps
         if cutlass.const_expr(cfg.split):
             if su0 >= u_lo and su0 + n_kst <= u_hi:
-                self.finish_pass(acc, sRed, lane, kg, rw, m0, m_rows, x_base, row0, n, gs, mXs, mOut, bar, True)
+                self.finish_pass(acc, sRed, lane, kg, rw, m0, m_rows, x_base, row0, n, gs, mXs, mOut, bar, permuted)
             else:
                 self.split_finish(acc, sRed, sFlag, mWork, slot0, lane, kg, rw, cw, seg, su0, u_lo, total, n_ctas, n_kst,
-                                  m0, m_rows, x_base, row0, n, gs, mXs, mOut, bar)  # fmt: skip
+                                  m0, m_rows, x_base, row0, n, gs, mXs, mOut, bar, permuted)  # fmt: skip
         else:
-            self.finish_pass(acc, sRed, lane, kg, rw, m0, row_end, x_base, row0, n, gs, mXs, mOut, bar, True)
+            self.finish_pass(acc, sRed, lane, kg, rw, m0, row_end, x_base, row0, n, gs, mXs, mOut, bar, permuted)
+
+    @cute.jit
+    def unit_range(self, bx, batches, n_tiles, n_pass, n_kst, n_ctas):
+        """(first unit, end unit, unit count) of CTA ``bx``: its tile's passes x K stages, or with
+        ``split`` an equal share of every (batch, row tile, pass, K stage) unit."""
+        u_lo = cutlass.Int32(0)
+        u_hi = n_pass * n_kst
+        total = u_hi
+        if cutlass.const_expr(self.cfg.split):
+            total = batches * n_tiles * n_pass * n_kst
+            u_lo = cutlass.Int32(cutlass.Int64(bx) * cutlass.Int64(total) // cutlass.Int64(n_ctas))
+            u_hi = cutlass.Int32(cutlass.Int64(bx + 1) * cutlass.Int64(total) // cutlass.Int64(n_ctas))
+        return u_lo, u_hi, total
 
     @cute.jit
     def ring_segment(self, seg, n_pass, n_tiles, bx, by, row_start, x_base0, m_rows):
@@ -385,7 +394,8 @@ class RingPipeline:
 
     @cute.jit
     def split_finish(self, acc, sRed, sFlag, mWork, slot0, lane, kg, rw, cw, seg, su0, u_lo, total, n_ctas, n_kst,
-                     m0, row_end, x_base, row0, n, gs, mXs, mOut, bar_threads: cutlass.Constexpr):  # fmt: skip
+                     m0, row_end, x_base, row0, n, gs, mXs, mOut, bar_threads: cutlass.Constexpr,
+                     permuted: cutlass.Constexpr = True):  # fmt: skip
         """A segment cut between CTAs (``split``): its K groups meet (``sRed``), K group 0 writes
         its fp32 partial sums to the CTA's slot in ``mWork`` and one thread counts the CTA in on
         the segment's counter (acq_rel, GPU scope). The CTA that completes the count adds the
@@ -435,7 +445,7 @@ class RingPipeline:
                         addr = mWork.iterator.toint() + cutlass.Int64(base) * 4
                         for v in cutlass.range_constexpr(n_acc):
                             tot[self.acc_index(v)] += ld_global_cg_f32(addr + v * 128)
-                self.store_fragment(tot, lane, m0, row_end, x_base, row0, n, gs, mXs, mOut, True)
+                self.store_fragment(tot, lane, m0, row_end, x_base, row0, n, gs, mXs, mOut, permuted)
         self.sync(bar_threads)  # sFlag and sRed are rewritten by the next segment
 
 

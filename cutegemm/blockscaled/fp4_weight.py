@@ -136,11 +136,11 @@ class Fp4WeightConfig:
             raise ValueError(f"Fp4WeightConfig.n_tiles must be 1, 2, 4 or 8 (16 with wgmma), got {self.n_tiles}")
         if self.wgmma and (
             self.arch != "sm_90a" or not self.ring or self.ring_k != 2 or (self.warps_n, self.warps_k, self.row_tiles) != (8, 1, 1)
-            or self.split or self.producer_pairs
+            or self.producer_pairs
         ):  # fmt: skip
             raise ValueError(
-                "Fp4WeightConfig.wgmma needs sm_90a, the ring with ring_k 2, warps_n 8, warps_k 1, row_tiles 1, "
-                "producer_pairs=False and no split"
+                "Fp4WeightConfig.wgmma needs sm_90a, the ring with ring_k 2, warps_n 8, warps_k 1, row_tiles 1 and "
+                "producer_pairs=False"
             )
         if self.row_tiles not in (1, 2, 4):
             raise ValueError(f"Fp4WeightConfig.row_tiles must be 1, 2 or 4, got {self.row_tiles}")

@@ -50,7 +50,9 @@ class WgmmaPipeline:
     def kernel_wgmma(self, tma_atom: cute.CopyAtom, mW: cute.Tensor, tma_atom_x: cute.CopyAtom, mX2: cute.Tensor, mS,
                      mOut, mOffs, mGs, mXs, mWork, m_rows, n, k, batches, n_ctas, slot0, tile_stride, alpha):  # fmt: skip
         """Grid (128-row weight tiles, batches / experts); each CTA runs its batch's (expert's)
-        token passes over its weight rows, the passes after the first reading the rows from L2."""
+        token passes over its weight rows, the passes after the first reading the rows from L2.
+        With ``split`` (dense): the ring's persistent grid, equal ranges of (row tile, pass, K
+        stage) units per CTA, a pass cut between CTAs finished by ``split_finish``."""
         from cutlass import memory
 
         cfg = self.cfg
@@ -70,6 +72,7 @@ class WgmmaPipeline:
         n_tiles = (n + R - 1) // R
         row_start, row_end, x_base0 = self.token_range(mOffs, m_rows, by)
         n_pass = (row_end - row_start + T - 1) // T
+        u_lo, u_hi, total = self.unit_range(bx, batches, n_tiles, n_pass, n_kst, n_ctas)
 
         alloc = memory.SmemAllocator()
         sw_layout = self.w_smem_layout()
@@ -78,6 +81,7 @@ class WgmmaPipeline:
         sX = alloc.allocate_tensor(cutlass.BFloat16, sx_layout.outer, 1024, swizzle=sx_layout.inner)
         sides = alloc.allocate_tensor(cutlass.Int32, cute.make_layout(S * side // 4), 128)
         bars = alloc.allocate_tensor(cutlass.Int64, cute.make_layout(3 * S), 8)
+        sFlag = alloc.allocate_tensor(cutlass.Int32, cute.make_layout(4), 16)
         w_smem = sW.iterator.toint()
         x_smem = sX.iterator.toint()
         side_base = sides.iterator.toint()
@@ -96,15 +100,14 @@ class WgmmaPipeline:
 
         if warp == W:
             # ---- producer (the last warp) ----
-            self.produce(tma_atom, mW, tma_atom_x, mX2, sW, sX, mS, cutlass.Int32(0), n_pass * n_kst, n_kst, n_pass,
-                         n_tiles, bx, by, row_start, x_base0, m_rows, n_p, cols_p, tile_stride, x_smem, side_base,
-                         bar_base, full, lane)  # fmt: skip
+            self.produce(tma_atom, mW, tma_atom_x, mX2, sW, sX, mS, u_lo, u_hi, n_kst, n_pass, n_tiles, bx, by,
+                         row_start, x_base0, m_rows, n_p, cols_p, tile_stride, x_smem, side_base, bar_base, full, lane)  # fmt: skip
         else:
             # ---- consumers: two warpgroups of 64 weight rows ----
             g = lane // 4
             t = lane % 4
             gs = self.out_scale(mGs, alpha)
-            r0 = (warp // 4) * 64 + (warp % 4) * 16  # the warp's first row in the CTA
+            r0 = (warp // 4) * 64 + (warp % 4) * 16  # the warp's first row in the CTA (= 16 warp)
             w_off = cute.make_rmem_tensor((2,), cutlass.Int32)  # rows r0 + g, r0 + g + 8 (x 128 bytes)
             s_off = cute.make_rmem_tensor((2,), cutlass.Int32)  # their scales' offset in the 128-row tile
             for hr in cutlass.range_constexpr(2):
@@ -114,31 +117,40 @@ class WgmmaPipeline:
             acc = cute.make_rmem_tensor((1, NT, 4), cutlass.Float32)
             sel = t + 0x4440  # PRMT selector: byte t of a word (K pair 2 t, 2 t + 1 of its 8 values)
             it = cutlass.Int32(0)
-            seg = cutlass.Int32(0)
-            while seg < n_pass:
-                acc.fill(0.0)
-                ks = cutlass.Int32(0)
-                while ks < n_kst:
-                    slot = it % S
-                    cute.arch.mbarrier_wait(full + slot, (it // S) % 2)
-                    st = side_base + slot * side
-                    sw = cute.make_rmem_tensor((2, cfg.scale_groups), cutlass.Int32)  # the rows' scale words
-                    for hr in cutlass.range_constexpr(2):
-                        for h in cutlass.range_constexpr(cfg.scale_groups):
-                            sw[hr, h] = ld_shared_b32(st + h * 512 + s_off[hr])
-                    for half in cutlass.range_constexpr(2):
-                        self.wgmma_half(acc, half, w_smem + slot * (R * 128), x_smem + slot * (NX * XB), sw, w_off, g,
-                                        sel, ks, k)  # fmt: skip
-                        if half == 0 and ks > 0:
-                            # the previous stage's MMAs are done (wait_group(1) above): release it
+            pending = cutlass.Int32(0)  # 1: the last stage's MMAs may still run (released one half later)
+            u = u_lo
+            seg = u_lo // n_kst
+            ks = u_lo - seg * n_kst
+            while u < u_hi:
+                if ks == 0 or u == u_lo:  # a segment (one token pass over one weight tile) starts
+                    acc.fill(0.0)
+                slot = it % S
+                cute.arch.mbarrier_wait(full + slot, (it // S) % 2)
+                st = side_base + slot * side
+                sw = cute.make_rmem_tensor((2, cfg.scale_groups), cutlass.Int32)  # the rows' scale words
+                for hr in cutlass.range_constexpr(2):
+                    for h in cutlass.range_constexpr(cfg.scale_groups):
+                        sw[hr, h] = ld_shared_b32(st + h * 512 + s_off[hr])
+                for half in cutlass.range_constexpr(2):
+                    self.wgmma_half(acc, half, w_smem + slot * (R * 128), x_smem + slot * (NX * XB), sw, w_off, g,
+                                    sel, ks, k)  # fmt: skip
+                    if half == 0:
+                        if pending == 1:  # the stage before: its MMAs are done (wait_group(1) above)
                             cute.arch.mbarrier_arrive(empty + (it - 1) % S)
-                    it += 1
-                    ks += 1
-                warpgroup.wait_group(0)
-                cute.arch.mbarrier_arrive(empty + (it - 1) % S)
-                m0 = row_start + seg * T
-                self.store_fragment(acc, lane, m0, row_end, x_base0, bx * R + r0, n, gs, mXs, mOut, False)
-                seg += 1
+                pending = cutlass.Int32(1)
+                it += 1
+                if ks == n_kst - 1 or u == u_hi - 1:  # the segment ends here
+                    warpgroup.wait_group(0)
+                    cute.arch.mbarrier_arrive(empty + (it - 1) % S)
+                    pending = cutlass.Int32(0)
+                    self.end_segment(acc, None, sFlag, mWork, slot0, lane, 0, warp, warp, seg, u - ks, u_lo, u_hi, total,
+                                     n_ctas, n_kst, n_pass, n_tiles, batches, bx, by, row_start, row_end, x_base0, m_rows,
+                                     n, gs, mXs, mOut, False)  # fmt: skip
+                u += 1
+                ks += 1
+                if ks == n_kst:
+                    ks = 0
+                    seg += 1
 
     @cute.jit
     def wgmma_half(self, acc, half: cutlass.Constexpr, w_box, x_stage, sw, w_off, g, sel, ks, k):
