@@ -117,40 +117,35 @@ class WgmmaPipeline:
             acc = cute.make_rmem_tensor((1, NT, 4), cutlass.Float32)
             sel = t + 0x4440  # PRMT selector: byte t of a word (K pair 2 t, 2 t + 1 of its 8 values)
             it = cutlass.Int32(0)
-            pending = cutlass.Int32(0)  # 1: the last stage's MMAs may still run (released one half later)
-            u = u_lo
             seg = u_lo // n_kst
-            ks = u_lo - seg * n_kst
-            while u < u_hi:
-                if ks == 0 or u == u_lo:  # a segment (one token pass over one weight tile) starts
-                    acc.fill(0.0)
-                slot = it % S
-                cute.arch.mbarrier_wait(full + slot, (it // S) % 2)
-                st = side_base + slot * side
-                sw = cute.make_rmem_tensor((2, cfg.scale_groups), cutlass.Int32)  # the rows' scale words
-                for hr in cutlass.range_constexpr(2):
-                    for h in cutlass.range_constexpr(cfg.scale_groups):
-                        sw[hr, h] = ld_shared_b32(st + h * 512 + s_off[hr])
-                for half in cutlass.range_constexpr(2):
-                    self.wgmma_half(acc, half, w_smem + slot * (R * 128), x_smem + slot * (NX * XB), sw, w_off, g,
-                                    sel, ks, k)  # fmt: skip
-                    if half == 0:
-                        if pending == 1:  # the stage before: its MMAs are done (wait_group(1) above)
+            while seg * n_kst < u_hi:  # segments: one token pass over one weight tile (split: the part in range)
+                su0 = seg * n_kst
+                ks0 = cutlass.max(u_lo - su0, 0)
+                ks_end = cutlass.min(u_hi - su0, n_kst)
+                acc.fill(0.0)
+                ks = ks0
+                while ks < ks_end:
+                    slot = it % S
+                    cute.arch.mbarrier_wait(full + slot, (it // S) % 2)
+                    st = side_base + slot * side
+                    sw = cute.make_rmem_tensor((2, cfg.scale_groups), cutlass.Int32)  # the rows' scale words
+                    for hr in cutlass.range_constexpr(2):
+                        for h in cutlass.range_constexpr(cfg.scale_groups):
+                            sw[hr, h] = ld_shared_b32(st + h * 512 + s_off[hr])
+                    for half in cutlass.range_constexpr(2):
+                        self.wgmma_half(acc, half, w_smem + slot * (R * 128), x_smem + slot * (NX * XB), sw, w_off, g,
+                                        sel, ks, k)  # fmt: skip
+                        if half == 0 and ks > ks0:
+                            # the previous stage's MMAs are done (wait_group(1) above): release it
                             cute.arch.mbarrier_arrive(empty + (it - 1) % S)
-                pending = cutlass.Int32(1)
-                it += 1
-                if ks == n_kst - 1 or u == u_hi - 1:  # the segment ends here
-                    warpgroup.wait_group(0)
-                    cute.arch.mbarrier_arrive(empty + (it - 1) % S)
-                    pending = cutlass.Int32(0)
-                    self.end_segment(acc, None, sFlag, mWork, slot0, lane, 0, warp, warp, seg, u - ks, u_lo, u_hi, total,
-                                     n_ctas, n_kst, n_pass, n_tiles, batches, bx, by, row_start, row_end, x_base0, m_rows,
-                                     n, gs, mXs, mOut, False)  # fmt: skip
-                u += 1
-                ks += 1
-                if ks == n_kst:
-                    ks = 0
-                    seg += 1
+                    it += 1
+                    ks += 1
+                warpgroup.wait_group(0)
+                cute.arch.mbarrier_arrive(empty + (it - 1) % S)
+                self.end_segment(acc, None, sFlag, mWork, slot0, lane, 0, warp, warp, seg, su0, u_lo, u_hi, total, n_ctas,
+                                 n_kst, n_pass, n_tiles, batches, bx, by, row_start, row_end, x_base0, m_rows, n, gs, mXs,
+                                 mOut, False)  # fmt: skip
+                seg += 1
 
     @cute.jit
     def wgmma_half(self, acc, half: cutlass.Constexpr, w_box, x_stage, sw, w_off, g, sel, ks, k):
