@@ -369,7 +369,8 @@ def _fp4_weight_cases():
                 ("cpasync", dict(ring=0, stages=4, row_tiles=1, warps_n=2, warps_k=4)),
             )
             if not grouped:  # the split grid: segments cut between CTAs, several token passes
-                pipelines += (("split", dict(split=True, n_tiles=1)),)
+                pipelines += (("split", dict(split=True, n_tiles=1)),
+                              ("wgmma-split", {**pipelines[1][1], "split": True}))  # fmt: skip
             for name, shape in pipelines:
                 g = "grouped" if grouped else "dense"
                 out[f"fp4w-{fmt}-{g}-{name}"] = lambda f=fmt, gr=grouped, sh=shape: case(f, gr, sh)

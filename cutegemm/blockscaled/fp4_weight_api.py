@@ -112,15 +112,17 @@ def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bo
         shape.update(ring=3, split=True)
     if arch == "sm_90a" and (rows > 32 or (not grouped and rows > 16)):
         # sm_90a, more tokens: the WGMMA consumers (fp4_wgmma), 64 tokens per pass in 3 ring
-        # stages (32 in 4 for dense M <= 32). H200, one run (bench/RESULTS.md, 2026-12-01 sixth
-        # session), NVFP4 N=28672 K=4096, us: M=32 44.0 vs 50.0 (mma.sync consumers, 32-token
-        # pass); M=64 51.1 vs 64.7 (cuBLAS bf16 69.9); M=128 93.9 vs 117.5 (74.1); M=192 135.5 vs
-        # 167.8; MXFP4 M=64 53.3 vs 66.8. Grouped E=32 N=4096 K=7168: ~64 rows per expert 403.6
-        # vs 650.0 (torch._grouped_mm 604.0); ~256 rows 1288.1 vs 2247.6. (128 tokens per pass in
-        # 2 stages: within 2% at M = 96..256, slower below.) M=16: 41.9 vs 31.5, not taken.
+        # stages (32 in 4 for dense M <= 32), dense M > 32 on the split grid. H200
+        # (bench/RESULTS.md, 2026-12-01 sixth session), NVFP4 N=28672 K=4096, us: M=32 44.0 vs
+        # 50.0 (mma.sync consumers, 32-token pass, same run); M=64 51.1 vs 64.7 (cuBLAS bf16
+        # 69.9); M=128 93.9 vs 117.5 (74.1); M=192 135.5 vs 167.8; MXFP4 M=64 53.3 vs 66.8.
+        # Grouped E=32 N=4096 K=7168: ~64 rows per expert 403.6 vs 650.0 (torch._grouped_mm
+        # 604.0); ~256 rows 1288.1 vs 2247.6. 128 tokens per pass in 2 stages: within 2% at
+        # M = 96..256, slower below. M=16: 41.9 vs 31.5, not taken. The split grid (another run):
+        # M=64 50.9 vs 51.7, M=128 90.5 vs 95.2, M=256 167.3 vs 180.6; M=32 44.2 vs 43.7.
         n_tiles = 4 if rows <= 32 else 8
         shape = dict(ring=4 if n_tiles == 4 else 3, ring_k=2, row_tiles=1, warps_n=8, warps_k=1, stages=0,
-                     producer_pairs=False, wgmma=True)  # fmt: skip
+                     producer_pairs=False, wgmma=True, split=not grouped and n_tiles == 8)  # fmt: skip
     return Fp4WeightConfig(
         fmt=fmt, n_tiles=n_tiles, grouped=grouped, out_dtype=_OUT[out_dtype], arch=arch, x_scale=x_scale, **shape
     )
@@ -245,8 +247,8 @@ def gemm_fp4_weight(
 # From these rows on (dense: M; grouped: mean rows per expert) the policy dequantizes the weight
 # once (``dequant.dequantize_bf16``, our kernel) and runs the bf16 GEMM on it.
 # H200, one run (bench/RESULTS.md, 2026-12-01 sixth session), NVFP4 N=28672 K=4096, us (sm_90a:
-# the WGMMA consumers / dequantize-first / cuBLAS bf16): M=256 177.7 / 178.4 / 98.7; M=512
-# 344.6 / 260.4 / 158.6; M=1024 674.1 / 389.3 / 307.8. Grouped E=32 N=4096 K=7168, mean rows
+# the WGMMA consumers on the split grid / dequantize-first / cuBLAS bf16): M=256 167.3 / 179.0 /
+# 99.9; M=512 316.4 / 259.6 / 158.8; MXFP4 M=1024 642.4 / 386.8 / 296.6. Grouped E=32 N=4096 K=7168, mean rows
 # per expert ~256: 1288.1 / 1395.3 / 866.2; ~1024: 5087.6 / 3475.3 / 2743.9 (crossover ~400
 # by linear interpolation). On sm_100a (the mma.sync consumers) the same thresholds.
 DQ_MIN_ROWS = 257
