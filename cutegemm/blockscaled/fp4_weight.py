@@ -29,6 +29,11 @@ Two ways to feed the math (``Fp4WeightConfig.ring``), each a mixin of :class:`Fp
 * the streaming ring (``ring`` > 0, the host policy's choice): :mod:`.fp4_ring`;
 * per-thread loads (``ring`` = 0, the fourth session's kernel): :mod:`.fp4_direct`.
 
+On sm_90a the ring also feeds warpgroup-MMA consumers (``Fp4WeightConfig.wgmma``,
+:mod:`.fp4_wgmma`): the tokens are the MMA's N (up to 128) and the activations are read by the
+MMA from shared memory, so a dequantized weight serves every token of the pass; the host policy
+takes them from 17 rows (33 per expert). Everything below describes the ``mma.sync`` consumers.
+
 A CTA has warps_n x warps_k consumer warps: warps_n groups of weight rows (16 * row_tiles each),
 and the K chunks of a row dealt round-robin to warps_k warps whose partial sums meet in shared
 memory (:meth:`Fp4WeightKernel.finish_pass`). The token rows of the CTA's batch / expert are

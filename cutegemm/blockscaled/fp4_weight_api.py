@@ -14,9 +14,13 @@ Supported: bf16 activations, or float8_e4m3fn ones with optional per-token / per
 ``scale_a`` (converted to bf16 exactly by one copy, the scale applied to the fp32 results); K a
 multiple of 32 (the kernel loads 16-byte pieces of weight rows); out_dtype bf16 / fp16 / fp32.
 ``x`` may be any strided view (the kernel reads rows of K contiguous, 16-byte aligned bf16; other
-views are copied first). Any M works; the kernel is built for decode (up to 32 tokens per pass
-over a CTA's weight rows; more tokens take more passes, which re-read those rows, mostly from L2:
-for prefill, dequantize and run the bf16 GEMM). Other K: ValueError.
+views are copied first). Any M works (other K: ValueError). The policy (``pick_config``,
+``dequantize_first``): decode (up to 16 rows dense, 32 per expert grouped) on the kernel's
+``mma.sync`` consumers; on sm_90a from 17 rows (33 per expert) its WGMMA consumers (64 tokens per
+pass over a CTA's weight rows, more tokens taking more passes that re-read those rows, mostly
+from L2); from DQ_MIN_ROWS dense rows / DQ_MIN_ROWS_GROUPED rows per expert the weight is
+dequantized once to bf16 (temporary memory: 2 bytes per weight element) and the bf16 GEMM runs
+on it. A forced ``config`` always runs the kernel.
 
 Dense calls with several token passes use the split grid (``Fp4WeightConfig.split``): it keeps a
 small workspace per (device, stream) (counters the kernel leaves at zero + partial-sum slots), so
