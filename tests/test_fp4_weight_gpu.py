@@ -140,11 +140,14 @@ RING_SHAPES = [
     dict(ring=3, ring_k=2, warps_n=4, warps_k=2, row_tiles=2),
     dict(ring=2, ring_k=4, warps_n=1, warps_k=1, row_tiles=1, n_tiles=1),
 ]
+if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:  # the WGMMA consumers (sm_90a)
+    RING_SHAPES += [dict(ring=ring, ring_k=2, warps_n=8, warps_k=1, row_tiles=1, n_tiles=n_tiles, wgmma=True,
+                         producer_pairs=False) for n_tiles, ring in ((2, 4), (4, 4), (8, 3), (8, 2), (16, 2))]  # fmt: skip
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    counts=st.lists(st.integers(0, 45), min_size=1, max_size=4),
+    counts=st.lists(st.integers(0, 150), min_size=1, max_size=4),
     n=st.integers(1, 300),
     kb=st.integers(1, 40),
     fmt=st.sampled_from(["nvfp4", "mxfp4"]),
@@ -153,8 +156,10 @@ RING_SHAPES = [
     out_dtype=st.sampled_from([torch.bfloat16, torch.float32]),
 )
 def test_bulk_copy_ring(counts, n, kb, fmt, grouped, shape, out_dtype):
-    """The streaming ring (cfg.ring: TMA + bulk copies): rows past N inside a CTA, K with a partial last chunk and
-    partial stages, several token passes, empty experts, both formats."""
+    """The streaming ring (cfg.ring: TMA + bulk copies) with the mma.sync consumers and on sm_90a
+    the WGMMA ones: rows past N inside a CTA, K with a partial last chunk and partial stages,
+    several token passes (tokens past a pass's end: zeros or the next expert's rows), empty
+    experts, both formats."""
     from dataclasses import replace
 
 
@@ -527,37 +532,3 @@ def test_grouped_prefill_dequantize_first(fmt):
         torch.cuda.synchronize()
         assert torch.isnan(out[end:]).all()
         _check(out[:end], x[:end], qw, _bounds(offs))
-
-
-WGMMA_SHAPES = [(2, 4), (4, 4), (8, 3), (8, 2), (16, 2)]  # (n_tiles: tokens / 8, ring stages)
-
-
-@pytest.mark.skipif(
-    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9, reason="the WGMMA kernel is sm_90a"
-)
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    counts=st.lists(st.integers(0, 150), min_size=1, max_size=4),
-    n=st.integers(1, 300),
-    kb=st.integers(1, 40),
-    fmt=st.sampled_from(["nvfp4", "mxfp4"]),
-    grouped=st.booleans(),
-    shape=st.sampled_from(WGMMA_SHAPES),
-    out_dtype=st.sampled_from([torch.bfloat16, torch.float32]),
-)
-def test_wgmma_ring(counts, n, kb, fmt, grouped, shape, out_dtype):
-    """The WGMMA consumers (cfg.wgmma): rows past N inside a CTA, K with a partial last stage,
-    several token passes (tokens past a pass's end: zeros or the next expert's rows), empty
-    experts, both formats, every element against the float64 reference."""
-    from cutegemm.blockscaled.fp4_weight import Fp4WeightConfig
-
-    k = 32 * kb
-    if not grouped:
-        counts = [max(sum(counts), 1)]
-    e = len(counts)
-    qw = _weights((e, n, k) if grouped else (n, k), fmt, seed=n * 37 + kb * 5 + e)
-    x = torch.randn(sum(counts), k, device="cuda").to(torch.bfloat16)
-    out = {torch.bfloat16: "bf16", torch.float32: "fp32"}[out_dtype]
-    cfg = Fp4WeightConfig(fmt=fmt, n_tiles=shape[0], ring=shape[1], ring_k=2, warps_n=8, warps_k=1, row_tiles=1,
-                          stages=0, grouped=grouped, out_dtype=out, wgmma=True, producer_pairs=False)  # fmt: skip
-    _run_checked(x, qw, counts if grouped else None, cfg, out_dtype)

@@ -110,7 +110,7 @@ class RingPipeline:
 
         cfg = self.cfg
         RT, NT, RW, KW = cfg.row_tiles, cfg.n_tiles, cfg.warps_n, cfg.warps_k
-        S, SK, R, T = cfg.ring, cfg.ring_k, cfg.rows_per_cta, cfg.tokens_per_pass
+        S, SK, R = cfg.ring, cfg.ring_k, cfg.rows_per_cta
         W = cfg.warps
         NB = SK // 2  # weight boxes per stage
         NX = 2 * SK  # activation boxes per stage
@@ -120,22 +120,11 @@ class RingPipeline:
         bx, by, _ = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(tidx // 32)
         lane = tidx % 32
-        n_p, cols_p = self.scale_dims(n, k)
-        n_chunks = (k + CHUNK_K - 1) // CHUNK_K
-        n_kst = (n_chunks + SK - 1) // SK
-        n_tiles = (n + R - 1) // R
-        row_start, row_end, x_base0 = self.token_range(mOffs, m_rows, by)
-        n_pass = (row_end - row_start + T - 1) // T
-        u_lo, u_hi, total = self.unit_range(bx, batches, n_tiles, n_pass, n_kst, n_ctas)
+        (n_p, cols_p, n_chunks, n_kst, n_tiles, row_start, row_end, x_base0, n_pass, u_lo, u_hi,
+         total) = self.ring_work(mOffs, m_rows, n, k, batches, n_ctas, bx, by)  # fmt: skip
 
         alloc = memory.SmemAllocator()
-        sw_layout = self.w_smem_layout()
-        sW = alloc.allocate_tensor(cutlass.Uint8, sw_layout.outer, 1024, swizzle=sw_layout.inner)
-        sx_layout = self.x_smem_layout()
-        sX = alloc.allocate_tensor(cutlass.BFloat16, sx_layout.outer, 1024, swizzle=sx_layout.inner)
-        sides = alloc.allocate_tensor(cutlass.Int32, cute.make_layout(S * side // 4), 128)
-        bars = alloc.allocate_tensor(cutlass.Int64, cute.make_layout(3 * S), 8)
-        sFlag = alloc.allocate_tensor(cutlass.Int32, cute.make_layout(4), 16)
+        sW, sX, sides, bars, sFlag = self.ring_smem(alloc)
         sRed = None
         if cutlass.const_expr(KW > 1):
             n_acc = RT * NT * 4
@@ -352,6 +341,34 @@ class RingPipeline:
                                   m0, m_rows, x_base, row0, n, gs, mXs, mOut, bar, permuted)  # fmt: skip
         else:
             self.finish_pass(acc, sRed, lane, kg, rw, m0, row_end, x_base, row0, n, gs, mXs, mOut, bar, permuted)
+
+    @cute.jit
+    def ring_work(self, mOffs, m_rows, n, k, batches, n_ctas, bx, by):
+        """The ring kernels' work geometry: (N_p, cols_p) of the scales, K chunks, K stages, row
+        tiles, the batch's (expert's) token rows and first x row, its token passes, and the CTA's
+        (first, end) unit and the unit count (:meth:`unit_range`)."""
+        cfg = self.cfg
+        n_p, cols_p = self.scale_dims(n, k)
+        n_chunks = (k + CHUNK_K - 1) // CHUNK_K
+        n_kst = (n_chunks + cfg.ring_k - 1) // cfg.ring_k
+        n_tiles = (n + cfg.rows_per_cta - 1) // cfg.rows_per_cta
+        row_start, row_end, x_base0 = self.token_range(mOffs, m_rows, by)
+        n_pass = (row_end - row_start + cfg.tokens_per_pass - 1) // cfg.tokens_per_pass
+        u_lo, u_hi, total = self.unit_range(bx, batches, n_tiles, n_pass, n_kst, n_ctas)
+        return n_p, cols_p, n_chunks, n_kst, n_tiles, row_start, row_end, x_base0, n_pass, u_lo, u_hi, total
+
+    def ring_smem(self, alloc):
+        """The ring's shared memory: weight boxes, activation boxes (128-byte swizzle), the
+        scales' stage slots, the stages' full / empty / activations-landed mbarriers, a flag."""
+        S, side = self.cfg.ring, self.cfg.side_bytes
+        sw_layout = self.w_smem_layout()
+        sW = alloc.allocate_tensor(cutlass.Uint8, sw_layout.outer, 1024, swizzle=sw_layout.inner)
+        sx_layout = self.x_smem_layout()
+        sX = alloc.allocate_tensor(cutlass.BFloat16, sx_layout.outer, 1024, swizzle=sx_layout.inner)
+        sides = alloc.allocate_tensor(cutlass.Int32, cute.make_layout(S * side // 4), 128)
+        bars = alloc.allocate_tensor(cutlass.Int64, cute.make_layout(3 * S), 8)
+        sFlag = alloc.allocate_tensor(cutlass.Int32, cute.make_layout(4), 16)
+        return sW, sX, sides, bars, sFlag
 
     @cute.jit
     def unit_range(self, bx, batches, n_tiles, n_pass, n_kst, n_ctas):

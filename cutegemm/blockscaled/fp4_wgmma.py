@@ -56,7 +56,7 @@ class WgmmaPipeline:
         from cutlass import memory
 
         cfg = self.cfg
-        S, SK, R, T = cfg.ring, cfg.ring_k, cfg.rows_per_cta, cfg.tokens_per_pass
+        S, SK, R = cfg.ring, cfg.ring_k, cfg.rows_per_cta
         W = cfg.warps
         NX = 2 * SK  # activation boxes per stage
         XB = cfg.x_box_bytes
@@ -66,22 +66,11 @@ class WgmmaPipeline:
         bx, by, _ = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(tidx // 32)
         lane = tidx % 32
-        n_p, cols_p = self.scale_dims(n, k)
-        n_chunks = (k + CHUNK_K - 1) // CHUNK_K
-        n_kst = (n_chunks + SK - 1) // SK
-        n_tiles = (n + R - 1) // R
-        row_start, row_end, x_base0 = self.token_range(mOffs, m_rows, by)
-        n_pass = (row_end - row_start + T - 1) // T
-        u_lo, u_hi, total = self.unit_range(bx, batches, n_tiles, n_pass, n_kst, n_ctas)
+        (n_p, cols_p, _, n_kst, n_tiles, row_start, row_end, x_base0, n_pass, u_lo, u_hi,
+         total) = self.ring_work(mOffs, m_rows, n, k, batches, n_ctas, bx, by)  # fmt: skip
 
         alloc = memory.SmemAllocator()
-        sw_layout = self.w_smem_layout()
-        sW = alloc.allocate_tensor(cutlass.Uint8, sw_layout.outer, 1024, swizzle=sw_layout.inner)
-        sx_layout = self.x_smem_layout()
-        sX = alloc.allocate_tensor(cutlass.BFloat16, sx_layout.outer, 1024, swizzle=sx_layout.inner)
-        sides = alloc.allocate_tensor(cutlass.Int32, cute.make_layout(S * side // 4), 128)
-        bars = alloc.allocate_tensor(cutlass.Int64, cute.make_layout(3 * S), 8)
-        sFlag = alloc.allocate_tensor(cutlass.Int32, cute.make_layout(4), 16)
+        sW, sX, sides, bars, sFlag = self.ring_smem(alloc)
         w_smem = sW.iterator.toint()
         x_smem = sX.iterator.toint()
         side_base = sides.iterator.toint()
