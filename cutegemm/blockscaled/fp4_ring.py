@@ -116,28 +116,18 @@ class RingPipeline:
         NX = 2 * SK  # activation boxes per stage
         XB = cfg.x_box_bytes
         side = cfg.side_bytes
-        tidx, _, _ = cute.arch.thread_idx()
-        bx, by, _ = cute.arch.block_idx()
-        warp = cute.arch.make_warp_uniform(tidx // 32)
-        lane = tidx % 32
+        tidx, bx, by, warp, lane = self.thread_ids()
         (n_p, cols_p, n_chunks, n_kst, n_tiles, row_start, row_end, x_base0, n_pass, u_lo, u_hi,
          total) = self.ring_work(mOffs, m_rows, n, k, batches, n_ctas, bx, by)  # fmt: skip
 
         alloc = memory.SmemAllocator()
-        sW, sX, sides, bars, sFlag = self.ring_smem(alloc)
+        sW, sX, sFlag, w_smem, x_smem, side_base, bar_base, full, empty, xfull = self.ring_smem(alloc)
         sRed = None
         if cutlass.const_expr(KW > 1):
             n_acc = RT * NT * 4
             sRed = alloc.allocate_tensor(
                 cutlass.Float32, cute.make_layout((n_acc, 32, RW, KW - 1), stride=(32, 1, 32 * n_acc, 32 * n_acc * RW)), 16
             )
-        w_smem = sW.iterator.toint()
-        x_smem = sX.iterator.toint()
-        side_base = sides.iterator.toint()
-        bar_base = bars.iterator.toint()
-        full = bars.iterator
-        empty = bars.iterator + S
-        xfull = bars.iterator + 2 * S  # the stage's activation boxes have landed (the producer pairs them)
         PP = cfg.producer_pairs
         if tidx == 0:
             for i in cutlass.range_constexpr(S):
@@ -359,7 +349,8 @@ class RingPipeline:
 
     def ring_smem(self, alloc):
         """The ring's shared memory: weight boxes, activation boxes (128-byte swizzle), the
-        scales' stage slots, the stages' full / empty / activations-landed mbarriers, a flag."""
+        scales' stage slots, the stages' full / empty / activations-landed mbarriers, a flag;
+        returned as (sW, sX, flag, the first four's shared addresses, the three barrier arrays)."""
         S, side = self.cfg.ring, self.cfg.side_bytes
         sw_layout = self.w_smem_layout()
         sW = alloc.allocate_tensor(cutlass.Uint8, sw_layout.outer, 1024, swizzle=sw_layout.inner)
@@ -368,7 +359,17 @@ class RingPipeline:
         sides = alloc.allocate_tensor(cutlass.Int32, cute.make_layout(S * side // 4), 128)
         bars = alloc.allocate_tensor(cutlass.Int64, cute.make_layout(3 * S), 8)
         sFlag = alloc.allocate_tensor(cutlass.Int32, cute.make_layout(4), 16)
-        return sW, sX, sides, bars, sFlag
+        full = bars.iterator
+        empty = bars.iterator + S
+        xfull = bars.iterator + 2 * S  # the stage's activation boxes have landed (producer_pairs)
+        return (sW, sX, sFlag, sW.iterator.toint(), sX.iterator.toint(), sides.iterator.toint(), bars.iterator.toint(),
+                full, empty, xfull)  # fmt: skip
+
+    def thread_ids(self):
+        """(thread, CTA x, CTA y, warp (uniform), lane)."""
+        tidx, _, _ = cute.arch.thread_idx()
+        bx, by, _ = cute.arch.block_idx()
+        return tidx, bx, by, cute.arch.make_warp_uniform(tidx // 32), tidx % 32
 
     @cute.jit
     def unit_range(self, bx, batches, n_tiles, n_pass, n_kst, n_ctas):

@@ -62,22 +62,12 @@ class WgmmaPipeline:
         XB = cfg.x_box_bytes
         side = cfg.side_bytes
         NT = cfg.n_tiles
-        tidx, _, _ = cute.arch.thread_idx()
-        bx, by, _ = cute.arch.block_idx()
-        warp = cute.arch.make_warp_uniform(tidx // 32)
-        lane = tidx % 32
+        tidx, bx, by, warp, lane = self.thread_ids()
         (n_p, cols_p, _, n_kst, n_tiles, row_start, row_end, x_base0, n_pass, u_lo, u_hi,
          total) = self.ring_work(mOffs, m_rows, n, k, batches, n_ctas, bx, by)  # fmt: skip
 
         alloc = memory.SmemAllocator()
-        sW, sX, sides, bars, sFlag = self.ring_smem(alloc)
-        w_smem = sW.iterator.toint()
-        x_smem = sX.iterator.toint()
-        side_base = sides.iterator.toint()
-        bar_base = bars.iterator.toint()
-        full = bars.iterator
-        empty = bars.iterator + S
-        xfull = bars.iterator + 2 * S
+        sW, sX, sFlag, w_smem, x_smem, side_base, bar_base, full, empty, xfull = self.ring_smem(alloc)
         if tidx == 0:
             for i in cutlass.range_constexpr(S):
                 # the TMA's transaction bytes; every consumer lane releases its own reads
