@@ -181,7 +181,7 @@ def test_split_rules_and_policy():
     with pytest.raises(ValueError):
         fw.Fp4WeightConfig(fmt="nvfp4", split=True)  # needs the ring
     assert not pick_config(16, "nvfp4", torch.bfloat16, "sm_90a", False).split  # one token pass
-    assert pick_config(64, "nvfp4", torch.bfloat16, "sm_100a", False).split  # 64 tokens (mma.sync consumers)
+    assert pick_config(64, "nvfp4", torch.bfloat16, "sm_100a", False).split  # two passes of 32 (mma.sync consumers)
     assert pick_config(64, "nvfp4", torch.bfloat16, "sm_90a", False).split  # the WGMMA consumers, 64 tokens
     assert not pick_config(32, "nvfp4", torch.bfloat16, "sm_90a", False).split  # 32 tokens: one pass
     assert not pick_config(4096, "nvfp4", torch.bfloat16, "sm_90a", True, experts=32).split  # grouped

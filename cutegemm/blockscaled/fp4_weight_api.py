@@ -106,14 +106,12 @@ def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bo
     # The producer pairs the activations for up to 16 tokens per pass (+3-6% grouped, +3% M=16);
     # at 32 the consumers pair what they read (the producer's 16 KB per stage: 7% slower at M=64)
     shape["producer_pairs"] = n_tiles <= 2
-    if not grouped and rows > 32:
-        # dense, more than 32 rows: 64 tokens per pass (3 ring stages fit) on the split grid
-        # (equal unit ranges per CTA). H200, one run (bench/RESULTS.md, 2026-12-01 sixth session),
-        # N=28672 K=4096, NVFP4: M=64 65.0 us vs 81.3 with 2 passes of 32 (cuBLAS bf16 71.5);
-        # M=128 117.0 vs 150.0; MXFP4 M=64 67.3 vs 84.8. (Earlier: the split grid 84 vs 92 us at
-        # M=64 with 32-token passes; with one pass of <= 32 tokens it was slower, 43 vs 34 us at M=16.)
-        n_tiles = 8
-        shape.update(ring=3, split=True)
+    if not grouped and rows > 8 * n_tiles:
+        # several token passes (dense): the split grid (equal unit ranges per CTA) measured 84 vs
+        # 92 us at M=64 (H200, 2026-11-30); with one pass it was slower (43 vs 34 us at M=16).
+        # (64 tokens per pass, tried 2026-12-01: 65.0 vs 81.3 us at M=64 on sm_90a, but its
+        # registers spill on sm_100a; sm_90a takes the WGMMA consumers below.)
+        shape["split"] = True
     if arch == "sm_90a" and (rows > 32 or (not grouped and rows > 16)):
         # sm_90a, more tokens: the WGMMA consumers (fp4_wgmma), 64 tokens per pass in 3 ring
         # stages (32 in 4 for dense M <= 32), dense M > 32 on the split grid. H200
