@@ -31,7 +31,7 @@ from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 from .quantize import MAX_ELEMENTS, CuteOps, scale_strides, swizzle_offset
 from .reference import BlockScaledTensor
 
-__all__ = ["DequantConfig", "dequantize_bf16", "dequantize_bf16_ref"]
+__all__ = ["DequantConfig", "dequantizable", "dequantize_bf16", "dequantize_bf16_ref"]
 
 CHUNK = 16  # elements per thread per step: one 128-bit (FP8) / 64-bit (FP4) load, two 128-bit stores
 _ELEM = {"mxfp8": cutlass.Float8E4M3FN, "mxfp8_e5m2": cutlass.Float8E5M2, "mxfp4": cutlass.Uint8, "nvfp4": cutlass.Uint8}
@@ -246,6 +246,16 @@ def check_dequant_operand(q: BlockScaledTensor, what: str = "q") -> None:
         raise ValueError(f"{what}: K must be a multiple of {CHUNK}, got {q.shape[-1]}")
     if q.shape.numel() > MAX_ELEMENTS:
         raise ValueError(f"{what}: at most {MAX_ELEMENTS} elements per call, got {q.shape.numel()}")
+
+
+def dequantizable(q: BlockScaledTensor) -> bool:
+    """Whether ``q`` meets :func:`check_dequant_operand` (the policies' test before they route a
+    call through the dequantize kernel)."""
+    try:
+        check_dequant_operand(q)
+    except ValueError:
+        return False
+    return True
 
 
 def dequantize_bf16(q: BlockScaledTensor, out: torch.Tensor | None = None) -> torch.Tensor:

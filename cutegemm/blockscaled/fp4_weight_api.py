@@ -93,6 +93,22 @@ def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bo
     from .fp4_weight import Fp4WeightConfig
 
     rows = -(-m // max(experts, 1)) if grouped else m
+    if arch == "sm_90a" and (rows > 32 or (not grouped and rows > 16)):
+        # sm_90a, more tokens: the WGMMA consumers (fp4_wgmma), 64 tokens per pass in 3 ring
+        # stages (32 in 4 for dense M <= 32), dense M > 32 on the split grid. H200
+        # (bench/RESULTS.md, 2026-12-01 sixth session), NVFP4 N=28672 K=4096, us: M=32 44.0 vs
+        # 50.0 (mma.sync consumers, 32-token pass, same run); M=64 51.1 vs 64.7 (cuBLAS bf16
+        # 69.9); M=128 93.9 vs 117.5 (74.1); M=192 135.5 vs 167.8; MXFP4 M=64 53.3 vs 66.8.
+        # Grouped E=32 N=4096 K=7168: ~64 rows per expert 403.6 vs 650.0 (torch._grouped_mm
+        # 604.0); ~256 rows 1288.1 vs 2247.6. 128 tokens per pass in 2 stages: within 2% at
+        # M = 96..256, slower below. M=16: 41.9 vs 31.5, not taken. The split grid (another run):
+        # M=64 50.9 vs 51.7, M=128 90.5 vs 95.2, M=256 167.3 vs 180.6; M=32 44.2 vs 43.7.
+        n_tiles = 4 if rows <= 32 else 8
+        return Fp4WeightConfig(
+            fmt=fmt, n_tiles=n_tiles, grouped=grouped, out_dtype=_OUT[out_dtype], arch=arch, x_scale=x_scale,
+            ring=4 if n_tiles == 4 else 3, ring_k=2, row_tiles=1, warps_n=8, warps_k=1, stages=0, producer_pairs=False,
+            wgmma=True, split=not grouped and n_tiles == 8,
+        )  # fmt: skip
     n_tiles = 1 if rows <= 8 else 2 if rows <= 16 else 4  # more rows: passes in the CTA (L2 hits)
     # Measured on the H200 (bench/RESULTS.md, 2026-11-30): the TMA / bulk-copy ring with 128
     # weight rows per CTA (4 row groups of 32 x 2 K groups, 4 stages of 256 K) was best or within
@@ -110,21 +126,8 @@ def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bo
         # several token passes (dense): the split grid (equal unit ranges per CTA) measured 84 vs
         # 92 us at M=64 (H200, 2026-11-30); with one pass it was slower (43 vs 34 us at M=16).
         # (64 tokens per pass, tried 2026-12-01: 65.0 vs 81.3 us at M=64 on sm_90a, but its
-        # registers spill on sm_100a; sm_90a takes the WGMMA consumers below.)
+        # registers spill on sm_100a; sm_90a takes the WGMMA consumers above.)
         shape["split"] = True
-    if arch == "sm_90a" and (rows > 32 or (not grouped and rows > 16)):
-        # sm_90a, more tokens: the WGMMA consumers (fp4_wgmma), 64 tokens per pass in 3 ring
-        # stages (32 in 4 for dense M <= 32), dense M > 32 on the split grid. H200
-        # (bench/RESULTS.md, 2026-12-01 sixth session), NVFP4 N=28672 K=4096, us: M=32 44.0 vs
-        # 50.0 (mma.sync consumers, 32-token pass, same run); M=64 51.1 vs 64.7 (cuBLAS bf16
-        # 69.9); M=128 93.9 vs 117.5 (74.1); M=192 135.5 vs 167.8; MXFP4 M=64 53.3 vs 66.8.
-        # Grouped E=32 N=4096 K=7168: ~64 rows per expert 403.6 vs 650.0 (torch._grouped_mm
-        # 604.0); ~256 rows 1288.1 vs 2247.6. 128 tokens per pass in 2 stages: within 2% at
-        # M = 96..256, slower below. M=16: 41.9 vs 31.5, not taken. The split grid (another run):
-        # M=64 50.9 vs 51.7, M=128 90.5 vs 95.2, M=256 167.3 vs 180.6; M=32 44.2 vs 43.7.
-        n_tiles = 4 if rows <= 32 else 8
-        shape = dict(ring=4 if n_tiles == 4 else 3, ring_k=2, row_tiles=1, warps_n=8, warps_k=1, stages=0,
-                     producer_pairs=False, wgmma=True, split=not grouped and n_tiles == 8)  # fmt: skip
     return Fp4WeightConfig(
         fmt=fmt, n_tiles=n_tiles, grouped=grouped, out_dtype=_OUT[out_dtype], arch=arch, x_scale=x_scale, **shape
     )
@@ -184,18 +187,18 @@ def gemm_fp4_weight(
         return out.copy_(staged)
     arch = _arch(dev.index if dev.index is not None else torch.cuda.current_device())
     x_scale = scale_a is not None
-    cfg = config or pick_config(m, qw.fmt.name, out_dtype, arch, grouped, batches, x_scale)
-    if (cfg.fmt, cfg.grouped, cfg.out_dtype, cfg.x_scale) != (qw.fmt.name, grouped, _OUT[out_dtype], x_scale):
-        raise ValueError(
-            f"config {cfg.name} does not match this call ({qw.fmt.name}, grouped={grouped}, {out_dtype}, "
-            f"scale_a={'yes' if x_scale else 'no'})"
-        )
     if x_scale:
         if scale_a.device != dev:
             raise ValueError(f"scale_a must be on {dev}, got {scale_a.device}")
         scale_a = scale_a.reshape(-1).expand(m).contiguous()  # one element: broadcast, no host read
     if config is None and dequantize_first(m, batches, grouped, x_scale, qw):
         return _dequantized(x, qw, offs, out, out_dtype, alpha, scale_a)
+    cfg = config or pick_config(m, qw.fmt.name, out_dtype, arch, grouped, batches, x_scale)
+    if (cfg.fmt, cfg.grouped, cfg.out_dtype, cfg.x_scale) != (qw.fmt.name, grouped, _OUT[out_dtype], x_scale):
+        raise ValueError(
+            f"config {cfg.name} does not match this call ({qw.fmt.name}, grouped={grouped}, {out_dtype}, "
+            f"scale_a={'yes' if x_scale else 'no'})"
+        )
     from .fp4_math import fragment_order_x
     from .fp4_weight import kernel_cache
 
@@ -244,8 +247,8 @@ def gemm_fp4_weight(
     return out
 
 
-# Prefill: the decode kernel re-reads (and re-dequantizes) a CTA's weight rows once per pass of
-# 32 tokens, so its time grows with M while a bf16 GEMM's stays flat until it is compute bound.
+# Prefill: the kernel re-reads (and re-dequantizes) a CTA's weight rows once per pass of 32 / 64
+# tokens, so its time grows with M while a bf16 GEMM's stays flat until it is compute bound.
 # From these rows on (dense: M; grouped: mean rows per expert) the policy dequantizes the weight
 # once (``dequant.dequantize_bf16``, our kernel) and runs the bf16 GEMM on it.
 # H200, one run (bench/RESULTS.md, 2026-12-01 sixth session), NVFP4 N=28672 K=4096, us (sm_90a:
@@ -261,16 +264,10 @@ def dequantize_first(m: int, batches: int, grouped: bool, x_scale: bool, qw: Blo
     """Whether the policy takes the dequantize-first path (no config forced): enough rows (see
     ``DQ_MIN_ROWS``), a weight the dequantize kernel takes, and not grouped with ``scale_a`` (the
     per-token scale there stays in the decode kernel's epilogue)."""
-    from .dequant import check_dequant_operand
+    from .dequant import dequantizable
 
     rows = -(-m // batches) if grouped else m
-    if rows < (DQ_MIN_ROWS_GROUPED if grouped else DQ_MIN_ROWS) or (grouped and x_scale):
-        return False
-    try:
-        check_dequant_operand(qw, "qw")
-    except ValueError:
-        return False
-    return True
+    return rows >= (DQ_MIN_ROWS_GROUPED if grouped else DQ_MIN_ROWS) and not (grouped and x_scale) and dequantizable(qw)
 
 
 def _dequantized(x, qw, offs, out, out_dtype, alpha, scale_a):

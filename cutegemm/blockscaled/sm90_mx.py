@@ -134,16 +134,9 @@ def dequantize_first(rows: int, n: int, qa: BlockScaledTensor, qb: BlockScaledTe
     mainloop's per-32 promotion makes it issue-bound at about half the bf16 GEMM's speed), when
     both operands meet the dequantize kernel's rules. Below 16 rows (not measured) the emulation
     stays: it reads the FP8 weights once instead of writing and reading a bf16 copy."""
-    from .dequant import check_dequant_operand
+    from .dequant import dequantizable
 
-    if rows < DEQUANT_MIN_ROWS or n < DEQUANT_MIN_COLS:
-        return False
-    try:
-        check_dequant_operand(qa, "qa")
-        check_dequant_operand(qb, "qb")
-    except ValueError:
-        return False
-    return True
+    return rows >= DEQUANT_MIN_ROWS and n >= DEQUANT_MIN_COLS and dequantizable(qa) and dequantizable(qb)
 
 
 def _dequantized_gemm(qa, qb, out_dtype, alpha, out, offs):
