@@ -34,7 +34,7 @@ def cmd_bench(args) -> int:
     tables = {
         "dense": (benchmarks.bench_dense, "dense", f"dense bf16 on {gpu}"),
         "grouped": (benchmarks.bench_grouped, "grouped", f"grouped bf16 on {gpu} (vs torch._grouped_mm)"),
-        "fp4w": (benchmarks.bench_fp4_weight, "fp4w", f"FP4 weight x bf16 (decode) on {gpu}"),
+        "fp4w": (benchmarks.bench_fp4_weight, "fp4w", f"FP4 / MXFP8 weight x bf16 on {gpu}"),
     }
     families = ["dense", "grouped"] if args.family == "all" else [args.family]
     for fam in families:

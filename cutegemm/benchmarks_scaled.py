@@ -429,8 +429,8 @@ FP4W_DENSE = [(1, 28672, 4096), (16, 28672, 4096), (64, 28672, 4096), (128, 2867
 FP4W_GROUPED = [(32, 16, 4096, 7168), (32, 64, 4096, 7168), (32, 256, 4096, 7168)]
 
 
-def bench_fp4_weight(reps=30, dense=FP4W_DENSE, grouped=FP4W_GROUPED, fmts=("nvfp4", "mxfp4"), configs=()):
-    """FP4 weights x bf16 activations (decode) vs the bf16 baselines a Hopper user has, same run,
+def bench_fp4_weight(reps=30, dense=FP4W_DENSE, grouped=FP4W_GROUPED, fmts=("nvfp4", "mxfp4", "mxfp8"), configs=()):
+    """FP4 / MXFP8 weights x bf16 activations vs the bf16 baselines a Hopper user has, same run,
     same (dequantized) weights: cuBLAS ``x @ w.T`` / ``torch._grouped_mm``, and dequantize-then-
     cuBLAS. ``configs``: dicts of Fp4WeightConfig overrides timed beside the default."""
     from dataclasses import replace
@@ -455,7 +455,7 @@ def bench_fp4_weight(reps=30, dense=FP4W_DENSE, grouped=FP4W_GROUPED, fmts=("nvf
                 offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
             qw = quantize(w, fmt)
             del w
-            wd = dequantize(qw).to(torch.bfloat16)  # exact: e2m1 * scale fits bf16
+            wd = dequantize(qw).to(torch.bfloat16)  # exact: e2m1 / e4m3 * scale fits bf16
             x = torch.randn(total, k, device="cuda", dtype=torch.bfloat16)
             if offs is None:
                 ref = x.double() @ wd.double().T
@@ -494,7 +494,7 @@ def bench_fp4_weight(reps=30, dense=FP4W_DENSE, grouped=FP4W_GROUPED, fmts=("nvf
                 name = "dequantize + bf16 GEMM" if routed and not overrides else cfg.name
                 row = Row(case, t, t_base, flops / t / 1e9, flops / t_base / 1e9, t_base / t, name, err, terr)
                 rows.append(row)
-                print(format_row(row) + f" | baseline {base_name} | ours reads {qbytes / t / 1e6:.0f} GB/s of FP4 weights"
+                print(format_row(row) + f" | baseline {base_name} | ours reads {qbytes / t / 1e6:.0f} GB/s of {fmt} weights"
                       f" | cutegemm.dequantize (torch ops, unoptimized) + {base_name} {t_deq:.4f} ms", flush=True)  # fmt: skip
             del qw, wd, x, ref
     return rows

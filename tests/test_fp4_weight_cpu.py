@@ -226,8 +226,8 @@ def test_argument_errors():
         check_args(x.float(), qw)
     with pytest.raises(ValueError, match="K mismatch"):
         check_args(torch.randn(4, 32).to(torch.bfloat16), qw)
-    with pytest.raises(ValueError, match="mxfp8"):
-        check_args(x, quantize_ref(torch.randn(16, 64), "mxfp8"))
+    with pytest.raises(ValueError, match="mxfp8_e5m2"):
+        check_args(x, quantize_ref(torch.randn(16, 64), "mxfp8_e5m2"))
     with pytest.raises(ValueError, match="without offs"):
         check_args(x, quantize_ref(torch.randn(2, 16, 64), "nvfp4"))
     with pytest.raises(ValueError, match="experts"):

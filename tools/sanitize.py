@@ -358,16 +358,17 @@ def _fp4_weight_cases():
         assert err <= 0.02 * ref.abs().max().item() + 1e-3, f"fp4 weight: max error {err:.4g}"
 
     out = {}
-    for fmt in ("nvfp4", "mxfp4"):
+    for fmt in ("nvfp4", "mxfp4", "mxfp8"):
         for grouped in (False, True):
             pipelines = (
                 ("tma", {}),  # the policy's TMA / bulk-copy ring
                 # the WGMMA consumers, 16 tokens per pass: two passes, a K tail inside a stage
-                ("wgmma", dict(wgmma=True, producer_pairs=False, ring=4, ring_k=2, row_tiles=1, warps_n=8, warps_k=1,
-                               n_tiles=2, split=False)),  # fmt: skip
-                ("regs", dict(ring=0, stages=0, row_tiles=1, warps_n=1, warps_k=2)),
-                ("cpasync", dict(ring=0, stages=4, row_tiles=1, warps_n=2, warps_k=4)),
+                ("wgmma", dict(wgmma=True, producer_pairs=False, ring=4, ring_k=4 if fmt == "mxfp8" else 2, row_tiles=1,
+                               warps_n=8, warps_k=1, n_tiles=2, split=False)),  # fmt: skip
             )
+            if fmt != "mxfp8":  # the per-thread pipelines (FP4 only)
+                pipelines += (("regs", dict(ring=0, stages=0, row_tiles=1, warps_n=1, warps_k=2)),
+                              ("cpasync", dict(ring=0, stages=4, row_tiles=1, warps_n=2, warps_k=4)))  # fmt: skip
             if not grouped:  # the split grid: segments cut between CTAs, several token passes
                 pipelines += (("split", dict(split=True, n_tiles=1)),
                               ("wgmma-split", {**pipelines[1][1], "split": True}))  # fmt: skip

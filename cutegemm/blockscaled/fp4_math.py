@@ -103,6 +103,77 @@ def dequant_fp4_byte(word, selector, factor, two_muls: bool, *, loc=None, ip=Non
     return _asm(ptx, ins, "=r,r,r,r", 1, loc=loc, ip=ip)
 
 
+# --- 8-bit weights (MXFP8 e4m3) -----------------------------------------------------------------
+FP8_CHUNK_K = 64  # K values per thread-row step of 8-bit weights (4 threads x 16 values, 64 bytes)
+_BF16X2_2P120 = 0x7B807B80  # bf16x2 (2**120, 2**120)
+_E4M3_LOW7 = 0x7F7F7F7F
+_E4M3_ONES = 0x01010101
+
+# An e4m3 byte's low 7 bits at bf16 bits 4-10 and its sign at bit 15: the bf16 value is the e4m3
+# value times 2**-120 (exponent field 0..15 of 255, so e4m3 subnormals are bf16 subnormals). PRMT
+# with sign replication spreads bytes (b0, b1) into the halves as [sign(b1)][b1][sign(b0)][b0];
+# one shift by 4 and one mask keep exactly those bits.
+_DQ8 = (
+    "{\n.reg .b32 x, y, z, c;\n"
+    "mov.b32 z, 0;\n"
+    f"mov.b32 c, {_BF16X2_2P120:#x};\n"
+    "prmt.b32 x, $2, z, 0x9180;\n"
+    "prmt.b32 y, $2, z, 0xB3A2;\n"
+    "shl.b32 x, x, 4;\nshl.b32 y, y, 4;\n"
+    "and.b32 x, x, 0x87F087F0;\nand.b32 y, y, 0x87F087F0;\n"
+    "mul.rn.bf16x2 x, x, c;\nmul.rn.bf16x2 y, y, c;\n"
+    "mul.rn.bf16x2 $0, x, $3;\nmul.rn.bf16x2 $1, y, $3;\n}"
+)
+
+
+@dsl_user_op
+def dequant_e4m3x4(word, factor, *, loc=None, ip=None):
+    """4 e4m3 bytes (k0..k3, k0 in the low byte) -> 2 bf16x2 words ``(k0, k1) * f``, ``(k2, k3) * f``
+    with ``f`` the block's scale factor (bf16x2 of 2**(e - 127), :func:`mx_scale_bf16_bits`): the
+    placed bytes (the e4m3 value x 2**-120) times 2**120 (exact), then times the factor (no
+    intermediate over- or underflow; the one rounding is the product's). The e4m3 NaN code
+    (0x7F / 0xFF) becomes a finite value here: :func:`e4m3_nan_flags` finds it."""
+    return _asm(_DQ8, [_i32(word, loc, ip), _i32(factor, loc, ip)], "=r,=r,r,r", 2, loc=loc, ip=ip)
+
+
+_DQ8_PAIR = (
+    "{\n.reg .b32 x, c;\n"
+    "prmt.b32 x, $2, $3, $4;\n"
+    "shl.b32 x, x, 4;\nand.b32 x, x, 0x87F087F0;\n"
+    "add.u32 c, x, 0x00100010;\nor.b32 $1, $6, c;\n"  # a NaN's 0x7F at bits 4-10 carries into bit 11
+    f"mov.b32 c, {_BF16X2_2P120:#x};\n"
+    "mul.rn.bf16x2 x, x, c;\nmul.rn.bf16x2 $0, x, $5;\n}"
+)
+PAIR_NAN_MASK = 0x08000800  # the flags' bits of :func:`dequant_e4m3_pair`
+
+
+def e4m3_pair_selector(i: int):
+    """PRMT selector of :func:`dequant_e4m3_pair` for bytes ``i``, ``i + 1`` (i = 0..6) of the two
+    words: [sign(b_i+1)][b_i+1][sign(b_i)][b_i] (a selector nibble's bit 3 replicates the sign)."""
+    return i | ((8 | i) << 4) | ((i + 1) << 8) | ((8 | (i + 1)) << 12)
+
+
+@dsl_user_op
+def dequant_e4m3_pair(lo, hi, selector, factor, flags, *, loc=None, ip=None):
+    """Bytes ``i``, ``i + 1`` of the 8-byte pool (``lo``: bytes 0-3, ``hi``: 4-7; ``selector`` from
+    :func:`e4m3_pair_selector`) -> (the bf16x2 word of their e4m3 values times ``factor``, the
+    NaN flags): the placement and the two multiplies of :func:`dequant_e4m3x4` for one pair
+    (natural K order: the A fragment the WGMMA consumers read against activations in K order);
+    ``flags | (placed + 0x00100010)``, whose PAIR_NAN_MASK bits are set once a pair held an e4m3
+    NaN (its low 7 bits, all ones at bits 4-10 of a half, carry into bit 11; nothing else does)."""
+    ins = [_i32(v, loc, ip) for v in (lo, hi, selector, factor, flags)]
+    return _asm(_DQ8_PAIR, ins, "=r,=r,r,r,r,r,r", 2, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def e4m3_nan_flags(word, flags, *, loc=None, ip=None):
+    """``flags | ((word & 0x7F7F7F7F) + 0x01010101)``: bit 7 of a byte of the result is set once a
+    byte there was an e4m3 NaN (low 7 bits all ones; the add never carries between bytes). Test
+    ``flags & 0x80808080`` at the end."""
+    ptx = f"{{\n.reg .b32 x;\nand.b32 x, $1, {_E4M3_LOW7:#x};\nadd.u32 x, x, {_E4M3_ONES:#x};\nor.b32 $0, $2, x;\n}}"
+    return _asm(ptx, [_i32(word, loc, ip), _i32(flags, loc, ip)], "=r,r,r", 1, loc=loc, ip=ip)
+
+
 _NVFP4_FACTORS = (
     "{\n.reg .b32 h;\n.reg .b16 p, lo, hi;\n.reg .f32 f0, f1;\n"
     "cvt.u16.u32 p, $2;\n"
@@ -218,6 +289,70 @@ def pair_natural_x_ref(words: torch.Tensor) -> torch.Tensor:
     hi = [(w >> 16) & 0xFFFF for w in words.unbind(-1)]
     x = [lo[0], hi[0], lo[1], hi[1], lo[2], hi[2], lo[3], hi[3]]
     return torch.stack([x[i] | (x[i + 4] << 16) for i in range(4)], dim=-1)
+
+
+def dequant_e4m3_words_ref(word: torch.Tensor, factor_bits: torch.Tensor) -> torch.Tensor:
+    """Twin of :func:`dequant_e4m3x4` on int64 tensors holding uint32 values: (..., 2, 2) fp32
+    values of the 2 bf16x2 words (low half first), from the kernel's PRMT / shift / mask
+    placement and its two bf16 multiplies."""
+
+    def sx(b):  # PRMT sign replication: 0xFF if bit 7 of the byte is set
+        return torch.where((b & 0x80) != 0, 0xFF, 0)
+
+    def bf16_pair(bits):
+        lo = ((bits & 0xFFFF) << 16).to(torch.int32).view(torch.float32)
+        hi = (((bits >> 16) & 0xFFFF) << 16).to(torch.int32).view(torch.float32)
+        return torch.stack([lo, hi], dim=-1)
+
+    def bf16_mul(a, b):
+        return (a.double() * b.double()).to(torch.bfloat16).float()
+
+    b = [(word >> (8 * i)) & 0xFF for i in range(4)]
+    f = bf16_pair(factor_bits & 0xFFFFFFFF)
+    out = []
+    for lo, hi in ((b[0], b[1]), (b[2], b[3])):
+        x = lo | (sx(lo) << 8) | (hi << 16) | (sx(hi) << 24)
+        placed = ((x << 4) & 0xFFFFFFFF) & 0x87F087F0
+        v = bf16_mul(bf16_pair(placed), torch.full_like(f, 2.0**120))
+        out.append(bf16_mul(v, f))
+    return torch.stack(out, dim=-2)
+
+
+def prmt_ref(a: torch.Tensor, b: torch.Tensor, selector: int) -> torch.Tensor:
+    """Twin of PTX ``prmt.b32 d, a, b, selector`` (default mode) on int64 tensors holding uint32
+    values: byte k of d is byte (nibble k & 7) of the pool (a: bytes 0-3, b: 4-7), or its sign
+    bit replicated when nibble k has bit 3 set."""
+    pool = (a & 0xFFFFFFFF) | ((b & 0xFFFFFFFF) << 32)
+    out = torch.zeros_like(a)
+    for k in range(4):
+        nib = (selector >> (4 * k)) & 0xF
+        byte = (pool >> (8 * (nib & 7))) & 0xFF
+        if nib & 8:
+            byte = torch.where((byte & 0x80) != 0, 0xFF, 0)
+        out |= byte << (8 * k)
+    return out
+
+
+def dequant_e4m3_pair_ref(lo: torch.Tensor, hi: torch.Tensor, i: int, factor_bits: torch.Tensor,
+                          nan_out: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """Twin of :func:`dequant_e4m3_pair`: (..., 2) fp32 values of the bf16x2 word; ``nan_out``
+    (bool, the shape of ``lo``) receives whether the flags' PAIR_NAN_MASK bits are set."""
+    x = prmt_ref(lo, hi, e4m3_pair_selector(i))
+    placed = ((x << 4) & 0xFFFFFFFF) & 0x87F087F0
+    if nan_out is not None:
+        nan_out.copy_(((placed + 0x00100010) & PAIR_NAN_MASK) != 0)
+    lo16 = ((placed & 0xFFFF) << 16).to(torch.int32).view(torch.float32)
+    hi16 = (((placed >> 16) & 0xFFFF) << 16).to(torch.int32).view(torch.float32)
+    v = torch.stack([lo16, hi16], dim=-1).double() * 2.0**120
+    f = torch.stack([((factor_bits & 0xFFFF) << 16).to(torch.int32).view(torch.float32),
+                     (((factor_bits >> 16) & 0xFFFF) << 16).to(torch.int32).view(torch.float32)], dim=-1)  # fmt: skip
+    return (v.to(torch.bfloat16).double() * f.double()).to(torch.bfloat16).float()
+
+
+def e4m3_nan_flags_ref(word: torch.Tensor) -> torch.Tensor:
+    """Twin of :func:`e4m3_nan_flags` (from zero flags), masked: bit 7 of each byte set where the
+    byte is an e4m3 NaN."""
+    return ((word & _E4M3_LOW7) + _E4M3_ONES) & 0x80808080
 
 
 def nvfp4_factor_ref(scale_byte: torch.Tensor) -> torch.Tensor:

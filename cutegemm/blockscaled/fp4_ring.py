@@ -19,7 +19,7 @@ import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ..runtime.ptx import bulk_g2s, ld_global_cg_f32, ld_shared_u8, ld_shared_u16, ld_shared_v4, st_shared_v4
-from .fp4_math import CHUNK_K, pair_natural_x
+from .fp4_math import e4m3_nan_flags, pair_natural_x
 
 __all__ = ["RingPipeline", "split_plan_ref"]
 
@@ -33,12 +33,12 @@ class RingPipeline:
         """Host side of :meth:`kernel_ring` (traced inside ``Fp4WeightKernel.__call__``): the TMA
         descriptors of the weights and the activations, the grid, the launch."""
         grid_x = (n + self.cfg.rows_per_cta - 1) // self.cfg.rows_per_cta
-        # The weights as an (N, K/2, L) byte tensor, read by a TMA box of rows_per_cta x 128
-        # bytes (rows past N and bytes past K/2 arrive as zeros).
-        half_k = cute.assume(k // 2, divby=16)
+        # The weights as an (N, K/2, L) byte tensor (8-bit weights: (N, K, L)), read by a TMA box
+        # of rows_per_cta x 128 bytes (rows past N and bytes past the row arrive as zeros).
+        row_bytes = cute.assume(k if cutlass.const_expr(self.fp8) else k // 2, divby=16)
         w3 = cute.make_tensor(
             cute.recast_ptr(mW.iterator, dtype=cutlass.Uint8),
-            cute.make_layout((n, half_k, batches), stride=(half_k, 1, cutlass.Int64(n) * cutlass.Int64(half_k))),
+            cute.make_layout((n, row_bytes, batches), stride=(row_bytes, 1, cutlass.Int64(n) * cutlass.Int64(row_bytes))),
         )
         sw_layout = self.w_smem_layout()
         tma_atom, tma_w = cpasync.make_tiled_tma_atom(
@@ -49,9 +49,9 @@ class RingPipeline:
         x_rows = m_rows
         if cutlass.const_expr(not self.cfg.grouped):
             x_rows = m_rows * batches
-        k32 = cute.assume(k, divby=32)
+        k16 = cute.assume(k, divby=16 if cutlass.const_expr(self.fp8) else 32)
         x2 = cute.make_tensor(
-            cute.recast_ptr(mX.iterator, dtype=cutlass.BFloat16), cute.make_layout((x_rows, k32), stride=(k32, 1))
+            cute.recast_ptr(mX.iterator, dtype=cutlass.BFloat16), cute.make_layout((x_rows, k16), stride=(k16, 1))
         )
         sx_layout = self.x_smem_layout()
         tma_atom_x, tma_x = cpasync.make_tiled_tma_atom(
@@ -74,11 +74,12 @@ class RingPipeline:
         return cute.tile_to_shape(atom, (cfg.rows_per_cta, 128, cfg.ring * cfg.ring_k // 2), order=(0, 1, 2))
 
     def x_smem_layout(self):
-        """(tokens_per_pass, 64 bf16, ring * 2 * ring_k) activation boxes, 128-byte swizzle (the
+        """(tokens_per_pass, 64 bf16, ring * x_boxes_per_chunk * ring_k) activation boxes, 128-byte swizzle (the
         byte map of :meth:`w_smem_layout`; a box row is one token's 64 K values)."""
         cfg = self.cfg
         atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, cutlass.BFloat16)
-        return cute.tile_to_shape(atom, (cfg.tokens_per_pass, 64, cfg.ring * 2 * cfg.ring_k), order=(0, 1, 2))
+        boxes = cfg.ring * cfg.x_boxes_per_chunk * cfg.ring_k
+        return cute.tile_to_shape(atom, (cfg.tokens_per_pass, 64, boxes), order=(0, 1, 2))
 
     @cute.kernel
     def kernel_ring(self, tma_atom: cute.CopyAtom, mW: cute.Tensor, tma_atom_x: cute.CopyAtom, mX2: cute.Tensor, mS,
@@ -113,9 +114,12 @@ class RingPipeline:
         S, SK, R = cfg.ring, cfg.ring_k, cfg.rows_per_cta
         W = cfg.warps
         NB = SK // 2  # weight boxes per stage
-        NX = 2 * SK  # activation boxes per stage
+        XC = cfg.x_boxes_per_chunk
+        NX = XC * SK  # activation boxes per stage
         XB = cfg.x_box_bytes
         side = cfg.side_bytes
+        CK = cfg.chunk_k
+        VT = CK // 4  # K values per thread per chunk
         tidx, bx, by, warp, lane = self.thread_ids()
         (n_p, cols_p, n_chunks, n_kst, n_tiles, row_start, row_end, x_base0, n_pass, u_lo, u_hi,
          total) = self.ring_work(mOffs, m_rows, n, k, batches, n_ctas, bx, by)  # fmt: skip
@@ -156,10 +160,11 @@ class RingPipeline:
             gs = self.out_scale(mGs, alpha)
             # token 8 nt + g's 16-byte piece 4 (t % 2) + j of activation box t // 2 (swizzled):
             # x_smem + box * XB + x_addr[nt] + (x_sw ^ 16 j)
+            # (8-bit weights: pieces 2 t + j2 of the chunk's one box, x_sw ^ 16 j2)
             x_addr = cute.make_rmem_tensor((NT,), cutlass.Int32)
             for nt in cutlass.range_constexpr(NT):
-                x_addr[nt] = (t // 2) * XB + (nt * 8 + g) * 128
-            x_sw = ((4 * (t % 2)) ^ g) * 16
+                x_addr[nt] = (0 if cutlass.const_expr(self.fp8) else (t // 2) * XB) + (nt * 8 + g) * 128
+            x_sw = ((2 * t if cutlass.const_expr(self.fp8) else 4 * (t % 2)) ^ g) * 16
             w_row = cute.make_rmem_tensor((RT, 2), cutlass.Int32)  # row * 128 in a box
             s_off = cute.make_rmem_tensor((RT, 2), cutlass.Int32)
             for rt in cutlass.range_constexpr(RT):
@@ -170,6 +175,7 @@ class RingPipeline:
             acc = cute.make_rmem_tensor((RT, NT, 4), cutlass.Float32)
             rW = cute.make_rmem_tensor((RT, 2, 4), cutlass.Int32)
             rS = cute.make_rmem_tensor((RT, 2), cutlass.Int32)
+            nan = cute.make_rmem_tensor((RT, 2), cutlass.Int32)  # 8-bit weights: e4m3 NaN flags
             it = cutlass.Int32(0)
             u = u_lo
             seg = u_lo // n_kst
@@ -177,6 +183,8 @@ class RingPipeline:
             while u < u_hi:
                 if ks == 0 or u == u_lo:  # a segment starts here
                     acc.fill(0.0)
+                    if cutlass.const_expr(self.fp8):
+                        nan.fill(0)
                 if cutlass.const_expr(R < 128):
                     tile = self.ring_segment(seg, n_pass, n_tiles, bx, by, row_start, x_base0, m_rows)[0]
                     for rt in cutlass.range_constexpr(RT):
@@ -194,7 +202,7 @@ class RingPipeline:
                     if mine and c < n_chunks:
                         # K values past K (a partial last chunk): zero weights and activations
                         # (the TMA fills them), unit scales (the scale bytes there are stale)
-                        live = c * CHUNK_K + 32 * t < k
+                        live = c * CK + VT * t < k
                         box = w_smem + (slot * NB + q // 2) * (R * 128)
                         piece = (q % 2) * 4 + t  # 16-byte piece of the 128-byte box row
                         for rt in cutlass.range_constexpr(RT):
@@ -202,14 +210,19 @@ class RingPipeline:
                                 words = ld_shared_v4(box + w_row[rt, hr] + (piece ^ gp) * 16)
                                 for w in cutlass.range_constexpr(4):
                                     rW[rt, hr, w] = words[w]
+                                    if cutlass.const_expr(self.fp8):
+                                        nan[rt, hr] = e4m3_nan_flags(words[w], nan[rt, hr])
                                 if cutlass.const_expr(self.mx):
-                                    sb = ld_shared_u8(st + s_off[rt, hr] + q * 512)
+                                    sb = ld_shared_u8(st + s_off[rt, hr] + self.scale_chunk_offset(q))
                                     rS[rt, hr] = cutlass.select_(live, sb, cutlass.Int32(self.unit_scale))
                                 else:
-                                    sb = ld_shared_u16(st + s_off[rt, hr] + q * 1024)
+                                    sb = ld_shared_u16(st + s_off[rt, hr] + self.scale_chunk_offset(q))
                                     rS[rt, hr] = cutlass.select_(live, sb, cutlass.Int32(self.unit_scale))
-                        xq = x_smem + (slot * NX + 2 * q) * XB
-                        self.mma_chunk(q, rW, rS, xq, x_addr, x_sw, acc, "paired" if PP else "swizzled")
+                        xq = x_smem + (slot * NX + XC * q) * XB
+                        if cutlass.const_expr(self.fp8):
+                            self.mma_chunk_fp8(rW, rS, xq, x_addr, x_sw, acc)
+                        else:
+                            self.mma_chunk(q, rW, rS, xq, x_addr, x_sw, acc, "paired" if PP else "swizzled")
                 if cutlass.const_expr(PP):
                     cute.arch.mbarrier_arrive(empty + slot)  # every lane: its reads of the paired x
                 else:
@@ -218,6 +231,8 @@ class RingPipeline:
                         cute.arch.mbarrier_arrive(empty + slot)
                 it += 1
                 if ks == n_kst - 1 or u == u_hi - 1:  # the segment ends here
+                    if cutlass.const_expr(self.fp8):
+                        self.nan_rows(nan, acc)
                     self.end_segment(acc, sRed, sFlag, mWork, slot0, lane, kg, rw, cw, seg, u - ks, u_lo, u_hi, total, n_ctas,
                                      n_kst, n_pass, n_tiles, batches, bx, by, row_start, row_end, x_base0, m_rows, n,
                                      gs, mXs, mOut)  # fmt: skip
@@ -238,7 +253,7 @@ class RingPipeline:
         S, SK, R, T = cfg.ring, cfg.ring_k, cfg.rows_per_cta, cfg.tokens_per_pass
         SG = cfg.scale_groups
         NB = SK // 2
-        NX = 2 * SK
+        NX = cfg.x_boxes_per_chunk * SK
         XB = cfg.x_box_bytes
         side = cfg.side_bytes
         PP = cfg.producer_pairs
@@ -265,8 +280,7 @@ class RingPipeline:
             slot = it % S
             if it >= S:
                 cute.arch.mbarrier_wait(empty + slot, (it // S + 1) % 2)
-            c0 = ks * SK
-            g0 = c0 * (SG // SK)
+            g0 = ks * SG  # the stage's first scale column group
             n_groups = cutlass.min(SG, cols_p // 4 - g0)
             if lane == 0:
                 if cutlass.const_expr(PP):
@@ -304,7 +318,7 @@ class RingPipeline:
         S = cfg.ring
         slot = it % S
         cute.arch.mbarrier_wait(xfull + slot, (it // S) % 2)
-        per_stage = 2 * cfg.ring_k * cfg.x_box_bytes
+        per_stage = cfg.x_boxes_per_chunk * cfg.ring_k * cfg.x_box_bytes
         base = x_smem + slot * per_stage + lane * 16
         for i in cutlass.range_constexpr(per_stage // (16 * 32)):
             a = base + i * 512
@@ -339,7 +353,7 @@ class RingPipeline:
         (first, end) unit and the unit count (:meth:`unit_range`)."""
         cfg = self.cfg
         n_p, cols_p = self.scale_dims(n, k)
-        n_chunks = (k + CHUNK_K - 1) // CHUNK_K
+        n_chunks = (k + cfg.chunk_k - 1) // cfg.chunk_k
         n_kst = (n_chunks + cfg.ring_k - 1) // cfg.ring_k
         n_tiles = (n + cfg.rows_per_cta - 1) // cfg.rows_per_cta
         row_start, row_end, x_base0 = self.token_range(mOffs, m_rows, by)

@@ -29,6 +29,15 @@ Two ways to feed the math (``Fp4WeightConfig.ring``), each a mixin of :class:`Fp
 * the streaming ring (``ring`` > 0, the host policy's choice): :mod:`.fp4_ring`;
 * per-thread loads (``ring`` = 0, the fourth session's kernel): :mod:`.fp4_direct`.
 
+MXFP8 weights (``fmt="mxfp8"``: e4m3 elements, e8m0 scales per 32; ring only) take the same
+ring with a byte per K value: a 64-byte chunk of a weight row holds 64 K values (``chunk_k``),
+a thread's 16 bytes dequantize in K order (``fp4_math.dequant_e4m3x4``: PRMT with sign
+replication, a shift and a mask put the byte's bits into bf16 as the value x 2**-120, then two
+packed multiplies, by 2**120 and by the scale), so the activations need no pairing: word j of a
+row is one m16n8k16 MMA's K (2 t, 2 t + 1), (2 t + 8, 2 t + 9) against the activations' same 8
+bytes (:meth:`Fp4WeightKernel.mma_chunk_fp8`). The placement makes the e4m3 NaN code finite, so
+the consumers keep per-row NaN flags and write NaN into the rows that had one (``nan_rows``).
+
 On sm_90a the ring also feeds warpgroup-MMA consumers (``Fp4WeightConfig.wgmma``,
 :mod:`.fp4_wgmma`): the tokens are the MMA's N (up to 128) and the activations are read by the
 MMA from shared memory, so a dequantized weight serves every token of the pass; the host policy
@@ -60,6 +69,9 @@ from ..runtime.ptx import (
 )
 from .fp4_direct import DirectPipeline
 from .fp4_math import (
+    CHUNK_K,
+    FP8_CHUNK_K,
+    dequant_e4m3x4,
     dequant_fp4x8,
     mma_bf16_16816,
     mx_scale_bf16_bits,
@@ -71,7 +83,7 @@ from .fp4_wgmma import WgmmaPipeline
 
 __all__ = ["Fp4WeightConfig", "all_configs", "check_variant", "build_fp4_weight", "SASS_REQUIRED"]
 
-FORMATS = ("nvfp4", "mxfp4")
+FORMATS = ("nvfp4", "mxfp4", "mxfp8")  # mxfp8: e4m3 weights, the ring only (``chunk_k``)
 OUT_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
 SASS_REQUIRED = {
     "HMMA.16816.F32.BF16": r"\bHMMA\.16816\.F32\.BF16\b",
@@ -140,13 +152,15 @@ class Fp4WeightConfig:
         if self.n_tiles not in ((1, 2, 4, 8, 16) if self.wgmma else (1, 2, 4, 8)):
             raise ValueError(f"Fp4WeightConfig.n_tiles must be 1, 2, 4 or 8 (16 with wgmma), got {self.n_tiles}")
         if self.wgmma and (
-            self.arch != "sm_90a" or not self.ring or self.ring_k != 2 or (self.warps_n, self.warps_k, self.row_tiles) != (8, 1, 1)
-            or self.producer_pairs
+            self.arch != "sm_90a" or not self.ring or self.ring_k != (4 if self.fmt == "mxfp8" else 2)
+            or (self.warps_n, self.warps_k, self.row_tiles) != (8, 1, 1) or self.producer_pairs
         ):  # fmt: skip
             raise ValueError(
-                "Fp4WeightConfig.wgmma needs sm_90a, the ring with ring_k 2, warps_n 8, warps_k 1, row_tiles 1 and "
-                "producer_pairs=False"
+                "Fp4WeightConfig.wgmma needs sm_90a, the ring with ring_k 2 (mxfp8: 4; 256 K per stage), warps_n 8, "
+                "warps_k 1, row_tiles 1 and producer_pairs=False"
             )
+        if self.fmt == "mxfp8" and (not self.ring or self.producer_pairs):
+            raise ValueError("Fp4WeightConfig with mxfp8 weights needs the ring with producer_pairs=False")
         if self.row_tiles not in (1, 2, 4):
             raise ValueError(f"Fp4WeightConfig.row_tiles must be 1, 2 or 4, got {self.row_tiles}")
         if self.warps_n not in (1, 2, 4, 8) or self.warps_k not in (1, 2, 4, 8) or self.warps > 16:
@@ -182,9 +196,25 @@ class Fp4WeightConfig:
     def tokens_per_pass(self) -> int:
         return 8 * self.n_tiles
 
+    @property
+    def fp8(self) -> bool:
+        """8-bit (MXFP8 e4m3) weights: a byte per K value instead of a nibble."""
+        return self.fmt == "mxfp8"
+
+    @property
+    def chunk_k(self) -> int:
+        """K values of one 64-byte chunk of a weight row (a thread reads 16 bytes of it): 128 for
+        FP4, 64 for 8-bit weights."""
+        return FP8_CHUNK_K if self.fp8 else CHUNK_K
+
+    @property
+    def x_boxes_per_chunk(self) -> int:
+        """Activation TMA boxes (64 K values each) per K chunk."""
+        return self.chunk_k // 64
+
     # Ring stage layout (bytes): ring_k / 2 TMA boxes of the CTA's weight rows x 128 bytes (two K
-    # chunks), 2 * ring_k TMA boxes of the pass's tokens x 64 activations (128 bytes), both with
-    # the 128-byte swizzle, and the scales' 512-byte column groups.
+    # chunks), x_boxes_per_chunk * ring_k TMA boxes of the pass's tokens x 64 activations (128
+    # bytes), both with the 128-byte swizzle, and the scales' 512-byte column groups.
     @property
     def w_box_bytes(self) -> int:
         return self.rows_per_cta * 128
@@ -195,7 +225,7 @@ class Fp4WeightConfig:
 
     @property
     def scale_groups(self) -> int:
-        return self.ring_k * (1 if self.fmt == "mxfp4" else 2)
+        return self.ring_k * {"mxfp4": 2, "nvfp4": 4, "mxfp8": 1}[self.fmt] // 2  # a group: 4 scale columns
 
     @property
     def side_bytes(self) -> int:
@@ -205,7 +235,7 @@ class Fp4WeightConfig:
     @property
     def smem_bytes(self) -> int:
         red = 4 * self.row_tiles * self.n_tiles * 4 * 32 * self.warps_n * (self.warps_k - 1)
-        boxes = self.ring_k // 2 * self.w_box_bytes + 2 * self.ring_k * self.x_box_bytes
+        boxes = self.ring_k // 2 * self.w_box_bytes + self.x_boxes_per_chunk * self.ring_k * self.x_box_bytes
         return self.ring * (boxes + self.side_bytes + 16) + red + 1024 + 256
 
     @property
@@ -218,7 +248,7 @@ class Fp4WeightConfig:
             + ("_xs" if self.x_scale else "")
             + (f"_ring{self.ring}x{self.ring_k}" if self.ring else "")
             + ("_split" if self.split else "")
-            + ("_cpair" if self.ring and not self.producer_pairs and not self.wgmma else "")
+            + ("_cpair" if self.ring and not self.producer_pairs and not self.wgmma and not self.fp8 else "")
             + ("_wg" if self.wgmma else "")
         )
 
@@ -230,7 +260,8 @@ class Fp4WeightKernel(RingPipeline, WgmmaPipeline, DirectPipeline):
 
     def __init__(self, cfg: Fp4WeightConfig):
         self.cfg = cfg
-        self.mx = cfg.fmt == "mxfp4"
+        self.mx = cfg.fmt in ("mxfp4", "mxfp8")  # e8m0 scales, one per 32 K
+        self.fp8 = cfg.fp8
         self.out_dtype = OUT_DTYPES[cfg.out_dtype]
         self.min_blocks = cfg.min_blocks
 
@@ -357,15 +388,25 @@ class Fp4WeightKernel(RingPipeline, WgmmaPipeline, DirectPipeline):
 
     def scale_in_tile(self, r, t):
         """Offset, in row r's 128-row scale tile, of thread t's scale byte(s) of a K chunk's first
-        column group: (r % 32) * 16 + (r // 32 % 4) * 4, plus the column of K value 32 t (MXFP4
-        t; NVFP4 (t // 2) * 512 + 2 (t % 2), two scales of 16 K). Chunk c adds c * 512 (MXFP4) /
-        c * 1024 (NVFP4)."""
+        column group: (r % 32) * 16 + (r // 32 % 4) * 4, plus the column of thread t's first K
+        value (MXFP4 t; NVFP4 (t // 2) * 512 + 2 (t % 2), two scales of 16 K; MXFP8 t // 2).
+        Chunk c adds :meth:`scale_chunk_offset`."""
         in_tile = (r % 32) * 16 + ((r // 32) % 4) * 4
-        if cutlass.const_expr(self.mx):
+        if cutlass.const_expr(self.fp8):
+            in_tile += t // 2  # thread t's 16 K values of a 64-wide chunk: column t // 2
+        elif cutlass.const_expr(self.mx):
             in_tile += t
         else:
             in_tile += (t // 2) * 512 + 2 * (t % 2)
         return in_tile
+
+    def scale_chunk_offset(self, c: int) -> int:
+        """Offset of chunk ``c``'s scale bytes from chunk 0's (:meth:`scale_in_tile`; a 512-byte
+        group holds 4 columns): MXFP4 c * 512, NVFP4 c * 1024, MXFP8 (two columns per 64-wide
+        chunk) (c // 2) * 512 + 2 (c % 2)."""
+        if self.fp8:
+            return (c // 2) * 512 + 2 * (c % 2)
+        return c * (512 if self.mx else 1024)
 
     @cute.jit
     def token_range(self, mOffs, m_rows, batch):
@@ -428,6 +469,59 @@ class Fp4WeightKernel(RingPipeline, WgmmaPipeline, DirectPipeline):
                         d = mma_bf16_16816(a, b, [acc[rt, nt, q] for q in range(4)])
                         for q in cutlass.range_constexpr(4):
                             acc[rt, nt, q] = d[q]
+
+
+    @cute.jit
+    def mma_chunk_fp8(self, rW, rS, x_ptr, x_addr, x_sw, acc):
+        """8-bit weights: one K chunk (64 K values; thread t holds 16 of them, K 16 t .. 16 t + 15,
+        as 4 words of 4 e4m3 bytes per row) times the tokens' activations of the chunk's box (K in
+        order, token 8 nt + g's 16-byte pieces 2 t, 2 t + 1 at ``x_ptr + x_addr[nt] + (x_sw ^ 16
+        j2)``). Word j of a row dequantizes to the bf16 pairs of K (16 t + 4 j, + 1) and (+ 2, + 3),
+        which one m16n8k16 MMA takes as its K (2 t, 2 t + 1) and (2 t + 8, 2 t + 9); the
+        activations' 8 bytes at K 16 t + 4 j are the same pairs, so no reordering on either side.
+        The scale factor (one per 32 K: the thread's 16 values share it) multiplies the pairs."""
+        RT, NT = self.cfg.row_tiles, self.cfg.n_tiles
+        rF = cute.make_rmem_tensor((RT, 2), cutlass.Int32)
+        rA = cute.make_rmem_tensor((RT, 2, 2), cutlass.Int32)
+        rX = cute.make_rmem_tensor((NT, 4), cutlass.Int32)
+        for rt in cutlass.range_constexpr(RT):
+            for hr in cutlass.range_constexpr(2):
+                f = mx_scale_bf16_bits(rS[rt, hr])
+                rF[rt, hr] = f | (f << 16)
+        for j2 in cutlass.range_constexpr(2):
+            for nt in cutlass.range_constexpr(NT):
+                xw = ld_shared_v4(x_ptr + x_addr[nt] + (x_sw ^ (16 * j2)))
+                for w in cutlass.range_constexpr(4):
+                    rX[nt, w] = xw[w]
+            for jj in cutlass.range_constexpr(2):
+                for rt in cutlass.range_constexpr(RT):
+                    for hr in cutlass.range_constexpr(2):
+                        dq = dequant_e4m3x4(rW[rt, hr, 2 * j2 + jj], rF[rt, hr])
+                        rA[rt, hr, 0] = dq[0]
+                        rA[rt, hr, 1] = dq[1]
+                for nt in cutlass.range_constexpr(NT):
+                    b = (rX[nt, 2 * jj], rX[nt, 2 * jj + 1])
+                    for rt in cutlass.range_constexpr(RT):
+                        a = (rA[rt, 0, 0], rA[rt, 1, 0], rA[rt, 0, 1], rA[rt, 1, 1])
+                        d = mma_bf16_16816(a, b, [acc[rt, nt, q] for q in range(4)])
+                        for q in cutlass.range_constexpr(4):
+                            acc[rt, nt, q] = d[q]
+
+    @cute.jit
+    def nan_rows(self, flags, acc, mask: cutlass.Constexpr = -2139062144):
+        """8-bit weights: NaN into the accumulators of every weight row in which a lane of the quad
+        saw an e4m3 NaN byte (``e4m3_nan_flags``; the placement of ``dequant_e4m3x4`` makes it
+        finite). Any NaN weight makes its row's outputs NaN, as in the reference."""
+        RT, NT = self.cfg.row_tiles, self.cfg.n_tiles
+        for rt in cutlass.range_constexpr(RT):
+            for hr in cutlass.range_constexpr(2):
+                f = flags[rt, hr] & cutlass.Int32(mask)  # e4m3_nan_flags: 0x80808080
+                f = f | cute.arch.shuffle_sync_bfly(f, offset=1)
+                f = f | cute.arch.shuffle_sync_bfly(f, offset=2)
+                if f != 0:
+                    for nt in cutlass.range_constexpr(NT):
+                        for i in cutlass.range_constexpr(2):
+                            acc[rt, nt, 2 * hr + i] = cutlass.Float32(float("nan"))
 
 
 # --- compile ------------------------------------------------------------------------------------

@@ -35,17 +35,17 @@ import functools
 
 import torch
 
-from .formats import MXFP4, NVFP4
+from .formats import MXFP4, MXFP8, NVFP4
 from .reference import BlockScaledTensor, dequantize_ref
 
 __all__ = ["gemm_fp4_weight", "gemm_fp4_weight_ref", "pick_config", "is_fp4_weight_call"]
 
-_FORMATS = (NVFP4.name, MXFP4.name)
+_FORMATS = (NVFP4.name, MXFP4.name, MXFP8.name)  # MXFP8: e4m3 elements (not the e5m2 variant)
 _OUT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
 def is_fp4_weight_call(a, b) -> bool:
-    """True for (activation tensor, NVFP4 / MXFP4 BlockScaledTensor weight)."""
+    """True for (activation tensor, NVFP4 / MXFP4 / MXFP8 BlockScaledTensor weight)."""
     return isinstance(a, torch.Tensor) and isinstance(b, BlockScaledTensor) and b.fmt.name in _FORMATS
 
 
@@ -64,9 +64,11 @@ def check_args(x, qw, offs=None, out_dtype=torch.bfloat16, scale_a=None) -> None
         raise TypeError(f"qw: expected a BlockScaledTensor, got {type(qw).__name__}")
     if qw.fmt.name not in _FORMATS:
         raise ValueError(
-            f"qw: FP4-weight GEMM takes {' / '.join(_FORMATS)} weights, got {qw.fmt.name} "
-            "(MXFP8 x MXFP8 is cutegemm.gemm(qa, qb) on sm_100a)"
+            f"qw: the low-precision-weight GEMM takes {' / '.join(_FORMATS)} weights, got {qw.fmt.name} "
+            "(block-scaled x block-scaled is cutegemm.gemm(qa, qb))"
         )
+    if qw.fmt.name == MXFP8.name and qw.data.dtype != torch.float8_e4m3fn:
+        raise TypeError(f"qw: MXFP8 weight elements must be float8_e4m3fn, got {qw.data.dtype}")
     if x.dtype not in (torch.bfloat16, torch.float8_e4m3fn):
         raise TypeError(f"x: the FP4-weight GEMM takes bf16 or float8_e4m3fn activations, got {x.dtype}")
     grouped = offs is not None
@@ -88,12 +90,19 @@ def check_args(x, qw, offs=None, out_dtype=torch.bfloat16, scale_a=None) -> None
 
 @functools.lru_cache(maxsize=1024)
 def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bool, experts: int = 1,
-                x_scale: bool = False):  # fmt: skip
-    """The kernel variant: tokens per pass from the (mean) rows per batch / expert."""
+                x_scale: bool = False, few_tiles: bool = False):  # fmt: skip
+    """The kernel variant: tokens per pass from the (mean) rows per batch / expert. ``few_tiles``
+    (dense): the weight's 128-row tiles are fewer than the SMs (``few_weight_tiles``)."""
     from .fp4_weight import Fp4WeightConfig
 
     rows = -(-m // max(experts, 1)) if grouped else m
-    if arch == "sm_90a" and (rows > 32 or (not grouped and rows > 16)):
+    fp8 = fmt == "mxfp8"
+    # MXFP8 weights, dense, fewer 128-row weight tiles than SMs: one CTA per tile would leave SMs
+    # idle; the split grid spreads the K stages over all of them. H200, N=K=8192 (64 tiles), us:
+    # M=1 35.9 (WGMMA, 32 tokens, split) / 37.9 (mma.sync, split) / 44.9 (mma.sync, a CTA per
+    # tile); M=16 36.2 / - / 47.7 (cuBLAS bf16 43.4). N=28672 (224 tiles): M=1 53.8 / 50.6 / 46.1.
+    spread = fp8 and few_tiles and not grouped
+    if arch == "sm_90a" and (rows > 32 or (not grouped and rows > (32 if fp8 else 16)) or spread):
         # sm_90a, more tokens: the WGMMA consumers (fp4_wgmma), 64 tokens per pass in 3 ring
         # stages (32 in 4 for dense M <= 32), dense M > 32 on the split grid. H200
         # (bench/RESULTS.md, 2026-12-01 sixth session), NVFP4 N=28672 K=4096, us: M=32 44.0 vs
@@ -103,11 +112,15 @@ def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bo
         # 604.0); ~256 rows 1288.1 vs 2247.6. 128 tokens per pass in 2 stages: within 2% at
         # M = 96..256, slower below. M=16: 41.9 vs 31.5, not taken. The split grid (another run):
         # M=64 50.9 vs 51.7, M=128 90.5 vs 95.2, M=256 167.3 vs 180.6; M=32 44.2 vs 43.7.
-        n_tiles = 4 if rows <= 32 else 8
+        # MXFP8 weights: the same with 256 K per stage (ring_k 4: two 128-K weight boxes), from 33
+        # dense rows (up to 32 the mma.sync consumers below: 48.5 vs 54.2 us at M=32, N=28672
+        # K=4096), and 128 tokens per pass in 2 stages from 97 rows (H200, same run, us: M=128
+        # 92.6 vs 106.2, M=256 167.8 vs 196.4; grouped E=32 ~256 rows 1440.9 vs 1552.0).
+        n_tiles = 4 if rows <= 32 else 16 if fp8 and rows > 96 else 8
         return Fp4WeightConfig(
             fmt=fmt, n_tiles=n_tiles, grouped=grouped, out_dtype=_OUT[out_dtype], arch=arch, x_scale=x_scale,
-            ring=4 if n_tiles == 4 else 3, ring_k=2, row_tiles=1, warps_n=8, warps_k=1, stages=0, producer_pairs=False,
-            wgmma=True, split=not grouped and n_tiles == 8,
+            ring={4: 4, 8: 3, 16: 2}[n_tiles], ring_k=4 if fp8 else 2, row_tiles=1, warps_n=8, warps_k=1, stages=0,
+            producer_pairs=False, wgmma=True, split=not grouped and (n_tiles >= 8 or spread),
         )  # fmt: skip
     n_tiles = 1 if rows <= 8 else 2 if rows <= 16 else 4  # more rows: passes in the CTA (L2 hits)
     # Measured on the H200 (bench/RESULTS.md, 2026-11-30): the TMA / bulk-copy ring with 128
@@ -115,18 +128,21 @@ def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bo
     # 2% of best on every decode shape, dense and grouped, both formats (the register-prefetch /
     # cp.async pipelines of the fourth session: 3-35% slower; 6-8 stages or 64-row CTAs: slower).
     shape = dict(ring=4, ring_k=2, row_tiles=2, warps_n=4, warps_k=2, stages=0)
-    if grouped and fmt == "mxfp4":
-        # the same ring with 8 x 16-row warps: the 4 x 2 split spills two registers here (2.89x vs
-        # 2.95x torch._grouped_mm with the spill, same run)
+    if (grouped and fmt == "mxfp4") or (fp8 and not grouped):
+        # the same ring with 8 x 16-row warps. Grouped MXFP4: the 4 x 2 split spills two registers
+        # (2.89x vs 2.95x torch._grouped_mm with the spill, same run). Dense MXFP8 weights (H200,
+        # N=28672 K=4096, us, same run): M=32 48.8 vs 63.7 (4 x 2), M=1 / 16 within 1%; grouped
+        # MXFP8, E=32 ~16 rows per expert: 269.4 vs 263.2, 4 x 2 kept.
         shape = dict(ring=4, ring_k=2, row_tiles=1, warps_n=8, warps_k=1, stages=0)
     # The producer pairs the activations for up to 16 tokens per pass (+3-6% grouped, +3% M=16);
     # at 32 the consumers pair what they read (the producer's 16 KB per stage: 7% slower at M=64)
-    shape["producer_pairs"] = n_tiles <= 2
-    if not grouped and rows > 8 * n_tiles:
+    shape["producer_pairs"] = n_tiles <= 2 and not fp8  # 8-bit weights: K in order, no pairing
+    if not grouped and (rows > 8 * n_tiles or spread):
         # several token passes (dense): the split grid (equal unit ranges per CTA) measured 84 vs
         # 92 us at M=64 (H200, 2026-11-30); with one pass it was slower (43 vs 34 us at M=16).
         # (64 tokens per pass, tried 2026-12-01: 65.0 vs 81.3 us at M=64 on sm_90a, but its
-        # registers spill on sm_100a; sm_90a takes the WGMMA consumers above.)
+        # registers spill on sm_100a; sm_90a takes the WGMMA consumers above.) MXFP8 weights with
+        # few weight tiles: split with one pass too (``spread`` above).
         shape["split"] = True
     return Fp4WeightConfig(
         fmt=fmt, n_tiles=n_tiles, grouped=grouped, out_dtype=_OUT[out_dtype], arch=arch, x_scale=x_scale, **shape
@@ -171,8 +187,9 @@ def gemm_fp4_weight(
         raise ValueError(f"x, qw (and offs) must be on one CUDA device, got {dev}, {qw.data.device}")
     m, k = x.shape
     n = qw.shape[-2]
-    if k % 32 or k == 0:
-        raise ValueError(f"the FP4-weight GEMM needs K a positive multiple of 32, got K={k}")
+    k_mult = 16 if qw.fmt.name == MXFP8.name else 32  # 16-byte pieces of weight rows
+    if k % k_mult or k == 0:
+        raise ValueError(f"the {qw.fmt.name}-weight GEMM needs K a positive multiple of {k_mult}, got K={k}")
     grouped = offs is not None
     batches = qw.shape[0] if grouped else 1
     if out is None:
@@ -193,7 +210,8 @@ def gemm_fp4_weight(
         scale_a = scale_a.reshape(-1).expand(m).contiguous()  # one element: broadcast, no host read
     if config is None and dequantize_first(m, batches, grouped, x_scale, qw):
         return _dequantized(x, qw, offs, out, out_dtype, alpha, scale_a)
-    cfg = config or pick_config(m, qw.fmt.name, out_dtype, arch, grouped, batches, x_scale)
+    few = not grouped and few_weight_tiles(n, batches, dev)
+    cfg = config or pick_config(m, qw.fmt.name, out_dtype, arch, grouped, batches, x_scale, few)
     if (cfg.fmt, cfg.grouped, cfg.out_dtype, cfg.x_scale) != (qw.fmt.name, grouped, _OUT[out_dtype], x_scale):
         raise ValueError(
             f"config {cfg.name} does not match this call ({qw.fmt.name}, grouped={grouped}, {out_dtype}, "
@@ -258,6 +276,11 @@ def gemm_fp4_weight(
 # by linear interpolation). On sm_100a (the mma.sync consumers) the same thresholds.
 DQ_MIN_ROWS = 257
 DQ_MIN_ROWS_GROUPED = 384
+# MXFP8 weights (twice the bytes to dequantize; the WGMMA consumers at 128 tokens per pass): H200,
+# N=28672 K=4096, us: M=256 167.8 (kernel) / 207.7 (dequantize-first) / 96.4 (cuBLAS bf16); M=512
+# 320.6 / 285.2 / 152.6: crossover ~390 by linear interpolation. Grouped ~256 rows per expert:
+# 1440.9 / 1641.6 (the FP4 threshold kept).
+DQ_MIN_ROWS_FP8 = 384
 
 
 def dequantize_first(m: int, batches: int, grouped: bool, x_scale: bool, qw: BlockScaledTensor) -> bool:
@@ -267,7 +290,8 @@ def dequantize_first(m: int, batches: int, grouped: bool, x_scale: bool, qw: Blo
     from .dequant import dequantizable
 
     rows = -(-m // batches) if grouped else m
-    return rows >= (DQ_MIN_ROWS_GROUPED if grouped else DQ_MIN_ROWS) and not (grouped and x_scale) and dequantizable(qw)
+    dense_min = DQ_MIN_ROWS_FP8 if qw.fmt.name == MXFP8.name else DQ_MIN_ROWS
+    return rows >= (DQ_MIN_ROWS_GROUPED if grouped else dense_min) and not (grouped and x_scale) and dequantizable(qw)
 
 
 def _dequantized(x, qw, offs, out, out_dtype, alpha, scale_a):
@@ -287,7 +311,9 @@ def _dequantized(x, qw, offs, out, out_dtype, alpha, scale_a):
         return grouped_gemm(x16, w16.transpose(1, 2), offs=offs, out=out, out_dtype=out_dtype, alpha=alpha)
     if scale_a is None:
         return gemm(x16, w16.mT, out=out, out_dtype=out_dtype, alpha=alpha)
-    acc = gemm(x16, w16.mT, out_dtype=torch.float32, alpha=alpha)
+    n = w16.shape[-2]
+    acc = torch.empty(x16.shape[0], -(-n // 4) * 4, dtype=torch.float32, device=x16.device)[:, :n]  # 16-byte rows
+    gemm(x16, w16.mT, out=acc, alpha=alpha)
     return out.copy_(acc.mul_(scale_a.view(-1, 1)))
 
 
@@ -301,10 +327,8 @@ def _split_work(cfg, dev: torch.device, m: int, n: int, k: int, batches: int) ->
     every launch leaves its counters zero) that only grows, then 2 partial-sum slots per CTA.
     Cached per (device, stream): calls on one stream run one after another, so they share it;
     another stream (or a graph's capture stream) gets its own."""
-    from .fp4_math import CHUNK_K
-
     segs = batches * -(-n // cfg.rows_per_cta) * -(-m // cfg.tokens_per_pass)
-    n_chunks = -(-k // CHUNK_K)
+    n_chunks = -(-k // cfg.chunk_k)
     units = segs * -(-n_chunks // cfg.ring_k)
     idx = dev.index if dev.index is not None else torch.cuda.current_device()
     per_sm = max(1, min(2, (227 * 1024) // cfg.smem_bytes))
@@ -317,6 +341,12 @@ def _split_work(cfg, dev: torch.device, m: int, n: int, k: int, batches: int) ->
         ws = torch.zeros(max(counters + slot_words, ws.numel() if ws is not None else 0), dtype=torch.int32, device=dev)
         _WORKSPACES[key] = (ws, counters)
     return n_ctas, ws, counters
+
+
+def few_weight_tiles(n: int, batches: int, dev: torch.device) -> bool:
+    """Whether a dense call's 128-row weight tiles (x batches) are fewer than the device's SMs."""
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    return -(-n // 128) * batches < _sm_count(idx)
 
 
 def _sm_count(index: int) -> int:

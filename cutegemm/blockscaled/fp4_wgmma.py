@@ -23,6 +23,11 @@ conflict-free. The scale factor of a step (NVFP4: one per 16 K; MXFP4: one per 3
 the bf16 pair (as in the ring); the global scale (and NVFP4's 2**8) scale the fp32 accumulators
 at the store (:meth:`~cutegemm.blockscaled.fp4_weight.Fp4WeightKernel.store_fragment`).
 
+MXFP8 weights (``ring_k`` 4: a stage still covers 256 K, as two 128-K weight boxes and the same
+four activation boxes): half h of a stage is box h, its 16-byte piece p is k16 step p, and the
+two K pairs of a row come from words 0-1 and 2-3 of the piece, one PRMT each
+(:meth:`WgmmaPipeline.fp8_fragments`), which also collects the rows' NaN flags.
+
 Per half stage (8 k16 steps) the A fragments are computed first, then one fence and the eight
 WGMMAs, a commit and a wait for the group before, so the dequantization of the next half
 overlaps this half's MMAs; a stage is released once the first half of the next one has waited
@@ -38,7 +43,14 @@ import cutlass.cute as cute
 from cutlass.cute.nvgpu import warpgroup
 
 from ..runtime.ptx import ld_shared_b32, ld_shared_v4, smem_desc_sw128, wgmma_rs_bf16
-from .fp4_math import CHUNK_K, dequant_fp4_byte, mx_scale_bf16_bits, nvfp4_factors
+from .fp4_math import (
+    PAIR_NAN_MASK,
+    dequant_e4m3_pair,
+    dequant_fp4_byte,
+    e4m3_pair_selector,
+    mx_scale_bf16_bits,
+    nvfp4_factors,
+)
 
 __all__ = ["WgmmaPipeline"]
 
@@ -58,7 +70,8 @@ class WgmmaPipeline:
         cfg = self.cfg
         S, SK, R = cfg.ring, cfg.ring_k, cfg.rows_per_cta
         W = cfg.warps
-        NX = 2 * SK  # activation boxes per stage
+        NX = cfg.x_boxes_per_chunk * SK  # activation boxes per stage (4: 256 K)
+        NB = SK // 2  # weight boxes per stage (FP4: 1 of 256 K; 8-bit: 2 of 128 K)
         XB = cfg.x_box_bytes
         side = cfg.side_bytes
         NT = cfg.n_tiles
@@ -95,6 +108,9 @@ class WgmmaPipeline:
                 s_off[hr] = (r % 32) * 16 + ((r // 32) % 4) * 4
             acc = cute.make_rmem_tensor((1, NT, 4), cutlass.Float32)
             sel = t + 0x4440  # PRMT selector: byte t of a word (K pair 2 t, 2 t + 1 of its 8 values)
+            if cutlass.const_expr(self.fp8):
+                sel = e4m3_pair_selector(2 * t)  # bytes 2 t, 2 t + 1 of two words (8-bit weights)
+            nan = cute.make_rmem_tensor((1, 2), cutlass.Int32)  # 8-bit weights: NaN flags of rows g, g + 8
             it = cutlass.Int32(0)
             seg = u_lo // n_kst
             while seg * n_kst < u_hi:  # segments: one token pass over one weight tile (split: the part in range)
@@ -102,6 +118,7 @@ class WgmmaPipeline:
                 ks0 = cutlass.max(u_lo - su0, 0)
                 ks_end = cutlass.min(u_hi - su0, n_kst)
                 acc.fill(0.0)
+                nan.fill(0)
                 ks = ks0
                 while ks < ks_end:
                     slot = it % S
@@ -112,8 +129,8 @@ class WgmmaPipeline:
                         for h in cutlass.range_constexpr(cfg.scale_groups):
                             sw[hr, h] = ld_shared_b32(st + h * 512 + s_off[hr])
                     for half in cutlass.range_constexpr(2):
-                        self.wgmma_half(acc, half, w_smem + slot * (R * 128), x_smem + slot * (NX * XB), sw, w_off, g,
-                                        sel, ks, k)  # fmt: skip
+                        self.wgmma_half(acc, half, w_smem + slot * (NB * R * 128), x_smem + slot * (NX * XB), sw, w_off,
+                                        g, sel, ks, k, nan)  # fmt: skip
                         if half == 0 and ks > ks0:
                             # the previous stage's MMAs are done (wait_group(1) above): release it
                             cute.arch.mbarrier_arrive(empty + (it - 1) % S)
@@ -121,13 +138,15 @@ class WgmmaPipeline:
                     ks += 1
                 warpgroup.wait_group(0)
                 cute.arch.mbarrier_arrive(empty + (it - 1) % S)
+                if cutlass.const_expr(self.fp8):
+                    self.nan_rows(nan, acc, PAIR_NAN_MASK)
                 self.end_segment(acc, None, sFlag, mWork, slot0, lane, 0, warp, warp, seg, su0, u_lo, u_hi, total, n_ctas,
                                  n_kst, n_pass, n_tiles, batches, bx, by, row_start, row_end, x_base0, m_rows, n, gs, mXs,
                                  mOut, False)  # fmt: skip
                 seg += 1
 
     @cute.jit
-    def wgmma_half(self, acc, half: cutlass.Constexpr, w_box, x_stage, sw, w_off, g, sel, ks, k):
+    def wgmma_half(self, acc, half: cutlass.Constexpr, w_box, x_stage, sw, w_off, g, sel, ks, k, nan):
         """Half a ring stage (128 K): the rows' four 16-byte weight reads and their scale factors,
         eight k16 steps of A fragments (dequantized, natural K pairs), then one fence, the eight
         WGMMAs, a commit and a wait for the group before (its A registers and, at a stage's first
@@ -136,9 +155,11 @@ class WgmmaPipeline:
         T = cfg.tokens_per_pass
         XB = cfg.x_box_bytes
         NT = cfg.n_tiles
-        k0 = ks * (cfg.ring_k * CHUNK_K)  # the stage's first K value
+        k0 = ks * (cfg.ring_k * cfg.chunk_k)  # the stage's first K value
         a = cute.make_rmem_tensor((8, 4), cutlass.Int32)  # A fragments of the eight steps
-        for pp in cutlass.range_constexpr(4):
+        if cutlass.const_expr(self.fp8):
+            self.fp8_fragments(a, half, w_box, sw, w_off, g, sel, k0, k, nan)
+        for pp in cutlass.range_constexpr(0 if self.fp8 else 4):
             p = 4 * half + pp  # 16-byte piece of the 128-byte weight rows: 32 K
             f = cute.make_rmem_tensor((2, 2), cutlass.Int32)  # bf16x2 factors: (row, k16 step)
             for hr in cutlass.range_constexpr(2):
@@ -159,7 +180,7 @@ class WgmmaPipeline:
                 # (2 t + 8, 2 t + 9) = the same byte of word 2 s + 1
                 for q in cutlass.range_constexpr(4):
                     a[2 * pp + s, q] = dequant_fp4_byte(wds[q % 2][2 * s + q // 2], sel, f[q % 2, s], self.mx)
-        desc0 = smem_desc_sw128(x_stage)
+        desc0 = smem_desc_sw128(x_stage)  # (both formats: 256 K per stage, four activation boxes)
         warpgroup.fence()
         for jj in cutlass.range_constexpr(8):
             j = 8 * half + jj  # k16 step of the stage: activation box j // 4, bytes 32 (j % 4) of its rows
@@ -169,3 +190,27 @@ class WgmmaPipeline:
                 acc[0, i // 4, i % 4] = d[i]
         warpgroup.commit_group()
         warpgroup.wait_group(1)
+
+    @cute.jit
+    def fp8_fragments(self, a, half: cutlass.Constexpr, w_stage, sw, w_off, g, sel, k0, k, nan):
+        """8-bit weights: the A fragments of half a stage (box ``half`` of the stage's two 128-K
+        weight boxes; its 16-byte piece p is k16 step p): per row (g, g + 8) one 16-byte read, the
+        K pairs (2 t, 2 t + 1) from words 0-1 and (2 t + 8, 2 t + 9) from words 2-3 (one PRMT of
+        the two words each, ``dequant_e4m3_pair``), times the MX factor of the piece's 32-K block
+        (column 4 half + p // 2 of the stage: byte p // 2 of the row's word of group ``half``)."""
+        R = self.cfg.rows_per_cta
+        box = w_stage + half * (R * 128)
+        for p in cutlass.range_constexpr(8):
+            live = k0 + 128 * half + 16 * p < k  # past K: unit scales (the weights and activations are zeros)
+            f = cute.make_rmem_tensor((2,), cutlass.Int32)
+            for hr in cutlass.range_constexpr(2):
+                e = cutlass.select_(live, (sw[hr, half] >> (8 * (p // 2))) & 0xFF, cutlass.Int32(127))
+                fb = mx_scale_bf16_bits(e)
+                f[hr] = fb | (fb << 16)
+            wds = [ld_shared_v4(box + w_off[hr] + ((p ^ g) * 16)) for hr in range(2)]
+            for q in cutlass.range_constexpr(4):
+                hr = q % 2
+                w0 = 2 * (q // 2)  # words 0-1: K 2 t, 2 t + 1; words 2-3: K 2 t + 8, 2 t + 9
+                dq = dequant_e4m3_pair(wds[hr][w0], wds[hr][w0 + 1], sel, f[hr], nan[0, hr])
+                a[p, q] = dq[0]
+                nan[0, hr] = dq[1]

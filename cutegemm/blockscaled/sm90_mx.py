@@ -139,6 +139,34 @@ def dequantize_first(rows: int, n: int, qa: BlockScaledTensor, qb: BlockScaledTe
     return rows >= DEQUANT_MIN_ROWS and n >= DEQUANT_MIN_COLS and dequantizable(qa) and dequantizable(qb)
 
 
+def ring_first(qa: BlockScaledTensor, qb: BlockScaledTensor) -> bool:
+    """Whether the policy runs ``gemm_mx_sm90`` as A dequantized to bf16 (exact; one kernel pass
+    over M x K elements) plus the MXFP8-weight GEMM of ``fp4_weight_api`` with qb as the weight:
+    MXFP8 (e4m3) x MXFP8 (e4m3), 2-D A (dense) or the packed grouped form, K a multiple of 16, A
+    accepted by the dequantize kernel. That GEMM's own policy streams the FP8 weight through the
+    ring kernel (dequantized in registers) for up to DQ_MIN_ROWS_FP8 - 1 rows (per expert:
+    DQ_MIN_ROWS_GROUPED - 1) and above dequantizes it once and runs the bf16 GEMM, as the
+    dequantize-first path here does. H200 (bench/RESULTS.md, 2026-12-01 seventh session),
+    N=28672 K=4096, us: M=1 48.1, M=16 49.3 (cuBLAS bf16 on the dequantized weights 67.7 / 68.1;
+    the emulation's 64-row tiles and dequantize-first were slower), M=128 ~95 vs 188.2 (both
+    operands dequantized first)."""
+    from .dequant import dequantizable
+
+    return (
+        qa.fmt.name == qb.fmt.name == "mxfp8" and len(qa.shape) == 2 and qa.shape[-1] % 16 == 0
+        and qa.data.dtype == qb.data.dtype == torch.float8_e4m3fn and dequantizable(qa)
+    )  # fmt: skip
+
+
+def _ring_gemm(qa, qb, out_dtype, alpha, out, offs):
+    """A as bf16 (one dequantize pass), then ``gemm_fp4_weight(a16, qb)`` (dense, or grouped with
+    ``offs``: rows at or past ``offs[-1]`` are not written)."""
+    from .dequant import dequantize_checked  # checked by ring_first
+    from .fp4_weight_api import gemm_fp4_weight
+
+    return gemm_fp4_weight(dequantize_checked(qa), qb, offs=offs, out=out, out_dtype=out_dtype, alpha=alpha)
+
+
 def _dequantized_gemm(qa, qb, out_dtype, alpha, out, offs):
     """bf16 copies of both operands (one kernel pass each), then the bf16 GEMM (dense / batched,
     or the packed grouped form with ``offs``). MX operands are exact in bf16, NVFP4's global
@@ -184,6 +212,8 @@ def gemm_mx_sm90(
         check_dequant_operand(qa, "qa")
         check_dequant_operand(qb, "qb")
         return _dequantized_gemm(qa, qb, out_dtype, alpha, out, offs)
+    if config is None and ring_first(qa, qb):
+        return _ring_gemm(qa, qb, out_dtype, alpha, out, offs)
     if config is None and dequantize_first(m // qb.shape[0] if grouped else m, n, qa, qb):
         return _dequantized_gemm(qa, qb, out_dtype, alpha, out, offs)
     if config is not None and (not config.fp8_mx or config.grouped != grouped):
