@@ -377,11 +377,13 @@ def _bench_mxfp8_shape(timer, m, n, k, reps, configs):
         f"{flops / t_dq / 1e9:.1f}; torch._scaled_mm row-wise FP8 (other recipe) {flops / t_rw / 1e9:.1f}",
         flush=True,
     )
-    from .blockscaled.sm90_mx import _dequantized_gemm, dequantize_first
+    from .blockscaled.sm90_mx import _dequantized_gemm, dequantize_first, ring_first
 
     rows = []
     default = mx_config(m, n)
     policy = "dequantize-first" if dequantize_first(m, n, qa, qb) else "emulation"
+    if ring_first(qa, qb):
+        policy = "A dequantized + the MXFP8-weight GEMM"
     candidates = [(f"policy ({policy})", lambda: gemm(qa, qb)), (default.name + " (emulation)", lambda: gemm(qa, qb, config=default)),
                   ("dequantize-first", lambda: _dequantized_gemm(qa, qb, torch.bfloat16, 1.0, None, None))]  # fmt: skip
     candidates += [(c.name, lambda c=c: gemm(qa, qb, config=c)) for c in (replace(default, **o) for o in configs)]

@@ -192,6 +192,9 @@ def test_gemm_rejects_unsupported_options_and_mixed_operands():
     with pytest.raises(TypeError, match="qb must be a BlockScaledTensor"):
         cutegemm.gemm(qa, torch.randn(64, 24))
     with pytest.raises(TypeError, match="qa must be a BlockScaledTensor"):
+        cutegemm.gemm_ref(torch.randn(40, 64), quantize_ref(torch.randn(24, 64), "mxfp8_e5m2"))
+    # a tensor times an MXFP8 (e4m3) weight is the low-precision-weight GEMM: bf16 / e4m3 activations
+    with pytest.raises(TypeError, match="bf16 or float8_e4m3fn activations"):
         cutegemm.gemm_ref(torch.randn(40, 64), qb)
     q4 = quantize_ref(torch.randn(24, 64), "nvfp4")
     with pytest.raises(ValueError, match="share a format"):

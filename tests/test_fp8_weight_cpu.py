@@ -155,15 +155,16 @@ def test_policy(arch):
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_policy_with_few_weight_tiles(arch):
-    """Dense MXFP8 weights whose 128-row tiles are fewer than the SMs: the split grid with one
-    token pass (sm_90a: the WGMMA consumers); FP4 weights and grouped calls unchanged."""
+    """Dense weights whose 128-row tiles are fewer than the SMs: the split grid with one token
+    pass (MXFP8 on sm_90a: the WGMMA consumers; FP4 up to 16 rows: the mma.sync ones); grouped
+    calls unchanged."""
     for m in (1, 16, 32):
         cfg = pick_config(m, "mxfp8", torch.bfloat16, arch, False, 1, few_tiles=True)
         assert cfg.split and cfg.wgmma == (arch == "sm_90a"), cfg
         assert not pick_config(m, "mxfp8", torch.bfloat16, arch, False, 1).split
-        assert pick_config(m, "nvfp4", torch.bfloat16, arch, False, 1, few_tiles=True) == pick_config(
-            m, "nvfp4", torch.bfloat16, arch, False, 1
-        )
+        for fmt in ("nvfp4", "mxfp4"):
+            c4 = pick_config(m, fmt, torch.bfloat16, arch, False, 1, few_tiles=True)
+            assert c4.split and c4.wgmma == (arch == "sm_90a" and m > 16), c4
         g = pick_config(8 * m, "mxfp8", torch.bfloat16, arch, True, 8, few_tiles=True)
         assert not g.split and not g.wgmma
 

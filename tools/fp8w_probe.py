@@ -9,7 +9,7 @@ flush, best of ROUNDS interleaved L2-cold medians of 30, µs:
 - ``scaled_mm``: ``torch._scaled_mm`` row-wise FP8 (another recipe; the same weight bytes);
 - ``read``: torch reading the weight bytes once.
 
-    python tools/fp8w_probe.py [ROUNDS] [--smoke] [--list]
+    python tools/fp8w_probe.py [ROUNDS] [--smoke] [--list] [--policy] [--policy-list]
 """
 
 import sys
@@ -148,6 +148,51 @@ def main(rounds: int):
         del w16
 
 
+POLICY_DENSE = [(1, 8192, 8192), (16, 8192, 8192), (64, 8192, 8192), (128, 28672, 4096), (300, 28672, 4096),
+                (400, 28672, 4096)]  # fmt: skip
+
+
+def policy_check(rounds: int):
+    """The committed policy (no config) on the shapes its rules came from, and FP4 weights with
+    few weight tiles: their policy (one CTA per tile) vs the split grid."""
+    timer = Timer()
+    torch.manual_seed(0)
+    for m, n, k in POLICY_DENSE:
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        qw = cutegemm.quantize(w, "mxfp8")
+        w16 = dequantize_checked(qw)
+        qa = cutegemm.quantize(x, "mxfp8")
+        runs = {
+            "base": lambda x=x, w16=w16: x @ w16.T,
+            "policy": lambda x=x, qw=qw: cutegemm.gemm(x, qw),
+            "mx": lambda qa=qa, qw=qw: cutegemm.gemm(qa, qw),
+            "read": lambda d=qw.data.view(torch.float32): d.sum(),
+        }
+        if n == 8192 and m <= 16:
+            for fmt in ("nvfp4", "mxfp4"):
+                q4 = cutegemm.quantize(w, fmt)
+                c4 = api.pick_config(m, fmt, torch.bfloat16, "sm_90a", False)
+                runs[f"{fmt}"] = lambda x=x, q=q4, c=c4: api.gemm_fp4_weight(x, q, config=c)
+                runs[f"{fmt} split"] = lambda x=x, q=q4, c=replace(c4, split=True): api.gemm_fp4_weight(x, q, config=c)
+                wg4 = replace(c4, n_tiles=4, ring=4, ring_k=2, warps_n=8, warps_k=1, row_tiles=1, wgmma=True,
+                              producer_pairs=False, split=True)  # fmt: skip
+                runs[f"{fmt} wg t32 split"] = lambda x=x, q=q4, c=wg4: api.gemm_fp4_weight(x, q, config=c)
+        report(f"policy mxfp8 dense {m}x{n}x{k}", runs, timer, rounds, 2.0 * m * n * k)
+
+
+def policy_configs():
+    out = []
+    for m, n, _k in POLICY_DENSE:
+        if n == 8192 and m <= 16:
+            for fmt in ("nvfp4", "mxfp4"):
+                c4 = api.pick_config(m, fmt, torch.bfloat16, "sm_90a", False)
+                out += [c4, replace(c4, split=True), replace(c4, n_tiles=4, ring=4, ring_k=2, warps_n=8, warps_k=1,
+                                                            row_tiles=1, wgmma=True, producer_pairs=False, split=True)]  # fmt: skip
+        out.append(api.pick_config(m, "mxfp8", torch.bfloat16, "sm_90a", False, few_tiles=n == 8192))
+    return out
+
+
 def report(tag, runs, timer, rounds, flops):
     ref = runs["base"]().float()
     scale = ref.abs().max().item()
@@ -188,6 +233,11 @@ if __name__ == "__main__":
             print(repr(api.pick_config(m, "mxfp8", torch.float32, "sm_90a", False)))
             print(repr(api.pick_config(m, "mxfp8", torch.bfloat16, "sm_90a", False)))
         print(repr(api.pick_config(49, "mxfp8", torch.float32, "sm_90a", True, 6)))
+    elif "--policy-list" in sys.argv:
+        for c in policy_configs():
+            print(repr(c))
+    elif "--policy" in sys.argv:
+        policy_check(int(sys.argv[1]) if sys.argv[1].isdigit() else 2)
     elif "--smoke" in sys.argv:
         smoke()
     else:

@@ -133,6 +133,10 @@ class RingPipeline:
                 cutlass.Float32, cute.make_layout((n_acc, 32, RW, KW - 1), stride=(32, 1, 32 * n_acc, 32 * n_acc * RW)), 16
             )
         PP = cfg.producer_pairs
+        # every consumer lane releases its own reads of a stage (producer_pairs, and 8-bit weights:
+        # compute-sanitizer's racecheck cannot follow one lane's arrive after a warp sync, and
+        # flagged the next stage's scale copy against the K-split warps' scale reads)
+        PL = PP or self.fp8
         if tidx == 0:
             for i in cutlass.range_constexpr(S):
                 # weights + scales (+ activations) (tx), and with producer_pairs the paired activations.
@@ -140,7 +144,7 @@ class RingPipeline:
                 # itself (an arrive releases the arriving thread's own accesses only: one elected
                 # lane after a warp sync is not an ordering racecheck can follow).
                 cute.arch.mbarrier_init(full + i, 1 + 32 if PP else 1)
-                cute.arch.mbarrier_init(empty + i, W * 32 if PP else W)
+                cute.arch.mbarrier_init(empty + i, W * 32 if PL else W)
                 cute.arch.mbarrier_init(xfull + i, 1)
             cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
@@ -223,8 +227,8 @@ class RingPipeline:
                             self.mma_chunk_fp8(rW, rS, xq, x_addr, x_sw, acc)
                         else:
                             self.mma_chunk(q, rW, rS, xq, x_addr, x_sw, acc, "paired" if PP else "swizzled")
-                if cutlass.const_expr(PP):
-                    cute.arch.mbarrier_arrive(empty + slot)  # every lane: its reads of the paired x
+                if cutlass.const_expr(PL):
+                    cute.arch.mbarrier_arrive(empty + slot)  # every lane: its own reads
                 else:
                     cute.arch.sync_warp()
                     if lane == 0:

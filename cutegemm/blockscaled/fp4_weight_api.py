@@ -1,7 +1,8 @@
-"""Host side of the FP4-weight GEMM (:mod:`cutegemm.blockscaled.fp4_weight`).
+"""Host side of the FP4-weight GEMM (:mod:`cutegemm.blockscaled.fp4_weight`), which also takes
+MXFP8 (e4m3) weights.
 
 ``gemm_fp4_weight(x, qw)``: ``x @ dequantize(qw).mT`` for bf16 activations ``x`` (M, K) and an
-NVFP4 / MXFP4 :class:`BlockScaledTensor` weight ``qw`` of logical shape (N, K) (quantized along
+NVFP4 / MXFP4 / MXFP8 :class:`BlockScaledTensor` weight ``qw`` of logical shape (N, K) (quantized along
 K, the layout ``cutegemm.quantize(w, "nvfp4")`` gives for a ``(N, K)`` nn.Linear weight). With
 ``offs`` it is the MoE packed form: ``x`` (total_M, K), ``qw`` (E, N, K), ``offs`` int32 (E,)
 cumulative end rows on the GPU; rows of expert e are ``offs[e-1] .. offs[e]``; rows at or past
@@ -12,7 +13,8 @@ call can be captured in a CUDA graph. Public entry points: ``cutegemm.gemm(x, qw
 
 Supported: bf16 activations, or float8_e4m3fn ones with optional per-token / per-tensor fp32
 ``scale_a`` (converted to bf16 exactly by one copy, the scale applied to the fp32 results); K a
-multiple of 32 (the kernel loads 16-byte pieces of weight rows); out_dtype bf16 / fp16 / fp32.
+multiple of 32 (MXFP8: 16; the kernel loads 16-byte pieces of weight rows); out_dtype bf16 /
+fp16 / fp32.
 ``x`` may be any strided view (the kernel reads rows of K contiguous, 16-byte aligned bf16; other
 views are copied first). Any M works (other K: ValueError). The policy (``pick_config``,
 ``dequantize_first``): decode (up to 16 rows dense, 32 per expert grouped) on the kernel's
@@ -20,7 +22,10 @@ views are copied first). Any M works (other K: ValueError). The policy (``pick_c
 pass over a CTA's weight rows, more tokens taking more passes that re-read those rows, mostly
 from L2); from DQ_MIN_ROWS dense rows / DQ_MIN_ROWS_GROUPED rows per expert the weight is
 dequantized once to bf16 (temporary memory: 2 bytes per weight element) and the bf16 GEMM runs
-on it. A forced ``config`` always runs the kernel.
+on it. MXFP8 weights: the mma.sync consumers up to 32 dense rows, the WGMMA ones above (128
+tokens per pass from 97 rows), dequantize-first from DQ_MIN_ROWS_FP8 dense rows. Dense calls
+whose 128-row weight tiles are fewer than the SMs run on the split grid even with one token pass
+(``few_weight_tiles``). A forced ``config`` always runs the kernel.
 
 Dense calls with several token passes use the split grid (``Fp4WeightConfig.split``): it keeps a
 small workspace per (device, stream) (counters the kernel leaves at zero + partial-sum slots), so
@@ -97,12 +102,14 @@ def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bo
 
     rows = -(-m // max(experts, 1)) if grouped else m
     fp8 = fmt == "mxfp8"
-    # MXFP8 weights, dense, fewer 128-row weight tiles than SMs: one CTA per tile would leave SMs
-    # idle; the split grid spreads the K stages over all of them. H200, N=K=8192 (64 tiles), us:
-    # M=1 35.9 (WGMMA, 32 tokens, split) / 37.9 (mma.sync, split) / 44.9 (mma.sync, a CTA per
-    # tile); M=16 36.2 / - / 47.7 (cuBLAS bf16 43.4). N=28672 (224 tiles): M=1 53.8 / 50.6 / 46.1.
-    spread = fp8 and few_tiles and not grouped
-    if arch == "sm_90a" and (rows > 32 or (not grouped and rows > (32 if fp8 else 16)) or spread):
+    # Dense, fewer 128-row weight tiles than SMs: one CTA per tile would leave SMs idle; the split
+    # grid spreads the K stages over all of them. H200, N=K=8192 (64 tiles), us (bench/RESULTS.md,
+    # 2026-12-01 seventh session): MXFP8 M=1 35.9 (WGMMA, 32 tokens, split) / 37.9 (mma.sync,
+    # split) / 44.9 (mma.sync, a CTA per tile); M=16 36.2 / 38.6 / 47.7 (cuBLAS bf16 43.4).
+    # NVFP4 M=1 29.3 / 26.6 / 28.9, M=16 29.6 / 26.9 / 33.6; MXFP4 M=16 30.7 / 27.4 / 35.8.
+    # N=28672 (224 tiles), MXFP8 M=1: 53.8 / 50.6 / 46.1.
+    spread = few_tiles and not grouped
+    if arch == "sm_90a" and (rows > 32 or (not grouped and rows > (32 if fp8 else 16)) or (spread and fp8)):
         # sm_90a, more tokens: the WGMMA consumers (fp4_wgmma), 64 tokens per pass in 3 ring
         # stages (32 in 4 for dense M <= 32), dense M > 32 on the split grid. H200
         # (bench/RESULTS.md, 2026-12-01 sixth session), NVFP4 N=28672 K=4096, us: M=32 44.0 vs
@@ -141,8 +148,8 @@ def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bo
         # several token passes (dense): the split grid (equal unit ranges per CTA) measured 84 vs
         # 92 us at M=64 (H200, 2026-11-30); with one pass it was slower (43 vs 34 us at M=16).
         # (64 tokens per pass, tried 2026-12-01: 65.0 vs 81.3 us at M=64 on sm_90a, but its
-        # registers spill on sm_100a; sm_90a takes the WGMMA consumers above.) MXFP8 weights with
-        # few weight tiles: split with one pass too (``spread`` above).
+        # registers spill on sm_100a; sm_90a takes the WGMMA consumers above.) Few weight tiles:
+        # split with one pass too (``spread`` above).
         shape["split"] = True
     return Fp4WeightConfig(
         fmt=fmt, n_tiles=n_tiles, grouped=grouped, out_dtype=_OUT[out_dtype], arch=arch, x_scale=x_scale, **shape
