@@ -17,7 +17,7 @@ interleaved L2-cold medians of 30, µs:
 import sys
 
 import torch
-from probe_common import interleaved_rounds
+from probe_common import quantized_moe, report_vs_base
 
 import cutegemm
 from cutegemm.benchmarks import Timer, _moe_counts
@@ -75,13 +75,7 @@ def main(rounds: int):
         report(f"{fmt} dense {m}x{N}x{K}", runs, timer, rounds, 2.0 * m * N * K)
     for e, tok in GROUPED[:1] if QUICK else GROUPED:
         n, k = 4096, 7168
-        counts = _moe_counts(e, tok)
-        offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
-        w = torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16)
-        qw = cutegemm.quantize(w, "nvfp4")
-        del w
-        w16 = dequantize_checked(qw)
-        x = torch.randn(sum(counts), k, device="cuda", dtype=torch.bfloat16)
+        counts, offs, qw, w16, x = quantized_moe(e, tok, n, k, "nvfp4")
         data = qw.data.view(torch.float32)
         runs = {
             "base": lambda x=x, w16=w16, offs=offs: torch._grouped_mm(x, w16.transpose(1, 2), offs=offs),
@@ -97,22 +91,7 @@ def main(rounds: int):
         del w16
 
 
-def report(tag, runs, timer, rounds, flops):
-    ref = runs["base"]().float()
-    scale = ref.abs().max().item()
-    for name, f in runs.items():
-        if name in ("base", "read"):
-            continue
-        err = (f().float() - ref).abs().max().item()
-        if err > 0.02 * scale:
-            print(f"  {tag} {name}: max err {err:.3g} vs base (scale {scale:.3g}): check", flush=True)
-    times = interleaved_rounds(timer, runs, rounds)
-    best = {r: min(ts) * 1e3 for r, ts in times.items()}
-    t0 = best["base"]
-    parts = " | ".join(
-        f"{r} {t:8.1f}" + ("" if r in ("base", "read") else f" ({t0 / t:.2f}x)") for r, t in best.items()
-    )
-    print(f"{tag}: base {flops / t0 / 1e6:.0f} TFLOP/s | {parts}", flush=True)
+report = report_vs_base
 
 
 if __name__ == "__main__":

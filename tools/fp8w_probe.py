@@ -16,7 +16,7 @@ import sys
 from dataclasses import replace
 
 import torch
-from probe_common import interleaved_rounds
+from probe_common import quantized_moe, report_vs_base
 
 import cutegemm
 from cutegemm.benchmarks import Timer, _moe_counts
@@ -125,13 +125,7 @@ def main(rounds: int):
         report(f"mxfp8 dense {m}x{n}x{k} ({cfg.name})", runs, timer, rounds, 2.0 * m * n * k)
     for e, tok in GROUPED:
         n, k = 4096, 7168
-        counts = _moe_counts(e, tok)
-        offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
-        w = torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16)
-        qw = cutegemm.quantize(w, "mxfp8")
-        del w
-        w16 = dequantize_checked(qw)
-        x = torch.randn(sum(counts), k, device="cuda", dtype=torch.bfloat16)
+        counts, offs, qw, w16, x = quantized_moe(e, tok, n, k, "mxfp8")
         qa = cutegemm.quantize(x, "mxfp8")
         cfg = api.pick_config(sum(counts), "mxfp8", torch.bfloat16, "sm_90a", True, e)
         runs = {
@@ -181,6 +175,34 @@ def policy_check(rounds: int):
         report(f"policy mxfp8 dense {m}x{n}x{k}", runs, timer, rounds, 2.0 * m * n * k)
 
 
+def fp4_few_configs():
+    """FP4 weights with few weight tiles (N=K=8192) at 17..32 rows: the policy (sm_90a: WGMMA, 32
+    tokens, split) against the same without split and the mma.sync split grid."""
+    out = {}
+    for fmt in ("nvfp4", "mxfp4"):
+        for m in (24, 32):
+            pol = api.pick_config(m, fmt, torch.bfloat16, "sm_90a", False, 1, few_tiles=True)
+            out[(fmt, m)] = {"policy": pol, "wg nosplit": replace(pol, split=False),
+                             "mma split": api.pick_config(m, fmt, torch.bfloat16, "sm_100a", False, 1, few_tiles=True)}
+    for cs in out.values():
+        cs["mma split"] = replace(cs["mma split"], arch="sm_90a")
+    return out
+
+
+def fp4_few(rounds: int):
+    timer = Timer()
+    torch.manual_seed(0)
+    w = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for (fmt, m), cs in fp4_few_configs().items():
+        qw = cutegemm.quantize(w, fmt)
+        w16 = dequantize_checked(qw)
+        x = torch.randn(m, 8192, device="cuda", dtype=torch.bfloat16)
+        runs = {"base": lambda x=x, w16=w16: x @ w16.T}
+        for name, c in cs.items():
+            runs[name] = lambda x=x, qw=qw, c=c: api.gemm_fp4_weight(x, qw, config=c)
+        report(f"{fmt} dense {m}x8192x8192 (few tiles)", runs, timer, rounds, 2.0 * m * 8192 * 8192)
+
+
 def policy_configs():
     out = []
     for m, n, _k in POLICY_DENSE:
@@ -194,19 +216,7 @@ def policy_configs():
 
 
 def report(tag, runs, timer, rounds, flops):
-    ref = runs["base"]().float()
-    scale = ref.abs().max().item()
-    for name, f in runs.items():
-        if name in ("base", "read", "scaled_mm"):
-            continue
-        err = (f().float() - ref).abs().max().item()
-        if err > 0.02 * scale:
-            print(f"  {tag} {name}: max err {err:.3g} vs base (scale {scale:.3g}): check", flush=True)
-    times = interleaved_rounds(timer, runs, rounds)
-    best = {r: min(ts) * 1e3 for r, ts in times.items()}
-    t0 = best["base"]
-    parts = " | ".join(f"{r} {t:8.1f}" + ("" if r in ("base", "read") else f" ({t0 / t:.2f}x)") for r, t in best.items())
-    print(f"{tag}: base {flops / t0 / 1e6:.0f} TFLOP/s | {parts}", flush=True)
+    report_vs_base(tag, runs, timer, rounds, flops, unchecked=("base", "read", "scaled_mm"))
 
 
 if __name__ == "__main__":
@@ -236,6 +246,11 @@ if __name__ == "__main__":
     elif "--policy-list" in sys.argv:
         for c in policy_configs():
             print(repr(c))
+        for cs in fp4_few_configs().values():
+            for c in cs.values():
+                print(repr(c))
+    elif "--fp4-few" in sys.argv:
+        fp4_few(int(sys.argv[1]) if sys.argv[1].isdigit() else 2)
     elif "--policy" in sys.argv:
         policy_check(int(sys.argv[1]) if sys.argv[1].isdigit() else 2)
     elif "--smoke" in sys.argv:

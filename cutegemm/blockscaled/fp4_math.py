@@ -236,28 +236,31 @@ def fragment_order_x(x: torch.Tensor) -> torch.Tensor:
 
 
 # --- torch twin of the register math (CPU tests check it against dequantize_ref) ---------------
+def _bf16_pair_ref(bits: torch.Tensor) -> torch.Tensor:
+    """(..., 2) fp32 values of bf16x2 words (int64 tensors holding uint32 values; low half first)."""
+    lo = ((bits & 0xFFFF) << 16).to(torch.int32).view(torch.float32)
+    hi = (((bits >> 16) & 0xFFFF) << 16).to(torch.int32).view(torch.float32)
+    return torch.stack([lo, hi], dim=-1)
+
+
+def _bf16_mul_ref(a: torch.Tensor, b) -> torch.Tensor:
+    """A packed bf16 multiply: the exact product rounded once to bf16 (as fp32 values)."""
+    return (a.double() * (b.double() if isinstance(b, torch.Tensor) else b)).to(torch.bfloat16).float()
+
 def dequant_words_ref(word: torch.Tensor, factor_bits: torch.Tensor, two_muls: bool) -> torch.Tensor:
     """Twin of :func:`dequant_fp4x8` on int64 tensors holding uint32 values: (..., 4, 2) fp32
     values of the 4 bf16x2 words (low half first), computed with the kernel's shifts and masks
     and bf16 multiplies (exact products: rounding to bf16 changes nothing)."""
 
-    def bf16_pair(bits):
-        lo = ((bits & 0xFFFF) << 16).to(torch.int32).view(torch.float32)
-        hi = (((bits >> 16) & 0xFFFF) << 16).to(torch.int32).view(torch.float32)
-        return torch.stack([lo, hi], dim=-1)
-
-    def bf16_mul(a, b):
-        return (a.double() * b.double()).to(torch.bfloat16).float()
-
     out = []
     for sm, ss in _WORD_SHIFTS:
         m = ((word << sm) if sm >= 0 else (word >> -sm)) & 0x01C001C0
         sg = (word << ss) & 0x80008000
-        v = bf16_pair((m | sg) & 0xFFFFFFFF)
-        f = bf16_pair(factor_bits & 0xFFFFFFFF)
+        v = _bf16_pair_ref((m | sg) & 0xFFFFFFFF)
+        f = _bf16_pair_ref(factor_bits & 0xFFFFFFFF)
         if two_muls:
-            v = bf16_mul(v, torch.full_like(v, 2.0**126))
-        out.append(bf16_mul(v, f))
+            v = _bf16_mul_ref(v, torch.full_like(v, 2.0**126))
+        out.append(_bf16_mul_ref(v, f))
     return torch.stack(out, dim=-2)
 
 
@@ -299,22 +302,14 @@ def dequant_e4m3_words_ref(word: torch.Tensor, factor_bits: torch.Tensor) -> tor
     def sx(b):  # PRMT sign replication: 0xFF if bit 7 of the byte is set
         return torch.where((b & 0x80) != 0, 0xFF, 0)
 
-    def bf16_pair(bits):
-        lo = ((bits & 0xFFFF) << 16).to(torch.int32).view(torch.float32)
-        hi = (((bits >> 16) & 0xFFFF) << 16).to(torch.int32).view(torch.float32)
-        return torch.stack([lo, hi], dim=-1)
-
-    def bf16_mul(a, b):
-        return (a.double() * b.double()).to(torch.bfloat16).float()
-
     b = [(word >> (8 * i)) & 0xFF for i in range(4)]
-    f = bf16_pair(factor_bits & 0xFFFFFFFF)
+    f = _bf16_pair_ref(factor_bits & 0xFFFFFFFF)
     out = []
     for lo, hi in ((b[0], b[1]), (b[2], b[3])):
         x = lo | (sx(lo) << 8) | (hi << 16) | (sx(hi) << 24)
         placed = ((x << 4) & 0xFFFFFFFF) & 0x87F087F0
-        v = bf16_mul(bf16_pair(placed), torch.full_like(f, 2.0**120))
-        out.append(bf16_mul(v, f))
+        v = _bf16_mul_ref(_bf16_pair_ref(placed), torch.full_like(f, 2.0**120))
+        out.append(_bf16_mul_ref(v, f))
     return torch.stack(out, dim=-2)
 
 
@@ -341,12 +336,8 @@ def dequant_e4m3_pair_ref(lo: torch.Tensor, hi: torch.Tensor, i: int, factor_bit
     placed = ((x << 4) & 0xFFFFFFFF) & 0x87F087F0
     if nan_out is not None:
         nan_out.copy_(((placed + 0x00100010) & PAIR_NAN_MASK) != 0)
-    lo16 = ((placed & 0xFFFF) << 16).to(torch.int32).view(torch.float32)
-    hi16 = (((placed >> 16) & 0xFFFF) << 16).to(torch.int32).view(torch.float32)
-    v = torch.stack([lo16, hi16], dim=-1).double() * 2.0**120
-    f = torch.stack([((factor_bits & 0xFFFF) << 16).to(torch.int32).view(torch.float32),
-                     (((factor_bits >> 16) & 0xFFFF) << 16).to(torch.int32).view(torch.float32)], dim=-1)  # fmt: skip
-    return (v.to(torch.bfloat16).double() * f.double()).to(torch.bfloat16).float()
+    v = _bf16_mul_ref(_bf16_pair_ref(placed), 2.0**120)
+    return _bf16_mul_ref(v, _bf16_pair_ref(factor_bits & 0xFFFFFFFF))
 
 
 def e4m3_nan_flags_ref(word: torch.Tensor) -> torch.Tensor:
