@@ -209,3 +209,16 @@ def test_compile_check(arch, grouped):
     cfg = pick_config(40 * (4 if grouped else 1), "mxfp8", torch.float32, arch, grouped, 4 if grouped else 1)
     ok, markers, err = fw.check_variant(replace(cfg, n_tiles=4 if grouped else 2))
     assert ok, (err, markers)
+
+
+def test_compile_check_128_tokens_split_spills_within_the_allowance():
+    """The dense policy from 97 rows (sm_90a: WGMMA, 128 tokens per pass, split grid): its few
+    per-segment spills stay within fp4_weight.SPILL_ALLOWANCE; 64 tokens per pass: none."""
+    t128 = pick_config(128, "mxfp8", torch.bfloat16, "sm_90a", False, 1)
+    assert (t128.n_tiles, t128.split, t128.wgmma) == (16, True, True) and fw.spills_allowed(t128)
+    ok, markers, err = fw.check_variant(t128)
+    assert ok, (err, markers)
+    assert markers["LDL"] <= fw.SPILL_ALLOWANCE["LDL"] and markers["STL"] <= fw.SPILL_ALLOWANCE["STL"]
+    t64 = pick_config(64, "mxfp8", torch.bfloat16, "sm_90a", False, 1)
+    ok, markers, err = fw.check_variant(t64)
+    assert ok and not fw.spills_allowed(t64) and markers["LDL"] == markers["STL"] == 0, (err, markers)

@@ -203,6 +203,32 @@ def fp4_few(rounds: int):
         report(f"{fmt} dense {m}x8192x8192 (few tiles)", runs, timer, rounds, 2.0 * m * 8192 * 8192)
 
 
+def t128_configs():
+    """Dense MXFP8 weights from 97 rows: WGMMA 128 tokens per pass with and without the split grid
+    (with it the split finish spills registers), 64 tokens split."""
+    out = {}
+    for m, n in ((128, 28672), (256, 28672), (128, 8192), (256, 8192)):
+        c = api.pick_config(m, "mxfp8", torch.bfloat16, "sm_90a", False, 1)
+        out[(m, n)] = {"t128 split": replace(c, n_tiles=16, ring=2, split=True),
+                       "t128 nosplit": replace(c, n_tiles=16, ring=2, split=False),
+                       "t64 split": replace(c, n_tiles=8, ring=3, split=True)}
+    return out
+
+
+def t128(rounds: int):
+    timer = Timer()
+    torch.manual_seed(0)
+    for (m, n), cs in t128_configs().items():
+        k = 4096 if n == 28672 else 8192
+        qw = cutegemm.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), "mxfp8")
+        w16 = dequantize_checked(qw)
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        runs = {"base": lambda x=x, w16=w16: x @ w16.T}
+        for name, c in cs.items():
+            runs[name] = lambda x=x, qw=qw, c=c: api.gemm_fp4_weight(x, qw, config=c)
+        report(f"mxfp8 dense {m}x{n}x{k}", runs, timer, rounds, 2.0 * m * n * k)
+
+
 def policy_configs():
     out = []
     for m, n, _k in POLICY_DENSE:
@@ -249,6 +275,12 @@ if __name__ == "__main__":
         for cs in fp4_few_configs().values():
             for c in cs.values():
                 print(repr(c))
+    elif "--t128-list" in sys.argv:
+        for cs in t128_configs().values():
+            for c in cs.values():
+                print(repr(c))
+    elif "--t128" in sys.argv:
+        t128(int(sys.argv[1]) if sys.argv[1].isdigit() else 2)
     elif "--fp4-few" in sys.argv:
         fp4_few(int(sys.argv[1]) if sys.argv[1].isdigit() else 2)
     elif "--policy" in sys.argv:
