@@ -52,10 +52,11 @@ the MXFP8 emulation for few rows);
 CPU: ``gemm_ref`` (dequantize_ref both, fp32 matmul, cast).
 
 ``gemm_fp4_weight``: ``alpha * x @ dequantize(W).mT`` for bf16 activations x (M, K) and an
-NVFP4 / MXFP4 weight W (N, K) (or (E, N, K) with ``offs``: the MoE packed form, rows of expert e
+NVFP4 / MXFP4 / MXFP8 weight W (N, K) (or (E, N, K) with ``offs``: the MoE packed form, rows of expert e
 are ``offs[e-1] .. offs[e]``; rows at or past ``offs[-1]`` are zero: the op zero-fills the
 output first, since a custom op's output must be fully defined), the raw fields
-of the weight's BlockScaledTensor (elements ``float4_e2m1fn_x2`` (.., N, K / 2), swizzled
+of the weight's BlockScaledTensor (elements ``float4_e2m1fn_x2`` (.., N, K / 2) or MXFP8's
+``float8_e4m3fn`` (.., N, K), swizzled
 scales, NVFP4 global scale). CUDA: :func:`cutegemm.blockscaled.fp4_weight_api.gemm_fp4_weight`
 (no host sync: graph-capturable); CPU: its reference twin. Wrapper: :func:`gemm_fp4_weight`.
 
@@ -432,15 +433,15 @@ def _fp4_weight_operand(x, w, w_scales, w_global_scale, offs, scale_a, fmt_name,
     """Validates; returns (qw, out_dtype): the weight rebuilt as a BlockScaledTensor."""
     from .blockscaled.fp4_weight_api import check_args
 
-    if fmt_name not in ("nvfp4", "mxfp4"):
-        raise ValueError(f"fmt must be 'nvfp4' or 'mxfp4', got {fmt_name!r}")
+    if fmt_name not in ("nvfp4", "mxfp4", "mxfp8"):
+        raise ValueError(f"fmt must be 'nvfp4', 'mxfp4' or 'mxfp8', got {fmt_name!r}")
     fmt = get_format(fmt_name)
     out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
     if out_dtype not in _BLOCKSCALED_OUT_DTYPES:
         raise ValueError(f"out_dtype must be one of {_BLOCKSCALED_OUT_DTYPES}, got {out_dtype}")
     _check_elements("w", w, fmt)
     _check_scales("w", w, w_scales, w_global_scale, fmt)
-    k = w.shape[-1] * 2
+    k = w.shape[-1] * fmt.elems_per_byte
     gs = None if w_global_scale is None else w_global_scale.to(torch.float32).reshape(())
     qw = BlockScaledTensor(data=w, scales=w_scales, fmt=fmt, shape=torch.Size((*w.shape[:-1], k)), global_scale=gs)
     check_args(x, qw, offs, out_dtype, scale_a)

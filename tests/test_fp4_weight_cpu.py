@@ -359,7 +359,7 @@ def _op_args(x, qw, offs=None):
     return (x, qw.data, qw.scales, qw.global_scale, offs)
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
 @pytest.mark.parametrize("grouped", [False, True])
 def test_op_cpu_kernel_fake_and_opcheck(fmt, grouped):
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -389,6 +389,8 @@ def test_op_bad_inputs():
     x = torch.randn(11, 96).to(torch.bfloat16)
     op = torch.ops.cutegemm.gemm_fp4_weight
     with pytest.raises(ValueError, match="fmt must be"):
+        op(*_op_args(x, qw), fmt="mxfp8_e5m2")
+    with pytest.raises(TypeError, match="w: expected mxfp8 data"):  # FP4 elements called MXFP8
         op(*_op_args(x, qw), fmt="mxfp8")
     with pytest.raises(TypeError, match="w: expected"):
         op(x, qw.data.view(torch.uint8), qw.scales, fmt="nvfp4")
