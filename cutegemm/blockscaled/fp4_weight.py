@@ -106,7 +106,7 @@ SASS_FORBIDDEN = {"LDL": r"\bLDL(\.|\s)", "STL": r"\bSTL(\.|\s)"}
 class Fp4WeightConfig:
     """What changes the compiled kernel.
 
-    fmt: ``nvfp4`` | ``mxfp4``; n_tiles: 8-token MMA tiles per pass (tokens per pass = 8 * n_tiles);
+    fmt: ``nvfp4`` | ``mxfp4`` | ``mxfp8`` (e4m3 weights: the ring only); n_tiles: 8-token MMA tiles per pass (tokens per pass = 8 * n_tiles);
     row_tiles: 16-row weight tiles per warp; warps_n x warps_k: the CTA's warps, warps_n groups
     over weight rows, warps_k over K (the K chunks of a row are dealt round-robin to warps_k
     warps, whose partial sums meet in shared memory); grouped: MoE packed form; out_dtype:
