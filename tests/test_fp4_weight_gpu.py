@@ -396,10 +396,13 @@ def test_quantized_grouped_experts(fmt):
     assert (got.float() - full).norm() <= 0.25 * full.norm()
 
 
-def test_custom_op_matches_the_direct_call_and_compiles():
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
+def test_custom_op_matches_the_direct_call_and_compiles(fmt):
+    """The ``cutegemm::gemm_fp4_weight`` op (FP4 and MXFP8 weights): the direct call's result,
+    rows past offs[-1] zero; fullgraph torch.compile."""
     from cutegemm import quant_ops
 
-    qw = _weights((3, 96, 256), "nvfp4", seed=4)
+    qw = _weights((3, 96, 256), fmt, seed=4)
     x = torch.randn(40, 256, device="cuda").to(torch.bfloat16)
     offs = torch.tensor([10, 10, 33], dtype=torch.int32, device="cuda")
     got = quant_ops.gemm_fp4_weight(x, qw, offs=offs)

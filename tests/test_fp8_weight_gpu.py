@@ -196,20 +196,3 @@ def test_mxfp8_x_mxfp8_takes_the_weight_path(grouped):
     assert spy.call_count == 1
     assert torch.isnan(out[total:]).all()
     _check(out[:total], xd[:total], qw, _bounds(offs) if grouped else None)
-
-
-def test_custom_op_with_mxfp8_weights():
-    """``quant_ops.gemm_fp4_weight`` (the torch.library op) with an MXFP8 weight: the same result
-    as the direct call, rows past offs[-1] zero; fullgraph torch.compile."""
-    from cutegemm import quant_ops
-
-    qw = _weights((3, 96, 256), "mxfp8", seed=4)
-    x = torch.randn(40, 256, device="cuda").to(torch.bfloat16)
-    offs = torch.tensor([10, 10, 33], dtype=torch.int32, device="cuda")
-    got = quant_ops.gemm_fp4_weight(x, qw, offs=offs)
-    want = cutegemm.grouped_gemm(x, qw, offs=offs)
-    assert torch.equal(got[:33], want[:33]) and torch.equal(got[33:], torch.zeros_like(got[33:]))
-    torch._dynamo.reset()
-    f = torch.compile(lambda x: quant_ops.gemm_fp4_weight(x, qw, offs=offs).float().relu(), backend="aot_eager",
-                      fullgraph=True)  # fmt: skip
-    assert torch.equal(f(x), got.float().relu())

@@ -108,6 +108,7 @@ FP8_CHUNK_K = 64  # K values per thread-row step of 8-bit weights (4 threads x 1
 _BF16X2_2P120 = 0x7B807B80  # bf16x2 (2**120, 2**120)
 _E4M3_LOW7 = 0x7F7F7F7F
 _E4M3_ONES = 0x01010101
+WORD_NAN_MASK = 0x80808080  # the flags' bits of :func:`e4m3_nan_flags`
 
 # An e4m3 byte's low 7 bits at bf16 bits 4-10 and its sign at bit 15: the bf16 value is the e4m3
 # value times 2**-120 (exponent field 0..15 of 255, so e4m3 subnormals are bf16 subnormals). PRMT
@@ -129,7 +130,7 @@ _DQ8 = (
 @dsl_user_op
 def dequant_e4m3x4(word, factor, *, loc=None, ip=None):
     """4 e4m3 bytes (k0..k3, k0 in the low byte) -> 2 bf16x2 words ``(k0, k1) * f``, ``(k2, k3) * f``
-    with ``f`` the block's scale factor (bf16x2 of 2**(e - 127), :func:`mx_scale_bf16_bits`): the
+    with ``f`` the block's scale factor (:func:`mx_factor_bf16x2`): the
     placed bytes (the e4m3 value x 2**-120) times 2**120 (exact), then times the factor (no
     intermediate over- or underflow; the one rounding is the product's). The e4m3 NaN code
     (0x7F / 0xFF) becomes a finite value here: :func:`e4m3_nan_flags` finds it."""
@@ -169,7 +170,7 @@ def dequant_e4m3_pair(lo, hi, selector, factor, flags, *, loc=None, ip=None):
 def e4m3_nan_flags(word, flags, *, loc=None, ip=None):
     """``flags | ((word & 0x7F7F7F7F) + 0x01010101)``: bit 7 of a byte of the result is set once a
     byte there was an e4m3 NaN (low 7 bits all ones; the add never carries between bytes). Test
-    ``flags & 0x80808080`` at the end."""
+    ``flags & WORD_NAN_MASK`` at the end."""
     ptx = f"{{\n.reg .b32 x;\nand.b32 x, $1, {_E4M3_LOW7:#x};\nadd.u32 x, x, {_E4M3_ONES:#x};\nor.b32 $0, $2, x;\n}}"
     return _asm(ptx, [_i32(word, loc, ip), _i32(flags, loc, ip)], "=r,r,r", 1, loc=loc, ip=ip)
 
@@ -212,10 +213,12 @@ def mma_bf16_16816(a, b, c, *, loc=None, ip=None):
     return _asm(ptx, ins, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", 4, out=cutlass.Float32, loc=loc, ip=ip)
 
 
-def mx_scale_bf16_bits(e):
-    """e8m0 byte -> bf16 bits of 2**(e - 127) (e = 0: the subnormal 2**-127; 255: NaN)."""
+def mx_factor_bf16x2(e):
+    """e8m0 byte -> the bf16x2 word of 2**(e - 127) in both halves (e = 0: the subnormal
+    2**-127; 255: NaN): the packed scale factor of the MX dequantizations."""
     sel = cutlass.select_
-    return sel(e == 0, cutlass.Int32(0x40), sel(e == 255, cutlass.Int32(0x7FC0), e << 7))
+    f = sel(e == 0, cutlass.Int32(0x40), sel(e == 255, cutlass.Int32(0x7FC0), e << 7))
+    return f | (f << 16)
 
 
 def fragment_order_x(x: torch.Tensor) -> torch.Tensor:
@@ -246,6 +249,7 @@ def _bf16_pair_ref(bits: torch.Tensor) -> torch.Tensor:
 def _bf16_mul_ref(a: torch.Tensor, b) -> torch.Tensor:
     """A packed bf16 multiply: the exact product rounded once to bf16 (as fp32 values)."""
     return (a.double() * (b.double() if isinstance(b, torch.Tensor) else b)).to(torch.bfloat16).float()
+
 
 def dequant_words_ref(word: torch.Tensor, factor_bits: torch.Tensor, two_muls: bool) -> torch.Tensor:
     """Twin of :func:`dequant_fp4x8` on int64 tensors holding uint32 values: (..., 4, 2) fp32
@@ -343,7 +347,7 @@ def dequant_e4m3_pair_ref(lo: torch.Tensor, hi: torch.Tensor, i: int, factor_bit
 def e4m3_nan_flags_ref(word: torch.Tensor) -> torch.Tensor:
     """Twin of :func:`e4m3_nan_flags` (from zero flags), masked: bit 7 of each byte set where the
     byte is an e4m3 NaN."""
-    return ((word & _E4M3_LOW7) + _E4M3_ONES) & 0x80808080
+    return ((word & _E4M3_LOW7) + _E4M3_ONES) & WORD_NAN_MASK
 
 
 def nvfp4_factor_ref(scale_byte: torch.Tensor) -> torch.Tensor:
@@ -354,7 +358,7 @@ def nvfp4_factor_ref(scale_byte: torch.Tensor) -> torch.Tensor:
 
 
 def mx_scale_bf16_ref(e: torch.Tensor) -> torch.Tensor:
-    """Twin of :func:`mx_scale_bf16_bits` (both halves)."""
+    """Twin of :func:`mx_factor_bf16x2`."""
     e = e.to(torch.int64)
     f = torch.where(e == 0, 0x40, torch.where(e == 255, 0x7FC0, e << 7))
     return f | (f << 16)

@@ -71,10 +71,11 @@ from .fp4_direct import DirectPipeline
 from .fp4_math import (
     CHUNK_K,
     FP8_CHUNK_K,
+    WORD_NAN_MASK,
     dequant_e4m3x4,
     dequant_fp4x8,
     mma_bf16_16816,
-    mx_scale_bf16_bits,
+    mx_factor_bf16x2,
     nvfp4_factors,
     pair_natural_x,
 )
@@ -440,8 +441,7 @@ class Fp4WeightKernel(RingPipeline, WgmmaPipeline, DirectPipeline):
         for rt in cutlass.range_constexpr(RT):
             for hr in cutlass.range_constexpr(2):
                 if cutlass.const_expr(self.mx):
-                    f = mx_scale_bf16_bits(rS[rt, hr])
-                    rF[rt, hr, 0] = f | (f << 16)
+                    rF[rt, hr, 0] = mx_factor_bf16x2(rS[rt, hr])
                     rF[rt, hr, 1] = rF[rt, hr, 0]
                 else:
                     fac = nvfp4_factors(rS[rt, hr])
@@ -470,7 +470,6 @@ class Fp4WeightKernel(RingPipeline, WgmmaPipeline, DirectPipeline):
                         for q in cutlass.range_constexpr(4):
                             acc[rt, nt, q] = d[q]
 
-
     @cute.jit
     def mma_chunk_fp8(self, rW, rS, x_ptr, x_addr, x_sw, acc):
         """8-bit weights: one K chunk (64 K values; thread t holds 16 of them, K 16 t .. 16 t + 15,
@@ -486,8 +485,7 @@ class Fp4WeightKernel(RingPipeline, WgmmaPipeline, DirectPipeline):
         rX = cute.make_rmem_tensor((NT, 4), cutlass.Int32)
         for rt in cutlass.range_constexpr(RT):
             for hr in cutlass.range_constexpr(2):
-                f = mx_scale_bf16_bits(rS[rt, hr])
-                rF[rt, hr] = f | (f << 16)
+                rF[rt, hr] = mx_factor_bf16x2(rS[rt, hr])
         for j2 in cutlass.range_constexpr(2):
             for nt in cutlass.range_constexpr(NT):
                 xw = ld_shared_v4(x_ptr + x_addr[nt] + (x_sw ^ (16 * j2)))
@@ -508,14 +506,15 @@ class Fp4WeightKernel(RingPipeline, WgmmaPipeline, DirectPipeline):
                             acc[rt, nt, q] = d[q]
 
     @cute.jit
-    def nan_rows(self, flags, acc, mask: cutlass.Constexpr = -2139062144):
+    def nan_rows(self, flags, acc, mask: cutlass.Constexpr = WORD_NAN_MASK):
         """8-bit weights: NaN into the accumulators of every weight row in which a lane of the quad
-        saw an e4m3 NaN byte (``e4m3_nan_flags``; the placement of ``dequant_e4m3x4`` makes it
+        saw an e4m3 NaN byte (``flags & mask``: ``e4m3_nan_flags`` / WORD_NAN_MASK, or the WGMMA
+        consumers' ``dequant_e4m3_pair`` / PAIR_NAN_MASK; the placement makes the NaN code
         finite). Any NaN weight makes its row's outputs NaN, as in the reference."""
         RT, NT = self.cfg.row_tiles, self.cfg.n_tiles
         for rt in cutlass.range_constexpr(RT):
             for hr in cutlass.range_constexpr(2):
-                f = flags[rt, hr] & cutlass.Int32(mask)  # e4m3_nan_flags: 0x80808080
+                f = flags[rt, hr] & cutlass.Int32(mask - (1 << 32) if mask >= 1 << 31 else mask)  # as int32
                 f = f | cute.arch.shuffle_sync_bfly(f, offset=1)
                 f = f | cute.arch.shuffle_sync_bfly(f, offset=2)
                 if f != 0:

@@ -194,7 +194,7 @@ def gemm_fp4_weight(
         raise ValueError(f"x, qw (and offs) must be on one CUDA device, got {dev}, {qw.data.device}")
     m, k = x.shape
     n = qw.shape[-2]
-    k_mult = 16 if qw.fmt.name == MXFP8.name else 32  # 16-byte pieces of weight rows
+    k_mult = 16 * qw.fmt.elems_per_byte  # the kernel reads 16-byte pieces of weight rows
     if k % k_mult or k == 0:
         raise ValueError(f"the {qw.fmt.name}-weight GEMM needs K a positive multiple of {k_mult}, got K={k}")
     grouped = offs is not None
@@ -217,8 +217,9 @@ def gemm_fp4_weight(
         scale_a = scale_a.reshape(-1).expand(m).contiguous()  # one element: broadcast, no host read
     if config is None and dequantize_first(m, batches, grouped, x_scale, qw):
         return _dequantized(x, qw, offs, out, out_dtype, alpha, scale_a)
-    few = not grouped and few_weight_tiles(n, batches, dev)
-    cfg = config or pick_config(m, qw.fmt.name, out_dtype, arch, grouped, batches, x_scale, few)
+    cfg = config or pick_config(
+        m, qw.fmt.name, out_dtype, arch, grouped, batches, x_scale, not grouped and few_weight_tiles(n, batches, dev)
+    )
     if (cfg.fmt, cfg.grouped, cfg.out_dtype, cfg.x_scale) != (qw.fmt.name, grouped, _OUT[out_dtype], x_scale):
         raise ValueError(
             f"config {cfg.name} does not match this call ({qw.fmt.name}, grouped={grouped}, {out_dtype}, "

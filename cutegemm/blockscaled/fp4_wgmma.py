@@ -48,7 +48,7 @@ from .fp4_math import (
     dequant_e4m3_pair,
     dequant_fp4_byte,
     e4m3_pair_selector,
-    mx_scale_bf16_bits,
+    mx_factor_bf16x2,
     nvfp4_factors,
 )
 
@@ -110,7 +110,7 @@ class WgmmaPipeline:
             sel = t + 0x4440  # PRMT selector: byte t of a word (K pair 2 t, 2 t + 1 of its 8 values)
             if cutlass.const_expr(self.fp8):
                 sel = e4m3_pair_selector(2 * t)  # bytes 2 t, 2 t + 1 of two words (8-bit weights)
-            nan = cute.make_rmem_tensor((1, 2), cutlass.Int32)  # 8-bit weights: NaN flags of rows g, g + 8
+            nan = cute.make_rmem_tensor((1, 2), cutlass.Int32)  # 8-bit weights: NaN flags of rows g, g + 8 (unused for FP4)
             it = cutlass.Int32(0)
             seg = u_lo // n_kst
             while seg * n_kst < u_hi:  # segments: one token pass over one weight tile (split: the part in range)
@@ -118,7 +118,8 @@ class WgmmaPipeline:
                 ks0 = cutlass.max(u_lo - su0, 0)
                 ks_end = cutlass.min(u_hi - su0, n_kst)
                 acc.fill(0.0)
-                nan.fill(0)
+                if cutlass.const_expr(self.fp8):
+                    nan.fill(0)
                 ks = ks0
                 while ks < ks_end:
                     slot = it % S
@@ -166,8 +167,7 @@ class WgmmaPipeline:
                 live = k0 + 32 * p < k  # past K: unit scales (the weights and activations are zeros)
                 if cutlass.const_expr(self.mx):
                     e = cutlass.select_(live, (sw[hr, p // 4] >> (8 * (p % 4))) & 0xFF, cutlass.Int32(127))
-                    fb = mx_scale_bf16_bits(e)
-                    f[hr, 0] = fb | (fb << 16)
+                    f[hr, 0] = mx_factor_bf16x2(e)
                     f[hr, 1] = f[hr, 0]
                 else:
                     pair = cutlass.select_(live, (sw[hr, p // 2] >> (16 * (p % 2))) & 0xFFFF, cutlass.Int32(0x3838))
@@ -205,8 +205,7 @@ class WgmmaPipeline:
             f = cute.make_rmem_tensor((2,), cutlass.Int32)
             for hr in cutlass.range_constexpr(2):
                 e = cutlass.select_(live, (sw[hr, half] >> (8 * (p // 2))) & 0xFF, cutlass.Int32(127))
-                fb = mx_scale_bf16_bits(e)
-                f[hr] = fb | (fb << 16)
+                f[hr] = mx_factor_bf16x2(e)
             wds = [ld_shared_v4(box + w_off[hr] + ((p ^ g) * 16)) for hr in range(2)]
             for q in cutlass.range_constexpr(4):
                 hr = q % 2

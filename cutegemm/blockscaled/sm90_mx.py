@@ -143,7 +143,7 @@ def ring_first(qa: BlockScaledTensor, qb: BlockScaledTensor) -> bool:
     """Whether the policy runs ``gemm_mx_sm90`` as A dequantized to bf16 (exact; one kernel pass
     over M x K elements) plus the MXFP8-weight GEMM of ``fp4_weight_api`` with qb as the weight:
     MXFP8 (e4m3) x MXFP8 (e4m3), 2-D A (dense) or the packed grouped form, K a multiple of 16, A
-    accepted by the dequantize kernel. That GEMM's own policy streams the FP8 weight through the
+    accepted by the dequantize kernel (the element dtypes: ``check_mx_operands``, before). That GEMM's own policy streams the FP8 weight through the
     ring kernel (dequantized in registers) for up to DQ_MIN_ROWS_FP8 - 1 rows (per expert:
     DQ_MIN_ROWS_GROUPED - 1) and above dequantizes it once and runs the bf16 GEMM, as the
     dequantize-first path here does. H200 (bench/RESULTS.md, 2026-12-01 seventh session),
@@ -153,8 +153,7 @@ def ring_first(qa: BlockScaledTensor, qb: BlockScaledTensor) -> bool:
     from .dequant import dequantizable
 
     return (
-        qa.fmt.name == qb.fmt.name == "mxfp8" and len(qa.shape) == 2 and qa.shape[-1] % 16 == 0
-        and qa.data.dtype == qb.data.dtype == torch.float8_e4m3fn and dequantizable(qa)
+        qa.fmt.name == qb.fmt.name == "mxfp8" and len(qa.shape) == 2 and qa.shape[-1] % 16 == 0 and dequantizable(qa)
     )  # fmt: skip
 
 
