@@ -266,17 +266,32 @@ def test_wgmma_config_rules():
     assert fw.Fp4WeightConfig(**{**base, "n_tiles": 16, "ring": 2}).tokens_per_pass == 128
     for bad in (dict(arch="sm_100a"), dict(ring=0), dict(ring_k=4), dict(warps_n=4), dict(warps_k=2, warps_n=4),
                 dict(row_tiles=2, warps_n=4), dict(split=True, grouped=True), dict(producer_pairs=True), dict(n_tiles=16, ring=3),
-                dict(n_tiles=32)):  # fmt: skip
+                dict(n_tiles=32), dict(n_tiles=16, ring=5, ring_k=1, fmt="mxfp8")):  # fmt: skip
         with pytest.raises(ValueError):
             fw.Fp4WeightConfig(**{**base, **bad})
+    # 128 K per stage: FP4 ring_k 1 (64-byte weight boxes, 64-byte swizzle), MXFP8 ring_k 2
+    k1 = fw.Fp4WeightConfig(**{**base, "ring_k": 1, "ring": 4, "n_tiles": 16, "producer_wg": True})
+    assert (k1.stage_k, k1.w_row_bytes, k1.w_boxes, k1.scale_groups, k1.name[-4:]) == (128, 64, 1, 2, "_pwg")
+    assert k1.smem_bytes == 4 * (128 * 64 + 2 * 128 * 128 + 2 * 512 + 16) + 1024 + 256
+    k2 = fw.Fp4WeightConfig(**{**base, "fmt": "mxfp8", "ring_k": 2, "ring": 4, "n_tiles": 16})
+    assert (k2.stage_k, k2.w_row_bytes, k2.w_boxes, k2.scale_groups) == (128, 128, 1, 1)
+    assert fw.Fp4WeightConfig(**{**base, "fmt": "mxfp8", "ring_k": 4}).w_boxes == 2
+    with pytest.raises(ValueError, match="producer_wg"):
+        fw.Fp4WeightConfig(**{**base, "wgmma": False, "producer_wg": True, "warps_n": 4, "warps_k": 2, "row_tiles": 2})
+    with pytest.raises(ValueError):  # ring_k 1: the WGMMA consumers only
+        fw.Fp4WeightConfig(**{**base, "wgmma": False, "ring_k": 1, "warps_n": 4, "warps_k": 2, "row_tiles": 2})
 
 
 def test_pick_config_streams_through_the_ring():
     for fmt in ("nvfp4", "mxfp4"):
         for grouped in (False, True):
             for m in (1, 16, 64, 4096):
-                cfg = pick_config(m, fmt, torch.bfloat16, "sm_90a", grouped, 32 if grouped else 1)
-                assert cfg.ring in (3, 4) and cfg.ring_k == 2 and cfg.rows_per_cta == 128 and cfg.stages == 0, cfg
+                e = 32 if grouped else 1
+                cfg = pick_config(m, fmt, torch.bfloat16, "sm_90a", grouped, e)
+                assert cfg.ring in (3, 4) and cfg.rows_per_cta == 128 and cfg.stages == 0, cfg
+                # from 65 rows (per expert): 128 tokens per pass in 128-K stages, the producer warpgroup
+                wide = -(-m // e) > 64
+                assert (cfg.ring_k, cfg.producer_wg, cfg.n_tiles == 16) == ((1, True, True) if wide else (2, False, False))
                 assert cfg.smem_bytes <= 227 * 1024
 
 

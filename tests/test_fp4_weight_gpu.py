@@ -143,6 +143,13 @@ RING_SHAPES = [
 if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:  # the WGMMA consumers (sm_90a)
     RING_SHAPES += [dict(ring=ring, ring_k=2, warps_n=8, warps_k=1, row_tiles=1, n_tiles=n_tiles, wgmma=True,
                          producer_pairs=False) for n_tiles, ring in ((2, 4), (4, 4), (8, 3), (8, 2), (16, 2))]  # fmt: skip
+    # 128 K per stage (64-byte weight boxes, two stages per loop trip, an odd last one after it) and
+    # the producer warpgroup's registers handed to the consumers
+    RING_SHAPES += [dict(ring=ring, ring_k=1, warps_n=8, warps_k=1, row_tiles=1, n_tiles=n_tiles, wgmma=True,
+                         producer_pairs=False, producer_wg=pwg) for n_tiles, ring, pwg in ((16, 4, True), (8, 6, True),
+                                                                                           (4, 3, False))]  # fmt: skip
+    RING_SHAPES += [dict(ring=2, ring_k=2, warps_n=8, warps_k=1, row_tiles=1, n_tiles=16, wgmma=True,
+                         producer_pairs=False, producer_wg=True)]  # fmt: skip
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -183,6 +190,8 @@ SPLIT_SHAPES = [
 if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:  # the WGMMA consumers (sm_90a)
     SPLIT_SHAPES += [dict(ring=3, ring_k=2, warps_n=8, warps_k=1, row_tiles=1, n_tiles=n_tiles, wgmma=True,
                           producer_pairs=False) for n_tiles in (2, 8)]  # fmt: skip
+    SPLIT_SHAPES += [dict(ring=ring, ring_k=1, warps_n=8, warps_k=1, row_tiles=1, n_tiles=n_tiles, wgmma=True,
+                          producer_pairs=False, producer_wg=True) for n_tiles, ring in ((16, 4), (8, 5))]  # fmt: skip
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

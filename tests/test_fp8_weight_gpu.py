@@ -37,6 +37,8 @@ SHAPES = [
 WGMMA = []
 if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:  # the WGMMA consumers (sm_90a)
     WGMMA = [dict(ring=ring, ring_k=4, warps_n=8, warps_k=1, row_tiles=1, wgmma=True) for ring in (2, 3)]
+    # 128 K per stage (two stages per loop trip, an odd last one after it), the producer warpgroup
+    WGMMA += [dict(ring=ring, ring_k=2, warps_n=8, warps_k=1, row_tiles=1, wgmma=True, producer_wg=True) for ring in (3, 4)]
 
 
 def _config(rows, out_dtype, grouped, experts, **shape):

@@ -366,12 +366,16 @@ def _fp4_weight_cases():
                 ("wgmma", dict(wgmma=True, producer_pairs=False, ring=4, ring_k=4 if fmt == "mxfp8" else 2, row_tiles=1,
                                warps_n=8, warps_k=1, n_tiles=2, split=False)),  # fmt: skip
             )
+            # 128 K per stage (two stages per loop trip, an odd tail), the producer warpgroup's registers
+            pipelines += (("wgmma128k", {**pipelines[1][1], "ring": 3, "ring_k": 2 if fmt == "mxfp8" else 1,
+                                         "producer_wg": True}),)  # fmt: skip
             if fmt != "mxfp8":  # the per-thread pipelines (FP4 only)
                 pipelines += (("regs", dict(ring=0, stages=0, row_tiles=1, warps_n=1, warps_k=2)),
                               ("cpasync", dict(ring=0, stages=4, row_tiles=1, warps_n=2, warps_k=4)))  # fmt: skip
             if not grouped:  # the split grid: segments cut between CTAs, several token passes
                 pipelines += (("split", dict(split=True, n_tiles=1)),
-                              ("wgmma-split", {**pipelines[1][1], "split": True}))  # fmt: skip
+                              ("wgmma-split", {**pipelines[1][1], "split": True}),
+                              ("wgmma128k-split", {**pipelines[2][1], "split": True}))  # fmt: skip
             for name, shape in pipelines:
                 g = "grouped" if grouped else "dense"
                 out[f"fp4w-{fmt}-{g}-{name}"] = lambda f=fmt, gr=grouped, sh=shape: case(f, gr, sh)

@@ -42,7 +42,8 @@ class RingPipeline:
         )
         sw_layout = self.w_smem_layout()
         tma_atom, tma_w = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileG2SOp(), w3, cute.slice_(sw_layout, (None, None, 0)), (self.cfg.rows_per_cta, 128)
+            cpasync.CopyBulkTensorTileG2SOp(), w3, cute.slice_(sw_layout, (None, None, 0)),
+            (self.cfg.rows_per_cta, self.cfg.w_row_bytes),
         )
         # The activations as they are ((rows, K) bf16, row-major), read by TMA boxes of
         # tokens_per_pass x 64 (rows past the end and K values past K arrive as zeros).
@@ -63,15 +64,17 @@ class RingPipeline:
         kernel = self.kernel_wgmma if cutlass.const_expr(self.cfg.wgmma) else self.kernel_ring
         kernel(tma_atom, tma_w, tma_atom_x, tma_x, mS, mOut, mOffs, mGs, mXs, mWork, m_rows, n, k,
                batches, n_ctas, slot0, tile_stride, alpha).launch(
-            grid=grid, block=[32 * (1 + self.cfg.warps), 1, 1], stream=stream,
+            grid=grid, block=[32 * (self.cfg.warps + (4 if self.cfg.producer_wg else 1)), 1, 1], stream=stream,
         )
 
     def w_smem_layout(self):
-        """(rows_per_cta, 128 bytes, ring * ring_k / 2) weight boxes, 128-byte swizzle: byte b of
-        row r of a box sits at r * 128 + (((b >> 4) ^ (r % 8)) << 4) + b % 16."""
+        """(rows_per_cta, w_row_bytes, ring * w_boxes) weight boxes. 128-byte rows, 128-byte
+        swizzle: byte b of row r of a box sits at r * 128 + (((b >> 4) ^ (r % 8)) << 4) + b % 16;
+        64-byte rows (``ring_k`` 1), 64-byte swizzle: at r * 64 + (((b >> 4) ^ (r // 2 % 4)) << 4) + b % 16."""
         cfg = self.cfg
-        atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, cutlass.Uint8)
-        return cute.tile_to_shape(atom, (cfg.rows_per_cta, 128, cfg.ring * cfg.ring_k // 2), order=(0, 1, 2))
+        kind = warpgroup.SmemLayoutAtomKind.K_SW64 if cfg.w_row_bytes == 64 else warpgroup.SmemLayoutAtomKind.K_SW128
+        atom = warpgroup.make_smem_layout_atom(kind, cutlass.Uint8)
+        return cute.tile_to_shape(atom, (cfg.rows_per_cta, cfg.w_row_bytes, cfg.ring * cfg.w_boxes), order=(0, 1, 2))
 
     def x_smem_layout(self):
         """(tokens_per_pass, 64 bf16, ring * x_boxes_per_chunk * ring_k) activation boxes, 128-byte swizzle (the
@@ -113,7 +116,7 @@ class RingPipeline:
         RT, NT, RW, KW = cfg.row_tiles, cfg.n_tiles, cfg.warps_n, cfg.warps_k
         S, SK, R = cfg.ring, cfg.ring_k, cfg.rows_per_cta
         W = cfg.warps
-        NB = SK // 2  # weight boxes per stage
+        NB = cfg.w_boxes  # weight boxes per stage
         XC = cfg.x_boxes_per_chunk
         NX = XC * SK  # activation boxes per stage
         XB = cfg.x_box_bytes
@@ -207,7 +210,7 @@ class RingPipeline:
                         # K values past K (a partial last chunk): zero weights and activations
                         # (the TMA fills them), unit scales (the scale bytes there are stale)
                         live = c * CK + VT * t < k
-                        box = w_smem + (slot * NB + q // 2) * (R * 128)
+                        box = w_smem + (slot * NB + q // 2) * cfg.w_box_bytes
                         piece = (q % 2) * 4 + t  # 16-byte piece of the 128-byte box row
                         for rt in cutlass.range_constexpr(RT):
                             for hr in cutlass.range_constexpr(2):
@@ -256,7 +259,7 @@ class RingPipeline:
         cfg = self.cfg
         S, SK, R, T = cfg.ring, cfg.ring_k, cfg.rows_per_cta, cfg.tokens_per_pass
         SG = cfg.scale_groups
-        NB = SK // 2
+        NB = cfg.w_boxes
         NX = cfg.x_boxes_per_chunk * SK
         XB = cfg.x_box_bytes
         side = cfg.side_bytes
@@ -268,7 +271,7 @@ class RingPipeline:
         # (TMA, boxes), (TMA, RestN, RestK, L)
         tWs, tWg = cpasync.tma_partition(
             tma_atom, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2),
-            cute.group_modes(cute.local_tile(mW, (R, 128), (None, None, None)), 0, 2),
+            cute.group_modes(cute.local_tile(mW, (R, cfg.w_row_bytes), (None, None, None)), 0, 2),
         )  # fmt: skip
         sXb = cute.group_modes(sX, 0, 2)
         it = cutlass.Int32(0)
@@ -288,10 +291,10 @@ class RingPipeline:
             n_groups = cutlass.min(SG, cols_p // 4 - g0)
             if lane == 0:
                 if cutlass.const_expr(PP):
-                    cute.arch.mbarrier_arrive_and_expect_tx(full + slot, NB * R * 128 + n_groups * 512)
+                    cute.arch.mbarrier_arrive_and_expect_tx(full + slot, NB * cfg.w_box_bytes + n_groups * 512)
                     cute.arch.mbarrier_arrive_and_expect_tx(xfull + slot, NX * XB)
                 else:
-                    cute.arch.mbarrier_arrive_and_expect_tx(full + slot, NB * R * 128 + n_groups * 512 + NX * XB)
+                    cute.arch.mbarrier_arrive_and_expect_tx(full + slot, NB * cfg.w_box_bytes + n_groups * 512 + NX * XB)
                 bulk_g2s(side_base + slot * side, s_base + cutlass.Int64(g0 * 512), n_groups * 512, bar_base + slot * 8)
             cute.arch.sync_warp()
             for j in cutlass.range_constexpr(NB):

@@ -146,6 +146,10 @@ class Fp4WeightConfig:
     # weight rows (warps_n 8, row_tiles 1, warps_k 1), ring_k 2, producer_pairs=False; up to 128
     # tokens per pass.
     wgmma: bool = False
+    # WGMMA consumers: the producer is a whole warpgroup (one warp works) that gives its registers
+    # to the consumers (setmaxnreg: 40 producer / 232 consumer registers instead of ptxas's even
+    # 168 for three warpgroups), so 128-token passes keep their accumulators without spills.
+    producer_wg: bool = False
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -153,13 +157,15 @@ class Fp4WeightConfig:
         if self.n_tiles not in ((1, 2, 4, 8, 16) if self.wgmma else (1, 2, 4, 8)):
             raise ValueError(f"Fp4WeightConfig.n_tiles must be 1, 2, 4 or 8 (16 with wgmma), got {self.n_tiles}")
         if self.wgmma and (
-            self.arch != "sm_90a" or not self.ring or self.ring_k != (4 if self.fmt == "mxfp8" else 2)
+            self.arch != "sm_90a" or not self.ring or self.ring_k not in ((2, 4) if self.fmt == "mxfp8" else (1, 2))
             or (self.warps_n, self.warps_k, self.row_tiles) != (8, 1, 1) or self.producer_pairs
         ):  # fmt: skip
             raise ValueError(
-                "Fp4WeightConfig.wgmma needs sm_90a, the ring with ring_k 2 (mxfp8: 4; 256 K per stage), warps_n 8, "
+                "Fp4WeightConfig.wgmma needs sm_90a, the ring with 128 or 256 K per stage (ring_k 1 or 2; mxfp8: 2 or 4), warps_n 8, "
                 "warps_k 1, row_tiles 1 and producer_pairs=False"
             )
+        if self.producer_wg and not self.wgmma:
+            raise ValueError("Fp4WeightConfig.producer_wg is for the WGMMA consumers")
         if self.fmt == "mxfp8" and (not self.ring or self.producer_pairs):
             raise ValueError("Fp4WeightConfig with mxfp8 weights needs the ring with producer_pairs=False")
         if self.row_tiles not in (1, 2, 4):
@@ -173,8 +179,10 @@ class Fp4WeightConfig:
         if self.split and not self.ring:
             raise ValueError("Fp4WeightConfig.split needs the ring")
         if self.ring:
-            if not 2 <= self.ring <= 8 or self.ring_k not in (2, 4):
-                raise ValueError(f"Fp4WeightConfig.ring must be 0 or 2..8 and ring_k 2 or 4, got {self.ring}, {self.ring_k}")
+            if not 2 <= self.ring <= 8 or self.ring_k not in ((1, 2, 4) if self.wgmma else (2, 4)):
+                raise ValueError(
+                    f"Fp4WeightConfig.ring must be 0 or 2..8 and ring_k 2 or 4 (1: WGMMA), got {self.ring}, {self.ring_k}"
+                )
             if 128 % self.rows_per_cta or self.stages or self.min_blocks:
                 raise ValueError(
                     "Fp4WeightConfig with ring: rows per CTA must divide 128 (the scales' 128-row tiles); "
@@ -209,6 +217,11 @@ class Fp4WeightConfig:
         return FP8_CHUNK_K if self.fp8 else CHUNK_K
 
     @property
+    def stage_k(self) -> int:
+        """K values per ring stage."""
+        return self.ring_k * self.chunk_k
+
+    @property
     def x_boxes_per_chunk(self) -> int:
         """Activation TMA boxes (64 K values each) per K chunk."""
         return self.chunk_k // 64
@@ -217,8 +230,19 @@ class Fp4WeightConfig:
     # chunks), x_boxes_per_chunk * ring_k TMA boxes of the pass's tokens x 64 activations (128
     # bytes), both with the 128-byte swizzle, and the scales' 512-byte column groups.
     @property
+    def w_row_bytes(self) -> int:
+        """Bytes of a weight row in one TMA box: 128 (128-byte swizzle), or 64 (64-byte swizzle)
+        for the WGMMA consumers' 128-K stages of FP4 weights (``ring_k`` 1)."""
+        return 64 if self.ring_k == 1 else 128
+
+    @property
+    def w_boxes(self) -> int:
+        """Weight TMA boxes per ring stage (8-bit weights with ``ring_k`` 4: two of 128 K)."""
+        return max(1, self.ring_k // 2)
+
+    @property
     def w_box_bytes(self) -> int:
-        return self.rows_per_cta * 128
+        return self.rows_per_cta * self.w_row_bytes
 
     @property
     def x_box_bytes(self) -> int:
@@ -236,7 +260,7 @@ class Fp4WeightConfig:
     @property
     def smem_bytes(self) -> int:
         red = 4 * self.row_tiles * self.n_tiles * 4 * 32 * self.warps_n * (self.warps_k - 1)
-        boxes = self.ring_k // 2 * self.w_box_bytes + self.x_boxes_per_chunk * self.ring_k * self.x_box_bytes
+        boxes = self.w_boxes * self.w_box_bytes + self.x_boxes_per_chunk * self.ring_k * self.x_box_bytes
         return self.ring * (boxes + self.side_bytes + 16) + red + 1024 + 256
 
     @property
@@ -251,6 +275,7 @@ class Fp4WeightConfig:
             + ("_split" if self.split else "")
             + ("_cpair" if self.ring and not self.producer_pairs and not self.wgmma and not self.fp8 else "")
             + ("_wg" if self.wgmma else "")
+            + ("_pwg" if self.producer_wg else "")
         )
 
 
@@ -569,8 +594,9 @@ def all_configs(arch: str) -> list[Fp4WeightConfig]:
                 out.append(pick_config(rows * (8 if grouped else 1), fmt, torch.bfloat16, arch, grouped, 8))
         for rows in (1, 16, 32):  # dense weights with fewer 128-row tiles than SMs: the split grid
             out.append(pick_config(rows, fmt, torch.bfloat16, arch, False, 1, few_tiles=True))
-    for grouped in (False, True):  # MXFP8 weights from 97 rows: 128 tokens per pass on sm_90a
-        out.append(pick_config(128 * (8 if grouped else 1), "mxfp8", torch.bfloat16, arch, grouped, 8))
+    for fmt in FORMATS:  # from 65 rows: 128 tokens per pass in 128-K stages on sm_90a
+        for grouped in (False, True):
+            out.append(pick_config(128 * (8 if grouped else 1), fmt, torch.bfloat16, arch, grouped, 8))
     out.append(Fp4WeightConfig(fmt="nvfp4", out_dtype="fp32", arch=arch))
     out.append(pick_config(16, "nvfp4", torch.bfloat16, arch, False, 1, x_scale=True))  # FP8 activations
     out.append(pick_config(128, "mxfp4", torch.bfloat16, arch, True, 8, x_scale=True))
@@ -585,29 +611,12 @@ def all_configs(arch: str) -> list[Fp4WeightConfig]:
     return list(dict.fromkeys(out))
 
 
-# Spills accepted (at most this many LDL / STL instructions): the split grid's WGMMA consumers
-# with 128 tokens per pass (64 fp32 accumulators per thread) keep a few per-segment values in
-# local memory: ptxas places the LDL / STL around the segment start and the split finish, none
-# among the stage loop's HGMMAs (sm_90a, 2026-12-01: 19 LDL / 12 STL). The variant stays the
-# faster one (H200, MXFP8 weights, M=128 N=28672 K=4096: 93.6 us vs 108.2 with 64 tokens per
-# pass, no spills, and 114.4 with 128 tokens without the split grid; bench/RESULTS.md).
-SPILL_ALLOWANCE = {"LDL": 24, "STL": 16}
-
-
-def spills_allowed(cfg: Fp4WeightConfig) -> bool:
-    return cfg.wgmma and cfg.split and cfg.n_tiles == 16
-
-
 def check_variant(cfg: Fp4WeightConfig) -> tuple[bool, dict, str]:
     """Compile ``cfg`` to SASS (no GPU needed) and check it: (ok, marker counts, error). No
-    local-memory spills, except up to SPILL_ALLOWANCE in the variants of ``spills_allowed``."""
+    local-memory spills."""
     from ..runtime.sass import check_sass
 
     required = WGMMA_SASS_REQUIRED if cfg.wgmma else RING_SASS_REQUIRED if cfg.ring else SASS_REQUIRED
-    ok, found, err = check_sass(build_fp4_weight(cfg), cfg.arch, required, SASS_FORBIDDEN)
-    if ok or not spills_allowed(cfg) or any(found.get(k, 0) == 0 for k in required):
-        return ok, found, err
-    over = [f"{k} {found[k]} > {n}" for k, n in SPILL_ALLOWANCE.items() if found[k] > n]
-    return not over, found, f"local-memory spills past the allowance {over}" if over else ""
+    return check_sass(build_fp4_weight(cfg), cfg.arch, required, SASS_FORBIDDEN)
 
 

@@ -19,11 +19,12 @@ fp16 / fp32.
 views are copied first). Any M works (other K: ValueError). The policy (``pick_config``,
 ``dequantize_first``): decode (up to 16 rows dense, 32 per expert grouped) on the kernel's
 ``mma.sync`` consumers; on sm_90a from 17 rows (33 per expert) its WGMMA consumers (64 tokens per
-pass over a CTA's weight rows, more tokens taking more passes that re-read those rows, mostly
-from L2); from DQ_MIN_ROWS dense rows / DQ_MIN_ROWS_GROUPED rows per expert the weight is
-dequantized once to bf16 (temporary memory: 2 bytes per weight element) and the bf16 GEMM runs
-on it. MXFP8 weights: the mma.sync consumers up to 32 dense rows, the WGMMA ones above (128
-tokens per pass from 97 rows), dequantize-first from DQ_MIN_ROWS_FP8 dense rows. Dense calls
+pass over a CTA's weight rows, 128 from 65 rows, more tokens taking more passes that re-read
+those rows, mostly from L2); from DQ_MIN_ROWS dense rows / DQ_MIN_ROWS_GROUPED rows per expert
+the weight is dequantized once to bf16 (temporary memory: 2 bytes per weight element) and the
+bf16 GEMM runs on it. MXFP8 weights: the mma.sync consumers up to 32 dense rows, the WGMMA ones
+above, dequantize-first from DQ_MIN_ROWS_FP8 dense / DQ_MIN_ROWS_GROUPED_FP8 rows per expert
+(``dq_min_rows``). Dense calls
 whose 128-row weight tiles are fewer than the SMs run on the split grid even with one token pass
 (``few_weight_tiles``). A forced ``config`` always runs the kernel.
 
@@ -121,13 +122,22 @@ def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bo
         # M=64 50.9 vs 51.7, M=128 90.5 vs 95.2, M=256 167.3 vs 180.6; M=32 44.2 vs 43.7.
         # MXFP8 weights: the same with 256 K per stage (ring_k 4: two 128-K weight boxes), from 33
         # dense rows (up to 32 the mma.sync consumers below: 48.5 vs 54.2 us at M=32, N=28672
-        # K=4096), and 128 tokens per pass in 2 stages from 97 rows (H200, same run, us: M=128
-        # 92.6 vs 106.2, M=256 167.8 vs 196.4; grouped E=32 ~256 rows 1440.9 vs 1552.0).
-        n_tiles = 4 if rows <= 32 else 16 if fp8 and rows > 96 else 8
+        # K=4096); until this session 128 tokens per pass in two 256-K stages from 97 rows.
+        # From 65 rows (2026-12-01 eighth session): 128 tokens per pass in four 128-K stages
+        # (ring_k 1 / 2: the producer refills a stage while three are in flight), the producer
+        # warpgroup's registers handed to the consumers (``producer_wg``: no spills). H200, same run,
+        # us, vs 64 tokens in three 256-K stages and cuBLAS bf16: NVFP4 M=80 70.8 / 88.4 / 71.3;
+        # M=128 70.3 / 90.8 / 76.2; M=256 128.3 / 167.6 / 99.3; M=512 234.8 / 316.4 / 158.5; MXFP8
+        # M=96 76.4 / 104.0 / 70.8; M=128 77.7 / 93.0 (the 128-token config of before) / 75.6;
+        # grouped E=32 N=4096 K=7168 ~256 rows per expert NVFP4 974.8 / 1296.4 (torch._grouped_mm
+        # 869.0), MXFP8 1130.2 / 1393.5 (840.7); ~64 rows: within 1-3% either way. M=64: 80.9 vs 50.9.
+        wide = rows > 64
+        n_tiles = 4 if rows <= 32 else 16 if wide else 8
         return Fp4WeightConfig(
             fmt=fmt, n_tiles=n_tiles, grouped=grouped, out_dtype=_OUT[out_dtype], arch=arch, x_scale=x_scale,
-            ring={4: 4, 8: 3, 16: 2}[n_tiles], ring_k=4 if fp8 else 2, row_tiles=1, warps_n=8, warps_k=1, stages=0,
-            producer_pairs=False, wgmma=True, split=not grouped and (n_tiles >= 8 or spread),
+            ring=4 if wide else {4: 4, 8: 3}[n_tiles], ring_k=(2 if fp8 else 1) if wide else (4 if fp8 else 2),
+            row_tiles=1, warps_n=8, warps_k=1, stages=0, producer_pairs=False, wgmma=True, producer_wg=wide,
+            split=not grouped and (n_tiles >= 8 or spread),
         )  # fmt: skip
     n_tiles = 1 if rows <= 8 else 2 if rows <= 16 else 4  # more rows: passes in the CTA (L2 hits)
     # Measured on the H200 (bench/RESULTS.md, 2026-11-30): the TMA / bulk-copy ring with 128
@@ -273,22 +283,21 @@ def gemm_fp4_weight(
     return out
 
 
-# Prefill: the kernel re-reads (and re-dequantizes) a CTA's weight rows once per pass of 32 / 64
-# tokens, so its time grows with M while a bf16 GEMM's stays flat until it is compute bound.
+# Prefill: the kernel re-reads (and re-dequantizes) a CTA's weight rows once per pass of 64 /
+# 128 tokens, so its time grows with M while a bf16 GEMM's stays flat until it is compute bound.
 # From these rows on (dense: M; grouped: mean rows per expert) the policy dequantizes the weight
-# once (``dequant.dequantize_bf16``, our kernel) and runs the bf16 GEMM on it.
-# H200, one run (bench/RESULTS.md, 2026-12-01 sixth session), NVFP4 N=28672 K=4096, us (sm_90a:
-# the WGMMA consumers on the split grid / dequantize-first / cuBLAS bf16): M=256 167.3 / 179.0 /
-# 99.9; M=512 316.4 / 259.6 / 158.8; MXFP4 M=1024 642.4 / 386.8 / 296.6. Grouped E=32 N=4096 K=7168, mean rows
-# per expert ~256: 1288.1 / 1395.3 / 866.2; ~1024: 5087.6 / 3475.3 / 2743.9 (crossover ~400
-# by linear interpolation). On sm_100a (the mma.sync consumers) the same thresholds.
-DQ_MIN_ROWS = 257
-DQ_MIN_ROWS_GROUPED = 384
-# MXFP8 weights (twice the bytes to dequantize; the WGMMA consumers at 128 tokens per pass): H200,
-# N=28672 K=4096, us: M=256 167.8 (kernel) / 207.7 (dequantize-first) / 96.4 (cuBLAS bf16); M=512
-# 320.6 / 285.2 / 152.6: crossover ~390 by linear interpolation. Grouped ~256 rows per expert:
-# 1440.9 / 1641.6 (the FP4 threshold kept).
-DQ_MIN_ROWS_FP8 = 384
+# once (``dequant.dequantize_bf16``, our kernel) and runs the bf16 GEMM on it. H200, one run
+# (bench/RESULTS.md, 2026-12-01 eighth session), the WGMMA consumers with 128 tokens per pass in
+# 128-K stages / dequantize-first / cuBLAS bf16, us: NVFP4 N=28672 K=4096 M=384 181.8 / 251.5 /
+# 125.5, M=768 340.6 / 339.6 / 244.9, M=1024 449.2 / 383.7 / 303.8 (crossover ~763 by linear
+# interpolation); MXFP8 M=384 202.6 / 282.0, M=768 384.7 / 364.7 (~690). Grouped E=32 N=4096
+# K=7168, mean rows per expert: NVFP4 ~512 1823.2 / 1938.9 (torch._grouped_mm 1450.0), ~1024
+# 3560.5 / 3191.3 (~634); MXFP8 ~512 2118.6 / 2173.9, ~1024 4102.0 / 3305.0 (~546). MXFP4 takes
+# NVFP4's thresholds; sm_100a (the mma.sync consumers) the same ones.
+DQ_MIN_ROWS = 768
+DQ_MIN_ROWS_GROUPED = 640
+DQ_MIN_ROWS_FP8 = 672
+DQ_MIN_ROWS_GROUPED_FP8 = 544
 
 
 def dequantize_first(m: int, batches: int, grouped: bool, x_scale: bool, qw: BlockScaledTensor) -> bool:
@@ -298,8 +307,14 @@ def dequantize_first(m: int, batches: int, grouped: bool, x_scale: bool, qw: Blo
     from .dequant import dequantizable
 
     rows = -(-m // batches) if grouped else m
-    dense_min = DQ_MIN_ROWS_FP8 if qw.fmt.name == MXFP8.name else DQ_MIN_ROWS
-    return rows >= (DQ_MIN_ROWS_GROUPED if grouped else dense_min) and not (grouped and x_scale) and dequantizable(qw)
+    return rows >= dq_min_rows(qw.fmt.name, grouped) and not (grouped and x_scale) and dequantizable(qw)
+
+
+def dq_min_rows(fmt: str, grouped: bool) -> int:
+    """The rows (dense) / mean rows per expert (grouped) from which the policy dequantizes first."""
+    if fmt == MXFP8.name:
+        return DQ_MIN_ROWS_GROUPED_FP8 if grouped else DQ_MIN_ROWS_FP8
+    return DQ_MIN_ROWS_GROUPED if grouped else DQ_MIN_ROWS
 
 
 def _dequantized(x, qw, offs, out, out_dtype, alpha, scale_a):

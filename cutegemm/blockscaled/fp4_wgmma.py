@@ -54,6 +54,10 @@ from .fp4_math import (
 
 __all__ = ["WgmmaPipeline"]
 
+# ``producer_wg``: 2 x 128 x 232 + 128 x 40 <= 65536 registers (as CUTLASS's sm_90 warp-specialized kernels)
+PRODUCER_REGISTERS = 40
+CONSUMER_REGISTERS = 232
+
 
 class WgmmaPipeline:
     """:meth:`kernel_wgmma`; launched by ``RingPipeline.launch_ring`` when ``cfg.wgmma``."""
@@ -68,12 +72,9 @@ class WgmmaPipeline:
         from cutlass import memory
 
         cfg = self.cfg
-        S, SK, R = cfg.ring, cfg.ring_k, cfg.rows_per_cta
+        S = cfg.ring
         W = cfg.warps
-        NX = cfg.x_boxes_per_chunk * SK  # activation boxes per stage (4: 256 K)
-        NB = SK // 2  # weight boxes per stage (FP4: 1 of 256 K; 8-bit: 2 of 128 K)
-        XB = cfg.x_box_bytes
-        side = cfg.side_bytes
+        H = cfg.stage_k // 128  # halves per stage: 8 k16 steps each
         NT = cfg.n_tiles
         tidx, bx, by, warp, lane = self.thread_ids()
         (n_p, cols_p, _, n_kst, n_tiles, row_start, row_end, x_base0, n_pass, u_lo, u_hi,
@@ -90,12 +91,18 @@ class WgmmaPipeline:
             cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
-        if warp == W:
-            # ---- producer (the last warp) ----
-            self.produce(tma_atom, mW, tma_atom_x, mX2, sW, sX, mS, u_lo, u_hi, n_kst, n_pass, n_tiles, bx, by,
-                         row_start, x_base0, m_rows, n_p, cols_p, tile_stride, x_smem, side_base, bar_base, full, lane)  # fmt: skip
+        if warp >= W:
+            # ---- producer (warp W; with producer_wg its warpgroup hands its registers over) ----
+            if cutlass.const_expr(cfg.producer_wg):
+                cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
+            if warp == W:
+                self.produce(tma_atom, mW, tma_atom_x, mX2, sW, sX, mS, u_lo, u_hi, n_kst, n_pass, n_tiles, bx, by,
+                             row_start, x_base0, m_rows, n_p, cols_p, tile_stride, x_smem, side_base, bar_base, full,
+                             lane)  # fmt: skip
         else:
             # ---- consumers: two warpgroups of 64 weight rows ----
+            if cutlass.const_expr(cfg.producer_wg):
+                cute.arch.setmaxregister_increase(CONSUMER_REGISTERS)
             g = lane // 4
             t = lane % 4
             gs = self.out_scale(mGs, alpha)
@@ -104,7 +111,7 @@ class WgmmaPipeline:
             s_off = cute.make_rmem_tensor((2,), cutlass.Int32)  # their scales' offset in the 128-row tile
             for hr in cutlass.range_constexpr(2):
                 r = r0 + 8 * hr + g
-                w_off[hr] = r * 128
+                w_off[hr] = r * cfg.w_row_bytes
                 s_off[hr] = (r % 32) * 16 + ((r // 32) % 4) * 4
             acc = cute.make_rmem_tensor((1, NT, 4), cutlass.Float32)
             sel = t + 0x4440  # PRMT selector: byte t of a word (K pair 2 t, 2 t + 1 of its 8 values)
@@ -121,22 +128,25 @@ class WgmmaPipeline:
                 if cutlass.const_expr(self.fp8):
                     nan.fill(0)
                 ks = ks0
-                while ks < ks_end:
-                    slot = it % S
-                    cute.arch.mbarrier_wait(full + slot, (it // S) % 2)
-                    st = side_base + slot * side
-                    sw = cute.make_rmem_tensor((2, cfg.scale_groups), cutlass.Int32)  # the rows' scale words
-                    for hr in cutlass.range_constexpr(2):
-                        for h in cutlass.range_constexpr(cfg.scale_groups):
-                            sw[hr, h] = ld_shared_b32(st + h * 512 + s_off[hr])
-                    for half in cutlass.range_constexpr(2):
-                        self.wgmma_half(acc, half, w_smem + slot * (NB * R * 128), x_smem + slot * (NX * XB), sw, w_off,
-                                        g, sel, ks, k, nan)  # fmt: skip
-                        if half == 0 and ks > ks0:
-                            # the previous stage's MMAs are done (wait_group(1) above): release it
-                            cute.arch.mbarrier_arrive(empty + (it - 1) % S)
-                    it += 1
-                    ks += 1
+                # One half per stage (128 K): two stages per trip, straight-line, so consecutive
+                # stages' A fragments sit in different registers (ptxas keeps an in-flight WGMMA's
+                # A registers apart from later writes in straight-line code, not across the loop's
+                # back edge; a branch around the second stage made it serialize every WGMMA). An
+                # odd last stage runs after the loop, once the MMAs in flight are done.
+                U = 2 if H == 1 else 1
+                while ks + (U - 1) < ks_end:
+                    for _ in cutlass.range_constexpr(U):
+                        self.wgmma_stage(acc, it, ks, ks0, full, empty, side_base, w_smem, x_smem, s_off, w_off, g, sel,
+                                         k, nan)  # fmt: skip
+                        it += 1
+                        ks += 1
+                if cutlass.const_expr(U == 2):
+                    if ks < ks_end:
+                        warpgroup.wait_group(0)
+                        self.wgmma_stage(acc, it, ks, ks0, full, empty, side_base, w_smem, x_smem, s_off, w_off, g, sel,
+                                         k, nan)  # fmt: skip
+                        it += 1
+                        ks += 1
                 warpgroup.wait_group(0)
                 cute.arch.mbarrier_arrive(empty + (it - 1) % S)
                 if cutlass.const_expr(self.fp8):
@@ -145,6 +155,28 @@ class WgmmaPipeline:
                                  n_kst, n_pass, n_tiles, batches, bx, by, row_start, row_end, x_base0, m_rows, n, gs, mXs,
                                  mOut, False)  # fmt: skip
                 seg += 1
+
+    @cute.jit
+    def wgmma_stage(self, acc, it, ks, ks0, full, empty, side_base, w_smem, x_smem, s_off, w_off, g, sel, k, nan):
+        """Ring stage ``it`` (K stage ``ks`` of the segment, whose first is ``ks0``): wait for it,
+        read the rows' scale words, then its halves (:meth:`wgmma_half`); after the first half's
+        wait for the group before, release the stage before."""
+        cfg = self.cfg
+        S = cfg.ring
+        slot = it % S
+        cute.arch.mbarrier_wait(full + slot, (it // S) % 2)
+        st = side_base + slot * cfg.side_bytes
+        sw = cute.make_rmem_tensor((2, cfg.scale_groups), cutlass.Int32)  # the rows' scale words
+        for hr in cutlass.range_constexpr(2):
+            for h in cutlass.range_constexpr(cfg.scale_groups):
+                sw[hr, h] = ld_shared_b32(st + h * 512 + s_off[hr])
+        x_stage = x_smem + slot * (cfg.x_boxes_per_chunk * cfg.ring_k * cfg.x_box_bytes)
+        for half in cutlass.range_constexpr(cfg.stage_k // 128):
+            self.wgmma_half(acc, half, w_smem + slot * (cfg.w_boxes * cfg.w_box_bytes), x_stage, sw, w_off, g, sel, ks,
+                            k, nan)  # fmt: skip
+            if half == 0 and ks > ks0:
+                # the previous stage's MMAs are done (wait_group(1) above): release it
+                cute.arch.mbarrier_arrive(empty + (it - 1) % S)
 
     @cute.jit
     def wgmma_half(self, acc, half: cutlass.Constexpr, w_box, x_stage, sw, w_off, g, sel, ks, k, nan):
@@ -174,7 +206,10 @@ class WgmmaPipeline:
                     fac = nvfp4_factors(pair)
                     f[hr, 0] = fac[0]
                     f[hr, 1] = fac[1]
-            wds = [ld_shared_v4(w_box + w_off[hr] + ((p ^ g) * 16)) for hr in range(2)]
+            sw_p = p ^ g  # the 128-byte swizzle (rows g, g + 8 alike: r % 8 = g)
+            if cutlass.const_expr(cfg.w_row_bytes == 64):
+                sw_p = p ^ ((g >> 1) & 3)  # 64-byte swizzle (ring_k 1): r // 2 % 4
+            wds = [ld_shared_v4(w_box + w_off[hr] + sw_p * 16) for hr in range(2)]
             for s in cutlass.range_constexpr(2):
                 # A of step 2 pp + s: rows (g, g + 8) x K pairs (2 t, 2 t + 1) of word 2 s and
                 # (2 t + 8, 2 t + 9) = the same byte of word 2 s + 1
@@ -198,8 +233,7 @@ class WgmmaPipeline:
         K pairs (2 t, 2 t + 1) from words 0-1 and (2 t + 8, 2 t + 9) from words 2-3 (one PRMT of
         the two words each, ``dequant_e4m3_pair``), times the MX factor of the piece's 32-K block
         (column 4 half + p // 2 of the stage: byte p // 2 of the row's word of group ``half``)."""
-        R = self.cfg.rows_per_cta
-        box = w_stage + half * (R * 128)
+        box = w_stage + half * self.cfg.w_box_bytes
         for p in cutlass.range_constexpr(8):
             live = k0 + 128 * half + 16 * p < k  # past K: unit scales (the weights and activations are zeros)
             f = cute.make_rmem_tensor((2,), cutlass.Int32)

@@ -145,7 +145,7 @@ def ring_first(qa: BlockScaledTensor, qb: BlockScaledTensor) -> bool:
     MXFP8 (e4m3) x MXFP8 (e4m3), 2-D A (dense) or the packed grouped form, K a multiple of 16, A
     accepted by the dequantize kernel (the element dtypes: ``check_mx_operands``, before). That GEMM's own policy streams the FP8 weight through the
     ring kernel (dequantized in registers) for up to DQ_MIN_ROWS_FP8 - 1 rows (per expert:
-    DQ_MIN_ROWS_GROUPED - 1) and above dequantizes it once and runs the bf16 GEMM, as the
+    DQ_MIN_ROWS_GROUPED_FP8 - 1) and above dequantizes it once and runs the bf16 GEMM, as the
     dequantize-first path here does. H200 (bench/RESULTS.md, 2026-12-01 seventh session),
     N=28672 K=4096, us: M=1 48.1, M=16 49.3 (cuBLAS bf16 on the dequantized weights 67.7 / 68.1;
     the emulation's 64-row tiles and dequantize-first were slower), M=128 ~95 vs 188.2 (both
