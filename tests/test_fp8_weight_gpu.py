@@ -29,10 +29,10 @@ pytestmark = pytest.mark.skipif(
 
 SHAPES = [
     {},  # the policy's
-    dict(ring=3, ring_k=2, warps_n=8, warps_k=1, row_tiles=1, wgmma=False),
-    dict(ring=4, ring_k=2, warps_n=4, warps_k=1, row_tiles=1, wgmma=False),
-    dict(ring=2, ring_k=4, warps_n=2, warps_k=2, row_tiles=1, wgmma=False),
-    dict(ring=3, ring_k=2, warps_n=2, warps_k=4, row_tiles=4, wgmma=False),
+    dict(ring=3, ring_k=2, warps_n=8, warps_k=1, row_tiles=1, wgmma=False, producer_wg=False),
+    dict(ring=4, ring_k=2, warps_n=4, warps_k=1, row_tiles=1, wgmma=False, producer_wg=False),
+    dict(ring=2, ring_k=4, warps_n=2, warps_k=2, row_tiles=1, wgmma=False, producer_wg=False),
+    dict(ring=3, ring_k=2, warps_n=2, warps_k=4, row_tiles=4, wgmma=False, producer_wg=False),
 ]
 WGMMA = []
 if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:  # the WGMMA consumers (sm_90a)

@@ -38,7 +38,7 @@ def wg(cfg, n_tiles, ring, split=None):
 
 def mma(cfg, **kw):
     """The mma.sync consumers for ``cfg``'s call."""
-    base = dict(ring=4, ring_k=2, warps_n=8, warps_k=1, row_tiles=1, wgmma=False)
+    base = dict(ring=4, ring_k=2, warps_n=8, warps_k=1, row_tiles=1, wgmma=False, producer_wg=False)
     return replace(cfg, **{**base, **kw})
 
 
