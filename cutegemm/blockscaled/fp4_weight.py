@@ -143,8 +143,8 @@ class Fp4WeightConfig:
     producer_pairs: bool = True
     # sm_90a: the consumers multiply with the warpgroup MMA (A = the dequantized weights from
     # registers, B = the ring's activations in K order; :mod:`.fp4_wgmma`): two warpgroups of 64
-    # weight rows (warps_n 8, row_tiles 1, warps_k 1), ring_k 2, producer_pairs=False; up to 128
-    # tokens per pass.
+    # weight rows (warps_n 8, row_tiles 1, warps_k 1), producer_pairs=False, 256 K per stage
+    # (ring_k 2; MXFP8 4) or 128 (ring_k 1; MXFP8 2); up to 128 tokens per pass.
     wgmma: bool = False
     # WGMMA consumers: the producer is a whole warpgroup (one warp works) that gives its registers
     # to the consumers (setmaxnreg: 40 producer / 232 consumer registers instead of ptxas's even

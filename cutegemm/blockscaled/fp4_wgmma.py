@@ -10,9 +10,16 @@ dequantization of a weight serves all of them.
 The producer is :meth:`~cutegemm.blockscaled.fp4_ring.RingPipeline.produce` (the ring's, without
 the activation pairing): per stage one 128-row x 256-K TMA box of weight bytes (128-byte
 swizzle), the token pass's activations as four (tokens x 64 K) boxes in the 128-byte swizzled
-K-major layout the WGMMA descriptor reads, in K order, and the scales' column groups.
+K-major layout the WGMMA descriptor reads, in K order, and the scales' column groups. With
+128-K stages (``Fp4WeightConfig.stage_k``: FP4 ``ring_k`` 1, MXFP8 ``ring_k`` 2; the policy's
+choice for 128 tokens per pass, four stages where two of 256 K fit) a stage holds half of that:
+FP4 weight boxes of 64 bytes per row in the 64-byte swizzle (byte b of row r at r * 64 +
+(((b >> 4) ^ (r // 2 % 4)) << 4) + b % 16), two activation boxes.
 
-Two consumer warpgroups (warps 0-7, 64 weight rows each; the producer is warp 8). Thread (g, t)
+Two consumer warpgroups (warps 0-7, 64 weight rows each; the producer is warp 8, with
+``producer_wg`` the first of a warpgroup of four that lowers its register count by setmaxnreg so
+the consumers can raise theirs to 232: ptxas otherwise gives each of the three warpgroups 168,
+and 128 tokens' 64 fp32 accumulators per thread spilled). Thread (g, t)
 of warp w holds weight rows r = 16 w + g and r + 8 of its warpgroup's 64. The A fragment of a
 k16 step (K values 16 j .. 16 j + 15 of the stage) wants, per row, the bf16 pairs of K
 (2 t, 2 t + 1) and (2 t + 8, 2 t + 9): byte t of the step's two 32-bit weight words (8 nibbles
@@ -33,7 +40,10 @@ WGMMAs, a commit and a wait for the group before, so the dequantization of the n
 overlaps this half's MMAs; a stage is released once the first half of the next one has waited
 for it. (Dequantizing each step right before its WGMMA made ptxas fence before every WGMMA and
 give each its own scoreboard wait, ``gsb0`` on all 16 per stage instead of 2: the MMAs ran one
-at a time, 62 us for NVFP4 64 x 28672 x 4096 on the H200.)
+at a time, 62 us for NVFP4 64 x 28672 x 4096 on the H200.) The two halves' A fragments must
+live in different registers: ptxas keeps an in-flight WGMMA's register operands apart from later
+writes within straight-line code, not across a loop's back edge, so a 128-K stage (one half)
+runs two per loop trip (:meth:`WgmmaPipeline.kernel_wgmma`).
 """
 
 from __future__ import annotations
