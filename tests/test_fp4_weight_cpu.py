@@ -482,3 +482,15 @@ def test_multiply_placement_equals_shift_placement():
     words.append(torch.randint(0, 2**32, (200_000,), dtype=torch.int64, generator=torch.Generator().manual_seed(0)))
     w = torch.cat(words)
     assert torch.equal(placed_words_multiply_ref(w), placed_words_shift_ref(w))
+
+
+def test_dequantize_first_thresholds_per_arch():
+    """sm_90a's WGMMA consumers keep up to more rows than the mma.sync consumers of sm_100a; MXFP4
+    takes NVFP4's thresholds; every threshold sits above the rows the WGMMA policy was timed at."""
+    from cutegemm.blockscaled import fp4_weight_api as api
+
+    for grouped in (False, True):
+        assert api.dq_min_rows("nvfp4", grouped) == api.dq_min_rows("mxfp4", grouped)
+        for fmt in ("nvfp4", "mxfp8"):
+            hopper, other = api.dq_min_rows(fmt, grouped, "sm_90a"), api.dq_min_rows(fmt, grouped, "sm_100a")
+            assert other < hopper and hopper > 512 and other >= 257, (fmt, grouped, hopper, other)

@@ -465,12 +465,14 @@ def _spy_dequant():
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
 def test_prefill_dequantize_first(fmt, out_dtype):
-    """Dense calls from DQ_MIN_ROWS rows on dequantize the weight once and run the bf16 GEMM
-    (the spy proves which path ran): every element within the bound, nothing written outside
-    ``out`` (a view into a larger poisoned buffer); one row fewer stays on the decode kernel."""
+    """Dense calls from the threshold on (``dq_min_rows`` for this GPU's arch) dequantize the
+    weight once and run the bf16 GEMM (the spy proves which path ran): every element within the
+    bound, nothing written outside ``out`` (a view into a larger poisoned buffer); one row fewer
+    stays on the decode kernel."""
     from cutegemm.blockscaled import fp4_weight_api as api
 
-    m, n, k = api.DQ_MIN_ROWS + 37, 328, 32 * 9
+    rows = api.dq_min_rows(fmt, False, api._arch(0))
+    m, n, k = rows + 37, 328, 32 * 9
     qw = _weights((n, k), fmt, seed=m)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     buf = torch.full((m + 2, n + 5), POISON, device="cuda", dtype=out_dtype)
@@ -480,9 +482,9 @@ def test_prefill_dequantize_first(fmt, out_dtype):
     assert torch.isnan(buf[m:]).all() and torch.isnan(buf[:, n:]).all(), "written outside out"
     _check(buf[:m, :n], x, qw)
     with _spy_dequant() as spy:
-        small = cutegemm.gemm(x[: api.DQ_MIN_ROWS - 1], qw)
+        small = cutegemm.gemm(x[: rows - 1], qw)
     assert spy.call_count == 0
-    _check(small, x[: api.DQ_MIN_ROWS - 1], qw)
+    _check(small, x[: rows - 1], qw)
 
 
 def test_prefill_alpha_fp8_scale_a():
@@ -490,7 +492,7 @@ def test_prefill_alpha_fp8_scale_a():
     activations times a per-token scale (fp32 results scaled before the one rounding)."""
     from cutegemm.blockscaled import fp4_weight_api as api
 
-    m, n, k = api.DQ_MIN_ROWS + 3, 200, 32 * 7
+    m, n, k = api.dq_min_rows("mxfp4", False, api._arch(0)) + 3, 200, 32 * 7  # NVFP4: the same
     qw = _weights((n, k), "mxfp4", seed=4)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     with _spy_dequant() as spy:
@@ -515,12 +517,12 @@ def test_prefill_alpha_fp8_scale_a():
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_grouped_prefill_dequantize_first(fmt):
-    """Grouped calls with DQ_MIN_ROWS_GROUPED mean rows per expert: the dequantize-first path
+    """Grouped calls with the threshold's mean rows per expert: the dequantize-first path
     (empty expert, rows past offs[-1] untouched), and a CUDA graph of it replayed with new
     activations."""
     from cutegemm.blockscaled import fp4_weight_api as api
 
-    r = api.DQ_MIN_ROWS_GROUPED
+    r = api.dq_min_rows(fmt, True, api._arch(0))
     counts = [2 * r + 5, 0, r + 60, r - 40]
     e, n, k = len(counts), 136, 32 * 6
     qw = _weights((e, n, k), fmt, seed=11)

@@ -600,6 +600,7 @@ def all_configs(arch: str) -> list[Fp4WeightConfig]:
     out.append(Fp4WeightConfig(fmt="nvfp4", out_dtype="fp32", arch=arch))
     out.append(pick_config(16, "nvfp4", torch.bfloat16, arch, False, 1, x_scale=True))  # FP8 activations
     out.append(pick_config(128, "mxfp4", torch.bfloat16, arch, True, 8, x_scale=True))
+    out.append(pick_config(128 * 8, "nvfp4", torch.bfloat16, arch, True, 8, x_scale=True))  # sm_90a: 128 tokens
     out.append(Fp4WeightConfig(fmt="mxfp4", out_dtype="fp16", n_tiles=4, warps_n=4, warps_k=2, stages=0, arch=arch))
     # the register-prefetch pipeline and other ring shapes
     out.append(Fp4WeightConfig(fmt="nvfp4", n_tiles=2, warps_n=1, warps_k=2, stages=0, l2_prefetch=256, arch=arch))

@@ -24,7 +24,8 @@ those rows, mostly from L2); from DQ_MIN_ROWS dense rows / DQ_MIN_ROWS_GROUPED r
 the weight is dequantized once to bf16 (temporary memory: 2 bytes per weight element) and the
 bf16 GEMM runs on it. MXFP8 weights: the mma.sync consumers up to 32 dense rows, the WGMMA ones
 above, dequantize-first from DQ_MIN_ROWS_FP8 dense / DQ_MIN_ROWS_GROUPED_FP8 rows per expert
-(``dq_min_rows``). Dense calls
+(``dq_min_rows``; on sm_100a, whose kernel has the mma.sync consumers only, the lower
+``*_MMA_SYNC`` thresholds). Dense calls
 whose 128-row weight tiles are fewer than the SMs run on the split grid even with one token pass
 (``few_weight_tiles``). A forced ``config`` always runs the kernel.
 
@@ -225,7 +226,7 @@ def gemm_fp4_weight(
         if scale_a.device != dev:
             raise ValueError(f"scale_a must be on {dev}, got {scale_a.device}")
         scale_a = scale_a.reshape(-1).expand(m).contiguous()  # one element: broadcast, no host read
-    if config is None and dequantize_first(m, batches, grouped, x_scale, qw):
+    if config is None and dequantize_first(m, batches, grouped, x_scale, qw, arch):
         return _dequantized(x, qw, offs, out, out_dtype, alpha, scale_a)
     cfg = config or pick_config(
         m, qw.fmt.name, out_dtype, arch, grouped, batches, x_scale, not grouped and few_weight_tiles(n, batches, dev)
@@ -293,26 +294,38 @@ def gemm_fp4_weight(
 # interpolation); MXFP8 M=384 202.6 / 282.0, M=768 384.7 / 364.7 (~690). Grouped E=32 N=4096
 # K=7168, mean rows per expert: NVFP4 ~512 1823.2 / 1938.9 (torch._grouped_mm 1450.0), ~1024
 # 3560.5 / 3191.3 (~634); MXFP8 ~512 2118.6 / 2173.9, ~1024 4102.0 / 3305.0 (~546). MXFP4 takes
-# NVFP4's thresholds; sm_100a (the mma.sync consumers) the same ones.
+# NVFP4's thresholds.
 DQ_MIN_ROWS = 768
 DQ_MIN_ROWS_GROUPED = 640
 DQ_MIN_ROWS_FP8 = 672
 DQ_MIN_ROWS_GROUPED_FP8 = 544
+# sm_100a runs the mma.sync consumers (no WGMMA there; compile-verified only), whose time grows
+# with the token passes: the thresholds measured for them on the H200 before the 128-token WGMMA
+# consumers (2026-12-01 sixth / seventh sessions: NVFP4 M=256 mma.sync 217.7 us vs
+# dequantize-first 179.0; grouped crossover ~400 rows per expert; MXFP8 ~390 rows).
+DQ_MIN_ROWS_MMA_SYNC = 257
+DQ_MIN_ROWS_GROUPED_MMA_SYNC = 384
+DQ_MIN_ROWS_FP8_MMA_SYNC = 384
 
 
-def dequantize_first(m: int, batches: int, grouped: bool, x_scale: bool, qw: BlockScaledTensor) -> bool:
-    """Whether the policy takes the dequantize-first path (no config forced): enough rows (see
-    ``DQ_MIN_ROWS``), a weight the dequantize kernel takes, and not grouped with ``scale_a`` (the
+def dequantize_first(m: int, batches: int, grouped: bool, x_scale: bool, qw: BlockScaledTensor,
+                     arch: str = "sm_90a") -> bool:  # fmt: skip
+    """Whether the policy takes the dequantize-first path (no config forced): enough rows
+    (``dq_min_rows``), a weight the dequantize kernel takes, and not grouped with ``scale_a`` (the
     per-token scale there stays in the decode kernel's epilogue)."""
     from .dequant import dequantizable
 
     rows = -(-m // batches) if grouped else m
-    return rows >= dq_min_rows(qw.fmt.name, grouped) and not (grouped and x_scale) and dequantizable(qw)
+    return rows >= dq_min_rows(qw.fmt.name, grouped, arch) and not (grouped and x_scale) and dequantizable(qw)
 
 
-def dq_min_rows(fmt: str, grouped: bool) -> int:
-    """The rows (dense) / mean rows per expert (grouped) from which the policy dequantizes first."""
-    if fmt == MXFP8.name:
+def dq_min_rows(fmt: str, grouped: bool, arch: str = "sm_90a") -> int:
+    """The rows (dense) / mean rows per expert (grouped) from which the policy dequantizes first:
+    sm_90a's WGMMA consumers keep up longer than the mma.sync ones of other archs."""
+    fp8 = fmt == MXFP8.name
+    if arch != "sm_90a":
+        return DQ_MIN_ROWS_GROUPED_MMA_SYNC if grouped else DQ_MIN_ROWS_FP8_MMA_SYNC if fp8 else DQ_MIN_ROWS_MMA_SYNC
+    if fp8:
         return DQ_MIN_ROWS_GROUPED_FP8 if grouped else DQ_MIN_ROWS_FP8
     return DQ_MIN_ROWS_GROUPED if grouped else DQ_MIN_ROWS
 
