@@ -77,11 +77,11 @@ class RingPipeline:
         return cute.tile_to_shape(atom, (cfg.rows_per_cta, cfg.w_row_bytes, cfg.ring * cfg.w_boxes), order=(0, 1, 2))
 
     def x_smem_layout(self):
-        """(tokens_per_pass, 64 bf16, ring * x_boxes_per_chunk * ring_k) activation boxes, 128-byte swizzle (the
+        """(tokens_per_pass, 64 bf16, ring * x_boxes) activation boxes, 128-byte swizzle (the
         byte map of :meth:`w_smem_layout`; a box row is one token's 64 K values)."""
         cfg = self.cfg
         atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, cutlass.BFloat16)
-        boxes = cfg.ring * cfg.x_boxes_per_chunk * cfg.ring_k
+        boxes = cfg.ring * cfg.x_boxes
         return cute.tile_to_shape(atom, (cfg.tokens_per_pass, 64, boxes), order=(0, 1, 2))
 
     @cute.kernel
@@ -118,7 +118,7 @@ class RingPipeline:
         W = cfg.warps
         NB = cfg.w_boxes  # weight boxes per stage
         XC = cfg.x_boxes_per_chunk
-        NX = XC * SK  # activation boxes per stage
+        NX = cfg.x_boxes  # activation boxes per stage
         XB = cfg.x_box_bytes
         side = cfg.side_bytes
         CK = cfg.chunk_k
@@ -257,10 +257,10 @@ class RingPipeline:
         its empty barrier), counted on its full barrier (``producer_pairs``: the activation boxes
         on xfull, then paired by :meth:`pair_stage` one stage behind)."""
         cfg = self.cfg
-        S, SK, R, T = cfg.ring, cfg.ring_k, cfg.rows_per_cta, cfg.tokens_per_pass
+        S, R, T = cfg.ring, cfg.rows_per_cta, cfg.tokens_per_pass
         SG = cfg.scale_groups
         NB = cfg.w_boxes
-        NX = cfg.x_boxes_per_chunk * SK
+        NX = cfg.x_boxes
         XB = cfg.x_box_bytes
         side = cfg.side_bytes
         PP = cfg.producer_pairs
@@ -325,7 +325,7 @@ class RingPipeline:
         S = cfg.ring
         slot = it % S
         cute.arch.mbarrier_wait(xfull + slot, (it // S) % 2)
-        per_stage = cfg.x_boxes_per_chunk * cfg.ring_k * cfg.x_box_bytes
+        per_stage = cfg.x_boxes * cfg.x_box_bytes
         base = x_smem + slot * per_stage + lane * 16
         for i in cutlass.range_constexpr(per_stage // (16 * 32)):
             a = base + i * 512

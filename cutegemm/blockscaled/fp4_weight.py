@@ -226,19 +226,35 @@ class Fp4WeightConfig:
         """Activation TMA boxes (64 K values each) per K chunk."""
         return self.chunk_k // 64
 
-    # Ring stage layout (bytes): ring_k / 2 TMA boxes of the CTA's weight rows x 128 bytes (two K
-    # chunks), x_boxes_per_chunk * ring_k TMA boxes of the pass's tokens x 64 activations (128
-    # bytes), both with the 128-byte swizzle, and the scales' 512-byte column groups.
+    # Ring stage layout (bytes): w_boxes TMA boxes of the CTA's weight rows x w_row_bytes (the
+    # stage's K of each row), x_boxes TMA boxes of the pass's tokens x 64 activations (128 bytes),
+    # with the 128-byte swizzle (64-byte FP4 weight rows: the 64-byte one), and the scales'
+    # 512-byte column groups.
+    @property
+    def w_stage_row_bytes(self) -> int:
+        """Bytes of one weight row's K values in a ring stage."""
+        return self.stage_k // (1 if self.fp8 else 2)
+
     @property
     def w_row_bytes(self) -> int:
-        """Bytes of a weight row in one TMA box: 128 (128-byte swizzle), or 64 (64-byte swizzle)
-        for the WGMMA consumers' 128-K stages of FP4 weights (``ring_k`` 1)."""
-        return 64 if self.ring_k == 1 else 128
+        """Bytes of a weight row in one TMA box: 128 (128-byte swizzle), or a whole stage's 64 for
+        the WGMMA consumers' 128-K stages of FP4 weights (``ring_k`` 1; 64-byte swizzle)."""
+        return min(128, self.w_stage_row_bytes)
 
     @property
     def w_boxes(self) -> int:
         """Weight TMA boxes per ring stage (8-bit weights with ``ring_k`` 4: two of 128 K)."""
-        return max(1, self.ring_k // 2)
+        return self.w_stage_row_bytes // self.w_row_bytes
+
+    @property
+    def x_boxes(self) -> int:
+        """Activation TMA boxes (64 K values each) per ring stage."""
+        return self.x_boxes_per_chunk * self.ring_k
+
+    @property
+    def stage_halves(self) -> int:
+        """128-K halves of a stage (the WGMMA consumers dequantize one half, then issue its MMAs)."""
+        return self.stage_k // 128
 
     @property
     def w_box_bytes(self) -> int:
@@ -260,7 +276,7 @@ class Fp4WeightConfig:
     @property
     def smem_bytes(self) -> int:
         red = 4 * self.row_tiles * self.n_tiles * 4 * 32 * self.warps_n * (self.warps_k - 1)
-        boxes = self.w_boxes * self.w_box_bytes + self.x_boxes_per_chunk * self.ring_k * self.x_box_bytes
+        boxes = self.w_boxes * self.w_box_bytes + self.x_boxes * self.x_box_bytes
         return self.ring * (boxes + self.side_bytes + 16) + red + 1024 + 256
 
     @property

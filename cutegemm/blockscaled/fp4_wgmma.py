@@ -84,7 +84,6 @@ class WgmmaPipeline:
         cfg = self.cfg
         S = cfg.ring
         W = cfg.warps
-        H = cfg.stage_k // 128  # halves per stage: 8 k16 steps each
         NT = cfg.n_tiles
         tidx, bx, by, warp, lane = self.thread_ids()
         (n_p, cols_p, _, n_kst, n_tiles, row_start, row_end, x_base0, n_pass, u_lo, u_hi,
@@ -143,7 +142,7 @@ class WgmmaPipeline:
                 # A registers apart from later writes in straight-line code, not across the loop's
                 # back edge; a branch around the second stage made it serialize every WGMMA). An
                 # odd last stage runs after the loop, once the MMAs in flight are done.
-                U = 2 if H == 1 else 1
+                U = 2 if cfg.stage_halves == 1 else 1
                 while ks + (U - 1) < ks_end:
                     for _ in cutlass.range_constexpr(U):
                         self.wgmma_stage(acc, it, ks, ks0, full, empty, side_base, w_smem, x_smem, s_off, w_off, g, sel,
@@ -180,8 +179,8 @@ class WgmmaPipeline:
         for hr in cutlass.range_constexpr(2):
             for h in cutlass.range_constexpr(cfg.scale_groups):
                 sw[hr, h] = ld_shared_b32(st + h * 512 + s_off[hr])
-        x_stage = x_smem + slot * (cfg.x_boxes_per_chunk * cfg.ring_k * cfg.x_box_bytes)
-        for half in cutlass.range_constexpr(cfg.stage_k // 128):
+        x_stage = x_smem + slot * (cfg.x_boxes * cfg.x_box_bytes)
+        for half in cutlass.range_constexpr(cfg.stage_halves):
             self.wgmma_half(acc, half, w_smem + slot * (cfg.w_boxes * cfg.w_box_bytes), x_stage, sw, w_off, g, sel, ks,
                             k, nan)  # fmt: skip
             if half == 0 and ks > ks0:
@@ -216,10 +215,7 @@ class WgmmaPipeline:
                     fac = nvfp4_factors(pair)
                     f[hr, 0] = fac[0]
                     f[hr, 1] = fac[1]
-            sw_p = p ^ g  # the 128-byte swizzle (rows g, g + 8 alike: r % 8 = g)
-            if cutlass.const_expr(cfg.w_row_bytes == 64):
-                sw_p = p ^ ((g >> 1) & 3)  # 64-byte swizzle (ring_k 1): r // 2 % 4
-            wds = [ld_shared_v4(w_box + w_off[hr] + sw_p * 16) for hr in range(2)]
+            wds = [ld_shared_v4(w_box + w_off[hr] + self.w_piece(p, g)) for hr in range(2)]
             for s in cutlass.range_constexpr(2):
                 # A of step 2 pp + s: rows (g, g + 8) x K pairs (2 t, 2 t + 1) of word 2 s and
                 # (2 t + 8, 2 t + 9) = the same byte of word 2 s + 1
@@ -236,6 +232,14 @@ class WgmmaPipeline:
         warpgroup.commit_group()
         warpgroup.wait_group(1)
 
+    def w_piece(self, p, g):
+        """Byte offset, in weight row r (r % 8 = g: rows g and g + 8 alike), of its swizzled
+        16-byte piece p (:meth:`~cutegemm.blockscaled.fp4_ring.RingPipeline.w_smem_layout`):
+        the 128-byte swizzle XORs p with r % 8, the 64-byte one (FP4, ``ring_k`` 1) with r // 2 % 4."""
+        if cutlass.const_expr(self.cfg.w_row_bytes == 64):
+            return (p ^ ((g >> 1) & 3)) * 16
+        return (p ^ g) * 16
+
     @cute.jit
     def fp8_fragments(self, a, half: cutlass.Constexpr, w_stage, sw, w_off, g, sel, k0, k, nan):
         """8-bit weights: the A fragments of half a stage (box ``half`` of the stage's two 128-K
@@ -250,7 +254,7 @@ class WgmmaPipeline:
             for hr in cutlass.range_constexpr(2):
                 e = cutlass.select_(live, (sw[hr, half] >> (8 * (p // 2))) & 0xFF, cutlass.Int32(127))
                 f[hr] = mx_factor_bf16x2(e)
-            wds = [ld_shared_v4(box + w_off[hr] + ((p ^ g) * 16)) for hr in range(2)]
+            wds = [ld_shared_v4(box + w_off[hr] + self.w_piece(p, g)) for hr in range(2)]
             for q in cutlass.range_constexpr(4):
                 hr = q % 2
                 w0 = 2 * (q // 2)  # words 0-1: K 2 t, 2 t + 1; words 2-3: K 2 t + 8, 2 t + 9
