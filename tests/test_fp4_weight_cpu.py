@@ -3,6 +3,8 @@ fragment pairing reproduces the matmul, argument errors, and compile-checks for 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -280,6 +282,19 @@ def test_wgmma_config_rules():
         fw.Fp4WeightConfig(**{**base, "wgmma": False, "producer_wg": True, "warps_n": 4, "warps_k": 2, "row_tiles": 2})
     with pytest.raises(ValueError):  # ring_k 1: the WGMMA consumers only
         fw.Fp4WeightConfig(**{**base, "wgmma": False, "ring_k": 1, "warps_n": 4, "warps_k": 2, "row_tiles": 2})
+    # 256 tokens per pass: FP4, 128-K stages, the producer warpgroup, not split; commit groups of 4 steps
+    t256 = fw.Fp4WeightConfig(**{**base, "ring_k": 1, "ring": 3, "n_tiles": 32, "producer_wg": True})
+    assert (t256.tokens_per_pass, t256.stage_steps, t256.group_steps) == (256, 8, 4)
+    assert t256.smem_bytes == 3 * (128 * 64 + 2 * 256 * 128 + 2 * 512 + 16) + 1024 + 256 <= 227 * 1024
+    assert (k1.group_steps, replace(k1, wg_steps=4).group_steps, replace(t256, wg_steps=8).group_steps) == (8, 4, 8)
+    assert replace(t256, wg_steps=8).name.endswith("_pwg_g8")
+    for bad in (dict(split=True), dict(producer_wg=False), dict(ring_k=2, ring=2), dict(ring=4), dict(wg_steps=2)):
+        with pytest.raises(ValueError):
+            replace(t256, **bad)
+    with pytest.raises(ValueError):  # 8-bit weights: at most 128 tokens per pass
+        fw.Fp4WeightConfig(**{**base, "fmt": "mxfp8", "ring_k": 2, "ring": 2, "n_tiles": 32, "producer_wg": True})
+    with pytest.raises(ValueError):  # wg_steps: the WGMMA consumers only
+        fw.Fp4WeightConfig(**{**base, "wgmma": False, "wg_steps": 4, "warps_n": 4, "warps_k": 2, "row_tiles": 2})
 
 
 def test_pick_config_streams_through_the_ring():
@@ -289,10 +304,26 @@ def test_pick_config_streams_through_the_ring():
                 e = 32 if grouped else 1
                 cfg = pick_config(m, fmt, torch.bfloat16, "sm_90a", grouped, e)
                 assert cfg.ring in (3, 4) and cfg.rows_per_cta == 128 and cfg.stages == 0, cfg
-                # from 65 rows (per expert): 128 tokens per pass in 128-K stages, the producer warpgroup
+                # from 65 rows (per expert): 128 or 256 tokens per pass in 128-K stages, the producer warpgroup
                 wide = -(-m // e) > 64
-                assert (cfg.ring_k, cfg.producer_wg, cfg.n_tiles == 16) == ((1, True, True) if wide else (2, False, False))
+                assert (cfg.ring_k, cfg.producer_wg, cfg.n_tiles >= 16) == ((1, True, True) if wide else (2, False, False))
                 assert cfg.smem_bytes <= 227 * 1024
+
+
+def test_pick_config_256_tokens_per_pass():
+    """sm_90a FP4 from 129 rows: 256 tokens per pass where its passes cost less than twice as many
+    128-token ones (not split); with few weight tiles, or MXFP8 weights, 128 on the split grid."""
+    def tokens(m, fmt="nvfp4", grouped=False, few=False):
+        cfg = pick_config(m, fmt, torch.bfloat16, "sm_90a", grouped, 32 if grouped else 1, few_tiles=few)
+        assert cfg.split == (not grouped and cfg.tokens_per_pass < 256), cfg
+        return cfg.tokens_per_pass
+
+    assert [tokens(m) for m in (65, 128, 129, 256, 257, 384, 385, 512, 640, 1024, 4096)] == [
+        128, 128, 256, 256, 128, 128, 256, 256, 256, 256, 256]
+    assert [tokens(32 * r, "mxfp4", True) for r in (128, 200, 300, 512)] == [128, 256, 128, 256]
+    assert tokens(256, few=True) == 128 and tokens(256, "mxfp8") == 128
+    assert all(tokens(m, "mxfp8") == 128 and tokens(32 * m, "mxfp8", True) == 128 for m in (129, 512))
+    assert pick_config(256, "nvfp4", torch.bfloat16, "sm_100a", False).tokens_per_pass <= 32  # mma.sync there
 
 
 def test_ring_config_rules():

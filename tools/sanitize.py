@@ -369,6 +369,10 @@ def _fp4_weight_cases():
             # 128 K per stage (two stages per loop trip, an odd tail), the producer warpgroup's registers
             pipelines += (("wgmma128k", {**pipelines[1][1], "ring": 3, "ring_k": 2 if fmt == "mxfp8" else 1,
                                          "producer_wg": True}),)  # fmt: skip
+            # commit groups of 4 k16 steps; FP4: 256 tokens per pass (groups of 4 by default)
+            pipelines += (("wgmma-g4", {**pipelines[2][1], "wg_steps": 4}),)
+            if fmt != "mxfp8":
+                pipelines += (("wgmma256t", {**pipelines[2][1], "n_tiles": 32}),)
             if fmt != "mxfp8":  # the per-thread pipelines (FP4 only)
                 pipelines += (("regs", dict(ring=0, stages=0, row_tiles=1, warps_n=1, warps_k=2)),
                               ("cpasync", dict(ring=0, stages=4, row_tiles=1, warps_n=2, warps_k=4)))  # fmt: skip

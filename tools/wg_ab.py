@@ -1,7 +1,7 @@
 """A/B of FP4 / MXFP8-weight WGMMA-consumer variants at prefill sizes, H200. Per case, one
 process, same operands, write flush, best of ROUNDS interleaved L2-cold medians of 30, µs:
 ``base`` cuBLAS bf16 / ``torch._grouped_mm`` on the dequantized weight, ``policy`` the library's
-routing, then ``pick_config``'s WGMMA config with each VARIANT's fields replaced.
+routing, ``dq`` the dequantize-first path forced, then ``pick_config``'s WGMMA config with each VARIANT's fields replaced.
 
     python tools/wg_ab.py ROUNDS FMTS MS GROUPED_ROWS 'name=field=v,field=v' ...
     e.g. python tools/wg_ab.py 2 nvfp4,mxfp8 64,128,256 64,256 't128pwg=n_tiles=16,ring=2,producer_wg=True'
@@ -45,7 +45,8 @@ def dense_case(fmt, qw, w16, m, specs, timer, rounds):
     x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
     cfg = api.pick_config(m, fmt, torch.bfloat16, "sm_90a", False)
     runs = {"base": lambda: x @ w16.t(), "policy": lambda: cutegemm.gemm(x, qw),
-            "pick": lambda: api.gemm_fp4_weight(x, qw, config=cfg)}  # fmt: skip
+            "pick": lambda: api.gemm_fp4_weight(x, qw, config=cfg),
+            "dq": lambda: api._dequantized(x, qw, None, None, None, 1.0, None)}  # fmt: skip
     for name, c in variants(cfg, specs).items():
         runs[name] = lambda c=c: api.gemm_fp4_weight(x, qw, config=c)
     report_vs_base(f"{fmt} dense M={m} ({cfg.name})", runs, timer, rounds, 2.0 * m * N * K)
@@ -56,7 +57,8 @@ def grouped_case(fmt, tok, specs, timer, rounds):
     cfg = api.pick_config(x.shape[0], fmt, torch.bfloat16, "sm_90a", True, 32)
     b = g16.transpose(1, 2)
     runs = {"base": lambda: torch._grouped_mm(x, b, offs=offs), "policy": lambda: grouped_gemm(x, gq, offs=offs),
-            "pick": lambda: api.gemm_fp4_weight(x, gq, offs=offs, config=cfg)}  # fmt: skip
+            "pick": lambda: api.gemm_fp4_weight(x, gq, offs=offs, config=cfg),
+            "dq": lambda: api._dequantized(x, gq, offs, None, None, 1.0, None)}  # fmt: skip
     for name, c in variants(cfg, specs).items():
         runs[name] = lambda c=c: api.gemm_fp4_weight(x, gq, offs=offs, config=c)
     report_vs_base(f"{fmt} grouped E=32 ~{tok} ({cfg.name})", runs, timer, rounds, 2.0 * x.shape[0] * 4096 * 7168)

@@ -144,18 +144,23 @@ class Fp4WeightConfig:
     # sm_90a: the consumers multiply with the warpgroup MMA (A = the dequantized weights from
     # registers, B = the ring's activations in K order; :mod:`.fp4_wgmma`): two warpgroups of 64
     # weight rows (warps_n 8, row_tiles 1, warps_k 1), producer_pairs=False, 256 K per stage
-    # (ring_k 2; MXFP8 4) or 128 (ring_k 1; MXFP8 2); up to 128 tokens per pass.
+    # (ring_k 2; MXFP8 4) or 128 (ring_k 1; MXFP8 2); up to 128 tokens per pass, 256 (n_tiles 32)
+    # for FP4 in 128-K stages with producer_wg, not split.
     wgmma: bool = False
     # WGMMA consumers: the producer is a whole warpgroup (one warp works) that gives its registers
     # to the consumers (setmaxnreg: 40 producer / 232 consumer registers instead of ptxas's even
     # 168 for three warpgroups), so 128-token passes keep their accumulators without spills.
     producer_wg: bool = False
+    # WGMMA consumers: k16 steps per commit group (dequantize the group's A fragments, fence, its
+    # WGMMAs, commit, wait for the group before): 8 or 4; 0 picks 8, or 4 at 256 tokens per pass
+    # (two groups' fragments stay live beside 128 fp32 accumulators per thread).
+    wg_steps: int = 0
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
             raise ValueError(f"Fp4WeightConfig.fmt must be one of {FORMATS}, got {self.fmt!r}")
-        if self.n_tiles not in ((1, 2, 4, 8, 16) if self.wgmma else (1, 2, 4, 8)):
-            raise ValueError(f"Fp4WeightConfig.n_tiles must be 1, 2, 4 or 8 (16 with wgmma), got {self.n_tiles}")
+        if self.n_tiles not in ((1, 2, 4, 8, 16, 32) if self.wgmma else (1, 2, 4, 8)):
+            raise ValueError(f"Fp4WeightConfig.n_tiles must be 1, 2, 4 or 8 (16 or 32 with wgmma), got {self.n_tiles}")
         if self.wgmma and (
             self.arch != "sm_90a" or not self.ring or self.ring_k not in ((2, 4) if self.fmt == "mxfp8" else (1, 2))
             or (self.warps_n, self.warps_k, self.row_tiles) != (8, 1, 1) or self.producer_pairs
@@ -166,6 +171,13 @@ class Fp4WeightConfig:
             )
         if self.producer_wg and not self.wgmma:
             raise ValueError("Fp4WeightConfig.producer_wg is for the WGMMA consumers")
+        if self.wg_steps not in ((0, 4, 8) if self.wgmma else (0,)):
+            raise ValueError(f"Fp4WeightConfig.wg_steps must be 0, 4 or 8 (WGMMA consumers only), got {self.wg_steps}")
+        if self.n_tiles == 32 and (not self.producer_wg or self.stage_k != 128 or self.fp8 or self.split):
+            raise ValueError(
+                "Fp4WeightConfig: 256 tokens per pass (n_tiles 32) need producer_wg and FP4 weights in 128-K stages "
+                "(ring_k 1), without the split grid (whose finish would spill)"
+            )
         if self.fmt == "mxfp8" and (not self.ring or self.producer_pairs):
             raise ValueError("Fp4WeightConfig with mxfp8 weights needs the ring with producer_pairs=False")
         if self.row_tiles not in (1, 2, 4):
@@ -252,9 +264,14 @@ class Fp4WeightConfig:
         return self.x_boxes_per_chunk * self.ring_k
 
     @property
-    def stage_halves(self) -> int:
-        """128-K halves of a stage (the WGMMA consumers dequantize one half, then issue its MMAs)."""
-        return self.stage_k // 128
+    def stage_steps(self) -> int:
+        """k16 steps of a ring stage."""
+        return self.stage_k // 16
+
+    @property
+    def group_steps(self) -> int:
+        """The WGMMA consumers' k16 steps per commit group (``wg_steps``; 0: 8, 4 at 256 tokens)."""
+        return self.wg_steps or (4 if self.n_tiles == 32 else 8)
 
     @property
     def w_box_bytes(self) -> int:
@@ -292,6 +309,7 @@ class Fp4WeightConfig:
             + ("_cpair" if self.ring and not self.producer_pairs and not self.wgmma and not self.fp8 else "")
             + ("_wg" if self.wgmma else "")
             + ("_pwg" if self.producer_wg else "")
+            + (f"_g{self.wg_steps}" if self.wg_steps else "")
         )
 
 
@@ -610,9 +628,11 @@ def all_configs(arch: str) -> list[Fp4WeightConfig]:
                 out.append(pick_config(rows * (8 if grouped else 1), fmt, torch.bfloat16, arch, grouped, 8))
         for rows in (1, 16, 32):  # dense weights with fewer 128-row tiles than SMs: the split grid
             out.append(pick_config(rows, fmt, torch.bfloat16, arch, False, 1, few_tiles=True))
-    for fmt in FORMATS:  # from 65 rows: 128 tokens per pass in 128-K stages on sm_90a
+    for fmt in FORMATS:  # from 65 rows: 128 tokens per pass in 128-K stages on sm_90a, FP4 256 from 129
         for grouped in (False, True):
-            out.append(pick_config(128 * (8 if grouped else 1), fmt, torch.bfloat16, arch, grouped, 8))
+            for rows in (128, 256):
+                out.append(pick_config(rows * (8 if grouped else 1), fmt, torch.bfloat16, arch, grouped, 8))
+    out.append(pick_config(256, "mxfp4", torch.bfloat16, arch, False, 1, x_scale=True))
     out.append(Fp4WeightConfig(fmt="nvfp4", out_dtype="fp32", arch=arch))
     out.append(pick_config(16, "nvfp4", torch.bfloat16, arch, False, 1, x_scale=True))  # FP8 activations
     out.append(pick_config(128, "mxfp4", torch.bfloat16, arch, True, 8, x_scale=True))

@@ -19,8 +19,8 @@ fp16 / fp32.
 views are copied first). Any M works (other K: ValueError). The policy (``pick_config``,
 ``dequantize_first``): decode (up to 16 rows dense, 32 per expert grouped) on the kernel's
 ``mma.sync`` consumers; on sm_90a from 17 rows (33 per expert) its WGMMA consumers (64 tokens per
-pass over a CTA's weight rows, 128 from 65 rows, more tokens taking more passes that re-read
-those rows, mostly from L2); from DQ_MIN_ROWS dense rows / DQ_MIN_ROWS_GROUPED rows per expert
+pass over a CTA's weight rows, 128 from 65 rows, FP4 256 from 129 where fewer 256-token passes
+cost less, more tokens taking more passes that re-read those rows, mostly from L2); from DQ_MIN_ROWS dense rows / DQ_MIN_ROWS_GROUPED rows per expert
 the weight is dequantized once to bf16 (temporary memory: 2 bytes per weight element) and the
 bf16 GEMM runs on it. MXFP8 weights: the mma.sync consumers up to 32 dense rows, the WGMMA ones
 above, dequantize-first from DQ_MIN_ROWS_FP8 dense / DQ_MIN_ROWS_GROUPED_FP8 rows per expert
@@ -132,13 +132,24 @@ def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bo
         # M=96 76.4 / 104.0 / 70.8; M=128 77.7 / 93.0 (the 128-token config of before) / 75.6;
         # grouped E=32 N=4096 K=7168 ~256 rows per expert NVFP4 974.8 / 1296.4 (torch._grouped_mm
         # 869.0), MXFP8 1130.2 / 1393.5 (840.7); ~64 rows: within 1-3% either way. M=64: 80.9 vs 50.9.
+        # 256 tokens per pass (2026-12-01 ninth session; FP4, a CTA per (weight tile, pass), three
+        # 128-K stages, commit groups of 4 k16 steps): taken where its passes cost less than
+        # twice as many 128-token ones (a 256-token pass ~1.6x a 128-token one). H200, same run,
+        # us, 256 vs 128 tokens per pass (cuBLAS bf16): NVFP4 N=28672 K=4096 M=256 102.8 / 127.8
+        # (97.7); M=384 230.8 / 181.2 (124.8, not taken); M=512 193.0 / 234.4 (155.6); M=768
+        # 282.4 / 340.0 (243.4); M=1024 371.1 / 447.4 (302.8; dequantize-first 383.7); MXFP4 M=256
+        # 104.0 / 129.2 (94.8). Grouped E=32 N=4096 K=7168 ~256 rows per expert 864.8 / 957.8
+        # (torch._grouped_mm 848.7), ~512 1585.2 / 1822.9 (1451.4). On the split grid it spills
+        # and ran slower (115.5 at M=256); with few weight tiles the split t128 stays.
         wide = rows > 64
-        n_tiles = 4 if rows <= 32 else 16 if wide else 8
+        t256 = wide and not fp8 and not spread and -(-rows // 256) * 8 <= -(-rows // 128) * 5
+        n_tiles = 4 if rows <= 32 else 32 if t256 else 16 if wide else 8
         return Fp4WeightConfig(
             fmt=fmt, n_tiles=n_tiles, grouped=grouped, out_dtype=_OUT[out_dtype], arch=arch, x_scale=x_scale,
-            ring=4 if wide else {4: 4, 8: 3}[n_tiles], ring_k=(2 if fp8 else 1) if wide else (4 if fp8 else 2),
+            ring=3 if t256 else 4 if wide else {4: 4, 8: 3}[n_tiles],
+            ring_k=(2 if fp8 else 1) if wide else (4 if fp8 else 2),
             row_tiles=1, warps_n=8, warps_k=1, stages=0, producer_pairs=False, wgmma=True, producer_wg=wide,
-            split=not grouped and (n_tiles >= 8 or spread),
+            split=not grouped and not t256 and (n_tiles >= 8 or spread),
         )  # fmt: skip
     n_tiles = 1 if rows <= 8 else 2 if rows <= 16 else 4  # more rows: passes in the CTA (L2 hits)
     # Measured on the H200 (bench/RESULTS.md, 2026-11-30): the TMA / bulk-copy ring with 128
@@ -285,18 +296,19 @@ def gemm_fp4_weight(
 
 
 # Prefill: the kernel re-reads (and re-dequantizes) a CTA's weight rows once per pass of 64 /
-# 128 tokens, so its time grows with M while a bf16 GEMM's stays flat until it is compute bound.
-# From these rows on (dense: M; grouped: mean rows per expert) the policy dequantizes the weight
-# once (``dequant.dequantize_bf16``, our kernel) and runs the bf16 GEMM on it. H200, one run
-# (bench/RESULTS.md, 2026-12-01 eighth session), the WGMMA consumers with 128 tokens per pass in
-# 128-K stages / dequantize-first / cuBLAS bf16, us: NVFP4 N=28672 K=4096 M=384 181.8 / 251.5 /
-# 125.5, M=768 340.6 / 339.6 / 244.9, M=1024 449.2 / 383.7 / 303.8 (crossover ~763 by linear
-# interpolation); MXFP8 M=384 202.6 / 282.0, M=768 384.7 / 364.7 (~690). Grouped E=32 N=4096
-# K=7168, mean rows per expert: NVFP4 ~512 1823.2 / 1938.9 (torch._grouped_mm 1450.0), ~1024
-# 3560.5 / 3191.3 (~634); MXFP8 ~512 2118.6 / 2173.9, ~1024 4102.0 / 3305.0 (~546). MXFP4 takes
-# NVFP4's thresholds.
-DQ_MIN_ROWS = 768
-DQ_MIN_ROWS_GROUPED = 640
+# 128 / 256 tokens, so its time grows with M while a bf16 GEMM's stays flat until it is compute
+# bound. From these rows on (dense: M; grouped: mean rows per expert) the policy dequantizes the
+# weight once (``dequant.dequantize_bf16``, our kernel) and runs the bf16 GEMM on it. H200, same
+# run (bench/RESULTS.md, 2026-12-01 ninth session), the WGMMA consumers with 256 tokens per pass /
+# dequantize-first / cuBLAS bf16, us: NVFP4 N=28672 K=4096 M=1024 371.6 / 384.4 / 305.9, M=1280
+# 460.5 / 469.9 / 380.4, M=1536 549.7 / 555.0 / 445.1, M=2048 726.2 / 684.0 / 597.7 (another
+# run; crossover ~1600). Grouped E=32 N=4096 K=7168, mean rows per expert: ~768 2331.4 / 2592.3
+# (torch._grouped_mm 2131.5), ~1024 3012.4 / 3228.5 (2715.8). (With 128 tokens per pass, the
+# eighth session: dense crossover ~763, grouped ~634.) MXFP4 takes NVFP4's thresholds. MXFP8
+# (128 tokens per pass at most; eighth session): M=384 202.6 / 282.0, M=768 384.7 / 364.7
+# (~690); grouped ~512 2118.6 / 2173.9, ~1024 4102.0 / 3305.0 (~546).
+DQ_MIN_ROWS = 1600
+DQ_MIN_ROWS_GROUPED = 1536
 DQ_MIN_ROWS_FP8 = 672
 DQ_MIN_ROWS_GROUPED_FP8 = 544
 # sm_100a runs the mma.sync consumers (no WGMMA there; compile-verified only), whose time grows

@@ -35,15 +35,22 @@ four activation boxes): half h of a stage is box h, its 16-byte piece p is k16 s
 two K pairs of a row come from words 0-1 and 2-3 of the piece, one PRMT each
 (:meth:`WgmmaPipeline.fp8_fragments`), which also collects the rows' NaN flags.
 
-Per half stage (8 k16 steps) the A fragments are computed first, then one fence and the eight
-WGMMAs, a commit and a wait for the group before, so the dequantization of the next half
-overlaps this half's MMAs; a stage is released once the first half of the next one has waited
-for it. (Dequantizing each step right before its WGMMA made ptxas fence before every WGMMA and
-give each its own scoreboard wait, ``gsb0`` on all 16 per stage instead of 2: the MMAs ran one
-at a time, 62 us for NVFP4 64 x 28672 x 4096 on the H200.) The two halves' A fragments must
-live in different registers: ptxas keeps an in-flight WGMMA's register operands apart from later
-writes within straight-line code, not across a loop's back edge, so a 128-K stage (one half)
-runs two per loop trip (:meth:`WgmmaPipeline.kernel_wgmma`).
+Per commit group (``Fp4WeightConfig.group_steps``: 8 k16 steps = 128 K, or 4 at 256 tokens per
+pass, where two groups' A fragments must fit beside 128 fp32 accumulators per thread) the A
+fragments are computed first, then one fence and the group's WGMMAs, a commit and a wait for the
+group before, so the dequantization of the next group overlaps this group's MMAs; a stage is
+released once the first group of the next one has waited for it. (Dequantizing each step right
+before its WGMMA made ptxas fence before every WGMMA and give each its own scoreboard wait,
+``gsb0`` on all 16 per stage instead of 2: the MMAs ran one at a time, 62 us for NVFP4 64 x 28672
+x 4096 on the H200.) Consecutive groups' A fragments must live in different registers: ptxas
+keeps an in-flight WGMMA's register operands apart from later writes within straight-line code,
+not across a loop's back edge, so a 128-K stage runs two per loop trip
+(:meth:`WgmmaPipeline.kernel_wgmma`), and a trip of more than two groups ends with a wait for all
+of them.
+
+256 tokens per pass (``n_tiles`` 32, FP4 in 128-K stages, ``producer_wg``): m64 x 256 x k16 WGMMAs
+(138 tensor-core cycles each at full rate, against ~25 issue slots of dequantization per warp), so
+the weights' decoding hides under the MMAs where 128 tokens were instruction-bound.
 """
 
 from __future__ import annotations
@@ -137,18 +144,22 @@ class WgmmaPipeline:
                 if cutlass.const_expr(self.fp8):
                     nan.fill(0)
                 ks = ks0
-                # One half per stage (128 K): two stages per trip, straight-line, so consecutive
-                # stages' A fragments sit in different registers (ptxas keeps an in-flight WGMMA's
+                # 128-K stages: two per trip, straight-line, so consecutive commit groups' A
+                # fragments sit in different registers (ptxas keeps an in-flight WGMMA's
                 # A registers apart from later writes in straight-line code, not across the loop's
                 # back edge; a branch around the second stage made it serialize every WGMMA). An
                 # odd last stage runs after the loop, once the MMAs in flight are done.
-                U = 2 if cfg.stage_halves == 1 else 1
+                U = 2 if cfg.stage_steps == 8 else 1
                 while ks + (U - 1) < ks_end:
                     for _ in cutlass.range_constexpr(U):
                         self.wgmma_stage(acc, it, ks, ks0, full, empty, side_base, w_smem, x_smem, s_off, w_off, g, sel,
                                          k, nan)  # fmt: skip
                         it += 1
                         ks += 1
+                    if cutlass.const_expr(U * cfg.stage_steps > 2 * cfg.group_steps):
+                        # more than two commit groups per trip: their A registers alternate only
+                        # within the trip, so none may be in flight across the back edge
+                        warpgroup.wait_group(0)
                 if cutlass.const_expr(U == 2):
                     if ks < ks_end:
                         warpgroup.wait_group(0)
@@ -168,7 +179,7 @@ class WgmmaPipeline:
     @cute.jit
     def wgmma_stage(self, acc, it, ks, ks0, full, empty, side_base, w_smem, x_smem, s_off, w_off, g, sel, k, nan):
         """Ring stage ``it`` (K stage ``ks`` of the segment, whose first is ``ks0``): wait for it,
-        read the rows' scale words, then its halves (:meth:`wgmma_half`); after the first half's
+        read the rows' scale words, then its commit groups (:meth:`wgmma_group`); after the first group's
         wait for the group before, release the stage before."""
         cfg = self.cfg
         S = cfg.ring
@@ -180,29 +191,30 @@ class WgmmaPipeline:
             for h in cutlass.range_constexpr(cfg.scale_groups):
                 sw[hr, h] = ld_shared_b32(st + h * 512 + s_off[hr])
         x_stage = x_smem + slot * (cfg.x_boxes * cfg.x_box_bytes)
-        for half in cutlass.range_constexpr(cfg.stage_halves):
-            self.wgmma_half(acc, half, w_smem + slot * (cfg.w_boxes * cfg.w_box_bytes), x_stage, sw, w_off, g, sel, ks,
-                            k, nan)  # fmt: skip
-            if half == 0 and ks > ks0:
+        for grp in cutlass.range_constexpr(cfg.stage_steps // cfg.group_steps):
+            self.wgmma_group(acc, grp, w_smem + slot * (cfg.w_boxes * cfg.w_box_bytes), x_stage, sw, w_off, g, sel, ks,
+                             k, nan)  # fmt: skip
+            if grp == 0 and ks > ks0:
                 # the previous stage's MMAs are done (wait_group(1) above): release it
                 cute.arch.mbarrier_arrive(empty + (it - 1) % S)
 
     @cute.jit
-    def wgmma_half(self, acc, half: cutlass.Constexpr, w_box, x_stage, sw, w_off, g, sel, ks, k, nan):
-        """Half a ring stage (128 K): the rows' four 16-byte weight reads and their scale factors,
-        eight k16 steps of A fragments (dequantized, natural K pairs), then one fence, the eight
-        WGMMAs, a commit and a wait for the group before (its A registers and, at a stage's first
-        half, the stage before are then free)."""
+    def wgmma_group(self, acc, grp: cutlass.Constexpr, w_box, x_stage, sw, w_off, g, sel, ks, k, nan):
+        """Commit group ``grp`` of a ring stage (``group_steps`` k16 steps: 8 = 128 K, or 4): the
+        rows' 16-byte weight reads and their scale factors, the steps' A fragments (dequantized,
+        natural K pairs), then one fence, the WGMMAs, a commit and a wait for the group before (its
+        A registers and, at a stage's first group, the stage before are then free)."""
         cfg = self.cfg
         T = cfg.tokens_per_pass
         XB = cfg.x_box_bytes
         NT = cfg.n_tiles
+        G = cfg.group_steps
         k0 = ks * (cfg.ring_k * cfg.chunk_k)  # the stage's first K value
-        a = cute.make_rmem_tensor((8, 4), cutlass.Int32)  # A fragments of the eight steps
+        a = cute.make_rmem_tensor((G, 4), cutlass.Int32)  # A fragments of the group's steps
         if cutlass.const_expr(self.fp8):
-            self.fp8_fragments(a, half, w_box, sw, w_off, g, sel, k0, k, nan)
-        for pp in cutlass.range_constexpr(0 if self.fp8 else 4):
-            p = 4 * half + pp  # 16-byte piece of the 128-byte weight rows: 32 K
+            self.fp8_fragments(a, grp, w_box, sw, w_off, g, sel, k0, k, nan)
+        for pp in cutlass.range_constexpr(0 if self.fp8 else G // 2):
+            p = (G // 2) * grp + pp  # 16-byte piece of the stage's weight rows: 32 K, steps 2 p and 2 p + 1
             f = cute.make_rmem_tensor((2, 2), cutlass.Int32)  # bf16x2 factors: (row, k16 step)
             for hr in cutlass.range_constexpr(2):
                 live = k0 + 32 * p < k  # past K: unit scales (the weights and activations are zeros)
@@ -223,8 +235,8 @@ class WgmmaPipeline:
                     a[2 * pp + s, q] = dequant_fp4_byte(wds[q % 2][2 * s + q // 2], sel, f[q % 2, s], self.mx)
         desc0 = smem_desc_sw128(x_stage)  # (both formats: 256 K per stage, four activation boxes)
         warpgroup.fence()
-        for jj in cutlass.range_constexpr(8):
-            j = 8 * half + jj  # k16 step of the stage: activation box j // 4, bytes 32 (j % 4) of its rows
+        for jj in cutlass.range_constexpr(G):
+            j = G * grp + jj  # k16 step of the stage: activation box j // 4, bytes 32 (j % 4) of its rows
             desc = desc0 + cutlass.Int64(((j // 4) * XB + (j % 4) * 32) >> 4)
             d = wgmma_rs_bf16([acc[0, i // 4, i % 4] for i in range(T // 2)], [a[jj, q] for q in range(4)], desc, T)
             for i in cutlass.range_constexpr(NT * 4):
@@ -241,14 +253,19 @@ class WgmmaPipeline:
         return (p ^ g) * 16
 
     @cute.jit
-    def fp8_fragments(self, a, half: cutlass.Constexpr, w_stage, sw, w_off, g, sel, k0, k, nan):
-        """8-bit weights: the A fragments of half a stage (box ``half`` of the stage's two 128-K
-        weight boxes; its 16-byte piece p is k16 step p): per row (g, g + 8) one 16-byte read, the
+    def fp8_fragments(self, a, grp: cutlass.Constexpr, w_stage, sw, w_off, g, sel, k0, k, nan):
+        """8-bit weights: the A fragments of commit group ``grp`` (steps j = G grp .. G grp + G - 1
+        of the stage; step j is 16-byte piece p = j % 8 of box half = j // 8 of the stage's 128-K
+        weight boxes): per row (g, g + 8) one 16-byte read, the
         K pairs (2 t, 2 t + 1) from words 0-1 and (2 t + 8, 2 t + 9) from words 2-3 (one PRMT of
         the two words each, ``dequant_e4m3_pair``), times the MX factor of the piece's 32-K block
         (column 4 half + p // 2 of the stage: byte p // 2 of the row's word of group ``half``)."""
-        box = w_stage + half * self.cfg.w_box_bytes
-        for p in cutlass.range_constexpr(8):
+        G = self.cfg.group_steps
+        for jj in cutlass.range_constexpr(G):
+            j = G * grp + jj
+            half = j // 8
+            p = j % 8
+            box = w_stage + half * self.cfg.w_box_bytes
             live = k0 + 128 * half + 16 * p < k  # past K: unit scales (the weights and activations are zeros)
             f = cute.make_rmem_tensor((2,), cutlass.Int32)
             for hr in cutlass.range_constexpr(2):
@@ -259,5 +276,5 @@ class WgmmaPipeline:
                 hr = q % 2
                 w0 = 2 * (q // 2)  # words 0-1: K 2 t, 2 t + 1; words 2-3: K 2 t + 8, 2 t + 9
                 dq = dequant_e4m3_pair(wds[hr][w0], wds[hr][w0 + 1], sel, f[hr], nan[0, hr])
-                a[p, q] = dq[0]
+                a[jj, q] = dq[0]
                 nan[0, hr] = dq[1]
