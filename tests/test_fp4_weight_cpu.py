@@ -312,7 +312,8 @@ def test_pick_config_streams_through_the_ring():
 
 def test_pick_config_256_tokens_per_pass():
     """sm_90a FP4 from 129 rows: 256 tokens per pass where its passes cost less than twice as many
-    128-token ones (not split); with few weight tiles, or MXFP8 weights, 128 on the split grid."""
+    128-token ones (dense; grouped: from 129 mean rows per expert), not split; with few weight
+    tiles, or MXFP8 weights, 128 (dense: on the split grid)."""
     def tokens(m, fmt="nvfp4", grouped=False, few=False):
         cfg = pick_config(m, fmt, torch.bfloat16, "sm_90a", grouped, 32 if grouped else 1, few_tiles=few)
         assert cfg.split == (not grouped and cfg.tokens_per_pass < 256), cfg
@@ -320,7 +321,7 @@ def test_pick_config_256_tokens_per_pass():
 
     assert [tokens(m) for m in (65, 128, 129, 256, 257, 384, 385, 512, 640, 1024, 4096)] == [
         128, 128, 256, 256, 128, 128, 256, 256, 256, 256, 256]
-    assert [tokens(32 * r, "mxfp4", True) for r in (128, 200, 300, 512)] == [128, 256, 128, 256]
+    assert [tokens(32 * r, "mxfp4", True) for r in (128, 129, 200, 300, 512)] == [128, 256, 256, 256, 256]
     assert tokens(256, few=True) == 128 and tokens(256, "mxfp8") == 128
     assert all(tokens(m, "mxfp8") == 128 and tokens(32 * m, "mxfp8", True) == 128 for m in (129, 512))
     assert pick_config(256, "nvfp4", torch.bfloat16, "sm_100a", False).tokens_per_pass <= 32  # mma.sync there

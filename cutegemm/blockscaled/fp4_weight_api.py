@@ -140,9 +140,12 @@ def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bo
         # 282.4 / 340.0 (243.4); M=1024 371.1 / 447.4 (302.8; dequantize-first 383.7); MXFP4 M=256
         # 104.0 / 129.2 (94.8). Grouped E=32 N=4096 K=7168 ~256 rows per expert 864.8 / 957.8
         # (torch._grouped_mm 848.7), ~512 1585.2 / 1822.9 (1451.4). On the split grid it spills
-        # and ran slower (115.5 at M=256); with few weight tiles the split t128 stays.
+        # and ran slower (115.5 at M=256); with few weight tiles the split t128 stays. Grouped: from
+        # 129 mean rows per expert (experts' rows spread around the mean, and a 256-token pass
+        # spans what takes 128-token passes 2-3). MXFP8 weights: 128 (two stages of 256 tokens
+        # fit: 154.5 vs 143.1 us at M=256, 1231.4 vs 1125.5 grouped ~256).
         wide = rows > 64
-        t256 = wide and not fp8 and not spread and -(-rows // 256) * 8 <= -(-rows // 128) * 5
+        t256 = wide and not fp8 and not spread and (rows > 128 if grouped else -(-rows // 256) * 8 <= -(-rows // 128) * 5)
         n_tiles = 4 if rows <= 32 else 32 if t256 else 16 if wide else 8
         return Fp4WeightConfig(
             fmt=fmt, n_tiles=n_tiles, grouped=grouped, out_dtype=_OUT[out_dtype], arch=arch, x_scale=x_scale,
@@ -303,12 +306,13 @@ def gemm_fp4_weight(
 # dequantize-first / cuBLAS bf16, us: NVFP4 N=28672 K=4096 M=1024 371.6 / 384.4 / 305.9, M=1280
 # 460.5 / 469.9 / 380.4, M=1536 549.7 / 555.0 / 445.1, M=2048 726.2 / 684.0 / 597.7 (another
 # run; crossover ~1600). Grouped E=32 N=4096 K=7168, mean rows per expert: ~768 2331.4 / 2592.3
-# (torch._grouped_mm 2131.5), ~1024 3012.4 / 3228.5 (2715.8). (With 128 tokens per pass, the
+# (torch._grouped_mm 2131.5), ~1024 3012.4 / 3228.5 (2715.8), ~1536 4393.9 / 4534.2 (4004.8),
+# ~2048 5948.8 / 5920.1 (5534.7; crossover ~2000). (With 128 tokens per pass, the
 # eighth session: dense crossover ~763, grouped ~634.) MXFP4 takes NVFP4's thresholds. MXFP8
 # (128 tokens per pass at most; eighth session): M=384 202.6 / 282.0, M=768 384.7 / 364.7
 # (~690); grouped ~512 2118.6 / 2173.9, ~1024 4102.0 / 3305.0 (~546).
 DQ_MIN_ROWS = 1600
-DQ_MIN_ROWS_GROUPED = 1536
+DQ_MIN_ROWS_GROUPED = 2048
 DQ_MIN_ROWS_FP8 = 672
 DQ_MIN_ROWS_GROUPED_FP8 = 544
 # sm_100a runs the mma.sync consumers (no WGMMA there; compile-verified only), whose time grows
