@@ -268,7 +268,7 @@ def test_wgmma_config_rules():
     assert fw.Fp4WeightConfig(**{**base, "n_tiles": 16, "ring": 2}).tokens_per_pass == 128
     for bad in (dict(arch="sm_100a"), dict(ring=0), dict(ring_k=4), dict(warps_n=4), dict(warps_k=2, warps_n=4),
                 dict(row_tiles=2, warps_n=4), dict(split=True, grouped=True), dict(producer_pairs=True), dict(n_tiles=16, ring=3),
-                dict(n_tiles=32), dict(n_tiles=16, ring=5, ring_k=1, fmt="mxfp8")):  # fmt: skip
+                dict(n_tiles=32), dict(n_tiles=32, ring=3, ring_k=2, fmt="mxfp8", producer_wg=True)):  # fmt: skip
         with pytest.raises(ValueError):
             fw.Fp4WeightConfig(**{**base, **bad})
     # 128 K per stage: FP4 ring_k 1 (64-byte weight boxes, 64-byte swizzle), MXFP8 ring_k 2
@@ -311,9 +311,9 @@ def test_pick_config_streams_through_the_ring():
 
 
 def test_pick_config_256_tokens_per_pass():
-    """sm_90a FP4 from 129 rows: 256 tokens per pass where its passes cost less than twice as many
-    128-token ones (dense; grouped: from 129 mean rows per expert), not split; with few weight
-    tiles, or MXFP8 weights, 128 (dense: on the split grid)."""
+    """sm_90a from 129 rows: 256 tokens per pass where its passes cost less than twice as many
+    128-token ones (dense; grouped: from 129 mean rows per expert), not split (MXFP8 weights in
+    64-K stages); with few weight tiles 128 on the split grid."""
     def tokens(m, fmt="nvfp4", grouped=False, few=False):
         cfg = pick_config(m, fmt, torch.bfloat16, "sm_90a", grouped, 32 if grouped else 1, few_tiles=few)
         assert cfg.split == (not grouped and cfg.tokens_per_pass < 256), cfg
@@ -322,8 +322,10 @@ def test_pick_config_256_tokens_per_pass():
     assert [tokens(m) for m in (65, 128, 129, 256, 257, 384, 385, 512, 640, 1024, 4096)] == [
         128, 128, 256, 256, 128, 128, 256, 256, 256, 256, 256]
     assert [tokens(32 * r, "mxfp4", True) for r in (128, 129, 200, 300, 512)] == [128, 256, 256, 256, 256]
-    assert tokens(256, few=True) == 128 and tokens(256, "mxfp8") == 128
-    assert all(tokens(m, "mxfp8") == 128 and tokens(32 * m, "mxfp8", True) == 128 for m in (129, 512))
+    assert tokens(256, few=True) == 128 and tokens(256, "mxfp8", few=True) == 128
+    assert [tokens(m, "mxfp8") for m in (128, 129, 384, 512)] == [128, 256, 128, 256]
+    assert all(tokens(32 * m, "mxfp8", True) == 256 for m in (129, 384))
+    assert pick_config(512, "mxfp8", torch.bfloat16, "sm_90a", False).stage_k == 64
     assert pick_config(256, "nvfp4", torch.bfloat16, "sm_100a", False).tokens_per_pass <= 32  # mma.sync there
 
 

@@ -135,7 +135,14 @@ def test_config_rules_and_geometry():
     assert "_cpair" not in cfg.name and "mxfp8" in cfg.name
     wg = dict(wgmma=True, warps_n=8, warps_k=1, row_tiles=1)
     assert fw.Fp4WeightConfig(**{**base, **wg}).stage_k == 128  # WGMMA: 128 K per stage (ring_k 2) or 256 (4)
-    for bad in (dict(producer_pairs=True), dict(ring=0, stages=4), {**wg, "ring_k": 1}, {**wg, "arch": "sm_100a"}):
+    # WGMMA, 64 K per stage (ring_k 1): 64-byte weight rows (64-byte swizzle), one activation box, a
+    # copy of the 128-K scale group holding the stage's K, one commit group of 4 steps; 256 tokens fit
+    k64 = fw.Fp4WeightConfig(**{**base, **wg, "ring_k": 1, "ring": 5, "n_tiles": 32, "producer_wg": True})
+    assert (k64.stage_k, k64.w_row_bytes, k64.w_boxes, k64.x_boxes, k64.scale_groups, k64.group_steps) == (
+        64, 64, 1, 1, 1, 4)
+    assert k64.smem_bytes == 5 * (128 * 64 + 256 * 128 + 512 + 16) + 1024 + 256 <= 227 * 1024
+    for bad in (dict(producer_pairs=True), dict(ring=0, stages=4), {**wg, "arch": "sm_100a"}, dict(ring_k=1),
+                {**wg, "ring_k": 2, "ring": 2, "n_tiles": 32, "producer_wg": True}):  # fmt: skip
         with pytest.raises(ValueError):
             fw.Fp4WeightConfig(**{**base, **bad})
 
@@ -144,16 +151,18 @@ def test_config_rules_and_geometry():
 def test_policy(arch):
     """Decode rows (up to 32 dense / per expert): the mma.sync ring; more on sm_90a: the WGMMA
     consumers, 256 K per stage up to 64 rows, then 128 tokens per pass in 128-K stages with the
-    producer warpgroup's registers; never a producer that pairs activations."""
+    producer warpgroup's registers, 256 in five 64-K stages from 129 rows (dense: where fewer
+    256-token passes cost less; not split); never a producer that pairs activations."""
     for grouped in (False, True):
-        for m in (1, 16, 17, 32, 33, 64, 200):
+        for m in (1, 16, 17, 32, 33, 64, 128, 200, 384):
             cfg = pick_config(m * (8 if grouped else 1), "mxfp8", torch.bfloat16, arch, grouped, 8 if grouped else 1)
             assert cfg.fmt == "mxfp8" and cfg.ring and not cfg.producer_pairs, cfg
             assert cfg.wgmma == (arch == "sm_90a" and m > 32), cfg
             if cfg.wgmma:
-                wide = m > 64
-                assert (cfg.ring_k, cfg.ring, cfg.n_tiles, cfg.producer_wg) == ((2, 4, 16, True) if wide else (4, 3, 8, False))
-            assert cfg.split == (not grouped and (cfg.wgmma or m > cfg.tokens_per_pass)), cfg
+                kind = "t256" if m == 200 or (grouped and m > 128) else "t128" if m > 64 else "t64"
+                assert (cfg.ring_k, cfg.ring, cfg.n_tiles, cfg.producer_wg) == {
+                    "t64": (4, 3, 8, False), "t128": (2, 4, 16, True), "t256": (1, 5, 32, True)}[kind]  # fmt: skip
+            assert cfg.split == (not grouped and cfg.n_tiles < 32 and (cfg.wgmma or m > cfg.tokens_per_pass)), cfg
             assert cfg.smem_bytes <= 227 * 1024
 
 

@@ -39,9 +39,10 @@ if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:  # 
     WGMMA = [dict(ring=ring, ring_k=4, warps_n=8, warps_k=1, row_tiles=1, wgmma=True) for ring in (2, 3)]
     # 128 K per stage (two stages per loop trip, an odd last one after it), the producer warpgroup
     WGMMA += [dict(ring=ring, ring_k=2, warps_n=8, warps_k=1, row_tiles=1, wgmma=True, producer_wg=True) for ring in (3, 4)]
-    # commit groups of 4 k16 steps (a wait for all of them at the end of a loop trip)
+    # commit groups of 4 k16 steps (a wait for all of them at the end of a loop trip); 64-K stages
     WGMMA += [dict(ring=3, ring_k=rk, warps_n=8, warps_k=1, row_tiles=1, wgmma=True, producer_wg=True, wg_steps=4)
               for rk in (2, 4)]  # fmt: skip
+    WGMMA += [dict(ring=6, ring_k=1, warps_n=8, warps_k=1, row_tiles=1, wgmma=True, producer_wg=True)]
 
 
 def _config(rows, out_dtype, grouped, experts, **shape):
@@ -116,6 +117,40 @@ def test_split_ring(m, n, kb, shape, n_tiles, sms):
         _check(out, x, qw)
         again = api.gemm_fp4_weight(x, qw, out_dtype=torch.float32, config=cfg)
     assert torch.equal(again, out), "split results differ between two runs"
+
+
+@pytest.mark.skipif(not WGMMA, reason="the WGMMA consumers (sm_90a)")
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    counts=st.lists(st.integers(0, 300), min_size=1, max_size=3),
+    n=st.integers(1, 300),
+    kb=st.integers(1, 50),
+    grouped=st.booleans(),
+    shape=st.sampled_from([dict(n_tiles=32, ring=5, split=False), dict(n_tiles=16, ring=8, split=True),
+                           dict(n_tiles=16, ring=8, split=False)]),
+    scaled=st.booleans(),
+)  # fmt: skip
+def test_wgmma_64k_stages(counts, n, kb, grouped, shape, scaled):
+    """MXFP8 weights in 64-K ring stages (two per 128-K scale group; two stages per loop trip, an
+    odd last one after it) with 128 or 256 tokens per pass: several passes, K tails, empty
+    experts, rows past offs[-1] untouched."""
+    k = 16 * kb
+    if not grouped:
+        counts = [max(sum(counts), 1)]
+    e = len(counts)
+    wshape = (e, n, k) if grouped else (n, k)
+    qw = _scaled_weights(wshape, n + kb) if scaled else _weights(wshape, "mxfp8", seed=n * 31 + kb)
+    m = sum(counts)
+    x = torch.randn(m + 3, k, device="cuda").to(torch.bfloat16)
+    if not grouped:
+        x = x[:m]
+    cfg = _config(max(m, 1), torch.bfloat16, grouped, e, ring_k=1, producer_wg=True, wgmma=True, warps_n=8, warps_k=1,
+                  row_tiles=1, **{**shape, "split": shape["split"] and not grouped})  # fmt: skip
+    offs = _offs(counts) if grouped else None
+    out = torch.full((x.shape[0], n), POISON, device="cuda", dtype=torch.bfloat16)
+    api.gemm_fp4_weight(x, qw, offs=offs, out=out, config=cfg)
+    assert torch.isnan(out[m:]).all(), "a row past offs[-1] was written"
+    _check(out[:m], x[:m], qw, _bounds(offs) if grouped else None)
 
 
 @pytest.mark.parametrize("grouped", [False, True])

@@ -288,6 +288,8 @@ class RingPipeline:
             if it >= S:
                 cute.arch.mbarrier_wait(empty + slot, (it // S + 1) % 2)
             g0 = ks * SG  # the stage's first scale column group
+            if cutlass.const_expr(cfg.stage_k < 128):
+                g0 = ks // 2  # MXFP8's 64-K stages: two per group, each copies it
             n_groups = cutlass.min(SG, cols_p // 4 - g0)
             if lane == 0:
                 if cutlass.const_expr(PP):

@@ -162,22 +162,24 @@ class Fp4WeightConfig:
         if self.n_tiles not in ((1, 2, 4, 8, 16, 32) if self.wgmma else (1, 2, 4, 8)):
             raise ValueError(f"Fp4WeightConfig.n_tiles must be 1, 2, 4 or 8 (16 or 32 with wgmma), got {self.n_tiles}")
         if self.wgmma and (
-            self.arch != "sm_90a" or not self.ring or self.ring_k not in ((2, 4) if self.fmt == "mxfp8" else (1, 2))
+            self.arch != "sm_90a" or not self.ring or self.ring_k not in ((1, 2, 4) if self.fmt == "mxfp8" else (1, 2))
             or (self.warps_n, self.warps_k, self.row_tiles) != (8, 1, 1) or self.producer_pairs
         ):  # fmt: skip
             raise ValueError(
-                "Fp4WeightConfig.wgmma needs sm_90a, the ring with 128 or 256 K per stage (ring_k 1 or 2; mxfp8: 2 or 4), warps_n 8, "
+                "Fp4WeightConfig.wgmma needs sm_90a, the ring with 128 or 256 K per stage (ring_k 1 or 2; mxfp8: 64, 128 "
+                "or 256: 1, 2 or 4), warps_n 8, "
                 "warps_k 1, row_tiles 1 and producer_pairs=False"
             )
         if self.producer_wg and not self.wgmma:
             raise ValueError("Fp4WeightConfig.producer_wg is for the WGMMA consumers")
         if self.wg_steps not in ((0, 4, 8) if self.wgmma else (0,)):
             raise ValueError(f"Fp4WeightConfig.wg_steps must be 0, 4 or 8 (WGMMA consumers only), got {self.wg_steps}")
-        if self.n_tiles == 32 and (not self.producer_wg or self.stage_k != 128 or self.fp8 or self.split):
-            # (MXFP8 weights: two 81 KB stages fit, 154.5 vs 143.1 us with 128 tokens per pass at M=256)
+        if self.n_tiles == 32 and (not self.producer_wg or self.stage_k != (64 if self.fp8 else 128) or self.split):
+            # (MXFP8 weights in 128-K stages: two 81 KB stages fit, 154.5 vs 143.1 us with 128 tokens
+            # per pass at M=256)
             raise ValueError(
-                "Fp4WeightConfig: 256 tokens per pass (n_tiles 32) need producer_wg and FP4 weights in 128-K stages "
-                "(ring_k 1), without the split grid (whose finish would spill)"
+                "Fp4WeightConfig: 256 tokens per pass (n_tiles 32) need producer_wg and 128-K stages of FP4 weights "
+                "(ring_k 1) or 64-K stages of MXFP8 ones (ring_k 1), without the split grid (whose finish would spill)"
             )
         if self.fmt == "mxfp8" and (not self.ring or self.producer_pairs):
             raise ValueError("Fp4WeightConfig with mxfp8 weights needs the ring with producer_pairs=False")
@@ -271,8 +273,9 @@ class Fp4WeightConfig:
 
     @property
     def group_steps(self) -> int:
-        """The WGMMA consumers' k16 steps per commit group (``wg_steps``; 0: 8, 4 at 256 tokens)."""
-        return self.wg_steps or (4 if self.n_tiles == 32 else 8)
+        """The WGMMA consumers' k16 steps per commit group (``wg_steps``; 0: 8, 4 at 256 tokens; at
+        most a stage's)."""
+        return min(self.wg_steps or (4 if self.n_tiles == 32 else 8), self.stage_steps)
 
     @property
     def w_box_bytes(self) -> int:
@@ -284,7 +287,8 @@ class Fp4WeightConfig:
 
     @property
     def scale_groups(self) -> int:
-        return self.ring_k * {"mxfp4": 2, "nvfp4": 4, "mxfp8": 1}[self.fmt] // 2  # a group: 4 scale columns
+        # a group: 4 scale columns (128 K; NVFP4 64); MXFP8's 64-K stages copy the group holding their K
+        return max(1, self.ring_k * {"mxfp4": 2, "nvfp4": 4, "mxfp8": 1}[self.fmt] // 2)
 
     @property
     def side_bytes(self) -> int:

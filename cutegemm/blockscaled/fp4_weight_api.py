@@ -19,7 +19,7 @@ fp16 / fp32.
 views are copied first). Any M works (other K: ValueError). The policy (``pick_config``,
 ``dequantize_first``): decode (up to 16 rows dense, 32 per expert grouped) on the kernel's
 ``mma.sync`` consumers; on sm_90a from 17 rows (33 per expert) its WGMMA consumers (64 tokens per
-pass over a CTA's weight rows, 128 from 65 rows, FP4 256 from 129 where fewer 256-token passes
+pass over a CTA's weight rows, 128 from 65 rows, 256 from 129 where fewer 256-token passes
 cost less, more tokens taking more passes that re-read those rows, mostly from L2); from DQ_MIN_ROWS dense rows / DQ_MIN_ROWS_GROUPED rows per expert
 the weight is dequantized once to bf16 (temporary memory: 2 bytes per weight element) and the
 bf16 GEMM runs on it. MXFP8 weights: the mma.sync consumers up to 32 dense rows, the WGMMA ones
@@ -142,15 +142,17 @@ def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bo
         # (torch._grouped_mm 848.7), ~512 1585.2 / 1822.9 (1451.4). On the split grid it spills
         # and ran slower (115.5 at M=256); with few weight tiles the split t128 stays. Grouped: from
         # 129 mean rows per expert (experts' rows spread around the mean, and a 256-token pass
-        # spans what takes 128-token passes 2-3). MXFP8 weights: 128 (two stages of 256 tokens
-        # fit: 154.5 vs 143.1 us at M=256, 1231.4 vs 1125.5 grouped ~256).
+        # spans what takes 128-token passes 2-3). MXFP8 weights: in five 64-K stages (two 128-K
+        # ones fit: 154.5 us at M=256); same run, us, 256 / 128 tokens per pass (cuBLAS bf16):
+        # M=256 111.7 / 142.8 (96.2), M=512 212.8 / 264.0 (152.2), M=1024 411.2 / 508.2 (299.2;
+        # dequantize-first 405.5); grouped ~256 978.4 / 1113.5 (833.3), ~512 1788.2 / 2120.6 (1394.6).
         wide = rows > 64
-        t256 = wide and not fp8 and not spread and (rows > 128 if grouped else -(-rows // 256) * 8 <= -(-rows // 128) * 5)
+        t256 = wide and not spread and (rows > 128 if grouped else -(-rows // 256) * 8 <= -(-rows // 128) * 5)
         n_tiles = 4 if rows <= 32 else 32 if t256 else 16 if wide else 8
         return Fp4WeightConfig(
             fmt=fmt, n_tiles=n_tiles, grouped=grouped, out_dtype=_OUT[out_dtype], arch=arch, x_scale=x_scale,
-            ring=3 if t256 else 4 if wide else {4: 4, 8: 3}[n_tiles],
-            ring_k=(2 if fp8 else 1) if wide else (4 if fp8 else 2),
+            ring=(5 if fp8 else 3) if t256 else 4 if wide else {4: 4, 8: 3}[n_tiles],
+            ring_k=1 if t256 else (2 if fp8 else 1) if wide else (4 if fp8 else 2),
             row_tiles=1, warps_n=8, warps_k=1, stages=0, producer_pairs=False, wgmma=True, producer_wg=wide,
             split=not grouped and not t256 and (n_tiles >= 8 or spread),
         )  # fmt: skip
@@ -308,13 +310,14 @@ def gemm_fp4_weight(
 # run; crossover ~1600). Grouped E=32 N=4096 K=7168, mean rows per expert: ~768 2331.4 / 2592.3
 # (torch._grouped_mm 2131.5), ~1024 3012.4 / 3228.5 (2715.8), ~1536 4393.9 / 4534.2 (4004.8),
 # ~2048 5948.8 / 5920.1 (5534.7; crossover ~2000). (With 128 tokens per pass, the
-# eighth session: dense crossover ~763, grouped ~634.) MXFP4 takes NVFP4's thresholds. MXFP8
-# (128 tokens per pass at most; eighth session): M=384 202.6 / 282.0, M=768 384.7 / 364.7
-# (~690); grouped ~512 2118.6 / 2173.9, ~1024 4102.0 / 3305.0 (~546).
+# eighth session: dense crossover ~763, grouped ~634.) MXFP4 takes NVFP4's thresholds. MXFP8,
+# 256 tokens per pass in 64-K stages (ninth session): M=512 212.8 / 285.4, M=1024 411.2 / 405.5
+# (crossover ~1000); grouped ~512 1788.2 / 2188.3; ~1024 not measured with 256 tokens (128:
+# 4102.0 / 3305.0, eighth session; twice the ~512 time, 3576, would lose to 3305): ~768 taken.
 DQ_MIN_ROWS = 1600
 DQ_MIN_ROWS_GROUPED = 2048
-DQ_MIN_ROWS_FP8 = 672
-DQ_MIN_ROWS_GROUPED_FP8 = 544
+DQ_MIN_ROWS_FP8 = 1024
+DQ_MIN_ROWS_GROUPED_FP8 = 768
 # sm_100a runs the mma.sync consumers (no WGMMA there; compile-verified only), whose time grows
 # with the token passes: the thresholds measured for them on the H200 before the 128-token WGMMA
 # consumers (2026-12-01 sixth / seventh sessions: NVFP4 M=256 mma.sync 217.7 us vs

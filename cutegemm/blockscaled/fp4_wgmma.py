@@ -149,7 +149,7 @@ class WgmmaPipeline:
                 # A registers apart from later writes in straight-line code, not across the loop's
                 # back edge; a branch around the second stage made it serialize every WGMMA). An
                 # odd last stage runs after the loop, once the MMAs in flight are done.
-                U = 2 if cfg.stage_steps == 8 else 1
+                U = 2 if cfg.stage_steps <= 8 else 1
                 while ks + (U - 1) < ks_end:
                     for _ in cutlass.range_constexpr(U):
                         self.wgmma_stage(acc, it, ks, ks0, full, empty, side_base, w_smem, x_smem, s_off, w_off, g, sel,
@@ -268,8 +268,11 @@ class WgmmaPipeline:
             box = w_stage + half * self.cfg.w_box_bytes
             live = k0 + 128 * half + 16 * p < k  # past K: unit scales (the weights and activations are zeros)
             f = cute.make_rmem_tensor((2,), cutlass.Int32)
+            col = p // 2  # the piece's 32-K block in the group of four (64-K stages: the stage's half of it)
+            if cutlass.const_expr(self.cfg.stage_k == 64):
+                col = ((k0 // 64) % 2) * 2 + p // 2
             for hr in cutlass.range_constexpr(2):
-                e = cutlass.select_(live, (sw[hr, half] >> (8 * (p // 2))) & 0xFF, cutlass.Int32(127))
+                e = cutlass.select_(live, (sw[hr, half] >> (8 * col)) & 0xFF, cutlass.Int32(127))
                 f[hr] = mx_factor_bf16x2(e)
             wds = [ld_shared_v4(box + w_off[hr] + self.w_piece(p, g)) for hr in range(2)]
             for q in cutlass.range_constexpr(4):
