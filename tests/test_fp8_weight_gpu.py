@@ -75,6 +75,20 @@ def _scaled_weights(shape, seed):
 def test_ring_matches_reference(counts, n, kb, grouped, shape, n_tiles, out_dtype, scaled):
     """Ring shapes x tokens per pass, dense (several passes) and grouped (empty experts, tokens past
     a pass's end), K = 16 kb (tail chunks, partial stages), rows past N, wide scale ranges."""
+
+    def config(m, e):
+        nt = n_tiles
+        if nt is None and shape:  # another shape: at most 64 tokens per pass (mma.sync; WGMMA in 3 stages)
+            nt = min(_config(m, out_dtype, grouped, e).n_tiles, 8)
+        return _config(m, out_dtype, grouped, e, **shape, **({} if nt is None else {"n_tiles": nt}))
+
+    _ring_case(counts, n, kb, grouped, scaled, out_dtype, config)
+
+
+def _ring_case(counts, n, kb, grouped, scaled, out_dtype, config):
+    """MXFP8 weights (n, 16 kb) (``scaled``: rows spanning 2**-40 .. 2**40), ``counts`` rows per
+    expert (dense: their sum), ``config(max(m, 1), experts)``'s kernel into a poisoned output:
+    checked against the reference, 3 rows past offs[-1] (grouped) untouched."""
     k = 16 * kb
     if not grouped:
         counts = [max(sum(counts), 1)]
@@ -85,9 +99,7 @@ def test_ring_matches_reference(counts, n, kb, grouped, shape, n_tiles, out_dtyp
     x = torch.randn(m + 3, k, device="cuda").to(torch.bfloat16)  # 3 rows past offs[-1] (grouped)
     if not grouped:
         x = x[:m]
-    if n_tiles is None and shape:  # another shape: at most 64 tokens per pass (mma.sync; WGMMA in 3 stages)
-        n_tiles = min(_config(max(m, 1), out_dtype, grouped, e).n_tiles, 8)
-    cfg = _config(max(m, 1), out_dtype, grouped, e, **shape, **({} if n_tiles is None else {"n_tiles": n_tiles}))
+    cfg = config(max(m, 1), e)
     offs = _offs(counts) if grouped else None
     out = torch.full((x.shape[0], n), POISON, device="cuda", dtype=out_dtype)
     api.gemm_fp4_weight(x, qw, offs=offs, out=out, config=cfg)
@@ -134,23 +146,12 @@ def test_wgmma_64k_stages(counts, n, kb, grouped, shape, scaled):
     """MXFP8 weights in 64-K ring stages (two per 128-K scale group; two stages per loop trip, an
     odd last one after it) with 128 or 256 tokens per pass: several passes, K tails, empty
     experts, rows past offs[-1] untouched."""
-    k = 16 * kb
-    if not grouped:
-        counts = [max(sum(counts), 1)]
-    e = len(counts)
-    wshape = (e, n, k) if grouped else (n, k)
-    qw = _scaled_weights(wshape, n + kb) if scaled else _weights(wshape, "mxfp8", seed=n * 31 + kb)
-    m = sum(counts)
-    x = torch.randn(m + 3, k, device="cuda").to(torch.bfloat16)
-    if not grouped:
-        x = x[:m]
-    cfg = _config(max(m, 1), torch.bfloat16, grouped, e, ring_k=1, producer_wg=True, wgmma=True, warps_n=8, warps_k=1,
-                  row_tiles=1, **{**shape, "split": shape["split"] and not grouped})  # fmt: skip
-    offs = _offs(counts) if grouped else None
-    out = torch.full((x.shape[0], n), POISON, device="cuda", dtype=torch.bfloat16)
-    api.gemm_fp4_weight(x, qw, offs=offs, out=out, config=cfg)
-    assert torch.isnan(out[m:]).all(), "a row past offs[-1] was written"
-    _check(out[:m], x[:m], qw, _bounds(offs) if grouped else None)
+
+    def config(m, e):
+        return _config(m, torch.bfloat16, grouped, e, ring_k=1, producer_wg=True, wgmma=True, warps_n=8, warps_k=1,
+                       row_tiles=1, **{**shape, "split": shape["split"] and not grouped})  # fmt: skip
+
+    _ring_case(counts, n, kb, grouped, scaled, torch.bfloat16, config)
 
 
 @pytest.mark.parametrize("grouped", [False, True])
