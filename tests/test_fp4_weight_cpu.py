@@ -291,7 +291,7 @@ def test_wgmma_config_rules():
     for bad in (dict(split=True), dict(producer_wg=False), dict(ring_k=2, ring=2), dict(ring=4), dict(wg_steps=2)):
         with pytest.raises(ValueError):
             replace(t256, **bad)
-    with pytest.raises(ValueError):  # 8-bit weights: at most 128 tokens per pass
+    with pytest.raises(ValueError):  # 8-bit weights: 256 tokens per pass in 64-K stages only
         fw.Fp4WeightConfig(**{**base, "fmt": "mxfp8", "ring_k": 2, "ring": 2, "n_tiles": 32, "producer_wg": True})
     with pytest.raises(ValueError):  # wg_steps: the WGMMA consumers only
         fw.Fp4WeightConfig(**{**base, "wgmma": False, "wg_steps": 4, "warps_n": 4, "warps_k": 2, "row_tiles": 2})

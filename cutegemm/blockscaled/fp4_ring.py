@@ -288,8 +288,8 @@ class RingPipeline:
             if it >= S:
                 cute.arch.mbarrier_wait(empty + slot, (it // S + 1) % 2)
             g0 = ks * SG  # the stage's first scale column group
-            if cutlass.const_expr(cfg.stage_k < 128):
-                g0 = ks // 2  # MXFP8's 64-K stages: two per group, each copies it
+            if cutlass.const_expr(cfg.stages_per_scale_group > 1):
+                g0 = ks // cfg.stages_per_scale_group  # stages sharing a group: each copies it
             n_groups = cutlass.min(SG, cols_p // 4 - g0)
             if lane == 0:
                 if cutlass.const_expr(PP):
@@ -442,9 +442,7 @@ class RingPipeline:
         the segment's counter (acq_rel, GPU scope). The CTA that completes the count adds the
         partials of every contributor in CTA order (its own from registers: the sum is the same
         whatever the arrival order, so results are deterministic), stores the fragment and resets
-        the counter for the next launch. Nobody waits for another CTA. (With more than 64
-        accumulators per thread, 256 tokens per pass, the CTA re-reads its own partials from its
-        slot as well: keeping them in registers beside the sum spilled.)
+        the counter for the next launch. Nobody waits for another CTA.
 
         mWork (Int32 words): one counter per segment, then from word ``slot0`` (the host keeps it
         past every counter, so a later call's slots never land on a counter) 2 slots per CTA of
@@ -479,10 +477,10 @@ class RingPipeline:
                 tot = cute.make_rmem_tensor((RT, NT, 4), cutlass.Float32)
                 tot.fill(0.0)
                 for c in range(c_first, c_last + 1):
-                    if c == me and cutlass.const_expr(n_acc <= 64):
+                    if c == me:
                         for v in cutlass.range_constexpr(n_acc):
                             tot[self.acc_index(v)] += acc[self.acc_index(v)]
-                    else:  # (more than 64 accumulators: the CTA's own from its slot too, so acc is dead here)
+                    else:
                         c_lo = cutlass.Int32(cutlass.Int64(c) * T64 // G64)  # CTA c's first unit
                         base = self.slot_word(slot0, c, c_lo, su0, rw, lane)
                         addr = mWork.iterator.toint() + cutlass.Int64(base) * 4

@@ -144,8 +144,8 @@ class Fp4WeightConfig:
     # sm_90a: the consumers multiply with the warpgroup MMA (A = the dequantized weights from
     # registers, B = the ring's activations in K order; :mod:`.fp4_wgmma`): two warpgroups of 64
     # weight rows (warps_n 8, row_tiles 1, warps_k 1), producer_pairs=False, 256 K per stage
-    # (ring_k 2; MXFP8 4) or 128 (ring_k 1; MXFP8 2); up to 128 tokens per pass, 256 (n_tiles 32)
-    # for FP4 in 128-K stages with producer_wg, not split.
+    # (ring_k 2; MXFP8 4), 128 (ring_k 1; MXFP8 2) or 64 (MXFP8 ring_k 1); up to 128 tokens per
+    # pass, 256 (n_tiles 32) with producer_wg, not split, in 128-K stages (MXFP8: 64-K ones).
     wgmma: bool = False
     # WGMMA consumers: the producer is a whole warpgroup (one warp works) that gives its registers
     # to the consumers (setmaxnreg: 40 producer / 232 consumer registers instead of ptxas's even
@@ -179,7 +179,7 @@ class Fp4WeightConfig:
             # per pass at M=256)
             raise ValueError(
                 "Fp4WeightConfig: 256 tokens per pass (n_tiles 32) need producer_wg and 128-K stages of FP4 weights "
-                "(ring_k 1) or 64-K stages of MXFP8 ones (ring_k 1), without the split grid (whose finish would spill)"
+                "(ring_k 1) or 64-K stages of MXFP8 ones (ring_k 1), without the split grid (it spills)"
             )
         if self.fmt == "mxfp8" and (not self.ring or self.producer_pairs):
             raise ValueError("Fp4WeightConfig with mxfp8 weights needs the ring with producer_pairs=False")
@@ -253,7 +253,8 @@ class Fp4WeightConfig:
     @property
     def w_row_bytes(self) -> int:
         """Bytes of a weight row in one TMA box: 128 (128-byte swizzle), or a whole stage's 64 for
-        the WGMMA consumers' 128-K stages of FP4 weights (``ring_k`` 1; 64-byte swizzle)."""
+        the WGMMA consumers' ``ring_k`` 1 (128-K stages of FP4 weights, 64-K ones of MXFP8;
+        64-byte swizzle)."""
         return min(128, self.w_stage_row_bytes)
 
     @property
@@ -286,9 +287,20 @@ class Fp4WeightConfig:
         return self.tokens_per_pass * 128
 
     @property
+    def scale_group_k(self) -> int:
+        """K values of one 512-byte scale column group (4 columns of the 128x4 layout): 64 for
+        NVFP4 (a scale per 16), 128 for MX (a scale per 32)."""
+        return 64 if self.fmt == "nvfp4" else 128
+
+    @property
     def scale_groups(self) -> int:
-        # a group: 4 scale columns (128 K; NVFP4 64); MXFP8's 64-K stages copy the group holding their K
-        return max(1, self.ring_k * {"mxfp4": 2, "nvfp4": 4, "mxfp8": 1}[self.fmt] // 2)
+        """Scale column groups copied per ring stage (at least the one holding a shorter stage's K)."""
+        return max(1, self.stage_k // self.scale_group_k)
+
+    @property
+    def stages_per_scale_group(self) -> int:
+        """Ring stages that share one scale column group (2 for MXFP8's 64-K stages, else 1)."""
+        return max(1, self.scale_group_k // self.stage_k)
 
     @property
     def side_bytes(self) -> int:
@@ -633,7 +645,7 @@ def all_configs(arch: str) -> list[Fp4WeightConfig]:
                 out.append(pick_config(rows * (8 if grouped else 1), fmt, torch.bfloat16, arch, grouped, 8))
         for rows in (1, 16, 32):  # dense weights with fewer 128-row tiles than SMs: the split grid
             out.append(pick_config(rows, fmt, torch.bfloat16, arch, False, 1, few_tiles=True))
-    for fmt in FORMATS:  # from 65 rows: 128 tokens per pass in 128-K stages on sm_90a, FP4 256 from 129
+    for fmt in FORMATS:  # sm_90a: 128 tokens per pass from 65 rows, 256 from 129
         for grouped in (False, True):
             for rows in (128, 256):
                 out.append(pick_config(rows * (8 if grouped else 1), fmt, torch.bfloat16, arch, grouped, 8))

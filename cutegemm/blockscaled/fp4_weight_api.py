@@ -19,15 +19,15 @@ fp16 / fp32.
 views are copied first). Any M works (other K: ValueError). The policy (``pick_config``,
 ``dequantize_first``): decode (up to 16 rows dense, 32 per expert grouped) on the kernel's
 ``mma.sync`` consumers; on sm_90a from 17 rows (33 per expert) its WGMMA consumers (64 tokens per
-pass over a CTA's weight rows, 128 from 65 rows, 256 from 129 where fewer 256-token passes
-cost less, more tokens taking more passes that re-read those rows, mostly from L2); from DQ_MIN_ROWS dense rows / DQ_MIN_ROWS_GROUPED rows per expert
-the weight is dequantized once to bf16 (temporary memory: 2 bytes per weight element) and the
-bf16 GEMM runs on it. MXFP8 weights: the mma.sync consumers up to 32 dense rows, the WGMMA ones
-above, dequantize-first from DQ_MIN_ROWS_FP8 dense / DQ_MIN_ROWS_GROUPED_FP8 rows per expert
-(``dq_min_rows``; on sm_100a, whose kernel has the mma.sync consumers only, the lower
-``*_MMA_SYNC`` thresholds). Dense calls
-whose 128-row weight tiles are fewer than the SMs run on the split grid even with one token pass
-(``few_weight_tiles``). A forced ``config`` always runs the kernel.
+pass over a CTA's weight rows, 128 from 65 rows, 256 from 129 where fewer 256-token passes cost
+less, more tokens taking more passes that re-read those rows, mostly from L2); from DQ_MIN_ROWS
+dense rows / DQ_MIN_ROWS_GROUPED rows per expert the weight is dequantized once to bf16 (temporary
+memory: 2 bytes per weight element) and the bf16 GEMM runs on it. MXFP8 weights: the mma.sync
+consumers up to 32 dense rows, the WGMMA ones above, dequantize-first from DQ_MIN_ROWS_FP8 dense /
+DQ_MIN_ROWS_GROUPED_FP8 rows per expert (``dq_min_rows``; on sm_100a, whose kernel has the mma.sync
+consumers only, the lower ``*_MMA_SYNC`` thresholds). Dense calls whose 128-row weight tiles are
+fewer than the SMs run on the split grid even with one token pass (``few_weight_tiles``). A forced
+``config`` always runs the kernel.
 
 Dense calls with several token passes use the split grid (``Fp4WeightConfig.split``): it keeps a
 small workspace per (device, stream) (counters the kernel leaves at zero + partial-sum slots), so

@@ -44,11 +44,13 @@ before its WGMMA made ptxas fence before every WGMMA and give each its own score
 ``gsb0`` on all 16 per stage instead of 2: the MMAs ran one at a time, 62 us for NVFP4 64 x 28672
 x 4096 on the H200.) Consecutive groups' A fragments must live in different registers: ptxas
 keeps an in-flight WGMMA's register operands apart from later writes within straight-line code,
-not across a loop's back edge, so a 128-K stage runs two per loop trip
+not across a loop's back edge, so stages of 128 K or less run two per loop trip
 (:meth:`WgmmaPipeline.kernel_wgmma`), and a trip of more than two groups ends with a wait for all
 of them.
 
-256 tokens per pass (``n_tiles`` 32, FP4 in 128-K stages, ``producer_wg``): m64 x 256 x k16 WGMMAs
+256 tokens per pass (``n_tiles`` 32, ``producer_wg``, FP4 in 128-K stages, MXFP8 in 64-K ones:
+``ring_k`` 1, 64-byte weight rows, each stage copying the 128-K scale group that holds its K,
+five stages where two of 128 K fit): m64 x 256 x k16 WGMMAs
 (138 tensor-core cycles each at full rate, against ~25 issue slots of dequantization per warp), so
 the weights' decoding hides under the MMAs where 128 tokens were instruction-bound.
 """
@@ -144,7 +146,7 @@ class WgmmaPipeline:
                 if cutlass.const_expr(self.fp8):
                     nan.fill(0)
                 ks = ks0
-                # 128-K stages: two per trip, straight-line, so consecutive commit groups' A
+                # Stages of 128 K or less: two per trip, straight-line, so consecutive commit groups' A
                 # fragments sit in different registers (ptxas keeps an in-flight WGMMA's
                 # A registers apart from later writes in straight-line code, not across the loop's
                 # back edge; a branch around the second stage made it serialize every WGMMA). An
@@ -247,7 +249,7 @@ class WgmmaPipeline:
     def w_piece(self, p, g):
         """Byte offset, in weight row r (r % 8 = g: rows g and g + 8 alike), of its swizzled
         16-byte piece p (:meth:`~cutegemm.blockscaled.fp4_ring.RingPipeline.w_smem_layout`):
-        the 128-byte swizzle XORs p with r % 8, the 64-byte one (FP4, ``ring_k`` 1) with r // 2 % 4."""
+        the 128-byte swizzle XORs p with r % 8, the 64-byte one (``ring_k`` 1) with r // 2 % 4."""
         if cutlass.const_expr(self.cfg.w_row_bytes == 64):
             return (p ^ ((g >> 1) & 3)) * 16
         return (p ^ g) * 16
@@ -268,9 +270,10 @@ class WgmmaPipeline:
             box = w_stage + half * self.cfg.w_box_bytes
             live = k0 + 128 * half + 16 * p < k  # past K: unit scales (the weights and activations are zeros)
             f = cute.make_rmem_tensor((2,), cutlass.Int32)
-            col = p // 2  # the piece's 32-K block in the group of four (64-K stages: the stage's half of it)
-            if cutlass.const_expr(self.cfg.stage_k == 64):
-                col = ((k0 // 64) % 2) * 2 + p // 2
+            col = p // 2  # the piece's 32-K block in the scale group (a stage sharing it: offset by its K)
+            spg = self.cfg.stages_per_scale_group
+            if cutlass.const_expr(spg > 1):
+                col = ((k0 // self.cfg.stage_k) % spg) * (4 // spg) + p // 2
             for hr in cutlass.range_constexpr(2):
                 e = cutlass.select_(live, (sw[hr, half] >> (8 * col)) & 0xFF, cutlass.Int32(127))
                 f[hr] = mx_factor_bf16x2(e)
