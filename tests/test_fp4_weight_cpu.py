@@ -288,6 +288,15 @@ def test_wgmma_config_rules():
     assert t256.smem_bytes == 3 * (128 * 64 + 2 * 256 * 128 + 2 * 512 + 16) + 1024 + 256 <= 227 * 1024
     assert (k1.group_steps, replace(k1, wg_steps=4).group_steps, replace(t256, wg_steps=8).group_steps) == (8, 4, 8)
     assert replace(t256, wg_steps=8).name.endswith("_pwg_g8")
+    # loop trips of two commit groups at least: stages of one group two per trip, else one
+    assert (k1.trip_stages, replace(k1, wg_steps=4).trip_stages, t256.trip_stages, replace(t256, wg_steps=8).trip_stages) == (
+        2, 1, 1, 2)  # fmt: skip
+    assert replace(t256, wg_trip=2).trip_stages == 2 and replace(t256, wg_trip=2).name.endswith("_pwg_u2")
+    for bad in (dict(wg_trip=3), dict(wg_steps=8, wg_trip=1)):  # one group per trip: refused
+        with pytest.raises(ValueError):
+            replace(t256, **bad)
+    with pytest.raises(ValueError):  # wg_trip: the WGMMA consumers only
+        fw.Fp4WeightConfig(**{**base, "wgmma": False, "wg_trip": 1, "warps_n": 4, "warps_k": 2, "row_tiles": 2})
     for bad in (dict(split=True), dict(producer_wg=False), dict(ring_k=2, ring=2), dict(ring=4), dict(wg_steps=2)):
         with pytest.raises(ValueError):
             replace(t256, **bad)
@@ -528,3 +537,23 @@ def test_dequantize_first_thresholds_per_arch():
         for fmt in ("nvfp4", "mxfp8"):
             hopper, other = api.dq_min_rows(fmt, grouped, "sm_90a"), api.dq_min_rows(fmt, grouped, "sm_100a")
             assert other < hopper and hopper > 512 and other >= 257, (fmt, grouped, hopper, other)
+
+
+def test_wgmma_register_a_hazard_check():
+    """compile-check's back-edge check of the WGMMA consumers: a loop trip of one commit group
+    (its A registers rewritten at the head while the group is in flight) fails; two groups in
+    different registers, or a wait for all at the trip's end, pass."""
+    from cutegemm.runtime.sass import wgmma_register_a_hazards
+
+    def sass(body):
+        return "\n".join(f"        /*{0x100 + 0x10 * i:04x}*/  {x} ;" for i, x in enumerate(body + ["@P0 BRA 0x100"]))
+
+    def group(r):
+        return [f"LDS.128 R{r}, [R2]", f"HGMMA.64x256x16.F32.BF16 R24, R{r}, gdesc[UR8], R24, gsb0",
+                "WARPGROUP.DEPBAR.LE gsb0, 0x1"]  # fmt: skip
+
+    assert wgmma_register_a_hazards(sass(group(160)))  # one group per trip
+    assert not wgmma_register_a_hazards(sass(group(160) + group(164)))
+    # the head rewrites R165 before the wait that retires the group reading R164..R167
+    assert wgmma_register_a_hazards(sass(["IADD3 R165, R1, 1, RZ"] + group(160) + group(164)))[0].startswith("0x100")
+    assert not wgmma_register_a_hazards(sass(group(160) + ["WARPGROUP.DEPBAR.LE gsb0, 0x0"]))

@@ -150,9 +150,11 @@ if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:  # 
                                                                                            (4, 3, False))]  # fmt: skip
     RING_SHAPES += [dict(ring=2, ring_k=2, warps_n=8, warps_k=1, row_tiles=1, n_tiles=16, wgmma=True,
                          producer_pairs=False, producer_wg=True)]  # fmt: skip
-    # 256 tokens per pass (commit groups of 4 steps, or 8), and groups of 4 in 256-K stages
+    # 256 tokens per pass (commit groups of 4 steps, one stage per loop trip; two stages per trip,
+    # four groups, a wait for all at the trip's end; groups of 8), and groups of 4 in 256-K stages
     RING_SHAPES += [dict(ring=3, ring_k=1, warps_n=8, warps_k=1, row_tiles=1, n_tiles=32, wgmma=True,
-                         producer_pairs=False, producer_wg=True, wg_steps=ws, split=False) for ws in (0, 8)]  # fmt: skip
+                         producer_pairs=False, producer_wg=True, wg_steps=ws, wg_trip=u, split=False)
+                    for ws, u in ((0, 0), (0, 2), (8, 0))]  # fmt: skip
     RING_SHAPES += [dict(ring=2, ring_k=2, warps_n=8, warps_k=1, row_tiles=1, n_tiles=16, wgmma=True,
                          producer_pairs=False, producer_wg=True, wg_steps=4)]  # fmt: skip
 

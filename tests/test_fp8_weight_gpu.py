@@ -39,7 +39,8 @@ if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:  # 
     WGMMA = [dict(ring=ring, ring_k=4, warps_n=8, warps_k=1, row_tiles=1, wgmma=True) for ring in (2, 3)]
     # 128 K per stage (two stages per loop trip, an odd last one after it), the producer warpgroup
     WGMMA += [dict(ring=ring, ring_k=2, warps_n=8, warps_k=1, row_tiles=1, wgmma=True, producer_wg=True) for ring in (3, 4)]
-    # commit groups of 4 k16 steps (a wait for all of them at the end of a loop trip); 64-K stages
+    # commit groups of 4 k16 steps (128-K stages: one per loop trip; 256-K: a wait for all four
+    # groups at the end of a trip); 64-K stages
     WGMMA += [dict(ring=3, ring_k=rk, warps_n=8, warps_k=1, row_tiles=1, wgmma=True, producer_wg=True, wg_steps=4)
               for rk in (2, 4)]  # fmt: skip
     WGMMA += [dict(ring=6, ring_k=1, warps_n=8, warps_k=1, row_tiles=1, wgmma=True, producer_wg=True)]

@@ -2,7 +2,7 @@
 nvidia-smi samples SM clock and board power every 50 ms while one call repeats; prints the
 medians and TFLOP/s per watt. Shows how the 700 W limit sets the clock each kernel gets.
 
-    python tools/clock_probe.py [--seconds 3] [--set bf16|bound]
+    python tools/clock_probe.py [--seconds 3] [--set bf16|bound|fp4w]
 
 ``--set bound``: the issue targets' shapes (FP8 row-wise and DeepSeek block scales 8192^3,
 Qwen3-30B-A3B and Mixtral grouped bf16), each line with the dense tensor peak at the clock the
@@ -111,10 +111,35 @@ def bound_set(seconds):
         del x, w
 
 
+def fp4w_set(seconds):
+    """FP4-weight prefill (NVFP4 x bf16, N=28672 K=4096; grouped E=32 N=4096 K=7168) beside cuBLAS /
+    torch._grouped_mm on the dequantized weight: whether the gap is the clock (power) or work per clock."""
+    from cutegemm.blockscaled.dequant import dequantize_checked
+
+    torch.manual_seed(0)
+    n, k = 28672, 4096
+    qw = cutegemm.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), "nvfp4")
+    w16 = dequantize_checked(qw)
+    for m in (256, 1024):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        fl = 2.0 * m * n * k
+        probe(f"nvfp4 dense M={m} cuBLAS bf16", lambda x=x: x @ w16.t(), fl, seconds, 4096)
+        probe(f"nvfp4 dense M={m} ours", lambda x=x: cutegemm.gemm(x, qw), fl, seconds, 4096)
+    counts = _moe_counts(32, 512)
+    offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
+    gq = cutegemm.quantize(torch.randn(32, 4096, 7168, device="cuda", dtype=torch.bfloat16), "nvfp4")
+    g16 = dequantize_checked(gq).transpose(1, 2)
+    x = torch.randn(sum(counts), 7168, device="cuda", dtype=torch.bfloat16)
+    fl = 2.0 * sum(counts) * 4096 * 7168
+    probe("nvfp4 grouped E32 ~512 torch._grouped_mm", lambda: torch._grouped_mm(x, g16, offs=offs), fl, seconds, 4096)
+    probe("nvfp4 grouped E32 ~512 ours", lambda: grouped_gemm(x, gq, offs=offs), fl, seconds, 4096)
+
+
 def main():
     seconds = float(sys.argv[sys.argv.index("--seconds") + 1]) if "--seconds" in sys.argv else 3.0
-    if "--set" in sys.argv and sys.argv[sys.argv.index("--set") + 1] == "bound":
-        bound_set(seconds)
+    which = sys.argv[sys.argv.index("--set") + 1] if "--set" in sys.argv else "bf16"
+    if which in ("bound", "fp4w"):
+        (bound_set if which == "bound" else fp4w_set)(seconds)
         return
     torch.manual_seed(0)
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)

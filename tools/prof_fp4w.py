@@ -1,8 +1,8 @@
 """One profiled launch each (for ``ncu --profile-from-start off``) of the FP4 / MXFP8-weight WGMMA
 consumers at prefill sizes beside cuBLAS bf16 on the dequantized weight: where the consumers'
 time goes at 100-400 rows. Dense N=28672 K=4096; grouped E=32 ~256 rows, N=4096 K=7168.
-Run: ncu --clock-control none --profile-from-start off ... python tools/prof_fp4w.py [CONFIG ...]
-(CONFIG: extra ``Fp4WeightConfig`` keyword text run on the NVFP4 M=128 call)."""
+Run: ncu --clock-control none --profile-from-start off ... python tools/prof_fp4w.py [--ms 128,256] [CONFIG ...]
+(CONFIG: extra ``Fp4WeightConfig`` keyword text run on the NVFP4 call of the first M)."""
 import sys
 from dataclasses import replace
 
@@ -16,16 +16,21 @@ from cutegemm.blockscaled.fp4_weight import Fp4WeightConfig  # noqa: F401  (eval
 
 torch.manual_seed(0)
 n, k = 28672, 4096
+args = sys.argv[1:]
+ms = (128, 256)
+if args[:1] == ["--ms"]:
+    ms, args = tuple(int(v) for v in args[1].split(",")), args[2:]
 jobs = []
 for fmt in ("nvfp4", "mxfp8"):
     qw = cutegemm.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), fmt)
     w16 = dequantize_checked(qw)
-    for m in (128, 256):
+    for m in ms:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         cfg = api.pick_config(m, fmt, torch.bfloat16, "sm_90a", False)
-        if m == 128 and fmt == "nvfp4":
+        if fmt == "nvfp4":
             jobs.append((f"cublas bf16 M={m}", lambda x=x, w16=w16: x @ w16.t()))
-            for s in sys.argv[1:]:
+        if m == ms[0] and fmt == "nvfp4":
+            for s in args:
                 c = replace(cfg, **eval(f"dict({s})"))
                 jobs.append((f"{fmt} M={m} {c.name}", lambda x=x, qw=qw, c=c: api.gemm_fp4_weight(x, qw, config=c)))
         jobs.append((f"{fmt} M={m} {cfg.name}", lambda x=x, qw=qw, c=cfg: api.gemm_fp4_weight(x, qw, config=c)))

@@ -155,6 +155,12 @@ class Fp4WeightConfig:
     # WGMMAs, commit, wait for the group before): 8 or 4; 0 picks 8, or 4 at 256 tokens per pass
     # (two groups' fragments stay live beside 128 fp32 accumulators per thread).
     wg_steps: int = 0
+    # WGMMA consumers: ring stages per consumer loop trip (straight-line code, so consecutive commit
+    # groups' A fragments sit in different registers; a trip must hold two groups): 1 or 2; 0
+    # picks 2 for stages of one commit group, else 1. A trip of more than two commit groups ends
+    # with a wait for all of them (the tensor pipe drains: FP4 at 256 tokens per pass, two 128-K
+    # stages of two groups per trip, was 2-5% slower than one stage per trip on the H200).
+    wg_trip: int = 0
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -174,6 +180,11 @@ class Fp4WeightConfig:
             raise ValueError("Fp4WeightConfig.producer_wg is for the WGMMA consumers")
         if self.wg_steps not in ((0, 4, 8) if self.wgmma else (0,)):
             raise ValueError(f"Fp4WeightConfig.wg_steps must be 0, 4 or 8 (WGMMA consumers only), got {self.wg_steps}")
+        if self.wg_trip not in ((0, 1, 2) if self.wgmma else (0,)):
+            raise ValueError(f"Fp4WeightConfig.wg_trip must be 0, 1 or 2 (WGMMA consumers only), got {self.wg_trip}")
+        if self.wgmma and self.trip_stages * self.stage_steps < 2 * self.group_steps:
+            # one commit group per trip: the next trip's A fragments could take the in-flight group's registers
+            raise ValueError("Fp4WeightConfig: a WGMMA consumer loop trip (wg_trip stages) must hold two commit groups")
         if self.n_tiles == 32 and (not self.producer_wg or self.stage_k != (64 if self.fp8 else 128) or self.split):
             # (MXFP8 weights in 128-K stages: two 81 KB stages fit, 154.5 vs 143.1 us with 128 tokens
             # per pass at M=256)
@@ -279,6 +290,12 @@ class Fp4WeightConfig:
         return min(self.wg_steps or (4 if self.n_tiles == 32 else 8), self.stage_steps)
 
     @property
+    def trip_stages(self) -> int:
+        """The WGMMA consumers' ring stages per loop trip (``wg_trip``; 0: 2 for stages of one
+        commit group, else 1)."""
+        return self.wg_trip or (2 if self.stage_steps <= self.group_steps else 1)
+
+    @property
     def w_box_bytes(self) -> int:
         return self.rows_per_cta * self.w_row_bytes
 
@@ -327,6 +344,7 @@ class Fp4WeightConfig:
             + ("_wg" if self.wgmma else "")
             + ("_pwg" if self.producer_wg else "")
             + (f"_g{self.wg_steps}" if self.wg_steps else "")
+            + (f"_u{self.wg_trip}" if self.wg_trip else "")
         )
 
 
@@ -667,10 +685,12 @@ def all_configs(arch: str) -> list[Fp4WeightConfig]:
 
 def check_variant(cfg: Fp4WeightConfig) -> tuple[bool, dict, str]:
     """Compile ``cfg`` to SASS (no GPU needed) and check it: (ok, marker counts, error). No
-    local-memory spills."""
-    from ..runtime.sass import check_sass
+    local-memory spills; the WGMMA consumers: no A register of a commit group in flight across
+    the loop's back edge rewritten (``wgmma_register_a_hazards``)."""
+    from ..runtime.sass import check_sass, wgmma_register_a_hazards
 
     required = WGMMA_SASS_REQUIRED if cfg.wgmma else RING_SASS_REQUIRED if cfg.ring else SASS_REQUIRED
-    return check_sass(build_fp4_weight(cfg), cfg.arch, required, SASS_FORBIDDEN)
+    extra = wgmma_register_a_hazards if cfg.wgmma else None
+    return check_sass(build_fp4_weight(cfg), cfg.arch, required, SASS_FORBIDDEN, extra)
 
 

@@ -312,12 +312,12 @@ def gemm_fp4_weight(
 # ~2048 5948.8 / 5920.1 (5534.7; crossover ~2000). (With 128 tokens per pass, the
 # eighth session: dense crossover ~763, grouped ~634.) MXFP4 takes NVFP4's thresholds. MXFP8,
 # 256 tokens per pass in 64-K stages (ninth session): M=512 212.8 / 285.4, M=1024 411.2 / 405.5
-# (crossover ~1000); grouped ~512 1788.2 / 2188.3; ~1024 not measured with 256 tokens (128:
-# 4102.0 / 3305.0, eighth session; twice the ~512 time, 3576, would lose to 3305): ~768 taken.
+# (crossover ~1000); grouped ~512 1788.2 / 2188.3; (2026-12-02) ~768 2562.5 / 2772.4
+# (torch._grouped_mm 2010.6), ~1024 3312.1 / 3273.7 (2525.4): crossover ~1000.
 DQ_MIN_ROWS = 1600
 DQ_MIN_ROWS_GROUPED = 2048
 DQ_MIN_ROWS_FP8 = 1024
-DQ_MIN_ROWS_GROUPED_FP8 = 768
+DQ_MIN_ROWS_GROUPED_FP8 = 1024
 # sm_100a runs the mma.sync consumers (no WGMMA there; compile-verified only), whose time grows
 # with the token passes: the thresholds measured for them on the H200 before the 128-token WGMMA
 # consumers (2026-12-01 sixth / seventh sessions: NVFP4 M=256 mma.sync 217.7 us vs

@@ -44,9 +44,10 @@ before its WGMMA made ptxas fence before every WGMMA and give each its own score
 ``gsb0`` on all 16 per stage instead of 2: the MMAs ran one at a time, 62 us for NVFP4 64 x 28672
 x 4096 on the H200.) Consecutive groups' A fragments must live in different registers: ptxas
 keeps an in-flight WGMMA's register operands apart from later writes within straight-line code,
-not across a loop's back edge, so stages of 128 K or less run two per loop trip
-(:meth:`WgmmaPipeline.kernel_wgmma`), and a trip of more than two groups ends with a wait for all
-of them.
+not across a loop's back edge, so a loop trip holds two groups at least: stages of one group run
+two per trip (``Fp4WeightConfig.trip_stages``; :meth:`WgmmaPipeline.kernel_wgmma`), and a trip
+of more than two groups ends with a wait for all of them (the tensor pipe drains there: FP4 at
+256 tokens per pass ran 2-5% faster with one 128-K stage of two groups per trip than with two).
 
 256 tokens per pass (``n_tiles`` 32, ``producer_wg``, FP4 in 128-K stages, MXFP8 in 64-K ones:
 ``ring_k`` 1, 64-byte weight rows, each stage copying the 128-K scale group that holds its K,
@@ -146,12 +147,13 @@ class WgmmaPipeline:
                 if cutlass.const_expr(self.fp8):
                     nan.fill(0)
                 ks = ks0
-                # Stages of 128 K or less: two per trip, straight-line, so consecutive commit groups' A
-                # fragments sit in different registers (ptxas keeps an in-flight WGMMA's
+                # Two commit groups per trip at least (stages of one group: two per trip),
+                # straight-line, so consecutive groups' A fragments sit in different registers
+                # (ptxas keeps an in-flight WGMMA's
                 # A registers apart from later writes in straight-line code, not across the loop's
                 # back edge; a branch around the second stage made it serialize every WGMMA). An
                 # odd last stage runs after the loop, once the MMAs in flight are done.
-                U = 2 if cfg.stage_steps <= 8 else 1
+                U = cfg.trip_stages
                 while ks + (U - 1) < ks_end:
                     for _ in cutlass.range_constexpr(U):
                         self.wgmma_stage(acc, it, ks, ks0, full, empty, side_base, w_smem, x_smem, s_off, w_off, g, sel,
