@@ -295,6 +295,14 @@ def test_wgmma_config_rules():
     for bad in (dict(wg_trip=3), dict(wg_steps=8, wg_trip=1)):  # one group per trip: refused
         with pytest.raises(ValueError):
             replace(t256, **bad)
+    # outputs staged through shared memory: 16 tokens x (128 outputs + 16 bytes) per round (fp32: 8)
+    ss = replace(t256, staged_store=True)
+    assert ss.smem_bytes - t256.smem_bytes == 16 * 272 and ss.smem_bytes <= 227 * 1024 and ss.name.endswith("_ss")
+    assert replace(ss, out_dtype="fp32").smem_bytes - t256.smem_bytes == 8 * 528
+    with pytest.raises(ValueError):  # not on the split grid
+        replace(k1, split=True, staged_store=True)
+    with pytest.raises(ValueError):  # staged_store: the WGMMA consumers only
+        fw.Fp4WeightConfig(**{**base, "wgmma": False, "staged_store": True, "warps_n": 4, "warps_k": 2, "row_tiles": 2})
     with pytest.raises(ValueError):  # wg_trip: the WGMMA consumers only
         fw.Fp4WeightConfig(**{**base, "wgmma": False, "wg_trip": 1, "warps_n": 4, "warps_k": 2, "row_tiles": 2})
     for bad in (dict(split=True), dict(producer_wg=False), dict(ring_k=2, ring=2), dict(ring=4), dict(wg_steps=2)):
@@ -326,6 +334,7 @@ def test_pick_config_256_tokens_per_pass():
     def tokens(m, fmt="nvfp4", grouped=False, few=False):
         cfg = pick_config(m, fmt, torch.bfloat16, "sm_90a", grouped, 32 if grouped else 1, few_tiles=few)
         assert cfg.split == (not grouped and cfg.tokens_per_pass < 256), cfg
+        assert cfg.staged_store == (cfg.tokens_per_pass == 256) and cfg.smem_bytes <= 227 * 1024, cfg
         return cfg.tokens_per_pass
 
     assert [tokens(m) for m in (65, 128, 129, 256, 257, 384, 385, 512, 640, 1024, 4096)] == [

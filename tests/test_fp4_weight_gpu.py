@@ -155,6 +155,8 @@ if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:  # 
     RING_SHAPES += [dict(ring=3, ring_k=1, warps_n=8, warps_k=1, row_tiles=1, n_tiles=32, wgmma=True,
                          producer_pairs=False, producer_wg=True, wg_steps=ws, wg_trip=u, split=False)
                     for ws, u in ((0, 0), (0, 2), (8, 0))]  # fmt: skip
+    RING_SHAPES += [dict(ring=3, ring_k=1, warps_n=8, warps_k=1, row_tiles=1, n_tiles=32, wgmma=True,
+                         producer_pairs=False, producer_wg=True, split=False, staged_store=True)]  # fmt: skip
     RING_SHAPES += [dict(ring=2, ring_k=2, warps_n=8, warps_k=1, row_tiles=1, n_tiles=16, wgmma=True,
                          producer_pairs=False, producer_wg=True, wg_steps=4)]  # fmt: skip
 
@@ -187,6 +189,35 @@ def test_bulk_copy_ring(counts, n, kb, fmt, grouped, shape, out_dtype):
     cfg = replace(_mma_sync_config(min(max(m, 1), 32 * e), fmt, out_dtype, grouped, e), stages=0, l2_prefetch=0,
                   **shape)  # fmt: skip
     _run_checked(x, qw, counts if grouped else None, cfg, out_dtype)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9, reason="WGMMA: sm_90")
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(("n", "offset"), [(264, 0), (260, 0), (264, 2)])
+@pytest.mark.parametrize("grouped", [False, True])
+def test_staged_store(fmt, out_dtype, n, offset, grouped):
+    """``staged_store`` (256 tokens per pass): outputs through shared memory, 16-byte row pieces;
+    N not a multiple of a piece's values (260 bf16) or an output 2 values off 16-byte alignment:
+    the direct stores. Partial passes and weight tiles, empty / tiny experts; every output
+    written, nothing beside the output (poisoned guard values around it)."""
+    from dataclasses import replace
+
+    from cutegemm.blockscaled import fp4_weight_api as api
+
+    k = 512
+    counts = [0, 257, 3, 100] if grouped else [300]
+    e, m = len(counts), sum(counts)
+    qw = _weights((e, n, k) if grouped else (n, k), fmt, seed=n + offset + e)
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    cfg = replace(api.pick_config(1024 * e, fmt, out_dtype, "sm_90a", grouped, e), staged_store=True)
+    assert cfg.n_tiles == 32 and not cfg.split
+    buf = torch.full((offset + m * n + 64,), POISON, device="cuda", dtype=out_dtype)
+    out = buf[offset : offset + m * n].view(m, n)
+    offs = _offs(counts) if grouped else None
+    api.gemm_fp4_weight(x, qw, offs=offs, out=out, config=cfg)
+    _check(out, x, qw, _bounds(offs) if grouped else None)
+    assert torch.isnan(buf[:offset]).all() and torch.isnan(buf[offset + m * n :]).all(), "wrote beside the output"
 
 
 SPLIT_SHAPES = [
@@ -431,16 +462,19 @@ def test_custom_op_matches_the_direct_call_and_compiles(fmt):
 
 @pytest.mark.parametrize("grouped", [False, True])
 @pytest.mark.parametrize("per_tensor", [False, True])
-@pytest.mark.parametrize("rows", ["decode", "wgmma"])
+@pytest.mark.parametrize("rows", ["decode", "wgmma", "t256"])
 def test_fp8_activations(grouped, per_tensor, rows):
     """float8_e4m3fn activations with a per-token (or per-tensor) fp32 scale (few rows: the
-    mma.sync consumers; more: on sm_90a the WGMMA consumers)."""
-    e, n, k = 3, 150, 32 * 11
+    mma.sync consumers; more: on sm_90a the WGMMA consumers; "t256": their 256-token passes,
+    whose outputs go through shared memory with the token scales)."""
+    e, n, k = 3, 152 if rows == "t256" else 150, 32 * 11
     qw = _weights((e, n, k) if grouped else (n, k), "nvfp4", seed=9)
     if rows == "decode":
         counts = [7, 0, 19] if grouped else [13]
-    else:
+    elif rows == "wgmma":
         counts = [70, 0, 60] if grouped else [45]
+    else:
+        counts = [300, 0, 150] if grouped else [600]
     total = sum(counts)
     x8 = (torch.randn(total, k, device="cuda") * 4).to(torch.float8_e4m3fn)
     sa = torch.rand(1 if per_tensor else total, device="cuda") + 0.25

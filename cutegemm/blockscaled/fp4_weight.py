@@ -161,6 +161,11 @@ class Fp4WeightConfig:
     # with a wait for all of them (the tensor pipe drains: FP4 at 256 tokens per pass, two 128-K
     # stages of two groups per trip, was 2-5% slower than one stage per trip on the H200).
     wg_trip: int = 0
+    # WGMMA consumers, not split: each token pass's outputs go through a small shared-memory
+    # buffer (``store_rows`` tokens x 128 rows at a time), so every thread writes 16 contiguous
+    # bytes of an output row instead of 2-byte pieces of four rows per warp store (N a multiple of
+    # 16 bytes' values and a 16-byte aligned output; else the direct stores).
+    staged_store: bool = False
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -182,6 +187,8 @@ class Fp4WeightConfig:
             raise ValueError(f"Fp4WeightConfig.wg_steps must be 0, 4 or 8 (WGMMA consumers only), got {self.wg_steps}")
         if self.wg_trip not in ((0, 1, 2) if self.wgmma else (0,)):
             raise ValueError(f"Fp4WeightConfig.wg_trip must be 0, 1 or 2 (WGMMA consumers only), got {self.wg_trip}")
+        if self.staged_store and (not self.wgmma or self.split):
+            raise ValueError("Fp4WeightConfig.staged_store is for the WGMMA consumers without the split grid")
         if self.wgmma and self.trip_stages * self.stage_steps < 2 * self.group_steps:
             # one commit group per trip: the next trip's A fragments could take the in-flight group's registers
             raise ValueError("Fp4WeightConfig: a WGMMA consumer loop trip (wg_trip stages) must hold two commit groups")
@@ -320,6 +327,22 @@ class Fp4WeightConfig:
         return max(1, self.scale_group_k // self.stage_k)
 
     @property
+    def out_bytes(self) -> int:
+        """Bytes of one output value."""
+        return 4 if self.out_dtype == "fp32" else 2
+
+    @property
+    def store_rows(self) -> int:
+        """Tokens per round of ``staged_store`` (256 threads x 16 bytes: 16 tokens of 2-byte outputs, 8 of fp32)."""
+        return 16 if self.out_bytes == 2 else 8
+
+    @property
+    def store_row_bytes(self) -> int:
+        """A token's row in the ``staged_store`` buffer: 128 outputs and 16 bytes of padding (the
+        consumers' 2- / 4-byte writes, two tokens apart, then fall in different banks)."""
+        return 128 * self.out_bytes + 16
+
+    @property
     def side_bytes(self) -> int:
         """Scales of one stage."""
         return self.scale_groups * 512
@@ -328,7 +351,8 @@ class Fp4WeightConfig:
     def smem_bytes(self) -> int:
         red = 4 * self.row_tiles * self.n_tiles * 4 * 32 * self.warps_n * (self.warps_k - 1)
         boxes = self.w_boxes * self.w_box_bytes + self.x_boxes * self.x_box_bytes
-        return self.ring * (boxes + self.side_bytes + 16) + red + 1024 + 256
+        staged = self.store_rows * self.store_row_bytes if self.staged_store else 0
+        return self.ring * (boxes + self.side_bytes + 16) + red + staged + 1024 + 256
 
     @property
     def name(self) -> str:
@@ -345,6 +369,7 @@ class Fp4WeightConfig:
             + ("_pwg" if self.producer_wg else "")
             + (f"_g{self.wg_steps}" if self.wg_steps else "")
             + (f"_u{self.wg_trip}" if self.wg_trip else "")
+            + ("_ss" if self.staged_store else "")
         )
 
 

@@ -146,6 +146,11 @@ def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bo
         # ones fit: 154.5 us at M=256); same run, us, 256 / 128 tokens per pass (cuBLAS bf16):
         # M=256 111.7 / 142.8 (96.2), M=512 212.8 / 264.0 (152.2), M=1024 411.2 / 508.2 (299.2;
         # dequantize-first 405.5); grouped ~256 978.4 / 1113.5 (833.3), ~512 1788.2 / 2120.6 (1394.6).
+        # 2026-12-02: the outputs of 256-token passes staged through shared memory (16-byte row
+        # pieces: ``staged_store``), same run, us, staged / direct stores (cuBLAS bf16): NVFP4 M=256
+        # 93.1 / 99.1 (99.5), M=512 175.5 / 188.3 (158.2), M=1024 337.8 / 363.1 (305.2); grouped
+        # ~256 832.1 / 859.8 (862.2), ~512 1515.9 / 1571.7 (1464.4); MXFP4 M=256 92.4 / 99.3
+        # (96.5); MXFP8 M=256 105.1 / 111.4 (97.8), M=1024 387.1 / 405.8 (300.1).
         wide = rows > 64
         t256 = wide and not spread and (rows > 128 if grouped else -(-rows // 256) * 8 <= -(-rows // 128) * 5)
         n_tiles = 4 if rows <= 32 else 32 if t256 else 16 if wide else 8
@@ -154,7 +159,7 @@ def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bo
             ring=(5 if fp8 else 3) if t256 else 4 if wide else {4: 4, 8: 3}[n_tiles],
             ring_k=1 if t256 else (2 if fp8 else 1) if wide else (4 if fp8 else 2),
             row_tiles=1, warps_n=8, warps_k=1, stages=0, producer_pairs=False, wgmma=True, producer_wg=wide,
-            split=not grouped and not t256 and (n_tiles >= 8 or spread),
+            split=not grouped and not t256 and (n_tiles >= 8 or spread), staged_store=t256,
         )  # fmt: skip
     n_tiles = 1 if rows <= 8 else 2 if rows <= 16 else 4  # more rows: passes in the CTA (L2 hits)
     # Measured on the H200 (bench/RESULTS.md, 2026-11-30): the TMA / bulk-copy ring with 128

@@ -62,7 +62,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import warpgroup
 
-from ..runtime.ptx import ld_shared_b32, ld_shared_v4, smem_desc_sw128, wgmma_rs_bf16
+from ..runtime.ptx import ld_shared_b32, ld_shared_v4, smem_desc_sw128, st_global_v4, wgmma_rs_bf16
 from .fp4_math import (
     PAIR_NAN_MASK,
     dequant_e4m3_pair,
@@ -101,6 +101,9 @@ class WgmmaPipeline:
 
         alloc = memory.SmemAllocator()
         sW, sX, sFlag, w_smem, x_smem, side_base, bar_base, full, empty, xfull = self.ring_smem(alloc)
+        sE = None
+        if cutlass.const_expr(cfg.staged_store):
+            sE = alloc.allocate_tensor(cutlass.Uint8, cute.make_layout(cfg.store_rows * cfg.store_row_bytes), 16)
         if tidx == 0:
             for i in cutlass.range_constexpr(S):
                 # the TMA's transaction bytes; every consumer lane releases its own reads
@@ -175,10 +178,66 @@ class WgmmaPipeline:
                 cute.arch.mbarrier_arrive(empty + (it - 1) % S)
                 if cutlass.const_expr(self.fp8):
                     self.nan_rows(nan, acc, PAIR_NAN_MASK)
-                self.end_segment(acc, None, sFlag, mWork, slot0, lane, 0, warp, warp, seg, su0, u_lo, u_hi, total, n_ctas,
-                                 n_kst, n_pass, n_tiles, batches, bx, by, row_start, row_end, x_base0, m_rows, n, gs, mXs,
-                                 mOut, False)  # fmt: skip
+                if cutlass.const_expr(cfg.staged_store):
+                    _, _, m0, x_base = self.ring_segment(seg, n_pass, n_tiles, bx, by, row_start, x_base0, m_rows)
+                    self.store_staged(acc, sE, warp, lane, m0, row_end, x_base, bx * cfg.rows_per_cta, n, gs, mXs, mOut)
+                else:
+                    self.end_segment(acc, None, sFlag, mWork, slot0, lane, 0, warp, warp, seg, su0, u_lo, u_hi, total,
+                                     n_ctas, n_kst, n_pass, n_tiles, batches, bx, by, row_start, row_end, x_base0, m_rows,
+                                     n, gs, mXs, mOut, False)  # fmt: skip
                 seg += 1
+
+    @cute.jit
+    def store_staged(self, acc, sE, warp, lane, m0, row_end, x_base, tile_row0, n, gs, mXs, mOut):
+        """``staged_store``: the pass's outputs (tokens m0.., weight rows tile_row0 .. + 127) in rounds
+        of ``store_rows`` tokens: every consumer thread writes its scaled values of the round's
+        tokens to the buffer (row: token, column: weight row), then reads 16 contiguous bytes of a
+        token's row and stores them (tokens < row_end; rows < n as whole 16-byte pieces, n being a
+        multiple of their values). N not such a multiple, or an unaligned output: the direct
+        stores (:meth:`~cutegemm.blockscaled.fp4_weight.Fp4WeightKernel.store_fragment`)."""
+        cfg = self.cfg
+        esz = cfg.out_bytes
+        V = 16 // esz  # values per 16-byte piece
+        CT = cfg.store_rows
+        RB = cfg.store_row_bytes
+        PPR = 128 * esz // 16  # pieces per token row
+        bar = 32 * cfg.warps
+        g = lane // 4
+        t = lane % 4
+        tid = warp * 32 + lane
+        out_addr = mOut.iterator.toint()
+        if n % V == 0 and out_addr % 16 == 0:
+            sEo = cute.make_tensor(cute.recast_ptr(sE.iterator, dtype=self.out_dtype),
+                                   cute.make_layout((CT, 128), stride=(RB // esz, 1)))  # fmt: skip
+            e_base = sE.iterator.toint()
+            for c in cutlass.range_constexpr(cfg.n_tiles * 8 // CT):
+                if m0 + c * CT < row_end:
+                    for jj in cutlass.range_constexpr(CT // 8):
+                        nt = c * (CT // 8) + jj
+                        for i in cutlass.range_constexpr(2):
+                            ml = 8 * jj + 2 * t + i  # the token's row in the buffer
+                            xs = cutlass.Float32(1.0)
+                            if cutlass.const_expr(cfg.x_scale):
+                                m = cutlass.min(m0 + c * CT + ml, row_end - 1)  # (rows past the end: never stored)
+                                xs = mXs[x_base + cutlass.Int64(m)]
+                            for hr in cutlass.range_constexpr(2):
+                                y = acc[0, nt, 2 * hr + i] * gs
+                                if cutlass.const_expr(cfg.x_scale):
+                                    y = y * xs
+                                sEo[ml, 16 * warp + 8 * hr + g] = self.out_dtype(y)
+                    self.sync(bar)
+                    for q in cutlass.range_constexpr(CT * PPR // bar):
+                        piece = tid + q * bar
+                        row = piece // PPR
+                        col = tile_row0 + (piece % PPR) * V
+                        m = m0 + c * CT + row
+                        words = ld_shared_v4(e_base + row * RB + (piece % PPR) * 16)
+                        if m < row_end and col < n:
+                            st_global_v4(out_addr + ((x_base + cutlass.Int64(m)) * cutlass.Int64(n) + cutlass.Int64(col)) * esz,
+                                         words)  # fmt: skip
+                    self.sync(bar)  # the buffer is rewritten by the next round
+        else:
+            self.store_fragment(acc, lane, m0, row_end, x_base, tile_row0 + 16 * warp, n, gs, mXs, mOut, False)
 
     @cute.jit
     def wgmma_stage(self, acc, it, ks, ks0, full, empty, side_base, w_smem, x_smem, s_off, w_off, g, sel, k, nan):

@@ -75,6 +75,13 @@ def st_global_cg_v4_f32(addr, values, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def st_global_v4(addr, words, *, loc=None, ip=None):
+    """Four 32-bit words to a 16-byte aligned global address."""
+    ins = [_i64(addr, loc, ip)] + [_i32(w, loc, ip) for w in words]
+    _asm("st.global.v4.b32 [$0], {$1, $2, $3, $4};", ins, "l,r,r,r,r", effects=True, loc=loc, ip=ip)
+
+
+@dsl_user_op
 def ld_global_u8(addr, *, loc=None, ip=None):
     return _asm("ld.global.nc.u8 $0, [$1];", [_i64(addr, loc, ip)], "=r,l", 1, loc=loc, ip=ip)
 
