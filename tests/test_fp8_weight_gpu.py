@@ -48,7 +48,7 @@ if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:  # 
 
 def _config(rows, out_dtype, grouped, experts, **shape):
     cfg = api.pick_config(rows, "mxfp8", out_dtype, api._arch(0), grouped, experts)
-    return replace(cfg, **shape)
+    return replace(cfg, **{"staged_store": False, **shape})
 
 
 def _scaled_weights(shape, seed):
@@ -139,8 +139,8 @@ def test_split_ring(m, n, kb, shape, n_tiles, sms):
     n=st.integers(1, 300),
     kb=st.integers(1, 50),
     grouped=st.booleans(),
-    shape=st.sampled_from([dict(n_tiles=32, ring=5, split=False), dict(n_tiles=16, ring=8, split=True),
-                           dict(n_tiles=16, ring=8, split=False)]),
+    shape=st.sampled_from([dict(n_tiles=32, ring=5, split=False), dict(n_tiles=32, ring=5, split=False, staged_store=True),
+                           dict(n_tiles=16, ring=8, split=True), dict(n_tiles=16, ring=8, split=False)]),
     scaled=st.booleans(),
 )  # fmt: skip
 def test_wgmma_64k_stages(counts, n, kb, grouped, shape, scaled):
