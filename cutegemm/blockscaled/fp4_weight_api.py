@@ -318,10 +318,12 @@ def gemm_fp4_weight(
 # eighth session: dense crossover ~763, grouped ~634.) MXFP4 takes NVFP4's thresholds. MXFP8,
 # 256 tokens per pass in 64-K stages (ninth session): M=512 212.8 / 285.4, M=1024 411.2 / 405.5
 # (crossover ~1000); grouped ~512 1788.2 / 2188.3; (2026-12-02) ~768 2562.5 / 2772.4
-# (torch._grouped_mm 2010.6), ~1024 3312.1 / 3273.7 (2525.4): crossover ~1000.
+# (torch._grouped_mm 2010.6), ~1024 3312.1 / 3273.7 (2525.4): crossover ~1000. With the outputs
+# staged through shared memory (2026-12-02, same run): MXFP8 M=1024 387.7 / 405.9 (cuBLAS bf16
+# 300.0), M=1280 482.4 / 488.0 (373.1), M=1536 578.3 / 569.9 (427.6): crossover ~1400.
 DQ_MIN_ROWS = 1600
 DQ_MIN_ROWS_GROUPED = 2048
-DQ_MIN_ROWS_FP8 = 1024
+DQ_MIN_ROWS_FP8 = 1408
 DQ_MIN_ROWS_GROUPED_FP8 = 1024
 # sm_100a runs the mma.sync consumers (no WGMMA there; compile-verified only), whose time grows
 # with the token passes: the thresholds measured for them on the H200 before the 128-token WGMMA
