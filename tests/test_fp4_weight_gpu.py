@@ -157,6 +157,9 @@ if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:  # 
                     for ws, u in ((0, 0), (0, 2), (8, 0))]  # fmt: skip
     RING_SHAPES += [dict(ring=3, ring_k=1, warps_n=8, warps_k=1, row_tiles=1, n_tiles=32, wgmma=True,
                          producer_pairs=False, producer_wg=True, split=False, staged_store=True)]  # fmt: skip
+    RING_SHAPES += [dict(ring=ring, ring_k=rk, warps_n=8, warps_k=1, row_tiles=1, n_tiles=nt, wgmma=True,
+                         producer_pairs=False, producer_wg=nt == 16, split=False, staged_store=True)
+                    for nt, ring, rk in ((8, 3, 2), (16, 4, 1))]  # fmt: skip
     RING_SHAPES += [dict(ring=2, ring_k=2, warps_n=8, warps_k=1, row_tiles=1, n_tiles=16, wgmma=True,
                          producer_pairs=False, producer_wg=True, wg_steps=4)]  # fmt: skip
 
@@ -196,8 +199,9 @@ def test_bulk_copy_ring(counts, n, kb, fmt, grouped, shape, out_dtype):
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize(("n", "offset"), [(264, 0), (260, 0), (264, 2)])
 @pytest.mark.parametrize("grouped", [False, True])
-def test_staged_store(fmt, out_dtype, n, offset, grouped):
-    """``staged_store`` (256 tokens per pass): outputs through shared memory, 16-byte row pieces;
+@pytest.mark.parametrize("tokens", [256, 64])
+def test_staged_store(fmt, out_dtype, n, offset, grouped, tokens):
+    """``staged_store`` (256 / 64 tokens per pass): outputs through shared memory, 16-byte row pieces;
     N not a multiple of a piece's values (260 bf16) or an output 2 values off 16-byte alignment:
     the direct stores. Partial passes and weight tiles, empty / tiny experts; every output
     written, nothing beside the output (poisoned guard values around it)."""
@@ -210,8 +214,9 @@ def test_staged_store(fmt, out_dtype, n, offset, grouped):
     e, m = len(counts), sum(counts)
     qw = _weights((e, n, k) if grouped else (n, k), fmt, seed=n + offset + e)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-    cfg = replace(api.pick_config(1024 * e, fmt, out_dtype, "sm_90a", grouped, e), staged_store=True)
-    assert cfg.n_tiles == 32 and not cfg.split
+    cfg = replace(api.pick_config((1024 if tokens == 256 else 64) * e, fmt, out_dtype, "sm_90a", grouped, e),
+                  split=False, staged_store=True)  # fmt: skip
+    assert cfg.tokens_per_pass == tokens
     buf = torch.full((offset + m * n + 64,), POISON, device="cuda", dtype=out_dtype)
     out = buf[offset : offset + m * n].view(m, n)
     offs = _offs(counts) if grouped else None

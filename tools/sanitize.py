@@ -376,6 +376,7 @@ def _fp4_weight_cases():
             # 256 tokens per pass, outputs staged through shared memory (MXFP8: 64-K stages)
             mx8 = dict(ring=5, ring_k=1) if fmt == "mxfp8" else {}
             pipelines += (("wgmma256ss", {**pipelines[2][1], "n_tiles": 32, "staged_store": True, **mx8}),)
+            pipelines += (("wgmma64ss", {**pipelines[1][1], "n_tiles": 8, "ring": 3, "staged_store": True}),)
             if fmt != "mxfp8":  # the per-thread pipelines (FP4 only)
                 pipelines += (("regs", dict(ring=0, stages=0, row_tiles=1, warps_n=1, warps_k=2)),
                               ("cpasync", dict(ring=0, stages=4, row_tiles=1, warps_n=2, warps_k=4)))  # fmt: skip

@@ -150,7 +150,9 @@ def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bo
         # pieces: ``staged_store``), same run, us, staged / direct stores (cuBLAS bf16): NVFP4 M=256
         # 93.1 / 99.1 (99.5), M=512 175.5 / 188.3 (158.2), M=1024 337.8 / 363.1 (305.2); grouped
         # ~256 832.1 / 859.8 (862.2), ~512 1515.9 / 1571.7 (1464.4); MXFP4 M=256 92.4 / 99.3
-        # (96.5); MXFP8 M=256 105.1 / 111.4 (97.8), M=1024 387.1 / 405.8 (300.1).
+        # (96.5); MXFP8 M=256 105.1 / 111.4 (97.8), M=1024 387.1 / 405.8 (300.1). Grouped 128
+        # tokens per pass too: ~128 rows per expert NVFP4 560.6 / 568.0 (721.3), MXFP8 647.6 / 657.9
+        # (736.2); 64 tokens not (~64 rows: NVFP4 408.1 / 406.9, MXFP8 500.0 / 494.1).
         wide = rows > 64
         t256 = wide and not spread and (rows > 128 if grouped else -(-rows // 256) * 8 <= -(-rows // 128) * 5)
         n_tiles = 4 if rows <= 32 else 32 if t256 else 16 if wide else 8
@@ -159,7 +161,8 @@ def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bo
             ring=(5 if fp8 else 3) if t256 else 4 if wide else {4: 4, 8: 3}[n_tiles],
             ring_k=1 if t256 else (2 if fp8 else 1) if wide else (4 if fp8 else 2),
             row_tiles=1, warps_n=8, warps_k=1, stages=0, producer_pairs=False, wgmma=True, producer_wg=wide,
-            split=not grouped and not t256 and (n_tiles >= 8 or spread), staged_store=t256,
+            split=not grouped and not t256 and (n_tiles >= 8 or spread),
+            staged_store=n_tiles >= 16 and (t256 or grouped),
         )  # fmt: skip
     n_tiles = 1 if rows <= 8 else 2 if rows <= 16 else 4  # more rows: passes in the CTA (L2 hits)
     # Measured on the H200 (bench/RESULTS.md, 2026-11-30): the TMA / bulk-copy ring with 128
