@@ -125,13 +125,12 @@ def fp4w_set(seconds):
         fl = 2.0 * m * n * k
         probe(f"nvfp4 dense M={m} cuBLAS bf16", lambda x=x: x @ w16.t(), fl, seconds, 4096)
         probe(f"nvfp4 dense M={m} ours", lambda x=x: cutegemm.gemm(x, qw), fl, seconds, 4096)
-    counts = _moe_counts(32, 512)
-    offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
-    gq = cutegemm.quantize(torch.randn(32, 4096, 7168, device="cuda", dtype=torch.bfloat16), "nvfp4")
-    g16 = dequantize_checked(gq).transpose(1, 2)
-    x = torch.randn(sum(counts), 7168, device="cuda", dtype=torch.bfloat16)
+    from probe_common import quantized_moe  # (tools/ is on sys.path when run as a script)
+
+    counts, offs, gq, g16, x = quantized_moe(32, 512, 4096, 7168, "nvfp4")
     fl = 2.0 * sum(counts) * 4096 * 7168
-    probe("nvfp4 grouped E32 ~512 torch._grouped_mm", lambda: torch._grouped_mm(x, g16, offs=offs), fl, seconds, 4096)
+    b = g16.transpose(1, 2)
+    probe("nvfp4 grouped E32 ~512 torch._grouped_mm", lambda: torch._grouped_mm(x, b, offs=offs), fl, seconds, 4096)
     probe("nvfp4 grouped E32 ~512 ours", lambda: grouped_gemm(x, gq, offs=offs), fl, seconds, 4096)
 
 

@@ -189,7 +189,7 @@ class Fp4WeightConfig:
             raise ValueError(f"Fp4WeightConfig.wg_trip must be 0, 1 or 2 (WGMMA consumers only), got {self.wg_trip}")
         if self.staged_store and (not self.wgmma or self.split):
             raise ValueError("Fp4WeightConfig.staged_store is for the WGMMA consumers without the split grid")
-        if self.wgmma and self.trip_stages * self.stage_steps < 2 * self.group_steps:
+        if self.wgmma and self.trip_groups < 2:
             # one commit group per trip: the next trip's A fragments could take the in-flight group's registers
             raise ValueError("Fp4WeightConfig: a WGMMA consumer loop trip (wg_trip stages) must hold two commit groups")
         if self.n_tiles == 32 and (not self.producer_wg or self.stage_k != (64 if self.fp8 else 128) or self.split):
@@ -301,6 +301,12 @@ class Fp4WeightConfig:
         """The WGMMA consumers' ring stages per loop trip (``wg_trip``; 0: 2 for stages of one
         commit group, else 1)."""
         return self.wg_trip or (2 if self.stage_steps <= self.group_steps else 1)
+
+    @property
+    def trip_groups(self) -> int:
+        """The WGMMA consumers' commit groups per loop trip (at least 2; more end the trip with a
+        wait for all of them)."""
+        return self.trip_stages * self.stage_steps // self.group_steps
 
     @property
     def w_box_bytes(self) -> int:

@@ -152,10 +152,10 @@ class WgmmaPipeline:
                 ks = ks0
                 # Two commit groups per trip at least (stages of one group: two per trip),
                 # straight-line, so consecutive groups' A fragments sit in different registers
-                # (ptxas keeps an in-flight WGMMA's
-                # A registers apart from later writes in straight-line code, not across the loop's
-                # back edge; a branch around the second stage made it serialize every WGMMA). An
-                # odd last stage runs after the loop, once the MMAs in flight are done.
+                # (ptxas keeps an in-flight WGMMA's A registers apart from later writes in
+                # straight-line code, not across the loop's back edge; a branch around the second
+                # stage made it serialize every WGMMA). An odd last stage runs after the loop,
+                # once the MMAs in flight are done.
                 U = cfg.trip_stages
                 while ks + (U - 1) < ks_end:
                     for _ in cutlass.range_constexpr(U):
@@ -163,7 +163,7 @@ class WgmmaPipeline:
                                          k, nan)  # fmt: skip
                         it += 1
                         ks += 1
-                    if cutlass.const_expr(U * cfg.stage_steps > 2 * cfg.group_steps):
+                    if cutlass.const_expr(cfg.trip_groups > 2):
                         # more than two commit groups per trip: their A registers alternate only
                         # within the trip, so none may be in flight across the back edge
                         warpgroup.wait_group(0)
