@@ -261,6 +261,33 @@ def test_pick_config_wgmma_on_sm90_only():
         assert not pick_config(m, "nvfp4", torch.bfloat16, "sm_100a", False).wgmma
 
 
+def test_pass_grid_policy_and_rules():
+    """A CTA per (weight tile, token pass): taken for dense 256-token passes where the waves fill
+    better (224 weight tiles on 132 SMs: 1024 rows, 896 CTAs in 7 waves vs 224 in 2), not where
+    they fill alike (512 / 768 rows), not grouped or without the tile count; the config refuses
+    it outside the dense, unsplit WGMMA consumers."""
+    from dataclasses import replace
+
+    from cutegemm.blockscaled.fp4_weight_api import pass_grid_pays
+
+    assert pass_grid_pays(4, 224, 132) and not pass_grid_pays(2, 224, 132) and not pass_grid_pays(3, 224, 132)
+    assert not pass_grid_pays(1, 150, 132) and pass_grid_pays(5, 150, 132)  # 750 CTAs in 6 waves vs 150 in 2 x 5
+    assert not pass_grid_pays(2, 100, 132)  # 200 CTAs in 2 waves, or 100 in one of 2 passes
+    for fmt in ("nvfp4", "mxfp4", "mxfp8"):
+        assert pick_config(1024, fmt, torch.bfloat16, "sm_90a", False, tiles_sms=(224, 132)).pass_ctas
+        for m in (256, 512, 768):
+            assert not pick_config(m, fmt, torch.bfloat16, "sm_90a", False, tiles_sms=(224, 132)).pass_ctas
+        assert not pick_config(1024, fmt, torch.bfloat16, "sm_90a", False).pass_ctas
+        assert not pick_config(1024 * 32, fmt, torch.bfloat16, "sm_90a", True, 32).pass_ctas
+    cfg = pick_config(1024, "nvfp4", torch.bfloat16, "sm_90a", False, tiles_sms=(224, 132))
+    assert cfg.name.endswith("_pc")
+    for bad in (dict(grouped=True), dict(split=True, staged_store=False, n_tiles=16, ring=4)):
+        with pytest.raises(ValueError):
+            replace(cfg, **bad)
+    with pytest.raises(ValueError):
+        replace(pick_config(16, "nvfp4", torch.bfloat16, "sm_90a", False), pass_ctas=True)  # mma.sync consumers
+
+
 def test_wgmma_config_rules():
     base = dict(fmt="nvfp4", stages=0, ring=3, ring_k=2, warps_n=8, warps_k=1, row_tiles=1, n_tiles=8,
                 producer_pairs=False, wgmma=True)  # fmt: skip

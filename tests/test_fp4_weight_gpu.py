@@ -225,6 +225,31 @@ def test_staged_store(fmt, out_dtype, n, offset, grouped, tokens):
     assert torch.isnan(buf[:offset]).all() and torch.isnan(buf[offset + m * n :]).all(), "wrote beside the output"
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9, reason="WGMMA: sm_90")
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("m", [1, 256, 300, 777])
+@pytest.mark.parametrize("staged", [True, False])
+def test_pass_ctas(fmt, out_dtype, m, staged):
+    """``pass_ctas`` (a CTA per weight tile and 256-token pass): one to four passes, the last one
+    partial; a partial weight tile (N = 3 x 128 + 8) and a partial last K stage; staged and direct
+    stores; every output written, nothing beside the output (poisoned guard values)."""
+    from dataclasses import replace
+
+    from cutegemm.blockscaled import fp4_weight_api as api
+
+    n, k = 392, 544
+    qw = _weights((n, k), fmt, seed=m + 7 * staged)
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    cfg = replace(api.pick_config(1024, fmt, out_dtype, "sm_90a", False, tiles_sms=(224, 132)), staged_store=staged)
+    assert cfg.pass_ctas and cfg.tokens_per_pass == 256
+    buf = torch.full((m * n + 64,), POISON, device="cuda", dtype=out_dtype)
+    out = buf[: m * n].view(m, n)
+    api.gemm_fp4_weight(x, qw, out=out, config=cfg)
+    _check(out, x, qw)
+    assert torch.isnan(buf[m * n :]).all(), "wrote beside the output"
+
+
 SPLIT_SHAPES = [
     dict(ring=4, ring_k=2, warps_n=4, warps_k=2, row_tiles=2),
     dict(ring=3, ring_k=2, warps_n=4, warps_k=1, row_tiles=1),

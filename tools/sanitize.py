@@ -336,7 +336,8 @@ def _fp4_weight_cases():
         e = 3 if grouped else 1
         w = cpu(e, n, k) if grouped else cpu(n, k)
         qw = quantize_ref(w, fmt)
-        counts = [9, 0, 30] if grouped else [21]
+        counts = [9, 0, 30] if grouped else [shape.get("_rows", 21)]
+        shape = {key: v for key, v in shape.items() if key != "_rows"}
         x = cpu(sum(counts) + 2, k)  # 2 rows past offs[-1] (grouped) / a guard (dense: sliced)
         offs = torch.tensor(counts).cumsum(0).to(torch.int32) if grouped else None
         rows = x.shape[0] if grouped else counts[0]
@@ -377,6 +378,8 @@ def _fp4_weight_cases():
             mx8 = dict(ring=5, ring_k=1) if fmt == "mxfp8" else {}
             pipelines += (("wgmma256ss", {**pipelines[2][1], "n_tiles": 32, "staged_store": True, **mx8}),)
             pipelines += (("wgmma64ss", {**pipelines[1][1], "n_tiles": 8, "ring": 3, "staged_store": True}),)
+            if not grouped:  # a CTA per (weight tile, 256-token pass): three passes, the last partial
+                pipelines += (("wgmma256pc", {**pipelines[-2][1], "pass_ctas": True, "_rows": 600}),)
             if fmt != "mxfp8":  # the per-thread pipelines (FP4 only)
                 pipelines += (("regs", dict(ring=0, stages=0, row_tiles=1, warps_n=1, warps_k=2)),
                               ("cpasync", dict(ring=0, stages=4, row_tiles=1, warps_n=2, warps_k=4)))  # fmt: skip

@@ -59,6 +59,8 @@ class RingPipeline:
             cpasync.CopyBulkTensorTileG2SOp(), x2, cute.slice_(sx_layout, (None, None, 0)), (self.cfg.tokens_per_pass, 64)
         )
         grid = [grid_x, batches, 1]
+        if cutlass.const_expr(self.cfg.pass_ctas):
+            grid = [grid_x * ((m_rows + self.cfg.tokens_per_pass - 1) // self.cfg.tokens_per_pass), batches, 1]
         if cutlass.const_expr(self.cfg.split):
             grid = [n_ctas, 1, 1]
         kernel = self.kernel_wgmma if cutlass.const_expr(self.cfg.wgmma) else self.kernel_ring
@@ -125,7 +127,7 @@ class RingPipeline:
         VT = CK // 4  # K values per thread per chunk
         tidx, bx, by, warp, lane = self.thread_ids()
         (n_p, cols_p, n_chunks, n_kst, n_tiles, row_start, row_end, x_base0, n_pass, u_lo, u_hi,
-         total) = self.ring_work(mOffs, m_rows, n, k, batches, n_ctas, bx, by)  # fmt: skip
+         total) = self.ring_work(mOffs, m_rows, n, k, batches, n_ctas, bx, by, cutlass.Int32(0))  # fmt: skip
 
         alloc = memory.SmemAllocator()
         sW, sX, sFlag, w_smem, x_smem, side_base, bar_base, full, empty, xfull = self.ring_smem(alloc)
@@ -356,10 +358,11 @@ class RingPipeline:
             self.finish_pass(acc, sRed, lane, kg, rw, m0, row_end, x_base, row0, n, gs, mXs, mOut, bar, permuted)
 
     @cute.jit
-    def ring_work(self, mOffs, m_rows, n, k, batches, n_ctas, bx, by):
+    def ring_work(self, mOffs, m_rows, n, k, batches, n_ctas, bx, by, pc):
         """The ring kernels' work geometry: (N_p, cols_p) of the scales, K chunks, K stages, row
         tiles, the batch's (expert's) token rows and first x row, its token passes, and the CTA's
-        (first, end) unit and the unit count (:meth:`unit_range`)."""
+        (first, end) unit and the unit count (:meth:`unit_range`; ``pc``: the CTA's pass with
+        ``pass_ctas``, :meth:`pass_cta`)."""
         cfg = self.cfg
         n_p, cols_p = self.scale_dims(n, k)
         n_chunks = (k + cfg.chunk_k - 1) // cfg.chunk_k
@@ -367,7 +370,7 @@ class RingPipeline:
         n_tiles = (n + cfg.rows_per_cta - 1) // cfg.rows_per_cta
         row_start, row_end, x_base0 = self.token_range(mOffs, m_rows, by)
         n_pass = (row_end - row_start + cfg.tokens_per_pass - 1) // cfg.tokens_per_pass
-        u_lo, u_hi, total = self.unit_range(bx, batches, n_tiles, n_pass, n_kst, n_ctas)
+        u_lo, u_hi, total = self.unit_range(bx, batches, n_tiles, n_pass, n_kst, n_ctas, pc)
         return n_p, cols_p, n_chunks, n_kst, n_tiles, row_start, row_end, x_base0, n_pass, u_lo, u_hi, total
 
     def ring_smem(self, alloc):
@@ -395,17 +398,28 @@ class RingPipeline:
         return tidx, bx, by, cute.arch.make_warp_uniform(tidx // 32), tidx % 32
 
     @cute.jit
-    def unit_range(self, bx, batches, n_tiles, n_pass, n_kst, n_ctas):
-        """(first unit, end unit, unit count) of CTA ``bx``: its tile's passes x K stages, or with
-        ``split`` an equal share of every (batch, row tile, pass, K stage) unit."""
+    def unit_range(self, bx, batches, n_tiles, n_pass, n_kst, n_ctas, pc):
+        """(first unit, end unit, unit count) of CTA ``bx``: its tile's passes x K stages (with
+        ``pass_ctas`` only pass ``pc``'s), or with ``split`` an equal share of every (batch, row
+        tile, pass, K stage) unit."""
         u_lo = cutlass.Int32(0)
         u_hi = n_pass * n_kst
         total = u_hi
+        if cutlass.const_expr(self.cfg.pass_ctas):
+            u_lo = pc * n_kst
+            u_hi = u_lo + n_kst
         if cutlass.const_expr(self.cfg.split):
             total = batches * n_tiles * n_pass * n_kst
             u_lo = cutlass.Int32(cutlass.Int64(bx) * cutlass.Int64(total) // cutlass.Int64(n_ctas))
             u_hi = cutlass.Int32(cutlass.Int64(bx + 1) * cutlass.Int64(total) // cutlass.Int64(n_ctas))
         return u_lo, u_hi, total
+
+    @cute.jit
+    def pass_cta(self, bx, m_rows):
+        """``pass_ctas`` (dense): CTA ``bx`` of the grid (weight tiles x token passes, a tile's
+        passes on consecutive CTAs) -> (its weight tile, its pass)."""
+        n_pass = (m_rows + self.cfg.tokens_per_pass - 1) // self.cfg.tokens_per_pass
+        return bx // n_pass, bx % n_pass
 
     @cute.jit
     def ring_segment(self, seg, n_pass, n_tiles, bx, by, row_start, x_base0, m_rows):

@@ -166,6 +166,11 @@ class Fp4WeightConfig:
     # bytes of an output row instead of 2-byte pieces of four rows per warp store (N a multiple of
     # 16 bytes' values and a 16-byte aligned output; else the direct stores).
     staged_store: bool = False
+    # WGMMA consumers, dense, not split: a CTA per (weight tile, token pass) instead of one per
+    # weight tile running all its passes, the passes of a tile on consecutive CTAs (their weight
+    # reads meet in L2). More, shorter CTAs: the last wave's share of idle SMs shrinks (the
+    # policy takes it where the SM count makes that pay: ``fp4_weight_api.pass_grid_pays``).
+    pass_ctas: bool = False
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -189,6 +194,8 @@ class Fp4WeightConfig:
             raise ValueError(f"Fp4WeightConfig.wg_trip must be 0, 1 or 2 (WGMMA consumers only), got {self.wg_trip}")
         if self.staged_store and (not self.wgmma or self.split):
             raise ValueError("Fp4WeightConfig.staged_store is for the WGMMA consumers without the split grid")
+        if self.pass_ctas and (not self.wgmma or self.split or self.grouped):
+            raise ValueError("Fp4WeightConfig.pass_ctas is for the dense WGMMA consumers without the split grid")
         if self.wgmma and self.trip_groups < 2:
             # one commit group per trip: the next trip's A fragments could take the in-flight group's registers
             raise ValueError("Fp4WeightConfig: a WGMMA consumer loop trip (wg_trip stages) must hold two commit groups")
@@ -376,6 +383,7 @@ class Fp4WeightConfig:
             + (f"_g{self.wg_steps}" if self.wg_steps else "")
             + (f"_u{self.wg_trip}" if self.wg_trip else "")
             + ("_ss" if self.staged_store else "")
+            + ("_pc" if self.pass_ctas else "")
         )
 
 
@@ -699,6 +707,8 @@ def all_configs(arch: str) -> list[Fp4WeightConfig]:
             for rows in (128, 256):
                 out.append(pick_config(rows * (8 if grouped else 1), fmt, torch.bfloat16, arch, grouped, 8))
     out.append(pick_config(256, "mxfp4", torch.bfloat16, arch, False, 1, x_scale=True))
+    for fmt in ("nvfp4", "mxfp8"):  # sm_90a: a CTA per (weight tile, pass) (224 tiles on 132 SMs, 4 passes)
+        out.append(pick_config(1024, fmt, torch.bfloat16, arch, False, 1, tiles_sms=(224, 132)))
     out.append(Fp4WeightConfig(fmt="nvfp4", out_dtype="fp32", arch=arch))
     out.append(pick_config(16, "nvfp4", torch.bfloat16, arch, False, 1, x_scale=True))  # FP8 activations
     out.append(pick_config(128, "mxfp4", torch.bfloat16, arch, True, 8, x_scale=True))

@@ -26,8 +26,10 @@ memory: 2 bytes per weight element) and the bf16 GEMM runs on it. MXFP8 weights:
 consumers up to 32 dense rows, the WGMMA ones above, dequantize-first from DQ_MIN_ROWS_FP8 dense /
 DQ_MIN_ROWS_GROUPED_FP8 rows per expert (``dq_min_rows``; on sm_100a, whose kernel has the mma.sync
 consumers only, the lower ``*_MMA_SYNC`` thresholds). Dense calls whose 128-row weight tiles are
-fewer than the SMs run on the split grid even with one token pass (``few_weight_tiles``). A forced
-``config`` always runs the kernel.
+fewer than the SMs run on the split grid even with one token pass (``few_weight_tiles``). Dense
+256-token passes run a CTA per (weight tile, pass) where that fills the SMs' waves better than a
+CTA per tile running all its passes (``pass_grid_pays``; e.g. N=28672 on 132 SMs from 1024 rows:
+896 CTAs in 7 waves instead of 224 in 2). A forced ``config`` always runs the kernel.
 
 Dense calls with several token passes use the split grid (``Fp4WeightConfig.split``): it keeps a
 small workspace per (device, stream) (counters the kernel leaves at zero + partial-sum slots), so
@@ -97,9 +99,11 @@ def check_args(x, qw, offs=None, out_dtype=torch.bfloat16, scale_a=None) -> None
 
 @functools.lru_cache(maxsize=1024)
 def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bool, experts: int = 1,
-                x_scale: bool = False, few_tiles: bool = False):  # fmt: skip
+                x_scale: bool = False, few_tiles: bool = False, tiles_sms: tuple[int, int] | None = None):  # fmt: skip
     """The kernel variant: tokens per pass from the (mean) rows per batch / expert. ``few_tiles``
-    (dense): the weight's 128-row tiles are fewer than the SMs (``few_weight_tiles``)."""
+    (dense): the weight's 128-row tiles are fewer than the SMs (``few_weight_tiles``);
+    ``tiles_sms`` (dense): (128-row weight tiles x batches, the device's SMs), for
+    :func:`pass_grid_pays`."""
     from .fp4_weight import Fp4WeightConfig
 
     rows = -(-m // max(experts, 1)) if grouped else m
@@ -163,6 +167,7 @@ def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bo
             row_tiles=1, warps_n=8, warps_k=1, stages=0, producer_pairs=False, wgmma=True, producer_wg=wide,
             split=not grouped and not t256 and (n_tiles >= 8 or spread),
             staged_store=n_tiles >= 16 and (t256 or grouped),
+            pass_ctas=t256 and not grouped and tiles_sms is not None and pass_grid_pays(-(-rows // 256), *tiles_sms),
         )  # fmt: skip
     n_tiles = 1 if rows <= 8 else 2 if rows <= 16 else 4  # more rows: passes in the CTA (L2 hits)
     # Measured on the H200 (bench/RESULTS.md, 2026-11-30): the TMA / bulk-copy ring with 128
@@ -252,8 +257,12 @@ def gemm_fp4_weight(
         scale_a = scale_a.reshape(-1).expand(m).contiguous()  # one element: broadcast, no host read
     if config is None and dequantize_first(m, batches, grouped, x_scale, qw, arch):
         return _dequantized(x, qw, offs, out, out_dtype, alpha, scale_a)
+    tiles_sms = None
+    if not grouped:
+        tiles_sms = (-(-n // 128) * batches, _sm_count(dev.index if dev.index is not None else torch.cuda.current_device()))
     cfg = config or pick_config(
-        m, qw.fmt.name, out_dtype, arch, grouped, batches, x_scale, not grouped and few_weight_tiles(n, batches, dev)
+        m, qw.fmt.name, out_dtype, arch, grouped, batches, x_scale, not grouped and few_weight_tiles(n, batches, dev),
+        tiles_sms,
     )
     if (cfg.fmt, cfg.grouped, cfg.out_dtype, cfg.x_scale) != (qw.fmt.name, grouped, _OUT[out_dtype], x_scale):
         raise ValueError(
@@ -324,9 +333,17 @@ def gemm_fp4_weight(
 # (torch._grouped_mm 2010.6), ~1024 3312.1 / 3273.7 (2525.4): crossover ~1000. With the outputs
 # staged through shared memory (2026-12-02, same run): MXFP8 M=1024 387.7 / 405.9 (cuBLAS bf16
 # 300.0), M=1280 482.4 / 488.0 (373.1), M=1536 578.3 / 569.9 (427.6): crossover ~1400.
-DQ_MIN_ROWS = 1600
+# With a CTA per (weight tile, pass) (``pass_ctas``, 2026-12-02 second session, bench/2026-12-02b
+# round1, same run, us, pass grid / a CTA per tile / dequantize-first (cuBLAS bf16)): MXFP8
+# M=1024 347.6 / 382.1 / 402.3 (294.9), M=1280 442.5 / 474.4 / 481.4 (366.8), M=1536 537.7 /
+# 567.2 / 561.7 (417.6), M=2048 689.1 / 755.5 / 686.0 (578.9): crossover ~2048. FP4 (round1-2,
+# the same columns): NVFP4 M=1024 311.2 / 335.5 / 381.0 (299.9), M=2048 618.8 / 662.8 / 679.1
+# (592.2), M=3072 946.6 / 995.2 / 997.6 (909.3), M=4096 1284.1 / 1331.9 / 1303.8 (1205.6), M=6144
+# 1952.3 / 2027.3 / 1891.7 (1820.2); MXFP4 M=3072 938.4 / 994.8 / 954.0, M=4096 1277.5 / 1334.0 /
+# 1238.9, M=6144 1923.8 / 2002.7 / 1776.5: crossover ~3500-5000, taken at 4096 for both formats.
+DQ_MIN_ROWS = 4096
 DQ_MIN_ROWS_GROUPED = 2048
-DQ_MIN_ROWS_FP8 = 1408
+DQ_MIN_ROWS_FP8 = 2048
 DQ_MIN_ROWS_GROUPED_FP8 = 1024
 # sm_100a runs the mma.sync consumers (no WGMMA there; compile-verified only), whose time grows
 # with the token passes: the thresholds measured for them on the H200 before the 128-token WGMMA
@@ -406,6 +423,17 @@ def _split_work(cfg, dev: torch.device, m: int, n: int, k: int, batches: int) ->
         ws = torch.zeros(max(counters + slot_words, ws.numel() if ws is not None else 0), dtype=torch.int32, device=dev)
         _WORKSPACES[key] = (ws, counters)
     return n_ctas, ws, counters
+
+
+def pass_grid_pays(passes: int, tiles: int, sms: int) -> bool:
+    """Dense WGMMA consumers (one CTA per SM at 256 tokens per pass): whether a CTA per (weight
+    tile, token pass) (``Fp4WeightConfig.pass_ctas``) fills the SMs' waves better than a CTA per
+    tile running all ``passes``, by more than 4 points (the CTAs' pipeline fills it adds)."""
+
+    def fill(ctas: int) -> float:  # busy share of the SMs over the launch's waves
+        return ctas / (-(-ctas // sms) * sms)
+
+    return passes > 1 and fill(tiles * passes) > fill(tiles) + 0.04
 
 
 def few_weight_tiles(n: int, batches: int, dev: torch.device) -> bool:
