@@ -428,7 +428,7 @@ def bench_fp4x4_hopper(shapes=((8192, 8192, 8192), (16, 8192, 8192)), fmts=("nvf
 
 
 FP4W_DENSE = [(1, 28672, 4096), (16, 28672, 4096), (64, 28672, 4096), (128, 28672, 4096), (256, 28672, 4096),
-              (512, 28672, 4096), (1024, 28672, 4096)]
+              (512, 28672, 4096), (1024, 28672, 4096), (2048, 28672, 4096)]
 FP4W_GROUPED = [(32, 16, 4096, 7168), (32, 64, 4096, 7168), (32, 256, 4096, 7168), (32, 512, 4096, 7168)]
 
 
@@ -439,7 +439,14 @@ def bench_fp4_weight(reps=30, dense=FP4W_DENSE, grouped=FP4W_GROUPED, fmts=("nvf
     from dataclasses import replace
 
     from . import dequantize, quantize
-    from .blockscaled.fp4_weight_api import _arch, dequantize_first, gemm_fp4_weight, pick_config
+    from .blockscaled.fp4_weight_api import (
+        _arch,
+        _sm_count,
+        dequantize_first,
+        few_weight_tiles,
+        gemm_fp4_weight,
+        pick_config,
+    )
 
     timer = Timer()
     arch = _arch(torch.cuda.current_device())
@@ -478,7 +485,9 @@ def bench_fp4_weight(reps=30, dense=FP4W_DENSE, grouped=FP4W_GROUPED, fmts=("nvf
             t_base = timer(base, reps)
             t_deq = timer(deq, max(5, reps // 3))
             qbytes = qw.data.numel() * qw.data.element_size() + qw.scales.numel()
-            default = pick_config(total, fmt, torch.bfloat16, arch, offs is not None, experts)
+            dense_tiles = None if offs is not None else (-(-n // 128), _sm_count(torch.cuda.current_device()))
+            default = pick_config(total, fmt, torch.bfloat16, arch, offs is not None, experts,
+                                  few_tiles=offs is None and few_weight_tiles(n, 1, x.device), tiles_sms=dense_tiles)  # fmt: skip
             routed = dequantize_first(total, experts, offs is not None, False, qw)
             for overrides in [{}, *configs]:
                 try:
