@@ -286,11 +286,6 @@ def test_pass_grid_policy_and_rules():
             replace(cfg, **bad)
     with pytest.raises(ValueError):
         replace(pick_config(16, "nvfp4", torch.bfloat16, "sm_90a", False), pass_ctas=True)  # mma.sync consumers
-    assert replace(cfg, x_multicast=True).name.endswith("_pc_xm")
-    assert replace(pick_config(4096, "mxfp8", torch.bfloat16, "sm_90a", True, 32), x_multicast=True).x_multicast
-    for bad in (dict(split=True), dict(wgmma=False)):  # x_multicast: WGMMA consumers, not split
-        with pytest.raises(ValueError):
-            replace(pick_config(64, "nvfp4", torch.bfloat16, "sm_90a", False), x_multicast=True, **bad)
 
 
 def test_wgmma_config_rules():

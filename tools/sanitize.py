@@ -332,12 +332,12 @@ def _fp4_weight_cases():
     from cutegemm.blockscaled.fp4_weight_api import gemm_fp4_weight, gemm_fp4_weight_ref, pick_config
 
     def case(fmt, grouped, shape):
-        n, k = shape.get("_n", 200), 32 * 13  # 3 full 128-K chunks + a 32-wide tail
+        n, k = 200, 32 * 13  # 3 full 128-K chunks + a 32-wide tail
         e = 3 if grouped else 1
         w = cpu(e, n, k) if grouped else cpu(n, k)
         qw = quantize_ref(w, fmt)
         counts = [9, 0, 30] if grouped else [shape.get("_rows", 21)]
-        shape = {key: v for key, v in shape.items() if key not in ("_rows", "_n")}
+        shape = {key: v for key, v in shape.items() if key != "_rows"}
         x = cpu(sum(counts) + 2, k)  # 2 rows past offs[-1] (grouped) / a guard (dense: sliced)
         offs = torch.tensor(counts).cumsum(0).to(torch.int32) if grouped else None
         rows = x.shape[0] if grouped else counts[0]
@@ -379,11 +379,7 @@ def _fp4_weight_cases():
             pipelines += (("wgmma256ss", {**pipelines[2][1], "n_tiles": 32, "staged_store": True, **mx8}),)
             pipelines += (("wgmma64ss", {**pipelines[1][1], "n_tiles": 8, "ring": 3, "staged_store": True}),)
             if not grouped:  # a CTA per (weight tile, 256-token pass): three passes, the last partial
-                pipelines += (("wgmma256pc", {**pipelines[-2][1], "pass_ctas": True, "_rows": 600}),
-                              ("wgmma256pcxm", {**pipelines[-2][1], "pass_ctas": True, "x_multicast": True, "_rows": 600,
-                                                "_n": 264}))  # fmt: skip
-            # CTA pairs sharing the activations (three weight tiles: a pad CTA)
-            pipelines += (("wgmma-xm", {**pipelines[1][1], "x_multicast": True, "_n": 264}),)
+                pipelines += (("wgmma256pc", {**pipelines[-2][1], "pass_ctas": True, "_rows": 600}),)
             if fmt != "mxfp8":  # the per-thread pipelines (FP4 only)
                 pipelines += (("regs", dict(ring=0, stages=0, row_tiles=1, warps_n=1, warps_k=2)),
                               ("cpasync", dict(ring=0, stages=4, row_tiles=1, warps_n=2, warps_k=4)))  # fmt: skip

@@ -33,8 +33,6 @@ class RingPipeline:
         """Host side of :meth:`kernel_ring` (traced inside ``Fp4WeightKernel.__call__``): the TMA
         descriptors of the weights and the activations, the grid, the launch."""
         grid_x = (n + self.cfg.rows_per_cta - 1) // self.cfg.rows_per_cta
-        if cutlass.const_expr(self.cfg.x_multicast):
-            grid_x = (grid_x + 1) // 2 * 2  # CTA pairs (an odd count: a pad CTA, :meth:`pass_cta`)
         # The weights as an (N, K/2, L) byte tensor (8-bit weights: (N, K, L)), read by a TMA box
         # of rows_per_cta x 128 bytes (rows past N and bytes past the row arrive as zeros).
         row_bytes = cute.assume(k if cutlass.const_expr(self.fp8) else k // 2, divby=16)
@@ -57,13 +55,9 @@ class RingPipeline:
             cute.recast_ptr(mX.iterator, dtype=cutlass.BFloat16), cute.make_layout((x_rows, k16), stride=(k16, 1))
         )
         sx_layout = self.x_smem_layout()
-        x_op = cpasync.CopyBulkTensorTileG2SOp()
-        if cutlass.const_expr(self.cfg.x_multicast):  # each CTA of a pair loads half of a box's token rows into both
-            x_op = cpasync.CopyBulkTensorTileG2SMulticastOp()
         tma_atom_x, tma_x = cpasync.make_tiled_tma_atom(
-            x_op, x2, cute.slice_(sx_layout, (None, None, 0)), (self.cfg.tokens_per_pass, 64),
-            num_multicast=2 if self.cfg.x_multicast else 1,
-        )  # fmt: skip
+            cpasync.CopyBulkTensorTileG2SOp(), x2, cute.slice_(sx_layout, (None, None, 0)), (self.cfg.tokens_per_pass, 64)
+        )
         grid = [grid_x, batches, 1]
         if cutlass.const_expr(self.cfg.pass_ctas):
             grid = [grid_x * ((m_rows + self.cfg.tokens_per_pass - 1) // self.cfg.tokens_per_pass), batches, 1]
@@ -73,8 +67,7 @@ class RingPipeline:
         kernel(tma_atom, tma_w, tma_atom_x, tma_x, mS, mOut, mOffs, mGs, mXs, mWork, m_rows, n, k,
                batches, n_ctas, slot0, tile_stride, alpha).launch(
             grid=grid, block=[32 * (self.cfg.warps + (4 if self.cfg.producer_wg else 1)), 1, 1], stream=stream,
-            cluster=[2 if self.cfg.x_multicast else 1, 1, 1],
-        )  # fmt: skip
+        )
 
     def w_smem_layout(self):
         """(rows_per_cta, w_row_bytes, ring * w_boxes) weight boxes. 128-byte rows, 128-byte
@@ -283,10 +276,6 @@ class RingPipeline:
             cute.group_modes(cute.local_tile(mW, (R, cfg.w_row_bytes), (None, None, None)), 0, 2),
         )  # fmt: skip
         sXb = cute.group_modes(sX, 0, 2)
-        XM = cfg.x_multicast
-        x_rank = cutlass.Int32(0)
-        if cutlass.const_expr(XM):
-            x_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
         it = cutlass.Int32(0)
         u = u_lo
         seg = u_lo // n_kst
@@ -295,8 +284,7 @@ class RingPipeline:
             tile, batch, m0, x_base = self.ring_segment(seg, n_pass, n_tiles, bx, by, row_start, x_base0, m_rows)
             # (T, 64, K / 64) boxes of this pass's tokens (dense: x_base = the batch's first row)
             gX = cute.local_tile(cute.domain_offset((cutlass.Int32(x_base) + m0, 0), mX2), (T, 64), (0, None))
-            tXs, tXg = cpasync.tma_partition(tma_atom_x, x_rank, cute.make_layout(2 if XM else 1), sXb,
-                                             cute.group_modes(gX, 0, 2))  # fmt: skip
+            tXs, tXg = cpasync.tma_partition(tma_atom_x, 0, cute.make_layout(1), sXb, cute.group_modes(gX, 0, 2))
             s_base = self.scales_base(mS, batch, n_p, cols_p) + cutlass.Int64(tile * R // 128) * cutlass.Int64(tile_stride)
             slot = it % S
             if it >= S:
@@ -316,12 +304,8 @@ class RingPipeline:
             for j in cutlass.range_constexpr(NB):
                 cute.copy(tma_atom, tWg[(None, tile, ks * NB + j, batch)], tWs[(None, slot * NB + j)], tma_bar_ptr=full + slot)
             for j in cutlass.range_constexpr(NX):
-                if cutlass.const_expr(XM):  # this CTA's half of the box, into both CTAs of the pair
-                    cute.copy(tma_atom_x, tXg[(None, ks * NX + j)], tXs[(None, slot * NX + j)], tma_bar_ptr=full + slot,
-                              mcast_mask=cutlass.Int16(3))  # fmt: skip
-                else:
-                    cute.copy(tma_atom_x, tXg[(None, ks * NX + j)], tXs[(None, slot * NX + j)],
-                              tma_bar_ptr=(xfull if PP else full) + slot)  # fmt: skip
+                cute.copy(tma_atom_x, tXg[(None, ks * NX + j)], tXs[(None, slot * NX + j)],
+                          tma_bar_ptr=(xfull if PP else full) + slot)  # fmt: skip
             if cutlass.const_expr(PP):
                 if it > 0:
                     self.pair_stage(it - 1, x_smem, xfull, full, lane)
@@ -433,14 +417,9 @@ class RingPipeline:
     @cute.jit
     def pass_cta(self, bx, m_rows):
         """``pass_ctas`` (dense): CTA ``bx`` of the grid (weight tiles x token passes, a tile's
-        passes on consecutive CTAs; with ``x_multicast`` a pair of tiles' passes on consecutive
-        CTA pairs) -> (its weight tile, its pass)."""
+        passes on consecutive CTAs) -> (its weight tile, its pass)."""
         n_pass = (m_rows + self.cfg.tokens_per_pass - 1) // self.cfg.tokens_per_pass
-        tile, pc = bx // n_pass, bx % n_pass
-        if cutlass.const_expr(self.cfg.x_multicast):
-            pair = bx // 2
-            tile, pc = (pair // n_pass) * 2 + bx % 2, pair % n_pass
-        return tile, pc
+        return bx // n_pass, bx % n_pass
 
     @cute.jit
     def ring_segment(self, seg, n_pass, n_tiles, bx, by, row_start, x_base0, m_rows):

@@ -171,12 +171,6 @@ class Fp4WeightConfig:
     # reads meet in L2). More, shorter CTAs: the last wave's share of idle SMs shrinks (the
     # policy takes it where the SM count makes that pay: ``fp4_weight_api.pass_grid_pays``).
     pass_ctas: bool = False
-    # WGMMA consumers, not split: CTA pairs (a cluster of 2 along x: weight tiles 2j, 2j + 1 of the
-    # same token pass) share every stage's activations: each CTA loads half of each activation
-    # box (its token rows) by TMA multicast into both, so L2 -> SM traffic of the activations
-    # halves; every consumer warp releases a stage on both CTAs' empty barriers. An odd tile
-    # count pads the grid with a CTA that repeats the last tile and stores nothing.
-    x_multicast: bool = False
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -202,9 +196,6 @@ class Fp4WeightConfig:
             raise ValueError("Fp4WeightConfig.staged_store is for the WGMMA consumers without the split grid")
         if self.pass_ctas and (not self.wgmma or self.split or self.grouped):
             raise ValueError("Fp4WeightConfig.pass_ctas is for the dense WGMMA consumers without the split grid")
-        if self.x_multicast and (not self.wgmma or self.split or self.n_tiles < 2):
-            raise ValueError("Fp4WeightConfig.x_multicast is for the WGMMA consumers (16 tokens per pass or more) "
-                             "without the split grid")  # fmt: skip
         if self.wgmma and self.trip_groups < 2:
             # one commit group per trip: the next trip's A fragments could take the in-flight group's registers
             raise ValueError("Fp4WeightConfig: a WGMMA consumer loop trip (wg_trip stages) must hold two commit groups")
@@ -393,7 +384,6 @@ class Fp4WeightConfig:
             + (f"_u{self.wg_trip}" if self.wg_trip else "")
             + ("_ss" if self.staged_store else "")
             + ("_pc" if self.pass_ctas else "")
-            + ("_xm" if self.x_multicast else "")
         )
 
 

@@ -99,11 +99,6 @@ class WgmmaPipeline:
         pc = cutlass.Int32(0)
         if cutlass.const_expr(cfg.pass_ctas):
             bx, pc = self.pass_cta(bx, m_rows)  # from here on bx is the CTA's weight tile
-        live = True  # x_multicast: the pad CTA of an odd tile count repeats the last tile, stores nothing
-        if cutlass.const_expr(cfg.x_multicast):
-            last = (n + cfg.rows_per_cta - 1) // cfg.rows_per_cta - 1
-            live = bx <= last
-            bx = cutlass.min(bx, last)
         (n_p, cols_p, _, n_kst, n_tiles, row_start, row_end, x_base0, n_pass, u_lo, u_hi,
          total) = self.ring_work(mOffs, m_rows, n, k, batches, n_ctas, bx, by, pc)  # fmt: skip
 
@@ -115,15 +110,11 @@ class WgmmaPipeline:
         if tidx == 0:
             for i in cutlass.range_constexpr(S):
                 # the TMA's transaction bytes; every consumer lane releases its own reads
-                # (x_multicast: every consumer warp of both CTAs, :meth:`release`)
                 cute.arch.mbarrier_init(full + i, 1)
-                cute.arch.mbarrier_init(empty + i, 2 * W if cfg.x_multicast else W * 32)
+                cute.arch.mbarrier_init(empty + i, W * 32)
                 cute.arch.mbarrier_init(xfull + i, 1)
             cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
-        if cutlass.const_expr(cfg.x_multicast):  # the peer's barriers are initialized before any multicast
-            cute.arch.cluster_arrive()
-            cute.arch.cluster_wait()
 
         if warp >= W:
             # ---- producer (warp W; with producer_wg its warpgroup hands its registers over) ----
@@ -187,36 +178,17 @@ class WgmmaPipeline:
                         it += 1
                         ks += 1
                 warpgroup.wait_group(0)
-                self.release(empty + (it - 1) % S)
+                cute.arch.mbarrier_arrive(empty + (it - 1) % S)
                 if cutlass.const_expr(self.fp8):
                     self.nan_rows(nan, acc, PAIR_NAN_MASK)
-                if live:
-                    if cutlass.const_expr(cfg.staged_store):
-                        _, _, m0, x_base = self.ring_segment(seg, n_pass, n_tiles, bx, by, row_start, x_base0, m_rows)
-                        self.store_staged(acc, sE, warp, lane, m0, row_end, x_base, bx * cfg.rows_per_cta, n, gs, mXs,
-                                          mOut)  # fmt: skip
-                    else:
-                        self.end_segment(acc, None, sFlag, mWork, slot0, lane, 0, warp, warp, seg, su0, u_lo, u_hi,
-                                         total, n_ctas, n_kst, n_pass, n_tiles, batches, bx, by, row_start, row_end,
-                                         x_base0, m_rows, n, gs, mXs, mOut, False)  # fmt: skip
+                if cutlass.const_expr(cfg.staged_store):
+                    _, _, m0, x_base = self.ring_segment(seg, n_pass, n_tiles, bx, by, row_start, x_base0, m_rows)
+                    self.store_staged(acc, sE, warp, lane, m0, row_end, x_base, bx * cfg.rows_per_cta, n, gs, mXs, mOut)
+                else:
+                    self.end_segment(acc, None, sFlag, mWork, slot0, lane, 0, warp, warp, seg, su0, u_lo, u_hi, total,
+                                     n_ctas, n_kst, n_pass, n_tiles, batches, bx, by, row_start, row_end, x_base0, m_rows,
+                                     n, gs, mXs, mOut, False)  # fmt: skip
                 seg += 1
-        if cutlass.const_expr(cfg.x_multicast):
-            # no CTA leaves while its peer may still arrive on its barriers
-            cute.arch.cluster_arrive()
-            cute.arch.cluster_wait()
-
-    @cute.jit
-    def release(self, slot_empty):
-        """A consumer warp is done with a ring stage: every lane arrives on its empty barrier, or
-        (``x_multicast``: the stage's activations came from both CTAs of the pair) one lane on both
-        CTAs' barriers."""
-        if cutlass.const_expr(self.cfg.x_multicast):
-            cute.arch.sync_warp()
-            if cute.arch.lane_idx() == 0:
-                for r in cutlass.range_constexpr(2):
-                    cute.arch.mbarrier_arrive(slot_empty, peer_cta_rank_in_cluster=r)
-        else:
-            cute.arch.mbarrier_arrive(slot_empty)
 
     @cute.jit
     def store_staged(self, acc, sE, warp, lane, m0, row_end, x_base, tile_row0, n, gs, mXs, mOut):
@@ -290,7 +262,7 @@ class WgmmaPipeline:
                              k, nan)  # fmt: skip
             if grp == 0 and ks > ks0:
                 # the previous stage's MMAs are done (wait_group(1) above): release it
-                self.release(empty + (it - 1) % S)
+                cute.arch.mbarrier_arrive(empty + (it - 1) % S)
 
     @cute.jit
     def wgmma_group(self, acc, grp: cutlass.Constexpr, w_box, x_stage, sw, w_off, g, sel, ks, k, nan):
