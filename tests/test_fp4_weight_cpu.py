@@ -280,7 +280,9 @@ def test_pass_grid_policy_and_rules():
         assert not pick_config(1024, fmt, torch.bfloat16, "sm_90a", False).pass_ctas
         assert not pick_config(1024 * 32, fmt, torch.bfloat16, "sm_90a", True, 32).pass_ctas
     cfg = pick_config(1024, "nvfp4", torch.bfloat16, "sm_90a", False, tiles_sms=(224, 132))
-    assert cfg.name.endswith("_pc")
+    assert cfg.name.endswith("_pc") and replace(cfg, pass_ctas=2).name.endswith("_pp")
+    with pytest.raises(ValueError):
+        replace(cfg, pass_ctas=3)
     for bad in (dict(grouped=True), dict(split=True, staged_store=False, n_tiles=16, ring=4)):
         with pytest.raises(ValueError):
             replace(cfg, **bad)

@@ -230,10 +230,13 @@ def test_staged_store(fmt, out_dtype, n, offset, grouped, tokens):
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("m", [1, 256, 300, 777])
 @pytest.mark.parametrize("staged", [True, False])
-def test_pass_ctas(fmt, out_dtype, m, staged):
-    """``pass_ctas`` (a CTA per weight tile and 256-token pass): one to four passes, the last one
-    partial; a partial weight tile (N = 3 x 128 + 8) and a partial last K stage; staged and direct
-    stores; every output written, nothing beside the output (poisoned guard values)."""
+@pytest.mark.parametrize(("mode", "sms"), [(1, 132), (2, 132), (2, 3)])
+def test_pass_ctas(fmt, out_dtype, m, staged, mode, sms):
+    """``pass_ctas`` (256-token passes dealt as (weight tile, pass) units: 1 a CTA per unit, 2 a
+    persistent grid taking them round-robin, here also on a faked 3-SM device so CTAs run several
+    units, their ring streaming on): one to four passes, the last one partial; a partial weight
+    tile (N = 3 x 128 + 8) and a partial last K stage; staged and direct stores; every output
+    written, nothing beside the output (poisoned guard values)."""
     from dataclasses import replace
 
     from cutegemm.blockscaled import fp4_weight_api as api
@@ -241,11 +244,13 @@ def test_pass_ctas(fmt, out_dtype, m, staged):
     n, k = 392, 544
     qw = _weights((n, k), fmt, seed=m + 7 * staged)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-    cfg = replace(api.pick_config(1024, fmt, out_dtype, "sm_90a", False, tiles_sms=(224, 132)), staged_store=staged)
-    assert cfg.pass_ctas and cfg.tokens_per_pass == 256
+    cfg = replace(api.pick_config(1024, fmt, out_dtype, "sm_90a", False, tiles_sms=(224, 132)), staged_store=staged,
+                  pass_ctas=mode)  # fmt: skip
+    assert cfg.tokens_per_pass == 256
     buf = torch.full((m * n + 64,), POISON, device="cuda", dtype=out_dtype)
     out = buf[: m * n].view(m, n)
-    api.gemm_fp4_weight(x, qw, out=out, config=cfg)
+    with mock.patch.object(api, "_sm_count", lambda index: sms):
+        api.gemm_fp4_weight(x, qw, out=out, config=cfg)
     _check(out, x, qw)
     assert torch.isnan(buf[m * n :]).all(), "wrote beside the output"
 

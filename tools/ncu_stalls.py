@@ -17,8 +17,9 @@ def num(v):
 
 def main(path, top=30):
     with open(path, newline="") as fh:
-        lines = [ln for ln in fh if ln.startswith('"')]  # skip ncu's banner lines
-    rows = list(csv.DictReader(lines))
+        lines = fh.read().splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith('"Address"'))  # skip ncu's banner lines
+    rows = [{k: v for k, v in r.items() if k is not None} for r in csv.DictReader(lines[start:])]
     if not rows:
         print("no rows")
         return

@@ -328,6 +328,10 @@ def _fp4_weight_cases():
     """FP4 weights x bf16 (cutegemm.blockscaled.fp4_weight): dense and grouped, every pipeline
     (TMA ring, its split grid, the WGMMA consumers, register prefetch, cp.async ring), ragged N and a K tail chunk, poisoned outputs with a
     guard row; rows past offs[-1] must stay poisoned."""
+    import contextlib
+    from unittest import mock
+
+    from cutegemm.blockscaled import fp4_weight_api as fp4_api
     from cutegemm.blockscaled import quantize_ref
     from cutegemm.blockscaled.fp4_weight_api import gemm_fp4_weight, gemm_fp4_weight_ref, pick_config
 
@@ -337,7 +341,8 @@ def _fp4_weight_cases():
         w = cpu(e, n, k) if grouped else cpu(n, k)
         qw = quantize_ref(w, fmt)
         counts = [9, 0, 30] if grouped else [shape.get("_rows", 21)]
-        shape = {key: v for key, v in shape.items() if key != "_rows"}
+        sms = shape.get("_sms")  # a faked SM count (the persistent grids' CTAs then take several units)
+        shape = {key: v for key, v in shape.items() if key not in ("_rows", "_sms")}
         x = cpu(sum(counts) + 2, k)  # 2 rows past offs[-1] (grouped) / a guard (dense: sliced)
         offs = torch.tensor(counts).cumsum(0).to(torch.int32) if grouped else None
         rows = x.shape[0] if grouped else counts[0]
@@ -347,7 +352,8 @@ def _fp4_weight_cases():
         out = buf[:rows]
         qg = type(qw)(qw.data.cuda(), qw.scales.cuda(), qw.fmt, qw.shape,
                       None if qw.global_scale is None else qw.global_scale.cuda(), qw.scales_swizzled)  # fmt: skip
-        gemm_fp4_weight(x[:rows].cuda(), qg, offs=to_gpu(offs), out=out, config=cfg)
+        with mock.patch.object(fp4_api, "_sm_count", lambda index: sms) if sms else contextlib.nullcontext():
+            gemm_fp4_weight(x[:rows].cuda(), qg, offs=to_gpu(offs), out=out, config=cfg)
         torch.cuda.synchronize()
         host = buf.cpu()
         end = sum(counts) if grouped else rows
@@ -379,7 +385,8 @@ def _fp4_weight_cases():
             pipelines += (("wgmma256ss", {**pipelines[2][1], "n_tiles": 32, "staged_store": True, **mx8}),)
             pipelines += (("wgmma64ss", {**pipelines[1][1], "n_tiles": 8, "ring": 3, "staged_store": True}),)
             if not grouped:  # a CTA per (weight tile, 256-token pass): three passes, the last partial
-                pipelines += (("wgmma256pc", {**pipelines[-2][1], "pass_ctas": True, "_rows": 600}),)
+                pipelines += (("wgmma256pc", {**pipelines[-2][1], "pass_ctas": 1, "_rows": 600}),
+                              ("wgmma256pp", {**pipelines[-2][1], "pass_ctas": 2, "_rows": 600, "_sms": 4}))  # fmt: skip
             if fmt != "mxfp8":  # the per-thread pipelines (FP4 only)
                 pipelines += (("regs", dict(ring=0, stages=0, row_tiles=1, warps_n=1, warps_k=2)),
                               ("cpasync", dict(ring=0, stages=4, row_tiles=1, warps_n=2, warps_k=4)))  # fmt: skip

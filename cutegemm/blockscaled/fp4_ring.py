@@ -59,8 +59,10 @@ class RingPipeline:
             cpasync.CopyBulkTensorTileG2SOp(), x2, cute.slice_(sx_layout, (None, None, 0)), (self.cfg.tokens_per_pass, 64)
         )
         grid = [grid_x, batches, 1]
-        if cutlass.const_expr(self.cfg.pass_ctas):
+        if cutlass.const_expr(self.cfg.pass_ctas == 1):
             grid = [grid_x * ((m_rows + self.cfg.tokens_per_pass - 1) // self.cfg.tokens_per_pass), batches, 1]
+        if cutlass.const_expr(self.cfg.pass_ctas == 2):
+            grid = [n_ctas, batches, 1]
         if cutlass.const_expr(self.cfg.split):
             grid = [n_ctas, 1, 1]
         kernel = self.kernel_wgmma if cutlass.const_expr(self.cfg.wgmma) else self.kernel_ring
@@ -314,7 +316,8 @@ class RingPipeline:
             ks += 1
             if ks == n_kst:
                 ks = 0
-                seg += 1
+                seg += self.seg_stride()
+                u = seg * n_kst
         if cutlass.const_expr(PP):
             if it > 0:
                 self.pair_stage(it - 1, x_smem, xfull, full, lane)
@@ -405,9 +408,12 @@ class RingPipeline:
         u_lo = cutlass.Int32(0)
         u_hi = n_pass * n_kst
         total = u_hi
-        if cutlass.const_expr(self.cfg.pass_ctas):
+        if cutlass.const_expr(self.cfg.pass_ctas == 1):
             u_lo = pc * n_kst
             u_hi = u_lo + n_kst
+        if cutlass.const_expr(self.cfg.pass_ctas == 2):  # units bx, bx + n_ctas, ... (:meth:`seg_stride`)
+            u_lo = bx * n_kst
+            u_hi = n_tiles * n_pass * n_kst
         if cutlass.const_expr(self.cfg.split):
             total = batches * n_tiles * n_pass * n_kst
             u_lo = cutlass.Int32(cutlass.Int64(bx) * cutlass.Int64(total) // cutlass.Int64(n_ctas))
@@ -420,6 +426,13 @@ class RingPipeline:
         passes on consecutive CTAs) -> (its weight tile, its pass)."""
         n_pass = (m_rows + self.cfg.tokens_per_pass - 1) // self.cfg.tokens_per_pass
         return bx // n_pass, bx % n_pass
+
+    def seg_stride(self):
+        """From one segment (unit) of a CTA to its next: the grid's CTA count on the persistent
+        pass grid (``pass_ctas`` 2), else 1."""
+        if cutlass.const_expr(self.cfg.pass_ctas == 2):
+            return cute.arch.grid_dim()[0]
+        return 1
 
     @cute.jit
     def ring_segment(self, seg, n_pass, n_tiles, bx, by, row_start, x_base0, m_rows):
@@ -437,6 +450,9 @@ class RingPipeline:
             batch = rest // n_tiles
             m0 = (seg - rest * n_pass) * self.cfg.tokens_per_pass
             x_base = cutlass.Int64(batch) * cutlass.Int64(m_rows)
+        if cutlass.const_expr(self.cfg.pass_ctas == 2):  # segment = (tile, pass) unit of the batch
+            tile = seg // n_pass
+            m0 = row_start + (seg - tile * n_pass) * self.cfg.tokens_per_pass
         return tile, batch, m0, x_base
 
     def slot_word(self, slot0, cta, cta_lo, su0, rw, lane):

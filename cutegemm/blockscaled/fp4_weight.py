@@ -166,11 +166,13 @@ class Fp4WeightConfig:
     # bytes of an output row instead of 2-byte pieces of four rows per warp store (N a multiple of
     # 16 bytes' values and a 16-byte aligned output; else the direct stores).
     staged_store: bool = False
-    # WGMMA consumers, dense, not split: a CTA per (weight tile, token pass) instead of one per
-    # weight tile running all its passes, the passes of a tile on consecutive CTAs (their weight
-    # reads meet in L2). More, shorter CTAs: the last wave's share of idle SMs shrinks (the
-    # policy takes it where the SM count makes that pay: ``fp4_weight_api.pass_grid_pays``).
-    pass_ctas: bool = False
+    # WGMMA consumers, dense, not split: the work is dealt in (weight tile, token pass) units
+    # instead of a CTA per weight tile running all its passes, the passes of a tile consecutive
+    # (their weight reads meet in L2): 1: a CTA per unit; 2: a persistent grid (one CTA per SM,
+    # ``n_ctas``) taking units round-robin, its ring streaming on from one unit into the next.
+    # Finer units: the last wave's share of idle SMs shrinks (the policy takes it where the SM
+    # count makes that pay: ``fp4_weight_api.pass_grid_pays``).
+    pass_ctas: int = 0
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -194,6 +196,8 @@ class Fp4WeightConfig:
             raise ValueError(f"Fp4WeightConfig.wg_trip must be 0, 1 or 2 (WGMMA consumers only), got {self.wg_trip}")
         if self.staged_store and (not self.wgmma or self.split):
             raise ValueError("Fp4WeightConfig.staged_store is for the WGMMA consumers without the split grid")
+        if self.pass_ctas not in (0, 1, 2):
+            raise ValueError(f"Fp4WeightConfig.pass_ctas must be 0, 1 or 2, got {self.pass_ctas}")
         if self.pass_ctas and (not self.wgmma or self.split or self.grouped):
             raise ValueError("Fp4WeightConfig.pass_ctas is for the dense WGMMA consumers without the split grid")
         if self.wgmma and self.trip_groups < 2:
@@ -383,7 +387,7 @@ class Fp4WeightConfig:
             + (f"_g{self.wg_steps}" if self.wg_steps else "")
             + (f"_u{self.wg_trip}" if self.wg_trip else "")
             + ("_ss" if self.staged_store else "")
-            + ("_pc" if self.pass_ctas else "")
+            + {0: "", 1: "_pc", 2: "_pp"}[int(self.pass_ctas)]
         )
 
 

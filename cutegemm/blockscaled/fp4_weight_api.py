@@ -295,6 +295,9 @@ def gemm_fp4_weight(
     n_ctas, work, slot0 = 0, gs.view(torch.int32), 0
     if cfg.split:
         n_ctas, work, slot0 = _split_work(cfg, dev, m, n, k, batches)
+    elif cfg.pass_ctas == 2:  # the persistent pass grid: one CTA per SM (256-token passes), units round-robin
+        idx = dev.index if dev.index is not None else torch.cuda.current_device()
+        n_ctas = min(-(-n // cfg.rows_per_cta) * -(-m // cfg.tokens_per_pass), _sm_count(idx))
     kernel_cache().get(cfg)(
         xf.view(torch.int32).reshape(-1),
         data.view(torch.int32),

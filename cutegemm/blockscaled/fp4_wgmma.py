@@ -97,7 +97,7 @@ class WgmmaPipeline:
         NT = cfg.n_tiles
         tidx, bx, by, warp, lane = self.thread_ids()
         pc = cutlass.Int32(0)
-        if cutlass.const_expr(cfg.pass_ctas):
+        if cutlass.const_expr(cfg.pass_ctas == 1):
             bx, pc = self.pass_cta(bx, m_rows)  # from here on bx is the CTA's weight tile
         (n_p, cols_p, _, n_kst, n_tiles, row_start, row_end, x_base0, n_pass, u_lo, u_hi,
          total) = self.ring_work(mOffs, m_rows, n, k, batches, n_ctas, bx, by, pc)  # fmt: skip
@@ -182,13 +182,14 @@ class WgmmaPipeline:
                 if cutlass.const_expr(self.fp8):
                     self.nan_rows(nan, acc, PAIR_NAN_MASK)
                 if cutlass.const_expr(cfg.staged_store):
-                    _, _, m0, x_base = self.ring_segment(seg, n_pass, n_tiles, bx, by, row_start, x_base0, m_rows)
-                    self.store_staged(acc, sE, warp, lane, m0, row_end, x_base, bx * cfg.rows_per_cta, n, gs, mXs, mOut)
+                    tile, _, m0, x_base = self.ring_segment(seg, n_pass, n_tiles, bx, by, row_start, x_base0, m_rows)
+                    self.store_staged(acc, sE, warp, lane, m0, row_end, x_base, tile * cfg.rows_per_cta, n, gs, mXs,
+                                      mOut)  # fmt: skip
                 else:
                     self.end_segment(acc, None, sFlag, mWork, slot0, lane, 0, warp, warp, seg, su0, u_lo, u_hi, total,
                                      n_ctas, n_kst, n_pass, n_tiles, batches, bx, by, row_start, row_end, x_base0, m_rows,
                                      n, gs, mXs, mOut, False)  # fmt: skip
-                seg += 1
+                seg += self.seg_stride()
 
     @cute.jit
     def store_staged(self, acc, sE, warp, lane, m0, row_end, x_base, tile_row0, n, gs, mXs, mOut):
