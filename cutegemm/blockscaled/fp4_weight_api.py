@@ -167,7 +167,7 @@ def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bo
             row_tiles=1, warps_n=8, warps_k=1, stages=0, producer_pairs=False, wgmma=True, producer_wg=wide,
             split=not grouped and not t256 and (n_tiles >= 8 or spread),
             staged_store=n_tiles >= 16 and (t256 or grouped),
-            pass_ctas=t256 and not grouped and tiles_sms is not None and pass_grid_pays(-(-rows // 256), *tiles_sms),
+            pass_ctas=int(t256 and not grouped and tiles_sms is not None and pass_grid_pays(-(-rows // 256), *tiles_sms)),
         )  # fmt: skip
     n_tiles = 1 if rows <= 8 else 2 if rows <= 16 else 4  # more rows: passes in the CTA (L2 hits)
     # Measured on the H200 (bench/RESULTS.md, 2026-11-30): the TMA / bulk-copy ring with 128
