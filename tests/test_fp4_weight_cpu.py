@@ -274,13 +274,14 @@ def test_pass_grid_policy_and_rules():
     assert not pass_grid_pays(1, 150, 132) and pass_grid_pays(5, 150, 132)  # 750 CTAs in 6 waves vs 150 in 2 x 5
     assert not pass_grid_pays(2, 100, 132)  # 200 CTAs in 2 waves, or 100 in one of 2 passes
     for fmt in ("nvfp4", "mxfp4", "mxfp8"):
-        assert pick_config(1024, fmt, torch.bfloat16, "sm_90a", False, tiles_sms=(224, 132)).pass_ctas
+        mode = pick_config(1024, fmt, torch.bfloat16, "sm_90a", False, tiles_sms=(224, 132)).pass_ctas
+        assert mode == (1 if fmt == "mxfp8" else 2)  # FP4: the persistent grid; MXFP8: a CTA per unit
         for m in (256, 512, 768):
             assert not pick_config(m, fmt, torch.bfloat16, "sm_90a", False, tiles_sms=(224, 132)).pass_ctas
         assert not pick_config(1024, fmt, torch.bfloat16, "sm_90a", False).pass_ctas
         assert not pick_config(1024 * 32, fmt, torch.bfloat16, "sm_90a", True, 32).pass_ctas
     cfg = pick_config(1024, "nvfp4", torch.bfloat16, "sm_90a", False, tiles_sms=(224, 132))
-    assert cfg.name.endswith("_pc") and replace(cfg, pass_ctas=2).name.endswith("_pp")
+    assert cfg.name.endswith("_pp") and replace(cfg, pass_ctas=1).name.endswith("_pc")
     with pytest.raises(ValueError):
         replace(cfg, pass_ctas=3)
     for bad in (dict(grouped=True), dict(split=True, staged_store=False, n_tiles=16, ring=4)):

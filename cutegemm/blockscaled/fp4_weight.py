@@ -711,7 +711,7 @@ def all_configs(arch: str) -> list[Fp4WeightConfig]:
             for rows in (128, 256):
                 out.append(pick_config(rows * (8 if grouped else 1), fmt, torch.bfloat16, arch, grouped, 8))
     out.append(pick_config(256, "mxfp4", torch.bfloat16, arch, False, 1, x_scale=True))
-    for fmt in ("nvfp4", "mxfp8"):  # sm_90a: a CTA per (weight tile, pass) (224 tiles on 132 SMs, 4 passes)
+    for fmt in ("nvfp4", "mxfp8"):  # sm_90a: the pass grids (224 tiles on 132 SMs, 4 passes: persistent / a CTA per unit)
         out.append(pick_config(1024, fmt, torch.bfloat16, arch, False, 1, tiles_sms=(224, 132)))
     out.append(Fp4WeightConfig(fmt="nvfp4", out_dtype="fp32", arch=arch))
     out.append(pick_config(16, "nvfp4", torch.bfloat16, arch, False, 1, x_scale=True))  # FP8 activations

@@ -157,9 +157,17 @@ def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bo
         # (96.5); MXFP8 M=256 105.1 / 111.4 (97.8), M=1024 387.1 / 405.8 (300.1). Grouped 128
         # tokens per pass too: ~128 rows per expert NVFP4 560.6 / 568.0 (721.3), MXFP8 647.6 / 657.9
         # (736.2); 64 tokens not (~64 rows: NVFP4 408.1 / 406.9, MXFP8 500.0 / 494.1).
+        # Dense 256-token passes dealt as (weight tile, pass) units where that fills the SMs'
+        # waves better (``pass_grid_pays``). H200, same run (bench/2026-12-02b round6), us, a
+        # persistent grid taking units round-robin / a CTA per unit / a CTA per tile (cuBLAS
+        # bf16): NVFP4 M=1024 309.1 / 312.6 / 339.1 (305.8), M=2048 621.3 / 628.2 / 664.2 (607.0);
+        # MXFP4 M=1024 303.9 / 308.1 / 337.9 (296.0), M=2048 607.7 / 617.6 / 665.2 (582.7); MXFP8
+        # M=1024 363.3 / 350.3 / 387.1 (300.3), M=2048 726.3 / 702.0 / 769.3 (593.1): FP4 takes the
+        # persistent grid, MXFP8 a CTA per unit.
         wide = rows > 64
         t256 = wide and not spread and (rows > 128 if grouped else -(-rows // 256) * 8 <= -(-rows // 128) * 5)
         n_tiles = 4 if rows <= 32 else 32 if t256 else 16 if wide else 8
+        pass_grid = t256 and not grouped and tiles_sms is not None and pass_grid_pays(-(-rows // 256), *tiles_sms)
         return Fp4WeightConfig(
             fmt=fmt, n_tiles=n_tiles, grouped=grouped, out_dtype=_OUT[out_dtype], arch=arch, x_scale=x_scale,
             ring=(5 if fp8 else 3) if t256 else 4 if wide else {4: 4, 8: 3}[n_tiles],
@@ -167,7 +175,7 @@ def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bo
             row_tiles=1, warps_n=8, warps_k=1, stages=0, producer_pairs=False, wgmma=True, producer_wg=wide,
             split=not grouped and not t256 and (n_tiles >= 8 or spread),
             staged_store=n_tiles >= 16 and (t256 or grouped),
-            pass_ctas=int(t256 and not grouped and tiles_sms is not None and pass_grid_pays(-(-rows // 256), *tiles_sms)),
+            pass_ctas=(1 if fp8 else 2) if pass_grid else 0,
         )  # fmt: skip
     n_tiles = 1 if rows <= 8 else 2 if rows <= 16 else 4  # more rows: passes in the CTA (L2 hits)
     # Measured on the H200 (bench/RESULTS.md, 2026-11-30): the TMA / bulk-copy ring with 128
