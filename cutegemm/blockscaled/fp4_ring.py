@@ -403,7 +403,8 @@ class RingPipeline:
     @cute.jit
     def unit_range(self, bx, batches, n_tiles, n_pass, n_kst, n_ctas, pc):
         """(first unit, end unit, unit count) of CTA ``bx``: its tile's passes x K stages (with
-        ``pass_ctas`` only pass ``pc``'s), or with ``split`` an equal share of every (batch, row
+        ``pass_ctas`` 1 only pass ``pc``'s; 2: from its first (tile, pass) segment to the batch's
+        end, :meth:`seg_stride` apart), or with ``split`` an equal share of every (batch, row
         tile, pass, K stage) unit."""
         u_lo = cutlass.Int32(0)
         u_hi = n_pass * n_kst
@@ -422,7 +423,7 @@ class RingPipeline:
 
     @cute.jit
     def pass_cta(self, bx, m_rows):
-        """``pass_ctas`` (dense): CTA ``bx`` of the grid (weight tiles x token passes, a tile's
+        """``pass_ctas`` 1 (dense): CTA ``bx`` of the grid (weight tiles x token passes, a tile's
         passes on consecutive CTAs) -> (its weight tile, its pass)."""
         n_pass = (m_rows + self.cfg.tokens_per_pass - 1) // self.cfg.tokens_per_pass
         return bx // n_pass, bx % n_pass

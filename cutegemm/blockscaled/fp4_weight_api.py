@@ -27,9 +27,10 @@ consumers up to 32 dense rows, the WGMMA ones above, dequantize-first from DQ_MI
 DQ_MIN_ROWS_GROUPED_FP8 rows per expert (``dq_min_rows``; on sm_100a, whose kernel has the mma.sync
 consumers only, the lower ``*_MMA_SYNC`` thresholds). Dense calls whose 128-row weight tiles are
 fewer than the SMs run on the split grid even with one token pass (``few_weight_tiles``). Dense
-256-token passes run a CTA per (weight tile, pass) where that fills the SMs' waves better than a
-CTA per tile running all its passes (``pass_grid_pays``; e.g. N=28672 on 132 SMs from 1024 rows:
-896 CTAs in 7 waves instead of 224 in 2). A forced ``config`` always runs the kernel.
+256-token passes are dealt in (weight tile, pass) units where that fills the SMs' waves better
+than a CTA per tile running all its passes (``pass_grid_pays``; e.g. N=28672 on 132 SMs from 1024
+rows: 896 units in 7 waves instead of 224 tiles in 2): FP4 weights on a persistent grid (one CTA
+per SM taking units round-robin), MXFP8 a CTA per unit. A forced ``config`` always runs the kernel.
 
 Dense calls with several token passes use the split grid (``Fp4WeightConfig.split``): it keeps a
 small workspace per (device, stream) (counters the kernel leaves at zero + partial-sum slots), so
