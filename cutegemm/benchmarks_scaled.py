@@ -439,17 +439,11 @@ def bench_fp4_weight(reps=30, dense=FP4W_DENSE, grouped=FP4W_GROUPED, fmts=("nvf
     from dataclasses import replace
 
     from . import dequantize, quantize
-    from .blockscaled.fp4_weight_api import (
-        _arch,
-        _sm_count,
-        dequantize_first,
-        few_weight_tiles,
-        gemm_fp4_weight,
-        pick_config,
-    )
+    from .blockscaled.fp4_weight_api import _arch, dequantize_first, gemm_fp4_weight, policy_config
 
     timer = Timer()
-    arch = _arch(torch.cuda.current_device())
+    idx = torch.cuda.current_device()
+    arch = _arch(idx)
     rows = []
     cases = [("dense", None, m, n, k) for m, n, k in dense] + [("grouped", e, t, n, k) for e, t, n, k in grouped]
     for fmt in fmts:
@@ -485,9 +479,7 @@ def bench_fp4_weight(reps=30, dense=FP4W_DENSE, grouped=FP4W_GROUPED, fmts=("nvf
             t_base = timer(base, reps)
             t_deq = timer(deq, max(5, reps // 3))
             qbytes = qw.data.numel() * qw.data.element_size() + qw.scales.numel()
-            dense_tiles = None if offs is not None else (-(-n // 128), _sm_count(torch.cuda.current_device()))
-            default = pick_config(total, fmt, torch.bfloat16, arch, offs is not None, experts,
-                                  few_tiles=offs is None and few_weight_tiles(n, 1, x.device), tiles_sms=dense_tiles)  # fmt: skip
+            default = policy_config(total, n, fmt, torch.bfloat16, arch, offs is not None, experts, False, idx)
             routed = dequantize_first(total, experts, offs is not None, False, qw)
             for overrides in [{}, *configs]:
                 try:

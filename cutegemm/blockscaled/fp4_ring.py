@@ -59,9 +59,7 @@ class RingPipeline:
             cpasync.CopyBulkTensorTileG2SOp(), x2, cute.slice_(sx_layout, (None, None, 0)), (self.cfg.tokens_per_pass, 64)
         )
         grid = [grid_x, batches, 1]
-        if cutlass.const_expr(self.cfg.pass_ctas == 1):
-            grid = [grid_x * ((m_rows + self.cfg.tokens_per_pass - 1) // self.cfg.tokens_per_pass), batches, 1]
-        if cutlass.const_expr(self.cfg.pass_ctas == 2):
+        if cutlass.const_expr(self.cfg.pass_ctas):
             grid = [n_ctas, batches, 1]
         if cutlass.const_expr(self.cfg.split):
             grid = [n_ctas, 1, 1]
@@ -129,7 +127,7 @@ class RingPipeline:
         VT = CK // 4  # K values per thread per chunk
         tidx, bx, by, warp, lane = self.thread_ids()
         (n_p, cols_p, n_chunks, n_kst, n_tiles, row_start, row_end, x_base0, n_pass, u_lo, u_hi,
-         total) = self.ring_work(mOffs, m_rows, n, k, batches, n_ctas, bx, by, cutlass.Int32(0))  # fmt: skip
+         total) = self.ring_work(mOffs, m_rows, n, k, batches, n_ctas, bx, by)  # fmt: skip
 
         alloc = memory.SmemAllocator()
         sW, sX, sFlag, w_smem, x_smem, side_base, bar_base, full, empty, xfull = self.ring_smem(alloc)
@@ -361,11 +359,10 @@ class RingPipeline:
             self.finish_pass(acc, sRed, lane, kg, rw, m0, row_end, x_base, row0, n, gs, mXs, mOut, bar, permuted)
 
     @cute.jit
-    def ring_work(self, mOffs, m_rows, n, k, batches, n_ctas, bx, by, pc):
+    def ring_work(self, mOffs, m_rows, n, k, batches, n_ctas, bx, by):
         """The ring kernels' work geometry: (N_p, cols_p) of the scales, K chunks, K stages, row
         tiles, the batch's (expert's) token rows and first x row, its token passes, and the CTA's
-        (first, end) unit and the unit count (:meth:`unit_range`; ``pc``: the CTA's pass with
-        ``pass_ctas``, :meth:`pass_cta`)."""
+        (first, end) unit and the unit count (:meth:`unit_range`)."""
         cfg = self.cfg
         n_p, cols_p = self.scale_dims(n, k)
         n_chunks = (k + cfg.chunk_k - 1) // cfg.chunk_k
@@ -373,7 +370,7 @@ class RingPipeline:
         n_tiles = (n + cfg.rows_per_cta - 1) // cfg.rows_per_cta
         row_start, row_end, x_base0 = self.token_range(mOffs, m_rows, by)
         n_pass = (row_end - row_start + cfg.tokens_per_pass - 1) // cfg.tokens_per_pass
-        u_lo, u_hi, total = self.unit_range(bx, batches, n_tiles, n_pass, n_kst, n_ctas, pc)
+        u_lo, u_hi, total = self.unit_range(bx, batches, n_tiles, n_pass, n_kst, n_ctas)
         return n_p, cols_p, n_chunks, n_kst, n_tiles, row_start, row_end, x_base0, n_pass, u_lo, u_hi, total
 
     def ring_smem(self, alloc):
@@ -401,18 +398,15 @@ class RingPipeline:
         return tidx, bx, by, cute.arch.make_warp_uniform(tidx // 32), tidx % 32
 
     @cute.jit
-    def unit_range(self, bx, batches, n_tiles, n_pass, n_kst, n_ctas, pc):
+    def unit_range(self, bx, batches, n_tiles, n_pass, n_kst, n_ctas):
         """(first unit, end unit, unit count) of CTA ``bx``: its tile's passes x K stages (with
-        ``pass_ctas`` 1 only pass ``pc``'s; 2: from its first (tile, pass) segment to the batch's
-        end, :meth:`seg_stride` apart), or with ``split`` an equal share of every (batch, row
-        tile, pass, K stage) unit."""
+        ``pass_ctas``: its (tile, pass) segments bx, bx + the grid's CTAs, ... (:meth:`seg_stride`)
+        up to the batch's end), or with ``split`` an equal share of every (batch, row tile, pass,
+        K stage) unit."""
         u_lo = cutlass.Int32(0)
         u_hi = n_pass * n_kst
         total = u_hi
-        if cutlass.const_expr(self.cfg.pass_ctas == 1):
-            u_lo = pc * n_kst
-            u_hi = u_lo + n_kst
-        if cutlass.const_expr(self.cfg.pass_ctas == 2):  # units bx, bx + n_ctas, ... (:meth:`seg_stride`)
+        if cutlass.const_expr(self.cfg.pass_ctas):
             u_lo = bx * n_kst
             u_hi = n_tiles * n_pass * n_kst
         if cutlass.const_expr(self.cfg.split):
@@ -421,17 +415,10 @@ class RingPipeline:
             u_hi = cutlass.Int32(cutlass.Int64(bx + 1) * cutlass.Int64(total) // cutlass.Int64(n_ctas))
         return u_lo, u_hi, total
 
-    @cute.jit
-    def pass_cta(self, bx, m_rows):
-        """``pass_ctas`` 1 (dense): CTA ``bx`` of the grid (weight tiles x token passes, a tile's
-        passes on consecutive CTAs) -> (its weight tile, its pass)."""
-        n_pass = (m_rows + self.cfg.tokens_per_pass - 1) // self.cfg.tokens_per_pass
-        return bx // n_pass, bx % n_pass
-
     def seg_stride(self):
-        """From one segment (unit) of a CTA to its next: the grid's CTA count on the persistent
-        pass grid (``pass_ctas`` 2), else 1."""
-        if cutlass.const_expr(self.cfg.pass_ctas == 2):
+        """From one segment (unit) of a CTA to its next: the grid's CTA count on the pass grid
+        (``pass_ctas``; with a CTA per unit the first step ends the CTA's work), else 1."""
+        if cutlass.const_expr(self.cfg.pass_ctas):
             return cute.arch.grid_dim()[0]
         return 1
 
@@ -451,7 +438,7 @@ class RingPipeline:
             batch = rest // n_tiles
             m0 = (seg - rest * n_pass) * self.cfg.tokens_per_pass
             x_base = cutlass.Int64(batch) * cutlass.Int64(m_rows)
-        if cutlass.const_expr(self.cfg.pass_ctas == 2):  # segment = (tile, pass) unit of the batch
+        if cutlass.const_expr(self.cfg.pass_ctas):  # segment = (tile, pass) unit of the batch
             tile = seg // n_pass
             m0 = row_start + (seg - tile * n_pass) * self.cfg.tokens_per_pass
         return tile, batch, m0, x_base

@@ -168,10 +168,11 @@ class Fp4WeightConfig:
     staged_store: bool = False
     # WGMMA consumers, dense, not split: the work is dealt in (weight tile, token pass) units
     # instead of a CTA per weight tile running all its passes, the passes of a tile consecutive
-    # (their weight reads meet in L2): 1: a CTA per unit; 2: a persistent grid (one CTA per SM,
-    # ``n_ctas``) taking units round-robin, its ring streaming on from one unit into the next.
-    # Finer units: the last wave's share of idle SMs shrinks (the policy takes it where the SM
-    # count makes that pay: ``fp4_weight_api.pass_grid_pays``).
+    # (their weight reads meet in L2), to the grid's CTAs round-robin (one kernel; the host picks
+    # the grid, ``fp4_weight_api.pass_grid_ctas``): 1: a CTA per unit; 2: a persistent grid of
+    # one CTA per SM, its ring streaming on from one unit into the next. Finer units: the last
+    # wave's share of idle SMs shrinks (the policy takes it where the SM count makes that pay:
+    # ``fp4_weight_api.pass_grid_pays``).
     pass_ctas: int = 0
 
     def __post_init__(self):

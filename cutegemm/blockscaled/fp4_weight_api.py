@@ -26,7 +26,7 @@ memory: 2 bytes per weight element) and the bf16 GEMM runs on it. MXFP8 weights:
 consumers up to 32 dense rows, the WGMMA ones above, dequantize-first from DQ_MIN_ROWS_FP8 dense /
 DQ_MIN_ROWS_GROUPED_FP8 rows per expert (``dq_min_rows``; on sm_100a, whose kernel has the mma.sync
 consumers only, the lower ``*_MMA_SYNC`` thresholds). Dense calls whose 128-row weight tiles are
-fewer than the SMs run on the split grid even with one token pass (``few_weight_tiles``). Dense
+fewer than the SMs run on the split grid even with one token pass (``policy_config``). Dense
 256-token passes are dealt in (weight tile, pass) units where that fills the SMs' waves better
 than a CTA per tile running all its passes (``pass_grid_pays``; e.g. N=28672 on 132 SMs from 1024
 rows: 896 units in 7 waves instead of 224 tiles in 2): FP4 weights on a persistent grid (one CTA
@@ -102,7 +102,7 @@ def check_args(x, qw, offs=None, out_dtype=torch.bfloat16, scale_a=None) -> None
 def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bool, experts: int = 1,
                 x_scale: bool = False, few_tiles: bool = False, tiles_sms: tuple[int, int] | None = None):  # fmt: skip
     """The kernel variant: tokens per pass from the (mean) rows per batch / expert. ``few_tiles``
-    (dense): the weight's 128-row tiles are fewer than the SMs (``few_weight_tiles``);
+    (dense): the weight's 128-row tiles are fewer than the SMs (:func:`policy_config`);
     ``tiles_sms`` (dense): (128-row weight tiles x batches, the device's SMs), for
     :func:`pass_grid_pays`."""
     from .fp4_weight import Fp4WeightConfig
@@ -258,7 +258,8 @@ def gemm_fp4_weight(
         staged = out.clone(memory_format=torch.contiguous_format)  # keeps the rows not written
         gemm_fp4_weight(x, qw, offs=offs, out=staged, out_dtype=out_dtype, alpha=alpha, scale_a=scale_a, config=config)
         return out.copy_(staged)
-    arch = _arch(dev.index if dev.index is not None else torch.cuda.current_device())
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    arch = _arch(idx)
     x_scale = scale_a is not None
     if x_scale:
         if scale_a.device != dev:
@@ -266,13 +267,7 @@ def gemm_fp4_weight(
         scale_a = scale_a.reshape(-1).expand(m).contiguous()  # one element: broadcast, no host read
     if config is None and dequantize_first(m, batches, grouped, x_scale, qw, arch):
         return _dequantized(x, qw, offs, out, out_dtype, alpha, scale_a)
-    tiles_sms = None
-    if not grouped:
-        tiles_sms = (-(-n // 128) * batches, _sm_count(dev.index if dev.index is not None else torch.cuda.current_device()))
-    cfg = config or pick_config(
-        m, qw.fmt.name, out_dtype, arch, grouped, batches, x_scale, not grouped and few_weight_tiles(n, batches, dev),
-        tiles_sms,
-    )
+    cfg = config or policy_config(m, n, qw.fmt.name, out_dtype, arch, grouped, batches, x_scale, idx)
     if (cfg.fmt, cfg.grouped, cfg.out_dtype, cfg.x_scale) != (qw.fmt.name, grouped, _OUT[out_dtype], x_scale):
         raise ValueError(
             f"config {cfg.name} does not match this call ({qw.fmt.name}, grouped={grouped}, {out_dtype}, "
@@ -304,9 +299,8 @@ def gemm_fp4_weight(
     n_ctas, work, slot0 = 0, gs.view(torch.int32), 0
     if cfg.split:
         n_ctas, work, slot0 = _split_work(cfg, dev, m, n, k, batches)
-    elif cfg.pass_ctas == 2:  # the persistent pass grid: one CTA per SM (256-token passes), units round-robin
-        idx = dev.index if dev.index is not None else torch.cuda.current_device()
-        n_ctas = min(-(-n // cfg.rows_per_cta) * -(-m // cfg.tokens_per_pass), _sm_count(idx))
+    elif cfg.pass_ctas:
+        n_ctas = pass_grid_ctas(cfg, m, n, idx)
     kernel_cache().get(cfg)(
         xf.view(torch.int32).reshape(-1),
         data.view(torch.int32),
@@ -437,6 +431,22 @@ def _split_work(cfg, dev: torch.device, m: int, n: int, k: int, batches: int) ->
     return n_ctas, ws, counters
 
 
+def policy_config(m: int, n: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bool, batches: int,
+                  x_scale: bool, idx: int):  # fmt: skip
+    """The config the policy runs for a kernel call on device ``idx``: :func:`pick_config` told
+    whether a dense weight's 128-row tiles are fewer than the SMs and how they fill its waves."""
+    tiles_sms = None if grouped else (-(-n // 128) * batches, _sm_count(idx))
+    few = tiles_sms is not None and tiles_sms[0] < tiles_sms[1]
+    return pick_config(m, fmt, out_dtype, arch, grouped, batches, x_scale, few, tiles_sms)
+
+
+def pass_grid_ctas(cfg, m: int, n: int, idx: int) -> int:
+    """The pass grid's CTAs (``Fp4WeightConfig.pass_ctas``): one per (weight tile, token pass)
+    unit, or (2) at most one per SM of device ``idx`` (256-token passes: one CTA fits an SM)."""
+    units = -(-n // cfg.rows_per_cta) * -(-m // cfg.tokens_per_pass)
+    return units if cfg.pass_ctas == 1 else min(units, _sm_count(idx))
+
+
 def pass_grid_pays(passes: int, tiles: int, sms: int) -> bool:
     """Dense WGMMA consumers (one CTA per SM at 256 tokens per pass): whether a CTA per (weight
     tile, token pass) (``Fp4WeightConfig.pass_ctas``) fills the SMs' waves better than a CTA per
@@ -446,12 +456,6 @@ def pass_grid_pays(passes: int, tiles: int, sms: int) -> bool:
         return ctas / (-(-ctas // sms) * sms)
 
     return passes > 1 and fill(tiles * passes) > fill(tiles) + 0.04
-
-
-def few_weight_tiles(n: int, batches: int, dev: torch.device) -> bool:
-    """Whether a dense call's 128-row weight tiles (x batches) are fewer than the device's SMs."""
-    idx = dev.index if dev.index is not None else torch.cuda.current_device()
-    return -(-n // 128) * batches < _sm_count(idx)
 
 
 def _sm_count(index: int) -> int:

@@ -96,11 +96,8 @@ class WgmmaPipeline:
         W = cfg.warps
         NT = cfg.n_tiles
         tidx, bx, by, warp, lane = self.thread_ids()
-        pc = cutlass.Int32(0)
-        if cutlass.const_expr(cfg.pass_ctas == 1):
-            bx, pc = self.pass_cta(bx, m_rows)  # from here on bx is the CTA's weight tile
         (n_p, cols_p, _, n_kst, n_tiles, row_start, row_end, x_base0, n_pass, u_lo, u_hi,
-         total) = self.ring_work(mOffs, m_rows, n, k, batches, n_ctas, bx, by, pc)  # fmt: skip
+         total) = self.ring_work(mOffs, m_rows, n, k, batches, n_ctas, bx, by)  # fmt: skip
 
         alloc = memory.SmemAllocator()
         sW, sX, sFlag, w_smem, x_smem, side_base, bar_base, full, empty, xfull = self.ring_smem(alloc)
