@@ -175,6 +175,48 @@ def test_split_plan_covers_every_unit_once(n_segs, n_kst, ctas):
             assert whole == (c_first == c_last)
 
 
+@settings(max_examples=300, deadline=None)
+@given(n_segs=st.integers(1, 400), n_kst=st.integers(1, 70), grid=st.integers(1, 140))
+def test_tail_plan_covers_every_unit_once(n_segs, n_kst, grid):
+    """The pass grid with ``tail_split`` (twin of the kernel's formulas): every unit in exactly one
+    CTA's piece; the full rounds' segments whole, round-robin; a tail segment cut between CTAs
+    lists exactly the CTAs holding its units (the counter waits for c_last - c_first + 1
+    arrivals), each with its own slot; a tail range holds TAIL_MIN_STAGES K stages at least
+    (or the whole tail); the CTAs' shares of the units differ by at most one where the tail
+    has TAIL_MIN_STAGES per CTA."""
+    grid = min(grid, n_segs)  # the host's grid: at most one CTA per unit
+    plan = fp4_ring.tail_plan_ref(n_segs, n_kst, grid)
+    total = n_segs * n_kst
+    seen = [0] * total
+    holders = {s: set() for s in range(n_segs)}
+    full = (n_segs // grid) * grid
+    for c, pieces in enumerate(plan):
+        slots, tail_units = [], 0
+        for seg, a, b, whole, slot, _c_first, _c_last in pieces:
+            assert seg * n_kst <= a < b <= (seg + 1) * n_kst
+            for u in range(a, b):
+                seen[u] += 1
+            holders[seg].add(c)
+            assert whole == (a == seg * n_kst and b == (seg + 1) * n_kst)
+            if seg < full:
+                assert whole and seg % grid == c
+            else:
+                tail_units += b - a
+            if not whole:
+                slots.append(slot)
+        assert len(slots) == len(set(slots)) <= 2
+        assert tail_units == 0 or tail_units >= min(fp4_ring.TAIL_MIN_STAGES, (n_segs - full) * n_kst)
+    assert seen == [1] * total
+    for pieces in plan:
+        for seg, _a, _b, whole, _slot, c_first, c_last in pieces:
+            if not whole:
+                assert set(range(c_first, c_last + 1)) == holders[seg]
+                assert c_first < c_last
+    shares = [sum(b - a for _s, a, b, *_ in pieces) for pieces in plan]
+    if (n_segs - full) * n_kst >= grid * fp4_ring.TAIL_MIN_STAGES:
+        assert max(shares) - min(shares) <= 1
+
+
 def test_split_rules_and_policy():
     base = dict(fmt="nvfp4", stages=0, ring=4, ring_k=2, warps_n=4, warps_k=2, row_tiles=2)
     assert fw.Fp4WeightConfig(**base, split=True).name.endswith("_split")
@@ -268,22 +310,30 @@ def test_pass_grid_policy_and_rules():
     it outside the dense, unsplit WGMMA consumers."""
     from dataclasses import replace
 
-    from cutegemm.blockscaled.fp4_weight_api import pass_grid_pays
+    from cutegemm.blockscaled.fp4_weight_api import pass_grid_pays, tail_split_pays
 
     assert pass_grid_pays(4, 224, 132) and not pass_grid_pays(2, 224, 132) and not pass_grid_pays(3, 224, 132)
     assert not pass_grid_pays(1, 150, 132) and pass_grid_pays(5, 150, 132)  # 750 CTAs in 6 waves vs 150 in 2 x 5
     assert not pass_grid_pays(2, 100, 132)  # 200 CTAs in 2 waves, or 100 in one of 2 passes
+    assert tail_split_pays(2, 224, 132) and tail_split_pays(3, 224, 132)  # last rounds of 52, 12
+    assert not tail_split_pays(1, 224, 132) and not tail_split_pays(4, 224, 132)  # 92, 104 of 132
+    assert not tail_split_pays(1, 100, 132) and not tail_split_pays(2, 132, 132)  # one round; full rounds
     for fmt in ("nvfp4", "mxfp4", "mxfp8"):
         mode = pick_config(1024, fmt, torch.bfloat16, "sm_90a", False, tiles_sms=(224, 132)).pass_ctas
         assert mode == (1 if fmt == "mxfp8" else 2)  # FP4: the persistent grid; MXFP8: a CTA per unit
-        for m in (256, 512, 768):
-            assert not pick_config(m, fmt, torch.bfloat16, "sm_90a", False, tiles_sms=(224, 132)).pass_ctas
+        assert not pick_config(256, fmt, torch.bfloat16, "sm_90a", False, tiles_sms=(224, 132)).pass_ctas
+        for m in (512, 768):  # the persistent grid's last round 52 / 12 of 132: the cut tail
+            cfg = pick_config(m, fmt, torch.bfloat16, "sm_90a", False, tiles_sms=(224, 132))
+            assert cfg.pass_ctas == 2 and cfg.tail_split and cfg.name.endswith("_pp_ts")
+        assert not pick_config(1024, fmt, torch.bfloat16, "sm_90a", False, tiles_sms=(224, 132)).tail_split
         assert not pick_config(1024, fmt, torch.bfloat16, "sm_90a", False).pass_ctas
         assert not pick_config(1024 * 32, fmt, torch.bfloat16, "sm_90a", True, 32).pass_ctas
     cfg = pick_config(1024, "nvfp4", torch.bfloat16, "sm_90a", False, tiles_sms=(224, 132))
     assert cfg.name.endswith("_pp") and replace(cfg, pass_ctas=1).name.endswith("_pc")
     with pytest.raises(ValueError):
         replace(cfg, pass_ctas=3)
+    with pytest.raises(ValueError):
+        replace(cfg, pass_ctas=1, tail_split=True)  # the cut tail needs the persistent grid
     for bad in (dict(grouped=True), dict(split=True, staged_store=False, n_tiles=16, ring=4)):
         with pytest.raises(ValueError):
             replace(cfg, **bad)

@@ -255,6 +255,46 @@ def test_pass_ctas(fmt, out_dtype, m, staged, mode, sms):
     assert torch.isnan(buf[m * n :]).all(), "wrote beside the output"
 
 
+TAIL_CASES = [  # (m, n, k, faked SMs): passes x tiles vs the grid -> tail units, cuts, contributors
+    (300, 392, 4096, 3),  # 8 segments, 2 full rounds, 2 tail segments over 3 CTAs (a CTA with two pieces)
+    (777, 392, 4000, 5),  # 16 segments, 3 full rounds, 1 tail segment cut 4 ways, partial last K stage
+    (777, 392, 4096, 132),  # no full round: 16 segments over 64 CTAs (8 K stages each), partial pass
+    (1, 700, 2048, 2),  # one partial pass, 6 tiles (the last partial), 3 full rounds, no tail
+    (600, 130, 544, 4),  # tails shorter than TAIL_MIN_STAGES: one CTA, whole segments
+]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9, reason="WGMMA: sm_90")
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("staged", [True, False])
+@pytest.mark.parametrize(("m", "n", "k", "sms"), TAIL_CASES)
+def test_tail_split(fmt, out_dtype, staged, m, n, k, sms):
+    """``tail_split`` (the persistent pass grid, the units after its last full round cut into
+    equal K ranges over the CTAs, cut units meeting through the workspace): every output
+    written once and right, nothing beside the output (poisoned guards), bitwise equal on a
+    second call (the finisher adds the partial sums in CTA order), the counters left at zero."""
+    from dataclasses import replace
+
+    from cutegemm.blockscaled import fp4_weight_api as api
+
+    qw = _weights((n, k), fmt, seed=m + n + 7 * staged)
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    cfg = replace(api.pick_config(1024, fmt, out_dtype, "sm_90a", False, tiles_sms=(224, 132)), staged_store=staged,
+                  pass_ctas=2, tail_split=True)  # fmt: skip
+    buf = torch.full((m * n + 64,), POISON, device="cuda", dtype=out_dtype)
+    out = buf[: m * n].view(m, n)
+    with mock.patch.object(api, "_sm_count", lambda index: sms):
+        api.gemm_fp4_weight(x, qw, out=out, config=cfg)
+        again = api.gemm_fp4_weight(x, qw, config=cfg, out_dtype=out_dtype)
+    _check(out, x, qw)
+    assert torch.isnan(buf[m * n :]).all(), "wrote beside the output"
+    bits = torch.int16 if out_dtype == torch.bfloat16 else torch.int32
+    assert torch.equal(again.view(bits), out.view(bits)), "not bitwise reproducible"
+    ws, counters = api._WORKSPACES[(torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream)]
+    assert not ws[:counters].any(), "counters left non-zero"
+
+
 SPLIT_SHAPES = [
     dict(ring=4, ring_k=2, warps_n=4, warps_k=2, row_tiles=2),
     dict(ring=3, ring_k=2, warps_n=4, warps_k=1, row_tiles=1),

@@ -336,13 +336,13 @@ def _fp4_weight_cases():
     from cutegemm.blockscaled.fp4_weight_api import gemm_fp4_weight, gemm_fp4_weight_ref, pick_config
 
     def case(fmt, grouped, shape):
-        n, k = 200, 32 * 13  # 3 full 128-K chunks + a 32-wide tail
+        n, k = 200, shape.get("_k", 32 * 13)  # 3 full 128-K chunks + a 32-wide tail
         e = 3 if grouped else 1
         w = cpu(e, n, k) if grouped else cpu(n, k)
         qw = quantize_ref(w, fmt)
         counts = [9, 0, 30] if grouped else [shape.get("_rows", 21)]
         sms = shape.get("_sms")  # a faked SM count (the persistent grids' CTAs then take several units)
-        shape = {key: v for key, v in shape.items() if key not in ("_rows", "_sms")}
+        shape = {key: v for key, v in shape.items() if key not in ("_rows", "_sms", "_k")}
         x = cpu(sum(counts) + 2, k)  # 2 rows past offs[-1] (grouped) / a guard (dense: sliced)
         offs = torch.tensor(counts).cumsum(0).to(torch.int32) if grouped else None
         rows = x.shape[0] if grouped else counts[0]
@@ -387,6 +387,8 @@ def _fp4_weight_cases():
             if not grouped:  # a CTA per (weight tile, 256-token pass): three passes, the last partial
                 pipelines += (("wgmma256pc", {**pipelines[-2][1], "pass_ctas": 1, "_rows": 600}),
                               ("wgmma256pp", {**pipelines[-2][1], "pass_ctas": 2, "_rows": 600, "_sms": 4}))  # fmt: skip
+                # the tail of the persistent grid cut 4 ways (6 units on 5 CTAs, 32 / 64 K stages each)
+                pipelines += (("wgmma256ts", {**pipelines[-1][1], "tail_split": True, "_sms": 5, "_k": 4096}),)
             if fmt != "mxfp8":  # the per-thread pipelines (FP4 only)
                 pipelines += (("regs", dict(ring=0, stages=0, row_tiles=1, warps_n=1, warps_k=2)),
                               ("cpasync", dict(ring=0, stages=4, row_tiles=1, warps_n=2, warps_k=4)))  # fmt: skip

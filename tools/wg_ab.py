@@ -6,8 +6,10 @@ routing, ``dq`` the dequantize-first path forced, then ``pick_config``'s WGMMA c
     python tools/wg_ab.py ROUNDS FMTS MS GROUPED_ROWS 'name=field=v,field=v' ...
     e.g. python tools/wg_ab.py 2 nvfp4,mxfp8 64,128,256 64,256 't128pwg=n_tiles=16,ring=2,producer_wg=True'
     (``k128=1`` / ``k256=1``: 128 / 256 K per ring stage, ring_k 1 / 2 for FP4, 2 / 4 for MXFP8)
+    WG_AB_SKIP=policy,dq leaves those runs out (e.g. to spare the dequantize path's compiles).
 """
 
+import os
 import sys
 from dataclasses import replace
 
@@ -21,6 +23,7 @@ from cutegemm.blockscaled.dequant import dequantize_checked
 from cutegemm.grouped.api import grouped_gemm
 
 N, K = 28672, 4096
+SKIP = set(os.environ.get("WG_AB_SKIP", "").split(",")) - {"base"}
 
 
 def variants(cfg, specs):
@@ -49,6 +52,7 @@ def dense_case(fmt, qw, w16, m, specs, timer, rounds):
             "dq": lambda: api._dequantized(x, qw, None, None, None, 1.0, None)}  # fmt: skip
     for name, c in variants(cfg, specs).items():
         runs[name] = lambda c=c: api.gemm_fp4_weight(x, qw, config=c)
+    runs = {name: fn for name, fn in runs.items() if name not in SKIP}
     report_vs_base(f"{fmt} dense M={m} ({cfg.name})", runs, timer, rounds, 2.0 * m * N * K)
 
 
@@ -61,6 +65,7 @@ def grouped_case(fmt, tok, specs, timer, rounds):
             "dq": lambda: api._dequantized(x, gq, offs, None, None, 1.0, None)}  # fmt: skip
     for name, c in variants(cfg, specs).items():
         runs[name] = lambda c=c: api.gemm_fp4_weight(x, gq, offs=offs, config=c)
+    runs = {name: fn for name, fn in runs.items() if name not in SKIP}
     report_vs_base(f"{fmt} grouped E=32 ~{tok} ({cfg.name})", runs, timer, rounds, 2.0 * x.shape[0] * 4096 * 7168)
 
 

@@ -21,7 +21,11 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from ..runtime.ptx import bulk_g2s, ld_global_cg_f32, ld_shared_u8, ld_shared_u16, ld_shared_v4, st_shared_v4
 from .fp4_math import e4m3_nan_flags, pair_natural_x
 
-__all__ = ["RingPipeline", "split_plan_ref"]
+__all__ = ["RingPipeline", "split_plan_ref", "tail_plan_ref", "TAIL_MIN_STAGES"]
+
+# ``Fp4WeightConfig.tail_split``: the fewest K stages of a CTA's range in the waves' tail (a unit
+# cut finer would cost its finisher more partial sums to add than the balance gains)
+TAIL_MIN_STAGES = 8
 
 
 class RingPipeline:
@@ -280,7 +284,20 @@ class RingPipeline:
         u = u_lo
         seg = u_lo // n_kst
         ks = u_lo - seg * n_kst
-        while u < u_hi:
+        hi = u_hi
+        stride = self.seg_stride()
+        if cutlass.const_expr(cfg.tail_split):
+            # after the full rounds (u_lo .. u_hi, stride: the grid) the CTA's range of the tail
+            t_lo, t_hi = self.tail_range(bx, n_tiles, n_pass, n_kst, stride)[:2]
+            in_tail = cutlass.Int32(0)
+            if u >= hi:
+                in_tail = cutlass.Int32(1)
+                u = t_lo
+                hi = t_hi
+                stride = cutlass.Int32(1)
+                seg = u // n_kst
+                ks = u - seg * n_kst
+        while u < hi:
             tile, batch, m0, x_base = self.ring_segment(seg, n_pass, n_tiles, bx, by, row_start, x_base0, m_rows)
             # (T, 64, K / 64) boxes of this pass's tokens (dense: x_base = the batch's first row)
             gX = cute.local_tile(cute.domain_offset((cutlass.Int32(x_base) + m0, 0), mX2), (T, 64), (0, None))
@@ -314,8 +331,16 @@ class RingPipeline:
             ks += 1
             if ks == n_kst:
                 ks = 0
-                seg += self.seg_stride()
+                seg += stride
                 u = seg * n_kst
+            if cutlass.const_expr(cfg.tail_split):
+                if u >= hi and in_tail == 0:
+                    in_tail = cutlass.Int32(1)
+                    u = t_lo
+                    hi = t_hi
+                    stride = cutlass.Int32(1)
+                    seg = u // n_kst
+                    ks = u - seg * n_kst
         if cutlass.const_expr(PP):
             if it > 0:
                 self.pair_stage(it - 1, x_smem, xfull, full, lane)
@@ -409,11 +434,30 @@ class RingPipeline:
         if cutlass.const_expr(self.cfg.pass_ctas):
             u_lo = bx * n_kst
             u_hi = n_tiles * n_pass * n_kst
+            if cutlass.const_expr(self.cfg.tail_split):  # the full rounds; the rest: tail_range
+                u_hi = (n_tiles * n_pass // n_ctas) * n_ctas * n_kst
         if cutlass.const_expr(self.cfg.split):
             total = batches * n_tiles * n_pass * n_kst
             u_lo = cutlass.Int32(cutlass.Int64(bx) * cutlass.Int64(total) // cutlass.Int64(n_ctas))
             u_hi = cutlass.Int32(cutlass.Int64(bx + 1) * cutlass.Int64(total) // cutlass.Int64(n_ctas))
         return u_lo, u_hi, total
+
+    @cute.jit
+    def tail_range(self, bx, n_tiles, n_pass, n_kst, n_ctas):
+        """``tail_split``: (first unit, end unit, the tail's first unit, its unit count, the CTAs
+        sharing it) of CTA ``bx`` in the tail, the units after the pass grid's last full round
+        (:meth:`unit_range`): equal ranges of them over the first G_t CTAs, G_t = the grid's
+        CTAs, fewer where a range would hold less than ``TAIL_MIN_STAGES`` K stages (the CTA
+        that finishes a cut unit adds every contributor's partial sums); the other CTAs' ranges
+        are empty."""
+        n_seg = n_tiles * n_pass
+        base = (n_seg // n_ctas) * n_ctas * n_kst
+        t_units = n_seg * n_kst - base
+        g_t = cutlass.max(cutlass.min(n_ctas, t_units // TAIL_MIN_STAGES), 1)
+        c = cutlass.min(bx, g_t)
+        t_lo = cutlass.Int32(cutlass.Int64(c) * cutlass.Int64(t_units) // cutlass.Int64(g_t))
+        t_hi = cutlass.Int32(cutlass.Int64(cutlass.min(bx + 1, g_t)) * cutlass.Int64(t_units) // cutlass.Int64(g_t))
+        return base + t_lo, base + t_hi, base, t_units, g_t
 
     def seg_stride(self):
         """From one segment (unit) of a CTA to its next: the grid's CTA count on the pass grid
@@ -533,5 +577,37 @@ def split_plan_ref(total: int, n_ctas: int, n_kst: int) -> list[list[tuple]]:
             ks += 1
             if ks == n_kst:
                 ks, seg = 0, seg + 1
+        plan.append(pieces)
+    return plan
+
+
+def tail_plan_ref(n_seg: int, n_kst: int, grid: int) -> list[list[tuple]]:
+    """Torch-free twin of the pass grid's schedule with ``tail_split`` (:meth:`RingPipeline.
+    unit_range` / :meth:`RingPipeline.tail_range` and the consumers' ``tail_gather``, the same
+    integer formulas): for every CTA its pieces as (segment, first unit, last unit + 1, whole,
+    slot, contributors c_first, c_last): whole segments bx, bx + grid, ... over the full rounds,
+    then its range of the tail. The CPU tests check that the pieces partition the units, that a
+    cut segment's contributors are exactly the CTAs holding its units, and a CTA's slots differ."""
+    base = (n_seg // grid) * grid * n_kst
+    t_units = n_seg * n_kst - base
+    g_t = max(min(grid, t_units // TAIL_MIN_STAGES), 1)
+    plan = []
+    for c in range(grid):
+        pieces = [(s, s * n_kst, (s + 1) * n_kst, True, None, c, c) for s in range(c, base // n_kst, grid)]
+        lo = base + min(c, g_t) * t_units // g_t
+        hi = base + min(c + 1, g_t) * t_units // g_t
+        my_lo = c * t_units // g_t
+        seg = lo // n_kst
+        while seg * n_kst < hi:
+            su0 = seg * n_kst
+            a, b = max(lo, su0), min(hi, su0 + n_kst)
+            if a == su0 and b == su0 + n_kst:
+                pieces.append((seg, a, b, True, None, c, c))
+            else:
+                s0 = su0 - base
+                c_first = ((s0 + 1) * g_t - 1) // t_units
+                c_last = ((s0 + n_kst) * g_t - 1) // t_units
+                pieces.append((seg, a, b, False, 0 if my_lo >= s0 else 1, c_first, c_last))
+            seg += 1
         plan.append(pieces)
     return plan

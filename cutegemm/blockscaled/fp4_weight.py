@@ -174,6 +174,11 @@ class Fp4WeightConfig:
     # wave's share of idle SMs shrinks (the policy takes it where the SM count makes that pay:
     # ``fp4_weight_api.pass_grid_pays``).
     pass_ctas: int = 0
+    # With ``pass_ctas`` 2: the units left after the grid's last full round (fewer than its CTAs:
+    # the waves' tail) are not dealt whole but cut into equal ranges of K stages over the CTAs
+    # (at least ``TAIL_MIN_STAGES`` each), so every SM ends at about the same time; a unit cut
+    # between CTAs meets through a workspace (:meth:`WgmmaPipeline.tail_gather`).
+    tail_split: bool = False
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -201,6 +206,8 @@ class Fp4WeightConfig:
             raise ValueError(f"Fp4WeightConfig.pass_ctas must be 0, 1 or 2, got {self.pass_ctas}")
         if self.pass_ctas and (not self.wgmma or self.split or self.grouped):
             raise ValueError("Fp4WeightConfig.pass_ctas is for the dense WGMMA consumers without the split grid")
+        if self.tail_split and self.pass_ctas != 2:
+            raise ValueError("Fp4WeightConfig.tail_split needs the persistent pass grid (pass_ctas 2)")
         if self.wgmma and self.trip_groups < 2:
             # one commit group per trip: the next trip's A fragments could take the in-flight group's registers
             raise ValueError("Fp4WeightConfig: a WGMMA consumer loop trip (wg_trip stages) must hold two commit groups")
@@ -389,6 +396,7 @@ class Fp4WeightConfig:
             + (f"_u{self.wg_trip}" if self.wg_trip else "")
             + ("_ss" if self.staged_store else "")
             + {0: "", 1: "_pc", 2: "_pp"}[int(self.pass_ctas)]
+            + ("_ts" if self.tail_split else "")
         )
 
 
@@ -714,6 +722,7 @@ def all_configs(arch: str) -> list[Fp4WeightConfig]:
     out.append(pick_config(256, "mxfp4", torch.bfloat16, arch, False, 1, x_scale=True))
     for fmt in ("nvfp4", "mxfp8"):  # sm_90a: the pass grids (224 tiles on 132 SMs, 4 passes: persistent / a CTA per unit)
         out.append(pick_config(1024, fmt, torch.bfloat16, arch, False, 1, tiles_sms=(224, 132)))
+        out.append(pick_config(512, fmt, torch.bfloat16, arch, False, 1, tiles_sms=(224, 132)))  # 2 passes: the cut tail
     out.append(Fp4WeightConfig(fmt="nvfp4", out_dtype="fp32", arch=arch))
     out.append(pick_config(16, "nvfp4", torch.bfloat16, arch, False, 1, x_scale=True))  # FP8 activations
     out.append(pick_config(128, "mxfp4", torch.bfloat16, arch, True, 8, x_scale=True))

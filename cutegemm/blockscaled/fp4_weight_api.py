@@ -30,11 +30,15 @@ fewer than the SMs run on the split grid even with one token pass (``policy_conf
 256-token passes are dealt in (weight tile, pass) units where that fills the SMs' waves better
 than a CTA per tile running all its passes (``pass_grid_pays``; e.g. N=28672 on 132 SMs from 1024
 rows: 896 units in 7 waves instead of 224 tiles in 2): FP4 weights on a persistent grid (one CTA
-per SM taking units round-robin), MXFP8 a CTA per unit. A forced ``config`` always runs the kernel.
+per SM taking units round-robin), MXFP8 a CTA per unit. Where the persistent grid's last round
+would be less than half full (``tail_split_pays``; N=28672 on 132 SMs: 512 and 768 rows), it
+runs its full rounds whole and cuts the last round's units into equal K ranges over all the
+CTAs (``Fp4WeightConfig.tail_split``; cut units meet through the workspace below, bitwise
+reproducibly). A forced ``config`` always runs the kernel.
 
-Dense calls with several token passes use the split grid (``Fp4WeightConfig.split``): it keeps a
-small workspace per (device, stream) (counters the kernel leaves at zero + partial-sum slots), so
-calls on one stream are safe. A CUDA graph keeps the workspace of the stream it was captured on:
+Dense calls with several token passes use the split grid (``Fp4WeightConfig.split``) or the cut
+tail: they keep a workspace per (device, stream) (counters the kernel leaves at zero + two fp32
+partial-sum slots of a CTA's tile per CTA: ~35 MB on 132 SMs), so calls on one stream are safe. A CUDA graph keeps the workspace of the stream it was captured on:
 do not replay it concurrently with split calls on that stream, or with another graph captured on
 the same stream (replays one after another are fine).
 """
@@ -165,10 +169,21 @@ def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bo
         # MXFP4 M=1024 303.9 / 308.1 / 337.9 (296.0), M=2048 607.7 / 617.6 / 665.2 (582.7); MXFP8
         # M=1024 363.3 / 350.3 / 387.1 (300.3), M=2048 726.3 / 702.0 / 769.3 (593.1): FP4 takes the
         # persistent grid, MXFP8 a CTA per unit.
+        # The persistent grid's last round less than half full: its units cut into equal K ranges
+        # over all the CTAs instead (``tail_split_pays``). H200, same run (bench/2026-12-02c round1),
+        # us, cut tail / persistent grid, whole units / a CTA per tile (cuBLAS bf16): NVFP4 M=512
+        # (448 units on 132 SMs, the last round 52) 169.8 / 177.6 / 175.0 (154.7); M=768 (12 in the
+        # last round) 246.1 / 263.2 / 254.9 (242.0); MXFP4 M=512 167.3 / - / 175.1 (149.4); MXFP8
+        # M=512 194.7 / 209.2 / 198.4 (151.1), M=768 280.4 / 309.0 / 291.3 (234.6). With a fuller
+        # last round the cut costs more than the balance gains (under the 700 W cap the SMs of a
+        # part-empty last round clock up): M=256 (92 of 132) 96.2 / 92.9 / 92.4, M=1024 (104)
+        # 317.2 / 308.0 / 336.2.
         wide = rows > 64
         t256 = wide and not spread and (rows > 128 if grouped else -(-rows // 256) * 8 <= -(-rows // 128) * 5)
         n_tiles = 4 if rows <= 32 else 32 if t256 else 16 if wide else 8
-        pass_grid = t256 and not grouped and tiles_sms is not None and pass_grid_pays(-(-rows // 256), *tiles_sms)
+        dense256 = t256 and not grouped and tiles_sms is not None
+        tail = dense256 and tail_split_pays(-(-rows // 256), *tiles_sms)
+        pass_grid = dense256 and not tail and pass_grid_pays(-(-rows // 256), *tiles_sms)
         return Fp4WeightConfig(
             fmt=fmt, n_tiles=n_tiles, grouped=grouped, out_dtype=_OUT[out_dtype], arch=arch, x_scale=x_scale,
             ring=(5 if fp8 else 3) if t256 else 4 if wide else {4: 4, 8: 3}[n_tiles],
@@ -176,7 +191,7 @@ def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bo
             row_tiles=1, warps_n=8, warps_k=1, stages=0, producer_pairs=False, wgmma=True, producer_wg=wide,
             split=not grouped and not t256 and (n_tiles >= 8 or spread),
             staged_store=n_tiles >= 16 and (t256 or grouped),
-            pass_ctas=(1 if fp8 else 2) if pass_grid else 0,
+            pass_ctas=2 if tail else (1 if fp8 else 2) if pass_grid else 0, tail_split=tail,
         )  # fmt: skip
     n_tiles = 1 if rows <= 8 else 2 if rows <= 16 else 4  # more rows: passes in the CTA (L2 hits)
     # Measured on the H200 (bench/RESULTS.md, 2026-11-30): the TMA / bulk-copy ring with 128
@@ -301,6 +316,9 @@ def gemm_fp4_weight(
         n_ctas, work, slot0 = _split_work(cfg, dev, m, n, k, batches)
     elif cfg.pass_ctas:
         n_ctas = pass_grid_ctas(cfg, m, n, idx)
+        if cfg.tail_split:
+            segs = batches * -(-n // cfg.rows_per_cta) * -(-m // cfg.tokens_per_pass)
+            work, slot0 = _workspace(dev, segs, batches * n_ctas * 2 * cfg.rows_per_cta * cfg.tokens_per_pass)
     kernel_cache().get(cfg)(
         xf.view(torch.int32).reshape(-1),
         data.view(torch.int32),
@@ -421,14 +439,21 @@ def _split_work(cfg, dev: torch.device, m: int, n: int, k: int, batches: int) ->
     idx = dev.index if dev.index is not None else torch.cuda.current_device()
     per_sm = max(1, min(2, (227 * 1024) // cfg.smem_bytes))
     n_ctas = max(1, min(units, _sm_count(idx) * per_sm))
-    slot_words = n_ctas * 2 * cfg.rows_per_cta * cfg.tokens_per_pass
+    return (n_ctas, *_workspace(dev, segs, n_ctas * 2 * cfg.rows_per_cta * cfg.tokens_per_pass))
+
+
+def _workspace(dev: torch.device, segs: int, slot_words: int) -> tuple[torch.Tensor, int]:
+    """(workspace, first slot word) of a launch that meets partial sums through memory (the
+    split grid, ``tail_split``): ``segs`` counters (zero; every launch leaves its counters zero),
+    then ``slot_words`` of partial-sum slots, cached per (device, stream) (module docstring)."""
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
     key = (idx, torch.cuda.current_stream(idx).cuda_stream)
     ws, counters = _WORKSPACES.get(key, (None, 0))
     if ws is None or counters < segs or ws.numel() < counters + slot_words:
         counters = max(counters, -(-segs // 256) * 256)
         ws = torch.zeros(max(counters + slot_words, ws.numel() if ws is not None else 0), dtype=torch.int32, device=dev)
         _WORKSPACES[key] = (ws, counters)
-    return n_ctas, ws, counters
+    return ws, counters
 
 
 def policy_config(m: int, n: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bool, batches: int,
@@ -456,6 +481,15 @@ def pass_grid_pays(passes: int, tiles: int, sms: int) -> bool:
         return ctas / (-(-ctas // sms) * sms)
 
     return passes > 1 and fill(tiles * passes) > fill(tiles) + 0.04
+
+
+def tail_split_pays(passes: int, tiles: int, sms: int) -> bool:
+    """Dense WGMMA consumers at 256 tokens per pass: whether the persistent pass grid with its
+    last round's units cut into equal K ranges over all the CTAs (``Fp4WeightConfig.tail_split``)
+    is taken: more units than SMs and the last round less than half full (H200: 3-6% faster at
+    512 / 768 rows of N=28672, slower where the last round is 70-80% full; ``pick_config``)."""
+    units = passes * tiles
+    return units > sms and 0 < units % sms < sms / 2
 
 
 def _sm_count(index: int) -> int:

@@ -62,7 +62,14 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import warpgroup
 
-from ..runtime.ptx import ld_shared_b32, ld_shared_v4, smem_desc_sw128, st_global_v4, wgmma_rs_bf16
+from ..runtime.ptx import (
+    ld_global_cg_f32,
+    ld_shared_b32,
+    ld_shared_v4,
+    smem_desc_sw128,
+    st_global_v4,
+    wgmma_rs_bf16,
+)
 from .fp4_math import (
     PAIR_NAN_MASK,
     dequant_e4m3_pair,
@@ -142,10 +149,23 @@ class WgmmaPipeline:
             nan = cute.make_rmem_tensor((1, 2), cutlass.Int32)  # 8-bit weights: NaN flags of rows g, g + 8 (unused for FP4)
             it = cutlass.Int32(0)
             seg = u_lo // n_kst
-            while seg * n_kst < u_hi:  # segments: one token pass over one weight tile (split: the part in range)
+            lo = u_lo
+            hi = u_hi
+            stride = self.seg_stride()
+            if cutlass.const_expr(cfg.tail_split):
+                # after the full rounds (u_lo .. u_hi, stride: the grid) the CTA's range of the tail
+                t_lo, t_hi, t_base, t_units, g_t = self.tail_range(bx, n_tiles, n_pass, n_kst, stride)
+                in_tail = cutlass.Int32(0)
+                if seg * n_kst >= hi:
+                    in_tail = cutlass.Int32(1)
+                    lo = t_lo
+                    hi = t_hi
+                    stride = cutlass.Int32(1)
+                    seg = lo // n_kst
+            while seg * n_kst < hi:  # segments: one token pass over one weight tile (split: the part in range)
                 su0 = seg * n_kst
-                ks0 = cutlass.max(u_lo - su0, 0)
-                ks_end = cutlass.min(u_hi - su0, n_kst)
+                ks0 = cutlass.max(lo - su0, 0)
+                ks_end = cutlass.min(hi - su0, n_kst)
                 acc.fill(0.0)
                 if cutlass.const_expr(self.fp8):
                     nan.fill(0)
@@ -178,15 +198,89 @@ class WgmmaPipeline:
                 cute.arch.mbarrier_arrive(empty + (it - 1) % S)
                 if cutlass.const_expr(self.fp8):
                     self.nan_rows(nan, acc, PAIR_NAN_MASK)
-                if cutlass.const_expr(cfg.staged_store):
-                    tile, _, m0, x_base = self.ring_segment(seg, n_pass, n_tiles, bx, by, row_start, x_base0, m_rows)
-                    self.store_staged(acc, sE, warp, lane, m0, row_end, x_base, tile * cfg.rows_per_cta, n, gs, mXs,
-                                      mOut)  # fmt: skip
+                if cutlass.const_expr(cfg.tail_split):
+                    # a unit cut between CTAs: the one that completes it stores it
+                    if self.tail_gather(acc, sFlag, mWork, slot0, warp, lane, seg, su0, ks0, ks_end, n_kst, bx, by,
+                                        n_tiles * n_pass, t_base, t_units, g_t) == 1:  # fmt: skip
+                        self.store_segment(acc, sE, sFlag, mWork, slot0, lane, warp, seg, su0, u_lo, u_hi, total,
+                                           n_ctas, n_kst, n_pass, n_tiles, batches, bx, by, row_start, row_end, x_base0,
+                                           m_rows, n, gs, mXs, mOut)  # fmt: skip
                 else:
-                    self.end_segment(acc, None, sFlag, mWork, slot0, lane, 0, warp, warp, seg, su0, u_lo, u_hi, total,
-                                     n_ctas, n_kst, n_pass, n_tiles, batches, bx, by, row_start, row_end, x_base0, m_rows,
-                                     n, gs, mXs, mOut, False)  # fmt: skip
-                seg += self.seg_stride()
+                    self.store_segment(acc, sE, sFlag, mWork, slot0, lane, warp, seg, su0, u_lo, u_hi, total, n_ctas,
+                                       n_kst, n_pass, n_tiles, batches, bx, by, row_start, row_end, x_base0, m_rows, n,
+                                       gs, mXs, mOut)  # fmt: skip
+                seg += stride
+                if cutlass.const_expr(cfg.tail_split):
+                    if seg * n_kst >= hi and in_tail == 0:
+                        in_tail = cutlass.Int32(1)
+                        lo = t_lo
+                        hi = t_hi
+                        stride = cutlass.Int32(1)
+                        seg = lo // n_kst
+
+    @cute.jit
+    def store_segment(self, acc, sE, sFlag, mWork, slot0, lane, warp, seg, su0, u_lo, u_hi, total, n_ctas, n_kst,
+                      n_pass, n_tiles, batches, bx, by, row_start, row_end, x_base0, m_rows, n, gs, mXs, mOut):  # fmt: skip
+        """Store segment ``seg``'s outputs: staged (``staged_store``) or by ``end_segment``."""
+        cfg = self.cfg
+        if cutlass.const_expr(cfg.staged_store):
+            tile, _, m0, x_base = self.ring_segment(seg, n_pass, n_tiles, bx, by, row_start, x_base0, m_rows)
+            self.store_staged(acc, sE, warp, lane, m0, row_end, x_base, tile * cfg.rows_per_cta, n, gs, mXs,
+                              mOut)  # fmt: skip
+        else:
+            self.end_segment(acc, None, sFlag, mWork, slot0, lane, 0, warp, warp, seg, su0, u_lo, u_hi, total,
+                             n_ctas, n_kst, n_pass, n_tiles, batches, bx, by, row_start, row_end, x_base0, m_rows,
+                             n, gs, mXs, mOut, False)  # fmt: skip
+
+    @cute.jit
+    def tail_gather(self, acc, sFlag, mWork, slot0, warp, lane, seg, su0, ks0, ks_end, n_kst, bx, by, n_seg, t_base,
+                    t_units, g_t):  # fmt: skip
+        """``tail_split``, the end of the CTA's piece (K stages ks0 .. ks_end) of segment ``seg``:
+        1 if the CTA stores the segment (whole, or the contributor that completes it), else 0.
+        A cut segment: every contributor writes its fp32 partial sums to its slot in ``mWork``
+        (slot 0: the piece holding its first tail unit, 1: its last; the units between are whole
+        segments), then one thread counts it in on the segment's counter (acq_rel, GPU scope).
+        The CTA that completes the count (and resets the counter for the next launch) adds all
+        the slots, in CTA order into zeroed accumulators, so the sum does not depend on who
+        finishes: bitwise reproducible. No CTA waits for another. Layout of ``mWork`` as in
+        :meth:`~cutegemm.blockscaled.fp4_ring.RingPipeline.split_finish` (counters per
+        (batch, segment), then 2 slots per (batch, CTA) from word ``slot0``)."""
+        fin = cutlass.Int32(1)
+        if ks0 > 0 or ks_end < n_kst:
+            n_acc = self.cfg.n_tiles * 4
+            bar = 32 * self.cfg.warps
+            grid = cute.arch.grid_dim()[0]
+            mWf = cute.make_tensor(cute.recast_ptr(mWork.iterator, dtype=cutlass.Float32), mWork.layout)
+            G64 = cutlass.Int64(g_t)
+            T64 = cutlass.Int64(t_units)
+            s0 = su0 - t_base  # the segment's first unit in the tail
+            c_first = cutlass.Int32((cutlass.Int64(s0 + 1) * G64 - 1) // T64)
+            c_last = cutlass.Int32((cutlass.Int64(s0 + n_kst) * G64 - 1) // T64)
+            my_lo = cutlass.Int32(cutlass.Int64(bx) * T64 // G64)  # the CTA's first tail unit
+            base = self.slot_word(slot0, by * grid + bx, my_lo, s0, warp, lane)
+            for v in cutlass.range_constexpr(n_acc):
+                mWf[base + v * 32] = acc[self.acc_index(v)]
+            cute.arch.fence_acq_rel_gpu()
+            self.sync(bar)
+            if warp == 0 and lane == 0:
+                ctr = by * n_seg + seg
+                old = cute.arch.atomic_add(mWork.iterator + ctr, cutlass.Int32(1), sem="acq_rel", scope="gpu")
+                last = cutlass.Int32(old) == c_last - c_first
+                sFlag[0] = cutlass.select_(last, 1, 0)
+                if last:
+                    mWork[ctr] = 0  # every contributor has counted in: ready for the next launch
+            self.sync(bar)
+            fin = sFlag[0]
+            if fin == 1:
+                cute.arch.fence_acq_rel_gpu()
+                acc.fill(0.0)
+                for c in range(c_first, c_last + 1):
+                    c_lo = cutlass.Int32(cutlass.Int64(c) * T64 // G64)  # CTA c's first tail unit
+                    word = self.slot_word(slot0, by * grid + c, c_lo, s0, warp, lane)
+                    addr = mWork.iterator.toint() + cutlass.Int64(word) * 4
+                    for v in cutlass.range_constexpr(n_acc):
+                        acc[self.acc_index(v)] += ld_global_cg_f32(addr + v * 128)
+        return fin
 
     @cute.jit
     def store_staged(self, acc, sE, warp, lane, m0, row_end, x_base, tile_row0, n, gs, mXs, mOut):
