@@ -182,7 +182,7 @@ def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bo
         t256 = wide and not spread and (rows > 128 if grouped else -(-rows // 256) * 8 <= -(-rows // 128) * 5)
         n_tiles = 4 if rows <= 32 else 32 if t256 else 16 if wide else 8
         dense256 = t256 and not grouped and tiles_sms is not None
-        tail = dense256 and tail_split_pays(-(-rows // 256), *tiles_sms)
+        tail = dense256 and experts == 1 and tail_split_pays(-(-rows // 256), *tiles_sms)
         pass_grid = dense256 and not tail and pass_grid_pays(-(-rows // 256), *tiles_sms)
         return Fp4WeightConfig(
             fmt=fmt, n_tiles=n_tiles, grouped=grouped, out_dtype=_OUT[out_dtype], arch=arch, x_scale=x_scale,
@@ -318,7 +318,10 @@ def gemm_fp4_weight(
         n_ctas = pass_grid_ctas(cfg, m, n, idx)
         if cfg.tail_split:
             segs = batches * -(-n // cfg.rows_per_cta) * -(-m // cfg.tokens_per_pass)
-            work, slot0 = _workspace(dev, segs, batches * n_ctas * 2 * cfg.rows_per_cta * cfg.tokens_per_pass)
+            slot_words = batches * n_ctas * 2 * cfg.rows_per_cta * cfg.tokens_per_pass
+            if segs + 256 + slot_words >= 2**31:  # the kernel's Int32 word offsets
+                raise ValueError(f"Fp4WeightConfig.tail_split: {batches} batches need too large a workspace")
+            work, slot0 = _workspace(dev, segs, slot_words)
     kernel_cache().get(cfg)(
         xf.view(torch.int32).reshape(-1),
         data.view(torch.int32),
