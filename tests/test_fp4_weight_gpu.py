@@ -295,6 +295,39 @@ def test_tail_split(fmt, out_dtype, staged, m, n, k, sms):
     assert not ws[:counters].any(), "counters left non-zero"
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9, reason="WGMMA: sm_90")
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    m=st.integers(1, 1100),
+    n=st.integers(1, 700),
+    kb=st.integers(1, 160),
+    fmt=st.sampled_from(["nvfp4", "mxfp4", "mxfp8"]),
+    staged=st.booleans(),
+    sms=st.sampled_from([1, 2, 3, 5, 7, 132]),
+)
+def test_tail_split_shapes(m, n, kb, fmt, staged, sms):
+    """``tail_split`` over random shapes and faked SM counts (full rounds or none, tails cut 1..many
+    ways or left whole, K tails, partial passes and tiles): right, bitwise reproducible, the
+    counters left at zero (the examples reuse the workspace)."""
+    from dataclasses import replace
+
+    from cutegemm.blockscaled import fp4_weight_api as api
+
+    k = 32 * kb
+    qw = _weights((n, k), fmt, seed=m * 7 + n + kb)
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    cfg = replace(api.pick_config(1024, fmt, torch.bfloat16, "sm_90a", False, tiles_sms=(224, 132)),
+                  staged_store=staged, pass_ctas=2, tail_split=True)  # fmt: skip
+    out = torch.full((m, n), POISON, device="cuda", dtype=torch.bfloat16)
+    with mock.patch.object(api, "_sm_count", lambda index: sms):
+        api.gemm_fp4_weight(x, qw, out=out, config=cfg)
+        again = api.gemm_fp4_weight(x, qw, config=cfg)
+    _check(out, x, qw)
+    assert torch.equal(again.view(torch.int16), out.view(torch.int16)), "not bitwise reproducible"
+    ws, counters = api._WORKSPACES[(torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream)]
+    assert not ws[:counters].any(), "counters left non-zero"
+
+
 SPLIT_SHAPES = [
     dict(ring=4, ring_k=2, warps_n=4, warps_k=2, row_tiles=2),
     dict(ring=3, ring_k=2, warps_n=4, warps_k=1, row_tiles=1),
