@@ -67,7 +67,6 @@ from ..runtime.ptx import (
     ld_shared_b32,
     ld_shared_v4,
     smem_desc_sw128,
-    st_global_cg_v4_f32,
     st_global_v4,
     wgmma_rs_bf16,
 )
@@ -251,18 +250,16 @@ class WgmmaPipeline:
             n_acc = self.cfg.n_tiles * 4
             bar = 32 * self.cfg.warps
             grid = cute.arch.grid_dim()[0]
+            mWf = cute.make_tensor(cute.recast_ptr(mWork.iterator, dtype=cutlass.Float32), mWork.layout)
             G64 = cutlass.Int64(g_t)
             T64 = cutlass.Int64(t_units)
             s0 = su0 - t_base  # the segment's first unit in the tail
             c_first = cutlass.Int32((cutlass.Int64(s0 + 1) * G64 - 1) // T64)
             c_last = cutlass.Int32((cutlass.Int64(s0 + n_kst) * G64 - 1) // T64)
             my_lo = cutlass.Int32(cutlass.Int64(bx) * T64 // G64)  # the CTA's first tail unit
-            # lane l's values 4 q .. 4 q + 3 at words 128 q + 4 l of its warp's part of the slot:
-            # one 16-byte store / load each, a warp's covering 512 contiguous bytes
-            mine = self.slot_word(slot0, by * grid + bx, my_lo, s0, warp, 0) + 4 * lane
-            addr = mWork.iterator.toint() + cutlass.Int64(mine) * 4
-            for q in cutlass.range_constexpr(n_acc // 4):
-                st_global_cg_v4_f32(addr + q * 512, [acc[self.acc_index(4 * q + i)] for i in range(4)])
+            base = self.slot_word(slot0, by * grid + bx, my_lo, s0, warp, lane)
+            for v in cutlass.range_constexpr(n_acc):
+                mWf[base + v * 32] = acc[self.acc_index(v)]
             cute.arch.fence_acq_rel_gpu()
             self.sync(bar)
             if warp == 0 and lane == 0:
@@ -279,10 +276,10 @@ class WgmmaPipeline:
                 acc.fill(0.0)
                 for c in range(c_first, c_last + 1):
                     c_lo = cutlass.Int32(cutlass.Int64(c) * T64 // G64)  # CTA c's first tail unit
-                    word = self.slot_word(slot0, by * grid + c, c_lo, s0, warp, 0) + 4 * lane
+                    word = self.slot_word(slot0, by * grid + c, c_lo, s0, warp, lane)
                     addr = mWork.iterator.toint() + cutlass.Int64(word) * 4
                     for v in cutlass.range_constexpr(n_acc):
-                        acc[self.acc_index(v)] += ld_global_cg_f32(addr + (v // 4) * 512 + (v % 4) * 4)
+                        acc[self.acc_index(v)] += ld_global_cg_f32(addr + v * 128)
         return fin
 
     @cute.jit
