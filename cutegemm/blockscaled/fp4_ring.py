@@ -290,13 +290,7 @@ class RingPipeline:
             # after the full rounds (u_lo .. u_hi, stride: the grid) the CTA's range of the tail
             t_lo, t_hi = self.tail_range(bx, n_tiles, n_pass, n_kst, stride)[:2]
             in_tail = cutlass.Int32(0)
-            if u >= hi:
-                in_tail = cutlass.Int32(1)
-                u = t_lo
-                hi = t_hi
-                stride = cutlass.Int32(1)
-                seg = u // n_kst
-                ks = u - seg * n_kst
+            u, hi, stride, in_tail, seg, ks = self.tail_enter(u, hi, stride, in_tail, seg, ks, t_lo, t_hi, n_kst)
         while u < hi:
             tile, batch, m0, x_base = self.ring_segment(seg, n_pass, n_tiles, bx, by, row_start, x_base0, m_rows)
             # (T, 64, K / 64) boxes of this pass's tokens (dense: x_base = the batch's first row)
@@ -334,13 +328,7 @@ class RingPipeline:
                 seg += stride
                 u = seg * n_kst
             if cutlass.const_expr(cfg.tail_split):
-                if u >= hi and in_tail == 0:
-                    in_tail = cutlass.Int32(1)
-                    u = t_lo
-                    hi = t_hi
-                    stride = cutlass.Int32(1)
-                    seg = u // n_kst
-                    ks = u - seg * n_kst
+                u, hi, stride, in_tail, seg, ks = self.tail_enter(u, hi, stride, in_tail, seg, ks, t_lo, t_hi, n_kst)
         if cutlass.const_expr(PP):
             if it > 0:
                 self.pair_stage(it - 1, x_smem, xfull, full, lane)
@@ -459,6 +447,20 @@ class RingPipeline:
         t_hi = cutlass.Int32(cutlass.Int64(cutlass.min(bx + 1, g_t)) * cutlass.Int64(t_units) // cutlass.Int64(g_t))
         return base + t_lo, base + t_hi, base, t_units, g_t
 
+    @cute.jit
+    def tail_enter(self, u, hi, stride, in_tail, seg, ks, t_lo, t_hi, n_kst):
+        """``tail_split``: once the walk (unit ``u``, segment ``seg``, its stage ``ks``) is past
+        the full rounds' end ``hi`` (and not yet in the tail), move it to the CTA's tail range
+        ``t_lo .. t_hi`` with stride 1; returns (u, hi, stride, in_tail, seg, ks)."""
+        if u >= hi and in_tail == 0:
+            in_tail = cutlass.Int32(1)
+            u = t_lo
+            hi = t_hi
+            stride = cutlass.Int32(1)
+            seg = u // n_kst
+            ks = u - seg * n_kst
+        return u, hi, stride, in_tail, seg, ks
+
     def seg_stride(self):
         """From one segment (unit) of a CTA to its next: the grid's CTA count on the pass grid
         (``pass_ctas``; with a CTA per unit the first step ends the CTA's work), else 1."""
@@ -525,15 +527,7 @@ class RingPipeline:
             for v in cutlass.range_constexpr(n_acc):
                 mWf[base + v * 32] = acc[self.acc_index(v)]
             cute.arch.fence_acq_rel_gpu()
-        self.sync(bar_threads)
-        if cw == 0 and lane == 0:
-            old = cute.arch.atomic_add(mWork.iterator + seg, cutlass.Int32(1), sem="acq_rel", scope="gpu")
-            last = cutlass.Int32(old) == c_last - c_first
-            sFlag[0] = cutlass.select_(last, 1, 0)
-            if last:
-                mWork[seg] = 0  # every contributor has counted in: ready for the next launch
-        self.sync(bar_threads)
-        if sFlag[0] == 1:
+        if self.count_in(mWork, seg, c_last - c_first, sFlag, cw == 0 and lane == 0, bar_threads) == 1:
             cute.arch.fence_acq_rel_gpu()
             if kg == 0:
                 tot = cute.make_rmem_tensor((RT, NT, 4), cutlass.Float32)
@@ -550,6 +544,23 @@ class RingPipeline:
                             tot[self.acc_index(v)] += ld_global_cg_f32(addr + v * 128)
                 self.store_fragment(tot, lane, m0, row_end, x_base, row0, n, gs, mXs, mOut, permuted)
         self.sync(bar_threads)  # sFlag and sRed are rewritten by the next segment
+
+    @cute.jit
+    def count_in(self, mWork, ctr, others, sFlag, leader, bar_threads: cutlass.Constexpr):
+        """A contributor to a unit cut between CTAs (:meth:`split_finish`, the consumers'
+        ``tail_gather``), its partial sums written and fenced: after the consumers' barrier the
+        ``leader`` thread adds 1 to counter ``ctr`` of ``mWork`` (acq_rel, GPU scope); the CTA
+        whose add finds ``others`` earlier arrivals completes the unit and resets the counter for
+        the next launch. Returns 1 there (the same in every consumer thread), else 0."""
+        self.sync(bar_threads)
+        if leader:
+            old = cute.arch.atomic_add(mWork.iterator + ctr, cutlass.Int32(1), sem="acq_rel", scope="gpu")
+            last = cutlass.Int32(old) == others
+            sFlag[0] = cutlass.select_(last, 1, 0)
+            if last:
+                mWork[ctr] = 0  # every contributor has counted in: ready for the next launch
+        self.sync(bar_threads)
+        return sFlag[0]
 
 
 def split_plan_ref(total: int, n_ctas: int, n_kst: int) -> list[list[tuple]]:

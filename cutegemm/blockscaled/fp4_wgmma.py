@@ -156,12 +156,8 @@ class WgmmaPipeline:
                 # after the full rounds (u_lo .. u_hi, stride: the grid) the CTA's range of the tail
                 t_lo, t_hi, t_base, t_units, g_t = self.tail_range(bx, n_tiles, n_pass, n_kst, stride)
                 in_tail = cutlass.Int32(0)
-                if seg * n_kst >= hi:
-                    in_tail = cutlass.Int32(1)
-                    lo = t_lo
-                    hi = t_hi
-                    stride = cutlass.Int32(1)
-                    seg = lo // n_kst
+                lo, hi, stride, in_tail, seg = self.tail_enter(seg * n_kst, hi, stride, in_tail, seg, 0, t_lo, t_hi,
+                                                               n_kst)[:5]  # fmt: skip
             while seg * n_kst < hi:  # segments: one token pass over one weight tile (split: the part in range)
                 su0 = seg * n_kst
                 ks0 = cutlass.max(lo - su0, 0)
@@ -211,12 +207,8 @@ class WgmmaPipeline:
                                        gs, mXs, mOut)  # fmt: skip
                 seg += stride
                 if cutlass.const_expr(cfg.tail_split):
-                    if seg * n_kst >= hi and in_tail == 0:
-                        in_tail = cutlass.Int32(1)
-                        lo = t_lo
-                        hi = t_hi
-                        stride = cutlass.Int32(1)
-                        seg = lo // n_kst
+                    lo, hi, stride, in_tail, seg = self.tail_enter(seg * n_kst, hi, stride, in_tail, seg, 0, t_lo, t_hi,
+                                                                   n_kst)[:5]  # fmt: skip
 
     @cute.jit
     def store_segment(self, acc, sE, sFlag, mWork, slot0, lane, warp, seg, su0, u_lo, u_hi, total, n_ctas, n_kst,
@@ -261,16 +253,7 @@ class WgmmaPipeline:
             for v in cutlass.range_constexpr(n_acc):
                 mWf[base + v * 32] = acc[self.acc_index(v)]
             cute.arch.fence_acq_rel_gpu()
-            self.sync(bar)
-            if warp == 0 and lane == 0:
-                ctr = by * n_seg + seg
-                old = cute.arch.atomic_add(mWork.iterator + ctr, cutlass.Int32(1), sem="acq_rel", scope="gpu")
-                last = cutlass.Int32(old) == c_last - c_first
-                sFlag[0] = cutlass.select_(last, 1, 0)
-                if last:
-                    mWork[ctr] = 0  # every contributor has counted in: ready for the next launch
-            self.sync(bar)
-            fin = sFlag[0]
+            fin = self.count_in(mWork, by * n_seg + seg, c_last - c_first, sFlag, warp == 0 and lane == 0, bar)
             if fin == 1:
                 cute.arch.fence_acq_rel_gpu()
                 acc.fill(0.0)
