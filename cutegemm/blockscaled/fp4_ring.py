@@ -426,9 +426,25 @@ class RingPipeline:
                 u_hi = (n_tiles * n_pass // n_ctas) * n_ctas * n_kst
         if cutlass.const_expr(self.cfg.split):
             total = batches * n_tiles * n_pass * n_kst
-            u_lo = cutlass.Int32(cutlass.Int64(bx) * cutlass.Int64(total) // cutlass.Int64(n_ctas))
-            u_hi = cutlass.Int32(cutlass.Int64(bx + 1) * cutlass.Int64(total) // cutlass.Int64(n_ctas))
+            u_lo = self.share_start(bx, n_ctas, total)
+            u_hi = self.share_start(bx + 1, n_ctas, total)
         return u_lo, u_hi, total
+
+    @cute.jit
+    def share_start(self, c, parts, total):
+        """First unit of part ``c`` when ``total`` units are cut into ``parts`` equal ranges (the
+        split grid, ``tail_split``'s tail): c * total // parts, in 64 bits."""
+        return cutlass.Int32(cutlass.Int64(c) * cutlass.Int64(total) // cutlass.Int64(parts))
+
+    @cute.jit
+    def share_holders(self, su0, n_kst, parts, total):
+        """(first, last) part holding a unit of the segment whose first unit is ``su0`` (of
+        :meth:`share_start`'s equal ranges): the contributors of a segment cut between CTAs."""
+        G64 = cutlass.Int64(parts)
+        T64 = cutlass.Int64(total)
+        c_first = cutlass.Int32((cutlass.Int64(su0 + 1) * G64 - 1) // T64)
+        c_last = cutlass.Int32((cutlass.Int64(su0 + n_kst) * G64 - 1) // T64)
+        return c_first, c_last
 
     @cute.jit
     def tail_range(self, bx, n_tiles, n_pass, n_kst, n_ctas):
@@ -442,9 +458,8 @@ class RingPipeline:
         base = (n_seg // n_ctas) * n_ctas * n_kst
         t_units = n_seg * n_kst - base
         g_t = cutlass.max(cutlass.min(n_ctas, t_units // TAIL_MIN_STAGES), 1)
-        c = cutlass.min(bx, g_t)
-        t_lo = cutlass.Int32(cutlass.Int64(c) * cutlass.Int64(t_units) // cutlass.Int64(g_t))
-        t_hi = cutlass.Int32(cutlass.Int64(cutlass.min(bx + 1, g_t)) * cutlass.Int64(t_units) // cutlass.Int64(g_t))
+        t_lo = self.share_start(cutlass.min(bx, g_t), g_t, t_units)
+        t_hi = self.share_start(cutlass.min(bx + 1, g_t), g_t, t_units)
         return base + t_lo, base + t_hi, base, t_units, g_t
 
     @cute.jit
@@ -517,10 +532,7 @@ class RingPipeline:
         n_acc = RT * NT * 4
         me = cute.arch.block_idx()[0]
         mWf = cute.make_tensor(cute.recast_ptr(mWork.iterator, dtype=cutlass.Float32), mWork.layout)
-        G64 = cutlass.Int64(n_ctas)
-        T64 = cutlass.Int64(total)
-        c_first = cutlass.Int32((cutlass.Int64(su0 + 1) * G64 - 1) // T64)
-        c_last = cutlass.Int32((cutlass.Int64(su0 + n_kst) * G64 - 1) // T64)
+        c_first, c_last = self.share_holders(su0, n_kst, n_ctas, total)
         self.reduce_k_groups(acc, sRed, lane, kg, rw, bar_threads)
         if kg == 0:
             base = self.slot_word(slot0, me, u_lo, su0, rw, lane)
@@ -537,7 +549,7 @@ class RingPipeline:
                         for v in cutlass.range_constexpr(n_acc):
                             tot[self.acc_index(v)] += acc[self.acc_index(v)]
                     else:
-                        c_lo = cutlass.Int32(cutlass.Int64(c) * T64 // G64)  # CTA c's first unit
+                        c_lo = self.share_start(c, n_ctas, total)  # CTA c's first unit
                         base = self.slot_word(slot0, c, c_lo, su0, rw, lane)
                         addr = mWork.iterator.toint() + cutlass.Int64(base) * 4
                         for v in cutlass.range_constexpr(n_acc):
@@ -594,31 +606,21 @@ def split_plan_ref(total: int, n_ctas: int, n_kst: int) -> list[list[tuple]]:
 
 def tail_plan_ref(n_seg: int, n_kst: int, grid: int) -> list[list[tuple]]:
     """Torch-free twin of the pass grid's schedule with ``tail_split`` (:meth:`RingPipeline.
-    unit_range` / :meth:`RingPipeline.tail_range` and the consumers' ``tail_gather``, the same
-    integer formulas): for every CTA its pieces as (segment, first unit, last unit + 1, whole,
-    slot, contributors c_first, c_last): whole segments bx, bx + grid, ... over the full rounds,
-    then its range of the tail. The CPU tests check that the pieces partition the units, that a
-    cut segment's contributors are exactly the CTAs holding its units, and a CTA's slots differ."""
-    base = (n_seg // grid) * grid * n_kst
-    t_units = n_seg * n_kst - base
+    unit_range` / :meth:`RingPipeline.tail_range` and the consumers' ``tail_gather``): for every
+    CTA its pieces as in :func:`split_plan_ref` (a whole segment's slot None): whole segments bx,
+    bx + grid, ... over the full rounds, then its range of the tail, which is the split grid's
+    schedule of the tail's units over its first G_t CTAs, shifted past the full rounds. The CPU
+    tests check that the pieces partition the units, that a cut segment's contributors are
+    exactly the CTAs holding its units, and a CTA's slots differ."""
+    full = n_seg // grid * grid
+    t_units = (n_seg - full) * n_kst
     g_t = max(min(grid, t_units // TAIL_MIN_STAGES), 1)
+    tail = split_plan_ref(t_units, g_t, n_kst) if t_units else []
     plan = []
     for c in range(grid):
-        pieces = [(s, s * n_kst, (s + 1) * n_kst, True, None, c, c) for s in range(c, base // n_kst, grid)]
-        lo = base + min(c, g_t) * t_units // g_t
-        hi = base + min(c + 1, g_t) * t_units // g_t
-        my_lo = c * t_units // g_t
-        seg = lo // n_kst
-        while seg * n_kst < hi:
-            su0 = seg * n_kst
-            a, b = max(lo, su0), min(hi, su0 + n_kst)
-            if a == su0 and b == su0 + n_kst:
-                pieces.append((seg, a, b, True, None, c, c))
-            else:
-                s0 = su0 - base
-                c_first = ((s0 + 1) * g_t - 1) // t_units
-                c_last = ((s0 + n_kst) * g_t - 1) // t_units
-                pieces.append((seg, a, b, False, 0 if my_lo >= s0 else 1, c_first, c_last))
-            seg += 1
+        pieces = [(s, s * n_kst, (s + 1) * n_kst, True, None, c, c) for s in range(c, full, grid)]
+        for seg, a, b, whole, slot, c_first, c_last in tail[c] if c < len(tail) else []:
+            shift = full * n_kst
+            pieces.append((full + seg, shift + a, shift + b, whole, None if whole else slot, c_first, c_last))
         plan.append(pieces)
     return plan

@@ -243,12 +243,9 @@ class WgmmaPipeline:
             bar = 32 * self.cfg.warps
             grid = cute.arch.grid_dim()[0]
             mWf = cute.make_tensor(cute.recast_ptr(mWork.iterator, dtype=cutlass.Float32), mWork.layout)
-            G64 = cutlass.Int64(g_t)
-            T64 = cutlass.Int64(t_units)
             s0 = su0 - t_base  # the segment's first unit in the tail
-            c_first = cutlass.Int32((cutlass.Int64(s0 + 1) * G64 - 1) // T64)
-            c_last = cutlass.Int32((cutlass.Int64(s0 + n_kst) * G64 - 1) // T64)
-            my_lo = cutlass.Int32(cutlass.Int64(bx) * T64 // G64)  # the CTA's first tail unit
+            c_first, c_last = self.share_holders(s0, n_kst, g_t, t_units)
+            my_lo = self.share_start(bx, g_t, t_units)  # the CTA's first tail unit
             base = self.slot_word(slot0, by * grid + bx, my_lo, s0, warp, lane)
             for v in cutlass.range_constexpr(n_acc):
                 mWf[base + v * 32] = acc[self.acc_index(v)]
@@ -258,7 +255,7 @@ class WgmmaPipeline:
                 cute.arch.fence_acq_rel_gpu()
                 acc.fill(0.0)
                 for c in range(c_first, c_last + 1):
-                    c_lo = cutlass.Int32(cutlass.Int64(c) * T64 // G64)  # CTA c's first tail unit
+                    c_lo = self.share_start(c, g_t, t_units)  # CTA c's first tail unit
                     word = self.slot_word(slot0, by * grid + c, c_lo, s0, warp, lane)
                     addr = mWork.iterator.toint() + cutlass.Int64(word) * 4
                     for v in cutlass.range_constexpr(n_acc):
