@@ -8,9 +8,9 @@ Public API: ``gemm``, ``gemm_ref``, ``grouped_gemm``, ``grouped_gemm_ref``, ``Ge
 
 from . import ops  # registers torch.ops.cutegemm.{gemm, grouped_gemm}; no device queries
 from .blockscaled.quantize import dequantize, quantize
+from .config import GemmConfig, GemmProblem, can_implement
 from .epilogue import EpilogueSpec
-from .gemm.api import gemm, gemm_ref
-from .gemm.config import GemmConfig, GemmProblem, can_implement
+from .gemm.dense import gemm, gemm_ref
 from .grouped import grouped_gemm, grouped_gemm_ref
 
 __version__ = "0.1.0"

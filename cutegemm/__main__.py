@@ -26,7 +26,7 @@ def cmd_bench(args) -> int:
         return cmd_compile_check(args)
     import torch
 
-    from . import benchmarks
+    from .bench import core as benchmarks
 
     outdir = Path(args.out)
     gpu = torch.cuda.get_device_name()
@@ -45,7 +45,7 @@ def cmd_bench(args) -> int:
             print(benchmarks.markdown_table(rows, title))
             print(f"results: {path}")
         elif fam == "quantize":
-            from .blockscaled.bench import bench_quantize, quant_markdown_table, write_quant_results
+            from .bench.quantize import bench_quantize, quant_markdown_table, write_quant_results
 
             rows = bench_quantize(reps=args.reps)
             print(quant_markdown_table(rows, f"quantize (bf16 input) on {gpu}"))
@@ -72,7 +72,8 @@ def cmd_tune(args) -> int:
     if not _has_gpu():
         print("Tuning needs a CUDA GPU (it times kernels); none here: nothing tuned.")
         return 0
-    from . import benchmarks, tuning
+    from . import tuning
+    from .bench import core as benchmarks
 
     if args.family == "dense":
         shapes = _parse_shapes(args.shapes, 3) if args.shapes else benchmarks.DENSE_SHAPES
@@ -97,7 +98,7 @@ def cmd_tune(args) -> int:
 
 
 def cmd_plot(args) -> int:
-    from .benchmarks import plot
+    from .bench.core import plot
 
     out = plot(Path(args.json))
     print(out or "no plot written")

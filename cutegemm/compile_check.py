@@ -8,8 +8,8 @@ import re
 import time
 from dataclasses import dataclass, replace
 
+from .config import GemmConfig
 from .epilogue import EpilogueSpec
-from .gemm.config import GemmConfig
 
 # SASS markers: required (count > 0) and forbidden (count == 0).
 SPILLS = {"LDL": r"\bLDL(\.|\s)", "STL": r"\bSTL(\.|\s)"}
@@ -331,8 +331,8 @@ def wgmma_serialized(cfg: GemmConfig, sass: str) -> bool:
 
 
 def check_config(cfg: GemmConfig) -> CheckResult:
-    from .gemm.api import build_dense
-    from .grouped.api import build_grouped
+    from .gemm.dense import build_dense
+    from .grouped.packed import build_grouped
     from .runtime.sass import compile_to_sass, count_markers
 
     t0 = time.time()
@@ -539,8 +539,8 @@ def dequant_results(archs) -> list[CheckResult]:
 
 
 def fp4_weight_results(archs) -> list[CheckResult]:
-    """The FP4-weight (W4A16) kernels (cutegemm.blockscaled.fp4_weight), every variant."""
-    from .blockscaled.fp4_weight import all_configs, check_variant
+    """The FP4-weight (W4A16) kernels (cutegemm.blockscaled.weight_only.kernel), every variant."""
+    from .blockscaled.weight_only.kernel import all_configs, check_variant
 
     return family_results(archs, all_configs, check_variant)
 

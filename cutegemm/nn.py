@@ -56,7 +56,7 @@ class GroupedExperts(nn.Module):
 
 class QuantizedGroupedExperts(nn.Module):
     """Inference twin of :class:`GroupedExperts` with FP4 (NVFP4 / MXFP4) weights: both grouped
-    GEMMs run the FP4-weight kernel (``cutegemm.blockscaled.fp4_weight``: weights dequantized in
+    GEMMs run the FP4-weight kernel (``cutegemm.blockscaled.weight_only.kernel``: weights dequantized in
     registers, never in memory; built for decode, i.e. few tokens per expert), the SwiGLU runs in
     torch between them (the FP4 kernel has no fused epilogue). Same routing inputs, no host sync.
     Weights are quantized once with ``cutegemm.quantize`` (per-tensor NVFP4 global scale from the

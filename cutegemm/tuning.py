@@ -36,10 +36,10 @@ from pathlib import Path
 
 import torch
 
-from .benchmarks import DENSE_SHAPES, Timer, _dense_inputs
+from .bench.core import DENSE_SHAPES, Timer, _dense_inputs
+from .config import INPUT_DTYPES, OUTPUT_DTYPES, GemmConfig, GemmProblem, can_implement
 from .epilogue import EpilogueSpec
-from .gemm.config import INPUT_DTYPES, OUTPUT_DTYPES, GemmConfig, GemmProblem, can_implement
-from .gemm.policy import ceil_div, policy_for
+from .policy import ceil_div, policy_for
 
 ENV_VAR = "CUTEGEMM_AUTOTUNE"
 FILE_NAME = "autotune.json"
@@ -320,7 +320,7 @@ def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 def _dense_runner(p: GemmProblem, epi: EpilogueSpec):
     """(run(cfg) -> out, reference) on random inputs of the problem's shapes, majors, epilogue."""
-    from .gemm.api import NAME_TO_TORCH, gemm, gemm_ref
+    from .gemm.dense import NAME_TO_TORCH, gemm, gemm_ref
 
     dt = NAME_TO_TORCH[p.a_dtype]
     out_dtype = NAME_TO_TORCH[p.out_dtype]
@@ -355,8 +355,8 @@ def _grouped_counts(total_m: int, num_groups: int) -> list[int]:
 
 
 def _grouped_runner(p: GemmProblem, epi: EpilogueSpec, num_groups: int):
-    from .gemm.api import NAME_TO_TORCH
-    from .grouped.api import grouped_gemm, grouped_gemm_ref
+    from .gemm.dense import NAME_TO_TORCH
+    from .grouped.packed import grouped_gemm, grouped_gemm_ref
 
     dt = NAME_TO_TORCH[p.a_dtype]
     out_dtype = NAME_TO_TORCH[p.out_dtype]
@@ -483,7 +483,7 @@ def tuned_config(
 
 
 def _current_arch() -> tuple[str, int]:
-    from .gemm.api import _device_info
+    from .gemm.dense import _device_info
 
     return _device_info(torch.cuda.current_device())
 
@@ -504,7 +504,7 @@ def tune_dense(
 ) -> TuneResult:
     """Tune ``gemm`` for an (L,) M x K @ K x N problem on the current GPU. b_major="k": b is a
     transposed (N, K) weight (nn.Linear); "n": row-major (K, N)."""
-    from .gemm.api import TORCH_TO_NAME
+    from .gemm.dense import TORCH_TO_NAME
 
     arch, sms = _current_arch()
     name, out = TORCH_TO_NAME[dtype], TORCH_TO_NAME[out_dtype or dtype]
@@ -527,7 +527,7 @@ def tune_grouped(
 ) -> TuneResult:
     """Tune the packed ``grouped_gemm`` (a (total_m, K), b (E, K, N), offs) on the current GPU.
     b_major="k": b is ``w.transpose(1, 2)`` of an (E, N, K) weight."""
-    from .gemm.api import TORCH_TO_NAME
+    from .gemm.dense import TORCH_TO_NAME
 
     arch, sms = _current_arch()
     name, out = TORCH_TO_NAME[dtype], TORCH_TO_NAME[out_dtype or dtype]
@@ -563,7 +563,7 @@ SM90_CANDIDATES = [
 
 def sweep_dense(shapes=DENSE_SHAPES, dtype=torch.bfloat16, reps=20):
     """Print the TFLOP/s of every SM90_CANDIDATES variant per shape (sets the policy by hand)."""
-    from .gemm.api import TORCH_TO_NAME, _device_info, gemm
+    from .gemm.dense import TORCH_TO_NAME, _device_info, gemm
 
     timer = Timer()
     arch, sms = _device_info(torch.cuda.current_device())

@@ -70,8 +70,8 @@ def cpu_fast_path(kernel: NoOpKernel | None = None):
     """Patches the dense and grouped APIs so that CPU tensors run every host step with ``kernel``
     (a fresh :class:`NoOpKernel` by default) as the compiled kernel; yields the kernel. Plans made
     inside are dropped on exit."""
-    from cutegemm.gemm import api as dense
-    from cutegemm.grouped import api as grouped
+    from cutegemm.gemm import dense
+    from cutegemm.grouped import packed as grouped
 
     kernel = kernel or NoOpKernel()
     saved = []

@@ -25,8 +25,8 @@ import torch
 
 import cutegemm
 from cutegemm.blockscaled import dequantize_ref, quantize_ref
+from cutegemm.config import GemmConfig
 from cutegemm.epilogue import epilogue_ref
-from cutegemm.gemm.config import GemmConfig
 from cutegemm.nn import GroupedExperts
 from cutegemm.schedulers.grouped import expert_rows
 

@@ -18,7 +18,7 @@ from cutegemm.blockscaled.grouped_sf import (
     sf_rows_bound,
 )
 from cutegemm.blockscaled.layout import to_swizzled
-from cutegemm.gemm.config import GemmConfig, can_implement
+from cutegemm.config import GemmConfig, can_implement
 
 MX = dict(a_dtype="e4m3", b_dtype="e4m3", sf_dtype="e8m0", sf_vec=32)
 
@@ -156,7 +156,7 @@ def test_nvfp4_global_scales_stay_on_the_device(monkeypatch):
     configs multiply by it (EpilogueSpec.scale_a) and only when the operands have scales."""
     from dataclasses import replace
 
-    from cutegemm.blockscaled.sm100 import blockscaled_config, global_scale_vector, with_global_scale
+    from cutegemm.blockscaled.gemm import blockscaled_config, global_scale_vector, with_global_scale
 
     torch.manual_seed(0)
     qa = quantize_ref(torch.randn(64, 128), "nvfp4", global_scale=torch.tensor(0.25))

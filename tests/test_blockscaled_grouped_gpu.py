@@ -108,7 +108,7 @@ def test_grouped_blockscaled_schedulers(scheduler):
     _skip_unless_sm100()
     from dataclasses import replace
 
-    from cutegemm.blockscaled.sm100 import blockscaled_config
+    from cutegemm.blockscaled.gemm import blockscaled_config
 
     cfg = replace(blockscaled_config("mxfp8", 128, 384), tile_m=128, tile_n=128, two_cta=False, cluster_m=1,
                   grouped=True, raster="m", group=1, scheduler=scheduler)  # fmt: skip
@@ -148,7 +148,7 @@ def test_grouped_mxfp8_emulation_tiles(override):
         pytest.skip("the sm_90a MXFP8 emulation")
     from dataclasses import replace
 
-    from cutegemm.blockscaled.sm90_mx import mx_config
+    from cutegemm.blockscaled.mx_sm90 import mx_config
 
     out_dtype = torch.float32 if override.get("out_dtype") == "fp32" else torch.bfloat16
     cfg = replace(mx_config(1024, 384, out_dtype), grouped=True, **override)

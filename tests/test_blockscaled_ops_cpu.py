@@ -11,9 +11,9 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import cutegemm
-from cutegemm import quant_ops
+from cutegemm.api import quantized as quant_ops
+from cutegemm.blockscaled import gemm as bs
 from cutegemm.blockscaled import quantize_ref, unpack_fp4
-from cutegemm.blockscaled import sm100 as bs
 
 OP = torch.ops.cutegemm
 FORMATS = ["mxfp8", "nvfp4", "mxfp4"]
@@ -228,8 +228,8 @@ def test_mixed_mx_pair_rules_and_reference():
     own format; NVFP4 pairs with nothing else; the sm_100a config has both element types and its
     problem rule (K a multiple of 128)."""
     from cutegemm.blockscaled import dequantize_ref
-    from cutegemm.blockscaled.sm100 import blockscaled_config, check_operands
-    from cutegemm.gemm.config import GemmProblem, can_implement, config_errors
+    from cutegemm.blockscaled.gemm import blockscaled_config, check_operands
+    from cutegemm.config import GemmProblem, can_implement, config_errors
 
     a, b = torch.randn(40, 256), torch.randn(24, 256)
     q8, q4 = quantize_ref(a, "mxfp8"), quantize_ref(b, "mxfp4")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from cutegemm.blockscaled import dequantize_ref, quantize_ref
-from cutegemm.blockscaled.sm100 import blockscaled_config, gemm_blockscaled
+from cutegemm.blockscaled.gemm import blockscaled_config, gemm_blockscaled
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm100]
 

@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cutegemm.blockscaled import quantize_ref
-from cutegemm.blockscaled.sm90_mx import (
+from cutegemm.blockscaled.gemm import gemm_blockscaled_ref
+from cutegemm.blockscaled.mx_sm90 import (
     check_mx_operands,
     mx_config,
     mx_emulation_ref,
@@ -20,8 +21,7 @@ from cutegemm.blockscaled.sm90_mx import (
     mx_scales_b,
     sfb_permutation,
 )
-from cutegemm.blockscaled.sm100 import gemm_blockscaled_ref
-from cutegemm.gemm.config import GemmConfig, can_implement
+from cutegemm.config import GemmConfig, can_implement
 
 
 def _q(rows, k, seed, spread=6):

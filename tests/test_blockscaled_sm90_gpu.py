@@ -1,5 +1,5 @@
 """MXFP8 x MXFP8 on sm_90a (Hopper), emulated: e4m3 WGMMAs of K 32 whose partial sums are promoted
-with the e8m0 scales (``cutegemm.blockscaled.sm90_mx``). Skipped unless an sm_90 GPU is present.
+with the e8m0 scales (``cutegemm.blockscaled.mx_sm90``). Skipped unless an sm_90 GPU is present.
 
 Reference: the dequantized operands (exact in fp32 for MX formats) multiplied in float64. A bf16
 output's error must be within 2x the same-precision torch baseline (the dequantized operands,
@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import cutegemm
 from cutegemm.blockscaled import dequantize_ref, quantize_ref
-from cutegemm.blockscaled.sm90_mx import mx_config
+from cutegemm.blockscaled.mx_sm90 import mx_config
 
 from .gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
 

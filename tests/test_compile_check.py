@@ -18,7 +18,7 @@ def test_serialized_wgmma_is_caught():
     """The C7520 check: a kernel whose every WGMMA waits for itself fails, a batched one passes,
     and the MXFP8 emulation (one WGMMA per commit group by design) is not judged."""
     from cutegemm.compile_check import wgmma_serialized
-    from cutegemm.gemm.config import GemmConfig
+    from cutegemm.config import GemmConfig
 
     batched = "\n".join(["HGMMA.64x256x16.F32.BF16 R24, gdesc[UR16], R24 ;"] * 3
                         + ["HGMMA.64x256x16.F32.BF16 R24, gdesc[UR16], R24, gsb0 ;", "WARPGROUP.DEPBAR.LE gsb0, 0x1 ;"])  # fmt: skip

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cutegemm.config import GemmConfig, GemmProblem, can_implement
 from cutegemm.epilogue import EpilogueSpec
-from cutegemm.gemm.config import GemmConfig, GemmProblem, can_implement
-from cutegemm.gemm.policy import policy_for
+from cutegemm.policy import policy_for
 from cutegemm.schedulers.static import swizzled_tile_coord
 
 
@@ -208,9 +208,9 @@ def _stages(cfg):
     """(A/B stages, epilogue buffers) the sm_90a kernel picks for ``cfg`` (host-side setup, traced
     for sm_90a without a GPU)."""
     import cutlass.cute as cute
+    from cutegemm.gemm.sm90.kernel.kernel import GemmSm90
     from cutlass.tensor_utils import LayoutEnum
 
-    from cutegemm.gemm.sm90 import GemmSm90
     from cutegemm.runtime.sass import compile_options
 
     g = GemmSm90(cfg)

@@ -4,12 +4,12 @@ and split K's K ranges and workspace."""
 
 from dataclasses import replace
 
+from cutegemm.gemm.sm90.kernel.split import split_workspace_words
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cutegemm.gemm.config import GemmConfig, GemmProblem, a_rows_errors, can_implement, config_errors
-from cutegemm.gemm.policy import policy_for, short_a_box, small_m_options
-from cutegemm.gemm.sm90_split import split_workspace_words
+from cutegemm.config import GemmConfig, GemmProblem, a_rows_errors, can_implement, config_errors
+from cutegemm.policy import policy_for, short_a_box, small_m_options
 from cutegemm.schedulers.static import split_k_range
 
 DECODE = GemmConfig(arch="sm_90a", a_major="k", b_major="k", tile_m=64, tile_n=64, raster="n", group=1)

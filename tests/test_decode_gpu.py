@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import cutegemm
-from cutegemm.gemm.config import GemmConfig
-from cutegemm.gemm.policy import policy_for, short_a_box
+from cutegemm.config import GemmConfig
+from cutegemm.policy import policy_for, short_a_box
 
 from .gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
 
@@ -92,7 +92,7 @@ def test_a_rows_policy_and_refusal():
     """The policy takes the short box (M rounded up to 8 or 16) below the tile's rows; a config whose box is shorter
     than M is refused (its rows past the box would read as zeros)."""
     _need_sm90()
-    from cutegemm.gemm.config import GemmProblem
+    from cutegemm.config import GemmProblem
 
     for m, rows in ((1, 8), (8, 8), (9, 16), (16, 16), (17, 32), (32, 32), (33, 48), (49, 0), (64, 0), (65, 80), (113, 0)):
         p = GemmProblem(m, 4096, 7168, 1, "bf16", "bf16", "bf16", "k", "k")
@@ -133,7 +133,7 @@ def test_a_rows_block_scales(m):
     """DeepSeek block scales (1x128 of A, 128x128 of B): the policy's short box (scale_a's rows keep
     their own box) gives the bits of the whole box, and writes nothing outside the output."""
     _need_sm90()
-    from cutegemm.gemm.config import GemmProblem
+    from cutegemm.config import GemmProblem
 
     n, k = 384, 1024
     a, b = _ops(m, n, k, seed=m)
@@ -241,7 +241,7 @@ def test_split_k_counter_wrap():
     """The tiles' counters run on across launches: started just below the signed 32-bit wrap, the
     calls that cross it give the same bits as before."""
     _need_sm90()
-    from cutegemm.gemm.api import _PLANS
+    from cutegemm.gemm.dense import _PLANS
 
     m, n, k = 16, 256, 4096
     a, b = _ops(m, n, k, seed=9)
@@ -284,7 +284,7 @@ def test_policy_split_calls_fp8(m, n, k):
     config's (its bits may differ: the partial sums add per range), the same bits on a second
     call."""
     _need_sm90()
-    from cutegemm.gemm.config import GemmProblem
+    from cutegemm.config import GemmProblem
 
     a, b = _ops(m, n, k, seed=m + n)
     a8, b8 = a.to(F8), b.to(F8)
@@ -318,7 +318,7 @@ def test_split_cluster_matches_workspace(m, n8, k8, split, tile, dtype, box):
     poisoned buffer, within the error bound; ragged M, N, K, fewer K tiles than ranges, more
     clusters than fit on the GPU at once (large M), A's short box."""
     _need_sm90()
-    from cutegemm.gemm.config import a_rows_for, split_k_errors
+    from cutegemm.config import a_rows_for, split_k_errors
 
     n, k = 8 * n8, 8 * k8
     if dtype == F8:

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from cutegemm.blockscaled import dequant
+from cutegemm.blockscaled.mx_sm90 import DEQUANT_MIN_COLS, DEQUANT_MIN_ROWS, dequantize_first
 from cutegemm.blockscaled.reference import dequantize_ref, quantize_ref
-from cutegemm.blockscaled.sm90_mx import DEQUANT_MIN_COLS, DEQUANT_MIN_ROWS, dequantize_first
 
 
 @pytest.mark.parametrize("fmt", ["mxfp8", "mxfp8_e5m2", "mxfp4", "nvfp4"])

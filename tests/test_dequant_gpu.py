@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 import cutegemm
 from cutegemm.blockscaled import dequant
+from cutegemm.blockscaled.mx_sm90 import dequantize_first
 from cutegemm.blockscaled.reference import dequantize_ref
-from cutegemm.blockscaled.sm90_mx import dequantize_first
 
 from .gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
 
@@ -74,7 +74,7 @@ def test_routed_gemm_equals_bf16_gemm_of_dequantized(m, n, k, batch, out_dtype):
     if not _sm90():
         pytest.skip("the dequantize-first MXFP8 path is sm_90a's")
     if batch is None:
-        from cutegemm.blockscaled.fp4_weight_api import dq_min_rows
+        from cutegemm.blockscaled.weight_only.launch import dq_min_rows
 
         m += dq_min_rows("mxfp8", False, "sm_90a")
     lead = () if batch is None else (batch,)

@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cutegemm
+from cutegemm.config import GemmConfig
 from cutegemm.epilogue import EpilogueSpec, epilogue_ref, interleave_gate_up, ops, split_gate_up
-from cutegemm.gemm.api import _check_epilogue_args, _interleave_b
-from cutegemm.gemm.config import GemmConfig
+from cutegemm.gemm.dense import _check_epilogue_args, _interleave_b
 from cutegemm.runtime.signature import dense_fake_args
 
 
@@ -294,7 +294,7 @@ def test_sm90_pre_epilogue_rules(kw, pre, left):
     """Which per-row / per-column epilogue inputs the sm_90a kernel applies to the accumulators
     once per tile (``GemmSm90.pre_epilogue``: scale_a, scale_b, alpha + bias), and the epilogue
     spec its subtiles then run."""
-    from cutegemm.gemm.sm90 import GemmSm90
+    from cutegemm.gemm.sm90.kernel.kernel import GemmSm90
 
     k = GemmSm90(GemmConfig(arch="sm_90a", tile_m=128, **{"tile_n": 192, **kw}))
     assert k.pre_epilogue == pre

@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cutegemm
+from cutegemm.config import GemmConfig
 from cutegemm.epilogue import GATED, epilogue_ref, interleave_gate_up
-from cutegemm.gemm.config import GemmConfig
 
 from .gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
 

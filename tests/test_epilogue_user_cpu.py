@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import cutegemm
+from cutegemm.config import GemmConfig, GemmProblem, can_implement
 from cutegemm.epilogue import EpilogueSpec, fn
 from cutegemm.epilogue.quant import quant_groups
 from cutegemm.epilogue.user import apply_user_ref, register, user_key
-from cutegemm.gemm.config import GemmConfig, GemmProblem, can_implement
 
 
 def epi_a(acc, row, col, bias):

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import cutegemm
-from cutegemm.gemm import api as dense
-from cutegemm.grouped import api as grouped
+from cutegemm.gemm import dense
+from cutegemm.grouped import packed as grouped
 
 from .host_overhead_cpu import cpu_fast_path
 

@@ -11,11 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cutegemm
-from cutegemm.blockscaled import fp4_math as fm
-from cutegemm.blockscaled import fp4_ring
-from cutegemm.blockscaled import fp4_weight as fw
-from cutegemm.blockscaled.fp4_weight_api import check_args, gemm_fp4_weight_ref, pick_config
 from cutegemm.blockscaled.reference import _E2M1_VALUES, dequantize_ref, quantize_ref
+from cutegemm.blockscaled.weight_only import kernel as fw
+from cutegemm.blockscaled.weight_only import math as fm
+from cutegemm.blockscaled.weight_only import ring as fp4_ring
+from cutegemm.blockscaled.weight_only.launch import check_args, gemm_fp4_weight_ref, pick_config
 
 E2M1 = torch.tensor(_E2M1_VALUES + tuple(-v for v in _E2M1_VALUES), dtype=torch.float64)
 
@@ -310,7 +310,7 @@ def test_pass_grid_policy_and_rules():
     it outside the dense, unsplit WGMMA consumers."""
     from dataclasses import replace
 
-    from cutegemm.blockscaled.fp4_weight_api import pass_grid_pays, tail_split_pays
+    from cutegemm.blockscaled.weight_only.launch import pass_grid_pays, tail_split_pays
 
     assert pass_grid_pays(4, 224, 132) and not pass_grid_pays(2, 224, 132) and not pass_grid_pays(3, 224, 132)
     assert not pass_grid_pays(1, 150, 132) and pass_grid_pays(5, 150, 132)  # 750 CTAs in 6 waves vs 150 in 2 x 5
@@ -512,7 +512,7 @@ def _op_args(x, qw, offs=None):
 def test_op_cpu_kernel_fake_and_opcheck(fmt, grouped):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from cutegemm import quant_ops
+    from cutegemm.api import quantized as quant_ops
 
     torch.manual_seed(0)
     qw = quantize_ref(torch.randn(*((3,) if grouped else ()), 40, 96), fmt)
@@ -553,7 +553,7 @@ def test_op_bad_inputs():
 
 
 def _fp4_block(x, w, offs):
-    from cutegemm import quant_ops
+    from cutegemm.api import quantized as quant_ops
 
     qw = quant_ops.quantize(w, "nvfp4")
     return quant_ops.gemm_fp4_weight(x, qw, offs=offs, out_dtype=torch.float32).relu()
@@ -597,7 +597,7 @@ def test_fp8_activation_reference_and_rules():
         check_args(x8, qw, scale_a=torch.ones(4))
     with pytest.raises(TypeError, match="float32"):
         check_args(x8, qw, scale_a=sa.double())
-    from cutegemm import quant_ops
+    from cutegemm.api import quantized as quant_ops
 
     op = quant_ops.gemm_fp4_weight(x8, qw, scale_a=sa, out_dtype=torch.float32)
     torch.testing.assert_close(op, want)
@@ -608,7 +608,7 @@ def test_multiply_placement_equals_shift_placement():
     masks (``fp4_math._dequant_ptx``): the same bf16 bit patterns as the shift-and-mask
     placement that ``dequant_words_ref`` (checked against dequantize_ref) uses, for every byte
     value in every byte position and 200k random words."""
-    from cutegemm.blockscaled.fp4_math import placed_words_multiply_ref, placed_words_shift_ref
+    from cutegemm.blockscaled.weight_only.math import placed_words_multiply_ref, placed_words_shift_ref
 
     b = torch.arange(256, dtype=torch.int64)
     words = [b << (8 * p) for p in range(4)]
@@ -620,7 +620,7 @@ def test_multiply_placement_equals_shift_placement():
 def test_dequantize_first_thresholds_per_arch():
     """sm_90a's WGMMA consumers keep up to more rows than the mma.sync consumers of sm_100a; MXFP4
     takes NVFP4's thresholds; every threshold sits above the rows the WGMMA policy was timed at."""
-    from cutegemm.blockscaled import fp4_weight_api as api
+    from cutegemm.blockscaled.weight_only import launch as api
 
     for grouped in (False, True):
         assert api.dq_min_rows("nvfp4", grouped) == api.dq_min_rows("mxfp4", grouped)

@@ -67,7 +67,7 @@ def _mma_sync_config(m, fmt, out_dtype, grouped, experts):
     policy takes the WGMMA consumers from 17 rows), built for this GPU's arch."""
     from dataclasses import replace
 
-    from cutegemm.blockscaled.fp4_weight_api import _arch, pick_config
+    from cutegemm.blockscaled.weight_only.launch import _arch, pick_config
 
     return replace(pick_config(m, fmt, out_dtype, "sm_100a", grouped, experts), arch=_arch(0))
 
@@ -75,7 +75,7 @@ def _mma_sync_config(m, fmt, out_dtype, grouped, experts):
 def _run_checked(x, qw, counts, cfg, out_dtype=torch.bfloat16, x_call=None):
     """Run config ``cfg`` (grouped when ``counts`` is given) into a poisoned output and check it
     against ``x`` (the call gets ``x_call`` if given: a view of the same values)."""
-    from cutegemm.blockscaled.fp4_weight_api import gemm_fp4_weight
+    from cutegemm.blockscaled.weight_only.launch import gemm_fp4_weight
 
     offs = None if counts is None else _offs(counts)
     out = torch.full((x.shape[0], qw.shape[-2]), POISON, device="cuda", dtype=out_dtype)
@@ -207,7 +207,7 @@ def test_staged_store(fmt, out_dtype, n, offset, grouped, tokens):
     written, nothing beside the output (poisoned guard values around it)."""
     from dataclasses import replace
 
-    from cutegemm.blockscaled import fp4_weight_api as api
+    from cutegemm.blockscaled.weight_only import launch as api
 
     k = 512
     counts = [0, 257, 3, 100] if grouped else [300]
@@ -239,7 +239,7 @@ def test_pass_ctas(fmt, out_dtype, m, staged, mode, sms):
     written, nothing beside the output (poisoned guard values)."""
     from dataclasses import replace
 
-    from cutegemm.blockscaled import fp4_weight_api as api
+    from cutegemm.blockscaled.weight_only import launch as api
 
     n, k = 392, 544
     qw = _weights((n, k), fmt, seed=m + 7 * staged)
@@ -276,7 +276,7 @@ def test_tail_split(fmt, out_dtype, staged, m, n, k, sms):
     second call (the finisher adds the partial sums in CTA order), the counters left at zero."""
     from dataclasses import replace
 
-    from cutegemm.blockscaled import fp4_weight_api as api
+    from cutegemm.blockscaled.weight_only import launch as api
 
     qw = _weights((n, k), fmt, seed=m + n + 7 * staged)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
@@ -311,7 +311,7 @@ def test_tail_split_shapes(m, n, kb, fmt, staged, sms):
     counters left at zero (the examples reuse the workspace)."""
     from dataclasses import replace
 
-    from cutegemm.blockscaled import fp4_weight_api as api
+    from cutegemm.blockscaled.weight_only import launch as api
 
     k = 32 * kb
     qw = _weights((n, k), fmt, seed=m * 7 + n + kb)
@@ -357,7 +357,7 @@ def test_split_ring(m, n, kb, fmt, shape, sms, out_dtype):
     example reuses the workspace)."""
     from dataclasses import replace
 
-    from cutegemm.blockscaled import fp4_weight_api as api
+    from cutegemm.blockscaled.weight_only import launch as api
 
     k = 32 * kb
     qw = _weights((n, k), fmt, seed=n * 13 + kb)
@@ -375,7 +375,7 @@ def test_split_cuda_graph_replay():
     """A captured split call replays correctly with new activations (the counters reset)."""
     from dataclasses import replace
 
-    from cutegemm.blockscaled import fp4_weight_api as api
+    from cutegemm.blockscaled.weight_only import launch as api
 
     m, n, k = 16, 1000, 32 * 40
     qw = _weights((n, k), "nvfp4", seed=5)
@@ -427,7 +427,7 @@ def test_activation_views(view, grouped):
 def test_out_views(grouped):
     """out as a view into a larger NaN buffer (row stride past N) and as a column-transposed
     view: every output element written, nothing outside it, rows past offs[-1] kept."""
-    from cutegemm.blockscaled.fp4_weight_api import gemm_fp4_weight
+    from cutegemm.blockscaled.weight_only.launch import gemm_fp4_weight
 
     m, n, k = 41, 136, 32 * 5
     counts = [5, 0, 30]  # rows 35..40 belong to no expert
@@ -555,7 +555,7 @@ def test_quantized_grouped_experts(fmt):
 def test_custom_op_matches_the_direct_call_and_compiles(fmt):
     """The ``cutegemm::gemm_fp4_weight`` op (FP4 and MXFP8 weights): the direct call's result,
     rows past offs[-1] zero; fullgraph torch.compile."""
-    from cutegemm import quant_ops
+    from cutegemm.api import quantized as quant_ops
 
     qw = _weights((3, 96, 256), fmt, seed=4)
     x = torch.randn(40, 256, device="cuda").to(torch.bfloat16)
@@ -618,7 +618,7 @@ def test_prefill_dequantize_first(fmt, out_dtype):
     weight once and run the bf16 GEMM (the spy proves which path ran): every element within the
     bound, nothing written outside ``out`` (a view into a larger poisoned buffer); one row fewer
     stays on the decode kernel."""
-    from cutegemm.blockscaled import fp4_weight_api as api
+    from cutegemm.blockscaled.weight_only import launch as api
 
     rows = api.dq_min_rows(fmt, False, api._arch(0))
     m, n, k = rows + 37, 328, 32 * 9
@@ -639,7 +639,7 @@ def test_prefill_dequantize_first(fmt, out_dtype):
 def test_prefill_alpha_fp8_scale_a():
     """The dequantize-first path with alpha (fp32 out, MXFP4: exact in bf16) and with e4m3
     activations times a per-token scale (fp32 results scaled before the one rounding)."""
-    from cutegemm.blockscaled import fp4_weight_api as api
+    from cutegemm.blockscaled.weight_only import launch as api
 
     m, n, k = api.dq_min_rows("mxfp4", False, api._arch(0)) + 3, 200, 32 * 7  # NVFP4: the same
     qw = _weights((n, k), "mxfp4", seed=4)
@@ -669,7 +669,7 @@ def test_grouped_prefill_dequantize_first(fmt):
     """Grouped calls with the threshold's mean rows per expert: the dequantize-first path
     (empty expert, rows past offs[-1] untouched), and a CUDA graph of it replayed with new
     activations."""
-    from cutegemm.blockscaled import fp4_weight_api as api
+    from cutegemm.blockscaled.weight_only import launch as api
 
     r = api.dq_min_rows(fmt, True, api._arch(0))
     counts = [2 * r + 5, 0, r + 60, r - 40]

@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cutegemm
+from cutegemm.config import GemmConfig, GemmProblem, can_implement
 from cutegemm.epilogue import EpilogueSpec
-from cutegemm.gemm.config import GemmConfig, GemmProblem, can_implement
-from cutegemm.gemm.policy import policy_for
+from cutegemm.policy import policy_for
 
 F8 = torch.float8_e4m3fn
 BW = dict(arch="sm_90a", a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k", fp8_blockwise=True)
@@ -173,7 +173,7 @@ def test_valid_blockwise_call_reaches_the_device_check():
 
 
 def test_blockwise_detection():
-    from cutegemm.gemm.fp8_args import is_fp8_blockwise as _is_fp8_blockwise
+    from cutegemm.gemm.fp8_scales import is_fp8_blockwise as _is_fp8_blockwise
 
     a, b = _fp8(64, 384, 256)
     sa, sb = _block_scales(64, 384, 256)
@@ -261,7 +261,7 @@ def _grouped(counts, n, k, seed=0):
 
 
 def test_grouped_block_scales_validation():
-    from cutegemm.gemm.fp8_args import fp8_grouped_block_scales as f
+    from cutegemm.gemm.fp8_scales import fp8_grouped_block_scales as f
 
     a, b, _, sa, sb = _grouped([5, 0, 7], 300, 400)  # KB = 4, NB = 3
     got_a, got_b = f(a, b, sa, sb)  # row-major scale_a: an M-major copy (tma_scale_a)
@@ -357,7 +357,7 @@ def test_scale_a_is_tma_ready_m_major():
     with rows % 4 == 0 and an M-major view inside a wider buffer are used in place; row-major,
     rows % 4 != 0 and misaligned views become an M-major copy with rows rounded up to 4 as the
     K-block stride. The values are always those given."""
-    from cutegemm.gemm.fp8_args import tma_scale_a
+    from cutegemm.gemm.fp8_scales import tma_scale_a
 
     def ready(t):
         return t.stride(0) == 1 and t.stride(1) % 4 == 0 and t.data_ptr() % 16 == 0
@@ -378,7 +378,7 @@ def test_scale_b_view_copied_to_k_contiguous_only_where_it_pays():
     (torch's (KB, NB) row-major scale_b) and grouped ((E, KB, NB) row-major); torch._scaled_mm's
     own column-major layout, single-K-block scales and small calls are read in place. The values
     are those of the view."""
-    from cutegemm.gemm.fp8_args import SCALE_COPY_MIN_ROWS, k_contiguous_scale_b
+    from cutegemm.gemm.fp8_scales import SCALE_COPY_MIN_ROWS, k_contiguous_scale_b
 
     rows = SCALE_COPY_MIN_ROWS
     dense = torch.rand(7, 5).t()  # (NB, KB) view of a row-major (KB, NB) scale_b: K-strided

@@ -200,7 +200,7 @@ def test_blockwise_forced_tiles(override):
     """The other tiles of the support matrix (tile_n 64 splits a scale block over two tiles;
     pingpong 64-row tiles)."""
     _skip_unless_sm90()
-    from cutegemm.gemm.config import GemmConfig
+    from cutegemm.config import GemmConfig
 
     m, n, k = 300, 520, 700 - 700 % 16
     a, b = _operands(m, n, k, seed=13)
@@ -226,7 +226,7 @@ def test_blockwise_192_wide_tiles_straddle_scale_blocks(n):
     its position; at N's end the second block may not exist (clamped, columns never stored).
     Scales over 4 decades per block, so a column scaled by its neighbour block is caught."""
     _skip_unless_sm90()
-    from cutegemm.gemm.config import GemmConfig
+    from cutegemm.config import GemmConfig
 
     m, k = 192, 512
     a, b = _operands(m, n, k, seed=n)
@@ -374,7 +374,7 @@ def test_grouped_blockwise_hypothesis(counts, n16, k16, lo, span):
     ],
 )
 def test_grouped_blockwise_forced_tiles(override):
-    from cutegemm.gemm.config import GemmConfig
+    from cutegemm.config import GemmConfig
 
     cfg = GemmConfig(arch="sm_90a", a_dtype="e4m3", b_dtype="e4m3", b_major="k", grouped=True,
                      fp8_blockwise=True, **override)  # fmt: skip

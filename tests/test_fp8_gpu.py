@@ -174,8 +174,8 @@ def test_fp8_wg_order_is_bitwise_equal(m, n, k):
         pytest.skip("dense FP8 is an sm_90a kernel so far")
     from dataclasses import replace
 
+    from cutegemm.config import GemmConfig
     from cutegemm.epilogue import EpilogueSpec
-    from cutegemm.gemm.config import GemmConfig
 
     a, b = _operands(m, n, k, seed=m + k)
     sa, sb = _scales("row", m, n, seed=n)

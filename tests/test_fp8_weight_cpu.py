@@ -10,11 +10,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from cutegemm.blockscaled import fp4_math as fm
-from cutegemm.blockscaled import fp4_weight as fw
-from cutegemm.blockscaled.fp4_weight_api import check_args, gemm_fp4_weight_ref, pick_config
 from cutegemm.blockscaled.layout import to_swizzled
 from cutegemm.blockscaled.reference import dequantize_ref, quantize_ref
+from cutegemm.blockscaled.weight_only import kernel as fw
+from cutegemm.blockscaled.weight_only import math as fm
+from cutegemm.blockscaled.weight_only.launch import check_args, gemm_fp4_weight_ref, pick_config
 
 BYTES = torch.arange(256, dtype=torch.int64)
 E4M3 = BYTES.to(torch.uint8).view(torch.float8_e4m3fn).double()
@@ -203,7 +203,8 @@ def test_reference_is_the_dequantized_matmul():
 def test_mxfp8_x_mxfp8_ring_routing_rule():
     from unittest import mock
 
-    from cutegemm.blockscaled import dequant, sm90_mx
+    from cutegemm.blockscaled import dequant
+    from cutegemm.blockscaled import mx_sm90 as sm90_mx
 
     qa = quantize_ref(torch.randn(16, 64), "mxfp8")
     assert not sm90_mx.ring_first(qa, qa)  # CPU operands: the dequantize kernel refuses them

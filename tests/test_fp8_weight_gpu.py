@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cutegemm
-from cutegemm.blockscaled import fp4_weight_api as api
 from cutegemm.blockscaled.reference import BlockScaledTensor, dequantize_ref
+from cutegemm.blockscaled.weight_only import launch as api
 
 from .test_fp4_weight_gpu import POISON, _bounds, _check, _offs, _weights
 
@@ -218,7 +218,7 @@ def test_mxfp8_x_mxfp8_takes_the_weight_path(grouped):
     operands within 2x torch's bf16 error; rows past offs[-1] untouched."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the sm_90a policy")
-    from cutegemm.blockscaled import sm90_mx
+    from cutegemm.blockscaled import mx_sm90 as sm90_mx
 
     e, n, k = 4, 264, 16 * 33
     counts = [3, 0, 17, 9] if grouped else [11]

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cutegemm
-from cutegemm.gemm.config import GemmConfig
+from cutegemm.config import GemmConfig
 
 from .gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
 
@@ -155,7 +155,7 @@ def test_second_process_loads_from_disk_cache(tmp_path):
 
     code = (
         "import torch, cutegemm\n"
-        "from cutegemm.gemm.api import DENSE_CACHE\n"
+        "from cutegemm.gemm.dense import DENSE_CACHE\n"
         "a = torch.randn(256, 128, device='cuda', dtype=torch.bfloat16)\n"
         "b = torch.randn(128, 256, device='cuda', dtype=torch.bfloat16)\n"
         "torch.testing.assert_close(cutegemm.gemm(a, b).float(), (a.float() @ b.float()), atol=0.5, rtol=0.02)\n"

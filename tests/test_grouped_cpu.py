@@ -87,8 +87,8 @@ def test_kgrouped_config_rules_and_policy():
     choice (kgrouped_config) always satisfies the rules, whatever the operand majors."""
     from dataclasses import replace
 
+    from cutegemm.config import GemmConfig, config_errors
     from cutegemm.epilogue import EpilogueSpec
-    from cutegemm.gemm.config import GemmConfig, config_errors
     from cutegemm.grouped.k_grouped import kgrouped_config
 
     ok = GemmConfig(arch="sm_90a", kgrouped=True, a_major="m")
@@ -142,7 +142,7 @@ def test_kgrouped_launch_plan_and_views(monkeypatch):
     import torch
 
     import cutegemm.grouped.k_grouped as k_grouped
-    from cutegemm.gemm.api import DENSE_CACHE
+    from cutegemm.gemm.dense import DENSE_CACHE
 
     built, calls = [], []
     monkeypatch.setattr(k_grouped, "_device_info", lambda index: ("sm_90a", 132))

@@ -9,9 +9,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cutegemm.config import GemmConfig, config_errors
 from cutegemm.epilogue import EpilogueSpec, interleave_gate_up
-from cutegemm.gemm.config import GemmConfig, config_errors
-from cutegemm.grouped.api import _per_expert, _row_vector, grouped_gemm, grouped_gemm_ref
+from cutegemm.grouped.packed import _per_expert, _row_vector, grouped_gemm, grouped_gemm_ref
 
 F64 = torch.float64
 

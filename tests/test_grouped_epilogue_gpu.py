@@ -147,7 +147,7 @@ def _sm90():
 def test_fp8_rowwise_grouped(fast_accum, tile_m):
     """tile_m=128: the 128 x 192 cooperative tile of the DeepSeek-V3 policy, forced (last tiles of
     96, 16 and 16 + 128 * 3 rows)."""
-    from cutegemm.gemm.config import GemmConfig
+    from cutegemm.config import GemmConfig
 
     config = None
     if tile_m:

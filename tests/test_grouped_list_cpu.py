@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cutegemm.gemm.config import EpilogueSpec, GemmConfig, config_errors
+from cutegemm.config import EpilogueSpec, GemmConfig, config_errors
 from cutegemm.schedulers.grouped import list_tile_map, list_tile_starts
 
 
@@ -80,7 +80,7 @@ def test_list_table_rows(shapes):
         LIST_LD_C,
         LIST_M,
         LIST_PTR_A,
-        LIST_PTR_C,  # fmt: skip
+        LIST_PTR_C,
         LIST_TILE,
     )
 

@@ -8,7 +8,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cutegemm.gemm.config import EpilogueSpec, GemmConfig
+from cutegemm.config import EpilogueSpec, GemmConfig
 from cutegemm.grouped import grouped_gemm, grouped_gemm_ref, list_form
 
 from .gemm_check import assert_within_torch_error

@@ -6,8 +6,8 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cutegemm.config import GemmConfig, config_errors
 from cutegemm.epilogue import EpilogueSpec
-from cutegemm.gemm.config import GemmConfig, config_errors
 from cutegemm.schedulers.grouped import even_split, swap_tile_map
 
 SWAP = GemmConfig(arch="sm_90a", grouped=True, swap_ab=True, b_major="k", tile_m=128, tile_n=192, cluster_m=2, scheduler="dynamic")

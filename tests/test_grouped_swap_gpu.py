@@ -105,7 +105,7 @@ def test_swap_fp32_output():
 
 def test_policy_picks_swap_for_moe_sized_experts():
     """The packed form's default config for 64 < mean rows per expert <= 1024 (bf16, no bias)."""
-    from cutegemm.gemm.policy import policy_for
+    from cutegemm.policy import policy_for
 
     pol = policy_for("sm_90a", torch.cuda.get_device_properties(0).multi_processor_count)
     p = cutegemm.GemmProblem(32 * 512, 4096, 7168, 1, b_major="k")

@@ -21,7 +21,7 @@ def test_bench_families_dispatch(monkeypatch, tmp_path, capsys, family, expected
     import torch
 
     import cutegemm.__main__ as main
-    import cutegemm.benchmarks as bench
+    import cutegemm.bench.core as bench
 
     calls = []
     monkeypatch.setattr(main, "_has_gpu", lambda: True)
@@ -44,7 +44,7 @@ def test_compile_check_reaches_every_kernel_family(monkeypatch):
     from cutegemm import compile_check
 
     seen = []
-    families = ("cutegemm.blockscaled.quantize", "cutegemm.blockscaled.dequant", "cutegemm.blockscaled.fp4_weight")
+    families = ("cutegemm.blockscaled.quantize", "cutegemm.blockscaled.dequant", "cutegemm.blockscaled.weight_only.kernel")
     for name in families:
         mod = importlib.import_module(name)
         monkeypatch.setattr(mod, "check_variant", lambda cfg: seen.append(cfg) or (True, {}, ""))

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cutegemm import gemm
-from cutegemm.gemm.config import GemmConfig
+from cutegemm.config import GemmConfig
 from cutegemm.grouped import grouped_gemm, grouped_gemm_ref
 
 from .gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
@@ -73,7 +73,7 @@ def test_counter_is_reset_between_calls_and_counts_every_tile(cfg):
     """Without the in-stream reset the second call would start past the last tile and leave
     most of the output unwritten."""
     cfg = _on_this_gpu(cfg)
-    from cutegemm.gemm.api import _PLANS
+    from cutegemm.gemm.dense import _PLANS
 
     m, n, k = 2048, 2048, 256
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -158,7 +158,7 @@ def test_resident_clusters_bound_the_persistent_grid():
     """gemm.api.resident_clusters: at most SMs // size clusters, at least one; clusters of 1
     are the SM count; a config's grid follows its cluster size (H200: 30 clusters of 4 fit, not
     33, so a grid of 33 left 3 clusters' static tiles to run after all others)."""
-    from cutegemm.gemm.api import max_clusters_for, resident_clusters
+    from cutegemm.gemm.dense import max_clusters_for, resident_clusters
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert resident_clusters(0, 1) == sms

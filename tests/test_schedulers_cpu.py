@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cutegemm.gemm.config import GemmConfig, can_implement
+from cutegemm.config import GemmConfig, can_implement
 from cutegemm.runtime.signature import dense_fake_args, grouped_fake_args
 from cutegemm.schedulers.dynamic import clc_grid_clusters, simulate_clc, simulate_dynamic
 from cutegemm.schedulers.grouped import expert_rows, grouped_tile_map

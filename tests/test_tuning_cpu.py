@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cutegemm import tuning
+from cutegemm.config import GemmProblem, can_implement
 from cutegemm.epilogue import EpilogueSpec
-from cutegemm.gemm.config import GemmProblem, can_implement
 
 EPILOGUES = [
     EpilogueSpec(),
@@ -84,7 +84,7 @@ def test_grouped_candidates_include_default_and_all_implementable(arch, experts,
 
 
 def test_default_config_is_the_policy_choice():
-    from cutegemm.gemm.policy import policy_for
+    from cutegemm.policy import policy_for
 
     p = problem(128, 7168, 2048)
     assert tuning.default_config("sm_90a", "dense", p, num_sms=132) == policy_for("sm_90a", 132).choose(

@@ -12,11 +12,11 @@ import torch
 
 import cutegemm
 from cutegemm import tuning
+from cutegemm.config import GemmProblem
 from cutegemm.epilogue import EpilogueSpec
-from cutegemm.gemm import api as dense_api
-from cutegemm.gemm.config import GemmProblem
-from cutegemm.grouped import api as grouped_api
+from cutegemm.gemm import dense as dense_api
 from cutegemm.grouped import grouped_gemm_ref
+from cutegemm.grouped import packed as grouped_api
 
 from .gemm_check import assert_within_torch_error
 

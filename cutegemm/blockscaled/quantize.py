@@ -532,7 +532,7 @@ def all_configs(arch: str) -> list[QuantizeConfig | AmaxConfig]:
 # --- host API ---------------------------------------------------------------------------------
 @functools.cache
 def _arch_of(index: int) -> str:
-    from ..gemm.api import _device_info  # ValueError on a GPU other than sm_90 / sm_100
+    from ..gemm.dense import _device_info  # ValueError on a GPU other than sm_90 / sm_100
 
     return _device_info(index)[0]
 

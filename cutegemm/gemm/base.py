@@ -15,10 +15,10 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass.cute.nvgpu import cpasync
 
-from ..grouped.kernel_parts import launch_list_descriptors
+from ..config import GRID_Z_MAX, GemmConfig, config_errors
 from ..schedulers.dynamic import BroadcastScheduler, SchedulerRing, clc_grid_clusters
 from ..schedulers.static import StaticPersistentScheduler, persistent_grid
-from .config import GRID_Z_MAX, GemmConfig, config_errors
+from .grouped_parts import launch_list_descriptors
 
 CUTLASS_DTYPES = {
     "bf16": cutlass.BFloat16,

@@ -1,6 +1,6 @@
 """K-grouped form of the grouped GEMM (the MoE weight gradient, dW_e = x_e^T dy_e):
 ``grouped_gemm(a, b, offs=offs)`` with a (M, total_K), b (total_K, N) -> (E, M, N), offs splitting
-K (an expert with an empty slice gets zeros). :func:`cutegemm.grouped.api.grouped_gemm` checks the
+K (an expert with an empty slice gets zeros). :func:`cutegemm.grouped.packed.grouped_gemm` checks the
 arguments and calls :func:`_grouped_k`.
 
 Launch path: sm_90a, bf16 / fp16: one launch of the K-grouped kernel (``GemmConfig.kgrouped``,
@@ -19,8 +19,9 @@ from dataclasses import replace
 
 import torch
 
+from ..config import TMA_ALIGN_BYTES, GemmConfig, GemmProblem, can_implement
 from ..epilogue import EpilogueSpec
-from ..gemm.api import (
+from ..gemm.dense import (
     INPUT_TO_NAME,
     TORCH_TO_NAME,
     _check_operand,
@@ -31,8 +32,7 @@ from ..gemm.api import (
     new_workspace,
     reset_workspace,
 )
-from ..gemm.config import TMA_ALIGN_BYTES, GemmConfig, GemmProblem, can_implement
-from ..gemm.policy import policy_for
+from ..policy import policy_for
 
 
 def _padded_k_slice(a, b, start, end):
@@ -61,7 +61,7 @@ def _grouped_k(a, b, offs, out, out_dtype, alpha, check_offs, config=None):
     elif _check_operand("out", out, dims=(3,)) or out.shape != (E, M, N) or out.dtype != out_dtype:
         raise ValueError(f"out must be an ({E}, {M}, {N}) {out_dtype} tensor")
     if check_offs:
-        from .api import _check_offs_values  # the packed form's check (api imports this module)
+        from .packed import _check_offs_values  # the packed form's check (api imports this module)
 
         _check_offs_values(offs, K)
     if config is not None and not config.kgrouped:
@@ -126,7 +126,7 @@ def _kgrouped_launch(a, b, offs, out, alpha, config) -> bool:
         return False
     fn, (va, vb, vc), copy, max_clusters, workspace = plan
     if copy:  # no contiguous mode, or a base off 16 bytes: the operands are copied on every call
-        from ..gemm.api import _aligned_operand
+        from ..gemm.dense import _aligned_operand
 
         a, b = _aligned_operand(a.unsqueeze(0)), _aligned_operand(b.unsqueeze(0))
     fn(
@@ -140,7 +140,7 @@ def _kgrouped_launch(a, b, offs, out, alpha, config) -> bool:
 def _kgrouped_plan(a, b, out, alpha, config):
     """(kernel, (A (M, K, 1), B (N, K, 1), C (M, N, E)) views, operands copied, max clusters,
     workspace) for :func:`_kgrouped_launch`, or False where the kernel does not apply."""
-    from ..gemm.api import DENSE_CACHE, _aligned_operand, _unit_mode
+    from ..gemm.dense import DENSE_CACHE, _aligned_operand, _unit_mode
 
     dev = a.device
     arch, num_sms = _device_info(dev.index if dev.index is not None else torch.cuda.current_device())

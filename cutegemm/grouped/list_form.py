@@ -1,6 +1,6 @@
 """List form of the grouped GEMM: ``grouped_gemm([a0, a1, ...], [b0, b1, ...])`` -> list,
 arbitrary per-group M, N, K, one dtype; epilogue: alpha, an elementwise activation (relu / gelu /
-gelu_tanh / silu), out_dtype. :func:`cutegemm.grouped.api.grouped_gemm` checks the epilogue
+gelu_tanh / silu), out_dtype. :func:`cutegemm.grouped.packed.grouped_gemm` checks the epilogue
 arguments and calls :func:`_grouped_list`.
 
 Launch path (:func:`_list_launch`): sm_90a and sm_100a, bf16 / fp16: one launch of the list-form
@@ -22,12 +22,12 @@ from dataclasses import replace
 
 import torch
 
+from ..config import TMA_ALIGN_BYTES, GemmConfig, GemmProblem
 from ..epilogue import EpilogueSpec
-from ..gemm.api import INPUT_TO_NAME, TORCH_TO_NAME, _device_info, _kernel_view, gemm, new_workspace
-from ..gemm.config import TMA_ALIGN_BYTES, GemmConfig, GemmProblem
-from ..gemm.policy import policy_for
+from ..gemm.dense import INPUT_TO_NAME, TORCH_TO_NAME, _device_info, _kernel_view, gemm, new_workspace
+from ..gemm.grouped_parts import GROUPED_MAX_GROUPS
+from ..policy import policy_for
 from ..schedulers.grouped import LIST_FIELDS, LIST_TILE
-from .kernel_parts import GROUPED_MAX_GROUPS
 
 
 def _grouped_list(a_list, b_list, *, offs, out_dtype, alpha, activation=None):
@@ -193,7 +193,7 @@ def _list_launch(a_list, b_list, out_dtype, alpha, config=None, flat=None, activ
     # descriptors the prep kernel writes (3 x 128 bytes per group).
     table = torch.empty(len(rows) + len(shapes) * 3 * 16, dtype=torch.int64, device=dev)
     table[: len(rows)].copy_(torch.frombuffer(array.array("q", rows), dtype=torch.int64).pin_memory(), non_blocking=True)
-    from ..gemm.api import DENSE_CACHE
+    from ..gemm.dense import DENSE_CACHE
 
     xa, xb, xc = a_list[t], b_list[t], outs[t]
     va = _kernel_view(xa.unsqueeze(0), 2 if a_major == "k" else 1, (1, 2, 0), "a")

@@ -1,0 +1,271 @@
+"""Block-scaled GEMMs on Hopper (sm_90a): MXFP8 x MXFP8 dequantize-first or emulated (host side
+of ``GemmSm90`` with ``config.fp8_mx``, kernel pieces: ``sm90_mx_mainloop``); MXFP4 / NVFP4 x
+the same format and MXFP8 x MXFP4 dequantize-first always (Hopper's tensor cores take no FP4).
+
+``gemm_mx_sm90(qa, qb)`` computes ``dequantize(qa) @ dequantize(qb).T``. Compute-bound shapes
+(``dequantize_first``: at least DEQUANT_MIN_ROWS rows, per expert when grouped) run as one bf16
+dequantize pass per operand (``dequant``) plus the bf16 GEMM, which is faster on the H200; the
+others, and every call with an explicit ``config``, run the emulation: from the e4m3 elements
+and e8m0 scales (one per 32 K of every row) of two MXFP8 ``BlockScaledTensor``s: e4m3 WGMMAs of
+K 32, each partial sum promoted into fp32 with ``scale_a[row] * scale_b[col]`` of its K block. The
+result equals the fp32 GEMM of the dequantized operands up to fp32 summation order (the tensor
+core sums 32 products per promotion). The dequantized operands never exist in memory.
+
+The scales are decoded here, per call, to fp32 (exact: powers of two, NaN for byte 0xFF):
+  * ``sfa`` (M, Kb, L) with Kb = ceil(K / 32) rounded up to a multiple of 4 (one 128-wide K tile
+    per TMA box of 4), padding 0;
+  * ``sfb`` (Np, Kb, L), Np = N rounded up to the tile, unit stride along Np, each tile's columns
+    permuted so that one consumer thread's columns are contiguous (``sfb_permutation``).
+Padding scales meet zero-filled elements (TMA fills out-of-bounds A / B with zeros), so they add
+nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+
+import torch
+
+from ..config import GemmConfig, GemmProblem, can_implement
+from ..epilogue import EpilogueSpec
+from .gemm import _OUT_NAMES, _operand_view, finish_output, l1_view, output_view
+from .reference import BlockScaledTensor, e8m0_to_float
+
+MX_K_BLOCK = 32
+K_TILE_BLOCKS = 4  # 32-wide K blocks per 128-wide K tile (the kernel's TMA box of scales)
+
+
+def mx_config(m: int, n: int, out_dtype: torch.dtype = torch.bfloat16, alpha: bool = False) -> GemmConfig:
+    """The default MXFP8-emulation config: cooperative 128 x 128 (two warpgroups of 64 x 128;
+    each holds a partial and a promoted fp32 sum), 64 rows when M is small (bf16 / fp16 output:
+    64 x 128 with an fp32 output spills registers)."""
+    base = GemmConfig(
+        arch="sm_90a", a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k", out_dtype=_OUT_NAMES[out_dtype],
+        tile_m=128, tile_n=128, fp8_mx=True, epilogue=EpilogueSpec(alpha=alpha),
+    )  # fmt: skip
+    if m <= 64 and out_dtype != torch.float32:
+        return replace(base, tile_m=64)
+    return base
+
+
+@functools.cache
+def sfb_permutation(tile_n: int) -> torch.Tensor:
+    """perm[p] = the tile-local column whose B scale the kernel reads at position p of a tile.
+
+    A consumer thread (q = lane % 4) holds accumulator register v = 2 j + e of column
+    8 j + 2 q + e and reads its scales, four at a time, from positions (v // 4) * 16 + 4 q + v % 4.
+    """
+    perm = torch.empty(tile_n, dtype=torch.long)
+    for p in range(tile_n):
+        g, q, w = p // 16, (p % 16) // 4, p % 4
+        v = 4 * g + w
+        perm[p] = 8 * (v // 2) + 2 * q + v % 2
+    return perm
+
+
+@functools.cache
+def _permutation_on(tile_n: int, device: torch.device) -> torch.Tensor:
+    """:func:`sfb_permutation` on ``device``, copied once (a host copy inside a CUDA-graph capture
+    would fail; the first, eager call makes it)."""
+    return sfb_permutation(tile_n).to(device)
+
+
+def _plain_scales3(q: BlockScaledTensor) -> torch.Tensor:
+    """(L, rows, ceil(K / 32)) fp32 scales."""
+    s = e8m0_to_float(q.plain_scales())
+    return s if s.dim() == 3 else s.unsqueeze(0)
+
+
+def _padded_kb(k: int) -> int:
+    kb = -(-k // MX_K_BLOCK)
+    return -(-kb // K_TILE_BLOCKS) * K_TILE_BLOCKS
+
+
+def mx_scales_a(qa: BlockScaledTensor) -> torch.Tensor:
+    """The kernel's mSFA: (M, Kb, L) fp32 view, unit stride along Kb (padded to a multiple of 4)."""
+    s = _plain_scales3(qa)
+    L, m, kb = s.shape
+    kbp = _padded_kb(qa.shape[-1])
+    buf = torch.zeros((L, m, kbp), dtype=torch.float32, device=s.device)
+    buf[:, :, :kb] = s
+    return buf.permute(1, 2, 0)
+
+
+def mx_scales_b(qb: BlockScaledTensor, tile_n: int) -> torch.Tensor:
+    """The kernel's mSFB: (Np, Kb, L) fp32 view, unit stride along Np; each tile_n-column tile's
+    scales in ``sfb_permutation`` order."""
+    s = _plain_scales3(qb)
+    L, n, kb = s.shape
+    kbp = _padded_kb(qb.shape[-1])
+    n_tiles = -(-n // tile_n)
+    padded = torch.zeros((L, n_tiles * tile_n, kbp), dtype=torch.float32, device=s.device)
+    padded[:, :n, :kb] = s
+    perm = _permutation_on(tile_n, s.device)
+    tiles = padded.view(L, n_tiles, tile_n, kbp).index_select(2, perm)  # (L, tiles, p, Kb)
+    buf = tiles.reshape(L, n_tiles * tile_n, kbp).transpose(1, 2).contiguous()  # (L, Kb, Np)
+    return buf.permute(2, 1, 0)
+
+
+def check_mx_operands(qa, qb) -> None:
+    """Rules of the sm_90a path beyond ``sm100.check_operands``: elements of the format's dtype
+    (MXFP8: float8_e4m3fn; FP4: float4_e2m1fn_x2), K a multiple of 16 (TMA / the dequantize
+    kernel's 16-element chunks)."""
+    from .dequant import check_elements
+
+    check_elements(qa, "qa")
+    check_elements(qb, "qb")
+    k = qa.shape[-1]
+    if k % 16:
+        raise ValueError(f"block-scaled GEMM on sm_90a: K must be a multiple of 16, got K={k}")
+
+
+# Dense: M rows (grouped: mean rows per expert) and N at least these take the dequantize-first
+# path. H200, same run (bench/2026-11-30f/round7/bench_mx.log), N = K = 8192: dequantize-first
+# 1.73x the emulation at 8192 rows, 1.44x at 256, 1.13x at 64, 1.09x at 16 (the emulation's
+# 64-row tiles leave half the SMs idle there); fewer rows not measured.
+DEQUANT_MIN_ROWS = 16
+DEQUANT_MIN_COLS = 256
+
+
+def dequantize_first(rows: int, n: int, qa: BlockScaledTensor, qb: BlockScaledTensor) -> bool:
+    """Whether the policy runs ``gemm_mx_sm90`` as one bf16 dequantize pass over each operand
+    (``dequant.dequantize_bf16``) plus the bf16 GEMM: for compute-bound shapes (the emulated
+    mainloop's per-32 promotion makes it issue-bound at about half the bf16 GEMM's speed), when
+    both operands meet the dequantize kernel's rules. Below 16 rows (not measured) the emulation
+    stays: it reads the FP8 weights once instead of writing and reading a bf16 copy."""
+    from .dequant import dequantizable
+
+    return rows >= DEQUANT_MIN_ROWS and n >= DEQUANT_MIN_COLS and dequantizable(qa) and dequantizable(qb)
+
+
+def ring_first(qa: BlockScaledTensor, qb: BlockScaledTensor) -> bool:
+    """Whether the policy runs ``gemm_mx_sm90`` as A dequantized to bf16 (exact; one kernel pass
+    over M x K elements) plus the MXFP8-weight GEMM of ``fp4_weight_api`` with qb as the weight:
+    MXFP8 (e4m3) x MXFP8 (e4m3), 2-D A (dense) or the packed grouped form, K a multiple of 16, A
+    accepted by the dequantize kernel (the element dtypes: ``check_mx_operands``, before). That GEMM's own policy streams the FP8 weight through the
+    ring kernel (dequantized in registers) for up to DQ_MIN_ROWS_FP8 - 1 rows (per expert:
+    DQ_MIN_ROWS_GROUPED_FP8 - 1) and above dequantizes it once and runs the bf16 GEMM, as the
+    dequantize-first path here does. H200 (bench/RESULTS.md, 2026-12-01 seventh session),
+    N=28672 K=4096, us: M=1 48.1, M=16 49.3 (cuBLAS bf16 on the dequantized weights 67.7 / 68.1;
+    the emulation's 64-row tiles and dequantize-first were slower), M=128 ~95 vs 188.2 (both
+    operands dequantized first)."""
+    from .dequant import dequantizable
+
+    return (
+        qa.fmt.name == qb.fmt.name == "mxfp8" and len(qa.shape) == 2 and qa.shape[-1] % 16 == 0 and dequantizable(qa)
+    )  # fmt: skip
+
+
+def _ring_gemm(qa, qb, out_dtype, alpha, out, offs):
+    """A as bf16 (one dequantize pass), then ``gemm_fp4_weight(a16, qb)`` (dense, or grouped with
+    ``offs``: rows at or past ``offs[-1]`` are not written)."""
+    from .dequant import dequantize_checked  # checked by ring_first
+    from .weight_only.launch import gemm_fp4_weight
+
+    return gemm_fp4_weight(dequantize_checked(qa), qb, offs=offs, out=out, out_dtype=out_dtype, alpha=alpha)
+
+
+def _dequantized_gemm(qa, qb, out_dtype, alpha, out, offs):
+    """bf16 copies of both operands (one kernel pass each), then the bf16 GEMM (dense / batched,
+    or the packed grouped form with ``offs``). MX operands are exact in bf16, NVFP4's global
+    scale makes them a rounding (see ``dequant``); fp32 accumulation; temporary memory 2 bytes x
+    (rows of A + rows of B) x K."""
+    from ..gemm.dense import gemm
+    from ..grouped.packed import grouped_gemm
+    from .dequant import dequantize_checked  # callers checked both with check_dequant_operand
+
+    a16, b16 = dequantize_checked(qa), dequantize_checked(qb)
+    if offs is not None:
+        return grouped_gemm(a16, b16.transpose(1, 2), offs=offs, out=out, out_dtype=out_dtype, alpha=alpha)
+    return gemm(a16, b16.mT, out=out, out_dtype=out_dtype, alpha=alpha)
+
+
+def gemm_mx_sm90(
+    qa: BlockScaledTensor,
+    qb: BlockScaledTensor,
+    out_dtype: torch.dtype,
+    alpha: float,
+    config: GemmConfig | None,
+    out: torch.Tensor | None = None,
+    offs: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Launch of the emulated MXFP8 GEMM (operands already checked by the caller with
+    ``sm100.check_operands`` and ``check_mx_operands``; ``out`` as in ``gemm_blockscaled``).
+    Grouped (``offs``: qa (total_M, K), qb (E, N, K), ``out`` (total_M, N) checked by
+    ``sm100.grouped_gemm_blockscaled``): the packed MoE form, A's scale rows read from each
+    expert's first row, B's scales per expert."""
+    from ..gemm.dense import DENSE_CACHE, max_clusters_for, new_workspace
+    from ..grouped.packed import GROUPED_CACHE
+
+    grouped = offs is not None
+    m, k = qa.shape[-2], qa.shape[-1]
+    n = qb.shape[-2]
+    if qa.fmt.name != "mxfp8" or qb.fmt != qa.fmt:  # an FP4 operand: no FP4 tensor-core input on Hopper
+        from .dequant import check_dequant_operand
+
+        if config is not None:
+            raise ValueError(
+                f"{qa.fmt.name} x {qb.fmt.name} on sm_90a has no kernel config to force: it dequantizes to bf16 first"
+            )
+        check_dequant_operand(qa, "qa")
+        check_dequant_operand(qb, "qb")
+        return _dequantized_gemm(qa, qb, out_dtype, alpha, out, offs)
+    if config is None and ring_first(qa, qb):
+        return _ring_gemm(qa, qb, out_dtype, alpha, out, offs)
+    if config is None and dequantize_first(m // qb.shape[0] if grouped else m, n, qa, qb):
+        return _dequantized_gemm(qa, qb, out_dtype, alpha, out, offs)
+    if config is not None and (not config.fp8_mx or config.grouped != grouped):
+        raise ValueError(
+            f"config {config.name} is not an MXFP8-emulation kernel (fp8_mx=True, grouped={grouped}, see mx_config)"
+        )
+    rows = -(-m // qb.shape[0]) if grouped else m  # the tile follows the mean rows per expert
+    cfg = config or replace(mx_config(rows, n, out_dtype, alpha=alpha != 1.0), grouped=grouped)
+    if alpha != 1.0 and not cfg.epilogue.alpha:
+        cfg = replace(cfg, epilogue=replace(cfg.epilogue, alpha=True))
+    ok, why = can_implement(cfg, GemmProblem(m, n, k, 1, "e4m3", "e4m3", _OUT_NAMES[out_dtype], "k", "k", (k,), (k,)))
+    if not ok:
+        raise ValueError(f"cannot run {cfg.name}: {why}")
+    max_clusters = max_clusters_for(cfg, qa.data.device)
+    a, b = _operand_view(qa), _operand_view(qb)  # (M, K, L), (N, K, L) (grouped: L = E)
+    if grouped:
+        GROUPED_CACHE.get(cfg)(
+            a, b, l1_view(out), None, None, alpha, 0.0, max_clusters, offs,
+            mx_scales_a(qa), mx_scales_b(qb, cfg.tile_n),
+            *(None,) * 6, new_workspace(cfg, qa.data.device),  # a fresh counter: zeroed in-stream
+        )  # fmt: skip
+        return out
+    batched = len(qa.shape) == 3
+    L = qa.shape[0] if batched else 1
+    written, c_view = output_view(out, L, m, n, out_dtype, qa.data.device, batched)
+    DENSE_CACHE.get(cfg)(
+        a, b, c_view, None, None, alpha, 0.0, max_clusters, None,
+        mx_scales_a(qa), mx_scales_b(qb, cfg.tile_n),
+        *(None,) * 6,  # quantized-output scales, global scale, 4 epilogue vectors
+        new_workspace(cfg, qa.data.device),  # scheduler "dynamic": a fresh tile counter, zeroed in-stream
+    )  # fmt: skip
+    return finish_output(out, written)
+
+
+def mx_emulation_ref(qa: BlockScaledTensor, qb: BlockScaledTensor, tile_n: int = 128) -> torch.Tensor:
+    """Plain-torch model of the kernel's arithmetic from the kernel's own inputs (any device,
+    fp32, 2-D operands): per 32-K block, the block's partial product of the raw e4m3 values,
+    scaled by the A scale read from ``mx_scales_a`` at (row, block) and the B scale read from
+    ``mx_scales_b`` where a thread holding column c reads it. Agrees with ``dequantize_ref``
+    math only if the layouts and the read positions agree (CPU tests)."""
+    m, k = qa.shape
+    n = qb.shape[0]
+    sfa = mx_scales_a(qa)[:, :, 0]
+    sfb = mx_scales_b(qb, tile_n)[:, :, 0]  # (Np, Kb): position-ordered
+    # position of column c: its tile, then the inverse of the permutation
+    inv = torch.argsort(sfb_permutation(tile_n))
+    cols = torch.arange(n)
+    pos = (cols // tile_n) * tile_n + inv[cols % tile_n]
+    a = qa.data.float()
+    b = qb.data.float()
+    acc = torch.zeros((m, n), dtype=torch.float32)
+    for kb in range(-(-k // MX_K_BLOCK)):
+        sl = slice(kb * MX_K_BLOCK, min(k, (kb + 1) * MX_K_BLOCK))
+        part = a[:, sl] @ b[:, sl].T
+        acc += part * (sfa[:, kb, None] * sfb[pos, kb][None, :])
+    return acc

@@ -1,0 +1,1 @@
+"""blockscaled/weight_only"""

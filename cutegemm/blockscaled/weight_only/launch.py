@@ -1,0 +1,530 @@
+"""Host side of the FP4-weight GEMM (:mod:`cutegemm.blockscaled.weight_only.kernel`), which also takes
+MXFP8 (e4m3) weights.
+
+``gemm_fp4_weight(x, qw)``: ``x @ dequantize(qw).mT`` for bf16 activations ``x`` (M, K) and an
+NVFP4 / MXFP4 / MXFP8 :class:`BlockScaledTensor` weight ``qw`` of logical shape (N, K) (quantized along
+K, the layout ``cutegemm.quantize(w, "nvfp4")`` gives for a ``(N, K)`` nn.Linear weight). With
+``offs`` it is the MoE packed form: ``x`` (total_M, K), ``qw`` (E, N, K), ``offs`` int32 (E,)
+cumulative end rows on the GPU; rows of expert e are ``offs[e-1] .. offs[e]``; rows at or past
+``offs[-1]`` are not written. No host sync (the global scale stays on the device), so the
+call can be captured in a CUDA graph. Public entry points: ``cutegemm.gemm(x, qw)`` and
+``cutegemm.grouped_gemm(x, qw, offs=offs)``; ``cutegemm.gemm_ref`` / ``grouped_gemm_ref`` run
+:func:`gemm_fp4_weight_ref`.
+
+Supported: bf16 activations, or float8_e4m3fn ones with optional per-token / per-tensor fp32
+``scale_a`` (converted to bf16 exactly by one copy, the scale applied to the fp32 results); K a
+multiple of 32 (MXFP8: 16; the kernel loads 16-byte pieces of weight rows); out_dtype bf16 /
+fp16 / fp32.
+``x`` may be any strided view (the kernel reads rows of K contiguous, 16-byte aligned bf16; other
+views are copied first). Any M works (other K: ValueError). The policy (``pick_config``,
+``dequantize_first``): decode (up to 16 rows dense, 32 per expert grouped) on the kernel's
+``mma.sync`` consumers; on sm_90a from 17 rows (33 per expert) its WGMMA consumers (64 tokens per
+pass over a CTA's weight rows, 128 from 65 rows, 256 from 129 where fewer 256-token passes cost
+less, more tokens taking more passes that re-read those rows, mostly from L2); from DQ_MIN_ROWS
+dense rows / DQ_MIN_ROWS_GROUPED rows per expert the weight is dequantized once to bf16 (temporary
+memory: 2 bytes per weight element) and the bf16 GEMM runs on it. MXFP8 weights: the mma.sync
+consumers up to 32 dense rows, the WGMMA ones above, dequantize-first from DQ_MIN_ROWS_FP8 dense /
+DQ_MIN_ROWS_GROUPED_FP8 rows per expert (``dq_min_rows``; on sm_100a, whose kernel has the mma.sync
+consumers only, the lower ``*_MMA_SYNC`` thresholds). Dense calls whose 128-row weight tiles are
+fewer than the SMs run on the split grid even with one token pass (``policy_config``). Dense
+256-token passes are dealt in (weight tile, pass) units where that fills the SMs' waves better
+than a CTA per tile running all its passes (``pass_grid_pays``; e.g. N=28672 on 132 SMs from 1024
+rows: 896 units in 7 waves instead of 224 tiles in 2): FP4 weights on a persistent grid (one CTA
+per SM taking units round-robin), MXFP8 a CTA per unit. Where the persistent grid's last round
+would be less than half full (``tail_split_pays``; N=28672 on 132 SMs: 512 and 768 rows), it
+runs its full rounds whole and cuts the last round's units into equal K ranges over all the
+CTAs (``Fp4WeightConfig.tail_split``; cut units meet through the workspace below, bitwise
+reproducibly). A forced ``config`` always runs the kernel.
+
+Dense calls with several token passes use the split grid (``Fp4WeightConfig.split``) or the cut
+tail: they keep a workspace per (device, stream) (counters the kernel leaves at zero + two fp32
+partial-sum slots of a CTA's tile per CTA: ~35 MB on 132 SMs), so calls on one stream are safe. A CUDA graph keeps the workspace of the stream it was captured on:
+do not replay it concurrently with split calls on that stream, or with another graph captured on
+the same stream (replays one after another are fine).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..formats import MXFP4, MXFP8, NVFP4
+from ..reference import BlockScaledTensor, dequantize_ref
+
+__all__ = ["gemm_fp4_weight", "gemm_fp4_weight_ref", "pick_config", "is_fp4_weight_call"]
+
+_FORMATS = (NVFP4.name, MXFP4.name, MXFP8.name)  # MXFP8: e4m3 elements (not the e5m2 variant)
+_OUT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def is_fp4_weight_call(a, b) -> bool:
+    """True for (activation tensor, NVFP4 / MXFP4 / MXFP8 BlockScaledTensor weight)."""
+    return isinstance(a, torch.Tensor) and isinstance(b, BlockScaledTensor) and b.fmt.name in _FORMATS
+
+
+def check_args(x, qw, offs=None, out_dtype=torch.bfloat16, scale_a=None) -> None:
+    """The argument rules shared by the kernel path and its reference twin (no device rule)."""
+    if scale_a is not None:
+        if getattr(x, "dtype", None) != torch.float8_e4m3fn:
+            raise ValueError("scale_a (per-token activation scales) is for float8_e4m3fn activations")
+        if not isinstance(scale_a, torch.Tensor) or scale_a.dtype != torch.float32:
+            raise TypeError("scale_a must be a float32 tensor of shape (M,), (M, 1) or one element")
+        if scale_a.numel() not in (1, x.shape[0]) or scale_a.dim() > 2:
+            raise ValueError(f"scale_a must have 1 or M={x.shape[0]} elements, got shape {tuple(scale_a.shape)}")
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+    if not isinstance(qw, BlockScaledTensor):
+        raise TypeError(f"qw: expected a BlockScaledTensor, got {type(qw).__name__}")
+    if qw.fmt.name not in _FORMATS:
+        raise ValueError(
+            f"qw: the low-precision-weight GEMM takes {' / '.join(_FORMATS)} weights, got {qw.fmt.name} "
+            "(block-scaled x block-scaled is cutegemm.gemm(qa, qb))"
+        )
+    if qw.fmt.name == MXFP8.name and qw.data.dtype != torch.float8_e4m3fn:
+        raise TypeError(f"qw: MXFP8 weight elements must be float8_e4m3fn, got {qw.data.dtype}")
+    if x.dtype not in (torch.bfloat16, torch.float8_e4m3fn):
+        raise TypeError(f"x: the FP4-weight GEMM takes bf16 or float8_e4m3fn activations, got {x.dtype}")
+    grouped = offs is not None
+    if x.dim() != 2:
+        raise ValueError(f"x: expected (M, K), got {tuple(x.shape)}")
+    if len(qw.shape) != (3 if grouped else 2):
+        want = "(E, N, K) with offs" if grouped else "(N, K) without offs"
+        raise ValueError(f"qw: expected {want}, got {tuple(qw.shape)}")
+    if x.shape[1] != qw.shape[-1]:
+        raise ValueError(f"K mismatch: x {tuple(x.shape)} vs qw {tuple(qw.shape)}")
+    if grouped:
+        if not isinstance(offs, torch.Tensor) or offs.dtype != torch.int32 or offs.dim() != 1:
+            raise TypeError("offs must be a 1-D torch.int32 tensor")
+        if offs.numel() != qw.shape[0]:
+            raise ValueError(f"offs has {offs.numel()} entries but qw has {qw.shape[0]} experts")
+    if not isinstance(out_dtype, torch.dtype) or not out_dtype.is_floating_point:
+        raise TypeError(f"out_dtype must be a floating torch dtype, got {out_dtype}")
+
+
+@functools.lru_cache(maxsize=1024)
+def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bool, experts: int = 1,
+                x_scale: bool = False, few_tiles: bool = False, tiles_sms: tuple[int, int] | None = None):  # fmt: skip
+    """The kernel variant: tokens per pass from the (mean) rows per batch / expert. ``few_tiles``
+    (dense): the weight's 128-row tiles are fewer than the SMs (:func:`policy_config`);
+    ``tiles_sms`` (dense): (128-row weight tiles x batches, the device's SMs), for
+    :func:`pass_grid_pays`."""
+    from .kernel import Fp4WeightConfig
+
+    rows = -(-m // max(experts, 1)) if grouped else m
+    fp8 = fmt == "mxfp8"
+    # Dense, fewer 128-row weight tiles than SMs: one CTA per tile would leave SMs idle; the split
+    # grid spreads the K stages over all of them. H200, N=K=8192 (64 tiles), us (bench/RESULTS.md,
+    # 2026-12-01 seventh session): MXFP8 M=1 35.9 (WGMMA, 32 tokens, split) / 37.9 (mma.sync,
+    # split) / 44.9 (mma.sync, a CTA per tile); M=16 36.2 / 38.6 / 47.7 (cuBLAS bf16 43.4).
+    # NVFP4 M=1 29.3 / 26.6 / 28.9, M=16 29.6 / 26.9 / 33.6; MXFP4 M=16 30.7 / 27.4 / 35.8.
+    # N=28672 (224 tiles), MXFP8 M=1: 53.8 / 50.6 / 46.1.
+    spread = few_tiles and not grouped
+    if arch == "sm_90a" and (rows > 32 or (not grouped and rows > (32 if fp8 else 16)) or (spread and fp8)):
+        # sm_90a, more tokens: the WGMMA consumers (fp4_wgmma), 64 tokens per pass in 3 ring
+        # stages (32 in 4 for dense M <= 32), dense M > 32 on the split grid. H200
+        # (bench/RESULTS.md, 2026-12-01 sixth session), NVFP4 N=28672 K=4096, us: M=32 44.0 vs
+        # 50.0 (mma.sync consumers, 32-token pass, same run); M=64 51.1 vs 64.7 (cuBLAS bf16
+        # 69.9); M=128 93.9 vs 117.5 (74.1); M=192 135.5 vs 167.8; MXFP4 M=64 53.3 vs 66.8.
+        # Grouped E=32 N=4096 K=7168: ~64 rows per expert 403.6 vs 650.0 (torch._grouped_mm
+        # 604.0); ~256 rows 1288.1 vs 2247.6. 128 tokens per pass in 2 stages: within 2% at
+        # M = 96..256, slower below. M=16: 41.9 vs 31.5, not taken. The split grid (another run):
+        # M=64 50.9 vs 51.7, M=128 90.5 vs 95.2, M=256 167.3 vs 180.6; M=32 44.2 vs 43.7.
+        # MXFP8 weights: the same with 256 K per stage (ring_k 4: two 128-K weight boxes), from 33
+        # dense rows (up to 32 the mma.sync consumers below: 48.5 vs 54.2 us at M=32, N=28672
+        # K=4096); until this session 128 tokens per pass in two 256-K stages from 97 rows.
+        # From 65 rows (2026-12-01 eighth session): 128 tokens per pass in four 128-K stages
+        # (ring_k 1 / 2: the producer refills a stage while three are in flight), the producer
+        # warpgroup's registers handed to the consumers (``producer_wg``: no spills). H200, same run,
+        # us, vs 64 tokens in three 256-K stages and cuBLAS bf16: NVFP4 M=80 70.8 / 88.4 / 71.3;
+        # M=128 70.3 / 90.8 / 76.2; M=256 128.3 / 167.6 / 99.3; M=512 234.8 / 316.4 / 158.5; MXFP8
+        # M=96 76.4 / 104.0 / 70.8; M=128 77.7 / 93.0 (the 128-token config of before) / 75.6;
+        # grouped E=32 N=4096 K=7168 ~256 rows per expert NVFP4 974.8 / 1296.4 (torch._grouped_mm
+        # 869.0), MXFP8 1130.2 / 1393.5 (840.7); ~64 rows: within 1-3% either way. M=64: 80.9 vs 50.9.
+        # 256 tokens per pass (2026-12-01 ninth session; FP4, a CTA per (weight tile, pass), three
+        # 128-K stages, commit groups of 4 k16 steps): taken where its passes cost less than
+        # twice as many 128-token ones (a 256-token pass ~1.6x a 128-token one). H200, same run,
+        # us, 256 vs 128 tokens per pass (cuBLAS bf16): NVFP4 N=28672 K=4096 M=256 102.8 / 127.8
+        # (97.7); M=384 230.8 / 181.2 (124.8, not taken); M=512 193.0 / 234.4 (155.6); M=768
+        # 282.4 / 340.0 (243.4); M=1024 371.1 / 447.4 (302.8; dequantize-first 383.7); MXFP4 M=256
+        # 104.0 / 129.2 (94.8). Grouped E=32 N=4096 K=7168 ~256 rows per expert 864.8 / 957.8
+        # (torch._grouped_mm 848.7), ~512 1585.2 / 1822.9 (1451.4). On the split grid it spills
+        # and ran slower (115.5 at M=256); with few weight tiles the split t128 stays. Grouped: from
+        # 129 mean rows per expert (experts' rows spread around the mean, and a 256-token pass
+        # spans what takes 128-token passes 2-3). MXFP8 weights: in five 64-K stages (two 128-K
+        # ones fit: 154.5 us at M=256); same run, us, 256 / 128 tokens per pass (cuBLAS bf16):
+        # M=256 111.7 / 142.8 (96.2), M=512 212.8 / 264.0 (152.2), M=1024 411.2 / 508.2 (299.2;
+        # dequantize-first 405.5); grouped ~256 978.4 / 1113.5 (833.3), ~512 1788.2 / 2120.6 (1394.6).
+        # 2026-12-02: the outputs of 256-token passes staged through shared memory (16-byte row
+        # pieces: ``staged_store``), same run, us, staged / direct stores (cuBLAS bf16): NVFP4 M=256
+        # 93.1 / 99.1 (99.5), M=512 175.5 / 188.3 (158.2), M=1024 337.8 / 363.1 (305.2); grouped
+        # ~256 832.1 / 859.8 (862.2), ~512 1515.9 / 1571.7 (1464.4); MXFP4 M=256 92.4 / 99.3
+        # (96.5); MXFP8 M=256 105.1 / 111.4 (97.8), M=1024 387.1 / 405.8 (300.1). Grouped 128
+        # tokens per pass too: ~128 rows per expert NVFP4 560.6 / 568.0 (721.3), MXFP8 647.6 / 657.9
+        # (736.2); 64 tokens not (~64 rows: NVFP4 408.1 / 406.9, MXFP8 500.0 / 494.1).
+        # Dense 256-token passes dealt as (weight tile, pass) units where that fills the SMs'
+        # waves better (``pass_grid_pays``). H200, same run (bench/2026-12-02b round6), us, a
+        # persistent grid taking units round-robin / a CTA per unit / a CTA per tile (cuBLAS
+        # bf16): NVFP4 M=1024 309.1 / 312.6 / 339.1 (305.8), M=2048 621.3 / 628.2 / 664.2 (607.0);
+        # MXFP4 M=1024 303.9 / 308.1 / 337.9 (296.0), M=2048 607.7 / 617.6 / 665.2 (582.7); MXFP8
+        # M=1024 363.3 / 350.3 / 387.1 (300.3), M=2048 726.3 / 702.0 / 769.3 (593.1): FP4 takes the
+        # persistent grid, MXFP8 a CTA per unit.
+        # The persistent grid's last round less than half full: its units cut into equal K ranges
+        # over all the CTAs instead (``tail_split_pays``). H200, same run (bench/2026-12-02c round1),
+        # us, cut tail / persistent grid, whole units / a CTA per tile (cuBLAS bf16): NVFP4 M=512
+        # (448 units on 132 SMs, the last round 52) 169.8 / 177.6 / 175.0 (154.7); M=768 (12 in the
+        # last round) 246.1 / 263.2 / 254.9 (242.0); MXFP4 M=512 167.3 / - / 175.1 (149.4); MXFP8
+        # M=512 194.7 / 209.2 / 198.4 (151.1), M=768 280.4 / 309.0 / 291.3 (234.6). With a fuller
+        # last round the cut costs more than the balance gains (under the 700 W cap the SMs of a
+        # part-empty last round clock up): M=256 (92 of 132) 96.2 / 92.9 / 92.4, M=1024 (104)
+        # 317.2 / 308.0 / 336.2.
+        wide = rows > 64
+        t256 = wide and not spread and (rows > 128 if grouped else -(-rows // 256) * 8 <= -(-rows // 128) * 5)
+        n_tiles = 4 if rows <= 32 else 32 if t256 else 16 if wide else 8
+        dense256 = t256 and not grouped and tiles_sms is not None
+        tail = dense256 and experts == 1 and tail_split_pays(-(-rows // 256), *tiles_sms)
+        pass_grid = dense256 and not tail and pass_grid_pays(-(-rows // 256), *tiles_sms)
+        return Fp4WeightConfig(
+            fmt=fmt, n_tiles=n_tiles, grouped=grouped, out_dtype=_OUT[out_dtype], arch=arch, x_scale=x_scale,
+            ring=(5 if fp8 else 3) if t256 else 4 if wide else {4: 4, 8: 3}[n_tiles],
+            ring_k=1 if t256 else (2 if fp8 else 1) if wide else (4 if fp8 else 2),
+            row_tiles=1, warps_n=8, warps_k=1, stages=0, producer_pairs=False, wgmma=True, producer_wg=wide,
+            split=not grouped and not t256 and (n_tiles >= 8 or spread),
+            staged_store=n_tiles >= 16 and (t256 or grouped),
+            pass_ctas=2 if tail else (1 if fp8 else 2) if pass_grid else 0, tail_split=tail,
+        )  # fmt: skip
+    n_tiles = 1 if rows <= 8 else 2 if rows <= 16 else 4  # more rows: passes in the CTA (L2 hits)
+    # Measured on the H200 (bench/RESULTS.md, 2026-11-30): the TMA / bulk-copy ring with 128
+    # weight rows per CTA (4 row groups of 32 x 2 K groups, 4 stages of 256 K) was best or within
+    # 2% of best on every decode shape, dense and grouped, both formats (the register-prefetch /
+    # cp.async pipelines of the fourth session: 3-35% slower; 6-8 stages or 64-row CTAs: slower).
+    shape = dict(ring=4, ring_k=2, row_tiles=2, warps_n=4, warps_k=2, stages=0)
+    if (grouped and fmt == "mxfp4") or (fp8 and not grouped):
+        # the same ring with 8 x 16-row warps. Grouped MXFP4: the 4 x 2 split spills two registers
+        # (2.89x vs 2.95x torch._grouped_mm with the spill, same run). Dense MXFP8 weights (H200,
+        # N=28672 K=4096, us, same run): M=32 48.8 vs 63.7 (4 x 2), M=1 / 16 within 1%; grouped
+        # MXFP8, E=32 ~16 rows per expert: 269.4 vs 263.2, 4 x 2 kept.
+        shape = dict(ring=4, ring_k=2, row_tiles=1, warps_n=8, warps_k=1, stages=0)
+    # The producer pairs the activations for up to 16 tokens per pass (+3-6% grouped, +3% M=16);
+    # at 32 the consumers pair what they read (the producer's 16 KB per stage: 7% slower at M=64)
+    shape["producer_pairs"] = n_tiles <= 2 and not fp8  # 8-bit weights: K in order, no pairing
+    if not grouped and (rows > 8 * n_tiles or spread):
+        # several token passes (dense): the split grid (equal unit ranges per CTA) measured 84 vs
+        # 92 us at M=64 (H200, 2026-11-30); with one pass it was slower (43 vs 34 us at M=16).
+        # (64 tokens per pass, tried 2026-12-01: 65.0 vs 81.3 us at M=64 on sm_90a, but its
+        # registers spill on sm_100a; sm_90a takes the WGMMA consumers above.) Few weight tiles:
+        # split with one pass too (``spread`` above).
+        shape["split"] = True
+    return Fp4WeightConfig(
+        fmt=fmt, n_tiles=n_tiles, grouped=grouped, out_dtype=_OUT[out_dtype], arch=arch, x_scale=x_scale, **shape
+    )
+
+
+def _arch(index: int) -> str:
+    from ...gemm.dense import _device_info  # cached
+
+    try:
+        return _device_info(index)[0]
+    except ValueError as exc:
+        raise NotImplementedError(f"the FP4-weight GEMM: {exc}") from None
+
+
+def gemm_fp4_weight(
+    x: torch.Tensor,
+    qw: BlockScaledTensor,
+    *,
+    offs: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    alpha: float = 1.0,
+    scale_a: torch.Tensor | None = None,
+    config=None,
+) -> torch.Tensor:
+    """``alpha * x @ dequantize(qw).mT`` (fp32 accumulation), dense or MoE packed; see the
+    module docstring. ``out``: an (M, N) tensor to write (its dtype is the output dtype); any
+    view: one that is not contiguous (or not 4-byte aligned) is written through a contiguous
+    copy of itself (two extra copies; rows the kernel does not write keep their values). ``x``
+    float8_e4m3fn: converted to bf16 (exact) by one copy on the host; ``scale_a`` (fp32, (M,) /
+    (M, 1) per token or one element) multiplies each token's outputs in the kernel. Raises
+    TypeError / ValueError for bad arguments, NotImplementedError on a GPU other than sm_90 /
+    sm_100."""
+    if out_dtype is None:
+        out_dtype = out.dtype if isinstance(out, torch.Tensor) else torch.bfloat16
+    check_args(x, qw, offs, out_dtype, scale_a)
+    if out_dtype not in _OUT:
+        raise TypeError(f"out_dtype must be one of {list(_OUT)}, got {out_dtype}")
+    dev = x.device
+    if dev.type != "cuda" or qw.data.device != dev or (offs is not None and offs.device != dev):
+        raise ValueError(f"x, qw (and offs) must be on one CUDA device, got {dev}, {qw.data.device}")
+    m, k = x.shape
+    n = qw.shape[-2]
+    k_mult = 16 * qw.fmt.elems_per_byte  # the kernel reads 16-byte pieces of weight rows
+    if k % k_mult or k == 0:
+        raise ValueError(f"the {qw.fmt.name}-weight GEMM needs K a positive multiple of {k_mult}, got K={k}")
+    grouped = offs is not None
+    batches = qw.shape[0] if grouped else 1
+    if out is None:
+        out = torch.empty(m, n, dtype=out_dtype, device=dev)
+    elif not isinstance(out, torch.Tensor) or out.shape != (m, n) or out.dtype != out_dtype or out.device != dev:
+        raise ValueError(f"out must be a ({m}, {n}) {out_dtype} tensor on {dev}")
+    if m == 0 or n == 0 or batches == 0:
+        return out
+    if not out.is_contiguous() or out.data_ptr() % 4:
+        staged = out.clone(memory_format=torch.contiguous_format)  # keeps the rows not written
+        gemm_fp4_weight(x, qw, offs=offs, out=staged, out_dtype=out_dtype, alpha=alpha, scale_a=scale_a, config=config)
+        return out.copy_(staged)
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    arch = _arch(idx)
+    x_scale = scale_a is not None
+    if x_scale:
+        if scale_a.device != dev:
+            raise ValueError(f"scale_a must be on {dev}, got {scale_a.device}")
+        scale_a = scale_a.reshape(-1).expand(m).contiguous()  # one element: broadcast, no host read
+    if config is None and dequantize_first(m, batches, grouped, x_scale, qw, arch):
+        return _dequantized(x, qw, offs, out, out_dtype, alpha, scale_a)
+    cfg = config or policy_config(m, n, qw.fmt.name, out_dtype, arch, grouped, batches, x_scale, idx)
+    if (cfg.fmt, cfg.grouped, cfg.out_dtype, cfg.x_scale) != (qw.fmt.name, grouped, _OUT[out_dtype], x_scale):
+        raise ValueError(
+            f"config {cfg.name} does not match this call ({qw.fmt.name}, grouped={grouped}, {out_dtype}, "
+            f"scale_a={'yes' if x_scale else 'no'})"
+        )
+    from .kernel import kernel_cache
+    from .math import fragment_order_x
+
+    if cfg.ring:
+        # the ring reads x as it is (TMA boxes): bf16, rows of K contiguous, 16-byte aligned
+        xf = x.to(torch.bfloat16).contiguous()
+        if xf.data_ptr() % 16:
+            xf = xf.clone()
+    else:
+        xf = fragment_order_x(x)  # a small copy: the activations in the kernel's fragment order
+    data = qw.data.contiguous().view(torch.uint8).reshape(-1)
+    if data.data_ptr() % 16:
+        data = data.clone()
+    scales = qw.swizzled_scales().contiguous().view(torch.uint8).reshape(-1)
+    n_p = -(-n // 128) * 128
+    cols_p = scales.numel() // (batches * n_p)
+    gs = qw.global_scale
+    if gs is None:
+        from ..quantize import _scalar_on
+
+        gs = _scalar_on(1.0, dev)
+    gs = gs.detach().to(device=dev, dtype=torch.float32).reshape(1)
+    m_slices = 1  # a CTA's passes over its weight rows run back to back: the repeats hit L2
+    n_ctas, work, slot0 = 0, gs.view(torch.int32), 0
+    if cfg.split:
+        n_ctas, work, slot0 = _split_work(cfg, dev, m, n, k, batches)
+    elif cfg.pass_ctas:
+        n_ctas = pass_grid_ctas(cfg, m, n, idx)
+        if cfg.tail_split:
+            segs = batches * -(-n // cfg.rows_per_cta) * -(-m // cfg.tokens_per_pass)
+            slot_words = batches * n_ctas * 2 * cfg.rows_per_cta * cfg.tokens_per_pass
+            if segs + 256 + slot_words >= 2**31:  # the kernel's Int32 word offsets
+                raise ValueError(f"Fp4WeightConfig.tail_split: {batches} batches need too large a workspace")
+            work, slot0 = _workspace(dev, segs, slot_words)
+    kernel_cache().get(cfg)(
+        xf.view(torch.int32).reshape(-1),
+        data.view(torch.int32),
+        scales,
+        out.view(-1),
+        offs if grouped else gs.view(torch.int32),  # dense: unused
+        gs,
+        scale_a if x_scale else gs,  # unused without scale_a
+        work,
+        m,
+        n,
+        k,
+        batches,
+        m_slices,
+        n_ctas,
+        slot0,
+        128 * cols_p,
+        float(alpha),
+    )
+    return out
+
+
+# Prefill: the kernel re-reads (and re-dequantizes) a CTA's weight rows once per pass of 64 /
+# 128 / 256 tokens, so its time grows with M while a bf16 GEMM's stays flat until it is compute
+# bound. From these rows on (dense: M; grouped: mean rows per expert) the policy dequantizes the
+# weight once (``dequant.dequantize_bf16``, our kernel) and runs the bf16 GEMM on it. H200, same
+# run (bench/RESULTS.md, 2026-12-01 ninth session), the WGMMA consumers with 256 tokens per pass /
+# dequantize-first / cuBLAS bf16, us: NVFP4 N=28672 K=4096 M=1024 371.6 / 384.4 / 305.9, M=1280
+# 460.5 / 469.9 / 380.4, M=1536 549.7 / 555.0 / 445.1, M=2048 726.2 / 684.0 / 597.7 (another
+# run; crossover ~1600). Grouped E=32 N=4096 K=7168, mean rows per expert: ~768 2331.4 / 2592.3
+# (torch._grouped_mm 2131.5), ~1024 3012.4 / 3228.5 (2715.8), ~1536 4393.9 / 4534.2 (4004.8),
+# ~2048 5948.8 / 5920.1 (5534.7; crossover ~2000). (With 128 tokens per pass, the
+# eighth session: dense crossover ~763, grouped ~634.) MXFP4 takes NVFP4's thresholds. MXFP8,
+# 256 tokens per pass in 64-K stages (ninth session): M=512 212.8 / 285.4, M=1024 411.2 / 405.5
+# (crossover ~1000); grouped ~512 1788.2 / 2188.3; (2026-12-02) ~768 2562.5 / 2772.4
+# (torch._grouped_mm 2010.6), ~1024 3312.1 / 3273.7 (2525.4): crossover ~1000. With the outputs
+# staged through shared memory (2026-12-02, same run): MXFP8 M=1024 387.7 / 405.9 (cuBLAS bf16
+# 300.0), M=1280 482.4 / 488.0 (373.1), M=1536 578.3 / 569.9 (427.6): crossover ~1400.
+# With a CTA per (weight tile, pass) (``pass_ctas``, 2026-12-02 second session, bench/2026-12-02b
+# round1, same run, us, pass grid / a CTA per tile / dequantize-first (cuBLAS bf16)): MXFP8
+# M=1024 347.6 / 382.1 / 402.3 (294.9), M=1280 442.5 / 474.4 / 481.4 (366.8), M=1536 537.7 /
+# 567.2 / 561.7 (417.6), M=2048 689.1 / 755.5 / 686.0 (578.9): crossover ~2048. FP4 (round1-2,
+# the same columns): NVFP4 M=1024 311.2 / 335.5 / 381.0 (299.9), M=2048 618.8 / 662.8 / 679.1
+# (592.2), M=3072 946.6 / 995.2 / 997.6 (909.3), M=4096 1284.1 / 1331.9 / 1303.8 (1205.6), M=6144
+# 1952.3 / 2027.3 / 1891.7 (1820.2); MXFP4 M=3072 938.4 / 994.8 / 954.0, M=4096 1277.5 / 1334.0 /
+# 1238.9, M=6144 1923.8 / 2002.7 / 1776.5: crossover ~3500-5000, taken at 4096 for both formats.
+DQ_MIN_ROWS = 4096
+DQ_MIN_ROWS_GROUPED = 2048
+DQ_MIN_ROWS_FP8 = 2048
+DQ_MIN_ROWS_GROUPED_FP8 = 1024
+# sm_100a runs the mma.sync consumers (no WGMMA there; compile-verified only), whose time grows
+# with the token passes: the thresholds measured for them on the H200 before the 128-token WGMMA
+# consumers (2026-12-01 sixth / seventh sessions: NVFP4 M=256 mma.sync 217.7 us vs
+# dequantize-first 179.0; grouped crossover ~400 rows per expert; MXFP8 ~390 rows).
+DQ_MIN_ROWS_MMA_SYNC = 257
+DQ_MIN_ROWS_GROUPED_MMA_SYNC = 384
+DQ_MIN_ROWS_FP8_MMA_SYNC = 384
+
+
+def dequantize_first(m: int, batches: int, grouped: bool, x_scale: bool, qw: BlockScaledTensor,
+                     arch: str = "sm_90a") -> bool:  # fmt: skip
+    """Whether the policy takes the dequantize-first path (no config forced): enough rows
+    (``dq_min_rows``), a weight the dequantize kernel takes, and not grouped with ``scale_a`` (the
+    per-token scale there stays in the decode kernel's epilogue)."""
+    from ..dequant import dequantizable
+
+    rows = -(-m // batches) if grouped else m
+    return rows >= dq_min_rows(qw.fmt.name, grouped, arch) and not (grouped and x_scale) and dequantizable(qw)
+
+
+def dq_min_rows(fmt: str, grouped: bool, arch: str = "sm_90a") -> int:
+    """The rows (dense) / mean rows per expert (grouped) from which the policy dequantizes first:
+    sm_90a's WGMMA consumers keep up longer than the mma.sync ones of other archs."""
+    fp8 = fmt == MXFP8.name
+    if arch != "sm_90a":
+        return DQ_MIN_ROWS_GROUPED_MMA_SYNC if grouped else DQ_MIN_ROWS_FP8_MMA_SYNC if fp8 else DQ_MIN_ROWS_MMA_SYNC
+    if fp8:
+        return DQ_MIN_ROWS_GROUPED_FP8 if grouped else DQ_MIN_ROWS_FP8
+    return DQ_MIN_ROWS_GROUPED if grouped else DQ_MIN_ROWS
+
+
+def _dequantized(x, qw, offs, out, out_dtype, alpha, scale_a):
+    """The dequantize-first path: a bf16 copy of the weight (temporary memory: 2 bytes x its
+    elements), then our bf16 GEMM (dense, or the packed grouped form with ``offs``: rows at or
+    past ``offs[-1]`` are not written). e4m3 activations become bf16 exactly; a per-token
+    ``scale_a`` (dense) multiplies the fp32 results before the one rounding to ``out_dtype``."""
+    from ...gemm.dense import gemm
+    from ...grouped.packed import grouped_gemm
+    from ..dequant import dequantize_checked  # checked by dequantize_first
+
+    w16 = dequantize_checked(qw)
+    x16 = x.to(torch.bfloat16).contiguous()
+    if x16.data_ptr() % 16:
+        x16 = x16.clone()
+    if offs is not None:
+        return grouped_gemm(x16, w16.transpose(1, 2), offs=offs, out=out, out_dtype=out_dtype, alpha=alpha)
+    if scale_a is None:
+        return gemm(x16, w16.mT, out=out, out_dtype=out_dtype, alpha=alpha)
+    n = w16.shape[-2]
+    acc = torch.empty(x16.shape[0], -(-n // 4) * 4, dtype=torch.float32, device=x16.device)[:, :n]  # 16-byte rows
+    gemm(x16, w16.mT, out=acc, alpha=alpha)
+    return out.copy_(acc.mul_(scale_a.view(-1, 1)))
+
+
+_WORKSPACES: dict = {}
+
+
+def _split_work(cfg, dev: torch.device, m: int, n: int, k: int, batches: int) -> tuple[int, torch.Tensor, int]:
+    """(CTA count, workspace, first slot word) of a split launch: as many CTAs as the SMs' shared
+    memory holds at once, at most 2 per SM (never more than there are units; a grid larger than
+    what is resident is still correct: no CTA waits for another) and an Int32 workspace: a counter region (zero;
+    every launch leaves its counters zero) that only grows, then 2 partial-sum slots per CTA.
+    Cached per (device, stream): calls on one stream run one after another, so they share it;
+    another stream (or a graph's capture stream) gets its own."""
+    segs = batches * -(-n // cfg.rows_per_cta) * -(-m // cfg.tokens_per_pass)
+    n_chunks = -(-k // cfg.chunk_k)
+    units = segs * -(-n_chunks // cfg.ring_k)
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    per_sm = max(1, min(2, (227 * 1024) // cfg.smem_bytes))
+    n_ctas = max(1, min(units, _sm_count(idx) * per_sm))
+    return (n_ctas, *_workspace(dev, segs, n_ctas * 2 * cfg.rows_per_cta * cfg.tokens_per_pass))
+
+
+def _workspace(dev: torch.device, segs: int, slot_words: int) -> tuple[torch.Tensor, int]:
+    """(workspace, first slot word) of a launch that meets partial sums through memory (the
+    split grid, ``tail_split``): ``segs`` counters (zero; every launch leaves its counters zero),
+    then ``slot_words`` of partial-sum slots, cached per (device, stream) (module docstring)."""
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    key = (idx, torch.cuda.current_stream(idx).cuda_stream)
+    ws, counters = _WORKSPACES.get(key, (None, 0))
+    if ws is None or counters < segs or ws.numel() < counters + slot_words:
+        counters = max(counters, -(-segs // 256) * 256)
+        ws = torch.zeros(max(counters + slot_words, ws.numel() if ws is not None else 0), dtype=torch.int32, device=dev)
+        _WORKSPACES[key] = (ws, counters)
+    return ws, counters
+
+
+def policy_config(m: int, n: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bool, batches: int,
+                  x_scale: bool, idx: int):  # fmt: skip
+    """The config the policy runs for a kernel call on device ``idx``: :func:`pick_config` told
+    whether a dense weight's 128-row tiles are fewer than the SMs and how they fill its waves."""
+    tiles_sms = None if grouped else (-(-n // 128) * batches, _sm_count(idx))
+    few = tiles_sms is not None and tiles_sms[0] < tiles_sms[1]
+    return pick_config(m, fmt, out_dtype, arch, grouped, batches, x_scale, few, tiles_sms)
+
+
+def pass_grid_ctas(cfg, m: int, n: int, idx: int) -> int:
+    """The pass grid's CTAs (``Fp4WeightConfig.pass_ctas``): one per (weight tile, token pass)
+    unit, or (2) at most one per SM of device ``idx`` (256-token passes: one CTA fits an SM)."""
+    units = -(-n // cfg.rows_per_cta) * -(-m // cfg.tokens_per_pass)
+    return units if cfg.pass_ctas == 1 else min(units, _sm_count(idx))
+
+
+def pass_grid_pays(passes: int, tiles: int, sms: int) -> bool:
+    """Dense WGMMA consumers (one CTA per SM at 256 tokens per pass): whether a CTA per (weight
+    tile, token pass) (``Fp4WeightConfig.pass_ctas``) fills the SMs' waves better than a CTA per
+    tile running all ``passes``, by more than 4 points (the CTAs' pipeline fills it adds)."""
+
+    def fill(ctas: int) -> float:  # busy share of the SMs over the launch's waves
+        return ctas / (-(-ctas // sms) * sms)
+
+    return passes > 1 and fill(tiles * passes) > fill(tiles) + 0.04
+
+
+def tail_split_pays(passes: int, tiles: int, sms: int) -> bool:
+    """Dense WGMMA consumers at 256 tokens per pass: whether the persistent pass grid with its
+    last round's units cut into equal K ranges over all the CTAs (``Fp4WeightConfig.tail_split``)
+    is taken: more units than SMs and the last round less than half full (H200: 3-6% faster at
+    512 / 768 rows of N=28672, slower where the last round is 70-80% full; ``pick_config``)."""
+    units = passes * tiles
+    return units > sms and 0 < units % sms < sms / 2
+
+
+def _sm_count(index: int) -> int:
+    """The device's SM count (the tests fake it to move the split grid's cut points)."""
+    from ...gemm.dense import _device_info  # cached
+
+    return _device_info(index)[1]
+
+
+def gemm_fp4_weight_ref(
+    x: torch.Tensor,
+    qw: BlockScaledTensor,
+    *,
+    offs: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    alpha: float = 1.0,
+    scale_a: torch.Tensor | None = None,
+    compute_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Plain-torch twin (any device): dequantize the weight, multiply in ``compute_dtype``. Rows
+    at or past ``offs[-1]`` are zero here (the kernel leaves them unwritten)."""
+    check_args(x, qw, offs, out_dtype, scale_a)
+    w = dequantize_ref(qw).to(compute_dtype)
+    xc = x.to(compute_dtype)
+    if scale_a is not None:
+        xc = xc * scale_a.to(compute_dtype).reshape(-1, 1)
+    if offs is None:
+        acc = xc @ w.mT
+    else:
+        acc = torch.zeros(x.shape[0], w.shape[-2], dtype=compute_dtype, device=x.device)
+        prev = 0
+        for e, end in enumerate(offs.tolist()):
+            acc[prev:end] = xc[prev:end] @ w[e].mT
+            prev = end
+    return (acc * alpha if alpha != 1.0 else acc).to(out_dtype)

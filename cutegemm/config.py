@@ -1,0 +1,561 @@
+"""GemmConfig (the compile-cache key), GemmProblem, and ``can_implement``: the one statement of
+what the dense kernels support."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .epilogue import EpilogueSpec
+
+ARCHS = ("sm_90a", "sm_100a")
+INPUT_DTYPES = ("bf16", "fp16")
+FP8_DTYPES = ("e4m3",)  # dense FP8 (sm_90a WGMMA): K-major A and B, fp32 scales in the epilogue
+OUTPUT_DTYPES = ("bf16", "fp16", "fp32")
+QUANT_OUT_DTYPES = {"mxfp8": "e4m3", "mxfp4": "u8", "nvfp4": "u8"}  # storage of quantized outputs
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+TMA_ALIGN_BYTES = 16
+# Block-scaled (sm_100a): element dtypes, scale dtypes, and the (element, scale, vec) recipes.
+BLOCKSCALED_DTYPES = ("e4m3", "e2m1")
+SF_DTYPES = ("e8m0", "e4m3")
+BLOCKSCALED_RECIPES = {
+    ("e4m3", "e8m0", 32): "mxfp8",
+    ("e2m1", "e8m0", 32): "mxfp4",
+    ("e2m1", "e4m3", 16): "nvfp4",
+}
+# MXFP8 x MXFP4 (either order): tcgen05.mma.kind::mxf8f6f4 with e8m0 scales per 32 K; the FP4
+# operand is unpacked to a byte per element in shared memory (its K a multiple of 128).
+BLOCKSCALED_MIXED = {("e4m3", "e2m1"), ("e2m1", "e4m3")}
+ELEMENT_BITS = {"bf16": 16, "fp16": 16, "fp32": 32, "e4m3": 8, "e2m1": 4, "u8": 8}
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Everything that changes the compiled kernel. Frozen and hashable: it is the cache key.
+
+    tile_m/tile_n: the CTA tile (sm_100a with two_cta: the MMA tile of the CTA pair, so the CTA
+    tile is tile_m/2 x tile_n). stages=0 picks as many A/B stages as shared memory holds.
+    raster/group: tile order of the persistent scheduler (see schedulers/static.py); grouped: the
+    order inside each expert (schedulers/grouped.py; raster "m" with group 1 is m fastest over the
+    whole expert, the policy's choice for most shapes).
+    scheduler: "static" (strided walk), "dynamic" (global atomic tile counter, both archs; the API
+    zeroes its workspace in-stream before each launch) or "clc" (sm_100a cluster launch control);
+    the dynamic ones need the cooperative schedule (see schedulers/dynamic.py).
+    pingpong (sm_90a): the two consumer warpgroups take alternate tiles, so one runs its epilogue
+    while the other runs its mainloop; tile_m x tile_n is then one warpgroup's tile (<= 128x128
+    or 64x256: 128 fp32 accumulator registers per thread). Otherwise "cooperative": both
+    warpgroups split every tile along M (tile_m // 64 warpgroups).
+    """
+
+    arch: str
+    a_dtype: str = "bf16"
+    b_dtype: str = "bf16"
+    out_dtype: str = "bf16"
+    a_major: str = "k"  # "k" (row-major A) | "m" (column-major A)
+    b_major: str = "n"  # "n" (row-major B) | "k" (column-major B, e.g. weight.t())
+    tile_m: int = 128
+    tile_n: int = 256
+    cluster_m: int = 1
+    cluster_n: int = 1
+    stages: int = 0
+    # sm_90a epilogue buffers (TMA-store ring). 0 = auto: 4 (cooperative) / 2 per warpgroup
+    # (pingpong), fewer (down to 2) when that frees shared memory for one more A/B stage.
+    epi_stages: int = 0
+    two_cta: bool = False
+    pingpong: bool = False  # sm_90a: each consumer warpgroup owns whole tiles, alternating
+    grouped: bool = False  # MoE packed form: A (total_M, K) split into experts by a device offs tensor
+    raster: str = "m"
+    group: int = 8
+    scheduler: str = "static"
+    epilogue: EpilogueSpec = field(default_factory=EpilogueSpec)
+    # Block-scaled MMA (sm_100a): a_dtype/b_dtype in BLOCKSCALED_DTYPES, one scale of sf_dtype per
+    # sf_vec elements along K (128x4 swizzled layout). sf_vec=0: not block-scaled.
+    sf_dtype: str = ""
+    sf_vec: int = 0
+    # FP8 (sm_90a): False promotes the WGMMA partial sums into fp32 every K tile (accurate, as
+    # torch._scaled_mm's default); True accumulates in the tensor core only (use_fast_accum=True).
+    fast_accum: bool = False
+    # FP8 (sm_90a) DeepSeek-V3 block scaling: fp32 scales per 1x128 block of A (row, K block) and
+    # per 128x128 block of B (N block, K block), applied to every K tile's promoted WGMMA partial
+    # sum in the mainloop (the K tile is 128). Passed as the kernel's mSFA / mSFB.
+    fp8_blockwise: bool = False
+    # FP8 with promotion, cooperative sm_90a: the two consumer warpgroups issue each K tile's
+    # WGMMAs in turn (named barriers), so one warpgroup's promotion adds run while the tensor
+    # cores work on the other's WGMMAs instead of both waiting at the same time.
+    wg_order: bool = False
+    # MXFP8 emulation (sm_90a, no block-scaled MMA there): e4m3 A and B with one e8m0 scale per
+    # 32 K of every row of A and every column of B, decoded on the host to fp32 (mSFA (M, K/32),
+    # mSFB in the consumers' register order, see ``blockscaled.sm90_mx``). Each 32-wide WGMMA
+    # starts a fresh partial sum, promoted as acc += partial * scale_a[row] * scale_b[col]; the
+    # scales travel with A and B through the TMA stage ring.
+    fp8_mx: bool = False
+    # The launch takes A (M, K), B (K, N) and C (M, N) as torch holds them (L = 1): no strided
+    # views are made on the host per call (host overhead); the kernel appends the unit L mode.
+    flat: bool = False
+    # K-grouped (the weight gradient of an MoE layer, sm_90a): A (M, total_K), B (total_K, N) and
+    # offs (E,) int32 cumulative K ends on the device; output (E, M, N), tile l = expert. Each tile
+    # reads its expert's K range from offs (no host sync); its TMA boxes start at the range's
+    # first column rounded down to 16 bytes, and the consumers zero the K values outside the range
+    # in the first and last K tiles' shared-memory stages before their WGMMAs.
+    kgrouped: bool = False
+    # List form (sm_90a): one launch over G groups of arbitrary (M_g, N_g, K_g), each with its own
+    # A, B and C in global memory. A device table (``grouped.kernel_parts.LIST_FIELDS`` int64 per
+    # group: pointers, shapes, leading dims, first tile) is passed in the offs slot; a prep kernel
+    # writes one TMA descriptor per (group, operand) into a workspace, the GEMM's producer and
+    # store warp use the tile's group's descriptors. A, B and C of the launch are group 0's
+    # (templates for the descriptors: dtypes, majors, boxes).
+    listed: bool = False
+    # Grouped packed form, sm_90a, "swap AB": the kernel computes C^T = B^T A^T, so a tile's M
+    # runs over the weights' N (tile_m rows of one expert's B) and its N over the expert's tokens,
+    # split evenly over ceil(tokens / tile_n) tiles. Each tile's WGMMAs are cut to its real tokens,
+    # rounded up to 16 (a WGMMA width per 16 tokens, chosen at run time), and only the 32-row TMA
+    # chunks holding its tokens are loaded (the stage expects that many bytes). An expert whose
+    # token count is not a multiple of tile_n thus pays neither a full tile of tensor work nor a
+    # full tile of loads for it (gemm/sm90_swap.py).
+    swap_ab: bool = False
+    # Dense sm_90a, split K: every output tile's K tiles are cut into split_k equal ranges, each a
+    # work unit of its own (the unit order keeps a tile's ranges adjacent, so they run at the same
+    # time on different CTAs). Each unit writes its fp32 partial sums to the plan's workspace and
+    # counts in on the tile's counter; the unit that completes the count adds every partial in
+    # range order (the same bits whatever the arrival order) and runs the epilogue. For calls with
+    # too few output tiles to fill the GPU (decode: M <= 128 with a small N), see
+    # ``gemm/sm90_split.py``.
+    split_k: int = 1
+    # Split K through distributed shared memory (needs split_k > 1): the split_k units of a tile
+    # are the CTAs of one cluster (1 x 1 x split_k, one unit per CTA, no persistent walk). Ranges
+    # 1.. store their fp32 partial sums into range 0's shared memory with st.async (completing
+    # bytes on its mbarrier); range 0 adds them in range order (the bits of the workspace path)
+    # and runs the epilogue. No workspace, no counter, no L2 round trip (gemm/sm90_split.py).
+    split_cluster: bool = False
+    # Dense sm_90a with one M tile (M <= tile_m, decode): A's TMA box is a_rows rows (M rounded up
+    # to 8 or a multiple of 16), not tile_m. The box's rows past M would arrive as zeros filled in
+    # by the TMA unit, which was measured to cost the time of the rows (16 x 4096 x 7168 with a
+    # 64x64 tile: 32.6 us at M = 16, 25.7 at M = 64, bench/RESULTS.md 2026-12-01 third session);
+    # instead the consumers zero the stages' rows a_rows..tile_m once when the kernel starts (the
+    # TMA never writes them), so the tile's WGMMAs see the same zeros. 0: the whole tile.
+    a_rows: int = 0
+
+    @property
+    def blockscaled(self) -> bool:
+        return self.sf_vec > 0
+
+    @property
+    def name(self) -> str:
+        """Spells out family, dtypes, majors, tile, epilogue, scheduler and arch."""
+        tile = f"{self.tile_m}x{self.tile_n}" + ("_2cta" if self.two_cta else "") + ("_pp" if self.pingpong else "")
+        tile += "_fastacc" if self.fast_accum else ""
+        tile += "_bw128" if self.fp8_blockwise else ""
+        tile += "_mx32" if self.fp8_mx else ""
+        tile += "_wgo" if self.wg_order else ""
+        tile += "_swab" if self.swap_ab else ""
+        tile += f"_sk{self.split_k}" if self.split_k > 1 else ""
+        tile += "c" if self.split_cluster else ""
+        tile += f"_ar{self.a_rows}" if self.a_rows else ""
+        tile += f"_e{self.epi_stages}" if self.epi_stages else ""
+        tile += f"_s{self.stages}" if self.stages else ""
+        family = "grouped" if self.grouped else "kgrouped" if self.kgrouped else "listed" if self.listed else "dense-2d" if self.flat else "dense"
+        if self.blockscaled:
+            family += f"-bs-{self.sf_dtype}v{self.sf_vec}"
+        return (
+            f"{family}_{self.a_dtype}{self.b_dtype}_{self.out_dtype}_{self.a_major}{self.b_major}"
+            f"_t{tile}_c{self.cluster_m}x{self.cluster_n}_epi-{self.epilogue.name}"
+            f"_{self.scheduler}-{self.raster}{self.group}_{self.arch}"
+        )
+
+
+@dataclass(frozen=True)
+class GemmProblem:
+    """One (batched) problem: C[l] = A[l] @ B[l], A (M, K), B (K, N), C (M, N)."""
+
+    m: int
+    n: int
+    k: int
+    l: int = 1
+    a_dtype: str = "bf16"
+    b_dtype: str = "bf16"
+    out_dtype: str = "bf16"
+    a_major: str = "k"
+    b_major: str = "n"
+    # Element strides of the non-unit modes (None: compact), checked for TMA's 16-byte rule.
+    a_strides: tuple[int, ...] | None = None
+    b_strides: tuple[int, ...] | None = None
+    out_strides: tuple[int, ...] | None = None
+
+
+def config_errors(cfg: GemmConfig) -> list[str]:
+    """Rules on the config alone (independent of problem size)."""
+    err = []
+    if cfg.arch not in ARCHS:
+        err.append(f"arch {cfg.arch!r} not in {ARCHS}")
+    if cfg.fast_accum and cfg.a_dtype != "e4m3":
+        err.append("fast_accum is an FP8 (e4m3) option")
+    if cfg.fp8_blockwise:
+        err += fp8_blockwise_errors(cfg)
+    if cfg.wg_order and (
+        cfg.arch != "sm_90a" or cfg.a_dtype != "e4m3" or cfg.fast_accum or cfg.fp8_mx or cfg.pingpong or cfg.tile_m != 128
+    ):
+        err.append("wg_order: sm_90a FP8 with promotion (not fast_accum / fp8_mx), cooperative 128-row tiles only")
+    if cfg.fp8_mx:
+        err += fp8_mx_errors(cfg)
+    if cfg.kgrouped:
+        err += kgrouped_errors(cfg)
+    if cfg.listed:
+        err += listed_errors(cfg)
+    if cfg.swap_ab:
+        err += swap_ab_errors(cfg)
+    if cfg.split_k != 1 or cfg.split_cluster:
+        err += split_k_errors(cfg)
+    if cfg.a_rows:
+        err += a_rows_errors(cfg)
+    if cfg.flat and (cfg.grouped or cfg.blockscaled or cfg.epilogue.quant or cfg.epilogue.beta):
+        err.append("flat (2-D launch): dense only, not block-scaled, no quantized output, no beta * C")
+    if cfg.blockscaled:
+        err += blockscaled_errors(cfg)
+    elif cfg.sf_dtype:
+        err.append(f"sf_dtype={cfg.sf_dtype!r} needs sf_vec > 0 (block-scaled)")
+    elif cfg.a_dtype in FP8_DTYPES and cfg.b_dtype == cfg.a_dtype:
+        if cfg.arch != "sm_90a":
+            err.append("dense FP8 (non-block-scaled) is an sm_90a kernel so far")
+        if cfg.a_major != "k" or cfg.b_major != "k":
+            err.append("FP8 WGMMA needs K-major A and B (a_major='k', b_major='k')")
+        if not cfg.fast_accum and (cfg.tile_m * cfg.tile_n // (1 if cfg.pingpong else cfg.tile_m // 64)) > 64 * 192:
+            err.append(
+                "FP8 with promotion holds two fp32 accumulators: at most 64x192 per warpgroup "
+                f"(tile {cfg.tile_m}x{cfg.tile_n}{' pingpong' if cfg.pingpong else ''}); or fast_accum=True"
+            )
+    elif cfg.a_dtype not in INPUT_DTYPES or cfg.b_dtype != cfg.a_dtype:
+        err.append(f"a/b dtype must be equal and one of {INPUT_DTYPES + FP8_DTYPES}, got {cfg.a_dtype}/{cfg.b_dtype}")
+    epi = cfg.epilogue
+    if epi.quant is not None:
+        if cfg.out_dtype != QUANT_OUT_DTYPES[epi.quant]:
+            err.append(f"quantized output {epi.quant} is stored as {QUANT_OUT_DTYPES[epi.quant]!r}, got out dtype {cfg.out_dtype!r}")
+        if cfg.arch == "sm_100a" and cfg.tile_m // (2 if cfg.two_cta else 1) != 128:
+            err.append("quantized-output epilogue on sm_100a: 128 rows per CTA (a thread must own whole rows)")
+    elif cfg.out_dtype not in OUTPUT_DTYPES:
+        err.append(f"out dtype {cfg.out_dtype!r} not in {OUTPUT_DTYPES}")
+    if cfg.a_major not in ("k", "m"):
+        err.append(f"a_major must be 'k' or 'm', got {cfg.a_major!r}")
+    if cfg.b_major not in ("k", "n"):
+        err.append(f"b_major must be 'k' or 'n', got {cfg.b_major!r}")
+    for v, nm in ((cfg.cluster_m, "cluster_m"), (cfg.cluster_n, "cluster_n")):
+        if v not in (1, 2, 4):
+            err.append(f"{nm} must be 1, 2 or 4, got {v}")
+    if cfg.cluster_m * cfg.cluster_n > 4:
+        err.append("cluster size must be <= 4")
+    if cfg.raster not in ("m", "n") or cfg.group < 1:
+        err.append(f"raster must be 'm'/'n' and group >= 1, got {cfg.raster!r}/{cfg.group}")
+    err += scheduler_errors(cfg)
+    if cfg.grouped:
+        if cfg.a_major != "k":
+            err.append("grouped: A must be row-major (a_major='k')")
+        if cfg.cluster_m != 1 and (cfg.arch != "sm_90a" or cfg.cluster_m != 2):
+            err.append(
+                "grouped: cluster_m must be 1 (sm_90a: 1 or 2; the CTAs of a 2x1 cluster take two "
+                "consecutive m-tiles of one expert and share its B tile by multicast)"
+            )
+        if cfg.epilogue.beta:
+            err.append("grouped: beta * C is not supported (bias, activations, gated, quantized and user epilogues are)")
+        if cfg.arch == "sm_100a" and cfg.two_cta:
+            err.append(
+                "grouped: sm_100a supports 1-CTA MMA only (two_cta=False); a 2-CTA pair would need "
+                "cluster_m=2 sharing one expert m-tile and per-CTA row predicates, not implemented"
+            )
+    if cfg.stages not in (0,) and not 2 <= cfg.stages <= 12:
+        err.append(f"stages must be 0 (auto) or 2..12, got {cfg.stages}")
+    if cfg.epi_stages and (cfg.arch != "sm_90a" or not 2 <= cfg.epi_stages <= 8):
+        err.append(f"epi_stages: 0 (auto) or 2..8, sm_90a only (sm_100a sizes its ring itself), got {cfg.epi_stages}")
+    if cfg.arch == "sm_90a":
+        if cfg.two_cta:
+            err.append("two_cta is an sm_100a feature")
+        if cfg.pingpong and cfg.tile_m * cfg.tile_n > 128 * 128:
+            err.append(f"sm_90a pingpong tile must hold <= 128x128 accumulators per warpgroup, got {cfg.tile_m}x{cfg.tile_n}")
+        if cfg.tile_m not in (64, 128):
+            err.append(f"sm_90a tile_m must be 64 or 128, got {cfg.tile_m}")
+        if cfg.tile_n not in (64, 128, 192, 256) and not cfg.swap_ab:
+            err.append(f"sm_90a tile_n must be 64, 128, 192 or 256, got {cfg.tile_n}")
+    elif cfg.arch == "sm_100a":
+        if cfg.pingpong:
+            err.append("pingpong is an sm_90a schedule")
+        ok_m = (128, 256) if cfg.two_cta else (64, 128)
+        if cfg.tile_m not in ok_m:
+            err.append(f"sm_100a tile_m must be in {ok_m} (two_cta={cfg.two_cta}), got {cfg.tile_m}")
+        if cfg.tile_n % 32 or not 32 <= cfg.tile_n <= 256:
+            err.append(f"sm_100a tile_n must be a multiple of 32 in [32, 256], got {cfg.tile_n}")
+        if cfg.two_cta and cfg.cluster_m % 2:
+            err.append("two_cta needs cluster_m to be even")
+    return err
+
+
+SCHEDULERS = ("static", "dynamic", "clc")
+
+
+def scheduler_errors(cfg: GemmConfig) -> list[str]:
+    """static (both archs), dynamic (atomic counter; both archs), clc (cluster launch control,
+    sm_100a). The dynamic ones broadcast each tile to every role, which the sm_90a pingpong
+    schedule (warpgroups alternate tiles by position) does not do."""
+    if cfg.scheduler not in SCHEDULERS:
+        return [f"scheduler must be one of {SCHEDULERS}, got {cfg.scheduler!r}"]
+    err = []
+    if cfg.scheduler == "clc" and cfg.arch != "sm_100a":
+        err.append(f"scheduler 'clc' (cluster launch control) is an sm_100a feature, got arch {cfg.arch!r}")
+    if cfg.scheduler != "static" and cfg.pingpong:
+        err.append(f"scheduler {cfg.scheduler!r} supports the cooperative schedule only (pingpong=False)")
+    return err
+
+
+def fp8_blockwise_errors(cfg: GemmConfig) -> list[str]:
+    """Rules of the DeepSeek-style FP8 block scaling (1x128 scales of A, 128x128 scales of B) on
+    sm_90a: the scales multiply each 128-wide K tile's WGMMA partial sum as it is promoted into
+    the fp32 accumulator, so a tile must see one K block per K tile and one or two B scales per
+    K tile (tile_n 192: the columns before and after a 128-column block boundary)."""
+    what = "fp8_blockwise (1x128 / 128x128 FP8 scales)"
+    err = _fp8_scaled_mainloop_errors(cfg, what)
+    if cfg.fast_accum:
+        err.append(f"{what} scales the promoted partial sums: fast_accum must be False")
+    if cfg.tile_n not in (64, 128, 192):
+        err.append(
+            f"{what}: tile_n must be 64, 128 (one 128-column scale block of B per tile) or 192 "
+            f"(two blocks, split 64 or 128 columns in), got {cfg.tile_n}"
+        )
+    if cfg.blockscaled or cfg.sf_dtype:
+        err.append(f"{what} cannot be combined with sm_100a block-scaled MMA (sf_vec/sf_dtype)")
+    return err
+
+
+def _fp8_scaled_mainloop_errors(cfg: GemmConfig, what: str) -> list[str]:
+    """The rules both sm_90a scale-in-the-mainloop modes (fp8_blockwise, fp8_mx) share."""
+    err = []
+    if cfg.arch != "sm_90a":
+        err.append(f"{what} is an sm_90a kernel, got arch {cfg.arch!r}")
+    if cfg.a_dtype != "e4m3" or cfg.b_dtype != "e4m3":
+        err.append(f"{what} needs e4m3 A and B, got {cfg.a_dtype}/{cfg.b_dtype}")
+    if cfg.a_major != "k" or cfg.b_major != "k":
+        err.append(f"{what} needs K-major A and B (a_major='k', b_major='k')")
+    if cfg.epilogue.scale_a or cfg.epilogue.scale_b:
+        err.append(f"{what} cannot be combined with per-row/per-column epilogue scales (scale_a/scale_b vectors)")
+    return err
+
+
+def kgrouped_errors(cfg: GemmConfig) -> list[str]:
+    """Rules of the K-grouped kernel (sm_90a): bf16 / fp16, cooperative or pingpong (a
+    warpgroup skips the other's tile by that tile's own K-tile count), alpha as the only
+    epilogue op."""
+    return _alpha_only_errors(cfg, "kgrouped (K-grouped weight-gradient form)", cfg.grouped or cfg.listed)
+
+
+def listed_errors(cfg: GemmConfig) -> list[str]:
+    """Rules of the list-form kernel (sm_90a, and sm_100a with the 1-CTA MMA): those of the
+    K-grouped kernel plus elementwise activations and, on sm_100a, the CLC scheduler (the host
+    knows the tile count: one cluster per tile); no cluster (a multicast would need the peer
+    CTA's tile in the same group)."""
+    what = "listed (list form)"
+    err = _alpha_only_errors(cfg, what, cfg.grouped or cfg.kgrouped, archs=("sm_90a", "sm_100a"), activation=True,
+                             clc=cfg.arch == "sm_100a")  # fmt: skip
+    if cfg.cluster_m != 1 or cfg.cluster_n != 1 or cfg.two_cta:
+        err.append(f"{what}: cluster 1x1, 1-CTA MMA")
+    return err
+
+
+def _alpha_only_errors(cfg: GemmConfig, what: str, other_form: bool, archs=("sm_90a",), activation=False,
+                       clc=False) -> list[str]:  # fmt: skip
+    """bf16 / fp16 A and B on ``archs``, not combined with another form or a scaled mode, alpha
+    as the only epilogue op (``activation``: and an elementwise activation), static or dynamic
+    scheduler (``clc``: or CLC)."""
+    err = []
+    if cfg.arch not in archs:
+        err.append(f"{what} is an {' / '.join(archs)} kernel, got arch {cfg.arch!r}")
+    if cfg.a_dtype not in INPUT_DTYPES or cfg.b_dtype != cfg.a_dtype:
+        err.append(f"{what}: bf16 or fp16 A and B, got {cfg.a_dtype}/{cfg.b_dtype}")
+    if other_form or cfg.flat or cfg.blockscaled or cfg.fp8_blockwise or cfg.fp8_mx:
+        err.append(f"{what} cannot be combined with another grouped form, flat or scaled modes")
+    epi = cfg.epilogue
+    if epi.beta or epi.bias or (epi.activation and not activation) or epi.gated or epi.quant or epi.user or epi.scale_a or epi.scale_b:
+        err.append(f"{what}: alpha is the only epilogue op" + (" (and relu / gelu / gelu_tanh / silu)" if activation else ""))
+    if cfg.scheduler == "clc" and not clc:
+        err.append(f"{what}: static or dynamic scheduler")
+    return err
+
+
+SWAP_CHUNK = 32  # swap_ab: tokens per TMA chunk of the token operand
+SWAP_STEP = 16  # swap_ab: WGMMA widths run over multiples of this many tokens
+
+
+def swap_ab_epilogue(epi: EpilogueSpec) -> bool:
+    """Whether the swapped grouped kernel takes this epilogue: alpha, bias, elementwise and
+    gated activations, FP8 row-wise scales (quantized outputs and user epilogues work on the
+    stored output's rows, which the swapped accumulator holds as columns)."""
+    return not (epi.beta or epi.quant or epi.user)
+
+
+def swap_ab_errors(cfg: GemmConfig) -> list[str]:
+    """Rules of the swapped grouped kernel (``GemmConfig.swap_ab``): sm_90a packed grouped form,
+    bf16 / fp16 / e4m3 (FP8: the common rules hold, e.g. promotion up to tile_n 192, weights
+    K-major), cooperative 128-row (weight) tiles, tile_n tokens a multiple of 32, clusters
+    only along the weights (cluster_n 1: the CTAs of a cluster share the token tile by multicast),
+    and the epilogues of :func:`swap_ab_epilogue`."""
+    what = "swap_ab (grouped, tokens as the WGMMA's N)"
+    err = []
+    if cfg.arch != "sm_90a" or not cfg.grouped:
+        err.append(f"{what} is an sm_90a packed grouped kernel (grouped=True)")
+    if cfg.a_dtype not in (*INPUT_DTYPES, "e4m3") or cfg.b_dtype != cfg.a_dtype:
+        err.append(f"{what}: bf16, fp16 or e4m3 A and B, got {cfg.a_dtype}/{cfg.b_dtype}")
+    if cfg.pingpong or cfg.tile_m != 128 or cfg.tile_n % SWAP_CHUNK or not 32 <= cfg.tile_n <= 256:
+        err.append(f"{what}: cooperative 128 x tile_n tiles, tile_n a multiple of {SWAP_CHUNK} up to 256")
+    if cfg.cluster_n != 1 or (cfg.tile_n // SWAP_CHUNK) % cfg.cluster_m:
+        err.append(f"{what}: cluster_n must be 1 (cluster_m CTAs share one token tile, issuing its "
+                   f"{SWAP_CHUNK}-token chunks in turn: tile_n / {SWAP_CHUNK} a multiple of cluster_m)")
+    if not swap_ab_epilogue(cfg.epilogue):
+        err.append(f"{what}: alpha, bias, elementwise and gated activations are its epilogue ops")
+    if cfg.fp8_blockwise or cfg.fp8_mx or cfg.blockscaled or cfg.flat:
+        err.append(f"{what} cannot be combined with scaled or flat modes")
+    return err
+
+
+SPLIT_K_CHOICES = (2, 4, 8)
+# split_cluster: range 0's receive slots, at most this many bytes (64x64 tiles with 8 ranges; the
+# stage ring keeps the rest of the 227 KiB)
+SPLIT_CLUSTER_RECV_MAX = 112 * 1024
+# split_cluster launches one CTA per work unit along the grid's z, which stops here
+GRID_Z_MAX = 65535
+
+
+def split_k_errors(cfg: GemmConfig) -> list[str]:
+    """Rules of split K (``GemmConfig.split_k``): the dense sm_90a cooperative kernel with the
+    static scheduler and no cluster (a unit's workspace slot follows its CTA tile), K tiles without
+    per-K-block scales (row-wise FP8 is fine: its scales act in the epilogue), and a power of two
+    (the tile counters run on across launches, a multiple of split_k per launch; a power of two
+    keeps that true when the 32-bit counter wraps)."""
+    what = "split_k (dense sm_90a, K cut into work units)"
+    err = []
+    if cfg.split_k != 1 and cfg.split_k not in SPLIT_K_CHOICES:
+        err.append(f"{what}: split_k must be 1 or one of {SPLIT_K_CHOICES}, got {cfg.split_k}")
+    if cfg.arch != "sm_90a":
+        err.append(f"{what}: sm_90a only so far (sm_100a: not built)")
+    if cfg.grouped or cfg.kgrouped or cfg.listed or cfg.swap_ab:
+        err.append(f"{what}: dense only (not grouped, K-grouped, list or swap_ab)")
+    if cfg.pingpong or cfg.scheduler != "static" or cfg.cluster_m != 1 or cfg.cluster_n != 1:
+        err.append(f"{what}: cooperative tiles, the static scheduler and a 1x1 cluster")
+    if cfg.fp8_blockwise or cfg.fp8_mx or cfg.blockscaled:
+        err.append(f"{what}: not with per-K-block scales (fp8_blockwise, fp8_mx, block-scaled)")
+    if cfg.split_cluster and cfg.split_k == 1:
+        err.append("split_cluster: needs split_k > 1 (the cluster is the split_k units of one tile)")
+    recv = (cfg.split_k - 1) * cfg.tile_m * cfg.tile_n * 4
+    if cfg.split_cluster and recv > SPLIT_CLUSTER_RECV_MAX:
+        err.append(f"split_cluster: range 0 receives (split_k - 1) x tile_m x tile_n fp32 = {recv // 1024} KiB in "
+                   f"shared memory, at most {SPLIT_CLUSTER_RECV_MAX // 1024} KiB (fewer ranges or a smaller tile)")
+    return err
+
+
+def a_rows_for(m: int) -> int:
+    """A's box rows for M rows: 8, else M rounded up to 16 (see :func:`a_rows_errors`)."""
+    return 8 if m <= 8 else -(-m // 16) * 16
+
+
+def a_rows_errors(cfg: GemmConfig) -> list[str]:
+    """Rules of a short A box (``GemmConfig.a_rows``): 8 or a multiple of 16 below tile_m (whole
+    8-row swizzle atoms at the start of a K-major stage of A; DSL 4.8.1's TMA atom construction
+    aborts the process on a box of 3, 5, 7, ... such atoms, e.g. 24 rows), dense sm_90a
+    cooperative tiles (the tile's threads zero the rest of the stages once), K-major A, A not
+    multicast (cluster_n 1), no per-32 scales riding with A (DeepSeek block scales are fine:
+    scale_a keeps its own box). The problem must fit in the box (``problem_errors``)."""
+    what = "a_rows (A's TMA box rows, decode-sized M)"
+    err = []
+    if (cfg.a_rows != 8 and cfg.a_rows % 16) or not 8 <= cfg.a_rows < cfg.tile_m:
+        err.append(f"{what}: 8 or a multiple of 16 below tile_m={cfg.tile_m}, got {cfg.a_rows}")
+    if cfg.arch != "sm_90a" or cfg.grouped or cfg.kgrouped or cfg.listed or cfg.swap_ab:
+        err.append(f"{what}: the dense sm_90a kernel only")
+    if cfg.a_major != "k" or cfg.cluster_n != 1 or cfg.pingpong:
+        err.append(f"{what}: K-major A (a_major='k') that is not multicast (cluster_n=1), cooperative tiles")
+    if cfg.fp8_mx or cfg.blockscaled:
+        err.append(f"{what}: not with per-32 scales riding with A (fp8_mx, block-scaled)")
+    return err
+
+
+def fp8_mx_errors(cfg: GemmConfig) -> list[str]:
+    """Rules of the MXFP8 emulation on sm_90a: per-32 promotion of e4m3 WGMMA partial sums. A
+    warpgroup holds 64 x tile_n partial and promoted fp32 sums plus tile_n / 4 column scales."""
+    what = "fp8_mx (MXFP8 emulation; sm_100a has the native block-scaled MMA)"
+    err = _fp8_scaled_mainloop_errors(cfg, what)
+    if cfg.fast_accum or cfg.fp8_blockwise or cfg.blockscaled or cfg.sf_dtype:
+        err.append(f"{what} cannot be combined with fast_accum, fp8_blockwise or sf_vec/sf_dtype")
+    if cfg.tile_n not in (64, 128) or cfg.tile_m not in (64, 128):
+        err.append(f"{what}: tile_m and tile_n must be 64 or 128, got {cfg.tile_m}x{cfg.tile_n}")
+    if cfg.pingpong:
+        err.append(f"{what}: cooperative schedule only (pingpong=False)")
+    if cfg.flat:
+        err.append(f"{what}: (L, M, K) or grouped launches only (not flat)")
+    return err
+
+
+def blockscaled_errors(cfg: GemmConfig) -> list[str]:
+    """Rules of the block-scaled MMA (tcgen05.mma.kind::mxf8f6f4 / mxf4 / mxf4nvf4)."""
+    err = []
+    if cfg.arch != "sm_100a":
+        err.append(f"block-scaled GEMM is native on sm_100a only, got arch {cfg.arch!r}")
+    recipe = (cfg.a_dtype, cfg.sf_dtype, cfg.sf_vec)
+    mixed = (cfg.a_dtype, cfg.b_dtype) in BLOCKSCALED_MIXED and (cfg.sf_dtype, cfg.sf_vec) == ("e8m0", 32)
+    if not mixed and (cfg.a_dtype != cfg.b_dtype or recipe not in BLOCKSCALED_RECIPES):
+        err.append(
+            f"block-scaled a/b dtype, sf dtype, sf_vec must be equal dtypes and one of "
+            f"{sorted(BLOCKSCALED_RECIPES)}, or MXFP8 x MXFP4 (e4m3/e2m1 either order, e8m0, 32), got "
+            f"{cfg.a_dtype}/{cfg.b_dtype}, {cfg.sf_dtype!r}, {cfg.sf_vec}"
+        )
+    if cfg.a_major != "k" or cfg.b_major != "k":
+        err.append("block-scaled: A and B must be K-major (a_major='k', b_major='k')")
+    ok_m = 256 if cfg.two_cta else 128
+    if cfg.tile_m != ok_m:
+        err.append(f"block-scaled: MMA M must be 128 (1-CTA) or 256 (two_cta), got tile_m={cfg.tile_m} two_cta={cfg.two_cta}")
+    # Scale factors of B are loaded and held in TMEM in 128-column granules (64 / 192: odd tiles
+    # start half a granule in), so N = 96 or 224 is not possible.
+    if cfg.tile_n not in (64, 128, 192, 256):
+        err.append(f"block-scaled: tile_n must be 64, 128, 192 or 256, got {cfg.tile_n}")
+    if cfg.grouped and (cfg.tile_m != 128 or cfg.two_cta or cfg.cluster_m != 1):
+        err.append(
+            "grouped block-scaled: 1-CTA 128-row tiles, cluster_m 1 (every expert's scale rows "
+            "start a 128-row block of the padded layout, one per m-tile)"
+        )
+    if cfg.cluster_m > 4 or cfg.cluster_n > 4:
+        err.append("block-scaled: each cluster dim must be <= 4 (scale-factor multicast)")
+    return err
+
+
+def _aligned(count_elems: int, dtype: str) -> bool:
+    return (count_elems * ELEMENT_BITS[dtype]) % (8 * TMA_ALIGN_BYTES) == 0
+
+
+def problem_errors(cfg: GemmConfig, p: GemmProblem) -> list[str]:
+    """Rules that tie a config to a problem: dtypes/majors match, TMA alignment."""
+    err = []
+    for attr in ("a_dtype", "b_dtype", "out_dtype", "a_major", "b_major"):
+        if getattr(cfg, attr) != getattr(p, attr):
+            err.append(f"config {attr}={getattr(cfg, attr)!r} but problem has {getattr(p, attr)!r}")
+    if cfg.epilogue.quant is not None and (p.n // cfg.epilogue.cols_per_output) % 32:
+        err.append(f"quantized output: the output's columns must be a multiple of 32, got {p.n // cfg.epilogue.cols_per_output}")
+    if min(p.m, p.n, p.k, p.l) < 1:
+        err.append(f"kernel needs M, N, K, L >= 1 (got {p.m}, {p.n}, {p.k}, {p.l})")
+    if cfg.a_rows and p.m > cfg.a_rows:
+        err.append(f"config a_rows={cfg.a_rows}: its TMA box loads A's first {cfg.a_rows} rows only, got M={p.m}")
+    if cfg.split_cluster:  # one CTA per work unit along the grid's z
+        units = -(-p.m // cfg.tile_m) * -(-p.n // cfg.tile_n) * p.l * cfg.split_k
+        if units > GRID_Z_MAX:
+            err.append(f"split_cluster: {units} work units (one CTA each) exceed the grid's {GRID_Z_MAX}; "
+                       "use the workspace exchange (split_cluster=False) or fewer ranges")
+    if cfg.blockscaled and cfg.a_dtype != cfg.b_dtype and p.k % 128:
+        err.append(f"MXFP8 x MXFP4: K must be a multiple of 128 (the FP4 operand's unpacking TMA), got K={p.k}")
+    for nm, strides, dtype in (
+        ("a", p.a_strides, p.a_dtype),
+        ("b", p.b_strides, p.b_dtype),
+        ("out", p.out_strides, p.out_dtype),
+    ):
+        for s in strides or ():
+            if not _aligned(s, dtype):
+                err.append(
+                    f"{nm}: stride {s} elements is not a multiple of {TMA_ALIGN_BYTES} bytes "
+                    f"(TMA needs 16-byte aligned strides)"
+                )
+    return err
+
+
+def can_implement(cfg: GemmConfig, p: GemmProblem | None = None) -> tuple[bool, str]:
+    """(ok, reason). The public API raises ValueError with the reason when not ok."""
+    err = config_errors(cfg) + (problem_errors(cfg, p) if p is not None else [])
+    return (not err, "; ".join(err))

@@ -1,0 +1,856 @@
+"""Public dense GEMM: ``gemm`` (our kernels) and ``gemm_ref`` (plain torch twin)."""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import replace
+
+import torch
+
+from ..config import (
+    DTYPE_BYTES,
+    QUANT_OUT_DTYPES,
+    TMA_ALIGN_BYTES,
+    GemmConfig,
+    GemmProblem,
+    can_implement,
+    config_errors,
+)
+from ..epilogue import ACTIVATIONS, GATE_LAYOUTS, GATED, EpilogueSpec, epilogue_ref, interleave_gate_up
+from ..epilogue.quant import QUANT_FORMATS
+from ..policy import policy_for
+from ..runtime.cache import KernelCache
+from ..runtime.device import _device_info, max_clusters_for, resident_clusters  # noqa: F401 (re-exported)
+from .fp8_scales import fp8_block_scales, fp8_blockwise_ref, fp8_scales
+
+TORCH_TO_NAME = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+INPUT_TO_NAME = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float8_e4m3fn: "e4m3"}
+NAME_TO_TORCH = {v: k for k, v in TORCH_TO_NAME.items()}
+
+
+def new_workspace(config: GemmConfig, device, problem: GemmProblem | None = None):
+    """Scheduler "dynamic": the (1,) int32 tile counter, allocated once per plan. Split K (dense,
+    ``problem`` given): the tiles' counters and partial-sum slots (``gemm.sm90_split``), zeroed
+    once here (``split_cluster``: none, the partial sums meet in shared memory). Else None."""
+    if config.split_k > 1 and not config.split_cluster:
+        from .sm90.split import split_workspace_words
+
+        tiles = -(-problem.m // config.tile_m) * -(-problem.n // config.tile_n) * problem.l
+        words = split_workspace_words(tiles, config.split_k, config.tile_m, config.tile_n)
+        return torch.zeros(words, dtype=torch.int32, device=device)
+    return torch.zeros(1, dtype=torch.int32, device=device) if config.scheduler == "dynamic" else None
+
+
+def reset_workspace(workspace):
+    """Zero the dynamic scheduler's tile counter on the current stream right before the launch that
+    uses it, so a captured CUDA graph records the reset (one plan must not run on two streams at
+    once). A split-K workspace (longer than one word) is left as it is: its counters run on
+    from launch to launch."""
+    if workspace is not None and workspace.numel() == 1:
+        workspace.zero_()
+    return workspace
+
+
+def kernel_class(arch: str):
+    if arch == "sm_90a":
+        from .sm90.kernel import GemmSm90
+
+        return GemmSm90
+    if arch == "sm_100a":
+        from .sm100.kernel import GemmSm100
+
+        return GemmSm100
+    raise ValueError(f"no dense kernel for arch {arch!r}")
+
+
+def build_dense(config: GemmConfig):
+    from ..runtime.signature import dense_fake_args, fake_list_table, fake_offs
+
+    offs = fake_offs() if config.kgrouped else fake_list_table() if config.listed else None
+    return kernel_class(config.arch)(config), dense_fake_args(config, offs=offs)
+
+
+DENSE_CACHE = KernelCache(build_dense)
+
+
+def _check_operand(name: str, t, dims=(2, 3)):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cuda":
+        raise ValueError(f"{name} must be a CUDA tensor, got device {t.device}")
+    if t.dim() not in dims:
+        raise ValueError(f"{name} must have {' or '.join(map(str, dims))} dims, got shape {tuple(t.shape)}")
+
+
+def _kernel_view(t3: torch.Tensor, unit_mode: int, order: tuple[int, int, int], name: str):
+    """(size, stride) of the kernel's view of a (L, rows, cols) operand: ``unit_mode`` at stride 1,
+    size-1 modes at a 16-byte stride (TMA validates every stride, used or not), modes reordered
+    by ``order``. Raises if a stride breaks TMA's 16-byte rule."""
+    align = TMA_ALIGN_BYTES // t3.element_size()
+    strides = list(t3.stride())
+    strides[unit_mode] = 1
+    for i, size in enumerate(t3.shape):
+        if i != unit_mode and size == 1:
+            strides[i] = align
+    for i, st in enumerate(strides):
+        if i != unit_mode and st % align:
+            raise ValueError(
+                f"{name}: stride {st} (elements) of dim {i} is not a multiple of {align} elements: TMA "
+                f"needs 16-byte aligned strides (for a contiguous {t3.dtype} matrix: its last dim "
+                f"must be a multiple of {align})"
+            )
+    return tuple(t3.shape[i] for i in order), tuple(strides[i] for i in order)
+
+
+def _unit_mode(t3: torch.Tensor) -> int | None:
+    """Which of modes 2 (cols) / 1 (rows) of a (L, rows, cols) tensor is contiguous."""
+    if t3.stride(2) == 1 or t3.shape[2] == 1:
+        return 2
+    if t3.stride(1) == 1 or t3.shape[1] == 1:
+        return 1
+    return None
+
+
+def padded_rows(shape, dtype: torch.dtype, device) -> torch.Tensor:
+    """A ``shape`` view into a fresh buffer whose rows are padded to a multiple of 16 bytes (the
+    TMA store writes whole 16-byte row pieces: up to 15 bytes past the last column)."""
+    align = TMA_ALIGN_BYTES // torch.empty((), dtype=dtype).element_size()
+    n = shape[-1]
+    return torch.empty((*shape[:-1], -(-n // align) * align), dtype=dtype, device=device)[..., :n]
+
+
+def copy_unaligned_out(out, written):
+    """After the launch: ``written`` is out itself, or the ``padded_rows`` scratch (copied into out)."""
+    if out is not None and written is not out:
+        out.copy_(written)
+        return out
+    return written
+
+
+def _aligned_operand(t3: torch.Tensor) -> torch.Tensor:
+    """t3 itself, or a copy when no mode is contiguous or the base pointer is not 16-byte aligned."""
+    unit = _unit_mode(t3)
+    if unit is not None and t3.data_ptr() % TMA_ALIGN_BYTES == 0:
+        return t3
+    if unit == 1:
+        return t3.mT.clone(memory_format=torch.contiguous_format).mT
+    return t3.clone(memory_format=torch.contiguous_format)
+
+
+class _Plan:
+    """Everything one (shapes, strides, dtypes, device, options) signature needs to launch."""
+
+    __slots__ = ("fn", "views", "c_view", "has_bias", "flat", "out_shape", "out_dtype", "max_clusters", "config", "direct",
+                 "quant", "n_vectors", "workspace", "block_scales",
+                 "device", "device_index", "out_dims", "b_memo")  # fmt: skip
+
+    def launch(self, sources, alpha, beta, epi_extra=(None, None)):
+        """sources: (a, b, out, c, bias), the tensors the views apply to; epi_extra: (quantized
+        output scale bytes, NVFP4 global scale, *user epilogue vectors) (see signature.py)."""
+        cv = self.c_view
+        vecs = _NO_VECTORS if len(epi_extra) == 2 else (*epi_extra[2:], None, None, None, None)[:4]
+        sfa = sfb = None
+        if self.block_scales:  # FP8 block scaling: the scales go to the kernel's mSFA / mSFB
+            sfa, sfb, vecs = epi_extra[2], epi_extra[3], _NO_VECTORS
+        if self.flat:  # the caller's own 2-D tensors (see GemmConfig.flat)
+            a, b, o = sources[0], sources[1], sources[2]
+        else:
+            (sa, ta), (sb, tb), (sc, tc) = self.views
+            a, b, o = sources[0].as_strided(sa, ta), memo_view(self, sources[1], sb, tb), sources[2].as_strided(sc, tc)
+        self.fn(
+            a, b, o,
+            None if cv is None else sources[3].as_strided(*cv), sources[4] if self.has_bias else None,
+            alpha, beta, self.max_clusters, None, sfa, sfb, epi_extra[0], epi_extra[1], *vecs,
+            reset_workspace(self.workspace),
+        )  # fmt: skip
+
+    def new_output(self, device=None):
+        """A fresh output on the plan's device: the tensor the kernel writes and, when quantized,
+        the zeroed scale bytes. (``*out_dims``: torch.empty parses plain ints faster than a
+        torch.Size.)"""
+        if self.quant is None:
+            return torch.empty(*self.out_dims, dtype=self.out_dtype, device=self.device), None
+        return _quant_outputs(self.quant, self.out_shape, self.device)
+
+    def bind(self, device: torch.device):
+        """Records what the fast path needs: the device (launch and allocation) and the output
+        dims as plain ints."""
+        self.device = device
+        self.device_index = device.index
+        self.out_dims = tuple(int(d) for d in self.out_shape)
+        return self
+
+
+def memo_view(plan, t: torch.Tensor, size, stride) -> torch.Tensor:
+    """``t.as_strided(size, stride)``, memoized on ``plan`` for the same tensor object (the weight
+    operand is usually passed again and again). The memo is used only for that very object at
+    the same data pointer (a ``t.set_()`` / ``t.data = ...`` swap misses; t's shape, strides and
+    dtype are fixed by the plan key). It is a view of ``t.detach()``, so it never keeps ``t``
+    alive, and ``t``'s death drops it (weakref callback): no stale view, no leaked storage."""
+    ptr = t.data_ptr()
+    memo = getattr(plan, "b_memo", None)
+    if memo is not None and memo[0]() is t and memo[1] == ptr:
+        return memo[2]
+    view = t.detach().as_strided(size, stride)
+
+    def drop(ref, plan=plan):
+        m = getattr(plan, "b_memo", None)
+        if m is not None and m[0] is ref:
+            plan.b_memo = None
+
+    plan.b_memo = (weakref.ref(t, drop), ptr, view)
+    return view
+
+
+_PLANS: dict = {}
+_PLAIN_PLANS: dict = {}  # plans of gemm(a, b) with every option at its default (bf16 / fp16)
+_NO_VECTORS = (None, None, None, None)
+# The current CUDA device index. torch._C._cuda_getDevice is what torch.cuda.current_device()
+# returns after its lazy-init check; a cached plan implies CUDA is initialized already.
+_current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+_ACTIVATION_NAMES = (*ACTIVATIONS, *GATED)
+
+
+def _quant_outputs(fmt: str, shape, device):
+    """(data the kernel writes: e4m3 (.., N) or uint8 (.., N / 2), scale bytes: zeroed 128x4
+    swizzled (L, rows_p, cols_p) uint8) for a quantized output of logical ``shape``."""
+    from ..blockscaled.layout import swizzled_shape
+    from ..epilogue.quant import QUANT
+
+    q = QUANT[fmt]
+    n = shape[-1]
+    if q.packed:
+        data = torch.empty((*shape[:-1], n // 2), dtype=torch.uint8, device=device)
+    else:
+        data = torch.empty(shape, dtype=torch.float8_e4m3fn, device=device)
+    rows_p, cols_p = swizzled_shape(shape[-2], -(-n // q.block))
+    batch = 1
+    for d in shape[:-2]:
+        batch *= d
+    # flat: the kernel's view (e8m0 bytes as uint8; NVFP4 scales as e4m3, as the kernel writes them)
+    sdtype = torch.uint8 if q.scale == "e8m0" else torch.float8_e4m3fn
+    scales = torch.zeros(batch * rows_p * cols_p, dtype=sdtype, device=device)
+    return data, scales
+
+
+def _quant_result(fmt: str, shape, data, scales, gs):
+    from ..blockscaled import BlockScaledTensor, get_format
+    from ..blockscaled.layout import swizzled_shape
+
+    f = get_format(fmt)
+    rows_p, cols_p = swizzled_shape(shape[-2], -(-shape[-1] // f.block_size))
+    scales = scales.view(*shape[:-2], rows_p, cols_p)
+    return BlockScaledTensor(
+        data=data.view(f.elem_dtype), scales=scales.view(f.scale_dtype), fmt=f, shape=torch.Size(shape),
+        global_scale=None if gs is None else gs.reshape(()), scales_swizzled=True,
+    )  # fmt: skip
+
+
+def _global_scale(fmt, out_global_scale, device):
+    """The NVFP4 output's (1,) fp32 global scale on ``device`` (None for MX formats)."""
+    if fmt != "nvfp4":
+        if out_global_scale is not None:
+            raise ValueError(f"out_global_scale is for NVFP4 outputs only, got out_dtype={fmt!r}")
+        return None
+    if out_global_scale is None:
+        raise ValueError(
+            "an NVFP4 output needs out_global_scale (fp32 per-tensor scale; e.g. amax / (448 * 6))"
+        )
+    if isinstance(out_global_scale, torch.Tensor):
+        if out_global_scale.numel() != 1:
+            raise ValueError(
+                f"out_global_scale must have one element, got shape {tuple(out_global_scale.shape)}"
+            )
+        return out_global_scale.detach().to(device=device, dtype=torch.float32).reshape(1)
+    gs = float(out_global_scale)
+    if not (gs > 0 and gs < float("inf")):
+        raise ValueError(f"out_global_scale must be positive and finite, got {gs}")
+    return torch.tensor([gs], dtype=torch.float32, device=device)
+
+
+def _epilogue_vectors(epilogue_args, device):
+    """User-epilogue vectors as contiguous, 16-byte aligned 1-D tensors on ``device``."""
+    from ..epilogue.user import MAX_EPILOGUE_ARGS
+
+    if not isinstance(epilogue_args, (tuple, list)):
+        raise TypeError(f"epilogue_args must be a tuple of tensors, got {type(epilogue_args).__name__}")
+    if len(epilogue_args) > MAX_EPILOGUE_ARGS:
+        raise ValueError(f"at most {MAX_EPILOGUE_ARGS} epilogue_args, got {len(epilogue_args)}")
+    out = []
+    for i, t in enumerate(epilogue_args):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"epilogue_args[{i}] must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 1 or t.numel() == 0:
+            raise ValueError(f"epilogue_args[{i}] must be a non-empty 1-D vector, got shape {tuple(t.shape)}")
+        if t.dtype not in _EPI_TORCH_DTYPES:
+            raise TypeError(f"epilogue_args[{i}].dtype must be bf16, fp16 or fp32, got {t.dtype}")
+        if t.device != device:
+            raise ValueError(f"epilogue_args[{i}] must be on {device}, got {t.device}")
+        if t.stride(0) != 1 or t.data_ptr() % TMA_ALIGN_BYTES:
+            t = t.clone(memory_format=torch.contiguous_format)
+        out.append(t)
+    return tuple(out)
+
+
+_EPI_TORCH_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _check_args(a, b, out, out_dtype, gated: bool = False):
+    _check_operand("a", a)
+    _check_operand("b", b)
+    if a.dtype not in INPUT_TO_NAME:
+        raise TypeError(f"a.dtype must be torch.bfloat16, torch.float16 or torch.float8_e4m3fn, got {a.dtype}")
+    if b.dtype != a.dtype:
+        raise TypeError(f"b.dtype ({b.dtype}) must equal a.dtype ({a.dtype})")
+    if a.device != b.device:
+        raise ValueError(f"a and b must be on the same device, got {a.device} and {b.device}")
+    if isinstance(out_dtype, str):
+        if out_dtype not in QUANT_FORMATS:
+            raise ValueError(f"a quantized out_dtype must be one of {QUANT_FORMATS}, got {out_dtype!r}")
+        if out is not None:
+            raise ValueError(f"out= is not supported with a quantized output ({out_dtype})")
+    elif out_dtype not in TORCH_TO_NAME:
+        raise TypeError(
+            f"out_dtype must be torch.bfloat16, torch.float16, torch.float32 or one of {QUANT_FORMATS}, got {out_dtype}"
+        )
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"a and b shapes do not match for a @ b: {tuple(a.shape)} @ {tuple(b.shape)}")
+    if a.dim() == 3 and b.dim() == 3 and a.shape[0] != b.shape[0]:
+        raise ValueError(f"batch sizes differ: a has {a.shape[0]}, b has {b.shape[0]}")
+    n_out = b.shape[-1]
+    if gated:
+        if n_out % 2:
+            raise ValueError(
+                f"a gated activation needs b with an even number of columns (gate, up), got {n_out}"
+            )
+        n_out //= 2
+    res_shape = torch.Size([*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], n_out])
+    if out is not None:
+        _check_operand("out", out)
+        if out.shape != res_shape:
+            raise ValueError(f"out must have shape {tuple(res_shape)}, got {tuple(out.shape)}")
+        if out.dtype != out_dtype:
+            raise TypeError(f"out.dtype ({out.dtype}) differs from out_dtype ({out_dtype})")
+        if out.device != a.device:
+            raise ValueError(f"out must be on {a.device}, got {out.device}")
+        if out.shape[-1] > 1 and out.stride(-1) != 1:
+            raise ValueError("out must be row-major (stride 1 along its last dim)")
+        if out.data_ptr() % TMA_ALIGN_BYTES:
+            raise ValueError("out's data pointer must be 16-byte aligned")
+    return res_shape
+
+
+def _check_activation(activation, gate_layout):
+    if activation is not None and activation not in _ACTIVATION_NAMES:
+        raise ValueError(f"activation must be None or one of {_ACTIVATION_NAMES}, got {activation!r}")
+    if gate_layout not in GATE_LAYOUTS:
+        raise ValueError(f"gate_layout must be one of {GATE_LAYOUTS}, got {gate_layout!r}")
+
+
+def _check_epilogue_args(a, b, res_shape, beta, c, bias, activation):
+    """Validates beta/c/bias against the problem (activation and gate_layout already checked)."""
+    gated = activation in GATED
+    if beta != 0.0:
+        if gated:
+            raise ValueError(f"beta * c cannot be combined with the gated activation {activation!r}")
+        if c is None:
+            raise ValueError(f"beta={beta} needs the residual tensor c")
+    if c is not None:
+        _check_operand("c", c)
+        if c.dtype not in _EPI_TORCH_DTYPES:
+            raise TypeError(f"c.dtype must be torch.bfloat16, torch.float16 or torch.float32, got {c.dtype}")
+        if c.shape != res_shape:
+            raise ValueError(f"c must have the output's shape {tuple(res_shape)}, got {tuple(c.shape)}")
+        if c.device != a.device:
+            raise ValueError(f"c must be on {a.device}, got {c.device}")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor):
+            raise TypeError(f"bias must be a torch.Tensor, got {type(bias).__name__}")
+        if bias.device != a.device:
+            raise ValueError(f"bias must be on {a.device}, got {bias.device}")
+        if bias.dtype not in _EPI_TORCH_DTYPES:
+            raise TypeError(
+                f"bias.dtype must be torch.bfloat16, torch.float16 or torch.float32, got {bias.dtype}"
+            )
+        n = b.shape[-1]
+        if bias.shape != (n,):
+            what = f"one value per GEMM column, gate and up: ({n},) = 2 x {n // 2}" if gated else f"({n},)"
+            raise ValueError(f"bias must have shape {what}, got {tuple(bias.shape)}")
+
+
+def _interleave_b(b: torch.Tensor) -> torch.Tensor:
+    """``[gate | up]`` columns of b -> interleaved (a copy), keeping a K-major b K-major."""
+    if b.shape[-1] > 1 and b.stride(-2) == 1 and b.stride(-1) != 1:
+        return interleave_gate_up(b.mT, dim=-2).mT
+    return interleave_gate_up(b, dim=-1)
+
+
+def _rowmajor_input(t3: torch.Tensor) -> torch.Tensor:
+    """t3 (L, rows, cols) itself when the kernel can read it in place (stride 1 along cols,
+    16-byte aligned strides and base), else a contiguous copy."""
+    align = TMA_ALIGN_BYTES // t3.element_size()
+    ok = (t3.shape[2] == 1 or t3.stride(2) == 1) and t3.data_ptr() % TMA_ALIGN_BYTES == 0
+    ok = ok and all(
+        size == 1 or st % align == 0 for size, st in zip(t3.shape[:2], t3.stride()[:2], strict=True)
+    )
+    return t3 if ok else t3.clone(memory_format=torch.contiguous_format)  # .contiguous() keeps a bad base
+
+
+def _plan(
+    a, b, out, out_dtype, alpha, config, beta=0.0, c=None, bias=None, activation=None, user=None, vectors=(),
+    fast_accum=False,
+):
+    """The slow path: validate, pick and compile the kernel, compute the kernel views.
+    Returns (plan, sources, scales): sources (a, b, out, c, bias) are the tensors the views apply
+    to (copies where needed; ``out`` is the data tensor of a quantized output, ``scales`` its
+    scale bytes, else None). ``b`` and ``bias`` of a gated activation are interleaved already."""
+    gated = activation in GATED
+    quant = out_dtype if isinstance(out_dtype, str) else None
+    res_shape = _check_args(a, b, out, out_dtype, gated)
+    _check_epilogue_args(a, b, res_shape, beta, c, bias, activation)
+    if user is not None and (beta != 0.0 or bias is not None or activation is not None):
+        raise ValueError("a user epilogue replaces beta * c, bias and activation: apply them inside it")
+    if beta == 0.0:
+        c = None  # not read (cuBLAS semantics)
+    scales = None
+    if quant is not None:
+        if res_shape[-1] % 32:
+            raise ValueError(f"a quantized output needs a multiple of 32 columns, got {res_shape[-1]}")
+        out, scales = _quant_outputs(quant, res_shape, a.device)
+    elif out is None:
+        out = torch.empty(res_shape, dtype=out_dtype, device=a.device)
+    elif out.numel() and (out.shape[-1] * out.element_size()) % TMA_ALIGN_BYTES:
+        # The TMA store writes whole 16-byte row pieces: up to 15 bytes past column N of every row.
+        # A caller's view may have its data there (a slice of a larger buffer), so the kernel
+        # writes into padded scratch and gemm copies the N columns into out (copy_unaligned_out).
+        out = padded_rows(out.shape, out.dtype, out.device)
+    if out.numel() == 0 or a.shape[-1] == 0:
+        return None, (a, b, out, c, bias), scales
+    # Bring everything to (L, rows, cols).
+    if a.dim() == 3 and b.dim() == 2 and quant is None:
+        # One weight for every batch: fold the batch into M when the layouts allow it.
+        try:
+            a3 = a.view(1, a.shape[0] * a.shape[1], a.shape[2])
+            o3 = out.view(1, a3.shape[1], out.shape[-1])
+            b3 = b.unsqueeze(0)
+            r3 = None if c is None else c.reshape(1, a3.shape[1], c.shape[-1])  # a copy if c cannot fold
+        except RuntimeError:
+            a3, b3, o3, r3 = a, b.expand(a.shape[0], *b.shape), out, c
+    else:
+        a3 = a.unsqueeze(0) if a.dim() == 2 and b.dim() == 2 else a.expand(*res_shape[:-2], *a.shape[-2:])
+        b3 = b.unsqueeze(0) if b.dim() == 2 and a.dim() == 2 else b.expand(*res_shape[:-2], *b.shape[-2:])
+        o3 = out.unsqueeze(0) if out.dim() == 2 else out
+        r3 = None if c is None else (c.unsqueeze(0) if c.dim() == 2 else c)
+    a3s, b3s = _aligned_operand(a3), _aligned_operand(b3)
+    fp8 = a.dtype == torch.float8_e4m3fn
+    # FP8 block scaling: vectors = (scale_a (M, KB), scale_b (NB, KB)) from fp8_block_scales
+    blockwise = fp8 and len(vectors) == 2 and vectors[0] is not None and vectors[0].dim() == 2
+    if fp8 and _unit_mode(a3s) != 2:  # FP8 WGMMA reads K-major operands only: copy
+        a3s = a3s.contiguous()
+    if fp8 and _unit_mode(b3s) != 1:
+        b3s = b3s.mT.contiguous().mT
+    r3s = None if r3 is None else _rowmajor_input(r3)
+    bias_s = None
+    if bias is not None:
+        bias_s = bias if bias.stride(0) == 1 and bias.data_ptr() % TMA_ALIGN_BYTES == 0 else bias.clone()
+    L, M, K = a3s.shape
+    N = b3s.shape[2]  # GEMM columns (gated: 2 x the output's)
+    a_unit, b_unit = _unit_mode(a3s), _unit_mode(b3s)
+    a_major = "k" if a_unit == 2 else "m"
+    b_major = "n" if b_unit == 2 else "k"
+    # Kernel views: A (M, K, L), B (N, K, L), C (M, N, L).
+    views = (
+        _kernel_view(a3s, a_unit, (1, 2, 0), "a"),
+        _kernel_view(b3s, b_unit, (2, 1, 0), "b"),
+        _kernel_view(o3, 2, (1, 2, 0), "out"),
+    )
+    arch, num_sms = _device_info(
+        a.device.index if a.device.index is not None else torch.cuda.current_device()
+    )
+    out_name = QUANT_OUT_DTYPES[quant] if quant is not None else TORCH_TO_NAME[out_dtype]
+    problem = GemmProblem(
+        M, N, K, L, INPUT_TO_NAME[a.dtype], INPUT_TO_NAME[b.dtype], out_name, a_major, b_major
+    )
+    epi = EpilogueSpec(
+        alpha=alpha != 1.0,
+        beta=r3s is not None,
+        c_dtype=TORCH_TO_NAME[r3s.dtype] if r3s is not None else "fp32",
+        bias=bias_s is not None,
+        bias_dtype=TORCH_TO_NAME[bias_s.dtype] if bias_s is not None else "fp32",
+        activation=None if gated else activation,
+        gated=activation if gated else None,
+        quant=quant,
+        user=user,
+        user_args=tuple(TORCH_TO_NAME[v.dtype] for v in vectors) if user is not None else (),
+        scale_a=fp8 and not blockwise and vectors[0] is not None,
+        scale_b=fp8 and not blockwise and vectors[1] is not None,
+    )
+    if config is not None and (config.arch != arch or config.grouped):
+        raise ValueError(f"config {config.name} cannot run dense on {arch} (arch or grouped mismatch)")
+    if config is None:
+        from ..tuning import tuned_config  # opt-in autotuning; None when off -> deterministic default
+
+        cfg = tuned_config(arch, problem, epi, "dense", num_sms=num_sms)
+        extra = {"fast_accum": True} if fast_accum else {}
+        if blockwise:
+            extra["fp8_blockwise"] = True
+        cfg = cfg if cfg is not None and cfg.fast_accum == fast_accum and cfg.fp8_blockwise == blockwise else None
+        cfg = cfg or policy_for(arch, num_sms).choose_dense(problem, epilogue=epi, **extra)
+    elif config.epilogue == EpilogueSpec():
+        cfg = replace(config, epilogue=epi)  # a forced tile: the call's arguments give the epilogue
+    elif config.epilogue in (epi, replace(epi, alpha=True)):
+        cfg = config  # an alpha kernel also serves alpha == 1
+    else:
+        raise ValueError(f"config.epilogue {config.epilogue} does not match the call's epilogue {epi}")
+    if cfg.fp8_blockwise != blockwise:
+        raise ValueError(
+            f"config {cfg.name}: fp8_blockwise={cfg.fp8_blockwise} but the call's scales are "
+            f"{'1x128 / 128x128 block scales' if blockwise else 'not block scales'}"
+            + ("" if blockwise else " (block scales of one K block and one N block are per-row x per-tensor "
+               "scales, run by the row-wise kernel: pass config=None or a row-wise config)")
+        )
+    ok, why = can_implement(cfg, problem)
+    if not ok:
+        raise ValueError(f"cannot run {cfg.name}: {why}")
+    # Cacheable when the views apply to the caller's own tensors (no copies were needed).
+    direct = (
+        a3s.data_ptr() == a.data_ptr() and b3s.data_ptr() == b.data_ptr()
+        and a3s.stride() == a3.stride() and b3s.stride() == b3.stride()
+        and (r3s is None or (r3s is r3 and r3.data_ptr() == c.data_ptr()))
+        and bias_s is bias
+    )  # fmt: skip
+    flat_ok = direct and _flat_ok(a, b, out, views)
+    if config is None and flat_ok and not config_errors(replace(cfg, flat=True)):
+        cfg = replace(cfg, flat=True)  # the caller's 2-D tensors go to the kernel as they are
+    elif cfg.flat and not flat_ok:
+        raise ValueError(
+            f"config {cfg.name} is a flat (2-D) launch: it takes 2-D a, b and out that the kernel can "
+            "read as they are (no batch, no copies); pass a config with flat=False for these operands"
+        )
+    plan = _Plan()
+    plan.flat = cfg.flat
+    if user is None:
+        plan.fn = DENSE_CACHE.get(cfg)
+    else:
+        try:
+            plan.fn = DENSE_CACHE.get(cfg)
+        except Exception as exc:
+            raise ValueError(
+                f"the user epilogue could not be traced into the kernel: {type(exc).__name__}: {exc}"
+            ) from exc
+    plan.quant = quant
+    plan.block_scales = blockwise
+    plan.n_vectors = len(vectors)
+    plan.views = views
+    plan.c_view = None if r3s is None else _kernel_view(r3s, 2, (1, 2, 0), "c")
+    plan.has_bias = bias_s is not None
+    plan.out_shape = res_shape
+    plan.out_dtype = out_dtype
+    plan.max_clusters = max_clusters_for(cfg, a.device, num_sms)
+    plan.workspace = new_workspace(cfg, a.device, problem)
+    plan.config = cfg
+    plan.direct = direct
+    if plan.direct:
+        return plan, (a, b, out, c, bias), scales
+    return plan, (a3s, b3s, out, r3s, bias_s), scales
+
+
+def _flat_ok(a, b, out, views) -> bool:
+    """Whether the caller's 2-D a, b, out are exactly the kernel's views without their unit L
+    mode (so a flat launch passes them as they are): same sizes and strides, no size-1 mode
+    whose stride the view had to replace."""
+    if a.dim() != 2 or b.dim() != 2 or out.dim() != 2:
+        return False
+    (sa, ta), (sb, tb), (sc, tc) = views
+    return (
+        (tuple(a.shape), a.stride()) == (tuple(sa[:2]), tuple(ta[:2]))
+        and (tuple(b.shape), b.stride()) == ((sb[1], sb[0]), (tb[1], tb[0]))
+        and (tuple(out.shape), out.stride()) == (tuple(sc[:2]), tuple(tc[:2]))
+    )
+
+
+def gemm(
+    a,
+    b,
+    *,
+    out=None,
+    out_dtype=None,
+    alpha: float = 1.0,
+    beta: float = 0.0,
+    c=None,
+    bias=None,
+    activation: str | None = None,
+    gate_layout: str = "interleaved",
+    config: GemmConfig | None = None,
+    epilogue=None,
+    epilogue_args=(),
+    out_global_scale=None,
+    scale_a=None,
+    scale_b=None,
+    fast_accum: bool = False,
+):
+    """``out = act(alpha * (a @ b) + beta * c + bias)`` with fp32 accumulation and an fp32
+    epilogue, fused into the GEMM.
+
+    a: (M, K) or (L, M, K); b: (K, N) or (L, K, N) (a 2-D operand is shared by every batch);
+    any row- or column-major views with 16-byte aligned strides; bf16 or fp16, a.dtype == b.dtype.
+    out_dtype: torch.bfloat16 / float16 / float32 (default: a.dtype). ``out``: optional row-major
+    output of the result shape. ``config``: force a kernel configuration (must pass
+    can_implement); its ``epilogue`` is taken from the call's arguments when left at the default.
+
+    Epilogue (all in fp32, in this order; see ``cutegemm.epilogue.ops``):
+    - ``alpha``: scales a @ b.
+    - ``beta``, ``c``: adds ``beta * c``; c has the output's shape (batch included), dtype bf16 /
+      fp16 / fp32, any strides (a row-major view with 16-byte aligned strides is read in place,
+      anything else is copied first). ``beta == 0`` never reads c. c may be ``out`` itself.
+    - ``bias``: (N,) bf16 / fp16 / fp32, added to every row.
+    - ``activation``: None, "relu", "gelu" (erf), "gelu_tanh", "silu": applied last; or gated
+      "swiglu" (silu(gate) * up) / "geglu" (erf-gelu(gate) * up): b has 2 * N' columns, out has
+      N'. ``gate_layout="interleaved"`` (default): b's columns alternate gate, up, gate, up, ...;
+      ``"halves"``: b = [gate | up]; the kernel reads interleaved columns, so "halves" costs a
+      copy of b (and of bias) on every call: convert the weight once with
+      ``cutegemm.epilogue.interleave_gate_up`` instead. For gated activations ``bias`` has 2 * N'
+      entries, one per pre-activation column, in b's column order; ``beta * c`` is not
+      supported with them.
+
+    Quantized output: ``out_dtype="mxfp8"`` (e4m3 + e8m0 per 32 columns), ``"mxfp4"`` or
+    ``"nvfp4"`` (e2m1 + e4m3 per 16 columns; needs ``out_global_scale``, a positive fp32 scalar
+    or one-element tensor) returns a :class:`cutegemm.blockscaled.BlockScaledTensor` with 128x4
+    swizzled scales, quantized by the kernel from the fp32 epilogue values (any epilogue above,
+    gated included); equal to ``quantize_ref(gemm_ref(..., out_dtype=torch.float32), fmt)`` up
+    to the accumulation order. The output must have a multiple of 32 columns; sm_90a only so far.
+
+    User epilogue: ``epilogue=f, epilogue_args=(v0, ...)`` with ``f(acc, row, col, *vectors)``
+    (see :mod:`cutegemm.epilogue.user`): traced into the kernel, replacing beta / bias /
+    activation (alpha still scales acc first).
+
+    FP8 (sm_90a): a, b ``torch.float8_e4m3fn`` with fp32 ``scale_a`` (one per row of a: shape
+    (M,) or (M, 1), or one element: per tensor) and ``scale_b`` (per column of b: (N,) or (1, N),
+    or one element), as ``torch._scaled_mm``: ``out = (a @ b) * scale_a * scale_b`` then the
+    epilogue above. Both operands are read K-major (a row-major, b column-major, e.g.
+    ``w.t()`` of an (N, K) weight); other layouts are copied first. Scales may be omitted (1).
+    The WGMMA partial sums are promoted into fp32 every 128 K (as torch._scaled_mm's default);
+    ``fast_accum=True`` keeps them in the tensor core (faster, error grows with K, as torch's
+    ``use_fast_accum=True``).
+
+    FP8 block scaling (DeepSeek-V3, sm_90a): a (M, K), b (K, N) e4m3 (2-D; b typically ``w.t()``
+    of an (N, K) weight) with fp32 ``scale_a`` of shape (M, ceil(K/128)) (one per row per
+    128-wide K block) and ``scale_b`` of shape (ceil(K/128), ceil(N/128)) (one per 128x128 block
+    of b), the shapes of ``torch._scaled_mm``'s 1x128 x 128x128 blockwise recipe, so the same
+    tensors serve both: ``out = sum_kb (a[:, kb] @ b[kb, :]) * scale_a[:, kb] * scale_b[kb, n // 128]``
+    in fp32, then the epilogue and the cast. Scales of an (N, K) weight stored as
+    (ceil(N/128), ceil(K/128)) go in as ``.t()`` (like ``b = w.t()``). Any layout is accepted;
+    torch's are read in place: scale_a M-major (``s.t().contiguous().t()``; TMA-loaded into every
+    pipeline stage beside A: a K-block stride that is a multiple of 4 rows and a 16-byte aligned
+    start, else it is copied per call into such a buffer) and scale_b column-major (a K-strided
+    view, e.g. a row-major (K/128, N/128) scale_b, is copied K-contiguous per call from 256 rows
+    of a on: ``gemm.fp8_args``). K need not
+    be a multiple of 128 (the last block is partial) but must be a multiple of 16 (TMA).
+    The scales multiply each 128-wide K tile's partial sum as it is promoted into the fp32
+    accumulator (no ``fast_accum``). With a single K block and a single N block the shapes are
+    per-row x per-tensor scales, computed by the row-wise path (the same product).
+
+    Per-call cost: the first call for a (shapes, strides, dtypes, device, options) signature
+    validates, picks the config and compiles (or loads it from the disk cache); later calls only
+    check data-pointer alignment and launch.
+    """
+    # The plain call ``gemm(a, b)`` (every option at its default): one small key, one lookup.
+    plain = (
+        out is None and out_dtype is None and alpha == 1.0 and beta == 0.0 and bias is None
+        and activation is None and config is None and epilogue is None and not epilogue_args
+        and scale_a is None and scale_b is None and not fast_accum and out_global_scale is None
+    )  # fmt: skip
+    if plain:
+        try:
+            pkey = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device)
+            plan = _PLAIN_PLANS.get(pkey)
+        except AttributeError:
+            pkey = plan = None
+        if (
+            plan is not None
+            and _current_device() == plan.device_index
+            and not (a.data_ptr() % 16 or b.data_ptr() % 16)
+        ):
+            out = torch.empty(*plan.out_dims, dtype=plan.out_dtype, device=plan.device)
+            if plan.flat:
+                plan.fn(a, b, out, None, None, 1.0, 0.0, plan.max_clusters, None, None, None, None, None, None, None,
+                        None, None, reset_workspace(plan.workspace))  # fmt: skip
+            else:
+                plan.launch((a, b, out, None, None), 1.0, 0.0)
+            return out
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):  # BlockScaledTensor a, b:
+        from ..blockscaled import gemm as _bs  # sm_100a block-scaled GEMM (see gemm_blockscaled)
+
+        if _bs.is_blockscaled(a, b):
+            return _bs.gemm_api(locals(), gemm)
+    if out_dtype is None:
+        out_dtype = out.dtype if isinstance(out, torch.Tensor) else getattr(a, "dtype", None)
+        if out_dtype == torch.float8_e4m3fn:
+            out_dtype = torch.bfloat16  # FP8 inputs: bf16 output by default
+    if activation is not None:
+        _check_activation(activation, gate_layout)
+        if gate_layout == "halves" and activation in GATED:
+            _check_operand("b", b)
+            _check_args(a, b, out, out_dtype, gated=True)  # shape errors name the caller's b
+            b = _interleave_b(b)
+            if isinstance(bias, torch.Tensor) and bias.shape == (b.shape[-1],):
+                bias = interleave_gate_up(bias)
+    elif gate_layout not in GATE_LAYOUTS:
+        _check_activation(activation, gate_layout)
+    has_beta = beta != 0.0
+    quant = out_dtype if isinstance(out_dtype, str) else None
+    user = vectors = gs = None
+    if epilogue is not None:
+        from ..epilogue.user import register
+
+        user = register(epilogue)
+        vectors = _epilogue_vectors(epilogue_args, getattr(a, "device", None))
+    elif epilogue_args:
+        raise ValueError("epilogue_args given without an epilogue function")
+    if getattr(a, "dtype", None) == torch.float8_e4m3fn:
+        if epilogue is not None:
+            raise ValueError("a user epilogue cannot be combined with FP8 inputs yet")
+        vectors = fp8_block_scales(a, b, scale_a, scale_b) or fp8_scales(a, b, scale_a, scale_b)
+    elif scale_a is not None or scale_b is not None:
+        raise ValueError("scale_a / scale_b are for torch.float8_e4m3fn inputs")
+    if quant is not None or out_global_scale is not None:
+        gs = _global_scale(quant, out_global_scale, getattr(a, "device", None))
+    try:
+        key = (
+            a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, out_dtype,
+            None if out is None else (out.shape, out.stride(), out.dtype, out.device),
+            alpha != 1.0, config, activation, fast_accum,
+            (c.shape, c.stride(), c.dtype, c.device) if has_beta and c is not None else has_beta,
+            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
+            user, None if vectors is None else tuple(None if v is None else (v.shape, v.dtype) for v in vectors),
+            b.device,
+        )  # fmt: skip
+    except AttributeError:
+        key = None  # not tensors: the slow path raises the right TypeError
+    plan = _PLANS.get(key) if key is not None else None
+    # Fast path: the key fixes every checked property but data-pointer alignment (and the plan's
+    # device is a's, so one int compare checks the current device).
+    if (
+        plan is not None
+        and _current_device() == plan.device_index
+        and not (a.data_ptr() % 16 or b.data_ptr() % 16 or (out is not None and out.data_ptr() % 16))
+        and not (has_beta and c.data_ptr() % 16)
+        and not (bias is not None and bias.data_ptr() % 16)
+    ):
+        scales = None
+        if out is None:
+            out, scales = plan.new_output()
+        epi_extra = (scales, gs, *vectors) if vectors else (scales, gs)
+        plan.launch((a, b, out, c, bias), float(alpha), float(beta), epi_extra)
+        return out if quant is None else _quant_result(quant, plan.out_shape, out, scales, gs)
+    plan, sources, scales = _plan(
+        a, b, out, out_dtype, alpha, config, beta, c, bias, activation, user, vectors or (), fast_accum
+    )
+    user_out, out = out, sources[2]
+    if plan is None:  # empty output or K == 0
+        out = copy_unaligned_out(user_out, out) if quant is None else out
+        return _degenerate(out, b, quant, scales, gs, alpha, beta, c, bias, activation, epilogue, vectors)
+    if plan.direct and key is not None and (user_out is None or out is user_out):  # no scratch copy
+        _PLANS[key] = plan.bind(a.device)
+        if plain and pkey is not None and a.dtype in (torch.bfloat16, torch.float16) and not plan.quant:
+            _PLAIN_PLANS[pkey] = plan
+    epi_extra = (scales, gs, *(vectors or ()))
+    if a.device.index == _current_device():
+        plan.launch(sources, float(alpha), float(beta), epi_extra)
+    else:
+        with torch.cuda.device(a.device):
+            plan.launch(sources, float(alpha), float(beta), epi_extra)
+    if quant is not None:
+        return _quant_result(quant, plan.out_shape, out, scales, gs)
+    return copy_unaligned_out(user_out, out)
+
+
+def _degenerate(out, b, quant, scales, gs, alpha, beta, c, bias, activation, epilogue, vectors):
+    """Empty output or K == 0: the epilogue of a zero accumulator, in torch."""
+    shape = (*out.shape[:-1], b.shape[-1] if activation not in GATED else b.shape[-1] // 2)
+    if quant is not None and out.numel() == 0:
+        return _quant_result(quant, shape, out, scales, gs)
+    if out.numel() == 0:
+        return out
+    acc = torch.zeros(*out.shape[:-1], b.shape[-1], dtype=torch.float32, device=out.device)
+    if epilogue is not None:
+        from ..epilogue.user import apply_user_ref
+
+        y = apply_user_ref(epilogue, acc * alpha, vectors)
+    else:
+        y = epilogue_ref(acc, alpha=alpha, beta=beta, c=c, bias=bias, activation=activation)
+    if quant is not None:
+        from ..blockscaled import quantize_ref
+
+        return quantize_ref(y, quant, global_scale=None if gs is None else gs)
+    if beta == 0.0 and bias is None and activation is None and epilogue is None:
+        return out.zero_()
+    return out.copy_(y)
+
+
+def gemm_ref(
+    a,
+    b,
+    *,
+    out_dtype=None,
+    alpha: float = 1.0,
+    beta: float = 0.0,
+    c=None,
+    bias=None,
+    activation: str | None = None,
+    gate_layout: str = "interleaved",
+    compute_dtype=torch.float32,
+    epilogue=None,
+    epilogue_args=(),
+    out_global_scale=None,
+    scale_a=None,
+    scale_b=None,
+):
+    """Plain-torch twin of :func:`gemm`: the matmul and the epilogue in ``compute_dtype``
+    (``cutegemm.epilogue.epilogue_ref``, or the user ``epilogue`` evaluated on torch tensors),
+    then the cast, or for a quantized ``out_dtype`` ("mxfp8" / "mxfp4" / "nvfp4")
+    ``quantize_ref`` of the fp32 result. Same arguments, same rules."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):  # BlockScaledTensor a, b:
+        from ..blockscaled import gemm as _bs  # dequantize_ref both, matmul, cast
+
+        if _bs.is_blockscaled(a, b):
+            return _bs.gemm_ref_api(locals(), gemm_ref)
+    _check_activation(activation, gate_layout)
+    if beta != 0.0 and c is None:
+        raise ValueError(f"beta={beta} needs the residual tensor c")
+    if beta != 0.0 and activation in GATED:
+        raise ValueError(f"beta * c cannot be combined with the gated activation {activation!r}")
+    out_dtype = out_dtype or (torch.bfloat16 if a.dtype == torch.float8_e4m3fn else a.dtype)
+    if a.dtype == torch.float8_e4m3fn and fp8_block_scales(a, b, scale_a, scale_b, kernel_layout=False) is not None:
+        acc = fp8_blockwise_ref(a, b, scale_a, scale_b, compute_dtype)  # DeepSeek block scales
+        scale_a = scale_b = None
+    else:
+        acc = torch.matmul(a.to(compute_dtype), b.to(compute_dtype))
+    if scale_a is not None:  # FP8 scales: per row of a / per column of b, or per tensor
+        sa = scale_a.to(compute_dtype).reshape(-1)
+        acc = acc * (sa if sa.numel() == 1 else sa.unsqueeze(-1))
+    if scale_b is not None:
+        acc = acc * scale_b.to(compute_dtype).reshape(-1)
+    if a.dtype == torch.float8_e4m3fn and out_dtype == a.dtype:
+        out_dtype = torch.bfloat16
+    if epilogue is not None:
+        from ..epilogue.user import apply_user_ref
+
+        if beta != 0.0 or bias is not None or activation is not None:
+            raise ValueError("a user epilogue replaces beta * c, bias and activation: apply them inside it")
+        res = apply_user_ref(epilogue, acc * alpha if alpha != 1.0 else acc, tuple(epilogue_args))
+    else:
+        res = epilogue_ref(
+            acc, alpha=alpha, beta=beta, c=c, bias=bias, activation=activation, gate_layout=gate_layout
+        )
+    if isinstance(out_dtype, str):
+        from ..blockscaled import quantize_ref
+
+        if out_dtype not in QUANT_FORMATS:
+            raise ValueError(f"a quantized out_dtype must be one of {QUANT_FORMATS}, got {out_dtype!r}")
+        gs = _global_scale(out_dtype, out_global_scale, res.device)
+        return quantize_ref(res.float(), out_dtype, global_scale=gs)
+    return res.to(out_dtype)
+
+
+__all__ = ["gemm", "gemm_ref", "DENSE_CACHE", "DTYPE_BYTES"]

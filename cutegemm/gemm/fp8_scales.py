@@ -1,0 +1,187 @@
+"""FP8 (e4m3) scale arguments of ``gemm`` / ``grouped_gemm``: the row-wise / per-tensor recipe
+(fp32 vectors read in the epilogue) and DeepSeek-style block scaling (1x128 scales of A, 128x128
+of B, applied in the mainloop), validated once here; plus the block-scaling reference."""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import TMA_ALIGN_BYTES
+
+
+def check_fp32_scale(name: str, t, device, rule: str = "") -> None:
+    """An fp32 scale tensor on ``device`` (TypeError / ValueError naming it otherwise)."""
+    pre = f"{rule}: " if rule else ""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{pre}{name} must be a torch.Tensor (fp32), got {type(t).__name__}")
+    if t.dtype != torch.float32:
+        raise TypeError(f"{pre}{name} must be torch.float32, got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{pre}{name} must be on {device}, got {t.device}")
+
+
+def scale_vector(name: str, t, n: int, device, what: str) -> torch.Tensor:
+    """A per-row / per-column fp32 scale (n elements, any one non-unit dim) or one per-tensor
+    value, as a contiguous 16-byte aligned 1-D tensor."""
+    check_fp32_scale(name, t, device)
+    if t.numel() not in (1, n) or (t.numel() == n and n > 1 and sum(s > 1 for s in t.shape) != 1):
+        raise ValueError(f"{name} must have 1 or {n} elements (per tensor / per {what}), got shape {tuple(t.shape)}")
+    t = t.reshape(-1)
+    if t.stride(0) != 1 or t.data_ptr() % TMA_ALIGN_BYTES:
+        t = t.clone(memory_format=torch.contiguous_format)
+    return t
+
+
+def fp8_scales(a, b, scale_a, scale_b):
+    """(scale_a, scale_b) as contiguous fp32 1-D tensors (None when not given): one per row of a
+    / per column of b, or a single per-tensor value."""
+    return (
+        None if scale_a is None else scale_vector("scale_a", scale_a, a.shape[-2], a.device, "row"),
+        None if scale_b is None else scale_vector("scale_b", scale_b, b.shape[-1], a.device, "column"),
+    )
+
+
+FP8_BLOCK = 128  # DeepSeek-style FP8 block scaling: 1x128 blocks of A, 128x128 blocks of B
+
+
+def fp8_block_shapes(a, b) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(scale_a shape, scale_b shape) of FP8 block scaling for a (M, K) @ b (K, N), as
+    torch._scaled_mm's (BlockWise1x128, BlockWise128x128): (M, ceil(K/128)), (ceil(K/128), ceil(N/128))."""
+    m, k = a.shape[-2], a.shape[-1]
+    n = b.shape[-1]
+    kb, nb = -(-k // FP8_BLOCK), -(-n // FP8_BLOCK)
+    return (m, kb), (kb, nb)
+
+
+def is_fp8_blockwise(a, b, scale_a, scale_b) -> bool:
+    """Whether 2-D scales ask for FP8 block scaling: scale_a (M, ceil(K/128)) and scale_b
+    (ceil(K/128), ceil(N/128)) (torch._scaled_mm's 1x128 x 128x128 shapes). With one K block
+    and one N block the shapes are also per-row x per-tensor scales, the same product: then the
+    row-wise path (scales in the epilogue) serves them."""
+    if not (isinstance(scale_a, torch.Tensor) and isinstance(scale_b, torch.Tensor)):
+        return False
+    if scale_a.dim() != 2 or scale_b.dim() != 2 or a.dim() < 2 or b.dim() < 2:
+        return False
+    sa_shape, sb_shape = fp8_block_shapes(a, b)
+    return tuple(scale_a.shape) == sa_shape and tuple(scale_b.shape) == sb_shape and sb_shape != (1, 1)
+
+
+SCALE_COPY_MIN_ROWS = 256
+
+
+SCALE_A_ROW_ALIGN = TMA_ALIGN_BYTES // 4  # fp32 rows per 16 bytes: TMA's rule for scale_a's K-block stride and box start
+
+
+def tma_scale_a(scale_a):
+    """scale_a (rows, K/128) as the kernels' TMA loads it: M-major (unit stride along the rows,
+    torch._scaled_mm's layout), the K-block stride a multiple of 4 rows (16 bytes) and a 16-byte
+    aligned start. Each K tile's stage then carries the tile's row scales (one TMA box of
+    tile_m rows), as DeepGEMM does. Such a tensor is used in place; any other layout (row-major,
+    an M-major one of rows % 4 != 0, a misaligned view) is copied, on the launch stream, into an
+    M-major buffer whose K-block stride is the row count rounded up to 4."""
+    rows, kb = scale_a.shape
+    if (
+        scale_a.stride(0) == 1
+        and scale_a.stride(1) % SCALE_A_ROW_ALIGN == 0
+        and scale_a.data_ptr() % TMA_ALIGN_BYTES == 0
+    ):
+        return scale_a
+    ld = -(-rows // SCALE_A_ROW_ALIGN) * SCALE_A_ROW_ALIGN
+    buf = torch.empty((kb, ld), dtype=scale_a.dtype, device=scale_a.device)
+    buf[:, :rows].copy_(scale_a.t())
+    return buf.t()[:rows]
+
+
+def k_contiguous_scale_b(sb_view, rows: int):
+    """The kernel's view of scale_b ((N/128, K/128) dense, (N/128, K/128, E) grouped) with unit
+    stride along K, copied when it has not and the call has ``rows`` >= 256 rows of A. Every
+    consumer thread loads its tile's B scale each K tile: K-strided, that is a new cache line
+    (an L2 round trip) every K tile, K-contiguous one per 32 K tiles. H200: torch's (K/128,
+    N/128) row-major scale_b read in place ran 4.5% slower at 8192^3 and on grouped DeepSeek-V3
+    up (bench/2026-11-30i/round2/bw_sb.log). torch._scaled_mm's own layout (column-major) needs
+    no copy. The copy is at most a few hundred KB, on the launch stream."""
+    if sb_view.shape[1] > 1 and sb_view.stride(1) != 1 and rows >= SCALE_COPY_MIN_ROWS:
+        return sb_view.movedim(1, -1).contiguous().movedim(-1, 1)
+    return sb_view
+
+
+def fp8_block_scales(a, b, scale_a, scale_b, kernel_layout: bool = True):
+    """FP8 block scaling: validates and returns (scale_a (M, KB), scale_b as the kernel's
+    (NB, KB) view) (scale_a M-major, ``tma_scale_a``; scale_b any strides, read in place but copied
+    K-contiguous from 256 rows on, ``k_contiguous_scale_b``; ``kernel_layout=False``: as given,
+    for a caller that only validates); None when the scales are not block scales (row-wise /
+    per-tensor / none: ``_fp8_scales``). Raises for a 2-D scale_a with more than one column that
+    is not a valid block-scaling pair."""
+    if not isinstance(b, torch.Tensor):
+        return None  # _check_args names the bad operand
+    blockwise = is_fp8_blockwise(a, b, scale_a, scale_b)
+    looks_blockwise = isinstance(scale_a, torch.Tensor) and scale_a.dim() == 2 and scale_a.shape[-1] > 1
+    if not blockwise and not looks_blockwise:
+        return None
+    rule = "FP8 block scaling (1x128 scales of a, 128x128 scales of b, as torch._scaled_mm)"
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"{rule} needs 2-D a and b, got shapes {tuple(a.shape)} and {tuple(b.shape)}")
+    sa_shape, sb_shape = fp8_block_shapes(a, b)
+    for name, t in (("scale_a", scale_a), ("scale_b", scale_b)):
+        check_fp32_scale(name, t, a.device, rule)
+    if tuple(scale_a.shape) != sa_shape:
+        raise ValueError(
+            f"{rule}: scale_a must have shape (M, ceil(K/128)) = {sa_shape}, got {tuple(scale_a.shape)}"
+        )
+    if tuple(scale_b.shape) != sb_shape:
+        hint = ""
+        if tuple(scale_b.shape) == sb_shape[::-1]:
+            hint = " (it has the (N/128, K/128) shape of the (N, K) weight's scales: pass scale_b.t(), as b = w.t())"
+        raise ValueError(
+            f"{rule}: scale_b must have shape (ceil(K/128), ceil(N/128)) = {sb_shape}, got "
+            f"{tuple(scale_b.shape)}{hint}"
+        )
+    if not kernel_layout:  # validation only (the reference): no copies
+        return scale_a, scale_b.t()
+    return tma_scale_a(scale_a), k_contiguous_scale_b(scale_b.t(), a.shape[0])
+
+
+def fp8_blockwise_ref(a, b, scale_a, scale_b, compute_dtype=torch.float32):
+    """Dequantize-then-matmul reference of FP8 block scaling: every element of a times its
+    (row, K block) scale, every element of b times its (K block, N block) scale, then one matmul
+    in ``compute_dtype`` (equal to the sum over K blocks of the scaled block products)."""
+    k, n = b.shape
+    sa = scale_a.to(compute_dtype).repeat_interleave(FP8_BLOCK, dim=1)[:, :k]
+    sb = scale_b.to(compute_dtype).repeat_interleave(FP8_BLOCK, dim=0)[:k]
+    sb = sb.repeat_interleave(FP8_BLOCK, dim=1)[:, :n]
+    return torch.matmul(a.to(compute_dtype) * sa, b.to(compute_dtype) * sb)
+
+
+def fp8_grouped_block_scales(a, b, scale_a, scale_b):
+    """FP8 block scaling of the packed grouped form: a (total_M, K), b (E, K, N), scale_a
+    (total_M, ceil(K/128)) per 1x128 block of a token row, scale_b (E, ceil(K/128), ceil(N/128))
+    per 128x128 block of each expert's weight (a 3-D scale_b is what asks for it). Returns
+    (scale_a, scale_b as the kernel's (NB, KB, E) view), scale_a M-major (``tma_scale_a``), scale_b
+    read in place with any strides (but ``k_contiguous_scale_b``); None
+    when scale_b is not 3-D (row-wise / per-tensor / none)."""
+    if not (isinstance(scale_b, torch.Tensor) and scale_b.dim() == 3):
+        if isinstance(scale_a, torch.Tensor) and scale_a.dim() == 2 and scale_a.shape[1] > 1:
+            raise ValueError(
+                "grouped FP8 block scaling needs scale_b of shape (E, ceil(K/128), ceil(N/128)) "
+                f"(128x128 blocks per expert) beside a 2-D scale_a, got scale_b "
+                f"{None if scale_b is None else tuple(getattr(scale_b, 'shape', ()))}"
+            )
+        return None
+    rule = "grouped FP8 block scaling (1x128 scales of a, 128x128 scales of b per expert)"
+    E, k, n = b.shape
+    kb, nb = -(-k // FP8_BLOCK), -(-n // FP8_BLOCK)
+    for name, t in (("scale_a", scale_a), ("scale_b", scale_b)):
+        check_fp32_scale(name, t, a.device, rule)
+    if tuple(scale_a.shape) != (a.shape[0], kb):
+        raise ValueError(
+            f"{rule}: scale_a must have shape (total_M, ceil(K/128)) = {(a.shape[0], kb)}, got {tuple(scale_a.shape)}"
+        )
+    if tuple(scale_b.shape) != (E, kb, nb):
+        hint = ""
+        if tuple(scale_b.shape) == (E, nb, kb):
+            hint = " (it has the (E, N/128, K/128) shape of an (E, N, K) weight's scales: pass scale_b.transpose(1, 2))"
+        raise ValueError(
+            f"{rule}: scale_b must have shape (E, ceil(K/128), ceil(N/128)) = {(E, kb, nb)}, got "
+            f"{tuple(scale_b.shape)}{hint}"
+        )
+    return tma_scale_a(scale_a), k_contiguous_scale_b(scale_b.permute(2, 1, 0), a.shape[0])

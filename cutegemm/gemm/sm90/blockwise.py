@@ -1,0 +1,240 @@
+"""FP8 with DeepSeek block scales on Hopper: the pieces of ``cutegemm.gemm.sm90.kernel.GemmSm90`` used
+only when ``config.fp8_blockwise`` (mixed in; every call site is behind
+``const_expr(config.fp8_blockwise)``, so other kernels compile exactly as without it).
+
+Scales: fp32 scale_a (M, K/128) per 1x128 block of A's rows, M-major (``fp8_args.tma_scale_a``),
+scale_b per 128x128 block of B (the kernel's (NB, KB) view; grouped: (NB, KB, E)). K tile kt's WGMMA partial sum (a fresh fp32
+``acc`` per 128-wide K tile) is promoted as
+
+    acc_sum[r, c] += acc[r, c] * scale_a[r, kt] * scale_b[c // 128, kt]
+
+A thread's rows and columns: ``gemm.sm90_accumulators`` (frag_dims, frag_idx). A tile of at most 128
+columns sees one N block of B; a 192-wide tile (``two_nb``) spans two: its 8-column groups before
+the block boundary (64 or 128 columns in, by the tile's position: tiles start at multiples of
+64) take the first B scale, the rest the second.
+
+scale_a rides the A/B stage ring (as in DeepGEMM): the producer TMA-loads the tile's rows of K
+block kt (one box of sfa_rows(): tile_m, + 4 when grouped) into stage kt beside A and B, on the same full
+barrier, so a consumer reads its rows' scales from shared memory once the stage is full, with
+no global-load latency in the K loop. (Loaded by the consumers from global memory, the scales'
+latency sat in front of the first WGMMA of a K tile: ptxas hoists the scale product there.)
+Grouped tiles start at any row; the box starts at the row rounded down to 4 (16 bytes: TMA's
+alignment of the contiguous mode) and the consumers read that many rows further in. The B scales
+(one or two per K tile per tile) are loaded by the consumers from global memory one K tile
+ahead; the K loop is unrolled by two K tiles whose B-scale registers swap roles.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+from cutlass.cute.nvgpu import cpasync, warpgroup
+
+from ..fp8_scales import SCALE_A_ROW_ALIGN as SFA_ALIGN  # fp32 rows per 16 bytes
+from .accumulators import frag_dims, frag_idx
+
+
+class BlockwiseSm90Mixin:
+    def sfa_rows(self) -> int:
+        """Rows of one stage's scale_a box: tile_m, plus SFA_ALIGN for grouped tiles (their first
+        row need not be a multiple of 4)."""
+        return self.config.tile_m + (SFA_ALIGN if self.config.grouped else 0)
+
+    def sfa_stage_floats(self) -> int:
+        """Shared-memory floats per scale_a stage: sfa_rows() rounded up to 128 bytes (a TMA
+        destination's alignment; a 132-row stride faulted with a misaligned address)."""
+        return -(-self.sfa_rows() // 32) * 32
+
+    def sfa_layout(self):
+        """(rows, 1, stage) fp32 scale_a stages, rows contiguous, each stage 128-byte aligned."""
+        r, st = self.sfa_rows(), self.sfa_stage_floats()
+        return cute.make_layout((r, 1, self.ab_stage), stride=(1, st, st))
+
+    def sfa_box_row(self, tile):
+        """(first row of grouped tile ``tile``'s scale_a box, the tile's first row's offset in it):
+        the tile's first row rounded down to SFA_ALIGN (TMA's 16-byte rule for the contiguous
+        mode's coordinate)."""
+        row0 = tile[3] + tile[0] * self.config.tile_m
+        off = row0 % SFA_ALIGN
+        return row0 - off, off
+
+    def sfa_tma(self, mSFA: cute.Tensor):
+        """TMA atom and coordinate tensor of scale_a (M, KB) (M-major) as (M, KB, 1): one box of
+        sfa_rows() x 1 per stage, every CTA for itself (no multicast)."""
+        m3 = cute.make_tensor(mSFA.iterator, cute.append(mSFA.layout, cute.make_layout(1)))
+        return cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), m3, cute.slice_(self.sfa_layout(), (None, None, 0)), (self.sfa_rows(), 1)
+        )
+
+    def sfa_load_operand(self, tma_atom, mSFA, sSFA):
+        """The scale_a operand for ``GemmBase.load_ab`` (``mSFA``: the TMA coordinate tensor of
+        :meth:`sfa_tma`; ``sSFA``: ``storage.sSFA`` in :meth:`sfa_layout`). Dense: m-tile
+        tile[0]'s rows. Grouped: from row tile[3] + tile[0] * tile_m rounded down to a multiple of
+        4. Built inside the producer's branch: the tile function closes over its values."""
+        rows = self.sfa_rows()
+        one = cute.make_layout(1)
+        ssfa = cute.group_modes(sSFA, 0, 2)
+        tAsSFA, tAgSFA = cpasync.tma_partition(
+            tma_atom, 0, one, ssfa, cute.group_modes(cute.local_tile(mSFA, (rows, 1), (None, None, None)), 0, 2)
+        )
+
+        def sfa_tiles(tile):
+            if cutlass.const_expr(self.config.grouped):
+                g = cute.local_tile(cute.domain_offset((self.sfa_box_row(tile)[0], 0, 0), mSFA), (rows, 1),
+                                    (None, None, None))  # fmt: skip
+                _, t = cpasync.tma_partition(tma_atom, 0, one, ssfa, cute.group_modes(g, 0, 2))
+                return t[(None, 0, None, 0)]
+            return tAgSFA[(None, tile[0], None, tile[2])]
+
+        return (tma_atom, sfa_tiles, tAsSFA, None)
+
+    def blockwise_setup(self, thr_mma, acc_shape, block_scales):
+        """Per consumer thread, once: (sSFA, mSFB, n_sa, two_nb, tile-local rows of the
+        accumulator registers, the row scales of the current K tile, two B-scale buffers,
+        acc_shape)."""
+        cfg = self.config
+        sSFA, mSFB = block_scales
+        n_sa = frag_dims(acc_shape, cfg.tile_n)[0]
+        two_nb = cfg.tile_n > 128
+        n_sb = 2 if two_nb else 1
+        tCcTile = thr_mma.partition_C(cute.make_identity_tensor((cfg.tile_m, cfg.tile_n)))
+        sa_rows = cute.make_rmem_tensor((n_sa,), cutlass.Int32)
+        for i in range(n_sa):
+            sa_rows[i] = tCcTile[frag_idx(i, 0)][0]
+        sa_vals = cute.make_rmem_tensor((n_sa,), cutlass.Float32)
+        sb_cur = cute.make_rmem_tensor((n_sb,), cutlass.Float32)
+        sb_next = cute.make_rmem_tensor((n_sb,), cutlass.Float32)
+        return sSFA, mSFB, n_sa, two_nb, sa_rows, sa_vals, sb_cur, sb_next, acc_shape
+
+    def blockwise_tile_start(self, bw, tile):
+        """A tile's N block(s) and K tile 0's B scales into the first buffer. Returns (the
+        loads' arguments, the 8-column group where the second N block starts).
+
+        Grouped: B's scales are the expert's (NB, KB) slice, and the stage's scale_a box starts
+        ``sa_off`` rows before the tile's first row (rounded down to 4). A tile past N (the second
+        CTA of a 1x2 cluster at an odd n-tile count) and a 192-wide tile's second block past N's
+        last read the last N block's scales (clamped: memcheck found the read past B's scales),
+        never stored."""
+        cfg = self.config
+        _, mSFB, _, two_nb, _, _, sb_cur, _, _ = bw
+        sfb = mSFB
+        sa_off = 0
+        if cfg.grouped:  # (plain Python, traced inline: a compile-time branch)
+            sfb = mSFB[(None, None, tile[2])]
+            sa_off = self.sfa_box_row(tile)[1]
+        col0 = tile[1] * cfg.tile_n
+        n_blk = cutlass.min(col0 // 128, sfb.shape[0] - 1)
+        n_blk1 = cutlass.min(col0 // 128 + 1, sfb.shape[0] - 1)
+        nb_split = (128 - col0 % 128) // 8
+        bw_at = (sfb, n_blk, n_blk1, sa_off)
+        self.load_b_scales(sb_cur, bw_at, 0, two_nb)
+        return bw_at, nb_split
+
+    @cute.jit
+    def blockwise_k_loop(
+        self,
+        ab_pipeline: pipeline.PipelineAsync,
+        read_state,
+        release_state,
+        tiled_mma: cute.TiledMma,
+        acc: cute.Tensor,
+        acc_sum: cute.Tensor,
+        tCrA: cute.Tensor,
+        tCrB: cute.Tensor,
+        num_k_blocks: cutlass.Constexpr,
+        kt_cnt: cutlass.Int32,
+        bw,
+        bw_at,
+        nb_split: cutlass.Int32,
+        my_wg: cutlass.Int32,
+    ):
+        """A tile's K loop, unrolled by two K tiles whose B-scale buffers swap roles: the B
+        scales loaded for K tile k + 1 are first read by its promotion, a whole K tile later.
+        Returns (tiled_mma, read_state, release_state)."""
+        _, _, _, _, _, _, sb_cur, sb_next, _ = bw
+        bw_k = (bw, bw_at, nb_split, my_wg)
+        for kp in range(kt_cnt // 2):
+            tiled_mma, read_state, release_state = self.blockwise_k_tile(
+                ab_pipeline, read_state, release_state, tiled_mma, acc, acc_sum, tCrA, tCrB, num_k_blocks,
+                sb_cur, sb_next, 2 * kp + 1, bw_k,
+            )  # fmt: skip
+            tiled_mma, read_state, release_state = self.blockwise_k_tile(
+                ab_pipeline, read_state, release_state, tiled_mma, acc, acc_sum, tCrA, tCrB, num_k_blocks,
+                sb_next, sb_cur, cutlass.min(2 * kp + 2, kt_cnt - 1), bw_k,
+            )  # fmt: skip
+        if kt_cnt % 2 == 1:  # the last K tile (its "next" load reloads its own scales)
+            tiled_mma, read_state, release_state = self.blockwise_k_tile(
+                ab_pipeline, read_state, release_state, tiled_mma, acc, acc_sum, tCrA, tCrB, num_k_blocks,
+                sb_cur, sb_next, kt_cnt - 1, bw_k,
+            )  # fmt: skip
+        return tiled_mma, read_state, release_state
+
+    @cute.jit
+    def blockwise_k_tile(
+        self,
+        ab_pipeline: pipeline.PipelineAsync,
+        read_state,
+        release_state,
+        tiled_mma: cute.TiledMma,
+        acc: cute.Tensor,
+        acc_sum: cute.Tensor,
+        tCrA: cute.Tensor,
+        tCrB: cute.Tensor,
+        num_k_blocks: cutlass.Constexpr,
+        sb_use: cute.Tensor,
+        sb_load: cute.Tensor,
+        k_load: cutlass.Int32,
+        bw_k,  # (bw, bw_at, nb_split, my_wg)
+    ):
+        """One K tile with DeepSeek block scales: its WGMMAs into a fresh partial sum, this
+        thread's row scales from the stage, the B scales of K tile ``k_load`` into ``sb_load``
+        while the WGMMAs run, then acc_sum += partial * scale_a[row] * scale_b (``sb_use``).
+        Returns (tiled_mma, read_state, release_state)."""
+        bw, bw_at, nb_split, my_wg = bw_k
+        sSFA, _, n_sa, two_nb, sa_rows, sa_vals, _, _, acc_shape = bw
+        sa_off = bw_at[3]
+        ab_pipeline.consumer_wait(read_state)
+        tiled_mma = self.issue_k_tile(tiled_mma, acc, tCrA, tCrB, read_state.index, num_k_blocks, True, my_wg)
+        for i in cutlass.range_constexpr(n_sa):  # before the stage is released
+            sa_vals[i] = sSFA[(sa_off + sa_rows[i], 0, read_state.index)]
+        self.load_b_scales(sb_load, bw_at, k_load, two_nb)
+        warpgroup.wait_group(0)
+        ab_pipeline.consumer_release(read_state)
+        release_state.advance()
+        if cutlass.const_expr(two_nb):
+            # the boundary is 64 or 128 columns in (tiles start at multiples of 64): one
+            # constant split per branch, no select per register
+            if nb_split == 8:
+                self.promote_blockwise(acc_sum, acc, sa_vals, sb_use, n_sa, acc_shape, 8)
+            else:
+                self.promote_blockwise(acc_sum, acc, sa_vals, sb_use, n_sa, acc_shape, 16)
+        else:
+            self.promote_blockwise(acc_sum, acc, sa_vals, sb_use, n_sa, acc_shape, None)
+        read_state.advance()
+        return tiled_mma, read_state, release_state
+
+    @cute.jit
+    def load_b_scales(self, dst: cute.Tensor, bw_at, k: cutlass.Int32, two_nb: cutlass.Constexpr):
+        """B's block scale(s) of K tile ``k`` into ``dst`` (two_nb: the tile's two N blocks)."""
+        sfb, n_blk, n_blk1, _ = bw_at
+        dst[0] = sfb[(n_blk, k)]
+        if cutlass.const_expr(two_nb):
+            dst[1] = sfb[(n_blk1, k)]
+
+    @cute.jit
+    def promote_blockwise(self, acc_sum: cute.Tensor, acc: cute.Tensor, sa: cute.Tensor, sb: cute.Tensor,
+                          n_sa: cutlass.Constexpr, acc_shape: cutlass.Constexpr, split: cutlass.Constexpr):  # fmt: skip
+        """acc_sum += acc * scale_a[row] * scale_b[block] for one K tile (DeepSeek block scales).
+        ``sa``: the n_sa row scales of this thread; ``sb``: B's scale (``split`` None) or B's two
+        scales, the first for the 8-column groups before group ``split``."""
+        for i in cutlass.range_constexpr(n_sa):
+            scale = sa[i] * sb[0]
+            scale1 = scale
+            if cutlass.const_expr(split is not None):
+                scale1 = sa[i] * sb[1]
+            for v in cutlass.range_constexpr(cute.size(acc_shape[0]) // 2):
+                s = scale
+                if cutlass.const_expr(split is not None and v // 2 >= split):
+                    s = scale1
+                acc_sum[frag_idx(i, v)] = acc_sum[frag_idx(i, v)] + acc[frag_idx(i, v)] * s

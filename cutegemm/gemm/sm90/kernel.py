@@ -1,0 +1,871 @@
+"""Dense GEMM for Hopper (sm_90a): persistent, warp-specialized, WGMMA.
+
+Pipeline (one CTA; a cluster of cluster_m x cluster_n CTAs shares A/B tiles by TMA multicast):
+
+    warp 0 (producer, 40 regs)      consumer warpgroups 1..W (WGMMA, 232 regs)
+    ---------------------------     ------------------------------------------------------
+    for tile in scheduler:          for tile in scheduler:
+      for k in K-tiles:               for k in K-tiles:
+        wait stage empty                wait stage full -> WGMMA (acc in registers)
+        TMA A,B -> smem stage           release stage k-1 once WGMMA k-1 retired
+                                      epilogue per (epi_m x epi_n) subtile:
+                                        acc -> epilogue_subtile -> cast -> stmatrix -> smem
+                                        -> TMA store (ring of epi_stage buffers)
+
+Two consumer schedules (config.pingpong):
+- cooperative: W = tile_m // 64 warpgroups split every tile along M (64 rows each). While they
+  run the epilogue of tile i, the producer already loads tile i+1 into free stages.
+- pingpong: 2 warpgroups take alternate tiles (WG0: tiles 0, 2, 4, ... of this CTA; WG1: 1, 3,
+  ...). Named barriers hand the tensor cores from one to the other after each mainloop, so
+  one warpgroup's epilogue runs under the other's WGMMAs. Each has its own epilogue buffers.
+Epilogue ops (``config.epilogue``, see ``cutegemm.epilogue.ops``): bias, beta * C and gated
+activations need each accumulator element's global (m, n, l) coordinate; an identity tensor
+goes through the accumulator's own partition (thr_mma.partition_C -> tiled_copy_r2s.retile), so
+the coordinates match the registers by construction. C and bias are read from global memory per
+element. Gated (swiglu/geglu): the accumulator tile is tile_m x tile_n GEMM columns, the output
+tile tile_m x tile_n/2; each gated value is written to shared memory by coordinate (st.shared,
+no stmatrix) and TMA-stored like any subtile.
+
+Scheduler (config.scheduler): "static" walks a fixed tile sequence in every role; "dynamic"
+(cooperative only) lets the producer warp of cluster rank 0 fetch tiles from a global atomic
+counter and broadcast them to every warp of the cluster through a shared-memory ring
+(``schedulers.dynamic``).
+
+FP8 (e4m3): every 128-wide K tile's WGMMA partial sum is promoted into an fp32 accumulator
+(unless fast_accum); with config.fp8_blockwise (DeepSeek 1x128 / 128x128 scales, in mSFA /
+mSFB) it is multiplied by scale_a[row, kt] * scale_b[n_block, kt] as it is added, scale_a riding
+the stage ring beside A (TMA), scale_b loaded from global memory a K tile ahead (that mainloop:
+``gemm.sm90_blockwise``, mixed in).
+
+Constraints: see ``config.config_errors`` (tile_m 64/128, tile_n 64..256, cluster <= 4).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
+from cutlass.tensor_utils import LayoutEnum
+
+from ...config import SWAP_CHUNK
+from ...epilogue.quant import quant_storage
+from ...schedulers.dynamic import RING_DEPTH, ring_storage_fields
+from ...schedulers.grouped import group_range
+from ..base import GemmBase
+from ..grouped_parts import (
+    fill_tile_starts,
+    grouped_acc_space,
+    grouped_k_tiles,
+    list_roles,
+    list_tile_table,
+    make_grouped_scheduler,
+    make_list_scheduler,
+    offset_k_tiles,
+    tile_table,
+    tile_table_bytes,
+    tile_table_len,
+)
+from .accumulators import PreEpilogueSm90Mixin
+from .blockwise import BlockwiseSm90Mixin
+from .epilogue import EpilogueSm90Mixin
+from .mx import MX_KB, MX_PARTS, SF_BYTES, MxSm90Mixin
+from .split import SplitKSm90Mixin
+from .swap import SwapAbSm90Mixin
+from .zero import StageZeroSm90Mixin
+
+SMEM_CAPACITY_SM90 = 232448
+# Named barriers: 1, 2 are the epilogue's (sm90_epilogue.BAR_EPILOGUE + warpgroup turn)
+BAR_ORDER = 3  # + warpgroup turn (3, 4): pingpong tensor-core hand-off
+BAR_K_ORDER = 5  # + consumer warpgroup (5, 6): config.wg_order, turns per K tile
+
+
+class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90Mixin,
+               StageZeroSm90Mixin, GemmBase):  # fmt: skip
+    threads_per_warpgroup = 128
+    load_registers = 40
+    mma_registers = 232
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.out_per_elem = quant_storage(config.epilogue.quant)[1] if config.epilogue.quant else 1
+        self.pingpong = config.pingpong
+        self.num_mma_wg = 2 if self.pingpong else config.tile_m // 64
+        # Warpgroups that share one tile's WGMMAs (and its epilogue barrier).
+        self.wg_per_tile = 1 if self.pingpong else self.num_mma_wg
+        self.atom_layout_mnk = (self.wg_per_tile, 1, 1)
+        self.threads_per_cta = (1 + self.num_mma_wg) * self.threads_per_warpgroup
+        self.threads_per_tile = self.wg_per_tile * self.threads_per_warpgroup
+        self.load_warp_id = 0
+        # Epilogue buffer groups: one per warpgroup in pingpong, one shared in cooperative.
+        self.epi_groups = 2 if self.pingpong else 1
+
+    # ---------------------------------------------------------------------------------------
+    def _setup(self, a_layout: LayoutEnum, b_layout: LayoutEnum, c_layout: LayoutEnum):
+        cfg = self.config
+        self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            self.a_dtype,
+            self.b_dtype,
+            a_layout.sm90_mma_major_mode(),
+            b_layout.sm90_mma_major_mode(),
+            self.acc_dtype,
+            self.atom_layout_mnk,
+            tiler_mn=(64, cfg.tile_n // MX_PARTS if cfg.fp8_mx else cfg.tile_n),  # fp8_mx: WGMMA per part
+        )
+        inst_k = cute.size(self.tiled_mma.shape_mnk, mode=[2])
+        self.tile_shape_mnk = (cfg.tile_m, cfg.tile_n, inst_k * 4)  # K tile = 64 for 16-bit inputs
+        self.cta_layout_mnk = cute.make_layout((*self.cluster_shape_mn, 1))
+        # Epilogue subtile x 32 columns: all cooperative WGs' rows, or one WG's 64 rows (pingpong).
+        # A quantized output takes 32 output columns per subtile (whole scale blocks).
+        epi = cfg.epilogue
+        cpo = epi.cols_per_output
+        self.epi_tile = (64 * self.wg_per_tile, 32 * cpo if epi.quant else 32)
+        # Accumulator (rows, columns) per stored element: gated halves the GEMM's columns (one
+        # output per gate/up pair), FP4 stores bytes holding two. swap_ab: the stored rows are the
+        # GEMM's columns, so gated halves the rows (swap takes no quantized output).
+        self.out_div = (cpo, 1) if cfg.swap_ab else (1, cpo * self.out_per_elem)
+        # What one subtile writes, in stored elements
+        self.epi_tile_out = (self.epi_tile[0] // self.out_div[0], self.epi_tile[1] // self.out_div[1])
+        ab_bytes = (cfg.tile_m + cfg.tile_n) * self.tile_shape_mnk[2] * self.a_dtype.width // 8
+        if cfg.fp8_mx:  # the K tile's scales ride with A and B
+            ab_bytes += self.mx_stage_bytes()
+        if cfg.fp8_blockwise:  # the K tile's scale_a rows ride with A and B
+            ab_bytes += self.sfa_stage_floats() * 4
+        epi_stage_bytes = cute.size(self.epi_tile_out) * self.c_dtype.width // 8 * self.epi_groups
+        # 1 KiB below sA for the mbarriers and the scheduler ring; 32 B past sC for the scale words
+        # (sSFA / sSFB, 16-byte aligned; one unused word each when there are no scale stages):
+        # the storage's size rounds up to its 1 KiB alignment, so A + B + C filling the rest
+        # exactly would overflow by 1 KiB (a 64x64 tile with FP4 output did, at launch).
+        budget = SMEM_CAPACITY_SM90 - 1024 - 32 - tile_table_bytes(cfg.grouped or cfg.listed) - 16 * (cfg.split_k > 1)
+        if cfg.split_cluster:  # range 0's receive slots (gemm.sm90_split)
+            budget -= self.split_recv_floats() * 4 + 16
+
+        def ab_stages(epi_stage):
+            return (budget - epi_stage * epi_stage_bytes) // ab_bytes
+
+        # Epilogue ring: 4 buffers (cooperative) / 2 per warpgroup (pingpong), fewer (not below 2)
+        # where that frees room for one more A/B stage (e.g. grouped 128x256: its tile table
+        # would leave 3 stages beside 4 buffers, 4 beside 3).
+        self.epi_stage = cfg.epi_stages or (2 if self.pingpong else 4)
+        if not cfg.epi_stages:
+            while self.epi_stage > 2 and ab_stages(self.epi_stage) < ab_stages(2):
+                self.epi_stage -= 1
+        budget -= self.epi_stage * epi_stage_bytes
+        self.ab_stage = cfg.stages or budget // ab_bytes
+        if self.ab_stage < 2 or self.ab_stage * ab_bytes > budget:
+            raise ValueError(f"{cfg.name}: {self.ab_stage} stages of {ab_bytes} B do not fit in shared memory")
+
+        def staged_layout(layout, dtype, mn, stages, is_k_major):
+            major_size = self.tile_shape_mnk[2] if is_k_major else mn
+            atom = warpgroup.make_smem_layout_atom(
+                sm90_utils.get_smem_layout_atom(layout, dtype, major_size), dtype
+            )
+            return cute.tile_to_shape(
+                atom,
+                (mn, self.tile_shape_mnk[2], stages),
+                order=(0, 1, 2) if is_k_major else (1, 0, 2),
+            )
+
+        # swap_ab: A is the weights (K-major when B was), B the tokens (K-major).
+        a_k_major = cfg.b_major == "k" if cfg.swap_ab else cfg.a_major == "k"
+        b_k_major = cfg.swap_ab or cfg.b_major == "k"
+        self.swap_majors = (a_layout.sm90_mma_major_mode(), b_layout.sm90_mma_major_mode())
+        self.a_smem_layout_staged = staged_layout(a_layout, self.a_dtype, cfg.tile_m, self.ab_stage, a_k_major)
+        # config.a_rows: A's TMA box, the first a_rows rows of every stage (a K-major stage is
+        # whole 8-row swizzle atoms, row-block major: the box is its first a_rows / 8 atoms)
+        self.a_box_rows = cfg.a_rows or cfg.tile_m
+
+        def a_box_staged():  # built where it is used (host: the TMA atom; kernel: the partition)
+            if not cfg.a_rows:
+                return self.a_smem_layout_staged
+            staged = staged_layout(a_layout, self.a_dtype, cfg.tile_m, self.ab_stage, a_k_major)
+            rows = (cute.make_layout(self.a_box_rows), cute.make_layout(self.tile_shape_mnk[2]), cute.make_layout(self.ab_stage))
+            return cute.composition(staged, rows)
+
+        self.a_box_staged = a_box_staged
+        self.b_smem_layout_staged = staged_layout(b_layout, self.b_dtype, cfg.tile_n, self.ab_stage, b_k_major)
+        if cfg.swap_ab:  # the token operand's TMA box: 32 rows
+            self.b_chunk_layout = staged_layout(b_layout, self.b_dtype, SWAP_CHUNK, 1, True)
+        c_major_size = self.epi_tile_out[1] if c_layout.is_n_major_c() else self.epi_tile_out[0]
+        c_atom = warpgroup.make_smem_layout_atom(
+            sm90_utils.get_smem_layout_atom(c_layout, self.c_dtype, c_major_size), self.c_dtype
+        )
+        self.epi_smem_layout_staged = cute.tile_to_shape(
+            c_atom,
+            (*self.epi_tile_out, self.epi_stage * self.epi_groups),
+            order=(1, 0, 2) if c_layout.is_m_major_c() else (0, 1, 2),
+        )
+
+    @cute.jit
+    def __call__(
+        self,
+        mA: cute.Tensor,  # (M, K, L)
+        mB: cute.Tensor,  # (N, K, L)
+        mC: cute.Tensor,  # (M, N, L) output (gated: N / 2 columns)
+        mCin: cute.Tensor | None,  # (M, N, L) residual C of beta * C, or None
+        mBias: cute.Tensor | None,  # (N,) bias, or None
+        alpha: cutlass.Float32,
+        beta: cutlass.Float32,
+        max_clusters: cutlass.Int32,
+        stream: cuda.CUstream,
+        mOffs: cute.Tensor | None = None,  # grouped: (E,) int32 cumulative end rows of A's experts
+        mSFA: cute.Tensor | None = None,  # FP8 block scales (fp8_blockwise / fp8_mx), else None
+        mSFB: cute.Tensor | None = None,
+        mEpiSF: cute.Tensor | None = None,  # quantized output: its scale bytes (128x4 swizzled)
+        mEpiGS: cute.Tensor | None = None,  # quantized NVFP4 output: (1,) fp32 global scale
+        mV0: cute.Tensor | None = None,  # user epilogue vectors
+        mV1: cute.Tensor | None = None,
+        mV2: cute.Tensor | None = None,
+        mV3: cute.Tensor | None = None,
+        mWorkspace: cute.Tensor | None = None,  # scheduler "dynamic": (1,) int32 tile counter, zeroed
+    ):
+        if cutlass.const_expr(self.config.flat):
+            mA, mB, mC = self.unflatten(mA, mB, mC)
+        self.c_layout = LayoutEnum.from_tensor(mC)
+        self._setup(LayoutEnum.from_tensor(mA), LayoutEnum.from_tensor(mB), self.c_layout)
+        cfg = self.config
+
+        def tma_load(tensor, staged, tile, mcast):
+            op = cpasync.CopyBulkTensorTileG2SOp() if mcast == 1 else cpasync.CopyBulkTensorTileG2SMulticastOp()
+            return cpasync.make_tiled_tma_atom(
+                op, tensor, cute.slice_(staged, (None, None, 0)), tile, num_multicast=mcast
+            )
+
+        tma_atom_a, tma_tensor_a = tma_load(
+            mA, self.a_box_staged(), (self.a_box_rows, self.tile_shape_mnk[2]), self.num_mcast_ctas_a
+        )
+        if cutlass.const_expr(cfg.swap_ab):
+            # Tokens in 32-row boxes, each issued whole by one CTA and multicast to the cluster.
+            tma_atom_b, tma_tensor_b = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileG2SOp() if not self.is_b_mcast else cpasync.CopyBulkTensorTileG2SMulticastOp(),
+                mB, cute.slice_(self.b_chunk_layout, (None, None, 0)), (SWAP_CHUNK, self.tile_shape_mnk[2]),
+                num_multicast=1,
+            )  # fmt: skip
+        else:
+            tma_atom_b, tma_tensor_b = tma_load(
+                mB, self.b_smem_layout_staged, (cfg.tile_n, self.tile_shape_mnk[2]), self.num_mcast_ctas_b
+            )
+        tma_atom_c, tma_tensor_c = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(),
+            mC,
+            cute.slice_(self.epi_smem_layout_staged, (None, None, 0)),
+            self.epi_tile_out,
+        )
+
+        tma_atom_sfa = tma_atom_sfb = None
+        if cutlass.const_expr(cfg.fp8_mx):
+            tma_atom_sfa, mSFA, tma_atom_sfb, mSFB = self.mx_tma(mSFA, mSFB)
+        if cutlass.const_expr(cfg.fp8_blockwise):
+            tma_atom_sfa, mSFA = self.sfa_tma(mSFA)
+        table_len = tile_table_len(cfg.grouped or cfg.listed)
+        # Scale stages are TMA destinations: 128-byte aligned (MXFP8 emulation: both; block scales:
+        # scale_a); otherwise one unused word each.
+        sf_len = self.mx_cosizes() if cfg.fp8_mx else (1, 1)
+        sf_align = (128, 128) if cfg.fp8_mx else (16, 16)
+        if cutlass.const_expr(cfg.fp8_blockwise):
+            sf_len, sf_align = (cute.cosize(self.sfa_layout()), 1), (128, 16)
+        # The dynamic schedulers' tile ring (static: a 1-slot stub; every field here sits below
+        # the 1 KiB-aligned sA, so it moves nothing).
+        ring = ring_storage_fields(RING_DEPTH if cfg.scheduler != "static" else 1)
+        ring_full, ring_empty, ring_resp = ring["sched_full"], ring["sched_empty"], ring["sched_resp"]
+
+        split_k = cfg.split_k > 1
+
+        @cute.struct
+        class SharedStorage:
+            ab_mbar: cute.struct.MemRange[cutlass.Int64, self.ab_stage * 2]
+            tile_start: cute.struct.MemRange[cutlass.Int32, table_len]
+            sched_full: ring_full
+            sched_empty: ring_empty
+            sched_resp: ring_resp
+            sA: cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(self.a_smem_layout_staged)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(self.b_smem_layout_staged)], 1024]
+            sC: cute.struct.Align[
+                cute.struct.MemRange[self.c_dtype, cute.cosize(self.epi_smem_layout_staged)], 1024
+            ]
+            # MXFP8 emulation / block-scaled FP8's scale_a: fp32 scale stages (one unused word each otherwise)
+            sSFA: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, sf_len[0]], sf_align[0]]
+            sSFB: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, sf_len[1]], sf_align[1]]
+            if cutlass.const_expr(split_k):  # split K: "this unit completes the tile" (gemm.sm90_split)
+                split_flag: cute.struct.MemRange[cutlass.Int32, 4]
+            if cutlass.const_expr(cfg.split_cluster):  # range 0's receive slots and their mbarrier
+                split_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+                split_recv: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, self.split_recv_floats()], 16]
+
+        self.shared_storage = SharedStorage
+        self.check_smem_size(SharedStorage.size_in_bytes(), SMEM_CAPACITY_SM90)
+        if cutlass.const_expr(cfg.listed):  # mOffs is the group table: each group's descriptors first
+            self.launch_list_prep((tma_atom_a, tma_atom_b, tma_atom_c), mOffs, stream)
+        self.kernel(
+            tma_atom_a,
+            tma_tensor_a,
+            tma_atom_b,
+            tma_tensor_b,
+            tma_atom_c,
+            tma_tensor_c,
+            mCin,
+            mBias,
+            mC if cfg.grouped else None,
+            mOffs,
+            mEpiSF,
+            mEpiGS,
+            mV0,
+            mV1,
+            mV2,
+            mV3,
+            mWorkspace,
+            mSFA if cfg.fp8_blockwise or cfg.fp8_mx else None,
+            mSFB if cfg.fp8_blockwise or cfg.fp8_mx else None,
+            tma_atom_sfa,
+            tma_atom_sfb,
+            alpha,
+            beta,
+            self.tiled_mma,
+            self.cta_layout_mnk,
+            self.a_smem_layout_staged,
+            self.b_smem_layout_staged,
+            self.epi_smem_layout_staged,
+        ).launch(
+            grid=self.grid(
+                self.acc_space(mC, mB), (cfg.tile_m, cfg.tile_n), max_clusters, mOffs, mA.shape[0]
+            ),
+            block=[self.threads_per_cta, 1, 1],
+            # split_cluster: the split_k units of a tile form one cluster along z
+            cluster=(1, 1, cfg.split_k) if cfg.split_cluster else (*self.cluster_shape_mn, 1),
+            min_blocks_per_mp=1,
+            stream=stream,
+        )
+
+    # ---------------------------------------------------------------------------------------
+    @cute.kernel
+    def kernel(
+        self,
+        tma_atom_a: cute.CopyAtom,
+        mA_mkl: cute.Tensor,
+        tma_atom_b: cute.CopyAtom,
+        mB_nkl: cute.Tensor,
+        tma_atom_c: cute.CopyAtom,
+        mC_mnl: cute.Tensor,
+        mCin: cute.Tensor | None,
+        mBias: cute.Tensor | None,
+        mC_gmem: cute.Tensor | None,  # grouped: C itself, for predicated stores of partial tiles
+        mOffs: cute.Tensor | None,
+        mEpiSF: cute.Tensor | None,
+        mEpiGS: cute.Tensor | None,
+        mV0: cute.Tensor | None,
+        mV1: cute.Tensor | None,
+        mV2: cute.Tensor | None,
+        mV3: cute.Tensor | None,
+        mWorkspace: cute.Tensor | None,
+        mSFA: cute.Tensor | None,  # FP8 block scaling: TMA coordinates of the (M, ceil(K/128), 1) scales of A
+        mSFB: cute.Tensor | None,  # FP8 block scaling: (ceil(N/128), ceil(K/128)[, E]) fp32 scales of B
+        tma_atom_sfa: cute.CopyAtom | None,  # fp8_mx / fp8_blockwise: TMA of the scales (mSFA / mSFB: TMA tensors)
+        tma_atom_sfb: cute.CopyAtom | None,
+        alpha: cutlass.Float32,
+        beta: cutlass.Float32,
+        tiled_mma: cute.TiledMma,
+        cta_layout_mnk: cute.Layout,
+        a_smem_layout_staged: cute.ComposedLayout,
+        b_smem_layout_staged: cute.ComposedLayout,
+        epi_smem_layout_staged: cute.ComposedLayout,
+    ):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tidx, _, _ = cute.arch.thread_idx()
+        if warp_idx == self.load_warp_id:
+            cpasync.prefetch_descriptor(tma_atom_a)
+            cpasync.prefetch_descriptor(tma_atom_b)
+            cpasync.prefetch_descriptor(tma_atom_c)
+
+        cta_rank_in_cluster = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        cluster_coord_mnk = cta_layout_mnk.get_flat_coord(cta_rank_in_cluster)
+        a_mcast_mask = cute.make_layout_image_mask(cta_layout_mnk, cluster_coord_mnk, mode=1)
+        b_mcast_mask = cute.make_layout_image_mask(cta_layout_mnk, cluster_coord_mnk, mode=0)
+        a_mcast_mask = a_mcast_mask if self.is_a_mcast else 0
+        b_mcast_mask = b_mcast_mask if self.is_b_mcast else 0
+
+        smem = utils.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        tma_bytes = cute.size_in_bytes(
+            self.a_dtype, cute.slice_(a_smem_layout_staged, (None, None, 0))
+        ) + cute.size_in_bytes(self.b_dtype, cute.slice_(b_smem_layout_staged, (None, None, 0)))
+        if cutlass.const_expr(self.config.fp8_mx):
+            tma_bytes += self.mx_stage_bytes()
+        if cutlass.const_expr(self.config.fp8_blockwise):
+            tma_bytes += self.sfa_rows() * 4
+        if cutlass.const_expr(self.config.a_rows):  # A's box holds a_rows of the tile_m rows
+            tma_bytes -= (self.config.tile_m - self.a_box_rows) * self.tile_shape_mnk[2] * self.a_dtype.width // 8
+        # Every consumer warp of every CTA that reads a multicast stage releases it.
+        mcast_size = self.num_mcast_ctas_a + self.num_mcast_ctas_b - 1
+        ab_pipeline = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.ab_mbar.data_ptr(),
+            num_stages=self.ab_stage,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, mcast_size * self.wg_per_tile * 4),
+            tx_count=tma_bytes,
+            cta_layout_vmnk=cute.make_layout((1, *cta_layout_mnk.shape)),
+            defer_sync=True,
+        )
+        if cutlass.const_expr(self.config.split_cluster):
+            # The cluster is the tile's K ranges, not a multicast group: every CTA's consumer warps
+            # release their own stages (the pipeline's size-1 layout would pick rank 0's lanes).
+            ab_pipeline = dataclasses.replace(ab_pipeline, is_signaling_thread=tidx % 32 == 0)
+            self.split_cluster_arm(storage.split_mbar.data_ptr(), tidx, False)
+        # Dynamic schedulers: every consumer warp and the producer warp read the tile ring.
+        self.init_sched_ring(storage, 1 + 4 * self.num_mma_wg, tidx)
+        pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mn, is_relaxed=True)
+        if cutlass.const_expr(self.config.split_cluster):  # range 0's mbarrier before any st.async
+            cute.arch.cluster_arrive_relaxed()
+
+        # (bM, bK, STAGE), (bN, bK, STAGE), (EPI_M, EPI_N, EPI_STAGE)
+        sA = storage.sA.get_tensor(a_smem_layout_staged.outer, swizzle=a_smem_layout_staged.inner)
+        sB = storage.sB.get_tensor(b_smem_layout_staged.outer, swizzle=b_smem_layout_staged.inner)
+        sC = storage.sC.get_tensor(epi_smem_layout_staged.outer, swizzle=epi_smem_layout_staged.inner)
+
+        # (bM, bK, RestM, RestK, RestL)
+        gA_mkl = cute.local_tile(mA_mkl, cute.slice_(self.tile_shape_mnk, (None, 0, None)), (None, None, None))
+        # (bN, bK, RestN, RestK, RestL)
+        gB_nkl = cute.local_tile(mB_nkl, cute.slice_(self.tile_shape_mnk, (0, None, None)), (None, None, None))
+        epi = self.config.epilogue
+        # (bM, bN, RestM, RestN, RestL) output tiles (gated: bN / 2 output columns; swapped: bM / 2)
+        out_tiler = cute.slice_(self.tile_shape_mnk, (None, None, 0))
+        if cutlass.const_expr(self.out_div != (1, 1)):
+            out_tiler = (self.config.tile_m // self.out_div[0], self.config.tile_n // self.out_div[1])
+        gC_mnl = cute.local_tile(mC_mnl, out_tiler, (None, None, None))
+        # (bM, bN, RestM, RestN, RestL): global (m, n, l) GEMM coordinate of every accumulator
+        cAcc_mnl = None
+        if cutlass.const_expr(epi.needs_coords):
+            # grouped: (packed row, GEMM column, expert), offset per tile by the expert's first row
+            if cutlass.const_expr(self.config.swap_ab):  # (token, GEMM column, expert) per element
+                cAcc_mnl = self.swap_acc_space(mA_mkl, mB_nkl, cute.slice_(self.tile_shape_mnk, (None, None, 0)))
+            else:
+                cAcc_mnl = cute.local_tile(
+                    grouped_acc_space(mC_mnl, mB_nkl)
+                    if cutlass.const_expr(self.config.grouped)
+                    else cute.make_identity_tensor(self.acc_space(mC_mnl, mB_nkl).shape),
+                    cute.slice_(self.tile_shape_mnk, (None, None, 0)),
+                    (None, None, None),
+                )
+
+        # TMA partitions. A is multicast along the cluster's N mode, B along its M mode.
+        a_cta_layout = cute.make_layout(cute.slice_(cta_layout_mnk, (0, None, 0)).shape)
+        b_cta_layout = cute.make_layout(cute.slice_(cta_layout_mnk, (None, 0, 0)).shape)
+        sA_load, gA_load = sA, gA_mkl
+        if cutlass.const_expr(self.config.a_rows):  # config.a_rows: the first a_rows rows of every stage
+            box = self.a_box_staged()
+            sA_load = storage.sA.get_tensor(box.outer, swizzle=box.inner)
+            gA_load = cute.local_tile(mA_mkl, (self.a_box_rows, self.tile_shape_mnk[2]), (None, None, None))
+        # (TMA, STAGE), (TMA, RestM, RestK, RestL)
+        tAsA, tAgA = cpasync.tma_partition(
+            tma_atom_a,
+            cluster_coord_mnk[1],
+            a_cta_layout,
+            cute.group_modes(sA_load, 0, 2),
+            cute.group_modes(gA_load, 0, 2),
+        )
+        cfg = self.config
+        tBsB = tBgB = None  # swap_ab: the tokens load in 32-row chunks (``swap_token_loads``)
+        if cutlass.const_expr(not cfg.swap_ab):
+            # (TMA, STAGE), (TMA, RestN, RestK, RestL)
+            tBsB, tBgB = cpasync.tma_partition(
+                tma_atom_b,
+                cluster_coord_mnk[0],
+                b_cta_layout,
+                cute.group_modes(sB, 0, 2),
+                cute.group_modes(gB_nkl, 0, 2),
+            )
+        k_tile_cnt = cute.size(gA_mkl, mode=[3])
+        a_tiles = tAgA
+        if cutlass.const_expr(cfg.swap_ab):
+            # Tiles over (weights: M, tokens: N): the table counts each expert's token tiles
+            # times the cluster tiles along the weights.
+            tile_start, n_cluster_tiles = tile_table(storage.tile_start, mA_mkl.shape[0], cfg.tile_m, cfg.cluster_m)
+            if warp_idx == 0:
+                fill_tile_starts(tile_start, mOffs, mB_nkl.shape[0], cfg.tile_n, n_cluster_tiles, cute.arch.lane_idx())
+        elif cutlass.const_expr(cfg.grouped):
+            # The tile map lives in shared memory, built by warp 0 from offs (no host sync).
+            tile_start, n_cluster_tiles = tile_table(
+                storage.tile_start, self.acc_space(mC_mnl, mB_nkl).shape[1], cfg.tile_n, cfg.cluster_n
+            )
+            if warp_idx == 0:
+                fill_tile_starts(
+                    tile_start, mOffs, mA_mkl.shape[0], cfg.tile_m * cfg.cluster_m, n_cluster_tiles, cute.arch.lane_idx()
+                )
+        if cutlass.const_expr(cfg.listed):
+            # List form: mOffs is the group table (``kernel_parts.list_tile_table``).
+            tile_start, num_groups = list_tile_table(storage.tile_start, mOffs, warp_idx)
+        pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
+        if cutlass.const_expr(cfg.split_cluster):
+            cute.arch.cluster_wait()
+            self.split_cluster_arm(storage.split_mbar.data_ptr(), tidx, True)
+        if cutlass.const_expr(cfg.swap_ab):
+            sched = make_grouped_scheduler(tile_start, mOffs, mB_nkl.shape[0], n_cluster_tiles, cfg)
+        elif cutlass.const_expr(cfg.grouped):
+            sched = make_grouped_scheduler(tile_start, mOffs, mA_mkl.shape[0], n_cluster_tiles, cfg)
+
+            def a_tiles(tile):
+                """(TMA, RestK) A k-tiles of a grouped tile: rows from the expert's first row."""
+                a_tiler = cute.slice_(self.tile_shape_mnk, (None, 0, None))
+                return grouped_k_tiles(tma_atom_a, cluster_coord_mnk[1], a_cta_layout, sA, mA_mkl, a_tiler, tile)
+        elif cutlass.const_expr(cfg.listed):
+            sched = make_list_scheduler(tile_start, mOffs, num_groups, cfg.tile_m)
+        else:
+            sched = self.make_scheduler(self.acc_space(mC_mnl, mB_nkl), (cfg.tile_m, cfg.tile_n))
+        b_tiles, load_k_tiles, k_range, k_first = tBgB, k_tile_cnt, None, None
+        if cutlass.const_expr(cfg.split_k > 1):  # each unit's K range (gemm.sm90_split)
+            k_range, load_k_tiles, k_first = self.split_k_roles(k_tile_cnt)
+        load_descs = out_desc = None
+        if cutlass.const_expr(cfg.listed):
+            # Each group's own K-tile count and descriptors (zero fill past K, M, N; no store outside).
+            load_k_tiles, load_descs, out_desc = list_roles(mOffs, num_groups, self.tile_shape_mnk[2])
+
+            def k_range(tile):
+                return load_k_tiles(tile), 0, 0
+        if cutlass.const_expr(cfg.kgrouped):
+            # K-grouped: tile (m, n, l) of expert l reads A's and B's K columns [k_start, k_end)
+            # from offs (clamped as the grouped rows are). The TMA boxes start at k0, k_start
+            # rounded down to 16 bytes (a box whose contiguous-mode coordinate is not 16-byte
+            # aligned faulted with an illegal instruction on the H200); columns [k0, k_start) of
+            # the first K tile and those past k_end in the last belong to other experts and are
+            # zeroed in shared memory before the WGMMAs.
+            total_k, tile_k = mA_mkl.shape[1], self.tile_shape_mnk[2]
+            k_align = 16 * 8 // self.a_dtype.width
+
+            def k_window(tile):
+                """(k0, k_start, k_end): the expert's K range and the aligned first box column."""
+                k_start, k_end = group_range(mOffs, tile[2], total_k)
+                return k_start - k_start % k_align, k_start, k_end
+
+            def a_tiles(tile):
+                a_tiler = cute.slice_(self.tile_shape_mnk, (None, 0, None))
+                return offset_k_tiles(
+                    tma_atom_a, cluster_coord_mnk[1], a_cta_layout, sA, mA_mkl, a_tiler, tile[0], (0, k_window(tile)[0], 0)
+                )
+
+            def b_tiles(tile):
+                b_tiler = cute.slice_(self.tile_shape_mnk, (0, None, None))
+                return offset_k_tiles(
+                    tma_atom_b, cluster_coord_mnk[0], b_cta_layout, sB, mB_nkl, b_tiler, tile[1], (0, k_window(tile)[0], 0)
+                )
+
+            def k_range(tile):
+                """(K tiles of the tile's expert (0 when its range is empty), columns to zero at the
+                start of the first K tile, K values of a partial last K tile or 0)."""
+                k0, k_start, k_end = k_window(tile)
+                n_k = cutlass.select_(k_end > k_start, (k_end - k0 + tile_k - 1) // tile_k, 0)
+                return n_k, k_start - k0, (k_end - k0) % tile_k
+
+            def load_k_tiles(tile):
+                return k_range(tile)[0]
+
+        load_sched = sched
+        if cutlass.const_expr(cfg.scheduler != "static"):
+            # The producer warp of cluster rank 0 fetches tiles; every role reads them from the ring.
+            sched = self.broadcast_scheduler(sched, storage, mWorkspace)
+            load_sched = sched.as_fetcher(cta_rank_in_cluster == 0)
+
+        # Quantized output: (scale bytes, global scale, output rows, output columns).
+        quant_args = (mEpiSF, mEpiGS, mC_mnl.shape[0], mC_mnl.shape[1] * self.out_per_elem)
+        vectors = (mV0, mV1, mV2, mV3)  # user epilogue vectors, or (scale_a, scale_b) of FP8
+        block_scales = (mSFA, mSFB)
+        mx_parts = None
+        if cutlass.const_expr(cfg.fp8_mx):
+            sSFA, sSFB, mx_parts = self.mx_partition(storage, tma_atom_sfa, mSFA, tma_atom_sfb, mSFB)
+            block_scales = (sSFA, sSFB)
+        if cutlass.const_expr(cfg.fp8_blockwise):
+            block_scales = (storage.sSFA.get_tensor(self.sfa_layout()), mSFB)
+        warp_group_idx = cute.arch.make_warp_uniform(tidx // self.threads_per_warpgroup)
+        if warp_group_idx == 0:
+            cute.arch.setmaxregister_decrease(self.load_registers)
+            if warp_idx == self.load_warp_id:
+                extra = ()
+                if cutlass.const_expr(cfg.fp8_mx):
+                    extra = self.mx_load_operands(tma_atom_sfa, tma_atom_sfb, mx_parts, mSFA, block_scales[0])
+                if cutlass.const_expr(cfg.fp8_blockwise):
+                    extra = (self.sfa_load_operand(tma_atom_sfa, mSFA, block_scales[0]),)
+                b_atom, tx_bytes = tma_atom_b, None
+                if cutlass.const_expr(cfg.swap_ab):  # the tokens, chunk by chunk
+                    extra, tx_bytes = self.swap_token_loads(tma_atom_b, sB, mB_nkl, b_mcast_mask)
+                    b_atom = None
+                self.load_ab(
+                    load_sched, ab_pipeline, load_k_tiles,
+                    tma_atom_a, a_tiles, tAsA, a_mcast_mask,
+                    b_atom, b_tiles, tBsB, b_mcast_mask, extra, load_descs, tx_bytes, k_first,
+                )  # fmt: skip
+        else:
+            cute.arch.setmaxregister_increase(self.mma_registers)
+            split = None  # split K: (workspace, shared-memory flag "this unit completes the tile")
+            if cutlass.const_expr(cfg.split_cluster):  # in a cluster: (receive slots, their mbarrier)
+                split = (storage.split_recv.get_tensor(cute.make_layout(self.split_recv_floats())),
+                         storage.split_mbar.data_ptr())  # fmt: skip
+            elif cutlass.const_expr(cfg.split_k > 1):
+                split = (mWorkspace, storage.split_flag.get_tensor(cute.make_layout(4)))
+            # pingpong: warpgroup 1 or 2 -> 0 / 1, each owning whole tiles; cooperative: one group.
+            wg = warp_group_idx - 1 if self.pingpong else 0
+            self.mma_and_epilogue(
+                sched, ab_pipeline, k_tile_cnt, tiled_mma, sA, sB, sC, gC_mnl, tma_atom_c, alpha,
+                (tidx - self.threads_per_warpgroup) % self.threads_per_tile, wg, warp_idx,
+                cAcc_mnl, mCin, mBias, beta, mC_mnl, mC_gmem, quant_args, vectors,
+                (mA_mkl if cutlass.const_expr(cfg.swap_ab) else mB_nkl).shape[0] if cutlass.const_expr(cfg.grouped) else None,
+                block_scales=block_scales,
+                k_range=k_range,
+                out_desc=out_desc,
+                split=split,
+            )  # fmt: skip
+
+    # ---------------------------------------------------------------------------------------
+    @cute.jit
+    def mma_and_epilogue(
+        self,
+        sched,
+        ab_pipeline: pipeline.PipelineAsync,
+        k_tile_cnt: cutlass.Int32,
+        tiled_mma: cute.TiledMma,
+        sA: cute.Tensor,
+        sB: cute.Tensor,
+        sC: cute.Tensor,
+        gC_mnl: cute.Tensor,
+        tma_atom_c: cute.CopyAtom,
+        alpha: cutlass.Float32,
+        mma_tidx: cutlass.Int32,
+        wg: cutlass.Int32,
+        warp_idx: cutlass.Int32,
+        cAcc_mnl: cute.Tensor | None,  # (bM, bN, RestM, RestN, RestL) coordinates, or None
+        mCin: cute.Tensor | None,
+        mBias: cute.Tensor | None,
+        beta: cutlass.Float32,
+        mC_mnl: cute.Tensor,  # TMA coordinate tensor of C
+        mC_gmem: cute.Tensor | None,  # grouped: C in global memory (partial-tile stores)
+        quant_args: tuple,
+        vectors: tuple,
+        group_cols,  # grouped: the GEMM's N (per-expert vectors hold E rows of N); dense: None
+        block_scales: tuple = (None, None),  # fp8_blockwise: (sSFA, mSFB); fp8_mx: (sSFA, sSFB)
+        k_range=None,  # K-grouped: tile -> (K tiles, head columns to zero, K values of a partial last K tile or 0)
+        out_desc=None,  # listed: tile -> its group's C descriptor
+        split=None,  # split K: (workspace, shared-memory flag)
+    ):
+        """Consumer warpgroups: WGMMA mainloop into register accumulators, then the epilogue.
+
+        ``wg``: this warpgroup's turn in pingpong (0/1; always 0 in cooperative). ``mma_tidx``:
+        thread index among the threads that share a tile.
+        """
+        epi = self.config.epilogue
+        direct = epi.gated is None and epi.quant is None  # registers -> stmatrix -> smem
+        thr_mma = tiled_mma.get_slice(mma_tidx)
+        # (MMA, MMA_M, MMA_K, STAGE), (MMA, MMA_N, MMA_K, STAGE)
+        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+        # (MMA, MMA_M, MMA_N)
+        acc_shape = thr_mma.partition_C(gC_mnl if direct else cAcc_mnl).shape[:3]
+        acc = cute.make_rmem_tensor(acc_shape, self.acc_dtype)
+        # FP8 with promotion: every K tile's WGMMAs start a fresh partial sum (acc), added into an
+        # fp32 accumulator in registers once they retire, so the tensor core's reduced-precision
+        # FP8 accumulation spans 128 K only (as cuBLAS without fast accumulation / DeepGEMM).
+        promote = self.config.a_dtype == "e4m3" and not self.config.fast_accum
+        acc_sum = cute.make_rmem_tensor(acc_shape, self.acc_dtype) if promote else acc
+        num_k_blocks = cute.size(tCrA, mode=[2])
+        swap = self.config.swap_ab
+        if cutlass.const_expr(swap):  # one WGMMA width per 16 tokens (see gemm.sm90_swap)
+            variants = self.swap_variants(tiled_mma, mma_tidx, sA, sB, acc, acc_sum, promote)
+        # FP8 block scaling (DeepSeek 1x128 / 128x128, config.fp8_blockwise): see
+        # gemm.sm90_blockwise (this thread's rows, scale registers).
+        blockwise = self.config.fp8_blockwise
+        if cutlass.const_expr(blockwise):
+            assert promote
+            bw = self.blockwise_setup(thr_mma, acc_shape, block_scales)
+        # MXFP8 emulation (config.fp8_mx): scales per 32-K block of every row / column, in shared
+        # memory stages next to A and B (see blockscaled.sm90_mx_mainloop): this thread's row
+        # addresses and its first column-scale group.
+        mx = self.config.fp8_mx
+        if cutlass.const_expr(mx):
+            sSFA, sSFB = block_scales
+            assert promote and acc_shape == ((2, 2, self.config.tile_n // (8 * MX_PARTS)), 1, MX_PARTS), acc_shape
+            tCcTile = thr_mma.partition_C(cute.make_identity_tensor((self.config.tile_m, self.config.tile_n)))
+            sfa_rows = [sSFA.iterator.toint() + tCcTile[((0, h, 0), 0, 0)][0] * (MX_KB * SF_BYTES) for h in range(2)]
+            sfb_base = sSFB.iterator.toint() + tCcTile[((0, 0, 0), 0, 0)][1] * (2 * SF_BYTES)  # 4 q floats
+
+        ep = self.epilogue_parts(tiled_mma, mma_tidx, sC, acc_sum, wg, warp_idx)
+        # (ep is only passed on inside the tile loop: a method called on it there would make the
+        # DSL carry the whole tuple through the loop)
+        epi_barrier = ep.epi_barrier
+        if cutlass.const_expr(self.config.a_rows):
+            # A's box fills the first a_rows rows of each stage: the rest are zeros, written once
+            self.zero_a_rows_past_box(sA, mma_tidx)
+            cute.arch.fence_proxy("async.shared", space="cta")  # before the WGMMAs read them
+            epi_barrier.arrive_and_wait()
+        read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stage)
+        release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stage)
+        epi_count = cutlass.Int32(0)  # subtiles stored so far: picks the epilogue smem buffer
+        # config.wg_order: the two consumer warpgroups take turns issuing each K tile's WGMMAs
+        # (warpgroup 0 first: warpgroup 1 opens its turn once).
+        k_order = self.config.wg_order
+        my_wg = mma_tidx // self.threads_per_warpgroup
+        if cutlass.const_expr(k_order):
+            if my_wg == 1:
+                cute.arch.barrier_arrive(barrier_id=BAR_K_ORDER, number_of_threads=2 * self.threads_per_warpgroup)
+
+        work = sched.first()
+        if cutlass.const_expr(self.pingpong):
+            if wg == 1:
+                # Tile 0 of this CTA belongs to warpgroup 0: skip its stages.
+                skip_cnt = self._k_tiles_of(sched, work, k_tile_cnt, k_range)
+                work = sched.next(work)
+                read_state, release_state = self._skip(read_state, release_state, skip_cnt)
+        while sched.is_valid(work):
+            tile = sched.cta_tile(work)
+            kt_cnt = k_tile_cnt
+            k_head, k_rem = 0, 0
+            if cutlass.const_expr(k_range is not None):
+                kt_cnt, k_head, k_rem = k_range(tile)
+
+            # ---- mainloop: keep one WGMMA batch in flight, release the stage behind it ----
+            acc_sum.fill(0.0)
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+            if cutlass.const_expr(blockwise):
+                bw_at, nb_split = self.blockwise_tile_start(bw, tile)
+            if cutlass.const_expr(self.pingpong):
+                if work >= sched.first() + sched.stride:  # not this CTA's first tile: wait our turn
+                    cute.arch.barrier(barrier_id=BAR_ORDER + wg, number_of_threads=2 * self.threads_per_warpgroup)
+            warpgroup.fence()
+            if cutlass.const_expr(mx):
+                for _k_tile in range(kt_cnt):
+                    ab_pipeline.consumer_wait(read_state)
+                    tiled_mma = self.mx_k_tile(tiled_mma, acc, acc_sum, tCrA, tCrB, read_state.index, sfa_rows, sfb_base)
+                    ab_pipeline.consumer_release(read_state)
+                    release_state.advance()
+                    read_state.advance()
+            elif cutlass.const_expr(swap):
+                read_state, release_state = self.swap_k_loop(
+                    ab_pipeline, read_state, release_state, variants, self.swap_width_index(tile), kt_cnt, num_k_blocks,
+                    my_wg, promote,
+                )  # fmt: skip
+            elif cutlass.const_expr(blockwise):
+                tiled_mma, read_state, release_state = self.blockwise_k_loop(
+                    ab_pipeline, read_state, release_state, tiled_mma, acc, acc_sum, tCrA, tCrB, num_k_blocks, kt_cnt,
+                    bw, bw_at, nb_split, my_wg,
+                )  # fmt: skip
+            else:
+                for k_tile in range(kt_cnt):
+                    ab_pipeline.consumer_wait(read_state)
+                    if cutlass.const_expr(self.config.kgrouped):
+                        # K-grouped: columns of the first K tile before the expert's range and of
+                        # the last past it hold other experts' values: zero them in this stage
+                        # before any WGMMA reads it.
+                        lo = cutlass.select_(k_tile == 0, k_head, 0)
+                        hi = cutlass.select_(k_tile == kt_cnt - 1, cutlass.select_(k_rem > 0, k_rem, self.tile_shape_mnk[2]),
+                                             self.tile_shape_mnk[2])  # fmt: skip
+                        if (lo > 0) | (hi < self.tile_shape_mnk[2]):
+                            self.zero_k_outside(sA, sB, read_state.index, lo, hi, mma_tidx)
+                            cute.arch.fence_proxy("async.shared", space="cta")
+                            epi_barrier.arrive_and_wait()
+                    tiled_mma = self.issue_k_tile(tiled_mma, acc, tCrA, tCrB, read_state.index, num_k_blocks, promote, my_wg)
+                    release_state = self.retire_k_tile(ab_pipeline, read_state, release_state, k_tile, promote, acc, acc_sum)
+                    read_state.advance()
+            if cutlass.const_expr(self.pingpong):
+                # All WGMMAs of this tile are issued: hand the tensor cores to the other warpgroup.
+                cute.arch.barrier_arrive(barrier_id=BAR_ORDER + 1 - wg, number_of_threads=2 * self.threads_per_warpgroup)
+            warpgroup.wait_group(0)
+            if cutlass.const_expr(not promote):
+                if kt_cnt > 0:
+                    ab_pipeline.consumer_release(release_state)
+                    release_state.advance()
+
+            # ---- epilogue (gemm.sm90_epilogue) ----
+            store_args = (ep, tile, acc_sum, thr_mma, epi_count, gC_mnl, mC_mnl, mC_gmem, cAcc_mnl, tma_atom_c, sC, alpha,
+                          beta, mCin, mBias, quant_args, vectors, group_cols, out_desc, mma_tidx, wg)  # fmt: skip
+            if cutlass.const_expr(self.config.split_cluster):
+                # split K in a cluster: range 0 sums the partials and stores the tile
+                if self.split_k_fixup_cluster(acc_sum, tile, *split, mma_tidx) == 1:
+                    epi_count = self.store_tile(*store_args)
+            elif cutlass.const_expr(self.config.split_k > 1):
+                # split K: the unit that completes the tile sums the partials and stores it
+                if self.split_k_fixup(acc_sum, tile, sched.total // self.config.split_k, *split, mma_tidx, epi_barrier) == 1:
+                    epi_count = self.store_tile(*store_args)
+            else:
+                epi_count = self.store_tile(*store_args)
+            work = sched.next(work)
+            if cutlass.const_expr(self.pingpong):
+                # The next tile of this CTA belongs to the other warpgroup: skip its stages.
+                skip_cnt = self._k_tiles_of(sched, work, k_tile_cnt, k_range)
+                work = sched.next(work)
+                read_state, release_state = self._skip(read_state, release_state, skip_cnt)
+
+        if cutlass.const_expr(k_order):
+            if my_wg == 0:  # take warpgroup 1's last hand-over: no arrival is left pending at exit
+                cute.arch.barrier(barrier_id=BAR_K_ORDER, number_of_threads=2 * self.threads_per_warpgroup)
+        ep.store_pipeline.producer_tail()
+
+    @cute.jit
+    def retire_k_tile(self, ab_pipeline, read_state, release_state, k_tile: cutlass.Int32, promote: cutlass.Constexpr,
+                      acc: cute.Tensor, acc_sum: cute.Tensor, rezero: cutlass.Constexpr = False):  # fmt: skip
+        """After a K tile's WGMMAs are issued: keep one batch in flight and release the stage
+        behind it, or (``promote``, FP8) wait for this batch, release its stage and add the
+        partial sum into the promoted one (``rezero``: then zero the partial sum for the next
+        K tile, ``gemm.sm90_swap``). Returns release_state."""
+        if cutlass.const_expr(promote):
+            warpgroup.wait_group(0)
+            ab_pipeline.consumer_release(read_state)
+            release_state.advance()
+            acc_sum.store(acc_sum.load() + acc.load())
+            if cutlass.const_expr(rezero):
+                acc.fill(0.0)
+                warpgroup.fence()  # the zeros before the next K tile's WGMMAs read them
+        else:
+            warpgroup.wait_group(1)
+            if k_tile > 0:
+                ab_pipeline.consumer_release(release_state)
+                release_state.advance()
+        return release_state
+
+    @cute.jit
+    def issue_k_tile(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
+                     stage: cutlass.Int32, num_k_blocks: cutlass.Constexpr, fresh: cutlass.Constexpr,
+                     my_wg: cutlass.Int32):  # fmt: skip
+        """One K tile's WGMMAs from smem stage ``stage``, committed as one group (``fresh``: into a
+        new partial sum, FP8 promotion); with wg_order inside this warpgroup's turn. Returns
+        tiled_mma."""
+        if cutlass.const_expr(fresh):
+            warpgroup.fence()  # the adds after it read acc: order them before the overwrite
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
+        if cutlass.const_expr(self.config.wg_order):  # our turn
+            cute.arch.barrier(barrier_id=BAR_K_ORDER + my_wg, number_of_threads=2 * self.threads_per_warpgroup)
+        for kb in cutlass.range_constexpr(num_k_blocks):
+            coord = (None, None, kb, stage)
+            cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
+            if cutlass.const_expr(fresh):
+                tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+        warpgroup.commit_group()
+        if cutlass.const_expr(self.config.wg_order):  # the other warpgroup's turn
+            cute.arch.barrier_arrive(barrier_id=BAR_K_ORDER + 1 - my_wg, number_of_threads=2 * self.threads_per_warpgroup)
+        return tiled_mma
+
+    def acc_space(self, mC: cute.Tensor, mB: cute.Tensor):
+        """What the tiles cover: the (M, N, L) output, or for gated / packed outputs an (M, N, L)
+        identity tensor over the GEMM's columns (mB is (N, K, L))."""
+        if self.config.epilogue.cols_per_output * self.out_per_elem == 1:
+            return mC
+        return cute.make_identity_tensor((mC.shape[0], mB.shape[0], mC.shape[2]))
+
+    @cute.jit
+    def _k_tiles_of(self, sched, work, k_tile_cnt: cutlass.Int32, k_range):
+        """K tiles of tile ``work`` (the one pingpong's other warpgroup takes): k_tile_cnt, or
+        for K-grouped / list tiles their expert's or group's own count (0 past the last tile)."""
+        cnt = k_tile_cnt
+        if cutlass.const_expr(k_range is not None):
+            cnt = cutlass.Int32(0)
+            if sched.is_valid(work):
+                cnt = k_range(sched.cta_tile(work))[0]
+        return cnt
+
+    @cute.jit
+    def _skip(self, read_state, release_state, k_tile_cnt: cutlass.Int32):
+        """Advance both consumer states past one tile's k-tiles (consumed by the other warpgroup)."""
+        for _ in range(k_tile_cnt):
+            read_state.advance()
+            release_state.advance()
+        return read_state, release_state

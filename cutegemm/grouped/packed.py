@@ -1,0 +1,605 @@
+"""Public grouped GEMM (``torch._grouped_mm`` semantics for the packed MoE form).
+
+Forms:
+- packed MoE: ``grouped_gemm(a, b, offs=offs)``: a (total_M, K) row-major, b (E, K, N) (any
+  16-byte aligned view, e.g. ``w.transpose(1, 2)`` of an (E, N, K) weight), offs int32 (E,) on the
+  GPU, cumulative END row of each expert. One kernel launch; the tile -> (expert, m-tile, n-tile)
+  map is computed on the device from offs, so there is no host sync and the call can be captured
+  in a CUDA graph and replayed with new offs contents. Rows at or past ``offs[-1]`` are not
+  written. offs contents are not checked on this path (that would need a sync): bad offsets are
+  clamped into [0, total_M] and made non-decreasing per expert, so the kernel stays memory-safe;
+  ``check_offs=True`` validates them with a sync and raises ValueError.
+
+  Epilogues (packed form, one kernel, the dense formulas of :mod:`cutegemm.epilogue.ops` per
+  expert): ``bias`` (E, N) per expert and GEMM column (or (N,) shared by every expert),
+  ``activation`` relu / gelu / gelu_tanh / silu or gated swiglu / geglu (b's columns interleaved
+  gate, up; ``gate_layout="halves"`` copies b per call), ``alpha``; a quantized ``out_dtype``
+  ("mxfp8" / "mxfp4" / "nvfp4", with ``out_global_scale`` for NVFP4) returns a
+  BlockScaledTensor of the packed (total_M, N') output, scales in the 128x4 swizzled layout over
+  the packed rows (= ``quantize_ref`` of the bf16/fp32 result; rows past offs[-1] get no data
+  and no scales); a user epilogue ``epilogue=f, epilogue_args=(v, ...)``: ``row`` is the packed
+  row (so a per-token vector of total_M entries lines up), ``col`` the column (column vectors
+  are shared by every expert). FP8 (sm_90a): a, b ``torch.float8_e4m3fn`` (b read K-major, e.g.
+  ``w.transpose(1, 2)`` of an (E, N, K) weight, else copied), ``scale_a`` (total_M,) per token
+  row or one value, ``scale_b`` (E, N) per expert and column, (E,) per expert, or one value —
+  ``torch._scaled_grouped_mm``'s row-wise recipe; promoted accumulation (``fast_accum=True``:
+  tensor-core accumulation). DeepSeek-style block scaling (sm_90a): ``scale_a`` (total_M,
+  ceil(K/128)) per 1x128 block of a token row and a 3-D ``scale_b`` (E, ceil(K/128),
+  ceil(N/128)) per 128x128 block of each expert's weight (the ``.transpose(1, 2)`` of an (E, N/128,
+  K/128) weight-scale tensor), any layout (scale_a M-major, torch's, is TMA-loaded in place,
+  others are copied per call; see ``gemm.fp8_args``), applied as each 128-wide K tile is promoted;
+  composes with bias / activations / quantized outputs (not with gate_layout="halves").
+  beta * C is not supported in the grouped form.
+
+  Kernels (sm_90a): with up to 1024 mean rows per expert, bf16 / fp16 and an epilogue of alpha,
+  bias, elementwise or gated activations, the policy runs the "swap AB" kernel
+  (``GemmConfig.swap_ab``: C^T = B^T A^T, each expert's tokens as the WGMMA's N, split evenly over
+  ceil(tokens / tile_n) tiles, one WGMMA width per 16 tokens and token loads in 32-row TMA chunks,
+  so the last tile of a ragged expert costs only its real tokens; gate / up pairs meet by a lane
+  shuffle; ``gemm.sm90_swap``), and so does FP8 row-wise with ``fast_accum=True``; otherwise
+  (quantized, user epilogues, promoted or block-scaled FP8, decode-sized or larger experts) the
+  kernel whose tiles run along the packed rows.
+  Both sum each element over K in the same order: on the H200 their outputs were bitwise equal.
+- K-grouped (weight gradient): ``grouped_gemm(a, b, offs=offs)`` with a (M, total_K), b (total_K, N)
+  -> (E, M, N), offs splitting K (an expert with an empty slice gets zeros). sm_90a, bf16 / fp16:
+  one launch of the K-grouped kernel (``GemmConfig.kgrouped``: tile (m, n, expert) reads the
+  expert's K range from offs on the device, TMA boxes start at the range's first column rounded
+  down to 16 bytes, and the consumers zero the columns outside the range in the first and last
+  K tiles' stages): no host sync, CUDA-graph capturable. Elsewhere one dense GEMM per expert, reading offs on the host (not capturable).
+  Bad offs are clamped as in the packed form (``schedulers.grouped.expert_rows``).
+- list: ``grouped_gemm([a0, a1, ...], [b0, b1, ...])`` -> list, arbitrary per-group M, N, K, one
+  dtype; epilogue: alpha, an elementwise ``activation`` (relu / gelu / gelu_tanh / silu), out_dtype. sm_90a and sm_100a (compile-verified), bf16 / fp16: one launch of the list-form kernel (``GemmConfig.listed``) after a
+  small prep kernel that writes each group's TMA descriptors (A, B, C) on the device from a group
+  table the host builds from the tensors' metadata (no sync; outputs are views of one buffer).
+  Elsewhere, and for operands TMA cannot read in place, groups whose operands are stored with
+  different majors, output rows that are not 16-byte multiples, or a call made while a CUDA graph
+  is being captured (the table is copied from the host per call): one dense GEMM per group (no
+  sync; graph-capturable when shapes are fixed).
+
+This module holds the public entry, the reference twin and the packed form; the K-grouped and the
+list forms' host paths are :mod:`cutegemm.grouped.k_grouped` and :mod:`cutegemm.grouped.list_form`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from ..blockscaled.reference import BlockScaledTensor
+from ..config import QUANT_OUT_DTYPES, TMA_ALIGN_BYTES, GemmConfig, GemmProblem, can_implement
+from ..epilogue import ACTIVATIONS, GATED, EpilogueSpec, epilogue_ref, interleave_gate_up
+from ..gemm.dense import (
+    _EPI_TORCH_DTYPES,
+    INPUT_TO_NAME,
+    TORCH_TO_NAME,
+    _check_activation,
+    _check_operand,
+    _current_device,
+    _device_info,
+    _epilogue_vectors,
+    _global_scale,
+    _interleave_b,
+    _kernel_view,
+    _quant_outputs,
+    _quant_result,
+    max_clusters_for,
+    memo_view,
+    new_workspace,
+    reset_workspace,
+)
+from ..gemm.fp8_scales import fp8_blockwise_ref, fp8_grouped_block_scales, scale_vector
+from ..gemm.grouped_parts import GROUPED_MAX_GROUPS
+from ..policy import policy_for
+from ..runtime.cache import KernelCache
+from .k_grouped import _grouped_k
+from .list_form import _grouped_list
+
+
+def build_grouped(config: GemmConfig):
+    from ..gemm.dense import kernel_class
+    from ..runtime.signature import grouped_fake_args
+
+    return kernel_class(config.arch)(config), grouped_fake_args(config)
+
+
+GROUPED_CACHE = KernelCache(build_grouped)
+_PLANS: dict = {}
+
+
+class _GroupedPlan:
+    __slots__ = ("fn", "views", "max_clusters", "config", "workspace", "device", "device_index", "out_dims",
+                 "out_dtype", "b_memo", "quant", "out_shape", "swap")  # fmt: skip
+
+    def launch(self, a, b, out, offs, alpha, bias=None, extra=None, block=(None, None)):
+        """extra: (quantized-output scale bytes, NVFP4 global scale, v0..v3) or None; block: FP8
+        block scales (scale_a (total_M, KB), scale_b's (NB, KB, E) view) or (None, None)."""
+        (sa, ta), (sb, tb), (sc, tc) = self.views
+        av, bv = a.as_strided(sa, ta), memo_view(self, b, sb, tb)
+        if self.swap:  # config.swap_ab: the kernel computes C^T = B^T A^T (C's view is (N, total_M, 1))
+            av, bv = bv, av
+        # (offs, scale factors A/B, quantized-output scales, global scale, 4 epilogue vectors, workspace)
+        self.fn(av, bv, out.as_strided(sc, tc), None, bias,
+                alpha, 0.0, self.max_clusters, offs, *block, *(extra or _NO_EXTRA),
+                reset_workspace(self.workspace))  # fmt: skip
+
+    def new_output(self):
+        """(the tensor the kernel writes, quantized-output scale bytes or None)."""
+        if self.quant is None:
+            return torch.empty(*self.out_dims, dtype=self.out_dtype, device=self.device), None
+        return _quant_outputs(self.quant, self.out_shape, self.device)
+
+
+_NO_EXTRA = (None,) * 6
+
+
+def _per_expert(name: str, t, E: int, n: int, device, dtypes=_EPI_TORCH_DTYPES) -> torch.Tensor:
+    """A per-(expert, column) vector given as (E, n), (n,) (shared by every expert), (E,) / (E, 1)
+    (one value per expert) or one element, as the kernel reads it: flat contiguous (E * n,)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name}.dtype must be one of {dtypes}, got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{name} must be on {device}, got {t.device}")
+    if t.shape == (E, n):
+        v = t
+    elif t.shape == (n,) or t.numel() == 1:
+        v = t.reshape(1, -1).expand(E, n)
+    elif t.shape in ((E,), (E, 1)):
+        v = t.reshape(E, 1).expand(E, n)
+    else:
+        raise ValueError(f"{name} must have shape ({E}, {n}) (per expert and column), ({n},) or ({E},), got {tuple(t.shape)}")
+    v = v.contiguous()
+    return (v.clone() if v.data_ptr() % TMA_ALIGN_BYTES else v).view(-1)
+
+
+def _row_vector(name: str, t, rows: int, device) -> torch.Tensor:
+    """FP8 scale_a of the packed form: (total_M,) / (total_M, 1) or one element, flat fp32."""
+    return scale_vector(name, t, rows, device, "row of a")
+
+
+class _Epi:
+    """The packed form's epilogue inputs of one call, as the kernel takes them."""
+
+    __slots__ = ("bias", "vectors", "quant", "gs", "activation", "user", "fp8", "block")
+
+    def __init__(self):
+        self.bias = self.gs = self.activation = self.user = self.quant = None
+        self.vectors = ()
+        self.fp8 = False
+        self.block = (None, None)  # FP8 block scaling: (scale_a, scale_b's kernel view)
+
+    def spec(self, alpha):
+        from ..epilogue import EpilogueSpec
+
+        gated = self.activation in GATED
+        return EpilogueSpec(
+            alpha=alpha != 1.0,
+            bias=self.bias is not None,
+            bias_dtype=TORCH_TO_NAME[self.bias.dtype] if self.bias is not None else "fp32",
+            activation=None if gated else self.activation,
+            gated=self.activation if gated else None,
+            quant=self.quant,
+            user=self.user,
+            user_args=tuple(TORCH_TO_NAME[v.dtype] for v in self.vectors) if self.user is not None else (),
+            scale_a=self.fp8 and self.vectors[0] is not None,
+            scale_b=self.fp8 and self.vectors[1] is not None,
+        )
+
+    def _finish(self, out_global_scale, device):
+        if self.quant is not None or out_global_scale is not None:
+            self.gs = _global_scale(self.quant, out_global_scale, device)
+        return self
+
+    def extra(self, scales):
+        if scales is None and self.gs is None and not self.vectors:
+            return None
+        return (scales, self.gs, *(*self.vectors, None, None, None, None)[:4])
+
+
+def _check_offs_values(offs: torch.Tensor, total_m: int):
+    o = offs.tolist()  # host sync: only with check_offs=True
+    prev = 0
+    for e, v in enumerate(o):
+        if v < prev:
+            raise ValueError(f"offs must be non-decreasing and >= 0: offs[{e}] = {v} < {prev}")
+        prev = v
+    if o and o[-1] > total_m:
+        raise ValueError(f"offs[-1] = {o[-1]} exceeds a.shape[0] = {total_m}")
+
+
+def _plan_packed(a, b, offs, out, out_dtype, alpha, config, epi_in: _Epi, fast_accum=False):
+    blockwise = epi_in.block[0] is not None
+    E, K, N = b.shape
+    total_m = a.shape[0]
+    if a.stride(1) != 1 and K > 1:
+        raise ValueError("a must be row-major (stride 1 along K) for the packed grouped form")
+    b_unit = 2 if (b.stride(2) == 1 or N == 1) else 1 if (b.stride(1) == 1 or K == 1) else None
+    if b_unit is None:
+        raise ValueError("b must have a contiguous K or N dim (e.g. (E, K, N) or (E, N, K).transpose(1, 2))")
+    views = (
+        _kernel_view(a.unsqueeze(0), 2, (1, 2, 0), "a"),
+        _kernel_view(b, b_unit, (2, 1, 0), "b"),
+        _kernel_view(out.unsqueeze(0), 2, (1, 2, 0), "out"),
+    )
+    arch, num_sms = _device_info(a.device.index)
+    quant = epi_in.quant
+    out_name = QUANT_OUT_DTYPES[quant] if quant is not None else TORCH_TO_NAME[out_dtype]
+    problem = GemmProblem(
+        total_m, N, K, 1, INPUT_TO_NAME[a.dtype], INPUT_TO_NAME[b.dtype], out_name, "k", "n" if b_unit == 2 else "k"
+    )
+    epi = epi_in.spec(alpha)
+    extra = {"fast_accum": True} if fast_accum else {}
+    if blockwise:
+        extra["fp8_blockwise"] = True
+    if config is None:  # opt-in autotuning (cutegemm.tuning); None when off: the policy's default
+        from ..tuning import tuned_config
+
+        config = tuned_config(arch, problem, epi, "grouped", num_groups=E, num_sms=num_sms)
+        ok = config is not None and config.fast_accum == fast_accum and config.fp8_blockwise == blockwise
+        config = config if ok else None
+    elif config.epilogue != epi and config.epilogue in (EpilogueSpec(), replace(epi, alpha=False)):
+        config = replace(config, epilogue=epi)  # a forced tile: the call's arguments give the epilogue
+    elif config.epilogue not in (epi, replace(epi, alpha=True)):  # an alpha kernel serves alpha == 1
+        raise ValueError(f"config.epilogue {config.epilogue} does not match the call's epilogue {epi}")
+    if config is not None and (config.arch != arch or not config.grouped):
+        raise ValueError(f"config {config.name} cannot run the grouped form on this GPU (arch {arch}; needs grouped=True and that arch)")
+    cfg = config if config is not None else policy_for(arch, num_sms).choose_grouped(problem, E, epilogue=epi, **extra)
+    if cfg.fp8_blockwise != blockwise:
+        raise ValueError(
+            f"config {cfg.name}: fp8_blockwise={cfg.fp8_blockwise} but the call's scales are "
+            f"{'1x128 / 128x128 block scales' if blockwise else 'not block scales'}"
+        )
+    ok, why = can_implement(cfg, problem)
+    if not ok:
+        raise ValueError(f"cannot run {cfg.name}: {why}")
+    plan = _GroupedPlan()
+    try:
+        plan.fn = GROUPED_CACHE.get(cfg)
+    except Exception as exc:
+        if epi.user is None:
+            raise
+        raise ValueError(f"the user epilogue could not be traced into the kernel: {type(exc).__name__}: {exc}") from exc
+    plan.swap = cfg.swap_ab
+    if cfg.swap_ab:  # the output as the kernel's (N, total_M, 1) C^T
+        views = (*views[:2], _kernel_view(out.unsqueeze(0), 2, (2, 1, 0), "out"))
+    plan.views = views
+    plan.max_clusters = max_clusters_for(cfg, a.device, num_sms)
+    plan.workspace = new_workspace(cfg, a.device)
+    plan.config = cfg
+    plan.quant = quant
+    return plan
+
+
+def _fast_key(a, b, offs, out, out_dtype, alpha, config, bias=None, activation=None, epilogue=None,
+              epilogue_args=(), scale_a=None, scale_b=None, fast_accum=False, gate_layout="interleaved"):  # fmt: skip
+    """The plan key of a packed call: every property the checks below read, so a cached plan
+    implies they all pass (but data-pointer alignment). Positions 0 / 2 / 4 / -1 (a.shape,
+    b.shape, a.dtype, config) are read by benchmarks and tests. None when the inputs are not tensors."""
+    try:
+        key = (
+            a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device,
+            offs.shape, offs.dtype, offs.device, out_dtype,
+            None if out is None else (out.shape, out.stride(), out.dtype, out.device),
+            alpha != 1.0,
+        )  # fmt: skip
+        if bias is not None or activation is not None or epilogue is not None or scale_a is not None \
+                or scale_b is not None or fast_accum:  # fmt: skip
+            key += (
+                None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
+                activation, gate_layout, epilogue,
+                tuple((v.shape, v.stride(), v.dtype, v.device) for v in epilogue_args),
+                None if scale_a is None else (scale_a.shape, scale_a.stride(), scale_a.device),
+                None if scale_b is None else (scale_b.shape, scale_b.stride(), scale_b.device),
+                fast_accum,
+            )  # fmt: skip
+        return (*key, config)
+    except (AttributeError, TypeError):
+        return None
+
+
+def _prepare_epilogue(a, b, E, N, total_m, out_dtype, bias, activation, epilogue, epilogue_args,
+                      out_global_scale, scale_a, scale_b) -> _Epi:  # fmt: skip
+    """Checks the packed form's epilogue arguments and converts them to the kernel's inputs
+    (N: the GEMM's columns, gated included)."""
+    e = _Epi()
+    e.activation = activation
+    e.quant = out_dtype if isinstance(out_dtype, str) else None
+    if bias is not None:
+        e.bias = _per_expert("bias", bias, E, N, a.device)
+    if epilogue is not None:
+        from ..epilogue.user import register
+
+        if bias is not None or activation is not None:
+            raise ValueError("a user epilogue replaces bias and activation: apply them inside it")
+        e.user = register(epilogue)
+        e.vectors = _epilogue_vectors(epilogue_args, a.device)
+    elif epilogue_args:
+        raise ValueError("epilogue_args given without an epilogue function")
+    if a.dtype == torch.float8_e4m3fn:
+        if epilogue is not None:
+            raise ValueError("a user epilogue cannot be combined with FP8 inputs yet")
+        e.fp8 = True
+        block = fp8_grouped_block_scales(a, b, scale_a, scale_b)
+        if block is not None:
+            e.block, e.vectors = block, (None, None)
+            return e._finish(out_global_scale, a.device)
+        e.vectors = (
+            None if scale_a is None else _row_vector("scale_a", scale_a, total_m, a.device),
+            None if scale_b is None else _per_expert("scale_b", scale_b, E, N, a.device, (torch.float32,)),
+        )
+    elif scale_a is not None or scale_b is not None:
+        raise ValueError("scale_a / scale_b are for torch.float8_e4m3fn inputs")
+    return e._finish(out_global_scale, a.device)
+
+
+def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.0, bias=None,
+                 activation: str | None = None, gate_layout: str = "interleaved", epilogue=None,
+                 epilogue_args=(), out_global_scale=None, scale_a=None, scale_b=None,
+                 fast_accum: bool = False, config=None, check_offs: bool = False):  # fmt: skip
+    """See the module docstring for the three forms; the epilogue arguments (packed form only)
+    are described there too."""
+    key = _fast_key(a, b, offs, out, out_dtype, alpha, config, bias, activation, epilogue, epilogue_args,
+                    scale_a, scale_b, fast_accum, gate_layout)  # fmt: skip
+    plan = _PLANS.get(key) if key is not None else None
+    if plan is not None and not (
+        _current_device() == plan.device_index
+        and not (a.data_ptr() % 16 or b.data_ptr() % 16 or (out is not None and out.data_ptr() % 16))
+    ):
+        plan = None  # the slow path (other device: a plan of its own; misaligned: the error)
+    if plan is not None:
+        if check_offs:
+            _check_offs_values(offs, a.shape[0])
+        if len(key) == 15:  # no epilogue inputs: the common MoE call
+            if out is None:
+                out = torch.empty(*plan.out_dims, dtype=plan.out_dtype, device=plan.device)
+            plan.launch(a, b, out, offs, float(alpha))
+            return out
+    elif isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
+        if activation is not None and activation not in ACTIVATIONS:
+            raise ValueError(f"the list form takes activation None or one of {ACTIVATIONS} (no gated ones), got {activation!r}")
+        _no_epilogue("the list form", bias, None, epilogue, out_global_scale, scale_a, scale_b, out_dtype)
+        return _grouped_list(a, b, offs=offs, out_dtype=out_dtype, alpha=alpha, activation=activation)
+    elif isinstance(a, BlockScaledTensor):
+        return _blockscaled(locals(), grouped_gemm)
+    elif isinstance(b, BlockScaledTensor):
+        return _fp4_weight(locals(), grouped_gemm)
+    fp8 = getattr(a, "dtype", None) == torch.float8_e4m3fn
+    if plan is None:
+        _check_operand("a", a, dims=(2,))
+        _check_operand("b", b, dims=(2, 3))
+        if offs is None:
+            raise ValueError("offs is required for tensor inputs (int32 cumulative end offsets, on the GPU)")
+        if not isinstance(offs, torch.Tensor) or offs.dtype != torch.int32 or offs.dim() != 1:
+            raise TypeError("offs must be a 1-D torch.int32 tensor")
+        if offs.device != a.device:
+            raise ValueError(f"offs must be on {a.device} (no host sync on this path), got {offs.device}")
+        if a.dtype not in (torch.bfloat16, torch.float16, torch.float8_e4m3fn) or b.dtype != a.dtype:
+            raise TypeError(f"a and b must both be bf16, fp16 or float8_e4m3fn, got {a.dtype} and {b.dtype}")
+        if b.device != a.device:
+            raise ValueError(f"b must be on {a.device}, got {b.device}")
+    if out_dtype is None:
+        out_dtype = out.dtype if isinstance(out, torch.Tensor) else torch.bfloat16 if fp8 else a.dtype
+    quant = out_dtype if isinstance(out_dtype, str) else None
+    if plan is None:
+        if quant is not None:
+            from ..epilogue.quant import QUANT_FORMATS
+
+            if quant not in QUANT_FORMATS:
+                raise ValueError(f"a quantized out_dtype must be one of {QUANT_FORMATS}, got {quant!r}")
+            if out is not None:
+                raise ValueError(f"out= is not supported with a quantized output ({quant})")
+        elif out_dtype not in TORCH_TO_NAME:
+            raise TypeError(f"out_dtype must be bf16, fp16, fp32 or one of mxfp8 / mxfp4 / nvfp4, got {out_dtype}")
+        if activation is not None or gate_layout != "interleaved":
+            _check_activation(activation, gate_layout)
+        if b.dim() == 2:
+            if fp8:
+                raise TypeError("the K-grouped form takes bf16 / fp16 operands")
+            _no_epilogue("the K-grouped form", bias, activation, epilogue, out_global_scale, scale_a, scale_b, out_dtype)
+            return _grouped_k(a, b, offs, out, out_dtype, alpha, check_offs, config)
+        E, K, N = b.shape
+        if a.shape[1] != K:
+            raise ValueError(f"a (total_M, K={a.shape[1]}) and b (E, K={K}, N) disagree on K")
+        if offs.numel() != E:
+            raise ValueError(f"offs has {offs.numel()} entries but b has {E} experts")
+        if E > GROUPED_MAX_GROUPS:
+            raise ValueError(f"at most {GROUPED_MAX_GROUPS} experts are supported (the kernel's tile table), got {E}")
+    E, K, N = b.shape
+    total_m = a.shape[0]
+    b_call = b
+    gated = activation in GATED
+    if gated and gate_layout == "halves":
+        if isinstance(scale_b, torch.Tensor) and scale_b.dim() == 3:
+            raise ValueError(
+                "FP8 block scaling with gate_layout='halves': interleaving b's columns would split its "
+                "128-column scale blocks; store the weight (and its scales) interleaved instead"
+            )
+        if N % 2 == 0:
+            b = _interleave_b(b)  # a copy per call: store the weight interleaved instead
+            if isinstance(bias, torch.Tensor) and bias.shape[-1] == N:
+                bias = interleave_gate_up(bias, dim=-1)
+    epi_in = _prepare_epilogue(a, b, E, N, total_m, out_dtype, bias, activation, epilogue, epilogue_args,
+                               out_global_scale, scale_a, scale_b)  # fmt: skip
+    n_out = N // 2 if gated else N
+    if plan is not None:
+        scales = None
+        if out is None:
+            out, scales = plan.new_output()
+        plan.launch(a, b, out, offs, float(alpha), epi_in.bias, epi_in.extra(scales), epi_in.block)
+        return out if quant is None else _quant_result(quant, plan.out_shape, out, scales, epi_in.gs)
+    if gated and N % 2:
+        raise ValueError(f"a gated activation needs b with an even number of columns (gate, up), got {N}")
+    if quant is not None:
+        if n_out % 32:
+            raise ValueError(f"a quantized output needs a multiple of 32 columns, got {n_out}")
+        out_elem = 1
+    else:
+        out_elem = torch.empty((), dtype=out_dtype).element_size()
+        if (n_out * out_elem) % TMA_ALIGN_BYTES:
+            # Partial tiles are stored in 16-byte pieces: N must end on a 16-byte boundary so no
+            # piece reaches past the last column.
+            raise ValueError(f"N * {out_elem} bytes must be a multiple of 16 for the grouped form, got N={n_out}")
+    if fp8 and b.stride(1) != 1 and K > 1:
+        b = b.transpose(1, 2).contiguous().transpose(1, 2)  # FP8 WGMMA reads B K-major: copy
+    scales = None
+    if quant is not None:
+        out, scales = _quant_outputs(quant, (total_m, n_out), a.device)
+    elif out is None:
+        out = torch.empty(total_m, n_out, dtype=out_dtype, device=a.device)
+    else:
+        _check_operand("out", out, dims=(2,))
+        if out.shape != (total_m, n_out) or out.dtype != out_dtype or out.device != a.device:
+            raise ValueError(f"out must be a ({total_m}, {n_out}) {out_dtype} tensor on {a.device}")
+        if n_out > 1 and out.stride(1) != 1:
+            raise ValueError("out must be row-major (stride 1 along its last dim)")
+    if check_offs:
+        _check_offs_values(offs, total_m)
+
+    def result():
+        return out if quant is None else _quant_result(quant, (total_m, n_out), out, scales, epi_in.gs)
+
+    if E == 0 or total_m == 0 or n_out == 0:
+        return result()
+    if K == 0:
+        if bias is None and activation is None and epilogue is None and quant is None:
+            return out.zero_()
+        ref = grouped_gemm_ref(a, b, offs=offs, out_dtype=out_dtype, alpha=alpha, bias=bias, activation=activation,
+                               epilogue=epilogue, epilogue_args=epilogue_args, out_global_scale=out_global_scale)  # fmt: skip
+        if quant is not None:
+            return ref
+        return out.copy_(ref)
+    for name, t in (("a", a), ("b", b), ("out", out)):
+        if t.data_ptr() % TMA_ALIGN_BYTES:
+            raise ValueError(f"{name}'s data pointer must be 16-byte aligned (got a storage offset that breaks it)")
+    plan = _plan_packed(a, b, offs, out, out_dtype, alpha, config, epi_in, fast_accum)
+    plan.device, plan.device_index = a.device, a.device.index
+    plan.out_dims, plan.out_dtype, plan.out_shape = (total_m, n_out), out_dtype, (total_m, n_out)
+    # Cacheable when the call's own b is what the kernel reads (no interleave / K-major copy).
+    if key is not None and b is b_call:
+        _PLANS[key] = plan
+    if a.device.index == _current_device():
+        plan.launch(a, b, out, offs, float(alpha), epi_in.bias, epi_in.extra(scales), epi_in.block)
+    else:
+        with torch.cuda.device(a.device):
+            plan.launch(a, b, out, offs, float(alpha), epi_in.bias, epi_in.extra(scales), epi_in.block)
+    return result()
+
+
+def _no_epilogue(form, bias, activation, epilogue, out_global_scale, scale_a, scale_b, out_dtype):
+    if any(x is not None for x in (bias, activation, epilogue, out_global_scale, scale_a, scale_b)) or isinstance(out_dtype, str):
+        more = " (the list form also takes relu / gelu / gelu_tanh / silu)" if form == "the list form" else ""
+        raise ValueError(f"{form} takes alpha only{more}: bias, activations, user epilogues, FP8 scales and quantized "
+                         "outputs are for the packed (offs) form")  # fmt: skip
+
+
+def _fp4_weight(call: dict, fn):
+    """grouped_gemm(x, qw, offs=offs) / grouped_gemm_ref with an FP4 BlockScaledTensor weight qw
+    (E, N, K): the FP4-weight kernel (``cutegemm.blockscaled.weight_only.launch``); its options only."""
+    from ..blockscaled.weight_only import launch as fw
+
+    return _quantized_call(call, fn, fw.gemm_fp4_weight, fw.gemm_fp4_weight_ref, ("scale_a",))
+
+
+def _blockscaled(call: dict, fn):
+    """grouped_gemm(qa, qw, offs=offs) / grouped_gemm_ref with BlockScaledTensors qa (total_M, K)
+    and qw (E, N, K) in one format (``cutegemm.blockscaled.gemm.grouped_gemm_blockscaled``: the
+    sm_100a block-scaled grouped kernel; on sm_90a dequantize-first or the MXFP8 emulation); its
+    options only."""
+    from ..blockscaled import gemm as sm100
+
+    return _quantized_call(call, fn, sm100.grouped_gemm_blockscaled, sm100.grouped_gemm_blockscaled_ref, ())
+
+
+def _quantized_call(call: dict, fn, run, run_ref, options: tuple):
+    """A grouped call with a BlockScaledTensor operand: ``run`` (``run_ref`` for
+    grouped_gemm_ref) with offs, out_dtype, alpha, ``options`` and (kernel) out / config /
+    check_offs or (reference) compute_dtype; any other argument off its default is a ValueError."""
+    from ..blockscaled.gemm import _options
+
+    if call.get("offs") is None:
+        raise ValueError("offs is required (int32 cumulative end rows of the experts, on the GPU)")
+    ref = fn is grouped_gemm_ref
+    extra = ("compute_dtype",) if ref else ("out", "config", "check_offs")
+    opts = _options(call, fn, ("offs", "out_dtype", "alpha", *options, *extra))
+    if opts.pop("check_offs", False):
+        _check_offs_values(call["offs"], call["a"].shape[0])
+    return (run_ref if ref else run)(call["a"], call["b"], **opts)
+
+
+def grouped_gemm_ref(a, b, *, offs=None, out_dtype=None, alpha: float = 1.0, bias=None, activation=None,
+                     gate_layout: str = "interleaved", epilogue=None, epilogue_args=(), out_global_scale=None,
+                     scale_a=None, scale_b=None, compute_dtype=torch.float32):  # fmt: skip
+    """Plain-torch twin (loops over groups on the host). Packed form: per expert e, rows
+    [offs[e-1], offs[e]) get ``epilogue(alpha * (a_e @ b[e]) * scale_a * scale_b[e] + bias[e])``
+    (the dense ``epilogue_ref`` / user epilogue with packed row indices); rows at or past
+    offs[-1] are zero here and not written by the kernel. A quantized ``out_dtype`` returns
+    ``quantize_ref`` of the fp32 result."""
+    if isinstance(a, (list, tuple)):
+        return [epilogue_ref(x.to(compute_dtype) @ w.to(compute_dtype), alpha=alpha, activation=activation).to(out_dtype or x.dtype)
+                for x, w in zip(a, b, strict=True)]  # fmt: skip
+    if isinstance(a, BlockScaledTensor):
+        return _blockscaled(locals(), grouped_gemm_ref)
+    if isinstance(b, BlockScaledTensor):
+        return _fp4_weight(locals(), grouped_gemm_ref)
+    fp8 = a.dtype == torch.float8_e4m3fn
+    out_dtype = out_dtype or (torch.bfloat16 if fp8 else a.dtype)
+    bounds = offs.tolist()
+    if b.dim() == 3:
+        E, _, N = b.shape
+        gated = activation in GATED
+        acc = torch.zeros(a.shape[0], N, dtype=compute_dtype, device=a.device)
+        blockwise = isinstance(scale_b, torch.Tensor) and scale_b.dim() == 3  # DeepSeek 1x128 / 128x128
+        prev = 0
+        for e, end in enumerate(bounds):
+            if blockwise:
+                acc[prev:end] = fp8_blockwise_ref(a[prev:end], b[e], scale_a[prev:end], scale_b[e], compute_dtype)
+            else:
+                acc[prev:end] = a[prev:end].to(compute_dtype) @ b[e].to(compute_dtype)
+            prev = end
+        if blockwise:
+            scale_a = scale_b = None  # applied per block above
+        if scale_a is not None:
+            sa = scale_a.to(compute_dtype).reshape(-1)
+            acc = acc * (sa if sa.numel() == 1 else sa.unsqueeze(-1))
+        n_out = N // 2 if gated else N
+        res = torch.zeros(a.shape[0], n_out, dtype=compute_dtype, device=a.device)
+        if epilogue is not None:
+            from ..epilogue.user import apply_user_ref
+
+            y = acc * alpha if alpha != 1.0 else acc
+            res[: bounds[-1] if bounds else 0] = apply_user_ref(epilogue, y, tuple(epilogue_args))[: bounds[-1] if bounds else 0]
+        else:
+            prev = 0
+            for e, end in enumerate(bounds):
+                if end > prev:
+                    y = acc[prev:end]
+                    if scale_b is not None:
+                        y = y * _expert_row(scale_b, e, E, N, compute_dtype)
+                    bias_e = None if bias is None else _expert_row(bias, e, E, N, compute_dtype)
+                    res[prev:end] = epilogue_ref(y, alpha=alpha, bias=bias_e, activation=activation,
+                                                 gate_layout=gate_layout)  # fmt: skip
+                prev = max(prev, end)
+        if isinstance(out_dtype, str):
+            from ..blockscaled import quantize_ref
+
+            gs = _global_scale(out_dtype, out_global_scale, res.device)
+            return quantize_ref(res.float(), out_dtype, global_scale=gs)
+        return res.to(out_dtype)
+    out = torch.zeros(len(bounds), a.shape[0], b.shape[1], dtype=compute_dtype, device=a.device)
+    prev = 0
+    for e, end in enumerate(bounds):
+        out[e] = a[:, prev:end].to(compute_dtype) @ b[prev:end].to(compute_dtype)
+        prev = end
+    return (out * alpha).to(out_dtype)
+
+
+def _expert_row(t: torch.Tensor, e: int, E: int, n: int, dtype) -> torch.Tensor:
+    """Expert e's row of a per-(expert, column) vector given as (E, n), (n,), (E,) or one value."""
+    t = t.to(dtype)
+    if t.shape == (E, n):
+        return t[e]
+    if t.shape == (n,) or t.numel() == 1:
+        return t.reshape(-1)
+    return t.reshape(E)[e]
