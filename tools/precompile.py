@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def _configs(logs, variants):
-    from cutegemm.blockscaled.fp4_weight import Fp4WeightConfig
+    from cutegemm.blockscaled.weight_only.kernel import Fp4WeightConfig
+    from cutegemm.config import GemmConfig  # noqa: F401
     from cutegemm.epilogue import EpilogueSpec  # noqa: F401  (eval namespace)
-    from cutegemm.gemm.config import GemmConfig  # noqa: F401
 
     out = []
     for log in logs:
@@ -45,9 +45,8 @@ def _configs(logs, variants):
 
 
 def _compile(cfg):
-    from cutegemm.blockscaled import fp4_weight
-    from cutegemm.gemm.api import DENSE_CACHE
-    from cutegemm.grouped.api import GROUPED_CACHE
+    from cutegemm.blockscaled.weight_only import kernel as fp4_weight
+    from cutegemm.gemm.launch import DENSE_CACHE, GROUPED_CACHE
 
     t = time.time()
     try:

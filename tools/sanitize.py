@@ -27,10 +27,9 @@ import refcheck  # noqa: F401  (puts the repo root on sys.path)
 import torch
 
 import cutegemm
+from cutegemm.config import GemmConfig
 from cutegemm.epilogue import EpilogueSpec
-from cutegemm.gemm.api import DENSE_CACHE
-from cutegemm.gemm.config import GemmConfig
-from cutegemm.grouped.api import GROUPED_CACHE
+from cutegemm.gemm.launch import DENSE_CACHE, GROUPED_CACHE
 
 BF, F16, F32 = torch.bfloat16, torch.float16, torch.float32
 _GEN = torch.Generator().manual_seed(0)
@@ -206,7 +205,7 @@ def grouped_epilogue_case(counts, n, k, fmt=None):
     """Packed grouped GEMM with a per-expert bias and swiglu (bf16 output, NaN-poisoned rows past
     offs[-1] checked untouched) or a quantized output (scales of rows past the expert's end must
     not be written: the swizzled scale buffer is compared with the reference's)."""
-    from cutegemm.grouped import grouped_gemm_ref
+    from cutegemm import grouped_gemm_ref
 
     E, total = len(counts), sum(counts)
     a = cpu(total + 7, k).cuda()
@@ -286,7 +285,7 @@ def _quantize_cases():
 def _optional_cases() -> dict:
     """Kernel families that exist only in some versions of the package (guarded): the dynamic
     (atomic tile counter) scheduler and the quantized-output (MXFP8) epilogue."""
-    from cutegemm.gemm.config import can_implement
+    from cutegemm.config import can_implement
 
     out = {}
     a, b = cpu(M, K), cpu(K, N)
@@ -325,15 +324,15 @@ def quant_out_case(a, b, fmt="mxfp8"):
 
 
 def _fp4_weight_cases():
-    """FP4 weights x bf16 (cutegemm.blockscaled.fp4_weight): dense and grouped, every pipeline
+    """FP4 weights x bf16 (cutegemm.blockscaled.weight_only.kernel): dense and grouped, every pipeline
     (TMA ring, its split grid, the WGMMA consumers, register prefetch, cp.async ring), ragged N and a K tail chunk, poisoned outputs with a
     guard row; rows past offs[-1] must stay poisoned."""
     import contextlib
     from unittest import mock
 
-    from cutegemm.blockscaled import fp4_weight_api as fp4_api
     from cutegemm.blockscaled import quantize_ref
-    from cutegemm.blockscaled.fp4_weight_api import gemm_fp4_weight, gemm_fp4_weight_ref, pick_config
+    from cutegemm.blockscaled.weight_only import launch as fp4_api
+    from cutegemm.blockscaled.weight_only.launch import gemm_fp4_weight, gemm_fp4_weight_ref, pick_config
 
     def case(fmt, grouped, shape):
         n, k = 200, shape.get("_k", 32 * 13)  # 3 full 128-K chunks + a 32-wide tail
@@ -408,7 +407,7 @@ def _fp8_cases():
     two scale blocks of B, N's last tile with the second block clamped) and grouped (policy:
     wg_order 128x192 c1x2; empty experts, rows past offs[-1] poisoned), grouped row-wise (policy:
     128x192 c1x2 with the dynamic scheduler)."""
-    from cutegemm.grouped import grouped_gemm, grouped_gemm_ref
+    from cutegemm import grouped_gemm, grouped_gemm_ref
 
     F8 = torch.float8_e4m3fn
 
@@ -491,7 +490,7 @@ def _kernel_count() -> int:
         from cutegemm.blockscaled.quantize import _cache
 
         n += len(_cache()._mem)
-        from cutegemm.blockscaled.fp4_weight import kernel_cache
+        from cutegemm.blockscaled.weight_only.kernel import kernel_cache
 
         n += len(kernel_cache()._mem)
     except (ImportError, AttributeError):

@@ -10,8 +10,8 @@
 # Extra sanitizer flags: SANITIZE_ARGS (e.g. "--kernel-name regex:kernel" to skip torch's kernels).
 # Host API errors are not reported (--report-api-errors no): the DSL's HardwareInfo (our
 # runtime/device.resident_clusters) probes the driver with cuGetProcAddress_v2, which returns
-# CUDA_ERROR_INVALID_VALUE ~5 times per process; memcheck counted those as errors (34 per run,
-# bench/2026-12-01b/round7/s/), none of them a device memory access.
+# CUDA_ERROR_INVALID_VALUE ~5 times per process; memcheck counted those as errors (34 per run on the H200),
+# none of them a device memory access.
 # Time limits (s): SANITIZE_WARM_TIMEOUT (default 180), SANITIZE_TIMEOUT per tool (default 130):
 # the defaults keep the three tools inside one 10-minute command.
 set -uo pipefail

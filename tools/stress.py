@@ -150,8 +150,8 @@ class Runner:
         import torch
 
         import cutegemm
+        from cutegemm.config import GemmConfig
         from cutegemm.epilogue import EpilogueSpec
-        from cutegemm.gemm.config import GemmConfig
 
         if not dry_run and not torch.cuda.is_available():
             raise SystemExit(
@@ -171,8 +171,9 @@ class Runner:
             raise SystemExit(f"stress: needs an sm_90 or sm_100 GPU, found sm_{major}x")
         self.arch = "sm_90a" if major == 9 else "sm_100a"
         self.det_seen: Counter = Counter()
-        from cutegemm.blockscaled import fp4_weight_api, quantize_ref
+        from cutegemm.blockscaled import quantize_ref
         from cutegemm.blockscaled.reference import dequantize_ref
+        from cutegemm.blockscaled.weight_only import launch as fp4_weight_api
 
         self.fp4_api, self.dequantize_ref = fp4_weight_api, dequantize_ref
         self.quantize = quantize_ref if dry_run else cutegemm.quantize
