@@ -6,17 +6,23 @@ import argparse
 import sys
 from pathlib import Path
 
+import torch
+
+from . import compile_check, tuning
+from .bench import core as benchmarks
+from .bench import scaled
+from .bench import tune as tuner
+from .bench.core import plot
+from .bench.quantize import bench_quantize, quant_markdown_table, write_quant_results
+from .bench.tune import sweep_dense
+
 
 def _has_gpu() -> bool:
-    import torch
-
     return torch.cuda.is_available()
 
 
 def cmd_compile_check(args) -> int:
-    from .compile_check import main
-
-    return main([a.strip() for a in args.arch.split(",") if a.strip()])
+    return compile_check.main([a.strip() for a in args.arch.split(",") if a.strip()])
 
 
 def cmd_bench(args) -> int:
@@ -24,9 +30,6 @@ def cmd_bench(args) -> int:
         print("No CUDA GPU here: running compile-check for sm_90a and sm_100a instead of the benchmark.")
         args.arch = "sm_90a,sm_100a"
         return cmd_compile_check(args)
-    import torch
-
-    from .bench import core as benchmarks
 
     outdir = Path(args.out)
     gpu = torch.cuda.get_device_name()
@@ -34,7 +37,7 @@ def cmd_bench(args) -> int:
     tables = {
         "dense": (benchmarks.bench_dense, "dense", f"dense bf16 on {gpu}"),
         "grouped": (benchmarks.bench_grouped, "grouped", f"grouped bf16 on {gpu} (vs torch._grouped_mm)"),
-        "fp4w": (benchmarks.bench_fp4_weight, "fp4w", f"FP4 / MXFP8 weight x bf16 on {gpu}"),
+        "fp4w": (scaled.bench_fp4_weight, "fp4w", f"FP4 / MXFP8 weight x bf16 on {gpu}"),
     }
     families = ["dense", "grouped"] if args.family == "all" else [args.family]
     for fam in families:
@@ -45,14 +48,10 @@ def cmd_bench(args) -> int:
             print(benchmarks.markdown_table(rows, title))
             print(f"results: {path}")
         elif fam == "quantize":
-            from .bench.quantize import bench_quantize, quant_markdown_table, write_quant_results
-
             rows = bench_quantize(reps=args.reps)
             print(quant_markdown_table(rows, f"quantize (bf16 input) on {gpu}"))
             print(f"results: {write_quant_results(rows, outdir)}")
         elif fam == "sweep":
-            from .tuning import sweep_dense
-
             sweep_dense(reps=args.reps)
     return 0
 
@@ -72,13 +71,11 @@ def cmd_tune(args) -> int:
     if not _has_gpu():
         print("Tuning needs a CUDA GPU (it times kernels); none here: nothing tuned.")
         return 0
-    from . import tuning
-    from .bench import core as benchmarks
 
     if args.family == "dense":
         shapes = _parse_shapes(args.shapes, 3) if args.shapes else benchmarks.DENSE_SHAPES
         jobs = [
-            (f"{m}x{n}x{k}", lambda m=m, n=n, k=k: tuning.tune_dense(m, n, k, reps=args.reps))
+            (f"{m}x{n}x{k}", lambda m=m, n=n, k=k: tuner.tune_dense(m, n, k, reps=args.reps))
             for m, n, k in shapes
         ]
     else:  # grouped: ExMxNxK, M = total rows over all E experts
@@ -86,7 +83,7 @@ def cmd_tune(args) -> int:
             (e, e * tok, n, k) for e, tok, n, k in benchmarks.GROUPED_SHAPES
         ]  # fmt: skip
         jobs = [
-            (f"E{e} {m}x{n}x{k}", lambda e=e, m=m, n=n, k=k: tuning.tune_grouped(m, n, k, e, reps=args.reps))
+            (f"E{e} {m}x{n}x{k}", lambda e=e, m=m, n=n, k=k: tuner.tune_grouped(m, n, k, e, reps=args.reps))
             for e, m, n, k in shapes
         ]
     for label, job in tuning.progress(jobs, f"tune {args.family}"):
@@ -98,8 +95,6 @@ def cmd_tune(args) -> int:
 
 
 def cmd_plot(args) -> int:
-    from .bench.core import plot
-
     out = plot(Path(args.json))
     print(out or "no plot written")
     return 0 if out else 1

@@ -8,8 +8,14 @@ import re
 import time
 from dataclasses import dataclass, replace
 
+from .blockscaled import dequant
+from .blockscaled import quantizer as quantize_kernels
+from .blockscaled.weight_only import kernel as weight_only
 from .config import GemmConfig
-from .epilogue import EpilogueSpec
+from .epilogue import EpilogueSpec, fn
+from .epilogue.user import register
+from .gemm.launch import build_dense, build_grouped
+from .runtime.sass import compile_to_sass, count_markers
 
 # SASS markers: required (count > 0) and forbidden (count == 0).
 SPILLS = {"LDL": r"\bLDL(\.|\s)", "STL": r"\bSTL(\.|\s)"}
@@ -269,16 +275,12 @@ def fp8_mx_variants(arch: str) -> list[GemmConfig]:
 
 def sample_user_epilogue(acc, row, col, bias, scale):
     """The user-defined epilogue compiled by compile-check: silu(acc + bias[col]) * scale[row]."""
-    from .epilogue import fn
-
     return fn.silu(acc + bias[col]) * scale[row]
 
 
 def quant_and_user_variants(arch: str) -> list[GemmConfig]:
     """Quantized outputs (each format, plain / gated / pingpong / 64-row tiles) and a user
     epilogue (sm_90a so far)."""
-    from .epilogue.user import register
-
     E = EpilogueSpec
     user = register(sample_user_epilogue)
     if arch == "sm_90a":
@@ -331,10 +333,6 @@ def wgmma_serialized(cfg: GemmConfig, sass: str) -> bool:
 
 
 def check_config(cfg: GemmConfig) -> CheckResult:
-    from .gemm.dense import build_dense
-    from .grouped.packed import build_grouped
-    from .runtime.sass import compile_to_sass, count_markers
-
     t0 = time.time()
     try:
         kernel, args = (build_grouped if cfg.grouped else build_dense)(cfg)
@@ -419,8 +417,6 @@ def grouped_epilogue_variants(arch: str) -> list[GemmConfig]:
     """Epilogues of the packed grouped kernel: per-expert bias + activation, gated swiglu,
     quantized outputs (MXFP8 after swiglu, NVFP4, MXFP4), a user epilogue; FP8 row-wise scales
     (sm_90a: promoted and fast accumulation) and DeepSeek block scales (sm_90a)."""
-    from .epilogue.user import register
-
     E = EpilogueSpec
     user = register(sample_user_epilogue)
     g = dict(arch=arch, grouped=True)
@@ -525,24 +521,18 @@ def family_results(archs, all_configs, check_variant) -> list[CheckResult]:
 
 
 def quantize_results(archs) -> list[CheckResult]:
-    """The block-scaled quantize kernels (cutegemm.blockscaled.quantize), every variant."""
-    from .blockscaled.quantize import all_configs, check_variant
-
-    return family_results(archs, all_configs, check_variant)
+    """The block-scaled quantize kernels (cutegemm.blockscaled.quantizer), every variant."""
+    return family_results(archs, quantize_kernels.all_configs, quantize_kernels.check_variant)
 
 
 def dequant_results(archs) -> list[CheckResult]:
     """The block-scaled -> bf16 dequantize kernels (cutegemm.blockscaled.dequant), every variant."""
-    from .blockscaled.dequant import all_configs, check_variant
-
-    return family_results(archs, all_configs, check_variant)
+    return family_results(archs, dequant.all_configs, dequant.check_variant)
 
 
 def fp4_weight_results(archs) -> list[CheckResult]:
     """The FP4-weight (W4A16) kernels (cutegemm.blockscaled.weight_only.kernel), every variant."""
-    from .blockscaled.weight_only.kernel import all_configs, check_variant
-
-    return family_results(archs, all_configs, check_variant)
+    return family_results(archs, weight_only.all_configs, weight_only.check_variant)
 
 
 def main(archs) -> int:

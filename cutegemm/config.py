@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .epilogue import EpilogueSpec
-
 ARCHS = ("sm_90a", "sm_100a")
 INPUT_DTYPES = ("bf16", "fp16")
 FP8_DTYPES = ("e4m3",)  # dense FP8 (sm_90a WGMMA): K-major A and B, fp32 scales in the epilogue
@@ -26,6 +24,126 @@ BLOCKSCALED_RECIPES = {
 # operand is unpacked to a byte per element in shared memory (its K a multiple of 128).
 BLOCKSCALED_MIXED = {("e4m3", "e2m1"), ("e2m1", "e4m3")}
 ELEMENT_BITS = {"bf16": 16, "fp16": 16, "fp32": 32, "e4m3": 8, "e2m1": 4, "u8": 8}
+
+
+QUANT_FORMATS = ("mxfp8", "mxfp4", "nvfp4")  # quantized outputs (epilogue.quant)
+MAX_EPILOGUE_ARGS = 4  # vectors a user epilogue may take (epilogue.user)
+EPI_DTYPES = ("bf16", "fp16", "fp32")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
+GATED = ("swiglu", "geglu")
+
+
+@dataclass(frozen=True)
+class EpilogueSpec:
+    """What the epilogue does to the fp32 accumulator before the cast (see the module docstring
+    for the formulas and their order). Disabled ops emit no code.
+
+    alpha: multiply by a runtime fp32 scalar (``alpha == 1`` costs nothing when False).
+    beta: add ``beta * C`` (runtime fp32 scalar; C an input tensor of the output's shape, row
+        major, dtype ``c_dtype``).
+    bias: add a per-GEMM-column vector of dtype ``bias_dtype``.
+    activation: None | "relu" | "gelu" (erf) | "gelu_tanh" | "silu", applied last.
+    gated: None | "swiglu" | "geglu" (erf gelu): the output has half the GEMM's columns; B's
+        columns alternate gate, up (see the module docstring). Excludes ``activation`` and
+        ``beta``.
+    c_dtype / bias_dtype: dtypes of the C and bias tensors; leave them at the default "fp32"
+        when the op is off, so that one kernel has one key.
+    quant: None | "mxfp8" | "mxfp4" | "nvfp4": the output is block-quantized along its columns
+        (see :mod:`cutegemm.epilogue.quant`): data (e4m3, or e2m1 pairs as bytes) plus 128x4
+        swizzled scale factors, written by the kernel.
+    user: key of a registered user-defined epilogue (:mod:`cutegemm.epilogue.user`), applied to
+        ``alpha * acc`` instead of beta / bias / activation; user_args: dtypes of its vectors.
+    """
+
+    alpha: bool = False
+    beta: bool = False
+    bias: bool = False
+    activation: str | None = None
+    gated: str | None = None
+    c_dtype: str = "fp32"
+    bias_dtype: str = "fp32"
+    quant: str | None = None
+    user: str | None = None
+    user_args: tuple = ()
+    scale_a: bool = False  # FP8: multiply by an fp32 per-row (or per-tensor) scale of A
+    scale_b: bool = False  # FP8: multiply by an fp32 per-column (or per-tensor) scale of B
+
+    def __post_init__(self):
+        err = []
+        if self.quant is not None and self.quant not in QUANT_FORMATS:
+            err.append(f"quant must be None or one of {QUANT_FORMATS}, got {self.quant!r}")
+        if self.user is not None:
+            if self.beta or self.bias or self.activation or self.gated:
+                err.append("a user epilogue replaces beta / bias / activation / gated: leave them off")
+            if len(self.user_args) > MAX_EPILOGUE_ARGS:
+                err.append(
+                    f"a user epilogue takes at most {MAX_EPILOGUE_ARGS} vectors, got {len(self.user_args)}"
+                )
+            for d in self.user_args:
+                if d not in EPI_DTYPES:
+                    err.append(f"user_args dtypes must be in {EPI_DTYPES}, got {d!r}")
+        elif self.user_args:
+            err.append("user_args without a user epilogue")
+        if (self.scale_a or self.scale_b) and self.user is not None:
+            err.append("scale_a / scale_b (FP8 scales) cannot be combined with a user epilogue yet")
+        for f in ("alpha", "beta", "bias"):
+            if not isinstance(getattr(self, f), bool):
+                err.append(f"{f} must be a bool, got {getattr(self, f)!r}")
+        if self.activation is not None and self.activation not in ACTIVATIONS:
+            err.append(f"activation must be None or one of {ACTIVATIONS}, got {self.activation!r}")
+        if self.gated is not None and self.gated not in GATED:
+            err.append(f"gated must be None or one of {GATED}, got {self.gated!r}")
+        if self.gated is not None and self.activation is not None:
+            err.append(f"gated={self.gated!r} already applies its activation; activation must be None")
+        if self.gated is not None and self.beta:
+            err.append("beta * C cannot be combined with a gated activation")
+        for f, on in (("c_dtype", self.beta), ("bias_dtype", self.bias)):
+            v = getattr(self, f)
+            if v not in EPI_DTYPES:
+                err.append(f"{f} must be one of {EPI_DTYPES}, got {v!r}")
+            elif not on and v != "fp32":
+                err.append(
+                    f"{f}={v!r} without {'beta' if f == 'c_dtype' else 'bias'}=True: leave it at 'fp32'"
+                )
+        if err:
+            raise ValueError("invalid EpilogueSpec: " + "; ".join(err))
+
+    @property
+    def name(self) -> str:
+        parts = [f"scale{'a' * self.scale_a}{'b' * self.scale_b}"] if self.scale_a or self.scale_b else []
+        if self.alpha:
+            parts.append("alpha")
+        if self.beta:
+            parts.append(f"beta{self.c_dtype}")
+        if self.bias:
+            parts.append(f"bias{self.bias_dtype}")
+        if self.activation:
+            parts.append(self.activation)
+        if self.gated:
+            parts.append(self.gated)
+        if self.user:
+            parts.append(f"user{self.user}" + "".join(f"-{d}" for d in self.user_args))
+        if self.quant:
+            parts.append(f"q{self.quant}")
+        return "+".join(parts) if parts else "identity"
+
+    @property
+    def needs_coords(self) -> bool:
+        """Whether the kernel must give each accumulator element its global coordinate."""
+        return (
+            self.beta
+            or self.bias
+            or self.gated is not None
+            or self.quant is not None
+            or self.user is not None
+            or self.scale_a
+            or self.scale_b
+        )
+
+    @property
+    def cols_per_output(self) -> int:
+        """GEMM columns per output column (2 for gated)."""
+        return 2 if self.gated else 1
 
 
 @dataclass(frozen=True)

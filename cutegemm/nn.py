@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .api.face import grouped_gemm, grouped_gemm_ref
+from .blockscaled.quantizer import quantize
 from .epilogue import epilogue_ref
-from .grouped import grouped_gemm
 
 
 class GroupedExperts(nn.Module):
@@ -64,8 +65,6 @@ class QuantizedGroupedExperts(nn.Module):
 
     def __init__(self, experts: GroupedExperts, fmt: str = "nvfp4"):
         super().__init__()
-        from .blockscaled.quantize import quantize
-
         self.fmt, self.hidden = fmt, experts.hidden
         with torch.no_grad():
             self.q_gate_up = quantize(experts.w_gate_up.detach().to(torch.bfloat16), fmt)
@@ -78,8 +77,6 @@ class QuantizedGroupedExperts(nn.Module):
     def forward_ref(self, x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
         """Plain-torch twin on the dequantized weights (fp32 math, bf16 between the GEMMs like
         the kernel path)."""
-        from .grouped import grouped_gemm_ref
-
         gu = grouped_gemm_ref(x, self.q_gate_up, offs=offs, out_dtype=x.dtype)
         return grouped_gemm_ref(_swiglu(gu, x.dtype), self.q_down, offs=offs, out_dtype=x.dtype)
 
@@ -88,11 +85,3 @@ def _swiglu(gu: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """silu(gate) * up of interleaved gate/up columns, in fp32, cast to ``dtype``."""
     return epilogue_ref(gu.float(), activation="swiglu").to(dtype)
 
-
-def __getattr__(name):
-    # ExpertParallelMoE lives in cutegemm.parallel (it imports this module); expose it here too.
-    if name == "ExpertParallelMoE":
-        from .parallel import ExpertParallelMoE
-
-        return ExpertParallelMoE
-    raise AttributeError(name)

@@ -67,12 +67,17 @@ from typing import Optional
 
 import torch
 
-from .api.quantized import gemm_quantized, quantize  # registers cutegemm::{quantize, gemm_quantized}
-from .epilogue import ACTIVATIONS, GATED
+from .epilogue import GATED
 from .gemm.dense import gemm as _gemm_kernel
 from .gemm.dense import gemm_ref as _gemm_ref
 from .grouped.packed import grouped_gemm as _grouped_kernel
 from .grouped.packed import grouped_gemm_ref as _grouped_ref
+from .quant_ops import (  # registers cutegemm::{quantize, gemm_quantized}
+    CPU_DTYPES,
+    check_gemm_operands,
+    gemm_quantized,
+    quantize,
+)
 
 # bias is positional-or-keyword, not keyword-only: torch.library.custom_op refuses keyword-only
 # Tensor arguments (and its autograd would not differentiate them).
@@ -82,7 +87,6 @@ GEMM_SCHEMA = (
 )
 GROUPED_SCHEMA = "(Tensor a, Tensor b, Tensor offs, *, float alpha=1.0, ScalarType? out_dtype=None) -> Tensor"
 
-_CPU_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 _GATE_ACT = {"swiglu": "silu", "geglu": "gelu"}
 
 
@@ -94,39 +98,12 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 # validation shared by the CPU and fake implementations (the CUDA functions validate themselves)
 
 
-def check_gemm_operands(a, b, bias, activation):
-    """The a / b / bias / activation rules of the gemm ops (CPU, fake and quantized variants);
-    returns the result's shape (gated: half of b's columns)."""
-    if a.dim() not in (2, 3) or b.dim() not in (2, 3):
-        raise ValueError(f"a and b must have 2 or 3 dims, got {tuple(a.shape)} and {tuple(b.shape)}")
-    if a.dtype not in _CPU_DTYPES or b.dtype != a.dtype:
-        raise TypeError(
-            f"a and b must share one of {_CPU_DTYPES} (CUDA: bf16/fp16), got {a.dtype} and {b.dtype}"
-        )
-    if activation is not None and activation not in (*ACTIVATIONS, *GATED):
-        raise ValueError(f"activation must be None or one of {(*ACTIVATIONS, *GATED)}, got {activation!r}")
-    if a.shape[-1] != b.shape[-2]:
-        raise ValueError(f"a and b shapes do not match for a @ b: {tuple(a.shape)} @ {tuple(b.shape)}")
-    if a.dim() == 3 and b.dim() == 3 and a.shape[0] != b.shape[0]:
-        raise ValueError(f"batch sizes differ: a has {a.shape[0]}, b has {b.shape[0]}")
-    n = b.shape[-1]
-    if bias is not None:
-        if bias.dim() != 1 or bias.shape[0] != n:
-            raise ValueError(f"bias must have shape ({n},), got {tuple(bias.shape)}")
-        if bias.dtype not in _CPU_DTYPES:
-            raise TypeError(f"bias.dtype must be one of {_CPU_DTYPES}, got {bias.dtype}")
-    if activation in GATED:
-        if n % 2:
-            raise ValueError(f"a gated activation needs b with an even number of columns, got {n}")
-        n = n // 2
-    batch = a.shape[:1] if a.dim() == 3 else b.shape[:1] if b.dim() == 3 else ()
-    return (*batch, a.shape[-2], n)
 
 
 def _check_gemm(a, b, out_dtype, bias, activation):
     """Returns the result's shape."""
-    if out_dtype is not None and out_dtype not in _CPU_DTYPES:
-        raise TypeError(f"out_dtype must be one of {_CPU_DTYPES} (CUDA: bf16/fp16/fp32), got {out_dtype}")
+    if out_dtype is not None and out_dtype not in CPU_DTYPES:
+        raise TypeError(f"out_dtype must be one of {CPU_DTYPES} (CUDA: bf16/fp16/fp32), got {out_dtype}")
     return check_gemm_operands(a, b, bias, activation)
 
 
@@ -136,12 +113,12 @@ def _check_grouped(a, b, offs, out_dtype):
         raise TypeError("offs must be a 1-D torch.int32 tensor")
     if a.dim() != 2 or b.dim() not in (2, 3):
         raise ValueError(f"a must have 2 dims and b 2 or 3, got {tuple(a.shape)} and {tuple(b.shape)}")
-    if a.dtype not in _CPU_DTYPES or b.dtype != a.dtype:
+    if a.dtype not in CPU_DTYPES or b.dtype != a.dtype:
         raise TypeError(
-            f"a and b must share one of {_CPU_DTYPES} (CUDA: bf16/fp16), got {a.dtype} and {b.dtype}"
+            f"a and b must share one of {CPU_DTYPES} (CUDA: bf16/fp16), got {a.dtype} and {b.dtype}"
         )
-    if out_dtype is not None and out_dtype not in _CPU_DTYPES:
-        raise TypeError(f"out_dtype must be one of {_CPU_DTYPES} (CUDA: bf16/fp16/fp32), got {out_dtype}")
+    if out_dtype is not None and out_dtype not in CPU_DTYPES:
+        raise TypeError(f"out_dtype must be one of {CPU_DTYPES} (CUDA: bf16/fp16/fp32), got {out_dtype}")
     if b.dim() == 3:  # packed
         if a.shape[1] != b.shape[1]:
             raise ValueError(f"a (T, K={a.shape[1]}) and b (E, K={b.shape[1]}, N) disagree on K")

@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .grouped import grouped_gemm_ref
+from .api.face import grouped_gemm_ref
 from .nn import GroupedExperts
 
 

@@ -8,8 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .config import GemmConfig, GemmProblem, a_rows_errors, a_rows_for, split_k_errors, swap_ab_epilogue
-from .epilogue import EpilogueSpec
+from .config import (
+    EpilogueSpec,
+    GemmConfig,
+    GemmProblem,
+    a_rows_errors,
+    a_rows_for,
+    split_k_errors,
+    swap_ab_epilogue,
+)
 
 # Packed grouped bf16 / fp16 with at most this many mean rows per expert (and more than 64) runs
 # the swapped kernel (GemmConfig.swap_ab).

@@ -75,16 +75,52 @@ from typing import Optional
 
 import torch
 
-from ..blockscaled.formats import get_format
-from ..blockscaled.gemm import RECIPES as _BLOCKSCALED_RECIPES
-from ..blockscaled.gemm import gemm_blockscaled as _gemm_blockscaled_kernel
-from ..blockscaled.gemm import gemm_blockscaled_ref as _gemm_blockscaled_ref
-from ..blockscaled.layout import swizzled_shape
-from ..blockscaled.reference import BlockScaledTensor, quantize_ref
-from ..epilogue import GATED
-from ..epilogue.quant import QUANT, QUANT_FORMATS
-from ..gemm.dense import gemm as _gemm_kernel
-from ..gemm.dense import gemm_ref as _gemm_ref
+from .blockscaled.formats import get_format
+from .blockscaled.gemm import RECIPES as _BLOCKSCALED_RECIPES
+from .blockscaled.gemm import gemm_blockscaled as _gemm_blockscaled_kernel
+from .blockscaled.gemm import gemm_blockscaled_ref as _gemm_blockscaled_ref
+from .blockscaled.layout import swizzled_shape
+from .blockscaled.quantizer import quantize as quantize_kernel
+from .blockscaled.reference import BlockScaledTensor, quantize_ref
+from .blockscaled.weight_only.launch import check_args, gemm_fp4_weight_ref
+from .blockscaled.weight_only.launch import gemm_fp4_weight as kernel
+from .config import QUANT_FORMATS
+from .epilogue import ACTIVATIONS, GATED
+from .epilogue.quant import QUANT
+from .gemm.dense import gemm as _gemm_kernel
+from .gemm.dense import gemm_ref as _gemm_ref
+
+CPU_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+
+
+def check_gemm_operands(a, b, bias, activation):
+    """The a / b / bias / activation rules of the gemm ops (CPU, fake and quantized variants);
+    returns the result's shape (gated: half of b's columns)."""
+    if a.dim() not in (2, 3) or b.dim() not in (2, 3):
+        raise ValueError(f"a and b must have 2 or 3 dims, got {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.dtype not in CPU_DTYPES or b.dtype != a.dtype:
+        raise TypeError(
+            f"a and b must share one of {CPU_DTYPES} (CUDA: bf16/fp16), got {a.dtype} and {b.dtype}"
+        )
+    if activation is not None and activation not in (*ACTIVATIONS, *GATED):
+        raise ValueError(f"activation must be None or one of {(*ACTIVATIONS, *GATED)}, got {activation!r}")
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"a and b shapes do not match for a @ b: {tuple(a.shape)} @ {tuple(b.shape)}")
+    if a.dim() == 3 and b.dim() == 3 and a.shape[0] != b.shape[0]:
+        raise ValueError(f"batch sizes differ: a has {a.shape[0]}, b has {b.shape[0]}")
+    n = b.shape[-1]
+    if bias is not None:
+        if bias.dim() != 1 or bias.shape[0] != n:
+            raise ValueError(f"bias must have shape ({n},), got {tuple(bias.shape)}")
+        if bias.dtype not in CPU_DTYPES:
+            raise TypeError(f"bias.dtype must be one of {CPU_DTYPES}, got {bias.dtype}")
+    if activation in GATED:
+        if n % 2:
+            raise ValueError(f"a gated activation needs b with an even number of columns, got {n}")
+        n = n // 2
+    batch = a.shape[:1] if a.dim() == 3 else b.shape[:1] if b.dim() == 3 else ()
+    return (*batch, a.shape[-2], n)
+
 
 QUANTIZE_SCHEMA = (
     '(Tensor x, str fmt, Tensor? global_scale=None, *, str scale_rule="ocp") -> (Tensor, Tensor, Tensor)'
@@ -138,7 +174,6 @@ def _gemm_quantized_outputs(a, b, bias, out_global_scale, out_dtype, activation)
     """Validates a gemm_quantized call; returns (data shape, data dtype, scales shape, scales dtype)."""
     if out_dtype not in QUANT_FORMATS:
         raise ValueError(f"out_dtype must be one of {QUANT_FORMATS}, got {out_dtype!r}")
-    from ..ops import check_gemm_operands
 
     n = check_gemm_operands(a, b, bias, activation)[-1]
     if n % 32:
@@ -238,8 +273,6 @@ def _quantize_tuple(q: BlockScaledTensor, x, global_scale):
 
 @quantize_op.register_kernel("cuda")
 def _quantize_cuda(x, fmt, global_scale=None, *, scale_rule="ocp"):
-    from ..blockscaled.quantize import quantize as quantize_kernel
-
     _quantize_outputs(x, fmt, global_scale, scale_rule)
     q = quantize_kernel(x, fmt, global_scale=global_scale, scale_rule=scale_rule)
     return _quantize_tuple(q, x, global_scale)
@@ -431,8 +464,6 @@ def gemm_blockscaled(
 
 def _fp4_weight_operand(x, w, w_scales, w_global_scale, offs, scale_a, fmt_name, out_dtype):
     """Validates; returns (qw, out_dtype): the weight rebuilt as a BlockScaledTensor."""
-    from ..blockscaled.weight_only.launch import check_args
-
     if fmt_name not in ("nvfp4", "mxfp4", "mxfp8"):
         raise ValueError(f"fmt must be 'nvfp4', 'mxfp4' or 'mxfp8', got {fmt_name!r}")
     fmt = get_format(fmt_name)
@@ -465,8 +496,6 @@ def gemm_fp4_weight_op(
 ) -> torch.Tensor:
     """alpha * x @ dequantize(W).mT; see the module docstring. (This body is the CPU kernel: the
     reference twin.)"""
-    from ..blockscaled.weight_only.launch import gemm_fp4_weight_ref
-
     qw, out_dtype = _fp4_weight_operand(x, w, w_scales, w_global_scale, offs, scale_a, fmt, out_dtype)
     return gemm_fp4_weight_ref(x, qw, offs=offs, out_dtype=out_dtype, alpha=alpha, scale_a=scale_a)
 
@@ -475,8 +504,6 @@ def gemm_fp4_weight_op(
 def _gemm_fp4_weight_cuda(
     x, w, w_scales, w_global_scale=None, offs=None, scale_a=None, *, fmt, out_dtype=None, alpha=1.0
 ):
-    from ..blockscaled.weight_only.launch import gemm_fp4_weight as kernel
-
     qw, out_dtype = _fp4_weight_operand(x, w, w_scales, w_global_scale, offs, scale_a, fmt, out_dtype)
     # rows past offs[-1] are not written by the kernel: zero them (the op's output is defined)
     out = None if offs is None else torch.zeros(x.shape[0], w.shape[-2], dtype=out_dtype, device=x.device)

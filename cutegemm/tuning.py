@@ -36,10 +36,10 @@ from pathlib import Path
 
 import torch
 
-from .bench.core import DENSE_SHAPES, Timer, _dense_inputs
-from .config import INPUT_DTYPES, OUTPUT_DTYPES, GemmConfig, GemmProblem, can_implement
-from .epilogue import EpilogueSpec
+from .config import INPUT_DTYPES, OUTPUT_DTYPES, EpilogueSpec, GemmConfig, GemmProblem, can_implement
 from .policy import ceil_div, policy_for
+from .runtime.cache import cache_dir
+from .runtime.timer import Timer
 
 ENV_VAR = "CUTEGEMM_AUTOTUNE"
 FILE_NAME = "autotune.json"
@@ -218,8 +218,6 @@ def knobs(cfg: GemmConfig) -> dict:
 
 def tuning_file() -> Path:
     """``autotune.json`` in the root of the compile cache (next to the per-source-hash kernel dirs)."""
-    from .runtime.cache import cache_dir
-
     return cache_dir().parent / FILE_NAME
 
 
@@ -318,71 +316,6 @@ def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def _dense_runner(p: GemmProblem, epi: EpilogueSpec):
-    """(run(cfg) -> out, reference) on random inputs of the problem's shapes, majors, epilogue."""
-    from .gemm.dense import NAME_TO_TORCH, gemm, gemm_ref
-
-    dt = NAME_TO_TORCH[p.a_dtype]
-    out_dtype = NAME_TO_TORCH[p.out_dtype]
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    lead = (p.l,) if p.l > 1 else ()
-    a = torch.randn(*lead, p.m, p.k, device="cuda", dtype=dt, generator=gen)
-    if p.a_major == "m":
-        a = a.mT.contiguous().mT
-    b = torch.randn(*lead, p.k, p.n, device="cuda", dtype=dt, generator=gen) * p.k**-0.5
-    if p.b_major == "k":
-        b = b.mT.contiguous().mT
-    n_out = p.n // 2 if epi.gated else p.n
-    kw = dict(alpha=0.5 if epi.alpha else 1.0, activation=epi.gated or epi.activation, out_dtype=out_dtype)
-    if epi.bias:
-        kw["bias"] = torch.randn(p.n, device="cuda", generator=gen).to(NAME_TO_TORCH[epi.bias_dtype])
-    if epi.beta:
-        c = torch.randn(*lead, p.m, n_out, device="cuda", generator=gen).to(NAME_TO_TORCH[epi.c_dtype])
-        kw.update(beta=0.5, c=c)
-    ref = gemm_ref(a, b, **kw)
-
-    def run(cfg: GemmConfig):
-        return gemm(a, b, config=cfg, **kw)
-
-    return run, ref
-
-
-def _grouped_counts(total_m: int, num_groups: int) -> list[int]:
-    """Uneven (multinomial, fixed seed) rows per expert summing to total_m, like a router's."""
-    gen = torch.Generator().manual_seed(0)
-    idx = torch.multinomial(torch.ones(num_groups), total_m, replacement=True, generator=gen)
-    return idx.bincount(minlength=num_groups).tolist()
-
-
-def _grouped_runner(p: GemmProblem, epi: EpilogueSpec, num_groups: int):
-    from .gemm.dense import NAME_TO_TORCH
-    from .grouped.packed import grouped_gemm, grouped_gemm_ref
-
-    dt = NAME_TO_TORCH[p.a_dtype]
-    out_dtype = NAME_TO_TORCH[p.out_dtype]
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    a = torch.randn(p.m, p.k, device="cuda", dtype=dt, generator=gen)
-    b = torch.randn(num_groups, p.k, p.n, device="cuda", dtype=dt, generator=gen) * p.k**-0.5
-    if p.b_major == "k":
-        b = b.mT.contiguous().mT
-    offs = torch.tensor(_grouped_counts(p.m, num_groups), device="cuda").cumsum(0).to(torch.int32)
-    alpha = 0.5 if epi.alpha else 1.0
-    ref = grouped_gemm_ref(a, b, offs=offs, alpha=alpha, out_dtype=out_dtype)
-
-    def run(cfg: GemmConfig):
-        return grouped_gemm(a, b, offs=offs, alpha=alpha, out_dtype=out_dtype, config=cfg)
-
-    return run, ref
-
-
-def _make_runner(family: str, p: GemmProblem, epi: EpilogueSpec, num_groups: int):
-    if family == "dense":
-        return _dense_runner(p, epi)
-    if family == "grouped":
-        return _grouped_runner(p, epi, num_groups)
-    raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
-
-
 _TIMER: list = []
 
 
@@ -415,20 +348,23 @@ def tune(
     *,
     num_groups: int = 1,
     num_sms: int | None = None,
+    runner: Callable,
     reps: int = 20,
     device_name: str | None = None,
     persist: bool = True,
     path: Path | None = None,
 ) -> TuneResult:
     """Time every candidate on the current GPU, persist the fastest correct one (unless
-    ``persist=False``) and return it. Raises RuntimeError when no candidate works."""
+    ``persist=False``) and return it. ``runner(p, epilogue, num_groups)`` returns (run(cfg) -> out,
+    reference) on random inputs of the problem (``gemm.dense.dense_runner``,
+    ``grouped.packed.grouped_runner``). Raises RuntimeError when no candidate works."""
     device_name = device_name or _device_name()
     key = record_key(arch, device_name, family, p, epilogue, num_groups)
     cands = candidates(arch, family, p, epilogue, num_groups, num_sms)
     prev = getattr(_local, "tuning", False)
     _local.tuning = True
     try:
-        run, ref = _make_runner(family, p, epilogue, num_groups)
+        run, ref = runner(p, epilogue, num_groups)
         trials = [_trial(run, ref, cfg, reps) for cfg in progress(cands, f"cutegemm tune {key}")]
     finally:
         _local.tuning = prev
@@ -455,6 +391,7 @@ def tuned_config(
     epilogue: EpilogueSpec = EpilogueSpec(),
     family: str = "dense",
     *,
+    runner: Callable,
     num_groups: int = 1,
     num_sms: int | None = None,
 ) -> GemmConfig | None:
@@ -473,123 +410,7 @@ def tuned_config(
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         return None  # timing would break the capture; the default is used, nothing is recorded
     try:
-        return tune(arch, family, problem, epilogue, num_groups=num_groups, num_sms=num_sms).winner
+        return tune(arch, family, problem, epilogue, runner=runner, num_groups=num_groups, num_sms=num_sms).winner
     except Exception as exc:  # tuning must never break a call the default config can serve
         warnings.warn(f"cutegemm: autotuning failed, using the default config: {exc}", stacklevel=2)
         return None
-
-
-# ---------------------------------------------------------------------------------------------- convenience
-
-
-def _current_arch() -> tuple[str, int]:
-    from .gemm.dense import _device_info
-
-    return _device_info(torch.cuda.current_device())
-
-
-def tune_dense(
-    m: int,
-    n: int,
-    k: int,
-    dtype=torch.bfloat16,
-    *,
-    l: int = 1,
-    out_dtype=None,
-    a_major: str = "k",
-    b_major: str = "k",
-    epilogue: EpilogueSpec = EpilogueSpec(),
-    reps: int = 20,
-    persist: bool = True,
-) -> TuneResult:
-    """Tune ``gemm`` for an (L,) M x K @ K x N problem on the current GPU. b_major="k": b is a
-    transposed (N, K) weight (nn.Linear); "n": row-major (K, N)."""
-    from .gemm.dense import TORCH_TO_NAME
-
-    arch, sms = _current_arch()
-    name, out = TORCH_TO_NAME[dtype], TORCH_TO_NAME[out_dtype or dtype]
-    p = GemmProblem(m, n, k, l, name, name, out, a_major, b_major)
-    return tune(arch, "dense", p, epilogue, num_sms=sms, reps=reps, persist=persist)
-
-
-def tune_grouped(
-    total_m: int,
-    n: int,
-    k: int,
-    num_groups: int,
-    dtype=torch.bfloat16,
-    *,
-    out_dtype=None,
-    b_major: str = "k",
-    alpha: bool = False,
-    reps: int = 20,
-    persist: bool = True,
-) -> TuneResult:
-    """Tune the packed ``grouped_gemm`` (a (total_m, K), b (E, K, N), offs) on the current GPU.
-    b_major="k": b is ``w.transpose(1, 2)`` of an (E, N, K) weight."""
-    from .gemm.dense import TORCH_TO_NAME
-
-    arch, sms = _current_arch()
-    name, out = TORCH_TO_NAME[dtype], TORCH_TO_NAME[out_dtype or dtype]
-    p = GemmProblem(total_m, n, k, 1, name, name, out, "k", b_major)
-    epi = EpilogueSpec(alpha=alpha)
-    return tune(arch, "grouped", p, epi, num_groups=num_groups, num_sms=sms, reps=reps, persist=persist)
-
-
-# ---------------------------------------------------------------------------------------------- policy sweep
-
-SM90_CANDIDATES = [
-    dict(tile_m=128, tile_n=128, cluster_m=2, cluster_n=1, raster="m", group=8, pingpong=True),
-    dict(tile_m=128, tile_n=128, cluster_m=1, cluster_n=2, raster="m", group=8, pingpong=True),
-    dict(tile_m=128, tile_n=128, cluster_m=2, cluster_n=1, raster="n", group=8, pingpong=True),
-    dict(tile_m=64, tile_n=256, cluster_m=2, cluster_n=1, raster="m", group=8, pingpong=True),
-    dict(tile_m=128, tile_n=64, cluster_m=1, cluster_n=1, raster="n", group=1, pingpong=True),
-    dict(tile_m=128, tile_n=64, cluster_m=1, cluster_n=2, raster="n", group=1, pingpong=True),
-    dict(tile_m=128, tile_n=64, cluster_m=1, cluster_n=2, raster="n", group=1),
-    dict(tile_m=128, tile_n=64, cluster_m=1, cluster_n=4, raster="n", group=1),
-    dict(tile_m=128, tile_n=256, cluster_m=2, cluster_n=1, raster="m", group=8),
-    dict(tile_m=128, tile_n=256, cluster_m=1, cluster_n=2, raster="m", group=8),
-    dict(tile_m=128, tile_n=256, cluster_m=2, cluster_n=1, raster="n", group=8),
-    dict(tile_m=128, tile_n=256, cluster_m=1, cluster_n=1, raster="m", group=8),
-    dict(tile_m=128, tile_n=192, cluster_m=2, cluster_n=1, raster="m", group=8),
-    dict(tile_m=128, tile_n=128, cluster_m=2, cluster_n=1, raster="m", group=8),
-    dict(tile_m=128, tile_n=128, cluster_m=1, cluster_n=1, raster="m", group=8),
-    dict(tile_m=64, tile_n=128, cluster_m=1, cluster_n=1, raster="n", group=1),
-    dict(tile_m=64, tile_n=256, cluster_m=1, cluster_n=1, raster="n", group=1),
-    dict(tile_m=128, tile_n=64, cluster_m=1, cluster_n=1, raster="n", group=1),
-    dict(tile_m=64, tile_n=128, cluster_m=1, cluster_n=2, raster="n", group=1),
-]
-
-
-def sweep_dense(shapes=DENSE_SHAPES, dtype=torch.bfloat16, reps=20):
-    """Print the TFLOP/s of every SM90_CANDIDATES variant per shape (sets the policy by hand)."""
-    from .gemm.dense import TORCH_TO_NAME, _device_info, gemm
-
-    timer = Timer()
-    arch, sms = _device_info(torch.cuda.current_device())
-    pol = policy_for(arch, sms)
-    name = TORCH_TO_NAME[dtype]
-    for m, n, k in shapes:
-        a, b = _dense_inputs(m, n, k, dtype)
-        base = pol.choose(GemmProblem(m, n, k, 1, name, name, name, "k", "k"))
-        t_torch = timer(lambda a=a, b=b: torch.matmul(a, b), reps)
-        flops = 2.0 * m * n * k
-        print(
-            f"== {m}x{n}x{k}: torch {flops / t_torch / 1e9:.1f} TFLOP/s; policy picks {base.name}", flush=True
-        )
-        best = None
-        for cand in SM90_CANDIDATES:
-            cfg = replace(base, **cand)
-            if not can_implement(cfg)[0]:
-                continue
-            try:
-                t = timer(lambda a=a, b=b, cfg=cfg: gemm(a, b, config=cfg), reps)
-            except Exception as exc:
-                print(f"   {cfg.name}: FAILED {type(exc).__name__}: {str(exc)[:200]}")
-                continue
-            tf = flops / t / 1e9
-            print(f"   {tf:7.1f} TFLOP/s {t_torch / t:5.2f}x  {cfg.name}", flush=True)
-            if best is None or t < best[0]:
-                best = (t, cfg)
-        if best:
-            print(f"   best: {flops / best[0] / 1e9:.1f} TFLOP/s ({t_torch / best[0]:.2f}x) {best[1].name}")

@@ -82,24 +82,24 @@ def cpu_fast_path(kernel: NoOpKernel | None = None):
             setattr(mod, name, value)
 
     fake_cache = _FakeCache(kernel)
-    patch(dense, "_check_operand", _check_operand_cpu)
-    patch(grouped, "_check_operand", _check_operand_cpu)
-    patch(dense, "_device_info", lambda index: ("sm_90a", 132))
-    patch(grouped, "_device_info", lambda index: ("sm_90a", 132))
+    patch(dense, "check_operand", _check_operand_cpu)
+    patch(grouped, "check_operand", _check_operand_cpu)
+    patch(dense, "device_info", lambda index: ("sm_90a", 132))
+    patch(grouped, "device_info", lambda index: ("sm_90a", 132))
     patch(dense, "DENSE_CACHE", fake_cache)
     patch(grouped, "GROUPED_CACHE", fake_cache)
     # The "current CUDA device" is None, the index of a CPU tensor's device, with the real cost:
     # NoneType() is a C call returning None like torch._C._cuda_getDevice, and
     # torch.cuda.current_device keeps its Python lazy-init checks.
-    if hasattr(dense, "_current_device"):
-        patch(dense, "_current_device", type(None))
-    if hasattr(grouped, "_current_device"):
-        patch(grouped, "_current_device", type(None))
+    if hasattr(dense, "current_device"):
+        patch(dense, "current_device", type(None))
+    if hasattr(grouped, "current_device"):
+        patch(grouped, "current_device", type(None))
     old_cur = torch.cuda.current_device
     torch.cuda.current_device = _emulated_current_device
-    dense._PLANS.clear()
-    getattr(dense, "_PLAIN_PLANS", {}).clear()
-    grouped._PLANS.clear()
+    dense.PLANS.clear()
+    getattr(dense, "PLAIN_PLANS", {}).clear()
+    grouped.PLANS.clear()
     try:
         yield kernel
     finally:
@@ -109,9 +109,9 @@ def cpu_fast_path(kernel: NoOpKernel | None = None):
                 setattr(mod, name, value)
             else:
                 delattr(mod, name)
-        dense._PLANS.clear()
-        getattr(dense, "_PLAIN_PLANS", {}).clear()
-        grouped._PLANS.clear()
+        dense.PLANS.clear()
+        getattr(dense, "PLAIN_PLANS", {}).clear()
+        grouped.PLANS.clear()
 
 
 def _time(fn, calls: int, rounds: int = 25) -> float:

@@ -11,7 +11,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import cutegemm
-from cutegemm.api import quantized as quant_ops
+from cutegemm import quant_ops
 from cutegemm.blockscaled import gemm as bs
 from cutegemm.blockscaled import quantize_ref, unpack_fp4
 

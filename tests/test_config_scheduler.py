@@ -208,9 +208,9 @@ def _stages(cfg):
     """(A/B stages, epilogue buffers) the sm_90a kernel picks for ``cfg`` (host-side setup, traced
     for sm_90a without a GPU)."""
     import cutlass.cute as cute
-    from cutegemm.gemm.sm90.kernel.kernel import GemmSm90
     from cutlass.tensor_utils import LayoutEnum
 
+    from cutegemm.gemm.sm90.kernel import GemmSm90
     from cutegemm.runtime.sass import compile_options
 
     g = GemmSm90(cfg)

@@ -4,11 +4,11 @@ and split K's K ranges and workspace."""
 
 from dataclasses import replace
 
-from cutegemm.gemm.sm90.kernel.split import split_workspace_words
 from hypothesis import given
 from hypothesis import strategies as st
 
 from cutegemm.config import GemmConfig, GemmProblem, a_rows_errors, can_implement, config_errors
+from cutegemm.gemm.sm90.split import split_workspace_words
 from cutegemm.policy import policy_for, short_a_box, small_m_options
 from cutegemm.schedulers.static import split_k_range
 

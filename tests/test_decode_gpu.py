@@ -241,13 +241,13 @@ def test_split_k_counter_wrap():
     """The tiles' counters run on across launches: started just below the signed 32-bit wrap, the
     calls that cross it give the same bits as before."""
     _need_sm90()
-    from cutegemm.gemm.dense import _PLANS
+    from cutegemm.gemm.dense import PLANS
 
     m, n, k = 16, 256, 4096
     a, b = _ops(m, n, k, seed=9)
     cfg = _cfg(split_k=4)
     want = cutegemm.gemm(a, b, config=cfg)
-    plans = [p for p in _PLANS.values() if p.config.split_k == 4 and p.config.tile_n == 64 and p.out_shape[-1] == n]
+    plans = [p for p in PLANS.values() if p.config.split_k == 4 and p.config.tile_n == 64 and p.out_shape[-1] == n]
     assert plans, "the split plan is not cached"
     tiles = (n + 63) // 64
     for p in plans:

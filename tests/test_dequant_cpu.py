@@ -32,7 +32,7 @@ def test_twin_equals_reference_bitwise(fmt, lead, k):
 
 def test_scale_and_element_decodes():
     """Every e8m0 edge, every e4m3 byte and every e2m1 code against torch's own decode."""
-    from cutegemm.blockscaled.quantize import TorchOps as T
+    from cutegemm.blockscaled.quantizer import TorchOps as T
     from cutegemm.blockscaled.reference import unpack_fp4
 
     s = torch.tensor([0, 1, 126, 127, 128, 254, 255], dtype=torch.int32)

@@ -14,9 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cutegemm
-from cutegemm.config import GemmConfig
+from cutegemm.config import ACTIVATIONS, GemmConfig
 from cutegemm.epilogue import EpilogueSpec, epilogue_ref, interleave_gate_up, ops, split_gate_up
-from cutegemm.gemm.dense import _check_epilogue_args, _interleave_b
+from cutegemm.gemm.dense import _check_epilogue_args
+from cutegemm.gemm.launch import interleave_b
 from cutegemm.runtime.signature import dense_fake_args
 
 
@@ -62,7 +63,7 @@ def test_gelu_tanh_reference_is_torchs():
     )
 
 
-@pytest.mark.parametrize("name", ops.ACTIVATIONS)
+@pytest.mark.parametrize("name", ACTIVATIONS)
 def test_kernel_activation_formulas_in_fp32(name):
     """The exact formulas the kernels trace, run in fp32: max error vs float64 within ~8 fp32
     ulps of the value's scale (absolute |x| * 1e-6; torch's CPU exp differs by SIMD path), and 2e-4
@@ -81,7 +82,7 @@ def test_kernel_activation_formulas_in_fp32(name):
     assert rel.max().item() < 2e-4, f"{name}: max rel err {rel.max().item():.3g}"
 
 
-@pytest.mark.parametrize("name", ops.ACTIVATIONS)
+@pytest.mark.parametrize("name", ACTIVATIONS)
 def test_kernel_activation_nan_and_inf(name):
     x = torch.tensor([float("nan"), float("inf")], dtype=torch.float32)
     y = ops.ACTIVATION_FNS[name](x, TM)
@@ -113,7 +114,7 @@ def _mm(m=37, k=24, n=40, batch=None):
     return a, b, a.double() @ b.double()
 
 
-@pytest.mark.parametrize("activation", [None, *ops.ACTIVATIONS])
+@pytest.mark.parametrize("activation", [None, *ACTIVATIONS])
 def test_gemm_ref_each_activation_with_alpha_beta_bias(activation):
     a, b, exact = _mm()
     c = torch.randn(exact.shape, dtype=torch.float16)
@@ -179,7 +180,7 @@ def test_interleave_gate_up(n2, k, lead):
     # the API's version keeps a K-major (column-major) b K-major
     w = torch.randn(2 * n2, k)  # nn.Linear weight: rows [gate | up]
     b = w.t()
-    b_il = _interleave_b(b)
+    b_il = interleave_b(b)
     assert torch.equal(b_il, interleave_gate_up(b))
     if k > 1 and n2 > 0:
         assert b_il.stride(-2) == 1, "K-major b must stay K-major"
@@ -294,7 +295,7 @@ def test_sm90_pre_epilogue_rules(kw, pre, left):
     """Which per-row / per-column epilogue inputs the sm_90a kernel applies to the accumulators
     once per tile (``GemmSm90.pre_epilogue``: scale_a, scale_b, alpha + bias), and the epilogue
     spec its subtiles then run."""
-    from cutegemm.gemm.sm90.kernel.kernel import GemmSm90
+    from cutegemm.gemm.sm90.kernel import GemmSm90
 
     k = GemmSm90(GemmConfig(arch="sm_90a", tile_m=128, **{"tile_n": 192, **kw}))
     assert k.pre_epilogue == pre

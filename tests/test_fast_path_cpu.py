@@ -76,10 +76,10 @@ def test_dense_fast_path_falls_back_when_needed(kernel, monkeypatch):
     cutegemm.gemm(a, b)
     plans = _count_plans(monkeypatch, dense, "_plan")
     # another current device: the slow path switches device (torch.cuda.device rejects a CPU one)
-    monkeypatch.setattr(dense, "_current_device", lambda: 7)
+    monkeypatch.setattr(dense, "current_device", lambda: 7)
     with pytest.raises(ValueError, match="cuda device"):
         cutegemm.gemm(a, b)
-    monkeypatch.setattr(dense, "_current_device", type(None))
+    monkeypatch.setattr(dense, "current_device", type(None))
     # b on another device (part of the key now): the slow path's error, not a launch
     with pytest.raises(ValueError, match="same device"):
         cutegemm.gemm(a, torch.empty(32, 48, dtype=BF, device="meta"))
@@ -99,7 +99,7 @@ def test_flat_launch_passes_the_callers_2d_tensors(kernel):
     for _ in range(2):
         out = cutegemm.gemm(a, b)
         assert kernel.args[0] is a and kernel.args[1] is b and kernel.args[2] is out
-    plan = next(iter(dense._PLANS.values()))
+    plan = next(iter(dense.PLANS.values()))
     assert plan.config.flat and plan.config.name.startswith("dense-2d")
     cutegemm.gemm(torch.randn(1, 32, dtype=BF), b)  # M = 1: a's row stride is free, so a view
     assert kernel.args[0].dim() == 3
@@ -130,7 +130,7 @@ def test_weight_view_memo_does_not_keep_the_weight_alive(kernel):
     a, b = torch.randn(2, 64, 32, dtype=BF), torch.randn(2, 32, 48, dtype=BF)
     for _ in range(2):
         cutegemm.gemm(a, b)
-    plan = next(iter(dense._PLANS.values()))
+    plan = next(iter(dense.PLANS.values()))
     assert plan.b_memo is not None
     kernel.args = None
     del b

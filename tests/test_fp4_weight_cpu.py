@@ -310,7 +310,7 @@ def test_pass_grid_policy_and_rules():
     it outside the dense, unsplit WGMMA consumers."""
     from dataclasses import replace
 
-    from cutegemm.blockscaled.weight_only.launch import pass_grid_pays, tail_split_pays
+    from cutegemm.blockscaled.weight_only.policy import pass_grid_pays, tail_split_pays
 
     assert pass_grid_pays(4, 224, 132) and not pass_grid_pays(2, 224, 132) and not pass_grid_pays(3, 224, 132)
     assert not pass_grid_pays(1, 150, 132) and pass_grid_pays(5, 150, 132)  # 750 CTAs in 6 waves vs 150 in 2 x 5
@@ -512,7 +512,7 @@ def _op_args(x, qw, offs=None):
 def test_op_cpu_kernel_fake_and_opcheck(fmt, grouped):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from cutegemm.api import quantized as quant_ops
+    from cutegemm import quant_ops
 
     torch.manual_seed(0)
     qw = quantize_ref(torch.randn(*((3,) if grouped else ()), 40, 96), fmt)
@@ -553,7 +553,7 @@ def test_op_bad_inputs():
 
 
 def _fp4_block(x, w, offs):
-    from cutegemm.api import quantized as quant_ops
+    from cutegemm import quant_ops
 
     qw = quant_ops.quantize(w, "nvfp4")
     return quant_ops.gemm_fp4_weight(x, qw, offs=offs, out_dtype=torch.float32).relu()
@@ -597,7 +597,7 @@ def test_fp8_activation_reference_and_rules():
         check_args(x8, qw, scale_a=torch.ones(4))
     with pytest.raises(TypeError, match="float32"):
         check_args(x8, qw, scale_a=sa.double())
-    from cutegemm.api import quantized as quant_ops
+    from cutegemm import quant_ops
 
     op = quant_ops.gemm_fp4_weight(x8, qw, scale_a=sa, out_dtype=torch.float32)
     torch.testing.assert_close(op, want)

@@ -67,9 +67,9 @@ def _mma_sync_config(m, fmt, out_dtype, grouped, experts):
     policy takes the WGMMA consumers from 17 rows), built for this GPU's arch."""
     from dataclasses import replace
 
-    from cutegemm.blockscaled.weight_only.launch import _arch, pick_config
+    from cutegemm.blockscaled.weight_only.launch import pick_config, weight_arch
 
-    return replace(pick_config(m, fmt, out_dtype, "sm_100a", grouped, experts), arch=_arch(0))
+    return replace(pick_config(m, fmt, out_dtype, "sm_100a", grouped, experts), arch=weight_arch(0))
 
 
 def _run_checked(x, qw, counts, cfg, out_dtype=torch.bfloat16, x_call=None):
@@ -380,7 +380,7 @@ def test_split_cuda_graph_replay():
     m, n, k = 16, 1000, 32 * 40
     qw = _weights((n, k), "nvfp4", seed=5)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-    cfg = replace(api.pick_config(m, "nvfp4", torch.bfloat16, api._arch(0), False, 1), split=True)
+    cfg = replace(api.pick_config(m, "nvfp4", torch.bfloat16, api.weight_arch(0), False, 1), split=True)
     api.gemm_fp4_weight(x, qw, config=cfg)  # compile + workspace outside the capture
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -555,7 +555,7 @@ def test_quantized_grouped_experts(fmt):
 def test_custom_op_matches_the_direct_call_and_compiles(fmt):
     """The ``cutegemm::gemm_fp4_weight`` op (FP4 and MXFP8 weights): the direct call's result,
     rows past offs[-1] zero; fullgraph torch.compile."""
-    from cutegemm.api import quantized as quant_ops
+    from cutegemm import quant_ops
 
     qw = _weights((3, 96, 256), fmt, seed=4)
     x = torch.randn(40, 256, device="cuda").to(torch.bfloat16)
@@ -620,7 +620,7 @@ def test_prefill_dequantize_first(fmt, out_dtype):
     stays on the decode kernel."""
     from cutegemm.blockscaled.weight_only import launch as api
 
-    rows = api.dq_min_rows(fmt, False, api._arch(0))
+    rows = api.dq_min_rows(fmt, False, api.weight_arch(0))
     m, n, k = rows + 37, 328, 32 * 9
     qw = _weights((n, k), fmt, seed=m)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
@@ -641,7 +641,7 @@ def test_prefill_alpha_fp8_scale_a():
     activations times a per-token scale (fp32 results scaled before the one rounding)."""
     from cutegemm.blockscaled.weight_only import launch as api
 
-    m, n, k = api.dq_min_rows("mxfp4", False, api._arch(0)) + 3, 200, 32 * 7  # NVFP4: the same
+    m, n, k = api.dq_min_rows("mxfp4", False, api.weight_arch(0)) + 3, 200, 32 * 7  # NVFP4: the same
     qw = _weights((n, k), "mxfp4", seed=4)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     with _spy_dequant() as spy:
@@ -671,7 +671,7 @@ def test_grouped_prefill_dequantize_first(fmt):
     activations."""
     from cutegemm.blockscaled.weight_only import launch as api
 
-    r = api.dq_min_rows(fmt, True, api._arch(0))
+    r = api.dq_min_rows(fmt, True, api.weight_arch(0))
     counts = [2 * r + 5, 0, r + 60, r - 40]
     e, n, k = len(counts), 136, 32 * 6
     qw = _weights((e, n, k), fmt, seed=11)

@@ -307,7 +307,7 @@ def _grouped_operands(counts, n, k, seed=0, pad_rows=5, log10_lo=-0.3, log10_hi=
 def _grouped_check(out, a, b, offs, sa, sb, what, pad_rows):
     """Every expert's rows within 2x the same-precision baseline (torch's blockwise _scaled_mm per
     expert, or the fp32 dequantized product), rows past offs[-1] untouched (NaN)."""
-    from cutegemm.grouped import grouped_gemm_ref
+    from cutegemm import grouped_gemm_ref
 
     end = out.shape[0] - pad_rows
     assert torch.isnan(out[end:]).all(), f"{what}: rows past offs[-1] were written"
@@ -327,7 +327,7 @@ def _grouped_check(out, a, b, offs, sa, sb, what, pad_rows):
 
 def _run_grouped(counts, n, k, seed=0, pad_rows=5, config=None, **scale_range):
     _skip_unless_sm90()
-    from cutegemm.grouped import grouped_gemm
+    from cutegemm import grouped_gemm
 
     a, b, offs, sa, sb = _grouped_operands(counts, n, k, seed, pad_rows, **scale_range)
     out = torch.full((a.shape[0], n), float("nan"), dtype=BF16, device="cuda")
@@ -385,7 +385,7 @@ def test_grouped_blockwise_cuda_graph_replay():
     """Captured once, replayed with 20 different offs contents: each replay equals an eager call
     with the same offs, bit for bit."""
     _skip_unless_sm90()
-    from cutegemm.grouped import grouped_gemm
+    from cutegemm import grouped_gemm
 
     E, n, k, total = 8, 384, 512, 600
     a, b, offs, sa, sb = _grouped_operands([total // E] * E, n, k, seed=21, pad_rows=0)
@@ -411,8 +411,8 @@ def test_grouped_blockwise_swiglu_bias_and_mxfp8_out():
     """Epilogues compose with the block scales: per-expert bias + swiglu (bf16), and swiglu with an
     MXFP8 output (= quantize_ref of the reference's bf16 result, up to ties)."""
     _skip_unless_sm90()
+    from cutegemm import grouped_gemm, grouped_gemm_ref
     from cutegemm.blockscaled import quantize_ref
-    from cutegemm.grouped import grouped_gemm, grouped_gemm_ref
 
     counts, n, k = [150, 0, 64, 300], 512, 384
     a, b, offs, sa, sb = _grouped_operands(counts, n, k, seed=9, pad_rows=0)
@@ -431,7 +431,7 @@ def test_grouped_blockwise_swiglu_bias_and_mxfp8_out():
 
 def test_grouped_blockwise_bad_inputs():
     _skip_unless_sm90()
-    from cutegemm.grouped import grouped_gemm
+    from cutegemm import grouped_gemm
 
     a, b, offs, sa, sb = _grouped_operands([64, 64], 384, 256, pad_rows=0)  # KB = 2, NB = 3
     with pytest.raises(ValueError, match=r"scale_b must have shape \(E, ceil\(K/128\), ceil\(N/128\)\)"):

@@ -203,12 +203,11 @@ def test_reference_is_the_dequantized_matmul():
 def test_mxfp8_x_mxfp8_ring_routing_rule():
     from unittest import mock
 
-    from cutegemm.blockscaled import dequant
     from cutegemm.blockscaled import mx_sm90 as sm90_mx
 
     qa = quantize_ref(torch.randn(16, 64), "mxfp8")
     assert not sm90_mx.ring_first(qa, qa)  # CPU operands: the dequantize kernel refuses them
-    with mock.patch.object(dequant, "dequantizable", lambda q: True):
+    with mock.patch.object(sm90_mx, "dequantizable", lambda q: True):
         qb = quantize_ref(torch.randn(32, 64), "mxfp8")
         assert sm90_mx.ring_first(qa, qb)
         assert not sm90_mx.ring_first(quantize_ref(torch.randn(2, 16, 64), "mxfp8"), qb)  # batched A

@@ -47,7 +47,7 @@ if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:  # 
 
 
 def _config(rows, out_dtype, grouped, experts, **shape):
-    cfg = api.pick_config(rows, "mxfp8", out_dtype, api._arch(0), grouped, experts)
+    cfg = api.pick_config(rows, "mxfp8", out_dtype, api.weight_arch(0), grouped, experts)
     return replace(cfg, **{"staged_store": False, **shape})
 
 

@@ -142,10 +142,10 @@ def test_kgrouped_launch_plan_and_views(monkeypatch):
     import torch
 
     import cutegemm.grouped.k_grouped as k_grouped
-    from cutegemm.gemm.dense import DENSE_CACHE
+    from cutegemm.gemm.launch import DENSE_CACHE
 
     built, calls = [], []
-    monkeypatch.setattr(k_grouped, "_device_info", lambda index: ("sm_90a", 132))
+    monkeypatch.setattr(k_grouped, "device_info", lambda index: ("sm_90a", 132))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(DENSE_CACHE, "get", lambda cfg: built.append(cfg) or (lambda *args: calls.append(args)))
     monkeypatch.setattr(k_grouped, "_KG_PLANS", {})

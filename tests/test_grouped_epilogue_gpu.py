@@ -10,8 +10,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cutegemm import grouped_gemm, grouped_gemm_ref
 from cutegemm.epilogue import epilogue_ref, interleave_gate_up
-from cutegemm.grouped import grouped_gemm, grouped_gemm_ref
 from cutegemm.nn import GroupedExperts
 
 from .gemm_check import assert_within_torch_error

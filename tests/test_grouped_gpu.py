@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cutegemm
-from cutegemm.grouped import grouped_gemm, grouped_gemm_ref
+from cutegemm import grouped_gemm, grouped_gemm_ref
 
 from .gemm_check import assert_within_torch_error
 

@@ -8,8 +8,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cutegemm import grouped_gemm, grouped_gemm_ref
 from cutegemm.config import EpilogueSpec, GemmConfig
-from cutegemm.grouped import grouped_gemm, grouped_gemm_ref, list_form
+from cutegemm.grouped import list_form
 
 from .gemm_check import assert_within_torch_error
 
@@ -47,7 +48,7 @@ def run_kernel(xs, ws, out_dtype=None, alpha=1.0, config=None, pad=64, activatio
     odt = out_dtype or xs[0].dtype
     total = sum(x.shape[0] * w.shape[1] for x, w in zip(xs, ws, strict=True))
     flat = torch.full((total + pad,), float("nan"), dtype=odt, device="cuda")
-    outs = list_form._list_launch(xs, ws, out_dtype, alpha, config=config, flat=flat, activation=activation)
+    outs = list_form.list_launch(xs, ws, out_dtype, alpha, config=config, flat=flat, activation=activation)
     assert outs is not None, "the list-form kernel did not take this call"
     torch.cuda.synchronize()
     assert torch.isnan(flat[total:]).all(), "written past the last group's output"
@@ -123,16 +124,16 @@ def test_list_fallbacks_stay_correct():
     # mixed majors, a misaligned base, > 1024 groups (chunked launches)
     xs, ws = make_groups([(40, 64, 32), (24, 64, 32)])
     xs[1] = xs[1].t().contiguous().t()
-    assert list_form._list_launch(xs, ws, None, 1.0) is None
+    assert list_form.list_launch(xs, ws, None, 1.0) is None
     check_outputs(grouped_gemm(xs, ws), xs, ws)
     # a base 2 bytes off a 16-byte boundary (the dense GEMM copies such an operand)
     xs, ws = make_groups([(40, 64, 32), (24, 64, 32)])
     xs[1] = torch.randn(24 * 40 + 1, device="cuda", dtype=torch.bfloat16)[1:].view(24, 40)[:, :32]
-    assert list_form._list_launch(xs, ws, None, 1.0) is None
+    assert list_form.list_launch(xs, ws, None, 1.0) is None
     check_outputs(grouped_gemm(xs, ws), xs, ws)
     shapes = [((7 * g) % 50, 8 * (1 + g % 5), 8 * (1 + g % 7)) for g in range(1300)]
     xs, ws = make_groups(shapes)
-    outs = list_form._list_launch(xs, ws, None, 1.0)
+    outs = list_form.list_launch(xs, ws, None, 1.0)
     assert outs is not None
     check_outputs(outs, xs, ws)
 

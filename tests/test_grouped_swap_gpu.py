@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cutegemm
+from cutegemm import grouped_gemm, grouped_gemm_ref
 from cutegemm.epilogue import EpilogueSpec
-from cutegemm.grouped import grouped_gemm, grouped_gemm_ref
 
 from .gemm_check import assert_within_torch_error
 from .test_grouped_gpu import capture_graph, check_packed, expert_counts, make_offs

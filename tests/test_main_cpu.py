@@ -22,12 +22,13 @@ def test_bench_families_dispatch(monkeypatch, tmp_path, capsys, family, expected
 
     import cutegemm.__main__ as main
     import cutegemm.bench.core as bench
+    import cutegemm.bench.scaled as scaled
 
     calls = []
     monkeypatch.setattr(main, "_has_gpu", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU")
-    for name in ("bench_dense", "bench_grouped", "bench_fp4_weight"):
-        monkeypatch.setattr(bench, name, lambda reps, name=name: calls.append((name, reps)) or [])
+    for mod, name in ((bench, "bench_dense"), (bench, "bench_grouped"), (scaled, "bench_fp4_weight")):
+        monkeypatch.setattr(mod, name, lambda reps, name=name: calls.append((name, reps)) or [])
     monkeypatch.setattr(bench, "write_results", lambda rows, prefix, out: out / prefix)
     monkeypatch.setattr(bench, "markdown_table", lambda rows, title: f"TABLE {title}")
     assert main.cmd_bench(types.SimpleNamespace(family=family, reps=3, out=str(tmp_path))) == 0
@@ -44,7 +45,7 @@ def test_compile_check_reaches_every_kernel_family(monkeypatch):
     from cutegemm import compile_check
 
     seen = []
-    families = ("cutegemm.blockscaled.quantize", "cutegemm.blockscaled.dequant", "cutegemm.blockscaled.weight_only.kernel")
+    families = ("cutegemm.blockscaled.quantizer", "cutegemm.blockscaled.dequant", "cutegemm.blockscaled.weight_only.kernel")
     for name in families:
         mod = importlib.import_module(name)
         monkeypatch.setattr(mod, "check_variant", lambda cfg: seen.append(cfg) or (True, {}, ""))

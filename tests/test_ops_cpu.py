@@ -308,8 +308,8 @@ def test_quant_schemas():
         "str out_dtype, float alpha=1., str? activation=None) -> (Tensor, Tensor)"
     )
     assert (
-        ops.quantize is cutegemm.api.quantized.quantize
-        and ops.gemm_quantized is cutegemm.api.quantized.gemm_quantized
+        ops.quantize is cutegemm.quant_ops.quantize
+        and ops.gemm_quantized is cutegemm.quant_ops.gemm_quantized
     )
 
 

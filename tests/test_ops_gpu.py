@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import cutegemm  # noqa: F401  (registers the ops)
-from cutegemm.grouped import grouped_gemm_ref
+from cutegemm import grouped_gemm_ref
 
 from .gemm_check import assert_within_torch_error
 

@@ -1,6 +1,6 @@
 """CPU: the quantize kernel's math and its compilation, without a GPU.
 
-- The per-block math of cutegemm.blockscaled.quantize (written once over an ops namespace, run
+- The per-block math of cutegemm.blockscaled.quantizer (written once over an ops namespace, run
   here with torch tensors: TorchOps / block_math_ref) is byte-identical to quantize_ref, checked
   with hypothesis over values with zeros, NaN, Inf, huge, subnormal and exact rounding ties.
 - The integer e4m3 rounding and the e2m1 code against torch's own conversions, exhaustively
@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cutegemm.blockscaled import FORMATS, get_format, pack_fp4, quantize_ref, to_swizzled
-from cutegemm.blockscaled.quantize import QuantizeConfig, TorchOps, block_math_ref
+from cutegemm.blockscaled.quantizer import QuantizeConfig, TorchOps, block_math_ref
 
-# the module (cutegemm.blockscaled.quantize is also the name of the function it exports)
-qmod = importlib.import_module("cutegemm.blockscaled.quantize")
+# the module (cutegemm.blockscaled.quantizer is also the name of the function it exports)
+qmod = importlib.import_module("cutegemm.blockscaled.quantizer")
 
 FMTS = ("mxfp8", "mxfp8_e5m2", "mxfp4", "nvfp4")
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 import cutegemm
 from cutegemm.blockscaled import dequantize_ref, quantize_ref
 
-# the module (cutegemm.blockscaled.quantize is also the name of the function it exports)
-qmod = importlib.import_module("cutegemm.blockscaled.quantize")
+# the module (cutegemm.blockscaled.quantizer is also the name of the function it exports)
+qmod = importlib.import_module("cutegemm.blockscaled.quantizer")
 
 pytestmark = pytest.mark.gpu
 

@@ -11,9 +11,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cutegemm import gemm
+from cutegemm import gemm, grouped_gemm, grouped_gemm_ref
 from cutegemm.config import GemmConfig
-from cutegemm.grouped import grouped_gemm, grouped_gemm_ref
 
 from .gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
 
@@ -42,7 +41,7 @@ def _on_this_gpu(cfg):
 
 
 def _plan_workspace(plans, cfg):
-    """The workspace of the cached plan that runs ``cfg`` (the module's _PLANS dict)."""
+    """The workspace of the cached plan that runs ``cfg`` (the module's PLANS dict)."""
     return next(
         p.workspace
         for p in reversed(list(plans.values()))  # the newest: earlier tests ran other shapes
@@ -73,7 +72,7 @@ def test_counter_is_reset_between_calls_and_counts_every_tile(cfg):
     """Without the in-stream reset the second call would start past the last tile and leave
     most of the output unwritten."""
     cfg = _on_this_gpu(cfg)
-    from cutegemm.gemm.dense import _PLANS
+    from cutegemm.gemm.dense import PLANS
 
     m, n, k = 2048, 2048, 256
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -84,7 +83,7 @@ def test_counter_is_reset_between_calls_and_counts_every_tile(cfg):
         gemm(a, b, out=out, config=cfg)
         torch.cuda.synchronize()
         assert_within_torch_error(out, a @ b, ref, what="repeated call")
-    ws = _plan_workspace(_PLANS, cfg)
+    ws = _plan_workspace(PLANS, cfg)
     # Every cluster fetches until it gets an index >= tiles: tiles - clusters real tickets plus
     # one final ticket per cluster = tiles.
     assert ws.item() == (m // cfg.tile_m) * (n // cfg.tile_n)
@@ -158,7 +157,7 @@ def test_resident_clusters_bound_the_persistent_grid():
     """gemm.api.resident_clusters: at most SMs // size clusters, at least one; clusters of 1
     are the SM count; a config's grid follows its cluster size (H200: 30 clusters of 4 fit, not
     33, so a grid of 33 left 3 clusters' static tiles to run after all others)."""
-    from cutegemm.gemm.dense import max_clusters_for, resident_clusters
+    from cutegemm.runtime.device import max_clusters_for, resident_clusters
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert resident_clusters(0, 1) == sms

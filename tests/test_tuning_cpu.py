@@ -138,21 +138,29 @@ def test_record_key_separates_arch_device_dtypes_majors_epilogue():
 # ---------------------------------------------------------------------------------------------- tuning with a fake timer
 
 
+_runner = {"fn": None}  # the runner the current test installs (FakeGpu, or its own)
+
+
+def runner(p, epi, num_groups):
+    """What gemm / grouped_gemm pass to the tuner: the installed fake runner."""
+    return _runner["fn"](p, epi, num_groups)
+
+
 class FakeGpu:
-    """Stands in for _make_runner/_measure: run(cfg) returns the reference (or garbage / raises for
+    """Stands in for the runner and _measure: run(cfg) returns the reference (or garbage / raises for
     configs listed in ``wrong`` / ``broken``); the time of a config is looked up by its knobs."""
 
     def __init__(self, monkeypatch, times, wrong=(), broken=()):
         self.times, self.wrong, self.broken = times, set(wrong), set(broken)
         self.measured = []
         self.ref = torch.randn(16, 16)
-        monkeypatch.setattr(tuning, "_make_runner", self.make_runner)
+        monkeypatch.setitem(_runner, "fn", self.make_runner)
         monkeypatch.setattr(tuning, "_measure", self.measure)
 
     def key(self, cfg):
         return (cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.cluster_n, cfg.pingpong)
 
-    def make_runner(self, family, p, epi, num_groups):
+    def make_runner(self, p, epi, num_groups):
         def run(cfg):
             if self.key(cfg) in self.broken:
                 raise RuntimeError("does not compile")
@@ -171,7 +179,7 @@ FAST = (128, 128, 1, 1, False)  # one of the sm_90a dense variants
 def test_tune_picks_fastest_and_persists(monkeypatch, tmp_path):
     gpu = FakeGpu(monkeypatch, {FAST: 0.25})
     p = problem(4096, 4096, 4096)
-    res = tuning.tune("sm_90a", "dense", p, num_sms=132, reps=3)
+    res = tuning.tune("sm_90a", "dense", p, runner=runner, num_sms=132, reps=3)
     cands = tuning.candidates("sm_90a", "dense", p, num_sms=132)
     assert gpu.measured == cands  # every candidate timed, default first
     assert gpu.key(res.winner) == FAST and res.winner_ms == 0.25 and res.default_ms == 1.0
@@ -187,11 +195,11 @@ def test_tune_picks_fastest_and_persists(monkeypatch, tmp_path):
 def test_lookup_round_trip_from_disk(monkeypatch):
     FakeGpu(monkeypatch, {FAST: 0.25})
     p = problem(4000, 4096, 4096)
-    res = tuning.tune("sm_90a", "dense", p, num_sms=132)
+    res = tuning.tune("sm_90a", "dense", p, runner=runner, num_sms=132)
     tuning._records.clear()  # a new process: read from the file
     tuning.enable(True)
     gpu2 = FakeGpu(monkeypatch, {})
-    got = tuning.tuned_config("sm_90a", problem(3000, 4096, 4096), EpilogueSpec(), "dense", num_sms=132)
+    got = tuning.tuned_config("sm_90a", problem(3000, 4096, 4096), EpilogueSpec(), "dense", num_sms=132, runner=runner)
     assert got == replace(
         tuning.default_config("sm_90a", "dense", problem(3000), num_sms=132), **tuning.knobs(res.winner)
     )
@@ -201,10 +209,10 @@ def test_lookup_round_trip_from_disk(monkeypatch):
 def test_disabled_returns_none_even_with_a_record(monkeypatch):
     gpu = FakeGpu(monkeypatch, {FAST: 0.25})
     p = problem(4096)
-    tuning.tune("sm_90a", "dense", p, num_sms=132)
+    tuning.tune("sm_90a", "dense", p, runner=runner, num_sms=132)
     n = len(gpu.measured)
     assert not tuning.enabled()
-    assert tuning.tuned_config("sm_90a", p, EpilogueSpec(), "dense") is None
+    assert tuning.tuned_config("sm_90a", p, EpilogueSpec(), "dense", runner=runner) is None
     assert len(gpu.measured) == n
 
 
@@ -223,15 +231,15 @@ def test_first_enabled_call_tunes_then_reuses(monkeypatch):
     gpu = FakeGpu(monkeypatch, {(128, 256, 1, 2, False): 0.1, FAST: 0.5})
     monkeypatch.setenv(tuning.ENV_VAR, "1")
     p, epi = problem(1024, 2048, 512, b_major="n"), EpilogueSpec(alpha=True)
-    first = tuning.tuned_config("sm_90a", p, epi, "dense", num_sms=132)
+    first = tuning.tuned_config("sm_90a", p, epi, "dense", num_sms=132, runner=runner)
     n = len(gpu.measured)
     assert n == len(tuning.candidates("sm_90a", "dense", p, epi, num_sms=132))
     assert gpu.key(first) == (128, 256, 1, 2, False)
     assert first.epilogue == epi and can_implement(first, p)[0]
-    assert tuning.tuned_config("sm_90a", p, epi, "dense", num_sms=132) == first
+    assert tuning.tuned_config("sm_90a", p, epi, "dense", num_sms=132, runner=runner) == first
     assert len(gpu.measured) == n
     # another bucket / epilogue tunes again
-    tuning.tuned_config("sm_90a", p, EpilogueSpec(), "dense", num_sms=132)
+    tuning.tuned_config("sm_90a", p, EpilogueSpec(), "dense", num_sms=132, runner=runner)
     assert len(gpu.measured) == 2 * n
 
 
@@ -239,7 +247,7 @@ def test_grouped_tuning_round_trip(monkeypatch):
     gpu = FakeGpu(monkeypatch, {(64, 128, 1, 2, False): 0.2})
     tuning.enable(True)
     p = problem(8 * 512, 1024, 512)
-    got = tuning.tuned_config("sm_90a", p, EpilogueSpec(), "grouped", num_groups=8)
+    got = tuning.tuned_config("sm_90a", p, EpilogueSpec(), "grouped", num_groups=8, runner=runner)
     assert got.grouped and gpu.key(got) == (64, 128, 1, 2, False)
     key = tuning.record_key("sm_90a", "Fake H200", "grouped", p, EpilogueSpec(), 8)
     assert key in json.loads(tuning.tuning_file().read_text())["records"]
@@ -251,7 +259,7 @@ def test_broken_and_wrong_candidates_are_dropped(monkeypatch):
     keys = [(c.tile_m, c.tile_n, c.cluster_m, c.cluster_n, c.pingpong) for c in cands]
     # the fastest two are broken / wrong: the third fastest wins
     gpu = FakeGpu(monkeypatch, {keys[1]: 0.1, keys[2]: 0.2, keys[3]: 0.3}, wrong=[keys[1]], broken=[keys[2]])
-    res = tuning.tune("sm_90a", "dense", p, num_sms=132)
+    res = tuning.tune("sm_90a", "dense", p, runner=runner, num_sms=132)
     assert gpu.key(res.winner) == keys[3]
     errors = {t.config: t.error for t in res.trials if t.ms is None}
     assert "wrong result" in errors[cands[1].name] and "does not compile" in errors[cands[2].name]
@@ -264,10 +272,10 @@ def test_all_candidates_failing_falls_back_to_default(monkeypatch):
         monkeypatch, {}, broken=[(c.tile_m, c.tile_n, c.cluster_m, c.cluster_n, c.pingpong) for c in cands]
     )
     with pytest.raises(RuntimeError, match="no candidate"):
-        tuning.tune("sm_90a", "dense", p, num_sms=132)
+        tuning.tune("sm_90a", "dense", p, runner=runner, num_sms=132)
     tuning.enable(True)
     with pytest.warns(UserWarning, match="no candidate"):
-        assert tuning.tuned_config("sm_90a", p, EpilogueSpec(), "dense", num_sms=132) is None
+        assert tuning.tuned_config("sm_90a", p, EpilogueSpec(), "dense", num_sms=132, runner=runner) is None
     assert not tuning.tuning_file().exists()
 
 
@@ -281,13 +289,13 @@ def test_no_reentry_while_tuning(monkeypatch):
         run, ref = inner(*args)
 
         def nested(cfg):  # what gemm(config=None) inside a tuning run would ask
-            seen.append(tuning.tuned_config("sm_90a", problem(64), EpilogueSpec(), "dense"))
+            seen.append(tuning.tuned_config("sm_90a", problem(64), EpilogueSpec(), "dense", runner=runner))
             return run(cfg)
 
         return nested, ref
 
-    monkeypatch.setattr(tuning, "_make_runner", make_runner)
-    tuning.tuned_config("sm_90a", problem(4096), EpilogueSpec(), "dense")
+    monkeypatch.setitem(_runner, "fn", make_runner)
+    tuning.tuned_config("sm_90a", problem(4096), EpilogueSpec(), "dense", runner=runner)
     assert seen and all(s is None for s in seen)
     assert not getattr(tuning._local, "tuning", False)  # the guard is released afterwards
 
@@ -347,7 +355,7 @@ def test_untunable_problems_use_the_default(monkeypatch):
     if "quant" in fields:
         quant = EpilogueSpec(quant="mxfp8")
         assert not tuning.tunable(replace(p, out_dtype="e4m3"), quant)
-        assert tuning.tuned_config("sm_90a", replace(p, out_dtype="e4m3"), quant, "dense") is None
+        assert tuning.tuned_config("sm_90a", replace(p, out_dtype="e4m3"), quant, "dense", runner=runner) is None
     assert not tuning.tunable(replace(p, a_dtype="e4m3", b_dtype="e4m3"), EpilogueSpec())
     assert gpu.measured == [] and not tuning.tuning_file().exists()
 
@@ -356,10 +364,10 @@ def test_unexpected_tuning_errors_warn_and_fall_back(monkeypatch):
     def boom(*args):
         raise KeyError("no such dtype")
 
-    monkeypatch.setattr(tuning, "_make_runner", boom)
+    monkeypatch.setitem(_runner, "fn", boom)
     tuning.enable(True)
     with pytest.warns(UserWarning, match="autotuning failed"):
-        assert tuning.tuned_config("sm_90a", problem(256), EpilogueSpec(), "dense") is None
+        assert tuning.tuned_config("sm_90a", problem(256), EpilogueSpec(), "dense", runner=runner) is None
 
 
 def test_progress_uses_tqdm_when_installed(monkeypatch):
@@ -384,10 +392,10 @@ def test_unwritable_tuning_file_keeps_the_record_in_memory(monkeypatch, tmp_path
     tuning.enable(True)
     p = problem(4096)
     with pytest.warns(UserWarning, match="could not write tuning file"):
-        first = tuning.tuned_config("sm_90a", p, EpilogueSpec(), "dense", num_sms=132)
+        first = tuning.tuned_config("sm_90a", p, EpilogueSpec(), "dense", num_sms=132, runner=runner)
     assert first is not None and (first.tile_m, first.tile_n) == (128, 128)
     monkeypatch.setattr(tuning, "_measure", lambda *a: pytest.fail("re-timed"))
-    assert tuning.tuned_config("sm_90a", p, EpilogueSpec(), "dense", num_sms=132) == first
+    assert tuning.tuned_config("sm_90a", p, EpilogueSpec(), "dense", num_sms=132, runner=runner) == first
 
 
 def test_grouped_records_keep_the_swapped_kernel_choice():

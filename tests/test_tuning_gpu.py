@@ -11,11 +11,10 @@ import pytest
 import torch
 
 import cutegemm
-from cutegemm import tuning
+from cutegemm import grouped_gemm_ref, tuning
 from cutegemm.config import GemmProblem
 from cutegemm.epilogue import EpilogueSpec
 from cutegemm.gemm import dense as dense_api
-from cutegemm.grouped import grouped_gemm_ref
 from cutegemm.grouped import packed as grouped_api
 
 from .gemm_check import assert_within_torch_error
@@ -72,12 +71,12 @@ def test_autotune_on_first_gemm_call_tunes_then_reuses(_tuning_file, monkeypatch
     _no_timing(monkeypatch)
     a2 = torch.randn(150, k, device="cuda", dtype=torch.bfloat16)
     out2 = cutegemm.gemm(a2, b, alpha=0.5)
-    arch, sms = dense_api._device_info(torch.cuda.current_device())
+    arch, sms = dense_api.device_info(torch.cuda.current_device())
     p = GemmProblem(150, n, k, 1, "bf16", "bf16", "bf16", "k", "n")
     expected = tuning.tuned_config(arch, p, EpilogueSpec(alpha=True), "dense", num_sms=sms)
     assert expected is not None and tuning.knobs(expected) == records[key]["config"]
     used = {
-        plan.config for key2, plan in dense_api._PLANS.items() if key2[0] == a2.shape and key2[2] == b.shape
+        plan.config for key2, plan in dense_api.PLANS.items() if key2[0] == a2.shape and key2[2] == b.shape
     }
     # (the API launches 2-D operands flat: GemmConfig.flat, not a tuning knob)
     assert {replace(c, flat=False) for c in used} == {expected}, "the second call did not use the record"
@@ -104,7 +103,7 @@ def test_autotune_on_grouped_call_tunes_then_reuses(_tuning_file, monkeypatch):
     assert torch.isnan(out[end:]).all(), "rows past offs[-1] were written"
     cfg = next(
         p.config
-        for key, p in grouped_api._PLANS.items()
+        for key, p in grouped_api.PLANS.items()
         if key[0] == a.shape and key[2] == b.shape and key[-1] is None  # the user's call (config=None)
     )
     assert cfg.grouped and tuning.knobs(cfg) == next(iter(records.values()))["config"]
@@ -117,7 +116,7 @@ def test_autotune_on_grouped_call_tunes_then_reuses(_tuning_file, monkeypatch):
 
 def test_no_tuning_inside_cuda_graph_capture(_tuning_file):
     tuning.enable(True)
-    arch, sms = dense_api._device_info(torch.cuda.current_device())
+    arch, sms = dense_api.device_info(torch.cuda.current_device())
     p = GemmProblem(4096, 1024, 1024, 1, "bf16", "bf16", "bf16", "k", "k")
     x = torch.zeros(16, device="cuda")
     graph = torch.cuda.CUDAGraph()

@@ -3,7 +3,7 @@
 # ./results) and record the GPU there.
 mkdir -p /tmp/site && tar -C /tmp/site -xJf .dsl/cutlass-dsl-4.8.1-cp312.tar.xz
 export PYTHONPATH=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site:$PWD PYTHONUNBUFFERED=1
-export CUTEGEMM_CACHE_DIR=/tmp/cutegemm-cache
+export CUTEGEMM_CACHE_DIR=${CUTEGEMM_CACHE_DIR:-$PWD/.kcache}  # ignored by git: kept between calls on a warm machine
 O=${OUT:-results}; mkdir -p "$O"
 if [ -f .kcache.tar.xz ]; then mkdir -p $CUTEGEMM_CACHE_DIR && tar -C $CUTEGEMM_CACHE_DIR -xJf .kcache.tar.xz; fi
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader | tee "$O/gpu.txt"

@@ -6,10 +6,20 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
+
+from ..api import gemm, grouped_gemm
+from ..config import GemmProblem
+from ..gemm.launch import TORCH_TO_NAME
+from ..grouped.k_grouped import kgrouped_config
+from ..grouped.list_form import list_config, list_launch
+from ..grouped.packed import PLANS
+from ..policy import policy_for
+from ..runtime.device import device_info
+from ..runtime.timer import Timer
 
 DENSE_SHAPES = [
     (8192, 8192, 8192),
@@ -35,43 +45,7 @@ class Row:
     scheduler_ms: dict | None = None
 
 
-class Timer:
-    """GPU time of one call, L2-cold: before each rep the stream gets a spin kernel (so the host
-    can enqueue the flush and the call while the GPU is busy: host overhead is not counted; it
-    is measured separately) and a write of 512 MB that evicts the 60 MB L2.
-
-    ``clean``: the write is followed by a read of the same 512 MB, so the L2 the timed call
-    finds holds clean lines only. After the write alone it holds ~60 MB of the flush's dirty
-    lines, and the timed call (ours and the baseline alike) pays their write-back to HBM as
-    its loads evict them: 3-6 us per decode-sized call on the H200 (bench/RESULTS.md,
-    2026-12-01 fourth session), a fixed cost that real calls, which follow kernels that mostly
-    read weights, do not pay in this form."""
-
-    def __init__(self, flush_mb: int = 512, spin_cycles: int = 2_000_000, clean: bool = False):
-        self.flush = torch.empty(flush_mb * 2**20 // 4, dtype=torch.float32, device="cuda")
-        self.sink = torch.empty((), dtype=torch.float32, device="cuda")
-        self.spin_cycles = spin_cycles
-        self.clean = clean
-
-    def __call__(self, fn, reps: int = 30, warmup: int = 5) -> float:
-        for _ in range(warmup):
-            fn()
-        times = []
-        for _ in range(reps):
-            torch.cuda._sleep(self.spin_cycles)
-            self.flush.fill_(1.0)
-            if self.clean:
-                torch.sum(self.flush, 0, out=self.sink)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return statistics.median(times)
-
-
-def _dense_inputs(m, n, k, dtype, b_layout="k"):
+def dense_inputs(m, n, k, dtype, b_layout="k"):
     torch.manual_seed(0)
     a = torch.randn(m, k, device="cuda", dtype=dtype)
     if b_layout == "k":  # nn.Linear weight (N, K) used as b = w.t()
@@ -82,12 +56,10 @@ def _dense_inputs(m, n, k, dtype, b_layout="k"):
 
 
 def bench_dense(shapes=DENSE_SHAPES, dtype=torch.bfloat16, b_layout="k", config_for=None, reps=30):
-    from ..gemm.dense import gemm
-
     timer = Timer()
     rows = []
     for m, n, k in shapes:
-        a, b = _dense_inputs(m, n, k, dtype, b_layout)
+        a, b = dense_inputs(m, n, k, dtype, b_layout)
         cfg = config_for(m, n, k) if config_for else None
         out = gemm(a, b, config=cfg)
         ref = torch.matmul(a.double(), b.double())
@@ -97,11 +69,8 @@ def bench_dense(shapes=DENSE_SHAPES, dtype=torch.bfloat16, b_layout="k", config_
         t_ours = timer(lambda a=a, b=b, cfg=cfg: gemm(a, b, config=cfg), reps)
         t_torch = timer(lambda a=a, b=b: torch.matmul(a, b), reps)
         flops = 2.0 * m * n * k
-        from ..config import GemmProblem
-        from ..gemm.dense import TORCH_TO_NAME, _device_info
-        from ..policy import policy_for
 
-        arch, sms = _device_info(torch.cuda.current_device())
+        arch, sms = device_info(torch.cuda.current_device())
         prob = GemmProblem(m, n, k, 1, TORCH_TO_NAME[dtype], TORCH_TO_NAME[dtype], TORCH_TO_NAME[dtype], "k",
                            "k" if b_layout == "k" else "n")  # fmt: skip
         used = cfg or policy_for(arch, sms).choose_dense(prob)
@@ -202,9 +171,6 @@ def host_overhead(calls: int = 2000, rounds: int = 5) -> dict:
     GPU queue never fills and this is the per-call host cost); the functions are timed in turn,
     ``rounds`` times, and the fastest round of each is kept (drift hits all alike). Prints one
     table (µs and ours / torch) and returns ``{name: µs}``."""
-    from ..gemm.dense import gemm
-    from ..grouped import grouped_gemm
-
     bf = torch.bfloat16
     a = torch.randn(128, 128, device="cuda", dtype=bf)
     b = torch.randn(128, 128, device="cuda", dtype=bf)
@@ -253,7 +219,7 @@ GROUPED_SHAPES = [
 GROUPED_NAMES = ["DeepSeek-V3 up", "DeepSeek-V3 down", "Qwen3-30B-A3B", "Mixtral up", "decode"]
 
 
-def _moe_counts(experts: int, tokens: int, seed: int = 0) -> list[int]:
+def moe_counts(experts: int, tokens: int, seed: int = 0) -> list[int]:
     """Tokens per expert: Poisson around ``tokens``, rounded to a multiple of 8, one fixed seed."""
     gen = torch.Generator().manual_seed(seed)
     lam = torch.full((experts,), float(tokens))
@@ -264,13 +230,11 @@ def bench_grouped(shapes=GROUPED_SHAPES, dtype=torch.bfloat16, reps=30, names=No
     """Ours vs torch._grouped_mm (and a loop of torch.matmul) on MoE shapes, uneven expert loads.
     Also prints the time torch takes to read the weights once (``b.sum()``: the bound of a
     memory-bound decode step) and our time relative to it."""
-    from ..grouped import grouped_gemm
-
     names = names or (GROUPED_NAMES if shapes is GROUPED_SHAPES else [None] * len(shapes))
     timer = Timer()
     rows = []
     for (e, tok, n, k), label in zip(shapes, names, strict=True):
-        counts = _moe_counts(e, tok)
+        counts = moe_counts(e, tok)
         total = sum(counts)
         a = torch.randn(total, k, device="cuda", dtype=dtype)
         w = torch.randn(e, n, k, device="cuda", dtype=dtype)
@@ -288,9 +252,8 @@ def bench_grouped(shapes=GROUPED_SHAPES, dtype=torch.bfloat16, reps=30, names=No
         t_loop = timer(lambda a=a, b=b, bounds=bounds: [a[s:t] @ b[i] for i, (s, t) in enumerate(bounds)], reps)
         t_read = timer(lambda w=w: w.sum(dtype=torch.float32), reps)
         flops = 2.0 * total * n * k
-        from ..grouped.packed import _PLANS
 
-        plan_cfg = next(p.config for key, p in _PLANS.items() if key[0] == a.shape and key[2] == b.shape and key[4] == a.dtype)
+        plan_cfg = next(p.config for key, p in PLANS.items() if key[0] == a.shape and key[2] == b.shape and key[4] == a.dtype)
         cfg = plan_cfg.name
         sched = _scheduler_times(timer, reps, a, b, offs, plan_cfg, t_ours)
         case = f"{label + ': ' if label else ''}E{e}x{tok}tok N{n} K{k}"
@@ -335,14 +298,8 @@ def bench_grouped_list(shapes=GROUPED_SHAPES, names=None, mixed=True, reps=20, c
     the groups share N and K, torch._grouped_mm on the same data packed beforehand (packing not
     timed). GPU time L2-cold (:class:`Timer`); host time per call printed beside it.
     ``configs``: overrides (dicts) of the policy's list config, timed beside it."""
-    from dataclasses import replace
-
-    from ..gemm.dense import gemm
-    from ..grouped import grouped_gemm
-    from ..grouped.list_form import _list_launch
-
     names = names or (GROUPED_NAMES if shapes is GROUPED_SHAPES else [None] * len(shapes))
-    cases = [(label, [(c, n, k) for c in _moe_counts(e, tok)]) for (e, tok, n, k), label in zip(shapes, names, strict=True)]
+    cases = [(label, [(c, n, k) for c in moe_counts(e, tok)]) for (e, tok, n, k), label in zip(shapes, names, strict=True)]
     if mixed:
         cases.append(("mixed M, N, K", _mixed_list_shapes()))
     timer = Timer(spin_cycles=8_000_000)  # ~4 ms of spin: longer than the host time of a 128-group call
@@ -374,10 +331,8 @@ def bench_grouped_list(shapes=GROUPED_SHAPES, names=None, mixed=True, reps=20, c
             del a, b
         line += f" | max err groups 0-2 {err:.3g} (torch {terr:.3g})"
         print(line, flush=True)
-        from ..gemm.dense import _device_info
-        from ..grouped.list_form import list_config
 
-        arch, sms = _device_info(torch.cuda.current_device())
+        arch, sms = device_info(torch.cuda.current_device())
         live = [d for d in dims if all(d)]
         cfg = list_config(arch, sms, len(live), sum(m for m, _, _ in live), sum(n for _, n, _ in live) // len(live),
                           sum(k for _, _, k in live) // len(live), "bf16", "bf16", "k", "k", False)  # fmt: skip
@@ -385,8 +340,8 @@ def bench_grouped_list(shapes=GROUPED_SHAPES, names=None, mixed=True, reps=20, c
         for over in configs:
             alt = replace(cfg, **over)
             try:
-                _list_launch(xs, ws, None, 1.0, config=alt)
-                t = timer(lambda xs=xs, ws=ws, alt=alt: _list_launch(xs, ws, None, 1.0, config=alt), reps)
+                list_launch(xs, ws, None, 1.0, config=alt)
+                t = timer(lambda xs=xs, ws=ws, alt=alt: list_launch(xs, ws, None, 1.0, config=alt), reps)
             except Exception as exc:  # noqa: BLE001 (report and go on)
                 print(f"   {alt.name}: FAILED {type(exc).__name__}: {str(exc)[:200]}", flush=True)
                 continue
@@ -410,15 +365,9 @@ def bench_grouped_k(shapes=KGROUPED_SHAPES, reps=20, configs=None, loops=True):
     the K-grouped kernel; ``loops=False`` leaves both loops out). Same run, same operands; errors
     on the first three experts against float64. ``configs``: overrides (dicts) of the policy's
     K-grouped config, timed beside it."""
-    from dataclasses import replace
-
-    from ..gemm.dense import _device_info, gemm
-    from ..grouped import grouped_gemm
-    from ..grouped.k_grouped import kgrouped_config
-
     timer = Timer()
     for e, tok, m, n, label in shapes:
-        counts = _moe_counts(e, tok)
+        counts = moe_counts(e, tok)
         total = sum(counts)
         torch.manual_seed(0)
         x = torch.randn(total, m, device="cuda", dtype=torch.bfloat16)
@@ -454,7 +403,7 @@ def bench_grouped_k(shapes=KGROUPED_SHAPES, reps=20, configs=None, loops=True):
             line += f" | loop of torch.matmul {flops / t_tloop / 1e9:7.1f} ({t_tloop / t_ours:.2f}x)"
         line += " | max err experts 0-2 (torch's): " + ", ".join(f"{o:.3g} ({t:.3g})" for o, t in errs)
         print(line, flush=True)
-        arch, sms = _device_info(torch.cuda.current_device())
+        arch, sms = device_info(torch.cuda.current_device())
         base = kgrouped_config(arch, sms, m, n, total // e, e, "bf16", "bf16", "m", "n", False)
         print(f"   policy config {base.name}", flush=True)
         for over in configs or []:
@@ -477,10 +426,6 @@ def _scheduler_times(timer, reps, a, b, offs, cfg, t_policy):
     """The policy's tile with the static and the dynamic scheduler side by side (the dynamic one is
     cooperative only: a pingpong policy tile is also timed static-cooperative). The policy's own
     time is reused for its scheduler."""
-    from dataclasses import replace
-
-    from ..grouped import grouped_gemm
-
     def run(c):
         grouped_gemm(a, b, offs=offs, config=c)  # compile outside the timing
         return timer(lambda: grouped_gemm(a, b, offs=offs, config=c), reps)
@@ -493,21 +438,3 @@ def _scheduler_times(timer, reps, a, b, offs, cfg, t_policy):
     dyn = replace(coop, scheduler="dynamic")
     times["dynamic"] = t_policy if cfg == dyn else run(dyn)
     return times
-
-
-# The scaled and quantized families live in ``benchmarks_scaled``. Their old import path
-# (``cutegemm.bench.core.bench_fp4_weight``) keeps working: A/B steps run the same command
-# against an older copy of the package, where they still live here.
-_SCALED = frozenset({
-    "FP8_SHAPES", "MXFP8_SHAPES", "FP4W_DENSE", "FP4W_GROUPED", "bench_grouped_fp8", "bench_epilogue_quant",
-    "bench_fp8", "bench_fp8_blockwise", "bench_grouped_fp8_blockwise", "bench_mxfp8", "bench_fp4x4_hopper",
-    "bench_fp4_weight",
-})  # fmt: skip
-
-
-def __getattr__(name: str):
-    if name in _SCALED:
-        from . import scaled as benchmarks_scaled
-
-        return getattr(benchmarks_scaled, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,6 +11,12 @@ from pathlib import Path
 
 import torch
 
+from ..blockscaled.formats import get_format
+from ..blockscaled.layout import swizzled_shape
+from ..blockscaled.quantizer import quantize
+from ..blockscaled.reference import quantize_ref
+from .core import Timer
+
 QUANT_SHAPES = [(16384, 7168), (4096, 7168), (8192, 4096), (128, 7168)]
 # "nvfp4+gs": NVFP4 with a given global scale (no amax pass); plain "nvfp4" computes the default
 # global scale first (one more read of x by the finite-amax kernel, not counted in the bytes).
@@ -32,9 +38,6 @@ class QuantRow:
 
 def quant_bytes(x: torch.Tensor, fmt: str) -> int:
     """Bytes the kernel must move: the input, the elements, the swizzled scales."""
-    from ..blockscaled.formats import get_format
-    from ..blockscaled.layout import swizzled_shape
-
     f = get_format(fmt)
     rows, k = x.shape[-2], x.shape[-1]
     batch = x.numel() // (rows * k)
@@ -44,10 +47,6 @@ def quant_bytes(x: torch.Tensor, fmt: str) -> int:
 
 def bench_quantize(shapes=QUANT_SHAPES, formats=QUANT_FORMATS, dtype=torch.bfloat16, reps=30, ref_reps=5):
     """One row per (shape, format). ``ref_reps``: reps of the slow torch reference."""
-    from ..blockscaled.quantize import quantize
-    from ..blockscaled.reference import quantize_ref
-    from .core import Timer
-
     timer = Timer()
     rows = []
     for shape in shapes:

@@ -5,9 +5,20 @@ and list forms live there)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
-from .core import Row, Timer, _dense_inputs, _moe_counts, format_row
+from ..api import dequantize, gemm, gemm_ref, grouped_gemm, grouped_gemm_ref, quantize
+from ..blockscaled import mx_sm90
+from ..blockscaled.reference import dequantize_ref, e8m0_to_float, quantize_ref
+from ..blockscaled.weight_only import launch as weight_only
+from ..config import GemmProblem, can_implement
+from ..grouped.packed import PLANS
+from ..policy import policy_for
+from ..runtime.device import device_info
+from ..runtime.timer import Timer
+from .core import Row, dense_inputs, format_row, moe_counts
 
 
 def bench_grouped_fp8(shapes=((32, 512, 4096, 7168),), reps=20, configs=None):
@@ -15,14 +26,10 @@ def bench_grouped_fp8(shapes=((32, 512, 4096, 7168),), reps=20, configs=None):
     ``torch._scaled_grouped_mm`` (same inputs, same run); our policy config and ``configs``
     overrides (dicts) beside it. Promoted configs are compared with torch's default
     (``use_fast_accum=False``), ``fast_accum`` configs with ``use_fast_accum=True``."""
-    from dataclasses import replace
-
-    from ..grouped import grouped_gemm
-
     timer = Timer()
     rows = []
     for e, tok, n, k in shapes:
-        counts = _moe_counts(e, tok)
+        counts = moe_counts(e, tok)
         total = sum(counts)
         torch.manual_seed(0)
         a = torch.randn(total, k, device="cuda").to(torch.float8_e4m3fn)
@@ -50,11 +57,10 @@ def bench_grouped_fp8(shapes=((32, 512, 4096, 7168),), reps=20, configs=None):
                       f"{str(exc)[:200]}", flush=True)  # fmt: skip
                 torch_t[fast] = float("nan")
         out = ours()
-        from ..grouped.packed import _PLANS
 
         # this call's plan: the policy's (config None) for these operands, not a block-scaled
         # plan of the same shapes another benchmark of this process may have cached
-        base = next(p.config for key, p in _PLANS.items()
+        base = next(p.config for key, p in PLANS.items()
                     if key[0] == a.shape and key[2] == b.shape and key[4] == a.dtype and key[-1] is None
                     and not p.config.fp8_blockwise)  # fmt: skip
         ref = None
@@ -84,11 +90,8 @@ def bench_epilogue_quant(m=8192, n_out=4096, k=8192, reps=20):
     """Issue-3 benchmark: ``gemm + swiglu + MXFP8 output`` (B has 2 x n_out interleaved gate/up
     columns) against (a) our plain bf16 GEMM of the same shape, (b) cuBLAS of the same shape, and
     (c) the torch chain ``matmul -> silu(gate) * up -> quantize_ref``. Prints and returns rows."""
-    from ..blockscaled import quantize_ref
-    from ..gemm.dense import gemm
-
     timer = Timer()
-    a, b = _dense_inputs(m, 2 * n_out, k, torch.bfloat16)
+    a, b = dense_inputs(m, 2 * n_out, k, torch.bfloat16)
     flops = 2.0 * m * 2 * n_out * k
 
     def torch_chain():
@@ -125,12 +128,8 @@ def bench_fp8(shapes=FP8_SHAPES, reps=20, configs=None):
     torch's ``use_fast_accum=True``. ``configs``: GemmConfig overrides (dicts) timed beside the
     policy's choice."""
 
-    from ..config import GemmProblem
-    from ..gemm.dense import _device_info
-    from ..policy import policy_for
-
     timer = Timer()
-    arch, sms = _device_info(torch.cuda.current_device())
+    arch, sms = device_info(torch.cuda.current_device())
     rows = []
     for m, n, k in shapes:
         torch.manual_seed(0)
@@ -164,11 +163,6 @@ def _fp8_candidates(timer, reps, a, b, sa, sb, ref, default, configs):
     """[(config or None, name, ms, max err)] of ``gemm(a, b, scale_a=sa, scale_b=sb)`` with the
     policy's config (None) and each override of ``default`` in ``configs`` (dicts); a candidate
     that is not implementable or fails is reported and left out."""
-    from dataclasses import replace
-
-    from ..config import can_implement
-    from ..gemm.dense import gemm
-
     out = []
     for cfg in [None] + [replace(default, **c) for c in (configs or [])]:
         if cfg is not None and not can_implement(cfg)[0]:
@@ -193,12 +187,8 @@ def bench_fp8_blockwise(shapes=((8192, 8192, 8192),), reps=20, configs=None):
     ``dict(tile_n=64)``) timed beside the policy's choice. Returns Rows (torch_ms: the blockwise
     baseline when available)."""
 
-    from ..config import GemmProblem
-    from ..gemm.dense import _device_info, gemm_ref
-    from ..policy import policy_for
-
     timer = Timer()
-    arch, sms = _device_info(torch.cuda.current_device())
+    arch, sms = device_info(torch.cuda.current_device())
     rows = []
     for m, n, k in shapes:
         torch.manual_seed(0)
@@ -255,12 +245,8 @@ def bench_grouped_fp8_blockwise(shapes=((32, 512, 4096, 7168), (32, 512, 7168, 2
 
 
 def _bench_gbw_shape(timer, e, tok, n, k, reps, configs):
-    from dataclasses import replace
-
-    from ..grouped import grouped_gemm, grouped_gemm_ref
-
     rows = []
-    counts = _moe_counts(e, tok)
+    counts = moe_counts(e, tok)
     total = sum(counts)
     kb, nb = -(-k // 128), -(-n // 128)
     torch.manual_seed(0)
@@ -306,9 +292,8 @@ def _bench_gbw_shape(timer, e, tok, n, k, reps, configs):
     print(f"{case}: torch._grouped_mm bf16: {flops / t16 / 1e9:.1f} TFLOP/s", flush=True)
     sa = sa.t().contiguous().t()  # ours: M-major scale_a (torch's layout, TMA-loaded in place)
     out = grouped_gemm(a, b, offs=offs, scale_a=sa, scale_b=sb)
-    from ..grouped.packed import _PLANS
 
-    base = next(p.config for key, p in _PLANS.items() if key[0] == a.shape and key[2] == b.shape and p.config.fp8_blockwise)
+    base = next(p.config for key, p in PLANS.items() if key[0] == a.shape and key[2] == b.shape and p.config.fp8_blockwise)
     for cfg in [None] + [replace(base, **c) for c in (configs or [])]:
         try:
             o = grouped_gemm(a, b, offs=offs, scale_a=sa, scale_b=sb, config=cfg)
@@ -342,12 +327,6 @@ def bench_mxfp8(shapes=MXFP8_SHAPES, reps=20, configs=()):
 
 
 def _bench_mxfp8_shape(timer, m, n, k, reps, configs):
-    from dataclasses import replace
-
-    from .. import gemm, quantize
-    from ..blockscaled.mx_sm90 import mx_config
-    from ..blockscaled.reference import dequantize_ref, e8m0_to_float
-
     torch.manual_seed(0)
     qa = quantize(torch.randn(m, k, device="cuda", dtype=torch.bfloat16), "mxfp8")
     qb = quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), "mxfp8")
@@ -377,15 +356,14 @@ def _bench_mxfp8_shape(timer, m, n, k, reps, configs):
         f"{flops / t_dq / 1e9:.1f}; torch._scaled_mm row-wise FP8 (other recipe) {flops / t_rw / 1e9:.1f}",
         flush=True,
     )
-    from ..blockscaled.mx_sm90 import _dequantized_gemm, dequantize_first, ring_first
 
     rows = []
-    default = mx_config(m, n)
-    policy = "dequantize-first" if dequantize_first(m, n, qa, qb) else "emulation"
-    if ring_first(qa, qb):
+    default = mx_sm90.mx_config(m, n)
+    policy = "dequantize-first" if mx_sm90.dequantize_first(m, n, qa, qb) else "emulation"
+    if mx_sm90.ring_first(qa, qb):
         policy = "A dequantized + the MXFP8-weight GEMM"
     candidates = [(f"policy ({policy})", lambda: gemm(qa, qb)), (default.name + " (emulation)", lambda: gemm(qa, qb, config=default)),
-                  ("dequantize-first", lambda: _dequantized_gemm(qa, qb, torch.bfloat16, 1.0, None, None))]  # fmt: skip
+                  ("dequantize-first", lambda: mx_sm90.dequantized_gemm(qa, qb, torch.bfloat16, 1.0, None, None))]  # fmt: skip
     candidates += [(c.name, lambda c=c: gemm(qa, qb, config=c)) for c in (replace(default, **o) for o in configs)]
     for name, fn in candidates:
         try:
@@ -405,9 +383,6 @@ def bench_fp4x4_hopper(shapes=((8192, 8192, 8192), (16, 8192, 8192)), fmts=("nvf
     """FP4 x FP4 on sm_90a (dequantize-first: one bf16 dequantize pass per operand + our bf16 GEMM)
     vs the torch path on the same operands, same run: ``dequantize_ref`` (torch ops) of both to
     bf16, then torch.matmul; and cuBLAS bf16 on operands dequantized beforehand."""
-    from .. import gemm, quantize
-    from ..blockscaled.reference import dequantize_ref
-
     timer = Timer()
     for fmt in fmts:
         for m, n, k in shapes:
@@ -436,14 +411,9 @@ def bench_fp4_weight(reps=30, dense=FP4W_DENSE, grouped=FP4W_GROUPED, fmts=("nvf
     """FP4 / MXFP8 weights x bf16 activations vs the bf16 baselines a Hopper user has, same run,
     same (dequantized) weights: cuBLAS ``x @ w.T`` / ``torch._grouped_mm``, and dequantize-then-
     cuBLAS. ``configs``: dicts of Fp4WeightConfig overrides timed beside the default."""
-    from dataclasses import replace
-
-    from .. import dequantize, quantize
-    from ..blockscaled.weight_only.launch import _arch, dequantize_first, gemm_fp4_weight, policy_config
-
     timer = Timer()
     idx = torch.cuda.current_device()
-    arch = _arch(idx)
+    arch = weight_only.weight_arch(idx)
     rows = []
     cases = [("dense", None, m, n, k) for m, n, k in dense] + [("grouped", e, t, n, k) for e, t, n, k in grouped]
     for fmt in fmts:
@@ -453,7 +423,7 @@ def bench_fp4_weight(reps=30, dense=FP4W_DENSE, grouped=FP4W_GROUPED, fmts=("nvf
                 w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
                 offs, total, experts = None, m, 1
             else:
-                counts = _moe_counts(e, m)
+                counts = moe_counts(e, m)
                 total, experts = sum(counts), e
                 w = torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16)
                 offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
@@ -479,15 +449,15 @@ def bench_fp4_weight(reps=30, dense=FP4W_DENSE, grouped=FP4W_GROUPED, fmts=("nvf
             t_base = timer(base, reps)
             t_deq = timer(deq, max(5, reps // 3))
             qbytes = qw.data.numel() * qw.data.element_size() + qw.scales.numel()
-            default = policy_config(total, n, fmt, torch.bfloat16, arch, offs is not None, experts, False, idx)
-            routed = dequantize_first(total, experts, offs is not None, False, qw)
+            default = weight_only.policy_config(total, n, fmt, torch.bfloat16, arch, offs is not None, experts, False, idx)
+            routed = weight_only.dequantize_first(total, experts, offs is not None, False, qw)
             for overrides in [{}, *configs]:
                 try:
                     cfg = replace(default, **overrides)
                     # the default: the library's own choice (the kernel, or for prefill sizes the
                     # dequantize-first path); the overrides force a kernel config
                     forced = cfg if overrides else None
-                    fn = lambda x=x, qw=qw, offs=offs, c=forced: gemm_fp4_weight(x, qw, offs=offs, config=c)  # noqa: E731
+                    fn = lambda x=x, qw=qw, offs=offs, c=forced: weight_only.gemm_fp4_weight(x, qw, offs=offs, config=c)  # noqa: E731
                     err = (fn().double() - ref).abs().max().item()
                     t = timer(fn, reps)
                 except Exception as exc:  # a candidate that does not fit or fails is reported, not fatal

@@ -28,7 +28,10 @@ import cutlass.cute as cute
 import torch
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
-from .quantize import MAX_ELEMENTS, CuteOps, scale_strides, swizzle_offset
+from ..runtime.cache import KernelCache
+from ..runtime.sass import check_sass
+from .quantizer import MAX_ELEMENTS, CuteOps, arch_of, ones_on, scale_strides, swizzle_offset
+from .quantizer import TorchOps as T
 from .reference import BlockScaledTensor
 
 __all__ = ["DequantConfig", "dequantizable", "dequantize_bf16", "dequantize_bf16_ref"]
@@ -205,8 +208,6 @@ def build_dequant(cfg: DequantConfig):
 
 @functools.cache
 def _cache():
-    from ..runtime.cache import KernelCache
-
     return KernelCache(build_dequant)
 
 
@@ -217,8 +218,6 @@ def all_configs(arch: str) -> list[DequantConfig]:
 
 def check_variant(cfg: DequantConfig) -> tuple[bool, dict, str]:
     """Compile ``cfg`` to SASS (no GPU needed) and check it: (ok, marker counts, error)."""
-    from ..runtime.sass import check_sass
-
     required = {**SASS_REQUIRED, "LDG.64": r"\bLDG\.E[.A-Z0-9]*\.64"} if cfg.fp4 else SASS_REQUIRED
     if cfg.fp4:
         required.pop("LDG.128")
@@ -274,8 +273,6 @@ def dequantize_bf16(q: BlockScaledTensor, out: torch.Tensor | None = None) -> to
 def dequantize_checked(q: BlockScaledTensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`dequantize_bf16` for a caller that has already checked ``q`` with
     :func:`check_dequant_operand` (and ``out``): the launch only."""
-    from .quantize import _arch_of, _ones
-
     if out is None:
         out = torch.empty(q.shape, dtype=torch.bfloat16, device=q.data.device)
     numel = q.shape.numel()
@@ -284,9 +281,9 @@ def dequantize_checked(q: BlockScaledTensor, out: torch.Tensor | None = None) ->
     rows, k = q.shape[-2], q.shape[-1]
     scales = q.swizzled_scales()
     batch_stride, tile_stride = scale_strides(rows, -(-k // q.fmt.block_size))
-    cfg = DequantConfig(fmt=q.fmt.name, arch=_arch_of(q.data.device.index or 0))
+    cfg = DequantConfig(fmt=q.fmt.name, arch=arch_of(q.data.device.index or 0))
     gs = q.global_scale
-    gs = _ones(q.data.device) if gs is None else gs.detach().to(device=q.data.device, dtype=torch.float32).reshape(1)
+    gs = ones_on(q.data.device) if gs is None else gs.detach().to(device=q.data.device, dtype=torch.float32).reshape(1)
     _cache().get(cfg)(
         q.data.view(torch.uint8).view(-1) if cfg.fp4 else q.data.view(-1),
         scales.view(torch.uint8).reshape(-1), gs, out.view(-1),
@@ -299,8 +296,6 @@ def dequantize_bf16_ref(q: BlockScaledTensor) -> torch.Tensor:
     """The kernel's arithmetic in torch (any device): fp32 element (FP4 decoded by
     :func:`e2m1_bits`) times the scale's fp32 value (:func:`scale_factor_bits` /
     :func:`e4m3_scale_bits`), NVFP4 then times the global scale, rounded to bf16."""
-    from .quantize import TorchOps as T
-
     k = q.shape[-1]
     sbytes = q.plain_scales().view(torch.uint8).to(torch.int32)
     scale_bits = e4m3_scale_bits(sbytes, T) if q.fmt.name == "nvfp4" else scale_factor_bits(sbytes, T)

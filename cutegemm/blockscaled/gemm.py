@@ -18,15 +18,24 @@ mainloop.
 
 from __future__ import annotations
 
-import functools
-import inspect
 from dataclasses import replace
 
 import torch
 
 from ..config import GemmConfig, GemmProblem, can_implement
 from ..epilogue import EpilogueSpec
+from ..gemm.grouped_parts import GROUPED_MAX_GROUPS
+from ..gemm.launch import (
+    DENSE_CACHE,
+    GROUPED_CACHE,
+    new_workspace,
+)
+from ..grouped.packed import grouped_gemm_ref
+from ..runtime.device import device_info, max_clusters_for
 from .formats import MXFP4, MXFP8, NVFP4
+from .grouped_sf import grouped_scales_a
+from .mx_sm90 import check_mx_operands, gemm_mx_sm90
+from .operands import OUT_NAMES, check_out, finish_output, l1_view, operand_view, output_view
 from .reference import BlockScaledTensor, dequantize_ref
 
 # format name -> (element dtype, scale dtype, vec) of GemmConfig
@@ -35,7 +44,6 @@ RECIPES = {
     MXFP4.name: ("e2m1", "e8m0", MXFP4.block_size),
     NVFP4.name: ("e2m1", "e4m3", NVFP4.block_size),
 }
-_OUT_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 # Formats that may be paired with each other (kind::mxf8f6f4: both e8m0 scales per 32 K).
 MIXED_FORMATS = {MXFP8.name, MXFP4.name}
 
@@ -60,7 +68,7 @@ def blockscaled_config(
         global_scale = fmt_name == "nvfp4"
     base = GemmConfig(
         arch="sm_100a", a_dtype=elem, b_dtype=b_elem, sf_dtype=sf, sf_vec=vec, a_major="k", b_major="k",
-        out_dtype=_OUT_NAMES[out_dtype], epilogue=EpilogueSpec(alpha=alpha, scale_a=global_scale),
+        out_dtype=OUT_NAMES[out_dtype], epilogue=EpilogueSpec(alpha=alpha, scale_a=global_scale),
     )  # fmt: skip
     if m >= 256 and n >= 256:
         return replace(base, tile_m=256, tile_n=256, two_cta=True, cluster_m=2)
@@ -90,8 +98,8 @@ def check_operands(qa, qb, out_dtype=torch.bfloat16, grouped: bool = False):
             )
     elif len(qa.shape) != len(qb.shape) or (len(qa.shape) == 3 and qa.shape[0] != qb.shape[0]):
         raise ValueError(f"batch mismatch: qa {tuple(qa.shape)} vs qb {tuple(qb.shape)}")
-    if out_dtype not in _OUT_NAMES:
-        raise ValueError(f"out_dtype must be one of {list(_OUT_NAMES)}, got {out_dtype}")
+    if out_dtype not in OUT_NAMES:
+        raise ValueError(f"out_dtype must be one of {list(OUT_NAMES)}, got {out_dtype}")
 
 
 def _check(qa, qb, out_dtype):
@@ -99,22 +107,6 @@ def _check(qa, qb, out_dtype):
     for nm, q in (("qa", qa), ("qb", qb)):
         if q.data.device.type != "cuda":
             raise ValueError(f"{nm} must be on a CUDA device, got {q.data.device}")
-
-
-def _operand_view(q: BlockScaledTensor) -> torch.Tensor:
-    """(rows, K, L) view of the K-major elements (FP4: in packed byte units of torch's x2 dtype)."""
-    d = q.data if q.data.dim() == 3 else q.data.unsqueeze(0)
-    d = d.contiguous()
-    L, rows, kk = d.shape
-    return d.as_strided((rows, kk, L), (kk, 1, rows * kk))
-
-
-def l1_view(t: torch.Tensor) -> torch.Tensor:
-    """A row-major (rows, cols) tensor as the kernel's (rows, cols, 1), the unit L mode at a
-    16-byte stride (TMA checks every stride, used or not)."""
-    from ..gemm.dense import _kernel_view
-
-    return t.as_strided(*_kernel_view(t.unsqueeze(0), 2, (1, 2, 0), "out"))
 
 
 def global_scale_vector(qa: BlockScaledTensor, qb: BlockScaledTensor) -> torch.Tensor | None:
@@ -170,7 +162,6 @@ def gemm_blockscaled(
     _check(qa, qb, out_dtype)
     major, minor = torch.cuda.get_device_capability(qa.data.device)
     if major == 9:  # Hopper: dequantize-first, or MXFP8 emulated with e4m3 WGMMAs
-        from .mx_sm90 import check_mx_operands, gemm_mx_sm90
 
         check_mx_operands(qa, qb)
         alpha = float(alpha)
@@ -180,7 +171,6 @@ def gemm_blockscaled(
             f"block-scaled GEMM needs sm_100a (Blackwell); this GPU is sm_{major}{minor}: dequantize "
             "the operands (cutegemm.dequantize) and run a bf16 GEMM instead"
         )
-    from ..gemm.dense import DENSE_CACHE, max_clusters_for
 
     m, k = qa.shape[-2], qa.shape[-1]
     n = qb.shape[-2]
@@ -196,7 +186,7 @@ def gemm_blockscaled(
                                        b_fmt_name=qb.fmt.name)  # fmt: skip
     cfg = with_global_scale(cfg, gs, alpha)
     ok, why = can_implement(
-        cfg, GemmProblem(m, n, k, 1, recipe[0], recipe[1], _OUT_NAMES[out_dtype], "k", "k", (k,), (k,))
+        cfg, GemmProblem(m, n, k, 1, recipe[0], recipe[1], OUT_NAMES[out_dtype], "k", "k", (k,), (k,))
     )
     if not ok:
         raise ValueError(f"cannot run {cfg.name}: {why}")
@@ -206,51 +196,11 @@ def gemm_blockscaled(
     max_clusters = max_clusters_for(cfg, qa.data.device)
     fn = DENSE_CACHE.get(cfg)
     fn(
-        _operand_view(qa), _operand_view(qb), c_view, None, None,
+        operand_view(qa), operand_view(qb), c_view, None, None,
         alpha, 0.0, max_clusters, None, _scale_bytes(qa), _scale_bytes(qb),
         None, None, gs, None, None, None, None,  # quantized-output scales, global scale, 4 epilogue vectors, workspace
     )  # fmt: skip
     return finish_output(out, written)
-
-
-def output_view(out, L: int, m: int, n: int, out_dtype, device, batched: bool):
-    """(written, its (M, N, L) kernel view): the caller's ``out`` (checked), or a view into a buffer
-    whose rows are padded to 16 bytes (TMA stores whole 16-byte row pieces) when there is no out or
-    its N columns are not a multiple of 16 bytes. After the launch, ``finish_output``."""
-    from ..gemm.dense import padded_rows
-
-    shape = (L, m, n) if batched else (m, n)
-    if out is not None:
-        check_out(out, shape, out_dtype, device)
-    written = out if out is not None and (n * out.element_size()) % 16 == 0 else padded_rows(shape, out_dtype, device)
-    w3 = written if batched else written.unsqueeze(0)
-    return written, w3.permute(1, 2, 0)
-
-
-def check_out(out, shape, out_dtype, device) -> None:
-    """The rules of a caller's ``out`` (ValueError): the result's shape and dtype, the operands'
-    device, unit column stride, 16-byte aligned rows / batches / start (TMA stores)."""
-    if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(shape) or out.dtype != out_dtype:
-        got = f"{tuple(out.shape)} {out.dtype}" if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ValueError(f"out must be a {tuple(shape)} {out_dtype} tensor, got {got}")
-    if out.device != device:
-        raise ValueError(f"out is on {out.device}, the operands on {device}")
-    align = 16 // out.element_size()
-    batched = out.dim() == 3
-    if out.stride(-1) != 1 or out.stride(-2) % align or (batched and out.stride(0) % align) or out.data_ptr() % 16:
-        raise ValueError(
-            f"out needs unit column stride and 16-byte aligned rows / batches / start, got strides {out.stride()}"
-        )
-
-
-def finish_output(out, written):
-    """The result once the kernel has written ``written`` (see ``output_view``): out (the N
-    columns copied in when the kernel wrote scratch), or the new result, contiguous."""
-    from ..gemm.dense import copy_unaligned_out
-
-    if out is None:
-        return written.contiguous()  # a no-op unless the rows were padded
-    return copy_unaligned_out(out, written)
 
 
 def gemm_blockscaled_ref(
@@ -267,7 +217,7 @@ def gemm_blockscaled_ref(
     check_operands(qa, qb)
     if not (isinstance(out_dtype, torch.dtype) and out_dtype.is_floating_point):
         raise ValueError(
-            f"out_dtype must be one of {list(_OUT_NAMES)} (or float64 for the reference), got {out_dtype}"
+            f"out_dtype must be one of {list(OUT_NAMES)} (or float64 for the reference), got {out_dtype}"
         )
     acc = torch.matmul(dequantize_ref(qa).to(compute_dtype), dequantize_ref(qb).to(compute_dtype).mT)
     if alpha != 1.0:
@@ -280,71 +230,6 @@ GEMM_OPTIONS = ("out_dtype", "alpha", "config", "out")
 GEMM_REF_OPTIONS = ("out_dtype", "alpha", "compute_dtype")
 
 
-def is_blockscaled(a, b) -> bool:
-    return isinstance(a, BlockScaledTensor) or isinstance(b, BlockScaledTensor)
-
-
-@functools.cache
-def _parameters(fn) -> tuple:
-    """(name, default) of ``fn``'s parameters after a and b."""
-    params = inspect.signature(fn).parameters.items()
-    return tuple((name, p.default) for name, p in params if name not in ("a", "b"))
-
-
-def _is_default(value, default) -> bool:
-    if value is default:
-        return True
-    if isinstance(value, torch.Tensor) or isinstance(default, torch.Tensor):
-        return False
-    try:
-        return bool(value == default)
-    except Exception:
-        return False
-
-
-def _options(call: dict, fn, supported: tuple[str, ...]) -> dict:
-    """The ``supported`` arguments of a call of ``fn`` (its ``locals()`` at entry); a ValueError
-    names every other argument that is not at its default (not supported with block-scaled
-    operands yet)."""
-    opts, bad = {}, []
-    for name, default in _parameters(fn):
-        value = call.get(name, default)
-        if name in supported:
-            opts[name] = value
-        elif not _is_default(value, default):
-            bad.append(name)
-    if bad:
-        raise ValueError(
-            f"{fn.__name__} with BlockScaledTensor operands supports only {', '.join(supported)} so far; "
-            f"got {', '.join(bad)}"
-        )
-    if opts.get("out_dtype") is None:
-        out = opts.get("out")
-        opts["out_dtype"] = out.dtype if isinstance(out, torch.Tensor) else torch.bfloat16
-    return opts
-
-
-def gemm_api(call: dict, fn) -> torch.Tensor:
-    """``cutegemm.gemm(qa, qb, ...)`` (``call``: gemm's arguments, ``fn``: gemm itself):
-    :func:`gemm_blockscaled` with out_dtype (default bf16), alpha and config; a bf16 tensor times
-    an FP4 weight, ``gemm(x, qw)``, is the FP4-weight GEMM (``fp4_weight_api``)."""
-    from .weight_only.launch import gemm_fp4_weight, is_fp4_weight_call
-
-    if is_fp4_weight_call(call["a"], call["b"]):
-        return gemm_fp4_weight(call["a"], call["b"], **_options(call, fn, ("scale_a", *GEMM_OPTIONS)))
-    return gemm_blockscaled(call["a"], call["b"], **_options(call, fn, GEMM_OPTIONS))
-
-
-def gemm_ref_api(call: dict, fn) -> torch.Tensor:
-    """``cutegemm.gemm_ref(qa, qb, ...)``: :func:`gemm_blockscaled_ref` (``gemm_ref(x, qw)``:
-    ``gemm_fp4_weight_ref``)."""
-    from .weight_only.launch import gemm_fp4_weight_ref, is_fp4_weight_call
-
-    if is_fp4_weight_call(call["a"], call["b"]):
-        return gemm_fp4_weight_ref(call["a"], call["b"], **_options(call, fn, ("scale_a", *GEMM_REF_OPTIONS)))
-    return gemm_blockscaled_ref(call["a"], call["b"], **_options(call, fn, GEMM_REF_OPTIONS))
-
-
 __all__ = [
     "gemm_blockscaled",
     "grouped_gemm_blockscaled",
@@ -352,9 +237,6 @@ __all__ = [
     "gemm_blockscaled_ref",
     "blockscaled_config",
     "check_operands",
-    "is_blockscaled",
-    "gemm_api",
-    "gemm_ref_api",
     "RECIPES",
 ]
 
@@ -380,16 +262,11 @@ def grouped_gemm_blockscaled(qa, qb, *, offs, out_dtype=torch.bfloat16, alpha: f
     device memory: no host sync, CUDA-graph capturable. sm_90a (``sm90_mx``): both operands
     dequantized to bf16 (one kernel pass each) and the bf16 grouped GEMM, or for MXFP8 with few
     rows per expert the e4m3-WGMMA emulation; other GPUs raise NotImplementedError."""
-    from ..gemm.dense import _device_info, max_clusters_for, new_workspace
-    from ..gemm.grouped_parts import GROUPED_MAX_GROUPS
-    from ..grouped.packed import GROUPED_CACHE
-    from .grouped_sf import grouped_scales_a
-
     check_grouped_operands(qa, qb, offs, out_dtype)
     dev = qa.data.device
     if dev.type != "cuda":
         raise ValueError(f"qa must be on a CUDA device, got {dev}")
-    arch, num_sms = _device_info(dev.index if dev.index is not None else torch.cuda.current_device())
+    arch, num_sms = device_info(dev.index if dev.index is not None else torch.cuda.current_device())
     if arch not in ("sm_100a", "sm_90a"):
         raise NotImplementedError(
             f"grouped block-scaled GEMM needs sm_100a (Blackwell) or sm_90a (Hopper); this GPU is {arch}: "
@@ -409,7 +286,6 @@ def grouped_gemm_blockscaled(qa, qb, *, offs, out_dtype=torch.bfloat16, alpha: f
     if total_m == 0 or n == 0 or E == 0:
         return out
     if arch == "sm_90a":  # Hopper: dequantize-first, or MXFP8 emulated
-        from .mx_sm90 import check_mx_operands, gemm_mx_sm90
 
         check_mx_operands(qa, qb)
         return gemm_mx_sm90(qa, qb, out_dtype, float(alpha), config, out, offs=offs)
@@ -426,12 +302,12 @@ def grouped_gemm_blockscaled(qa, qb, *, offs, out_dtype=torch.bfloat16, alpha: f
         tile_m=128, two_cta=False, cluster_m=1, grouped=True, raster="m", group=1,
     )  # fmt: skip
     cfg = with_global_scale(cfg, gs, alpha)
-    ok, why = can_implement(cfg, GemmProblem(total_m, n, k, 1, a_elem, b_elem, _OUT_NAMES[out_dtype], "k", "k", (k,), (k,)))
+    ok, why = can_implement(cfg, GemmProblem(total_m, n, k, 1, a_elem, b_elem, OUT_NAMES[out_dtype], "k", "k", (k,), (k,)))
     if not ok:
         raise ValueError(f"cannot run {cfg.name}: {why}")
     max_clusters = max_clusters_for(cfg, qa.data.device, num_sms)
     GROUPED_CACHE.get(cfg)(
-        _operand_view(qa), _operand_view(qb), l1_view(out), None, None,
+        operand_view(qa), operand_view(qb), l1_view(out), None, None,
         alpha, 0.0, max_clusters, offs, grouped_scales_a(qa, offs), _scale_bytes(qb),
         None, None, gs, None, None, None, new_workspace(cfg, dev),  # a fresh counter: zeroed in-stream
     )  # fmt: skip
@@ -442,9 +318,7 @@ def grouped_gemm_blockscaled_ref(qa, qb, *, offs, out_dtype=torch.bfloat16, alph
                                  compute_dtype=torch.float32):  # fmt: skip
     """Plain-torch twin: dequantize both, then the grouped reference per expert (rows past
     offs[-1] are zero here, unwritten by the kernel)."""
-    from ..grouped.packed import grouped_gemm_ref
-
-    check_grouped_operands(qa, qb, offs, out_dtype if out_dtype in _OUT_NAMES else torch.bfloat16)
+    check_grouped_operands(qa, qb, offs, out_dtype if out_dtype in OUT_NAMES else torch.bfloat16)
     a = dequantize_ref(qa).to(compute_dtype)
     b = dequantize_ref(qb).to(compute_dtype).transpose(1, 2)
     return grouped_gemm_ref(a, b, offs=offs, out_dtype=out_dtype, alpha=alpha, compute_dtype=compute_dtype)

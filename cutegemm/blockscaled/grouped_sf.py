@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from ..schedulers.grouped import expert_rows
 from .layout import TILE_ROWS, to_swizzled
 from .reference import BlockScaledTensor
 
@@ -34,8 +35,6 @@ def sf_rows_bound(total_m: int, num_experts: int) -> int:
 def padded_sf_rows_ref(offs: list[int], total_m: int) -> list[int | None]:
     """Plain-Python twin: the padded scale row of every packed row (None: past offs[-1]), with
     the kernel's clamping of offs (``schedulers.grouped.expert_rows``)."""
-    from ..schedulers.grouped import expert_rows
-
     dest: list[int | None] = [None] * total_m
     block = 0
     for start, end in expert_rows(offs, total_m):

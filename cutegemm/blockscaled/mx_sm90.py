@@ -29,8 +29,14 @@ import torch
 
 from ..config import GemmConfig, GemmProblem, can_implement
 from ..epilogue import EpilogueSpec
-from .gemm import _OUT_NAMES, _operand_view, finish_output, l1_view, output_view
+from ..gemm.dense import gemm
+from ..gemm.launch import DENSE_CACHE, GROUPED_CACHE, new_workspace
+from ..grouped.packed import grouped_gemm
+from ..runtime.device import max_clusters_for
+from .dequant import check_dequant_operand, check_elements, dequantizable, dequantize_checked
+from .operands import OUT_NAMES, finish_output, l1_view, operand_view, output_view
 from .reference import BlockScaledTensor, e8m0_to_float
+from .weight_only.launch import gemm_fp4_weight
 
 MX_K_BLOCK = 32
 K_TILE_BLOCKS = 4  # 32-wide K blocks per 128-wide K tile (the kernel's TMA box of scales)
@@ -41,7 +47,7 @@ def mx_config(m: int, n: int, out_dtype: torch.dtype = torch.bfloat16, alpha: bo
     each holds a partial and a promoted fp32 sum), 64 rows when M is small (bf16 / fp16 output:
     64 x 128 with an fp32 output spills registers)."""
     base = GemmConfig(
-        arch="sm_90a", a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k", out_dtype=_OUT_NAMES[out_dtype],
+        arch="sm_90a", a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k", out_dtype=OUT_NAMES[out_dtype],
         tile_m=128, tile_n=128, fp8_mx=True, epilogue=EpilogueSpec(alpha=alpha),
     )  # fmt: skip
     if m <= 64 and out_dtype != torch.float32:
@@ -111,8 +117,6 @@ def check_mx_operands(qa, qb) -> None:
     """Rules of the sm_90a path beyond ``sm100.check_operands``: elements of the format's dtype
     (MXFP8: float8_e4m3fn; FP4: float4_e2m1fn_x2), K a multiple of 16 (TMA / the dequantize
     kernel's 16-element chunks)."""
-    from .dequant import check_elements
-
     check_elements(qa, "qa")
     check_elements(qb, "qb")
     k = qa.shape[-1]
@@ -134,8 +138,6 @@ def dequantize_first(rows: int, n: int, qa: BlockScaledTensor, qb: BlockScaledTe
     mainloop's per-32 promotion makes it issue-bound at about half the bf16 GEMM's speed), when
     both operands meet the dequantize kernel's rules. Below 16 rows (not measured) the emulation
     stays: it reads the FP8 weights once instead of writing and reading a bf16 copy."""
-    from .dequant import dequantizable
-
     return rows >= DEQUANT_MIN_ROWS and n >= DEQUANT_MIN_COLS and dequantizable(qa) and dequantizable(qb)
 
 
@@ -150,8 +152,6 @@ def ring_first(qa: BlockScaledTensor, qb: BlockScaledTensor) -> bool:
     N=28672 K=4096, us: M=1 48.1, M=16 49.3 (cuBLAS bf16 on the dequantized weights 67.7 / 68.1;
     the emulation's 64-row tiles and dequantize-first were slower), M=128 ~95 vs 188.2 (both
     operands dequantized first)."""
-    from .dequant import dequantizable
-
     return (
         qa.fmt.name == qb.fmt.name == "mxfp8" and len(qa.shape) == 2 and qa.shape[-1] % 16 == 0 and dequantizable(qa)
     )  # fmt: skip
@@ -160,21 +160,14 @@ def ring_first(qa: BlockScaledTensor, qb: BlockScaledTensor) -> bool:
 def _ring_gemm(qa, qb, out_dtype, alpha, out, offs):
     """A as bf16 (one dequantize pass), then ``gemm_fp4_weight(a16, qb)`` (dense, or grouped with
     ``offs``: rows at or past ``offs[-1]`` are not written)."""
-    from .dequant import dequantize_checked  # checked by ring_first
-    from .weight_only.launch import gemm_fp4_weight
-
     return gemm_fp4_weight(dequantize_checked(qa), qb, offs=offs, out=out, out_dtype=out_dtype, alpha=alpha)
 
 
-def _dequantized_gemm(qa, qb, out_dtype, alpha, out, offs):
+def dequantized_gemm(qa, qb, out_dtype, alpha, out, offs):
     """bf16 copies of both operands (one kernel pass each), then the bf16 GEMM (dense / batched,
     or the packed grouped form with ``offs``). MX operands are exact in bf16, NVFP4's global
     scale makes them a rounding (see ``dequant``); fp32 accumulation; temporary memory 2 bytes x
     (rows of A + rows of B) x K."""
-    from ..gemm.dense import gemm
-    from ..grouped.packed import grouped_gemm
-    from .dequant import dequantize_checked  # callers checked both with check_dequant_operand
-
     a16, b16 = dequantize_checked(qa), dequantize_checked(qb)
     if offs is not None:
         return grouped_gemm(a16, b16.transpose(1, 2), offs=offs, out=out, out_dtype=out_dtype, alpha=alpha)
@@ -195,14 +188,10 @@ def gemm_mx_sm90(
     Grouped (``offs``: qa (total_M, K), qb (E, N, K), ``out`` (total_M, N) checked by
     ``sm100.grouped_gemm_blockscaled``): the packed MoE form, A's scale rows read from each
     expert's first row, B's scales per expert."""
-    from ..gemm.dense import DENSE_CACHE, max_clusters_for, new_workspace
-    from ..grouped.packed import GROUPED_CACHE
-
     grouped = offs is not None
     m, k = qa.shape[-2], qa.shape[-1]
     n = qb.shape[-2]
     if qa.fmt.name != "mxfp8" or qb.fmt != qa.fmt:  # an FP4 operand: no FP4 tensor-core input on Hopper
-        from .dequant import check_dequant_operand
 
         if config is not None:
             raise ValueError(
@@ -210,11 +199,11 @@ def gemm_mx_sm90(
             )
         check_dequant_operand(qa, "qa")
         check_dequant_operand(qb, "qb")
-        return _dequantized_gemm(qa, qb, out_dtype, alpha, out, offs)
+        return dequantized_gemm(qa, qb, out_dtype, alpha, out, offs)
     if config is None and ring_first(qa, qb):
         return _ring_gemm(qa, qb, out_dtype, alpha, out, offs)
     if config is None and dequantize_first(m // qb.shape[0] if grouped else m, n, qa, qb):
-        return _dequantized_gemm(qa, qb, out_dtype, alpha, out, offs)
+        return dequantized_gemm(qa, qb, out_dtype, alpha, out, offs)
     if config is not None and (not config.fp8_mx or config.grouped != grouped):
         raise ValueError(
             f"config {config.name} is not an MXFP8-emulation kernel (fp8_mx=True, grouped={grouped}, see mx_config)"
@@ -223,11 +212,11 @@ def gemm_mx_sm90(
     cfg = config or replace(mx_config(rows, n, out_dtype, alpha=alpha != 1.0), grouped=grouped)
     if alpha != 1.0 and not cfg.epilogue.alpha:
         cfg = replace(cfg, epilogue=replace(cfg.epilogue, alpha=True))
-    ok, why = can_implement(cfg, GemmProblem(m, n, k, 1, "e4m3", "e4m3", _OUT_NAMES[out_dtype], "k", "k", (k,), (k,)))
+    ok, why = can_implement(cfg, GemmProblem(m, n, k, 1, "e4m3", "e4m3", OUT_NAMES[out_dtype], "k", "k", (k,), (k,)))
     if not ok:
         raise ValueError(f"cannot run {cfg.name}: {why}")
     max_clusters = max_clusters_for(cfg, qa.data.device)
-    a, b = _operand_view(qa), _operand_view(qb)  # (M, K, L), (N, K, L) (grouped: L = E)
+    a, b = operand_view(qa), operand_view(qb)  # (M, K, L), (N, K, L) (grouped: L = E)
     if grouped:
         GROUPED_CACHE.get(cfg)(
             a, b, l1_view(out), None, None, alpha, 0.0, max_clusters, offs,

@@ -168,7 +168,7 @@ def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
     return pairs.flatten(-2)
 
 
-def _check_global_scale(global_scale: object, device: torch.device) -> torch.Tensor:
+def check_global_scale(global_scale: object, device: torch.device) -> torch.Tensor:
     if isinstance(global_scale, (int, float)) and not isinstance(global_scale, bool):
         gs = torch.tensor(float(global_scale), dtype=torch.float32, device=device)
     elif isinstance(global_scale, torch.Tensor) and global_scale.numel() == 1:
@@ -264,7 +264,7 @@ def quantize_ref(
                 1.0,
             )
         else:
-            gs = _check_global_scale(global_scale, x.device)
+            gs = check_global_scale(global_scale, x.device)
         s = torch.where(nonfinite, torch.nan, amax / _E2M1_MAX / gs)
         scales = s.clamp(max=_E4M3_MAX).to(torch.float8_e4m3fn)
         denom = (scales.float() * gs).unsqueeze(-1)

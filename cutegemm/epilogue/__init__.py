@@ -1,6 +1,7 @@
 """Composable epilogue ops applied to the fp32 accumulator, shared by every kernel family and arch."""
 
-from .ops import ACTIVATIONS, EPI_DTYPES, GATED, EpilogueSpec, apply_epilogue, epilogue_subtile, store_gated
+from ..config import ACTIVATIONS, EPI_DTYPES, GATED, EpilogueSpec
+from .ops import apply_epilogue, epilogue_subtile, store_gated
 from .reference import GATE_LAYOUTS, activation_ref, epilogue_ref, interleave_gate_up, split_gate_up
 
 __all__ = [

@@ -5,38 +5,31 @@ kernel's fp32 register vectors (CuTe DSL TensorSSA, traced into the kernel) and 
 
 from __future__ import annotations
 
+import cutlass
+import torch
+
 from . import ops
 
 
 def _is_torch(x) -> bool:
-    import torch
-
     return isinstance(x, torch.Tensor)
 
 
 class _TorchMath:
     @staticmethod
     def exp(x):
-        import torch
-
         return torch.exp(x)
 
     @staticmethod
     def rcp(x):
-        import torch
-
         return torch.reciprocal(x)
 
     @staticmethod
     def abs(x):
-        import torch
-
         return torch.abs(x)
 
     @staticmethod
     def where(cond, x, y):
-        import torch
-
         return torch.where(cond, x, y)
 
 
@@ -79,10 +72,7 @@ def abs(x):  # noqa: A001 - the natural name inside an epilogue
 def where(cond, x, y):
     """``x`` where ``cond`` else ``y`` (either of x / y may be a Python number)."""
     if _is_torch(cond):
-        import torch
-
         return torch.where(cond, x, y)
-    import cutlass
 
     x = cutlass.Float32(x) if isinstance(x, (int, float)) else x
     y = cutlass.Float32(y) if isinstance(y, (int, float)) else y

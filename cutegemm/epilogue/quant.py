@@ -32,7 +32,8 @@ import cutlass.cute as cute
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T
 
-QUANT_FORMATS = ("mxfp8", "mxfp4", "nvfp4")
+from .ops import gate_up_pairs, static_offsets
+
 _FLT_MAX = 3.4028234663852886e38
 
 
@@ -230,8 +231,6 @@ def store_quantized_subtile(spec, out, coords, local, s_out, quant_args, quad: i
     subtile-local (m, n) of every accumulator element; quant_args: (scale bytes, (1,) fp32
     global scale or None, output rows, output columns[, row limit: grouped, the expert's end
     row])."""
-    from .ops import gate_up_pairs, static_offsets
-
     mSF, mGS, m_rows, n_out = quant_args[:4]
     row_limit = quant_args[4] if len(quant_args) > 4 else None
     cpo = spec.cols_per_output

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .ops import ACTIVATIONS, GATE_ACTIVATION, GATED
+from ..config import ACTIVATIONS, GATED
+from .ops import GATE_ACTIVATION
 
 GATE_LAYOUTS = ("interleaved", "halves")
 

@@ -34,7 +34,10 @@ import inspect
 import textwrap
 import types
 
-MAX_EPILOGUE_ARGS = 4
+import cutlass
+import cutlass.cute as cute
+import torch
+
 _REGISTRY: dict[str, object] = {}
 _CONST_TYPES = (int, float, bool, str, type(None))
 
@@ -106,9 +109,6 @@ class KernelVector:
         self.name = name
 
     def __getitem__(self, idx):
-        import cutlass
-        import cutlass.cute as cute
-
         axis = next((a for values, a in self.axes if idx is values), None)
         if axis is None:
             raise TypeError(f"epilogue vector {self.name} can only be indexed by row or col")
@@ -136,8 +136,6 @@ class RefVector:
 
 def apply_user_ref(func, acc, vectors):
     """Evaluate ``func`` on a (..., M, N) fp32 accumulator in torch."""
-    import torch
-
     m, n = acc.shape[-2], acc.shape[-1]
     row = torch.arange(m, device=acc.device).unsqueeze(1)
     col = torch.arange(n, device=acc.device).unsqueeze(0)
@@ -152,9 +150,6 @@ def apply_user_kernel(key: str, acc, coords, vectors):
     """Trace the registered epilogue ``key`` on one subtile: ``acc`` fp32 TensorSSA, ``coords``
     the per-element global (m, n, l) coordinates (same order), ``vectors`` the global 1-D
     tensors. Returns an fp32 TensorSSA of ``acc``'s shape."""
-    import cutlass
-    import cutlass.cute as cute
-
     func = lookup(key)
     n = cute.size(coords)
     r_row = cute.make_rmem_tensor(acc.shape, cutlass.Int32)

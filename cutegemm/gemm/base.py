@@ -16,18 +16,10 @@ import cutlass.pipeline as pipeline
 from cutlass.cute.nvgpu import cpasync
 
 from ..config import GRID_Z_MAX, GemmConfig, config_errors
+from ..runtime.dtypes import CUTLASS_DTYPES
 from ..schedulers.dynamic import BroadcastScheduler, SchedulerRing, clc_grid_clusters
 from ..schedulers.static import StaticPersistentScheduler, persistent_grid
 from .grouped_parts import launch_list_descriptors
-
-CUTLASS_DTYPES = {
-    "bf16": cutlass.BFloat16,
-    "fp16": cutlass.Float16,
-    "fp32": cutlass.Float32,
-    "e4m3": cutlass.Float8E4M3FN,  # block-scaled operands (sm_100a)
-    "e2m1": cutlass.Float4E2M1FN,
-    "u8": cutlass.Uint8,  # packed FP4 pairs of a quantized output
-}
 
 
 class GemmBase:

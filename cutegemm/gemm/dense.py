@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import replace
 
 import torch
 
+from ..blockscaled.reference import quantize_ref
 from ..config import (
-    DTYPE_BYTES,
+    QUANT_FORMATS,
     QUANT_OUT_DTYPES,
     TMA_ALIGN_BYTES,
     GemmConfig,
@@ -16,125 +16,35 @@ from ..config import (
     can_implement,
     config_errors,
 )
-from ..epilogue import ACTIVATIONS, GATE_LAYOUTS, GATED, EpilogueSpec, epilogue_ref, interleave_gate_up
-from ..epilogue.quant import QUANT_FORMATS
+from ..epilogue import GATE_LAYOUTS, GATED, EpilogueSpec, epilogue_ref, interleave_gate_up
+from ..epilogue.user import apply_user_ref, register
 from ..policy import policy_for
-from ..runtime.cache import KernelCache
-from ..runtime.device import _device_info, max_clusters_for, resident_clusters  # noqa: F401 (re-exported)
+from ..runtime.device import device_info, max_clusters_for, resident_clusters  # noqa: F401 (re-exported)
+from ..tuning import tuned_config
 from .fp8_scales import fp8_block_scales, fp8_blockwise_ref, fp8_scales
-
-TORCH_TO_NAME = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-INPUT_TO_NAME = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float8_e4m3fn: "e4m3"}
-NAME_TO_TORCH = {v: k for k, v in TORCH_TO_NAME.items()}
-
-
-def new_workspace(config: GemmConfig, device, problem: GemmProblem | None = None):
-    """Scheduler "dynamic": the (1,) int32 tile counter, allocated once per plan. Split K (dense,
-    ``problem`` given): the tiles' counters and partial-sum slots (``gemm.sm90_split``), zeroed
-    once here (``split_cluster``: none, the partial sums meet in shared memory). Else None."""
-    if config.split_k > 1 and not config.split_cluster:
-        from .sm90.split import split_workspace_words
-
-        tiles = -(-problem.m // config.tile_m) * -(-problem.n // config.tile_n) * problem.l
-        words = split_workspace_words(tiles, config.split_k, config.tile_m, config.tile_n)
-        return torch.zeros(words, dtype=torch.int32, device=device)
-    return torch.zeros(1, dtype=torch.int32, device=device) if config.scheduler == "dynamic" else None
-
-
-def reset_workspace(workspace):
-    """Zero the dynamic scheduler's tile counter on the current stream right before the launch that
-    uses it, so a captured CUDA graph records the reset (one plan must not run on two streams at
-    once). A split-K workspace (longer than one word) is left as it is: its counters run on
-    from launch to launch."""
-    if workspace is not None and workspace.numel() == 1:
-        workspace.zero_()
-    return workspace
-
-
-def kernel_class(arch: str):
-    if arch == "sm_90a":
-        from .sm90.kernel import GemmSm90
-
-        return GemmSm90
-    if arch == "sm_100a":
-        from .sm100.kernel import GemmSm100
-
-        return GemmSm100
-    raise ValueError(f"no dense kernel for arch {arch!r}")
-
-
-def build_dense(config: GemmConfig):
-    from ..runtime.signature import dense_fake_args, fake_list_table, fake_offs
-
-    offs = fake_offs() if config.kgrouped else fake_list_table() if config.listed else None
-    return kernel_class(config.arch)(config), dense_fake_args(config, offs=offs)
-
-
-DENSE_CACHE = KernelCache(build_dense)
-
-
-def _check_operand(name: str, t, dims=(2, 3)):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cuda":
-        raise ValueError(f"{name} must be a CUDA tensor, got device {t.device}")
-    if t.dim() not in dims:
-        raise ValueError(f"{name} must have {' or '.join(map(str, dims))} dims, got shape {tuple(t.shape)}")
-
-
-def _kernel_view(t3: torch.Tensor, unit_mode: int, order: tuple[int, int, int], name: str):
-    """(size, stride) of the kernel's view of a (L, rows, cols) operand: ``unit_mode`` at stride 1,
-    size-1 modes at a 16-byte stride (TMA validates every stride, used or not), modes reordered
-    by ``order``. Raises if a stride breaks TMA's 16-byte rule."""
-    align = TMA_ALIGN_BYTES // t3.element_size()
-    strides = list(t3.stride())
-    strides[unit_mode] = 1
-    for i, size in enumerate(t3.shape):
-        if i != unit_mode and size == 1:
-            strides[i] = align
-    for i, st in enumerate(strides):
-        if i != unit_mode and st % align:
-            raise ValueError(
-                f"{name}: stride {st} (elements) of dim {i} is not a multiple of {align} elements: TMA "
-                f"needs 16-byte aligned strides (for a contiguous {t3.dtype} matrix: its last dim "
-                f"must be a multiple of {align})"
-            )
-    return tuple(t3.shape[i] for i in order), tuple(strides[i] for i in order)
-
-
-def _unit_mode(t3: torch.Tensor) -> int | None:
-    """Which of modes 2 (cols) / 1 (rows) of a (L, rows, cols) tensor is contiguous."""
-    if t3.stride(2) == 1 or t3.shape[2] == 1:
-        return 2
-    if t3.stride(1) == 1 or t3.shape[1] == 1:
-        return 1
-    return None
-
-
-def padded_rows(shape, dtype: torch.dtype, device) -> torch.Tensor:
-    """A ``shape`` view into a fresh buffer whose rows are padded to a multiple of 16 bytes (the
-    TMA store writes whole 16-byte row pieces: up to 15 bytes past the last column)."""
-    align = TMA_ALIGN_BYTES // torch.empty((), dtype=dtype).element_size()
-    n = shape[-1]
-    return torch.empty((*shape[:-1], -(-n // align) * align), dtype=dtype, device=device)[..., :n]
-
-
-def copy_unaligned_out(out, written):
-    """After the launch: ``written`` is out itself, or the ``padded_rows`` scratch (copied into out)."""
-    if out is not None and written is not out:
-        out.copy_(written)
-        return out
-    return written
-
-
-def _aligned_operand(t3: torch.Tensor) -> torch.Tensor:
-    """t3 itself, or a copy when no mode is contiguous or the base pointer is not 16-byte aligned."""
-    unit = _unit_mode(t3)
-    if unit is not None and t3.data_ptr() % TMA_ALIGN_BYTES == 0:
-        return t3
-    if unit == 1:
-        return t3.mT.clone(memory_format=torch.contiguous_format).mT
-    return t3.clone(memory_format=torch.contiguous_format)
+from .launch import (
+    DENSE_CACHE,
+    EPI_TORCH_DTYPES,
+    INPUT_TO_NAME,
+    NAME_TO_TORCH,
+    TORCH_TO_NAME,
+    aligned_operand,
+    check_activation,
+    check_operand,
+    copy_unaligned_out,
+    current_device,
+    epilogue_vectors,
+    global_scale,
+    interleave_b,
+    kernel_view,
+    memo_view,
+    new_workspace,
+    padded_rows,
+    quant_outputs,
+    quant_result,
+    reset_workspace,
+    unit_mode,
+)
 
 
 class _Plan:
@@ -170,7 +80,7 @@ class _Plan:
         torch.Size.)"""
         if self.quant is None:
             return torch.empty(*self.out_dims, dtype=self.out_dtype, device=self.device), None
-        return _quant_outputs(self.quant, self.out_shape, self.device)
+        return quant_outputs(self.quant, self.out_shape, self.device)
 
     def bind(self, device: torch.device):
         """Records what the fast path needs: the device (launch and allocation) and the output
@@ -181,123 +91,14 @@ class _Plan:
         return self
 
 
-def memo_view(plan, t: torch.Tensor, size, stride) -> torch.Tensor:
-    """``t.as_strided(size, stride)``, memoized on ``plan`` for the same tensor object (the weight
-    operand is usually passed again and again). The memo is used only for that very object at
-    the same data pointer (a ``t.set_()`` / ``t.data = ...`` swap misses; t's shape, strides and
-    dtype are fixed by the plan key). It is a view of ``t.detach()``, so it never keeps ``t``
-    alive, and ``t``'s death drops it (weakref callback): no stale view, no leaked storage."""
-    ptr = t.data_ptr()
-    memo = getattr(plan, "b_memo", None)
-    if memo is not None and memo[0]() is t and memo[1] == ptr:
-        return memo[2]
-    view = t.detach().as_strided(size, stride)
-
-    def drop(ref, plan=plan):
-        m = getattr(plan, "b_memo", None)
-        if m is not None and m[0] is ref:
-            plan.b_memo = None
-
-    plan.b_memo = (weakref.ref(t, drop), ptr, view)
-    return view
-
-
-_PLANS: dict = {}
-_PLAIN_PLANS: dict = {}  # plans of gemm(a, b) with every option at its default (bf16 / fp16)
+PLANS: dict = {}
+PLAIN_PLANS: dict = {}  # plans of gemm(a, b) with every option at its default (bf16 / fp16)
 _NO_VECTORS = (None, None, None, None)
-# The current CUDA device index. torch._C._cuda_getDevice is what torch.cuda.current_device()
-# returns after its lazy-init check; a cached plan implies CUDA is initialized already.
-_current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
-_ACTIVATION_NAMES = (*ACTIVATIONS, *GATED)
-
-
-def _quant_outputs(fmt: str, shape, device):
-    """(data the kernel writes: e4m3 (.., N) or uint8 (.., N / 2), scale bytes: zeroed 128x4
-    swizzled (L, rows_p, cols_p) uint8) for a quantized output of logical ``shape``."""
-    from ..blockscaled.layout import swizzled_shape
-    from ..epilogue.quant import QUANT
-
-    q = QUANT[fmt]
-    n = shape[-1]
-    if q.packed:
-        data = torch.empty((*shape[:-1], n // 2), dtype=torch.uint8, device=device)
-    else:
-        data = torch.empty(shape, dtype=torch.float8_e4m3fn, device=device)
-    rows_p, cols_p = swizzled_shape(shape[-2], -(-n // q.block))
-    batch = 1
-    for d in shape[:-2]:
-        batch *= d
-    # flat: the kernel's view (e8m0 bytes as uint8; NVFP4 scales as e4m3, as the kernel writes them)
-    sdtype = torch.uint8 if q.scale == "e8m0" else torch.float8_e4m3fn
-    scales = torch.zeros(batch * rows_p * cols_p, dtype=sdtype, device=device)
-    return data, scales
-
-
-def _quant_result(fmt: str, shape, data, scales, gs):
-    from ..blockscaled import BlockScaledTensor, get_format
-    from ..blockscaled.layout import swizzled_shape
-
-    f = get_format(fmt)
-    rows_p, cols_p = swizzled_shape(shape[-2], -(-shape[-1] // f.block_size))
-    scales = scales.view(*shape[:-2], rows_p, cols_p)
-    return BlockScaledTensor(
-        data=data.view(f.elem_dtype), scales=scales.view(f.scale_dtype), fmt=f, shape=torch.Size(shape),
-        global_scale=None if gs is None else gs.reshape(()), scales_swizzled=True,
-    )  # fmt: skip
-
-
-def _global_scale(fmt, out_global_scale, device):
-    """The NVFP4 output's (1,) fp32 global scale on ``device`` (None for MX formats)."""
-    if fmt != "nvfp4":
-        if out_global_scale is not None:
-            raise ValueError(f"out_global_scale is for NVFP4 outputs only, got out_dtype={fmt!r}")
-        return None
-    if out_global_scale is None:
-        raise ValueError(
-            "an NVFP4 output needs out_global_scale (fp32 per-tensor scale; e.g. amax / (448 * 6))"
-        )
-    if isinstance(out_global_scale, torch.Tensor):
-        if out_global_scale.numel() != 1:
-            raise ValueError(
-                f"out_global_scale must have one element, got shape {tuple(out_global_scale.shape)}"
-            )
-        return out_global_scale.detach().to(device=device, dtype=torch.float32).reshape(1)
-    gs = float(out_global_scale)
-    if not (gs > 0 and gs < float("inf")):
-        raise ValueError(f"out_global_scale must be positive and finite, got {gs}")
-    return torch.tensor([gs], dtype=torch.float32, device=device)
-
-
-def _epilogue_vectors(epilogue_args, device):
-    """User-epilogue vectors as contiguous, 16-byte aligned 1-D tensors on ``device``."""
-    from ..epilogue.user import MAX_EPILOGUE_ARGS
-
-    if not isinstance(epilogue_args, (tuple, list)):
-        raise TypeError(f"epilogue_args must be a tuple of tensors, got {type(epilogue_args).__name__}")
-    if len(epilogue_args) > MAX_EPILOGUE_ARGS:
-        raise ValueError(f"at most {MAX_EPILOGUE_ARGS} epilogue_args, got {len(epilogue_args)}")
-    out = []
-    for i, t in enumerate(epilogue_args):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"epilogue_args[{i}] must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 1 or t.numel() == 0:
-            raise ValueError(f"epilogue_args[{i}] must be a non-empty 1-D vector, got shape {tuple(t.shape)}")
-        if t.dtype not in _EPI_TORCH_DTYPES:
-            raise TypeError(f"epilogue_args[{i}].dtype must be bf16, fp16 or fp32, got {t.dtype}")
-        if t.device != device:
-            raise ValueError(f"epilogue_args[{i}] must be on {device}, got {t.device}")
-        if t.stride(0) != 1 or t.data_ptr() % TMA_ALIGN_BYTES:
-            t = t.clone(memory_format=torch.contiguous_format)
-        out.append(t)
-    return tuple(out)
-
-
-_EPI_TORCH_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def _check_args(a, b, out, out_dtype, gated: bool = False):
-    _check_operand("a", a)
-    _check_operand("b", b)
+    check_operand("a", a)
+    check_operand("b", b)
     if a.dtype not in INPUT_TO_NAME:
         raise TypeError(f"a.dtype must be torch.bfloat16, torch.float16 or torch.float8_e4m3fn, got {a.dtype}")
     if b.dtype != a.dtype:
@@ -326,7 +127,7 @@ def _check_args(a, b, out, out_dtype, gated: bool = False):
         n_out //= 2
     res_shape = torch.Size([*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], n_out])
     if out is not None:
-        _check_operand("out", out)
+        check_operand("out", out)
         if out.shape != res_shape:
             raise ValueError(f"out must have shape {tuple(res_shape)}, got {tuple(out.shape)}")
         if out.dtype != out_dtype:
@@ -340,13 +141,6 @@ def _check_args(a, b, out, out_dtype, gated: bool = False):
     return res_shape
 
 
-def _check_activation(activation, gate_layout):
-    if activation is not None and activation not in _ACTIVATION_NAMES:
-        raise ValueError(f"activation must be None or one of {_ACTIVATION_NAMES}, got {activation!r}")
-    if gate_layout not in GATE_LAYOUTS:
-        raise ValueError(f"gate_layout must be one of {GATE_LAYOUTS}, got {gate_layout!r}")
-
-
 def _check_epilogue_args(a, b, res_shape, beta, c, bias, activation):
     """Validates beta/c/bias against the problem (activation and gate_layout already checked)."""
     gated = activation in GATED
@@ -356,8 +150,8 @@ def _check_epilogue_args(a, b, res_shape, beta, c, bias, activation):
         if c is None:
             raise ValueError(f"beta={beta} needs the residual tensor c")
     if c is not None:
-        _check_operand("c", c)
-        if c.dtype not in _EPI_TORCH_DTYPES:
+        check_operand("c", c)
+        if c.dtype not in EPI_TORCH_DTYPES:
             raise TypeError(f"c.dtype must be torch.bfloat16, torch.float16 or torch.float32, got {c.dtype}")
         if c.shape != res_shape:
             raise ValueError(f"c must have the output's shape {tuple(res_shape)}, got {tuple(c.shape)}")
@@ -368,7 +162,7 @@ def _check_epilogue_args(a, b, res_shape, beta, c, bias, activation):
             raise TypeError(f"bias must be a torch.Tensor, got {type(bias).__name__}")
         if bias.device != a.device:
             raise ValueError(f"bias must be on {a.device}, got {bias.device}")
-        if bias.dtype not in _EPI_TORCH_DTYPES:
+        if bias.dtype not in EPI_TORCH_DTYPES:
             raise TypeError(
                 f"bias.dtype must be torch.bfloat16, torch.float16 or torch.float32, got {bias.dtype}"
             )
@@ -376,13 +170,6 @@ def _check_epilogue_args(a, b, res_shape, beta, c, bias, activation):
         if bias.shape != (n,):
             what = f"one value per GEMM column, gate and up: ({n},) = 2 x {n // 2}" if gated else f"({n},)"
             raise ValueError(f"bias must have shape {what}, got {tuple(bias.shape)}")
-
-
-def _interleave_b(b: torch.Tensor) -> torch.Tensor:
-    """``[gate | up]`` columns of b -> interleaved (a copy), keeping a K-major b K-major."""
-    if b.shape[-1] > 1 and b.stride(-2) == 1 and b.stride(-1) != 1:
-        return interleave_gate_up(b.mT, dim=-2).mT
-    return interleave_gate_up(b, dim=-1)
 
 
 def _rowmajor_input(t3: torch.Tensor) -> torch.Tensor:
@@ -416,7 +203,7 @@ def _plan(
     if quant is not None:
         if res_shape[-1] % 32:
             raise ValueError(f"a quantized output needs a multiple of 32 columns, got {res_shape[-1]}")
-        out, scales = _quant_outputs(quant, res_shape, a.device)
+        out, scales = quant_outputs(quant, res_shape, a.device)
     elif out is None:
         out = torch.empty(res_shape, dtype=out_dtype, device=a.device)
     elif out.numel() and (out.shape[-1] * out.element_size()) % TMA_ALIGN_BYTES:
@@ -441,13 +228,13 @@ def _plan(
         b3 = b.unsqueeze(0) if b.dim() == 2 and a.dim() == 2 else b.expand(*res_shape[:-2], *b.shape[-2:])
         o3 = out.unsqueeze(0) if out.dim() == 2 else out
         r3 = None if c is None else (c.unsqueeze(0) if c.dim() == 2 else c)
-    a3s, b3s = _aligned_operand(a3), _aligned_operand(b3)
+    a3s, b3s = aligned_operand(a3), aligned_operand(b3)
     fp8 = a.dtype == torch.float8_e4m3fn
     # FP8 block scaling: vectors = (scale_a (M, KB), scale_b (NB, KB)) from fp8_block_scales
     blockwise = fp8 and len(vectors) == 2 and vectors[0] is not None and vectors[0].dim() == 2
-    if fp8 and _unit_mode(a3s) != 2:  # FP8 WGMMA reads K-major operands only: copy
+    if fp8 and unit_mode(a3s) != 2:  # FP8 WGMMA reads K-major operands only: copy
         a3s = a3s.contiguous()
-    if fp8 and _unit_mode(b3s) != 1:
+    if fp8 and unit_mode(b3s) != 1:
         b3s = b3s.mT.contiguous().mT
     r3s = None if r3 is None else _rowmajor_input(r3)
     bias_s = None
@@ -455,16 +242,16 @@ def _plan(
         bias_s = bias if bias.stride(0) == 1 and bias.data_ptr() % TMA_ALIGN_BYTES == 0 else bias.clone()
     L, M, K = a3s.shape
     N = b3s.shape[2]  # GEMM columns (gated: 2 x the output's)
-    a_unit, b_unit = _unit_mode(a3s), _unit_mode(b3s)
+    a_unit, b_unit = unit_mode(a3s), unit_mode(b3s)
     a_major = "k" if a_unit == 2 else "m"
     b_major = "n" if b_unit == 2 else "k"
     # Kernel views: A (M, K, L), B (N, K, L), C (M, N, L).
     views = (
-        _kernel_view(a3s, a_unit, (1, 2, 0), "a"),
-        _kernel_view(b3s, b_unit, (2, 1, 0), "b"),
-        _kernel_view(o3, 2, (1, 2, 0), "out"),
+        kernel_view(a3s, a_unit, (1, 2, 0), "a"),
+        kernel_view(b3s, b_unit, (2, 1, 0), "b"),
+        kernel_view(o3, 2, (1, 2, 0), "out"),
     )
-    arch, num_sms = _device_info(
+    arch, num_sms = device_info(
         a.device.index if a.device.index is not None else torch.cuda.current_device()
     )
     out_name = QUANT_OUT_DTYPES[quant] if quant is not None else TORCH_TO_NAME[out_dtype]
@@ -488,9 +275,7 @@ def _plan(
     if config is not None and (config.arch != arch or config.grouped):
         raise ValueError(f"config {config.name} cannot run dense on {arch} (arch or grouped mismatch)")
     if config is None:
-        from ..tuning import tuned_config  # opt-in autotuning; None when off -> deterministic default
-
-        cfg = tuned_config(arch, problem, epi, "dense", num_sms=num_sms)
+        cfg = tuned_config(arch, problem, epi, "dense", runner=dense_runner, num_sms=num_sms)
         extra = {"fast_accum": True} if fast_accum else {}
         if blockwise:
             extra["fp8_blockwise"] = True
@@ -542,7 +327,7 @@ def _plan(
     plan.block_scales = blockwise
     plan.n_vectors = len(vectors)
     plan.views = views
-    plan.c_view = None if r3s is None else _kernel_view(r3s, 2, (1, 2, 0), "c")
+    plan.c_view = None if r3s is None else kernel_view(r3s, 2, (1, 2, 0), "c")
     plan.has_bias = bias_s is not None
     plan.out_shape = res_shape
     plan.out_dtype = out_dtype
@@ -663,12 +448,12 @@ def gemm(
     if plain:
         try:
             pkey = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device)
-            plan = _PLAIN_PLANS.get(pkey)
+            plan = PLAIN_PLANS.get(pkey)
         except AttributeError:
             pkey = plan = None
         if (
             plan is not None
-            and _current_device() == plan.device_index
+            and current_device() == plan.device_index
             and not (a.data_ptr() % 16 or b.data_ptr() % 16)
         ):
             out = torch.empty(*plan.out_dims, dtype=plan.out_dtype, device=plan.device)
@@ -678,33 +463,26 @@ def gemm(
             else:
                 plan.launch((a, b, out, None, None), 1.0, 0.0)
             return out
-    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):  # BlockScaledTensor a, b:
-        from ..blockscaled import gemm as _bs  # sm_100a block-scaled GEMM (see gemm_blockscaled)
-
-        if _bs.is_blockscaled(a, b):
-            return _bs.gemm_api(locals(), gemm)
     if out_dtype is None:
         out_dtype = out.dtype if isinstance(out, torch.Tensor) else getattr(a, "dtype", None)
         if out_dtype == torch.float8_e4m3fn:
             out_dtype = torch.bfloat16  # FP8 inputs: bf16 output by default
     if activation is not None:
-        _check_activation(activation, gate_layout)
+        check_activation(activation, gate_layout)
         if gate_layout == "halves" and activation in GATED:
-            _check_operand("b", b)
+            check_operand("b", b)
             _check_args(a, b, out, out_dtype, gated=True)  # shape errors name the caller's b
-            b = _interleave_b(b)
+            b = interleave_b(b)
             if isinstance(bias, torch.Tensor) and bias.shape == (b.shape[-1],):
                 bias = interleave_gate_up(bias)
     elif gate_layout not in GATE_LAYOUTS:
-        _check_activation(activation, gate_layout)
+        check_activation(activation, gate_layout)
     has_beta = beta != 0.0
     quant = out_dtype if isinstance(out_dtype, str) else None
     user = vectors = gs = None
     if epilogue is not None:
-        from ..epilogue.user import register
-
         user = register(epilogue)
-        vectors = _epilogue_vectors(epilogue_args, getattr(a, "device", None))
+        vectors = epilogue_vectors(epilogue_args, getattr(a, "device", None))
     elif epilogue_args:
         raise ValueError("epilogue_args given without an epilogue function")
     if getattr(a, "dtype", None) == torch.float8_e4m3fn:
@@ -714,7 +492,7 @@ def gemm(
     elif scale_a is not None or scale_b is not None:
         raise ValueError("scale_a / scale_b are for torch.float8_e4m3fn inputs")
     if quant is not None or out_global_scale is not None:
-        gs = _global_scale(quant, out_global_scale, getattr(a, "device", None))
+        gs = global_scale(quant, out_global_scale, getattr(a, "device", None))
     try:
         key = (
             a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, out_dtype,
@@ -727,12 +505,12 @@ def gemm(
         )  # fmt: skip
     except AttributeError:
         key = None  # not tensors: the slow path raises the right TypeError
-    plan = _PLANS.get(key) if key is not None else None
+    plan = PLANS.get(key) if key is not None else None
     # Fast path: the key fixes every checked property but data-pointer alignment (and the plan's
     # device is a's, so one int compare checks the current device).
     if (
         plan is not None
-        and _current_device() == plan.device_index
+        and current_device() == plan.device_index
         and not (a.data_ptr() % 16 or b.data_ptr() % 16 or (out is not None and out.data_ptr() % 16))
         and not (has_beta and c.data_ptr() % 16)
         and not (bias is not None and bias.data_ptr() % 16)
@@ -742,7 +520,7 @@ def gemm(
             out, scales = plan.new_output()
         epi_extra = (scales, gs, *vectors) if vectors else (scales, gs)
         plan.launch((a, b, out, c, bias), float(alpha), float(beta), epi_extra)
-        return out if quant is None else _quant_result(quant, plan.out_shape, out, scales, gs)
+        return out if quant is None else quant_result(quant, plan.out_shape, out, scales, gs)
     plan, sources, scales = _plan(
         a, b, out, out_dtype, alpha, config, beta, c, bias, activation, user, vectors or (), fast_accum
     )
@@ -751,17 +529,17 @@ def gemm(
         out = copy_unaligned_out(user_out, out) if quant is None else out
         return _degenerate(out, b, quant, scales, gs, alpha, beta, c, bias, activation, epilogue, vectors)
     if plan.direct and key is not None and (user_out is None or out is user_out):  # no scratch copy
-        _PLANS[key] = plan.bind(a.device)
+        PLANS[key] = plan.bind(a.device)
         if plain and pkey is not None and a.dtype in (torch.bfloat16, torch.float16) and not plan.quant:
-            _PLAIN_PLANS[pkey] = plan
+            PLAIN_PLANS[pkey] = plan
     epi_extra = (scales, gs, *(vectors or ()))
-    if a.device.index == _current_device():
+    if a.device.index == current_device():
         plan.launch(sources, float(alpha), float(beta), epi_extra)
     else:
         with torch.cuda.device(a.device):
             plan.launch(sources, float(alpha), float(beta), epi_extra)
     if quant is not None:
-        return _quant_result(quant, plan.out_shape, out, scales, gs)
+        return quant_result(quant, plan.out_shape, out, scales, gs)
     return copy_unaligned_out(user_out, out)
 
 
@@ -769,19 +547,15 @@ def _degenerate(out, b, quant, scales, gs, alpha, beta, c, bias, activation, epi
     """Empty output or K == 0: the epilogue of a zero accumulator, in torch."""
     shape = (*out.shape[:-1], b.shape[-1] if activation not in GATED else b.shape[-1] // 2)
     if quant is not None and out.numel() == 0:
-        return _quant_result(quant, shape, out, scales, gs)
+        return quant_result(quant, shape, out, scales, gs)
     if out.numel() == 0:
         return out
     acc = torch.zeros(*out.shape[:-1], b.shape[-1], dtype=torch.float32, device=out.device)
     if epilogue is not None:
-        from ..epilogue.user import apply_user_ref
-
         y = apply_user_ref(epilogue, acc * alpha, vectors)
     else:
         y = epilogue_ref(acc, alpha=alpha, beta=beta, c=c, bias=bias, activation=activation)
     if quant is not None:
-        from ..blockscaled import quantize_ref
-
         return quantize_ref(y, quant, global_scale=None if gs is None else gs)
     if beta == 0.0 and bias is None and activation is None and epilogue is None:
         return out.zero_()
@@ -810,12 +584,7 @@ def gemm_ref(
     (``cutegemm.epilogue.epilogue_ref``, or the user ``epilogue`` evaluated on torch tensors),
     then the cast, or for a quantized ``out_dtype`` ("mxfp8" / "mxfp4" / "nvfp4")
     ``quantize_ref`` of the fp32 result. Same arguments, same rules."""
-    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):  # BlockScaledTensor a, b:
-        from ..blockscaled import gemm as _bs  # dequantize_ref both, matmul, cast
-
-        if _bs.is_blockscaled(a, b):
-            return _bs.gemm_ref_api(locals(), gemm_ref)
-    _check_activation(activation, gate_layout)
+    check_activation(activation, gate_layout)
     if beta != 0.0 and c is None:
         raise ValueError(f"beta={beta} needs the residual tensor c")
     if beta != 0.0 and activation in GATED:
@@ -834,8 +603,6 @@ def gemm_ref(
     if a.dtype == torch.float8_e4m3fn and out_dtype == a.dtype:
         out_dtype = torch.bfloat16
     if epilogue is not None:
-        from ..epilogue.user import apply_user_ref
-
         if beta != 0.0 or bias is not None or activation is not None:
             raise ValueError("a user epilogue replaces beta * c, bias and activation: apply them inside it")
         res = apply_user_ref(epilogue, acc * alpha if alpha != 1.0 else acc, tuple(epilogue_args))
@@ -844,13 +611,40 @@ def gemm_ref(
             acc, alpha=alpha, beta=beta, c=c, bias=bias, activation=activation, gate_layout=gate_layout
         )
     if isinstance(out_dtype, str):
-        from ..blockscaled import quantize_ref
-
         if out_dtype not in QUANT_FORMATS:
             raise ValueError(f"a quantized out_dtype must be one of {QUANT_FORMATS}, got {out_dtype!r}")
-        gs = _global_scale(out_dtype, out_global_scale, res.device)
+        gs = global_scale(out_dtype, out_global_scale, res.device)
         return quantize_ref(res.float(), out_dtype, global_scale=gs)
     return res.to(out_dtype)
 
 
-__all__ = ["gemm", "gemm_ref", "DENSE_CACHE", "DTYPE_BYTES"]
+
+
+def dense_runner(p: GemmProblem, epi: EpilogueSpec, num_groups: int = 1):
+    """The autotuner's runner (``tuning.tune``): (run(cfg) -> out, reference) on random inputs of the problem's shapes, majors, epilogue."""
+    dt = NAME_TO_TORCH[p.a_dtype]
+    out_dtype = NAME_TO_TORCH[p.out_dtype]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    lead = (p.l,) if p.l > 1 else ()
+    a = torch.randn(*lead, p.m, p.k, device="cuda", dtype=dt, generator=gen)
+    if p.a_major == "m":
+        a = a.mT.contiguous().mT
+    b = torch.randn(*lead, p.k, p.n, device="cuda", dtype=dt, generator=gen) * p.k**-0.5
+    if p.b_major == "k":
+        b = b.mT.contiguous().mT
+    n_out = p.n // 2 if epi.gated else p.n
+    kw = dict(alpha=0.5 if epi.alpha else 1.0, activation=epi.gated or epi.activation, out_dtype=out_dtype)
+    if epi.bias:
+        kw["bias"] = torch.randn(p.n, device="cuda", generator=gen).to(NAME_TO_TORCH[epi.bias_dtype])
+    if epi.beta:
+        c = torch.randn(*lead, p.m, n_out, device="cuda", generator=gen).to(NAME_TO_TORCH[epi.c_dtype])
+        kw.update(beta=0.5, c=c)
+    ref = gemm_ref(a, b, **kw)
+
+    def run(cfg: GemmConfig):
+        return gemm(a, b, config=cfg, **kw)
+
+    return run, ref
+
+
+__all__ = ["gemm", "gemm_ref", "dense_runner"]

@@ -1,5 +1,3 @@
-"""Grouped / MoE GEMM: packed (offs) form on the device-side tile map, list and K-grouped forms."""
-
-from .packed import grouped_gemm, grouped_gemm_ref
-
-__all__ = ["grouped_gemm", "grouped_gemm_ref"]
+"""Grouped / MoE GEMM forms over the gemm kernels: packed (offs, the device-side tile map),
+K-grouped (offs split K: weight gradients) and list (arbitrary groups). The public entry points are
+``cutegemm.grouped_gemm`` / ``grouped_gemm_ref`` (``cutegemm.api.face``)."""

@@ -1,7 +1,7 @@
 """K-grouped form of the grouped GEMM (the MoE weight gradient, dW_e = x_e^T dy_e):
 ``grouped_gemm(a, b, offs=offs)`` with a (M, total_K), b (total_K, N) -> (E, M, N), offs splitting
 K (an expert with an empty slice gets zeros). :func:`cutegemm.grouped.packed.grouped_gemm` checks the
-arguments and calls :func:`_grouped_k`.
+arguments and calls :func:`grouped_k`.
 
 Launch path: sm_90a, bf16 / fp16: one launch of the K-grouped kernel (``GemmConfig.kgrouped``,
 compiled in the dense kernel cache; :func:`kgrouped_config` picks its tile): tile (m, n, expert)
@@ -21,18 +21,22 @@ import torch
 
 from ..config import TMA_ALIGN_BYTES, GemmConfig, GemmProblem, can_implement
 from ..epilogue import EpilogueSpec
-from ..gemm.dense import (
+from ..gemm.dense import gemm
+from ..gemm.launch import (
+    DENSE_CACHE,
     INPUT_TO_NAME,
     TORCH_TO_NAME,
-    _check_operand,
-    _device_info,
-    _kernel_view,
-    gemm,
-    max_clusters_for,
+    aligned_operand,
+    check_offs_values,
+    check_operand,
+    kernel_view,
     new_workspace,
     reset_workspace,
+    unit_mode,
 )
 from ..policy import policy_for
+from ..runtime.device import device_info, max_clusters_for
+from ..schedulers.grouped import expert_rows
 
 
 def _padded_k_slice(a, b, start, end):
@@ -47,7 +51,7 @@ def _padded_k_slice(a, b, start, end):
     return a_e, b_e
 
 
-def _grouped_k(a, b, offs, out, out_dtype, alpha, check_offs, config=None):
+def grouped_k(a, b, offs, out, out_dtype, alpha, check_offs, config=None):
     """K-grouped: out[e] = a[:, k_e] @ b[k_e, :] with k_e the e-th slice of K given by offs.
     sm_90a: one launch of the K-grouped kernel (each tile reads its expert's K range from offs:
     no host sync, CUDA-graph capturable); elsewhere (or for an out the kernel cannot store) one
@@ -58,12 +62,10 @@ def _grouped_k(a, b, offs, out, out_dtype, alpha, check_offs, config=None):
     E, N = offs.numel(), b.shape[1]
     if out is None:
         out = torch.empty(E, M, N, dtype=out_dtype, device=a.device)
-    elif _check_operand("out", out, dims=(3,)) or out.shape != (E, M, N) or out.dtype != out_dtype:
+    elif check_operand("out", out, dims=(3,)) or out.shape != (E, M, N) or out.dtype != out_dtype:
         raise ValueError(f"out must be an ({E}, {M}, {N}) {out_dtype} tensor")
     if check_offs:
-        from .packed import _check_offs_values  # the packed form's check (api imports this module)
-
-        _check_offs_values(offs, K)
+        check_offs_values(offs, K)
     if config is not None and not config.kgrouped:
         raise ValueError(f"config {config.name} is not a K-grouped kernel (kgrouped=True)")
     if out.numel() == 0:
@@ -74,7 +76,6 @@ def _grouped_k(a, b, offs, out, out_dtype, alpha, check_offs, config=None):
         raise ValueError(f"config {config.name} cannot run this K-grouped call (sm_90a, bf16 / fp16, out rows of 16-byte multiples)")
     # K slices of a (M, K) keep a's strides (and b's): when one breaks TMA's 16-byte rule, the
     # slice is copied into a zero-padded aligned buffer (the padding adds zero products).
-    from ..schedulers.grouped import expert_rows  # the kernel's clamping of bad offs
 
     for e, (start, end) in enumerate(expert_rows(offs.tolist(), K)):  # host sync: not graph-capturable
         if end > start:
@@ -126,9 +127,8 @@ def _kgrouped_launch(a, b, offs, out, alpha, config) -> bool:
         return False
     fn, (va, vb, vc), copy, max_clusters, workspace = plan
     if copy:  # no contiguous mode, or a base off 16 bytes: the operands are copied on every call
-        from ..gemm.dense import _aligned_operand
 
-        a, b = _aligned_operand(a.unsqueeze(0)), _aligned_operand(b.unsqueeze(0))
+        a, b = aligned_operand(a.unsqueeze(0)), aligned_operand(b.unsqueeze(0))
     fn(
         a.as_strided(*va), b.as_strided(*vb), out.as_strided(*vc), None, None,
         float(alpha), 0.0, max_clusters, offs if offs.is_contiguous() else offs.contiguous(), None, None,
@@ -140,18 +140,16 @@ def _kgrouped_launch(a, b, offs, out, alpha, config) -> bool:
 def _kgrouped_plan(a, b, out, alpha, config):
     """(kernel, (A (M, K, 1), B (N, K, 1), C (M, N, E)) views, operands copied, max clusters,
     workspace) for :func:`_kgrouped_launch`, or False where the kernel does not apply."""
-    from ..gemm.dense import DENSE_CACHE, _aligned_operand, _unit_mode
-
     dev = a.device
-    arch, num_sms = _device_info(dev.index if dev.index is not None else torch.cuda.current_device())
+    arch, num_sms = device_info(dev.index if dev.index is not None else torch.cuda.current_device())
     if arch != "sm_90a" or (out.stride(2) != 1 and out.shape[2] != 1):
         return False
     (M, K), E, N = a.shape, out.shape[0], b.shape[1]
-    a3, b3 = _aligned_operand(a.unsqueeze(0)), _aligned_operand(b.unsqueeze(0))
-    a_unit, b_unit = _unit_mode(a3), _unit_mode(b3)
+    a3, b3 = aligned_operand(a.unsqueeze(0)), aligned_operand(b.unsqueeze(0))
+    a_unit, b_unit = unit_mode(a3), unit_mode(b3)
     try:
-        views = (_kernel_view(a3, a_unit, (1, 2, 0), "a"), _kernel_view(b3, b_unit, (2, 1, 0), "b"),
-                 _kernel_view(out, 2, (1, 2, 0), "out"))  # fmt: skip
+        views = (kernel_view(a3, a_unit, (1, 2, 0), "a"), kernel_view(b3, b_unit, (2, 1, 0), "b"),
+                 kernel_view(out, 2, (1, 2, 0), "out"))  # fmt: skip
     except ValueError:
         return False
     majors = ("k" if a_unit == 2 else "m", "n" if b_unit == 2 else "k")

@@ -1,9 +1,9 @@
 """List form of the grouped GEMM: ``grouped_gemm([a0, a1, ...], [b0, b1, ...])`` -> list,
 arbitrary per-group M, N, K, one dtype; epilogue: alpha, an elementwise activation (relu / gelu /
 gelu_tanh / silu), out_dtype. :func:`cutegemm.grouped.packed.grouped_gemm` checks the epilogue
-arguments and calls :func:`_grouped_list`.
+arguments and calls :func:`grouped_list`.
 
-Launch path (:func:`_list_launch`): sm_90a and sm_100a, bf16 / fp16: one launch of the list-form
+Launch path (:func:`list_launch`): sm_90a and sm_100a, bf16 / fp16: one launch of the list-form
 kernel (``GemmConfig.listed``, compiled in the dense kernel cache; :func:`list_config` picks its
 tile) after a small prep kernel that writes each group's TMA descriptors (A, B, C) on the device
 from a group table the host builds from the tensors' metadata (:func:`list_table`): no sync;
@@ -24,13 +24,15 @@ import torch
 
 from ..config import TMA_ALIGN_BYTES, GemmConfig, GemmProblem
 from ..epilogue import EpilogueSpec
-from ..gemm.dense import INPUT_TO_NAME, TORCH_TO_NAME, _device_info, _kernel_view, gemm, new_workspace
+from ..gemm.dense import gemm
 from ..gemm.grouped_parts import GROUPED_MAX_GROUPS
+from ..gemm.launch import DENSE_CACHE, INPUT_TO_NAME, TORCH_TO_NAME, kernel_view, new_workspace
 from ..policy import policy_for
+from ..runtime.device import device_info
 from ..schedulers.grouped import LIST_FIELDS, LIST_TILE
 
 
-def _grouped_list(a_list, b_list, *, offs, out_dtype, alpha, activation=None):
+def grouped_list(a_list, b_list, *, offs, out_dtype, alpha, activation=None):
     if offs is not None:
         raise ValueError("offs is not used with lists of tensors")
     if not isinstance(a_list, (list, tuple)) or not isinstance(b_list, (list, tuple)) or len(a_list) != len(b_list):
@@ -46,7 +48,7 @@ def _grouped_list(a_list, b_list, *, offs, out_dtype, alpha, activation=None):
             raise ValueError(f"group {i}: shapes do not match: a (M, K={sa[1]}) and b (K={sb[0]}, N)")
         a_shapes.append(sa)
         b_shapes.append(sb)
-    outs = _list_launch(list(a_list), list(b_list), out_dtype, alpha, activation=activation, shapes=(a_shapes, b_shapes))
+    outs = list_launch(list(a_list), list(b_list), out_dtype, alpha, activation=activation, shapes=(a_shapes, b_shapes))
     if outs is not None:
         return outs
     return [gemm(x, w, out_dtype=out_dtype, alpha=alpha, activation=activation) for x, w in zip(a_list, b_list, strict=True)]
@@ -102,7 +104,7 @@ def list_table(shapes, a_ptrs, b_ptrs, c_ptrs, lds, tile_m: int, tile_n: int, te
 _LIST_OUT = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def _list_launch(a_list, b_list, out_dtype, alpha, config=None, flat=None, activation=None, shapes=None):
+def list_launch(a_list, b_list, out_dtype, alpha, config=None, flat=None, activation=None, shapes=None):
     """The list-form kernel (sm_90a / sm_100a, bf16 / fp16): one launch (plus its descriptor prep kernel)
     for every group; the list of outputs, or None where it does not apply (another arch or
     dtype, operands TMA cannot read in place, groups with different majors, outputs whose rows
@@ -124,11 +126,11 @@ def _list_launch(a_list, b_list, out_dtype, alpha, config=None, flat=None, activ
     idx = dev.index if dev.index is not None else torch.cuda.current_device()
     if {t.get_device() for t in a_list} | {t.get_device() for t in b_list} != {idx}:
         return None
-    arch, num_sms = _device_info(idx)
+    arch, num_sms = device_info(idx)
     if len(a_list) > GROUPED_MAX_GROUPS:  # the kernel's shared-memory tile table: chunks of groups
         outs = []
         for i in range(0, len(a_list), GROUPED_MAX_GROUPS):
-            part = _list_launch(a_list[i : i + GROUPED_MAX_GROUPS], b_list[i : i + GROUPED_MAX_GROUPS], out_dtype, alpha,
+            part = list_launch(a_list[i : i + GROUPED_MAX_GROUPS], b_list[i : i + GROUPED_MAX_GROUPS], out_dtype, alpha,
                                 activation=activation)  # fmt: skip
             if part is None:
                 return None
@@ -193,12 +195,11 @@ def _list_launch(a_list, b_list, out_dtype, alpha, config=None, flat=None, activ
     # descriptors the prep kernel writes (3 x 128 bytes per group).
     table = torch.empty(len(rows) + len(shapes) * 3 * 16, dtype=torch.int64, device=dev)
     table[: len(rows)].copy_(torch.frombuffer(array.array("q", rows), dtype=torch.int64).pin_memory(), non_blocking=True)
-    from ..gemm.dense import DENSE_CACHE
 
     xa, xb, xc = a_list[t], b_list[t], outs[t]
-    va = _kernel_view(xa.unsqueeze(0), 2 if a_major == "k" else 1, (1, 2, 0), "a")
-    vb = _kernel_view(xb.unsqueeze(0), 2 if b_major == "n" else 1, (2, 1, 0), "b")
-    vc = _kernel_view(xc.unsqueeze(0), 2, (1, 2, 0), "out")
+    va = kernel_view(xa.unsqueeze(0), 2 if a_major == "k" else 1, (1, 2, 0), "a")
+    vb = kernel_view(xb.unsqueeze(0), 2 if b_major == "n" else 1, (2, 1, 0), "b")
+    vc = kernel_view(xc.unsqueeze(0), 2, (1, 2, 0), "out")
     # CLC (sm_100a): one cluster per tile, so the grid is the table's tile count (host-known).
     max_clusters = max(1, rows[len(shapes) * LIST_FIELDS + LIST_TILE]) if cfg.scheduler == "clc" else num_sms
     DENSE_CACHE.get(cfg)(

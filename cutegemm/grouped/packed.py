@@ -66,45 +66,39 @@ from dataclasses import replace
 
 import torch
 
-from ..blockscaled.reference import BlockScaledTensor
-from ..config import QUANT_OUT_DTYPES, TMA_ALIGN_BYTES, GemmConfig, GemmProblem, can_implement
+from ..blockscaled.reference import quantize_ref
+from ..config import QUANT_FORMATS, QUANT_OUT_DTYPES, TMA_ALIGN_BYTES, GemmConfig, GemmProblem, can_implement
 from ..epilogue import ACTIVATIONS, GATED, EpilogueSpec, epilogue_ref, interleave_gate_up
-from ..gemm.dense import (
-    _EPI_TORCH_DTYPES,
-    INPUT_TO_NAME,
-    TORCH_TO_NAME,
-    _check_activation,
-    _check_operand,
-    _current_device,
-    _device_info,
-    _epilogue_vectors,
-    _global_scale,
-    _interleave_b,
-    _kernel_view,
-    _quant_outputs,
-    _quant_result,
-    max_clusters_for,
-    memo_view,
-    new_workspace,
-    reset_workspace,
-)
+from ..epilogue.user import apply_user_ref, register
 from ..gemm.fp8_scales import fp8_blockwise_ref, fp8_grouped_block_scales, scale_vector
 from ..gemm.grouped_parts import GROUPED_MAX_GROUPS
+from ..gemm.launch import (
+    EPI_TORCH_DTYPES,
+    GROUPED_CACHE,
+    INPUT_TO_NAME,
+    NAME_TO_TORCH,
+    TORCH_TO_NAME,
+    check_activation,
+    check_offs_values,
+    check_operand,
+    current_device,
+    epilogue_vectors,
+    global_scale,
+    interleave_b,
+    kernel_view,
+    memo_view,
+    new_workspace,
+    quant_outputs,
+    quant_result,
+    reset_workspace,
+)
 from ..policy import policy_for
-from ..runtime.cache import KernelCache
-from .k_grouped import _grouped_k
-from .list_form import _grouped_list
+from ..runtime.device import device_info, max_clusters_for
+from ..tuning import tuned_config
+from .k_grouped import grouped_k
+from .list_form import grouped_list
 
-
-def build_grouped(config: GemmConfig):
-    from ..gemm.dense import kernel_class
-    from ..runtime.signature import grouped_fake_args
-
-    return kernel_class(config.arch)(config), grouped_fake_args(config)
-
-
-GROUPED_CACHE = KernelCache(build_grouped)
-_PLANS: dict = {}
+PLANS: dict = {}
 
 
 class _GroupedPlan:
@@ -127,13 +121,13 @@ class _GroupedPlan:
         """(the tensor the kernel writes, quantized-output scale bytes or None)."""
         if self.quant is None:
             return torch.empty(*self.out_dims, dtype=self.out_dtype, device=self.device), None
-        return _quant_outputs(self.quant, self.out_shape, self.device)
+        return quant_outputs(self.quant, self.out_shape, self.device)
 
 
 _NO_EXTRA = (None,) * 6
 
 
-def _per_expert(name: str, t, E: int, n: int, device, dtypes=_EPI_TORCH_DTYPES) -> torch.Tensor:
+def _per_expert(name: str, t, E: int, n: int, device, dtypes=EPI_TORCH_DTYPES) -> torch.Tensor:
     """A per-(expert, column) vector given as (E, n), (n,) (shared by every expert), (E,) / (E, 1)
     (one value per expert) or one element, as the kernel reads it: flat contiguous (E * n,)."""
     if not isinstance(t, torch.Tensor):
@@ -171,8 +165,6 @@ class _Epi:
         self.block = (None, None)  # FP8 block scaling: (scale_a, scale_b's kernel view)
 
     def spec(self, alpha):
-        from ..epilogue import EpilogueSpec
-
         gated = self.activation in GATED
         return EpilogueSpec(
             alpha=alpha != 1.0,
@@ -189,24 +181,13 @@ class _Epi:
 
     def _finish(self, out_global_scale, device):
         if self.quant is not None or out_global_scale is not None:
-            self.gs = _global_scale(self.quant, out_global_scale, device)
+            self.gs = global_scale(self.quant, out_global_scale, device)
         return self
 
     def extra(self, scales):
         if scales is None and self.gs is None and not self.vectors:
             return None
         return (scales, self.gs, *(*self.vectors, None, None, None, None)[:4])
-
-
-def _check_offs_values(offs: torch.Tensor, total_m: int):
-    o = offs.tolist()  # host sync: only with check_offs=True
-    prev = 0
-    for e, v in enumerate(o):
-        if v < prev:
-            raise ValueError(f"offs must be non-decreasing and >= 0: offs[{e}] = {v} < {prev}")
-        prev = v
-    if o and o[-1] > total_m:
-        raise ValueError(f"offs[-1] = {o[-1]} exceeds a.shape[0] = {total_m}")
 
 
 def _plan_packed(a, b, offs, out, out_dtype, alpha, config, epi_in: _Epi, fast_accum=False):
@@ -219,11 +200,11 @@ def _plan_packed(a, b, offs, out, out_dtype, alpha, config, epi_in: _Epi, fast_a
     if b_unit is None:
         raise ValueError("b must have a contiguous K or N dim (e.g. (E, K, N) or (E, N, K).transpose(1, 2))")
     views = (
-        _kernel_view(a.unsqueeze(0), 2, (1, 2, 0), "a"),
-        _kernel_view(b, b_unit, (2, 1, 0), "b"),
-        _kernel_view(out.unsqueeze(0), 2, (1, 2, 0), "out"),
+        kernel_view(a.unsqueeze(0), 2, (1, 2, 0), "a"),
+        kernel_view(b, b_unit, (2, 1, 0), "b"),
+        kernel_view(out.unsqueeze(0), 2, (1, 2, 0), "out"),
     )
-    arch, num_sms = _device_info(a.device.index)
+    arch, num_sms = device_info(a.device.index)
     quant = epi_in.quant
     out_name = QUANT_OUT_DTYPES[quant] if quant is not None else TORCH_TO_NAME[out_dtype]
     problem = GemmProblem(
@@ -234,9 +215,8 @@ def _plan_packed(a, b, offs, out, out_dtype, alpha, config, epi_in: _Epi, fast_a
     if blockwise:
         extra["fp8_blockwise"] = True
     if config is None:  # opt-in autotuning (cutegemm.tuning); None when off: the policy's default
-        from ..tuning import tuned_config
 
-        config = tuned_config(arch, problem, epi, "grouped", num_groups=E, num_sms=num_sms)
+        config = tuned_config(arch, problem, epi, "grouped", runner=grouped_runner, num_groups=E, num_sms=num_sms)
         ok = config is not None and config.fast_accum == fast_accum and config.fp8_blockwise == blockwise
         config = config if ok else None
     elif config.epilogue != epi and config.epilogue in (EpilogueSpec(), replace(epi, alpha=False)):
@@ -263,7 +243,7 @@ def _plan_packed(a, b, offs, out, out_dtype, alpha, config, epi_in: _Epi, fast_a
         raise ValueError(f"the user epilogue could not be traced into the kernel: {type(exc).__name__}: {exc}") from exc
     plan.swap = cfg.swap_ab
     if cfg.swap_ab:  # the output as the kernel's (N, total_M, 1) C^T
-        views = (*views[:2], _kernel_view(out.unsqueeze(0), 2, (2, 1, 0), "out"))
+        views = (*views[:2], kernel_view(out.unsqueeze(0), 2, (2, 1, 0), "out"))
     plan.views = views
     plan.max_clusters = max_clusters_for(cfg, a.device, num_sms)
     plan.workspace = new_workspace(cfg, a.device)
@@ -309,12 +289,10 @@ def _prepare_epilogue(a, b, E, N, total_m, out_dtype, bias, activation, epilogue
     if bias is not None:
         e.bias = _per_expert("bias", bias, E, N, a.device)
     if epilogue is not None:
-        from ..epilogue.user import register
-
         if bias is not None or activation is not None:
             raise ValueError("a user epilogue replaces bias and activation: apply them inside it")
         e.user = register(epilogue)
-        e.vectors = _epilogue_vectors(epilogue_args, a.device)
+        e.vectors = epilogue_vectors(epilogue_args, a.device)
     elif epilogue_args:
         raise ValueError("epilogue_args given without an epilogue function")
     if a.dtype == torch.float8_e4m3fn:
@@ -342,15 +320,15 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
     are described there too."""
     key = _fast_key(a, b, offs, out, out_dtype, alpha, config, bias, activation, epilogue, epilogue_args,
                     scale_a, scale_b, fast_accum, gate_layout)  # fmt: skip
-    plan = _PLANS.get(key) if key is not None else None
+    plan = PLANS.get(key) if key is not None else None
     if plan is not None and not (
-        _current_device() == plan.device_index
+        current_device() == plan.device_index
         and not (a.data_ptr() % 16 or b.data_ptr() % 16 or (out is not None and out.data_ptr() % 16))
     ):
         plan = None  # the slow path (other device: a plan of its own; misaligned: the error)
     if plan is not None:
         if check_offs:
-            _check_offs_values(offs, a.shape[0])
+            check_offs_values(offs, a.shape[0])
         if len(key) == 15:  # no epilogue inputs: the common MoE call
             if out is None:
                 out = torch.empty(*plan.out_dims, dtype=plan.out_dtype, device=plan.device)
@@ -360,15 +338,11 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
         if activation is not None and activation not in ACTIVATIONS:
             raise ValueError(f"the list form takes activation None or one of {ACTIVATIONS} (no gated ones), got {activation!r}")
         _no_epilogue("the list form", bias, None, epilogue, out_global_scale, scale_a, scale_b, out_dtype)
-        return _grouped_list(a, b, offs=offs, out_dtype=out_dtype, alpha=alpha, activation=activation)
-    elif isinstance(a, BlockScaledTensor):
-        return _blockscaled(locals(), grouped_gemm)
-    elif isinstance(b, BlockScaledTensor):
-        return _fp4_weight(locals(), grouped_gemm)
+        return grouped_list(a, b, offs=offs, out_dtype=out_dtype, alpha=alpha, activation=activation)
     fp8 = getattr(a, "dtype", None) == torch.float8_e4m3fn
     if plan is None:
-        _check_operand("a", a, dims=(2,))
-        _check_operand("b", b, dims=(2, 3))
+        check_operand("a", a, dims=(2,))
+        check_operand("b", b, dims=(2, 3))
         if offs is None:
             raise ValueError("offs is required for tensor inputs (int32 cumulative end offsets, on the GPU)")
         if not isinstance(offs, torch.Tensor) or offs.dtype != torch.int32 or offs.dim() != 1:
@@ -384,8 +358,6 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
     quant = out_dtype if isinstance(out_dtype, str) else None
     if plan is None:
         if quant is not None:
-            from ..epilogue.quant import QUANT_FORMATS
-
             if quant not in QUANT_FORMATS:
                 raise ValueError(f"a quantized out_dtype must be one of {QUANT_FORMATS}, got {quant!r}")
             if out is not None:
@@ -393,12 +365,12 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
         elif out_dtype not in TORCH_TO_NAME:
             raise TypeError(f"out_dtype must be bf16, fp16, fp32 or one of mxfp8 / mxfp4 / nvfp4, got {out_dtype}")
         if activation is not None or gate_layout != "interleaved":
-            _check_activation(activation, gate_layout)
+            check_activation(activation, gate_layout)
         if b.dim() == 2:
             if fp8:
                 raise TypeError("the K-grouped form takes bf16 / fp16 operands")
             _no_epilogue("the K-grouped form", bias, activation, epilogue, out_global_scale, scale_a, scale_b, out_dtype)
-            return _grouped_k(a, b, offs, out, out_dtype, alpha, check_offs, config)
+            return grouped_k(a, b, offs, out, out_dtype, alpha, check_offs, config)
         E, K, N = b.shape
         if a.shape[1] != K:
             raise ValueError(f"a (total_M, K={a.shape[1]}) and b (E, K={K}, N) disagree on K")
@@ -417,7 +389,7 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
                 "128-column scale blocks; store the weight (and its scales) interleaved instead"
             )
         if N % 2 == 0:
-            b = _interleave_b(b)  # a copy per call: store the weight interleaved instead
+            b = interleave_b(b)  # a copy per call: store the weight interleaved instead
             if isinstance(bias, torch.Tensor) and bias.shape[-1] == N:
                 bias = interleave_gate_up(bias, dim=-1)
     epi_in = _prepare_epilogue(a, b, E, N, total_m, out_dtype, bias, activation, epilogue, epilogue_args,
@@ -428,7 +400,7 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
         if out is None:
             out, scales = plan.new_output()
         plan.launch(a, b, out, offs, float(alpha), epi_in.bias, epi_in.extra(scales), epi_in.block)
-        return out if quant is None else _quant_result(quant, plan.out_shape, out, scales, epi_in.gs)
+        return out if quant is None else quant_result(quant, plan.out_shape, out, scales, epi_in.gs)
     if gated and N % 2:
         raise ValueError(f"a gated activation needs b with an even number of columns (gate, up), got {N}")
     if quant is not None:
@@ -445,20 +417,20 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
         b = b.transpose(1, 2).contiguous().transpose(1, 2)  # FP8 WGMMA reads B K-major: copy
     scales = None
     if quant is not None:
-        out, scales = _quant_outputs(quant, (total_m, n_out), a.device)
+        out, scales = quant_outputs(quant, (total_m, n_out), a.device)
     elif out is None:
         out = torch.empty(total_m, n_out, dtype=out_dtype, device=a.device)
     else:
-        _check_operand("out", out, dims=(2,))
+        check_operand("out", out, dims=(2,))
         if out.shape != (total_m, n_out) or out.dtype != out_dtype or out.device != a.device:
             raise ValueError(f"out must be a ({total_m}, {n_out}) {out_dtype} tensor on {a.device}")
         if n_out > 1 and out.stride(1) != 1:
             raise ValueError("out must be row-major (stride 1 along its last dim)")
     if check_offs:
-        _check_offs_values(offs, total_m)
+        check_offs_values(offs, total_m)
 
     def result():
-        return out if quant is None else _quant_result(quant, (total_m, n_out), out, scales, epi_in.gs)
+        return out if quant is None else quant_result(quant, (total_m, n_out), out, scales, epi_in.gs)
 
     if E == 0 or total_m == 0 or n_out == 0:
         return result()
@@ -478,8 +450,8 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
     plan.out_dims, plan.out_dtype, plan.out_shape = (total_m, n_out), out_dtype, (total_m, n_out)
     # Cacheable when the call's own b is what the kernel reads (no interleave / K-major copy).
     if key is not None and b is b_call:
-        _PLANS[key] = plan
-    if a.device.index == _current_device():
+        PLANS[key] = plan
+    if a.device.index == current_device():
         plan.launch(a, b, out, offs, float(alpha), epi_in.bias, epi_in.extra(scales), epi_in.block)
     else:
         with torch.cuda.device(a.device):
@@ -494,40 +466,6 @@ def _no_epilogue(form, bias, activation, epilogue, out_global_scale, scale_a, sc
                          "outputs are for the packed (offs) form")  # fmt: skip
 
 
-def _fp4_weight(call: dict, fn):
-    """grouped_gemm(x, qw, offs=offs) / grouped_gemm_ref with an FP4 BlockScaledTensor weight qw
-    (E, N, K): the FP4-weight kernel (``cutegemm.blockscaled.weight_only.launch``); its options only."""
-    from ..blockscaled.weight_only import launch as fw
-
-    return _quantized_call(call, fn, fw.gemm_fp4_weight, fw.gemm_fp4_weight_ref, ("scale_a",))
-
-
-def _blockscaled(call: dict, fn):
-    """grouped_gemm(qa, qw, offs=offs) / grouped_gemm_ref with BlockScaledTensors qa (total_M, K)
-    and qw (E, N, K) in one format (``cutegemm.blockscaled.gemm.grouped_gemm_blockscaled``: the
-    sm_100a block-scaled grouped kernel; on sm_90a dequantize-first or the MXFP8 emulation); its
-    options only."""
-    from ..blockscaled import gemm as sm100
-
-    return _quantized_call(call, fn, sm100.grouped_gemm_blockscaled, sm100.grouped_gemm_blockscaled_ref, ())
-
-
-def _quantized_call(call: dict, fn, run, run_ref, options: tuple):
-    """A grouped call with a BlockScaledTensor operand: ``run`` (``run_ref`` for
-    grouped_gemm_ref) with offs, out_dtype, alpha, ``options`` and (kernel) out / config /
-    check_offs or (reference) compute_dtype; any other argument off its default is a ValueError."""
-    from ..blockscaled.gemm import _options
-
-    if call.get("offs") is None:
-        raise ValueError("offs is required (int32 cumulative end rows of the experts, on the GPU)")
-    ref = fn is grouped_gemm_ref
-    extra = ("compute_dtype",) if ref else ("out", "config", "check_offs")
-    opts = _options(call, fn, ("offs", "out_dtype", "alpha", *options, *extra))
-    if opts.pop("check_offs", False):
-        _check_offs_values(call["offs"], call["a"].shape[0])
-    return (run_ref if ref else run)(call["a"], call["b"], **opts)
-
-
 def grouped_gemm_ref(a, b, *, offs=None, out_dtype=None, alpha: float = 1.0, bias=None, activation=None,
                      gate_layout: str = "interleaved", epilogue=None, epilogue_args=(), out_global_scale=None,
                      scale_a=None, scale_b=None, compute_dtype=torch.float32):  # fmt: skip
@@ -539,10 +477,6 @@ def grouped_gemm_ref(a, b, *, offs=None, out_dtype=None, alpha: float = 1.0, bia
     if isinstance(a, (list, tuple)):
         return [epilogue_ref(x.to(compute_dtype) @ w.to(compute_dtype), alpha=alpha, activation=activation).to(out_dtype or x.dtype)
                 for x, w in zip(a, b, strict=True)]  # fmt: skip
-    if isinstance(a, BlockScaledTensor):
-        return _blockscaled(locals(), grouped_gemm_ref)
-    if isinstance(b, BlockScaledTensor):
-        return _fp4_weight(locals(), grouped_gemm_ref)
     fp8 = a.dtype == torch.float8_e4m3fn
     out_dtype = out_dtype or (torch.bfloat16 if fp8 else a.dtype)
     bounds = offs.tolist()
@@ -566,8 +500,6 @@ def grouped_gemm_ref(a, b, *, offs=None, out_dtype=None, alpha: float = 1.0, bia
         n_out = N // 2 if gated else N
         res = torch.zeros(a.shape[0], n_out, dtype=compute_dtype, device=a.device)
         if epilogue is not None:
-            from ..epilogue.user import apply_user_ref
-
             y = acc * alpha if alpha != 1.0 else acc
             res[: bounds[-1] if bounds else 0] = apply_user_ref(epilogue, y, tuple(epilogue_args))[: bounds[-1] if bounds else 0]
         else:
@@ -582,9 +514,7 @@ def grouped_gemm_ref(a, b, *, offs=None, out_dtype=None, alpha: float = 1.0, bia
                                                  gate_layout=gate_layout)  # fmt: skip
                 prev = max(prev, end)
         if isinstance(out_dtype, str):
-            from ..blockscaled import quantize_ref
-
-            gs = _global_scale(out_dtype, out_global_scale, res.device)
+            gs = global_scale(out_dtype, out_global_scale, res.device)
             return quantize_ref(res.float(), out_dtype, global_scale=gs)
         return res.to(out_dtype)
     out = torch.zeros(len(bounds), a.shape[0], b.shape[1], dtype=compute_dtype, device=a.device)
@@ -603,3 +533,29 @@ def _expert_row(t: torch.Tensor, e: int, E: int, n: int, dtype) -> torch.Tensor:
     if t.shape == (n,) or t.numel() == 1:
         return t.reshape(-1)
     return t.reshape(E)[e]
+
+
+def grouped_counts(total_m: int, num_groups: int) -> list[int]:
+    """Uneven (multinomial, fixed seed) rows per expert summing to total_m, like a router's."""
+    gen = torch.Generator().manual_seed(0)
+    idx = torch.multinomial(torch.ones(num_groups), total_m, replacement=True, generator=gen)
+    return idx.bincount(minlength=num_groups).tolist()
+
+
+def grouped_runner(p: GemmProblem, epi: EpilogueSpec, num_groups: int):
+    """The autotuner's runner (``tuning.tune``) for the packed form: uneven expert sizes."""
+    dt = NAME_TO_TORCH[p.a_dtype]
+    out_dtype = NAME_TO_TORCH[p.out_dtype]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(p.m, p.k, device="cuda", dtype=dt, generator=gen)
+    b = torch.randn(num_groups, p.k, p.n, device="cuda", dtype=dt, generator=gen) * p.k**-0.5
+    if p.b_major == "k":
+        b = b.mT.contiguous().mT
+    offs = torch.tensor(grouped_counts(p.m, num_groups), device="cuda").cumsum(0).to(torch.int32)
+    alpha = 0.5 if epi.alpha else 1.0
+    ref = grouped_gemm_ref(a, b, offs=offs, alpha=alpha, out_dtype=out_dtype)
+
+    def run(cfg: GemmConfig):
+        return grouped_gemm(a, b, offs=offs, alpha=alpha, out_dtype=out_dtype, config=cfg)
+
+    return run, ref

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import cutlass
 import cutlass.cute as cute
+import tvm_ffi
 
 EXPORT_NAME = "cutegemm_kernel"
 _PKG_ROOT = Path(__file__).resolve().parent.parent
@@ -47,7 +48,6 @@ def source_fingerprint() -> str:
             continue
         h.update(rel.encode())
         h.update(path.read_bytes())
-    import tvm_ffi
 
     h.update(f"cutlass-dsl={cutlass.__version__};tvm_ffi={tvm_ffi.__version__}".encode())
     return h.hexdigest()[:20]

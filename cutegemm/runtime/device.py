@@ -1,5 +1,5 @@
 """Device facts the host side of every kernel family needs: the arch a kernel is built for and
-the SM count (``_device_info``), and how many clusters of a config's size a persistent grid can
+the SM count (``device_info``), and how many clusters of a config's size a persistent grid can
 hold at once (``resident_clusters`` / ``max_clusters_for``). Host only (no kernel source)."""
 
 from __future__ import annotations
@@ -7,10 +7,11 @@ from __future__ import annotations
 import functools
 
 import torch
+from cutlass.utils import HardwareInfo
 
 
 @functools.cache
-def _device_info(index: int) -> tuple[str, int]:
+def device_info(index: int) -> tuple[str, int]:
     major, minor = torch.cuda.get_device_capability(index)
     if major == 9:
         arch = "sm_90a"
@@ -35,7 +36,7 @@ def resident_clusters(index: int, cluster_size: int, num_sms: int | None = None)
     from the driver's occupancy calculator once per (device, size) and kept, a failed query's
     answer too (SMs // size: an older driver must not retry the query's compile on every call);
     during a CUDA-graph capture SMs // size without asking or keeping it. ``num_sms``: the
-    device's SM count when the caller has it (``_device_info``)."""
+    device's SM count when the caller has it (``device_info``)."""
     if num_sms is None:
         num_sms = torch.cuda.get_device_properties(index).multi_processor_count
     if cluster_size <= 1:
@@ -46,7 +47,6 @@ def resident_clusters(index: int, cluster_size: int, num_sms: int | None = None)
         try:
             if torch.cuda.is_current_stream_capturing():
                 return bound  # the query loads a module: not while a graph is being captured
-            from cutlass.utils import HardwareInfo
 
             with torch.cuda.device(index):
                 torch.empty(1, device=torch.device("cuda", index))  # the driver query needs the context
@@ -58,7 +58,7 @@ def resident_clusters(index: int, cluster_size: int, num_sms: int | None = None)
 
 def max_clusters_for(cfg, device, num_sms: int | None = None) -> int:
     """The persistent grid's cluster count for ``cfg`` on ``device`` (a torch.device or index;
-    ``num_sms`` as the caller's ``_device_info`` gave it, if it has it)."""
+    ``num_sms`` as the caller's ``device_info`` gave it, if it has it)."""
     index = device if isinstance(device, int) else device.index
     index = torch.cuda.current_device() if index is None else index
     return resident_clusters(index, cfg.cluster_m * cfg.cluster_n, num_sms)

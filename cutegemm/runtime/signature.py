@@ -9,7 +9,7 @@ import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
 from ..config import ELEMENT_BITS, TMA_ALIGN_BYTES, GemmConfig
-from ..gemm.base import CUTLASS_DTYPES
+from .dtypes import CUTLASS_DTYPES, SF_DTYPES
 
 
 def _fake_matrix(dtype: str, unit_mode: int):
@@ -103,8 +103,6 @@ def epilogue_fake_args(epi):
 def _fake_scales(sf_dtype: str):
     """Block-scaled scale factors: the contiguous bytes of the 128x4 swizzled layout (a flat
     (bytes,) tensor; the kernel views it in the scale-factor atom layout over A's / B's shape)."""
-    from ..gemm.sm100.kernel import SF_DTYPES
-
     return make_fake_tensor(SF_DTYPES[sf_dtype], (cute.sym_int32(),), (1,), assumed_align=TMA_ALIGN_BYTES)
 
 

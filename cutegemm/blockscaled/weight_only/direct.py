@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+from cutlass import memory
 
 from ...runtime.ptx import (
     cp_async,
@@ -43,8 +44,6 @@ class DirectPipeline:
 
     @cute.kernel
     def kernel(self, mX, mW, mS, mOut, mOffs, mGs, mXs, m_rows, n, k, m_slices, tile_stride, alpha):
-        from cutlass import memory
-
         cfg = self.cfg
         RT, NT, RW, KW = cfg.row_tiles, cfg.n_tiles, cfg.warps_n, cfg.warps_k
         tidx, _, _ = cute.arch.thread_idx()

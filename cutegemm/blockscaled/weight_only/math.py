@@ -12,7 +12,7 @@ import cutlass
 import torch
 from cutlass.cutlass_dsl import dsl_user_op
 
-from ...runtime.ptx import _V4, _asm, _i32
+from ...runtime.ptx import V4, asm, i32
 
 CHUNK_K = 128  # K values per thread-row step (4 threads x 32 values)
 _BF16X2_2P126 = 0x7E807E80  # bf16x2 (2**126, 2**126)
@@ -73,7 +73,7 @@ def dequant_fp4x8(word, factor, two_muls: bool, *, loc=None, ip=None):
     """8 e2m1 nibbles (k0..k7, k0 in the low bits) -> 4 bf16x2 words ``(k_i, k_{i+4}) * c``:
     ``c = factor * 2**-126`` (one multiply) or ``factor`` (two_muls: by 2**126, then factor)."""
     ptx = _DQ_TWO if two_muls else _DQ_ONE
-    return _asm(ptx, [_i32(word, loc, ip), _i32(factor, loc, ip)], "=r,=r,=r,=r,r,r", 4, loc=loc, ip=ip)
+    return asm(ptx, [i32(word, loc, ip), i32(factor, loc, ip)], "=r,=r,=r,=r,r,r", 4, loc=loc, ip=ip)
 
 
 def _dequant_byte_ptx(two_muls: bool) -> str:
@@ -99,8 +99,8 @@ def dequant_fp4_byte(word, selector, factor, two_muls: bool, *, loc=None, ip=Non
     ``(k_lo, k_hi) * c`` (``c`` as in :func:`dequant_fp4x8`): natural K pairs, the A fragment
     the WGMMA kernel reads against activations in K order."""
     ptx = _DQB_TWO if two_muls else _DQB_ONE
-    ins = [_i32(word, loc, ip), _i32(selector, loc, ip), _i32(factor, loc, ip)]
-    return _asm(ptx, ins, "=r,r,r,r", 1, loc=loc, ip=ip)
+    ins = [i32(word, loc, ip), i32(selector, loc, ip), i32(factor, loc, ip)]
+    return asm(ptx, ins, "=r,r,r,r", 1, loc=loc, ip=ip)
 
 
 # --- 8-bit weights (MXFP8 e4m3) -----------------------------------------------------------------
@@ -134,7 +134,7 @@ def dequant_e4m3x4(word, factor, *, loc=None, ip=None):
     placed bytes (the e4m3 value x 2**-120) times 2**120 (exact), then times the factor (no
     intermediate over- or underflow; the one rounding is the product's). The e4m3 NaN code
     (0x7F / 0xFF) becomes a finite value here: :func:`e4m3_nan_flags` finds it."""
-    return _asm(_DQ8, [_i32(word, loc, ip), _i32(factor, loc, ip)], "=r,=r,r,r", 2, loc=loc, ip=ip)
+    return asm(_DQ8, [i32(word, loc, ip), i32(factor, loc, ip)], "=r,=r,r,r", 2, loc=loc, ip=ip)
 
 
 _DQ8_PAIR = (
@@ -162,8 +162,8 @@ def dequant_e4m3_pair(lo, hi, selector, factor, flags, *, loc=None, ip=None):
     (natural K order: the A fragment the WGMMA consumers read against activations in K order);
     ``flags | (placed + 0x00100010)``, whose PAIR_NAN_MASK bits are set once a pair held an e4m3
     NaN (its low 7 bits, all ones at bits 4-10 of a half, carry into bit 11; nothing else does)."""
-    ins = [_i32(v, loc, ip) for v in (lo, hi, selector, factor, flags)]
-    return _asm(_DQ8_PAIR, ins, "=r,=r,r,r,r,r,r", 2, loc=loc, ip=ip)
+    ins = [i32(v, loc, ip) for v in (lo, hi, selector, factor, flags)]
+    return asm(_DQ8_PAIR, ins, "=r,=r,r,r,r,r,r", 2, loc=loc, ip=ip)
 
 
 @dsl_user_op
@@ -172,7 +172,7 @@ def e4m3_nan_flags(word, flags, *, loc=None, ip=None):
     byte there was an e4m3 NaN (low 7 bits all ones; the add never carries between bytes). Test
     ``flags & WORD_NAN_MASK`` at the end."""
     ptx = f"{{\n.reg .b32 x;\nand.b32 x, $1, {_E4M3_LOW7:#x};\nadd.u32 x, x, {_E4M3_ONES:#x};\nor.b32 $0, $2, x;\n}}"
-    return _asm(ptx, [_i32(word, loc, ip), _i32(flags, loc, ip)], "=r,r,r", 1, loc=loc, ip=ip)
+    return asm(ptx, [i32(word, loc, ip), i32(flags, loc, ip)], "=r,r,r", 1, loc=loc, ip=ip)
 
 
 _NVFP4_FACTORS = (
@@ -189,7 +189,7 @@ _NVFP4_FACTORS = (
 @dsl_user_op
 def nvfp4_factors(pair, *, loc=None, ip=None):
     """Two e4m3 scale bytes (low byte first) -> two bf16x2 words, each ``(s * 2**118)`` twice."""
-    return _asm(_NVFP4_FACTORS, [_i32(pair, loc, ip)], "=r,=r,r", 2, loc=loc, ip=ip)
+    return asm(_NVFP4_FACTORS, [i32(pair, loc, ip)], "=r,=r,r", 2, loc=loc, ip=ip)
 
 
 _PAIRS = (
@@ -202,15 +202,15 @@ _PAIRS = (
 def pair_natural_x(words, *, loc=None, ip=None):
     """4 words of 8 bf16 activations in K order ((x0, x1), (x2, x3), (x4, x5), (x6, x7)) ->
     the dequantized weights' pairing ((x0, x4), (x1, x5), (x2, x6), (x3, x7)): four PRMTs."""
-    return _asm(_PAIRS, [_i32(w, loc, ip) for w in words], "=r,=r,=r,=r,r,r,r,r", 4, loc=loc, ip=ip)
+    return asm(_PAIRS, [i32(w, loc, ip) for w in words], "=r,=r,=r,=r,r,r,r,r", 4, loc=loc, ip=ip)
 
 
 @dsl_user_op
 def mma_bf16_16816(a, b, c, *, loc=None, ip=None):
     """``mma.sync.m16n8k16`` bf16 x bf16 -> fp32: a 4 words, b 2 words, c 4 fp32; returns d."""
-    ins = [_i32(v, loc, ip) for v in (*a, *b)] + [cutlass.Float32(v).ir_value(loc=loc, ip=ip) for v in c]
-    ptx = f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {_V4}, {{$4, $5, $6, $7}}, {{$8, $9}}, {{$10, $11, $12, $13}};"
-    return _asm(ptx, ins, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", 4, out=cutlass.Float32, loc=loc, ip=ip)
+    ins = [i32(v, loc, ip) for v in (*a, *b)] + [cutlass.Float32(v).ir_value(loc=loc, ip=ip) for v in c]
+    ptx = f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {V4}, {{$4, $5, $6, $7}}, {{$8, $9}}, {{$10, $11, $12, $13}};"
+    return asm(ptx, ins, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", 4, out=cutlass.Float32, loc=loc, ip=ip)
 
 
 def mx_factor_bf16x2(e):

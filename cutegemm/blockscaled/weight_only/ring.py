@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+from cutlass import memory
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ...runtime.ptx import bulk_g2s, ld_global_cg_f32, ld_shared_u8, ld_shared_u16, ld_shared_v4, st_shared_v4
@@ -116,8 +117,6 @@ class RingPipeline:
         grouped: the expert's passes from offs). With ``split`` (dense) a persistent grid of
         ``n_ctas`` CTAs takes equal ranges of all units, so every SM streams the same number of
         weight bytes; a segment cut between CTAs is finished by :meth:`split_finish`."""
-        from cutlass import memory
-
         cfg = self.cfg
         RT, NT, RW, KW = cfg.row_tiles, cfg.n_tiles, cfg.warps_n, cfg.warps_k
         S, SK, R = cfg.ring, cfg.ring_k, cfg.rows_per_cta

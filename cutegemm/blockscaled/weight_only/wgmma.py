@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+from cutlass import memory
 from cutlass.cute.nvgpu import warpgroup
 
 from ...runtime.ptx import (
@@ -96,8 +97,6 @@ class WgmmaPipeline:
         token passes over its weight rows, the passes after the first reading the rows from L2.
         With ``split`` (dense): the ring's persistent grid, equal ranges of (row tile, pass, K
         stage) units per CTA, a pass cut between CTAs finished by ``split_finish``."""
-        from cutlass import memory
-
         cfg = self.cfg
         S = cfg.ring
         W = cfg.warps

@@ -15,7 +15,6 @@ import cutlass.utils.blockscaled_layout as blockscaled_utils
 from cutlass.cute.nvgpu import cpasync, tcgen05
 from cutlass.tensor_utils import LayoutEnum
 
-SF_DTYPES = {"e8m0": cutlass.Float8E8M0FNU, "e4m3": cutlass.Float8E4M3FN}
 SF_ATOM_MN = 32  # a scale-factor TMEM column group holds 32 rows x 4 K-blocks
 TMEM_COLUMNS = 512
 

@@ -81,6 +81,7 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.tensor_utils import LayoutEnum
 
 from ...epilogue.quant import quant_storage
+from ...runtime.dtypes import SF_DTYPES
 from ...schedulers.dynamic import ring_storage_fields
 from ..base import GemmBase
 from ..grouped_parts import (
@@ -97,7 +98,7 @@ from ..grouped_parts import (
     tile_table_bytes,
     tile_table_len,
 )
-from .blockscaled import SF_DTYPES, BlockScaledSm100Mixin
+from .blockscaled import BlockScaledSm100Mixin
 from .epilogue import EpilogueSm100Mixin
 
 SMEM_CAPACITY_SM100 = memory.get_smem_capacity_in_bytes("sm_100")

@@ -13,6 +13,8 @@ import dataclasses
 import cutlass
 import cutlass.cute as cute
 
+from ...epilogue.ops import col_index
+
 
 def frag_dims(acc_shape, tile_n: int) -> tuple[int, int]:
     """(distinct rows, distinct columns) of a thread's ((2, 2, tile_n/8), MMA_M, 1) fragment."""
@@ -60,8 +62,6 @@ class PreEpilogueSm90Mixin:
         bench/2026-11-30i/round7/fp8_epi.log, round11/bias_epi.log). ``tCcAcc``: the global
         (m, n, l) coordinate of every accumulator register (rows / columns past the problem read
         clamped values, never stored)."""
-        from ...epilogue.ops import _col_index
-
         epi = self.config.epilogue
         scale_a, scale_b, bias = self.pre_epilogue
         n_rows, n_cols = frag_dims(acc_sum.shape, self.config.tile_n)
@@ -83,9 +83,9 @@ class PreEpilogueSm90Mixin:
         for v in range(n_b):
             mnl = at(v, swap)
             if scale_b:
-                rb[v] = vectors[1][_col_index(mnl, vectors[1], group_cols)]
+                rb[v] = vectors[1][col_index(mnl, vectors[1], group_cols)]
             if bias:
-                rbias[v] = mBias[_col_index(mnl, mBias, group_cols)].to(cutlass.Float32)
+                rbias[v] = mBias[col_index(mnl, mBias, group_cols)].to(cutlass.Float32)
         for i in range(n_rows):
             for v in range(n_cols):
                 ia, ib = (v, i) if swap else (i, v)

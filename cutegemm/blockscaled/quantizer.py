@@ -49,11 +49,15 @@ import cutlass
 import cutlass.cute as cute
 import torch
 import torch.nn.functional as F
+from cutlass import memory
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
+from ..runtime.cache import KernelCache
+from ..runtime.device import device_info
+from ..runtime.sass import check_sass
 from .formats import BlockFormat, get_format
 from .layout import swizzled_shape
-from .reference import BlockScaledTensor, check_quantize_args, dequantize_ref
+from .reference import BlockScaledTensor, check_global_scale, check_quantize_args, dequantize_ref
 
 __all__ = ["QuantizeConfig", "quantize", "dequantize", "TorchOps", "block_math_ref"]
 
@@ -449,8 +453,6 @@ class FiniteAmaxKernel:
 
     @cute.kernel
     def kernel(self, mX, mOut, total: cutlass.Int32):
-        from cutlass import memory
-
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         U, T = self.cfg.unroll, self.cfg.threads
@@ -513,8 +515,6 @@ def build_quantize(cfg: QuantizeConfig | AmaxConfig):
 
 @functools.cache
 def _cache():
-    from ..runtime.cache import KernelCache
-
     return KernelCache(build_quantize)
 
 
@@ -531,10 +531,8 @@ def all_configs(arch: str) -> list[QuantizeConfig | AmaxConfig]:
 
 # --- host API ---------------------------------------------------------------------------------
 @functools.cache
-def _arch_of(index: int) -> str:
-    from ..gemm.dense import _device_info  # ValueError on a GPU other than sm_90 / sm_100
-
-    return _device_info(index)[0]
+def arch_of(index: int) -> str:
+    return device_info(index)[0]
 
 
 def _check_x(x) -> None:
@@ -561,14 +559,13 @@ def _global_scale(x: torch.Tensor, global_scale) -> torch.Tensor:
     if isinstance(global_scale, (int, float)) and not isinstance(global_scale, bool):
         if not (math.isfinite(global_scale) and global_scale > 0):
             raise ValueError(f"global_scale: must be positive and finite, got {global_scale}")
-        return _scalar_on(float(global_scale), x.device).clone()  # a fresh tensor, no H2D copy
-    from .reference import _check_global_scale
+        return scalar_on(float(global_scale), x.device).clone()  # a fresh tensor, no H2D copy
 
-    return _check_global_scale(global_scale, x.device)  # CPU tensors (and the type errors)
+    return check_global_scale(global_scale, x.device)  # CPU tensors (and the type errors)
 
 
 @functools.lru_cache(maxsize=64)
-def _scalar_on(value: float, device: torch.device) -> torch.Tensor:
+def scalar_on(value: float, device: torch.device) -> torch.Tensor:
     return torch.tensor(value, dtype=torch.float32, device=device)
 
 
@@ -579,7 +576,7 @@ def finite_abs_max(x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
         return torch.where(torch.isfinite(xf), xf.abs(), 0.0).amax()
     out = torch.zeros(1, dtype=torch.int32, device=x.device)
-    cfg = AmaxConfig(in_dtype=IN_DTYPES[x.dtype], arch=_arch_of(x.device.index or 0))
+    cfg = AmaxConfig(in_dtype=IN_DTYPES[x.dtype], arch=arch_of(x.device.index or 0))
     _cache().get(cfg)(x.view(-1), out, x.numel() // CHUNK)
     return out.view(torch.float32).reshape(())
 
@@ -660,7 +657,7 @@ def _plan(shape: tuple, dtype: torch.dtype, device: torch.device, fmt_name: str,
     fmt = get_format(fmt_name)
     rows, kp = shape[-2], shape[-1]
     cfg = QuantizeConfig(
-        fmt=fmt.name, in_dtype=IN_DTYPES[dtype], scale_rule=scale_rule, arch=_arch_of(device.index or 0)
+        fmt=fmt.name, in_dtype=IN_DTYPES[dtype], scale_rule=scale_rule, arch=arch_of(device.index or 0)
     )
     rows_p, cols_p = swizzled_shape(rows, kp // fmt.block_size)
     numel = 1
@@ -689,7 +686,7 @@ def _launch(xk: torch.Tensor, fmt: BlockFormat, scale_rule: str, gs):
         else _empty_u8(p.scale_shape, dev)
     )
     data = _empty_u8(p.data_shape, dev)
-    gs_arg = gs.reshape(1) if gs is not None else _ones(dev)
+    gs_arg = gs.reshape(1) if gs is not None else ones_on(dev)
     p.fn(
         xk.view(-1),
         data.view(-1).view(torch.int32),
@@ -713,7 +710,7 @@ def _ones_cached(device: str) -> torch.Tensor:
     return torch.ones(1, dtype=torch.float32, device=device)
 
 
-def _ones(device: torch.device) -> torch.Tensor:
+def ones_on(device: torch.device) -> torch.Tensor:
     return _ones_cached(str(device))
 
 
@@ -728,6 +725,4 @@ def dequantize(q: BlockScaledTensor) -> torch.Tensor:
 
 def check_variant(cfg: QuantizeConfig) -> tuple[bool, dict, str]:
     """Compile ``cfg`` to SASS (no GPU needed) and check it: (ok, marker counts, error)."""
-    from ..runtime.sass import check_sass
-
     return check_sass(build_quantize(cfg), cfg.arch, SASS_REQUIRED, SASS_FORBIDDEN)

@@ -1,0 +1,136 @@
+"""The public GEMM entry points: ``gemm``, ``gemm_ref``, ``grouped_gemm``, ``grouped_gemm_ref``.
+
+Each decides its route once, from the operand types, and hands the call to one implementation:
+
+| operands                                   | route                                              |
+|--------------------------------------------|----------------------------------------------------|
+| torch tensors (bf16 / fp16 / fp8)          | ``gemm.dense`` (dense), ``grouped.packed`` (grouped)|
+| activation tensor x BlockScaledTensor weight | ``blockscaled.weight_only`` (FP4 / MXFP8 weights) |
+| BlockScaledTensor x BlockScaledTensor      | ``blockscaled.gemm`` (block-scaled GEMM)           |
+
+A block-scaled route takes only the options listed for it (``BLOCKSCALED_OPTIONS``,
+``WEIGHT_ONLY_OPTIONS``); any other option off its default is a ValueError naming it.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+
+from ..blockscaled.gemm import (
+    gemm_blockscaled,
+    gemm_blockscaled_ref,
+    grouped_gemm_blockscaled,
+    grouped_gemm_blockscaled_ref,
+)
+from ..blockscaled.reference import BlockScaledTensor
+from ..blockscaled.weight_only.launch import gemm_fp4_weight, gemm_fp4_weight_ref, is_fp4_weight_call
+from ..gemm import dense
+from ..gemm.launch import check_offs_values
+from ..grouped import packed
+
+# The options each block-scaled route takes (kernel / reference twin).
+BLOCKSCALED_OPTIONS = ("out_dtype", "alpha", "config", "out")
+BLOCKSCALED_REF_OPTIONS = ("out_dtype", "alpha", "compute_dtype")
+GROUPED_OPTIONS = ("offs", "out_dtype", "alpha", "out", "config", "check_offs")
+GROUPED_REF_OPTIONS = ("offs", "out_dtype", "alpha", "compute_dtype")
+
+
+@functools.cache
+def _defaults(fn) -> tuple:
+    """(name, default) of ``fn``'s keyword parameters."""
+    params = inspect.signature(fn).parameters.items()
+    return tuple((name, p.default) for name, p in params if name not in ("a", "b"))
+
+
+def _is_default(value, default) -> bool:
+    if value is default:
+        return True
+    if isinstance(value, torch.Tensor) or isinstance(default, torch.Tensor):
+        return False
+    try:
+        return bool(value == default)
+    except Exception:
+        return False
+
+
+def _supported(fn, options: dict, supported: tuple[str, ...]) -> dict:
+    """The ``supported`` options of a call of ``fn`` (defaults filled in); a ValueError names every
+    other option that is not at its default (not supported with block-scaled operands)."""
+    unknown = set(options) - {name for name, _ in _defaults(fn)}
+    if unknown:
+        raise TypeError(f"{fn.__name__}() got unexpected keyword arguments {sorted(unknown)}")
+    opts, bad = {}, []
+    for name, default in _defaults(fn):
+        value = options.get(name, default)
+        if name in supported:
+            opts[name] = value
+        elif not _is_default(value, default):
+            bad.append(name)
+    if bad:
+        raise ValueError(
+            f"{fn.__name__} with BlockScaledTensor operands supports only {', '.join(supported)} so far; "
+            f"got {', '.join(bad)}"
+        )
+    if "out_dtype" in opts and opts["out_dtype"] is None:
+        out = opts.get("out")
+        opts["out_dtype"] = out.dtype if isinstance(out, torch.Tensor) else torch.bfloat16
+    return opts
+
+
+@functools.wraps(dense.gemm)
+def gemm(a, b, **options):
+    if isinstance(a, BlockScaledTensor) or isinstance(b, BlockScaledTensor):
+        if is_fp4_weight_call(a, b):
+            return gemm_fp4_weight(a, b, **_supported(dense.gemm, options, ("scale_a", *BLOCKSCALED_OPTIONS)))
+        return gemm_blockscaled(a, b, **_supported(dense.gemm, options, BLOCKSCALED_OPTIONS))
+    return dense.gemm(a, b, **options)
+
+
+@functools.wraps(dense.gemm_ref)
+def gemm_ref(a, b, **options):
+    if isinstance(a, BlockScaledTensor) or isinstance(b, BlockScaledTensor):
+        if is_fp4_weight_call(a, b):
+            opts = _supported(dense.gemm_ref, options, ("scale_a", *BLOCKSCALED_REF_OPTIONS))
+            return gemm_fp4_weight_ref(a, b, **opts)
+        return gemm_blockscaled_ref(a, b, **_supported(dense.gemm_ref, options, BLOCKSCALED_REF_OPTIONS))
+    return dense.gemm_ref(a, b, **options)
+
+
+def _grouped_quantized(fn, a, b, options: dict, run, run_ref, extra: tuple):
+    """A grouped call with a BlockScaledTensor operand: ``run`` (``run_ref`` for the reference
+    twin) with its options only."""
+    if options.get("offs") is None:
+        raise ValueError("offs is required (int32 cumulative end rows of the experts, on the GPU)")
+    ref = fn is packed.grouped_gemm_ref
+    opts = _supported(fn, options, (*(GROUPED_REF_OPTIONS if ref else GROUPED_OPTIONS), *extra))
+    if opts.pop("check_offs", False):
+        check_offs_values(opts["offs"], a.shape[0])
+    return (run_ref if ref else run)(a, b, **opts)
+
+
+@functools.wraps(packed.grouped_gemm)
+def grouped_gemm(a, b, **options):
+    if isinstance(a, BlockScaledTensor):
+        return _grouped_quantized(packed.grouped_gemm, a, b, options, grouped_gemm_blockscaled,
+                                  grouped_gemm_blockscaled_ref, ())  # fmt: skip
+    if isinstance(b, BlockScaledTensor):
+        return _grouped_quantized(packed.grouped_gemm, a, b, options, gemm_fp4_weight, gemm_fp4_weight_ref,
+                                  ("scale_a",))  # fmt: skip
+    return packed.grouped_gemm(a, b, **options)
+
+
+@functools.wraps(packed.grouped_gemm_ref)
+def grouped_gemm_ref(a, b, **options):
+    if isinstance(a, BlockScaledTensor):
+        return _grouped_quantized(packed.grouped_gemm_ref, a, b, options, grouped_gemm_blockscaled,
+                                  grouped_gemm_blockscaled_ref, ())  # fmt: skip
+    if isinstance(b, BlockScaledTensor):
+        return _grouped_quantized(packed.grouped_gemm_ref, a, b, options, gemm_fp4_weight, gemm_fp4_weight_ref,
+                                  ("scale_a",))  # fmt: skip
+    return packed.grouped_gemm_ref(a, b, **options)
+
+
+__all__ = ["gemm", "gemm_ref", "grouped_gemm", "grouped_gemm_ref"]

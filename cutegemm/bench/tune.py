@@ -1,0 +1,125 @@
+"""Autotuning and the policy sweep on the current GPU: ``python -m cutegemm tune`` and
+``python -m cutegemm bench sweep`` (the records and the timing loop: ``cutegemm.tuning``)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from ..api.face import gemm
+from ..config import EpilogueSpec, GemmProblem, can_implement
+from ..gemm.dense import dense_runner
+from ..gemm.launch import TORCH_TO_NAME
+from ..grouped.packed import grouped_runner
+from ..policy import policy_for
+from ..runtime.device import device_info
+from ..runtime.timer import Timer
+from ..tuning import TuneResult, tune
+from .core import DENSE_SHAPES, dense_inputs
+
+
+def _current_arch() -> tuple[str, int]:
+    return device_info(torch.cuda.current_device())
+
+
+def tune_dense(
+    m: int,
+    n: int,
+    k: int,
+    dtype=torch.bfloat16,
+    *,
+    l: int = 1,
+    out_dtype=None,
+    a_major: str = "k",
+    b_major: str = "k",
+    epilogue: EpilogueSpec = EpilogueSpec(),
+    reps: int = 20,
+    persist: bool = True,
+) -> TuneResult:
+    """Tune ``gemm`` for an (L,) M x K @ K x N problem on the current GPU. b_major="k": b is a
+    transposed (N, K) weight (nn.Linear); "n": row-major (K, N)."""
+    arch, sms = _current_arch()
+    name, out = TORCH_TO_NAME[dtype], TORCH_TO_NAME[out_dtype or dtype]
+    p = GemmProblem(m, n, k, l, name, name, out, a_major, b_major)
+    return tune(arch, "dense", p, epilogue, runner=dense_runner, num_sms=sms, reps=reps, persist=persist)
+
+
+def tune_grouped(
+    total_m: int,
+    n: int,
+    k: int,
+    num_groups: int,
+    dtype=torch.bfloat16,
+    *,
+    out_dtype=None,
+    b_major: str = "k",
+    alpha: bool = False,
+    reps: int = 20,
+    persist: bool = True,
+) -> TuneResult:
+    """Tune the packed ``grouped_gemm`` (a (total_m, K), b (E, K, N), offs) on the current GPU.
+    b_major="k": b is ``w.transpose(1, 2)`` of an (E, N, K) weight."""
+    arch, sms = _current_arch()
+    name, out = TORCH_TO_NAME[dtype], TORCH_TO_NAME[out_dtype or dtype]
+    p = GemmProblem(total_m, n, k, 1, name, name, out, "k", b_major)
+    epi = EpilogueSpec(alpha=alpha)
+    return tune(arch, "grouped", p, epi, runner=grouped_runner, num_groups=num_groups, num_sms=sms, reps=reps,
+                persist=persist)
+
+
+# ---------------------------------------------------------------------------------------------- policy sweep
+
+SM90_CANDIDATES = [
+    dict(tile_m=128, tile_n=128, cluster_m=2, cluster_n=1, raster="m", group=8, pingpong=True),
+    dict(tile_m=128, tile_n=128, cluster_m=1, cluster_n=2, raster="m", group=8, pingpong=True),
+    dict(tile_m=128, tile_n=128, cluster_m=2, cluster_n=1, raster="n", group=8, pingpong=True),
+    dict(tile_m=64, tile_n=256, cluster_m=2, cluster_n=1, raster="m", group=8, pingpong=True),
+    dict(tile_m=128, tile_n=64, cluster_m=1, cluster_n=1, raster="n", group=1, pingpong=True),
+    dict(tile_m=128, tile_n=64, cluster_m=1, cluster_n=2, raster="n", group=1, pingpong=True),
+    dict(tile_m=128, tile_n=64, cluster_m=1, cluster_n=2, raster="n", group=1),
+    dict(tile_m=128, tile_n=64, cluster_m=1, cluster_n=4, raster="n", group=1),
+    dict(tile_m=128, tile_n=256, cluster_m=2, cluster_n=1, raster="m", group=8),
+    dict(tile_m=128, tile_n=256, cluster_m=1, cluster_n=2, raster="m", group=8),
+    dict(tile_m=128, tile_n=256, cluster_m=2, cluster_n=1, raster="n", group=8),
+    dict(tile_m=128, tile_n=256, cluster_m=1, cluster_n=1, raster="m", group=8),
+    dict(tile_m=128, tile_n=192, cluster_m=2, cluster_n=1, raster="m", group=8),
+    dict(tile_m=128, tile_n=128, cluster_m=2, cluster_n=1, raster="m", group=8),
+    dict(tile_m=128, tile_n=128, cluster_m=1, cluster_n=1, raster="m", group=8),
+    dict(tile_m=64, tile_n=128, cluster_m=1, cluster_n=1, raster="n", group=1),
+    dict(tile_m=64, tile_n=256, cluster_m=1, cluster_n=1, raster="n", group=1),
+    dict(tile_m=128, tile_n=64, cluster_m=1, cluster_n=1, raster="n", group=1),
+    dict(tile_m=64, tile_n=128, cluster_m=1, cluster_n=2, raster="n", group=1),
+]
+
+
+def sweep_dense(shapes=DENSE_SHAPES, dtype=torch.bfloat16, reps=20):
+    """Print the TFLOP/s of every SM90_CANDIDATES variant per shape (sets the policy by hand)."""
+    timer = Timer()
+    arch, sms = device_info(torch.cuda.current_device())
+    pol = policy_for(arch, sms)
+    name = TORCH_TO_NAME[dtype]
+    for m, n, k in shapes:
+        a, b = dense_inputs(m, n, k, dtype)
+        base = pol.choose(GemmProblem(m, n, k, 1, name, name, name, "k", "k"))
+        t_torch = timer(lambda a=a, b=b: torch.matmul(a, b), reps)
+        flops = 2.0 * m * n * k
+        print(
+            f"== {m}x{n}x{k}: torch {flops / t_torch / 1e9:.1f} TFLOP/s; policy picks {base.name}", flush=True
+        )
+        best = None
+        for cand in SM90_CANDIDATES:
+            cfg = replace(base, **cand)
+            if not can_implement(cfg)[0]:
+                continue
+            try:
+                t = timer(lambda a=a, b=b, cfg=cfg: gemm(a, b, config=cfg), reps)
+            except Exception as exc:
+                print(f"   {cfg.name}: FAILED {type(exc).__name__}: {str(exc)[:200]}")
+                continue
+            tf = flops / t / 1e9
+            print(f"   {tf:7.1f} TFLOP/s {t_torch / t:5.2f}x  {cfg.name}", flush=True)
+            if best is None or t < best[0]:
+                best = (t, cfg)
+        if best:
+            print(f"   best: {flops / best[0] / 1e9:.1f} TFLOP/s ({t_torch / best[0]:.2f}x) {best[1].name}")

@@ -1,0 +1,257 @@
+"""How the GEMM kernels are launched from torch: the compiled-kernel caches (dense and grouped),
+the workspaces of the dynamic scheduler and split K, the kernel's views of torch operands (TMA's
+16-byte rules), quantized-output buffers, and the argument checks every face shares."""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from ..blockscaled.formats import get_format
+from ..blockscaled.layout import swizzled_shape
+from ..blockscaled.reference import BlockScaledTensor
+from ..config import ACTIVATIONS, GATED, MAX_EPILOGUE_ARGS, TMA_ALIGN_BYTES, GemmConfig, GemmProblem
+from ..epilogue.quant import QUANT
+from ..epilogue.reference import GATE_LAYOUTS, interleave_gate_up
+from ..runtime.cache import KernelCache
+from ..runtime.signature import dense_fake_args, fake_list_table, fake_offs, grouped_fake_args
+from .sm90.kernel import GemmSm90
+from .sm90.split import split_workspace_words
+from .sm100.kernel import GemmSm100
+
+TORCH_TO_NAME = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+INPUT_TO_NAME = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float8_e4m3fn: "e4m3"}
+NAME_TO_TORCH = {v: k for k, v in TORCH_TO_NAME.items()}
+
+
+def new_workspace(config: GemmConfig, device, problem: GemmProblem | None = None):
+    """Scheduler "dynamic": the (1,) int32 tile counter, allocated once per plan. Split K (dense,
+    ``problem`` given): the tiles' counters and partial-sum slots (``gemm.sm90_split``), zeroed
+    once here (``split_cluster``: none, the partial sums meet in shared memory). Else None."""
+    if config.split_k > 1 and not config.split_cluster:
+        tiles = -(-problem.m // config.tile_m) * -(-problem.n // config.tile_n) * problem.l
+        words = split_workspace_words(tiles, config.split_k, config.tile_m, config.tile_n)
+        return torch.zeros(words, dtype=torch.int32, device=device)
+    return torch.zeros(1, dtype=torch.int32, device=device) if config.scheduler == "dynamic" else None
+
+
+def reset_workspace(workspace):
+    """Zero the dynamic scheduler's tile counter on the current stream right before the launch that
+    uses it, so a captured CUDA graph records the reset (one plan must not run on two streams at
+    once). A split-K workspace (longer than one word) is left as it is: its counters run on
+    from launch to launch."""
+    if workspace is not None and workspace.numel() == 1:
+        workspace.zero_()
+    return workspace
+
+
+def kernel_class(arch: str):
+    if arch == "sm_90a":
+        return GemmSm90
+    if arch == "sm_100a":
+        return GemmSm100
+    raise ValueError(f"no dense kernel for arch {arch!r}")
+
+
+def build_dense(config: GemmConfig):
+    offs = fake_offs() if config.kgrouped else fake_list_table() if config.listed else None
+    return kernel_class(config.arch)(config), dense_fake_args(config, offs=offs)
+
+
+DENSE_CACHE = KernelCache(build_dense)
+def check_operand(name: str, t, dims=(2, 3)):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cuda":
+        raise ValueError(f"{name} must be a CUDA tensor, got device {t.device}")
+    if t.dim() not in dims:
+        raise ValueError(f"{name} must have {' or '.join(map(str, dims))} dims, got shape {tuple(t.shape)}")
+
+
+def kernel_view(t3: torch.Tensor, unit_mode: int, order: tuple[int, int, int], name: str):
+    """(size, stride) of the kernel's view of a (L, rows, cols) operand: ``unit_mode`` at stride 1,
+    size-1 modes at a 16-byte stride (TMA validates every stride, used or not), modes reordered
+    by ``order``. Raises if a stride breaks TMA's 16-byte rule."""
+    align = TMA_ALIGN_BYTES // t3.element_size()
+    strides = list(t3.stride())
+    strides[unit_mode] = 1
+    for i, size in enumerate(t3.shape):
+        if i != unit_mode and size == 1:
+            strides[i] = align
+    for i, st in enumerate(strides):
+        if i != unit_mode and st % align:
+            raise ValueError(
+                f"{name}: stride {st} (elements) of dim {i} is not a multiple of {align} elements: TMA "
+                f"needs 16-byte aligned strides (for a contiguous {t3.dtype} matrix: its last dim "
+                f"must be a multiple of {align})"
+            )
+    return tuple(t3.shape[i] for i in order), tuple(strides[i] for i in order)
+
+
+def unit_mode(t3: torch.Tensor) -> int | None:
+    """Which of modes 2 (cols) / 1 (rows) of a (L, rows, cols) tensor is contiguous."""
+    if t3.stride(2) == 1 or t3.shape[2] == 1:
+        return 2
+    if t3.stride(1) == 1 or t3.shape[1] == 1:
+        return 1
+    return None
+
+
+def padded_rows(shape, dtype: torch.dtype, device) -> torch.Tensor:
+    """A ``shape`` view into a fresh buffer whose rows are padded to a multiple of 16 bytes (the
+    TMA store writes whole 16-byte row pieces: up to 15 bytes past the last column)."""
+    align = TMA_ALIGN_BYTES // torch.empty((), dtype=dtype).element_size()
+    n = shape[-1]
+    return torch.empty((*shape[:-1], -(-n // align) * align), dtype=dtype, device=device)[..., :n]
+
+
+def copy_unaligned_out(out, written):
+    """After the launch: ``written`` is out itself, or the ``padded_rows`` scratch (copied into out)."""
+    if out is not None and written is not out:
+        out.copy_(written)
+        return out
+    return written
+
+
+def aligned_operand(t3: torch.Tensor) -> torch.Tensor:
+    """t3 itself, or a copy when no mode is contiguous or the base pointer is not 16-byte aligned."""
+    unit = unit_mode(t3)
+    if unit is not None and t3.data_ptr() % TMA_ALIGN_BYTES == 0:
+        return t3
+    if unit == 1:
+        return t3.mT.clone(memory_format=torch.contiguous_format).mT
+    return t3.clone(memory_format=torch.contiguous_format)
+
+
+def memo_view(plan, t: torch.Tensor, size, stride) -> torch.Tensor:
+    """``t.as_strided(size, stride)``, memoized on ``plan`` for the same tensor object (the weight
+    operand is usually passed again and again). The memo is used only for that very object at
+    the same data pointer (a ``t.set_()`` / ``t.data = ...`` swap misses; t's shape, strides and
+    dtype are fixed by the plan key). It is a view of ``t.detach()``, so it never keeps ``t``
+    alive, and ``t``'s death drops it (weakref callback): no stale view, no leaked storage."""
+    ptr = t.data_ptr()
+    memo = getattr(plan, "b_memo", None)
+    if memo is not None and memo[0]() is t and memo[1] == ptr:
+        return memo[2]
+    view = t.detach().as_strided(size, stride)
+
+    def drop(ref, plan=plan):
+        m = getattr(plan, "b_memo", None)
+        if m is not None and m[0] is ref:
+            plan.b_memo = None
+
+    plan.b_memo = (weakref.ref(t, drop), ptr, view)
+    return view
+
+
+# The current CUDA device index. torch._C._cuda_getDevice is what torch.cuda.current_device()
+# returns after its lazy-init check; a cached plan implies CUDA is initialized already.
+current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+ACTIVATION_NAMES = (*ACTIVATIONS, *GATED)
+def quant_outputs(fmt: str, shape, device):
+    """(data the kernel writes: e4m3 (.., N) or uint8 (.., N / 2), scale bytes: zeroed 128x4
+    swizzled (L, rows_p, cols_p) uint8) for a quantized output of logical ``shape``."""
+    q = QUANT[fmt]
+    n = shape[-1]
+    if q.packed:
+        data = torch.empty((*shape[:-1], n // 2), dtype=torch.uint8, device=device)
+    else:
+        data = torch.empty(shape, dtype=torch.float8_e4m3fn, device=device)
+    rows_p, cols_p = swizzled_shape(shape[-2], -(-n // q.block))
+    batch = 1
+    for d in shape[:-2]:
+        batch *= d
+    # flat: the kernel's view (e8m0 bytes as uint8; NVFP4 scales as e4m3, as the kernel writes them)
+    sdtype = torch.uint8 if q.scale == "e8m0" else torch.float8_e4m3fn
+    scales = torch.zeros(batch * rows_p * cols_p, dtype=sdtype, device=device)
+    return data, scales
+
+
+def quant_result(fmt: str, shape, data, scales, gs):
+    f = get_format(fmt)
+    rows_p, cols_p = swizzled_shape(shape[-2], -(-shape[-1] // f.block_size))
+    scales = scales.view(*shape[:-2], rows_p, cols_p)
+    return BlockScaledTensor(
+        data=data.view(f.elem_dtype), scales=scales.view(f.scale_dtype), fmt=f, shape=torch.Size(shape),
+        global_scale=None if gs is None else gs.reshape(()), scales_swizzled=True,
+    )  # fmt: skip
+
+
+def global_scale(fmt, out_global_scale, device):
+    """The NVFP4 output's (1,) fp32 global scale on ``device`` (None for MX formats)."""
+    if fmt != "nvfp4":
+        if out_global_scale is not None:
+            raise ValueError(f"out_global_scale is for NVFP4 outputs only, got out_dtype={fmt!r}")
+        return None
+    if out_global_scale is None:
+        raise ValueError(
+            "an NVFP4 output needs out_global_scale (fp32 per-tensor scale; e.g. amax / (448 * 6))"
+        )
+    if isinstance(out_global_scale, torch.Tensor):
+        if out_global_scale.numel() != 1:
+            raise ValueError(
+                f"out_global_scale must have one element, got shape {tuple(out_global_scale.shape)}"
+            )
+        return out_global_scale.detach().to(device=device, dtype=torch.float32).reshape(1)
+    gs = float(out_global_scale)
+    if not (gs > 0 and gs < float("inf")):
+        raise ValueError(f"out_global_scale must be positive and finite, got {gs}")
+    return torch.tensor([gs], dtype=torch.float32, device=device)
+
+
+def epilogue_vectors(epilogue_args, device):
+    """User-epilogue vectors as contiguous, 16-byte aligned 1-D tensors on ``device``."""
+    if not isinstance(epilogue_args, (tuple, list)):
+        raise TypeError(f"epilogue_args must be a tuple of tensors, got {type(epilogue_args).__name__}")
+    if len(epilogue_args) > MAX_EPILOGUE_ARGS:
+        raise ValueError(f"at most {MAX_EPILOGUE_ARGS} epilogue_args, got {len(epilogue_args)}")
+    out = []
+    for i, t in enumerate(epilogue_args):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"epilogue_args[{i}] must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 1 or t.numel() == 0:
+            raise ValueError(f"epilogue_args[{i}] must be a non-empty 1-D vector, got shape {tuple(t.shape)}")
+        if t.dtype not in EPI_TORCH_DTYPES:
+            raise TypeError(f"epilogue_args[{i}].dtype must be bf16, fp16 or fp32, got {t.dtype}")
+        if t.device != device:
+            raise ValueError(f"epilogue_args[{i}] must be on {device}, got {t.device}")
+        if t.stride(0) != 1 or t.data_ptr() % TMA_ALIGN_BYTES:
+            t = t.clone(memory_format=torch.contiguous_format)
+        out.append(t)
+    return tuple(out)
+
+
+EPI_TORCH_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+def check_activation(activation, gate_layout):
+    if activation is not None and activation not in ACTIVATION_NAMES:
+        raise ValueError(f"activation must be None or one of {ACTIVATION_NAMES}, got {activation!r}")
+    if gate_layout not in GATE_LAYOUTS:
+        raise ValueError(f"gate_layout must be one of {GATE_LAYOUTS}, got {gate_layout!r}")
+
+
+def interleave_b(b: torch.Tensor) -> torch.Tensor:
+    """``[gate | up]`` columns of b -> interleaved (a copy), keeping a K-major b K-major."""
+    if b.shape[-1] > 1 and b.stride(-2) == 1 and b.stride(-1) != 1:
+        return interleave_gate_up(b.mT, dim=-2).mT
+    return interleave_gate_up(b, dim=-1)
+
+
+
+def build_grouped(config: GemmConfig):
+    return kernel_class(config.arch)(config), grouped_fake_args(config)
+
+
+GROUPED_CACHE = KernelCache(build_grouped)
+
+
+def check_offs_values(offs: torch.Tensor, total_m: int):
+    """The ``check_offs=True`` rule: offs non-decreasing, >= 0, and within a's rows."""
+    o = offs.tolist()  # host sync: only with check_offs=True
+    prev = 0
+    for e, v in enumerate(o):
+        if v < prev:
+            raise ValueError(f"offs must be non-decreasing and >= 0: offs[{e}] = {v} < {prev}")
+        prev = v
+    if o and o[-1] > total_m:
+        raise ValueError(f"offs[-1] = {o[-1]} exceeds a.shape[0] = {total_m}")
