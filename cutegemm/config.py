@@ -216,7 +216,7 @@ class GemmConfig:
     # in the first and last K tiles' shared-memory stages before their WGMMAs.
     kgrouped: bool = False
     # List form (sm_90a): one launch over G groups of arbitrary (M_g, N_g, K_g), each with its own
-    # A, B and C in global memory. A device table (``grouped.kernel_parts.LIST_FIELDS`` int64 per
+    # A, B and C in global memory. A device table (``gemm.grouped_parts.LIST_FIELDS`` int64 per
     # group: pointers, shapes, leading dims, first tile) is passed in the offs slot; a prep kernel
     # writes one TMA descriptor per (group, operand) into a workspace, the GEMM's producer and
     # store warp use the tile's group's descriptors. A, B and C of the launch are group 0's
@@ -228,7 +228,7 @@ class GemmConfig:
     # rounded up to 16 (a WGMMA width per 16 tokens, chosen at run time), and only the 32-row TMA
     # chunks holding its tokens are loaded (the stage expects that many bytes). An expert whose
     # token count is not a multiple of tile_n thus pays neither a full tile of tensor work nor a
-    # full tile of loads for it (gemm/sm90_swap.py).
+    # full tile of loads for it (gemm/sm90.swap.py).
     swap_ab: bool = False
     # Dense sm_90a, split K: every output tile's K tiles are cut into split_k equal ranges, each a
     # work unit of its own (the unit order keeps a tile's ranges adjacent, so they run at the same
@@ -236,13 +236,13 @@ class GemmConfig:
     # counts in on the tile's counter; the unit that completes the count adds every partial in
     # range order (the same bits whatever the arrival order) and runs the epilogue. For calls with
     # too few output tiles to fill the GPU (decode: M <= 128 with a small N), see
-    # ``gemm/sm90_split.py``.
+    # ``gemm/sm90.split.py``.
     split_k: int = 1
     # Split K through distributed shared memory (needs split_k > 1): the split_k units of a tile
     # are the CTAs of one cluster (1 x 1 x split_k, one unit per CTA, no persistent walk). Ranges
     # 1.. store their fp32 partial sums into range 0's shared memory with st.async (completing
     # bytes on its mbarrier); range 0 adds them in range order (the bits of the workspace path)
-    # and runs the epilogue. No workspace, no counter, no L2 round trip (gemm/sm90_split.py).
+    # and runs the epilogue. No workspace, no counter, no L2 round trip (gemm/sm90.split.py).
     split_cluster: bool = False
     # Dense sm_90a with one M tile (M <= tile_m, decode): A's TMA box is a_rows rows (M rounded up
     # to 8 or a multiple of 16), not tile_m. The box's rows past M would arrive as zeros filled in

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from .api.face import grouped_gemm, grouped_gemm_ref
-from .blockscaled.quantizer import quantize
+from .blockscaled.quantize_launch import quantize
 from .epilogue import epilogue_ref
 
 

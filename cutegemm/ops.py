@@ -1,6 +1,6 @@
 """torch.library custom ops: ``torch.ops.cutegemm.gemm`` and ``torch.ops.cutegemm.grouped_gemm``
 (plus ``cutegemm::quantize`` / ``cutegemm::gemm_quantized`` and their BlockScaledTensor wrappers
-``quantize`` / ``gemm_quantized``: see :mod:`cutegemm.api.quantized`).
+``quantize`` / ``gemm_quantized``: see :mod:`cutegemm.dense.quantized`).
 
 Registering them makes cutegemm usable inside ``torch.compile(fullgraph=True)`` (each op has a
 fake implementation: output shape and dtype from the input shapes alone, never from offs'
@@ -72,12 +72,7 @@ from .gemm.dense import gemm as _gemm_kernel
 from .gemm.dense import gemm_ref as _gemm_ref
 from .grouped.packed import grouped_gemm as _grouped_kernel
 from .grouped.packed import grouped_gemm_ref as _grouped_ref
-from .quant_ops import (  # registers cutegemm::{quantize, gemm_quantized}
-    CPU_DTYPES,
-    check_gemm_operands,
-    gemm_quantized,
-    quantize,
-)
+from .quant_ops import CPU_DTYPES, check_gemm_operands, gemm_quantized, quantize
 
 # bias is positional-or-keyword, not keyword-only: torch.library.custom_op refuses keyword-only
 # Tensor arguments (and its autograd would not differentiate them).

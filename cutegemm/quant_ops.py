@@ -80,7 +80,7 @@ from .blockscaled.gemm import RECIPES as _BLOCKSCALED_RECIPES
 from .blockscaled.gemm import gemm_blockscaled as _gemm_blockscaled_kernel
 from .blockscaled.gemm import gemm_blockscaled_ref as _gemm_blockscaled_ref
 from .blockscaled.layout import swizzled_shape
-from .blockscaled.quantizer import quantize as quantize_kernel
+from .blockscaled.quantize_launch import quantize as quantize_kernel
 from .blockscaled.reference import BlockScaledTensor, quantize_ref
 from .blockscaled.weight_only.launch import check_args, gemm_fp4_weight_ref
 from .blockscaled.weight_only.launch import gemm_fp4_weight as kernel

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import cutegemm
+import cutegemm.ops  # noqa: F401  (registers torch.ops.cutegemm)
 from cutegemm.blockscaled import BlockScaledTensor, dequantize_ref, quantize_ref
 from cutegemm.nn import GroupedExperts
 

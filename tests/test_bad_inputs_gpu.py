@@ -24,6 +24,7 @@ import pytest
 import torch
 
 import cutegemm
+import cutegemm.ops  # noqa: F401  (registers torch.ops.cutegemm)
 from cutegemm.blockscaled import dequantize_ref, quantize_ref
 from cutegemm.config import GemmConfig
 from cutegemm.epilogue import epilogue_ref

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cutegemm
+import cutegemm.ops  # noqa: F401  (registers torch.ops.cutegemm)
 from cutegemm.blockscaled import dequantize_ref, quantize_ref
 from cutegemm.blockscaled.mx_sm90 import mx_config
 

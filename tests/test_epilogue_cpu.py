@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 import cutegemm
 from cutegemm.config import ACTIVATIONS, GemmConfig
 from cutegemm.epilogue import EpilogueSpec, epilogue_ref, interleave_gate_up, ops, split_gate_up
+from cutegemm.gemm.args import dense_fake_args
 from cutegemm.gemm.dense import _check_epilogue_args
 from cutegemm.gemm.launch import interleave_b
-from cutegemm.runtime.signature import dense_fake_args
 
 
 class TorchMath:
@@ -293,10 +293,10 @@ def test_reference_matches_torch_functional():
 )
 def test_sm90_pre_epilogue_rules(kw, pre, left):
     """Which per-row / per-column epilogue inputs the sm_90a kernel applies to the accumulators
-    once per tile (``GemmSm90.pre_epilogue``: scale_a, scale_b, alpha + bias), and the epilogue
+    once per tile (``AccumulatorScaling.pre_epilogue``: scale_a, scale_b, alpha + bias), and the epilogue
     spec its subtiles then run."""
     from cutegemm.gemm.sm90.kernel import GemmSm90
 
     k = GemmSm90(GemmConfig(arch="sm_90a", tile_m=128, **{"tile_n": 192, **kw}))
-    assert k.pre_epilogue == pre
-    assert k.epilogue_after_pre() == left
+    assert k.accum.pre_epilogue == pre
+    assert k.accum.epilogue_after_pre() == left

@@ -138,9 +138,9 @@ def test_weight_view_memo_does_not_keep_the_weight_alive(kernel):
     assert plan.b_memo is None
 
 
-def _grouped_inputs():
+def _grouped_inputs(n=48):
     x = torch.randn(96, 32, dtype=BF)
-    w = torch.randn(3, 48, 32, dtype=BF).transpose(1, 2)
+    w = torch.randn(3, n, 32, dtype=BF).transpose(1, 2)
     offs = torch.tensor([20, 20, 90], dtype=torch.int32)
     return x, w, offs
 
@@ -176,3 +176,15 @@ def test_grouped_fast_path_keeps_every_check(kernel):
     with pytest.raises(ValueError, match="16-byte aligned"):
         big = torch.randn(96 * 32 + 1, dtype=BF)
         cutegemm.grouped_gemm(big[1:].view(96, 32), w, offs=offs)
+
+
+def test_grouped_quantized_output_keeps_its_scales_on_the_warm_path(kernel):
+    """A quantized grouped output (no other epilogue input) is a BlockScaledTensor on every call:
+    the warm path must not take the plain-dtype branch (it once allocated with the format name
+    as a torch dtype)."""
+    from cutegemm.blockscaled import BlockScaledTensor
+
+    x, w, offs = _grouped_inputs(n=64)
+    results = [cutegemm.grouped_gemm(x, w, offs=offs, out_dtype="mxfp8") for _ in range(3)]
+    assert all(isinstance(r, BlockScaledTensor) and r.shape == (96, 64) for r in results)
+    assert kernel.args[11] is not None, "the kernel got no scale bytes on the warm path"

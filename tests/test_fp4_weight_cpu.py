@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cutegemm
+import cutegemm.ops  # noqa: F401  (registers torch.ops.cutegemm)
 from cutegemm.blockscaled.reference import _E2M1_VALUES, dequantize_ref, quantize_ref
 from cutegemm.blockscaled.weight_only import kernel as fw
 from cutegemm.blockscaled.weight_only import math as fm

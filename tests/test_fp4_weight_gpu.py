@@ -606,9 +606,9 @@ def test_fp8_activations(grouped, per_tensor, rows):
 
 def _spy_dequant():
     """A spy on the dequantize-first path's weight dequantization (counts its calls)."""
-    from cutegemm.blockscaled import dequant
+    from cutegemm.blockscaled.weight_only import launch
 
-    return mock.patch.object(dequant, "dequantize_checked", wraps=dequant.dequantize_checked)
+    return mock.patch.object(launch, "dequantize_checked", wraps=launch.dequantize_checked)
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])

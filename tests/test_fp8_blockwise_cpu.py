@@ -108,7 +108,7 @@ def test_compile_check_lists_blockwise_variants():
 
 
 def test_fake_args_carry_the_scale_tensors():
-    from cutegemm.runtime.signature import dense_fake_args
+    from cutegemm.gemm.args import dense_fake_args
 
     args = dense_fake_args(GemmConfig(**BW, tile_n=128))
     # (a, b, c, c_in, bias, alpha, beta, max_clusters, stream, offs, sfa, sfb, ...)
@@ -307,7 +307,7 @@ def test_grouped_policy_picks_a_blockwise_tile(rows):
 
 def test_grouped_blockwise_variants_and_fake_args():
     from cutegemm.compile_check import _mma_markers, all_variants
-    from cutegemm.runtime.signature import grouped_fake_args
+    from cutegemm.gemm.args import grouped_fake_args
 
     gbw = [c for c in all_variants(["sm_90a"]) if c.fp8_blockwise and c.grouped]
     assert len(gbw) >= 2

@@ -208,7 +208,9 @@ def test_policy_calls_and_fp8_activations(grouped):
 
 
 def _spy_ring():
-    return mock.patch.object(api, "gemm_fp4_weight", wraps=api.gemm_fp4_weight)
+    from cutegemm.blockscaled import mx_sm90
+
+    return mock.patch.object(mx_sm90, "gemm_fp4_weight", wraps=mx_sm90.gemm_fp4_weight)
 
 
 @pytest.mark.parametrize("grouped", [False, True])

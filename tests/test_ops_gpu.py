@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import cutegemm  # noqa: F401  (registers the ops)
+import cutegemm.ops  # noqa: F401  (registers torch.ops.cutegemm)
 from cutegemm import grouped_gemm_ref
 
 from .gemm_check import assert_within_torch_error

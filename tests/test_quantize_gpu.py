@@ -14,6 +14,7 @@ from cutegemm.blockscaled import dequantize_ref, quantize_ref
 
 # the module (cutegemm.blockscaled.quantizer is also the name of the function it exports)
 qmod = importlib.import_module("cutegemm.blockscaled.quantizer")
+lmod = importlib.import_module("cutegemm.blockscaled.quantize_launch")
 
 pytestmark = pytest.mark.gpu
 
@@ -136,7 +137,7 @@ def test_poisoned_outputs_fully_written(fmt, monkeypatch):
         bufs.append(buf)
         return buf[guard : guard + n].view(shape)
 
-    monkeypatch.setattr(qmod, "_empty_u8", poisoned_empty)
+    monkeypatch.setattr(lmod, "_empty_u8", poisoned_empty)
     for shape in ((257, 96), (2, 130, 64), (128, 512), (3, 128, 1024)):
         bufs.clear()
         check(make_x(shape, torch.bfloat16, 7), fmt)
@@ -190,10 +191,10 @@ def test_bad_inputs_raise():
 def test_launch_plan_and_kernel_cache_reused():
     x = make_x((128, 256), torch.bfloat16, 10)
     cutegemm.quantize(x, "mxfp8")
-    compiled, hits = qmod._cache().stats["compiled"], qmod._plan.cache_info().hits
+    compiled, hits = qmod.kernel_cache().stats["compiled"], lmod._plan.cache_info().hits
     cutegemm.quantize(x.clone(), "mxfp8")
-    assert qmod._cache().stats["compiled"] == compiled
-    assert qmod._plan.cache_info().hits == hits + 1
+    assert qmod.kernel_cache().stats["compiled"] == compiled
+    assert lmod._plan.cache_info().hits == hits + 1
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -202,9 +203,9 @@ def test_finite_abs_max_kernel(dtype, numel):
     x = make_x((1, numel), dtype, numel, special_frac=0.001)
     xf = x.float()
     want = torch.where(torch.isfinite(xf), xf.abs(), 0.0).amax()
-    assert torch.equal(qmod.finite_abs_max(x), want)
+    assert torch.equal(lmod.finite_abs_max(x), want)
     assert torch.equal(
-        qmod.finite_abs_max(torch.zeros(64, device="cuda", dtype=dtype)), torch.tensor(0.0).cuda()
+        lmod.finite_abs_max(torch.zeros(64, device="cuda", dtype=dtype)), torch.tensor(0.0).cuda()
     )
 
 

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cutegemm.config import GemmConfig, can_implement
-from cutegemm.runtime.signature import dense_fake_args, grouped_fake_args
+from cutegemm.gemm.args import dense_fake_args, grouped_fake_args
 from cutegemm.schedulers.dynamic import clc_grid_clusters, simulate_clc, simulate_dynamic
 from cutegemm.schedulers.grouped import expert_rows, grouped_tile_map
 

@@ -12,6 +12,7 @@ import torch
 
 import cutegemm
 from cutegemm import grouped_gemm_ref, tuning
+from cutegemm.bench import tune as tuner
 from cutegemm.config import GemmProblem
 from cutegemm.epilogue import EpilogueSpec
 from cutegemm.gemm import dense as dense_api
@@ -43,7 +44,7 @@ def _no_timing(monkeypatch):
 
 def test_tune_dense_end_to_end_persists_a_correct_winner(_tuning_file):
     m, n, k = 256, 512, 384
-    res = tuning.tune_dense(m, n, k, reps=3)
+    res = tuner.tune_dense(m, n, k, reps=3)
     assert res.trials[0].ms is not None, f"the policy's default failed: {res.trials[0].error}"
     assert len(res.trials) >= 2 and res.winner_ms <= res.default_ms
     assert json.loads(_tuning_file.read_text())["records"][res.key]["config"] == tuning.knobs(res.winner)
@@ -73,7 +74,7 @@ def test_autotune_on_first_gemm_call_tunes_then_reuses(_tuning_file, monkeypatch
     out2 = cutegemm.gemm(a2, b, alpha=0.5)
     arch, sms = dense_api.device_info(torch.cuda.current_device())
     p = GemmProblem(150, n, k, 1, "bf16", "bf16", "bf16", "k", "n")
-    expected = tuning.tuned_config(arch, p, EpilogueSpec(alpha=True), "dense", num_sms=sms)
+    expected = tuning.tuned_config(arch, p, EpilogueSpec(alpha=True), "dense", runner=dense_api.dense_runner, num_sms=sms)
     assert expected is not None and tuning.knobs(expected) == records[key]["config"]
     used = {
         plan.config for key2, plan in dense_api.PLANS.items() if key2[0] == a2.shape and key2[2] == b.shape
@@ -121,7 +122,7 @@ def test_no_tuning_inside_cuda_graph_capture(_tuning_file):
     x = torch.zeros(16, device="cuda")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        got = tuning.tuned_config(arch, p, EpilogueSpec(), "dense", num_sms=sms)
+        got = tuning.tuned_config(arch, p, EpilogueSpec(), "dense", runner=dense_api.dense_runner, num_sms=sms)
         x.add_(1.0)
     graph.replay()
     torch.cuda.synchronize()

@@ -487,7 +487,7 @@ def all_cases() -> dict:
 def _kernel_count() -> int:
     n = len(DENSE_CACHE._mem) + len(GROUPED_CACHE._mem)
     try:
-        from cutegemm.blockscaled.quantizer import _cache
+        from cutegemm.blockscaled.quantizer import kernel_cache as _cache
 
         n += len(_cache()._mem)
         from cutegemm.blockscaled.weight_only.kernel import kernel_cache

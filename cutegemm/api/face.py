@@ -111,26 +111,24 @@ def _grouped_quantized(fn, a, b, options: dict, run, run_ref, extra: tuple):
     return (run_ref if ref else run)(a, b, **opts)
 
 
+def _grouped_route(fn, a, b, options: dict):
+    """The grouped call's route: a BlockScaledTensor A (and weight) -> the block-scaled grouped
+    GEMM; a BlockScaledTensor weight only -> the weight-only kernels; else ``fn`` itself."""
+    if isinstance(a, BlockScaledTensor):
+        return _grouped_quantized(fn, a, b, options, grouped_gemm_blockscaled, grouped_gemm_blockscaled_ref, ())
+    if isinstance(b, BlockScaledTensor):
+        return _grouped_quantized(fn, a, b, options, gemm_fp4_weight, gemm_fp4_weight_ref, ("scale_a",))
+    return fn(a, b, **options)
+
+
 @functools.wraps(packed.grouped_gemm)
 def grouped_gemm(a, b, **options):
-    if isinstance(a, BlockScaledTensor):
-        return _grouped_quantized(packed.grouped_gemm, a, b, options, grouped_gemm_blockscaled,
-                                  grouped_gemm_blockscaled_ref, ())  # fmt: skip
-    if isinstance(b, BlockScaledTensor):
-        return _grouped_quantized(packed.grouped_gemm, a, b, options, gemm_fp4_weight, gemm_fp4_weight_ref,
-                                  ("scale_a",))  # fmt: skip
-    return packed.grouped_gemm(a, b, **options)
+    return _grouped_route(packed.grouped_gemm, a, b, options)
 
 
 @functools.wraps(packed.grouped_gemm_ref)
 def grouped_gemm_ref(a, b, **options):
-    if isinstance(a, BlockScaledTensor):
-        return _grouped_quantized(packed.grouped_gemm_ref, a, b, options, grouped_gemm_blockscaled,
-                                  grouped_gemm_blockscaled_ref, ())  # fmt: skip
-    if isinstance(b, BlockScaledTensor):
-        return _grouped_quantized(packed.grouped_gemm_ref, a, b, options, gemm_fp4_weight, gemm_fp4_weight_ref,
-                                  ("scale_a",))  # fmt: skip
-    return packed.grouped_gemm_ref(a, b, **options)
+    return _grouped_route(packed.grouped_gemm_ref, a, b, options)
 
 
 __all__ = ["gemm", "gemm_ref", "grouped_gemm", "grouped_gemm_ref"]

@@ -13,7 +13,7 @@ import torch
 
 from ..blockscaled.formats import get_format
 from ..blockscaled.layout import swizzled_shape
-from ..blockscaled.quantizer import quantize
+from ..blockscaled.quantize_launch import quantize
 from ..blockscaled.reference import quantize_ref
 from .core import Timer
 

@@ -3,7 +3,7 @@ the fast GPU quantizer (``quantize``)."""
 
 from .formats import FORMATS, MXFP4, MXFP8, MXFP8_E5M2, NVFP4, BlockFormat, get_format
 from .layout import from_swizzled, swizzled_shape, to_swizzled
-from .quantizer import dequantize, quantize
+from .quantize_launch import dequantize, quantize
 from .reference import BlockScaledTensor, dequantize_ref, pack_fp4, quantize_ref, unpack_fp4
 
 __all__ = [

@@ -30,7 +30,8 @@ from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
 from ..runtime.cache import KernelCache
 from ..runtime.sass import check_sass
-from .quantizer import MAX_ELEMENTS, CuteOps, arch_of, ones_on, scale_strides, swizzle_offset
+from .quantize_launch import arch_of, ones_on
+from .quantizer import MAX_ELEMENTS, CuteOps, scale_strides, swizzle_offset
 from .quantizer import TorchOps as T
 from .reference import BlockScaledTensor
 

@@ -10,7 +10,7 @@ the epilogue's alpha.
 Public entry points: ``cutegemm.gemm(qa, qb, out_dtype=..., alpha=..., config=..., out=...)`` and its twin
 ``cutegemm.gemm_ref(qa, qb, ...)`` dispatch here when an operand is a BlockScaledTensor
 (:func:`gemm_api` / :func:`gemm_ref_api`; every other option of theirs must stay at its default),
-and the custom op ``torch.ops.cutegemm.gemm_blockscaled`` (:mod:`cutegemm.api.quantized`). On sm_90a
+and the custom op ``torch.ops.cutegemm.gemm_blockscaled`` (:mod:`cutegemm.dense.quantized`). On sm_90a
 there is no block-scaled MMA: :mod:`.sm90_mx` dequantizes both operands to bf16 (one kernel pass
 each) and runs the bf16 GEMM, or for MXFP8 with few rows emulates the scaling in an e4m3 WGMMA
 mainloop.
@@ -24,12 +24,9 @@ import torch
 
 from ..config import GemmConfig, GemmProblem, can_implement
 from ..epilogue import EpilogueSpec
+from ..gemm.args import KernelArgs
 from ..gemm.grouped_parts import GROUPED_MAX_GROUPS
-from ..gemm.launch import (
-    DENSE_CACHE,
-    GROUPED_CACHE,
-    new_workspace,
-)
+from ..gemm.launch import DENSE_CACHE, GROUPED_CACHE, new_workspace
 from ..grouped.packed import grouped_gemm_ref
 from ..runtime.device import device_info, max_clusters_for
 from .formats import MXFP4, MXFP8, NVFP4
@@ -195,11 +192,10 @@ def gemm_blockscaled(
     written, c_view = output_view(out, L, m, n, out_dtype, qa.data.device, batched)
     max_clusters = max_clusters_for(cfg, qa.data.device)
     fn = DENSE_CACHE.get(cfg)
-    fn(
-        operand_view(qa), operand_view(qb), c_view, None, None,
-        alpha, 0.0, max_clusters, None, _scale_bytes(qa), _scale_bytes(qb),
-        None, None, gs, None, None, None, None,  # quantized-output scales, global scale, 4 epilogue vectors, workspace
-    )  # fmt: skip
+    fn(*KernelArgs(
+        operand_view(qa), operand_view(qb), c_view, alpha=alpha, max_clusters=max_clusters,
+        sfa=_scale_bytes(qa), sfb=_scale_bytes(qb), v0=gs,  # v0: the NVFP4 global-scale product
+    ))  # fmt: skip
     return finish_output(out, written)
 
 
@@ -306,11 +302,11 @@ def grouped_gemm_blockscaled(qa, qb, *, offs, out_dtype=torch.bfloat16, alpha: f
     if not ok:
         raise ValueError(f"cannot run {cfg.name}: {why}")
     max_clusters = max_clusters_for(cfg, qa.data.device, num_sms)
-    GROUPED_CACHE.get(cfg)(
-        operand_view(qa), operand_view(qb), l1_view(out), None, None,
-        alpha, 0.0, max_clusters, offs, grouped_scales_a(qa, offs), _scale_bytes(qb),
-        None, None, gs, None, None, None, new_workspace(cfg, dev),  # a fresh counter: zeroed in-stream
-    )  # fmt: skip
+    GROUPED_CACHE.get(cfg)(*KernelArgs(
+        operand_view(qa), operand_view(qb), l1_view(out), alpha=alpha, max_clusters=max_clusters, offs=offs,
+        sfa=grouped_scales_a(qa, offs), sfb=_scale_bytes(qb), v0=gs,  # v0: the NVFP4 global-scale product
+        workspace=new_workspace(cfg, dev),  # a fresh counter: zeroed in-stream
+    ))  # fmt: skip
     return out
 
 

@@ -1,5 +1,5 @@
 """Block-scaled GEMMs on Hopper (sm_90a): MXFP8 x MXFP8 dequantize-first or emulated (host side
-of ``GemmSm90`` with ``config.fp8_mx``, kernel pieces: ``sm90_mx_mainloop``); MXFP4 / NVFP4 x
+of ``GemmSm90`` with ``config.fp8_mx``, kernel pieces: ``gemm.sm90.mx``); MXFP4 / NVFP4 x
 the same format and MXFP8 x MXFP4 dequantize-first always (Hopper's tensor cores take no FP4).
 
 ``gemm_mx_sm90(qa, qb)`` computes ``dequantize(qa) @ dequantize(qb).T``. Compute-bound shapes
@@ -29,6 +29,7 @@ import torch
 
 from ..config import GemmConfig, GemmProblem, can_implement
 from ..epilogue import EpilogueSpec
+from ..gemm.args import KernelArgs
 from ..gemm.dense import gemm
 from ..gemm.launch import DENSE_CACHE, GROUPED_CACHE, new_workspace
 from ..grouped.packed import grouped_gemm
@@ -143,7 +144,7 @@ def dequantize_first(rows: int, n: int, qa: BlockScaledTensor, qb: BlockScaledTe
 
 def ring_first(qa: BlockScaledTensor, qb: BlockScaledTensor) -> bool:
     """Whether the policy runs ``gemm_mx_sm90`` as A dequantized to bf16 (exact; one kernel pass
-    over M x K elements) plus the MXFP8-weight GEMM of ``fp4_weight_api`` with qb as the weight:
+    over M x K elements) plus the MXFP8-weight GEMM of ``weight_only.launch`` with qb as the weight:
     MXFP8 (e4m3) x MXFP8 (e4m3), 2-D A (dense) or the packed grouped form, K a multiple of 16, A
     accepted by the dequantize kernel (the element dtypes: ``check_mx_operands``, before). That GEMM's own policy streams the FP8 weight through the
     ring kernel (dequantized in registers) for up to DQ_MIN_ROWS_FP8 - 1 rows (per expert:
@@ -218,21 +219,18 @@ def gemm_mx_sm90(
     max_clusters = max_clusters_for(cfg, qa.data.device)
     a, b = operand_view(qa), operand_view(qb)  # (M, K, L), (N, K, L) (grouped: L = E)
     if grouped:
-        GROUPED_CACHE.get(cfg)(
-            a, b, l1_view(out), None, None, alpha, 0.0, max_clusters, offs,
-            mx_scales_a(qa), mx_scales_b(qb, cfg.tile_n),
-            *(None,) * 6, new_workspace(cfg, qa.data.device),  # a fresh counter: zeroed in-stream
-        )  # fmt: skip
+        GROUPED_CACHE.get(cfg)(*KernelArgs(
+            a, b, l1_view(out), alpha=alpha, max_clusters=max_clusters, offs=offs, sfa=mx_scales_a(qa),
+            sfb=mx_scales_b(qb, cfg.tile_n), workspace=new_workspace(cfg, qa.data.device),  # zeroed in-stream
+        ))  # fmt: skip
         return out
     batched = len(qa.shape) == 3
     L = qa.shape[0] if batched else 1
     written, c_view = output_view(out, L, m, n, out_dtype, qa.data.device, batched)
-    DENSE_CACHE.get(cfg)(
-        a, b, c_view, None, None, alpha, 0.0, max_clusters, None,
-        mx_scales_a(qa), mx_scales_b(qb, cfg.tile_n),
-        *(None,) * 6,  # quantized-output scales, global scale, 4 epilogue vectors
-        new_workspace(cfg, qa.data.device),  # scheduler "dynamic": a fresh tile counter, zeroed in-stream
-    )  # fmt: skip
+    DENSE_CACHE.get(cfg)(*KernelArgs(
+        a, b, c_view, alpha=alpha, max_clusters=max_clusters, sfa=mx_scales_a(qa), sfb=mx_scales_b(qb, cfg.tile_n),
+        workspace=new_workspace(cfg, qa.data.device),  # scheduler "dynamic": a fresh tile counter, zeroed in-stream
+    ))  # fmt: skip
     return finish_output(out, written)
 
 

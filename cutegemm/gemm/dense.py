@@ -21,6 +21,7 @@ from ..epilogue.user import apply_user_ref, register
 from ..policy import policy_for
 from ..runtime.device import device_info, max_clusters_for, resident_clusters  # noqa: F401 (re-exported)
 from ..tuning import tuned_config
+from .args import KernelArgs
 from .fp8_scales import fp8_block_scales, fp8_blockwise_ref, fp8_scales
 from .launch import (
     DENSE_CACHE,
@@ -52,11 +53,11 @@ class _Plan:
 
     __slots__ = ("fn", "views", "c_view", "has_bias", "flat", "out_shape", "out_dtype", "max_clusters", "config", "direct",
                  "quant", "n_vectors", "workspace", "block_scales",
-                 "device", "device_index", "out_dims", "b_memo")  # fmt: skip
+                 "device", "device_index", "out_dims", "b_memo", "tail")  # fmt: skip
 
     def launch(self, sources, alpha, beta, epi_extra=(None, None)):
         """sources: (a, b, out, c, bias), the tensors the views apply to; epi_extra: (quantized
-        output scale bytes, NVFP4 global scale, *user epilogue vectors) (see signature.py)."""
+        output scale bytes, NVFP4 global scale, *user epilogue vectors) (``gemm.args.KernelArgs``)."""
         cv = self.c_view
         vecs = _NO_VECTORS if len(epi_extra) == 2 else (*epi_extra[2:], None, None, None, None)[:4]
         sfa = sfb = None
@@ -67,12 +68,18 @@ class _Plan:
         else:
             (sa, ta), (sb, tb), (sc, tc) = self.views
             a, b, o = sources[0].as_strided(sa, ta), memo_view(self, sources[1], sb, tb), sources[2].as_strided(sc, tc)
-        self.fn(
-            a, b, o,
-            None if cv is None else sources[3].as_strided(*cv), sources[4] if self.has_bias else None,
-            alpha, beta, self.max_clusters, None, sfa, sfb, epi_extra[0], epi_extra[1], *vecs,
-            reset_workspace(self.workspace),
-        )  # fmt: skip
+        c = None if cv is None else sources[3].as_strided(*cv)
+        bias = sources[4] if self.has_bias else None
+        if len(epi_extra) == 2 and epi_extra[0] is None and epi_extra[1] is None:  # no per-call tail inputs
+            reset_workspace(self.workspace)  # LEADING fields, then the plan's tail (gemm.args)
+            self.fn(a, b, o, c, bias, alpha, beta, self.max_clusters, None, *self.tail)
+            return
+        v0, v1, v2, v3 = vecs
+        self.fn(*KernelArgs(
+            a, b, o, c=c, bias=bias, alpha=alpha, beta=beta, max_clusters=self.max_clusters,
+            sfa=sfa, sfb=sfb, out_scales=epi_extra[0], out_global_scale=epi_extra[1], v0=v0, v1=v1, v2=v2, v3=v3,
+            workspace=reset_workspace(self.workspace),
+        ))  # fmt: skip
 
     def new_output(self, device=None):
         """A fresh output on the plan's device: the tensor the kernel writes and, when quantized,
@@ -333,6 +340,7 @@ def _plan(
     plan.out_dtype = out_dtype
     plan.max_clusters = max_clusters_for(cfg, a.device, num_sms)
     plan.workspace = new_workspace(cfg, a.device, problem)
+    plan.tail = KernelArgs(None, None, None, workspace=plan.workspace).tail()
     plan.config = cfg
     plan.direct = direct
     if plan.direct:
@@ -458,8 +466,8 @@ def gemm(
         ):
             out = torch.empty(*plan.out_dims, dtype=plan.out_dtype, device=plan.device)
             if plan.flat:
-                plan.fn(a, b, out, None, None, 1.0, 0.0, plan.max_clusters, None, None, None, None, None, None, None,
-                        None, None, reset_workspace(plan.workspace))  # fmt: skip
+                reset_workspace(plan.workspace)  # LEADING fields, then the plan's tail (gemm.args)
+                plan.fn(a, b, out, None, None, 1.0, 0.0, plan.max_clusters, None, *plan.tail)
             else:
                 plan.launch((a, b, out, None, None), 1.0, 0.0)
             return out

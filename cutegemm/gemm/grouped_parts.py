@@ -11,7 +11,7 @@ Both kernels run the same grouped protocol around their arch-specific MMA:
 3. A is read from the expert's first row (:func:`from_row`, the load role's ``a_tiles(tile)``);
 4. the output tile of a grouped tile is C offset by row_start (:func:`grouped_out_tile`); it is
    TMA-stored when every row belongs to the expert, otherwise stored by predicated copies
-   (``gemm.epilogue_store.store_subtile_predicated``).
+   (``gemm.store.store_subtile_predicated``).
 
 The list form (``GemmConfig.listed``: groups of arbitrary M, N, K, each with its own tensors) runs
 a protocol of the same shape:

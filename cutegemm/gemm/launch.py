@@ -15,7 +15,7 @@ from ..config import ACTIVATIONS, GATED, MAX_EPILOGUE_ARGS, TMA_ALIGN_BYTES, Gem
 from ..epilogue.quant import QUANT
 from ..epilogue.reference import GATE_LAYOUTS, interleave_gate_up
 from ..runtime.cache import KernelCache
-from ..runtime.signature import dense_fake_args, fake_list_table, fake_offs, grouped_fake_args
+from .args import dense_fake_args, fake_list_table, fake_offs, grouped_fake_args
 from .sm90.kernel import GemmSm90
 from .sm90.split import split_workspace_words
 from .sm100.kernel import GemmSm100
@@ -27,7 +27,7 @@ NAME_TO_TORCH = {v: k for k, v in TORCH_TO_NAME.items()}
 
 def new_workspace(config: GemmConfig, device, problem: GemmProblem | None = None):
     """Scheduler "dynamic": the (1,) int32 tile counter, allocated once per plan. Split K (dense,
-    ``problem`` given): the tiles' counters and partial-sum slots (``gemm.sm90_split``), zeroed
+    ``problem`` given): the tiles' counters and partial-sum slots (``gemm.sm90.split``), zeroed
     once here (``split_cluster``: none, the partial sums meet in shared memory). Else None."""
     if config.split_k > 1 and not config.split_cluster:
         tiles = -(-problem.m // config.tile_m) * -(-problem.n // config.tile_n) * problem.l

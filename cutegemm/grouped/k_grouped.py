@@ -21,6 +21,7 @@ import torch
 
 from ..config import TMA_ALIGN_BYTES, GemmConfig, GemmProblem, can_implement
 from ..epilogue import EpilogueSpec
+from ..gemm.args import KernelArgs
 from ..gemm.dense import gemm
 from ..gemm.launch import (
     DENSE_CACHE,
@@ -129,11 +130,10 @@ def _kgrouped_launch(a, b, offs, out, alpha, config) -> bool:
     if copy:  # no contiguous mode, or a base off 16 bytes: the operands are copied on every call
 
         a, b = aligned_operand(a.unsqueeze(0)), aligned_operand(b.unsqueeze(0))
-    fn(
-        a.as_strided(*va), b.as_strided(*vb), out.as_strided(*vc), None, None,
-        float(alpha), 0.0, max_clusters, offs if offs.is_contiguous() else offs.contiguous(), None, None,
-        None, None, None, None, None, None, reset_workspace(workspace),
-    )  # fmt: skip
+    fn(*KernelArgs(
+        a.as_strided(*va), b.as_strided(*vb), out.as_strided(*vc), alpha=float(alpha), max_clusters=max_clusters,
+        offs=offs if offs.is_contiguous() else offs.contiguous(), workspace=reset_workspace(workspace),
+    ))  # fmt: skip
     return True
 
 

@@ -24,6 +24,7 @@ import torch
 
 from ..config import TMA_ALIGN_BYTES, GemmConfig, GemmProblem
 from ..epilogue import EpilogueSpec
+from ..gemm.args import KernelArgs
 from ..gemm.dense import gemm
 from ..gemm.grouped_parts import GROUPED_MAX_GROUPS
 from ..gemm.launch import DENSE_CACHE, INPUT_TO_NAME, TORCH_TO_NAME, kernel_view, new_workspace
@@ -202,9 +203,8 @@ def list_launch(a_list, b_list, out_dtype, alpha, config=None, flat=None, activa
     vc = kernel_view(xc.unsqueeze(0), 2, (1, 2, 0), "out")
     # CLC (sm_100a): one cluster per tile, so the grid is the table's tile count (host-known).
     max_clusters = max(1, rows[len(shapes) * LIST_FIELDS + LIST_TILE]) if cfg.scheduler == "clc" else num_sms
-    DENSE_CACHE.get(cfg)(
-        xa.as_strided(*va), xb.as_strided(*vb), xc.as_strided(*vc), None, None,
-        float(alpha), 0.0, max_clusters, table, None, None,
-        None, None, None, None, None, None, new_workspace(cfg, dev),  # a fresh counter: zeroed in-stream
-    )  # fmt: skip
+    DENSE_CACHE.get(cfg)(*KernelArgs(
+        xa.as_strided(*va), xb.as_strided(*vb), xc.as_strided(*vc), alpha=float(alpha), max_clusters=max_clusters,
+        offs=table, workspace=new_workspace(cfg, dev),  # a fresh counter: zeroed in-stream
+    ))  # fmt: skip
     return outs

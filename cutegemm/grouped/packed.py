@@ -36,7 +36,7 @@ Forms:
   (``GemmConfig.swap_ab``: C^T = B^T A^T, each expert's tokens as the WGMMA's N, split evenly over
   ceil(tokens / tile_n) tiles, one WGMMA width per 16 tokens and token loads in 32-row TMA chunks,
   so the last tile of a ragged expert costs only its real tokens; gate / up pairs meet by a lane
-  shuffle; ``gemm.sm90_swap``), and so does FP8 row-wise with ``fast_accum=True``; otherwise
+  shuffle; ``gemm.sm90.swap``), and so does FP8 row-wise with ``fast_accum=True``; otherwise
   (quantized, user epilogues, promoted or block-scaled FP8, decode-sized or larger experts) the
   kernel whose tiles run along the packed rows.
   Both sum each element over K in the same order: on the H200 their outputs were bitwise equal.
@@ -70,6 +70,7 @@ from ..blockscaled.reference import quantize_ref
 from ..config import QUANT_FORMATS, QUANT_OUT_DTYPES, TMA_ALIGN_BYTES, GemmConfig, GemmProblem, can_implement
 from ..epilogue import ACTIVATIONS, GATED, EpilogueSpec, epilogue_ref, interleave_gate_up
 from ..epilogue.user import apply_user_ref, register
+from ..gemm.args import KernelArgs
 from ..gemm.fp8_scales import fp8_blockwise_ref, fp8_grouped_block_scales, scale_vector
 from ..gemm.grouped_parts import GROUPED_MAX_GROUPS
 from ..gemm.launch import (
@@ -103,7 +104,7 @@ PLANS: dict = {}
 
 class _GroupedPlan:
     __slots__ = ("fn", "views", "max_clusters", "config", "workspace", "device", "device_index", "out_dims",
-                 "out_dtype", "b_memo", "quant", "out_shape", "swap")  # fmt: skip
+                 "out_dtype", "b_memo", "quant", "out_shape", "swap", "tail")  # fmt: skip
 
     def launch(self, a, b, out, offs, alpha, bias=None, extra=None, block=(None, None)):
         """extra: (quantized-output scale bytes, NVFP4 global scale, v0..v3) or None; block: FP8
@@ -112,10 +113,16 @@ class _GroupedPlan:
         av, bv = a.as_strided(sa, ta), memo_view(self, b, sb, tb)
         if self.swap:  # config.swap_ab: the kernel computes C^T = B^T A^T (C's view is (N, total_M, 1))
             av, bv = bv, av
-        # (offs, scale factors A/B, quantized-output scales, global scale, 4 epilogue vectors, workspace)
-        self.fn(av, bv, out.as_strided(sc, tc), None, bias,
-                alpha, 0.0, self.max_clusters, offs, *block, *(extra or _NO_EXTRA),
-                reset_workspace(self.workspace))  # fmt: skip
+        if extra is None and block[0] is None:  # the common MoE call: LEADING fields, then the plan's tail
+            reset_workspace(self.workspace)
+            self.fn(av, bv, out.as_strided(sc, tc), None, bias, alpha, 0.0, self.max_clusters, offs, *self.tail)
+            return
+        out_scales, out_gs, v0, v1, v2, v3 = extra or _NO_EXTRA
+        self.fn(*KernelArgs(
+            av, bv, out.as_strided(sc, tc), bias=bias, alpha=alpha, max_clusters=self.max_clusters, offs=offs,
+            sfa=block[0], sfb=block[1], out_scales=out_scales, out_global_scale=out_gs, v0=v0, v1=v1, v2=v2, v3=v3,
+            workspace=reset_workspace(self.workspace),
+        ))  # fmt: skip
 
     def new_output(self):
         """(the tensor the kernel writes, quantized-output scale bytes or None)."""
@@ -247,12 +254,13 @@ def _plan_packed(a, b, offs, out, out_dtype, alpha, config, epi_in: _Epi, fast_a
     plan.views = views
     plan.max_clusters = max_clusters_for(cfg, a.device, num_sms)
     plan.workspace = new_workspace(cfg, a.device)
+    plan.tail = KernelArgs(None, None, None, workspace=plan.workspace).tail()
     plan.config = cfg
     plan.quant = quant
     return plan
 
 
-def _fast_key(a, b, offs, out, out_dtype, alpha, config, bias=None, activation=None, epilogue=None,
+def _fast_key(a, b, offs, out, out_dtype, alpha, config, epilogue_inputs, bias=None, activation=None, epilogue=None,
               epilogue_args=(), scale_a=None, scale_b=None, fast_accum=False, gate_layout="interleaved"):  # fmt: skip
     """The plan key of a packed call: every property the checks below read, so a cached plan
     implies they all pass (but data-pointer alignment). Positions 0 / 2 / 4 / -1 (a.shape,
@@ -264,8 +272,7 @@ def _fast_key(a, b, offs, out, out_dtype, alpha, config, bias=None, activation=N
             None if out is None else (out.shape, out.stride(), out.dtype, out.device),
             alpha != 1.0,
         )  # fmt: skip
-        if bias is not None or activation is not None or epilogue is not None or scale_a is not None \
-                or scale_b is not None or fast_accum:  # fmt: skip
+        if epilogue_inputs:
             key += (
                 None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
                 activation, gate_layout, epilogue,
@@ -318,8 +325,13 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
                  fast_accum: bool = False, config=None, check_offs: bool = False):  # fmt: skip
     """See the module docstring for the three forms; the epilogue arguments (packed form only)
     are described there too."""
-    key = _fast_key(a, b, offs, out, out_dtype, alpha, config, bias, activation, epilogue, epilogue_args,
-                    scale_a, scale_b, fast_accum, gate_layout)  # fmt: skip
+    # Anything beyond a plain-dtype output: the general fast path (a quantized output, too, needs
+    # its scale bytes and its BlockScaledTensor result).
+    epilogue_inputs = (bias is not None or activation is not None or epilogue is not None or scale_a is not None
+                       or scale_b is not None or fast_accum or isinstance(out_dtype, str)
+                       or out_global_scale is not None)  # fmt: skip
+    key = _fast_key(a, b, offs, out, out_dtype, alpha, config, epilogue_inputs, bias, activation, epilogue,
+                    epilogue_args, scale_a, scale_b, fast_accum, gate_layout)  # fmt: skip
     plan = PLANS.get(key) if key is not None else None
     if plan is not None and not (
         current_device() == plan.device_index
@@ -329,7 +341,7 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
     if plan is not None:
         if check_offs:
             check_offs_values(offs, a.shape[0])
-        if len(key) == 15:  # no epilogue inputs: the common MoE call
+        if not epilogue_inputs:  # the common MoE call
             if out is None:
                 out = torch.empty(*plan.out_dims, dtype=plan.out_dtype, device=plan.device)
             plan.launch(a, b, out, offs, float(alpha))

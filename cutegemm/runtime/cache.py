@@ -30,11 +30,11 @@ _PKG_ROOT = Path(__file__).resolve().parent.parent
 # construct the kernel object from the config).
 HOST_ONLY = frozenset({
     "__init__.py", "__main__.py", "benchmarks.py", "compile_check.py", "nn.py", "ops.py", "parallel.py",
-    "tuning.py", "benchmarks_scaled.py", "gemm/api.py", "gemm/policy.py", "grouped/api.py", "grouped/__init__.py",
+    "tuning.py", "bench.scaled.py", "gemm/dense.py", "policy.py", "grouped/packed.py", "grouped/__init__.py",
     "grouped/k_grouped.py", "grouped/list_form.py",
     "blockscaled/bench.py", "blockscaled/reference.py", "blockscaled/__init__.py",
     "epilogue/reference.py", "runtime/sass.py", "quant_ops.py", "blockscaled/sm100.py",
-    "gemm/fp8_args.py", "blockscaled/fp4_weight_api.py", "blockscaled/sm90_mx.py", "runtime/device.py",
+    "gemm/fp8_args.py", "blockscaled/weight_only.launch.py", "blockscaled/sm90_mx.py", "runtime/device.py",
 })  # fmt: skip
 
 

@@ -50,7 +50,7 @@ class Fp4WeightConfig:
     # consumer warp pairs what it reads (False; four PRMTs per 16-byte read).
     producer_pairs: bool = True
     # sm_90a: the consumers multiply with the warpgroup MMA (A = the dequantized weights from
-    # registers, B = the ring's activations in K order; :mod:`.fp4_wgmma`): two warpgroups of 64
+    # registers, B = the ring's activations in K order; :mod:`.weight_only.wgmma`): two warpgroups of 64
     # weight rows (warps_n 8, row_tiles 1, warps_k 1), producer_pairs=False, 256 K per stage
     # (ring_k 2; MXFP8 4), 128 (ring_k 1; MXFP8 2) or 64 (MXFP8 ring_k 1); up to 128 tokens per
     # pass, 256 (n_tiles 32) with producer_wg, not split, in 128-K stages (MXFP8: 64-K ones).
@@ -77,10 +77,10 @@ class Fp4WeightConfig:
     # WGMMA consumers, dense, not split: the work is dealt in (weight tile, token pass) units
     # instead of a CTA per weight tile running all its passes, the passes of a tile consecutive
     # (their weight reads meet in L2), to the grid's CTAs round-robin (one kernel; the host picks
-    # the grid, ``fp4_weight_api.pass_grid_ctas``): 1: a CTA per unit; 2: a persistent grid of
+    # the grid, ``weight_only.launch.pass_grid_ctas``): 1: a CTA per unit; 2: a persistent grid of
     # one CTA per SM, its ring streaming on from one unit into the next. Finer units: the last
     # wave's share of idle SMs shrinks (the policy takes it where the SM count makes that pay:
-    # ``fp4_weight_api.pass_grid_pays``).
+    # ``weight_only.launch.pass_grid_pays``).
     pass_ctas: int = 0
     # With ``pass_ctas`` 2: the units left after the grid's last full round (fewer than its CTAs:
     # the waves' tail) are not dealt whole but cut into equal ranges of K stages over the CTAs

@@ -24,14 +24,14 @@ built around streaming them once at full bandwidth:
   scale are applied to the fp32 accumulators at the end. MXFP4 (scales 2**-127 .. 2**127) takes
   two multiplies, by 2**126 then by the scale, so no intermediate over/underflows.
 
-Two ways to feed the math (``Fp4WeightConfig.ring``), each a mixin of :class:`Fp4WeightKernel`:
+Two ways to feed the math (``Fp4WeightConfig.ring``), each a part of :class:`Fp4WeightKernel`:
 
-* the streaming ring (``ring`` > 0, the host policy's choice): :mod:`.fp4_ring`;
-* per-thread loads (``ring`` = 0, the fourth session's kernel): :mod:`.fp4_direct`.
+* the streaming ring (``ring`` > 0, the host policy's choice): :mod:`.ring`;
+* per-thread loads (``ring`` = 0, the first pipeline): :mod:`.direct`.
 
 MXFP8 weights (``fmt="mxfp8"``: e4m3 elements, e8m0 scales per 32; ring only) take the same
 ring with a byte per K value: a 64-byte chunk of a weight row holds 64 K values (``chunk_k``),
-a thread's 16 bytes dequantize in K order (``fp4_math.dequant_e4m3x4``: PRMT with sign
+a thread's 16 bytes dequantize in K order (``weight_only.math.dequant_e4m3x4``: PRMT with sign
 replication, a shift and a mask put the byte's bits into bf16 as the value x 2**-120, then two
 packed multiplies, by 2**120 and by the scale), so the activations need no pairing: word j of a
 row is one m16n8k16 MMA's K (2 t, 2 t + 1), (2 t + 8, 2 t + 9) against the activations' same 8
@@ -39,7 +39,7 @@ bytes (:meth:`Fp4WeightKernel.mma_chunk_fp8`). The placement makes the e4m3 NaN 
 the consumers keep per-row NaN flags and write NaN into the rows that had one (``nan_rows``).
 
 On sm_90a the ring also feeds warpgroup-MMA consumers (``Fp4WeightConfig.wgmma``,
-:mod:`.fp4_wgmma`): the tokens are the MMA's N (up to 128) and the activations are read by the
+:mod:`.weight_only.wgmma`): the tokens are the MMA's N (up to 128) and the activations are read by the
 MMA from shared memory, so a dequantized weight serves every token of the pass; the host policy
 takes them from 17 rows (33 per expert). Everything below describes the ``mma.sync`` consumers.
 
@@ -49,7 +49,7 @@ memory (:meth:`Fp4WeightKernel.finish_pass`). The token rows of the CTA's batch 
 processed in passes of 8 * n_tiles. Grouped: a CTA reads its expert's row range from ``offs`` on
 the device (clamped like the bf16 grouped path; no host sync, CUDA-graph safe) and an expert
 with no rows costs nothing. The register math (dequantization, scale decodes, the MMA wrapper,
-the activation pairing / reorder) and its torch twins live in :mod:`.fp4_math`. This module: the
+the activation pairing / reorder) and its torch twins live in :mod:`.weight_only.math`. This module: the
 config, the kernel class (host entry, shared fragment math, pass finishing), compile glue.
 """
 
@@ -100,12 +100,16 @@ WGMMA_SASS_REQUIRED = {
 SASS_FORBIDDEN = {"LDL": r"\bLDL(\.|\s)", "STL": r"\bSTL(\.|\s)"}
 
 
-class Fp4WeightKernel(RingPipeline, WgmmaPipeline, DirectPipeline):
-    """The FP4-weight kernel: the host entry (``__call__``), the pipelines (:mod:`.fp4_ring`,
-    :mod:`.fp4_direct`) and the fragment math and pass finishing they share."""
+class Fp4WeightKernel:
+    """The FP4-weight kernel: the host entry (``__call__``), the pipelines (:mod:`.weight_only.ring`,
+    :mod:`.weight_only.direct`) and the fragment math and pass finishing they share."""
 
     def __init__(self, cfg: Fp4WeightConfig):
         self.cfg = cfg
+        # The consumer pipelines, parts of this kernel (``self.k``); cfg.ring / cfg.wgmma pick one.
+        self.ring_pipe = RingPipeline(self)  # weight stages by cp.async.bulk / TMA into a ring
+        self.wgmma_pipe = WgmmaPipeline(self)  # sm_90a: the ring's stages consumed by WGMMA
+        self.direct_pipe = DirectPipeline(self)  # mma.sync fed by cp.async per chunk
         self.mx = cfg.fmt in ("mxfp4", "mxfp8")  # e8m0 scales, one per 32 K
         self.fp8 = cfg.fp8
         self.out_dtype = OUT_DTYPES[cfg.out_dtype]
@@ -134,10 +138,10 @@ class Fp4WeightKernel(RingPipeline, WgmmaPipeline, DirectPipeline):
         stream,
     ):
         if cutlass.const_expr(self.cfg.ring > 0):
-            self.launch_ring(mX, mW, mS, mOut, mOffs, mGs, mXs, mWork, m_rows, n, k, batches, n_ctas, slot0,
+            self.ring_pipe.launch_ring(mX, mW, mS, mOut, mOffs, mGs, mXs, mWork, m_rows, n, k, batches, n_ctas, slot0,
                              tile_stride, alpha, stream)  # fmt: skip
         else:
-            self.launch_direct(mX, mW, mS, mOut, mOffs, mGs, mXs, m_rows, n, k, batches, m_slices, tile_stride,
+            self.direct_pipe.launch_direct(mX, mW, mS, mOut, mOffs, mGs, mXs, m_rows, n, k, batches, m_slices, tile_stride,
                                alpha, stream)  # fmt: skip
 
     @cute.jit
@@ -402,7 +406,7 @@ def kernel_cache():
 
 def all_configs(arch: str) -> list[Fp4WeightConfig]:
     """The compile-checked variants for ``arch``: every kernel the host policy picks
-    (``fp4_weight_api.pick_config``) plus fp32 output and the other pipelines."""
+    (``weight_only.launch.pick_config``) plus fp32 output and the other pipelines."""
     out = []
     for fmt in FORMATS:
         for grouped in (False, True):

@@ -52,7 +52,7 @@ from ...grouped.packed import grouped_gemm
 from ...runtime.device import device_info
 from ..dequant import dequantizable, dequantize_checked
 from ..formats import MXFP4, MXFP8, NVFP4
-from ..quantizer import scalar_on
+from ..quantize_launch import scalar_on
 from ..reference import BlockScaledTensor, dequantize_ref
 from .kernel import kernel_cache
 from .math import fragment_order_x

@@ -29,7 +29,7 @@ def pick_config(m: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bo
     # N=28672 (224 tiles), MXFP8 M=1: 53.8 / 50.6 / 46.1.
     spread = few_tiles and not grouped
     if arch == "sm_90a" and (rows > 32 or (not grouped and rows > (32 if fp8 else 16)) or (spread and fp8)):
-        # sm_90a, more tokens: the WGMMA consumers (fp4_wgmma), 64 tokens per pass in 3 ring
+        # sm_90a, more tokens: the WGMMA consumers (weight_only.wgmma), 64 tokens per pass in 3 ring
         # stages (32 in 4 for dense M <= 32), dense M > 32 on the split grid. H200
         # (bench/RESULTS.md, 2026-12-01 sixth session), NVFP4 N=28672 K=4096, us: M=32 44.0 vs
         # 50.0 (mma.sync consumers, 32-token pass, same run); M=64 51.1 vs 64.7 (cuBLAS bf16

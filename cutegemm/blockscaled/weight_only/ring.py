@@ -1,5 +1,5 @@
 """The streaming ring of the FP4-weight kernel (``Fp4WeightConfig.ring`` > 0, the host policy's
-pipeline since 2026-11-30), a mixin of :class:`~cutegemm.blockscaled.weight_only.kernel.Fp4WeightKernel`.
+pipeline), a part of :class:`~cutegemm.blockscaled.weight_only.kernel.Fp4WeightKernel`.
 
 One producer warp fills ``ring`` shared-memory stages: ``ring_k`` K chunks of the CTA's weight
 rows (a 2-D TMA box, 128-byte swizzle), their scales (one bulk copy of whole 512-byte groups of the
@@ -8,8 +8,8 @@ host copy). The consumer warps read everything from shared memory, so the activa
 fetched once per CTA instead of once per warp. Per-row bulk copies were tried first: issue-bound
 at ~780 GB/s. ``split`` (dense): a persistent grid whose CTAs take equal ranges of (segment, K
 stage) units, segments cut between CTAs meeting through a workspace (:meth:`split_finish`;
-:func:`split_plan_ref` is the torch-free twin of its schedule). Measured on the H200:
-``bench/RESULTS.md`` (2026-11-30, second and third sessions).
+:func:`split_plan_ref` is the torch-free twin of its schedule). Measured on the H200: see
+``bench/RESULTS.md``.
 """
 
 from __future__ import annotations
@@ -33,14 +33,17 @@ class RingPipeline:
     """:meth:`kernel_ring` and its parts; the shared fragment math (``mma_chunk``, ``finish_pass``,
     the scale-layout helpers) comes from :class:`~cutegemm.blockscaled.weight_only.kernel.Fp4WeightKernel`."""
 
+    def __init__(self, kernel):
+        self.k = kernel  # the kernel this part belongs to (its config, layouts, tiles)
+
     def launch_ring(self, mX, mW, mS, mOut, mOffs, mGs, mXs, mWork, m_rows, n, k, batches, n_ctas, slot0,
                     tile_stride, alpha, stream):  # fmt: skip
         """Host side of :meth:`kernel_ring` (traced inside ``Fp4WeightKernel.__call__``): the TMA
         descriptors of the weights and the activations, the grid, the launch."""
-        grid_x = (n + self.cfg.rows_per_cta - 1) // self.cfg.rows_per_cta
+        grid_x = (n + self.k.cfg.rows_per_cta - 1) // self.k.cfg.rows_per_cta
         # The weights as an (N, K/2, L) byte tensor (8-bit weights: (N, K, L)), read by a TMA box
         # of rows_per_cta x 128 bytes (rows past N and bytes past the row arrive as zeros).
-        row_bytes = cute.assume(k if cutlass.const_expr(self.fp8) else k // 2, divby=16)
+        row_bytes = cute.assume(k if cutlass.const_expr(self.k.fp8) else k // 2, divby=16)
         w3 = cute.make_tensor(
             cute.recast_ptr(mW.iterator, dtype=cutlass.Uint8),
             cute.make_layout((n, row_bytes, batches), stride=(row_bytes, 1, cutlass.Int64(n) * cutlass.Int64(row_bytes))),
@@ -48,37 +51,37 @@ class RingPipeline:
         sw_layout = self.w_smem_layout()
         tma_atom, tma_w = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), w3, cute.slice_(sw_layout, (None, None, 0)),
-            (self.cfg.rows_per_cta, self.cfg.w_row_bytes),
+            (self.k.cfg.rows_per_cta, self.k.cfg.w_row_bytes),
         )
         # The activations as they are ((rows, K) bf16, row-major), read by TMA boxes of
         # tokens_per_pass x 64 (rows past the end and K values past K arrive as zeros).
         x_rows = m_rows
-        if cutlass.const_expr(not self.cfg.grouped):
+        if cutlass.const_expr(not self.k.cfg.grouped):
             x_rows = m_rows * batches
-        k16 = cute.assume(k, divby=16 if cutlass.const_expr(self.fp8) else 32)
+        k16 = cute.assume(k, divby=16 if cutlass.const_expr(self.k.fp8) else 32)
         x2 = cute.make_tensor(
             cute.recast_ptr(mX.iterator, dtype=cutlass.BFloat16), cute.make_layout((x_rows, k16), stride=(k16, 1))
         )
         sx_layout = self.x_smem_layout()
         tma_atom_x, tma_x = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileG2SOp(), x2, cute.slice_(sx_layout, (None, None, 0)), (self.cfg.tokens_per_pass, 64)
+            cpasync.CopyBulkTensorTileG2SOp(), x2, cute.slice_(sx_layout, (None, None, 0)), (self.k.cfg.tokens_per_pass, 64)
         )
         grid = [grid_x, batches, 1]
-        if cutlass.const_expr(self.cfg.pass_ctas):
+        if cutlass.const_expr(self.k.cfg.pass_ctas):
             grid = [n_ctas, batches, 1]
-        if cutlass.const_expr(self.cfg.split):
+        if cutlass.const_expr(self.k.cfg.split):
             grid = [n_ctas, 1, 1]
-        kernel = self.kernel_wgmma if cutlass.const_expr(self.cfg.wgmma) else self.kernel_ring
+        kernel = self.k.wgmma_pipe.kernel_wgmma if cutlass.const_expr(self.k.cfg.wgmma) else self.kernel_ring
         kernel(tma_atom, tma_w, tma_atom_x, tma_x, mS, mOut, mOffs, mGs, mXs, mWork, m_rows, n, k,
                batches, n_ctas, slot0, tile_stride, alpha).launch(
-            grid=grid, block=[32 * (self.cfg.warps + (4 if self.cfg.producer_wg else 1)), 1, 1], stream=stream,
+            grid=grid, block=[32 * (self.k.cfg.warps + (4 if self.k.cfg.producer_wg else 1)), 1, 1], stream=stream,
         )
 
     def w_smem_layout(self):
         """(rows_per_cta, w_row_bytes, ring * w_boxes) weight boxes. 128-byte rows, 128-byte
         swizzle: byte b of row r of a box sits at r * 128 + (((b >> 4) ^ (r % 8)) << 4) + b % 16;
         64-byte rows (``ring_k`` 1), 64-byte swizzle: at r * 64 + (((b >> 4) ^ (r // 2 % 4)) << 4) + b % 16."""
-        cfg = self.cfg
+        cfg = self.k.cfg
         kind = warpgroup.SmemLayoutAtomKind.K_SW64 if cfg.w_row_bytes == 64 else warpgroup.SmemLayoutAtomKind.K_SW128
         atom = warpgroup.make_smem_layout_atom(kind, cutlass.Uint8)
         return cute.tile_to_shape(atom, (cfg.rows_per_cta, cfg.w_row_bytes, cfg.ring * cfg.w_boxes), order=(0, 1, 2))
@@ -86,7 +89,7 @@ class RingPipeline:
     def x_smem_layout(self):
         """(tokens_per_pass, 64 bf16, ring * x_boxes) activation boxes, 128-byte swizzle (the
         byte map of :meth:`w_smem_layout`; a box row is one token's 64 K values)."""
-        cfg = self.cfg
+        cfg = self.k.cfg
         atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, cutlass.BFloat16)
         boxes = cfg.ring * cfg.x_boxes
         return cute.tile_to_shape(atom, (cfg.tokens_per_pass, 64, boxes), order=(0, 1, 2))
@@ -117,7 +120,7 @@ class RingPipeline:
         grouped: the expert's passes from offs). With ``split`` (dense) a persistent grid of
         ``n_ctas`` CTAs takes equal ranges of all units, so every SM streams the same number of
         weight bytes; a segment cut between CTAs is finished by :meth:`split_finish`."""
-        cfg = self.cfg
+        cfg = self.k.cfg
         RT, NT, RW, KW = cfg.row_tiles, cfg.n_tiles, cfg.warps_n, cfg.warps_k
         S, SK, R = cfg.ring, cfg.ring_k, cfg.rows_per_cta
         W = cfg.warps
@@ -144,7 +147,7 @@ class RingPipeline:
         # every consumer lane releases its own reads of a stage (producer_pairs, and 8-bit weights:
         # compute-sanitizer's racecheck cannot follow one lane's arrive after a warp sync, and
         # flagged the next stage's scale copy against the K-split warps' scale reads)
-        PL = PP or self.fp8
+        PL = PP or self.k.fp8
         if tidx == 0:
             for i in cutlass.range_constexpr(S):
                 # weights + scales (+ activations) (tx), and with producer_pairs the paired activations.
@@ -169,21 +172,21 @@ class RingPipeline:
             g = lane // 4
             t = lane % 4
             gp = g // 2 + 4 * (g % 2)  # the weight row of MMA row g (class docstring)
-            gs = self.out_scale(mGs, alpha)
+            gs = self.k.out_scale(mGs, alpha)
             # token 8 nt + g's 16-byte piece 4 (t % 2) + j of activation box t // 2 (swizzled):
             # x_smem + box * XB + x_addr[nt] + (x_sw ^ 16 j)
             # (8-bit weights: pieces 2 t + j2 of the chunk's one box, x_sw ^ 16 j2)
             x_addr = cute.make_rmem_tensor((NT,), cutlass.Int32)
             for nt in cutlass.range_constexpr(NT):
-                x_addr[nt] = (0 if cutlass.const_expr(self.fp8) else (t // 2) * XB) + (nt * 8 + g) * 128
-            x_sw = ((2 * t if cutlass.const_expr(self.fp8) else 4 * (t % 2)) ^ g) * 16
+                x_addr[nt] = (0 if cutlass.const_expr(self.k.fp8) else (t // 2) * XB) + (nt * 8 + g) * 128
+            x_sw = ((2 * t if cutlass.const_expr(self.k.fp8) else 4 * (t % 2)) ^ g) * 16
             w_row = cute.make_rmem_tensor((RT, 2), cutlass.Int32)  # row * 128 in a box
             s_off = cute.make_rmem_tensor((RT, 2), cutlass.Int32)
             for rt in cutlass.range_constexpr(RT):
                 for hr in cutlass.range_constexpr(2):
                     w_row[rt, hr] = (rw * (16 * RT) + 16 * rt + 8 * hr + gp) * 128
                     if cutlass.const_expr(R == 128):
-                        s_off[rt, hr] = self.scale_in_tile(w_row[rt, hr] // 128, t)
+                        s_off[rt, hr] = self.k.scale_in_tile(w_row[rt, hr] // 128, t)
             acc = cute.make_rmem_tensor((RT, NT, 4), cutlass.Float32)
             rW = cute.make_rmem_tensor((RT, 2, 4), cutlass.Int32)
             rS = cute.make_rmem_tensor((RT, 2), cutlass.Int32)
@@ -195,14 +198,14 @@ class RingPipeline:
             while u < u_hi:
                 if ks == 0 or u == u_lo:  # a segment starts here
                     acc.fill(0.0)
-                    if cutlass.const_expr(self.fp8):
+                    if cutlass.const_expr(self.k.fp8):
                         nan.fill(0)
                 if cutlass.const_expr(R < 128):
                     tile = self.ring_segment(seg, n_pass, n_tiles, bx, by, row_start, x_base0, m_rows)[0]
                     for rt in cutlass.range_constexpr(RT):
                         for hr in cutlass.range_constexpr(2):
                             # the CTA's rows lie in one 128-row scale tile
-                            s_off[rt, hr] = self.scale_in_tile((tile * R) % 128 + w_row[rt, hr] // 128, t)
+                            s_off[rt, hr] = self.k.scale_in_tile((tile * R) % 128 + w_row[rt, hr] // 128, t)
                 slot = it % S
                 cute.arch.mbarrier_wait(full + slot, (it // S) % 2)
                 st = side_base + slot * side
@@ -222,19 +225,19 @@ class RingPipeline:
                                 words = ld_shared_v4(box + w_row[rt, hr] + (piece ^ gp) * 16)
                                 for w in cutlass.range_constexpr(4):
                                     rW[rt, hr, w] = words[w]
-                                    if cutlass.const_expr(self.fp8):
+                                    if cutlass.const_expr(self.k.fp8):
                                         nan[rt, hr] = e4m3_nan_flags(words[w], nan[rt, hr])
-                                if cutlass.const_expr(self.mx):
-                                    sb = ld_shared_u8(st + s_off[rt, hr] + self.scale_chunk_offset(q))
-                                    rS[rt, hr] = cutlass.select_(live, sb, cutlass.Int32(self.unit_scale))
+                                if cutlass.const_expr(self.k.mx):
+                                    sb = ld_shared_u8(st + s_off[rt, hr] + self.k.scale_chunk_offset(q))
+                                    rS[rt, hr] = cutlass.select_(live, sb, cutlass.Int32(self.k.unit_scale))
                                 else:
-                                    sb = ld_shared_u16(st + s_off[rt, hr] + self.scale_chunk_offset(q))
-                                    rS[rt, hr] = cutlass.select_(live, sb, cutlass.Int32(self.unit_scale))
+                                    sb = ld_shared_u16(st + s_off[rt, hr] + self.k.scale_chunk_offset(q))
+                                    rS[rt, hr] = cutlass.select_(live, sb, cutlass.Int32(self.k.unit_scale))
                         xq = x_smem + (slot * NX + XC * q) * XB
-                        if cutlass.const_expr(self.fp8):
-                            self.mma_chunk_fp8(rW, rS, xq, x_addr, x_sw, acc)
+                        if cutlass.const_expr(self.k.fp8):
+                            self.k.mma_chunk_fp8(rW, rS, xq, x_addr, x_sw, acc)
                         else:
-                            self.mma_chunk(q, rW, rS, xq, x_addr, x_sw, acc, "paired" if PP else "swizzled")
+                            self.k.mma_chunk(q, rW, rS, xq, x_addr, x_sw, acc, "paired" if PP else "swizzled")
                 if cutlass.const_expr(PL):
                     cute.arch.mbarrier_arrive(empty + slot)  # every lane: its own reads
                 else:
@@ -243,8 +246,8 @@ class RingPipeline:
                         cute.arch.mbarrier_arrive(empty + slot)
                 it += 1
                 if ks == n_kst - 1 or u == u_hi - 1:  # the segment ends here
-                    if cutlass.const_expr(self.fp8):
-                        self.nan_rows(nan, acc)
+                    if cutlass.const_expr(self.k.fp8):
+                        self.k.nan_rows(nan, acc)
                     self.end_segment(acc, sRed, sFlag, mWork, slot0, lane, kg, rw, cw, seg, u - ks, u_lo, u_hi, total, n_ctas,
                                      n_kst, n_pass, n_tiles, batches, bx, by, row_start, row_end, x_base0, m_rows, n,
                                      gs, mXs, mOut)  # fmt: skip
@@ -257,11 +260,11 @@ class RingPipeline:
     @cute.jit
     def produce(self, tma_atom, mW, tma_atom_x, mX2, sW, sX, mS, u_lo, u_hi, n_kst, n_pass, n_tiles, bx, by, row_start,
                 x_base0, m_rows, n_p, cols_p, tile_stride, x_smem, side_base, bar_base, full, lane):  # fmt: skip
-        """The producer warp of :meth:`kernel_ring` (and of the WGMMA kernel, :mod:`.fp4_wgmma`):
+        """The producer warp of :meth:`kernel_ring` (and of the WGMMA kernel, :mod:`.weight_only.wgmma`):
         units ``u_lo .. u_hi`` of (segment, K stage), each into the next ring slot (waiting for
         its empty barrier), counted on its full barrier (``producer_pairs``: the activation boxes
         on xfull, then paired by :meth:`pair_stage` one stage behind)."""
-        cfg = self.cfg
+        cfg = self.k.cfg
         S, R, T = cfg.ring, cfg.rows_per_cta, cfg.tokens_per_pass
         SG = cfg.scale_groups
         NB = cfg.w_boxes
@@ -295,7 +298,7 @@ class RingPipeline:
             # (T, 64, K / 64) boxes of this pass's tokens (dense: x_base = the batch's first row)
             gX = cute.local_tile(cute.domain_offset((cutlass.Int32(x_base) + m0, 0), mX2), (T, 64), (0, None))
             tXs, tXg = cpasync.tma_partition(tma_atom_x, 0, cute.make_layout(1), sXb, cute.group_modes(gX, 0, 2))
-            s_base = self.scales_base(mS, batch, n_p, cols_p) + cutlass.Int64(tile * R // 128) * cutlass.Int64(tile_stride)
+            s_base = self.k.scales_base(mS, batch, n_p, cols_p) + cutlass.Int64(tile * R // 128) * cutlass.Int64(tile_stride)
             slot = it % S
             if it >= S:
                 cute.arch.mbarrier_wait(empty + slot, (it // S + 1) % 2)
@@ -338,7 +341,7 @@ class RingPipeline:
         (8 K values in order) into the weights' (k, k+4) pairing in place (four PRMTs), then
         count every lane's arrival on the stage's full barrier. The TMA will overwrite these bytes
         S stages later: the proxy fence orders the generic writes before it."""
-        cfg = self.cfg
+        cfg = self.k.cfg
         S = cfg.ring
         slot = it % S
         cute.arch.mbarrier_wait(xfull + slot, (it // S) % 2)
@@ -357,30 +360,30 @@ class RingPipeline:
         """The consumers at the end of segment ``seg`` (first unit ``su0``): store it, or (split,
         the segment cut between CTAs) :meth:`split_finish`. ``permuted``: the mma.sync consumers'
         row order (:meth:`kernel_ring`); the WGMMA consumers' is the natural one."""
-        cfg = self.cfg
+        cfg = self.k.cfg
         tile, batch, m0, x_base = self.ring_segment(seg, n_pass, n_tiles, bx, by, row_start, x_base0, m_rows)
         row0 = tile * cfg.rows_per_cta + rw * (16 * cfg.row_tiles)
         bar = 32 * cfg.warps
         if cutlass.const_expr(cfg.split):
             if su0 >= u_lo and su0 + n_kst <= u_hi:
-                self.finish_pass(acc, sRed, lane, kg, rw, m0, m_rows, x_base, row0, n, gs, mXs, mOut, bar, permuted)
+                self.k.finish_pass(acc, sRed, lane, kg, rw, m0, m_rows, x_base, row0, n, gs, mXs, mOut, bar, permuted)
             else:
                 self.split_finish(acc, sRed, sFlag, mWork, slot0, lane, kg, rw, cw, seg, su0, u_lo, total, n_ctas, n_kst,
                                   m0, m_rows, x_base, row0, n, gs, mXs, mOut, bar, permuted)  # fmt: skip
         else:
-            self.finish_pass(acc, sRed, lane, kg, rw, m0, row_end, x_base, row0, n, gs, mXs, mOut, bar, permuted)
+            self.k.finish_pass(acc, sRed, lane, kg, rw, m0, row_end, x_base, row0, n, gs, mXs, mOut, bar, permuted)
 
     @cute.jit
     def ring_work(self, mOffs, m_rows, n, k, batches, n_ctas, bx, by):
         """The ring kernels' work geometry: (N_p, cols_p) of the scales, K chunks, K stages, row
         tiles, the batch's (expert's) token rows and first x row, its token passes, and the CTA's
         (first, end) unit and the unit count (:meth:`unit_range`)."""
-        cfg = self.cfg
-        n_p, cols_p = self.scale_dims(n, k)
+        cfg = self.k.cfg
+        n_p, cols_p = self.k.scale_dims(n, k)
         n_chunks = (k + cfg.chunk_k - 1) // cfg.chunk_k
         n_kst = (n_chunks + cfg.ring_k - 1) // cfg.ring_k
         n_tiles = (n + cfg.rows_per_cta - 1) // cfg.rows_per_cta
-        row_start, row_end, x_base0 = self.token_range(mOffs, m_rows, by)
+        row_start, row_end, x_base0 = self.k.token_range(mOffs, m_rows, by)
         n_pass = (row_end - row_start + cfg.tokens_per_pass - 1) // cfg.tokens_per_pass
         u_lo, u_hi, total = self.unit_range(bx, batches, n_tiles, n_pass, n_kst, n_ctas)
         return n_p, cols_p, n_chunks, n_kst, n_tiles, row_start, row_end, x_base0, n_pass, u_lo, u_hi, total
@@ -389,7 +392,7 @@ class RingPipeline:
         """The ring's shared memory: weight boxes, activation boxes (128-byte swizzle), the
         scales' stage slots, the stages' full / empty / activations-landed mbarriers, a flag;
         returned as (sW, sX, flag, the first four's shared addresses, the three barrier arrays)."""
-        S, side = self.cfg.ring, self.cfg.side_bytes
+        S, side = self.k.cfg.ring, self.k.cfg.side_bytes
         sw_layout = self.w_smem_layout()
         sW = alloc.allocate_tensor(cutlass.Uint8, sw_layout.outer, 1024, swizzle=sw_layout.inner)
         sx_layout = self.x_smem_layout()
@@ -418,12 +421,12 @@ class RingPipeline:
         u_lo = cutlass.Int32(0)
         u_hi = n_pass * n_kst
         total = u_hi
-        if cutlass.const_expr(self.cfg.pass_ctas):
+        if cutlass.const_expr(self.k.cfg.pass_ctas):
             u_lo = bx * n_kst
             u_hi = n_tiles * n_pass * n_kst
-            if cutlass.const_expr(self.cfg.tail_split):  # the full rounds; the rest: tail_range
+            if cutlass.const_expr(self.k.cfg.tail_split):  # the full rounds; the rest: tail_range
                 u_hi = (n_tiles * n_pass // n_ctas) * n_ctas * n_kst
-        if cutlass.const_expr(self.cfg.split):
+        if cutlass.const_expr(self.k.cfg.split):
             total = batches * n_tiles * n_pass * n_kst
             u_lo = self.share_start(bx, n_ctas, total)
             u_hi = self.share_start(bx + 1, n_ctas, total)
@@ -478,7 +481,7 @@ class RingPipeline:
     def seg_stride(self):
         """From one segment (unit) of a CTA to its next: the grid's CTA count on the pass grid
         (``pass_ctas``; with a CTA per unit the first step ends the CTA's work), else 1."""
-        if cutlass.const_expr(self.cfg.pass_ctas):
+        if cutlass.const_expr(self.k.cfg.pass_ctas):
             return cute.arch.grid_dim()[0]
         return 1
 
@@ -490,25 +493,25 @@ class RingPipeline:
         (bx, by) and its passes."""
         tile = bx
         batch = by
-        m0 = row_start + seg * self.cfg.tokens_per_pass
+        m0 = row_start + seg * self.k.cfg.tokens_per_pass
         x_base = x_base0
-        if cutlass.const_expr(self.cfg.split):
+        if cutlass.const_expr(self.k.cfg.split):
             rest = seg // n_pass
             tile = rest % n_tiles
             batch = rest // n_tiles
-            m0 = (seg - rest * n_pass) * self.cfg.tokens_per_pass
+            m0 = (seg - rest * n_pass) * self.k.cfg.tokens_per_pass
             x_base = cutlass.Int64(batch) * cutlass.Int64(m_rows)
-        if cutlass.const_expr(self.cfg.pass_ctas):  # segment = (tile, pass) unit of the batch
+        if cutlass.const_expr(self.k.cfg.pass_ctas):  # segment = (tile, pass) unit of the batch
             tile = seg // n_pass
-            m0 = row_start + (seg - tile * n_pass) * self.cfg.tokens_per_pass
+            m0 = row_start + (seg - tile * n_pass) * self.k.cfg.tokens_per_pass
         return tile, batch, m0, x_base
 
     def slot_word(self, slot0, cta, cta_lo, su0, rw, lane):
         """Word of lane ``lane`` of row group ``rw`` in CTA ``cta``'s slot for the segment starting
         at unit ``su0``: slot 0 if the segment holds the CTA's first unit ``cta_lo``, else 1 (its
         last). Value v of the lane sits ``32 v`` words further (:meth:`split_finish`)."""
-        n_acc = self.cfg.row_tiles * self.cfg.n_tiles * 4
-        slot_words = self.cfg.warps_n * n_acc * 32
+        n_acc = self.k.cfg.row_tiles * self.k.cfg.n_tiles * 4
+        slot_words = self.k.cfg.warps_n * n_acc * 32
         return slot0 + (cta * 2 + cutlass.select_(cta_lo >= su0, 0, 1)) * slot_words + rw * n_acc * 32 + lane
 
     @cute.jit
@@ -526,17 +529,17 @@ class RingPipeline:
         past every counter, so a later call's slots never land on a counter) 2 slots per CTA of
         warps_n x n_acc x 32 fp32: slot 0 for the segment holding the CTA's first unit, 1 for
         the one holding its last (the units between are whole segments, stored directly)."""
-        cfg = self.cfg
+        cfg = self.k.cfg
         RT, NT = cfg.row_tiles, cfg.n_tiles
         n_acc = RT * NT * 4
         me = cute.arch.block_idx()[0]
         mWf = cute.make_tensor(cute.recast_ptr(mWork.iterator, dtype=cutlass.Float32), mWork.layout)
         c_first, c_last = self.share_holders(su0, n_kst, n_ctas, total)
-        self.reduce_k_groups(acc, sRed, lane, kg, rw, bar_threads)
+        self.k.reduce_k_groups(acc, sRed, lane, kg, rw, bar_threads)
         if kg == 0:
             base = self.slot_word(slot0, me, u_lo, su0, rw, lane)
             for v in cutlass.range_constexpr(n_acc):
-                mWf[base + v * 32] = acc[self.acc_index(v)]
+                mWf[base + v * 32] = acc[self.k.acc_index(v)]
             cute.arch.fence_acq_rel_gpu()
         if self.count_in(mWork, seg, c_last - c_first, sFlag, cw == 0 and lane == 0, bar_threads) == 1:
             cute.arch.fence_acq_rel_gpu()
@@ -546,15 +549,15 @@ class RingPipeline:
                 for c in range(c_first, c_last + 1):
                     if c == me:
                         for v in cutlass.range_constexpr(n_acc):
-                            tot[self.acc_index(v)] += acc[self.acc_index(v)]
+                            tot[self.k.acc_index(v)] += acc[self.k.acc_index(v)]
                     else:
                         c_lo = self.share_start(c, n_ctas, total)  # CTA c's first unit
                         base = self.slot_word(slot0, c, c_lo, su0, rw, lane)
                         addr = mWork.iterator.toint() + cutlass.Int64(base) * 4
                         for v in cutlass.range_constexpr(n_acc):
-                            tot[self.acc_index(v)] += ld_global_cg_f32(addr + v * 128)
-                self.store_fragment(tot, lane, m0, row_end, x_base, row0, n, gs, mXs, mOut, permuted)
-        self.sync(bar_threads)  # sFlag and sRed are rewritten by the next segment
+                            tot[self.k.acc_index(v)] += ld_global_cg_f32(addr + v * 128)
+                self.k.store_fragment(tot, lane, m0, row_end, x_base, row0, n, gs, mXs, mOut, permuted)
+        self.k.sync(bar_threads)  # sFlag and sRed are rewritten by the next segment
 
     @cute.jit
     def count_in(self, mWork, ctr, others, sFlag, leader, bar_threads: cutlass.Constexpr):
@@ -563,14 +566,14 @@ class RingPipeline:
         ``leader`` thread adds 1 to counter ``ctr`` of ``mWork`` (acq_rel, GPU scope); the CTA
         whose add finds ``others`` earlier arrivals completes the unit and resets the counter for
         the next launch. Returns 1 there (the same in every consumer thread), else 0."""
-        self.sync(bar_threads)
+        self.k.sync(bar_threads)
         if leader:
             old = cute.arch.atomic_add(mWork.iterator + ctr, cutlass.Int32(1), sem="acq_rel", scope="gpu")
             last = cutlass.Int32(old) == others
             sFlag[0] = cutlass.select_(last, 1, 0)
             if last:
                 mWork[ctr] = 0  # every contributor has counted in: ready for the next launch
-        self.sync(bar_threads)
+        self.k.sync(bar_threads)
         return sFlag[0]
 
 

@@ -1,8 +1,8 @@
-"""The FP4-weight kernel's WGMMA consumers (``Fp4WeightConfig.wgmma``, sm_90a), a mixin of
+"""The FP4-weight kernel's WGMMA consumers (``Fp4WeightConfig.wgmma``, sm_90a), a part of
 :class:`~cutegemm.blockscaled.weight_only.kernel.Fp4WeightKernel`: the weights are dequantized from
 shared memory into registers and multiplied by the Hopper warpgroup MMA with A from registers
 (``wgmma.mma_async`` m64 x tokens x k16, bf16), the activations read by the MMA straight from
-the ring's shared memory. The ``mma.sync`` consumers of :mod:`.fp4_ring` load every token's
+the ring's shared memory. The ``mma.sync`` consumers of :mod:`.weight_only.ring` load every token's
 activations into registers once per 16-row weight tile and issue one MMA per 8 tokens, so their
 work grows with the tokens per pass; here the tokens are the MMA's N (up to 128), and the
 dequantization of a weight serves all of them.
@@ -23,7 +23,7 @@ and 128 tokens' 64 fp32 accumulators per thread spilled). Thread (g, t)
 of warp w holds weight rows r = 16 w + g and r + 8 of its warpgroup's 64. The A fragment of a
 k16 step (K values 16 j .. 16 j + 15 of the stage) wants, per row, the bf16 pairs of K
 (2 t, 2 t + 1) and (2 t + 8, 2 t + 9): byte t of the step's two 32-bit weight words (8 nibbles
-each), one PRMT + the multiply-and-mask placement of :mod:`.fp4_math` + the packed scale multiply
+each), one PRMT + the multiply-and-mask placement of :mod:`.weight_only.math` + the packed scale multiply
 each (``dequant_fp4_byte``). The four threads of a quad read the same 16 bytes (a broadcast); the
 8 rows of a warp's read lie in different swizzled 16-byte columns, so the reads are
 conflict-free. The scale factor of a step (NVFP4: one per 16 K; MXFP4: one per 32 K) multiplies
@@ -90,6 +90,9 @@ CONSUMER_REGISTERS = 232
 class WgmmaPipeline:
     """:meth:`kernel_wgmma`; launched by ``RingPipeline.launch_ring`` when ``cfg.wgmma``."""
 
+    def __init__(self, kernel):
+        self.k = kernel  # the kernel this part belongs to (its config, layouts, tiles)
+
     @cute.kernel
     def kernel_wgmma(self, tma_atom: cute.CopyAtom, mW: cute.Tensor, tma_atom_x: cute.CopyAtom, mX2: cute.Tensor, mS,
                      mOut, mOffs, mGs, mXs, mWork, m_rows, n, k, batches, n_ctas, slot0, tile_stride, alpha):  # fmt: skip
@@ -97,16 +100,16 @@ class WgmmaPipeline:
         token passes over its weight rows, the passes after the first reading the rows from L2.
         With ``split`` (dense): the ring's persistent grid, equal ranges of (row tile, pass, K
         stage) units per CTA, a pass cut between CTAs finished by ``split_finish``."""
-        cfg = self.cfg
+        cfg = self.k.cfg
         S = cfg.ring
         W = cfg.warps
         NT = cfg.n_tiles
-        tidx, bx, by, warp, lane = self.thread_ids()
+        tidx, bx, by, warp, lane = self.k.ring_pipe.thread_ids()
         (n_p, cols_p, _, n_kst, n_tiles, row_start, row_end, x_base0, n_pass, u_lo, u_hi,
-         total) = self.ring_work(mOffs, m_rows, n, k, batches, n_ctas, bx, by)  # fmt: skip
+         total) = self.k.ring_pipe.ring_work(mOffs, m_rows, n, k, batches, n_ctas, bx, by)  # fmt: skip
 
         alloc = memory.SmemAllocator()
-        sW, sX, sFlag, w_smem, x_smem, side_base, bar_base, full, empty, xfull = self.ring_smem(alloc)
+        sW, sX, sFlag, w_smem, x_smem, side_base, bar_base, full, empty, xfull = self.k.ring_pipe.ring_smem(alloc)
         sE = None
         if cutlass.const_expr(cfg.staged_store):
             sE = alloc.allocate_tensor(cutlass.Uint8, cute.make_layout(cfg.store_rows * cfg.store_row_bytes), 16)
@@ -124,7 +127,7 @@ class WgmmaPipeline:
             if cutlass.const_expr(cfg.producer_wg):
                 cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
             if warp == W:
-                self.produce(tma_atom, mW, tma_atom_x, mX2, sW, sX, mS, u_lo, u_hi, n_kst, n_pass, n_tiles, bx, by,
+                self.k.ring_pipe.produce(tma_atom, mW, tma_atom_x, mX2, sW, sX, mS, u_lo, u_hi, n_kst, n_pass, n_tiles, bx, by,
                              row_start, x_base0, m_rows, n_p, cols_p, tile_stride, x_smem, side_base, bar_base, full,
                              lane)  # fmt: skip
         else:
@@ -133,7 +136,7 @@ class WgmmaPipeline:
                 cute.arch.setmaxregister_increase(CONSUMER_REGISTERS)
             g = lane // 4
             t = lane % 4
-            gs = self.out_scale(mGs, alpha)
+            gs = self.k.out_scale(mGs, alpha)
             r0 = (warp // 4) * 64 + (warp % 4) * 16  # the warp's first row in the CTA (= 16 warp)
             w_off = cute.make_rmem_tensor((2,), cutlass.Int32)  # rows r0 + g, r0 + g + 8 (x 128 bytes)
             s_off = cute.make_rmem_tensor((2,), cutlass.Int32)  # their scales' offset in the 128-row tile
@@ -143,26 +146,26 @@ class WgmmaPipeline:
                 s_off[hr] = (r % 32) * 16 + ((r // 32) % 4) * 4
             acc = cute.make_rmem_tensor((1, NT, 4), cutlass.Float32)
             sel = t + 0x4440  # PRMT selector: byte t of a word (K pair 2 t, 2 t + 1 of its 8 values)
-            if cutlass.const_expr(self.fp8):
+            if cutlass.const_expr(self.k.fp8):
                 sel = e4m3_pair_selector(2 * t)  # bytes 2 t, 2 t + 1 of two words (8-bit weights)
             nan = cute.make_rmem_tensor((1, 2), cutlass.Int32)  # 8-bit weights: NaN flags of rows g, g + 8 (unused for FP4)
             it = cutlass.Int32(0)
             seg = u_lo // n_kst
             lo = u_lo
             hi = u_hi
-            stride = self.seg_stride()
+            stride = self.k.ring_pipe.seg_stride()
             if cutlass.const_expr(cfg.tail_split):
                 # after the full rounds (u_lo .. u_hi, stride: the grid) the CTA's range of the tail
-                t_lo, t_hi, t_base, t_units, g_t = self.tail_range(bx, n_tiles, n_pass, n_kst, stride)
+                t_lo, t_hi, t_base, t_units, g_t = self.k.ring_pipe.tail_range(bx, n_tiles, n_pass, n_kst, stride)
                 in_tail = cutlass.Int32(0)
-                lo, hi, stride, in_tail, seg = self.tail_enter(seg * n_kst, hi, stride, in_tail, seg, 0, t_lo, t_hi,
+                lo, hi, stride, in_tail, seg = self.k.ring_pipe.tail_enter(seg * n_kst, hi, stride, in_tail, seg, 0, t_lo, t_hi,
                                                                n_kst)[:5]  # fmt: skip
             while seg * n_kst < hi:  # segments: one token pass over one weight tile (split: the part in range)
                 su0 = seg * n_kst
                 ks0 = cutlass.max(lo - su0, 0)
                 ks_end = cutlass.min(hi - su0, n_kst)
                 acc.fill(0.0)
-                if cutlass.const_expr(self.fp8):
+                if cutlass.const_expr(self.k.fp8):
                     nan.fill(0)
                 ks = ks0
                 # Two commit groups per trip at least (stages of one group: two per trip),
@@ -191,8 +194,8 @@ class WgmmaPipeline:
                         ks += 1
                 warpgroup.wait_group(0)
                 cute.arch.mbarrier_arrive(empty + (it - 1) % S)
-                if cutlass.const_expr(self.fp8):
-                    self.nan_rows(nan, acc, PAIR_NAN_MASK)
+                if cutlass.const_expr(self.k.fp8):
+                    self.k.nan_rows(nan, acc, PAIR_NAN_MASK)
                 if cutlass.const_expr(cfg.tail_split):
                     # a unit cut between CTAs: the one that completes it stores it
                     if self.tail_gather(acc, sFlag, mWork, slot0, warp, lane, seg, su0, ks0, ks_end, n_kst, bx, by,
@@ -206,20 +209,20 @@ class WgmmaPipeline:
                                        gs, mXs, mOut)  # fmt: skip
                 seg += stride
                 if cutlass.const_expr(cfg.tail_split):
-                    lo, hi, stride, in_tail, seg = self.tail_enter(seg * n_kst, hi, stride, in_tail, seg, 0, t_lo, t_hi,
+                    lo, hi, stride, in_tail, seg = self.k.ring_pipe.tail_enter(seg * n_kst, hi, stride, in_tail, seg, 0, t_lo, t_hi,
                                                                    n_kst)[:5]  # fmt: skip
 
     @cute.jit
     def store_segment(self, acc, sE, sFlag, mWork, slot0, lane, warp, seg, su0, u_lo, u_hi, total, n_ctas, n_kst,
                       n_pass, n_tiles, batches, bx, by, row_start, row_end, x_base0, m_rows, n, gs, mXs, mOut):  # fmt: skip
         """Store segment ``seg``'s outputs: staged (``staged_store``) or by ``end_segment``."""
-        cfg = self.cfg
+        cfg = self.k.cfg
         if cutlass.const_expr(cfg.staged_store):
-            tile, _, m0, x_base = self.ring_segment(seg, n_pass, n_tiles, bx, by, row_start, x_base0, m_rows)
+            tile, _, m0, x_base = self.k.ring_pipe.ring_segment(seg, n_pass, n_tiles, bx, by, row_start, x_base0, m_rows)
             self.store_staged(acc, sE, warp, lane, m0, row_end, x_base, tile * cfg.rows_per_cta, n, gs, mXs,
                               mOut)  # fmt: skip
         else:
-            self.end_segment(acc, None, sFlag, mWork, slot0, lane, 0, warp, warp, seg, su0, u_lo, u_hi, total,
+            self.k.ring_pipe.end_segment(acc, None, sFlag, mWork, slot0, lane, 0, warp, warp, seg, su0, u_lo, u_hi, total,
                              n_ctas, n_kst, n_pass, n_tiles, batches, bx, by, row_start, row_end, x_base0, m_rows,
                              n, gs, mXs, mOut, False)  # fmt: skip
 
@@ -238,27 +241,27 @@ class WgmmaPipeline:
         (batch, segment), then 2 slots per (batch, CTA) from word ``slot0``)."""
         fin = cutlass.Int32(1)
         if ks0 > 0 or ks_end < n_kst:
-            n_acc = self.cfg.n_tiles * 4
-            bar = 32 * self.cfg.warps
+            n_acc = self.k.cfg.n_tiles * 4
+            bar = 32 * self.k.cfg.warps
             grid = cute.arch.grid_dim()[0]
             mWf = cute.make_tensor(cute.recast_ptr(mWork.iterator, dtype=cutlass.Float32), mWork.layout)
             s0 = su0 - t_base  # the segment's first unit in the tail
-            c_first, c_last = self.share_holders(s0, n_kst, g_t, t_units)
-            my_lo = self.share_start(bx, g_t, t_units)  # the CTA's first tail unit
-            base = self.slot_word(slot0, by * grid + bx, my_lo, s0, warp, lane)
+            c_first, c_last = self.k.ring_pipe.share_holders(s0, n_kst, g_t, t_units)
+            my_lo = self.k.ring_pipe.share_start(bx, g_t, t_units)  # the CTA's first tail unit
+            base = self.k.ring_pipe.slot_word(slot0, by * grid + bx, my_lo, s0, warp, lane)
             for v in cutlass.range_constexpr(n_acc):
-                mWf[base + v * 32] = acc[self.acc_index(v)]
+                mWf[base + v * 32] = acc[self.k.acc_index(v)]
             cute.arch.fence_acq_rel_gpu()
-            fin = self.count_in(mWork, by * n_seg + seg, c_last - c_first, sFlag, warp == 0 and lane == 0, bar)
+            fin = self.k.ring_pipe.count_in(mWork, by * n_seg + seg, c_last - c_first, sFlag, warp == 0 and lane == 0, bar)
             if fin == 1:
                 cute.arch.fence_acq_rel_gpu()
                 acc.fill(0.0)
                 for c in range(c_first, c_last + 1):
-                    c_lo = self.share_start(c, g_t, t_units)  # CTA c's first tail unit
-                    word = self.slot_word(slot0, by * grid + c, c_lo, s0, warp, lane)
+                    c_lo = self.k.ring_pipe.share_start(c, g_t, t_units)  # CTA c's first tail unit
+                    word = self.k.ring_pipe.slot_word(slot0, by * grid + c, c_lo, s0, warp, lane)
                     addr = mWork.iterator.toint() + cutlass.Int64(word) * 4
                     for v in cutlass.range_constexpr(n_acc):
-                        acc[self.acc_index(v)] += ld_global_cg_f32(addr + v * 128)
+                        acc[self.k.acc_index(v)] += ld_global_cg_f32(addr + v * 128)
         return fin
 
     @cute.jit
@@ -269,7 +272,7 @@ class WgmmaPipeline:
         token's row and stores them (tokens < row_end; rows < n as whole 16-byte pieces, n being a
         multiple of their values). N not such a multiple, or an unaligned output: the direct
         stores (:meth:`~cutegemm.blockscaled.weight_only.kernel.Fp4WeightKernel.store_fragment`)."""
-        cfg = self.cfg
+        cfg = self.k.cfg
         esz = cfg.out_bytes
         V = 16 // esz  # values per 16-byte piece
         CT = cfg.store_rows
@@ -281,7 +284,7 @@ class WgmmaPipeline:
         tid = warp * 32 + lane
         out_addr = mOut.iterator.toint()
         if n % V == 0 and out_addr % 16 == 0:
-            sEo = cute.make_tensor(cute.recast_ptr(sE.iterator, dtype=self.out_dtype),
+            sEo = cute.make_tensor(cute.recast_ptr(sE.iterator, dtype=self.k.out_dtype),
                                    cute.make_layout((CT, 128), stride=(RB // esz, 1)))  # fmt: skip
             e_base = sE.iterator.toint()
             for c in cutlass.range_constexpr(cfg.n_tiles * 8 // CT):
@@ -298,8 +301,8 @@ class WgmmaPipeline:
                                 y = acc[0, nt, 2 * hr + i] * gs
                                 if cutlass.const_expr(cfg.x_scale):
                                     y = y * xs
-                                sEo[ml, 16 * warp + 8 * hr + g] = self.out_dtype(y)
-                    self.sync(bar)
+                                sEo[ml, 16 * warp + 8 * hr + g] = self.k.out_dtype(y)
+                    self.k.sync(bar)
                     for q in cutlass.range_constexpr(CT * PPR // bar):
                         piece = tid + q * bar
                         row = piece // PPR
@@ -309,16 +312,16 @@ class WgmmaPipeline:
                         if m < row_end and col < n:
                             st_global_v4(out_addr + ((x_base + cutlass.Int64(m)) * cutlass.Int64(n) + cutlass.Int64(col)) * esz,
                                          words)  # fmt: skip
-                    self.sync(bar)  # the buffer is rewritten by the next round
+                    self.k.sync(bar)  # the buffer is rewritten by the next round
         else:
-            self.store_fragment(acc, lane, m0, row_end, x_base, tile_row0 + 16 * warp, n, gs, mXs, mOut, False)
+            self.k.store_fragment(acc, lane, m0, row_end, x_base, tile_row0 + 16 * warp, n, gs, mXs, mOut, False)
 
     @cute.jit
     def wgmma_stage(self, acc, it, ks, ks0, full, empty, side_base, w_smem, x_smem, s_off, w_off, g, sel, k, nan):
         """Ring stage ``it`` (K stage ``ks`` of the segment, whose first is ``ks0``): wait for it,
         read the rows' scale words, then its commit groups (:meth:`wgmma_group`); after the first group's
         wait for the group before, release the stage before."""
-        cfg = self.cfg
+        cfg = self.k.cfg
         S = cfg.ring
         slot = it % S
         cute.arch.mbarrier_wait(full + slot, (it // S) % 2)
@@ -341,21 +344,21 @@ class WgmmaPipeline:
         rows' 16-byte weight reads and their scale factors, the steps' A fragments (dequantized,
         natural K pairs), then one fence, the WGMMAs, a commit and a wait for the group before (its
         A registers and, at a stage's first group, the stage before are then free)."""
-        cfg = self.cfg
+        cfg = self.k.cfg
         T = cfg.tokens_per_pass
         XB = cfg.x_box_bytes
         NT = cfg.n_tiles
         G = cfg.group_steps
         k0 = ks * (cfg.ring_k * cfg.chunk_k)  # the stage's first K value
         a = cute.make_rmem_tensor((G, 4), cutlass.Int32)  # A fragments of the group's steps
-        if cutlass.const_expr(self.fp8):
+        if cutlass.const_expr(self.k.fp8):
             self.fp8_fragments(a, grp, w_box, sw, w_off, g, sel, k0, k, nan)
-        for pp in cutlass.range_constexpr(0 if self.fp8 else G // 2):
+        for pp in cutlass.range_constexpr(0 if self.k.fp8 else G // 2):
             p = (G // 2) * grp + pp  # 16-byte piece of the stage's weight rows: 32 K, steps 2 p and 2 p + 1
             f = cute.make_rmem_tensor((2, 2), cutlass.Int32)  # bf16x2 factors: (row, k16 step)
             for hr in cutlass.range_constexpr(2):
                 live = k0 + 32 * p < k  # past K: unit scales (the weights and activations are zeros)
-                if cutlass.const_expr(self.mx):
+                if cutlass.const_expr(self.k.mx):
                     e = cutlass.select_(live, (sw[hr, p // 4] >> (8 * (p % 4))) & 0xFF, cutlass.Int32(127))
                     f[hr, 0] = mx_factor_bf16x2(e)
                     f[hr, 1] = f[hr, 0]
@@ -369,7 +372,7 @@ class WgmmaPipeline:
                 # A of step 2 pp + s: rows (g, g + 8) x K pairs (2 t, 2 t + 1) of word 2 s and
                 # (2 t + 8, 2 t + 9) = the same byte of word 2 s + 1
                 for q in cutlass.range_constexpr(4):
-                    a[2 * pp + s, q] = dequant_fp4_byte(wds[q % 2][2 * s + q // 2], sel, f[q % 2, s], self.mx)
+                    a[2 * pp + s, q] = dequant_fp4_byte(wds[q % 2][2 * s + q // 2], sel, f[q % 2, s], self.k.mx)
         desc0 = smem_desc_sw128(x_stage)  # (both formats: 256 K per stage, four activation boxes)
         warpgroup.fence()
         for jj in cutlass.range_constexpr(G):
@@ -385,7 +388,7 @@ class WgmmaPipeline:
         """Byte offset, in weight row r (r % 8 = g: rows g and g + 8 alike), of its swizzled
         16-byte piece p (:meth:`~cutegemm.blockscaled.weight_only.ring.RingPipeline.w_smem_layout`):
         the 128-byte swizzle XORs p with r % 8, the 64-byte one (``ring_k`` 1) with r // 2 % 4."""
-        if cutlass.const_expr(self.cfg.w_row_bytes == 64):
+        if cutlass.const_expr(self.k.cfg.w_row_bytes == 64):
             return (p ^ ((g >> 1) & 3)) * 16
         return (p ^ g) * 16
 
@@ -397,18 +400,18 @@ class WgmmaPipeline:
         K pairs (2 t, 2 t + 1) from words 0-1 and (2 t + 8, 2 t + 9) from words 2-3 (one PRMT of
         the two words each, ``dequant_e4m3_pair``), times the MX factor of the piece's 32-K block
         (column 4 half + p // 2 of the stage: byte p // 2 of the row's word of group ``half``)."""
-        G = self.cfg.group_steps
+        G = self.k.cfg.group_steps
         for jj in cutlass.range_constexpr(G):
             j = G * grp + jj
             half = j // 8
             p = j % 8
-            box = w_stage + half * self.cfg.w_box_bytes
+            box = w_stage + half * self.k.cfg.w_box_bytes
             live = k0 + 128 * half + 16 * p < k  # past K: unit scales (the weights and activations are zeros)
             f = cute.make_rmem_tensor((2,), cutlass.Int32)
             col = p // 2  # the piece's 32-K block in the scale group (a stage sharing it: offset by its K)
-            spg = self.cfg.stages_per_scale_group
+            spg = self.k.cfg.stages_per_scale_group
             if cutlass.const_expr(spg > 1):
-                col = ((k0 // self.cfg.stage_k) % spg) * (4 // spg) + p // 2
+                col = ((k0 // self.k.cfg.stage_k) % spg) * (4 // spg) + p // 2
             for hr in cutlass.range_constexpr(2):
                 e = cutlass.select_(live, (sw[hr, half] >> (8 * col)) & 0xFF, cutlass.Int32(127))
                 f[hr] = mx_factor_bf16x2(e)

@@ -1,6 +1,6 @@
 """Block-scaled (MXFP8 / MXFP4 / NVFP4) pieces of the sm_100a kernel: the block-scaled tiled MMA,
 scale-factor TMA loads into shared memory, their copy to TMEM (tcgen05.cp) and the block-scaled
-MMA loop. Mixed into ``cutegemm.gemm.sm100.kernel.GemmSm100``; every call site is behind
+MMA loop. A part of ``cutegemm.gemm.sm100.kernel.GemmSm100``; every call site is behind
 ``const_expr(self.blockscaled)``, so dense kernels compile exactly as without it.
 """
 
@@ -19,39 +19,42 @@ SF_ATOM_MN = 32  # a scale-factor TMEM column group holds 32 rows x 4 K-blocks
 TMEM_COLUMNS = 512
 
 
-class BlockScaledSm100Mixin:
+class BlockScaledMma:
     """Methods of GemmSm100 used only by block-scaled configs."""
+
+    def __init__(self, kernel):
+        self.k = kernel  # the kernel this part belongs to (its config, layouts, tiles)
 
     def _setup_blockscaled_mma(self, a_layout: LayoutEnum, b_layout: LayoutEnum):
         """Block-scaled tiled MMA (kind::mxf8f6f4 / mxf4 / mxf4nvf4), and the 1-CTA MMA whose
         B-side partition says how the SFB tile is loaded: every CTA of a pair needs the scales of
         all tile_n columns (rounded up to 128, the SFB TMEM granule)."""
-        cfg = self.config
-        args = (self.a_dtype, self.b_dtype, a_layout.mma_major_mode(), b_layout.mma_major_mode(), self.sf_dtype, self.sf_vec)
-        self.tiled_mma = sm100_utils.make_blockscaled_trivial_tiled_mma(*args, self.cta_group, self.mma_tiler_mn)
-        self.mma_tiler_mn_sfb = (cfg.tile_m // self.cta_per_mma, cute.round_up(cfg.tile_n, 128))
-        self.tiled_mma_sfb = sm100_utils.make_blockscaled_trivial_tiled_mma(
-            *args, tcgen05.CtaGroup.ONE, self.mma_tiler_mn_sfb
+        cfg = self.k.config
+        args = (self.k.a_dtype, self.k.b_dtype, a_layout.mma_major_mode(), b_layout.mma_major_mode(), self.k.sf_dtype, self.k.sf_vec)
+        self.k.tiled_mma = sm100_utils.make_blockscaled_trivial_tiled_mma(*args, self.k.cta_group, self.k.mma_tiler_mn)
+        self.k.mma_tiler_mn_sfb = (cfg.tile_m // self.k.cta_per_mma, cute.round_up(cfg.tile_n, 128))
+        self.k.tiled_mma_sfb = sm100_utils.make_blockscaled_trivial_tiled_mma(
+            *args, tcgen05.CtaGroup.ONE, self.k.mma_tiler_mn_sfb
         )
-        inst_k = cute.size(self.tiled_mma.shape_mnk, mode=[2])
-        self.mma_tiler_sfb = (*self.mma_tiler_mn_sfb, inst_k * 4)
-        self.cluster_layout_sfb_vmnk = cute.tiled_divide(
-            cute.make_layout((*self.cluster_shape_mn, 1)), (self.tiled_mma_sfb.thr_id.shape,)
+        inst_k = cute.size(self.k.tiled_mma.shape_mnk, mode=[2])
+        self.k.mma_tiler_sfb = (*self.k.mma_tiler_mn_sfb, inst_k * 4)
+        self.k.cluster_layout_sfb_vmnk = cute.tiled_divide(
+            cute.make_layout((*self.k.cluster_shape_mn, 1)), (self.k.tiled_mma_sfb.thr_id.shape,)
         )
 
     def _setup_blockscaled_tmem(self, acc_cols: int):
         """TMEM columns: acc_stage accumulators, then SFA, then SFB (one k-tile of scales each,
         rewritten by tcgen05.cp before every k-tile's MMAs)."""
         k_blocks = 4  # MMA instructions per k-tile
-        self.num_sfa_tmem_cols = (self.cta_tile_mn[0] // SF_ATOM_MN) * k_blocks
-        self.num_sfb_tmem_cols = (self.mma_tiler_mn_sfb[1] // SF_ATOM_MN) * k_blocks
-        sf_cols = self.num_sfa_tmem_cols + self.num_sfb_tmem_cols
-        self.acc_stage = 2 if 2 * acc_cols + sf_cols <= TMEM_COLUMNS else 1
-        self.num_acc_tmem_cols = acc_cols * self.acc_stage
-        used = self.num_acc_tmem_cols + sf_cols
-        self.num_tmem_cols = 32
-        while self.num_tmem_cols < used:  # tcgen05.alloc: a power of two >= 32 columns
-            self.num_tmem_cols *= 2
+        self.k.num_sfa_tmem_cols = (self.k.cta_tile_mn[0] // SF_ATOM_MN) * k_blocks
+        self.k.num_sfb_tmem_cols = (self.k.mma_tiler_mn_sfb[1] // SF_ATOM_MN) * k_blocks
+        sf_cols = self.k.num_sfa_tmem_cols + self.k.num_sfb_tmem_cols
+        self.k.acc_stage = 2 if 2 * acc_cols + sf_cols <= TMEM_COLUMNS else 1
+        self.k.num_acc_tmem_cols = acc_cols * self.k.acc_stage
+        used = self.k.num_acc_tmem_cols + sf_cols
+        self.k.num_tmem_cols = 32
+        while self.k.num_tmem_cols < used:  # tcgen05.alloc: a power of two >= 32 columns
+            self.k.num_tmem_cols *= 2
 
     def _make_sf_tma(self, mA, mB, mSFA, mSFB, vmnk_shape):
         """TMA atoms of the scale factors. The swizzled 128x4 bytes are viewed in the scale-factor
@@ -59,34 +62,34 @@ class BlockScaledSm100Mixin:
         indexed by element coordinates and partitioned exactly like A and B. SFB is loaded per CTA
         for all of the MMA tile's columns (tiled_mma_sfb, 1-CTA)."""
         a_shape = mA.shape
-        if cutlass.const_expr(self.config.grouped):
+        if cutlass.const_expr(self.k.config.grouped):
             # Grouped: A's scales are laid out per expert, each expert's rows from a new 128-row
             # block (``blockscaled.grouped_sf``): P padded rows, P = bytes / padded K blocks.
-            kb_p = cute.round_up(cute.ceil_div(mA.shape[1], self.sf_vec), 4)
+            kb_p = cute.round_up(cute.ceil_div(mA.shape[1], self.k.sf_vec), 4)
             a_shape = (cute.size(mSFA) // kb_p, mA.shape[1], 1)
-        sfa = cute.make_tensor(mSFA.iterator, blockscaled_utils.tile_atom_to_shape_SF(a_shape, self.sf_vec))
-        sfb = cute.make_tensor(mSFB.iterator, blockscaled_utils.tile_atom_to_shape_SF(mB.shape, self.sf_vec))
-        sfa_one = cute.slice_(self.sfa_smem_layout_staged, (None, None, None, 0))
-        sfb_one = cute.slice_(self.sfb_smem_layout_staged, (None, None, None, 0))
+        sfa = cute.make_tensor(mSFA.iterator, blockscaled_utils.tile_atom_to_shape_SF(a_shape, self.k.sf_vec))
+        sfb = cute.make_tensor(mSFB.iterator, blockscaled_utils.tile_atom_to_shape_SF(mB.shape, self.k.sf_vec))
+        sfa_one = cute.slice_(self.k.sfa_smem_layout_staged, (None, None, None, 0))
+        sfb_one = cute.slice_(self.k.sfb_smem_layout_staged, (None, None, None, 0))
         tma_atom_sfa, tma_tensor_sfa = cute.nvgpu.make_tiled_tma_atom_A(
-            sm100_utils.cluster_shape_to_tma_atom_A(self.cluster_shape_mn, self.tiled_mma.thr_id),
+            sm100_utils.cluster_shape_to_tma_atom_A(self.k.cluster_shape_mn, self.k.tiled_mma.thr_id),
             sfa,
             sfa_one,
-            self.mma_tiler,
-            self.tiled_mma,
+            self.k.mma_tiler,
+            self.k.tiled_mma,
             vmnk_shape,
             internal_type=cutlass.Int16,
         )
         tma_atom_sfb, tma_tensor_sfb = cute.nvgpu.make_tiled_tma_atom_B(
-            sm100_utils.cluster_shape_to_tma_atom_SFB(self.cluster_shape_mn, self.tiled_mma.thr_id),
+            sm100_utils.cluster_shape_to_tma_atom_SFB(self.k.cluster_shape_mn, self.k.tiled_mma.thr_id),
             sfb,
             sfb_one,
-            self.mma_tiler_sfb,
-            self.tiled_mma_sfb,
-            self.cluster_layout_sfb_vmnk.shape,
+            self.k.mma_tiler_sfb,
+            self.k.tiled_mma_sfb,
+            self.k.cluster_layout_sfb_vmnk.shape,
             internal_type=cutlass.Int16,
         )
-        if cutlass.const_expr(self.config.tile_n == 192):
+        if cutlass.const_expr(self.k.config.tile_n == 192):
             # SFB tiles are 256 columns (two 128-column granules) but consecutive MMA tiles start
             # 192 columns apart: tile n loads the granules from 128 * floor(1.5 n); an odd tile's
             # scales then start 64 columns in (the MMA shifts its SFB TMEM address, see
@@ -99,8 +102,8 @@ class BlockScaledSm100Mixin:
             tma_tensor_sfb = cute.make_tensor(tma_tensor_sfb.iterator, cute.make_layout(shape, stride=stride))
         return (
             tma_atom_sfa, tma_tensor_sfa, tma_atom_sfb, tma_tensor_sfb,
-            self.tiled_mma_sfb, self.cluster_layout_sfb_vmnk,
-            self.sfa_smem_layout_staged, self.sfb_smem_layout_staged,
+            self.k.tiled_mma_sfb, self.k.cluster_layout_sfb_vmnk,
+            self.k.sfa_smem_layout_staged, self.k.sfb_smem_layout_staged,
         )  # fmt: skip
 
     @cute.jit
@@ -129,14 +132,14 @@ class BlockScaledSm100Mixin:
         cluster_coord_sfb_vmnk = cluster_layout_sfb_vmnk.get_flat_coord(cta_rank_in_cluster)
         sfa_mcast_mask = None
         sfb_mcast_mask = None
-        if cutlass.const_expr(self.is_a_mcast or self.is_b_mcast or self.use_2cta):
+        if cutlass.const_expr(self.k.is_a_mcast or self.k.is_b_mcast or self.k.use_2cta):
             sfa_mcast_mask = cpasync.create_tma_multicast_mask(cluster_layout_vmnk, cluster_coord_vmnk, mcast_mode=2)
             sfb_mcast_mask = cpasync.create_tma_multicast_mask(
                 cluster_layout_sfb_vmnk, cluster_coord_sfb_vmnk, mcast_mode=1
             )
         # (bM, bK, RestM, RestK, RestL), (bN, bK, RestN, RestK, RestL)
-        gSFA = cute.local_tile(mSFA_mkl, cute.slice_(self.mma_tiler, (None, 0, None)), (None, None, None))
-        gSFB = cute.local_tile(mSFB_nkl, cute.slice_(self.mma_tiler_sfb, (0, None, None)), (None, None, None))
+        gSFA = cute.local_tile(mSFA_mkl, cute.slice_(self.k.mma_tiler, (None, 0, None)), (None, None, None))
+        gSFB = cute.local_tile(mSFB_nkl, cute.slice_(self.k.mma_tiler_sfb, (0, None, None)), (None, None, None))
         tCgSFA = thr_mma.partition_A(gSFA)
         tCgSFB = tiled_mma_sfb.get_slice(mma_coord_v).partition_B(gSFB)
         # (TMA, STAGE), (TMA, RestM, RestK, RestL)
@@ -174,7 +177,7 @@ class BlockScaledSm100Mixin:
         ``sfa_block(tile)`` is the tile's 128-row block of the per-expert padded SFA layout (one
         L), SFB's L mode is the expert (tile[2])."""
         tAgSFA, tBgSFB = sf["tAgSFA"], sf["tBgSFB"]
-        halve_n = self.config.tile_n == 64
+        halve_n = self.k.config.tile_n == 64
 
         def sfa_tiles(tile):
             if cutlass.const_expr(sfa_block is not None):
@@ -196,7 +199,7 @@ class BlockScaledSm100Mixin:
         sSF_compact = cute.filter_zeros(sSF)
         tSF_compact = cute.filter_zeros(tSF)
         tiled_copy = tcgen05.make_s2t_copy(
-            cute.make_copy_atom(tcgen05.Cp4x32x128bOp(self.cta_group), self.sf_dtype), tSF_compact
+            cute.make_copy_atom(tcgen05.Cp4x32x128bOp(self.k.cta_group), self.k.sf_dtype), tSF_compact
         )
         thr_copy = tiled_copy.get_slice(0)
         src = tcgen05.get_s2t_smem_desc_tensor(tiled_copy, thr_copy.partition_S(sSF_compact))
@@ -225,35 +228,35 @@ class BlockScaledSm100Mixin:
         tCrA = tiled_mma.make_fragment_A(sA)
         tCrB = tiled_mma.make_fragment_B(sB)
         tmem.wait_for_alloc()
-        acc_ptr = tmem.retrieve_ptr(self.acc_dtype)
+        acc_ptr = tmem.retrieve_ptr(self.k.acc_dtype)
         # (MMA, MMA_M, MMA_N, ACC_STAGE)
         tCtAcc_base = cute.make_tensor(acc_ptr, acc_layout)
         # (MMA, MMA_M, MMA_K), (MMA, MMA_N, MMA_K): scale factors in TMEM
-        sfa_ptr = cute.recast_ptr(acc_ptr + self.num_acc_tmem_cols, dtype=self.sf_dtype)
+        sfa_ptr = cute.recast_ptr(acc_ptr + self.k.num_acc_tmem_cols, dtype=self.k.sf_dtype)
         tCtSFA = cute.make_tensor(
             sfa_ptr,
-            blockscaled_utils.make_tmem_layout_sfa(tiled_mma, self.mma_tiler, self.sf_vec, sf["sfa_smem_layout"]),
+            blockscaled_utils.make_tmem_layout_sfa(tiled_mma, self.k.mma_tiler, self.k.sf_vec, sf["sfa_smem_layout"]),
         )
-        sfb_col = acc_ptr + self.num_acc_tmem_cols + self.num_sfa_tmem_cols
+        sfb_col = acc_ptr + self.k.num_acc_tmem_cols + self.k.num_sfa_tmem_cols
         tCtSFB_layout = blockscaled_utils.make_tmem_layout_sfb(
-            tiled_mma, self.mma_tiler, self.sf_vec, sf["sfb_smem_layout"]
+            tiled_mma, self.k.mma_tiler, self.k.sf_vec, sf["sfb_smem_layout"]
         )
-        tCtSFB = cute.make_tensor(cute.recast_ptr(sfb_col, dtype=self.sf_dtype), tCtSFB_layout)
+        tCtSFB = cute.make_tensor(cute.recast_ptr(sfb_col, dtype=self.k.sf_dtype), tCtSFB_layout)
         copy_sfa, tCsSFA_s2t, tCtSFA_s2t = self.s2t_copy(sf["sSFA"], tCtSFA)
         copy_sfb, tCsSFB_s2t, tCtSFB_s2t = self.s2t_copy(sf["sSFB"], tCtSFB)
 
-        ab_consumer_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stage)
-        acc_producer_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.acc_stage)
+        ab_consumer_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.k.ab_stage)
+        acc_producer_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.k.acc_stage)
         work = sched.first()
         while sched.is_valid(work):
             # (MMA, MMA_M, MMA_N)
             tCtAcc = tCtAcc_base[(None, None, None, acc_producer_state.index)]
             tCtSFB_mma = tCtSFB
-            if cutlass.const_expr(self.config.tile_n in (64, 192)):
+            if cutlass.const_expr(self.k.config.tile_n in (64, 192)):
                 # An odd tile's scales start 64 columns into the loaded SFB granule: skip them
                 # (2 TMEM columns of scale bytes).
                 shift = cutlass.Int32((sched.cta_tile(work)[1] % 2) * 2)
-                tCtSFB_mma = cute.make_tensor(cute.recast_ptr(sfb_col + shift, dtype=self.sf_dtype), tCtSFB_layout)
+                tCtSFB_mma = cute.make_tensor(cute.recast_ptr(sfb_col + shift, dtype=self.k.sf_dtype), tCtSFB_layout)
             if is_leader_cta:
                 acc_pipeline.producer_acquire(acc_producer_state)
             for k_tile in cutlass.range(k_tile_cnt, unroll=1):

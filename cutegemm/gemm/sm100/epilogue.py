@@ -18,8 +18,11 @@ from ...epilogue.quant import store_quantized_subtile
 from ..store import store_subtile_predicated
 
 
-class EpilogueSm100Mixin:
+class Sm100Epilogue:
     """``epilogue``: the role of warps 0..3 of GemmSm100."""
+
+    def __init__(self, kernel):
+        self.k = kernel  # the kernel this part belongs to (its config, layouts, tiles)
 
     @cute.jit
     def epilogue(
@@ -51,21 +54,21 @@ class EpilogueSm100Mixin:
         Grouped: a tile's rows start at its expert's first row; a tile that crosses the expert's
         last row is stored by predicated copies (rows < row_end, columns < N), not by TMA.
         """
-        grouped = self.config.grouped
-        epi = self.config.epilogue
+        grouped = self.k.config.grouped
+        epi = self.k.config.epilogue
         gated = epi.gated is not None
         quant = epi.quant is not None
         direct = not gated and not quant  # registers -> smem by the r2s copy
-        tmem.allocate(self.num_tmem_cols)  # by warp epi_warp_ids[0]; the others wait for the address
+        tmem.allocate(self.k.num_tmem_cols)  # by warp epi_warp_ids[0]; the others wait for the address
         tmem.wait_for_alloc()
-        tmem_ptr = tmem.retrieve_ptr(self.acc_dtype)
+        tmem_ptr = tmem.retrieve_ptr(self.k.acc_dtype)
         # The tiled MMA has one atom per tile, so MMA_M = MMA_N = 1: drop them.
         # (CTA_M, CTA_N, ACC_STAGE)
         tAcc = cute.make_tensor(tmem_ptr, acc_layout)[((None, None), 0, 0, None)]
 
         # TMEM -> registers: the widest tcgen05.ld for this epilogue subtile.
         copy_atom_t2r = sm100_utils.get_tmem_load_op(
-            self.cta_tile_shape_mnk, self.c_layout, self.r2s_dtype, self.acc_dtype, epi_tile, self.use_2cta
+            self.k.cta_tile_shape_mnk, self.k.c_layout, self.k.r2s_dtype, self.k.acc_dtype, epi_tile, self.k.use_2cta
         )
         # (EPI_TILE_M, EPI_TILE_N, EPI_M, EPI_N, ACC_STAGE)
         tAcc_epi = cute.flat_divide(tAcc, epi_tile)
@@ -78,21 +81,21 @@ class EpilogueSm100Mixin:
             # (EPI_TILE_M, EPI_TILE_N, EPI_M, EPI_N, RestM, RestN, RestL)
             gC_epi = cute.flat_divide(gC, epi_tile)
             tTR_rAcc = cute.make_rmem_tensor(
-                thr_copy_t2r.partition_D(gC_epi)[(None, None, None, 0, 0, 0, 0, 0)].shape, self.acc_dtype
+                thr_copy_t2r.partition_D(gC_epi)[(None, None, None, 0, 0, 0, 0, 0)].shape, self.k.acc_dtype
             )
         else:
             # (EPI_TILE_M, EPI_TILE_N / 2, EPI_M, EPI_N, RestM * CTA_PER_MMA, RestN, RestL)
-            gC_epi = cute.flat_divide(gC, self.epi_tile_out)
+            gC_epi = cute.flat_divide(gC, self.k.epi_tile_out)
             # (EPI_TILE_M, EPI_TILE_N, EPI_M, EPI_N): CTA-local coordinates in accumulator subtiles
             cTile_epi = cute.flat_divide(cute.make_identity_tensor(cute.product_each(tAcc.shape[:2])), epi_tile)
             tTR_rAcc = cute.make_rmem_tensor(
-                thr_copy_t2r.partition_D(cTile_epi)[(None, None, None, 0, 0)].shape, self.acc_dtype
+                thr_copy_t2r.partition_D(cTile_epi)[(None, None, None, 0, 0)].shape, self.k.acc_dtype
             )
-        tTR_rC = cute.make_rmem_tensor(tTR_rAcc.shape, self.r2s_dtype)
+        tTR_rC = cute.make_rmem_tensor(tTR_rAcc.shape, self.k.r2s_dtype)
 
         # Registers -> smem, in the thread layout of the TMEM load.
         copy_atom_r2s = sm100_utils.get_smem_store_op(
-            self.c_layout, self.r2s_dtype, self.acc_dtype, tiled_copy_t2r
+            self.k.c_layout, self.k.r2s_dtype, self.k.acc_dtype, tiled_copy_t2r
         )
         tiled_copy_r2s = cute.make_tiled_copy_D(copy_atom_r2s, tiled_copy_t2r)
         thr_copy_r2s = tiled_copy_r2s.get_slice(epi_tidx)
@@ -117,10 +120,10 @@ class EpilogueSm100Mixin:
             tma_atom_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), cute.group_modes(gC_epi, 0, 2)
         )
         store_pipeline = pipeline.PipelineTmaStore.create(
-            num_stages=self.epi_stage,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_epi_threads),
+            num_stages=self.k.epi_stage,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.k.num_epi_threads),
         )
-        acc_consumer_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.acc_stage)
+        acc_consumer_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.k.acc_stage)
         epi_count = cutlass.Int32(0)  # subtiles stored so far: picks the smem buffer of the store ring
 
         work = sched.first()
@@ -138,8 +141,8 @@ class EpilogueSm100Mixin:
             else:
                 tile_m, tile_n, tile_l = tile[0], tile[1], tile[2]  # (listed: tile[3] is the group)
                 out_m = tile_m
-                if cutlass.const_expr(self.out_div > 1):
-                    out_m = tile_m * self.cta_per_mma + mma_coord_v  # gC holds single-CTA tiles
+                if cutlass.const_expr(self.k.out_div > 1):
+                    out_m = tile_m * self.k.cta_per_mma + mma_coord_v  # gC holds single-CTA tiles
                 # (TMA, EPI_M * EPI_N)
                 bSG_gC = cute.group_modes(bSG_gC_all[(None, None, None, out_m, tile_n, tile_l)], 1, 3)
                 if cutlass.const_expr(epi.needs_coords):
@@ -150,7 +153,7 @@ class EpilogueSm100Mixin:
             desc_c = None
             if cutlass.const_expr(out_desc is not None):
                 desc_c = out_desc(tile)
-                if warp_idx == self.epi_warp_ids[0]:
+                if warp_idx == self.k.epi_warp_ids[0]:
                     cpasync.fence_tma_desc_acquire(desc_c)
             # (T2R, T2R_M, T2R_N, EPI_M * EPI_N)
             tTR_tAcc = cute.group_modes(
@@ -176,22 +179,22 @@ class EpilogueSm100Mixin:
                     group_cols,
                 )
                 if cutlass.const_expr(direct):
-                    tRS_rC.store(out.to(self.c_dtype))
+                    tRS_rC.store(out.to(self.k.c_dtype))
                 # The store that last used this buffer was waited for (producer_acquire below,
                 # epi_stage - 1 stores ago) before the barrier that ended the previous subtile.
-                buf = epi_count % self.epi_stage
+                buf = epi_count % self.k.epi_stage
                 if cutlass.const_expr(direct):
                     cute.copy(tiled_copy_r2s, tRS_rC, tRS_sC[(None, None, None, buf)])
                 elif cutlass.const_expr(quant):
                     # tcgen05.ld 32dp32b: a thread holds whole rows of the subtile (quad = 1)
                     store_quantized_subtile(epi, out, coords, tRS_cE, sC[(None, None, buf)], tile_quant_args, 1, 0)
                 else:
-                    store_gated(out, coords, tRS_cE, sC[(None, None, buf)], self.c_dtype)
+                    store_gated(out, coords, tRS_cE, sC[(None, None, buf)], self.k.c_dtype)
                 # Make the smem writes visible to the TMA (async proxy), then one warp stores.
                 cute.arch.fence_proxy("async.shared", space="cta")
-                self.epi_barrier.arrive_and_wait()
+                self.k.epi_barrier.arrive_and_wait()
                 if full_tile:
-                    if warp_idx == self.epi_warp_ids[0]:
+                    if warp_idx == self.k.epi_warp_ids[0]:
                         cute.copy(tma_atom_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_idx)], tma_desc_ptr=desc_c)
                         store_pipeline.producer_commit()
                         store_pipeline.producer_acquire()
@@ -206,14 +209,14 @@ class EpilogueSm100Mixin:
                             rows_left - row0,
                             cols_left - col0,
                             epi_tidx,
-                            self.num_epi_threads,
+                            self.k.num_epi_threads,
                         )
-                        if warp_idx == self.epi_warp_ids[0]:
+                        if warp_idx == self.k.epi_warp_ids[0]:
                             # Keep the store ring's rule (at most epi_stage - 1 TMA stores still
                             # reading smem after each subtile): the TMA stores of a previous full
                             # tile may still read the buffers the next subtiles overwrite.
                             store_pipeline.producer_acquire()
-                self.epi_barrier.arrive_and_wait()
+                self.k.epi_barrier.arrive_and_wait()
                 epi_count += 1
             acc_consumer_state.advance()
             work = sched.next(work)
@@ -223,4 +226,4 @@ class EpilogueSm100Mixin:
         store_pipeline.producer_tail()
         tmem.relinquish_alloc_permit()
         # 2-CTA: waits (mbarrier) until the peer CTA's epilogue is done with its TMEM too.
-        tmem.free(tmem_ptr, self.num_tmem_cols)
+        tmem.free(tmem_ptr, self.k.num_tmem_cols)

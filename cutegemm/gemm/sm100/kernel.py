@@ -59,15 +59,13 @@ warp of cluster rank 0 fetches each next tile and the load, MMA and epilogue war
 read it from a shared-memory ring (``schedulers.dynamic``). Compile-verified only (no sm_100 GPU).
 
 Roles: the load warp (``GemmBase.load_ab``), the MMA warp (``mma`` here, ``mma_blockscaled`` in
-``blockscaled.sm100_mainloop``), the epilogue warps (``sm100_epilogue.EpilogueSm100Mixin``).
+``blockscaled.gemm.sm100.blockscaled``), the epilogue warps (``sm100.epilogue.Sm100Epilogue``).
 
 Constraints: see ``config.config_errors`` (tile_m 64/128, or 128/256 with two_cta; tile_n a
 multiple of 32 up to 256; cluster <= 4, cluster_m even with two_cta; grouped: no two_cta).
 """
 
 from __future__ import annotations
-
-import inspect
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -98,8 +96,9 @@ from ..grouped_parts import (
     tile_table_bytes,
     tile_table_len,
 )
-from .blockscaled import BlockScaledSm100Mixin
-from .epilogue import EpilogueSm100Mixin
+from .blockscaled import BlockScaledMma
+from .epilogue import Sm100Epilogue
+from .mma import Sm100MmaWarp
 
 SMEM_CAPACITY_SM100 = memory.get_smem_capacity_in_bytes("sm_100")
 TMEM_COLUMNS = 512
@@ -109,7 +108,7 @@ BAR_EPILOGUE = 1  # the 4 epilogue warps, around each smem subtile
 BAR_TMEM_PTR = 2  # epilogue warps + MMA warp: the TMEM address is ready
 
 
-class GemmSm100(BlockScaledSm100Mixin, EpilogueSm100Mixin, GemmBase):
+class GemmSm100(GemmBase):
     epi_warp_ids = (0, 1, 2, 3)  # warp w reads TMEM lanes 32*(w%4).. (tcgen05.ld sub-partition rule)
     mma_warp_id = 4
     load_warp_id = 5
@@ -118,6 +117,11 @@ class GemmSm100(BlockScaledSm100Mixin, EpilogueSm100Mixin, GemmBase):
 
     def __init__(self, config):
         super().__init__(config)
+        # The kernel's parts (``self.k`` is this kernel): the TMEM epilogue and the block-scaled MMA
+        # pieces (config.blockscaled: scale factors by TMA, SMEM -> TMEM, block-scaled UMMA).
+        self.epi = Sm100Epilogue(self)
+        self.mma_warp = Sm100MmaWarp(self)  # the MMA warp's role
+        self.bs = BlockScaledMma(self)
         epi = config.epilogue
         # GEMM columns per stored output element: 2 per gated pair, 2 per packed FP4 byte.
         self.out_div = epi.cols_per_output * (quant_storage(epi.quant)[1] if epi.quant else 1)
@@ -152,7 +156,7 @@ class GemmSm100(BlockScaledSm100Mixin, EpilogueSm100Mixin, GemmBase):
     def _setup(self, a_layout: LayoutEnum, b_layout: LayoutEnum, c_layout: LayoutEnum):
         cfg = self.config
         if cutlass.const_expr(self.blockscaled):
-            self._setup_blockscaled_mma(a_layout, b_layout)
+            self.bs._setup_blockscaled_mma(a_layout, b_layout)
         else:
             self.tiled_mma = sm100_utils.make_trivial_tiled_mma(
                 self.a_dtype,
@@ -191,7 +195,7 @@ class GemmSm100(BlockScaledSm100Mixin, EpilogueSm100Mixin, GemmBase):
         acc_shape = self.tiled_mma.partition_shape_C(self.mma_tiler[:2])
         acc_cols = memory.get_num_tmem_alloc_cols(self.tiled_mma.make_fragment_C(acc_shape), rounding=False)
         if cutlass.const_expr(self.blockscaled):
-            self._setup_blockscaled_tmem(acc_cols)
+            self.bs._setup_blockscaled_tmem(acc_cols)
         else:
             self.acc_stage = 2 if 2 * acc_cols <= TMEM_COLUMNS else 1
             self.num_tmem_cols = memory.get_num_tmem_alloc_cols(
@@ -319,7 +323,7 @@ class GemmSm100(BlockScaledSm100Mixin, EpilogueSm100Mixin, GemmBase):
         )
         sf_args = (None,) * 8
         if cutlass.const_expr(self.blockscaled):
-            sf_args = self._make_sf_tma(mA, mB, mSFA, mSFB, vmnk_shape)
+            sf_args = self.bs._make_sf_tma(mA, mB, mSFA, mSFB, vmnk_shape)
 
         self.shared_storage = self._shared_storage()
         self.check_smem_size(self.shared_storage.size_in_bytes(), SMEM_CAPACITY_SM100)
@@ -534,7 +538,7 @@ class GemmSm100(BlockScaledSm100Mixin, EpilogueSm100Mixin, GemmBase):
             if warp_idx == 0:
                 fill_tile_starts(tile_start, mOffs, mA_mkl.shape[0], cfg.tile_m, n_cluster_tiles, cute.arch.lane_idx())
         elif cutlass.const_expr(cfg.listed):
-            # List form: mOffs is the group table (``kernel_parts.list_tile_table``).
+            # List form: mOffs is the group table (``gemm.grouped_parts.list_tile_table``).
             tile_start, num_groups = list_tile_table(storage.tile_start, mOffs, warp_idx)
         else:
             sched = self.make_scheduler(
@@ -543,7 +547,7 @@ class GemmSm100(BlockScaledSm100Mixin, EpilogueSm100Mixin, GemmBase):
 
         sf = None
         if cutlass.const_expr(self.blockscaled):
-            sf = self.partition_sf(
+            sf = self.bs.partition_sf(
                 storage, tma_atom_sfa, mSFA_mkl, tma_atom_sfb, mSFB_nkl, tiled_mma_sfb,
                 cluster_layout_vmnk, cluster_layout_sfb_vmnk, cluster_coord_vmnk, cta_rank_in_cluster,
                 sfa_smem_layout_staged, sfb_smem_layout_staged, thr_mma, mma_coord_v,
@@ -644,7 +648,7 @@ class GemmSm100(BlockScaledSm100Mixin, EpilogueSm100Mixin, GemmBase):
                         start over the n cluster tiles) + the tile's m-tile."""
                         return tile_start[tile[2]] // n_cluster_tiles + tile[0]
 
-                extra = self.sf_load_operands(tma_atom_sfa, tma_atom_sfb, sf, sfa_block)
+                extra = self.bs.sf_load_operands(tma_atom_sfa, tma_atom_sfb, sf, sfa_block)
             self.load_ab(
                 load_sched, ab_pipeline, k_tiles,
                 tma_atom_a, a_tiles, tAsA, a_mcast_mask,
@@ -652,17 +656,17 @@ class GemmSm100(BlockScaledSm100Mixin, EpilogueSm100Mixin, GemmBase):
             )  # fmt: skip
         elif warp_idx == self.mma_warp_id:
             if cutlass.const_expr(self.blockscaled):
-                self.mma_blockscaled(
+                self.bs.mma_blockscaled(
                     sched, ab_pipeline, acc_pipeline, tmem,
                     tiled_mma, acc_layout, sA, sB, k_tile_cnt, is_leader_cta, sf,
                 )  # fmt: skip
             else:
-                self.mma(
+                self.mma_warp.mma(
                     sched, ab_pipeline, acc_pipeline, tmem,
                     tiled_mma, acc_layout, sA, sB, k_tiles, is_leader_cta,
                 )  # fmt: skip
         elif warp_idx < self.mma_warp_id:
-            self.epilogue(
+            self.epi.epilogue(
                 sched, acc_pipeline, tmem, acc_layout,
                 gC_cta, sC, epi_tile, tma_atom_c, alpha, tidx, warp_idx,
                 tCcAcc, mCin, mBias, beta, mma_coord_v, c_tiles,
@@ -671,65 +675,6 @@ class GemmSm100(BlockScaledSm100Mixin, EpilogueSm100Mixin, GemmBase):
                 out_desc,
             )  # fmt: skip
 
-    # ---------------------------------------------------------------------------------------
-    @cute.jit
-    def mma(
-        self,
-        sched,
-        ab_pipeline: pipeline.PipelineAsync,
-        acc_pipeline: pipeline.PipelineAsync,
-        tmem: memory.TmemAllocator,
-        tiled_mma: cute.TiledMma,
-        acc_layout: cute.Layout,  # (MMA, MMA_M, MMA_N, ACC_STAGE)
-        sA: cute.Tensor,
-        sB: cute.Tensor,
-        k_tile_cnt,  # Int32, or tile -> Int32 (list form: each group's own K)
-        is_leader_cta: cutlass.Boolean,
-    ):
-        """MMA warp: tcgen05.mma of every k-tile into the current TMEM accumulator stage.
-
-        In 2-CTA mode only the leader CTA issues; its commits arrive on the barriers of both CTAs
-        (stage empty: every CTA that received the multicast; acc full: the pair).
-        """
-        # (MMA, MMA_M, MMA_K, STAGE), (MMA, MMA_N, MMA_K, STAGE): smem descriptors
-        tCrA = tiled_mma.make_fragment_A(sA)
-        tCrB = tiled_mma.make_fragment_B(sB)
-        num_k_blocks = cute.size(tCrA, mode=[2])
-        tmem.wait_for_alloc()
-        # (MMA, MMA_M, MMA_N, ACC_STAGE)
-        tCtAcc_base = cute.make_tensor(tmem.retrieve_ptr(self.acc_dtype), acc_layout)
-
-        ab_consumer_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stage)
-        acc_producer_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.acc_stage)
-        work = sched.first()
-        while sched.is_valid(work):
-            # (MMA, MMA_M, MMA_N)
-            tCtAcc = tCtAcc_base[(None, None, None, acc_producer_state.index)]
-            if is_leader_cta:
-                # The epilogue (of both CTAs) has drained this accumulator stage.
-                acc_pipeline.producer_acquire(acc_producer_state)
-            # First k-block of a tile overwrites the accumulator.
-            tiled_mma.set(tcgen05.Field.ACCUMULATE, False)
-            kt_cnt = k_tile_cnt
-            if cutlass.const_expr(inspect.isfunction(k_tile_cnt)):
-                kt_cnt = k_tile_cnt(sched.cta_tile(work))
-            for _k_tile in cutlass.range(kt_cnt, unroll=1):
-                if is_leader_cta:
-                    ab_pipeline.consumer_wait(ab_consumer_state)
-                    for kb in cutlass.range_constexpr(num_k_blocks):
-                        coord = (None, None, kb, ab_consumer_state.index)
-                        cute.gemm(tiled_mma, tCtAcc, tCrA[coord], tCrB[coord], tCtAcc)
-                        tiled_mma.set(tcgen05.Field.ACCUMULATE, True)
-                    # tcgen05.commit: the stage is freed once these MMAs have read it.
-                    ab_pipeline.consumer_release(ab_consumer_state)
-                ab_consumer_state.advance()
-            if is_leader_cta:
-                # tcgen05.commit: the accumulator is full once every MMA of the tile completed.
-                acc_pipeline.producer_commit(acc_producer_state)
-            acc_producer_state.advance()
-            work = sched.next(work)
-        # The peer CTA's epilogue arrives remotely on our empty barriers: wait for them before exit.
-        acc_pipeline.producer_tail(acc_producer_state)
 
     # -- block-scaled pieces --------------------------------------------------------------------
     def acc_space(self, mC: cute.Tensor, mB: cute.Tensor):

@@ -1,6 +1,6 @@
 """A consumer thread's WGMMA accumulator fragment on Hopper: its register order (shared by the
-FP8 promotion of ``gemm.sm90_blockwise``), and the epilogue inputs applied to it once per tile
-(``PreEpilogueSm90Mixin``, mixed into ``cutegemm.gemm.sm90.kernel.GemmSm90``).
+FP8 promotion of ``gemm.sm90.blockwise``), and the epilogue inputs applied to it once per tile
+(``AccumulatorScaling``, a part of ``cutegemm.gemm.sm90.kernel.GemmSm90``).
 
 A thread's fragment of a 64xN WGMMA atom is ((2, 2, N/8), MMA_M, 1) = (column pair, row + 8,
 8-column group), MMA_M atoms 64 rows apart: 2 * MMA_M distinct rows and N / 4 distinct columns.
@@ -27,24 +27,27 @@ def frag_idx(i: int, v: int):
     return ((v % 2, i % 2, v // 2), i // 2, 0)
 
 
-class PreEpilogueSm90Mixin:
+class AccumulatorScaling:
     """Per-row / per-column epilogue inputs applied to the accumulators once per tile
     (:meth:`scale_accumulators`), the epilogue's subtiles then running without them
     (:meth:`epilogue_after_pre`): FP8 row-wise scales, and a bias (with alpha before it) when
     there is no beta * C. Not for the MXFP8 emulation's accumulator layout, list / K-grouped
     tiles or user epilogues."""
 
+    def __init__(self, kernel):
+        self.k = kernel  # the kernel this part belongs to (its config, layouts, tiles)
+
     @property
     def pre_epilogue(self) -> tuple[bool, bool, bool]:
         """(scale_a, scale_b, alpha + bias) applied by :meth:`scale_accumulators`."""
-        cfg = self.config
+        cfg = self.k.config
         epi = cfg.epilogue
         ok = not cfg.listed and not cfg.kgrouped and not cfg.fp8_mx and epi.user is None
         return (ok and epi.scale_a, ok and epi.scale_b, ok and epi.bias and not epi.beta)
 
     def epilogue_after_pre(self):
         """The epilogue spec left for the subtiles once ``pre_epilogue`` ran."""
-        epi = self.config.epilogue
+        epi = self.k.config.epilogue
         scale_a, scale_b, bias = self.pre_epilogue
         if scale_a or scale_b or bias:
             epi = dataclasses.replace(epi, scale_a=False, scale_b=False)
@@ -58,16 +61,16 @@ class PreEpilogueSm90Mixin:
         scale_b), a 1-element vector being a per-tensor scale), then, with a bias and no beta * C,
         * alpha + bias[c]. A thread loads its 2 rows' and tile_n / 4 columns' values together, so
         their latency is paid once per tile; the epilogue used to gather them per element and per
-        32-column subtile (FP8 scales: 16% of the time of grouped DeepSeek-V3 down, bias 8%:
-        bench/2026-11-30i/round7/fp8_epi.log, round11/bias_epi.log). ``tCcAcc``: the global
+        32-column subtile (FP8 scales: 16% of the time of grouped DeepSeek-V3 down, bias 8%).
+        ``tCcAcc``: the global
         (m, n, l) coordinate of every accumulator register (rows / columns past the problem read
         clamped values, never stored)."""
-        epi = self.config.epilogue
+        epi = self.k.config.epilogue
         scale_a, scale_b, bias = self.pre_epilogue
-        n_rows, n_cols = frag_dims(acc_sum.shape, self.config.tile_n)
+        n_rows, n_cols = frag_dims(acc_sum.shape, self.k.config.tile_n)
         # swap_ab: the fragment's rows are GEMM columns and its columns tokens (the coordinates
         # say (token, column, expert) all the same), so the row and column vectors trade places.
-        swap = self.config.swap_ab
+        swap = self.k.config.swap_ab
         n_a, n_b = (n_cols, n_rows) if swap else (n_rows, n_cols)
 
         def at(j, along_rows):  # coordinates of the fragment's row j (column 0) or column j (row 0)

@@ -8,7 +8,7 @@ scale_b per 128x128 block of B (the kernel's (NB, KB) view; grouped: (NB, KB, E)
 
     acc_sum[r, c] += acc[r, c] * scale_a[r, kt] * scale_b[c // 128, kt]
 
-A thread's rows and columns: ``gemm.sm90_accumulators`` (frag_dims, frag_idx). A tile of at most 128
+A thread's rows and columns: ``gemm.sm90.accumulators`` (frag_dims, frag_idx). A tile of at most 128
 columns sees one N block of B; a 192-wide tile (``two_nb``) spans two: its 8-column groups before
 the block boundary (64 or 128 columns in, by the tile's position: tiles start at multiples of
 64) take the first B scale, the rest the second.
@@ -35,11 +35,17 @@ from ..fp8_scales import SCALE_A_ROW_ALIGN as SFA_ALIGN  # fp32 rows per 16 byte
 from .accumulators import frag_dims, frag_idx
 
 
-class BlockwiseSm90Mixin:
+class BlockwiseMainloop:
+    """DeepSeek block scaling (config.fp8_blockwise): 1x128 activation scales riding the stage ring
+    beside A, 128x128 weight scales loaded a K tile ahead, applied as each K tile is promoted."""
+
+    def __init__(self, kernel):
+        self.k = kernel  # the kernel this part belongs to (its config, layouts, tiles)
+
     def sfa_rows(self) -> int:
         """Rows of one stage's scale_a box: tile_m, plus SFA_ALIGN for grouped tiles (their first
         row need not be a multiple of 4)."""
-        return self.config.tile_m + (SFA_ALIGN if self.config.grouped else 0)
+        return self.k.config.tile_m + (SFA_ALIGN if self.k.config.grouped else 0)
 
     def sfa_stage_floats(self) -> int:
         """Shared-memory floats per scale_a stage: sfa_rows() rounded up to 128 bytes (a TMA
@@ -49,13 +55,13 @@ class BlockwiseSm90Mixin:
     def sfa_layout(self):
         """(rows, 1, stage) fp32 scale_a stages, rows contiguous, each stage 128-byte aligned."""
         r, st = self.sfa_rows(), self.sfa_stage_floats()
-        return cute.make_layout((r, 1, self.ab_stage), stride=(1, st, st))
+        return cute.make_layout((r, 1, self.k.ab_stage), stride=(1, st, st))
 
     def sfa_box_row(self, tile):
         """(first row of grouped tile ``tile``'s scale_a box, the tile's first row's offset in it):
         the tile's first row rounded down to SFA_ALIGN (TMA's 16-byte rule for the contiguous
         mode's coordinate)."""
-        row0 = tile[3] + tile[0] * self.config.tile_m
+        row0 = tile[3] + tile[0] * self.k.config.tile_m
         off = row0 % SFA_ALIGN
         return row0 - off, off
 
@@ -80,7 +86,7 @@ class BlockwiseSm90Mixin:
         )
 
         def sfa_tiles(tile):
-            if cutlass.const_expr(self.config.grouped):
+            if cutlass.const_expr(self.k.config.grouped):
                 g = cute.local_tile(cute.domain_offset((self.sfa_box_row(tile)[0], 0, 0), mSFA), (rows, 1),
                                     (None, None, None))  # fmt: skip
                 _, t = cpasync.tma_partition(tma_atom, 0, one, ssfa, cute.group_modes(g, 0, 2))
@@ -93,7 +99,7 @@ class BlockwiseSm90Mixin:
         """Per consumer thread, once: (sSFA, mSFB, n_sa, two_nb, tile-local rows of the
         accumulator registers, the row scales of the current K tile, two B-scale buffers,
         acc_shape)."""
-        cfg = self.config
+        cfg = self.k.config
         sSFA, mSFB = block_scales
         n_sa = frag_dims(acc_shape, cfg.tile_n)[0]
         two_nb = cfg.tile_n > 128
@@ -116,7 +122,7 @@ class BlockwiseSm90Mixin:
         CTA of a 1x2 cluster at an odd n-tile count) and a 192-wide tile's second block past N's
         last read the last N block's scales (clamped: memcheck found the read past B's scales),
         never stored."""
-        cfg = self.config
+        cfg = self.k.config
         _, mSFB, _, two_nb, _, _, sb_cur, _, _ = bw
         sfb = mSFB
         sa_off = 0
@@ -195,7 +201,7 @@ class BlockwiseSm90Mixin:
         sSFA, _, n_sa, two_nb, sa_rows, sa_vals, _, _, acc_shape = bw
         sa_off = bw_at[3]
         ab_pipeline.consumer_wait(read_state)
-        tiled_mma = self.issue_k_tile(tiled_mma, acc, tCrA, tCrB, read_state.index, num_k_blocks, True, my_wg)
+        tiled_mma = self.k.consumers.issue_k_tile(tiled_mma, acc, tCrA, tCrB, read_state.index, num_k_blocks, True, my_wg)
         for i in cutlass.range_constexpr(n_sa):  # before the stage is released
             sa_vals[i] = sSFA[(sa_off + sa_rows[i], 0, read_state.index)]
         self.load_b_scales(sb_load, bw_at, k_load, two_nb)

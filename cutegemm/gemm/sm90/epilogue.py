@@ -1,4 +1,4 @@
-"""The sm_90a consumer warpgroups' epilogue (mixed into ``cutegemm.gemm.sm90.kernel.GemmSm90``): per
+"""The sm_90a consumer warpgroups' epilogue (a part of ``cutegemm.gemm.sm90.kernel.GemmSm90``): per
 tile, the accumulator's subtiles (all of the tile's rows x 32 columns) through
 ``epilogue.epilogue_subtile``, into a ring of shared-memory buffers, each stored by one warp's
 TMA (or, for a grouped tile that crosses its expert's end, by predicated copies).
@@ -6,8 +6,8 @@ TMA (or, for a grouped tile that crosses its expert's end, by predicated copies)
 - Direct outputs go registers -> stmatrix -> smem; gated and quantized outputs store by
   coordinate (the stmatrix partition still gives the register order).
 - Per-tile inputs (FP8 row-wise scales; bias with alpha when there is no beta * C) are applied to
-  the whole accumulator first (``PreEpilogueSm90Mixin.scale_accumulators``).
-- Grouped tiles start at their expert's first row; swapped tiles (``gemm.sm90_swap``) skip the
+  the whole accumulator first (``AccumulatorScaling.scale_accumulators``).
+- Grouped tiles start at their expert's first row; swapped tiles (``gemm.sm90.swap``) skip the
   subtiles past the expert's last token and store transposed.
 
 :meth:`epilogue_parts` builds the copies, buffers and barriers once per CTA; :meth:`store_tile`
@@ -34,7 +34,7 @@ BAR_EPILOGUE = 1  # + warpgroup turn (1, 2)
 
 
 class EpiParts(NamedTuple):
-    """A consumer thread's epilogue pieces (see :meth:`EpilogueSm90Mixin.epilogue_parts`)."""
+    """A consumer thread's epilogue pieces (see :meth:`Sm90Epilogue.epilogue_parts`)."""
 
     tiled_copy_r2s: object
     tRS_rAcc: cute.Tensor  # (R2S, R2S_M, R2S_N) view of the whole accumulator
@@ -48,23 +48,26 @@ class EpiParts(NamedTuple):
     store_warp: object  # this warp issues the TMA stores
 
 
-class EpilogueSm90Mixin:
+class Sm90Epilogue:
     """:meth:`epilogue_parts` and :meth:`store_tile` (see the module docstring)."""
+
+    def __init__(self, kernel):
+        self.k = kernel  # the kernel this part belongs to (its config, layouts, tiles)
 
     def epilogue_parts(self, tiled_mma, mma_tidx, sC: cute.Tensor, acc_sum: cute.Tensor, wg, warp_idx) -> EpiParts:
         """The epilogue's copies, register buffers, TMA-store pipeline and barrier, once per CTA."""
-        epi = self.config.epilogue
+        epi = self.k.config.epilogue
         direct = epi.gated is None and epi.quant is None  # registers -> stmatrix -> smem
         tRS_sC = tRS_rD_out = tRS_cE = None
         # Epilogue copies: registers -> smem with stmatrix, then one warp TMA-stores the subtile.
         # (Gated / quantized outputs store by coordinate; the stmatrix partition still gives
         # the register order: built for bf16 then.)
-        r2s_dtype = self.c_dtype if direct else cutlass.BFloat16
+        r2s_dtype = self.k.c_dtype if direct else cutlass.BFloat16
         copy_atom_r2s = sm90_utils.sm90_get_smem_store_op(
-            self.c_layout, elem_ty_d=r2s_dtype, elem_ty_acc=self.acc_dtype
+            self.k.c_layout, elem_ty_d=r2s_dtype, elem_ty_acc=self.k.acc_dtype
         )
         copy_atom_c = cute.make_copy_atom(
-            cute.nvgpu.warp.StMatrix8x8x16bOp(self.c_layout.is_m_major_c(), 4), r2s_dtype
+            cute.nvgpu.warp.StMatrix8x8x16bOp(self.k.c_layout.is_m_major_c(), 4), r2s_dtype
         )
         tiled_copy_r2s = cute.make_tiled_copy_S(copy_atom_r2s, cute.make_tiled_copy_C_atom(copy_atom_c, tiled_mma))
         thr_copy_r2s = tiled_copy_r2s.get_slice(mma_tidx)
@@ -74,23 +77,23 @@ class EpilogueSm90Mixin:
             # (R2S, R2S_M, R2S_N, EPI_STAGE)
             tRS_sC = thr_copy_r2s.partition_D(sC)
             rD_shape = cute.shape(thr_copy_r2s.partition_S(sC))[:3]
-            tRS_rD_out = cute.make_rmem_tensor(rD_shape, self.c_dtype)
+            tRS_rD_out = cute.make_rmem_tensor(rD_shape, self.k.c_dtype)
         else:
             # (R2S, R2S_M, R2S_N): subtile-local (m, n) of each accumulator register of a subtile
-            tRS_cE = thr_copy_r2s.partition_S(cute.make_identity_tensor(self.epi_tile))
+            tRS_cE = thr_copy_r2s.partition_S(cute.make_identity_tensor(self.k.epi_tile))
             rD_shape = cute.shape(tRS_cE)
-        tRS_rD = cute.make_rmem_tensor(rD_shape, self.acc_dtype)
+        tRS_rD = cute.make_rmem_tensor(rD_shape, self.k.acc_dtype)
         size_rD = cute.size(tRS_rD)
 
         store_pipeline = pipeline.PipelineTmaStore.create(
-            num_stages=self.epi_stage,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.threads_per_tile),
+            num_stages=self.k.epi_stage,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.k.threads_per_tile),
         )
         # Barriers: the epilogue's (threads sharing a tile) and, in pingpong, one "your turn for
         # the tensor cores" barrier per warpgroup (its 128 threads sync, the other's 128 arrive).
-        epi_barrier = pipeline.NamedBarrier(barrier_id=BAR_EPILOGUE + wg, num_threads=self.threads_per_tile)
+        epi_barrier = pipeline.NamedBarrier(barrier_id=BAR_EPILOGUE + wg, num_threads=self.k.threads_per_tile)
         store_warp = warp_idx % 4 == 0  # one warp of the group issues the TMA stores
-        if self.wg_per_tile > 1:
+        if self.k.wg_per_tile > 1:
             store_warp = warp_idx == 4
         return EpiParts(tiled_copy_r2s, tRS_rAcc, tRS_sC, tRS_rD_out, tRS_cE, tRS_rD, size_rD, store_pipeline,
                         epi_barrier, store_warp)  # fmt: skip
@@ -102,12 +105,12 @@ class EpilogueSm90Mixin:
                    vectors: tuple, group_cols, out_desc, mma_tidx: cutlass.Int32, wg: cutlass.Int32) -> cutlass.Int32:  # fmt: skip
         """One tile's epilogue (``tile``: the scheduler's coordinates); returns ``epi_count`` plus
         the subtiles stored."""
-        epi = self.config.epilogue
-        epi_sub = self.epilogue_after_pre()
+        epi = self.k.config.epilogue
+        epi_sub = self.k.accum.epilogue_after_pre()
         gated = epi.gated is not None
         quant = epi.quant is not None
         direct = not gated and not quant
-        swap = self.config.swap_ab
+        swap = self.k.config.swap_ab
         # swap_ab + gated: the subtile's values before gating (its gate / up pairs lie in two
         # threads; ``swap_gated_store`` pairs them)
         epi_values = dataclasses.replace(epi_sub, gated=None) if swap and gated else epi_sub
@@ -117,8 +120,8 @@ class EpilogueSm90Mixin:
         if cutlass.const_expr(swap):
             # Tokens of this expert start at row_start (C's columns here): subtiles past its
             # last token are skipped, one that crosses it is stored by predicated copies.
-            gC, gC_real, tokens_left, cols_left = self.swap_out_tile(mC_mnl, mC_gmem, tile, gC_mnl.shape[:2])
-        elif cutlass.const_expr(self.config.grouped):
+            gC, gC_real, tokens_left, cols_left = self.k.swap.swap_out_tile(mC_mnl, mC_gmem, tile, gC_mnl.shape[:2])
+        elif cutlass.const_expr(self.k.config.grouped):
             # Rows of this expert start at row_start: offset C, and store with TMA only when
             # every row of the tile belongs to the expert (else predicated, row < row_end).
             gC, gC_real, rows_left, cols_left, full_tile = grouped_out_tile(
@@ -133,7 +136,7 @@ class EpilogueSm90Mixin:
             if store_warp:
                 cpasync.fence_tma_desc_acquire(desc_c)
         # ((EPI_M, EPI_N), (RestM, RestN))
-        gC_epi = cute.zipped_divide(gC, self.epi_tile_out)
+        gC_epi = cute.zipped_divide(gC, self.k.epi_tile_out)
         bSG_sC, bSG_gC = cpasync.tma_partition(
             tma_atom_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), gC_epi
         )
@@ -145,27 +148,27 @@ class EpilogueSm90Mixin:
             # (R2S_V, EPI): global coordinates of tRS_rAcc's registers; column epi_idx holds
             # those that the loop below copies into tRS_rD for subtile epi_idx.
             if cutlass.const_expr(swap):
-                tCcAcc = thr_mma.partition_C(self.swap_acc_coords(cAcc_mnl, tile))
-            elif cutlass.const_expr(self.config.grouped):
+                tCcAcc = thr_mma.partition_C(self.k.swap.swap_acc_coords(cAcc_mnl, tile))
+            elif cutlass.const_expr(self.k.config.grouped):
                 tCcAcc = thr_mma.partition_C(grouped_acc_coords(cAcc_mnl, tile))
             else:
                 tCcAcc = thr_mma.partition_C(cAcc_mnl[(None, None, tile[0], tile[1], tile[2])])
-            if cutlass.const_expr(any(self.pre_epilogue)):
-                self.scale_accumulators(acc_sum, tCcAcc, vectors, group_cols, alpha, mBias)
+            if cutlass.const_expr(any(self.k.accum.pre_epilogue)):
+                self.k.accum.scale_accumulators(acc_sum, tCcAcc, vectors, group_cols, alpha, mBias)
             tRS_cAcc = cute.composition(tiled_copy_r2s.retile(tCcAcc), cute.make_layout((size_rD, num_epi)))
         for epi_idx in cutlass.range_constexpr(num_epi):
             epi_coord = epi_layout.get_hier_coord(epi_idx)
             live = True
             if cutlass.const_expr(swap):  # swap_ab: subtiles past the expert's last token are skipped
-                live = tokens_left > epi_coord[1] * self.epi_tile_out[1]
+                live = tokens_left > epi_coord[1] * self.k.epi_tile_out[1]
             if live:
                 for v in cutlass.range_constexpr(size_rD):
                     tRS_rD[v] = tRS_rAcc[epi_idx * size_rD + v]
                 coords = tRS_cAcc[(None, epi_idx)] if cutlass.const_expr(epi_sub.needs_coords) else None
                 out = epilogue_subtile(epi_values, tRS_rD.load(), coords, alpha, beta, mCin, mBias, vectors, group_cols)
                 if cutlass.const_expr(direct):
-                    tRS_rD_out.store(out.to(self.c_dtype))
-                buf = wg * self.epi_stage + epi_count % self.epi_stage
+                    tRS_rD_out.store(out.to(self.k.c_dtype))
+                buf = wg * self.k.epi_stage + epi_count % self.k.epi_stage
                 if cutlass.const_expr(direct):
                     cute.copy(tiled_copy_r2s, tRS_rD_out, tRS_sC[(None, None, None, buf)])
                 elif cutlass.const_expr(quant):
@@ -173,15 +176,15 @@ class EpilogueSm90Mixin:
                         epi_sub, out, coords, tRS_cE, sC[(None, None, buf)], tile_quant_args, 4, 1 if gated else 2
                     )
                 elif cutlass.const_expr(swap):
-                    self.swap_gated_store(epi_sub, out, coords, tRS_cE, sC[(None, None, buf)], self.c_dtype)
+                    self.k.swap.swap_gated_store(epi_sub, out, coords, tRS_cE, sC[(None, None, buf)], self.k.c_dtype)
                 else:
-                    store_gated(out, coords, tRS_cE, sC[(None, None, buf)], self.c_dtype)
+                    store_gated(out, coords, tRS_cE, sC[(None, None, buf)], self.k.c_dtype)
                 # Make the smem writes visible to the TMA (async proxy), then one warp stores.
                 cute.arch.fence_proxy("async.shared", space="cta")
                 epi_barrier.arrive_and_wait()
                 sub_full = full_tile
                 if cutlass.const_expr(swap):  # every token column of the subtile is the expert's
-                    sub_full = tokens_left >= (epi_coord[1] + 1) * self.epi_tile_out[1]
+                    sub_full = tokens_left >= (epi_coord[1] + 1) * self.k.epi_tile_out[1]
                 if sub_full:
                     if store_warp:
                         cute.copy(tma_atom_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_coord)], tma_desc_ptr=desc_c)
@@ -193,23 +196,23 @@ class EpilogueSm90Mixin:
                     # 16-byte row pieces of the subtile, rows < row_end and columns < N only.
                     # (swap_ab: token columns < the expert's end, weight rows < N.)
                     if cutlass.const_expr(swap):
-                        self.swap_store_partial(
+                        self.k.swap.swap_store_partial(
                             sC[(None, None, buf)],
-                            cute.local_tile(gC_real, self.epi_tile_out, epi_coord),
-                            tokens_left - epi_coord[1] * self.epi_tile_out[1],
-                            cols_left - epi_coord[0] * self.epi_tile_out[0],
+                            cute.local_tile(gC_real, self.k.epi_tile_out, epi_coord),
+                            tokens_left - epi_coord[1] * self.k.epi_tile_out[1],
+                            cols_left - epi_coord[0] * self.k.epi_tile_out[0],
                             mma_tidx,
                         )
-                    elif cutlass.const_expr(self.config.grouped):
+                    elif cutlass.const_expr(self.k.config.grouped):
                         store_subtile_predicated(
                             sC[(None, None, buf)],
-                            cute.local_tile(gC_real, self.epi_tile_out, epi_coord),  # (EPI_M, EPI_N)
-                            rows_left - epi_coord[0] * self.epi_tile_out[0],
-                            cols_left - epi_coord[1] * self.epi_tile_out[1],
+                            cute.local_tile(gC_real, self.k.epi_tile_out, epi_coord),  # (EPI_M, EPI_N)
+                            rows_left - epi_coord[0] * self.k.epi_tile_out[0],
+                            cols_left - epi_coord[1] * self.k.epi_tile_out[1],
                             mma_tidx,
-                            self.threads_per_tile,
+                            self.k.threads_per_tile,
                         )
-                    if cutlass.const_expr(self.config.grouped):
+                    if cutlass.const_expr(self.k.config.grouped):
                         if store_warp:
                             # This path commits no TMA store, so nothing retires the earlier ones:
                             # wait until they have read their buffers before the next subtile

@@ -35,7 +35,7 @@ FP8 (e4m3): every 128-wide K tile's WGMMA partial sum is promoted into an fp32 a
 (unless fast_accum); with config.fp8_blockwise (DeepSeek 1x128 / 128x128 scales, in mSFA /
 mSFB) it is multiplied by scale_a[row, kt] * scale_b[n_block, kt] as it is added, scale_a riding
 the stage ring beside A (TMA), scale_b loaded from global memory a K tile ahead (that mainloop:
-``gemm.sm90_blockwise``, mixed in).
+``gemm.sm90.blockwise``, mixed in).
 
 Constraints: see ``config.config_errors`` (tile_m 64/128, tile_n 64..256, cluster <= 4).
 """
@@ -72,28 +72,36 @@ from ..grouped_parts import (
     tile_table_bytes,
     tile_table_len,
 )
-from .accumulators import PreEpilogueSm90Mixin
-from .blockwise import BlockwiseSm90Mixin
-from .epilogue import EpilogueSm90Mixin
-from .mx import MX_KB, MX_PARTS, SF_BYTES, MxSm90Mixin
-from .split import SplitKSm90Mixin
-from .swap import SwapAbSm90Mixin
-from .zero import StageZeroSm90Mixin
+from .accumulators import AccumulatorScaling
+from .blockwise import BlockwiseMainloop
+from .consumer import Sm90Consumers
+from .epilogue import Sm90Epilogue
+from .mx import MX_PARTS, MxMainloop
+from .split import SplitK
+from .swap import SwapAb
+from .zero import StageZero
 
 SMEM_CAPACITY_SM90 = 232448
-# Named barriers: 1, 2 are the epilogue's (sm90_epilogue.BAR_EPILOGUE + warpgroup turn)
-BAR_ORDER = 3  # + warpgroup turn (3, 4): pingpong tensor-core hand-off
-BAR_K_ORDER = 5  # + consumer warpgroup (5, 6): config.wg_order, turns per K tile
+# Named barriers: 1, 2 are the epilogue's (sm90.epilogue.BAR_EPILOGUE + warpgroup turn)
 
 
-class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm90Mixin, MxSm90Mixin, PreEpilogueSm90Mixin,
-               StageZeroSm90Mixin, GemmBase):  # fmt: skip
+class GemmSm90(GemmBase):
     threads_per_warpgroup = 128
     load_registers = 40
     mma_registers = 232
 
     def __init__(self, config):
         super().__init__(config)
+        # The kernel's parts: objects that read this kernel's config and layouts (``self.k``);
+        # the config decides which of them a variant uses.
+        self.consumers = Sm90Consumers(self)  # the consumer warpgroups: mainloop, then epilogue
+        self.epi = Sm90Epilogue(self)  # accumulator -> epilogue ops -> shared memory -> TMA store
+        self.accum = AccumulatorScaling(self)  # FP8 scales / promotion before the epilogue
+        self.blockwise = BlockwiseMainloop(self)  # config.fp8_blockwise: DeepSeek 1x128 / 128x128 scales
+        self.mx = MxMainloop(self)  # config.fp8_mx: MXFP8 emulated by FP8 WGMMA per 32-wide K block
+        self.split = SplitK(self)  # config.split_k: K ranges summed through a workspace or the cluster
+        self.swap = SwapAb(self)  # config.swap_ab: C^T = B^T A^T for few tokens
+        self.zero = StageZero(self)  # zeroed stage rows / K columns outside a partial box
         self.out_per_elem = quant_storage(config.epilogue.quant)[1] if config.epilogue.quant else 1
         self.pingpong = config.pingpong
         self.num_mma_wg = 2 if self.pingpong else config.tile_m // 64
@@ -134,17 +142,17 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
         self.epi_tile_out = (self.epi_tile[0] // self.out_div[0], self.epi_tile[1] // self.out_div[1])
         ab_bytes = (cfg.tile_m + cfg.tile_n) * self.tile_shape_mnk[2] * self.a_dtype.width // 8
         if cfg.fp8_mx:  # the K tile's scales ride with A and B
-            ab_bytes += self.mx_stage_bytes()
+            ab_bytes += self.mx.mx_stage_bytes()
         if cfg.fp8_blockwise:  # the K tile's scale_a rows ride with A and B
-            ab_bytes += self.sfa_stage_floats() * 4
+            ab_bytes += self.blockwise.sfa_stage_floats() * 4
         epi_stage_bytes = cute.size(self.epi_tile_out) * self.c_dtype.width // 8 * self.epi_groups
         # 1 KiB below sA for the mbarriers and the scheduler ring; 32 B past sC for the scale words
         # (sSFA / sSFB, 16-byte aligned; one unused word each when there are no scale stages):
         # the storage's size rounds up to its 1 KiB alignment, so A + B + C filling the rest
         # exactly would overflow by 1 KiB (a 64x64 tile with FP4 output did, at launch).
         budget = SMEM_CAPACITY_SM90 - 1024 - 32 - tile_table_bytes(cfg.grouped or cfg.listed) - 16 * (cfg.split_k > 1)
-        if cfg.split_cluster:  # range 0's receive slots (gemm.sm90_split)
-            budget -= self.split_recv_floats() * 4 + 16
+        if cfg.split_cluster:  # range 0's receive slots (gemm.sm90.split)
+            budget -= self.split.split_recv_floats() * 4 + 16
 
         def ab_stages(epi_stage):
             return (budget - epi_stage * epi_stage_bytes) // ab_bytes
@@ -260,16 +268,16 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
 
         tma_atom_sfa = tma_atom_sfb = None
         if cutlass.const_expr(cfg.fp8_mx):
-            tma_atom_sfa, mSFA, tma_atom_sfb, mSFB = self.mx_tma(mSFA, mSFB)
+            tma_atom_sfa, mSFA, tma_atom_sfb, mSFB = self.mx.mx_tma(mSFA, mSFB)
         if cutlass.const_expr(cfg.fp8_blockwise):
-            tma_atom_sfa, mSFA = self.sfa_tma(mSFA)
+            tma_atom_sfa, mSFA = self.blockwise.sfa_tma(mSFA)
         table_len = tile_table_len(cfg.grouped or cfg.listed)
         # Scale stages are TMA destinations: 128-byte aligned (MXFP8 emulation: both; block scales:
         # scale_a); otherwise one unused word each.
-        sf_len = self.mx_cosizes() if cfg.fp8_mx else (1, 1)
+        sf_len = self.mx.mx_cosizes() if cfg.fp8_mx else (1, 1)
         sf_align = (128, 128) if cfg.fp8_mx else (16, 16)
         if cutlass.const_expr(cfg.fp8_blockwise):
-            sf_len, sf_align = (cute.cosize(self.sfa_layout()), 1), (128, 16)
+            sf_len, sf_align = (cute.cosize(self.blockwise.sfa_layout()), 1), (128, 16)
         # The dynamic schedulers' tile ring (static: a 1-slot stub; every field here sits below
         # the 1 KiB-aligned sA, so it moves nothing).
         ring = ring_storage_fields(RING_DEPTH if cfg.scheduler != "static" else 1)
@@ -292,11 +300,11 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
             # MXFP8 emulation / block-scaled FP8's scale_a: fp32 scale stages (one unused word each otherwise)
             sSFA: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, sf_len[0]], sf_align[0]]
             sSFB: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, sf_len[1]], sf_align[1]]
-            if cutlass.const_expr(split_k):  # split K: "this unit completes the tile" (gemm.sm90_split)
+            if cutlass.const_expr(split_k):  # split K: "this unit completes the tile" (gemm.sm90.split)
                 split_flag: cute.struct.MemRange[cutlass.Int32, 4]
             if cutlass.const_expr(cfg.split_cluster):  # range 0's receive slots and their mbarrier
                 split_mbar: cute.struct.MemRange[cutlass.Int64, 2]
-                split_recv: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, self.split_recv_floats()], 16]
+                split_recv: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, self.split.split_recv_floats()], 16]
 
         self.shared_storage = SharedStorage
         self.check_smem_size(SharedStorage.size_in_bytes(), SMEM_CAPACITY_SM90)
@@ -395,9 +403,9 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
             self.a_dtype, cute.slice_(a_smem_layout_staged, (None, None, 0))
         ) + cute.size_in_bytes(self.b_dtype, cute.slice_(b_smem_layout_staged, (None, None, 0)))
         if cutlass.const_expr(self.config.fp8_mx):
-            tma_bytes += self.mx_stage_bytes()
+            tma_bytes += self.mx.mx_stage_bytes()
         if cutlass.const_expr(self.config.fp8_blockwise):
-            tma_bytes += self.sfa_rows() * 4
+            tma_bytes += self.blockwise.sfa_rows() * 4
         if cutlass.const_expr(self.config.a_rows):  # A's box holds a_rows of the tile_m rows
             tma_bytes -= (self.config.tile_m - self.a_box_rows) * self.tile_shape_mnk[2] * self.a_dtype.width // 8
         # Every consumer warp of every CTA that reads a multicast stage releases it.
@@ -415,7 +423,7 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
             # The cluster is the tile's K ranges, not a multicast group: every CTA's consumer warps
             # release their own stages (the pipeline's size-1 layout would pick rank 0's lanes).
             ab_pipeline = dataclasses.replace(ab_pipeline, is_signaling_thread=tidx % 32 == 0)
-            self.split_cluster_arm(storage.split_mbar.data_ptr(), tidx, False)
+            self.split.split_cluster_arm(storage.split_mbar.data_ptr(), tidx, False)
         # Dynamic schedulers: every consumer warp and the producer warp read the tile ring.
         self.init_sched_ring(storage, 1 + 4 * self.num_mma_wg, tidx)
         pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mn, is_relaxed=True)
@@ -442,7 +450,7 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
         if cutlass.const_expr(epi.needs_coords):
             # grouped: (packed row, GEMM column, expert), offset per tile by the expert's first row
             if cutlass.const_expr(self.config.swap_ab):  # (token, GEMM column, expert) per element
-                cAcc_mnl = self.swap_acc_space(mA_mkl, mB_nkl, cute.slice_(self.tile_shape_mnk, (None, None, 0)))
+                cAcc_mnl = self.swap.swap_acc_space(mA_mkl, mB_nkl, cute.slice_(self.tile_shape_mnk, (None, None, 0)))
             else:
                 cAcc_mnl = cute.local_tile(
                     grouped_acc_space(mC_mnl, mB_nkl)
@@ -497,12 +505,12 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
                     tile_start, mOffs, mA_mkl.shape[0], cfg.tile_m * cfg.cluster_m, n_cluster_tiles, cute.arch.lane_idx()
                 )
         if cutlass.const_expr(cfg.listed):
-            # List form: mOffs is the group table (``kernel_parts.list_tile_table``).
+            # List form: mOffs is the group table (``gemm.grouped_parts.list_tile_table``).
             tile_start, num_groups = list_tile_table(storage.tile_start, mOffs, warp_idx)
         pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
         if cutlass.const_expr(cfg.split_cluster):
             cute.arch.cluster_wait()
-            self.split_cluster_arm(storage.split_mbar.data_ptr(), tidx, True)
+            self.split.split_cluster_arm(storage.split_mbar.data_ptr(), tidx, True)
         if cutlass.const_expr(cfg.swap_ab):
             sched = make_grouped_scheduler(tile_start, mOffs, mB_nkl.shape[0], n_cluster_tiles, cfg)
         elif cutlass.const_expr(cfg.grouped):
@@ -517,8 +525,8 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
         else:
             sched = self.make_scheduler(self.acc_space(mC_mnl, mB_nkl), (cfg.tile_m, cfg.tile_n))
         b_tiles, load_k_tiles, k_range, k_first = tBgB, k_tile_cnt, None, None
-        if cutlass.const_expr(cfg.split_k > 1):  # each unit's K range (gemm.sm90_split)
-            k_range, load_k_tiles, k_first = self.split_k_roles(k_tile_cnt)
+        if cutlass.const_expr(cfg.split_k > 1):  # each unit's K range (gemm.sm90.split)
+            k_range, load_k_tiles, k_first = self.split.split_k_roles(k_tile_cnt)
         load_descs = out_desc = None
         if cutlass.const_expr(cfg.listed):
             # Each group's own K-tile count and descriptors (zero fill past K, M, N; no store outside).
@@ -575,22 +583,22 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
         block_scales = (mSFA, mSFB)
         mx_parts = None
         if cutlass.const_expr(cfg.fp8_mx):
-            sSFA, sSFB, mx_parts = self.mx_partition(storage, tma_atom_sfa, mSFA, tma_atom_sfb, mSFB)
+            sSFA, sSFB, mx_parts = self.mx.mx_partition(storage, tma_atom_sfa, mSFA, tma_atom_sfb, mSFB)
             block_scales = (sSFA, sSFB)
         if cutlass.const_expr(cfg.fp8_blockwise):
-            block_scales = (storage.sSFA.get_tensor(self.sfa_layout()), mSFB)
+            block_scales = (storage.sSFA.get_tensor(self.blockwise.sfa_layout()), mSFB)
         warp_group_idx = cute.arch.make_warp_uniform(tidx // self.threads_per_warpgroup)
         if warp_group_idx == 0:
             cute.arch.setmaxregister_decrease(self.load_registers)
             if warp_idx == self.load_warp_id:
                 extra = ()
                 if cutlass.const_expr(cfg.fp8_mx):
-                    extra = self.mx_load_operands(tma_atom_sfa, tma_atom_sfb, mx_parts, mSFA, block_scales[0])
+                    extra = self.mx.mx_load_operands(tma_atom_sfa, tma_atom_sfb, mx_parts, mSFA, block_scales[0])
                 if cutlass.const_expr(cfg.fp8_blockwise):
-                    extra = (self.sfa_load_operand(tma_atom_sfa, mSFA, block_scales[0]),)
+                    extra = (self.blockwise.sfa_load_operand(tma_atom_sfa, mSFA, block_scales[0]),)
                 b_atom, tx_bytes = tma_atom_b, None
                 if cutlass.const_expr(cfg.swap_ab):  # the tokens, chunk by chunk
-                    extra, tx_bytes = self.swap_token_loads(tma_atom_b, sB, mB_nkl, b_mcast_mask)
+                    extra, tx_bytes = self.swap.swap_token_loads(tma_atom_b, sB, mB_nkl, b_mcast_mask)
                     b_atom = None
                 self.load_ab(
                     load_sched, ab_pipeline, load_k_tiles,
@@ -601,13 +609,13 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
             cute.arch.setmaxregister_increase(self.mma_registers)
             split = None  # split K: (workspace, shared-memory flag "this unit completes the tile")
             if cutlass.const_expr(cfg.split_cluster):  # in a cluster: (receive slots, their mbarrier)
-                split = (storage.split_recv.get_tensor(cute.make_layout(self.split_recv_floats())),
+                split = (storage.split_recv.get_tensor(cute.make_layout(self.split.split_recv_floats())),
                          storage.split_mbar.data_ptr())  # fmt: skip
             elif cutlass.const_expr(cfg.split_k > 1):
                 split = (mWorkspace, storage.split_flag.get_tensor(cute.make_layout(4)))
             # pingpong: warpgroup 1 or 2 -> 0 / 1, each owning whole tiles; cooperative: one group.
             wg = warp_group_idx - 1 if self.pingpong else 0
-            self.mma_and_epilogue(
+            self.consumers.mma_and_epilogue(
                 sched, ab_pipeline, k_tile_cnt, tiled_mma, sA, sB, sC, gC_mnl, tma_atom_c, alpha,
                 (tidx - self.threads_per_warpgroup) % self.threads_per_tile, wg, warp_idx,
                 cAcc_mnl, mCin, mBias, beta, mC_mnl, mC_gmem, quant_args, vectors,
@@ -618,232 +626,6 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
                 split=split,
             )  # fmt: skip
 
-    # ---------------------------------------------------------------------------------------
-    @cute.jit
-    def mma_and_epilogue(
-        self,
-        sched,
-        ab_pipeline: pipeline.PipelineAsync,
-        k_tile_cnt: cutlass.Int32,
-        tiled_mma: cute.TiledMma,
-        sA: cute.Tensor,
-        sB: cute.Tensor,
-        sC: cute.Tensor,
-        gC_mnl: cute.Tensor,
-        tma_atom_c: cute.CopyAtom,
-        alpha: cutlass.Float32,
-        mma_tidx: cutlass.Int32,
-        wg: cutlass.Int32,
-        warp_idx: cutlass.Int32,
-        cAcc_mnl: cute.Tensor | None,  # (bM, bN, RestM, RestN, RestL) coordinates, or None
-        mCin: cute.Tensor | None,
-        mBias: cute.Tensor | None,
-        beta: cutlass.Float32,
-        mC_mnl: cute.Tensor,  # TMA coordinate tensor of C
-        mC_gmem: cute.Tensor | None,  # grouped: C in global memory (partial-tile stores)
-        quant_args: tuple,
-        vectors: tuple,
-        group_cols,  # grouped: the GEMM's N (per-expert vectors hold E rows of N); dense: None
-        block_scales: tuple = (None, None),  # fp8_blockwise: (sSFA, mSFB); fp8_mx: (sSFA, sSFB)
-        k_range=None,  # K-grouped: tile -> (K tiles, head columns to zero, K values of a partial last K tile or 0)
-        out_desc=None,  # listed: tile -> its group's C descriptor
-        split=None,  # split K: (workspace, shared-memory flag)
-    ):
-        """Consumer warpgroups: WGMMA mainloop into register accumulators, then the epilogue.
-
-        ``wg``: this warpgroup's turn in pingpong (0/1; always 0 in cooperative). ``mma_tidx``:
-        thread index among the threads that share a tile.
-        """
-        epi = self.config.epilogue
-        direct = epi.gated is None and epi.quant is None  # registers -> stmatrix -> smem
-        thr_mma = tiled_mma.get_slice(mma_tidx)
-        # (MMA, MMA_M, MMA_K, STAGE), (MMA, MMA_N, MMA_K, STAGE)
-        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
-        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
-        # (MMA, MMA_M, MMA_N)
-        acc_shape = thr_mma.partition_C(gC_mnl if direct else cAcc_mnl).shape[:3]
-        acc = cute.make_rmem_tensor(acc_shape, self.acc_dtype)
-        # FP8 with promotion: every K tile's WGMMAs start a fresh partial sum (acc), added into an
-        # fp32 accumulator in registers once they retire, so the tensor core's reduced-precision
-        # FP8 accumulation spans 128 K only (as cuBLAS without fast accumulation / DeepGEMM).
-        promote = self.config.a_dtype == "e4m3" and not self.config.fast_accum
-        acc_sum = cute.make_rmem_tensor(acc_shape, self.acc_dtype) if promote else acc
-        num_k_blocks = cute.size(tCrA, mode=[2])
-        swap = self.config.swap_ab
-        if cutlass.const_expr(swap):  # one WGMMA width per 16 tokens (see gemm.sm90_swap)
-            variants = self.swap_variants(tiled_mma, mma_tidx, sA, sB, acc, acc_sum, promote)
-        # FP8 block scaling (DeepSeek 1x128 / 128x128, config.fp8_blockwise): see
-        # gemm.sm90_blockwise (this thread's rows, scale registers).
-        blockwise = self.config.fp8_blockwise
-        if cutlass.const_expr(blockwise):
-            assert promote
-            bw = self.blockwise_setup(thr_mma, acc_shape, block_scales)
-        # MXFP8 emulation (config.fp8_mx): scales per 32-K block of every row / column, in shared
-        # memory stages next to A and B (see blockscaled.sm90_mx_mainloop): this thread's row
-        # addresses and its first column-scale group.
-        mx = self.config.fp8_mx
-        if cutlass.const_expr(mx):
-            sSFA, sSFB = block_scales
-            assert promote and acc_shape == ((2, 2, self.config.tile_n // (8 * MX_PARTS)), 1, MX_PARTS), acc_shape
-            tCcTile = thr_mma.partition_C(cute.make_identity_tensor((self.config.tile_m, self.config.tile_n)))
-            sfa_rows = [sSFA.iterator.toint() + tCcTile[((0, h, 0), 0, 0)][0] * (MX_KB * SF_BYTES) for h in range(2)]
-            sfb_base = sSFB.iterator.toint() + tCcTile[((0, 0, 0), 0, 0)][1] * (2 * SF_BYTES)  # 4 q floats
-
-        ep = self.epilogue_parts(tiled_mma, mma_tidx, sC, acc_sum, wg, warp_idx)
-        # (ep is only passed on inside the tile loop: a method called on it there would make the
-        # DSL carry the whole tuple through the loop)
-        epi_barrier = ep.epi_barrier
-        if cutlass.const_expr(self.config.a_rows):
-            # A's box fills the first a_rows rows of each stage: the rest are zeros, written once
-            self.zero_a_rows_past_box(sA, mma_tidx)
-            cute.arch.fence_proxy("async.shared", space="cta")  # before the WGMMAs read them
-            epi_barrier.arrive_and_wait()
-        read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stage)
-        release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stage)
-        epi_count = cutlass.Int32(0)  # subtiles stored so far: picks the epilogue smem buffer
-        # config.wg_order: the two consumer warpgroups take turns issuing each K tile's WGMMAs
-        # (warpgroup 0 first: warpgroup 1 opens its turn once).
-        k_order = self.config.wg_order
-        my_wg = mma_tidx // self.threads_per_warpgroup
-        if cutlass.const_expr(k_order):
-            if my_wg == 1:
-                cute.arch.barrier_arrive(barrier_id=BAR_K_ORDER, number_of_threads=2 * self.threads_per_warpgroup)
-
-        work = sched.first()
-        if cutlass.const_expr(self.pingpong):
-            if wg == 1:
-                # Tile 0 of this CTA belongs to warpgroup 0: skip its stages.
-                skip_cnt = self._k_tiles_of(sched, work, k_tile_cnt, k_range)
-                work = sched.next(work)
-                read_state, release_state = self._skip(read_state, release_state, skip_cnt)
-        while sched.is_valid(work):
-            tile = sched.cta_tile(work)
-            kt_cnt = k_tile_cnt
-            k_head, k_rem = 0, 0
-            if cutlass.const_expr(k_range is not None):
-                kt_cnt, k_head, k_rem = k_range(tile)
-
-            # ---- mainloop: keep one WGMMA batch in flight, release the stage behind it ----
-            acc_sum.fill(0.0)
-            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-            if cutlass.const_expr(blockwise):
-                bw_at, nb_split = self.blockwise_tile_start(bw, tile)
-            if cutlass.const_expr(self.pingpong):
-                if work >= sched.first() + sched.stride:  # not this CTA's first tile: wait our turn
-                    cute.arch.barrier(barrier_id=BAR_ORDER + wg, number_of_threads=2 * self.threads_per_warpgroup)
-            warpgroup.fence()
-            if cutlass.const_expr(mx):
-                for _k_tile in range(kt_cnt):
-                    ab_pipeline.consumer_wait(read_state)
-                    tiled_mma = self.mx_k_tile(tiled_mma, acc, acc_sum, tCrA, tCrB, read_state.index, sfa_rows, sfb_base)
-                    ab_pipeline.consumer_release(read_state)
-                    release_state.advance()
-                    read_state.advance()
-            elif cutlass.const_expr(swap):
-                read_state, release_state = self.swap_k_loop(
-                    ab_pipeline, read_state, release_state, variants, self.swap_width_index(tile), kt_cnt, num_k_blocks,
-                    my_wg, promote,
-                )  # fmt: skip
-            elif cutlass.const_expr(blockwise):
-                tiled_mma, read_state, release_state = self.blockwise_k_loop(
-                    ab_pipeline, read_state, release_state, tiled_mma, acc, acc_sum, tCrA, tCrB, num_k_blocks, kt_cnt,
-                    bw, bw_at, nb_split, my_wg,
-                )  # fmt: skip
-            else:
-                for k_tile in range(kt_cnt):
-                    ab_pipeline.consumer_wait(read_state)
-                    if cutlass.const_expr(self.config.kgrouped):
-                        # K-grouped: columns of the first K tile before the expert's range and of
-                        # the last past it hold other experts' values: zero them in this stage
-                        # before any WGMMA reads it.
-                        lo = cutlass.select_(k_tile == 0, k_head, 0)
-                        hi = cutlass.select_(k_tile == kt_cnt - 1, cutlass.select_(k_rem > 0, k_rem, self.tile_shape_mnk[2]),
-                                             self.tile_shape_mnk[2])  # fmt: skip
-                        if (lo > 0) | (hi < self.tile_shape_mnk[2]):
-                            self.zero_k_outside(sA, sB, read_state.index, lo, hi, mma_tidx)
-                            cute.arch.fence_proxy("async.shared", space="cta")
-                            epi_barrier.arrive_and_wait()
-                    tiled_mma = self.issue_k_tile(tiled_mma, acc, tCrA, tCrB, read_state.index, num_k_blocks, promote, my_wg)
-                    release_state = self.retire_k_tile(ab_pipeline, read_state, release_state, k_tile, promote, acc, acc_sum)
-                    read_state.advance()
-            if cutlass.const_expr(self.pingpong):
-                # All WGMMAs of this tile are issued: hand the tensor cores to the other warpgroup.
-                cute.arch.barrier_arrive(barrier_id=BAR_ORDER + 1 - wg, number_of_threads=2 * self.threads_per_warpgroup)
-            warpgroup.wait_group(0)
-            if cutlass.const_expr(not promote):
-                if kt_cnt > 0:
-                    ab_pipeline.consumer_release(release_state)
-                    release_state.advance()
-
-            # ---- epilogue (gemm.sm90_epilogue) ----
-            store_args = (ep, tile, acc_sum, thr_mma, epi_count, gC_mnl, mC_mnl, mC_gmem, cAcc_mnl, tma_atom_c, sC, alpha,
-                          beta, mCin, mBias, quant_args, vectors, group_cols, out_desc, mma_tidx, wg)  # fmt: skip
-            if cutlass.const_expr(self.config.split_cluster):
-                # split K in a cluster: range 0 sums the partials and stores the tile
-                if self.split_k_fixup_cluster(acc_sum, tile, *split, mma_tidx) == 1:
-                    epi_count = self.store_tile(*store_args)
-            elif cutlass.const_expr(self.config.split_k > 1):
-                # split K: the unit that completes the tile sums the partials and stores it
-                if self.split_k_fixup(acc_sum, tile, sched.total // self.config.split_k, *split, mma_tidx, epi_barrier) == 1:
-                    epi_count = self.store_tile(*store_args)
-            else:
-                epi_count = self.store_tile(*store_args)
-            work = sched.next(work)
-            if cutlass.const_expr(self.pingpong):
-                # The next tile of this CTA belongs to the other warpgroup: skip its stages.
-                skip_cnt = self._k_tiles_of(sched, work, k_tile_cnt, k_range)
-                work = sched.next(work)
-                read_state, release_state = self._skip(read_state, release_state, skip_cnt)
-
-        if cutlass.const_expr(k_order):
-            if my_wg == 0:  # take warpgroup 1's last hand-over: no arrival is left pending at exit
-                cute.arch.barrier(barrier_id=BAR_K_ORDER, number_of_threads=2 * self.threads_per_warpgroup)
-        ep.store_pipeline.producer_tail()
-
-    @cute.jit
-    def retire_k_tile(self, ab_pipeline, read_state, release_state, k_tile: cutlass.Int32, promote: cutlass.Constexpr,
-                      acc: cute.Tensor, acc_sum: cute.Tensor, rezero: cutlass.Constexpr = False):  # fmt: skip
-        """After a K tile's WGMMAs are issued: keep one batch in flight and release the stage
-        behind it, or (``promote``, FP8) wait for this batch, release its stage and add the
-        partial sum into the promoted one (``rezero``: then zero the partial sum for the next
-        K tile, ``gemm.sm90_swap``). Returns release_state."""
-        if cutlass.const_expr(promote):
-            warpgroup.wait_group(0)
-            ab_pipeline.consumer_release(read_state)
-            release_state.advance()
-            acc_sum.store(acc_sum.load() + acc.load())
-            if cutlass.const_expr(rezero):
-                acc.fill(0.0)
-                warpgroup.fence()  # the zeros before the next K tile's WGMMAs read them
-        else:
-            warpgroup.wait_group(1)
-            if k_tile > 0:
-                ab_pipeline.consumer_release(release_state)
-                release_state.advance()
-        return release_state
-
-    @cute.jit
-    def issue_k_tile(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
-                     stage: cutlass.Int32, num_k_blocks: cutlass.Constexpr, fresh: cutlass.Constexpr,
-                     my_wg: cutlass.Int32):  # fmt: skip
-        """One K tile's WGMMAs from smem stage ``stage``, committed as one group (``fresh``: into a
-        new partial sum, FP8 promotion); with wg_order inside this warpgroup's turn. Returns
-        tiled_mma."""
-        if cutlass.const_expr(fresh):
-            warpgroup.fence()  # the adds after it read acc: order them before the overwrite
-            tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
-        if cutlass.const_expr(self.config.wg_order):  # our turn
-            cute.arch.barrier(barrier_id=BAR_K_ORDER + my_wg, number_of_threads=2 * self.threads_per_warpgroup)
-        for kb in cutlass.range_constexpr(num_k_blocks):
-            coord = (None, None, kb, stage)
-            cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
-            if cutlass.const_expr(fresh):
-                tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-        warpgroup.commit_group()
-        if cutlass.const_expr(self.config.wg_order):  # the other warpgroup's turn
-            cute.arch.barrier_arrive(barrier_id=BAR_K_ORDER + 1 - my_wg, number_of_threads=2 * self.threads_per_warpgroup)
-        return tiled_mma
-
     def acc_space(self, mC: cute.Tensor, mB: cute.Tensor):
         """What the tiles cover: the (M, N, L) output, or for gated / packed outputs an (M, N, L)
         identity tensor over the GEMM's columns (mB is (N, K, L))."""
@@ -851,21 +633,4 @@ class GemmSm90(EpilogueSm90Mixin, SwapAbSm90Mixin, SplitKSm90Mixin, BlockwiseSm9
             return mC
         return cute.make_identity_tensor((mC.shape[0], mB.shape[0], mC.shape[2]))
 
-    @cute.jit
-    def _k_tiles_of(self, sched, work, k_tile_cnt: cutlass.Int32, k_range):
-        """K tiles of tile ``work`` (the one pingpong's other warpgroup takes): k_tile_cnt, or
-        for K-grouped / list tiles their expert's or group's own count (0 past the last tile)."""
-        cnt = k_tile_cnt
-        if cutlass.const_expr(k_range is not None):
-            cnt = cutlass.Int32(0)
-            if sched.is_valid(work):
-                cnt = k_range(sched.cta_tile(work))[0]
-        return cnt
 
-    @cute.jit
-    def _skip(self, read_state, release_state, k_tile_cnt: cutlass.Int32):
-        """Advance both consumer states past one tile's k-tiles (consumed by the other warpgroup)."""
-        for _ in range(k_tile_cnt):
-            read_state.advance()
-            release_state.advance()
-        return read_state, release_state

@@ -41,25 +41,28 @@ def _unit_mode(t: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(t.iterator, cute.append(t.layout, cute.make_layout(1)))
 
 
-class MxSm90Mixin:
+class MxMainloop:
     """Methods of GemmSm90 used only by MXFP8-emulation configs (config.fp8_mx)."""
+
+    def __init__(self, kernel):
+        self.k = kernel  # the kernel this part belongs to (its config, layouts, tiles)
 
     def mx_layouts(self):
         """Staged shared-memory layouts of the fp32 scales: (tile_m, 4) row-major for A (a row's
         four K blocks are one 16-byte load), (tile_n, 4) column-major for B (a K block's columns
         are contiguous, in the permuted order). Built where used (host or kernel: a layout value
         of the host function cannot be used inside the kernel)."""
-        tm, tn, st = self.config.tile_m, self.config.tile_n, self.ab_stage
+        tm, tn, st = self.k.config.tile_m, self.k.config.tile_n, self.k.ab_stage
         return (
             cute.make_layout((tm, MX_KB, st), stride=(MX_KB, 1, tm * MX_KB)),
             cute.make_layout((tn, MX_KB, st), stride=(1, tn, tn * MX_KB)),
         )
 
     def mx_cosizes(self) -> tuple[int, int]:
-        return (self.config.tile_m * MX_KB * self.ab_stage, self.config.tile_n * MX_KB * self.ab_stage)
+        return (self.k.config.tile_m * MX_KB * self.k.ab_stage, self.k.config.tile_n * MX_KB * self.k.ab_stage)
 
     def mx_stage_bytes(self) -> int:
-        return (self.config.tile_m + self.config.tile_n) * MX_KB * SF_BYTES
+        return (self.k.config.tile_m + self.k.config.tile_n) * MX_KB * SF_BYTES
 
     def mx_tma(self, mSFA: cute.Tensor, mSFB: cute.Tensor):
         """TMA atoms and coordinate tensors of mSFA (M, Kb, L) / mSFB (Np, Kb, L): one (tile, 4)
@@ -67,10 +70,10 @@ class MxSm90Mixin:
         op = cpasync.CopyBulkTensorTileG2SOp()
         sfa_layout, sfb_layout = self.mx_layouts()
         atom_a, tensor_a = cpasync.make_tiled_tma_atom(
-            op, mSFA, cute.slice_(sfa_layout, (None, None, 0)), (self.config.tile_m, MX_KB)
+            op, mSFA, cute.slice_(sfa_layout, (None, None, 0)), (self.k.config.tile_m, MX_KB)
         )
         atom_b, tensor_b = cpasync.make_tiled_tma_atom(
-            op, mSFB, cute.slice_(sfb_layout, (None, None, 0)), (self.config.tile_n, MX_KB)
+            op, mSFB, cute.slice_(sfb_layout, (None, None, 0)), (self.k.config.tile_n, MX_KB)
         )
         return atom_a, tensor_a, atom_b, tensor_b
 
@@ -83,11 +86,11 @@ class MxSm90Mixin:
         # (TMA, STAGE), (TMA, RestM, RestK, RestL)
         tAsSFA, tAgSFA = cpasync.tma_partition(
             tma_atom_sfa, 0, one, cute.group_modes(sSFA, 0, 2),
-            cute.group_modes(cute.local_tile(mSFA, (self.config.tile_m, MX_KB), (None, None, None)), 0, 2),
+            cute.group_modes(cute.local_tile(mSFA, (self.k.config.tile_m, MX_KB), (None, None, None)), 0, 2),
         )  # fmt: skip
         tBsSFB, tBgSFB = cpasync.tma_partition(
             tma_atom_sfb, 0, one, cute.group_modes(sSFB, 0, 2),
-            cute.group_modes(cute.local_tile(mSFB, (self.config.tile_n, MX_KB), (None, None, None)), 0, 2),
+            cute.group_modes(cute.local_tile(mSFB, (self.k.config.tile_n, MX_KB), (None, None, None)), 0, 2),
         )  # fmt: skip
         return sSFA, sSFB, (tAsSFA, tAgSFA, tBsSFB, tBgSFB)
 
@@ -95,12 +98,12 @@ class MxSm90Mixin:
         """The scales as ``GemmBase.load_ab`` extra operands (SFA follows A's m-tile, SFB B's
         n-tile). Built inside the producer's branch: the tile functions close over its values.
         Grouped (needs ``mSFA`` / ``sSFA``): A's scale rows start at the expert's first row, as A's
-        (``grouped.kernel_parts.grouped_k_tiles``); B's scales are per expert (L = tile[2])."""
+        (``gemm.grouped_parts.grouped_k_tiles``); B's scales are per expert (L = tile[2])."""
         tAsSFA, tAgSFA, tBsSFB, tBgSFB = parts
 
         def sfa_tiles(tile):
-            if cutlass.const_expr(self.config.grouped):
-                return grouped_k_tiles(tma_atom_sfa, 0, cute.make_layout(1), sSFA, mSFA, (self.config.tile_m, MX_KB), tile)
+            if cutlass.const_expr(self.k.config.grouped):
+                return grouped_k_tiles(tma_atom_sfa, 0, cute.make_layout(1), sSFA, mSFA, (self.k.config.tile_m, MX_KB), tile)
             return tAgSFA[(None, tile[0], None, tile[2])]
 
         def sfb_tiles(tile):
@@ -125,7 +128,7 @@ class MxSm90Mixin:
         (that part is rewritten only by the next step, after a fence), so MX_PARTS - 1 WGMMAs
         stay in flight while one part is promoted.
         Called while tracing (Python loops unroll); returns tiled_mma."""
-        tm, tn = self.config.tile_m, self.config.tile_n
+        tm, tn = self.k.config.tile_m, self.k.config.tile_n
         parts = MX_PARTS
         part_v = tn // (4 * parts)  # registers of one part per row: column pairs x 8-column groups
         sa = [ld_shared_v4_f32(row + stage * (tm * MX_KB * SF_BYTES)) for row in sfa_rows]

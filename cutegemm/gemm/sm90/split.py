@@ -1,11 +1,11 @@
-"""Split K for the dense sm_90a kernel (``GemmConfig.split_k``), a mixin of
+"""Split K for the dense sm_90a kernel (``GemmConfig.split_k``), a part of
 :class:`~cutegemm.gemm.sm90.kernel.GemmSm90`.
 
 Decode-sized calls (a few to 128 rows) have few output tiles: 16 x 4096 x 7168 in 64x64 tiles is
 64 tiles for 132 SMs, so half the SMs would stream no weights at all. With split K each tile is
 ``split_k`` work units (the static scheduler's :meth:`cta_tile` gives the unit's K range and
 linear tile index; :func:`~cutegemm.schedulers.static.split_k_range` cuts the K tiles). A unit's
-consumers run the usual mainloop over their range, then :meth:`SplitKSm90Mixin.split_k_fixup`:
+consumers run the usual mainloop over their range, then :meth:`SplitK.split_k_fixup`:
 
 1. every thread stores its fp32 (promoted) accumulators to the unit's workspace slot, 16 bytes at
    a time, the tile's threads side by side (a warp's stores cover 512 contiguous bytes);
@@ -31,7 +31,7 @@ mbarrier expecting their bytes (initialized before the cluster's start-up barrie
 range r > 0 stores its accumulators into slot r - 1 with ``st.async`` (16 bytes at a time, the
 slot layout of the workspace path), each store completing its bytes on that mbarrier, and is done.
 Range 0's threads wait for the mbarrier's phase and add the slots to their own partial sums in
-range order (:meth:`SplitKSm90Mixin.split_k_fixup_cluster`: the bits of the workspace path).
+range order (:meth:`SplitK.split_k_fixup_cluster`: the bits of the workspace path).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import cutlass.cute as cute
 from ...runtime.ptx import ld_global_cg_v4_f32, ld_shared_v4_f32, st_async_cluster_v4_f32, st_global_cg_v4_f32
 from ...schedulers.static import split_k_range
 
-__all__ = ["SplitKSm90Mixin", "split_counter_words", "split_workspace_words"]
+__all__ = ["SplitK", "split_counter_words", "split_workspace_words"]
 
 
 def split_counter_words(tiles):
@@ -56,11 +56,18 @@ def split_workspace_words(tiles: int, split_k: int, tile_m: int, tile_n: int) ->
     return split_counter_words(tiles) + tiles * split_k * tile_m * tile_n
 
 
-class SplitKSm90Mixin:
+class SplitK:
+    """Split K (config.split_k): each K range of an output tile runs as its own unit; the partial
+    sums meet in a workspace (counted in, summed in range order) or, with split_cluster, in range 0's
+    shared memory."""
+
+    def __init__(self, kernel):
+        self.k = kernel  # the kernel this part belongs to (its config, layouts, tiles)
+
     def split_k_roles(self, k_tile_cnt):
         """(k_range, load_k_tiles, k_first) of split K: a unit's K tile count and first K tile
         from its K range (tile[3]); the consumers' ``k_range`` has no head or tail to zero."""
-        split_k = self.config.split_k
+        split_k = self.k.config.split_k
 
         def k_first(tile):
             return split_k_range(tile[3], k_tile_cnt, split_k)[0]
@@ -80,13 +87,13 @@ class SplitKSm90Mixin:
         completes the count, replace ``acc`` by the sum of every range's partials (range order).
         Returns 1 there (run the epilogue), else 0. ``tid``: the thread among the tile's
         ``threads_per_tile``; ``n_tiles``: output tiles of the launch."""
-        split_k = self.config.split_k
-        nthr = self.threads_per_tile
+        split_k = self.k.config.split_k
+        nthr = self.k.threads_per_tile
         n_vec = cute.size(acc) // 4
         t, s = tile[4], tile[3]
         # byte address of (tile t, range 0, vector 0, thread tid): the slots follow the counters;
         # range r's slot is r * slot_bytes further
-        slot_bytes = self.config.tile_m * self.config.tile_n * 4
+        slot_bytes = self.k.config.tile_m * self.k.config.tile_n * 4
         word = cutlass.Int64(split_counter_words(n_tiles)) + cutlass.Int64(t) * split_k * (slot_bytes // 4) + tid * 4
         slot0 = mWorkspace.iterator.toint() + word * 4
         mine = slot0 + cutlass.Int64(s) * slot_bytes
@@ -120,7 +127,7 @@ class SplitKSm90Mixin:
 
     def split_recv_floats(self) -> int:
         """split_cluster: fp32 receive slots in range 0's shared memory (one per other range)."""
-        return (self.config.split_k - 1) * self.config.tile_m * self.config.tile_n
+        return (self.k.config.split_k - 1) * self.k.config.tile_m * self.k.config.tile_n
 
     @cute.jit
     def split_cluster_arm(self, mbar, tidx: cutlass.Int32, after_sync: cutlass.Constexpr):
@@ -144,11 +151,11 @@ class SplitKSm90Mixin:
         shared memory, completing bytes on its mbarrier) and return 0; range 0 waits for all of
         them, replaces ``acc`` by the sum of every range's partials (range order) and returns 1.
         ``tid``: the thread among the tile's ``threads_per_tile``."""
-        split_k = self.config.split_k
-        nthr = self.threads_per_tile
+        split_k = self.k.config.split_k
+        nthr = self.k.threads_per_tile
         n_vec = cute.size(acc) // 4
         s = tile[3]  # the K range: this CTA's rank in its cluster
-        slot_bytes = self.config.tile_m * self.config.tile_n * 4
+        slot_bytes = self.k.config.tile_m * self.k.config.tile_n * 4
         base = sRecv.iterator.toint() + tid * 16
         mbar_addr = mbar.toint()
         last = cutlass.Int32(1)

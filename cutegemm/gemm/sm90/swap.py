@@ -1,4 +1,4 @@
-"""Swap AB for the packed grouped GEMM on sm_90a (``GemmConfig.swap_ab``), mixed into ``GemmSm90``.
+"""Swap AB for the packed grouped GEMM on sm_90a (``GemmConfig.swap_ab``), a part of ``GemmSm90``.
 
 The kernel computes C^T = B^T A^T: its A operand is the experts' weights viewed (N, K, E), its
 B operand the packed tokens (total_M, K, 1), and its C the output viewed (N, total_M, 1)
@@ -13,8 +13,8 @@ on a warp-uniform value), and loads its tokens in 32-row TMA chunks, only the ch
 (the stage's expected byte count is the tile's own; chunks zero-filled by an out-of-bounds box
 instead were not free on the H200). A ragged expert's tiles then cost tensor work and token
 loads in proportion to its real tokens. In the usual orientation its last tile costs a whole
-128-row tile of both, which the H200 pays at its power limit (``bench/RESULTS.md``: 448 rows per
-expert took as long as 512).
+128-row tile of both, which the H200 pays at its power limit (448 rows per expert took as long as
+512).
 
 Epilogue: the subtiles are 128 weights x 32 tokens; those past the expert's last token are
 skipped, a subtile that crosses it is stored by predicated copies, the rest by TMA. Gated
@@ -35,8 +35,11 @@ from ...epilogue.ops import apply_gate, static_offsets
 from ..store import store_subtile_predicated
 
 
-class SwapAbSm90Mixin:
+class SwapAb:
     """Device helpers of the swapped grouped kernel (see the module docstring)."""
+
+    def __init__(self, kernel):
+        self.k = kernel  # the kernel this part belongs to (its config, layouts, tiles)
 
     def swap_token_loads(self, tma_atom_b, sB: cute.Tensor, mB: cute.Tensor, b_mcast_mask):
         """The token operand as ``load_ab`` extra operands, and the per-tile byte count of a stage:
@@ -45,8 +48,8 @@ class SwapAbSm90Mixin:
         STAGE), mask, tile -> loaded)``: a chunk past the tile's last token is not loaded (the
         WGMMA width never reaches it), and every CTA of the cluster expects A's box plus the
         tile's chunks."""
-        cfg = self.config
-        tile_k = self.tile_shape_mnk[2]
+        cfg = self.k.config
+        tile_k = self.k.tile_shape_mnk[2]
         # (CHUNK, K, chunks, 1, STAGE)
         s_div = cute.flat_divide(sB, (SWAP_CHUNK, tile_k))
         ops = []
@@ -61,8 +64,8 @@ class SwapAbSm90Mixin:
                 return self._chunk(i) < self._tile_tokens(tile)[1]
 
             ops.append((tma_atom_b, g_tiles, smem, b_mcast_mask, loaded))
-        a_bytes = self.config.tile_m * tile_k * self.a_dtype.width // 8  # A's box (zero-filled past N too)
-        chunk_bytes = SWAP_CHUNK * tile_k * self.b_dtype.width // 8
+        a_bytes = self.k.config.tile_m * tile_k * self.k.a_dtype.width // 8  # A's box (zero-filled past N too)
+        chunk_bytes = SWAP_CHUNK * tile_k * self.k.b_dtype.width // 8
 
         def tx_bytes(tile):
             return a_bytes + self._tile_tokens(tile)[1] * chunk_bytes
@@ -71,18 +74,18 @@ class SwapAbSm90Mixin:
 
     def _chunk(self, i: int):
         """The tile chunk that this CTA issues i-th (chunk j is issued by CTA j % cluster_m)."""
-        rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster()) % self.config.cluster_m
-        return i * self.config.cluster_m + rank
+        rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster()) % self.k.config.cluster_m
+        return i * self.k.config.cluster_m + rank
 
     def _tile_tokens(self, tile):
         """(first token, 32-token chunks) of a swapped tile: its tokens are [tile[3], tile[4])
         (the scheduler's even split; at most tile_n, the min a guard)."""
-        return tile[3], (cutlass.min(tile[4] - tile[3], self.config.tile_n) + (SWAP_CHUNK - 1)) // SWAP_CHUNK
+        return tile[3], (cutlass.min(tile[4] - tile[3], self.k.config.tile_n) + (SWAP_CHUNK - 1)) // SWAP_CHUNK
 
     def _chunk_partition(self, tma_atom_b, s_j, mB, chunk, origin):
         """(smem (TMA, STAGE), gmem (TMA, RestK)) of token chunk ``chunk`` counted from ``origin``
-        (the partition of ``grouped.kernel_parts.offset_k_tiles``, 32-row boxes)."""
-        tiler = (SWAP_CHUNK, self.tile_shape_mnk[2])
+        (the partition of ``gemm.grouped_parts.offset_k_tiles``, 32-row boxes)."""
+        tiler = (SWAP_CHUNK, self.k.tile_shape_mnk[2])
         g = cute.local_tile(cute.domain_offset(origin, mB), tiler, (None, None, None))
         smem, gm = cpasync.tma_partition(
             tma_atom_b, 0, cute.make_layout(1), cute.group_modes(s_j, 0, 2), cute.group_modes(g, 0, 2)
@@ -96,15 +99,15 @@ class SwapAbSm90Mixin:
         accumulator views are the first n / 2 fp32 registers of each thread's (the WGMMA fragment
         is ordered by column); the promoted sum (FP8) is viewed the same way. ``promote``: the
         partial sum is zeroed here once (each K tile accumulates from zeros: :meth:`swap_k_loop`)."""
-        cfg = self.config
-        tile_k = self.tile_shape_mnk[2]
+        cfg = self.k.config
+        tile_k = self.k.tile_shape_mnk[2]
         stages = cute.size(sB, mode=[2])
         out = []
         for i in range(cfg.tile_n // SWAP_STEP):
             n = SWAP_STEP * (i + 1)
             mma = sm90_utils.make_trivial_tiled_mma(
-                self.a_dtype, self.b_dtype, self.swap_majors[0], self.swap_majors[1], self.acc_dtype,
-                self.atom_layout_mnk, tiler_mn=(64, n),
+                self.k.a_dtype, self.k.b_dtype, self.k.swap_majors[0], self.k.swap_majors[1], self.k.acc_dtype,
+                self.k.atom_layout_mnk, tiler_mn=(64, n),
             )  # fmt: skip
             thr = mma.get_slice(mma_tidx)
             s_n = cute.composition(sB, cute.make_layout((n, tile_k, stages), stride=(1, cfg.tile_n, cfg.tile_n * tile_k)))
@@ -120,7 +123,7 @@ class SwapAbSm90Mixin:
     def swap_width_index(self, tile) -> cutlass.Int32:
         """Index into :meth:`swap_variants` of a tile: its tokens (at most tile_n) in 16s, minus 1."""
         left = tile[4] - tile[3]
-        return cute.arch.make_warp_uniform((cutlass.min(left, self.config.tile_n) + (SWAP_STEP - 1)) // SWAP_STEP - 1)
+        return cute.arch.make_warp_uniform((cutlass.min(left, self.k.config.tile_n) + (SWAP_STEP - 1)) // SWAP_STEP - 1)
 
     @cute.jit
     def swap_k_loop(self, ab_pipeline, read_state, release_state, variants, v: cutlass.Int32, kt_cnt: cutlass.Int32,
@@ -132,7 +135,7 @@ class SwapAbSm90Mixin:
         between tiles: zeroed once before the first). Not the unswapped loop's first WGMMA
         without accumulate: with more than one width, ptxas then serialized every QGMMA. Either
         way slower than the unswapped promoted kernel on the H200 (DeepSeek-V3 up 1022 / 1054
-        (serialized) vs 1218 TFLOP/s, bench/2026-12-01b/round3-5): the policy swaps FP8 only
+        (serialized) vs 1218 TFLOP/s): the policy swaps FP8 only
         with fast accumulation."""
         for vi in cutlass.range_constexpr(len(variants)):
             if v == vi:
@@ -140,8 +143,8 @@ class SwapAbSm90Mixin:
                 mma.set(warpgroup.Field.ACCUMULATE, True)
                 for k_tile in range(kt_cnt):
                     ab_pipeline.consumer_wait(read_state)
-                    mma = self.issue_k_tile(mma, acc, t_a, t_b, read_state.index, num_k_blocks, False, my_wg)
-                    release_state = self.retire_k_tile(ab_pipeline, read_state, release_state, k_tile, promote, acc,
+                    mma = self.k.consumers.issue_k_tile(mma, acc, t_a, t_b, read_state.index, num_k_blocks, False, my_wg)
+                    release_state = self.k.consumers.retire_k_tile(ab_pipeline, read_state, release_state, k_tile, promote, acc,
                                                        acc_sum, rezero=True)  # fmt: skip
                     read_state.advance()
         return read_state, release_state
@@ -177,11 +180,11 @@ class SwapAbSm90Mixin:
                            weights_valid: cutlass.Int32, tidx: cutlass.Int32):  # fmt: skip
         """Predicated store of a subtile (weights x tokens, weights contiguous) that crosses the
         expert's last token: transposed views, so the 16-byte pieces run along the weights."""
-        rows, cols = self.epi_tile_out
+        rows, cols = self.k.epi_tile_out
         t = cute.make_layout((cols, rows), stride=(rows, 1))
         store_subtile_predicated(
             cute.composition(sC_buf, t), cute.composition(gC_sub, t), tokens_valid, weights_valid, tidx,
-            self.threads_per_tile,
+            self.k.threads_per_tile,
         )
 
     @staticmethod

@@ -1,15 +1,62 @@
-"""Fake (symbolic) kernel arguments: one compiled kernel serves every M, N, K, L and stride of a
-config. Shapes and non-unit strides are dynamic; the unit stride encodes the operand's major mode,
-and the declared stride divisibility is TMA's 16-byte rule, checked again by the TVM-FFI call."""
+"""The one argument list of every GEMM kernel (dense, grouped, K-grouped, list, FP8, block-scaled,
+both archs): :class:`KernelArgs`, its fields in the order of the kernels' ``__call__``. Launches
+build it by name (an operand added to the kernels is added here and where it is passed, nowhere
+else), and the fake (symbolic) arguments that compile a config are built from the same fields.
+
+Fake arguments: one compiled kernel serves every M, N, K, L and stride of a config. Shapes and
+non-unit strides are dynamic; the unit stride encodes the operand's major mode, and the declared
+stride divisibility is TMA's 16-byte rule, checked again by the TVM-FFI call."""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
 from ..config import ELEMENT_BITS, TMA_ALIGN_BYTES, GemmConfig
-from .dtypes import CUTLASS_DTYPES, SF_DTYPES
+from ..runtime.dtypes import CUTLASS_DTYPES, SF_DTYPES
+
+
+class KernelArgs(NamedTuple):
+    """A GEMM launch's arguments, by name. ``tuple(args)`` is what the compiled kernel takes (the
+    stream is the caller's current one, TVM-FFI's environment stream); ``compile_args(stream)``
+    what ``cute.compile`` takes. Inputs a config does not use stay None (compiled as constants)."""
+
+    a: object  # (M, K, L) view of A (flat launches: the caller's (M, K))
+    b: object  # (N, K, L) view of B
+    out: object  # (M, N, L) view of the output (gated: N / 2 columns; swap AB: (N, M, 1))
+    c: object = None  # (M, N, L) residual of beta * C
+    bias: object = None  # (N,) bias
+    alpha: object = 1.0  # fp32 scalar
+    beta: object = 0.0  # fp32 scalar
+    max_clusters: object = 1  # persistent grid size cap (clusters)
+    offs: object = None  # grouped: (E,) int32 cumulative ends; list form: the group table
+    sfa: object = None  # A's scales: block-scaled bytes, FP8 1x128 blocks, MX emulation
+    sfb: object = None  # B's scales
+    out_scales: object = None  # quantized output: its 128x4 swizzled scale bytes
+    out_global_scale: object = None  # quantized NVFP4 output: (1,) fp32 global scale
+    v0: object = None  # epilogue vectors: user epilogue inputs, FP8 row / column scales,
+    v1: object = None  # the block-scaled NVFP4 global-scale product (v0)
+    v2: object = None
+    v3: object = None
+    workspace: object = None  # dynamic scheduler counter / split-K counters and partial sums
+
+    def compile_args(self, stream) -> tuple:
+        """The arguments of ``cute.compile``: the kernels take the stream after ``max_clusters``."""
+        return (*self[:8], stream, *self[8:])
+
+    def tail(self) -> tuple:
+        """The fields after ``offs``: the warm fast paths build them once per plan by name and pass
+        the nine ``LEADING`` fields in front of them per call."""
+        return tuple(self[len(LEADING):])
+
+
+# What a warm fast path passes per call, in front of a plan's ``KernelArgs.tail()``.
+LEADING = ("a", "b", "out", "c", "bias", "alpha", "beta", "max_clusters", "offs")
+assert KernelArgs._fields[: len(LEADING)] == LEADING
+
 
 
 def _fake_matrix(dtype: str, unit_mode: int):
@@ -40,9 +87,9 @@ def _fake_vector(dtype: str):
 
 
 def dense_fake_args(cfg: GemmConfig, offs=None):
-    """(mA (M,K,L), mB (N,K,L), mC (M,N,L), mCin (M,N,L) | None, mBias (N,) | None, alpha, beta,
-    max_clusters, stream, mOffs | None) for ``cute.compile``. Epilogue inputs the spec does not use are
-    ``None``: compiled as constants, the caller passes ``None`` in their place."""
+    """The fake :class:`KernelArgs` of ``cfg`` as ``cute.compile`` takes them (with the stream).
+    Inputs the config does not use are ``None``: compiled as constants, the launch passes ``None``
+    in their place."""
     epi = cfg.epilogue
     if cfg.flat:  # torch's own orientation: A (M, K), B (K, N), C (M, N)
         a = _fake_matrix2(cfg.a_dtype, 1 if cfg.a_major == "k" else 0)
@@ -58,25 +105,25 @@ def dense_fake_args(cfg: GemmConfig, offs=None):
         c = _fake_matrix(cfg.out_dtype, 1)
     c_in = _fake_matrix(epi.c_dtype, 1) if epi.beta else None
     bias = _fake_vector(epi.bias_dtype) if epi.bias else None
-    args = (
-        a, b, c, c_in, bias,
-        cutlass.Float32(1.0), cutlass.Float32(0.0), cutlass.Int32(1),
-        make_fake_stream(use_tvm_ffi_env_stream=True), offs,
-    )  # fmt: skip
+    sfa = sfb = None
     if cfg.blockscaled:
-        args += (_fake_scales(cfg.sf_dtype), _fake_scales(cfg.sf_dtype))
+        sfa, sfb = _fake_scales(cfg.sf_dtype), _fake_scales(cfg.sf_dtype)
     elif cfg.fp8_blockwise:
-        args += (_fake_block_scale_a(), _fake_block_scales(3 if cfg.grouped else 2))
+        sfa, sfb = _fake_block_scale_a(), _fake_block_scales(3 if cfg.grouped else 2)
     elif cfg.fp8_mx:
-        args += (_fake_mx_scales(k_major=True), _fake_mx_scales(k_major=False))
-    else:
-        args += (None, None)
-    return args + epilogue_fake_args(epi) + (_fake_workspace(cfg),)
+        sfa, sfb = _fake_mx_scales(k_major=True), _fake_mx_scales(k_major=False)
+    out_scales, out_gs, *vecs = epilogue_fake_args(epi)
+    args = KernelArgs(
+        a, b, out=c, c=c_in, bias=bias, alpha=cutlass.Float32(1.0), beta=cutlass.Float32(0.0),
+        max_clusters=cutlass.Int32(1), offs=offs, sfa=sfa, sfb=sfb, out_scales=out_scales,
+        out_global_scale=out_gs, v0=vecs[0], v1=vecs[1], v2=vecs[2], v3=vecs[3], workspace=_fake_workspace(cfg),
+    )  # fmt: skip
+    return args.compile_args(make_fake_stream(use_tvm_ffi_env_stream=True))
 
 
 def _fake_workspace(cfg: GemmConfig):
     """Scheduler "dynamic": the (1,) int32 tile counter (the last kernel argument); split K: the
-    int32 counters and slots of ``gemm.sm90_split`` (not with ``split_cluster``); else None."""
+    int32 counters and slots of ``gemm.sm90.split`` (not with ``split_cluster``); else None."""
     if cfg.split_k > 1 and not cfg.split_cluster:
         return make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=16)
     if cfg.scheduler != "dynamic":
@@ -151,7 +198,7 @@ def fake_offs():
 
 def fake_list_table():
     """The list form's group table: LIST_FIELDS int64 per group and one more row
-    (``schedulers.grouped``), then the groups' descriptors (``grouped.kernel_parts``), 128-byte
+    (``schedulers.grouped``), then the groups' descriptors (``gemm.grouped_parts``), 128-byte
     aligned."""
     return make_fake_tensor(cutlass.Int64, (cute.sym_int32(),), (1,), assumed_align=128)
 

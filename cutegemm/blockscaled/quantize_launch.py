@@ -1,0 +1,225 @@
+"""The torch face of the block-scaled quantizer: ``quantize`` (bf16 / fp16 / fp32 -> MXFP8, MXFP4,
+NVFP4 with 128x4 swizzled scales, the NVFP4 global scale from one amax pass) and ``dequantize``;
+the kernels they launch are in :mod:`cutegemm.blockscaled.quantizer`."""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..runtime.device import device_info
+from .formats import BlockFormat, get_format
+from .layout import swizzled_shape
+from .quantizer import (
+    CHUNK,
+    IN_DTYPES,
+    KINDS,
+    MAX_ELEMENTS,
+    AmaxConfig,
+    QuantizeConfig,
+    kernel_cache,
+    scale_strides,
+)
+from .reference import BlockScaledTensor, check_global_scale, check_quantize_args, dequantize_ref
+
+
+@functools.cache
+def arch_of(index: int) -> str:
+    return device_info(index)[0]
+
+
+def _check_x(x) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in IN_DTYPES:
+        raise TypeError(f"x: expected dtype float32, bfloat16 or float16, got {x.dtype}")
+    if x.device.type != "cuda":
+        raise ValueError(f"x: expected a CUDA tensor, got device {x.device} (use quantize_ref on the CPU)")
+    if x.dim() not in (2, 3) or x.numel() == 0:
+        raise ValueError(f"x: expected a non-empty (rows, K) or (L, rows, K) tensor, got {tuple(x.shape)}")
+
+
+def _global_scale(x: torch.Tensor, global_scale) -> torch.Tensor:
+    """NVFP4 fp32 0-d global scale on x's device: the given one, or quantize_ref's default
+    ``amax / (448 * 6)`` (same torch expression, same device) from the finite amax of one
+    reduction kernel pass. Never synchronizes with the device: a Python number or a CPU tensor is
+    validated (positive, finite) like quantize_ref does; the value of a CUDA tensor is not."""
+    if global_scale is None:
+        finite_amax = finite_abs_max(x)
+        return torch.where(finite_amax > 0, (finite_amax / (448.0 * 6.0)).clamp(min=2.0**-126), 1.0)
+    if isinstance(global_scale, torch.Tensor) and global_scale.numel() == 1 and global_scale.is_cuda:
+        return global_scale.detach().to(device=x.device, dtype=torch.float32).reshape(())
+    if isinstance(global_scale, (int, float)) and not isinstance(global_scale, bool):
+        if not (math.isfinite(global_scale) and global_scale > 0):
+            raise ValueError(f"global_scale: must be positive and finite, got {global_scale}")
+        return scalar_on(float(global_scale), x.device).clone()  # a fresh tensor, no H2D copy
+
+    return check_global_scale(global_scale, x.device)  # CPU tensors (and the type errors)
+
+
+@functools.lru_cache(maxsize=64)
+def scalar_on(value: float, device: torch.device) -> torch.Tensor:
+    return torch.tensor(value, dtype=torch.float32, device=device)
+
+
+def finite_abs_max(x: torch.Tensor) -> torch.Tensor:
+    """The largest finite ``|x|`` (0 if none) as a 0-d fp32 tensor, from one kernel pass over a
+    contiguous, 16-byte aligned CUDA ``x`` whose size is a multiple of 8 (else torch ops)."""
+    if not x.is_contiguous() or x.data_ptr() % 16 or x.numel() % CHUNK or x.numel() > MAX_ELEMENTS:
+        xf = x.float()
+        return torch.where(torch.isfinite(xf), xf.abs(), 0.0).amax()
+    out = torch.zeros(1, dtype=torch.int32, device=x.device)
+    cfg = AmaxConfig(in_dtype=IN_DTYPES[x.dtype], arch=arch_of(x.device.index or 0))
+    kernel_cache().get(cfg)(x.view(-1), out, x.numel() // CHUNK)
+    return out.view(torch.float32).reshape(())
+
+
+def quantize(
+    x: torch.Tensor,
+    fmt: BlockFormat | str,
+    *,
+    global_scale: torch.Tensor | float | None = None,
+    scale_rule: str = "ocp",
+) -> BlockScaledTensor:
+    """Quantize a CUDA tensor to a block-scaled format with the fast kernel.
+
+    Byte-identical to ``quantize_ref(x, fmt, global_scale=..., scale_rule=...)`` (swizzled
+    scales) on the same device; see :mod:`cutegemm.blockscaled.reference` for the rules.
+
+    Args:
+        x: CUDA bf16 / fp16 / fp32 tensor ``(rows, K)`` or ``(L, rows, K)``. K a multiple of the
+            block size (32 MX, 16 NVFP4) is the fast path; other K run on a zero-padded copy.
+            Non-contiguous or non-16-byte-aligned inputs are copied first.
+        fmt: ``"mxfp8"``, ``"mxfp8_e5m2"``, ``"mxfp4"``, ``"nvfp4"`` or a BlockFormat.
+        global_scale: NVFP4 only: a positive finite float or one-element tensor (the value of a
+            CUDA tensor is not checked: that would synchronize); None computes quantize_ref's
+            default ``amax / 2688`` on the device (one extra read of x by a reduction kernel).
+        scale_rule: MX formats: ``"ocp"`` (default) or ``"ceil"``; NVFP4: ``"ocp"`` only.
+
+    Returns:
+        A :class:`BlockScaledTensor` with swizzled scales.
+
+    Raises:
+        TypeError / ValueError: as ``quantize_ref`` does, plus: x not on a CUDA device, more than
+            2**31 - 1 elements, or a GPU other than sm_90 / sm_100.
+    """
+    _check_x(x)
+    fmt = check_quantize_args(x, fmt, global_scale, scale_rule)
+    if fmt.name not in KINDS:
+        raise ValueError(f"fmt: no quantize kernel for {fmt.name!r}")
+    k = x.shape[-1]
+    x = x.detach()
+    bs = fmt.block_size
+    padded_numel = x.numel() // k * (k + (-k % bs))
+    if padded_numel > MAX_ELEMENTS:
+        raise ValueError(f"x: at most {MAX_ELEMENTS} elements per call, got {padded_numel} (split the rows)")
+    gs = _global_scale(x, global_scale) if fmt.has_global_scale else None
+    xk = x if k % bs == 0 else F.pad(x, (0, -k % bs))  # tail: zeros only enter the amax
+    if not xk.is_contiguous() or xk.data_ptr() % 16:
+        xk = xk.clone(memory_format=torch.contiguous_format)
+        if xk.data_ptr() % 16:
+            raise ValueError("x: could not obtain a 16-byte aligned copy")
+    data, scales = _launch(xk, fmt, scale_rule, gs)
+    if xk.shape[-1] != k:
+        data = data[..., : k // fmt.elems_per_byte].contiguous()
+    return BlockScaledTensor(
+        data=data.view(fmt.elem_dtype),
+        scales=scales.view(fmt.scale_dtype),
+        fmt=fmt,
+        shape=x.shape,
+        global_scale=gs,
+    )
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Everything one (shape, dtype, device, format, rule) needs to launch: computed once."""
+
+    fn: object
+    scale_shape: tuple
+    padded: bool
+    data_shape: tuple
+    rows: int
+    cpr: int
+    total: int
+    strides: tuple
+
+
+@functools.lru_cache(maxsize=512)
+def _plan(shape: tuple, dtype: torch.dtype, device: torch.device, fmt_name: str, scale_rule: str) -> _Plan:
+    fmt = get_format(fmt_name)
+    rows, kp = shape[-2], shape[-1]
+    cfg = QuantizeConfig(
+        fmt=fmt.name, in_dtype=IN_DTYPES[dtype], scale_rule=scale_rule, arch=arch_of(device.index or 0)
+    )
+    rows_p, cols_p = swizzled_shape(rows, kp // fmt.block_size)
+    numel = 1
+    for d in shape:
+        numel *= d
+    return _Plan(
+        fn=kernel_cache().get(cfg),
+        scale_shape=(rows_p, cols_p) if len(shape) == 2 else (shape[0], rows_p, cols_p),
+        padded=rows_p != rows or cols_p != kp // fmt.block_size,
+        data_shape=(*shape[:-1], kp // fmt.elems_per_byte),
+        rows=rows,
+        cpr=kp // CHUNK,
+        strides=scale_strides(rows, kp // fmt.block_size),
+        total=numel // CHUNK,
+    )
+
+
+def _launch(xk: torch.Tensor, fmt: BlockFormat, scale_rule: str, gs):
+    """Run the kernel on a contiguous, aligned input whose K is a multiple of the block size;
+    returns (data, swizzled scales) as uint8 tensors."""
+    dev = xk.device
+    p = _plan(tuple(xk.shape), xk.dtype, dev, fmt.name, scale_rule)
+    scales = (
+        torch.zeros(p.scale_shape, dtype=torch.uint8, device=dev)
+        if p.padded
+        else _empty_u8(p.scale_shape, dev)
+    )
+    data = _empty_u8(p.data_shape, dev)
+    gs_arg = gs.reshape(1) if gs is not None else ones_on(dev)
+    p.fn(
+        xk.view(-1),
+        data.view(-1).view(torch.int32),
+        scales.view(-1),
+        gs_arg,
+        p.rows,
+        p.cpr,
+        p.total,
+        *p.strides,
+    )
+    return data, scales
+
+
+def _empty_u8(shape, device) -> torch.Tensor:
+    """Output allocation (every byte is written by the kernel; tests poison it here)."""
+    return torch.empty(shape, dtype=torch.uint8, device=device)
+
+
+@functools.cache
+def _ones_cached(device: str) -> torch.Tensor:
+    return torch.ones(1, dtype=torch.float32, device=device)
+
+
+def ones_on(device: torch.device) -> torch.Tensor:
+    return _ones_cached(str(device))
+
+
+def dequantize(q: BlockScaledTensor) -> torch.Tensor:
+    """Decode a :class:`BlockScaledTensor` to fp32 of shape ``q.shape``.
+
+    This wraps the plain-torch reference :func:`~cutegemm.blockscaled.reference.dequantize_ref`
+    (no custom kernel): it runs on whatever device ``q`` lives on and is exact for MX formats.
+    """
+    return dequantize_ref(q)
+
+
+
+
+__all__ = ["quantize", "dequantize", "finite_abs_max"]
