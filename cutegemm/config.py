@@ -247,7 +247,7 @@ class GemmConfig:
     # Dense sm_90a with one M tile (M <= tile_m, decode): A's TMA box is a_rows rows (M rounded up
     # to 8 or a multiple of 16), not tile_m. The box's rows past M would arrive as zeros filled in
     # by the TMA unit, which was measured to cost the time of the rows (16 x 4096 x 7168 with a
-    # 64x64 tile: 32.6 us at M = 16, 25.7 at M = 64, bench/RESULTS.md 2026-12-01 third session);
+    # 64x64 tile: 32.6 us at M = 16, 25.7 at M = 64, bench/RESULTS.md);
     # instead the consumers zero the stages' rows a_rows..tile_m once when the kernel starts (the
     # TMA never writes them), so the tile's WGMMAs see the same zeros. 0: the whole tile.
     a_rows: int = 0

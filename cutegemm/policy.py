@@ -40,28 +40,28 @@ class ArchPolicy:
 
     def choose(self, p: GemmProblem, **overrides) -> GemmConfig:
         if overrides.get("fast_accum") and self.arch == "sm_90a" and p.a_dtype == "e4m3" and p.m > 128:
-            # FP8 fast accumulation (bench_fp8 on the H200, 2026-11-29): pingpong 128x128 + 2x1
+            # FP8 fast accumulation (bench_fp8 on the H200): pingpong 128x128 + 2x1
             # cluster was best or tied on every shape > 128 rows (+15% at 16384x7168x2048).
             overrides = dict(tile_m=128, tile_n=128, pingpong=True, cluster_m=2, raster="n", group=8, **overrides)
         if overrides.get("fp8_blockwise") and self.arch == "sm_90a" and p.m > 128:
             # DeepSeek FP8 block scaling: tile_n 64 / 128 (one 128-column scale block of B) or
             # 192 (two); cooperative 128x128 + 2x1 cluster (64x128 per warpgroup, two fp32
-            # accumulators). H200, 8192³ (third session, bench/2026-11-29c/): 1034 TFLOP/s, ahead of
+            # accumulators). H200, 8192³: 1034 TFLOP/s, ahead of
             # the 1x2 cluster (1000, with pipelined promotion); few tiles measured. M <= 128 keeps
             # the 128x64 tile below.
             # wg_order (the warpgroups take turns per K tile): 1134 vs 1029 TFLOP/s at 8192³ in one
-            # run (bench/2026-11-30d/bench_wgo.log).
-            # 128x192 (a tile over two B scale blocks; bench/2026-11-30h/): 8192³ 1253 vs 1145,
+            # run.
+            # 128x192 (a tile over two B scale blocks): 8192³ 1253 vs 1145,
             # 16384x7168x2048 1161 vs 1103, 4096³ (5 waves of 128x192 tiles) 1039 vs 1065 and
             # 1030 vs 1006 in two runs.
-            # From 4 waves of such tiles on (small-M sweep, bench/2026-11-30h/round12_bw_small_cfg/:
+            # From 4 waves of such tiles on (small-M sweep:
             # 2048x7168x2048 981 vs 913; 512x7168x2048, 1.2 waves: 544 vs 664).
             wide = ceil_div(p.m, 128) * ceil_div(p.n, 192) * p.l >= 4 * self.num_sms
             tile = dict(tile_m=128, tile_n=192 if wide else 128, cluster_m=2, raster="n", group=8, wg_order=True)
             overrides = {**tile, **overrides}
         elif overrides.get("fp8_blockwise") and self.arch == "sm_90a" and p.m <= 64:
             # Decode-sized M: the row-wise rule (decode_tile), one warpgroup per tile. H200, µs, in
-            # one run (bench/2026-11-30j/round10/bw_small2.log; torch's blockwise _scaled_mm): N7168
+            # one run (torch's blockwise _scaled_mm): N7168
             # K2048 M=16 11.0 (pingpong 64x64, the old policy, 11.3; torch 12.0), M=64 10.7
             # (10.9; 12.2); N28672 K4096 M=16 42.8 (49.7; 44.1); N4096 K7168 M=16 21.1 (21.5; 19.3).
             tile = dict(self.decode_tile(p), pingpong=False, cluster_m=1, cluster_n=1)
@@ -84,7 +84,7 @@ class ArchPolicy:
         """Decode-sized M (<= 64): 64-row tiles (one consumer warpgroup), not 128 rows mostly
         padding; 64x128 when that gives enough SMs a tile (FP8: as many tiles as SMs, its K steps
         carry half the bytes so more CTAs pay off sooner; 16-bit: a third of them), else 64x64
-        (twice the CTAs). H200 (bench/2026-11-30j/round4-6/, µs, old policy 128x64 -> new, torch
+        (twice the CTAs). H200 (µs, old policy 128x64 -> new, torch
         in the same run): bf16 N7168 K2048: M=64 20.4 -> 15.3 (15.2), M=16 22.1 -> 15.8 (14.9);
         N28672 K4096 M=16 123 -> 71 (69); N4096 K7168 M=64 43.5 -> 25.6 (24.7). FP8 row-wise:
         N7168 K2048 M=16 14.2 -> 11.3 (torch 13.1); N28672 K4096 M=16 71.7 -> 43.6 (50.9)."""
@@ -94,7 +94,7 @@ class ArchPolicy:
 
     def choose_grouped(self, p: GemmProblem, num_groups: int, allow_swap: bool = True, **overrides) -> GemmConfig:
         """Grouped: p.m is the total row count; the tile follows the mean rows per expert.
-        sm_90a choices from tools/grouped_sweep.py on the H200 (bench/RESULTS.md, 2026-11-29).
+        sm_90a choices from a sweep of grouped configs on the H200 (bench/RESULTS.md).
         ``allow_swap=False``: never the swapped kernel (the list form, which has none)."""
         rows = p.m / max(num_groups, 1)
         if rows <= 64:  # decode: memory-bound on the weights; small tiles, A shared over 2 CTAs
@@ -103,33 +103,31 @@ class ArchPolicy:
               and (p.a_dtype in ("bf16", "fp16") or (p.a_dtype == "e4m3" and overrides.get("fast_accum", False)))
               and swap_ab_epilogue(overrides.get("epilogue", EpilogueSpec()))):  # fmt: skip
             # Tokens along the WGMMA's N (swap_ab): an expert's last tile costs its real tokens'
-            # tensor work and loads, not a whole 128-row tile's. H200 (bench/2026-12-01/, same
+            # tensor work and loads, not a whole 128-row tile's. H200 (same
             # runs as torch._grouped_mm): DeepSeek-V3 up 714 vs 678 TFLOP/s (the 128x256 c1x2
             # tile below), down 679 vs 651, Qwen3-30B-A3B (128x192: its ~128-token experts fill
             # one tile, and more stages keep more weight bytes in flight) 420 vs 401; Mixtral
             # (4096 rows per expert, no ragged waste to save) 2-5% slower, so not above
-            # SWAP_MAX_ROWS. FP8 row-wise with fast accumulation (bench/2026-12-01b/round5, vs the
+            # SWAP_MAX_ROWS. FP8 row-wise with fast accumulation (vs the
             # 128x256 c1x2 tile below): DeepSeek-V3 up 1354 vs 1251, Qwen3 702 vs 677, down 1125
             # vs 1131; with promotion the swapped kernel was 7-21% slower (not taken).
             tile = dict(tile_m=128, tile_n=192 if rows <= 192 else 256, cluster_m=2, scheduler="dynamic", swap_ab=True)
         else:  # 128x256 with the dynamic (atomic-counter) scheduler: best or within 1% of best on
             # every MoE shape > 64 rows per expert once the epilogue ring left it 4 A/B stages
-            # (H200, 2026-11-30, tools/grouped_sweep.py: DeepSeek-V3 up / down, Qwen3 (ahead of
+            # (H200, a sweep of grouped configs: DeepSeek-V3 up / down, Qwen3 (ahead of
             # pingpong 128x128 by 6%), Mixtral; 2x1 clusters and pingpong 64x256 were slower)
             tile = dict(tile_m=128, tile_n=256, cluster_n=2, scheduler="dynamic")
         if p.a_dtype == "e4m3" and not tile.get("swap_ab"):
             tile.pop("scheduler", None)  # FP8 grouped was measured with the static scheduler only
             if not overrides.get("fast_accum", False):
                 # FP8 with promotion: two fp32 accumulators, at most 64x192 per warpgroup. Row-wise
-                # scales: the dynamic scheduler, +1.9% / +1.4% on DeepSeek-V3 up / down in one run
-                # (bench/2026-11-30i/round9/bench_gfp8_cfg2.log); block scales stay static (-3.5%,
-                # round6/bench_bw_cfg2.log)
+                # scales: the dynamic scheduler, +1.9% / +1.4% on DeepSeek-V3 up / down in one run;
+                # block scales stay static (-3.5%)
                 tile = (dict(tile_m=64, tile_n=128, cluster_n=2) if rows <= 64
                         else dict(tile_m=128, tile_n=192, cluster_n=2, scheduler="dynamic"))  # fmt: skip
             if overrides.get("fp8_blockwise"):
-                # 128-row tiles with wg_order: +1.3% / +2% on DeepSeek-V3 up / down
-                # (bench/2026-11-30d/bench_gbw.log); 128x192 (two B scale blocks per tile): +3.7% /
-                # +5% over 128x128 (bench/2026-11-30h/ab_bw.log)
+                # 128-row tiles with wg_order: +1.3% / +2% on DeepSeek-V3 up / down;
+                # 128x192 (two B scale blocks per tile): +3.7% / +5% over 128x128
                 tile = dict(tile_m=64, tile_n=128, cluster_n=2) if rows <= 64 else dict(tile_m=128, tile_n=192, cluster_n=2, wg_order=True)
         if self.arch == "sm_100a":
             tile = dict(tile_m=64 if rows <= 64 else 128, tile_n=128)
@@ -142,7 +140,7 @@ def short_a_box(cfg: GemmConfig, p: GemmProblem) -> GemmConfig:
     """The dense call's config with ``a_rows`` (A's TMA box: M rounded up to 8 or a multiple of
     16) when M fits in fewer rows than the tile has and the config allows it (sm_90a dense,
     K-major A, no A multicast); else cfg. The zeros the TMA unit fills in past M take time with
-    the rows. H200 (bench/RESULTS.md, 2026-12-01 third and fourth sessions, us, torch.matmul in
+    the rows. H200 (bench/RESULTS.md, us, torch.matmul in
     the same run): 16 x 4096 x 7168 in 64x64 tiles, M = 1 / 16 / 32 / 64: 37.7 / 32.6 / 28.5 /
     25.7 (torch 25.6-26.1); with the box, 128x64 tiles: 72 x 4096 x 7168 33.7 -> 27.4 (27.2),
     96 x 7168 x 2048 17.3 -> 15.8 (15.1), 96 x 28672 x 4096 93.5 -> 75.4 (71.9); FP8 96 x 7168 x
@@ -162,12 +160,12 @@ def split_few_tiles(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig
     down. Each range keeps at least 24 K tiles of 64 (the measured calls had 28-56; a range's
     partial sums cost a store, a counter and a read, ~2 us in all at 16 x 4096 x 7168); FP8: see
     below.
-    H200 (bench/RESULTS.md, 2026-12-01 third session, us, torch.matmul in the same run):
+    H200 (bench/RESULTS.md, us, torch.matmul in the same run):
     96 x 1536 x 7168 (24 tiles of 128x64) 25.0 ->
     17.2 with 4 ranges (15.1); 128 x 4096 x 7168 (64 tiles) 32.4 -> 28.3 with 2 (26.0); 16 x 2048 x
     7168 (32 tiles of 64x64) 19.3 -> 17.6 with 2 (16.5); not taken at 16 x 4096 x 7168 (64 tiles
     of 64x64: 25.1 -> 26.2 with 2, torch 25.8).
-    FP8 row-wise (bench/RESULTS.md, 2026-12-01 fourth session, us, torch._scaled_mm 22.2-24.5):
+    FP8 row-wise (bench/RESULTS.md, us, torch._scaled_mm 22.2-24.5):
     64-row tiles take 4 ranges or none: 16 x 2048 x 7168 (32 tiles of 64x64) 15.6 -> 12.9 with 4
     (13.5 with 2), 16 x 4096 x 7168 (64 tiles) 16.6 -> 18.0 with 2; 128-row tiles as above: 96 x
     1536 x 7168 17.5 -> 13.1 with 4, 128 x 4096 x 7168 19.9 -> 19.4 with 2; 16 K tiles (K = 2048)
@@ -187,7 +185,7 @@ def split_few_tiles(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig
     if split == 1 or split_k_errors(replace(cfg, split_k=split)):
         return cfg
     # Two ranges of tiles up to 128x64 meet in shared memory (split_cluster), the rest through the
-    # workspace: one run on the H200 (bench/RESULTS.md, 2026-12-01 fifth session, us, cluster vs
+    # workspace: one run on the H200 (bench/RESULTS.md, us, cluster vs
     # workspace): 2 ranges bf16 128 x 4096 x 7168 27.1 vs 28.0, 16 x 2048 x 7168 16.3 vs 17.1,
     # FP8 128 x 4096 x 7168 18.1 vs 19.0; slower with 4 ranges (range 0 receives 3 slots at once:
     # 96 x 1536 x 7168 19.2 vs 16.6, FP8 16 x 2048 x 7168 16.2 vs 12.8) and with 128x128 tiles
@@ -204,7 +202,7 @@ def small_m_options(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig
 
 
 class Sm90Policy(ArchPolicy):
-    # Chosen from `python -m cutegemm bench sweep` on the H200 (bench/RESULTS.md, 2026-11-29):
+    # Chosen from `python -m cutegemm bench sweep` on the H200 (bench/RESULTS.md):
     # 128x256 cooperative + 2x1 cluster, N-major raster, was best or within 2% of best on every
     # large shape; pingpong 128x128 was within 1-4% but never clearly ahead; for 64 < M <= 128 a
     # 128x64 tile (112 CTAs at N=7168) beat 64x128, 64x256 and every multicast variant.
@@ -212,14 +210,14 @@ class Sm90Policy(ArchPolicy):
         if p.m <= 64:
             return self.decode_tile(p)
         if p.m <= 128:
-            # 128x128 once its tiles fill the SMs (half the re-reads of A; H200, bench/RESULTS.md
-            # 2026-12-01 fourth session, us: 96 x 28672 x 4096 75.4 with 128x64 tiles (A's box of
+            # 128x128 once its tiles fill the SMs (half the re-reads of A; H200, bench/RESULTS.md,
+            # us: 96 x 28672 x 4096 75.4 with 128x64 tiles (A's box of
             # 96 rows) -> 71.2 (torch 71.9); FP8 128 x 28672 x 4096 47.4 -> 43.6 (43.3))
             wide = ceil_div(p.n, 128) * p.l >= self.num_sms
             return dict(tile_m=128, tile_n=128 if wide else 64, raster="n", group=1)
         if p.a_dtype == "e4m3":
             # FP8 with promotion (two fp32 accumulators, <= 64x192 per warpgroup), cooperative;
-            # bench_fp8 on the H200 (2026-11-29): 128x192 + 2x1 cluster 1.00x / 0.93x torch at
+            # bench_fp8 on the H200: 128x192 + 2x1 cluster 1.00x / 0.93x torch at
             # 8192^3 / 16384x7168x2048 where 128x128 reached 0.92x / 0.87x.
             return dict(tile_m=128, tile_n=192, cluster_m=2, raster="n", group=8)
         big_tiles = ceil_div(p.m, 128) * ceil_div(p.n, 256) * p.l

@@ -6,7 +6,7 @@ signature takes the real fast path (key, plan lookup, checks, kernel views, outp
 argument assembly) and only the TVM-FFI call itself is missing. Used by
 tests/test_fast_path_cpu.py and, for numbers::
 
-    PYTHONPATH=/work/main python tests/host_overhead_cpu.py [calls]
+    python -m tests.host_overhead_cpu [calls]      # from the repository root
 """
 
 from __future__ import annotations

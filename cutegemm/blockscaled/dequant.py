@@ -4,7 +4,7 @@
 Used by the sm_90a block-scaled GEMMs (``sm90_mx``): Hopper has no block-scaled MMA. For
 MXFP8, one pass that writes bf16 copies of both operands, followed by the bf16 WGMMA GEMM, is
 faster on compute-bound shapes than emulating the per-32 scaling inside the FP8 mainloop
-(bench/RESULTS.md, 2026-11-30 sixth session); FP4 x FP4 has only this path on Hopper.
+(bench/RESULTS.md); FP4 x FP4 has only this path on Hopper.
 
 Design (memory bound, arch-neutral: plain vector loads/stores, no tensor cores): the elements
 are read as a flat row-major array of 16-element chunks (one 128-bit load of FP8, one 64-bit
@@ -69,8 +69,8 @@ class DequantConfig:
 
     @property
     def steps(self) -> int:
-        """Chunks per thread: ``unroll``, or 2 for FP8 / 4 for FP4 (H200,
-        bench/2026-11-30f/round13-14: MXFP8 at 2 took 921 us on DeepSeek-V3's expert weights
+        """Chunks per thread: ``unroll``, or 2 for FP8 / 4 for FP4 (H200:
+        MXFP8 at 2 took 921 us on DeepSeek-V3's expert weights
         where 4 took 1075; NVFP4 was fastest at 4)."""
         return self.unroll or (4 if self.fp4 else 2)
 

@@ -126,7 +126,7 @@ def check_mx_operands(qa, qb) -> None:
 
 
 # Dense: M rows (grouped: mean rows per expert) and N at least these take the dequantize-first
-# path. H200, same run (bench/2026-11-30f/round7/bench_mx.log), N = K = 8192: dequantize-first
+# path. H200, same run, N = K = 8192: dequantize-first
 # 1.73x the emulation at 8192 rows, 1.44x at 256, 1.13x at 64, 1.09x at 16 (the emulation's
 # 64-row tiles leave half the SMs idle there); fewer rows not measured.
 DEQUANT_MIN_ROWS = 16
@@ -149,7 +149,7 @@ def ring_first(qa: BlockScaledTensor, qb: BlockScaledTensor) -> bool:
     accepted by the dequantize kernel (the element dtypes: ``check_mx_operands``, before). That GEMM's own policy streams the FP8 weight through the
     ring kernel (dequantized in registers) for up to DQ_MIN_ROWS_FP8 - 1 rows (per expert:
     DQ_MIN_ROWS_GROUPED_FP8 - 1) and above dequantizes it once and runs the bf16 GEMM, as the
-    dequantize-first path here does. H200 (bench/RESULTS.md, 2026-12-01 seventh session),
+    dequantize-first path here does. H200 (bench/RESULTS.md),
     N=28672 K=4096, us: M=1 48.1, M=16 49.3 (cuBLAS bf16 on the dequantized weights 67.7 / 68.1;
     the emulation's 64-row tiles and dequantize-first were slower), M=128 ~95 vs 188.2 (both
     operands dequantized first)."""

@@ -98,7 +98,7 @@ def k_contiguous_scale_b(sb_view, rows: int):
     consumer thread loads its tile's B scale each K tile: K-strided, that is a new cache line
     (an L2 round trip) every K tile, K-contiguous one per 32 K tiles. H200: torch's (K/128,
     N/128) row-major scale_b read in place ran 4.5% slower at 8192^3 and on grouped DeepSeek-V3
-    up (bench/2026-11-30i/round2/bw_sb.log). torch._scaled_mm's own layout (column-major) needs
+    up. torch._scaled_mm's own layout (column-major) needs
     no copy. The copy is at most a few hundred KB, on the launch stream."""
     if sb_view.shape[1] > 1 and sb_view.stride(1) != 1 and rows >= SCALE_COPY_MIN_ROWS:
         return sb_view.movedim(1, -1).contiguous().movedim(-1, 1)

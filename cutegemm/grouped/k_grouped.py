@@ -97,8 +97,8 @@ def kgrouped_config(arch: str, num_sms: int, m: int, n: int, k_mean: int, e: int
     """The K-grouped kernel's config: the dense policy's tile for one expert's (M, N, mean K)
     problem batched over the experts, cooperative; with at most 1024 K values per expert (a
     tile's mainloop is short next to its epilogue) pingpong 128x128 instead, so one
-    warpgroup's epilogue runs under the other's mainloop. H200, same run
-    (bench/2026-11-30f/round3): pingpong 128x128 2x1 against cooperative 128x256 2x1 +2.7% on
+    warpgroup's epilogue runs under the other's mainloop. H200, same run:
+    pingpong 128x128 2x1 against cooperative 128x256 2x1 +2.7% on
     DeepSeek-V3 dW up (512 K per expert), +3.3% dW down, +1.1% Qwen3 (128), -5.4% Mixtral (4096)."""
     problem = GemmProblem(m, n, max(k_mean, 1), e, dtype, dtype, out_dtype, a_major, b_major)
     cfg = policy_for(arch, num_sms).choose(problem, epilogue=EpilogueSpec(alpha=alpha))

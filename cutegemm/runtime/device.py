@@ -31,7 +31,7 @@ def resident_clusters(index: int, cluster_size: int, num_sms: int | None = None)
     """How many clusters of ``cluster_size`` CTAs (one per SM, as a persistent kernel's shared
     memory allows) device ``index`` runs at once: the size of a persistent grid. Not always
     SMs // size: clusters may not span GPCs, and on the H200 (132 SMs) 30 clusters of 4 fit, not
-    33 (bench/RESULTS.md, twelfth session). A larger grid leaves the extra clusters waiting for
+    33 (bench/RESULTS.md). A larger grid leaves the extra clusters waiting for
     others to exit, so a static schedule's tiles for them run after everything else. Queried
     from the driver's occupancy calculator once per (device, size) and kept, a failed query's
     answer too (SMs // size: an older driver must not retry the query's compile on every call);

@@ -229,23 +229,23 @@ def gemm_fp4_weight(
 # 128 / 256 tokens, so its time grows with M while a bf16 GEMM's stays flat until it is compute
 # bound. From these rows on (dense: M; grouped: mean rows per expert) the policy dequantizes the
 # weight once (``dequant.dequantize_bf16``, our kernel) and runs the bf16 GEMM on it. H200, same
-# run (bench/RESULTS.md, 2026-12-01 ninth session), the WGMMA consumers with 256 tokens per pass /
+# run (bench/RESULTS.md), the WGMMA consumers with 256 tokens per pass /
 # dequantize-first / cuBLAS bf16, us: NVFP4 N=28672 K=4096 M=1024 371.6 / 384.4 / 305.9, M=1280
 # 460.5 / 469.9 / 380.4, M=1536 549.7 / 555.0 / 445.1, M=2048 726.2 / 684.0 / 597.7 (another
 # run; crossover ~1600). Grouped E=32 N=4096 K=7168, mean rows per expert: ~768 2331.4 / 2592.3
 # (torch._grouped_mm 2131.5), ~1024 3012.4 / 3228.5 (2715.8), ~1536 4393.9 / 4534.2 (4004.8),
-# ~2048 5948.8 / 5920.1 (5534.7; crossover ~2000). (With 128 tokens per pass, the
-# eighth session: dense crossover ~763, grouped ~634.) MXFP4 takes NVFP4's thresholds. MXFP8,
-# 256 tokens per pass in 64-K stages (ninth session): M=512 212.8 / 285.4, M=1024 411.2 / 405.5
-# (crossover ~1000); grouped ~512 1788.2 / 2188.3; (2026-12-02) ~768 2562.5 / 2772.4
+# ~2048 5948.8 / 5920.1 (5534.7; crossover ~2000). (Previously, with 128 tokens per pass:
+# dense crossover ~763, grouped ~634.) MXFP4 takes NVFP4's thresholds. MXFP8,
+# 256 tokens per pass in 64-K stages: M=512 212.8 / 285.4, M=1024 411.2 / 405.5
+# (crossover ~1000); grouped ~512 1788.2 / 2188.3; ~768 2562.5 / 2772.4
 # (torch._grouped_mm 2010.6), ~1024 3312.1 / 3273.7 (2525.4): crossover ~1000. With the outputs
-# staged through shared memory (2026-12-02, same run): MXFP8 M=1024 387.7 / 405.9 (cuBLAS bf16
+# staged through shared memory (same run): MXFP8 M=1024 387.7 / 405.9 (cuBLAS bf16
 # 300.0), M=1280 482.4 / 488.0 (373.1), M=1536 578.3 / 569.9 (427.6): crossover ~1400.
-# With a CTA per (weight tile, pass) (``pass_ctas``, 2026-12-02 second session, bench/2026-12-02b
-# round1, same run, us, pass grid / a CTA per tile / dequantize-first (cuBLAS bf16)): MXFP8
+# With a CTA per (weight tile, pass) (``pass_ctas``, same run, us, pass grid / a CTA per tile /
+# dequantize-first (cuBLAS bf16)): MXFP8
 # M=1024 347.6 / 382.1 / 402.3 (294.9), M=1280 442.5 / 474.4 / 481.4 (366.8), M=1536 537.7 /
-# 567.2 / 561.7 (417.6), M=2048 689.1 / 755.5 / 686.0 (578.9): crossover ~2048. FP4 (round1-2,
-# the same columns): NVFP4 M=1024 311.2 / 335.5 / 381.0 (299.9), M=2048 618.8 / 662.8 / 679.1
+# 567.2 / 561.7 (417.6), M=2048 689.1 / 755.5 / 686.0 (578.9): crossover ~2048. FP4 (the same
+# columns): NVFP4 M=1024 311.2 / 335.5 / 381.0 (299.9), M=2048 618.8 / 662.8 / 679.1
 # (592.2), M=3072 946.6 / 995.2 / 997.6 (909.3), M=4096 1284.1 / 1331.9 / 1303.8 (1205.6), M=6144
 # 1952.3 / 2027.3 / 1891.7 (1820.2); MXFP4 M=3072 938.4 / 994.8 / 954.0, M=4096 1277.5 / 1334.0 /
 # 1238.9, M=6144 1923.8 / 2002.7 / 1776.5: crossover ~3500-5000, taken at 4096 for both formats.
@@ -255,7 +255,7 @@ DQ_MIN_ROWS_FP8 = 2048
 DQ_MIN_ROWS_GROUPED_FP8 = 1024
 # sm_100a runs the mma.sync consumers (no WGMMA there; compile-verified only), whose time grows
 # with the token passes: the thresholds measured for them on the H200 before the 128-token WGMMA
-# consumers (2026-12-01 sixth / seventh sessions: NVFP4 M=256 mma.sync 217.7 us vs
+# consumers (NVFP4 M=256 mma.sync 217.7 us vs
 # dequantize-first 179.0; grouped crossover ~400 rows per expert; MXFP8 ~390 rows).
 DQ_MIN_ROWS_MMA_SYNC = 257
 DQ_MIN_ROWS_GROUPED_MMA_SYNC = 384
