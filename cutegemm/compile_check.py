@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from .blockscaled import dequant
 from .blockscaled import quantizer as quantize_kernels
 from .blockscaled.weight_only import kernel as weight_only
-from .config import GemmConfig
+from .config import ELEMENT_BITS, GemmConfig
 from .epilogue import EpilogueSpec, fn
 from .epilogue.user import register
 from .gemm.launch import build_dense, build_grouped
@@ -332,6 +332,49 @@ def wgmma_serialized(cfg: GemmConfig, sass: str) -> bool:
     return bool(gmma) and all("gsb0" in g for g in gmma)
 
 
+def stage_k(cfg: GemmConfig) -> int:
+    """K elements of one stage: sm_90a 128 bytes of A; sm_100a four MMA instructions, each
+    16 (f16 kinds), 32 (kind::f8f6f4, mixed pairs included) or 64 (kind::mxf4 / mxf4nvf4) deep."""
+    a_bits, b_bits = ELEMENT_BITS[cfg.a_dtype], ELEMENT_BITS[cfg.b_dtype]
+    if cfg.arch == "sm_90a":
+        return 1024 // a_bits
+    return 4 * (16 if a_bits == 16 else 64 if a_bits == b_bits == 4 else 32)
+
+
+def stage_data_bytes(cfg: GemmConfig) -> int:
+    """The A and B bytes one stage's TMA copies deliver to its full barrier, from the config alone:
+    elements times the operands' real widths (a 4-bit operand is read as 4 bits even where shared
+    memory holds it a byte per element). sm_100a with 2-CTA: the pair's bytes (they land on the
+    leader CTA's barrier); sm_90a: A's box rows (``a_rows``) and the tile's B columns."""
+    k = stage_k(cfg)
+    a_bits, b_bits = ELEMENT_BITS[cfg.a_dtype], ELEMENT_BITS[cfg.b_dtype]
+    rows = (cfg.a_rows or cfg.tile_m) if cfg.arch == "sm_90a" else cfg.tile_m
+    return (rows * k * a_bits + cfg.tile_n * k * b_bits) // 8
+
+
+def stage_tx_errors(cfg: GemmConfig, kernel) -> list[str]:
+    """The transaction-byte rule: the bytes a kernel arms its stage barrier with equal the bytes
+    its TMA copies deliver (``stage_data_bytes`` plus the scale factors loaded on the same
+    barrier). A mismatch never completes the barrier (a hang) or completes it early (a race).
+    Swap AB arms per tile (its token chunks): not covered here."""
+    armed = getattr(kernel, "tma_bytes", None)
+    if armed is None or cfg.swap_ab:
+        return []
+    data = stage_data_bytes(cfg)
+    if cfg.arch == "sm_90a":
+        extra = 0
+        if cfg.fp8_mx:
+            extra = kernel.mx.mx_stage_bytes()
+        elif cfg.fp8_blockwise:
+            extra = kernel.blockwise.sfa_rows() * 4
+    else:
+        extra = (2 if cfg.two_cta else 1) * getattr(kernel, "tx_sf_bytes", 0)
+    if armed != data + extra:
+        return [f"stage barrier armed with {armed} B, the TMA copies deliver {data + extra} B "
+                f"({data} of A and B at their element widths + {extra} of scales)"]
+    return []
+
+
 def check_config(cfg: GemmConfig) -> CheckResult:
     t0 = time.time()
     try:
@@ -351,6 +394,8 @@ def check_config(cfg: GemmConfig) -> CheckResult:
         err += f"local-memory spills {spilled} "
     if unwanted:
         err += f"forbidden {unwanted} "
+    for problem in stage_tx_errors(cfg, kernel):
+        err += problem + " "
     if wgmma_serialized(cfg, sass):
         err += "serialized WGMMA (every HGMMA/QGMMA waits for itself: ptxas C7520)"
     return CheckResult(cfg.name, not err, {**req, **bad}, time.time() - t0, err.strip())

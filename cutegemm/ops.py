@@ -55,7 +55,7 @@ Autograd (``Y = act(Z)``, ``Z = alpha * a @ b + bias``):
 The backward formulas call only these custom ops plus plain aten ops, so they trace under
 torch.compile and run on both devices.
 
-CUDA graphs (``torch.cuda.graph``; tests/test_ops_gpu.py): the forward of ``gemm`` and of the
+CUDA graphs (``torch.cuda.graph``; tests/gpu/test_ops_gpu.py): the forward of ``gemm`` and of the
 packed ``grouped_gemm`` (alone or inside a model, e.g. an MoE block) can be captured and replayed
 with new input contents and new offs contents (same shapes). Call each signature once eagerly
 before capturing (on a side stream, as torch recommends): the first call compiles or loads the

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU test files side by side on the H200 (compiles are CPU-bound: 16 cores), each under its own
 # timeout and log in $OUT, then an optional timed script alone (PY, as in round.sh):
-#   OUT=... PY="tools/x.py" bash tools/par_tests.sh SECS tests/a_gpu.py tests/b_gpu.py ...
+#   OUT=... PY="tools/x.py" bash tools/par_tests.sh SECS tests/gpu/test_a_gpu.py tests/gpu/test_b_gpu.py ...
 # Correctness only: nothing timed runs while the tests share the GPU.
 set -uo pipefail
 T0=$(date +%s)

@@ -5,7 +5,7 @@
 #   bash tools/round.sh STEP[:SECONDS] ...        (default limit: 120 s per step)
 # Steps:
 #   pre            compile every sm_90a compile-check variant first, 16 jobs (tools/precompile.py)
-#   test-NAME      python -m pytest tests/test_NAME.py   (e.g. test-gemm_gpu, test-grouped_gpu)
+#   test-NAME      python -m pytest tests/{cpu,gpu}/test_NAME.py   (e.g. test-gemm_gpu, test-grouped_gpu)
 #   tests          python -m pytest tests                 (every test file)
 #   bench-FAMILY   python -m cutegemm bench FAMILY --reps 20 (dense, grouped, quantize, fp4w, sweep)
 #   overhead       host time per warm call vs torch
@@ -24,7 +24,7 @@ for spec in "$@"; do
   case "$step" in
     py) cmd="python ${PY:?set PY to a script and its arguments}" ;;
     pre) cmd="python tools/precompile.py --variants --jobs 16" ;;
-    test-*) cmd="$PT tests/test_${step#test-}.py" ;;
+    test-*) cmd="$PT $(ls tests/*/test_${step#test-}.py)" ;;
     tests) cmd="$PT tests" ;;
     bench-*) cmd="python -m cutegemm bench ${step#bench-} --reps 20 --out $O/${step#bench-}" ;;
     overhead) cmd="python -c 'from cutegemm.bench.core import host_overhead; host_overhead()'" ;;

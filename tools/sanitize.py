@@ -310,7 +310,7 @@ def _optional_cases() -> dict:
 
 def quant_out_case(a, b, fmt="mxfp8"):
     """gemm(out_dtype=fmt) (policy tile): dequantized result close to the fp64 product (the
-    exact rules are tested in tests/test_quant_epilogue_gpu.py; this case is for the sanitizer)."""
+    exact rules are tested in tests/gpu/test_quant_epilogue_gpu.py; this case is for the sanitizer)."""
     from cutegemm.blockscaled import dequantize_ref
 
     q = cutegemm.gemm(a.cuda(), b.cuda(), out_dtype=fmt)

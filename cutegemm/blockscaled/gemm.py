@@ -195,6 +195,7 @@ def gemm_blockscaled(
     fn(*KernelArgs(
         operand_view(qa), operand_view(qb), c_view, alpha=alpha, max_clusters=max_clusters,
         sfa=_scale_bytes(qa), sfb=_scale_bytes(qb), v0=gs,  # v0: the NVFP4 global-scale product
+        workspace=new_workspace(cfg, qa.data.device),  # scheduler "dynamic": a fresh counter, zeroed in-stream
     ))  # fmt: skip
     return finish_output(out, written)
 

@@ -185,7 +185,11 @@ class GemmBase:
                 full_bar = ab_pipeline.producer_get_barrier(producer_state)
                 if cutlass.const_expr(tx_bytes is None):
                     ab_pipeline.producer_acquire(producer_state)
-                else:  # producer_acquire with this tile's byte count
+                elif cutlass.const_expr(isinstance(ab_pipeline, pipeline.PipelineTmaUmma)):
+                    # sm_100a: the pipeline arms the full barrier on the leader CTA only (2-CTA: the
+                    # pair's bytes land on the leader's barrier), with this tile's byte count
+                    ab_pipeline.producer_acquire(producer_state, expected_tx=tile_tx)
+                else:  # producer_acquire with this tile's byte count (every CTA arms its own barrier)
                     ab_pipeline.sync_object_empty.wait(producer_state.index, producer_state.phase)
                     with cute.arch.elect_one():
                         cute.arch.mbarrier_arrive_and_expect_tx(full_bar, tile_tx)

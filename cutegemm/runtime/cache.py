@@ -58,8 +58,15 @@ def cache_dir() -> Path:
     return Path(root) / source_fingerprint()
 
 
+# The compile target of each kernel arch. Blackwell kernels are built for the sm_100 family
+# (``sm_100f``: tcgen05, TMEM, 2-CTA MMA, CLC and the block-scaled MMA are family features), so
+# one cubin loads on every compute capability 10.x (B200 / GB200 10.0, B300 / GB300 10.3);
+# an ``sm_100a`` cubin loads on 10.0 only.
+COMPILE_TARGETS = {"sm_90a": "sm_90a", "sm_100a": "sm_100f"}
+
+
 def compile_options(arch: str) -> str:
-    return f"--gpu-arch {arch} --enable-tvm-ffi"
+    return f"--gpu-arch {COMPILE_TARGETS[arch]} --enable-tvm-ffi"
 
 
 class KernelCache:

@@ -9,19 +9,28 @@ import functools
 import torch
 from cutlass.utils import HardwareInfo
 
+# Compute capability -> the kernel arch that serves it (its compile target: runtime.cache).
+# Hopper 9.0 runs sm_90a kernels; every 10.x (B200 / GB200 10.0, B300 / GB300 10.3) runs the
+# sm_100 family's kernels (built as sm_100f). Other GPUs (sm_110, sm_120, older) are not served.
+CAPABILITY_ARCHS = {(9, 0): "sm_90a", (10, 0): "sm_100a", (10, 3): "sm_100a"}
+FAMILY_ARCHS = {10: "sm_100a"}  # a 10.x not listed above: the family's kernels
+
+
+def arch_for_capability(major: int, minor: int) -> str:
+    """The kernel arch for a GPU of compute capability ``major.minor`` (ValueError if none)."""
+    arch = CAPABILITY_ARCHS.get((major, minor)) or FAMILY_ARCHS.get(major)
+    if arch is None:
+        raise ValueError(
+            f"cutegemm runs on sm_90 (Hopper) and sm_100-family (Blackwell: B200, GB200, B300, GB300) GPUs; "
+            f"this GPU is sm_{major}{minor}"
+        )
+    return arch
+
 
 @functools.cache
 def device_info(index: int) -> tuple[str, int]:
     major, minor = torch.cuda.get_device_capability(index)
-    if major == 9:
-        arch = "sm_90a"
-    elif major == 10:
-        arch = "sm_100a"
-    else:
-        raise ValueError(
-            f"cutegemm runs on sm_90 (Hopper) and sm_100 (Blackwell) GPUs; device {index} is sm_{major}{minor}"
-        )
-    return arch, torch.cuda.get_device_properties(index).multi_processor_count
+    return arch_for_capability(major, minor), torch.cuda.get_device_properties(index).multi_processor_count
 
 
 _RESIDENT: dict = {}

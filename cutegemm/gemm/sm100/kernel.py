@@ -205,14 +205,21 @@ class GemmSm100(GemmBase):
         # SMEM: A/B stages first (they hide the load latency), leftovers go to the store ring.
         a_one = sm100_utils.make_smem_layout_a(self.tiled_mma, self.mma_tiler, self.a_smem_dtype, 1)
         b_one = sm100_utils.make_smem_layout_b(self.tiled_mma, self.mma_tiler, self.b_smem_dtype, 1)
+        # Shared memory per stage counts the storage type (a 4-bit operand of a mixed pair takes a
+        # byte per element); the TMA completes the bytes it reads, at the source width: the stage
+        # barrier expects those (``tx_bytes``).
         ab_bytes = cute.size_in_bytes(self.a_smem_dtype, a_one) + cute.size_in_bytes(self.b_smem_dtype, b_one)
+        tx_bytes = cute.size_in_bytes(self.a_dtype, a_one) + cute.size_in_bytes(self.b_dtype, b_one)
         if cutlass.const_expr(self.blockscaled):
             # One stage carries the k-tile's scale factors too (same barrier, same ring slot).
-            ab_bytes += cute.size_in_bytes(
+            sf_bytes = cute.size_in_bytes(
                 self.sf_dtype, blockscaled_utils.make_smem_layout_sfa(self.tiled_mma, self.mma_tiler, self.sf_vec, 1)
             ) + cute.size_in_bytes(
                 self.sf_dtype, blockscaled_utils.make_smem_layout_sfb(self.tiled_mma, self.mma_tiler, self.sf_vec, 1)
             )
+            ab_bytes += sf_bytes
+            tx_bytes += sf_bytes
+            self.tx_sf_bytes = sf_bytes  # per CTA and stage (compile-check's transaction-byte rule)
         c_one = sm100_utils.make_smem_layout_epi(self.c_dtype, c_layout, self.epi_tile_out, 1)
         c_bytes = cute.size_in_bytes(self.c_dtype, c_one)
         budget = SMEM_CAPACITY_SM100 - MBAR_BYTES - tile_table_bytes(cfg.grouped or cfg.listed) - self.min_epi_stage * c_bytes
@@ -240,7 +247,7 @@ class GemmSm100(GemmBase):
                 self.tiled_mma, self.mma_tiler, self.sf_vec, self.ab_stage
             )
         # Bytes landing in the leader CTA's full barrier per stage: both CTAs of the pair.
-        self.tma_bytes = ab_bytes * self.cta_per_mma
+        self.tma_bytes = tx_bytes * self.cta_per_mma
 
     def _shared_storage(self):
         """Barriers, TMEM address slot, grouped tile table, then the A/B (and scale-factor) stages

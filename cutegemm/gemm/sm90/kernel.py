@@ -408,6 +408,7 @@ class GemmSm90(GemmBase):
             tma_bytes += self.blockwise.sfa_rows() * 4
         if cutlass.const_expr(self.config.a_rows):  # A's box holds a_rows of the tile_m rows
             tma_bytes -= (self.config.tile_m - self.a_box_rows) * self.tile_shape_mnk[2] * self.a_dtype.width // 8
+        self.tma_bytes = tma_bytes  # the stage barrier's bytes (compile-check's transaction-byte rule)
         # Every consumer warp of every CTA that reads a multicast stage releases it.
         mcast_size = self.num_mcast_ctas_a + self.num_mcast_ctas_b - 1
         ab_pipeline = pipeline.PipelineTmaAsync.create(

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 import cutegemm
 from cutegemm import grouped_gemm, grouped_gemm_ref
 
-from .gemm_check import assert_within_torch_error
+from ..gemm_check import assert_within_torch_error
 
 pytestmark = pytest.mark.gpu
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import cutegemm
 from cutegemm.blockscaled import dequantize_ref, quantize
 
-from .gemm_check import assert_within_torch_error
+from ..gemm_check import assert_within_torch_error
 
 pytestmark = pytest.mark.gpu
 

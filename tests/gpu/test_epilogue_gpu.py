@@ -18,7 +18,7 @@ import cutegemm
 from cutegemm.config import GemmConfig
 from cutegemm.epilogue import GATED, epilogue_ref, interleave_gate_up
 
-from .gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
+from ..gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
 
 pytestmark = pytest.mark.gpu
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 import cutegemm.ops  # noqa: F401  (registers torch.ops.cutegemm)
 from cutegemm import grouped_gemm_ref
 
-from .gemm_check import assert_within_torch_error
+from ..gemm_check import assert_within_torch_error
 
 pytestmark = pytest.mark.gpu
 

@@ -14,7 +14,7 @@ import cutegemm
 from cutegemm import grouped_gemm, grouped_gemm_ref
 from cutegemm.epilogue import EpilogueSpec
 
-from .gemm_check import assert_within_torch_error
+from ..gemm_check import assert_within_torch_error
 from .test_grouped_gpu import capture_graph, check_packed, expert_counts, make_offs
 
 pytestmark = pytest.mark.gpu

@@ -12,7 +12,7 @@ from cutegemm import grouped_gemm, grouped_gemm_ref
 from cutegemm.config import EpilogueSpec, GemmConfig
 from cutegemm.grouped import list_form
 
-from .gemm_check import assert_within_torch_error
+from ..gemm_check import assert_within_torch_error
 
 pytestmark = pytest.mark.gpu
 

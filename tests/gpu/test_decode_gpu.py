@@ -20,7 +20,7 @@ import cutegemm
 from cutegemm.config import GemmConfig
 from cutegemm.policy import policy_for, short_a_box
 
-from .gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
+from ..gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
 
 pytestmark = pytest.mark.gpu
 BF16, F8 = torch.bfloat16, torch.float8_e4m3fn

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 import cutegemm
 
-from .gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
+from ..gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
 from .test_quant_epilogue_gpu import check_quantized
 
 pytestmark = pytest.mark.gpu

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import cutegemm
 from cutegemm.config import GemmConfig
 
-from .gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
+from ..gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
 
 pytestmark = pytest.mark.gpu
 

@@ -9,7 +9,7 @@ import torch
 
 import cutegemm
 
-from .gemm_check import assert_outside_untouched
+from ..gemm_check import assert_outside_untouched
 
 pytestmark = pytest.mark.gpu
 

@@ -106,3 +106,36 @@ def test_mixed_mx_matches_dequantized_matmul(formats, m, n, k, tile):
         config = replace(blockscaled_config(formats[0], m, n, b_fmt_name=formats[1]), **tile)
     out = gemm_blockscaled(qa, qb, config=config)
     check(out, reference(qa, qb), torch.bfloat16)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("scheduler", ["dynamic", "clc"])
+def test_blockscaled_dynamic_schedulers_get_their_workspace(fmt, scheduler):
+    """A block-scaled config with the atomic-counter ("dynamic") scheduler compiles with a
+    workspace argument: the call must pass one (a fresh counter per launch); CLC needs none."""
+    torch.manual_seed(3)
+    m, n, k = 700, 900, 1024
+    qa = quantize_ref(torch.randn(m, k, device="cuda"), fmt)
+    qb = quantize_ref(torch.randn(n, k, device="cuda"), fmt)
+    cfg = replace(blockscaled_config(fmt, m, n), scheduler=scheduler)
+    for _ in range(2):  # the counter must start from zero on every launch
+        check(gemm_blockscaled(qa, qb, config=cfg), reference(qa, qb), torch.bfloat16)
+
+
+@pytest.mark.parametrize("formats", [("mxfp8", "mxfp4"), ("mxfp4", "mxfp8")], ids=["mxfp8xmxfp4", "mxfp4xmxfp8"])
+def test_mixed_mx_grouped_matches_dequantized(formats):
+    """The grouped mixed form (its stage barrier counts the FP4 operand at 4 bits: it hung when it
+    counted the unpacked bytes) against the dequantized matmul per expert."""
+    from cutegemm import grouped_gemm
+
+    torch.manual_seed(4)
+    e, n, k, counts = 4, 256, 512, [100, 0, 257, 31]
+    x = torch.randn(sum(counts), k, device="cuda")
+    w = torch.randn(e, n, k, device="cuda")
+    qa, qw = quantize_ref(x, formats[0]), quantize_ref(w, formats[1])
+    offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
+    out = grouped_gemm(qa, qw, offs=offs)
+    xd, wd = dequantize_ref(qa), dequantize_ref(qw)
+    bounds = [0, *offs.tolist()]
+    ref = torch.cat([xd[bounds[i]:bounds[i + 1]] @ wd[i].T for i in range(e)])
+    check(out, ref, torch.bfloat16)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .test_parallel_cpu import full_weights, make_routing, run_ranks
+from ..cpu.test_parallel_cpu import full_weights, make_routing, run_ranks
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multigpu]
 

@@ -14,7 +14,7 @@ from cutegemm import grouped_gemm, grouped_gemm_ref
 from cutegemm.epilogue import epilogue_ref, interleave_gate_up
 from cutegemm.nn import GroupedExperts
 
-from .gemm_check import assert_within_torch_error
+from ..gemm_check import assert_within_torch_error
 from .test_quant_epilogue_gpu import check_quantized
 
 pytestmark = pytest.mark.gpu

@@ -23,7 +23,7 @@ import cutegemm.ops  # noqa: F401  (registers torch.ops.cutegemm)
 from cutegemm.blockscaled import dequantize_ref, quantize_ref
 from cutegemm.blockscaled.mx_sm90 import mx_config
 
-from .gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
+from ..gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
 
 pytestmark = pytest.mark.gpu
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from cutegemm import gemm, grouped_gemm, grouped_gemm_ref
 from cutegemm.config import GemmConfig
 
-from .gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
+from ..gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
 
 pytestmark = pytest.mark.gpu
 

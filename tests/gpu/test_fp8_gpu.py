@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import cutegemm
 
-from .gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
+from ..gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
 
 pytestmark = pytest.mark.gpu
 F8 = torch.float8_e4m3fn

@@ -21,7 +21,7 @@ from cutegemm.blockscaled import dequantize_ref
 from cutegemm.blockscaled.layout import swizzled_shape
 from cutegemm.epilogue import fn, interleave_gate_up
 
-from .gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
+from ..gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
 
 pytestmark = pytest.mark.gpu
 BF16 = torch.bfloat16

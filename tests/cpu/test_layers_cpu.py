@@ -5,7 +5,7 @@ excepted), no private name taken from another module, no library file over the l
 import importlib.util
 from pathlib import Path
 
-_SPEC = importlib.util.spec_from_file_location("layers", Path(__file__).resolve().parent.parent / "tools" / "layers.py")
+_SPEC = importlib.util.spec_from_file_location("layers", Path(__file__).resolve().parents[2] / "tools" / "layers.py")
 layers = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(layers)
 

@@ -31,7 +31,7 @@ from cutegemm.epilogue import epilogue_ref
 from cutegemm.nn import GroupedExperts
 from cutegemm.schedulers.grouped import expert_rows
 
-from .gemm_check import assert_outside_untouched, assert_within_torch_error
+from ..gemm_check import assert_outside_untouched, assert_within_torch_error
 
 pytestmark = pytest.mark.gpu
 

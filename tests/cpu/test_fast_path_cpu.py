@@ -12,7 +12,7 @@ import cutegemm
 from cutegemm.gemm import dense
 from cutegemm.grouped import packed as grouped
 
-from .host_overhead_cpu import cpu_fast_path
+from ..host_overhead_cpu import cpu_fast_path
 
 BF = torch.bfloat16
 

@@ -19,7 +19,7 @@ from cutegemm.blockscaled import dequant
 from cutegemm.blockscaled.mx_sm90 import dequantize_first
 from cutegemm.blockscaled.reference import dequantize_ref
 
-from .gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
+from ..gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
 
 pytestmark = pytest.mark.gpu
 

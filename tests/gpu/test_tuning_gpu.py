@@ -18,7 +18,7 @@ from cutegemm.epilogue import EpilogueSpec
 from cutegemm.gemm import dense as dense_api
 from cutegemm.grouped import packed as grouped_api
 
-from .gemm_check import assert_within_torch_error
+from ..gemm_check import assert_within_torch_error
 
 pytestmark = pytest.mark.gpu
 

@@ -1,0 +1,1 @@
+"""CPU tests: no GPU needed (CI runs them)."""
