@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from .blockscaled import dequant
 from .blockscaled import quantizer as quantize_kernels
 from .blockscaled.weight_only import kernel as weight_only
-from .config import ELEMENT_BITS, GemmConfig
+from .config import ELEMENT_BITS, Form, GemmConfig
 from .epilogue import EpilogueSpec, fn
 from .epilogue.user import register
 from .gemm.launch import build_dense, build_grouped
@@ -94,22 +94,22 @@ def dense_variants(arch: str) -> list[GemmConfig]:
             GemmConfig(arch=arch, tile_m=128, tile_n=128),
             GemmConfig(arch=arch, tile_m=128, tile_n=192),
             GemmConfig(arch=arch, tile_m=64, tile_n=128, raster="n", group=1),
-            GemmConfig(arch=arch, tile_m=64, tile_n=64, raster="n", group=1, a_major="k", b_major="k", flat=True),
+            GemmConfig(arch=arch, tile_m=64, tile_n=64, raster="n", group=1, a_major="k", b_major="k", form=Form.FLAT),
             GemmConfig(arch=arch, tile_m=128, tile_n=64),
             GemmConfig(arch=arch, tile_m=128, tile_n=128, cluster_m=2, pingpong=True),
             GemmConfig(arch=arch, tile_m=64, tile_n=256, cluster_n=2, pingpong=True, out_dtype="fp32"),
             # decode-sized M: A's box of 16 rows (a 2-D launch, as the policy runs it), split K
-            GemmConfig(arch=arch, tile_m=64, tile_n=64, raster="n", group=1, a_major="k", b_major="k", flat=True,
+            GemmConfig(arch=arch, tile_m=64, tile_n=64, raster="n", group=1, a_major="k", b_major="k", form=Form.FLAT,
                        a_rows=16),
             # M = 65..96 in a 128-row tile: a box of 96 rows (six swizzle atoms), split K in two
-            GemmConfig(arch=arch, tile_m=128, tile_n=64, raster="n", group=1, a_major="k", b_major="k", flat=True,
+            GemmConfig(arch=arch, tile_m=128, tile_n=64, raster="n", group=1, a_major="k", b_major="k", form=Form.FLAT,
                        a_rows=96, split_k=2),
             GemmConfig(arch=arch, tile_m=64, tile_n=128, raster="n", group=1, a_major="k", b_major="k", split_k=4,
                        epilogue=EpilogueSpec(bias=True, activation="gelu")),
             # split K through distributed shared memory (a cluster per tile): 2 and 4 ranges
-            GemmConfig(arch=arch, tile_m=128, tile_n=64, raster="n", group=1, a_major="k", b_major="k", flat=True,
+            GemmConfig(arch=arch, tile_m=128, tile_n=64, raster="n", group=1, a_major="k", b_major="k", form=Form.FLAT,
                        a_rows=96, split_k=2, split_cluster=True),
-            GemmConfig(arch=arch, tile_m=64, tile_n=64, raster="n", group=1, a_major="k", b_major="k", flat=True,
+            GemmConfig(arch=arch, tile_m=64, tile_n=64, raster="n", group=1, a_major="k", b_major="k", form=Form.FLAT,
                        a_rows=16, split_k=4, split_cluster=True, epilogue=EpilogueSpec(bias=True, activation="gelu")),
             GemmConfig(arch=arch, tile_m=128, tile_n=64, pingpong=True, a_major="m", b_major="k"),  # last: see flat
         ]
@@ -128,8 +128,8 @@ def dense_variants(arch: str) -> list[GemmConfig]:
     ]
     epis = [replace(big, epilogue=EpilogueSpec(alpha=True))] + epilogue_variants(arch, big)
     # flat launches (2-D operands as torch holds them, see GemmConfig.flat): each major pair
-    flat = [replace(big, flat=True, a_major=am, b_major=bm) for am, bm in (("k", "k"), ("m", "n"))]
-    flat.append(replace(tiles[-1], flat=True, epilogue=EpilogueSpec(bias=True, activation="silu")))
+    flat = [replace(big, form=Form.FLAT, a_major=am, b_major=bm) for am, bm in (("k", "k"), ("m", "n"))]
+    flat.append(replace(tiles[-1], form=Form.FLAT, epilogue=EpilogueSpec(bias=True, activation="silu")))
     return majors + dtypes + tiles + epis + flat
 
 
@@ -154,7 +154,7 @@ def epilogue_variants(arch: str, big: GemmConfig) -> list[GemmConfig]:
         others = [
             GemmConfig(arch=arch, tile_m=128, tile_n=128, cluster_m=2, pingpong=True),
             GemmConfig(arch=arch, tile_m=64, tile_n=128, raster="n", group=1),
-            GemmConfig(arch=arch, tile_m=64, tile_n=64, raster="n", group=1, a_major="k", b_major="k", flat=True),
+            GemmConfig(arch=arch, tile_m=64, tile_n=64, raster="n", group=1, a_major="k", b_major="k", form=Form.FLAT),
             GemmConfig(arch=arch, tile_m=128, tile_n=64, pingpong=True, a_major="m", b_major="k"),
         ]
     else:
@@ -180,10 +180,10 @@ def fp8_variants(arch: str) -> list[GemmConfig]:
         GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=128, cluster_m=2, epilogue=ab),
         GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=64, raster="n", group=1, epilogue=ab),
         # the policy's decode-sized M (<= 64 rows): one consumer warpgroup, 64x64 / 64x128
-        GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=64, raster="n", group=1, flat=True, epilogue=ab),
-        *([GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=128, raster="n", group=1, flat=True, a_rows=8, epilogue=ab),
+        GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=64, raster="n", group=1, form=Form.FLAT, epilogue=ab),
+        *([GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=128, raster="n", group=1, form=Form.FLAT, a_rows=8, epilogue=ab),
            GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=64, raster="n", group=1, split_k=2, epilogue=ab),
-           GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=64, raster="n", group=1, flat=True, a_rows=16, split_k=4,
+           GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=64, raster="n", group=1, form=Form.FLAT, a_rows=16, split_k=4,
                       split_cluster=True, epilogue=ab)]
           if arch == "sm_90a" else []),
         GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=128, pingpong=True, cluster_n=2, epilogue=ab),
@@ -201,7 +201,7 @@ def kgrouped_variants(arch: str) -> list[GemmConfig]:
     dynamic scheduler, an fp32 output and alpha, and two pingpong tiles."""
     if arch != "sm_90a":
         return []
-    kg = dict(arch=arch, kgrouped=True, b_major="n")
+    kg = dict(arch=arch, form=Form.KGROUPED, b_major="n")
     return [
         GemmConfig(**kg, a_major="m", tile_m=128, tile_n=256, cluster_m=2, raster="n", group=8),
         GemmConfig(**kg, a_major="k", tile_m=128, tile_n=256, cluster_n=2),
@@ -218,7 +218,7 @@ def listed_variants(arch: str) -> list[GemmConfig]:
     policy's 128x256 with the dynamic scheduler, 64x128 (decode-size groups), pingpong 128x128,
     column-major A and K-major B with an fp32 output, alpha and gelu. sm_100a (1-CTA MMA): 128x128
     static, 64x128 dynamic with a column-major A, 128x256 with the CLC scheduler and silu."""
-    ls = dict(arch=arch, listed=True, raster="m", group=1)
+    ls = dict(arch=arch, form=Form.LISTED, raster="m", group=1)
     if arch == "sm_100a":
         return [
             GemmConfig(**ls, tile_m=128, tile_n=128),
@@ -409,51 +409,51 @@ def scheduler_variants(arch: str) -> list[GemmConfig]:
             GemmConfig(
                 arch=arch, tile_m=128, tile_n=128, scheduler="dynamic", epilogue=EpilogueSpec(alpha=True)
             ),
-            GemmConfig(arch=arch, grouped=True, tile_m=128, tile_n=256, cluster_n=2, scheduler="dynamic"),
-            GemmConfig(arch=arch, grouped=True, tile_m=64, tile_n=128, cluster_n=2, scheduler="dynamic"),
-            GemmConfig(arch=arch, grouped=True, tile_m=128, tile_n=128, scheduler="dynamic", b_major="k"),
+            GemmConfig(arch=arch, form=Form.GROUPED, tile_m=128, tile_n=256, cluster_n=2, scheduler="dynamic"),
+            GemmConfig(arch=arch, form=Form.GROUPED, tile_m=64, tile_n=128, cluster_n=2, scheduler="dynamic"),
+            GemmConfig(arch=arch, form=Form.GROUPED, tile_m=128, tile_n=128, scheduler="dynamic", b_major="k"),
         ]
     return [
         GemmConfig(arch=arch, tile_m=128, tile_n=256, scheduler="clc"),
         GemmConfig(arch=arch, tile_m=256, tile_n=256, two_cta=True, cluster_m=2, scheduler="clc"),
         GemmConfig(arch=arch, tile_m=128, tile_n=128, scheduler="dynamic"),
-        GemmConfig(arch=arch, grouped=True, tile_m=128, tile_n=128, scheduler="clc"),
-        GemmConfig(arch=arch, grouped=True, tile_m=64, tile_n=128, cluster_n=2, scheduler="clc"),
-        GemmConfig(arch=arch, grouped=True, tile_m=128, tile_n=256, b_major="k", scheduler="dynamic"),
+        GemmConfig(arch=arch, form=Form.GROUPED, tile_m=128, tile_n=128, scheduler="clc"),
+        GemmConfig(arch=arch, form=Form.GROUPED, tile_m=64, tile_n=128, cluster_n=2, scheduler="clc"),
+        GemmConfig(arch=arch, form=Form.GROUPED, tile_m=128, tile_n=256, b_major="k", scheduler="dynamic"),
         # multi-CTA clusters: the st.async ring broadcast (1-CTA clusters use st.shared)
         GemmConfig(arch=arch, tile_m=256, tile_n=256, two_cta=True, cluster_m=2, scheduler="dynamic"),
-        GemmConfig(arch=arch, grouped=True, tile_m=64, tile_n=128, cluster_n=2, scheduler="dynamic"),
+        GemmConfig(arch=arch, form=Form.GROUPED, tile_m=64, tile_n=128, cluster_n=2, scheduler="dynamic"),
     ]
 
 
 def grouped_variants(arch: str) -> list[GemmConfig]:
     if arch == "sm_100a":  # 1-CTA only (config rule)
         return [
-            GemmConfig(arch=arch, grouped=True, tile_m=128, tile_n=256, b_major="k"),
-            GemmConfig(arch=arch, grouped=True, tile_m=64, tile_n=128, cluster_n=2),
-            GemmConfig(arch=arch, grouped=True, tile_m=128, tile_n=128, out_dtype="fp32"),
-            GemmConfig(arch=arch, grouped=True, tile_m=64, tile_n=256, cluster_n=2, out_dtype="fp32", b_major="k"),
+            GemmConfig(arch=arch, form=Form.GROUPED, tile_m=128, tile_n=256, b_major="k"),
+            GemmConfig(arch=arch, form=Form.GROUPED, tile_m=64, tile_n=128, cluster_n=2),
+            GemmConfig(arch=arch, form=Form.GROUPED, tile_m=128, tile_n=128, out_dtype="fp32"),
+            GemmConfig(arch=arch, form=Form.GROUPED, tile_m=64, tile_n=256, cluster_n=2, out_dtype="fp32", b_major="k"),
         ] + grouped_epilogue_variants(arch)
     return [
-        GemmConfig(arch=arch, grouped=True, tile_m=128, tile_n=256, b_major="k"),
-        GemmConfig(arch=arch, grouped=True, tile_m=64, tile_n=128, cluster_n=2),
-        GemmConfig(arch=arch, grouped=True, tile_m=128, tile_n=128, pingpong=True, out_dtype="fp32"),
+        GemmConfig(arch=arch, form=Form.GROUPED, tile_m=128, tile_n=256, b_major="k"),
+        GemmConfig(arch=arch, form=Form.GROUPED, tile_m=64, tile_n=128, cluster_n=2),
+        GemmConfig(arch=arch, form=Form.GROUPED, tile_m=128, tile_n=128, pingpong=True, out_dtype="fp32"),
         # MXFP8 x MXFP8 emulated per expert (grouped_gemm of two BlockScaledTensors on sm_90a)
-        GemmConfig(arch=arch, grouped=True, tile_m=128, tile_n=128, a_dtype="e4m3", b_dtype="e4m3",
+        GemmConfig(arch=arch, form=Form.GROUPED, tile_m=128, tile_n=128, a_dtype="e4m3", b_dtype="e4m3",
                    a_major="k", b_major="k", fp8_mx=True),
         # swap_ab (tokens along the WGMMA's N): the policy's two tiles, a 1-CTA odd-chunk tile
-        GemmConfig(arch=arch, grouped=True, swap_ab=True, tile_m=128, tile_n=256, cluster_m=2, b_major="k",
+        GemmConfig(arch=arch, form=Form.GROUPED, swap_ab=True, tile_m=128, tile_n=256, cluster_m=2, b_major="k",
                    scheduler="dynamic", raster="m", group=1),
-        GemmConfig(arch=arch, grouped=True, swap_ab=True, tile_m=128, tile_n=192, cluster_m=2, scheduler="dynamic",
+        GemmConfig(arch=arch, form=Form.GROUPED, swap_ab=True, tile_m=128, tile_n=192, cluster_m=2, scheduler="dynamic",
                    raster="m", group=1, epilogue=EpilogueSpec(alpha=True, bias=True, bias_dtype="bf16", activation="silu")),
-        GemmConfig(arch=arch, grouped=True, swap_ab=True, tile_m=128, tile_n=160, a_dtype="fp16", b_dtype="fp16",
+        GemmConfig(arch=arch, form=Form.GROUPED, swap_ab=True, tile_m=128, tile_n=160, a_dtype="fp16", b_dtype="fp16",
                    out_dtype="fp32", raster="m", group=1),
         # swap_ab FP8 row-wise, promoted (each K tile's partial sum accumulates from zeros)
-        GemmConfig(arch=arch, grouped=True, swap_ab=True, tile_m=128, tile_n=192, cluster_m=2, scheduler="dynamic",
+        GemmConfig(arch=arch, form=Form.GROUPED, swap_ab=True, tile_m=128, tile_n=192, cluster_m=2, scheduler="dynamic",
                    a_dtype="e4m3", b_dtype="e4m3", raster="m", group=1, b_major="k",
                    epilogue=EpilogueSpec(scale_a=True, scale_b=True)),
         # swap_ab with a gated output (the MoE up projection): gate / up pairs across lanes
-        GemmConfig(arch=arch, grouped=True, swap_ab=True, tile_m=128, tile_n=256, cluster_m=2, scheduler="dynamic",
+        GemmConfig(arch=arch, form=Form.GROUPED, swap_ab=True, tile_m=128, tile_n=256, cluster_m=2, scheduler="dynamic",
                    raster="m", group=1, epilogue=EpilogueSpec(alpha=True, bias=True, gated="swiglu")),
     ] + grouped_epilogue_variants(arch)  # fmt: skip
 
@@ -464,7 +464,7 @@ def grouped_epilogue_variants(arch: str) -> list[GemmConfig]:
     (sm_90a: promoted and fast accumulation) and DeepSeek block scales (sm_90a)."""
     E = EpilogueSpec
     user = register(sample_user_epilogue)
-    g = dict(arch=arch, grouped=True)
+    g = dict(arch=arch, form=Form.GROUPED)
     if arch == "sm_90a":
         big, mid, small = dict(tile_m=128, tile_n=256, cluster_n=2), dict(tile_m=128, tile_n=128, pingpong=True, cluster_n=2), dict(tile_m=64, tile_n=128, cluster_n=2)  # fmt: skip
     else:
@@ -533,11 +533,11 @@ def blockscaled_variants(arch: str) -> list[GemmConfig]:
         replace(base, **mixed, **big),
         replace(base, **{**mixed, "a_dtype": "e2m1", "b_dtype": "e4m3"}, tile_m=128, tile_n=128, cluster_n=2),
         # grouped (MoE packed form): per-expert padded A scales, B scales per expert (L = E)
-        replace(base, **mxfp8, tile_m=128, tile_n=128, grouped=True),
-        replace(base, **nvfp4, tile_m=128, tile_n=256, grouped=True, cluster_n=2),
-        replace(base, **mxfp4, tile_m=128, tile_n=128, grouped=True, scheduler="clc"),
-        replace(base, **mixed, tile_m=128, tile_n=256, grouped=True, cluster_n=2),
-        replace(base, **mxfp8, tile_m=128, tile_n=256, grouped=True, scheduler="dynamic",
+        replace(base, **mxfp8, tile_m=128, tile_n=128, form=Form.GROUPED),
+        replace(base, **nvfp4, tile_m=128, tile_n=256, form=Form.GROUPED, cluster_n=2),
+        replace(base, **mxfp4, tile_m=128, tile_n=128, form=Form.GROUPED, scheduler="clc"),
+        replace(base, **mixed, tile_m=128, tile_n=256, form=Form.GROUPED, cluster_n=2),
+        replace(base, **mxfp8, tile_m=128, tile_n=256, form=Form.GROUPED, scheduler="dynamic",
                 epilogue=E(bias=True, bias_dtype="bf16", gated="swiglu")),
     ]  # fmt: skip
 

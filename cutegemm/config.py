@@ -4,6 +4,7 @@ what the dense kernels support."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 ARCHS = ("sm_90a", "sm_100a")
 INPUT_DTYPES = ("bf16", "fp16")
@@ -146,6 +147,30 @@ class EpilogueSpec:
         return 2 if self.gated else 1
 
 
+class Form(str, Enum):
+    """Which operands a launch takes and how its tiles map onto them (one per config).
+
+    DENSE: (L,) M x K times K x N through the kernel's (M, K, L) / (N, K, L) / (M, N, L) views.
+    FLAT: L = 1, A (M, K), B (K, N), C (M, N) passed as torch holds them (no per-call views).
+    GROUPED: MoE packed form: A (total_M, K) split into experts by a device ``offs``, B (E, N, K).
+    KGROUPED: weight gradient (sm_90a): ``offs`` splits K of A (M, total_K) and B (total_K, N) into
+        experts, output (E, M, N); each tile reads its K range from offs and zeroes the K values
+        outside it in its first and last stages.
+    LISTED: G groups of any (M_g, N_g, K_g) with their own tensors: a device table (pointers,
+        shapes, leading dims, first tiles) in the offs slot, one TMA descriptor per group and operand
+        written by a prep kernel; the launch's A, B, C are group 0's.
+    The value is the form's name in ``GemmConfig.name``."""
+
+    DENSE = "dense"
+    FLAT = "dense-2d"
+    GROUPED = "grouped"
+    KGROUPED = "kgrouped"
+    LISTED = "listed"
+
+    def __repr__(self) -> str:  # GemmConfig's repr stays valid Python (compile logs are replayed)
+        return f"Form.{self.name}"
+
+
 @dataclass(frozen=True)
 class GemmConfig:
     """Everything that changes the compiled kernel. Frozen and hashable: it is the cache key.
@@ -180,7 +205,7 @@ class GemmConfig:
     epi_stages: int = 0
     two_cta: bool = False
     pingpong: bool = False  # sm_90a: each consumer warpgroup owns whole tiles, alternating
-    grouped: bool = False  # MoE packed form: A (total_M, K) split into experts by a device offs tensor
+    form: Form = Form.DENSE  # dense, flat 2-D, grouped (MoE packed), K-grouped or list form (Form)
     raster: str = "m"
     group: int = 8
     scheduler: str = "static"
@@ -206,22 +231,6 @@ class GemmConfig:
     # starts a fresh partial sum, promoted as acc += partial * scale_a[row] * scale_b[col]; the
     # scales travel with A and B through the TMA stage ring.
     fp8_mx: bool = False
-    # The launch takes A (M, K), B (K, N) and C (M, N) as torch holds them (L = 1): no strided
-    # views are made on the host per call (host overhead); the kernel appends the unit L mode.
-    flat: bool = False
-    # K-grouped (the weight gradient of an MoE layer, sm_90a): A (M, total_K), B (total_K, N) and
-    # offs (E,) int32 cumulative K ends on the device; output (E, M, N), tile l = expert. Each tile
-    # reads its expert's K range from offs (no host sync); its TMA boxes start at the range's
-    # first column rounded down to 16 bytes, and the consumers zero the K values outside the range
-    # in the first and last K tiles' shared-memory stages before their WGMMAs.
-    kgrouped: bool = False
-    # List form (sm_90a): one launch over G groups of arbitrary (M_g, N_g, K_g), each with its own
-    # A, B and C in global memory. A device table (``gemm.grouped_parts.LIST_FIELDS`` int64 per
-    # group: pointers, shapes, leading dims, first tile) is passed in the offs slot; a prep kernel
-    # writes one TMA descriptor per (group, operand) into a workspace, the GEMM's producer and
-    # store warp use the tile's group's descriptors. A, B and C of the launch are group 0's
-    # (templates for the descriptors: dtypes, majors, boxes).
-    listed: bool = False
     # Grouped packed form, sm_90a, "swap AB": the kernel computes C^T = B^T A^T, so a tile's M
     # runs over the weights' N (tile_m rows of one expert's B) and its N over the expert's tokens,
     # split evenly over ceil(tokens / tile_n) tiles. Each tile's WGMMAs are cut to its real tokens,
@@ -256,6 +265,16 @@ class GemmConfig:
     def blockscaled(self) -> bool:
         return self.sf_vec > 0
 
+    def __post_init__(self):
+        if not isinstance(self.form, Form):  # a string such as "grouped" is accepted too
+            object.__setattr__(self, "form", Form(self.form))
+
+    # The form as booleans, for the rules and the kernels' branches.
+    grouped = property(lambda self: self.form is Form.GROUPED)
+    flat = property(lambda self: self.form is Form.FLAT)
+    kgrouped = property(lambda self: self.form is Form.KGROUPED)
+    listed = property(lambda self: self.form is Form.LISTED)
+
     @property
     def name(self) -> str:
         """Spells out family, dtypes, majors, tile, epilogue, scheduler and arch."""
@@ -270,7 +289,7 @@ class GemmConfig:
         tile += f"_ar{self.a_rows}" if self.a_rows else ""
         tile += f"_e{self.epi_stages}" if self.epi_stages else ""
         tile += f"_s{self.stages}" if self.stages else ""
-        family = "grouped" if self.grouped else "kgrouped" if self.kgrouped else "listed" if self.listed else "dense-2d" if self.flat else "dense"
+        family = Form(self.form).value
         if self.blockscaled:
             family += f"-bs-{self.sf_dtype}v{self.sf_vec}"
         return (
@@ -513,7 +532,7 @@ def swap_ab_errors(cfg: GemmConfig) -> list[str]:
     what = "swap_ab (grouped, tokens as the WGMMA's N)"
     err = []
     if cfg.arch != "sm_90a" or not cfg.grouped:
-        err.append(f"{what} is an sm_90a packed grouped kernel (grouped=True)")
+        err.append(f"{what} is an sm_90a packed grouped kernel (form=Form.GROUPED)")
     if cfg.a_dtype not in (*INPUT_DTYPES, "e4m3") or cfg.b_dtype != cfg.a_dtype:
         err.append(f"{what}: bf16, fp16 or e4m3 A and B, got {cfg.a_dtype}/{cfg.b_dtype}")
     if cfg.pingpong or cfg.tile_m != 128 or cfg.tile_n % SWAP_CHUNK or not 32 <= cfg.tile_n <= 256:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 from .config import (
     EpilogueSpec,
+    Form,
     GemmConfig,
     GemmProblem,
     a_rows_errors,
@@ -131,7 +132,7 @@ class ArchPolicy:
                 tile = dict(tile_m=64, tile_n=128, cluster_n=2) if rows <= 64 else dict(tile_m=128, tile_n=192, cluster_n=2, wg_order=True)
         if self.arch == "sm_100a":
             tile = dict(tile_m=64 if rows <= 64 else 128, tile_n=128)
-        cfg = replace(self.choose(p), grouped=True, cluster_m=1, cluster_n=1, raster="m", group=1, two_cta=False)
+        cfg = replace(self.choose(p), form=Form.GROUPED, cluster_m=1, cluster_n=1, raster="m", group=1, two_cta=False)
         cfg = replace(cfg, **tile)
         return replace(cfg, **overrides) if overrides else cfg
 

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 def _configs(logs, variants):
     from cutegemm.blockscaled.weight_only.kernel import Fp4WeightConfig
-    from cutegemm.config import GemmConfig  # noqa: F401
+    from cutegemm.config import Form, GemmConfig  # noqa: F401
     from cutegemm.epilogue import EpilogueSpec  # noqa: F401  (eval namespace)
 
     out = []
@@ -29,7 +29,7 @@ def _configs(logs, variants):
         for line in Path(log).read_text().splitlines():
             line = line.strip()
             if line.startswith("GemmConfig("):
-                out.append(eval(line, {"GemmConfig": GemmConfig, "EpilogueSpec": EpilogueSpec}))  # noqa: S307
+                out.append(eval(line, {"GemmConfig": GemmConfig, "EpilogueSpec": EpilogueSpec, "Form": Form}))  # noqa: S307
             elif line.startswith("Fp4WeightConfig("):
                 out.append(eval(line, {"Fp4WeightConfig": Fp4WeightConfig}))  # noqa: S307
     if variants:

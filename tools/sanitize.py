@@ -27,7 +27,7 @@ import refcheck  # noqa: F401  (puts the repo root on sys.path)
 import torch
 
 import cutegemm
-from cutegemm.config import GemmConfig
+from cutegemm.config import Form, GemmConfig
 from cutegemm.epilogue import EpilogueSpec
 from cutegemm.gemm.launch import DENSE_CACHE, GROUPED_CACHE
 
@@ -151,7 +151,7 @@ def grouped_case(counts, n, k, tile: dict, b_row=True, alpha=1.0, pad=5, bad_off
     a = cpu(total, k)
     b = cpu(E, k, n) if b_row else cpu(E, n, k).transpose(1, 2)
     config = cfg(
-        grouped=True, b_major="n" if b_row else "k", out_dtype={BF: "bf16", F32: "fp32"}[out_dtype],
+        form=Form.GROUPED, b_major="n" if b_row else "k", out_dtype={BF: "bf16", F32: "fp32"}[out_dtype],
         raster="m", group=1, epilogue=EpilogueSpec(alpha=alpha != 1.0), **tile,
     )  # fmt: skip
     buf = refcheck.poisoned((total, n), out_dtype, "cpu")[0].cuda()
@@ -460,7 +460,7 @@ def _fp8_cases():
         # fast accumulation: the policy's swapped 128x192 c2x1; promoted swapped (a config only)
         "fp8-grouped-rowwise-fast-swap": lambda: grouped("rowwise", fast=True),
         "fp8-grouped-rowwise-swap-promoted": lambda: grouped("rowwise", config=GemmConfig(
-            arch="sm_90a", a_dtype="e4m3", b_dtype="e4m3", b_major="k", grouped=True, swap_ab=True, tile_m=128,
+            arch="sm_90a", a_dtype="e4m3", b_dtype="e4m3", b_major="k", form=Form.GROUPED, swap_ab=True, tile_m=128,
             tile_n=192, cluster_m=2, scheduler="dynamic", raster="m", group=1,
             epilogue=EpilogueSpec(scale_a=True, scale_b=True))),
     }
@@ -475,7 +475,7 @@ def all_cases() -> dict:
         "kgrouped-col-major-a": lambda: kgrouped_case(a_col_major=True),
         "kgrouped-pingpong": lambda: kgrouped_case(
             a_col_major=True, m=1024, n=1024,
-            config=cutegemm.GemmConfig(arch="sm_90a", kgrouped=True, a_major="m", tile_m=128, tile_n=128, pingpong=True,
+            config=cutegemm.GemmConfig(arch="sm_90a", form=Form.KGROUPED, a_major="m", tile_m=128, tile_n=128, pingpong=True,
                                        cluster_m=2)),
         "list": list_case,
         **_quantize_cases(),

@@ -279,7 +279,7 @@ class Runner:
         alpha = round(rng.uniform(0.25, 2.0) * rng.choice([-1, 1]), 3) if v.alpha else 1.0
         cfg = replace(
             self.Config(arch=self.arch, a_dtype=v.in_dtype, b_dtype=v.in_dtype, out_dtype=v.out_dtype,
-                        a_major="k", b_major="n" if v.b_row else "k", grouped=True, raster="m", group=1,
+                        a_major="k", b_major="n" if v.b_row else "k", form="grouped", raster="m", group=1,
                         epilogue=self.Spec(alpha=v.alpha)),
             **self.tile(v.tile),
         )  # fmt: skip
@@ -397,7 +397,7 @@ class Runner:
         cfg = None
         if tile is not None:
             cfg = self.Config(arch=self.arch, a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k",
-                              fp8_blockwise=True, grouped=grouped, raster="m" if grouped else "n",
+                              fp8_blockwise=True, form="grouped" if grouped else "dense", raster="m" if grouped else "n",
                               group=1 if grouped else 8, **tile)  # fmt: skip
 
         def call(out):
@@ -468,7 +468,7 @@ class Runner:
         cfg = None
         if tile is not None and self.arch == "sm_90a":
             b_major = "n" if b.stride(-1) == 1 else "k"
-            cfg = self.Config(arch=self.arch, a_major="k", b_major=b_major, grouped=True, swap_ab=True, raster="m",
+            cfg = self.Config(arch=self.arch, a_major="k", b_major=b_major, form="grouped", swap_ab=True, raster="m",
                               group=1, epilogue=self.Spec(alpha=alpha != 1.0), **tile)  # fmt: skip
 
         what = f"swap {name} counts={counts} pad={pad} n={n} k={k} alpha={alpha}"

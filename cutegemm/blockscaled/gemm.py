@@ -22,7 +22,7 @@ from dataclasses import replace
 
 import torch
 
-from ..config import GemmConfig, GemmProblem, can_implement
+from ..config import Form, GemmConfig, GemmProblem, can_implement
 from ..epilogue import EpilogueSpec
 from ..gemm.args import KernelArgs
 from ..gemm.grouped_parts import GROUPED_MAX_GROUPS
@@ -296,7 +296,7 @@ def grouped_gemm_blockscaled(qa, qb, *, offs, out_dtype=torch.bfloat16, alpha: f
     cfg = config or replace(
         blockscaled_config(qa.fmt.name, 128, n, out_dtype, alpha=alpha != 1.0, global_scale=gs is not None,
                            b_fmt_name=qb.fmt.name),
-        tile_m=128, two_cta=False, cluster_m=1, grouped=True, raster="m", group=1,
+        tile_m=128, two_cta=False, cluster_m=1, form=Form.GROUPED, raster="m", group=1,
     )  # fmt: skip
     cfg = with_global_scale(cfg, gs, alpha)
     ok, why = can_implement(cfg, GemmProblem(total_m, n, k, 1, a_elem, b_elem, OUT_NAMES[out_dtype], "k", "k", (k,), (k,)))

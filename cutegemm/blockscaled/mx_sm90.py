@@ -27,7 +27,7 @@ from dataclasses import replace
 
 import torch
 
-from ..config import GemmConfig, GemmProblem, can_implement
+from ..config import Form, GemmConfig, GemmProblem, can_implement
 from ..epilogue import EpilogueSpec
 from ..gemm.args import KernelArgs
 from ..gemm.dense import gemm
@@ -210,7 +210,7 @@ def gemm_mx_sm90(
             f"config {config.name} is not an MXFP8-emulation kernel (fp8_mx=True, grouped={grouped}, see mx_config)"
         )
     rows = -(-m // qb.shape[0]) if grouped else m  # the tile follows the mean rows per expert
-    cfg = config or replace(mx_config(rows, n, out_dtype, alpha=alpha != 1.0), grouped=grouped)
+    cfg = config or replace(mx_config(rows, n, out_dtype, alpha=alpha != 1.0), form=Form.GROUPED if grouped else Form.DENSE)
     if alpha != 1.0 and not cfg.epilogue.alpha:
         cfg = replace(cfg, epilogue=replace(cfg.epilogue, alpha=True))
     ok, why = can_implement(cfg, GemmProblem(m, n, k, 1, "e4m3", "e4m3", OUT_NAMES[out_dtype], "k", "k", (k,), (k,)))

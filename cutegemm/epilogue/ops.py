@@ -34,7 +34,7 @@ from .user import apply_user_kernel
 
 # --- activations ----------------------------------------------------------------------------
 # Written once over a small math namespace ``m``: in the kernels ``m`` is CUTE_MATH (fp32
-# TensorSSA, fast-math exp / rcp); tests/test_epilogue_cpu.py runs the very same formulas with
+# TensorSSA, fast-math exp / rcp); tests/cpu/test_epilogue_cpu.py runs the very same formulas with
 # fp32 torch tensors (``TorchMath`` there) against float64 references.
 class CuteMath:
     """The few primitives the activations use, on fp32 TensorSSA."""
@@ -62,7 +62,7 @@ _SQRT1_2 = 1.0 / math.sqrt(2.0)
 _GELU_TANH_2K = 2.0 * math.sqrt(2.0 / math.pi)  # 0.5 * (1 + tanh(u)) == sigmoid(2u)
 # Phi(x) = 0.5 * (1 + erf(x / sqrt(2))) from erfc(z), z = |x| / sqrt(2):
 #   erfc(z) = exp(-z^2 + Q(z)), Q a degree-11 polynomial fitted in float64 (mpmath reference)
-#   on [0, 4.5]; erfc(4.5) = 2e-10. In fp32 (tests/test_epilogue_cpu.py): Phi within 5e-8
+#   on [0, 4.5]; erfc(4.5) = 2e-10. In fp32 (tests/cpu/test_epilogue_cpu.py): Phi within 5e-8
 #   absolute, erfc within 6e-6 relative (the fp32 rounding of z^2 dominates).
 _ERFC_Q = (8.078845326053852e-08, -1.1283843517303467, 0.3634340167045593, -0.10299013555049896,
            0.019567711278796196, -0.0002747102698776871, -0.00142836628947407, 0.0005849004373885691,

@@ -11,6 +11,7 @@ from ..config import (
     QUANT_FORMATS,
     QUANT_OUT_DTYPES,
     TMA_ALIGN_BYTES,
+    Form,
     GemmConfig,
     GemmProblem,
     can_implement,
@@ -312,12 +313,12 @@ def _plan(
         and bias_s is bias
     )  # fmt: skip
     flat_ok = direct and _flat_ok(a, b, out, views)
-    if config is None and flat_ok and not config_errors(replace(cfg, flat=True)):
-        cfg = replace(cfg, flat=True)  # the caller's 2-D tensors go to the kernel as they are
+    if config is None and flat_ok and not config_errors(replace(cfg, form=Form.FLAT)):
+        cfg = replace(cfg, form=Form.FLAT)  # the caller's 2-D tensors go to the kernel as they are
     elif cfg.flat and not flat_ok:
         raise ValueError(
             f"config {cfg.name} is a flat (2-D) launch: it takes 2-D a, b and out that the kernel can "
-            "read as they are (no batch, no copies); pass a config with flat=False for these operands"
+            "read as they are (no batch, no copies); pass a config with form=Form.DENSE for these operands"
         )
     plan = _Plan()
     plan.flat = cfg.flat

@@ -19,7 +19,7 @@ from dataclasses import replace
 
 import torch
 
-from ..config import TMA_ALIGN_BYTES, GemmConfig, GemmProblem, can_implement
+from ..config import TMA_ALIGN_BYTES, Form, GemmConfig, GemmProblem, can_implement
 from ..epilogue import EpilogueSpec
 from ..gemm.args import KernelArgs
 from ..gemm.dense import gemm
@@ -68,7 +68,7 @@ def grouped_k(a, b, offs, out, out_dtype, alpha, check_offs, config=None):
     if check_offs:
         check_offs_values(offs, K)
     if config is not None and not config.kgrouped:
-        raise ValueError(f"config {config.name} is not a K-grouped kernel (kgrouped=True)")
+        raise ValueError(f"config {config.name} is not a K-grouped kernel (form=Form.KGROUPED)")
     if out.numel() == 0:
         return out
     if _kgrouped_launch(a, b, offs, out, alpha, config):
@@ -102,7 +102,7 @@ def kgrouped_config(arch: str, num_sms: int, m: int, n: int, k_mean: int, e: int
     DeepSeek-V3 dW up (512 K per expert), +3.3% dW down, +1.1% Qwen3 (128), -5.4% Mixtral (4096)."""
     problem = GemmProblem(m, n, max(k_mean, 1), e, dtype, dtype, out_dtype, a_major, b_major)
     cfg = policy_for(arch, num_sms).choose(problem, epilogue=EpilogueSpec(alpha=alpha))
-    cfg = replace(cfg, kgrouped=True, flat=False, grouped=False)
+    cfg = replace(cfg, form=Form.KGROUPED)
     if k_mean <= 1024 and cfg.tile_m == 128 and cfg.tile_n >= 128 and cfg.scheduler == "static":
         cfg = replace(cfg, tile_n=128, pingpong=True)
     return cfg

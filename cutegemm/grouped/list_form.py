@@ -22,7 +22,7 @@ from dataclasses import replace
 
 import torch
 
-from ..config import TMA_ALIGN_BYTES, GemmConfig, GemmProblem
+from ..config import TMA_ALIGN_BYTES, Form, GemmConfig, GemmProblem
 from ..epilogue import EpilogueSpec
 from ..gemm.args import KernelArgs
 from ..gemm.dense import gemm
@@ -82,7 +82,7 @@ def list_config(arch: str, num_sms: int, groups: int, total_m: int, n: int, k: i
     problem = GemmProblem(max(total_m, 1), max(n, 1), max(k, 1), 1, dtype, dtype, out_dtype, a_major, b_major)
     epi = EpilogueSpec(alpha=alpha, activation=activation)
     cfg = policy_for(arch, num_sms).choose_grouped(problem, max(groups, 1), allow_swap=False, epilogue=epi)
-    return replace(cfg, grouped=False, listed=True, cluster_m=1, cluster_n=1)
+    return replace(cfg, form=Form.LISTED, cluster_m=1, cluster_n=1)
 
 
 def list_table(shapes, a_ptrs, b_ptrs, c_ptrs, lds, tile_m: int, tile_n: int, template: int) -> list[int]:
@@ -187,7 +187,7 @@ def list_launch(a_list, b_list, out_dtype, alpha, config=None, flat=None, activa
     if cfg.epilogue.activation != activation:
         raise ValueError(f"config {cfg.name} has activation {cfg.epilogue.activation!r}, the call {activation!r}")
     if not cfg.listed or (cfg.a_major, cfg.b_major, cfg.a_dtype, cfg.out_dtype) != (a_major, b_major, dtype, out_name):
-        raise ValueError(f"config {cfg.name} cannot run this list call (listed=True, majors {a_major}{b_major}, "
+        raise ValueError(f"config {cfg.name} cannot run this list call (form=Form.LISTED, majors {a_major}{b_major}, "
                          f"{dtype} -> {out_name})")  # fmt: skip
     base = flat.data_ptr()
     c_ptrs = [base + off * out_bytes for off in offsets]

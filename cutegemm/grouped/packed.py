@@ -231,7 +231,7 @@ def _plan_packed(a, b, offs, out, out_dtype, alpha, config, epi_in: _Epi, fast_a
     elif config.epilogue not in (epi, replace(epi, alpha=True)):  # an alpha kernel serves alpha == 1
         raise ValueError(f"config.epilogue {config.epilogue} does not match the call's epilogue {epi}")
     if config is not None and (config.arch != arch or not config.grouped):
-        raise ValueError(f"config {config.name} cannot run the grouped form on this GPU (arch {arch}; needs grouped=True and that arch)")
+        raise ValueError(f"config {config.name} cannot run the grouped form on this GPU (arch {arch}; needs form=Form.GROUPED and that arch)")
     cfg = config if config is not None else policy_for(arch, num_sms).choose_grouped(problem, E, epilogue=epi, **extra)
     if cfg.fp8_blockwise != blockwise:
         raise ValueError(

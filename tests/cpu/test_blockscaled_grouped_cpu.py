@@ -18,7 +18,7 @@ from cutegemm.blockscaled.grouped_sf import (
     sf_rows_bound,
 )
 from cutegemm.blockscaled.layout import to_swizzled
-from cutegemm.config import GemmConfig, can_implement
+from cutegemm.config import Form, GemmConfig, can_implement
 
 MX = dict(a_dtype="e4m3", b_dtype="e4m3", sf_dtype="e8m0", sf_vec=32)
 
@@ -95,7 +95,7 @@ def test_padded_scale_bytes(fmt, counts):
     ],
 )
 def test_grouped_blockscaled_config_rules(kw, ok):
-    cfg = GemmConfig(arch="sm_100a", a_major="k", b_major="k", grouped=True, **MX, **kw)
+    cfg = GemmConfig(arch="sm_100a", a_major="k", b_major="k", form=Form.GROUPED, **MX, **kw)
     good, why = can_implement(cfg)
     assert good == ok, why
     if not ok:

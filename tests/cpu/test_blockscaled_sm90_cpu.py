@@ -21,7 +21,7 @@ from cutegemm.blockscaled.mx_sm90 import (
     mx_scales_b,
     sfb_permutation,
 )
-from cutegemm.config import GemmConfig, can_implement
+from cutegemm.config import Form, GemmConfig, can_implement
 
 
 def _q(rows, k, seed, spread=6):
@@ -84,9 +84,9 @@ def test_config_rules():
         "cooperative schedule only": replace(cfg, pingpong=True),
         "cannot be combined with fast_accum": replace(cfg, fast_accum=True),
         "needs e4m3 A and B": GemmConfig(arch="sm_90a", fp8_mx=True, tile_n=128),
-        "not flat": replace(cfg, flat=True),
+        "not flat": replace(cfg, form=Form.FLAT),
     }
-    assert can_implement(replace(cfg, grouped=True))[0]  # the grouped (MoE packed) form
+    assert can_implement(replace(cfg, form=Form.GROUPED))[0]  # the grouped (MoE packed) form
     for msg, c in bad.items():
         ok, why = can_implement(c)
         assert not ok and msg in why, (msg, why)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cutegemm.config import GemmConfig, GemmProblem, can_implement
+from cutegemm.config import Form, GemmConfig, GemmProblem, can_implement
 from cutegemm.epilogue import EpilogueSpec
 from cutegemm.policy import policy_for
 from cutegemm.schedulers.static import swizzled_tile_coord
@@ -140,11 +140,11 @@ def test_grouped_policy_is_implementable_sm100(total, experts, n, b_major, out_d
 
 def test_sm100_grouped_rules():
     for tile_m, cluster_n in ((128, 1), (64, 2), (128, 4)):
-        ok, why = can_implement(GemmConfig(arch="sm_100a", grouped=True, tile_m=tile_m, tile_n=128, cluster_n=cluster_n))
+        ok, why = can_implement(GemmConfig(arch="sm_100a", form=Form.GROUPED, tile_m=tile_m, tile_n=128, cluster_n=cluster_n))
         assert ok, why
-    ok, why = can_implement(GemmConfig(arch="sm_100a", grouped=True, tile_m=256, tile_n=256, two_cta=True, cluster_m=2))
+    ok, why = can_implement(GemmConfig(arch="sm_100a", form=Form.GROUPED, tile_m=256, tile_n=256, two_cta=True, cluster_m=2))
     assert not ok and "two_cta" in why and "1-CTA" in why
-    ok, why = can_implement(GemmConfig(arch="sm_100a", grouped=True, cluster_m=2))
+    ok, why = can_implement(GemmConfig(arch="sm_100a", form=Form.GROUPED, cluster_m=2))
     assert not ok and "cluster_m" in why
 
 
@@ -162,7 +162,7 @@ BS_NVFP4 = dict(a_dtype="e2m1", b_dtype="e2m1", sf_dtype="e4m3", sf_vec=16, a_ma
         dict(BS_MXFP8, a_dtype="e2m1", b_dtype="e2m1"),  # MXFP4
         dict(BS_MXFP8, tile_n=192),
         dict(BS_NVFP4, tile_m=256, tile_n=64, two_cta=True, cluster_m=2),
-        dict(BS_MXFP8, grouped=True),  # the grouped (MoE packed) form: 1-CTA 128-row tiles
+        dict(BS_MXFP8, form=Form.GROUPED),  # the grouped (MoE packed) form: 1-CTA 128-row tiles
     ],
 )
 def test_blockscaled_rules_accept(change):
@@ -182,8 +182,8 @@ def test_blockscaled_rules_accept(change):
         ("sm_100a", dict(BS_MXFP8, sf_vec=16), "sf_vec"),
         ("sm_100a", dict(BS_NVFP4, sf_dtype="e5m2"), "sf dtype"),
         ("sm_100a", dict(BS_NVFP4, b_dtype="e4m3"), "equal dtypes"),  # NVFP4 scales do not mix
-        ("sm_100a", dict(BS_MXFP8, grouped=True, cluster_m=2), "grouped"),
-        ("sm_100a", dict(BS_MXFP8, grouped=True, tile_m=256, two_cta=True, cluster_m=2), "grouped"),
+        ("sm_100a", dict(BS_MXFP8, form=Form.GROUPED, cluster_m=2), "grouped"),
+        ("sm_100a", dict(BS_MXFP8, form=Form.GROUPED, tile_m=256, two_cta=True, cluster_m=2), "grouped"),
         ("sm_100a", dict(BS_MXFP8, cluster_m=4, cluster_n=2), "cluster size"),
         ("sm_100a", dict(sf_dtype="e8m0"), "sf_vec"),
     ],
@@ -228,8 +228,8 @@ def _stages(cfg):
     "kw, want",
     [
         (dict(), (4, 4)),  # dense 128x256: 4 stages beside 4 buffers
-        (dict(grouped=True), (4, 3)),  # its 4 KiB tile table: 3 buffers keep the 4th stage
-        (dict(grouped=True, epi_stages=4), (3, 4)),  # the old ring, explicitly
+        (dict(form=Form.GROUPED), (4, 3)),  # its 4 KiB tile table: 3 buffers keep the 4th stage
+        (dict(form=Form.GROUPED, epi_stages=4), (3, 4)),  # the old ring, explicitly
         (dict(tile_n=128, pingpong=True), (6, 2)),
         (dict(a_dtype="e4m3", b_dtype="e4m3", tile_n=192), (5, 3)),  # FP8: a 5th stage for 1 buffer
         (dict(out_dtype="fp32"), (4, 2)),  # fp32 subtiles are twice the size

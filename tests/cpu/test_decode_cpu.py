@@ -7,7 +7,7 @@ from dataclasses import replace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cutegemm.config import GemmConfig, GemmProblem, a_rows_errors, can_implement, config_errors
+from cutegemm.config import Form, GemmConfig, GemmProblem, a_rows_errors, can_implement, config_errors
 from cutegemm.gemm.sm90.split import split_workspace_words
 from cutegemm.policy import policy_for, short_a_box, small_m_options
 from cutegemm.schedulers.static import split_k_range
@@ -40,7 +40,7 @@ def test_split_k_rules():
     bad = {
         "split_k must be": dict(split_k=3),
         "sm_90a only": dict(arch="sm_100a", tile_m=128),
-        "dense only": dict(grouped=True),
+        "dense only": dict(form=Form.GROUPED),
         "1x1 cluster": dict(cluster_n=2),
         "static scheduler": dict(scheduler="dynamic"),
         "per-K-block scales": dict(a_dtype="e4m3", b_dtype="e4m3", tile_m=128, tile_n=128, fp8_blockwise=True),
@@ -76,7 +76,7 @@ def test_a_rows_rules():
     assert any("K-major A" in e for e in config_errors(replace(ok, a_major="m")))
     assert any("K-major A" in e for e in config_errors(replace(ok, cluster_n=2)))
     assert any("cooperative" in e for e in config_errors(replace(ok, pingpong=True)))
-    assert any("dense sm_90a" in e for e in config_errors(replace(ok, grouped=True)))
+    assert any("dense sm_90a" in e for e in config_errors(replace(ok, form=Form.GROUPED)))
     # the problem must fit in the box: rows past it would be read as zeros
     p = GemmProblem(17, 256, 512, 1, "bf16", "bf16", "bf16", "k", "k")
     ok_, why = can_implement(ok, p)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import cutegemm
-from cutegemm.config import GemmConfig, GemmProblem, can_implement
+from cutegemm.config import Form, GemmConfig, GemmProblem, can_implement
 from cutegemm.epilogue import EpilogueSpec, fn
 from cutegemm.epilogue.quant import quant_groups
 from cutegemm.epilogue.user import apply_user_ref, register, user_key
@@ -106,8 +106,8 @@ def test_quant_config_rules():
     assert not can_implement(GemmConfig("sm_90a", out_dtype="bf16", epilogue=E(quant="mxfp8")))[0]
     assert can_implement(GemmConfig("sm_100a", out_dtype="e4m3", epilogue=E(quant="mxfp8")))[0]
     assert not can_implement(GemmConfig("sm_100a", out_dtype="e4m3", tile_m=64, epilogue=E(quant="mxfp8")))[0]
-    assert can_implement(GemmConfig("sm_90a", out_dtype="u8", grouped=True, epilogue=E(quant="nvfp4")))[0]
-    assert not can_implement(GemmConfig("sm_90a", out_dtype="u8", grouped=True, epilogue=E(quant="nvfp4", beta=True)))[0]
+    assert can_implement(GemmConfig("sm_90a", out_dtype="u8", form=Form.GROUPED, epilogue=E(quant="nvfp4")))[0]
+    assert not can_implement(GemmConfig("sm_90a", out_dtype="u8", form=Form.GROUPED, epilogue=E(quant="nvfp4", beta=True)))[0]
     p = GemmProblem(128, 48, 64, out_dtype="e4m3")
     assert "multiple of 32" in can_implement(ok, p)[1]
     with pytest.raises(ValueError):

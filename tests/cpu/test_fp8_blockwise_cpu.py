@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cutegemm
-from cutegemm.config import GemmConfig, GemmProblem, can_implement
+from cutegemm.config import Form, GemmConfig, GemmProblem, can_implement
 from cutegemm.epilogue import EpilogueSpec
 from cutegemm.policy import policy_for
 
@@ -29,10 +29,10 @@ BW = dict(arch="sm_90a", a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k
         dict(tile_m=64, tile_n=128, pingpong=True),
         dict(tile_m=64, tile_n=64, out_dtype="fp32"),
         dict(tile_m=128, tile_n=128, epilogue=EpilogueSpec(bias=True, bias_dtype="bf16", activation="silu")),
-        dict(tile_m=128, tile_n=128, cluster_n=2, grouped=True),
-        dict(tile_m=64, tile_n=128, grouped=True, scheduler="dynamic"),
+        dict(tile_m=128, tile_n=128, cluster_n=2, form=Form.GROUPED),
+        dict(tile_m=64, tile_n=128, form=Form.GROUPED, scheduler="dynamic"),
         dict(tile_m=128, tile_n=192, cluster_m=2, wg_order=True),
-        dict(tile_m=128, tile_n=192, cluster_n=2, grouped=True),
+        dict(tile_m=128, tile_n=192, cluster_n=2, form=Form.GROUPED),
     ],
 )
 def test_blockwise_configs_accepted(kw):
@@ -323,7 +323,7 @@ def test_grouped_blockwise_variants_and_fake_args():
     "kw,ok",
     [
         (dict(tile_m=128, tile_n=128, cluster_m=2), True),
-        (dict(tile_m=128, tile_n=128, grouped=True, cluster_n=2), True),
+        (dict(tile_m=128, tile_n=128, form=Form.GROUPED, cluster_n=2), True),
         (dict(tile_m=128, tile_n=192, fp8_blockwise=False), True),  # row-wise promoted
         (dict(tile_m=64, tile_n=128), False),  # one warpgroup: nobody to take turns with
         (dict(tile_m=64, tile_n=128, pingpong=True), False),

@@ -7,6 +7,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cutegemm.config import Form
 from cutegemm.schedulers.grouped import expert_rows, grouped_tile_map
 
 
@@ -91,12 +92,11 @@ def test_kgrouped_config_rules_and_policy():
     from cutegemm.epilogue import EpilogueSpec
     from cutegemm.grouped.k_grouped import kgrouped_config
 
-    ok = GemmConfig(arch="sm_90a", kgrouped=True, a_major="m")
+    ok = GemmConfig(arch="sm_90a", form=Form.KGROUPED, a_major="m")
     assert config_errors(ok) == [] and ok.name.startswith("kgrouped_")
     assert config_errors(replace(ok, pingpong=True, tile_m=64)) == []  # skips by each tile's own K count
     bad = {
         "arch": replace(ok, arch="sm_100a"),
-        "grouped": replace(ok, grouped=True),
         "fp8": replace(ok, a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k"),
         "bias": replace(ok, epilogue=EpilogueSpec(bias=True)),
         "clc": replace(ok, scheduler="clc"),

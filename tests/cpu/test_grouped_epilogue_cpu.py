@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cutegemm.config import GemmConfig, config_errors
+from cutegemm.config import Form, GemmConfig, config_errors
 from cutegemm.epilogue import EpilogueSpec, interleave_gate_up
 from cutegemm.grouped.packed import _per_expert, _row_vector, grouped_gemm, grouped_gemm_ref
 
@@ -126,7 +126,7 @@ def test_per_expert_vector_forms():
 
 
 def test_grouped_config_rules_allow_epilogues_but_beta():
-    g = dict(arch="sm_90a", grouped=True, tile_m=128, tile_n=128)
+    g = dict(arch="sm_90a", form=Form.GROUPED, tile_m=128, tile_n=128)
     assert not config_errors(GemmConfig(**g, epilogue=EpilogueSpec(bias=True, gated="swiglu")))
     assert not config_errors(GemmConfig(**g, out_dtype="e4m3", epilogue=EpilogueSpec(quant="mxfp8")))
     errs = config_errors(GemmConfig(**g, epilogue=EpilogueSpec(beta=True)))

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cutegemm.config import EpilogueSpec, GemmConfig, config_errors
+from cutegemm.config import EpilogueSpec, Form, GemmConfig, config_errors
 from cutegemm.schedulers.grouped import list_tile_map, list_tile_starts
 
 
@@ -40,17 +40,15 @@ def test_list_tile_map_covers_every_tile_once(shapes, tile):
 
 def test_listed_config_rules():
     for arch in ("sm_90a", "sm_100a"):
-        ok = GemmConfig(arch=arch, listed=True)
+        ok = GemmConfig(arch=arch, form=Form.LISTED)
         assert config_errors(ok) == [] and ok.name.startswith("listed_")
-    assert config_errors(GemmConfig(arch="sm_100a", listed=True, scheduler="clc")) == []
+    assert config_errors(GemmConfig(arch="sm_100a", form=Form.LISTED, scheduler="clc")) == []
     bad = {
-        "sm_100a 2-CTA": GemmConfig(arch="sm_100a", listed=True, tile_m=256, two_cta=True, cluster_m=2),
-        "cluster": GemmConfig(arch="sm_90a", listed=True, cluster_n=2),
-        "fp8": GemmConfig(arch="sm_90a", listed=True, a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k"),
-        "bias": GemmConfig(arch="sm_90a", listed=True, epilogue=EpilogueSpec(bias=True)),
-        "grouped": GemmConfig(arch="sm_90a", listed=True, grouped=True),
-        "kgrouped": GemmConfig(arch="sm_90a", listed=True, kgrouped=True),
-        "clc on sm_90a": GemmConfig(arch="sm_90a", listed=True, scheduler="clc"),
+        "sm_100a 2-CTA": GemmConfig(arch="sm_100a", form=Form.LISTED, tile_m=256, two_cta=True, cluster_m=2),
+        "cluster": GemmConfig(arch="sm_90a", form=Form.LISTED, cluster_n=2),
+        "fp8": GemmConfig(arch="sm_90a", form=Form.LISTED, a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k"),
+        "bias": GemmConfig(arch="sm_90a", form=Form.LISTED, epilogue=EpilogueSpec(bias=True)),
+        "clc on sm_90a": GemmConfig(arch="sm_90a", form=Form.LISTED, scheduler="clc"),
     }
     for what, cfg in bad.items():
         assert any("listed" in e or "kgrouped" in e for e in config_errors(cfg)), what

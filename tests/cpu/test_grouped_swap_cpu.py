@@ -6,18 +6,18 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cutegemm.config import GemmConfig, config_errors
+from cutegemm.config import Form, GemmConfig, config_errors
 from cutegemm.epilogue import EpilogueSpec
 from cutegemm.schedulers.grouped import even_split, swap_tile_map
 
-SWAP = GemmConfig(arch="sm_90a", grouped=True, swap_ab=True, b_major="k", tile_m=128, tile_n=192, cluster_m=2, scheduler="dynamic")
+SWAP = GemmConfig(arch="sm_90a", form=Form.GROUPED, swap_ab=True, b_major="k", tile_m=128, tile_n=192, cluster_m=2, scheduler="dynamic")
 
 
 def test_swap_config_rules():
     assert config_errors(SWAP) == []
     assert config_errors(replace(SWAP, tile_n=160, cluster_m=1)) == []
     bad = {
-        "not grouped": replace(SWAP, grouped=False),
+        "not grouped": replace(SWAP, form=Form.DENSE),
         "sm_100a": replace(SWAP, arch="sm_100a"),
         "fp8 promoted 256 tokens": replace(SWAP, a_dtype="e4m3", b_dtype="e4m3", tile_n=256),
         "e5m2": replace(SWAP, a_dtype="e5m2", b_dtype="e5m2", tile_n=128),

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cutegemm.config import GemmConfig, can_implement
+from cutegemm.config import Form, GemmConfig, can_implement
 from cutegemm.gemm.args import dense_fake_args, grouped_fake_args
 from cutegemm.schedulers.dynamic import clc_grid_clusters, simulate_clc, simulate_dynamic
 from cutegemm.schedulers.grouped import expert_rows, grouped_tile_map
@@ -149,9 +149,9 @@ def test_scheduler_config_rules(change, needle):
     "cfg",
     [
         GemmConfig(arch="sm_90a", scheduler="dynamic"),
-        GemmConfig(arch="sm_90a", grouped=True, cluster_n=2, scheduler="dynamic"),
+        GemmConfig(arch="sm_90a", form=Form.GROUPED, cluster_n=2, scheduler="dynamic"),
         GemmConfig(arch="sm_100a", scheduler="clc"),
-        GemmConfig(arch="sm_100a", grouped=True, tile_n=128, scheduler="clc"),
+        GemmConfig(arch="sm_100a", form=Form.GROUPED, tile_n=128, scheduler="clc"),
         GemmConfig(arch="sm_100a", scheduler="dynamic"),
     ],
     ids=lambda c: c.name,
@@ -167,7 +167,7 @@ def test_workspace_is_the_last_kernel_argument():
     dyn = GemmConfig(arch="sm_90a", scheduler="dynamic")
     ws = dense_fake_args(dyn)[-1]
     assert ws is not None and "int32" in str(ws.element_type).lower()
-    assert grouped_fake_args(replace(dyn, grouped=True))[-1] is not None
+    assert grouped_fake_args(replace(dyn, form=Form.GROUPED))[-1] is not None
     assert len(dense_fake_args(dyn)) == len(dense_fake_args(GemmConfig(arch="sm_90a")))
 
 
@@ -175,9 +175,9 @@ def test_workspace_is_the_last_kernel_argument():
     "cfg, stas",
     [
         (GemmConfig(arch="sm_90a", scheduler="dynamic"), "forbidden"),
-        (GemmConfig(arch="sm_100a", grouped=True, scheduler="dynamic"), "forbidden"),
+        (GemmConfig(arch="sm_100a", form=Form.GROUPED, scheduler="dynamic"), "forbidden"),
         (GemmConfig(arch="sm_90a", cluster_m=2, scheduler="dynamic"), "required"),
-        (GemmConfig(arch="sm_90a", grouped=True, cluster_n=2, scheduler="dynamic"), "required"),
+        (GemmConfig(arch="sm_90a", form=Form.GROUPED, cluster_n=2, scheduler="dynamic"), "required"),
         (GemmConfig(arch="sm_100a", tile_m=256, two_cta=True, cluster_m=2, scheduler="dynamic"), "required"),
         (GemmConfig(arch="sm_100a", scheduler="clc"), "neither"),
     ],

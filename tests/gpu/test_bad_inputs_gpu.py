@@ -26,7 +26,7 @@ import torch
 import cutegemm
 import cutegemm.ops  # noqa: F401  (registers torch.ops.cutegemm)
 from cutegemm.blockscaled import dequantize_ref, quantize_ref
-from cutegemm.config import GemmConfig
+from cutegemm.config import Form, GemmConfig
 from cutegemm.epilogue import epilogue_ref
 from cutegemm.nn import GroupedExperts
 from cutegemm.schedulers.grouped import expert_rows
@@ -313,12 +313,12 @@ def _gemm_errors():
             "arch",
         ),
         Case(
-            "config-grouped", E, lambda: ((sq(), sq()), {"config": cfg(grouped=True)}), ValueError, "grouped"
+            "config-grouped", E, lambda: ((sq(), sq()), {"config": cfg(form=Form.GROUPED)}), ValueError, "grouped"
         ),
         # flat configs (2-D launches) take the caller's 2-D tensors only
-        Case("config-flat-batched", E, lambda: ((g(3, 64, 64), sq()), {"config": cfg(flat=True)}), ValueError, "flat"),
-        Case("config-flat-strided-out", E, lambda: ((sq(), sq()), {"config": cfg(flat=True), "out": g(64, 80)[:, :64]})),
-        Case("config-flat-2d", E, lambda: ((sq(), sq()), {"config": cfg(flat=True)})),
+        Case("config-flat-batched", E, lambda: ((g(3, 64, 64), sq()), {"config": cfg(form=Form.FLAT)}), ValueError, "flat"),
+        Case("config-flat-strided-out", E, lambda: ((sq(), sq()), {"config": cfg(form=Form.FLAT), "out": g(64, 80)[:, :64]})),
+        Case("config-flat-2d", E, lambda: ((sq(), sq()), {"config": cfg(form=Form.FLAT)})),
         Case(
             "config-wrong-epilogue",
             E,
@@ -459,7 +459,7 @@ def _grouped_errors():
         Case(
             "config-other-arch",
             E,
-            lambda: ((a(), b()), {"offs": o4(), "config": cfg(arch=other_arch(), grouped=True)}),
+            lambda: ((a(), b()), {"offs": o4(), "config": cfg(arch=other_arch(), form=Form.GROUPED)}),
             ValueError,
             "arch",
         ),

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 import cutegemm
 from cutegemm.blockscaled import dequantize_ref, quantize
+from cutegemm.config import Form
 
 from ..gemm_check import assert_within_torch_error
 
@@ -111,7 +112,7 @@ def test_grouped_blockscaled_schedulers(scheduler):
     from cutegemm.blockscaled.gemm import blockscaled_config
 
     cfg = replace(blockscaled_config("mxfp8", 128, 384), tile_m=128, tile_n=128, two_cta=False, cluster_m=1,
-                  grouped=True, raster="m", group=1, scheduler=scheduler)  # fmt: skip
+                  form=Form.GROUPED, raster="m", group=1, scheduler=scheduler)  # fmt: skip
     _check([200, 0, 77, 130, 1], 384, 512, "mxfp8", seed=3, config=cfg)
 
 
@@ -151,7 +152,7 @@ def test_grouped_mxfp8_emulation_tiles(override):
     from cutegemm.blockscaled.mx_sm90 import mx_config
 
     out_dtype = torch.float32 if override.get("out_dtype") == "fp32" else torch.bfloat16
-    cfg = replace(mx_config(1024, 384, out_dtype), grouped=True, **override)
+    cfg = replace(mx_config(1024, 384, out_dtype), form=Form.GROUPED, **override)
     _check([200, 0, 77, 130, 1], 384, 512, "mxfp8", seed=3, config=cfg, out_dtype=out_dtype)
 
 

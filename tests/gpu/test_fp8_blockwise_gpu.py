@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cutegemm
+from cutegemm.config import Form
 
 from ..gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
 from .test_quant_epilogue_gpu import check_quantized
@@ -376,7 +377,7 @@ def test_grouped_blockwise_hypothesis(counts, n16, k16, lo, span):
 def test_grouped_blockwise_forced_tiles(override):
     from cutegemm.config import GemmConfig
 
-    cfg = GemmConfig(arch="sm_90a", a_dtype="e4m3", b_dtype="e4m3", b_major="k", grouped=True,
+    cfg = GemmConfig(arch="sm_90a", a_dtype="e4m3", b_dtype="e4m3", b_major="k", form=Form.GROUPED,
                      fp8_blockwise=True, **override)  # fmt: skip
     _run_grouped([200, 0, 77, 130, 1], 520, 700 - 700 % 16, seed=3, config=cfg, log10_lo=-2, log10_hi=2)
 

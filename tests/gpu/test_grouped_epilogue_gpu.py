@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cutegemm import grouped_gemm, grouped_gemm_ref
+from cutegemm.config import Form
 from cutegemm.epilogue import epilogue_ref, interleave_gate_up
 from cutegemm.nn import GroupedExperts
 
@@ -151,7 +152,7 @@ def test_fp8_rowwise_grouped(fast_accum, tile_m):
 
     config = None
     if tile_m:
-        config = GemmConfig(arch="sm_90a", a_dtype="e4m3", b_dtype="e4m3", b_major="k", grouped=True, tile_m=128,
+        config = GemmConfig(arch="sm_90a", a_dtype="e4m3", b_dtype="e4m3", b_major="k", form=Form.GROUPED, tile_m=128,
                             tile_n=192, cluster_n=2, fast_accum=fast_accum)  # fmt: skip
     counts = [256, 0, 96, 400, 16]
     E, n, k = len(counts), 384, 512

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 import cutegemm
 from cutegemm import grouped_gemm, grouped_gemm_ref
+from cutegemm.config import Form
 
 from ..gemm_check import assert_within_torch_error
 
@@ -186,7 +187,7 @@ def test_two_cta_clusters_and_ragged_experts(cfg):
     empty experts, one-row experts, rows past offs[-1]."""
     from dataclasses import replace
 
-    config = replace(cutegemm.GemmConfig(arch="sm_90a", grouped=True, b_major="k", raster="m", group=1), **cfg)
+    config = replace(cutegemm.GemmConfig(arch="sm_90a", form=Form.GROUPED, b_major="k", raster="m", group=1), **cfg)
     for counts in ([130, 0, 1, 257, 64, 65, 300], [1] * 9, [0, 0, 700], [383, 129]):
         check_packed(counts, 264, 136, config=config)
 
@@ -206,7 +207,7 @@ def test_half_empty_last_tiles(cfg):
     65 and 127 rows."""
     from dataclasses import replace
 
-    config = replace(cutegemm.GemmConfig(arch="sm_90a", grouped=True, b_major="k"), **cfg)
+    config = replace(cutegemm.GemmConfig(arch="sm_90a", form=Form.GROUPED, b_major="k"), **cfg)
     check_packed([64, 65, 192, 193, 1, 63, 0, 128, 127, 320], 264, 200, config=config)
 
 
@@ -225,7 +226,7 @@ def test_band_orders(cfg):
     experts written. Experts of many m-tiles and N of several cluster tiles."""
     from dataclasses import replace
 
-    config = replace(cutegemm.GemmConfig(arch="sm_90a", grouped=True, b_major="k"), **cfg)
+    config = replace(cutegemm.GemmConfig(arch="sm_90a", form=Form.GROUPED, b_major="k"), **cfg)
     check_packed([1000, 0, 130, 777, 1, 64], 1000, 136, config=config)
     check_packed([2050, 3], 520, 64, config=config)
 
@@ -278,7 +279,7 @@ def test_k_grouped_forced_configs():
         pytest.skip("the K-grouped kernel is sm_90a")
     from dataclasses import replace
 
-    base = cutegemm.GemmConfig(arch="sm_90a", kgrouped=True, a_major="m", b_major="n")
+    base = cutegemm.GemmConfig(arch="sm_90a", form=Form.KGROUPED, a_major="m", b_major="n")
     for over in (dict(tile_m=128, tile_n=256, cluster_m=2), dict(tile_m=128, tile_n=128, scheduler="dynamic"),
                  dict(tile_m=128, tile_n=256, cluster_n=2), dict(tile_m=64, tile_n=128)):  # fmt: skip
         _k_grouped_check([100, 0, 64, 300, 1], 256, 512, a_col_major=True, config=replace(base, **over), pad_k=5)
@@ -299,7 +300,7 @@ def test_k_grouped_pingpong(over):
         pytest.skip("the K-grouped kernel is sm_90a")
     from dataclasses import replace
 
-    base = cutegemm.GemmConfig(arch="sm_90a", kgrouped=True, a_major="m", b_major="n", pingpong=True)
+    base = cutegemm.GemmConfig(arch="sm_90a", form=Form.KGROUPED, a_major="m", b_major="n", pingpong=True)
     _k_grouped_check([100, 0, 64, 300, 1, 700, 129], 1024, 1024, a_col_major=True, config=replace(base, **over), pad_k=5)
     _k_grouped_check([700, 0, 3, 257], 1040, 1032, config=replace(base, a_major="k", **over))
 

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cutegemm import grouped_gemm, grouped_gemm_ref
-from cutegemm.config import EpilogueSpec, GemmConfig
+from cutegemm.config import EpilogueSpec, Form, GemmConfig
 from cutegemm.grouped import list_form
 
 from ..gemm_check import assert_within_torch_error
@@ -110,7 +110,7 @@ def test_list_kernel_configs(over):
     arch = _arch()
     if (arch == "sm_100a" and over.get("pingpong")) or (arch == "sm_90a" and over.get("scheduler") == "clc"):
         pytest.skip(f"not a {arch} schedule")
-    cfg = GemmConfig(arch=arch, listed=True, raster="m", group=1, **over)
+    cfg = GemmConfig(arch=arch, form=Form.LISTED, raster="m", group=1, **over)
     shapes = [(100, 264, 72), (0, 8, 8), (513, 136, 200), (7, 1024, 1024), (260, 8, 0), (64, 64, 64)] * 3
     xs, ws = make_groups(shapes)
     outs = run_kernel(xs, ws, config=cfg)
@@ -160,7 +160,7 @@ def test_list_in_cuda_graph_falls_back_and_replays():
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not _sm90(), reason="sm_90a / sm_100a list-form kernel")
 def test_list_alpha_epilogue_config_explicit():
-    cfg = GemmConfig(arch=_arch(), listed=True, a_major="m", b_major="k", tile_m=128, tile_n=128, out_dtype="fp32",
+    cfg = GemmConfig(arch=_arch(), form=Form.LISTED, a_major="m", b_major="k", tile_m=128, tile_n=128, out_dtype="fp32",
                      epilogue=EpilogueSpec(alpha=True))  # fmt: skip
     xs, ws = make_groups([(64, 136, 72), (200, 8, 520)], a_col_major=True, b_k_major=True)
     outs = run_kernel(xs, ws, torch.float32, 0.25, config=cfg)

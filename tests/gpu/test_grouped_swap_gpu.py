@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 import cutegemm
 from cutegemm import grouped_gemm, grouped_gemm_ref
+from cutegemm.config import Form
 from cutegemm.epilogue import EpilogueSpec
 
 from ..gemm_check import assert_within_torch_error
@@ -19,7 +20,7 @@ from .test_grouped_gpu import capture_graph, check_packed, expert_counts, make_o
 
 pytestmark = pytest.mark.gpu
 
-SWAP = cutegemm.GemmConfig(arch="sm_90a", grouped=True, swap_ab=True, b_major="k", tile_m=128, tile_n=256, raster="m", group=1)
+SWAP = cutegemm.GemmConfig(arch="sm_90a", form=Form.GROUPED, swap_ab=True, b_major="k", tile_m=128, tile_n=256, raster="m", group=1)
 CONFIGS = {
     "256-c1x1-static": dict(),
     "256-c2x1-dynamic": dict(cluster_m=2, scheduler="dynamic"),

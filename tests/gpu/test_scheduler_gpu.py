@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cutegemm import gemm, grouped_gemm, grouped_gemm_ref
-from cutegemm.config import GemmConfig
+from cutegemm.config import Form, GemmConfig
 
 from ..gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
 
@@ -25,10 +25,10 @@ DENSE = [
 ]
 GROUPED = [
     GemmConfig(
-        arch="sm_90a", grouped=True, tile_m=128, tile_n=256, cluster_n=2, group=1, scheduler="dynamic"
+        arch="sm_90a", form=Form.GROUPED, tile_m=128, tile_n=256, cluster_n=2, group=1, scheduler="dynamic"
     ),
-    GemmConfig(arch="sm_90a", grouped=True, tile_m=64, tile_n=128, cluster_n=2, group=1, scheduler="dynamic"),
-    GemmConfig(arch="sm_90a", grouped=True, tile_m=128, tile_n=128, group=1, scheduler="dynamic"),
+    GemmConfig(arch="sm_90a", form=Form.GROUPED, tile_m=64, tile_n=128, cluster_n=2, group=1, scheduler="dynamic"),
+    GemmConfig(arch="sm_90a", form=Form.GROUPED, tile_m=128, tile_n=128, group=1, scheduler="dynamic"),
 ]
 _ids = [c.name for c in DENSE]
 _gids = [c.name for c in GROUPED]

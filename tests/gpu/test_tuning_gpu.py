@@ -13,7 +13,7 @@ import torch
 import cutegemm
 from cutegemm import grouped_gemm_ref, tuning
 from cutegemm.bench import tune as tuner
-from cutegemm.config import GemmProblem
+from cutegemm.config import Form, GemmProblem
 from cutegemm.epilogue import EpilogueSpec
 from cutegemm.gemm import dense as dense_api
 from cutegemm.grouped import packed as grouped_api
@@ -80,7 +80,7 @@ def test_autotune_on_first_gemm_call_tunes_then_reuses(_tuning_file, monkeypatch
         plan.config for key2, plan in dense_api.PLANS.items() if key2[0] == a2.shape and key2[2] == b.shape
     }
     # (the API launches 2-D operands flat: GemmConfig.flat, not a tuning knob)
-    assert {replace(c, flat=False) for c in used} == {expected}, "the second call did not use the record"
+    assert {replace(c, form=Form.DENSE) for c in used} == {expected}, "the second call did not use the record"
     ref2 = 0.5 * (a2.double() @ b.double())
     assert_within_torch_error(out2, (0.5 * (a2 @ b).float()).to(torch.bfloat16), ref2, what="record reused")
 
