@@ -142,11 +142,20 @@ def _check_args(a, b, out, out_dtype, gated: bool = False):
             raise TypeError(f"out.dtype ({out.dtype}) differs from out_dtype ({out_dtype})")
         if out.device != a.device:
             raise ValueError(f"out must be on {a.device}, got {out.device}")
-        if out.shape[-1] > 1 and out.stride(-1) != 1:
-            raise ValueError("out must be row-major (stride 1 along its last dim)")
-        if out.data_ptr() % TMA_ALIGN_BYTES:
-            raise ValueError("out's data pointer must be 16-byte aligned")
     return res_shape
+
+
+def tma_storable(out: torch.Tensor) -> bool:
+    """Whether the kernel's TMA store can write ``out`` in place: row-major (unit stride along the
+    columns), 16-byte aligned start and strides, and rows a multiple of 16 bytes (the store writes
+    whole 16-byte row pieces: up to 15 bytes past column N, where a caller's view of a larger
+    buffer may hold data). Any other ``out`` gets an aligned scratch and a copy."""
+    es = out.element_size()
+    if out.data_ptr() % TMA_ALIGN_BYTES or (out.shape[-1] * es) % TMA_ALIGN_BYTES:
+        return False
+    if out.shape[-1] > 1 and out.stride(-1) != 1:
+        return False
+    return all(size == 1 or (st * es) % TMA_ALIGN_BYTES == 0 for size, st in zip(out.shape[:-1], out.stride()[:-1], strict=True))
 
 
 def _check_epilogue_args(a, b, res_shape, beta, c, bias, activation):
@@ -214,10 +223,12 @@ def _plan(
         out, scales = quant_outputs(quant, res_shape, a.device)
     elif out is None:
         out = torch.empty(res_shape, dtype=out_dtype, device=a.device)
-    elif out.numel() and (out.shape[-1] * out.element_size()) % TMA_ALIGN_BYTES:
-        # The TMA store writes whole 16-byte row pieces: up to 15 bytes past column N of every row.
-        # A caller's view may have its data there (a slice of a larger buffer), so the kernel
-        # writes into padded scratch and gemm copies the N columns into out (copy_unaligned_out).
+        if out.numel() and not tma_storable(out):  # rows not a multiple of 16 bytes: padded scratch
+            out = padded_rows(res_shape, out_dtype, a.device)
+    elif out.numel() and not tma_storable(out):
+        # Any other layout of the caller's out (a column offset into a larger buffer, rows not a
+        # multiple of 16 bytes, column-major, odd strides): the kernel writes an aligned scratch
+        # with padded rows and gemm copies the result into out (copy_unaligned_out).
         out = padded_rows(out.shape, out.dtype, out.device)
     if out.numel() == 0 or a.shape[-1] == 0:
         return None, (a, b, out, c, bias), scales
@@ -537,7 +548,8 @@ def gemm(
     if plan is None:  # empty output or K == 0
         out = copy_unaligned_out(user_out, out) if quant is None else out
         return _degenerate(out, b, quant, scales, gs, alpha, beta, c, bias, activation, epilogue, vectors)
-    if plan.direct and key is not None and (user_out is None or out is user_out):  # no scratch copy
+    # Cached only when the kernel writes the caller's out or a fresh compact one (no scratch copy).
+    if plan.direct and key is not None and (out is user_out or (user_out is None and out.is_contiguous())):
         PLANS[key] = plan.bind(a.device)
         if plain and pkey is not None and a.dtype in (torch.bfloat16, torch.float16) and not plan.quant:
             PLAIN_PLANS[pkey] = plan
@@ -549,6 +561,8 @@ def gemm(
             plan.launch(sources, float(alpha), float(beta), epi_extra)
     if quant is not None:
         return quant_result(quant, plan.out_shape, out, scales, gs)
+    if user_out is None and not out.is_contiguous():
+        return out.contiguous()  # the padded scratch of an odd N: a compact result, as torch returns
     return copy_unaligned_out(user_out, out)
 
 
@@ -604,6 +618,8 @@ def gemm_ref(
         scale_a = scale_b = None
     else:
         acc = torch.matmul(a.to(compute_dtype), b.to(compute_dtype))
+    if a.shape[-1] == 0:  # K = 0: a zero product, whatever the scales (torch._scaled_mm: zeros)
+        scale_a = scale_b = None
     if scale_a is not None:  # FP8 scales: per row of a / per column of b, or per tensor
         sa = scale_a.to(compute_dtype).reshape(-1)
         acc = acc * (sa if sa.numel() == 1 else sa.unsqueeze(-1))

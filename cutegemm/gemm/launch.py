@@ -115,13 +115,19 @@ def copy_unaligned_out(out, written):
 
 
 def aligned_operand(t3: torch.Tensor) -> torch.Tensor:
-    """t3 itself, or a copy when no mode is contiguous or the base pointer is not 16-byte aligned."""
+    """t3 (L, rows, cols) itself when TMA can read it in place (a unit-stride mode, 16-byte aligned
+    start and other strides), else a copy that it can: the same major mode, its leading dimension
+    padded to 16 bytes (a slice of a larger or odd-sized buffer, any strides torch accepts)."""
     unit = unit_mode(t3)
-    if unit is not None and t3.data_ptr() % TMA_ALIGN_BYTES == 0:
+    es = t3.element_size()
+    if unit is not None and t3.data_ptr() % TMA_ALIGN_BYTES == 0 and all(
+        i == unit or size == 1 or (st * es) % TMA_ALIGN_BYTES == 0
+        for i, (size, st) in enumerate(zip(t3.shape, t3.stride(), strict=True))
+    ):
         return t3
-    if unit == 1:
-        return t3.mT.clone(memory_format=torch.contiguous_format).mT
-    return t3.clone(memory_format=torch.contiguous_format)
+    if unit == 1:  # column-major: keep the rows contiguous, pad the columns' stride
+        return padded_rows((t3.shape[0], t3.shape[2], t3.shape[1]), t3.dtype, t3.device).copy_(t3.mT).mT
+    return padded_rows(t3.shape, t3.dtype, t3.device).copy_(t3)
 
 
 def memo_view(plan, t: torch.Tensor, size, stride) -> torch.Tensor:

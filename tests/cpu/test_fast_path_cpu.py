@@ -188,3 +188,72 @@ def test_grouped_quantized_output_keeps_its_scales_on_the_warm_path(kernel):
     results = [cutegemm.grouped_gemm(x, w, offs=offs, out_dtype="mxfp8") for _ in range(3)]
     assert all(isinstance(r, BlockScaledTensor) and r.shape == (96, 64) for r in results)
     assert kernel.args[11] is not None, "the kernel got no scale bytes on the warm path"
+
+
+class _FillKernel:
+    """A fake kernel that writes 7 into every element of its output view (argument 2)."""
+
+    def __init__(self):
+        self.calls, self.args = 0, None
+
+    def __call__(self, *args):
+        self.calls += 1
+        self.args = args
+        args[2].fill_(7.0)
+
+
+@pytest.mark.parametrize(
+    "make_out",
+    [lambda buf: buf[:64, 1:49],  # a column offset: the start is 2 bytes past a 16-byte boundary
+     lambda buf: buf[1:65, :48],  # a row offset into rows of 57 elements (114 bytes)
+     lambda buf: buf[:48, :64].t(),  # column-major
+     lambda buf: buf[:64, :47]],  # rows of 94 bytes
+    ids=["column-offset", "odd-row-stride", "column-major", "odd-n"],
+)  # fmt: skip
+def test_dense_out_of_any_layout_goes_through_an_aligned_scratch(make_out):
+    """out= views the TMA store cannot write in place are computed into an aligned scratch and
+    copied in: every element of out written, nothing around it in the larger buffer touched."""
+    fill = _FillKernel()
+    with cpu_fast_path(fill):
+        buf = torch.full((80, 57), float("nan"), dtype=BF)
+        out = make_out(buf)
+        m, n = out.shape
+        a, b = torch.randn(m, 32, dtype=BF), torch.randn(32, n, dtype=BF)
+        for _ in range(2):  # the slow path, then again (no plan may hold the scratch)
+            buf.fill_(float("nan"))
+            assert cutegemm.gemm(a, b, out=out) is out
+            assert fill.args[2].data_ptr() % 16 == 0 and fill.args[2].data_ptr() != out.data_ptr()
+            assert (out == 7).all(), "out not fully written"
+            assert int(torch.isnan(buf).sum()) == buf.numel() - m * n, "written outside out"
+
+
+def test_gemm_ref_fp8_k0_is_zero_with_infinite_scales():
+    a = torch.empty(5, 0).to(torch.float8_e4m3fn)
+    b = torch.empty(0, 7).to(torch.float8_e4m3fn)
+    sa, sb = torch.full((5, 1), float("inf")), torch.full((1, 7), float("inf"))
+    out = cutegemm.gemm_ref(a, b, scale_a=sa, scale_b=sb)
+    assert out.shape == (5, 7) and torch.equal(out.float(), torch.zeros(5, 7))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: (torch.randn(64, 100, dtype=torch.float16).t(), torch.randn(64, 40, dtype=torch.float16)),  # M-major A, 200-byte stride
+     lambda: (torch.randn(30, 32, dtype=BF), torch.randn(32, 47, dtype=BF)),  # B rows of 94 bytes
+     lambda: (torch.randn(33, 40, dtype=BF)[:, 1:33], torch.randn(48, 32, dtype=BF).t()),  # A at an odd offset
+     lambda: (torch.randn(2, 7, 24, dtype=BF).transpose(1, 2), torch.randn(2, 7, 40, dtype=BF))],  # batched, 14-byte stride
+    ids=["m-major-a-odd-rows", "b-odd-n", "a-offset-and-stride", "batched-k-major-odd"],
+)  # fmt: skip
+def test_operands_tma_cannot_read_are_staged_not_rejected(kernel, make):
+    """torch.matmul accepts these; the kernel gets an aligned copy of the same values (the staging
+    route: leading dimension padded to 16 bytes), never a ValueError."""
+    a, b = make()
+    cutegemm.gemm(a, b)
+    ka, kb = kernel.args[0], kernel.args[1]
+    for t in (ka, kb):
+        assert t.data_ptr() % 16 == 0
+        assert all(st == 1 or (st * t.element_size()) % 16 == 0 for st in t.stride())
+    a3 = a if a.dim() == 3 else a.unsqueeze(0)
+    b3 = b if b.dim() == 3 else b.unsqueeze(0)
+    got_a = ka.permute(2, 0, 1) if ka.dim() == 3 else ka.unsqueeze(0)  # kernel view (M, K, L)
+    got_b = kb.permute(2, 1, 0) if kb.dim() == 3 else kb.unsqueeze(0)  # kernel view (N, K, L)
+    assert torch.equal(got_a, a3) and torch.equal(got_b, b3)

@@ -9,7 +9,7 @@ import torch
 
 import cutegemm
 
-from ..gemm_check import assert_outside_untouched
+from ..gemm_check import assert_outside_untouched, assert_within_torch_error
 
 pytestmark = pytest.mark.gpu
 
@@ -42,3 +42,48 @@ def test_dense_out_view_with_unaligned_rows(m, n, k, out_dtype):
         assert_outside_untouched(buf, m, n)
         ref = (a8.double() @ w8.double().t()) * sa.double() * sb.double()
         torch.testing.assert_close(out.double(), ref, atol=0.1, rtol=0.02)
+
+
+_LAYOUTS = {
+    "column-offset": lambda buf, m, n: buf[:m, 1 : n + 1],  # 2 bytes past a 16-byte boundary
+    "row-offset-odd-stride": lambda buf, m, n: buf[1 : m + 1, :n],
+    "column-major": lambda buf, m, n: buf[:n, :m].t(),
+}
+
+
+@pytest.mark.parametrize("layout", list(_LAYOUTS))
+@pytest.mark.parametrize("m,n,k", [(100, 72, 64), (33, 130, 96)])
+def test_dense_out_of_any_layout(layout, m, n, k):
+    """out= views the TMA store cannot write in place (torch.matmul(out=) takes them): computed
+    into an aligned scratch and copied in; nothing around them in the NaN-poisoned buffer written."""
+    torch.manual_seed(m * n)
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    side = max(m, n) + 3
+    buf = torch.full((side, side + 1), float("nan"), device="cuda", dtype=torch.bfloat16)  # an odd row length
+    out = _LAYOUTS[layout](buf, m, n)
+    assert cutegemm.gemm(a, b, bias=bias, out=out) is out
+    assert not torch.isnan(out).any()
+    assert int(torch.isnan(buf).sum()) == buf.numel() - m * n, "written outside out"
+    ref = a.double() @ b.double() + bias.double()
+    assert_within_torch_error(out, (a @ b + bias).to(torch.bfloat16), ref, what=layout)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: (torch.randn(64, 100).t(), torch.randn(64, 40)),  # x.t() of 100 tokens (M-major, 200-byte stride)
+     lambda: (torch.randn(30, 32), torch.randn(32, 7)),  # N = 7, no out
+     lambda: (torch.randn(33, 40)[:, 1:33], torch.randn(48, 32).t()),  # A at an odd offset and stride
+     lambda: (torch.randn(3, 7, 24).transpose(1, 2), torch.randn(3, 7, 40))],  # batched, 14-byte strides
+    ids=["m-major-100-tokens", "n7", "a-offset", "batched-odd"],
+)  # fmt: skip
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_operands_torch_accepts_are_computed(make, dtype):
+    """Operand layouts TMA cannot address take the staging route (an aligned copy), never an error."""
+    torch.manual_seed(0)
+    a, b = (t.to(dtype).cuda() for t in make())
+    ours = cutegemm.gemm(a, b)
+    theirs = torch.matmul(a, b)
+    assert ours.shape == theirs.shape and ours.is_contiguous()
+    assert_within_torch_error(ours, theirs, a.double() @ b.double(), what="staged operands")
