@@ -63,7 +63,14 @@ def is_fp8_blockwise(a, b, scale_a, scale_b) -> bool:
     if scale_a.dim() != 2 or scale_b.dim() != 2 or a.dim() < 2 or b.dim() < 2:
         return False
     sa_shape, sb_shape = fp8_block_shapes(a, b)
-    return tuple(scale_a.shape) == sa_shape and tuple(scale_b.shape) == sb_shape and sb_shape != (1, 1)
+    return tuple(scale_a.shape) == sa_shape and _scale_b_rows_ok(scale_b, sb_shape) and sb_shape != (1, 1)
+
+
+def _scale_b_rows_ok(scale_b, sb_shape) -> bool:
+    """scale_b is (ceil(K/128), ceil(N/128)), or its K blocks padded to a multiple of 4 rows (the
+    layout torch's own block-scaling tests build; the padding rows are never read)."""
+    kb, nb = sb_shape
+    return scale_b.shape[-1] == nb and scale_b.shape[-2] in (kb, -(-kb // 4) * 4)
 
 
 SCALE_COPY_MIN_ROWS = 256
@@ -128,12 +135,15 @@ def fp8_block_scales(a, b, scale_a, scale_b, kernel_layout: bool = True):
         raise ValueError(
             f"{rule}: scale_a must have shape (M, ceil(K/128)) = {sa_shape}, got {tuple(scale_a.shape)}"
         )
+    if _scale_b_rows_ok(scale_b, sb_shape):
+        scale_b = scale_b[: sb_shape[0]]  # torch's padded K blocks: the first ceil(K/128) rows
     if tuple(scale_b.shape) != sb_shape:
         hint = ""
         if tuple(scale_b.shape) == sb_shape[::-1]:
             hint = " (it has the (N/128, K/128) shape of the (N, K) weight's scales: pass scale_b.t(), as b = w.t())"
         raise ValueError(
-            f"{rule}: scale_b must have shape (ceil(K/128), ceil(N/128)) = {sb_shape}, got "
+            f"{rule}: scale_b must have shape (ceil(K/128), ceil(N/128)) = {sb_shape} (its K blocks may be "
+            f"padded to a multiple of 4 rows), got "
             f"{tuple(scale_b.shape)}{hint}"
         )
     if not kernel_layout:  # validation only (the reference): no copies

@@ -390,3 +390,25 @@ def test_scale_b_view_copied_to_k_contiguous_only_where_it_pays():
     for t, r in ((dense, rows - 1), (torch.rand(5, 7).t().contiguous().t().t().contiguous(), rows),
                  (torch.rand(1, 5).t(), rows), (torch.rand(3, 5, 7).permute(1, 2, 0), rows)):  # fmt: skip
         assert k_contiguous_scale_b(t, r) is t
+
+
+def test_torch_padded_scale_b_layout_is_accepted():
+    """torch's block-scaling tests pad scale_b's K blocks to a multiple of 4 rows (K = 1280: 10
+    blocks stored as 12): accepted, the padding never read (pytorch/pytorch
+    test/test_scaled_matmul_cuda.py builds its 128x128 scales this way)."""
+    from cutegemm.gemm.fp8_scales import fp8_block_scales
+
+    torch.manual_seed(0)
+    m, k, n = 64, 1280, 128
+    a = (torch.randn(m, k) / 4).to(torch.float8_e4m3fn)
+    b = (torch.randn(n, k) / 4).to(torch.float8_e4m3fn).t()
+    sa = torch.rand(m, 10) + 0.5
+    sb = torch.rand(10, 1) + 0.5
+    padded = torch.cat([sb, torch.full((2, 1), float("nan"))])  # (12, 1): the padding is NaN
+    got_a, got_b = fp8_block_scales(a, b, sa, padded, kernel_layout=False)
+    assert got_b.shape == (1, 10) and torch.equal(got_b, sb.t())
+    ref = cutegemm.gemm_ref(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.float32)
+    ref_padded = cutegemm.gemm_ref(a, b, scale_a=sa, scale_b=padded, out_dtype=torch.float32)
+    assert torch.equal(ref, ref_padded) and not torch.isnan(ref_padded).any()
+    with pytest.raises(ValueError, match="multiple of 4 rows"):
+        fp8_block_scales(a, b, sa, torch.rand(11, 1), kernel_layout=False)
