@@ -45,6 +45,7 @@ from .launch import (
     quant_outputs,
     quant_result,
     reset_workspace,
+    tma_addressable,
     unit_mode,
 )
 
@@ -60,10 +61,6 @@ class _Plan:
         """sources: (a, b, out, c, bias), the tensors the views apply to; epi_extra: (quantized
         output scale bytes, NVFP4 global scale, *user epilogue vectors) (``gemm.args.KernelArgs``)."""
         cv = self.c_view
-        vecs = _NO_VECTORS if len(epi_extra) == 2 else (*epi_extra[2:], None, None, None, None)[:4]
-        sfa = sfb = None
-        if self.block_scales:  # FP8 block scaling: the scales go to the kernel's mSFA / mSFB
-            sfa, sfb, vecs = epi_extra[2], epi_extra[3], _NO_VECTORS
         if self.flat:  # the caller's own 2-D tensors (see GemmConfig.flat)
             a, b, o = sources[0], sources[1], sources[2]
         else:
@@ -75,6 +72,10 @@ class _Plan:
             reset_workspace(self.workspace)  # LEADING fields, then the plan's tail (gemm.args)
             self.fn(a, b, o, c, bias, alpha, beta, self.max_clusters, None, *self.tail)
             return
+        vecs = _NO_VECTORS if len(epi_extra) == 2 else (*epi_extra[2:], None, None, None, None)[:4]
+        sfa = sfb = None
+        if self.block_scales:  # FP8 block scaling: the scales go to the kernel's mSFA / mSFB
+            sfa, sfb, vecs = epi_extra[2], epi_extra[3], _NO_VECTORS
         v0, v1, v2, v3 = vecs
         self.fn(*KernelArgs(
             a, b, o, c=c, bias=bias, alpha=alpha, beta=beta, max_clusters=self.max_clusters,
@@ -150,12 +151,11 @@ def tma_storable(out: torch.Tensor) -> bool:
     columns), 16-byte aligned start and strides, and rows a multiple of 16 bytes (the store writes
     whole 16-byte row pieces: up to 15 bytes past column N, where a caller's view of a larger
     buffer may hold data). Any other ``out`` gets an aligned scratch and a copy."""
-    es = out.element_size()
-    if out.data_ptr() % TMA_ALIGN_BYTES or (out.shape[-1] * es) % TMA_ALIGN_BYTES:
-        return False
-    if out.shape[-1] > 1 and out.stride(-1) != 1:
-        return False
-    return all(size == 1 or (st * es) % TMA_ALIGN_BYTES == 0 for size, st in zip(out.shape[:-1], out.stride()[:-1], strict=True))
+    return (
+        (out.shape[-1] * out.element_size()) % TMA_ALIGN_BYTES == 0
+        and (out.shape[-1] == 1 or out.stride(-1) == 1)
+        and tma_addressable(out, out.dim() - 1)
+    )
 
 
 def _check_epilogue_args(a, b, res_shape, beta, c, bias, activation):
@@ -191,13 +191,10 @@ def _check_epilogue_args(a, b, res_shape, beta, c, bias, activation):
 
 def _rowmajor_input(t3: torch.Tensor) -> torch.Tensor:
     """t3 (L, rows, cols) itself when the kernel can read it in place (stride 1 along cols,
-    16-byte aligned strides and base), else a contiguous copy."""
-    align = TMA_ALIGN_BYTES // t3.element_size()
-    ok = (t3.shape[2] == 1 or t3.stride(2) == 1) and t3.data_ptr() % TMA_ALIGN_BYTES == 0
-    ok = ok and all(
-        size == 1 or st % align == 0 for size, st in zip(t3.shape[:2], t3.stride()[:2], strict=True)
-    )
-    return t3 if ok else t3.clone(memory_format=torch.contiguous_format)  # .contiguous() keeps a bad base
+    ``tma_addressable``), else a row-major copy with rows padded to 16 bytes."""
+    if (t3.shape[2] == 1 or t3.stride(2) == 1) and tma_addressable(t3, 2):
+        return t3
+    return padded_rows(t3.shape, t3.dtype, t3.device).copy_(t3)
 
 
 def _plan(
@@ -547,7 +544,8 @@ def gemm(
     user_out, out = out, sources[2]
     if plan is None:  # empty output or K == 0
         out = copy_unaligned_out(user_out, out) if quant is None else out
-        return _degenerate(out, b, quant, scales, gs, alpha, beta, c, bias, activation, epilogue, vectors)
+        res = _degenerate(out, b, quant, scales, gs, alpha, beta, c, bias, activation, epilogue, vectors)
+        return res.contiguous() if user_out is None and quant is None else res  # an odd N's padded scratch
     # Cached only when the kernel writes the caller's out or a fresh compact one (no scratch copy).
     if plan.direct and key is not None and (out is user_out or (user_out is None and out.is_contiguous())):
         PLANS[key] = plan.bind(a.device)

@@ -114,16 +114,22 @@ def copy_unaligned_out(out, written):
     return written
 
 
+def tma_addressable(t: torch.Tensor, unit: int) -> bool:
+    """Whether TMA addresses ``t`` in place with mode ``unit`` as its unit-stride mode: a 16-byte
+    aligned start and every other stride (of a mode longer than 1) a multiple of 16 bytes."""
+    es = t.element_size()
+    return t.data_ptr() % TMA_ALIGN_BYTES == 0 and all(
+        i == unit or size == 1 or (st * es) % TMA_ALIGN_BYTES == 0
+        for i, (size, st) in enumerate(zip(t.shape, t.stride(), strict=True))
+    )
+
+
 def aligned_operand(t3: torch.Tensor) -> torch.Tensor:
-    """t3 (L, rows, cols) itself when TMA can read it in place (a unit-stride mode, 16-byte aligned
-    start and other strides), else a copy that it can: the same major mode, its leading dimension
+    """t3 (L, rows, cols) itself when TMA can read it in place (a unit-stride mode,
+    ``tma_addressable``), else a copy that it can: the same major mode, its leading dimension
     padded to 16 bytes (a slice of a larger or odd-sized buffer, any strides torch accepts)."""
     unit = unit_mode(t3)
-    es = t3.element_size()
-    if unit is not None and t3.data_ptr() % TMA_ALIGN_BYTES == 0 and all(
-        i == unit or size == 1 or (st * es) % TMA_ALIGN_BYTES == 0
-        for i, (size, st) in enumerate(zip(t3.shape, t3.stride(), strict=True))
-    ):
+    if unit is not None and tma_addressable(t3, unit):
         return t3
     if unit == 1:  # column-major: keep the rows contiguous, pad the columns' stride
         return padded_rows((t3.shape[0], t3.shape[2], t3.shape[1]), t3.dtype, t3.device).copy_(t3.mT).mT

@@ -8,8 +8,8 @@ compiled in the dense kernel cache; :func:`kgrouped_config` picks its tile): til
 reads the expert's K range from offs on the device, so there is no host sync and the call is
 CUDA-graph capturable. :func:`_kgrouped_launch` builds its plan (config, kernel views, workspace)
 once per call signature. Elsewhere, or for an out the kernel cannot store: one dense GEMM per
-expert, reading offs on the host (not capturable); a K slice that breaks TMA's 16-byte rule is
-copied zero-padded (:func:`_padded_k_slice`). Bad offs are clamped as in the packed form
+expert, reading offs on the host (not capturable); the dense path stages a K slice that breaks
+TMA's 16-byte rule, like any operand. Bad offs are clamped as in the packed form
 (``schedulers.grouped.expert_rows``).
 """
 
@@ -40,18 +40,6 @@ from ..runtime.device import device_info, max_clusters_for
 from ..schedulers.grouped import expert_rows
 
 
-def _padded_k_slice(a, b, start, end):
-    """a[:, start:end], b[start:end] copied with K padded by zeros to a multiple of 16 bytes."""
-    align = TMA_ALIGN_BYTES // a.element_size()
-    w = end - start
-    wp = -(-w // align) * align
-    a_e = torch.zeros(a.shape[0], wp, dtype=a.dtype, device=a.device)
-    a_e[:, :w] = a[:, start:end]
-    b_e = torch.zeros(wp, b.shape[1], dtype=b.dtype, device=b.device)
-    b_e[:w] = b[start:end]
-    return a_e, b_e
-
-
 def grouped_k(a, b, offs, out, out_dtype, alpha, check_offs, config=None):
     """K-grouped: out[e] = a[:, k_e] @ b[k_e, :] with k_e the e-th slice of K given by offs.
     sm_90a: one launch of the K-grouped kernel (each tile reads its expert's K range from offs:
@@ -75,18 +63,9 @@ def grouped_k(a, b, offs, out, out_dtype, alpha, check_offs, config=None):
         return out
     if config is not None:
         raise ValueError(f"config {config.name} cannot run this K-grouped call (sm_90a, bf16 / fp16, out rows of 16-byte multiples)")
-    # K slices of a (M, K) keep a's strides (and b's): when one breaks TMA's 16-byte rule, the
-    # slice is copied into a zero-padded aligned buffer (the padding adds zero products).
-
     for e, (start, end) in enumerate(expert_rows(offs.tolist(), K)):  # host sync: not graph-capturable
-        if end > start:
-            try:
-                gemm(a[:, start:end], b[start:end], out=out[e], alpha=alpha)
-            except ValueError as exc:
-                if "16-byte" not in str(exc):
-                    raise
-                a_e, b_e = _padded_k_slice(a, b, start, end)
-                gemm(a_e, b_e, out=out[e], alpha=alpha)
+        if end > start:  # a slice (or out[e]) TMA cannot address is staged by the dense path
+            gemm(a[:, start:end], b[start:end], out=out[e], alpha=alpha)
         else:
             out[e].zero_()
     return out

@@ -12,8 +12,8 @@ from cutlass.utils import HardwareInfo
 # Compute capability -> the kernel arch that serves it (its compile target: runtime.cache).
 # Hopper 9.0 runs sm_90a kernels; every 10.x (B200 / GB200 10.0, B300 / GB300 10.3) runs the
 # sm_100 family's kernels (built as sm_100f). Other GPUs (sm_110, sm_120, older) are not served.
-CAPABILITY_ARCHS = {(9, 0): "sm_90a", (10, 0): "sm_100a", (10, 3): "sm_100a"}
-FAMILY_ARCHS = {10: "sm_100a"}  # a 10.x not listed above: the family's kernels
+CAPABILITY_ARCHS = {(9, 0): "sm_90a"}
+FAMILY_ARCHS = {10: "sm_100a"}  # every 10.x: the sm_100 family's kernels
 
 
 def arch_for_capability(major: int, minor: int) -> str:
