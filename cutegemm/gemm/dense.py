@@ -45,7 +45,8 @@ from .launch import (
     quant_outputs,
     quant_result,
     reset_workspace,
-    tma_addressable,
+    rowmajor_operand,
+    tma_storable,
     unit_mode,
 )
 
@@ -146,18 +147,6 @@ def _check_args(a, b, out, out_dtype, gated: bool = False):
     return res_shape
 
 
-def tma_storable(out: torch.Tensor) -> bool:
-    """Whether the kernel's TMA store can write ``out`` in place: row-major (unit stride along the
-    columns), 16-byte aligned start and strides, and rows a multiple of 16 bytes (the store writes
-    whole 16-byte row pieces: up to 15 bytes past column N, where a caller's view of a larger
-    buffer may hold data). Any other ``out`` gets an aligned scratch and a copy."""
-    return (
-        (out.shape[-1] * out.element_size()) % TMA_ALIGN_BYTES == 0
-        and (out.shape[-1] == 1 or out.stride(-1) == 1)
-        and tma_addressable(out, out.dim() - 1)
-    )
-
-
 def _check_epilogue_args(a, b, res_shape, beta, c, bias, activation):
     """Validates beta/c/bias against the problem (activation and gate_layout already checked)."""
     gated = activation in GATED
@@ -187,14 +176,6 @@ def _check_epilogue_args(a, b, res_shape, beta, c, bias, activation):
         if bias.shape != (n,):
             what = f"one value per GEMM column, gate and up: ({n},) = 2 x {n // 2}" if gated else f"({n},)"
             raise ValueError(f"bias must have shape {what}, got {tuple(bias.shape)}")
-
-
-def _rowmajor_input(t3: torch.Tensor) -> torch.Tensor:
-    """t3 (L, rows, cols) itself when the kernel can read it in place (stride 1 along cols,
-    ``tma_addressable``), else a row-major copy with rows padded to 16 bytes."""
-    if (t3.shape[2] == 1 or t3.stride(2) == 1) and tma_addressable(t3, 2):
-        return t3
-    return padded_rows(t3.shape, t3.dtype, t3.device).copy_(t3)
 
 
 def _plan(
@@ -252,7 +233,7 @@ def _plan(
         a3s = a3s.contiguous()
     if fp8 and unit_mode(b3s) != 1:
         b3s = b3s.mT.contiguous().mT
-    r3s = None if r3 is None else _rowmajor_input(r3)
+    r3s = None if r3 is None else rowmajor_operand(r3)
     bias_s = None
     if bias is not None:
         bias_s = bias if bias.stride(0) == 1 and bias.data_ptr() % TMA_ALIGN_BYTES == 0 else bias.clone()

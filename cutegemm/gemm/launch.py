@@ -136,6 +136,26 @@ def aligned_operand(t3: torch.Tensor) -> torch.Tensor:
     return padded_rows(t3.shape, t3.dtype, t3.device).copy_(t3)
 
 
+def rowmajor_operand(t: torch.Tensor) -> torch.Tensor:
+    """t itself when the kernel reads it in place as a row-major operand (unit stride along its
+    last dim, ``tma_addressable``), else a row-major copy with rows padded to 16 bytes."""
+    if (t.shape[-1] == 1 or t.stride(-1) == 1) and tma_addressable(t, t.dim() - 1):
+        return t
+    return padded_rows(t.shape, t.dtype, t.device).copy_(t)
+
+
+def tma_storable(out: torch.Tensor) -> bool:
+    """Whether the kernel's TMA store can write ``out`` in place: row-major (unit stride along the
+    columns), 16-byte aligned start and strides, and rows a multiple of 16 bytes (the store writes
+    whole 16-byte row pieces: up to 15 bytes past column N, where a caller's view of a larger
+    buffer may hold data). Any other ``out`` gets an aligned scratch and a copy."""
+    return (
+        (out.shape[-1] * out.element_size()) % TMA_ALIGN_BYTES == 0
+        and (out.shape[-1] == 1 or out.stride(-1) == 1)
+        and tma_addressable(out, out.dim() - 1)
+    )
+
+
 def memo_view(plan, t: torch.Tensor, size, stride) -> torch.Tensor:
     """``t.as_strided(size, stride)``, memoized on ``plan`` for the same tensor object (the weight
     operand is usually passed again and again). The memo is used only for that very object at

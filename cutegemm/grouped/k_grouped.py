@@ -23,6 +23,7 @@ from ..config import TMA_ALIGN_BYTES, Form, GemmConfig, GemmProblem, can_impleme
 from ..epilogue import EpilogueSpec
 from ..gemm.args import KernelArgs
 from ..gemm.dense import gemm
+from ..gemm.fp8_scales import check_fp32_scale
 from ..gemm.launch import (
     DENSE_CACHE,
     INPUT_TO_NAME,
@@ -32,7 +33,9 @@ from ..gemm.launch import (
     check_operand,
     kernel_view,
     new_workspace,
+    padded_rows,
     reset_workspace,
+    tma_storable,
     unit_mode,
 )
 from ..policy import policy_for
@@ -49,6 +52,7 @@ def grouped_k(a, b, offs, out, out_dtype, alpha, check_offs, config=None):
     if b.shape[0] != K:
         raise ValueError(f"a (M, K={K}) and b (K={b.shape[0]}, N) disagree on K")
     E, N = offs.numel(), b.shape[1]
+    user_out = out
     if out is None:
         out = torch.empty(E, M, N, dtype=out_dtype, device=a.device)
     elif check_operand("out", out, dims=(3,)) or out.shape != (E, M, N) or out.dtype != out_dtype:
@@ -59,13 +63,73 @@ def grouped_k(a, b, offs, out, out_dtype, alpha, check_offs, config=None):
         raise ValueError(f"config {config.name} is not a K-grouped kernel (form=Form.KGROUPED)")
     if out.numel() == 0:
         return out
-    if _kgrouped_launch(a, b, offs, out, alpha, config):
+    # An out the TMA store cannot write (rows not a multiple of 16 bytes, e.g. N = 7 in bf16; any
+    # view of odd strides or offset): the kernel writes a padded scratch (every element: empty
+    # slices get zeros), then the result is copied into out or returned compact.
+    dst = out if tma_storable(out) else padded_rows(out.shape, out.dtype, out.device)
+    if _kgrouped_launch(a, b, offs, dst, alpha, config):
+        if dst is not out:
+            if user_out is None:
+                return dst.contiguous()
+            out.copy_(dst)
         return out
     if config is not None:
         raise ValueError(f"config {config.name} cannot run this K-grouped call (sm_90a, bf16 / fp16, out rows of 16-byte multiples)")
     for e, (start, end) in enumerate(expert_rows(offs.tolist(), K)):  # host sync: not graph-capturable
         if end > start:  # a slice (or out[e]) TMA cannot address is staged by the dense path
             gemm(a[:, start:end], b[start:end], out=out[e], alpha=alpha)
+        else:
+            out[e].zero_()
+    return out
+
+
+def k_scales(scale_a, scale_b, E: int, M: int, N: int):
+    """FP8 scales of the K-grouped form (torch._scaled_grouped_mm's 2d x 2d row-wise recipe):
+    scale_a (E * M,) / (E, M) per expert and row of a, scale_b (E * N,) / (E, N) per expert and
+    column of b, or one per-tensor value each; as (E, M) / (E, 1) and (E, N) / (E, 1) views
+    (None when not given)."""
+    res = []
+    for name, t, n, what in (("scale_a", scale_a, M, "row of a"), ("scale_b", scale_b, N, "column of b")):
+        if t is None:
+            res.append(None)
+            continue
+        check_fp32_scale(name, t, getattr(t, "device", None))
+        if t.numel() == 1:
+            res.append(t.reshape(1, 1).expand(E, 1))
+        elif t.numel() == E * n and (t.dim() == 1 or tuple(t.shape) == (E, n)):
+            res.append(t.reshape(E, n))
+        else:
+            raise ValueError(
+                f"the K-grouped form's {name} must have {E} x {n} elements (one per expert and {what}: "
+                f"({E * n},) or ({E}, {n})) or one, got shape {tuple(t.shape)}"
+            )
+    return tuple(res)
+
+
+def grouped_k_fp8(a, b, offs, out, out_dtype, alpha, check_offs, scale_a=None, scale_b=None, fast_accum=False):
+    """K-grouped FP8 (e4m3, row-wise scales, ``k_scales``): out[e] = (a[:, k_e] @ b[k_e, :]) *
+    scale_a[e] (per row) * scale_b[e] (per column). One dense FP8 GEMM per expert, reading offs on
+    the host (not capturable); an empty slice gives zeros."""
+    M, K = a.shape
+    if b.dim() != 2 or b.shape[0] != K:
+        raise ValueError(f"a (M, K={K}) and b (K={b.shape[0]}, N) disagree on K")
+    E, N = offs.numel(), b.shape[1]
+    for name, t in (("scale_a", scale_a), ("scale_b", scale_b)):
+        if t is not None:
+            check_fp32_scale(name, t, a.device)
+    sa, sb = k_scales(scale_a, scale_b, E, M, N)
+    if out is None:
+        out = torch.empty(E, M, N, dtype=out_dtype, device=a.device)
+    elif check_operand("out", out, dims=(3,)) or out.shape != (E, M, N) or out.dtype != out_dtype:
+        raise ValueError(f"out must be an ({E}, {M}, {N}) {out_dtype} tensor")
+    if check_offs:
+        check_offs_values(offs, K)
+    if out.numel() == 0:
+        return out
+    for e, (start, end) in enumerate(expert_rows(offs.tolist(), K)):  # host sync: not graph-capturable
+        if end > start:
+            gemm(a[:, start:end], b[start:end], out=out[e], alpha=alpha, scale_a=None if sa is None else sa[e],
+                 scale_b=None if sb is None else sb[e], fast_accum=fast_accum)  # fmt: skip
         else:
             out[e].zero_()
     return out

@@ -79,6 +79,7 @@ from ..gemm.launch import (
     INPUT_TO_NAME,
     NAME_TO_TORCH,
     TORCH_TO_NAME,
+    aligned_operand,
     check_activation,
     check_offs_values,
     check_operand,
@@ -89,14 +90,19 @@ from ..gemm.launch import (
     kernel_view,
     memo_view,
     new_workspace,
+    padded_rows,
     quant_outputs,
     quant_result,
     reset_workspace,
+    rowmajor_operand,
+    tma_storable,
 )
 from ..policy import policy_for
 from ..runtime.device import device_info, max_clusters_for
+from ..schedulers.grouped import expert_rows
 from ..tuning import tuned_config
-from .k_grouped import grouped_k
+from .batched import grouped_3d, grouped_3d_ref
+from .k_grouped import grouped_k, grouped_k_fp8, k_scales
 from .list_form import grouped_list
 
 PLANS: dict = {}
@@ -351,6 +357,11 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
             raise ValueError(f"the list form takes activation None or one of {ACTIVATIONS} (no gated ones), got {activation!r}")
         _no_epilogue("the list form", bias, None, epilogue, out_global_scale, scale_a, scale_b, out_dtype)
         return grouped_list(a, b, offs=offs, out_dtype=out_dtype, alpha=alpha, activation=activation)
+    elif isinstance(a, torch.Tensor) and a.dim() == 3:  # torch._grouped_mm's 3d x 3d and 3d x 2d forms
+        return grouped_3d(a, b, offs, grouped_gemm, out=out, out_dtype=out_dtype, alpha=alpha, bias=bias,
+                          activation=activation, gate_layout=gate_layout, epilogue=epilogue,
+                          epilogue_args=epilogue_args, out_global_scale=out_global_scale, scale_a=scale_a,
+                          scale_b=scale_b, fast_accum=fast_accum, config=config, check_offs=check_offs)  # fmt: skip
     fp8 = getattr(a, "dtype", None) == torch.float8_e4m3fn
     if plan is None:
         check_operand("a", a, dims=(2,))
@@ -379,9 +390,11 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
         if activation is not None or gate_layout != "interleaved":
             check_activation(activation, gate_layout)
         if b.dim() == 2:
+            _no_epilogue("the K-grouped form", bias, activation, epilogue, out_global_scale, None, None, out_dtype)
             if fp8:
-                raise TypeError("the K-grouped form takes bf16 / fp16 operands")
-            _no_epilogue("the K-grouped form", bias, activation, epilogue, out_global_scale, scale_a, scale_b, out_dtype)
+                return grouped_k_fp8(a, b, offs, out, out_dtype, alpha, check_offs, scale_a, scale_b, fast_accum)
+            if scale_a is not None or scale_b is not None:
+                raise ValueError("scale_a / scale_b are for torch.float8_e4m3fn inputs")
             return grouped_k(a, b, offs, out, out_dtype, alpha, check_offs, config)
         E, K, N = b.shape
         if a.shape[1] != K:
@@ -393,6 +406,7 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
     E, K, N = b.shape
     total_m = a.shape[0]
     b_call = b
+    user_out_given = out is not None
     gated = activation in GATED
     if gated and gate_layout == "halves":
         if isinstance(scale_b, torch.Tensor) and scale_b.dim() == 3:
@@ -415,18 +429,8 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
         return out if quant is None else quant_result(quant, plan.out_shape, out, scales, epi_in.gs)
     if gated and N % 2:
         raise ValueError(f"a gated activation needs b with an even number of columns (gate, up), got {N}")
-    if quant is not None:
-        if n_out % 32:
-            raise ValueError(f"a quantized output needs a multiple of 32 columns, got {n_out}")
-        out_elem = 1
-    else:
-        out_elem = torch.empty((), dtype=out_dtype).element_size()
-        if (n_out * out_elem) % TMA_ALIGN_BYTES:
-            # Partial tiles are stored in 16-byte pieces: N must end on a 16-byte boundary so no
-            # piece reaches past the last column.
-            raise ValueError(f"N * {out_elem} bytes must be a multiple of 16 for the grouped form, got N={n_out}")
-    if fp8 and b.stride(1) != 1 and K > 1:
-        b = b.transpose(1, 2).contiguous().transpose(1, 2)  # FP8 WGMMA reads B K-major: copy
+    if quant is not None and n_out % 32:
+        raise ValueError(f"a quantized output needs a multiple of 32 columns, got {n_out}")
     scales = None
     if quant is not None:
         out, scales = quant_outputs(quant, (total_m, n_out), a.device)
@@ -436,8 +440,6 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
         check_operand("out", out, dims=(2,))
         if out.shape != (total_m, n_out) or out.dtype != out_dtype or out.device != a.device:
             raise ValueError(f"out must be a ({total_m}, {n_out}) {out_dtype} tensor on {a.device}")
-        if n_out > 1 and out.stride(1) != 1:
-            raise ValueError("out must be row-major (stride 1 along its last dim)")
     if check_offs:
         check_offs_values(offs, total_m)
 
@@ -454,20 +456,36 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
         if quant is not None:
             return ref
         return out.copy_(ref)
-    for name, t in (("a", a), ("b", b), ("out", out)):
-        if t.data_ptr() % TMA_ALIGN_BYTES:
-            raise ValueError(f"{name}'s data pointer must be 16-byte aligned (got a storage offset that breaks it)")
+    # The staging route (layouts TMA cannot address, as torch accepts them): a row-major copy of a
+    # (its rows padded to 16 bytes), b with its leading dimension padded (FP8: K-major), and an
+    # out the TMA store cannot write computed into a padded scratch that starts as a copy of out
+    # (rows past offs[-1] keep their values) and is copied back. Such calls are not cached.
+    a_call, out_call = a, out
+    a = rowmajor_operand(a)
+    if fp8 and b.stride(1) != 1 and K > 1:
+        b = padded_rows((E, N, K), b.dtype, b.device).copy_(b.mT).mT  # FP8 WGMMA reads B K-major
+    b = aligned_operand(b)
+    if quant is None and not tma_storable(out):
+        out = padded_rows(out.shape, out.dtype, out.device)
+        if user_out_given:
+            out.copy_(out_call)
     plan = _plan_packed(a, b, offs, out, out_dtype, alpha, config, epi_in, fast_accum)
     plan.device, plan.device_index = a.device, a.device.index
     plan.out_dims, plan.out_dtype, plan.out_shape = (total_m, n_out), out_dtype, (total_m, n_out)
-    # Cacheable when the call's own b is what the kernel reads (no interleave / K-major copy).
-    if key is not None and b is b_call:
+    # Cacheable when the kernel reads the call's own tensors and writes its out (no staging, no
+    # interleave / K-major copy).
+    if key is not None and b is b_call and a is a_call and out is out_call:
         PLANS[key] = plan
     if a.device.index == current_device():
         plan.launch(a, b, out, offs, float(alpha), epi_in.bias, epi_in.extra(scales), epi_in.block)
     else:
         with torch.cuda.device(a.device):
             plan.launch(a, b, out, offs, float(alpha), epi_in.bias, epi_in.extra(scales), epi_in.block)
+    if out is not out_call:
+        if not user_out_given:
+            return out.contiguous()  # an odd N's padded scratch: a compact result
+        out_call.copy_(out)
+        out = out_call
     return result()
 
 
@@ -489,6 +507,11 @@ def grouped_gemm_ref(a, b, *, offs=None, out_dtype=None, alpha: float = 1.0, bia
     if isinstance(a, (list, tuple)):
         return [epilogue_ref(x.to(compute_dtype) @ w.to(compute_dtype), alpha=alpha, activation=activation).to(out_dtype or x.dtype)
                 for x, w in zip(a, b, strict=True)]  # fmt: skip
+    if a.dim() == 3:
+        return grouped_3d_ref(a, b, offs, grouped_gemm_ref, out_dtype=out_dtype, alpha=alpha, bias=bias,
+                              activation=activation, gate_layout=gate_layout, epilogue=epilogue,
+                              epilogue_args=epilogue_args, out_global_scale=out_global_scale, scale_a=scale_a,
+                              scale_b=scale_b, compute_dtype=compute_dtype)  # fmt: skip
     fp8 = a.dtype == torch.float8_e4m3fn
     out_dtype = out_dtype or (torch.bfloat16 if fp8 else a.dtype)
     bounds = offs.tolist()
@@ -529,11 +552,16 @@ def grouped_gemm_ref(a, b, *, offs=None, out_dtype=None, alpha: float = 1.0, bia
             gs = global_scale(out_dtype, out_global_scale, res.device)
             return quantize_ref(res.float(), out_dtype, global_scale=gs)
         return res.to(out_dtype)
-    out = torch.zeros(len(bounds), a.shape[0], b.shape[1], dtype=compute_dtype, device=a.device)
-    prev = 0
-    for e, end in enumerate(bounds):
-        out[e] = a[:, prev:end].to(compute_dtype) @ b[prev:end].to(compute_dtype)
-        prev = end
+    M, N = a.shape[0], b.shape[1]
+    out = torch.zeros(len(bounds), M, N, dtype=compute_dtype, device=a.device)
+    sa, sb = k_scales(scale_a, scale_b, len(bounds), M, N) if fp8 else (None, None)
+    for e, (start, end) in enumerate(expert_rows(bounds, a.shape[1])):
+        if end > start:
+            out[e] = a[:, start:end].to(compute_dtype) @ b[start:end].to(compute_dtype)
+            if sa is not None:
+                out[e] *= sa[e].to(compute_dtype).reshape(-1, 1)
+            if sb is not None:
+                out[e] *= sb[e].to(compute_dtype).reshape(1, -1)
     return (out * alpha).to(out_dtype)
 
 

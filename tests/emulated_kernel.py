@@ -1,0 +1,128 @@
+"""A CPU stand-in for the compiled GEMM kernels that computes what they compute, from the views
+and arguments the host path hands them (``cutegemm.gemm.args.KernelArgs``).
+
+With :func:`emulated_kernels` every public call on CPU tensors runs its whole host path (checks,
+routing, staging copies, kernel views, scratch outputs, the copies back) and the "kernel" does
+the math in fp32: the packed grouped form (and its swap-AB variant) per expert from offs, the
+K-grouped form per K slice, the dense (batched or flat) GEMM; the epilogue of alpha, FP8 row /
+column scales, bias and (gated) activations. What it does not model (FP8 block scales, beta * C,
+quantized and user epilogues) raises NotImplementedError. So a CPU test can check that a layout
+torch accepts reaches the kernel as views of the right values, and that the result lands in the
+right elements of ``out`` (and nowhere else), without a GPU. Kernel numerics are the GPU tests'.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from cutegemm.epilogue import epilogue_ref
+from cutegemm.gemm.args import KernelArgs
+from cutegemm.schedulers.grouped import expert_rows
+
+from .host_overhead_cpu import _check_operand_cpu, cpu_fast_path
+
+
+class EmulatedKernel:
+    """The compiled kernel of one config, in torch on the CPU (see the module docstring)."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.calls = 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        k = KernelArgs(*args)
+        cfg, epi = self.cfg, self.cfg.epilogue
+        if k.sfa is not None or k.sfb is not None or epi.beta or epi.quant or epi.user is not None:
+            raise NotImplementedError(f"the emulated kernel does not model {cfg.name}")
+        f32 = torch.float32
+        alpha = float(k.alpha)
+        bias = None if k.bias is None else k.bias.to(f32)
+        act = epi.gated or epi.activation
+
+        def finish(acc, cols_bias, sa, sb):
+            """The epilogue of acc (rows, N): row scales sa, column scales sb, bias cols_bias."""
+            if sa is not None:
+                acc = acc * sa.to(f32).reshape(-1, 1)
+            if sb is not None:
+                acc = acc * sb.to(f32).reshape(1, -1)
+            return epilogue_ref(acc, alpha=alpha, bias=cols_bias, activation=act)
+
+        def vec(v, lo, hi):
+            """Rows lo:hi of a per-row vector, or its one per-tensor value."""
+            if v is None:
+                return None
+            return v[:1].expand(hi - lo) if v.numel() == 1 else v[lo:hi]
+
+        if cfg.flat:  # the caller's 2-D tensors: a (M, K), b (K, N), out (M, N)
+            a3, b3, o3 = k.a.unsqueeze(-1), k.b.t().unsqueeze(-1), k.out.unsqueeze(-1)
+        else:
+            a3, b3, o3 = k.a, k.b, k.out
+        if cfg.kgrouped:  # A (M, K, 1), B (N, K, 1), C (M, N, E); offs split K
+            total_k = a3.shape[1]
+            for e, (s, t) in enumerate(expert_rows(k.offs.tolist(), total_k)):
+                acc = a3[:, s:t, 0].to(f32) @ b3[:, s:t, 0].to(f32).t()
+                o3[:, :, e] = finish(acc, None, None, None).to(o3.dtype)
+            return
+        if cfg.grouped:
+            swap = cfg.swap_ab  # A = weights (N, K, E), B = tokens (total_M, K, 1), C = (N, total_M, 1)
+            tokens, weights = (b3, a3) if swap else (a3, b3)
+            total_m, n = tokens.shape[0], weights.shape[0]
+            for e, (s, t) in enumerate(expert_rows(k.offs.tolist(), total_m)):
+                if t <= s:
+                    continue
+                acc = tokens[s:t, :, 0].to(f32) @ weights[:, :, e].to(f32).t()
+                sb = None if k.v1 is None else (k.v1[:1] if k.v1.numel() == 1 else k.v1[e * n:(e + 1) * n])
+                be = None if bias is None else bias[e * n:(e + 1) * n]
+                y = finish(acc, be, vec(k.v0, s, t), sb).to(o3.dtype)
+                if swap:
+                    o3[:, s:t, 0] = y.t()
+                else:
+                    o3[s:t, :, 0] = y
+            return
+        # dense: A (M, K, L), B (N, K, L), C (M, N, L)
+        for l in range(o3.shape[2]):
+            acc = a3[:, :, l].to(f32) @ b3[:, :, l].to(f32).t()
+            o3[:, :, l] = finish(acc, bias, vec(k.v0, 0, acc.shape[0]), k.v1).to(o3.dtype)
+
+
+class _ConfigCache:
+    """A kernel cache whose ``get(config)`` builds an :class:`EmulatedKernel`; ``kernels`` lists them."""
+
+    def __init__(self):
+        self.kernels = []
+
+    def get(self, cfg):
+        kernel = EmulatedKernel(cfg)
+        self.kernels.append(kernel)
+        return kernel
+
+
+@contextlib.contextmanager
+def emulated_kernels():
+    """CPU tensors through every host path of gemm / grouped_gemm (the CUDA-only pieces replaced as
+    in ``tests.host_overhead_cpu.cpu_fast_path``), the compiled kernels replaced by
+    :class:`EmulatedKernel`; yields the cache (its ``kernels``: one per plan built)."""
+    import cutegemm.grouped.k_grouped as k_grouped
+    from cutegemm.gemm import dense
+    from cutegemm.grouped import packed
+
+    cache = _ConfigCache()
+    saved = [(k_grouped, n, getattr(k_grouped, n)) for n in ("DENSE_CACHE", "device_info", "check_operand")]
+    saved += [(k_grouped, "_KG_PLANS", k_grouped._KG_PLANS)]
+    with cpu_fast_path():
+        saved += [(dense, "DENSE_CACHE", dense.DENSE_CACHE), (packed, "GROUPED_CACHE", packed.GROUPED_CACHE)]
+        dense.DENSE_CACHE = packed.GROUPED_CACHE = k_grouped.DENSE_CACHE = cache
+        k_grouped.device_info = lambda index: ("sm_90a", 132)
+        k_grouped.check_operand = _check_operand_cpu
+        k_grouped._KG_PLANS = {}
+        try:
+            yield cache
+        finally:
+            for mod, name, value in reversed(saved):
+                setattr(mod, name, value)
+
+
+__all__ = ["EmulatedKernel", "emulated_kernels"]
