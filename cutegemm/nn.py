@@ -8,17 +8,23 @@ from torch import nn
 from .api.face import grouped_gemm, grouped_gemm_ref
 from .blockscaled.quantize_launch import quantize
 from .epilogue import epilogue_ref
+from .moe import grouped_experts
 
 
 class GroupedExperts(nn.Module):
     """The expert MLPs of an MoE layer: per expert ``down(silu(x @ W_gate) * (x @ W_up))``.
 
     Routing is given, not computed: ``x`` holds the tokens sorted by expert (total_tokens, hidden)
-    and ``offs`` (int32, on the GPU) the cumulative end row of each expert, as produced by a
+    and ``offs`` (int32, on x's device) the cumulative end row of each expert, as produced by a
     router's sort. Weights are stored as (E, out, in) like ``nn.Linear`` and used as transposed
     views (no copies). ``w_gate_up`` interleaves its output rows: row 2j is gate j, row 2j + 1 is
-    up j (``cutegemm.epilogue.interleave_gate_up(w, dim=1)`` converts a [gate | up] stack), so the
-    SwiGLU is fused into the first grouped GEMM's epilogue. Two launches, no host sync.
+    up j (``cutegemm.epilogue.interleave_gate_up(w, dim=1)`` converts a [gate | up] stack).
+
+    Runs :func:`cutegemm.moe.grouped_experts`: without a gradient (``torch.no_grad()``,
+    inference) the SwiGLU is fused into the first grouped GEMM's epilogue (two launches); with one
+    it trains: the pre-activations (T, 2I) are saved and the backward runs four grouped GEMMs
+    (packed for the input gradients, K-grouped for the weight gradients). No host sync either
+    way. CUDA tensors run the kernels, CPU tensors the reference twins (fp32 math).
     """
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int, *, dtype=torch.bfloat16, device=None):
@@ -34,8 +40,7 @@ class GroupedExperts(nn.Module):
         nn.init.normal_(self.w_down, std=self.intermediate**-0.5)
 
     def forward(self, x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-        h = grouped_gemm(x, self.w_gate_up.transpose(1, 2), offs=offs, activation="swiglu")  # (T, I)
-        return grouped_gemm(h, self.w_down.transpose(1, 2), offs=offs)  # (T, hidden)
+        return grouped_experts(x, self.w_gate_up.transpose(1, 2), self.w_down.transpose(1, 2), offs)
 
     def forward_ref(self, x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
         """Plain-torch twin (fp32 math, host loop over experts)."""

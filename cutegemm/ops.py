@@ -12,7 +12,7 @@ Schemas::
     cutegemm::gemm(Tensor a, Tensor b, Tensor? bias=None, *, float alpha=1.0,
                    ScalarType? out_dtype=None, str? activation=None) -> Tensor
     cutegemm::grouped_gemm(Tensor a, Tensor b, Tensor offs, *, float alpha=1.0,
-                           ScalarType? out_dtype=None) -> Tensor
+                           ScalarType? out_dtype=None, str? activation=None) -> Tensor
 
 Devices:
 - CUDA: :func:`cutegemm.gemm` / :func:`cutegemm.grouped_gemm` (our kernels). Operands must be
@@ -28,7 +28,9 @@ Devices:
 None, "relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu". out_dtype defaults to a.dtype.
 
 ``grouped_gemm`` (form chosen by b's rank):
-- packed MoE: a (T, K), b (E, K, N), offs int32 (E,) cumulative END rows -> (T, N).
+- packed MoE: a (T, K), b (E, K, N), offs int32 (E,) cumulative END rows -> (T, N); with an
+  ``activation`` (packed form only: relu, gelu, gelu_tanh, silu, or gated swiglu / geglu over
+  b's interleaved gate/up columns -> (T, N / 2)) applied in the kernel's epilogue.
   Contract: rows at or past ``offs[-1]`` of the result are UNSPECIFIED (the CUDA kernel does not
   write them: the output is ``torch.empty``, no memset; the CPU twin happens to give zeros).
   Compare / consume only rows < offs[-1]; before anything that mixes rows (a dense layer's
@@ -36,7 +38,8 @@ None, "relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu". out_dtype defaults
   ``torch.where(torch.arange(T, device=d)[:, None] < offs[-1], y, 0)``. Graph-capturable on
   CUDA (no host sync), including replay with new offs contents.
 - K-grouped: a (M, T), b (T, N), offs (E,) splitting T -> (E, M, N); an expert with no rows gets
-  zeros. On CUDA this form reads offs on the host (one sync): NOT graph-capturable.
+  zeros. On sm_90a one kernel launch that reads offs on the device (graph-capturable); elsewhere
+  one GEMM per expert, reading offs on the host (see :mod:`cutegemm.grouped.k_grouped`).
 
 Autograd (``Y = act(Z)``, ``Z = alpha * a @ b + bias``):
 - gemm: ``dZ = dY * act'(Z)`` with Z recomputed in fp32 (fp64 for fp64 operands) by this same
@@ -45,10 +48,11 @@ Autograd (``Y = act(Z)``, ``Z = alpha * a @ b + bias``):
   ``db = alpha * a^T @ dZ`` (batch-broadcast operands summed over the batch), both through
   ``cutegemm::gemm`` with dZ cast to a.dtype (the kernels' operand dtype); ``dbias = dZ`` summed
   over every row, from the fp32 dZ.
-- packed grouped_gemm: ``da = grouped_gemm(dY, b^T, offs)`` (packed form) with rows at or past
+- packed grouped_gemm: ``da = grouped_gemm(dZ, b^T, offs)`` (packed form) with rows at or past
   offs[-1] set to ZERO (those output rows do not depend on a; their dY is ignored, never read),
-  ``db = grouped_gemm(a^T, dY, offs)`` (K-grouped form, (E, K, N)); an expert with no rows gets
-  a zero db[e]. On CUDA the backward is therefore not graph-capturable (the K-grouped form syncs).
+  ``db = grouped_gemm(a^T, dZ, offs)`` (K-grouped form, (E, K, N)); an expert with no rows gets
+  a zero db[e]. With an activation, dZ = dY * act'(Z) with Z recomputed by this op in fp32 (as
+  for gemm). Graph-capturable where the K-grouped form is (sm_90a).
 - K-grouped grouped_gemm: ``da^T = grouped_gemm(b, dY^T, offs)`` and ``db = grouped_gemm(a^T, dY,
   offs)``, both packed; columns/rows of T past offs[-1] get zero gradient.
 - offs, alpha, out_dtype, activation: no gradient.
@@ -59,7 +63,8 @@ CUDA graphs (``torch.cuda.graph``; tests/gpu/test_ops_gpu.py): the forward of ``
 packed ``grouped_gemm`` (alone or inside a model, e.g. an MoE block) can be captured and replayed
 with new input contents and new offs contents (same shapes). Call each signature once eagerly
 before capturing (on a side stream, as torch recommends): the first call compiles or loads the
-kernel. Not capturable: the K-grouped form and therefore the packed form's backward (host sync).
+kernel. The K-grouped form (and so the packed form's backward) is capturable on sm_90a only
+(elsewhere it reads offs on the host).
 With autotuning on (:mod:`cutegemm.tuning`) a signature is never tuned during a capture.
 """
 
@@ -67,7 +72,7 @@ from typing import Optional
 
 import torch
 
-from .epilogue import GATED
+from .epilogue import ACTIVATIONS, GATED
 from .gemm.dense import gemm as _gemm_kernel
 from .gemm.dense import gemm_ref as _gemm_ref
 from .grouped.packed import grouped_gemm as _grouped_kernel
@@ -80,7 +85,10 @@ GEMM_SCHEMA = (
     "(Tensor a, Tensor b, Tensor? bias=None, *, float alpha=1.0, ScalarType? out_dtype=None, "
     "str? activation=None) -> Tensor"
 )
-GROUPED_SCHEMA = "(Tensor a, Tensor b, Tensor offs, *, float alpha=1.0, ScalarType? out_dtype=None) -> Tensor"
+GROUPED_SCHEMA = (
+    "(Tensor a, Tensor b, Tensor offs, *, float alpha=1.0, ScalarType? out_dtype=None, "
+    "str? activation=None) -> Tensor"
+)
 
 _GATE_ACT = {"swiglu": "silu", "geglu": "gelu"}
 
@@ -102,7 +110,7 @@ def _check_gemm(a, b, out_dtype, bias, activation):
     return check_gemm_operands(a, b, bias, activation)
 
 
-def _check_grouped(a, b, offs, out_dtype):
+def _check_grouped(a, b, offs, out_dtype, activation=None):
     """Returns the result's shape."""
     if not isinstance(offs, torch.Tensor) or offs.dtype != torch.int32 or offs.dim() != 1:
         raise TypeError("offs must be a 1-D torch.int32 tensor")
@@ -114,12 +122,21 @@ def _check_grouped(a, b, offs, out_dtype):
         )
     if out_dtype is not None and out_dtype not in CPU_DTYPES:
         raise TypeError(f"out_dtype must be one of {CPU_DTYPES} (CUDA: bf16/fp16/fp32), got {out_dtype}")
+    if activation is not None and activation not in (*ACTIVATIONS, *GATED):
+        raise ValueError(f"activation must be None or one of {(*ACTIVATIONS, *GATED)}, got {activation!r}")
     if b.dim() == 3:  # packed
         if a.shape[1] != b.shape[1]:
             raise ValueError(f"a (T, K={a.shape[1]}) and b (E, K={b.shape[1]}, N) disagree on K")
         if offs.shape[0] != b.shape[0]:
             raise ValueError(f"offs has {offs.shape[0]} entries but b has {b.shape[0]} experts")
-        return (a.shape[0], b.shape[2])
+        n = b.shape[2]
+        if activation in GATED:
+            if n % 2:
+                raise ValueError(f"a gated activation needs b with an even number of columns, got {n}")
+            n //= 2
+        return (a.shape[0], n)
+    if activation is not None:
+        raise ValueError("the K-grouped form (b 2-D) takes no activation")
     if a.shape[1] != b.shape[0]:  # K-grouped
         raise ValueError(f"a (M, T={a.shape[1]}) and b (T={b.shape[0]}, N) disagree on T")
     return (offs.shape[0], a.shape[0], b.shape[1])
@@ -194,11 +211,25 @@ def _pre_activation_grad(a, b, bias, alpha, activation, grad):
     if activation is None:
         return g
     z = torch.ops.cutegemm.gemm(a, b, bias, alpha=alpha, out_dtype=cd)  # recomputed pre-activation
+    return activation_grad(activation, g, z)
+
+
+def activation_grad(
+    activation: str, g: torch.Tensor, z: torch.Tensor, gate_layout: str = "interleaved"
+) -> torch.Tensor:
+    """dZ = g * act'(z) in g's and z's dtype, with aten's derivative formulas. Gated activations
+    (swiglu, geglu): z holds 2 * N' gate/up columns, interleaved (the kernels' layout: 2j gate j,
+    2j + 1 up j) or as ``[gate | up]`` halves (``gate_layout="halves"``), and g has N' columns;
+    dZ comes back in z's layout."""
     if activation in GATED:
-        gate, up = z[..., 0::2], z[..., 1::2]  # the kernels' interleaved layout
+        halves = gate_layout == "halves"
+        n = z.shape[-1] // 2
+        gate, up = (z[..., :n], z[..., n:]) if halves else (z[..., 0::2], z[..., 1::2])
         act = _GATE_ACT[activation]
         d_gate = _act_backward(act, g * up, gate)
         d_up = g * _act(act, gate)
+        if halves:
+            return torch.cat((d_gate, d_up), dim=-1)
         return torch.stack((d_gate, d_up), dim=-1).flatten(-2)
     return _act_backward(activation, g, z)
 
@@ -251,28 +282,30 @@ def grouped_gemm(
     *,
     alpha: float = 1.0,
     out_dtype: Optional[torch.dtype] = None,
+    activation: Optional[str] = None,
 ) -> torch.Tensor:
     """Packed (b 3-D) or K-grouped (b 2-D) grouped GEMM; see the module docstring. (This body is
     the CPU kernel.)"""
-    _check_grouped(a, b, offs, out_dtype)
-    return _grouped_ref(a, b, offs=offs, out_dtype=out_dtype or a.dtype, alpha=alpha,
+    _check_grouped(a, b, offs, out_dtype, activation)
+    return _grouped_ref(a, b, offs=offs, out_dtype=out_dtype or a.dtype, alpha=alpha, activation=activation,
                         compute_dtype=_compute_dtype(a.dtype))  # fmt: skip
 
 
 @grouped_gemm.register_kernel("cuda")
-def _grouped_cuda(a, b, offs, *, alpha=1.0, out_dtype=None):
-    return _grouped_kernel(a, b, offs=offs, out_dtype=out_dtype, alpha=alpha)
+def _grouped_cuda(a, b, offs, *, alpha=1.0, out_dtype=None, activation=None):
+    return _grouped_kernel(a, b, offs=offs, out_dtype=out_dtype, alpha=alpha, activation=activation)
 
 
 @grouped_gemm.register_fake
-def _grouped_fake(a, b, offs, *, alpha=1.0, out_dtype=None):
-    shape = _check_grouped(a, b, offs, out_dtype)
+def _grouped_fake(a, b, offs, *, alpha=1.0, out_dtype=None, activation=None):
+    shape = _check_grouped(a, b, offs, out_dtype, activation)
     return a.new_empty(shape, dtype=out_dtype or a.dtype)
 
 
 def _grouped_setup_context(ctx, inputs, keyword_only_inputs, output):
     a, b, offs = inputs
     ctx.alpha = keyword_only_inputs.get("alpha", 1.0)
+    ctx.activation = keyword_only_inputs.get("activation")
     ctx.save_for_backward(a, b, offs)
 
 
@@ -289,6 +322,9 @@ def _grouped_backward(ctx, grad):
     need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     alpha = ctx.alpha
     op = torch.ops.cutegemm.grouped_gemm
+    if ctx.activation is not None and (need_a or need_b):  # packed only: dZ = dY * act'(Z), Z recomputed
+        cd = _compute_dtype(a.dtype)
+        grad = activation_grad(ctx.activation, grad.to(cd), op(a, b, offs, alpha=alpha, out_dtype=cd))
     g = grad.to(a.dtype).contiguous()  # the kernels' operand dtype; the packed form wants row-major
     da = db = None
     if b.dim() == 3:  # packed: Y[rows_e] = alpha * a[rows_e] @ b[e]
@@ -306,4 +342,6 @@ def _grouped_backward(ctx, grad):
 
 grouped_gemm.register_autograd(_grouped_backward, setup_context=_grouped_setup_context)
 
-__all__ = ["gemm", "grouped_gemm", "quantize", "gemm_quantized", "GEMM_SCHEMA", "GROUPED_SCHEMA"]
+__all__ = [
+    "gemm", "grouped_gemm", "activation_grad", "quantize", "gemm_quantized", "GEMM_SCHEMA", "GROUPED_SCHEMA",
+]  # fmt: skip

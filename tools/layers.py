@@ -33,6 +33,8 @@ FLOORS = {
     "cutegemm.ops": 7,
     "cutegemm.quant_ops": 7,
     "cutegemm.nn": 7,
+    "cutegemm.moe": 7,
+    "cutegemm.integrations": 7,
     "cutegemm.parallel": 7,
     "cutegemm.compile_check": 7,
     "cutegemm.bench": 8,
@@ -40,7 +42,8 @@ FLOORS = {
     "cutegemm": 9,
 }
 FLOOR_NAMES = ["config", "runtime / policy / tuning", "schedulers / epilogue / block formats", "gemm",
-               "grouped", "blockscaled", "api", "ops / quant_ops / nn / parallel / compile_check", "bench", "__main__ / cutegemm"]
+               "grouped", "blockscaled", "api", "ops / quant_ops / moe / nn / parallel / integrations / compile_check",
+               "bench", "__main__ / cutegemm"]
 # Optional dependencies: imported where used, so that the library works without them.
 OPTIONAL = ("matplotlib", "tqdm", "transformers", "nvidia.cu13", "torch.distributed")
 

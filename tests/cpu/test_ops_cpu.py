@@ -41,8 +41,8 @@ def test_schemas():
         "str? activation=None) -> Tensor"
     )
     assert str(OP.grouped_gemm.default._schema) == (
-        "cutegemm::grouped_gemm(Tensor a, Tensor b, Tensor offs, *, float alpha=1., ScalarType? out_dtype=None) "
-        "-> Tensor"
+        "cutegemm::grouped_gemm(Tensor a, Tensor b, Tensor offs, *, float alpha=1., ScalarType? out_dtype=None, "
+        "str? activation=None) -> Tensor"
     )
     assert ops.gemm._opoverload is OP.gemm.default
 
@@ -87,6 +87,11 @@ GROUPED_CASES = {
     ),
     "packed_no_experts": lambda: ((rand(4, 6), rand(0, 6, 4), make_offs([])), {}),
     "k_grouped": lambda: ((rand(5, 10), rand(10, 4), make_offs([3, 0, 6])), {"alpha": 1.5}),
+    "packed_swiglu": lambda: ((rand(11, 6), rand(3, 6, 8), make_offs([4, 0, 5])), {"activation": "swiglu"}),
+    "packed_gelu_bf16": lambda: (
+        (rand(9, 8, dtype=torch.bfloat16), rand(2, 8, 8, dtype=torch.bfloat16), make_offs([2, 7])),
+        {"activation": "gelu", "out_dtype": torch.float32},
+    ),
 }
 
 
@@ -169,6 +174,33 @@ def test_gradcheck_grouped_packed(counts, pad):
         return OP.grouped_gemm(a, b, offs, alpha=0.5)[: sum(counts)]  # only the specified rows
 
     assert torch.autograd.gradcheck(f, (a, b))
+
+
+@pytest.mark.parametrize("activation", ["relu", "silu", "gelu_tanh", "swiglu", "geglu"])
+def test_gradcheck_grouped_packed_activation(activation):
+    """The packed op with an activation: dZ = dY * act'(Z), Z recomputed by the op."""
+    counts = [3, 0, 4]
+    offs = make_offs(counts)
+    a, b = rand(sum(counts) + 2, 6), rand(3, 6, 8)
+
+    def f(a, b):
+        return OP.grouped_gemm(a, b, offs, alpha=0.5, activation=activation)[: sum(counts)]
+
+    assert torch.autograd.gradcheck(f, (a, b))
+
+
+def test_grouped_activation_shapes_and_rules():
+    offs = make_offs([2, 3])
+    with FakeTensorMode():
+        y = OP.grouped_gemm(torch.empty(5, 16), torch.empty(2, 16, 24), torch.empty(2, dtype=torch.int32),
+                            activation="swiglu")  # fmt: skip
+        assert y.shape == (5, 12)
+    with pytest.raises(ValueError, match="K-grouped"):
+        OP.grouped_gemm(torch.randn(4, 5), torch.randn(5, 6), offs, activation="relu")
+    with pytest.raises(ValueError, match="even"):
+        OP.grouped_gemm(torch.randn(5, 4), torch.randn(2, 4, 7), offs, activation="geglu")
+    with pytest.raises(ValueError, match="activation"):
+        OP.grouped_gemm(torch.randn(5, 4), torch.randn(2, 4, 8), offs, activation="tanh")
 
 
 def test_gradcheck_grouped_k():

@@ -1,0 +1,211 @@
+"""Gated MoE experts with autograd: ``down(act(gate) * up)`` per expert on the grouped GEMMs.
+
+:func:`grouped_experts` is what :class:`cutegemm.nn.GroupedExperts`, the expert-parallel layer and
+the transformers backend run. Tokens arrive sorted by expert with ``offs`` (int32, cumulative end
+row per expert, on the tokens' device), as for :func:`cutegemm.grouped_gemm`.
+
+Which GEMM runs (:func:`grouped_mm`, the one place that decides): CUDA tensors -> the kernels
+(:func:`cutegemm.grouped_gemm`); CPU tensors -> the reference twins (:func:`cutegemm.grouped_gemm_ref`,
+fp32 math, fp64 for fp64 operands), so the whole autograd path runs and is tested without a GPU;
+while ``torch.compile`` traces -> ``torch.ops.cutegemm.grouped_gemm`` (an opaque custom op with a
+fake implementation, which dispatches to the same two by device).
+
+Forward:
+- no gradient needed (``torch.no_grad()``, inference, or nothing requires grad), weights
+  interleaved: gate/up grouped GEMM with the gated activation fused into its epilogue (the
+  pre-activations are never written), then the down grouped GEMM. Two launches.
+- gradient needed, or ``[gate | up]`` halves (the fused epilogue reads interleaved columns; the
+  kernels' ``gate_layout="halves"`` would copy the weight on every call, so this path does not
+  use it): gate/up grouped GEMM -> Z (T, 2I) in the operands' dtype, ``act(gate) * up`` in torch
+  (fp32 math, rounded to the operands' dtype) -> H (T, I), down grouped GEMM.
+
+Backward (``_GatedExperts``): with Y = H W_down[e], H = act(gate) * up, Z = X W_gate_up[e] per expert,
+
+    dH  = dY W_down[e]^T                       packed grouped GEMM
+    dW_down[e] = H_e^T dY_e                    K-grouped grouped GEMM (in W_down's storage layout)
+    dZ  = act'(Z; dH)                          torch, fp32 math, rounded to the operands' dtype
+    dX  = dZ W_gate_up[e]^T                    packed grouped GEMM; rows past offs[-1] set to 0
+    dW_gate_up[e] = X_e^T dZ_e                 K-grouped grouped GEMM (storage layout)
+
+Save, not recompute: the forward saves Z, the pre-activations (T, 2I) in the operands' dtype
+(bf16: 4 T I bytes per layer) next to X and the weights (which autograd holds anyway); H is not
+saved but rebuilt from Z in the backward (elementwise, T I transient). Recomputing Z instead
+would save those 4 T I bytes at the cost of a third gate/up grouped GEMM (2 T H 2I flops, about
++22% of a training step's expert GEMM flops, 11 instead of 9 units of T H I). torch's
+``grouped_mm`` experts path keeps Z, act(gate) and H (about 8 T I bytes in bf16).
+
+No host sync anywhere on the CUDA path (no ``.item()`` / ``.tolist()``, rows past ``offs[-1]``
+masked with ``torch.where`` on the device), so a training step can be captured in a CUDA graph
+where the K-grouped kernel reads offs on the device (sm_90a; elsewhere that form loops over the
+experts on the host). Deterministic: the grouped GEMMs have no split-K atomics and the torch
+glue is elementwise. Only first derivatives (the backward is ``once_differentiable``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from .api.face import grouped_gemm, grouped_gemm_ref
+from .epilogue import GATED, activation_ref
+from .ops import activation_grad
+
+GATE_ACT = {"swiglu": "silu", "geglu": "gelu"}
+
+
+def grouped_mm(a, b, offs, *, activation=None, out_dtype=None, gate_layout="interleaved"):
+    """The packed or K-grouped grouped GEMM of the layers: the kernels on CUDA tensors, the
+    reference twins on CPU tensors (fp32 math, fp64 for fp64 operands), the custom op
+    ``torch.ops.cutegemm.grouped_gemm`` while ``torch.compile`` traces (interleaved only)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.cutegemm.grouped_gemm(a, b, offs, out_dtype=out_dtype, activation=activation)
+    if a.is_cuda:
+        return grouped_gemm(
+            a, b, offs=offs, out_dtype=out_dtype, activation=activation, gate_layout=gate_layout
+        )
+    cd = torch.float64 if a.dtype == torch.float64 else torch.float32
+    return grouped_gemm_ref(a, b, offs=offs, out_dtype=out_dtype or a.dtype, activation=activation,
+                            gate_layout=gate_layout, compute_dtype=cd)  # fmt: skip
+
+
+def zero_rows_past_end(t: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """t (T, ...) with rows at or past offs[-1] set to zero (on the device, no host sync)."""
+    if offs.shape[0] == 0:
+        return torch.zeros_like(t)
+    rows = torch.arange(t.shape[0], device=t.device).unsqueeze(1)
+    return torch.where(rows < offs[-1], t, torch.zeros((), dtype=t.dtype, device=t.device))
+
+
+def _split(z: torch.Tensor, gate_layout: str):
+    if gate_layout == "halves":
+        n = z.shape[-1] // 2
+        return z[..., :n], z[..., n:]
+    return z[..., 0::2], z[..., 1::2]
+
+
+def gated_activation(z: torch.Tensor, activation: str, gate_layout: str, dtype: torch.dtype) -> torch.Tensor:
+    """``act(gate) * up`` of Z's gate/up columns in fp32 (fp64 for fp64), cast to ``dtype``."""
+    cd = torch.float64 if z.dtype == torch.float64 else torch.float32
+    gate, up = _split(z.to(cd), gate_layout)
+    return (activation_ref(GATE_ACT[activation], gate) * up).to(dtype)
+
+
+def _weight_grad(inp: torch.Tensor, grad: torch.Tensor, offs: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """dW[e] = inp_e^T grad_e for the b operand w (E, K, N) of ``grouped_mm(inp, w, offs)``, by the
+    K-grouped form, written in w's storage layout: an (E, N, K) weight used as a transposed view
+    (``nn.Linear`` style) gets dW^T = grad_e^T inp_e and comes back as its transposed view."""
+    if w.mT.is_contiguous() and not w.is_contiguous():
+        return grouped_mm(grad.mT, inp, offs, out_dtype=w.dtype).mT
+    return grouped_mm(inp.mT, grad, offs, out_dtype=w.dtype)
+
+
+class _GatedExperts(torch.autograd.Function):
+    """See the module docstring (forward: Z saved; backward: four grouped GEMMs + torch glue)."""
+
+    @staticmethod
+    def forward(ctx, x, w_gate_up, w_down, offs, activation, gate_layout):
+        z = grouped_mm(x, w_gate_up, offs)  # (T, 2I) pre-activations
+        h = gated_activation(z, activation, gate_layout, x.dtype)  # (T, I)
+        y = grouped_mm(h, w_down, offs)  # (T, H)
+        ctx.save_for_backward(x, w_gate_up, w_down, offs, z)
+        ctx.activation, ctx.gate_layout = activation, gate_layout
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        x, w_gate_up, w_down, offs, z = ctx.saved_tensors
+        need_x, need_w1, need_w2 = ctx.needs_input_grad[:3]
+        dx = dw1 = dw2 = None
+        dy = dy.to(x.dtype).contiguous()  # the kernels' operand dtype; the packed form wants row-major
+        if need_w2:
+            h = gated_activation(z, ctx.activation, ctx.gate_layout, x.dtype)
+            dw2 = _weight_grad(h, dy, offs, w_down)
+        if need_x or need_w1:
+            dh = grouped_mm(dy, w_down.mT, offs)  # (T, I)
+            cd = torch.float64 if x.dtype == torch.float64 else torch.float32
+            dz = activation_grad(ctx.activation, dh.to(cd), z.to(cd), ctx.gate_layout).to(x.dtype)
+            if need_x:
+                dx = zero_rows_past_end(grouped_mm(dz, w_gate_up.mT, offs), offs)
+            if need_w1:
+                dw1 = _weight_grad(x, dz, offs, w_gate_up)
+        return dx, dw1, dw2, None, None, None
+
+
+def check_experts(x, w_gate_up, w_down, offs, activation="swiglu", gate_layout="interleaved"):
+    """The argument rules of :func:`grouped_experts` (ValueError / TypeError naming the argument)."""
+    if activation not in GATED:
+        raise ValueError(f"activation must be one of {GATED} (gated experts), got {activation!r}")
+    if gate_layout not in ("interleaved", "halves"):
+        raise ValueError(f"gate_layout must be 'interleaved' or 'halves', got {gate_layout!r}")
+    for name, t in (("x", x), ("w_gate_up", w_gate_up), ("w_down", w_down), ("offs", offs)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if x.dim() != 2 or w_gate_up.dim() != 3 or w_down.dim() != 3:
+        raise ValueError(
+            f"x must be (tokens, hidden), w_gate_up (E, hidden, 2I), w_down (E, I, hidden); got "
+            f"{tuple(x.shape)}, {tuple(w_gate_up.shape)}, {tuple(w_down.shape)}"
+        )
+    if offs.dtype != torch.int32 or offs.dim() != 1:
+        raise TypeError(f"offs must be a 1-D torch.int32 tensor, got {offs.dtype} with {offs.dim()} dims")
+    devices = {t.device for t in (x, w_gate_up, w_down, offs)}
+    if len(devices) > 1:
+        raise ValueError(
+            f"x, w_gate_up, w_down and offs must be on one device (CUDA: the kernels; CPU: the reference "
+            f"twins), got {sorted(map(str, devices))}"
+        )
+    if w_gate_up.dtype != x.dtype or w_down.dtype != x.dtype:
+        raise TypeError(
+            f"x, w_gate_up and w_down must share one dtype (CUDA: bf16 or fp16), got {x.dtype}, "
+            f"{w_gate_up.dtype}, {w_down.dtype}"
+        )
+    E, H, I2 = w_gate_up.shape
+    if offs.shape[0] != E or w_down.shape[0] != E:
+        raise ValueError(
+            f"offs has {offs.shape[0]} entries, w_gate_up {E} experts and w_down {w_down.shape[0]}"
+        )
+    if x.shape[1] != H:
+        raise ValueError(
+            f"x (T, K={x.shape[1]}) and w_gate_up (E, K={H}, 2I) disagree on K (the hidden size)"
+        )
+    if I2 % 2 or w_down.shape[1:] != (I2 // 2, H):
+        raise ValueError(
+            f"w_down must be (E, I={I2 // 2}, hidden={H}) for w_gate_up (E, {H}, 2I={I2}), "
+            f"got {tuple(w_down.shape)}"
+        )
+
+
+def grouped_experts(
+    x, w_gate_up, w_down, offs, *, activation: str = "swiglu", gate_layout: str = "interleaved"
+):
+    """Gated MoE experts, differentiable: per expert e, rows [offs[e-1], offs[e]) of x get
+    ``act(gate) * up`` of ``x @ w_gate_up[e]``, times ``w_down[e]``.
+
+    Args:
+        x: (T, hidden) tokens sorted by expert.
+        w_gate_up: (E, hidden, 2I), the b operand of the grouped GEMM (any view it accepts, e.g.
+            ``w.transpose(1, 2)`` of an (E, 2I, hidden) ``nn.Linear``-style weight); its columns
+            interleave gate and up (2j gate j, 2j + 1 up j) or, with ``gate_layout="halves"``,
+            are ``[gate | up]``.
+        w_down: (E, I, hidden), the down projection's b operand (likewise any view).
+        offs: int32 (E,) cumulative end row of each expert, on x's device.
+        activation: "swiglu" (silu gate) or "geglu" (erf gelu gate).
+
+    Returns (T, hidden) in x's dtype; rows at or past offs[-1] are unspecified (not written on
+    CUDA) and get a zero gradient. Gradients flow to x, w_gate_up and w_down (see the module
+    docstring for what is saved and how the backward runs).
+    """
+    check_experts(x, w_gate_up, w_down, offs, activation, gate_layout)
+    needs_grad = torch.is_grad_enabled() and (
+        x.requires_grad or w_gate_up.requires_grad or w_down.requires_grad
+    )
+    if needs_grad:
+        return _GatedExperts.apply(x, w_gate_up, w_down, offs, activation, gate_layout)
+    if gate_layout == "interleaved":  # the fused epilogue: Z never written
+        h = grouped_mm(x, w_gate_up, offs, activation=activation)
+    else:
+        h = gated_activation(grouped_mm(x, w_gate_up, offs), activation, gate_layout, x.dtype)
+    return grouped_mm(h, w_down, offs)
+
+
+__all__ = ["grouped_experts", "grouped_mm", "check_experts", "gated_activation", "zero_rows_past_end"]

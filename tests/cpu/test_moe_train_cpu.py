@@ -1,0 +1,276 @@
+"""CPU: training through the gated MoE experts (cutegemm.moe.grouped_experts, nn.GroupedExperts).
+
+On CPU tensors every grouped GEMM runs the reference twin, so the whole autograd path (forward
+saving the pre-activations, the backward's packed and K-grouped GEMMs, the SwiGLU / GeGLU
+derivative on interleaved or [gate | up] columns, weights stored either way round) is checked
+here against plain-torch autograd: fp64 gradcheck, hypothesis over sizes with empty experts, zero
+tokens and rows past offs[-1] (fp32 and bf16), the no-grad fused path, NaN in the unused rows of
+dY, bad inputs, and torch.compile(fullgraph=True, backend="aot_eager") of a training step.
+The same checks through the kernels are in tests/gpu/test_moe_train_gpu.py."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cutegemm.moe import grouped_experts
+from cutegemm.nn import GroupedExperts
+
+from ..gemm_check import assert_within_torch_error
+
+F64 = torch.float64
+BF16 = torch.bfloat16
+ACT = {"swiglu": F.silu, "geglu": F.gelu}
+
+
+def make_offs(counts):
+    return torch.tensor(counts, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+
+
+def split(z, layout):
+    n = z.shape[-1] // 2
+    return (z[..., :n], z[..., n:]) if layout == "halves" else (z[..., 0::2], z[..., 1::2])
+
+
+def experts_torch(x, w1, w2, counts, activation="swiglu", layout="interleaved"):
+    """Plain torch, one expert at a time: w1 (E, H, 2I) and w2 (E, I, H) are the b operands.
+    In the inputs' dtype (torch's own bf16 matmuls for bf16 inputs). Rows past sum(counts): none."""
+    outs, prev = [], 0
+    for e, c in enumerate(counts):
+        gate, up = split(x[prev : prev + c] @ w1[e], layout)
+        outs.append((ACT[activation](gate) * up) @ w2[e])
+        prev += c
+    return torch.cat(outs) if outs else x.new_zeros(0, w2.shape[2])
+
+
+def weights(E, H, inter, dtype, storage):
+    """(w1 (E, H, 2I), w2 (E, I, H)) b operands, leaves requiring grad. storage "linear": stored
+    (E, out, in) like nn.Linear and passed as transposed views; "kn": stored as the b operand."""
+    g1 = torch.randn(E, 2 * inter, H, dtype=F64) * H**-0.5
+    g2 = torch.randn(E, H, inter, dtype=F64) * inter**-0.5
+    if storage == "linear":
+        p1, p2 = g1.to(dtype).requires_grad_(), g2.to(dtype).requires_grad_()
+        return (p1, p2), (p1.transpose(1, 2), p2.transpose(1, 2))
+    p1, p2 = (
+        g1.transpose(1, 2).contiguous().to(dtype).requires_grad_(),
+        g2.transpose(1, 2).contiguous().to(dtype).requires_grad_(),
+    )
+    return (p1, p2), (p1, p2)
+
+
+def clones(params, dtype):
+    return [p.detach().to(dtype).requires_grad_() for p in params]
+
+
+def views(params, storage):
+    return tuple(p.transpose(1, 2) for p in params) if storage == "linear" else tuple(params)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+# ---------------------------------------------------------------------------------------------- gradcheck
+
+
+@pytest.mark.parametrize("activation", ["swiglu", "geglu"])
+@pytest.mark.parametrize("layout", ["interleaved", "halves"])
+@pytest.mark.parametrize("storage", ["linear", "kn"])
+def test_gradcheck_fp64(activation, layout, storage):
+    counts, pad = [3, 0, 4, 2], 2
+    offs, end = make_offs(counts), sum(counts)
+    x = torch.randn(end + pad, 6, dtype=F64, requires_grad=True)
+    (p1, p2), _ = weights(len(counts), 6, 4, F64, storage)
+
+    def f(x, p1, p2):
+        w1, w2 = views((p1, p2), storage)
+        return grouped_experts(x, w1, w2, offs, activation=activation, gate_layout=layout)[:end]
+
+    assert torch.autograd.gradcheck(f, (x, p1, p2))
+
+
+# -------------------------------------------------------------------------------------------- vs plain torch
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    counts=st.lists(st.integers(0, 7), min_size=1, max_size=5),
+    pad=st.integers(0, 3),
+    hidden=st.sampled_from([8, 16]),
+    inter=st.sampled_from([4, 8]),
+    dtype=st.sampled_from([torch.float32, BF16]),
+    layout=st.sampled_from(["interleaved", "halves"]),
+    storage=st.sampled_from(["linear", "kn"]),
+    seed=st.integers(0, 2**16),
+)
+def test_grads_match_plain_torch(counts, pad, hidden, inter, dtype, layout, storage, seed):
+    """Output and gradients of x, w_gate_up, w_down against torch autograd in fp64 (the
+    reference) and in the same precision (bf16 bound: 2x torch's own bf16 error + 1% of the
+    reference's largest value; fp32: close to the fp64 reference). Empty experts, zero tokens
+    and rows past offs[-1] (zero gradient there) included."""
+    torch.manual_seed(seed)
+    offs, end = make_offs(counts), sum(counts)
+    x = torch.randn(end + pad, hidden, dtype=F64).to(dtype).requires_grad_()
+    (p1, p2), (w1, w2) = weights(len(counts), hidden, inter, dtype, storage)
+    gy = torch.randn(end + pad, hidden, dtype=F64).to(dtype)
+    gy[end:] = float("nan")  # rows past offs[-1]: never read
+    y = grouped_experts(x, w1, w2, offs, gate_layout=layout)
+    y.backward(gy)
+    ours = [y[:end], x.grad, p1.grad, p2.grad]
+    assert all(torch.isfinite(t).all() for t in ours)
+    assert (x.grad[end:] == 0).all(), "rows past offs[-1] get a zero gradient"
+    for e, c in enumerate(counts):
+        if c == 0:  # an expert with no rows: zero weight gradients
+            assert (p1.grad[e] == 0).all() and (p2.grad[e] == 0).all()
+
+    results = {}
+    for ref_dtype in (F64, dtype):
+        leaves = clones([x, p1, p2], ref_dtype)
+        yy = experts_torch(leaves[0], *views(leaves[1:], storage), counts, layout=layout)
+        yy.backward(gy[:end].to(ref_dtype))
+        grads = [leaf.grad if leaf.grad is not None else torch.zeros_like(leaf) for leaf in leaves]
+        results[ref_dtype] = [yy.detach(), *grads]
+    names = ["y", "grad x", "grad w_gate_up", "grad w_down"]
+    for i, name in enumerate(names):
+        ref = results[F64][i][:end] if i < 2 else results[F64][i]
+        mine = ours[i][:end] if i == 1 else ours[i]
+        if dtype == BF16:
+            same = results[dtype][i][:end] if i < 2 else results[dtype][i]
+            assert_within_torch_error(mine, same, ref, atol=1e-2, what=name)
+        else:
+            torch.testing.assert_close(
+                mine.double(), ref, atol=1e-5, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}"
+            )
+
+
+def test_zero_tokens_and_no_experts():
+    x = torch.randn(0, 8, requires_grad=True)
+    (p1, p2), (w1, w2) = weights(3, 8, 4, torch.float32, "linear")
+    y = grouped_experts(x, w1, w2, make_offs([0, 0, 0]))
+    assert y.shape == (0, 8)
+    y.sum().backward()
+    assert x.grad.shape == (0, 8) and (p1.grad == 0).all() and (p2.grad == 0).all()
+    x = torch.randn(5, 8, requires_grad=True)  # no experts at all: every row is past offs[-1]
+    (p1, p2), (w1, w2) = weights(0, 8, 4, torch.float32, "linear")
+    y = grouped_experts(x, w1, w2, make_offs([]))
+    y.sum().backward()
+    assert y.shape == (5, 8) and (x.grad == 0).all()
+
+
+# ---------------------------------------------------------------------------------------------- the module
+
+
+def test_module_trains_and_no_grad_path_agrees():
+    counts = [5, 0, 9, 3]
+    offs, end = make_offs(counts), sum(counts)
+    layer = GroupedExperts(4, 16, 8, dtype=torch.float32)
+    x = torch.randn(end + 2, 16, requires_grad=True)
+    y = layer(x, offs)
+    assert y.requires_grad and y.grad_fn is not None
+    with torch.no_grad():
+        y_fused = layer(x, offs)  # the fused-epilogue route (interleaved weights)
+        y_ref = layer.forward_ref(x, offs)
+    assert y_fused.grad_fn is None
+    torch.testing.assert_close(y[:end], y_fused[:end])
+    torch.testing.assert_close(y[:end], y_ref[:end], atol=1e-5, rtol=1e-5)
+    y[:end].square().sum().backward()
+    ref = clones([x, layer.w_gate_up, layer.w_down], F64)
+    yy = experts_torch(ref[0], ref[1].transpose(1, 2), ref[2].transpose(1, 2), counts)
+    yy.square().sum().backward()
+    for got, want in zip([x.grad, layer.w_gate_up.grad, layer.w_down.grad], ref, strict=True):
+        torch.testing.assert_close(got.double(), want.grad, atol=1e-5, rtol=1e-4)
+    # weight gradients land in the parameters' own (E, out, in) layout, contiguous
+    assert layer.w_gate_up.grad.is_contiguous() and layer.w_down.grad.is_contiguous()
+    # an SGD step lowers the loss
+    loss0 = y[:end].square().sum().item()
+    with torch.no_grad():
+        for p in (layer.w_gate_up, layer.w_down):
+            p -= 1e-3 * p.grad
+    assert layer(x, offs)[:end].square().sum().item() < loss0
+
+
+def test_only_some_inputs_need_grad():
+    counts = [4, 3]
+    offs = make_offs(counts)
+    layer = GroupedExperts(2, 8, 4, dtype=torch.float32)
+    layer.w_gate_up.requires_grad_(False)
+    x = torch.randn(7, 8)  # no grad for x either: only w_down trains
+    layer(x, offs).sum().backward()
+    assert layer.w_gate_up.grad is None and layer.w_down.grad is not None
+    layer.w_down.requires_grad_(False)
+    x.requires_grad_()
+    layer(x, offs).sum().backward()
+    assert x.grad is not None
+
+
+def test_backward_is_deterministic():
+    counts = [6, 0, 11]
+    offs = make_offs(counts)
+    layer = GroupedExperts(3, 16, 8, dtype=BF16)
+    x = torch.randn(17, 16, dtype=BF16, requires_grad=True)
+    gy = torch.randn(17, 16, dtype=BF16)
+    runs = []
+    for _ in range(2):
+        x.grad = None
+        layer.zero_grad()
+        layer(x, offs).backward(gy)
+        runs.append([x.grad.clone(), layer.w_gate_up.grad.clone(), layer.w_down.grad.clone()])
+    assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True))
+
+
+def test_bad_inputs():
+    layer = GroupedExperts(2, 16, 8, dtype=torch.float32)
+    x, offs = torch.randn(8, 16), make_offs([4, 4])
+    with pytest.raises(TypeError, match="int32"):
+        layer(x, offs.long())
+    with pytest.raises(ValueError, match="entries"):
+        layer(x, make_offs([8]))
+    with pytest.raises(ValueError, match="disagree on K"):
+        layer(torch.randn(8, 12), offs)
+    with pytest.raises(TypeError, match="dtype"):
+        layer(x.double(), offs)
+    with pytest.raises(ValueError, match="activation"):
+        grouped_experts(x, layer.w_gate_up.mT, layer.w_down.mT, offs, activation="silu")
+    with pytest.raises(ValueError, match="gate_layout"):
+        grouped_experts(x, layer.w_gate_up.mT, layer.w_down.mT, offs, gate_layout="split")
+    with pytest.raises(ValueError, match="w_down"):
+        grouped_experts(x, layer.w_gate_up.mT, layer.w_down[:, :, :4].mT, offs)
+    meta = torch.empty(8, 16, device="meta")  # another device than the weights
+    with pytest.raises(ValueError, match="one device"):
+        layer(meta, offs)
+
+
+# ---------------------------------------------------------------------------------------------- torch.compile
+
+
+def _train_step(layer, x, offs, end):
+    y = layer(x, offs)
+    return y[:end].float().square().sum()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+def test_compile_training_step_fullgraph(dtype):
+    """dynamo + AOTAutograd (aot_eager) trace the autograd function and the custom ops with no
+    graph break; loss and gradients equal eager's; the no-grad route compiles too."""
+    torch._dynamo.reset()
+    counts = [4, 0, 6, 3]
+    offs, end = make_offs(counts), sum(counts)
+    layer = GroupedExperts(4, 16, 8, dtype=dtype)
+    x = torch.randn(end + 3, 16, dtype=dtype, requires_grad=True)
+    compiled = torch.compile(_train_step, backend="aot_eager", fullgraph=True)
+    results = []
+    for fn in (compiled, _train_step):
+        x.grad = None
+        layer.zero_grad()
+        loss = fn(layer, x, offs, end)
+        loss.backward()
+        results.append(
+            [loss.detach(), x.grad.clone(), layer.w_gate_up.grad.clone(), layer.w_down.grad.clone()]
+        )
+    for c, e in zip(*results, strict=True):
+        torch.testing.assert_close(c, e)
+    with torch.no_grad():
+        fused = torch.compile(layer, backend="aot_eager", fullgraph=True)(x, offs)
+        torch.testing.assert_close(fused[:end], layer(x, offs)[:end])
