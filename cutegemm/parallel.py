@@ -18,20 +18,31 @@ T tokens on this rank, k slots per token):
 4. **The one host read**: the per-rank split sizes (``send_counts.sum(1)`` and
    ``recv_counts.sum(1)``) are copied to the host in one transfer, because ``all_to_all_single``
    takes uneven splits only as Python lists. Everything else stays on the device.
-5. ``all_to_all_single`` of the token rows (uneven splits) -> received rows, ordered by source rank
-   and, within a source, by local expert. The local expert id of every received row is implied by
-   ``recv_counts`` (it is rebuilt on the device with ``repeat_interleave``), so it is not sent:
-   that saves one collective and its bandwidth.
+5. ``all_to_all_single`` of the token rows (uneven splits; differentiable, see below) -> received
+   rows, ordered by source rank and, within a source, by local expert. The local expert id of
+   every received row is implied by ``recv_counts`` (it is rebuilt on the device with
+   ``repeat_interleave``), so it is not sent: that saves one collective and its bandwidth.
 6. Re-sort the received rows by local expert (stable argsort), build ``offs`` (int32 cumulative end
-   row per local expert, ``recv_counts.sum(0).cumsum(0)``) on the device, run the local experts:
-   on CUDA tensors ``GroupedExperts.forward`` (cutegemm grouped GEMM); on CPU tensors
-   ``GroupedExperts.forward_ref`` (plain torch, fp32 math) so gloo tests run without a GPU.
+   row per local expert, ``recv_counts.sum(0).cumsum(0)``) on the device, run the local experts
+   (``GroupedExperts.forward`` = :func:`cutegemm.moe.grouped_experts`: the cutegemm grouped GEMMs
+   on CUDA tensors, the reference twins on CPU tensors, so gloo tests run without a GPU).
 7. Un-sort, send the result rows back with the reverse ``all_to_all_single`` (splits swapped),
    un-sort to (T, k, hidden) and combine in fp32: ``out[t] = sum_j topk_weight[t, j] * y[t, j]``.
 
-Limitations: forward only (``torch.distributed.all_to_all_single`` and the cutegemm grouped GEMM
-have no autograd); expert ids are not range-checked unless ``check_routing=True`` (a host sync);
-no fp8/MXFP8 dispatch yet; not CUDA-graph capturable (step 4 is a host read).
+Training: the layer is differentiable in x, topk_weight and the local expert weights. Both row
+exchanges (steps 5 and 7) go through :class:`AllToAll`, an autograd function whose backward is the
+reverse exchange (splits swapped; the same as ``torch.distributed.nn.functional.all_to_all_single``,
+which torch 2.13 deprecates with a warning per call); the counts exchange (step 3) carries no
+gradient. The permutations are ``index_select`` (their backward scatters rows back), the local
+experts run :func:`cutegemm.moe.grouped_experts`' backward (grouped GEMMs), the combine is torch.
+The backward runs the two exchanges in reverse order, so every rank of the group must call
+``backward`` (also with T == 0) and pass x with the same ``requires_grad`` (a rank whose x needs
+no gradient would skip the reverse token exchange that the others wait in).
+
+Limitations: expert ids are not range-checked unless ``check_routing=True`` (a host sync);
+no fp8/MXFP8 dispatch yet; not CUDA-graph capturable (step 4 is a host read); the token gather's
+backward (``index_select`` with repeated tokens) adds with atomics on CUDA, so the gradient of x
+is not bitwise reproducible there.
 """
 
 from __future__ import annotations
@@ -68,20 +79,35 @@ def _sort_pairs(topk_idx: torch.Tensor, num_experts: int):
     return order, token, counts
 
 
+def _inverse(perm: torch.Tensor) -> torch.Tensor:
+    """The inverse permutation (on the device)."""
+    return torch.empty_like(perm).scatter_(0, perm, torch.arange(perm.numel(), device=perm.device))
+
+
 def _combine(y_sorted, order, topk_weight, out_dtype):
-    """y_sorted: expert outputs in sorted-pair order -> sum_j topk_weight[t, j] * y[t, j] (fp32 math)."""
+    """y_sorted: expert outputs in sorted-pair order -> sum_j topk_weight[t, j] * y[t, j] (fp32 math).
+    Differentiable in y_sorted and topk_weight."""
     T, k = topk_weight.shape
-    y = torch.empty_like(y_sorted)
-    y[order] = y_sorted
+    y = y_sorted.index_select(0, _inverse(order))
     y = y.view(T, k, y_sorted.shape[1]).float() * topk_weight.float().unsqueeze(-1)
     return y.sum(1).to(out_dtype)
 
 
-def _run_experts(experts: GroupedExperts, x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    """CUDA: cutegemm grouped GEMM; CPU: the plain-torch twin (so gloo tests need no GPU)."""
-    if x.is_cuda:
-        return experts(x, offs)
-    return experts.forward_ref(x, offs)
+class AllToAll(torch.autograd.Function):
+    """``dist.all_to_all_single`` of rows with uneven splits, differentiable: the backward sends the
+    gradient rows back with the splits swapped (itself differentiable)."""
+
+    @staticmethod
+    def forward(ctx, x, out_splits, in_splits, group):
+        ctx.out_splits, ctx.in_splits, ctx.group = out_splits, in_splits, group
+        out = x.new_empty(sum(out_splits), *x.shape[1:])
+        dist.all_to_all_single(out, x.contiguous(), output_split_sizes=out_splits,
+                               input_split_sizes=in_splits, group=group)  # fmt: skip
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return AllToAll.apply(grad.contiguous(), ctx.in_splits, ctx.out_splits, ctx.group), None, None, None
 
 
 class ExpertParallelMoE(nn.Module):
@@ -157,7 +183,7 @@ class ExpertParallelMoE(nn.Module):
             lo, hi = int(topk_idx.min()), int(topk_idx.max())  # host sync, opt-in
             if lo < 0 or hi >= self.num_experts_total:
                 raise ValueError(f"expert ids must lie in [0, {self.num_experts_total}), got [{lo}, {hi}]")
-        W, L, H, group = self.world_size, self.num_local_experts, self.hidden, self.ep_group
+        W, L, group = self.world_size, self.num_local_experts, self.ep_group
         dev = x.device
 
         # 1-2. sort pairs by expert; per-expert counts (== per (destination rank, local expert)).
@@ -174,10 +200,8 @@ class ExpertParallelMoE(nn.Module):
         send_splits, recv_splits = splits
         total_recv = sum(recv_splits)
 
-        # 5. exchange the token rows (uneven splits).
-        x_recv = x.new_empty(total_recv, H)
-        dist.all_to_all_single(x_recv, x_send, output_split_sizes=recv_splits,
-                               input_split_sizes=send_splits, group=group)  # fmt: skip
+        # 5. exchange the token rows (uneven splits; differentiable).
+        x_recv = AllToAll.apply(x_send, recv_splits, send_splits, group)
 
         # 6. re-sort by local expert, offs on the device, local experts.
         local_id = torch.repeat_interleave(
@@ -185,14 +209,11 @@ class ExpertParallelMoE(nn.Module):
         )
         perm = torch.argsort(local_id, stable=True)
         offs = recv_counts.sum(0).cumsum(0).to(torch.int32)
-        y_local = _run_experts(self.experts, x_recv.index_select(0, perm).contiguous(), offs)
-        y_recv = torch.empty_like(y_local)
-        y_recv[perm] = y_local
+        y_local = self.experts(x_recv.index_select(0, perm), offs)
+        y_recv = y_local.index_select(0, _inverse(perm))
 
         # 7. send the results back (splits swapped) and combine with the router weights.
-        y_back = y_local.new_empty(x_send.shape[0], H)
-        dist.all_to_all_single(y_back, y_recv, output_split_sizes=send_splits,
-                               input_split_sizes=recv_splits, group=group)  # fmt: skip
+        y_back = AllToAll.apply(y_recv, send_splits, recv_splits, group)
         return _combine(y_back, order, topk_weight, x.dtype)
 
 
@@ -212,9 +233,10 @@ def moe_reference(x, topk_idx, topk_weight, w_gate_up, w_down):
 
 def moe_single_device(x, topk_idx, topk_weight, experts: GroupedExperts):
     """The same layer on one device with every expert local (no communication): the 1-GPU baseline
-    for the benchmark and the multi-GPU tests. CUDA: cutegemm grouped GEMM; CPU: forward_ref."""
+    for the benchmark and the multi-GPU tests. CUDA: cutegemm grouped GEMM; CPU: the reference
+    twins. Differentiable in x, topk_weight and the expert weights."""
     _check_routing_shapes(x, topk_idx, topk_weight, experts.hidden)
     order, token, counts = _sort_pairs(topk_idx, experts.num_experts)
     offs = counts.cumsum(0).to(torch.int32)
-    y = _run_experts(experts, x.index_select(0, token), offs)
+    y = experts(x.index_select(0, token), offs)
     return _combine(y, order, topk_weight, x.dtype)

@@ -1,5 +1,6 @@
 """CPU (gloo): the expert-parallel MoE layer on 2 and 4 spawned processes equals the single-process
-reference (all experts in one process, same weights from a common seed).
+reference (all experts in one process, same weights from a common seed), forward and gradients
+(x, topk_weight and each rank's expert weights, against both single-process layers).
 
 Routing covers experts with no tokens, a rank whose experts are never chosen (it receives no
 tokens), ranks with no tokens of their own, duplicate experts within a token's top-k and an
@@ -207,6 +208,90 @@ def test_expert_parallel_gloo_matches_reference(world):
     names = [s[0] for s in scenarios(0, world)] + (["sub-group"] if world == 4 else [])
     for r in range(world):
         assert list(results[r]) == names
+
+
+GRAD_TOL = dict(atol=2e-5, rtol=1e-4)
+
+
+def _all_ranks_inputs(i, world, k, allowed, distinct):
+    """Every rank's (x, topk_idx, topk_weight, upstream gradient) of scenario i, rebuilt from the
+    seeds (so the single-process reference sees all tokens without a collective)."""
+    parts = []
+    for r in range(world):
+        tokens = scenarios(r, world)[i][3]
+        x, idx, w = make_routing(tokens, k, allowed, seed=10 * i + r, distinct=distinct)
+        gy = torch.randn(tokens, HIDDEN, generator=torch.Generator().manual_seed(7000 + 10 * i + r))
+        parts.append((x, idx, w, gy))
+    return parts
+
+
+def _grad(t):
+    """t.grad, or zeros where autograd never reached t (a reference with no tokens at all)."""
+    return t.grad if t.grad is not None else torch.zeros_like(t)
+
+
+def _grad_worker(rank, world):
+    """Forward and gradients (x, topk_weight, this rank's expert weights) of the expert-parallel
+    layer vs the single-process layer over every rank's tokens: ``moe_single_device`` (the same
+    autograd path, all experts local) and ``moe_reference`` (plain torch autograd, fp32)."""
+    from cutegemm.nn import GroupedExperts
+    from cutegemm.parallel import ExpertParallelMoE, moe_reference, moe_single_device
+
+    stats = {}
+    for i, (name, L, k, _tokens, allowed, distinct) in enumerate(scenarios(rank, world)):
+        E = L * world
+        weights = full_weights(E, HIDDEN, INTER, seed=1000 + i)
+        model = ExpertParallelMoE(E, HIDDEN, INTER, dtype=torch.float32)
+        model.load_full_weights(*weights)
+        parts = _all_ranks_inputs(i, world, k, allowed, distinct)
+        x, idx, w, gy = (t.clone() for t in parts[rank])
+        x.requires_grad_()
+        w.requires_grad_()
+        out = model(x, idx, w)
+        (out * gy).sum().backward()  # every rank, also with no tokens (the exchanges are collectives)
+
+        X, IDX, W, GY = (torch.cat(ts) for ts in zip(*parts, strict=True))
+        start = sum(p[0].shape[0] for p in parts[:rank])
+        mine = slice(start, start + x.shape[0])
+        experts = slice(rank * L, (rank + 1) * L)
+
+        single = GroupedExperts(E, HIDDEN, INTER, dtype=torch.float32)
+        with torch.no_grad():
+            single.w_gate_up.copy_(weights[0])
+            single.w_down.copy_(weights[1])
+        xs, ws = X.clone().requires_grad_(), W.clone().requires_grad_()
+        ref_single = moe_single_device(xs, IDX, ws, single)
+        (ref_single * GY).sum().backward()
+
+        xr, wr = X.clone().requires_grad_(), W.clone().requires_grad_()
+        w1, w2 = (t.clone().requires_grad_() for t in weights)
+        ref = moe_reference(xr, IDX, wr, w1, w2)
+        (ref * GY).sum().backward()
+
+        ours = {"out": out, "x": x.grad, "topk_weight": w.grad, "w_gate_up": model.experts.w_gate_up.grad,
+                "w_down": model.experts.w_down.grad}  # fmt: skip
+        for ref_name, (out_ref, leaves) in (
+            ("single", (ref_single, (xs, ws, single.w_gate_up, single.w_down))),
+            ("reference", (ref, (xr, wr, w1, w2))),
+        ):
+            gx, gw, g1, g2 = (_grad(t) for t in leaves)
+            refs = {"out": out_ref[mine], "x": gx[mine], "topk_weight": gw[mine], "w_gate_up": g1[experts],
+                    "w_down": g2[experts]}  # fmt: skip
+            for key, val in ours.items():
+                assert val is not None, f"{name}: no gradient for {key}"
+                torch.testing.assert_close(
+                    val, refs[key], **GRAD_TOL, msg=lambda m, n=name, k=key, r=ref_name: f"{n}, {k} vs {r}: {m}"
+                )
+        stats[name] = float(model.experts.w_down.grad.abs().max())
+    return stats
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_expert_parallel_gloo_gradients_match_single_process(world):
+    results = run_ranks(_grad_worker, world, "gloo", timeout_s=180)
+    assert sorted(results) == list(range(world))
+    # The scenario where every rank has tokens for its own experts trains every weight.
+    assert all(results[r]["larger uniform"] > 0 for r in range(world))
 
 
 def _failing_worker(rank, world):
