@@ -375,6 +375,30 @@ def stage_tx_errors(cfg: GemmConfig, kernel) -> list[str]:
     return []
 
 
+def tmem_errors(cfg: GemmConfig, kernel) -> list[str]:
+    """The TMEM rule of the sm_100a kernels, from the config alone: the accumulators (tile_n fp32
+    columns per CTA per buffer) and the scale factors (32-row groups x 4 K blocks of SFA and of
+    SFB, whose tile is rounded up to 128 columns) fit in the allocation; there are two accumulator
+    buffers (side by side, or overlapping behind a one-stage pipeline whose epilogue releases the
+    stage only after it has read every shared column), so a tile's epilogue overlaps the next
+    tile's mainloop."""
+    plan = getattr(kernel, "tmem", None)
+    if cfg.arch != "sm_100a" or not cfg.blockscaled or plan is None:
+        return []
+    acc = cfg.tile_n
+    sf = ((cfg.tile_m // (2 if cfg.two_cta else 1)) // 32 + -(-cfg.tile_n // 128) * 128 // 32) * 4
+    err = []
+    if plan.alloc_cols > 512 or plan.stage_cols + acc + sf > plan.alloc_cols:
+        err.append(f"TMEM: {plan.stage_cols} + {acc} accumulator + {sf} scale columns > {plan.alloc_cols} allocated")
+    if kernel.num_acc_tmem_cols != plan.stage_cols + acc:
+        err.append(f"TMEM: scale factors start at column {kernel.num_acc_tmem_cols}, not {plan.stage_cols + acc}")
+    if plan.buffers != 2 or plan.stage_cols <= 0:
+        err.append("TMEM: one accumulator buffer (the mainloop waits for every epilogue)")
+    if plan.acc_stage == 1 and plan.overlap_cols != acc - plan.stage_cols:
+        err.append(f"TMEM: buffers share {acc - plan.stage_cols} columns, the plan says {plan.overlap_cols}")
+    return err
+
+
 def check_config(cfg: GemmConfig) -> CheckResult:
     t0 = time.time()
     try:
@@ -394,7 +418,7 @@ def check_config(cfg: GemmConfig) -> CheckResult:
         err += f"local-memory spills {spilled} "
     if unwanted:
         err += f"forbidden {unwanted} "
-    for problem in stage_tx_errors(cfg, kernel):
+    for problem in (*stage_tx_errors(cfg, kernel), *tmem_errors(cfg, kernel)):
         err += problem + " "
     if wgmma_serialized(cfg, sass):
         err += "serialized WGMMA (every HGMMA/QGMMA waits for itself: ptxas C7520)"

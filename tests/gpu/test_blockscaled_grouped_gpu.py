@@ -117,6 +117,21 @@ def test_grouped_blockscaled_schedulers(scheduler):
 
 
 @pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])
+@pytest.mark.parametrize("scheduler", ["static", "dynamic"])
+def test_grouped_blockscaled_overlapping_accumulators(fmt, scheduler):
+    """tile_n = 256 (two accumulator buffers sharing TMEM columns): several tiles per CTA, so every
+    CTA alternates buffers, and experts ending mid-tile (predicated stores of reversed subtiles)."""
+    _skip_unless_sm100()
+    from dataclasses import replace
+
+    from cutegemm.blockscaled.gemm import blockscaled_config
+
+    cfg = replace(blockscaled_config(fmt, 128, 2048), tile_m=128, tile_n=256, two_cta=False, cluster_m=1,
+                  form=Form.GROUPED, raster="m", group=1, scheduler=scheduler)  # fmt: skip
+    _check([1000, 0, 777, 1300, 1, 900, 640], 2048, 512, fmt, seed=4, config=cfg)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])
 def test_grouped_blockscaled_cuda_graph_replay(fmt):
     """No host sync (NVFP4's global scales are read by the kernel): captured once, replayed with
     20 different offs, each replay equal to an eager call bit for bit."""

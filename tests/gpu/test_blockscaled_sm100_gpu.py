@@ -66,6 +66,27 @@ def test_blockscaled_tiles_and_clusters(fmt, tile):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize(
+    "tile",
+    [dict(tile_m=128, tile_n=256), dict(tile_m=256, tile_n=256, two_cta=True, cluster_m=2),
+     dict(tile_m=128, tile_n=256, scheduler="dynamic"), dict(tile_m=128, tile_n=256, scheduler="clc")],
+)  # fmt: skip
+def test_blockscaled_overlapping_accumulators(fmt, tile):
+    """tile_n = 256: two accumulator buffers share TMEM columns (``TmemPlan``). Enough tiles that
+    every CTA runs several, alternating buffers, and a ragged edge in M and N."""
+    torch.manual_seed(3)
+    m, n, k = 4000, 4000, 512
+    qa = quantize_ref(torch.randn(m, k, device="cuda"), fmt)
+    qb = quantize_ref(torch.randn(n, k, device="cuda"), fmt)
+    cfg = replace(blockscaled_config(fmt, m, n), **tile)
+    tiles = -(-m // cfg.tile_m) * -(-n // cfg.tile_n)
+    assert tiles >= 3 * torch.cuda.get_device_properties(0).multi_processor_count // (2 if cfg.two_cta else 1)
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    gemm_blockscaled(qa, qb, config=cfg, out=out)
+    check(out, reference(qa, qb), torch.bfloat16)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_blockscaled_zero_blocks_and_saturation(fmt):
     torch.manual_seed(1)
     m, n, k = 256, 256, 1024

@@ -6,6 +6,8 @@ MMA loop. A part of ``cutegemm.gemm.sm100.kernel.GemmSm100``; every call site is
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import cutlass
 import cutlass.cute as cute
 import cutlass.memory as memory
@@ -17,6 +19,58 @@ from cutlass.tensor_utils import LayoutEnum
 
 SF_ATOM_MN = 32  # a scale-factor TMEM column group holds 32 rows x 4 K-blocks
 TMEM_COLUMNS = 512
+
+
+@dataclass(frozen=True)
+class TmemPlan:
+    """Where a block-scaled kernel's accumulators and scale factors live in its TMEM columns.
+
+    Two accumulators and the scales fit: two stages side by side (``overlap_cols == 0``), the
+    epilogue of tile i overlaps the mainloop of tile i + 1. They do not fit (tile_n = 256: 2 x 256
+    accumulator columns + the scales > 512), but one accumulator and the scales leave room: two
+    *overlapping* buffers behind a one-stage accumulator pipeline (NVIDIA's ``overlapping_accum``).
+    Buffer 0 holds columns [0, acc_cols), buffer 1 [stage_cols, stage_cols + acc_cols), the
+    scales the columns after it; the two share ``overlap_cols`` columns, buffer 0's last and
+    buffer 1's first. Tiles alternate buffers (buffer = the pipeline phase); the epilogue reads
+    the shared columns first (buffer 0 from its last subtile back, buffer 1 from its first) and
+    releases the stage as soon as it has read them, so the next tile's MMAs start while the
+    epilogue still reads the rest. The tile after next uses the same buffer as this one; its MMAs
+    wait for the next tile's release, which comes after this epilogue has read every column.
+    """
+
+    acc_stage: int  # stages of the accumulator pipeline
+    buffers: int  # accumulator buffers (2 when overlapping)
+    stage_cols: int  # column offset of buffer 1
+    acc_span: int  # columns before the scale factors
+    overlap_cols: int  # columns the two buffers share (0: none)
+    alloc_cols: int  # tcgen05.alloc size (a power of two >= 32)
+
+    def release_after(self, epi_cols: int, epi_m_tiles: int, num_epi: int) -> int:
+        """Index (in the epilogue's read order) of the subtile after whose TMEM load the stage is
+        released. Subtiles of ``epi_cols`` columns are read M-fastest (index = m + epi_m_tiles * n);
+        with overlapping buffers the first epi_m_tiles * ceil(overlap / epi_cols) of them cover
+        the shared columns, else the stage is released after the last."""
+        if not self.overlap_cols:
+            return num_epi - 1
+        return min(num_epi, int(epi_m_tiles) * -(-self.overlap_cols // int(epi_cols))) - 1
+
+
+def tmem_plan(acc_cols: int, sf_cols: int, columns: int = TMEM_COLUMNS) -> TmemPlan:
+    """The TMEM plan of ``acc_cols`` accumulator columns per tile and ``sf_cols`` scale-factor
+    columns (see :class:`TmemPlan`)."""
+
+    def alloc(used: int) -> int:
+        n = 32
+        while n < used:
+            n *= 2
+        return n
+
+    if 2 * acc_cols + sf_cols <= columns:
+        return TmemPlan(2, 2, acc_cols, 2 * acc_cols, 0, alloc(2 * acc_cols + sf_cols))
+    if acc_cols + sf_cols >= columns:
+        raise ValueError(f"{acc_cols} accumulator + {sf_cols} scale-factor TMEM columns exceed {columns}")
+    stage_cols = columns - acc_cols - sf_cols
+    return TmemPlan(1, 2, stage_cols, stage_cols + acc_cols, acc_cols - stage_cols, columns)
 
 
 class BlockScaledMma:
@@ -43,18 +97,25 @@ class BlockScaledMma:
         )
 
     def _setup_blockscaled_tmem(self, acc_cols: int):
-        """TMEM columns: acc_stage accumulators, then SFA, then SFB (one k-tile of scales each,
-        rewritten by tcgen05.cp before every k-tile's MMAs)."""
+        """TMEM columns: two accumulator buffers (side by side, or overlapping: ``TmemPlan``),
+        then SFA, then SFB (one k-tile of scales each, rewritten by tcgen05.cp before every
+        k-tile's MMAs)."""
         k_blocks = 4  # MMA instructions per k-tile
         self.k.num_sfa_tmem_cols = (self.k.cta_tile_mn[0] // SF_ATOM_MN) * k_blocks
         self.k.num_sfb_tmem_cols = (self.k.mma_tiler_mn_sfb[1] // SF_ATOM_MN) * k_blocks
-        sf_cols = self.k.num_sfa_tmem_cols + self.k.num_sfb_tmem_cols
-        self.k.acc_stage = 2 if 2 * acc_cols + sf_cols <= TMEM_COLUMNS else 1
-        self.k.num_acc_tmem_cols = acc_cols * self.k.acc_stage
-        used = self.k.num_acc_tmem_cols + sf_cols
-        self.k.num_tmem_cols = 32
-        while self.k.num_tmem_cols < used:  # tcgen05.alloc: a power of two >= 32 columns
-            self.k.num_tmem_cols *= 2
+        plan = tmem_plan(acc_cols, self.k.num_sfa_tmem_cols + self.k.num_sfb_tmem_cols)
+        self.k.tmem = plan
+        self.k.acc_stage = plan.acc_stage
+        self.k.acc_overlap = plan.overlap_cols > 0
+        self.k.num_acc_tmem_cols = plan.acc_span
+        self.k.num_tmem_cols = plan.alloc_cols
+
+    def overlapped_acc_layout(self, acc_layout: cute.Layout) -> cute.Layout:
+        """The (MMA, MMA_M, MMA_N, 2) accumulator layout with buffer 1 ``stage_cols`` TMEM columns
+        after buffer 0 (the N mode's column stride is one TMEM column)."""
+        col = acc_layout.stride[0][1]
+        stride = (*acc_layout.stride[:3], self.k.tmem.stage_cols * col)
+        return cute.make_layout(acc_layout.shape, stride=stride)
 
     def _make_sf_tma(self, mA, mB, mSFA, mSFB, vmnk_shape):
         """TMA atoms of the scale factors. The swizzled 128x4 bytes are viewed in the scale-factor
@@ -250,7 +311,12 @@ class BlockScaledMma:
         work = sched.first()
         while sched.is_valid(work):
             # (MMA, MMA_M, MMA_N)
-            tCtAcc = tCtAcc_base[(None, None, None, acc_producer_state.index)]
+            acc_buf = acc_producer_state.index
+            if cutlass.const_expr(self.k.acc_overlap):
+                # One pipeline stage, two overlapping buffers: tiles alternate (the producer's
+                # phase starts at 1).
+                acc_buf = acc_producer_state.phase ^ 1
+            tCtAcc = tCtAcc_base[(None, None, None, acc_buf)]
             tCtSFB_mma = tCtSFB
             if cutlass.const_expr(self.k.config.tile_n in (64, 192)):
                 # An odd tile's scales start 64 columns into the loaded SFB granule: skip them

@@ -155,25 +155,35 @@ class Sm100Epilogue:
                 desc_c = out_desc(tile)
                 if warp_idx == self.k.epi_warp_ids[0]:
                     cpasync.fence_tma_desc_acquire(desc_c)
+            acc_buf = acc_consumer_state.index
+            if cutlass.const_expr(self.k.acc_overlap):
+                acc_buf = acc_consumer_state.phase  # overlapping buffers: tiles alternate
             # (T2R, T2R_M, T2R_N, EPI_M * EPI_N)
-            tTR_tAcc = cute.group_modes(
-                tTR_tAcc_all[(None, None, None, None, None, acc_consumer_state.index)], 3, 5
-            )
+            tTR_tAcc = cute.group_modes(tTR_tAcc_all[(None, None, None, None, None, acc_buf)], 3, 5)
             num_epi = cute.size(tTR_tAcc, mode=[3])
+            release_idx = num_epi - 1
+            if cutlass.const_expr(self.k.acc_overlap):
+                epi_m, epi_n = cute.product_each(cute.shape(epi_tile))
+                release_idx = self.k.tmem.release_after(epi_n, self.k.cta_tile_mn[0] // epi_m, num_epi)
 
             acc_pipeline.consumer_wait(acc_consumer_state)
             for epi_idx in cutlass.range_constexpr(num_epi):
-                cute.copy(tiled_copy_t2r, tTR_tAcc[(None, None, None, epi_idx)], tTR_rAcc)
-                if cutlass.const_expr(epi_idx == num_epi - 1):
-                    # Every TMEM read of this stage has completed (tcgen05.wait::ld): give the
-                    # stage back so the MMA warp can start the tile after next while we store.
+                sub = epi_idx  # the subtile read in this step
+                if cutlass.const_expr(self.k.acc_overlap):
+                    # Shared columns first: buffer 0's are its last, so it is read backwards.
+                    sub = epi_idx + (num_epi - 1 - 2 * epi_idx) * (1 - acc_buf)
+                cute.copy(tiled_copy_t2r, tTR_tAcc[(None, None, None, sub)], tTR_rAcc)
+                if cutlass.const_expr(epi_idx == release_idx):
+                    # Every TMEM read of this stage (overlapping buffers: of the columns the next
+                    # tile's buffer shares) has completed (tcgen05.wait::ld): give the stage back
+                    # so the MMA warp can start its next tile while we store.
                     cute.arch.fence_view_async_tmem_load()
                     with cute.arch.elect_one():
                         acc_pipeline.consumer_release(acc_consumer_state)
                 coords = None
                 if cutlass.const_expr(epi.needs_coords):
                     # (R2S, R2S_M, R2S_N): global coordinates of the registers below
-                    coords = tiled_copy_r2s.retile(tTR_cAcc[(None, None, None, epi_idx)])
+                    coords = tiled_copy_r2s.retile(tTR_cAcc[(None, None, None, sub)])
                 out = epilogue_subtile(
                     epi, tiled_copy_r2s.retile(tTR_rAcc).load(), coords, alpha, beta, mCin, mBias, vectors,
                     group_cols,
@@ -195,17 +205,17 @@ class Sm100Epilogue:
                 self.k.epi_barrier.arrive_and_wait()
                 if full_tile:
                     if warp_idx == self.k.epi_warp_ids[0]:
-                        cute.copy(tma_atom_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_idx)], tma_desc_ptr=desc_c)
+                        cute.copy(tma_atom_c, bSG_sC[(None, buf)], bSG_gC[(None, sub)], tma_desc_ptr=desc_c)
                         store_pipeline.producer_commit()
                         store_pipeline.producer_acquire()
                 else:
                     if cutlass.const_expr(grouped):
                         # A grouped tile that crosses the expert's last row: every epilogue thread
                         # copies 16-byte row pieces of the subtile, rows < row_end, columns < N.
-                        row0, col0 = cC_epi[(0, 0, epi_idx)]
+                        row0, col0 = cC_epi[(0, 0, sub)]
                         store_subtile_predicated(
                             sC[(None, None, buf)],
-                            gC_real_epi[(None, None, epi_idx)],  # (EPI_TILE_M, EPI_TILE_N)
+                            gC_real_epi[(None, None, sub)],  # (EPI_TILE_M, EPI_TILE_N)
                             rows_left - row0,
                             cols_left - col0,
                             epi_tidx,

@@ -17,7 +17,8 @@ Pipeline (one CTA; a cluster of cluster_m x cluster_n CTAs shares A/B tiles by T
 
 ab ring: ab_stage smem stages (PipelineTmaUmma: TMA tx-count "full", tcgen05.commit "empty").
 acc ring: acc_stage (2 when 2 x tile_n fp32 columns fit in the 512 TMEM columns) accumulators in
-TMEM (PipelineUmmaAsync), so the epilogue of tile i overlaps the mainloop of tile i+1.
+TMEM (PipelineUmmaAsync), so the epilogue of tile i overlaps the mainloop of tile i+1 (block-scaled
+tile_n = 256: two overlapping buffers, see below).
 
 2-CTA mode (config.two_cta): tcgen05.mma.cta_group::2 computes one tile_m x tile_n MMA tile with a
 CTA pair (cluster ranks 2j, 2j+1; the even one is the leader). Each CTA TMA-loads its half of A
@@ -50,8 +51,10 @@ stage barrier as A/B (``load_ab_sf``). The MMA warp copies a stage's scales SMEM
 tcgen05.cp (4x32dp128bit) into columns after the accumulators, then issues the k-tile's MMAs
 (``mma_blockscaled``). SFB is loaded per CTA for round_up(tile_n, 128) columns (a 1-CTA MMA
 partition, as NVIDIA's example), so 2-CTA pairs each hold all of the tile's B scales. The
-epilogue is the dense one (NVFP4's global scales ride in alpha). acc_stage drops to 1 when two
-accumulators and the scales do not fit in TMEM (tile_n = 256).
+epilogue is the dense one (NVFP4's global scales ride in alpha). When two accumulators and the
+scales do not fit in TMEM (tile_n = 256), the two accumulator buffers overlap behind a one-stage
+pipeline and the epilogue releases the stage once it has read the shared columns
+(``blockscaled.TmemPlan``), so the epilogue still overlaps the next tile's mainloop.
 
 Scheduler (config.scheduler): "static"; "dynamic" (global atomic counter) or "clc"
 (clusterlaunchcontrol.try_cancel, grid = every cluster tile, grouped: an upper bound): the load
@@ -194,6 +197,7 @@ class GemmSm100(GemmBase):
         # TMEM: one fp32 accumulator per stage; double-buffer when two fit.
         acc_shape = self.tiled_mma.partition_shape_C(self.mma_tiler[:2])
         acc_cols = memory.get_num_tmem_alloc_cols(self.tiled_mma.make_fragment_C(acc_shape), rounding=False)
+        self.acc_overlap = False  # overlapping accumulator buffers (block-scaled, tile_n = 256)
         if cutlass.const_expr(self.blockscaled):
             self.bs._setup_blockscaled_tmem(acc_cols)
         else:
@@ -534,8 +538,10 @@ class GemmSm100(GemmBase):
         )
         # (MMA, MMA_M, MMA_N, ACC_STAGE): layout of the TMEM accumulators (address comes later)
         acc_layout = tiled_mma.make_fragment_C(
-            cute.append(tiled_mma.partition_shape_C(self.mma_tiler[:2]), self.acc_stage)
+            cute.append(tiled_mma.partition_shape_C(self.mma_tiler[:2]), 2 if self.acc_overlap else self.acc_stage)
         ).layout
+        if cutlass.const_expr(self.acc_overlap):
+            acc_layout = self.bs.overlapped_acc_layout(acc_layout)
         cfg = self.config
         if cutlass.const_expr(cfg.grouped):
             # The tile map lives in shared memory, built by warp 0 from offs (no host sync).
