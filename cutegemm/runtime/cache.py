@@ -35,6 +35,7 @@ HOST_ONLY = frozenset({
     "blockscaled/bench.py", "blockscaled/reference.py", "blockscaled/__init__.py",
     "epilogue/reference.py", "runtime/sass.py", "quant_ops.py", "blockscaled/sm100.py",
     "gemm/fp8_args.py", "blockscaled/weight_only.launch.py", "blockscaled/sm90_mx.py", "runtime/device.py",
+    "moe.py", "integrations/__init__.py", "integrations/transformers.py",
 })  # fmt: skip
 
 
