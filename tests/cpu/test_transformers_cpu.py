@@ -36,31 +36,31 @@ COMMON = dict(
 MODELS = ["qwen3_moe", "mixtral", "olmoe", "deepseek_v3", "gpt_oss"]
 
 
-def tiny_config(name: str, **over):
-    """A small random-initialisable config of each model family (hidden 32, 2 layers, 4-8 experts)."""
+def tiny_config(name: str, inter: int = 16, **over):
+    """A small random-initialisable config of each model family (hidden 32, 2 layers, 4-8 experts,
+    expert intermediate size ``inter``); ``over`` overrides the shared sizes."""
     c = {**COMMON, **over}
     if name == "qwen3_moe":
-        return transformers.Qwen3MoeConfig(
-            **c,
-            moe_intermediate_size=16,
-            intermediate_size=48,
+        kw = dict(
+            moe_intermediate_size=inter,
+            intermediate_size=3 * inter,
             num_experts=6,
             num_experts_per_tok=2,
             head_dim=8,
             norm_topk_prob=True,
         )
+        return transformers.Qwen3MoeConfig(**c, **kw)
     if name == "mixtral":
         return transformers.MixtralConfig(
-            **c, intermediate_size=16, num_local_experts=4, num_experts_per_tok=2
+            **c, intermediate_size=inter, num_local_experts=4, num_experts_per_tok=2
         )
     if name == "olmoe":
-        return transformers.OlmoeConfig(**c, intermediate_size=16, num_experts=6, num_experts_per_tok=2)
+        return transformers.OlmoeConfig(**c, intermediate_size=inter, num_experts=6, num_experts_per_tok=2)
     if name == "deepseek_v3":
         c["num_key_value_heads"] = c["num_attention_heads"]  # MLA
-        return transformers.DeepseekV3Config(
-            **c,
-            intermediate_size=48,
-            moe_intermediate_size=16,
+        kw = dict(
+            intermediate_size=3 * inter,
+            moe_intermediate_size=inter,
             n_routed_experts=8,
             num_experts_per_tok=2,
             n_shared_experts=1,
@@ -73,15 +73,12 @@ def tiny_config(name: str, **over):
             qk_rope_head_dim=8,
             v_head_dim=8,
         )
+        return transformers.DeepseekV3Config(**c, **kw)
     if name == "gpt_oss":
-        return transformers.GptOssConfig(
-            **c,
-            intermediate_size=16,
-            num_local_experts=4,
-            num_experts_per_tok=2,
-            head_dim=8,
-            sliding_window=16,
+        kw = dict(
+            intermediate_size=inter, num_local_experts=4, num_experts_per_tok=2, head_dim=8, sliding_window=16
         )
+        return transformers.GptOssConfig(**c, **kw)
     raise ValueError(name)
 
 
