@@ -1,4 +1,5 @@
-"""Host cost of the warm (cached-plan) fast paths of ``gemm`` / ``grouped_gemm`` on the CPU.
+"""Host cost of the warm (cached-plan) fast paths of ``gemm`` / ``grouped_gemm`` on the CPU (bf16
+operands, and low-precision weights).
 
 No GPU: the slow path runs on CPU tensors with the CUDA-only pieces replaced (operand device
 check, device query, kernel compile -> a no-op Python callable), so a second call with the same
@@ -114,6 +115,39 @@ def cpu_fast_path(kernel: NoOpKernel | None = None):
         grouped.PLANS.clear()
 
 
+class _Stream:
+    cuda_stream = 0
+
+
+@contextlib.contextmanager
+def cpu_weight_path(kernel: NoOpKernel | None = None):
+    """As :func:`cpu_fast_path`, for the low-precision-weight GEMM
+    (``cutegemm.blockscaled.weight_only.launch``): CPU tensors, an sm_90a device with 132 SMs,
+    ``kernel`` as every compiled kernel. Its plans are dropped on exit."""
+    from cutegemm.blockscaled.weight_only import launch
+
+    kernel = kernel or NoOpKernel()
+    names = ("kernel_cache", "weight_arch", "_sm_count", "check_devices", "current_device")
+    saved = {name: getattr(launch, name) for name in names}
+    cache = _FakeCache(kernel)
+    launch.kernel_cache = lambda: cache
+    launch.weight_arch = lambda index: "sm_90a"
+    launch._sm_count = lambda index: 132
+    launch.check_devices = lambda x, qw, offs: None
+    launch.current_device = type(None)  # a CPU tensor's device index
+    old_stream, old_cur = torch.cuda.current_stream, torch.cuda.current_device
+    torch.cuda.current_stream = lambda index=None: _Stream
+    torch.cuda.current_device = _emulated_current_device
+    launch._PLANS.clear()
+    try:
+        yield kernel
+    finally:
+        torch.cuda.current_stream, torch.cuda.current_device = old_stream, old_cur
+        for name, value in saved.items():
+            setattr(launch, name, value)
+        launch._PLANS.clear()
+
+
 def _time(fn, calls: int, rounds: int = 25) -> float:
     """µs per call: the fastest of ``rounds`` rounds of ``calls / rounds`` calls (CPU time), so
     that other processes on the machine disturb it little."""
@@ -149,6 +183,19 @@ def measure(calls: int = 20000) -> dict:
         )
         res["grouped_gemm(x, w, offs)"] = _time(lambda: cutegemm.grouped_gemm(x, w, offs=offs), calls)
         assert k.calls > 3 * calls
+    from cutegemm.blockscaled import quantize_ref
+
+    x16 = torch.randn(16, 512, dtype=bf)
+    xg = torch.randn(64, 512, dtype=bf)
+    with cpu_weight_path() as k:
+        for fmt in ("nvfp4", "mxfp4", "mxfp8"):
+            qw = quantize_ref(torch.randn(1024, 512), fmt)
+            qe = quantize_ref(torch.randn(4, 1024, 512), fmt)
+            res[f"gemm(x, {fmt} w)"] = _time(lambda qw=qw: cutegemm.gemm(x16, qw), calls)
+            res[f"grouped_gemm(x, {fmt} w, offs)"] = _time(
+                lambda qe=qe: cutegemm.grouped_gemm(xg, qe, offs=offs), calls
+            )
+        assert k.calls > 6 * calls
     res["torch.empty(128, 128)"] = _time(lambda: torch.empty(128, 128, dtype=bf), calls)
     return res
 

@@ -59,25 +59,36 @@ def _is_default(value, default) -> bool:
 def _supported(fn, options: dict, supported: tuple[str, ...]) -> dict:
     """The ``supported`` options of a call of ``fn`` (defaults filled in); a ValueError names every
     other option that is not at its default (not supported with block-scaled operands)."""
-    unknown = set(options) - {name for name, _ in _defaults(fn)}
-    if unknown:
-        raise TypeError(f"{fn.__name__}() got unexpected keyword arguments {sorted(unknown)}")
-    opts, bad = {}, []
-    for name, default in _defaults(fn):
-        value = options.get(name, default)
-        if name in supported:
-            opts[name] = value
-        elif not _is_default(value, default):
-            bad.append(name)
-    if bad:
-        raise ValueError(
-            f"{fn.__name__} with BlockScaledTensor operands supports only {', '.join(supported)} so far; "
-            f"got {', '.join(bad)}"
-        )
+    if options.keys() <= _names(supported):  # no other option can be off its default
+        opts = dict(_route_defaults(fn, supported))
+        opts.update(options)
+    else:
+        unknown = set(options) - {name for name, _ in _defaults(fn)}
+        if unknown:
+            raise TypeError(f"{fn.__name__}() got unexpected keyword arguments {sorted(unknown)}")
+        bad = [name for name, default in _defaults(fn)
+               if name not in supported and not _is_default(options.get(name, default), default)]  # fmt: skip
+        if bad:
+            raise ValueError(
+                f"{fn.__name__} with BlockScaledTensor operands supports only {', '.join(supported)} so far; "
+                f"got {', '.join(bad)}"
+            )
+        opts = {name: options.get(name, default) for name, default in _defaults(fn) if name in supported}
     if "out_dtype" in opts and opts["out_dtype"] is None:
         out = opts.get("out")
         opts["out_dtype"] = out.dtype if isinstance(out, torch.Tensor) else torch.bfloat16
     return opts
+
+
+@functools.cache
+def _names(supported: tuple[str, ...]) -> frozenset:
+    return frozenset(supported)
+
+
+@functools.cache
+def _route_defaults(fn, supported: tuple[str, ...]) -> dict:
+    """``fn``'s defaults of the ``supported`` options."""
+    return {name: default for name, default in _defaults(fn) if name in supported}
 
 
 @functools.wraps(dense.gemm)
