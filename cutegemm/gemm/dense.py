@@ -488,7 +488,8 @@ def gemm(
             raise ValueError("a user epilogue cannot be combined with FP8 inputs yet")
         vectors = fp8_block_scales(a, b, scale_a, scale_b) or fp8_scales(a, b, scale_a, scale_b)
     elif scale_a is not None or scale_b is not None:
-        raise ValueError("scale_a / scale_b are for torch.float8_e4m3fn inputs")
+        raise ValueError(f"scale_a / scale_b are for torch.float8_e4m3fn inputs, got a.dtype {getattr(a, 'dtype', None)} "
+                         "(FP8 operands must be e4m3: e5m2 is not supported)")
     if quant is not None or out_global_scale is not None:
         gs = global_scale(quant, out_global_scale, getattr(a, "device", None))
     try:
@@ -519,6 +520,9 @@ def gemm(
         epi_extra = (scales, gs, *vectors) if vectors else (scales, gs)
         plan.launch((a, b, out, c, bias), float(alpha), float(beta), epi_extra)
         return out if quant is None else quant_result(quant, plan.out_shape, out, scales, gs)
+    if isinstance(alpha, torch.Tensor) or isinstance(beta, torch.Tensor):
+        raise TypeError("alpha and beta must be Python numbers, not tensors (reading a tensor's value is a host "
+                        "sync): pass float(t)")
     plan, sources, scales = _plan(
         a, b, out, out_dtype, alpha, config, beta, c, bias, activation, user, vectors or (), fast_accum
     )

@@ -165,7 +165,8 @@ def fp8_blockwise_ref(a, b, scale_a, scale_b, compute_dtype=torch.float32):
 def fp8_grouped_block_scales(a, b, scale_a, scale_b):
     """FP8 block scaling of the packed grouped form: a (total_M, K), b (E, K, N), scale_a
     (total_M, ceil(K/128)) per 1x128 block of a token row, scale_b (E, ceil(K/128), ceil(N/128))
-    per 128x128 block of each expert's weight (a 3-D scale_b is what asks for it). Returns
+    per 128x128 block of each expert's weight (a 3-D scale_b is what asks for it; its K blocks
+    may be padded to a multiple of 4 rows, torch's layout, the padding never read). Returns
     (scale_a, scale_b as the kernel's (NB, KB, E) view), scale_a M-major (``tma_scale_a``), scale_b
     read in place with any strides (but ``k_contiguous_scale_b``); None
     when scale_b is not 3-D (row-wise / per-tensor / none)."""
@@ -186,12 +187,14 @@ def fp8_grouped_block_scales(a, b, scale_a, scale_b):
         raise ValueError(
             f"{rule}: scale_a must have shape (total_M, ceil(K/128)) = {(a.shape[0], kb)}, got {tuple(scale_a.shape)}"
         )
+    if scale_b.shape[0] == E and _scale_b_rows_ok(scale_b, (kb, nb)):
+        scale_b = scale_b[:, :kb]  # torch's padded K blocks (a multiple of 4 rows): the first ceil(K/128)
     if tuple(scale_b.shape) != (E, kb, nb):
         hint = ""
         if tuple(scale_b.shape) == (E, nb, kb):
             hint = " (it has the (E, N/128, K/128) shape of an (E, N, K) weight's scales: pass scale_b.transpose(1, 2))"
         raise ValueError(
-            f"{rule}: scale_b must have shape (E, ceil(K/128), ceil(N/128)) = {(E, kb, nb)}, got "
-            f"{tuple(scale_b.shape)}{hint}"
+            f"{rule}: scale_b must have shape (E, ceil(K/128), ceil(N/128)) = {(E, kb, nb)} (its K blocks "
+            f"may be padded to a multiple of 4 rows), got {tuple(scale_b.shape)}{hint}"
         )
     return tma_scale_a(scale_a), k_contiguous_scale_b(scale_b.permute(2, 1, 0), a.shape[0])

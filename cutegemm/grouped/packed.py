@@ -321,7 +321,8 @@ def _prepare_epilogue(a, b, E, N, total_m, out_dtype, bias, activation, epilogue
             None if scale_b is None else _per_expert("scale_b", scale_b, E, N, a.device, (torch.float32,)),
         )
     elif scale_a is not None or scale_b is not None:
-        raise ValueError("scale_a / scale_b are for torch.float8_e4m3fn inputs")
+        raise ValueError(f"scale_a / scale_b are for torch.float8_e4m3fn inputs, got a.dtype {getattr(a, 'dtype', None)} "
+                         "(FP8 operands must be e4m3: e5m2 is not supported)")
     return e._finish(out_global_scale, a.device)
 
 
@@ -364,6 +365,9 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
                           scale_b=scale_b, fast_accum=fast_accum, config=config, check_offs=check_offs)  # fmt: skip
     fp8 = getattr(a, "dtype", None) == torch.float8_e4m3fn
     if plan is None:
+        if isinstance(alpha, torch.Tensor):
+            raise TypeError("alpha must be a Python number, not a tensor (reading its value is a host sync): "
+                            "pass float(alpha)")
         check_operand("a", a, dims=(2,))
         check_operand("b", b, dims=(2, 3))
         if offs is None:
@@ -394,7 +398,8 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
             if fp8:
                 return grouped_k_fp8(a, b, offs, out, out_dtype, alpha, check_offs, scale_a, scale_b, fast_accum)
             if scale_a is not None or scale_b is not None:
-                raise ValueError("scale_a / scale_b are for torch.float8_e4m3fn inputs")
+                raise ValueError(f"scale_a / scale_b are for torch.float8_e4m3fn inputs, got a.dtype {a.dtype} "
+                                 "(FP8 operands must be e4m3: e5m2 is not supported)")
             return grouped_k(a, b, offs, out, out_dtype, alpha, check_offs, config)
         E, K, N = b.shape
         if a.shape[1] != K:

@@ -412,3 +412,25 @@ def test_torch_padded_scale_b_layout_is_accepted():
     assert torch.equal(ref, ref_padded) and not torch.isnan(ref_padded).any()
     with pytest.raises(ValueError, match="multiple of 4 rows"):
         fp8_block_scales(a, b, sa, torch.rand(11, 1), kernel_layout=False)
+
+
+def test_torch_padded_scale_b_layout_is_accepted_grouped():
+    """The grouped form's 3-D scale_b (E, K blocks, N blocks) with its K blocks padded to a
+    multiple of 4 rows, as torch builds 128x128 scales: accepted, the padding never read."""
+    from cutegemm.gemm.fp8_scales import fp8_grouped_block_scales
+
+    torch.manual_seed(0)
+    e, m, k, n = 2, 64, 1280, 128
+    a = (torch.randn(m, k) / 4).to(torch.float8_e4m3fn)
+    b = (torch.randn(e, n, k) / 4).to(torch.float8_e4m3fn).transpose(1, 2)
+    offs = torch.tensor([20, 64], dtype=torch.int32)
+    sa = (torch.rand(m, 10) + 0.5).t().contiguous().t()
+    sb = torch.rand(e, 10, 1) + 0.5
+    padded = torch.cat([sb, torch.full((e, 2, 1), float("nan"))], dim=1)  # (E, 12, 1): NaN padding
+    _, view = fp8_grouped_block_scales(a, b, sa, padded)
+    assert view.shape == (1, 10, e) and torch.equal(view, sb.permute(2, 1, 0))
+    ref = cutegemm.grouped_gemm_ref(a, b, offs=offs, scale_a=sa, scale_b=sb, out_dtype=torch.float32)
+    ref_padded = cutegemm.grouped_gemm_ref(a, b, offs=offs, scale_a=sa, scale_b=padded, out_dtype=torch.float32)
+    assert torch.equal(ref, ref_padded) and not torch.isnan(ref_padded).any()
+    with pytest.raises(ValueError, match="multiple of 4 rows"):
+        fp8_grouped_block_scales(a, b, sa, torch.rand(e, 11, 1))
