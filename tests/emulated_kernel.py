@@ -5,7 +5,7 @@ With :func:`emulated_kernels` every public call on CPU tensors runs its whole ho
 routing, staging copies, kernel views, scratch outputs, the copies back) and the "kernel" does
 the math in fp32: the packed grouped form (and its swap-AB variant) per expert from offs, the
 K-grouped form per K slice, the dense (batched or flat) GEMM; the epilogue of alpha, FP8 row /
-column scales, bias and (gated) activations. What it does not model (FP8 block scales, beta * C,
+column scales, beta * C, bias and (gated) activations. What it does not model (FP8 block scales,
 quantized and user epilogues) raises NotImplementedError. So a CPU test can check that a layout
 torch accepts reaches the kernel as views of the right values, and that the result lands in the
 right elements of ``out`` (and nowhere else), without a GPU. Kernel numerics are the GPU tests'.
@@ -35,20 +35,22 @@ class EmulatedKernel:
         self.calls += 1
         k = KernelArgs(*args)
         cfg, epi = self.cfg, self.cfg.epilogue
-        if k.sfa is not None or k.sfb is not None or epi.beta or epi.quant or epi.user is not None:
+        if k.sfa is not None or k.sfb is not None or epi.quant or epi.user is not None:
             raise NotImplementedError(f"the emulated kernel does not model {cfg.name}")
         f32 = torch.float32
         alpha = float(k.alpha)
         bias = None if k.bias is None else k.bias.to(f32)
         act = epi.gated or epi.activation
 
-        def finish(acc, cols_bias, sa, sb):
-            """The epilogue of acc (rows, N): row scales sa, column scales sb, bias cols_bias."""
+        def finish(acc, cols_bias, sa, sb, c=None):
+            """The epilogue of acc (rows, N): row scales sa, column scales sb, bias cols_bias,
+            beta * c (dense)."""
             if sa is not None:
                 acc = acc * sa.to(f32).reshape(-1, 1)
             if sb is not None:
                 acc = acc * sb.to(f32).reshape(1, -1)
-            return epilogue_ref(acc, alpha=alpha, bias=cols_bias, activation=act)
+            beta = float(k.beta) if epi.beta else 0.0
+            return epilogue_ref(acc, alpha=alpha, beta=beta, c=c, bias=cols_bias, activation=act)
 
         def vec(v, lo, hi):
             """Rows lo:hi of a per-row vector, or its one per-tensor value."""
@@ -83,9 +85,11 @@ class EmulatedKernel:
                     o3[s:t, :, 0] = y
             return
         # dense: A (M, K, L), B (N, K, L), C (M, N, L)
+        c3 = None if k.c is None else (k.c.unsqueeze(-1) if k.c.dim() == 2 else k.c)
         for l in range(o3.shape[2]):
             acc = a3[:, :, l].to(f32) @ b3[:, :, l].to(f32).t()
-            o3[:, :, l] = finish(acc, bias, vec(k.v0, 0, acc.shape[0]), k.v1).to(o3.dtype)
+            c = None if c3 is None else c3[:, :, l].to(f32)
+            o3[:, :, l] = finish(acc, bias, vec(k.v0, 0, acc.shape[0]), k.v1, c).to(o3.dtype)
 
 
 class _ConfigCache:

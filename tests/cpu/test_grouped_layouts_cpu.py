@@ -1,0 +1,131 @@
+"""Grouped forms with the layouts torch accepts, on the CPU: the host path of every form runs
+with the compiled kernel replaced by tests/emulated_kernel.py (it computes from the views it is
+handed), so these check the staging route (aligned copies of operands TMA cannot address, an
+aligned scratch for an out it cannot store), the 3d forms' rewriting and what is cached, against
+the reference twin, with NaN-poisoned outputs: every element of out written, nothing around it,
+rows past offs[-1] untouched."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import cutegemm
+from cutegemm.grouped import packed
+
+from ..emulated_kernel import emulated_kernels
+
+BF = torch.bfloat16
+
+
+def _view(rows, cols, how, dtype=BF, fill=None):
+    """A (rows, cols) view of a larger buffer: "rm" row-major compact, "cm" column-major, "off"
+    one element past the start with odd row stride, "pad" row-major with 3 spare columns."""
+    make = (lambda *s: torch.full(s, fill, dtype=dtype)) if fill is not None else (lambda *s: torch.randn(*s).to(dtype))
+    if how == "rm":
+        return make(rows, cols), None
+    if how == "cm":
+        buf = make(cols, rows)
+        return buf.t(), buf
+    if how == "off":
+        buf = make(rows + 1, cols + 1)
+        return buf[1:, 1:], buf
+    buf = make(rows, cols + 3)
+    return buf[:, :cols], buf
+
+
+def _offs(counts):
+    return torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    counts=st.lists(st.integers(0, 40), min_size=1, max_size=5),
+    tail=st.integers(0, 9),
+    k=st.integers(1, 40),
+    n=st.integers(1, 40),
+    a_how=st.sampled_from(["rm", "cm", "off", "pad"]),
+    b_t=st.booleans(),
+    b_step=st.sampled_from([1, 2]),
+    out_how=st.sampled_from([None, "rm", "cm", "off", "pad"]),
+)
+def test_packed_any_layout_against_the_twin(counts, tail, k, n, a_how, b_t, b_step, out_how):
+    """Packed 2d x 3d with A of any layout, B transposed / strided over the experts, any N, out of
+    any view (or none); rows past offs[-1] (``tail``) keep their NaN poison."""
+    torch.manual_seed(0)
+    e, total = len(counts), sum(counts) + tail
+    a, _ = _view(total, k, a_how)
+    b = torch.randn(e * b_step, n, k).to(BF).transpose(1, 2)[::b_step] if b_t else torch.randn(e * b_step, k, n).to(BF)[::b_step]
+    offs = _offs(counts)
+    ref = cutegemm.grouped_gemm_ref(a, b, offs=offs)
+    with emulated_kernels():
+        if out_how is None:
+            got = cutegemm.grouped_gemm(a, b, offs=offs)
+            assert got.shape == (total, n) and got.is_contiguous()
+        else:
+            out, buf = _view(total, n, out_how, fill=float("nan"))
+            got = cutegemm.grouped_gemm(a, b, offs=offs, out=out)
+            assert got is out
+            outside = (buf if buf is not None else out).clone()
+            if buf is not None:  # nothing outside the view written
+                mask = torch.ones_like(buf, dtype=torch.bool)
+                mask.as_strided(out.shape, out.stride(), out.storage_offset() - buf.storage_offset()).fill_(False)
+                assert torch.isnan(outside[mask]).all()
+            assert torch.isnan(out[sum(counts):]).all(), "a row past offs[-1] was written"
+    end = sum(counts)
+    torch.testing.assert_close(got[:end].float(), ref[:end].float(), atol=1e-2, rtol=1e-2)
+
+
+def test_staged_calls_are_not_cached_aligned_ones_are():
+    """The warm fast path is for aligned calls only: a staged call builds no plan."""
+    offs = _offs([5, 9, 2])
+    b = torch.randn(3, 32, 48).to(BF)
+    with emulated_kernels() as cache:
+        cutegemm.grouped_gemm(torch.randn(32, 16).to(BF).t(), b, offs=offs)  # column-major a: staged
+        cutegemm.grouped_gemm(torch.randn(16, 32).to(BF), torch.randn(3, 32, 7).to(BF), offs=offs)  # N = 7
+        assert len(packed.PLANS) == 0
+        a = torch.randn(16, 32).to(BF)
+        for _ in range(3):
+            cutegemm.grouped_gemm(a, b, offs=offs)
+        assert len(packed.PLANS) == 1 and len(cache.kernels) == 3
+
+
+def test_k_grouped_small_odd_sizes_one_launch():
+    """K-grouped with m = 3, n = 7, offs [0, 8, 16, 16, 27] (torch's compiled-test shapes): no out
+    given, so nothing to reject: one K-grouped launch into a padded scratch, a compact result."""
+    offs = torch.tensor([0, 8, 16, 16, 27], dtype=torch.int32)
+    x, dy = torch.randn(27, 3).to(BF), torch.randn(27, 7).to(BF)
+    with emulated_kernels() as cache:
+        got = cutegemm.grouped_gemm(x.t(), dy, offs=offs)
+        assert [kern.cfg.kgrouped for kern in cache.kernels] == [True] and cache.kernels[0].calls == 1
+    assert got.shape == (5, 3, 7) and got.is_contiguous()
+    torch.testing.assert_close(got, cutegemm.grouped_gemm_ref(x.t(), dy, offs=offs), atol=1e-2, rtol=1e-2)
+    assert torch.equal(got[0], torch.zeros(3, 7, dtype=BF)) and torch.equal(got[3], torch.zeros(3, 7, dtype=BF))
+
+
+def test_3d_forms_route_and_match_torch():
+    """3d x 3d: the dense batched GEMM, or the packed form (offs (1..G) * M, one kernel) with a
+    per-group bias; 3d x 2d: the packed form transposed. The operands' odd strides are ones
+    torch._grouped_mm refuses (not 16-byte multiples): the reference is torch's fp32 product."""
+    torch.manual_seed(0)
+    g, m, n, k = 3, 5, 7, 13
+    a = torch.randn(g, k, m).to(BF).transpose(1, 2)
+    b = torch.randn(g, k, n).to(BF)
+    with emulated_kernels() as cache:
+        out = cutegemm.grouped_gemm(a, b)
+        assert cache.kernels[-1].cfg.form.value.startswith("dense")
+        torch.testing.assert_close(out, (a.float() @ b.float()).to(BF))
+        bias = torch.randn(g, n)
+        out = cutegemm.grouped_gemm(a, b, bias=bias)
+        assert cache.kernels[-1].cfg.grouped
+        torch.testing.assert_close(out.float(), (a.float() @ b.float() + bias[:, None]), atol=2e-2, rtol=2e-2)
+        b2 = torch.randn(k, 11).to(BF)
+        offs = torch.tensor([4, 4, 11], dtype=torch.int32)
+        expected = torch.cat([a[0].float() @ b2[:, :4].float(), a[2].float() @ b2[:, 4:].float()], 1).to(BF)
+        out = cutegemm.grouped_gemm(a, b2, offs=offs)
+        assert out.shape == (m, 11) and out.is_contiguous()
+        torch.testing.assert_close(out, expected)
+        col_major = torch.full((11, m), float("nan"), dtype=BF).t()  # the kernel's (total_N, M) layout
+        assert cutegemm.grouped_gemm(a, b2, offs=offs, out=col_major) is col_major
+        torch.testing.assert_close(col_major, expected)
