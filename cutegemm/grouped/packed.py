@@ -1,9 +1,14 @@
 """Public grouped GEMM (``torch._grouped_mm`` semantics for the packed MoE form).
 
 Forms:
-- packed MoE: ``grouped_gemm(a, b, offs=offs)``: a (total_M, K) row-major, b (E, K, N) (any
-  16-byte aligned view, e.g. ``w.transpose(1, 2)`` of an (E, N, K) weight), offs int32 (E,) on the
-  GPU, cumulative END row of each expert. One kernel launch; the tile -> (expert, m-tile, n-tile)
+- packed MoE: ``grouped_gemm(a, b, offs=offs)``: a (total_M, K), b (E, K, N) (e.g.
+  ``w.transpose(1, 2)`` of an (E, N, K) weight), offs int32 (E,) on the GPU, cumulative END row
+  of each expert. Any layouts torch accepts: a row-major a and a b with a unit-stride mode and
+  16-byte aligned strides are read in place; others are staged (a row-major copy of a, b with its
+  leading dimension padded), and an ``out`` the TMA store cannot write (any N, any view) is
+  computed into an aligned scratch that starts as a copy of out and is copied back (without
+  ``out``, an odd N is returned compact). Staged calls are not cached (the warm path is for the
+  aligned ones). One kernel launch; the tile -> (expert, m-tile, n-tile)
   map is computed on the device from offs, so there is no host sync and the call can be captured
   in a CUDA graph and replayed with new offs contents. Rows at or past ``offs[-1]`` are not
   written. offs contents are not checked on this path (that would need a sync): bad offsets are
@@ -56,8 +61,13 @@ Forms:
   is being captured (the table is copied from the host per call): one dense GEMM per group (no
   sync; graph-capturable when shapes are fixed).
 
-This module holds the public entry, the reference twin and the packed form; the K-grouped and the
-list forms' host paths are :mod:`cutegemm.grouped.k_grouped` and :mod:`cutegemm.grouped.list_form`.
+- 3-D forms of torch._grouped_mm (a of shape (G, M, K)): 3d x 3d (batched, no offs) and 3d x 2d
+  (offs splitting b's N), rewritten onto the dense batched GEMM or this packed form:
+  :mod:`cutegemm.grouped.batched`.
+
+This module holds the public entry, the reference twin and the packed form; the K-grouped, 3-D
+and list forms' host paths are :mod:`cutegemm.grouped.k_grouped`, :mod:`cutegemm.grouped.batched`
+and :mod:`cutegemm.grouped.list_form`.
 """
 
 from __future__ import annotations
