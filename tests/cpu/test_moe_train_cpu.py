@@ -136,6 +136,9 @@ def test_grads_match_plain_torch(counts, pad, hidden, inter, dtype, layout, stor
     for i, name in enumerate(names):
         ref = results[F64][i][:end] if i < 2 else results[F64][i]
         mine = ours[i][:end] if i == 1 else ours[i]
+        if ref.numel() == 0:  # no tokens at all: shapes checked, nothing to compare
+            assert mine.shape == ref.shape
+            continue
         if dtype == BF16:
             same = results[dtype][i][:end] if i < 2 else results[dtype][i]
             assert_within_torch_error(mine, same, ref, atol=1e-2, what=name)
