@@ -30,9 +30,10 @@ Backward (``_GatedExperts``): with Y = H W_down[e], H = act(gate) * up, Z = X W_
 Save, not recompute: the forward saves Z, the pre-activations (T, 2I) in the operands' dtype
 (bf16: 4 T I bytes per layer) next to X and the weights (which autograd holds anyway); H is not
 saved but rebuilt from Z in the backward (elementwise, T I transient). Recomputing Z instead
-would save those 4 T I bytes at the cost of a third gate/up grouped GEMM (2 T H 2I flops, about
-+22% of a training step's expert GEMM flops, 11 instead of 9 units of T H I). torch's
-``grouped_mm`` experts path keeps Z, act(gate) and H (about 8 T I bytes in bf16).
+would save those 4 T I bytes at the cost of a third gate/up grouped GEMM (4 T H I flops: a
+training step's expert GEMMs would grow from 18 T H I to 22 T H I flops, +22%). torch's
+``grouped_mm`` experts path keeps Z, act(gate) and H (about 8 T I bytes in bf16). T counts
+rows of x, i.e. (token, top-k slot) pairs.
 
 No host sync anywhere on the CUDA path (no ``.item()`` / ``.tolist()``, rows past ``offs[-1]``
 masked with ``torch.where`` on the device), so a training step can be captured in a CUDA graph
