@@ -29,14 +29,14 @@ _PKG_ROOT = Path(__file__).resolve().parent.parent
 # editing them keeps the disk cache (build_dense / build_grouped in the two api modules only
 # construct the kernel object from the config).
 HOST_ONLY = frozenset({
-    "__init__.py", "__main__.py", "benchmarks.py", "compile_check.py", "nn.py", "ops.py", "parallel.py",
-    "tuning.py", "bench.scaled.py", "gemm/dense.py", "policy.py", "grouped/packed.py", "grouped/__init__.py",
-    "grouped/k_grouped.py", "grouped/list_form.py",
-    "blockscaled/bench.py", "blockscaled/reference.py", "blockscaled/__init__.py",
-    "epilogue/reference.py", "runtime/sass.py", "quant_ops.py", "blockscaled/sm100.py",
-    "gemm/fp8_args.py", "blockscaled/weight_only.launch.py", "blockscaled/sm90_mx.py", "runtime/device.py",
-    "moe.py", "integrations/__init__.py", "integrations/transformers.py",
-})  # fmt: skip
+    "__init__.py", "__main__.py", "compile_check.py", "nn.py", "ops.py", "parallel.py", "quant_ops.py",
+    "tuning.py", "policy.py", "moe.py", "api/__init__.py", "api/face.py",
+    "gemm/dense.py", "grouped/packed.py", "grouped/__init__.py", "grouped/k_grouped.py", "grouped/list_form.py",
+    "blockscaled/reference.py", "blockscaled/__init__.py", "blockscaled/weight_only/launch.py",
+    "epilogue/reference.py", "runtime/sass.py", "runtime/device.py",
+    "integrations/__init__.py", "integrations/transformers.py",
+}) | {f"bench/{name}" for name in ("__init__.py", "core.py", "host.py", "layers.py", "quantize.py", "scaled.py",
+                                   "tune.py")}  # fmt: skip
 
 
 @functools.cache

@@ -1,0 +1,302 @@
+"""The real-model layer sweep (``python -m cutegemm bench sweep``): the linear layers of several
+model families, ``x (M, K) @ W (N, K).T``, at every token count of ``M_VALUES``, ours against torch
+on the same operands in one process.
+
+- bf16: ``cutegemm.gemm(x, W.t())`` vs ``torch.matmul`` (cuBLAS);
+- FP8 row-wise: ``cutegemm.gemm(x8, W8.t(), scale_a=(M, 1), scale_b=(1, N))`` vs
+  ``torch._scaled_mm`` with the same scales (both with accurate accumulation).
+
+Each case is timed in interleaved rounds (ours, torch, torch, ours, ...; CUDA-event medians of
+L2-flushed reps per round, ``runtime.timer.Timer``), so clock drift under the power cap hits both
+sides alike; the table gives the median ratio and its spread over the rounds. Operands are randn
+(small integers draw less power and run faster). ``cases()`` lists the sweep without a GPU, so the
+kernels it needs can be compiled ahead on a CPU machine (``python -m cutegemm.bench.layers
+--configs``, then ``tools/precompile.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+# (family, layer, N, K) of x (M, K) @ W (N, K).T; fused projections as the models run them.
+LAYERS = [
+    ("Llama-3-8B", "qkv", 6144, 4096),
+    ("Llama-3-8B", "o", 4096, 4096),
+    ("Llama-3-8B", "gate_up", 28672, 4096),
+    ("Llama-3-8B", "down", 4096, 14336),
+    ("Llama-3-70B", "qkv", 10240, 8192),
+    ("Llama-3-70B", "down", 8192, 28672),
+    ("Qwen3-32B", "qkv", 10240, 5120),
+    ("Qwen3-32B", "gate_up", 51200, 5120),
+    ("Qwen3-32B", "down", 5120, 25600),
+    ("Qwen3-30B-A3B", "qkv", 5120, 2048),
+    ("Qwen3-30B-A3B", "o", 2048, 4096),
+    ("DeepSeek-V3", "q_a", 1536, 7168),
+    ("DeepSeek-V3", "kv_a", 576, 7168),
+    ("DeepSeek-V3", "q_b", 24576, 1536),
+    ("DeepSeek-V3", "o", 7168, 16384),
+    ("Mistral-7B", "lm_head", 32768, 4096),
+]
+M_VALUES = (1, 16, 64, 128, 512, 1024, 2048, 8192)
+KINDS = ("bf16", "fp8")
+
+
+@dataclass
+class Case:
+    kind: str  # "bf16" or "fp8" (row-wise)
+    family: str
+    layer: str
+    m: int
+    n: int
+    k: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.family} {self.layer} M={self.m}"
+
+
+@dataclass
+class Result:
+    case: Case
+    ours_us: float
+    torch_us: float
+    ratio: float  # torch time / ours, median over rounds
+    ratio_lo: float  # min / max over rounds
+    ratio_hi: float
+    config: str
+    err: float  # max |ours - fp64 reference| / max |reference|
+    torch_err: float
+
+
+def cases(kinds=KINDS, layers=LAYERS, m_values=M_VALUES) -> list[Case]:
+    return [Case(kind, fam, layer, m, n, k) for kind in kinds for fam, layer, n, k in layers for m in m_values]
+
+
+def operands(case: Case, device="cuda"):
+    """(args, kwargs) of the case's ``cutegemm.gemm`` call; ``torch.empty`` off the GPU (the
+    host path only looks at shapes, strides and alignment)."""
+    gen = torch.randn if device == "cuda" else torch.empty
+    x = gen(case.m, case.k, device=device, dtype=torch.bfloat16)
+    w = gen(case.n, case.k, device=device, dtype=torch.bfloat16)
+    if case.kind == "bf16":
+        return (x, w.t()), {}
+    x8, w8 = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+    if device == "cuda":
+        sa = torch.rand(case.m, 1, device=device) * 0.5 + 0.5
+        sb = torch.rand(1, case.n, device=device) * 0.5 + 0.5
+    else:
+        sa, sb = torch.ones(case.m, 1), torch.ones(1, case.n)
+    return (x8, w8.t()), dict(scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+
+
+def torch_call(args, kwargs):
+    a, b = args
+    if not kwargs:
+        return torch.matmul(a, b)
+    return torch._scaled_mm(a, b, scale_a=kwargs["scale_a"], scale_b=kwargs["scale_b"], out_dtype=torch.bfloat16)
+
+
+def reference(args, kwargs) -> torch.Tensor:
+    a, b = args
+    ref = a.double() @ b.double()
+    if kwargs:
+        ref = ref * kwargs["scale_a"].double() * kwargs["scale_b"].double()
+    return ref
+
+
+def run_case(case: Case, timer, rounds: int = 4, reps: int = 10) -> Result:
+    from ..api import gemm
+
+    args, kwargs = operands(case)
+    config = our_config(args, kwargs)
+    ref = reference(args, kwargs)
+    scale = ref.abs().max().clamp(min=1e-30)
+    err = ((gemm(*args, **kwargs).double() - ref).abs().max() / scale).item()
+    torch_err = ((torch_call(args, kwargs).double() - ref).abs().max() / scale).item()
+    ours, theirs = [], []
+    for r in range(rounds):  # interleaved, alternating which side goes first
+        order = ((ours, lambda: gemm(*args, **kwargs)), (theirs, lambda: torch_call(args, kwargs)))
+        for times, fn in order if r % 2 == 0 else order[::-1]:
+            times.append(timer(fn, reps) * 1e3)
+    ratios = [t / o for o, t in zip(ours, theirs, strict=True)]
+    return Result(case, statistics.median(ours), statistics.median(theirs), statistics.median(ratios),
+                  min(ratios), max(ratios), config, err, torch_err)  # fmt: skip
+
+
+def our_config(args, kwargs) -> str:
+    """The name of the config our call runs (its host path run once with a recording cache; the
+    dense path's plans are cleared before and after, so no plan keeps the no-op kernel)."""
+    from ..api import gemm
+
+    _clear_plans()
+    try:
+        seen = record_configs(lambda: gemm(*args, **kwargs))
+    finally:
+        _clear_plans()
+    return seen[-1].name if seen else "?"
+
+
+def _clear_plans():
+    from ..gemm import dense
+
+    dense.PLANS.clear()
+    getattr(dense, "PLAIN_PLANS", {}).clear()
+
+
+def record_configs(call) -> list:
+    """The GemmConfigs the dense path asks its kernel cache for while ``call()`` runs (no kernel is
+    compiled or launched: the cache returns a no-op)."""
+    from ..gemm import dense
+
+    seen = []
+
+    class _Recorder:
+        def get(self, cfg):
+            seen.append(cfg)
+            return lambda *a: None
+
+    saved = dense.DENSE_CACHE
+    dense.DENSE_CACHE = _Recorder()
+    try:
+        call()
+    finally:
+        dense.DENSE_CACHE = saved
+    return seen
+
+
+def sweep(kinds=KINDS, layers=LAYERS, m_values=M_VALUES, rounds: int = 4, reps: int = 10, out=None) -> list[Result]:
+    from ..runtime.timer import Timer
+
+    timer = Timer()
+    results = []
+    for case in cases(kinds, layers, m_values):
+        res = run_case(case, timer, rounds, reps)
+        results.append(res)
+        print(f"{case.kind:4} {case.name:34} ours {res.ours_us:9.1f} us  torch {res.torch_us:9.1f} us  "
+              f"{res.ratio:5.2f}x [{res.ratio_lo:.2f}, {res.ratio_hi:.2f}]  err {res.err:.2g} "
+              f"(torch {res.torch_err:.2g})  {res.config}", flush=True)  # fmt: skip
+    if out is not None:
+        write(results, Path(out))
+    return results
+
+
+def summary(results: list[Result]) -> dict:
+    """Per kind: geomean ratio, minimum and the five worst cases."""
+    out = {}
+    for kind in sorted({r.case.kind for r in results}):
+        rs = [r for r in results if r.case.kind == kind]
+        worst = sorted(rs, key=lambda r: r.ratio)[:5]
+        out[kind] = {
+            "geomean": statistics.geometric_mean([r.ratio for r in rs]),
+            "min": worst[0].ratio,
+            "below_0.95": sum(r.ratio < 0.95 for r in rs),
+            "cases": len(rs),
+            "worst": [(r.case.name, round(r.ratio, 3), r.config) for r in worst],
+        }
+    return out
+
+
+def markdown(results: list[Result]) -> str:
+    """One table per kind: a row per layer, a column per M, the ratio (torch time / ours)."""
+    lines = []
+    for kind, stats in summary(results).items():
+        rs = [r for r in results if r.case.kind == kind]
+        ms = sorted({r.case.m for r in rs})
+        base = "cuBLAS (torch.matmul)" if kind == "bf16" else "torch._scaled_mm (row-wise)"
+        lines += [f"#### {kind}: torch time / ours vs {base}", "",
+                  "| layer (N x K) | " + " | ".join(f"M={m}" for m in ms) + " |",
+                  "|---|" + "---|" * len(ms)]  # fmt: skip
+        for fam, layer, n, k in dict.fromkeys((r.case.family, r.case.layer, r.case.n, r.case.k) for r in rs):
+            by_m = {r.case.m: r for r in rs if (r.case.family, r.case.layer) == (fam, layer)}
+            cells = [f"{by_m[m].ratio:.2f}" if m in by_m else "" for m in ms]
+            lines.append(f"| {fam} {layer} ({n} x {k}) | " + " | ".join(cells) + " |")
+        lines += ["", f"geomean {stats['geomean']:.3f}, min {stats['min']:.2f}, "
+                      f"{stats['below_0.95']} of {stats['cases']} below 0.95; worst: "
+                      + "; ".join(f"{name} {ratio:.2f} (`{cfg}`)" for name, ratio, cfg in stats["worst"]), ""]  # fmt: skip
+    return "\n".join(lines)
+
+
+def heatmap(results: list[Result], path: Path) -> Path | None:
+    """A heat map of the ratios per kind (layers x M); None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    kinds = sorted({r.case.kind for r in results})
+    fig, axes = plt.subplots(1, len(kinds), figsize=(7 * len(kinds), 7), squeeze=False)
+    for ax, kind in zip(axes[0], kinds, strict=True):
+        rs = [r for r in results if r.case.kind == kind]
+        ms = sorted({r.case.m for r in rs})
+        rows = list(dict.fromkeys((r.case.family, r.case.layer) for r in rs))
+        grid = [[next((r.ratio for r in rs if (r.case.family, r.case.layer) == row and r.case.m == m), float("nan"))
+                 for m in ms] for row in rows]  # fmt: skip
+        im = ax.imshow(grid, cmap="RdYlGn", vmin=0.8, vmax=1.2, aspect="auto")
+        ax.set_xticks(range(len(ms)), [str(m) for m in ms])
+        ax.set_yticks(range(len(rows)), [f"{f} {layer}" for f, layer in rows])
+        for i, row in enumerate(grid):
+            for j, v in enumerate(row):
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7)
+        ax.set_title(f"{kind}: torch time / ours")
+        ax.set_xlabel("M (tokens)")
+        fig.colorbar(im, ax=ax)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write(results: list[Result], outdir: Path) -> Path:
+    outdir.mkdir(parents=True, exist_ok=True)
+    meta = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
+            "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M"),
+            "results": [{**asdict(r), "case": asdict(r.case)} for r in results]}  # fmt: skip
+    path = outdir / "sweep.json"
+    path.write_text(json.dumps(meta, indent=1))
+    (outdir / "sweep.md").write_text(markdown(results) + "\n")
+    heatmap(results, outdir / "sweep.png")
+    return path
+
+
+def load(path: Path) -> list[Result]:
+    meta = json.loads(Path(path).read_text())
+    return [Result(**{**r, "case": Case(**r["case"])}) for r in meta["results"]]
+
+
+def configs_of_sweep(arch: str = "sm_90a", sms: int = 132, kinds=KINDS, layers=LAYERS, m_values=M_VALUES) -> list:
+    """The kernel configs the sweep's calls run, found on the CPU: every case's host path runs with
+    shape-only CPU operands and a recording kernel cache (the arch and SM count given)."""
+    from ..api import gemm
+    from ..gemm import dense
+
+    saved = dense.check_operand, dense.device_info, dense.current_device, torch.cuda.current_device
+    dense.check_operand = lambda name, t, dims=(2, 3): None
+    dense.device_info = lambda index: (arch, sms)
+    dense.current_device = torch.cuda.current_device = type(None)  # a CPU tensor's device index
+    found = []
+    try:
+        for case in cases(kinds, layers, m_values):
+            args, kwargs = operands(case, device="cpu")
+            _clear_plans()
+            for cfg in record_configs(lambda args=args, kwargs=kwargs: gemm(*args, **kwargs)):
+                if cfg not in found:
+                    found.append(cfg)
+    finally:
+        dense.check_operand, dense.device_info, dense.current_device, torch.cuda.current_device = saved
+        _clear_plans()
+    return found
+
+
+if __name__ == "__main__":
+    if "--configs" in sys.argv:  # one GemmConfig repr per line: tools/precompile.py's LOG format
+        for cfg in configs_of_sweep():
+            print(repr(cfg))

@@ -1,0 +1,51 @@
+"""The layer sweep's CPU side (``cutegemm.bench.layers``): the case list, the configs its calls run
+(found without a GPU, for precompiling), and the table / heat map from results."""
+
+import random
+
+from cutegemm.bench import layers
+from cutegemm.bench.layers import Case, Result
+
+
+def test_the_sweep_covers_ten_layers_of_four_families_at_every_m():
+    fams = {f for f, *_ in layers.LAYERS}
+    assert len(layers.LAYERS) >= 10 and len(fams) >= 4
+    assert set(layers.M_VALUES) >= {1, 16, 64, 128, 512, 1024, 2048, 8192}
+    cs = layers.cases()
+    assert len(cs) == len(layers.KINDS) * len(layers.LAYERS) * len(layers.M_VALUES)
+
+
+def test_configs_of_the_sweep_are_found_on_the_cpu():
+    lay = [("Llama-3-8B", "o", 4096, 4096), ("DeepSeek-V3", "kv_a", 576, 7168)]
+    cfgs = layers.configs_of_sweep(layers=lay, m_values=(1, 1024))
+    dtypes = {c.a_dtype for c in cfgs}
+    assert dtypes == {"bf16", "e4m3"} and all(c.arch == "sm_90a" for c in cfgs)
+    from cutegemm.gemm import dense
+
+    assert not dense.PLANS  # no plan with the recording cache's no-op kernel is left behind
+
+
+def _results():
+    rng = random.Random(0)
+    out = []
+    for case in layers.cases(layers=layers.LAYERS[:3], m_values=(1, 128, 8192)):
+        r = rng.uniform(0.8, 1.2)
+        out.append(Result(case, 10.0, 10.0 * r, r, r - 0.02, r + 0.02, "cfg", 1e-3, 1e-3))
+    return out
+
+
+def test_table_summary_and_heat_map(tmp_path):
+    res = _results()
+    md = layers.markdown(res)
+    assert md.count("####") == 2 and "| Llama-3-8B qkv (6144 x 4096) |" in md
+    stats = layers.summary(res)
+    bf = [r.ratio for r in res if r.case.kind == "bf16"]
+    assert abs(stats["bf16"]["min"] - min(bf)) < 1e-12 and stats["bf16"]["cases"] == len(bf)
+    path = layers.write(res, tmp_path)
+    assert layers.load(path)[0].case == res[0].case
+    assert (tmp_path / "sweep.md").read_text().strip() == md.strip()
+    assert (tmp_path / "sweep.png").stat().st_size > 1000
+
+
+def test_case_names():
+    assert Case("fp8", "Qwen3-32B", "qkv", 128, 10240, 5120).name == "Qwen3-32B qkv M=128"
