@@ -1,4 +1,5 @@
-"""Command line: ``python -m cutegemm {bench,compile-check,plot,tune}``."""
+"""Command line: ``python -m cutegemm {bench,compile-check,plot,tune}`` (``bench host``: host time per
+warm call of every public path beside torch's)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 
 from . import compile_check, tuning
 from .bench import core as benchmarks
+from .bench import host as host_bench
 from .bench import scaled
 from .bench import tune as tuner
 from .bench.core import plot
@@ -26,6 +28,8 @@ def cmd_compile_check(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.family == "host":  # host time per warm call: needs a GPU, says so without one
+        return host_bench.main(calls=args.calls)
     if not _has_gpu():
         print("No CUDA GPU here: running compile-check for sm_90a and sm_100a instead of the benchmark.")
         args.arch = "sm_90a,sm_100a"
@@ -104,8 +108,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m cutegemm")
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("bench", help="benchmark vs torch on a GPU (compile-check without one)")
-    b.add_argument("family", nargs="?", default="dense", choices=["dense", "grouped", "quantize", "fp4w", "sweep", "all"])
+    b.add_argument("family", nargs="?", default="dense",
+                   choices=["dense", "grouped", "quantize", "fp4w", "sweep", "host", "all"])
     b.add_argument("--reps", type=int, default=30)
+    b.add_argument("--calls", type=int, default=1000, help="host: back-to-back calls per timing")
     b.add_argument("--out", default="results")
     b.set_defaults(fn=cmd_bench)
     c = sub.add_parser("compile-check", help="compile every variant for each arch and check its SASS")

@@ -21,7 +21,7 @@ from cutegemm.epilogue import epilogue_ref
 from cutegemm.gemm.args import KernelArgs
 from cutegemm.schedulers.grouped import expert_rows
 
-from .host_overhead_cpu import _check_operand_cpu, cpu_fast_path
+from .host_overhead_cpu import cpu_fast_path
 
 
 class EmulatedKernel:
@@ -114,14 +114,10 @@ def emulated_kernels():
     from cutegemm.grouped import packed
 
     cache = _ConfigCache()
-    saved = [(k_grouped, n, getattr(k_grouped, n)) for n in ("DENSE_CACHE", "device_info", "check_operand")]
-    saved += [(k_grouped, "_KG_PLANS", k_grouped._KG_PLANS)]
     with cpu_fast_path():
-        saved += [(dense, "DENSE_CACHE", dense.DENSE_CACHE), (packed, "GROUPED_CACHE", packed.GROUPED_CACHE)]
+        saved = [(mod, name, getattr(mod, name))
+                 for mod, name in ((dense, "DENSE_CACHE"), (packed, "GROUPED_CACHE"), (k_grouped, "DENSE_CACHE"))]  # fmt: skip
         dense.DENSE_CACHE = packed.GROUPED_CACHE = k_grouped.DENSE_CACHE = cache
-        k_grouped.device_info = lambda index: ("sm_90a", 132)
-        k_grouped.check_operand = _check_operand_cpu
-        k_grouped._KG_PLANS = {}
         try:
             yield cache
         finally:

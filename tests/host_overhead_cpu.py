@@ -72,6 +72,7 @@ def cpu_fast_path(kernel: NoOpKernel | None = None):
     (a fresh :class:`NoOpKernel` by default) as the compiled kernel; yields the kernel. Plans made
     inside are dropped on exit."""
     from cutegemm.gemm import dense
+    from cutegemm.grouped import k_grouped
     from cutegemm.grouped import packed as grouped
 
     kernel = kernel or NoOpKernel()
@@ -89,6 +90,10 @@ def cpu_fast_path(kernel: NoOpKernel | None = None):
     patch(grouped, "device_info", lambda index: ("sm_90a", 132))
     patch(dense, "DENSE_CACHE", fake_cache)
     patch(grouped, "GROUPED_CACHE", fake_cache)
+    patch(k_grouped, "check_operand", _check_operand_cpu)  # the K-grouped kernel's host path
+    patch(k_grouped, "device_info", lambda index: ("sm_90a", 132))
+    patch(k_grouped, "DENSE_CACHE", fake_cache)
+    patch(k_grouped, "_KG_PLANS", {})
     # The "current CUDA device" is None, the index of a CPU tensor's device, with the real cost:
     # NoneType() is a C call returning None like torch._C._cuda_getDevice, and
     # torch.cuda.current_device keeps its Python lazy-init checks.
@@ -183,6 +188,20 @@ def measure(calls: int = 20000) -> dict:
         )
         res["grouped_gemm(x, w, offs)"] = _time(lambda: cutegemm.grouped_gemm(x, w, offs=offs), calls)
         assert k.calls > 3 * calls
+        # the other grouped forms and FP8 row-wise (their warm paths)
+        xt, dy = torch.randn(256, 128, dtype=bf).t(), torch.randn(256, 128, dtype=bf)
+        a3, b3, b2 = torch.randn(4, 64, 128, dtype=bf), w, torch.randn(512, 128, dtype=bf).t()
+        noffs = torch.tensor([128, 256, 384, 512], dtype=torch.int32)
+        res["grouped_gemm 2d x 2d (K-grouped)"] = _time(lambda: cutegemm.grouped_gemm(xt, dy, offs=offs), calls)
+        res["grouped_gemm 3d x 3d"] = _time(lambda: cutegemm.grouped_gemm(a3, b3), calls)
+        res["grouped_gemm 3d x 2d"] = _time(lambda: cutegemm.grouped_gemm(a3, b2, offs=noffs), calls)
+        e4m3 = torch.float8_e4m3fn
+        a8, b8, x8, w8 = a.to(e4m3), b.t().contiguous().t().to(e4m3), x.to(e4m3), w.to(e4m3)
+        sa, sb, gsa, gsb = torch.rand(128, 1), torch.rand(1, 128), torch.rand(256), torch.rand(4, 128)
+        res["gemm FP8 row-wise"] = _time(lambda: cutegemm.gemm(a8, b8, scale_a=sa, scale_b=sb), calls)
+        res["grouped_gemm FP8 row-wise"] = _time(
+            lambda: cutegemm.grouped_gemm(x8, w8, offs=offs, scale_a=gsa, scale_b=gsb), calls
+        )
     from cutegemm.blockscaled import quantize_ref
 
     x16 = torch.randn(16, 512, dtype=bf)

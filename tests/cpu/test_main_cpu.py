@@ -59,3 +59,30 @@ def test_compile_check_reaches_every_kernel_family(monkeypatch):
         for cfg in importlib.import_module(name).all_configs(arch)
     ]
     assert seen == want and len(res) == len(want) and all(r.ok for r in res)
+
+
+def test_bench_host_without_a_gpu_says_so(capsys):
+    """`bench host` times warm calls on a GPU; without one it prints why and exits 0."""
+    import cutegemm.__main__ as main
+
+    assert main.main(["bench", "host"]) == 0
+    assert "no" in capsys.readouterr().out.lower()
+
+
+def test_bench_host_table(monkeypatch, capsys):
+    """With a (stubbed) GPU: one row per public path, ours beside torch's nearest equivalent and
+    the ratio; a path whose setup failed shows its reason instead of a number."""
+    import torch
+
+    import cutegemm.__main__ as main
+    import cutegemm.bench.host as host
+
+    rows = [("gemm(a, b) bf16 128^3", 9.0, "torch.matmul", 12.0, ""),
+            ("FP8 block-wise dense", 20.0, "F.scaled_mm block-wise", None, "torch: not in this torch")]  # fmt: skip
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU")
+    monkeypatch.setattr(host, "host_table", lambda calls, rounds: rows)
+    assert main.main(["bench", "host", "--calls", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "Fake GPU" in out and "0.75x" in out and "n/a" in out and "not in this torch" in out
+    assert [group for group, _ in host.GROUPS] == ["dense", "grouped", "FP8", "quantized", "torch ops"]
