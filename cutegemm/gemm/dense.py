@@ -229,10 +229,10 @@ def _plan(
     fp8 = a.dtype == torch.float8_e4m3fn
     # FP8 block scaling: vectors = (scale_a (M, KB), scale_b (NB, KB)) from fp8_block_scales
     blockwise = fp8 and len(vectors) == 2 and vectors[0] is not None and vectors[0].dim() == 2
-    if fp8 and unit_mode(a3s) != 2:  # FP8 WGMMA reads K-major operands only: copy
-        a3s = a3s.contiguous()
+    if fp8 and unit_mode(a3s) != 2:  # FP8 WGMMA reads K-major operands only: copy (rows padded to 16 bytes)
+        a3s = rowmajor_operand(a3s)
     if fp8 and unit_mode(b3s) != 1:
-        b3s = b3s.mT.contiguous().mT
+        b3s = rowmajor_operand(b3s.mT).mT
     r3s = None if r3 is None else rowmajor_operand(r3)
     bias_s = None
     if bias is not None:
