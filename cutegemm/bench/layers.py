@@ -25,6 +25,10 @@ from pathlib import Path
 
 import torch
 
+from ..api import gemm
+from ..gemm import dense
+from ..runtime.timer import Timer
+
 # (family, layer, N, K) of x (M, K) @ W (N, K).T; fused projections as the models run them.
 LAYERS = [
     ("Llama-3-8B", "qkv", 6144, 4096),
@@ -112,8 +116,6 @@ def reference(args, kwargs) -> torch.Tensor:
 
 
 def run_case(case: Case, timer, rounds: int = 4, reps: int = 10) -> Result:
-    from ..api import gemm
-
     args, kwargs = operands(case)
     config = our_config(args, kwargs)
     ref = reference(args, kwargs)
@@ -133,8 +135,6 @@ def run_case(case: Case, timer, rounds: int = 4, reps: int = 10) -> Result:
 def our_config(args, kwargs) -> str:
     """The name of the config our call runs (its host path run once with a recording cache; the
     dense path's plans are cleared before and after, so no plan keeps the no-op kernel)."""
-    from ..api import gemm
-
     _clear_plans()
     try:
         seen = record_configs(lambda: gemm(*args, **kwargs))
@@ -144,8 +144,6 @@ def our_config(args, kwargs) -> str:
 
 
 def _clear_plans():
-    from ..gemm import dense
-
     dense.PLANS.clear()
     getattr(dense, "PLAIN_PLANS", {}).clear()
 
@@ -153,8 +151,6 @@ def _clear_plans():
 def record_configs(call) -> list:
     """The GemmConfigs the dense path asks its kernel cache for while ``call()`` runs (no kernel is
     compiled or launched: the cache returns a no-op)."""
-    from ..gemm import dense
-
     seen = []
 
     class _Recorder:
@@ -172,8 +168,6 @@ def record_configs(call) -> list:
 
 
 def sweep(kinds=KINDS, layers=LAYERS, m_values=M_VALUES, rounds: int = 4, reps: int = 10, out=None) -> list[Result]:
-    from ..runtime.timer import Timer
-
     timer = Timer()
     results = []
     for case in cases(kinds, layers, m_values):
@@ -275,9 +269,6 @@ def load(path: Path) -> list[Result]:
 def configs_of_sweep(arch: str = "sm_90a", sms: int = 132, kinds=KINDS, layers=LAYERS, m_values=M_VALUES) -> list:
     """The kernel configs the sweep's calls run, found on the CPU: every case's host path runs with
     shape-only CPU operands and a recording kernel cache (the arch and SM count given)."""
-    from ..api import gemm
-    from ..gemm import dense
-
     saved = dense.check_operand, dense.device_info, dense.current_device, torch.cuda.current_device
     dense.check_operand = lambda name, t, dims=(2, 3): None
     dense.device_info = lambda index: (arch, sms)
