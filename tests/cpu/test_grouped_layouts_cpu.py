@@ -9,72 +9,27 @@ from __future__ import annotations
 
 import torch
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import cutegemm
 from cutegemm.grouped import packed
 
 from ..emulated_kernel import emulated_kernels
+from ..layout_cases import LAYOUT_STRATEGY, check_packed_layout
 
 BF = torch.bfloat16
 
 
-def _view(rows, cols, how, dtype=BF, fill=None):
-    """A (rows, cols) view of a larger buffer: "rm" row-major compact, "cm" column-major, "off"
-    one element past the start with odd row stride, "pad" row-major with 3 spare columns."""
-    make = (lambda *s: torch.full(s, fill, dtype=dtype)) if fill is not None else (lambda *s: torch.randn(*s).to(dtype))
-    if how == "rm":
-        return make(rows, cols), None
-    if how == "cm":
-        buf = make(cols, rows)
-        return buf.t(), buf
-    if how == "off":
-        buf = make(rows + 1, cols + 1)
-        return buf[1:, 1:], buf
-    buf = make(rows, cols + 3)
-    return buf[:, :cols], buf
+@settings(max_examples=40, deadline=None)
+@given(**LAYOUT_STRATEGY)
+def test_packed_any_layout_against_the_twin(counts, tail, k, n, a_how, b_t, b_step, out_how):
+    """Packed 2d x 3d with A of any layout, B transposed / strided over the experts, any N, out of
+    any view (or none); rows past offs[-1] (``tail``) keep their NaN poison."""
+    with emulated_kernels():
+        check_packed_layout("cpu", counts, tail, k, n, a_how, b_t, b_step, out_how)
 
 
 def _offs(counts):
     return torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32)
-
-
-@settings(max_examples=40, deadline=None)
-@given(
-    counts=st.lists(st.integers(0, 40), min_size=1, max_size=5),
-    tail=st.integers(0, 9),
-    k=st.integers(1, 40),
-    n=st.integers(1, 40),
-    a_how=st.sampled_from(["rm", "cm", "off", "pad"]),
-    b_t=st.booleans(),
-    b_step=st.sampled_from([1, 2]),
-    out_how=st.sampled_from([None, "rm", "cm", "off", "pad"]),
-)
-def test_packed_any_layout_against_the_twin(counts, tail, k, n, a_how, b_t, b_step, out_how):
-    """Packed 2d x 3d with A of any layout, B transposed / strided over the experts, any N, out of
-    any view (or none); rows past offs[-1] (``tail``) keep their NaN poison."""
-    torch.manual_seed(0)
-    e, total = len(counts), sum(counts) + tail
-    a, _ = _view(total, k, a_how)
-    b = torch.randn(e * b_step, n, k).to(BF).transpose(1, 2)[::b_step] if b_t else torch.randn(e * b_step, k, n).to(BF)[::b_step]
-    offs = _offs(counts)
-    ref = cutegemm.grouped_gemm_ref(a, b, offs=offs)
-    with emulated_kernels():
-        if out_how is None:
-            got = cutegemm.grouped_gemm(a, b, offs=offs)
-            assert got.shape == (total, n) and got.is_contiguous()
-        else:
-            out, buf = _view(total, n, out_how, fill=float("nan"))
-            got = cutegemm.grouped_gemm(a, b, offs=offs, out=out)
-            assert got is out
-            outside = (buf if buf is not None else out).clone()
-            if buf is not None:  # nothing outside the view written
-                mask = torch.ones_like(buf, dtype=torch.bool)
-                mask.as_strided(out.shape, out.stride(), out.storage_offset() - buf.storage_offset()).fill_(False)
-                assert torch.isnan(outside[mask]).all()
-            assert torch.isnan(out[sum(counts):]).all(), "a row past offs[-1] was written"
-    end = sum(counts)
-    torch.testing.assert_close(got[:end].float(), ref[:end].float(), atol=1e-2, rtol=1e-2)
 
 
 def test_staged_calls_are_not_cached_aligned_ones_are():
