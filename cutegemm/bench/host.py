@@ -64,7 +64,8 @@ def _fp8():
     a8, b8 = _r(128, 256, dtype=E4M3), _r(256, 256, dtype=E4M3).t()
     sa, sb = torch.rand(128, 1, device="cuda"), torch.rand(1, 256, device="cuda")
     sa_blk = torch.rand(2, 128, device="cuda").t()  # (M, K/128), M-major: torch's layout
-    sb_blk = torch.rand(2, 2, device="cuda")  # (K/128, N/128)
+    # (K/128 padded to 4, N/128), K-major: torch's 128x128 layout (cutegemm never reads the padding)
+    sb_blk = F.pad(torch.rand(2, 2, device="cuda"), (0, 2)).t()
     x8, w8 = _r(256, 256, dtype=E4M3), _r(4, 256, 256, dtype=E4M3).transpose(1, 2)
     gsa, gsb, offs = torch.rand(256, device="cuda"), torch.rand(4, 256, device="cuda"), _i32([64, 128, 192, 256])
     cases = [
@@ -77,7 +78,7 @@ def _fp8():
     scaling = getattr(F, "ScalingType", None)
     if block is not None and scaling is not None:
         def torch_block():
-            return block(a8, b8, sa_blk, scaling.BlockWise1x128, sb_blk.t(), scaling.BlockWise128x128, output_dtype=BF)
+            return block(a8, b8, sa_blk, scaling.BlockWise1x128, sb_blk, scaling.BlockWise128x128, output_dtype=BF)
     else:
         torch_block = None
     cases.append(("FP8 block-wise dense (1x128 x 128x128)", lambda: gemm(a8, b8, scale_a=sa_blk, scale_b=sb_blk),
