@@ -12,6 +12,7 @@ import torch
 from . import compile_check, tuning
 from .bench import core as benchmarks
 from .bench import host as host_bench
+from .bench import layers as layer_sweep
 from .bench import scaled
 from .bench import tune as tuner
 from .bench.core import plot
@@ -55,7 +56,11 @@ def cmd_bench(args) -> int:
             rows = bench_quantize(reps=args.reps)
             print(quant_markdown_table(rows, f"quantize (bf16 input) on {gpu}"))
             print(f"results: {write_quant_results(rows, outdir)}")
-        elif fam == "sweep":
+        elif fam == "sweep":  # real-model layers x M, bf16 and FP8 row-wise, vs torch
+            results = layer_sweep.sweep(out=outdir / "sweep")
+            print(layer_sweep.markdown(results))
+            print(f"results: {outdir / 'sweep'}")
+        elif fam == "tiles":  # every sm_90a tile candidate on the dense benchmark shapes
             sweep_dense(reps=args.reps)
     return 0
 
@@ -109,7 +114,7 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("bench", help="benchmark vs torch on a GPU (compile-check without one)")
     b.add_argument("family", nargs="?", default="dense",
-                   choices=["dense", "grouped", "quantize", "fp4w", "sweep", "host", "all"])
+                   choices=["dense", "grouped", "quantize", "fp4w", "sweep", "tiles", "host", "all"])
     b.add_argument("--reps", type=int, default=30)
     b.add_argument("--calls", type=int, default=1000, help="host: back-to-back calls per timing")
     b.add_argument("--out", default="results")

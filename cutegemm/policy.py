@@ -1,7 +1,7 @@
 """Per-arch policy: machine facts plus the heuristic that picks a GemmConfig for a problem.
 
 Tile/cluster choices were measured on the H200 (bench/RESULTS.md, `python -m cutegemm bench
-sweep`); the sm_100a choices are untested defaults (no Blackwell GPU here).
+tiles`); the sm_100a choices are untested defaults (no Blackwell GPU here).
 """
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ def small_m_options(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig
 
 
 class Sm90Policy(ArchPolicy):
-    # Chosen from `python -m cutegemm bench sweep` on the H200 (bench/RESULTS.md):
+    # Chosen from `python -m cutegemm bench tiles` on the H200 (bench/RESULTS.md):
     # 128x256 cooperative + 2x1 cluster, N-major raster, was best or within 2% of best on every
     # large shape; pingpong 128x128 was within 1-4% but never clearly ahead; for 64 < M <= 128 a
     # 128x64 tile (112 CTAs at N=7168) beat 64x128, 64x256 and every multicast variant.

@@ -1,6 +1,6 @@
 """Autotuning: per (arch, family, dtypes, epilogue, shape bucket) a small candidate set of configs,
 timed on a GPU, the winner persisted next to the compile cache; plus the tile/cluster sweep used
-to set the policy (``sweep_dense``, ``python -m cutegemm bench sweep``).
+to set the policy (``sweep_dense``, ``python -m cutegemm bench tiles``).
 
 Opt-in. Off (the default): :func:`tuned_config` returns None and the API uses the policy's
 deterministic choice. On (``CUTEGEMM_AUTOTUNE=1`` or ``cutegemm.tuning.enable(True)``): the

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One round on the H200 machine: unpack the staged DSL, then run what is asked.
-#   bash tools/gpu.sh smoke|test|bench|sweep|all   (results land in $OUT or ./results)
+#   bash tools/gpu.sh smoke|test|bench|sweep|tiles|overhead   (results land in $OUT or ./results)
 set -uo pipefail
 mkdir -p /tmp/site && tar -C /tmp/site -xJf .dsl/cutlass-dsl-4.8.1-cp312.tar.xz
 export PYTHONPATH=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -16,8 +16,9 @@ a=torch.randn(1000,328,device='cuda',dtype=torch.bfloat16); b=torch.randn(328,10
 o=cutegemm.gemm(a,b); r=a.double()@b.double(); print('smoke max err', (o.double()-r).abs().max().item(), 'torch', ((a@b).double()-r).abs().max().item())" ;;
     test) python -m pytest tests -q -p no:cacheprovider --hypothesis-show-statistics 2>&1 | grep -E 'passing|passed|failed|FAILED|Error|error' | tail -40 ;;
     bench) python -m cutegemm bench dense --out "$OUTDIR" ;;
-    sweep) python -m cutegemm bench sweep ;;
-    overhead) python -c "from cutegemm.benchmarks import host_overhead; host_overhead()" ;;
+    sweep) python -m cutegemm bench sweep --out "$OUTDIR" ;;
+    tiles) python -m cutegemm bench tiles ;;
+    overhead) python -m cutegemm bench host ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done

@@ -1,5 +1,5 @@
 """Autotuning and the policy sweep on the current GPU: ``python -m cutegemm tune`` and
-``python -m cutegemm bench sweep`` (the records and the timing loop: ``cutegemm.tuning``)."""
+``python -m cutegemm bench tiles`` (the records and the timing loop: ``cutegemm.tuning``)."""
 
 from __future__ import annotations
 
