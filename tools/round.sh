@@ -27,7 +27,7 @@ for spec in "$@"; do
     test-*) cmd="$PT $(ls tests/*/test_${step#test-}.py)" ;;
     tests) cmd="$PT tests" ;;
     bench-*) cmd="python -m cutegemm bench ${step#bench-} --reps 20 --out $O/${step#bench-}" ;;
-    overhead) cmd="python -c 'from cutegemm.bench.core import host_overhead; host_overhead()'" ;;
+    overhead) cmd="python -m cutegemm bench host" ;;
     stress) cmd="python tools/stress.py --cases ${STRESS_CASES:-1000} --seed ${STRESS_SEED:-0} ${STRESS_FAMILIES:+--families $STRESS_FAMILIES} --time-limit $((lim - 15))" ;;
     sanitize) cmd="bash tools/sanitize.sh ${SANITIZE_TOOLS:-}" ;;
     *) echo "unknown step $step"; continue ;;

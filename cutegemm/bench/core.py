@@ -161,53 +161,6 @@ def plot(json_path: Path) -> Path | None:
     return out
 
 
-def host_overhead(calls: int = 2000, rounds: int = 5) -> dict:
-    """Host time per warm call (µs) on tiny problems, ours beside torch's, all in one process:
-    ``cutegemm.gemm`` vs ``torch.matmul`` (128^3 bf16) and ``cutegemm.grouped_gemm`` vs
-    ``torch._grouped_mm`` (4 experts, 256 x 128 x 128, packed), plus our torch.library ops
-    (``torch.ops.cutegemm.gemm`` / ``grouped_gemm``: what torch.compile'd code calls).
-
-    ``calls`` back-to-back calls per timing (the kernels are shorter than the host work, so the
-    GPU queue never fills and this is the per-call host cost); the functions are timed in turn,
-    ``rounds`` times, and the fastest round of each is kept (drift hits all alike). Prints one
-    table (µs and ours / torch) and returns ``{name: µs}``."""
-    bf = torch.bfloat16
-    a = torch.randn(128, 128, device="cuda", dtype=bf)
-    b = torch.randn(128, 128, device="cuda", dtype=bf)
-    x = torch.randn(256, 128, device="cuda", dtype=bf)
-    w = torch.randn(4, 128, 128, device="cuda", dtype=bf).transpose(1, 2)  # (E, K, N) view, K-major
-    offs = torch.tensor([64, 128, 192, 256], device="cuda", dtype=torch.int32)
-    op = torch.ops.cutegemm
-    fns = {
-        "cutegemm.gemm": lambda: gemm(a, b),
-        "torch.ops.cutegemm.gemm": lambda: op.gemm(a, b),
-        "torch.matmul": lambda: torch.matmul(a, b),
-        "cutegemm.grouped_gemm": lambda: grouped_gemm(x, w, offs=offs),
-        "torch.ops.cutegemm.grouped_gemm": lambda: op.grouped_gemm(x, w, offs),
-        "torch._grouped_mm": lambda: torch._grouped_mm(x, w, offs=offs),
-    }
-    res = {name: float("inf") for name in fns}
-    for fn in fns.values():
-        for _ in range(50):
-            fn()
-    torch.cuda.synchronize()
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            t1 = time.perf_counter()
-            torch.cuda.synchronize()
-            res[name] = min(res[name], (t1 - t0) / calls * 1e6)
-    base = {"cutegemm.gemm": "torch.matmul", "torch.ops.cutegemm.gemm": "torch.matmul",
-            "cutegemm.grouped_gemm": "torch._grouped_mm", "torch.ops.cutegemm.grouped_gemm": "torch._grouped_mm"}  # fmt: skip
-    print(f"host time per warm call, best of {rounds} x {calls} calls on {torch.cuda.get_device_name()}:")
-    for name, us in res.items():
-        ratio = f"  ({us / res[base[name]]:.2f}x {base[name]})" if name in base else ""
-        print(f"  {name:34s} {us:6.1f} µs{ratio}")
-    return res
-
-
 GROUPED_SHAPES = [
     # (experts, mean tokens per expert, N, K), issue 4's MoE shapes:
     (32, 512, 4096, 7168),  # DeepSeek-V3 up projection
