@@ -49,7 +49,7 @@ from torch.autograd.function import once_differentiable
 
 from .api.face import grouped_gemm, grouped_gemm_ref
 from .epilogue import GATED, activation_ref
-from .ops import activation_grad
+from .ops import activation_grad, zero_rows_past_end
 
 GATE_ACT = {"swiglu": "silu", "geglu": "gelu"}
 
@@ -67,14 +67,6 @@ def grouped_mm(a, b, offs, *, activation=None, out_dtype=None, gate_layout="inte
     cd = torch.float64 if a.dtype == torch.float64 else torch.float32
     return grouped_gemm_ref(a, b, offs=offs, out_dtype=out_dtype or a.dtype, activation=activation,
                             gate_layout=gate_layout, compute_dtype=cd)  # fmt: skip
-
-
-def zero_rows_past_end(t: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    """t (T, ...) with rows at or past offs[-1] set to zero (on the device, no host sync)."""
-    if offs.shape[0] == 0:
-        return torch.zeros_like(t)
-    rows = torch.arange(t.shape[0], device=t.device).unsqueeze(1)
-    return torch.where(rows < offs[-1], t, torch.zeros((), dtype=t.dtype, device=t.device))
 
 
 def _split(z: torch.Tensor, gate_layout: str):

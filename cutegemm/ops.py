@@ -309,7 +309,7 @@ def _grouped_setup_context(ctx, inputs, keyword_only_inputs, output):
     ctx.save_for_backward(a, b, offs)
 
 
-def _zero_rows_past_end(t: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+def zero_rows_past_end(t: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """t (T, ...) with rows at or past offs[-1] set to zero (no host sync)."""
     if offs.shape[0] == 0:
         return torch.zeros_like(t)
@@ -329,14 +329,14 @@ def _grouped_backward(ctx, grad):
     da = db = None
     if b.dim() == 3:  # packed: Y[rows_e] = alpha * a[rows_e] @ b[e]
         if need_a:
-            da = _zero_rows_past_end(op(g, b.mT, offs, alpha=alpha, out_dtype=a.dtype), offs)
+            da = zero_rows_past_end(op(g, b.mT, offs, alpha=alpha, out_dtype=a.dtype), offs)
         if need_b:
             db = op(a.mT, g, offs, alpha=alpha, out_dtype=b.dtype)  # K-grouped: (E, K, N)
     else:  # K-grouped: Y[e] = alpha * a[:, k_e] @ b[k_e]
         if need_a:  # da^T[k_e] = b[k_e] @ dY[e]^T
-            da = _zero_rows_past_end(op(b.contiguous(), g.mT, offs, alpha=alpha, out_dtype=a.dtype), offs).mT
+            da = zero_rows_past_end(op(b.contiguous(), g.mT, offs, alpha=alpha, out_dtype=a.dtype), offs).mT
         if need_b:  # db[k_e] = a[:, k_e]^T @ dY[e]
-            db = _zero_rows_past_end(op(a.mT.contiguous(), g, offs, alpha=alpha, out_dtype=b.dtype), offs)
+            db = zero_rows_past_end(op(a.mT.contiguous(), g, offs, alpha=alpha, out_dtype=b.dtype), offs)
     return da, db, None  # a, b, offs
 
 
