@@ -77,6 +77,7 @@ class Result:
     config: str
     err: float  # max |ours - fp64 reference| / max |reference|
     torch_err: float
+    waves: float = 0.0  # our config's work units (output tiles x split_k) per SM
 
 
 def cases(kinds=KINDS, layers=LAYERS, m_values=M_VALUES) -> list[Case]:
@@ -117,7 +118,8 @@ def reference(args, kwargs) -> torch.Tensor:
 
 def run_case(case: Case, timer, rounds: int = 4, reps: int = 10) -> Result:
     args, kwargs = operands(case)
-    config = our_config(args, kwargs)
+    cfg = our_config(args, kwargs)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     ref = reference(args, kwargs)
     scale = ref.abs().max().clamp(min=1e-30)
     err = ((gemm(*args, **kwargs).double() - ref).abs().max() / scale).item()
@@ -129,18 +131,25 @@ def run_case(case: Case, timer, rounds: int = 4, reps: int = 10) -> Result:
             times.append(timer(fn, reps) * 1e3)
     ratios = [t / o for o, t in zip(ours, theirs, strict=True)]
     return Result(case, statistics.median(ours), statistics.median(theirs), statistics.median(ratios),
-                  min(ratios), max(ratios), config, err, torch_err)  # fmt: skip
+                  min(ratios), max(ratios), cfg.name if cfg else "?", err, torch_err,
+                  waves(cfg, case.m, case.n, sms) if cfg else 0.0)  # fmt: skip
 
 
-def our_config(args, kwargs) -> str:
-    """The name of the config our call runs (its host path run once with a recording cache; the
-    dense path's plans are cleared before and after, so no plan keeps the no-op kernel)."""
+def our_config(args, kwargs):
+    """The config our call runs (its host path run once with a recording cache; the dense path's
+    plans are cleared before and after, so no plan keeps the no-op kernel), or None."""
     _clear_plans()
     try:
         seen = record_configs(lambda: gemm(*args, **kwargs))
     finally:
         _clear_plans()
-    return seen[-1].name if seen else "?"
+    return seen[-1] if seen else None
+
+
+def waves(cfg, m: int, n: int, sms: int) -> float:
+    """Work units per SM of ``cfg`` on an (m, n) output: output tiles x split_k over the SMs (a
+    2.1 is two full waves and a tenth of a third; the wave quantization the policy must model)."""
+    return -(-m // cfg.tile_m) * -(-n // cfg.tile_n) * max(1, cfg.split_k) / sms
 
 
 def _clear_plans():
@@ -175,7 +184,7 @@ def sweep(kinds=KINDS, layers=LAYERS, m_values=M_VALUES, rounds: int = 4, reps: 
         results.append(res)
         print(f"{case.kind:4} {case.name:34} ours {res.ours_us:9.1f} us  torch {res.torch_us:9.1f} us  "
               f"{res.ratio:5.2f}x [{res.ratio_lo:.2f}, {res.ratio_hi:.2f}]  err {res.err:.2g} "
-              f"(torch {res.torch_err:.2g})  {res.config}", flush=True)  # fmt: skip
+              f"(torch {res.torch_err:.2g})  {res.waves:.2f} waves  {res.config}", flush=True)  # fmt: skip
     if out is not None:
         write(results, Path(out))
     return results
@@ -192,7 +201,7 @@ def summary(results: list[Result]) -> dict:
             "min": worst[0].ratio,
             "below_0.95": sum(r.ratio < 0.95 for r in rs),
             "cases": len(rs),
-            "worst": [(r.case.name, round(r.ratio, 3), r.config) for r in worst],
+            "worst": [(r.case.name, round(r.ratio, 3), f"{r.config}, {r.waves:.2f} waves") for r in worst],
         }
     return out
 
@@ -266,28 +275,35 @@ def load(path: Path) -> list[Result]:
     return [Result(**{**r, "case": Case(**r["case"])}) for r in meta["results"]]
 
 
-def configs_of_sweep(arch: str = "sm_90a", sms: int = 132, kinds=KINDS, layers=LAYERS, m_values=M_VALUES) -> list:
-    """The kernel configs the sweep's calls run, found on the CPU: every case's host path runs with
-    shape-only CPU operands and a recording kernel cache (the arch and SM count given)."""
+def sweep_plan(arch: str = "sm_90a", sms: int = 132, kinds=KINDS, layers=LAYERS, m_values=M_VALUES) -> list:
+    """[(case, the configs its call runs)] of the sweep, found on the CPU: every case's host path
+    runs with shape-only CPU operands and a recording kernel cache (the arch and SM count given)."""
     saved = dense.check_operand, dense.device_info, dense.current_device, torch.cuda.current_device
     dense.check_operand = lambda name, t, dims=(2, 3): None
     dense.device_info = lambda index: (arch, sms)
     dense.current_device = torch.cuda.current_device = type(None)  # a CPU tensor's device index
-    found = []
+    plan = []
     try:
         for case in cases(kinds, layers, m_values):
             args, kwargs = operands(case, device="cpu")
             _clear_plans()
-            for cfg in record_configs(lambda args=args, kwargs=kwargs: gemm(*args, **kwargs)):
-                if cfg not in found:
-                    found.append(cfg)
+            plan.append((case, record_configs(lambda args=args, kwargs=kwargs: gemm(*args, **kwargs))))
     finally:
         dense.check_operand, dense.device_info, dense.current_device, torch.cuda.current_device = saved
         _clear_plans()
-    return found
+    return plan
+
+
+def configs_of_sweep(arch: str = "sm_90a", sms: int = 132, **sweep) -> list:
+    """The distinct kernel configs of :func:`sweep_plan` (what to precompile)."""
+    return list(dict.fromkeys(cfg for _, cfgs in sweep_plan(arch, sms, **sweep) for cfg in cfgs))
 
 
 if __name__ == "__main__":
     if "--configs" in sys.argv:  # one GemmConfig repr per line: tools/precompile.py's LOG format
         for cfg in configs_of_sweep():
             print(repr(cfg))
+    if "--waves" in sys.argv:  # the policy's config per case and its waves on an H200 (132 SMs)
+        for case, cfgs in sweep_plan():
+            cfg = cfgs[-1]
+            print(f"{case.kind:4} {case.name:34} {waves(cfg, case.m, case.n, 132):6.2f} waves  {cfg.name}")

@@ -47,5 +47,14 @@ def test_table_summary_and_heat_map(tmp_path):
     assert (tmp_path / "sweep.png").stat().st_size > 1000
 
 
+def test_waves_count_tiles_and_splits_per_sm():
+    from cutegemm.config import GemmConfig
+
+    cfg = GemmConfig(arch="sm_90a", tile_m=128, tile_n=64)
+    assert layers.waves(cfg, 128, 10240, 132) == 160 / 132  # the 1.2-wave cliff of a 128-row layer
+    assert layers.waves(GemmConfig(arch="sm_90a", tile_m=64, tile_n=128, split_k=4, a_major="k", b_major="k"),
+                        1, 4096, 132) == 32 * 4 / 132  # fmt: skip
+
+
 def test_case_names():
     assert Case("fp8", "Qwen3-32B", "qkv", 128, 10240, 5120).name == "Qwen3-32B qkv M=128"
