@@ -13,6 +13,7 @@ from . import compile_check, tuning
 from .bench import core as benchmarks
 from .bench import host as host_bench
 from .bench import layers as layer_sweep
+from .bench import moe as moe_bench
 from .bench import scaled
 from .bench import tune as tuner
 from .bench.core import plot
@@ -60,6 +61,11 @@ def cmd_bench(args) -> int:
             results = layer_sweep.sweep(out=outdir / "sweep")
             print(layer_sweep.markdown(results))
             print(f"results: {outdir / 'sweep'}")
+        elif fam == "moe":  # the MoE expert layer, fwd and fwd+bwd: torch, cutegemm, transformers backend, SonicMoE
+            shapes, impls = moe_bench.select_shapes(args.shapes), moe_bench.select_impls(args.impls)
+            results = moe_bench.bench_moe(shapes, impls, rounds=args.rounds, reps=args.reps, out=outdir / "moe")
+            print(moe_bench.markdown(results))
+            print(f"results: {outdir / 'moe'}")
         elif fam == "tiles":  # every sm_90a tile candidate on the dense benchmark shapes
             sweep_dense(reps=args.reps)
     return 0
@@ -114,10 +120,13 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("bench", help="benchmark vs torch on a GPU (compile-check without one)")
     b.add_argument("family", nargs="?", default="dense",
-                   choices=["dense", "grouped", "quantize", "fp4w", "sweep", "tiles", "host", "all"])
+                   choices=["dense", "grouped", "quantize", "fp4w", "sweep", "moe", "tiles", "host", "all"])
     b.add_argument("--reps", type=int, default=30)
     b.add_argument("--calls", type=int, default=1000, help="host: back-to-back calls per timing")
     b.add_argument("--out", default="results")
+    b.add_argument("--shapes", default="", help="moe: shape names (substrings, comma separated); default all")
+    b.add_argument("--impls", default="", help="moe: torch,cutegemm,cutegemm-hf,sonicmoe (torch always runs)")
+    b.add_argument("--rounds", type=int, default=4, help="moe: interleaved rounds")
     b.set_defaults(fn=cmd_bench)
     c = sub.add_parser("compile-check", help="compile every variant for each arch and check its SASS")
     c.add_argument("--arch", default="sm_90a,sm_100a")

@@ -44,8 +44,10 @@ FLOORS = {
 FLOOR_NAMES = ["config", "runtime / policy / tuning", "schedulers / epilogue / block formats", "gemm",
                "grouped", "blockscaled", "api", "ops / quant_ops / moe / nn / parallel / integrations / compile_check",
                "bench", "__main__ / cutegemm"]
-# Optional dependencies: imported where used, so that the library works without them.
-OPTIONAL = ("matplotlib", "tqdm", "transformers", "nvidia.cu13", "torch.distributed")
+# Optional dependencies: imported where used, so that the library works without them (sonicmoe: a
+# benchmark's competitor; cutegemm.integrations.transformers imports transformers).
+OPTIONAL = ("matplotlib", "tqdm", "transformers", "nvidia.cu13", "torch.distributed", "sonicmoe",
+            "cutegemm.integrations.transformers")
 
 
 def module_files() -> dict[str, Path]:

@@ -36,8 +36,8 @@ HOST_ONLY = frozenset({
     "blockscaled/reference.py", "blockscaled/__init__.py", "blockscaled/weight_only/launch.py",
     "epilogue/reference.py", "runtime/sass.py", "runtime/device.py",
     "integrations/__init__.py", "integrations/transformers.py",
-}) | {f"bench/{name}" for name in ("__init__.py", "core.py", "host.py", "layers.py", "quantize.py", "scaled.py",
-                                   "tune.py")}  # fmt: skip
+}) | {f"bench/{name}" for name in ("__init__.py", "core.py", "host.py", "layers.py", "moe.py", "quantize.py",
+                                   "scaled.py", "tune.py")}  # fmt: skip
 
 
 @functools.cache
