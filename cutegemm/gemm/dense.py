@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import torch
 
@@ -22,7 +23,7 @@ from ..epilogue.user import apply_user_ref, register
 from ..policy import policy_for
 from ..runtime.device import device_info, max_clusters_for, resident_clusters  # noqa: F401 (re-exported)
 from ..tuning import tuned_config
-from .args import KernelArgs
+from .args import LEADING, KernelArgs
 from .fp8_scales import fp8_block_scales, fp8_blockwise_ref, fp8_scales
 from .launch import (
     DENSE_CACHE,
@@ -56,7 +57,7 @@ class _Plan:
 
     __slots__ = ("fn", "views", "c_view", "has_bias", "flat", "out_shape", "out_dtype", "max_clusters", "config", "direct",
                  "quant", "n_vectors", "workspace", "block_scales",
-                 "device", "device_index", "out_dims", "b_memo", "tail")  # fmt: skip
+                 "device", "device_index", "out_dims", "b_memo", "tail", "sb_memo", "scaled_tail")  # fmt: skip
 
     def launch(self, sources, alpha, beta, epi_extra=(None, None)):
         """sources: (a, b, out, c, bias), the tensors the views apply to; epi_extra: (quantized
@@ -84,6 +85,14 @@ class _Plan:
             workspace=reset_workspace(self.workspace),
         ))  # fmt: skip
 
+    def launch_scaled(self, a, b, o, v0, v1):
+        """The warm FP8 row-wise call: :meth:`launch`'s arguments, v0 / v1 the scales' 1-D views."""
+        if not self.flat:
+            (sa, ta), (sb, tb), (sc, tc) = self.views
+            a, b, o = a.as_strided(sa, ta), memo_view(self, b, sb, tb), o.as_strided(sc, tc)
+        reset_workspace(self.workspace)  # LEADING fields, then the plan's tail with v0 / v1 (gemm.args)
+        self.fn(a, b, o, None, None, 1.0, 0.0, self.max_clusters, None, *self.scaled_tail[0], v0, v1, *self.scaled_tail[1])
+
     def new_output(self, device=None):
         """A fresh output on the plan's device: the tensor the kernel writes and, when quantized,
         the zeroed scale bytes. (``*out_dims``: torch.empty parses plain ints faster than a
@@ -102,8 +111,14 @@ class _Plan:
 
 
 PLANS: dict = {}
-PLAIN_PLANS: dict = {}  # plans of gemm(a, b) with every option at its default (bf16 / fp16)
+PLAIN_PLANS: dict = {}  # plans of gemm(a, b) with every option at its default, and of FP8 row-wise calls
 _NO_VECTORS = (None, None, None, None)
+_V0 = KernelArgs._fields.index("v0") - len(LEADING)  # v0 (then v1) in a plan's tail
+
+
+def warm_scale_view(t: torch.Tensor) -> torch.Tensor:
+    """A row-wise FP8 scale's 1-D view on a warm path: ``fp8_scales.scale_vector``'s when it does not copy."""
+    return t if t.dim() == 1 else t.view(-1)
 
 
 def _check_args(a, b, out, out_dtype, gated: bool = False):
@@ -435,31 +450,44 @@ def gemm(
 
     Per-call cost: the first call for a (shapes, strides, dtypes, device, options) signature
     validates, picks the config and compiles (or loads it from the disk cache); later calls only
-    check data-pointer alignment and launch.
+    check data-pointer alignment and launch (FP8 row-wise: and view the scales).
     """
-    # The plain call ``gemm(a, b)`` (every option at its default): one small key, one lookup.
-    plain = (
-        out is None and out_dtype is None and alpha == 1.0 and beta == 0.0 and bias is None
-        and activation is None and config is None and epilogue is None and not epilogue_args
-        and scale_a is None and scale_b is None and not fast_accum and out_global_scale is None
-    )  # fmt: skip
+    # gemm(a, b) with every option at its default, and the FP8 row-wise call (scales, out_dtype,
+    # fast_accum): a small key each. ``(x == v) is True``: a tensor alpha goes to the TypeError.
+    bare = (out is None and bias is None and activation is None and config is None and epilogue is None and not epilogue_args
+            and out_global_scale is None and (alpha == 1.0) is True and (beta == 0.0) is True and gate_layout == "interleaved")  # fmt: skip
+    plain = bare and out_dtype is None and scale_a is None and scale_b is None and not fast_accum
+    skey = None
     if plain:
         try:
             pkey = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device)
             plan = PLAIN_PLANS.get(pkey)
         except AttributeError:
             pkey = plan = None
-        if (
-            plan is not None
-            and current_device() == plan.device_index
-            and not (a.data_ptr() % 16 or b.data_ptr() % 16)
-        ):
+        if plan is not None and current_device() == plan.device_index and not (a.data_ptr() % 16 or b.data_ptr() % 16):
             out = torch.empty(*plan.out_dims, dtype=plan.out_dtype, device=plan.device)
             if plan.flat:
                 reset_workspace(plan.workspace)  # LEADING fields, then the plan's tail (gemm.args)
                 plan.fn(a, b, out, None, None, 1.0, 0.0, plan.max_clusters, None, *plan.tail)
             else:
                 plan.launch((a, b, out, None, None), 1.0, 0.0)
+            return out
+    elif bare and scale_b is not None and scale_a is not None and (fast_accum is False or fast_accum is True) and (
+            out_dtype is None or out_dtype.__class__ is torch.dtype):  # fmt: skip
+        # FP8 row-wise: the key fixes all the scale checks read but alignment (misaligned: copied)
+        try:
+            skey = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device, scale_a.shape,
+                    scale_a.stride(), scale_a.dtype, scale_a.device, scale_b.shape, scale_b.stride(), scale_b.dtype,
+                    scale_b.device, out_dtype, fast_accum)  # fmt: skip
+            plan = PLAIN_PLANS.get(skey)
+        except AttributeError:
+            skey = plan = None
+        if plan is not None and current_device() == plan.device_index and not (
+                a.data_ptr() % 16 or b.data_ptr() % 16 or scale_a.data_ptr() % 16 or scale_b.data_ptr() % 16):  # fmt: skip
+            out = torch.empty(*plan.out_dims, dtype=plan.out_dtype, device=plan.device)
+            # scale_b (the weight's) viewed once per object (memo), scale_a (new per call) viewed
+            sb = scale_b if scale_b.dim() == 1 else memo_view(plan.sb_memo, scale_b, plan.scaled_tail[2], (1,))
+            plan.launch_scaled(a, b, out, scale_a if scale_a.dim() == 1 else scale_a.view(-1), sb)
             return out
     if out_dtype is None:
         out_dtype = out.dtype if isinstance(out, torch.Tensor) else getattr(a, "dtype", None)
@@ -519,6 +547,7 @@ def gemm(
             out, scales = plan.new_output()
         epi_extra = (scales, gs, *vectors) if vectors else (scales, gs)
         plan.launch((a, b, out, c, bias), float(alpha), float(beta), epi_extra)
+        _cache_scaled(skey, plan, a, vectors, scale_a, scale_b)  # another FP8 row-wise signature's plan
         return out if quant is None else quant_result(quant, plan.out_shape, out, scales, gs)
     if isinstance(alpha, torch.Tensor) or isinstance(beta, torch.Tensor):
         raise TypeError("alpha and beta must be Python numbers, not tensors (reading a tensor's value is a host "
@@ -536,6 +565,7 @@ def gemm(
         PLANS[key] = plan.bind(a.device)
         if plain and pkey is not None and a.dtype in (torch.bfloat16, torch.float16) and not plan.quant:
             PLAIN_PLANS[pkey] = plan
+        _cache_scaled(skey, plan, a, vectors, scale_a, scale_b)
     epi_extra = (scales, gs, *(vectors or ()))
     if a.device.index == current_device():
         plan.launch(sources, float(alpha), float(beta), epi_extra)
@@ -547,6 +577,18 @@ def gemm(
     if user_out is None and not out.is_contiguous():
         return out.contiguous()  # the padded scratch of an odd N: a compact result, as torch returns
     return copy_unaligned_out(user_out, out)
+
+
+def _cache_scaled(skey, plan, a, vectors, scale_a, scale_b) -> None:
+    """Files the bound ``plan`` under the FP8 row-wise key ``skey`` if the warm path passes what this call did."""
+    v0, v1 = (*vectors, None, None)[:2] if vectors else (None, None)
+    if skey is None or a.dtype != torch.float8_e4m3fn or plan.block_scales or plan.quant or v0 is None or v1 is None:
+        return
+    pairs = ((v0, warm_scale_view(scale_a)), (v1, warm_scale_view(scale_b)))  # the same views, no copy
+    if v1.stride() == (1,) and all((x.shape, x.stride(), x.data_ptr()) == (y.shape, y.stride(), y.data_ptr()) for x, y in pairs):
+        plan.sb_memo = getattr(plan, "sb_memo", None) or SimpleNamespace(b_memo=None)  # memo_view's holder
+        plan.scaled_tail = (plan.tail[:_V0], plan.tail[_V0 + 2 :], v1.shape)
+        PLAIN_PLANS[skey] = plan
 
 
 def _degenerate(out, b, quant, scales, gs, alpha, beta, c, bias, activation, epilogue, vectors):
@@ -626,8 +668,6 @@ def gemm_ref(
     return res.to(out_dtype)
 
 
-
-
 def dense_runner(p: GemmProblem, epi: EpilogueSpec, num_groups: int = 1):
     """The autotuner's runner (``tuning.tune``): (run(cfg) -> out, reference) on random inputs of the problem's shapes, majors, epilogue."""
     dt = NAME_TO_TORCH[p.a_dtype]
@@ -655,4 +695,4 @@ def dense_runner(p: GemmProblem, epi: EpilogueSpec, num_groups: int = 1):
     return run, ref
 
 
-__all__ = ["gemm", "gemm_ref", "dense_runner"]
+__all__ = ["gemm", "gemm_ref", "dense_runner", "warm_scale_view"]

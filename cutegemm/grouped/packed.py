@@ -73,6 +73,7 @@ and :mod:`cutegemm.grouped.list_form`.
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import torch
 
@@ -80,7 +81,8 @@ from ..blockscaled.reference import quantize_ref
 from ..config import QUANT_FORMATS, QUANT_OUT_DTYPES, TMA_ALIGN_BYTES, GemmConfig, GemmProblem, can_implement
 from ..epilogue import ACTIVATIONS, GATED, EpilogueSpec, epilogue_ref, interleave_gate_up
 from ..epilogue.user import apply_user_ref, register
-from ..gemm.args import KernelArgs
+from ..gemm.args import LEADING, KernelArgs
+from ..gemm.dense import warm_scale_view
 from ..gemm.fp8_scales import fp8_blockwise_ref, fp8_grouped_block_scales, scale_vector
 from ..gemm.grouped_parts import GROUPED_MAX_GROUPS
 from ..gemm.launch import (
@@ -120,7 +122,7 @@ PLANS: dict = {}
 
 class _GroupedPlan:
     __slots__ = ("fn", "views", "max_clusters", "config", "workspace", "device", "device_index", "out_dims",
-                 "out_dtype", "b_memo", "quant", "out_shape", "swap", "tail")  # fmt: skip
+                 "out_dtype", "b_memo", "quant", "out_shape", "swap", "tail", "sb_memo", "scaled")  # fmt: skip
 
     def launch(self, a, b, out, offs, alpha, bias=None, extra=None, block=(None, None)):
         """extra: (quantized-output scale bytes, NVFP4 global scale, v0..v3) or None; block: FP8
@@ -140,6 +142,17 @@ class _GroupedPlan:
             workspace=reset_workspace(self.workspace),
         ))  # fmt: skip
 
+    def launch_scaled(self, a, b, out, offs, alpha, v0, v1):
+        """The warm FP8 row-wise call (scale_a, scale_b, no other epilogue input): what
+        :meth:`launch` passes for it, v0 / v1 the kernel's 1-D views of the scales."""
+        (sa, ta), (sb, tb), (sc, tc) = self.views
+        av, bv = a.as_strided(sa, ta), memo_view(self, b, sb, tb)
+        if self.swap:
+            av, bv = bv, av
+        reset_workspace(self.workspace)  # LEADING fields, then the tail with v0 / v1 (gemm.args)
+        pre, post, _ = self.scaled
+        self.fn(av, bv, out.as_strided(sc, tc), None, None, alpha, 0.0, self.max_clusters, offs, *pre, v0, v1, *post)
+
     def new_output(self):
         """(the tensor the kernel writes, quantized-output scale bytes or None)."""
         if self.quant is None:
@@ -148,6 +161,26 @@ class _GroupedPlan:
 
 
 _NO_EXTRA = (None,) * 6
+_V0 = KernelArgs._fields.index("v0") - len(LEADING)  # v0 / v1's place in a plan's tail
+assert KernelArgs._fields[_V0 + len(LEADING) + 1] == "v1"
+_ROWWISE = object()  # marks the FP8 row-wise calls' own plan keys in PLANS
+
+
+def _cache_scaled(skey, plan, a, epi: _Epi, scale_a, scale_b) -> None:
+    """Files ``plan`` (cached under the call's full key) under the FP8 row-wise call's own key
+    ``skey`` when the warm path passes the kernel what this call passed: a row-wise plan and the
+    scales' 1-D views made the way the warm path makes them (scale_a: ``warm_scale_view``,
+    scale_b: a unit-stride view from its start; no copy)."""
+    if skey is None or a.dtype != torch.float8_e4m3fn or epi.block[0] is not None or plan.quant is not None:
+        return
+    v0, v1 = epi.vectors
+    if v0 is None or v1 is None or v1.stride() != (1,) or v1.data_ptr() != scale_b.data_ptr():
+        return
+    w0 = warm_scale_view(scale_a)
+    if (v0.shape, v0.stride(), v0.data_ptr()) == (w0.shape, w0.stride(), w0.data_ptr()):
+        plan.sb_memo = getattr(plan, "sb_memo", None) or SimpleNamespace(b_memo=None)  # memo_view's holder
+        plan.scaled = (plan.tail[:_V0], plan.tail[_V0 + 2 :], v1.shape)
+        PLANS[skey] = plan
 
 
 def _per_expert(name: str, t, E: int, n: int, device, dtypes=EPI_TORCH_DTYPES) -> torch.Tensor:
@@ -342,11 +375,42 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
                  fast_accum: bool = False, config=None, check_offs: bool = False):  # fmt: skip
     """See the module docstring for the three forms; the epilogue arguments (packed form only)
     are described there too."""
+    skey = None
+    if (
+        scale_b is not None and scale_a is not None and out is None and bias is None and activation is None
+        and epilogue is None and not epilogue_args and out_global_scale is None and gate_layout == "interleaved"
+        and (fast_accum is False or fast_accum is True) and (out_dtype is None or out_dtype.__class__ is torch.dtype)
+    ):  # fmt: skip
+        # FP8 row-wise (torch._scaled_grouped_mm's recipe), no other epilogue input: a key of its
+        # own that fixes every property the checks read (shapes, strides, dtypes, devices), so a
+        # plan implies they pass but data-pointer alignment (a misaligned scale is copied: cold).
+        try:
+            skey = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device,
+                    offs.shape, offs.dtype, offs.device, out_dtype, alpha != 1.0, _ROWWISE,
+                    scale_a.shape, scale_a.stride(), scale_a.dtype, scale_a.device,
+                    scale_b.shape, scale_b.stride(), scale_b.dtype, scale_b.device, fast_accum, config)  # fmt: skip
+            plan = PLANS.get(skey)
+        except (AttributeError, TypeError):
+            skey = plan = None
+        if (
+            plan is not None
+            and current_device() == plan.device_index
+            and not (a.data_ptr() % 16 or b.data_ptr() % 16 or scale_a.data_ptr() % 16 or scale_b.data_ptr() % 16)
+        ):
+            if check_offs:
+                check_offs_values(offs, a.shape[0])
+            out = torch.empty(*plan.out_dims, dtype=plan.out_dtype, device=plan.device)
+            # scale_b (the weight's) as a view memoized per object, scale_a (new per call) viewed
+            sb = memo_view(plan.sb_memo, scale_b, plan.scaled[2], (1,))
+            sa = scale_a if scale_a.dim() == 1 else scale_a.view(-1)  # warm_scale_view, inline
+            plan.launch_scaled(a, b, out, offs, float(alpha), sa, sb)
+            return out
     # Anything beyond a plain-dtype output: the general fast path (a quantized output, too, needs
-    # its scale bytes and its BlockScaledTensor result).
+    # its scale bytes and its BlockScaledTensor result; gate_layout and epilogue_args are checked
+    # there).
     epilogue_inputs = (bias is not None or activation is not None or epilogue is not None or scale_a is not None
                        or scale_b is not None or fast_accum or isinstance(out_dtype, str)
-                       or out_global_scale is not None)  # fmt: skip
+                       or out_global_scale is not None or gate_layout != "interleaved" or bool(epilogue_args))  # fmt: skip
     key = _fast_key(a, b, offs, out, out_dtype, alpha, config, epilogue_inputs, bias, activation, epilogue,
                     epilogue_args, scale_a, scale_b, fast_accum, gate_layout)  # fmt: skip
     plan = PLANS.get(key) if key is not None else None
@@ -441,6 +505,7 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
         if out is None:
             out, scales = plan.new_output()
         plan.launch(a, b, out, offs, float(alpha), epi_in.bias, epi_in.extra(scales), epi_in.block)
+        _cache_scaled(skey, plan, a, epi_in, scale_a, scale_b)  # another FP8 row-wise signature's plan
         return out if quant is None else quant_result(quant, plan.out_shape, out, scales, epi_in.gs)
     if gated and N % 2:
         raise ValueError(f"a gated activation needs b with an even number of columns (gate, up), got {N}")
@@ -491,6 +556,7 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
     # interleave / K-major copy).
     if key is not None and b is b_call and a is a_call and out is out_call:
         PLANS[key] = plan
+        _cache_scaled(skey, plan, a, epi_in, scale_a, scale_b)
     if a.device.index == current_device():
         plan.launch(a, b, out, offs, float(alpha), epi_in.bias, epi_in.extra(scales), epi_in.block)
     else:

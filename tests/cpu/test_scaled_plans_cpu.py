@@ -1,0 +1,298 @@
+"""The warm paths of the FP8 row-wise calls (``gemm(a8, b8, scale_a=, scale_b=)`` and the packed
+``grouped_gemm`` with scales), the K-grouped and the 3-D grouped forms on the CPU (no GPU): the
+CUDA-only pieces are replaced (tests/host_overhead_cpu.py) and the compiled kernel is a no-op
+that records its arguments. A warm call must hand the kernel what a cold call does, fall back
+to the slow path when a source changes (and keep every check the slow path makes), and its
+memoized scale views must neither go stale nor keep a tensor alive."""
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+import cutegemm
+from cutegemm.gemm import dense, fp8_scales
+from cutegemm.grouped import packed
+
+from ..host_overhead_cpu import cpu_fast_path
+
+BF = torch.bfloat16
+E4M3 = torch.float8_e4m3fn
+
+
+@pytest.fixture
+def kernel():
+    with cpu_fast_path() as k:
+        yield k
+
+
+def _meta(t):
+    return (tuple(t.shape), t.stride(), t.data_ptr(), t.dtype)
+
+
+def _args(k, fresh=(2,)):
+    """The kernel's arguments, tensors by (shape, strides, data pointer, dtype); the freshly
+    allocated outputs (``fresh``) by shape, strides and dtype only."""
+    res = []
+    for i, x in enumerate(k.args):
+        if isinstance(x, torch.Tensor):
+            m = _meta(x)
+            res.append((m[0], m[1], m[3]) if i in fresh else m)
+        else:
+            res.append(x)
+    return res
+
+
+def _counting(monkeypatch, module, name):
+    calls = []
+    real = getattr(module, name)
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counting)
+    return calls
+
+
+def _fp8(*shape):
+    return torch.randn(*shape).to(E4M3)
+
+
+def _dense_operands(m=64, k=32, n=48):
+    return _fp8(m, k), _fp8(n, k).t()  # b K-major (column-major), as torch._scaled_mm takes it
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8 row-wise dense
+
+
+@pytest.mark.parametrize(
+    "sa_shape, sb_shape",
+    [((64, 1), (1, 48)), ((64,), (48,)), ((1, 1), (1, 1)), ((), (1, 48)), ((64, 1), (1,))],
+)
+@pytest.mark.parametrize("opts", [{}, {"out_dtype": torch.float32}, {"fast_accum": True}], ids=["bf16", "fp32", "fast"])
+def test_dense_rowwise_warm_call_passes_what_the_cold_call_passes(kernel, monkeypatch, sa_shape, sb_shape, opts):
+    a, b = _dense_operands()
+    sa, sb = torch.rand(sa_shape), torch.rand(sb_shape)
+    plans = _counting(monkeypatch, dense, "_plan")
+    first = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, **opts)
+    cold = _args(kernel)
+    scale_fns = _counting(monkeypatch, dense, "fp8_scales")
+    second = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, **opts)
+    warm = _args(kernel)
+    assert len(plans) == 1 and kernel.calls == 2
+    assert not scale_fns, "the warm call re-checked the scales: it did not take the row-wise warm path"
+    assert cold == warm
+    assert first.shape == second.shape == (64, 48)
+    assert second.dtype == opts.get("out_dtype", BF) and kernel.args[2].data_ptr() == second.data_ptr()
+
+
+def test_dense_rowwise_new_scale_a_each_call(kernel, monkeypatch):
+    """A new scale_a per call (the activations' scales) takes the warm path with its own values."""
+    a, b = _dense_operands()
+    sb = torch.rand(1, 48)
+    cutegemm.gemm(a, b, scale_a=torch.rand(64, 1), scale_b=sb)
+    plans = _counting(monkeypatch, dense, "_plan")
+    for _ in range(3):
+        sa = torch.rand(64, 1)
+        cutegemm.gemm(a, b, scale_a=sa, scale_b=sb)
+        assert kernel.args[13].data_ptr() == sa.data_ptr() and torch.equal(kernel.args[13], sa.view(-1))
+        assert kernel.args[14].data_ptr() == sb.data_ptr()
+    assert not plans
+
+
+def test_dense_rowwise_plan_of_another_scale_shape_gets_its_own_key(kernel, monkeypatch):
+    """scale_a (M,) after (M, 1): the full key's plan serves it once, then the row-wise key does."""
+    a, b = _dense_operands()
+    sb = torch.rand(1, 48)
+    cutegemm.gemm(a, b, scale_a=torch.rand(64, 1), scale_b=sb)
+    scale_fns = _counting(monkeypatch, dense, "fp8_scales")
+    sa = torch.rand(64)
+    cutegemm.gemm(a, b, scale_a=sa, scale_b=sb)
+    cutegemm.gemm(a, b, scale_a=sa, scale_b=sb)
+    assert len(scale_fns) == 1 and kernel.args[13].data_ptr() == sa.data_ptr()
+
+
+def test_dense_rowwise_falls_back_when_a_source_changes(kernel, monkeypatch):
+    a, b = _dense_operands()
+    sa, sb = torch.rand(64, 1), torch.rand(1, 48)
+    cutegemm.gemm(a, b, scale_a=sa, scale_b=sb)
+    cutegemm.gemm(a, b, scale_a=sa, scale_b=sb)
+    v1 = kernel.args[14]
+    cutegemm.gemm(a, b, scale_a=sa, scale_b=sb)
+    assert kernel.args[14] is v1, "same scale_b object: the memoized view is reused"
+    # in place: the view shares the storage
+    sb.mul_(2)
+    cutegemm.gemm(a, b, scale_a=sa, scale_b=sb)
+    assert torch.equal(kernel.args[14], sb.view(-1))
+    # same object, new storage: the view follows
+    new = torch.rand(1, 48)
+    sb.set_(new)
+    cutegemm.gemm(a, b, scale_a=sa, scale_b=sb)
+    assert kernel.args[14].data_ptr() == new.data_ptr() and torch.equal(kernel.args[14], new.view(-1))
+    # a scale off 16 bytes: the slow path copies it (aligned, same values)
+    buf = torch.rand(65)
+    sa_off = buf[1:].view(64, 1)
+    cutegemm.gemm(a, b, scale_a=sa_off, scale_b=sb)
+    assert kernel.args[13].data_ptr() % 16 == 0 and torch.equal(kernel.args[13], sa_off.view(-1))
+    # a at an offset that breaks 16-byte alignment: a copy is passed
+    big = torch.randn(64 * 32 + 16).to(E4M3)
+    a_off = big[1 : 1 + 64 * 32].view(64, 32)
+    cutegemm.gemm(a_off, b, scale_a=sa, scale_b=sb)
+    assert kernel.args[0].data_ptr() != a_off.data_ptr() and kernel.args[0].data_ptr() % 16 == 0
+
+
+def test_dense_rowwise_warm_path_keeps_every_check(kernel):
+    a, b = _dense_operands()
+    sa, sb = torch.rand(64, 1), torch.rand(1, 48)
+    for _ in range(2):
+        cutegemm.gemm(a, b, scale_a=sa, scale_b=sb)
+    with pytest.raises(TypeError, match="float32"):
+        cutegemm.gemm(a, b, scale_a=sa.double(), scale_b=sb)
+    with pytest.raises(TypeError, match="float32"):
+        cutegemm.gemm(a, b, scale_a=sa, scale_b=sb.half())
+    with pytest.raises(ValueError, match="must be on"):
+        cutegemm.gemm(a, b, scale_a=sa, scale_b=sb.to("meta"))
+    with pytest.raises(ValueError, match="elements"):
+        cutegemm.gemm(a, b, scale_a=torch.rand(63, 1), scale_b=sb)
+    with pytest.raises(ValueError, match="elements"):
+        cutegemm.gemm(a, b, scale_a=sa, scale_b=torch.rand(1, 47))
+    with pytest.raises(TypeError, match="tensors"):
+        cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, alpha=torch.tensor(1.0))
+    with pytest.raises(ValueError, match="gate_layout"):
+        cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, gate_layout="bogus")
+    with pytest.raises(ValueError, match="scale_a / scale_b are for"):
+        cutegemm.gemm(torch.randn(64, 32, dtype=BF), torch.randn(48, 32, dtype=BF).t(), scale_a=sa, scale_b=sb)
+    with pytest.raises(TypeError, match="out_dtype"):
+        cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.int8)
+
+
+def test_plain_warm_path_keeps_the_alpha_and_gate_layout_checks(kernel):
+    a, b = torch.randn(64, 32, dtype=BF), torch.randn(32, 48, dtype=BF)
+    for _ in range(2):
+        cutegemm.gemm(a, b)
+    with pytest.raises(TypeError, match="tensors"):
+        cutegemm.gemm(a, b, alpha=torch.tensor(1.0))
+    with pytest.raises(ValueError, match="gate_layout"):
+        cutegemm.gemm(a, b, gate_layout="bogus")
+
+
+def test_dense_rowwise_memo_does_not_keep_scale_b_alive(kernel):
+    a, b = _dense_operands()
+    sa, sb = torch.rand(64, 1), torch.rand(1, 48)
+    for _ in range(2):
+        cutegemm.gemm(a, b, scale_a=sa, scale_b=sb)
+    plan = next(p for k, p in dense.PLAIN_PLANS.items() if len(k) > 8)
+    assert plan.sb_memo.b_memo is not None
+    ref = weakref.ref(sb)
+    kernel.args = None
+    del sb
+    gc.collect()
+    assert ref() is None and plan.sb_memo.b_memo is None
+
+
+def test_dense_rowwise_copies_are_not_planned(kernel, monkeypatch):
+    """A row-major b (FP8 reads B K-major: copied per call) never gets a row-wise warm plan; every
+    call copies it again."""
+    a, b = _fp8(64, 32), _fp8(32, 48)
+    sa, sb = torch.rand(64, 1), torch.rand(1, 48)
+    cutegemm.gemm(a, b, scale_a=sa, scale_b=sb)
+    cold = _args(kernel, fresh=(1, 2))
+    cutegemm.gemm(a, b, scale_a=sa, scale_b=sb)
+    assert _args(kernel, fresh=(1, 2)) == cold and kernel.args[1].data_ptr() != b.data_ptr()
+    assert not any(len(k) > 8 for k in dense.PLAIN_PLANS)
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8 row-wise grouped (packed form)
+
+
+def _grouped_operands(n=48):
+    x = _fp8(96, 32)
+    w = _fp8(3, n, 32).transpose(1, 2)  # (E, K, N), K-major
+    offs = torch.tensor([20, 20, 90], dtype=torch.int32)
+    return x, w, offs
+
+
+@pytest.mark.parametrize("sa_shape", [(96,), (96, 1), (1,)])
+@pytest.mark.parametrize("sb_shape", [(3, 48), (48,), (3,), (1,)])
+def test_grouped_rowwise_warm_call_passes_what_the_cold_call_passes(kernel, monkeypatch, sa_shape, sb_shape):
+    x, w, offs = _grouped_operands()
+    sa, sb = torch.rand(sa_shape), torch.rand(sb_shape)
+    in_place = sb_shape == (3, 48)
+    fresh = (2,) if in_place else (2, 14)  # other scale_b shapes are expanded: a copy per call
+    plans = _counting(monkeypatch, packed, "_plan_packed")
+    y1 = cutegemm.grouped_gemm(x, w, offs=offs, scale_a=sa, scale_b=sb)
+    cold, cold_sb = _args(kernel, fresh), kernel.args[14].clone()
+    prep = _counting(monkeypatch, packed, "_prepare_epilogue")
+    y2 = cutegemm.grouped_gemm(x, w, offs=offs, scale_a=sa, scale_b=sb)
+    warm = _args(kernel, fresh)
+    assert len(plans) == 1 and cold == warm and torch.equal(kernel.args[14], cold_sb)
+    assert y1.shape == y2.shape == (96, 48) and y2.dtype == BF and kernel.args[2].data_ptr() == y2.data_ptr()
+    # scale_b (E, N) is used in place: the warm path skips the epilogue preparation
+    assert bool(prep) != in_place
+
+
+def test_grouped_rowwise_falls_back_and_keeps_checks(kernel):
+    x, w, offs = _grouped_operands()
+    sa, sb = torch.rand(96), torch.rand(3, 48)
+    for _ in range(2):
+        cutegemm.grouped_gemm(x, w, offs=offs, scale_a=sa, scale_b=sb)
+    sb.add_(1)
+    cutegemm.grouped_gemm(x, w, offs=offs, scale_a=sa, scale_b=sb)
+    assert torch.equal(kernel.args[14], sb.view(-1))
+    new = torch.rand(3, 48)
+    sb.set_(new)
+    cutegemm.grouped_gemm(x, w, offs=offs, scale_a=sa, scale_b=sb)
+    assert kernel.args[14].data_ptr() == new.data_ptr()
+    buf = torch.rand(97)
+    cutegemm.grouped_gemm(x, w, offs=offs, scale_a=buf[1:], scale_b=sb)
+    assert kernel.args[13].data_ptr() % 16 == 0 and torch.equal(kernel.args[13], buf[1:])
+    with pytest.raises(ValueError, match="non-decreasing"):
+        bad = torch.tensor([20, 10, 90], dtype=torch.int32)
+        cutegemm.grouped_gemm(x, w, offs=bad, scale_a=sa, scale_b=sb, check_offs=True)
+    with pytest.raises(TypeError, match="float32"):
+        cutegemm.grouped_gemm(x, w, offs=offs, scale_a=sa, scale_b=sb.double())
+    with pytest.raises(ValueError, match="must be on"):
+        cutegemm.grouped_gemm(x, w, offs=offs, scale_a=sa.to("meta"), scale_b=sb)
+    with pytest.raises(ValueError, match="shape"):
+        cutegemm.grouped_gemm(x, w, offs=offs, scale_a=sa, scale_b=torch.rand(2, 48))
+    with pytest.raises(TypeError, match="int32"):
+        cutegemm.grouped_gemm(x, w, offs=offs.long(), scale_a=sa, scale_b=sb)
+    with pytest.raises(ValueError, match="gate_layout"):
+        cutegemm.grouped_gemm(x, w, offs=offs, scale_a=sa, scale_b=sb, gate_layout="bogus")
+
+
+def test_grouped_plain_warm_path_keeps_the_gate_layout_and_epilogue_args_checks(kernel):
+    x, w, offs = torch.randn(96, 32, dtype=BF), torch.randn(3, 32, 48, dtype=BF), torch.tensor([20, 20, 90], dtype=torch.int32)
+    for _ in range(2):
+        cutegemm.grouped_gemm(x, w, offs=offs)
+    with pytest.raises(ValueError, match="gate_layout"):
+        cutegemm.grouped_gemm(x, w, offs=offs, gate_layout="bogus")
+    with pytest.raises(ValueError, match="epilogue_args given without"):
+        cutegemm.grouped_gemm(x, w, offs=offs, epilogue_args=(torch.rand(48),))
+
+
+def test_grouped_rowwise_memo_does_not_keep_scale_b_alive(kernel):
+    x, w, offs = _grouped_operands()
+    sa, sb = torch.rand(96), torch.rand(3, 48)
+    for _ in range(2):
+        cutegemm.grouped_gemm(x, w, offs=offs, scale_a=sa, scale_b=sb)
+    plan = next(p for k, p in packed.PLANS.items() if packed._ROWWISE in k)
+    assert plan.sb_memo.b_memo is not None
+    ref = weakref.ref(sb)
+    kernel.args = None
+    del sb
+    gc.collect()
+    assert ref() is None and plan.sb_memo.b_memo is None
+
+
+def test_warm_scale_view_matches_the_checked_scale():
+    for shape in [(5,), (5, 1), (1, 5), (1, 1), ()]:
+        t = torch.rand(shape)
+        n = max(t.numel(), 1)
+        v = fp8_scales.scale_vector("s", t, n, t.device, "row")
+        w = dense.warm_scale_view(t)
+        assert (v.shape, v.stride(), v.data_ptr()) == (w.shape, w.stride(), w.data_ptr())
