@@ -284,14 +284,19 @@ def _packed_fp4(experts, name: str) -> BlockScaledTensor:
 
 
 def _held_weight(experts, name: str) -> BlockScaledTensor:
-    """The BlockScaledTensor :func:`quantize_experts` left on the module (its buffers), one object
-    while they are unchanged (the weight-only GEMM caches its plan per weight object)."""
+    """The BlockScaledTensor :func:`quantize_experts` left on the module (views of its byte
+    buffers), one object while they are unchanged (the weight-only GEMM caches its plan per
+    weight object)."""
     fmt = get_format(experts.cutegemm_format)
     data, scales = getattr(experts, f"{name}_qdata"), getattr(experts, f"{name}_qscales")
     gs = getattr(experts, f"{name}_qglobal_scale", None)
-    shape = torch.Size((*data.shape[:-1], data.shape[-1] * fmt.elems_per_byte))
-    return cached(experts, f"{name}_q", (data, scales) if gs is None else (data, scales, gs),
-                  lambda: BlockScaledTensor(data, scales, fmt, shape, gs))  # fmt: skip
+
+    def build():
+        shape = torch.Size((*data.shape[:-1], data.shape[-1] * fmt.elems_per_byte))
+        scale = None if gs is None else gs.view(torch.float32).reshape(())
+        return BlockScaledTensor(data.view(fmt.elem_dtype), scales.view(fmt.scale_dtype), fmt, shape, scale)
+
+    return cached(experts, f"{name}_q", (data, scales) if gs is None else (data, scales, gs), build)
 
 
 def _quantized_projection(experts):
@@ -397,8 +402,9 @@ def quantize_experts(model: torch.nn.Module, fmt: str = "nvfp4", *, set_implemen
     fp32, either storage) is quantized along its input dimension as an (E, out, in)
     :class:`BlockScaledTensor` (``cutegemm.quantize`` on CUDA, ``quantize_ref`` elsewhere; NVFP4:
     one per-tensor global scale per projection), and the parameter is replaced by buffers
-    ``{name}_qdata``, ``{name}_qscales`` (128x4 swizzled) and, NVFP4, ``{name}_qglobal_scale``, so
-    ``model.to(device)`` moves them and the bf16 weights' memory is freed. Biases and everything
+    ``{name}_qdata``, ``{name}_qscales`` (128x4 swizzled) and, NVFP4, ``{name}_qglobal_scale`` (fp32),
+    held as bytes (uint8, so ``model.to(dtype)`` leaves them alone while ``model.to(device)``
+    moves them); the float weights' memory is freed. Biases and everything
     else stay as they are; the model's own gate runs in torch. The module then runs only through
     this backend (``set_implementation`` switches the model to it): both projections on the
     weight-only grouped kernels with bf16 activations. Inference only. Not serializable with
@@ -429,10 +435,12 @@ def quantize_experts(model: torch.nn.Module, fmt: str = "nvfp4", *, set_implemen
                 wk = (w.transpose(1, 2) if module.is_transposed else w).detach()
                 q = quantize(wk.contiguous(), name) if wk.is_cuda else quantize_ref(wk.float(), name)
                 delattr(module, proj)
-                module.register_buffer(f"{proj}_qdata", q.data)
-                module.register_buffer(f"{proj}_qscales", q.scales)
+                # bytes (uint8): model.to(dtype) casts floating buffers, FP8 / FP4 ones included
+                module.register_buffer(f"{proj}_qdata", q.data.view(torch.uint8))
+                module.register_buffer(f"{proj}_qscales", q.scales.view(torch.uint8))
                 if q.global_scale is not None:
-                    module.register_buffer(f"{proj}_qglobal_scale", q.global_scale)
+                    gs = q.global_scale.detach().to(torch.float32).reshape(1)
+                    module.register_buffer(f"{proj}_qglobal_scale", gs.view(torch.uint8))
         module.cutegemm_format, module.cutegemm_dtype = name, weights[0].dtype
         count += 1
     if set_implementation and count and hasattr(model, "set_experts_implementation"):
