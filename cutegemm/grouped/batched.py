@@ -31,6 +31,7 @@ import torch
 
 from ..config import ACTIVATIONS, Form
 from ..gemm.dense import gemm
+from ..gemm.launch import check_offs_values
 
 _BATCH_OFFS: dict = {}
 
@@ -113,6 +114,41 @@ def _packed_3d3d(a, b, kwargs, run):
     return out
 
 
+def batched_dense(a, b, out, out_dtype, alpha):
+    """3d x 3d with no option but out / out_dtype / alpha, bf16 / fp16: the dense batched GEMM
+    (what :func:`grouped_3d` runs for it, without sorting its options)."""
+    _check_3d(a, b, None)
+    return gemm(a, b, out=out, out_dtype=out_dtype, alpha=alpha)
+
+
+def transposed_operands(a, b, out_dtype, out=None):
+    """3d x 2d as the packed form: (A = b^T (total_N, K), B = a^T (G, K, M), the output dtype)."""
+    fp8 = a.dtype == torch.float8_e4m3fn
+    out_dtype = out_dtype or (out.dtype if isinstance(out, torch.Tensor) else torch.bfloat16 if fp8 else a.dtype)
+    return b.t(), a.mT, out_dtype
+
+
+class Transposed3d2d:
+    """A warm 3d x 2d call (no option but out_dtype / alpha / config / check_offs): ``inner``, the
+    packed form's plan of out^T = b^T x a^T, launched on b and a themselves (its kernel views are
+    ``as_strided`` views, and b.t() / a.mT start where b / a do), then out^T's row-major
+    transpose, as the cold call returns. The packed form's key of the 3-D call fixes the inner
+    call's key; the caller checks data-pointer alignment and the device, as for the inner plan."""
+
+    __slots__ = ("inner", "device_index")
+
+    def __init__(self, inner):
+        self.inner, self.device_index = inner, inner.device_index
+
+    def run(self, a, b, out, offs, alpha, check_offs):
+        if check_offs:
+            check_offs_values(offs, b.shape[1])
+        inner = self.inner
+        out_t = torch.empty(*inner.out_dims, dtype=inner.out_dtype, device=inner.device)
+        inner.launch(b, a, out_t, offs, float(alpha))
+        return out_t.t().contiguous()
+
+
 def grouped_3d(a, b, offs, run, **options):
     """``grouped_gemm`` with a 3-D a: the 3d x 3d or the 3d x 2d form (see the module docstring).
     ``run`` is the packed form's ``grouped_gemm``; ``options`` its keyword arguments."""
@@ -136,15 +172,13 @@ def grouped_3d(a, b, offs, run, **options):
     out = options.pop("out", None)
     sa, sb = options.pop("scale_a", None), options.pop("scale_b", None)
     total_n = b.shape[1]
-    out_dtype = options.get("out_dtype") or (
-        out.dtype if isinstance(out, torch.Tensor) else torch.bfloat16 if fp8 else a.dtype
-    )
+    # out^T (total_N, M) = b^T (total_N, K) x a^T (G, K, M), grouped over the rows of b^T
+    bt, at, out_dtype = transposed_operands(a, b, options.get("out_dtype"), out)
     if out is not None and (not isinstance(out, torch.Tensor) or out.shape != (M, total_n) or out.dtype != out_dtype):
         raise ValueError(f"out must be an ({M}, {total_n}) {out_dtype} tensor")
     options["out_dtype"] = out_dtype
-    # out^T (total_N, M) = b^T (total_N, K) x a^T (G, K, M), grouped over the rows of b^T
     out_t = None if out is None else out.t()
-    res = run(b.t(), a.mT, offs=offs, out=out_t, scale_a=sb, scale_b=sa, **options)
+    res = run(bt, at, offs=offs, out=out_t, scale_a=sb, scale_b=sa, **options)
     return res.t().contiguous() if out is None else out
 
 
@@ -161,4 +195,4 @@ def grouped_3d_ref(a, b, offs, run_ref, **options):
     return run_ref(b.t(), a.mT, offs=offs, scale_a=sb, scale_b=sa, **options).t()
 
 
-__all__ = ["batch_offs", "grouped_3d", "grouped_3d_ref"]
+__all__ = ["Transposed3d2d", "batch_offs", "batched_dense", "grouped_3d", "grouped_3d_ref", "transposed_operands"]

@@ -180,6 +180,47 @@ def _kgrouped_launch(a, b, offs, out, alpha, config) -> bool:
     return True
 
 
+class KGroupedWarm:
+    """A warm K-grouped call (``grouped_gemm(a, b, offs=offs)``, a (M, total_K), b (total_K, N),
+    no other option but out / out_dtype / alpha / config / check_offs): the packed form's plan
+    key (shapes, strides, dtypes, devices, offs, out) fixes every check of the cold call but
+    data-pointer alignment, which the caller checks. Made by :func:`kgrouped_warm` only for a
+    call the K-grouped kernel ran on the call's own tensors (no staging copy, no scratch out)."""
+
+    __slots__ = ("fn", "views", "max_clusters", "workspace", "out_dims", "out_dtype", "device", "device_index",
+                 "tail")  # fmt: skip
+
+    def run(self, a, b, out, offs, alpha, check_offs):
+        """What the cold call passes the kernel (``_kgrouped_launch``), for these tensors."""
+        if check_offs:
+            check_offs_values(offs, a.shape[1])
+        if out is None:
+            out = torch.empty(*self.out_dims, dtype=self.out_dtype, device=self.device)
+        va, vb, vc = self.views
+        reset_workspace(self.workspace)  # LEADING fields, then the plan's tail (gemm.args)
+        self.fn(a.as_strided(*va), b.as_strided(*vb), out.as_strided(*vc), None, None, float(alpha), 0.0,
+                self.max_clusters, offs if offs.is_contiguous() else offs.contiguous(), *self.tail)  # fmt: skip
+        return out
+
+
+def kgrouped_warm(a, b, out, res, alpha, config) -> KGroupedWarm | None:
+    """The warm plan of a K-grouped call that just returned ``res`` (``out``: the caller's, or
+    None), or None when its launch cannot be repeated as it is: not the K-grouped kernel (another
+    arch, K == 0, an empty output: no launch), operands copied, or a scratch output."""
+    if a.shape[1] == 0 or res.numel() == 0 or (out is not None and res is not out) or not tma_storable(res):
+        return None
+    key = (a.shape, a.stride(), a.data_ptr() % TMA_ALIGN_BYTES, b.shape, b.stride(), b.data_ptr() % TMA_ALIGN_BYTES,
+           res.shape, res.stride(), res.dtype, a.dtype, a.device, alpha != 1.0, config)  # fmt: skip
+    plan = _KG_PLANS.get(key)
+    if not plan or plan[2]:  # no kernel launch, or the operands are copied per call
+        return None
+    w = KGroupedWarm()
+    w.fn, w.views, _, w.max_clusters, w.workspace = plan
+    w.out_dims, w.out_dtype, w.device, w.device_index = tuple(res.shape), res.dtype, res.device, res.device.index
+    w.tail = KernelArgs(None, None, None, workspace=w.workspace).tail()
+    return w
+
+
 def _kgrouped_plan(a, b, out, alpha, config):
     """(kernel, (A (M, K, 1), B (N, K, 1), C (M, N, E)) views, operands copied, max clusters,
     workspace) for :func:`_kgrouped_launch`, or False where the kernel does not apply."""

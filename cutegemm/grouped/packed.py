@@ -113,8 +113,8 @@ from ..policy import policy_for
 from ..runtime.device import device_info, max_clusters_for
 from ..schedulers.grouped import expert_rows
 from ..tuning import tuned_config
-from .batched import grouped_3d, grouped_3d_ref
-from .k_grouped import grouped_k, grouped_k_fp8, k_scales
+from .batched import Transposed3d2d, batched_dense, grouped_3d, grouped_3d_ref, transposed_operands
+from .k_grouped import grouped_k, grouped_k_fp8, k_scales, kgrouped_warm
 from .list_form import grouped_list
 
 PLANS: dict = {}
@@ -411,8 +411,9 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
     epilogue_inputs = (bias is not None or activation is not None or epilogue is not None or scale_a is not None
                        or scale_b is not None or fast_accum or isinstance(out_dtype, str)
                        or out_global_scale is not None or gate_layout != "interleaved" or bool(epilogue_args))  # fmt: skip
-    key = _fast_key(a, b, offs, out, out_dtype, alpha, config, epilogue_inputs, bias, activation, epilogue,
-                    epilogue_args, scale_a, scale_b, fast_accum, gate_layout)  # fmt: skip
+    key = None if offs is None else _fast_key(a, b, offs, out, out_dtype, alpha, config, epilogue_inputs, bias,
+                                              activation, epilogue, epilogue_args, scale_a, scale_b, fast_accum,
+                                              gate_layout)  # fmt: skip
     plan = PLANS.get(key) if key is not None else None
     if plan is not None and not (
         current_device() == plan.device_index
@@ -420,6 +421,8 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
     ):
         plan = None  # the slow path (other device: a plan of its own; misaligned: the error)
     if plan is not None:
+        if plan.__class__ is not _GroupedPlan:  # the K-grouped or 3d x 2d form's warm call
+            return plan.run(a, b, out, offs, alpha, check_offs)
         if check_offs:
             check_offs_values(offs, a.shape[0])
         if not epilogue_inputs:  # the common MoE call
@@ -433,10 +436,18 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
         _no_epilogue("the list form", bias, None, epilogue, out_global_scale, scale_a, scale_b, out_dtype)
         return grouped_list(a, b, offs=offs, out_dtype=out_dtype, alpha=alpha, activation=activation)
     elif isinstance(a, torch.Tensor) and a.dim() == 3:  # torch._grouped_mm's 3d x 3d and 3d x 2d forms
-        return grouped_3d(a, b, offs, grouped_gemm, out=out, out_dtype=out_dtype, alpha=alpha, bias=bias,
-                          activation=activation, gate_layout=gate_layout, epilogue=epilogue,
-                          epilogue_args=epilogue_args, out_global_scale=out_global_scale, scale_a=scale_a,
-                          scale_b=scale_b, fast_accum=fast_accum, config=config, check_offs=check_offs)  # fmt: skip
+        if offs is None and not epilogue_inputs and config is None and a.dtype != torch.float8_e4m3fn:
+            return batched_dense(a, b, out, out_dtype, alpha)  # grouped_3d's route for these options
+        res = grouped_3d(a, b, offs, grouped_gemm, out=out, out_dtype=out_dtype, alpha=alpha, bias=bias,
+                         activation=activation, gate_layout=gate_layout, epilogue=epilogue,
+                         epilogue_args=epilogue_args, out_global_scale=out_global_scale, scale_a=scale_a,
+                         scale_b=scale_b, fast_accum=fast_accum, config=config, check_offs=check_offs)  # fmt: skip
+        if key is not None and not epilogue_inputs and out is None and b.dim() == 2:  # 3d x 2d: a warm plan
+            bt, at, dtype = transposed_operands(a, b, out_dtype)
+            inner = PLANS.get(_fast_key(bt, at, offs, None, dtype, alpha, config, False))
+            if inner.__class__ is _GroupedPlan:
+                PLANS[key] = Transposed3d2d(inner)
+        return res
     fp8 = getattr(a, "dtype", None) == torch.float8_e4m3fn
     if plan is None:
         if isinstance(alpha, torch.Tensor):
@@ -474,7 +485,11 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
             if scale_a is not None or scale_b is not None:
                 raise ValueError(f"scale_a / scale_b are for torch.float8_e4m3fn inputs, got a.dtype {a.dtype} "
                                  "(FP8 operands must be e4m3: e5m2 is not supported)")
-            return grouped_k(a, b, offs, out, out_dtype, alpha, check_offs, config)
+            res = grouped_k(a, b, offs, out, out_dtype, alpha, check_offs, config)
+            warm = None if key is None or epilogue_inputs else kgrouped_warm(a, b, out, res, alpha, config)
+            if warm is not None:
+                PLANS[key] = warm
+            return res
         E, K, N = b.shape
         if a.shape[1] != K:
             raise ValueError(f"a (total_M, K={a.shape[1]}) and b (E, K={K}, N) disagree on K")

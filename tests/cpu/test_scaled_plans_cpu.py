@@ -296,3 +296,123 @@ def test_warm_scale_view_matches_the_checked_scale():
         v = fp8_scales.scale_vector("s", t, n, t.device, "row")
         w = dense.warm_scale_view(t)
         assert (v.shape, v.stride(), v.data_ptr()) == (w.shape, w.stride(), w.data_ptr())
+
+
+# ---------------------------------------------------------------------------------------------
+# K-grouped (2d x 2d) and the 3-D forms
+
+
+def _kg_operands(m=48, total_k=96, n=64):
+    x = torch.randn(total_k, m, dtype=BF).t()  # (M, total_K), M-major: the weight gradient's x^T
+    dy = torch.randn(total_k, n, dtype=BF)
+    offs = torch.tensor([16, 16, 64, 96], dtype=torch.int32)
+    return x, dy, offs
+
+
+@pytest.mark.parametrize("opts", [{}, {"alpha": 0.5}, {"out_dtype": torch.float32}], ids=["plain", "alpha", "fp32"])
+def test_k_grouped_warm_call_passes_what_the_cold_call_passes(kernel, monkeypatch, opts):
+    x, dy, offs = _kg_operands()
+    y1 = cutegemm.grouped_gemm(x, dy, offs=offs, **opts)
+    cold = _args(kernel)
+    from cutegemm.grouped import k_grouped
+
+    slow = _counting(monkeypatch, k_grouped, "_kgrouped_launch")
+    y2 = cutegemm.grouped_gemm(x, dy, offs=offs, **opts)
+    assert not slow, "the warm call went through grouped_k"
+    assert _args(kernel) == cold and kernel.calls == 2
+    assert y1.shape == y2.shape == (4, 48, 64) and kernel.args[2].data_ptr() == y2.data_ptr()
+    assert y2.dtype == opts.get("out_dtype", BF)
+    # out given
+    out = torch.empty(4, 48, 64, dtype=y2.dtype)
+    for _ in range(2):
+        assert cutegemm.grouped_gemm(x, dy, offs=offs, out=out, **opts) is out
+        assert kernel.args[2].data_ptr() == out.data_ptr()
+    assert len(slow) == 1
+
+
+def test_k_grouped_warm_path_keeps_every_check_and_falls_back(kernel):
+    x, dy, offs = _kg_operands()
+    for _ in range(2):
+        cutegemm.grouped_gemm(x, dy, offs=offs)
+    with pytest.raises(ValueError, match="exceeds"):
+        cutegemm.grouped_gemm(x, dy, offs=torch.tensor([16, 16, 64, 97], dtype=torch.int32), check_offs=True)
+    with pytest.raises(ValueError, match="gate_layout"):
+        cutegemm.grouped_gemm(x, dy, offs=offs, gate_layout="bogus")
+    with pytest.raises(ValueError, match="takes alpha only"):
+        cutegemm.grouped_gemm(x, dy, offs=offs, bias=torch.rand(64))
+    with pytest.raises(TypeError, match="int32"):
+        cutegemm.grouped_gemm(x, dy, offs=offs.long())
+    with pytest.raises(ValueError, match="disagree"):
+        cutegemm.grouped_gemm(x, dy[:95], offs=offs)
+    # a misaligned dy (a copy per call): never planned, the kernel gets aligned copies each call
+    buf = torch.randn(96 * 64 + 8, dtype=BF)
+    dy_off = buf[1 : 1 + 96 * 64].view(96, 64)
+    n_plans = len(packed.PLANS)
+    for _ in range(2):
+        cutegemm.grouped_gemm(x, dy_off, offs=offs)
+        assert kernel.args[1].data_ptr() % 16 == 0 and kernel.args[1].data_ptr() != dy_off.data_ptr()
+    assert len(packed.PLANS) == n_plans
+    # an odd N (a padded scratch, then a compact result): never planned
+    cutegemm.grouped_gemm(x, dy[:, :7].contiguous(), offs=offs)
+    cutegemm.grouped_gemm(x, dy[:, :7].contiguous(), offs=offs)
+    assert len(packed.PLANS) == n_plans
+
+
+def test_3d_forms_warm_calls_match_the_twin():
+    """Warm 3d x 3d / 3d x 2d / K-grouped calls through the emulated kernel (it computes from the
+    views it is handed) give the reference twin's result, and follow in-place and set_() updates
+    of the operands."""
+    from ..emulated_kernel import emulated_kernels
+
+    a3, b3 = torch.randn(3, 40, 32, dtype=BF), torch.randn(3, 32, 48, dtype=BF)
+    b2 = torch.randn(72, 32, dtype=BF).t()  # (K, total_N)
+    offs = torch.tensor([16, 48, 72], dtype=torch.int32)
+    x, dy, koffs = _kg_operands()
+    calls = [(a3, b3, None), (a3, b2, offs), (x, dy, koffs)]
+    with emulated_kernels():
+        for a, b, o in calls:
+            want = cutegemm.grouped_gemm_ref(a, b, offs=o)
+            for _ in range(3):
+                torch.testing.assert_close(cutegemm.grouped_gemm(a, b, offs=o), want, atol=2e-2, rtol=2e-2)
+            b.mul_(-1)
+            torch.testing.assert_close(cutegemm.grouped_gemm(a, b, offs=o), -want, atol=2e-2, rtol=2e-2)
+            b.mul_(-1)
+            a.set_(torch.randn(a.numel(), dtype=a.dtype).as_strided(a.shape, a.stride()))  # same key, new storage
+            torch.testing.assert_close(
+                cutegemm.grouped_gemm(a, b, offs=o), cutegemm.grouped_gemm_ref(a, b, offs=o), atol=2e-2, rtol=2e-2
+            )
+
+
+def test_3d_x_2d_warm_plan_keeps_checks_and_frees_a(kernel):
+    a3, b2 = torch.randn(3, 40, 32, dtype=BF), torch.randn(72, 32, dtype=BF).t()
+    offs = torch.tensor([16, 48, 72], dtype=torch.int32)
+    cutegemm.grouped_gemm(a3, b2, offs=offs)
+    cold = _args(kernel)
+    res = cutegemm.grouped_gemm(a3, b2, offs=offs)
+    assert _args(kernel) == cold and res.shape == (40, 72) and res.is_contiguous()
+    assert any(type(p).__name__ == "Transposed3d2d" for p in packed.PLANS.values())
+    with pytest.raises(ValueError, match="exceeds"):
+        cutegemm.grouped_gemm(a3, b2, offs=torch.tensor([16, 48, 73], dtype=torch.int32), check_offs=True)
+    with pytest.raises(ValueError, match="groups"):
+        cutegemm.grouped_gemm(a3, b2, offs=offs[:2])
+    with pytest.raises(ValueError, match="does not take"):
+        cutegemm.grouped_gemm(a3, b2, offs=offs, bias=torch.rand(72))
+    ref = weakref.ref(a3)
+    kernel.args = None
+    del a3
+    gc.collect()
+    assert ref() is None, "a warm 3d x 2d plan keeps a alive"
+
+
+def test_3d_x_3d_fast_route_keeps_the_3d_checks(kernel):
+    a3, b3 = torch.randn(3, 40, 32, dtype=BF), torch.randn(3, 32, 48, dtype=BF)
+    for _ in range(2):
+        assert cutegemm.grouped_gemm(a3, b3).shape == (3, 40, 48)
+    with pytest.raises(ValueError, match="do not match"):
+        cutegemm.grouped_gemm(a3, torch.randn(2, 32, 48, dtype=BF))
+    with pytest.raises(ValueError, match="takes no offs"):
+        cutegemm.grouped_gemm(a3, b3, offs=torch.tensor([40, 80, 120], dtype=torch.int32))
+    with pytest.raises(TypeError, match="must be a torch.Tensor"):
+        cutegemm.grouped_gemm(a3, object())
+    out = torch.empty(3, 40, 48, dtype=torch.float32)
+    assert cutegemm.grouped_gemm(a3, b3, out=out, alpha=0.5) is out
