@@ -4,11 +4,11 @@ and arguments the host path hands them (``cutegemm.gemm.args.KernelArgs``).
 With :func:`emulated_kernels` every public call on CPU tensors runs its whole host path (checks,
 routing, staging copies, kernel views, scratch outputs, the copies back) and the "kernel" does
 the math in fp32: the packed grouped form (and its swap-AB variant) per expert from offs, the
-K-grouped form per K slice, the dense (batched or flat) GEMM; the epilogue of alpha, FP8 row /
-column scales, beta * C, bias and (gated) activations. What it does not model (FP8 block scales,
-quantized and user epilogues) raises NotImplementedError. So a CPU test can check that a layout
-torch accepts reaches the kernel as views of the right values, and that the result lands in the
-right elements of ``out`` (and nowhere else), without a GPU. Kernel numerics are the GPU tests'.
+K-grouped form per K slice, the dense (batched or flat) GEMM; FP8 block scales (grouped form); the
+epilogue of alpha, FP8 row / column scales, beta * C, bias and (gated) activations. What it does
+not model (dense FP8 block scales, quantized and user epilogues) raises NotImplementedError. So a
+CPU test can check that a layout torch accepts reaches the kernel as views of the right values,
+and that the result lands in the right elements of ``out`` (and nowhere else), without a GPU. Kernel numerics are the GPU tests'.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ class EmulatedKernel:
         self.calls += 1
         k = KernelArgs(*args)
         cfg, epi = self.cfg, self.cfg.epilogue
-        if k.sfa is not None or k.sfb is not None or epi.quant or epi.user is not None:
+        blockwise = k.sfa is not None or k.sfb is not None
+        if (blockwise and not cfg.grouped) or epi.quant or epi.user is not None:
             raise NotImplementedError(f"the emulated kernel does not model {cfg.name}")
         f32 = torch.float32
         alpha = float(k.alpha)
@@ -75,7 +76,10 @@ class EmulatedKernel:
             for e, (s, t) in enumerate(expert_rows(k.offs.tolist(), total_m)):
                 if t <= s:
                     continue
-                acc = tokens[s:t, :, 0].to(f32) @ weights[:, :, e].to(f32).t()
+                if blockwise:  # FP8 block scales: sfa (total_M, KB) per row, sfb (NB, KB, E) per 128x128 block
+                    acc = _block_scaled(tokens[s:t, :, 0], weights[:, :, e], k.sfa[s:t], k.sfb[:, :, e])
+                else:
+                    acc = tokens[s:t, :, 0].to(f32) @ weights[:, :, e].to(f32).t()
                 sb = None if k.v1 is None else (k.v1[:1] if k.v1.numel() == 1 else k.v1[e * n:(e + 1) * n])
                 be = None if bias is None else bias[e * n:(e + 1) * n]
                 y = finish(acc, be, vec(k.v0, s, t), sb).to(o3.dtype)
@@ -90,6 +94,16 @@ class EmulatedKernel:
             acc = a3[:, :, l].to(f32) @ b3[:, :, l].to(f32).t()
             c = None if c3 is None else c3[:, :, l].to(f32)
             o3[:, :, l] = finish(acc, bias, vec(k.v0, 0, acc.shape[0]), k.v1, c).to(o3.dtype)
+
+
+def _block_scaled(a, w, sfa, sfb, block=128):
+    """sum over 128-wide K blocks j of (a[:, j] @ w[:, j]^T) * sfa[:, j] * sfb[N block, j] (fp32)."""
+    acc = torch.zeros(a.shape[0], w.shape[0], dtype=torch.float32, device=a.device)
+    for j in range(-(-a.shape[1] // block)):
+        cols = slice(j * block, (j + 1) * block)
+        part = a[:, cols].float() @ w[:, cols].float().t()
+        acc += part * sfa[:, j : j + 1].float() * sfb[:, j].float().repeat_interleave(block)[: w.shape[0]]
+    return acc
 
 
 class _ConfigCache:

@@ -448,16 +448,16 @@ def quantize_experts(model: torch.nn.Module, fmt: str = "nvfp4", *, set_implemen
     return count
 
 
-def dequantize_experts(model: torch.nn.Module) -> int:
+def dequantize_experts(model: torch.nn.Module, dtype: torch.dtype | None = None) -> int:
     """Undo :func:`quantize_experts`: each quantized projection becomes a float parameter again
-    (the dequantized weights, in the dtype and storage it had), so any experts implementation can
-    run it. Returns the number of experts modules restored."""
+    (the dequantized weights, in the storage it had and ``dtype``, by default the dtype it had),
+    so any experts implementation can run it. Returns the number of experts modules restored."""
     count = 0
     for module in model.modules():
         if getattr(module, "cutegemm_format", None) is None:
             continue
         for proj in _projections(module):
-            w = dequantize_ref(_held_weight(module, proj)).to(module.cutegemm_dtype)
+            w = dequantize_ref(_held_weight(module, proj)).to(dtype or module.cutegemm_dtype)
             w = (w.transpose(1, 2) if module.is_transposed else w).contiguous()
             for suffix in ("_qdata", "_qscales", "_qglobal_scale"):
                 if hasattr(module, proj + suffix):

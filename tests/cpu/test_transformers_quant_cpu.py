@@ -30,6 +30,7 @@ hf_fp8 = pytest.importorskip("transformers.integrations.finegrained_fp8")
 from cutegemm.blockscaled.reference import dequantize_ref, quantize_ref  # noqa: E402
 from cutegemm.integrations import transformers as cg_tf  # noqa: E402  (registers "cutegemm")
 
+from ..emulated_kernel import emulated_kernels  # noqa: E402
 from .test_transformers_cpu import tiny_model  # noqa: E402
 
 VOCAB = 64
@@ -48,10 +49,12 @@ def fp8_blocks(w: torch.Tensor, ue8m0: bool = False):
     nb, kb = -(-n // 128), -(-k // 128)
     wp = torch.nn.functional.pad(w.float(), (0, kb * 128 - k, 0, nb * 128 - n)).view(e, nb, 128, kb, 128)
     amax = wp.abs().amax(dim=(2, 4))
-    inv = torch.where(amax > 0, 1.0 / (448.0 / amax.clamp_min(1e-30)), torch.ones_like(amax))
+    scale = torch.where(amax > 0, 448.0 / torch.where(amax > 0, amax, torch.ones_like(amax)), torch.ones_like(amax))
+    inv = 1.0 / scale
     if ue8m0:
         inv = torch.pow(2.0, torch.ceil(torch.log2(inv)))
-    q = (wp / inv[:, :, None, :, None]).clamp(-448, 448).to(E4M3).view(e, nb * 128, kb * 128)[:, :n, :k]
+        scale = 1.0 / inv
+    q = (wp * scale[:, :, None, :, None]).clamp(-448, 448).to(E4M3).view(e, nb * 128, kb * 128)[:, :n, :k]
     return q.contiguous(), inv
 
 
@@ -96,11 +99,11 @@ def fp8_experts(experts, ue8m0: bool = False, **kw):
     return new, gu, fp8_dequant(d8, ds)
 
 
-def fp8_model(name: str, ue8m0: bool = False, **over):
-    """(FP8 model on the cutegemm backend, the same model with eager experts on the dequantized
-    weights)."""
+def fp8_model(name: str, ue8m0: bool = False, dtype=torch.float32, **over):
+    """(FP8 model on the cutegemm backend, its other parameters in ``dtype``; the same model in fp32
+    with eager experts on the dequantized weights), on the CPU."""
     ref = tiny_model(name, **{**SIZES, **over})
-    model = copy.deepcopy(ref)
+    model = copy.deepcopy(ref).to(dtype)
     for mod_name, experts in list(model.named_modules()):
         if mod_name.endswith(".experts"):
             new, gu, down = fp8_experts(experts, ue8m0)
@@ -121,7 +124,8 @@ def test_block_quantization_is_transformers_loaders():
     """fp8_blocks equals transformers' own on-the-fly FP8 quantization (Fp8Quantize) bitwise."""
     cfg = transformers.FineGrainedFP8Config(weight_block_size=(128, 128))
     op = hf_fp8.Fp8Quantize(types.SimpleNamespace(quantization_config=cfg))
-    w = torch.randn(3, 256, 384) * torch.rand(3, 256, 1)
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(3, 256, 384, generator=g) * torch.rand(3, 256, 1, generator=g)
     got = op.convert({"mlp.experts.gate_up_proj": [w]})
     q, inv = fp8_blocks(w)
     assert torch.equal(got["mlp.experts.gate_up_proj"].view(torch.uint8), q.view(torch.uint8))
@@ -220,6 +224,32 @@ def test_fp8_layer_is_the_quantized_math(inter, sentinels):
     want = _emulated_fp8(x, idx, w, gu, down, fp8.num_experts)
     assert got.dtype == torch.float32 and torch.isfinite(got).all()
     assert rel_err(got, want) < 1e-3  # fp32 sums in another order, rarely an e4m3 rounding flipped
+
+
+@pytest.mark.parametrize("inter", [128, 192])
+def test_fp8_layer_through_the_kernel_host_path(monkeypatch, inter):
+    """The CUDA route's host path on CPU tensors (tests/emulated_kernel.py computes what the kernel
+    would from the views it is handed): the weights and scale grids as views, the per-half GEMMs
+    writing their columns of one output, the 1x128 scales' layout; equal to the reference route."""
+    model = tiny_model("qwen3_moe", inter=inter, **SIZES)
+    (experts, *_) = [m for m in model.modules() if hasattr(m, "gate_up_proj")]
+    fp8, *_ = fp8_experts(experts)
+    fp8.config._experts_implementation = "cutegemm"
+    x, idx, w = _routing(21, fp8.num_experts, 2, 256, seed=7)
+    with torch.no_grad():
+        want = fp8(x, idx, w)
+
+    def kernel_route(a, b, offs, out_dtype, out=None, **scales):  # what CUDA tensors take
+        return cg_tf.grouped_gemm(a, b, offs=offs, out=out, out_dtype=out_dtype, **scales)
+
+    monkeypatch.setattr(cg_tf, "_grouped", kernel_route)
+    with emulated_kernels() as cache, torch.no_grad():
+        got = fp8(x, idx, w)
+        got_again = fp8(x, idx, w)  # the warm plans
+    assert all(k.cfg.fp8_blockwise and k.cfg.grouped for k in cache.kernels) and cache.kernels
+    assert sum(k.calls for k in cache.kernels) == 2 * (3 if inter % 128 else 2)  # per-half gate/up: 2 GEMMs
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got_again, got, rtol=0, atol=0)
 
 
 def test_fp8_weights_are_read_in_place():
