@@ -162,14 +162,14 @@ def quantize_fp8_1x128(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     recipe with fp32 scales)."""
     t, k = x.shape
     kb = -(-k // FP8_BLOCK)
-    xf = x.float()
     if k % FP8_BLOCK:
-        xf = F.pad(xf, (0, kb * FP8_BLOCK - k))
-    blocks = xf.reshape(t, kb, FP8_BLOCK)
-    amax = blocks.abs().amax(dim=-1)
+        x = F.pad(x, (0, kb * FP8_BLOCK - k))
+    blocks = x.reshape(t, kb, FP8_BLOCK)
+    amax = torch.linalg.vector_norm(blocks, ord=float("inf"), dim=-1).float()  # exact; no |x| temporary
     scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    xf = blocks.to(torch.float32, copy=True)  # the one fp32 temporary (4 bytes per element), scaled in place
     q = (
-        (blocks / scale.unsqueeze(-1))
+        xf.div_(scale.unsqueeze(-1))
         .clamp_(-E4M3_MAX, E4M3_MAX)
         .to(torch.float8_e4m3fn)
         .view(t, kb * FP8_BLOCK)
