@@ -54,9 +54,9 @@ model's own ``_apply_gate`` / ``act_fn`` and the norm in torch between them, as 
 - NVFP4 / MXFP4 / MXFP8 weights made by :func:`quantize_experts` (any experts class, from its
   bf16 / fp16 / fp32 weights): the weight-only grouped kernels likewise.
 
-Devices: CUDA tensors run cutegemm's kernels (bf16 / fp16 expert weights; the hidden states are
-cast to the weights' dtype as transformers does); CPU tensors run the reference twins (fp32 math,
-any float dtype), which is what the CPU plumbing test exercises. Expert parallelism: slots whose
+Devices: CUDA tensors run cutegemm's kernels (bf16 / fp16 expert weights, the hidden states cast
+to the weights' dtype as transformers does; or the quantized ones above); CPU tensors run the
+reference twins (fp32 math, any float dtype), which is what the CPU plumbing tests exercise. Expert parallelism: slots whose
 expert id is at or past ``num_experts`` (transformers' EP sentinels) sort last, past ``offs[-1]``:
 they cost no GEMM work and contribute nothing (their rows are masked), as in ``grouped_mm``.
 Not CUDA-graph capturable where the K-grouped weight gradient reads offs on the host (non-sm_90a
@@ -237,7 +237,9 @@ def _fp8_parts(experts, name: str) -> list:
         raise ValueError(f"{name}_scale_inv must be ({e}, ceil(N/128), {kb}) block scales of the ({e}, {n}, {k}) "
                          f"FP8 weight, got {None if s is None else tuple(s.shape)}")  # fmt: skip
     if s.dtype != torch.float32:
-        if s.element_size() != 1 or s.is_floating_point() and s.dtype != torch.float8_e8m0fnu:
+        if s.element_size() != 1 or (
+            s.is_floating_point() and s.dtype != torch.float8_e8m0fnu
+        ):  # ue8m0 or its bytes
             raise TypeError(f"{name}_scale_inv must be float32 or ue8m0 (float8_e8m0fnu), got {s.dtype}")
         s = cached(experts, f"{name}_scale_fp32", (s,), lambda s=s: e8m0_to_float(s))
     half = n // 2
