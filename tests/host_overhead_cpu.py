@@ -1,5 +1,5 @@
 """Host cost of the warm (cached-plan) fast paths of ``gemm`` / ``grouped_gemm`` on the CPU (bf16
-operands, and low-precision weights).
+and FP8 operands, every grouped form, low-precision weights) and of ``quantize``.
 
 No GPU: the slow path runs on CPU tensors with the CUDA-only pieces replaced (operand device
 check, device query, kernel compile -> a no-op Python callable), so a second call with the same
@@ -153,6 +153,41 @@ def cpu_weight_path(kernel: NoOpKernel | None = None):
         launch._PLANS.clear()
 
 
+def _check_x_cpu(x) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"x: expected dtype float32, bfloat16 or float16, got {x.dtype}")
+    if x.dim() not in (2, 3) or x.numel() == 0:
+        raise ValueError(f"x: expected a non-empty (rows, K) or (L, rows, K) tensor, got {tuple(x.shape)}")
+
+
+@contextlib.contextmanager
+def cpu_quantize_path(kernel: NoOpKernel | None = None):
+    """As :func:`cpu_fast_path`, for ``quantize`` (``cutegemm.blockscaled.quantize_launch``): CPU
+    tensors (the CUDA check replaced by the same checks without it), an sm_90a device, ``kernel``
+    as every compiled quantize / amax kernel. Its plans are dropped on entry and exit."""
+    from cutegemm.blockscaled import quantize_launch as ql
+
+    kernel = kernel or NoOpKernel()
+    cache = _FakeCache(kernel)
+    names = ("_check_x", "arch_of", "kernel_cache")
+    saved = {name: getattr(ql, name) for name in names}
+    ql._check_x = _check_x_cpu
+    ql.arch_of = lambda index: "sm_90a"
+    ql.kernel_cache = lambda: cache
+    plans = getattr(ql, "_PLANS", {})
+    ql._plan.cache_clear()
+    plans.clear()
+    try:
+        yield kernel
+    finally:
+        for name, value in saved.items():
+            setattr(ql, name, value)
+        ql._plan.cache_clear()
+        plans.clear()
+
+
 def _time(fn, calls: int, rounds: int = 25) -> float:
     """µs per call: the fastest of ``rounds`` rounds of ``calls / rounds`` calls (CPU time), so
     that other processes on the machine disturb it little."""
@@ -215,6 +250,12 @@ def measure(calls: int = 20000) -> dict:
                 lambda qe=qe: cutegemm.grouped_gemm(xg, qe, offs=offs), calls
             )
         assert k.calls > 6 * calls
+    xq, xs = torch.randn(128, 1024, dtype=bf), torch.randn(16, 1024, dtype=bf)
+    with cpu_quantize_path() as k:
+        res["quantize(x 128x1024, mxfp8)"] = _time(lambda: cutegemm.quantize(xq, "mxfp8"), calls)
+        res["quantize(x 16x1024, mxfp8)"] = _time(lambda: cutegemm.quantize(xs, "mxfp8"), calls)
+        res["quantize(x 128x1024, nvfp4, gs)"] = _time(lambda: cutegemm.quantize(xq, "nvfp4", global_scale=0.5), calls)
+        assert k.calls > 3 * calls
     res["torch.empty(128, 128)"] = _time(lambda: torch.empty(128, 128, dtype=bf), calls)
     return res
 

@@ -129,15 +129,15 @@ def test_poisoned_outputs_fully_written(fmt, monkeypatch):
     the kernel) and the guard bands stay untouched."""
     guard, bufs = 256, []
 
-    def poisoned_empty(shape, device):
-        n = 1
-        for d in shape:
+    def poisoned_empty(shape, dtype, device):
+        n = torch.empty((), dtype=dtype).element_size()
+        for d in (shape,) if isinstance(shape, int) else shape:
             n *= d
         buf = torch.full((n + 2 * guard,), 0xAB, dtype=torch.uint8, device=device)
         bufs.append(buf)
-        return buf[guard : guard + n].view(shape)
+        return buf[guard : guard + n].view(dtype).view(shape)
 
-    monkeypatch.setattr(lmod, "_empty_u8", poisoned_empty)
+    monkeypatch.setattr(lmod, "_empty", poisoned_empty)
     for shape in ((257, 96), (2, 130, 64), (128, 512), (3, 128, 1024)):
         bufs.clear()
         check(make_x(shape, torch.bfloat16, 7), fmt)
@@ -192,9 +192,14 @@ def test_launch_plan_and_kernel_cache_reused():
     x = make_x((128, 256), torch.bfloat16, 10)
     cutegemm.quantize(x, "mxfp8")
     compiled, hits = qmod.kernel_cache().stats["compiled"], lmod._plan.cache_info().hits
-    cutegemm.quantize(x.clone(), "mxfp8")
+    cutegemm.quantize(x.clone(), "mxfp8")  # the warm plan (same shape, strides, dtype, format)
     assert qmod.kernel_cache().stats["compiled"] == compiled
-    assert lmod._plan.cache_info().hits == hits + 1
+    assert lmod._plan.cache_info().hits == hits and any(k[0] == x.shape for k in lmod._PLANS)
+    y = make_x((128, 250), torch.bfloat16, 10)  # K % 32 != 0: a padded copy per call, no warm plan
+    cutegemm.quantize(y, "mxfp8")
+    hits = lmod._plan.cache_info().hits
+    check(y, "mxfp8")
+    assert qmod.kernel_cache().stats["compiled"] == compiled and lmod._plan.cache_info().hits == hits + 1
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
