@@ -209,35 +209,42 @@ def test_dense_rowwise_copies_are_not_planned(kernel, monkeypatch):
 # FP8 row-wise grouped (packed form)
 
 
+ROWS = 384  # 128 rows per expert on average: the swap-AB kernel with fast_accum
+
+
 def _grouped_operands(n=48):
-    x = _fp8(96, 32)
+    x = _fp8(ROWS, 32)
     w = _fp8(3, n, 32).transpose(1, 2)  # (E, K, N), K-major
-    offs = torch.tensor([20, 20, 90], dtype=torch.int32)
+    offs = torch.tensor([100, 100, 360], dtype=torch.int32)
     return x, w, offs
 
 
-@pytest.mark.parametrize("sa_shape", [(96,), (96, 1), (1,)])
+@pytest.mark.parametrize("sa_shape", [(ROWS,), (ROWS, 1), (1,)])
 @pytest.mark.parametrize("sb_shape", [(3, 48), (48,), (3,), (1,)])
-def test_grouped_rowwise_warm_call_passes_what_the_cold_call_passes(kernel, monkeypatch, sa_shape, sb_shape):
+@pytest.mark.parametrize("fast_accum", [False, True], ids=["promoted", "fast-swap-ab"])
+def test_grouped_rowwise_warm_call_passes_what_the_cold_call_passes(kernel, monkeypatch, sa_shape, sb_shape,
+                                                                     fast_accum):  # fmt: skip
     x, w, offs = _grouped_operands()
     sa, sb = torch.rand(sa_shape), torch.rand(sb_shape)
     in_place = sb_shape == (3, 48)
     fresh = (2,) if in_place else (2, 14)  # other scale_b shapes are expanded: a copy per call
     plans = _counting(monkeypatch, packed, "_plan_packed")
-    y1 = cutegemm.grouped_gemm(x, w, offs=offs, scale_a=sa, scale_b=sb)
+    y1 = cutegemm.grouped_gemm(x, w, offs=offs, scale_a=sa, scale_b=sb, fast_accum=fast_accum)
     cold, cold_sb = _args(kernel, fresh), kernel.args[14].clone()
+    plan = next(p for k, p in packed.PLANS.items() if packed._ROWWISE not in k)
+    assert plan.swap == fast_accum  # fast_accum: the swap-AB kernel (its operands swapped at launch)
     prep = _counting(monkeypatch, packed, "_prepare_epilogue")
-    y2 = cutegemm.grouped_gemm(x, w, offs=offs, scale_a=sa, scale_b=sb)
+    y2 = cutegemm.grouped_gemm(x, w, offs=offs, scale_a=sa, scale_b=sb, fast_accum=fast_accum)
     warm = _args(kernel, fresh)
     assert len(plans) == 1 and cold == warm and torch.equal(kernel.args[14], cold_sb)
-    assert y1.shape == y2.shape == (96, 48) and y2.dtype == BF and kernel.args[2].data_ptr() == y2.data_ptr()
+    assert y1.shape == y2.shape == (ROWS, 48) and y2.dtype == BF and kernel.args[2].data_ptr() == y2.data_ptr()
     # scale_b (E, N) is used in place: the warm path skips the epilogue preparation
     assert bool(prep) != in_place
 
 
 def test_grouped_rowwise_falls_back_and_keeps_checks(kernel):
     x, w, offs = _grouped_operands()
-    sa, sb = torch.rand(96), torch.rand(3, 48)
+    sa, sb = torch.rand(ROWS), torch.rand(3, 48)
     for _ in range(2):
         cutegemm.grouped_gemm(x, w, offs=offs, scale_a=sa, scale_b=sb)
     sb.add_(1)
@@ -247,11 +254,11 @@ def test_grouped_rowwise_falls_back_and_keeps_checks(kernel):
     sb.set_(new)
     cutegemm.grouped_gemm(x, w, offs=offs, scale_a=sa, scale_b=sb)
     assert kernel.args[14].data_ptr() == new.data_ptr()
-    buf = torch.rand(97)
+    buf = torch.rand(ROWS + 1)
     cutegemm.grouped_gemm(x, w, offs=offs, scale_a=buf[1:], scale_b=sb)
     assert kernel.args[13].data_ptr() % 16 == 0 and torch.equal(kernel.args[13], buf[1:])
     with pytest.raises(ValueError, match="non-decreasing"):
-        bad = torch.tensor([20, 10, 90], dtype=torch.int32)
+        bad = torch.tensor([100, 10, 360], dtype=torch.int32)
         cutegemm.grouped_gemm(x, w, offs=bad, scale_a=sa, scale_b=sb, check_offs=True)
     with pytest.raises(TypeError, match="float32"):
         cutegemm.grouped_gemm(x, w, offs=offs, scale_a=sa, scale_b=sb.double())
@@ -277,7 +284,7 @@ def test_grouped_plain_warm_path_keeps_the_gate_layout_and_epilogue_args_checks(
 
 def test_grouped_rowwise_memo_does_not_keep_scale_b_alive(kernel):
     x, w, offs = _grouped_operands()
-    sa, sb = torch.rand(96), torch.rand(3, 48)
+    sa, sb = torch.rand(ROWS), torch.rand(3, 48)
     for _ in range(2):
         cutegemm.grouped_gemm(x, w, offs=offs, scale_a=sa, scale_b=sb)
     plan = next(p for k, p in packed.PLANS.items() if packed._ROWWISE in k)
