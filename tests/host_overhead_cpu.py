@@ -120,6 +120,16 @@ def cpu_fast_path(kernel: NoOpKernel | None = None):
         grouped.PLANS.clear()
 
 
+def tensor_meta(t):
+    """What a kernel argument tensor is: (shape, strides, data pointer, dtype); None stays None."""
+    return None if t is None else (tuple(t.shape), t.stride(), t.data_ptr(), t.dtype)
+
+
+def kernel_args(kernel: NoOpKernel) -> list:
+    """The no-op kernel's last arguments with every tensor as its :func:`tensor_meta`."""
+    return [tensor_meta(a) if isinstance(a, torch.Tensor) else a for a in kernel.args]
+
+
 class _Stream:
     cuda_stream = 0
 

@@ -43,6 +43,18 @@ from ..runtime.device import device_info, max_clusters_for
 from ..schedulers.grouped import expert_rows
 
 
+def _kgrouped_out(out, shape, out_dtype, device, offs, K, check_offs):
+    """The K-grouped call's (E, M, N) result: ``out`` checked, or a new one; offs' values checked
+    against K when asked (a host sync)."""
+    if out is None:
+        out = torch.empty(shape, dtype=out_dtype, device=device)
+    elif check_operand("out", out, dims=(3,)) or out.shape != shape or out.dtype != out_dtype:
+        raise ValueError(f"out must be an ({shape[0]}, {shape[1]}, {shape[2]}) {out_dtype} tensor")
+    if check_offs:
+        check_offs_values(offs, K)
+    return out
+
+
 def grouped_k(a, b, offs, out, out_dtype, alpha, check_offs, config=None):
     """K-grouped: out[e] = a[:, k_e] @ b[k_e, :] with k_e the e-th slice of K given by offs.
     sm_90a: one launch of the K-grouped kernel (each tile reads its expert's K range from offs:
@@ -53,12 +65,7 @@ def grouped_k(a, b, offs, out, out_dtype, alpha, check_offs, config=None):
         raise ValueError(f"a (M, K={K}) and b (K={b.shape[0]}, N) disagree on K")
     E, N = offs.numel(), b.shape[1]
     user_out = out
-    if out is None:
-        out = torch.empty(E, M, N, dtype=out_dtype, device=a.device)
-    elif check_operand("out", out, dims=(3,)) or out.shape != (E, M, N) or out.dtype != out_dtype:
-        raise ValueError(f"out must be an ({E}, {M}, {N}) {out_dtype} tensor")
-    if check_offs:
-        check_offs_values(offs, K)
+    out = _kgrouped_out(out, (E, M, N), out_dtype, a.device, offs, K, check_offs)
     if config is not None and not config.kgrouped:
         raise ValueError(f"config {config.name} is not a K-grouped kernel (form=Form.KGROUPED)")
     if out.numel() == 0:
@@ -118,12 +125,7 @@ def grouped_k_fp8(a, b, offs, out, out_dtype, alpha, check_offs, scale_a=None, s
         if t is not None:
             check_fp32_scale(name, t, a.device)
     sa, sb = k_scales(scale_a, scale_b, E, M, N)
-    if out is None:
-        out = torch.empty(E, M, N, dtype=out_dtype, device=a.device)
-    elif check_operand("out", out, dims=(3,)) or out.shape != (E, M, N) or out.dtype != out_dtype:
-        raise ValueError(f"out must be an ({E}, {M}, {N}) {out_dtype} tensor")
-    if check_offs:
-        check_offs_values(offs, K)
+    out = _kgrouped_out(out, (E, M, N), out_dtype, a.device, offs, K, check_offs)
     if out.numel() == 0:
         return out
     for e, (start, end) in enumerate(expert_rows(offs.tolist(), K)):  # host sync: not graph-capturable

@@ -12,7 +12,7 @@ import cutegemm
 from cutegemm.gemm import dense
 from cutegemm.grouped import packed as grouped
 
-from ..host_overhead_cpu import cpu_fast_path
+from ..host_overhead_cpu import cpu_fast_path, kernel_args
 
 BF = torch.bfloat16
 
@@ -21,14 +21,6 @@ BF = torch.bfloat16
 def kernel():
     with cpu_fast_path() as k:
         yield k
-
-
-def _meta(t):
-    return None if t is None else (tuple(t.shape), t.stride(), t.data_ptr(), t.dtype)
-
-
-def _tensor_args(k):
-    return [_meta(x) if isinstance(x, torch.Tensor) else x for x in k.args]
 
 
 def _count_plans(monkeypatch, module, name):
@@ -57,9 +49,9 @@ def test_dense_fast_path_passes_what_the_slow_path_passes(kernel, monkeypatch, c
         b = torch.randn(48, 32, dtype=BF).t()
     plans = _count_plans(monkeypatch, dense, "_plan")
     first = cutegemm.gemm(a, b, **kw)
-    slow = _tensor_args(kernel)
+    slow = kernel_args(kernel)
     second = cutegemm.gemm(a, b, **kw)
-    fast = _tensor_args(kernel)
+    fast = kernel_args(kernel)
     assert len(plans) == 1 and kernel.calls == 2
     assert first.shape == second.shape and first.dtype == second.dtype
     # identical arguments but the freshly allocated output (same shape and strides)
@@ -149,9 +141,9 @@ def test_grouped_fast_path_passes_what_the_slow_path_passes(kernel, monkeypatch)
     x, w, offs = _grouped_inputs()
     plans = _count_plans(monkeypatch, grouped, "_plan_packed")
     y1 = cutegemm.grouped_gemm(x, w, offs=offs, alpha=0.5)
-    slow = _tensor_args(kernel)
+    slow = kernel_args(kernel)
     y2 = cutegemm.grouped_gemm(x, w, offs=offs, alpha=0.5)
-    fast = _tensor_args(kernel)
+    fast = kernel_args(kernel)
     assert len(plans) == 1 and kernel.calls == 2
     assert y1.shape == y2.shape == (96, 48) and y2.dtype == BF
     assert fast[:2] + fast[3:] == slow[:2] + slow[3:]

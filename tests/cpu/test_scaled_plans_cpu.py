@@ -15,7 +15,7 @@ import cutegemm
 from cutegemm.gemm import dense, fp8_scales
 from cutegemm.grouped import packed
 
-from ..host_overhead_cpu import cpu_fast_path
+from ..host_overhead_cpu import cpu_fast_path, kernel_args
 
 BF = torch.bfloat16
 E4M3 = torch.float8_e4m3fn
@@ -27,21 +27,11 @@ def kernel():
         yield k
 
 
-def _meta(t):
-    return (tuple(t.shape), t.stride(), t.data_ptr(), t.dtype)
-
-
 def _args(k, fresh=(2,)):
     """The kernel's arguments, tensors by (shape, strides, data pointer, dtype); the freshly
     allocated outputs (``fresh``) by shape, strides and dtype only."""
-    res = []
-    for i, x in enumerate(k.args):
-        if isinstance(x, torch.Tensor):
-            m = _meta(x)
-            res.append((m[0], m[1], m[3]) if i in fresh else m)
-        else:
-            res.append(x)
-    return res
+    return [(m[0], m[1], m[3]) if i in fresh and isinstance(x, torch.Tensor) else m
+            for i, (x, m) in enumerate(zip(k.args, kernel_args(k), strict=True))]  # fmt: skip
 
 
 def _counting(monkeypatch, module, name):

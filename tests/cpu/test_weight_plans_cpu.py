@@ -13,7 +13,7 @@ import cutegemm
 from cutegemm.blockscaled import quantize_ref
 from cutegemm.blockscaled.weight_only import launch
 
-from ..host_overhead_cpu import cpu_weight_path
+from ..host_overhead_cpu import cpu_weight_path, kernel_args
 
 BF = torch.bfloat16
 
@@ -24,19 +24,15 @@ def kernel():
         yield k
 
 
-def _args(k):
-    return [(tuple(a.shape), a.stride(), a.data_ptr(), a.dtype) if isinstance(a, torch.Tensor) else a for a in k.args]
-
-
 def _cold_then_warm(k, call):
     """Kernel arguments of a cold call (plans cleared) and of the warm call after it; the output
     tensors (fresh each call) are compared by shape and dtype only."""
     launch._PLANS.clear()
     call()
-    cold = _args(k)
+    cold = kernel_args(k)
     assert launch._PLANS, "the cold call made no plan"
     call()
-    warm = _args(k)
+    warm = kernel_args(k)
     for i in (3,):  # out
         cold[i], warm[i] = cold[i][:2] + cold[i][3:], warm[i][:2] + warm[i][3:]
     return cold, warm
