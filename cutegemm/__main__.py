@@ -66,8 +66,8 @@ def cmd_bench(args) -> int:
             results = moe_bench.bench_moe(shapes, impls, rounds=args.rounds, reps=args.reps, out=outdir / "moe")
             print(moe_bench.markdown(results))
             print(f"results: {outdir / 'moe'}")
-        elif fam == "tiles":  # every sm_90a tile candidate on the dense benchmark shapes
-            sweep_dense(reps=args.reps)
+        elif fam == "tiles":  # every sm_90a tile candidate on the dense benchmark shapes (or --shapes)
+            sweep_dense(_parse_shapes(args.shapes, 3) if args.shapes else benchmarks.DENSE_SHAPES, reps=args.reps)
     return 0
 
 
@@ -124,7 +124,8 @@ def main(argv=None) -> int:
     b.add_argument("--reps", type=int, default=30)
     b.add_argument("--calls", type=int, default=1000, help="host: back-to-back calls per timing")
     b.add_argument("--out", default="results")
-    b.add_argument("--shapes", default="", help="moe: shape names (substrings, comma separated); default all")
+    b.add_argument("--shapes", default="",
+                   help="moe: shape names (substrings, comma separated); tiles: MxNxK,...; default all")
     b.add_argument("--impls", default="", help="moe: torch,cutegemm,cutegemm-hf,sonicmoe (torch always runs)")
     b.add_argument("--rounds", type=int, default=4, help="moe: interleaved rounds")
     b.set_defaults(fn=cmd_bench)

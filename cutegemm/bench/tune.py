@@ -90,6 +90,11 @@ SM90_CANDIDATES = [
     dict(tile_m=64, tile_n=256, cluster_m=1, cluster_n=1, raster="n", group=1),
     dict(tile_m=128, tile_n=64, cluster_m=1, cluster_n=1, raster="n", group=1),
     dict(tile_m=64, tile_n=128, cluster_m=1, cluster_n=2, raster="n", group=1),
+    # K cut into 2 / 4 ranges (split_k: cooperative, 1x1 cluster, static): the layers whose output
+    # tiles fill less than a wave or leave a short last one (bench sweep's waves column)
+    # (128x256 with 4 ranges spills registers: not a candidate)
+    *(dict(tile_m=128, tile_n=tn, cluster_m=1, cluster_n=1, raster="n", group=1, split_k=sk)
+      for tn, sk in ((64, 2), (64, 4), (128, 2), (128, 4), (256, 2))),
 ]
 
 
