@@ -22,6 +22,9 @@ Devices:
   implementations and their autograd are testable without a GPU. The CPU path also accepts
   float32 and float64 operands (float64 is computed in float64, so ``gradcheck`` works); the CUDA
   path does not.
+- Host cost: a call that needs no gradient, on plain tensors of one device, runs the device's
+  function straight from our AutogradCPU / AutogradCUDA kernel (one Python kernel where custom_op
+  has two); every other call goes through custom_op's own Autograd kernel.
 
 ``gemm``: ``act(alpha * (a @ b) + bias)`` (no ``beta * c`` / gate_layout: use :func:`cutegemm.gemm`), a (M, K) or (L, M, K), b (K, N) or (L, K, N), bias (N,)
 (gated activations: b and bias have 2 * N' columns, interleaved gate/up, out has N'), activation
@@ -71,6 +74,7 @@ With autotuning on (:mod:`cutegemm.tuning`) a signature is never tuned during a 
 from typing import Optional
 
 import torch
+from torch._library.autograd import make_autograd_impl
 
 from .epilogue import ACTIVATIONS, GATED
 from .gemm.dense import gemm as _gemm_kernel
@@ -341,6 +345,51 @@ def _grouped_backward(ctx, grad):
 
 
 grouped_gemm.register_autograd(_grouped_backward, setup_context=_grouped_setup_context)
+
+
+# ----------------------------------------------------------------------------------------------
+# the calls that need no gradient: one Python kernel instead of two
+
+# holds the AutogradCPU / AutogradCUDA registrations below (dropped with it)
+_LIB = torch.library.Library("cutegemm", "FRAGMENT")
+_BELOW_AUTOGRAD = torch._C._after_autograd_keyset.remove(torch._C.DispatchKey.ADInplaceOrView)
+_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_CUDA_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
+
+
+def _register_no_grad_path(opdef, cuda_fn) -> None:
+    """Registers ``opdef``'s AutogradCPU and AutogradCUDA kernels (they take precedence over the
+    Autograd kernel custom_op registered). A call that needs no gradient and would redispatch
+    straight to the CPU or CUDA kernel (plain tensors of one device, no mode or subclass below
+    autograd) runs that device's function below autograd in this frame, as custom_op's Autograd
+    kernel does through a redispatch into a second Python kernel (its output-aliasing check:
+    ours return fresh tensors) at about twice the host time. Every other call takes custom_op's
+    own Autograd kernel, so gradients, fake tensors and tracing are unchanged."""
+    slow = make_autograd_impl(opdef._opoverload, opdef)  # what custom_op registers for "Autograd"
+    cpu_fn = opdef._init_fn
+    disabled = getattr(opdef, "_disabled_kernel", set())  # set_kernel_enabled's set, updated in place
+
+    def kernel(keyset, *args, **kwargs):
+        if not (torch._C.is_grad_enabled() and torch._C._any_requires_grad(*args)):
+            below = keyset & _BELOW_AUTOGRAD
+            if below == _CPU_KEYS:
+                fn = cpu_fn
+            elif below == _CUDA_KEYS:
+                fn = cpu_fn if "cuda" in disabled else cuda_fn  # switched off: custom_op runs the body too
+            else:
+                fn = None
+            if fn is not None:
+                with torch._C._AutoDispatchBelowAutograd():
+                    return fn(*args, **kwargs)
+        return slow(keyset, *args, **kwargs)
+
+    kernel = torch._disable_dynamo(kernel)  # as custom_op's kernels: never traced by Dynamo
+    for key in ("AutogradCPU", "AutogradCUDA"):
+        _LIB.impl(opdef._name, kernel, key, with_keyset=True)
+
+
+_register_no_grad_path(gemm, _gemm_cuda)
+_register_no_grad_path(grouped_gemm, _grouped_cuda)
 
 __all__ = [
     "gemm", "grouped_gemm", "activation_grad", "quantize", "gemm_quantized", "GEMM_SCHEMA", "GROUPED_SCHEMA",

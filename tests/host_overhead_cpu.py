@@ -217,7 +217,7 @@ def measure(calls: int = 20000) -> dict:
     """µs per warm call (best of 25 rounds of ``calls / 25``) of the fast paths with a no-op kernel,
     beside torch.empty of the output (the allocation every path pays) for scale."""
     import cutegemm
-    from cutegemm import ops  # noqa: F401
+    from cutegemm import ops
 
     bf = torch.bfloat16
     a, b = torch.randn(128, 128, dtype=bf), torch.randn(128, 128, dtype=bf)
@@ -267,6 +267,15 @@ def measure(calls: int = 20000) -> dict:
         res["quantize(x 128x1024, nvfp4, gs)"] = _time(lambda: cutegemm.quantize(xq, "nvfp4", global_scale=0.5), calls)
         assert k.calls > 3 * calls
     res["torch.empty(128, 128)"] = _time(lambda: torch.empty(128, 128, dtype=bf), calls)
+    # torch.ops.cutegemm (no gradient needed): the dispatcher's and the op's Python layers over the
+    # registered function, on 1x1 CPU operands (the CPU twin's work is small beside them)
+    a1, b1, w1, o1 = torch.randn(1, 1), torch.randn(1, 1), torch.randn(1, 1, 1), torch.ones(1, dtype=torch.int32)
+    res["ops.gemm over body, 1x1"] = _time(lambda: torch.ops.cutegemm.gemm(a1, b1), calls) - _time(
+        lambda: ops.gemm._init_fn(a1, b1), calls
+    )
+    res["ops.grouped_gemm over body, 1x1"] = _time(
+        lambda: torch.ops.cutegemm.grouped_gemm(a1, w1, o1), calls
+    ) - _time(lambda: ops.grouped_gemm._init_fn(a1, w1, o1), calls)
     return res
 
 
