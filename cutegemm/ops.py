@@ -74,7 +74,11 @@ With autotuning on (:mod:`cutegemm.tuning`) a signature is never tuned during a 
 from typing import Optional
 
 import torch
-from torch._library.autograd import make_autograd_impl
+
+try:  # private (custom_op's own Autograd kernel); without it the ops keep custom_op's path only
+    from torch._library.autograd import make_autograd_impl
+except ImportError:
+    make_autograd_impl = None
 
 from .epilogue import ACTIVATIONS, GATED
 from .gemm.dense import gemm as _gemm_kernel
@@ -388,8 +392,12 @@ def _register_no_grad_path(opdef, cuda_fn) -> None:
         _LIB.impl(opdef._name, kernel, key, with_keyset=True)
 
 
-_register_no_grad_path(gemm, _gemm_cuda)
-_register_no_grad_path(grouped_gemm, _grouped_cuda)
+try:  # private torch names (make_autograd_impl, CustomOpDef._init_fn): without them, custom_op's path
+    if make_autograd_impl is not None:
+        _register_no_grad_path(gemm, _gemm_cuda)
+        _register_no_grad_path(grouped_gemm, _grouped_cuda)
+except (AttributeError, TypeError):
+    pass
 
 __all__ = [
     "gemm", "grouped_gemm", "activation_grad", "quantize", "gemm_quantized", "GEMM_SCHEMA", "GROUPED_SCHEMA",
