@@ -27,6 +27,8 @@ import refcheck  # noqa: F401  (puts the repo root on sys.path)
 import torch
 
 import cutegemm
+from cutegemm.blockscaled.quantizer import kernel_cache as quantize_kernels
+from cutegemm.blockscaled.weight_only.kernel import kernel_cache as fp4_weight_kernels
 from cutegemm.config import Form, GemmConfig
 from cutegemm.epilogue import EpilogueSpec
 from cutegemm.gemm.launch import DENSE_CACHE, GROUPED_CACHE
@@ -485,17 +487,8 @@ def all_cases() -> dict:
 
 
 def _kernel_count() -> int:
-    n = len(DENSE_CACHE._mem) + len(GROUPED_CACHE._mem)
-    try:
-        from cutegemm.blockscaled.quantizer import kernel_cache as _cache
-
-        n += len(_cache()._mem)
-        from cutegemm.blockscaled.weight_only.kernel import kernel_cache
-
-        n += len(kernel_cache()._mem)
-    except (ImportError, AttributeError):
-        pass
-    return n
+    caches = (DENSE_CACHE, GROUPED_CACHE, quantize_kernels(), fp4_weight_kernels())
+    return sum(len(c._mem) for c in caches)
 
 
 def main(argv=None) -> int:
