@@ -56,6 +56,14 @@ class KernelArgs(NamedTuple):
 # What a warm fast path passes per call, in front of a plan's ``KernelArgs.tail()``.
 LEADING = ("a", "b", "out", "c", "bias", "alpha", "beta", "max_clusters", "offs")
 assert KernelArgs._fields[: len(LEADING)] == LEADING
+_V0 = KernelArgs._fields.index("v0") - len(LEADING)  # v0 (then v1) in a plan's tail
+assert KernelArgs._fields[len(LEADING) + _V0 + 1] == "v1"
+
+
+def scaled_tail(tail: tuple, scale_b_shape) -> tuple:
+    """What an FP8 row-wise warm call needs of a plan's tail: (the fields before v0, those after
+    v1, scale_b's 1-D view shape); the call passes the scales' views as v0 / v1 between them."""
+    return tail[:_V0], tail[_V0 + 2 :], scale_b_shape
 
 
 

@@ -23,8 +23,8 @@ from ..epilogue.user import apply_user_ref, register
 from ..policy import policy_for
 from ..runtime.device import device_info, max_clusters_for, resident_clusters  # noqa: F401 (re-exported)
 from ..tuning import tuned_config
-from .args import LEADING, KernelArgs
-from .fp8_scales import fp8_block_scales, fp8_blockwise_ref, fp8_scales
+from .args import KernelArgs, scaled_tail
+from .fp8_scales import fp8_block_scales, fp8_blockwise_ref, fp8_scales, not_e4m3
 from .launch import (
     DENSE_CACHE,
     EPI_TORCH_DTYPES,
@@ -113,7 +113,6 @@ class _Plan:
 PLANS: dict = {}
 PLAIN_PLANS: dict = {}  # plans of gemm(a, b) with every option at its default, and of FP8 row-wise calls
 _NO_VECTORS = (None, None, None, None)
-_V0 = KernelArgs._fields.index("v0") - len(LEADING)  # v0 (then v1) in a plan's tail
 
 
 def warm_scale_view(t: torch.Tensor) -> torch.Tensor:
@@ -516,8 +515,7 @@ def gemm(
             raise ValueError("a user epilogue cannot be combined with FP8 inputs yet")
         vectors = fp8_block_scales(a, b, scale_a, scale_b) or fp8_scales(a, b, scale_a, scale_b)
     elif scale_a is not None or scale_b is not None:
-        raise ValueError(f"scale_a / scale_b are for torch.float8_e4m3fn inputs, got a.dtype {getattr(a, 'dtype', None)} "
-                         "(FP8 operands must be e4m3: e5m2 is not supported)")
+        raise not_e4m3(a)
     if quant is not None or out_global_scale is not None:
         gs = global_scale(quant, out_global_scale, getattr(a, "device", None))
     try:
@@ -587,7 +585,7 @@ def _cache_scaled(skey, plan, a, vectors, scale_a, scale_b) -> None:
     pairs = ((v0, warm_scale_view(scale_a)), (v1, warm_scale_view(scale_b)))  # the same views, no copy
     if v1.stride() == (1,) and all((x.shape, x.stride(), x.data_ptr()) == (y.shape, y.stride(), y.data_ptr()) for x, y in pairs):
         plan.sb_memo = getattr(plan, "sb_memo", None) or SimpleNamespace(b_memo=None)  # memo_view's holder
-        plan.scaled_tail = (plan.tail[:_V0], plan.tail[_V0 + 2 :], v1.shape)
+        plan.scaled_tail = scaled_tail(plan.tail, v1.shape)
         PLAIN_PLANS[skey] = plan
 
 

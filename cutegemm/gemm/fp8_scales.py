@@ -9,6 +9,12 @@ import torch
 from ..config import TMA_ALIGN_BYTES
 
 
+def not_e4m3(a) -> ValueError:
+    """The error of FP8 scales passed with operands that are not float8_e4m3fn."""
+    return ValueError(f"scale_a / scale_b are for torch.float8_e4m3fn inputs, got a.dtype {getattr(a, 'dtype', None)} "
+                      "(FP8 operands must be e4m3: e5m2 is not supported)")
+
+
 def check_fp32_scale(name: str, t, device, rule: str = "") -> None:
     """An fp32 scale tensor on ``device`` (TypeError / ValueError naming it otherwise)."""
     pre = f"{rule}: " if rule else ""

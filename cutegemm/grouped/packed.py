@@ -81,9 +81,9 @@ from ..blockscaled.reference import quantize_ref
 from ..config import QUANT_FORMATS, QUANT_OUT_DTYPES, TMA_ALIGN_BYTES, GemmConfig, GemmProblem, can_implement
 from ..epilogue import ACTIVATIONS, GATED, EpilogueSpec, epilogue_ref, interleave_gate_up
 from ..epilogue.user import apply_user_ref, register
-from ..gemm.args import LEADING, KernelArgs
+from ..gemm.args import KernelArgs, scaled_tail
 from ..gemm.dense import warm_scale_view
-from ..gemm.fp8_scales import fp8_blockwise_ref, fp8_grouped_block_scales, scale_vector
+from ..gemm.fp8_scales import fp8_blockwise_ref, fp8_grouped_block_scales, not_e4m3, scale_vector
 from ..gemm.grouped_parts import GROUPED_MAX_GROUPS
 from ..gemm.launch import (
     EPI_TORCH_DTYPES,
@@ -122,7 +122,7 @@ PLANS: dict = {}
 
 class _GroupedPlan:
     __slots__ = ("fn", "views", "max_clusters", "config", "workspace", "device", "device_index", "out_dims",
-                 "out_dtype", "b_memo", "quant", "out_shape", "swap", "tail", "sb_memo", "scaled")  # fmt: skip
+                 "out_dtype", "b_memo", "quant", "out_shape", "swap", "tail", "sb_memo", "scaled_tail")  # fmt: skip
 
     def launch(self, a, b, out, offs, alpha, bias=None, extra=None, block=(None, None)):
         """extra: (quantized-output scale bytes, NVFP4 global scale, v0..v3) or None; block: FP8
@@ -150,7 +150,7 @@ class _GroupedPlan:
         if self.swap:
             av, bv = bv, av
         reset_workspace(self.workspace)  # LEADING fields, then the tail with v0 / v1 (gemm.args)
-        pre, post, _ = self.scaled
+        pre, post, _ = self.scaled_tail
         self.fn(av, bv, out.as_strided(sc, tc), None, None, alpha, 0.0, self.max_clusters, offs, *pre, v0, v1, *post)
 
     def new_output(self):
@@ -161,8 +161,6 @@ class _GroupedPlan:
 
 
 _NO_EXTRA = (None,) * 6
-_V0 = KernelArgs._fields.index("v0") - len(LEADING)  # v0 / v1's place in a plan's tail
-assert KernelArgs._fields[_V0 + len(LEADING) + 1] == "v1"
 _ROWWISE = object()  # marks the FP8 row-wise calls' own plan keys in PLANS
 
 
@@ -179,7 +177,7 @@ def _cache_scaled(skey, plan, a, epi: _Epi, scale_a, scale_b) -> None:
     w0 = warm_scale_view(scale_a)
     if (v0.shape, v0.stride(), v0.data_ptr()) == (w0.shape, w0.stride(), w0.data_ptr()):
         plan.sb_memo = getattr(plan, "sb_memo", None) or SimpleNamespace(b_memo=None)  # memo_view's holder
-        plan.scaled = (plan.tail[:_V0], plan.tail[_V0 + 2 :], v1.shape)
+        plan.scaled_tail = scaled_tail(plan.tail, v1.shape)
         PLANS[skey] = plan
 
 
@@ -364,8 +362,7 @@ def _prepare_epilogue(a, b, E, N, total_m, out_dtype, bias, activation, epilogue
             None if scale_b is None else _per_expert("scale_b", scale_b, E, N, a.device, (torch.float32,)),
         )
     elif scale_a is not None or scale_b is not None:
-        raise ValueError(f"scale_a / scale_b are for torch.float8_e4m3fn inputs, got a.dtype {getattr(a, 'dtype', None)} "
-                         "(FP8 operands must be e4m3: e5m2 is not supported)")
+        raise not_e4m3(a)
     return e._finish(out_global_scale, a.device)
 
 
@@ -401,7 +398,7 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
                 check_offs_values(offs, a.shape[0])
             out = torch.empty(*plan.out_dims, dtype=plan.out_dtype, device=plan.device)
             # scale_b (the weight's) as a view memoized per object, scale_a (new per call) viewed
-            sb = memo_view(plan.sb_memo, scale_b, plan.scaled[2], (1,))
+            sb = memo_view(plan.sb_memo, scale_b, plan.scaled_tail[2], (1,))
             sa = scale_a if scale_a.dim() == 1 else scale_a.view(-1)  # warm_scale_view, inline
             plan.launch_scaled(a, b, out, offs, float(alpha), sa, sb)
             return out
@@ -483,8 +480,7 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
             if fp8:
                 return grouped_k_fp8(a, b, offs, out, out_dtype, alpha, check_offs, scale_a, scale_b, fast_accum)
             if scale_a is not None or scale_b is not None:
-                raise ValueError(f"scale_a / scale_b are for torch.float8_e4m3fn inputs, got a.dtype {a.dtype} "
-                                 "(FP8 operands must be e4m3: e5m2 is not supported)")
+                raise not_e4m3(a)
             res = grouped_k(a, b, offs, out, out_dtype, alpha, check_offs, config)
             warm = None if key is None or epilogue_inputs else kgrouped_warm(a, b, out, res, alpha, config)
             if warm is not None:
