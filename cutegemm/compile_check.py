@@ -172,7 +172,8 @@ def epilogue_variants(arch: str, big: GemmConfig) -> list[GemmConfig]:
 
 def fp8_variants(arch: str) -> list[GemmConfig]:
     """Dense FP8 (e4m3, K-major A and B) with per-row / per-column fp32 scales in the epilogue:
-    promoted accumulation (two fp32 accumulators, <= 64x128 per warpgroup) and fast accumulation."""
+    promoted accumulation (two fp32 accumulators, <= 64x128 per warpgroup; per K tile, or per one
+    or two WGMMAs with promote_k) and fast accumulation."""
     E = EpilogueSpec
     fp8 = dict(a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k")
     ab = E(scale_a=True, scale_b=True)
@@ -190,6 +191,11 @@ def fp8_variants(arch: str) -> list[GemmConfig]:
         GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=128, pingpong=True, cluster_m=2, fast_accum=True, epilogue=ab),
         GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=256, cluster_m=2, fast_accum=True, epilogue=ab),
         GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=256, out_dtype="fp32", fast_accum=True, epilogue=E(scale_a=True)),
+        # fp32 outputs (policy.fp32_promotion): a partial sum per WGMMA / per two WGMMAs
+        GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=192, cluster_m=2, raster="n", group=8, out_dtype="fp32",
+                   promote_k=32, epilogue=ab),
+        GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=128, raster="n", group=1, form=Form.FLAT, out_dtype="fp32",
+                   promote_k=64, split_k=2, epilogue=ab),
         GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=128, out_dtype="e4m3",
                    epilogue=E(scale_a=True, scale_b=True, bias=True, bias_dtype="bf16", gated="swiglu", quant="mxfp8")),
     ] + fp8_blockwise_variants(arch) + fp8_mx_variants(arch)  # fmt: skip
@@ -324,9 +330,9 @@ class CheckResult:
 def wgmma_serialized(cfg: GemmConfig, sass: str) -> bool:
     """ptxas serializes every WGMMA of a kernel (warning C7520) when it cannot prove a branch
     around them warpgroup-uniform: then each HGMMA / QGMMA carries its own gsb0 wait. In our
-    sm_90a mainloops only the last WGMMA of a K tile's batch does (the MXFP8 emulation commits
-    each 32-wide K block alone, so it is not checked)."""
-    if cfg.arch != "sm_90a" or cfg.fp8_mx:
+    sm_90a mainloops only the last WGMMA of a K tile's batch does (the MXFP8 emulation and
+    promote_k 32 commit each 32-wide K block alone, so they are not checked)."""
+    if cfg.arch != "sm_90a" or cfg.fp8_mx or cfg.promote_k == 32:
         return False
     gmma = re.findall(r"[HQ]GMMA\.[^\n]*", sass)
     return bool(gmma) and all("gsb0" in g for g in gmma)

@@ -77,9 +77,7 @@ class EpilogueSpec:
             if self.beta or self.bias or self.activation or self.gated:
                 err.append("a user epilogue replaces beta / bias / activation / gated: leave them off")
             if len(self.user_args) > MAX_EPILOGUE_ARGS:
-                err.append(
-                    f"a user epilogue takes at most {MAX_EPILOGUE_ARGS} vectors, got {len(self.user_args)}"
-                )
+                err.append(f"a user epilogue takes at most {MAX_EPILOGUE_ARGS} vectors, got {len(self.user_args)}")
             for d in self.user_args:
                 if d not in EPI_DTYPES:
                     err.append(f"user_args dtypes must be in {EPI_DTYPES}, got {d!r}")
@@ -103,9 +101,7 @@ class EpilogueSpec:
             if v not in EPI_DTYPES:
                 err.append(f"{f} must be one of {EPI_DTYPES}, got {v!r}")
             elif not on and v != "fp32":
-                err.append(
-                    f"{f}={v!r} without {'beta' if f == 'c_dtype' else 'bias'}=True: leave it at 'fp32'"
-                )
+                err.append(f"{f}={v!r} without {'beta' if f == 'c_dtype' else 'bias'}=True: leave it at 'fp32'")
         if err:
             raise ValueError("invalid EpilogueSpec: " + "; ".join(err))
 
@@ -217,6 +213,9 @@ class GemmConfig:
     # FP8 (sm_90a): False promotes the WGMMA partial sums into fp32 every K tile (accurate, as
     # torch._scaled_mm's default); True accumulates in the tensor core only (use_fast_accum=True).
     fast_accum: bool = False
+    # FP8 with promotion (sm_90a, plain mainloop): K per promoted partial sum, 32 or 64 (a new
+    # partial sum every one or two WGMMAs, waited for in the K tile); 0: the K tile (128).
+    promote_k: int = 0
     # FP8 (sm_90a) DeepSeek-V3 block scaling: fp32 scales per 1x128 block of A (row, K block) and
     # per 128x128 block of B (N block, K block), applied to every K tile's promoted WGMMA partial
     # sum in the mainloop (the K tile is 128). Passed as the kernel's mSFA / mSFB.
@@ -280,6 +279,7 @@ class GemmConfig:
         """Spells out family, dtypes, majors, tile, epilogue, scheduler and arch."""
         tile = f"{self.tile_m}x{self.tile_n}" + ("_2cta" if self.two_cta else "") + ("_pp" if self.pingpong else "")
         tile += "_fastacc" if self.fast_accum else ""
+        tile += f"_pk{self.promote_k}" if self.promote_k else ""
         tile += "_bw128" if self.fp8_blockwise else ""
         tile += "_mx32" if self.fp8_mx else ""
         tile += "_wgo" if self.wg_order else ""
@@ -325,6 +325,11 @@ def config_errors(cfg: GemmConfig) -> list[str]:
         err.append(f"arch {cfg.arch!r} not in {ARCHS}")
     if cfg.fast_accum and cfg.a_dtype != "e4m3":
         err.append("fast_accum is an FP8 (e4m3) option")
+    if cfg.promote_k and (cfg.promote_k not in (32, 64) or cfg.a_dtype != "e4m3" or cfg.fast_accum or cfg.fp8_blockwise
+                          or cfg.fp8_mx or cfg.wg_order or cfg.swap_ab or cfg.kgrouped or cfg.pingpong
+                          or cfg.tile_n not in (64, 128, 192)):  # fmt: skip
+        err.append("promote_k (32 or 64): FP8 with promotion, cooperative, tile_n 64 / 128 / 192; not fast_accum, "
+                   "fp8_blockwise, fp8_mx, wg_order, swap_ab or K-grouped")  # fmt: skip
     if cfg.fp8_blockwise:
         err += fp8_blockwise_errors(cfg)
     if cfg.wg_order and (
@@ -449,10 +454,8 @@ def fp8_blockwise_errors(cfg: GemmConfig) -> list[str]:
     if cfg.fast_accum:
         err.append(f"{what} scales the promoted partial sums: fast_accum must be False")
     if cfg.tile_n not in (64, 128, 192):
-        err.append(
-            f"{what}: tile_n must be 64, 128 (one 128-column scale block of B per tile) or 192 "
-            f"(two blocks, split 64 or 128 columns in), got {cfg.tile_n}"
-        )
+        err.append(f"{what}: tile_n must be 64, 128 (one 128-column scale block of B per tile) or 192 "
+                   f"(two blocks, split 64 or 128 columns in), got {cfg.tile_n}")  # fmt: skip
     if cfg.blockscaled or cfg.sf_dtype:
         err.append(f"{what} cannot be combined with sm_100a block-scaled MMA (sf_vec/sf_dtype)")
     return err
@@ -646,10 +649,8 @@ def blockscaled_errors(cfg: GemmConfig) -> list[str]:
     if cfg.tile_n not in (64, 128, 192, 256):
         err.append(f"block-scaled: tile_n must be 64, 128, 192 or 256, got {cfg.tile_n}")
     if cfg.grouped and (cfg.tile_m != 128 or cfg.two_cta or cfg.cluster_m != 1):
-        err.append(
-            "grouped block-scaled: 1-CTA 128-row tiles, cluster_m 1 (every expert's scale rows "
-            "start a 128-row block of the padded layout, one per m-tile)"
-        )
+        err.append("grouped block-scaled: 1-CTA 128-row tiles, cluster_m 1 (every expert's scale rows "
+                   "start a 128-row block of the padded layout, one per m-tile)")  # fmt: skip
     if cfg.cluster_m > 4 or cfg.cluster_n > 4:
         err.append("block-scaled: each cluster dim must be <= 4 (scale-factor multicast)")
     return err

@@ -76,7 +76,7 @@ class ArchPolicy:
             b_major=p.b_major,
         )
         cfg = GemmConfig(**base, **self._tile(p))
-        return replace(cfg, **overrides) if overrides else cfg
+        return fp32_promotion(replace(cfg, **overrides) if overrides else cfg, overrides)
 
     def _tile(self, p: GemmProblem) -> dict:
         raise NotImplementedError
@@ -132,9 +132,27 @@ class ArchPolicy:
                 tile = dict(tile_m=64, tile_n=128, cluster_n=2) if rows <= 64 else dict(tile_m=128, tile_n=192, cluster_n=2, wg_order=True)
         if self.arch == "sm_100a":
             tile = dict(tile_m=64 if rows <= 64 else 128, tile_n=128)
-        cfg = replace(self.choose(p), form=Form.GROUPED, cluster_m=1, cluster_n=1, raster="m", group=1, two_cta=False)
+        cfg = replace(self.choose(p), form=Form.GROUPED, cluster_m=1, cluster_n=1, raster="m", group=1, two_cta=False,
+                      promote_k=0)  # fmt: skip
         cfg = replace(cfg, **tile)
-        return replace(cfg, **overrides) if overrides else cfg
+        return fp32_promotion(replace(cfg, **overrides) if overrides else cfg, overrides)
+
+
+def fp32_promotion(cfg: GemmConfig, overrides: dict) -> GemmConfig:
+    """FP8 row-wise / tensor-wise with promotion into an fp32 output (sm_90a): a partial sum per
+    WGMMA (promote_k 32), not per 128-K tile, unless the caller chose promote_k. The tensor core's
+    FP8 accumulation keeps about 14 bits of each partial sum (DeepSeek-V3 report; a CPU model of
+    it, tests/cpu/test_fp8_accumulation_cpu.py, matches the 276 of 32768 elements the H200 put
+    beyond torch's 2e-3 at 128 x 512 x 256 with 128-K partial sums); an fp32 output shows those
+    bits, a bf16 one rounds them away. The K tile's WGMMAs then run per column half, one half's
+    adds under the other half's WGMMA (the MXFP8 emulation's mainloop); its speed is not measured
+    yet, so only fp32 outputs take it. Configs it does not apply to (pingpong, K-grouped, tile_n
+    256) pass through."""
+    if (cfg.arch == "sm_90a" and cfg.a_dtype == "e4m3" and cfg.out_dtype == "fp32" and "promote_k" not in overrides
+            and not (cfg.fast_accum or cfg.fp8_blockwise or cfg.fp8_mx or cfg.swap_ab or cfg.promote_k or cfg.pingpong
+                     or cfg.kgrouped or cfg.tile_n > 192)):  # fmt: skip
+        return replace(cfg, promote_k=32, wg_order=False)
+    return cfg
 
 
 def short_a_box(cfg: GemmConfig, p: GemmProblem) -> GemmConfig:

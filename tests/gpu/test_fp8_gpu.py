@@ -187,3 +187,46 @@ def test_fp8_wg_order_is_bitwise_equal(m, n, k):
     plain = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, config=cfg)
     assert torch.equal(out, plain)
     assert_within_torch_error(out, _torch_same_precision(a, b, sa, sb), _reference(a, b, sa, sb), what="fp8 wg_order")
+
+
+@pytest.mark.parametrize("m,n,k", [(128, 256, 512), (1000, 520, 2048), (129, 200, 4096), (16, 2048, 7168)])
+def test_fp8_fp32_out_promote_k(m, n, k):
+    """FP8 row-wise into an fp32 output: the policy promotes every 32 K (config.promote_k, the MX
+    mainloop's per-column-half WGMMAs), bitwise equal to the explicit promote_k=32 config; 32 and
+    64 K partial sums put no more elements beyond torch's element tolerance (2e-3 abs and rel, its
+    test_scaled_mm_vs_emulated_row_wise) than 128 K ones and have a smaller mean error; all within
+    2x torch._scaled_mm's fp32-output error; nothing written outside the output."""
+    if not _sm90():
+        pytest.skip("dense FP8 is an sm_90a kernel so far")
+    from dataclasses import replace
+
+    from cutegemm.config import GemmProblem
+    from cutegemm.policy import policy_for
+
+    g = torch.Generator(device="cuda").manual_seed(m + n)
+    x, y = torch.randn(m, k, generator=g, device="cuda"), torch.randn(n, k, generator=g, device="cuda")
+    xs = 448.0 / x.abs().amax(dim=1, keepdim=True)
+    ys = 448.0 / y.abs().amax(dim=1, keepdim=True).t()
+    a, b = (x * xs).to(F8), (y.t() * ys).to(F8)
+    sa, sb = xs.reciprocal(), ys.reciprocal()
+    ref = _reference(a, b, sa, sb)
+    problem = GemmProblem(m, n, k, 1, "e4m3", "e4m3", "fp32", "k", "k")
+    chosen = policy_for("sm_90a", torch.cuda.get_device_properties(0).multi_processor_count).choose_dense(
+        problem, epilogue=cutegemm.EpilogueSpec(scale_a=True, scale_b=True))  # fmt: skip
+    assert chosen.promote_k == 32, chosen
+    buf, out = poisoned_out((m, n), torch.float32)
+    cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, out=out)
+    assert_outside_untouched(buf, m, n)
+    outs = {pk: cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.float32,
+                              config=replace(chosen, promote_k=pk)) for pk in (32, 64, 0)}  # fmt: skip
+    assert torch.equal(out, outs[32])
+
+    def beyond(o):
+        d = (o.double() - ref).abs()
+        return int((d > 2e-3 + 2e-3 * ref.abs()).sum()), float(d.mean())
+
+    (far32, err32), (far64, err64), (far128, err128) = beyond(outs[32]), beyond(outs[64]), beyond(outs[0])
+    assert far32 <= far128 and far64 <= far128, (far32, far64, far128)
+    assert err32 < err128 and err64 < err128, (err32, err64, err128)
+    tfp32 = torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.float32)
+    assert_within_torch_error(out, tfp32, ref, what="fp8 fp32 out promote_k 32")

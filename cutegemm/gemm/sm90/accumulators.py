@@ -17,14 +17,19 @@ from ...epilogue.ops import col_index
 
 
 def frag_dims(acc_shape, tile_n: int) -> tuple[int, int]:
-    """(distinct rows, distinct columns) of a thread's ((2, 2, tile_n/8), MMA_M, 1) fragment."""
-    assert acc_shape[0] == (2, 2, tile_n // 8) and acc_shape[2] == 1, acc_shape
+    """(distinct rows, distinct columns) of a thread's ((2, 2, tile_n/(8 P)), MMA_M, P) fragment
+    (P column parts: 1, or the MX mainloop's MX_PARTS WGMMAs of tile_n / P columns)."""
+    assert acc_shape[0] == (2, 2, tile_n // (8 * acc_shape[2])), acc_shape
     return 2 * acc_shape[1], tile_n // 4
 
 
-def frag_idx(i: int, v: int):
-    """Register of the fragment's row i and column v (both in their frag_dims order)."""
-    return ((v % 2, i % 2, v // 2), i // 2, 0)
+def frag_idx(i: int, v: int, parts: int = 1, tile_n: int = 0):
+    """Register of the fragment's row i and column v (both in their frag_dims order; with P
+    column parts, v runs over part 0's registers, then part 1's: the same column order)."""
+    if parts == 1:
+        return ((v % 2, i % 2, v // 2), i // 2, 0)
+    part_v = tile_n // (4 * parts)
+    return ((v % 2, i % 2, (v % part_v) // 2), i // 2, v // part_v)
 
 
 class AccumulatorScaling:
@@ -67,14 +72,19 @@ class AccumulatorScaling:
         clamped values, never stored)."""
         epi = self.k.config.epilogue
         scale_a, scale_b, bias = self.pre_epilogue
-        n_rows, n_cols = frag_dims(acc_sum.shape, self.k.config.tile_n)
+        tile_n = self.k.config.tile_n
+        n_rows, n_cols = frag_dims(acc_sum.shape, tile_n)
+        parts = acc_sum.shape[2]  # config.promote_k: the MX mainloop's column parts
+
+        def idx(i, v):
+            return frag_idx(i, v, parts, tile_n)
         # swap_ab: the fragment's rows are GEMM columns and its columns tokens (the coordinates
         # say (token, column, expert) all the same), so the row and column vectors trade places.
         swap = self.k.config.swap_ab
         n_a, n_b = (n_cols, n_rows) if swap else (n_rows, n_cols)
 
         def at(j, along_rows):  # coordinates of the fragment's row j (column 0) or column j (row 0)
-            return tCcAcc[frag_idx(j, 0) if along_rows else frag_idx(0, j)]
+            return tCcAcc[idx(j, 0) if along_rows else idx(0, j)]
 
         ra = cute.make_rmem_tensor((n_a,), cutlass.Float32)
         rb = cute.make_rmem_tensor((n_b,), cutlass.Float32)
@@ -92,7 +102,7 @@ class AccumulatorScaling:
         for i in range(n_rows):
             for v in range(n_cols):
                 ia, ib = (v, i) if swap else (i, v)
-                x = acc_sum[frag_idx(i, v)]
+                x = acc_sum[idx(i, v)]
                 if scale_a:
                     x = x * ra[ia]
                 if scale_b:
@@ -101,4 +111,4 @@ class AccumulatorScaling:
                     if epi.alpha:
                         x = x * alpha
                     x = x + rbias[ib]
-                acc_sum[frag_idx(i, v)] = x
+                acc_sum[idx(i, v)] = x

@@ -1,5 +1,6 @@
 """The consumer warpgroups of the sm_90a kernel: per tile, the WGMMA mainloop over the stage ring
-(warpgroups taking turns per K tile with ``config.wg_order``; FP8 promotion every K tile; the
+(warpgroups taking turns per K tile with ``config.wg_order``; FP8 promotion every K tile, or
+every ``config.promote_k`` K through the MX mainloop's K-tile step; the
 block-scaled and MX mainloop variants hook in through their parts), then the epilogue."""
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ class Sm90Consumers:
         acc = cute.make_rmem_tensor(acc_shape, self.k.acc_dtype)
         # FP8 with promotion: every K tile's WGMMAs start a fresh partial sum (acc), added into an
         # fp32 accumulator in registers once they retire, so the tensor core's reduced-precision
-        # FP8 accumulation spans 128 K only (as cuBLAS without fast accumulation / DeepGEMM).
+        # FP8 accumulation spans 128 K only (as cuBLAS without fast accumulation / DeepGEMM), or
+        # config.promote_k (32 / 64, gemm.sm90.mx's K-tile step without its scales).
         promote = self.k.config.a_dtype == "e4m3" and not self.k.config.fast_accum
         acc_sum = cute.make_rmem_tensor(acc_shape, self.k.acc_dtype) if promote else acc
         num_k_blocks = cute.size(tCrA, mode=[2])
@@ -86,9 +88,11 @@ class Sm90Consumers:
         # memory stages next to A and B (see blockscaled.gemm.sm90.mx): this thread's row
         # addresses and its first column-scale group.
         mx = self.k.config.fp8_mx
+        sfa_rows, sfb_base = None, None
+        if cutlass.const_expr(mx or self.k.config.promote_k > 0):
+            assert promote and acc_shape == ((2, 2, self.k.config.tile_n // (8 * MX_PARTS)), 1, MX_PARTS), acc_shape
         if cutlass.const_expr(mx):
             sSFA, sSFB = block_scales
-            assert promote and acc_shape == ((2, 2, self.k.config.tile_n // (8 * MX_PARTS)), 1, MX_PARTS), acc_shape
             tCcTile = thr_mma.partition_C(cute.make_identity_tensor((self.k.config.tile_m, self.k.config.tile_n)))
             sfa_rows = [sSFA.iterator.toint() + tCcTile[((0, h, 0), 0, 0)][0] * (MX_KB * SF_BYTES) for h in range(2)]
             sfb_base = sSFB.iterator.toint() + tCcTile[((0, 0, 0), 0, 0)][1] * (2 * SF_BYTES)  # 4 q floats
@@ -136,7 +140,7 @@ class Sm90Consumers:
                 if work >= sched.first() + sched.stride:  # not this CTA's first tile: wait our turn
                     cute.arch.barrier(barrier_id=BAR_ORDER + wg, number_of_threads=2 * self.k.threads_per_warpgroup)
             warpgroup.fence()
-            if cutlass.const_expr(mx):
+            if cutlass.const_expr(mx or self.k.config.promote_k > 0):  # per-32 / promote_k partial sums
                 for _k_tile in range(kt_cnt):
                     ab_pipeline.consumer_wait(read_state)
                     tiled_mma = self.k.mx.mx_k_tile(tiled_mma, acc, acc_sum, tCrA, tCrB, read_state.index, sfa_rows, sfb_base)

@@ -124,7 +124,7 @@ class GemmSm90(GemmBase):
             b_layout.sm90_mma_major_mode(),
             self.acc_dtype,
             self.atom_layout_mnk,
-            tiler_mn=(64, cfg.tile_n // MX_PARTS if cfg.fp8_mx else cfg.tile_n),  # fp8_mx: WGMMA per part
+            tiler_mn=(64, cfg.tile_n // MX_PARTS if cfg.fp8_mx or cfg.promote_k else cfg.tile_n),  # WGMMA per part
         )
         inst_k = cute.size(self.tiled_mma.shape_mnk, mode=[2])
         self.tile_shape_mnk = (cfg.tile_m, cfg.tile_n, inst_k * 4)  # K tile = 64 for 16-bit inputs

@@ -1,6 +1,7 @@
 """MXFP8 emulation on Hopper: the pieces of ``cutegemm.gemm.sm90.kernel.GemmSm90`` used only when
-``config.fp8_mx`` (mixed in; every call site is behind ``const_expr(config.fp8_mx)``, so other
-kernels compile exactly as without it).
+``config.fp8_mx`` (every call site is behind ``const_expr``, so other kernels compile exactly as
+without it). The K-tile step without the scales is also the mainloop of ``config.promote_k``
+(FP8 row-wise / tensor-wise promoted every 32 or 64 K, for fp32 outputs).
 
 sm_90a has no block-scaled MMA. A K tile of 128 is four 32-wide e4m3 WGMMAs; each starts a fresh
 fp32 partial sum ``acc`` that is promoted, once it retires, as
@@ -119,21 +120,26 @@ class MxMainloop:
         tCrA: cute.Tensor,
         tCrB: cute.Tensor,
         stage: cutlass.Int32,
-        sfa_rows,  # list of 2 shared addresses: row i's four K-block scales in stage 0
-        sfb_base,  # shared address of this thread's first B-scale group in stage 0, K block 0
+        sfa_rows=None,  # fp8_mx: list of 2 shared addresses: row i's four K-block scales in stage 0
+        sfb_base=None,  # fp8_mx: shared address of this thread's first B-scale group in stage 0, K block 0
     ):
-        """One 128-wide K tile: per 32-wide K block, one WGMMA per column part of the tile
+        """One 128-wide K tile: per partial sum (fp8_mx: a 32-wide K block; config.promote_k:
+        promote_k wide, one or two K blocks), one WGMMA batch per column part of the tile
         (MX_PARTS parts; the tiled MMA's atom is 64 x tile_n / MX_PARTS x 32 here), each into its
-        own part of ``acc``. Step s issues WGMMA s, waits for s - (MX_PARTS - 1) and promotes it
-        (that part is rewritten only by the next step, after a fence), so MX_PARTS - 1 WGMMAs
-        stay in flight while one part is promoted.
+        own part of ``acc``. Step s issues batch s, waits for s - (MX_PARTS - 1) and promotes it
+        (that part is rewritten only by the next step, after a fence), so MX_PARTS - 1 batches
+        stay in flight while one part is promoted: with fp8_mx scaled by its row and column
+        scales, with promote_k added as it is.
         Called while tracing (Python loops unroll); returns tiled_mma."""
         tm, tn = self.k.config.tile_m, self.k.config.tile_n
+        scaled = self.k.config.fp8_mx
+        per = 1 if scaled else self.k.config.promote_k // (self.k.tile_shape_mnk[2] // MX_KB)  # K blocks per sum
         parts = MX_PARTS
         part_v = tn // (4 * parts)  # registers of one part per row: column pairs x 8-column groups
-        sa = [ld_shared_v4_f32(row + stage * (tm * MX_KB * SF_BYTES)) for row in sfa_rows]
-        sb_stage = sfb_base + stage * (tn * MX_KB * SF_BYTES)
-        steps = [(kb, nh) for kb in range(MX_KB) for nh in range(parts)]
+        if cutlass.const_expr(scaled):
+            sa = [ld_shared_v4_f32(row + stage * (tm * MX_KB * SF_BYTES)) for row in sfa_rows]
+            sb_stage = sfb_base + stage * (tn * MX_KB * SF_BYTES)
+        steps = [(kb, nh) for kb in range(0, MX_KB, per) for nh in range(parts)]
         sb = [None] * len(steps)
 
         def issue(s):
@@ -141,21 +147,26 @@ class MxMainloop:
             warpgroup.fence()  # the promotion of this part's last use read it: order before
             tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
             part = _unit_mode(acc[(None, None, nh)])  # (MMA, MMA_M, 1)
-            b_part = _unit_mode(tCrB[(None, nh, kb, stage)])  # (MMA, 1)
-            cute.gemm(tiled_mma, part, tCrA[(None, None, kb, stage)], b_part, part)
+            for j in range(per):
+                b_part = _unit_mode(tCrB[(None, nh, kb + j, stage)])  # (MMA, 1)
+                cute.gemm(tiled_mma, part, tCrA[(None, None, kb + j, stage)], b_part, part)
+                tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
             warpgroup.commit_group()
-            vals = []  # this part's column scales (register v = part_v * nh + local v)
-            for g in range(part_v // 4):
-                vals += ld_shared_v4_f32(sb_stage + (kb * tn + (part_v // 4 * nh + g) * 16) * SF_BYTES)
-            sb[s] = vals
+            if cutlass.const_expr(scaled):
+                vals = []  # this part's column scales (register v = part_v * nh + local v)
+                for g in range(part_v // 4):
+                    vals += ld_shared_v4_f32(sb_stage + (kb * tn + (part_v // 4 * nh + g) * 16) * SF_BYTES)
+                sb[s] = vals
 
         def promote(s):
             kb, nh = steps[s]
-            for i in range(len(sa)):
-                s_row = sa[i][kb]
+            for i in range(2):  # rows r and r + 8 of the thread's 64-row slice
                 for v in range(part_v):
                     idx = ((v % 2, i % 2, v // 2), i // 2, nh)
-                    acc_sum[idx] = acc_sum[idx] + acc[idx] * (s_row * sb[s][v])
+                    if cutlass.const_expr(scaled):
+                        acc_sum[idx] = acc_sum[idx] + acc[idx] * (sa[i][kb] * sb[s][v])
+                    else:
+                        acc_sum[idx] = acc_sum[idx] + acc[idx]
 
         lag = parts - 1
         for s in range(len(steps)):
