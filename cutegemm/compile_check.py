@@ -111,6 +111,11 @@ def dense_variants(arch: str) -> list[GemmConfig]:
                        a_rows=96, split_k=2, split_cluster=True),
             GemmConfig(arch=arch, tile_m=64, tile_n=64, raster="n", group=1, a_major="k", b_major="k", form=Form.FLAT,
                        a_rows=16, split_k=4, split_cluster=True, epilogue=EpilogueSpec(bias=True, activation="gelu")),
+            # the wave model's (policy.wave_choice) M > 128 picks: 128x192 2x1, split K of wide tiles
+            GemmConfig(arch=arch, tile_m=128, tile_n=192, cluster_m=2, raster="n", a_major="k", b_major="k",
+                       form=Form.FLAT),
+            GemmConfig(arch=arch, tile_m=128, tile_n=192, a_major="k", b_major="k", form=Form.FLAT, split_k=4),
+            GemmConfig(arch=arch, tile_m=128, tile_n=128, a_major="k", b_major="k", form=Form.FLAT, split_k=2),
             GemmConfig(arch=arch, tile_m=128, tile_n=64, pingpong=True, a_major="m", b_major="k"),  # last: see flat
         ]
     else:
@@ -188,6 +193,7 @@ def fp8_variants(arch: str) -> list[GemmConfig]:
                       split_cluster=True, epilogue=ab)]
           if arch == "sm_90a" else []),
         GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=128, pingpong=True, cluster_n=2, epilogue=ab),
+        GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=192, form=Form.FLAT, split_k=4, epilogue=ab),
         GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=128, pingpong=True, cluster_m=2, fast_accum=True, epilogue=ab),
         GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=256, cluster_m=2, fast_accum=True, epilogue=ab),
         GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=256, out_dtype="fp32", fast_accum=True, epilogue=E(scale_a=True)),

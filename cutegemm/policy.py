@@ -28,6 +28,85 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# ---- The wave model (sm_90a dense-family tiles for M > 128) ----
+# A call's time is its busiest CTA's: the persistent kernel gives each CTA ceil(units / CTAs) work
+# units (output tiles x K ranges), and a unit costs its WGMMAs at the tile shape's rate, its
+# epilogue's stores, and with split K the fp32 partial sums it writes or reads. The candidate
+# predicted fastest wins if it beats the default tile (the widest) by MODEL_MARGIN; the default
+# otherwise, so shapes with many waves keep the tile measured at cuBLAS parity.
+# Mainloop rate of each cooperative tile shape, relative to the widest. FP8: bench_fp8 on the H200,
+# 128x128 2x1 reached 0.92x / 0.87x torch where 128x192 2x1 reached 1.00x / 0.93x (8192³ /
+# 16384x7168x2048). 16-bit: 128x256 2x1 is the measured tile (~94% of the tensor peak at 8192³);
+# 128x192 and 128x128 are estimates, to be measured with `bench tiles` (bench/RESULTS.md).
+TILE_RATES = {
+    "16-bit": {(128, 256): 1.00, (128, 192): 0.96, (128, 128): 0.90},
+    "e4m3": {(128, 192): 1.00, (128, 128): 0.93},
+}
+SM_FLOPS = 6.0e12  # 16-bit WGMMA flop/s of one SM at the power-capped clock (802 TFLOP/s / 132); e4m3 twice
+SM_STORE_BYTES = 30e9  # HBM bytes/s of one SM's share (4 TB/s / 132): the epilogue's stores
+SM_PARTIAL_BYTES = 60e9  # split K's partial sums (an L2-resident workspace), per SM
+MODEL_MARGIN = 1.05
+SPLITS = (1, 2, 4)
+
+
+@dataclass(frozen=True)
+class WaveCandidate:
+    tile_m: int
+    tile_n: int
+    cluster_m: int
+    split_k: int
+    seconds: float  # the model's time of the call
+
+    def fields(self) -> dict:
+        """The GemmConfig fields: 2x1 clusters with an N-major raster (the measured large-shape
+        tiles), 1x1 with an M-major one."""
+        raster = "n" if self.cluster_m == 2 else "m"
+        return dict(tile_m=self.tile_m, tile_n=self.tile_n, cluster_m=self.cluster_m, split_k=self.split_k,
+                    raster=raster, group=8)  # fmt: skip
+
+
+def wave_seconds(p: GemmProblem, tile_m: int, tile_n: int, cluster_m: int, split: int, num_sms: int,
+                 rate: float) -> float:  # fmt: skip
+    """The model's time of ``p`` in (tile_m x tile_n) tiles, 2x1 clusters or not, K cut in
+    ``split`` ranges, on ``num_sms`` SMs (see TILE_RATES)."""
+    units = ceil_div(p.m, tile_m) * ceil_div(p.n, tile_n) * p.l * split
+    ctas = min(units, num_sms - num_sms % cluster_m)
+    flops = SM_FLOPS * (2 if p.a_dtype == "e4m3" else 1) * rate
+    out_bytes = 4 if p.out_dtype == "fp32" else 1 if p.out_dtype == "e4m3" else 2
+    unit = 2 * tile_m * tile_n * ceil_div(p.k, split) / flops + tile_m * tile_n * out_bytes / SM_STORE_BYTES
+    if split > 1:  # an fp32 partial sum written, or read and added
+        unit += tile_m * tile_n * 8 / SM_PARTIAL_BYTES
+    return ceil_div(units, ctas) * unit
+
+
+def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,)) -> list[WaveCandidate]:
+    """Every (tile, cluster, split) the model weighs for ``p``, the default (widest tile) first.
+    2x1 clusters where there are two M tiles (FP8: always, 16-bit: tiles wider than 128); split
+    K on 1x1 clusters only (split_k_errors) and tiles up to 128x192 (128x256's partial-sum
+    fix-up spills registers), with at least 24 K tiles of 64 (16-bit) / 12 of 128 (FP8) per
+    range, as split_few_tiles."""
+    fp8 = p.a_dtype == "e4m3"
+    rates = TILE_RATES["e4m3" if fp8 else "16-bit"]
+    k_tiles, min_tiles = (ceil_div(p.k, 128), 12) if fp8 else (ceil_div(p.k, 64), 24)
+    out = []
+    for (tm, tn), rate in rates.items():
+        pair = 2 if (fp8 or tn > 128) and ceil_div(p.m, tm) >= 2 else 1
+        for split in splits:
+            cl = pair if split == 1 else 1
+            if split > 1 and (k_tiles < min_tiles * split or tn > 192):
+                continue
+            out.append(WaveCandidate(tm, tn, cl, split, wave_seconds(p, tm, tn, cl, split, num_sms, rate)))
+    return out
+
+
+def wave_choice(p: GemmProblem, num_sms: int, splits=(1,)) -> WaveCandidate:
+    """The model's pick: the fastest candidate if MODEL_MARGIN ahead of the default, else the
+    default."""
+    cands = wave_candidates(p, num_sms, splits)
+    best = min(cands, key=lambda c: c.seconds)
+    return best if best.seconds * MODEL_MARGIN < cands[0].seconds else cands[0]
+
+
 @dataclass(frozen=True)
 class ArchPolicy:
     arch: str
@@ -36,8 +115,15 @@ class ArchPolicy:
 
     def choose_dense(self, p: GemmProblem, **overrides) -> GemmConfig:
         """A dense call's config: :meth:`choose`, then the decode-sized-M options
-        (:func:`small_m_options`; no-ops where the arch or the config does not take them)."""
-        return small_m_options(self.choose(p, **overrides), p, self.num_sms)
+        (:func:`small_m_options`; no-ops where the arch or the config does not take them); for
+        M > 128 on sm_90a the wave model may cut K too (:func:`wave_choice` with SPLITS)."""
+        cfg = self.choose(p, **overrides)
+        if p.m > 128 and self.arch == "sm_90a" and cfg.form in (Form.DENSE, Form.FLAT) and not (
+                set(overrides) & {"tile_m", "tile_n", "cluster_m", "split_k", "fast_accum", "fp8_blockwise", "fp8_mx"}):  # fmt: skip
+            pick = wave_choice(p, self.num_sms, SPLITS)
+            if pick.split_k > 1 and not split_k_errors(replace(cfg, **pick.fields())):
+                cfg = replace(cfg, **pick.fields())
+        return small_m_options(cfg, p, self.num_sms)
 
     def choose(self, p: GemmProblem, **overrides) -> GemmConfig:
         if overrides.get("fast_accum") and self.arch == "sm_90a" and p.a_dtype == "e4m3" and p.m > 128:
@@ -234,16 +320,11 @@ class Sm90Policy(ArchPolicy):
             # 96 rows) -> 71.2 (torch 71.9); FP8 128 x 28672 x 4096 47.4 -> 43.6 (43.3))
             wide = ceil_div(p.n, 128) * p.l >= self.num_sms
             return dict(tile_m=128, tile_n=128 if wide else 64, raster="n", group=1)
-        if p.a_dtype == "e4m3":
-            # FP8 with promotion (two fp32 accumulators, <= 64x192 per warpgroup), cooperative;
-            # bench_fp8 on the H200: 128x192 + 2x1 cluster 1.00x / 0.93x torch at
-            # 8192^3 / 16384x7168x2048 where 128x128 reached 0.92x / 0.87x.
-            return dict(tile_m=128, tile_n=192, cluster_m=2, raster="n", group=8)
-        big_tiles = ceil_div(p.m, 128) * ceil_div(p.n, 256) * p.l
-        if big_tiles >= self.num_sms:
-            cluster_m = 2 if ceil_div(p.m, 128) >= 2 else 1
-            return dict(tile_m=128, tile_n=256, cluster_m=cluster_m, raster="n", group=8)
-        return dict(tile_m=128, tile_n=128, raster="m", group=8)
+        # M > 128: the wave model over the cooperative tiles (FP8 with promotion: at most 64x192
+        # per warpgroup), its default the measured large-shape tile (16-bit 128x256 2x1, at cuBLAS
+        # parity; FP8 128x192 2x1). Split K is the dense call's (choose_dense).
+        pick = wave_choice(p, self.num_sms)
+        return {k: v for k, v in pick.fields().items() if k != "split_k"}
 
 
 class Sm100Policy(ArchPolicy):

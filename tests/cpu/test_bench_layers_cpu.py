@@ -58,3 +58,22 @@ def test_waves_count_tiles_and_splits_per_sm():
 
 def test_case_names():
     assert Case("fp8", "Qwen3-32B", "qkv", 128, 10240, 5120).name == "Qwen3-32B qkv M=128"
+
+
+def test_previous_rule_is_timed_where_it_differs():
+    """The sweep times the tile rule from before the wave model where it picks another config
+    (and precompiles it); its ratios go into the summary's before_* figures."""
+    lay = [("Llama-3-8B", "qkv", 6144, 4096), ("Llama-3-8B", "gate_up", 28672, 4096)]
+    plan = dict((c.name + c.kind, cfgs[-1]) for c, cfgs in layers.sweep_plan(layers=lay, m_values=(16, 1024, 8192)))
+    qkv = plan["Llama-3-8B qkv M=1024bf16"]
+    prev = layers.previous_config(qkv, 1024, 6144, 132)
+    assert (qkv.tile_n, prev.tile_n, prev.cluster_m, prev.split_k) == (192, 256, 2, 1)
+    assert layers.previous_config(plan["Llama-3-8B gate_up M=8192bf16"], 8192, 28672, 132) is None  # unchanged
+    assert layers.previous_config(plan["Llama-3-8B qkv M=16bf16"], 16, 6144, 132) is None  # M <= 128
+    cfgs = layers.configs_of_sweep(layers=lay, m_values=(1024,))
+    assert prev in cfgs and qkv in cfgs
+    res = _results()
+    res[0].prev_ratio, res[0].prev_config = 0.5, "old"
+    stats = layers.summary(res)[res[0].case.kind]
+    assert stats["changed"] == 1 and stats["before_min"] == 0.5 and stats["before_geomean"] < stats["geomean"]
+    assert "previous tile rule" in layers.markdown(res)

@@ -1,0 +1,100 @@
+"""The wave model of the sm_90a policy (policy.wave_seconds / wave_candidates / wave_choice) and the
+configs it picks for M > 128: its CPU twin. The kernels it picks are compile-checked
+(compile_check.dense_variants / fp8_variants); their speed is the `bench sweep`'s to show."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cutegemm.config import EpilogueSpec, GemmProblem, can_implement, config_errors
+from cutegemm.policy import MODEL_MARGIN, policy_for, wave_candidates, wave_choice, wave_seconds
+
+SMS = 132
+POL = policy_for("sm_90a", SMS)
+SCALED = EpilogueSpec(scale_a=True, scale_b=True)
+
+
+def problem(m, n, k, dtype="bf16", out="bf16"):
+    return GemmProblem(m, n, k, 1, dtype, dtype, out, "k", "k")
+
+
+def dense(m, n, k, dtype="bf16"):
+    p = problem(m, n, k, dtype)
+    return POL.choose_dense(p, **({"epilogue": SCALED} if dtype == "e4m3" else {}))
+
+
+@pytest.mark.parametrize("m,n,k", [(8192, 8192, 8192), (4096, 4096, 4096), (16384, 7168, 2048), (2048, 4096, 7168)])
+def test_measured_parity_shapes_keep_their_tile(m, n, k):
+    """bench/RESULTS.md's dense bf16 shapes (cuBLAS parity with 128x256 2x1) and FP8's large
+    shapes (128x192 2x1) keep the measured configs."""
+    cfg = dense(m, n, k)
+    assert (cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.split_k) == (128, 256, 2, 1), cfg.name
+    if (m, n, k) in ((8192, 8192, 8192), (16384, 7168, 2048)):  # FP8's measured shapes
+        f8 = dense(m, n, k, "e4m3")
+        assert (f8.tile_m, f8.tile_n, f8.cluster_m, f8.split_k) == (128, 192, 2, 1), f8.name
+
+
+def test_the_issue_cliffs_get_whole_waves():
+    # Llama-3-8B qkv at M = 1024: 192 tiles of 128x256 (1.45 waves: two rounds for 60 CTAs)
+    cfg = dense(1024, 6144, 4096)
+    assert (cfg.tile_n, cfg.cluster_m) == (192, 2)  # 256 tiles: 1.94 waves
+    # Llama-3-8B o at M = 1024: one round of 128 tiles of 128x256, not two of 128x128
+    cfg = dense(1024, 4096, 4096)
+    assert (cfg.tile_n, cfg.cluster_m, cfg.split_k) == (256, 2, 1)
+    # DeepSeek-V3 kv_a at M = 512: 20 tiles of 128x128 for 132 SMs -> K in 4 ranges
+    cfg = dense(512, 576, 7168)
+    assert cfg.split_k == 4 and cfg.cluster_m == 1
+
+
+def test_wave_seconds_counts_rounds():
+    p = problem(1024, 6144, 4096)
+    one = wave_seconds(problem(1024, 4096, 4096), 128, 256, 2, 1, SMS, 1.0)  # 128 tiles: one round
+    two = wave_seconds(p, 128, 256, 2, 1, SMS, 1.0)  # 192 tiles: two rounds
+    assert two == pytest.approx(2 * one)
+    # K cut in two: half the WGMMA time per unit, twice the units, plus the partial sums
+    split = wave_seconds(problem(256, 1024, 8192), 128, 128, 1, 2, SMS, 1.0)
+    whole = wave_seconds(problem(256, 1024, 8192), 128, 128, 1, 1, SMS, 1.0)
+    assert split < whole < 2 * split
+    # e4m3 runs its WGMMAs at twice the rate
+    assert wave_seconds(problem(4096, 4096, 4096, "e4m3"), 128, 128, 2, 1, SMS, 1.0) < wave_seconds(
+        problem(4096, 4096, 4096), 128, 128, 2, 1, SMS, 1.0)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(m=st.integers(129, 16384), n=st.integers(1, 32768), k=st.integers(16, 32768).map(lambda k: k // 16 * 16),
+       dtype=st.sampled_from(["bf16", "fp16", "e4m3"]))  # fmt: skip
+def test_pick_is_valid_and_never_predicted_slower(m, n, k, dtype):
+    p = problem(m, n, k, dtype)
+    for splits in ((1,), (1, 2, 4)):
+        cands = wave_candidates(p, SMS, splits)
+        pick = wave_choice(p, SMS, splits)
+        assert pick.seconds <= cands[0].seconds
+        assert pick == cands[0] or pick.seconds * MODEL_MARGIN < cands[0].seconds
+        assert all(c.cluster_m == 1 and c.tile_n <= 192 for c in cands if c.split_k > 1)
+    cfg = dense(m, n, k, dtype)
+    assert not config_errors(cfg), (cfg.name, config_errors(cfg))
+    ok, why = can_implement(cfg, replace(p, out_dtype="bf16"))
+    assert ok, why
+    if cfg.split_k > 1:  # at least 24 K tiles of 64 (12 of 128 for e4m3) per range
+        tile_k, least = (128, 12) if dtype == "e4m3" else (64, 24)
+        assert -(-k // tile_k) >= least * cfg.split_k
+
+
+@pytest.mark.parametrize("m", [1, 16, 64, 100, 128])
+def test_decode_sizes_untouched(m):
+    """M <= 128 keeps the measured decode rules (decode_tile, the 128-row rule, split_few_tiles)."""
+    for n, k in ((4096, 7168), (28672, 4096), (1536, 7168)):
+        cfg = dense(m, n, k)
+        assert cfg.tile_m == (64 if m <= 64 else 128)
+        assert cfg.tile_n in (64, 128)
+
+
+def test_explicit_tiles_and_other_forms_are_left_alone():
+    p = problem(512, 576, 7168)
+    assert POL.choose_dense(p, tile_m=128, tile_n=256).split_k == 1
+    grouped = POL.choose_grouped(problem(4096, 4096, 4096), 8)
+    assert grouped.split_k == 1
