@@ -259,6 +259,11 @@ class GemmConfig:
     # instead the consumers zero the stages' rows a_rows..tile_m once when the kernel starts (the
     # TMA never writes them), so the tile's WGMMAs see the same zeros. 0: the whole tile.
     a_rows: int = 0
+    # Grouped packed form, sm_90a: A's rows are gathered through an index (the kernel's a_index,
+    # packed row -> row of A), loaded with cp.async by the producer warpgroup, since Hopper's TMA
+    # cannot gather rows (gemm/sm90.gather.py). The MoE up projection then reads the tokens as
+    # they are, not a copy permuted by expert.
+    gather_a: bool = False
 
     @property
     def blockscaled(self) -> bool:
@@ -287,6 +292,7 @@ class GemmConfig:
         tile += f"_sk{self.split_k}" if self.split_k > 1 else ""
         tile += "c" if self.split_cluster else ""
         tile += f"_ar{self.a_rows}" if self.a_rows else ""
+        tile += "_ga" if self.gather_a else ""
         tile += f"_e{self.epi_stages}" if self.epi_stages else ""
         tile += f"_s{self.stages}" if self.stages else ""
         family = Form(self.form).value
@@ -330,6 +336,10 @@ def config_errors(cfg: GemmConfig) -> list[str]:
                           or cfg.tile_n not in (64, 128, 192)):  # fmt: skip
         err.append("promote_k (32 or 64): FP8 with promotion, cooperative, tile_n 64 / 128 / 192; not fast_accum, "
                    "fp8_blockwise, fp8_mx, wg_order, swap_ab or K-grouped")  # fmt: skip
+    if cfg.gather_a and (cfg.arch != "sm_90a" or not cfg.grouped or cfg.a_dtype not in INPUT_DTYPES or cfg.swap_ab
+                         or cfg.cluster_n != 1 or cfg.scheduler != "static"):  # fmt: skip
+        err.append("gather_a: the sm_90a packed grouped form with 16-bit operands, A not multicast (cluster_n 1), "
+                   "the static scheduler, not swap_ab")  # fmt: skip
     if cfg.fp8_blockwise:
         err += fp8_blockwise_errors(cfg)
     if cfg.wg_order and (
@@ -360,10 +370,8 @@ def config_errors(cfg: GemmConfig) -> list[str]:
         if cfg.a_major != "k" or cfg.b_major != "k":
             err.append("FP8 WGMMA needs K-major A and B (a_major='k', b_major='k')")
         if not cfg.fast_accum and (cfg.tile_m * cfg.tile_n // (1 if cfg.pingpong else cfg.tile_m // 64)) > 64 * 192:
-            err.append(
-                "FP8 with promotion holds two fp32 accumulators: at most 64x192 per warpgroup "
-                f"(tile {cfg.tile_m}x{cfg.tile_n}{' pingpong' if cfg.pingpong else ''}); or fast_accum=True"
-            )
+            err.append("FP8 with promotion holds two fp32 accumulators: at most 64x192 per warpgroup "
+                       f"(tile {cfg.tile_m}x{cfg.tile_n}{' pingpong' if cfg.pingpong else ''}); or fast_accum=True")  # fmt: skip
     elif cfg.a_dtype not in INPUT_DTYPES or cfg.b_dtype != cfg.a_dtype:
         err.append(f"a/b dtype must be equal and one of {INPUT_DTYPES + FP8_DTYPES}, got {cfg.a_dtype}/{cfg.b_dtype}")
     epi = cfg.epilogue
@@ -390,17 +398,13 @@ def config_errors(cfg: GemmConfig) -> list[str]:
         if cfg.a_major != "k":
             err.append("grouped: A must be row-major (a_major='k')")
         if cfg.cluster_m != 1 and (cfg.arch != "sm_90a" or cfg.cluster_m != 2):
-            err.append(
-                "grouped: cluster_m must be 1 (sm_90a: 1 or 2; the CTAs of a 2x1 cluster take two "
-                "consecutive m-tiles of one expert and share its B tile by multicast)"
-            )
+            err.append("grouped: cluster_m must be 1 (sm_90a: 1 or 2; the CTAs of a 2x1 cluster take two "
+                       "consecutive m-tiles of one expert and share its B tile by multicast)")  # fmt: skip
         if cfg.epilogue.beta:
             err.append("grouped: beta * C is not supported (bias, activations, gated, quantized and user epilogues are)")
         if cfg.arch == "sm_100a" and cfg.two_cta:
-            err.append(
-                "grouped: sm_100a supports 1-CTA MMA only (two_cta=False); a 2-CTA pair would need "
-                "cluster_m=2 sharing one expert m-tile and per-CTA row predicates, not implemented"
-            )
+            err.append("grouped: sm_100a supports 1-CTA MMA only (two_cta=False); a 2-CTA pair would need "
+                       "cluster_m=2 sharing one expert m-tile and per-CTA row predicates, not implemented")  # fmt: skip
     if cfg.stages not in (0,) and not 2 <= cfg.stages <= 12:
         err.append(f"stages must be 0 (auto) or 2..12, got {cfg.stages}")
     if cfg.epi_stages and (cfg.arch != "sm_90a" or not 2 <= cfg.epi_stages <= 8):
@@ -634,11 +638,9 @@ def blockscaled_errors(cfg: GemmConfig) -> list[str]:
     recipe = (cfg.a_dtype, cfg.sf_dtype, cfg.sf_vec)
     mixed = (cfg.a_dtype, cfg.b_dtype) in BLOCKSCALED_MIXED and (cfg.sf_dtype, cfg.sf_vec) == ("e8m0", 32)
     if not mixed and (cfg.a_dtype != cfg.b_dtype or recipe not in BLOCKSCALED_RECIPES):
-        err.append(
-            f"block-scaled a/b dtype, sf dtype, sf_vec must be equal dtypes and one of "
-            f"{sorted(BLOCKSCALED_RECIPES)}, or MXFP8 x MXFP4 (e4m3/e2m1 either order, e8m0, 32), got "
-            f"{cfg.a_dtype}/{cfg.b_dtype}, {cfg.sf_dtype!r}, {cfg.sf_vec}"
-        )
+        err.append(f"block-scaled a/b dtype, sf dtype, sf_vec must be equal dtypes and one of "
+                   f"{sorted(BLOCKSCALED_RECIPES)}, or MXFP8 x MXFP4 (e4m3/e2m1 either order, e8m0, 32), got "
+                   f"{cfg.a_dtype}/{cfg.b_dtype}, {cfg.sf_dtype!r}, {cfg.sf_vec}")  # fmt: skip
     if cfg.a_major != "k" or cfg.b_major != "k":
         err.append("block-scaled: A and B must be K-major (a_major='k', b_major='k')")
     ok_m = 256 if cfg.two_cta else 128
@@ -686,10 +688,8 @@ def problem_errors(cfg: GemmConfig, p: GemmProblem) -> list[str]:
     ):
         for s in strides or ():
             if not _aligned(s, dtype):
-                err.append(
-                    f"{nm}: stride {s} elements is not a multiple of {TMA_ALIGN_BYTES} bytes "
-                    f"(TMA needs 16-byte aligned strides)"
-                )
+                err.append(f"{nm}: stride {s} elements is not a multiple of {TMA_ALIGN_BYTES} bytes "
+                           f"(TMA needs 16-byte aligned strides)")  # fmt: skip
     return err
 
 

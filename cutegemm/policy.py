@@ -223,6 +223,20 @@ class ArchPolicy:
         cfg = replace(cfg, **tile)
         return fp32_promotion(replace(cfg, **overrides) if overrides else cfg, overrides)
 
+    def choose_gathered(self, p: GemmProblem, num_groups: int, **overrides) -> GemmConfig:
+        """The packed form with A's rows gathered through an index (cutegemm.grouped.gather):
+        :meth:`choose_grouped`'s tile, made :func:`gathered`. Not measured yet."""
+        cfg = self.choose_grouped(p, num_groups, allow_swap=False, **overrides)
+        return gathered(cfg, p.m / max(num_groups, 1))
+
+
+def gathered(cfg: GemmConfig, rows_per_group: float) -> GemmConfig:
+    """A packed grouped config made the gathered-A kernel's (GemmConfig.gather_a, sm_90a): A is
+    not multicast (cluster_n 1; B is, over a 2x1 cluster of one expert's m-tiles, where the
+    experts have more rows than a tile), the static scheduler, not the swapped kernel."""
+    cluster_m = 2 if rows_per_group > cfg.tile_m else 1
+    return replace(cfg, gather_a=True, cluster_m=cluster_m, cluster_n=1, scheduler="static", swap_ab=False)
+
 
 def fp32_promotion(cfg: GemmConfig, overrides: dict) -> GemmConfig:
     """FP8 row-wise / tensor-wise with promotion into an fp32 output (sm_90a): a partial sum per

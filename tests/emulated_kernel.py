@@ -72,6 +72,9 @@ class EmulatedKernel:
         if cfg.grouped:
             swap = cfg.swap_ab  # A = weights (N, K, E), B = tokens (total_M, K, 1), C = (N, total_M, 1)
             tokens, weights = (b3, a3) if swap else (a3, b3)
+            if k.a_index is not None:  # config.gather_a: packed row r reads row a_index[r] of A (clamped)
+                assert cfg.gather_a
+                tokens = tokens[k.a_index.long().clamp(0, tokens.shape[0] - 1)]
             total_m, n = tokens.shape[0], weights.shape[0]
             for e, (s, t) in enumerate(expert_rows(k.offs.tolist(), total_m)):
                 if t <= s:
@@ -125,13 +128,18 @@ def emulated_kernels():
     :class:`EmulatedKernel`; yields the cache (its ``kernels``: one per plan built)."""
     import cutegemm.grouped.k_grouped as k_grouped
     from cutegemm.gemm import dense
-    from cutegemm.grouped import packed
+    from cutegemm.grouped import gather, packed
 
     cache = _ConfigCache()
     with cpu_fast_path():
         saved = [(mod, name, getattr(mod, name))
-                 for mod, name in ((dense, "DENSE_CACHE"), (packed, "GROUPED_CACHE"), (k_grouped, "DENSE_CACHE"))]  # fmt: skip
-        dense.DENSE_CACHE = packed.GROUPED_CACHE = k_grouped.DENSE_CACHE = cache
+                 for mod, name in ((dense, "DENSE_CACHE"), (packed, "GROUPED_CACHE"), (k_grouped, "DENSE_CACHE"),
+                                   (gather, "GROUPED_CACHE"), (gather, "on_cuda"), (gather, "device_info"),
+                                   (gather, "max_clusters_for"))]  # fmt: skip
+        dense.DENSE_CACHE = packed.GROUPED_CACHE = k_grouped.DENSE_CACHE = gather.GROUPED_CACHE = cache
+        gather.on_cuda = lambda t: True
+        gather.device_info = lambda index: ("sm_90a", 132)
+        gather.max_clusters_for = lambda cfg, device, num_sms=None: num_sms or 132
         try:
             yield cache
         finally:

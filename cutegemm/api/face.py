@@ -7,6 +7,7 @@ Each decides its route once, from the operand types, and hands the call to one i
 | torch tensors (bf16 / fp16 / fp8)          | ``gemm.dense`` (dense), ``grouped.packed`` (grouped)|
 | activation tensor x BlockScaledTensor weight | ``blockscaled.weight_only`` (FP4 / MXFP8 weights) |
 | BlockScaledTensor x BlockScaledTensor      | ``blockscaled.gemm`` (block-scaled GEMM)           |
+| grouped, ``gather_index=`` given           | ``grouped.gather`` (A's rows through the index)    |
 
 A block-scaled route takes only the options listed for it (``BLOCKSCALED_OPTIONS``,
 ``WEIGHT_ONLY_OPTIONS``); any other option off its default is a ValueError naming it.
@@ -30,6 +31,7 @@ from ..blockscaled.weight_only.launch import gemm_fp4_weight, gemm_fp4_weight_re
 from ..gemm import dense
 from ..gemm.launch import check_offs_values
 from ..grouped import packed
+from ..grouped.gather import gathered_grouped_gemm, gathered_grouped_gemm_ref
 
 # The options each block-scaled route takes (kernel / reference twin).
 BLOCKSCALED_OPTIONS = ("out_dtype", "alpha", "config", "out")
@@ -124,7 +126,15 @@ def _grouped_quantized(fn, a, b, options: dict, run, run_ref, extra: tuple):
 
 def _grouped_route(fn, a, b, options: dict):
     """The grouped call's route: a BlockScaledTensor A (and weight) -> the block-scaled grouped
-    GEMM; a BlockScaledTensor weight only -> the weight-only kernels; else ``fn`` itself."""
+    GEMM; a BlockScaledTensor weight only -> the weight-only kernels; ``gather_index`` -> A's rows
+    through it (``grouped.gather``); else ``fn`` itself."""
+    if options.get("gather_index") is not None:
+        if isinstance(a, BlockScaledTensor) or isinstance(b, BlockScaledTensor):
+            raise ValueError("gather_index is for bf16 / fp16 / fp8 tensor operands, not BlockScaledTensor")
+        if fn is packed.grouped_gemm_ref:
+            return gathered_grouped_gemm_ref(a, b, run_ref=fn, **options)
+        return gathered_grouped_gemm(a, b, run=fn, **options)
+    options.pop("gather_index", None)
     if isinstance(a, BlockScaledTensor):
         return _grouped_quantized(fn, a, b, options, grouped_gemm_blockscaled, grouped_gemm_blockscaled_ref, ())
     if isinstance(b, BlockScaledTensor):

@@ -42,6 +42,7 @@ class KernelArgs(NamedTuple):
     v2: object = None
     v3: object = None
     workspace: object = None  # dynamic scheduler counter / split-K counters and partial sums
+    a_index: object = None  # gather_a: (packed rows,) int32 row of A per packed row
 
     def compile_args(self, stream) -> tuple:
         """The arguments of ``cute.compile``: the kernels take the stream after ``max_clusters``."""
@@ -121,10 +122,14 @@ def dense_fake_args(cfg: GemmConfig, offs=None):
     elif cfg.fp8_mx:
         sfa, sfb = _fake_mx_scales(k_major=True), _fake_mx_scales(k_major=False)
     out_scales, out_gs, *vecs = epilogue_fake_args(epi)
+    a_index = None
+    if cfg.gather_a:  # (packed rows,) int32; A's rows are read 16 bytes at a time
+        a_index = make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=4)
     args = KernelArgs(
         a, b, out=c, c=c_in, bias=bias, alpha=cutlass.Float32(1.0), beta=cutlass.Float32(0.0),
         max_clusters=cutlass.Int32(1), offs=offs, sfa=sfa, sfb=sfb, out_scales=out_scales,
         out_global_scale=out_gs, v0=vecs[0], v1=vecs[1], v2=vecs[2], v3=vecs[3], workspace=_fake_workspace(cfg),
+        a_index=a_index,
     )  # fmt: skip
     return args.compile_args(make_fake_stream(use_tvm_ffi_env_stream=True))
 

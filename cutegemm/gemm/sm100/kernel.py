@@ -299,6 +299,7 @@ class GemmSm100(GemmBase):
         mV2: cute.Tensor | None = None,
         mV3: cute.Tensor | None = None,
         mWorkspace: cute.Tensor | None = None,  # scheduler "dynamic": (1,) int32 tile counter, zeroed
+        mAIdx: cute.Tensor | None = None,  # gather_a (sm_90a only): always None here
     ):
         if cutlass.const_expr(self.config.flat):
             mA, mB, mC = self.unflatten(mA, mB, mC)

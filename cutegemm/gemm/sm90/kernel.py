@@ -76,6 +76,7 @@ from .accumulators import AccumulatorScaling
 from .blockwise import BlockwiseMainloop
 from .consumer import Sm90Consumers
 from .epilogue import Sm90Epilogue
+from .gather import GatherA
 from .mx import MX_PARTS, MxMainloop
 from .split import SplitK
 from .swap import SwapAb
@@ -102,6 +103,9 @@ class GemmSm90(GemmBase):
         self.split = SplitK(self)  # config.split_k: K ranges summed through a workspace or the cluster
         self.swap = SwapAb(self)  # config.swap_ab: C^T = B^T A^T for few tokens
         self.zero = StageZero(self)  # zeroed stage rows / K columns outside a partial box
+        self.gather = GatherA(self)  # config.gather_a: A's rows through an index, by cp.async
+        if config.gather_a:  # the producer warpgroup computes addresses: registers from the consumers
+            self.load_registers, self.mma_registers = 56, 224
         self.out_per_elem = quant_storage(config.epilogue.quant)[1] if config.epilogue.quant else 1
         self.pingpong = config.pingpong
         self.num_mma_wg = 2 if self.pingpong else config.tile_m // 64
@@ -232,6 +236,7 @@ class GemmSm90(GemmBase):
         mV2: cute.Tensor | None = None,
         mV3: cute.Tensor | None = None,
         mWorkspace: cute.Tensor | None = None,  # scheduler "dynamic": (1,) int32 tile counter, zeroed
+        mAIdx: cute.Tensor | None = None,  # gather_a: (packed rows,) int32 row of A per packed row
     ):
         if cutlass.const_expr(self.config.flat):
             mA, mB, mC = self.unflatten(mA, mB, mC)
@@ -328,6 +333,8 @@ class GemmSm90(GemmBase):
             mV2,
             mV3,
             mWorkspace,
+            mA if cfg.gather_a else None,
+            mAIdx,
             mSFA if cfg.fp8_blockwise or cfg.fp8_mx else None,
             mSFB if cfg.fp8_blockwise or cfg.fp8_mx else None,
             tma_atom_sfa,
@@ -371,6 +378,8 @@ class GemmSm90(GemmBase):
         mV2: cute.Tensor | None,
         mV3: cute.Tensor | None,
         mWorkspace: cute.Tensor | None,
+        mA_rows: cute.Tensor | None,  # gather_a: A itself (rows of A, K, 1), read by cp.async
+        mAIdx: cute.Tensor | None,  # gather_a: (packed rows,) int32 row of A per packed row
         mSFA: cute.Tensor | None,  # FP8 block scaling: TMA coordinates of the (M, ceil(K/128), 1) scales of A
         mSFB: cute.Tensor | None,  # FP8 block scaling: (ceil(N/128), ceil(K/128)[, E]) fp32 scales of B
         tma_atom_sfa: cute.CopyAtom | None,  # fp8_mx / fp8_blockwise: TMA of the scales (mSFA / mSFB: TMA tensors)
@@ -408,13 +417,17 @@ class GemmSm90(GemmBase):
             tma_bytes += self.blockwise.sfa_rows() * 4
         if cutlass.const_expr(self.config.a_rows):  # A's box holds a_rows of the tile_m rows
             tma_bytes -= (self.config.tile_m - self.a_box_rows) * self.tile_shape_mnk[2] * self.a_dtype.width // 8
+        if cutlass.const_expr(self.config.gather_a):  # A arrives by cp.async (its own arrivals)
+            tma_bytes -= self.gather.a_stage_bytes()
         self.tma_bytes = tma_bytes  # the stage barrier's bytes (compile-check's transaction-byte rule)
         # Every consumer warp of every CTA that reads a multicast stage releases it.
         mcast_size = self.num_mcast_ctas_a + self.num_mcast_ctas_b - 1
         ab_pipeline = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.ab_mbar.data_ptr(),
             num_stages=self.ab_stage,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            producer_group=pipeline.CooperativeGroup(
+                pipeline.Agent.Thread, self.gather.producer_arrivals() if cutlass.const_expr(self.config.gather_a) else 1
+            ),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, mcast_size * self.wg_per_tile * 4),
             tx_count=tma_bytes,
             cta_layout_vmnk=cute.make_layout((1, *cta_layout_mnk.shape)),
@@ -490,6 +503,8 @@ class GemmSm90(GemmBase):
             )
         k_tile_cnt = cute.size(gA_mkl, mode=[3])
         a_tiles = tAgA
+        # grouped: the packed rows (gather_a: the index's, A holding the rows it points at)
+        packed_rows = mAIdx.shape[0] if cutlass.const_expr(cfg.gather_a) else mA_mkl.shape[0]
         if cutlass.const_expr(cfg.swap_ab):
             # Tiles over (weights: M, tokens: N): the table counts each expert's token tiles
             # times the cluster tiles along the weights.
@@ -503,7 +518,7 @@ class GemmSm90(GemmBase):
             )
             if warp_idx == 0:
                 fill_tile_starts(
-                    tile_start, mOffs, mA_mkl.shape[0], cfg.tile_m * cfg.cluster_m, n_cluster_tiles, cute.arch.lane_idx()
+                    tile_start, mOffs, packed_rows, cfg.tile_m * cfg.cluster_m, n_cluster_tiles, cute.arch.lane_idx()
                 )
         if cutlass.const_expr(cfg.listed):
             # List form: mOffs is the group table (``gemm.grouped_parts.list_tile_table``).
@@ -515,7 +530,7 @@ class GemmSm90(GemmBase):
         if cutlass.const_expr(cfg.swap_ab):
             sched = make_grouped_scheduler(tile_start, mOffs, mB_nkl.shape[0], n_cluster_tiles, cfg)
         elif cutlass.const_expr(cfg.grouped):
-            sched = make_grouped_scheduler(tile_start, mOffs, mA_mkl.shape[0], n_cluster_tiles, cfg)
+            sched = make_grouped_scheduler(tile_start, mOffs, packed_rows, n_cluster_tiles, cfg)
 
             def a_tiles(tile):
                 """(TMA, RestK) A k-tiles of a grouped tile: rows from the expert's first row."""
@@ -591,7 +606,10 @@ class GemmSm90(GemmBase):
         warp_group_idx = cute.arch.make_warp_uniform(tidx // self.threads_per_warpgroup)
         if warp_group_idx == 0:
             cute.arch.setmaxregister_decrease(self.load_registers)
-            if warp_idx == self.load_warp_id:
+            if cutlass.const_expr(cfg.gather_a):  # the whole warpgroup loads (gemm.sm90.gather)
+                self.gather.load(load_sched, ab_pipeline, k_tile_cnt, mA_rows, mAIdx, sA, tma_atom_b, tBgB, tBsB,
+                                 b_mcast_mask, tidx, warp_idx)  # fmt: skip
+            elif warp_idx == self.load_warp_id:
                 extra = ()
                 if cutlass.const_expr(cfg.fp8_mx):
                     extra = self.mx.mx_load_operands(tma_atom_sfa, tma_atom_sfb, mx_parts, mSFA, block_scales[0])

@@ -1,0 +1,112 @@
+"""Gathered A rows on Hopper (``config.gather_a``): the packed grouped form reading A's rows through
+an index, so that a MoE layer's up projection reads the tokens as they are instead of a copy
+permuted by expert.
+
+``mAIdx`` (rows,) int32 maps every packed row (the experts' rows, in ``offs`` order) to its row of
+A. Hopper's TMA cannot gather rows, so the producer warpgroup's four warps load A with cp.async
+(16 bytes per copy, 8 per thread per 128 x 64 stage) into the same 128-byte-swizzled stages the
+TMA would fill, while one elected thread of warp 0 loads B by TMA as usual. A stage's full barrier
+therefore expects 1 + 128 arrivals: the TMA thread's arrive-and-expect-tx (B's bytes only) and one
+``cp.async.mbarrier.arrive.noinc`` per producer thread, which arrives once that thread's copies
+of the stage have landed. The consumers order those generic-proxy writes before their WGMMAs'
+reads with a proxy fence after the wait (``Sm90Consumers``).
+
+Each thread reads the index of its 8 rows once per tile. Rows past the expert's end (the tile's
+last rows) read the expert's last row instead, and index values are clamped into A: such rows'
+results are never stored, and no load leaves A. K must be a multiple of the 64-wide K tile (the
+host takes the copying route otherwise), so every 16-byte chunk is inside its row.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+from cutlass.cute.nvgpu import cpasync
+
+GATHER_THREADS = 128  # the producer warpgroup
+COPY_BITS = 128  # one cp.async moves 16 bytes
+
+
+class GatherA:
+    """The producer warpgroup's loads of a ``config.gather_a`` kernel (a part of GemmSm90)."""
+
+    def __init__(self, kernel):
+        self.k = kernel  # the kernel this part belongs to (its config, layouts, tiles)
+
+    @staticmethod
+    def producer_arrivals() -> int:
+        """Arrivals a stage's full barrier expects: the TMA thread's and every producer thread's."""
+        return 1 + GATHER_THREADS
+
+    def a_stage_bytes(self) -> int:
+        """A's bytes per stage: delivered by cp.async, not counted as TMA transaction bytes."""
+        return self.k.tile_shape_mnk[0] * self.k.tile_shape_mnk[2] * self.k.a_dtype.width // 8
+
+    def tiled_copy(self) -> cute.TiledCopy:
+        """cp.async of a (tile_m, tile_k) K-major tile by 128 threads: 16-byte chunks, the chunks
+        of one row of the K tile on consecutive threads."""
+        dtype = self.k.a_dtype
+        elems = COPY_BITS // dtype.width
+        cols = self.k.tile_shape_mnk[2] // elems  # chunks per row of a K tile
+        atom = cute.make_copy_atom(
+            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dtype, num_bits_per_copy=COPY_BITS
+        )
+        threads = cute.make_layout((GATHER_THREADS // cols, cols), stride=(cols, 1))
+        return cute.make_tiled_copy_tv(atom, threads, cute.make_layout((1, elems)))
+
+    @cute.jit
+    def load(
+        self,
+        sched,
+        ab_pipeline: pipeline.PipelineTmaAsync,
+        k_tile_cnt: cutlass.Int32,
+        mA_mkl: cute.Tensor,  # (rows of A, K, 1)
+        mAIdx: cute.Tensor,  # (packed rows,) int32
+        sA: cute.Tensor,  # (tile_m, tile_k, STAGE)
+        tma_atom_b: cute.CopyAtom,
+        tBgB: cute.Tensor,  # (TMA, RestN, RestK, RestL)
+        tBsB: cute.Tensor,  # (TMA, STAGE)
+        b_mcast_mask,
+        ptidx: cutlass.Int32,  # thread index in the producer warpgroup
+        warp_idx: cutlass.Int32,
+    ):
+        """Every producer thread: A's rows of every scheduled tile by cp.async, B by TMA from
+        warp 0, into the stage ring (see the module docstring)."""
+        tile_m, tile_k = self.k.tile_shape_mnk[0], self.k.tile_shape_mnk[2]
+        elems = COPY_BITS // self.k.a_dtype.width
+        tiled = self.tiled_copy()
+        thr = tiled.get_slice(ptidx)
+        tAsA = thr.partition_D(sA)  # (CPY, CPY_M, CPY_K, STAGE)
+        tAcA = thr.partition_S(cute.make_identity_tensor((tile_m, tile_k)))  # (CPY, CPY_M, CPY_K)
+        n_rows = cute.size(tAcA, mode=[1])
+        chunk = tAcA[(0, 0, 0)][1] // elems  # this thread's 16-byte chunk of a K tile's row
+        chunks = tile_k // elems
+        a_rows = mA_mkl.shape[0]
+        rows = cute.make_rmem_tensor((n_rows,), cutlass.Int32)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.k.ab_stage)
+        work = sched.first()
+        while sched.is_valid(work):
+            tile = sched.cta_tile(work)  # (m_tile, n_tile, expert, row_start, row_end)
+            first = tile[3] + tile[0] * tile_m
+            last = cutlass.max(tile[4] - 1, 0)
+            for m in cutlass.range_constexpr(n_rows):
+                r = cutlass.min(first + tAcA[(0, m, 0)][0], last)
+                rows[m] = cutlass.max(cutlass.min(mAIdx[r], a_rows - 1), 0)
+            tBgB_k = tBgB[(None, tile[1], None, tile[2])]
+            for k_tile in range(k_tile_cnt):
+                full_bar = ab_pipeline.producer_get_barrier(state)
+                ab_pipeline.sync_object_empty.wait(state.index, state.phase)
+                if warp_idx == 0:  # B's bytes on the barrier (one elected arrival), then its TMA
+                    ab_pipeline.sync_object_full.arrive(state.index, ab_pipeline.producer_mask)
+                    cute.copy(tma_atom_b, tBgB_k[(None, k_tile)], tBsB[(None, state.index)], tma_bar_ptr=full_bar,
+                              mcast_mask=b_mcast_mask)  # fmt: skip
+                for m in cutlass.range_constexpr(n_rows):
+                    row = cute.local_tile(mA_mkl[(rows[m], None, 0)], (elems,), (k_tile * chunks + chunk,))
+                    cute.copy(tiled, row, tAsA[(None, m, 0, state.index)])
+                cute.arch.cp_async_mbarrier_arrive_noinc(full_bar)
+                state.advance()
+            work = sched.next(work)
+        sched.finish(work)
+        if warp_idx == 0:  # do not exit while a peer in the cluster may still release our stages
+            ab_pipeline.producer_tail(state)

@@ -1,0 +1,147 @@
+"""The packed grouped form with A's rows gathered through an index:
+``grouped_gemm(x, w, offs=offs, gather_index=idx)`` computes what
+``grouped_gemm(x.index_select(0, idx), w, offs=offs)`` computes (packed row r of expert e, in
+[offs[e-1], offs[e]), gets ``x[idx[r]] @ w[e]``), without writing the gathered copy of x. In a MoE
+layer ``idx`` is the token of every (token, slot) pair sorted by expert, so the up projection
+reads the tokens as they are.
+
+Routes (one per call):
+- the gather kernel (``GemmConfig.gather_a``, sm_90a): bf16 / fp16 ``x`` row-major with 16-byte
+  aligned rows, K a multiple of 64, ``w`` (E, K, N) with K or N contiguous, options ``alpha``,
+  ``activation`` (elementwise, or ``swiglu`` / ``geglu`` on interleaved gate/up columns),
+  ``out_dtype`` (bf16 / fp16 / fp32) and an ``out`` the TMA store can write. No host sync; the
+  index is read on the device, and values outside [0, x.shape[0]) are clamped into x (no load
+  leaves it): ``check_offs=True`` checks offs and the index on the host (a sync) instead.
+- anything else (other options, layouts, archs, dtypes): ``x.index_select(0, idx)`` and the
+  packed form, which takes every input it takes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from ..config import ACTIVATIONS, GATED, EpilogueSpec, GemmProblem, can_implement
+from ..gemm.args import KernelArgs
+from ..gemm.launch import (
+    GROUPED_CACHE,
+    INPUT_TO_NAME,
+    TORCH_TO_NAME,
+    check_offs_values,
+    kernel_view,
+    new_workspace,
+    tma_storable,
+)
+from ..policy import policy_for
+from ..runtime.device import device_info, max_clusters_for
+
+GATHER_K = 64  # the kernel's K tile (16-bit): every 16-byte chunk of a K tile lies inside its row
+KERNEL_OPTIONS = ("offs", "out", "out_dtype", "alpha", "activation", "config", "check_offs")
+
+
+def gather_index_of(index, a: torch.Tensor) -> torch.Tensor:
+    """The index as the kernel reads it: a 1-D int32 tensor on a's device (an int64 one, as
+    torch.argsort returns, is converted: a small copy)."""
+    if not isinstance(index, torch.Tensor) or index.dim() != 1:
+        raise TypeError("gather_index must be a 1-D integer tensor (the row of a for every packed row)")
+    if index.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"gather_index must be int32 or int64, got {index.dtype}")
+    if index.device != a.device:
+        raise ValueError(f"gather_index must be on {a.device}, got {index.device}")
+    return index if index.dtype == torch.int32 else index.to(torch.int32)
+
+
+def check_index_values(index: torch.Tensor, rows: int):
+    """The ``check_offs=True`` rule for the index: every value in [0, rows) (a host sync)."""
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= rows):
+        raise ValueError(f"gather_index values must lie in [0, {rows}) (the rows of a)")
+
+
+def on_cuda(t: torch.Tensor) -> bool:
+    """Whether the kernel route may take ``t`` (the CPU tests' emulated kernels stand in here)."""
+    return t.is_cuda
+
+
+def _kernel_route(a, b, options) -> bool:
+    """Whether the gather kernel takes the call (see the module docstring)."""
+    if any(options.get(k) is not None for k in options if k not in KERNEL_OPTIONS):
+        return False
+    if options.get("gate_layout", "interleaved") != "interleaved" or options.get("config") is not None:
+        return False
+    act, out, out_dtype = options.get("activation"), options.get("out"), options.get("out_dtype")
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and on_cuda(a) and a.dim() == 2 and b.dim() == 3):
+        return False
+    if a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype or b.device != a.device:
+        return False
+    if act is not None and act not in ACTIVATIONS and act not in GATED:
+        return False
+    if out_dtype is not None and out_dtype not in TORCH_TO_NAME:
+        return False
+    E, K, N = b.shape
+    if K == 0 or K % GATHER_K or a.shape[1] != K or a.stride(1) != 1 or a.stride(0) % 8 or a.data_ptr() % 16:
+        return False
+    if not (b.stride(2) == 1 or b.stride(1) == 1) or (act in GATED and N % 2):
+        return False
+    if out is not None and not (isinstance(out, torch.Tensor) and tma_storable(out)):
+        return False
+    return device_info(a.device.index)[0] == "sm_90a"
+
+
+def gathered_grouped_gemm(a, b, *, gather_index, run, **options):
+    """``grouped_gemm`` with ``gather_index`` (see the module docstring); ``run`` is the packed
+    form's ``grouped_gemm`` (the copying route)."""
+    index = gather_index_of(gather_index, a)
+    if not _kernel_route(a, b, options):
+        if options.get("check_offs"):
+            check_index_values(index, a.shape[0])
+        return run(a.index_select(0, index), b, **options)
+    offs, out = options.get("offs"), options.get("out")
+    alpha, act = options.get("alpha", 1.0), options.get("activation")
+    if not isinstance(offs, torch.Tensor) or offs.dtype != torch.int32 or offs.dim() != 1 or offs.device != a.device:
+        raise TypeError(f"offs must be a 1-D torch.int32 tensor on {a.device}")
+    E, K, N = b.shape
+    if offs.numel() != E:
+        raise ValueError(f"offs has {offs.numel()} entries but b has {E} experts")
+    if isinstance(alpha, torch.Tensor):
+        raise TypeError("alpha must be a Python number, not a tensor (reading its value is a host sync)")
+    total = index.shape[0]
+    if options.get("check_offs"):
+        check_offs_values(offs, total)
+        check_index_values(index, a.shape[0])
+    out_dtype = options.get("out_dtype") or (out.dtype if out is not None else a.dtype)
+    n_out = N // 2 if act in GATED else N
+    if out is None:
+        out = torch.empty(total, n_out, dtype=out_dtype, device=a.device)
+    elif out.shape != (total, n_out) or out.dtype != out_dtype or out.device != a.device:
+        raise ValueError(f"out must be a ({total}, {n_out}) {out_dtype} tensor on {a.device}")
+    if total == 0 or n_out == 0 or E == 0:
+        return out
+    arch, num_sms = device_info(a.device.index)
+    b_unit = 2 if b.stride(2) == 1 else 1
+    problem = GemmProblem(total, N, K, 1, INPUT_TO_NAME[a.dtype], INPUT_TO_NAME[b.dtype], TORCH_TO_NAME[out_dtype],
+                          "k", "n" if b_unit == 2 else "k")  # fmt: skip
+    epi = EpilogueSpec(alpha=alpha != 1.0, activation=act if act in ACTIVATIONS else None,
+                       gated=act if act in GATED else None)  # fmt: skip
+    cfg = policy_for(arch, num_sms).choose_gathered(problem, E, epilogue=epi)
+    ok, why = can_implement(cfg, replace(problem, a_strides=None))
+    if not ok:
+        raise ValueError(f"cannot run {cfg.name}: {why}")
+    fn = GROUPED_CACHE.get(cfg)
+    av = a.as_strided(*kernel_view(a.unsqueeze(0), 2, (1, 2, 0), "a"))
+    bv = b.as_strided(*kernel_view(b, b_unit, (2, 1, 0), "b"))
+    ov = out.as_strided(*kernel_view(out.unsqueeze(0), 2, (1, 2, 0), "out"))
+    args = KernelArgs(av, bv, ov, alpha=float(alpha), max_clusters=max_clusters_for(cfg, a.device, num_sms), offs=offs,
+                      workspace=new_workspace(cfg, a.device), a_index=index)  # fmt: skip
+    if a.device.index == torch.cuda.current_device():
+        fn(*args)
+    else:
+        with torch.cuda.device(a.device):
+            fn(*args)
+    return out
+
+
+def gathered_grouped_gemm_ref(a, b, *, gather_index, run_ref, **options):
+    """The reference twin: the packed form's twin of the gathered rows."""
+    index = gather_index_of(gather_index, a)
+    return run_ref(a.index_select(0, index.long()), b, **options)

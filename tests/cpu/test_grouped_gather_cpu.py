@@ -1,0 +1,140 @@
+"""The packed grouped form with A's rows gathered (``grouped_gemm(x, w, offs=offs,
+gather_index=idx)``, cutegemm/grouped/gather.py) on the CPU: the host path with the compiled kernel
+replaced by tests/emulated_kernel.py (it reads A's rows through the index it is handed, as the
+gather kernel does), against the reference twin and against the packed form of x[idx], with
+NaN-poisoned outputs; the route each call takes; the config rules and the policy's configs.
+The kernel's own loads are the GPU tests' (tests/gpu/test_grouped_gather_gpu.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import cutegemm
+from cutegemm.config import EpilogueSpec, Form, GemmConfig, GemmProblem, config_errors
+from cutegemm.policy import policy_for
+
+from ..emulated_kernel import emulated_kernels
+
+BF = torch.bfloat16
+
+
+def _offs(counts):
+    return torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32)
+
+
+def _routing(tokens: int, k: int, experts: int, gen):
+    """(index, offs): the token of every (token, slot) pair sorted by expert, as a MoE layer's
+    dispatch builds them."""
+    ids = torch.randint(0, experts, (tokens * k,), generator=gen)
+    order = torch.argsort(ids, stable=True)
+    counts = torch.bincount(ids, minlength=experts)
+    return (order // k).to(torch.int32), _offs(counts.tolist())
+
+
+@settings(max_examples=40, deadline=None)
+@given(tokens=st.integers(1, 70), k=st.integers(1, 4), experts=st.integers(1, 6), n=st.sampled_from([16, 40, 64]),
+       kdim=st.sampled_from([64, 128]), act=st.sampled_from([None, "silu", "swiglu"]),
+       alpha=st.sampled_from([1.0, 0.5]), tail=st.integers(0, 3), seed=st.integers(0, 2**16))  # fmt: skip
+def test_gather_kernel_route_against_the_twin(tokens, k, experts, n, kdim, act, alpha, tail, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, kdim, generator=gen).to(BF)
+    w = torch.randn(experts, kdim, n, generator=gen).to(BF)
+    idx, offs = _routing(tokens, k, experts, gen)
+    rows = idx.shape[0]
+    idx = torch.cat([idx, torch.zeros(tail, dtype=torch.int32)])  # rows past offs[-1]: never written
+    n_out = n // 2 if act == "swiglu" else n
+    out = torch.full((rows + tail, n_out), float("nan"), dtype=BF)
+    with emulated_kernels() as cache:
+        cutegemm.grouped_gemm(x, w, offs=offs, gather_index=idx, activation=act, alpha=alpha, out=out)
+        # an out whose rows are not a multiple of 16 bytes is not TMA-storable: the copying route
+        assert [kern.cfg.gather_a for kern in cache.kernels] == [n_out * 2 % 16 == 0]
+    ref = cutegemm.grouped_gemm_ref(x, w, offs=offs, gather_index=idx, activation=act, alpha=alpha)
+    plain = cutegemm.grouped_gemm_ref(x[idx.long()], w, offs=offs, activation=act, alpha=alpha)
+    torch.testing.assert_close(ref, plain)
+    torch.testing.assert_close(out[:rows].float(), ref[:rows].float(), atol=2e-2, rtol=2e-2)
+    assert out[rows:].isnan().all()
+
+
+def test_weights_as_transposed_views_and_int64_index():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(9, 64, generator=gen).to(BF)
+    w = torch.randn(3, 32, 64, generator=gen).to(BF).transpose(1, 2)  # (E, K, N) view of (E, N, K)
+    idx, offs = _routing(9, 2, 3, gen)
+    with emulated_kernels() as cache:
+        y = cutegemm.grouped_gemm(x, w, offs=offs, gather_index=idx.long())
+        assert cache.kernels[-1].cfg.gather_a and cache.kernels[-1].cfg.b_major == "k"
+    torch.testing.assert_close(y.float(), cutegemm.grouped_gemm_ref(x[idx.long()], w, offs=offs).float(),
+                               atol=2e-2, rtol=2e-2)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "what,kwargs",
+    [("K not a multiple of 64", dict(kdim=48)), ("a bias", dict(bias=True)), ("halves", dict(halves=True)),
+     ("x column-major", dict(col=True)), ("fp32 x", dict(dtype=torch.float32))],
+)  # fmt: skip
+def test_other_calls_take_the_copying_route(what, kwargs):
+    """Every call the kernel does not take runs the packed form on x[idx] (its own checks and
+    routes), with the same result as the twin."""
+    gen = torch.Generator().manual_seed(2)
+    kdim, dtype = kwargs.get("kdim", 64), kwargs.get("dtype", BF)
+    x = torch.randn(12, kdim, generator=gen).to(dtype)
+    if kwargs.get("col"):
+        x = x.t().contiguous().t()
+    w = torch.randn(2, kdim, 32, generator=gen).to(dtype)
+    idx, offs = _routing(12, 1, 2, gen)
+    opts = {}
+    if kwargs.get("bias"):
+        opts["bias"] = torch.randn(2, 32, generator=gen)
+    if kwargs.get("halves"):
+        opts.update(activation="swiglu", gate_layout="halves")
+    if dtype == torch.float32:
+        with pytest.raises(TypeError, match="bf16, fp16 or float8"):
+            with emulated_kernels():
+                cutegemm.grouped_gemm(x, w, offs=offs, gather_index=idx)
+        return
+    with emulated_kernels() as cache:
+        y = cutegemm.grouped_gemm(x, w, offs=offs, gather_index=idx, **opts)
+        assert not any(kern.cfg.gather_a for kern in cache.kernels), what
+    ref = cutegemm.grouped_gemm_ref(x, w, offs=offs, gather_index=idx, **opts)
+    torch.testing.assert_close(y.float(), ref.float(), atol=3e-2, rtol=3e-2)
+
+
+def test_bad_indices_and_offs():
+    x, w = torch.randn(8, 64).to(BF), torch.randn(2, 64, 16).to(BF)
+    offs = _offs([3, 3])
+    with emulated_kernels():
+        with pytest.raises(TypeError, match="1-D integer"):
+            cutegemm.grouped_gemm(x, w, offs=offs, gather_index=torch.zeros(2, 3, dtype=torch.int32))
+        with pytest.raises(TypeError, match="int32 or int64"):
+            cutegemm.grouped_gemm(x, w, offs=offs, gather_index=torch.zeros(6))
+        with pytest.raises(ValueError, match=r"lie in \[0, 8\)"):
+            cutegemm.grouped_gemm(x, w, offs=offs, gather_index=torch.tensor([0, 1, 2, 3, 4, 8], dtype=torch.int32),
+                                  check_offs=True)  # fmt: skip
+        with pytest.raises(ValueError, match="exceeds"):
+            cutegemm.grouped_gemm(x, w, offs=_offs([3, 4]), gather_index=torch.zeros(6, dtype=torch.int32),
+                                  check_offs=True)  # fmt: skip
+        with pytest.raises(ValueError, match="experts"):
+            cutegemm.grouped_gemm(x, w, offs=_offs([6]), gather_index=torch.zeros(6, dtype=torch.int32))
+        # without check_offs an index outside x is clamped into it (no load leaves x)
+        y = cutegemm.grouped_gemm(x, w, offs=offs, gather_index=torch.tensor([0, 1, 2, 3, 4, 99], dtype=torch.int32))
+        torch.testing.assert_close(y[5].float(), (x[7].float() @ w[1].float()), atol=5e-2, rtol=2e-2)
+
+
+def test_gather_a_rules_and_policy():
+    base = GemmConfig(arch="sm_90a", form=Form.GROUPED, tile_m=128, tile_n=256, cluster_m=2, gather_a=True)
+    assert not config_errors(base)
+    for bad in (dict(cluster_m=1, cluster_n=2), dict(scheduler="dynamic"), dict(form=Form.DENSE),
+                dict(a_dtype="e4m3", b_dtype="e4m3", b_major="k"), dict(swap_ab=True), dict(arch="sm_100a")):  # fmt: skip
+        assert any("gather_a" in e for e in config_errors(replace(base, **bad))), bad
+    pol = policy_for("sm_90a", 132)
+    for rows, experts in ((64, 8), (8192, 8), (131072, 128), (512, 32)):
+        for epi in (EpilogueSpec(), EpilogueSpec(gated="swiglu")):
+            cfg = pol.choose_gathered(GemmProblem(rows, 1536, 2048, 1, "bf16", "bf16", "bf16", "k", "n"), experts,
+                                      epilogue=epi)  # fmt: skip
+            assert cfg.gather_a and cfg.cluster_n == 1 and cfg.scheduler == "static" and not cfg.swap_ab
+            assert not config_errors(cfg), (cfg.name, config_errors(cfg))

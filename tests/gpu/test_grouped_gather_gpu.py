@@ -1,0 +1,115 @@
+"""The gather kernel (``grouped_gemm(x, w, offs=offs, gather_index=idx)``, GemmConfig.gather_a,
+sm_90a): A's rows loaded by cp.async through the index. Against the same tile's TMA kernel on the
+copy x[idx] (bitwise: same WGMMAs in the same order), the fp64 reference, torch's same-precision
+error; NaN-poisoned outputs; rows past offs[-1] untouched; MoE routings from decode to prefill
+sizes; a CUDA-graph replay with new routing; determinism."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import cutegemm
+from cutegemm.config import EpilogueSpec, GemmProblem
+from cutegemm.policy import policy_for
+
+from ..gemm_check import assert_within_torch_error
+
+pytestmark = pytest.mark.gpu
+BF = torch.bfloat16
+
+
+def _sm90():
+    return torch.cuda.get_device_capability()[0] == 9
+
+
+def _routing(tokens, k, experts, gen):
+    ids = torch.randint(0, experts, (tokens * k,), generator=gen, device="cuda")
+    order = torch.argsort(ids, stable=True)
+    offs = torch.bincount(ids, minlength=experts).cumsum(0).to(torch.int32)
+    return (order // k).to(torch.int32), offs
+
+
+def _same_tile(xg, w, offs, act=None):
+    """The packed form on the gathered copy with the gather call's tile (gather_a off): the same
+    WGMMAs in the same order, TMA loads."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    epi = EpilogueSpec(activation=act if act in ("silu", "relu", "gelu", "gelu_tanh") else None,
+                       gated=act if act in ("swiglu", "geglu") else None)  # fmt: skip
+    E, K, N = w.shape
+    problem = GemmProblem(xg.shape[0], N, K, 1, "bf16", "bf16", "bf16", "k", "k" if w.stride(1) == 1 else "n")
+    cfg = policy_for("sm_90a", sms).choose_gathered(problem, E, epilogue=epi)
+    return cutegemm.grouped_gemm(xg, w, offs=offs, activation=act, config=replace(cfg, gather_a=False))
+
+
+def _check(tokens, k, experts, hidden, n, act=None, tail=3, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(tokens, hidden, device="cuda", generator=gen).to(BF)
+    w = torch.randn(experts, n, hidden, device="cuda", generator=gen).to(BF).transpose(1, 2)
+    idx, offs = _routing(tokens, k, experts, gen)
+    rows = idx.shape[0]
+    idx = torch.cat([idx, torch.zeros(tail, dtype=torch.int32, device="cuda")])
+    n_out = n // 2 if act in ("swiglu", "geglu") else n
+    out = torch.full((rows + tail, n_out), float("nan"), device="cuda", dtype=BF)
+    cutegemm.grouped_gemm(x, w, offs=offs, gather_index=idx, activation=act, out=out)
+    torch.cuda.synchronize()
+    assert out[rows:].isnan().all(), "rows past offs[-1] were written"
+    xg = x[idx.long()]
+    same_tile = _same_tile(xg, w, offs, act)
+    assert torch.equal(out[:rows], same_tile[:rows]), "gathered loads differ from the TMA loads of x[idx]"
+    ref = cutegemm.grouped_gemm_ref(xg, w, offs=offs, activation=act, compute_dtype=torch.float64)
+    bounds = [0, *offs.tolist()]
+    torch_same = torch.cat([xg[s:e] @ w[i] for i, (s, e) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))])
+    if act is None and rows:
+        assert_within_torch_error(out[:rows], torch_same, ref[:rows], what=f"gather T={tokens} k={k} E={experts}")
+    return x, w, idx, offs, out
+
+
+@pytest.mark.parametrize(
+    "tokens,k,experts,hidden,n,act",
+    [(64, 8, 128, 2048, 1536, "swiglu"),  # Qwen3-30B-A3B decode
+     (4096, 8, 128, 2048, 1536, "swiglu"),  # Qwen3-30B-A3B prefill
+     (2048, 2, 8, 4096, 2048, None),  # Mixtral-like, few big experts
+     (1000, 8, 64, 2048, 2048, "swiglu"),  # OLMoE, ragged
+     (7, 2, 4, 64, 48, None), (300, 4, 16, 128, 256, "silu")],
+)  # fmt: skip
+def test_gather_matches_the_tma_kernel_on_the_copy(tokens, k, experts, hidden, n, act):
+    if not _sm90():
+        pytest.skip("the gather kernel is sm_90a")
+    _check(tokens, k, experts, hidden, n, act)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(tokens=st.integers(1, 600), k=st.integers(1, 8), experts=st.integers(1, 40), hidden=st.sampled_from([64, 192, 512]),
+       n=st.sampled_from([16, 136, 512]), tail=st.integers(0, 9), seed=st.integers(0, 2**16))  # fmt: skip
+def test_gather_hypothesis(tokens, k, experts, hidden, n, tail, seed):
+    if not _sm90():
+        pytest.skip("the gather kernel is sm_90a")
+    _check(tokens, k, experts, hidden, n, None, tail, seed)
+
+
+def test_gather_graph_replay_and_determinism():
+    if not _sm90():
+        pytest.skip("the gather kernel is sm_90a")
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(512, 1024, device="cuda", generator=gen).to(BF)
+    w = torch.randn(16, 1024, 512, device="cuda", generator=gen).to(BF)
+    idx, offs = _routing(512, 4, 16, gen)
+    first = cutegemm.grouped_gemm(x, w, offs=offs, gather_index=idx)
+    for _ in range(3):
+        assert torch.equal(first, cutegemm.grouped_gemm(x, w, offs=offs, gather_index=idx))
+    out = torch.empty_like(first)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        cutegemm.grouped_gemm(x, w, offs=offs, gather_index=idx, out=out)
+    new_idx, new_offs = _routing(512, 4, 16, gen)
+    idx.copy_(new_idx)
+    offs.copy_(new_offs)
+    graph.replay()
+    torch.cuda.synchronize()
+    rows = int(offs[-1])
+    assert torch.equal(out[:rows], _same_tile(x[idx.long()], w, offs)[:rows])
