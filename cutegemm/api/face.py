@@ -152,4 +152,12 @@ def grouped_gemm_ref(a, b, **options):
     return _grouped_route(packed.grouped_gemm_ref, a, b, options)
 
 
+GATHER_DOC = """
+
+``gather_index=idx`` (packed form): packed row r reads ``a[idx[r]]``, as ``grouped_gemm(a[idx], b,
+offs=offs)`` computes it, without the copy (``cutegemm.grouped.gather``)."""
+grouped_gemm.__doc__ = (grouped_gemm.__doc__ or "") + GATHER_DOC
+grouped_gemm_ref.__doc__ = (grouped_gemm_ref.__doc__ or "") + GATHER_DOC
+
+
 __all__ = ["gemm", "gemm_ref", "grouped_gemm", "grouped_gemm_ref"]
