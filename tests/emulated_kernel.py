@@ -134,12 +134,8 @@ def emulated_kernels():
     with cpu_fast_path():
         saved = [(mod, name, getattr(mod, name))
                  for mod, name in ((dense, "DENSE_CACHE"), (packed, "GROUPED_CACHE"), (k_grouped, "DENSE_CACHE"),
-                                   (gather, "GROUPED_CACHE"), (gather, "on_cuda"), (gather, "device_info"),
-                                   (gather, "max_clusters_for"))]  # fmt: skip
+                                   (gather, "GROUPED_CACHE"))]  # fmt: skip
         dense.DENSE_CACHE = packed.GROUPED_CACHE = k_grouped.DENSE_CACHE = gather.GROUPED_CACHE = cache
-        gather.on_cuda = lambda t: True
-        gather.device_info = lambda index: ("sm_90a", 132)
-        gather.max_clusters_for = lambda cfg, device, num_sms=None: num_sms or 132
         try:
             yield cache
         finally:

@@ -72,7 +72,7 @@ def cpu_fast_path(kernel: NoOpKernel | None = None):
     (a fresh :class:`NoOpKernel` by default) as the compiled kernel; yields the kernel. Plans made
     inside are dropped on exit."""
     from cutegemm.gemm import dense
-    from cutegemm.grouped import k_grouped
+    from cutegemm.grouped import gather, k_grouped
     from cutegemm.grouped import packed as grouped
 
     kernel = kernel or NoOpKernel()
@@ -94,6 +94,11 @@ def cpu_fast_path(kernel: NoOpKernel | None = None):
     patch(k_grouped, "device_info", lambda index: ("sm_90a", 132))
     patch(k_grouped, "DENSE_CACHE", fake_cache)
     patch(k_grouped, "_KG_PLANS", {})
+    patch(gather, "on_cuda", lambda t: True)  # the gathered-row kernel route
+    patch(gather, "device_info", lambda index: ("sm_90a", 132))
+    patch(gather, "max_clusters_for", lambda cfg, device, num_sms=None: num_sms or 132)
+    patch(gather, "GROUPED_CACHE", fake_cache)
+    patch(gather, "PLANS", {})
     # The "current CUDA device" is None, the index of a CPU tensor's device, with the real cost:
     # NoneType() is a C call returning None like torch._C._cuda_getDevice, and
     # torch.cuda.current_device keeps its Python lazy-init checks.
@@ -240,6 +245,10 @@ def measure(calls: int = 20000) -> dict:
         res["grouped_gemm 2d x 2d (K-grouped)"] = _time(lambda: cutegemm.grouped_gemm(xt, dy, offs=offs), calls)
         res["grouped_gemm 3d x 3d"] = _time(lambda: cutegemm.grouped_gemm(a3, b3), calls)
         res["grouped_gemm 3d x 2d"] = _time(lambda: cutegemm.grouped_gemm(a3, b2, offs=noffs), calls)
+        gidx = torch.arange(256, dtype=torch.int32) % 128
+        res["grouped_gemm(x, w, offs, gather_index)"] = _time(
+            lambda: cutegemm.grouped_gemm(x, w, offs=offs, gather_index=gidx), calls
+        )
         e4m3 = torch.float8_e4m3fn
         a8, b8, x8, w8 = a.to(e4m3), b.t().contiguous().t().to(e4m3), x.to(e4m3), w.to(e4m3)
         sa, sb, gsa, gsb = torch.rand(128, 1), torch.rand(1, 128), torch.rand(256), torch.rand(4, 128)

@@ -38,6 +38,21 @@ from ..runtime.device import device_info, max_clusters_for
 
 GATHER_K = 64  # the kernel's K tile (16-bit): every 16-byte chunk of a K tile lies inside its row
 KERNEL_OPTIONS = ("offs", "out", "out_dtype", "alpha", "activation", "config", "check_offs")
+# Warm plans of the kernel route: (shapes, strides, dtypes, device, options) -> _GatherPlan.
+PLANS: dict = {}
+
+
+class _GatherPlan:
+    """What a warm call of one signature reuses: the kernel, the views' (size, stride), the grid
+    cap and the workspace; the call passes its tensors, offs and index."""
+
+    __slots__ = ("fn", "views", "max_clusters", "tail", "device_index", "out_dims", "out_dtype")
+
+    def launch(self, a, b, out, offs, index, alpha):
+        """KernelArgs' LEADING fields, the plan's tail up to a_index, then the index."""
+        (sa, ta), (sb, tb), (so, to) = self.views
+        self.fn(a.as_strided(sa, ta), b.as_strided(sb, tb), out.as_strided(so, to), None, None, alpha, 0.0,
+                self.max_clusters, offs, *self.tail, index)  # fmt: skip
 
 
 def gather_index_of(index, a: torch.Tensor) -> torch.Tensor:
@@ -88,10 +103,36 @@ def _kernel_route(a, b, options) -> bool:
     return device_info(a.device.index)[0] == "sm_90a"
 
 
+def _key(a, b, index, options):
+    """A warm call's key: everything the route and the checks read but data pointers (16-byte
+    alignment of a is checked per call) and the values of offs and the index."""
+    out, offs = options.get("out"), options.get("offs")
+    try:
+        return (a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, b.device, index.shape,
+                offs.shape, offs.dtype, offs.device, options.get("activation"), options.get("alpha", 1.0) != 1.0,
+                options.get("out_dtype"), None if out is None else (out.shape, out.stride(), out.dtype, out.device),
+                tuple(k for k, v in options.items() if v is not None))  # fmt: skip
+    except (AttributeError, TypeError):
+        return None
+
+
 def gathered_grouped_gemm(a, b, *, gather_index, run, **options):
     """``grouped_gemm`` with ``gather_index`` (see the module docstring); ``run`` is the packed
     form's ``grouped_gemm`` (the copying route)."""
     index = gather_index_of(gather_index, a)
+    key = _key(a, b, index, options)
+    plan = PLANS.get(key) if key is not None else None
+    if plan is not None and not options.get("check_offs") and not a.data_ptr() % 16 and (
+            torch.cuda.current_device() == plan.device_index):  # fmt: skip
+        out = options.get("out")
+        if out is None:
+            out = torch.empty(*plan.out_dims, dtype=plan.out_dtype, device=a.device)
+        elif out.data_ptr() % 16:
+            plan = None
+        if plan is not None:
+            if plan.out_dims[0]:
+                plan.launch(a, b, out, options["offs"], index, float(options.get("alpha", 1.0)))
+            return out
     if not _kernel_route(a, b, options):
         if options.get("check_offs"):
             check_index_values(index, a.shape[0])
@@ -127,17 +168,22 @@ def gathered_grouped_gemm(a, b, *, gather_index, run, **options):
     ok, why = can_implement(cfg, replace(problem, a_strides=None))
     if not ok:
         raise ValueError(f"cannot run {cfg.name}: {why}")
-    fn = GROUPED_CACHE.get(cfg)
-    av = a.as_strided(*kernel_view(a.unsqueeze(0), 2, (1, 2, 0), "a"))
-    bv = b.as_strided(*kernel_view(b, b_unit, (2, 1, 0), "b"))
-    ov = out.as_strided(*kernel_view(out.unsqueeze(0), 2, (1, 2, 0), "out"))
-    args = KernelArgs(av, bv, ov, alpha=float(alpha), max_clusters=max_clusters_for(cfg, a.device, num_sms), offs=offs,
-                      workspace=new_workspace(cfg, a.device), a_index=index)  # fmt: skip
+    plan = _GatherPlan()
+    plan.fn = GROUPED_CACHE.get(cfg)
+    plan.views = (kernel_view(a.unsqueeze(0), 2, (1, 2, 0), "a"), kernel_view(b, b_unit, (2, 1, 0), "b"),
+                  kernel_view(out.unsqueeze(0), 2, (1, 2, 0), "out"))  # fmt: skip
+    plan.max_clusters = max_clusters_for(cfg, a.device, num_sms)
+    tail = KernelArgs(None, None, None, workspace=new_workspace(cfg, a.device)).tail()  # static scheduler: no workspace
+    assert KernelArgs._fields[-1] == "a_index"
+    plan.tail = tail[:-1]
+    plan.device_index, plan.out_dims, plan.out_dtype = a.device.index, (total, n_out), out_dtype
+    if key is not None:
+        PLANS[key] = plan
     if a.device.index == torch.cuda.current_device():
-        fn(*args)
+        plan.launch(a, b, out, offs, index, float(alpha))
     else:
         with torch.cuda.device(a.device):
-            fn(*args)
+            plan.launch(a, b, out, offs, index, float(alpha))
     return out
 
 

@@ -138,3 +138,21 @@ def test_gather_a_rules_and_policy():
                                       epilogue=epi)  # fmt: skip
             assert cfg.gather_a and cfg.cluster_n == 1 and cfg.scheduler == "static" and not cfg.swap_ab
             assert not config_errors(cfg), (cfg.name, config_errors(cfg))
+
+
+def test_warm_calls_reuse_the_plan_with_new_routing():
+    """A second call of the same signature launches the first call's plan with its own tensors,
+    offs and index (new routing each step, as in a MoE layer)."""
+    from cutegemm.grouped import gather
+
+    gen = torch.Generator().manual_seed(3)
+    x, w = torch.randn(20, 64, generator=gen).to(BF), torch.randn(4, 64, 32, generator=gen).to(BF)
+    with emulated_kernels() as cache:
+        gather.PLANS.clear()
+        for step in range(3):
+            idx, offs = _routing(20, 2, 4, gen)
+            y = cutegemm.grouped_gemm(x, w, offs=offs, gather_index=idx, activation="swiglu")
+            ref = cutegemm.grouped_gemm_ref(x[idx.long()], w, offs=offs, activation="swiglu")
+            torch.testing.assert_close(y.float(), ref.float(), atol=2e-2, rtol=2e-2)
+        assert len(cache.kernels) == 1 and cache.kernels[0].calls == 3 and len(gather.PLANS) == 1
+        gather.PLANS.clear()
