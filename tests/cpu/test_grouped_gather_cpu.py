@@ -149,7 +149,7 @@ def test_warm_calls_reuse_the_plan_with_new_routing():
     x, w = torch.randn(20, 64, generator=gen).to(BF), torch.randn(4, 64, 32, generator=gen).to(BF)
     with emulated_kernels() as cache:
         gather.PLANS.clear()
-        for step in range(3):
+        for _ in range(3):
             idx, offs = _routing(20, 2, 4, gen)
             y = cutegemm.grouped_gemm(x, w, offs=offs, gather_index=idx, activation="swiglu")
             ref = cutegemm.grouped_gemm_ref(x[idx.long()], w, offs=offs, activation="swiglu")
