@@ -169,7 +169,7 @@ def check_experts(x, w_gate_up, w_down, offs, activation="swiglu", gate_layout="
 
 
 def grouped_experts(
-    x, w_gate_up, w_down, offs, *, activation: str = "swiglu", gate_layout: str = "interleaved"
+    x, w_gate_up, w_down, offs, *, activation: str = "swiglu", gate_layout: str = "interleaved", gather_index=None
 ):
     """Gated MoE experts, differentiable: per expert e, rows [offs[e-1], offs[e]) of x get
     ``act(gate) * up`` of ``x @ w_gate_up[e]``, times ``w_down[e]``.
@@ -183,6 +183,12 @@ def grouped_experts(
         w_down: (E, I, hidden), the down projection's b operand (likewise any view).
         offs: int32 (E,) cumulative end row of each expert, on x's device.
         activation: "swiglu" (silu gate) or "geglu" (erf gelu gate).
+        gather_index: optional (rows,) int32 / int64: x then holds the tokens as they are and row
+            r of the experts' input is ``x[gather_index[r]]`` (a MoE dispatch's token per sorted
+            (token, slot) pair). Without a gradient, on CUDA, with interleaved gate/up, the up
+            projection reads the rows through the index (``cutegemm.grouped.gather``: no permuted
+            copy of x); otherwise this makes the copy ``x.index_select(0, gather_index)``, whose
+            backward sums each row's gradient into its token (torch's ``index_add``).
 
     Returns (T, hidden) in x's dtype; rows at or past offs[-1] are unspecified (not written on
     CUDA) and get a zero gradient. Gradients flow to x, w_gate_up and w_down (see the module
@@ -192,9 +198,14 @@ def grouped_experts(
     needs_grad = torch.is_grad_enabled() and (
         x.requires_grad or w_gate_up.requires_grad or w_down.requires_grad
     )
+    if gather_index is not None and (
+            needs_grad or gate_layout != "interleaved" or not x.is_cuda or torch.compiler.is_compiling()):  # fmt: skip
+        x, gather_index = x.index_select(0, gather_index), None
     if needs_grad:
         return _GatedExperts.apply(x, w_gate_up, w_down, offs, activation, gate_layout)
-    if gate_layout == "interleaved":  # the fused epilogue: Z never written
+    if gather_index is not None:  # the gathered rows and the fused epilogue: neither copy nor Z written
+        h = grouped_gemm(x, w_gate_up, offs=offs, activation=activation, gather_index=gather_index)
+    elif gate_layout == "interleaved":  # the fused epilogue: Z never written
         h = grouped_mm(x, w_gate_up, offs, activation=activation)
     else:
         h = gated_activation(grouped_mm(x, w_gate_up, offs), activation, gate_layout, x.dtype)

@@ -86,6 +86,11 @@ except ImportError:  # pragma: no cover - a transformers without it
 NAME = "cutegemm"
 KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # what the quantized routes write
+# Gated experts' forward without a gradient reads the tokens through the dispatch index
+# (grouped_experts(gather_index=...): the sm_90a gather kernel) instead of a permuted copy. Off
+# until tests/gpu/test_grouped_gather_gpu.py has passed on a GPU: the gather kernel is compiled
+# and checked on the CPU only.
+FUSED_GATHER = False
 DEFAULT_GATE = getattr(hf_moe, "_default_apply_gate", None)  # transformers' act_fn(gate) * up
 E4M3_MAX = 448.0
 FP4_STORAGE = (torch.int8, torch.uint8, torch.float4_e2m1fn_x2)  # transformers' packed e2m1 experts
@@ -362,15 +367,18 @@ def experts_forward(experts, hidden_states: torch.Tensor, top_k_index: torch.Ten
     if sentinels:
         ids = ids.clamp(0, E - 1)  # in-bounds bias gathers; those rows are masked
 
-    x = hidden_states.index_select(0, torch.div(order, k, rounding_mode="floor")).to(dtype)
     activation = None if project is not None else _gated_activation(experts)
+    token_of_row = torch.div(order, k, rounding_mode="floor")
+    # FUSED_GATHER: plain gated experts read the tokens through the index (no permuted copy)
+    gather = FUSED_GATHER and activation is not None
+    x = hidden_states.to(dtype) if gather else hidden_states.index_select(0, token_of_row).to(dtype)
     if project is not None:
         y = _mlp(experts, x, ids, offs, sentinels, lambda name, a: project(name, a, offs, dtype))
     elif activation is not None:
         layout = "halves" if experts.is_concatenated else "interleaved"
         y = grouped_experts(x, _b(experts.gate_up_proj, experts.is_transposed),
                             _b(experts.down_proj, experts.is_transposed), offs, activation=activation,
-                            gate_layout=layout)  # fmt: skip
+                            gate_layout=layout, gather_index=token_of_row if gather else None)  # fmt: skip
     else:
         y = _generic_mlp(experts, x, ids, offs, sentinels)
     if sentinels:
