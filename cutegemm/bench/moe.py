@@ -18,6 +18,8 @@ sum over top-k) except SonicMoE, which fuses both into its GEMMs:
 - ``cutegemm``: :func:`dispatch` / :func:`combine` around :func:`cutegemm.moe.grouped_experts` on
   interleaved gate/up weights (what ``GroupedExperts.forward`` runs): without grad the SwiGLU is
   fused into the gate/up GEMM's epilogue; with grad its autograd function (four grouped GEMMs back).
+- ``cutegemm-gather``: as ``cutegemm``, with the tokens and the dispatch index instead of the
+  gathered copy (forward: the gather kernel reads the up projection's rows through the index).
 - ``cutegemm-hf``: cutegemm's transformers backend (``experts_implementation="cutegemm"``) on the
   same module as ``torch`` (halves: the activation runs in torch between the GEMMs).
 - ``sonicmoe``: SonicMoE's ``moe_general_routing_inputs`` (sonic-moe 0.1.2.post1) on interleaved
@@ -86,7 +88,7 @@ SHAPES = [
     Shape("DeepSeek-V3", 8192, 7168, 2048, 256, 8),
     Shape("decode Qwen3-30B-A3B", 64, 2048, 768, 128, 8),
 ]
-IMPLS = ("torch", "cutegemm", "cutegemm-hf", "sonicmoe")
+IMPLS = ("torch", "cutegemm", "cutegemm-gather", "cutegemm-hf", "sonicmoe")
 INIT_STD = 0.02
 SPIN_CYCLES = 8_000_000  # ~4 ms of spin before each rep: longer than a fwd+bwd's host work
 
@@ -207,12 +209,18 @@ def torch_moe(x, top_k_index, top_k_weights, w_gate_up, w_down, act=F.silu, mm=g
     return combine(y, top_k_weights, order, tokens).to(x.dtype)
 
 
-def cutegemm_moe(x, top_k_index, top_k_weights, w_gate_up_il, w_down):
+def cutegemm_moe(x, top_k_index, top_k_weights, w_gate_up_il, w_down, fused_gather=False):
     """The same dispatch and combine around :func:`cutegemm.moe.grouped_experts` (interleaved
-    gate/up rows, the storage of ``GroupedExperts``; weights used as transposed views)."""
+    gate/up rows, the storage of ``GroupedExperts``; weights used as transposed views).
+    ``fused_gather``: the tokens and the dispatch index instead of the gathered copy (without a
+    gradient the up projection reads the rows through the index; with one the layer copies)."""
     tokens, k = top_k_index.shape
     order, offs = dispatch(top_k_index, w_down.shape[0])
-    y = grouped_experts(gather_tokens(x, order, k), w_gate_up_il.transpose(1, 2), w_down.transpose(1, 2), offs)  # fmt: skip
+    w1, w2 = w_gate_up_il.transpose(1, 2), w_down.transpose(1, 2)
+    if fused_gather:
+        y = grouped_experts(x, w1, w2, offs, gather_index=torch.div(order, k, rounding_mode="floor"))
+    else:
+        y = grouped_experts(gather_tokens(x, order, k), w1, w2, offs)
     return combine(y, top_k_weights, order, tokens)
 
 
@@ -295,6 +303,11 @@ def build_runner(name: str, layer: Layer) -> Runner | str:
     if name == "cutegemm":
         return Runner(name, "dispatch/combine in torch + cutegemm.moe.grouped_experts, interleaved gate/up "
                       "(no grad: SwiGLU fused)", partial(cutegemm_moe, x, idx, rw, layer.w_gate_up_il, w2),
+                      layer.w_gate_up_il, "interleaved")  # fmt: skip
+    if name == "cutegemm-gather":
+        return Runner(name, "as cutegemm, the up projection reading the tokens through the dispatch index "
+                      "(no grad: the sm_90a gather kernel)", partial(cutegemm_moe, x, idx, rw, layer.w_gate_up_il, w2,
+                                                                     fused_gather=True),
                       layer.w_gate_up_il, "interleaved")  # fmt: skip
     if name == "sonicmoe":
         sonic, why = load_sonicmoe()
