@@ -125,6 +125,35 @@ class _GatedExperts(torch.autograd.Function):
         return dx, dw1, dw2, None, None, None
 
 
+class _TokenGather(torch.autograd.Function):
+    """rows = x[order // k]: see :func:`gather_tokens`."""
+
+    @staticmethod
+    def forward(ctx, x, order, k):
+        ctx.save_for_backward(order)
+        ctx.k = k
+        return x.index_select(0, torch.div(order, k, rounding_mode="floor"))
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        (order,) = ctx.saved_tensors
+        pairs = torch.empty_like(grad).index_copy_(0, order, grad)  # row of pair p = grad[r] where order[r] = p
+        return pairs.view(-1, ctx.k, grad.shape[-1]).sum(dim=1), None, None
+
+
+def gather_tokens(x: torch.Tensor, order: torch.Tensor, k: int) -> torch.Tensor:
+    """A MoE dispatch's gathered copy: row r is ``x[order[r] // k]`` for ``order`` a permutation of
+    the T * k (token, slot) pairs (``argsort`` of the flattened top-k expert ids). Its backward
+    sums each token's k row gradients in slot order, the same bits every run (torch's
+    ``index_select`` backward adds them with atomics, in whatever order they land)."""
+    if not (torch.is_grad_enabled() and x.requires_grad):
+        return x.index_select(0, torch.div(order, k, rounding_mode="floor"))
+    if order.numel() != x.shape[0] * k:
+        raise ValueError(f"order must hold the {x.shape[0]} x {k} (token, slot) pairs, got {order.numel()}")
+    return _TokenGather.apply(x, order, k)
+
+
 def check_experts(x, w_gate_up, w_down, offs, activation="swiglu", gate_layout="interleaved"):
     """The argument rules of :func:`grouped_experts` (ValueError / TypeError naming the argument)."""
     if activation not in GATED:
@@ -212,4 +241,4 @@ def grouped_experts(
     return grouped_mm(h, w_down, offs)
 
 
-__all__ = ["grouped_experts", "grouped_mm", "check_experts", "gated_activation", "zero_rows_past_end"]
+__all__ = ["grouped_experts", "grouped_mm", "check_experts", "gated_activation", "gather_tokens", "zero_rows_past_end"]

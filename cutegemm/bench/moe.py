@@ -58,7 +58,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..epilogue import interleave_gate_up
-from ..moe import grouped_experts
+from ..moe import gather_tokens, grouped_experts
 from ..runtime.timer import Timer
 
 
@@ -179,8 +179,6 @@ def combine(y: torch.Tensor, top_k_weights: torch.Tensor, order: torch.Tensor, t
     return weighted.index_select(0, inverse_permutation(order)).view(tokens, k, -1).sum(dim=1)
 
 
-def gather_tokens(x: torch.Tensor, order: torch.Tensor, top_k: int) -> torch.Tensor:
-    return x.index_select(0, torch.div(order, top_k, rounding_mode="floor"))
 
 
 def grouped_mm_torch(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
@@ -204,7 +202,8 @@ def torch_moe(x, top_k_index, top_k_weights, w_gate_up, w_down, act=F.silu, mm=g
     used as transposed views; ``mm`` is ``torch._grouped_mm`` or :func:`grouped_mm_loop`."""
     tokens, k = top_k_index.shape
     order, offs = dispatch(top_k_index, w_down.shape[0])
-    gate, up = mm(gather_tokens(x, order, k), w_gate_up.transpose(1, 2), offs).chunk(2, dim=-1)
+    rows = x.index_select(0, torch.div(order, k, rounding_mode="floor"))  # torch's dispatch copy
+    gate, up = mm(rows, w_gate_up.transpose(1, 2), offs).chunk(2, dim=-1)
     y = mm(act(gate) * up, w_down.transpose(1, 2), offs)
     return combine(y, top_k_weights, order, tokens).to(x.dtype)
 

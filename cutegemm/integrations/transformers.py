@@ -76,7 +76,7 @@ from ..blockscaled.formats import MXFP4, get_format
 from ..blockscaled.layout import to_swizzled
 from ..blockscaled.reference import BlockScaledTensor, dequantize_ref, e8m0_to_float, quantize_ref
 from ..gemm.fp8_scales import FP8_BLOCK
-from ..moe import grouped_experts, zero_rows_past_end
+from ..moe import gather_tokens, grouped_experts, zero_rows_past_end
 
 try:  # transformers' fine-grained FP8 (its FP8Experts dispatch through their own experts interface)
     from transformers.integrations import finegrained_fp8 as hf_fp8
@@ -368,17 +368,19 @@ def experts_forward(experts, hidden_states: torch.Tensor, top_k_index: torch.Ten
         ids = ids.clamp(0, E - 1)  # in-bounds bias gathers; those rows are masked
 
     activation = None if project is not None else _gated_activation(experts)
-    token_of_row = torch.div(order, k, rounding_mode="floor")
-    # FUSED_GATHER: plain gated experts read the tokens through the index (no permuted copy)
-    gather = FUSED_GATHER and activation is not None
-    x = hidden_states.to(dtype) if gather else hidden_states.index_select(0, token_of_row).to(dtype)
+    # FUSED_GATHER: plain gated experts without a gradient read the tokens through the index (no
+    # permuted copy); else the copy, whose backward sums each token's rows in slot order
+    training = torch.is_grad_enabled() and (hidden_states.requires_grad or any(p.requires_grad for p in experts.parameters()))
+    gather = FUSED_GATHER and activation is not None and not training
+    x = hidden_states.to(dtype) if gather else gather_tokens(hidden_states, order, k).to(dtype)
     if project is not None:
         y = _mlp(experts, x, ids, offs, sentinels, lambda name, a: project(name, a, offs, dtype))
     elif activation is not None:
         layout = "halves" if experts.is_concatenated else "interleaved"
         y = grouped_experts(x, _b(experts.gate_up_proj, experts.is_transposed),
                             _b(experts.down_proj, experts.is_transposed), offs, activation=activation,
-                            gate_layout=layout, gather_index=token_of_row if gather else None)  # fmt: skip
+                            gate_layout=layout,
+                            gather_index=torch.div(order, k, rounding_mode="floor") if gather else None)  # fmt: skip
     else:
         y = _generic_mlp(experts, x, ids, offs, sentinels)
     if sentinels:

@@ -277,3 +277,22 @@ def test_compile_training_step_fullgraph(dtype):
     with torch.no_grad():
         fused = torch.compile(layer, backend="aot_eager", fullgraph=True)(x, offs)
         torch.testing.assert_close(fused[:end], layer(x, offs)[:end])
+
+
+def test_gather_tokens_backward_sums_each_tokens_rows():
+    """The dispatch copy's backward (cutegemm.moe.gather_tokens): each token's k row gradients
+    summed in slot order, = torch's index_select backward (fp64 gradcheck too)."""
+    from cutegemm.moe import gather_tokens
+
+    gen = torch.Generator().manual_seed(4)
+    T, k, H = 7, 3, 5
+    ids = torch.randint(0, 4, (T * k,), generator=gen)
+    order = torch.argsort(ids, stable=True)
+    x = torch.randn(T, H, dtype=torch.float64, generator=gen, requires_grad=True)
+    g = torch.randn(T * k, H, dtype=torch.float64, generator=gen)
+    (ours,) = torch.autograd.grad(gather_tokens(x, order, k), x, g)
+    (theirs,) = torch.autograd.grad(x.index_select(0, order // k), x, g)
+    torch.testing.assert_close(ours, theirs)
+    assert torch.autograd.gradcheck(lambda t: gather_tokens(t, order, k), (x,))
+    with torch.no_grad():
+        assert torch.equal(gather_tokens(x, order, k), x[order // k])
