@@ -503,8 +503,6 @@ class GemmSm90(GemmBase):
             )
         k_tile_cnt = cute.size(gA_mkl, mode=[3])
         a_tiles = tAgA
-        # grouped: the packed rows (gather_a: the index's, A holding the rows it points at)
-        packed_rows = mAIdx.shape[0] if cutlass.const_expr(cfg.gather_a) else mA_mkl.shape[0]
         if cutlass.const_expr(cfg.swap_ab):
             # Tiles over (weights: M, tokens: N): the table counts each expert's token tiles
             # times the cluster tiles along the weights.
@@ -518,7 +516,8 @@ class GemmSm90(GemmBase):
             )
             if warp_idx == 0:
                 fill_tile_starts(
-                    tile_start, mOffs, packed_rows, cfg.tile_m * cfg.cluster_m, n_cluster_tiles, cute.arch.lane_idx()
+                    tile_start, mOffs, self.packed_rows(mA_mkl, mAIdx), cfg.tile_m * cfg.cluster_m, n_cluster_tiles,
+                    cute.arch.lane_idx(),
                 )
         if cutlass.const_expr(cfg.listed):
             # List form: mOffs is the group table (``gemm.grouped_parts.list_tile_table``).
@@ -530,7 +529,7 @@ class GemmSm90(GemmBase):
         if cutlass.const_expr(cfg.swap_ab):
             sched = make_grouped_scheduler(tile_start, mOffs, mB_nkl.shape[0], n_cluster_tiles, cfg)
         elif cutlass.const_expr(cfg.grouped):
-            sched = make_grouped_scheduler(tile_start, mOffs, packed_rows, n_cluster_tiles, cfg)
+            sched = make_grouped_scheduler(tile_start, mOffs, self.packed_rows(mA_mkl, mAIdx), n_cluster_tiles, cfg)
 
             def a_tiles(tile):
                 """(TMA, RestK) A k-tiles of a grouped tile: rows from the expert's first row."""
@@ -644,6 +643,10 @@ class GemmSm90(GemmBase):
                 out_desc=out_desc,
                 split=split,
             )  # fmt: skip
+
+    def packed_rows(self, mA: cute.Tensor, mAIdx: cute.Tensor | None):
+        """The grouped form's packed rows: A's (gather_a: the index's; A holds the rows it points at)."""
+        return mAIdx.shape[0] if self.config.gather_a else mA.shape[0]
 
     def acc_space(self, mC: cute.Tensor, mB: cute.Tensor):
         """What the tiles cover: the (M, N, L) output, or for gated / packed outputs an (M, N, L)
