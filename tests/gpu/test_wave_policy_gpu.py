@@ -1,0 +1,52 @@
+"""The configs the sm_90a wave model picks for M > 128 (policy.wave_choice: 128x192 2x1 tiles,
+split K of 128x128 / 128x192 tiles), on the GPU through the public API: every pick of a sweep of
+real-model shapes (bf16 and FP8 row-wise) against an fp64 reference within 2x torch's error, into
+NaN-poisoned outputs, bitwise equal on a second call (split K adds the ranges in range order)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import cutegemm
+from cutegemm.config import EpilogueSpec, GemmProblem
+from cutegemm.policy import policy_for
+
+from ..gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
+
+pytestmark = pytest.mark.gpu
+F8 = torch.float8_e4m3fn
+SHAPES = [(512, 576, 7168), (1024, 576, 7168), (512, 1536, 7168), (1024, 6144, 4096), (512, 10240, 8192),
+          (1024, 5120, 25600), (8192, 576, 7168), (512, 2048, 4096), (1000, 3000, 5000), (130, 4096, 4096)]  # fmt: skip
+
+
+def _sm90():
+    return torch.cuda.get_device_capability()[0] == 9
+
+
+@pytest.mark.parametrize("kind", ["bf16", "fp8"])
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_wave_model_picks_are_correct_and_deterministic(kind, m, n, k):
+    if not _sm90():
+        pytest.skip("the wave model is the sm_90a policy")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    g = torch.Generator(device="cuda").manual_seed(m + n + k)
+    x = torch.randn(m, k, device="cuda", generator=g, dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", generator=g, dtype=torch.bfloat16)
+    kwargs, dtype = {}, "bf16"
+    if kind == "fp8":
+        x, w, dtype = x.to(F8), w.to(F8), "e4m3"
+        kwargs = dict(scale_a=torch.rand(m, 1, device="cuda") + 0.5, scale_b=torch.rand(1, n, device="cuda") + 0.5)
+    epi = EpilogueSpec(scale_a=True, scale_b=True) if kind == "fp8" else EpilogueSpec()
+    cfg = policy_for("sm_90a", sms).choose_dense(GemmProblem(m, n, k, 1, dtype, dtype, "bf16", "k", "k"), epilogue=epi)
+    buf, out = poisoned_out((m, n), torch.bfloat16)
+    cutegemm.gemm(x, w.t(), out=out, **kwargs)
+    assert_outside_untouched(buf, m, n)
+    ref = x.double() @ w.double().t()
+    if kind == "fp8":
+        ref = ref * kwargs["scale_a"].double() * kwargs["scale_b"].double()
+        same = torch._scaled_mm(x, w.t(), out_dtype=torch.bfloat16, **kwargs)
+    else:
+        same = x @ w.t()
+    assert_within_torch_error(out, same, ref, what=f"{kind} {m}x{n}x{k} {cfg.name}")
+    assert torch.equal(out, cutegemm.gemm(x, w.t(), **kwargs)), f"{cfg.name}: not bitwise reproducible"
