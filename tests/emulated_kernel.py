@@ -5,8 +5,8 @@ With :func:`emulated_kernels` every public call on CPU tensors runs its whole ho
 routing, staging copies, kernel views, scratch outputs, the copies back) and the "kernel" does
 the math in fp32: the packed grouped form (and its swap-AB variant) per expert from offs, the
 K-grouped form per K slice, the dense (batched or flat) GEMM; FP8 block scales (grouped form); the
-epilogue of alpha, FP8 row / column scales, beta * C, bias and (gated) activations. What it does
-not model (dense FP8 block scales, quantized and user epilogues) raises NotImplementedError. So a
+epilogue of alpha, FP8 row / column scales and block scales, beta * C, bias and (gated)
+activations. What it does not model (quantized and user epilogues) raises NotImplementedError. So a
 CPU test can check that a layout torch accepts reaches the kernel as views of the right values,
 and that the result lands in the right elements of ``out`` (and nowhere else), without a GPU. Kernel numerics are the GPU tests'.
 """
@@ -36,7 +36,7 @@ class EmulatedKernel:
         k = KernelArgs(*args)
         cfg, epi = self.cfg, self.cfg.epilogue
         blockwise = k.sfa is not None or k.sfb is not None
-        if (blockwise and not cfg.grouped) or epi.quant or epi.user is not None:
+        if epi.quant or epi.user is not None:
             raise NotImplementedError(f"the emulated kernel does not model {cfg.name}")
         f32 = torch.float32
         alpha = float(k.alpha)
@@ -94,7 +94,11 @@ class EmulatedKernel:
         # dense: A (M, K, L), B (N, K, L), C (M, N, L)
         c3 = None if k.c is None else (k.c.unsqueeze(-1) if k.c.dim() == 2 else k.c)
         for l in range(o3.shape[2]):
-            acc = a3[:, :, l].to(f32) @ b3[:, :, l].to(f32).t()
+            if blockwise:  # FP8 block scales (2-D): sfa (M, KB), sfb (NB, KB)
+                assert o3.shape[2] == 1
+                acc = _block_scaled(a3[:, :, 0], b3[:, :, 0], k.sfa, k.sfb)
+            else:
+                acc = a3[:, :, l].to(f32) @ b3[:, :, l].to(f32).t()
             c = None if c3 is None else c3[:, :, l].to(f32)
             o3[:, :, l] = finish(acc, bias, vec(k.v0, 0, acc.shape[0]), k.v1, c).to(o3.dtype)
 

@@ -256,6 +256,16 @@ def measure(calls: int = 20000) -> dict:
         res["grouped_gemm FP8 row-wise"] = _time(
             lambda: cutegemm.grouped_gemm(x8, w8, offs=offs, scale_a=gsa, scale_b=gsb), calls
         )
+        # DeepSeek block scales in torch's layouts: scale_a (M, K/128) M-major, the weights'
+        # (N/128, K/128) scales as (K/128, N/128) views
+        a8k, b8k = torch.randn(128, 256).to(e4m3), torch.randn(256, 256).to(e4m3).t()
+        x8k, w8k = torch.randn(256, 256).to(e4m3), torch.randn(4, 256, 256).to(e4m3).transpose(1, 2)
+        bsa, bsb = torch.rand(2, 128).t(), torch.rand(2, 2).t()
+        gbsa, gbsb = torch.rand(2, 256).t(), torch.rand(4, 2, 2).transpose(1, 2)
+        res["gemm FP8 block scales"] = _time(lambda: cutegemm.gemm(a8k, b8k, scale_a=bsa, scale_b=bsb), calls)
+        res["grouped_gemm FP8 block scales"] = _time(
+            lambda: cutegemm.grouped_gemm(x8k, w8k, offs=offs, scale_a=gbsa, scale_b=gbsb), calls
+        )
     from cutegemm.blockscaled import quantize_ref
 
     x16 = torch.randn(16, 512, dtype=bf)

@@ -57,7 +57,7 @@ class _Plan:
 
     __slots__ = ("fn", "views", "c_view", "has_bias", "flat", "out_shape", "out_dtype", "max_clusters", "config", "direct",
                  "quant", "n_vectors", "workspace", "block_scales",
-                 "device", "device_index", "out_dims", "b_memo", "tail", "sb_memo", "scaled_tail")  # fmt: skip
+                 "device", "device_index", "out_dims", "b_memo", "tail", "sb_memo", "scaled_tail", "sfb")  # fmt: skip
 
     def launch(self, sources, alpha, beta, epi_extra=(None, None)):
         """sources: (a, b, out, c, bias), the tensors the views apply to; epi_extra: (quantized
@@ -135,9 +135,7 @@ def _check_args(a, b, out, out_dtype, gated: bool = False):
         if out is not None:
             raise ValueError(f"out= is not supported with a quantized output ({out_dtype})")
     elif out_dtype not in TORCH_TO_NAME:
-        raise TypeError(
-            f"out_dtype must be torch.bfloat16, torch.float16, torch.float32 or one of {QUANT_FORMATS}, got {out_dtype}"
-        )
+        raise TypeError(f"out_dtype must be torch.bfloat16, torch.float16, torch.float32 or one of {QUANT_FORMATS}, got {out_dtype}")
     if a.shape[-1] != b.shape[-2]:
         raise ValueError(f"a and b shapes do not match for a @ b: {tuple(a.shape)} @ {tuple(b.shape)}")
     if a.dim() == 3 and b.dim() == 3 and a.shape[0] != b.shape[0]:
@@ -145,9 +143,7 @@ def _check_args(a, b, out, out_dtype, gated: bool = False):
     n_out = b.shape[-1]
     if gated:
         if n_out % 2:
-            raise ValueError(
-                f"a gated activation needs b with an even number of columns (gate, up), got {n_out}"
-            )
+            raise ValueError(f"a gated activation needs b with an even number of columns (gate, up), got {n_out}")
         n_out //= 2
     res_shape = torch.Size([*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], n_out])
     if out is not None:
@@ -183,9 +179,7 @@ def _check_epilogue_args(a, b, res_shape, beta, c, bias, activation):
         if bias.device != a.device:
             raise ValueError(f"bias must be on {a.device}, got {bias.device}")
         if bias.dtype not in EPI_TORCH_DTYPES:
-            raise TypeError(
-                f"bias.dtype must be torch.bfloat16, torch.float16 or torch.float32, got {bias.dtype}"
-            )
+            raise TypeError(f"bias.dtype must be torch.bfloat16, torch.float16 or torch.float32, got {bias.dtype}")
         n = b.shape[-1]
         if bias.shape != (n,):
             what = f"one value per GEMM column, gate and up: ({n},) = 2 x {n // 2}" if gated else f"({n},)"
@@ -331,9 +325,7 @@ def _plan(
         try:
             plan.fn = DENSE_CACHE.get(cfg)
         except Exception as exc:
-            raise ValueError(
-                f"the user epilogue could not be traced into the kernel: {type(exc).__name__}: {exc}"
-            ) from exc
+            raise ValueError(f"the user epilogue could not be traced into the kernel: {type(exc).__name__}: {exc}") from exc
     plan.quant = quant
     plan.block_scales = blockwise
     plan.n_vectors = len(vectors)
@@ -473,7 +465,7 @@ def gemm(
             return out
     elif bare and scale_b is not None and scale_a is not None and (fast_accum is False or fast_accum is True) and (
             out_dtype is None or out_dtype.__class__ is torch.dtype):  # fmt: skip
-        # FP8 row-wise: the key fixes all the scale checks read but alignment (misaligned: copied)
+        # FP8 row-wise / block scales: the key fixes all the scale checks read but alignment
         try:
             skey = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device, scale_a.shape,
                     scale_a.stride(), scale_a.dtype, scale_a.device, scale_b.shape, scale_b.stride(), scale_b.dtype,
@@ -484,6 +476,10 @@ def gemm(
         if plan is not None and current_device() == plan.device_index and not (
                 a.data_ptr() % 16 or b.data_ptr() % 16 or scale_a.data_ptr() % 16 or scale_b.data_ptr() % 16):  # fmt: skip
             out = torch.empty(*plan.out_dims, dtype=plan.out_dtype, device=plan.device)
+            sfb = getattr(plan, "sfb", None)
+            if sfb is not None:  # block scales: scale_a in place, scale_b's kernel view memoized
+                plan.launch((a, b, out, None, None), 1.0, 0.0, (None, None, scale_a, memo_view(plan.sb_memo, scale_b, *sfb)))
+                return out
             # scale_b (the weight's) viewed once per object (memo), scale_a (new per call) viewed
             sb = scale_b if scale_b.dim() == 1 else memo_view(plan.sb_memo, scale_b, plan.scaled_tail[2], (1,))
             plan.launch_scaled(a, b, out, scale_a if scale_a.dim() == 1 else scale_a.view(-1), sb)
@@ -578,9 +574,15 @@ def gemm(
 
 
 def _cache_scaled(skey, plan, a, vectors, scale_a, scale_b) -> None:
-    """Files the bound ``plan`` under the FP8 row-wise key ``skey`` if the warm path passes what this call did."""
+    """Files the bound ``plan`` under the FP8 key ``skey`` if the warm path passes what this call
+    did (block scales: scale_a itself and a view of scale_b, ``plan.sfb`` its size and stride)."""
     v0, v1 = (*vectors, None, None)[:2] if vectors else (None, None)
-    if skey is None or a.dtype != torch.float8_e4m3fn or plan.block_scales or plan.quant or v0 is None or v1 is None:
+    if skey is None or a.dtype != torch.float8_e4m3fn or plan.quant or v0 is None or v1 is None:
+        return
+    if plan.block_scales:
+        if v0 is scale_a and v1.data_ptr() == scale_b.data_ptr():
+            plan.sb_memo = getattr(plan, "sb_memo", None) or SimpleNamespace(b_memo=None)
+            plan.sfb, PLAIN_PLANS[skey] = (v1.shape, v1.stride()), plan
         return
     pairs = ((v0, warm_scale_view(scale_a)), (v1, warm_scale_view(scale_b)))  # the same views, no copy
     if v1.stride() == (1,) and all((x.shape, x.stride(), x.data_ptr()) == (y.shape, y.stride(), y.data_ptr()) for x, y in pairs):

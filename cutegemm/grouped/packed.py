@@ -122,7 +122,7 @@ PLANS: dict = {}
 
 class _GroupedPlan:
     __slots__ = ("fn", "views", "max_clusters", "config", "workspace", "device", "device_index", "out_dims",
-                 "out_dtype", "b_memo", "quant", "out_shape", "swap", "tail", "sb_memo", "scaled_tail")  # fmt: skip
+                 "out_dtype", "b_memo", "quant", "out_shape", "swap", "tail", "sb_memo", "scaled_tail", "sfb")  # fmt: skip
 
     def launch(self, a, b, out, offs, alpha, bias=None, extra=None, block=(None, None)):
         """extra: (quantized-output scale bytes, NVFP4 global scale, v0..v3) or None; block: FP8
@@ -165,11 +165,18 @@ _ROWWISE = object()  # marks the FP8 row-wise calls' own plan keys in PLANS
 
 
 def _cache_scaled(skey, plan, a, epi: _Epi, scale_a, scale_b) -> None:
-    """Files ``plan`` (cached under the call's full key) under the FP8 row-wise call's own key
-    ``skey`` when the warm path passes the kernel what this call passed: a row-wise plan and the
-    scales' 1-D views made the way the warm path makes them (scale_a: ``warm_scale_view``,
-    scale_b: a unit-stride view from its start; no copy)."""
-    if skey is None or a.dtype != torch.float8_e4m3fn or epi.block[0] is not None or plan.quant is not None:
+    """Files ``plan`` (cached under the call's full key) under the FP8 call's own key ``skey`` when
+    the warm path passes the kernel what this call passed: row-wise, the scales' 1-D views made the
+    way the warm path makes them (scale_a: ``warm_scale_view``, scale_b: a unit-stride view from
+    its start); block scales, scale_a itself and a view of scale_b (``plan.sfb``: its size and
+    stride). Never where this call copied a scale."""
+    if skey is None or a.dtype != torch.float8_e4m3fn or plan.quant is not None:
+        return
+    sfa, sfb = epi.block
+    if sfa is not None:
+        if sfa is scale_a and sfb.data_ptr() == scale_b.data_ptr():
+            plan.sb_memo = getattr(plan, "sb_memo", None) or SimpleNamespace(b_memo=None)
+            plan.sfb, PLANS[skey] = (sfb.shape, sfb.stride()), plan
         return
     v0, v1 = epi.vectors
     if v0 is None or v1 is None or v1.stride() != (1,) or v1.data_ptr() != scale_b.data_ptr():
@@ -281,10 +288,8 @@ def _plan_packed(a, b, offs, out, out_dtype, alpha, config, epi_in: _Epi, fast_a
         raise ValueError(f"config {config.name} cannot run the grouped form on this GPU (arch {arch}; needs form=Form.GROUPED and that arch)")
     cfg = config if config is not None else policy_for(arch, num_sms).choose_grouped(problem, E, epilogue=epi, **extra)
     if cfg.fp8_blockwise != blockwise:
-        raise ValueError(
-            f"config {cfg.name}: fp8_blockwise={cfg.fp8_blockwise} but the call's scales are "
-            f"{'1x128 / 128x128 block scales' if blockwise else 'not block scales'}"
-        )
+        raise ValueError(f"config {cfg.name}: fp8_blockwise={cfg.fp8_blockwise} but the call's scales are "
+                         f"{'1x128 / 128x128 block scales' if blockwise else 'not block scales'}")  # fmt: skip
     ok, why = can_implement(cfg, problem)
     if not ok:
         raise ValueError(f"cannot run {cfg.name}: {why}")
@@ -378,7 +383,7 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
         and epilogue is None and not epilogue_args and out_global_scale is None and gate_layout == "interleaved"
         and (fast_accum is False or fast_accum is True) and (out_dtype is None or out_dtype.__class__ is torch.dtype)
     ):  # fmt: skip
-        # FP8 row-wise (torch._scaled_grouped_mm's recipe), no other epilogue input: a key of its
+        # FP8 row-wise or block scales, no other epilogue input: a key of its
         # own that fixes every property the checks read (shapes, strides, dtypes, devices), so a
         # plan implies they pass but data-pointer alignment (a misaligned scale is copied: cold).
         try:
@@ -397,6 +402,10 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
             if check_offs:
                 check_offs_values(offs, a.shape[0])
             out = torch.empty(*plan.out_dims, dtype=plan.out_dtype, device=plan.device)
+            sfb = getattr(plan, "sfb", None)
+            if sfb is not None:  # block scales: scale_a in place, scale_b's kernel view memoized
+                plan.launch(a, b, out, offs, float(alpha), None, None, (scale_a, memo_view(plan.sb_memo, scale_b, *sfb)))
+                return out
             # scale_b (the weight's) as a view memoized per object, scale_a (new per call) viewed
             sb = memo_view(plan.sb_memo, scale_b, plan.scaled_tail[2], (1,))
             sa = scale_a if scale_a.dim() == 1 else scale_a.view(-1)  # warm_scale_view, inline
@@ -500,10 +509,8 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
     gated = activation in GATED
     if gated and gate_layout == "halves":
         if isinstance(scale_b, torch.Tensor) and scale_b.dim() == 3:
-            raise ValueError(
-                "FP8 block scaling with gate_layout='halves': interleaving b's columns would split its "
-                "128-column scale blocks; store the weight (and its scales) interleaved instead"
-            )
+            raise ValueError("FP8 block scaling with gate_layout='halves': interleaving b's columns would split its "
+                             "128-column scale blocks; store the weight (and its scales) interleaved instead")  # fmt: skip
         if N % 2 == 0:
             b = interleave_b(b)  # a copy per call: store the weight interleaved instead
             if isinstance(bias, torch.Tensor) and bias.shape[-1] == N:

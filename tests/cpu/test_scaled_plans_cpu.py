@@ -413,3 +413,94 @@ def test_3d_x_3d_fast_route_keeps_the_3d_checks(kernel):
         cutegemm.grouped_gemm(a3, object())
     out = torch.empty(3, 40, 48, dtype=torch.float32)
     assert cutegemm.grouped_gemm(a3, b3, out=out, alpha=0.5) is out
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8 block scales, grouped (DeepSeek 1x128 / 128x128; transformers' fine-grained FP8 experts)
+
+
+def _block_operands(copy_layout=False):
+    x = _fp8(ROWS, 256)
+    w = _fp8(3, 256, 256).transpose(1, 2)  # (E, K, N) view of (E, N, K)
+    offs = torch.tensor([100, 100, 360], dtype=torch.int32)
+    sa = torch.rand(2, ROWS).t()  # (total_M, K/128), M-major: torch's layout, read in place
+    sb = torch.rand(3, 2, 2) if copy_layout else torch.rand(3, 2, 2).transpose(1, 2)  # (E, K/128, N/128)
+    return x, w, offs, sa, sb
+
+
+@pytest.mark.parametrize("copy_layout", [False, True], ids=["in-place", "k-strided-scale_b"])
+def test_grouped_blockwise_warm_call_passes_what_the_cold_call_passes(kernel, monkeypatch, copy_layout):
+    """A block-scaled call whose kernel reads both scales in place gets a warm plan under its own
+    key: the warm call passes the cold call's arguments (scale_b's view memoized, scale_a as
+    given) without preparing the epilogue again; a scale_b the cold call copies (K-strided, >= 256
+    rows) is prepared on every call."""
+    x, w, offs, sa, sb = _block_operands(copy_layout)
+    y1 = cutegemm.grouped_gemm(x, w, offs=offs, scale_a=sa, scale_b=sb)
+    cold = _args(kernel, (2,) if not copy_layout else (2, 10))
+    prep = _counting(monkeypatch, packed, "_prepare_epilogue")
+    y2 = cutegemm.grouped_gemm(x, w, offs=offs, scale_a=sa, scale_b=sb)
+    assert _args(kernel, (2,) if not copy_layout else (2, 10)) == cold and y1.shape == y2.shape == (ROWS, 256)
+    assert bool(prep) == copy_layout
+    if not copy_layout:
+        assert kernel.args[9].data_ptr() == sa.data_ptr() and kernel.args[10].data_ptr() == sb.data_ptr()
+        sa2 = torch.rand(2, ROWS).t()  # new activations' scales each call: passed as they are
+        cutegemm.grouped_gemm(x, w, offs=offs, scale_a=sa2, scale_b=sb)
+        assert kernel.args[9].data_ptr() == sa2.data_ptr() and not prep
+
+
+def test_grouped_blockwise_warm_results_follow_the_scales():
+    """Through the emulated kernel: warm calls compute with the scales' current values (scale_b's
+    memoized view is a view: an in-place update shows), as the twin."""
+    from ..emulated_kernel import emulated_kernels
+
+    x, w, offs, sa, sb = _block_operands()
+    with emulated_kernels():
+        for step in range(3):
+            if step == 2:
+                sb.mul_(2)
+            y = cutegemm.grouped_gemm(x, w, offs=offs, scale_a=sa, scale_b=sb)
+            ref = cutegemm.grouped_gemm_ref(x, w, offs=offs, scale_a=sa, scale_b=sb)
+            torch.testing.assert_close(y[:360].float(), ref[:360].float(), atol=0.3, rtol=2e-2)
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8 block scales, dense
+
+
+@pytest.mark.parametrize("m", [64, 300])
+@pytest.mark.parametrize("scale_b_layout", ["weight-view", "row-major"])
+def test_dense_blockwise_warm_call_passes_what_the_cold_call_passes(kernel, monkeypatch, m, scale_b_layout):
+    """torch._scaled_mm's block-scale layouts: the warm call passes the cold call's arguments;
+    scale_b read in place (the (K/128, N/128) view of an (N/128, K/128) weight scale, or a
+    row-major one below 256 rows) gets the warm plan, a copied one (row-major from 256 rows on)
+    is prepared on every call."""
+    a, b = _fp8(m, 256), _fp8(384, 256).t()
+    sa = torch.rand(2, m).t()  # (M, K/128) M-major
+    sb = torch.rand(3, 2).t() if scale_b_layout == "weight-view" else torch.rand(2, 3)
+    copied = scale_b_layout == "row-major" and m >= fp8_scales.SCALE_COPY_MIN_ROWS
+    fresh = (2, 10) if copied else (2,)
+    y1 = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb)
+    cold = _args(kernel, fresh)
+    plans = _counting(monkeypatch, dense, "_plan")
+    y2 = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb)
+    assert _args(kernel, fresh) == cold and y1.shape == y2.shape == (m, 384) and not plans
+    warm = any(getattr(p, "sfb", None) is not None for p in dense.PLAIN_PLANS.values())
+    assert warm != copied
+    if warm:
+        assert kernel.args[9].data_ptr() == sa.data_ptr() and kernel.args[10].data_ptr() == sb.data_ptr()
+
+
+def test_dense_blockwise_warm_results_follow_the_scales():
+    """Through the emulated kernel: warm calls compute with the scales' current values (scale_b's
+    memoized view is a view: an in-place update shows), as the twin."""
+    from ..emulated_kernel import emulated_kernels
+
+    a, b = _fp8(64, 256), _fp8(384, 256).t()
+    sa, sb = torch.rand(2, 64).t(), torch.rand(3, 2).t()
+    with emulated_kernels():
+        for step in range(3):
+            if step == 2:
+                sb.mul_(2)
+            y = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb)
+            ref = cutegemm.gemm_ref(a, b, scale_a=sa, scale_b=sb)
+            torch.testing.assert_close(y.float(), ref.float(), atol=0.3, rtol=2e-2)
