@@ -277,14 +277,45 @@ def test_gemm_varlen_m(device, groups, k, n, b_major, alpha, has_bias, pre_alloc
     _within_2x(out, ref, pt, 1e-5)
 
 
-# Dao-AILab/quack tests/test_linear_varlen_m.py::test_gemm_varlen_m (gather_A: rows of A picked by A_idx),
-# ::test_gemm_add_varlen_m / ::test_gemm_add_inplace_varlen_m / ::test_gemm_act_varlen_m (beta * C in the
-# grouped form)
+# Dao-AILab/quack tests/test_linear_varlen_m.py::test_gemm_varlen_m with gather_A: rows of A picked by
+# A_idx (generate_A_with_gather: A has twice the rows, A_idx a random int32 selection) -> cutegemm's
+# gather_index; the gated case of ::test_gemm_gated_varlen_m's gather_A (postact, interleaved swiglu)
+@VARLEN
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("pre_allocate_out", [False, True])
+@pytest.mark.parametrize("has_bias", [False, True])
+@pytest.mark.parametrize("alpha", [1.0, 1.7])
+@pytest.mark.parametrize("b_major", ["k", "n"])
+@pytest.mark.parametrize("n", [1504, 2048, 4096])
+@pytest.mark.parametrize("k", [736, 1024, 8192])
+@pytest.mark.parametrize("groups", [3, 5])
+def test_gemm_varlen_m_gather_a(device, groups, k, n, b_major, alpha, has_bias, pre_allocate_out):
+    _cpu_small(device, groups != 3, k not in (736, 1024), n != 1504)
+    torch.manual_seed(0)
+    seq = (8192 - 1024, 8192 + 1024) if device == "cuda" else (96, 320)
+    a_rows, b, cu = _varlen_inputs(device, groups, k, n, b_major, seq)
+    total = a_rows.shape[0]
+    a = torch.randn(2 * total, k, device=device, dtype=BF)
+    idx = torch.randperm(2 * total, device=device, dtype=torch.int32)[:total]
+    bias = torch.randn(groups, n, device=device) if has_bias else None
+    out_buf = torch.empty(total, n, device=device, dtype=BF) if pre_allocate_out else None
+    out = run(device, cutegemm.grouped_gemm, a, b, offs=cu[1:], gather_index=idx, out=out_buf, bias=bias, alpha=alpha)
+    if pre_allocate_out:
+        assert out is out_buf
+    assert out.shape == (total, n)
+    ag = a[idx.long()]
+    ref = _varlen_ref(ag, b, cu, alpha, bias, None)
+    pt = _varlen_ref(ag, b, cu, alpha, bias, lambda x, w: _mm_lowp(device, x, w)).to(BF)
+    _within_2x(out, ref, pt, 1e-5)
+
+
+# Dao-AILab/quack tests/test_linear_varlen_m.py::test_gemm_add_varlen_m / ::test_gemm_add_inplace_varlen_m /
+# ::test_gemm_act_varlen_m (beta * C in the grouped form); quack's A_idx keyword (cutegemm: gather_index)
 @VARLEN
 @pytest.mark.unsupported
 @pytest.mark.parametrize("kwargs,match", [({"A_idx": torch.arange(8, dtype=torch.int32)}, "A_idx"),
                                           ({"c": torch.zeros(8, 16, dtype=BF), "beta": 1.0}, "argument .c.")],
-                         ids=["gather_A", "beta-C"])  # fmt: skip
+                         ids=["A_idx-keyword", "beta-C"])  # fmt: skip
 def test_gemm_varlen_m_not_supported(kwargs, match):
     a, b = torch.randn(8, 32, dtype=BF), torch.randn(2, 32, 16, dtype=BF)
     with pytest.raises(TypeError, match=match):
