@@ -56,15 +56,16 @@ class _GatherPlan:
 
 
 def gather_index_of(index, a: torch.Tensor) -> torch.Tensor:
-    """The index as the kernel reads it: a 1-D int32 tensor on a's device (an int64 one, as
-    torch.argsort returns, is converted: a small copy)."""
+    """The index as the kernel reads it: a contiguous 1-D int32 tensor on a's device (an int64 or
+    strided one, as torch.argsort and slicing return, is converted: a small copy)."""
     if not isinstance(index, torch.Tensor) or index.dim() != 1:
         raise TypeError("gather_index must be a 1-D integer tensor (the row of a for every packed row)")
     if index.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"gather_index must be int32 or int64, got {index.dtype}")
     if index.device != a.device:
         raise ValueError(f"gather_index must be on {a.device}, got {index.device}")
-    return index if index.dtype == torch.int32 else index.to(torch.int32)
+    index = index if index.dtype == torch.int32 else index.to(torch.int32)
+    return index if index.is_contiguous() else index.contiguous()  # the kernel reads it at unit stride
 
 
 def check_index_values(index: torch.Tensor, rows: int):

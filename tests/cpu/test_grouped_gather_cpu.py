@@ -68,6 +68,9 @@ def test_weights_as_transposed_views_and_int64_index():
     with emulated_kernels() as cache:
         y = cutegemm.grouped_gemm(x, w, offs=offs, gather_index=idx.long())
         assert cache.kernels[-1].cfg.gather_a and cache.kernels[-1].cfg.b_major == "k"
+        strided = torch.stack([idx, idx], dim=1)[:, 0]  # a strided view: passed contiguous
+        assert not strided.is_contiguous()
+        torch.testing.assert_close(cutegemm.grouped_gemm(x, w, offs=offs, gather_index=strided), y)
     torch.testing.assert_close(y.float(), cutegemm.grouped_gemm_ref(x[idx.long()], w, offs=offs).float(),
                                atol=2e-2, rtol=2e-2)  # fmt: skip
 
