@@ -256,7 +256,7 @@ def test_fake_args_follow_the_spec():
     base = dense_fake_args(GemmConfig(arch="sm_90a"))
     # a, b, c, cin, bias, alpha, beta, max_clusters, stream, offs, sfa, sfb, quant sf, quant gs,
     # v0..v3, workspace: unused inputs are None
-    assert len(base) == 19 and base[3] is None and base[4] is None
+    assert len(base) == 20 and base[3] is None and base[4] is None
     assert all(x is None for x in base[9:])
     quant = dense_fake_args(GemmConfig(arch="sm_90a", out_dtype="u8", epilogue=EpilogueSpec(quant="nvfp4")))
     assert quant[12] is not None and quant[13] is not None and quant[14] is None

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cutegemm.config import Form, GemmConfig, can_implement
-from cutegemm.gemm.args import dense_fake_args, grouped_fake_args
+from cutegemm.gemm.args import KernelArgs, dense_fake_args, grouped_fake_args
 from cutegemm.schedulers.dynamic import clc_grid_clusters, simulate_clc, simulate_dynamic
 from cutegemm.schedulers.grouped import expert_rows, grouped_tile_map
 
@@ -160,15 +160,20 @@ def test_scheduler_configs_accepted(cfg):
     assert can_implement(cfg) == (True, "")
 
 
-def test_workspace_is_the_last_kernel_argument():
-    """Only the "dynamic" scheduler takes the (1,) int32 counter; the others compile it as None."""
+def test_workspace_kernel_argument():
+    """Only the "dynamic" scheduler takes the (1,) int32 counter; the others compile it as None.
+    It is the argument before the gather index (KernelArgs' last two fields; the compile
+    arguments carry the stream, one more, in front of offs)."""
+    assert KernelArgs._fields[-2:] == ("workspace", "a_index")
     for cfg in (GemmConfig(arch="sm_90a"), GemmConfig(arch="sm_100a", scheduler="clc")):
-        assert dense_fake_args(cfg)[-1] is None
+        assert dense_fake_args(cfg)[-2] is None and dense_fake_args(cfg)[-1] is None
     dyn = GemmConfig(arch="sm_90a", scheduler="dynamic")
-    ws = dense_fake_args(dyn)[-1]
+    ws = dense_fake_args(dyn)[-2]
     assert ws is not None and "int32" in str(ws.element_type).lower()
-    assert grouped_fake_args(replace(dyn, form=Form.GROUPED))[-1] is not None
+    assert grouped_fake_args(replace(dyn, form=Form.GROUPED))[-2] is not None
     assert len(dense_fake_args(dyn)) == len(dense_fake_args(GemmConfig(arch="sm_90a")))
+    gathered = grouped_fake_args(GemmConfig(arch="sm_90a", form=Form.GROUPED, gather_a=True))
+    assert gathered[-2] is None and "int32" in str(gathered[-1].element_type).lower()
 
 
 @pytest.mark.parametrize(
