@@ -496,6 +496,12 @@ def grouped_variants(arch: str) -> list[GemmConfig]:
         # swap_ab with a gated output (the MoE up projection): gate / up pairs across lanes
         GemmConfig(arch=arch, form=Form.GROUPED, swap_ab=True, tile_m=128, tile_n=256, cluster_m=2, scheduler="dynamic",
                    raster="m", group=1, epilogue=EpilogueSpec(alpha=True, bias=True, gated="swiglu")),
+        # 16-bit with a per-row output scale (scale_a: the MoE down projection's routing weights):
+        # the swapped kernel and the row tile
+        GemmConfig(arch=arch, form=Form.GROUPED, swap_ab=True, tile_m=128, tile_n=256, cluster_m=2, scheduler="dynamic",
+                   raster="m", group=1, b_major="k", epilogue=EpilogueSpec(scale_a=True)),
+        GemmConfig(arch=arch, form=Form.GROUPED, tile_m=128, tile_n=256, cluster_n=2, scheduler="dynamic",
+                   b_major="k", epilogue=EpilogueSpec(scale_a=True)),
         # A's rows gathered through an index by cp.async (gather_a: the MoE up projection on the
         # tokens as they are): B multicast over 2x1, with swiglu; decode-sized 64x128; pingpong
         GemmConfig(arch=arch, form=Form.GROUPED, gather_a=True, tile_m=128, tile_n=256, cluster_m=2, raster="m", group=1,

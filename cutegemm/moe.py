@@ -198,7 +198,8 @@ def check_experts(x, w_gate_up, w_down, offs, activation="swiglu", gate_layout="
 
 
 def grouped_experts(
-    x, w_gate_up, w_down, offs, *, activation: str = "swiglu", gate_layout: str = "interleaved", gather_index=None
+    x, w_gate_up, w_down, offs, *, activation: str = "swiglu", gate_layout: str = "interleaved", gather_index=None,
+    out_scale=None,
 ):
     """Gated MoE experts, differentiable: per expert e, rows [offs[e-1], offs[e]) of x get
     ``act(gate) * up`` of ``x @ w_gate_up[e]``, times ``w_down[e]``.
@@ -218,6 +219,10 @@ def grouped_experts(
             projection reads the rows through the index (``cutegemm.grouped.gather``: no permuted
             copy of x); otherwise this makes the copy ``x.index_select(0, gather_index)``, whose
             backward sums each row's gradient into its token (torch's ``index_add``).
+        out_scale: optional fp32 (rows,): output row r times ``out_scale[r]`` (a MoE layer's
+            routing weight of each sorted (token, slot) row), rounded once to x's dtype: in the
+            down projection's epilogue without a gradient on CUDA (``scale_a`` of the grouped
+            GEMM), else here, differentiable in torch.
 
     Returns (T, hidden) in x's dtype; rows at or past offs[-1] are unspecified (not written on
     CUDA) and get a zero gradient. Gradients flow to x, w_gate_up and w_down (see the module
@@ -231,14 +236,24 @@ def grouped_experts(
             needs_grad or gate_layout != "interleaved" or not x.is_cuda or torch.compiler.is_compiling()):  # fmt: skip
         x, gather_index = x.index_select(0, gather_index), None
     if needs_grad:
-        return _GatedExperts.apply(x, w_gate_up, w_down, offs, activation, gate_layout)
+        return _scaled(_GatedExperts.apply(x, w_gate_up, w_down, offs, activation, gate_layout), out_scale)
     if gather_index is not None:  # the gathered rows and the fused epilogue: neither copy nor Z written
         h = grouped_gemm(x, w_gate_up, offs=offs, activation=activation, gather_index=gather_index)
     elif gate_layout == "interleaved":  # the fused epilogue: Z never written
         h = grouped_mm(x, w_gate_up, offs, activation=activation)
     else:
         h = gated_activation(grouped_mm(x, w_gate_up, offs), activation, gate_layout, x.dtype)
-    return grouped_mm(h, w_down, offs)
+    if (out_scale is not None and x.is_cuda and not torch.compiler.is_compiling()
+            and not (torch.is_grad_enabled() and out_scale.requires_grad)):  # fmt: skip
+        return grouped_gemm(h, w_down, offs=offs, scale_a=out_scale.float())  # in the epilogue
+    return _scaled(grouped_mm(h, w_down, offs), out_scale)
+
+
+def _scaled(y: torch.Tensor, out_scale) -> torch.Tensor:
+    """y's rows times out_scale in fp32 (fp64 for fp64), rounded once to y's dtype (differentiable)."""
+    if out_scale is None:
+        return y
+    return (y.to(torch.promote_types(y.dtype, torch.float32)) * out_scale.unsqueeze(-1)).to(y.dtype)
 
 
 __all__ = ["grouped_experts", "grouped_mm", "check_experts", "gated_activation", "gather_tokens", "zero_rows_past_end"]

@@ -33,7 +33,9 @@ Forms:
   ceil(N/128)) per 128x128 block of each expert's weight (the ``.transpose(1, 2)`` of an (E, N/128,
   K/128) weight-scale tensor), any layout (scale_a M-major, torch's, is TMA-loaded in place,
   others are copied per call; see ``gemm.fp8_args``), applied as each 128-wide K tile is promoted;
-  composes with bias / activations / quantized outputs (not with gate_layout="halves").
+  composes with bias / activations / quantized outputs (not with gate_layout="halves"). bf16 /
+  fp16: ``scale_a`` alone, an fp32 per-row output scale (e.g. a MoE layer's routing weights on
+  the down projection), applied as FP8's is, before bias and activation.
   beta * C is not supported in the grouped form.
 
   Kernels (sm_90a): with up to 1024 mean rows per expert, bf16 / fp16 and an epilogue of alpha,
@@ -209,11 +211,6 @@ def _per_expert(name: str, t, E: int, n: int, device, dtypes=EPI_TORCH_DTYPES) -
     return (v.clone() if v.data_ptr() % TMA_ALIGN_BYTES else v).view(-1)
 
 
-def _row_vector(name: str, t, rows: int, device) -> torch.Tensor:
-    """FP8 scale_a of the packed form: (total_M,) / (total_M, 1) or one element, flat fp32."""
-    return scale_vector(name, t, rows, device, "row of a")
-
-
 class _Epi:
     """The packed form's epilogue inputs of one call, as the kernel takes them."""
 
@@ -236,8 +233,8 @@ class _Epi:
             quant=self.quant,
             user=self.user,
             user_args=tuple(TORCH_TO_NAME[v.dtype] for v in self.vectors) if self.user is not None else (),
-            scale_a=self.fp8 and self.vectors[0] is not None,
-            scale_b=self.fp8 and self.vectors[1] is not None,
+            scale_a=self.user is None and len(self.vectors) == 2 and self.vectors[0] is not None,
+            scale_b=self.user is None and len(self.vectors) == 2 and self.vectors[1] is not None,
         )
 
     def _finish(self, out_global_scale, device):
@@ -363,11 +360,13 @@ def _prepare_epilogue(a, b, E, N, total_m, out_dtype, bias, activation, epilogue
             e.block, e.vectors = block, (None, None)
             return e._finish(out_global_scale, a.device)
         e.vectors = (
-            None if scale_a is None else _row_vector("scale_a", scale_a, total_m, a.device),
+            None if scale_a is None else scale_vector("scale_a", scale_a, total_m, a.device, "row of a"),
             None if scale_b is None else _per_expert("scale_b", scale_b, E, N, a.device, (torch.float32,)),
         )
-    elif scale_a is not None or scale_b is not None:
-        raise not_e4m3(a)
+    elif scale_b is not None:
+        raise ValueError(f"{not_e4m3(a)}; 16-bit operands take scale_a only (an fp32 per-row output scale)")
+    elif scale_a is not None:  # 16-bit: an fp32 per-row output scale (e.g. a MoE layer's routing weights)
+        e.vectors = (scale_vector("scale_a", scale_a, total_m, a.device, "row of a"), None)
     return e._finish(out_global_scale, a.device)
 
 

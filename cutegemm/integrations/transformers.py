@@ -87,10 +87,11 @@ NAME = "cutegemm"
 KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # what the quantized routes write
 # Gated experts' forward without a gradient reads the tokens through the dispatch index
-# (grouped_experts(gather_index=...): the sm_90a gather kernel) instead of a permuted copy. Off
-# until tests/gpu/test_grouped_gather_gpu.py has passed on a GPU: the gather kernel is compiled
-# and checked on the CPU only.
-FUSED_GATHER = False
+# (grouped_experts(gather_index=...): the sm_90a gather kernel) instead of a permuted copy, and
+# scales the rows by their routing weights in the down projection's epilogue (out_scale). Off
+# until tests/gpu/test_grouped_gather_gpu.py has passed on a GPU: the gather kernel and the 16-bit
+# row scale are compiled and checked on the CPU only.
+FUSED_DISPATCH = False
 DEFAULT_GATE = getattr(hf_moe, "_default_apply_gate", None)  # transformers' act_fn(gate) * up
 E4M3_MAX = 448.0
 FP4_STORAGE = (torch.int8, torch.uint8, torch.float4_e2m1fn_x2)  # transformers' packed e2m1 experts
@@ -368,10 +369,14 @@ def experts_forward(experts, hidden_states: torch.Tensor, top_k_index: torch.Ten
         ids = ids.clamp(0, E - 1)  # in-bounds bias gathers; those rows are masked
 
     activation = None if project is not None else _gated_activation(experts)
-    # FUSED_GATHER: plain gated experts without a gradient read the tokens through the index (no
-    # permuted copy); else the copy, whose backward sums each token's rows in slot order
-    training = torch.is_grad_enabled() and (hidden_states.requires_grad or any(p.requires_grad for p in experts.parameters()))
-    gather = FUSED_GATHER and activation is not None and not training
+    # FUSED_DISPATCH: plain gated experts without a gradient read the tokens through the index (no
+    # permuted copy) and weight the rows in the down projection; else the copy, whose backward
+    # sums each token's rows in slot order, and the weights in torch
+    training = torch.is_grad_enabled() and (hidden_states.requires_grad or top_k_weights.requires_grad
+                                            or any(p.requires_grad for p in experts.parameters()))  # fmt: skip
+    gather = FUSED_DISPATCH and activation is not None and not training
+    row_weights = top_k_weights.reshape(-1).index_select(0, order)
+    fuse_weights = gather and not getattr(experts, "has_post_expert_norm", False)
     x = hidden_states.to(dtype) if gather else gather_tokens(hidden_states, order, k).to(dtype)
     if project is not None:
         y = _mlp(experts, x, ids, offs, sentinels, lambda name, a: project(name, a, offs, dtype))
@@ -379,8 +384,8 @@ def experts_forward(experts, hidden_states: torch.Tensor, top_k_index: torch.Ten
         layout = "halves" if experts.is_concatenated else "interleaved"
         y = grouped_experts(x, _b(experts.gate_up_proj, experts.is_transposed),
                             _b(experts.down_proj, experts.is_transposed), offs, activation=activation,
-                            gate_layout=layout,
-                            gather_index=torch.div(order, k, rounding_mode="floor") if gather else None)  # fmt: skip
+                            gate_layout=layout, gather_index=torch.div(order, k, rounding_mode="floor") if gather else None,
+                            out_scale=row_weights.float() if fuse_weights else None)  # fmt: skip
     else:
         y = _generic_mlp(experts, x, ids, offs, sentinels)
     if sentinels:
@@ -388,7 +393,7 @@ def experts_forward(experts, hidden_states: torch.Tensor, top_k_index: torch.Ten
     if getattr(experts, "has_post_expert_norm", False):
         y = experts.post_expert_norm(y)
 
-    weighted = y * top_k_weights.reshape(-1).index_select(0, order).unsqueeze(-1)
+    weighted = y if fuse_weights else y * row_weights.unsqueeze(-1)
     out = weighted.index_select(0, _inverse(order)).view(T, k, H).sum(dim=1)
     return out.to(hidden_states.dtype)
 

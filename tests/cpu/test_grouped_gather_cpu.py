@@ -159,3 +159,30 @@ def test_warm_calls_reuse_the_plan_with_new_routing():
             torch.testing.assert_close(y.float(), ref.float(), atol=2e-2, rtol=2e-2)
         assert len(cache.kernels) == 1 and cache.kernels[0].calls == 3 and len(gather.PLANS) == 1
         gather.PLANS.clear()
+
+
+def test_16bit_row_scale_and_the_layers_routing_weights():
+    """bf16 grouped_gemm(scale_a=...) (an fp32 per-row output scale: the MoE down projection's
+    routing weights) through the emulated kernel against the twin; scale_b stays FP8's; the
+    layer's out_scale equals weighting the rows after it, and is differentiable."""
+    from cutegemm.moe import grouped_experts
+
+    gen = torch.Generator().manual_seed(6)
+    h, w = torch.randn(20, 64, generator=gen).to(BF), torch.randn(3, 64, 32, generator=gen).to(BF)
+    offs, s = _offs([5, 7, 8]), torch.rand(20, generator=gen)
+    with emulated_kernels() as cache:
+        y = cutegemm.grouped_gemm(h, w, offs=offs, scale_a=s)
+        assert cache.kernels[-1].cfg.epilogue.scale_a
+        with pytest.raises(ValueError, match="16-bit operands take scale_a only"):
+            cutegemm.grouped_gemm(h, w, offs=offs, scale_b=torch.rand(3, 32))
+    ref = cutegemm.grouped_gemm_ref(h, w, offs=offs, scale_a=s)
+    torch.testing.assert_close(y.float(), ref.float(), atol=3e-2, rtol=2e-2)
+    torch.testing.assert_close(ref.float(), cutegemm.grouped_gemm_ref(h, w, offs=offs).float() * s[:, None],
+                               atol=3e-2, rtol=2e-2)  # fmt: skip
+    x = torch.randn(10, 64, dtype=torch.float64, generator=gen)
+    w1, w2 = torch.randn(3, 64, 32, dtype=torch.float64, generator=gen), torch.randn(3, 16, 64, dtype=torch.float64, generator=gen)
+    idx, offs2 = torch.randint(0, 10, (15,), generator=gen), _offs([5, 4, 6])
+    rw = torch.rand(15, dtype=torch.float64, generator=gen, requires_grad=True)
+    y2 = grouped_experts(x, w1, w2, offs2, gather_index=idx, out_scale=rw)
+    torch.testing.assert_close(y2, grouped_experts(x[idx], w1, w2, offs2) * rw[:, None])
+    assert torch.autograd.gradcheck(lambda r: grouped_experts(x, w1, w2, offs2, gather_index=idx, out_scale=r), (rw,))

@@ -131,11 +131,12 @@ def test_model_matches_eager_forward_and_gradients(name):
 
 @pytest.mark.parametrize("name", MODELS[:2])
 def test_fused_gather_route_matches(name, monkeypatch):
-    """FUSED_GATHER on: the gated experts get the tokens and the dispatch index (on the CPU the
-    layer makes the copy itself); training and inference match eager as before."""
+    """FUSED_DISPATCH on: the gated experts get the tokens, the dispatch index and the routing
+    weights (on the CPU the layer makes the copy and weights the rows itself); training and
+    inference match eager as before."""
     from cutegemm.integrations import transformers as backend
 
-    monkeypatch.setattr(backend, "FUSED_GATHER", True)
+    monkeypatch.setattr(backend, "FUSED_DISPATCH", True)
     eager = tiny_model(name)
     ours = copy.deepcopy(eager)
     ours.set_experts_implementation("cutegemm")

@@ -118,7 +118,7 @@ def test_gather_graph_replay_and_determinism():
 @pytest.mark.parametrize("tokens,k,experts,hidden,inter", [(64, 8, 128, 2048, 768), (2048, 8, 64, 2048, 1024)])
 def test_grouped_experts_inference_through_the_index(tokens, k, experts, hidden, inter):
     """cutegemm.moe.grouped_experts(gather_index=...) without a gradient (the route the
-    transformers backend takes with FUSED_GATHER): the up projection reads the tokens through
+    transformers backend takes with FUSED_DISPATCH): the up projection reads the tokens through
     the index; the result matches the layer on the permuted copy within bf16 rounding."""
     if not _sm90():
         pytest.skip("the gather kernel is sm_90a")
@@ -133,3 +133,33 @@ def test_grouped_experts_inference_through_the_index(tokens, k, experts, hidden,
         fused = grouped_experts(x, w1, w2, offs, gather_index=idx)
         copied = grouped_experts(x[idx.long()], w1, w2, offs)
     torch.testing.assert_close(fused.float(), copied.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("rows_per_expert", [8, 700])
+def test_16bit_row_scale_in_the_epilogue(rows_per_expert):
+    """bf16 grouped_gemm(scale_a=...) (the swapped kernel for few rows per expert, the row tile
+    for many): the fp32 per-row scale applied to the accumulator, within 2x torch's error of the
+    scaled product; the layer's out_scale (FUSED_DISPATCH's routing weights) likewise."""
+    if not _sm90():
+        pytest.skip("sm_90a")
+    from cutegemm.moe import grouped_experts
+
+    gen = torch.Generator(device="cuda").manual_seed(rows_per_expert)
+    E, K, N = 16, 768, 2048
+    h = torch.randn(E * rows_per_expert, K, device="cuda", generator=gen).to(BF)
+    w = (torch.randn(E, N, K, device="cuda", generator=gen) * K**-0.5).to(BF).transpose(1, 2)
+    offs = torch.arange(1, E + 1, device="cuda", dtype=torch.int32) * rows_per_expert
+    s = torch.rand(h.shape[0], device="cuda", generator=gen)
+    y = cutegemm.grouped_gemm(h, w, offs=offs, scale_a=s)
+    ref = cutegemm.grouped_gemm_ref(h, w, offs=offs, compute_dtype=torch.float64) * s.double()[:, None]
+    bounds = [0, *offs.tolist()]
+    same = torch.cat([(h[a:b] @ w[i]) for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))])
+    assert_within_torch_error(y, (same.float() * s[:, None]).to(BF), ref, what="bf16 scale_a")
+    x = torch.randn(E * rows_per_expert // 4, K, device="cuda", generator=gen).to(BF)
+    idx = torch.randint(0, x.shape[0], (h.shape[0],), device="cuda", generator=gen, dtype=torch.int32)
+    w1 = (torch.randn(E, 2 * 512, K, device="cuda", generator=gen) * K**-0.5).to(BF).transpose(1, 2)
+    w2 = (torch.randn(E, K, 512, device="cuda", generator=gen) * 512**-0.5).to(BF).transpose(1, 2)
+    with torch.no_grad():
+        fused = grouped_experts(x, w1, w2, offs, gather_index=idx, out_scale=s)
+        plain = grouped_experts(x[idx.long()], w1, w2, offs).float() * s[:, None]
+    torch.testing.assert_close(fused.float(), plain, atol=2e-2, rtol=2e-2)
