@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from cutegemm.config import Form, GemmConfig, config_errors
 from cutegemm.epilogue import EpilogueSpec, interleave_gate_up
-from cutegemm.grouped.packed import _per_expert, _row_vector, grouped_gemm, grouped_gemm_ref
+from cutegemm.gemm.fp8_scales import scale_vector
+from cutegemm.grouped.packed import _per_expert, grouped_gemm, grouped_gemm_ref
 
 F64 = torch.float64
 
@@ -121,8 +122,8 @@ def test_per_expert_vector_forms():
     with pytest.raises(TypeError, match="dtype"):
         _per_expert("bias", torch.zeros(E, n, dtype=torch.int32), E, n, full.device)
     with pytest.raises(ValueError, match="1 or 5 elements"):
-        _row_vector("scale_a", torch.ones(4), 5, full.device)
-    assert _row_vector("scale_a", torch.ones(5, 1), 5, full.device).shape == (5,)
+        scale_vector("scale_a", torch.ones(4), 5, full.device, "row of a")  # the packed form's scale_a rule
+    assert scale_vector("scale_a", torch.ones(5, 1), 5, full.device, "row of a").shape == (5,)
 
 
 def test_grouped_config_rules_allow_epilogues_but_beta():
