@@ -251,61 +251,38 @@ def _varlen_ref(a, b, cu, alpha, bias, lowp):
 
 
 # Dao-AILab/quack tests/test_linear_varlen_m.py::test_gemm_varlen_m: quack's varlen_m is the packed grouped form
-# (cu_seqlens_m = [0, *offs]); gather_A and tensor alpha are quack's (below); dynamic_scheduler is its config
+# (cu_seqlens_m = [0, *offs]); gather_A (generate_A_with_gather: A has twice the rows, A_idx a random int32
+# selection) is cutegemm's gather_index; tensor alpha is quack's (below); dynamic_scheduler is its config
 @VARLEN
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("pre_allocate_out", [False, True])
+@pytest.mark.parametrize("gather_a", [False, True])
 @pytest.mark.parametrize("has_bias", [False, True])
 @pytest.mark.parametrize("alpha", [1.0, 1.7])
 @pytest.mark.parametrize("b_major", ["k", "n"])
 @pytest.mark.parametrize("n", [1504, 2048, 4096])
 @pytest.mark.parametrize("k", [736, 1024, 8192])
 @pytest.mark.parametrize("groups", [3, 5])
-def test_gemm_varlen_m(device, groups, k, n, b_major, alpha, has_bias, pre_allocate_out):
-    _cpu_small(device, groups != 3, k != 736, n != 1504)
+def test_gemm_varlen_m(device, groups, k, n, b_major, alpha, has_bias, gather_a, pre_allocate_out):
+    # cpu: the smallest shapes, and K = 1024 too (a multiple of 64: the gather kernel's route)
+    _cpu_small(device, groups != 3, k not in (736, 1024), n != 1504)
     torch.manual_seed(0)
     seq = (8192 - 1024, 8192 + 1024) if device == "cuda" else (96, 320)  # cpu: the rows of the tma-gather case
     a, b, cu = _varlen_inputs(device, groups, k, n, b_major, seq)
-    bias = torch.randn(groups, n, device=device) if has_bias else None
-    out_buf = torch.empty(a.shape[0], n, device=device, dtype=BF) if pre_allocate_out else None
-    out = run(device, cutegemm.grouped_gemm, a, b, offs=cu[1:], out=out_buf, bias=bias, alpha=alpha)
-    if pre_allocate_out:
-        assert out is out_buf
-    assert out.shape == (a.shape[0], n)
-    ref = _varlen_ref(a, b, cu, alpha, bias, None)
-    pt = _varlen_ref(a, b, cu, alpha, bias, lambda x, w: _mm_lowp(device, x, w)).to(BF)
-    _within_2x(out, ref, pt, 1e-5)
-
-
-# Dao-AILab/quack tests/test_linear_varlen_m.py::test_gemm_varlen_m with gather_A: rows of A picked by
-# A_idx (generate_A_with_gather: A has twice the rows, A_idx a random int32 selection) -> cutegemm's
-# gather_index; the gated case of ::test_gemm_gated_varlen_m's gather_A (postact, interleaved swiglu)
-@VARLEN
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("pre_allocate_out", [False, True])
-@pytest.mark.parametrize("has_bias", [False, True])
-@pytest.mark.parametrize("alpha", [1.0, 1.7])
-@pytest.mark.parametrize("b_major", ["k", "n"])
-@pytest.mark.parametrize("n", [1504, 2048, 4096])
-@pytest.mark.parametrize("k", [736, 1024, 8192])
-@pytest.mark.parametrize("groups", [3, 5])
-def test_gemm_varlen_m_gather_a(device, groups, k, n, b_major, alpha, has_bias, pre_allocate_out):
-    _cpu_small(device, groups != 3, k not in (736, 1024), n != 1504)
-    torch.manual_seed(0)
-    seq = (8192 - 1024, 8192 + 1024) if device == "cuda" else (96, 320)
-    a_rows, b, cu = _varlen_inputs(device, groups, k, n, b_major, seq)
-    total = a_rows.shape[0]
-    a = torch.randn(2 * total, k, device=device, dtype=BF)
-    idx = torch.randperm(2 * total, device=device, dtype=torch.int32)[:total]
+    total, opts = a.shape[0], {}
+    if gather_a:
+        src = torch.randn(2 * total, k, device=device, dtype=BF)
+        opts["gather_index"] = torch.randperm(2 * total, device=device, dtype=torch.int32)[:total]
+        a = src[opts["gather_index"].long()]  # what the reference multiplies
     bias = torch.randn(groups, n, device=device) if has_bias else None
     out_buf = torch.empty(total, n, device=device, dtype=BF) if pre_allocate_out else None
-    out = run(device, cutegemm.grouped_gemm, a, b, offs=cu[1:], gather_index=idx, out=out_buf, bias=bias, alpha=alpha)
+    out = run(device, cutegemm.grouped_gemm, src if gather_a else a, b, offs=cu[1:], out=out_buf, bias=bias, alpha=alpha,
+              **opts)  # fmt: skip
     if pre_allocate_out:
         assert out is out_buf
     assert out.shape == (total, n)
-    ag = a[idx.long()]
-    ref = _varlen_ref(ag, b, cu, alpha, bias, None)
-    pt = _varlen_ref(ag, b, cu, alpha, bias, lambda x, w: _mm_lowp(device, x, w)).to(BF)
+    ref = _varlen_ref(a, b, cu, alpha, bias, None)
+    pt = _varlen_ref(a, b, cu, alpha, bias, lambda x, w: _mm_lowp(device, x, w)).to(BF)
     _within_2x(out, ref, pt, 1e-5)
 
 
