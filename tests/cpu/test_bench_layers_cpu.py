@@ -5,6 +5,8 @@ import random
 
 from cutegemm.bench import layers
 from cutegemm.bench.layers import Case, Result
+from cutegemm.config import GemmConfig
+from cutegemm.gemm import dense
 
 
 def test_the_sweep_covers_ten_layers_of_four_families_at_every_m():
@@ -20,8 +22,6 @@ def test_configs_of_the_sweep_are_found_on_the_cpu():
     cfgs = layers.configs_of_sweep(layers=lay, m_values=(1, 1024))
     dtypes = {c.a_dtype for c in cfgs}
     assert dtypes == {"bf16", "e4m3"} and all(c.arch == "sm_90a" for c in cfgs)
-    from cutegemm.gemm import dense
-
     assert not dense.PLANS  # no plan with the recording cache's no-op kernel is left behind
 
 
@@ -48,8 +48,6 @@ def test_table_summary_and_heat_map(tmp_path):
 
 
 def test_waves_count_tiles_and_splits_per_sm():
-    from cutegemm.config import GemmConfig
-
     cfg = GemmConfig(arch="sm_90a", tile_m=128, tile_n=64)
     assert layers.waves(cfg, 128, 10240, 132) == 160 / 132  # the 1.2-wave cliff of a 128-row layer
     assert layers.waves(GemmConfig(arch="sm_90a", tile_m=64, tile_n=128, split_k=4, a_major="k", b_major="k"),

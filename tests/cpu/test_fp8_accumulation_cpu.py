@@ -15,6 +15,8 @@ with 64-K and 2 with 32-K ones. The kernels themselves are checked on the GPU
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -88,8 +90,6 @@ def test_promote_k_rules():
     pol = policy_for("sm_90a")
     base = pol.choose(GemmProblem(1024, 1024, 1024, 1, "e4m3", "e4m3", "fp32", "k", "k"))
     assert base.promote_k == 32 and not config_errors(base)
-    from dataclasses import replace
-
     for bad in (dict(promote_k=16), dict(fast_accum=True), dict(wg_order=True), dict(pingpong=True, tile_n=128),
                 dict(tile_n=256), dict(a_dtype="bf16", b_dtype="bf16")):  # fmt: skip
         assert any("promote_k" in e for e in config_errors(replace(base, **bad))), bad

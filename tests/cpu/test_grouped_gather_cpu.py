@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 
 import cutegemm
 from cutegemm.config import EpilogueSpec, Form, GemmConfig, GemmProblem, config_errors
+from cutegemm.grouped import gather
+from cutegemm.moe import grouped_experts
 from cutegemm.policy import policy_for
 
 from ..emulated_kernel import emulated_kernels
@@ -146,8 +148,6 @@ def test_gather_a_rules_and_policy():
 def test_warm_calls_reuse_the_plan_with_new_routing():
     """A second call of the same signature launches the first call's plan with its own tensors,
     offs and index (new routing each step, as in a MoE layer)."""
-    from cutegemm.grouped import gather
-
     gen = torch.Generator().manual_seed(3)
     x, w = torch.randn(20, 64, generator=gen).to(BF), torch.randn(4, 64, 32, generator=gen).to(BF)
     with emulated_kernels() as cache:
@@ -165,8 +165,6 @@ def test_16bit_row_scale_and_the_layers_routing_weights():
     """bf16 grouped_gemm(scale_a=...) (an fp32 per-row output scale: the MoE down projection's
     routing weights) through the emulated kernel against the twin; scale_b stays FP8's; the
     layer's out_scale equals weighting the rows after it, and is differentiable."""
-    from cutegemm.moe import grouped_experts
-
     gen = torch.Generator().manual_seed(6)
     h, w = torch.randn(20, 64, generator=gen).to(BF), torch.randn(3, 64, 32, generator=gen).to(BF)
     offs, s = _offs([5, 7, 8]), torch.rand(20, generator=gen)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cutegemm.moe import grouped_experts
+from cutegemm.moe import gather_tokens, grouped_experts
 from cutegemm.nn import GroupedExperts
 
 from ..gemm_check import assert_within_torch_error
@@ -282,8 +282,6 @@ def test_compile_training_step_fullgraph(dtype):
 def test_gather_tokens_backward_sums_each_tokens_rows():
     """The dispatch copy's backward (cutegemm.moe.gather_tokens): each token's k row gradients
     summed in slot order, = torch's index_select backward (fp64 gradcheck too)."""
-    from cutegemm.moe import gather_tokens
-
     gen = torch.Generator().manual_seed(4)
     T, k, H = 7, 3, 5
     ids = torch.randint(0, 4, (T * k,), generator=gen)

@@ -13,8 +13,9 @@ import torch
 
 import cutegemm
 from cutegemm.gemm import dense, fp8_scales
-from cutegemm.grouped import packed
+from cutegemm.grouped import k_grouped, packed
 
+from ..emulated_kernel import emulated_kernels
 from ..host_overhead_cpu import cpu_fast_path, kernel_args
 
 BF = torch.bfloat16
@@ -311,8 +312,6 @@ def test_k_grouped_warm_call_passes_what_the_cold_call_passes(kernel, monkeypatc
     x, dy, offs = _kg_operands()
     y1 = cutegemm.grouped_gemm(x, dy, offs=offs, **opts)
     cold = _args(kernel)
-    from cutegemm.grouped import k_grouped
-
     slow = _counting(monkeypatch, k_grouped, "_kgrouped_launch")
     y2 = cutegemm.grouped_gemm(x, dy, offs=offs, **opts)
     assert not slow, "the warm call went through grouped_k"
@@ -359,8 +358,6 @@ def test_3d_forms_warm_calls_match_the_twin():
     """Warm 3d x 3d / 3d x 2d / K-grouped calls through the emulated kernel (it computes from the
     views it is handed) give the reference twin's result, and follow in-place and set_() updates
     of the operands."""
-    from ..emulated_kernel import emulated_kernels
-
     a3, b3 = torch.randn(3, 40, 32, dtype=BF), torch.randn(3, 32, 48, dtype=BF)
     b2 = torch.randn(72, 32, dtype=BF).t()  # (K, total_N)
     offs = torch.tensor([16, 48, 72], dtype=torch.int32)
@@ -451,8 +448,6 @@ def test_grouped_blockwise_warm_call_passes_what_the_cold_call_passes(kernel, mo
 def test_grouped_blockwise_warm_results_follow_the_scales():
     """Through the emulated kernel: warm calls compute with the scales' current values (scale_b's
     memoized view is a view: an in-place update shows), as the twin."""
-    from ..emulated_kernel import emulated_kernels
-
     x, w, offs, sa, sb = _block_operands()
     with emulated_kernels():
         for step in range(3):
@@ -493,8 +488,6 @@ def test_dense_blockwise_warm_call_passes_what_the_cold_call_passes(kernel, monk
 def test_dense_blockwise_warm_results_follow_the_scales():
     """Through the emulated kernel: warm calls compute with the scales' current values (scale_b's
     memoized view is a view: an in-place update shows), as the twin."""
-    from ..emulated_kernel import emulated_kernels
-
     a, b = _fp8(64, 256), _fp8(384, 256).t()
     sa, sb = torch.rand(2, 64).t(), torch.rand(3, 2).t()
     with emulated_kernels():

@@ -134,9 +134,7 @@ def test_fused_gather_route_matches(name, monkeypatch):
     """FUSED_DISPATCH on: the gated experts get the tokens, the dispatch index and the routing
     weights (on the CPU the layer makes the copy and weights the rows itself); training and
     inference match eager as before."""
-    from cutegemm.integrations import transformers as backend
-
-    monkeypatch.setattr(backend, "FUSED_DISPATCH", True)
+    monkeypatch.setattr(cg_tf, "FUSED_DISPATCH", True)
     eager = tiny_model(name)
     ours = copy.deepcopy(eager)
     ours.set_experts_implementation("cutegemm")

@@ -7,12 +7,17 @@ NaN-poisoned buffers; random data; hypothesis over shapes and scale kinds.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cutegemm
+from cutegemm.config import GemmConfig, GemmProblem
+from cutegemm.epilogue import EpilogueSpec
+from cutegemm.policy import policy_for
 
 from ..gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
 
@@ -172,11 +177,6 @@ def test_fp8_wg_order_is_bitwise_equal(m, n, k):
     only: bitwise equal to the same tile without it, and within torch's error."""
     if not _sm90():
         pytest.skip("dense FP8 is an sm_90a kernel so far")
-    from dataclasses import replace
-
-    from cutegemm.config import GemmConfig
-    from cutegemm.epilogue import EpilogueSpec
-
     a, b = _operands(m, n, k, seed=m + k)
     sa, sb = _scales("row", m, n, seed=n)
     cfg = GemmConfig(arch="sm_90a", a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k", tile_m=128,
@@ -198,11 +198,6 @@ def test_fp8_fp32_out_promote_k(m, n, k):
     2x torch._scaled_mm's fp32-output error; nothing written outside the output."""
     if not _sm90():
         pytest.skip("dense FP8 is an sm_90a kernel so far")
-    from dataclasses import replace
-
-    from cutegemm.config import GemmProblem
-    from cutegemm.policy import policy_for
-
     g = torch.Generator(device="cuda").manual_seed(m + n)
     x, y = torch.randn(m, k, generator=g, device="cuda"), torch.randn(n, k, generator=g, device="cuda")
     xs = 448.0 / x.abs().amax(dim=1, keepdim=True)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import cutegemm
 from cutegemm.config import EpilogueSpec, GemmProblem
+from cutegemm.moe import grouped_experts
 from cutegemm.policy import policy_for
 
 from ..gemm_check import assert_within_torch_error
@@ -122,8 +123,6 @@ def test_grouped_experts_inference_through_the_index(tokens, k, experts, hidden,
     the index; the result matches the layer on the permuted copy within bf16 rounding."""
     if not _sm90():
         pytest.skip("the gather kernel is sm_90a")
-    from cutegemm.moe import grouped_experts
-
     gen = torch.Generator(device="cuda").manual_seed(11)
     x = torch.randn(tokens, hidden, device="cuda", generator=gen).to(BF)
     w1 = (torch.randn(experts, 2 * inter, hidden, device="cuda", generator=gen) * hidden**-0.5).to(BF).transpose(1, 2)
@@ -142,8 +141,6 @@ def test_16bit_row_scale_in_the_epilogue(rows_per_expert):
     scaled product; the layer's out_scale (FUSED_DISPATCH's routing weights) likewise."""
     if not _sm90():
         pytest.skip("sm_90a")
-    from cutegemm.moe import grouped_experts
-
     gen = torch.Generator(device="cuda").manual_seed(rows_per_expert)
     E, K, N = 16, 768, 2048
     h = torch.randn(E * rows_per_expert, K, device="cuda", generator=gen).to(BF)
