@@ -130,6 +130,20 @@ def tensor_meta(t):
     return None if t is None else (tuple(t.shape), t.stride(), t.data_ptr(), t.dtype)
 
 
+def counting_calls(monkeypatch, module, name: str) -> list:
+    """Replaces ``module.name`` (for the test, through pytest's monkeypatch) by a wrapper that
+    appends to the returned list on every call, then calls the original."""
+    calls = []
+    real = getattr(module, name)
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counting)
+    return calls
+
+
 def kernel_args(kernel: NoOpKernel) -> list:
     """The no-op kernel's last arguments with every tensor as its :func:`tensor_meta`."""
     return [tensor_meta(a) if isinstance(a, torch.Tensor) else a for a in kernel.args]

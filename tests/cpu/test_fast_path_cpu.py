@@ -12,7 +12,7 @@ import cutegemm
 from cutegemm.gemm import dense
 from cutegemm.grouped import packed as grouped
 
-from ..host_overhead_cpu import cpu_fast_path, kernel_args
+from ..host_overhead_cpu import counting_calls, cpu_fast_path, kernel_args
 
 BF = torch.bfloat16
 
@@ -21,18 +21,6 @@ BF = torch.bfloat16
 def kernel():
     with cpu_fast_path() as k:
         yield k
-
-
-def _count_plans(monkeypatch, module, name):
-    calls = []
-    real = getattr(module, name)
-
-    def counting(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(module, name, counting)
-    return calls
 
 
 @pytest.mark.parametrize("case", ["plain", "bias_alpha_act", "batched", "out_given", "col_major_b"])
@@ -47,7 +35,7 @@ def test_dense_fast_path_passes_what_the_slow_path_passes(kernel, monkeypatch, c
         kw = dict(out=torch.empty(64, 48, dtype=torch.float32))
     elif case == "col_major_b":
         b = torch.randn(48, 32, dtype=BF).t()
-    plans = _count_plans(monkeypatch, dense, "_plan")
+    plans = counting_calls(monkeypatch, dense, "_plan")
     first = cutegemm.gemm(a, b, **kw)
     slow = kernel_args(kernel)
     second = cutegemm.gemm(a, b, **kw)
@@ -66,7 +54,7 @@ def test_dense_fast_path_passes_what_the_slow_path_passes(kernel, monkeypatch, c
 def test_dense_fast_path_falls_back_when_needed(kernel, monkeypatch):
     a, b = torch.randn(64, 32, dtype=BF), torch.randn(32, 48, dtype=BF)
     cutegemm.gemm(a, b)
-    plans = _count_plans(monkeypatch, dense, "_plan")
+    plans = counting_calls(monkeypatch, dense, "_plan")
     # another current device: the slow path switches device (torch.cuda.device rejects a CPU one)
     monkeypatch.setattr(dense, "current_device", lambda: 7)
     with pytest.raises(ValueError, match="cuda device"):
@@ -139,7 +127,7 @@ def _grouped_inputs(n=48):
 
 def test_grouped_fast_path_passes_what_the_slow_path_passes(kernel, monkeypatch):
     x, w, offs = _grouped_inputs()
-    plans = _count_plans(monkeypatch, grouped, "_plan_packed")
+    plans = counting_calls(monkeypatch, grouped, "_plan_packed")
     y1 = cutegemm.grouped_gemm(x, w, offs=offs, alpha=0.5)
     slow = kernel_args(kernel)
     y2 = cutegemm.grouped_gemm(x, w, offs=offs, alpha=0.5)

@@ -16,7 +16,7 @@ from cutegemm.gemm import dense, fp8_scales
 from cutegemm.grouped import k_grouped, packed
 
 from ..emulated_kernel import emulated_kernels
-from ..host_overhead_cpu import cpu_fast_path, kernel_args
+from ..host_overhead_cpu import counting_calls, cpu_fast_path, kernel_args
 
 BF = torch.bfloat16
 E4M3 = torch.float8_e4m3fn
@@ -35,24 +35,23 @@ def _args(k, fresh=(2,)):
             for i, (x, m) in enumerate(zip(k.args, kernel_args(k), strict=True))]  # fmt: skip
 
 
-def _counting(monkeypatch, module, name):
-    calls = []
-    real = getattr(module, name)
-
-    def counting(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(module, name, counting)
-    return calls
-
-
 def _fp8(*shape):
     return torch.randn(*shape).to(E4M3)
 
 
 def _dense_operands(m=64, k=32, n=48):
     return _fp8(m, k), _fp8(n, k).t()  # b K-major (column-major), as torch._scaled_mm takes it
+
+
+def _assert_memo_drops_scale_b(kernel, plan, holder: list):
+    """The plan's memoized view of scale_b (``holder``'s only item, the caller's last reference
+    handed over in a list) does not keep it alive: the memo empties once it is gone."""
+    assert plan.sb_memo.b_memo is not None
+    ref = weakref.ref(holder[0])
+    kernel.args = None
+    holder.clear()
+    gc.collect()
+    assert ref() is None and plan.sb_memo.b_memo is None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -67,10 +66,10 @@ def _dense_operands(m=64, k=32, n=48):
 def test_dense_rowwise_warm_call_passes_what_the_cold_call_passes(kernel, monkeypatch, sa_shape, sb_shape, opts):
     a, b = _dense_operands()
     sa, sb = torch.rand(sa_shape), torch.rand(sb_shape)
-    plans = _counting(monkeypatch, dense, "_plan")
+    plans = counting_calls(monkeypatch, dense, "_plan")
     first = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, **opts)
     cold = _args(kernel)
-    scale_fns = _counting(monkeypatch, dense, "fp8_scales")
+    scale_fns = counting_calls(monkeypatch, dense, "fp8_scales")
     second = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, **opts)
     warm = _args(kernel)
     assert len(plans) == 1 and kernel.calls == 2
@@ -85,7 +84,7 @@ def test_dense_rowwise_new_scale_a_each_call(kernel, monkeypatch):
     a, b = _dense_operands()
     sb = torch.rand(1, 48)
     cutegemm.gemm(a, b, scale_a=torch.rand(64, 1), scale_b=sb)
-    plans = _counting(monkeypatch, dense, "_plan")
+    plans = counting_calls(monkeypatch, dense, "_plan")
     for _ in range(3):
         sa = torch.rand(64, 1)
         cutegemm.gemm(a, b, scale_a=sa, scale_b=sb)
@@ -99,7 +98,7 @@ def test_dense_rowwise_plan_of_another_scale_shape_gets_its_own_key(kernel, monk
     a, b = _dense_operands()
     sb = torch.rand(1, 48)
     cutegemm.gemm(a, b, scale_a=torch.rand(64, 1), scale_b=sb)
-    scale_fns = _counting(monkeypatch, dense, "fp8_scales")
+    scale_fns = counting_calls(monkeypatch, dense, "fp8_scales")
     sa = torch.rand(64)
     cutegemm.gemm(a, b, scale_a=sa, scale_b=sb)
     cutegemm.gemm(a, b, scale_a=sa, scale_b=sb)
@@ -175,13 +174,9 @@ def test_dense_rowwise_memo_does_not_keep_scale_b_alive(kernel):
     sa, sb = torch.rand(64, 1), torch.rand(1, 48)
     for _ in range(2):
         cutegemm.gemm(a, b, scale_a=sa, scale_b=sb)
-    plan = next(p for k, p in dense.PLAIN_PLANS.items() if len(k) > 8)
-    assert plan.sb_memo.b_memo is not None
-    ref = weakref.ref(sb)
-    kernel.args = None
-    del sb
-    gc.collect()
-    assert ref() is None and plan.sb_memo.b_memo is None
+    holder = [sb]
+    del sb  # the helper holds the last reference
+    _assert_memo_drops_scale_b(kernel, next(p for k, p in dense.PLAIN_PLANS.items() if len(k) > 8), holder)
 
 
 def test_dense_rowwise_copies_are_not_planned(kernel, monkeypatch):
@@ -219,12 +214,12 @@ def test_grouped_rowwise_warm_call_passes_what_the_cold_call_passes(kernel, monk
     sa, sb = torch.rand(sa_shape), torch.rand(sb_shape)
     in_place = sb_shape == (3, 48)
     fresh = (2,) if in_place else (2, 14)  # other scale_b shapes are expanded: a copy per call
-    plans = _counting(monkeypatch, packed, "_plan_packed")
+    plans = counting_calls(monkeypatch, packed, "_plan_packed")
     y1 = cutegemm.grouped_gemm(x, w, offs=offs, scale_a=sa, scale_b=sb, fast_accum=fast_accum)
     cold, cold_sb = _args(kernel, fresh), kernel.args[14].clone()
     plan = next(p for k, p in packed.PLANS.items() if packed._ROWWISE not in k)
     assert plan.swap == fast_accum  # fast_accum: the swap-AB kernel (its operands swapped at launch)
-    prep = _counting(monkeypatch, packed, "_prepare_epilogue")
+    prep = counting_calls(monkeypatch, packed, "_prepare_epilogue")
     y2 = cutegemm.grouped_gemm(x, w, offs=offs, scale_a=sa, scale_b=sb, fast_accum=fast_accum)
     warm = _args(kernel, fresh)
     assert len(plans) == 1 and cold == warm and torch.equal(kernel.args[14], cold_sb)
@@ -278,13 +273,9 @@ def test_grouped_rowwise_memo_does_not_keep_scale_b_alive(kernel):
     sa, sb = torch.rand(ROWS), torch.rand(3, 48)
     for _ in range(2):
         cutegemm.grouped_gemm(x, w, offs=offs, scale_a=sa, scale_b=sb)
-    plan = next(p for k, p in packed.PLANS.items() if packed._ROWWISE in k)
-    assert plan.sb_memo.b_memo is not None
-    ref = weakref.ref(sb)
-    kernel.args = None
-    del sb
-    gc.collect()
-    assert ref() is None and plan.sb_memo.b_memo is None
+    holder = [sb]
+    del sb  # the helper holds the last reference
+    _assert_memo_drops_scale_b(kernel, next(p for k, p in packed.PLANS.items() if packed._ROWWISE in k), holder)
 
 
 def test_warm_scale_view_matches_the_checked_scale():
@@ -312,7 +303,7 @@ def test_k_grouped_warm_call_passes_what_the_cold_call_passes(kernel, monkeypatc
     x, dy, offs = _kg_operands()
     y1 = cutegemm.grouped_gemm(x, dy, offs=offs, **opts)
     cold = _args(kernel)
-    slow = _counting(monkeypatch, k_grouped, "_kgrouped_launch")
+    slow = counting_calls(monkeypatch, k_grouped, "_kgrouped_launch")
     y2 = cutegemm.grouped_gemm(x, dy, offs=offs, **opts)
     assert not slow, "the warm call went through grouped_k"
     assert _args(kernel) == cold and kernel.calls == 2
@@ -434,7 +425,7 @@ def test_grouped_blockwise_warm_call_passes_what_the_cold_call_passes(kernel, mo
     x, w, offs, sa, sb = _block_operands(copy_layout)
     y1 = cutegemm.grouped_gemm(x, w, offs=offs, scale_a=sa, scale_b=sb)
     cold = _args(kernel, (2,) if not copy_layout else (2, 10))
-    prep = _counting(monkeypatch, packed, "_prepare_epilogue")
+    prep = counting_calls(monkeypatch, packed, "_prepare_epilogue")
     y2 = cutegemm.grouped_gemm(x, w, offs=offs, scale_a=sa, scale_b=sb)
     assert _args(kernel, (2,) if not copy_layout else (2, 10)) == cold and y1.shape == y2.shape == (ROWS, 256)
     assert bool(prep) == copy_layout
@@ -476,7 +467,7 @@ def test_dense_blockwise_warm_call_passes_what_the_cold_call_passes(kernel, monk
     fresh = (2, 10) if copied else (2,)
     y1 = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb)
     cold = _args(kernel, fresh)
-    plans = _counting(monkeypatch, dense, "_plan")
+    plans = counting_calls(monkeypatch, dense, "_plan")
     y2 = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb)
     assert _args(kernel, fresh) == cold and y1.shape == y2.shape == (m, 384) and not plans
     warm = any(getattr(p, "sfb", None) is not None for p in dense.PLAIN_PLANS.values())
