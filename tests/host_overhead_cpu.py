@@ -99,6 +99,7 @@ def cpu_fast_path(kernel: NoOpKernel | None = None):
     patch(gather, "max_clusters_for", lambda cfg, device, num_sms=None: num_sms or 132)
     patch(gather, "GROUPED_CACHE", fake_cache)
     patch(gather, "PLANS", {})
+    patch(gather, "current_device", type(None))
     # The "current CUDA device" is None, the index of a CPU tensor's device, with the real cost:
     # NoneType() is a C call returning None like torch._C._cuda_getDevice, and
     # torch.cuda.current_device keeps its Python lazy-init checks.

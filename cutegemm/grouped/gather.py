@@ -29,6 +29,7 @@ from ..gemm.launch import (
     INPUT_TO_NAME,
     TORCH_TO_NAME,
     check_offs_values,
+    current_device,
     kernel_view,
     new_workspace,
     tma_storable,
@@ -124,15 +125,14 @@ def gathered_grouped_gemm(a, b, *, gather_index, run, **options):
     key = _key(a, b, index, options)
     plan = PLANS.get(key) if key is not None else None
     if plan is not None and not options.get("check_offs") and not a.data_ptr() % 16 and (
-            torch.cuda.current_device() == plan.device_index):  # fmt: skip
+            current_device() == plan.device_index):  # fmt: skip
         out = options.get("out")
         if out is None:
             out = torch.empty(*plan.out_dims, dtype=plan.out_dtype, device=a.device)
         elif out.data_ptr() % 16:
             plan = None
-        if plan is not None:
-            if plan.out_dims[0]:
-                plan.launch(a, b, out, options["offs"], index, float(options.get("alpha", 1.0)))
+        if plan is not None:  # (plans are made for non-empty outputs only)
+            plan.launch(a, b, out, options["offs"], index, float(options.get("alpha", 1.0)))
             return out
     if not _kernel_route(a, b, options):
         if options.get("check_offs"):
@@ -180,7 +180,7 @@ def gathered_grouped_gemm(a, b, *, gather_index, run, **options):
     plan.device_index, plan.out_dims, plan.out_dtype = a.device.index, (total, n_out), out_dtype
     if key is not None:
         PLANS[key] = plan
-    if a.device.index == torch.cuda.current_device():
+    if a.device.index == current_device():
         plan.launch(a, b, out, offs, index, float(alpha))
     else:
         with torch.cuda.device(a.device):
