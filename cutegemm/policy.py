@@ -15,6 +15,7 @@ from .config import (
     GemmProblem,
     a_rows_errors,
     a_rows_for,
+    config_errors,
     split_k_errors,
     swap_ab_epilogue,
 )
@@ -246,13 +247,12 @@ def fp32_promotion(cfg: GemmConfig, overrides: dict) -> GemmConfig:
     beyond torch's 2e-3 at 128 x 512 x 256 with 128-K partial sums); an fp32 output shows those
     bits, a bf16 one rounds them away. The K tile's WGMMAs then run per column half, one half's
     adds under the other half's WGMMA (the MXFP8 emulation's mainloop); its speed is not measured
-    yet, so only fp32 outputs take it. Configs it does not apply to (pingpong, K-grouped, tile_n
-    256) pass through."""
-    if (cfg.arch == "sm_90a" and cfg.a_dtype == "e4m3" and cfg.out_dtype == "fp32" and "promote_k" not in overrides
-            and not (cfg.fast_accum or cfg.fp8_blockwise or cfg.fp8_mx or cfg.swap_ab or cfg.promote_k or cfg.pingpong
-                     or cfg.kgrouped or cfg.tile_n > 192)):  # fmt: skip
-        return replace(cfg, promote_k=32, wg_order=False)
-    return cfg
+    yet, so only fp32 outputs take it. Configs the promote_k rule refuses (fast_accum, block
+    scales, pingpong, swap AB, K-grouped, tile_n 256) pass through."""
+    if cfg.arch != "sm_90a" or cfg.a_dtype != "e4m3" or cfg.out_dtype != "fp32" or cfg.promote_k or "promote_k" in overrides:
+        return cfg
+    promoted = replace(cfg, promote_k=32, wg_order=False)
+    return cfg if config_errors(promoted) else promoted
 
 
 def short_a_box(cfg: GemmConfig, p: GemmProblem) -> GemmConfig:

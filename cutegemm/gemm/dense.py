@@ -326,7 +326,7 @@ def _plan(
             plan.fn = DENSE_CACHE.get(cfg)
         except Exception as exc:
             raise ValueError(f"the user epilogue could not be traced into the kernel: {type(exc).__name__}: {exc}") from exc
-    plan.quant = quant
+    plan.quant, plan.sfb = quant, None  # sfb: a block-scaled warm plan's scale_b view (_cache_scaled)
     plan.block_scales = blockwise
     plan.n_vectors = len(vectors)
     plan.views = views
@@ -476,7 +476,7 @@ def gemm(
         if plan is not None and current_device() == plan.device_index and not (
                 a.data_ptr() % 16 or b.data_ptr() % 16 or scale_a.data_ptr() % 16 or scale_b.data_ptr() % 16):  # fmt: skip
             out = torch.empty(*plan.out_dims, dtype=plan.out_dtype, device=plan.device)
-            sfb = getattr(plan, "sfb", None)
+            sfb = plan.sfb
             if sfb is not None:  # block scales: scale_a in place, scale_b's kernel view memoized
                 plan.launch((a, b, out, None, None), 1.0, 0.0, (None, None, scale_a, memo_view(plan.sb_memo, scale_b, *sfb)))
                 return out

@@ -305,7 +305,7 @@ def _plan_packed(a, b, offs, out, out_dtype, alpha, config, epi_in: _Epi, fast_a
     plan.workspace = new_workspace(cfg, a.device)
     plan.tail = KernelArgs(None, None, None, workspace=plan.workspace).tail()
     plan.config = cfg
-    plan.quant = quant
+    plan.quant, plan.sfb = quant, None  # sfb: a block-scaled warm plan's scale_b view (_cache_scaled)
     return plan
 
 
@@ -401,7 +401,7 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
             if check_offs:
                 check_offs_values(offs, a.shape[0])
             out = torch.empty(*plan.out_dims, dtype=plan.out_dtype, device=plan.device)
-            sfb = getattr(plan, "sfb", None)
+            sfb = plan.sfb
             if sfb is not None:  # block scales: scale_a in place, scale_b's kernel view memoized
                 plan.launch(a, b, out, offs, float(alpha), None, None, (scale_a, memo_view(plan.sb_memo, scale_b, *sfb)))
                 return out
