@@ -372,9 +372,8 @@ def experts_forward(experts, hidden_states: torch.Tensor, top_k_index: torch.Ten
     # FUSED_DISPATCH: plain gated experts without a gradient read the tokens through the index (no
     # permuted copy) and weight the rows in the down projection; else the copy, whose backward
     # sums each token's rows in slot order, and the weights in torch
-    training = torch.is_grad_enabled() and (hidden_states.requires_grad or top_k_weights.requires_grad
-                                            or any(p.requires_grad for p in experts.parameters()))  # fmt: skip
-    gather = FUSED_DISPATCH and activation is not None and not training
+    gather = FUSED_DISPATCH and activation is not None and not (torch.is_grad_enabled() and (
+        hidden_states.requires_grad or top_k_weights.requires_grad or any(p.requires_grad for p in experts.parameters())))  # fmt: skip
     row_weights = top_k_weights.reshape(-1).index_select(0, order)
     fuse_weights = gather and not getattr(experts, "has_post_expert_norm", False)
     x = hidden_states.to(dtype) if gather else gather_tokens(hidden_states, order, k).to(dtype)
