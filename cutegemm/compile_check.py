@@ -119,6 +119,10 @@ def dense_variants(arch: str) -> list[GemmConfig]:
                        form=Form.FLAT),
             GemmConfig(arch=arch, tile_m=128, tile_n=192, a_major="k", b_major="k", form=Form.FLAT, split_k=4),
             GemmConfig(arch=arch, tile_m=128, tile_n=128, a_major="k", b_major="k", form=Form.FLAT, split_k=2),
+            # 128x160: whole waves where N is a multiple of 5 x 1024
+            GemmConfig(arch=arch, tile_m=128, tile_n=160, cluster_m=2, raster="n", a_major="k", b_major="k",
+                       form=Form.FLAT),
+            GemmConfig(arch=arch, tile_m=128, tile_n=160, a_major="k", b_major="k", form=Form.FLAT, split_k=4),
             GemmConfig(arch=arch, tile_m=128, tile_n=64, pingpong=True, a_major="m", b_major="k"),  # last: see flat
         ]
     else:

@@ -416,8 +416,8 @@ def config_errors(cfg: GemmConfig) -> list[str]:
             err.append(f"sm_90a pingpong tile must hold <= 128x128 accumulators per warpgroup, got {cfg.tile_m}x{cfg.tile_n}")
         if cfg.tile_m not in (64, 128):
             err.append(f"sm_90a tile_m must be 64 or 128, got {cfg.tile_m}")
-        if cfg.tile_n not in (64, 128, 192, 256) and not cfg.swap_ab:
-            err.append(f"sm_90a tile_n must be 64, 128, 192 or 256, got {cfg.tile_n}")
+        if cfg.tile_n not in (64, 128, 160, 192, 256) and not cfg.swap_ab:
+            err.append(f"sm_90a tile_n must be 64, 128, 160, 192 or 256, got {cfg.tile_n}")
     elif cfg.arch == "sm_100a":
         if cfg.pingpong:
             err.append("pingpong is an sm_90a schedule")

@@ -35,17 +35,24 @@ def ceil_div(a: int, b: int) -> int:
 # epilogue's stores, and with split K the fp32 partial sums it writes or reads. The candidate
 # predicted fastest wins if it beats the default tile (the widest) by MODEL_MARGIN; the default
 # otherwise, so shapes with many waves keep the tile measured at cuBLAS parity.
-# Mainloop rate of each cooperative tile shape, relative to the widest. FP8: bench_fp8 on the H200,
-# 128x128 2x1 reached 0.92x / 0.87x torch where 128x192 2x1 reached 1.00x / 0.93x (8192³ /
-# 16384x7168x2048). 16-bit: 128x256 2x1 is the measured tile (~94% of the tensor peak at 8192³);
-# 128x192 and 128x128 are estimates, to be measured with `bench tiles` (bench/RESULTS.md).
+# Mainloop rate of each cooperative tile shape, relative to the 16-bit (or e4m3) tensor peak at the
+# power-capped clock, and the costs per work unit, calibrated on the H200's layer sweep (`bench
+# sweep`, bench/RESULTS.md: 176 timings of M > 128 calls over 13 tile / cluster / split configs,
+# the constants that minimise the squared log error of the predicted times). 128x160 (2x1) is an
+# estimate between its neighbours until `bench tiles` measures it: it fills whole waves where N
+# is a multiple of 5 x 1024 (5120, 10240), the shapes where 128x128, 128x192 and 128x256 all
+# leave a wave part-empty.
 TILE_RATES = {
-    "16-bit": {(128, 256): 1.00, (128, 192): 0.96, (128, 128): 0.90},
-    "e4m3": {(128, 192): 1.00, (128, 128): 0.93},
+    "16-bit": {(128, 256): 1.00, (128, 192): 0.96, (128, 160): 0.93, (128, 128): 0.88},
+    "e4m3": {(128, 192): 0.96, (128, 128): 0.85},
 }
 SM_FLOPS = 6.0e12  # 16-bit WGMMA flop/s of one SM at the power-capped clock (802 TFLOP/s / 132); e4m3 twice
 SM_STORE_BYTES = 30e9  # HBM bytes/s of one SM's share (4 TB/s / 132): the epilogue's stores
-SM_PARTIAL_BYTES = 60e9  # split K's partial sums (an L2-resident workspace), per SM
+UNIT_SECONDS = 0.5e-6  # a work unit's fixed cost (pipeline fill and drain, the epilogue's latency)
+# Split K: the fp32 partial sums (an L2-resident workspace) and each range's wait for the ranges
+# before it (the sums are added in range order, for bitwise-reproducible results).
+SM_PARTIAL_BYTES = 30e9
+SPLIT_UNIT_SECONDS = 4e-6
 MODEL_MARGIN = 1.05
 SPLITS = (1, 2, 4)
 
@@ -74,9 +81,10 @@ def wave_seconds(p: GemmProblem, tile_m: int, tile_n: int, cluster_m: int, split
     ctas = min(units, num_sms - num_sms % cluster_m)
     flops = SM_FLOPS * (2 if p.a_dtype == "e4m3" else 1) * rate
     out_bytes = 4 if p.out_dtype == "fp32" else 1 if p.out_dtype == "e4m3" else 2
-    unit = 2 * tile_m * tile_n * ceil_div(p.k, split) / flops + tile_m * tile_n * out_bytes / SM_STORE_BYTES
-    if split > 1:  # an fp32 partial sum written, or read and added
-        unit += tile_m * tile_n * 8 / SM_PARTIAL_BYTES
+    unit = (2 * tile_m * tile_n * ceil_div(p.k, split) / flops + tile_m * tile_n * out_bytes / SM_STORE_BYTES
+            + UNIT_SECONDS)  # fmt: skip
+    if split > 1:  # an fp32 partial sum written, or read and added, after the ranges before it
+        unit += tile_m * tile_n * 8 / SM_PARTIAL_BYTES + SPLIT_UNIT_SECONDS
     return ceil_div(units, ctas) * unit
 
 

@@ -385,10 +385,33 @@ def test_zero_dim_tensorwise(device, which_dim_zero):
 
 
 def _rowwise_reference(device, a, b_t, sa, sb, fast_accum):
-    """torch's per-group reference: its own _scaled_mm with (M, 1) / (1, N) scales (the CPU build
-    has it too)."""
-    return torch._scaled_mm(a, b_t, sa.reshape(-1, 1), sb.reshape(1, -1), out_dtype=BF,
-                            use_fast_accum=fast_accum and device == "cuda")  # fmt: skip
+    """torch's per-group reference: its own _scaled_mm with (M, 1) / (1, N) scales; where this
+    torch's CPU build runs per-tensor scales only, the exact product rounded to bf16 (what
+    _scaled_mm computes at best)."""
+    try:
+        return torch._scaled_mm(a, b_t, sa.reshape(-1, 1), sb.reshape(1, -1), out_dtype=BF,
+                                use_fast_accum=fast_accum and device == "cuda")  # fmt: skip
+    except RuntimeError:
+        if device != "cpu":
+            raise
+        return _exact(a, b_t, sa, sb).to(BF)
+
+
+def _exact(a, b_t, sa, sb):
+    return (a.double() @ b_t.double()) * sa.double().reshape(-1, 1) * sb.double().reshape(1, -1)
+
+
+def _assert_close_or_rounding(out, expected, exact):
+    """torch's tolerance (atol 5e-2, rtol 5e-4); an element beyond it passes only as a rounding
+    tie-break: within one bf16 step of the exact product, as torch's own element is. Two fp32
+    sums in different orders can round a bf16 value that sits near a boundary either way (one
+    step is 0.0625 at 8..16, beyond torch's 0.055 there)."""
+    far = ~torch.isclose(out.float(), expected.float(), atol=5e-2, rtol=5e-4)
+    if far.any():
+        step = torch.exp2(torch.floor(torch.log2(exact.abs().clamp(min=2.0**-126))) - 7)
+        off = (out.double() - exact).abs()
+        assert (off[far] <= step[far] * 1.0001).all(), f"elements beyond one bf16 step: {off[far].tolist()[:5]}"
+        assert int(far.sum()) <= max(1, out.numel() // 100), f"{int(far.sum())} of {out.numel()} elements beyond tolerance"
 
 
 def _check_grouped(device, a, b, scale_a, scale_b, offs, fast_accum, pieces):
@@ -399,8 +422,9 @@ def _check_grouped(device, a, b, scale_a, scale_b, offs, fast_accum, pieces):
         if a_g.shape[0] == 0 or b_g.shape[0] == 0:
             continue
         expected = _rowwise_reference(device, a_g, b_g.t(), sa_g, sb_g, fast_accum)
+        exact = _exact(a_g, b_g.t(), sa_g, sb_g)
         for out in (ours, twin):
-            torch.testing.assert_close(sel(out), expected, atol=5e-2, rtol=5e-4)
+            _assert_close_or_rounding(sel(out), expected, exact)
 
 
 def _fp8(*shape, device):

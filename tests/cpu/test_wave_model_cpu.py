@@ -50,6 +50,17 @@ def test_the_issue_cliffs_get_whole_waves():
     assert cfg.split_k == 4 and cfg.cluster_m == 1
 
 
+@pytest.mark.parametrize("m,n,k", [(512, 10240, 8192), (1024, 5120, 25600), (2048, 5120, 25600), (512, 5120, 25600)])
+def test_n_multiple_of_5120_gets_128x160(m, n, k):
+    """The sweep's worst bf16 cliffs (0.64-0.78x cuBLAS in 128x128 / 128x256 tiles, K split or
+    not): N / 160 tiles fill whole waves (e.g. 1024 x 5120: 8 x 32 = 256 tiles, 1.94 waves) where
+    128x256 leaves 160 tiles (1.21 waves) and 128x128 pays its lower rate over 2.4 waves."""
+    cfg = dense(m, n, k)
+    assert (cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.split_k) == (128, 160, 2, 1), cfg.name
+    tiles = -(-m // 128) * -(-n // 160)
+    assert tiles < SMS or tiles / (-(-tiles // SMS) * SMS) > 0.95  # the last wave nearly full
+
+
 def test_wave_seconds_counts_rounds():
     p = problem(1024, 6144, 4096)
     one = wave_seconds(problem(1024, 4096, 4096), 128, 256, 2, 1, SMS, 1.0)  # 128 tiles: one round

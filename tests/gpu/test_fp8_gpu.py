@@ -131,8 +131,11 @@ def test_fp8_row_major_b_is_copied_and_swiglu_mxfp8():
 
     # The FP8 GEMM's own error (checked against fp64 by the tests above) exceeds an e4m3 step for
     # small outputs of a block, so the quantized epilogue is checked against quantize_ref of the
-    # same kernel's fp32 output (same tile, same accumulation order).
-    y32 = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, activation="swiglu", out_dtype=torch.float32)
+    # same accumulation's fp32 output: 128-K partial sums, as the quantized output has them (an
+    # fp32 output otherwise gets promote_k 32, policy.fp32_promotion).
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cfg = policy_for("sm_90a", sms).choose_dense(GemmProblem(m, n, k, 1, "e4m3", "e4m3", "fp32", "k", "k"), promote_k=0)
+    y32 = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, activation="swiglu", out_dtype=torch.float32, config=cfg)
     check_quantized(q, quantize_ref(y32, "mxfp8"), "mxfp8")
 
 
@@ -223,5 +226,8 @@ def test_fp8_fp32_out_promote_k(m, n, k):
     (far32, err32), (far64, err64), (far128, err128) = beyond(outs[32]), beyond(outs[64]), beyond(outs[0])
     assert far32 <= far128 and far64 <= far128, (far32, far64, far128)
     assert err32 < err128 and err64 < err128, (err32, err64, err128)
-    tfp32 = torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.float32)
+    pad = -n % 16  # torch._scaled_mm takes N % 16 == 0 only: its baseline on zero-padded columns
+    bp = torch.nn.functional.pad(b.t().view(torch.uint8), (0, 0, 0, pad)).view(F8).t()
+    sbp = torch.nn.functional.pad(sb, (0, pad), value=1.0)
+    tfp32 = torch._scaled_mm(a, bp, scale_a=sa, scale_b=sbp, out_dtype=torch.float32)[:, :n]
     assert_within_torch_error(out, tfp32, ref, what="fp8 fp32 out promote_k 32")

@@ -232,8 +232,10 @@ def test_grouped_epilogue_bad_inputs():
         grouped_gemm(a, b[:, :, :48], offs=offs, out_dtype="mxfp8")
     with pytest.raises(ValueError, match="out_global_scale"):
         grouped_gemm(a, b, offs=offs, out_dtype="nvfp4")
-    with pytest.raises(ValueError, match="float8"):
-        grouped_gemm(a, b, offs=offs, scale_a=torch.ones(32, device="cuda"))
+    with pytest.raises(ValueError, match="scale_a only"):  # 16-bit: scale_a is a per-row output scale
+        grouped_gemm(a, b, offs=offs, scale_a=torch.ones(a.shape[0], device="cuda"), scale_b=torch.ones(64, device="cuda"))
+    with pytest.raises(ValueError, match="scale_a"):
+        grouped_gemm(a, b, offs=offs, scale_a=torch.ones(5, device="cuda"))
 
 
 def test_interleave_helper_round_trip():

@@ -1,9 +1,10 @@
 """Quantized-output epilogues (MXFP8 / MXFP4 / NVFP4) and user-defined epilogues on a GPU.
 
 Quantized: the kernel's BlockScaledTensor against ``quantize_ref(gemm_ref(..., fp32))``: >= 99.9%
-of data bytes and of scale bytes equal (the accumulation order differs, so a value on a rounding
-boundary may land one step away), every dequantized element within one quantization step of the
-reference's, and the swizzle padding exactly zero. Random data, ragged M.
+of data bytes equal in blocks of equal scale, block scales equal but for rare blocks one step off
+(the accumulation order differs, so a value on a rounding boundary may land one step away), every
+dequantized element within one quantization step of the reference's, and the swizzle padding
+exactly zero. Random data, ragged M.
 
 User epilogues: two functions (column / row vectors; coordinate arithmetic) against gemm_ref in
 float64, within 2x torch's own error; unsupported functions raise ValueError / TypeError.
@@ -49,15 +50,24 @@ def _block_scale(t: cutegemm.blockscaled.BlockScaledTensor) -> torch.Tensor:
 
 
 def check_quantized(ours, ref, fmt, min_equal=0.999):
+    """Data and scale bytes equal but for values on a rounding boundary: a block whose amax sits
+    at a power of two (MX) or a scale step (NVFP4) may take the neighbouring scale in either
+    accumulation order, which moves all its elements; such blocks must differ by one scale step
+    and be rare, and every other block's bytes must match (>= min_equal)."""
     assert ours.fmt.name == fmt and ours.shape == ref.shape
     d_ours, d_ref = ours.data.view(torch.uint8), ref.data.view(torch.uint8)
     assert d_ours.shape == d_ref.shape
-    same = (d_ours == d_ref).float().mean().item()
-    assert same >= min_equal, f"{fmt}: only {same:.5f} of data bytes equal"
     s_ours, s_ref = ours.scales.view(torch.uint8), ref.scales.view(torch.uint8)
     assert s_ours.shape == s_ref.shape
-    s_same = (s_ours == s_ref).float().mean().item()
-    assert s_same >= min_equal, f"{fmt}: only {s_same:.5f} of scale bytes equal"
+    s_step = (s_ours.int() - s_ref.int()).abs()
+    moved_blocks = int((s_step != 0).sum())
+    assert int(s_step.max()) <= 1, f"{fmt}: a block scale is more than one step off"
+    assert moved_blocks <= max(2, 0.002 * s_ours.numel()), f"{fmt}: {moved_blocks} of {s_ours.numel()} block scales differ"
+    moved = _block_scale(ours) != _block_scale(ref)  # per element
+    if d_ours.shape[-1] != moved.shape[-1]:  # FP4: two elements per byte
+        moved = moved.reshape(*moved.shape[:-1], -1, 2).any(-1)
+    same = (d_ours == d_ref)[~moved].float().mean().item() if (~moved).any() else 1.0
+    assert same >= min_equal, f"{fmt}: only {same:.5f} of data bytes equal (blocks of equal scale)"
     # swizzle padding: rows >= M and scale columns past N / block are zero in both
     m, n = ours.shape[-2], ours.shape[-1]
     rows_p, cols_p = swizzled_shape(m, -(-n // ours.fmt.block_size))

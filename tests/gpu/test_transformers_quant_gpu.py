@@ -17,6 +17,7 @@ CPU twin of these checks is tests/cpu/test_transformers_quant_cpu.py.
 """
 
 import copy
+import inspect
 
 import pytest
 import torch
@@ -199,6 +200,8 @@ def test_weight_only_layer_within_2x_grouped_mm(name, fmt, tokens):
 
 
 def test_fp4_fp8experts_within_2x_grouped_mm():
+    if "expert_dtype" not in inspect.signature(hf_fp8.FP8Experts.__init__).parameters:
+        pytest.skip("this transformers' FP8Experts has no expert_dtype (FP4 experts came later)")
     experts = layer(256)
     fp4 = fp8_class()(experts.config, block_size=(128, 128), scale_fmt="ue8m0", expert_dtype="fp4")
     deq = copy.deepcopy(experts).float()
