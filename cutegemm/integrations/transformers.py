@@ -88,10 +88,9 @@ KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # what the quantized routes write
 # Gated experts' forward without a gradient reads the tokens through the dispatch index
 # (grouped_experts(gather_index=...): the sm_90a gather kernel) instead of a permuted copy, and
-# scales the rows by their routing weights in the down projection's epilogue (out_scale). Off
-# until tests/gpu/test_grouped_gather_gpu.py has passed on a GPU: the gather kernel and the 16-bit
-# row scale are compiled and checked on the CPU only.
-FUSED_DISPATCH = False
+# scales the rows by their routing weights in the down projection's epilogue (out_scale); the
+# gather kernel and the 16-bit row scale pass tests/gpu/test_grouped_gather_gpu.py on the H200.
+FUSED_DISPATCH = True
 DEFAULT_GATE = getattr(hf_moe, "_default_apply_gate", None)  # transformers' act_fn(gate) * up
 E4M3_MAX = 448.0
 FP4_STORAGE = (torch.int8, torch.uint8, torch.float4_e2m1fn_x2)  # transformers' packed e2m1 experts
