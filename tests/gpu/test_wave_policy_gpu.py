@@ -46,9 +46,13 @@ def test_wave_model_picks_are_correct_and_deterministic(kind, m, n, k):
     ref = x.double() @ w.double().t()
     if kind == "fp8":
         ref = ref * kwargs["scale_a"].double() * kwargs["scale_b"].double()
-        pad = -k % 16  # torch._scaled_mm takes K % 16 == 0 only: its baseline on zero-padded K (same sums)
-        xp, wp = torch.nn.functional.pad(x.view(torch.uint8), (0, pad)), torch.nn.functional.pad(w.view(torch.uint8), (0, pad))
-        same = torch._scaled_mm(xp.view(F8), wp.view(F8).t(), out_dtype=torch.bfloat16, **kwargs)
+        # torch._scaled_mm takes K and N multiples of 16 only: its baseline on zero-padded K (the
+        # same sums) and N (columns sliced off)
+        pk, pn = -k % 16, -n % 16
+        xp = torch.nn.functional.pad(x.view(torch.uint8), (0, pk)).view(F8)
+        wp = torch.nn.functional.pad(w.view(torch.uint8), (0, pk, 0, pn)).view(F8)
+        sbp = torch.nn.functional.pad(kwargs["scale_b"], (0, pn), value=1.0)
+        same = torch._scaled_mm(xp, wp.t(), out_dtype=torch.bfloat16, scale_a=kwargs["scale_a"], scale_b=sbp)[:, :n]
     else:
         same = x @ w.t()
     assert_within_torch_error(out, same, ref, what=f"{kind} {m}x{n}x{k} {cfg.name}")
