@@ -50,6 +50,7 @@ from torch.autograd.function import once_differentiable
 from .api.face import grouped_gemm, grouped_gemm_ref
 from .epilogue import GATED, activation_ref
 from .ops import activation_grad, zero_rows_past_end
+from .policy import gather_pays
 
 GATE_ACT = {"swiglu": "silu", "geglu": "gelu"}
 
@@ -233,7 +234,8 @@ def grouped_experts(
         x.requires_grad or w_gate_up.requires_grad or w_down.requires_grad
     )
     if gather_index is not None and (
-            needs_grad or gate_layout != "interleaved" or not x.is_cuda or torch.compiler.is_compiling()):  # fmt: skip
+            needs_grad or gate_layout != "interleaved" or not x.is_cuda or torch.compiler.is_compiling()
+            or not gather_pays(x.shape[1], gather_index.shape[0], w_gate_up.shape[0])):  # fmt: skip
         x, gather_index = x.index_select(0, gather_index), None
     if needs_grad:
         return _scaled(_GatedExperts.apply(x, w_gate_up, w_down, offs, activation, gate_layout), out_scale)

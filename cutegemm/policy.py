@@ -239,6 +239,21 @@ class ArchPolicy:
         return gathered(cfg, p.m / max(num_groups, 1))
 
 
+# The MoE layer's up projection reads its rows through the dispatch index (the gather kernel)
+# where that measured faster than the gathered copy plus the TMA kernel, H200, bench moe forward,
+# ms, gather / copy: hidden 2048 with 1024-2048 rows per expert 3.38 / 3.53 (Qwen3-30B-A3B), 3.78 /
+# 3.93 (OLMoE); slower with 4 rows per expert (decode, 0.388 / 0.375) and at hidden 4096 (Mixtral,
+# 8.63 / 8.22) and 7168 (DeepSeek-V3, 14.45 / 12.14): the cp.async row loads fall behind TMA as
+# the rows get longer.
+GATHER_MAX_HIDDEN = 2048
+GATHER_MIN_ROWS_PER_EXPERT = 64
+
+
+def gather_pays(hidden: int, rows: int, experts: int) -> bool:
+    """Whether a MoE layer's up projection takes the gather kernel (else the gathered copy)."""
+    return hidden <= GATHER_MAX_HIDDEN and rows >= GATHER_MIN_ROWS_PER_EXPERT * max(experts, 1)
+
+
 def gathered(cfg: GemmConfig, rows_per_group: float) -> GemmConfig:
     """A packed grouped config made the gathered-A kernel's (GemmConfig.gather_a, sm_90a): A is
     not multicast (cluster_n 1; B is, over a 2x1 cluster of one expert's m-tiles, where the

@@ -304,8 +304,8 @@ def build_runner(name: str, layer: Layer) -> Runner | str:
                       "(no grad: SwiGLU fused)", partial(cutegemm_moe, x, idx, rw, layer.w_gate_up_il, w2),
                       layer.w_gate_up_il, "interleaved")  # fmt: skip
     if name == "cutegemm-gather":
-        return Runner(name, "as cutegemm, the up projection reading the tokens through the dispatch index "
-                      "(no grad: the sm_90a gather kernel)", partial(cutegemm_moe, x, idx, rw, layer.w_gate_up_il, w2,
+        return Runner(name, "as cutegemm, the dispatch index handed to the layer (no grad: the sm_90a gather "
+                      "kernel where policy.gather_pays, else the copy)", partial(cutegemm_moe, x, idx, rw, layer.w_gate_up_il, w2,
                                                                      fused_gather=True),
                       layer.w_gate_up_il, "interleaved")  # fmt: skip
     if name == "sonicmoe":
