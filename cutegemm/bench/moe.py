@@ -19,7 +19,8 @@ sum over top-k) except SonicMoE, which fuses both into its GEMMs:
   interleaved gate/up weights (what ``GroupedExperts.forward`` runs): without grad the SwiGLU is
   fused into the gate/up GEMM's epilogue; with grad its autograd function (four grouped GEMMs back).
 - ``cutegemm-gather``: as ``cutegemm``, with the tokens and the dispatch index instead of the
-  gathered copy (forward: the gather kernel reads the up projection's rows through the index).
+  gathered copy (forward: the gather kernel reads the up projection's rows through the index where
+  ``policy.gather_pays``, the layer's copy elsewhere).
 - ``cutegemm-hf``: cutegemm's transformers backend (``experts_implementation="cutegemm"``) on the
   same module as ``torch`` (halves: the activation runs in torch between the GEMMs).
 - ``sonicmoe``: SonicMoE's ``moe_general_routing_inputs`` (sonic-moe 0.1.2.post1) on interleaved
