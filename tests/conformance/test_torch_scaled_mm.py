@@ -235,8 +235,9 @@ def test_scaled_mm_vs_emulated_row_wise(device, base_dtype, request):
     if device == "cuda" and base_dtype == F32:
         request.applymarker(pytest.mark.xfail(
             reason="issue 38: FP8 row-wise with an fp32 output, 128 x 512 x 256: with 128-K partial sums 276 "
-                   "elements were off the exact product by more than 2e-3 on the H200; fp32 outputs now take 32-K "
-                   "partial sums (policy.fp32_promotion; a CPU model predicts 2), not yet run on a GPU",
+                   "elements were off the exact product by more than 2e-3 on the H200; with the 32-K partial sums "
+                   "fp32 outputs now take (policy.fp32_promotion) no more are and the mean error is smaller "
+                   "(tests/gpu/test_fp8_gpu.py, H200), but this case still fails on the H200",
             strict=False))  # fmt: skip
     torch.manual_seed(42)
     m, k, n = 128, 512, 256
