@@ -22,14 +22,16 @@ Forward:
 Backward (``_GatedExperts``): with Y = H W_down[e], H = act(gate) * up, Z = X W_gate_up[e] per expert,
 
     dH  = dY W_down[e]^T                       packed grouped GEMM
+    H, dZ = act(gate) * up, act'(Z; dH)        torch, one pass over Z (``ops.gated_grads``): fp32
+                                               math, act(gate) shared, dZ written in Z's layout
     dW_down[e] = H_e^T dY_e                    K-grouped grouped GEMM (in W_down's storage layout)
-    dZ  = act'(Z; dH)                          torch, fp32 math, rounded to the operands' dtype
     dX  = dZ W_gate_up[e]^T                    packed grouped GEMM; rows past offs[-1] set to 0
     dW_gate_up[e] = X_e^T dZ_e                 K-grouped grouped GEMM (storage layout)
 
 Save, not recompute: the forward saves Z, the pre-activations (T, 2I) in the operands' dtype
 (bf16: 4 T I bytes per layer) next to X and the weights (which autograd holds anyway); H is not
-saved but rebuilt from Z in the backward (elementwise, T I transient). Recomputing Z instead
+saved but rebuilt from Z in the backward (elementwise, next to dZ: Z in fp32, 8 T I bytes
+transient). Recomputing Z instead
 would save those 4 T I bytes at the cost of a third gate/up grouped GEMM (4 T H I flops: a
 training step's expert GEMMs would grow from 18 T H I to 22 T H I flops, +22%). torch's
 ``grouped_mm`` experts path keeps Z, act(gate) and H (about 8 T I bytes in bf16). T counts
@@ -49,7 +51,7 @@ from torch.autograd.function import once_differentiable
 
 from .api.face import grouped_gemm, grouped_gemm_ref
 from .epilogue import GATED, activation_ref
-from .ops import activation_grad, zero_rows_past_end
+from .ops import gated_grads, zero_rows_past_end
 from .policy import gather_pays
 
 GATE_ACT = {"swiglu": "silu", "geglu": "gelu"}
@@ -112,17 +114,14 @@ class _GatedExperts(torch.autograd.Function):
         need_x, need_w1, need_w2 = ctx.needs_input_grad[:3]
         dx = dw1 = dw2 = None
         dy = dy.to(x.dtype).contiguous()  # the kernels' operand dtype; the packed form wants row-major
+        dh = grouped_mm(dy, w_down.mT, offs) if need_x or need_w1 else None  # (T, I)
+        h, dz = gated_grads(ctx.activation, dh, z, ctx.gate_layout, want_h=need_w2)  # one pass over Z
         if need_w2:
-            h = gated_activation(z, ctx.activation, ctx.gate_layout, x.dtype)
             dw2 = _weight_grad(h, dy, offs, w_down)
-        if need_x or need_w1:
-            dh = grouped_mm(dy, w_down.mT, offs)  # (T, I)
-            cd = torch.float64 if x.dtype == torch.float64 else torch.float32
-            dz = activation_grad(ctx.activation, dh.to(cd), z.to(cd), ctx.gate_layout).to(x.dtype)
-            if need_x:
-                dx = zero_rows_past_end(grouped_mm(dz, w_gate_up.mT, offs), offs)
-            if need_w1:
-                dw1 = _weight_grad(x, dz, offs, w_gate_up)
+        if need_x:
+            dx = zero_rows_past_end(grouped_mm(dz, w_gate_up.mT, offs), offs)
+        if need_w1:
+            dw1 = _weight_grad(x, dz, offs, w_gate_up)
         return dx, dw1, dw2, None, None, None
 
 

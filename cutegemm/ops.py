@@ -242,6 +242,33 @@ def activation_grad(
     return _act_backward(activation, g, z)
 
 
+def gated_grads(activation: str, dh: torch.Tensor | None, z: torch.Tensor, gate_layout: str = "interleaved",
+                want_h: bool = True) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(H, dZ) of a gated activation H = act(gate) * up from its pre-activations Z and, unless
+    None, dH: one compute-dtype copy of Z, act(gate) shared by H and dZ's up half, dZ written
+    straight into Z's layout and dtype. The values (and bits) of ``act(gate) * up`` rounded to Z's
+    dtype and of :func:`activation_grad` rounded likewise, with fewer passes over memory."""
+    cd = _compute_dtype(z.dtype)
+    zc = z.to(cd)
+    n = z.shape[-1] // 2
+
+    def split(t):
+        return (t[..., :n], t[..., n:]) if gate_layout == "halves" else (t[..., 0::2], t[..., 1::2])
+
+    gate, up = split(zc)
+    act = _GATE_ACT[activation]
+    a = _act(act, gate)
+    h = (a * up).to(z.dtype) if want_h else None
+    if dh is None:
+        return h, None
+    g = dh.to(cd)
+    dz = torch.empty_like(z)
+    dz_gate, dz_up = split(dz)
+    dz_up.copy_(g * a)
+    dz_gate.copy_(_act_backward(act, g * up, gate))
+    return h, dz
+
+
 def _gemm_backward(ctx, grad):
     a, b, bias = ctx.saved_tensors
     need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -400,5 +427,5 @@ except (AttributeError, TypeError):
     pass
 
 __all__ = [
-    "gemm", "grouped_gemm", "activation_grad", "quantize", "gemm_quantized", "GEMM_SCHEMA", "GROUPED_SCHEMA",
+    "gemm", "grouped_gemm", "activation_grad", "gated_grads", "quantize", "gemm_quantized", "GEMM_SCHEMA", "GROUPED_SCHEMA",
 ]  # fmt: skip

@@ -14,8 +14,9 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cutegemm.moe import gather_tokens, grouped_experts
+from cutegemm.moe import gated_activation, gather_tokens, grouped_experts
 from cutegemm.nn import GroupedExperts
+from cutegemm.ops import activation_grad, gated_grads
 
 from ..gemm_check import assert_within_torch_error
 
@@ -294,3 +295,34 @@ def test_gather_tokens_backward_sums_each_tokens_rows():
     assert torch.autograd.gradcheck(lambda t: gather_tokens(t, order, k), (x,))
     with torch.no_grad():
         assert torch.equal(gather_tokens(x, order, k), x[order // k])
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(0, 40),
+    inter=st.integers(1, 24),
+    activation=st.sampled_from(["swiglu", "geglu"]),
+    layout=st.sampled_from(["interleaved", "halves"]),
+    dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32, torch.float64]),
+    want_h=st.booleans(),
+    with_dh=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_gated_grads_equal_the_two_step_formulas_bitwise(rows, inter, activation, layout, dtype, want_h, with_dh, seed):
+    """ops.gated_grads (the backward's one pass over Z) gives the bits of gated_activation and of
+    activation_grad rounded to Z's dtype, on random values with large and tiny magnitudes."""
+    g = torch.Generator().manual_seed(seed)
+    z = (torch.randn(rows, 2 * inter, generator=g, dtype=torch.float64) * 10 ** torch.empty(rows, 2 * inter, dtype=torch.float64).uniform_(-3, 2, generator=g)).to(dtype)  # fmt: skip
+    dh = torch.randn(rows, inter, generator=g, dtype=torch.float64).to(dtype) if with_dh else None
+    h, dz = gated_grads(activation, dh, z, layout, want_h=want_h)
+    cd = torch.float64 if dtype == torch.float64 else torch.float32
+    if want_h:
+        assert torch.equal(h.view(torch.uint8), gated_activation(z, activation, layout, dtype).view(torch.uint8))
+    else:
+        assert h is None
+    if with_dh:
+        ref = activation_grad(activation, dh.to(cd), z.to(cd), layout).to(dtype)
+        assert dz.dtype == dtype and dz.shape == z.shape
+        assert torch.equal(dz.view(torch.uint8), ref.view(torch.uint8))  # bits (NaN-safe)
+    else:
+        assert dz is None
