@@ -125,6 +125,12 @@ class _GatedExperts(torch.autograd.Function):
         return dx, dw1, dw2, None, None, None
 
 
+def inverse_permutation(order: torch.Tensor) -> torch.Tensor:
+    """inv with inv[order[r]] = r (int64), on order's device."""
+    return torch.empty_like(order, dtype=torch.int64).scatter_(
+        0, order.long(), torch.arange(order.numel(), device=order.device))  # fmt: skip
+
+
 class _TokenGather(torch.autograd.Function):
     """rows = x[order // k]: see :func:`gather_tokens`."""
 
@@ -138,7 +144,7 @@ class _TokenGather(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad):
         (order,) = ctx.saved_tensors
-        pairs = torch.empty_like(grad).index_copy_(0, order, grad)  # row of pair p = grad[r] where order[r] = p
+        pairs = grad.index_select(0, inverse_permutation(order))  # row of pair p = grad[r] where order[r] = p
         return pairs.view(-1, ctx.k, grad.shape[-1]).sum(dim=1), None, None
 
 
@@ -152,6 +158,39 @@ def gather_tokens(x: torch.Tensor, order: torch.Tensor, k: int) -> torch.Tensor:
     if order.numel() != x.shape[0] * k:
         raise ValueError(f"order must hold the {x.shape[0]} x {k} (token, slot) pairs, got {order.numel()}")
     return _TokenGather.apply(x, order, k)
+
+
+class _RowPermute(torch.autograd.Function):
+    """out = y[perm]: see :func:`permute_rows`."""
+
+    @staticmethod
+    def forward(ctx, y, perm, inverse):
+        ctx.save_for_backward(inverse)
+        return y.index_select(0, perm)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        (inverse,) = ctx.saved_tensors
+        return grad.index_select(0, inverse), None, None
+
+
+def permute_rows(y: torch.Tensor, perm: torch.Tensor, inverse: torch.Tensor | None = None) -> torch.Tensor:
+    """``y.index_select(0, perm)`` for ``perm`` a permutation of y's rows, with a gather for its
+    backward too (``grad.index_select(0, inverse)``) where index_select's own is a scatter-add over
+    every row (the combine's: 2.3 of a Qwen3-30B-A3B training step's 20.7 ms on the H200).
+    ``inverse``: ``inverse_permutation(perm)`` if the caller has it."""
+    if perm.shape[0] != y.shape[0]:
+        raise ValueError(f"perm must hold one entry per row of y ({y.shape[0]}), got {perm.shape[0]}")
+    if not (torch.is_grad_enabled() and y.requires_grad):
+        return y.index_select(0, perm)
+    return _RowPermute.apply(y, perm, inverse_permutation(perm) if inverse is None else inverse)
+
+
+def unpermute_rows(y: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """A MoE combine's unpermute: rows of ``y`` in dispatch order (row r is pair ``order[r]``) back
+    in (token, slot) order (:func:`permute_rows` by ``inverse_permutation(order)``)."""
+    return permute_rows(y, inverse_permutation(order), order)
 
 
 def check_experts(x, w_gate_up, w_down, offs, activation="swiglu", gate_layout="interleaved"):
@@ -257,4 +296,5 @@ def _scaled(y: torch.Tensor, out_scale) -> torch.Tensor:
     return (y.to(torch.promote_types(y.dtype, torch.float32)) * out_scale.unsqueeze(-1)).to(y.dtype)
 
 
-__all__ = ["grouped_experts", "grouped_mm", "check_experts", "gated_activation", "gather_tokens", "zero_rows_past_end"]
+__all__ = ["grouped_experts", "grouped_mm", "check_experts", "gated_activation", "gather_tokens", "permute_rows",
+           "unpermute_rows", "inverse_permutation", "zero_rows_past_end"]

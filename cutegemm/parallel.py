@@ -52,6 +52,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .api.face import grouped_gemm_ref
+from .moe import inverse_permutation, permute_rows, unpermute_rows
 from .nn import GroupedExperts
 
 
@@ -79,16 +80,11 @@ def _sort_pairs(topk_idx: torch.Tensor, num_experts: int):
     return order, token, counts
 
 
-def _inverse(perm: torch.Tensor) -> torch.Tensor:
-    """The inverse permutation (on the device)."""
-    return torch.empty_like(perm).scatter_(0, perm, torch.arange(perm.numel(), device=perm.device))
-
-
 def _combine(y_sorted, order, topk_weight, out_dtype):
     """y_sorted: expert outputs in sorted-pair order -> sum_j topk_weight[t, j] * y[t, j] (fp32 math).
     Differentiable in y_sorted and topk_weight."""
     T, k = topk_weight.shape
-    y = y_sorted.index_select(0, _inverse(order))
+    y = unpermute_rows(y_sorted, order)
     y = y.view(T, k, y_sorted.shape[1]).float() * topk_weight.float().unsqueeze(-1)
     return y.sum(1).to(out_dtype)
 
@@ -209,8 +205,9 @@ class ExpertParallelMoE(nn.Module):
         )
         perm = torch.argsort(local_id, stable=True)
         offs = recv_counts.sum(0).cumsum(0).to(torch.int32)
-        y_local = self.experts(x_recv.index_select(0, perm), offs)
-        y_recv = y_local.index_select(0, _inverse(perm))
+        inverse = inverse_permutation(perm)
+        y_local = self.experts(permute_rows(x_recv, perm, inverse), offs)
+        y_recv = permute_rows(y_local, inverse, perm)
 
         # 7. send the results back (splits swapped) and combine with the router weights.
         y_back = AllToAll.apply(y_recv, send_splits, recv_splits, group)

@@ -59,7 +59,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..epilogue import interleave_gate_up
-from ..moe import gather_tokens, grouped_experts
+from ..moe import gather_tokens, grouped_experts, unpermute_rows
 from ..runtime.timer import Timer
 
 
@@ -168,17 +168,13 @@ def dispatch(top_k_index: torch.Tensor, num_experts: int) -> tuple[torch.Tensor,
     return order, counts.cumsum(0).to(torch.int32)
 
 
-def inverse_permutation(order: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
-
-
 def combine(y: torch.Tensor, top_k_weights: torch.Tensor, order: torch.Tensor, tokens: int) -> torch.Tensor:
     """The expert outputs ``y`` (rows in ``order``) scaled by their routing weights, back in token
-    order, summed over the top-k slots (reshape + sum: deterministic, as transformers does)."""
+    order (:func:`cutegemm.moe.unpermute_rows`: a gather forward and backward), summed over the
+    top-k slots (reshape + sum: deterministic, as transformers does)."""
     k = top_k_weights.shape[-1]
     weighted = y * top_k_weights.reshape(-1).index_select(0, order).unsqueeze(-1)
-    return weighted.index_select(0, inverse_permutation(order)).view(tokens, k, -1).sum(dim=1)
-
+    return unpermute_rows(weighted, order).view(tokens, k, -1).sum(dim=1)
 
 
 

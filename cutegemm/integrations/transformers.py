@@ -76,7 +76,7 @@ from ..blockscaled.formats import MXFP4, get_format
 from ..blockscaled.layout import to_swizzled
 from ..blockscaled.reference import BlockScaledTensor, dequantize_ref, e8m0_to_float, quantize_ref
 from ..gemm.fp8_scales import FP8_BLOCK
-from ..moe import gather_tokens, grouped_experts, zero_rows_past_end
+from ..moe import gather_tokens, grouped_experts, unpermute_rows, zero_rows_past_end
 
 try:  # transformers' fine-grained FP8 (its FP8Experts dispatch through their own experts interface)
     from transformers.integrations import finegrained_fp8 as hf_fp8
@@ -121,10 +121,6 @@ def _b(weight: torch.Tensor, transposed: bool) -> torch.Tensor:
     """The grouped GEMM's b operand (E, in, out) of an expert weight: stored (E, out, in) (the
     default) it is the transposed view, no copy."""
     return weight if transposed else weight.transpose(1, 2)
-
-
-def _inverse(perm: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(perm).scatter_(0, perm, torch.arange(perm.numel(), device=perm.device))
 
 
 def _mlp(experts, x, ids, offs, sentinels, project):
@@ -392,7 +388,7 @@ def experts_forward(experts, hidden_states: torch.Tensor, top_k_index: torch.Ten
         y = experts.post_expert_norm(y)
 
     weighted = y if fuse_weights else y * row_weights.unsqueeze(-1)
-    out = weighted.index_select(0, _inverse(order)).view(T, k, H).sum(dim=1)
+    out = unpermute_rows(weighted, order).view(T, k, H).sum(dim=1)
     return out.to(hidden_states.dtype)
 
 

@@ -14,7 +14,14 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cutegemm.moe import gated_activation, gather_tokens, grouped_experts
+from cutegemm.moe import (
+    gated_activation,
+    gather_tokens,
+    grouped_experts,
+    inverse_permutation,
+    permute_rows,
+    unpermute_rows,
+)
 from cutegemm.nn import GroupedExperts
 from cutegemm.ops import activation_grad, gated_grads
 
@@ -326,3 +333,30 @@ def test_gated_grads_equal_the_two_step_formulas_bitwise(rows, inter, activation
         assert torch.equal(dz.view(torch.uint8), ref.view(torch.uint8))  # bits (NaN-safe)
     else:
         assert dz is None
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(0, 50), width=st.integers(1, 9), seed=st.integers(0, 2**16),
+       dtype=st.sampled_from([torch.bfloat16, torch.float32]))  # fmt: skip
+def test_permute_rows_and_unpermute_rows_against_index_select(rows, width, seed, dtype):
+    """permute_rows / unpermute_rows: the values of index_select by the permutation (or its
+    inverse) and the same gradients as index_select's scatter-add backward, bitwise (each row's
+    gradient lands once)."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randn(rows, width, generator=g).to(dtype)
+    order = torch.randperm(rows, generator=g)
+    dout = torch.randn(rows, width, generator=g).to(dtype)
+    inv = inverse_permutation(order)
+    assert torch.equal(order[inv], torch.arange(rows)) and torch.equal(inv[order], torch.arange(rows))
+    for ours, theirs in ((lambda t: permute_rows(t, order), lambda t: t.index_select(0, order)),
+                         (lambda t: unpermute_rows(t, order), lambda t: t.index_select(0, inv))):  # fmt: skip
+        a, b = y.clone().requires_grad_(), y.clone().requires_grad_()
+        out_a, out_b = ours(a), theirs(b)
+        assert torch.equal(out_a, out_b)
+        out_a.backward(dout)
+        out_b.backward(dout)
+        assert torch.equal(a.grad, b.grad)
+        with torch.no_grad():
+            assert torch.equal(ours(y), out_b)
+    with pytest.raises(ValueError, match="one entry per row"):
+        permute_rows(y, order[:-1] if rows else torch.zeros(1, dtype=torch.int64))
