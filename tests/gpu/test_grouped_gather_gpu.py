@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import cutegemm
 from cutegemm.config import EpilogueSpec, GemmProblem
 from cutegemm.moe import grouped_experts
-from cutegemm.policy import policy_for
+from cutegemm.policy import gather_pays, policy_for
 
 from ..gemm_check import assert_within_torch_error
 
@@ -116,13 +116,15 @@ def test_gather_graph_replay_and_determinism():
     assert torch.equal(out[:rows], _same_tile(x[idx.long()], w, offs)[:rows])
 
 
-@pytest.mark.parametrize("tokens,k,experts,hidden,inter", [(64, 8, 128, 2048, 768), (2048, 8, 64, 2048, 1024)])
+@pytest.mark.parametrize("tokens,k,experts,hidden,inter", [(512, 8, 32, 2048, 768), (2048, 8, 64, 2048, 1024)])
 def test_grouped_experts_inference_through_the_index(tokens, k, experts, hidden, inter):
     """cutegemm.moe.grouped_experts(gather_index=...) without a gradient (the route the
-    transformers backend takes with FUSED_DISPATCH): the up projection reads the tokens through
-    the index; the result matches the layer on the permuted copy within bf16 rounding."""
+    transformers backend takes with FUSED_DISPATCH), on shapes where the layer gathers
+    (policy.gather_pays): the up projection reads the tokens through the index; the result
+    matches the layer on the permuted copy within bf16 rounding."""
     if not _sm90():
         pytest.skip("the gather kernel is sm_90a")
+    assert gather_pays(hidden, tokens * k, experts)
     gen = torch.Generator(device="cuda").manual_seed(11)
     x = torch.randn(tokens, hidden, device="cuda", generator=gen).to(BF)
     w1 = (torch.randn(experts, 2 * inter, hidden, device="cuda", generator=gen) * hidden**-0.5).to(BF).transpose(1, 2)
