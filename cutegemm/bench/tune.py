@@ -94,7 +94,10 @@ SM90_CANDIDATES = [
     # tiles fill less than a wave or leave a short last one (bench sweep's waves column)
     # (128x256 with 4 ranges spills registers: not a candidate)
     *(dict(tile_m=128, tile_n=tn, cluster_m=1, cluster_n=1, raster="n", group=1, split_k=sk)
-      for tn, sk in ((64, 2), (64, 4), (128, 2), (128, 4), (256, 2))),
+      for tn, sk in ((64, 2), (64, 4), (128, 2), (128, 4), (160, 2), (160, 4), (192, 2), (192, 4), (256, 2))),
+    # 128x160: whole waves where N is a multiple of 5 x 1024 (the wave model's tile for M > 128)
+    dict(tile_m=128, tile_n=160, cluster_m=2, cluster_n=1, raster="n", group=8),
+    dict(tile_m=128, tile_n=160, cluster_m=1, cluster_n=1, raster="n", group=1),
 ]
 
 
