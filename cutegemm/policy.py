@@ -116,6 +116,35 @@ def wave_choice(p: GemmProblem, num_sms: int, splits=(1,)) -> WaveCandidate:
     return best if best.seconds * MODEL_MARGIN < cands[0].seconds else cands[0]
 
 
+# 64 < M <= 128 (one 128-row tile; the decode rule's 128x64 / 128x128, split only where few tiles):
+# the wave model over 1x1 tiles and K splits. Off until the layer sweep has measured its picks
+# (`bench sweep` times them beside the decode rule's, in the same rounds). The sweep's M = 128
+# rows in 128x64 tiles (Llama-3-70B / Qwen3-32B qkv) ran at 0.58-0.62 of the 128x256 rate.
+SMALL_M_WAVES = False
+SMALL_M_RATES = {(128, 64): 0.60}
+
+
+def small_m_alternative(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig | None:
+    """The wave model's config for a 16-bit sm_90a dense call with 64 < M <= 128 where it is
+    predicted MODEL_MARGIN faster than ``cfg`` (the decode rule's, 128-row tiles), else None."""
+    if (cfg.arch != "sm_90a" or p.a_dtype not in ("bf16", "fp16") or not 64 < p.m <= 128 or cfg.tile_m != 128
+            or cfg.form not in (Form.DENSE, Form.FLAT) or cfg.split_cluster or cfg.pingpong):  # fmt: skip
+        return None
+    rates = {**TILE_RATES["16-bit"], **SMALL_M_RATES}
+    if (cfg.tile_m, cfg.tile_n) not in rates:
+        return None
+    now = wave_seconds(p, 128, cfg.tile_n, 1, max(1, cfg.split_k), num_sms, rates[(128, cfg.tile_n)])
+    k_tiles = ceil_div(p.k, 64)
+    cands = [WaveCandidate(tm, tn, 1, split, wave_seconds(p, tm, tn, 1, split, num_sms, rate))
+             for (tm, tn), rate in rates.items() for split in SPLITS
+             if split == 1 or (k_tiles >= 24 * split and tn <= 192)]  # fmt: skip
+    best = min(cands, key=lambda c: c.seconds)
+    if best.seconds * MODEL_MARGIN >= now:
+        return None
+    alt = replace(cfg, tile_n=best.tile_n, split_k=best.split_k, cluster_m=1, cluster_n=1, raster="n", group=1)
+    return None if config_errors(alt) or (alt.split_k > 1 and split_k_errors(alt)) else alt
+
+
 @dataclass(frozen=True)
 class ArchPolicy:
     arch: str
@@ -132,7 +161,10 @@ class ArchPolicy:
             pick = wave_choice(p, self.num_sms, SPLITS)
             if pick.split_k > 1 and not split_k_errors(replace(cfg, **pick.fields())):
                 cfg = replace(cfg, **pick.fields())
-        return small_m_options(cfg, p, self.num_sms)
+        cfg = small_m_options(cfg, p, self.num_sms)
+        if SMALL_M_WAVES and not set(overrides) & {"tile_m", "tile_n", "cluster_m", "split_k", "fast_accum"}:
+            cfg = small_m_alternative(cfg, p, self.num_sms) or cfg
+        return cfg
 
     def choose(self, p: GemmProblem, **overrides) -> GemmConfig:
         if overrides.get("fast_accum") and self.arch == "sm_90a" and p.a_dtype == "e4m3" and p.m > 128:

@@ -25,7 +25,9 @@ from pathlib import Path
 
 import torch
 
+from .. import policy
 from ..api import gemm
+from ..config import GemmProblem
 from ..gemm import dense
 from ..runtime.timer import Timer
 
@@ -82,6 +84,10 @@ class Result:
     # picks another config: torch time / its time, and its config ("" where it is the same).
     prev_ratio: float = 0.0
     prev_config: str = ""
+    # The wave model's 64 < M <= 128 pick (policy.small_m_alternative, off: SMALL_M_WAVES), timed
+    # likewise where it differs from ours.
+    alt_ratio: float = 0.0
+    alt_config: str = ""
 
 
 def cases(kinds=KINDS, layers=LAYERS, m_values=M_VALUES) -> list[Case]:
@@ -136,27 +142,41 @@ def previous_config(cfg, m: int, n: int, sms: int):
     return None if prev == cfg else prev
 
 
+def alternative_config(cfg, case: Case, sms: int):
+    """The 64 < M <= 128 wave pick while the policy does not take it (policy.SMALL_M_WAVES off),
+    or None."""
+    if cfg is None or policy.SMALL_M_WAVES:
+        return None
+    dtype = "bf16" if case.kind == "bf16" else "e4m3"
+    return policy.small_m_alternative(cfg, GemmProblem(case.m, case.n, case.k, 1, dtype, dtype, "bf16", "k", "k"), sms)
+
+
 def run_case(case: Case, timer, rounds: int = 4, reps: int = 10) -> Result:
     args, kwargs = operands(case)
     cfg = our_config(args, kwargs)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     prev = previous_config(cfg, case.m, case.n, sms)
+    alt = alternative_config(cfg, case, sms)
     ref = reference(args, kwargs)
     scale = ref.abs().max().clamp(min=1e-30)
     err = ((gemm(*args, **kwargs).double() - ref).abs().max() / scale).item()
     torch_err = ((torch_call(args, kwargs).double() - ref).abs().max() / scale).item()
-    ours, theirs, before = [], [], []
+    ours, theirs, before, other = [], [], [], []
     order = [(ours, lambda: gemm(*args, **kwargs)), (theirs, lambda: torch_call(args, kwargs))]
     if prev is not None:
         order.append((before, lambda: gemm(*args, config=prev, **kwargs)))
+    if alt is not None:
+        order.append((other, lambda: gemm(*args, config=alt, **kwargs)))
     for r in range(rounds):  # interleaved, alternating which side goes first
         for times, fn in order if r % 2 == 0 else order[::-1]:
             times.append(timer(fn, reps) * 1e3)
     ratios = [t / o for o, t in zip(ours, theirs, strict=True)]
     prev_ratio = statistics.median(t / b for b, t in zip(before, theirs, strict=True)) if before else 0.0
+    alt_ratio = statistics.median(t / b for b, t in zip(other, theirs, strict=True)) if other else 0.0
     return Result(case, statistics.median(ours), statistics.median(theirs), statistics.median(ratios),
                   min(ratios), max(ratios), cfg.name if cfg else "?", err, torch_err,
-                  waves(cfg, case.m, case.n, sms) if cfg else 0.0, prev_ratio, prev.name if prev else "")  # fmt: skip
+                  waves(cfg, case.m, case.n, sms) if cfg else 0.0, prev_ratio, prev.name if prev else "",
+                  alt_ratio, alt.name if alt else "")  # fmt: skip
 
 
 def our_config(args, kwargs):
@@ -235,6 +255,12 @@ def summary(results: list[Result]) -> dict:
         if changed:  # the cases where the rules differ: ours and the previous rule's
             out[kind]["changed_geomean"] = statistics.geometric_mean([r.ratio for r in changed])
             out[kind]["changed_before_geomean"] = statistics.geometric_mean([r.prev_ratio for r in changed])
+        alts = [r for r in rs if r.alt_config and r.alt_ratio]
+        out[kind]["alternatives"] = len(alts)
+        if alts:  # the 64 < M <= 128 wave picks (off): ours and theirs on the cases where they differ
+            out[kind]["alt_ours_geomean"] = statistics.geometric_mean([r.ratio for r in alts])
+            out[kind]["alt_geomean"] = statistics.geometric_mean([r.alt_ratio for r in alts])
+            out[kind]["alt_cases"] = [(r.case.name, round(r.ratio, 3), round(r.alt_ratio, 3), r.alt_config) for r in alts]
     return out
 
 
@@ -260,6 +286,12 @@ def markdown(results: list[Result]) -> str:
                   f"{stats['before_geomean']:.3f}, min {stats['before_min']:.2f}"
                   + (f"; on those cases ours {stats['changed_geomean']:.3f}, the previous rule "
                      f"{stats['changed_before_geomean']:.3f}." if stats["changed"] else "."), ""]  # fmt: skip
+        if stats["alternatives"]:
+            lines += [f"The 64 < M <= 128 wave picks (policy.small_m_alternative, off), timed in the same rounds on "
+                      f"the {stats['alternatives']} cases where they differ: ours {stats['alt_ours_geomean']:.3f}, "
+                      f"the picks {stats['alt_geomean']:.3f} ("
+                      + "; ".join(f"{name} {ours:.2f} -> {alt:.2f}" for name, ours, alt, _ in stats["alt_cases"])
+                      + ").", ""]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -332,13 +364,14 @@ def sweep_plan(arch: str = "sm_90a", sms: int = 132, kinds=KINDS, layers=LAYERS,
 
 
 def configs_of_sweep(arch: str = "sm_90a", sms: int = 132, **sweep) -> list:
-    """The distinct kernel configs of :func:`sweep_plan` and of the previous tile rule (what to
-    precompile)."""
+    """The distinct kernel configs of :func:`sweep_plan`, of the previous tile rule and of the
+    64 < M <= 128 wave picks (what to precompile)."""
     out = []
     for case, cfgs in sweep_plan(arch, sms, **sweep):
         out += cfgs
         prev = previous_config(cfgs[-1] if cfgs else None, case.m, case.n, sms)
-        out += [prev] if prev is not None else []
+        alt = alternative_config(cfgs[-1] if cfgs else None, case, sms)
+        out += [c for c in (prev, alt) if c is not None]
     return list(dict.fromkeys(out))
 
 

@@ -109,3 +109,41 @@ def test_explicit_tiles_and_other_forms_are_left_alone():
     assert POL.choose_dense(p, tile_m=128, tile_n=256).split_k == 1
     grouped = POL.choose_grouped(problem(4096, 4096, 4096), 8)
     assert grouped.split_k == 1
+
+
+def test_small_m_wave_picks_are_off_and_valid(monkeypatch):
+    """policy.small_m_alternative (64 < M <= 128, off until the sweep measures it): the decode
+    rule's config stands while SMALL_M_WAVES is off; the picks are valid configs predicted
+    MODEL_MARGIN faster; with the switch on, choose_dense takes them."""
+    from cutegemm import policy
+
+    p = problem(128, 10240, 8192)  # Llama-3-70B qkv at M = 128: 160 tiles of 128x64, 1.21 waves (0.74x cuBLAS)
+    cfg = POL.choose_dense(p)
+    assert (cfg.tile_n, cfg.split_k) == (64, 1)
+    alt = policy.small_m_alternative(cfg, p, SMS)
+    assert (alt.tile_m, alt.tile_n, alt.split_k, alt.cluster_m) == (128, 160, 2, 1)  # 64 tiles x 2: one wave
+    assert not config_errors(alt)
+    monkeypatch.setattr(policy, "SMALL_M_WAVES", True)
+    assert POL.choose_dense(p) == alt
+    assert POL.choose_dense(p, tile_n=64) == replace(cfg, tile_n=64)  # explicit tiles are left alone
+    assert policy.small_m_alternative(POL.choose_dense(problem(256, 10240, 8192)), problem(256, 10240, 8192), SMS) is None
+    assert policy.small_m_alternative(cfg, problem(128, 10240, 8192, "e4m3"), SMS) is None  # 16-bit only
+
+
+@settings(max_examples=200, deadline=None)
+@given(m=st.integers(65, 128), n=st.integers(1, 60000), k=st.integers(16, 40000))
+def test_small_m_wave_picks_predicted_faster(m, n, k):
+    from cutegemm import policy
+
+    p = problem(m, n, k)
+    cfg = POL.choose_dense(p)
+    alt = policy.small_m_alternative(cfg, p, SMS)
+    if alt is None:
+        return
+    assert not config_errors(alt), (alt.name, config_errors(alt))
+    rates = {**policy.TILE_RATES["16-bit"], **policy.SMALL_M_RATES}
+
+    def t(c):
+        return wave_seconds(p, 128, c.tile_n, 1, max(1, c.split_k), SMS, rates[(128, c.tile_n)])
+
+    assert t(alt) * MODEL_MARGIN < t(cfg)

@@ -10,7 +10,7 @@ import torch
 
 import cutegemm
 from cutegemm.config import EpilogueSpec, GemmProblem
-from cutegemm.policy import policy_for
+from cutegemm.policy import policy_for, small_m_alternative
 
 from ..gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
 
@@ -57,3 +57,26 @@ def test_wave_model_picks_are_correct_and_deterministic(kind, m, n, k):
         same = x @ w.t()
     assert_within_torch_error(out, same, ref, what=f"{kind} {m}x{n}x{k} {cfg.name}")
     assert torch.equal(out, cutegemm.gemm(x, w.t(), **kwargs)), f"{cfg.name}: not bitwise reproducible"
+
+
+@pytest.mark.parametrize("m,n,k", [(128, 10240, 8192), (100, 10240, 8192), (128, 5120, 25600), (128, 51200, 5120),
+                                   (128, 8192, 28672), (72, 24576, 1536)])  # fmt: skip
+def test_small_m_wave_picks_are_correct_and_deterministic(m, n, k):
+    """The 64 < M <= 128 wave picks (policy.small_m_alternative, off until the sweep has measured
+    them), forced through config=: within 2x torch's error of fp64, nothing written outside the
+    output, bitwise equal on a second call."""
+    if not _sm90():
+        pytest.skip("the wave model is the sm_90a policy")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    p = GemmProblem(m, n, k, 1, "bf16", "bf16", "bf16", "k", "k")
+    alt = small_m_alternative(policy_for("sm_90a", sms).choose_dense(p), p, sms)
+    if alt is None:
+        pytest.skip(f"no wave pick for {m}x{n}x{k}")
+    g = torch.Generator(device="cuda").manual_seed(m + n + k)
+    x = torch.randn(m, k, device="cuda", generator=g, dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", generator=g, dtype=torch.bfloat16)
+    buf, out = poisoned_out((m, n), torch.bfloat16)
+    cutegemm.gemm(x, w.t(), out=out, config=alt)
+    assert_outside_untouched(buf, m, n)
+    assert_within_torch_error(out, x @ w.t(), x.double() @ w.double().t(), what=f"{m}x{n}x{k} {alt.name}")
+    assert torch.equal(out, cutegemm.gemm(x, w.t(), config=alt)), f"{alt.name}: not bitwise reproducible"
