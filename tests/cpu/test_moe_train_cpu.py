@@ -360,3 +360,23 @@ def test_permute_rows_and_unpermute_rows_against_index_select(rows, width, seed,
             assert torch.equal(ours(y), out_b)
     with pytest.raises(ValueError, match="one entry per row"):
         permute_rows(y, order[:-1] if rows else torch.zeros(1, dtype=torch.int64))
+
+
+def test_unpermute_rows_compiles_fullgraph():
+    """The combine's unpermute traces with no graph break (dynamo + AOTAutograd), same values and
+    gradients as eager."""
+    torch._dynamo.reset()
+    y = torch.randn(12, 5, requires_grad=True)
+    order = torch.randperm(12)
+
+    def step(y, order):
+        return (unpermute_rows(y, order).view(6, 2, 5).sum(1) ** 2).sum()
+
+    out = []
+    for fn in (torch.compile(step, backend="aot_eager", fullgraph=True), step):
+        y.grad = None
+        loss = fn(y, order)
+        loss.backward()
+        out.append((loss.detach(), y.grad.clone()))
+    torch.testing.assert_close(out[0][0], out[1][0])
+    torch.testing.assert_close(out[0][1], out[1][1])
