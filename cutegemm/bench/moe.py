@@ -169,12 +169,12 @@ def dispatch(top_k_index: torch.Tensor, num_experts: int) -> tuple[torch.Tensor,
 
 
 def combine(y: torch.Tensor, top_k_weights: torch.Tensor, order: torch.Tensor, tokens: int) -> torch.Tensor:
-    """The expert outputs ``y`` (rows in ``order``) scaled by their routing weights, back in token
-    order (:func:`cutegemm.moe.unpermute_rows`: a gather forward and backward), summed over the
-    top-k slots (reshape + sum: deterministic, as transformers does)."""
+    """The expert outputs ``y`` (rows in ``order``) back in token order
+    (:func:`cutegemm.moe.unpermute_rows`: a gather forward and backward), scaled by their routing
+    weights (the products of scaling first, on y's bytes rather than the product's), summed over
+    the top-k slots (reshape + sum: deterministic, as transformers does)."""
     k = top_k_weights.shape[-1]
-    weighted = y * top_k_weights.reshape(-1).index_select(0, order).unsqueeze(-1)
-    return unpermute_rows(weighted, order).view(tokens, k, -1).sum(dim=1)
+    return (unpermute_rows(y, order).view(tokens, k, -1) * top_k_weights.unsqueeze(-1)).sum(dim=1)
 
 
 

@@ -369,8 +369,8 @@ def experts_forward(experts, hidden_states: torch.Tensor, top_k_index: torch.Ten
     # sums each token's rows in slot order, and the weights in torch
     gather = FUSED_DISPATCH and activation is not None and not (torch.is_grad_enabled() and (
         hidden_states.requires_grad or top_k_weights.requires_grad or any(p.requires_grad for p in experts.parameters())))  # fmt: skip
-    row_weights = top_k_weights.reshape(-1).index_select(0, order)
     fuse_weights = gather and not getattr(experts, "has_post_expert_norm", False)
+    row_weights = top_k_weights.reshape(-1).index_select(0, order) if fuse_weights else None
     x = hidden_states.to(dtype) if gather else gather_tokens(hidden_states, order, k).to(dtype)
     if project is not None:
         y = _mlp(experts, x, ids, offs, sentinels, lambda name, a: project(name, a, offs, dtype))
@@ -387,8 +387,10 @@ def experts_forward(experts, hidden_states: torch.Tensor, top_k_index: torch.Ten
     if getattr(experts, "has_post_expert_norm", False):
         y = experts.post_expert_norm(y)
 
-    weighted = y if fuse_weights else y * row_weights.unsqueeze(-1)
-    out = unpermute_rows(weighted, order).view(T, k, H).sum(dim=1)
+    # back in (token, slot) order, then weighted (the same products as weighting first, on half the
+    # bytes where the weights are fp32) and summed over the slots
+    pairs = unpermute_rows(y, order).view(T, k, H)
+    out = (pairs if fuse_weights else pairs * top_k_weights.unsqueeze(-1)).sum(dim=1)
     return out.to(hidden_states.dtype)
 
 
