@@ -101,7 +101,7 @@ class _GatedExperts(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w_gate_up, w_down, offs, activation, gate_layout):
         z = grouped_mm(x, w_gate_up, offs)  # (T, 2I) pre-activations
-        h = gated_activation(z, activation, gate_layout, x.dtype)  # (T, I)
+        h, _ = gated_grads(activation, None, z, gate_layout)  # (T, I), as gated_activation
         y = grouped_mm(h, w_down, offs)  # (T, H)
         ctx.save_for_backward(x, w_gate_up, w_down, offs, z)
         ctx.activation, ctx.gate_layout = activation, gate_layout

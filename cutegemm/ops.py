@@ -81,6 +81,7 @@ except ImportError:
     make_autograd_impl = None
 
 from .epilogue import ACTIVATIONS, GATED
+from .epilogue.gated_grads import gated_grads_cuda, kernel_takes
 from .gemm.dense import gemm as _gemm_kernel
 from .gemm.dense import gemm_ref as _gemm_ref
 from .grouped.packed import grouped_gemm as _grouped_kernel
@@ -242,12 +243,21 @@ def activation_grad(
     return _act_backward(activation, g, z)
 
 
+# swiglu's H / dZ by one elementwise kernel (cutegemm.epilogue.gated_grads) on CUDA bf16 / fp16;
+# off until tests/gpu/test_gated_grads_gpu.py has passed on a GPU (compile-checked only).
+FUSED_GATED = False
+
+
 def gated_grads(activation: str, dh: torch.Tensor | None, z: torch.Tensor, gate_layout: str = "interleaved",
                 want_h: bool = True) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(H, dZ) of a gated activation H = act(gate) * up from its pre-activations Z and, unless
     None, dH: one compute-dtype copy of Z, act(gate) shared by H and dZ's up half, dZ written
     straight into Z's layout and dtype. The values (and bits) of ``act(gate) * up`` rounded to Z's
-    dtype and of :func:`activation_grad` rounded likewise, with fewer passes over memory."""
+    dtype and of :func:`activation_grad` rounded likewise, with fewer passes over memory. With
+    FUSED_GATED, swiglu calls the kernel takes run as one pass (within an fp32 rounding of these)."""
+    if FUSED_GATED and kernel_takes(activation, dh, z):
+        h, dz = gated_grads_cuda(dh, z, gate_layout)
+        return (h if want_h else None), dz
     cd = _compute_dtype(z.dtype)
     zc = z.to(cd)
     n = z.shape[-1] // 2

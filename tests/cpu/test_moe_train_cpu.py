@@ -380,3 +380,17 @@ def test_unpermute_rows_compiles_fullgraph():
         out.append((loss.detach(), y.grad.clone()))
     torch.testing.assert_close(out[0][0], out[1][0])
     torch.testing.assert_close(out[0][1], out[1][1])
+
+
+def test_fused_gated_switch_leaves_cpu_calls_to_torch(monkeypatch):
+    """ops.FUSED_GATED routes only the calls the kernel takes (CUDA bf16 / fp16 swiglu): CPU
+    tensors keep the torch formulas, bit for bit."""
+    from cutegemm import ops
+    from cutegemm.epilogue.gated_grads import kernel_takes
+
+    z, dh = torch.randn(6, 16).to(torch.bfloat16), torch.randn(6, 8).to(torch.bfloat16)
+    assert not kernel_takes("swiglu", dh, z)
+    before = gated_grads("swiglu", dh, z)
+    monkeypatch.setattr(ops, "FUSED_GATED", True)
+    after = gated_grads("swiglu", dh, z)
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
