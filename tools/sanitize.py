@@ -284,6 +284,27 @@ def _quantize_cases():
     }
 
 
+def _gated_cases():
+    """The elementwise swiglu kernel (cutegemm.epilogue.gated_grads): a row count whose chunks do
+    not fill the last CTA, both layouts, against ops.gated_grads' torch formulas (within a step)."""
+    from cutegemm import ops
+    from cutegemm.epilogue.gated_grads import gated_grads_cuda
+
+    def case(layout):
+        z, dh = (cpu(37, 48) * 3).cuda(), cpu(37, 24).cuda()
+        h, dz = gated_grads_cuda(dh, z, layout)
+        torch.cuda.synchronize()
+        saved, ops.FUSED_GATED = ops.FUSED_GATED, False
+        try:
+            h_ref, dz_ref = ops.gated_grads("swiglu", dh, z, layout)
+        finally:
+            ops.FUSED_GATED = saved
+        for o, r in ((h, h_ref), (dz, dz_ref)):
+            assert torch.allclose(o.float(), r.float(), rtol=2**-6, atol=1e-6), f"gated {layout}"
+
+    return {f"gated-swiglu-{lay}": (lambda lay=lay: case(lay)) for lay in ("interleaved", "halves")}
+
+
 def _optional_cases() -> dict:
     """Kernel families that exist only in some versions of the package (guarded): the dynamic
     (atomic tile counter) scheduler and the quantized-output (MXFP8) epilogue."""
@@ -481,6 +502,7 @@ def all_cases() -> dict:
                                        cluster_m=2)),
         "list": list_case,
         **_quantize_cases(),
+        **_gated_cases(),
         **_fp4_weight_cases(),
         **_fp8_cases(),
     }
