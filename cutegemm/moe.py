@@ -282,7 +282,7 @@ def grouped_experts(
     elif gate_layout == "interleaved":  # the fused epilogue: Z never written
         h = grouped_mm(x, w_gate_up, offs, activation=activation)
     else:
-        h = gated_activation(grouped_mm(x, w_gate_up, offs), activation, gate_layout, x.dtype)
+        h, _ = gated_grads(activation, None, grouped_mm(x, w_gate_up, offs), gate_layout)  # as gated_activation
     if (out_scale is not None and x.is_cuda and not torch.compiler.is_compiling()
             and not (torch.is_grad_enabled() and out_scale.requires_grad)):  # fmt: skip
         return grouped_gemm(h, w_down, offs=offs, scale_a=out_scale.float())  # in the epilogue
