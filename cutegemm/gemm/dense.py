@@ -326,7 +326,7 @@ def _plan(
             plan.fn = DENSE_CACHE.get(cfg)
         except Exception as exc:
             raise ValueError(f"the user epilogue could not be traced into the kernel: {type(exc).__name__}: {exc}") from exc
-    plan.quant, plan.sfb = quant, None  # sfb: a block-scaled warm plan's scale_b view (_cache_scaled)
+    plan.quant, plan.sfb, plan.sb_memo = quant, None, None  # sfb, sb_memo: the FP8 warm plan's (_cache_scaled)
     plan.block_scales = blockwise
     plan.n_vectors = len(vectors)
     plan.views = views
@@ -580,15 +580,16 @@ def _cache_scaled(skey, plan, a, vectors, scale_a, scale_b) -> None:
     if skey is None or a.dtype != torch.float8_e4m3fn or plan.quant or v0 is None or v1 is None:
         return
     if plan.block_scales:
-        if v0 is scale_a and v1.data_ptr() == scale_b.data_ptr():
-            plan.sb_memo = getattr(plan, "sb_memo", None) or SimpleNamespace(b_memo=None)
-            plan.sfb, PLAIN_PLANS[skey] = (v1.shape, v1.stride()), plan
-        return
-    pairs = ((v0, warm_scale_view(scale_a)), (v1, warm_scale_view(scale_b)))  # the same views, no copy
-    if v1.stride() == (1,) and all((x.shape, x.stride(), x.data_ptr()) == (y.shape, y.stride(), y.data_ptr()) for x, y in pairs):
-        plan.sb_memo = getattr(plan, "sb_memo", None) or SimpleNamespace(b_memo=None)  # memo_view's holder
+        if v0 is not scale_a or v1.data_ptr() != scale_b.data_ptr():
+            return
+        plan.sfb = (v1.shape, v1.stride())
+    else:
+        pairs = ((v0, warm_scale_view(scale_a)), (v1, warm_scale_view(scale_b)))  # the same views, no copy
+        if v1.stride() != (1,) or any((x.shape, x.stride(), x.data_ptr()) != (y.shape, y.stride(), y.data_ptr()) for x, y in pairs):
+            return
         plan.scaled_tail = scaled_tail(plan.tail, v1.shape)
-        PLAIN_PLANS[skey] = plan
+    plan.sb_memo = plan.sb_memo or SimpleNamespace(b_memo=None)  # memo_view's holder
+    PLAIN_PLANS[skey] = plan
 
 
 def _degenerate(out, b, quant, scales, gs, alpha, beta, c, bias, activation, epilogue, vectors):

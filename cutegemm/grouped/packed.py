@@ -176,18 +176,19 @@ def _cache_scaled(skey, plan, a, epi: _Epi, scale_a, scale_b) -> None:
         return
     sfa, sfb = epi.block
     if sfa is not None:
-        if sfa is scale_a and sfb.data_ptr() == scale_b.data_ptr():
-            plan.sb_memo = getattr(plan, "sb_memo", None) or SimpleNamespace(b_memo=None)
-            plan.sfb, PLANS[skey] = (sfb.shape, sfb.stride()), plan
-        return
-    v0, v1 = epi.vectors
-    if v0 is None or v1 is None or v1.stride() != (1,) or v1.data_ptr() != scale_b.data_ptr():
-        return
-    w0 = warm_scale_view(scale_a)
-    if (v0.shape, v0.stride(), v0.data_ptr()) == (w0.shape, w0.stride(), w0.data_ptr()):
-        plan.sb_memo = getattr(plan, "sb_memo", None) or SimpleNamespace(b_memo=None)  # memo_view's holder
+        if sfa is not scale_a or sfb.data_ptr() != scale_b.data_ptr():
+            return
+        plan.sfb = (sfb.shape, sfb.stride())
+    else:
+        v0, v1 = epi.vectors
+        if v0 is None or v1 is None or v1.stride() != (1,) or v1.data_ptr() != scale_b.data_ptr():
+            return
+        w0 = warm_scale_view(scale_a)
+        if (v0.shape, v0.stride(), v0.data_ptr()) != (w0.shape, w0.stride(), w0.data_ptr()):
+            return
         plan.scaled_tail = scaled_tail(plan.tail, v1.shape)
-        PLANS[skey] = plan
+    plan.sb_memo = plan.sb_memo or SimpleNamespace(b_memo=None)  # memo_view's holder
+    PLANS[skey] = plan
 
 
 def _per_expert(name: str, t, E: int, n: int, device, dtypes=EPI_TORCH_DTYPES) -> torch.Tensor:
@@ -305,7 +306,7 @@ def _plan_packed(a, b, offs, out, out_dtype, alpha, config, epi_in: _Epi, fast_a
     plan.workspace = new_workspace(cfg, a.device)
     plan.tail = KernelArgs(None, None, None, workspace=plan.workspace).tail()
     plan.config = cfg
-    plan.quant, plan.sfb = quant, None  # sfb: a block-scaled warm plan's scale_b view (_cache_scaled)
+    plan.quant, plan.sfb, plan.sb_memo = quant, None, None  # sfb, sb_memo: the FP8 warm plan's (_cache_scaled)
     return plan
 
 
