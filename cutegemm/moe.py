@@ -50,11 +50,10 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .api.face import grouped_gemm, grouped_gemm_ref
-from .epilogue import GATED, activation_ref
+from .epilogue import GATED, activation_ref, split_gate_up
+from .epilogue.ops import GATE_ACTIVATION
 from .ops import gated_grads, zero_rows_past_end
 from .policy import gather_pays
-
-GATE_ACT = {"swiglu": "silu", "geglu": "gelu"}
 
 
 def grouped_mm(a, b, offs, *, activation=None, out_dtype=None, gate_layout="interleaved"):
@@ -72,18 +71,11 @@ def grouped_mm(a, b, offs, *, activation=None, out_dtype=None, gate_layout="inte
                             gate_layout=gate_layout, compute_dtype=cd)  # fmt: skip
 
 
-def _split(z: torch.Tensor, gate_layout: str):
-    if gate_layout == "halves":
-        n = z.shape[-1] // 2
-        return z[..., :n], z[..., n:]
-    return z[..., 0::2], z[..., 1::2]
-
-
 def gated_activation(z: torch.Tensor, activation: str, gate_layout: str, dtype: torch.dtype) -> torch.Tensor:
     """``act(gate) * up`` of Z's gate/up columns in fp32 (fp64 for fp64), cast to ``dtype``."""
     cd = torch.float64 if z.dtype == torch.float64 else torch.float32
-    gate, up = _split(z.to(cd), gate_layout)
-    return (activation_ref(GATE_ACT[activation], gate) * up).to(dtype)
+    gate, up = split_gate_up(z.to(cd), gate_layout)
+    return (activation_ref(GATE_ACTIVATION[activation], gate) * up).to(dtype)
 
 
 def _weight_grad(inp: torch.Tensor, grad: torch.Tensor, offs: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

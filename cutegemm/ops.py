@@ -80,8 +80,9 @@ try:  # private (custom_op's own Autograd kernel); without it the ops keep custo
 except ImportError:
     make_autograd_impl = None
 
-from .epilogue import ACTIVATIONS, GATED
+from .epilogue import ACTIVATIONS, GATED, split_gate_up
 from .epilogue.gated_grads import gated_grads_cuda, kernel_takes
+from .epilogue.ops import GATE_ACTIVATION
 from .gemm.dense import gemm as _gemm_kernel
 from .gemm.dense import gemm_ref as _gemm_ref
 from .grouped.packed import grouped_gemm as _grouped_kernel
@@ -99,7 +100,6 @@ GROUPED_SCHEMA = (
     "str? activation=None) -> Tensor"
 )
 
-_GATE_ACT = {"swiglu": "silu", "geglu": "gelu"}
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -231,13 +231,11 @@ def activation_grad(
     2j + 1 up j) or as ``[gate | up]`` halves (``gate_layout="halves"``), and g has N' columns;
     dZ comes back in z's layout."""
     if activation in GATED:
-        halves = gate_layout == "halves"
-        n = z.shape[-1] // 2
-        gate, up = (z[..., :n], z[..., n:]) if halves else (z[..., 0::2], z[..., 1::2])
-        act = _GATE_ACT[activation]
+        gate, up = split_gate_up(z, gate_layout)
+        act = GATE_ACTIVATION[activation]
         d_gate = _act_backward(act, g * up, gate)
         d_up = g * _act(act, gate)
-        if halves:
+        if gate_layout == "halves":
             return torch.cat((d_gate, d_up), dim=-1)
         return torch.stack((d_gate, d_up), dim=-1).flatten(-2)
     return _act_backward(activation, g, z)
@@ -259,21 +257,15 @@ def gated_grads(activation: str, dh: torch.Tensor | None, z: torch.Tensor, gate_
         h, dz = gated_grads_cuda(dh, z, gate_layout)
         return (h if want_h else None), dz
     cd = _compute_dtype(z.dtype)
-    zc = z.to(cd)
-    n = z.shape[-1] // 2
-
-    def split(t):
-        return (t[..., :n], t[..., n:]) if gate_layout == "halves" else (t[..., 0::2], t[..., 1::2])
-
-    gate, up = split(zc)
-    act = _GATE_ACT[activation]
+    gate, up = split_gate_up(z.to(cd), gate_layout)
+    act = GATE_ACTIVATION[activation]
     a = _act(act, gate)
     h = (a * up).to(z.dtype) if want_h else None
     if dh is None:
         return h, None
     g = dh.to(cd)
     dz = torch.empty_like(z)
-    dz_gate, dz_up = split(dz)
+    dz_gate, dz_up = split_gate_up(dz, gate_layout)
     dz_up.copy_(g * a)
     dz_gate.copy_(_act_backward(act, g * up, gate))
     return h, dz
