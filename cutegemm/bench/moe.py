@@ -177,7 +177,6 @@ def combine(y: torch.Tensor, top_k_weights: torch.Tensor, order: torch.Tensor, t
     return (unpermute_rows(y, order).view(tokens, k, -1) * top_k_weights.unsqueeze(-1)).sum(dim=1)
 
 
-
 def grouped_mm_torch(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     return torch._grouped_mm(a, b, offs=offs)
 
@@ -302,8 +301,8 @@ def build_runner(name: str, layer: Layer) -> Runner | str:
                       layer.w_gate_up_il, "interleaved")  # fmt: skip
     if name == "cutegemm-gather":
         return Runner(name, "as cutegemm, the dispatch index handed to the layer (no grad: the sm_90a gather "
-                      "kernel where policy.gather_pays, else the copy)", partial(cutegemm_moe, x, idx, rw, layer.w_gate_up_il, w2,
-                                                                     fused_gather=True),
+                      "kernel where policy.gather_pays, else the copy)",
+                      partial(cutegemm_moe, x, idx, rw, layer.w_gate_up_il, w2, fused_gather=True),
                       layer.w_gate_up_il, "interleaved")  # fmt: skip
     if name == "sonicmoe":
         sonic, why = load_sonicmoe()
