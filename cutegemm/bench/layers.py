@@ -264,8 +264,14 @@ def summary(results: list[Result]) -> dict:
     return out
 
 
+def _cell(ratio: float) -> str:
+    """A table cell of the ratio, bold below 0.95 (the issue's floor): the table's own heat map."""
+    return f"**{ratio:.2f}**" if ratio < 0.95 else f"{ratio:.2f}"
+
+
 def markdown(results: list[Result]) -> str:
-    """One table per kind: a row per layer, a column per M, the ratio (torch time / ours)."""
+    """One table per kind: a row per layer, a column per M, the ratio (torch time / ours), bold
+    below 0.95."""
     lines = []
     for kind, stats in summary(results).items():
         rs = [r for r in results if r.case.kind == kind]
@@ -276,7 +282,7 @@ def markdown(results: list[Result]) -> str:
                   "|---|" + "---|" * len(ms)]  # fmt: skip
         for fam, layer, n, k in dict.fromkeys((r.case.family, r.case.layer, r.case.n, r.case.k) for r in rs):
             by_m = {r.case.m: r for r in rs if (r.case.family, r.case.layer) == (fam, layer)}
-            cells = [f"{by_m[m].ratio:.2f}" if m in by_m else "" for m in ms]
+            cells = [_cell(by_m[m].ratio) if m in by_m else "" for m in ms]
             lines.append(f"| {fam} {layer} ({n} x {k}) | " + " | ".join(cells) + " |")
         lines += ["", f"geomean {stats['geomean']:.3f}, min {stats['min']:.2f}, "
                       f"{stats['below_0.95']} of {stats['cases']} below 0.95; worst: "
