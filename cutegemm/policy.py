@@ -88,14 +88,14 @@ def wave_seconds(p: GemmProblem, tile_m: int, tile_n: int, cluster_m: int, split
     return ceil_div(units, ctas) * unit
 
 
-def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,)) -> list[WaveCandidate]:
+def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,), extra_rates=None) -> list[WaveCandidate]:
     """Every (tile, cluster, split) the model weighs for ``p``, the default (widest tile) first.
     2x1 clusters where there are two M tiles (FP8: always, 16-bit: tiles wider than 128); split
     K on 1x1 clusters only (split_k_errors) and tiles up to 128x192 (128x256's partial-sum
     fix-up spills registers), with at least 24 K tiles of 64 (16-bit) / 12 of 128 (FP8) per
-    range, as split_few_tiles."""
+    range, as split_few_tiles. ``extra_rates``: more (tile_m, tile_n): rate entries to weigh."""
     fp8 = p.a_dtype == "e4m3"
-    rates = TILE_RATES["e4m3" if fp8 else "16-bit"]
+    rates = {**TILE_RATES["e4m3" if fp8 else "16-bit"], **(extra_rates or {})}
     k_tiles, min_tiles = (ceil_div(p.k, 128), 12) if fp8 else (ceil_div(p.k, 64), 24)
     out = []
     for (tm, tn), rate in rates.items():
@@ -134,11 +134,8 @@ def small_m_alternative(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmCo
     if (cfg.tile_m, cfg.tile_n) not in rates:
         return None
     now = wave_seconds(p, 128, cfg.tile_n, 1, max(1, cfg.split_k), num_sms, rates[(128, cfg.tile_n)])
-    k_tiles = ceil_div(p.k, 64)
-    cands = [WaveCandidate(tm, tn, 1, split, wave_seconds(p, tm, tn, 1, split, num_sms, rate))
-             for (tm, tn), rate in rates.items() for split in SPLITS
-             if split == 1 or (k_tiles >= 24 * split and tn <= 192)]  # fmt: skip
-    best = min(cands, key=lambda c: c.seconds)
+    # one 128-row tile: wave_candidates' clusters are all 1x1 here
+    best = min(wave_candidates(p, num_sms, SPLITS, SMALL_M_RATES), key=lambda c: c.seconds)
     if best.seconds * MODEL_MARGIN >= now:
         return None
     alt = replace(cfg, tile_n=best.tile_n, split_k=best.split_k, cluster_m=1, cluster_n=1, raster="n", group=1)
