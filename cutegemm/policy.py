@@ -55,6 +55,7 @@ SM_PARTIAL_BYTES = 30e9
 SPLIT_UNIT_SECONDS = 4e-6
 MODEL_MARGIN = 1.05
 SPLITS = (1, 2, 4)
+EXPLICIT_TILE = frozenset({"tile_m", "tile_n", "cluster_m", "split_k", "fast_accum", "fp8_blockwise", "fp8_mx"})
 
 
 @dataclass(frozen=True)
@@ -153,13 +154,13 @@ class ArchPolicy:
         (:func:`small_m_options`; no-ops where the arch or the config does not take them); for
         M > 128 on sm_90a the wave model may cut K too (:func:`wave_choice` with SPLITS)."""
         cfg = self.choose(p, **overrides)
-        if p.m > 128 and self.arch == "sm_90a" and cfg.form in (Form.DENSE, Form.FLAT) and not (
-                set(overrides) & {"tile_m", "tile_n", "cluster_m", "split_k", "fast_accum", "fp8_blockwise", "fp8_mx"}):  # fmt: skip
+        explicit = bool(set(overrides) & EXPLICIT_TILE)  # the caller's tile, split or recipe stands
+        if p.m > 128 and self.arch == "sm_90a" and cfg.form in (Form.DENSE, Form.FLAT) and not explicit:
             pick = wave_choice(p, self.num_sms, SPLITS)
             if pick.split_k > 1 and not split_k_errors(replace(cfg, **pick.fields())):
                 cfg = replace(cfg, **pick.fields())
         cfg = small_m_options(cfg, p, self.num_sms)
-        if SMALL_M_WAVES and not set(overrides) & {"tile_m", "tile_n", "cluster_m", "split_k", "fast_accum"}:
+        if SMALL_M_WAVES and not explicit:
             cfg = small_m_alternative(cfg, p, self.num_sms) or cfg
         return cfg
 
