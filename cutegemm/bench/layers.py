@@ -84,7 +84,7 @@ class Result:
     # picks another config: torch time / its time, and its config ("" where it is the same).
     prev_ratio: float = 0.0
     prev_config: str = ""
-    # The wave model's 64 < M <= 128 pick (policy.small_m_alternative, off: SMALL_M_WAVES), timed
+    # The wave model's 64 < M <= 128 pick where the policy does not take it (SMALL_M_WAVES), timed
     # likewise where it differs from ours.
     alt_ratio: float = 0.0
     alt_config: str = ""
@@ -143,11 +143,11 @@ def previous_config(cfg, m: int, n: int, sms: int):
 
 
 def alternative_config(cfg, case: Case, sms: int):
-    """The 64 < M <= 128 wave pick while the policy does not take it (policy.SMALL_M_WAVES off),
-    or None."""
-    if cfg is None or policy.SMALL_M_WAVES:
-        return None
+    """The 64 < M <= 128 wave pick where the policy does not take it (the case's dtype family
+    not in policy.SMALL_M_WAVES), or None."""
     dtype = "bf16" if case.kind == "bf16" else "e4m3"
+    if cfg is None or policy.dtype_family(dtype) in policy.SMALL_M_WAVES:
+        return None
     return policy.small_m_alternative(cfg, GemmProblem(case.m, case.n, case.k, 1, dtype, dtype, "bf16", "k", "k"), sms)
 
 

@@ -97,11 +97,15 @@ def test_pick_is_valid_and_never_predicted_slower(m, n, k, dtype):
 
 @pytest.mark.parametrize("m", [1, 16, 64, 100, 128])
 def test_decode_sizes_untouched(m):
-    """M <= 128 keeps the measured decode rules (decode_tile, the 128-row rule, split_few_tiles)."""
+    """M <= 64 keeps the measured decode rules (decode_tile, split_few_tiles); 64 < M <= 128 the
+    128-row rule's config or the wave model's pick over it (SMALL_M_WAVES), 1x1 clusters."""
+    from cutegemm import policy
+
     for n, k in ((4096, 7168), (28672, 4096), (1536, 7168)):
-        cfg = dense(m, n, k)
-        assert cfg.tile_m == (64 if m <= 64 else 128)
-        assert cfg.tile_n in (64, 128)
+        cfg, rule = dense(m, n, k), decode_rule(problem(m, n, k))
+        assert cfg.tile_m == (64 if m <= 64 else 128) and cfg.cluster_m == 1
+        assert rule.tile_n in (64, 128)
+        assert cfg == (policy.small_m_alternative(rule, problem(m, n, k), SMS) or rule)
 
 
 def test_explicit_tiles_and_other_forms_are_left_alone():
@@ -111,39 +115,59 @@ def test_explicit_tiles_and_other_forms_are_left_alone():
     assert grouped.split_k == 1
 
 
-def test_small_m_wave_picks_are_off_and_valid(monkeypatch):
-    """policy.small_m_alternative (64 < M <= 128, off until the sweep measures it): the decode
-    rule's config stands while SMALL_M_WAVES is off; the picks are valid configs predicted
-    MODEL_MARGIN faster; with the switch on, choose_dense takes them."""
+def decode_rule(p, **kw):
+    """choose_dense's config with no dtype family in SMALL_M_WAVES (the decode rule's for M <= 128)."""
     from cutegemm import policy
 
+    saved, policy.SMALL_M_WAVES = policy.SMALL_M_WAVES, frozenset()
+    try:
+        return POL.choose_dense(p, **kw)
+    finally:
+        policy.SMALL_M_WAVES = saved
+
+
+def test_small_m_wave_picks_are_taken_for_16_bit_and_valid(monkeypatch):
+    """policy.small_m_alternative (64 < M <= 128): choose_dense takes its picks for the dtype
+    families in SMALL_M_WAVES (16-bit), keeps the decode rule's config for the others (e4m3, until
+    the sweep has measured them) and for explicit tiles; the picks are valid configs."""
+    from cutegemm import policy
+
+    assert policy.SMALL_M_WAVES == frozenset({"16-bit"})
     p = problem(128, 10240, 8192)  # Llama-3-70B qkv at M = 128: 160 tiles of 128x64, 1.21 waves (0.74x cuBLAS)
-    cfg = POL.choose_dense(p)
+    cfg = decode_rule(p)
     assert (cfg.tile_n, cfg.split_k) == (64, 1)
     alt = policy.small_m_alternative(cfg, p, SMS)
     assert (alt.tile_m, alt.tile_n, alt.split_k, alt.cluster_m) == (128, 160, 2, 1)  # 64 tiles x 2: one wave
     assert not config_errors(alt)
-    monkeypatch.setattr(policy, "SMALL_M_WAVES", True)
     assert POL.choose_dense(p) == alt
     assert POL.choose_dense(p, tile_n=64) == replace(cfg, tile_n=64)  # explicit tiles are left alone
+    monkeypatch.setattr(policy, "SMALL_M_WAVES", frozenset())
+    assert POL.choose_dense(p) == cfg
     assert policy.small_m_alternative(POL.choose_dense(problem(256, 10240, 8192)), problem(256, 10240, 8192), SMS) is None
-    assert policy.small_m_alternative(cfg, problem(128, 10240, 8192, "e4m3"), SMS) is None  # 16-bit only
+    p8 = problem(128, 10240, 8192, "e4m3")
+    cfg8 = decode_rule(p8, epilogue=SCALED)
+    alt8 = policy.small_m_alternative(cfg8, p8, SMS)
+    assert alt8 is not None and not config_errors(alt8) and alt8.epilogue == SCALED, alt8
+    monkeypatch.setattr(policy, "SMALL_M_WAVES", frozenset({"16-bit"}))
+    assert POL.choose_dense(p8, epilogue=SCALED) == cfg8  # e4m3 is not taken yet
 
 
 @settings(max_examples=200, deadline=None)
-@given(m=st.integers(65, 128), n=st.integers(1, 60000), k=st.integers(16, 40000))
-def test_small_m_wave_picks_predicted_faster(m, n, k):
+@given(m=st.integers(65, 128), n=st.integers(1, 60000), k=st.integers(16, 40000), dtype=st.sampled_from(["bf16", "e4m3"]))
+def test_small_m_wave_picks_predicted_faster(m, n, k, dtype):
     from cutegemm import policy
 
-    p = problem(m, n, k)
-    cfg = POL.choose_dense(p)
+    p = problem(m, n, k, dtype)
+    cfg = decode_rule(p, **({"epilogue": SCALED} if dtype == "e4m3" else {}))
     alt = policy.small_m_alternative(cfg, p, SMS)
     if alt is None:
         return
     assert not config_errors(alt), (alt.name, config_errors(alt))
-    rates = {**policy.TILE_RATES["16-bit"], **policy.SMALL_M_RATES}
+    rates = {**policy.TILE_RATES[policy.dtype_family(dtype)], **policy.SMALL_M_RATES}
 
     def t(c):
         return wave_seconds(p, 128, c.tile_n, 1, max(1, c.split_k), SMS, rates[(128, c.tile_n)])
 
     assert t(alt) * MODEL_MARGIN < t(cfg)
+    if dtype == "bf16":
+        assert POL.choose_dense(p) == alt

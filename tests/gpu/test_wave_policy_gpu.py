@@ -10,6 +10,7 @@ import torch
 
 import cutegemm
 from cutegemm.config import EpilogueSpec, GemmProblem
+from cutegemm import policy
 from cutegemm.policy import policy_for, small_m_alternative
 
 from ..gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
@@ -25,12 +26,8 @@ def _sm90():
     return torch.cuda.get_device_capability()[0] == 9
 
 
-@pytest.mark.parametrize("kind", ["bf16", "fp8"])
-@pytest.mark.parametrize("m,n,k", SHAPES)
-def test_wave_model_picks_are_correct_and_deterministic(kind, m, n, k):
-    if not _sm90():
-        pytest.skip("the wave model is the sm_90a policy")
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+def _operands(kind, m, n, k):
+    """(x, w, kwargs of cutegemm.gemm, the GemmProblem, the epilogue) of an x @ w.T case."""
     g = torch.Generator(device="cuda").manual_seed(m + n + k)
     x = torch.randn(m, k, device="cuda", generator=g, dtype=torch.bfloat16)
     w = torch.randn(n, k, device="cuda", generator=g, dtype=torch.bfloat16)
@@ -39,9 +36,15 @@ def test_wave_model_picks_are_correct_and_deterministic(kind, m, n, k):
         x, w, dtype = x.to(F8), w.to(F8), "e4m3"
         kwargs = dict(scale_a=torch.rand(m, 1, device="cuda") + 0.5, scale_b=torch.rand(1, n, device="cuda") + 0.5)
     epi = EpilogueSpec(scale_a=True, scale_b=True) if kind == "fp8" else EpilogueSpec()
-    cfg = policy_for("sm_90a", sms).choose_dense(GemmProblem(m, n, k, 1, dtype, dtype, "bf16", "k", "k"), epilogue=epi)
+    return x, w, kwargs, GemmProblem(m, n, k, 1, dtype, dtype, "bf16", "k", "k"), epi
+
+
+def _check(kind, x, w, kwargs, name, **call):
+    """cutegemm.gemm into a NaN-poisoned output: within 2x torch's error of fp64, nothing written
+    outside, bitwise equal on a second call."""
+    (m, k), n = x.shape, w.shape[0]
     buf, out = poisoned_out((m, n), torch.bfloat16)
-    cutegemm.gemm(x, w.t(), out=out, **kwargs)
+    cutegemm.gemm(x, w.t(), out=out, **kwargs, **call)
     assert_outside_untouched(buf, m, n)
     ref = x.double() @ w.double().t()
     if kind == "fp8":
@@ -55,28 +58,33 @@ def test_wave_model_picks_are_correct_and_deterministic(kind, m, n, k):
         same = torch._scaled_mm(xp, wp.t(), out_dtype=torch.bfloat16, scale_a=kwargs["scale_a"], scale_b=sbp)[:, :n]
     else:
         same = x @ w.t()
-    assert_within_torch_error(out, same, ref, what=f"{kind} {m}x{n}x{k} {cfg.name}")
-    assert torch.equal(out, cutegemm.gemm(x, w.t(), **kwargs)), f"{cfg.name}: not bitwise reproducible"
+    assert_within_torch_error(out, same, ref, what=f"{kind} {m}x{n}x{k} {name}")
+    assert torch.equal(out, cutegemm.gemm(x, w.t(), **kwargs, **call)), f"{name}: not bitwise reproducible"
 
 
-@pytest.mark.parametrize("m,n,k", [(128, 10240, 8192), (100, 10240, 8192), (128, 5120, 25600), (128, 51200, 5120),
-                                   (128, 8192, 28672), (72, 24576, 1536)])  # fmt: skip
-def test_small_m_wave_picks_are_correct_and_deterministic(m, n, k):
-    """The 64 < M <= 128 wave picks (policy.small_m_alternative, off until the sweep has measured
-    them), forced through config=: within 2x torch's error of fp64, nothing written outside the
-    output, bitwise equal on a second call."""
+@pytest.mark.parametrize("kind", ["bf16", "fp8"])
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_wave_model_picks_are_correct_and_deterministic(kind, m, n, k):
     if not _sm90():
         pytest.skip("the wave model is the sm_90a policy")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    p = GemmProblem(m, n, k, 1, "bf16", "bf16", "bf16", "k", "k")
-    alt = small_m_alternative(policy_for("sm_90a", sms).choose_dense(p), p, sms)
+    x, w, kwargs, p, epi = _operands(kind, m, n, k)
+    cfg = policy_for("sm_90a", sms).choose_dense(p, epilogue=epi)
+    _check(kind, x, w, kwargs, cfg.name)
+
+
+@pytest.mark.parametrize("kind", ["bf16", "fp8"])
+@pytest.mark.parametrize("m,n,k", [(128, 10240, 8192), (100, 10240, 8192), (128, 5120, 25600), (128, 51200, 5120),
+                                   (128, 8192, 28672), (72, 24576, 1536)])  # fmt: skip
+def test_small_m_wave_picks_are_correct_and_deterministic(kind, m, n, k, monkeypatch):
+    """The 64 < M <= 128 wave picks (policy.small_m_alternative: taken for 16-bit, measured by the
+    sweep for e4m3), forced through config=: as above."""
+    if not _sm90():
+        pytest.skip("the wave model is the sm_90a policy")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    x, w, kwargs, p, epi = _operands(kind, m, n, k)
+    monkeypatch.setattr(policy, "SMALL_M_WAVES", frozenset())  # the decode rule's config
+    alt = small_m_alternative(policy_for("sm_90a", sms).choose_dense(p, epilogue=epi), p, sms)
     if alt is None:
-        pytest.skip(f"no wave pick for {m}x{n}x{k}")
-    g = torch.Generator(device="cuda").manual_seed(m + n + k)
-    x = torch.randn(m, k, device="cuda", generator=g, dtype=torch.bfloat16)
-    w = torch.randn(n, k, device="cuda", generator=g, dtype=torch.bfloat16)
-    buf, out = poisoned_out((m, n), torch.bfloat16)
-    cutegemm.gemm(x, w.t(), out=out, config=alt)
-    assert_outside_untouched(buf, m, n)
-    assert_within_torch_error(out, x @ w.t(), x.double() @ w.double().t(), what=f"{m}x{n}x{k} {alt.name}")
-    assert torch.equal(out, cutegemm.gemm(x, w.t(), config=alt)), f"{alt.name}: not bitwise reproducible"
+        pytest.skip(f"no wave pick for {kind} {m}x{n}x{k}")
+    _check(kind, x, w, kwargs, alt.name, config=alt)
