@@ -31,7 +31,7 @@ from cutegemm.blockscaled.quantizer import kernel_cache as quantize_kernels
 from cutegemm.blockscaled.weight_only.kernel import kernel_cache as fp4_weight_kernels
 from cutegemm.config import Form, GemmConfig
 from cutegemm.epilogue import EpilogueSpec
-from cutegemm.epilogue.gated_grads import kernel_cache as gated_kernels
+from cutegemm.epilogue.gated_grads import _cache as gated_kernels
 from cutegemm.gemm.launch import DENSE_CACHE, GROUPED_CACHE
 
 BF, F16, F32 = torch.bfloat16, torch.float16, torch.float32
