@@ -13,6 +13,7 @@ from .blockscaled import quantizer as quantize_kernels
 from .blockscaled.weight_only import kernel as weight_only
 from .config import ELEMENT_BITS, Form, GemmConfig
 from .epilogue import EpilogueSpec, fn
+from .epilogue import combine as combine_kernels
 from .epilogue import gated_grads as gated_kernels
 from .epilogue.user import register
 from .gemm.launch import build_dense, build_grouped
@@ -640,6 +641,11 @@ def gated_results(archs) -> list[CheckResult]:
     return family_results(archs, gated_kernels.all_configs, gated_kernels.check_variant)
 
 
+def combine_results(archs) -> list[CheckResult]:
+    """The MoE layer's one-pass row combines (cutegemm.epilogue.combine), every variant."""
+    return family_results(archs, combine_kernels.all_configs, combine_kernels.check_variant)
+
+
 def fp4_weight_results(archs) -> list[CheckResult]:
     """The FP4-weight (W4A16) kernels (cutegemm.blockscaled.weight_only.kernel), every variant."""
     return family_results(archs, weight_only.all_configs, weight_only.check_variant)
@@ -654,6 +660,7 @@ def main(archs) -> int:
     results += quantize_results(archs)
     results += dequant_results(archs)
     results += gated_results(archs)
+    results += combine_results(archs)
     results += fp4_weight_results(archs)
     failed = [r for r in results if not r.ok]
     print(f"compile-check: {len(results) - len(failed)}/{len(results)} variants passed for {', '.join(archs)}")

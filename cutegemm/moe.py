@@ -52,7 +52,7 @@ from torch.autograd.function import once_differentiable
 from .api.face import grouped_gemm, grouped_gemm_ref
 from .epilogue import GATED, activation_ref, split_gate_up
 from .epilogue.ops import GATE_ACTIVATION
-from .ops import gated_grads, zero_rows_past_end
+from .ops import combine_rows, gated_grads, zero_rows_past_end
 from .policy import gather_pays
 
 
@@ -111,10 +111,19 @@ class _GatedExperts(torch.autograd.Function):
         if need_w2:
             dw2 = _weight_grad(h, dy, offs, w_down)
         if need_x:
-            dx = zero_rows_past_end(grouped_mm(dz, w_gate_up.mT, offs), offs)
+            dx = _rows_grad(dz, w_gate_up, offs)
         if need_w1:
             dw1 = _weight_grad(x, dz, offs, w_gate_up)
         return dx, dw1, dw2, None, None, None
+
+
+def _rows_grad(dz, w_gate_up, offs):
+    """dX = dZ W_gate_up[e]^T with rows past offs[-1] zero: on CUDA into a zeroed output (the
+    kernels write no row past offs[-1]; a memset is a third of torch.where's read and write)."""
+    if dz.is_cuda and not torch.compiler.is_compiling():
+        out = torch.zeros(dz.shape[0], w_gate_up.shape[1], dtype=dz.dtype, device=dz.device)
+        return grouped_gemm(dz, w_gate_up.mT, offs=offs, out=out)
+    return zero_rows_past_end(grouped_mm(dz, w_gate_up.mT, offs), offs)
 
 
 def inverse_permutation(order: torch.Tensor) -> torch.Tensor:
@@ -136,8 +145,9 @@ class _TokenGather(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad):
         (order,) = ctx.saved_tensors
-        pairs = grad.index_select(0, inverse_permutation(order))  # row of pair p = grad[r] where order[r] = p
-        return pairs.view(-1, ctx.k, grad.shape[-1]).sum(dim=1), None, None
+        # token t: the sum of rows inv[t k + j] (pair t k + j's row), j in slot order, in one pass
+        inv = inverse_permutation(order).to(torch.int32)
+        return combine_rows(grad.contiguous(), inv, None, ctx.k)[0], None, None
 
 
 def gather_tokens(x: torch.Tensor, order: torch.Tensor, k: int) -> torch.Tensor:
@@ -183,6 +193,50 @@ def unpermute_rows(y: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     """A MoE combine's unpermute: rows of ``y`` in dispatch order (row r is pair ``order[r]``) back
     in (token, slot) order (:func:`permute_rows` by ``inverse_permutation(order)``)."""
     return permute_rows(y, inverse_permutation(order), order)
+
+
+def _weights_dtype(y):
+    return torch.float64 if y.dtype == torch.float64 else torch.float32
+
+
+class _Combine(torch.autograd.Function):
+    """out[t] = sum_j w[t, j] y[inv[t k + j]]: see :func:`combine`."""
+
+    @staticmethod
+    def forward(ctx, y, order, k, weights):
+        inv = inverse_permutation(order)
+        w = weights.reshape(-1).to(_weights_dtype(y)) if weights is not None else None
+        out = combine_rows(y.contiguous(), inv.to(torch.int32), w, k)[0]
+        ctx.save_for_backward(y, order, inv, weights)
+        ctx.k = k
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout):
+        y, order, inv, weights = ctx.saved_tensors
+        need_y, need_w = ctx.needs_input_grad[0], weights is not None and ctx.needs_input_grad[3]
+        # row r of y is pair p = order[r] of token p // k: dy[r] = w[p] dout[p // k], and
+        # dw[p] = <dout[p // k], y[r]>, both in one pass over the rows
+        tok = torch.div(order, ctx.k, rounding_mode="floor").to(torch.int32)
+        w = weights.reshape(-1).to(_weights_dtype(y)).index_select(0, order) if weights is not None else None
+        dy, dots = combine_rows(dout.to(y.dtype).contiguous(), tok, w, 1, y if need_w else None)
+        dw = dots.index_select(0, inv).view(weights.shape).to(weights.dtype) if need_w else None
+        return (dy if need_y else None), None, None, dw
+
+
+def combine(y: torch.Tensor, order: torch.Tensor, k: int, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """A MoE combine: the expert outputs ``y`` (R = T k rows in dispatch order: row r is the
+    (token, slot) pair ``order[r]``) back per token, weighted by ``weights`` (T, k) (None: already
+    weighted) and summed over the k slots: ``out[t] = sum_j weights[t, j] y[r(t, j)]`` (T, H) in
+    y's dtype, fp32 sums in slot order. One pass on CUDA bf16 / fp16 (``ops.combine_rows``), and
+    its backward too (y's rows and the weights' gradients, no atomics): torch's unpermute,
+    product and sum take five passes over the R rows. Differentiable in y and weights."""
+    if order.numel() != y.shape[0] or order.numel() % k:
+        raise ValueError(f"order must hold one entry per row of y ({y.shape[0]}), a multiple of k = {k}")
+    if weights is not None and weights.shape != (order.numel() // k, k):
+        raise ValueError(f"weights must be (tokens, k) = ({order.numel() // k}, {k}), got {tuple(weights.shape)}")
+    return _Combine.apply(y, order, k, weights)
 
 
 def check_experts(x, w_gate_up, w_down, offs, activation="swiglu", gate_layout="interleaved"):
@@ -289,4 +343,4 @@ def _scaled(y: torch.Tensor, out_scale) -> torch.Tensor:
 
 
 __all__ = ["grouped_experts", "grouped_mm", "check_experts", "gated_activation", "gather_tokens", "permute_rows",
-           "unpermute_rows", "inverse_permutation", "zero_rows_past_end"]
+           "unpermute_rows", "inverse_permutation", "zero_rows_past_end", "combine"]

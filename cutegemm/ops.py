@@ -81,6 +81,8 @@ except ImportError:
     make_autograd_impl = None
 
 from .epilogue import ACTIVATIONS, GATED, split_gate_up
+from .epilogue.combine import combine_rows_cuda
+from .epilogue.combine import kernel_takes as combine_takes
 from .epilogue.gated_grads import gated_grads_cuda, kernel_takes
 from .epilogue.ops import GATE_ACTIVATION
 from .gemm.dense import gemm as _gemm_kernel
@@ -253,10 +255,18 @@ def gated_grads(activation: str, dh: torch.Tensor | None, z: torch.Tensor, gate_
     None, dH: one compute-dtype copy of Z, act(gate) shared by H and dZ's up half, dZ written
     straight into Z's layout and dtype. The values (and bits) of ``act(gate) * up`` rounded to Z's
     dtype and of :func:`activation_grad` rounded likewise, with fewer passes over memory. With
-    FUSED_GATED, swiglu calls the kernel takes run as one pass (within an fp32 rounding of these)."""
-    if FUSED_GATED and kernel_takes(activation, dh, z):
-        h, dz = gated_grads_cuda(dh, z, gate_layout)
+    FUSED_GATED, CUDA bf16 / fp16 swiglu calls go through ``torch.ops.cutegemm.swiglu[_grads]``
+    (opaque to torch.compile), which run the one-pass kernel where it takes the operands (within
+    an fp32 rounding of these) and these formulas otherwise."""
+    if FUSED_GATED and activation == "swiglu" and z.is_cuda and z.dtype in (torch.bfloat16, torch.float16):
+        if dh is None:
+            return torch.ops.cutegemm.swiglu(z, gate_layout), None
+        h, dz = torch.ops.cutegemm.swiglu_grads(dh, z, gate_layout)
         return (h if want_h else None), dz
+    return _gated_grads_torch(activation, dh, z, gate_layout, want_h)
+
+
+def _gated_grads_torch(activation, dh, z, gate_layout, want_h=True):
     cd = _compute_dtype(z.dtype)
     gate, up = split_gate_up(z.to(cd), gate_layout)
     act = GATE_ACTIVATION[activation]
@@ -270,6 +280,81 @@ def gated_grads(activation: str, dh: torch.Tensor | None, z: torch.Tensor, gate_
     dz_up.copy_(g * a)
     dz_gate.copy_(_act_backward(act, g * up, gate))
     return h, dz
+
+
+@torch.library.custom_op("cutegemm::swiglu", mutates_args=())
+def swiglu(z: torch.Tensor, gate_layout: str) -> torch.Tensor:
+    """H = silu(gate) * up of Z (T, 2I): the kernel where it takes Z (kernel_takes), else torch."""
+    if kernel_takes("swiglu", None, z):
+        return gated_grads_cuda(None, z, gate_layout)[0]
+    return _gated_grads_torch("swiglu", None, z, gate_layout)[0]
+
+
+@torch.library.custom_op("cutegemm::swiglu_grads", mutates_args=())
+def swiglu_grads(dh: torch.Tensor, z: torch.Tensor, gate_layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(H, dZ) of swiglu from Z (T, 2I) and dH (T, I), as :func:`swiglu`."""
+    if kernel_takes("swiglu", dh, z):
+        return gated_grads_cuda(dh, z, gate_layout)
+    return _gated_grads_torch("swiglu", dh, z, gate_layout)
+
+
+@swiglu.register_fake
+def _(z, gate_layout):
+    return z.new_empty(z.shape[:-1] + (z.shape[-1] // 2,))
+
+
+@swiglu_grads.register_fake
+def _(dh, z, gate_layout):
+    return z.new_empty(z.shape[:-1] + (z.shape[-1] // 2,)), torch.empty_like(z)
+
+
+def combine_rows(src: torch.Tensor, idx: torch.Tensor, w: torch.Tensor | None, k: int,
+                 other: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A MoE layer's row combine, ``out[i] = sum_{j<k} w[i k + j] * src[idx[i k + j]]`` (w None: all
+    ones), fp32 sums in slot order rounded once to src's dtype; with ``other`` (k = 1) also
+    ``dots[i] = <src[idx[i]], other[i]>`` (fp32; fp64 for fp64). Returns (out, dots or None). CUDA bf16 / fp16
+    calls go through ``torch.ops.cutegemm.combine_rows[_dot]`` (opaque to torch.compile), which
+    run the one-pass kernel (cutegemm.epilogue.combine) where it takes the operands; the same
+    formulas in torch otherwise. idx int32, w fp32 (fp64 for fp64 src)."""
+    if src.is_cuda and src.dtype in (torch.bfloat16, torch.float16):
+        if other is not None:
+            return torch.ops.cutegemm.combine_rows_dot(src, idx, w, other)
+        return torch.ops.cutegemm.combine_rows(src, idx, w, k), None
+    return _combine_rows_torch(src, idx, w, k, other)
+
+
+def _combine_rows_torch(src, idx, w, k, other=None):
+    cd = _compute_dtype(src.dtype)
+    rows = src.index_select(0, idx.long()).to(cd)
+    dots = (rows * other.to(cd)).sum(1) if other is not None else None  # fp32 (fp64 for fp64)
+    if w is not None:
+        rows = rows * w.to(cd).unsqueeze(1)
+    return rows.view(idx.numel() // max(k, 1), k, src.shape[1]).sum(1).to(src.dtype), dots
+
+
+@torch.library.custom_op("cutegemm::combine_rows", mutates_args=())
+def _combine_rows_op(src: torch.Tensor, idx: torch.Tensor, w: Optional[torch.Tensor], k: int) -> torch.Tensor:
+    if combine_takes(src, idx, w):
+        return combine_rows_cuda(src, idx, w, k)[0]
+    return _combine_rows_torch(src, idx, w, k)[0]
+
+
+@torch.library.custom_op("cutegemm::combine_rows_dot", mutates_args=())
+def _combine_rows_dot_op(src: torch.Tensor, idx: torch.Tensor, w: Optional[torch.Tensor],
+                         other: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    if combine_takes(src, idx, w, other):
+        return combine_rows_cuda(src, idx, w, 1, other)
+    return _combine_rows_torch(src, idx, w, 1, other)
+
+
+@_combine_rows_op.register_fake
+def _(src, idx, w, k):
+    return src.new_empty(idx.shape[0] // max(k, 1), src.shape[1])
+
+
+@_combine_rows_dot_op.register_fake
+def _(src, idx, w, other):
+    return src.new_empty(idx.shape[0], src.shape[1]), src.new_empty(idx.shape[0], dtype=torch.float32)
 
 
 def _gemm_backward(ctx, grad):

@@ -31,7 +31,8 @@ from cutegemm.blockscaled.quantizer import kernel_cache as quantize_kernels
 from cutegemm.blockscaled.weight_only.kernel import kernel_cache as fp4_weight_kernels
 from cutegemm.config import Form, GemmConfig
 from cutegemm.epilogue import EpilogueSpec
-from cutegemm.epilogue.gated_grads import _cache as gated_kernels
+from cutegemm.epilogue.combine import kernel_cache as combine_kernels
+from cutegemm.epilogue.gated_grads import kernel_cache as gated_kernels
 from cutegemm.gemm.launch import DENSE_CACHE, GROUPED_CACHE
 
 BF, F16, F32 = torch.bfloat16, torch.float16, torch.float32
@@ -306,6 +307,28 @@ def _gated_cases():
     return {f"gated-swiglu-{lay}": (lambda lay=lay: case(lay)) for lay in ("interleaved", "halves")}
 
 
+def _combine_cases():
+    """The one-pass row combines (cutegemm.epilogue.combine): weighted, summed and with the dot,
+    source rows gathered from a larger tensor, against ops' torch formulas (fp32 sums)."""
+    from cutegemm import ops
+    from cutegemm.epilogue.combine import combine_rows_cuda
+
+    def case(weighted, dot):
+        src, k = cpu(37, 48).cuda(), 1 if dot else 3
+        idx = torch.randint(0, 37, (13 * k,), dtype=torch.int32).cuda()
+        w = torch.rand(13 * k).cuda() if weighted else None
+        other = cpu(13, 48).cuda() if dot else None
+        out, dots = combine_rows_cuda(src, idx, w, k, other)
+        torch.cuda.synchronize()
+        ref, ref_dots = ops._combine_rows_torch(src, idx, w, k, other)
+        assert torch.allclose(out.float(), ref.float(), rtol=2**-7, atol=1e-6), "combine"
+        if dot:
+            assert torch.allclose(dots, ref_dots, rtol=1e-4, atol=1e-4), "combine dot"
+
+    return {"combine-weighted": lambda: case(True, False), "combine-sum": lambda: case(False, False),
+            "combine-dot": lambda: case(True, True)}  # fmt: skip
+
+
 def _optional_cases() -> dict:
     """Kernel families that exist only in some versions of the package (guarded): the dynamic
     (atomic tile counter) scheduler and the quantized-output (MXFP8) epilogue."""
@@ -504,13 +527,14 @@ def all_cases() -> dict:
         "list": list_case,
         **_quantize_cases(),
         **_gated_cases(),
+        **_combine_cases(),
         **_fp4_weight_cases(),
         **_fp8_cases(),
     }
 
 
 def _kernel_count() -> int:
-    caches = (DENSE_CACHE, GROUPED_CACHE, quantize_kernels(), fp4_weight_kernels(), gated_kernels())
+    caches = (DENSE_CACHE, GROUPED_CACHE, quantize_kernels(), fp4_weight_kernels(), gated_kernels(), combine_kernels())
     return sum(len(c._mem) for c in caches)
 
 

@@ -9,13 +9,14 @@ renormalised, in x's dtype as the models pass it); E experts with ``w_gate_up`` 
 
 Implementations (``IMPLS``), all with the same dispatch (sort the (token, slot) pairs by expert,
 offsets from the counts, gather the tokens) and combine (scale by the routing weights, unpermute,
-sum over top-k) except SonicMoE, which fuses both into its GEMMs:
+sum over top-k; cutegemm's in one pass, :func:`cutegemm.moe.combine`) except SonicMoE, which fuses
+both into its GEMMs:
 
 - ``torch``: transformers' own ``grouped_mm`` experts backend (``grouped_mm_experts_forward``:
   ``torch._grouped_mm`` for gate/up, ``act(gate) * up``, ``torch._grouped_mm`` for down) on a
   transformers-style experts module holding ``[gate | up]`` halves; without transformers,
   :func:`torch_moe`, a re-implementation of it.
-- ``cutegemm``: :func:`dispatch` / :func:`combine` around :func:`cutegemm.moe.grouped_experts` on
+- ``cutegemm``: :func:`dispatch` / ``cutegemm.moe.combine`` around :func:`cutegemm.moe.grouped_experts` on
   interleaved gate/up weights (what ``GroupedExperts.forward`` runs): without grad the SwiGLU is
   fused into the gate/up GEMM's epilogue; with grad its autograd function (four grouped GEMMs back).
 - ``cutegemm-gather``: as ``cutegemm``, with the tokens and the dispatch index instead of the
@@ -59,6 +60,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..epilogue import interleave_gate_up
+from ..moe import combine as moe_combine
 from ..moe import gather_tokens, grouped_experts, unpermute_rows
 from ..runtime.timer import Timer
 
@@ -205,8 +207,9 @@ def torch_moe(x, top_k_index, top_k_weights, w_gate_up, w_down, act=F.silu, mm=g
 
 
 def cutegemm_moe(x, top_k_index, top_k_weights, w_gate_up_il, w_down, fused_gather=False):
-    """The same dispatch and combine around :func:`cutegemm.moe.grouped_experts` (interleaved
-    gate/up rows, the storage of ``GroupedExperts``; weights used as transposed views).
+    """The same dispatch around :func:`cutegemm.moe.grouped_experts` (interleaved gate/up rows, the
+    storage of ``GroupedExperts``; weights used as transposed views), the combine by
+    :func:`cutegemm.moe.combine` (one pass forward and backward).
     ``fused_gather``: the tokens and the dispatch index instead of the gathered copy (without a
     gradient the up projection reads the rows through the index; with one the layer copies)."""
     tokens, k = top_k_index.shape
@@ -216,7 +219,7 @@ def cutegemm_moe(x, top_k_index, top_k_weights, w_gate_up_il, w_down, fused_gath
         y = grouped_experts(x, w1, w2, offs, gather_index=torch.div(order, k, rounding_mode="floor"))
     else:
         y = grouped_experts(gather_tokens(x, order, k), w1, w2, offs)
-    return combine(y, top_k_weights, order, tokens)
+    return moe_combine(y, order, k, top_k_weights)
 
 
 def sonic_moe(sonic, x, top_k_index, top_k_weights, w_gate_up_il, w_down, stream_id):

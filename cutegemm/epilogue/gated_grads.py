@@ -163,7 +163,7 @@ def build_gated_grads(cfg: GatedGradsConfig):
 
 
 @functools.cache
-def _cache():
+def kernel_cache() -> KernelCache:
     return KernelCache(build_gated_grads)
 
 
@@ -202,7 +202,7 @@ def gated_grads_cuda(dh, z: torch.Tensor, gate_layout: str) -> tuple[torch.Tenso
         return h, dz
     cfg = GatedGradsConfig(dtype=_TORCH[z.dtype], layout=gate_layout, backward=dh is not None,
                            arch=device_info(z.device.index)[0])  # fmt: skip
-    _cache().get(cfg)(z.view(-1), (dh if dh is not None else h).view(-1), h.view(-1), (dz if dz is not None else z).view(-1),
+    kernel_cache().get(cfg)(z.view(-1), (dh if dh is not None else h).view(-1), h.view(-1), (dz if dz is not None else z).view(-1),
                       inter // CHUNK, total)  # fmt: skip
     return h, dz
 

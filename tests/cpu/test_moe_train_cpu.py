@@ -394,3 +394,72 @@ def test_fused_gated_switch_leaves_cpu_calls_to_torch(monkeypatch):
     monkeypatch.setattr(ops, "FUSED_GATED", True)
     after = gated_grads("swiglu", dh, z)
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "halves"])
+def test_swiglu_custom_ops(layout):
+    """torch.ops.cutegemm.swiglu / swiglu_grads (what ops.gated_grads calls for CUDA bf16 / fp16
+    under FUSED_GATED, opaque to torch.compile): schema, fake kernels and eager results pass
+    torch.library.opcheck; off the kernel's devices they are the torch formulas, bit for bit."""
+    from cutegemm import ops
+
+    z, dh = (torch.randn(6, 16) * 3).to(torch.bfloat16), torch.randn(6, 8).to(torch.bfloat16)
+    torch.library.opcheck(torch.ops.cutegemm.swiglu, (z, layout))
+    torch.library.opcheck(torch.ops.cutegemm.swiglu_grads, (dh, z, layout))
+    h, dz = torch.ops.cutegemm.swiglu_grads(dh, z, layout)
+    h_ref, dz_ref = ops._gated_grads_torch("swiglu", dh, z, layout)
+    assert torch.equal(h, h_ref) and torch.equal(dz, dz_ref)
+    assert torch.equal(torch.ops.cutegemm.swiglu(z, layout), h_ref)
+
+
+def _pairs(tokens, k, experts, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, experts, (tokens, k), generator=g)
+    return torch.argsort(ids.reshape(-1), stable=True)
+
+
+@pytest.mark.parametrize("tokens,k,hidden", [(7, 3, 16), (1, 1, 8), (5, 8, 24), (0, 2, 8)])
+def test_combine_matches_the_unpermute_product_and_sum(tokens, k, hidden):
+    """moe.combine (one pass; its CPU route is ops' torch formulas) against torch's unpermute,
+    product and sum, forward and both gradients (gradcheck in fp64), weighted and not."""
+    from cutegemm.moe import combine, inverse_permutation
+
+    order = _pairs(tokens, k, 4)
+    y = torch.randn(tokens * k, hidden, dtype=torch.float64, requires_grad=True)
+    w = torch.rand(tokens, k, dtype=torch.float64, requires_grad=True)
+    inv = inverse_permutation(order)
+    ref = (y[inv].view(tokens, k, hidden) * w.unsqueeze(-1)).sum(1)
+    torch.testing.assert_close(combine(y, order, k, w), ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(combine(y, order, k), y[inv].view(tokens, k, hidden).sum(1), rtol=1e-12, atol=1e-12)
+    if tokens:
+        assert torch.autograd.gradcheck(lambda y, w: combine(y, order, k, w), (y, w))
+        assert torch.autograd.gradcheck(lambda y: combine(y, order, k), (y,))
+        x = torch.randn(tokens, hidden, dtype=torch.float64, requires_grad=True)
+        assert torch.autograd.gradcheck(lambda x: gather_tokens(x, order, k), (x,))
+
+
+def test_combine_rejects_mismatched_arguments():
+    from cutegemm.moe import combine
+
+    order = _pairs(4, 2, 3)
+    with pytest.raises(ValueError, match="one entry per row"):
+        combine(torch.randn(9, 8), order, 2)
+    with pytest.raises(ValueError, match="weights must be"):
+        combine(torch.randn(8, 8), order, 2, torch.rand(4, 3))
+
+
+def test_combine_custom_ops():
+    """torch.ops.cutegemm.combine_rows / combine_rows_dot (ops.combine_rows' route for CUDA bf16 /
+    fp16, opaque to torch.compile): schema and fake kernels (opcheck); off the kernel's devices
+    the torch formulas."""
+
+    src = torch.randn(10, 16).to(torch.bfloat16)
+    idx = torch.tensor([3, 1, 0, 9, 9, 2], dtype=torch.int32)
+    w = torch.rand(6)
+    torch.library.opcheck(torch.ops.cutegemm.combine_rows, (src, idx, w, 3))
+    torch.library.opcheck(torch.ops.cutegemm.combine_rows, (src, idx, None, 2))
+    other = torch.randn(6, 16).to(torch.bfloat16)
+    torch.library.opcheck(torch.ops.cutegemm.combine_rows_dot, (src, idx, w, other))
+    out = torch.ops.cutegemm.combine_rows(src, idx, w, 3)
+    ref = (src[idx.long()].float() * w.unsqueeze(1)).view(2, 3, 16).sum(1).to(torch.bfloat16)
+    assert torch.equal(out, ref)

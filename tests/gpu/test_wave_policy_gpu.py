@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import cutegemm
-from cutegemm.config import EpilogueSpec, GemmProblem
 from cutegemm import policy
+from cutegemm.config import EpilogueSpec, GemmProblem
 from cutegemm.policy import policy_for, small_m_alternative
 
 from ..gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out

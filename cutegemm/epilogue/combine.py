@@ -1,0 +1,195 @@
+"""A MoE layer's row combines outside the GEMMs, as one pass (CuTe DSL, sm_90a and sm_100a):
+
+    out[i, :] = sum_{j < k} w[i k + j] * src[idx[i k + j], :]        (fp32 sums, in slot order)
+
+and, with ``dot`` (k = 1), ``dots[i] = <src[idx[i]], other[i]>`` beside it. What it serves
+(``ops.combine_rows``, ``moe.combine`` / ``moe.gather_tokens``):
+- the combine's forward: each token's k expert rows (gathered by the inverse of the dispatch
+  order), weighted by the routing weights and summed: one read of the rows, one write of the
+  tokens (torch: a gathered copy, a product and a sum: five passes over the k rows);
+- its backward: each expert row's gradient ``w * dout[token]`` and, by ``dot``, the routing
+  weight's ``<dout[token], y[row]>``;
+- the dispatch's backward (``w`` all ones): each token's k row gradients summed.
+
+src, out and other are row-major bf16 / fp16 with H a multiple of 8 columns and 16-byte aligned
+rows; idx int32, w and dots fp32. One warp per output row, each lane 8 columns per step (128-bit
+loads and stores), the k source rows read in slot order with fp32 products and sums, rounded once
+to the output dtype: the same bits every run (no atomics).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+from ..runtime.cache import KernelCache
+from ..runtime.device import device_info
+from ..runtime.sass import check_sass
+
+CHUNK = 8  # columns per lane step
+MAX_ELEMENTS = 2**31 - 1
+_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
+_TORCH = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+SASS_REQUIRED = {"LDG.128": r"\bLDG\.E[.A-Z0-9]*\.128", "STG.128": r"\bSTG\.E[.A-Z0-9]*\.128"}
+SASS_FORBIDDEN = {"LDL": r"\bLDL(\.|\s)", "STL": r"\bSTL(\.|\s)"}
+
+
+@dataclass(frozen=True)
+class CombineConfig:
+    """What changes the compiled kernel (the compile-cache key)."""
+
+    dtype: str = "bf16"
+    weighted: bool = True  # w given (else every weight is 1)
+    dot: bool = False  # dots[i] = <src[idx[i]], other[i]> too (k = 1)
+    arch: str = "sm_90a"
+    warps: int = 8  # per CTA, one output row each
+
+    def __post_init__(self):
+        if self.dtype not in _DTYPES or self.arch not in ("sm_90a", "sm_100a"):
+            raise ValueError(f"bad CombineConfig {self}")
+
+    @property
+    def name(self) -> str:
+        what = ("weighted" if self.weighted else "sum") + ("_dot" if self.dot else "")
+        return f"combine_{what}_{self.dtype}_{self.arch}"
+
+
+class CombineKernel:
+    def __init__(self, cfg: CombineConfig):
+        self.cfg = cfg
+        self.dtype = _DTYPES[cfg.dtype]
+
+    @cute.jit
+    def __call__(
+        self,
+        mSrc: cute.Tensor,  # (S * H,) flat row-major
+        mIdx: cute.Tensor,  # (R * k,) int32 source rows
+        mW: cute.Tensor,  # (R * k,) fp32 weights (read only when weighted)
+        mOut: cute.Tensor,  # (R * H,)
+        mOther: cute.Tensor,  # (R * H,) (read only with dot)
+        mDots: cute.Tensor,  # (R,) fp32 (written only with dot)
+        k: cutlass.Int32,
+        cpr: cutlass.Int32,  # chunks per row: H / 8
+        rows: cutlass.Int32,  # R
+        stream,
+    ):
+        warps = self.cfg.warps
+        grid = (rows + warps - 1) // warps
+        self.kernel(mSrc, mIdx, mW, mOut, mOther, mDots, k, cpr, rows).launch(
+            grid=[grid, 1, 1], block=[warps * 32, 1, 1], stream=stream
+        )
+
+    @cute.kernel
+    def kernel(self, mSrc, mIdx, mW, mOut, mOther, mDots, k: cutlass.Int32, cpr: cutlass.Int32,
+               rows: cutlass.Int32):  # fmt: skip
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        lane = tidx % 32
+        row = bidx * self.cfg.warps + tidx // 32
+        rV = cute.make_rmem_tensor((CHUNK,), self.dtype)
+        rO = cute.make_rmem_tensor((CHUNK,), self.dtype)
+        acc = cute.make_rmem_tensor((CHUNK,), cutlass.Float32)
+        out = cute.make_rmem_tensor((CHUNK,), self.dtype)
+        dot = cutlass.Float32(0.0)
+        if row < rows:  # the whole warp: one row
+            for c in cutlass.range(lane, cpr, 32):
+                acc.fill(0.0)
+                for j in cutlass.range(k):
+                    src_row = mIdx[row * k + j]
+                    cute.autovec_copy(cute.local_tile(mSrc, (CHUNK,), (src_row * cpr + c,)), rV)
+                    v = rV.load().to(cutlass.Float32)
+                    if cutlass.const_expr(self.cfg.weighted):
+                        acc.store(acc.load() + v * mW[row * k + j])
+                    else:
+                        acc.store(acc.load() + v)
+                    if cutlass.const_expr(self.cfg.dot):
+                        cute.autovec_copy(cute.local_tile(mOther, (CHUNK,), (row * cpr + c,)), rO)
+                        dot = dot + (v * rO.load().to(cutlass.Float32)).reduce(cute.ReductionOp.ADD, 0.0, 0)
+                out.store(acc.load().to(self.dtype))
+                cute.autovec_copy(out, cute.local_tile(mOut, (CHUNK,), (row * cpr + c,)))
+            if cutlass.const_expr(self.cfg.dot):
+                dot = cute.arch.warp_reduction_sum(dot)
+                if lane == 0:
+                    mDots[row] = dot
+
+
+def _flat(dtype, div):
+    return make_fake_tensor(dtype, (cute.sym_int32(divisibility=div),), (1,), assumed_align=16)
+
+
+def build_combine(cfg: CombineConfig):
+    """(kernel object, fake args) for :class:`~cutegemm.runtime.cache.KernelCache`: one kernel
+    serves every shape."""
+    dt = _DTYPES[cfg.dtype]
+    one = make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=4)
+    f32 = make_fake_tensor(cutlass.Float32, (cute.sym_int32(),), (1,), assumed_align=4)
+    dots = make_fake_tensor(cutlass.Float32, (cute.sym_int32(),), (1,), assumed_align=4)
+    args = (_flat(dt, CHUNK), one, f32, _flat(dt, CHUNK), _flat(dt, CHUNK), dots, cutlass.Int32(1),
+            cutlass.Int32(1), cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True))  # fmt: skip
+    return CombineKernel(cfg), args
+
+
+@functools.cache
+def kernel_cache() -> KernelCache:
+    return KernelCache(build_combine)
+
+
+def all_configs(arch: str) -> list[CombineConfig]:
+    """Every kernel variant for ``arch`` (compile-check)."""
+    return [CombineConfig(dtype=d, weighted=w, dot=dot, arch=arch)
+            for d in _DTYPES for w, dot in ((True, False), (False, False), (True, True))]  # fmt: skip
+
+
+def check_variant(cfg: CombineConfig) -> tuple[bool, dict, str]:
+    """Compile ``cfg`` to SASS (no GPU needed) and check it: (ok, marker counts, error)."""
+    return check_sass(build_combine(cfg), cfg.arch, SASS_REQUIRED, SASS_FORBIDDEN)
+
+
+def _rows_ok(t: torch.Tensor, dtype) -> bool:
+    return (t.dim() == 2 and t.dtype == dtype and t.is_contiguous() and t.data_ptr() % 16 == 0
+            and t.numel() <= MAX_ELEMENTS)  # fmt: skip
+
+
+def kernel_takes(src: torch.Tensor, idx: torch.Tensor, w, other=None) -> bool:
+    """Whether :func:`combine_rows_cuda` runs the call: CUDA bf16 / fp16 src (S, H) row-major,
+    H a multiple of 8, 16-byte aligned; idx int32 and w fp32 (or None), contiguous, on src's
+    device; other (with dot) like src; sm_90a / sm_100a."""
+    if not src.is_cuda or src.dtype not in _TORCH or not _rows_ok(src, src.dtype) or src.shape[1] % CHUNK:
+        return False
+    if idx.dtype != torch.int32 or idx.dim() != 1 or not idx.is_contiguous() or idx.device != src.device:
+        return False
+    if w is not None and (w.dtype != torch.float32 or w.shape != idx.shape or not w.is_contiguous()
+                          or w.device != src.device):  # fmt: skip
+        return False
+    if other is not None and (not _rows_ok(other, src.dtype) or other.shape[1] != src.shape[1]
+                              or other.device != src.device):  # fmt: skip
+        return False
+    return device_info(src.device.index)[0] in ("sm_90a", "sm_100a")
+
+
+def combine_rows_cuda(src: torch.Tensor, idx: torch.Tensor, w, k: int, other=None):
+    """(out, dots): out (R, H) in src's dtype with R = idx.numel() / k, dots (R,) fp32 with
+    ``other`` (k = 1), else None; for a call :func:`kernel_takes`."""
+    rows, cols = idx.numel() // k, src.shape[1]
+    out = torch.empty(rows, cols, dtype=src.dtype, device=src.device)
+    dots = torch.empty(rows, dtype=torch.float32, device=src.device) if other is not None else None
+    if rows == 0 or cols == 0:
+        if dots is not None:
+            dots.zero_()
+        return out, dots
+    if other is not None and (k != 1 or other.shape[0] != rows):
+        raise ValueError(f"dot takes k = 1 and other with {rows} rows, got k = {k}, {other.shape[0]} rows")
+    cfg = CombineConfig(dtype=_TORCH[src.dtype], weighted=w is not None, dot=other is not None,
+                        arch=device_info(src.device.index)[0])  # fmt: skip
+    wt = w if w is not None else torch.empty(1, dtype=torch.float32, device=src.device)
+    kernel_cache().get(cfg)(src.view(-1), idx, wt, out.view(-1), (other if other is not None else out).view(-1),
+                            dots if dots is not None else wt, k, cols // CHUNK, rows)  # fmt: skip
+    return out, dots
+
+
+__all__ = ["CombineConfig", "all_configs", "check_variant", "combine_rows_cuda", "kernel_takes"]
