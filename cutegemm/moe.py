@@ -52,7 +52,7 @@ from torch.autograd.function import once_differentiable
 from .api.face import grouped_gemm, grouped_gemm_ref
 from .epilogue import GATED, activation_ref, split_gate_up
 from .epilogue.ops import GATE_ACTIVATION
-from .ops import combine_rows, gated_grads, zero_rows_past_end
+from .ops import combine_rows, gated_grads, sum_rows, zero_rows_past_end
 from .policy import gather_pays
 
 
@@ -160,6 +160,36 @@ def gather_tokens(x: torch.Tensor, order: torch.Tensor, k: int) -> torch.Tensor:
     if order.numel() != x.shape[0] * k:
         raise ValueError(f"order must hold the {x.shape[0]} x {k} (token, slot) pairs, got {order.numel()}")
     return _TokenGather.apply(x, order, k)
+
+
+class _RowGather(torch.autograd.Function):
+    """rows = x[index]: see :func:`gather_rows`."""
+
+    @staticmethod
+    def forward(ctx, x, index):
+        ctx.save_for_backward(index)
+        ctx.tokens = x.shape[0]
+        return x.index_select(0, index)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        (index,) = ctx.saved_tensors
+        perm = torch.argsort(index, stable=True)  # each token's rows together, in row order
+        index = index.long()
+        counts = torch.zeros(ctx.tokens, dtype=torch.int64, device=index.device)
+        counts.scatter_add_(0, index, torch.ones_like(index))  # integer sums: exact in any order
+        ptr = torch.cat((counts.new_zeros(1), counts.cumsum(0))).to(torch.int32)
+        return sum_rows(grad.contiguous(), perm.to(torch.int32), ptr), None
+
+
+def gather_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``x.index_select(0, index)`` for any index (tokens may repeat any number of times or not
+    at all), with a deterministic backward: each token's row gradients summed in row order in one
+    pass (``ops.sum_rows``), where index_select's backward adds them with atomics."""
+    if not (torch.is_grad_enabled() and x.requires_grad):
+        return x.index_select(0, index)
+    return _RowGather.apply(x, index)
 
 
 class _RowPermute(torch.autograd.Function):
@@ -302,8 +332,8 @@ def grouped_experts(
             r of the experts' input is ``x[gather_index[r]]`` (a MoE dispatch's token per sorted
             (token, slot) pair). Without a gradient, on CUDA, with interleaved gate/up, the up
             projection reads the rows through the index (``cutegemm.grouped.gather``: no permuted
-            copy of x); otherwise this makes the copy ``x.index_select(0, gather_index)``, whose
-            backward sums each row's gradient into its token (torch's ``index_add``).
+            copy of x); otherwise this makes the copy (:func:`gather_rows`, whose backward sums
+            each token's row gradients in row order, deterministic).
         out_scale: optional fp32 (rows,): output row r times ``out_scale[r]`` (a MoE layer's
             routing weight of each sorted (token, slot) row), rounded once to x's dtype: in the
             down projection's epilogue without a gradient on CUDA (``scale_a`` of the grouped
@@ -320,7 +350,7 @@ def grouped_experts(
     if gather_index is not None and (
             needs_grad or gate_layout != "interleaved" or not x.is_cuda or torch.compiler.is_compiling()
             or not gather_pays(x.shape[1], gather_index.shape[0], w_gate_up.shape[0])):  # fmt: skip
-        x, gather_index = x.index_select(0, gather_index), None
+        x, gather_index = gather_rows(x, gather_index), None
     if needs_grad:
         return _scaled(_GatedExperts.apply(x, w_gate_up, w_down, offs, activation, gate_layout), out_scale)
     if gather_index is not None:  # the gathered rows and the fused epilogue: neither copy nor Z written
@@ -343,4 +373,4 @@ def _scaled(y: torch.Tensor, out_scale) -> torch.Tensor:
 
 
 __all__ = ["grouped_experts", "grouped_mm", "check_experts", "gated_activation", "gather_tokens", "permute_rows",
-           "unpermute_rows", "inverse_permutation", "zero_rows_past_end", "combine"]
+           "unpermute_rows", "inverse_permutation", "zero_rows_past_end", "combine", "gather_rows"]

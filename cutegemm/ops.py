@@ -332,6 +332,33 @@ def _combine_rows_torch(src, idx, w, k, other=None):
     return rows.view(idx.numel() // max(k, 1), k, src.shape[1]).sum(1).to(src.dtype), dots
 
 
+def sum_rows(src: torch.Tensor, idx: torch.Tensor, ptr: torch.Tensor) -> torch.Tensor:
+    """Segment sums of gathered rows: ``out[i] = sum_{j in [ptr[i], ptr[i+1])} src[idx[j]]``
+    (fp32 sums in j order, rounded once to src's dtype; empty segments zero). idx and ptr int32.
+    CUDA bf16 / fp16 go through ``torch.ops.cutegemm.sum_rows`` (the ragged row-combine kernel
+    where it takes the operands, ``torch.segment_reduce`` otherwise: the same order, no atomics)."""
+    if src.is_cuda and src.dtype in (torch.bfloat16, torch.float16):
+        return torch.ops.cutegemm.sum_rows(src, idx, ptr)
+    return _sum_rows_torch(src, idx, ptr)
+
+
+def _sum_rows_torch(src, idx, ptr):
+    rows = src.index_select(0, idx.long()).to(_compute_dtype(src.dtype))
+    return torch.segment_reduce(rows, "sum", offsets=ptr.long(), axis=0).to(src.dtype)
+
+
+@torch.library.custom_op("cutegemm::sum_rows", mutates_args=())
+def _sum_rows_op(src: torch.Tensor, idx: torch.Tensor, ptr: torch.Tensor) -> torch.Tensor:
+    if combine_takes(src, idx, ptr) and ptr.dtype == torch.int32:
+        return combine_rows_cuda(src, idx, None, 1, ptr=ptr)[0]
+    return _sum_rows_torch(src, idx, ptr)
+
+
+@_sum_rows_op.register_fake
+def _(src, idx, ptr):
+    return src.new_empty(ptr.shape[0] - 1, src.shape[1])
+
+
 @torch.library.custom_op("cutegemm::combine_rows", mutates_args=())
 def _combine_rows_op(src: torch.Tensor, idx: torch.Tensor, w: Optional[torch.Tensor], k: int) -> torch.Tensor:
     if combine_takes(src, idx, w):

@@ -118,13 +118,16 @@ def wave_choice(p: GemmProblem, num_sms: int, splits=(1,)) -> WaveCandidate:
 
 
 # 64 < M <= 128 (one 128-row tile; the decode rule's 128x64 / 128x128, split only where few tiles):
-# the wave model over 1x1 tiles and K splits, for the dtype families in SMALL_M_WAVES. `bench
-# sweep` times the picks of the families not in it beside the decode rule's, in the same rounds.
-# 16-bit is on: on the H100's sweep its picks ran 0.979x cuBLAS against the decode rule's 0.953
-# on the 9 cases where they differ (Llama-3-70B qkv M = 128 0.83 -> 0.94). e4m3 is measured first.
-# The sweep's M = 128 rows in 128x64 tiles (Llama-3-70B / Qwen3-32B qkv) ran at 0.58-0.62 of the
-# 128x256 rate.
-SMALL_M_WAVES = frozenset({"16-bit"})
+# the wave model over 1x1 tiles, and for 16-bit K splits, for the dtype families in SMALL_M_WAVES
+# (`bench sweep` times the picks of the families not in it beside the decode rule's, in the same
+# rounds). On the H100's sweep, on the cases where they differ: 16-bit picks 0.979x cuBLAS against
+# the decode rule's 0.953 (9 cases; Llama-3-70B qkv M = 128 0.83 -> 0.94); e4m3 picks of wider
+# tiles 0.86 / 0.87 / 0.94 -> 0.99 / 0.98 / 1.00x torch._scaled_mm, while its three split-K picks
+# lost (1.04 / 1.16 / 1.01 -> 0.99 / 1.04 / 0.95: FP8's short mainloop leaves the partial sums'
+# cost exposed), so e4m3 weighs tiles only. The sweep's M = 128 rows in 128x64 tiles ran at
+# 0.58-0.62 of the 128x256 rate.
+SMALL_M_WAVES = frozenset({"16-bit", "e4m3"})
+SMALL_M_SPLITS = {"16-bit": SPLITS, "e4m3": (1,)}
 SMALL_M_RATES = {(128, 64): 0.60}
 
 
@@ -146,7 +149,8 @@ def small_m_alternative(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmCo
         return None
     now = wave_seconds(p, 128, cfg.tile_n, 1, max(1, cfg.split_k), num_sms, rates[(128, cfg.tile_n)])
     # one 128-row tile: wave_candidates' clusters are all 1x1 here
-    best = min(wave_candidates(p, num_sms, SPLITS, SMALL_M_RATES), key=lambda c: c.seconds)
+    splits = SMALL_M_SPLITS[dtype_family(p.a_dtype)]
+    best = min(wave_candidates(p, num_sms, splits, SMALL_M_RATES), key=lambda c: c.seconds)
     if best.seconds * MODEL_MARGIN >= now:
         return None
     alt = replace(cfg, tile_n=best.tile_n, split_k=best.split_k, cluster_m=1, cluster_n=1, raster="n", group=1)

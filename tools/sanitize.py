@@ -325,8 +325,15 @@ def _combine_cases():
         if dot:
             assert torch.allclose(dots, ref_dots, rtol=1e-4, atol=1e-4), "combine dot"
 
+    def ragged():
+        src, idx = cpu(37, 48).cuda(), torch.randint(0, 37, (29,), dtype=torch.int32).cuda()
+        ptr = torch.tensor([0, 3, 3, 10, 29], dtype=torch.int32).cuda()
+        out, _ = combine_rows_cuda(src, idx, None, 1, ptr=ptr)
+        torch.cuda.synchronize()
+        assert torch.allclose(out.float(), ops._sum_rows_torch(src, idx, ptr).float(), rtol=2**-7, atol=1e-6)
+
     return {"combine-weighted": lambda: case(True, False), "combine-sum": lambda: case(False, False),
-            "combine-dot": lambda: case(True, True)}  # fmt: skip
+            "combine-dot": lambda: case(True, True), "combine-ragged": ragged}  # fmt: skip
 
 
 def _optional_cases() -> dict:

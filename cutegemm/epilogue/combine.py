@@ -2,14 +2,16 @@
 
     out[i, :] = sum_{j < k} w[i k + j] * src[idx[i k + j], :]        (fp32 sums, in slot order)
 
-and, with ``dot`` (k = 1), ``dots[i] = <src[idx[i]], other[i]>`` beside it. What it serves
+(``ragged``: over j in [ptr[i], ptr[i + 1]) instead, unweighted) and, with ``dot`` (k = 1),
+``dots[i] = <src[idx[i]], other[i]>`` beside it. What it serves
 (``ops.combine_rows``, ``moe.combine`` / ``moe.gather_tokens``):
 - the combine's forward: each token's k expert rows (gathered by the inverse of the dispatch
   order), weighted by the routing weights and summed: one read of the rows, one write of the
   tokens (torch: a gathered copy, a product and a sum: five passes over the k rows);
 - its backward: each expert row's gradient ``w * dout[token]`` and, by ``dot``, the routing
   weight's ``<dout[token], y[row]>``;
-- the dispatch's backward (``w`` all ones): each token's k row gradients summed.
+- the dispatch's backward (``w`` all ones): each token's k row gradients summed; ``ragged``: a
+  gather by any index (``moe.gather_rows``), each token's rows (any count) summed.
 
 src, out and other are row-major bf16 / fp16 with H a multiple of 8 columns and 16-byte aligned
 rows; idx int32, w and dots fp32. One warp per output row, each lane 8 columns per step (128-bit
@@ -46,16 +48,18 @@ class CombineConfig:
     dtype: str = "bf16"
     weighted: bool = True  # w given (else every weight is 1)
     dot: bool = False  # dots[i] = <src[idx[i]], other[i]> too (k = 1)
+    ragged: bool = False  # row i sums idx[ptr[i]:ptr[i + 1]] (unweighted) instead of k per row
     arch: str = "sm_90a"
     warps: int = 8  # per CTA, one output row each
 
     def __post_init__(self):
-        if self.dtype not in _DTYPES or self.arch not in ("sm_90a", "sm_100a"):
+        if self.dtype not in _DTYPES or self.arch not in ("sm_90a", "sm_100a") or (
+                self.ragged and (self.weighted or self.dot)):  # fmt: skip
             raise ValueError(f"bad CombineConfig {self}")
 
     @property
     def name(self) -> str:
-        what = ("weighted" if self.weighted else "sum") + ("_dot" if self.dot else "")
+        what = ("weighted" if self.weighted else "ragged" if self.ragged else "sum") + ("_dot" if self.dot else "")
         return f"combine_{what}_{self.dtype}_{self.arch}"
 
 
@@ -69,7 +73,7 @@ class CombineKernel:
         self,
         mSrc: cute.Tensor,  # (S * H,) flat row-major
         mIdx: cute.Tensor,  # (R * k,) int32 source rows
-        mW: cute.Tensor,  # (R * k,) fp32 weights (read only when weighted)
+        mW: cute.Tensor,  # (R * k,) fp32 weights (read only when weighted); ragged: (R + 1,) int32 ptr
         mOut: cute.Tensor,  # (R * H,)
         mOther: cute.Tensor,  # (R * H,) (read only with dot)
         mDots: cute.Tensor,  # (R,) fp32 (written only with dot)
@@ -99,12 +103,16 @@ class CombineKernel:
         if row < rows:  # the whole warp: one row
             for c in cutlass.range(lane, cpr, 32):
                 acc.fill(0.0)
-                for j in cutlass.range(k):
-                    src_row = mIdx[row * k + j]
+                first, count = row * k, k
+                if cutlass.const_expr(self.cfg.ragged):
+                    first = mW[row]
+                    count = mW[row + 1] - first
+                for j in cutlass.range(count):
+                    src_row = mIdx[first + j]
                     cute.autovec_copy(cute.local_tile(mSrc, (CHUNK,), (src_row * cpr + c,)), rV)
                     v = rV.load().to(cutlass.Float32)
                     if cutlass.const_expr(self.cfg.weighted):
-                        acc.store(acc.load() + v * mW[row * k + j])
+                        acc.store(acc.load() + v * mW[first + j])
                     else:
                         acc.store(acc.load() + v)
                     if cutlass.const_expr(self.cfg.dot):
@@ -127,7 +135,7 @@ def build_combine(cfg: CombineConfig):
     serves every shape."""
     dt = _DTYPES[cfg.dtype]
     one = make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=4)
-    f32 = make_fake_tensor(cutlass.Float32, (cute.sym_int32(),), (1,), assumed_align=4)
+    f32 = make_fake_tensor(cutlass.Int32 if cfg.ragged else cutlass.Float32, (cute.sym_int32(),), (1,), assumed_align=4)
     dots = make_fake_tensor(cutlass.Float32, (cute.sym_int32(),), (1,), assumed_align=4)
     args = (_flat(dt, CHUNK), one, f32, _flat(dt, CHUNK), _flat(dt, CHUNK), dots, cutlass.Int32(1),
             cutlass.Int32(1), cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True))  # fmt: skip
@@ -141,8 +149,8 @@ def kernel_cache() -> KernelCache:
 
 def all_configs(arch: str) -> list[CombineConfig]:
     """Every kernel variant for ``arch`` (compile-check)."""
-    return [CombineConfig(dtype=d, weighted=w, dot=dot, arch=arch)
-            for d in _DTYPES for w, dot in ((True, False), (False, False), (True, True))]  # fmt: skip
+    return [CombineConfig(dtype=d, weighted=w, dot=dot, ragged=r, arch=arch) for d in _DTYPES
+            for w, dot, r in ((True, False, False), (False, False, False), (True, True, False), (False, False, True))]  # fmt: skip
 
 
 def check_variant(cfg: CombineConfig) -> tuple[bool, dict, str]:
@@ -157,13 +165,13 @@ def _rows_ok(t: torch.Tensor, dtype) -> bool:
 
 def kernel_takes(src: torch.Tensor, idx: torch.Tensor, w, other=None) -> bool:
     """Whether :func:`combine_rows_cuda` runs the call: CUDA bf16 / fp16 src (S, H) row-major,
-    H a multiple of 8, 16-byte aligned; idx int32 and w fp32 (or None), contiguous, on src's
-    device; other (with dot) like src; sm_90a / sm_100a."""
+    H a multiple of 8, 16-byte aligned; idx int32 and w fp32 (or None; ragged: the int32 ptr),
+    contiguous, on src's device; other (with dot) like src; sm_90a / sm_100a."""
     if not src.is_cuda or src.dtype not in _TORCH or not _rows_ok(src, src.dtype) or src.shape[1] % CHUNK:
         return False
     if idx.dtype != torch.int32 or idx.dim() != 1 or not idx.is_contiguous() or idx.device != src.device:
         return False
-    if w is not None and (w.dtype != torch.float32 or w.shape != idx.shape or not w.is_contiguous()
+    if w is not None and (w.dtype not in (torch.float32, torch.int32) or w.dim() != 1 or not w.is_contiguous()
                           or w.device != src.device):  # fmt: skip
         return False
     if other is not None and (not _rows_ok(other, src.dtype) or other.shape[1] != src.shape[1]
@@ -172,23 +180,27 @@ def kernel_takes(src: torch.Tensor, idx: torch.Tensor, w, other=None) -> bool:
     return device_info(src.device.index)[0] in ("sm_90a", "sm_100a")
 
 
-def combine_rows_cuda(src: torch.Tensor, idx: torch.Tensor, w, k: int, other=None):
-    """(out, dots): out (R, H) in src's dtype with R = idx.numel() / k, dots (R,) fp32 with
-    ``other`` (k = 1), else None; for a call :func:`kernel_takes`."""
-    rows, cols = idx.numel() // k, src.shape[1]
+def combine_rows_cuda(src: torch.Tensor, idx: torch.Tensor, w, k: int, other=None, ptr=None):
+    """(out, dots): out (R, H) in src's dtype with R = idx.numel() / k (``ptr``: R = ptr.numel()
+    - 1, row i the sum of src[idx[ptr[i]:ptr[i + 1]]], w unused), dots (R,) fp32 with ``other``
+    (k = 1), else None; for a call :func:`kernel_takes`."""
+    rows, cols = (ptr.numel() - 1 if ptr is not None else idx.numel() // k), src.shape[1]
     out = torch.empty(rows, cols, dtype=src.dtype, device=src.device)
     dots = torch.empty(rows, dtype=torch.float32, device=src.device) if other is not None else None
     if rows == 0 or cols == 0:
         if dots is not None:
             dots.zero_()
         return out, dots
-    if other is not None and (k != 1 or other.shape[0] != rows):
+    if other is not None and (k != 1 or other.shape[0] != rows or ptr is not None):
         raise ValueError(f"dot takes k = 1 and other with {rows} rows, got k = {k}, {other.shape[0]} rows")
+    if (w is not None and w.numel() != idx.numel()) or (ptr is not None and ptr.dtype != torch.int32):
+        raise ValueError("w must hold one weight per index and ptr be int32")
     cfg = CombineConfig(dtype=_TORCH[src.dtype], weighted=w is not None, dot=other is not None,
-                        arch=device_info(src.device.index)[0])  # fmt: skip
-    wt = w if w is not None else torch.empty(1, dtype=torch.float32, device=src.device)
+                        ragged=ptr is not None, arch=device_info(src.device.index)[0])  # fmt: skip
+    wt = ptr if ptr is not None else w if w is not None else torch.empty(1, dtype=torch.float32, device=src.device)
+    dummy = wt if wt.dtype == torch.float32 else torch.empty(1, dtype=torch.float32, device=src.device)
     kernel_cache().get(cfg)(src.view(-1), idx, wt, out.view(-1), (other if other is not None else out).view(-1),
-                            dots if dots is not None else wt, k, cols // CHUNK, rows)  # fmt: skip
+                            dots if dots is not None else dummy, k, cols // CHUNK, rows)  # fmt: skip
     return out, dots
 
 

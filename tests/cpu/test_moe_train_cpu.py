@@ -463,3 +463,21 @@ def test_combine_custom_ops():
     out = torch.ops.cutegemm.combine_rows(src, idx, w, 3)
     ref = (src[idx.long()].float() * w.unsqueeze(1)).view(2, 3, 16).sum(1).to(torch.bfloat16)
     assert torch.equal(out, ref)
+
+
+def test_gather_rows_backward_sums_every_tokens_rows():
+    """moe.gather_rows (grouped_experts' copy for gather_index with a gradient): any index, tokens
+    repeated any number of times or not at all; gradcheck in fp64, and the custom op
+    torch.ops.cutegemm.sum_rows (its backward's route on CUDA) passes opcheck, empty segments zero."""
+    from cutegemm import ops
+    from cutegemm.moe import gather_rows
+
+    x = torch.randn(6, 8, dtype=torch.float64, requires_grad=True)
+    for idx in (torch.tensor([3, 0, 3, 5, 3, 0, 1]), torch.tensor([2, 2], dtype=torch.int32), torch.tensor([], dtype=torch.long)):
+        assert torch.autograd.gradcheck(lambda x, idx=idx: gather_rows(x, idx), (x,))
+    src = torch.randn(10, 16).to(torch.bfloat16)
+    idx, ptr = torch.tensor([1, 2, 3, 9], dtype=torch.int32), torch.tensor([0, 2, 2, 4], dtype=torch.int32)
+    torch.library.opcheck(torch.ops.cutegemm.sum_rows, (src, idx, ptr))
+    out = ops.sum_rows(src, idx, ptr)
+    assert torch.equal(out[1], torch.zeros(16, dtype=torch.bfloat16))
+    assert torch.equal(out[2], (src[3].float() + src[9].float()).to(torch.bfloat16))

@@ -126,13 +126,13 @@ def decode_rule(p, **kw):
         policy.SMALL_M_WAVES = saved
 
 
-def test_small_m_wave_picks_are_taken_for_16_bit_and_valid(monkeypatch):
+def test_small_m_wave_picks_are_taken_and_valid(monkeypatch):
     """policy.small_m_alternative (64 < M <= 128): choose_dense takes its picks for the dtype
-    families in SMALL_M_WAVES (16-bit), keeps the decode rule's config for the others (e4m3, until
-    the sweep has measured them) and for explicit tiles; the picks are valid configs."""
+    families in SMALL_M_WAVES (16-bit and e4m3; e4m3 without split K), keeps the decode rule's
+    config for the others and for explicit tiles; the picks are valid configs."""
     from cutegemm import policy
 
-    assert policy.SMALL_M_WAVES == frozenset({"16-bit"})
+    assert policy.SMALL_M_WAVES == frozenset({"16-bit", "e4m3"})
     p = problem(128, 10240, 8192)  # Llama-3-70B qkv at M = 128: 160 tiles of 128x64, 1.21 waves (0.74x cuBLAS)
     cfg = decode_rule(p)
     assert (cfg.tile_n, cfg.split_k) == (64, 1)
@@ -141,15 +141,19 @@ def test_small_m_wave_picks_are_taken_for_16_bit_and_valid(monkeypatch):
     assert not config_errors(alt)
     assert POL.choose_dense(p) == alt
     assert POL.choose_dense(p, tile_n=64) == replace(cfg, tile_n=64)  # explicit tiles are left alone
-    monkeypatch.setattr(policy, "SMALL_M_WAVES", frozenset())
-    assert POL.choose_dense(p) == cfg
     assert policy.small_m_alternative(POL.choose_dense(problem(256, 10240, 8192)), problem(256, 10240, 8192), SMS) is None
     p8 = problem(128, 10240, 8192, "e4m3")
     cfg8 = decode_rule(p8, epilogue=SCALED)
     alt8 = policy.small_m_alternative(cfg8, p8, SMS)
-    assert alt8 is not None and not config_errors(alt8) and alt8.epilogue == SCALED, alt8
+    assert (alt8.tile_n, alt8.split_k) == (128, 1) and not config_errors(alt8) and alt8.epilogue == SCALED, alt8
+    assert POL.choose_dense(p8, epilogue=SCALED) == alt8
+    # Qwen3-32B down at M = 128: the split pick the e4m3 sweep measured slower is not weighed
+    p8 = problem(128, 5120, 25600, "e4m3")
+    assert POL.choose_dense(p8, epilogue=SCALED).split_k == 1
     monkeypatch.setattr(policy, "SMALL_M_WAVES", frozenset({"16-bit"}))
-    assert POL.choose_dense(p8, epilogue=SCALED) == cfg8  # e4m3 is not taken yet
+    assert POL.choose_dense(problem(128, 10240, 8192, "e4m3"), epilogue=SCALED) == cfg8
+    monkeypatch.setattr(policy, "SMALL_M_WAVES", frozenset())
+    assert POL.choose_dense(p) == cfg
 
 
 @settings(max_examples=200, deadline=None)
@@ -169,5 +173,5 @@ def test_small_m_wave_picks_predicted_faster(m, n, k, dtype):
         return wave_seconds(p, 128, c.tile_n, 1, max(1, c.split_k), SMS, rates[(128, c.tile_n)])
 
     assert t(alt) * MODEL_MARGIN < t(cfg)
-    if dtype == "bf16":
-        assert POL.choose_dense(p) == alt
+    assert dtype == "bf16" or alt.split_k == 1
+    assert POL.choose_dense(p, **({"epilogue": SCALED} if dtype == "e4m3" else {})) == alt
