@@ -299,8 +299,8 @@ def build_runner(name: str, layer: Layer) -> Runner | str:
     """The implementation ``name`` on ``layer``, or a string saying why it cannot run."""
     x, idx, rw, w2 = layer.x, layer.top_k_index, layer.top_k_weights, layer.w_down
     if name == "cutegemm":
-        return Runner(name, "dispatch/combine in torch + cutegemm.moe.grouped_experts, interleaved gate/up "
-                      "(no grad: SwiGLU fused)", partial(cutegemm_moe, x, idx, rw, layer.w_gate_up_il, w2),
+        return Runner(name, "dispatch in torch, cutegemm.moe.grouped_experts (interleaved gate/up; no grad: "
+                      "SwiGLU fused), cutegemm.moe.combine", partial(cutegemm_moe, x, idx, rw, layer.w_gate_up_il, w2),
                       layer.w_gate_up_il, "interleaved")  # fmt: skip
     if name == "cutegemm-gather":
         return Runner(name, "as cutegemm, the dispatch index handed to the layer (no grad: the sm_90a gather "
