@@ -52,6 +52,7 @@ from torch.autograd.function import once_differentiable
 from .api.face import grouped_gemm, grouped_gemm_ref
 from .epilogue import GATED, activation_ref, split_gate_up
 from .epilogue.ops import GATE_ACTIVATION
+from . import ops
 from .ops import combine_rows, gated_grads, sum_rows, zero_rows_past_end
 from .policy import gather_pays
 
@@ -186,8 +187,9 @@ class _RowGather(torch.autograd.Function):
 def gather_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``x.index_select(0, index)`` for any index (tokens may repeat any number of times or not
     at all), with a deterministic backward: each token's row gradients summed in row order in one
-    pass (``ops.sum_rows``), where index_select's backward adds them with atomics."""
-    if not (torch.is_grad_enabled() and x.requires_grad):
+    pass (``ops.sum_rows``), where index_select's backward adds them with atomics. On CUDA while
+    ``ops.RAGGED_KERNEL`` is off: index_select's own backward."""
+    if not (torch.is_grad_enabled() and x.requires_grad) or (x.is_cuda and not ops.RAGGED_KERNEL):
         return x.index_select(0, index)
     return _RowGather.apply(x, index)
 

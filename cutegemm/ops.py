@@ -332,6 +332,13 @@ def _combine_rows_torch(src, idx, w, k, other=None):
     return rows.view(idx.numel() // max(k, 1), k, src.shape[1]).sum(1).to(src.dtype), dots
 
 
+# moe.gather_rows' backward by the ragged row-combine kernel (ops.sum_rows) on CUDA: off until
+# tests/gpu/test_combine_gpu.py's ragged cases have passed on a GPU (compile-checked and
+# sanitizer-listed only; its non-ragged siblings are GPU-tested and SASS-identical since). Off:
+# CUDA calls take index_select's own backward (index_add: atomics, not bitwise reproducible).
+RAGGED_KERNEL = False
+
+
 def sum_rows(src: torch.Tensor, idx: torch.Tensor, ptr: torch.Tensor) -> torch.Tensor:
     """Segment sums of gathered rows: ``out[i] = sum_{j in [ptr[i], ptr[i+1])} src[idx[j]]``
     (fp32 sums in j order, rounded once to src's dtype; empty segments zero). idx and ptr int32.

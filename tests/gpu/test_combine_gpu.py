@@ -101,11 +101,12 @@ def test_moe_layer_trains_through_the_combine():
 
 
 @pytest.mark.parametrize("tokens,rows,hidden", [(1, 3, 8), (100, 257, 24), (5000, 40000, 2048)])
-def test_gather_rows_backward_by_the_ragged_kernel(tokens, rows, hidden):
-    """moe.gather_rows' backward (the ragged row-combine kernel): any index, some tokens absent,
-    within 2x torch's index_add error of fp64, bitwise equal on a second call."""
+def test_gather_rows_backward_by_the_ragged_kernel(tokens, rows, hidden, monkeypatch):
+    """moe.gather_rows' backward (the ragged row-combine kernel, ops.RAGGED_KERNEL on): any index,
+    some tokens absent, within 2x torch's index_add error of fp64, bitwise equal on a second call."""
     from cutegemm.moe import gather_rows
 
+    monkeypatch.setattr(ops, "RAGGED_KERNEL", True)
     g = torch.Generator(device="cuda").manual_seed(tokens + rows)
     index = torch.randint(0, max(1, tokens // 2 + 1), (rows,), device="cuda", generator=g)
     x = torch.randn(tokens, hidden, device="cuda", generator=g).to(torch.bfloat16).requires_grad_()
@@ -117,11 +118,14 @@ def test_gather_rows_backward_by_the_ragged_kernel(tokens, rows, hidden):
     assert torch.equal(dx, torch.autograd.grad(gather_rows(x, index), x, grad)[0])
 
 
-def test_moe_layer_trains_through_the_gather_index():
+@pytest.mark.parametrize("ragged", [False, True])
+def test_moe_layer_trains_through_the_gather_index(ragged, monkeypatch):
     """bench/moe.py's cutegemm-gather route (grouped_experts with gather_index: the copy by
-    gather_rows while a gradient is needed): errors within 2x the torch route's."""
+    gather_rows while a gradient is needed, its backward by the ragged kernel or index_select's):
+    errors within 2x the torch route's."""
     from cutegemm.bench import moe
 
+    monkeypatch.setattr(ops, "RAGGED_KERNEL", ragged)
     layer = moe.make_layer(moe.Shape("small", 512, 256, 128, 8, 4))
     ours = moe.check(moe.build_runner("cutegemm-gather", layer), layer)
     theirs = moe.check(moe.build_runner("torch", layer), layer)
