@@ -49,10 +49,10 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from . import ops
 from .api.face import grouped_gemm, grouped_gemm_ref
 from .epilogue import GATED, activation_ref, split_gate_up
 from .epilogue.ops import GATE_ACTIVATION
-from . import ops
 from .ops import combine_rows, gated_grads, sum_rows, zero_rows_past_end
 from .policy import gather_pays
 
@@ -257,18 +257,27 @@ class _Combine(torch.autograd.Function):
         return (dy if need_y else None), None, None, dw
 
 
-def combine(y: torch.Tensor, order: torch.Tensor, k: int, weights: torch.Tensor | None = None) -> torch.Tensor:
+def combine(y: torch.Tensor, order: torch.Tensor, k: int, weights: torch.Tensor | None = None,
+            out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """A MoE combine: the expert outputs ``y`` (R = T k rows in dispatch order: row r is the
     (token, slot) pair ``order[r]``) back per token, weighted by ``weights`` (T, k) (None: already
-    weighted) and summed over the k slots: ``out[t] = sum_j weights[t, j] y[r(t, j)]`` (T, H) in
-    y's dtype, fp32 sums in slot order. One pass on CUDA bf16 / fp16 (``ops.combine_rows``), and
-    its backward too (y's rows and the weights' gradients, no atomics): torch's unpermute,
-    product and sum take five passes over the R rows. Differentiable in y and weights."""
+    weighted) and summed over the k slots: ``out[t] = sum_j weights[t, j] y[r(t, j)]`` (T, H),
+    fp32 sums (fp64 for fp64) in slot order, rounded once to ``out_dtype`` (default y's dtype).
+    In y's dtype on CUDA bf16 / fp16, one pass (``ops.combine_rows``), and its backward too (y's
+    rows and the weights' gradients, no atomics): torch's unpermute, product and sum take five
+    passes over the R rows. Another ``out_dtype`` takes those in torch (the sums unrounded).
+    Differentiable in y and weights."""
     if order.numel() != y.shape[0] or order.numel() % k:
         raise ValueError(f"order must hold one entry per row of y ({y.shape[0]}), a multiple of k = {k}")
     if weights is not None and weights.shape != (order.numel() // k, k):
         raise ValueError(f"weights must be (tokens, k) = ({order.numel() // k}, {k}), got {tuple(weights.shape)}")
-    return _Combine.apply(y, order, k, weights)
+    if out_dtype is None or out_dtype == y.dtype:
+        return _Combine.apply(y, order, k, weights)
+    cd = torch.float64 if torch.float64 in (y.dtype, out_dtype) else torch.float32
+    pairs = unpermute_rows(y, order).view(-1, k, y.shape[1]).to(cd)
+    if weights is not None:
+        pairs = pairs * weights.to(cd).unsqueeze(-1)
+    return pairs.sum(1).to(out_dtype)
 
 
 def check_experts(x, w_gate_up, w_down, offs, activation="swiglu", gate_layout="interleaved"):

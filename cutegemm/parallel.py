@@ -27,22 +27,22 @@ T tokens on this rank, k slots per token):
    (``GroupedExperts.forward`` = :func:`cutegemm.moe.grouped_experts`: the cutegemm grouped GEMMs
    on CUDA tensors, the reference twins on CPU tensors, so gloo tests run without a GPU).
 7. Un-sort, send the result rows back with the reverse ``all_to_all_single`` (splits swapped),
-   un-sort to (T, k, hidden) and combine in fp32: ``out[t] = sum_j topk_weight[t, j] * y[t, j]``.
+   and combine (:func:`cutegemm.moe.combine`, fp32 sums): ``out[t] = sum_j topk_weight[t, j] * y[t, j]``.
 
 Training: the layer is differentiable in x, topk_weight and the local expert weights. Both row
 exchanges (steps 5 and 7) go through :class:`AllToAll`, an autograd function whose backward is the
 reverse exchange (splits swapped; the same as ``torch.distributed.nn.functional.all_to_all_single``,
 which torch 2.13 deprecates with a warning per call); the counts exchange (step 3) carries no
-gradient. The permutations are ``index_select`` (their backward scatters rows back), the local
-experts run :func:`cutegemm.moe.grouped_experts`' backward (grouped GEMMs), the combine is torch.
+gradient. The token gather is :func:`cutegemm.moe.gather_tokens` (its backward sums each token's
+rows in slot order), the permutations :func:`cutegemm.moe.permute_rows` (gathers both ways), the
+local experts run :func:`cutegemm.moe.grouped_experts`' backward (grouped GEMMs), the combine
+:func:`cutegemm.moe.combine`'s.
 The backward runs the two exchanges in reverse order, so every rank of the group must call
 ``backward`` (also with T == 0) and pass x with the same ``requires_grad`` (a rank whose x needs
 no gradient would skip the reverse token exchange that the others wait in).
 
 Limitations: expert ids are not range-checked unless ``check_routing=True`` (a host sync);
-no fp8/MXFP8 dispatch yet; not CUDA-graph capturable (step 4 is a host read); the token gather's
-backward (``index_select`` with repeated tokens) adds with atomics on CUDA, so the gradient of x
-is not bitwise reproducible there.
+no fp8/MXFP8 dispatch yet; not CUDA-graph capturable (step 4 is a host read).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .api.face import grouped_gemm_ref
-from .moe import inverse_permutation, permute_rows, unpermute_rows
+from .moe import combine, gather_tokens, inverse_permutation, permute_rows
 from .nn import GroupedExperts
 
 
@@ -78,15 +78,6 @@ def _sort_pairs(topk_idx: torch.Tensor, num_experts: int):
     counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
     counts.scatter_add_(0, flat, torch.ones_like(flat))
     return order, token, counts
-
-
-def _combine(y_sorted, order, topk_weight, out_dtype):
-    """y_sorted: expert outputs in sorted-pair order -> sum_j topk_weight[t, j] * y[t, j] (fp32 math).
-    Differentiable in y_sorted and topk_weight."""
-    T, k = topk_weight.shape
-    y = unpermute_rows(y_sorted, order)
-    y = y.view(T, k, y_sorted.shape[1]).float() * topk_weight.float().unsqueeze(-1)
-    return y.sum(1).to(out_dtype)
 
 
 class AllToAll(torch.autograd.Function):
@@ -183,8 +174,8 @@ class ExpertParallelMoE(nn.Module):
         dev = x.device
 
         # 1-2. sort pairs by expert; per-expert counts (== per (destination rank, local expert)).
-        order, token, send_counts = _sort_pairs(topk_idx, self.num_experts_total)
-        x_send = x.index_select(0, token)  # (T*k, H), grouped by destination rank, then local expert
+        order, _, send_counts = _sort_pairs(topk_idx, self.num_experts_total)
+        x_send = gather_tokens(x, order, topk_idx.shape[1])  # (T*k, H), by destination rank, then local expert
 
         # 3. exchange the counts (equal splits: L per rank).
         recv_counts = torch.empty_like(send_counts)
@@ -211,7 +202,7 @@ class ExpertParallelMoE(nn.Module):
 
         # 7. send the results back (splits swapped) and combine with the router weights.
         y_back = AllToAll.apply(y_recv, send_splits, recv_splits, group)
-        return _combine(y_back, order, topk_weight, x.dtype)
+        return combine(y_back, order, topk_weight.shape[1], topk_weight, out_dtype=x.dtype)
 
 
 def moe_reference(x, topk_idx, topk_weight, w_gate_up, w_down):
@@ -225,7 +216,7 @@ def moe_reference(x, topk_idx, topk_weight, w_gate_up, w_down):
     h = grouped_gemm_ref(xs, w_gate_up.transpose(1, 2), offs=offs, out_dtype=torch.float32)
     act = torch.nn.functional.silu(h[:, 0::2]) * h[:, 1::2]
     y = grouped_gemm_ref(act, w_down.transpose(1, 2), offs=offs, out_dtype=torch.float32)
-    return _combine(y, order, topk_weight, x.dtype)
+    return combine(y, order, topk_weight.shape[1], topk_weight, out_dtype=x.dtype)
 
 
 def moe_single_device(x, topk_idx, topk_weight, experts: GroupedExperts):
@@ -233,7 +224,7 @@ def moe_single_device(x, topk_idx, topk_weight, experts: GroupedExperts):
     for the benchmark and the multi-GPU tests. CUDA: cutegemm grouped GEMM; CPU: the reference
     twins. Differentiable in x, topk_weight and the expert weights."""
     _check_routing_shapes(x, topk_idx, topk_weight, experts.hidden)
-    order, token, counts = _sort_pairs(topk_idx, experts.num_experts)
+    order, _, counts = _sort_pairs(topk_idx, experts.num_experts)
     offs = counts.cumsum(0).to(torch.int32)
-    y = experts(x.index_select(0, token), offs)
-    return _combine(y, order, topk_weight, x.dtype)
+    y = experts(gather_tokens(x, order, topk_idx.shape[1]), offs)
+    return combine(y, order, topk_weight.shape[1], topk_weight, out_dtype=x.dtype)

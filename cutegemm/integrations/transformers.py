@@ -76,7 +76,7 @@ from ..blockscaled.formats import MXFP4, get_format
 from ..blockscaled.layout import to_swizzled
 from ..blockscaled.reference import BlockScaledTensor, dequantize_ref, e8m0_to_float, quantize_ref
 from ..gemm.fp8_scales import FP8_BLOCK
-from ..moe import combine, gather_tokens, grouped_experts, unpermute_rows, zero_rows_past_end
+from ..moe import combine, gather_tokens, grouped_experts, zero_rows_past_end
 
 try:  # transformers' fine-grained FP8 (its FP8Experts dispatch through their own experts interface)
     from transformers.integrations import finegrained_fp8 as hf_fp8
@@ -387,13 +387,8 @@ def experts_forward(experts, hidden_states: torch.Tensor, top_k_index: torch.Ten
     if getattr(experts, "has_post_expert_norm", False):
         y = experts.post_expert_norm(y)
 
-    # back per token, weighted and summed over the slots in one pass (fp32 sums, moe.combine); an
-    # output dtype wider than the experts' takes the sums in torch, unrounded
-    if hidden_states.dtype == y.dtype:
-        return combine(y, order, k, None if fuse_weights else top_k_weights)
-    pairs = unpermute_rows(y, order).view(T, k, H)
-    out = (pairs if fuse_weights else pairs * top_k_weights.unsqueeze(-1)).sum(dim=1)
-    return out.to(hidden_states.dtype)
+    # back per token, weighted and summed over the slots (fp32 sums; one pass in the experts' dtype)
+    return combine(y, order, k, None if fuse_weights else top_k_weights, out_dtype=hidden_states.dtype)
 
 
 # ----------------------------------------------------------------- NVFP4 / MXFP4 / MXFP8 expert weights

@@ -431,6 +431,10 @@ def test_combine_matches_the_unpermute_product_and_sum(tokens, k, hidden):
     ref = (y[inv].view(tokens, k, hidden) * w.unsqueeze(-1)).sum(1)
     torch.testing.assert_close(combine(y, order, k, w), ref, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(combine(y, order, k), y[inv].view(tokens, k, hidden).sum(1), rtol=1e-12, atol=1e-12)
+    yb, wf = y.detach().to(torch.bfloat16), w.detach().float()
+    wide = combine(yb, order, k, wf, out_dtype=torch.float32)  # a wider output: the sums unrounded
+    assert wide.dtype == torch.float32
+    torch.testing.assert_close(wide, (yb[inv].float().view(tokens, k, hidden) * wf.unsqueeze(-1)).sum(1))
     if tokens:
         assert torch.autograd.gradcheck(lambda y, w: combine(y, order, k, w), (y, w))
         assert torch.autograd.gradcheck(lambda y: combine(y, order, k), (y,))
