@@ -32,13 +32,8 @@ from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 from ..runtime.cache import KernelCache
 from ..runtime.device import device_info
 from ..runtime.sass import check_sass
-
-CHUNK = 8  # columns per lane step
-MAX_ELEMENTS = 2**31 - 1
-_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
-_TORCH = {torch.bfloat16: "bf16", torch.float16: "fp16"}
-SASS_REQUIRED = {"LDG.128": r"\bLDG\.E[.A-Z0-9]*\.128", "STG.128": r"\bSTG\.E[.A-Z0-9]*\.128"}
-SASS_FORBIDDEN = {"LDL": r"\bLDL(\.|\s)", "STL": r"\bSTL(\.|\s)"}
+from . import rowwise
+from .rowwise import CHUNK, DTYPE_NAMES, KERNEL_DTYPES, MAX_ELEMENTS, flat_tensor
 
 
 @dataclass(frozen=True)
@@ -53,7 +48,7 @@ class CombineConfig:
     warps: int = 8  # per CTA, one output row each
 
     def __post_init__(self):
-        if self.dtype not in _DTYPES or self.arch not in ("sm_90a", "sm_100a") or (
+        if self.dtype not in KERNEL_DTYPES or self.arch not in ("sm_90a", "sm_100a") or (
                 self.ragged and (self.weighted or self.dot)):  # fmt: skip
             raise ValueError(f"bad CombineConfig {self}")
 
@@ -66,7 +61,7 @@ class CombineConfig:
 class CombineKernel:
     def __init__(self, cfg: CombineConfig):
         self.cfg = cfg
-        self.dtype = _DTYPES[cfg.dtype]
+        self.dtype = KERNEL_DTYPES[cfg.dtype]
 
     @cute.jit
     def __call__(
@@ -126,18 +121,15 @@ class CombineKernel:
                     mDots[row] = dot
 
 
-def _flat(dtype, div):
-    return make_fake_tensor(dtype, (cute.sym_int32(divisibility=div),), (1,), assumed_align=16)
-
 
 def build_combine(cfg: CombineConfig):
     """(kernel object, fake args) for :class:`~cutegemm.runtime.cache.KernelCache`: one kernel
     serves every shape."""
-    dt = _DTYPES[cfg.dtype]
+    dt = KERNEL_DTYPES[cfg.dtype]
     one = make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=4)
     f32 = make_fake_tensor(cutlass.Int32 if cfg.ragged else cutlass.Float32, (cute.sym_int32(),), (1,), assumed_align=4)
     dots = make_fake_tensor(cutlass.Float32, (cute.sym_int32(),), (1,), assumed_align=4)
-    args = (_flat(dt, CHUNK), one, f32, _flat(dt, CHUNK), _flat(dt, CHUNK), dots, cutlass.Int32(1),
+    args = (flat_tensor(dt, CHUNK), one, f32, flat_tensor(dt, CHUNK), flat_tensor(dt, CHUNK), dots, cutlass.Int32(1),
             cutlass.Int32(1), cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True))  # fmt: skip
     return CombineKernel(cfg), args
 
@@ -149,13 +141,13 @@ def kernel_cache() -> KernelCache:
 
 def all_configs(arch: str) -> list[CombineConfig]:
     """Every kernel variant for ``arch`` (compile-check)."""
-    return [CombineConfig(dtype=d, weighted=w, dot=dot, ragged=r, arch=arch) for d in _DTYPES
+    return [CombineConfig(dtype=d, weighted=w, dot=dot, ragged=r, arch=arch) for d in KERNEL_DTYPES
             for w, dot, r in ((True, False, False), (False, False, False), (True, True, False), (False, False, True))]  # fmt: skip
 
 
 def check_variant(cfg: CombineConfig) -> tuple[bool, dict, str]:
     """Compile ``cfg`` to SASS (no GPU needed) and check it: (ok, marker counts, error)."""
-    return check_sass(build_combine(cfg), cfg.arch, SASS_REQUIRED, SASS_FORBIDDEN)
+    return check_sass(build_combine(cfg), cfg.arch, rowwise.SASS_REQUIRED, rowwise.SASS_FORBIDDEN)
 
 
 def _rows_ok(t: torch.Tensor, dtype) -> bool:
@@ -167,7 +159,7 @@ def kernel_takes(src: torch.Tensor, idx: torch.Tensor, w, other=None) -> bool:
     """Whether :func:`combine_rows_cuda` runs the call: CUDA bf16 / fp16 src (S, H) row-major,
     H a multiple of 8, 16-byte aligned; idx int32 and w fp32 (or None; ragged: the int32 ptr),
     contiguous, on src's device; other (with dot) like src; sm_90a / sm_100a."""
-    if not src.is_cuda or src.dtype not in _TORCH or not _rows_ok(src, src.dtype) or src.shape[1] % CHUNK:
+    if not src.is_cuda or src.dtype not in DTYPE_NAMES or not _rows_ok(src, src.dtype) or src.shape[1] % CHUNK:
         return False
     if idx.dtype != torch.int32 or idx.dim() != 1 or not idx.is_contiguous() or idx.device != src.device:
         return False
@@ -195,7 +187,7 @@ def combine_rows_cuda(src: torch.Tensor, idx: torch.Tensor, w, k: int, other=Non
         raise ValueError(f"dot takes k = 1 and other with {rows} rows, got k = {k}, {other.shape[0]} rows")
     if (w is not None and w.numel() != idx.numel()) or (ptr is not None and ptr.dtype != torch.int32):
         raise ValueError("w must hold one weight per index and ptr be int32")
-    cfg = CombineConfig(dtype=_TORCH[src.dtype], weighted=w is not None, dot=other is not None,
+    cfg = CombineConfig(dtype=DTYPE_NAMES[src.dtype], weighted=w is not None, dot=other is not None,
                         ragged=ptr is not None, arch=device_info(src.device.index)[0])  # fmt: skip
     wt = ptr if ptr is not None else w if w is not None else torch.empty(1, dtype=torch.float32, device=src.device)
     dummy = wt if wt.dtype == torch.float32 else torch.empty(1, dtype=torch.float32, device=src.device)

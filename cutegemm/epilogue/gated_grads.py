@@ -21,19 +21,14 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+from cutlass.cute.runtime import make_fake_stream
 
 from ..runtime.cache import KernelCache
 from ..runtime.device import device_info
 from ..runtime.sass import check_sass
+from . import rowwise
 from .ops import CuteMath
-
-CHUNK = 8  # output columns per thread step
-MAX_ELEMENTS = 2**31 - 1
-_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
-_TORCH = {torch.bfloat16: "bf16", torch.float16: "fp16"}
-SASS_REQUIRED = {"LDG.128": r"\bLDG\.E[.A-Z0-9]*\.128", "STG.128": r"\bSTG\.E[.A-Z0-9]*\.128"}
-SASS_FORBIDDEN = {"LDL": r"\bLDL(\.|\s)", "STL": r"\bSTL(\.|\s)"}
+from .rowwise import CHUNK, DTYPE_NAMES, KERNEL_DTYPES, MAX_ELEMENTS, flat_tensor
 
 
 @dataclass(frozen=True)
@@ -48,7 +43,7 @@ class GatedGradsConfig:
     steps: int = 2
 
     def __post_init__(self):
-        if self.dtype not in _DTYPES or self.layout not in ("interleaved", "halves") or self.arch not in (
+        if self.dtype not in KERNEL_DTYPES or self.layout not in ("interleaved", "halves") or self.arch not in (
                 "sm_90a", "sm_100a"):  # fmt: skip
             raise ValueError(f"bad GatedGradsConfig {self}")
 
@@ -60,7 +55,7 @@ class GatedGradsConfig:
 class GatedGradsKernel:
     def __init__(self, cfg: GatedGradsConfig):
         self.cfg = cfg
-        self.dtype = _DTYPES[cfg.dtype]
+        self.dtype = KERNEL_DTYPES[cfg.dtype]
 
     @cute.jit
     def __call__(
@@ -149,15 +144,12 @@ class GatedGradsKernel:
                         cute.autovec_copy(oZ, cute.local_tile(mDZ, (2 * CHUNK,), (chunk,)))
 
 
-def _flat(dtype, div):
-    return make_fake_tensor(dtype, (cute.sym_int32(divisibility=div),), (1,), assumed_align=16)
-
 
 def build_gated_grads(cfg: GatedGradsConfig):
     """(kernel object, fake args) for :class:`~cutegemm.runtime.cache.KernelCache`: one kernel
     serves every shape."""
-    dt = _DTYPES[cfg.dtype]
-    args = (_flat(dt, 2 * CHUNK), _flat(dt, CHUNK), _flat(dt, CHUNK), _flat(dt, 2 * CHUNK), cutlass.Int32(1),
+    dt = KERNEL_DTYPES[cfg.dtype]
+    args = (flat_tensor(dt, 2 * CHUNK), flat_tensor(dt, CHUNK), flat_tensor(dt, CHUNK), flat_tensor(dt, 2 * CHUNK), cutlass.Int32(1),
             cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True))  # fmt: skip
     return GatedGradsKernel(cfg), args
 
@@ -170,18 +162,18 @@ def kernel_cache() -> KernelCache:
 def all_configs(arch: str) -> list[GatedGradsConfig]:
     """Every kernel variant for ``arch`` (compile-check)."""
     return [GatedGradsConfig(dtype=d, layout=lay, backward=bwd, arch=arch)
-            for d in _DTYPES for lay in ("interleaved", "halves") for bwd in (True, False)]  # fmt: skip
+            for d in KERNEL_DTYPES for lay in ("interleaved", "halves") for bwd in (True, False)]  # fmt: skip
 
 
 def check_variant(cfg: GatedGradsConfig) -> tuple[bool, dict, str]:
     """Compile ``cfg`` to SASS (no GPU needed) and check it: (ok, marker counts, error)."""
-    return check_sass(build_gated_grads(cfg), cfg.arch, SASS_REQUIRED, SASS_FORBIDDEN)
+    return check_sass(build_gated_grads(cfg), cfg.arch, rowwise.SASS_REQUIRED, rowwise.SASS_FORBIDDEN)
 
 
 def kernel_takes(activation: str, dh, z: torch.Tensor) -> bool:
     """Whether :func:`gated_grads_cuda` runs the call: swiglu, CUDA bf16 / fp16, Z (T, 2I) and dH
     (T, I) contiguous, 16-byte aligned, I a multiple of 8, on sm_90a / sm_100a."""
-    if activation != "swiglu" or not z.is_cuda or z.dtype not in _TORCH or z.dim() != 2:
+    if activation != "swiglu" or not z.is_cuda or z.dtype not in DTYPE_NAMES or z.dim() != 2:
         return False
     inter = z.shape[1] // 2
     if z.shape[1] % 2 or inter % CHUNK or not z.is_contiguous() or z.data_ptr() % 16 or z.numel() > MAX_ELEMENTS:
@@ -200,7 +192,7 @@ def gated_grads_cuda(dh, z: torch.Tensor, gate_layout: str) -> tuple[torch.Tenso
     total = rows * inter // CHUNK
     if total == 0:
         return h, dz
-    cfg = GatedGradsConfig(dtype=_TORCH[z.dtype], layout=gate_layout, backward=dh is not None,
+    cfg = GatedGradsConfig(dtype=DTYPE_NAMES[z.dtype], layout=gate_layout, backward=dh is not None,
                            arch=device_info(z.device.index)[0])  # fmt: skip
     kernel_cache().get(cfg)(z.view(-1), (dh if dh is not None else h).view(-1), h.view(-1), (dz if dz is not None else z).view(-1),
                       inter // CHUNK, total)  # fmt: skip
