@@ -485,3 +485,31 @@ def test_gather_rows_backward_sums_every_tokens_rows():
     out = ops.sum_rows(src, idx, ptr)
     assert torch.equal(out[1], torch.zeros(16, dtype=torch.bfloat16))
     assert torch.equal(out[2], (src[3].float() + src[9].float()).to(torch.bfloat16))
+
+
+@settings(max_examples=60, deadline=None)
+@given(tokens=st.integers(0, 40), k=st.integers(1, 8), hidden=st.sampled_from([8, 16, 24, 40]),
+       experts=st.integers(1, 9), weighted=st.booleans(), seed=st.integers(0, 2**16))  # fmt: skip
+def test_combine_and_gather_rows_hypothesis(tokens, k, hidden, experts, weighted, seed):
+    """moe.combine and moe.gather_rows over random routings (empty experts, k = 1, no tokens),
+    forward and backward, against the unpermute / product / sum and index_select formulas in fp64."""
+    from cutegemm.moe import combine, gather_rows, inverse_permutation
+
+    g = torch.Generator().manual_seed(seed)
+    order = torch.argsort(torch.randint(0, experts, (tokens * k,), generator=g), stable=True)
+    y = torch.randn(tokens * k, hidden, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.rand(tokens, k, generator=g, dtype=torch.float64, requires_grad=True) if weighted else None
+    dout = torch.randn(tokens, hidden, generator=g, dtype=torch.float64)
+    inv = inverse_permutation(order)
+    rows = y[inv].view(tokens, k, hidden)
+    ref = (rows * w.unsqueeze(-1)).sum(1) if weighted else rows.sum(1)
+    out = combine(y, order, k, w)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    leaves = (y, w) if weighted else (y,)
+    for ours, theirs in zip(torch.autograd.grad(out, leaves, dout), torch.autograd.grad(ref, leaves, dout), strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+    x = torch.randn(max(tokens, 1), hidden, generator=g, dtype=torch.float64, requires_grad=True)
+    index = torch.randint(0, x.shape[0], (tokens * k,), generator=g)
+    grad = torch.randn(tokens * k, hidden, generator=g, dtype=torch.float64)
+    (dx,) = torch.autograd.grad(gather_rows(x, index), x, grad)
+    torch.testing.assert_close(dx, torch.zeros_like(x).index_add_(0, index, grad), rtol=1e-12, atol=1e-12)
