@@ -16,22 +16,23 @@ Forward:
   pre-activations are never written), then the down grouped GEMM. Two launches.
 - gradient needed, or ``[gate | up]`` halves (the fused epilogue reads interleaved columns; the
   kernels' ``gate_layout="halves"`` would copy the weight on every call, so this path does not
-  use it): gate/up grouped GEMM -> Z (T, 2I) in the operands' dtype, ``act(gate) * up`` in torch
-  (fp32 math, rounded to the operands' dtype) -> H (T, I), down grouped GEMM.
+  use it): gate/up grouped GEMM -> Z (T, 2I) in the operands' dtype, ``act(gate) * up`` by
+  ``ops.gated_grads`` (fp32 math, rounded to the operands' dtype) -> H (T, I), down grouped GEMM.
 
 Backward (``_GatedExperts``): with Y = H W_down[e], H = act(gate) * up, Z = X W_gate_up[e] per expert,
 
     dH  = dY W_down[e]^T                       packed grouped GEMM
-    H, dZ = act(gate) * up, act'(Z; dH)        torch, one pass over Z (``ops.gated_grads``): fp32
-                                               math, act(gate) shared, dZ written in Z's layout
+    H, dZ = act(gate) * up, act'(Z; dH)        one pass over Z (``ops.gated_grads``: the swiglu
+                                               kernel on CUDA bf16 / fp16, else torch in fp32),
+                                               dZ written in Z's layout
     dW_down[e] = H_e^T dY_e                    K-grouped grouped GEMM (in W_down's storage layout)
     dX  = dZ W_gate_up[e]^T                    packed grouped GEMM; rows past offs[-1] set to 0
     dW_gate_up[e] = X_e^T dZ_e                 K-grouped grouped GEMM (storage layout)
 
 Save, not recompute: the forward saves Z, the pre-activations (T, 2I) in the operands' dtype
 (bf16: 4 T I bytes per layer) next to X and the weights (which autograd holds anyway); H is not
-saved but rebuilt from Z in the backward (elementwise, next to dZ: Z in fp32, 8 T I bytes
-transient). Recomputing Z instead
+saved but rebuilt from Z in the backward, next to dZ (the torch route holds Z in fp32 meanwhile:
+8 T I bytes transient). Recomputing Z instead
 would save those 4 T I bytes at the cost of a third gate/up grouped GEMM (4 T H I flops: a
 training step's expert GEMMs would grow from 18 T H I to 22 T H I flops, +22%). torch's
 ``grouped_mm`` experts path keeps Z, act(gate) and H (about 8 T I bytes in bf16). T counts

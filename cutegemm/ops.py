@@ -243,6 +243,12 @@ def activation_grad(
     return _act_backward(activation, g, z)
 
 
+def _on_kernels(t: torch.Tensor) -> bool:
+    """A CUDA bf16 / fp16 tensor: the MoE glue ops' custom-op route (their kernels where they
+    take the operands, torch inside the op otherwise)."""
+    return t.is_cuda and t.dtype in (torch.bfloat16, torch.float16)
+
+
 # swiglu's H / dZ by one elementwise kernel (cutegemm.epilogue.gated_grads) on CUDA bf16 / fp16
 # (tests/gpu/test_gated_grads_gpu.py; on the H100 it took the Qwen3-30B-A3B layer's fwd+bwd from
 # 17.1 to 11.5 ms). False: the torch formulas below.
@@ -258,7 +264,7 @@ def gated_grads(activation: str, dh: torch.Tensor | None, z: torch.Tensor, gate_
     FUSED_GATED, CUDA bf16 / fp16 swiglu calls go through ``torch.ops.cutegemm.swiglu[_grads]``
     (opaque to torch.compile), which run the one-pass kernel where it takes the operands (within
     an fp32 rounding of these) and these formulas otherwise."""
-    if FUSED_GATED and activation == "swiglu" and z.is_cuda and z.dtype in (torch.bfloat16, torch.float16):
+    if FUSED_GATED and activation == "swiglu" and _on_kernels(z):
         if dh is None:
             return torch.ops.cutegemm.swiglu(z, gate_layout), None
         h, dz = torch.ops.cutegemm.swiglu_grads(dh, z, gate_layout)
@@ -316,7 +322,7 @@ def combine_rows(src: torch.Tensor, idx: torch.Tensor, w: torch.Tensor | None, k
     calls go through ``torch.ops.cutegemm.combine_rows[_dot]`` (opaque to torch.compile), which
     run the one-pass kernel (cutegemm.epilogue.combine) where it takes the operands; the same
     formulas in torch otherwise. idx int32, w fp32 (fp64 for fp64 src)."""
-    if src.is_cuda and src.dtype in (torch.bfloat16, torch.float16):
+    if _on_kernels(src):
         if other is not None:
             return torch.ops.cutegemm.combine_rows_dot(src, idx, w, other)
         return torch.ops.cutegemm.combine_rows(src, idx, w, k), None
@@ -343,8 +349,8 @@ def sum_rows(src: torch.Tensor, idx: torch.Tensor, ptr: torch.Tensor) -> torch.T
     """Segment sums of gathered rows: ``out[i] = sum_{j in [ptr[i], ptr[i+1])} src[idx[j]]``
     (fp32 sums in j order, rounded once to src's dtype; empty segments zero). idx and ptr int32.
     CUDA bf16 / fp16 go through ``torch.ops.cutegemm.sum_rows`` (the ragged row-combine kernel
-    where it takes the operands, ``torch.segment_reduce`` otherwise: the same order, no atomics)."""
-    if src.is_cuda and src.dtype in (torch.bfloat16, torch.float16):
+    where it takes the operands, ``torch.segment_reduce`` otherwise)."""
+    if _on_kernels(src):
         return torch.ops.cutegemm.sum_rows(src, idx, ptr)
     return _sum_rows_torch(src, idx, ptr)
 

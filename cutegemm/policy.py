@@ -89,6 +89,11 @@ def wave_seconds(p: GemmProblem, tile_m: int, tile_n: int, cluster_m: int, split
     return ceil_div(units, ctas) * unit
 
 
+def dtype_family(a_dtype: str) -> str:
+    """TILE_RATES' key of an operand dtype."""
+    return "e4m3" if a_dtype == "e4m3" else "16-bit"
+
+
 def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,), extra_rates=None) -> list[WaveCandidate]:
     """Every (tile, cluster, split) the model weighs for ``p``, the default (widest tile) first.
     2x1 clusters where there are two M tiles (FP8: always, 16-bit: tiles wider than 128); split
@@ -96,7 +101,7 @@ def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,), extra_rates=None)
     fix-up spills registers), with at least 24 K tiles of 64 (16-bit) / 12 of 128 (FP8) per
     range, as split_few_tiles. ``extra_rates``: more (tile_m, tile_n): rate entries to weigh."""
     fp8 = p.a_dtype == "e4m3"
-    rates = {**TILE_RATES["e4m3" if fp8 else "16-bit"], **(extra_rates or {})}
+    rates = {**TILE_RATES[dtype_family(p.a_dtype)], **(extra_rates or {})}
     k_tiles, min_tiles = (ceil_div(p.k, 128), 12) if fp8 else (ceil_div(p.k, 64), 24)
     out = []
     for (tm, tn), rate in rates.items():
@@ -129,11 +134,6 @@ def wave_choice(p: GemmProblem, num_sms: int, splits=(1,)) -> WaveCandidate:
 SMALL_M_WAVES = frozenset({"16-bit", "e4m3"})
 SMALL_M_SPLITS = {"16-bit": SPLITS, "e4m3": (1,)}
 SMALL_M_RATES = {(128, 64): 0.60}
-
-
-def dtype_family(a_dtype: str) -> str:
-    """TILE_RATES' key of an operand dtype."""
-    return "e4m3" if a_dtype == "e4m3" else "16-bit"
 
 
 def small_m_alternative(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig | None:
