@@ -103,7 +103,8 @@ def _quantized():
     cases += [
         ("block-scaled MXFP8 x MXFP8", lambda: gemm(qa, qb), "torch.matmul bf16", lambda: torch.matmul(a, b.t())),
         ("quantize MXFP8 (128 x 1024)", lambda: quantize(xq, "mxfp8"), "x.to(float8_e4m3fn)", lambda: xq.to(E4M3)),
-        ("dequantize MXFP8", lambda: dequantize(q), "x8.to(bfloat16)", lambda: q.data.to(BF)),
+        ("dequantize MXFP8 -> bf16", lambda: dequantize(q, BF), "x8.to(bfloat16)", lambda: q.data.to(BF)),
+        ("dequantize MXFP8 -> fp32", lambda: dequantize(q), "x8.to(float32)", lambda: q.data.float()),
     ]  # fmt: skip
     return cases
 

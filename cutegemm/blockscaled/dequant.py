@@ -33,9 +33,9 @@ from ..runtime.sass import check_sass
 from .quantize_launch import arch_of, ones_on
 from .quantizer import MAX_ELEMENTS, CuteOps, scale_strides, swizzle_offset
 from .quantizer import TorchOps as T
-from .reference import BlockScaledTensor
+from .reference import BlockScaledTensor, dequantize_ref
 
-__all__ = ["DequantConfig", "dequantizable", "dequantize_bf16", "dequantize_bf16_ref"]
+__all__ = ["DequantConfig", "dequantizable", "dequantize", "dequantize_bf16", "dequantize_bf16_ref"]
 
 CHUNK = 16  # elements per thread per step: one 128-bit (FP8) / 64-bit (FP4) load, two 128-bit stores
 _ELEM = {"mxfp8": cutlass.Float8E4M3FN, "mxfp8_e5m2": cutlass.Float8E5M2, "mxfp4": cutlass.Uint8, "nvfp4": cutlass.Uint8}
@@ -269,6 +269,33 @@ def dequantize_bf16(q: BlockScaledTensor, out: torch.Tensor | None = None) -> to
     ):
         raise ValueError(f"out: expected a contiguous 16-byte aligned bf16 tensor of shape {tuple(q.shape)}")
     return dequantize_checked(q, out)
+
+
+_OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def dequantize(q: BlockScaledTensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Decode a :class:`BlockScaledTensor` to ``out_dtype`` (float32, bfloat16 or float16), shape
+    ``q.shape``, on q's device.
+
+    - float32 (the default): :func:`~cutegemm.blockscaled.reference.dequantize_ref` in plain torch
+      (exact for MX formats; several elementwise passes).
+    - bfloat16: one pass of the dequantize kernel (sm_90a / sm_100a GPU) where it takes ``q``
+      (:func:`dequantizable`: contiguous 16-byte aligned elements, K a multiple of 16), equal bit
+      for bit to ``dequantize(q).to(torch.bfloat16)``; elsewhere that expression.
+    - float16: ``dequantize(q).to(torch.float16)``.
+    """
+    if not isinstance(q, BlockScaledTensor):
+        raise TypeError(f"q: expected a BlockScaledTensor, got {type(q).__name__}")
+    if out_dtype not in _OUT_DTYPES:
+        raise TypeError(f"out_dtype must be one of {list(_OUT_DTYPES)}, got {out_dtype}")
+    if (
+        out_dtype == torch.bfloat16 and q.data.is_cuda and dequantizable(q)
+        and arch_of(q.data.device.index or 0) in ("sm_90a", "sm_100a")
+    ):  # fmt: skip
+        return dequantize_checked(q)
+    out = dequantize_ref(q)
+    return out if out_dtype == torch.float32 else out.to(out_dtype)
 
 
 def dequantize_checked(q: BlockScaledTensor, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """The torch face of the block-scaled quantizer: ``quantize`` (bf16 / fp16 / fp32 -> MXFP8, MXFP4,
-NVFP4 with 128x4 swizzled scales, the NVFP4 global scale from one amax pass) and ``dequantize``;
-the kernels they launch are in :mod:`cutegemm.blockscaled.quantizer`."""
+NVFP4 with 128x4 swizzled scales, the NVFP4 global scale from one amax pass); the kernels it
+launches are in :mod:`cutegemm.blockscaled.quantizer` (``dequantize`` is in :mod:`.dequant`)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from .quantizer import (
     kernel_cache,
     scale_strides,
 )
-from .reference import BlockScaledTensor, check_global_scale, check_quantize_args, dequantize_ref
+from .reference import BlockScaledTensor, check_global_scale, check_quantize_args
 
 
 @functools.cache
@@ -259,15 +259,4 @@ def ones_on(device: torch.device) -> torch.Tensor:
     return _ones_cached(str(device))
 
 
-def dequantize(q: BlockScaledTensor) -> torch.Tensor:
-    """Decode a :class:`BlockScaledTensor` to fp32 of shape ``q.shape``.
-
-    This wraps the plain-torch reference :func:`~cutegemm.blockscaled.reference.dequantize_ref`
-    (no custom kernel): it runs on whatever device ``q`` lives on and is exact for MX formats.
-    """
-    return dequantize_ref(q)
-
-
-
-
-__all__ = ["quantize", "dequantize", "finite_abs_max"]
+__all__ = ["quantize", "finite_abs_max"]

@@ -71,7 +71,7 @@ import torch
 import torch.nn.functional as F
 from transformers.integrations import moe as hf_moe
 
-from ..api import grouped_gemm, grouped_gemm_ref, quantize
+from ..api import dequantize, grouped_gemm, grouped_gemm_ref, quantize
 from ..blockscaled.formats import MXFP4, get_format
 from ..blockscaled.layout import to_swizzled
 from ..blockscaled.reference import BlockScaledTensor, dequantize_ref, e8m0_to_float, quantize_ref
@@ -458,6 +458,13 @@ def quantize_experts(model: torch.nn.Module, fmt: str = "nvfp4", *, set_implemen
     return count
 
 
+def _dequantized(q: BlockScaledTensor, dtype: torch.dtype) -> torch.Tensor:
+    """q's values in ``dtype`` (bf16 on a GPU: one kernel pass, no fp32 copy of the weight)."""
+    if dtype in (torch.float32, torch.bfloat16, torch.float16):
+        return dequantize(q, dtype)
+    return dequantize_ref(q).to(dtype)
+
+
 def dequantize_experts(model: torch.nn.Module, dtype: torch.dtype | None = None) -> int:
     """Undo :func:`quantize_experts`: each quantized projection becomes a float parameter again
     (the dequantized weights, in the storage it had and ``dtype``, by default the dtype it had),
@@ -467,7 +474,7 @@ def dequantize_experts(model: torch.nn.Module, dtype: torch.dtype | None = None)
         if getattr(module, "cutegemm_format", None) is None:
             continue
         for proj in _projections(module):
-            w = dequantize_ref(_held_weight(module, proj)).to(dtype or module.cutegemm_dtype)
+            w = _dequantized(_held_weight(module, proj), dtype or module.cutegemm_dtype)
             w = (w.transpose(1, 2) if module.is_transposed else w).contiguous()
             for suffix in ("_qdata", "_qscales", "_qglobal_scale"):
                 if hasattr(module, proj + suffix):

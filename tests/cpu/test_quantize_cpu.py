@@ -211,11 +211,43 @@ def test_quantize_rejects_cpu_tensors_and_bad_args():
         lmod.quantize([1.0], "mxfp8")
 
 
-def test_dequantize_wraps_reference():
-    x = torch.randn(3, 64)
-    q = quantize_ref(x, "mxfp8")
-    assert torch.equal(lmod.dequantize(q), __import__("cutegemm").blockscaled.dequantize_ref(q))
-    assert "dequantize_ref" in lmod.dequantize.__doc__
+@pytest.mark.parametrize("fmt", ["mxfp8", "mxfp4", "nvfp4"])
+def test_dequantize_out_dtypes(fmt):
+    """``cutegemm.dequantize``: fp32 is the reference; bf16 / fp16 its cast (on the CPU, and on
+    a GPU wherever the kernel does not take q); other dtypes and non-BlockScaledTensors raise."""
+    import cutegemm
+
+    x = torch.randn(3, 64) * torch.exp2(torch.randint(-20, 20, (3, 1)).float())
+    q = quantize_ref(x, fmt)
+    ref = cutegemm.blockscaled.dequantize_ref(q)
+    assert torch.equal(cutegemm.dequantize(q), ref)
+    for dt in (torch.bfloat16, torch.float16):
+        out = cutegemm.dequantize(q, dt)
+        assert out.dtype == dt and torch.equal(out, ref.to(dt))
+    with pytest.raises(TypeError, match="out_dtype"):
+        cutegemm.dequantize(q, torch.float64)
+    with pytest.raises(TypeError, match="BlockScaledTensor"):
+        cutegemm.dequantize(x)
+
+
+def test_dequantize_bf16_routes_to_the_kernel(monkeypatch):
+    """bf16 goes through the dequantize kernel exactly when it takes q on an sm_90a / sm_100a GPU
+    (here CPU tensors stand in: the device test and the launch are replaced)."""
+    from cutegemm.blockscaled import dequant
+
+    q = quantize_ref(torch.randn(4, 64), "mxfp8")
+    launched = []
+    monkeypatch.setattr(dequant, "dequantize_checked", lambda q: launched.append(q) or "kernel")
+    monkeypatch.setattr(type(q.data), "is_cuda", property(lambda t: True))
+    monkeypatch.setattr(dequant, "dequantizable", lambda q: True)
+    for arch, routed in (("sm_90a", True), ("sm_100a", True), ("sm_89", False)):
+        monkeypatch.setattr(dequant, "arch_of", lambda index, arch=arch: arch)
+        launched.clear()
+        out = dequant.dequantize(q, torch.bfloat16)
+        assert (out == "kernel") == routed and len(launched) == routed
+        assert dequant.dequantize(q).dtype == torch.float32 and len(launched) == routed  # fp32: never
+    monkeypatch.setattr(dequant, "dequantizable", lambda q: False)
+    assert dequant.dequantize(q, torch.bfloat16).dtype == torch.bfloat16
 
 
 # --- compile every variant for both archs ------------------------------------------------------

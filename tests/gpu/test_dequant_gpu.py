@@ -62,6 +62,21 @@ def test_kernel_hypothesis(rows, k16, batch, fmt):
     _check_kernel(cutegemm.quantize(_wide(lead, rows, 16 * k16, seed=rows * k16), fmt))
 
 
+@pytest.mark.parametrize("fmt", ["mxfp8", "mxfp4", "nvfp4"])
+@pytest.mark.parametrize("shape", [(300, 4096), (2, 17, 48), (5, 40)])
+def test_public_dequantize_out_dtypes(fmt, shape):
+    """``cutegemm.dequantize(q, out_dtype)``: bf16 is the reference's cast bit for bit (the kernel
+    where it takes q; K = 40 is not a multiple of 16: torch), fp32 the reference, fp16 its cast."""
+    q = cutegemm.quantize(_wide(shape[:-2], shape[-2], shape[-1], seed=7), fmt)
+    ref = dequantize_ref(q)
+    assert dequant.dequantizable(q) == (shape[-1] % 16 == 0)
+    bf = cutegemm.dequantize(q, torch.bfloat16)
+    assert bf.dtype == torch.bfloat16 and bf.shape == q.shape
+    assert torch.equal(bf.view(torch.int16), ref.to(torch.bfloat16).view(torch.int16))
+    assert torch.equal(cutegemm.dequantize(q), ref)
+    assert torch.equal(cutegemm.dequantize(q, torch.float16), ref.to(torch.float16))
+
+
 def _sm90():
     return torch.cuda.get_device_capability()[0] == 9
 
