@@ -38,8 +38,9 @@ training step's expert GEMMs would grow from 18 T H I to 22 T H I flops, +22%). 
 ``grouped_mm`` experts path keeps Z, act(gate) and H (about 8 T I bytes in bf16). T counts
 rows of x, i.e. (token, top-k slot) pairs.
 
-No host sync anywhere on the CUDA path (no ``.item()`` / ``.tolist()``, rows past ``offs[-1]``
-masked with ``torch.where`` on the device), so a training step can be captured in a CUDA graph
+No host sync anywhere on the CUDA path (no ``.item()`` / ``.tolist()``; dX's rows past
+``offs[-1]`` are zero by ``ops.packed_zero_tail``: a zeroed output, ``torch.where`` while
+tracing), so a training step can be captured in a CUDA graph
 where the K-grouped kernel reads offs on the device (sm_90a; elsewhere that form loops over the
 experts on the host). Deterministic: the grouped GEMMs have no split-K atomics and the torch
 glue is elementwise. Only first derivatives (the backward is ``once_differentiable``).
@@ -54,7 +55,7 @@ from . import ops
 from .api.face import grouped_gemm, grouped_gemm_ref
 from .epilogue import GATED, activation_ref, split_gate_up
 from .epilogue.ops import GATE_ACTIVATION
-from .ops import combine_rows, gated_grads, sum_rows, zero_rows_past_end
+from .ops import combine_rows, gated_grads, packed_zero_tail, sum_rows, zero_rows_past_end
 from .policy import gather_pays
 
 
@@ -113,19 +114,10 @@ class _GatedExperts(torch.autograd.Function):
         if need_w2:
             dw2 = _weight_grad(h, dy, offs, w_down)
         if need_x:
-            dx = _rows_grad(dz, w_gate_up, offs)
+            dx = packed_zero_tail(dz, w_gate_up.mT, offs)
         if need_w1:
             dw1 = _weight_grad(x, dz, offs, w_gate_up)
         return dx, dw1, dw2, None, None, None
-
-
-def _rows_grad(dz, w_gate_up, offs):
-    """dX = dZ W_gate_up[e]^T with rows past offs[-1] zero: on CUDA into a zeroed output (the
-    kernels write no row past offs[-1]; a memset is a third of torch.where's read and write)."""
-    if dz.is_cuda and not torch.compiler.is_compiling():
-        out = torch.zeros(dz.shape[0], w_gate_up.shape[1], dtype=dz.dtype, device=dz.device)
-        return grouped_gemm(dz, w_gate_up.mT, offs=offs, out=out)
-    return zero_rows_past_end(grouped_mm(dz, w_gate_up.mT, offs), offs)
 
 
 def inverse_permutation(order: torch.Tensor) -> torch.Tensor:

@@ -480,6 +480,18 @@ def zero_rows_past_end(t: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     return torch.where(rows < offs[-1], t, torch.zeros((), dtype=t.dtype, device=t.device))
 
 
+def packed_zero_tail(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+    """The packed grouped GEMM ``a[rows_e] @ b[e]`` in a's dtype with rows at or past offs[-1]
+    zero (the backward's dA / dB). Eager CUDA with no gradient of its own to record: the kernel
+    into a zeroed output (it writes no row past offs[-1]; a memset is a third of
+    ``torch.where``'s read and write). Otherwise (CPU, tracing, ``create_graph``): the op, then
+    :func:`zero_rows_past_end`."""
+    if a.is_cuda and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        out = torch.zeros(a.shape[0], b.shape[-1], dtype=a.dtype, device=a.device)
+        return _grouped_kernel(a, b, offs=offs, out=out, alpha=alpha)
+    return zero_rows_past_end(torch.ops.cutegemm.grouped_gemm(a, b, offs, alpha=alpha, out_dtype=a.dtype), offs)
+
+
 def _grouped_backward(ctx, grad):
     a, b, offs = ctx.saved_tensors
     need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -492,14 +504,14 @@ def _grouped_backward(ctx, grad):
     da = db = None
     if b.dim() == 3:  # packed: Y[rows_e] = alpha * a[rows_e] @ b[e]
         if need_a:
-            da = zero_rows_past_end(op(g, b.mT, offs, alpha=alpha, out_dtype=a.dtype), offs)
+            da = packed_zero_tail(g, b.mT, offs, alpha)
         if need_b:
             db = op(a.mT, g, offs, alpha=alpha, out_dtype=b.dtype)  # K-grouped: (E, K, N)
     else:  # K-grouped: Y[e] = alpha * a[:, k_e] @ b[k_e]
         if need_a:  # da^T[k_e] = b[k_e] @ dY[e]^T
-            da = zero_rows_past_end(op(b.contiguous(), g.mT, offs, alpha=alpha, out_dtype=a.dtype), offs).mT
+            da = packed_zero_tail(b.contiguous(), g.mT, offs, alpha).mT
         if need_b:  # db[k_e] = a[:, k_e]^T @ dY[e]
-            db = zero_rows_past_end(op(a.mT.contiguous(), g, offs, alpha=alpha, out_dtype=b.dtype), offs)
+            db = packed_zero_tail(a.mT.contiguous(), g, offs, alpha)
     return da, db, None  # a, b, offs
 
 
