@@ -53,8 +53,7 @@ from torch.autograd.function import once_differentiable
 
 from . import ops
 from .api.face import grouped_gemm, grouped_gemm_ref
-from .epilogue import GATED, activation_ref, split_gate_up
-from .epilogue.ops import GATE_ACTIVATION
+from .epilogue import GATED
 from .ops import combine_rows, gated_grads, packed_zero_tail, sum_rows, zero_rows_past_end
 from .policy import gather_pays
 
@@ -74,13 +73,6 @@ def grouped_mm(a, b, offs, *, activation=None, out_dtype=None, gate_layout="inte
                             gate_layout=gate_layout, compute_dtype=cd)  # fmt: skip
 
 
-def gated_activation(z: torch.Tensor, activation: str, gate_layout: str, dtype: torch.dtype) -> torch.Tensor:
-    """``act(gate) * up`` of Z's gate/up columns in fp32 (fp64 for fp64), cast to ``dtype``."""
-    cd = torch.float64 if z.dtype == torch.float64 else torch.float32
-    gate, up = split_gate_up(z.to(cd), gate_layout)
-    return (activation_ref(GATE_ACTIVATION[activation], gate) * up).to(dtype)
-
-
 def _weight_grad(inp: torch.Tensor, grad: torch.Tensor, offs: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """dW[e] = inp_e^T grad_e for the b operand w (E, K, N) of ``grouped_mm(inp, w, offs)``, by the
     K-grouped form, written in w's storage layout: an (E, N, K) weight used as a transposed view
@@ -96,7 +88,7 @@ class _GatedExperts(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w_gate_up, w_down, offs, activation, gate_layout):
         z = grouped_mm(x, w_gate_up, offs)  # (T, 2I) pre-activations
-        h, _ = gated_grads(activation, None, z, gate_layout)  # (T, I), as gated_activation
+        h, _ = gated_grads(activation, None, z, gate_layout)  # (T, I)
         y = grouped_mm(h, w_down, offs)  # (T, H)
         ctx.save_for_backward(x, w_gate_up, w_down, offs, z)
         ctx.activation, ctx.gate_layout = activation, gate_layout
@@ -362,7 +354,7 @@ def grouped_experts(
     elif gate_layout == "interleaved":  # the fused epilogue: Z never written
         h = grouped_mm(x, w_gate_up, offs, activation=activation)
     else:
-        h, _ = gated_grads(activation, None, grouped_mm(x, w_gate_up, offs), gate_layout)  # as gated_activation
+        h, _ = gated_grads(activation, None, grouped_mm(x, w_gate_up, offs), gate_layout)
     if (out_scale is not None and x.is_cuda and not torch.compiler.is_compiling()
             and not (torch.is_grad_enabled() and out_scale.requires_grad)):  # fmt: skip
         return grouped_gemm(h, w_down, offs=offs, scale_a=out_scale.float())  # in the epilogue
@@ -376,5 +368,5 @@ def _scaled(y: torch.Tensor, out_scale) -> torch.Tensor:
     return (y.to(torch.promote_types(y.dtype, torch.float32)) * out_scale.unsqueeze(-1)).to(y.dtype)
 
 
-__all__ = ["grouped_experts", "grouped_mm", "check_experts", "gated_activation", "gather_tokens", "permute_rows",
+__all__ = ["grouped_experts", "grouped_mm", "check_experts", "gather_tokens", "permute_rows",
            "unpermute_rows", "inverse_permutation", "zero_rows_past_end", "combine", "gather_rows"]

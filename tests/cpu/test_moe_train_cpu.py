@@ -14,8 +14,9 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cutegemm.epilogue import activation_ref, split_gate_up
+from cutegemm.epilogue.ops import GATE_ACTIVATION
 from cutegemm.moe import (
-    gated_activation,
     gather_tokens,
     grouped_experts,
     inverse_permutation,
@@ -30,6 +31,14 @@ from ..gemm_check import assert_within_torch_error
 F64 = torch.float64
 BF16 = torch.bfloat16
 ACT = {"swiglu": F.silu, "geglu": F.gelu}
+
+
+def gated_activation(z, activation, gate_layout, dtype):
+    """The two-step formula: ``act(gate) * up`` of Z's gate/up columns in fp32 (fp64 for fp64),
+    cast to ``dtype``."""
+    cd = torch.float64 if z.dtype == torch.float64 else torch.float32
+    gate, up = split_gate_up(z.to(cd), gate_layout)
+    return (activation_ref(GATE_ACTIVATION[activation], gate) * up).to(dtype)
 
 
 def make_offs(counts):
