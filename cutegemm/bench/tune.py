@@ -12,7 +12,7 @@ from ..config import EpilogueSpec, GemmProblem, can_implement
 from ..gemm.dense import dense_runner
 from ..gemm.launch import TORCH_TO_NAME
 from ..grouped.packed import grouped_runner
-from ..policy import policy_for
+from ..policy import policy_for, short_a_box
 from ..runtime.device import device_info
 from ..runtime.timer import Timer
 from ..tuning import TuneResult, tune
@@ -95,38 +95,54 @@ SM90_CANDIDATES = [
     # (128x256 with 4 ranges spills registers: not a candidate)
     *(dict(tile_m=128, tile_n=tn, cluster_m=1, cluster_n=1, raster="n", group=1, split_k=sk)
       for tn, sk in ((64, 2), (64, 4), (128, 2), (128, 4), (160, 2), (160, 4), (192, 2), (192, 4), (256, 2))),
+    # decode-sized M (64-row tiles, memory-bound): more K ranges than split_few_tiles takes (2),
+    # through the workspace or, up to 8 ranges of 64x64, shared memory (split_cluster): the
+    # layers with very few output tiles (N = 576: 9 tiles of 64x64 on 132 SMs)
+    *(dict(tile_m=64, tile_n=tn, cluster_m=1, cluster_n=1, raster="n", group=1, split_k=sk, split_cluster=sc)
+      for tn, sk, sc in ((64, 2, True), (64, 4, False), (64, 4, True), (64, 8, False), (64, 8, True),
+                         (128, 2, False), (128, 4, False), (128, 8, False))),
     # 128x160: whole waves where N is a multiple of 5 x 1024 (the wave model's tile for M > 128)
     dict(tile_m=128, tile_n=160, cluster_m=2, cluster_n=1, raster="n", group=8),
     dict(tile_m=128, tile_n=160, cluster_m=1, cluster_n=1, raster="n", group=1),
 ]
 
 
+def tile_candidates(pol, p: GemmProblem) -> list:
+    """The policy's pick for ``p``, then every SM90_CANDIDATES variant of its base config that
+    can run ``p``, distinct; decode-sized M (<= 128): each with A's short box where it takes one
+    (policy.short_a_box), as the policy's own configs."""
+    base, out = pol.choose(p), []
+    for cfg in [pol.choose_dense(p), *(replace(base, **{"split_k": 1, "split_cluster": False, **c}) for c in SM90_CANDIDATES)]:
+        if p.m <= 128:
+            cfg = short_a_box(cfg, p)
+        if cfg not in out and can_implement(cfg, p)[0]:
+            out.append(cfg)
+    return out
+
+
 def sweep_dense(shapes=DENSE_SHAPES, dtype=torch.bfloat16, reps=20):
-    """Print the TFLOP/s of every SM90_CANDIDATES variant per shape (sets the policy by hand)."""
+    """Print the time of the policy's pick and of every other :func:`tile_candidates` config per
+    shape, beside torch.matmul's (sets the policy by hand)."""
     timer = Timer()
     arch, sms = device_info(torch.cuda.current_device())
     pol = policy_for(arch, sms)
     name = TORCH_TO_NAME[dtype]
     for m, n, k in shapes:
         a, b = dense_inputs(m, n, k, dtype)
-        base = pol.choose(GemmProblem(m, n, k, 1, name, name, name, "k", "k"))
+        cfgs = tile_candidates(pol, GemmProblem(m, n, k, 1, name, name, name, "k", "k"))
         t_torch = timer(lambda a=a, b=b: torch.matmul(a, b), reps)
         flops = 2.0 * m * n * k
-        print(
-            f"== {m}x{n}x{k}: torch {flops / t_torch / 1e9:.1f} TFLOP/s; policy picks {base.name}", flush=True
-        )
+        print(f"== {m}x{n}x{k}: torch {flops / t_torch / 1e9:.1f} TFLOP/s ({t_torch * 1e6:.1f} us); "
+              f"policy picks {cfgs[0].name}", flush=True)  # fmt: skip
         best = None
-        for cand in SM90_CANDIDATES:
-            cfg = replace(base, **cand)
-            if not can_implement(cfg)[0]:
-                continue
+        for cfg in cfgs:
             try:
                 t = timer(lambda a=a, b=b, cfg=cfg: gemm(a, b, config=cfg), reps)
             except Exception as exc:
                 print(f"   {cfg.name}: FAILED {type(exc).__name__}: {str(exc)[:200]}")
                 continue
             tf = flops / t / 1e9
-            print(f"   {tf:7.1f} TFLOP/s {t_torch / t:5.2f}x  {cfg.name}", flush=True)
+            print(f"   {tf:7.1f} TFLOP/s {t * 1e6:8.1f} us {t_torch / t:5.2f}x  {cfg.name}", flush=True)
             if best is None or t < best[0]:
                 best = (t, cfg)
         if best:

@@ -410,3 +410,31 @@ def test_grouped_records_keep_the_swapped_kernel_choice():
     old = {k: v for k, v in tuning.knobs(replace(default, swap_ab=False, cluster_m=1, cluster_n=2)).items() if k != "swap_ab"}
     restored = tuning.config_from_record({"config": old}, default, p)
     assert restored is not None and not restored.swap_ab
+
+
+def test_tile_candidates_cover_every_variant_and_keep_the_short_box():
+    """``bench tiles``' configs: the policy's pick first, all distinct and runnable; every
+    SM90_CANDIDATES entry yields a config on some shape the sweep's worst cases have (an entry no
+    shape can run would time nothing); decode-sized M keeps A's short box, and N = 576 at M = 1
+    gets 4 and 8 K ranges of 64x64 tiles, in shared memory and through the workspace."""
+    from cutegemm.bench.tune import SM90_CANDIDATES, tile_candidates
+    from cutegemm.config import a_rows_errors, a_rows_for
+    from cutegemm.policy import policy_for
+
+    pol = policy_for("sm_90a", 132)
+    shapes = [(1, 576, 7168), (128, 10240, 8192), (512, 4096, 14336), (8192, 576, 7168)]
+    used = set()
+    for m, n, k in shapes:
+        p = GemmProblem(m, n, k, 1, "bf16", "bf16", "bf16", "k", "k")
+        cfgs = tile_candidates(pol, p)
+        assert cfgs[0] == pol.choose_dense(p)
+        assert len(set(cfgs)) == len(cfgs) and all(can_implement(c, p)[0] for c in cfgs)
+        if m <= 128:
+            assert all(c.a_rows or a_rows_errors(replace(c, a_rows=a_rows_for(m))) for c in cfgs)
+        for i, cand in enumerate(SM90_CANDIDATES):
+            if any(all(getattr(c, f) == v for f, v in cand.items()) for c in cfgs):
+                used.add(i)
+        if (m, n) == (1, 576):
+            splits = {(c.split_k, c.split_cluster) for c in cfgs if (c.tile_m, c.tile_n) == (64, 64)}
+            assert {(4, False), (4, True), (8, False), (8, True)} <= splits
+    assert used == set(range(len(SM90_CANDIDATES)))
