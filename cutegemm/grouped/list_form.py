@@ -3,7 +3,8 @@ arbitrary per-group M, N, K, one dtype; epilogue: alpha, an elementwise activati
 gelu_tanh / silu), out_dtype. :func:`cutegemm.grouped.packed.grouped_gemm` checks the epilogue
 arguments and calls :func:`grouped_list`.
 
-Launch path (:func:`list_launch`): sm_90a and sm_100a, bf16 / fp16: one launch of the list-form
+Launch path (:func:`list_launch`; a warm call of a seen signature replays its plan, ``PLANS``): sm_90a
+and sm_100a, bf16 / fp16: one launch of the list-form
 kernel (``GemmConfig.listed``, compiled in the dense kernel cache; :func:`list_config` picks its
 tile) after a small prep kernel that writes each group's TMA descriptors (A, B, C) on the device
 from a group table the host builds from the tensors' metadata (:func:`list_table`): no sync;
@@ -34,6 +35,12 @@ from ..schedulers.grouped import LIST_FIELDS, LIST_TILE
 
 
 def grouped_list(a_list, b_list, *, offs, out_dtype, alpha, activation=None):
+    key = _plan_key(a_list, b_list, out_dtype, alpha, activation) if offs is None else None
+    plan = PLANS.get(key) if key is not None else None
+    if plan is not None and not torch.cuda.is_current_stream_capturing():
+        outs = plan.run(a_list, b_list, alpha)
+        if outs is not None:
+            return outs
     if offs is not None:
         raise ValueError("offs is not used with lists of tensors")
     if not isinstance(a_list, (list, tuple)) or not isinstance(b_list, (list, tuple)) or len(a_list) != len(b_list):
@@ -49,10 +56,80 @@ def grouped_list(a_list, b_list, *, offs, out_dtype, alpha, activation=None):
             raise ValueError(f"group {i}: shapes do not match: a (M, K={sa[1]}) and b (K={sb[0]}, N)")
         a_shapes.append(sa)
         b_shapes.append(sb)
-    outs = list_launch(list(a_list), list(b_list), out_dtype, alpha, activation=activation, shapes=(a_shapes, b_shapes))
+    outs = list_launch(list(a_list), list(b_list), out_dtype, alpha, activation=activation, shapes=(a_shapes, b_shapes),
+                       plan_key=key)  # fmt: skip
     if outs is not None:
         return outs
     return [gemm(x, w, out_dtype=out_dtype, alpha=alpha, activation=activation) for x, w in zip(a_list, b_list, strict=True)]
+
+
+# Warm calls: a plan per signature (every group's shape, strides, dtype and device, the output
+# dtype, alpha != 1, the activation) holds what list_launch derived from it (config, kernel, table
+# rows but their pointers, kernel views); a call then only allocates the outputs, writes the
+# pointers into the table rows and launches, as the cold call does. Per-group sizes often change
+# from call to call (so would the keys): at most MAX_PLANS are kept, the oldest dropped first.
+PLANS: dict = {}
+MAX_PLANS = 256
+
+
+def _plan_key(a_list, b_list, out_dtype, alpha, activation):
+    """The plan key of a list call, or None (not two lists of tensors)."""
+    try:
+        return (tuple((x.shape, x.stride(), x.dtype, x.get_device()) for x in a_list),
+                tuple((w.shape, w.stride(), w.dtype, w.get_device()) for w in b_list),
+                out_dtype, alpha != 1.0, activation)  # fmt: skip
+    except (AttributeError, TypeError):
+        return None
+
+
+class _ListPlan:
+    """The launch of one list-call signature (see PLANS): ``run`` repeats list_launch's steps that
+    depend on the tensors' data pointers, or returns None where an operand's pointer is not
+    16-byte aligned (the cold call's fallback decides then)."""
+
+    __slots__ = ("fn", "cfg", "odt", "total", "uniform", "shapes", "offsets", "c_offsets", "zero", "live", "srcs",
+                 "out_bytes", "template", "words", "views", "max_clusters")  # fmt: skip
+
+    def __init__(self, **fields):
+        for name, value in fields.items():
+            setattr(self, name, value)
+
+    def run(self, a_list, b_list, alpha):
+        a_ptrs, b_ptrs = [x.data_ptr() for x in a_list], [w.data_ptr() for w in b_list]
+        if any(a_ptrs[g] % TMA_ALIGN_BYTES or b_ptrs[g] % TMA_ALIGN_BYTES for g in self.live):
+            return None
+        dev = a_list[0].device
+        flat = torch.empty(self.total, dtype=self.odt, device=dev)
+        outs = _output_views(flat, self.total, self.shapes, self.offsets, self.uniform)
+        for g in self.zero:
+            outs[g].zero_()
+        base, rows = flat.data_ptr(), self.template[:]
+        for g, (src, off) in enumerate(zip(self.srcs, self.c_offsets, strict=True)):
+            rows[g * LIST_FIELDS : g * LIST_FIELDS + 3] = (a_ptrs[src], b_ptrs[src], base + off * self.out_bytes)
+        return _launch(self.fn, self.cfg, rows, self.words, dev, a_list, b_list, outs, self.live[0], self.views,
+                       alpha, self.max_clusters)  # fmt: skip
+
+
+def _output_views(flat, total, shapes, offsets, uniform):
+    """The groups' (M, N) outputs as views of ``flat``: one split of a 2-D view when every N is
+    the same (host time: ~1 us per group), else one as_strided view each."""
+    if uniform:
+        n0 = shapes[0][1]
+        return list(flat[:total].view(-1, n0).split([m for m, _, _ in shapes]))
+    return [flat.as_strided((m, n), (n, 1), off) for (m, n, _), off in zip(shapes, offsets, strict=True)]
+
+
+def _launch(fn, cfg, rows, words, dev, a_list, b_list, outs, t, views, alpha, max_clusters):
+    """The group table (its rows copied asynchronously from pinned memory, then room for the
+    descriptors the prep kernel writes) and the launch on the template group ``t``'s views."""
+    table = torch.empty(words, dtype=torch.int64, device=dev)
+    table[: len(rows)].copy_(torch.frombuffer(array.array("q", rows), dtype=torch.int64).pin_memory(), non_blocking=True)
+    va, vb, vc = views
+    fn(*KernelArgs(
+        a_list[t].as_strided(*va), b_list[t].as_strided(*vb), outs[t].as_strided(*vc), alpha=float(alpha),
+        max_clusters=max_clusters, offs=table, workspace=new_workspace(cfg, dev),  # a fresh counter: zeroed in-stream
+    ))  # fmt: skip
+    return outs
 
 
 def _list_lds(shapes, strides, ptrs, unit_dim: int, align: int, live) -> list[int] | None:
@@ -105,7 +182,7 @@ def list_table(shapes, a_ptrs, b_ptrs, c_ptrs, lds, tile_m: int, tile_n: int, te
 _LIST_OUT = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def list_launch(a_list, b_list, out_dtype, alpha, config=None, flat=None, activation=None, shapes=None):
+def list_launch(a_list, b_list, out_dtype, alpha, config=None, flat=None, activation=None, shapes=None, plan_key=None):
     """The list-form kernel (sm_90a / sm_100a, bf16 / fp16): one launch (plus its descriptor prep kernel)
     for every group; the list of outputs, or None where it does not apply (another arch or
     dtype, operands TMA cannot read in place, groups with different majors, outputs whose rows
@@ -148,10 +225,8 @@ def list_launch(a_list, b_list, out_dtype, alpha, config=None, flat=None, activa
         offsets.append(o)
         o += size
     n0 = shapes[0][1]
-    if all(n == n0 for _, n, _ in shapes) and n0:  # one split of a 2-D view (host time: ~1 us per group)
-        outs = list(flat[:total].view(-1, n0).split([m for m, _, _ in shapes]))
-    else:
-        outs = [flat.as_strided((m, n), (n, 1), off) for (m, n, _), off in zip(shapes, offsets, strict=True)]
+    uniform = bool(n0) and all(n == n0 for _, n, _ in shapes)
+    outs = _output_views(flat, total, shapes, offsets, uniform)
     has_work = [bool(m and n and k) for m, n, k in shapes]
     live = [g for g, w in enumerate(has_work) if w]
     for g, (m, n, k) in enumerate(shapes):
@@ -192,19 +267,24 @@ def list_launch(a_list, b_list, out_dtype, alpha, config=None, flat=None, activa
     base = flat.data_ptr()
     c_ptrs = [base + off * out_bytes for off in offsets]
     rows = list_table(shapes, a_ptrs, b_ptrs, c_ptrs, (lda, ldb), cfg.tile_m, cfg.tile_n, t)
-    # One device buffer: the table's rows (copied asynchronously from pinned memory), then the
-    # descriptors the prep kernel writes (3 x 128 bytes per group).
-    table = torch.empty(len(rows) + len(shapes) * 3 * 16, dtype=torch.int64, device=dev)
-    table[: len(rows)].copy_(torch.frombuffer(array.array("q", rows), dtype=torch.int64).pin_memory(), non_blocking=True)
-
-    xa, xb, xc = a_list[t], b_list[t], outs[t]
-    va = kernel_view(xa.unsqueeze(0), 2 if a_major == "k" else 1, (1, 2, 0), "a")
-    vb = kernel_view(xb.unsqueeze(0), 2 if b_major == "n" else 1, (2, 1, 0), "b")
-    vc = kernel_view(xc.unsqueeze(0), 2, (1, 2, 0), "out")
+    # One device buffer: the table's rows, then the descriptors the prep kernel writes (3 x 128
+    # bytes per group).
+    words = len(rows) + len(shapes) * 3 * 16
+    views = (kernel_view(a_list[t].unsqueeze(0), 2 if a_major == "k" else 1, (1, 2, 0), "a"),
+             kernel_view(b_list[t].unsqueeze(0), 2 if b_major == "n" else 1, (2, 1, 0), "b"),
+             kernel_view(outs[t].unsqueeze(0), 2, (1, 2, 0), "out"))  # fmt: skip
     # CLC (sm_100a): one cluster per tile, so the grid is the table's tile count (host-known).
     max_clusters = max(1, rows[len(shapes) * LIST_FIELDS + LIST_TILE]) if cfg.scheduler == "clc" else num_sms
-    DENSE_CACHE.get(cfg)(*KernelArgs(
-        xa.as_strided(*va), xb.as_strided(*vb), xc.as_strided(*vc), alpha=float(alpha), max_clusters=max_clusters,
-        offs=table, workspace=new_workspace(cfg, dev),  # a fresh counter: zeroed in-stream
-    ))  # fmt: skip
-    return outs
+    fn = DENSE_CACHE.get(cfg)
+    if plan_key is not None and config is None:
+        # the rows with the template group's pointers where a group has no work (list_table)
+        srcs = [g if m and n and k else t for g, (m, n, k) in enumerate(shapes)]
+        c_offsets = [off if m and n else offsets[t] for (m, n, _), off in zip(shapes, offsets, strict=True)]
+        while len(PLANS) >= MAX_PLANS:
+            PLANS.pop(next(iter(PLANS)))
+        PLANS[plan_key] = _ListPlan(
+            fn=fn, cfg=cfg, odt=odt, total=total, uniform=uniform, shapes=shapes, offsets=offsets, c_offsets=c_offsets,
+            zero=[g for g, (m, n, k) in enumerate(shapes) if m and n and not k], live=live, srcs=srcs,
+            out_bytes=out_bytes, template=rows, words=words, views=views, max_clusters=max_clusters,
+        )  # fmt: skip
+    return _launch(fn, cfg, rows, words, dev, a_list, b_list, outs, t, views, alpha, max_clusters)

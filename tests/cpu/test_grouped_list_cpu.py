@@ -132,3 +132,117 @@ def test_list_leading_dims_rules():
     one = buf[base : base + 12].view(1, 12)  # a single row: ld rounded up to 16 bytes
     assert lds([one], 1) == [16]
     assert lds([row, buf[base + 1 : base + 9].view(1, 8)], 1, live=[True, False]) == [64, 0]  # not checked
+
+
+# --- the warm plan (list_form.PLANS) against the cold call, CUDA pieces replaced -----------------
+class _Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def get(self, cfg):
+        return lambda *args: self.calls.append(args)
+
+
+def _fake_cuda(monkeypatch, recorder):
+    import torch
+
+    from cutegemm.grouped import list_form
+
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda t: 0)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t: t)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(list_form, "device_info", lambda index: ("sm_90a", 132))
+    monkeypatch.setattr(list_form, "DENSE_CACHE", recorder)
+    monkeypatch.setattr(list_form, "PLANS", {})
+
+
+def _table(args):
+    from cutegemm.gemm.args import KernelArgs
+
+    return KernelArgs(*args).offs.tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    shapes=st.lists(st.tuples(st.sampled_from([0, 1, 17, 64, 130]), st.sampled_from([8, 24, 64]),
+                              st.sampled_from([0, 8, 40])), min_size=1, max_size=6),
+    same_n=st.booleans(), alpha=st.sampled_from([1.0, 0.5]),
+)  # fmt: skip
+def test_warm_list_call_launches_what_the_cold_call_does(shapes, same_n, alpha):
+    """A second call of one signature (new tensors) takes the plan: the same kernel config, views
+    and table as a cold call on those tensors, but for the output pointers, which point at its
+    own outputs; outputs of the same shapes, K = 0 groups zeroed; a misaligned operand declines."""
+    import torch
+
+    from cutegemm.gemm.args import KernelArgs
+    from cutegemm.grouped import list_form
+
+    if same_n:
+        shapes = [(m, shapes[0][1], k) for m, _, k in shapes]
+    mp = pytest.MonkeyPatch()
+    rec = _Recorder()
+    try:
+        _fake_cuda(mp, rec)
+
+        def operands():
+            return ([torch.randn(m, k).bfloat16() for m, _, k in shapes],
+                    [torch.randn(n, k).bfloat16().t() for _, n, k in shapes])  # fmt: skip
+
+        xs, ws = operands()
+        list_form.grouped_list(xs, ws, offs=None, out_dtype=None, alpha=alpha)
+        launched = bool(rec.calls)
+        assert len(list_form.PLANS) == launched  # a plan exactly where a kernel was launched
+        if not launched:
+            return
+        xs2, ws2 = operands()
+        outs = list_form.grouped_list(xs2, ws2, offs=None, out_dtype=None, alpha=alpha)
+        warm = rec.calls[-1]
+        list_form.PLANS.clear()
+        cold_outs = list_form.grouped_list(xs2, ws2, offs=None, out_dtype=None, alpha=alpha)
+        cold = rec.calls[-1]
+        assert len(rec.calls) == 3
+        assert [o.shape for o in outs] == [o.shape for o in cold_outs]
+        for g, (m, n, k) in enumerate(shapes):
+            if m and n and not k:
+                assert (outs[g] == 0).all()
+        tw, tc = _table(warm), _table(cold)
+        fields = list_form.LIST_FIELDS
+        live = [g for g, (m, n, k) in enumerate(shapes) if m and n and k]
+        for g, (m, n, _) in enumerate(shapes):
+            rw, rc = tw[g * fields : (g + 1) * fields], tc[g * fields : (g + 1) * fields]
+            assert rw[:2] == rc[:2] and rw[3:] == rc[3:]  # operand pointers, sizes, lds, tile starts
+            assert rw[2] == (outs[g] if m and n else outs[live[0]]).data_ptr()
+        end = (len(shapes) + 1) * fields  # the groups' rows and the tile-count row; then descriptor space
+        assert len(tw) == len(tc) and tw[len(shapes) * fields : end] == tc[len(shapes) * fields : end]
+        kw, kc = KernelArgs(*warm), KernelArgs(*cold)
+        for name in ("a", "b", "out"):
+            vw, vc = getattr(kw, name), getattr(kc, name)
+            assert (vw.shape, vw.stride()) == (vc.shape, vc.stride())
+        assert (kw.alpha, kw.max_clusters) == (kc.alpha, kc.max_clusters)
+        xs3, ws3 = operands()
+        t = live[0]
+        xs3[t] = torch.empty(xs3[t].numel() + 1, dtype=torch.bfloat16)[1:].view(xs3[t].shape)  # 2 bytes off
+        assert list_form.PLANS[next(iter(list_form.PLANS))].run(xs3, ws3, alpha) is None
+    finally:
+        mp.undo()
+
+
+def test_list_plans_are_bounded():
+    """Per-group sizes that change every call must not grow PLANS without bound."""
+    import torch
+
+    from cutegemm.grouped import list_form
+
+    mp = pytest.MonkeyPatch()
+    try:
+        _fake_cuda(mp, _Recorder())
+        mp.setattr(list_form, "MAX_PLANS", 4)
+        for m in range(1, 11):
+            list_form.grouped_list([torch.randn(m, 8).bfloat16()], [torch.randn(8, 8).bfloat16()], offs=None,
+                                   out_dtype=None, alpha=1.0)  # fmt: skip
+            assert len(list_form.PLANS) == min(m, 4)
+        assert [key[0][0][0][0] for key in list_form.PLANS] == [7, 8, 9, 10]  # the newest, in order
+    finally:
+        mp.undo()
