@@ -24,7 +24,9 @@ Devices:
   path does not.
 - Host cost: a call that needs no gradient, on plain tensors of one device, runs the device's
   function straight from our AutogradCPU / AutogradCUDA kernel (one Python kernel where custom_op
-  has two); every other call goes through custom_op's own Autograd kernel.
+  has two); every other call goes through custom_op's own Autograd kernel. The quantized ops of
+  :mod:`cutegemm.quant_ops` (quantize, gemm_quantized, gemm_blockscaled, gemm_fp4_weight) take the
+  same path once this module is imported.
 
 ``gemm``: ``act(alpha * (a @ b) + bias)`` (no ``beta * c`` / gate_layout: use :func:`cutegemm.gemm`), a (M, K) or (L, M, K), b (K, N) or (L, K, N), bias (N,)
 (gated activations: b and bias have 2 * N' columns, interleaved gate/up, out has N'), activation
@@ -90,6 +92,7 @@ from .gemm.dense import gemm_ref as _gemm_ref
 from .grouped.packed import grouped_gemm as _grouped_kernel
 from .grouped.packed import grouped_gemm_ref as _grouped_ref
 from .quant_ops import CPU_DTYPES, check_gemm_operands, gemm_quantized, quantize
+from .quant_ops import CUDA_FUNCTIONS as QUANT_CUDA_FUNCTIONS
 
 # bias is positional-or-keyword, not keyword-only: torch.library.custom_op refuses keyword-only
 # Tensor arguments (and its autograd would not differentiate them).
@@ -563,6 +566,8 @@ try:  # private torch names (make_autograd_impl, CustomOpDef._init_fn): without 
     if make_autograd_impl is not None:
         _register_no_grad_path(gemm, _gemm_cuda)
         _register_no_grad_path(grouped_gemm, _grouped_cuda)
+        for _op, _cuda_fn in QUANT_CUDA_FUNCTIONS:  # no autograd of their own: the path still halves the host work
+            _register_no_grad_path(_op, _cuda_fn)
 except (AttributeError, TypeError):
     pass
 

@@ -529,7 +529,16 @@ def gemm_fp4_weight(x, qw: BlockScaledTensor, *, offs=None, scale_a=None, out_dt
     )
 
 
+# each op's CUDA function (cutegemm.ops registers their no-gradient fast path with it)
+CUDA_FUNCTIONS = (
+    (quantize_op, _quantize_cuda),
+    (gemm_quantized_op, _gemm_quantized_cuda),
+    (gemm_blockscaled_op, _gemm_blockscaled_cuda),
+    (gemm_fp4_weight_op, _gemm_fp4_weight_cuda),
+)
+
 __all__ = [
+    "CUDA_FUNCTIONS",
     "gemm_fp4_weight",
     "gemm_fp4_weight_op",
     "GEMM_FP4_WEIGHT_SCHEMA",
