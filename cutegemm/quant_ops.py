@@ -265,9 +265,13 @@ def quantize_op(
     return _quantize_tuple(q, x, global_scale)
 
 
-def _quantize_tuple(q: BlockScaledTensor, x, global_scale):
+def _quantize_tuple(q: BlockScaledTensor, x, global_scale, fresh_elements: bool = False):
+    """The op's outputs; ``fresh_elements``: q's data and scales are known to be new tensors (the
+    CUDA kernel allocates them), so only the global scale (possibly the given one) is checked."""
     gs = q.global_scale
     gs = x.new_empty((0,), dtype=torch.float32) if gs is None else _fresh(gs.reshape(()), (x, global_scale))
+    if fresh_elements:
+        return q.data, q.scales, gs
     return _fresh(q.data, (x,)), _fresh(q.scales, (x,)), gs
 
 
@@ -275,7 +279,7 @@ def _quantize_tuple(q: BlockScaledTensor, x, global_scale):
 def _quantize_cuda(x, fmt, global_scale=None, *, scale_rule="ocp"):
     _quantize_outputs(x, fmt, global_scale, scale_rule)
     q = quantize_kernel(x, fmt, global_scale=global_scale, scale_rule=scale_rule)
-    return _quantize_tuple(q, x, global_scale)
+    return _quantize_tuple(q, x, global_scale, fresh_elements=True)
 
 
 @quantize_op.register_fake
