@@ -472,3 +472,22 @@ def test_quant_ops_are_not_differentiable():
     _, _, gs = OP.quantize(x, "nvfp4")
     with pytest.raises(RuntimeError, match="no autograd formula"):
         gs.sum().backward()
+
+
+@pytest.mark.parametrize("name", ["gemm", "grouped_gemm", "quantize", "gemm_quantized", "gemm_blockscaled",
+                                  "gemm_fp4_weight"])  # fmt: skip
+def test_no_grad_fast_path_is_registered(name):
+    """Each op's AutogradCPU / AutogradCUDA kernels are ours (ops._register_no_grad_path: a call
+    that needs no gradient runs the device's function directly), where torch has the private names
+    it needs; the quantized ops' results are the same either way."""
+    if ops.make_autograd_impl is None:
+        pytest.skip("this torch has no make_autograd_impl: custom_op's own path only")
+    dump = torch._C._dispatch_dump(f"cutegemm::{name}")
+    for key in ("AutogradCPU", "AutogradCUDA"):
+        line = next(ln for ln in dump.splitlines() if ln.startswith(f"{key}:"))
+        assert "cutegemm/ops.py" in line.replace("\\", "/"), line
+    if name == "quantize":
+        x = torch.randn(4, 64)
+        fast = torch.ops.cutegemm.quantize(x, "mxfp8", None)
+        slow = torch.ops.cutegemm.quantize(x.clone().requires_grad_(), "mxfp8", None)  # custom_op's path
+        assert all(torch.equal(f.view(torch.uint8), s.view(torch.uint8)) for f, s in zip(fast[:2], slow[:2], strict=True))
