@@ -14,6 +14,7 @@ from .blockscaled.weight_only import kernel as weight_only
 from .config import ELEMENT_BITS, Form, GemmConfig
 from .epilogue import EpilogueSpec, fn
 from .epilogue import combine as combine_kernels
+from .epilogue import dispatch as dispatch_kernels
 from .epilogue import gated_grads as gated_kernels
 from .epilogue.user import register
 from .gemm.launch import build_dense, build_grouped
@@ -646,6 +647,11 @@ def combine_results(archs) -> list[CheckResult]:
     return family_results(archs, combine_kernels.all_configs, combine_kernels.check_variant)
 
 
+def dispatch_results(archs) -> list[CheckResult]:
+    """The MoE layer's one-launch dispatch sort (cutegemm.epilogue.dispatch), every variant."""
+    return family_results(archs, dispatch_kernels.all_configs, dispatch_kernels.check_variant)
+
+
 def fp4_weight_results(archs) -> list[CheckResult]:
     """The FP4-weight (W4A16) kernels (cutegemm.blockscaled.weight_only.kernel), every variant."""
     return family_results(archs, weight_only.all_configs, weight_only.check_variant)
@@ -661,6 +667,7 @@ def main(archs) -> int:
     results += dequant_results(archs)
     results += gated_results(archs)
     results += combine_results(archs)
+    results += dispatch_results(archs)
     results += fp4_weight_results(archs)
     failed = [r for r in results if not r.ok]
     print(f"compile-check: {len(results) - len(failed)}/{len(results)} variants passed for {', '.join(archs)}")

@@ -48,6 +48,8 @@ glue is elementwise. Only first derivatives (the backward is ``once_differentiab
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -134,6 +136,28 @@ class _TokenGather(torch.autograd.Function):
         # token t: the sum of rows inv[t k + j] (pair t k + j's row), j in slot order, in one pass
         inv = inverse_permutation(order).to(torch.int32)
         return combine_rows(grad.contiguous(), inv, None, ctx.k)[0], None, None
+
+
+class Dispatch(NamedTuple):
+    """A MoE layer's routing sorted by expert (int32, on the ids' device): ``order`` the (token,
+    slot) pairs ``t * k + j`` by expert (equal experts in pair order), ``rows`` their tokens
+    (``order // k``), ``experts`` their experts (ids outside [0, E) as E, sorted last), ``offs``
+    the cumulative end row of each expert."""
+
+    order: torch.Tensor
+    rows: torch.Tensor
+    experts: torch.Tensor
+    offs: torch.Tensor
+
+
+def dispatch(top_k_index: torch.Tensor, num_experts: int) -> Dispatch:
+    """Sort the (token, slot) pairs of ``top_k_index`` (T, k) by expert (see :class:`Dispatch`):
+    a stable sort, no host sync; on CUDA with ``ops.DISPATCH_KERNEL``, one launch for up to
+    ``epilogue.dispatch.MAX_PAIRS`` pairs (torch's argsort, gather and counts otherwise)."""
+    if top_k_index.dim() != 2 or top_k_index.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"top_k_index must be a (tokens, k) int32 / int64 tensor, got {top_k_index.dtype} "
+                         f"{tuple(top_k_index.shape)}")  # fmt: skip
+    return Dispatch(*ops.dispatch(top_k_index.reshape(-1).contiguous(), top_k_index.shape[1], num_experts))
 
 
 def gather_tokens(x: torch.Tensor, order: torch.Tensor, k: int) -> torch.Tensor:
@@ -368,5 +392,5 @@ def _scaled(y: torch.Tensor, out_scale) -> torch.Tensor:
     return (y.to(torch.promote_types(y.dtype, torch.float32)) * out_scale.unsqueeze(-1)).to(y.dtype)
 
 
-__all__ = ["grouped_experts", "grouped_mm", "check_experts", "gather_tokens", "permute_rows",
+__all__ = ["grouped_experts", "grouped_mm", "check_experts", "Dispatch", "dispatch", "gather_tokens", "permute_rows",
            "unpermute_rows", "inverse_permutation", "zero_rows_past_end", "combine", "gather_rows"]

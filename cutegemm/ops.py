@@ -85,6 +85,8 @@ except ImportError:
 from .epilogue import ACTIVATIONS, GATED, split_gate_up
 from .epilogue.combine import combine_rows_cuda
 from .epilogue.combine import kernel_takes as combine_takes
+from .epilogue.dispatch import dispatch_cuda, dispatch_ref
+from .epilogue.dispatch import kernel_takes as dispatch_takes
 from .epilogue.gated_grads import gated_grads_cuda, kernel_takes
 from .epilogue.ops import GATE_ACTIVATION
 from .gemm.dense import gemm as _gemm_kernel
@@ -398,6 +400,36 @@ def _(src, idx, w, k):
 @_combine_rows_dot_op.register_fake
 def _(src, idx, w, other):
     return src.new_empty(idx.shape[0], src.shape[1]), src.new_empty(idx.shape[0], dtype=torch.float32)
+
+
+# moe.dispatch's one-launch sort (cutegemm.epilogue.dispatch) on CUDA: off until
+# tests/gpu/test_dispatch_gpu.py has passed on a GPU (compile-checked and sanitizer-listed only).
+# Off: the same four tensors by torch (dispatch_ref: argsort, gather, scatter-add, cumsum).
+DISPATCH_KERNEL = False
+
+
+def dispatch(ids: torch.Tensor, k: int, experts: int):
+    """(order, rows, experts of the rows, offs) of the flattened top-k ids (see
+    :mod:`cutegemm.epilogue.dispatch`), int32. With DISPATCH_KERNEL, CUDA calls go through
+    ``torch.ops.cutegemm.dispatch`` (opaque to torch.compile), which runs the one-launch kernel
+    where it takes the ids; torch otherwise."""
+    if DISPATCH_KERNEL and ids.is_cuda:
+        return torch.ops.cutegemm.dispatch(ids, k, experts)
+    return dispatch_ref(ids, k, experts)
+
+
+@torch.library.custom_op("cutegemm::dispatch", mutates_args=())
+def _dispatch_op(ids: torch.Tensor, k: int, experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                    torch.Tensor]:  # fmt: skip
+    if dispatch_takes(ids, experts):
+        return dispatch_cuda(ids, k, experts)
+    return dispatch_ref(ids, k, experts)
+
+
+@_dispatch_op.register_fake
+def _(ids, k, experts):
+    n = ids.shape[0]
+    return tuple(ids.new_empty(size, dtype=torch.int32) for size in (n, n, n, experts))
 
 
 def _gemm_backward(ctx, grad):

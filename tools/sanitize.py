@@ -32,6 +32,7 @@ from cutegemm.blockscaled.weight_only.kernel import kernel_cache as fp4_weight_k
 from cutegemm.config import Form, GemmConfig
 from cutegemm.epilogue import EpilogueSpec
 from cutegemm.epilogue.combine import kernel_cache as combine_kernels
+from cutegemm.epilogue.dispatch import kernel_cache as dispatch_kernels
 from cutegemm.epilogue.gated_grads import kernel_cache as gated_kernels
 from cutegemm.gemm.launch import DENSE_CACHE, GROUPED_CACHE
 
@@ -336,6 +337,21 @@ def _combine_cases():
             "combine-dot": lambda: case(True, True), "combine-ragged": ragged}  # fmt: skip
 
 
+def _dispatch_cases():
+    """The one-launch dispatch sort (cutegemm.epilogue.dispatch): ids with sentinels outside
+    [0, E), int64 and int32, against its torch twin (exact)."""
+    from cutegemm.epilogue.dispatch import dispatch_cuda, dispatch_ref
+
+    def case(dtype):
+        ids = torch.randint(-2, 19, (77,), dtype=dtype).cuda()
+        out = dispatch_cuda(ids, 7, 17)
+        torch.cuda.synchronize()
+        for o, r in zip(out, dispatch_ref(ids, 7, 17), strict=True):
+            assert torch.equal(o, r), "dispatch"
+
+    return {"dispatch-int64": lambda: case(torch.int64), "dispatch-int32": lambda: case(torch.int32)}
+
+
 def _optional_cases() -> dict:
     """Kernel families that exist only in some versions of the package (guarded): the dynamic
     (atomic tile counter) scheduler and the quantized-output (MXFP8) epilogue."""
@@ -535,13 +551,15 @@ def all_cases() -> dict:
         **_quantize_cases(),
         **_gated_cases(),
         **_combine_cases(),
+        **_dispatch_cases(),
         **_fp4_weight_cases(),
         **_fp8_cases(),
     }
 
 
 def _kernel_count() -> int:
-    caches = (DENSE_CACHE, GROUPED_CACHE, quantize_kernels(), fp4_weight_kernels(), gated_kernels(), combine_kernels())
+    caches = (DENSE_CACHE, GROUPED_CACHE, quantize_kernels(), fp4_weight_kernels(), gated_kernels(), combine_kernels(),
+              dispatch_kernels())
     return sum(len(c._mem) for c in caches)
 
 

@@ -61,6 +61,7 @@ from torch import nn
 
 from ..epilogue import interleave_gate_up
 from ..moe import combine as moe_combine
+from ..moe import dispatch as moe_dispatch
 from ..moe import gather_tokens, grouped_experts, unpermute_rows
 from ..runtime.timer import Timer
 
@@ -207,16 +208,17 @@ def torch_moe(x, top_k_index, top_k_weights, w_gate_up, w_down, act=F.silu, mm=g
 
 
 def cutegemm_moe(x, top_k_index, top_k_weights, w_gate_up_il, w_down, fused_gather=False):
-    """The same dispatch around :func:`cutegemm.moe.grouped_experts` (interleaved gate/up rows, the
+    """The dispatch by :func:`cutegemm.moe.dispatch` (the same stable sort), then
+    :func:`cutegemm.moe.grouped_experts` (interleaved gate/up rows, the
     storage of ``GroupedExperts``; weights used as transposed views), the combine by
     :func:`cutegemm.moe.combine` (one pass forward and backward).
     ``fused_gather``: the tokens and the dispatch index instead of the gathered copy (without a
     gradient the up projection reads the rows through the index; with one the layer copies)."""
-    tokens, k = top_k_index.shape
-    order, offs = dispatch(top_k_index, w_down.shape[0])
+    k = top_k_index.shape[1]
+    order, rows, _, offs = moe_dispatch(top_k_index, w_down.shape[0])
     w1, w2 = w_gate_up_il.transpose(1, 2), w_down.transpose(1, 2)
     if fused_gather:
-        y = grouped_experts(x, w1, w2, offs, gather_index=torch.div(order, k, rounding_mode="floor"))
+        y = grouped_experts(x, w1, w2, offs, gather_index=rows)
     else:
         y = grouped_experts(gather_tokens(x, order, k), w1, w2, offs)
     return moe_combine(y, order, k, top_k_weights)

@@ -76,7 +76,7 @@ from ..blockscaled.formats import MXFP4, get_format
 from ..blockscaled.layout import to_swizzled
 from ..blockscaled.reference import BlockScaledTensor, dequantize_ref, e8m0_to_float, quantize_ref
 from ..gemm.fp8_scales import FP8_BLOCK
-from ..moe import combine, gather_tokens, grouped_experts, zero_rows_past_end
+from ..moe import combine, dispatch, gather_tokens, grouped_experts, zero_rows_past_end
 
 try:  # transformers' fine-grained FP8 (its FP8Experts dispatch through their own experts interface)
     from transformers.integrations import finegrained_fp8 as hf_fp8
@@ -354,12 +354,7 @@ def experts_forward(experts, hidden_states: torch.Tensor, top_k_index: torch.Ten
     sentinels = bool(getattr(experts, "_is_expert_parallel", False))
 
     # Sort the (token, slot) pairs by expert (stable: deterministic); EP sentinels (>= E) sort last.
-    expert_ids = top_k_index.reshape(-1)
-    order = torch.argsort(expert_ids, stable=True)
-    ids = expert_ids.index_select(0, order)
-    counts = torch.zeros(E + 1, dtype=torch.int64, device=ids.device)
-    counts.scatter_add_(0, ids.clamp(0, E).long(), torch.ones_like(ids, dtype=torch.int64))
-    offs = counts[:E].cumsum(0).to(torch.int32)
+    order, rows, ids, offs = dispatch(top_k_index, E)
     if sentinels:
         ids = ids.clamp(0, E - 1)  # in-bounds bias gathers; those rows are masked
 
@@ -378,7 +373,7 @@ def experts_forward(experts, hidden_states: torch.Tensor, top_k_index: torch.Ten
         layout = "halves" if experts.is_concatenated else "interleaved"
         y = grouped_experts(x, _b(experts.gate_up_proj, experts.is_transposed),
                             _b(experts.down_proj, experts.is_transposed), offs, activation=activation,
-                            gate_layout=layout, gather_index=torch.div(order, k, rounding_mode="floor") if gather else None,
+                            gate_layout=layout, gather_index=rows if gather else None,
                             out_scale=row_weights.float() if fuse_weights else None)  # fmt: skip
     else:
         y = _generic_mlp(experts, x, ids, offs, sentinels)
