@@ -31,7 +31,8 @@ Backward (``_GatedExperts``): with Y = H W_down[e], H = act(gate) * up, Z = X W_
 
 Save, not recompute: the forward saves Z, the pre-activations (T, 2I) in the operands' dtype
 (bf16: 4 T I bytes per layer) next to X and the weights (which autograd holds anyway); H is not
-saved but rebuilt from Z in the backward, next to dZ (the torch route holds Z in fp32 meanwhile:
+saved but rebuilt from Z in the backward, next to dZ (dH and H are dropped as soon as they are
+used, before dX and dW_gate_up are allocated) (the torch route holds Z in fp32 meanwhile:
 8 T I bytes transient). Recomputing Z instead
 would save those 4 T I bytes at the cost of a third gate/up grouped GEMM (4 T H I flops: a
 training step's expert GEMMs would grow from 18 T H I to 22 T H I flops, +22%). torch's
@@ -105,8 +106,10 @@ class _GatedExperts(torch.autograd.Function):
         dy = dy.to(x.dtype).contiguous()  # the kernels' operand dtype; the packed form wants row-major
         dh = grouped_mm(dy, w_down.mT, offs) if need_x or need_w1 else None  # (T, I)
         h, dz = gated_grads(ctx.activation, dh, z, ctx.gate_layout, want_h=need_w2)  # one pass over Z
+        del dh  # each temporary goes once used: dX and dW_gate_up are allocated without dH and H
         if need_w2:
             dw2 = _weight_grad(h, dy, offs, w_down)
+        del h, dy
         if need_x:
             dx = packed_zero_tail(dz, w_gate_up.mT, offs)
         if need_w1:
@@ -236,8 +239,8 @@ def unpermute_rows(y: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     return permute_rows(y, inverse_permutation(order), order)
 
 
-def _weights_dtype(y):
-    return torch.float64 if y.dtype == torch.float64 else torch.float32
+def _weights_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 class _Combine(torch.autograd.Function):
@@ -246,10 +249,12 @@ class _Combine(torch.autograd.Function):
     @staticmethod
     def forward(ctx, y, order, k, weights):
         inv = inverse_permutation(order)
-        w = weights.reshape(-1).to(_weights_dtype(y)) if weights is not None else None
+        w = weights.reshape(-1).to(_weights_dtype(y.dtype)) if weights is not None else None
         out = combine_rows(y.contiguous(), inv.to(torch.int32), w, k)[0]
-        ctx.save_for_backward(y, order, inv, weights)
-        ctx.k = k
+        # y (R rows) only for the weights' gradient: not held when the weights need none
+        keep_y = weights is not None and ctx.needs_input_grad[3]
+        ctx.save_for_backward(y if keep_y else None, order, inv, weights)
+        ctx.k, ctx.dtype = k, y.dtype
         return out
 
     @staticmethod
@@ -260,8 +265,8 @@ class _Combine(torch.autograd.Function):
         # row r of y is pair p = order[r] of token p // k: dy[r] = w[p] dout[p // k], and
         # dw[p] = <dout[p // k], y[r]>, both in one pass over the rows
         tok = torch.div(order, ctx.k, rounding_mode="floor").to(torch.int32)
-        w = weights.reshape(-1).to(_weights_dtype(y)).index_select(0, order) if weights is not None else None
-        dy, dots = combine_rows(dout.to(y.dtype).contiguous(), tok, w, 1, y if need_w else None)
+        w = weights.reshape(-1).to(_weights_dtype(ctx.dtype)).index_select(0, order) if weights is not None else None
+        dy, dots = combine_rows(dout.to(ctx.dtype).contiguous(), tok, w, 1, y if need_w else None)
         dw = dots.index_select(0, inv).view(weights.shape).to(weights.dtype) if need_w else None
         return (dy if need_y else None), None, None, dw
 

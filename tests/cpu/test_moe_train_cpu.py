@@ -451,6 +451,25 @@ def test_combine_matches_the_unpermute_product_and_sum(tokens, k, hidden):
         assert torch.autograd.gradcheck(lambda x: gather_tokens(x, order, k), (x,))
 
 
+def test_combine_keeps_y_only_for_the_weights_gradient():
+    """The combine's backward needs y only for dW: with weights that need no gradient (or none),
+    y (R rows) is not held until the backward; the gradients are the same either way."""
+    from cutegemm.moe import combine
+
+    order = _pairs(6, 4, 5)
+    y = torch.randn(24, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.rand(6, 4, dtype=torch.float64)
+    kept = combine(y, order, 4, w.clone().requires_grad_())
+    assert kept.grad_fn.saved_tensors[0] is not None
+    for weights in (w, None):
+        out = combine(y, order, 4, weights)
+        assert out.grad_fn.saved_tensors[0] is None
+    g = torch.randn(6, 8, dtype=torch.float64)
+    (dy_kept,) = torch.autograd.grad(kept, y, g)
+    (dy,) = torch.autograd.grad(combine(y, order, 4, w), y, g)
+    torch.testing.assert_close(dy, dy_kept, rtol=0, atol=0)
+
+
 def test_combine_rejects_mismatched_arguments():
     from cutegemm.moe import combine
 
@@ -522,3 +541,35 @@ def test_combine_and_gather_rows_hypothesis(tokens, k, hidden, experts, weighted
     grad = torch.randn(tokens * k, hidden, generator=g, dtype=torch.float64)
     (dx,) = torch.autograd.grad(gather_rows(x, index), x, grad)
     torch.testing.assert_close(dx, torch.zeros_like(x).index_add_(0, index, grad), rtol=1e-12, atol=1e-12)
+
+
+def test_backward_frees_dh_and_h_before_dx(monkeypatch):
+    """The backward's peak memory: dH (T, I) and H (T, I) are gone (no reference left) when dX is
+    allocated, and dY's converted copy too."""
+    import gc
+    import weakref
+
+    from cutegemm import moe as moe_mod
+
+    refs = {}
+    real_gated, real_tail = moe_mod.gated_grads, moe_mod.packed_zero_tail
+
+    def gated(activation, dh, z, layout, want_h=True):
+        h, dz = real_gated(activation, dh, z, layout, want_h=want_h)
+        if dh is not None:  # the backward's call (the forward's has no dH)
+            refs["dh"], refs["h"] = weakref.ref(dh), weakref.ref(h)
+        return h, dz
+
+    def tail(a, b, offs, alpha=1.0):
+        gc.collect()
+        refs["alive"] = [name for name in ("dh", "h") if refs[name]() is not None]
+        return real_tail(a, b, offs, alpha)
+
+    monkeypatch.setattr(moe_mod, "gated_grads", gated)
+    monkeypatch.setattr(moe_mod, "packed_zero_tail", tail)
+    T, H, I, E = 24, 16, 8, 3
+    x = torch.randn(T, H, requires_grad=True)
+    w1 = torch.randn(E, H, 2 * I, requires_grad=True)
+    w2 = torch.randn(E, I, H, requires_grad=True)
+    grouped_experts(x, w1, w2, make_offs([8, 10, 6])).sum().backward()
+    assert refs["alive"] == []
