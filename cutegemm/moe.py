@@ -390,6 +390,81 @@ def grouped_experts(
     return _scaled(grouped_mm(h, w_down, offs), out_scale)
 
 
+class _RoutedExperts(torch.autograd.Function):
+    """out = combine(experts(x[rows]), weights) in one node: see :func:`routed_experts`."""
+
+    @staticmethod
+    def forward(ctx, x, weights, w_gate_up, w_down, order, rows, offs, k, activation, gate_layout):
+        z = _gathered_up(x, rows, w_gate_up, offs)  # (R, 2I); rows past offs[-1] unspecified
+        h, _ = gated_grads(activation, None, z, gate_layout)
+        y = packed_zero_tail(h, w_down, offs)  # (R, H) unweighted; rows past offs[-1] (ids outside [0, E)): 0
+        del h
+        inv = inverse_permutation(order).to(torch.int32)
+        out = combine_rows(y, inv, weights.reshape(-1).to(_weights_dtype(x.dtype)), k)[0]
+        ctx.save_for_backward(x, weights, w_gate_up, w_down, order, rows, offs, inv, z)
+        ctx.k, ctx.activation, ctx.gate_layout = k, activation, gate_layout
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout):
+        x, weights, w_gate_up, w_down, order, rows, offs, inv, z = ctx.saved_tensors
+        need_x, need_w, need_w1, need_w2 = ctx.needs_input_grad[:4]
+        dx = dw = dw1 = dw2 = None
+        cd = _weights_dtype(x.dtype)
+        wr = weights.reshape(-1).to(cd).index_select(0, order).unsqueeze(1)  # (R, 1): each row's weight
+        # y_r = H_r W_down: dY_r = w_r dout[t_r] = w_r dY'_r, so dH_r = w_r dY'_r W_down^T = w_r dH'_r and
+        # dw_r = <dout[t_r], y_r> = <dH'_r, H_r> (no y saved); dW_down = sum_r (w_r H_r)^T dY'_r
+        dyp = dout.to(x.dtype).index_select(0, rows)  # (R, H): dY'
+        dhp = packed_zero_tail(dyp, w_down.mT, offs)  # (R, I): dH'; rows past offs[-1]: 0
+        h, dz = gated_grads(ctx.activation, (dhp.to(cd) * wr).to(x.dtype), z, ctx.gate_layout)
+        if need_w:
+            dots = (dhp.to(cd) * h.to(cd)).sum(1)
+            live = torch.arange(dots.shape[0], device=dots.device) < offs[-1]  # ids outside [0, E): 0
+            dots = torch.where(live, dots, torch.zeros((), dtype=cd, device=dots.device))
+            dw = dots.index_select(0, inv).view(weights.shape).to(weights.dtype)
+        del dhp
+        if need_w2:
+            dw2 = _weight_grad((h.to(cd) * wr).to(x.dtype), dyp, offs, w_down)
+        del h, dyp
+        if need_x:  # each token's k row gradients, summed in slot order
+            dx = combine_rows(packed_zero_tail(dz, w_gate_up.mT, offs), inv, None, ctx.k)[0]
+        if need_w1:
+            dw1 = _weight_grad(x.index_select(0, rows), dz, offs, w_gate_up)  # the gathered rows again
+        return dx, dw, dw1, dw2, None, None, None, None, None, None
+
+
+def _gathered_up(x, rows, w_gate_up, offs):
+    """Z = x[rows] W_gate_up[e]: through the row index in the up projection's loads (CUDA, the gather
+    kernel where policy.gather_pays), else a transient gathered copy."""
+    if x.is_cuda and not torch.compiler.is_compiling() and gather_pays(x.shape[1], rows.shape[0], offs.shape[0]):
+        return grouped_gemm(x, w_gate_up, offs=offs, gather_index=rows)
+    return grouped_mm(x.index_select(0, rows), w_gate_up, offs)
+
+
+def routed_experts(x, top_k_index, top_k_weights, w_gate_up, w_down, *, activation: str = "swiglu",
+                   gate_layout: str = "interleaved", routing: Dispatch | None = None):  # fmt: skip
+    """A routed MoE expert layer in one autograd node: ``out[t] = sum_j top_k_weights[t, j] *
+    expert_{top_k_index[t, j]}(x[t])`` with gated experts as :func:`grouped_experts` (weights as
+    there), the routing sorted by :func:`dispatch` (or ``routing``, its result), the combine as
+    :func:`combine`. Slots whose expert is outside [0, E) contribute nothing.
+
+    What it keeps for the backward: x, Z (R = T k rows of 2I pre-activations) and the routing; not
+    the gathered rows (R x H) nor the expert outputs (R x H), which ``grouped_experts`` after
+    :func:`gather_tokens` and :func:`combine` keep (bf16: 4 R I + 2 T H bytes instead of
+    4 R I + 4 R H). The backward gathers the rows again for dW_gate_up and gets the routing
+    weights' gradient from dH' and H (``<dout[t], y_r> = <dout[t] W_down^T, H_r>``), so it makes
+    no extra GEMM: its cost is elementwise passes over R x I and the gather. Gradients flow to x,
+    top_k_weights, w_gate_up and w_down; deterministic (no atomics)."""
+    if top_k_index.dim() != 2 or top_k_weights.shape != top_k_index.shape or x.shape[0] != top_k_index.shape[0]:
+        raise ValueError(f"x (T, H), top_k_index and top_k_weights (T, k) must agree, got {tuple(x.shape)}, "
+                         f"{tuple(top_k_index.shape)}, {tuple(top_k_weights.shape)}")  # fmt: skip
+    routing = dispatch(top_k_index, w_gate_up.shape[0]) if routing is None else routing
+    check_experts(x, w_gate_up, w_down, routing.offs, activation, gate_layout)
+    return _RoutedExperts.apply(x, top_k_weights, w_gate_up, w_down, routing.order, routing.rows, routing.offs,
+                                top_k_index.shape[1], activation, gate_layout)  # fmt: skip
+
+
 def _scaled(y: torch.Tensor, out_scale) -> torch.Tensor:
     """y's rows times out_scale in fp32 (fp64 for fp64), rounded once to y's dtype (differentiable)."""
     if out_scale is None:
@@ -397,5 +472,5 @@ def _scaled(y: torch.Tensor, out_scale) -> torch.Tensor:
     return (y.to(torch.promote_types(y.dtype, torch.float32)) * out_scale.unsqueeze(-1)).to(y.dtype)
 
 
-__all__ = ["grouped_experts", "grouped_mm", "check_experts", "Dispatch", "dispatch", "gather_tokens", "permute_rows",
+__all__ = ["grouped_experts", "routed_experts", "grouped_mm", "check_experts", "Dispatch", "dispatch", "gather_tokens", "permute_rows",
            "unpermute_rows", "inverse_permutation", "zero_rows_past_end", "combine", "gather_rows"]

@@ -62,7 +62,7 @@ from torch import nn
 from ..epilogue import interleave_gate_up
 from ..moe import combine as moe_combine
 from ..moe import dispatch as moe_dispatch
-from ..moe import gather_tokens, grouped_experts, unpermute_rows
+from ..moe import gather_tokens, grouped_experts, routed_experts, unpermute_rows
 from ..runtime.timer import Timer
 
 
@@ -92,7 +92,7 @@ SHAPES = [
     Shape("DeepSeek-V3", 8192, 7168, 2048, 256, 8),
     Shape("decode Qwen3-30B-A3B", 64, 2048, 768, 128, 8),
 ]
-IMPLS = ("torch", "cutegemm", "cutegemm-gather", "cutegemm-hf", "sonicmoe")
+IMPLS = ("torch", "cutegemm", "cutegemm-gather", "cutegemm-routed", "cutegemm-hf", "sonicmoe")
 INIT_STD = 0.02
 SPIN_CYCLES = 8_000_000  # ~4 ms of spin before each rep: longer than a fwd+bwd's host work
 
@@ -224,6 +224,11 @@ def cutegemm_moe(x, top_k_index, top_k_weights, w_gate_up_il, w_down, fused_gath
     return moe_combine(y, order, k, top_k_weights)
 
 
+def routed_moe(x, top_k_index, top_k_weights, w_gate_up_il, w_down):
+    """:func:`cutegemm.moe.routed_experts` on the layer (weights as transposed views)."""
+    return routed_experts(x, top_k_index, top_k_weights, w_gate_up_il.transpose(1, 2), w_down.transpose(1, 2))
+
+
 def sonic_moe(sonic, x, top_k_index, top_k_weights, w_gate_up_il, w_down, stream_id):
     """SonicMoE 0.1.2.post1's general-routing entry point: token indices sorted ascending (int32),
     expert ids (int32), one score per pair; w1 (2I, H, E) interleaved and w2 (H, I, E), both with
@@ -309,6 +314,10 @@ def build_runner(name: str, layer: Layer) -> Runner | str:
                       "kernel where policy.gather_pays, else the copy)",
                       partial(cutegemm_moe, x, idx, rw, layer.w_gate_up_il, w2, fused_gather=True),
                       layer.w_gate_up_il, "interleaved")  # fmt: skip
+    if name == "cutegemm-routed":
+        return Runner(name, "cutegemm.moe.routed_experts: dispatch, experts and combine in one autograd node "
+                      "(keeps x, Z and the routing; the backward gathers the rows again)",
+                      partial(routed_moe, x, idx, rw, layer.w_gate_up_il, w2), layer.w_gate_up_il, "interleaved")  # fmt: skip
     if name == "sonicmoe":
         sonic, why = load_sonicmoe()
         if sonic is None:

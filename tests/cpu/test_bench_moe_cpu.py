@@ -34,7 +34,7 @@ def test_the_cases_are_the_issues_shapes_with_deepseeks_256_experts():
         "DeepSeek-V3": (8192, 7168, 2048, 256, 8),
         "decode Qwen3-30B-A3B": (64, 2048, 768, 128, 8),
     }
-    assert len(moe.cases()) == len(moe.SHAPES) * len(moe.IMPLS) == 25
+    assert len(moe.cases()) == len(moe.SHAPES) * len(moe.IMPLS) == 30
     t, h, i, _, k = dims["Mixtral-8x7B"]
     assert moe.SHAPES[2].flops == 2 * t * k * h * 2 * i + 2 * t * k * i * h
     assert len(moe.describe().splitlines()) == len(moe.SHAPES)
@@ -169,13 +169,14 @@ def test_run_shape_on_cpu_with_a_stand_in_timer():
     layer = moe.make_layer(TINY, "cpu")
     res = {r.impl: r for r in moe.run_shape(layer, moe.IMPLS, timer, rounds=2, reps=1)}
     assert list(res) == list(moe.IMPLS)
-    ran = ["torch", "cutegemm", "cutegemm-gather", "cutegemm-hf"] if HAS_HF else ["torch", "cutegemm", "cutegemm-gather"]
+    ran = ["torch", "cutegemm", "cutegemm-gather", "cutegemm-routed"] + (["cutegemm-hf"] if HAS_HF else [])
     assert order == ran + ran[::-1] + ran + ran[::-1] + ["read"]
     assert res["torch"].fwd_ratio == 1.0 and res["cutegemm"].fwd_ratio == 2.0 and res["cutegemm"].train_ratio == 2.0
     assert res["cutegemm"].fwd_tflops == TINY.flops / 1.0 / 1e9 and res["cutegemm"].train_tflops == 3 * TINY.flops / 1e9
     assert res["cutegemm"].read_ms == 0.5 and res["cutegemm"].fwd_peak_mb is None  # no CUDA: no peak
     assert max(res["cutegemm"].errors.values()) < 3e-2 and "fused" in res["cutegemm"].detail
     assert max(res["cutegemm-gather"].errors.values()) < 3e-2 and "dispatch index" in res["cutegemm-gather"].detail
+    assert max(res["cutegemm-routed"].errors.values()) < 3e-2 and "one autograd node" in res["cutegemm-routed"].detail
     if HAS_HF:
         assert res["cutegemm-hf"].fwd_ratio == 0.5 and "grouped_mm" in res["torch"].detail
     if importlib.util.find_spec("sonicmoe") is None:
@@ -209,15 +210,17 @@ def _synthetic():
 def test_table_json_and_lines_from_results(tmp_path):
     res = _synthetic()
     md = moe.markdown(res)
-    head = "| shape (T, H, I, E, k) | cutegemm fwd | cutegemm-gather fwd | cutegemm-hf fwd | sonicmoe fwd | cutegemm fwd+bwd |"
+    head = ("| shape (T, H, I, E, k) | cutegemm fwd | cutegemm-gather fwd | cutegemm-routed fwd | cutegemm-hf fwd "
+            "| sonicmoe fwd | cutegemm fwd+bwd |")
     assert head in md
-    assert "| Qwen3-30B-A3B (16384, 2048, 768, 128, 8) | 2.00x [1.90, 2.10] | 3.00x [2.85, 3.15] | 4.00x [3.80, 4.20] | not installed |" in md
+    assert ("| Qwen3-30B-A3B (16384, 2048, 768, 128, 8) | 2.00x [1.90, 2.10] | 3.00x [2.85, 3.15] | 4.00x [3.80, 4.20] "
+            "| 5.00x [4.75, 5.25] | not installed |") in md
     assert "| decode Qwen3-30B-A3B | cutegemm-hf | failed: RuntimeError: boom |" in md
     assert "| cutegemm [gate \\| up] |" in md  # cells escape the table's separator
     assert "- decode Qwen3-30B-A3B: 0.300 ms; forward / that: torch 6.67x, cutegemm 3.33x" in md
     for line in md.splitlines():
         if line.startswith("| Qwen3") or line.startswith("| decode"):
-            assert line.replace("\\|", "").count("|") in (10, 11), line  # every row fills its table
+            assert line.replace("\\|", "").count("|") in (11, 12), line  # every row fills its table
     path = moe.write(res, tmp_path)
     meta = json.loads(path.read_text())
     assert meta["gpu"] and len(meta["results"]) == 2 * len(moe.IMPLS)

@@ -573,3 +573,66 @@ def test_backward_frees_dh_and_h_before_dx(monkeypatch):
     w2 = torch.randn(E, I, H, requires_grad=True)
     grouped_experts(x, w1, w2, make_offs([8, 10, 6])).sum().backward()
     assert refs["alive"] == []
+
+
+def _routed_reference(x, ids, wts, w1, w2, activation, layout):
+    """out[t] = sum over the slots j with 0 <= ids[t, j] < E of wts[t, j] * expert(x[t]), in autograd."""
+    E = w1.shape[0]
+    out = x * 0  # in the graph even when no slot has an expert
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            if 0 <= e < E:
+                gate, up = split(x[t : t + 1] @ w1[e], layout)
+                out = out.index_add(0, torch.tensor([t]), wts[t, j] * ((ACT[activation](gate) * up) @ w2[e]))
+    return out
+
+
+@settings(max_examples=25, deadline=None)
+@given(tokens=st.integers(1, 9), k=st.integers(1, 3), experts=st.integers(1, 4), spill=st.booleans(),
+       activation=st.sampled_from(["swiglu", "geglu"]), layout=st.sampled_from(["interleaved", "halves"]),
+       seed=st.integers(0, 2**16))  # fmt: skip
+def test_routed_experts_equals_the_per_token_formula(tokens, k, experts, spill, activation, layout, seed):
+    """moe.routed_experts (one node: dispatch, experts, combine; saves neither the gathered rows
+    nor the expert outputs) against the per-token formula in fp64 autograd: the output and the
+    gradients of x, the routing weights and both weights; slots outside [0, E) contribute nothing."""
+    from cutegemm.moe import routed_experts
+
+    g = torch.Generator().manual_seed(seed)
+    H, I = 8, 4
+    lo, hi = (-1, experts + 1) if spill else (0, experts)
+    ids = torch.randint(lo, hi, (tokens, k), generator=g)
+    leaves = [torch.randn(tokens, H, generator=g, dtype=F64), torch.rand(tokens, k, generator=g, dtype=F64),
+              torch.randn(experts, H, 2 * I, generator=g, dtype=F64) / 3,
+              torch.randn(experts, I, H, generator=g, dtype=F64) / 2]  # fmt: skip
+    for t in leaves:
+        t.requires_grad_()
+    x, wts, w1, w2 = leaves
+    out = routed_experts(x, ids, wts, w1, w2, activation=activation, gate_layout=layout)
+    ref = _routed_reference(x, ids, wts, w1, w2, activation, layout)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    dout = torch.randn(tokens, H, generator=g, dtype=F64)
+    wants = torch.autograd.grad(ref, leaves, dout, allow_unused=True)  # no expert used: no path to it
+    for got, want, leaf in zip(torch.autograd.grad(out, leaves, dout), wants, leaves, strict=True):
+        torch.testing.assert_close(got, torch.zeros_like(leaf) if want is None else want, rtol=1e-9, atol=1e-10)
+
+
+def test_routed_experts_gradcheck_and_what_it_saves():
+    from cutegemm.moe import routed_experts
+
+    g = torch.Generator().manual_seed(0)
+    T, H, I, E, k = 5, 6, 4, 3, 2
+    ids = torch.tensor([[0, 2], [1, 1], [2, 0], [3, 0], [1, -1]])  # two slots outside [0, E)
+    x = torch.randn(T, H, generator=g, dtype=F64, requires_grad=True)
+    wts = torch.rand(T, k, generator=g, dtype=F64, requires_grad=True)
+    w1 = torch.randn(E, H, 2 * I, generator=g, dtype=F64, requires_grad=True)
+    w2 = torch.randn(E, I, H, generator=g, dtype=F64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda *a: routed_experts(a[0], ids, *a[1:]), (x, wts, w1, w2))
+    out = routed_experts(x, ids, wts, w1, w2)
+    saved = out.grad_fn.saved_tensors
+    R = T * k
+    # x, the weights and Z (R, 2I) and int32 routing vectors: no (R, H) tensor (rows or expert outputs)
+    assert not any(t.dim() == 2 and t.shape == (R, H) for t in saved)
+    assert any(t.shape == (R, 2 * I) for t in saved)
+    with pytest.raises(ValueError, match="must agree"):
+        routed_experts(x, ids, wts[:, :1], w1, w2)
