@@ -8,8 +8,9 @@ the stable counting sort of the N = T k flattened top-k expert ids into
     offs (E,)    the cumulative end row of each expert (rows at or past offs[-1]: the ids outside)
 
 all int32, what a stable ``torch.argsort`` of the ids, a gather and the experts' counts give in
-torch (about ten launches at decode sizes). One warp (a CTA of 32 threads) in
-N / 32 steps per pass, the E + 1 counters in shared memory: a histogram (the lanes holding one
+torch (about ten launches at decode sizes). One CTA: its 1024 threads stage each pair's expert in
+shared memory (all loads in flight at once), then one warp runs three passes over them, N / 32
+steps each, with the E + 1 counters in shared memory: a histogram (the lanes holding one
 expert found by ``match.any``; the lowest of them adds the group's size), a warp scan of the
 counters into each expert's first row, then the scatter (a lane's row: its expert's next row plus
 the number of lanes below it with the same expert). Deterministic: no atomics, the same output for
@@ -32,7 +33,8 @@ from ..runtime.cache import KernelCache
 from ..runtime.device import device_info
 from ..runtime.sass import check_sass
 
-MAX_PAIRS = 8192  # one warp: N / 32 steps per pass (decode: 64 tokens x top-8 = 16 steps)
+MAX_PAIRS = 8192  # staged in shared memory (32 KB); one warp: N / 32 steps per pass (decode: 16)
+THREADS = 1024  # that stage the ids
 MAX_EXPERTS = 1023  # E + 1 int32 counters in shared memory
 ID_DTYPES = {torch.int32: "int32", torch.int64: "int64"}
 _ID_KERNEL = {"int32": cutlass.Int32, "int64": cutlass.Int64}
@@ -76,73 +78,77 @@ class DispatchKernel:
         stream,
     ):
         self.kernel(mIds, mOrder, mRows, mExperts, mOffs, n, k, experts).launch(
-            grid=[1, 1, 1], block=[32, 1, 1], stream=stream
+            grid=[1, 1, 1], block=[THREADS, 1, 1], stream=stream
         )
 
     @cute.kernel
     def kernel(self, mIds, mOrder, mRows, mExperts, mOffs, n: cutlass.Int32, k: cutlass.Int32,
                experts: cutlass.Int32):  # fmt: skip
-        lane, _, _ = cute.arch.thread_idx()
-        sCount = memory.SmemAllocator().allocate_tensor(cutlass.Int32, cute.make_layout(MAX_EXPERTS + 1), 16)
-        for b in cutlass.range(lane, experts + 1, 32):
-            sCount[b] = cutlass.Int32(0)
-        cute.arch.sync_warp()
-        # histogram: per step, the lowest lane of each expert's group adds the group's size
-        for base in cutlass.range(0, n, 32):
-            i = base + lane
-            bucket = self.bucket(mIds, i, n, experts)
-            peers = cute.arch.match_sync(FULL_MASK, bucket)
-            if i < n:
-                if (peers & cute.arch.lanemask_lt()) == cutlass.Uint32(0):
-                    sCount[bucket] = sCount[bucket] + cutlass.Int32(cute.arch.popc(peers))
-            cute.arch.sync_warp()
-        # exclusive scan of the E + 1 counters: each expert's first row; offs its end row
-        carry = cutlass.Int32(0)
-        for base in cutlass.range(0, experts + 1, 32):
-            b = base + lane
-            v = cutlass.Int32(0)
-            if b <= experts:
-                v = sCount[b]
-            incl = v
-            for d in cutlass.range_constexpr(5):
-                up = cute.arch.shuffle_sync_up(incl, 1 << d)
-                if lane >= (1 << d):
-                    incl = incl + up
-            if b <= experts:
-                sCount[b] = carry + incl - v
-            if b < experts:
-                mOffs[b] = carry + incl
-            carry = carry + cute.arch.shuffle_sync(incl, 31)
-        cute.arch.sync_warp()
-        # scatter: a lane's row is its expert's next row plus its rank among the lanes below it
-        for base in cutlass.range(0, n, 32):
-            i = base + lane
-            bucket = self.bucket(mIds, i, n, experts)
-            peers = cute.arch.match_sync(FULL_MASK, bucket)
-            rank = cutlass.Int32(cute.arch.popc(peers & cute.arch.lanemask_lt()))
-            if i < n:
-                row = sCount[bucket] + rank
-                mOrder[row] = i
-                mRows[row] = i // k
-                mExperts[row] = bucket
-            cute.arch.sync_warp()
-            if i < n:
-                if rank == 0:
-                    sCount[bucket] = sCount[bucket] + cutlass.Int32(cute.arch.popc(peers))
-            cute.arch.sync_warp()
-
-    @cute.jit
-    def bucket(self, mIds, i, n, experts):
-        """Pair i's counter: its expert, E for an id outside [0, E), E + 1 past the end (a lane
-        with no pair: its own group, never counted)."""
-        bucket = experts + 1
-        if i < n:
+        tidx, _, _ = cute.arch.thread_idx()
+        lane = tidx % 32
+        smem = memory.SmemAllocator()
+        sBucket = smem.allocate_tensor(cutlass.Int32, cute.make_layout(MAX_PAIRS), 16)
+        sCount = smem.allocate_tensor(cutlass.Int32, cute.make_layout(MAX_EXPERTS + 1), 16)
+        # every thread: the pairs' counters (expert, or E outside [0, E)) staged in shared memory,
+        # the loads of all warps in flight at once; the counters zeroed
+        for i in cutlass.range(tidx, n, THREADS):
             e = cutlass.Int32(mIds[i])
             bucket = experts
             if e >= 0:
                 if e < experts:
                     bucket = e
-        return bucket
+            sBucket[i] = bucket
+        for b in cutlass.range(tidx, experts + 1, THREADS):
+            sCount[b] = cutlass.Int32(0)
+        cute.arch.sync_threads()
+        if tidx < 32:  # warp 0: the three passes, in pair order
+            # histogram: per step, the lowest lane of each expert's group adds the group's size
+            for base in cutlass.range(0, n, 32):
+                i = base + lane
+                bucket = experts + 1  # a lane with no pair: its own group, never counted
+                if i < n:
+                    bucket = sBucket[i]
+                peers = cute.arch.match_sync(FULL_MASK, bucket)
+                if i < n:
+                    if (peers & cute.arch.lanemask_lt()) == cutlass.Uint32(0):
+                        sCount[bucket] = sCount[bucket] + cutlass.Int32(cute.arch.popc(peers))
+                cute.arch.sync_warp()
+            # exclusive scan of the E + 1 counters: each expert's first row; offs its end row
+            carry = cutlass.Int32(0)
+            for base in cutlass.range(0, experts + 1, 32):
+                b = base + lane
+                v = cutlass.Int32(0)
+                if b <= experts:
+                    v = sCount[b]
+                incl = v
+                for d in cutlass.range_constexpr(5):
+                    up = cute.arch.shuffle_sync_up(incl, 1 << d)
+                    if lane >= (1 << d):
+                        incl = incl + up
+                if b <= experts:
+                    sCount[b] = carry + incl - v
+                if b < experts:
+                    mOffs[b] = carry + incl
+                carry = carry + cute.arch.shuffle_sync(incl, 31)
+            cute.arch.sync_warp()
+            # scatter: a lane's row is its expert's next row plus its rank among the lanes below it
+            for base in cutlass.range(0, n, 32):
+                i = base + lane
+                bucket = experts + 1
+                if i < n:
+                    bucket = sBucket[i]
+                peers = cute.arch.match_sync(FULL_MASK, bucket)
+                rank = cutlass.Int32(cute.arch.popc(peers & cute.arch.lanemask_lt()))
+                if i < n:
+                    row = sCount[bucket] + rank
+                    mOrder[row] = i
+                    mRows[row] = i // k
+                    mExperts[row] = bucket
+                cute.arch.sync_warp()
+                if i < n:
+                    if rank == 0:
+                        sCount[bucket] = sCount[bucket] + cutlass.Int32(cute.arch.popc(peers))
+                cute.arch.sync_warp()
 
 
 def build_dispatch(cfg: DispatchConfig):
