@@ -412,20 +412,24 @@ class _RoutedExperts(torch.autograd.Function):
         need_x, need_w, need_w1, need_w2 = ctx.needs_input_grad[:4]
         dx = dw = dw1 = dw2 = None
         cd = _weights_dtype(x.dtype)
-        wr = weights.reshape(-1).to(cd).index_select(0, order).unsqueeze(1)  # (R, 1): each row's weight
+        wr = weights.reshape(-1).to(cd).index_select(0, order)  # (R,): each row's routing weight
+        ident = torch.arange(z.shape[0], dtype=torch.int32, device=z.device)
         # y_r = H_r W_down: dY_r = w_r dout[t_r] = w_r dY'_r, so dH_r = w_r dY'_r W_down^T = w_r dH'_r and
-        # dw_r = <dout[t_r], y_r> = <dH'_r, H_r> (no y saved); dW_down = sum_r (w_r H_r)^T dY'_r
+        # dw_r = <dout[t_r], y_r> = <dH'_r, H_r> (no y saved); dW_down = sum_r (w_r H_r)^T dY'_r.
+        # The row products and dots by the one-pass row kernel (ops.combine_rows with k = 1).
         dyp = dout.to(x.dtype).index_select(0, rows)  # (R, H): dY'
         dhp = packed_zero_tail(dyp, w_down.mT, offs)  # (R, I): dH'; rows past offs[-1]: 0
-        h, dz = gated_grads(ctx.activation, (dhp.to(cd) * wr).to(x.dtype), z, ctx.gate_layout)
-        if need_w:
-            dots = (dhp.to(cd) * h.to(cd)).sum(1)
-            live = torch.arange(dots.shape[0], device=dots.device) < offs[-1]  # ids outside [0, E): 0
-            dots = torch.where(live, dots, torch.zeros((), dtype=cd, device=dots.device))
-            dw = dots.index_select(0, inv).view(weights.shape).to(weights.dtype)
+        h, _ = gated_grads(ctx.activation, None, z, ctx.gate_layout)
+        dh, dots = combine_rows(dhp, ident, wr, 1, h if need_w else None)  # w dH' (one rounding), <dH', H>
         del dhp
+        _, dz = gated_grads(ctx.activation, dh, z, ctx.gate_layout, want_h=False)
+        del dh
+        if need_w:
+            live = ident < offs[-1]  # rows of ids outside [0, E): no gradient
+            dots = torch.where(live, dots, torch.zeros((), dtype=dots.dtype, device=dots.device))
+            dw = dots.index_select(0, inv).view(weights.shape).to(weights.dtype)
         if need_w2:
-            dw2 = _weight_grad((h.to(cd) * wr).to(x.dtype), dyp, offs, w_down)
+            dw2 = _weight_grad(combine_rows(h, ident, wr, 1)[0], dyp, offs, w_down)  # (w H)^T dY'
         del h, dyp
         if need_x:  # each token's k row gradients, summed in slot order
             dx = combine_rows(packed_zero_tail(dz, w_gate_up.mT, offs), inv, None, ctx.k)[0]
