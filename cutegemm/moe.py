@@ -1,7 +1,10 @@
 """Gated MoE experts with autograd: ``down(act(gate) * up)`` per expert on the grouped GEMMs.
 
 :func:`grouped_experts` is what :class:`cutegemm.nn.GroupedExperts`, the expert-parallel layer and
-the transformers backend run. Tokens arrive sorted by expert with ``offs`` (int32, cumulative end
+the transformers backend run. Around it: :func:`dispatch` (the routing sorted by expert),
+:func:`gather_tokens` / :func:`gather_rows` (the dispatch copy), :func:`combine` (the weighted
+top-k sum); :func:`routed_experts` is the three in one autograd node that keeps less for the
+backward (see there). Tokens arrive sorted by expert with ``offs`` (int32, cumulative end
 row per expert, on the tokens' device), as for :func:`cutegemm.grouped_gemm`.
 
 Which GEMM runs (:func:`grouped_mm`, the one place that decides): CUDA tensors -> the kernels
