@@ -76,7 +76,15 @@ from ..blockscaled.formats import MXFP4, get_format
 from ..blockscaled.layout import to_swizzled
 from ..blockscaled.reference import BlockScaledTensor, dequantize_ref, e8m0_to_float, quantize_ref
 from ..gemm.fp8_scales import FP8_BLOCK
-from ..moe import combine, dispatch, gather_tokens, grouped_experts, zero_rows_past_end
+from ..moe import (
+    Dispatch,
+    combine,
+    dispatch,
+    gather_tokens,
+    grouped_experts,
+    routed_experts,
+    zero_rows_past_end,
+)
 
 try:  # transformers' fine-grained FP8 (its FP8Experts dispatch through their own experts interface)
     from transformers.integrations import finegrained_fp8 as hf_fp8
@@ -91,6 +99,11 @@ OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # what the quantize
 # scales the rows by their routing weights in the down projection's epilogue (out_scale); the
 # gather kernel and the 16-bit row scale pass tests/gpu/test_grouped_gather_gpu.py on the H200.
 FUSED_DISPATCH = True
+# Gated experts with a gradient: moe.routed_experts (dispatch, experts and combine in one autograd
+# node that keeps x, Z and the routing instead of the gathered rows and the expert outputs) instead
+# of gather_tokens + grouped_experts + combine. Off until `bench moe` has timed it
+# (cutegemm-routed) and the routed cases of tests/gpu/test_moe_train_gpu.py have run.
+ROUTED_TRAINING = False
 DEFAULT_GATE = getattr(hf_moe, "_default_apply_gate", None)  # transformers' act_fn(gate) * up
 E4M3_MAX = 448.0
 FP4_STORAGE = (torch.int8, torch.uint8, torch.float4_e2m1fn_x2)  # transformers' packed e2m1 experts
@@ -362,8 +375,15 @@ def experts_forward(experts, hidden_states: torch.Tensor, top_k_index: torch.Ten
     # FUSED_DISPATCH: plain gated experts without a gradient read the tokens through the index (no
     # permuted copy) and weight the rows in the down projection; else the copy, whose backward
     # sums each token's rows in slot order, and the weights in torch
-    gather = FUSED_DISPATCH and activation is not None and not (torch.is_grad_enabled() and (
-        hidden_states.requires_grad or top_k_weights.requires_grad or any(p.requires_grad for p in experts.parameters())))  # fmt: skip
+    train = torch.is_grad_enabled() and (hidden_states.requires_grad or top_k_weights.requires_grad
+                                         or any(p.requires_grad for p in experts.parameters()))  # fmt: skip
+    if (ROUTED_TRAINING and train and activation is not None and dtype == hidden_states.dtype
+            and not getattr(experts, "has_post_expert_norm", False)):  # fmt: skip
+        return routed_experts(hidden_states, top_k_index, top_k_weights, _b(experts.gate_up_proj, experts.is_transposed),
+                              _b(experts.down_proj, experts.is_transposed), activation=activation,
+                              gate_layout="halves" if experts.is_concatenated else "interleaved",
+                              routing=Dispatch(order, rows, ids, offs))  # fmt: skip
+    gather = FUSED_DISPATCH and activation is not None and not train
     fuse_weights = gather and not getattr(experts, "has_post_expert_norm", False)
     row_weights = top_k_weights.reshape(-1).index_select(0, order) if fuse_weights else None
     x = hidden_states.to(dtype) if gather else gather_tokens(hidden_states, order, k).to(dtype)

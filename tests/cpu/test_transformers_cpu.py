@@ -192,6 +192,43 @@ def _grads(fn, experts, x, idx, w):
     return [y.detach(), x.grad, w.grad, *(p.grad for p in experts.parameters())]
 
 
+@pytest.mark.parametrize("name", MODELS)
+def test_routed_training_matches_eager(name, monkeypatch):
+    """ROUTED_TRAINING on: plain gated experts train through moe.routed_experts (one node, no
+    gathered rows or expert outputs kept); the model's loss and every gradient match eager, the
+    other experts keep their routes."""
+    monkeypatch.setattr(cg_tf, "ROUTED_TRAINING", True)
+    seen = []
+    real = cg_tf.routed_experts
+    monkeypatch.setattr(cg_tf, "routed_experts", lambda *a, **kw: seen.append(1) or real(*a, **kw))
+    eager = tiny_model(name)
+    ours = copy.deepcopy(eager)
+    ours.set_experts_implementation("cutegemm")
+    ids = torch.randint(0, VOCAB, (2, 11), generator=torch.Generator().manual_seed(4))
+    logits_e, loss_e, grads_e = run(eager, ids)
+    logits_o, loss_o, grads_o = run(ours, ids)
+    assert bool(seen) == (cg_tf._gated_activation(experts_modules(ours)[0]) is not None)
+    torch.testing.assert_close(logits_o, logits_e, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(loss_o, loss_e, atol=1e-6, rtol=1e-6)
+    for n, ge in grads_e.items():
+        if ge is not None:
+            torch.testing.assert_close(grads_o[n], ge, atol=1e-5, rtol=1e-4, msg=lambda m, n=n: f"{n}: {m}")
+
+
+def test_routed_training_sentinels_and_storages(monkeypatch):
+    """The routed route with expert-parallel sentinel slots and every weight storage: equal to the
+    default route (and so to transformers' grouped_mm backend)."""
+    (ref, *_) = experts_modules(tiny_model("qwen3_moe"))
+    ref._is_expert_parallel = True
+    x, idx, w = _routing(17, ref.num_experts, 2, seed=5, sentinel_every=3)
+    want = _grads(cg_tf.experts_forward, ref, x, idx, w)
+    monkeypatch.setattr(cg_tf, "ROUTED_TRAINING", True)
+    got = _grads(cg_tf.experts_forward, ref, x, idx, w)
+    for a, b in zip(got, want, strict=True):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("storage", ["interleaved", "transposed", "interleaved+transposed"])
 def test_other_storages_match(storage):
     """The same experts stored interleaved (is_concatenated=False) and / or transposed

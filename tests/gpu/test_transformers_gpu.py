@@ -18,7 +18,7 @@ hf_moe = pytest.importorskip("transformers.integrations.moe")
 if not hasattr(hf_moe, "ExpertsInterface"):
     pytest.skip("needs transformers >= 5 (ExpertsInterface)", allow_module_level=True)
 
-import cutegemm.integrations.transformers  # noqa: E402, F401  (registers "cutegemm")
+import cutegemm.integrations.transformers as cg_tf  # noqa: E402  (registers "cutegemm")
 
 from ..cpu.test_transformers_cpu import MODELS, tiny_model  # noqa: E402
 
@@ -43,8 +43,13 @@ def run(model, ids):
     return out.logits.detach(), out.loss.detach(), {n: p.grad for n, p in model.named_parameters()}
 
 
+@pytest.mark.parametrize("routed", [False, True])
 @pytest.mark.parametrize("name", MODELS)
-def test_model_within_2x_grouped_mm_error(name):
+def test_model_within_2x_grouped_mm_error(name, routed, monkeypatch):
+    """Logits, loss and every gradient within 2x the grouped_mm backend's error against fp32
+    eager; ``routed``: with ROUTED_TRAINING (plain gated experts train through
+    moe.routed_experts)."""
+    monkeypatch.setattr(cg_tf, "ROUTED_TRAINING", routed)
     base = tiny_model(name, dtype=torch.float32, device="cuda", **SIZES)
     ref = copy.deepcopy(base)  # fp32, eager experts: the reference
     theirs = copy.deepcopy(base).to(torch.bfloat16)
@@ -74,11 +79,13 @@ def test_model_within_2x_grouped_mm_error(name):
         check("no-grad logits", ours(ids).logits, theirs(ids).logits, r_logits)
 
 
+@pytest.mark.parametrize("routed", [False, True])
 @pytest.mark.parametrize("name", MODELS[:2])
-def test_training_step_is_bitwise_deterministic(name):
+def test_training_step_is_bitwise_deterministic(name, routed, monkeypatch):
     """Two training steps of the same batch give the same loss and gradients bit for bit: the
     dispatch copy's backward sums each token's rows in slot order (cutegemm.moe.gather_tokens,
     not index_select's atomics), the grouped GEMMs have no split-K atomics."""
+    monkeypatch.setattr(cg_tf, "ROUTED_TRAINING", routed)
     model = tiny_model(name, dtype=torch.float32, device="cuda", **SIZES).to(torch.bfloat16)
     model.set_experts_implementation("cutegemm")
     ids = torch.randint(0, VOCAB, (4, 64), device="cuda", generator=torch.Generator("cuda").manual_seed(3))
