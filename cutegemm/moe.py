@@ -400,9 +400,11 @@ class _RoutedExperts(torch.autograd.Function):
     def forward(ctx, x, weights, w_gate_up, w_down, order, rows, offs, k, activation, gate_layout):
         z = _gathered_up(x, rows, w_gate_up, offs)  # (R, 2I); rows past offs[-1] unspecified
         h, _ = gated_grads(activation, None, z, gate_layout)
-        y = packed_zero_tail(h, w_down, offs)  # (R, H) unweighted; rows past offs[-1] (ids outside [0, E)): 0
+        y = _with_zero_row(h, w_down, offs)  # (R + 1, H) unweighted, row R zero
         del h
-        inv = inverse_permutation(order).to(torch.int32)
+        # pair p's row; the pairs routed outside [0, E) (rows past offs[-1]) read the zero row R
+        inv = inverse_permutation(order)
+        inv = torch.where(inv < offs[-1], inv, rows.shape[0]).to(torch.int32)
         out = combine_rows(y, inv, weights.reshape(-1).to(_weights_dtype(x.dtype)), k)[0]
         ctx.save_for_backward(x, weights, w_gate_up, w_down, order, rows, offs, inv, z)
         ctx.k, ctx.activation, ctx.gate_layout = k, activation, gate_layout
@@ -419,26 +421,39 @@ class _RoutedExperts(torch.autograd.Function):
         ident = torch.arange(z.shape[0], dtype=torch.int32, device=z.device)
         # y_r = H_r W_down: dY_r = w_r dout[t_r] = w_r dY'_r, so dH_r = w_r dY'_r W_down^T = w_r dH'_r and
         # dw_r = <dout[t_r], y_r> = <dH'_r, H_r> (no y saved); dW_down = sum_r (w_r H_r)^T dY'_r.
-        # The row products and dots by the one-pass row kernel (ops.combine_rows with k = 1).
+        # The row products and dots by the one-pass row kernel (ops.combine_rows with k = 1). Rows past
+        # offs[-1] hold unspecified values no GEMM and no gather of the pairs reads (inv: the zero row).
         dyp = dout.to(x.dtype).index_select(0, rows)  # (R, H): dY'
-        dhp = packed_zero_tail(dyp, w_down.mT, offs)  # (R, I): dH'; rows past offs[-1]: 0
+        dhp = grouped_mm(dyp, w_down.mT, offs)  # (R, I): dH'
         h, _ = gated_grads(ctx.activation, None, z, ctx.gate_layout)
         dh, dots = combine_rows(dhp, ident, wr, 1, h if need_w else None)  # w dH' (one rounding), <dH', H>
         del dhp
         _, dz = gated_grads(ctx.activation, dh, z, ctx.gate_layout, want_h=False)
         del dh
         if need_w:
-            live = ident < offs[-1]  # rows of ids outside [0, E): no gradient
-            dots = torch.where(live, dots, torch.zeros((), dtype=dots.dtype, device=dots.device))
+            dots = torch.cat((dots, dots.new_zeros(1)))  # row R: the pairs outside [0, E)
             dw = dots.index_select(0, inv).view(weights.shape).to(weights.dtype)
         if need_w2:
             dw2 = _weight_grad(combine_rows(h, ident, wr, 1)[0], dyp, offs, w_down)  # (w H)^T dY'
         del h, dyp
         if need_x:  # each token's k row gradients, summed in slot order
-            dx = combine_rows(packed_zero_tail(dz, w_gate_up.mT, offs), inv, None, ctx.k)[0]
+            dx = combine_rows(_with_zero_row(dz, w_gate_up.mT, offs), inv, None, ctx.k)[0]
         if need_w1:
             dw1 = _weight_grad(x.index_select(0, rows), dz, offs, w_gate_up)  # the gathered rows again
         return dx, dw, dw1, dw2, None, None, None, None, None, None
+
+
+def _with_zero_row(a, b, offs):
+    """The packed grouped GEMM ``a[rows_e] @ b[e]`` (rows past offs[-1] unspecified) and one zero
+    row after them: (R + 1, N). Eager CUDA: the kernel writes into the first R rows of the buffer,
+    only row R is zeroed; otherwise a concatenation."""
+    if a.is_cuda and not torch.compiler.is_compiling():
+        out = torch.empty(a.shape[0] + 1, b.shape[-1], dtype=a.dtype, device=a.device)
+        out[-1].zero_()
+        grouped_gemm(a, b, offs=offs, out=out[:-1])
+        return out
+    y = grouped_mm(a, b, offs)
+    return torch.cat((y, y.new_zeros(1, y.shape[1])))
 
 
 def _gathered_up(x, rows, w_gate_up, offs):

@@ -636,3 +636,35 @@ def test_routed_experts_gradcheck_and_what_it_saves():
     assert any(t.shape == (R, 2 * I) for t in saved)
     with pytest.raises(ValueError, match="must agree"):
         routed_experts(x, ids, wts[:, :1], w1, w2)
+
+
+def test_routed_experts_reads_no_unspecified_row(monkeypatch):
+    """On CUDA the grouped GEMMs leave the rows past offs[-1] unspecified: with every such row
+    NaN here, the output and all gradients stay the per-token formula's (no row past offs[-1]
+    is read: the slots routed outside [0, E) read a zero row)."""
+    from cutegemm import moe as moe_mod
+
+    real = moe_mod.grouped_mm
+
+    def poisoned(a, b, offs, **kw):
+        y = real(a, b, offs, **kw)
+        if b.dim() == 3:  # the packed form: rows past offs[-1]
+            y = y.clone()
+            y[int(offs[-1]) :] = float("nan")
+        return y
+
+    monkeypatch.setattr(moe_mod, "grouped_mm", poisoned)
+    g = torch.Generator().manual_seed(7)
+    T, H, I, E, k = 9, 8, 4, 3, 2
+    ids = torch.randint(-1, E + 1, (T, k), generator=g)
+    ids[0] = torch.tensor([E, -1])  # surely some slots outside [0, E)
+    leaves = [torch.randn(T, H, generator=g, dtype=F64), torch.rand(T, k, generator=g, dtype=F64),
+              torch.randn(E, H, 2 * I, generator=g, dtype=F64) / 3, torch.randn(E, I, H, generator=g, dtype=F64) / 2]  # fmt: skip
+    for t in leaves:
+        t.requires_grad_()
+    out = moe_mod.routed_experts(leaves[0], ids, *leaves[1:])
+    ref = _routed_reference(leaves[0], ids, leaves[1], leaves[2], leaves[3], "swiglu", "interleaved")
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    dout = torch.randn(T, H, generator=g, dtype=F64)
+    for got, want in zip(torch.autograd.grad(out, leaves, dout), torch.autograd.grad(ref, leaves, dout), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
