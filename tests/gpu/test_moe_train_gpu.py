@@ -297,3 +297,30 @@ def test_routed_experts_against_fp64_and_torch(tokens, hidden, inter, experts, k
         assert_within_torch_error(o.double(), t.double(), r, atol=1e-3, what=name)
     again = run(ours, BF16)
     assert all(torch.equal(a, b) for a, b in zip(got, again, strict=True)), "not deterministic"
+
+
+def test_routed_experts_slots_outside_the_experts():
+    """Slots routed outside [0, E) (expert-parallel sentinels, dropped slots) contribute nothing,
+    though the kernels leave their rows unspecified: output and gradients finite and at bf16
+    distance from the fp64 formula that skips them."""
+    from cutegemm.moe import routed_experts
+
+    g = torch.Generator(device="cuda").manual_seed(11)
+    T, H, I, E, k = 256, 256, 128, 8, 2
+    ids = torch.randint(-1, E + 1, (T, k), generator=g, device="cuda")
+    leaves64 = [torch.randn(T, H, generator=g, device="cuda", dtype=F64),
+                torch.rand(T, k, generator=g, device="cuda", dtype=F64),
+                torch.randn(E, H, 2 * I, generator=g, device="cuda", dtype=F64) / H**0.5,
+                torch.randn(E, I, H, generator=g, device="cuda", dtype=F64) / I**0.5]  # fmt: skip
+    dout = torch.randn(T, H, generator=g, device="cuda", dtype=F64)
+    leaves = [t.to(BF16 if i != 1 else torch.float32).requires_grad_() for i, t in enumerate(leaves64)]
+    out = routed_experts(leaves[0], ids, *leaves[1:])
+    got = (out, *torch.autograd.grad(out, leaves, dout.to(BF16)))
+    for t in leaves64:
+        t.requires_grad_()
+    ref = _ref_routed(leaves64[0], ids, *leaves64[1:], "interleaved")
+    want = (ref, *torch.autograd.grad(ref, leaves64, dout))
+    for name, o, r in zip(("out", "dx", "dweights", "dw_gate_up", "dw_down"), got, want, strict=True):
+        assert torch.isfinite(o).all(), name
+        err = (o.double() - r).norm() / r.norm().clamp(min=1e-30)
+        assert err < 2e-2, f"{name}: relative error {err:.3g}"
