@@ -129,22 +129,30 @@ def test_model_matches_eager_forward_and_gradients(name):
         torch.testing.assert_close(ours(ids).logits, logits_e, atol=1e-5, rtol=1e-5)
 
 
+def _matches_eager(name, seed):
+    """One training step of a tiny model with transformers' eager experts and with ours: logits,
+    loss and every gradient match. Returns our model, the batch and eager's logits."""
+    eager = tiny_model(name)
+    ours = copy.deepcopy(eager)
+    ours.set_experts_implementation("cutegemm")
+    ids = torch.randint(0, VOCAB, (2, 11), generator=torch.Generator().manual_seed(seed))
+    logits_e, loss_e, grads_e = run(eager, ids)
+    logits_o, loss_o, grads_o = run(ours, ids)
+    torch.testing.assert_close(logits_o, logits_e, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(loss_o, loss_e, atol=1e-6, rtol=1e-6)
+    for n, ge in grads_e.items():
+        if ge is not None:
+            torch.testing.assert_close(grads_o[n], ge, atol=1e-5, rtol=1e-4, msg=lambda m, n=n: f"{n}: {m}")
+    return ours, ids, logits_e
+
+
 @pytest.mark.parametrize("name", MODELS[:2])
 def test_fused_gather_route_matches(name, monkeypatch):
     """FUSED_DISPATCH on: the gated experts get the tokens, the dispatch index and the routing
     weights (on the CPU the layer makes the copy and weights the rows itself); training and
     inference match eager as before."""
     monkeypatch.setattr(cg_tf, "FUSED_DISPATCH", True)
-    eager = tiny_model(name)
-    ours = copy.deepcopy(eager)
-    ours.set_experts_implementation("cutegemm")
-    ids = torch.randint(0, VOCAB, (2, 11), generator=torch.Generator().manual_seed(2))
-    logits_e, loss_e, grads_e = run(eager, ids)
-    logits_o, loss_o, grads_o = run(ours, ids)
-    torch.testing.assert_close(logits_o, logits_e, atol=1e-5, rtol=1e-5)
-    for n, ge in grads_e.items():
-        if ge is not None:
-            torch.testing.assert_close(grads_o[n], ge, atol=1e-5, rtol=1e-4)
+    ours, ids, logits_e = _matches_eager(name, 2)
     with torch.no_grad():
         torch.testing.assert_close(ours(ids).logits, logits_e, atol=1e-5, rtol=1e-5)
 
@@ -201,18 +209,8 @@ def test_routed_training_matches_eager(name, monkeypatch):
     seen = []
     real = cg_tf.routed_experts
     monkeypatch.setattr(cg_tf, "routed_experts", lambda *a, **kw: seen.append(1) or real(*a, **kw))
-    eager = tiny_model(name)
-    ours = copy.deepcopy(eager)
-    ours.set_experts_implementation("cutegemm")
-    ids = torch.randint(0, VOCAB, (2, 11), generator=torch.Generator().manual_seed(4))
-    logits_e, loss_e, grads_e = run(eager, ids)
-    logits_o, loss_o, grads_o = run(ours, ids)
+    ours, _, _ = _matches_eager(name, 4)
     assert bool(seen) == (cg_tf._gated_activation(experts_modules(ours)[0]) is not None)
-    torch.testing.assert_close(logits_o, logits_e, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(loss_o, loss_e, atol=1e-6, rtol=1e-6)
-    for n, ge in grads_e.items():
-        if ge is not None:
-            torch.testing.assert_close(grads_o[n], ge, atol=1e-5, rtol=1e-4, msg=lambda m, n=n: f"{n}: {m}")
 
 
 def test_routed_training_sentinels_and_storages(monkeypatch):
