@@ -481,6 +481,9 @@ def routed_experts(x, top_k_index, top_k_weights, w_gate_up, w_down, *, activati
     if top_k_index.dim() != 2 or top_k_weights.shape != top_k_index.shape or x.shape[0] != top_k_index.shape[0]:
         raise ValueError(f"x (T, H), top_k_index and top_k_weights (T, k) must agree, got {tuple(x.shape)}, "
                          f"{tuple(top_k_index.shape)}, {tuple(top_k_weights.shape)}")  # fmt: skip
+    if top_k_weights.device != x.device or top_k_index.device != x.device or not top_k_weights.is_floating_point():
+        raise ValueError(f"top_k_index and top_k_weights (floating point) must be on x's device {x.device}, got "
+                         f"{top_k_index.device} and {top_k_weights.dtype} on {top_k_weights.device}")  # fmt: skip
     routing = dispatch(top_k_index, w_gate_up.shape[0]) if routing is None else routing
     check_experts(x, w_gate_up, w_down, routing.offs, activation, gate_layout)
     return _RoutedExperts.apply(x, top_k_weights, w_gate_up, w_down, routing.order, routing.rows, routing.offs,

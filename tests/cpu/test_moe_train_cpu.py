@@ -636,6 +636,8 @@ def test_routed_experts_gradcheck_and_what_it_saves():
     assert any(t.shape == (R, 2 * I) for t in saved)
     with pytest.raises(ValueError, match="must agree"):
         routed_experts(x, ids, wts[:, :1], w1, w2)
+    with pytest.raises(ValueError, match="floating point"):
+        routed_experts(x, ids, ids, w1, w2)
 
 
 def test_routed_experts_reads_no_unspecified_row(monkeypatch):
