@@ -148,12 +148,14 @@ class Dispatch(NamedTuple):
     """A MoE layer's routing sorted by expert (int32, on the ids' device): ``order`` the (token,
     slot) pairs ``t * k + j`` by expert (equal experts in pair order), ``rows`` their tokens
     (``order // k``), ``experts`` their experts (ids outside [0, E) as E, sorted last), ``offs``
-    the cumulative end row of each expert."""
+    the cumulative end row of each expert, ``inverse`` each pair's row (``inverse[order[r]] = r``:
+    :func:`combine`'s gather index)."""
 
     order: torch.Tensor
     rows: torch.Tensor
     experts: torch.Tensor
     offs: torch.Tensor
+    inverse: torch.Tensor
 
 
 def dispatch(top_k_index: torch.Tensor, num_experts: int) -> Dispatch:
@@ -250,8 +252,8 @@ class _Combine(torch.autograd.Function):
     """out[t] = sum_j w[t, j] y[inv[t k + j]]: see :func:`combine`."""
 
     @staticmethod
-    def forward(ctx, y, order, k, weights):
-        inv = inverse_permutation(order)
+    def forward(ctx, y, order, k, weights, inv):
+        inv = inverse_permutation(order) if inv is None else inv
         w = weights.reshape(-1).to(_weights_dtype(y.dtype)) if weights is not None else None
         out = combine_rows(y.contiguous(), inv.to(torch.int32), w, k)[0]
         # y (R rows) only for the weights' gradient: not held when the weights need none
@@ -271,11 +273,11 @@ class _Combine(torch.autograd.Function):
         w = weights.reshape(-1).to(_weights_dtype(ctx.dtype)).index_select(0, order) if weights is not None else None
         dy, dots = combine_rows(dout.to(ctx.dtype).contiguous(), tok, w, 1, y if need_w else None)
         dw = dots.index_select(0, inv).view(weights.shape).to(weights.dtype) if need_w else None
-        return (dy if need_y else None), None, None, dw
+        return (dy if need_y else None), None, None, dw, None
 
 
 def combine(y: torch.Tensor, order: torch.Tensor, k: int, weights: torch.Tensor | None = None,
-            out_dtype: torch.dtype | None = None) -> torch.Tensor:
+            out_dtype: torch.dtype | None = None, inverse: torch.Tensor | None = None) -> torch.Tensor:
     """A MoE combine: the expert outputs ``y`` (R = T k rows in dispatch order: row r is the
     (token, slot) pair ``order[r]``) back per token, weighted by ``weights`` (T, k) (None: already
     weighted) and summed over the k slots: ``out[t] = sum_j weights[t, j] y[r(t, j)]`` (T, H),
@@ -283,15 +285,16 @@ def combine(y: torch.Tensor, order: torch.Tensor, k: int, weights: torch.Tensor 
     In y's dtype on CUDA bf16 / fp16, one pass (``ops.combine_rows``), and its backward too (y's
     rows and the weights' gradients, no atomics): torch's unpermute, product and sum take five
     passes over the R rows. Another ``out_dtype`` takes those in torch (the sums unrounded).
-    Differentiable in y and weights."""
+    ``inverse``: order's inverse permutation when the caller has it (:class:`Dispatch`), else it
+    is computed here. Differentiable in y and weights."""
     if order.numel() != y.shape[0] or order.numel() % k:
         raise ValueError(f"order must hold one entry per row of y ({y.shape[0]}), a multiple of k = {k}")
     if weights is not None and weights.shape != (order.numel() // k, k):
         raise ValueError(f"weights must be (tokens, k) = ({order.numel() // k}, {k}), got {tuple(weights.shape)}")
     if out_dtype is None or out_dtype == y.dtype:
-        return _Combine.apply(y, order, k, weights)
+        return _Combine.apply(y, order, k, weights, inverse)
     cd = torch.float64 if torch.float64 in (y.dtype, out_dtype) else torch.float32
-    pairs = unpermute_rows(y, order).view(-1, k, y.shape[1]).to(cd)
+    pairs = (unpermute_rows(y, order) if inverse is None else y.index_select(0, inverse)).view(-1, k, y.shape[1]).to(cd)
     if weights is not None:
         pairs = pairs * weights.to(cd).unsqueeze(-1)
     return pairs.sum(1).to(out_dtype)
@@ -397,14 +400,13 @@ class _RoutedExperts(torch.autograd.Function):
     """out = combine(experts(x[rows]), weights) in one node: see :func:`routed_experts`."""
 
     @staticmethod
-    def forward(ctx, x, weights, w_gate_up, w_down, order, rows, offs, k, activation, gate_layout):
+    def forward(ctx, x, weights, w_gate_up, w_down, order, rows, offs, inverse, k, activation, gate_layout):
         z = _gathered_up(x, rows, w_gate_up, offs)  # (R, 2I); rows past offs[-1] unspecified
         h, _ = gated_grads(activation, None, z, gate_layout)
         y = _with_zero_row(h, w_down, offs)  # (R + 1, H) unweighted, row R zero
         del h
         # pair p's row; the pairs routed outside [0, E) (rows past offs[-1]) read the zero row R
-        inv = inverse_permutation(order)
-        inv = torch.where(inv < offs[-1], inv, rows.shape[0]).to(torch.int32)
+        inv = torch.where(inverse < offs[-1], inverse, rows.shape[0]).to(torch.int32)
         out = combine_rows(y, inv, weights.reshape(-1).to(_weights_dtype(x.dtype)), k)[0]
         ctx.save_for_backward(x, weights, w_gate_up, w_down, order, rows, offs, inv, z)
         ctx.k, ctx.activation, ctx.gate_layout = k, activation, gate_layout
@@ -440,7 +442,7 @@ class _RoutedExperts(torch.autograd.Function):
             dx = combine_rows(_with_zero_row(dz, w_gate_up.mT, offs), inv, None, ctx.k)[0]
         if need_w1:
             dw1 = _weight_grad(x.index_select(0, rows), dz, offs, w_gate_up)  # the gathered rows again
-        return dx, dw, dw1, dw2, None, None, None, None, None, None
+        return dx, dw, dw1, dw2, None, None, None, None, None, None, None
 
 
 def _with_zero_row(a, b, offs):
@@ -487,7 +489,7 @@ def routed_experts(x, top_k_index, top_k_weights, w_gate_up, w_down, *, activati
     routing = dispatch(top_k_index, w_gate_up.shape[0]) if routing is None else routing
     check_experts(x, w_gate_up, w_down, routing.offs, activation, gate_layout)
     return _RoutedExperts.apply(x, top_k_weights, w_gate_up, w_down, routing.order, routing.rows, routing.offs,
-                                top_k_index.shape[1], activation, gate_layout)  # fmt: skip
+                                routing.inverse, top_k_index.shape[1], activation, gate_layout)  # fmt: skip
 
 
 def _scaled(y: torch.Tensor, out_scale) -> torch.Tensor:

@@ -404,12 +404,12 @@ def _(src, idx, w, other):
 
 # moe.dispatch's one-launch sort (cutegemm.epilogue.dispatch) on CUDA: off until
 # tests/gpu/test_dispatch_gpu.py has passed on a GPU (compile-checked and sanitizer-listed only).
-# Off: the same four tensors by torch (dispatch_ref: argsort, gather, scatter-add, cumsum).
+# Off: the same five tensors by torch (dispatch_ref: argsort, gather, binary search, scatter).
 DISPATCH_KERNEL = False
 
 
 def dispatch(ids: torch.Tensor, k: int, experts: int):
-    """(order, rows, experts of the rows, offs) of the flattened top-k ids (see
+    """(order, rows, experts of the rows, offs, inverse) of the flattened top-k ids (see
     :mod:`cutegemm.epilogue.dispatch`), int32. With DISPATCH_KERNEL, CUDA calls go through
     ``torch.ops.cutegemm.dispatch`` (opaque to torch.compile), which runs the one-launch kernel
     where it takes the ids; torch otherwise."""
@@ -420,7 +420,7 @@ def dispatch(ids: torch.Tensor, k: int, experts: int):
 
 @torch.library.custom_op("cutegemm::dispatch", mutates_args=())
 def _dispatch_op(ids: torch.Tensor, k: int, experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                                    torch.Tensor]:  # fmt: skip
+                                                                    torch.Tensor, torch.Tensor]:  # fmt: skip
     if dispatch_takes(ids, experts):
         return dispatch_cuda(ids, k, experts)
     return dispatch_ref(ids, k, experts)
@@ -429,7 +429,7 @@ def _dispatch_op(ids: torch.Tensor, k: int, experts: int) -> tuple[torch.Tensor,
 @_dispatch_op.register_fake
 def _(ids, k, experts):
     n = ids.shape[0]
-    return tuple(ids.new_empty(size, dtype=torch.int32) for size in (n, n, n, experts))
+    return tuple(ids.new_empty(size, dtype=torch.int32) for size in (n, n, n, experts, n))
 
 
 def _gemm_backward(ctx, grad):

@@ -215,13 +215,13 @@ def cutegemm_moe(x, top_k_index, top_k_weights, w_gate_up_il, w_down, fused_gath
     ``fused_gather``: the tokens and the dispatch index instead of the gathered copy (without a
     gradient the up projection reads the rows through the index; with one the layer copies)."""
     k = top_k_index.shape[1]
-    order, rows, _, offs = moe_dispatch(top_k_index, w_down.shape[0])
+    order, rows, _, offs, inverse = moe_dispatch(top_k_index, w_down.shape[0])
     w1, w2 = w_gate_up_il.transpose(1, 2), w_down.transpose(1, 2)
     if fused_gather:
         y = grouped_experts(x, w1, w2, offs, gather_index=rows)
     else:
         y = grouped_experts(gather_tokens(x, order, k), w1, w2, offs)
-    return moe_combine(y, order, k, top_k_weights)
+    return moe_combine(y, order, k, top_k_weights, inverse=inverse)
 
 
 def routed_moe(x, top_k_index, top_k_weights, w_gate_up_il, w_down):

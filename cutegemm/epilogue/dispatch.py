@@ -6,6 +6,7 @@ the stable counting sort of the N = T k flattened top-k expert ids into
     experts (N,) the expert of each sorted row; an id outside [0, E) (an expert-parallel
                  sentinel, a dropped slot) counts as E and sorts last
     offs (E,)    the cumulative end row of each expert (rows at or past offs[-1]: the ids outside)
+    inverse (N,) each pair's row: inverse[order[r]] = r (the combine's gather index)
 
 all int32, what a stable ``torch.argsort`` of the ids, a gather and the experts' counts give in
 torch (about ten launches at decode sizes). One CTA: its 1024 threads stage each pair's expert in
@@ -72,17 +73,18 @@ class DispatchKernel:
         mRows: cute.Tensor,  # (N,) int32
         mExperts: cute.Tensor,  # (N,) int32
         mOffs: cute.Tensor,  # (E,) int32
+        mInv: cute.Tensor,  # (N,) int32
         n: cutlass.Int32,
         k: cutlass.Int32,
         experts: cutlass.Int32,
         stream,
     ):
-        self.kernel(mIds, mOrder, mRows, mExperts, mOffs, n, k, experts).launch(
+        self.kernel(mIds, mOrder, mRows, mExperts, mOffs, mInv, n, k, experts).launch(
             grid=[1, 1, 1], block=[THREADS, 1, 1], stream=stream
         )
 
     @cute.kernel
-    def kernel(self, mIds, mOrder, mRows, mExperts, mOffs, n: cutlass.Int32, k: cutlass.Int32,
+    def kernel(self, mIds, mOrder, mRows, mExperts, mOffs, mInv, n: cutlass.Int32, k: cutlass.Int32,
                experts: cutlass.Int32):  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
         lane = tidx % 32
@@ -144,6 +146,7 @@ class DispatchKernel:
                     mOrder[row] = i
                     mRows[row] = i // k
                     mExperts[row] = bucket
+                    mInv[i] = row
                 cute.arch.sync_warp()
                 if i < n:
                     if rank == 0:
@@ -159,7 +162,7 @@ def build_dispatch(cfg: DispatchConfig):
         return make_fake_tensor(dtype, (cute.sym_int32(),), (1,), assumed_align=4)
 
     i32 = cutlass.Int32
-    args = (vec(_ID_KERNEL[cfg.ids]), vec(i32), vec(i32), vec(i32), vec(i32), i32(1), i32(1), i32(1),
+    args = (vec(_ID_KERNEL[cfg.ids]), vec(i32), vec(i32), vec(i32), vec(i32), vec(i32), i32(1), i32(1), i32(1),
             make_fake_stream(use_tvm_ffi_env_stream=True))  # fmt: skip
     return DispatchKernel(cfg), args
 
@@ -188,28 +191,30 @@ def kernel_takes(ids: torch.Tensor, experts: int) -> bool:
 
 
 def dispatch_cuda(ids: torch.Tensor, k: int, experts: int):
-    """(order, rows, experts of the rows, offs) of a call :func:`kernel_takes`: one launch."""
+    """(order, rows, experts of the rows, offs, inverse) of a call :func:`kernel_takes`: one launch."""
     n = ids.numel()
-    order, rows, sorted_ids = (torch.empty(n, dtype=torch.int32, device=ids.device) for _ in range(3))
+    order, rows, sorted_ids, inverse = (torch.empty(n, dtype=torch.int32, device=ids.device) for _ in range(4))
     offs = torch.empty(experts, dtype=torch.int32, device=ids.device)
     if n == 0:
         offs.zero_()
-        return order, rows, sorted_ids, offs
+        return order, rows, sorted_ids, offs, inverse
     cfg = DispatchConfig(ids=ID_DTYPES[ids.dtype], arch=device_info(ids.device.index)[0])
-    kernel_cache().get(cfg)(ids, order, rows, sorted_ids, offs, n, k, experts)
-    return order, rows, sorted_ids, offs
+    kernel_cache().get(cfg)(ids, order, rows, sorted_ids, offs, inverse, n, k, experts)
+    return order, rows, sorted_ids, offs, inverse
 
 
 def dispatch_ref(ids: torch.Tensor, k: int, experts: int):
-    """The same four tensors in torch (any device, any N): the ids outside [0, E) made E
-    (clamp, then remainder), a stable argsort, the gather of the sorted ids, each expert's end row
-    by a binary search of them (no host sync)."""
+    """The same five tensors in torch (any device, any N): the ids outside [0, E) made E (clamp,
+    then remainder), a stable argsort, the gather of the sorted ids, each expert's end row by a
+    binary search of them (no host sync), the inverse by a scatter."""
     bucket = ids.clamp(-1, experts).remainder(experts + 1)
     order = torch.argsort(bucket, stable=True).to(torch.int32)
     ends = torch.arange(1, experts + 1, dtype=bucket.dtype, device=ids.device)
     sorted_ids = bucket.index_select(0, order)
     offs = torch.searchsorted(sorted_ids, ends, out_int32=True)
-    return order, torch.div(order, k, rounding_mode="floor"), sorted_ids.to(torch.int32), offs
+    inverse = torch.empty_like(order).scatter_(0, order.long(), torch.arange(order.numel(), dtype=torch.int32,
+                                                                              device=ids.device))  # fmt: skip
+    return order, torch.div(order, k, rounding_mode="floor"), sorted_ids.to(torch.int32), offs, inverse
 
 
 __all__ = ["DispatchConfig", "MAX_EXPERTS", "MAX_PAIRS", "all_configs", "check_variant", "dispatch_cuda",

@@ -77,7 +77,6 @@ from ..blockscaled.layout import to_swizzled
 from ..blockscaled.reference import BlockScaledTensor, dequantize_ref, e8m0_to_float, quantize_ref
 from ..gemm.fp8_scales import FP8_BLOCK
 from ..moe import (
-    Dispatch,
     combine,
     dispatch,
     gather_tokens,
@@ -367,7 +366,8 @@ def experts_forward(experts, hidden_states: torch.Tensor, top_k_index: torch.Ten
     sentinels = bool(getattr(experts, "_is_expert_parallel", False))
 
     # Sort the (token, slot) pairs by expert (stable: deterministic); EP sentinels (>= E) sort last.
-    order, rows, ids, offs = dispatch(top_k_index, E)
+    routing = dispatch(top_k_index, E)
+    order, rows, ids, offs = routing.order, routing.rows, routing.experts, routing.offs
     if sentinels:
         ids = ids.clamp(0, E - 1)  # in-bounds bias gathers; those rows are masked
 
@@ -382,7 +382,7 @@ def experts_forward(experts, hidden_states: torch.Tensor, top_k_index: torch.Ten
         return routed_experts(hidden_states, top_k_index, top_k_weights, _b(experts.gate_up_proj, experts.is_transposed),
                               _b(experts.down_proj, experts.is_transposed), activation=activation,
                               gate_layout="halves" if experts.is_concatenated else "interleaved",
-                              routing=Dispatch(order, rows, ids, offs))  # fmt: skip
+                              routing=routing)  # fmt: skip
     gather = FUSED_DISPATCH and activation is not None and not train
     fuse_weights = gather and not getattr(experts, "has_post_expert_norm", False)
     row_weights = top_k_weights.reshape(-1).index_select(0, order) if fuse_weights else None
@@ -403,7 +403,8 @@ def experts_forward(experts, hidden_states: torch.Tensor, top_k_index: torch.Ten
         y = experts.post_expert_norm(y)
 
     # back per token, weighted and summed over the slots (fp32 sums; one pass in the experts' dtype)
-    return combine(y, order, k, None if fuse_weights else top_k_weights, out_dtype=hidden_states.dtype)
+    return combine(y, order, k, None if fuse_weights else top_k_weights, out_dtype=hidden_states.dtype,
+                   inverse=routing.inverse)
 
 
 # ----------------------------------------------------------------- NVFP4 / MXFP4 / MXFP8 expert weights

@@ -27,7 +27,10 @@ def oracle(ids, k, experts):
     for e in range(experts):
         total += bucket.count(e)
         offs.append(total)
-    return order, [i // k for i in order], [bucket[i] for i in order], offs
+    inverse = [0] * len(order)
+    for r, p in enumerate(order):
+        inverse[p] = r
+    return order, [i // k for i in order], [bucket[i] for i in order], offs, inverse
 
 
 routings = st.integers(1, 40).flatmap(lambda e: st.tuples(
@@ -76,7 +79,7 @@ def warp_model(ids, k, experts):
             if b < experts:
                 offs[b] = carry + incl[lane]
         carry += incl[31]
-    order, rows, sorted_ids = [None] * n, [None] * n, [None] * n
+    order, rows, sorted_ids, inverse = [None] * n, [None] * n, [None] * n, [None] * n
     for base in range(0, n, 32):
         lanes = [bucket(base + lane) for lane in range(32)]
         ranks = [sum(1 for q in range(lane) if lanes[q] == lanes[lane]) for lane in range(32)]
@@ -84,11 +87,11 @@ def warp_model(ids, k, experts):
             i = base + lane
             if i < n:
                 row = count[lanes[lane]] + ranks[lane]
-                order[row], rows[row], sorted_ids[row] = i, i // k, lanes[lane]
+                order[row], rows[row], sorted_ids[row], inverse[i] = i, i // k, lanes[lane], row
         for lane in range(32):
             if base + lane < n and ranks[lane] == 0:
                 count[lanes[lane]] += sum(1 for q in range(32) if lanes[q] == lanes[lane])
-    return order, rows, sorted_ids, offs
+    return order, rows, sorted_ids, offs, inverse
 
 
 @settings(max_examples=120, deadline=None)

@@ -470,6 +470,25 @@ def test_combine_keeps_y_only_for_the_weights_gradient():
     torch.testing.assert_close(dy, dy_kept, rtol=0, atol=0)
 
 
+def test_combine_with_the_callers_inverse():
+    """combine(..., inverse=) (the dispatch's inverse permutation, int32) gives what combine
+    computes from order alone: output and gradients, and on the wider-output route."""
+    from cutegemm.moe import combine, inverse_permutation
+
+    order = _pairs(7, 3, 4)
+    inv = inverse_permutation(order).to(torch.int32)
+    y = torch.randn(21, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.rand(7, 3, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(7, 8, dtype=torch.float64)
+    a, b = combine(y, order, 3, w), combine(y, order, 3, w, inverse=inv)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    for ga, gb in zip(torch.autograd.grad(a, (y, w), g), torch.autograd.grad(b, (y, w), g), strict=True):
+        torch.testing.assert_close(ga, gb, rtol=0, atol=0)
+    yb = y.detach().bfloat16()
+    torch.testing.assert_close(combine(yb, order, 3, w.detach().float(), out_dtype=torch.float32, inverse=inv),
+                               combine(yb, order, 3, w.detach().float(), out_dtype=torch.float32), rtol=0, atol=0)  # fmt: skip
+
+
 def test_combine_rejects_mismatched_arguments():
     from cutegemm.moe import combine
 

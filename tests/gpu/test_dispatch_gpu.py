@@ -1,7 +1,7 @@
 """GPU: the one-launch MoE dispatch sort (cutegemm.epilogue.dispatch) against its torch twin.
 
 Every output must equal ``dispatch_ref``'s exactly (the stable sort: order, rows, experts of the
-rows, offs), over random routings (ids outside [0, E) included, int32 and int64 ids, up to
+rows, offs, the inverse), over random routings (ids outside [0, E) included, int32 and int64 ids, up to
 MAX_PAIRS pairs and MAX_EXPERTS experts), on memory poisoned before the call, the same bits on a
 second call; ``moe.dispatch`` with ``ops.DISPATCH_KERNEL`` on equals it off. These must pass
 before ``ops.DISPATCH_KERNEL`` is turned on.
@@ -32,7 +32,7 @@ def _check(ids, k, experts):
     _poison_allocator(ids.numel())
     got = D.dispatch_cuda(ids, k, experts)
     want = D.dispatch_ref(ids, k, experts)
-    for name, g, w in zip(("order", "rows", "experts", "offs"), got, want, strict=True):
+    for name, g, w in zip(("order", "rows", "experts", "offs", "inverse"), got, want, strict=True):
         assert g.dtype == torch.int32 and torch.equal(g, w), name
     again = D.dispatch_cuda(ids, k, experts)
     assert all(torch.equal(a, b) for a, b in zip(got, again, strict=True)), "not deterministic"
@@ -52,8 +52,8 @@ def test_sentinels_skew_and_empty():
     ids = torch.tensor([5, -1, 2, 9, 2, 0, 5, 5], device="cuda")
     _check(ids, 2, 6)
     _check(torch.full((8 * 300,), 3, device="cuda"), 8, 16)
-    order, rows, experts, offs = D.dispatch_cuda(torch.empty(0, dtype=torch.int64, device="cuda"), 8, 5)
-    assert order.numel() == rows.numel() == experts.numel() == 0 and offs.tolist() == [0] * 5
+    order, rows, experts, offs, inverse = D.dispatch_cuda(torch.empty(0, dtype=torch.int64, device="cuda"), 8, 5)
+    assert order.numel() == rows.numel() == experts.numel() == inverse.numel() == 0 and offs.tolist() == [0] * 5
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
