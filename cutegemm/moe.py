@@ -130,18 +130,18 @@ class _TokenGather(torch.autograd.Function):
     """rows = x[order // k]: see :func:`gather_tokens`."""
 
     @staticmethod
-    def forward(ctx, x, order, k):
-        ctx.save_for_backward(order)
-        ctx.k = k
-        return x.index_select(0, torch.div(order, k, rounding_mode="floor"))
+    def forward(ctx, x, order, k, rows, inverse):
+        ctx.save_for_backward(order if inverse is None else inverse)
+        ctx.k, ctx.inverse = k, inverse is not None
+        return x.index_select(0, torch.div(order, k, rounding_mode="floor") if rows is None else rows)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        (order,) = ctx.saved_tensors
+        (saved,) = ctx.saved_tensors
         # token t: the sum of rows inv[t k + j] (pair t k + j's row), j in slot order, in one pass
-        inv = inverse_permutation(order).to(torch.int32)
-        return combine_rows(grad.contiguous(), inv, None, ctx.k)[0], None, None
+        inv = saved.to(torch.int32) if ctx.inverse else inverse_permutation(saved).to(torch.int32)
+        return combine_rows(grad.contiguous(), inv, None, ctx.k)[0], None, None, None, None
 
 
 class Dispatch(NamedTuple):
@@ -168,16 +168,19 @@ def dispatch(top_k_index: torch.Tensor, num_experts: int) -> Dispatch:
     return Dispatch(*ops.dispatch(top_k_index.reshape(-1).contiguous(), top_k_index.shape[1], num_experts))
 
 
-def gather_tokens(x: torch.Tensor, order: torch.Tensor, k: int) -> torch.Tensor:
+def gather_tokens(x: torch.Tensor, order: torch.Tensor, k: int, rows: torch.Tensor | None = None,
+                  inverse: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """A MoE dispatch's gathered copy: row r is ``x[order[r] // k]`` for ``order`` a permutation of
     the T * k (token, slot) pairs (``argsort`` of the flattened top-k expert ids). Its backward
     sums each token's k row gradients in slot order, the same bits every run (torch's
-    ``index_select`` backward adds them with atomics, in whatever order they land)."""
+    ``index_select`` backward adds them with atomics, in whatever order they land). ``rows``
+    (``order // k``) and ``inverse`` (order's inverse permutation), when the caller has them
+    (:class:`Dispatch`), are used instead of being computed."""
     if not (torch.is_grad_enabled() and x.requires_grad):
-        return x.index_select(0, torch.div(order, k, rounding_mode="floor"))
+        return x.index_select(0, torch.div(order, k, rounding_mode="floor") if rows is None else rows)
     if order.numel() != x.shape[0] * k:
         raise ValueError(f"order must hold the {x.shape[0]} x {k} (token, slot) pairs, got {order.numel()}")
-    return _TokenGather.apply(x, order, k)
+    return _TokenGather.apply(x, order, k, rows, inverse)
 
 
 class _RowGather(torch.autograd.Function):

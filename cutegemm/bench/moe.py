@@ -220,7 +220,7 @@ def cutegemm_moe(x, top_k_index, top_k_weights, w_gate_up_il, w_down, fused_gath
     if fused_gather:
         y = grouped_experts(x, w1, w2, offs, gather_index=rows)
     else:
-        y = grouped_experts(gather_tokens(x, order, k), w1, w2, offs)
+        y = grouped_experts(gather_tokens(x, order, k, rows, inverse), w1, w2, offs)
     return moe_combine(y, order, k, top_k_weights, inverse=inverse)
 
 

@@ -386,7 +386,7 @@ def experts_forward(experts, hidden_states: torch.Tensor, top_k_index: torch.Ten
     gather = FUSED_DISPATCH and activation is not None and not train
     fuse_weights = gather and not getattr(experts, "has_post_expert_norm", False)
     row_weights = top_k_weights.reshape(-1).index_select(0, order) if fuse_weights else None
-    x = hidden_states.to(dtype) if gather else gather_tokens(hidden_states, order, k).to(dtype)
+    x = hidden_states.to(dtype) if gather else gather_tokens(hidden_states, order, k, rows, routing.inverse).to(dtype)
     if project is not None:
         y = _mlp(experts, x, ids, offs, sentinels, lambda name, a: project(name, a, offs, dtype))
     elif activation is not None:

@@ -489,6 +489,22 @@ def test_combine_with_the_callers_inverse():
                                combine(yb, order, 3, w.detach().float(), out_dtype=torch.float32), rtol=0, atol=0)  # fmt: skip
 
 
+def test_gather_tokens_with_the_callers_rows_and_inverse():
+    """gather_tokens(..., rows=, inverse=) (the dispatch's, int32) gives what it computes from
+    order alone, forward and backward."""
+    from cutegemm.moe import dispatch, gather_tokens
+
+    top = torch.randint(0, 5, (7, 3), generator=torch.Generator().manual_seed(9))
+    d = dispatch(top, 5)
+    x = torch.randn(7, 8, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(21, 8, dtype=torch.float64)
+    a, b = gather_tokens(x, d.order, 3), gather_tokens(x, d.order, 3, d.rows, d.inverse)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    torch.testing.assert_close(torch.autograd.grad(a, x, g)[0], torch.autograd.grad(b, x, g)[0], rtol=0, atol=0)
+    with torch.no_grad():
+        torch.testing.assert_close(gather_tokens(x, d.order, 3, d.rows), a, rtol=0, atol=0)
+
+
 def test_combine_rejects_mismatched_arguments():
     from cutegemm.moe import combine
 
