@@ -196,12 +196,10 @@ class _RowGather(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad):
         (index,) = ctx.saved_tensors
-        perm = torch.argsort(index, stable=True)  # each token's rows together, in row order
-        index = index.long()
-        counts = torch.zeros(ctx.tokens, dtype=torch.int64, device=index.device)
-        counts.scatter_add_(0, index, torch.ones_like(index))  # integer sums: exact in any order
-        ptr = torch.cat((counts.new_zeros(1), counts.cumsum(0))).to(torch.int32)
-        return sum_rows(grad.contiguous(), perm.to(torch.int32), ptr), None
+        # each token's rows together, in row order: the routing sort with the tokens as the experts
+        perm, _, _, ends, _ = ops.dispatch(index, 1, ctx.tokens)
+        ptr = torch.cat((ends.new_zeros(1), ends))
+        return sum_rows(grad.contiguous(), perm, ptr), None
 
 
 def gather_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -381,9 +379,8 @@ def grouped_experts(
     needs_grad = torch.is_grad_enabled() and (
         x.requires_grad or w_gate_up.requires_grad or w_down.requires_grad
     )
-    if gather_index is not None and (
-            needs_grad or gate_layout != "interleaved" or not x.is_cuda or torch.compiler.is_compiling()
-            or not gather_pays(x.shape[1], gather_index.shape[0], w_gate_up.shape[0])):  # fmt: skip
+    if gather_index is not None and (needs_grad or gate_layout != "interleaved"
+                                     or not _gather_in_loads(x, gather_index, w_gate_up.shape[0])):  # fmt: skip
         x, gather_index = gather_rows(x, gather_index), None
     if needs_grad:
         return _scaled(_GatedExperts.apply(x, w_gate_up, w_down, offs, activation, gate_layout), out_scale)
@@ -461,10 +458,16 @@ def _with_zero_row(a, b, offs):
     return torch.cat((y, y.new_zeros(1, y.shape[1])))
 
 
+def _gather_in_loads(x, rows, experts: int) -> bool:
+    """Whether the up projection reads x's rows through the index (the gather kernel: eager CUDA,
+    where policy.gather_pays) rather than from a gathered copy."""
+    return x.is_cuda and not torch.compiler.is_compiling() and gather_pays(x.shape[1], rows.shape[0], experts)
+
+
 def _gathered_up(x, rows, w_gate_up, offs):
-    """Z = x[rows] W_gate_up[e]: through the row index in the up projection's loads (CUDA, the gather
-    kernel where policy.gather_pays), else a transient gathered copy."""
-    if x.is_cuda and not torch.compiler.is_compiling() and gather_pays(x.shape[1], rows.shape[0], offs.shape[0]):
+    """Z = x[rows] W_gate_up[e]: through the row index in the up projection's loads
+    (:func:`_gather_in_loads`), else a transient gathered copy."""
+    if _gather_in_loads(x, rows, offs.shape[0]):
         return grouped_gemm(x, w_gate_up, offs=offs, gather_index=rows)
     return grouped_mm(x.index_select(0, rows), w_gate_up, offs)
 

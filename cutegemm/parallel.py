@@ -9,10 +9,11 @@ dropped, any number of tokens may go to any expert (including none).
 Exchange protocol of :meth:`ExpertParallelMoE.forward` (W ranks, L local experts per rank,
 T tokens on this rank, k slots per token):
 
-1. Flatten the T*k (token, slot) pairs and sort them by global expert id (stable argsort, on the
-   device). Since experts are assigned to ranks in contiguous blocks, the sorted pairs are already
+1. Flatten the T*k (token, slot) pairs and sort them by global expert id
+   (:func:`cutegemm.moe.dispatch`: stable, on the device). Since experts are assigned to ranks in contiguous blocks, the sorted pairs are already
    grouped by destination rank, and within each destination by local expert.
-2. Count pairs per global expert (``scatter_add_``, on the device) -> ``send_counts`` (W, L).
+2. Count pairs per global expert (the differences of the dispatch's offs, on the device) ->
+   ``send_counts`` (W, L).
 3. ``all_to_all_single`` of the counts (equal splits of L int64 each) -> ``recv_counts`` (W, L):
    ``recv_counts[r, l]`` = pairs rank r sends to this rank's local expert l.
 4. **The one host read**: the per-rank split sizes (``send_counts.sum(1)`` and
@@ -52,7 +53,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .api.face import grouped_gemm_ref
-from .moe import combine, gather_tokens, inverse_permutation, permute_rows
+from .moe import combine, dispatch, gather_tokens, inverse_permutation, permute_rows
 from .nn import GroupedExperts
 
 
@@ -69,15 +70,9 @@ def _check_routing_shapes(x, topk_idx, topk_weight, hidden):
         raise ValueError("x, topk_idx and topk_weight must be on one device")
 
 
-def _sort_pairs(topk_idx: torch.Tensor, num_experts: int):
-    """Flatten (token, slot) pairs and sort them by expert (stable). Returns (order, token of each
-    sorted pair, per-expert counts (num_experts,) int64); all on the device, no sync."""
-    flat = topk_idx.reshape(-1).long()
-    order = torch.argsort(flat, stable=True)
-    token = torch.div(order, topk_idx.shape[1], rounding_mode="floor")
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
-    counts.scatter_add_(0, flat, torch.ones_like(flat))
-    return order, token, counts
+def _expert_counts(offs: torch.Tensor) -> torch.Tensor:
+    """Rows per expert (int64) from the cumulative end rows ``offs`` of :func:`cutegemm.moe.dispatch`."""
+    return torch.diff(offs, prepend=offs.new_zeros(1)).long()
 
 
 class AllToAll(torch.autograd.Function):
@@ -174,8 +169,11 @@ class ExpertParallelMoE(nn.Module):
         dev = x.device
 
         # 1-2. sort pairs by expert; per-expert counts (== per (destination rank, local expert)).
-        order, _, send_counts = _sort_pairs(topk_idx, self.num_experts_total)
-        x_send = gather_tokens(x, order, topk_idx.shape[1])  # (T*k, H), by destination rank, then local expert
+        k = topk_idx.shape[1]
+        routing = dispatch(topk_idx, self.num_experts_total)
+        send_counts = _expert_counts(routing.offs)
+        # (T*k, H), by destination rank, then local expert
+        x_send = gather_tokens(x, routing.order, k, routing.rows, routing.inverse)
 
         # 3. exchange the counts (equal splits: L per rank).
         recv_counts = torch.empty_like(send_counts)
@@ -202,21 +200,19 @@ class ExpertParallelMoE(nn.Module):
 
         # 7. send the results back (splits swapped) and combine with the router weights.
         y_back = AllToAll.apply(y_recv, send_splits, recv_splits, group)
-        return combine(y_back, order, topk_weight.shape[1], topk_weight, out_dtype=x.dtype)
+        return combine(y_back, routing.order, k, topk_weight, out_dtype=x.dtype, inverse=routing.inverse)
 
 
 def moe_reference(x, topk_idx, topk_weight, w_gate_up, w_down):
     """Single-process reference: all experts in one process, fp32 math (``grouped_gemm_ref``).
     w_gate_up (E, 2I, hidden) (rows interleaved: 2j gate j, 2j + 1 up j, as GroupedExperts),
     w_down (E, hidden, I)."""
-    E = w_gate_up.shape[0]
-    order, token, counts = _sort_pairs(topk_idx, E)
-    offs = counts.cumsum(0).to(torch.int32)
-    xs = x.index_select(0, token)
-    h = grouped_gemm_ref(xs, w_gate_up.transpose(1, 2), offs=offs, out_dtype=torch.float32)
+    routing = dispatch(topk_idx, w_gate_up.shape[0])
+    xs = x.index_select(0, routing.rows)
+    h = grouped_gemm_ref(xs, w_gate_up.transpose(1, 2), offs=routing.offs, out_dtype=torch.float32)
     act = torch.nn.functional.silu(h[:, 0::2]) * h[:, 1::2]
-    y = grouped_gemm_ref(act, w_down.transpose(1, 2), offs=offs, out_dtype=torch.float32)
-    return combine(y, order, topk_weight.shape[1], topk_weight, out_dtype=x.dtype)
+    y = grouped_gemm_ref(act, w_down.transpose(1, 2), offs=routing.offs, out_dtype=torch.float32)
+    return combine(y, routing.order, topk_weight.shape[1], topk_weight, out_dtype=x.dtype, inverse=routing.inverse)
 
 
 def moe_single_device(x, topk_idx, topk_weight, experts: GroupedExperts):
@@ -224,7 +220,7 @@ def moe_single_device(x, topk_idx, topk_weight, experts: GroupedExperts):
     for the benchmark and the multi-GPU tests. CUDA: cutegemm grouped GEMM; CPU: the reference
     twins. Differentiable in x, topk_weight and the expert weights."""
     _check_routing_shapes(x, topk_idx, topk_weight, experts.hidden)
-    order, _, counts = _sort_pairs(topk_idx, experts.num_experts)
-    offs = counts.cumsum(0).to(torch.int32)
-    y = experts(gather_tokens(x, order, topk_idx.shape[1]), offs)
-    return combine(y, order, topk_weight.shape[1], topk_weight, out_dtype=x.dtype)
+    k = topk_idx.shape[1]
+    routing = dispatch(topk_idx, experts.num_experts)
+    y = experts(gather_tokens(x, routing.order, k, routing.rows, routing.inverse), routing.offs)
+    return combine(y, routing.order, k, topk_weight, out_dtype=x.dtype, inverse=routing.inverse)

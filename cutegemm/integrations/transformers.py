@@ -377,12 +377,13 @@ def experts_forward(experts, hidden_states: torch.Tensor, top_k_index: torch.Ten
     # sums each token's rows in slot order, and the weights in torch
     train = torch.is_grad_enabled() and (hidden_states.requires_grad or top_k_weights.requires_grad
                                          or any(p.requires_grad for p in experts.parameters()))  # fmt: skip
+    if activation is not None:  # plain gated experts: the weights as the grouped GEMMs' b operands
+        w1, w2 = _b(experts.gate_up_proj, experts.is_transposed), _b(experts.down_proj, experts.is_transposed)
+        layout = "halves" if experts.is_concatenated else "interleaved"
     if (ROUTED_TRAINING and train and activation is not None and dtype == hidden_states.dtype
             and not getattr(experts, "has_post_expert_norm", False)):  # fmt: skip
-        return routed_experts(hidden_states, top_k_index, top_k_weights, _b(experts.gate_up_proj, experts.is_transposed),
-                              _b(experts.down_proj, experts.is_transposed), activation=activation,
-                              gate_layout="halves" if experts.is_concatenated else "interleaved",
-                              routing=routing)  # fmt: skip
+        return routed_experts(hidden_states, top_k_index, top_k_weights, w1, w2, activation=activation,
+                              gate_layout=layout, routing=routing)  # fmt: skip
     gather = FUSED_DISPATCH and activation is not None and not train
     fuse_weights = gather and not getattr(experts, "has_post_expert_norm", False)
     row_weights = top_k_weights.reshape(-1).index_select(0, order) if fuse_weights else None
@@ -390,10 +391,8 @@ def experts_forward(experts, hidden_states: torch.Tensor, top_k_index: torch.Ten
     if project is not None:
         y = _mlp(experts, x, ids, offs, sentinels, lambda name, a: project(name, a, offs, dtype))
     elif activation is not None:
-        layout = "halves" if experts.is_concatenated else "interleaved"
-        y = grouped_experts(x, _b(experts.gate_up_proj, experts.is_transposed),
-                            _b(experts.down_proj, experts.is_transposed), offs, activation=activation,
-                            gate_layout=layout, gather_index=rows if gather else None,
+        y = grouped_experts(x, w1, w2, offs, activation=activation, gate_layout=layout,
+                            gather_index=rows if gather else None,
                             out_scale=row_weights.float() if fuse_weights else None)  # fmt: skip
     else:
         y = _generic_mlp(experts, x, ids, offs, sentinels)
