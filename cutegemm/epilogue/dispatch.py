@@ -93,12 +93,13 @@ class DispatchKernel:
         sCount = smem.allocate_tensor(cutlass.Int32, cute.make_layout(MAX_EXPERTS + 1), 16)
         # every thread: the pairs' counters (expert, or E outside [0, E)) staged in shared memory,
         # the loads of all warps in flight at once; the counters zeroed
+        id_type = _ID_KERNEL[self.cfg.ids]
         for i in cutlass.range(tidx, n, THREADS):
-            e = cutlass.Int32(mIds[i])
+            e = mIds[i]  # compared in its own width: an int64 id past 2**31 must not wrap into [0, E)
             bucket = experts
-            if e >= 0:
-                if e < experts:
-                    bucket = e
+            if e >= id_type(0):
+                if e < id_type(experts):
+                    bucket = cutlass.Int32(e)
             sBucket[i] = bucket
         for b in cutlass.range(tidx, experts + 1, THREADS):
             sCount[b] = cutlass.Int32(0)

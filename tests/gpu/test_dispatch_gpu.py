@@ -52,6 +52,8 @@ def test_sentinels_skew_and_empty():
     ids = torch.tensor([5, -1, 2, 9, 2, 0, 5, 5], device="cuda")
     _check(ids, 2, 6)
     _check(torch.full((8 * 300,), 3, device="cuda"), 8, 16)
+    # int64 ids past 2**31 are outside too (not wrapped into [0, E) by a narrowing)
+    _check(torch.tensor([2**32 + 3, 3, -(2**32) + 1, 2**31, 1, 0], device="cuda"), 3, 6)
     order, rows, experts, offs, inverse = D.dispatch_cuda(torch.empty(0, dtype=torch.int64, device="cuda"), 8, 5)
     assert order.numel() == rows.numel() == experts.numel() == inverse.numel() == 0 and offs.tolist() == [0] * 5
 
