@@ -20,6 +20,7 @@ import inspect
 
 import torch
 
+from ..blockscaled.fp8_blocks import gemm_fp8_vector_blocks, gemm_fp8_vector_blocks_ref, vector_block_recipe
 from ..blockscaled.gemm import (
     gemm_blockscaled,
     gemm_blockscaled_ref,
@@ -38,6 +39,9 @@ BLOCKSCALED_OPTIONS = ("out_dtype", "alpha", "config", "out")
 BLOCKSCALED_REF_OPTIONS = ("out_dtype", "alpha", "compute_dtype")
 GROUPED_OPTIONS = ("offs", "out_dtype", "alpha", "out", "config", "check_offs")
 GROUPED_REF_OPTIONS = ("offs", "out_dtype", "alpha", "compute_dtype")
+FP8_BLOCKS_OPTIONS = ("scale_a", "scale_b", "out_dtype", "alpha", "out", "config", "fast_accum")
+FP8_BLOCKS_REF_OPTIONS = ("scale_a", "scale_b", "out_dtype", "alpha", "compute_dtype")
+FP8_BLOCKS = "1x128 x 1x128 or 128x128 x 1x128 FP8 block scales"
 
 
 @functools.cache
@@ -58,9 +62,9 @@ def _is_default(value, default) -> bool:
         return False
 
 
-def _supported(fn, options: dict, supported: tuple[str, ...]) -> dict:
+def _supported(fn, options: dict, supported: tuple[str, ...], what: str = "BlockScaledTensor operands") -> dict:
     """The ``supported`` options of a call of ``fn`` (defaults filled in); a ValueError names every
-    other option that is not at its default (not supported with block-scaled operands)."""
+    other option that is not at its default (not supported on the route of ``what``)."""
     if options.keys() <= _names(supported):  # no other option can be off its default
         opts = dict(_route_defaults(fn, supported))
         opts.update(options)
@@ -72,7 +76,7 @@ def _supported(fn, options: dict, supported: tuple[str, ...]) -> dict:
                if name not in supported and not _is_default(options.get(name, default), default)]  # fmt: skip
         if bad:
             raise ValueError(
-                f"{fn.__name__} with BlockScaledTensor operands supports only {', '.join(supported)} so far; "
+                f"{fn.__name__} with {what} supports only {', '.join(supported)} so far; "
                 f"got {', '.join(bad)}"
             )
         opts = {name: options.get(name, default) for name, default in _defaults(fn) if name in supported}
@@ -99,7 +103,19 @@ def gemm(a, b, **options):
         if is_fp4_weight_call(a, b):
             return gemm_fp4_weight(a, b, **_supported(dense.gemm, options, ("scale_a", *BLOCKSCALED_OPTIONS)))
         return gemm_blockscaled(a, b, **_supported(dense.gemm, options, BLOCKSCALED_OPTIONS))
+    if _vector_blocks(a, b, options):
+        opts = _supported(dense.gemm, options, FP8_BLOCKS_OPTIONS, FP8_BLOCKS)
+        opts.pop("fast_accum")  # the emulation promotes every 32 K either way
+        return gemm_fp8_vector_blocks(a, b, **opts)
     return dense.gemm(a, b, **options)
+
+
+def _vector_blocks(a, b, options: dict) -> bool:
+    """Whether the call has FP8 block scales of ``blockscaled.fp8_blocks`` (a cheap test first: a
+    2-D scale_b with N rows, unlike row-wise (1, N), per-tensor or DeepSeek's (K/128, N/128))."""
+    sb = options.get("scale_b")
+    return (isinstance(sb, torch.Tensor) and sb.dim() == 2 and isinstance(b, torch.Tensor) and b.dim() == 2
+            and sb.shape[0] == b.shape[1] and vector_block_recipe(a, b, options.get("scale_a"), sb) is not None)  # fmt: skip
 
 
 @functools.wraps(dense.gemm_ref)
@@ -109,6 +125,9 @@ def gemm_ref(a, b, **options):
             opts = _supported(dense.gemm_ref, options, ("scale_a", *BLOCKSCALED_REF_OPTIONS))
             return gemm_fp4_weight_ref(a, b, **opts)
         return gemm_blockscaled_ref(a, b, **_supported(dense.gemm_ref, options, BLOCKSCALED_REF_OPTIONS))
+    if _vector_blocks(a, b, options):
+        opts = _supported(dense.gemm_ref, options, FP8_BLOCKS_REF_OPTIONS, FP8_BLOCKS)
+        return gemm_fp8_vector_blocks_ref(a, b, **opts)
     return dense.gemm_ref(a, b, **options)
 
 

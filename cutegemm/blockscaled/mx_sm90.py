@@ -89,22 +89,21 @@ def _padded_kb(k: int) -> int:
     return -(-kb // K_TILE_BLOCKS) * K_TILE_BLOCKS
 
 
-def mx_scales_a(qa: BlockScaledTensor) -> torch.Tensor:
-    """The kernel's mSFA: (M, Kb, L) fp32 view, unit stride along Kb (padded to a multiple of 4)."""
-    s = _plain_scales3(qa)
+def kernel_sfa(s: torch.Tensor, k: int) -> torch.Tensor:
+    """The kernel's mSFA from fp32 scales ``s`` (L, M, ceil(K / 32)), one per row per 32-wide K
+    block: an (M, Kb, L) view, unit stride along Kb (padded with 0 to a multiple of 4)."""
     L, m, kb = s.shape
-    kbp = _padded_kb(qa.shape[-1])
-    buf = torch.zeros((L, m, kbp), dtype=torch.float32, device=s.device)
+    buf = torch.zeros((L, m, _padded_kb(k)), dtype=torch.float32, device=s.device)
     buf[:, :, :kb] = s
     return buf.permute(1, 2, 0)
 
 
-def mx_scales_b(qb: BlockScaledTensor, tile_n: int) -> torch.Tensor:
-    """The kernel's mSFB: (Np, Kb, L) fp32 view, unit stride along Np; each tile_n-column tile's
-    scales in ``sfb_permutation`` order."""
-    s = _plain_scales3(qb)
+def kernel_sfb(s: torch.Tensor, k: int, tile_n: int) -> torch.Tensor:
+    """The kernel's mSFB from fp32 scales ``s`` (L, N, ceil(K / 32)), one per column of the
+    product per 32-wide K block: an (Np, Kb, L) view, unit stride along Np; each tile_n-column
+    tile's scales in ``sfb_permutation`` order."""
     L, n, kb = s.shape
-    kbp = _padded_kb(qb.shape[-1])
+    kbp = _padded_kb(k)
     n_tiles = -(-n // tile_n)
     padded = torch.zeros((L, n_tiles * tile_n, kbp), dtype=torch.float32, device=s.device)
     padded[:, :n, :kb] = s
@@ -112,6 +111,16 @@ def mx_scales_b(qb: BlockScaledTensor, tile_n: int) -> torch.Tensor:
     tiles = padded.view(L, n_tiles, tile_n, kbp).index_select(2, perm)  # (L, tiles, p, Kb)
     buf = tiles.reshape(L, n_tiles * tile_n, kbp).transpose(1, 2).contiguous()  # (L, Kb, Np)
     return buf.permute(2, 1, 0)
+
+
+def mx_scales_a(qa: BlockScaledTensor) -> torch.Tensor:
+    """The kernel's mSFA of an MXFP8 operand (``kernel_sfa`` of its decoded scales)."""
+    return kernel_sfa(_plain_scales3(qa), qa.shape[-1])
+
+
+def mx_scales_b(qb: BlockScaledTensor, tile_n: int) -> torch.Tensor:
+    """The kernel's mSFB of an MXFP8 operand (``kernel_sfb`` of its decoded scales)."""
+    return kernel_sfb(_plain_scales3(qb), qb.shape[-1], tile_n)
 
 
 def check_mx_operands(qa, qb) -> None:
@@ -209,50 +218,77 @@ def gemm_mx_sm90(
         raise ValueError(
             f"config {config.name} is not an MXFP8-emulation kernel (fp8_mx=True, grouped={grouped}, see mx_config)"
         )
-    rows = -(-m // qb.shape[0]) if grouped else m  # the tile follows the mean rows per expert
-    cfg = config or replace(mx_config(rows, n, out_dtype, alpha=alpha != 1.0), form=Form.GROUPED if grouped else Form.DENSE)
+    a, b = operand_view(qa), operand_view(qb)  # (M, K, L), (N, K, L) (grouped: L = E)
+    if grouped:
+        cfg = emulation_config(m, n, k, out_dtype, alpha, config, experts=qb.shape[0])
+        GROUPED_CACHE.get(cfg)(*KernelArgs(
+            a, b, l1_view(out), alpha=alpha, max_clusters=max_clusters_for(cfg, qa.data.device), offs=offs,
+            sfa=mx_scales_a(qa), sfb=mx_scales_b(qb, cfg.tile_n),
+            workspace=new_workspace(cfg, qa.data.device),  # zeroed in-stream
+        ))  # fmt: skip
+        return out
+    cfg = emulation_config(m, n, k, out_dtype, alpha, config)
+    return launch_emulated(cfg, a, b, _plain_scales3(qa), _plain_scales3(qb), out_dtype, alpha, out,
+                           batched=len(qa.shape) == 3)  # fmt: skip
+
+
+def emulation_config(m: int, n: int, k: int, out_dtype, alpha: float, config: GemmConfig | None,
+                     experts: int = 0) -> GemmConfig:  # fmt: skip
+    """The emulation kernel's config of an (m, n, k) call (``config``, or ``mx_config`` of the
+    rows; grouped when ``experts``: the tile follows the mean rows per expert), alpha on where
+    the call scales, checked by ``can_implement``."""
+    rows = -(-m // experts) if experts else m
+    cfg = config or replace(mx_config(rows, n, out_dtype, alpha=alpha != 1.0), form=Form.GROUPED if experts else Form.DENSE)
     if alpha != 1.0 and not cfg.epilogue.alpha:
         cfg = replace(cfg, epilogue=replace(cfg.epilogue, alpha=True))
     ok, why = can_implement(cfg, GemmProblem(m, n, k, 1, "e4m3", "e4m3", OUT_NAMES[out_dtype], "k", "k", (k,), (k,)))
     if not ok:
         raise ValueError(f"cannot run {cfg.name}: {why}")
-    max_clusters = max_clusters_for(cfg, qa.data.device)
-    a, b = operand_view(qa), operand_view(qb)  # (M, K, L), (N, K, L) (grouped: L = E)
-    if grouped:
-        GROUPED_CACHE.get(cfg)(*KernelArgs(
-            a, b, l1_view(out), alpha=alpha, max_clusters=max_clusters, offs=offs, sfa=mx_scales_a(qa),
-            sfb=mx_scales_b(qb, cfg.tile_n), workspace=new_workspace(cfg, qa.data.device),  # zeroed in-stream
-        ))  # fmt: skip
-        return out
-    batched = len(qa.shape) == 3
-    L = qa.shape[0] if batched else 1
-    written, c_view = output_view(out, L, m, n, out_dtype, qa.data.device, batched)
+    return cfg
+
+
+def launch_emulated(cfg: GemmConfig, a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor,
+                    out_dtype, alpha: float, out, batched: bool) -> torch.Tensor:  # fmt: skip
+    """The dense emulation kernel on e4m3 operands ``a`` (M, K, L) and ``b`` (N, K, L) (K-major
+    views, 16-byte aligned rows) with fp32 scales ``sa`` (L, M, ceil(K / 32)) and ``sb`` (L, N,
+    ceil(K / 32)), one per row of a / column of the product per 32-wide K block:
+    ``out[l] = sum_kb (a[:, kb] @ b[:, kb].T) * sa[l, :, kb, None] * sb[l, None, :, kb]``."""
+    m, k, L = a.shape
+    n = b.shape[0]
+    written, c_view = output_view(out, L, m, n, out_dtype, a.device, batched)
     DENSE_CACHE.get(cfg)(*KernelArgs(
-        a, b, c_view, alpha=alpha, max_clusters=max_clusters, sfa=mx_scales_a(qa), sfb=mx_scales_b(qb, cfg.tile_n),
-        workspace=new_workspace(cfg, qa.data.device),  # scheduler "dynamic": a fresh tile counter, zeroed in-stream
+        a, b, c_view, alpha=alpha, max_clusters=max_clusters_for(cfg, a.device), sfa=kernel_sfa(sa, k),
+        sfb=kernel_sfb(sb, k, cfg.tile_n),
+        workspace=new_workspace(cfg, a.device),  # scheduler "dynamic": a fresh tile counter, zeroed in-stream
     ))  # fmt: skip
     return finish_output(out, written)
 
 
 def mx_emulation_ref(qa: BlockScaledTensor, qb: BlockScaledTensor, tile_n: int = 128) -> torch.Tensor:
     """Plain-torch model of the kernel's arithmetic from the kernel's own inputs (any device,
-    fp32, 2-D operands): per 32-K block, the block's partial product of the raw e4m3 values,
-    scaled by the A scale read from ``mx_scales_a`` at (row, block) and the B scale read from
-    ``mx_scales_b`` where a thread holding column c reads it. Agrees with ``dequantize_ref``
-    math only if the layouts and the read positions agree (CPU tests)."""
-    m, k = qa.shape
-    n = qb.shape[0]
-    sfa = mx_scales_a(qa)[:, :, 0]
-    sfb = mx_scales_b(qb, tile_n)[:, :, 0]  # (Np, Kb): position-ordered
+    fp32, 2-D MXFP8 operands): :func:`emulation_ref` of their elements and decoded scales.
+    Agrees with ``dequantize_ref`` math only if the layouts and the read positions agree (CPU
+    tests)."""
+    return emulation_ref(qa.data, qb.data, _plain_scales3(qa), _plain_scales3(qb), tile_n)
+
+
+def emulation_ref(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, tile_n: int = 128):
+    """What the kernel computes from ``launch_emulated``'s inputs (a (M, K), b (N, K) e4m3; sa
+    (1, M, Kb), sb (1, N, Kb) fp32): per 32-K block, the block's partial product of the raw e4m3
+    values, scaled by the A scale read from ``kernel_sfa`` at (row, block) and the B scale read
+    from ``kernel_sfb`` where a thread holding column c reads it."""
+    m, k = a.shape
+    n = b.shape[0]
+    sfa = kernel_sfa(sa, k)[:, :, 0]
+    sfb = kernel_sfb(sb, k, tile_n)[:, :, 0]  # (Np, Kb): position-ordered
     # position of column c: its tile, then the inverse of the permutation
     inv = torch.argsort(sfb_permutation(tile_n))
     cols = torch.arange(n)
     pos = (cols // tile_n) * tile_n + inv[cols % tile_n]
-    a = qa.data.float()
-    b = qb.data.float()
+    af, bf = a.float(), b.float()
     acc = torch.zeros((m, n), dtype=torch.float32)
     for kb in range(-(-k // MX_K_BLOCK)):
         sl = slice(kb * MX_K_BLOCK, min(k, (kb + 1) * MX_K_BLOCK))
-        part = a[:, sl] @ b[:, sl].T
+        part = af[:, sl] @ bf[:, sl].T
         acc += part * (sfa[:, kb, None] * sfb[pos, kb][None, :])
     return acc

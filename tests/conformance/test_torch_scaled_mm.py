@@ -3,7 +3,7 @@ test/test_scaled_matmul_cuda.py), rewritten for ``cutegemm.gemm`` / ``cutegemm.g
 FP8 (e4m3) operands and fp32 scales (``out = (a @ b) * scale_a * scale_b``, torch's semantics).
 Each case keeps the source's inputs, emulation and tolerance; layouts torch refuses on sm_90
 (everything but "TN") are computed by cutegemm (its operands are copied K-major). Cases of forms
-cutegemm does not support (e5m2 operands, FP8 outputs, block scales other than 1x128 x 128x128)
+cutegemm does not support (e5m2 operands, FP8 outputs)
 assert the clear error. See tests/conformance/helpers.py for the cuda / cpu variants."""
 
 from __future__ import annotations
@@ -326,15 +326,28 @@ def _other_recipe(lhs_block, rhs_block, m, n, k):
     return x8, x_scale, y8, y_scale, scale_a.reciprocal(), scale_b.reciprocal()
 
 
-@pytest.mark.unsupported
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("m,n,k", [*BLOCK_SHAPES, (256, 128, 256), (256, 256, 128)])
 @pytest.mark.parametrize("lhs_block,rhs_block", [(1, 1), (128, 1)])
-def test_scaled_mm_block_wise_other_recipes_not_supported(lhs_block, rhs_block, m, n, k):
+@pytest.mark.parametrize("out_dtype", [BF, F32])
+def test_scaled_mm_block_wise_other_recipes(device, out_dtype, lhs_block, rhs_block, m, n, k):
+    """1x128 x 1x128 and 128x128 x 1x128 (sm_90a: the MXFP8 emulation kernel fed the expanded
+    scales, ``blockscaled.fp8_blocks``); the cpu variant: the reference twin (the host path
+    stops at its CUDA check)."""
     if (lhs_block, rhs_block, k) == (1, 1, 128):
         pytest.skip("one K block: 1x128 x 1x128 is row-wise x column-wise, computed (test below)")
-    x8, _, y8, _, scale_a, scale_b = _other_recipe(lhs_block, rhs_block, m, n, k)
-    with pytest.raises(ValueError, match="block scaling"):
-        run("cpu", cutegemm.gemm, x8, y8.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=BF)
+    torch.manual_seed(42)
+    x8, x_scale, y8, y_scale, scale_a, scale_b = (t.to(device) for t in _other_recipe(lhs_block, rhs_block, m, n, k))
+    emulated = block_dequant_mm(x8, x_scale, y8.t(), y_scale.t(), out_dtype)
+    twin = cutegemm.gemm_ref(x8, y8.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
+    outs = [twin]
+    if device == "cuda":
+        outs.append(cutegemm.gemm(x8, y8.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype))
+    tol = dict(atol=6e-1, rtol=7e-2) if out_dtype == BF else dict(atol=7e-1, rtol=2e-3)
+    for out in outs:
+        assert out.shape == (m, n) and out.dtype == out_dtype
+        assert cosine(out, emulated) >= 0.999
+        torch.testing.assert_close(out, emulated, **tol)
 
 
 # pytorch/pytorch test/test_scaled_matmul_cuda.py::test_scaled_mm_vs_emulated_block_wise_verify_small_shapes

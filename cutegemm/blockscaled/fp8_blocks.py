@@ -1,0 +1,173 @@
+"""torch._scaled_mm's other FP8 block recipes on sm_90a: per-column 1x128 scales of b, with 1x128
+(per row) or 128x128 scales of a.
+
+``gemm(a, b, scale_a=..., scale_b=...)`` with e4m3 a (M, K), b (K, N) and fp32 scales, as
+``torch._scaled_mm`` takes them (its BlockWise recipes; the dequantization scales, so
+``out = sum_kb (a[:, kb] @ b[kb, :]) * sa(row, kb) * sb(kb, col)`` over the 128-wide K blocks kb):
+
+=========================  =======================================  ===============================
+recipe (a x b)             scale_a                                  scale_b
+=========================  =======================================  ===============================
+1x128 x 1x128              (M, ceil(K/128)): per row per K block    (N, ceil(K/128)): per column
+128x128 x 1x128            (ceil(K/128), ceil(M/128)): per 128x128  (N, ceil(K/128))
+                           block of a (its K blocks may be padded
+                           to a multiple of 4 rows, never read)
+=========================  =======================================  ===============================
+
+(1x128 x 128x128, DeepSeek-V3's recipe, has its own kernel: ``gemm.fp8_scales``; 1x128 x 1x128
+with one K block is row-wise x column-wise, computed by the row-wise path.) Any strides.
+
+The kernel is the MXFP8 emulation of ``mx_sm90`` (e4m3 WGMMAs of K 32, each partial sum promoted
+into fp32 times the scales of its row and column): its fp32 scales per 32-wide K block are these
+scales repeated over the four 32-wide blocks of each 128-wide one (and over the 128 rows of an a
+block). Operands are read K-major: a row-major, b column-major (``w.t()`` of an (N, K) weight);
+other layouts are copied first; K a multiple of 16. Epilogue: ``alpha`` and the output dtype
+(bf16 / fp16 / fp32), ``out``. sm_100a: not built (NotImplementedError).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..gemm.fp8_scales import FP8_BLOCK, check_fp32_scale
+from ..runtime.device import device_info
+from .mx_sm90 import MX_K_BLOCK, emulation_config, launch_emulated
+from .operands import OUT_NAMES
+
+RECIPES = ("1x128 x 1x128", "128x128 x 1x128")
+_REPEAT = FP8_BLOCK // MX_K_BLOCK  # 32-wide blocks per 128-wide one
+
+
+def _blocks(n: int) -> int:
+    return -(-n // FP8_BLOCK)
+
+
+def vector_block_recipe(a, b, scale_a, scale_b) -> str | None:
+    """The recipe of RECIPES that 2-D e4m3 ``a`` (M, K), ``b`` (K, N) and 2-D scales ask for, or
+    None (row-wise, per-tensor, DeepSeek's 1x128 x 128x128, or nothing valid: the dense path
+    decides and names the error). Shapes only: scale_b (N, ceil(K/128)); scale_a (M, ceil(K/128))
+    for 1x128, or (ceil(K/128) or that padded to a multiple of 4, ceil(M/128)) for 128x128; with
+    one K block, scale_a (M, 1) or one element is the row-wise recipe (checked before these, as
+    torch does)."""
+    if not all(isinstance(t, torch.Tensor) for t in (a, b, scale_a, scale_b)):
+        return None
+    if a.dtype != torch.float8_e4m3fn or a.dim() != 2 or b.dim() != 2 or scale_a.dim() != 2 or scale_b.dim() != 2:
+        return None
+    m, k = a.shape
+    n = b.shape[1]
+    kb = _blocks(k)
+    if tuple(scale_b.shape) != (n, kb) or _deepseek_shapes(m, n, k, scale_a, scale_b):
+        return None
+    if kb == 1 and tuple(scale_a.shape) in ((m, 1), (1, 1)):
+        return None  # one K block: per-row or per-tensor x per-column, the row-wise recipe (torch's order)
+    if tuple(scale_a.shape) == (m, kb):
+        return RECIPES[0]
+    if scale_a.shape[1] == _blocks(m) and scale_a.shape[0] in (kb, -(-kb // 4) * 4):
+        return RECIPES[1]
+    return None
+
+
+def _deepseek_shapes(m, n, k, scale_a, scale_b) -> bool:
+    """Whether the scales also have the 1x128 x 128x128 shapes (that recipe is checked first, as
+    torch's own order; only tiny N can collide)."""
+    kb, nb = _blocks(k), _blocks(n)
+    return tuple(scale_a.shape) == (m, kb) and scale_b.shape[1] == nb and scale_b.shape[0] in (kb, -(-kb // 4) * 4)
+
+
+def expanded_scales(recipe: str, m: int, n: int, k: int, scale_a, scale_b):
+    """(sa (1, M, 4 ceil(K/128)), sb (1, N, 4 ceil(K/128))): fp32 scales per row / column per
+    32-wide K block (the emulation kernel's), from the recipe's scales."""
+    kb = _blocks(k)
+    if recipe == RECIPES[0]:
+        sa = scale_a
+    else:  # (K blocks [padded], M blocks) -> per row
+        sa = scale_a[:kb].t().repeat_interleave(FP8_BLOCK, dim=0)[:m]
+    sa = sa.float().repeat_interleave(_REPEAT, dim=1)
+    sb = scale_b.float().repeat_interleave(_REPEAT, dim=1)
+    return sa.unsqueeze(0), sb.unsqueeze(0)
+
+
+def _check(recipe, a, b, scale_a, scale_b, out_dtype):
+    rule = f"FP8 block scaling {recipe}"
+    for name, t in (("scale_a", scale_a), ("scale_b", scale_b)):
+        check_fp32_scale(name, t, a.device, rule)
+    if b.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"{rule}: b must be torch.float8_e4m3fn like a, got {b.dtype}")
+    if b.device != a.device:
+        raise ValueError(f"{rule}: a is on {a.device}, b on {b.device}")
+    if out_dtype not in OUT_NAMES:
+        raise TypeError(f"{rule}: out_dtype must be one of {list(OUT_NAMES)}, got {out_dtype}")
+
+
+def _k_major(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (rows, K) as TMA reads it: unit K stride, 16-byte aligned rows and start (else a
+    contiguous copy; K is a multiple of 16)."""
+    if t.stride(1) != 1 or t.stride(0) % 16 or t.data_ptr() % 16:
+        return t.clone(memory_format=torch.contiguous_format)
+    return t
+
+
+def _direct_out(out, m: int, n: int, out_dtype, device) -> bool:
+    """Whether the kernel can write the caller's ``out`` (checked: shape, dtype, device) in place:
+    unit column stride, 16-byte aligned rows and start (else the result is copied into it)."""
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (m, n) or out.dtype != out_dtype:
+        raise ValueError(f"out must be an ({m}, {n}) {out_dtype} tensor")
+    if out.device != device:
+        raise ValueError(f"out is on {out.device}, the operands on {device}")
+    return out.stride(1) == 1 and (out.stride(0) * out.element_size()) % 16 == 0 and out.data_ptr() % 16 == 0
+
+
+def gemm_fp8_vector_blocks(a, b, *, scale_a, scale_b, out_dtype=None, alpha: float = 1.0, out=None, config=None):
+    """``alpha * sum_kb (a[:, kb] @ b[kb, :]) * sa * sb`` for a recipe of RECIPES (see the module
+    docstring), on sm_90a; (M, N) of ``out_dtype`` (default bf16, or ``out``'s dtype)."""
+    recipe = vector_block_recipe(a, b, scale_a, scale_b)
+    if recipe is None:
+        raise ValueError("gemm_fp8_vector_blocks: the scales are not 1x128 x 1x128 or 128x128 x 1x128 block scales")
+    if out_dtype is None:
+        out_dtype = out.dtype if isinstance(out, torch.Tensor) else torch.bfloat16
+    _check(recipe, a, b, scale_a, scale_b, out_dtype)
+    m, k = a.shape
+    n = b.shape[1]
+    if out is not None and not _direct_out(out, m, n, out_dtype, a.device):
+        return out.copy_(gemm_fp8_vector_blocks(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype,
+                                                alpha=alpha, config=config))  # fmt: skip
+    if a.device.type != "cuda":
+        raise ValueError(f"FP8 block scaling {recipe}: expected CUDA tensors, got {a.device}")
+    arch = device_info(a.device.index if a.device.index is not None else torch.cuda.current_device())[0]
+    if arch != "sm_90a":
+        raise NotImplementedError(f"FP8 block scaling {recipe} is built for sm_90a only (this GPU: {arch})")
+    if k % 16:
+        raise ValueError(f"FP8 block scaling {recipe}: K must be a multiple of 16 (TMA), got K={k}")
+    if m == 0 or n == 0 or k == 0:
+        res = torch.zeros(m, n, dtype=out_dtype, device=a.device)
+        return res if out is None else out.copy_(res)
+    alpha = float(alpha)
+    cfg = emulation_config(m, n, k, out_dtype, alpha, config)
+    a_k, b_k = _k_major(a), _k_major(b.t())  # (M, K), (N, K)
+    sa, sb = expanded_scales(recipe, m, n, k, scale_a, scale_b)
+    views = [t.as_strided((t.shape[0], k, 1), (t.stride(0), 1, t.shape[0] * t.stride(0))) for t in (a_k, b_k)]
+    return launch_emulated(cfg, *views, sa, sb, out_dtype, alpha, out, batched=False)
+
+
+def gemm_fp8_vector_blocks_ref(a, b, *, scale_a, scale_b, out_dtype=None, alpha: float = 1.0,
+                               compute_dtype=torch.float32):  # fmt: skip
+    """The twin (any device): every element of a / b times its block's scale, one matmul in
+    ``compute_dtype``, times alpha, cast to ``out_dtype`` (default bf16)."""
+    recipe = vector_block_recipe(a, b, scale_a, scale_b)
+    if recipe is None:
+        raise ValueError("gemm_fp8_vector_blocks_ref: the scales are not 1x128 x 1x128 or 128x128 x 1x128 block scales")
+    out_dtype = out_dtype or torch.bfloat16
+    _check(recipe, a, b, scale_a, scale_b, out_dtype)
+    m, k = a.shape
+    n = b.shape[1]
+    if m == 0 or n == 0 or k == 0:
+        return torch.zeros(m, n, dtype=out_dtype, device=a.device)
+    sa, sb = expanded_scales(recipe, m, n, k, scale_a, scale_b)
+    sa = sa[0].to(compute_dtype).repeat_interleave(MX_K_BLOCK, dim=1)[:, :k]  # (M, K)
+    sb = sb[0].to(compute_dtype).repeat_interleave(MX_K_BLOCK, dim=1)[:, :k]  # (N, K)
+    acc = torch.matmul(a.to(compute_dtype) * sa, (b.t().to(compute_dtype) * sb).t())
+    return (acc * alpha).to(out_dtype)
+
+
+__all__ = ["RECIPES", "expanded_scales", "gemm_fp8_vector_blocks", "gemm_fp8_vector_blocks_ref",
+           "vector_block_recipe"]  # fmt: skip

@@ -1,0 +1,121 @@
+"""torch._scaled_mm's 1x128 x 1x128 and 128x128 x 1x128 FP8 block recipes (cutegemm.blockscaled
+.fp8_blocks), host side (no GPU): which scale shapes ask for them (and which stay with the
+row-wise / DeepSeek paths), the reference twin against the block-dequantized product, the torch
+model of the emulation kernel fed the expanded scales against the twin, the API's routing and
+its errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import cutegemm
+from cutegemm.blockscaled.fp8_blocks import (
+    RECIPES,
+    expanded_scales,
+    gemm_fp8_vector_blocks,
+    vector_block_recipe,
+)
+from cutegemm.blockscaled.mx_sm90 import emulation_ref
+
+E4M3 = torch.float8_e4m3fn
+
+
+def _operands(m, n, k, lhs_block, seed, pad=True):
+    """(x8 (M, K), y8 (N, K), scale_a, scale_b, x dequant scale per element, y's): torch's test
+    layouts (scale_a M-major for 1x128, the (L4, M/128) K-major view for 128x128; scale_b (N, K/128)
+    N-major), dequantization scales with a wide exponent spread."""
+    g = torch.Generator().manual_seed(seed)
+    kb, mb = -(-k // 128), -(-m // 128)
+    x8 = torch.randn(m, k, generator=g).mul(64).clamp(-448, 448).to(E4M3)
+    y8 = torch.randn(n, k, generator=g).mul(64).clamp(-448, 448).to(E4M3)
+    sb = torch.exp2(torch.randint(-8, 8, (n, kb), generator=g).float()) * torch.rand(n, kb, generator=g).add(0.5)
+    sb = sb.t().contiguous().t()
+    if lhs_block == 1:
+        sa = (torch.exp2(torch.randint(-8, 8, (m, kb), generator=g).float()) * torch.rand(m, kb, generator=g).add(0.5))
+        sa = sa.t().contiguous().t()
+        sa_el = sa.repeat_interleave(128, 1)[:, :k]
+    else:
+        blocks = torch.exp2(torch.randint(-8, 8, (mb, kb), generator=g).float())
+        sa_el = blocks.repeat_interleave(128, 0)[:m].repeat_interleave(128, 1)[:, :k]
+        l4 = -(-kb // 4) * 4 if pad else kb
+        sa = torch.nn.functional.pad(blocks, (0, l4 - kb), value=float("inf")).t()  # padding never read
+    sb_el = sb.repeat_interleave(128, 1)[:, :k]
+    return x8, y8, sa, sb, sa_el, sb_el
+
+
+def _exact(x8, y8, sa_el, sb_el):
+    return (x8.double() * sa_el.double()) @ (y8.double() * sb_el.double()).t()
+
+
+@pytest.mark.parametrize("lhs_block", [1, 128])
+@pytest.mark.parametrize("m,n,k", [(256, 768, 512), (384, 128, 1280), (100, 72, 208), (1, 16, 384)])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_twin_is_the_block_dequantized_product(lhs_block, m, n, k, out_dtype):
+    x8, y8, sa, sb, sa_el, sb_el = _operands(m, n, k, lhs_block, seed=m + n + k)
+    if lhs_block == 1 and k <= 128:
+        pytest.skip("one K block: row-wise")
+    assert vector_block_recipe(x8, y8.t(), sa, sb) == RECIPES[0 if lhs_block == 1 else 1]
+    got = cutegemm.gemm_ref(x8, y8.t(), scale_a=sa, scale_b=sb, out_dtype=out_dtype, alpha=0.5)
+    want = _exact(x8, y8, sa_el, sb_el) * 0.5
+    assert got.dtype == out_dtype and got.shape == (m, n)
+    tol = dict(rtol=1.6e-2, atol=1e-3 * want.abs().max().item()) if out_dtype == torch.bfloat16 else dict(
+        rtol=1e-5, atol=1e-5 * want.abs().max().item())  # fmt: skip
+    torch.testing.assert_close(got.double(), want, **tol)
+
+
+@settings(max_examples=25, deadline=None)
+@given(m=st.integers(1, 300), n=st.integers(1, 300), kb16=st.integers(9, 40), lhs=st.sampled_from([1, 128]),
+       pad=st.booleans(), tile_n=st.sampled_from([64, 128]), seed=st.integers(0, 2**16))  # fmt: skip
+def test_kernel_model_with_expanded_scales_equals_twin(m, n, kb16, lhs, pad, tile_n, seed):
+    """What the emulation kernel computes from the expanded scales (its own layouts and read
+    positions: ``emulation_ref``) equals the twin up to fp32 summation order, for any M, N
+    (partial tiles), K a multiple of 16 past one K block (a partial last block)."""
+    k = 16 * kb16
+    x8, y8, sa, sb, _, _ = _operands(m, n, k, lhs, seed, pad)
+    recipe = vector_block_recipe(x8, y8.t(), sa, sb)
+    assert recipe == RECIPES[0 if lhs == 1 else 1]
+    got = emulation_ref(x8, y8, *expanded_scales(recipe, m, n, k, sa, sb), tile_n=tile_n)
+    want = cutegemm.gemm_ref(x8, y8.t(), scale_a=sa, scale_b=sb, out_dtype=torch.float32)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+def test_other_scale_shapes_keep_their_paths():
+    m, n, k = 256, 384, 512
+    a = torch.zeros(m, k).to(E4M3)
+    b = torch.zeros(n, k).to(E4M3).t()
+    # row-wise, per-tensor, DeepSeek 1x128 x 128x128 (torch's padded layout too): not these recipes
+    for sa, sb in [(torch.ones(m, 1), torch.ones(1, n)), (torch.ones(()), torch.ones(())),
+                   (torch.ones(m, 4), torch.ones(4, 3)), (torch.ones(m, 4), torch.ones(4, 3).t().contiguous().t())]:  # fmt: skip
+        assert vector_block_recipe(a, b, sa, sb) is None
+    # one K block: 1x128 x 1x128 is row-wise x column-wise; 128x128 of a single block is per tensor
+    a1, b1 = torch.zeros(m, 128).to(E4M3), torch.zeros(n, 128).to(E4M3).t()
+    assert vector_block_recipe(a1, b1, torch.ones(m, 1), torch.ones(n, 1)) is None
+    assert vector_block_recipe(a1[:64], b1, torch.ones(1, 1), torch.ones(n, 1)) is None
+    assert vector_block_recipe(a1, b1, torch.ones(4, 2), torch.ones(n, 1)) == RECIPES[1]
+    # wrong shapes: none of them (the dense path names the error)
+    assert vector_block_recipe(a, b, torch.ones(m, 3), torch.ones(n, 4)) is None
+    assert vector_block_recipe(a, b, torch.ones(m, 4), torch.ones(n - 1, 4)) is None
+    with pytest.raises(ValueError, match="block scaling"):
+        cutegemm.gemm_ref(a, b, scale_a=torch.ones(m, 3), scale_b=torch.ones(n, 4))
+
+
+def test_api_routing_and_errors():
+    m, n, k = 128, 256, 384
+    x8, y8, sa, sb, _, _ = _operands(m, n, k, 1, seed=1)
+    with pytest.raises(ValueError, match="supports only"):
+        cutegemm.gemm_ref(x8, y8.t(), scale_a=sa, scale_b=sb, bias=torch.ones(n))
+    with pytest.raises(ValueError, match="supports only"):
+        cutegemm.gemm(x8, y8.t(), scale_a=sa, scale_b=sb, activation="relu")
+    with pytest.raises(ValueError, match="CUDA"):
+        cutegemm.gemm(x8, y8.t(), scale_a=sa, scale_b=sb)
+    with pytest.raises(TypeError, match="float32"):
+        cutegemm.gemm_ref(x8, y8.t(), scale_a=sa.double(), scale_b=sb)
+    with pytest.raises(ValueError, match="e4m3"):
+        cutegemm.gemm_ref(x8, y8.t().to(torch.float8_e5m2), scale_a=sa, scale_b=sb)
+    with pytest.raises(ValueError, match="out must be"):
+        gemm_fp8_vector_blocks(x8, y8.t(), scale_a=sa, scale_b=sb, out=torch.empty(m, n + 1))
+    z = cutegemm.gemm_ref(x8[:0], y8.t(), scale_a=sa[:0], scale_b=sb)
+    assert z.shape == (0, n)
