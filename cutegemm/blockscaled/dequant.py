@@ -1,5 +1,5 @@
-"""Block-scaled -> bf16 dequantization on the GPU (CuTe DSL, sm_90a and sm_100a):
-``dequantize_bf16(q)`` for MXFP8 (e4m3 / e5m2), MXFP4 and NVFP4.
+"""Block-scaled -> bf16 / fp32 dequantization on the GPU (CuTe DSL, sm_90a and sm_100a):
+``dequantize_bf16(q)`` (and ``dequantize(q, out_dtype)``) for MXFP8 (e4m3 / e5m2), MXFP4 and NVFP4.
 
 Used by the sm_90a block-scaled GEMMs (``sm90_mx``): Hopper has no block-scaled MMA. For
 MXFP8, one pass that writes bf16 copies of both operands, followed by the bf16 WGMMA GEMM, is
@@ -12,10 +12,12 @@ load of packed FP4); consecutive threads take consecutive chunks (coalesced), a 
 ``threads`` threads handles ``unroll`` tiles of ``threads`` chunks, and each thread issues all
 its loads (elements and its chunk's scale byte, read from the 128x4-swizzled layout) before any
 math. A value is ``fp32(element) * fp32(scale)`` (MX: ``2**(byte - 127)``; NVFP4: the e4m3
-scale, then times the global scale, in ``dequantize_ref``'s order), rounded to bf16 with
-round-to-nearest-even. For MX formats this is exact unless ``|value| < 2**-130`` (bf16
-subnormals keep fewer bits) or it exceeds bf16's range; NVFP4's global scale makes it a
-rounding, as in any bf16 dequantization. A NaN scale gives NaN, as ``dequantize_ref`` does.
+scale, then times the global scale, in ``dequantize_ref``'s order), stored as fp32 (the fp32
+variant: ``dequantize_ref``'s value bit for bit, its IEEE multiplies with subnormals kept, no
+FMUL.FTZ) or rounded to bf16 with round-to-nearest-even. For MX formats bf16 is exact unless
+``|value| < 2**-130`` (bf16 subnormals keep fewer bits) or it exceeds bf16's range; NVFP4's
+global scale makes it a rounding, as in any bf16 dequantization. A NaN scale gives NaN, as
+``dequantize_ref`` does.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ _ELEM = {"mxfp8": cutlass.Float8E4M3FN, "mxfp8_e5m2": cutlass.Float8E5M2, "mxfp4
 _TORCH_ELEM = {"mxfp8": torch.float8_e4m3fn, "mxfp8_e5m2": torch.float8_e5m2, "mxfp4": torch.float4_e2m1fn_x2,
                "nvfp4": torch.float4_e2m1fn_x2}  # fmt: skip
 _BLOCK = {"mxfp8": 32, "mxfp8_e5m2": 32, "mxfp4": 32, "nvfp4": 16}
+_OUT_KERNEL = {"bf16": cutlass.BFloat16, "fp32": cutlass.Float32}
+_OUT_TORCH = {"bf16": torch.bfloat16, "fp32": torch.float32}
 # SASS of every variant: 128-bit loads and stores, no local-memory spills (compile-check)
 SASS_REQUIRED = {"LDG.128": r"\bLDG\.E[.A-Z0-9]*\.128", "STG.128": r"\bSTG\.E[.A-Z0-9]*\.128"}  # FP4: LDG.64
 SASS_FORBIDDEN = {"LDL": r"\bLDL(\.|\s)", "STL": r"\bSTL(\.|\s)"}
@@ -56,16 +60,19 @@ class DequantConfig:
     threads: int = 256
     # chunks per thread (all loads issued first); 0 = the format's default (``default_unroll``)
     unroll: int = 0
+    out: str = "bf16"  # or "fp32"
 
     def __post_init__(self):
         if self.fmt not in _ELEM:
             raise ValueError(f"DequantConfig.fmt must be one of {sorted(_ELEM)}, got {self.fmt!r}")
         if self.arch not in ("sm_90a", "sm_100a"):
             raise ValueError(f"DequantConfig.arch must be sm_90a or sm_100a, got {self.arch!r}")
+        if self.out not in _OUT_KERNEL:
+            raise ValueError(f"DequantConfig.out must be one of {sorted(_OUT_KERNEL)}, got {self.out!r}")
 
     @property
     def name(self) -> str:
-        return f"dequant_{self.fmt}_bf16_{self.arch}"
+        return f"dequant_{self.fmt}_{self.out}_{self.arch}"
 
     @property
     def steps(self) -> int:
@@ -130,7 +137,7 @@ class DequantKernel:
         mQ: cute.Tensor,  # (bytes,) elements, flat row-major (FP4: packed bytes as uint8)
         mS: cute.Tensor,  # (scale bytes,) uint8, 128x4-swizzled
         mGs: cute.Tensor,  # (1,) fp32 global scale (NVFP4; unused otherwise)
-        mOut: cute.Tensor,  # (numel,) bf16
+        mOut: cute.Tensor,  # (numel,) bf16 / fp32
         rows: cutlass.Int32,  # rows per batch
         cpr: cutlass.Int32,  # chunks per row (K / 16)
         total: cutlass.Int32,  # chunks in all
@@ -166,7 +173,7 @@ class DequantKernel:
         if cutlass.const_expr(self.cfg.fmt == "nvfp4"):
             gs = mGs[0]
         rF = cute.make_rmem_tensor((CHUNK,), cutlass.Float32)
-        rO = cute.make_rmem_tensor((CHUNK,), cutlass.BFloat16)
+        rO = cute.make_rmem_tensor((CHUNK,), _OUT_KERNEL[self.cfg.out])
         for u in cutlass.range_constexpr(U):
             chunk = base + u * T
             if cutlass.const_expr(self.cfg.fmt == "nvfp4"):
@@ -184,7 +191,10 @@ class DequantKernel:
                         rF[i] = rF[i] * gs  # (element * scale) * global scale, as dequantize_ref
             else:
                 rF.store(rQ[None, u].load().to(cutlass.Float32) * scale)
-            rO.store(rF.load().to(cutlass.BFloat16))
+            if cutlass.const_expr(self.cfg.out == "fp32"):
+                rO.store(rF.load())
+            else:
+                rO.store(rF.load().to(cutlass.BFloat16))
             if chunk < total:
                 cute.autovec_copy(rO, cute.local_tile(mOut, (CHUNK,), (chunk,)))
 
@@ -200,7 +210,7 @@ def build_dequant(cfg: DequantConfig):
         _flat(_ELEM[cfg.fmt], cfg.chunk_bytes, 16),
         _flat(cutlass.Uint8, 1, 1),
         _flat(cutlass.Float32, 1, 4),
-        _flat(cutlass.BFloat16, CHUNK, 16),
+        _flat(_OUT_KERNEL[cfg.out], CHUNK, 16),
         *(cutlass.Int32(1),) * 5,
         make_fake_stream(use_tvm_ffi_env_stream=True),
     )
@@ -214,7 +224,7 @@ def _cache():
 
 def all_configs(arch: str) -> list[DequantConfig]:
     """Every kernel variant for ``arch`` (compile-check)."""
-    return [DequantConfig(fmt=f, arch=arch) for f in _ELEM]
+    return [DequantConfig(fmt=f, arch=arch, out=o) for f in _ELEM for o in _OUT_KERNEL]
 
 
 def check_variant(cfg: DequantConfig) -> tuple[bool, dict, str]:
@@ -278,38 +288,42 @@ def dequantize(q: BlockScaledTensor, out_dtype: torch.dtype = torch.float32) -> 
     """Decode a :class:`BlockScaledTensor` to ``out_dtype`` (float32, bfloat16 or float16), shape
     ``q.shape``, on q's device.
 
-    - float32 (the default): :func:`~cutegemm.blockscaled.reference.dequantize_ref` in plain torch
-      (exact for MX formats; several elementwise passes).
-    - bfloat16: one pass of the dequantize kernel (sm_90a / sm_100a GPU) where it takes ``q``
-      (:func:`dequantizable`: contiguous 16-byte aligned elements, K a multiple of 16), equal bit
-      for bit to ``dequantize(q).to(torch.bfloat16)``; elsewhere that expression.
-    - float16: ``dequantize(q).to(torch.float16)``.
+    - float32 (the default): ``dequantize_ref(q)`` bit for bit (exact for MX formats).
+    - bfloat16: ``dequantize_ref(q).to(torch.bfloat16)`` bit for bit.
+    - float16: ``dequantize_ref(q).to(torch.float16)``.
+
+    Where the dequantize kernel takes ``q`` (:func:`dequantizable`: contiguous 16-byte aligned
+    elements, K a multiple of 16; an sm_90a / sm_100a GPU), float32 and bfloat16 are one kernel
+    pass (float16: the fp32 pass and a cast); elsewhere the torch reference computes them.
     """
     if not isinstance(q, BlockScaledTensor):
         raise TypeError(f"q: expected a BlockScaledTensor, got {type(q).__name__}")
     if out_dtype not in _OUT_DTYPES:
         raise TypeError(f"out_dtype must be one of {list(_OUT_DTYPES)}, got {out_dtype}")
-    if (
-        out_dtype == torch.bfloat16 and q.data.is_cuda and dequantizable(q)
-        and arch_of(q.data.device.index or 0) in ("sm_90a", "sm_100a")
-    ):  # fmt: skip
-        return dequantize_checked(q)
-    out = dequantize_ref(q)
+    if q.data.is_cuda and dequantizable(q) and arch_of(q.data.device.index or 0) in ("sm_90a", "sm_100a"):
+        if out_dtype == torch.bfloat16:
+            return dequantize_checked(q)
+        out = dequantize_checked(q, out_dtype=torch.float32)
+    else:
+        out = dequantize_ref(q)
     return out if out_dtype == torch.float32 else out.to(out_dtype)
 
 
-def dequantize_checked(q: BlockScaledTensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """:func:`dequantize_bf16` for a caller that has already checked ``q`` with
-    :func:`check_dequant_operand` (and ``out``): the launch only."""
+def dequantize_checked(q: BlockScaledTensor, out: torch.Tensor | None = None,
+                       out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:  # fmt: skip
+    """:func:`dequantize_bf16` (``out_dtype`` bf16, or fp32) for a caller that has already checked
+    ``q`` with :func:`check_dequant_operand` (and ``out``, which then sets the dtype): the launch
+    only."""
     if out is None:
-        out = torch.empty(q.shape, dtype=torch.bfloat16, device=q.data.device)
+        out = torch.empty(q.shape, dtype=out_dtype, device=q.data.device)
     numel = q.shape.numel()
     if numel == 0:
         return out
     rows, k = q.shape[-2], q.shape[-1]
     scales = q.swizzled_scales()
     batch_stride, tile_stride = scale_strides(rows, -(-k // q.fmt.block_size))
-    cfg = DequantConfig(fmt=q.fmt.name, arch=arch_of(q.data.device.index or 0))
+    cfg = DequantConfig(fmt=q.fmt.name, arch=arch_of(q.data.device.index or 0),
+                        out="fp32" if out.dtype == torch.float32 else "bf16")  # fmt: skip
     gs = q.global_scale
     gs = ones_on(q.data.device) if gs is None else gs.detach().to(device=q.data.device, dtype=torch.float32).reshape(1)
     _cache().get(cfg)(

@@ -230,24 +230,34 @@ def test_dequantize_out_dtypes(fmt):
         cutegemm.dequantize(x)
 
 
-def test_dequantize_bf16_routes_to_the_kernel(monkeypatch):
-    """bf16 goes through the dequantize kernel exactly when it takes q on an sm_90a / sm_100a GPU
-    (here CPU tensors stand in: the device test and the launch are replaced)."""
+def test_dequantize_routes_to_the_kernel(monkeypatch):
+    """bf16 and fp32 go through the dequantize kernel (fp16: its fp32 pass, then a cast) exactly
+    when it takes q on an sm_90a / sm_100a GPU (here CPU tensors stand in: the device test and the
+    launch are replaced by the reference)."""
     from cutegemm.blockscaled import dequant
 
     q = quantize_ref(torch.randn(4, 64), "mxfp8")
+    ref = dequant.dequantize_ref(q)
     launched = []
-    monkeypatch.setattr(dequant, "dequantize_checked", lambda q: launched.append(q) or "kernel")
+
+    def fake_launch(q, out=None, out_dtype=torch.bfloat16):
+        launched.append(out_dtype)
+        return ref.to(out_dtype)
+
+    monkeypatch.setattr(dequant, "dequantize_checked", fake_launch)
     monkeypatch.setattr(type(q.data), "is_cuda", property(lambda t: True))
     monkeypatch.setattr(dequant, "dequantizable", lambda q: True)
     for arch, routed in (("sm_90a", True), ("sm_100a", True), ("sm_89", False)):
         monkeypatch.setattr(dequant, "arch_of", lambda index, arch=arch: arch)
-        launched.clear()
-        out = dequant.dequantize(q, torch.bfloat16)
-        assert (out == "kernel") == routed and len(launched) == routed
-        assert dequant.dequantize(q).dtype == torch.float32 and len(launched) == routed  # fp32: never
+        for dt, kernel_dtype in ((torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32),
+                                 (torch.float16, torch.float32)):  # fmt: skip
+            launched.clear()
+            out = dequant.dequantize(q, dt)
+            assert out.dtype == dt and torch.equal(out, ref.to(dt))
+            assert launched == ([kernel_dtype] if routed else [])
     monkeypatch.setattr(dequant, "dequantizable", lambda q: False)
-    assert dequant.dequantize(q, torch.bfloat16).dtype == torch.bfloat16
+    launched.clear()
+    assert dequant.dequantize(q, torch.bfloat16).dtype == torch.bfloat16 and not launched
 
 
 # --- compile every variant for both archs ------------------------------------------------------

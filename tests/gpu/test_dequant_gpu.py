@@ -1,6 +1,6 @@
-"""GPU: the block-scaled -> bf16 dequantize kernel and the sm_90a MXFP8 GEMM's dequantize-first path.
+"""GPU: the block-scaled -> bf16 / fp32 dequantize kernel and the sm_90a MXFP8 GEMM's dequantize-first path.
 
-The kernel must equal ``dequantize_ref(q).to(bf16)`` bit for bit (random values over a wide
+The kernel must equal ``dequantize_ref(q).to(bf16)`` (fp32 variant: ``dequantize_ref(q)``) bit for bit (random values over a wide
 range of scales, zero / NaN blocks, batches, K tail blocks) and write nothing past its output.
 The routed GEMM (compute-bound shapes, ``sm90_mx.dequantize_first``) must equal our bf16 GEMM of
 the reference-dequantized operands bit for bit (same kernel, same inputs), and stay within 2x
@@ -42,6 +42,15 @@ def _check_kernel(q):
     assert torch.equal(out.view(torch.int16), ref.view(torch.int16))
     assert (buf[n:] == -1).all(), "written past the output"
     assert torch.equal(dequant.dequantize_bf16(q).view(torch.int16), out.view(torch.int16))  # allocating form
+    # the fp32 variant: dequantize_ref's values bit for bit (NaN where it has NaN), nothing past the end
+    buf32 = torch.full((n + 64,), -1, dtype=torch.int32, device="cuda")  # 0xFFFFFFFF: a NaN pattern
+    out32 = buf32[:n].view(torch.float32).view(q.shape)
+    assert dequant.dequantize_checked(q, out32) is out32
+    ref32 = dequantize_ref(q)
+    nan = torch.isnan(ref32)
+    assert torch.equal(torch.isnan(out32), nan)
+    assert torch.equal(out32.view(torch.int32)[~nan], ref32.view(torch.int32)[~nan])
+    assert (buf32[n:] == -1).all(), "fp32: written past the output"
 
 
 @pytest.mark.parametrize("fmt", ["mxfp8", "mxfp8_e5m2", "mxfp4", "nvfp4"])
@@ -65,8 +74,8 @@ def test_kernel_hypothesis(rows, k16, batch, fmt):
 @pytest.mark.parametrize("fmt", ["mxfp8", "mxfp4", "nvfp4"])
 @pytest.mark.parametrize("shape", [(300, 4096), (2, 17, 48), (5, 40)])
 def test_public_dequantize_out_dtypes(fmt, shape):
-    """``cutegemm.dequantize(q, out_dtype)``: bf16 is the reference's cast bit for bit (the kernel
-    where it takes q; K = 40 is not a multiple of 16: torch), fp32 the reference, fp16 its cast."""
+    """``cutegemm.dequantize(q, out_dtype)``: bf16 is the reference's cast bit for bit, fp32 the
+    reference, fp16 its cast (the kernel where it takes q; K = 40 is not a multiple of 16: torch)."""
     q = cutegemm.quantize(_wide(shape[:-2], shape[-2], shape[-1], seed=7), fmt)
     ref = dequantize_ref(q)
     assert dequant.dequantizable(q) == (shape[-1] % 16 == 0)
