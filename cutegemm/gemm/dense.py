@@ -437,9 +437,8 @@ def gemm(
     be a multiple of 128 (the last block is partial) but must be a multiple of 16 (TMA).
     The scales multiply each 128-wide K tile's partial sum as it is promoted into the fp32
     accumulator (no ``fast_accum``). With a single K block and a single N block the shapes are
-    per-row x per-tensor scales, computed by the row-wise path (the same product).
-    torch's other two block recipes, 1x128 x 1x128 and 128x128 x 1x128 (scale_b (N, K/128)),
-    are routed by ``cutegemm.gemm`` to :mod:`cutegemm.blockscaled.fp8_blocks`.
+    per-row x per-tensor scales, computed by the row-wise path (the same product). torch's
+    1x128 x 1x128 / 128x128 x 1x128 recipes: ``cutegemm.gemm`` routes them (``blockscaled.fp8_blocks``).
 
     Per-call cost: the first call for a (shapes, strides, dtypes, device, options) signature
     validates, picks the config and compiles (or loads it from the disk cache); later calls only
