@@ -44,6 +44,7 @@ def cmd_bench(args) -> int:
         "dense": (benchmarks.bench_dense, "dense", f"dense bf16 on {gpu}"),
         "grouped": (benchmarks.bench_grouped, "grouped", f"grouped bf16 on {gpu} (vs torch._grouped_mm)"),
         "fp4w": (scaled.bench_fp4_weight, "fp4w", f"FP4 / MXFP8 weight x bf16 on {gpu}"),
+        "fp8blocks": (scaled.bench_fp8_blocks, "fp8blocks", f"FP8 1x128 x 1x128 / 128x128 x 1x128 on {gpu}"),
     }
     families = ["dense", "grouped"] if args.family == "all" else [args.family]
     for fam in families:
@@ -120,7 +121,7 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("bench", help="benchmark vs torch on a GPU (compile-check without one)")
     b.add_argument("family", nargs="?", default="dense",
-                   choices=["dense", "grouped", "quantize", "fp4w", "sweep", "moe", "tiles", "host", "all"])
+                   choices=["dense", "grouped", "quantize", "fp4w", "fp8blocks", "sweep", "moe", "tiles", "host", "all"])
     b.add_argument("--reps", type=int, default=30)
     b.add_argument("--calls", type=int, default=1000, help="host: back-to-back calls per timing")
     b.add_argument("--out", default="results")

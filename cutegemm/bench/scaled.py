@@ -472,3 +472,53 @@ def bench_fp4_weight(reps=30, dense=FP4W_DENSE, grouped=FP4W_GROUPED, fmts=("nvf
                       f" | cutegemm.dequantize (torch ops, unoptimized) + {base_name} {t_deq:.4f} ms", flush=True)  # fmt: skip
             del qw, wd, x, ref
     return rows
+
+
+FP8_BLOCKS_SHAPES = ((16, 7168, 2048), (512, 4096, 7168), (4096, 7168, 2048), (8192, 8192, 8192))
+
+
+def bench_fp8_blocks(shapes=FP8_BLOCKS_SHAPES, reps=20):
+    """torch._scaled_mm's 1x128 x 1x128 and 128x128 x 1x128 FP8 block recipes
+    (``blockscaled.fp8_blocks``) against torch._scaled_mm with the same operands and scales in
+    torch's layouts, one run, L2 flushed by the timer; torch's result error and ours against the
+    fp64 block-dequantized product. Where this torch does not run a recipe, torch.matmul on the
+    bf16 upcast operands is the baseline (named as such). Returns Rows."""
+    timer = Timer()
+    rows = []
+    for m, n, k in shapes:
+        for lhs in (1, 128):
+            torch.manual_seed(0)
+            kb, mb = -(-k // 128), -(-m // 128)
+            a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+            b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn).t()
+            sb = (torch.rand(n, kb, device="cuda") + 0.5).t().contiguous().t()  # (N, K/128), N-major
+            if lhs == 1:
+                sa = (torch.rand(m, kb, device="cuda") + 0.5).t().contiguous().t()  # (M, K/128), M-major
+            else:
+                sa = (torch.rand(mb, -(-kb // 4) * 4, device="cuda") + 0.5).t()  # (L4, M/128)
+            case = f"{m}x{n}x{k} {'1x128' if lhs == 1 else '128x128'} x 1x128"
+            ref = gemm_ref(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.float64, compute_dtype=torch.float64)
+            flops = 2.0 * m * n * k
+
+            def torch_fn(a=a, b=b, sa=sa, sb=sb):
+                return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+
+            try:
+                base_err = (torch_fn().double() - ref).abs().max().item()
+                base_name = "torch._scaled_mm"
+            except (RuntimeError, NotImplementedError, ValueError, TypeError) as exc:
+                print(f"{case}: torch._scaled_mm unavailable ({type(exc).__name__}: {str(exc)[:160]})")
+                a16, b16 = a.to(torch.bfloat16), b.to(torch.bfloat16)
+
+                def torch_fn(a16=a16, b16=b16):
+                    return torch.matmul(a16, b16)
+
+                base_err, base_name = float("nan"), "torch.matmul bf16 (no scales)"
+            base_t = timer(torch_fn, reps)
+            ours_err = (gemm(a, b, scale_a=sa, scale_b=sb).double() - ref).abs().max().item()
+            t = timer(lambda a=a, b=b, sa=sa, sb=sb: gemm(a, b, scale_a=sa, scale_b=sb), reps)
+            row = Row(case, t, base_t, flops / t / 1e9, flops / base_t / 1e9, base_t / t, "fp8_blocks (MXFP8 emulation)",
+                      ours_err, base_err)  # fmt: skip
+            rows.append(row)
+            print(format_row(row) + f" | baseline: {base_name}", flush=True)
+    return rows
