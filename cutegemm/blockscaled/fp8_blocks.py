@@ -142,6 +142,8 @@ def gemm_fp8_vector_blocks(a, b, *, scale_a, scale_b, out_dtype=None, alpha: flo
         res = torch.zeros(m, n, dtype=out_dtype, device=a.device)
         return res if out is None else out.copy_(res)
     alpha = float(alpha)
+    if config is not None and (not config.fp8_mx or config.grouped):
+        raise ValueError(f"config {config.name} is not a dense MXFP8-emulation kernel (fp8_mx=True, see mx_config)")
     cfg = emulation_config(m, n, k, out_dtype, alpha, config)
     a_k, b_k = _k_major(a), _k_major(b.t())  # (M, K), (N, K)
     sa, sb = expanded_scales(recipe, m, n, k, scale_a, scale_b)
