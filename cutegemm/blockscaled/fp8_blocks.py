@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from ..gemm.fp8_scales import FP8_BLOCK, check_fp32_scale
+from ..gemm.launch import tma_addressable
 from ..runtime.device import device_info
 from .mx_sm90 import MX_K_BLOCK, emulation_config, launch_emulated
 from .operands import OUT_NAMES
@@ -102,9 +103,7 @@ def _check(recipe, a, b, scale_a, scale_b, out_dtype):
 def _k_major(t: torch.Tensor) -> torch.Tensor:
     """``t`` (rows, K) as TMA reads it: unit K stride, 16-byte aligned rows and start (else a
     contiguous copy; K is a multiple of 16)."""
-    if t.stride(1) != 1 or t.stride(0) % 16 or t.data_ptr() % 16:
-        return t.clone(memory_format=torch.contiguous_format)
-    return t
+    return t if t.stride(1) == 1 and tma_addressable(t, 1) else t.clone(memory_format=torch.contiguous_format)
 
 
 def _direct_out(out, m: int, n: int, out_dtype, device) -> bool:
@@ -114,7 +113,7 @@ def _direct_out(out, m: int, n: int, out_dtype, device) -> bool:
         raise ValueError(f"out must be an ({m}, {n}) {out_dtype} tensor")
     if out.device != device:
         raise ValueError(f"out is on {out.device}, the operands on {device}")
-    return out.stride(1) == 1 and (out.stride(0) * out.element_size()) % 16 == 0 and out.data_ptr() % 16 == 0
+    return out.stride(1) == 1 and tma_addressable(out, 1)
 
 
 def gemm_fp8_vector_blocks(a, b, *, scale_a, scale_b, out_dtype=None, alpha: float = 1.0, out=None, config=None):
@@ -142,8 +141,6 @@ def gemm_fp8_vector_blocks(a, b, *, scale_a, scale_b, out_dtype=None, alpha: flo
         res = torch.zeros(m, n, dtype=out_dtype, device=a.device)
         return res if out is None else out.copy_(res)
     alpha = float(alpha)
-    if config is not None and (not config.fp8_mx or config.grouped):
-        raise ValueError(f"config {config.name} is not a dense MXFP8-emulation kernel (fp8_mx=True, see mx_config)")
     cfg = emulation_config(m, n, k, out_dtype, alpha, config)
     a_k, b_k = _k_major(a), _k_major(b.t())  # (M, K), (N, K)
     sa, sb = expanded_scales(recipe, m, n, k, scale_a, scale_b)

@@ -214,10 +214,6 @@ def gemm_mx_sm90(
         return _ring_gemm(qa, qb, out_dtype, alpha, out, offs)
     if config is None and dequantize_first(m // qb.shape[0] if grouped else m, n, qa, qb):
         return dequantized_gemm(qa, qb, out_dtype, alpha, out, offs)
-    if config is not None and (not config.fp8_mx or config.grouped != grouped):
-        raise ValueError(
-            f"config {config.name} is not an MXFP8-emulation kernel (fp8_mx=True, grouped={grouped}, see mx_config)"
-        )
     a, b = operand_view(qa), operand_view(qb)  # (M, K, L), (N, K, L) (grouped: L = E)
     if grouped:
         cfg = emulation_config(m, n, k, out_dtype, alpha, config, experts=qb.shape[0])
@@ -237,6 +233,10 @@ def emulation_config(m: int, n: int, k: int, out_dtype, alpha: float, config: Ge
     """The emulation kernel's config of an (m, n, k) call (``config``, or ``mx_config`` of the
     rows; grouped when ``experts``: the tile follows the mean rows per expert), alpha on where
     the call scales, checked by ``can_implement``."""
+    if config is not None and (not config.fp8_mx or config.grouped != bool(experts)):
+        raise ValueError(
+            f"config {config.name} is not an MXFP8-emulation kernel (fp8_mx=True, grouped={bool(experts)}, see mx_config)"
+        )
     rows = -(-m // experts) if experts else m
     cfg = config or replace(mx_config(rows, n, out_dtype, alpha=alpha != 1.0), form=Form.GROUPED if experts else Form.DENSE)
     if alpha != 1.0 and not cfg.epilogue.alpha:
