@@ -62,13 +62,14 @@ from .api.face import grouped_gemm, grouped_gemm_ref
 from .epilogue import GATED
 from .ops import combine_rows, gated_grads, packed_zero_tail, sum_rows, zero_rows_past_end
 from .policy import gather_pays
+from .runtime.device import eager_cuda
 
 
 def grouped_mm(a, b, offs, *, activation=None, out_dtype=None, gate_layout="interleaved"):
     """The packed or K-grouped grouped GEMM of the layers: the kernels on CUDA tensors, the
     reference twins on CPU tensors (fp32 math, fp64 for fp64 operands), the custom op
     ``torch.ops.cutegemm.grouped_gemm`` while ``torch.compile`` traces (interleaved only)."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or (a.is_cuda and not eager_cuda(a)):
         return torch.ops.cutegemm.grouped_gemm(a, b, offs, out_dtype=out_dtype, activation=activation)
     if a.is_cuda:
         return grouped_gemm(
@@ -390,7 +391,7 @@ def grouped_experts(
         h = grouped_mm(x, w_gate_up, offs, activation=activation)
     else:
         h, _ = gated_grads(activation, None, grouped_mm(x, w_gate_up, offs), gate_layout)
-    if (out_scale is not None and x.is_cuda and not torch.compiler.is_compiling()
+    if (out_scale is not None and eager_cuda(x)
             and not (torch.is_grad_enabled() and out_scale.requires_grad)):  # fmt: skip
         return grouped_gemm(h, w_down, offs=offs, scale_a=out_scale.float())  # in the epilogue
     return _scaled(grouped_mm(h, w_down, offs), out_scale)
@@ -449,7 +450,7 @@ def _with_zero_row(a, b, offs):
     """The packed grouped GEMM ``a[rows_e] @ b[e]`` (rows past offs[-1] unspecified) and one zero
     row after them: (R + 1, N). Eager CUDA: the kernel writes into the first R rows of the buffer,
     only row R is zeroed; otherwise a concatenation."""
-    if a.is_cuda and not torch.compiler.is_compiling():
+    if eager_cuda(a):
         out = torch.empty(a.shape[0] + 1, b.shape[-1], dtype=a.dtype, device=a.device)
         out[-1].zero_()
         grouped_gemm(a, b, offs=offs, out=out[:-1])
@@ -461,7 +462,7 @@ def _with_zero_row(a, b, offs):
 def _gather_in_loads(x, rows, experts: int) -> bool:
     """Whether the up projection reads x's rows through the index (the gather kernel: eager CUDA,
     where policy.gather_pays) rather than from a gathered copy."""
-    return x.is_cuda and not torch.compiler.is_compiling() and gather_pays(x.shape[1], rows.shape[0], experts)
+    return eager_cuda(x) and gather_pays(x.shape[1], rows.shape[0], experts)
 
 
 def _gathered_up(x, rows, w_gate_up, offs):

@@ -93,6 +93,7 @@ from .gemm.dense import gemm as _gemm_kernel
 from .gemm.dense import gemm_ref as _gemm_ref
 from .grouped.packed import grouped_gemm as _grouped_kernel
 from .grouped.packed import grouped_gemm_ref as _grouped_ref
+from .runtime.device import eager_cuda
 from .quant_ops import CPU_DTYPES, check_gemm_operands, gemm_quantized, quantize
 from .quant_ops import CUDA_FUNCTIONS as QUANT_CUDA_FUNCTIONS
 
@@ -521,7 +522,7 @@ def packed_zero_tail(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, alpha
     into a zeroed output (it writes no row past offs[-1]; a memset is a third of
     ``torch.where``'s read and write). Otherwise (CPU, tracing, ``create_graph``): the op, then
     :func:`zero_rows_past_end`."""
-    if a.is_cuda and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
+    if eager_cuda(a) and not torch.is_grad_enabled():
         out = torch.zeros(a.shape[0], b.shape[-1], dtype=a.dtype, device=a.device)
         return _grouped_kernel(a, b, offs=offs, out=out, alpha=alpha)
     return zero_rows_past_end(torch.ops.cutegemm.grouped_gemm(a, b, offs, alpha=alpha, out_dtype=a.dtype), offs)

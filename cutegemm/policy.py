@@ -65,11 +65,12 @@ class WaveCandidate:
     cluster_m: int
     split_k: int
     seconds: float  # the model's time of the call
+    fp8: bool = False
 
     def fields(self) -> dict:
         """The GemmConfig fields: 2x1 clusters with an N-major raster (the measured large-shape
-        tiles), 1x1 with an M-major one."""
-        raster = "n" if self.cluster_m == 2 else "m"
+        tiles; 16-bit 128x128: M-major, as measured), 1x1 with an M-major one."""
+        raster = "n" if self.cluster_m == 2 and (self.tile_n > 128 or self.fp8) else "m"
         return dict(tile_m=self.tile_m, tile_n=self.tile_n, cluster_m=self.cluster_m, split_k=self.split_k,
                     raster=raster, group=8)  # fmt: skip
 
@@ -96,7 +97,8 @@ def dtype_family(a_dtype: str) -> str:
 
 def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,), extra_rates=None) -> list[WaveCandidate]:
     """Every (tile, cluster, split) the model weighs for ``p``, the default (widest tile) first.
-    2x1 clusters where there are two M tiles (FP8: always, 16-bit: tiles wider than 128); split
+    2x1 clusters where there are two M tiles (B multicast: 16-bit 128x128 too, H100 `bench
+    tiles`: 512 x 4096 x 14336 0.78 -> 0.96x cuBLAS, 512 x 4096 x 4096 0.91 -> 0.95); split
     K on 1x1 clusters only (split_k_errors) and tiles up to 128x192 (128x256's partial-sum
     fix-up spills registers), with at least 24 K tiles of 64 (16-bit) / 12 of 128 (FP8) per
     range, as split_few_tiles. ``extra_rates``: more (tile_m, tile_n): rate entries to weigh."""
@@ -105,19 +107,20 @@ def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,), extra_rates=None)
     k_tiles, min_tiles = (ceil_div(p.k, 128), 12) if fp8 else (ceil_div(p.k, 64), 24)
     out = []
     for (tm, tn), rate in rates.items():
-        pair = 2 if (fp8 or tn > 128) and ceil_div(p.m, tm) >= 2 else 1
+        pair = 2 if ceil_div(p.m, tm) >= 2 and tn >= 128 else 1
         for split in splits:
             cl = pair if split == 1 else 1
             if split > 1 and (k_tiles < min_tiles * split or tn > 192):
                 continue
-            out.append(WaveCandidate(tm, tn, cl, split, wave_seconds(p, tm, tn, cl, split, num_sms, rate)))
+            out.append(WaveCandidate(tm, tn, cl, split, wave_seconds(p, tm, tn, cl, split, num_sms, rate), fp8))
     return out
 
 
 def wave_choice(p: GemmProblem, num_sms: int, splits=(1,)) -> WaveCandidate:
     """The model's pick: the fastest candidate if MODEL_MARGIN ahead of the default, else the
-    default."""
-    cands = wave_candidates(p, num_sms, splits)
+    default. 16-bit weighs 128x64 tiles too (1x1, the small-M rate: H100 `bench tiles`, 512 x
+    2048 x 4096: 128x64 0.98x cuBLAS, 128x128 with 2 K ranges 0.85)."""
+    cands = wave_candidates(p, num_sms, splits, SMALL_M_RATES if p.a_dtype != "e4m3" else None)
     best = min(cands, key=lambda c: c.seconds)
     return best if best.seconds * MODEL_MARGIN < cands[0].seconds else cands[0]
 
@@ -338,6 +341,12 @@ def short_a_box(cfg: GemmConfig, p: GemmProblem) -> GemmConfig:
     return replace(cfg, a_rows=box)
 
 
+# 16-bit 64-row tiles take 4 K ranges (not 2) while 8 units per tile would fill at most this share of
+# the SMs: the H100 rows of split_few_tiles (18 tiles: 4 ranges 1.07x cuBLAS, 2 ranges 0.93) and
+# the H200 ones (32 tiles: 2 ranges).
+FEW_TILES_SPLIT4 = 1.25
+
+
 def split_few_tiles(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig:
     """The dense call's config with ``split_k`` when M <= 128 gives too few output tiles to keep
     the SMs busy (16-bit inputs and FP8 row-wise; not DeepSeek block scales, see split_k_errors).
@@ -363,7 +372,7 @@ def split_few_tiles(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig
     if cfg.tile_m == 128:
         split = 4 if 4 * tiles <= num_sms else 2 if 2 * tiles <= num_sms else 1
     else:
-        split = (4 if fp8 else 2) if 4 * tiles <= num_sms else 1
+        split = (4 if fp8 or 8 * tiles <= num_sms * FEW_TILES_SPLIT4 else 2) if 4 * tiles <= num_sms else 1
     # K tiles of 64 (16-bit) / 128 (FP8) elements per range: at least 24 / 12 (3 / 1.5 KB a row)
     k_tiles, min_tiles = (ceil_div(p.k, 128), 12) if fp8 else (ceil_div(p.k, 64), 24)
     while split > 1 and k_tiles < min_tiles * split:
@@ -376,8 +385,12 @@ def split_few_tiles(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig
     # FP8 128 x 4096 x 7168 18.1 vs 19.0; slower with 4 ranges (range 0 receives 3 slots at once:
     # 96 x 1536 x 7168 19.2 vs 16.6, FP8 16 x 2048 x 7168 16.2 vs 12.8) and with 128x128 tiles
     # (64 KiB slots: 128 x 4096 x 7168 37.8 vs 31.7).
-    cluster = (split == 2 and cfg.tile_m * cfg.tile_n <= 128 * 64
-               and not split_k_errors(replace(cfg, split_k=split, split_cluster=True)))  # fmt: skip
+    # 16-bit 64x64 tiles with 4 ranges meet in shared memory too (H100, `bench tiles`, x cuBLAS,
+    # cluster vs workspace, 9 tiles of N = 576, K = 7168: M = 1 0.95 vs 0.87, 16 0.96 vs 0.91, 64
+    # 1.02 vs 0.92, 2 ranges in a cluster 0.79 / 0.80 / 0.85; 128 rows in 64x64 tiles, 18 tiles:
+    # 1.07 vs 1.02, 2 ranges 0.93).
+    small = cfg.tile_m * cfg.tile_n <= (128 * 64 if split == 2 else 64 * 64 if split == 4 and not fp8 else 0)
+    cluster = small and not split_k_errors(replace(cfg, split_k=split, split_cluster=True))
     return replace(cfg, split_k=split, split_cluster=cluster)
 
 
@@ -400,6 +413,10 @@ class Sm90Policy(ArchPolicy):
             # us: 96 x 28672 x 4096 75.4 with 128x64 tiles (A's box of
             # 96 rows) -> 71.2 (torch 71.9); FP8 128 x 28672 x 4096 47.4 -> 43.6 (43.3))
             wide = ceil_div(p.n, 128) * p.l >= self.num_sms
+            if p.a_dtype != "e4m3" and ceil_div(p.n, 64) * p.l * 8 <= self.num_sms:
+                # So few 128x64 tiles that even 4 K ranges leave most SMs idle: 64x64 tiles, twice
+                # the CTAs (H100, 128 x 576 x 7168: 64x64 with 4 ranges 1.07x cuBLAS, 128x64 0.89)
+                return dict(tile_m=64, tile_n=64, raster="n", group=1)
             return dict(tile_m=128, tile_n=128 if wide else 64, raster="n", group=1)
         # M > 128: the wave model over the cooperative tiles (FP8 with promotion: at most 64x192
         # per warpgroup), its default the measured large-shape tile (16-bit 128x256 2x1, at cuBLAS

@@ -88,7 +88,7 @@ def expanded_scales(recipe: str, m: int, n: int, k: int, scale_a, scale_b):
     return sa.unsqueeze(0), sb.unsqueeze(0)
 
 
-def _check(recipe, a, b, scale_a, scale_b, out_dtype):
+def _check(recipe, a, b, scale_a, scale_b, out_dtype, out_dtypes=OUT_NAMES):
     rule = f"FP8 block scaling {recipe}"
     for name, t in (("scale_a", scale_a), ("scale_b", scale_b)):
         check_fp32_scale(name, t, a.device, rule)
@@ -96,8 +96,8 @@ def _check(recipe, a, b, scale_a, scale_b, out_dtype):
         raise ValueError(f"{rule}: b must be torch.float8_e4m3fn like a, got {b.dtype}")
     if b.device != a.device:
         raise ValueError(f"{rule}: a is on {a.device}, b on {b.device}")
-    if out_dtype not in OUT_NAMES:
-        raise TypeError(f"{rule}: out_dtype must be one of {list(OUT_NAMES)}, got {out_dtype}")
+    if out_dtype not in out_dtypes:
+        raise TypeError(f"{rule}: out_dtype must be one of {list(out_dtypes)}, got {out_dtype}")
 
 
 def _k_major(t: torch.Tensor) -> torch.Tensor:
@@ -151,12 +151,13 @@ def gemm_fp8_vector_blocks(a, b, *, scale_a, scale_b, out_dtype=None, alpha: flo
 def gemm_fp8_vector_blocks_ref(a, b, *, scale_a, scale_b, out_dtype=None, alpha: float = 1.0,
                                compute_dtype=torch.float32):  # fmt: skip
     """The twin (any device): every element of a / b times its block's scale, one matmul in
-    ``compute_dtype``, times alpha, cast to ``out_dtype`` (default bf16)."""
+    ``compute_dtype``, times alpha, cast to ``out_dtype`` (default bf16; float64 too, for
+    references)."""
     recipe = vector_block_recipe(a, b, scale_a, scale_b)
     if recipe is None:
         raise ValueError("gemm_fp8_vector_blocks_ref: the scales are not 1x128 x 1x128 or 128x128 x 1x128 block scales")
     out_dtype = out_dtype or torch.bfloat16
-    _check(recipe, a, b, scale_a, scale_b, out_dtype)
+    _check(recipe, a, b, scale_a, scale_b, out_dtype, (*OUT_NAMES, torch.float64))
     m, k = a.shape
     n = b.shape[1]
     if m == 0 or n == 0 or k == 0:
