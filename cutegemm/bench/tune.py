@@ -132,7 +132,7 @@ def sweep_dense(shapes=DENSE_SHAPES, dtype=torch.bfloat16, reps=20):
         cfgs = tile_candidates(pol, GemmProblem(m, n, k, 1, name, name, name, "k", "k"))
         t_torch = timer(lambda a=a, b=b: torch.matmul(a, b), reps)
         flops = 2.0 * m * n * k
-        print(f"== {m}x{n}x{k}: torch {flops / t_torch / 1e9:.1f} TFLOP/s ({t_torch * 1e6:.1f} us); "
+        print(f"== {m}x{n}x{k}: torch {flops / t_torch / 1e9:.1f} TFLOP/s ({t_torch * 1e3:.1f} us); "
               f"policy picks {cfgs[0].name}", flush=True)  # fmt: skip
         best = None
         for cfg in cfgs:
@@ -142,7 +142,7 @@ def sweep_dense(shapes=DENSE_SHAPES, dtype=torch.bfloat16, reps=20):
                 print(f"   {cfg.name}: FAILED {type(exc).__name__}: {str(exc)[:200]}")
                 continue
             tf = flops / t / 1e9
-            print(f"   {tf:7.1f} TFLOP/s {t * 1e6:8.1f} us {t_torch / t:5.2f}x  {cfg.name}", flush=True)
+            print(f"   {tf:7.1f} TFLOP/s {t * 1e3:8.1f} us {t_torch / t:5.2f}x  {cfg.name}", flush=True)
             if best is None or t < best[0]:
                 best = (t, cfg)
         if best:

@@ -52,17 +52,18 @@ def _exact(x8, y8, sa_el, sb_el):
 
 @pytest.mark.parametrize("lhs_block", [1, 128])
 @pytest.mark.parametrize("m,n,k", [(256, 768, 512), (384, 128, 1280), (100, 72, 208), (1, 16, 384)])
-@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_twin_is_the_block_dequantized_product(lhs_block, m, n, k, out_dtype):
     x8, y8, sa, sb, sa_el, sb_el = _operands(m, n, k, lhs_block, seed=m + n + k)
     if lhs_block == 1 and k <= 128:
         pytest.skip("one K block: row-wise")
     assert vector_block_recipe(x8, y8.t(), sa, sb) == RECIPES[0 if lhs_block == 1 else 1]
-    got = cutegemm.gemm_ref(x8, y8.t(), scale_a=sa, scale_b=sb, out_dtype=out_dtype, alpha=0.5)
+    cd = dict(compute_dtype=torch.float64) if out_dtype == torch.float64 else {}  # the GPU tests' reference
+    got = cutegemm.gemm_ref(x8, y8.t(), scale_a=sa, scale_b=sb, out_dtype=out_dtype, alpha=0.5, **cd)
     want = _exact(x8, y8, sa_el, sb_el) * 0.5
     assert got.dtype == out_dtype and got.shape == (m, n)
     tol = dict(rtol=1.6e-2, atol=1e-3 * want.abs().max().item()) if out_dtype == torch.bfloat16 else dict(
-        rtol=1e-5, atol=1e-5 * want.abs().max().item())  # fmt: skip
+        rtol=1e-12 if cd else 1e-5, atol=(1e-12 if cd else 1e-5) * want.abs().max().item())  # fmt: skip
     torch.testing.assert_close(got.double(), want, **tol)
 
 
