@@ -75,6 +75,18 @@ def _deepseek_shapes(m, n, k, scale_a, scale_b) -> bool:
     return tuple(scale_a.shape) == (m, kb) and scale_b.shape[1] == nb and scale_b.shape[0] in (kb, -(-kb // 4) * 4)
 
 
+def recipe_scales(recipe: str, m: int, k: int, scale_a, scale_b):
+    """(sa (1, M, ceil(K/128)), sb (1, N, ceil(K/128))): the recipe's scales per row / column per
+    128-wide K block, for ``launch_emulated`` with repeat 4 (its scale builders spread them over
+    the 32-wide blocks). 1x128: views of the caller's; 128x128: one copy, each block's scale over
+    its 128 rows."""
+    if recipe == RECIPES[0]:
+        sa = scale_a
+    else:  # (K blocks [padded], M blocks) -> per row
+        sa = scale_a[:_blocks(k)].t().repeat_interleave(FP8_BLOCK, dim=0)[:m]
+    return sa.unsqueeze(0), scale_b.unsqueeze(0)
+
+
 def expanded_scales(recipe: str, m: int, n: int, k: int, scale_a, scale_b):
     """(sa (1, M, 4 ceil(K/128)), sb (1, N, 4 ceil(K/128))): fp32 scales per row / column per
     32-wide K block (the emulation kernel's), from the recipe's scales."""
@@ -143,9 +155,9 @@ def gemm_fp8_vector_blocks(a, b, *, scale_a, scale_b, out_dtype=None, alpha: flo
     alpha = float(alpha)
     cfg = emulation_config(m, n, k, out_dtype, alpha, config)
     a_k, b_k = _k_major(a), _k_major(b.t())  # (M, K), (N, K)
-    sa, sb = expanded_scales(recipe, m, n, k, scale_a, scale_b)
     views = [t.as_strided((t.shape[0], k, 1), (t.stride(0), 1, t.shape[0] * t.stride(0))) for t in (a_k, b_k)]
-    return launch_emulated(cfg, *views, sa, sb, out_dtype, alpha, out, batched=False)
+    return launch_emulated(cfg, *views, *recipe_scales(recipe, m, k, scale_a, scale_b), out_dtype, alpha, out,
+                           batched=False, repeat=_REPEAT)  # fmt: skip
 
 
 def gemm_fp8_vector_blocks_ref(a, b, *, scale_a, scale_b, out_dtype=None, alpha: float = 1.0,
@@ -169,5 +181,5 @@ def gemm_fp8_vector_blocks_ref(a, b, *, scale_a, scale_b, out_dtype=None, alpha:
     return (acc * alpha).to(out_dtype)
 
 
-__all__ = ["RECIPES", "expanded_scales", "gemm_fp8_vector_blocks", "gemm_fp8_vector_blocks_ref",
+__all__ = ["RECIPES", "expanded_scales", "recipe_scales", "gemm_fp8_vector_blocks", "gemm_fp8_vector_blocks_ref",
            "vector_block_recipe"]  # fmt: skip

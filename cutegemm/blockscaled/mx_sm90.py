@@ -71,13 +71,6 @@ def sfb_permutation(tile_n: int) -> torch.Tensor:
     return perm
 
 
-@functools.cache
-def _permutation_on(tile_n: int, device: torch.device) -> torch.Tensor:
-    """:func:`sfb_permutation` on ``device``, copied once (a host copy inside a CUDA-graph capture
-    would fail; the first, eager call makes it)."""
-    return sfb_permutation(tile_n).to(device)
-
-
 def _plain_scales3(q: BlockScaledTensor) -> torch.Tensor:
     """(L, rows, ceil(K / 32)) fp32 scales."""
     s = e8m0_to_float(q.plain_scales())
@@ -89,28 +82,52 @@ def _padded_kb(k: int) -> int:
     return -(-kb // K_TILE_BLOCKS) * K_TILE_BLOCKS
 
 
-def kernel_sfa(s: torch.Tensor, k: int) -> torch.Tensor:
-    """The kernel's mSFA from fp32 scales ``s`` (L, M, ceil(K / 32)), one per row per 32-wide K
-    block: an (M, Kb, L) view, unit stride along Kb (padded with 0 to a multiple of 4)."""
-    L, m, kb = s.shape
-    buf = torch.zeros((L, m, _padded_kb(k)), dtype=torch.float32, device=s.device)
-    buf[:, :, :kb] = s
+def _k_blocks(s: torch.Tensor, k: int, repeat: int, dim: int) -> torch.Tensor:
+    """``s`` (fp32, 3-D) with its dimension ``dim`` (K blocks: kbs values, each covering
+    ``repeat`` 32-wide blocks) made one value per 32-wide block, cut to ceil(K / 32) and zero-padded
+    to Kbp (``_padded_kb``), contiguous: s itself where nothing changes, else one or two copies."""
+    kbs = s.shape[dim]
+    kb, kbp = -(-k // MX_K_BLOCK), _padded_kb(k)
+    if repeat > 1:
+        shape = list(s.shape)
+        shape[dim] = kbs * repeat
+        s = s.unsqueeze(dim + 1).expand(*s.shape[:dim + 1], repeat, *s.shape[dim + 1:]).reshape(shape)
+    if s.shape[dim] != kb or kb != kbp:
+        pad = [0, 0] * (s.dim() - 1 - dim) + [0, kbp - kb]
+        s = torch.nn.functional.pad(s.narrow(dim, 0, kb), pad)
+    return s.contiguous()
+
+
+def kernel_sfa(s: torch.Tensor, k: int, repeat: int = 1) -> torch.Tensor:
+    """The kernel's mSFA from scales ``s`` (L, M, kbs), one per row per ``repeat`` 32-wide K blocks
+    (MXFP8: 1, torch's 128-wide blocks: 4): an (M, Kb, L) view, unit stride along Kb (padded with 0
+    to a multiple of 4), 16-byte aligned. No copy for fp32 MXFP8 scales with Kb blocks, one or two
+    otherwise."""
+    buf = _k_blocks(s.float(), k, repeat, 2)
+    if buf.data_ptr() % 16:
+        buf = buf.clone()
     return buf.permute(1, 2, 0)
 
 
-def kernel_sfb(s: torch.Tensor, k: int, tile_n: int) -> torch.Tensor:
-    """The kernel's mSFB from fp32 scales ``s`` (L, N, ceil(K / 32)), one per column of the
-    product per 32-wide K block: an (Np, Kb, L) view, unit stride along Np; each tile_n-column
-    tile's scales in ``sfb_permutation`` order."""
-    L, n, kb = s.shape
-    kbp = _padded_kb(k)
+@functools.lru_cache(maxsize=256)
+def _sfb_index(n: int, tile_n: int, device: torch.device) -> torch.Tensor:
+    """index[p] = the column of B (of N) whose scales the kernel reads at position p (of Np = N
+    rounded up to the tile; ``sfb_permutation`` within each tile), N past the last column (a zero
+    row); built on the host and copied once (so never first inside a CUDA-graph capture)."""
     n_tiles = -(-n // tile_n)
-    padded = torch.zeros((L, n_tiles * tile_n, kbp), dtype=torch.float32, device=s.device)
-    padded[:, :n, :kb] = s
-    perm = _permutation_on(tile_n, s.device)
-    tiles = padded.view(L, n_tiles, tile_n, kbp).index_select(2, perm)  # (L, tiles, p, Kb)
-    buf = tiles.reshape(L, n_tiles * tile_n, kbp).transpose(1, 2).contiguous()  # (L, Kb, Np)
-    return buf.permute(2, 1, 0)
+    cols = (torch.arange(n_tiles).unsqueeze(1) * tile_n + sfb_permutation(tile_n).unsqueeze(0)).reshape(-1)
+    return torch.where(cols < n, cols, n).to(device)
+
+
+def kernel_sfb(s: torch.Tensor, k: int, tile_n: int, repeat: int = 1) -> torch.Tensor:
+    """The kernel's mSFB from scales ``s`` (L, N, kbs), one per column of the product per
+    ``repeat`` 32-wide K blocks: an (Np, Kb, L) view, unit stride along Np; each tile_n-column
+    tile's scales in ``sfb_permutation`` order. Two copies (a zero row after the N rows; the
+    gather into position order, (Kb, Np) per L), one or two more for repeat or padding."""
+    L, n, kbs = s.shape
+    rows = torch.nn.functional.pad(s.float(), (0, 0, 0, 1))  # (L, N + 1, kbs), row N zero
+    by_pos = rows.transpose(1, 2).index_select(2, _sfb_index(n, tile_n, s.device))  # (L, kbs, Np)
+    return _k_blocks(by_pos, k, repeat, 1).permute(2, 1, 0)
 
 
 def mx_scales_a(qa: BlockScaledTensor) -> torch.Tensor:
@@ -248,17 +265,17 @@ def emulation_config(m: int, n: int, k: int, out_dtype, alpha: float, config: Ge
 
 
 def launch_emulated(cfg: GemmConfig, a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor,
-                    out_dtype, alpha: float, out, batched: bool) -> torch.Tensor:  # fmt: skip
+                    out_dtype, alpha: float, out, batched: bool, repeat: int = 1) -> torch.Tensor:  # fmt: skip
     """The dense emulation kernel on e4m3 operands ``a`` (M, K, L) and ``b`` (N, K, L) (K-major
-    views, 16-byte aligned rows) with fp32 scales ``sa`` (L, M, ceil(K / 32)) and ``sb`` (L, N,
-    ceil(K / 32)), one per row of a / column of the product per 32-wide K block:
+    views, 16-byte aligned rows) with scales ``sa`` (L, M, kbs) and ``sb`` (L, N, kbs), one per row
+    of a / column of the product per ``repeat`` 32-wide K blocks (kbs = ceil(K / (32 repeat))):
     ``out[l] = sum_kb (a[:, kb] @ b[:, kb].T) * sa[l, :, kb, None] * sb[l, None, :, kb]``."""
     m, k, L = a.shape
     n = b.shape[0]
     written, c_view = output_view(out, L, m, n, out_dtype, a.device, batched)
     DENSE_CACHE.get(cfg)(*KernelArgs(
-        a, b, c_view, alpha=alpha, max_clusters=max_clusters_for(cfg, a.device), sfa=kernel_sfa(sa, k),
-        sfb=kernel_sfb(sb, k, cfg.tile_n),
+        a, b, c_view, alpha=alpha, max_clusters=max_clusters_for(cfg, a.device), sfa=kernel_sfa(sa, k, repeat),
+        sfb=kernel_sfb(sb, k, cfg.tile_n, repeat),
         workspace=new_workspace(cfg, a.device),  # scheduler "dynamic": a fresh tile counter, zeroed in-stream
     ))  # fmt: skip
     return finish_output(out, written)
@@ -272,15 +289,16 @@ def mx_emulation_ref(qa: BlockScaledTensor, qb: BlockScaledTensor, tile_n: int =
     return emulation_ref(qa.data, qb.data, _plain_scales3(qa), _plain_scales3(qb), tile_n)
 
 
-def emulation_ref(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, tile_n: int = 128):
+def emulation_ref(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, tile_n: int = 128,
+                  repeat: int = 1):  # fmt: skip
     """What the kernel computes from ``launch_emulated``'s inputs (a (M, K), b (N, K) e4m3; sa
-    (1, M, Kb), sb (1, N, Kb) fp32): per 32-K block, the block's partial product of the raw e4m3
-    values, scaled by the A scale read from ``kernel_sfa`` at (row, block) and the B scale read
-    from ``kernel_sfb`` where a thread holding column c reads it."""
+    (1, M, kbs), sb (1, N, kbs), ``repeat``): per 32-K block, the block's partial product of the
+    raw e4m3 values, scaled by the A scale read from ``kernel_sfa`` at (row, block) and the B scale
+    read from ``kernel_sfb`` where a thread holding column c reads it."""
     m, k = a.shape
     n = b.shape[0]
-    sfa = kernel_sfa(sa, k)[:, :, 0]
-    sfb = kernel_sfb(sb, k, tile_n)[:, :, 0]  # (Np, Kb): position-ordered
+    sfa = kernel_sfa(sa, k, repeat)[:, :, 0]
+    sfb = kernel_sfb(sb, k, tile_n, repeat)[:, :, 0]  # (Np, Kb): position-ordered
     # position of column c: its tile, then the inverse of the permutation
     inv = torch.argsort(sfb_permutation(tile_n))
     cols = torch.arange(n)

@@ -15,6 +15,8 @@ from cutegemm.blockscaled import quantize_ref
 from cutegemm.blockscaled.gemm import gemm_blockscaled_ref
 from cutegemm.blockscaled.mx_sm90 import (
     check_mx_operands,
+    kernel_sfa,
+    kernel_sfb,
     mx_config,
     mx_emulation_ref,
     mx_scales_a,
@@ -103,3 +105,26 @@ def test_operand_rules():
     q40a, q40b = quantize_ref(torch.randn(16, 40), "mxfp8"), quantize_ref(torch.randn(8, 40), "mxfp8")
     with pytest.raises(ValueError, match="multiple of 16"):
         check_mx_operands(q40a, q40b)
+
+
+@settings(max_examples=40, deadline=None)
+@given(L=st.integers(1, 3), rows=st.integers(1, 300), k=st.integers(1, 1100), tile_n=st.sampled_from([64, 128, 192]),
+       repeat=st.sampled_from([1, 4]), fp16=st.booleans())  # fmt: skip
+def test_scale_builders_by_position(L, rows, k, tile_n, repeat, fp16):
+    """kernel_sfa / kernel_sfb element by element: the scale of 32-wide K block j is s[..., j //
+    repeat] up to ceil(K / 32) blocks, zero past them and past the last column; unit stride along
+    Kb (sfa) / Np (sfb); the input (any float dtype) is left as it was."""
+    kb, kbp = -(-k // 32), -(-k // 128) * 4
+    s = torch.randn(L, rows, -(-kb // repeat), dtype=torch.float16 if fp16 else torch.float32)
+    before = s.clone()
+    sfa, sfb = kernel_sfa(s, k, repeat), kernel_sfb(s, k, tile_n, repeat)
+    assert torch.equal(s, before)
+    blocks = s.float().repeat_interleave(repeat, dim=2)[:, :, :kb]  # (L, rows, kb)
+    assert sfa.shape == (rows, kbp, L) and sfa.stride()[1] == 1 and sfa.data_ptr() % 16 == 0
+    assert torch.equal(sfa[:, :kb].permute(2, 0, 1), blocks) and not sfa[:, kb:].any()
+    n_pos = -(-rows // tile_n) * tile_n
+    assert sfb.shape == (n_pos, kbp, L) and sfb.stride()[0] == 1
+    cols = (torch.arange(n_pos) // tile_n) * tile_n + sfb_permutation(tile_n).repeat(n_pos // tile_n)
+    real = cols < rows
+    assert torch.equal(sfb[real, :kb].permute(2, 0, 1), blocks[:, cols[real]])
+    assert not sfb[~real].any() and not sfb[:, kb:].any()

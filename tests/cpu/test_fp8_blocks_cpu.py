@@ -15,10 +15,11 @@ import cutegemm
 from cutegemm.blockscaled.fp8_blocks import (
     RECIPES,
     expanded_scales,
+    recipe_scales,
     gemm_fp8_vector_blocks,
     vector_block_recipe,
 )
-from cutegemm.blockscaled.mx_sm90 import emulation_ref
+from cutegemm.blockscaled.mx_sm90 import emulation_ref, kernel_sfa, kernel_sfb
 
 E4M3 = torch.float8_e4m3fn
 
@@ -78,9 +79,18 @@ def test_kernel_model_with_expanded_scales_equals_twin(m, n, kb16, lhs, pad, til
     x8, y8, sa, sb, _, _ = _operands(m, n, k, lhs, seed, pad)
     recipe = vector_block_recipe(x8, y8.t(), sa, sb)
     assert recipe == RECIPES[0 if lhs == 1 else 1]
-    got = emulation_ref(x8, y8, *expanded_scales(recipe, m, n, k, sa, sb), tile_n=tile_n)
+    got = emulation_ref(x8, y8, *recipe_scales(recipe, m, k, sa, sb), tile_n=tile_n, repeat=4)
     want = cutegemm.gemm_ref(x8, y8.t(), scale_a=sa, scale_b=sb, out_dtype=torch.float32)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    # the kernel's scale tensors from the 128-wide scales (repeat 4) are those built from the
+    # scales expanded to 32-wide blocks, up to ceil(K / 32) blocks, and zero past them
+    full = expanded_scales(recipe, m, n, k, sa, sb)
+    kb = -(-k // 32)
+    for build, direct, expanded in ((kernel_sfa, (k, 4), (k,)), (kernel_sfb, (k, tile_n, 4), (k, tile_n))):
+        got_s = build(recipe_scales(recipe, m, k, sa, sb)[build is kernel_sfb], *direct)
+        want_s = build(full[build is kernel_sfb], *expanded)
+        assert got_s.shape == want_s.shape and got_s.stride() == want_s.stride()
+        assert torch.equal(got_s[:, :kb], want_s[:, :kb]) and not got_s[:, kb:].any()
 
 
 def test_other_scale_shapes_keep_their_paths():
