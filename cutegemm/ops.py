@@ -93,9 +93,9 @@ from .gemm.dense import gemm as _gemm_kernel
 from .gemm.dense import gemm_ref as _gemm_ref
 from .grouped.packed import grouped_gemm as _grouped_kernel
 from .grouped.packed import grouped_gemm_ref as _grouped_ref
-from .runtime.device import eager_cuda
 from .quant_ops import CPU_DTYPES, check_gemm_operands, gemm_quantized, quantize
 from .quant_ops import CUDA_FUNCTIONS as QUANT_CUDA_FUNCTIONS
+from .runtime.device import eager_cuda
 
 # bias is positional-or-keyword, not keyword-only: torch.library.custom_op refuses keyword-only
 # Tensor arguments (and its autograd would not differentiate them).

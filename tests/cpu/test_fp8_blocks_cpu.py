@@ -15,8 +15,8 @@ import cutegemm
 from cutegemm.blockscaled.fp8_blocks import (
     RECIPES,
     expanded_scales,
-    recipe_scales,
     gemm_fp8_vector_blocks,
+    recipe_scales,
     vector_block_recipe,
 )
 from cutegemm.blockscaled.mx_sm90 import emulation_ref, kernel_sfa, kernel_sfb
