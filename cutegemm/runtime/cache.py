@@ -34,7 +34,7 @@ HOST_ONLY = frozenset({
     "gemm/dense.py", "grouped/packed.py", "grouped/__init__.py", "grouped/k_grouped.py", "grouped/list_form.py",
     "grouped/batched.py", "grouped/gather.py",
     "blockscaled/reference.py", "blockscaled/__init__.py", "blockscaled/weight_only/launch.py",
-    "blockscaled/quantize_launch.py", "blockscaled/fp8_blocks.py",
+    "blockscaled/quantize_launch.py", "blockscaled/fp8_blocks.py", "blockscaled/mx_sm90.py",
     "epilogue/reference.py", "runtime/sass.py", "runtime/device.py",
     "integrations/__init__.py", "integrations/transformers.py",
 }) | {f"bench/{name}" for name in ("__init__.py", "core.py", "host.py", "layers.py", "moe.py", "quantize.py",
