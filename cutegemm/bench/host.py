@@ -84,8 +84,13 @@ def _fp8():
     cases.append(("FP8 block-wise dense (1x128 x 128x128)", lambda: gemm(a8, b8, scale_a=sa_blk, scale_b=sb_blk),
                   "F.scaled_mm block-wise", torch_block))  # fmt: skip
     sb_vec = torch.rand(2, 256, device="cuda").t()  # (N, K/128), N-major: torch's 1x128 layout of b
+    if block is not None and scaling is not None:  # torch._scaled_mm itself refuses this recipe on some builds
+        def torch_vec():
+            return block(a8, b8, sa_blk, scaling.BlockWise1x128, sb_vec, scaling.BlockWise1x128, output_dtype=BF)
+    else:
+        torch_vec = None
     cases.append(("FP8 block-wise dense (1x128 x 1x128)", lambda: gemm(a8, b8, scale_a=sa_blk, scale_b=sb_vec),
-                  "torch._scaled_mm block-wise", lambda: torch._scaled_mm(a8, b8, sa_blk, sb_vec, out_dtype=BF)))  # fmt: skip
+                  "F.scaled_mm block-wise", torch_vec))  # fmt: skip
     return cases
 
 
