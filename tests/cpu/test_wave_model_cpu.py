@@ -175,3 +175,44 @@ def test_small_m_wave_picks_predicted_faster(m, n, k, dtype):
     assert t(alt) * MODEL_MARGIN < t(cfg)
     assert dtype == "bf16" or alt.split_k == 1
     assert POL.choose_dense(p, **({"epilogue": SCALED} if dtype == "e4m3" else {})) == alt
+
+
+def test_16bit_128x128_multicasts_b_over_two_m_tiles():
+    """16-bit 128x128 tiles with two or more M tiles run a 2x1 cluster, M-major as measured (H100
+    bench tiles: 512 x 4096 x 14336 0.78 -> 0.96x cuBLAS); one M tile stays 1x1."""
+    for m, n, k in ((512, 4096, 14336), (512, 4096, 4096), (1024, 2048, 4096)):
+        cfg = dense(m, n, k)
+        assert (cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.raster, cfg.split_k) == (128, 128, 2, "m", 1), cfg.name
+        assert not config_errors(cfg)
+    cands = wave_candidates(problem(128 + 1, 4096, 4096), SMS)
+    assert all(c.cluster_m == 2 for c in cands if c.tile_n >= 128)
+    one_tile = wave_candidates(problem(128, 4096, 4096), SMS)
+    assert all(c.cluster_m == 1 for c in one_tile)
+
+
+def test_128x64_is_a_16bit_candidate_above_128_rows():
+    """The wave model weighs 128x64 (1x1) for 16-bit M > 128, not for e4m3; 512 x 2048 x 4096 takes
+    it (H100: 0.98x cuBLAS against 128x128 split in two's 0.85)."""
+    cfg = dense(512, 2048, 4096)
+    assert (cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.split_k) == (128, 64, 1, 1), cfg.name
+    assert not config_errors(cfg)
+    f8 = dense(512, 2048, 4096, "e4m3")
+    assert f8.tile_n != 64, f8.name
+
+
+@pytest.mark.parametrize("m", [1, 16, 64, 128])
+def test_few_tiles_take_four_ranges_in_a_cluster(m):
+    """N = 576, K = 7168 (9 tiles of 64x64 per 64 rows): 4 K ranges meeting in shared memory
+    (H100: 0.95-1.07x cuBLAS against 2 ranges' 0.79-0.85); M = 128 in 64x64 tiles. FP8 keeps its
+    rules (4 ranges through the workspace; 128-row tiles at M = 128)."""
+    cfg = dense(m, 576, 7168)
+    assert (cfg.tile_m, cfg.tile_n, cfg.split_k, cfg.split_cluster) == (64, 64, 4, True), cfg.name
+    assert not config_errors(cfg)
+    f8 = dense(m, 576, 7168, "e4m3")
+    assert not f8.split_cluster and (f8.tile_m == 128) == (m > 64), f8.name
+
+
+def test_more_tiles_keep_two_ranges():
+    """32 tiles of 64x64 (16 x 2048 x 7168: the H200's measured 2-range cluster) keep 2 ranges."""
+    cfg = dense(16, 2048, 7168)
+    assert (cfg.tile_m, cfg.tile_n, cfg.split_k, cfg.split_cluster) == (64, 64, 2, True), cfg.name
