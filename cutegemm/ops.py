@@ -344,11 +344,11 @@ def _combine_rows_torch(src, idx, w, k, other=None):
     return rows.view(idx.numel() // max(k, 1), k, src.shape[1]).sum(1).to(src.dtype), dots
 
 
-# moe.gather_rows' backward by the ragged row-combine kernel (ops.sum_rows) on CUDA: off until
-# tests/gpu/test_combine_gpu.py's ragged cases have passed on a GPU (compile-checked and
-# sanitizer-listed only; its non-ragged siblings are GPU-tested and SASS-identical since). Off:
-# CUDA calls take index_select's own backward (index_add: atomics, not bitwise reproducible).
-RAGGED_KERNEL = False
+# moe.gather_rows' backward by the ragged row-combine kernel (ops.sum_rows) on CUDA: each token's
+# row gradients summed in row order, bitwise reproducible (tests/gpu/test_combine_gpu.py's ragged
+# cases and compute-sanitizer memcheck passed on an H100). False: index_select's own backward
+# (index_add: atomics, not bitwise reproducible).
+RAGGED_KERNEL = True
 
 
 def sum_rows(src: torch.Tensor, idx: torch.Tensor, ptr: torch.Tensor) -> torch.Tensor:
@@ -403,10 +403,11 @@ def _(src, idx, w, other):
     return src.new_empty(idx.shape[0], src.shape[1]), src.new_empty(idx.shape[0], dtype=torch.float32)
 
 
-# moe.dispatch's one-launch sort (cutegemm.epilogue.dispatch) on CUDA: off until
-# tests/gpu/test_dispatch_gpu.py has passed on a GPU (compile-checked and sanitizer-listed only).
-# Off: the same five tensors by torch (dispatch_ref: argsort, gather, binary search, scatter).
-DISPATCH_KERNEL = False
+# moe.dispatch's one-launch sort (cutegemm.epilogue.dispatch) on CUDA where it takes the ids (up to
+# 8192 pairs and 1023 experts: decode and small batches); tests/gpu/test_dispatch_gpu.py and
+# compute-sanitizer memcheck passed on an H100. False (and above those sizes): the same five
+# tensors by torch (dispatch_ref: argsort, gather, binary search, scatter).
+DISPATCH_KERNEL = True
 
 
 def dispatch(ids: torch.Tensor, k: int, experts: int):

@@ -3,8 +3,8 @@
 Every output must equal ``dispatch_ref``'s exactly (the stable sort: order, rows, experts of the
 rows, offs, the inverse), over random routings (ids outside [0, E) included, int32 and int64 ids, up to
 MAX_PAIRS pairs and MAX_EXPERTS experts), on memory poisoned before the call, the same bits on a
-second call; ``moe.dispatch`` with ``ops.DISPATCH_KERNEL`` on equals it off. These must pass
-before ``ops.DISPATCH_KERNEL`` is turned on.
+second call; ``moe.dispatch`` with ``ops.DISPATCH_KERNEL`` on equals it off (these passed on an
+H100 before ``ops.DISPATCH_KERNEL`` was turned on).
 """
 
 from __future__ import annotations
