@@ -100,8 +100,9 @@ OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # what the quantize
 FUSED_DISPATCH = True
 # Gated experts with a gradient: moe.routed_experts (dispatch, experts and combine in one autograd
 # node that keeps x, Z and the routing instead of the gathered rows and the expert outputs) instead
-# of gather_tokens + grouped_experts + combine. Off until `bench moe` has timed it
-# (cutegemm-routed) and the routed cases of tests/gpu/test_moe_train_gpu.py have run.
+# of gather_tokens + grouped_experts + combine. Off: its GPU tests pass (tests/gpu/test_moe_train_gpu.py,
+# H100) and it saves 27% of the training step's peak memory on Qwen3-30B-A3B, but `bench moe` timed it
+# 4.5% slower forward+backward there (8.38 vs 8.02 ms, bench/RESULTS.md).
 ROUTED_TRAINING = False
 DEFAULT_GATE = getattr(hf_moe, "_default_apply_gate", None)  # transformers' act_fn(gate) * up
 E4M3_MAX = 448.0
