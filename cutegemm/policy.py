@@ -413,9 +413,9 @@ class Sm90Policy(ArchPolicy):
             # us: 96 x 28672 x 4096 75.4 with 128x64 tiles (A's box of
             # 96 rows) -> 71.2 (torch 71.9); FP8 128 x 28672 x 4096 47.4 -> 43.6 (43.3))
             wide = ceil_div(p.n, 128) * p.l >= self.num_sms
-            if p.a_dtype != "e4m3" and ceil_div(p.n, 64) * p.l * 8 <= self.num_sms:
-                # So few 128x64 tiles that even 4 K ranges leave most SMs idle: 64x64 tiles, twice
-                # the CTAs (H100, 128 x 576 x 7168: 64x64 with 4 ranges 1.07x cuBLAS, 128x64 0.89)
+            if p.a_dtype != "e4m3" and 8 * ceil_div(p.m, 64) * ceil_div(p.n, 64) * p.l <= self.num_sms * FEW_TILES_SPLIT4:
+                # So few tiles that 64x64 ones still take 4 K ranges (split_few_tiles): twice the
+                # CTAs of 128x64 (H100, 128 x 576 x 7168: 64x64 with 4 ranges 1.07x cuBLAS, 128x64 0.89)
                 return dict(tile_m=64, tile_n=64, raster="n", group=1)
             return dict(tile_m=128, tile_n=128 if wide else 64, raster="n", group=1)
         # M > 128: the wave model over the cooperative tiles (FP8 with promotion: at most 64x192

@@ -216,3 +216,10 @@ def test_more_tiles_keep_two_ranges():
     """32 tiles of 64x64 (16 x 2048 x 7168: the H200's measured 2-range cluster) keep 2 ranges."""
     cfg = dense(16, 2048, 7168)
     assert (cfg.tile_m, cfg.tile_n, cfg.split_k, cfg.split_cluster) == (64, 64, 2, True), cfg.name
+
+
+def test_64_row_tiles_only_where_four_ranges_follow():
+    """64 < M <= 128 takes 64x64 tiles only where they still take 4 K ranges (at most 20 tiles on
+    132 SMs): N = 1024 (32 such tiles) keeps 128x64 with its K ranges."""
+    cfg = dense(128, 1024, 7168)
+    assert (cfg.tile_m, cfg.tile_n) == (128, 64), cfg.name
