@@ -109,14 +109,35 @@ def kernel_sfa(s: torch.Tensor, k: int, repeat: int = 1) -> torch.Tensor:
     return buf.permute(1, 2, 0)
 
 
+@functools.cache
+def _permutation_on(tile_n: int, device: torch.device) -> torch.Tensor:
+    """:func:`sfb_permutation` on ``device``, copied once (a host copy inside a CUDA-graph capture
+    would fail; the first, eager call makes it)."""
+    return sfb_permutation(tile_n).to(device)
+
+
+def _sfb_positions(n: int, tile_n: int, perm: torch.Tensor) -> torch.Tensor:
+    """index[p] = the column of B (of N) whose scales the kernel reads at position p (of Np = N
+    rounded up to the tile; ``perm`` = ``sfb_permutation`` within each tile), N past the last
+    column (a zero row)."""
+    n_tiles = -(-n // tile_n)
+    cols = (torch.arange(n_tiles, device=perm.device).unsqueeze(1) * tile_n + perm.unsqueeze(0)).reshape(-1)
+    return torch.where(cols < n, cols, n)
+
+
 @functools.lru_cache(maxsize=256)
 def _sfb_index(n: int, tile_n: int, device: torch.device) -> torch.Tensor:
-    """index[p] = the column of B (of N) whose scales the kernel reads at position p (of Np = N
-    rounded up to the tile; ``sfb_permutation`` within each tile), N past the last column (a zero
-    row); built on the host and copied once (so never first inside a CUDA-graph capture)."""
-    n_tiles = -(-n // tile_n)
-    cols = (torch.arange(n_tiles).unsqueeze(1) * tile_n + sfb_permutation(tile_n).unsqueeze(0)).reshape(-1)
-    return torch.where(cols < n, cols, n).to(device)
+    """:func:`_sfb_positions` built on the host and copied once per (N, tile_n, device)."""
+    return _sfb_positions(n, tile_n, sfb_permutation(tile_n)).to(device)
+
+
+def _sfb_index_for(n: int, tile_n: int, device: torch.device) -> torch.Tensor:
+    """The position index of :func:`kernel_sfb`: cached, except inside a CUDA-graph capture (no
+    host copy is allowed there, and a tensor made there belongs to the graph's memory pool): then
+    made on the device from the tile's cached permutation, part of the graph."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return _sfb_positions(n, tile_n, _permutation_on(tile_n, device))
+    return _sfb_index(n, tile_n, device)
 
 
 def kernel_sfb(s: torch.Tensor, k: int, tile_n: int, repeat: int = 1) -> torch.Tensor:
@@ -126,7 +147,7 @@ def kernel_sfb(s: torch.Tensor, k: int, tile_n: int, repeat: int = 1) -> torch.T
     gather into position order, (Kb, Np) per L), one or two more for repeat or padding."""
     L, n, kbs = s.shape
     rows = torch.nn.functional.pad(s.float(), (0, 0, 0, 1))  # (L, N + 1, kbs), row N zero
-    by_pos = rows.transpose(1, 2).index_select(2, _sfb_index(n, tile_n, s.device))  # (L, kbs, Np)
+    by_pos = rows.transpose(1, 2).index_select(2, _sfb_index_for(n, tile_n, s.device))  # (L, kbs, Np)
     return _k_blocks(by_pos, k, repeat, 1).permute(2, 1, 0)
 
 
