@@ -265,7 +265,8 @@ def test_split_k_config_rules():
             cutegemm.gemm(a, b, config=replace(_cfg(), **bad))
 
 
-@pytest.mark.parametrize("m,n,k", [(96, 1536, 7168), (128, 4096, 7168), (16, 2048, 7168), (5, 2048, 4104)])
+@pytest.mark.parametrize("m,n,k", [(96, 1536, 7168), (128, 4096, 7168), (16, 2048, 7168), (5, 2048, 4104),
+                                   (1, 576, 7168), (64, 576, 7168), (128, 576, 7168), (100, 576, 7168)])  # fmt: skip
 def test_policy_split_calls(m, n, k):
     """Shapes where the policy splits K (few output tiles), plain calls: poisoned output,
     the error bound, the same bits on a second call."""
