@@ -29,12 +29,15 @@ def arch_for_capability(major: int, minor: int) -> str:
 
 def eager_cuda(t: torch.Tensor) -> bool:
     """Whether ``t`` is a plain CUDA tensor seen outside any tracing: not while Dynamo traces
-    (``torch.compiler.is_compiling``), not a tensor subclass (AOTAutograd's fake and functional
+    (``torch.compiler.is_compiling``), not a tensor subclass but nn.Parameter (AOTAutograd's fake and functional
     tensors trace a compiled backward without Dynamo), not under a torch dispatch mode (make_fx's
     proxy mode). Only then may a Python path launch a kernel on it directly (data pointers and
     all); anything else must go through the opaque custom ops."""
-    return (t.is_cuda and type(t) is torch.Tensor and not torch.compiler.is_compiling()
+    return (t.is_cuda and type(t) in _PLAIN and not torch.compiler.is_compiling()
             and torch._C._len_torch_dispatch_stack() == 0)  # fmt: skip
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # no __torch_dispatch__ of their own
 
 
 @functools.cache

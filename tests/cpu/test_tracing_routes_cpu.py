@@ -22,6 +22,7 @@ class _Passthrough(TorchDispatchMode):
 
 def test_eager_cuda_refuses_fakes_modes_and_cpu():
     assert not eager_cuda(torch.empty(2))
+    assert not eager_cuda(torch.nn.Parameter(torch.empty(2)))  # a Parameter counts as plain, on CUDA
     with FakeTensorMode():
         assert not eager_cuda(torch.empty(2, 2, device="cuda"))
     with _Passthrough():
