@@ -270,7 +270,15 @@ def emulation_config(m: int, n: int, k: int, out_dtype, alpha: float, config: Ge
                      experts: int = 0) -> GemmConfig:  # fmt: skip
     """The emulation kernel's config of an (m, n, k) call (``config``, or ``mx_config`` of the
     rows; grouped when ``experts``: the tile follows the mean rows per expert), alpha on where
-    the call scales, checked by ``can_implement``."""
+    the call scales, checked by ``can_implement``. Kept per signature (a pure function of it:
+    ~20 µs of host time per call otherwise); errors are raised anew each call."""
+    return _emulation_config(m, n, k, out_dtype, alpha != 1.0, config, experts)
+
+
+@functools.lru_cache(maxsize=1024)
+def _emulation_config(m: int, n: int, k: int, out_dtype, scaled: bool, config: GemmConfig | None,
+                      experts: int) -> GemmConfig:  # fmt: skip
+    alpha = 2.0 if scaled else 1.0  # only whether the call scales matters
     if config is not None and (not config.fp8_mx or config.grouped != bool(experts)):
         raise ValueError(
             f"config {config.name} is not an MXFP8-emulation kernel (fp8_mx=True, grouped={bool(experts)}, see mx_config)"
