@@ -347,6 +347,11 @@ def short_a_box(cfg: GemmConfig, p: GemmProblem) -> GemmConfig:
 FEW_TILES_SPLIT4 = 1.25
 
 
+def few_tiles(tiles: int, num_sms: int) -> bool:
+    """Whether 16-bit 64-row tiles this few take 4 K ranges (FEW_TILES_SPLIT4)."""
+    return 8 * tiles <= num_sms * FEW_TILES_SPLIT4
+
+
 def split_few_tiles(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig:
     """The dense call's config with ``split_k`` when M <= 128 gives too few output tiles to keep
     the SMs busy (16-bit inputs and FP8 row-wise; not DeepSeek block scales, see split_k_errors).
@@ -372,7 +377,7 @@ def split_few_tiles(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig
     if cfg.tile_m == 128:
         split = 4 if 4 * tiles <= num_sms else 2 if 2 * tiles <= num_sms else 1
     else:
-        split = (4 if fp8 or 8 * tiles <= num_sms * FEW_TILES_SPLIT4 else 2) if 4 * tiles <= num_sms else 1
+        split = (4 if fp8 or few_tiles(tiles, num_sms) else 2) if 4 * tiles <= num_sms else 1
     # K tiles of 64 (16-bit) / 128 (FP8) elements per range: at least 24 / 12 (3 / 1.5 KB a row)
     k_tiles, min_tiles = (ceil_div(p.k, 128), 12) if fp8 else (ceil_div(p.k, 64), 24)
     while split > 1 and k_tiles < min_tiles * split:
@@ -413,7 +418,7 @@ class Sm90Policy(ArchPolicy):
             # us: 96 x 28672 x 4096 75.4 with 128x64 tiles (A's box of
             # 96 rows) -> 71.2 (torch 71.9); FP8 128 x 28672 x 4096 47.4 -> 43.6 (43.3))
             wide = ceil_div(p.n, 128) * p.l >= self.num_sms
-            if p.a_dtype != "e4m3" and 8 * ceil_div(p.m, 64) * ceil_div(p.n, 64) * p.l <= self.num_sms * FEW_TILES_SPLIT4:
+            if p.a_dtype != "e4m3" and few_tiles(ceil_div(p.m, 64) * ceil_div(p.n, 64) * p.l, self.num_sms):
                 # So few tiles that 64x64 ones still take 4 K ranges (split_few_tiles): twice the
                 # CTAs of 128x64 (H100, 128 x 576 x 7168: 64x64 with 4 ranges 1.07x cuBLAS, 128x64 0.89)
                 return dict(tile_m=64, tile_n=64, raster="n", group=1)

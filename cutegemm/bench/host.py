@@ -74,24 +74,21 @@ def _fp8():
         ("FP8 row-wise grouped", lambda: grouped_gemm(x8, w8, offs=offs, scale_a=gsa, scale_b=gsb),
          "torch._scaled_grouped_mm", lambda: torch._scaled_grouped_mm(x8, w8, gsa, gsb, offs=offs, out_dtype=BF)),
     ]  # fmt: skip
-    block = getattr(F, "scaled_mm", None)
-    scaling = getattr(F, "ScalingType", None)
-    if block is not None and scaling is not None:
-        def torch_block():
-            return block(a8, b8, sa_blk, scaling.BlockWise1x128, sb_blk, scaling.BlockWise128x128, output_dtype=BF)
-    else:
-        torch_block = None
-    cases.append(("FP8 block-wise dense (1x128 x 128x128)", lambda: gemm(a8, b8, scale_a=sa_blk, scale_b=sb_blk),
-                  "F.scaled_mm block-wise", torch_block))  # fmt: skip
     sb_vec = torch.rand(2, 256, device="cuda").t()  # (N, K/128), N-major: torch's 1x128 layout of b
-    if block is not None and scaling is not None:  # torch._scaled_mm itself refuses this recipe on some builds
-        def torch_vec():
-            return block(a8, b8, sa_blk, scaling.BlockWise1x128, sb_vec, scaling.BlockWise1x128, output_dtype=BF)
-    else:
-        torch_vec = None
-    cases.append(("FP8 block-wise dense (1x128 x 1x128)", lambda: gemm(a8, b8, scale_a=sa_blk, scale_b=sb_vec),
-                  "F.scaled_mm block-wise", torch_vec))  # fmt: skip
+    # (torch._scaled_mm itself refuses the 1x128 x 1x128 recipe on some builds: F.scaled_mm names it)
+    for name, sb, b_scaling in (("1x128 x 128x128", sb_blk, "BlockWise128x128"), ("1x128 x 1x128", sb_vec, "BlockWise1x128")):
+        cases.append((f"FP8 block-wise dense ({name})", lambda sb=sb: gemm(a8, b8, scale_a=sa_blk, scale_b=sb),
+                      "F.scaled_mm block-wise", _torch_block_wise(a8, b8, sa_blk, sb, b_scaling)))  # fmt: skip
     return cases
+
+
+def _torch_block_wise(a8, b8, sa, sb, b_scaling: str):
+    """``F.scaled_mm`` with 1x128 scales of a and ``b_scaling`` ones of b, or None (a torch
+    without it)."""
+    block, scaling = getattr(F, "scaled_mm", None), getattr(F, "ScalingType", None)
+    if block is None or scaling is None:
+        return None
+    return lambda: block(a8, b8, sa, scaling.BlockWise1x128, sb, getattr(scaling, b_scaling), output_dtype=BF)
 
 
 def _quantized():

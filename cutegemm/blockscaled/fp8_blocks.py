@@ -89,15 +89,9 @@ def recipe_scales(recipe: str, m: int, k: int, scale_a, scale_b):
 
 def expanded_scales(recipe: str, m: int, n: int, k: int, scale_a, scale_b):
     """(sa (1, M, 4 ceil(K/128)), sb (1, N, 4 ceil(K/128))): fp32 scales per row / column per
-    32-wide K block (the emulation kernel's), from the recipe's scales."""
-    kb = _blocks(k)
-    if recipe == RECIPES[0]:
-        sa = scale_a
-    else:  # (K blocks [padded], M blocks) -> per row
-        sa = scale_a[:kb].t().repeat_interleave(FP8_BLOCK, dim=0)[:m]
-    sa = sa.float().repeat_interleave(_REPEAT, dim=1)
-    sb = scale_b.float().repeat_interleave(_REPEAT, dim=1)
-    return sa.unsqueeze(0), sb.unsqueeze(0)
+    32-wide K block (the emulation kernel's), from the recipe's scales: :func:`recipe_scales`,
+    each repeated over its four 32-wide blocks (the twin's form)."""
+    return tuple(s.float().repeat_interleave(_REPEAT, dim=2) for s in recipe_scales(recipe, m, k, scale_a, scale_b))
 
 
 def _check(recipe, a, b, scale_a, scale_b, out_dtype, out_dtypes=OUT_NAMES):

@@ -278,14 +278,13 @@ def emulation_config(m: int, n: int, k: int, out_dtype, alpha: float, config: Ge
 @functools.lru_cache(maxsize=1024)
 def _emulation_config(m: int, n: int, k: int, out_dtype, scaled: bool, config: GemmConfig | None,
                       experts: int) -> GemmConfig:  # fmt: skip
-    alpha = 2.0 if scaled else 1.0  # only whether the call scales matters
     if config is not None and (not config.fp8_mx or config.grouped != bool(experts)):
         raise ValueError(
             f"config {config.name} is not an MXFP8-emulation kernel (fp8_mx=True, grouped={bool(experts)}, see mx_config)"
         )
     rows = -(-m // experts) if experts else m
-    cfg = config or replace(mx_config(rows, n, out_dtype, alpha=alpha != 1.0), form=Form.GROUPED if experts else Form.DENSE)
-    if alpha != 1.0 and not cfg.epilogue.alpha:
+    cfg = config or replace(mx_config(rows, n, out_dtype, alpha=scaled), form=Form.GROUPED if experts else Form.DENSE)
+    if scaled and not cfg.epilogue.alpha:
         cfg = replace(cfg, epilogue=replace(cfg.epilogue, alpha=True))
     ok, why = can_implement(cfg, GemmProblem(m, n, k, 1, "e4m3", "e4m3", OUT_NAMES[out_dtype], "k", "k", (k,), (k,)))
     if not ok:
