@@ -76,9 +76,9 @@ def _fp8():
     ]  # fmt: skip
     sb_vec = torch.rand(2, 256, device="cuda").t()  # (N, K/128), N-major: torch's 1x128 layout of b
     # (torch._scaled_mm itself refuses the 1x128 x 1x128 recipe on some builds: F.scaled_mm names it)
-    for name, sb, b_scaling in (("1x128 x 128x128", sb_blk, "BlockWise128x128"), ("1x128 x 1x128", sb_vec, "BlockWise1x128")):
-        cases.append((f"FP8 block-wise dense ({name})", lambda sb=sb: gemm(a8, b8, scale_a=sa_blk, scale_b=sb),
-                      "F.scaled_mm block-wise", _torch_block_wise(a8, b8, sa_blk, sb, b_scaling)))  # fmt: skip
+    for name, sbw, b_scaling in (("1x128 x 128x128", sb_blk, "BlockWise128x128"), ("1x128 x 1x128", sb_vec, "BlockWise1x128")):
+        cases.append((f"FP8 block-wise dense ({name})", lambda sbw=sbw: gemm(a8, b8, scale_a=sa_blk, scale_b=sbw),
+                      "F.scaled_mm block-wise", _torch_block_wise(a8, b8, sa_blk, sbw, b_scaling)))  # fmt: skip
     return cases
 
 
