@@ -39,20 +39,25 @@ def ceil_div(a: int, b: int) -> int:
 # power-capped clock, and the costs per work unit, calibrated on the H200's layer sweep (`bench
 # sweep`, bench/RESULTS.md: 176 timings of M > 128 calls over 13 tile / cluster / split configs,
 # the constants that minimise the squared log error of the predicted times). 128x160 (2x1) is an
-# estimate between its neighbours until `bench tiles` measures it: it fills whole waves where N
-# is a multiple of 5 x 1024 (5120, 10240), the shapes where 128x128, 128x192 and 128x256 all
-# leave a wave part-empty.
+# estimate between its neighbours, raised to 0.95 by the H100's `bench tiles` (512 x 51200 x 5120:
+# 128x160 2x1 1.00x cuBLAS in 10 rounds against 128x256's 0.93 in 7, about 0.95 of its rate): it
+# fills whole waves where N is a multiple of 5 x 1024 (5120, 10240), the shapes where 128x128,
+# 128x192 and 128x256 all leave a wave part-empty.
 TILE_RATES = {
-    "16-bit": {(128, 256): 1.00, (128, 192): 0.96, (128, 160): 0.93, (128, 128): 0.88},
+    "16-bit": {(128, 256): 1.00, (128, 192): 0.96, (128, 160): 0.95, (128, 128): 0.88},
     "e4m3": {(128, 192): 0.96, (128, 128): 0.85},
 }
 SM_FLOPS = 6.0e12  # 16-bit WGMMA flop/s of one SM at the power-capped clock (802 TFLOP/s / 132); e4m3 twice
 SM_STORE_BYTES = 30e9  # HBM bytes/s of one SM's share (4 TB/s / 132): the epilogue's stores
 UNIT_SECONDS = 0.5e-6  # a work unit's fixed cost (pipeline fill and drain, the epilogue's latency)
 # Split K: the fp32 partial sums (an L2-resident workspace) and each range's wait for the ranges
-# before it (the sums are added in range order, for bitwise-reproducible results).
+# before it (the sums are added in range order, for bitwise-reproducible results). 16-bit: 10 µs a
+# range, from the H100's bf16 layer sweep, where the split picks ran 1.1-1.3x the model's time at
+# 4 µs while unsplit ones ran 0.93x (DeepSeek-V3 q_a 512 x 1536 x 7168: 128x192 in 4 ranges 0.83x
+# cuBLAS, 128x64 unsplit 0.93 in `bench tiles`; Qwen3-32B qkv M = 128: 128x160 in 2 ranges 0.91,
+# 128x128 unsplit 0.97). e4m3 keeps the H200 calibration's 4 µs (not re-measured).
 SM_PARTIAL_BYTES = 30e9
-SPLIT_UNIT_SECONDS = 4e-6
+SPLIT_UNIT_SECONDS = {"16-bit": 10e-6, "e4m3": 4e-6}
 MODEL_MARGIN = 1.05
 SPLITS = (1, 2, 4)
 EXPLICIT_TILE = frozenset({"tile_m", "tile_n", "cluster_m", "split_k", "fast_accum", "fp8_blockwise", "fp8_mx"})
@@ -86,7 +91,7 @@ def wave_seconds(p: GemmProblem, tile_m: int, tile_n: int, cluster_m: int, split
     unit = (2 * tile_m * tile_n * ceil_div(p.k, split) / flops + tile_m * tile_n * out_bytes / SM_STORE_BYTES
             + UNIT_SECONDS)  # fmt: skip
     if split > 1:  # an fp32 partial sum written, or read and added, after the ranges before it
-        unit += tile_m * tile_n * 8 / SM_PARTIAL_BYTES + SPLIT_UNIT_SECONDS
+        unit += tile_m * tile_n * 8 / SM_PARTIAL_BYTES + SPLIT_UNIT_SECONDS[dtype_family(p.a_dtype)]
     return ceil_div(units, ctas) * unit
 
 

@@ -27,12 +27,14 @@ other layouts are copied first; K a multiple of 16. Epilogue: ``alpha`` and the 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..gemm.fp8_scales import FP8_BLOCK, check_fp32_scale
 from ..gemm.launch import tma_addressable
 from ..runtime.device import device_info
-from .mx_sm90 import MX_K_BLOCK, emulation_config, launch_emulated
+from .mx_sm90 import MX_K_BLOCK, _padded_kb, emulation_config, launch_emulated, sfb_permutation
 from .operands import OUT_NAMES
 
 RECIPES = ("1x128 x 1x128", "128x128 x 1x128")
@@ -94,6 +96,72 @@ def expanded_scales(recipe: str, m: int, n: int, k: int, scale_a, scale_b):
     return tuple(s.float().repeat_interleave(_REPEAT, dim=2) for s in recipe_scales(recipe, m, k, scale_a, scale_b))
 
 
+def _span(t: torch.Tensor) -> torch.Tensor:
+    """A 1-D view of the memory ``t`` spans (from its first element to its last, padding between
+    rows included): element (i, j) of t is element i * stride(0) + j * stride(1) of it."""
+    return t.as_strided((1 + sum((d - 1) * st for d, st in zip(t.shape, t.stride(), strict=True)),), (1,))
+
+
+def _gather_index(recipe: str, m: int, n: int, k: int, tile_n: int, a_key: tuple, b_key: tuple,
+                  device: torch.device) -> tuple[torch.Tensor, int, int]:  # fmt: skip
+    """(index, sfb offset, Np): where each value of the kernel's two scale buffers comes from in
+    ``cat([_span(scale_a), _span(scale_b), zero])``. The buffer is mSFA's (M, Kbp) rows, zeros up
+    to a multiple of 4 values (16 bytes), then mSFB's (Kbp, Np) rows: what ``kernel_sfa`` /
+    ``kernel_sfb`` build from :func:`recipe_scales` with repeat 4, value for value (each 32-wide K
+    block takes its 128-wide block's scale; K blocks past ceil(K / 32) and positions past N zero).
+    ``a_key`` / ``b_key``: (span length, stride 0, stride 1) of each scale tensor. Built on the host
+    (:data:`_INDEX` keeps it per key)."""
+    (len_a, sa0, sa1), (len_b, sb0, sb1) = a_key, b_key
+    zero = len_a + len_b
+    kb, kbp = -(-k // MX_K_BLOCK), _padded_kb(k)
+    j = torch.arange(kbp)
+    blk = torch.div(j, _REPEAT, rounding_mode="floor")  # the 128-wide block of each 32-wide one
+    rows = torch.arange(m).unsqueeze(1)
+    if recipe == RECIPES[0]:  # scale_a (M, KB)
+        ia = rows * sa0 + blk * sa1
+    else:  # scale_a (KB [padded], MB): block (blk, row // 128)
+        ia = blk * sa0 + torch.div(rows, FP8_BLOCK, rounding_mode="floor") * sa1
+    ia = torch.where(j < kb, ia, zero).reshape(-1)
+    n_tiles = -(-n // tile_n)
+    cols = (torch.arange(n_tiles).unsqueeze(1) * tile_n + sfb_permutation(tile_n).unsqueeze(0)).reshape(-1)
+    ib = len_a + cols.unsqueeze(0) * sb0 + blk.unsqueeze(1) * sb1  # (Kbp, Np)
+    ib = torch.where((j.unsqueeze(1) < kb) & (cols.unsqueeze(0) < n), ib, zero).reshape(-1)
+    off = -(-ia.numel() // 4) * 4
+    gap = torch.full((off - ia.numel(),), zero, dtype=torch.long)
+    return torch.cat([ia, gap, ib]).to(device), off, cols.numel()
+
+
+def gathered_scales(recipe: str, m: int, n: int, k: int, tile_n: int, scale_a, scale_b):
+    """(mSFA, mSFB) of the recipe's scales in two launches (one cat, one gather of a cached
+    index) instead of the scale builders' five or six: views of one buffer, as ``kernel_sfa`` /
+    ``kernel_sfb`` lay them out. None inside a CUDA-graph capture before the index exists for
+    this key (no host copy is allowed there: the caller builds the scales the other way)."""
+    span_a, span_b = _span(scale_a), _span(scale_b)
+    key = (recipe, m, n, k, tile_n, (span_a.numel(), *scale_a.stride()), (span_b.numel(), *scale_b.stride()),
+           scale_a.device)  # fmt: skip
+    got = _INDEX.get(key)
+    if got is None:
+        if scale_a.is_cuda and torch.cuda.is_current_stream_capturing():
+            return None
+        if len(_INDEX) >= _MAX_INDEX:
+            _INDEX.clear()
+        got = _INDEX[key] = (*_gather_index(*key), _zero_on(scale_a.device))
+    index, off, np_, zero = got
+    buf = torch.cat([span_a, span_b, zero]).index_select(0, index)
+    kbp = _padded_kb(k)
+    return buf[: m * kbp].view(1, m, kbp).permute(1, 2, 0), buf[off:].view(1, kbp, np_).permute(2, 1, 0)
+
+
+_INDEX: dict = {}  # gathered_scales' key -> (the gather index on the device, sfb offset, Np, a zero)
+_MAX_INDEX = 128
+
+
+@functools.cache
+def _zero_on(device: torch.device) -> torch.Tensor:
+    """One fp32 zero on ``device`` (the gather's zero element), made by an eager call."""
+    return torch.zeros(1, dtype=torch.float32, device=device)
+
+
 def _check(recipe, a, b, scale_a, scale_b, out_dtype, out_dtypes=OUT_NAMES):
     rule = f"FP8 block scaling {recipe}"
     for name, t in (("scale_a", scale_a), ("scale_b", scale_b)):
@@ -150,6 +218,9 @@ def gemm_fp8_vector_blocks(a, b, *, scale_a, scale_b, out_dtype=None, alpha: flo
     cfg = emulation_config(m, n, k, out_dtype, alpha, config)
     a_k, b_k = _k_major(a), _k_major(b.t())  # (M, K), (N, K)
     views = [t.as_strided((t.shape[0], k, 1), (t.stride(0), 1, t.shape[0] * t.stride(0))) for t in (a_k, b_k)]
+    gathered = gathered_scales(recipe, m, n, k, cfg.tile_n, scale_a, scale_b)
+    if gathered is not None:
+        return launch_emulated(cfg, *views, None, None, out_dtype, alpha, out, batched=False, kernel_scales=gathered)
     return launch_emulated(cfg, *views, *recipe_scales(recipe, m, k, scale_a, scale_b), out_dtype, alpha, out,
                            batched=False, repeat=_REPEAT)  # fmt: skip
 
@@ -175,5 +246,5 @@ def gemm_fp8_vector_blocks_ref(a, b, *, scale_a, scale_b, out_dtype=None, alpha:
     return (acc * alpha).to(out_dtype)
 
 
-__all__ = ["RECIPES", "expanded_scales", "recipe_scales", "gemm_fp8_vector_blocks", "gemm_fp8_vector_blocks_ref",
+__all__ = ["RECIPES", "expanded_scales", "gathered_scales", "recipe_scales", "gemm_fp8_vector_blocks", "gemm_fp8_vector_blocks_ref",
            "vector_block_recipe"]  # fmt: skip

@@ -293,17 +293,22 @@ def _emulation_config(m: int, n: int, k: int, out_dtype, scaled: bool, config: G
 
 
 def launch_emulated(cfg: GemmConfig, a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor,
-                    out_dtype, alpha: float, out, batched: bool, repeat: int = 1) -> torch.Tensor:  # fmt: skip
+                    out_dtype, alpha: float, out, batched: bool, repeat: int = 1,
+                    kernel_scales=None) -> torch.Tensor:  # fmt: skip
     """The dense emulation kernel on e4m3 operands ``a`` (M, K, L) and ``b`` (N, K, L) (K-major
     views, 16-byte aligned rows) with scales ``sa`` (L, M, kbs) and ``sb`` (L, N, kbs), one per row
     of a / column of the product per ``repeat`` 32-wide K blocks (kbs = ceil(K / (32 repeat))):
-    ``out[l] = sum_kb (a[:, kb] @ b[:, kb].T) * sa[l, :, kb, None] * sb[l, None, :, kb]``."""
+    ``out[l] = sum_kb (a[:, kb] @ b[:, kb].T) * sa[l, :, kb, None] * sb[l, None, :, kb]``.
+    ``kernel_scales``: (mSFA, mSFB) already built (what ``kernel_sfa`` / ``kernel_sfb`` of sa / sb
+    give, e.g. by one gather); sa / sb are then not read."""
     m, k, L = a.shape
     n = b.shape[0]
     written, c_view = output_view(out, L, m, n, out_dtype, a.device, batched)
+    if kernel_scales is None:
+        kernel_scales = kernel_sfa(sa, k, repeat), kernel_sfb(sb, k, cfg.tile_n, repeat)
     DENSE_CACHE.get(cfg)(*KernelArgs(
-        a, b, c_view, alpha=alpha, max_clusters=max_clusters_for(cfg, a.device), sfa=kernel_sfa(sa, k, repeat),
-        sfb=kernel_sfb(sb, k, cfg.tile_n, repeat),
+        a, b, c_view, alpha=alpha, max_clusters=max_clusters_for(cfg, a.device), sfa=kernel_scales[0],
+        sfb=kernel_scales[1],
         workspace=new_workspace(cfg, a.device),  # scheduler "dynamic": a fresh tile counter, zeroed in-stream
     ))  # fmt: skip
     return finish_output(out, written)

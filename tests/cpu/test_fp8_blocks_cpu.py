@@ -15,6 +15,7 @@ import cutegemm
 from cutegemm.blockscaled.fp8_blocks import (
     RECIPES,
     expanded_scales,
+    gathered_scales,
     gemm_fp8_vector_blocks,
     recipe_scales,
     vector_block_recipe,
@@ -91,6 +92,31 @@ def test_kernel_model_with_expanded_scales_equals_twin(m, n, kb16, lhs, pad, til
         want_s = build(full[build is kernel_sfb], *expanded)
         assert got_s.shape == want_s.shape and got_s.stride() == want_s.stride()
         assert torch.equal(got_s[:, :kb], want_s[:, :kb]) and not got_s[:, kb:].any()
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(1, 300), n=st.integers(1, 300), kb16=st.integers(9, 40), lhs=st.sampled_from([1, 128]),
+       pad=st.booleans(), tile_n=st.sampled_from([64, 128, 192]), layout=st.sampled_from(["torch", "row", "col"]),
+       seed=st.integers(0, 2**16))  # fmt: skip
+def test_gathered_scales_equal_the_builders(m, n, kb16, lhs, pad, tile_n, layout, seed):
+    """The one-gather scale buffers (the warm path's two launches) hold what kernel_sfa /
+    kernel_sfb build from recipe_scales, value for value, with the same shapes and strides, 16-byte
+    aligned, for scales in torch's layouts, row-major ones and column-major ones; infinities in
+    the never-read padding stay unread."""
+    k = 16 * kb16
+    x8, y8, sa, sb, _, _ = _operands(m, n, k, lhs, seed, pad)
+    if layout == "row":
+        sa, sb = sa.contiguous(), sb.contiguous()
+    elif layout == "col":
+        sa, sb = sa.t().contiguous().t(), sb.t().contiguous().t()
+    recipe = vector_block_recipe(x8, y8.t(), sa, sb)
+    rsa, rsb = recipe_scales(recipe, m, k, sa, sb)
+    want = (kernel_sfa(rsa, k, 4), kernel_sfb(rsb, k, tile_n, 4))
+    for _ in range(2):  # the cold call builds the index, the warm one reuses it
+        got = gathered_scales(recipe, m, n, k, tile_n, sa, sb)
+        for g, w in zip(got, want, strict=True):
+            assert g.shape == w.shape and g.stride() == w.stride() and g.data_ptr() % 16 == 0
+            assert torch.equal(g, w)
 
 
 def test_other_scale_shapes_keep_their_paths():

@@ -223,3 +223,19 @@ def test_64_row_tiles_only_where_four_ranges_follow():
     132 SMs): N = 1024 (32 such tiles) keeps 128x64 with its K ranges."""
     cfg = dense(128, 1024, 7168)
     assert (cfg.tile_m, cfg.tile_n) == (128, 64), cfg.name
+
+
+def test_h100_split_costs_and_128x160_rate():
+    """The H100 recalibration (16-bit split K at 10 µs a range, 128x160 at 0.95 of 128x256):
+    DeepSeek-V3 q_a at M = 512 runs 128x64 unsplit (0.93x cuBLAS in `bench tiles` against 4 ranges
+    of 128x192's 0.83), Qwen3-32B qkv at M = 128 128x128 unsplit (0.97 against 0.91), Qwen3-32B
+    gate_up at M = 512 128x160 2x1 (1.00 against 128x256's 0.93); e4m3 keeps its split pick."""
+    q_a = dense(512, 1536, 7168)
+    assert (q_a.tile_m, q_a.tile_n, q_a.split_k) == (128, 64, 1), q_a.name
+    qkv = dense(128, 10240, 5120)
+    assert (qkv.tile_n, qkv.split_k) == (128, 1), qkv.name
+    gate_up = dense(512, 51200, 5120)
+    assert (gate_up.tile_n, gate_up.cluster_m, gate_up.split_k) == (160, 2, 1), gate_up.name
+    assert dense(512, 1536, 7168, "e4m3").split_k > 1
+    for cfg in (q_a, qkv, gate_up):
+        assert not config_errors(cfg)
