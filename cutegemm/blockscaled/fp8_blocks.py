@@ -34,7 +34,7 @@ import torch
 from ..gemm.fp8_scales import FP8_BLOCK, check_fp32_scale
 from ..gemm.launch import tma_addressable
 from ..runtime.device import device_info
-from .mx_sm90 import MX_K_BLOCK, _padded_kb, emulation_config, launch_emulated, sfb_permutation
+from .mx_sm90 import MX_K_BLOCK, emulation_config, launch_emulated, padded_kb, permutation_on, sfb_permutation
 from .operands import OUT_NAMES
 
 RECIPES = ("1x128 x 1x128", "128x128 x 1x128")
@@ -113,7 +113,7 @@ def _gather_index(recipe: str, m: int, n: int, k: int, tile_n: int, a_key: tuple
     (:data:`_INDEX` keeps it per key)."""
     (len_a, sa0, sa1), (len_b, sb0, sb1) = a_key, b_key
     zero = len_a + len_b
-    kb, kbp = -(-k // MX_K_BLOCK), _padded_kb(k)
+    kb, kbp = -(-k // MX_K_BLOCK), padded_kb(k)
     j = torch.arange(kbp)
     blk = torch.div(j, _REPEAT, rounding_mode="floor")  # the 128-wide block of each 32-wide one
     rows = torch.arange(m).unsqueeze(1)
@@ -146,9 +146,11 @@ def gathered_scales(recipe: str, m: int, n: int, k: int, tile_n: int, scale_a, s
         if len(_INDEX) >= _MAX_INDEX:
             _INDEX.clear()
         got = _INDEX[key] = (*_gather_index(*key), _zero_on(scale_a.device))
+        if scale_a.is_cuda:
+            permutation_on(tile_n, scale_a.device)  # the capture path's builders need it made eagerly
     index, off, np_, zero = got
     buf = torch.cat([span_a, span_b, zero]).index_select(0, index)
-    kbp = _padded_kb(k)
+    kbp = padded_kb(k)
     return buf[: m * kbp].view(1, m, kbp).permute(1, 2, 0), buf[off:].view(1, kbp, np_).permute(2, 1, 0)
 
 

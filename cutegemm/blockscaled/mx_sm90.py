@@ -77,7 +77,7 @@ def _plain_scales3(q: BlockScaledTensor) -> torch.Tensor:
     return s if s.dim() == 3 else s.unsqueeze(0)
 
 
-def _padded_kb(k: int) -> int:
+def padded_kb(k: int) -> int:
     kb = -(-k // MX_K_BLOCK)
     return -(-kb // K_TILE_BLOCKS) * K_TILE_BLOCKS
 
@@ -85,9 +85,9 @@ def _padded_kb(k: int) -> int:
 def _k_blocks(s: torch.Tensor, k: int, repeat: int, dim: int) -> torch.Tensor:
     """``s`` (fp32, 3-D) with its dimension ``dim`` (K blocks: kbs values, each covering
     ``repeat`` 32-wide blocks) made one value per 32-wide block, cut to ceil(K / 32) and zero-padded
-    to Kbp (``_padded_kb``), contiguous: s itself where nothing changes, else one or two copies."""
+    to Kbp (``padded_kb``), contiguous: s itself where nothing changes, else one or two copies."""
     kbs = s.shape[dim]
-    kb, kbp = -(-k // MX_K_BLOCK), _padded_kb(k)
+    kb, kbp = -(-k // MX_K_BLOCK), padded_kb(k)
     if repeat > 1:
         shape = list(s.shape)
         shape[dim] = kbs * repeat
@@ -110,9 +110,9 @@ def kernel_sfa(s: torch.Tensor, k: int, repeat: int = 1) -> torch.Tensor:
 
 
 @functools.cache
-def _permutation_on(tile_n: int, device: torch.device) -> torch.Tensor:
+def permutation_on(tile_n: int, device: torch.device) -> torch.Tensor:
     """:func:`sfb_permutation` on ``device``, copied once (a host copy inside a CUDA-graph capture
-    would fail; the first, eager call makes it)."""
+    would fail; every eager scale build of a CUDA call makes it first)."""
     return sfb_permutation(tile_n).to(device)
 
 
@@ -136,7 +136,9 @@ def _sfb_index_for(n: int, tile_n: int, device: torch.device) -> torch.Tensor:
     host copy is allowed there, and a tensor made there belongs to the graph's memory pool): then
     made on the device from the tile's cached permutation, part of the graph."""
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return _sfb_positions(n, tile_n, _permutation_on(tile_n, device))
+        return _sfb_positions(n, tile_n, permutation_on(tile_n, device))
+    if device.type == "cuda":
+        permutation_on(tile_n, device)  # made here, eagerly, for a later capture
     return _sfb_index(n, tile_n, device)
 
 

@@ -154,8 +154,8 @@ def test_cuda_graph_replays_new_scales(warm):
     matches eager calls bit for bit."""
     m, n, k = 192 + warm, 264, 640
     a, b, sa, sb = _case(m, n, k, 1, seed=11 + warm)
-    if warm:
-        cutegemm.gemm(a, b, scale_a=sa, scale_b=sb)
+    # eager first: the kernel loaded; warm: this key's gather index too, cold: another layout's
+    cutegemm.gemm(a, b, scale_a=sa if warm else sa.contiguous(), scale_b=sb)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     s = torch.cuda.Stream()
