@@ -21,6 +21,7 @@ import inspect
 import torch
 
 from ..blockscaled.fp8_blocks import gemm_fp8_vector_blocks, gemm_fp8_vector_blocks_ref, vector_block_recipe
+from ..blockscaled.fp8_blocks import warm_call as warm_vector_blocks
 from ..blockscaled.gemm import (
     gemm_blockscaled,
     gemm_blockscaled_ref,
@@ -103,6 +104,10 @@ def gemm(a, b, **options):
         if is_fp4_weight_call(a, b):
             return gemm_fp4_weight(a, b, **_supported(dense.gemm, options, ("scale_a", *BLOCKSCALED_OPTIONS)))
         return gemm_blockscaled(a, b, **_supported(dense.gemm, options, BLOCKSCALED_OPTIONS))
+    if options.keys() == _BARE_SCALED and _n_rows_scale_b(b, options["scale_b"]):  # a warm FP8 block call?
+        res = warm_vector_blocks(a, b, options["scale_a"], options["scale_b"])
+        if res is not None:
+            return res
     if _vector_blocks(a, b, options):
         opts = _supported(dense.gemm, options, FP8_BLOCKS_OPTIONS, FP8_BLOCKS)
         opts.pop("fast_accum")  # the emulation promotes every 32 K either way
@@ -110,12 +115,20 @@ def gemm(a, b, **options):
     return dense.gemm(a, b, **options)
 
 
-def _vector_blocks(a, b, options: dict) -> bool:
-    """Whether the call has FP8 block scales of ``blockscaled.fp8_blocks`` (a cheap test first: a
-    2-D scale_b with N rows, unlike row-wise (1, N), per-tensor or DeepSeek's (K/128, N/128))."""
-    sb = options.get("scale_b")
+def _n_rows_scale_b(b, sb) -> bool:
+    """A 2-D scale_b with N rows (unlike row-wise (1, N), per-tensor or DeepSeek's (K/128, N/128))."""
     return (isinstance(sb, torch.Tensor) and sb.dim() == 2 and isinstance(b, torch.Tensor) and b.dim() == 2
-            and sb.shape[0] == b.shape[1] and vector_block_recipe(a, b, options.get("scale_a"), sb) is not None)  # fmt: skip
+            and sb.shape[0] == b.shape[1])  # fmt: skip
+
+
+def _vector_blocks(a, b, options: dict) -> bool:
+    """Whether the call has FP8 block scales of ``blockscaled.fp8_blocks`` (:func:`_n_rows_scale_b`
+    first, the cheap test)."""
+    sb = options.get("scale_b")
+    return _n_rows_scale_b(b, sb) and vector_block_recipe(a, b, options.get("scale_a"), sb) is not None
+
+
+_BARE_SCALED = frozenset({"scale_a", "scale_b"})
 
 
 @functools.wraps(dense.gemm_ref)

@@ -156,3 +156,35 @@ def test_api_routing_and_errors():
         gemm_fp8_vector_blocks(x8, y8.t(), scale_a=sa, scale_b=sb, out=torch.empty(m, n + 1))
     z = cutegemm.gemm_ref(x8[:0], y8.t(), scale_a=sa[:0], scale_b=sb)
     assert z.shape == (0, n)
+
+
+def test_warm_plan_launches_what_the_cold_call_launches(monkeypatch):
+    """A bare call's warm plan (fp8_blocks.warm_call) hands the kernel the cold call's operand
+    views, the same mSFA / mSFB values and layouts (kernel_sfa / kernel_sfb of recipe_scales),
+    an (M, N, 1) output view and the grid; a call with other strides finds no plan."""
+    from cutegemm.blockscaled import fp8_blocks
+    from cutegemm.blockscaled.mx_sm90 import emulation_config
+    from cutegemm.gemm.args import KernelArgs
+
+    m, n, k = 200, 264, 640
+    x8, y8, sa, sb, _, _ = _operands(m, n, k, 1, seed=3)
+    b = y8.t()
+    recipe = vector_block_recipe(x8, b, sa, sb)
+    cfg = emulation_config(m, n, k, torch.bfloat16, 1.0, None)
+    calls = []
+    monkeypatch.setattr(fp8_blocks.DENSE_CACHE, "get", lambda c: lambda *args: calls.append(args))
+    monkeypatch.setattr(fp8_blocks, "max_clusters_for", lambda c, d: 7)
+    monkeypatch.setattr(fp8_blocks, "current_device", lambda: None)
+    views = [t.as_strided((t.shape[0], k, 1), (t.stride(0), 1, t.shape[0] * t.stride(0))) for t in (x8, y8)]
+    assert fp8_blocks.gathered_scales(recipe, m, n, k, cfg.tile_n, sa, sb) is not None
+    fp8_blocks._remember_warm(x8, b, sa, sb, cfg, views, recipe)
+    out = fp8_blocks.warm_call(x8, b, sa, sb)
+    assert out.shape == (m, n) and out.dtype == torch.bfloat16 and len(calls) == 1
+    args = KernelArgs(*calls[0])
+    for got, want in ((args.a, views[0]), (args.b, views[1])):
+        assert got.shape == want.shape and got.stride() == want.stride() and got.data_ptr() == want.data_ptr()
+    rsa, rsb = recipe_scales(recipe, m, k, sa, sb)
+    for got, want in ((args.sfa, kernel_sfa(rsa, k, 4)), (args.sfb, kernel_sfb(rsb, k, cfg.tile_n, 4))):
+        assert got.shape == want.shape and got.stride() == want.stride() and torch.equal(got, want)
+    assert args.out.shape == (m, n, 1) and args.max_clusters == 7 and args.alpha == 1.0
+    assert fp8_blocks.warm_call(x8, b, sa.contiguous(), sb) is None
