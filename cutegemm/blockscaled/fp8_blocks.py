@@ -23,6 +23,12 @@ scales repeated over the four 32-wide blocks of each 128-wide one (and over the 
 block). Operands are read K-major: a row-major, b column-major (``w.t()`` of an (N, K) weight);
 other layouts are copied first; K a multiple of 16. Epilogue: ``alpha`` and the output dtype
 (bf16 / fp16 / fp32), ``out``. sm_100a: not built (NotImplementedError).
+
+Host path: both scale buffers come from one ``cat`` of the two scale tensors and one gather
+through an index cached per (recipe, shapes, strides, tile) (:func:`gathered_scales`; inside a
+CUDA-graph capture before that index exists, the ``mx_sm90`` scale builders); a bare call (no
+option but the scales) launches from a warm plan after its first call (:func:`warm_call`): the
+gather, the output's allocation, the GEMM.
 """
 
 from __future__ import annotations
