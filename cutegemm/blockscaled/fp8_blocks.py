@@ -40,7 +40,7 @@ import torch
 from ..gemm.args import KernelArgs
 from ..gemm.fp8_scales import FP8_BLOCK, check_fp32_scale
 from ..gemm.launch import DENSE_CACHE, current_device, new_workspace, reset_workspace, tma_addressable
-from ..runtime.device import device_info, max_clusters_for
+from ..runtime.device import device_info, eager_cuda, max_clusters_for
 from .mx_sm90 import MX_K_BLOCK, emulation_config, launch_emulated, padded_kb, permutation_on, sfb_permutation
 from .operands import OUT_NAMES, finish_output, output_view
 
@@ -294,13 +294,13 @@ def _remember_warm(a, b, scale_a, scale_b, cfg, views, recipe) -> None:
 
 def warm_call(a, b, scale_a, scale_b):
     """``gemm(a, b, scale_a=..., scale_b=...)`` with no other option, launched from its warm plan
-    (a cold call with the same :func:`warm_key` made it), or None (no plan, a data pointer TMA
-    cannot read, another current device)."""
+    (a cold call with the same :func:`warm_key` made it), or None (no plan, a tensor seen under
+    tracing (``eager_cuda``), a data pointer TMA cannot read, another current device)."""
     try:
         w = _WARM.get(warm_key(a, b, scale_a, scale_b))
     except (AttributeError, TypeError):
         return None
-    if w is None or a.data_ptr() % 16 or b.data_ptr() % 16 or current_device() != w.device_index:
+    if w is None or not eager_cuda(a) or a.data_ptr() % 16 or b.data_ptr() % 16 or current_device() != w.device_index:
         return None
     return w.run(a, b, scale_a, scale_b)
 

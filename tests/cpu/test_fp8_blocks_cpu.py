@@ -175,6 +175,7 @@ def test_warm_plan_launches_what_the_cold_call_launches(monkeypatch):
     monkeypatch.setattr(fp8_blocks.DENSE_CACHE, "get", lambda c: lambda *args: calls.append(args))
     monkeypatch.setattr(fp8_blocks, "max_clusters_for", lambda c, d: 7)
     monkeypatch.setattr(fp8_blocks, "current_device", lambda: None)
+    monkeypatch.setattr(fp8_blocks, "eager_cuda", lambda t: True)  # CPU tensors stand in for CUDA ones
     views = [t.as_strided((t.shape[0], k, 1), (t.stride(0), 1, t.shape[0] * t.stride(0))) for t in (x8, y8)]
     assert fp8_blocks.gathered_scales(recipe, m, n, k, cfg.tile_n, sa, sb) is not None
     fp8_blocks._remember_warm(x8, b, sa, sb, cfg, views, recipe)
@@ -188,3 +189,5 @@ def test_warm_plan_launches_what_the_cold_call_launches(monkeypatch):
         assert got.shape == want.shape and got.stride() == want.stride() and torch.equal(got, want)
     assert args.out.shape == (m, n, 1) and args.max_clusters == 7 and args.alpha == 1.0
     assert fp8_blocks.warm_call(x8, b, sa.contiguous(), sb) is None
+    monkeypatch.setattr(fp8_blocks, "eager_cuda", lambda t: False)  # traced: the plan is not used
+    assert fp8_blocks.warm_call(x8, b, sa, sb) is None and len(calls) == 1
