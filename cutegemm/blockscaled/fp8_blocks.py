@@ -141,9 +141,12 @@ def _gather_index(recipe: str, m: int, n: int, k: int, tile_n: int, a_key: tuple
 def gathered_scales(recipe: str, m: int, n: int, k: int, tile_n: int, scale_a, scale_b):
     """(mSFA, mSFB) of the recipe's scales in two launches (one cat, one gather of a cached
     index) instead of the scale builders' five or six: views of one buffer, as ``kernel_sfa`` /
-    ``kernel_sfb`` lay them out. None inside a CUDA-graph capture before the index exists for
-    this key (no host copy is allowed there: the caller builds the scales the other way)."""
+    ``kernel_sfb`` lay them out. None (the caller builds the scales the other way) inside a
+    CUDA-graph capture before the index exists for this key (no host copy is allowed there), or
+    for a scale tensor whose memory span is far larger than its elements."""
     span_a, span_b = _span(scale_a), _span(scale_b)
+    if any(sp.numel() > _MAX_SPAN_RATIO * t.numel() + 4096 for sp, t in ((span_a, scale_a), (span_b, scale_b))):
+        return None  # a slice of a much larger buffer: the builders copy only its elements
     key = (recipe, m, n, k, tile_n, (span_a.numel(), *scale_a.stride()), (span_b.numel(), *scale_b.stride()),
            scale_a.device)  # fmt: skip
     got = _INDEX.get(key)
@@ -163,6 +166,9 @@ def gathered_scales(recipe: str, m: int, n: int, k: int, tile_n: int, scale_a, s
 
 _INDEX: dict = {}  # gathered_scales' key -> (the gather index on the device, sfb offset, Np, a zero)
 _MAX_INDEX = 128
+# The gather copies each scale tensor's whole span: torch's layouts span at most ~4x their
+# elements (the padded 128x128 scale rows), a column slice of a wide buffer far more.
+_MAX_SPAN_RATIO = 4
 
 
 @functools.cache

@@ -158,6 +158,20 @@ def test_api_routing_and_errors():
     assert z.shape == (0, n)
 
 
+def test_gather_declines_scales_sliced_from_wide_buffers():
+    """A scale tensor cut from a much wider buffer (its span far larger than its elements) is
+    left to the builders, which copy only its elements; torch's layouts take the gather."""
+    m, n, k = 256, 512, 1024
+    x8, y8, sa, sb, _, _ = _operands(m, n, k, 1, seed=7)
+    recipe = vector_block_recipe(x8, y8.t(), sa, sb)
+    assert gathered_scales(recipe, m, n, k, 128, sa, sb) is not None
+    wide = torch.zeros(n, 4096)
+    wide[:, : sb.shape[1]] = sb
+    sliced = wide[:, : sb.shape[1]]
+    assert vector_block_recipe(x8, y8.t(), sa, sliced) == recipe
+    assert gathered_scales(recipe, m, n, k, 128, sa, sliced) is None
+
+
 def test_warm_plan_launches_what_the_cold_call_launches(monkeypatch):
     """A bare call's warm plan (fp8_blocks.warm_call) hands the kernel the cold call's operand
     views, the same mSFA / mSFB values and layouts (kernel_sfa / kernel_sfb of recipe_scales),
