@@ -34,6 +34,7 @@ gather, the output's allocation, the GEMM.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
@@ -117,7 +118,7 @@ def _gather_index(recipe: str, m: int, n: int, k: int, tile_n: int, a_key: tuple
     ``kernel_sfb`` build from :func:`recipe_scales` with repeat 4, value for value (each 32-wide K
     block takes its 128-wide block's scale; K blocks past ceil(K / 32) and positions past N zero).
     ``a_key`` / ``b_key``: (span length, stride 0, stride 1) of each scale tensor. Built on the host
-    (:data:`_INDEX` keeps it per key)."""
+    (:data:`_INDEX` keeps it per key, in a :class:`_Gather`)."""
     (len_a, sa0, sa1), (len_b, sb0, sb1) = a_key, b_key
     zero = len_a + len_b
     kb, kbp = -(-k // MX_K_BLOCK), padded_kb(k)
@@ -138,33 +139,57 @@ def _gather_index(recipe: str, m: int, n: int, k: int, tile_n: int, a_key: tuple
     return torch.cat([ia, gap, ib]).to(device), off, cols.numel()
 
 
-def gathered_scales(recipe: str, m: int, n: int, k: int, tile_n: int, scale_a, scale_b):
-    """(mSFA, mSFB) of the recipe's scales in two launches (one cat, one gather of a cached
-    index) instead of the scale builders' five or six: views of one buffer, as ``kernel_sfa`` /
-    ``kernel_sfb`` lay them out. None (the caller builds the scales the other way) inside a
-    CUDA-graph capture before the index exists for this key (no host copy is allowed there), or
-    for a scale tensor whose memory span is far larger than its elements."""
+class _Gather(NamedTuple):
+    """One gather signature's launch data: the index on the device, mSFB's offset in the buffer,
+    mSFA's rows, the padded K blocks, mSFB's positions (Np), the zero element."""
+
+    index: torch.Tensor
+    off: int
+    m: int
+    kbp: int
+    np_: int
+    zero: torch.Tensor
+
+    def scales(self, span_a: torch.Tensor, span_b: torch.Tensor):
+        """(mSFA, mSFB): one cat of the scale spans and one gather; views of one buffer, as
+        ``kernel_sfa`` / ``kernel_sfb`` lay them out."""
+        buf = torch.cat([span_a, span_b, self.zero]).index_select(0, self.index)
+        m, kbp = self.m, self.kbp
+        return buf[: m * kbp].view(1, m, kbp).permute(1, 2, 0), buf[self.off :].view(1, kbp, self.np_).permute(2, 1, 0)
+
+
+def _gather_for(recipe: str, m: int, n: int, k: int, tile_n: int, scale_a, scale_b):
+    """(the :class:`_Gather` of this call or None, the two scale spans). None (the caller builds
+    the scales the other way) inside a CUDA-graph capture before the index exists for this key
+    (no host copy is allowed there), or for a scale tensor whose memory span is far larger than
+    its elements."""
     span_a, span_b = _span(scale_a), _span(scale_b)
     if any(sp.numel() > _MAX_SPAN_RATIO * t.numel() + 4096 for sp, t in ((span_a, scale_a), (span_b, scale_b))):
-        return None  # a slice of a much larger buffer: the builders copy only its elements
+        return None, span_a, span_b  # a slice of a much larger buffer: the builders copy only its elements
     key = (recipe, m, n, k, tile_n, (span_a.numel(), *scale_a.stride()), (span_b.numel(), *scale_b.stride()),
            scale_a.device)  # fmt: skip
     got = _INDEX.get(key)
     if got is None:
         if scale_a.is_cuda and torch.cuda.is_current_stream_capturing():
-            return None
+            return None, span_a, span_b
         if len(_INDEX) >= _MAX_INDEX:
             _INDEX.clear()
-        got = _INDEX[key] = (*_gather_index(*key), _zero_on(scale_a.device))
+        index, off, np_ = _gather_index(*key)
+        got = _INDEX[key] = _Gather(index, off, m, padded_kb(k), np_, _zero_on(scale_a.device))
         if scale_a.is_cuda:
             permutation_on(tile_n, scale_a.device)  # the capture path's builders need it made eagerly
-    index, off, np_, zero = got
-    buf = torch.cat([span_a, span_b, zero]).index_select(0, index)
-    kbp = padded_kb(k)
-    return buf[: m * kbp].view(1, m, kbp).permute(1, 2, 0), buf[off:].view(1, kbp, np_).permute(2, 1, 0)
+    return got, span_a, span_b
 
 
-_INDEX: dict = {}  # gathered_scales' key -> (the gather index on the device, sfb offset, Np, a zero)
+def gathered_scales(recipe: str, m: int, n: int, k: int, tile_n: int, scale_a, scale_b):
+    """(mSFA, mSFB) of the recipe's scales in two launches (one cat, one gather of a cached
+    index) instead of the scale builders' five or six (:class:`_Gather`), or None where
+    :func:`_gather_for` declines."""
+    gather, span_a, span_b = _gather_for(recipe, m, n, k, tile_n, scale_a, scale_b)
+    return None if gather is None else gather.scales(span_a, span_b)
+
+
+_INDEX: dict = {}  # _gather_for's key -> _Gather
 _MAX_INDEX = 128
 # The gather copies each scale tensor's whole span: torch's layouts span at most ~4x their
 # elements (the padded 128x128 scale rows), a column slice of a wide buffer far more.
@@ -233,9 +258,10 @@ def gemm_fp8_vector_blocks(a, b, *, scale_a, scale_b, out_dtype=None, alpha: flo
     cfg = emulation_config(m, n, k, out_dtype, alpha, config)
     a_k, b_k = _k_major(a), _k_major(b.t())  # (M, K), (N, K)
     views = [t.as_strided((t.shape[0], k, 1), (t.stride(0), 1, t.shape[0] * t.stride(0))) for t in (a_k, b_k)]
-    gathered = gathered_scales(recipe, m, n, k, cfg.tile_n, scale_a, scale_b)
-    if gathered is not None:
-        res = launch_emulated(cfg, *views, None, None, out_dtype, alpha, out, batched=False, kernel_scales=gathered)
+    gather, span_a, span_b = _gather_for(recipe, m, n, k, cfg.tile_n, scale_a, scale_b)
+    if gather is not None:
+        res = launch_emulated(cfg, *views, None, None, out_dtype, alpha, out, batched=False,
+                              kernel_scales=gather.scales(span_a, span_b))  # fmt: skip
         in_place = a_k is a and b_k.data_ptr() == b.data_ptr() and b_k.stride() == (b.stride(1), b.stride(0))
         if out is None and config is None and alpha == 1.0 and out_dtype == torch.bfloat16 and in_place:
             _remember_warm(a, b, scale_a, scale_b, cfg, views, recipe)
@@ -258,21 +284,18 @@ def warm_key(a, b, scale_a, scale_b) -> tuple:
 
 class _Warm:
     """A warm bare call's launch: the kernel, its operand views' shapes and strides, the scale
-    gather (index, spans, the zero), the buffer views of mSFA / mSFB, the persistent grid and the
-    dynamic scheduler's counter (reset in-stream per call, as the dense plans' are)."""
+    gather and the scale tensors' span lengths, the persistent grid and the dynamic scheduler's
+    counter (reset in-stream per call, as the dense plans' are)."""
 
-    __slots__ = ("fn", "a_view", "b_view", "spans", "gather", "sfa_view", "sfb_view", "m", "n", "device",
-                 "device_index", "max_clusters", "workspace")  # fmt: skip
+    __slots__ = ("fn", "a_view", "b_view", "spans", "gather", "m", "n", "device", "device_index", "max_clusters",
+                 "workspace")  # fmt: skip
 
     def run(self, a, b, scale_a, scale_b):
-        index, zero = self.gather
-        buf = torch.cat([scale_a.as_strided(self.spans[0], (1,)), scale_b.as_strided(self.spans[1], (1,)),
-                         zero]).index_select(0, index)  # fmt: skip
+        sfa, sfb = self.gather.scales(scale_a.as_strided(self.spans[0], (1,)), scale_b.as_strided(self.spans[1], (1,)))
         written, c_view = output_view(None, 1, self.m, self.n, torch.bfloat16, self.device, False)
         self.fn(*KernelArgs(
             a.as_strided(*self.a_view), b.as_strided(*self.b_view), c_view, alpha=1.0, max_clusters=self.max_clusters,
-            sfa=buf.as_strided(*self.sfa_view), sfb=buf.as_strided(*self.sfb_view),
-            workspace=reset_workspace(self.workspace),
+            sfa=sfa, sfb=sfb, workspace=reset_workspace(self.workspace),
         ))  # fmt: skip
         return finish_output(None, written)
 
@@ -281,16 +304,11 @@ def _remember_warm(a, b, scale_a, scale_b, cfg, views, recipe) -> None:
     """Records the bare call's launch (after a cold call took the gather path) for :func:`warm_call`."""
     m, k = a.shape
     n = b.shape[1]
-    key = (recipe, m, n, k, cfg.tile_n, (_span(scale_a).numel(), *scale_a.stride()),
-           (_span(scale_b).numel(), *scale_b.stride()), scale_a.device)  # fmt: skip
-    index, off, np_, zero = _INDEX[key]
-    kbp = padded_kb(k)
+    gather, span_a, span_b = _gather_for(recipe, m, n, k, cfg.tile_n, scale_a, scale_b)
     w = _Warm()
     w.fn, w.m, w.n, w.device, w.device_index = DENSE_CACHE.get(cfg), m, n, a.device, a.device.index
     w.a_view, w.b_view = ((v.shape, v.stride()) for v in views)
-    w.spans, w.gather = ((key[5][0],), (key[6][0],)), (index, zero)
-    w.sfa_view = ((m, kbp, 1), (kbp, 1, m * kbp))
-    w.sfb_view = ((np_, kbp, 1), (1, np_, kbp * np_), off)
+    w.spans, w.gather = ((span_a.numel(),), (span_b.numel(),)), gather
     w.max_clusters = max_clusters_for(cfg, a.device)
     w.workspace = new_workspace(cfg, a.device)
     if len(_WARM) >= _MAX_WARM:
