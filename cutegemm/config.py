@@ -554,7 +554,9 @@ def swap_ab_errors(cfg: GemmConfig) -> list[str]:
     return err
 
 
-SPLIT_K_CHOICES = (2, 4, 8)
+SPLIT_K_CHOICES = (2, 3, 4, 5, 6, 8)
+# split_cluster: a cluster of split_k CTAs along z, powers of two only
+SPLIT_CLUSTER_CHOICES = (2, 4, 8)
 # split_cluster: range 0's receive slots, at most this many bytes (64x64 tiles with 8 ranges; the
 # stage ring keeps the rest of the 227 KiB)
 SPLIT_CLUSTER_RECV_MAX = 112 * 1024
@@ -565,9 +567,8 @@ GRID_Z_MAX = 65535
 def split_k_errors(cfg: GemmConfig) -> list[str]:
     """Rules of split K (``GemmConfig.split_k``): the dense sm_90a cooperative kernel with the
     static scheduler and no cluster (a unit's workspace slot follows its CTA tile), K tiles without
-    per-K-block scales (row-wise FP8 is fine: its scales act in the epilogue), and a power of two
-    (the tile counters run on across launches, a multiple of split_k per launch; a power of two
-    keeps that true when the 32-bit counter wraps)."""
+    per-K-block scales (row-wise FP8 is fine: its scales act in the epilogue); split_cluster
+    with a power of two (the cluster's size)."""
     what = "split_k (dense sm_90a, K cut into work units)"
     err = []
     if cfg.split_k != 1 and cfg.split_k not in SPLIT_K_CHOICES:
@@ -582,6 +583,8 @@ def split_k_errors(cfg: GemmConfig) -> list[str]:
         err.append(f"{what}: not with per-K-block scales (fp8_blockwise, fp8_mx, block-scaled)")
     if cfg.split_cluster and cfg.split_k == 1:
         err.append("split_cluster: needs split_k > 1 (the cluster is the split_k units of one tile)")
+    elif cfg.split_cluster and cfg.split_k not in SPLIT_CLUSTER_CHOICES:
+        err.append(f"split_cluster: split_k must be one of {SPLIT_CLUSTER_CHOICES} (the cluster's size), got {cfg.split_k}")
     recv = (cfg.split_k - 1) * cfg.tile_m * cfg.tile_n * 4
     if cfg.split_cluster and recv > SPLIT_CLUSTER_RECV_MAX:
         err.append(f"split_cluster: range 0 receives (split_k - 1) x tile_m x tile_n fp32 = {recv // 1024} KiB in "

@@ -313,25 +313,32 @@ def dequantize_checked(q: BlockScaledTensor, out: torch.Tensor | None = None,
                        out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:  # fmt: skip
     """:func:`dequantize_bf16` (``out_dtype`` bf16, or fp32) for a caller that has already checked
     ``q`` with :func:`check_dequant_operand` (and ``out``, which then sets the dtype): the launch
-    only."""
+    only (its kernel and integer arguments kept per format, shape, output dtype and device)."""
+    dev = q.data.device
     if out is None:
-        out = torch.empty(q.shape, dtype=out_dtype, device=q.data.device)
-    numel = q.shape.numel()
-    if numel == 0:
+        out = torch.empty(q.shape, dtype=out_dtype, device=dev)
+    plan = _launch_plan(q.fmt.name, q.shape, out.dtype, dev)
+    if plan is None:  # no elements
         return out
-    rows, k = q.shape[-2], q.shape[-1]
-    scales = q.swizzled_scales()
-    batch_stride, tile_stride = scale_strides(rows, -(-k // q.fmt.block_size))
-    cfg = DequantConfig(fmt=q.fmt.name, arch=arch_of(q.data.device.index or 0),
-                        out="fp32" if out.dtype == torch.float32 else "bf16")  # fmt: skip
+    fn, fp4, ints = plan
     gs = q.global_scale
-    gs = ones_on(q.data.device) if gs is None else gs.detach().to(device=q.data.device, dtype=torch.float32).reshape(1)
-    _cache().get(cfg)(
-        q.data.view(torch.uint8).view(-1) if cfg.fp4 else q.data.view(-1),
-        scales.view(torch.uint8).reshape(-1), gs, out.view(-1),
-        rows, k // CHUNK, numel // CHUNK, batch_stride, tile_stride,
-    )  # fmt: skip
+    gs = ones_on(dev) if gs is None else gs.detach().to(device=dev, dtype=torch.float32).reshape(1)
+    fn(q.data.view(torch.uint8).view(-1) if fp4 else q.data.view(-1),
+       q.swizzled_scales().view(torch.uint8).reshape(-1), gs, out.view(-1), *ints)  # fmt: skip
     return out
+
+
+@functools.lru_cache(maxsize=512)
+def _launch_plan(fmt: str, shape: torch.Size, out_dtype: torch.dtype, device: torch.device):
+    """(kernel, FP4?, its integer arguments) of a :func:`dequantize_checked` launch; None for an
+    empty tensor."""
+    numel = shape.numel()
+    if numel == 0:
+        return None
+    rows, k = shape[-2], shape[-1]
+    cfg = DequantConfig(fmt=fmt, arch=arch_of(device.index or 0), out="fp32" if out_dtype == torch.float32 else "bf16")
+    strides = scale_strides(rows, -(-k // _BLOCK[fmt]))
+    return _cache().get(cfg), cfg.fp4, (rows, k // CHUNK, numel // CHUNK, *strides)
 
 
 def dequantize_bf16_ref(q: BlockScaledTensor) -> torch.Tensor:

@@ -28,7 +28,7 @@ from ..gemm.args import KernelArgs
 from ..gemm.grouped_parts import GROUPED_MAX_GROUPS
 from ..gemm.launch import DENSE_CACHE, GROUPED_CACHE, new_workspace
 from ..grouped.packed import grouped_gemm_ref
-from ..runtime.device import device_info, max_clusters_for
+from ..runtime.device import capability, device_info, max_clusters_for
 from .formats import MXFP4, MXFP8, NVFP4
 from .grouped_sf import grouped_scales_a
 from .mx_sm90 import check_mx_operands, gemm_mx_sm90
@@ -157,7 +157,7 @@ def gemm_blockscaled(
     on a GPU other than sm_100 / sm_90 (sm_90: :mod:`.sm90_mx`, dequantize-first or the MXFP8
     emulation)."""
     _check(qa, qb, out_dtype)
-    major, minor = torch.cuda.get_device_capability(qa.data.device)
+    major, minor = capability(qa.data.device.index or 0)
     if major == 9:  # Hopper: dequantize-first, or MXFP8 emulated with e4m3 WGMMAs
 
         check_mx_operands(qa, qb)

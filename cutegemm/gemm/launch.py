@@ -39,8 +39,8 @@ def new_workspace(config: GemmConfig, device, problem: GemmProblem | None = None
 def reset_workspace(workspace):
     """Zero the dynamic scheduler's tile counter on the current stream right before the launch that
     uses it, so a captured CUDA graph records the reset (one plan must not run on two streams at
-    once). A split-K workspace (longer than one word) is left as it is: its counters run on
-    from launch to launch."""
+    once). A split-K workspace (longer than one word) is left as it is: each launch leaves
+    its counters at 0."""
     if workspace is not None and workspace.numel() == 1:
         workspace.zero_()
     return workspace

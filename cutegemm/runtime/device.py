@@ -41,8 +41,14 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)  # no __torch_dispatch__ of their ow
 
 
 @functools.cache
+def capability(index: int) -> tuple[int, int]:
+    """torch.cuda.get_device_capability(index), asked once per device."""
+    return torch.cuda.get_device_capability(index)
+
+
+@functools.cache
 def device_info(index: int) -> tuple[str, int]:
-    major, minor = torch.cuda.get_device_capability(index)
+    major, minor = capability(index)
     return arch_for_capability(major, minor), torch.cuda.get_device_properties(index).multi_processor_count
 
 

@@ -38,7 +38,8 @@ def test_split_k_rules():
     ok = replace(DECODE, split_k=4)
     assert not config_errors(ok) and "_sk4" in ok.name
     bad = {
-        "split_k must be": dict(split_k=3),
+        "split_k must be": dict(split_k=7),
+        "cluster's size": dict(split_k=3, split_cluster=True),
         "sm_90a only": dict(arch="sm_100a", tile_m=128),
         "dense only": dict(form=Form.GROUPED),
         "1x1 cluster": dict(cluster_n=2),

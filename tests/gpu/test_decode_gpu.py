@@ -160,7 +160,7 @@ def test_a_rows_block_scales(m):
     m=st.integers(1, 300),
     n8=st.integers(1, 64),
     k8=st.integers(1, 400),
-    split=st.sampled_from([2, 4, 8]),
+    split=st.sampled_from([2, 3, 4, 5, 6, 8]),
     tile=st.sampled_from([(64, 64), (64, 128), (128, 64)]),
     dtype=st.sampled_from([BF16, F8]),
 )
@@ -237,30 +237,49 @@ def _graph_replays(cfg):
         assert torch.equal(out, eager), f"replay {i}"
 
 
-def test_split_k_counter_wrap():
-    """The tiles' counters run on across launches: started just below the signed 32-bit wrap, the
-    calls that cross it give the same bits as before."""
+@pytest.mark.parametrize("split", [3, 4, 5])
+def test_split_k_counters_back_to_zero(split):
+    """Each launch leaves the tiles' counters at 0 (the completing unit resets its tile's), so
+    every launch counts from 0: repeated calls give the same bits, and the counters read 0 after
+    each; a counter left at split_k - 1 by hand makes the next launch's first unit complete the
+    tile early (the test that the counter is what decides)."""
     _need_sm90()
     from cutegemm.gemm.dense import PLANS
 
     m, n, k = 16, 256, 4096
     a, b = _ops(m, n, k, seed=9)
-    cfg = _cfg(split_k=4)
+    cfg = _cfg(split_k=split)
     want = cutegemm.gemm(a, b, config=cfg)
-    plans = [p for p in PLANS.values() if p.config.split_k == 4 and p.config.tile_n == 64 and p.out_shape[-1] == n]
+    plans = [p for p in PLANS.values() if p.config.split_k == split and p.config.tile_n == 64 and p.out_shape[-1] == n]
     assert plans, "the split plan is not cached"
     tiles = (n + 63) // 64
-    for p in plans:
-        p.workspace[:tiles] = 2**31 - 8  # 2 launches short of the wrap (a launch adds 4 per tile)
     for _ in range(4):
         assert torch.equal(cutegemm.gemm(a, b, config=cfg), want)
+        torch.cuda.synchronize()
+        for p in plans:
+            assert int(p.workspace[:tiles].abs().sum()) == 0, "a launch left a tile counter off 0"
+    # a counter left at split_k: no unit reads split_k - 1, so no unit completes a tile and the
+    # output keeps its poison (the count, not the arrival, decides who stores)
+    out = torch.empty(m, n, dtype=BF16, device="cuda")
+    cutegemm.gemm(a, b, out=out, config=cfg)  # the out= call's plan
+    plans = [p for p in PLANS.values() if p.config.split_k == split and p.config.tile_n == 64 and p.out_shape[-1] == n]
+    out.fill_(float("nan"))
+    for p in plans:
+        p.workspace[:tiles] = split
+    cutegemm.gemm(a, b, out=out, config=cfg)
+    torch.cuda.synchronize()
+    assert torch.isnan(out).all(), "a unit completed a tile its counter did not reach"
+    for p in plans:
+        p.workspace[:tiles] = 0
+    assert torch.equal(cutegemm.gemm(a, b, out=out, config=cfg), want)
 
 
 def test_split_k_config_rules():
     _need_sm90()
     a, b = _ops(16, 256, 512)
-    for bad, match in ((dict(split_k=3), "split_k must be"), (dict(split_k=2, cluster_n=2), "1x1 cluster"),
-                       (dict(split_k=2, pingpong=True), "cooperative")):  # fmt: skip
+    for bad, match in ((dict(split_k=7), "split_k must be"), (dict(split_k=2, cluster_n=2), "1x1 cluster"),
+                       (dict(split_k=2, pingpong=True), "cooperative"),
+                       (dict(split_k=3, split_cluster=True), "cluster's size")):  # fmt: skip
         with pytest.raises(ValueError, match=match):
             cutegemm.gemm(a, b, config=replace(_cfg(), **bad))
 

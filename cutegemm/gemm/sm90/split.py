@@ -10,17 +10,16 @@ consumers run the usual mainloop over their range, then :meth:`SplitK.split_k_fi
 1. every thread stores its fp32 (promoted) accumulators to the unit's workspace slot, 16 bytes at
    a time, the tile's threads side by side (a warp's stores cover 512 contiguous bytes);
 2. after a barrier of the tile's threads, one thread fences (release, GPU scope) and adds 1 to
-   the tile's counter (acquire, GPU scope). The counters run on from launch
-   to launch (never reset): the unit that reads a count whose low bits are ``split_k - 1``
-   completes the tile. ``split_k`` is a power of two, so the 32-bit counter's wrap keeps the
-   phase (a launch adds split_k, and 2**32 is a multiple of it);
+   the tile's counter (acquire, GPU scope). The unit that reads ``split_k - 1`` completes the
+   tile and sets the counter back to 0 (no other unit of this launch touches it again; the next
+   launch on the stream starts after this one ends), so any ``split_k`` works, 3 and 5 included;
 3. the completing unit adds the slots of all ranges in range order (its own too, read back):
    the same sum whatever order the units arrived in, so results are bitwise reproducible. It
    then runs the epilogue (bias, activation, scales, quantized output: all of them, once, on the
    full sum); the other units store nothing to the output.
 
 No unit waits for another, so the units need not be resident together. Workspace (int32 words,
-zeroed once when the plan is made): ``split_counter_words`` counters, then ``split_k`` slots of
+zeroed once when the plan is made; each launch leaves its counters at 0): ``split_counter_words`` counters, then ``split_k`` slots of
 ``tile_m * tile_n`` fp32 per tile (:func:`split_workspace_words`). Like the dynamic scheduler's
 counter it belongs to one plan: one plan must not run on two streams at once.
 
@@ -108,8 +107,10 @@ class SplitK:
         if tid == 0:
             cute.arch.fence_acq_rel_gpu()
             old = cute.arch.atomic_add(mWorkspace.iterator + t, cutlass.Int32(1), sem="acquire", scope="gpu")
-            # the low bits of the count: the same after the signed 32-bit counter wraps
-            sFlag[0] = cutlass.select_((cutlass.Int32(old) & (split_k - 1)) == split_k - 1, 1, 0)
+            done = cutlass.Int32(old) == split_k - 1
+            sFlag[0] = cutlass.select_(done, 1, 0)
+            if done:
+                mWorkspace[t] = cutlass.Int32(0)  # the counter back to 0 for the next launch
         epi_barrier.arrive_and_wait()
         last = sFlag[0]
         if last == 1:
