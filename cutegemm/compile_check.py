@@ -126,6 +126,10 @@ def dense_variants(arch: str) -> list[GemmConfig]:
             GemmConfig(arch=arch, tile_m=128, tile_n=160, cluster_m=2, raster="n", a_major="k", b_major="k",
                        form=Form.FLAT),
             GemmConfig(arch=arch, tile_m=128, tile_n=160, a_major="k", b_major="k", form=Form.FLAT, split_k=4),
+            # 3 K ranges (any count: the completing unit resets the counter); split K of the last wave
+            GemmConfig(arch=arch, tile_m=128, tile_n=64, a_major="k", b_major="k", form=Form.FLAT, split_k=3),
+            GemmConfig(arch=arch, tile_m=128, tile_n=192, a_major="k", b_major="k", form=Form.FLAT, split_k=2,
+                       split_tail=True),
             GemmConfig(arch=arch, tile_m=128, tile_n=64, pingpong=True, a_major="m", b_major="k"),  # last: see flat
         ]
     else:
@@ -199,6 +203,7 @@ def fp8_variants(arch: str) -> list[GemmConfig]:
         GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=64, raster="n", group=1, form=Form.FLAT, epilogue=ab),
         *([GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=128, raster="n", group=1, form=Form.FLAT, a_rows=8, epilogue=ab),
            GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=64, raster="n", group=1, split_k=2, epilogue=ab),
+           GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=192, form=Form.FLAT, split_k=2, split_tail=True, epilogue=ab),
            GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=64, raster="n", group=1, form=Form.FLAT, a_rows=16, split_k=4,
                       split_cluster=True, epilogue=ab)]
           if arch == "sm_90a" else []),

@@ -239,19 +239,17 @@ class GemmConfig:
     # full tile of loads for it (gemm/sm90.swap.py).
     swap_ab: bool = False
     # Dense sm_90a, split K: every output tile's K tiles are cut into split_k equal ranges, each a
-    # work unit of its own (the unit order keeps a tile's ranges adjacent, so they run at the same
-    # time on different CTAs). Each unit writes its fp32 partial sums to the plan's workspace and
-    # counts in on the tile's counter; the unit that completes the count adds every partial in
-    # range order (the same bits whatever the arrival order) and runs the epilogue. For calls with
-    # too few output tiles to fill the GPU (decode: M <= 128 with a small N), see
-    # ``gemm/sm90.split.py``.
+    # work unit (a tile's ranges adjacent, so they run at once on different CTAs) writing fp32
+    # partial sums to the plan's workspace; the unit completing the tile's count adds them in range
+    # order (the same bits whatever the arrival order) and runs the epilogue (gemm/sm90/split.py).
     split_k: int = 1
-    # Split K through distributed shared memory (needs split_k > 1): the split_k units of a tile
-    # are the CTAs of one cluster (1 x 1 x split_k, one unit per CTA, no persistent walk). Ranges
-    # 1.. store their fp32 partial sums into range 0's shared memory with st.async (completing
-    # bytes on its mbarrier); range 0 adds them in range order (the bits of the workspace path)
-    # and runs the epilogue. No workspace, no counter, no L2 round trip (gemm/sm90.split.py).
+    # Split K through distributed shared memory: the split_k units of a tile are the CTAs of one
+    # cluster (1 x 1 x split_k); ranges 1.. st.async their partial sums into range 0's shared
+    # memory, which adds them in range order and runs the epilogue (no workspace, no L2 round trip).
     split_cluster: bool = False
+    # Split K on the last wave only (split_k > 1, workspace): of T tiles on G CTAs the first
+    # (T // G) * G run whole (no partial sums), the rest split_k units each (schedulers/static.py).
+    split_tail: bool = False
     # Dense sm_90a with one M tile (M <= tile_m, decode): A's TMA box is a_rows rows (M rounded up
     # to 8 or a multiple of 16), not tile_m. The box's rows past M would arrive as zeros filled in
     # by the TMA unit, which was measured to cost the time of the rows (16 x 4096 x 7168 with a
@@ -291,6 +289,7 @@ class GemmConfig:
         tile += "_swab" if self.swap_ab else ""
         tile += f"_sk{self.split_k}" if self.split_k > 1 else ""
         tile += "c" if self.split_cluster else ""
+        tile += "t" if self.split_tail else ""
         tile += f"_ar{self.a_rows}" if self.a_rows else ""
         tile += "_ga" if self.gather_a else ""
         tile += f"_e{self.epi_stages}" if self.epi_stages else ""
@@ -354,7 +353,7 @@ def config_errors(cfg: GemmConfig) -> list[str]:
         err += listed_errors(cfg)
     if cfg.swap_ab:
         err += swap_ab_errors(cfg)
-    if cfg.split_k != 1 or cfg.split_cluster:
+    if cfg.split_k != 1 or cfg.split_cluster or cfg.split_tail:
         err += split_k_errors(cfg)
     if cfg.a_rows:
         err += a_rows_errors(cfg)
@@ -555,8 +554,7 @@ def swap_ab_errors(cfg: GemmConfig) -> list[str]:
 
 
 SPLIT_K_CHOICES = (2, 3, 4, 5, 6, 8)
-# split_cluster: a cluster of split_k CTAs along z, powers of two only
-SPLIT_CLUSTER_CHOICES = (2, 4, 8)
+SPLIT_CLUSTER_CHOICES = (2, 4, 8)  # split_cluster: a cluster of split_k CTAs along z
 # split_cluster: range 0's receive slots, at most this many bytes (64x64 tiles with 8 ranges; the
 # stage ring keeps the rest of the 227 KiB)
 SPLIT_CLUSTER_RECV_MAX = 112 * 1024
@@ -581,10 +579,10 @@ def split_k_errors(cfg: GemmConfig) -> list[str]:
         err.append(f"{what}: cooperative tiles, the static scheduler and a 1x1 cluster")
     if cfg.fp8_blockwise or cfg.fp8_mx or cfg.blockscaled:
         err.append(f"{what}: not with per-K-block scales (fp8_blockwise, fp8_mx, block-scaled)")
-    if cfg.split_cluster and cfg.split_k == 1:
-        err.append("split_cluster: needs split_k > 1 (the cluster is the split_k units of one tile)")
-    elif cfg.split_cluster and cfg.split_k not in SPLIT_CLUSTER_CHOICES:
-        err.append(f"split_cluster: split_k must be one of {SPLIT_CLUSTER_CHOICES} (the cluster's size), got {cfg.split_k}")
+    if cfg.split_cluster and cfg.split_k not in SPLIT_CLUSTER_CHOICES:
+        err.append(f"split_cluster: needs split_k in {SPLIT_CLUSTER_CHOICES} (the cluster's size), got {cfg.split_k}")
+    if cfg.split_tail and (cfg.split_k == 1 or cfg.split_cluster):
+        err.append("split_tail: needs split_k > 1 through the workspace (not split_cluster)")
     recv = (cfg.split_k - 1) * cfg.tile_m * cfg.tile_n * 4
     if cfg.split_cluster and recv > SPLIT_CLUSTER_RECV_MAX:
         err.append(f"split_cluster: range 0 receives (split_k - 1) x tile_m x tile_n fp32 = {recv // 1024} KiB in "

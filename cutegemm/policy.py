@@ -59,8 +59,23 @@ UNIT_SECONDS = 0.5e-6  # a work unit's fixed cost (pipeline fill and drain, the 
 SM_PARTIAL_BYTES = 30e9
 SPLIT_UNIT_SECONDS = {"16-bit": 10e-6, "e4m3": 4e-6}
 MODEL_MARGIN = 1.05
-SPLITS = (1, 2, 4)
-EXPLICIT_TILE = frozenset({"tile_m", "tile_n", "cluster_m", "split_k", "fast_accum", "fp8_blockwise", "fp8_mx"})
+# K ranges the wave model weighs (3: 512 x 576 x 7168 in 128x64 tiles, 36 tiles x 3 = 108 units:
+# 0.91x cuBLAS on the H200's `bench tiles`, against 0.89 in 2 ranges and the 4-range pick's 0.85)
+SPLITS = (1, 2, 3, 4)
+# Split K of the last wave only (GemmConfig.split_tail) among the M > 128 candidates: whole waves of
+# unsplit tiles, then the part-filled last wave's tiles in ranges. Its units run 1x1 clusters
+# (split_k_errors), which lose the 2x1 multicast of B: on wide N that costs more than the tail
+# saves (H100 `bench tiles`, 2048 x 7168 x 16384: 128x192 split_tail 776 us, 128x192 2x1 unsplit
+# 636), so only problems of at most TAIL_MAX_N_TILES tile columns take it (8192 x 576 x 7168:
+# 128x192 with a split tail 101.9 us against the 2x1 pick's 117.4, 0.77 -> 0.89x cuBLAS). A tail
+# tile's ranges run side by side and finish together: TAIL_SPLIT_SECONDS per unit for the count
+# and the last unit's reads, not SPLIT_UNIT_SECONDS (that tail run: 40 us a unit, 9.4 over half
+# the K's mainloop, of which the partial sums' bytes are 6.6).
+SPLIT_TAIL = True
+TAIL_MAX_N_TILES = 4
+TAIL_SPLIT_SECONDS = 3e-6
+EXPLICIT_TILE = frozenset({"tile_m", "tile_n", "cluster_m", "split_k", "split_tail", "fast_accum", "fp8_blockwise",
+                           "fp8_mx"})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -71,28 +86,38 @@ class WaveCandidate:
     split_k: int
     seconds: float  # the model's time of the call
     fp8: bool = False
+    tail: bool = False  # split K on the last wave only (GemmConfig.split_tail)
 
     def fields(self) -> dict:
         """The GemmConfig fields: 2x1 clusters with an N-major raster (the measured large-shape
         tiles; 16-bit 128x128: M-major, as measured), 1x1 with an M-major one."""
         raster = "n" if self.cluster_m == 2 and (self.tile_n > 128 or self.fp8) else "m"
         return dict(tile_m=self.tile_m, tile_n=self.tile_n, cluster_m=self.cluster_m, split_k=self.split_k,
-                    raster=raster, group=8)  # fmt: skip
+                    split_tail=self.tail, raster=raster, group=8)  # fmt: skip
 
 
 def wave_seconds(p: GemmProblem, tile_m: int, tile_n: int, cluster_m: int, split: int, num_sms: int,
-                 rate: float) -> float:  # fmt: skip
+                 rate: float, tail: bool = False) -> float:  # fmt: skip
     """The model's time of ``p`` in (tile_m x tile_n) tiles, 2x1 clusters or not, K cut in
-    ``split`` ranges, on ``num_sms`` SMs (see TILE_RATES)."""
-    units = ceil_div(p.m, tile_m) * ceil_div(p.n, tile_n) * p.l * split
-    ctas = min(units, num_sms - num_sms % cluster_m)
+    ``split`` ranges, on ``num_sms`` SMs (see TILE_RATES); ``tail``: only the tiles past the whole
+    waves cut (GemmConfig.split_tail: whole waves of unsplit units, then the split ones)."""
+    tiles = ceil_div(p.m, tile_m) * ceil_div(p.n, tile_n) * p.l
     flops = SM_FLOPS * (2 if p.a_dtype == "e4m3" else 1) * rate
     out_bytes = 4 if p.out_dtype == "fp32" else 1 if p.out_dtype == "e4m3" else 2
-    unit = (2 * tile_m * tile_n * ceil_div(p.k, split) / flops + tile_m * tile_n * out_bytes / SM_STORE_BYTES
-            + UNIT_SECONDS)  # fmt: skip
-    if split > 1:  # an fp32 partial sum written, or read and added, after the ranges before it
-        unit += tile_m * tile_n * 8 / SM_PARTIAL_BYTES + SPLIT_UNIT_SECONDS[dtype_family(p.a_dtype)]
-    return ceil_div(units, ctas) * unit
+
+    def unit(ranges: int, split_cost: float) -> float:
+        sec = (2 * tile_m * tile_n * ceil_div(p.k, ranges) / flops + tile_m * tile_n * out_bytes / SM_STORE_BYTES
+               + UNIT_SECONDS)  # fmt: skip
+        if ranges > 1:  # an fp32 partial sum written, or read and added, after the ranges before it
+            sec += tile_m * tile_n * 8 / SM_PARTIAL_BYTES + split_cost
+        return sec
+
+    ctas = num_sms - num_sms % cluster_m
+    if tail and split > 1 and tiles >= ctas:
+        whole = tiles // ctas
+        return whole * unit(1, 0.0) + ceil_div((tiles - whole * ctas) * split, ctas) * unit(split, TAIL_SPLIT_SECONDS)
+    units = tiles * split
+    return ceil_div(units, min(units, ctas)) * unit(split, SPLIT_UNIT_SECONDS[dtype_family(p.a_dtype)])
 
 
 def dtype_family(a_dtype: str) -> str:
@@ -100,13 +125,15 @@ def dtype_family(a_dtype: str) -> str:
     return "e4m3" if a_dtype == "e4m3" else "16-bit"
 
 
-def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,), extra_rates=None) -> list[WaveCandidate]:
+def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,), extra_rates=None, tail: bool = False) -> list[WaveCandidate]:
     """Every (tile, cluster, split) the model weighs for ``p``, the default (widest tile) first.
     2x1 clusters where there are two M tiles (B multicast: 16-bit 128x128 too, H100 `bench
     tiles`: 512 x 4096 x 14336 0.78 -> 0.96x cuBLAS, 512 x 4096 x 4096 0.91 -> 0.95); split
     K on 1x1 clusters only (split_k_errors) and tiles up to 128x192 (128x256's partial-sum
     fix-up spills registers), with at least 24 K tiles of 64 (16-bit) / 12 of 128 (FP8) per
-    range, as split_few_tiles. ``extra_rates``: more (tile_m, tile_n): rate entries to weigh."""
+    range, as split_few_tiles. ``extra_rates``: more (tile_m, tile_n): rate entries to weigh;
+    ``tail``: the splits of the last wave only too, where the tiles fill a wave and span at most
+    TAIL_MAX_N_TILES columns."""
     fp8 = p.a_dtype == "e4m3"
     rates = {**TILE_RATES[dtype_family(p.a_dtype)], **(extra_rates or {})}
     k_tiles, min_tiles = (ceil_div(p.k, 128), 12) if fp8 else (ceil_div(p.k, 64), 24)
@@ -118,14 +145,18 @@ def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,), extra_rates=None)
             if split > 1 and (k_tiles < min_tiles * split or tn > 192):
                 continue
             out.append(WaveCandidate(tm, tn, cl, split, wave_seconds(p, tm, tn, cl, split, num_sms, rate), fp8))
+            tail_ok = ceil_div(p.m, tm) * ceil_div(p.n, tn) * p.l >= num_sms and ceil_div(p.n, tn) <= TAIL_MAX_N_TILES
+            if tail and split > 1 and tail_ok:
+                out.append(WaveCandidate(tm, tn, cl, split, wave_seconds(p, tm, tn, cl, split, num_sms, rate, True),
+                                         fp8, tail=True))  # fmt: skip
     return out
 
 
-def wave_choice(p: GemmProblem, num_sms: int, splits=(1,)) -> WaveCandidate:
+def wave_choice(p: GemmProblem, num_sms: int, splits=(1,), tail: bool = False) -> WaveCandidate:
     """The model's pick: the fastest candidate if MODEL_MARGIN ahead of the default, else the
     default. 16-bit weighs 128x64 tiles too (1x1, the small-M rate: H100 `bench tiles`, 512 x
     2048 x 4096: 128x64 0.98x cuBLAS, 128x128 with 2 K ranges 0.85)."""
-    cands = wave_candidates(p, num_sms, splits, SMALL_M_RATES if p.a_dtype != "e4m3" else None)
+    cands = wave_candidates(p, num_sms, splits, SMALL_M_RATES if p.a_dtype != "e4m3" else None, tail)
     best = min(cands, key=lambda c: c.seconds)
     return best if best.seconds * MODEL_MARGIN < cands[0].seconds else cands[0]
 
@@ -138,9 +169,11 @@ def wave_choice(p: GemmProblem, num_sms: int, splits=(1,)) -> WaveCandidate:
 # tiles 0.86 / 0.87 / 0.94 -> 0.99 / 0.98 / 1.00x torch._scaled_mm, while its three split-K picks
 # lost (1.04 / 1.16 / 1.01 -> 0.99 / 1.04 / 0.95: FP8's short mainloop leaves the partial sums'
 # cost exposed), so e4m3 weighs tiles only. The sweep's M = 128 rows in 128x64 tiles ran at
-# 0.58-0.62 of the 128x256 rate.
+# 0.58-0.62 of the 128x256 rate. 16-bit keeps 2 and 4 ranges here: the 3-range picks lost on the
+# H100's sweep in the same rounds (Llama-3-70B down and DeepSeek-V3 o at M = 128, 128x192 in 3
+# ranges: 0.97 / 0.95 against 1.01 / 1.01).
 SMALL_M_WAVES = frozenset({"16-bit", "e4m3"})
-SMALL_M_SPLITS = {"16-bit": SPLITS, "e4m3": (1,)}
+SMALL_M_SPLITS = {"16-bit": (1, 2, 4), "e4m3": (1,)}
 SMALL_M_RATES = {(128, 64): 0.60}
 
 
@@ -178,7 +211,7 @@ class ArchPolicy:
         cfg = self.choose(p, **overrides)
         explicit = bool(set(overrides) & EXPLICIT_TILE)  # the caller's tile, split or recipe stands
         if p.m > 128 and self.arch == "sm_90a" and cfg.form in (Form.DENSE, Form.FLAT) and not explicit:
-            pick = wave_choice(p, self.num_sms, SPLITS)
+            pick = wave_choice(p, self.num_sms, SPLITS, SPLIT_TAIL)
             if pick.split_k > 1 and not split_k_errors(replace(cfg, **pick.fields())):
                 cfg = replace(cfg, **pick.fields())
         cfg = small_m_options(cfg, p, self.num_sms)
@@ -432,7 +465,7 @@ class Sm90Policy(ArchPolicy):
         # per warpgroup), its default the measured large-shape tile (16-bit 128x256 2x1, at cuBLAS
         # parity; FP8 128x192 2x1). Split K is the dense call's (choose_dense).
         pick = wave_choice(p, self.num_sms)
-        return {k: v for k, v in pick.fields().items() if k != "split_k"}
+        return {k: v for k, v in pick.fields().items() if k not in ("split_k", "split_tail")}
 
 
 class Sm100Policy(ArchPolicy):

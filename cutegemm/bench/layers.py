@@ -16,6 +16,7 @@ kernels it needs can be compiled ahead on a CPU machine (``python -m cutegemm.be
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import sys
@@ -27,7 +28,6 @@ import torch
 
 from .. import policy
 from ..api import gemm
-from ..config import GemmProblem
 from ..gemm import dense
 from ..runtime.timer import Timer
 
@@ -138,17 +138,27 @@ def previous_config(cfg, m: int, n: int, sms: int):
         tile = dict(tile_m=128, tile_n=256, cluster_m=2, raster="n", group=8)
     else:
         tile = dict(tile_m=128, tile_n=128, cluster_m=1, raster="m", group=8)
-    prev = replace(cfg, **tile, split_k=1, split_cluster=False)
+    prev = replace(cfg, **tile, split_k=1, split_cluster=False, split_tail=False)
     return None if prev == cfg else prev
 
 
-def alternative_config(cfg, case: Case, sms: int):
-    """The 64 < M <= 128 wave pick where the policy does not take it (the case's dtype family
-    not in policy.SMALL_M_WAVES), or None."""
-    dtype = "bf16" if case.kind == "bf16" else "e4m3"
-    if cfg is None or policy.dtype_family(dtype) in policy.SMALL_M_WAVES:
-        return None
-    return policy.small_m_alternative(cfg, GemmProblem(case.m, case.n, case.k, 1, dtype, dtype, "bf16", "k", "k"), sms)
+@contextlib.contextmanager
+def previous_policy():
+    """The wave model before 3 K ranges and split K of the last wave (SPLITS (1, 2, 4), SPLIT_TAIL
+    off), for the sweep's same-round comparison on the cases where it picks another config."""
+    saved = policy.SPLITS, policy.SPLIT_TAIL
+    policy.SPLITS, policy.SPLIT_TAIL = (1, 2, 4), False
+    try:
+        yield
+    finally:
+        policy.SPLITS, policy.SPLIT_TAIL = saved
+
+
+def alternative_config(cfg, args, kwargs):
+    """The config :func:`previous_policy` runs for the call, where it differs from ``cfg``; else None."""
+    with previous_policy():
+        alt = our_config(args, kwargs)
+    return None if alt == cfg else alt
 
 
 def run_case(case: Case, timer, rounds: int = 4, reps: int = 10) -> Result:
@@ -156,7 +166,7 @@ def run_case(case: Case, timer, rounds: int = 4, reps: int = 10) -> Result:
     cfg = our_config(args, kwargs)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     prev = previous_config(cfg, case.m, case.n, sms)
-    alt = alternative_config(cfg, case, sms)
+    alt = alternative_config(cfg, args, kwargs)
     ref = reference(args, kwargs)
     scale = ref.abs().max().clamp(min=1e-30)
     err = ((gemm(*args, **kwargs).double() - ref).abs().max() / scale).item()
@@ -228,7 +238,9 @@ def sweep(kinds=KINDS, layers=LAYERS, m_values=M_VALUES, rounds: int = 4, reps: 
         results.append(res)
         print(f"{case.kind:4} {case.name:34} ours {res.ours_us:9.1f} us  torch {res.torch_us:9.1f} us  "
               f"{res.ratio:5.2f}x [{res.ratio_lo:.2f}, {res.ratio_hi:.2f}]  err {res.err:.2g} "
-              f"(torch {res.torch_err:.2g})  {res.waves:.2f} waves  {res.config}", flush=True)  # fmt: skip
+              f"(torch {res.torch_err:.2g})  {res.waves:.2f} waves  {res.config}"
+              + (f"  | previous policy {res.alt_ratio:.2f}x {res.alt_config}" if res.alt_config else ""),
+              flush=True)  # fmt: skip
     if out is not None:
         write(results, Path(out))
     return results
@@ -257,7 +269,7 @@ def summary(results: list[Result]) -> dict:
             out[kind]["changed_before_geomean"] = statistics.geometric_mean([r.prev_ratio for r in changed])
         alts = [r for r in rs if r.alt_config and r.alt_ratio]
         out[kind]["alternatives"] = len(alts)
-        if alts:  # the 64 < M <= 128 wave picks (off): ours and theirs on the cases where they differ
+        if alts:  # the previous wave model (previous_policy): ours and its on the cases where they differ
             out[kind]["alt_ours_geomean"] = statistics.geometric_mean([r.ratio for r in alts])
             out[kind]["alt_geomean"] = statistics.geometric_mean([r.alt_ratio for r in alts])
             out[kind]["alt_cases"] = [(r.case.name, round(r.ratio, 3), round(r.alt_ratio, 3), r.alt_config) for r in alts]
@@ -293,7 +305,7 @@ def markdown(results: list[Result]) -> str:
                   + (f"; on those cases ours {stats['changed_geomean']:.3f}, the previous rule "
                      f"{stats['changed_before_geomean']:.3f}." if stats["changed"] else "."), ""]  # fmt: skip
         if stats["alternatives"]:
-            lines += [f"The 64 < M <= 128 wave picks (policy.small_m_alternative, off), timed in the same rounds on "
+            lines += [f"The wave model before 3 K ranges and split tails (previous_policy), timed in the same rounds on "
                       f"the {stats['alternatives']} cases where they differ: ours {stats['alt_ours_geomean']:.3f}, "
                       f"the picks {stats['alt_geomean']:.3f} ("
                       + "; ".join(f"{name} {ours:.2f} -> {alt:.2f}" for name, ours, alt, _ in stats["alt_cases"])
@@ -371,13 +383,14 @@ def sweep_plan(arch: str = "sm_90a", sms: int = 132, kinds=KINDS, layers=LAYERS,
 
 def configs_of_sweep(arch: str = "sm_90a", sms: int = 132, **sweep) -> list:
     """The distinct kernel configs of :func:`sweep_plan`, of the previous tile rule and of the
-    64 < M <= 128 wave picks (what to precompile)."""
+    previous wave model (what to precompile)."""
     out = []
     for case, cfgs in sweep_plan(arch, sms, **sweep):
         out += cfgs
         prev = previous_config(cfgs[-1] if cfgs else None, case.m, case.n, sms)
-        alt = alternative_config(cfgs[-1] if cfgs else None, case, sms)
-        out += [c for c in (prev, alt) if c is not None]
+        out += [prev] if prev is not None else []
+    with previous_policy():
+        out += [c for _, cfgs in sweep_plan(arch, sms, **sweep) for c in cfgs]
     return list(dict.fromkeys(out))
 
 

@@ -109,6 +109,10 @@ SM90_CANDIDATES = [
     *(dict(tile_m=64, tile_n=tn, cluster_m=1, cluster_n=1, raster="n", group=1, split_k=sk, split_cluster=sc)
       for tn, sk, sc in ((64, 2, True), (64, 4, False), (64, 4, True), (64, 8, False), (64, 8, True),
                          (128, 2, False), (128, 4, False), (128, 8, False))),
+    # split K of the last wave only (split_tail): whole waves unsplit, the part-filled last one in
+    # 2 or 3 ranges (the wave model's fields: 1x1, M-major raster)
+    *(dict(tile_m=128, tile_n=tn, cluster_m=1, cluster_n=1, raster="m", group=8, split_k=sk, split_tail=True)
+      for tn, sk in ((128, 2), (160, 2), (192, 2), (160, 3), (192, 3))),
     # 128x160: whole waves where N is a multiple of 5 x 1024 (the wave model's tile for M > 128)
     dict(tile_m=128, tile_n=160, cluster_m=2, cluster_n=1, raster="n", group=8),
     dict(tile_m=128, tile_n=160, cluster_m=1, cluster_n=1, raster="n", group=1),
@@ -120,7 +124,8 @@ def tile_candidates(pol, p: GemmProblem) -> list:
     can run ``p``, distinct; decode-sized M (<= 128): each with A's short box where it takes one
     (policy.short_a_box), as the policy's own configs."""
     base, out = pol.choose(p), []
-    for cfg in [pol.choose_dense(p), *(replace(base, **{"split_k": 1, "split_cluster": False, **c}) for c in SM90_CANDIDATES)]:
+    for cfg in [pol.choose_dense(p), *(replace(base, **{"split_k": 1, "split_cluster": False, "split_tail": False, **c})
+                                       for c in SM90_CANDIDATES)]:
         if p.m <= 128:
             cfg = short_a_box(cfg, p)
         if cfg not in out and can_implement(cfg, p)[0]:

@@ -63,6 +63,7 @@ class GemmBase:
             self.config.raster == "m",
             ctas_per_tile_m,
             self.config.split_k,
+            self.config.split_tail,
         )
 
     @staticmethod
@@ -105,6 +106,7 @@ class GemmBase:
             self.cluster_shape_mn,
             max_clusters,
             self.config.split_k,
+            self.config.split_tail,
         )
 
     def launch_list_prep(self, tma_atoms, mTable, stream):

@@ -335,7 +335,7 @@ def _plan(
     plan.out_shape = res_shape
     plan.out_dtype = out_dtype
     plan.max_clusters = max_clusters_for(cfg, a.device, num_sms)
-    plan.workspace = new_workspace(cfg, a.device, problem)
+    plan.workspace = new_workspace(cfg, a.device, problem, plan.max_clusters)
     plan.tail = KernelArgs(None, None, None, workspace=plan.workspace).tail()
     plan.config = cfg
     plan.direct = direct

@@ -15,6 +15,7 @@ from ..config import ACTIVATIONS, GATED, MAX_EPILOGUE_ARGS, TMA_ALIGN_BYTES, Gem
 from ..epilogue.quant import QUANT
 from ..epilogue.reference import GATE_LAYOUTS, interleave_gate_up
 from ..runtime.cache import KernelCache
+from ..schedulers.static import tail_units
 from .args import dense_fake_args, fake_list_table, fake_offs, grouped_fake_args
 from .sm90.kernel import GemmSm90
 from .sm90.split import split_workspace_words
@@ -25,13 +26,18 @@ INPUT_TO_NAME = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float8_e4m
 NAME_TO_TORCH = {v: k for k, v in TORCH_TO_NAME.items()}
 
 
-def new_workspace(config: GemmConfig, device, problem: GemmProblem | None = None):
+def new_workspace(config: GemmConfig, device, problem: GemmProblem | None = None, max_clusters: int = 0):
     """Scheduler "dynamic": the (1,) int32 tile counter, allocated once per plan. Split K (dense,
-    ``problem`` given): the tiles' counters and partial-sum slots (``gemm.sm90.split``), zeroed
-    once here (``split_cluster``: none, the partial sums meet in shared memory). Else None."""
+    ``problem`` given): the split tiles' counters and partial-sum slots (``gemm.sm90.split``;
+    split_tail: only the tiles past the whole waves of the launch's ``max_clusters`` CTAs),
+    zeroed once here (``split_cluster``: none, the partial sums meet in shared memory). Else None."""
     if config.split_k > 1 and not config.split_cluster:
         tiles = -(-problem.m // config.tile_m) * -(-problem.n // config.tile_n) * problem.l
-        words = split_workspace_words(tiles, config.split_k, config.tile_m, config.tile_n)
+        if config.split_tail:
+            if max_clusters < 1:
+                raise ValueError("split_tail: the workspace needs the launch's max_clusters")
+            tiles -= tail_units(tiles, max_clusters, config.split_k)[0]
+        words = split_workspace_words(max(tiles, 1), config.split_k, config.tile_m, config.tile_n)
         return torch.zeros(words, dtype=torch.int32, device=device)
     return torch.zeros(1, dtype=torch.int32, device=device) if config.scheduler == "dynamic" else None
 

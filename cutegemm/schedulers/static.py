@@ -54,6 +54,28 @@ def split_k_range(split, k_tiles, split_k):
     return first, (split + 1) * k_tiles // split_k - first
 
 
+def tail_units(tiles, ctas, split_k):
+    """Split K on the last wave only (``GemmConfig.split_tail``): (D, units) for ``tiles`` output
+    tiles on ``ctas`` persistent CTAs: the first D = (tiles // ctas) * ctas tiles are one work unit
+    each (whole K), the other tiles - D are ``split_k`` units each. Python ints (host, tests) or
+    DSL Int32 (kernel)."""
+    whole = tiles // ctas * ctas
+    return whole, whole + (tiles - whole) * split_k
+
+
+def tail_unit(work, whole, split_k, select=None):
+    """Unit ``work`` of a split-tail walk (``whole`` = D of :func:`tail_units`) -> (linear tile,
+    K range, ranges of that tile): below D tile ``work`` whole (range 0 of 1), then the ranges of
+    each tail tile in turn. ``select``: ``cutlass.select_`` in kernels (plain ints otherwise)."""
+    u = work - whole
+    if select is None:
+        return (work, 0, 1) if u < 0 else (whole + u // split_k, u % split_k, split_k)
+    tail = u >= 0
+    uu = select(tail, u, 0)
+    t_tail = whole + uu // split_k
+    return select(tail, t_tail, work), select(tail, uu - (uu // split_k) * split_k, 0), select(tail, split_k, 1)
+
+
 class TileScheduler(Protocol):
     """What every scheduler gives the kernel roles (producer, MMA, epilogue).
 
@@ -113,24 +135,28 @@ class StaticPersistentScheduler(PersistentWalk):
     carry it through the roles' dynamic loops.
     """
 
-    _dyn = ("tiles_m", "tiles_n", "total", "start", "stride", "cta_m", "cta_n")
+    _dyn = ("tiles_m", "tiles_n", "total", "start", "stride", "cta_m", "cta_n", "whole")
 
-    def __init__(self, cluster_mn, group: int, raster_m: bool, values=None, split_k: int = 1):
+    def __init__(self, cluster_mn, group: int, raster_m: bool, values=None, split_k: int = 1,
+                 split_tail: bool = False):  # fmt: skip
         self.cluster_mn = cluster_mn
         self.group = group
         self.raster_m = raster_m
         self.split_k = split_k
+        self.split_tail = split_tail
         self._set_values(values)
 
     @staticmethod
     def create(
-        problem_mnl, tile_mn, cluster_mn, group: int, raster_m: bool, ctas_per_tile_m: int = 1, split_k: int = 1
+        problem_mnl, tile_mn, cluster_mn, group: int, raster_m: bool, ctas_per_tile_m: int = 1, split_k: int = 1,
+        split_tail: bool = False,
     ) -> StaticPersistentScheduler:
         """``tile_mn`` is the tile of one CTA. ``ctas_per_tile_m`` CTAs adjacent along the cluster's
         M mode may share one tile of ``ctas_per_tile_m * tile_mn[0]`` rows (the sm_100 2-CTA MMA:
         2); ``cta_tile`` then returns the M coordinate of that shared tile, so every CTA of the
         pair gets the same coordinates. The walk and the grid do not change. ``split_k`` > 1 (1x1
-        clusters): every tile is split_k work units, one per K range (see :meth:`cta_tile`)."""
+        clusters): every tile is split_k work units, one per K range (see :meth:`cta_tile`);
+        with ``split_tail`` only the tiles past the whole waves (:func:`tail_units`)."""
         m, n, l_count = problem_mnl
         tiles_m = cutlass.Int32(cute.ceil_div(m, tile_mn[0] * cluster_mn[0]))
         tiles_n = cutlass.Int32(cute.ceil_div(n, tile_mn[1] * cluster_mn[1]))
@@ -139,38 +165,54 @@ class StaticPersistentScheduler(PersistentWalk):
         cta_m = cutlass.Int32(bx) % cluster_mn[0]
         if ctas_per_tile_m > 1:
             cta_m = cta_m // ctas_per_tile_m
+        tiles = tiles_m * tiles_n * cutlass.Int32(l_count)
+        whole, total = cutlass.Int32(0), tiles * split_k
+        if split_tail:
+            whole, total = tail_units(tiles, cutlass.Int32(num_clusters), split_k)
         values = (
             tiles_m,
             tiles_n,
-            tiles_m * tiles_n * cutlass.Int32(l_count) * split_k,
+            total,
             cutlass.Int32(cluster_id),
             cutlass.Int32(num_clusters),
             cta_m,
             cutlass.Int32(by) % cluster_mn[1],
+            whole,
         )
         # A cluster covers cluster_m / ctas_per_tile_m shared tiles along M.
         tiles_per_cluster = (cluster_mn[0] // ctas_per_tile_m, cluster_mn[1])
-        return StaticPersistentScheduler(tiles_per_cluster, group, raster_m, values, split_k)
+        return StaticPersistentScheduler(tiles_per_cluster, group, raster_m, values, split_k, split_tail)
 
     def cta_tile(self, work):
-        """(m, n, l) tile coordinates; with split K (m, n, l, K range, linear tile index): unit
-        ``work`` is K range ``work % split_k`` of linear tile ``work // split_k``, so the
-        ranges of one tile are consecutive units (taken by consecutive CTAs of the walk)."""
+        """(m, n, l) tile coordinates; with split K (m, n, l, K range, linear tile index, ranges
+        of the tile): unit ``work`` is K range ``work % split_k`` of linear tile ``work //
+        split_k``, so the ranges of one tile are consecutive units (taken by consecutive CTAs of
+        the walk); with split_tail the mapping of :func:`tail_unit` (a whole tile: range 0 of 1)."""
         t = work
         if self.split_k > 1:
-            t = work // self.split_k
+            if self.split_tail:
+                t, r, ranges = tail_unit(work, self.whole, self.split_k, cutlass.select_)
+            else:
+                t = work // self.split_k
+                r, ranges = work - t * self.split_k, cutlass.Int32(self.split_k)
         cm, cn, l_idx = swizzled_tile_coord(t, self.tiles_m, self.tiles_n, self.group, self.raster_m, min_fn=cutlass.min)
         coord = (cm * self.cluster_mn[0] + self.cta_m, cn * self.cluster_mn[1] + self.cta_n, l_idx)
         if self.split_k > 1:
-            return (*coord, work - t * self.split_k, t)
+            return (*coord, r, t, ranges)
         return coord
 
+    def split_tiles(self):
+        """Split K: (first split tile, split tiles), the tiles whose ranges meet in the workspace
+        (plain split K: all, from 0; split_tail: the tiles past the whole waves)."""
+        return self.whole, (self.total - self.whole) // self.split_k
 
-def persistent_grid(problem_mnl, tile_mn, cluster_mn, max_clusters: int, split_k: int = 1):
-    """Host side: grid (cluster_m, cluster_n, clusters) with clusters = min(cluster tiles (x
-    split_k work units each), max_clusters)."""
+
+def persistent_grid(problem_mnl, tile_mn, cluster_mn, max_clusters: int, split_k: int = 1, split_tail: bool = False):
+    """Host side: grid (cluster_m, cluster_n, clusters) with clusters = min(work units (cluster
+    tiles x split_k, or :func:`tail_units` with ``split_tail``), max_clusters). With split_tail
+    the kernel's D from this grid is the host's: tiles >= max_clusters gives a grid of
+    max_clusters, fewer tiles a grid above the tile count (D = 0 both ways)."""
     m, n, l_count = problem_mnl
-    total = (
-        cute.ceil_div(m, tile_mn[0] * cluster_mn[0]) * cute.ceil_div(n, tile_mn[1] * cluster_mn[1]) * l_count * split_k
-    )
+    tiles = cute.ceil_div(m, tile_mn[0] * cluster_mn[0]) * cute.ceil_div(n, tile_mn[1] * cluster_mn[1]) * l_count
+    total = tail_units(tiles, max_clusters, split_k)[1] if split_tail else tiles * split_k
     return (cluster_mn[0], cluster_mn[1], cutlass.min(total, max_clusters))

@@ -10,12 +10,12 @@ from hypothesis import strategies as st
 from cutegemm.config import Form, GemmConfig, GemmProblem, a_rows_errors, can_implement, config_errors
 from cutegemm.gemm.sm90.split import split_workspace_words
 from cutegemm.policy import policy_for, short_a_box, small_m_options
-from cutegemm.schedulers.static import split_k_range
+from cutegemm.schedulers.static import split_k_range, tail_unit, tail_units
 
 DECODE = GemmConfig(arch="sm_90a", a_major="k", b_major="k", tile_m=64, tile_n=64, raster="n", group=1)
 
 
-@given(k_tiles=st.integers(0, 600), split=st.sampled_from([2, 4, 8]))
+@given(k_tiles=st.integers(0, 600), split=st.sampled_from([2, 3, 4, 5, 6, 8]))
 def test_split_k_ranges_partition_the_k_tiles(k_tiles, split):
     """The ranges of one tile cover its K tiles once, in order, sizes within one of each other."""
     ranges = [split_k_range(s, k_tiles, split) for s in range(split)]
@@ -26,6 +26,46 @@ def test_split_k_ranges_partition_the_k_tiles(k_tiles, split):
     assert at == k_tiles
     sizes = [c for _, c in ranges]
     assert max(sizes) - min(sizes) <= 1
+
+
+def _select(c, a, b):
+    return a if c else b
+
+
+@given(tiles=st.integers(1, 700), ctas=st.integers(1, 140), split=st.sampled_from([2, 3, 4, 5, 6, 8]))
+def test_split_tail_units_cover_each_tile_once(tiles, ctas, split):
+    """split_tail: the first (tiles // ctas) * ctas tiles are one whole unit each, every later
+    tile split_k consecutive units (its ranges in order); the kernel's select form agrees with the
+    plain one; the grid the host launches (min(units, ctas) CTAs) gives the kernel the same D."""
+    whole, total = tail_units(tiles, ctas, split)
+    assert whole == tiles // ctas * ctas and total == whole + (tiles - whole) * split
+    seen = {}
+    for work in range(total):
+        t, r, ranges = tail_unit(work, whole, split)
+        assert (t, r, ranges) == tail_unit(work, whole, split, _select)
+        assert 0 <= t < tiles and 0 <= r < ranges
+        assert ranges == (1 if t < whole else split)
+        assert (t, r) not in seen
+        seen[(t, r)] = work
+    assert len(seen) == whole + (tiles - whole) * split
+    for t in range(whole, tiles):  # a tail tile's ranges: consecutive units, in range order
+        assert [seen[(t, r)] for r in range(split)] == list(range(seen[(t, 0)], seen[(t, 0)] + split))
+    grid = min(total, ctas)
+    assert tail_units(tiles, grid, split)[0] == whole
+
+
+def test_split_tail_rules_and_workspace():
+    from cutegemm.gemm.launch import new_workspace
+
+    ok = replace(DECODE, split_k=2, split_tail=True)
+    assert not config_errors(ok) and "_sk2t" in ok.name
+    for kw in (dict(split_k=1), dict(split_cluster=True)):
+        assert any("split_tail" in e for e in config_errors(replace(ok, **kw))), kw
+    # 20 x 10 tiles of 64x64 on 132 CTAs: 132 whole, 68 split in 2
+    p = GemmProblem(20 * 64, 10 * 64, 4096, 1, "bf16", "bf16", "bf16", "k", "k")
+    ws = new_workspace(ok, "cpu", p, 132)
+    assert ws.numel() == split_workspace_words(68, 2, 64, 64) and not ws.any()
+    assert new_workspace(replace(ok, split_tail=False), "cpu", p, 132).numel() == split_workspace_words(200, 2, 64, 64)
 
 
 def test_split_workspace_words():
@@ -54,7 +94,7 @@ def test_split_k_rules():
 def test_split_cluster_rules():
     ok = GemmConfig(arch="sm_90a", tile_m=64, tile_n=64, a_major="k", b_major="k", split_k=8, split_cluster=True)
     assert not config_errors(ok) and "_sk8c" in ok.name
-    for kw, what in ((dict(split_k=1), "needs split_k"), (dict(tile_n=128), "receives"),
+    for kw, what in ((dict(split_k=1), "needs split_k in"), (dict(tile_n=128), "receives"),
                      (dict(tile_m=128, tile_n=128, split_k=4), "receives"), (dict(cluster_n=2), "1x1 cluster")):  # fmt: skip
         errs = config_errors(replace(ok, **kw))
         assert any(what in e for e in errs), (kw, errs)

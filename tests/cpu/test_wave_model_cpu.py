@@ -45,9 +45,25 @@ def test_the_issue_cliffs_get_whole_waves():
     # Llama-3-8B o at M = 1024: one round of 128 tiles of 128x256, not two of 128x128
     cfg = dense(1024, 4096, 4096)
     assert (cfg.tile_n, cfg.cluster_m, cfg.split_k) == (256, 2, 1)
-    # DeepSeek-V3 kv_a at M = 512: 20 tiles of 128x128 for 132 SMs -> K in 4 ranges
+    # DeepSeek-V3 kv_a at M = 512: 36 tiles of 128x64 for 132 SMs -> K in 3 ranges (108 units)
     cfg = dense(512, 576, 7168)
-    assert cfg.split_k == 4 and cfg.cluster_m == 1
+    assert (cfg.tile_n, cfg.split_k, cfg.cluster_m, cfg.split_tail) == (64, 3, 1, False)
+
+
+def test_split_tail_where_few_tile_columns_leave_a_short_wave():
+    """DeepSeek-V3 kv_a at M = 8192: 192 tiles of 128x192 (3 columns) = one whole wave, then 60
+    tiles in 2 ranges (120 units). Wide N (2048 x 7168 x 16384, 38 columns) keeps its 2x1 tile:
+    the tail's 1x1 clusters lost there. A tail that would take two rounds of split units is no
+    gain (16384 x 576: 2 whole waves + 120 tiles x 2 ranges)."""
+    cfg = dense(8192, 576, 7168)
+    assert (cfg.tile_n, cfg.split_k, cfg.split_tail, cfg.cluster_m) == (192, 2, True, 1), cfg.name
+    assert not config_errors(cfg)
+    assert not dense(2048, 7168, 16384).split_tail
+    assert not dense(16384, 576, 7168).split_tail
+    assert not dense(4096, 576, 7168).split_tail  # 96 tiles: less than a wave, no tail to split
+    t = wave_seconds(problem(8192, 576, 7168), 128, 192, 1, 2, SMS, 0.96, tail=True)
+    whole = wave_seconds(problem(8192, 576, 7168), 128, 192, 1, 1, SMS, 0.96)
+    assert whole / 2 < t < whole  # one whole wave plus one of half-K units
 
 
 @pytest.mark.parametrize("m,n,k", [(512, 10240, 8192), (1024, 5120, 25600), (2048, 5120, 25600), (512, 5120, 25600)])

@@ -210,9 +210,10 @@ def test_split_k_epilogues_and_scales():
 
 def test_split_k_cuda_graph_replay():
     """Captured once, replayed with 20 new activations: every replay gives the eager call's bits
-    (the tiles' counters run on across replays)."""
+    (each launch leaves the tiles' counters at 0)."""
     _need_sm90()
     _graph_replays(_cfg(tile_n=128, split_k=4))
+    _graph_replays(_cfg(tile_n=128, split_k=3, split_tail=True))
 
 
 def _graph_replays(cfg):
@@ -235,6 +236,81 @@ def _graph_replays(cfg):
         eager = cutegemm.gemm(x, b, config=cfg)
         torch.cuda.synchronize()
         assert torch.equal(out, eager), f"replay {i}"
+
+
+def _tail_tile_bits(out, a, b, cfg, ctas):
+    """split_tail's output tile by tile: the whole tiles (linear index below (T // ctas) * ctas)
+    bit-equal to the unsplit config's, the split ones to plain split K's (same ranges, same
+    order)."""
+    from cutegemm.schedulers.static import swizzled_tile_coord, tail_units
+
+    m, n = out.shape
+    tm, tn = cfg.tile_m, cfg.tile_n
+    tiles_m, tiles_n = -(-m // tm), -(-n // tn)
+    whole, _ = tail_units(tiles_m * tiles_n, ctas, cfg.split_k)
+    unsplit = cutegemm.gemm(a, b, config=replace(cfg, split_k=1, split_tail=False))
+    split = cutegemm.gemm(a, b, config=replace(cfg, split_tail=False))
+    for t in range(tiles_m * tiles_n):
+        cm, cn, _ = swizzled_tile_coord(t, tiles_m, tiles_n, cfg.group, cfg.raster == "m")
+        rows, cols = slice(cm * tm, (cm + 1) * tm), slice(cn * tn, (cn + 1) * tn)
+        want = (unsplit if t < whole else split)[rows, cols]
+        assert torch.equal(out[rows, cols], want), f"tile {t} ({'whole' if t < whole else 'split'})"
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    m=st.integers(1, 700),
+    n8=st.integers(1, 64),
+    k8=st.integers(1, 400),
+    split=st.sampled_from([2, 3, 4]),
+    ctas=st.sampled_from([1, 3, 7, 12]),
+    tile=st.sampled_from([(64, 64), (128, 64)]),
+    dtype=st.sampled_from([BF16, F8]),
+)
+def test_split_tail_shapes(m, n8, k8, split, ctas, tile, dtype):
+    """split_tail on a small persistent grid (the plans' max_clusters set to ``ctas``), so that
+    small problems have whole waves and a split last wave: the error bound, poisoned padding,
+    whole tiles bit-equal to the unsplit kernel's and split ones to plain split K's, repeat calls
+    the same bits."""
+    _need_sm90()
+    from cutegemm.gemm import dense
+
+    n, k = 8 * n8, 8 * k8
+    if dtype == F8:
+        k = 16 * max(1, k // 16)
+    a, b = _ops(m, n, k, dtype, seed=m + 3 * n + 5 * k)
+    cfg = _cfg(dtype, tile_m=tile[0], tile_n=tile[1], split_k=split, split_tail=True)
+    saved = dense.max_clusters_for
+    dense.PLANS.clear()
+    dense.max_clusters_for = lambda cfg, device, num_sms=None: ctas
+    try:
+        buf, out = poisoned_out((m, n), BF16)
+        cutegemm.gemm(a, b, out=out, config=cfg)
+        assert_outside_untouched(buf, m, n)
+        _check(out, a, b, f"split_tail {split} {tile} on {ctas} CTAs, {m}x{n}x{k}")
+        _tail_tile_bits(out, a, b, cfg, ctas)
+        assert torch.equal(out, cutegemm.gemm(a, b, config=cfg)), "split_tail is not bitwise reproducible"
+    finally:
+        dense.max_clusters_for = saved
+        dense.PLANS.clear()
+
+
+@pytest.mark.parametrize("m,n,k,tile,split", [(8192, 576, 7168, (128, 192), 2), (8192, 576, 7168, (128, 160), 3),
+                                              (2048, 7168, 4096, (128, 160), 2), (700, 3000, 1000, (128, 128), 4)])
+def test_split_tail_full_grid(m, n, k, tile, split):
+    """split_tail on the whole GPU (the DeepSeek-V3 kv_a shape included): poisoned padding, the
+    error bound, tile by tile the bits of the unsplit / split kernels, repeat calls the same bits."""
+    _need_sm90()
+    from cutegemm.runtime.device import max_clusters_for
+
+    a, b = _ops(m, n, k, seed=m + n)
+    cfg = _cfg(tile_m=tile[0], tile_n=tile[1], split_k=split, split_tail=True)
+    buf, out = poisoned_out((m, n), BF16)
+    cutegemm.gemm(a, b, out=out, config=cfg)
+    assert_outside_untouched(buf, m, n)
+    _check(out, a, b, f"split_tail {cfg.name} {m}x{n}x{k}")
+    _tail_tile_bits(out, a, b, cfg, max_clusters_for(cfg, a.device))
+    assert torch.equal(out, cutegemm.gemm(a, b, config=cfg))
 
 
 @pytest.mark.parametrize("split", [3, 4, 5])
@@ -315,7 +391,7 @@ def test_policy_split_calls_fp8(m, n, k):
     cutegemm.gemm(a8, b8, scale_a=sa, scale_b=sb, out=out)
     assert_outside_untouched(buf, m, n)
     ref = (a8.double() * sa.double()[:, None]) @ (b8.double() * sb.double()[None, :])
-    whole = cutegemm.gemm(a8, b8, scale_a=sa, scale_b=sb, config=replace(cfg, split_k=1, split_cluster=False,
+    whole = cutegemm.gemm(a8, b8, scale_a=sa, scale_b=sb, config=replace(cfg, split_k=1, split_cluster=False, split_tail=False,
                                                                             epilogue=type(cfg.epilogue)()))
     err, err_whole = ((out.double() - ref).abs().max().item(), (whole.double() - ref).abs().max().item())
     assert err <= 2 * err_whole + 1e-6, (err, err_whole)
@@ -387,7 +463,7 @@ def test_split_cluster_cuda_graph_replay():
 def test_split_cluster_config_rules():
     _need_sm90()
     a, b = _ops(16, 256, 512)
-    for bad, match in ((dict(split_cluster=True), "needs split_k"),
+    for bad, match in ((dict(split_cluster=True), "needs split_k in"),
                        (dict(split_k=2, split_cluster=True, pingpong=True), "cooperative"),
                        (dict(split_k=8, tile_n=128, split_cluster=True), "receives")):  # fmt: skip
         with pytest.raises(ValueError, match=match):

@@ -195,7 +195,7 @@ class Sm90Consumers:
                     epi_count = self.k.epi.store_tile(*store_args)
             elif cutlass.const_expr(self.k.config.split_k > 1):
                 # split K: the unit that completes the tile sums the partials and stores it
-                if self.k.split.split_k_fixup(acc_sum, tile, sched.total // self.k.config.split_k, *split, mma_tidx, epi_barrier) == 1:
+                if self.k.split.split_k_fixup(acc_sum, tile, sched.split_tiles(), *split, mma_tidx, epi_barrier) == 1:
                     epi_count = self.k.epi.store_tile(*store_args)
             else:
                 epi_count = self.k.epi.store_tile(*store_args)

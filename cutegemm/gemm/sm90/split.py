@@ -66,13 +66,12 @@ class SplitK:
     def split_k_roles(self, k_tile_cnt):
         """(k_range, load_k_tiles, k_first) of split K: a unit's K tile count and first K tile
         from its K range (tile[3]); the consumers' ``k_range`` has no head or tail to zero."""
-        split_k = self.k.config.split_k
 
-        def k_first(tile):
-            return split_k_range(tile[3], k_tile_cnt, split_k)[0]
+        def k_first(tile):  # tile[5]: the ranges of the unit's tile (split_tail: 1 for a whole tile)
+            return split_k_range(tile[3], k_tile_cnt, tile[5])[0]
 
         def load_k_tiles(tile):
-            return split_k_range(tile[3], k_tile_cnt, split_k)[1]
+            return split_k_range(tile[3], k_tile_cnt, tile[5])[1]
 
         def k_range(tile):
             return load_k_tiles(tile), 0, 0
@@ -80,16 +79,27 @@ class SplitK:
         return k_range, load_k_tiles, k_first
 
     @cute.jit
-    def split_k_fixup(self, acc: cute.Tensor, tile, n_tiles: cutlass.Int32, mWorkspace: cute.Tensor,
+    def split_k_fixup(self, acc: cute.Tensor, tile, split_tiles, mWorkspace: cute.Tensor,
                       sFlag: cute.Tensor, tid: cutlass.Int32, epi_barrier) -> cutlass.Int32:  # fmt: skip
         """Store this unit's partial sums, count in on the tile's counter; in the unit that
         completes the count, replace ``acc`` by the sum of every range's partials (range order).
-        Returns 1 there (run the epilogue), else 0. ``tid``: the thread among the tile's
-        ``threads_per_tile``; ``n_tiles``: output tiles of the launch."""
+        Returns 1 there (run the epilogue), else 0; 1 for a whole tile (split_tail's first waves).
+        ``tid``: the thread among the tile's ``threads_per_tile``; ``split_tiles``: (first split
+        tile, split tiles) of the launch (the scheduler's ``split_tiles``)."""
+        last = cutlass.Int32(1)
+        if tile[5] > 1:
+            last = self._fixup(acc, tile[4] - split_tiles[0], tile[3], split_tiles[1], mWorkspace, sFlag, tid,
+                               epi_barrier)  # fmt: skip
+        return last
+
+    @cute.jit
+    def _fixup(self, acc: cute.Tensor, t: cutlass.Int32, s: cutlass.Int32, n_tiles: cutlass.Int32,
+               mWorkspace: cute.Tensor, sFlag: cute.Tensor, tid: cutlass.Int32, epi_barrier) -> cutlass.Int32:  # fmt: skip
+        """:meth:`split_k_fixup` of range ``s`` of split tile ``t`` (of ``n_tiles``: the slots and
+        counters are the split tiles')."""
         split_k = self.k.config.split_k
         nthr = self.k.threads_per_tile
         n_vec = cute.size(acc) // 4
-        t, s = tile[4], tile[3]
         # byte address of (tile t, range 0, vector 0, thread tid): the slots follow the counters;
         # range r's slot is r * slot_bytes further
         slot_bytes = self.k.config.tile_m * self.k.config.tile_n * 4
