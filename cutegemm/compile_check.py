@@ -130,6 +130,9 @@ def dense_variants(arch: str) -> list[GemmConfig]:
             GemmConfig(arch=arch, tile_m=128, tile_n=64, a_major="k", b_major="k", form=Form.FLAT, split_k=3),
             GemmConfig(arch=arch, tile_m=128, tile_n=192, a_major="k", b_major="k", form=Form.FLAT, split_k=2,
                        split_tail=True),
+            # 128x96 (64 < M <= 128 wave picks) and 128x224: tile_n of 3 / 7 32-column subtiles
+            GemmConfig(arch=arch, tile_m=128, tile_n=96, raster="n", group=1, a_major="k", b_major="k", form=Form.FLAT),
+            GemmConfig(arch=arch, tile_m=128, tile_n=224, cluster_m=2, raster="n", a_major="k", b_major="k"),
             GemmConfig(arch=arch, tile_m=128, tile_n=64, pingpong=True, a_major="m", b_major="k"),  # last: see flat
         ]
     else:

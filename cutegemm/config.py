@@ -415,8 +415,8 @@ def config_errors(cfg: GemmConfig) -> list[str]:
             err.append(f"sm_90a pingpong tile must hold <= 128x128 accumulators per warpgroup, got {cfg.tile_m}x{cfg.tile_n}")
         if cfg.tile_m not in (64, 128):
             err.append(f"sm_90a tile_m must be 64 or 128, got {cfg.tile_m}")
-        if cfg.tile_n not in (64, 128, 160, 192, 256) and not cfg.swap_ab:
-            err.append(f"sm_90a tile_n must be 64, 128, 160, 192 or 256, got {cfg.tile_n}")
+        if cfg.tile_n not in SM90_TILE_N and not cfg.swap_ab:
+            err.append(f"sm_90a tile_n must be one of {SM90_TILE_N}, got {cfg.tile_n}")
     elif cfg.arch == "sm_100a":
         if cfg.pingpong:
             err.append("pingpong is an sm_90a schedule")
@@ -553,7 +553,7 @@ def swap_ab_errors(cfg: GemmConfig) -> list[str]:
     return err
 
 
-SPLIT_K_CHOICES = (2, 3, 4, 5, 6, 8)
+SM90_TILE_N, SPLIT_K_CHOICES = (64, 96, 128, 160, 192, 224, 256), (2, 3, 4, 5, 6, 8)  # tile_n: 32-column subtiles
 SPLIT_CLUSTER_CHOICES = (2, 4, 8)  # split_cluster: a cluster of split_k CTAs along z
 # split_cluster: range 0's receive slots, at most this many bytes (64x64 tiles with 8 ranges; the
 # stage ring keeps the rest of the 227 KiB)

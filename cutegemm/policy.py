@@ -42,7 +42,10 @@ def ceil_div(a: int, b: int) -> int:
 # estimate between its neighbours, raised to 0.95 by the H100's `bench tiles` (512 x 51200 x 5120:
 # 128x160 2x1 1.00x cuBLAS in 10 rounds against 128x256's 0.93 in 7, about 0.95 of its rate): it
 # fills whole waves where N is a multiple of 5 x 1024 (5120, 10240), the shapes where 128x128,
-# 128x192 and 128x256 all leave a wave part-empty.
+# 128x192 and 128x256 all leave a wave part-empty. 128x96 (0.85, an estimate below 128x128's) fills
+# a wave where N = 1536 at M = 1024 (8 x 16 = 128 tiles; cuBLAS runs 96 x 128 tiles there, ncu),
+# but in 1x1 clusters it ran 0.74x cuBLAS there (0.84 for 128x128 2x1) in the H100 sweep, so it is
+# weighed only for 64 < M <= 128 (SMALL_M_ONLY_RATES).
 TILE_RATES = {
     "16-bit": {(128, 256): 1.00, (128, 192): 0.96, (128, 160): 0.95, (128, 128): 0.88},
     "e4m3": {(128, 192): 0.96, (128, 128): 0.85},
@@ -175,6 +178,9 @@ def wave_choice(p: GemmProblem, num_sms: int, splits=(1,), tail: bool = False) -
 SMALL_M_WAVES = frozenset({"16-bit", "e4m3"})
 SMALL_M_SPLITS = {"16-bit": (1, 2, 4), "e4m3": (1,)}
 SMALL_M_RATES = {(128, 64): 0.60}
+# 16-bit 64 < M <= 128 only: 128x96 (the H100 sweep, same rounds: Llama-3-70B qkv M = 128 0.93 ->
+# 0.96, Qwen3-32B qkv 0.95 -> 0.96; one M tile, so 1x1 as every pick here)
+SMALL_M_ONLY_RATES = {"16-bit": {(128, 96): 0.85}, "e4m3": {}}
 
 
 def small_m_alternative(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig | None:
@@ -185,13 +191,14 @@ def small_m_alternative(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmCo
             or cfg.tile_m != 128 or cfg.form not in (Form.DENSE, Form.FLAT) or cfg.split_cluster
             or cfg.pingpong or cfg.fp8_blockwise or cfg.fp8_mx):  # fmt: skip
         return None
-    rates = {**TILE_RATES[dtype_family(p.a_dtype)], **SMALL_M_RATES}
+    rates = {**TILE_RATES[dtype_family(p.a_dtype)], **SMALL_M_RATES, **SMALL_M_ONLY_RATES[dtype_family(p.a_dtype)]}
     if (cfg.tile_m, cfg.tile_n) not in rates:
         return None
     now = wave_seconds(p, 128, cfg.tile_n, 1, max(1, cfg.split_k), num_sms, rates[(128, cfg.tile_n)])
     # one 128-row tile: wave_candidates' clusters are all 1x1 here
     splits = SMALL_M_SPLITS[dtype_family(p.a_dtype)]
-    best = min(wave_candidates(p, num_sms, splits, SMALL_M_RATES), key=lambda c: c.seconds)
+    extra = {**SMALL_M_RATES, **SMALL_M_ONLY_RATES[dtype_family(p.a_dtype)]}
+    best = min(wave_candidates(p, num_sms, splits, extra), key=lambda c: c.seconds)
     if best.seconds * MODEL_MARGIN >= now:
         return None
     alt = replace(cfg, tile_n=best.tile_n, split_k=best.split_k, cluster_m=1, cluster_n=1, raster="n", group=1)
