@@ -19,9 +19,14 @@ consumers run the usual mainloop over their range, then :meth:`SplitK.split_k_fi
    full sum); the other units store nothing to the output.
 
 No unit waits for another, so the units need not be resident together. Workspace (int32 words,
-zeroed once when the plan is made; each launch leaves its counters at 0): ``split_counter_words`` counters, then ``split_k`` slots of
-``tile_m * tile_n`` fp32 per tile (:func:`split_workspace_words`). Like the dynamic scheduler's
-counter it belongs to one plan: one plan must not run on two streams at once.
+zeroed once when the plan is made; each launch leaves its counters at 0): ``split_counter_words``
+counters, then ``split_k`` slots of ``tile_m * tile_n`` fp32 per split tile
+(:func:`split_workspace_words`). Like the dynamic scheduler's counter it belongs to one plan: one
+plan must not run on two streams at once.
+
+``GemmConfig.split_tail``: only the tiles past the whole waves are split (the scheduler's
+``tail_unit``: a unit's tile tuple carries its tile's range count, 1 for a whole tile, which then
+skips the fix-up); the counters and slots are those of the split tiles, indexed from the first.
 
 ``GemmConfig.split_cluster``: the split_k units of a tile are instead the CTAs of one cluster (1 x 1
 x split_k, grid = one CTA per unit), so they run at once and can reach each other's shared memory.
