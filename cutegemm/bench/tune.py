@@ -116,9 +116,13 @@ SM90_CANDIDATES = [
     # 128x160: whole waves where N is a multiple of 5 x 1024 (the wave model's tile for M > 128)
     dict(tile_m=128, tile_n=160, cluster_m=2, cluster_n=1, raster="n", group=8),
     dict(tile_m=128, tile_n=160, cluster_m=1, cluster_n=1, raster="n", group=1),
-    # 128x96: one wave where N = 1536 at M = 1024 (cuBLAS's 96 x 128 tiles there, ncu)
+    # 128x96 / 64x96: one wave where N = 1536 at M = 1024 / 512 (cuBLAS's tiles there, ncu:
+    # 128x96 2x1; 64x96 1x2, and 2x4 at 1024 x 576)
     dict(tile_m=128, tile_n=96, cluster_m=1, cluster_n=1, raster="n", group=1),
     dict(tile_m=128, tile_n=96, cluster_m=2, cluster_n=1, raster="n", group=8),
+    dict(tile_m=64, tile_n=96, cluster_m=1, cluster_n=1, raster="n", group=1),
+    dict(tile_m=64, tile_n=96, cluster_m=1, cluster_n=2, raster="n", group=1),
+    dict(tile_m=64, tile_n=96, cluster_m=2, cluster_n=2, raster="n", group=1),
 ]
 
 
