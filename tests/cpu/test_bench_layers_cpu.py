@@ -75,3 +75,24 @@ def test_previous_rule_is_timed_where_it_differs():
     stats = layers.summary(res)[res[0].case.kind]
     assert stats["changed"] == 1 and stats["before_min"] == 0.5 and stats["before_geomean"] < stats["geomean"]
     assert "previous tile rule" in layers.markdown(res)
+
+
+def test_previous_wave_model_is_precompiled_and_restored():
+    """``previous_policy`` (the wave model before 3 K ranges, split tails and 128x96 for one M
+    tile) picks the earlier configs inside and restores the policy after; the sweep's precompile
+    list holds both picks (DeepSeek-V3 kv_a at M = 8192: 128x192 with a split tail now, 128x160
+    2x1 before)."""
+    from cutegemm import policy
+
+    before = (policy.SPLITS, policy.SPLIT_TAIL, policy.SMALL_M_ONLY_RATES)
+    lay = [("DeepSeek-V3", "kv_a", 576, 7168)]
+    now = {c.name + c.kind: cfgs[-1] for c, cfgs in layers.sweep_plan(layers=lay, m_values=(8192,))}
+    with layers.previous_policy():
+        assert policy.SPLITS == (1, 2, 4) and not policy.SPLIT_TAIL
+        old = {c.name + c.kind: cfgs[-1] for c, cfgs in layers.sweep_plan(layers=lay, m_values=(8192,))}
+    assert (policy.SPLITS, policy.SPLIT_TAIL, policy.SMALL_M_ONLY_RATES) == before
+    key = "DeepSeek-V3 kv_a M=8192bf16"
+    assert now[key].split_tail and (now[key].tile_n, now[key].split_k) == (192, 2)
+    assert not old[key].split_tail and (old[key].tile_n, old[key].cluster_m) == (160, 2)
+    cfgs = layers.configs_of_sweep(layers=lay, m_values=(8192,))
+    assert now[key] in cfgs and old[key] in cfgs
