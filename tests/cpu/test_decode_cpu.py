@@ -170,3 +170,42 @@ def test_policy_split_few_tiles():
         # two ranges of tiles up to 128x64 meet in shared memory
         assert cfg.split_cluster == (split == 2 and cfg.tile_m * cfg.tile_n <= 8192), cfg.name
         assert can_implement(cfg, p)[0], cfg.name
+
+
+@given(tiles=st.integers(1, 60), ctas=st.integers(1, 20), split=st.sampled_from([2, 3, 4, 5, 6, 8]),
+       tail=st.booleans(), seed=st.integers(0, 2**16), launches=st.integers(1, 3))
+def test_split_counter_protocol_in_any_arrival_order(tiles, ctas, split, tail, seed, launches):
+    """The fix-up protocol of gemm/sm90/split.py, played in Python with units arriving in a random
+    order each launch: every unit stores its slot, then adds 1 to its tile's counter; the unit
+    that reads split_k - 1 completes the tile (sums the slots in range order) and sets the counter
+    back to 0. Every split tile is completed exactly once per launch, with the same sum whatever
+    the order, and every counter is 0 after each launch; whole tiles (split_tail) never count."""
+    import random
+
+    rng = random.Random(seed)
+    whole, total = tail_units(tiles, ctas, split) if tail else (0, tiles * split)
+    n_split = (total - whole) // split
+    counters = [0] * n_split
+    partial = {(t, r): rng.uniform(-1, 1) for t in range(tiles) for r in range(split)}
+    want = {t: sum((0.0, *(partial[(t, r)] for r in range(split)))) for t in range(whole, tiles)}
+    for _ in range(launches):
+        slots, done = {}, {}
+        order = list(range(total))
+        rng.shuffle(order)
+        for work in order:
+            t, r, ranges = tail_unit(work, whole, split) if tail else (work // split, work % split, split)
+            if ranges == 1:
+                assert t < whole
+                continue
+            i = t - whole
+            slots[(i, r)] = partial[(t, r)]
+            old, counters[i] = counters[i], counters[i] + 1
+            if old == split - 1:
+                assert t not in done
+                tot = 0.0
+                for rr in range(split):  # range order, as the kernel adds them
+                    tot = tot + slots[(i, rr)]
+                done[t] = tot
+                counters[i] = 0
+        assert counters == [0] * n_split
+        assert done == want  # bit-equal floats: the same additions in the same order
