@@ -191,13 +191,13 @@ def small_m_alternative(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmCo
             or cfg.tile_m != 128 or cfg.form not in (Form.DENSE, Form.FLAT) or cfg.split_cluster
             or cfg.pingpong or cfg.fp8_blockwise or cfg.fp8_mx):  # fmt: skip
         return None
-    rates = {**TILE_RATES[dtype_family(p.a_dtype)], **SMALL_M_RATES, **SMALL_M_ONLY_RATES[dtype_family(p.a_dtype)]}
+    extra = {**SMALL_M_RATES, **SMALL_M_ONLY_RATES[dtype_family(p.a_dtype)]}
+    rates = {**TILE_RATES[dtype_family(p.a_dtype)], **extra}
     if (cfg.tile_m, cfg.tile_n) not in rates:
         return None
     now = wave_seconds(p, 128, cfg.tile_n, 1, max(1, cfg.split_k), num_sms, rates[(128, cfg.tile_n)])
     # one 128-row tile: wave_candidates' clusters are all 1x1 here
     splits = SMALL_M_SPLITS[dtype_family(p.a_dtype)]
-    extra = {**SMALL_M_RATES, **SMALL_M_ONLY_RATES[dtype_family(p.a_dtype)]}
     best = min(wave_candidates(p, num_sms, splits, extra), key=lambda c: c.seconds)
     if best.seconds * MODEL_MARGIN >= now:
         return None

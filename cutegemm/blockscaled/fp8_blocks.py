@@ -264,7 +264,7 @@ def gemm_fp8_vector_blocks(a, b, *, scale_a, scale_b, out_dtype=None, alpha: flo
                               kernel_scales=gather.scales(span_a, span_b))  # fmt: skip
         in_place = a_k is a and b_k.data_ptr() == b.data_ptr() and b_k.stride() == (b.stride(1), b.stride(0))
         if out is None and config is None and alpha == 1.0 and out_dtype == torch.bfloat16 and in_place:
-            _remember_warm(a, b, scale_a, scale_b, cfg, views, recipe)
+            _remember_warm(a, b, scale_a, scale_b, cfg, views, gather, span_a, span_b)
         return res
     return launch_emulated(cfg, *views, *recipe_scales(recipe, m, k, scale_a, scale_b), out_dtype, alpha, out,
                            batched=False, repeat=_REPEAT)  # fmt: skip
@@ -300,11 +300,10 @@ class _Warm:
         return finish_output(None, written)
 
 
-def _remember_warm(a, b, scale_a, scale_b, cfg, views, recipe) -> None:
-    """Records the bare call's launch (after a cold call took the gather path) for :func:`warm_call`."""
-    m, k = a.shape
-    n = b.shape[1]
-    gather, span_a, span_b = _gather_for(recipe, m, n, k, cfg.tile_n, scale_a, scale_b)
+def _remember_warm(a, b, scale_a, scale_b, cfg, views, gather, span_a, span_b) -> None:
+    """Records the bare call's launch for :func:`warm_call`, after a cold call took the gather path
+    (``gather`` and the scale spans: what its :func:`_gather_for` gave)."""
+    m, n = a.shape[0], b.shape[1]
     w = _Warm()
     w.fn, w.m, w.n, w.device, w.device_index = DENSE_CACHE.get(cfg), m, n, a.device, a.device.index
     w.a_view, w.b_view = ((v.shape, v.stride()) for v in views)

@@ -251,20 +251,9 @@ def _empty(shape, dtype, device) -> torch.Tensor:
 
 
 @functools.cache
-def _ones_cached(device: str) -> torch.Tensor:
-    return torch.ones(1, dtype=torch.float32, device=device)
-
-
-_ONES: dict = {}
-
-
 def ones_on(device: torch.device) -> torch.Tensor:
-    """A (1,) fp32 one on ``device``, made once per device (keyed by the device object; its string
-    form keys the tensor, so cuda and cuda:0 share one)."""
-    t = _ONES.get(device)
-    if t is None:
-        t = _ONES[device] = _ones_cached(str(device))
-    return t
+    """A (1,) fp32 one on ``device``, made once per device object."""
+    return torch.ones(1, dtype=torch.float32, device=device)
 
 
 __all__ = ["quantize", "finite_abs_max"]

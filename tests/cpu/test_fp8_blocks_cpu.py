@@ -192,7 +192,7 @@ def test_warm_plan_launches_what_the_cold_call_launches(monkeypatch):
     monkeypatch.setattr(fp8_blocks, "eager_cuda", lambda t: True)  # CPU tensors stand in for CUDA ones
     views = [t.as_strided((t.shape[0], k, 1), (t.stride(0), 1, t.shape[0] * t.stride(0))) for t in (x8, y8)]
     assert fp8_blocks.gathered_scales(recipe, m, n, k, cfg.tile_n, sa, sb) is not None
-    fp8_blocks._remember_warm(x8, b, sa, sb, cfg, views, recipe)
+    fp8_blocks._remember_warm(x8, b, sa, sb, cfg, views, *fp8_blocks._gather_for(recipe, m, n, k, cfg.tile_n, sa, sb))
     out = fp8_blocks.warm_call(x8, b, sa, sb)
     assert out.shape == (m, n) and out.dtype == torch.bfloat16 and len(calls) == 1
     args = KernelArgs(*calls[0])
