@@ -247,9 +247,7 @@ class GemmConfig:
     # cluster (1 x 1 x split_k); ranges 1.. st.async their partial sums into range 0's shared
     # memory, which adds them in range order and runs the epilogue (no workspace, no L2 round trip).
     split_cluster: bool = False
-    # Split K on the last wave only (split_k > 1, workspace): of T tiles on G CTAs the first
-    # (T // G) * G run whole (no partial sums), the rest split_k units each (schedulers/static.py).
-    split_tail: bool = False
+    split_tail: bool = False  # split K of the tiles past the whole waves only (schedulers/static.py)
     # Dense sm_90a with one M tile (M <= tile_m, decode): A's TMA box is a_rows rows (M rounded up
     # to 8 or a multiple of 16), not tile_m. The box's rows past M would arrive as zeros filled in
     # by the TMA unit, which was measured to cost the time of the rows (16 x 4096 x 7168 with a
@@ -417,6 +415,8 @@ def config_errors(cfg: GemmConfig) -> list[str]:
             err.append(f"sm_90a tile_m must be 64 or 128, got {cfg.tile_m}")
         if cfg.tile_n not in SM90_TILE_N and not cfg.swap_ab:
             err.append(f"sm_90a tile_n must be one of {SM90_TILE_N}, got {cfg.tile_n}")
+        elif cfg.tile_n in (96, 224) and (cfg.form not in (Form.DENSE, Form.FLAT) or cfg.a_dtype == "e4m3"):
+            err.append(f"sm_90a tile_n {cfg.tile_n}: 16-bit dense only so far (the variants run on a GPU)")
     elif cfg.arch == "sm_100a":
         if cfg.pingpong:
             err.append("pingpong is an sm_90a schedule")
