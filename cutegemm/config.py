@@ -248,12 +248,10 @@ class GemmConfig:
     # memory, which adds them in range order and runs the epilogue (no workspace, no L2 round trip).
     split_cluster: bool = False
     split_tail: bool = False  # split K of the tiles past the whole waves only (schedulers/static.py)
-    # Dense sm_90a with one M tile (M <= tile_m, decode): A's TMA box is a_rows rows (M rounded up
-    # to 8 or a multiple of 16), not tile_m. The box's rows past M would arrive as zeros filled in
-    # by the TMA unit, which was measured to cost the time of the rows (16 x 4096 x 7168 with a
-    # 64x64 tile: 32.6 us at M = 16, 25.7 at M = 64, bench/RESULTS.md);
-    # instead the consumers zero the stages' rows a_rows..tile_m once when the kernel starts (the
-    # TMA never writes them), so the tile's WGMMAs see the same zeros. 0: the whole tile.
+    # Dense sm_90a with one M tile (M <= tile_m, decode): A's TMA box is a_rows rows (M rounded up to 8 or
+    # a multiple of 16), not tile_m. Rows past M filled with zeros by the TMA unit cost their time (16 x
+    # 4096 x 7168, 64x64 tile: 32.6 us at M = 16, 25.7 at M = 64, bench/RESULTS.md); instead the consumers
+    # zero the stages' rows a_rows..tile_m once at the start (the TMA never writes them). 0: whole tile.
     a_rows: int = 0
     # Grouped packed form, sm_90a: A's rows are gathered through an index (the kernel's a_index,
     # packed row -> row of A), loaded with cp.async by the producer warpgroup, since Hopper's TMA
@@ -411,8 +409,9 @@ def config_errors(cfg: GemmConfig) -> list[str]:
             err.append("two_cta is an sm_100a feature")
         if cfg.pingpong and cfg.tile_m * cfg.tile_n > 128 * 128:
             err.append(f"sm_90a pingpong tile must hold <= 128x128 accumulators per warpgroup, got {cfg.tile_m}x{cfg.tile_n}")
-        if cfg.tile_m not in (64, 128):
-            err.append(f"sm_90a tile_m must be 64 or 128, got {cfg.tile_m}")
+        tall = not (cfg.pingpong or cfg.a_dtype == "e4m3" or cfg.split_k > 1 or cfg.form not in (Form.DENSE, Form.FLAT) or cfg.epilogue.quant)
+        if cfg.tile_m not in (64, 128) and (cfg.tile_m != 192 or not tall):
+            err.append(f"sm_90a tile_m must be 64 or 128 (192: 16-bit dense cooperative, unsplit, no quantized output), got {cfg.tile_m}")
         if cfg.tile_n not in SM90_TILE_N and not cfg.swap_ab:
             err.append(f"sm_90a tile_n must be one of {SM90_TILE_N}, got {cfg.tile_n}")
         elif cfg.tile_n in (96, 224) and (cfg.form not in (Form.DENSE, Form.FLAT) or cfg.a_dtype == "e4m3"):

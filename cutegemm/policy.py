@@ -46,8 +46,18 @@ def ceil_div(a: int, b: int) -> int:
 # a wave where N = 1536 at M = 1024 (8 x 16 = 128 tiles; cuBLAS runs 96 x 128 tiles there, ncu),
 # but in 1x1 clusters it ran 0.74x cuBLAS there (0.84 for 128x128 2x1) in the H100 sweep, so it is
 # weighed only for 64 < M <= 128 (SMALL_M_ONLY_RATES).
+# 192x192 (three consumer warpgroups, 1x1 clusters): one wave where 128-row tiles leave a short
+# last one (8192 x 576 x 7168: 43 x 3 = 129 tiles; H100 `bench tiles` 0.98x cuBLAS, against 0.89
+# for 128x192 with a split tail; cuBLAS runs 192x192 there, ncu). Its rate there and on 2-4 wave
+# shapes was 0.97-1.0 of 128x256 2x1's; in 2x1 or 1x2 clusters it lost on wide N.
+TALL_RATE = 0.95
+# 64x96 in 1x2 clusters (A multicast): one wave of 64-row tiles where N is a multiple of 96 and the
+# 128-row tiles fill part of one (1024 x 576 x 7168: 96 tiles, 0.99x cuBLAS against 0.86 for 128x160
+# in 4 ranges; cuBLAS runs 64x96 2x4 there). Its rate on one-wave shapes was 0.48-0.59.
+SHORT_RATE = 0.55
 TILE_RATES = {
-    "16-bit": {(128, 256): 1.00, (128, 192): 0.96, (128, 160): 0.95, (128, 128): 0.88},
+    "16-bit": {(128, 256): 1.00, (128, 192): 0.96, (128, 160): 0.95, (128, 128): 0.88, (192, 192): TALL_RATE,
+               (64, 96): SHORT_RATE},
     "e4m3": {(128, 192): 0.96, (128, 128): 0.85},
 }
 SM_FLOPS = 6.0e12  # 16-bit WGMMA flop/s of one SM at the power-capped clock (802 TFLOP/s / 132); e4m3 twice
@@ -90,13 +100,15 @@ class WaveCandidate:
     seconds: float  # the model's time of the call
     fp8: bool = False
     tail: bool = False  # split K on the last wave only (GemmConfig.split_tail)
+    cluster_n: int = 1
 
     def fields(self) -> dict:
         """The GemmConfig fields: 2x1 clusters with an N-major raster (the measured large-shape
-        tiles; 16-bit 128x128: M-major, as measured), 1x1 with an M-major one."""
-        raster = "n" if self.cluster_m == 2 and (self.tile_n > 128 or self.fp8) else "m"
-        return dict(tile_m=self.tile_m, tile_n=self.tile_n, cluster_m=self.cluster_m, split_k=self.split_k,
-                    split_tail=self.tail, raster=raster, group=8)  # fmt: skip
+        tiles; 16-bit 128x128: M-major, as measured), 1x1 with an M-major one; 64-row tiles (1x2)
+        N-major, as measured."""
+        raster = "n" if (self.cluster_m == 2 and (self.tile_n > 128 or self.fp8)) or self.tile_m == 64 else "m"
+        return dict(tile_m=self.tile_m, tile_n=self.tile_n, cluster_m=self.cluster_m, cluster_n=self.cluster_n,
+                    split_k=self.split_k, split_tail=self.tail, raster=raster, group=1 if self.tile_m == 64 else 8)  # fmt: skip
 
 
 def wave_seconds(p: GemmProblem, tile_m: int, tile_n: int, cluster_m: int, split: int, num_sms: int,
@@ -128,7 +140,8 @@ def dtype_family(a_dtype: str) -> str:
     return "e4m3" if a_dtype == "e4m3" else "16-bit"
 
 
-def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,), extra_rates=None, tail: bool = False) -> list[WaveCandidate]:
+def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,), extra_rates=None, tail: bool = False,
+                    other_m: bool = True) -> list[WaveCandidate]:  # fmt: skip
     """Every (tile, cluster, split) the model weighs for ``p``, the default (widest tile) first.
     2x1 clusters where there are two M tiles (B multicast: 16-bit 128x128 too, H100 `bench
     tiles`: 512 x 4096 x 14336 0.78 -> 0.96x cuBLAS, 512 x 4096 x 4096 0.91 -> 0.95); split
@@ -136,18 +149,23 @@ def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,), extra_rates=None,
     fix-up spills registers), with at least 24 K tiles of 64 (16-bit) / 12 of 128 (FP8) per
     range, as split_few_tiles. ``extra_rates``: more (tile_m, tile_n): rate entries to weigh;
     ``tail``: the splits of the last wave only too, where the tiles fill a wave and span at most
-    TAIL_MAX_N_TILES columns."""
+    TAIL_MAX_N_TILES columns; ``other_m``: the 192-row (1x1, unsplit) and 64-row (1x2, unsplit)
+    tiles too."""
     fp8 = p.a_dtype == "e4m3"
     rates = {**TILE_RATES[dtype_family(p.a_dtype)], **(extra_rates or {})}
     k_tiles, min_tiles = (ceil_div(p.k, 128), 12) if fp8 else (ceil_div(p.k, 64), 24)
     out = []
     for (tm, tn), rate in rates.items():
-        pair = 2 if ceil_div(p.m, tm) >= 2 and tn >= 128 else 1
+        if tm != 128 and not other_m:
+            continue
+        pair = 2 if ceil_div(p.m, tm) >= 2 and tn >= 128 and tm == 128 else 1
+        cn = 2 if tm == 64 else 1  # 64-row tiles: 1x2 clusters (A multicast), as measured
         for split in splits:
             cl = pair if split == 1 else 1
-            if split > 1 and (k_tiles < min_tiles * split or tn > 192):
+            if split > 1 and (k_tiles < min_tiles * split or tn > 192 or tm != 128):
                 continue
-            out.append(WaveCandidate(tm, tn, cl, split, wave_seconds(p, tm, tn, cl, split, num_sms, rate), fp8))
+            out.append(WaveCandidate(tm, tn, cl, split, wave_seconds(p, tm, tn, cl * cn, split, num_sms, rate), fp8,
+                                     cluster_n=cn))  # fmt: skip
             tail_ok = ceil_div(p.m, tm) * ceil_div(p.n, tn) * p.l >= num_sms and ceil_div(p.n, tn) <= TAIL_MAX_N_TILES
             if tail and split > 1 and tail_ok:
                 out.append(WaveCandidate(tm, tn, cl, split, wave_seconds(p, tm, tn, cl, split, num_sms, rate, True),
@@ -155,11 +173,11 @@ def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,), extra_rates=None,
     return out
 
 
-def wave_choice(p: GemmProblem, num_sms: int, splits=(1,), tail: bool = False) -> WaveCandidate:
+def wave_choice(p: GemmProblem, num_sms: int, splits=(1,), tail: bool = False, other_m: bool = True) -> WaveCandidate:
     """The model's pick: the fastest candidate if MODEL_MARGIN ahead of the default, else the
     default. 16-bit weighs 128x64 tiles too (1x1, the small-M rate: H100 `bench tiles`, 512 x
     2048 x 4096: 128x64 0.98x cuBLAS, 128x128 with 2 K ranges 0.85)."""
-    cands = wave_candidates(p, num_sms, splits, SMALL_M_RATES if p.a_dtype != "e4m3" else None, tail)
+    cands = wave_candidates(p, num_sms, splits, SMALL_M_RATES if p.a_dtype != "e4m3" else None, tail, other_m)
     best = min(cands, key=lambda c: c.seconds)
     return best if best.seconds * MODEL_MARGIN < cands[0].seconds else cands[0]
 
@@ -198,7 +216,7 @@ def small_m_alternative(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmCo
     now = wave_seconds(p, 128, cfg.tile_n, 1, max(1, cfg.split_k), num_sms, rates[(128, cfg.tile_n)])
     # one 128-row tile: wave_candidates' clusters are all 1x1 here
     splits = SMALL_M_SPLITS[dtype_family(p.a_dtype)]
-    best = min(wave_candidates(p, num_sms, splits, extra), key=lambda c: c.seconds)
+    best = min(wave_candidates(p, num_sms, splits, extra, other_m=False), key=lambda c: c.seconds)
     if best.seconds * MODEL_MARGIN >= now:
         return None
     alt = replace(cfg, tile_n=best.tile_n, split_k=best.split_k, cluster_m=1, cluster_n=1, raster="n", group=1)
@@ -263,9 +281,12 @@ class ArchPolicy:
             b_major=p.b_major,
         )
         cfg = GemmConfig(**base, **self._tile(p))
-        return fp32_promotion(replace(cfg, **overrides) if overrides else cfg, overrides)
+        cfg = replace(cfg, **overrides) if overrides else cfg
+        if config_errors(cfg):  # an epilogue or form the 192- / 64-row wave picks do not take
+            cfg = replace(GemmConfig(**base, **self._tile(p, other_m=False)), **overrides)
+        return fp32_promotion(cfg, overrides)
 
-    def _tile(self, p: GemmProblem) -> dict:
+    def _tile(self, p: GemmProblem, other_m: bool = True) -> dict:
         raise NotImplementedError
 
     def decode_tile(self, p: GemmProblem) -> dict:
@@ -455,7 +476,7 @@ class Sm90Policy(ArchPolicy):
     # 128x256 cooperative + 2x1 cluster, N-major raster, was best or within 2% of best on every
     # large shape; pingpong 128x128 was within 1-4% but never clearly ahead; for 64 < M <= 128 a
     # 128x64 tile (112 CTAs at N=7168) beat 64x128, 64x256 and every multicast variant.
-    def _tile(self, p: GemmProblem) -> dict:
+    def _tile(self, p: GemmProblem, other_m: bool = True) -> dict:
         if p.m <= 64:
             return self.decode_tile(p)
         if p.m <= 128:
@@ -471,12 +492,12 @@ class Sm90Policy(ArchPolicy):
         # M > 128: the wave model over the cooperative tiles (FP8 with promotion: at most 64x192
         # per warpgroup), its default the measured large-shape tile (16-bit 128x256 2x1, at cuBLAS
         # parity; FP8 128x192 2x1). Split K is the dense call's (choose_dense).
-        pick = wave_choice(p, self.num_sms)
+        pick = wave_choice(p, self.num_sms, other_m=other_m)
         return {k: v for k, v in pick.fields().items() if k not in ("split_k", "split_tail")}
 
 
 class Sm100Policy(ArchPolicy):
-    def _tile(self, p: GemmProblem) -> dict:
+    def _tile(self, p: GemmProblem, other_m: bool = True) -> dict:
         if p.m >= 256 and ceil_div(p.m, 256) * ceil_div(p.n, 256) * p.l >= self.num_sms // 2:
             return dict(tile_m=256, tile_n=256, two_cta=True, cluster_m=2)
         return dict(tile_m=128, tile_n=128)

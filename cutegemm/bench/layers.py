@@ -144,16 +144,14 @@ def previous_config(cfg, m: int, n: int, sms: int):
 
 @contextlib.contextmanager
 def previous_policy():
-    """The wave model before 3 K ranges, split K of the last wave and 128x96 tiles for 64 < M <=
-    128 (SPLITS (1, 2, 4), SPLIT_TAIL off, no SMALL_M_ONLY_RATES), for the sweep's same-round
-    comparison on the cases where it picks another config."""
-    saved = policy.SPLITS, policy.SPLIT_TAIL, policy.SMALL_M_ONLY_RATES
-    policy.SPLITS, policy.SPLIT_TAIL = (1, 2, 4), False
-    policy.SMALL_M_ONLY_RATES = {fam: {} for fam in saved[2]}
+    """The wave model before 192- and 64-row tiles (policy.TALL_RATE, SHORT_RATE), for the sweep's
+    same-round comparison on the cases where it picks another config."""
+    saved = policy.TILE_RATES
+    policy.TILE_RATES = {fam: {t: r for t, r in rates.items() if t[0] == 128} for fam, rates in saved.items()}
     try:
         yield
     finally:
-        policy.SPLITS, policy.SPLIT_TAIL, policy.SMALL_M_ONLY_RATES = saved
+        policy.TILE_RATES = saved
 
 
 def alternative_config(cfg, args, kwargs):
@@ -307,7 +305,7 @@ def markdown(results: list[Result]) -> str:
                   + (f"; on those cases ours {stats['changed_geomean']:.3f}, the previous rule "
                      f"{stats['changed_before_geomean']:.3f}." if stats["changed"] else "."), ""]  # fmt: skip
         if stats["alternatives"]:
-            lines += [f"The wave model before 3 K ranges, split tails and 128x96 (previous_policy), timed in the same rounds on "
+            lines += [f"The wave model before 192- and 64-row tiles (previous_policy), timed in the same rounds on "
                       f"the {stats['alternatives']} cases where they differ: ours {stats['alt_ours_geomean']:.3f}, "
                       f"the picks {stats['alt_geomean']:.3f} ("
                       + "; ".join(f"{name} {ours:.2f} -> {alt:.2f}" for name, ours, alt, _ in stats["alt_cases"])

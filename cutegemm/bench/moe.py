@@ -1,11 +1,9 @@
 """The MoE expert layer benchmark (``python -m cutegemm bench moe``): one SwiGLU expert layer as the
 models run it, forward and forward+backward, several implementations on the same weights and the
-same routing in one process.
-
-The layer: tokens x (T, H); routing given (seeded random router logits -> softmax -> top-k,
-renormalised, in x's dtype as the models pass it); E experts with ``w_gate_up`` (E, 2I, H) and
-``w_down`` (E, H, I) (normal, std 0.02: the models' ``initializer_range``);
-``out[t] = sum_j w[t, j] * down(silu(gate) * up)`` of expert ``idx[t, j]``.
+same routing in one process. The layer: tokens x (T, H); routing given (seeded random router logits
+-> softmax -> top-k, renormalised, in x's dtype as the models pass it); E experts with ``w_gate_up``
+(E, 2I, H) and ``w_down`` (E, H, I) (normal, std 0.02: the models' ``initializer_range``); ``out[t]
+= sum_j w[t, j] * down(silu(gate) * up)`` of expert ``idx[t, j]``.
 
 Implementations (``IMPLS``), all with the same dispatch (sort the (token, slot) pairs by expert,
 offsets from the counts, gather the tokens) and combine (scale by the routing weights, unpermute,
@@ -22,8 +20,7 @@ both into its GEMMs:
 - ``cutegemm-gather``: as ``cutegemm``, with the tokens and the dispatch index instead of the
   gathered copy (forward: the gather kernel reads the up projection's rows through the index where
   ``policy.gather_pays``, the layer's copy elsewhere).
-- ``cutegemm-hf``: cutegemm's transformers backend (``experts_implementation="cutegemm"``) on the
-  same module as ``torch`` (halves: the activation runs in torch between the GEMMs).
+- ``cutegemm-hf``: cutegemm's transformers backend on the same module as ``torch`` (halves).
 - ``sonicmoe``: SonicMoE's ``moe_general_routing_inputs`` (sonic-moe 0.1.2.post1) on interleaved
   weights, its quack GEMMs autotuned (quack's default: the configs are benchmarked on the first
   call of a shape, which the correctness check makes before timing); "not installed" without it.
@@ -36,16 +33,15 @@ the expert GEMMs (forward ``6 T k H I``, forward+backward 3x); the ratio to torc
 before: outputs and gradients included); errors against an fp64 reference of the same layer
 (``max |diff| / max |ref|`` per tensor); the time to read the layer's weights once.
 
-CPU side (``tests/cpu/test_bench_moe_cpu.py``): the case list, the layer, dispatch / combine, the
-reference and every implementation's route on CPU tensors at tiny sizes (cutegemm's autograd path
-runs its reference twins there), the interleaved timing loop with a stand-in timer, the writers.
-``python -m cutegemm.bench.moe --list`` prints the cases and their weight sizes without a GPU.
+CPU side (``tests/cpu/test_bench_moe_cpu.py``): the cases, the layer, every route at tiny sizes on
+CPU tensors, the timing loop with a stand-in timer, the writers. ``--list`` prints the cases.
 """
 
 from __future__ import annotations
 
 import gc
 import json
+import os
 import statistics
 import sys
 import time
@@ -282,6 +278,10 @@ def load_transformers():
 
 def load_sonicmoe():
     """``(sonicmoe, version)`` or ``(None, why)``: "not installed", or why an installed one did not load."""
+    # quack's compile workers take the arch from CUTE_DSL_ARCH (else sm_100a): this GPU's
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        os.environ.setdefault("CUTE_DSL_ARCH", f"sm_{major}{minor}a")
     try:
         import sonicmoe
     except ModuleNotFoundError as exc:

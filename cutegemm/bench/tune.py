@@ -123,6 +123,11 @@ SM90_CANDIDATES = [
     dict(tile_m=64, tile_n=96, cluster_m=1, cluster_n=1, raster="n", group=1),
     dict(tile_m=64, tile_n=96, cluster_m=1, cluster_n=2, raster="n", group=1),
     dict(tile_m=64, tile_n=96, cluster_m=2, cluster_n=2, raster="n", group=1),
+    # 192-row tiles (three consumer warpgroups): one wave where 128-row tiles leave a short one
+    # (cuBLAS's 192x192 at 8192 x 576)
+    *(dict(tile_m=192, tile_n=tn, cluster_m=cm, cluster_n=cn, raster="m", group=8)
+      for tn, cm, cn in ((96, 1, 1), (128, 1, 1), (128, 2, 1), (128, 1, 2), (160, 1, 1), (192, 1, 1), (192, 2, 1),
+                         (192, 1, 2))),
 ]
 
 

@@ -78,21 +78,20 @@ def test_previous_rule_is_timed_where_it_differs():
 
 
 def test_previous_wave_model_is_precompiled_and_restored():
-    """``previous_policy`` (the wave model before 3 K ranges, split tails and 128x96 for one M
-    tile) picks the earlier configs inside and restores the policy after; the sweep's precompile
-    list holds both picks (DeepSeek-V3 kv_a at M = 8192: 128x192 with a split tail now, 128x160
-    2x1 before)."""
+    """``previous_policy`` (the wave model before 192- and 64-row tiles) picks the earlier configs
+    inside and restores the policy after; the sweep's precompile list holds both picks
+    (DeepSeek-V3 kv_a at M = 8192: 192x192 now, 128x192 with a split tail before)."""
     from cutegemm import policy
 
-    before = (policy.SPLITS, policy.SPLIT_TAIL, policy.SMALL_M_ONLY_RATES)
+    before = policy.TILE_RATES
     lay = [("DeepSeek-V3", "kv_a", 576, 7168)]
     now = {c.name + c.kind: cfgs[-1] for c, cfgs in layers.sweep_plan(layers=lay, m_values=(8192,))}
     with layers.previous_policy():
-        assert policy.SPLITS == (1, 2, 4) and not policy.SPLIT_TAIL
+        assert all(t[0] == 128 for rates in policy.TILE_RATES.values() for t in rates)
         old = {c.name + c.kind: cfgs[-1] for c, cfgs in layers.sweep_plan(layers=lay, m_values=(8192,))}
-    assert (policy.SPLITS, policy.SPLIT_TAIL, policy.SMALL_M_ONLY_RATES) == before
+    assert policy.TILE_RATES is before
     key = "DeepSeek-V3 kv_a M=8192bf16"
-    assert now[key].split_tail and (now[key].tile_n, now[key].split_k) == (192, 2)
-    assert not old[key].split_tail and (old[key].tile_n, old[key].cluster_m) == (160, 2)
+    assert (now[key].tile_m, now[key].tile_n, now[key].cluster_m, now[key].split_k) == (192, 192, 1, 1)
+    assert old[key].split_tail and (old[key].tile_n, old[key].split_k) == (192, 2)
     cfgs = layers.configs_of_sweep(layers=lay, m_values=(8192,))
     assert now[key] in cfgs and old[key] in cfgs

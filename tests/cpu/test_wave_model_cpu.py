@@ -50,13 +50,35 @@ def test_the_issue_cliffs_get_whole_waves():
     assert (cfg.tile_n, cfg.split_k, cfg.cluster_m, cfg.split_tail) == (64, 3, 1, False)
 
 
+def test_192_row_tiles_where_they_fill_one_wave():
+    """DeepSeek-V3 kv_a at M = 8192: 43 x 3 = 129 tiles of 192x192, one wave (128x192: 192 tiles,
+    1.45 waves); 3072 x 1536: 128 of them (128x256 2x1: 144). A quantized output takes no 192-row
+    tile: the model's pick among the 128-row ones."""
+    for m, n in ((8192, 576), (3072, 1536)):
+        cfg = dense(m, n, 7168)
+        assert (cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.split_k) == (192, 192, 1, 1), cfg.name
+        assert not config_errors(cfg)
+    cfg = POL.choose_dense(problem(8192, 576, 7168, out="e4m3"), epilogue=EpilogueSpec(quant="mxfp8"))
+    assert cfg.tile_m == 128 and not config_errors(cfg), cfg.name
+    assert dense(1024, 28672, 4096).tile_m == 128  # 896 tiles of 128x256 against 900 of 192x192
+
+
+def test_64x96_tiles_where_128_row_tiles_fill_part_of_a_wave():
+    """DeepSeek-V3 kv_a / q_a at M = 1024 / 512: 96 / 128 tiles of 64x96 in 1x2 clusters."""
+    for m, n in ((1024, 576), (512, 1536)):
+        cfg = dense(m, n, 7168)
+        assert (cfg.tile_m, cfg.tile_n, cfg.cluster_n, cfg.split_k) == (64, 96, 2, 1), cfg.name
+        assert not config_errors(cfg)
+    assert dense(8192, 576, 7168, "e4m3").tile_m == 128  # FP8 weighs 128-row tiles only
+
+
 def test_split_tail_where_few_tile_columns_leave_a_short_wave():
-    """DeepSeek-V3 kv_a at M = 8192: 192 tiles of 128x192 (3 columns) = one whole wave, then 60
-    tiles in 2 ranges (120 units). Wide N (2048 x 7168 x 16384, 38 columns) keeps its 2x1 tile:
-    the tail's 1x1 clusters lost there. A tail that would take two rounds of split units is no
-    gain (16384 x 576: 2 whole waves + 120 tiles x 2 ranges)."""
-    cfg = dense(8192, 576, 7168)
-    assert (cfg.tile_n, cfg.split_k, cfg.split_tail, cfg.cluster_m) == (192, 2, True, 1), cfg.name
+    """6144 x 576 x 7168: 48 x 4 = 192 tiles of 128x160 = one whole wave, then 60 tiles in 2
+    ranges (120 units). Wide N (2048 x 7168 x 16384, 38 columns) keeps its 2x1 tile: the tail's
+    1x1 clusters lost there. A tail that would take two rounds of split units is no gain (16384 x
+    576: 2 whole waves + 120 tiles x 2 ranges)."""
+    cfg = dense(6144, 576, 7168)
+    assert (cfg.tile_n, cfg.split_k, cfg.split_tail, cfg.cluster_m) == (160, 2, True, 1), cfg.name
     assert not config_errors(cfg)
     assert not dense(2048, 7168, 16384).split_tail
     assert not dense(16384, 576, 7168).split_tail
@@ -203,7 +225,7 @@ def test_16bit_128x128_multicasts_b_over_two_m_tiles():
         assert (cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.raster, cfg.split_k) == (128, 128, 2, "m", 1), cfg.name
         assert not config_errors(cfg)
     cands = wave_candidates(problem(128 + 1, 4096, 4096), SMS)
-    assert all(c.cluster_m == 2 for c in cands if c.tile_n >= 128)
+    assert all(c.cluster_m == 2 for c in cands if c.tile_n >= 128 and c.tile_m == 128)
     one_tile = wave_candidates(problem(128, 4096, 4096), SMS)
     assert all(c.cluster_m == 1 for c in one_tile)
 
@@ -248,14 +270,14 @@ def test_h100_split_costs_and_128x160_rate():
     DeepSeek-V3 q_a at M = 512 runs 128x64 unsplit (0.93x cuBLAS in `bench tiles` against 4 ranges
     of 128x192's 0.83), Qwen3-32B qkv at M = 128 128x128 unsplit (0.97 against 0.91), Qwen3-32B
     gate_up at M = 512 128x160 2x1 (1.00 against 128x256's 0.93); e4m3 keeps its split pick."""
-    q_a = dense(512, 1536, 7168)
-    assert (q_a.tile_m, q_a.tile_n, q_a.split_k) == (128, 64, 1), q_a.name
+    q_a = wave_choice(problem(512, 1536, 7168), SMS, (1, 2, 3, 4), True, other_m=False)  # (64x96 now, above)
+    assert (q_a.tile_m, q_a.tile_n, q_a.split_k) == (128, 64, 1), q_a
     qkv = dense(128, 10240, 5120)
     assert (qkv.tile_n, qkv.split_k) == (96, 1), qkv.name  # 128x96 since (0.95 -> 0.96 in the H100 sweep)
     gate_up = dense(512, 51200, 5120)
     assert (gate_up.tile_n, gate_up.cluster_m, gate_up.split_k) == (160, 2, 1), gate_up.name
     assert dense(512, 1536, 7168, "e4m3").split_k > 1
-    for cfg in (q_a, qkv, gate_up):
+    for cfg in (qkv, gate_up):
         assert not config_errors(cfg)
 
 
@@ -269,6 +291,6 @@ def test_128x96_only_for_one_m_tile():
     assert not config_errors(ok) and not config_errors(replace(ok, tile_n=224))
     assert any("tile_n" in e for e in config_errors(replace(ok, tile_n=80)))
     assert dense(128, 10240, 8192).tile_n == 96
-    for m, n, k in [(1024, 1536, 7168), (512, 1536, 7168), (2048, 576, 7168), (8192, 8192, 8192)]:
+    for m, n, k in [(1024, 1536, 7168), (2048, 576, 7168), (8192, 8192, 8192)]:
         assert dense(m, n, k).tile_n != 96, (m, n, k)
         assert dense(m, n, k, "e4m3").tile_n != 96, (m, n, k)

@@ -97,6 +97,19 @@ def test_activation_and_bias(activation, bias_dtype, out_dtype):
     check(a, b, out_dtype, bias=bias, activation=activation, tile_kw=T128)
 
 
+@pytest.mark.parametrize("tile_kw", [dict(tile_m=192, tile_n=192), dict(tile_m=192, tile_n=128, cluster_n=2),
+                                     dict(tile_m=64, tile_n=96, cluster_n=2, raster="n", group=1)])  # fmt: skip
+def test_wave_model_tiles_with_epilogues(tile_kw):
+    """The sm_90a wave model's 192-row and 64x96 tiles under alpha, beta * C, bias and silu, ragged."""
+    if _arch() != "sm_90a":
+        pytest.skip("192-row and 96-column tiles are sm_90a")
+    a = operand(421, 328)
+    b = operand(328, 1000, row_major=False)
+    c = operand(421, 1000)
+    bias = torch.randn(1000, device="cuda").to(BF16)
+    check(a, b, alpha=0.5, beta=0.75, c=c, bias=bias, activation="silu", tile_kw=tile_kw)
+
+
 def test_alpha_bias_fp32_out_default_policy():
     """The policy's tile for a large problem (sm_90a: 128x256, 2x1 cluster: the fullest register file)."""
     a = operand(2048, 512)
@@ -156,11 +169,13 @@ def test_beta_zero_never_reads_c():
         ("geglu", "interleaved", torch.float32, torch.float32, dict(tile_m=128, tile_n=128)),
         ("swiglu", "interleaved", BF16, BF16, dict(tile_m=128, tile_n=128, pingpong=True)),
         ("swiglu", "interleaved", BF16, BF16, dict(tile_m=64, tile_n=128)),
+        ("swiglu", "interleaved", BF16, BF16, dict(tile_m=192, tile_n=192)),
+        ("geglu", "halves", None, torch.float32, dict(tile_m=64, tile_n=96, cluster_n=2, raster="n", group=1)),
     ],
 )
 def test_gated(activation, gate_layout, bias_dtype, out_dtype, tile_kw):
-    if _arch() == "sm_100a" and tile_kw.get("pingpong"):
-        pytest.skip("pingpong is an sm_90a schedule")
+    if _arch() == "sm_100a" and (tile_kw.get("pingpong") or tile_kw["tile_m"] == 192 or tile_kw["tile_n"] == 96):
+        pytest.skip("pingpong, 192-row and 96-column tiles are sm_90a")
     a = operand(333, 264)
     b = operand(264, 2 * 264, row_major=False)  # 528 GEMM columns -> 264 outputs (ragged in 128)
     bias = None if bias_dtype is None else torch.randn(528, device="cuda").to(bias_dtype)

@@ -80,15 +80,45 @@ def test_dense_dtypes(in_dtype, out_dtype):
         dict(tile_m=128, tile_n=128, cluster_m=2, pingpong=True),
         dict(tile_m=64, tile_n=256, cluster_n=2, pingpong=True),
         dict(tile_m=128, tile_n=64, pingpong=True, raster="n", group=1),
+        dict(tile_m=64, tile_n=96, cluster_n=2, raster="n", group=1),
     ],
 )
 def test_dense_tiles_and_clusters(tile):
     """Every tile/cluster/raster of the policy on ragged shapes (partial tiles and clusters)."""
     arch = "sm_90a" if torch.cuda.get_device_capability()[0] == 9 else "sm_100a"
+    if arch == "sm_100a" and (tile.get("pingpong") or tile["tile_n"] == 96):
+        pytest.skip("pingpong and 96-column tiles are sm_90a")
     a = make_operand(1000, 328, torch.bfloat16, True)
     b = make_operand(328, 1032, torch.bfloat16, False)
     cfg = replace(GemmConfig(arch=arch, a_major="k", b_major="k"), **tile)
     check_gemm(a, b, torch.bfloat16, config=cfg)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    m=st.integers(1, 900),
+    n8=st.integers(1, 120),
+    k8=st.integers(1, 120),
+    tile=st.sampled_from([(96, 1, 1), (128, 1, 1), (128, 2, 1), (128, 1, 2), (160, 1, 1), (192, 1, 1), (192, 2, 1),
+                          (192, 1, 2)]),
+    a_rowmajor=st.booleans(),
+    b_rowmajor=st.booleans(),
+    out_dtype=st.sampled_from(["bf16", "fp32"]),
+)
+def test_192_row_tiles(m, n8, k8, tile, a_rowmajor, b_rowmajor, out_dtype):
+    """sm_90a 192-row tiles (three consumer warpgroups) on ragged shapes, both majors, partial
+    tiles and clusters: within 2x torch's error, nothing written outside the output."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("192-row tiles are sm_90a")
+    n, k = 8 * n8, 8 * k8
+    if not a_rowmajor:
+        m = 8 * max(1, m // 8)
+    a = make_operand(m, k, torch.bfloat16, a_rowmajor)
+    b = make_operand(k, n, torch.bfloat16, b_rowmajor)
+    tn, cm, cn = tile
+    cfg = GemmConfig(arch="sm_90a", a_major="k" if a_rowmajor else "m", b_major="n" if b_rowmajor else "k",
+                     out_dtype=out_dtype, tile_m=192, tile_n=tn, cluster_m=cm, cluster_n=cn)  # fmt: skip
+    check_gemm(a, b, DTYPES[out_dtype], config=cfg)
 
 
 def test_alpha_and_broadcast_weight():

@@ -37,7 +37,7 @@ mSFB) it is multiplied by scale_a[row, kt] * scale_b[n_block, kt] as it is added
 the stage ring beside A (TMA), scale_b loaded from global memory a K tile ahead (that mainloop:
 ``gemm.sm90.blockwise``, mixed in).
 
-Constraints: see ``config.config_errors`` (tile_m 64/128, tile_n 64..256, cluster <= 4).
+Constraints: see ``config.config_errors`` (tile_m 64/128, 192 for 16-bit dense, tile_n 64..256, cluster <= 4).
 """
 
 from __future__ import annotations
@@ -109,6 +109,8 @@ class GemmSm90(GemmBase):
         self.out_per_elem = quant_storage(config.epilogue.quant)[1] if config.epilogue.quant else 1
         self.pingpong = config.pingpong
         self.num_mma_wg = 2 if self.pingpong else config.tile_m // 64
+        if self.num_mma_wg == 3:  # 192-row tiles: three consumer warpgroups share the register file
+            self.load_registers, self.mma_registers = 40, 152
         # Warpgroups that share one tile's WGMMAs (and its epilogue barrier).
         self.wg_per_tile = 1 if self.pingpong else self.num_mma_wg
         self.atom_layout_mnk = (self.wg_per_tile, 1, 1)
