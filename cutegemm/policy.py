@@ -42,10 +42,8 @@ def ceil_div(a: int, b: int) -> int:
 # estimate between its neighbours, raised to 0.95 by the H100's `bench tiles` (512 x 51200 x 5120:
 # 128x160 2x1 1.00x cuBLAS in 10 rounds against 128x256's 0.93 in 7, about 0.95 of its rate): it
 # fills whole waves where N is a multiple of 5 x 1024 (5120, 10240), the shapes where 128x128,
-# 128x192 and 128x256 all leave a wave part-empty. 128x96 (0.85, an estimate below 128x128's) fills
-# a wave where N = 1536 at M = 1024 (8 x 16 = 128 tiles; cuBLAS runs 96 x 128 tiles there, ncu),
-# but in 1x1 clusters it ran 0.74x cuBLAS there (0.84 for 128x128 2x1) in the H100 sweep, so it is
-# weighed only for 64 < M <= 128 (SMALL_M_ONLY_RATES).
+# 128x192 and 128x256 all leave a wave part-empty. For 64 < M <= 128, 128x96 weighs 0.85
+# (SMALL_M_ONLY_RATES: one M tile, 1x1).
 # 192x192 (three consumer warpgroups, 1x1 clusters): one wave where 128-row tiles leave a short
 # last one (8192 x 576 x 7168: 43 x 3 = 129 tiles; H100 `bench tiles` 0.98x cuBLAS, against 0.89
 # for 128x192 with a split tail; cuBLAS runs 192x192 there, ncu). Its rate there and on 2-4 wave
@@ -55,9 +53,12 @@ TALL_RATE = 0.95
 # 128-row tiles fill part of one (1024 x 576 x 7168: 96 tiles, 0.99x cuBLAS against 0.86 for 128x160
 # in 4 ranges; cuBLAS runs 64x96 2x4 there). Its rate on one-wave shapes was 0.48-0.59.
 SHORT_RATE = 0.55
+# 128x96 (0.75) in 2x1 clusters where there are two M tiles, as 128x128: 1024 x 1536 x 7168 is 128
+# such tiles, one wave (0.89x cuBLAS against 128x128 2x1's 0.86; cuBLAS's own tile there, ncu);
+# its rate on 1-19 wave shapes was 0.72-0.86. In 1x1 clusters it ran 0.74-0.75 there.
 TILE_RATES = {
-    "16-bit": {(128, 256): 1.00, (128, 192): 0.96, (128, 160): 0.95, (128, 128): 0.88, (192, 192): TALL_RATE,
-               (64, 96): SHORT_RATE},
+    "16-bit": {(128, 256): 1.00, (128, 192): 0.96, (128, 160): 0.95, (128, 128): 0.88, (128, 96): 0.75,
+               (192, 192): TALL_RATE, (64, 96): SHORT_RATE},
     "e4m3": {(128, 192): 0.96, (128, 128): 0.85},
 }
 SM_FLOPS = 6.0e12  # 16-bit WGMMA flop/s of one SM at the power-capped clock (802 TFLOP/s / 132); e4m3 twice
@@ -158,7 +159,7 @@ def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,), extra_rates=None,
     for (tm, tn), rate in rates.items():
         if tm != 128 and not other_m:
             continue
-        pair = 2 if ceil_div(p.m, tm) >= 2 and tn >= 128 and tm == 128 else 1
+        pair = 2 if ceil_div(p.m, tm) >= 2 and tn >= 96 and tm == 128 else 1  # 2x1: B multicast
         cn = 2 if tm == 64 else 1  # 64-row tiles: 1x2 clusters (A multicast), as measured
         for split in splits:
             cl = pair if split == 1 else 1

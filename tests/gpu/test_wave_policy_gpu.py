@@ -1,6 +1,6 @@
 """The configs the sm_90a wave model picks for M > 128 (policy.wave_choice: 128x192 2x1 tiles,
-128x128 2x1 M-major, 128x64, split K of 128x128 / 128x192 tiles), on the GPU through the public API: every pick of a sweep of
-real-model shapes (bf16 and FP8 row-wise) against an fp64 reference within 2x torch's error, into
+128x128 / 128x96 2x1 M-major, 128x64, split K of 128x128 / 128x192 tiles, 192x192, 64x96 1x2),
+on the GPU through the public API: every pick of a sweep of real-model shapes (bf16 and FP8 row-wise) against an fp64 reference within 2x torch's error, into
 NaN-poisoned outputs, bitwise equal on a second call (split K adds the ranges in range order)."""
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ pytestmark = pytest.mark.gpu
 F8 = torch.float8_e4m3fn
 SHAPES = [(512, 576, 7168), (1024, 576, 7168), (512, 1536, 7168), (1024, 6144, 4096), (512, 10240, 8192),
           (1024, 5120, 25600), (8192, 576, 7168), (512, 2048, 4096), (1000, 3000, 5000), (130, 4096, 4096), (2048, 5120, 2048),
-          (1000, 5000, 3000), (512, 4096, 4096), (512, 4096, 14336), (1024, 2048, 4096)]  # fmt: skip
+          (1000, 5000, 3000), (512, 4096, 4096), (512, 4096, 14336), (1024, 2048, 4096), (1024, 1536, 7168),
+          (2048, 576, 7168), (3072, 1536, 4096), (1000, 1536, 7168), (8000, 576, 7168)]  # fmt: skip
 
 
 def _sm90():
