@@ -691,10 +691,12 @@ def grouped_runner(p: GemmProblem, epi: EpilogueSpec, num_groups: int):
     if p.b_major == "k":
         b = b.mT.contiguous().mT
     offs = torch.tensor(grouped_counts(p.m, num_groups), device="cuda").cumsum(0).to(torch.int32)
-    alpha = 0.5 if epi.alpha else 1.0
-    ref = grouped_gemm_ref(a, b, offs=offs, alpha=alpha, out_dtype=out_dtype)
+    kw = dict(alpha=0.5 if epi.alpha else 1.0, out_dtype=out_dtype, activation=epi.gated or epi.activation)
+    if epi.bias:  # per expert and GEMM column, as the calls that tune it pass
+        kw["bias"] = torch.randn(num_groups, p.n, device="cuda", generator=gen).to(NAME_TO_TORCH[epi.bias_dtype])
+    ref = grouped_gemm_ref(a, b, offs=offs, **kw)
 
     def run(cfg: GemmConfig):
-        return grouped_gemm(a, b, offs=offs, alpha=alpha, out_dtype=out_dtype, config=cfg)
+        return grouped_gemm(a, b, offs=offs, config=cfg, **kw)
 
     return run, ref

@@ -5,6 +5,7 @@ tuning inside a CUDA-graph capture. The tuning file goes to a temp dir; compiled
 in the shared kernel cache (recompiling every candidate would cost minutes)."""
 
 import json
+import warnings
 from dataclasses import replace
 
 import pytest
@@ -113,6 +114,28 @@ def test_autotune_on_grouped_call_tunes_then_reuses(_tuning_file, monkeypatch):
     offs.copy_(torch.tensor([0, 256, 0, 0], device="cuda").cumsum(0).to(torch.int32))
     out2 = cutegemm.grouped_gemm(a, b, offs=offs)
     assert_within_torch_error(out2[:256], a[:256] @ b[1], a[:256].double() @ b[1].double(), what="new offs")
+
+
+@pytest.mark.parametrize("activation,bias", [("swiglu", False), ("silu", True)])
+def test_autotune_grouped_with_an_epilogue(_tuning_file, activation, bias):
+    """The grouped runner synthesizes the call's epilogue (the MoE up projection's fused SwiGLU,
+    a per-expert bias): every candidate runs, none fails on an epilogue mismatch (an H100 run
+    of ``bench moe`` with autotuning on fell back to the default for the SwiGLU call)."""
+    tuning.enable(True)
+    E, k, n = 4, 256, 384
+    counts = [40, 0, 100, 60]
+    a = torch.randn(sum(counts), k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(E, n, k, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
+    bb = torch.randn(E, n, device="cuda", dtype=torch.bfloat16) if bias else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "autotuning failed, using the default config" fails the test
+        out = cutegemm.grouped_gemm(a, b, offs=offs, activation=activation, bias=bb)
+    records = json.loads(_tuning_file.read_text())["records"]
+    assert len(records) == 1 and f"epi-{'biasbf16+' if bias else ''}{activation}" in next(iter(records))
+    ref = grouped_gemm_ref(a, b, offs=offs, activation=activation, bias=bb, compute_dtype=torch.float64)
+    same = grouped_gemm_ref(a, b, offs=offs, activation=activation, bias=bb)
+    assert_within_torch_error(out, same, ref, what=f"tuned grouped {activation}")
 
 
 def test_no_tuning_inside_cuda_graph_capture(_tuning_file):
