@@ -414,8 +414,8 @@ def config_errors(cfg: GemmConfig) -> list[str]:
             err.append(f"sm_90a tile_m must be 64 or 128 (192: 16-bit dense cooperative, unsplit, no quantized output), got {cfg.tile_m}")
         if cfg.tile_n not in SM90_TILE_N and not cfg.swap_ab:
             err.append(f"sm_90a tile_n must be one of {SM90_TILE_N}, got {cfg.tile_n}")
-        elif cfg.tile_n in (96, 224) and (cfg.form not in (Form.DENSE, Form.FLAT) or cfg.a_dtype == "e4m3"):
-            err.append(f"sm_90a tile_n {cfg.tile_n}: 16-bit dense only so far (the variants run on a GPU)")
+        elif cfg.tile_n in (96, 224) and (cfg.form not in (Form.DENSE, Form.FLAT) or cfg.a_dtype == "e4m3" or cfg.epilogue.quant):
+            err.append(f"sm_90a tile_n {cfg.tile_n}: 16-bit dense, no quantized output, so far (the variants run on a GPU)")
     elif cfg.arch == "sm_100a":
         if cfg.pingpong:
             err.append("pingpong is an sm_90a schedule")

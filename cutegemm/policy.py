@@ -150,20 +150,20 @@ def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,), extra_rates=None,
     fix-up spills registers), with at least 24 K tiles of 64 (16-bit) / 12 of 128 (FP8) per
     range, as split_few_tiles. ``extra_rates``: more (tile_m, tile_n): rate entries to weigh;
     ``tail``: the splits of the last wave only too, where the tiles fill a wave and span at most
-    TAIL_MAX_N_TILES columns; ``other_m``: the 192-row (1x1, unsplit) and 64-row (1x2, unsplit)
-    tiles too."""
+    TAIL_MAX_N_TILES columns; ``other_m``: TILE_RATES' 192-row (1x1, unsplit), 64-row (1x2,
+    unsplit) and 128x96 tiles too (16-bit dense forms only: ArchPolicy.choose falls back without)."""
     fp8 = p.a_dtype == "e4m3"
-    rates = {**TILE_RATES[dtype_family(p.a_dtype)], **(extra_rates or {})}
+    base = TILE_RATES[dtype_family(p.a_dtype)]
+    rates = {**{t: r for t, r in base.items() if other_m or (t[0] == 128 and t[1] != 96)}, **(extra_rates or {})}
     k_tiles, min_tiles = (ceil_div(p.k, 128), 12) if fp8 else (ceil_div(p.k, 64), 24)
     out = []
     for (tm, tn), rate in rates.items():
-        if tm != 128 and not other_m:
-            continue
         pair = 2 if ceil_div(p.m, tm) >= 2 and tn >= 96 and tm == 128 else 1  # 2x1: B multicast
         cn = 2 if tm == 64 else 1  # 64-row tiles: 1x2 clusters (A multicast), as measured
         for split in splits:
             cl = pair if split == 1 else 1
-            if split > 1 and (k_tiles < min_tiles * split or tn > 192 or tm != 128):
+            # (split K of 192- / 64-row tiles, and of 128x96 beyond one M tile, never ran on a GPU)
+            if split > 1 and (k_tiles < min_tiles * split or tn > 192 or tm != 128 or (tn == 96 and p.m > 128)):
                 continue
             out.append(WaveCandidate(tm, tn, cl, split, wave_seconds(p, tm, tn, cl * cn, split, num_sms, rate), fp8,
                                      cluster_n=cn))  # fmt: skip
@@ -238,8 +238,9 @@ class ArchPolicy:
         explicit = bool(set(overrides) & EXPLICIT_TILE)  # the caller's tile, split or recipe stands
         if p.m > 128 and self.arch == "sm_90a" and cfg.form in (Form.DENSE, Form.FLAT) and not explicit:
             pick = wave_choice(p, self.num_sms, SPLITS, SPLIT_TAIL)
-            if pick.split_k > 1 and not split_k_errors(replace(cfg, **pick.fields())):
-                cfg = replace(cfg, **pick.fields())
+            alt = replace(cfg, **pick.fields())
+            if pick.split_k > 1 and not split_k_errors(alt) and not config_errors(alt):
+                cfg = alt
         cfg = small_m_options(cfg, p, self.num_sms)
         if dtype_family(p.a_dtype) in SMALL_M_WAVES and not explicit:
             cfg = small_m_alternative(cfg, p, self.num_sms) or cfg
@@ -283,7 +284,7 @@ class ArchPolicy:
         )
         cfg = GemmConfig(**base, **self._tile(p))
         cfg = replace(cfg, **overrides) if overrides else cfg
-        if config_errors(cfg):  # an epilogue or form the 192- / 64-row wave picks do not take
+        if config_errors(cfg):  # an epilogue or form the 192- / 64-row or 96-column picks do not take
             cfg = replace(GemmConfig(**base, **self._tile(p, other_m=False)), **overrides)
         return fp32_promotion(cfg, overrides)
 

@@ -146,8 +146,9 @@ def kgrouped_config(arch: str, num_sms: int, m: int, n: int, k_mean: int, e: int
     pingpong 128x128 2x1 against cooperative 128x256 2x1 +2.7% on
     DeepSeek-V3 dW up (512 K per expert), +3.3% dW down, +1.1% Qwen3 (128), -5.4% Mixtral (4096)."""
     problem = GemmProblem(m, n, max(k_mean, 1), e, dtype, dtype, out_dtype, a_major, b_major)
-    cfg = policy_for(arch, num_sms).choose(problem, epilogue=EpilogueSpec(alpha=alpha))
-    cfg = replace(cfg, form=Form.KGROUPED, promote_k=0)  # (its K-edge zeroing is in the plain mainloop)
+    # (promote_k 0: its K-edge zeroing is in the plain mainloop; the form given, so the policy keeps
+    # to the tiles the K-grouped kernel takes)
+    cfg = policy_for(arch, num_sms).choose(problem, epilogue=EpilogueSpec(alpha=alpha), form=Form.KGROUPED, promote_k=0)
     if k_mean <= 1024 and cfg.tile_m == 128 and cfg.tile_n >= 128 and cfg.scheduler == "static":
         cfg = replace(cfg, tile_n=128, pingpong=True)
     return cfg

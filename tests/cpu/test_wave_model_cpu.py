@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from cutegemm.config import EpilogueSpec, GemmProblem, can_implement, config_errors
@@ -298,3 +298,23 @@ def test_128x96_one_m_tile_1x1_else_2x1():
     for m, n, k in [(1024, 1536, 7168), (2048, 576, 7168), (8192, 8192, 8192)]:
         assert dense(m, n, k, "e4m3").tile_n != 96, (m, n, k)
     assert dense(8192, 8192, 8192).tile_n == 256
+
+
+@settings(max_examples=200, deadline=None)
+@given(m=st.integers(129, 20000), n=st.integers(1, 40000), k=st.integers(64, 30000), e=st.integers(1, 64))
+@example(8192, 576, 7168, 1).via("192x192 for one expert")
+@example(1024, 1536, 7168, 4).via("128x96 2x1")
+@example(1024, 576, 7168, 8).via("64x96 1x2")
+def test_new_tiles_never_reach_forms_that_do_not_take_them(m, n, k, e):
+    """The 192-row, 64x96 and 128x96 wave picks are 16-bit dense tiles: the K-grouped config
+    (the policy's tile for one expert's problem), a quantized output and the grouped forms get
+    a config without errors, and the plain dense call still takes them where they win."""
+    from cutegemm.grouped.k_grouped import kgrouped_config
+
+    kg = kgrouped_config("sm_90a", SMS, m, n, k, e, "bf16", "bf16", "k", "n", False)
+    assert not config_errors(kg), kg.name
+    q = POL.choose_dense(problem(m, n - n % 32 or 32, k, out="e4m3"), epilogue=EpilogueSpec(quant="mxfp8"))
+    assert not config_errors(q), q.name
+    g = POL.choose_grouped(problem(m * e, n, k), e)
+    assert not config_errors(g), g.name
+    assert not config_errors(dense(m, n, k))
