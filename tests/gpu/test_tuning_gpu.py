@@ -129,7 +129,7 @@ def test_autotune_grouped_with_an_epilogue(_tuning_file, activation, bias):
     offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
     bb = torch.randn(E, n, device="cuda", dtype=torch.bfloat16) if bias else None
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # "autotuning failed, using the default config" fails the test
+        warnings.filterwarnings("error", message="cutegemm: autotuning failed")  # the fallback fails the test
         out = cutegemm.grouped_gemm(a, b, offs=offs, activation=activation, bias=bb)
     records = json.loads(_tuning_file.read_text())["records"]
     assert len(records) == 1 and f"epi-{'biasbf16+' if bias else ''}{activation}" in next(iter(records))
