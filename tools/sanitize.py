@@ -143,6 +143,17 @@ def _dense_cases():
             cpu(70, 1000), colmajor(1000, N), dict(tile_m=64, tile_n=64, raster="n", group=1, split_k=8, split_cluster=True),
             beta=0.5, c=cpu(70, N),
         ),
+        # the wave model's tiles: 192 rows (three consumer warpgroups), 64x96 1x2, 128x96 2x1
+        "tall-192x192-bias-silu": lambda: dense_case(
+            cpu(430, K), bk, dict(tile_m=192, tile_n=192), bias=cpu(N), activation="silu",
+        ),
+        "tall-192x128-c1x2-swiglu": lambda: dense_case(
+            cpu(430, K), bk2, dict(tile_m=192, tile_n=128, cluster_n=2), activation="swiglu",
+        ),
+        "short-64x96-c1x2-beta": lambda: dense_case(
+            a, bk, dict(tile_m=64, tile_n=96, cluster_n=2, raster="n", group=1), beta=0.5, c=cpu(M, N),
+        ),
+        "coop-128x96-c2x1": lambda: dense_case(cpu(300, K), bk, dict(tile_m=128, tile_n=96, cluster_m=2)),
     }  # fmt: skip
     return c
 
