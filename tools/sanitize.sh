@@ -7,7 +7,7 @@
 #    exits non-zero on any sanitizer error or failed check. Logs: $OUT (or ./results)/sanitize_*.log.
 # PYTORCH_NO_CUDA_MEMORY_CACHING=1: every tensor is its own cudaMalloc, so memcheck sees an
 # out-of-bounds access past a tensor (the caching allocator would hide it inside its pool).
-# Extra sanitizer flags: SANITIZE_ARGS (e.g. "--kernel-name regex:kernel" to skip torch's kernels).
+# Extra sanitizer flags: SANITIZE_ARGS (e.g. "--kernel-name kns=SUBSTRING": only kernels whose mangled name holds it).
 # Host API errors are not reported (--report-api-errors no): the DSL's HardwareInfo (our
 # runtime/device.resident_clusters) probes the driver with cuGetProcAddress_v2, which returns
 # CUDA_ERROR_INVALID_VALUE ~5 times per process; memcheck counted those as errors (34 per run on the H200),
