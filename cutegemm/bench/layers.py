@@ -142,13 +142,16 @@ def previous_config(cfg, m: int, n: int, sms: int):
     return None if prev == cfg else prev
 
 
+PREVIOUS_TILES = {"16-bit": ((128, 256), (128, 192), (128, 160), (128, 128)), "e4m3": ((128, 192), (128, 128))}
+
+
 @contextlib.contextmanager
 def previous_policy():
-    """The wave model before 192- and 64-row tiles and 128x96 2x1 for M > 128 (policy.TALL_RATE,
-    SHORT_RATE, TILE_RATES' (128, 96)), for the sweep's same-round comparison on the cases where
-    it picks another config."""
+    """The wave model before 192- and 64-row tiles, 128x96 2x1 for M > 128 and e4m3 128x64
+    (TILE_RATES' tiles not in PREVIOUS_TILES), for the sweep's same-round comparison on the cases
+    where it picks another config."""
     saved = policy.TILE_RATES
-    policy.TILE_RATES = {fam: {t: r for t, r in rates.items() if t[0] == 128 and t[1] != 96} for fam, rates in saved.items()}
+    policy.TILE_RATES = {fam: {t: r for t, r in rates.items() if t in PREVIOUS_TILES[fam]} for fam, rates in saved.items()}
     try:
         yield
     finally:
@@ -306,7 +309,7 @@ def markdown(results: list[Result]) -> str:
                   + (f"; on those cases ours {stats['changed_geomean']:.3f}, the previous rule "
                      f"{stats['changed_before_geomean']:.3f}." if stats["changed"] else "."), ""]  # fmt: skip
         if stats["alternatives"]:
-            lines += [f"The wave model before 192- / 64-row tiles and 128x96 2x1 (previous_policy), timed in the same rounds on "
+            lines += [f"The wave model before 192- / 64-row tiles, 128x96 2x1 and e4m3 128x64 (previous_policy), timed in the same rounds on "
                       f"the {stats['alternatives']} cases where they differ: ours {stats['alt_ours_geomean']:.3f}, "
                       f"the picks {stats['alt_geomean']:.3f} ("
                       + "; ".join(f"{name} {ours:.2f} -> {alt:.2f}" for name, ours, alt, _ in stats["alt_cases"])

@@ -683,17 +683,15 @@ def grouped_counts(total_m: int, num_groups: int) -> list[int]:
 
 def grouped_runner(p: GemmProblem, epi: EpilogueSpec, num_groups: int):
     """The autotuner's runner (``tuning.tune``) for the packed form: uneven expert sizes."""
-    dt = NAME_TO_TORCH[p.a_dtype]
-    out_dtype = NAME_TO_TORCH[p.out_dtype]
+    dt, out_dtype = NAME_TO_TORCH[p.a_dtype], NAME_TO_TORCH[p.out_dtype]
     gen = torch.Generator(device="cuda").manual_seed(0)
     a = torch.randn(p.m, p.k, device="cuda", dtype=dt, generator=gen)
     b = torch.randn(num_groups, p.k, p.n, device="cuda", dtype=dt, generator=gen) * p.k**-0.5
-    if p.b_major == "k":
-        b = b.mT.contiguous().mT
+    b = b.mT.contiguous().mT if p.b_major == "k" else b
     offs = torch.tensor(grouped_counts(p.m, num_groups), device="cuda").cumsum(0).to(torch.int32)
-    kw = dict(alpha=0.5 if epi.alpha else 1.0, out_dtype=out_dtype, activation=epi.gated or epi.activation)
-    if epi.bias:  # per expert and GEMM column, as the calls that tune it pass
-        kw["bias"] = torch.randn(num_groups, p.n, device="cuda", generator=gen).to(NAME_TO_TORCH[epi.bias_dtype])
+    bias = torch.randn(num_groups, p.n, device="cuda", generator=gen).to(NAME_TO_TORCH[epi.bias_dtype])  # per expert
+    kw = dict(alpha=0.5 if epi.alpha else 1.0, out_dtype=out_dtype, activation=epi.gated or epi.activation,
+              bias=bias if epi.bias else None)  # fmt: skip
     ref = grouped_gemm_ref(a, b, offs=offs, **kw)
 
     def run(cfg: GemmConfig):

@@ -318,3 +318,15 @@ def test_new_tiles_never_reach_forms_that_do_not_take_them(m, n, k, e):
     g = POL.choose_grouped(problem(m * e, n, k), e)
     assert not config_errors(g), g.name
     assert not config_errors(dense(m, n, k))
+
+
+def test_e4m3_128x64_where_it_fills_one_wave():
+    """FP8 row-wise, M > 128: Qwen3-30B-A3B o at M = 512 takes 128 tiles of 128x64 (one wave; 1.12x
+    torch._scaled_mm against 0.93 for 128x128 2x1 in the same rounds, H100); DeepSeek-V3 kv_a at
+    M = 512 128x64 in 3 ranges; large shapes keep 128x192 2x1."""
+    o = dense(512, 2048, 4096, "e4m3")
+    assert (o.tile_m, o.tile_n, o.cluster_m, o.split_k) == (128, 64, 1, 1), o.name
+    kv = dense(512, 576, 7168, "e4m3")
+    assert (kv.tile_n, kv.split_k) == (64, 3), kv.name
+    big = dense(8192, 8192, 8192, "e4m3")
+    assert (big.tile_n, big.cluster_m) == (192, 2), big.name
