@@ -230,14 +230,13 @@ def test_16bit_128x128_multicasts_b_over_two_m_tiles():
     assert all(c.cluster_m == 1 for c in one_tile)
 
 
-def test_128x64_is_a_16bit_candidate_above_128_rows():
-    """The wave model weighs 128x64 (1x1) for 16-bit M > 128, not for e4m3; 512 x 2048 x 4096 takes
-    it (H100: 0.98x cuBLAS against 128x128 split in two's 0.85)."""
+def test_128x64_is_a_candidate_above_128_rows():
+    """The wave model weighs 128x64 (1x1) for M > 128; 512 x 2048 x 4096 takes it (H100: 16-bit
+    0.98x cuBLAS against 128x128 split in two's 0.85; e4m3 since the H100's FP8 timing, at its own
+    rate, see test_e4m3_128x64_where_it_fills_one_wave)."""
     cfg = dense(512, 2048, 4096)
     assert (cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.split_k) == (128, 64, 1, 1), cfg.name
     assert not config_errors(cfg)
-    f8 = dense(512, 2048, 4096, "e4m3")
-    assert f8.tile_n != 64, f8.name
 
 
 @pytest.mark.parametrize("m", [1, 16, 64, 128])
