@@ -104,14 +104,16 @@ def gemm(a, b, **options):
         if is_fp4_weight_call(a, b):
             return gemm_fp4_weight(a, b, **_supported(dense.gemm, options, ("scale_a", *BLOCKSCALED_OPTIONS)))
         return gemm_blockscaled(a, b, **_supported(dense.gemm, options, BLOCKSCALED_OPTIONS))
-    if options.keys() == _BARE_SCALED and _n_rows_scale_b(b, options["scale_b"]):  # a warm FP8 block call?
-        res = warm_vector_blocks(a, b, options["scale_a"], options["scale_b"])
-        if res is not None:
-            return res
-    if _vector_blocks(a, b, options):
-        opts = _supported(dense.gemm, options, FP8_BLOCKS_OPTIONS, FP8_BLOCKS)
-        opts.pop("fast_accum")  # the emulation promotes every 32 K either way
-        return gemm_fp8_vector_blocks(a, b, **opts)
+    sb = options.get("scale_b")
+    if sb is not None and _n_rows_scale_b(b, sb):  # FP8 block scales of blockscaled.fp8_blocks?
+        if options.keys() == _BARE_SCALED:  # a warm call
+            res = warm_vector_blocks(a, b, options["scale_a"], sb)
+            if res is not None:
+                return res
+        if vector_block_recipe(a, b, options.get("scale_a"), sb) is not None:
+            opts = _supported(dense.gemm, options, FP8_BLOCKS_OPTIONS, FP8_BLOCKS)
+            opts.pop("fast_accum")  # the emulation promotes every 32 K either way
+            return gemm_fp8_vector_blocks(a, b, **opts)
     return dense.gemm(a, b, **options)
 
 
