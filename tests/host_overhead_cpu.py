@@ -162,7 +162,7 @@ def cpu_weight_path(kernel: NoOpKernel | None = None):
     from cutegemm.blockscaled.weight_only import launch
 
     kernel = kernel or NoOpKernel()
-    names = ("kernel_cache", "weight_arch", "_sm_count", "check_devices", "current_device")
+    names = ("kernel_cache", "weight_arch", "_sm_count", "check_devices", "current_device", "current_stream_id")
     saved = {name: getattr(launch, name) for name in names}
     cache = _FakeCache(kernel)
     launch.kernel_cache = lambda: cache
@@ -170,6 +170,7 @@ def cpu_weight_path(kernel: NoOpKernel | None = None):
     launch._sm_count = lambda index: 132
     launch.check_devices = lambda x, qw, offs: None
     launch.current_device = type(None)  # a CPU tensor's device index
+    launch.current_stream_id = lambda index: _Stream.cuda_stream
     old_stream, old_cur = torch.cuda.current_stream, torch.cuda.current_device
     torch.cuda.current_stream = lambda index=None: _Stream
     torch.cuda.current_device = _emulated_current_device

@@ -27,6 +27,17 @@ def arch_for_capability(major: int, minor: int) -> str:
     return arch
 
 
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what torch's generated code calls
+
+
+def current_stream_id(index: int) -> int:
+    """The handle of device ``index``'s current CUDA stream, without making a Stream object
+    (``torch.cuda.current_stream(index).cuda_stream`` costs about a microsecond more per call)."""
+    if _RAW_STREAM is not None:
+        return _RAW_STREAM(index)
+    return torch.cuda.current_stream(index).cuda_stream
+
+
 def eager_cuda(t: torch.Tensor) -> bool:
     """Whether ``t`` is a plain CUDA tensor seen outside any tracing: not while Dynamo traces
     (``torch.compiler.is_compiling``), not a tensor subclass but nn.Parameter (AOTAutograd's fake and functional

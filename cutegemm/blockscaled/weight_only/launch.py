@@ -53,7 +53,7 @@ import torch
 from ...gemm.dense import gemm
 from ...gemm.launch import current_device
 from ...grouped.packed import grouped_gemm
-from ...runtime.device import device_info
+from ...runtime.device import current_stream_id, device_info
 from ..dequant import dequantizable, dequantize_checked
 from ..formats import MXFP4, MXFP8, NVFP4
 from ..quantize_launch import ones_on
@@ -412,7 +412,7 @@ def _workspace(dev: torch.device, segs: int, slot_words: int) -> tuple[torch.Ten
     split grid, ``tail_split``): ``segs`` counters (zero; every launch leaves its counters zero),
     then ``slot_words`` of partial-sum slots, cached per (device, stream) (module docstring)."""
     idx = dev.index if dev.index is not None else torch.cuda.current_device()
-    key = (idx, torch.cuda.current_stream(idx).cuda_stream)
+    key = (idx, current_stream_id(idx))
     ws, counters = _WORKSPACES.get(key, (None, 0))
     if ws is None or counters < segs or ws.numel() < counters + slot_words:
         counters = max(counters, -(-segs // 256) * 256)
