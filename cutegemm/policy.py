@@ -162,6 +162,7 @@ def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,), extra_rates=None,
     for (tm, tn), rate in rates.items():
         pair = 2 if ceil_div(p.m, tm) >= 2 and tn >= 96 and tm == 128 else 1  # 2x1: B multicast
         cn = 2 if tm == 64 else 1  # 64-row tiles: 1x2 clusters (A multicast), as measured
+        tail_ok = tail and ceil_div(p.m, tm) * ceil_div(p.n, tn) * p.l >= num_sms and ceil_div(p.n, tn) <= TAIL_MAX_N_TILES
         for split in splits:
             cl = pair if split == 1 else 1
             # (split K of 192- / 64-row tiles, and of 128x96 beyond one M tile, never ran on a GPU)
@@ -169,8 +170,7 @@ def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,), extra_rates=None,
                 continue
             out.append(WaveCandidate(tm, tn, cl, split, wave_seconds(p, tm, tn, cl * cn, split, num_sms, rate), fp8,
                                      cluster_n=cn))  # fmt: skip
-            tail_ok = ceil_div(p.m, tm) * ceil_div(p.n, tn) * p.l >= num_sms and ceil_div(p.n, tn) <= TAIL_MAX_N_TILES
-            if tail and split > 1 and tail_ok:
+            if split > 1 and tail_ok:
                 out.append(WaveCandidate(tm, tn, cl, split, wave_seconds(p, tm, tn, cl, split, num_sms, rate, True),
                                          fp8, tail=True))  # fmt: skip
     return out
@@ -240,8 +240,8 @@ class ArchPolicy:
         explicit = bool(set(overrides) & EXPLICIT_TILE)  # the caller's tile, split or recipe stands
         if p.m > 128 and self.arch == "sm_90a" and cfg.form in (Form.DENSE, Form.FLAT) and not explicit:
             pick = wave_choice(p, self.num_sms, SPLITS, SPLIT_TAIL)
-            alt = replace(cfg, **pick.fields())
-            if pick.split_k > 1 and not split_k_errors(alt) and not config_errors(alt):
+            alt = replace(cfg, **pick.fields()) if pick.split_k > 1 else None
+            if alt is not None and not split_k_errors(alt) and not config_errors(alt):
                 cfg = alt
         cfg = small_m_options(cfg, p, self.num_sms)
         if dtype_family(p.a_dtype) in SMALL_M_WAVES and not explicit:

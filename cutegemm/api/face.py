@@ -110,7 +110,7 @@ def gemm(a, b, **options):
             res = warm_vector_blocks(a, b, options["scale_a"], sb)
             if res is not None:
                 return res
-        if vector_block_recipe(a, b, options.get("scale_a"), sb) is not None:
+        if _vector_blocks(a, b, options):
             opts = _supported(dense.gemm, options, FP8_BLOCKS_OPTIONS, FP8_BLOCKS)
             opts.pop("fast_accum")  # the emulation promotes every 32 K either way
             return gemm_fp8_vector_blocks(a, b, **opts)
