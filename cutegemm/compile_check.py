@@ -76,9 +76,11 @@ def _mma_markers(cfg: GemmConfig) -> dict[str, str]:
         if cfg.swap_ab:  # one WGMMA width per 16 tokens: the narrowest and the widest at least
             for n in (16, cfg.tile_n):
                 required[f"GMMA.64x{n}"] = rf"\b[HQ]GMMA\.64x{n}x"
-        if cfg.gather_a:  # A's rows by cp.async, tracked by the stage barrier
+        if cfg.gather_a and cfg.arch == "sm_90a":  # A's rows by cp.async, tracked by the stage barrier
             required["LDGSTS"] = r"\bLDGSTS\.E\.BYPASS\.128"
             required["ARRIVES.LDGSTSBAR"] = r"\bARRIVES\.LDGSTSBAR"
+        elif cfg.gather_a:  # sm_100a: A's rows by the TMA unit's gather4 mode
+            required["UTMALDG.GATHER4"] = r"\bUTMALDG\.2D\.GATHER4"
         if cfg.split_cluster:  # partial sums by st.async into range 0's shared memory
             required["STAS"] = r"\bSTAS\b"
         elif cfg.split_k > 1:  # a unit counts in on its tile's counter, GPU scope
@@ -383,11 +385,12 @@ def stage_data_bytes(cfg: GemmConfig) -> int:
     elements times the operands' real widths (a 4-bit operand is read as 4 bits even where shared
     memory holds it a byte per element). sm_100a with 2-CTA: the pair's bytes (they land on the
     leader CTA's barrier); sm_90a: A's box rows (``a_rows``; none with ``gather_a``, whose A
-    arrives by cp.async) and the tile's B columns."""
+    arrives by cp.async) and the tile's B columns. sm_100a ``gather_a``: the tile's rows, by the
+    gather4 loads on the same barrier."""
     k = stage_k(cfg)
     a_bits, b_bits = ELEMENT_BITS[cfg.a_dtype], ELEMENT_BITS[cfg.b_dtype]
     rows = (cfg.a_rows or cfg.tile_m) if cfg.arch == "sm_90a" else cfg.tile_m
-    rows = 0 if cfg.gather_a else rows
+    rows = 0 if cfg.gather_a and cfg.arch == "sm_90a" else rows
     return (rows * k * a_bits + cfg.tile_n * k * b_bits) // 8
 
 
@@ -496,6 +499,13 @@ def grouped_variants(arch: str) -> list[GemmConfig]:
             GemmConfig(arch=arch, form=Form.GROUPED, tile_m=64, tile_n=128, cluster_n=2),
             GemmConfig(arch=arch, form=Form.GROUPED, tile_m=128, tile_n=128, out_dtype="fp32"),
             GemmConfig(arch=arch, form=Form.GROUPED, tile_m=64, tile_n=256, cluster_n=2, out_dtype="fp32", b_major="k"),
+            # A's rows gathered through an index by TMA gather4 (gather_a: the MoE up projection)
+            GemmConfig(arch=arch, form=Form.GROUPED, gather_a=True, tile_m=128, tile_n=128, raster="m", group=1,
+                       b_major="k", epilogue=EpilogueSpec(gated="swiglu")),
+            GemmConfig(arch=arch, form=Form.GROUPED, gather_a=True, tile_m=64, tile_n=128, raster="m", group=1,
+                       epilogue=EpilogueSpec(alpha=True, activation="silu")),
+            GemmConfig(arch=arch, form=Form.GROUPED, gather_a=True, tile_m=128, tile_n=128, a_dtype="fp16",
+                       b_dtype="fp16", out_dtype="fp32", raster="m", group=1),
         ] + grouped_epilogue_variants(arch)
     return [
         GemmConfig(arch=arch, form=Form.GROUPED, tile_m=128, tile_n=256, b_major="k"),

@@ -331,10 +331,10 @@ def config_errors(cfg: GemmConfig) -> list[str]:
                           or cfg.tile_n not in (64, 128, 192)):  # fmt: skip
         err.append("promote_k (32 or 64): FP8 with promotion, cooperative, tile_n 64 / 128 / 192; not fast_accum, "
                    "fp8_blockwise, fp8_mx, wg_order, swap_ab or K-grouped")  # fmt: skip
-    if cfg.gather_a and (cfg.arch != "sm_90a" or not cfg.grouped or cfg.a_dtype not in INPUT_DTYPES or cfg.swap_ab
-                         or cfg.cluster_n != 1 or cfg.scheduler != "static"):  # fmt: skip
-        err.append("gather_a: the sm_90a packed grouped form with 16-bit operands, A not multicast (cluster_n 1), "
-                   "the static scheduler, not swap_ab")  # fmt: skip
+    if cfg.gather_a and (not cfg.grouped or cfg.a_dtype not in INPUT_DTYPES or cfg.swap_ab or cfg.cluster_n != 1
+                         or cfg.scheduler != "static" or cfg.a_major != "k"):  # fmt: skip
+        err.append("gather_a: the packed grouped form with 16-bit operands, A K-major and not multicast (cluster_n "
+                   "1), the static scheduler, not swap_ab")  # fmt: skip
     if cfg.fp8_blockwise:
         err += fp8_blockwise_errors(cfg)
     if cfg.wg_order and (

@@ -372,10 +372,10 @@ def gather_pays(hidden: int, rows: int, experts: int) -> bool:
 
 
 def gathered(cfg: GemmConfig, rows_per_group: float) -> GemmConfig:
-    """A packed grouped config made the gathered-A kernel's (GemmConfig.gather_a, sm_90a): A is
-    not multicast (cluster_n 1; B is, over a 2x1 cluster of one expert's m-tiles, where the
+    """A packed grouped config made the gathered-A kernel's (GemmConfig.gather_a): A is not
+    multicast (cluster_n 1; on sm_90a B is, over a 2x1 cluster of one expert's m-tiles, where the
     experts have more rows than a tile), the static scheduler, not the swapped kernel."""
-    cluster_m = 2 if rows_per_group > cfg.tile_m else 1
+    cluster_m = 2 if rows_per_group > cfg.tile_m and cfg.arch == "sm_90a" else 1
     return replace(cfg, gather_a=True, cluster_m=cluster_m, cluster_n=1, scheduler="static", swap_ab=False)
 
 

@@ -19,6 +19,7 @@ import torch
 
 from cutegemm.epilogue import epilogue_ref
 from cutegemm.gemm.args import KernelArgs
+from cutegemm.gemm.sm100.gather import INDEX_PAD
 from cutegemm.schedulers.grouped import expert_rows
 
 from .host_overhead_cpu import cpu_fast_path
@@ -72,9 +73,17 @@ class EmulatedKernel:
         if cfg.grouped:
             swap = cfg.swap_ab  # A = weights (N, K, E), B = tokens (total_M, K, 1), C = (N, total_M, 1)
             tokens, weights = (b3, a3) if swap else (a3, b3)
-            if k.a_index is not None:  # config.gather_a: packed row r reads row a_index[r] of A (clamped)
+            if k.a_index is not None:  # config.gather_a: packed row r reads row a_index[r] of A
                 assert cfg.gather_a
-                tokens = tokens[k.a_index.long().clamp(0, tokens.shape[0] - 1)]
+                idx = k.a_index.long()
+                rows = tokens[idx.clamp(0, tokens.shape[0] - 1)]  # sm_90a: clamped into A
+                if cfg.arch == "sm_100a":  # TMA gather4: zeros out of A's bounds; reads INDEX_PAD past the index
+                    pad = k.a_index.storage_offset() + k.a_index.shape[0] + INDEX_PAD
+                    assert k.a_index.untyped_storage().nbytes() >= 4 * pad, "the index has no padding"
+                    after = torch.empty(0, dtype=torch.int32).set_(k.a_index.untyped_storage())[pad - INDEX_PAD : pad]
+                    assert not after.any(), "the index's padding is not zeros"
+                    rows = torch.where(((idx >= 0) & (idx < tokens.shape[0]))[:, None, None], rows, 0)
+                tokens = rows
             total_m, n = tokens.shape[0], weights.shape[0]
             for e, (s, t) in enumerate(expert_rows(k.offs.tolist(), total_m)):
                 if t <= s:

@@ -166,7 +166,7 @@ class GemmBase:
             # (TMA, RestK). A may be given as a function of the tile (grouped: rows start at the
             # expert's first row, not at a multiple of the tile).
             if cutlass.const_expr(inspect.isfunction(tAgA)):
-                tAgA_k = tAgA(tile)
+                tAgA_k = tAgA(tile)  # sm_100a gather_a: (coordinates, indices) of the gather4 loads
             else:
                 tAgA_k = tAgA[(None, tile[0], None, tile[2])]
             tBgB_k = None  # tma_atom_b None: B comes as extra operands (swap_ab's token chunks)
@@ -197,7 +197,7 @@ class GemmBase:
                         cute.arch.mbarrier_arrive_and_expect_tx(full_bar, tile_tx)
                 cute.copy(
                     tma_atom_a,
-                    tAgA_k[(None, kc)],
+                    [t[(None, kc)] for t in tAgA_k] if cutlass.const_expr(isinstance(tAgA_k, tuple)) else tAgA_k[(None, kc)],
                     tAsA[(None, producer_state.index)],
                     tma_bar_ptr=full_bar,
                     mcast_mask=a_mcast_mask,

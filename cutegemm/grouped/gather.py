@@ -6,12 +6,16 @@ layer ``idx`` is the token of every (token, slot) pair sorted by expert, so the 
 reads the tokens as they are.
 
 Routes (one per call):
-- the gather kernel (``GemmConfig.gather_a``, sm_90a): bf16 / fp16 ``x`` row-major with 16-byte
+- the gather kernel (``GemmConfig.gather_a``; sm_90a: cp.async row loads, sm_100a: the TMA
+  unit's gather4 mode, compiled and SASS-checked only): bf16 / fp16 ``x`` row-major with 16-byte
   aligned rows, K a multiple of 64, ``w`` (E, K, N) with K or N contiguous, options ``alpha``,
   ``activation`` (elementwise, or ``swiglu`` / ``geglu`` on interleaved gate/up columns),
   ``out_dtype`` (bf16 / fp16 / fp32) and an ``out`` the TMA store can write. No host sync; the
-  index is read on the device, and values outside [0, x.shape[0]) are clamped into x (no load
-  leaves it): ``check_offs=True`` checks offs and the index on the host (a sync) instead.
+  index is read on the device. A row whose index lies outside [0, x.shape[0]) gets unspecified
+  values (sm_90a clamps the index into x, sm_100a's TMA reads zeros), and no load leaves x:
+  ``check_offs=True`` checks offs and the index on the host (a sync) instead. sm_100a reads the
+  index through a copy followed by ``INDEX_PAD`` zeros (the gather4 loads of a tile's last rows
+  read past the last packed row): one small device copy per call.
 - anything else (other options, layouts, archs, dtypes): ``x.index_select(0, idx)`` and the
   packed form, which takes every input it takes.
 """
@@ -34,6 +38,7 @@ from ..gemm.launch import (
     new_workspace,
     tma_storable,
 )
+from ..gemm.sm100.gather import INDEX_PAD
 from ..policy import policy_for
 from ..runtime.device import device_info, max_clusters_for
 
@@ -47,10 +52,13 @@ class _GatherPlan:
     """What a warm call of one signature reuses: the kernel, the views' (size, stride), the grid
     cap and the workspace; the call passes its tensors, offs and index."""
 
-    __slots__ = ("fn", "views", "max_clusters", "tail", "device_index", "out_dims", "out_dtype")
+    __slots__ = ("fn", "views", "max_clusters", "tail", "device_index", "out_dims", "out_dtype", "pad")
 
     def launch(self, a, b, out, offs, index, alpha):
-        """KernelArgs' LEADING fields, the plan's tail up to a_index, then the index."""
+        """KernelArgs' LEADING fields, the plan's tail up to a_index, then the index (sm_100a:
+        :func:`padded_index`)."""
+        if self.pad:
+            index = padded_index(index)
         (sa, ta), (sb, tb), (so, to) = self.views
         self.fn(a.as_strided(sa, ta), b.as_strided(sb, tb), out.as_strided(so, to), None, None, alpha, 0.0,
                 self.max_clusters, offs, *self.tail, index)  # fmt: skip
@@ -67,6 +75,12 @@ def gather_index_of(index, a: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"gather_index must be on {a.device}, got {index.device}")
     index = index if index.dtype == torch.int32 else index.to(torch.int32)
     return index if index.is_contiguous() else index.contiguous()  # the kernel reads it at unit stride
+
+
+def padded_index(index: torch.Tensor) -> torch.Tensor:
+    """The index as the sm_100a kernel reads it: a view of its rows in a copy followed by
+    INDEX_PAD zeros, which the gather4 loads of the last tile's rows past the index read."""
+    return torch.nn.functional.pad(index, (0, INDEX_PAD))[: index.shape[0]]
 
 
 def check_index_values(index: torch.Tensor, rows: int):
@@ -102,7 +116,7 @@ def _kernel_route(a, b, options) -> bool:
         return False
     if out is not None and not (isinstance(out, torch.Tensor) and tma_storable(out)):
         return False
-    return device_info(a.device.index)[0] == "sm_90a"
+    return device_info(a.device.index)[0] in ("sm_90a", "sm_100a")
 
 
 def _key(a, b, index, options):
@@ -178,6 +192,7 @@ def gathered_grouped_gemm(a, b, *, gather_index, run, **options):
     assert KernelArgs._fields[-1] == "a_index"
     plan.tail = tail[:-1]
     plan.device_index, plan.out_dims, plan.out_dtype = a.device.index, (total, n_out), out_dtype
+    plan.pad = arch == "sm_100a"
     if key is not None:
         PLANS[key] = plan
     if a.device.index == current_device():

@@ -133,16 +133,54 @@ def test_bad_indices_and_offs():
 def test_gather_a_rules_and_policy():
     base = GemmConfig(arch="sm_90a", form=Form.GROUPED, tile_m=128, tile_n=256, cluster_m=2, gather_a=True)
     assert not config_errors(base)
-    for bad in (dict(cluster_m=1, cluster_n=2), dict(scheduler="dynamic"), dict(form=Form.DENSE),
-                dict(a_dtype="e4m3", b_dtype="e4m3", b_major="k"), dict(swap_ab=True), dict(arch="sm_100a")):  # fmt: skip
-        assert any("gather_a" in e for e in config_errors(replace(base, **bad))), bad
-    pol = policy_for("sm_90a", 132)
-    for rows, experts in ((64, 8), (8192, 8), (131072, 128), (512, 32)):
-        for epi in (EpilogueSpec(), EpilogueSpec(gated="swiglu")):
-            cfg = pol.choose_gathered(GemmProblem(rows, 1536, 2048, 1, "bf16", "bf16", "bf16", "k", "n"), experts,
-                                      epilogue=epi)  # fmt: skip
-            assert cfg.gather_a and cfg.cluster_n == 1 and cfg.scheduler == "static" and not cfg.swap_ab
-            assert not config_errors(cfg), (cfg.name, config_errors(cfg))
+    base100 = GemmConfig(arch="sm_100a", form=Form.GROUPED, tile_m=128, tile_n=128, gather_a=True)
+    assert not config_errors(base100)
+    for cfg in (base, base100):
+        for bad in (dict(cluster_m=1, cluster_n=2), dict(scheduler="dynamic"), dict(form=Form.DENSE), dict(a_major="m"),
+                    dict(a_dtype="e4m3", b_dtype="e4m3", b_major="k"), dict(swap_ab=True)):  # fmt: skip
+            assert any("gather_a" in e for e in config_errors(replace(cfg, **bad))), (cfg.arch, bad)
+    assert config_errors(replace(base100, cluster_m=2))  # sm_100a grouped tiles: 1x1, 1-CTA
+    assert config_errors(replace(base100, tile_m=256, two_cta=True, cluster_m=2))
+    for arch in ("sm_90a", "sm_100a"):
+        pol = policy_for(arch, 132)
+        for rows, experts in ((64, 8), (8192, 8), (131072, 128), (512, 32)):
+            for epi in (EpilogueSpec(), EpilogueSpec(gated="swiglu")):
+                cfg = pol.choose_gathered(GemmProblem(rows, 1536, 2048, 1, "bf16", "bf16", "bf16", "k", "n"), experts,
+                                          epilogue=epi)  # fmt: skip
+                assert cfg.gather_a and cfg.cluster_n == 1 and cfg.scheduler == "static" and not cfg.swap_ab
+                assert not config_errors(cfg), (cfg.name, config_errors(cfg))
+
+
+@settings(max_examples=25, deadline=None)
+@given(tokens=st.integers(1, 70), k=st.integers(1, 4), experts=st.integers(1, 6), act=st.sampled_from([None, "swiglu"]),
+       tail=st.integers(0, 3), bad=st.integers(0, 2), seed=st.integers(0, 2**16))  # fmt: skip
+def test_sm100_route_pads_the_index(tokens, k, experts, act, tail, bad, seed):
+    """The sm_100a route (TMA gather4, emulated): the kernel reads the index through a copy
+    followed by INDEX_PAD zeros (the emulated kernel checks them), cold and warm calls alike;
+    an index outside x gives that row zeros (no load leaves x)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, 64, generator=gen).to(BF)
+    w = torch.randn(experts, 64, 32, generator=gen).to(BF)
+    idx, offs = _routing(tokens, k, experts, gen)
+    rows = idx.shape[0]
+    idx[torch.randperm(rows, generator=gen)[:bad]] = tokens + 5  # outside x
+    idx = torch.cat([idx, torch.zeros(tail, dtype=torch.int32)])
+    xz = torch.cat([x, torch.zeros(1, 64, dtype=BF)])  # x with a zero row for the indices outside it
+    ref = cutegemm.grouped_gemm_ref(xz[idx.long().clamp(max=tokens)], w, offs=offs, activation=act)
+    with emulated_kernels() as cache:
+        saved = gather.device_info
+        gather.device_info = lambda index: ("sm_100a", 148)
+        try:
+            for _ in range(2):  # the cold call, then the warm plan
+                out = torch.full((rows + tail, 16 if act else 32), float("nan"), dtype=BF)
+                cutegemm.grouped_gemm(x, w, offs=offs, gather_index=idx, activation=act, out=out)
+                torch.testing.assert_close(out[:rows].float(), ref[:rows].float(), atol=2e-2, rtol=2e-2)
+                assert out[rows:].isnan().all()
+        finally:
+            gather.device_info = saved
+        cfg = cache.kernels[-1].cfg
+        assert cfg.arch == "sm_100a" and cfg.gather_a and (cfg.cluster_m, cfg.cluster_n) == (1, 1)
+        assert cache.kernels[-1].calls == 2
 
 
 @pytest.mark.parametrize("shape,pays", [

@@ -1,6 +1,7 @@
-"""The gather kernel (``grouped_gemm(x, w, offs=offs, gather_index=idx)``, GemmConfig.gather_a,
-sm_90a): A's rows loaded by cp.async through the index. Against the same tile's TMA kernel on the
-copy x[idx] (bitwise: same WGMMAs in the same order), the fp64 reference, torch's same-precision
+"""The gather kernel (``grouped_gemm(x, w, offs=offs, gather_index=idx)``, GemmConfig.gather_a):
+A's rows loaded through the index, by cp.async on sm_90a and by TMA gather4 on sm_100a (these
+tests run there where the GPU is one). Against the same tile's TMA kernel on the copy x[idx]
+(bitwise: same MMAs in the same order), the fp64 reference, torch's same-precision
 error; NaN-poisoned outputs; rows past offs[-1] untouched; MoE routings from decode to prefill
 sizes; a CUDA-graph replay with new routing; determinism."""
 
@@ -28,6 +29,11 @@ def _sm90():
     return torch.cuda.get_device_capability()[0] == 9
 
 
+def _arch():
+    """The gather kernel's arch on this GPU (sm_90a: cp.async rows, sm_100a: TMA gather4), or None."""
+    return {9: "sm_90a", 10: "sm_100a"}.get(torch.cuda.get_device_capability()[0])
+
+
 def _routing(tokens, k, experts, gen):
     ids = torch.randint(0, experts, (tokens * k,), generator=gen, device="cuda")
     order = torch.argsort(ids, stable=True)
@@ -43,7 +49,7 @@ def _same_tile(xg, w, offs, act=None):
                        gated=act if act in ("swiglu", "geglu") else None)  # fmt: skip
     E, K, N = w.shape
     problem = GemmProblem(xg.shape[0], N, K, 1, "bf16", "bf16", "bf16", "k", "k" if w.stride(1) == 1 else "n")
-    cfg = policy_for("sm_90a", sms).choose_gathered(problem, E, epilogue=epi)
+    cfg = policy_for(_arch(), sms).choose_gathered(problem, E, epilogue=epi)
     return cutegemm.grouped_gemm(xg, w, offs=offs, activation=act, config=replace(cfg, gather_a=False))
 
 
@@ -79,8 +85,8 @@ def _check(tokens, k, experts, hidden, n, act=None, tail=3, seed=0):
      (7, 2, 4, 64, 48, None), (300, 4, 16, 128, 256, "silu")],
 )  # fmt: skip
 def test_gather_matches_the_tma_kernel_on_the_copy(tokens, k, experts, hidden, n, act):
-    if not _sm90():
-        pytest.skip("the gather kernel is sm_90a")
+    if _arch() is None:
+        pytest.skip("the gather kernel is sm_90a / sm_100a")
     _check(tokens, k, experts, hidden, n, act)
 
 
@@ -88,14 +94,14 @@ def test_gather_matches_the_tma_kernel_on_the_copy(tokens, k, experts, hidden, n
 @given(tokens=st.integers(1, 600), k=st.integers(1, 8), experts=st.integers(1, 40), hidden=st.sampled_from([64, 192, 512]),
        n=st.sampled_from([16, 136, 512]), tail=st.integers(0, 9), seed=st.integers(0, 2**16))  # fmt: skip
 def test_gather_hypothesis(tokens, k, experts, hidden, n, tail, seed):
-    if not _sm90():
-        pytest.skip("the gather kernel is sm_90a")
+    if _arch() is None:
+        pytest.skip("the gather kernel is sm_90a / sm_100a")
     _check(tokens, k, experts, hidden, n, None, tail, seed)
 
 
 def test_gather_graph_replay_and_determinism():
-    if not _sm90():
-        pytest.skip("the gather kernel is sm_90a")
+    if _arch() is None:
+        pytest.skip("the gather kernel is sm_90a / sm_100a")
     gen = torch.Generator(device="cuda").manual_seed(5)
     x = torch.randn(512, 1024, device="cuda", generator=gen).to(BF)
     w = torch.randn(16, 1024, 512, device="cuda", generator=gen).to(BF)
@@ -122,8 +128,8 @@ def test_grouped_experts_inference_through_the_index(tokens, k, experts, hidden,
     transformers backend takes with FUSED_DISPATCH), on shapes where the layer gathers
     (policy.gather_pays): the up projection reads the tokens through the index; the result
     matches the layer on the permuted copy within bf16 rounding."""
-    if not _sm90():
-        pytest.skip("the gather kernel is sm_90a")
+    if _arch() is None:
+        pytest.skip("the gather kernel is sm_90a / sm_100a")
     assert gather_pays(hidden, tokens * k, experts)
     gen = torch.Generator(device="cuda").manual_seed(11)
     x = torch.randn(tokens, hidden, device="cuda", generator=gen).to(BF)

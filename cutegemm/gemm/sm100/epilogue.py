@@ -15,6 +15,7 @@ from cutlass.cute.nvgpu import cpasync, tcgen05
 
 from ...epilogue import epilogue_subtile, store_gated
 from ...epilogue.quant import store_quantized_subtile
+from ..grouped_parts import grouped_acc_coords, grouped_acc_space, grouped_out_tile
 from ..store import store_subtile_predicated
 
 
@@ -237,3 +238,56 @@ class Sm100Epilogue:
         tmem.relinquish_alloc_permit()
         # 2-CTA: waits (mbarrier) until the peer CTA's epilogue is done with its TMEM too.
         tmem.free(tmem_ptr, self.k.num_tmem_cols)
+
+    def grouped_c_tiles(self, mC_mnl, mC_gmem, mB_nkl, thr_mma, sC, epi_tile, tma_atom_c):
+        """The grouped form's ``c_tiles``: tile -> where its output goes (see the inner function)."""
+        k = self.k
+        epi = k.config.epilogue
+        # Output tile of a CTA (gated / FP4: fewer stored columns than GEMM columns; grouped
+        # tiles are 1-CTA MMAs, so the CTA tile is the MMA tile).
+        out_tile = (k.cta_tile_mn[0], k.cta_tile_mn[1] // k.out_div)
+        # Tile-local (m, n) of every element of this CTA's output, in epilogue subtiles:
+        # (EPI_TILE_M, EPI_TILE_N, EPI_M * EPI_N), as bSG_gC / gC_real_epi below.
+        if cutlass.const_expr(k.out_div == 1):
+            cC_epi = cute.group_modes(
+                cute.flat_divide(
+                    thr_mma.partition_C(cute.make_identity_tensor(k.mma_tiler[:2]))[((None, None), 0, 0)],
+                    epi_tile,
+                ),
+                2,
+                4,
+            )
+        else:
+            cC_epi = cute.group_modes(cute.flat_divide(cute.make_identity_tensor(out_tile), k.epi_tile_out), 2, 4)
+        # (bM, bN, RestM, RestN, RestE): (packed row, GEMM column, expert) of every accumulator
+        cAcc_tiles = None
+        if cutlass.const_expr(epi.needs_coords):
+            cAcc_tiles = cute.local_tile(
+                grouped_acc_space(mC_mnl, mB_nkl), cute.slice_(k.mma_tiler, (None, None, 0)), (None, None, None)
+            )
+
+        def c_tiles(tile):
+            """Output of a grouped tile: (bSG_gC (TMA, EPI_M * EPI_N) TMA destinations,
+            gC_real_epi (EPI_TILE_M, EPI_TILE_N, EPI_M * EPI_N) the same subtiles of C itself,
+            cC_epi their tile-local coordinates, rows_left, cols_left, full_tile, and the
+            accumulator's global coordinates (EPI_TILE_M, EPI_TILE_N, EPI_M, EPI_N) or None)."""
+            gC_t, gC_real_t, rows_left, cols_left, full_tile = grouped_out_tile(mC_mnl, mC_gmem, tile, out_tile)
+            if cutlass.const_expr(k.out_div == 1):
+                # (CTA_M, CTA_N): this CTA's part of the MMA tile -> (EPI_TILE_M, EPI_TILE_N, EPI_M, EPI_N)
+                gC_epi_t = cute.flat_divide(thr_mma.partition_C(gC_t)[((None, None), 0, 0)], epi_tile)
+                gC_real_epi = cute.group_modes(
+                    cute.flat_divide(thr_mma.partition_C(gC_real_t)[((None, None), 0, 0)], epi_tile), 2, 4
+                )
+            else:
+                gC_epi_t = cute.flat_divide(gC_t, k.epi_tile_out)
+                gC_real_epi = cute.group_modes(cute.flat_divide(gC_real_t, k.epi_tile_out), 2, 4)
+            _, bSG_gC_t = cpasync.tma_partition(
+                tma_atom_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), cute.group_modes(gC_epi_t, 0, 2)
+            )
+            coords = None
+            if cutlass.const_expr(epi.needs_coords):
+                coords = cute.flat_divide(
+                    thr_mma.partition_C(grouped_acc_coords(cAcc_tiles, tile))[((None, None), 0, 0)], epi_tile
+                )
+            return cute.group_modes(bSG_gC_t, 1, 3), gC_real_epi, cC_epi, rows_left, cols_left, full_tile, coords
+        return c_tiles

@@ -88,9 +88,6 @@ from ..base import GemmBase
 from ..grouped_parts import (
     fill_tile_starts,
     from_row,
-    grouped_acc_coords,
-    grouped_acc_space,
-    grouped_out_tile,
     list_roles,
     list_tile_table,
     make_grouped_scheduler,
@@ -101,6 +98,7 @@ from ..grouped_parts import (
 )
 from .blockscaled import BlockScaledMma
 from .epilogue import Sm100Epilogue
+from .gather import gather_tma_atom, gathered_a_tiles, gathered_smem
 from .mma import Sm100MmaWarp
 
 SMEM_CAPACITY_SM100 = memory.get_smem_capacity_in_bytes("sm_100")
@@ -299,7 +297,7 @@ class GemmSm100(GemmBase):
         mV2: cute.Tensor | None = None,
         mV3: cute.Tensor | None = None,
         mWorkspace: cute.Tensor | None = None,  # scheduler "dynamic": (1,) int32 tile counter, zeroed
-        mAIdx: cute.Tensor | None = None,  # gather_a (sm_90a only): always None here
+        mAIdx: cute.Tensor | None = None,  # gather_a: (packed rows,) int32 row of A per packed row
     ):
         if cutlass.const_expr(self.config.flat):
             mA, mB, mC = self.unflatten(mA, mB, mC)
@@ -309,15 +307,19 @@ class GemmSm100(GemmBase):
         vmnk_shape = self.cluster_layout_vmnk.shape
 
         # A/B loads: the op picks 2-CTA (barrier of the leader) and/or multicast from the cluster shape.
-        tma_atom_a, tma_tensor_a = cute.nvgpu.make_tiled_tma_atom_A(
-            sm100_utils.cluster_shape_to_tma_atom_A(self.cluster_shape_mn, self.tiled_mma.thr_id),
-            mA,
-            cute.slice_(self.a_smem_layout_staged, (None, None, None, 0)),
-            self.mma_tiler,
-            self.tiled_mma,
-            vmnk_shape,
-            internal_type=self.a_smem_dtype if self.a_smem_dtype is not self.a_dtype else None,
-        )
+        mIdx = None
+        if cutlass.const_expr(cfg.gather_a):  # A's rows through the index (gemm.sm100.gather)
+            tma_atom_a, tma_tensor_a, mIdx = gather_tma_atom(self, mA, mAIdx)
+        else:
+            tma_atom_a, tma_tensor_a = cute.nvgpu.make_tiled_tma_atom_A(
+                sm100_utils.cluster_shape_to_tma_atom_A(self.cluster_shape_mn, self.tiled_mma.thr_id),
+                mA,
+                cute.slice_(self.a_smem_layout_staged, (None, None, None, 0)),
+                self.mma_tiler,
+                self.tiled_mma,
+                vmnk_shape,
+                internal_type=self.a_smem_dtype if self.a_smem_dtype is not self.a_dtype else None,
+            )
         tma_atom_b, tma_tensor_b = cute.nvgpu.make_tiled_tma_atom_B(
             sm100_utils.cluster_shape_to_tma_atom_B(self.cluster_shape_mn, self.tiled_mma.thr_id),
             mB,
@@ -352,6 +354,7 @@ class GemmSm100(GemmBase):
             mBias,
             mC if cfg.grouped else None,
             mOffs,
+            mIdx,
             mWorkspace,
             mEpiSF,
             mEpiGS,
@@ -369,7 +372,8 @@ class GemmSm100(GemmBase):
             self.epi_tile,
             *sf_args,
         ).launch(
-            grid=self.grid(self.acc_space(mC, mB), self.cta_tile_mn, max_clusters, mOffs, mA.shape[0]),
+            grid=self.grid(self.acc_space(mC, mB), self.cta_tile_mn, max_clusters, mOffs,
+                           mAIdx.shape[0] if cutlass.const_expr(cfg.gather_a) else mA.shape[0]),
             block=[self.threads_per_cta, 1, 1],
             cluster=(*self.cluster_shape_mn, 1),
             min_blocks_per_mp=1,
@@ -390,6 +394,7 @@ class GemmSm100(GemmBase):
         mBias: cute.Tensor | None,
         mC_gmem: cute.Tensor | None,  # grouped: C itself, for predicated stores of partial tiles
         mOffs: cute.Tensor | None,
+        mIdx: cute.Tensor | None,  # gather_a: (packed rows, K) the index, broadcast along K
         mWorkspace: cute.Tensor | None,
         mEpiSF: cute.Tensor | None,
         mEpiGS: cute.Tensor | None,
@@ -488,8 +493,9 @@ class GemmSm100(GemmBase):
             )
 
         # Global tiles are MMA tiles (tile_m rows: both CTAs of a pair); thr_mma picks our half.
-        # (bM, bK, RestM, RestK, RestL)
-        gA_mkl = cute.local_tile(mA_mkl, cute.slice_(self.mma_tiler, (None, 0, None)), (None, None, None))
+        # (bM, bK, RestM, RestK, RestL); gather_a: (bM, bK, RestM, RestK) of the packed rows
+        a_coord = (None, None) if cutlass.const_expr(self.config.gather_a) else (None, None, None)
+        gA_mkl = cute.local_tile(mA_mkl, cute.slice_(self.mma_tiler, (None, 0, None)), a_coord)
         # (bN, bK, RestN, RestK, RestL)
         gB_nkl = cute.local_tile(mB_nkl, cute.slice_(self.mma_tiler, (0, None, None)), (None, None, None))
         k_tile_cnt = cute.size(gA_mkl, mode=[3])
@@ -522,13 +528,16 @@ class GemmSm100(GemmBase):
             )
 
         # (TMA, STAGE), (TMA, RestM, RestK, RestL)
-        tAsA, tAgA = cpasync.tma_partition(
-            tma_atom_a,
-            cluster_coord_vmnk[2],
-            cute.make_layout(cute.slice_(cluster_layout_vmnk, (0, 0, None, 0)).shape),
-            cute.group_modes(sA, 0, 3),
-            cute.group_modes(tCgA, 0, 3),
-        )
+        if cutlass.const_expr(self.config.gather_a):  # the k-tiles come per tile (a_tiles below)
+            tAsA, tAgA = gathered_smem(self, tma_atom_a, thr_mma, sA, mA_mkl, mIdx), None
+        else:
+            tAsA, tAgA = cpasync.tma_partition(
+                tma_atom_a,
+                cluster_coord_vmnk[2],
+                cute.make_layout(cute.slice_(cluster_layout_vmnk, (0, 0, None, 0)).shape),
+                cute.group_modes(sA, 0, 3),
+                cute.group_modes(tCgA, 0, 3),
+            )
         # (TMA, STAGE), (TMA, RestN, RestK, RestL)
         tBsB, tBgB = cpasync.tma_partition(
             tma_atom_b,
@@ -546,11 +555,12 @@ class GemmSm100(GemmBase):
         cfg = self.config
         if cutlass.const_expr(cfg.grouped):
             # The tile map lives in shared memory, built by warp 0 from offs (no host sync).
+            packed_rows = mIdx.shape[0] if cutlass.const_expr(cfg.gather_a) else mA_mkl.shape[0]
             tile_start, n_cluster_tiles = tile_table(
                 storage.tile_start, self.acc_space(mC_mnl, mB_nkl).shape[1], cfg.tile_n, cfg.cluster_n
             )
             if warp_idx == 0:
-                fill_tile_starts(tile_start, mOffs, mA_mkl.shape[0], cfg.tile_m, n_cluster_tiles, cute.arch.lane_idx())
+                fill_tile_starts(tile_start, mOffs, packed_rows, cfg.tile_m, n_cluster_tiles, cute.arch.lane_idx())
         elif cutlass.const_expr(cfg.listed):
             # List form: mOffs is the group table (``gemm.grouped_parts.list_tile_table``).
             tile_start, num_groups = list_tile_table(storage.tile_start, mOffs, warp_idx)
@@ -573,7 +583,7 @@ class GemmSm100(GemmBase):
         a_tiles = tAgA
         c_tiles = None
         if cutlass.const_expr(cfg.grouped):
-            sched = make_grouped_scheduler(tile_start, mOffs, mA_mkl.shape[0], n_cluster_tiles, cfg)
+            sched = make_grouped_scheduler(tile_start, mOffs, packed_rows, n_cluster_tiles, cfg)
             a_cta_layout = cute.make_layout(cute.slice_(cluster_layout_vmnk, (0, 0, None, 0)).shape)
 
             def a_tiles(tile):
@@ -589,53 +599,10 @@ class GemmSm100(GemmBase):
                 )  # fmt: skip
                 return tAgA_e[(None, m_tile, None, 0)]
 
-            # Output tile of a CTA (gated / FP4: fewer stored columns than GEMM columns; grouped
-            # tiles are 1-CTA MMAs, so the CTA tile is the MMA tile).
-            out_tile = (self.cta_tile_mn[0], self.cta_tile_mn[1] // self.out_div)
-            # Tile-local (m, n) of every element of this CTA's output, in epilogue subtiles:
-            # (EPI_TILE_M, EPI_TILE_N, EPI_M * EPI_N), as bSG_gC / gC_real_epi below.
-            if cutlass.const_expr(self.out_div == 1):
-                cC_epi = cute.group_modes(
-                    cute.flat_divide(
-                        thr_mma.partition_C(cute.make_identity_tensor(self.mma_tiler[:2]))[((None, None), 0, 0)],
-                        epi_tile,
-                    ),
-                    2,
-                    4,
-                )
-            else:
-                cC_epi = cute.group_modes(cute.flat_divide(cute.make_identity_tensor(out_tile), self.epi_tile_out), 2, 4)
-            # (bM, bN, RestM, RestN, RestE): (packed row, GEMM column, expert) of every accumulator
-            cAcc_tiles = None
-            if cutlass.const_expr(epi.needs_coords):
-                cAcc_tiles = cute.local_tile(
-                    grouped_acc_space(mC_mnl, mB_nkl), cute.slice_(self.mma_tiler, (None, None, 0)), (None, None, None)
-                )
+            if cutlass.const_expr(cfg.gather_a):
+                a_tiles = gathered_a_tiles(self, tma_atom_a, thr_mma, sA, mA_mkl, mIdx)
 
-            def c_tiles(tile):
-                """Output of a grouped tile: (bSG_gC (TMA, EPI_M * EPI_N) TMA destinations,
-                gC_real_epi (EPI_TILE_M, EPI_TILE_N, EPI_M * EPI_N) the same subtiles of C itself,
-                cC_epi their tile-local coordinates, rows_left, cols_left, full_tile, and the
-                accumulator's global coordinates (EPI_TILE_M, EPI_TILE_N, EPI_M, EPI_N) or None)."""
-                gC_t, gC_real_t, rows_left, cols_left, full_tile = grouped_out_tile(mC_mnl, mC_gmem, tile, out_tile)
-                if cutlass.const_expr(self.out_div == 1):
-                    # (CTA_M, CTA_N): this CTA's part of the MMA tile -> (EPI_TILE_M, EPI_TILE_N, EPI_M, EPI_N)
-                    gC_epi_t = cute.flat_divide(thr_mma.partition_C(gC_t)[((None, None), 0, 0)], epi_tile)
-                    gC_real_epi = cute.group_modes(
-                        cute.flat_divide(thr_mma.partition_C(gC_real_t)[((None, None), 0, 0)], epi_tile), 2, 4
-                    )
-                else:
-                    gC_epi_t = cute.flat_divide(gC_t, self.epi_tile_out)
-                    gC_real_epi = cute.group_modes(cute.flat_divide(gC_real_t, self.epi_tile_out), 2, 4)
-                _, bSG_gC_t = cpasync.tma_partition(
-                    tma_atom_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), cute.group_modes(gC_epi_t, 0, 2)
-                )
-                coords = None
-                if cutlass.const_expr(epi.needs_coords):
-                    coords = cute.flat_divide(
-                        thr_mma.partition_C(grouped_acc_coords(cAcc_tiles, tile))[((None, None), 0, 0)], epi_tile
-                    )
-                return cute.group_modes(bSG_gC_t, 1, 3), gC_real_epi, cC_epi, rows_left, cols_left, full_tile, coords
+            c_tiles = self.epi.grouped_c_tiles(mC_mnl, mC_gmem, mB_nkl, thr_mma, sC, epi_tile, tma_atom_c)
 
         k_tiles, load_descs, out_desc = k_tile_cnt, None, None
         if cutlass.const_expr(cfg.listed):
