@@ -44,7 +44,8 @@ None, "relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu". out_dtype defaults
   CUDA (no host sync), including replay with new offs contents.
 - K-grouped: a (M, T), b (T, N), offs (E,) splitting T -> (E, M, N); an expert with no rows gets
   zeros. On sm_90a one kernel launch that reads offs on the device (graph-capturable); elsewhere
-  one GEMM per expert, reading offs on the host (see :mod:`cutegemm.grouped.k_grouped`).
+  offs read on the host, then one list-form call (or one GEMM per expert where the list form
+  does not take the slices; see :mod:`cutegemm.grouped.k_grouped`).
 
 Autograd (``Y = act(Z)``, ``Z = alpha * a @ b + bias``):
 - gemm: ``dZ = dY * act'(Z)`` with Z recomputed in fp32 (fp64 for fp64 operands) by this same

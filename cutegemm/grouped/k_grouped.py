@@ -7,9 +7,11 @@ Launch path: sm_90a, bf16 / fp16: one launch of the K-grouped kernel (``GemmConf
 compiled in the dense kernel cache; :func:`kgrouped_config` picks its tile): tile (m, n, expert)
 reads the expert's K range from offs on the device, so there is no host sync and the call is
 CUDA-graph capturable. :func:`_kgrouped_launch` builds its plan (config, kernel views, workspace)
-once per call signature. Elsewhere, or for an out the kernel cannot store: one dense GEMM per
-expert, reading offs on the host (not capturable); the dense path stages a K slice that breaks
-TMA's 16-byte rule, like any operand. Bad offs are clamped as in the packed form
+once per call signature. Elsewhere (sm_100a), or for an out the kernel cannot store: offs read on
+the host (not capturable), then the experts' K slices as one call of the list form (its kernel
+and a descriptor prep kernel: two launches) where it takes them (bf16 / fp16, slices TMA reads in
+place: the MoE weight gradient's x^T and dY slices are), else one dense GEMM per expert (the
+dense path stages a K slice that breaks TMA's 16-byte rule, like any operand). Bad offs are clamped as in the packed form
 (``schedulers.grouped.expert_rows``).
 """
 
@@ -24,6 +26,7 @@ from ..epilogue import EpilogueSpec
 from ..gemm.args import KernelArgs
 from ..gemm.dense import gemm
 from ..gemm.fp8_scales import check_fp32_scale
+from ..gemm.grouped_parts import GROUPED_MAX_GROUPS
 from ..gemm.launch import (
     DENSE_CACHE,
     INPUT_TO_NAME,
@@ -41,6 +44,7 @@ from ..gemm.launch import (
 from ..policy import policy_for
 from ..runtime.device import device_info, max_clusters_for
 from ..schedulers.grouped import expert_rows
+from .list_form import list_launch
 
 
 def _kgrouped_out(out, shape, out_dtype, device, offs, K, check_offs):
@@ -82,12 +86,26 @@ def grouped_k(a, b, offs, out, out_dtype, alpha, check_offs, config=None):
         return out
     if config is not None:
         raise ValueError(f"config {config.name} cannot run this K-grouped call (sm_90a, bf16 / fp16, out rows of 16-byte multiples)")
-    for e, (start, end) in enumerate(expert_rows(offs.tolist(), K)):  # host sync: not graph-capturable
+    bounds = expert_rows(offs.tolist(), K)  # host sync: not graph-capturable
+    if _as_list(a, b, out, bounds, alpha):
+        return out
+    for e, (start, end) in enumerate(bounds):
         if end > start:  # a slice (or out[e]) TMA cannot address is staged by the dense path
             gemm(a[:, start:end], b[start:end], out=out[e], alpha=alpha)
         else:
             out[e].zero_()
     return out
+
+
+def _as_list(a, b, out, bounds, alpha) -> bool:
+    """The experts' K slices as one call of the list form (its kernel, sm_90a / sm_100a, writing
+    out[e] in place; an empty slice gets zeros): True when it ran. Where the list form does not
+    take the call (another arch or dtype, slices TMA cannot read in place, a CUDA graph being
+    captured) the caller launches one GEMM per expert."""
+    if not out.is_contiguous() or len(bounds) > GROUPED_MAX_GROUPS:
+        return False
+    a_list, b_list = [a[:, s:e] for s, e in bounds], [b[s:e] for s, e in bounds]
+    return list_launch(a_list, b_list, out.dtype, alpha, flat=out.view(-1)) is not None
 
 
 def k_scales(scale_a, scale_b, E: int, M: int, N: int):

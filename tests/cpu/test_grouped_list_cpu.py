@@ -246,3 +246,37 @@ def test_list_plans_are_bounded():
         assert [key[0][0][0][0] for key in list_form.PLANS] == [7, 8, 9, 10]  # the newest, in order
     finally:
         mp.undo()
+
+
+def test_kgrouped_without_its_kernel_runs_as_one_list_call():
+    """The K-grouped form where its kernel does not run (sm_100a): offs read on the host, then the
+    experts' K slices as one list-form call writing out[e] in place (the table's rows point at
+    the slices of x^T and dY and at out[e]); an empty slice gets zeros and no tiles."""
+    import torch
+
+    import cutegemm
+    from cutegemm.grouped import k_grouped, list_form, packed
+
+    mp = pytest.MonkeyPatch()
+    rec = _Recorder()
+    try:
+        _fake_cuda(mp, rec)
+        for mod in (list_form, k_grouped):
+            mp.setattr(mod, "device_info", lambda index: ("sm_100a", 148))
+        for mod in (packed, k_grouped):
+            mp.setattr(mod, "check_operand", lambda name, t, dims=(2, 3): None)  # CPU tensors stand in
+        x, dy = torch.randn(40, 64).bfloat16(), torch.randn(40, 32).bfloat16()
+        offs = torch.tensor([10, 10, 25, 40], dtype=torch.int32)
+        out = cutegemm.grouped_gemm(x.t(), dy, offs=offs)
+        assert len(rec.calls) == 1 and out.shape == (4, 64, 32)
+        assert (out[1] == 0).all()
+        table, fields = _table(rec.calls[0]), list_form.LIST_FIELDS
+        starts = [0, 10, 10, 25]
+        for g, (s, e) in enumerate(zip(starts, offs.tolist(), strict=True)):
+            row = table[g * fields : (g + 1) * fields]
+            assert row[2] == out[g].data_ptr()
+            assert row[3:6] == [64, 32, e - s]  # M, N, the expert's K
+            if e > s:
+                assert row[:2] == [x.data_ptr() + 2 * 64 * s, dy.data_ptr() + 2 * 32 * s]
+    finally:
+        mp.undo()

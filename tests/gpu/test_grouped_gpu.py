@@ -263,7 +263,8 @@ def _k_grouped_check(counts, m, n, a_col_major=False, dtype=torch.bfloat16, pad_
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(counts=expert_counts(8), m8=st.integers(1, 40), n8=st.integers(1, 40), a_col_major=st.booleans())
 def test_k_grouped_kernel_property(counts, m8, n8, a_col_major):
-    """The K-grouped kernel (sm_90a: one launch; elsewhere the per-expert loop): slices of any
+    """The K-grouped kernel (sm_90a: one launch; elsewhere the list form where it reads the slices
+    in place, else the per-expert loop): slices of any
     length (zero, shorter than a K tile, not multiples of it), a row- or column-major a (the
     weight gradient's x.t()), neighbours' columns never leaking into an expert."""
     _k_grouped_check(counts, 8 * m8, 8 * n8, a_col_major=a_col_major, pad_k=8)
