@@ -71,8 +71,13 @@ def _mma_markers(cfg: GemmConfig) -> dict[str, str]:
         if cfg.arch == "sm_90a" and cfg.a_dtype == "e4m3":  # FP8 WGMMA
             del required["HGMMA"]
             required["QGMMA"] = r"\bQGMMA\."
+        mma = "UTCHMMA"
+        if cfg.arch == "sm_100a" and cfg.a_dtype == "e4m3":  # FP8 UMMA: kind::f8f6f4
+            del required["UTCHMMA"]
+            required["UTCQMMA"] = r"\bUTCQMMA"
+            mma = "UTCQMMA"
         if cfg.arch == "sm_100a" and cfg.two_cta:
-            required["UTCHMMA.2CTA"] = r"\bUTCHMMA\S*2CTA"
+            required[f"{mma}.2CTA"] = rf"\b{mma}\S*2CTA"
         if cfg.swap_ab:  # one WGMMA width per 16 tokens: the narrowest and the widest at least
             for n in (16, cfg.tile_n):
                 required[f"GMMA.64x{n}"] = rf"\b[HQ]GMMA\.64x{n}x"
@@ -196,9 +201,23 @@ def epilogue_variants(arch: str, big: GemmConfig) -> list[GemmConfig]:
     out += [replace(cfg, epilogue=E(gated="swiglu", bias=True, bias_dtype="bf16")) for cfg in others]
     out += [replace(others[0], epilogue=E(alpha=True, beta=True, c_dtype="bf16", bias=True, activation="silu"))]
     out += quant_and_user_variants(arch)
-    if arch == "sm_90a":
-        out += fp8_variants(arch)
+    out += fp8_variants(arch) if arch == "sm_90a" else fp8_sm100_variants(arch)
     return out
+
+
+def fp8_sm100_variants(arch: str) -> list[GemmConfig]:
+    """Dense FP8 row-wise on sm_100a (tcgen05 ``kind::f8f6f4`` into the fp32 TMEM accumulator, the
+    scales in the epilogue): the policy's 128x128 and 256x256 2-CTA tiles, an fp32 output, a
+    gated output with a bias."""
+    E = EpilogueSpec
+    fp8 = dict(arch=arch, a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k")
+    ab = E(scale_a=True, scale_b=True)
+    return [
+        GemmConfig(**fp8, tile_m=128, tile_n=128, epilogue=ab),
+        GemmConfig(**fp8, tile_m=256, tile_n=256, two_cta=True, cluster_m=2, out_dtype="fp32", epilogue=ab),
+        GemmConfig(**fp8, tile_m=128, tile_n=256, cluster_n=2, epilogue=E(scale_a=True, scale_b=True, bias=True,
+                                                                           bias_dtype="bf16", gated="swiglu")),
+    ]
 
 
 def fp8_variants(arch: str) -> list[GemmConfig]:
@@ -564,8 +583,10 @@ def grouped_epilogue_variants(arch: str) -> list[GemmConfig]:
         GemmConfig(**g, **small, out_dtype="u8", epilogue=E(alpha=True, quant="mxfp4")),
         GemmConfig(**g, **mid, epilogue=E(user=user, user_args=("bf16", "fp32"))),
     ]
+    fp8 = dict(a_dtype="e4m3", b_dtype="e4m3", b_major="k", epilogue=E(scale_a=True, scale_b=True))
+    if arch == "sm_100a":  # FP8 row-wise per expert (scale_b (E, N)): the policy's two tiles
+        out += [GemmConfig(**g, tile_m=128, tile_n=128, **fp8), GemmConfig(**g, tile_m=64, tile_n=128, **fp8)]
     if arch == "sm_90a":
-        fp8 = dict(a_dtype="e4m3", b_dtype="e4m3", b_major="k", epilogue=E(scale_a=True, scale_b=True))
         out += [
             GemmConfig(**g, tile_m=128, tile_n=192, cluster_n=2, scheduler="dynamic", **fp8),  # the policy's
             GemmConfig(**g, tile_m=64, tile_n=128, cluster_n=2, **fp8),

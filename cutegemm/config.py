@@ -324,13 +324,14 @@ def config_errors(cfg: GemmConfig) -> list[str]:
     err = []
     if cfg.arch not in ARCHS:
         err.append(f"arch {cfg.arch!r} not in {ARCHS}")
-    if cfg.fast_accum and cfg.a_dtype != "e4m3":
-        err.append("fast_accum is an FP8 (e4m3) option")
+    if cfg.fast_accum and (cfg.a_dtype != "e4m3" or cfg.arch != "sm_90a"):
+        err.append("fast_accum is an sm_90a FP8 (e4m3) option (the sm_100a policy drops it: no promotion there)")
     if cfg.promote_k and (cfg.promote_k not in (32, 64) or cfg.a_dtype != "e4m3" or cfg.fast_accum or cfg.fp8_blockwise
+                          or cfg.arch != "sm_90a"
                           or cfg.fp8_mx or cfg.wg_order or cfg.swap_ab or cfg.kgrouped or cfg.pingpong
                           or cfg.tile_n not in (64, 128, 192)):  # fmt: skip
-        err.append("promote_k (32 or 64): FP8 with promotion, cooperative, tile_n 64 / 128 / 192; not fast_accum, "
-                   "fp8_blockwise, fp8_mx, wg_order, swap_ab or K-grouped")  # fmt: skip
+        err.append("promote_k (32 or 64): sm_90a FP8 with promotion, cooperative, tile_n 64 / 128 / 192; not "
+                   "fast_accum, fp8_blockwise, fp8_mx, wg_order, swap_ab or K-grouped")  # fmt: skip
     if cfg.gather_a and (not cfg.grouped or cfg.a_dtype not in INPUT_DTYPES or cfg.swap_ab or cfg.cluster_n != 1
                          or cfg.scheduler != "static" or cfg.a_major != "k"):  # fmt: skip
         err.append("gather_a: the packed grouped form with 16-bit operands, A K-major and not multicast (cluster_n "
@@ -360,11 +361,9 @@ def config_errors(cfg: GemmConfig) -> list[str]:
     elif cfg.sf_dtype:
         err.append(f"sf_dtype={cfg.sf_dtype!r} needs sf_vec > 0 (block-scaled)")
     elif cfg.a_dtype in FP8_DTYPES and cfg.b_dtype == cfg.a_dtype:
-        if cfg.arch != "sm_90a":
-            err.append("dense FP8 (non-block-scaled) is an sm_90a kernel so far")
-        if cfg.a_major != "k" or cfg.b_major != "k":
-            err.append("FP8 WGMMA needs K-major A and B (a_major='k', b_major='k')")
-        if not cfg.fast_accum and (cfg.tile_m * cfg.tile_n // (1 if cfg.pingpong else cfg.tile_m // 64)) > 64 * 192:
+        if cfg.a_major != "k" or cfg.b_major != "k":  # (sm_100a's UMMA could read MN-major FP8: not built)
+            err.append("FP8 needs K-major A and B (a_major='k', b_major='k')")
+        if cfg.arch == "sm_90a" and not cfg.fast_accum and (cfg.tile_m * cfg.tile_n // (1 if cfg.pingpong else cfg.tile_m // 64)) > 64 * 192:
             err.append("FP8 with promotion holds two fp32 accumulators: at most 64x192 per warpgroup "
                        f"(tile {cfg.tile_m}x{cfg.tile_n}{' pingpong' if cfg.pingpong else ''}); or fast_accum=True")  # fmt: skip
     elif cfg.a_dtype not in INPUT_DTYPES or cfg.b_dtype != cfg.a_dtype:

@@ -249,6 +249,8 @@ class ArchPolicy:
         return cfg
 
     def choose(self, p: GemmProblem, **overrides) -> GemmConfig:
+        if "fast_accum" in overrides and self.arch != "sm_90a":  # sm_100a's FP8 MMA has no promotion step
+            overrides = {k: v for k, v in overrides.items() if k != "fast_accum"}
         if overrides.get("fast_accum") and self.arch == "sm_90a" and p.a_dtype == "e4m3" and p.m > 128:
             # FP8 fast accumulation (bench_fp8 on the H200): pingpong 128x128 + 2x1
             # cluster was best or tied on every shape > 128 rows (+15% at 16384x7168x2048).

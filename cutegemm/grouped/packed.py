@@ -24,7 +24,7 @@ Forms:
   the packed rows (= ``quantize_ref`` of the bf16/fp32 result; rows past offs[-1] get no data
   and no scales); a user epilogue ``epilogue=f, epilogue_args=(v, ...)``: ``row`` is the packed
   row (so a per-token vector of total_M entries lines up), ``col`` the column (column vectors
-  are shared by every expert). FP8 (sm_90a): a, b ``torch.float8_e4m3fn`` (b read K-major, e.g.
+  are shared by every expert). FP8 (sm_90a; sm_100a compiled only): a, b ``torch.float8_e4m3fn`` (b read K-major, e.g.
   ``w.transpose(1, 2)`` of an (E, N, K) weight, else copied), ``scale_a`` (total_M,) per token
   row or one value, ``scale_b`` (E, N) per expert and column, (E,) per expert, or one value —
   ``torch._scaled_grouped_mm``'s row-wise recipe; promoted accumulation (``fast_accum=True``:

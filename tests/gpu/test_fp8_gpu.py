@@ -1,4 +1,5 @@
-"""Dense FP8 (e4m3) GEMM with fp32 per-row / per-column / per-tensor scales (sm_90a WGMMA).
+"""Dense FP8 (e4m3) GEMM with fp32 per-row / per-column / per-tensor scales (sm_90a WGMMA; the
+arch-generic tests run on sm_100a too: tcgen05 into the fp32 TMEM accumulator, no promotion).
 
 Against a float64 reference of the dequantized product: our error must stay within 2x torch's
 own error at the same precision (torch._scaled_mm, fp32 accumulation, bf16 output); outputs in
@@ -28,6 +29,11 @@ BF16 = torch.bfloat16
 
 def _sm90():
     return torch.cuda.get_device_capability()[0] == 9
+
+
+def _fp8_gpu():
+    """FP8 row-wise runs here: sm_90a (WGMMA, promoted) or sm_100a (tcgen05, TMEM accumulator)."""
+    return torch.cuda.get_device_capability()[0] in (9, 10)
 
 
 def _operands(m, n, k, seed=0):
@@ -74,8 +80,8 @@ def _torch_same_precision(a, b, sa, sb):
 @pytest.mark.parametrize("kind", ["row", "tensor", "none"])
 @pytest.mark.parametrize("m,n,k", [(512, 384, 256), (333, 200, 528), (1, 256, 4096), (4096, 1024, 1024)])
 def test_fp8_scaled(kind, m, n, k):
-    if not _sm90():
-        pytest.skip("dense FP8 is an sm_90a kernel so far")
+    if not _fp8_gpu():
+        pytest.skip("FP8 row-wise runs on sm_90a / sm_100a")
     a, b = _operands(m, n, k, seed=m + n + k)
     sa, sb = _scales(kind, m, n)
     buf, out = poisoned_out((m, n), BF16)
@@ -92,8 +98,8 @@ def test_fp8_scaled(kind, m, n, k):
     kind=st.sampled_from(["row", "tensor"]),
 )
 def test_fp8_hypothesis(m, n8, k16, kind):
-    if not _sm90():
-        pytest.skip("dense FP8 is an sm_90a kernel so far")
+    if not _fp8_gpu():
+        pytest.skip("FP8 row-wise runs on sm_90a / sm_100a")
     n, k = 8 * n8, 16 * k16
     a, b = _operands(m, n, k, seed=m * 31 + n)
     sa, sb = _scales(kind, m, n, seed=k)
@@ -103,8 +109,8 @@ def test_fp8_hypothesis(m, n8, k16, kind):
 
 
 def test_fp8_epilogue_bias_silu_and_fp32_out():
-    if not _sm90():
-        pytest.skip("dense FP8 is an sm_90a kernel so far")
+    if not _fp8_gpu():
+        pytest.skip("FP8 row-wise runs on sm_90a / sm_100a")
     m, n, k = 300, 520, 512
     a, b = _operands(m, n, k, seed=7)
     sa, sb = _scales("row", m, n)
@@ -116,8 +122,8 @@ def test_fp8_epilogue_bias_silu_and_fp32_out():
 
 
 def test_fp8_row_major_b_is_copied_and_swiglu_mxfp8():
-    if not _sm90():
-        pytest.skip("dense FP8 is an sm_90a kernel so far")
+    if not _fp8_gpu():
+        pytest.skip("FP8 row-wise runs on sm_90a / sm_100a")
     m, n, k = 256, 512, 256
     a, b = _operands(m, n, k, seed=9)
     sa, sb = _scales("row", m, n)
@@ -134,14 +140,15 @@ def test_fp8_row_major_b_is_copied_and_swiglu_mxfp8():
     # same accumulation's fp32 output: 128-K partial sums, as the quantized output has them (an
     # fp32 output otherwise gets promote_k 32, policy.fp32_promotion).
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    cfg = policy_for("sm_90a", sms).choose_dense(GemmProblem(m, n, k, 1, "e4m3", "e4m3", "fp32", "k", "k"), promote_k=0)
+    arch = "sm_90a" if _sm90() else "sm_100a"
+    cfg = policy_for(arch, sms).choose_dense(GemmProblem(m, n, k, 1, "e4m3", "e4m3", "fp32", "k", "k"), promote_k=0)
     y32 = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, activation="swiglu", out_dtype=torch.float32, config=cfg)
     check_quantized(q, quantize_ref(y32, "mxfp8"), "mxfp8")
 
 
 def test_fp8_bad_inputs_and_determinism():
-    if not _sm90():
-        pytest.skip("dense FP8 is an sm_90a kernel so far")
+    if not _fp8_gpu():
+        pytest.skip("FP8 row-wise runs on sm_90a / sm_100a")
     a, b = _operands(128, 128, 128)
     with pytest.raises(TypeError, match="float32"):
         cutegemm.gemm(a, b, scale_a=torch.ones(128, 1, device="cuda", dtype=BF16))
@@ -162,7 +169,7 @@ def test_fp8_fast_accum_matches_torch_fast_accum_error(m, n, k):
     """fast_accum=True (no promotion) against torch._scaled_mm(use_fast_accum=True); the default
     (promoted) stays within 2x torch's default even at K = 8192."""
     if not _sm90():
-        pytest.skip("dense FP8 is an sm_90a kernel so far")
+        pytest.skip("an sm_90a FP8 option (promotion, fast accumulation, warpgroup order)")
     a, b = _operands(m, n, k, seed=k)
     sa, sb = _scales("row", m, n)
     ref = _reference(a, b, sa, sb)
@@ -179,7 +186,7 @@ def test_fp8_wg_order_is_bitwise_equal(m, n, k):
     """config.wg_order (the consumer warpgroups take turns per K tile) changes the issue order
     only: bitwise equal to the same tile without it, and within torch's error."""
     if not _sm90():
-        pytest.skip("dense FP8 is an sm_90a kernel so far")
+        pytest.skip("an sm_90a FP8 option (promotion, fast accumulation, warpgroup order)")
     a, b = _operands(m, n, k, seed=m + k)
     sa, sb = _scales("row", m, n, seed=n)
     cfg = GemmConfig(arch="sm_90a", a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k", tile_m=128,
@@ -200,7 +207,7 @@ def test_fp8_fp32_out_promote_k(m, n, k):
     test_scaled_mm_vs_emulated_row_wise) than 128 K ones and have a smaller mean error; all within
     2x torch._scaled_mm's fp32-output error; nothing written outside the output."""
     if not _sm90():
-        pytest.skip("dense FP8 is an sm_90a kernel so far")
+        pytest.skip("an sm_90a FP8 option (promotion, fast accumulation, warpgroup order)")
     g = torch.Generator(device="cuda").manual_seed(m + n)
     x, y = torch.randn(m, k, generator=g, device="cuda"), torch.randn(n, k, generator=g, device="cuda")
     xs = 448.0 / x.abs().amax(dim=1, keepdim=True)
