@@ -37,6 +37,7 @@ FLOORS = {
     "cutegemm.integrations": 7,
     "cutegemm.parallel": 7,
     "cutegemm.compile_check": 7,
+    "cutegemm.variants": 7,
     "cutegemm.bench": 8,
     "cutegemm.__main__": 9,
     "cutegemm": 9,

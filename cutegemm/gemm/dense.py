@@ -418,11 +418,9 @@ def gemm(
     or one element), as ``torch._scaled_mm``: ``out = (a @ b) * scale_a * scale_b`` then the
     epilogue above. Both operands are read K-major (a row-major, b column-major, e.g.
     ``w.t()`` of an (N, K) weight); other layouts are copied first. Scales may be omitted (1).
-    The WGMMA partial sums are promoted into fp32 every 128 K (as torch._scaled_mm's default);
+    sm_90a promotes the WGMMA partial sums into fp32 every 128 K (torch._scaled_mm's default);
     ``fast_accum=True`` keeps them in the tensor core (faster, error grows with K, as torch's
-    ``use_fast_accum=True``). sm_100a: the tcgen05 MMA accumulates into its fp32 TMEM accumulator
-    with no promotion step (its accumulation precision is not measured here); ``fast_accum`` is
-    accepted and changes nothing there.
+    ``use_fast_accum=True``). sm_100a has no promotion step (``fast_accum`` changes nothing).
 
     FP8 block scaling (DeepSeek-V3, sm_90a): a (M, K), b (K, N) e4m3 (2-D; b typically ``w.t()``
     of an (N, K) weight) with fp32 ``scale_a`` of shape (M, ceil(K/128)) (one per row per
