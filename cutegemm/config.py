@@ -327,8 +327,7 @@ def config_errors(cfg: GemmConfig) -> list[str]:
     if cfg.fast_accum and (cfg.a_dtype != "e4m3" or cfg.arch != "sm_90a"):
         err.append("fast_accum is an sm_90a FP8 (e4m3) option (the sm_100a policy drops it: no promotion there)")
     if cfg.promote_k and (cfg.promote_k not in (32, 64) or cfg.a_dtype != "e4m3" or cfg.fast_accum or cfg.fp8_blockwise
-                          or cfg.arch != "sm_90a"
-                          or cfg.fp8_mx or cfg.wg_order or cfg.swap_ab or cfg.kgrouped or cfg.pingpong
+                          or cfg.arch != "sm_90a" or cfg.fp8_mx or cfg.wg_order or cfg.swap_ab or cfg.kgrouped or cfg.pingpong
                           or cfg.tile_n not in (64, 128, 192)):  # fmt: skip
         err.append("promote_k (32 or 64): sm_90a FP8 with promotion, cooperative, tile_n 64 / 128 / 192; not "
                    "fast_accum, fp8_blockwise, fp8_mx, wg_order, swap_ab or K-grouped")  # fmt: skip
@@ -477,10 +476,13 @@ def _fp8_scaled_mainloop_errors(cfg: GemmConfig, what: str) -> list[str]:
 
 
 def kgrouped_errors(cfg: GemmConfig) -> list[str]:
-    """Rules of the K-grouped kernel (sm_90a): bf16 / fp16, cooperative or pingpong (a
-    warpgroup skips the other's tile by that tile's own K-tile count), alpha as the only
-    epilogue op."""
-    return _alpha_only_errors(cfg, "kgrouped (K-grouped weight-gradient form)", cfg.grouped or cfg.listed)
+    """K-grouped: bf16 / fp16, alpha only; sm_100a runs the list-form kernel on a table written
+    from offs (an expert's M-major A / N-major B start 16-byte aligned; 1x1, 1-CTA, static)."""
+    err = _alpha_only_errors(cfg, what := "kgrouped (K-grouped form)", cfg.grouped or cfg.listed, ("sm_90a", "sm_100a"))
+    if cfg.arch == "sm_100a" and (cfg.a_major + cfg.b_major != "mn" or cfg.cluster_m * cfg.cluster_n > 1 or cfg.two_cta
+                                  or cfg.scheduler != "static"):  # fmt: skip
+        err.append(f"{what} on sm_100a: M-major A, N-major B, cluster 1x1, 1-CTA, the static scheduler")
+    return err
 
 
 def listed_errors(cfg: GemmConfig) -> list[str]:

@@ -43,9 +43,9 @@ None, "relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu". out_dtype defaults
   ``torch.where(torch.arange(T, device=d)[:, None] < offs[-1], y, 0)``. Graph-capturable on
   CUDA (no host sync), including replay with new offs contents.
 - K-grouped: a (M, T), b (T, N), offs (E,) splitting T -> (E, M, N); an expert with no rows gets
-  zeros. On sm_90a one kernel launch that reads offs on the device (graph-capturable); elsewhere
-  offs read on the host, then one list-form call (or one GEMM per expert where the list form
-  does not take the slices; see :mod:`cutegemm.grouped.k_grouped`).
+  zeros. Offs read on the device (graph-capturable): sm_90a one kernel launch; sm_100a, a
+  M-major and b N-major (the weight gradient's layouts), the list-form kernel on a table written
+  from offs. Otherwise offs read on the host (see :mod:`cutegemm.grouped.k_grouped`).
 
 Autograd (``Y = act(Z)``, ``Z = alpha * a @ b + bias``):
 - gemm: ``dZ = dY * act'(Z)`` with Z recomputed in fp32 (fp64 for fp64 operands) by this same
@@ -58,7 +58,7 @@ Autograd (``Y = act(Z)``, ``Z = alpha * a @ b + bias``):
   offs[-1] set to ZERO (those output rows do not depend on a; their dY is ignored, never read),
   ``db = grouped_gemm(a^T, dZ, offs)`` (K-grouped form, (E, K, N)); an expert with no rows gets
   a zero db[e]. With an activation, dZ = dY * act'(Z) with Z recomputed by this op in fp32 (as
-  for gemm). Graph-capturable where the K-grouped form is (sm_90a).
+  for gemm). Graph-capturable where the K-grouped form is (sm_90a; sm_100a compiled only).
 - K-grouped grouped_gemm: ``da^T = grouped_gemm(b, dY^T, offs)`` and ``db = grouped_gemm(a^T, dY,
   offs)``, both packed; columns/rows of T past offs[-1] get zero gradient.
 - offs, alpha, out_dtype, activation: no gradient.
@@ -69,8 +69,8 @@ CUDA graphs (``torch.cuda.graph``; tests/gpu/test_ops_gpu.py): the forward of ``
 packed ``grouped_gemm`` (alone or inside a model, e.g. an MoE block) can be captured and replayed
 with new input contents and new offs contents (same shapes). Call each signature once eagerly
 before capturing (on a side stream, as torch recommends): the first call compiles or loads the
-kernel. The K-grouped form (and so the packed form's backward) is capturable on sm_90a only
-(elsewhere it reads offs on the host).
+kernel. The K-grouped form (and so the packed form's backward) is capturable where it reads offs
+on the device (see above).
 With autotuning on (:mod:`cutegemm.tuning`) a signature is never tuned during a capture.
 """
 

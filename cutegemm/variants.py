@@ -171,9 +171,11 @@ def kgrouped_variants(arch: str) -> list[GemmConfig]:
     """The K-grouped kernel (sm_90a; the MoE weight gradient, dW_e = x_e^T dy_e): the policy's
     128x256 2x1 with a column-major A (x.t()), 1x2 with a row-major A, 128x128 with the
     dynamic scheduler, an fp32 output and alpha, and two pingpong tiles."""
-    if arch != "sm_90a":
-        return []
     kg = dict(arch=arch, form=Form.KGROUPED, b_major="n")
+    if arch == "sm_100a":  # the list-form kernel on a table written from offs
+        kg.update(a_major="m", raster="m", group=1)
+        return [GemmConfig(**kg, tile_m=128, tile_n=256), GemmConfig(**kg, tile_m=128, tile_n=128, out_dtype="fp32",
+                                                                  epilogue=EpilogueSpec(alpha=True))]
     return [
         GemmConfig(**kg, a_major="m", tile_m=128, tile_n=256, cluster_m=2, raster="n", group=8),
         GemmConfig(**kg, a_major="k", tile_m=128, tile_n=256, cluster_n=2),

@@ -136,9 +136,12 @@ def dense_fake_args(cfg: GemmConfig, offs=None):
 
 def _fake_workspace(cfg: GemmConfig):
     """Scheduler "dynamic": the (1,) int32 tile counter (the last kernel argument); split K: the
-    int32 counters and slots of ``gemm.sm90.split`` (not with ``split_cluster``); else None."""
+    int32 counters and slots of ``gemm.sm90.split`` (not with ``split_cluster``); sm_100a
+    K-grouped: the group table; else None."""
     if cfg.split_k > 1 and not cfg.split_cluster:
         return make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=16)
+    if cfg.kgrouped and cfg.arch == "sm_100a":  # the list-form group table the kernel writes from offs
+        return fake_list_table()
     if cfg.scheduler != "dynamic":
         return None
     return make_fake_tensor(cutlass.Int32, (1,), (1,), assumed_align=4)

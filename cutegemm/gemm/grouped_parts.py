@@ -40,13 +40,19 @@ from ..schedulers.grouped import (
     LIST_FIELDS,
     LIST_K,
     LIST_LD_A,
+    LIST_LD_B,
+    LIST_LD_C,
     LIST_M,
     LIST_N,
     LIST_PTR_A,
+    LIST_PTR_B,
+    LIST_PTR_C,
+    LIST_TILE,
     GroupedScheduler,
     ListScheduler,
     fill_list_tile_starts,
     fill_tile_starts,
+    group_range,
 )
 
 __all__ = [
@@ -60,6 +66,7 @@ __all__ = [
     "offset_k_tiles",
     "grouped_out_tile",
     "list_descriptor",
+    "launch_kgrouped_table",
     "launch_list_descriptors",
     "list_descriptors_kernel",
     "list_groups",
@@ -282,3 +289,55 @@ def list_descriptors_kernel(
             cpasync.update_tma_descriptor(atoms[which], t, ptr)
             cute.arch.sync_warp()
             cpasync.fence_tma_desc_release()
+
+
+def launch_kgrouped_table(mOffs: cute.Tensor, mTable: cute.Tensor, mA: cute.Tensor, mB: cute.Tensor,
+                          mC: cute.Tensor, tile_mn, stream):  # fmt: skip
+    """The K-grouped form on the list-form kernel (sm_100a), in the host ``__call__`` before the
+    descriptor prep kernel: :func:`kgrouped_table_kernel`, one CTA per expert, writes the list
+    form's group table from offs on the device (no host sync: graph-capturable)."""
+    kgrouped_table_kernel(mOffs, mTable, mA, mB, mC, tile_mn).launch(
+        grid=(mOffs.shape[0], 1, 1), block=[128, 1, 1], stream=stream
+    )
+
+
+@cute.kernel
+def kgrouped_table_kernel(mOffs: cute.Tensor, mTable: cute.Tensor, mA: cute.Tensor, mB: cute.Tensor,
+                          mC: cute.Tensor, tile_mn: cutlass.Constexpr):  # fmt: skip
+    """Grid (E, 1, 1): CTA e writes expert e's row of the group table (``schedulers.grouped``'s
+    LIST_* fields) for the K-grouped form out[e] = A[:, k_e] @ B[k_e, :]. A is (M, K, 1) M-major
+    and B (N, K, 1) N-major, so an expert's operands start at its first K row (k_start times the
+    leading dimension: 16-byte aligned when the leading dimensions are). C is (M, N, E). The
+    expert's K slice is clamped as the grouped forms clamp offs (``group_range``); an empty one
+    owns no tiles and its CTA writes zeros into out[e]. Tile starts count the tiles of the
+    non-empty experts before it; the last CTA writes the total row."""
+    e, _, _ = cute.arch.block_idx()
+    tidx, _, _ = cute.arch.thread_idx()
+    num_e = mOffs.shape[0]
+    total_k, m, n = mA.shape[1], mC.shape[0], mC.shape[1]
+    k_start, k_end = group_range(mOffs, e, total_k)
+    tiles = ((m + tile_mn[0] - 1) // tile_mn[0]) * ((n + tile_mn[1] - 1) // tile_mn[1])
+    if tidx == 0:
+        before = cutlass.Int32(0)
+        for j in range(e):
+            s, t = group_range(mOffs, j, total_k)
+            before += cutlass.select_(t > s, 1, 0)
+        lda, ldb = cutlass.Int64(mA.layout.stride[1]), cutlass.Int64(mB.layout.stride[1])
+        row = e * LIST_FIELDS
+        mTable[row + LIST_PTR_A] = mA.iterator.toint() + cutlass.Int64(k_start) * lda * (mA.element_type.width // 8)
+        mTable[row + LIST_PTR_B] = mB.iterator.toint() + cutlass.Int64(k_start) * ldb * (mB.element_type.width // 8)
+        mTable[row + LIST_PTR_C] = mC.iterator.toint() + cutlass.Int64(e) * cutlass.Int64(mC.layout.stride[2]) * (
+            mC.element_type.width // 8
+        )
+        mTable[row + LIST_M] = cutlass.Int64(m)
+        mTable[row + LIST_N] = cutlass.Int64(n)
+        mTable[row + LIST_K] = cutlass.Int64(k_end - k_start)
+        mTable[row + LIST_LD_A] = lda
+        mTable[row + LIST_LD_B] = ldb
+        mTable[row + LIST_LD_C] = cutlass.Int64(mC.layout.stride[0])
+        mTable[row + LIST_TILE] = cutlass.Int64(before * tiles)
+        if e == num_e - 1:  # the total row: the tile count after the last group
+            mTable[num_e * LIST_FIELDS + LIST_TILE] = cutlass.Int64((before + cutlass.select_(k_end > k_start, 1, 0)) * tiles)
+    if k_end <= k_start:
+        for i in range(tidx, m * n, 128):
+            mC[(i // n, i % n, e)] = mC.element_type(0)

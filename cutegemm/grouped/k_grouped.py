@@ -3,16 +3,19 @@
 K (an expert with an empty slice gets zeros). :func:`cutegemm.grouped.packed.grouped_gemm` checks the
 arguments and calls :func:`grouped_k`.
 
-Launch path: sm_90a, bf16 / fp16: one launch of the K-grouped kernel (``GemmConfig.kgrouped``,
-compiled in the dense kernel cache; :func:`kgrouped_config` picks its tile): tile (m, n, expert)
-reads the expert's K range from offs on the device, so there is no host sync and the call is
-CUDA-graph capturable. :func:`_kgrouped_launch` builds its plan (config, kernel views, workspace)
-once per call signature. Elsewhere (sm_100a), or for an out the kernel cannot store: offs read on
-the host (not capturable), then the experts' K slices as one call of the list form (its kernel
-and a descriptor prep kernel: two launches) where it takes them (bf16 / fp16, slices TMA reads in
-place: the MoE weight gradient's x^T and dY slices are), else one dense GEMM per expert (the
-dense path stages a K slice that breaks TMA's 16-byte rule, like any operand). Bad offs are clamped as in the packed form
-(``schedulers.grouped.expert_rows``).
+Launch path, bf16 / fp16 (``GemmConfig.kgrouped``, compiled in the dense kernel cache;
+:func:`kgrouped_config` picks its tile; :func:`_kgrouped_launch` builds its plan once per call
+signature). No host sync: CUDA-graph capturable.
+- sm_90a: one launch of the K-grouped kernel: tile (m, n, expert) reads the expert's K range
+  from offs on the device.
+- sm_100a (compiled only), a M-major (the weight gradient's x.t()) and b N-major: three launches
+  of the list-form machinery: a table kernel writes each expert's row of the group table from
+  offs (its operands' addresses at its first K row, its K, its tile start; an empty expert gets
+  no tiles and zeros), the descriptor prep kernel, the list-form GEMM.
+Elsewhere, or other layouts: offs read on the host (not capturable), then the experts' K slices
+as one call of the list form where it reads them in place, else one dense GEMM per expert (the
+dense path stages a K slice that breaks TMA's 16-byte rule, like any operand). Bad offs are
+clamped as in the packed form (``schedulers.grouped.expert_rows``).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from ..epilogue import EpilogueSpec
 from ..gemm.args import KernelArgs
 from ..gemm.dense import gemm
 from ..gemm.fp8_scales import check_fp32_scale
-from ..gemm.grouped_parts import GROUPED_MAX_GROUPS
+from ..gemm.grouped_parts import DESC_BYTES, GROUPED_MAX_GROUPS
 from ..gemm.launch import (
     DENSE_CACHE,
     INPUT_TO_NAME,
@@ -43,7 +46,7 @@ from ..gemm.launch import (
 )
 from ..policy import policy_for
 from ..runtime.device import device_info, max_clusters_for
-from ..schedulers.grouped import expert_rows
+from ..schedulers.grouped import LIST_FIELDS, expert_rows
 from .list_form import list_launch
 
 
@@ -163,6 +166,10 @@ def kgrouped_config(arch: str, num_sms: int, m: int, n: int, k_mean: int, e: int
     warpgroup's epilogue runs under the other's mainloop. H200, same run:
     pingpong 128x128 2x1 against cooperative 128x256 2x1 +2.7% on
     DeepSeek-V3 dW up (512 K per expert), +3.3% dW down, +1.1% Qwen3 (128), -5.4% Mixtral (4096)."""
+    if arch == "sm_100a":  # the list-form kernel on a table written from offs (config.kgrouped_errors)
+        return GemmConfig(arch=arch, form=Form.KGROUPED, a_dtype=dtype, b_dtype=dtype, out_dtype=out_dtype,
+                          a_major=a_major, b_major=b_major, tile_m=128, tile_n=256 if n >= 256 else 128, raster="m",
+                          group=1, epilogue=EpilogueSpec(alpha=alpha))  # fmt: skip
     problem = GemmProblem(m, n, max(k_mean, 1), e, dtype, dtype, out_dtype, a_major, b_major)
     # (promote_k 0: its K-edge zeroing is in the plain mainloop; the form given, so the policy keeps
     # to the tiles the K-grouped kernel takes)
@@ -196,9 +203,18 @@ def _kgrouped_launch(a, b, offs, out, alpha, config) -> bool:
         a, b = aligned_operand(a.unsqueeze(0)), aligned_operand(b.unsqueeze(0))
     fn(*KernelArgs(
         a.as_strided(*va), b.as_strided(*vb), out.as_strided(*vc), alpha=float(alpha), max_clusters=max_clusters,
-        offs=offs if offs.is_contiguous() else offs.contiguous(), workspace=reset_workspace(workspace),
+        offs=offs if offs.is_contiguous() else offs.contiguous(), workspace=_launch_workspace(workspace, out.device),
     ))  # fmt: skip
     return True
+
+
+def _launch_workspace(workspace, device):
+    """A launch's workspace: the plan's (:func:`reset_workspace`), or on sm_100a a new group table
+    of ``workspace`` int64 words, which the kernel writes from offs (one per launch: launches on
+    two streams never share one)."""
+    if isinstance(workspace, int):
+        return torch.empty(workspace, dtype=torch.int64, device=device)
+    return reset_workspace(workspace)
 
 
 class KGroupedWarm:
@@ -233,7 +249,7 @@ def kgrouped_warm(a, b, out, res, alpha, config) -> KGroupedWarm | None:
     key = (a.shape, a.stride(), a.data_ptr() % TMA_ALIGN_BYTES, b.shape, b.stride(), b.data_ptr() % TMA_ALIGN_BYTES,
            res.shape, res.stride(), res.dtype, a.dtype, a.device, alpha != 1.0, config)  # fmt: skip
     plan = _KG_PLANS.get(key)
-    if not plan or plan[2]:  # no kernel launch, or the operands are copied per call
+    if not plan or plan[2] or isinstance(plan[4], int):  # no launch, operands copied per call, or a table per call
         return None
     w = KGroupedWarm()
     w.fn, w.views, _, w.max_clusters, w.workspace = plan
@@ -247,7 +263,9 @@ def _kgrouped_plan(a, b, out, alpha, config):
     workspace) for :func:`_kgrouped_launch`, or False where the kernel does not apply."""
     dev = a.device
     arch, num_sms = device_info(dev.index if dev.index is not None else torch.cuda.current_device())
-    if arch != "sm_90a" or (out.stride(2) != 1 and out.shape[2] != 1):
+    if arch not in ("sm_90a", "sm_100a") or (out.stride(2) != 1 and out.shape[2] != 1):
+        return False
+    if arch == "sm_100a" and out.shape[0] > GROUPED_MAX_GROUPS:
         return False
     (M, K), E, N = a.shape, out.shape[0], b.shape[1]
     a3, b3 = aligned_operand(a.unsqueeze(0)), aligned_operand(b.unsqueeze(0))
@@ -268,4 +286,7 @@ def _kgrouped_plan(a, b, out, alpha, config):
             raise ValueError(f"cannot run {cfg.name}: {why or 'operand majors differ from the config'}")
         return False
     copy = a3.data_ptr() != a.data_ptr() or b3.data_ptr() != b.data_ptr()
-    return DENSE_CACHE.get(cfg), views, copy, max_clusters_for(cfg, dev, num_sms), new_workspace(cfg, dev)
+    workspace = new_workspace(cfg, dev)
+    if arch == "sm_100a":  # the list form's group table: a row per expert and one, then 3 descriptors each
+        workspace = (E + 1) * LIST_FIELDS + E * 3 * DESC_BYTES // 8
+    return DENSE_CACHE.get(cfg), views, copy, max_clusters_for(cfg, dev, num_sms), workspace

@@ -84,8 +84,9 @@ def test_two_cta_clusters_cover_every_m_tile_once(counts, tile_m, n_tiles):
 
 
 def test_kgrouped_config_rules_and_policy():
-    """The K-grouped kernel's config: sm_90a bf16 / fp16, alpha only; the policy's
-    choice (kgrouped_config) always satisfies the rules, whatever the operand majors."""
+    """The K-grouped kernel's config: bf16 / fp16, alpha only (sm_100a: M-major a, N-major b,
+    1x1, static); the policy's choice (kgrouped_config) satisfies the rules on sm_90a whatever the
+    operand majors, on sm_100a for the weight gradient's majors (others take the host route)."""
     from dataclasses import replace
 
     from cutegemm.config import GemmConfig, config_errors
@@ -95,8 +96,13 @@ def test_kgrouped_config_rules_and_policy():
     ok = GemmConfig(arch="sm_90a", form=Form.KGROUPED, a_major="m")
     assert config_errors(ok) == [] and ok.name.startswith("kgrouped_")
     assert config_errors(replace(ok, pingpong=True, tile_m=64)) == []  # skips by each tile's own K count
+    ok100 = replace(ok, arch="sm_100a", b_major="n", raster="m", group=1)  # the list-form kernel on a device table
+    assert config_errors(ok100) == []
     bad = {
-        "arch": replace(ok, arch="sm_100a"),
+        "sm_100a K-major b": replace(ok100, b_major="k"),
+        "sm_100a K-major a": replace(ok100, a_major="k"),
+        "sm_100a cluster": replace(ok100, cluster_n=2),
+        "sm_100a dynamic": replace(ok100, scheduler="dynamic"),
         "fp8": replace(ok, a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k"),
         "bias": replace(ok, epilogue=EpilogueSpec(bias=True)),
         "clc": replace(ok, scheduler="clc"),
@@ -109,6 +115,9 @@ def test_kgrouped_config_rules_and_policy():
             assert cfg.kgrouped and cfg.epilogue.alpha
             assert cfg.pingpong == (k <= 1024 and cfg.tile_m == 128 and cfg.tile_n == 128), cfg.name
             assert config_errors(cfg) == [], (m, n, k, e, am, bm, config_errors(cfg))
+            cfg = kgrouped_config("sm_100a", 148, m, n, k, e, "bf16", "fp32", am, bm, True)
+            assert cfg.kgrouped and cfg.epilogue.alpha and cfg.arch == "sm_100a"
+            assert (config_errors(cfg) == []) == (am + bm == "mn"), (cfg.name, config_errors(cfg))
 
 
 @settings(max_examples=300, deadline=None)

@@ -249,9 +249,10 @@ def test_list_plans_are_bounded():
 
 
 def test_kgrouped_without_its_kernel_runs_as_one_list_call():
-    """The K-grouped form where its kernel does not run (sm_100a): offs read on the host, then the
-    experts' K slices as one list-form call writing out[e] in place (the table's rows point at
-    the slices of x^T and dY and at out[e]); an empty slice gets zeros and no tiles."""
+    """The K-grouped form where its kernel does not take the call (sm_100a with a K-major a):
+    offs read on the host, then the experts' K slices as one list-form call writing out[e] in
+    place (the table's rows point at the slices of a and dY and at out[e]); an empty slice gets
+    zeros and no tiles."""
     import torch
 
     import cutegemm
@@ -265,18 +266,61 @@ def test_kgrouped_without_its_kernel_runs_as_one_list_call():
             mp.setattr(mod, "device_info", lambda index: ("sm_100a", 148))
         for mod in (packed, k_grouped):
             mp.setattr(mod, "check_operand", lambda name, t, dims=(2, 3): None)  # CPU tensors stand in
-        x, dy = torch.randn(40, 64).bfloat16(), torch.randn(40, 32).bfloat16()
-        offs = torch.tensor([10, 10, 25, 40], dtype=torch.int32)
-        out = cutegemm.grouped_gemm(x.t(), dy, offs=offs)
+        mp.setattr(k_grouped, "_KG_PLANS", {})
+        a, dy = torch.randn(64, 40).bfloat16(), torch.randn(40, 32).bfloat16()  # a K-major: slices at 16-byte steps
+        offs = torch.tensor([8, 8, 24, 40], dtype=torch.int32)
+        out = cutegemm.grouped_gemm(a, dy, offs=offs)
         assert len(rec.calls) == 1 and out.shape == (4, 64, 32)
         assert (out[1] == 0).all()
         table, fields = _table(rec.calls[0]), list_form.LIST_FIELDS
-        starts = [0, 10, 10, 25]
+        starts = [0, 8, 8, 24]
         for g, (s, e) in enumerate(zip(starts, offs.tolist(), strict=True)):
             row = table[g * fields : (g + 1) * fields]
             assert row[2] == out[g].data_ptr()
             assert row[3:6] == [64, 32, e - s]  # M, N, the expert's K
             if e > s:
-                assert row[:2] == [x.data_ptr() + 2 * 64 * s, dy.data_ptr() + 2 * 32 * s]
+                assert row[:2] == [a.data_ptr() + 2 * s, dy.data_ptr() + 2 * 32 * s]
     finally:
         mp.undo()
+
+
+def test_kgrouped_sm100_route_writes_its_table_on_the_device():
+    """sm_100a with the weight gradient's layouts (a = x.t() M-major, b = dY N-major): one launch
+    of the K-grouped config (the list-form kernel on a table its own table kernel writes from
+    offs: offs never read on the host) with a fresh int64 table of (E + 1) rows and 3
+    descriptors per expert as its workspace, every call; the emulated kernel's result equals the
+    twin's, the empty expert's zeros included."""
+    import torch
+
+    import cutegemm
+    from cutegemm.grouped import k_grouped
+
+    from ..emulated_kernel import emulated_kernels
+
+    x, dy = torch.randn(40, 64).bfloat16(), torch.randn(40, 32).bfloat16()
+    offs = torch.tensor([10, 10, 25, 40], dtype=torch.int32)
+    tables = []
+    make_table = k_grouped._launch_workspace
+
+    def record(workspace, device):
+        tables.append(make_table(workspace, device))
+        return tables[-1]
+
+    with emulated_kernels() as cache:
+        saved = k_grouped.device_info, k_grouped._KG_PLANS, k_grouped._launch_workspace
+        k_grouped.device_info, k_grouped._KG_PLANS = (lambda index: ("sm_100a", 148)), {}
+        k_grouped._launch_workspace = record
+        try:
+            outs = [cutegemm.grouped_gemm(x.t(), dy, offs=offs) for _ in range(2)]
+        finally:
+            k_grouped.device_info, k_grouped._KG_PLANS, k_grouped._launch_workspace = saved
+        cfg = cache.kernels[-1].cfg
+        assert cfg.kgrouped and cfg.arch == "sm_100a" and (cfg.a_major, cfg.b_major) == ("m", "n")
+        assert len(cache.kernels) == 1 and cache.kernels[0].calls == 2
+    fields = 16  # schedulers.grouped.LIST_FIELDS
+    assert [(t.dtype, t.numel()) for t in tables] == [(torch.int64, 5 * fields + 4 * 3 * fields)] * 2
+    assert tables[0] is not tables[1]  # a table per launch
+    ref = cutegemm.grouped_gemm_ref(x.t(), dy, offs=offs)
+    for out in outs:
+        torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+        assert (out[1] == 0).all()

@@ -88,6 +88,7 @@ from ..base import GemmBase
 from ..grouped_parts import (
     fill_tile_starts,
     from_row,
+    launch_kgrouped_table,
     list_roles,
     list_tile_table,
     make_grouped_scheduler,
@@ -126,6 +127,9 @@ class GemmSm100(GemmBase):
         epi = config.epilogue
         # GEMM columns per stored output element: 2 per gated pair, 2 per packed FP4 byte.
         self.out_div = epi.cols_per_output * (quant_storage(epi.quant)[1] if epi.quant else 1)
+        # The list form's machinery (a group table, per-group descriptors, the list scheduler) also
+        # runs the K-grouped form here: its table is written from offs on the device.
+        self.list_like = config.listed or config.kgrouped
         self.use_2cta = config.two_cta
         self.cta_per_mma = 2 if config.two_cta else 1
         self.cta_group = tcgen05.CtaGroup.TWO if config.two_cta else tcgen05.CtaGroup.ONE
@@ -224,7 +228,7 @@ class GemmSm100(GemmBase):
             self.tx_sf_bytes = sf_bytes  # per CTA and stage (compile-check's transaction-byte rule)
         c_one = sm100_utils.make_smem_layout_epi(self.c_dtype, c_layout, self.epi_tile_out, 1)
         c_bytes = cute.size_in_bytes(self.c_dtype, c_one)
-        budget = SMEM_CAPACITY_SM100 - MBAR_BYTES - tile_table_bytes(cfg.grouped or cfg.listed) - self.min_epi_stage * c_bytes
+        budget = SMEM_CAPACITY_SM100 - MBAR_BYTES - tile_table_bytes(cfg.grouped or self.list_like) - self.min_epi_stage * c_bytes
         self.ab_stage = cfg.stages or budget // ab_bytes
         if self.ab_stage < 2 or self.ab_stage * ab_bytes > budget:
             raise ValueError(
@@ -262,7 +266,7 @@ class GemmSm100(GemmBase):
             "acc_mbar": MemRange[cutlass.Int64, self.acc_stage * 2],
             "tmem_dealloc_mbar": cutlass.Int64,
             "tmem_ptr": cutlass.Int32,
-            "tile_start": MemRange[cutlass.Int32, tile_table_len(cfg.grouped or cfg.listed)],
+            "tile_start": MemRange[cutlass.Int32, tile_table_len(cfg.grouped or self.list_like)],
             "sA": Align[MemRange[self.a_smem_dtype, cute.cosize(self.a_smem_layout_staged)], 1024],
             "sB": Align[MemRange[self.b_smem_dtype, cute.cosize(self.b_smem_layout_staged)], 1024],
             "sC": Align[MemRange[self.c_dtype, cute.cosize(self.epi_smem_layout_staged)], 1024],
@@ -341,7 +345,10 @@ class GemmSm100(GemmBase):
 
         self.shared_storage = self._shared_storage()
         self.check_smem_size(self.shared_storage.size_in_bytes(), SMEM_CAPACITY_SM100)
-        if cutlass.const_expr(cfg.listed):  # mOffs is the group table: each group's descriptors first
+        if cutlass.const_expr(cfg.kgrouped):  # the group table (the workspace) from offs, on the device
+            launch_kgrouped_table(mOffs, mWorkspace, mA, mB, mC, (cfg.tile_m, cfg.tile_n), stream)
+            mOffs = mWorkspace
+        if cutlass.const_expr(self.list_like):  # mOffs is the group table: each group's descriptors first
             self.launch_list_prep((tma_atom_a, tma_atom_b, tma_atom_c), mOffs, stream)
         self.kernel(
             tma_atom_a,
@@ -561,7 +568,7 @@ class GemmSm100(GemmBase):
             )
             if warp_idx == 0:
                 fill_tile_starts(tile_start, mOffs, packed_rows, cfg.tile_m, n_cluster_tiles, cute.arch.lane_idx())
-        elif cutlass.const_expr(cfg.listed):
+        elif cutlass.const_expr(self.list_like):
             # List form: mOffs is the group table (``gemm.grouped_parts.list_tile_table``).
             tile_start, num_groups = list_tile_table(storage.tile_start, mOffs, warp_idx)
         else:
@@ -605,8 +612,8 @@ class GemmSm100(GemmBase):
             c_tiles = self.epi.grouped_c_tiles(mC_mnl, mC_gmem, mB_nkl, thr_mma, sC, epi_tile, tma_atom_c)
 
         k_tiles, load_descs, out_desc = k_tile_cnt, None, None
-        if cutlass.const_expr(cfg.listed):
-            # The host gives K = 0 groups no tiles (an MMA-less tile would store an unwritten
+        if cutlass.const_expr(self.list_like):
+            # The host (K-grouped: the table kernel) gives K = 0 groups no tiles (an MMA-less tile would store an unwritten
             # accumulator).
             sched = make_list_scheduler(tile_start, mOffs, num_groups, cfg.tile_m)
             k_tiles, load_descs, out_desc = list_roles(mOffs, num_groups, self.mma_tiler[2])
