@@ -379,8 +379,7 @@ class GemmSm100(GemmBase):
             self.epi_tile,
             *sf_args,
         ).launch(
-            grid=self.grid(self.acc_space(mC, mB), self.cta_tile_mn, max_clusters, mOffs,
-                           mAIdx.shape[0] if cutlass.const_expr(cfg.gather_a) else mA.shape[0]),
+            grid=self.grid(self.acc_space(mC, mB), self.cta_tile_mn, max_clusters, mOffs, tma_tensor_a.shape[0]),
             block=[self.threads_per_cta, 1, 1],
             cluster=(*self.cluster_shape_mn, 1),
             min_blocks_per_mp=1,
@@ -562,12 +561,11 @@ class GemmSm100(GemmBase):
         cfg = self.config
         if cutlass.const_expr(cfg.grouped):
             # The tile map lives in shared memory, built by warp 0 from offs (no host sync).
-            packed_rows = mIdx.shape[0] if cutlass.const_expr(cfg.gather_a) else mA_mkl.shape[0]
             tile_start, n_cluster_tiles = tile_table(
                 storage.tile_start, self.acc_space(mC_mnl, mB_nkl).shape[1], cfg.tile_n, cfg.cluster_n
             )
             if warp_idx == 0:
-                fill_tile_starts(tile_start, mOffs, packed_rows, cfg.tile_m, n_cluster_tiles, cute.arch.lane_idx())
+                fill_tile_starts(tile_start, mOffs, mA_mkl.shape[0], cfg.tile_m, n_cluster_tiles, cute.arch.lane_idx())
         elif cutlass.const_expr(self.list_like):
             # List form: mOffs is the group table (``gemm.grouped_parts.list_tile_table``).
             tile_start, num_groups = list_tile_table(storage.tile_start, mOffs, warp_idx)
@@ -590,7 +588,8 @@ class GemmSm100(GemmBase):
         a_tiles = tAgA
         c_tiles = None
         if cutlass.const_expr(cfg.grouped):
-            sched = make_grouped_scheduler(tile_start, mOffs, packed_rows, n_cluster_tiles, cfg)
+            # (gather_a: the TMA tensor's rows are the index's, the packed rows)
+            sched = make_grouped_scheduler(tile_start, mOffs, mA_mkl.shape[0], n_cluster_tiles, cfg)
             a_cta_layout = cute.make_layout(cute.slice_(cluster_layout_vmnk, (0, 0, None, 0)).shape)
 
             def a_tiles(tile):
