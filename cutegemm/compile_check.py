@@ -15,6 +15,7 @@ from .config import ELEMENT_BITS, GemmConfig
 from .epilogue import combine as combine_kernels
 from .epilogue import dispatch as dispatch_kernels
 from .epilogue import gated_grads as gated_kernels
+from .epilogue import zero_tail as zero_tail_kernels
 from .gemm.launch import build_dense, build_grouped
 from .runtime.sass import compile_to_sass, count_markers
 from .variants import all_variants
@@ -257,6 +258,11 @@ def dispatch_results(archs) -> list[CheckResult]:
     return family_results(archs, dispatch_kernels.all_configs, dispatch_kernels.check_variant)
 
 
+def zero_tail_results(archs) -> list[CheckResult]:
+    """The packed grouped backward's tail-zeroing kernel (cutegemm.epilogue.zero_tail)."""
+    return family_results(archs, zero_tail_kernels.all_configs, zero_tail_kernels.check_variant)
+
+
 def fp4_weight_results(archs) -> list[CheckResult]:
     """The FP4-weight (W4A16) kernels (cutegemm.blockscaled.weight_only.kernel), every variant."""
     return family_results(archs, weight_only.all_configs, weight_only.check_variant)
@@ -273,6 +279,7 @@ def main(archs) -> int:
     results += gated_results(archs)
     results += combine_results(archs)
     results += dispatch_results(archs)
+    results += zero_tail_results(archs)
     results += fp4_weight_results(archs)
     failed = [r for r in results if not r.ok]
     print(f"compile-check: {len(results) - len(failed)}/{len(results)} variants passed for {', '.join(archs)}")
