@@ -15,6 +15,7 @@ from .config import ELEMENT_BITS, GemmConfig
 from .epilogue import combine as combine_kernels
 from .epilogue import dispatch as dispatch_kernels
 from .epilogue import gated_grads as gated_kernels
+from .epilogue import routed_grads as routed_kernels
 from .epilogue import zero_tail as zero_tail_kernels
 from .gemm.launch import build_dense, build_grouped
 from .runtime.sass import compile_to_sass, count_markers
@@ -248,6 +249,11 @@ def gated_results(archs) -> list[CheckResult]:
     return family_results(archs, gated_kernels.all_configs, gated_kernels.check_variant)
 
 
+def routed_results(archs) -> list[CheckResult]:
+    """The routed MoE backward's one-pass swiglu / routing-weight kernel (cutegemm.epilogue.routed_grads)."""
+    return family_results(archs, routed_kernels.all_configs, routed_kernels.check_variant)
+
+
 def combine_results(archs) -> list[CheckResult]:
     """The MoE layer's one-pass row combines (cutegemm.epilogue.combine), every variant."""
     return family_results(archs, combine_kernels.all_configs, combine_kernels.check_variant)
@@ -277,6 +283,7 @@ def main(archs) -> int:
     results += quantize_results(archs)
     results += dequant_results(archs)
     results += gated_results(archs)
+    results += routed_results(archs)
     results += combine_results(archs)
     results += dispatch_results(archs)
     results += zero_tail_results(archs)

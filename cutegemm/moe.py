@@ -60,7 +60,7 @@ from torch.autograd.function import once_differentiable
 from . import ops
 from .api.face import grouped_gemm, grouped_gemm_ref
 from .epilogue import GATED
-from .ops import combine_rows, gated_grads, packed_zero_tail, sum_rows, zero_rows_past_end
+from .ops import combine_rows, gated_grads, packed_zero_tail, routed_gated_grads, sum_rows, zero_rows_past_end
 from .policy import gather_pays
 from .runtime.device import eager_cuda
 
@@ -421,24 +421,20 @@ class _RoutedExperts(torch.autograd.Function):
         dx = dw = dw1 = dw2 = None
         cd = _weights_dtype(x.dtype)
         wr = weights.reshape(-1).to(cd).index_select(0, order)  # (R,): each row's routing weight
-        ident = torch.arange(z.shape[0], dtype=torch.int32, device=z.device)
         # y_r = H_r W_down: dY_r = w_r dout[t_r] = w_r dY'_r, so dH_r = w_r dY'_r W_down^T = w_r dH'_r and
         # dw_r = <dout[t_r], y_r> = <dH'_r, H_r> (no y saved); dW_down = sum_r (w_r H_r)^T dY'_r.
-        # The row products and dots by the one-pass row kernel (ops.combine_rows with k = 1). Rows past
-        # offs[-1] hold unspecified values no GEMM and no gather of the pairs reads (inv: the zero row).
+        # w H, dZ and the dots in one row pass (ops.routed_gated_grads). Rows past offs[-1] hold
+        # unspecified values no GEMM and no gather of the pairs reads (inv: the zero row).
         dyp = dout.to(x.dtype).index_select(0, rows)  # (R, H): dY'
         dhp = grouped_mm(dyp, w_down.mT, offs)  # (R, I): dH'
-        h, _ = gated_grads(ctx.activation, None, z, ctx.gate_layout)
-        dh, dots = combine_rows(dhp, ident, wr, 1, h if need_w else None)  # w dH' (one rounding), <dH', H>
+        wh, dz, dots = routed_gated_grads(ctx.activation, dhp, z, wr, ctx.gate_layout)
         del dhp
-        _, dz = gated_grads(ctx.activation, dh, z, ctx.gate_layout, want_h=False)
-        del dh
         if need_w:
             dots = torch.cat((dots, dots.new_zeros(1)))  # row R: the pairs outside [0, E)
             dw = dots.index_select(0, inv).view(weights.shape).to(weights.dtype)
         if need_w2:
-            dw2 = _weight_grad(combine_rows(h, ident, wr, 1)[0], dyp, offs, w_down)  # (w H)^T dY'
-        del h, dyp
+            dw2 = _weight_grad(wh, dyp, offs, w_down)  # (w H)^T dY'
+        del wh, dyp
         if need_x:  # each token's k row gradients, summed in slot order
             dx = combine_rows(_with_zero_row(dz, w_gate_up.mT, offs), inv, None, ctx.k)[0]
         if need_w1:

@@ -90,6 +90,8 @@ from .epilogue.dispatch import dispatch_cuda, dispatch_ref
 from .epilogue.dispatch import kernel_takes as dispatch_takes
 from .epilogue.gated_grads import gated_grads_cuda, kernel_takes
 from .epilogue.ops import GATE_ACTIVATION
+from .epilogue.routed_grads import kernel_takes as routed_takes
+from .epilogue.routed_grads import routed_grads_cuda
 from .epilogue.zero_tail import kernel_takes as zero_tail_takes
 from .epilogue.zero_tail import zero_tail_cuda
 from .gemm.dense import gemm as _gemm_kernel
@@ -321,6 +323,51 @@ def _(z, gate_layout):
 @swiglu_grads.register_fake
 def _(dh, z, gate_layout):
     return z.new_empty(z.shape[:-1] + (z.shape[-1] // 2,)), torch.empty_like(z)
+
+
+def routed_gated_grads(activation: str, dhp: torch.Tensor, z: torch.Tensor, w: torch.Tensor,
+                       gate_layout: str = "interleaved") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A routed MoE layer's backward between its GEMMs, from the unweighted dH' (R, I), the
+    pre-activations Z (R, 2I) and each row's routing weight w (R,): ``(w H, dZ, <dH', H>)`` with
+    H = act(gate) * up, dZ the gated activation's gradient for dH = w dH' in Z's layout and dtype,
+    the dots in fp32 (fp64 for fp64). fp32 math, each output rounded once. With FUSED_GATED, CUDA
+    bf16 / fp16 swiglu calls go through ``torch.ops.cutegemm.routed_swiglu_grads`` (opaque to
+    torch.compile): one row pass (cutegemm.epilogue.routed_grads) where it takes the operands,
+    these formulas otherwise."""
+    if FUSED_GATED and activation == "swiglu" and _on_kernels(z):
+        return torch.ops.cutegemm.routed_swiglu_grads(dhp, z, w.to(torch.float32), gate_layout)
+    return _routed_grads_torch(activation, dhp, z, w, gate_layout)
+
+
+def _routed_grads_torch(activation, dhp, z, w, gate_layout):
+    cd = _compute_dtype(z.dtype)
+    gate, up = split_gate_up(z.to(cd), gate_layout)
+    act = GATE_ACTIVATION[activation]
+    a = _act(act, gate)
+    h = a * up
+    g = dhp.to(cd)
+    wc = w.to(cd).unsqueeze(-1)
+    d = g * wc
+    dz = torch.empty_like(z)
+    dz_gate, dz_up = split_gate_up(dz, gate_layout)
+    dz_up.copy_(d * a)
+    dz_gate.copy_(_act_backward(act, d * up, gate))
+    return (h * wc).to(z.dtype), dz, (g * h).sum(-1)
+
+
+@torch.library.custom_op("cutegemm::routed_swiglu_grads", mutates_args=())
+def routed_swiglu_grads(dhp: torch.Tensor, z: torch.Tensor, w: torch.Tensor,
+                        gate_layout: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(w H, dZ, dots) of swiglu's routed backward (:func:`routed_gated_grads`): the kernel where it
+    takes the operands (kernel_takes), else torch."""
+    if routed_takes(dhp, z, w):
+        return routed_grads_cuda(dhp, z, w, gate_layout)
+    return _routed_grads_torch("swiglu", dhp, z, w, gate_layout)
+
+
+@routed_swiglu_grads.register_fake
+def _(dhp, z, w, gate_layout):
+    return torch.empty_like(dhp), torch.empty_like(z), z.new_empty(z.shape[0], dtype=torch.float32)
 
 
 def combine_rows(src: torch.Tensor, idx: torch.Tensor, w: torch.Tensor | None, k: int,
