@@ -34,6 +34,8 @@ from cutegemm.epilogue import EpilogueSpec
 from cutegemm.epilogue.combine import kernel_cache as combine_kernels
 from cutegemm.epilogue.dispatch import kernel_cache as dispatch_kernels
 from cutegemm.epilogue.gated_grads import kernel_cache as gated_kernels
+from cutegemm.epilogue.routed_grads import kernel_cache as routed_kernels
+from cutegemm.epilogue.zero_tail import kernel_cache as zero_tail_kernels
 from cutegemm.gemm.launch import DENSE_CACHE, GROUPED_CACHE
 
 BF, F16, F32 = torch.bfloat16, torch.float16, torch.float32
@@ -319,6 +321,32 @@ def _gated_cases():
     return {f"gated-swiglu-{lay}": (lambda lay=lay: case(lay)) for lay in ("interleaved", "halves")}
 
 
+def _routed_tail_cases():
+    """The routed backward's one-pass kernel (cutegemm.epilogue.routed_grads; rows not filling the
+    last CTA, a row length not filling a lane's steps) against ops' torch formulas, and the tail
+    zeroing kernel (cutegemm.epilogue.zero_tail) on an output with rows past offs[-1]."""
+    from cutegemm import ops
+    from cutegemm.epilogue.routed_grads import routed_grads_cuda
+    from cutegemm.epilogue.zero_tail import zero_tail_cuda
+
+    def routed(layout):
+        z, dh, w = (cpu(37, 48) * 3).cuda(), cpu(37, 24).cuda(), torch.rand(37).cuda()
+        wh, dz, dots = routed_grads_cuda(dh, z, w, layout)
+        torch.cuda.synchronize()
+        for o, r in zip((wh, dz, dots), ops._routed_grads_torch("swiglu", dh, z, w, layout), strict=True):
+            assert torch.allclose(o.float(), r.float(), rtol=2**-6, atol=1e-5), f"routed {layout}"
+
+    def tail():
+        src = cpu(301, 40)
+        out = src.cuda()
+        zero_tail_cuda(out, torch.tensor([7, 250], dtype=torch.int32).cuda())
+        torch.cuda.synchronize()
+        assert (out[250:] == 0).all() and torch.equal(out[:250].cpu(), src[:250]), "zero tail"
+
+    return {"routed-swiglu-interleaved": lambda: routed("interleaved"), "routed-swiglu-halves": lambda: routed("halves"),
+            "zero-tail": tail}  # fmt: skip
+
+
 def _combine_cases():
     """The one-pass row combines (cutegemm.epilogue.combine): weighted, summed and with the dot,
     source rows gathered from a larger tensor, against ops' torch formulas (fp32 sums)."""
@@ -562,6 +590,7 @@ def all_cases() -> dict:
         **_quantize_cases(),
         **_gated_cases(),
         **_combine_cases(),
+        **_routed_tail_cases(),
         **_dispatch_cases(),
         **_fp4_weight_cases(),
         **_fp8_cases(),
@@ -570,7 +599,7 @@ def all_cases() -> dict:
 
 def _kernel_count() -> int:
     caches = (DENSE_CACHE, GROUPED_CACHE, quantize_kernels(), fp4_weight_kernels(), gated_kernels(), combine_kernels(),
-              dispatch_kernels())
+              dispatch_kernels(), routed_kernels(), zero_tail_kernels())
     return sum(len(c._mem) for c in caches)
 
 
