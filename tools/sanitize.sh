@@ -15,7 +15,7 @@
 # Time limits (s): SANITIZE_WARM_TIMEOUT (default 180), SANITIZE_TIMEOUT per tool (default 130):
 # the defaults keep the three tools inside one 10-minute command.
 set -uo pipefail
-mkdir -p /tmp/site && tar -C /tmp/site -xJf .dsl/cutlass-dsl-4.8.1-cp312.tar.xz
+[ -d /tmp/site/nvidia_cutlass_dsl ] || { mkdir -p /tmp/site && tar -C /tmp/site -xJf .dsl/cutlass-dsl-4.8.1-cp312.tar.xz; }  # once per machine
 export PYTHONPATH=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site:$PWD PYTHONUNBUFFERED=1
 export CUTEGEMM_CACHE_DIR=${CUTEGEMM_CACHE_DIR:-/tmp/cutegemm-cache}
 OUTDIR=${OUT:-results}
