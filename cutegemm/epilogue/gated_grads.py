@@ -27,8 +27,18 @@ from ..runtime.cache import KernelCache
 from ..runtime.device import device_info
 from ..runtime.sass import check_sass
 from . import rowwise
-from .ops import CuteMath
-from .rowwise import CHUNK, DTYPE_NAMES, KERNEL_DTYPES, MAX_ELEMENTS, flat_tensor
+from .rowwise import (
+    CHUNK,
+    DTYPE_NAMES,
+    KERNEL_DTYPES,
+    MAX_ELEMENTS,
+    check_swiglu_config,
+    flat_tensor,
+    join_pairs,
+    split_pairs,
+    swiglu_grads,
+    swiglu_parts,
+)
 
 
 @dataclass(frozen=True)
@@ -43,9 +53,7 @@ class GatedGradsConfig:
     steps: int = 2
 
     def __post_init__(self):
-        if self.dtype not in KERNEL_DTYPES or self.layout not in ("interleaved", "halves") or self.arch not in (
-                "sm_90a", "sm_100a"):  # fmt: skip
-            raise ValueError(f"bad GatedGradsConfig {self}")
+        check_swiglu_config(self)
 
     @property
     def name(self) -> str:
@@ -111,20 +119,15 @@ class GatedGradsKernel:
                 fU.store(rU[None, u].load().to(cutlass.Float32))
             else:
                 fZ.store(rZ[None, u].load().to(cutlass.Float32))
-                for i in cutlass.range_constexpr(CHUNK):
-                    fG[i] = fZ[2 * i]
-                    fU[i] = fZ[2 * i + 1]
+                split_pairs(fZ, fG, fU)
             g = fG.load()
             up = fU.load()
-            s = CuteMath.rcp(1.0 + CuteMath.exp(g * -1.0))  # sigmoid(g), as the epilogue's silu
-            a = g * s
-            oH.store((a * up).to(self.dtype))
+            s, a, h = swiglu_parts(g, up)
+            oH.store(h.to(self.dtype))
             if chunk < total:
                 cute.autovec_copy(oH, cute.local_tile(mH, (CHUNK,), (chunk,)))
             if cutlass.const_expr(self.cfg.backward):
-                d = rD[None, u].load().to(cutlass.Float32)
-                d_gate = d * up * (s * (1.0 + g * (1.0 - s)))
-                d_up = d * a
+                d_gate, d_up = swiglu_grads(rD[None, u].load().to(cutlass.Float32), g, up, s, a)
                 if cutlass.const_expr(halves):
                     oG.store(d_gate.to(self.dtype))
                     oU.store(d_up.to(self.dtype))
@@ -136,9 +139,7 @@ class GatedGradsKernel:
                 else:
                     fG.store(d_gate)
                     fU.store(d_up)
-                    for i in cutlass.range_constexpr(CHUNK):
-                        fZ[2 * i] = fG[i]
-                        fZ[2 * i + 1] = fU[i]
+                    join_pairs(fZ, fG, fU)
                     oZ.store(fZ.load().to(self.dtype))
                     if chunk < total:
                         cute.autovec_copy(oZ, cute.local_tile(mDZ, (2 * CHUNK,), (chunk,)))

@@ -33,8 +33,18 @@ from ..runtime.cache import KernelCache
 from ..runtime.device import device_info
 from ..runtime.sass import check_sass
 from . import rowwise
-from .ops import CuteMath
-from .rowwise import CHUNK, DTYPE_NAMES, KERNEL_DTYPES, MAX_ELEMENTS, flat_tensor
+from .rowwise import (
+    CHUNK,
+    DTYPE_NAMES,
+    KERNEL_DTYPES,
+    MAX_ELEMENTS,
+    check_swiglu_config,
+    flat_tensor,
+    join_pairs,
+    split_pairs,
+    swiglu_grads,
+    swiglu_parts,
+)
 
 
 @dataclass(frozen=True)
@@ -48,9 +58,7 @@ class RoutedGradsConfig:
     steps: int = 4  # chunks per lane with their loads in flight together
 
     def __post_init__(self):
-        if self.dtype not in KERNEL_DTYPES or self.layout not in ("interleaved", "halves") or self.arch not in (
-                "sm_90a", "sm_100a"):  # fmt: skip
-            raise ValueError(f"bad RoutedGradsConfig {self}")
+        check_swiglu_config(self)
 
     @property
     def name(self) -> str:
@@ -120,18 +128,12 @@ class RoutedGradsKernel:
                         fU.store(rU[None, u].load().to(cutlass.Float32))
                     else:
                         fZ.store(rZ[None, u].load().to(cutlass.Float32))
-                        for i in cutlass.range_constexpr(CHUNK):
-                            fG[i] = fZ[2 * i]
-                            fU[i] = fZ[2 * i + 1]
+                        split_pairs(fZ, fG, fU)
                     g = fG.load()
                     up = fU.load()
-                    s = CuteMath.rcp(1.0 + CuteMath.exp(g * -1.0))  # sigmoid(g), as the epilogue's silu
-                    a = g * s
-                    h = a * up
+                    s, a, h = swiglu_parts(g, up)
                     dp = rD[None, u].load().to(cutlass.Float32)
-                    d = dp * w
-                    d_gate = d * up * (s * (1.0 + g * (1.0 - s)))
-                    d_up = d * a
+                    d_gate, d_up = swiglu_grads(dp * w, g, up, s, a)
                     if c < cpr:
                         dot = dot + (dp * h).reduce(cute.ReductionOp.ADD, 0.0, 0)
                         oH.store((h * w).to(self.dtype))
@@ -145,9 +147,7 @@ class RoutedGradsKernel:
                         else:
                             fG.store(d_gate)
                             fU.store(d_up)
-                            for i in cutlass.range_constexpr(CHUNK):
-                                fZ[2 * i] = fG[i]
-                                fZ[2 * i + 1] = fU[i]
+                            join_pairs(fZ, fG, fU)
                             oZ.store(fZ.load().to(self.dtype))
                             cute.autovec_copy(oZ, cute.local_tile(mDZ, (2 * CHUNK,), (row * cpr + c,)))
             dot = cute.arch.warp_reduction_sum(dot)

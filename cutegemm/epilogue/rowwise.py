@@ -1,6 +1,7 @@
 """What the MoE layer's elementwise / row kernels between the GEMMs share (``gated_grads``,
-``combine``): 128-bit chunks of 8 bf16 / fp16 values, flat 1-D fake tensors for the compile cache,
-the SASS markers compile-check holds them to."""
+``routed_grads``, ``combine``): 128-bit chunks of 8 bf16 / fp16 values, flat 1-D fake tensors for
+the compile cache, the SASS markers compile-check holds them to, and the SwiGLU math of a chunk
+(traced inline: plain Python over fp32 register tensors)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass.cute.runtime import make_fake_tensor
+
+from .ops import CuteMath
 
 CHUNK = 8  # 16-bit values per 128-bit load / store
 MAX_ELEMENTS = 2**31 - 1  # flat int32 indexing
@@ -22,4 +25,41 @@ def flat_tensor(dtype, divisibility: int):
     return make_fake_tensor(dtype, (cute.sym_int32(divisibility=divisibility),), (1,), assumed_align=16)
 
 
-__all__ = ["CHUNK", "DTYPE_NAMES", "KERNEL_DTYPES", "MAX_ELEMENTS", "SASS_FORBIDDEN", "SASS_REQUIRED", "flat_tensor"]
+def check_swiglu_config(cfg) -> None:
+    """Raise ValueError unless ``cfg`` (a SwiGLU row kernel's config) names a kernel dtype, a gate
+    layout and an arch these kernels build for."""
+    if cfg.dtype not in KERNEL_DTYPES or cfg.layout not in ("interleaved", "halves") or cfg.arch not in (
+            "sm_90a", "sm_100a"):  # fmt: skip
+        raise ValueError(f"bad {type(cfg).__name__} {cfg}")
+
+
+def split_pairs(fZ, fG, fU):
+    """The interleaved chunk fZ (16 fp32: gate, up, gate, ...) into its 8 gates fG and ups fU."""
+    for i in range(CHUNK):  # a plain loop: helpers are traced, not preprocessed
+        fG[i] = fZ[2 * i]
+        fU[i] = fZ[2 * i + 1]
+
+
+def join_pairs(fZ, fG, fU):
+    """The inverse of :func:`split_pairs`: fG and fU interleaved into fZ."""
+    for i in range(CHUNK):
+        fZ[2 * i] = fG[i]
+        fZ[2 * i + 1] = fU[i]
+
+
+def swiglu_parts(g, up):
+    """(s, a, h) of fp32 gates g and ups: s = sigmoid(g) (the GEMM epilogue's fast-math silu),
+    a = silu(g) = g s, h = a up."""
+    s = CuteMath.rcp(1.0 + CuteMath.exp(g * -1.0))
+    a = g * s
+    return s, a, a * up
+
+
+def swiglu_grads(d, g, up, s, a):
+    """(dgate, dup) of h = silu(g) up for the gradient d of h: d up silu'(g) with
+    silu'(g) = s (1 + g (1 - s)), and d a."""
+    return d * up * (s * (1.0 + g * (1.0 - s))), d * a
+
+
+__all__ = ["CHUNK", "DTYPE_NAMES", "KERNEL_DTYPES", "MAX_ELEMENTS", "SASS_FORBIDDEN", "SASS_REQUIRED", "check_swiglu_config", "flat_tensor", "join_pairs", "split_pairs",
+           "swiglu_grads", "swiglu_parts"]
