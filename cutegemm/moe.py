@@ -46,8 +46,9 @@ No host sync anywhere on the CUDA path (no ``.item()`` / ``.tolist()``; dX's row
 ``offs[-1]`` are zero by ``ops.packed_zero_tail``: a kernel that writes those rows only,
 ``torch.where`` while tracing), so a training step can be captured in a CUDA graph where the
 K-grouped kernel reads offs on the device (sm_90a; sm_100a for the weight gradients' M-major x
-N-major operands, compiled only; elsewhere that form loops over the experts on the host). Deterministic: the grouped GEMMs have no split-K atomics and the torch
-glue is elementwise. Only first derivatives (the backward is ``once_differentiable``).
+N-major operands, compiled only; elsewhere that form loops over the experts on the host).
+Deterministic: the grouped GEMMs have no split-K atomics and the torch glue is elementwise. Only
+first derivatives (the backward is ``once_differentiable``).
 """
 
 from __future__ import annotations
@@ -482,8 +483,8 @@ def routed_experts(x, top_k_index, top_k_weights, w_gate_up, w_down, *, activati
     4 R I + 4 R H). The backward gathers the rows again for dW_gate_up and gets the routing
     weights' gradient from dH' and H (``<dout[t], y_r> = <dout[t] W_down^T, H_r>``), so it makes
     no extra GEMM: its cost is one row pass over R x I (``ops.routed_gated_grads``: w H, dZ and the
-    dots from dH', Z and w; the swiglu kernel on CUDA bf16 / fp16) and the gather. Gradients flow to x,
-    top_k_weights, w_gate_up and w_down; deterministic (no atomics)."""
+    dots from dH', Z and w; the swiglu kernel on CUDA bf16 / fp16) and the gather. Gradients flow
+    to x, top_k_weights, w_gate_up and w_down; deterministic (no atomics)."""
     if top_k_index.dim() != 2 or top_k_weights.shape != top_k_index.shape or x.shape[0] != top_k_index.shape[0]:
         raise ValueError(f"x (T, H), top_k_index and top_k_weights (T, k) must agree, got {tuple(x.shape)}, "
                          f"{tuple(top_k_index.shape)}, {tuple(top_k_weights.shape)}")  # fmt: skip
