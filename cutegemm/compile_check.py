@@ -82,7 +82,7 @@ def _mma_markers(cfg: GemmConfig) -> dict[str, str]:
         if cfg.swap_ab:  # one WGMMA width per 16 tokens: the narrowest and the widest at least
             for n in (16, cfg.tile_n):
                 required[f"GMMA.64x{n}"] = rf"\b[HQ]GMMA\.64x{n}x"
-        if cfg.gather_a and cfg.arch == "sm_90a":  # A's rows by cp.async, tracked by the stage barrier
+        if cfg.gathers and cfg.arch == "sm_90a":  # rows by cp.async, tracked by the stage barrier
             required["LDGSTS"] = r"\bLDGSTS\.E\.BYPASS\.128"
             required["ARRIVES.LDGSTSBAR"] = r"\bARRIVES\.LDGSTSBAR"
         elif cfg.gather_a:  # sm_100a: A's rows by the TMA unit's gather4 mode
@@ -145,7 +145,8 @@ def stage_data_bytes(cfg: GemmConfig) -> int:
     a_bits, b_bits = ELEMENT_BITS[cfg.a_dtype], ELEMENT_BITS[cfg.b_dtype]
     rows = (cfg.a_rows or cfg.tile_m) if cfg.arch == "sm_90a" else cfg.tile_m
     rows = 0 if cfg.gather_a and cfg.arch == "sm_90a" else rows
-    return (rows * k * a_bits + cfg.tile_n * k * b_bits) // 8
+    cols = 0 if cfg.gather_b else cfg.tile_n  # gather_b: B's K rows by cp.async
+    return (rows * k * a_bits + cols * k * b_bits) // 8
 
 
 def stage_tx_errors(cfg: GemmConfig, kernel) -> list[str]:

@@ -127,15 +127,7 @@ class EpilogueSpec:
     @property
     def needs_coords(self) -> bool:
         """Whether the kernel must give each accumulator element its global coordinate."""
-        return (
-            self.beta
-            or self.bias
-            or self.gated is not None
-            or self.quant is not None
-            or self.user is not None
-            or self.scale_a
-            or self.scale_b
-        )
+        return bool(self.beta or self.bias or self.gated or self.quant or self.user or self.scale_a or self.scale_b)
 
     @property
     def cols_per_output(self) -> int:
@@ -253,11 +245,11 @@ class GemmConfig:
     # 4096 x 7168, 64x64 tile: 32.6 us at M = 16, 25.7 at M = 64, bench/RESULTS.md); instead the consumers
     # zero the stages' rows a_rows..tile_m once at the start (the TMA never writes them). 0: whole tile.
     a_rows: int = 0
-    # Grouped packed form, sm_90a: A's rows are gathered through an index (the kernel's a_index,
-    # packed row -> row of A), loaded with cp.async by the producer warpgroup, since Hopper's TMA
-    # cannot gather rows (gemm/sm90.gather.py). The MoE up projection then reads the tokens as
-    # they are, not a copy permuted by expert.
+    # Packed form: A's rows through an index (a_index: packed row -> row of A; sm_90a cp.async, sm_100a
+    # TMA gather4): the MoE up projection reads the tokens as they are. K-grouped form, sm_90a: A's K
+    # columns (gather_a) or B's K rows (gather_b) through it: the weight gradients read x and dout.
     gather_a: bool = False
+    gather_b: bool = False
 
     @property
     def blockscaled(self) -> bool:
@@ -272,6 +264,7 @@ class GemmConfig:
     flat = property(lambda self: self.form is Form.FLAT)
     kgrouped = property(lambda self: self.form is Form.KGROUPED)
     listed = property(lambda self: self.form is Form.LISTED)
+    gathers = property(lambda self: self.gather_a or self.gather_b)  # an operand read through an index
 
     @property
     def name(self) -> str:
@@ -288,6 +281,7 @@ class GemmConfig:
         tile += "t" if self.split_tail else ""
         tile += f"_ar{self.a_rows}" if self.a_rows else ""
         tile += "_ga" if self.gather_a else ""
+        tile += "_gb" if self.gather_b else ""
         tile += f"_e{self.epi_stages}" if self.epi_stages else ""
         tile += f"_s{self.stages}" if self.stages else ""
         family = Form(self.form).value
@@ -331,10 +325,11 @@ def config_errors(cfg: GemmConfig) -> list[str]:
                           or cfg.tile_n not in (64, 128, 192)):  # fmt: skip
         err.append("promote_k (32 or 64): sm_90a FP8 with promotion, cooperative, tile_n 64 / 128 / 192; not "
                    "fast_accum, fp8_blockwise, fp8_mx, wg_order, swap_ab or K-grouped")  # fmt: skip
-    if cfg.gather_a and (not cfg.grouped or cfg.a_dtype not in INPUT_DTYPES or cfg.swap_ab or cfg.cluster_n != 1
-                         or cfg.scheduler != "static" or cfg.a_major != "k"):  # fmt: skip
+    if cfg.gather_a and not cfg.kgrouped and (not cfg.grouped or cfg.a_dtype not in INPUT_DTYPES or cfg.swap_ab
+                                              or cfg.cluster_n != 1 or cfg.scheduler != "static" or cfg.a_major != "k"):  # fmt: skip
         err.append("gather_a: the packed grouped form with 16-bit operands, A K-major and not multicast (cluster_n "
-                   "1), the static scheduler, not swap_ab")  # fmt: skip
+                   "1), the static scheduler, not swap_ab; or the K-grouped form")  # fmt: skip
+    err += ["gather_b: the K-grouped form only"] if cfg.gather_b and not cfg.kgrouped else []
     if cfg.fp8_blockwise:
         err += fp8_blockwise_errors(cfg)
     if cfg.wg_order and (
@@ -482,6 +477,11 @@ def kgrouped_errors(cfg: GemmConfig) -> list[str]:
     if cfg.arch == "sm_100a" and (cfg.a_major + cfg.b_major != "mn" or cfg.cluster_m * cfg.cluster_n > 1 or cfg.two_cta
                                   or cfg.scheduler != "static"):  # fmt: skip
         err.append(f"{what} on sm_100a: M-major A, N-major B, cluster 1x1, 1-CTA, the static scheduler")
+    if cfg.gathers and (cfg.gather_a == cfg.gather_b or cfg.arch != "sm_90a" or cfg.cluster_m * cfg.cluster_n > 1
+                        or cfg.scheduler != "static" or (cfg.a_major, cfg.b_major)[cfg.gather_b] not in "mn"
+                        or (cfg.tile_n if cfg.gather_b else cfg.tile_m) not in (64, 128, 256)):  # fmt: skip
+        err.append(f"{what} gathering one operand (gather_a / gather_b): sm_90a, that operand MN-major and its tile "
+                   "64, 128 or 256, cluster 1x1, the static scheduler")  # fmt: skip
     return err
 
 

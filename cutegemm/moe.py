@@ -61,6 +61,7 @@ from torch.autograd.function import once_differentiable
 from . import ops
 from .api.face import grouped_gemm, grouped_gemm_ref
 from .epilogue import GATED
+from .grouped.k_grouped import grouped_k_gather
 from .ops import combine_rows, gated_grads, packed_zero_tail, routed_gated_grads, sum_rows, zero_rows_past_end
 from .policy import gather_pays
 from .runtime.device import eager_cuda
@@ -79,6 +80,24 @@ def grouped_mm(a, b, offs, *, activation=None, out_dtype=None, gate_layout="inte
     cd = torch.float64 if a.dtype == torch.float64 else torch.float32
     return grouped_gemm_ref(a, b, offs=offs, out_dtype=out_dtype or a.dtype, activation=activation,
                             gate_layout=gate_layout, compute_dtype=cd)  # fmt: skip
+
+
+# The routed backward (eager CUDA) reads x and dout through the routing index instead of gathered
+# copies: dH' by the gathered packed GEMM, dW_down and dW_gate_up by the gathering K-grouped kernel
+# (sm_90a; grouped_k_gather makes the copy elsewhere). Off until its GPU tests and `bench moe` ran.
+GATHER_WEIGHT_GRADS = False
+
+
+def _weight_grad_rows(inp, grad, offs, w, rows, gathered: str) -> torch.Tensor:
+    """:func:`_weight_grad` with ``inp`` (gathered "inp") or ``grad`` ("grad") given as the tokens
+    whose rows ``rows`` picks (x or dout as they are): read through the index, no gathered copy."""
+    if w.mT.is_contiguous() and not w.is_contiguous():  # dW^T = grad^T inp
+        if gathered == "inp":
+            return grouped_k_gather(grad.mT, inp, offs, rows, "b", w.dtype).mT
+        return grouped_k_gather(grad, inp, offs, rows, "a", w.dtype).mT
+    if gathered == "inp":
+        return grouped_k_gather(inp, grad, offs, rows, "a", w.dtype)
+    return grouped_k_gather(inp.mT, grad, offs, rows, "b", w.dtype)
 
 
 def _weight_grad(inp: torch.Tensor, grad: torch.Tensor, offs: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -403,7 +422,7 @@ class _RoutedExperts(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weights, w_gate_up, w_down, order, rows, offs, inverse, k, activation, gate_layout):
-        z = _gathered_up(x, rows, w_gate_up, offs)  # (R, 2I); rows past offs[-1] unspecified
+        z = _gathered_mm(x, rows, w_gate_up, offs)  # (R, 2I); rows past offs[-1] unspecified
         h, _ = gated_grads(activation, None, z, gate_layout)
         y = _with_zero_row(h, w_down, offs)  # (R + 1, H) unweighted, row R zero
         del h
@@ -426,20 +445,25 @@ class _RoutedExperts(torch.autograd.Function):
         # dw_r = <dout[t_r], y_r> = <dH'_r, H_r> (no y saved); dW_down = sum_r (w_r H_r)^T dY'_r.
         # w H, dZ and the dots in one row pass (ops.routed_gated_grads). Rows past offs[-1] hold
         # unspecified values no GEMM and no gather of the pairs reads (inv: the zero row).
-        dyp = dout.to(x.dtype).index_select(0, rows)  # (R, H): dY'
-        dhp = grouped_mm(dyp, w_down.mT, offs)  # (R, I): dH'
+        dout = dout.to(x.dtype).contiguous()
+        gk = GATHER_WEIGHT_GRADS and eager_cuda(x)  # x and dout read through rows (no copies)
+        dyp = None if gk else dout.index_select(0, rows)  # (R, H): dY'
+        dhp = _gathered_mm(dout, rows, w_down.mT, offs) if gk else grouped_mm(dyp, w_down.mT, offs)  # (R, I): dH'
         wh, dz, dots = routed_gated_grads(ctx.activation, dhp, z, wr, ctx.gate_layout)
         del dhp
         if need_w:
             dots = torch.cat((dots, dots.new_zeros(1)))  # row R: the pairs outside [0, E)
             dw = dots.index_select(0, inv).view(weights.shape).to(weights.dtype)
         if need_w2:
-            dw2 = _weight_grad(wh, dyp, offs, w_down)  # (w H)^T dY'
+            dw2 = _weight_grad_rows(wh, dout, offs, w_down, rows, "grad") if gk else _weight_grad(wh, dyp, offs, w_down)
         del wh, dyp
         if need_x:  # each token's k row gradients, summed in slot order
             dx = combine_rows(_with_zero_row(dz, w_gate_up.mT, offs), inv, None, ctx.k)[0]
         if need_w1:
-            dw1 = _weight_grad(x.index_select(0, rows), dz, offs, w_gate_up)  # the gathered rows again
+            if gk:
+                dw1 = _weight_grad_rows(x, dz, offs, w_gate_up, rows, "inp")
+            else:
+                dw1 = _weight_grad(x.index_select(0, rows), dz, offs, w_gate_up)  # the gathered rows again
         return dx, dw, dw1, dw2, None, None, None, None, None, None, None
 
 
@@ -462,12 +486,12 @@ def _gather_in_loads(x, rows, experts: int) -> bool:
     return eager_cuda(x) and gather_pays(x.shape[1], rows.shape[0], experts)
 
 
-def _gathered_up(x, rows, w_gate_up, offs):
-    """Z = x[rows] W_gate_up[e]: through the row index in the up projection's loads
-    (:func:`_gather_in_loads`), else a transient gathered copy."""
+def _gathered_mm(x, rows, w, offs):
+    """x[rows] W[e] (the up projection's Z, the backward's dH'): through the row index in the
+    packed GEMM's loads (:func:`_gather_in_loads`), else a transient gathered copy."""
     if _gather_in_loads(x, rows, offs.shape[0]):
-        return grouped_gemm(x, w_gate_up, offs=offs, gather_index=rows)
-    return grouped_mm(x.index_select(0, rows), w_gate_up, offs)
+        return grouped_gemm(x, w, offs=offs, gather_index=rows)
+    return grouped_mm(x.index_select(0, rows), w, offs)
 
 
 def routed_experts(x, top_k_index, top_k_weights, w_gate_up, w_down, *, activation: str = "swiglu",

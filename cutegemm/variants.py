@@ -170,7 +170,7 @@ def fp8_variants(arch: str) -> list[GemmConfig]:
 def kgrouped_variants(arch: str) -> list[GemmConfig]:
     """The K-grouped kernel (sm_90a; the MoE weight gradient, dW_e = x_e^T dy_e): the policy's
     128x256 2x1 with a column-major A (x.t()), 1x2 with a row-major A, 128x128 with the
-    dynamic scheduler, an fp32 output and alpha, and two pingpong tiles."""
+    dynamic scheduler, an fp32 output and alpha, two pingpong tiles, and the gathered forms."""
     kg = dict(arch=arch, form=Form.KGROUPED, b_major="n")
     if arch == "sm_100a":  # the list-form kernel on a table written from offs
         kg.update(a_major="m", raster="m", group=1)
@@ -184,6 +184,11 @@ def kgrouped_variants(arch: str) -> list[GemmConfig]:
         # pingpong: a warpgroup skips the other's tile by that tile's K-tile count
         GemmConfig(**kg, a_major="m", tile_m=128, tile_n=128, pingpong=True, cluster_m=2, raster="n", group=8),
         GemmConfig(**kg, a_major="k", tile_m=128, tile_n=128, pingpong=True, cluster_n=2),
+        # the MoE weight gradients reading x / dout through the routing index (gather_a / gather_b)
+        GemmConfig(**kg, a_major="m", tile_m=128, tile_n=256, gather_a=True),
+        GemmConfig(**kg, a_major="m", tile_m=128, tile_n=128, pingpong=True, gather_b=True),
+        GemmConfig(**kg, a_major="m", tile_m=128, tile_n=128, gather_a=True, a_dtype="fp16", b_dtype="fp16",
+                   out_dtype="fp32", epilogue=EpilogueSpec(alpha=True)),
     ]
 
 

@@ -65,6 +65,12 @@ class EmulatedKernel:
         else:
             a3, b3, o3 = k.a, k.b, k.out
         if cfg.kgrouped:  # A (M, K, 1), B (N, K, 1), C (M, N, E); offs split K
+            if cfg.gathers:  # K position p reads token a_index[p] of A (gather_a) or B (gather_b), clamped
+                idx = k.a_index.long()
+                if cfg.gather_a:
+                    a3 = a3[:, idx.clamp(0, a3.shape[1] - 1)]
+                else:
+                    b3 = b3[:, idx.clamp(0, b3.shape[1] - 1)]
             total_k = a3.shape[1]
             for e, (s, t) in enumerate(expert_rows(k.offs.tolist(), total_k)):
                 acc = a3[:, s:t, 0].to(f32) @ b3[:, s:t, 0].to(f32).t()

@@ -94,6 +94,8 @@ def cpu_fast_path(kernel: NoOpKernel | None = None):
     patch(k_grouped, "device_info", lambda index: ("sm_90a", 132))
     patch(k_grouped, "DENSE_CACHE", fake_cache)
     patch(k_grouped, "_KG_PLANS", {})
+    patch(k_grouped, "_KG_GATHER", {})  # the gathering K-grouped route
+    patch(k_grouped, "on_cuda", lambda t: True)
     patch(gather, "on_cuda", lambda t: True)  # the gathered-row kernel route
     patch(gather, "device_info", lambda index: ("sm_90a", 132))
     patch(gather, "max_clusters_for", lambda cfg, device, num_sms=None: num_sms or 132)

@@ -347,6 +347,26 @@ def _routed_tail_cases():
             "zero-tail": tail}  # fmt: skip
 
 
+def _kgather_cases():
+    """The gathering K-grouped kernel (cutegemm.grouped.k_grouped.grouped_k_gather, sm_90a): a
+    gathered operand with more tokens than the index reads, positions past offs[-1], an empty
+    expert and M / N not filling a tile, against the K-grouped kernel on the gathered copy."""
+    from cutegemm.grouped.k_grouped import grouped_k, grouped_k_gather
+
+    def case(gather):
+        rows = torch.randint(0, 37, (90,), dtype=torch.int32).cuda()
+        offs = torch.tensor([20, 20, 61, 83], dtype=torch.int32).cuda()
+        toks, other = cpu(41, 72).cuda(), cpu(90, 40).cuda()
+        a, b = (toks, other) if gather == "a" else (other.mT, toks)
+        out = grouped_k_gather(a, b, offs, rows, gather, torch.float32)
+        torch.cuda.synchronize()
+        g = toks.index_select(0, rows.long())
+        ref = grouped_k(g.mT, b, offs, None, torch.float32, 1.0, False) if gather == "a" else grouped_k(a, g, offs, None, torch.float32, 1.0, False)
+        assert torch.allclose(out, ref, rtol=1e-4, atol=1e-3), f"kgather {gather}"
+
+    return {"kgather-a": lambda: case("a"), "kgather-b": lambda: case("b")}
+
+
 def _combine_cases():
     """The one-pass row combines (cutegemm.epilogue.combine): weighted, summed and with the dot,
     source rows gathered from a larger tensor, against ops' torch formulas (fp32 sums)."""
@@ -591,6 +611,7 @@ def all_cases() -> dict:
         **_gated_cases(),
         **_combine_cases(),
         **_routed_tail_cases(),
+        **_kgather_cases(),
         **_dispatch_cases(),
         **_fp4_weight_cases(),
         **_fp8_cases(),

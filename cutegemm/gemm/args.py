@@ -123,7 +123,7 @@ def dense_fake_args(cfg: GemmConfig, offs=None):
         sfa, sfb = _fake_mx_scales(k_major=True), _fake_mx_scales(k_major=False)
     out_scales, out_gs, *vecs = epilogue_fake_args(epi)
     a_index = None
-    if cfg.gather_a:  # (packed rows,) int32; A's rows are read 16 bytes at a time
+    if cfg.gathers:  # (packed rows or K positions,) int32; the gathered rows are read 16 bytes at a time
         a_index = make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), (1,), assumed_align=4)
     args = KernelArgs(
         a, b, out=c, c=c_in, bias=bias, alpha=cutlass.Float32(1.0), beta=cutlass.Float32(0.0),

@@ -12,6 +12,10 @@ signature). No host sync: CUDA-graph capturable.
   of the list-form machinery: a table kernel writes each expert's row of the group table from
   offs (its operands' addresses at its first K row, its K, its tile start; an empty expert gets
   no tiles and zeros), the descriptor prep kernel, the list-form GEMM.
+Gathered (:func:`grouped_k_gather`, the MoE weight gradients of a routed layer): one operand's K
+rows are read through the routing index (x or dout as they are, no gathered copy); sm_90a: one
+launch of the K-grouped kernel with ``gather_a`` / ``gather_b``; elsewhere the copy, then the
+form above.
 Elsewhere, or other layouts: offs read on the host (not capturable), then the experts' K slices
 as one call of the list form where it reads them in place, else one dense GEMM per expert (the
 dense path stages a K slice that breaks TMA's 16-byte rule, like any operand). Bad offs are
@@ -41,6 +45,7 @@ from ..gemm.launch import (
     new_workspace,
     padded_rows,
     reset_workspace,
+    tma_addressable,
     tma_storable,
     unit_mode,
 )
@@ -290,3 +295,98 @@ def _kgrouped_plan(a, b, out, alpha, config):
     if arch == "sm_100a":  # the list form's group table: a row per expert and one, then 3 descriptors each
         workspace = (E + 1) * LIST_FIELDS + E * 3 * DESC_BYTES // 8
     return DENSE_CACHE.get(cfg), views, copy, max_clusters_for(cfg, dev, num_sms), workspace
+
+
+def grouped_k_gather(a, b, offs, index, gather: str, out_dtype=None):
+    """The K-grouped form with one operand's K rows read through ``index`` (R,) (the MoE weight
+    gradients of a routed layer, without the gathered copy); offs (E,) splits the R positions.
+
+    gather "a": ``out[e] = a[index[k_e]]^T @ b[k_e]``, a (tokens, M) holding the rows, b (R, N);
+    gather "b": ``out[e] = a[:, k_e] @ b[index[k_e]]``, a (M, R), b (tokens, N) holding the rows.
+    Returns a new (E, M, N) tensor (an expert with no positions gets zeros). sm_90a, bf16 / fp16,
+    the gathered operand row-major with 16-byte aligned rows of a multiple of 16 bytes, an int32
+    index: one launch of the gathering kernel (:func:`_gather_launch`: no host sync); otherwise the
+    gathered copy (``index_select``) and :func:`grouped_k`. Index values outside [0, tokens) read
+    a clamped row on the kernel route and raise in the copy: pass valid ones."""
+    if gather not in ("a", "b"):
+        raise ValueError(f"gather must be 'a' or 'b', got {gather!r}")
+    rows_of = a if gather == "a" else b
+    R = b.shape[0] if gather == "a" else a.shape[1]
+    if a.dim() != 2 or b.dim() != 2 or index.dim() != 1 or index.shape[0] != R:
+        raise ValueError(f"grouped_k_gather: 2-D a and b and an index of {R} positions, got a {tuple(a.shape)}, "
+                         f"b {tuple(b.shape)}, index {tuple(index.shape)}")  # fmt: skip
+    out_dtype = out_dtype or a.dtype
+    res = _gather_launch(a, b, offs, index, gather, out_dtype)
+    if res is not None:
+        return res
+    rows = rows_of.index_select(0, index)
+    a2, b2 = (rows.mT, b) if gather == "a" else (a, rows)
+    return grouped_k(a2, b2, offs, None, out_dtype, 1.0, False)
+
+
+_KG_GATHER: dict = {}
+
+
+def on_cuda(t: torch.Tensor) -> bool:
+    """Whether the gathering kernel may take ``t`` (the CPU tests' emulated kernels stand in here)."""
+    return t.is_cuda
+
+
+def _gather_launch(a, b, offs, index, gather, out_dtype):
+    """:func:`grouped_k_gather` as one launch of the gathering K-grouped kernel, or None where it
+    does not apply (see there). The plan is built once per (shapes, strides, dtypes, device)."""
+    rows_of, other = (a, b) if gather == "a" else (b, a)
+    es = rows_of.element_size()
+    if not (on_cuda(rows_of) and rows_of.dtype in (torch.bfloat16, torch.float16) and other.dtype == rows_of.dtype
+            and index.dtype == torch.int32 and index.is_contiguous() and rows_of.stride(1) == 1
+            and rows_of.shape[1] >= 8 and (rows_of.shape[1] * es) % TMA_ALIGN_BYTES == 0
+            and tma_addressable(rows_of, 1) and tma_addressable(other, 1 if other.stride(1) == 1 else 0)
+            and out_dtype in (torch.bfloat16, torch.float16, torch.float32)):  # fmt: skip
+        return None
+    a_op = a.mT if gather == "a" else a  # A (M, K): x^T over the tokens, or (M, R)
+    M, N, E = a_op.shape[0], b.shape[1], offs.numel()
+    key = (a.shape, a.stride(), b.shape, b.stride(), index.shape, E, a.dtype, out_dtype, a.device, gather)
+    plan = _KG_GATHER.get(key)
+    if plan is None:
+        plan = _KG_GATHER[key] = _gather_plan(a_op, b, E, index.shape[0], gather, out_dtype)
+    if not plan:
+        return None
+    fn, (va, vb, vc), max_clusters, _ = plan
+    out = torch.empty((E, M, N), dtype=out_dtype, device=a.device)
+    if index.shape[0] == 0 or M == 0 or N == 0:
+        return out.zero_()
+    fn(*KernelArgs(
+        a_op.as_strided(*va), b.as_strided(*vb), out.as_strided(*vc), alpha=1.0, max_clusters=max_clusters,
+        offs=offs if offs.is_contiguous() else offs.contiguous(), a_index=index,
+    ))  # fmt: skip
+    return out
+
+
+def _gather_plan(a_op, b, E, R, gather, out_dtype):
+    """(kernel, (A (M, K, 1), B (N, K, 1), out (M, N, E)) views, max clusters, config) of
+    :func:`_gather_launch`, or False."""
+    dev = a_op.device
+    arch, num_sms = device_info(dev.index if dev.index is not None else torch.cuda.current_device())
+    if arch != "sm_90a" or (b.shape[1] * torch.empty((), dtype=out_dtype).element_size()) % TMA_ALIGN_BYTES:
+        return False
+    a3, b3 = a_op.unsqueeze(0), b.unsqueeze(0)
+    # the gathered operand is MN-major (its rows contiguous, checked by the caller) whatever its sizes
+    a_unit, b_unit = (1, unit_mode(b3)) if gather == "a" else (unit_mode(a3), 2)
+    if a_unit is None or b_unit is None:
+        return False
+    try:
+        views = (kernel_view(a3, a_unit, (1, 2, 0), "a"), kernel_view(b3, b_unit, (2, 1, 0), "b"))
+    except ValueError:
+        return False
+    M, N = a_op.shape[0], b.shape[1]
+    majors = ("k" if a_unit == 2 else "m", "n" if b_unit == 2 else "k")
+    dtype, out_name = INPUT_TO_NAME[a_op.dtype], TORCH_TO_NAME[out_dtype]
+    cfg = kgrouped_config(arch, num_sms, M, N, R // max(E, 1), E, dtype, out_name, *majors, False)
+    cfg = replace(cfg, cluster_m=1, cluster_n=1, scheduler="static", gather_a=gather == "a", gather_b=gather == "b")
+    if (cfg.tile_n if cfg.gather_b else cfg.tile_m) not in (64, 128, 256):  # the gathered tile's cp.async rows
+        cfg = replace(cfg, **{"tile_n" if cfg.gather_b else "tile_m": 128})
+    ok, _ = can_implement(cfg, GemmProblem(M, N, max(R, 1), E, dtype, dtype, out_name, *majors))
+    if not ok:
+        return False
+    out_view = kernel_view(torch.empty((E, M, N), dtype=out_dtype, device="meta"), 2, (1, 2, 0), "out")
+    return DENSE_CACHE.get(cfg), (*views, out_view), max_clusters_for(cfg, dev, num_sms), cfg

@@ -160,8 +160,8 @@ class Sm90Consumers:
             else:
                 for k_tile in range(kt_cnt):
                     ab_pipeline.consumer_wait(read_state)
-                    if cutlass.const_expr(self.k.config.gather_a):
-                        # A's stage was written by cp.async (generic proxy): order before the WGMMAs
+                    if cutlass.const_expr(self.k.config.gathers):
+                        # A's (B's) stage was written by cp.async (generic proxy): order before the WGMMAs
                         cute.arch.fence_proxy("async.shared", space="cta")
                     if cutlass.const_expr(self.k.config.kgrouped):
                         # K-grouped: columns of the first K tile before the expert's range and of

@@ -11,7 +11,16 @@ therefore expects 1 + 128 arrivals: the TMA thread's arrive-and-expect-tx (B's b
 of the stage have landed. The consumers order those generic-proxy writes before their WGMMAs'
 reads with a proxy fence after the wait (``Sm90Consumers``).
 
-Each thread reads the index of its 8 rows once per tile. Rows past the expert's end (the tile's
+K-grouped form (``form=KGROUPED``; the MoE weight gradients, dW_e = x_e^T dy_e): the index maps
+each packed K position (a routed pair) to its token, and the gathered operand is MN-major (x or
+dout as they are, (tokens, M or N) row-major). ``gather_a`` gathers A's K columns, ``gather_b``
+B's K rows; a K row of a stage is one token's tile_m (tile_n) contiguous values, 16 bytes per
+cp.async, the chunks of one K row on consecutive threads (:meth:`load_k`). Positions outside the
+expert's K range (the first and last K tiles) read clamped positions and are zeroed by the
+consumers, as for the TMA-loaded operand. Chunks past the gathered operand's M (N) read its last
+chunk instead: they feed only output rows (columns) that are not stored.
+
+Packed form: each thread reads the index of its 8 rows once per tile. Rows past the expert's end (the tile's
 last rows) read the expert's last row instead, and index values are clamped into A: such rows'
 results are never stored, and no load leaves A. K must be a multiple of the 64-wide K tile (the
 host takes the copying route otherwise), so every 16-byte chunk is inside its row.
@@ -39,9 +48,11 @@ class GatherA:
         """Arrivals a stage's full barrier expects: the TMA thread's and every producer thread's."""
         return 1 + GATHER_THREADS
 
-    def a_stage_bytes(self) -> int:
-        """A's bytes per stage: delivered by cp.async, not counted as TMA transaction bytes."""
-        return self.k.tile_shape_mnk[0] * self.k.tile_shape_mnk[2] * self.k.a_dtype.width // 8
+    def gathered_stage_bytes(self) -> int:
+        """The gathered operand's bytes per stage (A's, or B's with gather_b): delivered by
+        cp.async, not counted as TMA transaction bytes."""
+        rows = self.k.tile_shape_mnk[1 if self.k.config.gather_b else 0]
+        return rows * self.k.tile_shape_mnk[2] * self.k.a_dtype.width // 8
 
     def tiled_copy(self) -> cute.TiledCopy:
         """cp.async of a (tile_m, tile_k) K-major tile by 128 threads: 16-byte chunks, the chunks
@@ -109,4 +120,70 @@ class GatherA:
             work = sched.next(work)
         sched.finish(work)
         if warp_idx == 0:  # do not exit while a peer in the cluster may still release our stages
+            ab_pipeline.producer_tail(state)
+
+    def tiled_copy_mn(self, tile_mn: int) -> cute.TiledCopy:
+        """cp.async of a (tile_mn, tile_k) MN-major tile by 128 threads: 16-byte chunks along MN,
+        the chunks of one K row on consecutive threads."""
+        dtype = self.k.a_dtype
+        elems = COPY_BITS // dtype.width
+        per_k = tile_mn // elems  # chunks per K row
+        atom = cute.make_copy_atom(
+            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dtype, num_bits_per_copy=COPY_BITS
+        )
+        threads = cute.make_layout((per_k, GATHER_THREADS // per_k), stride=(1, per_k))
+        return cute.make_tiled_copy_tv(atom, threads, cute.make_layout((elems, 1)))
+
+    @cute.jit
+    def load_k(
+        self,
+        sched,
+        ab_pipeline: pipeline.PipelineTmaAsync,
+        k_range,  # tile -> (K tiles, head, rest): the expert's K tiles
+        k_window,  # tile -> (k0, k_start, k_end): the first box's K position and the expert's range
+        mX: cute.Tensor,  # (M or N, tokens, 1): the gathered operand as it is (MN-major)
+        mIdx: cute.Tensor,  # (packed K,) int32 token of every K position
+        sX: cute.Tensor,  # (tile_m or tile_n, tile_k, STAGE)
+        tma_atom: cute.CopyAtom,  # the other operand's
+        tiles,  # tile -> (TMA, RestK): the other operand's K tiles of the tile
+        tOsO: cute.Tensor,  # (TMA, STAGE)
+        ptidx: cutlass.Int32,  # thread index in the producer warpgroup
+        warp_idx: cutlass.Int32,
+    ):
+        """K-grouped: every producer thread loads its chunks of the gathered operand's K rows by
+        cp.async, warp 0 the other operand by TMA (see the module docstring)."""
+        gather_b = self.k.config.gather_b
+        tile_mn, tile_k = self.k.tile_shape_mnk[1 if gather_b else 0], self.k.tile_shape_mnk[2]
+        elems = COPY_BITS // self.k.a_dtype.width
+        thr = self.tiled_copy_mn(tile_mn).get_slice(ptidx)
+        tXsX = thr.partition_D(sX)  # (CPY, 1, CPY_K, STAGE)
+        tXcX = thr.partition_S(cute.make_identity_tensor((tile_mn, tile_k)))  # (CPY, 1, CPY_K)
+        n_rows = cute.size(tXcX, mode=[2])
+        tiled = self.tiled_copy_mn(tile_mn)
+        mn_size, tokens, positions = mX.shape[0], mX.shape[1], mIdx.shape[0]
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.k.ab_stage)
+        work = sched.first()
+        while sched.is_valid(work):
+            tile = sched.cta_tile(work)  # (m_tile, n_tile, expert)
+            kt_cnt = k_range(tile)[0]
+            k0 = k_window(tile)[0]
+            o_k = tiles(tile)
+            # this thread's chunk along MN (one past the operand's end reads its last chunk)
+            col = cutlass.min((tile[1] if gather_b else tile[0]) * tile_mn + tXcX[(0, 0, 0)][0], mn_size - elems)
+            for k_tile in range(kt_cnt):
+                full_bar = ab_pipeline.producer_get_barrier(state)
+                ab_pipeline.sync_object_empty.wait(state.index, state.phase)
+                if warp_idx == 0:  # the other operand's bytes on the barrier (one elected arrival), then its TMA
+                    ab_pipeline.sync_object_full.arrive(state.index, ab_pipeline.producer_mask)
+                    cute.copy(tma_atom, o_k[(None, k_tile)], tOsO[(None, state.index)], tma_bar_ptr=full_bar)
+                for j in cutlass.range_constexpr(n_rows):
+                    p = cutlass.min(k0 + k_tile * tile_k + tXcX[(0, 0, j)][1], positions - 1)
+                    t = cutlass.max(cutlass.min(mIdx[p], tokens - 1), 0)
+                    src = cute.local_tile(mX[(None, t, 0)], (elems,), (col // elems,))
+                    cute.copy(tiled, src, tXsX[(None, 0, j, state.index)])
+                cute.arch.cp_async_mbarrier_arrive_noinc(full_bar)
+                state.advance()
+            work = sched.next(work)
+        sched.finish(work)
+        if warp_idx == 0:
             ab_pipeline.producer_tail(state)

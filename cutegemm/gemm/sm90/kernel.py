@@ -103,8 +103,8 @@ class GemmSm90(GemmBase):
         self.split = SplitK(self)  # config.split_k: K ranges summed through a workspace or the cluster
         self.swap = SwapAb(self)  # config.swap_ab: C^T = B^T A^T for few tokens
         self.zero = StageZero(self)  # zeroed stage rows / K columns outside a partial box
-        self.gather = GatherA(self)  # config.gather_a: A's rows through an index, by cp.async
-        if config.gather_a:  # the producer warpgroup computes addresses: registers from the consumers
+        self.gather = GatherA(self)  # config.gather_a / gather_b: an operand through an index, by cp.async
+        if config.gathers:  # the producer warpgroup computes addresses: registers from the consumers
             self.load_registers, self.mma_registers = 56, 224
         self.out_per_elem = quant_storage(config.epilogue.quant)[1] if config.epilogue.quant else 1
         self.pingpong = config.pingpong
@@ -335,7 +335,7 @@ class GemmSm90(GemmBase):
             mV2,
             mV3,
             mWorkspace,
-            mA if cfg.gather_a else None,
+            (mB if cfg.gather_b else mA) if cfg.gathers else None,
             mAIdx,
             mSFA if cfg.fp8_blockwise or cfg.fp8_mx else None,
             mSFB if cfg.fp8_blockwise or cfg.fp8_mx else None,
@@ -380,7 +380,7 @@ class GemmSm90(GemmBase):
         mV2: cute.Tensor | None,
         mV3: cute.Tensor | None,
         mWorkspace: cute.Tensor | None,
-        mA_rows: cute.Tensor | None,  # gather_a: A itself (rows of A, K, 1), read by cp.async
+        mA_rows: cute.Tensor | None,  # gather_a / gather_b: A (B) itself, read by cp.async
         mAIdx: cute.Tensor | None,  # gather_a: (packed rows,) int32 row of A per packed row
         mSFA: cute.Tensor | None,  # FP8 block scaling: TMA coordinates of the (M, ceil(K/128), 1) scales of A
         mSFB: cute.Tensor | None,  # FP8 block scaling: (ceil(N/128), ceil(K/128)[, E]) fp32 scales of B
@@ -419,8 +419,8 @@ class GemmSm90(GemmBase):
             tma_bytes += self.blockwise.sfa_rows() * 4
         if cutlass.const_expr(self.config.a_rows):  # A's box holds a_rows of the tile_m rows
             tma_bytes -= (self.config.tile_m - self.a_box_rows) * self.tile_shape_mnk[2] * self.a_dtype.width // 8
-        if cutlass.const_expr(self.config.gather_a):  # A arrives by cp.async (its own arrivals)
-            tma_bytes -= self.gather.a_stage_bytes()
+        if cutlass.const_expr(self.config.gathers):  # A (B) arrives by cp.async (its own arrivals)
+            tma_bytes -= self.gather.gathered_stage_bytes()
         self.tma_bytes = tma_bytes  # the stage barrier's bytes (compile-check's transaction-byte rule)
         # Every consumer warp of every CTA that reads a multicast stage releases it.
         mcast_size = self.num_mcast_ctas_a + self.num_mcast_ctas_b - 1
@@ -428,7 +428,7 @@ class GemmSm90(GemmBase):
             barrier_storage=storage.ab_mbar.data_ptr(),
             num_stages=self.ab_stage,
             producer_group=pipeline.CooperativeGroup(
-                pipeline.Agent.Thread, self.gather.producer_arrivals() if cutlass.const_expr(self.config.gather_a) else 1
+                pipeline.Agent.Thread, self.gather.producer_arrivals() if cutlass.const_expr(self.config.gathers) else 1
             ),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, mcast_size * self.wg_per_tile * 4),
             tx_count=tma_bytes,
@@ -558,7 +558,9 @@ class GemmSm90(GemmBase):
             # aligned faulted with an illegal instruction on the H200); columns [k0, k_start) of
             # the first K tile and those past k_end in the last belong to other experts and are
             # zeroed in shared memory before the WGMMAs.
-            total_k, tile_k = mA_mkl.shape[1], self.tile_shape_mnk[2]
+            # (gathering: the index's K positions; the gathered operand holds the tokens)
+            total_k = mAIdx.shape[0] if cfg.gathers else mA_mkl.shape[1]
+            tile_k = self.tile_shape_mnk[2]
             k_align = 16 * 8 // self.a_dtype.width
 
             def k_window(tile):
@@ -607,7 +609,11 @@ class GemmSm90(GemmBase):
         warp_group_idx = cute.arch.make_warp_uniform(tidx // self.threads_per_warpgroup)
         if warp_group_idx == 0:
             cute.arch.setmaxregister_decrease(self.load_registers)
-            if cutlass.const_expr(cfg.gather_a):  # the whole warpgroup loads (gemm.sm90.gather)
+            if cutlass.const_expr(cfg.gathers and cfg.kgrouped):  # the whole warpgroup loads (gemm.sm90.gather)
+                self.gather.load_k(load_sched, ab_pipeline, k_range, k_window, mA_rows, mAIdx,
+                                   *((sB, tma_atom_a, a_tiles, tAsA) if cfg.gather_b else (sA, tma_atom_b, b_tiles, tBsB)),
+                                   tidx, warp_idx)  # fmt: skip
+            elif cutlass.const_expr(cfg.gather_a):  # the whole warpgroup loads (gemm.sm90.gather)
                 self.gather.load(load_sched, ab_pipeline, k_tile_cnt, mA_rows, mAIdx, sA, tma_atom_b, tBgB, tBsB,
                                  b_mcast_mask, tidx, warp_idx)  # fmt: skip
             elif warp_idx == self.load_warp_id:
