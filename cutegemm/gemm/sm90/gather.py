@@ -161,6 +161,7 @@ class GatherA:
         n_rows = cute.size(tXcX, mode=[2])
         tiled = self.tiled_copy_mn(tile_mn)
         mn_size, tokens, positions = mX.shape[0], mX.shape[1], mIdx.shape[0]
+        toks = cute.make_rmem_tensor((n_rows,), cutlass.Int32)  # the tokens of this thread's K rows
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.k.ab_stage)
         work = sched.first()
         while sched.is_valid(work):
@@ -170,6 +171,8 @@ class GatherA:
             o_k = tiles(tile)
             # this thread's chunk along MN (one past the operand's end reads its last chunk)
             col = cutlass.min((tile[1] if gather_b else tile[0]) * tile_mn + tXcX[(0, 0, 0)][0], mn_size - elems)
+            for j in cutlass.range_constexpr(n_rows):  # the first K tile's tokens
+                toks[j] = mIdx[cutlass.max(cutlass.min(k0 + tXcX[(0, 0, j)][1], positions - 1), 0)]
             for k_tile in range(kt_cnt):
                 full_bar = ab_pipeline.producer_get_barrier(state)
                 ab_pipeline.sync_object_empty.wait(state.index, state.phase)
@@ -177,11 +180,14 @@ class GatherA:
                     ab_pipeline.sync_object_full.arrive(state.index, ab_pipeline.producer_mask)
                     cute.copy(tma_atom, o_k[(None, k_tile)], tOsO[(None, state.index)], tma_bar_ptr=full_bar)
                 for j in cutlass.range_constexpr(n_rows):
-                    p = cutlass.min(k0 + k_tile * tile_k + tXcX[(0, 0, j)][1], positions - 1)
-                    t = cutlass.max(cutlass.min(mIdx[p], tokens - 1), 0)
+                    t = cutlass.max(cutlass.min(toks[j], tokens - 1), 0)
                     src = cute.local_tile(mX[(None, t, 0)], (elems,), (col // elems,))
                     cute.copy(tiled, src, tXsX[(None, 0, j, state.index)])
                 cute.arch.cp_async_mbarrier_arrive_noinc(full_bar)
+                # the next K tile's tokens, in flight while this thread waits for the next stage
+                for j in cutlass.range_constexpr(n_rows):
+                    p = cutlass.min(k0 + (k_tile + 1) * tile_k + tXcX[(0, 0, j)][1], positions - 1)
+                    toks[j] = mIdx[cutlass.max(p, 0)]
                 state.advance()
             work = sched.next(work)
         sched.finish(work)
