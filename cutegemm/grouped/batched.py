@@ -122,16 +122,24 @@ def batched_dense(a, b, out, out_dtype, alpha):
 
 
 def transposed_operands(a, b, out_dtype, out=None):
-    """3d x 2d as the packed form: (A = b^T (total_N, K), B = a^T (G, K, M), the output dtype)."""
+    """3d x 2d as the packed form: (A = b^T (total_N, K), B = a^T (G, K, M), the output dtype). A
+    row-major b makes an M-major A, which the packed form would stage on every call (a cold call):
+    b^T is made row-major here instead (the same copy), so a repeated call finds its plan."""
     fp8 = a.dtype == torch.float8_e4m3fn
     out_dtype = out_dtype or (out.dtype if isinstance(out, torch.Tensor) else torch.bfloat16 if fp8 else a.dtype)
-    return b.t(), a.mT, out_dtype
+    return k_major_t(b), a.mT, out_dtype
+
+
+def k_major_t(b):
+    """b^T, row-major: a view of a column-major b, else a copy."""
+    bt = b.t()
+    return bt if bt.stride(-1) == 1 or bt.shape[-1] == 1 else bt.contiguous()
 
 
 class Transposed3d2d:
     """A warm 3d x 2d call (no option but out_dtype / alpha / config / check_offs): ``inner``, the
-    packed form's plan of out^T = b^T x a^T, launched on b and a themselves (its kernel views are
-    ``as_strided`` views, and b.t() / a.mT start where b / a do), then out^T's row-major
+    packed form's plan of out^T = b^T x a^T, launched on b^T (row-major: ``k_major_t``) and a
+    (its kernel views are ``as_strided`` views, and a.mT starts where a does), then out^T's row-major
     transpose, as the cold call returns. The packed form's key of the 3-D call fixes the inner
     call's key; the caller checks data-pointer alignment and the device, as for the inner plan."""
 
@@ -145,7 +153,7 @@ class Transposed3d2d:
             check_offs_values(offs, b.shape[1])
         inner = self.inner
         out_t = torch.empty(*inner.out_dims, dtype=inner.out_dtype, device=inner.device)
-        inner.launch(b, a, out_t, offs, float(alpha))
+        inner.launch(k_major_t(b), a, out_t, offs, float(alpha))
         return out_t.t().contiguous()
 
 

@@ -353,7 +353,7 @@ def test_3d_forms_warm_calls_match_the_twin():
     b2 = torch.randn(72, 32, dtype=BF).t()  # (K, total_N)
     offs = torch.tensor([16, 48, 72], dtype=torch.int32)
     x, dy, koffs = _kg_operands()
-    calls = [(a3, b3, None), (a3, b2, offs), (x, dy, koffs)]
+    calls = [(a3, b3, None), (a3, b2, offs), (a3, b2.contiguous(), offs), (x, dy, koffs)]
     with emulated_kernels():
         for a, b, o in calls:
             want = cutegemm.grouped_gemm_ref(a, b, offs=o)
@@ -387,6 +387,19 @@ def test_3d_x_2d_warm_plan_keeps_checks_and_frees_a(kernel):
     del a3
     gc.collect()
     assert ref() is None, "a warm 3d x 2d plan keeps a alive"
+
+
+def test_3d_x_2d_row_major_b_gets_a_warm_plan(kernel):
+    """A row-major b (the usual (K, total_N) weight) makes b^T M-major: b^T is copied row-major
+    before the packed form sees it, so the second call is warm (no new plan) and reads the copy."""
+    a3, b2 = torch.randn(3, 40, 32, dtype=BF), torch.randn(32, 72, dtype=BF)
+    offs = torch.tensor([16, 48, 72], dtype=torch.int32)
+    cutegemm.grouped_gemm(a3, b2, offs=offs)
+    n_plans = len(packed.PLANS)
+    assert any(type(p).__name__ == "Transposed3d2d" for p in packed.PLANS.values())
+    res = cutegemm.grouped_gemm(a3, b2, offs=offs)
+    assert len(packed.PLANS) == n_plans and res.shape == (40, 72) and res.is_contiguous()
+    assert kernel.args[0].data_ptr() != b2.data_ptr()  # A: the row-major copy of b^T
 
 
 def test_3d_x_3d_fast_route_keeps_the_3d_checks(kernel):
