@@ -34,8 +34,8 @@ from .rowwise import (
     MAX_ELEMENTS,
     check_swiglu_config,
     flat_tensor,
-    join_pairs,
-    split_pairs,
+    gate_up_f32,
+    store_dz,
     swiglu_grads,
     swiglu_parts,
 )
@@ -97,8 +97,7 @@ class GatedGradsKernel:
         for u in cutlass.range_constexpr(U):
             chunk = cutlass.min(base + u * T, total - 1)  # past the end: the last chunk, never stored
             if cutlass.const_expr(halves):
-                row, cc = divmod(chunk, div_cpr)
-                g_idx = row * (2 * cpr) + cc  # in units of 8 elements of the flat Z
+                g_idx = _gate_chunk(chunk, div_cpr, cpr)
                 cute.autovec_copy(cute.local_tile(mZ, (CHUNK,), (g_idx,)), rG[None, u])
                 cute.autovec_copy(cute.local_tile(mZ, (CHUNK,), (g_idx + cpr,)), rU[None, u])
             else:
@@ -114,12 +113,7 @@ class GatedGradsKernel:
         oZ = cute.make_rmem_tensor((2 * CHUNK,), self.dtype)
         for u in cutlass.range_constexpr(U):
             chunk = base + u * T
-            if cutlass.const_expr(halves):
-                fG.store(rG[None, u].load().to(cutlass.Float32))
-                fU.store(rU[None, u].load().to(cutlass.Float32))
-            else:
-                fZ.store(rZ[None, u].load().to(cutlass.Float32))
-                split_pairs(fZ, fG, fU)
+            gate_up_f32(halves, u, rZ, rG, rU, fZ, fG, fU)
             g = fG.load()
             up = fU.load()
             s, a, h = swiglu_parts(g, up)
@@ -128,22 +122,16 @@ class GatedGradsKernel:
                 cute.autovec_copy(oH, cute.local_tile(mH, (CHUNK,), (chunk,)))
             if cutlass.const_expr(self.cfg.backward):
                 d_gate, d_up = swiglu_grads(rD[None, u].load().to(cutlass.Float32), g, up, s, a)
-                if cutlass.const_expr(halves):
-                    oG.store(d_gate.to(self.dtype))
-                    oU.store(d_up.to(self.dtype))
-                    if chunk < total:
-                        row, cc = divmod(chunk, div_cpr)
-                        g_idx = row * (2 * cpr) + cc
-                        cute.autovec_copy(oG, cute.local_tile(mDZ, (CHUNK,), (g_idx,)))
-                        cute.autovec_copy(oU, cute.local_tile(mDZ, (CHUNK,), (g_idx + cpr,)))
-                else:
-                    fG.store(d_gate)
-                    fU.store(d_up)
-                    join_pairs(fZ, fG, fU)
-                    oZ.store(fZ.load().to(self.dtype))
-                    if chunk < total:
-                        cute.autovec_copy(oZ, cute.local_tile(mDZ, (2 * CHUNK,), (chunk,)))
+                if chunk < total:
+                    store_dz(halves, d_gate, d_up, mDZ, chunk, _gate_chunk(chunk, div_cpr, cpr) if halves else chunk,
+                             cpr, self.dtype, fZ, fG, fU, oG, oU, oZ)  # fmt: skip
 
+
+
+def _gate_chunk(chunk, div_cpr, cpr):
+    """Halves layout: the 8-element chunk of flat Z holding the gates of H's chunk ``chunk``."""
+    row, cc = divmod(chunk, div_cpr)
+    return row * (2 * cpr) + cc
 
 
 def build_gated_grads(cfg: GatedGradsConfig):

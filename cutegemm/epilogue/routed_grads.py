@@ -40,8 +40,8 @@ from .rowwise import (
     MAX_ELEMENTS,
     check_swiglu_config,
     flat_tensor,
-    join_pairs,
-    split_pairs,
+    gate_up_f32,
+    store_dz,
     swiglu_grads,
     swiglu_parts,
 )
@@ -123,12 +123,7 @@ class RoutedGradsKernel:
                         cute.autovec_copy(cute.local_tile(mZ, (2 * CHUNK,), (chunk,)), rZ[None, u])
                 for u in cutlass.range_constexpr(U):
                     c = c0 + u * 32 + lane
-                    if cutlass.const_expr(halves):
-                        fG.store(rG[None, u].load().to(cutlass.Float32))
-                        fU.store(rU[None, u].load().to(cutlass.Float32))
-                    else:
-                        fZ.store(rZ[None, u].load().to(cutlass.Float32))
-                        split_pairs(fZ, fG, fU)
+                    gate_up_f32(halves, u, rZ, rG, rU, fZ, fG, fU)
                     g = fG.load()
                     up = fU.load()
                     s, a, h = swiglu_parts(g, up)
@@ -138,18 +133,8 @@ class RoutedGradsKernel:
                         dot = dot + (dp * h).reduce(cute.ReductionOp.ADD, 0.0, 0)
                         oH.store((h * w).to(self.dtype))
                         cute.autovec_copy(oH, cute.local_tile(mWH, (CHUNK,), (row * cpr + c,)))
-                        if cutlass.const_expr(halves):
-                            oG.store(d_gate.to(self.dtype))
-                            oU.store(d_up.to(self.dtype))
-                            g_idx = row * (2 * cpr) + c
-                            cute.autovec_copy(oG, cute.local_tile(mDZ, (CHUNK,), (g_idx,)))
-                            cute.autovec_copy(oU, cute.local_tile(mDZ, (CHUNK,), (g_idx + cpr,)))
-                        else:
-                            fG.store(d_gate)
-                            fU.store(d_up)
-                            join_pairs(fZ, fG, fU)
-                            oZ.store(fZ.load().to(self.dtype))
-                            cute.autovec_copy(oZ, cute.local_tile(mDZ, (2 * CHUNK,), (row * cpr + c,)))
+                        store_dz(halves, d_gate, d_up, mDZ, row * cpr + c, row * (2 * cpr) + c, cpr, self.dtype,
+                                 fZ, fG, fU, oG, oU, oZ)  # fmt: skip
             dot = cute.arch.warp_reduction_sum(dot)
             if lane == 0:
                 mDots[row] = dot

@@ -47,6 +47,33 @@ def join_pairs(fZ, fG, fU):
         fZ[2 * i + 1] = fU[i]
 
 
+def gate_up_f32(halves: bool, u: int, rZ, rG, rU, fZ, fG, fU):
+    """The fp32 gates fG and ups fU of loaded chunk ``u``: from rG / rU (halves layout) or from the
+    interleaved rZ (through fZ)."""
+    if halves:
+        fG.store(rG[None, u].load().to(cutlass.Float32))
+        fU.store(rU[None, u].load().to(cutlass.Float32))
+    else:
+        fZ.store(rZ[None, u].load().to(cutlass.Float32))
+        split_pairs(fZ, fG, fU)
+
+
+def store_dz(halves: bool, d_gate, d_up, mDZ, z_chunk, g_idx, cpr, dtype, fZ, fG, fU, oG, oU, oZ):
+    """dZ's chunk in Z's layout: gates at 8-element chunk ``g_idx`` and ups ``cpr`` chunks later
+    (halves), or the pairs interleaved at 16-element chunk ``z_chunk`` (through fZ)."""
+    if halves:
+        oG.store(d_gate.to(dtype))
+        oU.store(d_up.to(dtype))
+        cute.autovec_copy(oG, cute.local_tile(mDZ, (CHUNK,), (g_idx,)))
+        cute.autovec_copy(oU, cute.local_tile(mDZ, (CHUNK,), (g_idx + cpr,)))
+    else:
+        fG.store(d_gate)
+        fU.store(d_up)
+        join_pairs(fZ, fG, fU)
+        oZ.store(fZ.load().to(dtype))
+        cute.autovec_copy(oZ, cute.local_tile(mDZ, (2 * CHUNK,), (z_chunk,)))
+
+
 def swiglu_parts(g, up):
     """(s, a, h) of fp32 gates g and ups: s = sigmoid(g) (the GEMM epilogue's fast-math silu),
     a = silu(g) = g s, h = a up."""
@@ -61,5 +88,5 @@ def swiglu_grads(d, g, up, s, a):
     return d * up * (s * (1.0 + g * (1.0 - s))), d * a
 
 
-__all__ = ["CHUNK", "DTYPE_NAMES", "KERNEL_DTYPES", "MAX_ELEMENTS", "SASS_FORBIDDEN", "SASS_REQUIRED", "check_swiglu_config", "flat_tensor", "join_pairs", "split_pairs",
+__all__ = ["CHUNK", "DTYPE_NAMES", "KERNEL_DTYPES", "MAX_ELEMENTS", "SASS_FORBIDDEN", "SASS_REQUIRED", "check_swiglu_config", "flat_tensor", "gate_up_f32", "join_pairs", "split_pairs", "store_dz",
            "swiglu_grads", "swiglu_parts"]
