@@ -477,11 +477,11 @@ def kgrouped_errors(cfg: GemmConfig) -> list[str]:
     if cfg.arch == "sm_100a" and (cfg.a_major + cfg.b_major != "mn" or cfg.cluster_m * cfg.cluster_n > 1 or cfg.two_cta
                                   or cfg.scheduler != "static"):  # fmt: skip
         err.append(f"{what} on sm_100a: M-major A, N-major B, cluster 1x1, 1-CTA, the static scheduler")
-    if cfg.gathers and (cfg.gather_a == cfg.gather_b or cfg.arch != "sm_90a" or cfg.cluster_m * cfg.cluster_n > 1
+    if cfg.gathers and (cfg.gather_a == cfg.gather_b or cfg.arch != "sm_90a" or (cfg.cluster_m, cfg.cluster_n)[cfg.gather_a] > 1
                         or cfg.scheduler != "static" or (cfg.a_major, cfg.b_major)[cfg.gather_b] not in "mn"
                         or (cfg.tile_n if cfg.gather_b else cfg.tile_m) not in (64, 128, 256)):  # fmt: skip
-        err.append(f"{what} gathering one operand (gather_a / gather_b): sm_90a, that operand MN-major and its tile "
-                   "64, 128 or 256, cluster 1x1, the static scheduler")  # fmt: skip
+        err.append(f"{what} gathering one operand (gather_a / gather_b): sm_90a, that operand MN-major, its tile "
+                   "64, 128 or 256 and not multicast (gather_a: cluster_n 1, gather_b: cluster_m 1), static")  # fmt: skip
     return err
 
 

@@ -382,7 +382,10 @@ def _gather_plan(a_op, b, E, R, gather, out_dtype):
     majors = ("k" if a_unit == 2 else "m", "n" if b_unit == 2 else "k")
     dtype, out_name = INPUT_TO_NAME[a_op.dtype], TORCH_TO_NAME[out_dtype]
     cfg = kgrouped_config(arch, num_sms, M, N, R // max(E, 1), E, dtype, out_name, *majors, False)
-    cfg = replace(cfg, cluster_m=1, cluster_n=1, scheduler="static", gather_a=gather == "a", gather_b=gather == "b")
+    # the TMA operand keeps the policy's multicast pair, along the other mode for a gathered B
+    pair = max(cfg.cluster_m, cfg.cluster_n)
+    cfg = replace(cfg, cluster_m=pair if gather == "a" else 1, cluster_n=1 if gather == "a" else pair, scheduler="static",
+                  gather_a=gather == "a", gather_b=gather == "b")  # fmt: skip
     if (cfg.tile_n if cfg.gather_b else cfg.tile_m) not in (64, 128, 256):  # the gathered tile's cp.async rows
         cfg = replace(cfg, **{"tile_n" if cfg.gather_b else "tile_m": 128})
     ok, _ = can_implement(cfg, GemmProblem(M, N, max(R, 1), E, dtype, dtype, out_name, *majors))

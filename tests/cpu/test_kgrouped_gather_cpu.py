@@ -54,7 +54,9 @@ KG = dict(arch="sm_90a", form=Form.KGROUPED, a_major="m", b_major="n", tile_m=12
 def test_rules():
     assert config_errors(GemmConfig(**KG, gather_a=True)) == []
     assert config_errors(GemmConfig(**KG, gather_b=True, pingpong=True)) == []
-    for bad in (dict(gather_a=True, gather_b=True), dict(gather_a=True, cluster_m=2), dict(gather_b=True, cluster_n=2),
+    assert config_errors(GemmConfig(**KG, gather_a=True, cluster_m=2)) == []  # B multicast beside a gathered A
+    assert config_errors(GemmConfig(**KG, gather_b=True, cluster_n=2)) == []
+    for bad in (dict(gather_a=True, gather_b=True), dict(gather_a=True, cluster_n=2), dict(gather_b=True, cluster_m=2),
                 dict(gather_a=True, scheduler="dynamic"), dict(gather_a=True, a_major="k"), dict(gather_b=True, b_major="k"),
                 dict(gather_a=True, tile_m=192), dict(gather_b=True, tile_n=96), dict(gather_a=True, arch="sm_100a")):  # fmt: skip
         assert config_errors(GemmConfig(**{**KG, **bad})), bad
@@ -89,7 +91,7 @@ def test_kernel_route_against_the_copy(tokens, k, experts, m, n, gather, spill, 
         out = grouped_k_gather(a, b, offs, rows, gather, torch.float32)
     used = [kk.cfg for kk in cache.kernels]
     assert len(used) == 1 and used[0].gather_a == (gather == "a") and used[0].gather_b == (gather == "b")
-    assert used[0].cluster_m == used[0].cluster_n == 1 and used[0].scheduler == "static"
+    assert (used[0].cluster_n if gather == "a" else used[0].cluster_m) == 1 and used[0].scheduler == "static"
     assert out.shape == (experts, m, n) and not out.isnan().any()
     torch.testing.assert_close(out, _expected(a, b, offs, rows, gather), rtol=1e-5, atol=1e-4)
 

@@ -147,6 +147,7 @@ class GatherA:
         tma_atom: cute.CopyAtom,  # the other operand's
         tiles,  # tile -> (TMA, RestK): the other operand's K tiles of the tile
         tOsO: cute.Tensor,  # (TMA, STAGE)
+        mcast_mask,  # the other operand's multicast to the cluster (its CTAs share the expert's K range)
         ptidx: cutlass.Int32,  # thread index in the producer warpgroup
         warp_idx: cutlass.Int32,
     ):
@@ -178,7 +179,8 @@ class GatherA:
                 ab_pipeline.sync_object_empty.wait(state.index, state.phase)
                 if warp_idx == 0:  # the other operand's bytes on the barrier (one elected arrival), then its TMA
                     ab_pipeline.sync_object_full.arrive(state.index, ab_pipeline.producer_mask)
-                    cute.copy(tma_atom, o_k[(None, k_tile)], tOsO[(None, state.index)], tma_bar_ptr=full_bar)
+                    cute.copy(tma_atom, o_k[(None, k_tile)], tOsO[(None, state.index)], tma_bar_ptr=full_bar,
+                              mcast_mask=mcast_mask)  # fmt: skip
                 for j in cutlass.range_constexpr(n_rows):
                     t = cutlass.max(cutlass.min(toks[j], tokens - 1), 0)
                     src = cute.local_tile(mX[(None, t, 0)], (elems,), (col // elems,))

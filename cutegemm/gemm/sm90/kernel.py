@@ -611,7 +611,8 @@ class GemmSm90(GemmBase):
             cute.arch.setmaxregister_decrease(self.load_registers)
             if cutlass.const_expr(cfg.gathers and cfg.kgrouped):  # the whole warpgroup loads (gemm.sm90.gather)
                 self.gather.load_k(load_sched, ab_pipeline, k_range, k_window, mA_rows, mAIdx,
-                                   *((sB, tma_atom_a, a_tiles, tAsA) if cfg.gather_b else (sA, tma_atom_b, b_tiles, tBsB)),
+                                   *((sB, tma_atom_a, a_tiles, tAsA, a_mcast_mask) if cfg.gather_b
+                                     else (sA, tma_atom_b, b_tiles, tBsB, b_mcast_mask)),
                                    tidx, warp_idx)  # fmt: skip
             elif cutlass.const_expr(cfg.gather_a):  # the whole warpgroup loads (gemm.sm90.gather)
                 self.gather.load(load_sched, ab_pipeline, k_tile_cnt, mA_rows, mAIdx, sA, tma_atom_b, tBgB, tBsB,
