@@ -100,10 +100,10 @@ OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # what the quantize
 FUSED_DISPATCH = True
 # Gated experts with a gradient: moe.routed_experts (dispatch, experts and combine in one autograd
 # node that keeps x, Z and the routing instead of the gathered rows and the expert outputs) instead
-# of gather_tokens + grouped_experts + combine. Off: its GPU tests pass (tests/gpu/test_moe_train_gpu.py,
-# H100) and it saves 27% of the training step's peak memory on Qwen3-30B-A3B, but `bench moe` timed it
-# 4.5% slower forward+backward there (8.38 vs 8.02 ms, bench/RESULTS.md).
-ROUTED_TRAINING = False
+# of gather_tokens + grouped_experts + combine. On: 27% less peak memory in the Qwen3-30B-A3B training
+# step and level in time (this backend on the H100, two runs: 7.873 against 7.908 ms, routed against
+# plain 7.843 / 7.893; bench/RESULTS.md); its GPU tests pass (test_moe_train_gpu, test_transformers_gpu).
+ROUTED_TRAINING = True
 DEFAULT_GATE = getattr(hf_moe, "_default_apply_gate", None)  # transformers' act_fn(gate) * up
 E4M3_MAX = 448.0
 FP4_STORAGE = (torch.int8, torch.uint8, torch.float4_e2m1fn_x2)  # transformers' packed e2m1 experts
