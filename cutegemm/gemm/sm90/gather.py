@@ -1,6 +1,7 @@
-"""Gathered A rows on Hopper (``config.gather_a``): the packed grouped form reading A's rows through
-an index, so that a MoE layer's up projection reads the tokens as they are instead of a copy
-permuted by expert.
+"""Operands gathered through an index on Hopper (``config.gather_a`` / ``gather_b``): the packed
+grouped form reading A's rows through an index, so that a MoE layer's up projection reads the
+tokens as they are instead of a copy permuted by expert; and the K-grouped form reading one
+operand's K rows through it (the weight gradients, below).
 
 ``mAIdx`` (rows,) int32 maps every packed row (the experts' rows, in ``offs`` order) to its row of
 A. Hopper's TMA cannot gather rows, so the producer warpgroup's four warps load A with cp.async
@@ -38,7 +39,8 @@ COPY_BITS = 128  # one cp.async moves 16 bytes
 
 
 class GatherA:
-    """The producer warpgroup's loads of a ``config.gather_a`` kernel (a part of GemmSm90)."""
+    """The producer warpgroup's loads of a ``config.gather_a`` / ``gather_b`` kernel (a part of
+    GemmSm90): :meth:`load` for the packed form, :meth:`load_k` for the K-grouped form."""
 
     def __init__(self, kernel):
         self.k = kernel  # the kernel this part belongs to (its config, layouts, tiles)
@@ -156,11 +158,11 @@ class GatherA:
         gather_b = self.k.config.gather_b
         tile_mn, tile_k = self.k.tile_shape_mnk[1 if gather_b else 0], self.k.tile_shape_mnk[2]
         elems = COPY_BITS // self.k.a_dtype.width
-        thr = self.tiled_copy_mn(tile_mn).get_slice(ptidx)
+        tiled = self.tiled_copy_mn(tile_mn)
+        thr = tiled.get_slice(ptidx)
         tXsX = thr.partition_D(sX)  # (CPY, 1, CPY_K, STAGE)
         tXcX = thr.partition_S(cute.make_identity_tensor((tile_mn, tile_k)))  # (CPY, 1, CPY_K)
         n_rows = cute.size(tXcX, mode=[2])
-        tiled = self.tiled_copy_mn(tile_mn)
         mn_size, tokens, positions = mX.shape[0], mX.shape[1], mIdx.shape[0]
         toks = cute.make_rmem_tensor((n_rows,), cutlass.Int32)  # the tokens of this thread's K rows
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.k.ab_stage)
