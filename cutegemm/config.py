@@ -25,7 +25,7 @@ BLOCKSCALED_RECIPES = {
 # operand is unpacked to a byte per element in shared memory (its K a multiple of 128).
 BLOCKSCALED_MIXED = {("e4m3", "e2m1"), ("e2m1", "e4m3")}
 ELEMENT_BITS = {"bf16": 16, "fp16": 16, "fp32": 32, "e4m3": 8, "e2m1": 4, "u8": 8}
-
+GATHER_K_TILES = (64, 128, 256)  # K-grouped gathering: the gathered operand's tile (128 cp.async threads)
 
 QUANT_FORMATS = ("mxfp8", "mxfp4", "nvfp4")  # quantized outputs (epilogue.quant)
 MAX_EPILOGUE_ARGS = 4  # vectors a user epilogue may take (epilogue.user)
@@ -479,7 +479,7 @@ def kgrouped_errors(cfg: GemmConfig) -> list[str]:
         err.append(f"{what} on sm_100a: M-major A, N-major B, cluster 1x1, 1-CTA, the static scheduler")
     if cfg.gathers and (cfg.gather_a == cfg.gather_b or cfg.arch != "sm_90a" or (cfg.cluster_m, cfg.cluster_n)[cfg.gather_a] > 1
                         or cfg.scheduler != "static" or (cfg.a_major, cfg.b_major)[cfg.gather_b] not in "mn"
-                        or (cfg.tile_n if cfg.gather_b else cfg.tile_m) not in (64, 128, 256)):  # fmt: skip
+                        or (cfg.tile_n if cfg.gather_b else cfg.tile_m) not in GATHER_K_TILES):  # fmt: skip
         err.append(f"{what} gathering one operand (gather_a / gather_b): sm_90a, that operand MN-major, its tile "
                    "64, 128 or 256 and not multicast (gather_a: cluster_n 1, gather_b: cluster_m 1), static")  # fmt: skip
     return err

@@ -291,12 +291,17 @@ def _gated_grads_torch(activation, dh, z, gate_layout, want_h=True):
     h = (a * up).to(z.dtype) if want_h else None
     if dh is None:
         return h, None
-    g = dh.to(cd)
+    return h, _gated_dz(act, dh.to(cd), gate, up, a, z, gate_layout)
+
+
+def _gated_dz(act, d, gate, up, a, z, gate_layout):
+    """dZ of H = act(gate) * up for the gradient d of H (a = act(gate), all in the compute
+    dtype), written straight into Z's layout and dtype."""
     dz = torch.empty_like(z)
     dz_gate, dz_up = split_gate_up(dz, gate_layout)
-    dz_up.copy_(g * a)
-    dz_gate.copy_(_act_backward(act, g * up, gate))
-    return h, dz
+    dz_up.copy_(d * a)
+    dz_gate.copy_(_act_backward(act, d * up, gate))
+    return dz
 
 
 @torch.library.custom_op("cutegemm::swiglu", mutates_args=())
@@ -347,12 +352,7 @@ def _routed_grads_torch(activation, dhp, z, w, gate_layout):
     h = a * up
     g = dhp.to(cd)
     wc = w.to(cd).unsqueeze(-1)
-    d = g * wc
-    dz = torch.empty_like(z)
-    dz_gate, dz_up = split_gate_up(dz, gate_layout)
-    dz_up.copy_(d * a)
-    dz_gate.copy_(_act_backward(act, d * up, gate))
-    return (h * wc).to(z.dtype), dz, (g * h).sum(-1)
+    return (h * wc).to(z.dtype), _gated_dz(act, g * wc, gate, up, a, z, gate_layout), (g * h).sum(-1)
 
 
 @torch.library.custom_op("cutegemm::routed_swiglu_grads", mutates_args=())

@@ -31,13 +31,14 @@ from .rowwise import (
     CHUNK,
     DTYPE_NAMES,
     KERNEL_DTYPES,
-    MAX_ELEMENTS,
     check_swiglu_config,
     flat_tensor,
     gate_up_f32,
     store_dz,
     swiglu_grads,
+    swiglu_operands,
     swiglu_parts,
+    swiglu_registers,
 )
 
 
@@ -90,10 +91,7 @@ class GatedGradsKernel:
         U, T = self.cfg.steps, self.cfg.threads
         halves = self.cfg.layout == "halves"
         base = bidx * (T * U) + tidx
-        rZ = cute.make_rmem_tensor((2 * CHUNK, U), self.dtype)  # interleaved: the chunk's 16 Z values
-        rG = cute.make_rmem_tensor((CHUNK, U), self.dtype)  # halves: gate and up apart
-        rU = cute.make_rmem_tensor((CHUNK, U), self.dtype)
-        rD = cute.make_rmem_tensor((CHUNK, U), self.dtype)
+        rD, rZ, rG, rU, fZ, fG, fU, oH, oG, oU, oZ = swiglu_registers(self.dtype, U)
         for u in cutlass.range_constexpr(U):
             chunk = cutlass.min(base + u * T, total - 1)  # past the end: the last chunk, never stored
             if cutlass.const_expr(halves):
@@ -104,13 +102,6 @@ class GatedGradsKernel:
                 cute.autovec_copy(cute.local_tile(mZ, (2 * CHUNK,), (chunk,)), rZ[None, u])
             if cutlass.const_expr(self.cfg.backward):
                 cute.autovec_copy(cute.local_tile(mDH, (CHUNK,), (chunk,)), rD[None, u])
-        fG = cute.make_rmem_tensor((CHUNK,), cutlass.Float32)
-        fU = cute.make_rmem_tensor((CHUNK,), cutlass.Float32)
-        fZ = cute.make_rmem_tensor((2 * CHUNK,), cutlass.Float32)
-        oH = cute.make_rmem_tensor((CHUNK,), self.dtype)
-        oG = cute.make_rmem_tensor((CHUNK,), self.dtype)
-        oU = cute.make_rmem_tensor((CHUNK,), self.dtype)
-        oZ = cute.make_rmem_tensor((2 * CHUNK,), self.dtype)
         for u in cutlass.range_constexpr(U):
             chunk = base + u * T
             gate_up_f32(halves, u, rZ, rG, rU, fZ, fG, fU)
@@ -162,13 +153,7 @@ def check_variant(cfg: GatedGradsConfig) -> tuple[bool, dict, str]:
 def kernel_takes(activation: str, dh, z: torch.Tensor) -> bool:
     """Whether :func:`gated_grads_cuda` runs the call: swiglu, CUDA bf16 / fp16, Z (T, 2I) and dH
     (T, I) contiguous, 16-byte aligned, I a multiple of 8, on sm_90a / sm_100a."""
-    if activation != "swiglu" or not z.is_cuda or z.dtype not in DTYPE_NAMES or z.dim() != 2:
-        return False
-    inter = z.shape[1] // 2
-    if z.shape[1] % 2 or inter % CHUNK or not z.is_contiguous() or z.data_ptr() % 16 or z.numel() > MAX_ELEMENTS:
-        return False
-    if dh is not None and (dh.dtype != z.dtype or dh.shape != (z.shape[0], inter) or not dh.is_contiguous()
-                           or dh.data_ptr() % 16 or dh.device != z.device):  # fmt: skip
+    if activation != "swiglu" or not swiglu_operands(dh, z):
         return False
     return device_info(z.device.index)[0] in ("sm_90a", "sm_100a")
 

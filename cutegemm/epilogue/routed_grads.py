@@ -37,13 +37,14 @@ from .rowwise import (
     CHUNK,
     DTYPE_NAMES,
     KERNEL_DTYPES,
-    MAX_ELEMENTS,
     check_swiglu_config,
     flat_tensor,
     gate_up_f32,
     store_dz,
     swiglu_grads,
+    swiglu_operands,
     swiglu_parts,
+    swiglu_registers,
 )
 
 
@@ -96,17 +97,7 @@ class RoutedGradsKernel:
         halves = self.cfg.layout == "halves"
         lane = tidx % 32
         row = bidx * self.cfg.warps + tidx // 32
-        rD = cute.make_rmem_tensor((CHUNK, U), self.dtype)
-        rZ = cute.make_rmem_tensor((2 * CHUNK, U), self.dtype)  # interleaved: the chunk's 16 Z values
-        rG = cute.make_rmem_tensor((CHUNK, U), self.dtype)  # halves: gate and up apart
-        rU = cute.make_rmem_tensor((CHUNK, U), self.dtype)
-        fG = cute.make_rmem_tensor((CHUNK,), cutlass.Float32)
-        fU = cute.make_rmem_tensor((CHUNK,), cutlass.Float32)
-        fZ = cute.make_rmem_tensor((2 * CHUNK,), cutlass.Float32)
-        oH = cute.make_rmem_tensor((CHUNK,), self.dtype)
-        oG = cute.make_rmem_tensor((CHUNK,), self.dtype)
-        oU = cute.make_rmem_tensor((CHUNK,), self.dtype)
-        oZ = cute.make_rmem_tensor((2 * CHUNK,), self.dtype)
+        rD, rZ, rG, rU, fZ, fG, fU, oH, oG, oU, oZ = swiglu_registers(self.dtype, U)
         dot = cutlass.Float32(0.0)
         if row < rows:  # the whole warp: one row
             w = mW[row]
@@ -170,16 +161,9 @@ def kernel_takes(dhp: torch.Tensor, z: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether :func:`routed_grads_cuda` runs the call: CUDA bf16 / fp16 Z (R, 2I) and dH' (R, I)
     contiguous, 16-byte aligned, I a multiple of 8; w (R,) fp32 contiguous; one device; sm_90a /
     sm_100a."""
-    if not z.is_cuda or z.dtype not in DTYPE_NAMES or z.dim() != 2 or z.shape[1] % (2 * CHUNK):
+    if not swiglu_operands(dhp, z) or w.dtype != torch.float32 or w.shape != (z.shape[0],) or not w.is_contiguous():
         return False
-    rows, inter = z.shape[0], z.shape[1] // 2
-    if not z.is_contiguous() or z.data_ptr() % 16 or z.numel() > MAX_ELEMENTS:
-        return False
-    if dhp.dtype != z.dtype or dhp.shape != (rows, inter) or not dhp.is_contiguous() or dhp.data_ptr() % 16:
-        return False
-    if w.dtype != torch.float32 or w.shape != (rows,) or not w.is_contiguous():
-        return False
-    return dhp.device == z.device == w.device and device_info(z.device.index)[0] in ("sm_90a", "sm_100a")
+    return w.device == z.device and device_info(z.device.index)[0] in ("sm_90a", "sm_100a")
 
 
 def routed_grads_cuda(dhp: torch.Tensor, z: torch.Tensor, w: torch.Tensor, gate_layout: str):

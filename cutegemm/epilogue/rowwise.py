@@ -33,6 +33,31 @@ def check_swiglu_config(cfg) -> None:
         raise ValueError(f"bad {type(cfg).__name__} {cfg}")
 
 
+def swiglu_operands(dh, z) -> bool:
+    """Whether Z (R, 2I) and dH (R, I) (None: not given) are what the SwiGLU row kernels read:
+    CUDA bf16 / fp16 of one dtype on one device, contiguous, 16-byte aligned, I a multiple of 8,
+    within flat int32 indexing."""
+    if not z.is_cuda or z.dtype not in DTYPE_NAMES or z.dim() != 2 or z.shape[1] % (2 * CHUNK):
+        return False
+    if not z.is_contiguous() or z.data_ptr() % 16 or z.numel() > MAX_ELEMENTS:
+        return False
+    return dh is None or (dh.dtype == z.dtype and dh.shape == (z.shape[0], z.shape[1] // 2) and dh.is_contiguous()
+                          and dh.data_ptr() % 16 == 0 and dh.device == z.device)  # fmt: skip
+
+
+def swiglu_registers(dtype, steps: int):
+    """The register tensors of a SwiGLU row kernel, made at the kernel's top level: (rD, rZ, rG,
+    rU) the loads of ``steps`` chunks (dH; interleaved Z; halves' gates and ups), (fZ, fG, fU) one
+    chunk in fp32, (oH, oG, oU, oZ) one chunk's stores."""
+    f32 = cutlass.Float32
+    return (cute.make_rmem_tensor((CHUNK, steps), dtype), cute.make_rmem_tensor((2 * CHUNK, steps), dtype),
+            cute.make_rmem_tensor((CHUNK, steps), dtype), cute.make_rmem_tensor((CHUNK, steps), dtype),
+            cute.make_rmem_tensor((2 * CHUNK,), f32), cute.make_rmem_tensor((CHUNK,), f32),
+            cute.make_rmem_tensor((CHUNK,), f32), cute.make_rmem_tensor((CHUNK,), dtype),
+            cute.make_rmem_tensor((CHUNK,), dtype), cute.make_rmem_tensor((CHUNK,), dtype),
+            cute.make_rmem_tensor((2 * CHUNK,), dtype))  # fmt: skip
+
+
 def split_pairs(fZ, fG, fU):
     """The interleaved chunk fZ (16 fp32: gate, up, gate, ...) into its 8 gates fG and ups fU."""
     for i in range(CHUNK):  # a plain loop: helpers are traced, not preprocessed
@@ -89,4 +114,4 @@ def swiglu_grads(d, g, up, s, a):
 
 
 __all__ = ["CHUNK", "DTYPE_NAMES", "KERNEL_DTYPES", "MAX_ELEMENTS", "SASS_FORBIDDEN", "SASS_REQUIRED", "check_swiglu_config", "flat_tensor", "gate_up_f32", "join_pairs", "split_pairs", "store_dz",
-           "swiglu_grads", "swiglu_parts"]
+           "swiglu_grads", "swiglu_operands", "swiglu_parts", "swiglu_registers"]

@@ -28,7 +28,7 @@ from dataclasses import replace
 
 import torch
 
-from ..config import TMA_ALIGN_BYTES, Form, GemmConfig, GemmProblem, can_implement
+from ..config import GATHER_K_TILES, TMA_ALIGN_BYTES, Form, GemmConfig, GemmProblem, can_implement
 from ..epilogue import EpilogueSpec
 from ..gemm.args import KernelArgs
 from ..gemm.dense import gemm
@@ -367,7 +367,7 @@ def _gather_plan(a_op, b, E, R, gather, out_dtype):
     :func:`_gather_launch`, or False."""
     dev = a_op.device
     arch, num_sms = device_info(dev.index if dev.index is not None else torch.cuda.current_device())
-    if arch != "sm_90a" or (b.shape[1] * torch.empty((), dtype=out_dtype).element_size()) % TMA_ALIGN_BYTES:
+    if arch != "sm_90a" or (b.shape[1] * out_dtype.itemsize) % TMA_ALIGN_BYTES:
         return False
     a3, b3 = a_op.unsqueeze(0), b.unsqueeze(0)
     # the gathered operand is MN-major (its rows contiguous, checked by the caller) whatever its sizes
@@ -386,7 +386,7 @@ def _gather_plan(a_op, b, E, R, gather, out_dtype):
     pair = max(cfg.cluster_m, cfg.cluster_n)
     cfg = replace(cfg, cluster_m=pair if gather == "a" else 1, cluster_n=1 if gather == "a" else pair, scheduler="static",
                   gather_a=gather == "a", gather_b=gather == "b")  # fmt: skip
-    if (cfg.tile_n if cfg.gather_b else cfg.tile_m) not in (64, 128, 256):  # the gathered tile's cp.async rows
+    if (cfg.tile_n if cfg.gather_b else cfg.tile_m) not in GATHER_K_TILES:
         cfg = replace(cfg, **{"tile_n" if cfg.gather_b else "tile_m": 128})
     ok, _ = can_implement(cfg, GemmProblem(M, N, max(R, 1), E, dtype, dtype, out_name, *majors))
     if not ok:
