@@ -36,8 +36,8 @@ GATED = ("swiglu", "geglu")
 
 @dataclass(frozen=True)
 class EpilogueSpec:
-    """What the epilogue does to the fp32 accumulator before the cast (see the module docstring
-    for the formulas and their order). Disabled ops emit no code.
+    """What the epilogue does to the fp32 accumulator before the cast (formulas and order:
+    :mod:`cutegemm.epilogue.ops`). Disabled ops emit no code.
 
     alpha: multiply by a runtime fp32 scalar (``alpha == 1`` costs nothing when False).
     beta: add ``beta * C`` (runtime fp32 scalar; C an input tensor of the output's shape, row
@@ -45,10 +45,9 @@ class EpilogueSpec:
     bias: add a per-GEMM-column vector of dtype ``bias_dtype``.
     activation: None | "relu" | "gelu" (erf) | "gelu_tanh" | "silu", applied last.
     gated: None | "swiglu" | "geglu" (erf gelu): the output has half the GEMM's columns; B's
-        columns alternate gate, up (see the module docstring). Excludes ``activation`` and
-        ``beta``.
-    c_dtype / bias_dtype: dtypes of the C and bias tensors; leave them at the default "fp32"
-        when the op is off, so that one kernel has one key.
+        columns alternate gate, up. Excludes ``activation`` and ``beta``.
+    preact: gated: also store the values before the gate (all GEMM columns) to a second output.
+    c_dtype / bias_dtype: dtypes of C and bias; "fp32" when the op is off (one kernel, one key).
     quant: None | "mxfp8" | "mxfp4" | "nvfp4": the output is block-quantized along its columns
         (see :mod:`cutegemm.epilogue.quant`): data (e4m3, or e2m1 pairs as bytes) plus 128x4
         swizzled scale factors, written by the kernel.
@@ -61,6 +60,7 @@ class EpilogueSpec:
     bias: bool = False
     activation: str | None = None
     gated: str | None = None
+    preact: bool = False
     c_dtype: str = "fp32"
     bias_dtype: str = "fp32"
     quant: str | None = None
@@ -96,6 +96,8 @@ class EpilogueSpec:
             err.append(f"gated={self.gated!r} already applies its activation; activation must be None")
         if self.gated is not None and self.beta:
             err.append("beta * C cannot be combined with a gated activation")
+        if self.preact and (self.gated is None or self.quant is not None):
+            err.append("preact stores the pre-activation values of a gated epilogue (no quantized output)")
         for f, on in (("c_dtype", self.beta), ("bias_dtype", self.bias)):
             v = getattr(self, f)
             if v not in EPI_DTYPES:
@@ -117,7 +119,7 @@ class EpilogueSpec:
         if self.activation:
             parts.append(self.activation)
         if self.gated:
-            parts.append(self.gated)
+            parts.append(self.gated + "z" * self.preact)
         if self.user:
             parts.append(f"user{self.user}" + "".join(f"-{d}" for d in self.user_args))
         if self.quant:
@@ -330,6 +332,10 @@ def config_errors(cfg: GemmConfig) -> list[str]:
         err.append("gather_a: the packed grouped form with 16-bit operands, A K-major and not multicast (cluster_n "
                    "1), the static scheduler, not swap_ab; or the K-grouped form")  # fmt: skip
     err += ["gather_b: the K-grouped form only"] if cfg.gather_b and not cfg.kgrouped else []
+    if cfg.epilogue.preact and (cfg.arch != "sm_90a" or cfg.form not in (Form.DENSE, Form.GROUPED) or cfg.swap_ab
+                                or cfg.split_k != 1 or cfg.out_dtype not in INPUT_DTYPES):  # fmt: skip
+        err.append("preact (a gated epilogue's second output): sm_90a dense or packed grouped, bf16 / fp16 "
+                   "output, not swap_ab or split K")  # fmt: skip
     if cfg.fp8_blockwise:
         err += fp8_blockwise_errors(cfg)
     if cfg.wg_order and (
@@ -426,9 +432,8 @@ SCHEDULERS = ("static", "dynamic", "clc")
 
 
 def scheduler_errors(cfg: GemmConfig) -> list[str]:
-    """static (both archs), dynamic (atomic counter; both archs), clc (cluster launch control,
-    sm_100a). The dynamic ones broadcast each tile to every role, which the sm_90a pingpong
-    schedule (warpgroups alternate tiles by position) does not do."""
+    """static, dynamic (atomic counter), clc (cluster launch control, sm_100a). The dynamic ones
+    broadcast each tile to every role: not with sm_90a pingpong (tiles alternate by position)."""
     if cfg.scheduler not in SCHEDULERS:
         return [f"scheduler must be one of {SCHEDULERS}, got {cfg.scheduler!r}"]
     err = []
@@ -440,10 +445,8 @@ def scheduler_errors(cfg: GemmConfig) -> list[str]:
 
 
 def fp8_blockwise_errors(cfg: GemmConfig) -> list[str]:
-    """Rules of the DeepSeek-style FP8 block scaling (1x128 scales of A, 128x128 scales of B) on
-    sm_90a: the scales multiply each 128-wide K tile's WGMMA partial sum as it is promoted into
-    the fp32 accumulator, so a tile must see one K block per K tile and one or two B scales per
-    K tile (tile_n 192: the columns before and after a 128-column block boundary)."""
+    """DeepSeek-style FP8 block scaling (sm_90a): the scales multiply each 128-wide K tile's partial
+    sum as it is promoted, so a tile sees one or two B scales per K tile (tile_n 192: two)."""
     what = "fp8_blockwise (1x128 / 128x128 FP8 scales)"
     err = _fp8_scaled_mainloop_errors(cfg, what)
     if cfg.fast_accum:
@@ -486,10 +489,8 @@ def kgrouped_errors(cfg: GemmConfig) -> list[str]:
 
 
 def listed_errors(cfg: GemmConfig) -> list[str]:
-    """Rules of the list-form kernel (sm_90a, and sm_100a with the 1-CTA MMA): those of the
-    K-grouped kernel plus elementwise activations and, on sm_100a, the CLC scheduler (the host
-    knows the tile count: one cluster per tile); no cluster (a multicast would need the peer
-    CTA's tile in the same group)."""
+    """The list-form kernel (sm_90a; sm_100a 1-CTA): the K-grouped kernel's rules plus elementwise
+    activations and, on sm_100a, CLC; no cluster (a peer CTA's tile may be another group's)."""
     what = "listed (list form)"
     err = _alpha_only_errors(cfg, what, cfg.grouped or cfg.kgrouped, archs=("sm_90a", "sm_100a"), activation=True,
                              clc=cfg.arch == "sm_100a")  # fmt: skip
@@ -500,9 +501,8 @@ def listed_errors(cfg: GemmConfig) -> list[str]:
 
 def _alpha_only_errors(cfg: GemmConfig, what: str, other_form: bool, archs=("sm_90a",), activation=False,
                        clc=False) -> list[str]:  # fmt: skip
-    """bf16 / fp16 A and B on ``archs``, not combined with another form or a scaled mode, alpha
-    as the only epilogue op (``activation``: and an elementwise activation), static or dynamic
-    scheduler (``clc``: or CLC)."""
+    """bf16 / fp16 A and B on ``archs``, no other form or scaled mode, alpha the only epilogue op
+    (``activation``: and an elementwise one), static or dynamic scheduler (``clc``: or CLC)."""
     err = []
     if cfg.arch not in archs:
         err.append(f"{what} is an {' / '.join(archs)} kernel, got arch {cfg.arch!r}")

@@ -61,6 +61,7 @@ from torch.autograd.function import once_differentiable
 from . import ops
 from .api.face import grouped_gemm, grouped_gemm_ref
 from .epilogue import GATED
+from .grouped.gather import gathered_grouped_gemm, preact_route
 from .grouped.k_grouped import grouped_k_gather
 from .ops import combine_rows, gated_grads, packed_zero_tail, routed_gated_grads, sum_rows, zero_rows_past_end
 from .policy import gather_pays
@@ -424,8 +425,7 @@ class _RoutedExperts(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weights, w_gate_up, w_down, order, rows, offs, inverse, k, activation, gate_layout):
-        z = _gathered_mm(x, rows, w_gate_up, offs)  # (R, 2I); rows past offs[-1] unspecified
-        h, _ = gated_grads(activation, None, z, gate_layout)
+        z, h = _gathered_gated(x, rows, w_gate_up, offs, activation, gate_layout)  # rows past offs[-1] unspecified
         y = _with_zero_row(h, w_down, offs)  # (R + 1, H) unweighted, row R zero
         del h
         # pair p's row; the pairs routed outside [0, E) (rows past offs[-1]) read the zero row R
@@ -494,6 +494,19 @@ def _gathered_mm(x, rows, w, offs):
     if _gather_in_loads(x, rows, offs.shape[0]):
         return grouped_gemm(x, w, offs=offs, gather_index=rows)
     return grouped_mm(x.index_select(0, rows), w, offs)
+
+
+def _gathered_gated(x, rows, w, offs, activation, gate_layout):
+    """(Z, H) of the up projection on x[rows]: Z (R, 2I) and H = act(gate) * up (R, I). One launch
+    writes both where the gather kernel stores the values before the gate (``preact_route``:
+    sm_90a, interleaved gate / up; H then comes from the fp32 accumulators), else Z and the
+    SwiGLU row pass over it."""
+    if gate_layout == "interleaved" and _gather_in_loads(x, rows, offs.shape[0]) and preact_route(x, w, offs, activation):
+        z = torch.empty(rows.shape[0], w.shape[2], dtype=x.dtype, device=x.device)
+        h = gathered_grouped_gemm(x, w, gather_index=rows, run=None, offs=offs, activation=activation, preact_out=z)
+        return z, h
+    z = _gathered_mm(x, rows, w, offs)
+    return z, gated_grads(activation, None, z, gate_layout)[0]
 
 
 def routed_experts(x, top_k_index, top_k_weights, w_gate_up, w_down, *, activation: str = "swiglu",

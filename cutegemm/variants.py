@@ -362,6 +362,12 @@ def grouped_variants(arch: str) -> list[GemmConfig]:
                    epilogue=EpilogueSpec(alpha=True, activation="silu")),
         GemmConfig(arch=arch, form=Form.GROUPED, gather_a=True, tile_m=128, tile_n=128, pingpong=True, a_dtype="fp16",
                    b_dtype="fp16", out_dtype="fp32", raster="m", group=1),
+        # the up projection of training: the gated output and the values before the gate (preact)
+        # from one epilogue; gathered 2x1, and the plain packed form in pingpong fp16 with bias
+        GemmConfig(arch=arch, form=Form.GROUPED, gather_a=True, tile_m=128, tile_n=256, cluster_m=2, raster="m", group=1,
+                   epilogue=EpilogueSpec(gated="swiglu", preact=True)),
+        GemmConfig(arch=arch, form=Form.GROUPED, tile_m=128, tile_n=128, pingpong=True, cluster_n=2, a_dtype="fp16",
+                   b_dtype="fp16", out_dtype="fp16", epilogue=EpilogueSpec(bias=True, gated="geglu", preact=True)),
     ] + grouped_epilogue_variants(arch)  # fmt: skip
 
 

@@ -101,6 +101,9 @@ class EmulatedKernel:
                 sb = None if k.v1 is None else (k.v1[:1] if k.v1.numel() == 1 else k.v1[e * n:(e + 1) * n])
                 be = None if bias is None else bias[e * n:(e + 1) * n]
                 y = finish(acc, be, vec(k.v0, s, t), sb).to(o3.dtype)
+                if epi.preact:  # the values before the gate (all GEMM columns), beside the gated output
+                    assert k.preact is not None and not swap
+                    k.preact[s:t, :, 0] = epilogue_ref(acc, alpha=alpha, bias=be).to(k.preact.dtype)
                 if swap:
                     o3[:, s:t, 0] = y.t()
                 else:

@@ -207,6 +207,7 @@ def epilogue_subtile(
     mBias,
     vectors=(),
     group_cols=None,
+    preact: bool = False,
 ):
     """The whole epilogue of one fp32 accumulator subtile; returns the values to cast and store.
 
@@ -221,7 +222,8 @@ def epilogue_subtile(
     (E * N,), element ``l * N + n``). None (dense): one vector shared by every batch.
 
     Non-gated: returns a TensorSSA of ``acc``'s shape. Gated: returns a 1-D TensorSSA with one
-    value per (gate, up) pair, in the order of :func:`gate_up_pairs` (``coords``).
+    value per (gate, up) pair, in the order of :func:`gate_up_pairs` (``coords``); with
+    ``preact`` (gated), the pair (values before the gate, in ``acc``'s shape; gated values).
     """
     if spec.user is not None:
         y = acc * alpha if spec.alpha else acc
@@ -255,7 +257,8 @@ def epilogue_subtile(
     for k, (g, u) in enumerate(pairs):
         r_gate[k] = r_y[g]
         r_up[k] = r_y[u]
-    return apply_gate(spec, r_gate.load(), r_up.load())
+    gated = apply_gate(spec, r_gate.load(), r_up.load())
+    return (y, gated) if preact else gated
 
 
 def store_gated(out: cute.TensorSSA, coords, local, s_out: cute.Tensor, dtype):

@@ -43,6 +43,7 @@ class KernelArgs(NamedTuple):
     v3: object = None
     workspace: object = None  # dynamic scheduler counter / split-K counters and partial sums
     a_index: object = None  # gather_a: (packed rows,) int32 row of A per packed row
+    preact: object = None  # epilogue.preact (sm_90a): (M, N, L) view of the values before the gate
 
     def compile_args(self, stream) -> tuple:
         """The arguments of ``cute.compile``: the kernels take the stream after ``max_clusters``."""
@@ -129,7 +130,7 @@ def dense_fake_args(cfg: GemmConfig, offs=None):
         a, b, out=c, c=c_in, bias=bias, alpha=cutlass.Float32(1.0), beta=cutlass.Float32(0.0),
         max_clusters=cutlass.Int32(1), offs=offs, sfa=sfa, sfb=sfb, out_scales=out_scales,
         out_global_scale=out_gs, v0=vecs[0], v1=vecs[1], v2=vecs[2], v3=vecs[3], workspace=_fake_workspace(cfg),
-        a_index=a_index,
+        a_index=a_index, preact=_fake_matrix(cfg.out_dtype, 1) if epi.preact else None,
     )  # fmt: skip
     return args.compile_args(make_fake_stream(use_tvm_ffi_env_stream=True))
 

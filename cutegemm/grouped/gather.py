@@ -43,7 +43,7 @@ from ..policy import policy_for
 from ..runtime.device import device_info, max_clusters_for
 
 GATHER_K = 64  # the kernel's K tile (16-bit): every 16-byte chunk of a K tile lies inside its row
-KERNEL_OPTIONS = ("offs", "out", "out_dtype", "alpha", "activation", "config", "check_offs")
+KERNEL_OPTIONS = ("offs", "out", "out_dtype", "alpha", "activation", "config", "check_offs", "preact_out")
 # Warm plans of the kernel route: (shapes, strides, dtypes, device, options) -> _GatherPlan.
 PLANS: dict = {}
 
@@ -52,16 +52,16 @@ class _GatherPlan:
     """What a warm call of one signature reuses: the kernel, the views' (size, stride), the grid
     cap and the workspace; the call passes its tensors, offs and index."""
 
-    __slots__ = ("fn", "views", "max_clusters", "tail", "device_index", "out_dims", "out_dtype", "pad")
+    __slots__ = ("fn", "views", "max_clusters", "tail", "device_index", "out_dims", "out_dtype", "pad", "z_view")
 
-    def launch(self, a, b, out, offs, index, alpha):
+    def launch(self, a, b, out, offs, index, alpha, preact=None):
         """KernelArgs' LEADING fields, the plan's tail up to a_index, then the index (sm_100a:
-        :func:`padded_index`)."""
+        :func:`padded_index`) and the kernel's view of ``preact`` (epilogue.preact; else None)."""
         if self.pad:
             index = padded_index(index)
         (sa, ta), (sb, tb), (so, to) = self.views
         self.fn(a.as_strided(sa, ta), b.as_strided(sb, tb), out.as_strided(so, to), None, None, alpha, 0.0,
-                self.max_clusters, offs, *self.tail, index)  # fmt: skip
+                self.max_clusters, offs, *self.tail, index, None if preact is None else preact.as_strided(*self.z_view))  # fmt: skip
 
 
 def gather_index_of(index, a: torch.Tensor) -> torch.Tensor:
@@ -94,7 +94,7 @@ def on_cuda(t: torch.Tensor) -> bool:
     return t.is_cuda
 
 
-def _kernel_route(a, b, options) -> bool:
+def _kernel_route(a, b, options, rows: int = -1) -> bool:
     """Whether the gather kernel takes the call (see the module docstring)."""
     if any(options.get(k) is not None for k in options if k not in KERNEL_OPTIONS):
         return False
@@ -116,17 +116,37 @@ def _kernel_route(a, b, options) -> bool:
         return False
     if out is not None and not (isinstance(out, torch.Tensor) and tma_storable(out)):
         return False
-    return device_info(a.device.index)[0] in ("sm_90a", "sm_100a")
+    arch = device_info(a.device.index)[0]
+    if options.get("preact_out") is not None:
+        return arch == "sm_90a" and preact_fits(options["preact_out"], a, b, rows, act, out_dtype or a.dtype)
+    return arch in ("sm_90a", "sm_100a")
+
+
+def preact_fits(z, a, b, rows: int, act, out_dtype) -> bool:
+    """Whether ``z`` can take the values before the gate (epilogue.preact): a gated activation, a
+    contiguous (rows, N) tensor of the output's 16-bit dtype on a's device, 16-byte aligned."""
+    return (act in GATED and isinstance(z, torch.Tensor) and z.shape == (rows, b.shape[2]) and z.is_contiguous()
+            and z.dtype == out_dtype and out_dtype in (torch.bfloat16, torch.float16) and z.device == a.device
+            and not z.data_ptr() % 16)  # fmt: skip
+
+
+def preact_route(a, b, offs, activation) -> bool:
+    """Whether :func:`gathered_grouped_gemm` with ``preact_out`` (a contiguous (rows, N) tensor of
+    a's dtype: one launch writes the values before the gate and the gated output) takes this
+    call's tensors (sm_90a); the caller takes another route otherwise."""
+    return (activation in GATED and _kernel_route(a, b, dict(offs=offs, activation=activation))
+            and device_info(a.device.index)[0] == "sm_90a")  # fmt: skip
 
 
 def _key(a, b, index, options):
     """A warm call's key: everything the route and the checks read but data pointers (16-byte
     alignment of a is checked per call) and the values of offs and the index."""
-    out, offs = options.get("out"), options.get("offs")
+    out, offs, z = options.get("out"), options.get("offs"), options.get("preact_out")
     try:
         return (a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, b.device, index.shape,
                 offs.shape, offs.dtype, offs.device, options.get("activation"), options.get("alpha", 1.0) != 1.0,
                 options.get("out_dtype"), None if out is None else (out.shape, out.stride(), out.dtype, out.device),
+                None if z is None else (z.shape, z.stride(), z.dtype, z.device),
                 tuple(k for k, v in options.items() if v is not None))  # fmt: skip
     except (AttributeError, TypeError):
         return None
@@ -140,15 +160,20 @@ def gathered_grouped_gemm(a, b, *, gather_index, run, **options):
     plan = PLANS.get(key) if key is not None else None
     if plan is not None and not options.get("check_offs") and not a.data_ptr() % 16 and (
             current_device() == plan.device_index):  # fmt: skip
-        out = options.get("out")
+        out, z = options.get("out"), options.get("preact_out")
         if out is None:
             out = torch.empty(*plan.out_dims, dtype=plan.out_dtype, device=a.device)
         elif out.data_ptr() % 16:
             plan = None
+        if z is not None and z.data_ptr() % 16:
+            plan = None
         if plan is not None:  # (plans are made for non-empty outputs only)
-            plan.launch(a, b, out, options["offs"], index, float(options.get("alpha", 1.0)))
+            plan.launch(a, b, out, options["offs"], index, float(options.get("alpha", 1.0)), z)
             return out
-    if not _kernel_route(a, b, options):
+    if not _kernel_route(a, b, options, index.shape[0]):
+        if options.get("preact_out") is not None:
+            raise ValueError("preact_out: the gather kernel on sm_90a only, with a gated activation and a "
+                             "contiguous (rows, N) preact_out of the output's 16-bit dtype (see preact_route)")
         if options.get("check_offs"):
             check_index_values(index, a.shape[0])
         return run(a.index_select(0, index), b, **options)
@@ -177,8 +202,9 @@ def gathered_grouped_gemm(a, b, *, gather_index, run, **options):
     b_unit = 2 if b.stride(2) == 1 else 1
     problem = GemmProblem(total, N, K, 1, INPUT_TO_NAME[a.dtype], INPUT_TO_NAME[b.dtype], TORCH_TO_NAME[out_dtype],
                           "k", "n" if b_unit == 2 else "k")  # fmt: skip
+    z = options.get("preact_out")
     epi = EpilogueSpec(alpha=alpha != 1.0, activation=act if act in ACTIVATIONS else None,
-                       gated=act if act in GATED else None)  # fmt: skip
+                       gated=act if act in GATED else None, preact=z is not None)  # fmt: skip
     cfg = policy_for(arch, num_sms).choose_gathered(problem, E, epilogue=epi)
     ok, why = can_implement(cfg, replace(problem, a_strides=None))
     if not ok:
@@ -189,17 +215,18 @@ def gathered_grouped_gemm(a, b, *, gather_index, run, **options):
                   kernel_view(out.unsqueeze(0), 2, (1, 2, 0), "out"))  # fmt: skip
     plan.max_clusters = max_clusters_for(cfg, a.device, num_sms)
     tail = KernelArgs(None, None, None, workspace=new_workspace(cfg, a.device)).tail()  # static scheduler: no workspace
-    assert KernelArgs._fields[-1] == "a_index"
-    plan.tail = tail[:-1]
+    assert KernelArgs._fields[-2:] == ("a_index", "preact")
+    plan.tail = tail[:-2]
+    plan.z_view = None if z is None else kernel_view(z.unsqueeze(0), 2, (1, 2, 0), "preact_out")
     plan.device_index, plan.out_dims, plan.out_dtype = a.device.index, (total, n_out), out_dtype
     plan.pad = arch == "sm_100a"
     if key is not None:
         PLANS[key] = plan
     if a.device.index == current_device():
-        plan.launch(a, b, out, offs, index, float(alpha))
+        plan.launch(a, b, out, offs, index, float(alpha), z)
     else:
         with torch.cuda.device(a.device):
-            plan.launch(a, b, out, offs, index, float(alpha))
+            plan.launch(a, b, out, offs, index, float(alpha), z)
     return out
 
 

@@ -302,6 +302,7 @@ class GemmSm100(GemmBase):
         mV3: cute.Tensor | None = None,
         mWorkspace: cute.Tensor | None = None,  # scheduler "dynamic": (1,) int32 tile counter, zeroed
         mAIdx: cute.Tensor | None = None,  # gather_a: (packed rows,) int32 row of A per packed row
+        mZ: cute.Tensor | None = None,  # sm_90a's epilogue.preact (not built here)
     ):
         if cutlass.const_expr(self.config.flat):
             mA, mB, mC = self.unflatten(mA, mB, mC)

@@ -53,6 +53,7 @@ class Sm90Consumers:
         k_range=None,  # K-grouped: tile -> (K tiles, head columns to zero, K values of a partial last K tile or 0)
         out_desc=None,  # listed: tile -> its group's C descriptor
         split=None,  # split K: (workspace, shared-memory flag)
+        preact=None,  # epilogue.preact: (TMA atom, smem ring, TMA tensor, tensor) of the values before the gate
     ):
         """Consumer warpgroups: WGMMA mainloop into register accumulators, then the epilogue.
 
@@ -97,7 +98,8 @@ class Sm90Consumers:
             sfa_rows = [sSFA.iterator.toint() + tCcTile[((0, h, 0), 0, 0)][0] * (MX_KB * SF_BYTES) for h in range(2)]
             sfb_base = sSFB.iterator.toint() + tCcTile[((0, 0, 0), 0, 0)][1] * (2 * SF_BYTES)  # 4 q floats
 
-        ep = self.k.epi.epilogue_parts(tiled_mma, mma_tidx, sC, acc_sum, wg, warp_idx)
+        ep = self.k.epi.epilogue_parts(tiled_mma, mma_tidx, sC, acc_sum, wg, warp_idx,
+                                       preact[1] if cutlass.const_expr(preact is not None) else None)  # fmt: skip
         # (ep is only passed on inside the tile loop: a method called on it there would make the
         # DSL carry the whole tuple through the loop)
         epi_barrier = ep.epi_barrier
@@ -188,7 +190,7 @@ class Sm90Consumers:
 
             # ---- epilogue (gemm.sm90.epilogue) ----
             store_args = (ep, tile, acc_sum, thr_mma, epi_count, gC_mnl, mC_mnl, mC_gmem, cAcc_mnl, tma_atom_c, sC, alpha,
-                          beta, mCin, mBias, quant_args, vectors, group_cols, out_desc, mma_tidx, wg)  # fmt: skip
+                          beta, mCin, mBias, quant_args, vectors, group_cols, out_desc, mma_tidx, wg, preact)  # fmt: skip
             if cutlass.const_expr(self.k.config.split_cluster):
                 # split K in a cluster: range 0 sums the partials and stores the tile
                 if self.k.split.split_k_fixup_cluster(acc_sum, tile, *split, mma_tidx) == 1:

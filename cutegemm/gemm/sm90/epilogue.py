@@ -23,7 +23,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass.cute.nvgpu import cpasync
+from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ...epilogue import epilogue_subtile, store_gated
 from ...epilogue.quant import store_quantized_subtile
@@ -46,6 +46,8 @@ class EpiParts(NamedTuple):
     store_pipeline: object
     epi_barrier: object
     store_warp: object  # this warp issues the TMA stores
+    tRS_sZ: object = None  # preact: (R2S, R2S_M, R2S_N, EPI_STAGE) smem of the values before the gate
+    tRS_rZ: object = None  # preact: a subtile of them in the output type
 
 
 class Sm90Epilogue:
@@ -54,15 +56,34 @@ class Sm90Epilogue:
     def __init__(self, kernel):
         self.k = kernel  # the kernel this part belongs to (its config, layouts, tiles)
 
-    def epilogue_parts(self, tiled_mma, mma_tidx, sC: cute.Tensor, acc_sum: cute.Tensor, wg, warp_idx) -> EpiParts:
+    # --- preact: a gated epilogue's second output, the values before the gate (all GEMM columns),
+    # stored like a direct output (stmatrix -> its own smem ring -> TMA) beside the gated one.
+    def preact_smem_layout(self, c_layout):
+        """(EPI_M, EPI_N, stages) smem ring of the values before the gate (row-major, swizzled)."""
+        atom = sm90_utils.get_smem_layout_atom(c_layout, self.k.c_dtype, self.k.epi_tile[1])
+        return cute.tile_to_shape(
+            warpgroup.make_smem_layout_atom(atom, self.k.c_dtype),
+            (*self.k.epi_tile, self.k.epi_stage * self.k.epi_groups),
+            order=(0, 1, 2),
+        )
+
+    def preact_tma(self, mZ: cute.Tensor):
+        """(TMA store atom, TMA coordinate tensor) of the (M, N, L) output of the values before the gate."""
+        return cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(), mZ, cute.slice_(self.k.epi_smem_layout_z, (None, None, 0)),
+            self.k.epi_tile,
+        )  # fmt: skip
+
+    def epilogue_parts(self, tiled_mma, mma_tidx, sC: cute.Tensor, acc_sum: cute.Tensor, wg, warp_idx,
+                       sZ=None) -> EpiParts:  # fmt: skip
         """The epilogue's copies, register buffers, TMA-store pipeline and barrier, once per CTA."""
         epi = self.k.config.epilogue
         direct = epi.gated is None and epi.quant is None  # registers -> stmatrix -> smem
-        tRS_sC = tRS_rD_out = tRS_cE = None
+        tRS_sC = tRS_rD_out = tRS_cE = tRS_sZ = tRS_rZ = None
         # Epilogue copies: registers -> smem with stmatrix, then one warp TMA-stores the subtile.
         # (Gated / quantized outputs store by coordinate; the stmatrix partition still gives
-        # the register order: built for bf16 then.)
-        r2s_dtype = self.k.c_dtype if direct else cutlass.BFloat16
+        # the register order: built for bf16 then, or for the output's type with preact.)
+        r2s_dtype = self.k.c_dtype if direct or epi.preact else cutlass.BFloat16
         copy_atom_r2s = sm90_utils.sm90_get_smem_store_op(
             self.k.c_layout, elem_ty_d=r2s_dtype, elem_ty_acc=self.k.acc_dtype
         )
@@ -82,6 +103,9 @@ class Sm90Epilogue:
             # (R2S, R2S_M, R2S_N): subtile-local (m, n) of each accumulator register of a subtile
             tRS_cE = thr_copy_r2s.partition_S(cute.make_identity_tensor(self.k.epi_tile))
             rD_shape = cute.shape(tRS_cE)
+        if cutlass.const_expr(epi.preact):
+            tRS_sZ = thr_copy_r2s.partition_D(sZ)
+            tRS_rZ = cute.make_rmem_tensor(cute.shape(thr_copy_r2s.partition_S(sZ))[:3], self.k.c_dtype)
         tRS_rD = cute.make_rmem_tensor(rD_shape, self.k.acc_dtype)
         size_rD = cute.size(tRS_rD)
 
@@ -96,15 +120,17 @@ class Sm90Epilogue:
         if self.k.wg_per_tile > 1:
             store_warp = warp_idx == 4
         return EpiParts(tiled_copy_r2s, tRS_rAcc, tRS_sC, tRS_rD_out, tRS_cE, tRS_rD, size_rD, store_pipeline,
-                        epi_barrier, store_warp)  # fmt: skip
+                        epi_barrier, store_warp, tRS_sZ, tRS_rZ)  # fmt: skip
 
     @cute.jit
     def store_tile(self, ep: EpiParts, tile, acc_sum: cute.Tensor, thr_mma, epi_count: cutlass.Int32,
                    gC_mnl: cute.Tensor, mC_mnl: cute.Tensor, mC_gmem, cAcc_mnl, tma_atom_c: cute.CopyAtom,
                    sC: cute.Tensor, alpha: cutlass.Float32, beta: cutlass.Float32, mCin, mBias, quant_args: tuple,
-                   vectors: tuple, group_cols, out_desc, mma_tidx: cutlass.Int32, wg: cutlass.Int32) -> cutlass.Int32:  # fmt: skip
+                   vectors: tuple, group_cols, out_desc, mma_tidx: cutlass.Int32, wg: cutlass.Int32,
+                   preact=None) -> cutlass.Int32:  # fmt: skip
         """One tile's epilogue (``tile``: the scheduler's coordinates); returns ``epi_count`` plus
-        the subtiles stored."""
+        the subtiles stored. ``preact``: (TMA atom, smem ring, TMA tensor, global tensor) of the
+        values before the gate (config.epilogue.preact), else None."""
         epi = self.k.config.epilogue
         epi_sub = self.k.accum.epilogue_after_pre()
         gated = epi.gated is not None
@@ -114,7 +140,8 @@ class Sm90Epilogue:
         # swap_ab + gated: the subtile's values before gating (its gate / up pairs lie in two
         # threads; ``swap_gated_store`` pairs them)
         epi_values = dataclasses.replace(epi_sub, gated=None) if swap and gated else epi_sub
-        tiled_copy_r2s, tRS_rAcc, tRS_sC, tRS_rD_out, tRS_cE, tRS_rD, size_rD, store_pipeline, epi_barrier, store_warp = ep
+        tiled_copy_r2s, tRS_rAcc, tRS_sC, tRS_rD_out, tRS_cE, tRS_rD, size_rD, store_pipeline, epi_barrier, store_warp = ep[:10]
+        tRS_sZ, tRS_rZ = ep[10:]  # (unpacked here: an attribute read inside the loop's `if` would carry ep)
         full_tile = True
         tile_quant_args = quant_args
         if cutlass.const_expr(swap):
@@ -140,6 +167,16 @@ class Sm90Epilogue:
         bSG_sC, bSG_gC = cpasync.tma_partition(
             tma_atom_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), gC_epi
         )
+        if cutlass.const_expr(epi.preact):  # the values before the gate: whole accumulator subtiles
+            tma_atom_z, sZ, mZ_mnl, mZ_gmem = preact
+            z_tile = (self.k.config.tile_m, self.k.config.tile_n)
+            if cutlass.const_expr(self.k.config.grouped):
+                gZ, gZ_real, _, z_cols_left, _ = grouped_out_tile(mZ_mnl, mZ_gmem, tile, z_tile)
+            else:
+                gZ = cute.local_tile(mZ_mnl, z_tile, (tile[0], tile[1], tile[2]))
+            bSG_sZ, bSG_gZ = cpasync.tma_partition(
+                tma_atom_z, 0, cute.make_layout(1), cute.group_modes(sZ, 0, 2), cute.zipped_divide(gZ, self.k.epi_tile)
+            )
         epi_rest = gC_epi.shape[1]
         epi_layout = cute.make_layout(epi_rest, stride=(epi_rest[1], 1))
         num_epi = cute.size(epi_rest)
@@ -165,10 +202,16 @@ class Sm90Epilogue:
                 for v in cutlass.range_constexpr(size_rD):
                     tRS_rD[v] = tRS_rAcc[epi_idx * size_rD + v]
                 coords = tRS_cAcc[(None, epi_idx)] if cutlass.const_expr(epi_sub.needs_coords) else None
-                out = epilogue_subtile(epi_values, tRS_rD.load(), coords, alpha, beta, mCin, mBias, vectors, group_cols)
+                buf = wg * self.k.epi_stage + epi_count % self.k.epi_stage
+                if cutlass.const_expr(epi.preact):
+                    z, out = epilogue_subtile(epi_values, tRS_rD.load(), coords, alpha, beta, mCin, mBias, vectors,
+                                              group_cols, preact=True)  # fmt: skip
+                    tRS_rZ.store(z.to(self.k.c_dtype))
+                    cute.copy(tiled_copy_r2s, tRS_rZ, tRS_sZ[(None, None, None, buf)])
+                else:
+                    out = epilogue_subtile(epi_values, tRS_rD.load(), coords, alpha, beta, mCin, mBias, vectors, group_cols)
                 if cutlass.const_expr(direct):
                     tRS_rD_out.store(out.to(self.k.c_dtype))
-                buf = wg * self.k.epi_stage + epi_count % self.k.epi_stage
                 if cutlass.const_expr(direct):
                     cute.copy(tiled_copy_r2s, tRS_rD_out, tRS_sC[(None, None, None, buf)])
                 elif cutlass.const_expr(quant):
@@ -188,6 +231,8 @@ class Sm90Epilogue:
                 if sub_full:
                     if store_warp:
                         cute.copy(tma_atom_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_coord)], tma_desc_ptr=desc_c)
+                        if cutlass.const_expr(epi.preact):  # in the same bulk group
+                            cute.copy(tma_atom_z, bSG_sZ[(None, buf)], bSG_gZ[(None, epi_coord)])
                         store_pipeline.producer_commit()
                         # Before the buffer after next is rewritten, its store must have read it.
                         store_pipeline.producer_acquire()
@@ -212,6 +257,15 @@ class Sm90Epilogue:
                             mma_tidx,
                             self.k.threads_per_tile,
                         )
+                        if cutlass.const_expr(epi.preact):
+                            store_subtile_predicated(
+                                sZ[(None, None, buf)],
+                                cute.local_tile(gZ_real, self.k.epi_tile, epi_coord),
+                                rows_left - epi_coord[0] * self.k.epi_tile[0],
+                                z_cols_left - epi_coord[1] * self.k.epi_tile[1],
+                                mma_tidx,
+                                self.k.threads_per_tile,
+                            )
                     if cutlass.const_expr(self.k.config.grouped):
                         if store_warp:
                             # This path commits no TMA store, so nothing retires the earlier ones:

@@ -152,6 +152,8 @@ class GemmSm90(GemmBase):
         if cfg.fp8_blockwise:  # the K tile's scale_a rows ride with A and B
             ab_bytes += self.blockwise.sfa_stage_floats() * 4
         epi_stage_bytes = cute.size(self.epi_tile_out) * self.c_dtype.width // 8 * self.epi_groups
+        if epi.preact:  # + the ring of the values before the gate (Sm90Epilogue.preact_smem_layout)
+            epi_stage_bytes += cute.size(self.epi_tile) * self.c_dtype.width // 8 * self.epi_groups
         # 1 KiB below sA for the mbarriers and the scheduler ring; 32 B past sC for the scale words
         # (sSFA / sSFB, 16-byte aligned; one unused word each when there are no scale stages):
         # the storage's size rounds up to its 1 KiB alignment, so A + B + C filling the rest
@@ -215,6 +217,7 @@ class GemmSm90(GemmBase):
             (*self.epi_tile_out, self.epi_stage * self.epi_groups),
             order=(1, 0, 2) if c_layout.is_m_major_c() else (0, 1, 2),
         )
+        self.epi_smem_layout_z = self.epi.preact_smem_layout(c_layout) if epi.preact else None
 
     @cute.jit
     def __call__(
@@ -239,6 +242,7 @@ class GemmSm90(GemmBase):
         mV3: cute.Tensor | None = None,
         mWorkspace: cute.Tensor | None = None,  # scheduler "dynamic": (1,) int32 tile counter, zeroed
         mAIdx: cute.Tensor | None = None,  # gather_a: (packed rows,) int32 row of A per packed row
+        mZ: cute.Tensor | None = None,  # epilogue.preact: (M, N, L) the values before the gate
     ):
         if cutlass.const_expr(self.config.flat):
             mA, mB, mC = self.unflatten(mA, mB, mC)
@@ -273,6 +277,9 @@ class GemmSm90(GemmBase):
             self.epi_tile_out,
         )
 
+        tma_atom_z = tma_tensor_z = None
+        if cutlass.const_expr(cfg.epilogue.preact):
+            tma_atom_z, tma_tensor_z = self.epi.preact_tma(mZ)
         tma_atom_sfa = tma_atom_sfb = None
         if cutlass.const_expr(cfg.fp8_mx):
             tma_atom_sfa, mSFA, tma_atom_sfb, mSFB = self.mx.mx_tma(mSFA, mSFB)
@@ -307,6 +314,8 @@ class GemmSm90(GemmBase):
             # MXFP8 emulation / block-scaled FP8's scale_a: fp32 scale stages (one unused word each otherwise)
             sSFA: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, sf_len[0]], sf_align[0]]
             sSFB: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, sf_len[1]], sf_align[1]]
+            if cutlass.const_expr(cfg.epilogue.preact):
+                sZ: cute.struct.Align[cute.struct.MemRange[self.c_dtype, cute.cosize(self.epi_smem_layout_z)], 1024]
             if cutlass.const_expr(split_k):  # split K: "this unit completes the tile" (gemm.sm90.split)
                 split_flag: cute.struct.MemRange[cutlass.Int32, 4]
             if cutlass.const_expr(cfg.split_cluster):  # range 0's receive slots and their mbarrier
@@ -341,6 +350,9 @@ class GemmSm90(GemmBase):
             mSFB if cfg.fp8_blockwise or cfg.fp8_mx else None,
             tma_atom_sfa,
             tma_atom_sfb,
+            tma_atom_z,
+            tma_tensor_z,
+            mZ if cfg.grouped and cfg.epilogue.preact else None,
             alpha,
             beta,
             self.tiled_mma,
@@ -386,6 +398,9 @@ class GemmSm90(GemmBase):
         mSFB: cute.Tensor | None,  # FP8 block scaling: (ceil(N/128), ceil(K/128)[, E]) fp32 scales of B
         tma_atom_sfa: cute.CopyAtom | None,  # fp8_mx / fp8_blockwise: TMA of the scales (mSFA / mSFB: TMA tensors)
         tma_atom_sfb: cute.CopyAtom | None,
+        tma_atom_z: cute.CopyAtom | None,  # epilogue.preact: TMA store of the values before the gate
+        mZ_mnl: cute.Tensor | None,  # ... its TMA coordinate tensor
+        mZ_gmem: cute.Tensor | None,  # ... grouped: the tensor itself (partial-tile stores)
         alpha: cutlass.Float32,
         beta: cutlass.Float32,
         tiled_mma: cute.TiledMma,
@@ -400,6 +415,8 @@ class GemmSm90(GemmBase):
             cpasync.prefetch_descriptor(tma_atom_a)
             cpasync.prefetch_descriptor(tma_atom_b)
             cpasync.prefetch_descriptor(tma_atom_c)
+            if cutlass.const_expr(self.config.epilogue.preact):
+                cpasync.prefetch_descriptor(tma_atom_z)
 
         cta_rank_in_cluster = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
         cluster_coord_mnk = cta_layout_mnk.get_flat_coord(cta_rank_in_cluster)
@@ -450,6 +467,10 @@ class GemmSm90(GemmBase):
         sA = storage.sA.get_tensor(a_smem_layout_staged.outer, swizzle=a_smem_layout_staged.inner)
         sB = storage.sB.get_tensor(b_smem_layout_staged.outer, swizzle=b_smem_layout_staged.inner)
         sC = storage.sC.get_tensor(epi_smem_layout_staged.outer, swizzle=epi_smem_layout_staged.inner)
+        preact = None  # epilogue.preact: what the epilogue stores the values before the gate with
+        if cutlass.const_expr(self.config.epilogue.preact):
+            z_layout = self.epi.preact_smem_layout(self.c_layout)  # (built here: a layout from the host is not in the kernel's region)
+            preact = (tma_atom_z, storage.sZ.get_tensor(z_layout.outer, swizzle=z_layout.inner), mZ_mnl, mZ_gmem)
 
         # (bM, bK, RestM, RestK, RestL)
         gA_mkl = cute.local_tile(mA_mkl, cute.slice_(self.tile_shape_mnk, (None, 0, None)), (None, None, None))
@@ -651,6 +672,7 @@ class GemmSm90(GemmBase):
                 k_range=k_range,
                 out_desc=out_desc,
                 split=split,
+                preact=preact,
             )  # fmt: skip
 
     def packed_rows(self, mA: cute.Tensor, mAIdx: cute.Tensor | None):
