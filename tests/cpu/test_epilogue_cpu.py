@@ -255,9 +255,11 @@ def test_epilogue_argument_checks():
 def test_fake_args_follow_the_spec():
     base = dense_fake_args(GemmConfig(arch="sm_90a"))
     # a, b, c, cin, bias, alpha, beta, max_clusters, stream, offs, sfa, sfb, quant sf, quant gs,
-    # v0..v3, workspace: unused inputs are None
-    assert len(base) == 20 and base[3] is None and base[4] is None
+    # v0..v3, workspace, a_index, preact: unused inputs are None
+    assert len(base) == 21 and base[3] is None and base[4] is None
     assert all(x is None for x in base[9:])
+    preact = dense_fake_args(GemmConfig(arch="sm_90a", epilogue=EpilogueSpec(gated="swiglu", preact=True)))
+    assert preact[-1] is not None and "bfloat16" in str(preact[-1].element_type).lower() and base[-1] is None
     quant = dense_fake_args(GemmConfig(arch="sm_90a", out_dtype="u8", epilogue=EpilogueSpec(quant="nvfp4")))
     assert quant[12] is not None and quant[13] is not None and quant[14] is None
     full = dense_fake_args(

@@ -162,18 +162,18 @@ def test_scheduler_configs_accepted(cfg):
 
 def test_workspace_kernel_argument():
     """Only the "dynamic" scheduler takes the (1,) int32 counter; the others compile it as None.
-    It is the argument before the gather index (KernelArgs' last two fields; the compile
-    arguments carry the stream, one more, in front of offs)."""
-    assert KernelArgs._fields[-2:] == ("workspace", "a_index")
+    It is the argument before the gather index and the preact output (KernelArgs' last three
+    fields; the compile arguments carry the stream, one more, in front of offs)."""
+    assert KernelArgs._fields[-3:] == ("workspace", "a_index", "preact")
     for cfg in (GemmConfig(arch="sm_90a"), GemmConfig(arch="sm_100a", scheduler="clc")):
-        assert dense_fake_args(cfg)[-2] is None and dense_fake_args(cfg)[-1] is None
+        assert dense_fake_args(cfg)[-3] is None and dense_fake_args(cfg)[-2] is None
     dyn = GemmConfig(arch="sm_90a", scheduler="dynamic")
-    ws = dense_fake_args(dyn)[-2]
+    ws = dense_fake_args(dyn)[-3]
     assert ws is not None and "int32" in str(ws.element_type).lower()
-    assert grouped_fake_args(replace(dyn, form=Form.GROUPED))[-2] is not None
+    assert grouped_fake_args(replace(dyn, form=Form.GROUPED))[-3] is not None
     assert len(dense_fake_args(dyn)) == len(dense_fake_args(GemmConfig(arch="sm_90a")))
     gathered = grouped_fake_args(GemmConfig(arch="sm_90a", form=Form.GROUPED, gather_a=True))
-    assert gathered[-2] is None and "int32" in str(gathered[-1].element_type).lower()
+    assert gathered[-3] is None and "int32" in str(gathered[-2].element_type).lower() and gathered[-1] is None
 
 
 @pytest.mark.parametrize(
