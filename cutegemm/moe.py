@@ -62,7 +62,7 @@ from . import ops
 from .api.face import grouped_gemm, grouped_gemm_ref
 from .epilogue import GATED
 from .grouped.gather import gathered_grouped_gemm, preact_route
-from .grouped.k_grouped import grouped_k_gather
+from .grouped.k_grouped import GATHER_WIDE_TILE, grouped_k_gather
 from .ops import combine_rows, gated_grads, packed_zero_tail, routed_gated_grads, sum_rows, zero_rows_past_end
 from .policy import gather_pays
 from .runtime.device import eager_cuda
@@ -93,8 +93,14 @@ GATHER_WEIGHT_GRADS = False
 
 def _weight_grad_rows(inp, grad, offs, w, rows, gathered: str) -> torch.Tensor:
     """:func:`_weight_grad` with ``inp`` (gathered "inp") or ``grad`` ("grad") given as the tokens
-    whose rows ``rows`` picks (x or dout as they are): read through the index, no gathered copy."""
-    if w.mT.is_contiguous() and not w.is_contiguous():  # dW^T = grad^T inp
+    whose rows ``rows`` picks (x or dout as they are): read through the index, no gathered copy,
+    where the gathering kernel has a tile for that operand (``GATHER_WIDE_TILE``), else the copy."""
+    transposed = w.mT.is_contiguous() and not w.is_contiguous()
+    if GATHER_WIDE_TILE.get("b" if transposed == (gathered == "inp") else "a") is None:
+        if gathered == "inp":
+            return _weight_grad(inp.index_select(0, rows), grad, offs, w)
+        return _weight_grad(inp, grad.index_select(0, rows), offs, w)
+    if transposed:  # dW^T = grad^T inp
         if gathered == "inp":
             return grouped_k_gather(grad.mT, inp, offs, rows, "b", w.dtype).mT
         return grouped_k_gather(grad, inp, offs, rows, "a", w.dtype).mT

@@ -142,10 +142,12 @@ def test_bad_arguments():
 
 
 @pytest.mark.parametrize("storage", ["plain", "transposed"])
-def test_routed_backward_reads_x_and_dout_through_the_index(monkeypatch, storage):
+@pytest.mark.parametrize("wide_b", [None, (128, 256)])
+def test_routed_backward_reads_x_and_dout_through_the_index(monkeypatch, storage, wide_b):
     """GATHER_WEIGHT_GRADS: the same gradients as the copying backward (the emulated kernels, fp32
-    math both ways), with the weight gradients from the gathering kernel and no index_select of
-    x or dout."""
+    math both ways), with the weight gradients from the gathering kernel where it has a tile for
+    that operand (k_grouped.GATHER_WIDE_TILE: "a" always, "b" when set), else the copy."""
+    tiles = {"a": (128, 256), "b": wide_b}
     gen = torch.Generator().manual_seed(3)
     T, H, I, E, K = 20, 16, 8, 4, 2
     x = torch.randn(T, H, generator=gen).to(BF)
@@ -160,6 +162,7 @@ def test_routed_backward_reads_x_and_dout_through_the_index(monkeypatch, storage
 
     def grads(flag):
         monkeypatch.setattr(moe, "GATHER_WEIGHT_GRADS", flag)
+        monkeypatch.setattr(moe, "GATHER_WIDE_TILE", tiles)
         leaves = [t.detach().clone().requires_grad_() for t in (x, wts, w1, w2)]
         with emulated_kernels() as cache:
             monkeypatch.setattr(moe, "eager_cuda", lambda t: True)
@@ -170,6 +173,7 @@ def test_routed_backward_reads_x_and_dout_through_the_index(monkeypatch, storage
 
     ref, ref_cfgs = grads(False)
     got, cfgs = grads(True)
-    assert sum(c.gathers and c.kgrouped for c in cfgs) == 2 and not any(c.gathers and c.kgrouped for c in ref_cfgs)
+    assert sum(c.gathers and c.kgrouped for c in cfgs) == (2 if wide_b else 1)
+    assert not any(c.gathers and c.kgrouped for c in ref_cfgs)
     for g, r in zip(got, ref, strict=True):
         torch.testing.assert_close(g.float(), r.float(), rtol=2e-2, atol=2e-2)
