@@ -520,7 +520,9 @@ def routed_experts(x, top_k_index, top_k_weights, w_gate_up, w_down, *, activati
     """A routed MoE expert layer in one autograd node: ``out[t] = sum_j top_k_weights[t, j] *
     expert_{top_k_index[t, j]}(x[t])`` with gated experts as :func:`grouped_experts` (weights as
     there), the routing sorted by :func:`dispatch` (or ``routing``, its result), the combine as
-    :func:`combine`. Slots whose expert is outside [0, E) contribute nothing.
+    :func:`combine`. Slots whose expert is outside [0, E) contribute nothing. The up projection
+    writes Z and H in one launch where it reads x through the routing index (sm_90a, interleaved
+    gate / up: :func:`_gathered_gated`).
 
     What it keeps for the backward: x, Z (R = T k rows of 2I pre-activations) and the routing; not
     the gathered rows (R x H) nor the expert outputs (R x H), which ``grouped_experts`` after
