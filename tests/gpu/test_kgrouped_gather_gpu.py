@@ -93,6 +93,17 @@ def test_gathered_weight_gradient(tokens, k, experts, m, n, gather):
     _check(tokens, k, experts, m, n, gather, spill=7)
 
 
+@pytest.mark.parametrize("tokens,k,experts,m,n", [(512, 8, 32, 1536, 2048), (1000, 4, 16, 256, 1024), (70, 3, 9, 200, 264)])
+def test_gathered_b_in_wide_tiles(monkeypatch, tokens, k, experts, m, n):
+    """gather "b" in the 128x256 tile (k_grouped.GATHER_WIDE_TILE["b"], off by default): the
+    gathered operand's 256-value rows."""
+    if not _sm90():
+        pytest.skip("the gathering K-grouped kernel is sm_90a")
+    monkeypatch.setitem(k_grouped.GATHER_WIDE_TILE, "b", (128, 256))
+    _check(tokens, k, experts, m, n, "b", spill=5)
+    assert next(p[3] for p in k_grouped._KG_GATHER.values() if p).tile_n == 256
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tokens=st.integers(1, 300), k=st.integers(1, 8), experts=st.integers(1, 40), m=st.sampled_from([8, 64, 200, 512]),
        n=st.sampled_from([8, 128, 264]), gather=st.sampled_from("ab"), fp32=st.booleans(), spill=st.integers(0, 9),
