@@ -83,12 +83,12 @@ def grouped_mm(a, b, offs, *, activation=None, out_dtype=None, gate_layout="inte
                             gate_layout=gate_layout, compute_dtype=cd)  # fmt: skip
 
 
-# The routed backward (eager CUDA) reads x and dout through the routing index instead of gathered
-# copies: dH' by the gathered packed GEMM, dW_down and dW_gate_up by the gathering K-grouped kernel
-# (sm_90a; grouped_k_gather makes the copy elsewhere). A memory option: on Qwen3-30B-A3B (H100) it
-# cut the training step's peak by 512 MiB (2051 against 2563) and cost 2% (7.998 against 7.843 ms):
-# the gathering kernel's cp.async loads run below the copy plus the TMA kernel (bench/RESULTS.md).
-GATHER_WEIGHT_GRADS = False
+# The routed backward (eager CUDA, where policy.gather_pays as for the forward's up projection)
+# reads x and dout through the routing index instead of gathered copies: dH' by the gathered packed
+# GEMM, dW_down and dW_gate_up by the gathering K-grouped kernel in 128x256 tiles (sm_90a;
+# grouped_k_gather makes the copy elsewhere). Qwen3-30B-A3B training step (H100, same rounds):
+# 7.403 ms against 7.654 with the copies, peak 2051 MiB against 2563 (bench/RESULTS.md).
+GATHER_WEIGHT_GRADS = True
 
 
 def _weight_grad_rows(inp, grad, offs, w, rows, gathered: str) -> torch.Tensor:
@@ -454,7 +454,7 @@ class _RoutedExperts(torch.autograd.Function):
         # w H, dZ and the dots in one row pass (ops.routed_gated_grads). Rows past offs[-1] hold
         # unspecified values no GEMM and no gather of the pairs reads (inv: the zero row).
         dout = dout.to(x.dtype).contiguous()
-        gk = GATHER_WEIGHT_GRADS and eager_cuda(x)  # x and dout read through rows (no copies)
+        gk = GATHER_WEIGHT_GRADS and eager_cuda(x) and gather_pays(x.shape[1], rows.shape[0], offs.shape[0])
         dyp = None if gk else dout.index_select(0, rows)  # (R, H): dY'
         dhp = _gathered_mm(dout, rows, w_down.mT, offs) if gk else grouped_mm(dyp, w_down.mT, offs)  # (R, I): dH'
         wh, dz, dots = routed_gated_grads(ctx.activation, dhp, z, wr, ctx.gate_layout)
