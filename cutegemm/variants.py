@@ -189,6 +189,9 @@ def kgrouped_variants(arch: str) -> list[GemmConfig]:
         GemmConfig(**kg, a_major="m", tile_m=128, tile_n=128, pingpong=True, gather_b=True),
         GemmConfig(**kg, a_major="m", tile_m=128, tile_n=128, pingpong=True, gather_a=True, cluster_m=2),
         GemmConfig(**kg, a_major="m", tile_m=128, tile_n=128, pingpong=True, gather_b=True, cluster_n=2),
+        # their default tiles (k_grouped.GATHER_WIDE_TILE): 128x256 cooperative, the TMA operand multicast
+        GemmConfig(**kg, a_major="m", tile_m=128, tile_n=256, gather_a=True, cluster_m=2),
+        GemmConfig(**kg, a_major="m", tile_m=128, tile_n=256, gather_b=True, cluster_n=2),
         GemmConfig(**kg, a_major="m", tile_m=128, tile_n=128, gather_a=True, a_dtype="fp16", b_dtype="fp16",
                    out_dtype="fp32", epilogue=EpilogueSpec(alpha=True)),
     ]
