@@ -24,7 +24,8 @@ goes through the accumulator's own partition (thr_mma.partition_C -> tiled_copy_
 the coordinates match the registers by construction. C and bias are read from global memory per
 element. Gated (swiglu/geglu): the accumulator tile is tile_m x tile_n GEMM columns, the output
 tile tile_m x tile_n/2; each gated value is written to shared memory by coordinate (st.shared,
-no stmatrix) and TMA-stored like any subtile.
+no stmatrix) and TMA-stored like any subtile; with preact the values before the gate go out too
+(stmatrix into their own ring, a second TMA store in the same bulk group: ``Sm90Epilogue``).
 
 Scheduler (config.scheduler): "static" walks a fixed tile sequence in every role; "dynamic"
 (cooperative only) lets the producer warp of cluster rank 0 fetch tiles from a global atomic
