@@ -202,16 +202,17 @@ class Sm90Epilogue:
                 for v in cutlass.range_constexpr(size_rD):
                     tRS_rD[v] = tRS_rAcc[epi_idx * size_rD + v]
                 coords = tRS_cAcc[(None, epi_idx)] if cutlass.const_expr(epi_sub.needs_coords) else None
-                buf = wg * self.k.epi_stage + epi_count % self.k.epi_stage
                 if cutlass.const_expr(epi.preact):
                     z, out = epilogue_subtile(epi_values, tRS_rD.load(), coords, alpha, beta, mCin, mBias, vectors,
                                               group_cols, preact=True)  # fmt: skip
                     tRS_rZ.store(z.to(self.k.c_dtype))
-                    cute.copy(tiled_copy_r2s, tRS_rZ, tRS_sZ[(None, None, None, buf)])
+                    z_buf = wg * self.k.epi_stage + epi_count % self.k.epi_stage  # (= buf below)
+                    cute.copy(tiled_copy_r2s, tRS_rZ, tRS_sZ[(None, None, None, z_buf)])
                 else:
                     out = epilogue_subtile(epi_values, tRS_rD.load(), coords, alpha, beta, mCin, mBias, vectors, group_cols)
                 if cutlass.const_expr(direct):
                     tRS_rD_out.store(out.to(self.k.c_dtype))
+                buf = wg * self.k.epi_stage + epi_count % self.k.epi_stage
                 if cutlass.const_expr(direct):
                     cute.copy(tiled_copy_r2s, tRS_rD_out, tRS_sC[(None, None, None, buf)])
                 elif cutlass.const_expr(quant):
