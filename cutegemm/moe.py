@@ -454,7 +454,7 @@ class _RoutedExperts(torch.autograd.Function):
         # w H, dZ and the dots in one row pass (ops.routed_gated_grads). Rows past offs[-1] hold
         # unspecified values no GEMM and no gather of the pairs reads (inv: the zero row).
         dout = dout.to(x.dtype).contiguous()
-        gk = GATHER_WEIGHT_GRADS and eager_cuda(x) and gather_pays(x.shape[1], rows.shape[0], offs.shape[0])
+        gk = GATHER_WEIGHT_GRADS and _gather_in_loads(x, rows, offs.shape[0])  # as the forward's up projection
         dyp = None if gk else dout.index_select(0, rows)  # (R, H): dY'
         dhp = _gathered_mm(dout, rows, w_down.mT, offs) if gk else grouped_mm(dyp, w_down.mT, offs)  # (R, I): dH'
         wh, dz, dots = routed_gated_grads(ctx.activation, dhp, z, wr, ctx.gate_layout)

@@ -44,15 +44,15 @@ class EmulatedKernel:
         bias = None if k.bias is None else k.bias.to(f32)
         act = epi.gated or epi.activation
 
-        def finish(acc, cols_bias, sa, sb, c=None):
+        def finish(acc, cols_bias, sa, sb, c=None, activation=act):
             """The epilogue of acc (rows, N): row scales sa, column scales sb, bias cols_bias,
-            beta * c (dense)."""
+            beta * c (dense), the activation (None: the values before it, epilogue.preact)."""
             if sa is not None:
                 acc = acc * sa.to(f32).reshape(-1, 1)
             if sb is not None:
                 acc = acc * sb.to(f32).reshape(1, -1)
             beta = float(k.beta) if epi.beta else 0.0
-            return epilogue_ref(acc, alpha=alpha, beta=beta, c=c, bias=cols_bias, activation=act)
+            return epilogue_ref(acc, alpha=alpha, beta=beta, c=c, bias=cols_bias, activation=activation)
 
         def vec(v, lo, hi):
             """Rows lo:hi of a per-row vector, or its one per-tensor value."""
@@ -103,7 +103,7 @@ class EmulatedKernel:
                 y = finish(acc, be, vec(k.v0, s, t), sb).to(o3.dtype)
                 if epi.preact:  # the values before the gate (all GEMM columns), beside the gated output
                     assert k.preact is not None and not swap
-                    k.preact[s:t, :, 0] = epilogue_ref(acc, alpha=alpha, bias=be).to(k.preact.dtype)
+                    k.preact[s:t, :, 0] = finish(acc, be, vec(k.v0, s, t), sb, activation=None).to(k.preact.dtype)
                 if swap:
                     o3[:, s:t, 0] = y.t()
                 else:

@@ -94,8 +94,9 @@ def on_cuda(t: torch.Tensor) -> bool:
     return t.is_cuda
 
 
-def _kernel_route(a, b, options, rows: int = -1) -> bool:
-    """Whether the gather kernel takes the call (see the module docstring)."""
+def _kernel_route(a, b, options, rows: int = -1, archs=("sm_90a", "sm_100a")) -> bool:
+    """Whether the gather kernel takes the call (see the module docstring); ``rows``: the index's
+    length (a ``preact_out`` has that many rows)."""
     if any(options.get(k) is not None for k in options if k not in KERNEL_OPTIONS):
         return False
     if options.get("gate_layout", "interleaved") != "interleaved" or options.get("config") is not None:
@@ -119,7 +120,7 @@ def _kernel_route(a, b, options, rows: int = -1) -> bool:
     arch = device_info(a.device.index)[0]
     if options.get("preact_out") is not None:
         return arch == "sm_90a" and preact_fits(options["preact_out"], a, b, rows, act, out_dtype or a.dtype)
-    return arch in ("sm_90a", "sm_100a")
+    return arch in archs
 
 
 def preact_fits(z, a, b, rows: int, act, out_dtype) -> bool:
@@ -134,8 +135,7 @@ def preact_route(a, b, offs, activation) -> bool:
     """Whether :func:`gathered_grouped_gemm` with ``preact_out`` (a contiguous (rows, N) tensor of
     a's dtype: one launch writes the values before the gate and the gated output) takes this
     call's tensors (sm_90a); the caller takes another route otherwise."""
-    return (activation in GATED and _kernel_route(a, b, dict(offs=offs, activation=activation))
-            and device_info(a.device.index)[0] == "sm_90a")  # fmt: skip
+    return activation in GATED and _kernel_route(a, b, dict(offs=offs, activation=activation), archs=("sm_90a",))
 
 
 def _key(a, b, index, options):
