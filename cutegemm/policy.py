@@ -201,7 +201,30 @@ SMALL_M_SPLITS = {"16-bit": (1, 2, 4), "e4m3": (1,)}
 SMALL_M_RATES = {(128, 64): 0.60}
 # 16-bit 64 < M <= 128 only: 128x96 (the H100 sweep, same rounds: Llama-3-70B qkv M = 128 0.93 ->
 # 0.96, Qwen3-32B qkv 0.95 -> 0.96; one M tile, so 1x1 as every pick here)
-SMALL_M_ONLY_RATES = {"16-bit": {(128, 96): 0.85}, "e4m3": {}}
+# e4m3: 128x160 (H100, every M <= 128 tile timed on the sweep's layers, same rounds: Qwen3-32B
+# gate_up M = 128, 320 tiles of 128x160 in 2.4 waves, 0.98x torch._scaled_mm against 128x128's 0.93
+# in 3.03 waves; the only layer where the model picks it)
+SMALL_M_ONLY_RATES = {"16-bit": {(128, 96): 0.85}, "e4m3": {(128, 160): 0.85}}
+
+# FP8 M <= 64 (ArchPolicy.decode_tile): the call streams the weight once, so its time is the
+# bytes each round of CTAs reads at the bandwidth that many CTAs draw: a whole wave at the HBM peak,
+# a part-filled one of c CTAs at c / DECODE_SAT_CTAS of it (c >= DECODE_SAT_CTAS saturate). H100,
+# every M <= 64 tile timed on the sweep's 16 layers (x torch._scaled_mm, rule before -> the model's
+# pick): Llama-3-70B qkv (N 10240: 160 tiles of 64x64 in 1.2 waves, 80 of 64x128 in one) M = 16
+# 1.03 -> 1.10, M = 64 0.96 -> 1.01; Qwen3-32B qkv (10240) 1.00 -> 1.04, 0.99 -> 1.04; Qwen3-32B
+# gate_up (N 51200: 64x128's 400 tiles leave 4 CTAs in a 4th wave, 64x64's 800 leave 8 in a 7th)
+# 0.97 -> 1.00, 0.95 -> 0.99; DeepSeek-V3 q_b (24576) 1.00 -> 1.04, 0.97 -> 1.03; the other 24 cases
+# keep their tile. DECODE_SAT_CTAS from 64 to 96 picks the same eight; 32 to 48 all but q_b's two.
+DECODE_READ_MODEL = True
+DECODE_SAT_CTAS = 80
+
+
+def decode_read_time(tiles: int, tile_n: int, num_sms: int) -> float:
+    """The model's time of a decode call (M <= 64) in ``tiles`` output tiles of ``tile_n``
+    columns, in units of one weight column's read at the HBM peak (see DECODE_SAT_CTAS)."""
+    whole, last = divmod(tiles, num_sms)
+    wave = max(num_sms, DECODE_SAT_CTAS)  # a round of c CTAs takes as long as max(c, DECODE_SAT_CTAS) columns
+    return (whole * wave + (max(last, DECODE_SAT_CTAS) if last else 0)) * tile_n
 
 
 def small_m_alternative(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig | None:
@@ -302,9 +325,15 @@ class ArchPolicy:
         (twice the CTAs). H200 (µs, old policy 128x64 -> new, torch
         in the same run): bf16 N7168 K2048: M=64 20.4 -> 15.3 (15.2), M=16 22.1 -> 15.8 (14.9);
         N28672 K4096 M=16 123 -> 71 (69); N4096 K7168 M=64 43.5 -> 25.6 (24.7). FP8 row-wise:
-        N7168 K2048 M=16 14.2 -> 11.3 (torch 13.1); N28672 K4096 M=16 71.7 -> 43.6 (50.9)."""
-        tiles = ceil_div(p.n, 128) * ceil_div(p.m, 64) * p.l
-        wide = tiles >= (self.num_sms if p.a_dtype == "e4m3" else self.num_sms // 3)
+        N7168 K2048 M=16 14.2 -> 11.3 (torch 13.1); N28672 K4096 M=16 71.7 -> 43.6 (50.9).
+        FP8 since: the tile of the two that :func:`decode_read_time` predicts sooner (the rule
+        before it: 64x128 from as many tiles as SMs)."""
+        rows = ceil_div(p.m, 64) * p.l
+        if p.a_dtype == "e4m3" and DECODE_READ_MODEL:  # FP8: the tile that streams the weight sooner
+            sms = self.num_sms
+            wide = decode_read_time(rows * ceil_div(p.n, 128), 128, sms) <= decode_read_time(rows * ceil_div(p.n, 64), 64, sms)
+        else:
+            wide = rows * ceil_div(p.n, 128) >= (self.num_sms if p.a_dtype == "e4m3" else self.num_sms // 3)
         return dict(tile_m=64, tile_n=128 if wide else 64, raster="n", group=1)
 
     def choose_grouped(self, p: GemmProblem, num_groups: int, allow_swap: bool = True, **overrides) -> GemmConfig:

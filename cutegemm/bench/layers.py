@@ -142,20 +142,18 @@ def previous_config(cfg, m: int, n: int, sms: int):
     return None if prev == cfg else prev
 
 
-PREVIOUS_TILES = {"16-bit": ((128, 256), (128, 192), (128, 160), (128, 128)), "e4m3": ((128, 192), (128, 128))}
-
-
 @contextlib.contextmanager
 def previous_policy():
-    """The wave model before 192- and 64-row tiles, 128x96 2x1 for M > 128 and e4m3 128x64
-    (TILE_RATES' tiles not in PREVIOUS_TILES), for the sweep's same-round comparison on the cases
+    """The policy before the FP8 decode read model (policy.DECODE_READ_MODEL) and e4m3 128x160 for
+    64 < M <= 128 (policy.SMALL_M_ONLY_RATES), for the sweep's same-round comparison on the cases
     where it picks another config."""
-    saved = policy.TILE_RATES
-    policy.TILE_RATES = {fam: {t: r for t, r in rates.items() if t in PREVIOUS_TILES[fam]} for fam, rates in saved.items()}
+    saved = policy.DECODE_READ_MODEL, policy.SMALL_M_ONLY_RATES
+    policy.DECODE_READ_MODEL = False
+    policy.SMALL_M_ONLY_RATES = {**saved[1], "e4m3": {t: r for t, r in saved[1]["e4m3"].items() if t != (128, 160)}}
     try:
         yield
     finally:
-        policy.TILE_RATES = saved
+        policy.DECODE_READ_MODEL, policy.SMALL_M_ONLY_RATES = saved
 
 
 def alternative_config(cfg, args, kwargs):
@@ -309,7 +307,7 @@ def markdown(results: list[Result]) -> str:
                   + (f"; on those cases ours {stats['changed_geomean']:.3f}, the previous rule "
                      f"{stats['changed_before_geomean']:.3f}." if stats["changed"] else "."), ""]  # fmt: skip
         if stats["alternatives"]:
-            lines += [f"The wave model before 192- / 64-row tiles, 128x96 2x1 and e4m3 128x64 (previous_policy), timed in the same rounds on "
+            lines += [f"The policy before the FP8 decode read model and e4m3 128x160 (previous_policy), timed in the same rounds on "
                       f"the {stats['alternatives']} cases where they differ: ours {stats['alt_ours_geomean']:.3f}, "
                       f"the picks {stats['alt_geomean']:.3f} ("
                       + "; ".join(f"{name} {ours:.2f} -> {alt:.2f}" for name, ours, alt, _ in stats["alt_cases"])

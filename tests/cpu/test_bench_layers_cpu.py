@@ -77,21 +77,24 @@ def test_previous_rule_is_timed_where_it_differs():
     assert "previous tile rule" in layers.markdown(res)
 
 
-def test_previous_wave_model_is_precompiled_and_restored():
-    """``previous_policy`` (the wave model before 192- and 64-row tiles) picks the earlier configs
-    inside and restores the policy after; the sweep's precompile list holds both picks
-    (DeepSeek-V3 kv_a at M = 8192: 192x192 now, 128x192 with a split tail before)."""
+def test_previous_policy_is_precompiled_and_restored():
+    """``previous_policy`` (before the FP8 decode read model and e4m3 128x160) picks the earlier
+    configs inside and restores the policy after; the sweep's precompile list holds both picks
+    (FP8 Llama-3-70B qkv at M = 16: 64x128 now, 64x64 before; Qwen3-32B gate_up at M = 128:
+    128x160 now, 128x128 before)."""
     from cutegemm import policy
 
-    before = policy.TILE_RATES
-    lay = [("DeepSeek-V3", "kv_a", 576, 7168)]
-    now = {c.name + c.kind: cfgs[-1] for c, cfgs in layers.sweep_plan(layers=lay, m_values=(8192,))}
+    before = policy.DECODE_READ_MODEL, policy.SMALL_M_ONLY_RATES
+    lay = [("Llama-3-70B", "qkv", 10240, 8192), ("Qwen3-32B", "gate_up", 51200, 5120)]
+    plan = dict(layers=lay, m_values=(16, 128), kinds=("fp8",))
+    now = {c.name: cfgs[-1] for c, cfgs in layers.sweep_plan(**plan)}
     with layers.previous_policy():
-        assert all(t[0] == 128 for rates in policy.TILE_RATES.values() for t in rates)
-        old = {c.name + c.kind: cfgs[-1] for c, cfgs in layers.sweep_plan(layers=lay, m_values=(8192,))}
-    assert policy.TILE_RATES is before
-    key = "DeepSeek-V3 kv_a M=8192bf16"
-    assert (now[key].tile_m, now[key].tile_n, now[key].cluster_m, now[key].split_k) == (192, 192, 1, 1)
-    assert old[key].split_tail and (old[key].tile_n, old[key].split_k) == (192, 2)
-    cfgs = layers.configs_of_sweep(layers=lay, m_values=(8192,))
-    assert now[key] in cfgs and old[key] in cfgs
+        assert not policy.DECODE_READ_MODEL and (128, 160) not in policy.SMALL_M_ONLY_RATES["e4m3"]
+        old = {c.name: cfgs[-1] for c, cfgs in layers.sweep_plan(**plan)}
+    assert (policy.DECODE_READ_MODEL, policy.SMALL_M_ONLY_RATES) == before
+    tiles = {name: ((now[name].tile_m, now[name].tile_n), (old[name].tile_m, old[name].tile_n)) for name in now}
+    assert tiles == {"Llama-3-70B qkv M=16": ((64, 128), (64, 64)), "Llama-3-70B qkv M=128": ((128, 128), (128, 128)),
+                     "Qwen3-32B gate_up M=16": ((64, 64), (64, 128)),
+                     "Qwen3-32B gate_up M=128": ((128, 160), (128, 128))}, tiles  # fmt: skip
+    cfgs = layers.configs_of_sweep(**plan)
+    assert all(now[n] in cfgs and old[n] in cfgs for n in now)

@@ -329,3 +329,19 @@ def test_e4m3_128x64_where_it_fills_one_wave():
     assert (kv.tile_n, kv.split_k) == (64, 3), kv.name
     big = dense(8192, 8192, 8192, "e4m3")
     assert (big.tile_n, big.cluster_m) == (192, 2), big.name
+
+
+@pytest.mark.parametrize("m", [1, 16, 64])
+def test_fp8_decode_tile_streams_the_weight_sooner(m):
+    """FP8 M <= 64 (policy.decode_read_time): the 64x128 tile where its tiles fill one round
+    (N 10240: 80 tiles, against 64x64's 160 in 1.2 rounds) or ties, 64x64 where 64x128 leaves a few
+    CTAs in a last round (N 51200: 4 of 400; N 24576: 60 of 192); 16-bit keeps its rule."""
+    from cutegemm import policy
+
+    picks = {n: dense(m, n, k, "e4m3").tile_n for n, k in ((10240, 8192), (51200, 5120), (24576, 1536), (32768, 4096))}
+    assert picks == {10240: 128, 51200: 64, 24576: 64, 32768: 128}, picks
+    assert policy.decode_read_time(80, 128, SMS) < policy.decode_read_time(160, 64, SMS)
+    assert policy.decode_read_time(0, 64, SMS) == 0
+    # a part-filled round of c CTAs costs max(c, DECODE_SAT_CTAS) columns
+    assert policy.decode_read_time(SMS + 1, 64, SMS) == (SMS + policy.DECODE_SAT_CTAS) * 64
+    assert dense(m, 10240, 8192).tile_n == 128 and dense(m, 51200, 5120).tile_n == 128  # bf16: N / 128 >= SMs / 3
