@@ -175,8 +175,8 @@ class GemmConfig:
     the dynamic ones need the cooperative schedule (see schedulers/dynamic.py).
     pingpong (sm_90a): the two consumer warpgroups take alternate tiles, so one runs its epilogue
     while the other runs its mainloop; tile_m x tile_n is then one warpgroup's tile (<= 128x128
-    or 64x256: 128 fp32 accumulator registers per thread). Otherwise "cooperative": both
-    warpgroups split every tile along M (tile_m // 64 warpgroups).
+    or 64x256: 128 fp32 accumulators a thread; 128x192 for 16-bit inputs and light epilogues).
+    Otherwise "cooperative": the warpgroups split every tile along M (tile_m // 64 of them).
     """
 
     arch: str
@@ -406,8 +406,9 @@ def config_errors(cfg: GemmConfig) -> list[str]:
     if cfg.arch == "sm_90a":
         if cfg.two_cta:
             err.append("two_cta is an sm_100a feature")
-        if cfg.pingpong and cfg.tile_m * cfg.tile_n > 128 * 128:
-            err.append(f"sm_90a pingpong tile must hold <= 128x128 accumulators per warpgroup, got {cfg.tile_m}x{cfg.tile_n}")
+        e = cfg.epilogue  # pingpong 128x192 (192 accumulators a thread): 16-bit, no C / bias / quant / user / Z output
+        if cfg.pingpong and cfg.tile_m * cfg.tile_n > 128 * (128 if cfg.a_dtype == "e4m3" or e.beta or e.bias or e.quant or e.user or e.preact else 192):
+            err.append(f"sm_90a pingpong tile must hold <= 128x128 accumulators per warpgroup (128x192: 16-bit, no beta, bias, quant, user or preact), got {cfg.tile_m}x{cfg.tile_n}")  # fmt: skip
         tall = not (cfg.pingpong or cfg.a_dtype == "e4m3" or cfg.split_k > 1 or cfg.form not in (Form.DENSE, Form.FLAT) or cfg.epilogue.quant)
         if cfg.tile_m not in (64, 128) and (cfg.tile_m != 192 or not tall):
             err.append(f"sm_90a tile_m must be 64 or 128 (192: 16-bit dense cooperative, unsplit, no quantized output), got {cfg.tile_m}")
@@ -555,8 +556,7 @@ def swap_ab_errors(cfg: GemmConfig) -> list[str]:
 
 SM90_TILE_N, SPLIT_K_CHOICES = (64, 96, 128, 160, 192, 224, 256), (2, 3, 4, 5, 6, 8)  # tile_n: 32-column subtiles
 SPLIT_CLUSTER_CHOICES = (2, 4, 8)  # split_cluster: a cluster of split_k CTAs along z
-# split_cluster: range 0's receive slots, at most this many bytes (64x64 tiles with 8 ranges; the
-# stage ring keeps the rest of the 227 KiB)
+# split_cluster: range 0's receive slots, at most this many bytes (64x64 tiles, 8 ranges; the rest of 227 KiB: stages)
 SPLIT_CLUSTER_RECV_MAX = 112 * 1024
 # split_cluster launches one CTA per work unit along the grid's z, which stops here
 GRID_Z_MAX = 65535

@@ -25,6 +25,17 @@ from .config import (
 SWAP_MAX_ROWS = 1024
 
 
+# Packed grouped 16-bit with a short K (at most PINGPONG_MAX_K) and at least PINGPONG_MIN_ROWS rows
+# per expert: pingpong 128x192 tiles in 2x1 clusters, one warpgroup's epilogue under the other's
+# mainloop (a mainloop of 12-24 K tiles leaves the cooperative tile's epilogue exposed; 128x192 is
+# the largest pingpong tile without spills, config_errors). H100, Qwen3-30B-A3B's expert GEMMs
+# (~1024 rows per expert, 4 interleaved rounds, ms): down (K 768, N 2048) 0.617 against the swapped
+# 128x256's 0.706 (torch._grouped_mm 0.716; pingpong 128x128 0.687, 128x192 in 1x2 clusters 0.828);
+# dX (K 1536, N 2048) 1.196 against 1.217 (torch 1.290).
+PINGPONG_MAX_K = 1536
+PINGPONG_MIN_ROWS = 512
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -336,16 +347,21 @@ class ArchPolicy:
             wide = rows * ceil_div(p.n, 128) >= (self.num_sms if p.a_dtype == "e4m3" else self.num_sms // 3)
         return dict(tile_m=64, tile_n=128 if wide else 64, raster="n", group=1)
 
-    def choose_grouped(self, p: GemmProblem, num_groups: int, allow_swap: bool = True, **overrides) -> GemmConfig:
+    def choose_grouped(self, p: GemmProblem, num_groups: int, packed: bool = True, **overrides) -> GemmConfig:
         """Grouped: p.m is the total row count; the tile follows the mean rows per expert.
         sm_90a choices from a sweep of grouped configs on the H200 (bench/RESULTS.md).
-        ``allow_swap=False``: never the swapped kernel (the list form, which has none)."""
+        ``packed=False``: neither the swapped kernel nor the short-K pingpong tile (the list form
+        and the gather kernel: the first has no swapped kernel, neither was timed with pingpong)."""
         rows = p.m / max(num_groups, 1)
+        epi = overrides.get("epilogue", EpilogueSpec())
         if rows <= 64:  # decode: memory-bound on the weights; small tiles, A shared over 2 CTAs
             tile = dict(tile_m=64, tile_n=128, cluster_n=2)
-        elif (allow_swap and self.arch == "sm_90a" and rows <= SWAP_MAX_ROWS
+        elif (packed and self.arch == "sm_90a" and p.a_dtype in ("bf16", "fp16") and p.k <= PINGPONG_MAX_K
+              and rows >= PINGPONG_MIN_ROWS and not (epi.beta or epi.bias or epi.quant or epi.user or epi.preact)):  # fmt: skip
+            tile = dict(tile_m=128, tile_n=192, cluster_m=2, pingpong=True)  # see PINGPONG_MAX_K
+        elif (packed and self.arch == "sm_90a" and rows <= SWAP_MAX_ROWS
               and (p.a_dtype in ("bf16", "fp16") or (p.a_dtype == "e4m3" and overrides.get("fast_accum", False)))
-              and swap_ab_epilogue(overrides.get("epilogue", EpilogueSpec()))):  # fmt: skip
+              and swap_ab_epilogue(epi)):  # fmt: skip
             # Tokens along the WGMMA's N (swap_ab): an expert's last tile costs its real tokens'
             # tensor work and loads, not a whole 128-row tile's. H200 (same
             # runs as torch._grouped_mm): DeepSeek-V3 up 714 vs 678 TFLOP/s (the 128x256 c1x2
@@ -383,7 +399,7 @@ class ArchPolicy:
     def choose_gathered(self, p: GemmProblem, num_groups: int, **overrides) -> GemmConfig:
         """The packed form with A's rows gathered through an index (cutegemm.grouped.gather):
         :meth:`choose_grouped`'s tile, made :func:`gathered`. Not measured yet."""
-        cfg = self.choose_grouped(p, num_groups, allow_swap=False, **overrides)
+        cfg = self.choose_grouped(p, num_groups, packed=False, **overrides)
         return gathered(cfg, p.m / max(num_groups, 1))
 
 

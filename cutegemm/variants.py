@@ -334,6 +334,11 @@ def grouped_variants(arch: str) -> list[GemmConfig]:
         GemmConfig(arch=arch, form=Form.GROUPED, tile_m=128, tile_n=256, b_major="k"),
         GemmConfig(arch=arch, form=Form.GROUPED, tile_m=64, tile_n=128, cluster_n=2),
         GemmConfig(arch=arch, form=Form.GROUPED, tile_m=128, tile_n=128, pingpong=True, out_dtype="fp32"),
+        # the policy's short-K tile (policy.PINGPONG_MAX_K): pingpong 128x192 in 2x1 clusters, both B layouts
+        GemmConfig(arch=arch, form=Form.GROUPED, tile_m=128, tile_n=192, cluster_m=2, pingpong=True, b_major="k",
+                   raster="m", group=1),
+        GemmConfig(arch=arch, form=Form.GROUPED, tile_m=128, tile_n=192, cluster_m=2, pingpong=True, raster="m",
+                   group=1, a_dtype="fp16", b_dtype="fp16", epilogue=EpilogueSpec(gated="swiglu")),
         # MXFP8 x MXFP8 emulated per expert (grouped_gemm of two BlockScaledTensors on sm_90a)
         GemmConfig(arch=arch, form=Form.GROUPED, tile_m=128, tile_n=128, a_dtype="e4m3", b_dtype="e4m3",
                    a_major="k", b_major="k", fp8_mx=True),

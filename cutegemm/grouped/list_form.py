@@ -158,7 +158,7 @@ def list_config(arch: str, num_sms: int, groups: int, total_m: int, n: int, k: i
     ``total_m`` rows in all and mean N, K (one CTA per tile: no cluster)."""
     problem = GemmProblem(max(total_m, 1), max(n, 1), max(k, 1), 1, dtype, dtype, out_dtype, a_major, b_major)
     epi = EpilogueSpec(alpha=alpha, activation=activation)
-    cfg = policy_for(arch, num_sms).choose_grouped(problem, max(groups, 1), allow_swap=False, epilogue=epi)
+    cfg = policy_for(arch, num_sms).choose_grouped(problem, max(groups, 1), packed=False, epilogue=epi)
     return replace(cfg, form=Form.LISTED, cluster_m=1, cluster_n=1)
 
 

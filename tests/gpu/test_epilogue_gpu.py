@@ -168,6 +168,7 @@ def test_beta_zero_never_reads_c():
         ("swiglu", "halves", BF16, BF16, dict(tile_m=128, tile_n=128)),
         ("geglu", "interleaved", torch.float32, torch.float32, dict(tile_m=128, tile_n=128)),
         ("swiglu", "interleaved", BF16, BF16, dict(tile_m=128, tile_n=128, pingpong=True)),
+        ("swiglu", "interleaved", None, BF16, dict(tile_m=128, tile_n=192, pingpong=True, cluster_m=2)),
         ("swiglu", "interleaved", BF16, BF16, dict(tile_m=64, tile_n=128)),
         ("swiglu", "interleaved", BF16, BF16, dict(tile_m=192, tile_n=192)),
         ("geglu", "halves", None, torch.float32, dict(tile_m=64, tile_n=96, cluster_n=2, raster="n", group=1)),

@@ -78,6 +78,7 @@ def test_dense_dtypes(in_dtype, out_dtype):
         dict(tile_m=64, tile_n=128, raster="n", group=1),
         dict(tile_m=128, tile_n=64, cluster_n=2, raster="n", group=3),
         dict(tile_m=128, tile_n=128, cluster_m=2, pingpong=True),
+        dict(tile_m=128, tile_n=192, cluster_m=2, pingpong=True),
         dict(tile_m=64, tile_n=256, cluster_n=2, pingpong=True),
         dict(tile_m=128, tile_n=64, pingpong=True, raster="n", group=1),
         dict(tile_m=64, tile_n=96, cluster_n=2, raster="n", group=1),

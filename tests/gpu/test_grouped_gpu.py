@@ -1,6 +1,8 @@
 """Grouped (MoE) GEMM on a GPU: packed offs form vs an fp64 reference, poisoned outputs, rows
 outside every expert untouched, CUDA-graph replay with changing offs; K-grouped and list forms."""
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -72,6 +74,37 @@ def test_packed_property(counts, n8, k8, b_transposed):
 )
 def test_packed_edge_cases(counts):
     check_packed(counts, 264, 136)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(counts=expert_counts(10), n8=st.integers(1, 60), k8=st.integers(1, 200), b_transposed=st.booleans(),
+       fp16=st.booleans(), gated=st.booleans())  # fmt: skip
+def test_packed_pingpong_128x192(counts, n8, k8, b_transposed, fp16, gated):
+    """The policy's short-K tile (policy.PINGPONG_MAX_K): pingpong 128x192 in 2x1 clusters, every
+    expert size (0, ragged, a pair of CTAs over two experts), both B layouts, the gated epilogue;
+    the policy picks it for Qwen3-30B-A3B's down projection."""
+    dtype = torch.float16 if fp16 else torch.bfloat16
+    name = {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
+    cfg = cutegemm.GemmConfig(arch="sm_90a", form=Form.GROUPED, a_dtype=name, b_dtype=name, out_dtype=name,
+                              b_major="k" if b_transposed else "n", tile_m=128, tile_n=192, cluster_m=2,
+                              pingpong=True, raster="m", group=1)  # fmt: skip
+    if not gated:
+        check_packed(counts, 8 * n8, 8 * k8, dtype=dtype, b_transposed=b_transposed, config=cfg)
+        return
+    E, n, k = len(counts), 16 * n8, 8 * k8
+    a = torch.randn(sum(counts) + 3, k, device="cuda", dtype=dtype)
+    b = torch.randn(E, k, n, device="cuda", dtype=dtype)
+    b = b.mT.contiguous().mT if b_transposed else b
+    offs = make_offs(counts)
+    cfg = dataclasses.replace(cfg, epilogue=cutegemm.EpilogueSpec(gated="swiglu"))
+    out = torch.full((a.shape[0], n // 2), float("nan"), device="cuda", dtype=dtype)
+    grouped_gemm(a, b, offs=offs, activation="swiglu", out=out, config=cfg)
+    end = sum(counts)
+    ref = grouped_gemm_ref(a, b, offs=offs, activation="swiglu", compute_dtype=torch.float64)
+    same = grouped_gemm_ref(a, b, offs=offs, activation="swiglu")
+    if end:
+        assert_within_torch_error(out[:end], same[:end], ref[:end], what=f"pingpong 128x192 swiglu E={E} n={n} k={k}")
+    assert torch.isnan(out[end:]).all(), "rows past offs[-1] were written"
 
 
 def test_packed_large_tiles_and_fp16():
