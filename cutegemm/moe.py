@@ -139,14 +139,14 @@ class _GatedExperts(torch.autograd.Function):
         dy = dy.to(x.dtype).contiguous()  # the kernels' operand dtype; the packed form wants row-major
         dh = grouped_mm(dy, w_down.mT, offs) if need_x or need_w1 else None  # (T, I)
         h, dz = gated_grads(ctx.activation, dh, z, ctx.gate_layout, want_h=need_w2)  # one pass over Z
-        del dh  # each temporary goes once used: dX and dW_gate_up are allocated without dH and H
-        if need_w2:
-            dw2 = _weight_grad(h, dy, offs, w_down)
-        del h, dy
+        del dh  # each temporary goes once used; dZ's consumers first, so dW_down is allocated without dZ
         if need_x:
             dx = packed_zero_tail(dz, w_gate_up.mT, offs)
         if need_w1:
             dw1 = _weight_grad(x, dz, offs, w_gate_up)
+        del dz
+        if need_w2:
+            dw2 = _weight_grad(h, dy, offs, w_down)
         return dx, dw1, dw2, None, None, None
 
 
@@ -462,9 +462,8 @@ class _RoutedExperts(torch.autograd.Function):
         if need_w:
             dots = torch.cat((dots, dots.new_zeros(1)))  # row R: the pairs outside [0, E)
             dw = dots.index_select(0, inv).view(weights.shape).to(weights.dtype)
-        if need_w2:
-            dw2 = _weight_grad_rows(wh, dout, offs, w_down, rows, "grad") if gk else _weight_grad(wh, dyp, offs, w_down)
-        del wh, dyp
+        # dZ's consumers first, then dZ goes: the largest gradient (dW_gate_up) is allocated beside
+        # wH and dZ, dW_down beside wH only (not beside dZ and dW_gate_up as well)
         if need_x:  # each token's k row gradients, summed in slot order
             dx = combine_rows(_with_zero_row(dz, w_gate_up.mT, offs), inv, None, ctx.k)[0]
         if need_w1:
@@ -472,6 +471,9 @@ class _RoutedExperts(torch.autograd.Function):
                 dw1 = _weight_grad_rows(x, dz, offs, w_gate_up, rows, "inp")
             else:
                 dw1 = _weight_grad(x.index_select(0, rows), dz, offs, w_gate_up)  # the gathered rows again
+        del dz
+        if need_w2:
+            dw2 = _weight_grad_rows(wh, dout, offs, w_down, rows, "grad") if gk else _weight_grad(wh, dyp, offs, w_down)
         return dx, dw, dw1, dw2, None, None, None, None, None, None, None
 
 

@@ -578,36 +578,45 @@ def test_combine_and_gather_rows_hypothesis(tokens, k, hidden, experts, weighted
     torch.testing.assert_close(dx, torch.zeros_like(x).index_add_(0, index, grad), rtol=1e-12, atol=1e-12)
 
 
-def test_backward_frees_dh_and_h_before_dx(monkeypatch):
-    """The backward's peak memory: dH (T, I) and H (T, I) are gone (no reference left) when dX is
-    allocated, and dY's converted copy too."""
+def test_backward_frees_its_temporaries_before_the_large_gradients(monkeypatch):
+    """The backward's peak memory: dH (T, I) is gone (no reference left) when dX is allocated, and
+    dZ (T, 2I) when dW_down is: dZ's consumers (dX, dW_gate_up) run first, so dW_down, the last,
+    is allocated beside H only."""
     import gc
     import weakref
 
     from cutegemm import moe as moe_mod
 
-    refs = {}
-    real_gated, real_tail = moe_mod.gated_grads, moe_mod.packed_zero_tail
+    refs, alive = {}, {}
+    real_gated, real_tail, real_wgrad = moe_mod.gated_grads, moe_mod.packed_zero_tail, moe_mod._weight_grad
 
     def gated(activation, dh, z, layout, want_h=True):
         h, dz = real_gated(activation, dh, z, layout, want_h=want_h)
         if dh is not None:  # the backward's call (the forward's has no dH)
-            refs["dh"], refs["h"] = weakref.ref(dh), weakref.ref(h)
+            refs["dh"], refs["dz"] = weakref.ref(dh), weakref.ref(dz)
         return h, dz
 
-    def tail(a, b, offs, alpha=1.0):
+    def seen(what):
         gc.collect()
-        refs["alive"] = [name for name in ("dh", "h") if refs[name]() is not None]
+        alive[what] = [name for name in ("dh", "dz") if refs[name]() is not None]
+
+    def tail(a, b, offs, alpha=1.0):
+        seen("dx")
         return real_tail(a, b, offs, alpha)
+
+    def wgrad(inp, grad, offs, w):
+        seen("dw2" if w.shape == w2.shape else "dw1")  # (E, I, H) against w1's (E, H, 2I)
+        return real_wgrad(inp, grad, offs, w)
 
     monkeypatch.setattr(moe_mod, "gated_grads", gated)
     monkeypatch.setattr(moe_mod, "packed_zero_tail", tail)
+    monkeypatch.setattr(moe_mod, "_weight_grad", wgrad)
     T, H, I, E = 24, 16, 8, 3
     x = torch.randn(T, H, requires_grad=True)
     w1 = torch.randn(E, H, 2 * I, requires_grad=True)
     w2 = torch.randn(E, I, H, requires_grad=True)
     grouped_experts(x, w1, w2, make_offs([8, 10, 6])).sum().backward()
-    assert refs["alive"] == []
+    assert alive == {"dx": ["dz"], "dw1": ["dz"], "dw2": []}, alive
 
 
 def _routed_reference(x, ids, wts, w1, w2, activation, layout):
@@ -673,6 +682,40 @@ def test_routed_experts_gradcheck_and_what_it_saves():
         routed_experts(x, ids, wts[:, :1], w1, w2)
     with pytest.raises(ValueError, match="floating point"):
         routed_experts(x, ids, ids, w1, w2)
+
+
+def test_routed_backward_frees_dz_before_dw_down(monkeypatch):
+    """The routed node's backward runs dZ's consumers (dX, dW_gate_up) first and drops dZ before
+    dW_down, the last gradient, so dW_down is allocated beside wH only."""
+    import gc
+    import weakref
+
+    from cutegemm import moe as moe_mod
+
+    refs, alive = {}, {}
+    real_rows, real_wgrad = moe_mod.routed_gated_grads, moe_mod._weight_grad
+
+    def rows_pass(*args):
+        wh, dz, dots = real_rows(*args)
+        refs["dz"] = weakref.ref(dz)
+        return wh, dz, dots
+
+    def wgrad(inp, grad, offs, w):
+        gc.collect()
+        alive["dw2" if w.shape == w2.shape else "dw1"] = refs["dz"]() is not None
+        return real_wgrad(inp, grad, offs, w)
+
+    monkeypatch.setattr(moe_mod, "routed_gated_grads", rows_pass)
+    monkeypatch.setattr(moe_mod, "_weight_grad", wgrad)
+    T, H, I, E, k = 7, 16, 8, 3, 2
+    x = torch.randn(T, H, requires_grad=True)
+    ids = torch.randint(0, E, (T, k))
+    wts = torch.rand(T, k, requires_grad=True)
+    w1 = torch.randn(E, H, 2 * I, requires_grad=True)
+    w2 = torch.randn(E, I, H, requires_grad=True)
+    moe_mod.routed_experts(x, ids, wts, w1, w2).sum().backward()
+    assert alive == {"dw1": True, "dw2": False}, alive
+    assert x.grad is not None and wts.grad is not None and w1.grad is not None and w2.grad is not None
 
 
 def test_routed_experts_reads_no_unspecified_row(monkeypatch):
