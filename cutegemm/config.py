@@ -132,6 +132,11 @@ class EpilogueSpec:
         return bool(self.beta or self.bias or self.gated or self.quant or self.user or self.scale_a or self.scale_b)
 
     @property
+    def light(self) -> bool:
+        """No C, bias, quantized output, user epilogue or Z output (what sm_90a pingpong 128x192 takes)."""
+        return not (self.beta or self.bias or self.quant or self.user or self.preact)
+
+    @property
     def cols_per_output(self) -> int:
         """GEMM columns per output column (2 for gated)."""
         return 2 if self.gated else 1
@@ -214,23 +219,20 @@ class GemmConfig:
     # per 128x128 block of B (N block, K block), applied to every K tile's promoted WGMMA partial
     # sum in the mainloop (the K tile is 128). Passed as the kernel's mSFA / mSFB.
     fp8_blockwise: bool = False
-    # FP8 with promotion, cooperative sm_90a: the two consumer warpgroups issue each K tile's
-    # WGMMAs in turn (named barriers), so one warpgroup's promotion adds run while the tensor
-    # cores work on the other's WGMMAs instead of both waiting at the same time.
+    # FP8 with promotion, cooperative sm_90a: the consumer warpgroups issue each K tile's WGMMAs in
+    # turn (named barriers), so one's promotion adds run while the tensor cores do the other's.
     wg_order: bool = False
-    # MXFP8 emulation (sm_90a, no block-scaled MMA there): e4m3 A and B with one e8m0 scale per
-    # 32 K of every row of A and every column of B, decoded on the host to fp32 (mSFA (M, K/32),
-    # mSFB in the consumers' register order, see ``blockscaled.sm90_mx``). Each 32-wide WGMMA
-    # starts a fresh partial sum, promoted as acc += partial * scale_a[row] * scale_b[col]; the
-    # scales travel with A and B through the TMA stage ring.
+    # MXFP8 emulation (sm_90a has no block-scaled MMA): e4m3 A and B, one e8m0 scale per 32 K of a
+    # row of A / column of B, decoded on the host to fp32 (mSFA (M, K/32), mSFB in the consumers'
+    # register order, ``blockscaled.mx_sm90``); each 32-wide WGMMA's fresh partial sum is promoted
+    # as acc += partial * scale_a[row] * scale_b[col], the scales riding the TMA stage ring.
     fp8_mx: bool = False
     # Grouped packed form, sm_90a, "swap AB": the kernel computes C^T = B^T A^T, so a tile's M
     # runs over the weights' N (tile_m rows of one expert's B) and its N over the expert's tokens,
-    # split evenly over ceil(tokens / tile_n) tiles. Each tile's WGMMAs are cut to its real tokens,
-    # rounded up to 16 (a WGMMA width per 16 tokens, chosen at run time), and only the 32-row TMA
-    # chunks holding its tokens are loaded (the stage expects that many bytes). An expert whose
-    # token count is not a multiple of tile_n thus pays neither a full tile of tensor work nor a
-    # full tile of loads for it (gemm/sm90.swap.py).
+    # split evenly over ceil(tokens / tile_n) tiles. Each tile's WGMMAs are cut to its real tokens
+    # rounded up to 16 (chosen at run time) and only the 32-row TMA chunks holding them are loaded,
+    # so an expert's ragged last tile costs neither a full tile's tensor work nor its loads
+    # (gemm/sm90/swap.py).
     swap_ab: bool = False
     # Dense sm_90a, split K: every output tile's K tiles are cut into split_k equal ranges, each a
     # work unit (a tile's ranges adjacent, so they run at once on different CTAs) writing fp32
@@ -406,8 +408,7 @@ def config_errors(cfg: GemmConfig) -> list[str]:
     if cfg.arch == "sm_90a":
         if cfg.two_cta:
             err.append("two_cta is an sm_100a feature")
-        e = cfg.epilogue  # pingpong 128x192 (192 accumulators a thread): 16-bit, no C / bias / quant / user / Z output
-        if cfg.pingpong and cfg.tile_m * cfg.tile_n > 128 * (128 if cfg.a_dtype == "e4m3" or e.beta or e.bias or e.quant or e.user or e.preact else 192):
+        if cfg.pingpong and cfg.tile_m * cfg.tile_n > 128 * (192 if cfg.a_dtype != "e4m3" and cfg.epilogue.light else 128):
             err.append(f"sm_90a pingpong tile must hold <= 128x128 accumulators per warpgroup (128x192: 16-bit, no beta, bias, quant, user or preact), got {cfg.tile_m}x{cfg.tile_n}")  # fmt: skip
         tall = not (cfg.pingpong or cfg.a_dtype == "e4m3" or cfg.split_k > 1 or cfg.form not in (Form.DENSE, Form.FLAT) or cfg.epilogue.quant)
         if cfg.tile_m not in (64, 128) and (cfg.tile_m != 192 or not tall):
@@ -597,11 +598,10 @@ def a_rows_for(m: int) -> int:
 
 def a_rows_errors(cfg: GemmConfig) -> list[str]:
     """Rules of a short A box (``GemmConfig.a_rows``): 8 or a multiple of 16 below tile_m (whole
-    8-row swizzle atoms at the start of a K-major stage of A; DSL 4.8.1's TMA atom construction
-    aborts the process on a box of 3, 5, 7, ... such atoms, e.g. 24 rows), dense sm_90a
-    cooperative tiles (the tile's threads zero the rest of the stages once), K-major A, A not
-    multicast (cluster_n 1), no per-32 scales riding with A (DeepSeek block scales are fine:
-    scale_a keeps its own box). The problem must fit in the box (``problem_errors``)."""
+    8-row swizzle atoms; DSL 4.8.1's TMA atom construction aborts on 3, 5, 7, ... of them, e.g. 24
+    rows), dense sm_90a cooperative tiles (their threads zero the rest of the stages once), K-major
+    A not multicast (cluster_n 1), no per-32 scales riding with A (DeepSeek block scales keep their
+    own box). The problem must fit in the box (``problem_errors``)."""
     what = "a_rows (A's TMA box rows, decode-sized M)"
     err = []
     if (cfg.a_rows != 8 and cfg.a_rows % 16) or not 8 <= cfg.a_rows < cfg.tile_m:

@@ -357,7 +357,7 @@ class ArchPolicy:
         if rows <= 64:  # decode: memory-bound on the weights; small tiles, A shared over 2 CTAs
             tile = dict(tile_m=64, tile_n=128, cluster_n=2)
         elif (packed and self.arch == "sm_90a" and p.a_dtype in ("bf16", "fp16") and p.k <= PINGPONG_MAX_K
-              and rows >= PINGPONG_MIN_ROWS and not (epi.beta or epi.bias or epi.quant or epi.user or epi.preact)):  # fmt: skip
+              and rows >= PINGPONG_MIN_ROWS and epi.light):  # fmt: skip
             tile = dict(tile_m=128, tile_n=192, cluster_m=2, pingpong=True)  # see PINGPONG_MAX_K
         elif (packed and self.arch == "sm_90a" and rows <= SWAP_MAX_ROWS
               and (p.a_dtype in ("bf16", "fp16") or (p.a_dtype == "e4m3" and overrides.get("fast_accum", False)))

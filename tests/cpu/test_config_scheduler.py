@@ -115,12 +115,40 @@ def test_policy_always_picks_an_implementable_config(m, n, k, l_count, arch, a_m
     experts=st.integers(1, 512),
     n=st.integers(1, 4000).map(lambda x: 8 * x),
     b_major=st.sampled_from("kn"),
+    k=st.sampled_from([256, 768, 1536, 1544, 4096]),
+    epi=st.sampled_from([EpilogueSpec(), EpilogueSpec(gated="swiglu"), EpilogueSpec(bias=True, activation="silu"),
+                         EpilogueSpec(alpha=True)]),
 )
-def test_grouped_policy_is_implementable(total, experts, n, b_major):
-    p = GemmProblem(total, n, 4096, b_major=b_major)
-    cfg = policy_for("sm_90a").choose_grouped(p, experts)
+def test_grouped_policy_is_implementable(total, experts, n, b_major, k, epi):
+    """Every packed grouped pick is implementable, the short-K pingpong 128x192 tile
+    (policy.PINGPONG_MAX_K) included: taken for 16-bit K <= 1536 with >= 512 rows per expert and
+    an epilogue it takes (EpilogueSpec.light), never otherwise."""
+    from cutegemm import policy
+
+    n = 2 * n if epi.gated else n
+    p = GemmProblem(total, n, k, b_major=b_major)
+    cfg = policy_for("sm_90a").choose_grouped(p, experts, epilogue=epi)
     ok, why = can_implement(cfg, p)
     assert ok and cfg.grouped, why
+    short = k <= policy.PINGPONG_MAX_K and total / experts >= policy.PINGPONG_MIN_ROWS and epi.light
+    assert (cfg.pingpong and (cfg.tile_m, cfg.tile_n, cfg.cluster_m) == (128, 192, 2)) == short, cfg.name
+    gathered = policy_for("sm_90a").choose_gathered(p, experts, epilogue=epi)
+    assert not gathered.pingpong or gathered.tile_n <= 128  # packed=False: never the short-K tile
+
+
+def test_pingpong_128x192_rule():
+    """sm_90a pingpong holds at most 128x128 accumulators per warpgroup, 128x192 for 16-bit inputs
+    and a light epilogue (the tiles that compile without spills)."""
+    from cutegemm.config import config_errors
+
+    base = GemmConfig(arch="sm_90a", form=Form.GROUPED, tile_m=128, tile_n=192, cluster_m=2, pingpong=True,
+                      raster="m", group=1)  # fmt: skip
+    assert not config_errors(base)
+    assert not config_errors(replace(base, epilogue=EpilogueSpec(gated="swiglu", alpha=True)))
+    for bad in (replace(base, epilogue=EpilogueSpec(bias=True)), replace(base, epilogue=EpilogueSpec(beta=True)),
+                replace(base, epilogue=EpilogueSpec(gated="swiglu", preact=True)), replace(base, tile_n=256),
+                replace(base, a_dtype="e4m3", b_dtype="e4m3", fast_accum=True, b_major="k")):  # fmt: skip
+        assert any("128x192" in e for e in config_errors(bad)), bad.name
 
 
 @settings(max_examples=100, deadline=None)
