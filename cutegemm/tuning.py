@@ -123,6 +123,7 @@ _SM90_DENSE = [
     dict(tile_m=128, tile_n=256, cluster_m=2, cluster_n=1, pingpong=False, raster="n", group=8),
     dict(tile_m=128, tile_n=256, cluster_m=1, cluster_n=2, pingpong=False, raster="m", group=8),
     dict(tile_m=128, tile_n=128, cluster_m=2, cluster_n=1, pingpong=True, raster="m", group=8),
+    dict(tile_m=128, tile_n=192, cluster_m=2, cluster_n=1, pingpong=True, raster="n", group=8),  # 16-bit, light epilogues
     dict(tile_m=128, tile_n=128, cluster_m=1, cluster_n=1, pingpong=False, raster="m", group=8),
     dict(tile_m=128, tile_n=64, cluster_m=1, cluster_n=2, pingpong=False, raster="n", group=1),
     dict(tile_m=64, tile_n=256, cluster_m=1, cluster_n=2, pingpong=True, raster="n", group=1),
@@ -135,6 +136,7 @@ _SM90_GROUPED = [
     dict(_SM90_GROUPED_SWAP, tile_n=256),
     dict(_SM90_GROUPED_SWAP, tile_n=192),
     dict(_SM90_GROUPED_PLAIN, tile_m=128, tile_n=128, cluster_n=2, pingpong=True, scheduler="static"),
+    dict(_SM90_GROUPED_PLAIN, tile_m=128, tile_n=192, cluster_m=2, cluster_n=1, pingpong=True, scheduler="static"),
     dict(_SM90_GROUPED_PLAIN, tile_m=64, tile_n=128, cluster_n=2, pingpong=False),
     dict(_SM90_GROUPED_PLAIN, tile_m=128, tile_n=256, cluster_n=1, pingpong=False),
     dict(_SM90_GROUPED_PLAIN, tile_m=64, tile_n=256, cluster_n=2, pingpong=False),
