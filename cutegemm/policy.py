@@ -25,13 +25,11 @@ from .config import (
 SWAP_MAX_ROWS = 1024
 
 
-# Packed grouped 16-bit with a short K (at most PINGPONG_MAX_K) and at least PINGPONG_MIN_ROWS rows
-# per expert: pingpong 128x192 tiles in 2x1 clusters, one warpgroup's epilogue under the other's
-# mainloop (a mainloop of 12-24 K tiles leaves the cooperative tile's epilogue exposed; 128x192 is
-# the largest pingpong tile without spills, config_errors). H100, Qwen3-30B-A3B's expert GEMMs
-# (~1024 rows per expert, 4 interleaved rounds, ms): down (K 768, N 2048) 0.617 against the swapped
-# 128x256's 0.706 (torch._grouped_mm 0.716; pingpong 128x128 0.687, 128x192 in 1x2 clusters 0.828);
-# dX (K 1536, N 2048) 1.196 against 1.217 (torch 1.290).
+# Packed grouped 16-bit calls with a short K (<= PINGPONG_MAX_K) and >= PINGPONG_MIN_ROWS rows per
+# expert: pingpong 128x192 tiles in 2x1 clusters, so one warpgroup's epilogue runs under the other's
+# mainloop (a 12-24 K-tile mainloop leaves the cooperative tile's epilogue exposed; 128x192 is the
+# largest pingpong tile without spills). H100: Qwen3-30B-A3B's down projection 0.624 ms against
+# 0.706 (torch._grouped_mm 0.718); bench/RESULTS.md, "Short-K expert GEMMs".
 PINGPONG_MAX_K = 1536
 PINGPONG_MIN_ROWS = 512
 
@@ -212,20 +210,16 @@ SMALL_M_SPLITS = {"16-bit": (1, 2, 4), "e4m3": (1,)}
 SMALL_M_RATES = {(128, 64): 0.60}
 # 16-bit 64 < M <= 128 only: 128x96 (the H100 sweep, same rounds: Llama-3-70B qkv M = 128 0.93 ->
 # 0.96, Qwen3-32B qkv 0.95 -> 0.96; one M tile, so 1x1 as every pick here)
-# e4m3: 128x160 (H100, every M <= 128 tile timed on the sweep's layers, same rounds: Qwen3-32B
-# gate_up M = 128, 320 tiles of 128x160 in 2.4 waves, 0.98x torch._scaled_mm against 128x128's 0.93
-# in 3.03 waves; the only layer where the model picks it)
+# e4m3: 128x160 (H100: Qwen3-32B gate_up at M = 128, 2.4 waves of it, 0.98x torch._scaled_mm
+# against 128x128's 0.93 in 3.03 waves; the only sweep layer where the model picks it)
 SMALL_M_ONLY_RATES = {"16-bit": {(128, 96): 0.85}, "e4m3": {(128, 160): 0.85}}
 
-# FP8 M <= 64 (ArchPolicy.decode_tile): the call streams the weight once, so its time is the
-# bytes each round of CTAs reads at the bandwidth that many CTAs draw: a whole wave at the HBM peak,
-# a part-filled one of c CTAs at c / DECODE_SAT_CTAS of it (c >= DECODE_SAT_CTAS saturate). H100,
-# every M <= 64 tile timed on the sweep's 16 layers (x torch._scaled_mm, rule before -> the model's
-# pick): Llama-3-70B qkv (N 10240: 160 tiles of 64x64 in 1.2 waves, 80 of 64x128 in one) M = 16
-# 1.03 -> 1.10, M = 64 0.96 -> 1.01; Qwen3-32B qkv (10240) 1.00 -> 1.04, 0.99 -> 1.04; Qwen3-32B
-# gate_up (N 51200: 64x128's 400 tiles leave 4 CTAs in a 4th wave, 64x64's 800 leave 8 in a 7th)
-# 0.97 -> 1.00, 0.95 -> 0.99; DeepSeek-V3 q_b (24576) 1.00 -> 1.04, 0.97 -> 1.03; the other 24 cases
-# keep their tile. DECODE_SAT_CTAS from 64 to 96 picks the same eight; 32 to 48 all but q_b's two.
+# FP8 M <= 64 (ArchPolicy.decode_tile): the call streams the weight once, so its time is the bytes
+# each round of CTAs reads: a whole round at the HBM peak, a part-filled last one of c CTAs at
+# c / DECODE_SAT_CTAS of it. Fitted on every M <= 64 tile timed on the sweep's 16 layers (H100): it
+# picks the faster tile wherever one led by 4% or more (e.g. Llama-3-70B qkv, N 10240: 80 tiles
+# of 64x128 in one round against 160 of 64x64 in 1.2; M = 64 0.96 -> 1.01x torch._scaled_mm);
+# SAT 64-96 pick the same tiles. bench/RESULTS.md, "FP8 row-wise".
 DECODE_READ_MODEL = True
 DECODE_SAT_CTAS = 80
 
