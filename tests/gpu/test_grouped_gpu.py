@@ -1,7 +1,7 @@
 """Grouped (MoE) GEMM on a GPU: packed offs form vs an fp64 reference, poisoned outputs, rows
 outside every expert untouched, CUDA-graph replay with changing offs; K-grouped and list forms."""
 
-import dataclasses
+from dataclasses import replace
 
 import pytest
 import torch
@@ -96,7 +96,7 @@ def test_packed_pingpong_128x192(counts, n8, k8, b_transposed, fp16, gated):
     b = torch.randn(E, k, n, device="cuda", dtype=dtype)
     b = b.mT.contiguous().mT if b_transposed else b
     offs = make_offs(counts)
-    cfg = dataclasses.replace(cfg, epilogue=cutegemm.EpilogueSpec(gated="swiglu"))
+    cfg = replace(cfg, epilogue=cutegemm.EpilogueSpec(gated="swiglu"))
     out = torch.full((a.shape[0], n // 2), float("nan"), device="cuda", dtype=dtype)
     grouped_gemm(a, b, offs=offs, activation="swiglu", out=out, config=cfg)
     end = sum(counts)
@@ -224,7 +224,6 @@ def test_two_cta_clusters_and_ragged_experts(cfg):
     """2x1 clusters (two consecutive m-tiles of one expert per cluster; the second CTA of an
     expert with an odd m-tile count has an empty tile: it must store nothing): ragged counts,
     empty experts, one-row experts, rows past offs[-1]."""
-    from dataclasses import replace
 
     config = replace(cutegemm.GemmConfig(arch="sm_90a", form=Form.GROUPED, b_major="k", raster="m", group=1), **cfg)
     for counts in ([130, 0, 1, 257, 64, 65, 300], [1] * 9, [0, 0, 700], [383, 129]):
@@ -244,7 +243,6 @@ def test_half_empty_last_tiles(cfg):
     """128-row tiles whose second warpgroup's 64 rows lie wholly or partly past the expert's end
     (its rows must be right, and nothing past the expert may be written): last tiles of 1, 63, 64,
     65 and 127 rows."""
-    from dataclasses import replace
 
     config = replace(cutegemm.GemmConfig(arch="sm_90a", form=Form.GROUPED, b_major="k"), **cfg)
     check_packed([64, 65, 192, 193, 1, 63, 0, 128, 127, 320], 264, 200, config=config)
@@ -263,7 +261,6 @@ def test_band_orders(cfg):
     """Tile orders inside an expert other than the default (bands of m-tiles walked along N,
     or of n-tiles walked along M; the last band shorter): every tile once, nothing outside the
     experts written. Experts of many m-tiles and N of several cluster tiles."""
-    from dataclasses import replace
 
     config = replace(cutegemm.GemmConfig(arch="sm_90a", form=Form.GROUPED, b_major="k"), **cfg)
     check_packed([1000, 0, 130, 777, 1, 64], 1000, 136, config=config)
@@ -317,7 +314,6 @@ def test_k_grouped_kernel_edges(counts):
 def test_k_grouped_forced_configs():
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the K-grouped kernel is sm_90a")
-    from dataclasses import replace
 
     base = cutegemm.GemmConfig(arch="sm_90a", form=Form.KGROUPED, a_major="m", b_major="n")
     for over in (dict(tile_m=128, tile_n=256, cluster_m=2), dict(tile_m=128, tile_n=128, scheduler="dynamic"),
@@ -338,7 +334,6 @@ def test_k_grouped_pingpong(over):
     take several turns."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the K-grouped kernel is sm_90a")
-    from dataclasses import replace
 
     base = cutegemm.GemmConfig(arch="sm_90a", form=Form.KGROUPED, a_major="m", b_major="n", pingpong=True)
     _k_grouped_check([100, 0, 64, 300, 1, 700, 129], 1024, 1024, a_col_major=True, config=replace(base, **over), pad_k=5)
