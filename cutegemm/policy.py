@@ -216,10 +216,11 @@ SMALL_M_ONLY_RATES = {"16-bit": {(128, 96): 0.85}, "e4m3": {(128, 160): 0.85}}
 
 # FP8 M <= 64 (ArchPolicy.decode_tile): the call streams the weight once, so its time is the bytes
 # each round of CTAs reads: a whole round at the HBM peak, a part-filled last one of c CTAs at
-# c / DECODE_SAT_CTAS of it. Fitted on every M <= 64 tile timed on the sweep's 16 layers (H100): it
-# picks the faster tile wherever one led by 4% or more (e.g. Llama-3-70B qkv, N 10240: 80 tiles
-# of 64x128 in one round against 160 of 64x64 in 1.2; M = 64 0.96 -> 1.01x torch._scaled_mm);
-# SAT 64-96 pick the same tiles. bench/RESULTS.md, "FP8 row-wise".
+# c / DECODE_SAT_CTAS of it. Fitted on every M <= 64 tile timed on the sweep's 16 layers (H100): of
+# the 10 cases where a tile led the rule before by 4% or more, it changes 8 to the faster of 64x64
+# and 64x128 (e.g. Llama-3-70B qkv, N 10240: 80 tiles of 64x128 in one round against 160 of 64x64
+# in 1.2; M = 64 0.96 -> 1.01x torch._scaled_mm); 128-row tiles with a short A box led the other
+# two (not weighed). SAT 64-96 pick the same tiles. bench/RESULTS.md, "FP8 row-wise".
 DECODE_READ_MODEL = True
 DECODE_SAT_CTAS = 80
 
