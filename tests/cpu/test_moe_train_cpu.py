@@ -611,12 +611,18 @@ def test_backward_frees_its_temporaries_before_the_large_gradients(monkeypatch):
     monkeypatch.setattr(moe_mod, "gated_grads", gated)
     monkeypatch.setattr(moe_mod, "packed_zero_tail", tail)
     monkeypatch.setattr(moe_mod, "_weight_grad", wgrad)
-    T, H, I, E = 24, 16, 8, 3
+    T, H, I, E = 12, 16, 8, 3  # T (I + H) = 288 < E I H = 384: dW_down last (moe._down_grad_last)
     x = torch.randn(T, H, requires_grad=True)
     w1 = torch.randn(E, H, 2 * I, requires_grad=True)
     w2 = torch.randn(E, I, H, requires_grad=True)
-    grouped_experts(x, w1, w2, make_offs([8, 10, 6])).sum().backward()
+    grouped_experts(x, w1, w2, make_offs([4, 5, 3])).sum().backward()
     assert alive == {"dx": ["dz"], "dw1": ["dz"], "dw2": []}, alive
+    # more rows than that: dW_down first (its operands dropped before dZ's consumers), dZ still alive then
+    alive.clear()
+    x = torch.randn(48, H, requires_grad=True)
+    grouped_experts(x, w1, w2, make_offs([16, 20, 12])).sum().backward()
+    assert alive == {"dw2": ["dz"], "dx": ["dz"], "dw1": ["dz"]}, alive
+    assert moe_mod._down_grad_last(288, w2) and not moe_mod._down_grad_last(48 * (I + H), w2)
 
 
 def _routed_reference(x, ids, wts, w1, w2, activation, layout):
