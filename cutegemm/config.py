@@ -26,7 +26,6 @@ BLOCKSCALED_RECIPES = {
 BLOCKSCALED_MIXED = {("e4m3", "e2m1"), ("e2m1", "e4m3")}
 ELEMENT_BITS = {"bf16": 16, "fp16": 16, "fp32": 32, "e4m3": 8, "e2m1": 4, "u8": 8}
 GATHER_K_TILES = (64, 128, 256)  # K-grouped gathering: the gathered operand's tile (128 cp.async threads)
-
 QUANT_FORMATS = ("mxfp8", "mxfp4", "nvfp4")  # quantized outputs (epilogue.quant)
 MAX_EPILOGUE_ARGS = 4  # vectors a user epilogue may take (epilogue.user)
 EPI_DTYPES = ("bf16", "fp16", "fp32")
@@ -234,26 +233,24 @@ class GemmConfig:
     # so an expert's ragged last tile costs neither a full tile's tensor work nor its loads
     # (gemm/sm90/swap.py).
     swap_ab: bool = False
-    # Dense sm_90a, split K: every output tile's K tiles are cut into split_k equal ranges, each a
-    # work unit (a tile's ranges adjacent, so they run at once on different CTAs) writing fp32
-    # partial sums to the plan's workspace; the unit completing the tile's count adds them in range
-    # order (the same bits whatever the arrival order) and runs the epilogue (gemm/sm90/split.py).
+    # Dense sm_90a, split K: every output tile's K tiles cut into split_k equal ranges, each a work unit
+    # (a tile's ranges adjacent: they run at once on different CTAs) writing fp32 partial sums to the
+    # workspace; the unit completing the tile's count adds them in range order (the same bits whatever
+    # the arrival order) and runs the epilogue (gemm/sm90/split.py).
     split_k: int = 1
-    # Split K through distributed shared memory: the split_k units of a tile are the CTAs of one
-    # cluster (1 x 1 x split_k); ranges 1.. st.async their partial sums into range 0's shared
-    # memory, which adds them in range order and runs the epilogue (no workspace, no L2 round trip).
+    # Split K through distributed shared memory: a tile's split_k units are one cluster's CTAs (1 x 1 x
+    # split_k); ranges 1.. st.async their partial sums to range 0, which adds them in order (no workspace).
     split_cluster: bool = False
     split_tail: bool = False  # split K of the tiles past the whole waves only (schedulers/static.py)
-    # Dense sm_90a with one M tile (M <= tile_m, decode): A's TMA box is a_rows rows (M rounded up to 8 or
-    # a multiple of 16), not tile_m. Rows past M filled with zeros by the TMA unit cost their time (16 x
-    # 4096 x 7168, 64x64 tile: 32.6 us at M = 16, 25.7 at M = 64, bench/RESULTS.md); instead the consumers
-    # zero the stages' rows a_rows..tile_m once at the start (the TMA never writes them). 0: whole tile.
+    # Dense sm_90a with one M tile (M <= tile_m, decode): A's TMA box is a_rows rows (M rounded up to 8 or a
+    # multiple of 16), not tile_m: rows past M zero-filled by the TMA unit cost their time (bench/RESULTS.md);
+    # the consumers zero the stages' rows a_rows..tile_m once at the start instead. 0: whole tile.
     a_rows: int = 0
-    # Packed form: A's rows through an index (a_index: packed row -> row of A; sm_90a cp.async, sm_100a
-    # TMA gather4): the MoE up projection reads the tokens as they are. K-grouped form, sm_90a: A's K
-    # columns (gather_a) or B's K rows (gather_b) through it: the weight gradients read x and dout.
+    # Packed form: A's rows through an index (a_index: packed row -> row of A; sm_90a cp.async, sm_100a TMA
+    # gather4). K-grouped, sm_90a: A's K columns (gather_a) or B's K rows (gather_b) through it.
     gather_a: bool = False
     gather_b: bool = False
+    c_major: str = "n"  # C's unit-stride mode: "n" (row-major) | "m" (K-grouped sm_90a, 16-bit C)
 
     @property
     def blockscaled(self) -> bool:
@@ -286,6 +283,7 @@ class GemmConfig:
         tile += f"_ar{self.a_rows}" if self.a_rows else ""
         tile += "_ga" if self.gather_a else ""
         tile += "_gb" if self.gather_b else ""
+        tile += "_cm" if self.c_major == "m" else ""
         tile += f"_e{self.epi_stages}" if self.epi_stages else ""
         tile += f"_s{self.stages}" if self.stages else ""
         family = Form(self.form).value
@@ -334,6 +332,8 @@ def config_errors(cfg: GemmConfig) -> list[str]:
         err.append("gather_a: the packed grouped form with 16-bit operands, A K-major and not multicast (cluster_n "
                    "1), the static scheduler, not swap_ab; or the K-grouped form")  # fmt: skip
     err += ["gather_b: the K-grouped form only"] if cfg.gather_b and not cfg.kgrouped else []
+    if cfg.c_major != "n" and (cfg.c_major != "m" or not cfg.kgrouped or cfg.arch != "sm_90a" or cfg.out_dtype == "fp32"):
+        err.append(f"c_major: 'n', or 'm' for the K-grouped form on sm_90a with a 16-bit C; got {cfg.c_major!r}")
     if cfg.epilogue.preact and (cfg.arch != "sm_90a" or cfg.form not in (Form.DENSE, Form.GROUPED) or cfg.swap_ab
                                 or cfg.split_k != 1 or cfg.out_dtype not in INPUT_DTYPES):  # fmt: skip
         err.append("preact (a gated epilogue's second output): sm_90a dense or packed grouped, bf16 / fp16 "

@@ -94,19 +94,20 @@ GATHER_WEIGHT_GRADS = True
 def _weight_grad_rows(inp, grad, offs, w, rows, gathered: str) -> torch.Tensor:
     """:func:`_weight_grad` with ``inp`` (gathered "inp") or ``grad`` ("grad") given as the tokens
     whose rows ``rows`` picks (x or dout as they are): read through the index, no gathered copy,
-    where the gathering kernel has a tile for that operand (``GATHER_WIDE_TILE``), else the copy."""
-    transposed = w.mT.is_contiguous() and not w.is_contiguous()
-    if GATHER_WIDE_TILE.get("b" if transposed == (gathered == "inp") else "a") is None:
+    where the gathering kernel has its tile (``GATHER_WIDE_TILE["a"]``), else the copy. Always
+    gather "a" (the gathered operand is the product's left factor: each token row's values serve
+    256 output columns), the result stored in w's layout: M-major (``transposed``) where w's
+    storage is the other orientation of that product (e.g. dW_gate_up = x[rows]^T dZ into an
+    (E, 2I, H) weight). Qwen3-30B-A3B dW_gate_up, H100: 1.367 ms against 1.565 by gather "b"."""
+    if GATHER_WIDE_TILE.get("a") is None:
         if gathered == "inp":
             return _weight_grad(inp.index_select(0, rows), grad, offs, w)
         return _weight_grad(inp, grad.index_select(0, rows), offs, w)
-    if transposed:  # dW^T = grad^T inp
-        if gathered == "inp":
-            return grouped_k_gather(grad.mT, inp, offs, rows, "b", w.dtype).mT
-        return grouped_k_gather(grad, inp, offs, rows, "a", w.dtype).mT
-    if gathered == "inp":
-        return grouped_k_gather(inp, grad, offs, rows, "a", w.dtype)
-    return grouped_k_gather(inp.mT, grad, offs, rows, "b", w.dtype)
+    w_transposed = w.mT.is_contiguous() and not w.is_contiguous()  # an (E, N, K) weight's (E, K, N) view
+    store_t = w_transposed == (gathered == "inp")  # w's storage holds the product's transpose
+    first, second = (inp, grad) if gathered == "inp" else (grad, inp)
+    res = grouped_k_gather(first, second, offs, rows, "a", w.dtype, transposed=store_t)
+    return res if (gathered == "inp") != store_t else res.mT
 
 
 def _weight_grad(inp: torch.Tensor, grad: torch.Tensor, offs: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -194,6 +194,10 @@ def kgrouped_variants(arch: str) -> list[GemmConfig]:
         GemmConfig(**kg, a_major="m", tile_m=128, tile_n=256, gather_b=True, cluster_n=2),
         GemmConfig(**kg, a_major="m", tile_m=128, tile_n=128, gather_a=True, a_dtype="fp16", b_dtype="fp16",
                    out_dtype="fp32", epilogue=EpilogueSpec(alpha=True)),
+        # an M-major C (c_major "m"): gather "a" storing dW in an (E, N, K) weight's layout; the TMA kernel
+        GemmConfig(**kg, a_major="m", tile_m=128, tile_n=256, gather_a=True, cluster_m=2, c_major="m"),
+        GemmConfig(**kg, a_major="m", tile_m=128, tile_n=128, pingpong=True, cluster_m=2, raster="n", c_major="m",
+                   a_dtype="fp16", b_dtype="fp16", out_dtype="fp16", epilogue=EpilogueSpec(alpha=True)),
     ]
 
 

@@ -71,6 +71,8 @@ class EmulatedKernel:
                     a3 = a3[:, idx.clamp(0, a3.shape[1] - 1)]
                 else:
                     b3 = b3[:, idx.clamp(0, b3.shape[1] - 1)]
+            if o3.shape[0] > 1 and o3.shape[1] > 1:  # C's unit-stride mode is the config's (c_major)
+                assert (o3.stride(0) == 1) == (cfg.c_major == "m") and (o3.stride(1) == 1) == (cfg.c_major == "n")
             total_k = a3.shape[1]
             for e, (s, t) in enumerate(expert_rows(k.offs.tolist(), total_k)):
                 acc = a3[:, s:t, 0].to(f32) @ b3[:, s:t, 0].to(f32).t()

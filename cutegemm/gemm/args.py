@@ -112,7 +112,7 @@ def dense_fake_args(cfg: GemmConfig, offs=None):
     else:
         a = _fake_matrix(cfg.a_dtype, 1 if cfg.a_major == "k" else 0)
         b = _fake_matrix(cfg.b_dtype, 1 if cfg.b_major == "k" else 0)
-        c = _fake_matrix(cfg.out_dtype, 1)
+        c = _fake_matrix(cfg.out_dtype, 0 if cfg.c_major == "m" else 1)
     c_in = _fake_matrix(epi.c_dtype, 1) if epi.beta else None
     bias = _fake_vector(epi.bias_dtype) if epi.bias else None
     sfa = sfb = None

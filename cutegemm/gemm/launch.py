@@ -162,6 +162,17 @@ def tma_storable(out: torch.Tensor) -> bool:
     )
 
 
+def tma_storable_t(out: torch.Tensor) -> bool:
+    """:func:`tma_storable` for an M-major ``out`` (unit stride along the rows, e.g. the transposed
+    view of a row-major buffer): columns a multiple of 16 bytes, 16-byte aligned start and strides."""
+    return (
+        out.dim() >= 2
+        and (out.shape[-2] * out.element_size()) % TMA_ALIGN_BYTES == 0
+        and (out.shape[-2] == 1 or out.stride(-2) == 1)
+        and tma_addressable(out, out.dim() - 2)
+    )
+
+
 def memo_view(plan, t: torch.Tensor, size, stride) -> torch.Tensor:
     """``t.as_strided(size, stride)``, memoized on ``plan`` for the same tensor object (the weight
     operand is usually passed again and again). The memo is used only for that very object at

@@ -47,6 +47,7 @@ from ..gemm.launch import (
     reset_workspace,
     tma_addressable,
     tma_storable,
+    tma_storable_t,
     unit_mode,
 )
 from ..policy import policy_for
@@ -84,8 +85,9 @@ def grouped_k(a, b, offs, out, out_dtype, alpha, check_offs, config=None):
         return out
     # An out the TMA store cannot write (rows not a multiple of 16 bytes, e.g. N = 7 in bf16; any
     # view of odd strides or offset): the kernel writes a padded scratch (every element: empty
-    # slices get zeros), then the result is copied into out or returned compact.
-    dst = out if tma_storable(out) else padded_rows(out.shape, out.dtype, out.device)
+    # slices get zeros), then the result is copied into out or returned compact. An M-major out
+    # (the transposed view of an (E, N, M) buffer) is stored in place where the kernel can.
+    dst = out if tma_storable(out) or _stores_m_major(out) else padded_rows(out.shape, out.dtype, out.device)
     if _kgrouped_launch(a, b, offs, dst, alpha, config):
         if dst is not out:
             if user_out is None:
@@ -103,6 +105,14 @@ def grouped_k(a, b, offs, out, out_dtype, alpha, check_offs, config=None):
         else:
             out[e].zero_()
     return out
+
+
+def _stores_m_major(out) -> bool:
+    """Whether the K-grouped kernel stores ``out`` M-major in place (config.c_major "m": sm_90a,
+    a 16-bit ``out`` that ``tma_storable_t``)."""
+    if out.element_size() != 2 or not tma_storable_t(out):
+        return False
+    return device_info(out.device.index if out.device.index is not None else torch.cuda.current_device())[0] == "sm_90a"
 
 
 def _as_list(a, b, out, bounds, alpha) -> bool:
@@ -164,7 +174,7 @@ def grouped_k_fp8(a, b, offs, out, out_dtype, alpha, check_offs, scale_a=None, s
 
 
 def kgrouped_config(arch: str, num_sms: int, m: int, n: int, k_mean: int, e: int, dtype: str, out_dtype: str,
-                    a_major: str, b_major: str, alpha: bool) -> GemmConfig:  # fmt: skip
+                    a_major: str, b_major: str, alpha: bool, c_major: str = "n") -> GemmConfig:  # fmt: skip
     """The K-grouped kernel's config: the dense policy's tile for one expert's (M, N, mean K)
     problem batched over the experts, cooperative; with at most 1024 K values per expert (a
     tile's mainloop is short next to its epilogue) pingpong 128x128 instead, so one
@@ -181,7 +191,7 @@ def kgrouped_config(arch: str, num_sms: int, m: int, n: int, k_mean: int, e: int
     cfg = policy_for(arch, num_sms).choose(problem, epilogue=EpilogueSpec(alpha=alpha), form=Form.KGROUPED, promote_k=0)
     if k_mean <= 1024 and cfg.tile_m == 128 and cfg.tile_n >= 128 and cfg.scheduler == "static":
         cfg = replace(cfg, tile_n=128, pingpong=True)
-    return cfg
+    return replace(cfg, c_major=c_major)
 
 
 _KG_PLANS: dict = {}
@@ -249,7 +259,8 @@ def kgrouped_warm(a, b, out, res, alpha, config) -> KGroupedWarm | None:
     """The warm plan of a K-grouped call that just returned ``res`` (``out``: the caller's, or
     None), or None when its launch cannot be repeated as it is: not the K-grouped kernel (another
     arch, K == 0, an empty output: no launch), operands copied, or a scratch output."""
-    if a.shape[1] == 0 or res.numel() == 0 or (out is not None and res is not out) or not tma_storable(res):
+    storable = tma_storable(res) or tma_storable_t(res)
+    if a.shape[1] == 0 or res.numel() == 0 or (out is not None and res is not out) or not storable:
         return None
     key = (a.shape, a.stride(), a.data_ptr() % TMA_ALIGN_BYTES, b.shape, b.stride(), b.data_ptr() % TMA_ALIGN_BYTES,
            res.shape, res.stride(), res.dtype, a.dtype, a.device, alpha != 1.0, config)  # fmt: skip
@@ -268,7 +279,11 @@ def _kgrouped_plan(a, b, out, alpha, config):
     workspace) for :func:`_kgrouped_launch`, or False where the kernel does not apply."""
     dev = a.device
     arch, num_sms = device_info(dev.index if dev.index is not None else torch.cuda.current_device())
-    if arch not in ("sm_90a", "sm_100a") or (out.stride(2) != 1 and out.shape[2] != 1):
+    # C row-major, or M-major (sm_90a, 16-bit: config.c_major "m")
+    c_major = "n" if out.stride(2) == 1 or out.shape[2] == 1 else "m" if out.stride(1) == 1 else None
+    if arch not in ("sm_90a", "sm_100a") or c_major is None:
+        return False
+    if c_major == "m" and (arch != "sm_90a" or out.element_size() != 2):
         return False
     if arch == "sm_100a" and out.shape[0] > GROUPED_MAX_GROUPS:
         return False
@@ -277,18 +292,18 @@ def _kgrouped_plan(a, b, out, alpha, config):
     a_unit, b_unit = unit_mode(a3), unit_mode(b3)
     try:
         views = (kernel_view(a3, a_unit, (1, 2, 0), "a"), kernel_view(b3, b_unit, (2, 1, 0), "b"),
-                 kernel_view(out, 2, (1, 2, 0), "out"))  # fmt: skip
+                 kernel_view(out, 2 if c_major == "n" else 1, (1, 2, 0), "out"))  # fmt: skip
     except ValueError:
         return False
     majors = ("k" if a_unit == 2 else "m", "n" if b_unit == 2 else "k")
     dtype, out_name = INPUT_TO_NAME[a.dtype], TORCH_TO_NAME[out.dtype]
-    cfg = config or kgrouped_config(arch, num_sms, M, N, K // max(E, 1), E, dtype, out_name, *majors, alpha != 1.0)
+    cfg = config or kgrouped_config(arch, num_sms, M, N, K // max(E, 1), E, dtype, out_name, *majors, alpha != 1.0, c_major)
     if alpha != 1.0 and not cfg.epilogue.alpha:
         cfg = replace(cfg, epilogue=replace(cfg.epilogue, alpha=True))
     ok, why = can_implement(cfg, GemmProblem(M, N, K, E, dtype, dtype, out_name, *majors))
-    if not ok or (cfg.a_major, cfg.b_major) != majors:
+    if not ok or (cfg.a_major, cfg.b_major, cfg.c_major) != (*majors, c_major):
         if config is not None:
-            raise ValueError(f"cannot run {cfg.name}: {why or 'operand majors differ from the config'}")
+            raise ValueError(f"cannot run {cfg.name}: {why or 'operand (or out) majors differ from the config'}")
         return False
     copy = a3.data_ptr() != a.data_ptr() or b3.data_ptr() != b.data_ptr()
     workspace = new_workspace(cfg, dev)
@@ -297,13 +312,15 @@ def _kgrouped_plan(a, b, out, alpha, config):
     return DENSE_CACHE.get(cfg), views, copy, max_clusters_for(cfg, dev, num_sms), workspace
 
 
-def grouped_k_gather(a, b, offs, index, gather: str, out_dtype=None):
+def grouped_k_gather(a, b, offs, index, gather: str, out_dtype=None, transposed: bool = False):
     """The K-grouped form with one operand's K rows read through ``index`` (R,) (the MoE weight
     gradients of a routed layer, without the gathered copy); offs (E,) splits the R positions.
 
     gather "a": ``out[e] = a[index[k_e]]^T @ b[k_e]``, a (tokens, M) holding the rows, b (R, N);
     gather "b": ``out[e] = a[:, k_e] @ b[index[k_e]]``, a (M, R), b (tokens, N) holding the rows.
-    Returns a new (E, M, N) tensor (an expert with no positions gets zeros). sm_90a, bf16 / fp16,
+    Returns a new (E, M, N) tensor (an expert with no positions gets zeros); ``transposed``: a new
+    contiguous (E, N, M) tensor holding each out[e]^T, which the kernel stores M-major (16-bit
+    outputs; a weight gradient in an (E, N, M) weight's layout, with no transposing copy). sm_90a, bf16 / fp16,
     the gathered operand row-major with 16-byte aligned rows of a multiple of 16 bytes, an int32
     index: one launch of the gathering kernel (:func:`_gather_launch`: no host sync); otherwise the
     gathered copy (``index_select``) and :func:`grouped_k`. Index values outside [0, tokens) read
@@ -316,12 +333,15 @@ def grouped_k_gather(a, b, offs, index, gather: str, out_dtype=None):
         raise ValueError(f"grouped_k_gather: 2-D a and b and an index of {R} positions, got a {tuple(a.shape)}, "
                          f"b {tuple(b.shape)}, index {tuple(index.shape)}")  # fmt: skip
     out_dtype = out_dtype or a.dtype
-    res = _gather_launch(a, b, offs, index, gather, out_dtype)
+    res = _gather_launch(a, b, offs, index, gather, out_dtype, transposed)
     if res is not None:
-        return res
+        return res.mT if transposed else res
     rows = rows_of.index_select(0, index)
     a2, b2 = (rows.mT, b) if gather == "a" else (a, rows)
-    return grouped_k(a2, b2, offs, None, out_dtype, 1.0, False)
+    M, N = a2.shape[0], b2.shape[1]
+    out = torch.empty((offs.numel(), N, M), dtype=out_dtype, device=a.device).mT if transposed else None
+    res = grouped_k(a2, b2, offs, out, out_dtype, 1.0, False)
+    return res.mT if transposed else res
 
 
 _KG_GATHER: dict = {}
@@ -331,7 +351,9 @@ _KG_GATHER: dict = {}
 # 1.435 / 0.887 ms (dW_gate_up / dW_down^T) against 1.706 / 1.031 in the policy's 128x128
 # pingpong tiles and 1.764 / 1.078 for the copy plus the TMA kernel; gather "b" (dW_gate_up^T)
 # 1.687 against 1.839 in 128x128 pingpong and 1.677 for the copy plus the TMA kernel.
-# None: no tile that pays (moe.routed_experts copies that operand instead).
+# None: no tile that pays. moe.routed_experts gathers "a" only (``transposed``, an M-major store, where
+# the weight's layout holds the product's transpose: Qwen3-30B-A3B dW_gate_up 1.367 ms against gather
+# "b"'s 1.565, H100); with "a" None it copies the operand.
 GATHER_WIDE_TILE: dict = {"a": (128, 256), "b": (128, 256)}
 
 
@@ -340,9 +362,10 @@ def on_cuda(t: torch.Tensor) -> bool:
     return t.is_cuda
 
 
-def _gather_launch(a, b, offs, index, gather, out_dtype):
+def _gather_launch(a, b, offs, index, gather, out_dtype, transposed=False):
     """:func:`grouped_k_gather` as one launch of the gathering K-grouped kernel, or None where it
-    does not apply (see there). The plan is built once per (shapes, strides, dtypes, device)."""
+    does not apply (see there): its (E, M, N) result (``transposed``: an M-major view of a
+    contiguous (E, N, M) tensor). The plan is built once per (shapes, strides, dtypes, device)."""
     rows_of, other = (a, b) if gather == "a" else (b, a)
     es = rows_of.element_size()
     if not (on_cuda(rows_of) and rows_of.dtype in (torch.bfloat16, torch.float16) and other.dtype == rows_of.dtype
@@ -353,14 +376,15 @@ def _gather_launch(a, b, offs, index, gather, out_dtype):
         return None
     a_op = a.mT if gather == "a" else a  # A (M, K): x^T over the tokens, or (M, R)
     M, N, E = a_op.shape[0], b.shape[1], offs.numel()
-    key = (a.shape, a.stride(), b.shape, b.stride(), index.shape, E, a.dtype, out_dtype, a.device, gather)
+    key = (a.shape, a.stride(), b.shape, b.stride(), index.shape, E, a.dtype, out_dtype, a.device, gather, transposed)
     plan = _KG_GATHER.get(key)
     if plan is None:
-        plan = _KG_GATHER[key] = _gather_plan(a_op, b, E, index.shape[0], gather, out_dtype)
+        plan = _KG_GATHER[key] = _gather_plan(a_op, b, E, index.shape[0], gather, out_dtype, transposed)
     if not plan:
         return None
     fn, (va, vb, vc), max_clusters, _ = plan
-    out = torch.empty((E, M, N), dtype=out_dtype, device=a.device)
+    out = torch.empty((E, N, M) if transposed else (E, M, N), dtype=out_dtype, device=a.device)
+    out = out.mT if transposed else out
     if index.shape[0] == 0 or M == 0 or N == 0:
         return out.zero_()
     fn(*KernelArgs(
@@ -370,12 +394,15 @@ def _gather_launch(a, b, offs, index, gather, out_dtype):
     return out
 
 
-def _gather_plan(a_op, b, E, R, gather, out_dtype):
+def _gather_plan(a_op, b, E, R, gather, out_dtype, transposed=False):
     """(kernel, (A (M, K, 1), B (N, K, 1), out (M, N, E)) views, max clusters, config) of
     :func:`_gather_launch`, or False."""
     dev = a_op.device
     arch, num_sms = device_info(dev.index if dev.index is not None else torch.cuda.current_device())
-    if arch != "sm_90a" or (b.shape[1] * out_dtype.itemsize) % TMA_ALIGN_BYTES:
+    M, N = a_op.shape[0], b.shape[1]
+    if arch != "sm_90a" or ((M if transposed else N) * out_dtype.itemsize) % TMA_ALIGN_BYTES:
+        return False
+    if transposed and out_dtype.itemsize != 2:  # (config.c_major "m": 16-bit outputs)
         return False
     a3, b3 = a_op.unsqueeze(0), b.unsqueeze(0)
     # the gathered operand is MN-major (its rows contiguous, checked by the caller) whatever its sizes
@@ -386,10 +413,10 @@ def _gather_plan(a_op, b, E, R, gather, out_dtype):
         views = (kernel_view(a3, a_unit, (1, 2, 0), "a"), kernel_view(b3, b_unit, (2, 1, 0), "b"))
     except ValueError:
         return False
-    M, N = a_op.shape[0], b.shape[1]
     majors = ("k" if a_unit == 2 else "m", "n" if b_unit == 2 else "k")
     dtype, out_name = INPUT_TO_NAME[a_op.dtype], TORCH_TO_NAME[out_dtype]
-    cfg = kgrouped_config(arch, num_sms, M, N, R // max(E, 1), E, dtype, out_name, *majors, False)
+    cfg = kgrouped_config(arch, num_sms, M, N, R // max(E, 1), E, dtype, out_name, *majors, False,
+                          "m" if transposed else "n")  # fmt: skip
     # the TMA operand keeps the policy's multicast pair, along the other mode for a gathered B
     pair = max(cfg.cluster_m, cfg.cluster_n)
     cfg = replace(cfg, cluster_m=pair if gather == "a" else 1, cluster_n=1 if gather == "a" else pair, scheduler="static",
@@ -402,5 +429,6 @@ def _gather_plan(a_op, b, E, R, gather, out_dtype):
     ok, _ = can_implement(cfg, GemmProblem(M, N, max(R, 1), E, dtype, dtype, out_name, *majors))
     if not ok:
         return False
-    out_view = kernel_view(torch.empty((E, M, N), dtype=out_dtype, device="meta"), 2, (1, 2, 0), "out")
+    out_meta = torch.empty((E, N, M) if transposed else (E, M, N), dtype=out_dtype, device="meta")
+    out_view = kernel_view(out_meta.mT if transposed else out_meta, 1 if transposed else 2, (1, 2, 0), "out")
     return DENSE_CACHE.get(cfg), (*views, out_view), max_clusters_for(cfg, dev, num_sms), cfg

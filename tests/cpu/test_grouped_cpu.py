@@ -147,7 +147,9 @@ def test_kgrouped_launch_plan_and_views(monkeypatch):
     """The K-grouped launcher's host side (kernel replaced by a recorder): the weight gradient's
     x.t() / dy / (E, M, N) out reach the kernel as (M, K, 1) M-major, (N, K, 1) N-major and
     (M, N, E) views of the caller's own storage; the plan is built once per signature (alpha != 1
-    is another); an out whose columns are not contiguous is left to the per-expert loop."""
+    is another); an M-major out (the transposed view of an (E, N, M) buffer) is stored M-major
+    (config.c_major "m", a plan of its own); an out with neither mode contiguous, or an M-major
+    fp32 one, is left to the caller's other routes."""
     import torch
 
     import cutegemm.grouped.k_grouped as k_grouped
@@ -177,4 +179,10 @@ def test_kgrouped_launch_plan_and_views(monkeypatch):
     assert calls[0][8] is offs
     assert k_grouped._kgrouped_launch(a, b, offs, out, 0.5, None)
     assert len(built) == 2 and built[1].epilogue.alpha and calls[-1][5] == 0.5
-    assert not k_grouped._kgrouped_launch(a, b, offs, torch.empty(E, N, M, dtype=bf).transpose(1, 2), 1.0, None)
+    out_t = torch.empty(E, N, M, dtype=bf).transpose(1, 2)
+    assert k_grouped._kgrouped_launch(a, b, offs, out_t, 1.0, None)
+    assert len(built) == 3 and built[2].c_major == "m" and built[0].c_major == "n"
+    C = calls[-1][2]
+    assert C.shape == (M, N, E) and C.stride() == (1, M, M * N) and C.data_ptr() == out_t.data_ptr()
+    assert not k_grouped._kgrouped_launch(a, b, offs, torch.empty(E, N, M).transpose(1, 2), 1.0, None)
+    assert not k_grouped._kgrouped_launch(a, b, offs, torch.empty(E, M, 2 * N, dtype=bf)[:, :, ::2], 1.0, None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import cutegemm
 from cutegemm.grouped import packed
@@ -57,6 +58,24 @@ def test_k_grouped_small_odd_sizes_one_launch():
     assert got.shape == (5, 3, 7) and got.is_contiguous()
     torch.testing.assert_close(got, cutegemm.grouped_gemm_ref(x.t(), dy, offs=offs), atol=1e-2, rtol=1e-2)
     assert torch.equal(got[0], torch.zeros(3, 7, dtype=BF)) and torch.equal(got[3], torch.zeros(3, 7, dtype=BF))
+
+
+@settings(max_examples=20, deadline=None)
+@given(m=st.sampled_from([8, 24, 40]), n=st.sampled_from([3, 16, 33]), counts=st.lists(st.integers(0, 20), min_size=1,
+       max_size=5), dtype=st.sampled_from([BF, torch.float32]))  # fmt: skip
+def test_k_grouped_into_an_m_major_out(m, n, counts, dtype):
+    """K-grouped with ``out`` the transposed view of an (E, N, M) buffer (a weight gradient in an
+    (E, N, K) weight's layout): a 16-bit out with 16-byte columns is stored M-major in place
+    (config.c_major "m", one launch, no scratch), others through the scratch; every element written."""
+    offs = _offs(counts)
+    x, dy = torch.randn(int(offs[-1]), m).to(BF), torch.randn(int(offs[-1]), n).to(BF)
+    buf = torch.full((len(counts), n, m), float("nan"), dtype=dtype)
+    with emulated_kernels() as cache:
+        got = cutegemm.grouped_gemm(x.t(), dy, offs=offs, out=buf.mT, out_dtype=dtype)
+        cfgs = [kern.cfg for kern in cache.kernels]
+    assert got.data_ptr() == buf.data_ptr() and len(cfgs) == (1 if sum(counts) else 0)  # (K = 0: zeros, no launch)
+    assert all(c.kgrouped and c.c_major == ("m" if dtype == BF else "n") for c in cfgs)
+    torch.testing.assert_close(buf.mT, cutegemm.grouped_gemm_ref(x.t(), dy, offs=offs, out_dtype=dtype), atol=1e-2, rtol=1e-2)
 
 
 def test_3d_forms_route_and_match_torch():

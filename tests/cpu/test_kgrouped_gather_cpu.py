@@ -141,13 +141,32 @@ def test_bad_arguments():
         grouped_k_gather(torch.randn(4, 8), torch.randn(6, 8), offs, rows[:5], "a")
 
 
+@settings(max_examples=25, deadline=None)
+@given(tokens=st.integers(1, 40), k=st.integers(1, 3), experts=st.integers(1, 6), m=st.sampled_from([8, 16, 40]),
+       n=st.sampled_from([8, 24, 136]), spill=st.integers(0, 3), seed=st.integers(0, 99))  # fmt: skip
+def test_transposed_result(tokens, k, experts, m, n, spill, seed):
+    """``transposed``: a contiguous (E, N, M) result holding out[e]^T, stored by the kernel M-major
+    (config.c_major "m"), in place: no transposing copy; the copy route where the kernel does not run."""
+    gen = torch.Generator().manual_seed(seed)
+    rows, offs = _routing(tokens, k, experts, gen, spill)
+    a, b = torch.randn(tokens, m, generator=gen).to(BF), torch.randn(rows.numel(), n, generator=gen).to(BF)
+    with emulated_kernels() as cache:
+        out = grouped_k_gather(a, b, offs, rows, "a", BF, transposed=True)
+    assert out.shape == (experts, n, m) and out.is_contiguous()
+    used = [kk.cfg for kk in cache.kernels]
+    assert len(used) == 1 and used[0].c_major == "m"
+    assert used[0].gather_a or rows.numel() < 8  # (fewer than 8 K positions: the copy, then the TMA kernel)
+    torch.testing.assert_close(out.float(), _expected(a, b, offs, rows, "a").mT, rtol=1e-2, atol=1e-2)
+
+
 @pytest.mark.parametrize("storage", ["plain", "transposed"])
-@pytest.mark.parametrize("wide_b", [None, (128, 256)])
-def test_routed_backward_reads_x_and_dout_through_the_index(monkeypatch, storage, wide_b):
+@pytest.mark.parametrize("wide_a", [None, (128, 256)])
+def test_routed_backward_reads_x_and_dout_through_the_index(monkeypatch, storage, wide_a):
     """GATHER_WEIGHT_GRADS: the same gradients as the copying backward (the emulated kernels, fp32
-    math both ways), with the weight gradients from the gathering kernel where it has a tile for
-    that operand (k_grouped.GATHER_WIDE_TILE: "a" always, "b" when set), else the copy."""
-    tiles = {"a": (128, 256), "b": wide_b}
+    math both ways), with both weight gradients from the gathering kernel's gather "a" where it has
+    its tile (k_grouped.GATHER_WIDE_TILE["a"]), one of them stored M-major into its weight's
+    layout (dW_down for plain storage, dW_gate_up for transposed), else the copies."""
+    tiles = {"a": wide_a, "b": (128, 256)}
     gen = torch.Generator().manual_seed(3)
     T, H, I, E, K = 20, 16, 8, 4, 2
     x = torch.randn(T, H, generator=gen).to(BF)
@@ -174,7 +193,9 @@ def test_routed_backward_reads_x_and_dout_through_the_index(monkeypatch, storage
 
     ref, ref_cfgs = grads(False)
     got, cfgs = grads(True)
-    assert sum(c.gathers and c.kgrouped for c in cfgs) == (2 if wide_b else 1)
+    gathering = [c for c in cfgs if c.gathers and c.kgrouped]
+    assert len(gathering) == (2 if wide_a else 0) and all(c.gather_a for c in gathering)
+    assert sum(c.c_major == "m" for c in gathering) == (1 if wide_a else 0)
     assert not any(c.gathers and c.kgrouped for c in ref_cfgs)
     for g, r in zip(got, ref, strict=True):
         torch.testing.assert_close(g.float(), r.float(), rtol=2e-2, atol=2e-2)

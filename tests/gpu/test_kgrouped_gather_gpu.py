@@ -66,11 +66,17 @@ def _reference(a, b, rows, offs, gather):
     return torch.stack(out)
 
 
-def _check(tokens, k, experts, m, n, gather, out_dtype=BF, spill=0, seed=0):
+def _check(tokens, k, experts, m, n, gather, out_dtype=BF, spill=0, seed=0, transposed=False):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     a, b, rows, offs = _operands(tokens, k, experts, m, n, gather, gen, spill, extra=5)
     k_grouped._KG_GATHER.clear()
     out = grouped_k_gather(a, b, offs, rows, gather, out_dtype)
+    if transposed:  # the same tile storing M-major (config.c_major "m"): each out[e]^T, the same bits
+        got = grouped_k_gather(a, b, offs, rows, gather, out_dtype, transposed=True)
+        assert got.shape == (experts, n, m) and got.is_contiguous()
+        cfgs = [p[3] for p in k_grouped._KG_GATHER.values() if p]
+        assert (len(cfgs) == 2 and sorted(c.c_major for c in cfgs) == ["m", "n"]) or rows.numel() < 8
+        assert torch.equal(got, out.mT)
     kernel = all(k_grouped._KG_GATHER.values())  # (a degenerate A of one K column takes the copy)
     assert kernel or rows.numel() < 8, "the kernel route did not run"
     assert torch.isfinite(out).all()
@@ -111,7 +117,39 @@ def test_gathered_b_in_wide_tiles(monkeypatch, tokens, k, experts, m, n):
 def test_gathered_hypothesis(tokens, k, experts, m, n, gather, fp32, spill, seed):
     if not _sm90():
         pytest.skip("the gathering K-grouped kernel is sm_90a")
-    _check(tokens, k, experts, m, n, gather, torch.float32 if fp32 else BF, spill, seed)
+    _check(tokens, k, experts, m, n, gather, torch.float32 if fp32 else BF, spill, seed, transposed=not fp32)
+
+
+@pytest.mark.parametrize("tokens,k,experts,m,n", [(2048, 8, 128, 2048, 1536), (1000, 4, 16, 1024, 256), (3, 2, 5, 136, 40)])
+def test_gathered_a_stored_m_major(tokens, k, experts, m, n):
+    """gather "a" with ``transposed`` (dW_gate_up = x[rows]^T dZ into an (E, 2I, H) weight): the
+    (E, N, M) result is the plain call's transposed, bit for bit (the same tile's WGMMAs)."""
+    if not _sm90():
+        pytest.skip("the gathering K-grouped kernel is sm_90a")
+    _check(tokens, k, experts, m, n, "a", spill=3, transposed=True)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(counts=st.lists(st.integers(0, 300), min_size=1, max_size=9), m=st.sampled_from([8, 64, 200, 512]),
+       n=st.sampled_from([7, 128, 264]), a_t=st.booleans(), seed=st.integers(0, 10**6))  # fmt: skip
+def test_k_grouped_into_an_m_major_out(counts, m, n, a_t, seed):
+    """The TMA K-grouped kernel with ``out`` the transposed view of a NaN-poisoned (E, N, M) buffer:
+    stored M-major in place, the N-major result's bits (one launch; the same tile)."""
+    if not _sm90():
+        pytest.skip("the K-grouped kernel is sm_90a")
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
+    K = int(offs[-1])
+    x = torch.randn(m, K, device="cuda", generator=gen).to(BF) if not a_t else torch.randn(K, m, device="cuda", generator=gen).to(BF).t()
+    dy = torch.randn(K, n, device="cuda", generator=gen).to(BF)
+    ref = grouped_k(x, dy, offs, None, BF, 1.0, False)
+    buf = torch.full((len(counts), n, m), float("nan"), dtype=BF, device="cuda")
+    k_grouped._KG_PLANS.clear()
+    got = grouped_k(x, dy, offs, buf.mT, BF, 1.0, False)
+    plans = [p for p in k_grouped._KG_PLANS.values() if p]
+    assert got.data_ptr() == buf.data_ptr() and not buf.isnan().any()
+    assert K == 0 or (len(plans) == 1 and plans[0][1][2][1][0] == 1)  # C's kernel view: M-major (unit stride along M)
+    assert torch.equal(buf.mT, ref)
 
 
 def test_graph_replay_and_determinism():
