@@ -207,8 +207,11 @@ def dispatch_cuda(ids: torch.Tensor, k: int, experts: int):
 def dispatch_ref(ids: torch.Tensor, k: int, experts: int):
     """The same five tensors in torch (any device, any N): the ids outside [0, E) made E (clamp,
     then remainder), a stable argsort, the gather of the sorted ids, each expert's end row by a
-    binary search of them (no host sync), the inverse by a scatter."""
-    bucket = ids.clamp(-1, experts).remainder(experts + 1)
+    binary search of them (no host sync), the inverse by a scatter. The sort's keys are the
+    narrowest integers holding 0..E (uint8 up to 255 experts): a radix sort makes one pass per key
+    byte (int64 ids took eight)."""
+    key = torch.uint8 if experts < 256 else torch.int16 if experts < 2**15 - 1 else torch.int32
+    bucket = ids.clamp(-1, experts).remainder(experts + 1).to(key)
     order = torch.argsort(bucket, stable=True).to(torch.int32)
     ends = torch.arange(1, experts + 1, dtype=bucket.dtype, device=ids.device)
     sorted_ids = bucket.index_select(0, order)

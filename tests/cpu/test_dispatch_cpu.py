@@ -47,6 +47,19 @@ def test_dispatch_ref_is_the_stable_sort(routing, dtype):
     assert [t.tolist() for t in got] == list(oracle(torch.tensor(ids, dtype=dtype), k, experts))
 
 
+@pytest.mark.parametrize("experts,key", [(255, torch.uint8), (256, torch.int16), (32766, torch.int16),
+                                         (32767, torch.int32), (40000, torch.int32)])  # fmt: skip
+def test_dispatch_ref_sorts_narrow_keys(monkeypatch, experts, key):
+    """The argsort's keys: the narrowest integers holding 0..E (one radix pass per byte on CUDA),
+    the same stable order at each width's edge (ids at 0, E - 1, E and outside)."""
+    ids = torch.tensor([experts - 1, 0, experts, -1, experts - 1, 3, experts + 7, 0, 5, experts - 1, 2, 3])
+    seen, argsort = [], torch.argsort
+    monkeypatch.setattr(torch, "argsort", lambda t, **kw: seen.append(t.dtype) or argsort(t, **kw))
+    got = D.dispatch_ref(ids, 2, experts)
+    assert seen == [key]
+    assert [t.tolist() for t in got] == list(oracle(ids, 2, experts))
+
+
 def warp_model(ids, k, experts):
     """The kernel's steps in Python: what each of the 32 lanes holds and does, step by step."""
     n = len(ids)
