@@ -452,9 +452,7 @@ class _RoutedExperts(torch.autograd.Function):
         z, h = _gathered_gated(x, rows, w_gate_up, offs, activation, gate_layout)  # rows past offs[-1] unspecified
         y = _with_zero_row(h, w_down, offs)  # (R + 1, H) unweighted, row R zero
         del h
-        # pair p's row; the pairs routed outside [0, E) (rows past offs[-1]) read the zero row R
-        inv = torch.where(inverse < offs[-1], inverse, rows.shape[0]).to(torch.int32)
-        out = combine_rows(y, inv, weights.reshape(-1).to(_weights_dtype(x.dtype)), k)[0]
+        out, inv = _routed_combine(y, weights, rows, offs, inverse, k)
         ctx.save_for_backward(x, weights, w_gate_up, w_down, order, rows, offs, inv, z)
         ctx.k, ctx.activation, ctx.gate_layout = k, activation, gate_layout
         return out
@@ -501,6 +499,29 @@ class _RoutedExperts(torch.autograd.Function):
         if late:
             dw2 = down()
         return dx, dw, dw1, dw2, None, None, None, None, None, None, None
+
+
+def _routed_combine(y, weights, rows, offs, inverse, k):
+    """The routed layer's combine of y (R + 1, H: the down projection's rows and a zero row R):
+    (out, its row index per pair). The pairs routed outside [0, E) (rows past offs[-1]) read row R."""
+    inv = torch.where(inverse < offs[-1], inverse, rows.shape[0]).to(torch.int32)
+    return combine_rows(y, inv, weights.reshape(-1).to(_weights_dtype(y.dtype)), k)[0], inv
+
+
+def _routed_inference(x, weights, w_gate_up, w_down, routing, k, activation, gate_layout):
+    """:func:`routed_experts` without a gradient: H alone from the up projection's fused gated
+    epilogue (interleaved gate / up; through the row index where it pays), so Z (R x 2I) is never
+    written; ``[gate | up]`` halves: Z, then the SwiGLU pass."""
+    rows, offs = routing.rows, routing.offs
+    if gate_layout == "interleaved" and _gather_in_loads(x, rows, offs.shape[0]):
+        h = grouped_gemm(x, w_gate_up, offs=offs, activation=activation, gather_index=rows)
+    elif gate_layout == "interleaved":
+        h = grouped_mm(x.index_select(0, rows), w_gate_up, offs, activation=activation)
+    else:
+        h = gated_grads(activation, None, _gathered_mm(x, rows, w_gate_up, offs), gate_layout)[0]
+    y = _with_zero_row(h, w_down, offs)
+    del h
+    return _routed_combine(y, weights, rows, offs, routing.inverse, k)[0]
 
 
 def _with_zero_row(a, b, offs):
@@ -550,7 +571,8 @@ def routed_experts(x, top_k_index, top_k_weights, w_gate_up, w_down, *, activati
     there), the routing sorted by :func:`dispatch` (or ``routing``, its result), the combine as
     :func:`combine`. Slots whose expert is outside [0, E) contribute nothing. The up projection
     writes Z and H in one launch where it reads x through the routing index (sm_90a, interleaved
-    gate / up: :func:`_gathered_gated`).
+    gate / up: :func:`_gathered_gated`). Without a gradient (no_grad, or no input requiring one)
+    there is no node and no Z: H from the fused gated epilogue (:func:`_routed_inference`).
 
     What it keeps for the backward: x, Z (R = T k rows of 2I pre-activations) and the routing; not
     the gathered rows (R x H) nor the expert outputs (R x H), which ``grouped_experts`` after
@@ -568,6 +590,9 @@ def routed_experts(x, top_k_index, top_k_weights, w_gate_up, w_down, *, activati
                          f"{top_k_index.device} and {top_k_weights.dtype} on {top_k_weights.device}")  # fmt: skip
     routing = dispatch(top_k_index, w_gate_up.shape[0]) if routing is None else routing
     check_experts(x, w_gate_up, w_down, routing.offs, activation, gate_layout)
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in (x, top_k_weights, w_gate_up, w_down))):
+        return _routed_inference(x, top_k_weights, w_gate_up, w_down, routing, top_k_index.shape[1], activation,
+                                 gate_layout)  # fmt: skip
     return _RoutedExperts.apply(x, top_k_weights, w_gate_up, w_down, routing.order, routing.rows, routing.offs,
                                 routing.inverse, top_k_index.shape[1], activation, gate_layout)  # fmt: skip
 

@@ -661,10 +661,33 @@ def test_routed_experts_equals_the_per_token_formula(tokens, k, experts, spill, 
     out = routed_experts(x, ids, wts, w1, w2, activation=activation, gate_layout=layout)
     ref = _routed_reference(x, ids, wts, w1, w2, activation, layout)
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    with torch.no_grad():  # the inference route (H from the fused gated epilogue, no Z)
+        torch.testing.assert_close(routed_experts(x, ids, wts, w1, w2, activation=activation, gate_layout=layout),
+                                   ref.detach(), rtol=1e-10, atol=1e-10)  # fmt: skip
     dout = torch.randn(tokens, H, generator=g, dtype=F64)
     wants = torch.autograd.grad(ref, leaves, dout, allow_unused=True)  # no expert used: no path to it
     for got, want, leaf in zip(torch.autograd.grad(out, leaves, dout), wants, leaves, strict=True):
         torch.testing.assert_close(got, torch.zeros_like(leaf) if want is None else want, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "halves"])
+def test_routed_experts_without_a_gradient_writes_no_z(monkeypatch, layout):
+    """No gradient wanted (no_grad, or no input requiring one): no autograd node, and with
+    interleaved gate / up the up projection's fused gated epilogue gives H (no Z, no SwiGLU pass);
+    [gate | up] halves: Z, then the pass."""
+    from cutegemm import moe as moe_mod
+
+    passes = []
+    real = moe_mod.gated_grads
+    monkeypatch.setattr(moe_mod, "gated_grads", lambda *a, **kw: passes.append(1) or real(*a, **kw))
+    g = torch.Generator().manual_seed(1)
+    T, H, I, E, k = 7, 8, 4, 3, 2
+    ids = torch.randint(0, E, (T, k), generator=g)
+    x, wts = torch.randn(T, H, generator=g, dtype=F64), torch.rand(T, k, generator=g, dtype=F64)
+    w1, w2 = torch.randn(E, H, 2 * I, generator=g, dtype=F64), torch.randn(E, I, H, generator=g, dtype=F64)
+    out = moe_mod.routed_experts(x, ids, wts, w1, w2, gate_layout=layout)
+    assert out.grad_fn is None and len(passes) == int(layout == "halves")
+    torch.testing.assert_close(out, _routed_reference(x, ids, wts, w1, w2, "swiglu", layout), rtol=1e-10, atol=1e-10)
 
 
 def test_routed_experts_gradcheck_and_what_it_saves():

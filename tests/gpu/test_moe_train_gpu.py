@@ -299,6 +299,30 @@ def test_routed_experts_against_fp64_and_torch(tokens, hidden, inter, experts, k
     assert all(torch.equal(a, b) for a, b in zip(got, again, strict=True)), "not deterministic"
 
 
+@pytest.mark.parametrize("tokens,hidden,inter,experts,k,layout", [
+    (2048, 2048, 256, 64, 8, "interleaved"), (64, 2048, 768, 128, 8, "interleaved"), (96, 512, 256, 16, 4, "halves"),
+])  # fmt: skip
+def test_routed_experts_without_a_gradient(tokens, hidden, inter, experts, k, layout):
+    """moe.routed_experts under no_grad (H from the up projection's fused gated epilogue, through
+    the gather kernel where policy.gather_pays; no Z): the output within 2x the error of torch's
+    grouped_mm route against fp64, the same bits on a second call."""
+    from cutegemm.moe import routed_experts
+
+    g = torch.Generator(device="cuda").manual_seed(tokens + experts)
+    ids = torch.stack([torch.randperm(experts, generator=g, device="cuda")[:k] for _ in range(tokens)])
+    x = torch.randn(tokens, hidden, generator=g, device="cuda", dtype=F64)
+    w = torch.softmax(torch.randn(tokens, k, generator=g, device="cuda", dtype=F64), -1)
+    w1 = torch.randn(experts, hidden, 2 * inter, generator=g, device="cuda", dtype=F64) / hidden**0.5
+    w2 = torch.randn(experts, inter, hidden, generator=g, device="cuda", dtype=F64) / inter**0.5
+    ref = _ref_routed(x, ids, w, w1, w2, layout)
+    xb, wf, w1b, w2b = x.to(BF16), w.float(), w1.to(BF16), w2.to(BF16)
+    with torch.no_grad():
+        got = routed_experts(xb, ids, wf, w1b, w2b, gate_layout=layout)
+        base = _torch_routed(xb, ids, wf, w1b, w2b, layout)
+        assert torch.equal(got, routed_experts(xb, ids, wf, w1b, w2b, gate_layout=layout)), "not deterministic"
+    assert_within_torch_error(got.double(), base.double(), ref, atol=1e-3, what="out")
+
+
 def test_routed_experts_slots_outside_the_experts():
     """Slots routed outside [0, E) (expert-parallel sentinels, dropped slots) contribute nothing,
     though the kernels leave their rows unspecified: output and gradients finite and at bf16
