@@ -109,8 +109,8 @@ def grouped_k(a, b, offs, out, out_dtype, alpha, check_offs, config=None):
 
 def _stores_m_major(out) -> bool:
     """Whether the K-grouped kernel stores ``out`` M-major in place (config.c_major "m": sm_90a,
-    a 16-bit ``out`` that ``tma_storable_t``)."""
-    if out.element_size() != 2 or not tma_storable_t(out):
+    a 16-bit ``out`` of more than one column that ``tma_storable_t``; one column: the scratch)."""
+    if out.element_size() != 2 or out.shape[-1] == 1 or not tma_storable_t(out):
         return False
     return device_info(out.device.index if out.device.index is not None else torch.cuda.current_device())[0] == "sm_90a"
 
@@ -402,7 +402,7 @@ def _gather_plan(a_op, b, E, R, gather, out_dtype, transposed=False):
     M, N = a_op.shape[0], b.shape[1]
     if arch != "sm_90a" or ((M if transposed else N) * out_dtype.itemsize) % TMA_ALIGN_BYTES:
         return False
-    if transposed and out_dtype.itemsize != 2:  # (config.c_major "m": 16-bit outputs)
+    if transposed and (out_dtype.itemsize != 2 or N == 1):  # (config.c_major "m": 16-bit, as grouped_k takes it)
         return False
     a3, b3 = a_op.unsqueeze(0), b.unsqueeze(0)
     # the gathered operand is MN-major (its rows contiguous, checked by the caller) whatever its sizes
