@@ -432,12 +432,7 @@ def grouped_experts(
         x, gather_index = gather_rows(x, gather_index), None
     if needs_grad:
         return _scaled(_GatedExperts.apply(x, w_gate_up, w_down, offs, activation, gate_layout), out_scale)
-    if gather_index is not None:  # the gathered rows and the fused epilogue: neither copy nor Z written
-        h = grouped_gemm(x, w_gate_up, offs=offs, activation=activation, gather_index=gather_index)
-    elif gate_layout == "interleaved":  # the fused epilogue: Z never written
-        h = grouped_mm(x, w_gate_up, offs, activation=activation)
-    else:
-        h, _ = gated_grads(activation, None, grouped_mm(x, w_gate_up, offs), gate_layout)
+    h = _gated_up(x, gather_index, w_gate_up, offs, activation, gate_layout)
     if (out_scale is not None and eager_cuda(x)
             and not (torch.is_grad_enabled() and out_scale.requires_grad)):  # fmt: skip
         return grouped_gemm(h, w_down, offs=offs, scale_a=out_scale.float())  # in the epilogue
@@ -513,12 +508,7 @@ def _routed_inference(x, weights, w_gate_up, w_down, routing, k, activation, gat
     epilogue (interleaved gate / up; through the row index where it pays), so Z (R x 2I) is never
     written; ``[gate | up]`` halves: Z, then the SwiGLU pass."""
     rows, offs = routing.rows, routing.offs
-    if gate_layout == "interleaved" and _gather_in_loads(x, rows, offs.shape[0]):
-        h = grouped_gemm(x, w_gate_up, offs=offs, activation=activation, gather_index=rows)
-    elif gate_layout == "interleaved":
-        h = grouped_mm(x.index_select(0, rows), w_gate_up, offs, activation=activation)
-    else:
-        h = gated_grads(activation, None, _gathered_mm(x, rows, w_gate_up, offs), gate_layout)[0]
+    h = _gated_up(x, rows, w_gate_up, offs, activation, gate_layout)
     y = _with_zero_row(h, w_down, offs)
     del h
     return _routed_combine(y, weights, rows, offs, routing.inverse, k)[0]
@@ -549,6 +539,19 @@ def _gathered_mm(x, rows, w, offs):
     if _gather_in_loads(x, rows, offs.shape[0]):
         return grouped_gemm(x, w, offs=offs, gather_index=rows)
     return grouped_mm(x.index_select(0, rows), w, offs)
+
+
+def _gated_up(x, rows, w, offs, activation, gate_layout):
+    """H = act(gate) * up of the up projection on x (``rows`` given: on x[rows]) without a gradient:
+    interleaved gate / up, the fused gated epilogue (Z never written), reading x through the row
+    index where it pays (:func:`_gather_in_loads`), else from a gathered copy; ``[gate | up]``
+    halves, Z and then the SwiGLU pass."""
+    if gate_layout == "interleaved":
+        if rows is not None and _gather_in_loads(x, rows, offs.shape[0]):
+            return grouped_gemm(x, w, offs=offs, activation=activation, gather_index=rows)
+        return grouped_mm(x if rows is None else x.index_select(0, rows), w, offs, activation=activation)
+    z = grouped_mm(x, w, offs) if rows is None else _gathered_mm(x, rows, w, offs)
+    return gated_grads(activation, None, z, gate_layout)[0]
 
 
 def _gathered_gated(x, rows, w, offs, activation, gate_layout):

@@ -107,12 +107,19 @@ def grouped_k(a, b, offs, out, out_dtype, alpha, check_offs, config=None):
     return out
 
 
+def _m_major_ok(arch: str, itemsize: int, n: int) -> bool:
+    """Where the K-grouped kernel stores C M-major (config.c_major "m"): sm_90a, a 16-bit C of
+    more than one column (a one-column C takes the N-major kernel on a scratch, as it always did)."""
+    return arch == "sm_90a" and itemsize == 2 and n > 1
+
+
 def _stores_m_major(out) -> bool:
-    """Whether the K-grouped kernel stores ``out`` M-major in place (config.c_major "m": sm_90a,
-    a 16-bit ``out`` of more than one column that ``tma_storable_t``; one column: the scratch)."""
-    if out.element_size() != 2 or out.shape[-1] == 1 or not tma_storable_t(out):
+    """Whether the K-grouped kernel stores ``out`` M-major in place (:func:`_m_major_ok` and
+    ``tma_storable_t``)."""
+    if not tma_storable_t(out):
         return False
-    return device_info(out.device.index if out.device.index is not None else torch.cuda.current_device())[0] == "sm_90a"
+    arch = device_info(out.device.index if out.device.index is not None else torch.cuda.current_device())[0]
+    return _m_major_ok(arch, out.element_size(), out.shape[-1])
 
 
 def _as_list(a, b, out, bounds, alpha) -> bool:
@@ -259,7 +266,7 @@ def kgrouped_warm(a, b, out, res, alpha, config) -> KGroupedWarm | None:
     """The warm plan of a K-grouped call that just returned ``res`` (``out``: the caller's, or
     None), or None when its launch cannot be repeated as it is: not the K-grouped kernel (another
     arch, K == 0, an empty output: no launch), operands copied, or a scratch output."""
-    storable = tma_storable(res) or tma_storable_t(res)
+    storable = tma_storable(res) or _stores_m_major(res)
     if a.shape[1] == 0 or res.numel() == 0 or (out is not None and res is not out) or not storable:
         return None
     key = (a.shape, a.stride(), a.data_ptr() % TMA_ALIGN_BYTES, b.shape, b.stride(), b.data_ptr() % TMA_ALIGN_BYTES,
@@ -283,7 +290,7 @@ def _kgrouped_plan(a, b, out, alpha, config):
     c_major = "n" if out.stride(2) == 1 or out.shape[2] == 1 else "m" if out.stride(1) == 1 else None
     if arch not in ("sm_90a", "sm_100a") or c_major is None:
         return False
-    if c_major == "m" and (arch != "sm_90a" or out.element_size() != 2):
+    if c_major == "m" and not _m_major_ok(arch, out.element_size(), out.shape[2]):
         return False
     if arch == "sm_100a" and out.shape[0] > GROUPED_MAX_GROUPS:
         return False
@@ -335,7 +342,7 @@ def grouped_k_gather(a, b, offs, index, gather: str, out_dtype=None, transposed:
     out_dtype = out_dtype or a.dtype
     res = _gather_launch(a, b, offs, index, gather, out_dtype, transposed)
     if res is not None:
-        return res.mT if transposed else res
+        return res
     rows = rows_of.index_select(0, index)
     a2, b2 = (rows.mT, b) if gather == "a" else (a, rows)
     M, N = a2.shape[0], b2.shape[1]
@@ -364,8 +371,8 @@ def on_cuda(t: torch.Tensor) -> bool:
 
 def _gather_launch(a, b, offs, index, gather, out_dtype, transposed=False):
     """:func:`grouped_k_gather` as one launch of the gathering K-grouped kernel, or None where it
-    does not apply (see there): its (E, M, N) result (``transposed``: an M-major view of a
-    contiguous (E, N, M) tensor). The plan is built once per (shapes, strides, dtypes, device)."""
+    does not apply (see there): its (E, M, N) result (``transposed``: the contiguous (E, N, M)
+    one; the kernel's C view is M-major). The plan is built once per (shapes, strides, dtypes, device)."""
     rows_of, other = (a, b) if gather == "a" else (b, a)
     es = rows_of.element_size()
     if not (on_cuda(rows_of) and rows_of.dtype in (torch.bfloat16, torch.float16) and other.dtype == rows_of.dtype
@@ -384,7 +391,6 @@ def _gather_launch(a, b, offs, index, gather, out_dtype, transposed=False):
         return None
     fn, (va, vb, vc), max_clusters, _ = plan
     out = torch.empty((E, N, M) if transposed else (E, M, N), dtype=out_dtype, device=a.device)
-    out = out.mT if transposed else out
     if index.shape[0] == 0 or M == 0 or N == 0:
         return out.zero_()
     fn(*KernelArgs(
@@ -402,7 +408,7 @@ def _gather_plan(a_op, b, E, R, gather, out_dtype, transposed=False):
     M, N = a_op.shape[0], b.shape[1]
     if arch != "sm_90a" or ((M if transposed else N) * out_dtype.itemsize) % TMA_ALIGN_BYTES:
         return False
-    if transposed and (out_dtype.itemsize != 2 or N == 1):  # (config.c_major "m": 16-bit, as grouped_k takes it)
+    if transposed and not _m_major_ok(arch, out_dtype.itemsize, N):
         return False
     a3, b3 = a_op.unsqueeze(0), b.unsqueeze(0)
     # the gathered operand is MN-major (its rows contiguous, checked by the caller) whatever its sizes
