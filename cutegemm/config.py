@@ -214,24 +214,19 @@ class GemmConfig:
     # FP8 with promotion (sm_90a, plain mainloop): K per promoted partial sum, 32 or 64 (a new
     # partial sum every one or two WGMMAs, waited for in the K tile); 0: the K tile (128).
     promote_k: int = 0
-    # FP8 (sm_90a) DeepSeek-V3 block scaling: fp32 scales per 1x128 block of A (row, K block) and
-    # per 128x128 block of B (N block, K block), applied to every K tile's promoted WGMMA partial
-    # sum in the mainloop (the K tile is 128). Passed as the kernel's mSFA / mSFB.
+    # FP8 (sm_90a) DeepSeek-V3 block scaling: fp32 scales per 1x128 block of A and 128x128 block of B, applied
+    # to every K tile's (128) promoted WGMMA partial sum in the mainloop; the kernel's mSFA / mSFB.
     fp8_blockwise: bool = False
     # FP8 with promotion, cooperative sm_90a: the consumer warpgroups issue each K tile's WGMMAs in
     # turn (named barriers), so one's promotion adds run while the tensor cores do the other's.
     wg_order: bool = False
-    # MXFP8 emulation (sm_90a has no block-scaled MMA): e4m3 A and B, one e8m0 scale per 32 K of a
-    # row of A / column of B, decoded on the host to fp32 (mSFA (M, K/32), mSFB in the consumers'
-    # register order, ``blockscaled.mx_sm90``); each 32-wide WGMMA's fresh partial sum is promoted
-    # as acc += partial * scale_a[row] * scale_b[col], the scales riding the TMA stage ring.
+    # MXFP8 emulation (sm_90a has no block-scaled MMA): e4m3 A and B, an e8m0 scale per 32 K of a row of A /
+    # column of B, decoded to fp32 on the host (``blockscaled.mx_sm90``); each 32-wide WGMMA's partial sum is
+    # promoted as acc += partial * scale_a[row] * scale_b[col], the scales riding the TMA stage ring.
     fp8_mx: bool = False
-    # Grouped packed form, sm_90a, "swap AB": the kernel computes C^T = B^T A^T, so a tile's M
-    # runs over the weights' N (tile_m rows of one expert's B) and its N over the expert's tokens,
-    # split evenly over ceil(tokens / tile_n) tiles. Each tile's WGMMAs are cut to its real tokens
-    # rounded up to 16 (chosen at run time) and only the 32-row TMA chunks holding them are loaded,
-    # so an expert's ragged last tile costs neither a full tile's tensor work nor its loads
-    # (gemm/sm90/swap.py).
+    # Grouped packed form, sm_90a, "swap AB": C^T = B^T A^T, a tile's M over one expert's weight columns, its
+    # N over the expert's tokens (split evenly); each tile's WGMMAs cut to its real tokens rounded up to 16, and
+    # only the 32-row TMA chunks holding them loaded: a ragged last tile costs neither (gemm/sm90/swap.py).
     swap_ab: bool = False
     # Dense sm_90a, split K: every output tile's K tiles cut into split_k equal ranges, each a work unit
     # (a tile's ranges adjacent: they run at once on different CTAs) writing fp32 partial sums to the
@@ -250,7 +245,7 @@ class GemmConfig:
     # gather4). K-grouped, sm_90a: A's K columns (gather_a) or B's K rows (gather_b) through it.
     gather_a: bool = False
     gather_b: bool = False
-    c_major: str = "n"  # C's unit-stride mode: "n" (row-major) | "m" (K-grouped sm_90a, 16-bit C)
+    c_major: str = "n"  # C's unit-stride mode: "n" (row-major) | "m" (sm_90a, 16-bit C: c_major_ok)
 
     @property
     def blockscaled(self) -> bool:
@@ -273,17 +268,12 @@ class GemmConfig:
         tile = f"{self.tile_m}x{self.tile_n}" + ("_2cta" if self.two_cta else "") + ("_pp" if self.pingpong else "")
         tile += "_fastacc" if self.fast_accum else ""
         tile += f"_pk{self.promote_k}" if self.promote_k else ""
-        tile += "_bw128" if self.fp8_blockwise else ""
-        tile += "_mx32" if self.fp8_mx else ""
-        tile += "_wgo" if self.wg_order else ""
-        tile += "_swab" if self.swap_ab else ""
+        tile += ("_bw128" if self.fp8_blockwise else "") + ("_mx32" if self.fp8_mx else "")
+        tile += ("_wgo" if self.wg_order else "") + ("_swab" if self.swap_ab else "")
         tile += f"_sk{self.split_k}" if self.split_k > 1 else ""
-        tile += "c" if self.split_cluster else ""
-        tile += "t" if self.split_tail else ""
+        tile += ("c" if self.split_cluster else "") + ("t" if self.split_tail else "")
         tile += f"_ar{self.a_rows}" if self.a_rows else ""
-        tile += "_ga" if self.gather_a else ""
-        tile += "_gb" if self.gather_b else ""
-        tile += "_cm" if self.c_major == "m" else ""
+        tile += ("_ga" if self.gather_a else "") + ("_gb" if self.gather_b else "") + ("_cm" if self.c_major == "m" else "")
         tile += f"_e{self.epi_stages}" if self.epi_stages else ""
         tile += f"_s{self.stages}" if self.stages else ""
         family = Form(self.form).value
@@ -332,8 +322,9 @@ def config_errors(cfg: GemmConfig) -> list[str]:
         err.append("gather_a: the packed grouped form with 16-bit operands, A K-major and not multicast (cluster_n "
                    "1), the static scheduler, not swap_ab; or the K-grouped form")  # fmt: skip
     err += ["gather_b: the K-grouped form only"] if cfg.gather_b and not cfg.kgrouped else []
-    if cfg.c_major != "n" and (cfg.c_major != "m" or not cfg.kgrouped or cfg.arch != "sm_90a" or cfg.out_dtype == "fp32"):
-        err.append(f"c_major: 'n', or 'm' for the K-grouped form on sm_90a with a 16-bit C; got {cfg.c_major!r}")
+    if cfg.c_major != "n" and not c_major_ok(cfg):
+        err.append(f"c_major: 'n', or 'm' on sm_90a with a 16-bit C for the K-grouped form or the packed form (not "
+                   f"swap_ab, no gated / quantized / preact epilogue); got {cfg.c_major!r}")  # fmt: skip
     if cfg.epilogue.preact and (cfg.arch != "sm_90a" or cfg.form not in (Form.DENSE, Form.GROUPED) or cfg.swap_ab
                                 or cfg.split_k != 1 or cfg.out_dtype not in INPUT_DTYPES):  # fmt: skip
         err.append("preact (a gated epilogue's second output): sm_90a dense or packed grouped, bf16 / fp16 "
@@ -522,6 +513,14 @@ def _alpha_only_errors(cfg: GemmConfig, what: str, other_form: bool, archs=("sm_
 
 SWAP_CHUNK = 32  # swap_ab: tokens per TMA chunk of the token operand
 SWAP_STEP = 16  # swap_ab: WGMMA widths run over multiples of this many tokens
+
+
+def c_major_ok(cfg: GemmConfig) -> bool:
+    """Where C may be stored M-major (``c_major`` "m"): sm_90a, a 16-bit C; the K-grouped form, or
+    the packed form with a plain epilogue and no swap_ab (the swapped kernel stores C^T)."""
+    epi = cfg.epilogue
+    plain = cfg.grouped and not (cfg.swap_ab or epi.gated or epi.quant or epi.preact)
+    return cfg.c_major == "m" and cfg.arch == "sm_90a" and cfg.out_dtype in INPUT_DTYPES and (cfg.kgrouped or plain)
 
 
 def swap_ab_epilogue(epi: EpilogueSpec) -> bool:

@@ -346,7 +346,8 @@ class ArchPolicy:
         """Grouped: p.m is the total row count; the tile follows the mean rows per expert.
         sm_90a choices from a sweep of grouped configs on the H200 (bench/RESULTS.md).
         ``packed=False``: neither the swapped kernel nor the short-K pingpong tile (the list form
-        and the gather kernel: the first has no swapped kernel, neither was timed with pingpong)."""
+        and the gather kernel: the first has no swapped kernel, neither was timed with pingpong);
+        an M-major C (``c_major="m"``) is not stored by the swapped kernel either."""
         rows = p.m / max(num_groups, 1)
         epi = overrides.get("epilogue", EpilogueSpec())
         if rows <= 64:  # decode: memory-bound on the weights; small tiles, A shared over 2 CTAs
@@ -356,7 +357,7 @@ class ArchPolicy:
             tile = dict(tile_m=128, tile_n=192, cluster_m=2, pingpong=True)  # see PINGPONG_MAX_K
         elif (packed and self.arch == "sm_90a" and rows <= SWAP_MAX_ROWS
               and (p.a_dtype in ("bf16", "fp16") or (p.a_dtype == "e4m3" and overrides.get("fast_accum", False)))
-              and swap_ab_epilogue(epi)):  # fmt: skip
+              and swap_ab_epilogue(epi) and overrides.get("c_major", "n") == "n"):  # fmt: skip
             # Tokens along the WGMMA's N (swap_ab): an expert's last tile costs its real tokens'
             # tensor work and loads, not a whole 128-row tile's. H200 (same
             # runs as torch._grouped_mm): DeepSeek-V3 up 714 vs 678 TFLOP/s (the 128x256 c1x2

@@ -360,6 +360,18 @@ def grouped_variants(arch: str) -> list[GemmConfig]:
         # swap_ab with a gated output (the MoE up projection): gate / up pairs across lanes
         GemmConfig(arch=arch, form=Form.GROUPED, swap_ab=True, tile_m=128, tile_n=256, cluster_m=2, scheduler="dynamic",
                    raster="m", group=1, epilogue=EpilogueSpec(alpha=True, bias=True, gated="swiglu")),
+        # C stored M-major (c_major "m": an M-major out, the 3d x 2d form's transposed result): the
+        # policy's tiles for a K-major B (a^T of the 3d x 2d form), pingpong, FP8 row-wise
+        GemmConfig(arch=arch, form=Form.GROUPED, tile_m=128, tile_n=256, cluster_n=2, scheduler="dynamic", b_major="k",
+                   raster="m", group=1, c_major="m"),
+        GemmConfig(arch=arch, form=Form.GROUPED, tile_m=64, tile_n=128, cluster_n=2, b_major="k", raster="m", group=1,
+                   c_major="m"),
+        GemmConfig(arch=arch, form=Form.GROUPED, tile_m=128, tile_n=192, cluster_m=2, pingpong=True, raster="m",
+                   group=1, a_dtype="fp16", b_dtype="fp16", out_dtype="fp16", c_major="m",
+                   epilogue=EpilogueSpec(alpha=True, activation="silu")),
+        GemmConfig(arch=arch, form=Form.GROUPED, tile_m=128, tile_n=192, cluster_n=2, scheduler="dynamic",
+                   a_dtype="e4m3", b_dtype="e4m3", b_major="k", raster="m", group=1, c_major="m",
+                   epilogue=EpilogueSpec(scale_a=True, scale_b=True)),
         # 16-bit with a per-row output scale (scale_a: the MoE down projection's routing weights):
         # the swapped kernel and the row tile
         GemmConfig(arch=arch, form=Form.GROUPED, swap_ab=True, tile_m=128, tile_n=256, cluster_m=2, scheduler="dynamic",

@@ -64,6 +64,9 @@ class EmulatedKernel:
             a3, b3, o3 = k.a.unsqueeze(-1), k.b.t().unsqueeze(-1), k.out.unsqueeze(-1)
         else:
             a3, b3, o3 = k.a, k.b, k.out
+        if (cfg.kgrouped or cfg.grouped and not cfg.swap_ab) and o3.shape[0] > 1 and o3.shape[1] > 1:
+            # C's unit-stride mode is the config's (c_major)
+            assert (o3.stride(0) == 1) == (cfg.c_major == "m") and (o3.stride(1) == 1) == (cfg.c_major == "n")
         if cfg.kgrouped:  # A (M, K, 1), B (N, K, 1), C (M, N, E); offs split K
             if cfg.gathers:  # K position p reads token a_index[p] of A (gather_a) or B (gather_b), clamped
                 idx = k.a_index.long()
@@ -71,8 +74,6 @@ class EmulatedKernel:
                     a3 = a3[:, idx.clamp(0, a3.shape[1] - 1)]
                 else:
                     b3 = b3[:, idx.clamp(0, b3.shape[1] - 1)]
-            if o3.shape[0] > 1 and o3.shape[1] > 1:  # C's unit-stride mode is the config's (c_major)
-                assert (o3.stride(0) == 1) == (cfg.c_major == "m") and (o3.stride(1) == 1) == (cfg.c_major == "n")
             total_k = a3.shape[1]
             for e, (s, t) in enumerate(expert_rows(k.offs.tolist(), total_k)):
                 acc = a3[:, s:t, 0].to(f32) @ b3[:, s:t, 0].to(f32).t()

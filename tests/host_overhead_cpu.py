@@ -72,7 +72,7 @@ def cpu_fast_path(kernel: NoOpKernel | None = None):
     (a fresh :class:`NoOpKernel` by default) as the compiled kernel; yields the kernel. Plans made
     inside are dropped on exit."""
     from cutegemm.gemm import dense
-    from cutegemm.grouped import gather, k_grouped
+    from cutegemm.grouped import batched, gather, k_grouped
     from cutegemm.grouped import packed as grouped
 
     kernel = kernel or NoOpKernel()
@@ -88,6 +88,7 @@ def cpu_fast_path(kernel: NoOpKernel | None = None):
     patch(grouped, "check_operand", _check_operand_cpu)
     patch(dense, "device_info", lambda index: ("sm_90a", 132))
     patch(grouped, "device_info", lambda index: ("sm_90a", 132))
+    patch(batched, "device_info", lambda index: ("sm_90a", 132))  # the 3d x 2d form's M-major store
     patch(dense, "DENSE_CACHE", fake_cache)
     patch(grouped, "GROUPED_CACHE", fake_cache)
     patch(k_grouped, "check_operand", _check_operand_cpu)  # the K-grouped kernel's host path

@@ -173,6 +173,19 @@ def tma_storable_t(out: torch.Tensor) -> bool:
     )
 
 
+def m_major_ok(arch: str, itemsize: int, n: int) -> bool:
+    """Where the sm_90a kernels store C M-major (config.c_major "m", ``config.c_major_ok``): a
+    16-bit C of more than one column (a one-column C takes the N-major kernel, as it always did)."""
+    return arch == "sm_90a" and itemsize == 2 and n > 1
+
+
+def stores_m_major(out: torch.Tensor, arch: str) -> bool:
+    """Whether an M-major ``out`` is stored in place by an M-major kernel on ``arch``
+    (:func:`m_major_ok` and :func:`tma_storable_t`); the packed form adds its epilogue's rules
+    (no gated or quantized output, not the swapped kernel)."""
+    return tma_storable_t(out) and m_major_ok(arch, out.element_size(), out.shape[-1])
+
+
 def memo_view(plan, t: torch.Tensor, size, stride) -> torch.Tensor:
     """``t.as_strided(size, stride)``, memoized on ``plan`` for the same tensor object (the weight
     operand is usually passed again and again). The memo is used only for that very object at

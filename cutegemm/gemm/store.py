@@ -16,9 +16,22 @@ def store_subtile_predicated(
     cols_valid: cutlass.Int32,  # columns [0, cols_valid)
     tidx: cutlass.Int32,
     num_threads: cutlass.Constexpr,
+    m_major: cutlass.Constexpr = False,
 ):
     """Every thread copies 16-byte row pieces; a piece is written only when its row is valid and
-    its first column is (N is a multiple of 16 bytes, so a piece never straddles the N edge)."""
+    its first column is (N is a multiple of 16 bytes, so a piece never straddles the N edge).
+    ``m_major`` (C stored M-major, config.c_major "m"): element copies with the threads along M
+    (consecutive threads write consecutive addresses), each element checked (rows_valid may end
+    inside a 16-byte piece)."""
+    if cutlass.const_expr(m_major):
+        _store_m_major(sC, gC, rows_valid, cols_valid, tidx, num_threads)
+    else:
+        _store_n_major(sC, gC, rows_valid, cols_valid, tidx, num_threads)
+
+
+@cute.jit
+def _store_n_major(sC, gC, rows_valid, cols_valid, tidx, num_threads: cutlass.Constexpr):
+    """:func:`store_subtile_predicated` of a row-major subtile: 16-byte row pieces."""
     dtype = sC.element_type
     vec = 128 // dtype.width
     epi_m, epi_n = cute.size(sC, mode=[0]), cute.size(sC, mode=[1])
@@ -39,4 +52,26 @@ def store_subtile_predicated(
         for j in cutlass.range_constexpr(cute.size(tS, mode=[2])):
             row, col = tI[(0, i, j)]
             if row < rows_valid and col < cols_valid and tidx < used:
+                cute.copy(atom, tS[(None, i, j)], tD[(None, i, j)])
+
+
+@cute.jit
+def _store_m_major(sC, gC, rows_valid, cols_valid, tidx, num_threads: cutlass.Constexpr):
+    """:func:`store_subtile_predicated` of an M-major subtile: one element per copy."""
+    dtype = sC.element_type
+    epi_m, epi_n = cute.size(sC, mode=[0]), cute.size(sC, mode=[1])
+    thr_m = min(num_threads, epi_m)
+    thr_n = num_threads // thr_m
+    atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=dtype.width)
+    tiled = cute.make_tiled_copy_tv(
+        atom, cute.make_layout((thr_m, thr_n), stride=(1, thr_m)), cute.make_layout((1, 1))
+    )
+    thr = tiled.get_slice(tidx)
+    tS = thr.partition_S(sC)
+    tD = thr.partition_D(gC)
+    tI = thr.partition_S(cute.make_identity_tensor((epi_m, epi_n)))
+    for i in cutlass.range_constexpr(cute.size(tS, mode=[1])):
+        for j in cutlass.range_constexpr(cute.size(tS, mode=[2])):
+            row, col = tI[(0, i, j)]
+            if row < rows_valid and col < cols_valid:
                 cute.copy(atom, tS[(None, i, j)], tD[(None, i, j)])

@@ -14,10 +14,12 @@ passed in (``run`` / ``run_ref``), so this module does not import it.
   ``out[:, n_g] = a[g] @ b[:, n_g]``. Computed transposed, as the packed form: out^T (total_N, M)
   = b^T (total_N, K) x a^T (G, K, M) with the same offs (one launch, no host sync, capturable;
   FP8: ``scale_a`` (G, M) per group and row of a becomes the packed form's per-expert column scale,
-  ``scale_b`` (total_N,) its per-row scale). The kernel writes a (total_N, M) buffer: an ``out``
-  given column-major (``out.t()`` row-major, 16-byte rows) is written in place, any other out (or
-  none) costs one copy into a row-major result. Columns at or past offs[-1] of a given out keep
-  their values (the buffer starts as a copy of them). Epilogue: alpha, an elementwise activation.
+  ``scale_b`` (total_N,) its per-row scale). On sm_90a with a 16-bit output the kernel stores
+  out^T M-major (config.c_major "m"), i.e. the row-major (M, total_N) result in place; elsewhere
+  (sm_100a, an fp32 output, a forced swap_ab config) it writes a (total_N, M) buffer: an ``out``
+  given column-major (``out.t()`` row-major, 16-byte rows) in place, any other out (or none) by
+  one copy into a row-major result. Columns at or past offs[-1] of a given out keep their values.
+  Epilogue: alpha, an elementwise activation.
 
 Both forms take ``out``, ``out_dtype``, ``alpha``, ``config``; quantized outputs and user
 epilogues are for the 2-D forms. The reference twins apply the same rewriting to the packed
@@ -31,7 +33,8 @@ import torch
 
 from ..config import ACTIVATIONS, Form
 from ..gemm.dense import gemm
-from ..gemm.launch import check_offs_values
+from ..gemm.launch import check_offs_values, stores_m_major
+from ..runtime.device import device_info
 
 _BATCH_OFFS: dict = {}
 
@@ -152,6 +155,10 @@ class Transposed3d2d:
         if check_offs:
             check_offs_values(offs, b.shape[1])
         inner = self.inner
+        if inner.config.c_major == "m":  # the kernel stores the (M, total_N) result M-major, in place
+            res = torch.empty(inner.out_dims[1], inner.out_dims[0], dtype=inner.out_dtype, device=inner.device)
+            inner.launch(k_major_t(b), a, res.t(), offs, float(alpha))
+            return res
         out_t = torch.empty(*inner.out_dims, dtype=inner.out_dtype, device=inner.device)
         inner.launch(k_major_t(b), a, out_t, offs, float(alpha))
         return out_t.t().contiguous()
@@ -185,9 +192,14 @@ def grouped_3d(a, b, offs, run, **options):
     if out is not None and (not isinstance(out, torch.Tensor) or out.shape != (M, total_n) or out.dtype != out_dtype):
         raise ValueError(f"out must be an ({M}, {total_n}) {out_dtype} tensor")
     options["out_dtype"] = out_dtype
-    out_t = None if out is None else out.t()
-    res = run(bt, at, offs=offs, out=out_t, scale_a=sb, scale_b=sa, **options)
-    return res.t().contiguous() if out is None else out
+    if out is None:
+        res = torch.empty(M, total_n, dtype=out_dtype, device=a.device)
+        if stores_m_major(res.t(), device_info(a.device.index)[0]) and not (config is not None and config.swap_ab):  # stored in place, M-major
+            run(bt, at, offs=offs, out=res.t(), scale_a=sb, scale_b=sa, **options)
+            return res
+        return run(bt, at, offs=offs, scale_a=sb, scale_b=sa, **options).t().contiguous()
+    run(bt, at, offs=offs, out=out.t(), scale_a=sb, scale_b=sa, **options)
+    return out
 
 
 def grouped_3d_ref(a, b, offs, run_ref, **options):

@@ -42,12 +42,13 @@ from ..gemm.launch import (
     check_offs_values,
     check_operand,
     kernel_view,
+    m_major_ok,
     new_workspace,
     padded_rows,
     reset_workspace,
+    stores_m_major,
     tma_addressable,
     tma_storable,
-    tma_storable_t,
     unit_mode,
 )
 from ..policy import policy_for
@@ -87,7 +88,7 @@ def grouped_k(a, b, offs, out, out_dtype, alpha, check_offs, config=None):
     # view of odd strides or offset): the kernel writes a padded scratch (every element: empty
     # slices get zeros), then the result is copied into out or returned compact. An M-major out
     # (the transposed view of an (E, N, M) buffer) is stored in place where the kernel can.
-    dst = out if tma_storable(out) or _stores_m_major(out) else padded_rows(out.shape, out.dtype, out.device)
+    dst = out if tma_storable(out) or stores_m_major(out, _arch(out)) else padded_rows(out.shape, out.dtype, out.device)
     if _kgrouped_launch(a, b, offs, dst, alpha, config):
         if dst is not out:
             if user_out is None:
@@ -107,19 +108,8 @@ def grouped_k(a, b, offs, out, out_dtype, alpha, check_offs, config=None):
     return out
 
 
-def _m_major_ok(arch: str, itemsize: int, n: int) -> bool:
-    """Where the K-grouped kernel stores C M-major (config.c_major "m"): sm_90a, a 16-bit C of
-    more than one column (a one-column C takes the N-major kernel on a scratch, as it always did)."""
-    return arch == "sm_90a" and itemsize == 2 and n > 1
-
-
-def _stores_m_major(out) -> bool:
-    """Whether the K-grouped kernel stores ``out`` M-major in place (:func:`_m_major_ok` and
-    ``tma_storable_t``)."""
-    if not tma_storable_t(out):
-        return False
-    arch = device_info(out.device.index if out.device.index is not None else torch.cuda.current_device())[0]
-    return _m_major_ok(arch, out.element_size(), out.shape[-1])
+def _arch(t) -> str:
+    return device_info(t.device.index if t.device.index is not None else torch.cuda.current_device())[0]
 
 
 def _as_list(a, b, out, bounds, alpha) -> bool:
@@ -266,7 +256,7 @@ def kgrouped_warm(a, b, out, res, alpha, config) -> KGroupedWarm | None:
     """The warm plan of a K-grouped call that just returned ``res`` (``out``: the caller's, or
     None), or None when its launch cannot be repeated as it is: not the K-grouped kernel (another
     arch, K == 0, an empty output: no launch), operands copied, or a scratch output."""
-    storable = tma_storable(res) or _stores_m_major(res)
+    storable = tma_storable(res) or stores_m_major(res, _arch(res))
     if a.shape[1] == 0 or res.numel() == 0 or (out is not None and res is not out) or not storable:
         return None
     key = (a.shape, a.stride(), a.data_ptr() % TMA_ALIGN_BYTES, b.shape, b.stride(), b.data_ptr() % TMA_ALIGN_BYTES,
@@ -290,7 +280,7 @@ def _kgrouped_plan(a, b, out, alpha, config):
     c_major = "n" if out.stride(2) == 1 or out.shape[2] == 1 else "m" if out.stride(1) == 1 else None
     if arch not in ("sm_90a", "sm_100a") or c_major is None:
         return False
-    if c_major == "m" and not _m_major_ok(arch, out.element_size(), out.shape[2]):
+    if c_major == "m" and not m_major_ok(arch, out.element_size(), out.shape[2]):
         return False
     if arch == "sm_100a" and out.shape[0] > GROUPED_MAX_GROUPS:
         return False
@@ -408,7 +398,7 @@ def _gather_plan(a_op, b, E, R, gather, out_dtype, transposed=False):
     M, N = a_op.shape[0], b.shape[1]
     if arch != "sm_90a" or ((M if transposed else N) * out_dtype.itemsize) % TMA_ALIGN_BYTES:
         return False
-    if transposed and not _m_major_ok(arch, out_dtype.itemsize, N):
+    if transposed and not m_major_ok(arch, out_dtype.itemsize, N):
         return False
     a3, b3 = a_op.unsqueeze(0), b.unsqueeze(0)
     # the gathered operand is MN-major (its rows contiguous, checked by the caller) whatever its sizes

@@ -67,7 +67,7 @@ Forms:
   (offs splitting b's N), rewritten onto the dense batched GEMM or this packed form:
   :mod:`cutegemm.grouped.batched`.
 
-This module holds the public entry, the reference twin and the packed form; the K-grouped, 3-D
+This module holds the public entry and the packed form (the reference twin: :mod:`cutegemm.grouped.reference`); the K-grouped, 3-D
 and list forms' host paths are :mod:`cutegemm.grouped.k_grouped`, :mod:`cutegemm.grouped.batched`
 and :mod:`cutegemm.grouped.list_form`.
 """
@@ -79,13 +79,12 @@ from types import SimpleNamespace
 
 import torch
 
-from ..blockscaled.reference import quantize_ref
 from ..config import QUANT_FORMATS, QUANT_OUT_DTYPES, TMA_ALIGN_BYTES, GemmConfig, GemmProblem, can_implement
-from ..epilogue import ACTIVATIONS, GATED, EpilogueSpec, epilogue_ref, interleave_gate_up
-from ..epilogue.user import apply_user_ref, register
+from ..epilogue import ACTIVATIONS, GATED, EpilogueSpec, interleave_gate_up
+from ..epilogue.user import register
 from ..gemm.args import KernelArgs, scaled_tail
 from ..gemm.dense import warm_scale_view
-from ..gemm.fp8_scales import fp8_blockwise_ref, fp8_grouped_block_scales, not_e4m3, scale_vector
+from ..gemm.fp8_scales import fp8_grouped_block_scales, not_e4m3, scale_vector
 from ..gemm.grouped_parts import GROUPED_MAX_GROUPS
 from ..gemm.launch import (
     EPI_TORCH_DTYPES,
@@ -109,15 +108,16 @@ from ..gemm.launch import (
     quant_result,
     reset_workspace,
     rowmajor_operand,
+    stores_m_major,
     tma_storable,
 )
 from ..policy import policy_for
 from ..runtime.device import device_info, max_clusters_for
-from ..schedulers.grouped import expert_rows
 from ..tuning import tuned_config
-from .batched import Transposed3d2d, batched_dense, grouped_3d, grouped_3d_ref, transposed_operands
-from .k_grouped import grouped_k, grouped_k_fp8, k_scales, kgrouped_warm
+from .batched import Transposed3d2d, batched_dense, grouped_3d, transposed_operands
+from .k_grouped import grouped_k, grouped_k_fp8, kgrouped_warm
 from .list_form import grouped_list
+from .reference import grouped_gemm_ref
 
 PLANS: dict = {}
 
@@ -258,10 +258,12 @@ def _plan_packed(a, b, offs, out, out_dtype, alpha, config, epi_in: _Epi, fast_a
     b_unit = 2 if (b.stride(2) == 1 or N == 1) else 1 if (b.stride(1) == 1 or K == 1) else None
     if b_unit is None:
         raise ValueError("b must have a contiguous K or N dim (e.g. (E, K, N) or (E, N, K).transpose(1, 2))")
+    # An out the caller gave M-major (grouped_gemm checked stores_m_major): config.c_major "m"
+    c_major = "n" if out.stride(1) == 1 or out.shape[1] == 1 else "m"
     views = (
         kernel_view(a.unsqueeze(0), 2, (1, 2, 0), "a"),
         kernel_view(b, b_unit, (2, 1, 0), "b"),
-        kernel_view(out.unsqueeze(0), 2, (1, 2, 0), "out"),
+        kernel_view(out.unsqueeze(0), 2 if c_major == "n" else 1, (1, 2, 0), "out"),
     )
     arch, num_sms = device_info(a.device.index)
     quant = epi_in.quant
@@ -273,15 +275,19 @@ def _plan_packed(a, b, offs, out, out_dtype, alpha, config, epi_in: _Epi, fast_a
     extra = {"fast_accum": True} if fast_accum else {}
     if blockwise:
         extra["fp8_blockwise"] = True
+    if c_major == "m":
+        extra["c_major"] = "m"
     if config is None:  # opt-in autotuning (cutegemm.tuning); None when off: the policy's default
 
         config = tuned_config(arch, problem, epi, "grouped", runner=grouped_runner, num_groups=E, num_sms=num_sms)
-        ok = config is not None and config.fast_accum == fast_accum and config.fp8_blockwise == blockwise
+        ok = config is not None and (config.fast_accum, config.fp8_blockwise, config.c_major) == (fast_accum, blockwise, c_major)
         config = config if ok else None
     elif config.epilogue != epi and config.epilogue in (EpilogueSpec(), replace(epi, alpha=False)):
         config = replace(config, epilogue=epi)  # a forced tile: the call's arguments give the epilogue
     elif config.epilogue not in (epi, replace(epi, alpha=True)):  # an alpha kernel serves alpha == 1
         raise ValueError(f"config.epilogue {config.epilogue} does not match the call's epilogue {epi}")
+    if config is not None and config.c_major != c_major:
+        config = replace(config, c_major=c_major)  # the out's layout gives C's major
     if config is not None and (config.arch != arch or not config.grouped):
         raise ValueError(f"config {config.name} cannot run the grouped form on this GPU (arch {arch}; needs form=Form.GROUPED and that arch)")
     cfg = config if config is not None else policy_for(arch, num_sms).choose_grouped(problem, E, epilogue=epi, **extra)
@@ -450,7 +456,8 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
                          scale_b=scale_b, fast_accum=fast_accum, config=config, check_offs=check_offs)  # fmt: skip
         if key is not None and not epilogue_inputs and out is None and b.dim() == 2:  # 3d x 2d: a warm plan
             bt, at, dtype = transposed_operands(a, b, out_dtype)
-            inner = PLANS.get(_fast_key(bt, at, offs, None, dtype, alpha, config, False))
+            inner = PLANS.get(_fast_key(bt, at, offs, res.t(), dtype, alpha, config, False))  # stored M-major
+            inner = inner or PLANS.get(_fast_key(bt, at, offs, None, dtype, alpha, config, False))
             if inner.__class__ is _GroupedPlan:
                 PLANS[key] = Transposed3d2d(inner)
         return res
@@ -563,7 +570,10 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
     if fp8 and b.stride(1) != 1 and K > 1:
         b = padded_rows((E, N, K), b.dtype, b.device).copy_(b.mT).mT  # FP8 WGMMA reads B K-major
     b = aligned_operand(b)
-    if quant is None and not tma_storable(out):
+    # An M-major out (e.g. the 3d x 2d form's transposed result) is stored M-major in place where
+    # the kernel can (config.c_major "m"); else a row-major scratch and a copy.
+    m_major = user_out_given and not gated and not (config is not None and config.swap_ab) and stores_m_major(out, device_info(a.device.index)[0])
+    if quant is None and not tma_storable(out) and not m_major:
         out = padded_rows(out.shape, out.dtype, out.device)
         if user_out_given:
             out.copy_(out_call)
@@ -593,85 +603,6 @@ def _no_epilogue(form, bias, activation, epilogue, out_global_scale, scale_a, sc
         more = " (the list form also takes relu / gelu / gelu_tanh / silu)" if form == "the list form" else ""
         raise ValueError(f"{form} takes alpha only{more}: bias, activations, user epilogues, FP8 scales and quantized "
                          "outputs are for the packed (offs) form")  # fmt: skip
-
-
-def grouped_gemm_ref(a, b, *, offs=None, out_dtype=None, alpha: float = 1.0, bias=None, activation=None,
-                     gate_layout: str = "interleaved", epilogue=None, epilogue_args=(), out_global_scale=None,
-                     scale_a=None, scale_b=None, compute_dtype=torch.float32):  # fmt: skip
-    """Plain-torch twin (loops over groups on the host). Packed form: per expert e, rows
-    [offs[e-1], offs[e]) get ``epilogue(alpha * (a_e @ b[e]) * scale_a * scale_b[e] + bias[e])``
-    (the dense ``epilogue_ref`` / user epilogue with packed row indices); rows at or past
-    offs[-1] are zero here and not written by the kernel. A quantized ``out_dtype`` returns
-    ``quantize_ref`` of the fp32 result."""
-    if isinstance(a, (list, tuple)):
-        return [epilogue_ref(x.to(compute_dtype) @ w.to(compute_dtype), alpha=alpha, activation=activation).to(out_dtype or x.dtype)
-                for x, w in zip(a, b, strict=True)]  # fmt: skip
-    if a.dim() == 3:
-        return grouped_3d_ref(a, b, offs, grouped_gemm_ref, out_dtype=out_dtype, alpha=alpha, bias=bias,
-                              activation=activation, gate_layout=gate_layout, epilogue=epilogue,
-                              epilogue_args=epilogue_args, out_global_scale=out_global_scale, scale_a=scale_a,
-                              scale_b=scale_b, compute_dtype=compute_dtype)  # fmt: skip
-    fp8 = a.dtype == torch.float8_e4m3fn
-    out_dtype = out_dtype or (torch.bfloat16 if fp8 else a.dtype)
-    bounds = offs.tolist()
-    if b.dim() == 3:
-        E, _, N = b.shape
-        gated = activation in GATED
-        acc = torch.zeros(a.shape[0], N, dtype=compute_dtype, device=a.device)
-        blockwise = isinstance(scale_b, torch.Tensor) and scale_b.dim() == 3  # DeepSeek 1x128 / 128x128
-        prev = 0
-        for e, end in enumerate(bounds):
-            if blockwise:
-                acc[prev:end] = fp8_blockwise_ref(a[prev:end], b[e], scale_a[prev:end], scale_b[e], compute_dtype)
-            else:
-                acc[prev:end] = a[prev:end].to(compute_dtype) @ b[e].to(compute_dtype)
-            prev = end
-        if blockwise:
-            scale_a = scale_b = None  # applied per block above
-        if scale_a is not None:
-            sa = scale_a.to(compute_dtype).reshape(-1)
-            acc = acc * (sa if sa.numel() == 1 else sa.unsqueeze(-1))
-        n_out = N // 2 if gated else N
-        res = torch.zeros(a.shape[0], n_out, dtype=compute_dtype, device=a.device)
-        if epilogue is not None:
-            y = acc * alpha if alpha != 1.0 else acc
-            res[: bounds[-1] if bounds else 0] = apply_user_ref(epilogue, y, tuple(epilogue_args))[: bounds[-1] if bounds else 0]
-        else:
-            prev = 0
-            for e, end in enumerate(bounds):
-                if end > prev:
-                    y = acc[prev:end]
-                    if scale_b is not None:
-                        y = y * _expert_row(scale_b, e, E, N, compute_dtype)
-                    bias_e = None if bias is None else _expert_row(bias, e, E, N, compute_dtype)
-                    res[prev:end] = epilogue_ref(y, alpha=alpha, bias=bias_e, activation=activation,
-                                                 gate_layout=gate_layout)  # fmt: skip
-                prev = max(prev, end)
-        if isinstance(out_dtype, str):
-            gs = global_scale(out_dtype, out_global_scale, res.device)
-            return quantize_ref(res.float(), out_dtype, global_scale=gs)
-        return res.to(out_dtype)
-    M, N = a.shape[0], b.shape[1]
-    out = torch.zeros(len(bounds), M, N, dtype=compute_dtype, device=a.device)
-    sa, sb = k_scales(scale_a, scale_b, len(bounds), M, N) if fp8 else (None, None)
-    for e, (start, end) in enumerate(expert_rows(bounds, a.shape[1])):
-        if end > start:
-            out[e] = a[:, start:end].to(compute_dtype) @ b[start:end].to(compute_dtype)
-            if sa is not None:
-                out[e] *= sa[e].to(compute_dtype).reshape(-1, 1)
-            if sb is not None:
-                out[e] *= sb[e].to(compute_dtype).reshape(1, -1)
-    return (out * alpha).to(out_dtype)
-
-
-def _expert_row(t: torch.Tensor, e: int, E: int, n: int, dtype) -> torch.Tensor:
-    """Expert e's row of a per-(expert, column) vector given as (E, n), (n,), (E,) or one value."""
-    t = t.to(dtype)
-    if t.shape == (E, n):
-        return t[e]
-    if t.shape == (n,) or t.numel() == 1:
-        return t.reshape(-1)
-    return t.reshape(E)[e]
 
 
 def grouped_counts(total_m: int, num_groups: int) -> list[int]:

@@ -15,7 +15,7 @@ import cutegemm
 from cutegemm.grouped import packed
 
 from ..emulated_kernel import emulated_kernels
-from ..layout_cases import LAYOUT_STRATEGY, check_packed_layout
+from ..layout_cases import LAYOUT_STRATEGY, M_MAJOR_STRATEGY, check_m_major_out, check_packed_layout
 
 BF = torch.bfloat16
 
@@ -104,3 +104,19 @@ def test_3d_forms_route_and_match_torch():
         col_major = torch.full((11, m), float("nan"), dtype=BF).t()  # the kernel's (total_N, M) layout
         assert cutegemm.grouped_gemm(a, b2, offs=offs, out=col_major) is col_major
         torch.testing.assert_close(col_major, expected)
+
+
+@settings(max_examples=40, deadline=None)
+@given(**M_MAJOR_STRATEGY)
+def test_m_major_out_in_place(counts, tail, k, m, dtype):
+    """The packed form into an M-major out and the 3d x 2d form: the kernel stores C M-major in
+    place where it can (config.c_major "m"), else through the scratch (tests/layout_cases.py)."""
+    with emulated_kernels() as cache:
+        seen = [0]
+
+        def used_configs():
+            new = [kern.cfg for kern in cache.kernels[seen[0]:]]
+            seen[0] = len(cache.kernels)
+            return new
+
+        check_m_major_out("cpu", counts, tail, k, m, dtype, used_configs)

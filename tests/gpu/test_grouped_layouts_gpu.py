@@ -5,7 +5,9 @@ rejected), on the GPU: hypothesis over operand / out views with NaN-poisoned out
 import pytest
 from hypothesis import given, settings
 
-from ..layout_cases import LAYOUT_STRATEGY, check_packed_layout
+from cutegemm.grouped import packed
+
+from ..layout_cases import LAYOUT_STRATEGY, M_MAJOR_STRATEGY, check_m_major_out, check_packed_layout
 
 pytestmark = pytest.mark.gpu
 
@@ -14,3 +16,36 @@ pytestmark = pytest.mark.gpu
 @given(**LAYOUT_STRATEGY)
 def test_packed_any_layout_against_the_twin(counts, tail, k, n, a_how, b_t, b_step, out_how):
     check_packed_layout("cuda", counts, tail, k, n, a_how, b_t, b_step, out_how)
+
+
+class _Recording:
+    """The packed form's kernel cache, recording the configs it is asked for."""
+
+    def __init__(self, inner):
+        self.inner, self.cfgs = inner, []
+
+    def get(self, cfg):
+        self.cfgs.append(cfg)
+        return self.inner.get(cfg)
+
+
+@settings(max_examples=25, deadline=None)
+@given(**M_MAJOR_STRATEGY)
+def test_m_major_out_in_place(counts, tail, k, m, dtype):
+    """The packed form into an M-major out and the 3d x 2d form: the kernel stores C M-major in
+    place where it can (config.c_major "m"), else through the scratch; NaN poison kept past
+    offs[-1] (tests/layout_cases.py)."""
+    saved = packed.GROUPED_CACHE
+    packed.GROUPED_CACHE = rec = _Recording(saved)
+    packed.PLANS.clear()  # every call below cold once: its config is recorded
+    try:
+        seen = [0]
+
+        def used_configs():
+            new = rec.cfgs[seen[0]:]
+            seen[0] = len(rec.cfgs)
+            return new
+
+        check_m_major_out("cuda", counts, tail, k, m, dtype, used_configs)
+    finally:
+        packed.GROUPED_CACHE = saved

@@ -257,6 +257,7 @@ class Sm90Epilogue:
                             cols_left - epi_coord[1] * self.k.epi_tile_out[1],
                             mma_tidx,
                             self.k.threads_per_tile,
+                            self.k.config.c_major == "m",
                         )
                         if cutlass.const_expr(epi.preact):
                             store_subtile_predicated(
