@@ -40,7 +40,7 @@ import torch
 
 from ..gemm.args import KernelArgs
 from ..gemm.fp8_scales import FP8_BLOCK, check_fp32_scale
-from ..gemm.launch import DENSE_CACHE, current_device, new_workspace, reset_workspace, tma_addressable
+from ..gemm.launch import DENSE_CACHE, current_device, new_workspace, tma_addressable
 from ..runtime.device import device_info, eager_cuda, max_clusters_for
 from .mx_sm90 import MX_K_BLOCK, emulation_config, launch_emulated, padded_kb, permutation_on, sfb_permutation
 from .operands import OUT_NAMES, finish_output, output_view
@@ -295,7 +295,7 @@ class _Warm:
         written, c_view = output_view(None, 1, self.m, self.n, torch.bfloat16, self.device, False)
         self.fn(*KernelArgs(
             a.as_strided(*self.a_view), b.as_strided(*self.b_view), c_view, alpha=1.0, max_clusters=self.max_clusters,
-            sfa=sfa, sfb=sfb, workspace=reset_workspace(self.workspace),
+            sfa=sfa, sfb=sfb, workspace=self.workspace,
         ))  # fmt: skip
         return finish_output(None, written)
 

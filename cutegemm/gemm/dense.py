@@ -45,7 +45,6 @@ from .launch import (
     padded_rows,
     quant_outputs,
     quant_result,
-    reset_workspace,
     rowmajor_operand,
     tma_storable,
     unit_mode,
@@ -71,7 +70,7 @@ class _Plan:
         c = None if cv is None else sources[3].as_strided(*cv)
         bias = sources[4] if self.has_bias else None
         if len(epi_extra) == 2 and epi_extra[0] is None and epi_extra[1] is None:  # no per-call tail inputs
-            reset_workspace(self.workspace)  # LEADING fields, then the plan's tail (gemm.args)
+            # LEADING fields, then the plan's tail (gemm.args)
             self.fn(a, b, o, c, bias, alpha, beta, self.max_clusters, None, *self.tail)
             return
         vecs = _NO_VECTORS if len(epi_extra) == 2 else (*epi_extra[2:], None, None, None, None)[:4]
@@ -82,7 +81,7 @@ class _Plan:
         self.fn(*KernelArgs(
             a, b, o, c=c, bias=bias, alpha=alpha, beta=beta, max_clusters=self.max_clusters,
             sfa=sfa, sfb=sfb, out_scales=epi_extra[0], out_global_scale=epi_extra[1], v0=v0, v1=v1, v2=v2, v3=v3,
-            workspace=reset_workspace(self.workspace),
+            workspace=self.workspace,
         ))  # fmt: skip
 
     def launch_scaled(self, a, b, o, v0, v1):
@@ -90,7 +89,7 @@ class _Plan:
         if not self.flat:
             (sa, ta), (sb, tb), (sc, tc) = self.views
             a, b, o = a.as_strided(sa, ta), memo_view(self, b, sb, tb), o.as_strided(sc, tc)
-        reset_workspace(self.workspace)  # LEADING fields, then the plan's tail with v0 / v1 (gemm.args)
+        # LEADING fields, then the plan's tail with v0 / v1 (gemm.args)
         self.fn(a, b, o, None, None, 1.0, 0.0, self.max_clusters, None, *self.scaled_tail[0], v0, v1, *self.scaled_tail[1])
 
     def new_output(self, device=None):
@@ -459,7 +458,7 @@ def gemm(
         if plan is not None and current_device() == plan.device_index and not (a.data_ptr() % 16 or b.data_ptr() % 16):
             out = torch.empty(*plan.out_dims, dtype=plan.out_dtype, device=plan.device)
             if plan.flat:
-                reset_workspace(plan.workspace)  # LEADING fields, then the plan's tail (gemm.args)
+                # LEADING fields, then the plan's tail (gemm.args)
                 plan.fn(a, b, out, None, None, 1.0, 0.0, plan.max_clusters, None, *plan.tail)
             else:
                 plan.launch((a, b, out, None, None), 1.0, 0.0)

@@ -30,7 +30,10 @@ def new_workspace(config: GemmConfig, device, problem: GemmProblem | None = None
     """Scheduler "dynamic": the (1,) int32 tile counter, allocated once per plan. Split K (dense,
     ``problem`` given): the split tiles' counters and partial-sum slots (``gemm.sm90.split``;
     split_tail: only the tiles past the whole waves of the launch's ``max_clusters`` CTAs),
-    zeroed once here (``split_cluster``: none, the partial sums meet in shared memory). Else None."""
+    zeroed once here (``split_cluster``: none, the partial sums meet in shared memory). Else None.
+    Every launch leaves its workspace zeroed (the counter: ``schedulers.dynamic``; split K:
+    ``gemm.sm90.split``), so no reset runs between launches; one plan must not run on two
+    streams at once."""
     if config.split_k > 1 and not config.split_cluster:
         tiles = -(-problem.m // config.tile_m) * -(-problem.n // config.tile_n) * problem.l
         if config.split_tail:
@@ -40,16 +43,6 @@ def new_workspace(config: GemmConfig, device, problem: GemmProblem | None = None
         words = split_workspace_words(max(tiles, 1), config.split_k, config.tile_m, config.tile_n)
         return torch.zeros(words, dtype=torch.int32, device=device)
     return torch.zeros(1, dtype=torch.int32, device=device) if config.scheduler == "dynamic" else None
-
-
-def reset_workspace(workspace):
-    """Zero the dynamic scheduler's tile counter on the current stream right before the launch that
-    uses it, so a captured CUDA graph records the reset (one plan must not run on two streams at
-    once). A split-K workspace (longer than one word) is left as it is: each launch leaves
-    its counters at 0."""
-    if workspace is not None and workspace.numel() == 1:
-        workspace.zero_()
-    return workspace
 
 
 def kernel_class(arch: str):

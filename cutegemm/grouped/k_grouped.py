@@ -45,7 +45,6 @@ from ..gemm.launch import (
     m_major_ok,
     new_workspace,
     padded_rows,
-    reset_workspace,
     stores_m_major,
     tma_addressable,
     tma_storable,
@@ -221,12 +220,12 @@ def _kgrouped_launch(a, b, offs, out, alpha, config) -> bool:
 
 
 def _launch_workspace(workspace, device):
-    """A launch's workspace: the plan's (:func:`reset_workspace`), or on sm_100a a new group table
+    """A launch's workspace: the plan's (left zeroed by every launch), or on sm_100a a new group table
     of ``workspace`` int64 words, which the kernel writes from offs (one per launch: launches on
     two streams never share one)."""
     if isinstance(workspace, int):
         return torch.empty(workspace, dtype=torch.int64, device=device)
-    return reset_workspace(workspace)
+    return workspace
 
 
 class KGroupedWarm:
@@ -246,7 +245,7 @@ class KGroupedWarm:
         if out is None:
             out = torch.empty(*self.out_dims, dtype=self.out_dtype, device=self.device)
         va, vb, vc = self.views
-        reset_workspace(self.workspace)  # LEADING fields, then the plan's tail (gemm.args)
+        # LEADING fields, then the plan's tail (gemm.args)
         self.fn(a.as_strided(*va), b.as_strided(*vb), out.as_strided(*vc), None, None, float(alpha), 0.0,
                 self.max_clusters, offs if offs.is_contiguous() else offs.contiguous(), *self.tail)  # fmt: skip
         return out

@@ -106,7 +106,6 @@ from ..gemm.launch import (
     padded_rows,
     quant_outputs,
     quant_result,
-    reset_workspace,
     rowmajor_operand,
     stores_m_major,
     tma_storable,
@@ -134,14 +133,13 @@ class _GroupedPlan:
         if self.swap:  # config.swap_ab: the kernel computes C^T = B^T A^T (C's view is (N, total_M, 1))
             av, bv = bv, av
         if extra is None and block[0] is None:  # the common MoE call: LEADING fields, then the plan's tail
-            reset_workspace(self.workspace)
             self.fn(av, bv, out.as_strided(sc, tc), None, bias, alpha, 0.0, self.max_clusters, offs, *self.tail)
             return
         out_scales, out_gs, v0, v1, v2, v3 = extra or _NO_EXTRA
         self.fn(*KernelArgs(
             av, bv, out.as_strided(sc, tc), bias=bias, alpha=alpha, max_clusters=self.max_clusters, offs=offs,
             sfa=block[0], sfb=block[1], out_scales=out_scales, out_global_scale=out_gs, v0=v0, v1=v1, v2=v2, v3=v3,
-            workspace=reset_workspace(self.workspace),
+            workspace=self.workspace,
         ))  # fmt: skip
 
     def launch_scaled(self, a, b, out, offs, alpha, v0, v1):
@@ -151,7 +149,7 @@ class _GroupedPlan:
         av, bv = a.as_strided(sa, ta), memo_view(self, b, sb, tb)
         if self.swap:
             av, bv = bv, av
-        reset_workspace(self.workspace)  # LEADING fields, then the tail with v0 / v1 (gemm.args)
+        # LEADING fields, then the tail with v0 / v1 (gemm.args)
         pre, post, _ = self.scaled_tail
         self.fn(av, bv, out.as_strided(sc, tc), None, None, alpha, 0.0, self.max_clusters, offs, *pre, v0, v1, *post)
 

@@ -6,10 +6,14 @@ Two fetch modes, one ring protocol (:class:`BroadcastScheduler`):
 
 - ``"dynamic"`` (sm_90a and sm_100a; the Hopper stand-in for CLC): cluster c starts with cluster
   tile c (``blockIdx.z``); every further tile is ``gridDim.z + atomicAdd(counter, 1)`` on a global
-  Int32 counter, so clusters that finish early take more work. The counter is one Int32 of a
-  workspace the host zeroes in-stream before every launch (``workspace.zero_()`` on the launch
-  stream), so a captured CUDA graph records the reset and replays correctly. A fetched index
-  >= the tile count means "no more work".
+  Int32 counter, so clusters that finish early take more work. A fetched index >= the tile count
+  means "no more work". The counter is one Int32 of the plan's workspace, zeroed when it is made;
+  every launch leaves it at 0 again, with no host reset (no memset launch per call): each
+  cluster whose first tile is real fetches once per tile it runs, the last fetch saying "done",
+  so a launch hands out exactly ``total`` tickets (total - min(total, clusters) tiles, one "done"
+  per working cluster), and the fetcher that draws ticket total - 1 (the last atomic on the
+  counter in this launch) sets it back to 0. The next launch on the stream, or a CUDA graph's
+  next replay, starts from 0.
 - ``"clc"`` (sm_100a): the grid *is* the work queue: one cluster per cluster tile (grouped: an
   upper bound, see :func:`clc_grid_clusters`; the grid is ``(cluster_m * clusters, cluster_n, 1)``
   so it can exceed gridDim.z's 65535). ``clusterlaunchcontrol.try_cancel`` cancels a not yet
@@ -251,7 +255,7 @@ class BroadcastScheduler:
     def _issue(self, index, phase):
         """Fetcher warp: fill slot ``index`` of every CTA of the cluster with the next tile."""
         lane = cute.arch.lane_idx()
-        num_clusters = self.num_clusters  # outside the const_expr branches (MLIR dominance)
+        num_clusters, total = self.num_clusters, self.total  # outside the const_expr branches (MLIR dominance)
         local = self.mode == "dynamic" and self.cluster_size == 1  # compile-time
         cute.arch.mbarrier_wait(self.ring.empty + index, phase ^ 1)
         if cutlass.const_expr(not local):
@@ -271,6 +275,8 @@ class BroadcastScheduler:
                 ticket = cutlass.Int32(
                     cute.arch.atomic_add(self.counter, cutlass.Int32(1), sem="relaxed", scope="gpu")
                 )
+                if ticket == total - 1:  # the launch's last ticket (see the module docstring): reset
+                    cute.arch.atomic_exch(self.counter, cutlass.Int32(0), sem="relaxed", scope="gpu")
             tile = cute.arch.shuffle_sync(ticket, 0) + num_clusters
             if cutlass.const_expr(local):
                 # 1-CTA cluster: st.async (shared::cluster) needs a cluster of >= 2 CTAs
@@ -295,12 +301,15 @@ def clc_grid_clusters(total_m, num_groups, tile_m: int, n_cluster_tiles):
     return ((total_m + tile_m - 1) // tile_m + num_groups - 1) * n_cluster_tiles
 
 
-def simulate_dynamic(total: int, num_clusters: int, rng: random.Random, cost=None):
+def simulate_dynamic(total: int, num_clusters: int, rng: random.Random, cost=None, counter: list | None = None):
     """Plain-Python twin of the "dynamic" hand-out: cluster c starts with tile c, then takes
     ``num_clusters + counter++`` whenever it finishes a tile, finishing order decided by per-tile
-    costs (``cost(tile)``, default random). Returns {cluster: [tiles]}."""
+    costs (``cost(tile)``, default random); the fetch drawing ticket total - 1 resets the counter.
+    Returns {cluster: [tiles]}; ``counter``: a one-element list holding the counter at the launch's
+    start, left holding it at the end."""
     cost = cost or (lambda t: rng.random())
-    counter = 0
+    start = counter[0] if counter is not None else 0
+    counter_ = start
     done = {c: [] for c in range(num_clusters)}
     clock = []  # (finish time, cluster, tile)
     for c in range(num_clusters):
@@ -310,10 +319,15 @@ def simulate_dynamic(total: int, num_clusters: int, rng: random.Random, cost=Non
         clock.sort()
         t, c, tile = clock.pop(0)
         done[c].append(tile)
-        nxt = num_clusters + counter
-        counter += 1
+        ticket = counter_
+        counter_ += 1
+        if ticket == total - 1:
+            counter_ = 0
+        nxt = num_clusters + ticket
         if nxt < total:
             clock.append((t + cost(nxt), c, nxt))
+    if counter is not None:
+        counter[0] = counter_
     return done
 
 
