@@ -163,7 +163,7 @@ def stage_tx_errors(cfg: GemmConfig, kernel) -> list[str]:
         if cfg.fp8_mx:
             extra = kernel.mx.mx_stage_bytes()
         elif cfg.fp8_blockwise:
-            extra = kernel.blockwise.sfa_rows() * 4
+            extra = kernel.blockwise.sfa_rows() * 4 + (cfg.tile_n * 4 if cfg.sfb_cols else 0)  # sfb_cols: B's too
     else:
         extra = (2 if cfg.two_cta else 1) * getattr(kernel, "tx_sf_bytes", 0)
     if armed != data + extra:

@@ -21,8 +21,7 @@ BLOCKSCALED_RECIPES = {
     ("e2m1", "e8m0", 32): "mxfp4",
     ("e2m1", "e4m3", 16): "nvfp4",
 }
-# MXFP8 x MXFP4 (either order): tcgen05.mma.kind::mxf8f6f4 with e8m0 scales per 32 K; the FP4
-# operand is unpacked to a byte per element in shared memory (its K a multiple of 128).
+# MXFP8 x MXFP4 (either order): kind::mxf8f6f4, e8m0 scales per 32 K; FP4 unpacked to bytes in smem (K % 128 == 0)
 BLOCKSCALED_MIXED = {("e4m3", "e2m1"), ("e2m1", "e4m3")}
 ELEMENT_BITS = {"bf16": 16, "fp16": 16, "fp32": 32, "e4m3": 8, "e2m1": 4, "u8": 8}
 GATHER_K_TILES = (64, 128, 256)  # K-grouped gathering: the gathered operand's tile (128 cp.async threads)
@@ -217,6 +216,9 @@ class GemmConfig:
     # FP8 (sm_90a) DeepSeek-V3 block scaling: fp32 scales per 1x128 block of A and 128x128 block of B, applied
     # to every K tile's (128) promoted WGMMA partial sum in the mainloop; the kernel's mSFA / mSFB.
     fp8_blockwise: bool = False
+    # fp8_blockwise, dense: B's scales per column and K block (1x128 blocks of B, (N, K/128) N-major: torch's
+    # BlockWise1x128), riding the stage ring beside A's; each column's own scale in the promotion.
+    sfb_cols: bool = False
     # FP8 with promotion, cooperative sm_90a: the consumer warpgroups issue each K tile's WGMMAs in
     # turn (named barriers), so one's promotion adds run while the tensor cores do the other's.
     wg_order: bool = False
@@ -228,18 +230,14 @@ class GemmConfig:
     # N over the expert's tokens (split evenly); each tile's WGMMAs cut to its real tokens rounded up to 16, and
     # only the 32-row TMA chunks holding them loaded: a ragged last tile costs neither (gemm/sm90/swap.py).
     swap_ab: bool = False
-    # Dense sm_90a, split K: every output tile's K tiles cut into split_k equal ranges, each a work unit
-    # (a tile's ranges adjacent: they run at once on different CTAs) writing fp32 partial sums to the
-    # workspace; the unit completing the tile's count adds them in range order (the same bits whatever
-    # the arrival order) and runs the epilogue (gemm/sm90/split.py).
+    # Dense sm_90a, split K: each tile's K tiles cut into split_k equal ranges (adjacent work units) writing fp32
+    # partial sums to the workspace; the unit completing the tile's count adds them in range order (the same
+    # bits whatever the arrival order) and runs the epilogue (gemm/sm90/split.py).
     split_k: int = 1
-    # Split K through distributed shared memory: a tile's split_k units are one cluster's CTAs (1 x 1 x
-    # split_k); ranges 1.. st.async their partial sums to range 0, which adds them in order (no workspace).
-    split_cluster: bool = False
+    split_cluster: bool = False  # split K in one cluster's CTAs: ranges 1.. st.async partial sums to range 0
     split_tail: bool = False  # split K of the tiles past the whole waves only (schedulers/static.py)
-    # Dense sm_90a with one M tile (M <= tile_m, decode): A's TMA box is a_rows rows (M rounded up to 8 or a
-    # multiple of 16), not tile_m: rows past M zero-filled by the TMA unit cost their time (bench/RESULTS.md);
-    # the consumers zero the stages' rows a_rows..tile_m once at the start instead. 0: whole tile.
+    # Dense sm_90a, one M tile (decode): A's TMA box is a_rows rows (M rounded up to 8 or 16s), not tile_m (the
+    # TMA unit's zero fill costs time); the consumers zero rows a_rows..tile_m once instead. 0: whole tile.
     a_rows: int = 0
     # Packed form: A's rows through an index (a_index: packed row -> row of A; sm_90a cp.async, sm_100a TMA
     # gather4). K-grouped, sm_90a: A's K columns (gather_a) or B's K rows (gather_b) through it.
@@ -268,7 +266,7 @@ class GemmConfig:
         tile = f"{self.tile_m}x{self.tile_n}" + ("_2cta" if self.two_cta else "") + ("_pp" if self.pingpong else "")
         tile += "_fastacc" if self.fast_accum else ""
         tile += f"_pk{self.promote_k}" if self.promote_k else ""
-        tile += ("_bw128" if self.fp8_blockwise else "") + ("_mx32" if self.fp8_mx else "")
+        tile += ("_bw128" + ("c" if self.sfb_cols else "") if self.fp8_blockwise else "") + ("_mx32" if self.fp8_mx else "")
         tile += ("_wgo" if self.wg_order else "") + ("_swab" if self.swap_ab else "")
         tile += f"_sk{self.split_k}" if self.split_k > 1 else ""
         tile += ("c" if self.split_cluster else "") + ("t" if self.split_tail else "")
@@ -322,6 +320,8 @@ def config_errors(cfg: GemmConfig) -> list[str]:
         err.append("gather_a: the packed grouped form with 16-bit operands, A K-major and not multicast (cluster_n "
                    "1), the static scheduler, not swap_ab; or the K-grouped form")  # fmt: skip
     err += ["gather_b: the K-grouped form only"] if cfg.gather_b and not cfg.kgrouped else []
+    if cfg.sfb_cols and (not cfg.fp8_blockwise or cfg.form is not Form.DENSE or cfg.split_k > 1):
+        err.append("sfb_cols (per-column 1x128 B scales): fp8_blockwise, the dense form, not split K")
     if cfg.c_major != "n" and not c_major_ok(cfg):
         err.append(f"c_major: 'n', or 'm' on sm_90a with a 16-bit C for the K-grouped form or the packed form (not "
                    f"swap_ab, no gated / quantized / preact epilogue); got {cfg.c_major!r}")  # fmt: skip

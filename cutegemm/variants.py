@@ -241,6 +241,16 @@ def fp8_blockwise_variants(arch: str) -> list[GemmConfig]:
         # the policy's decode tile: cooperative 64x64 with A's 16-row box (sm_90a option)
         *([GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=64, raster="n", group=1, a_rows=16)]
           if arch == "sm_90a" else []),
+        # B's scales per column (sfb_cols: torch's 1x128 x 1x128 / 128x128 x 1x128 recipes): the policy's tiles
+        *([GemmConfig(arch=arch, **fp8, sfb_cols=True, tile_m=128, tile_n=192, cluster_m=2, raster="n", group=8,
+                      wg_order=True),
+           GemmConfig(arch=arch, **fp8, sfb_cols=True, tile_m=128, tile_n=128, cluster_m=2, raster="n", group=8,
+                      wg_order=True),
+           GemmConfig(arch=arch, **fp8, sfb_cols=True, tile_m=128, tile_n=64, raster="n", group=1, out_dtype="fp32",
+                      epilogue=EpilogueSpec(alpha=True)),
+           GemmConfig(arch=arch, **fp8, sfb_cols=True, tile_m=64, tile_n=64, raster="n", group=1, a_rows=16),
+           GemmConfig(arch=arch, **fp8, sfb_cols=True, tile_m=64, tile_n=64, pingpong=True, raster="n", group=1)]
+          if arch == "sm_90a" else []),
     ]
 
 

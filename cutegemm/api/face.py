@@ -112,7 +112,7 @@ def gemm(a, b, **options):
                 return res
         if _vector_blocks(a, b, options):
             opts = _supported(dense.gemm, options, FP8_BLOCKS_OPTIONS, FP8_BLOCKS)
-            opts.pop("fast_accum")  # the emulation promotes every 32 K either way
+            opts.pop("fast_accum")  # the kernel promotes every K tile (the emulation every 32 K) either way
             return gemm_fp8_vector_blocks(a, b, **opts)
     return dense.gemm(a, b, **options)
 

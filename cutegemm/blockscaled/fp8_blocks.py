@@ -17,30 +17,38 @@ recipe (a x b)             scale_a                                  scale_b
 (1x128 x 128x128, DeepSeek-V3's recipe, has its own kernel: ``gemm.fp8_scales``; 1x128 x 1x128
 with one K block is row-wise x column-wise, computed by the row-wise path.) Any strides.
 
-The kernel is the MXFP8 emulation of ``mx_sm90`` (e4m3 WGMMAs of K 32, each partial sum promoted
-into fp32 times the scales of its row and column): its fp32 scales per 32-wide K block are these
-scales repeated over the four 32-wide blocks of each 128-wide one (and over the 128 rows of an a
-block). Operands are read K-major: a row-major, b column-major (``w.t()`` of an (N, K) weight);
-other layouts are copied first; K a multiple of 16. Epilogue: ``alpha`` and the output dtype
-(bf16 / fp16 / fp32), ``out``. sm_100a: not built (NotImplementedError).
+The kernel is the DeepSeek block-scaled one (``gemm.sm90.blockwise``) with B's scales per column
+(``GemmConfig.sfb_cols``): each 128-wide K tile's WGMMA partial sum is promoted into fp32 times
+scale_a[row, kt] * scale_b[column, kt], both scale tensors riding the TMA stage ring beside A and
+B (mSFA (M, K/128) M-major and mSFB (N, K/128) N-major: torch's layouts, read in place; others
+copied, :func:`column_scales`; 128x128 blocks of a: each block's scale spread over its rows by
+one repeat_interleave). Operands are read K-major: a row-major, b column-major (``w.t()`` of an
+(N, K) weight); other layouts are copied first; K a multiple of 16. Epilogue: ``alpha`` and the
+output dtype (bf16 / fp16 / fp32), ``out``. sm_100a: not built (NotImplementedError).
 
-Host path: both scale buffers come from one ``cat`` of the two scale tensors and one gather
-through an index cached per (recipe, shapes, strides, tile) (:func:`gathered_scales`; inside a
-CUDA-graph capture before that index exists, the ``mx_sm90`` scale builders); a bare call (no
-option but the scales) launches from a warm plan after its first call (:func:`warm_call`): the
-gather, the output's allocation, the GEMM.
+A config with ``fp8_mx`` (``mx_sm90.emulation_config``) runs the MXFP8 emulation instead (e4m3
+WGMMAs of K 32, each partial sum promoted times the scales repeated over the four 32-wide
+blocks of each 128-wide one; its scale buffers from one ``cat`` and one gather through an index
+cached per signature, :func:`gathered_scales`): 2-2.6x slower on the H100, kept for a config
+that asks for it. A bare call (no option but the scales) launches from a
+warm plan after its first call (:func:`warm_call`): the scales' views, the output's
+allocation, the GEMM.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from typing import NamedTuple
 
 import torch
 
+from ..config import Form, GemmProblem, can_implement
+from ..epilogue import EpilogueSpec
 from ..gemm.args import KernelArgs
-from ..gemm.fp8_scales import FP8_BLOCK, check_fp32_scale
+from ..gemm.fp8_scales import FP8_BLOCK, check_fp32_scale, tma_scale_a
 from ..gemm.launch import DENSE_CACHE, current_device, new_workspace, tma_addressable
+from ..policy import policy_for
 from ..runtime.device import device_info, eager_cuda, max_clusters_for
 from .mx_sm90 import MX_K_BLOCK, emulation_config, launch_emulated, padded_kb, permutation_on, sfb_permutation
 from .operands import OUT_NAMES, finish_output, output_view
@@ -255,19 +263,66 @@ def gemm_fp8_vector_blocks(a, b, *, scale_a, scale_b, out_dtype=None, alpha: flo
         res = torch.zeros(m, n, dtype=out_dtype, device=a.device)
         return res if out is None else out.copy_(res)
     alpha = float(alpha)
-    cfg = emulation_config(m, n, k, out_dtype, alpha, config)
     a_k, b_k = _k_major(a), _k_major(b.t())  # (M, K), (N, K)
     views = [t.as_strided((t.shape[0], k, 1), (t.stride(0), 1, t.shape[0] * t.stride(0))) for t in (a_k, b_k)]
-    gather, span_a, span_b = _gather_for(recipe, m, n, k, cfg.tile_n, scale_a, scale_b)
-    if gather is not None:
-        res = launch_emulated(cfg, *views, None, None, out_dtype, alpha, out, batched=False,
-                              kernel_scales=gather.scales(span_a, span_b))  # fmt: skip
+    if config is None or not config.fp8_mx:  # the block-scaled kernel with per-column B scales
+        num_sms = device_info(a.device.index if a.device.index is not None else torch.cuda.current_device())[1]
+        cfg = column_config(m, n, k, a_k.stride(0), b_k.stride(0), out_dtype, alpha != 1.0, config, num_sms)
+        sfa, sfb = column_scales(recipe, m, k, scale_a, scale_b)
+        written, c_view = output_view(out, 1, m, n, out_dtype, a.device, False)
+        DENSE_CACHE.get(cfg)(*KernelArgs(
+            *views, c_view, alpha=alpha, max_clusters=max_clusters_for(cfg, a.device), sfa=sfa, sfb=sfb,
+            workspace=new_workspace(cfg, a.device),
+        ))  # fmt: skip
         in_place = a_k is a and b_k.data_ptr() == b.data_ptr() and b_k.stride() == (b.stride(1), b.stride(0))
         if out is None and config is None and alpha == 1.0 and out_dtype == torch.bfloat16 and in_place:
-            _remember_warm(a, b, scale_a, scale_b, cfg, views, gather, span_a, span_b)
-        return res
+            _remember_warm(recipe, a, b, scale_a, scale_b, cfg, views)
+        return finish_output(out, written)
+    cfg = emulation_config(m, n, k, out_dtype, alpha, config)  # a forced MXFP8-emulation config
+    gather, span_a, span_b = _gather_for(recipe, m, n, k, cfg.tile_n, scale_a, scale_b)
+    if gather is not None:
+        return launch_emulated(cfg, *views, None, None, out_dtype, alpha, out, batched=False,
+                               kernel_scales=gather.scales(span_a, span_b))  # fmt: skip
     return launch_emulated(cfg, *views, *recipe_scales(recipe, m, k, scale_a, scale_b), out_dtype, alpha, out,
                            batched=False, repeat=_REPEAT)  # fmt: skip
+
+
+def column_scales(recipe: str, m: int, k: int, scale_a, scale_b):
+    """(mSFA (M, ceil(K/128)) M-major, mSFB (N, ceil(K/128)) N-major) as the block-scaled kernel's
+    TMA reads them (``config.sfb_cols``): torch's layouts in place (``gemm.fp8_scales.tma_scale_a``
+    copies any other); 128x128 blocks of a: each block's scale over its 128 rows, by one
+    repeat_interleave whose result is already M-major."""
+    if recipe == RECIPES[0]:
+        sa = tma_scale_a(scale_a)
+    else:  # (K blocks [padded], M blocks): (KB, MB * 128) row-major, its first M columns transposed
+        ld = -(-m // 4) * 4  # (<= MB * 128: the rows' stride stays the buffer's MB * 128)
+        sa = scale_a[: _blocks(k)].repeat_interleave(FP8_BLOCK, dim=1)[:, :ld].t()[:m]
+    return sa, tma_scale_a(scale_b)
+
+
+def column_config(m: int, n: int, k: int, lda: int, ldb: int, out_dtype, scaled: bool, config, num_sms: int):
+    """The config of the block-scaled kernel with per-column B scales (``fp8_blockwise`` and
+    ``sfb_cols``): ``config``, or the dense policy's DeepSeek-recipe tile for (m, n, k) (unsplit);
+    alpha on where the call scales; checked by ``can_implement`` (its errors raised anew per call)."""
+    return _column_config(m, n, k, lda, ldb, out_dtype, scaled, config, num_sms)
+
+
+@functools.lru_cache(maxsize=1024)
+def _column_config(m, n, k, lda, ldb, out_dtype, scaled, config, num_sms):
+    if config is not None and not (config.fp8_blockwise and config.sfb_cols and config.form is Form.DENSE):
+        raise ValueError(f"config {config.name}: the 1x128 x 1x128 / 128x128 x 1x128 recipes run a dense "
+                         "fp8_blockwise config with sfb_cols=True (or an fp8_mx one: the MXFP8 emulation)")  # fmt: skip
+    problem = GemmProblem(m, n, k, 1, "e4m3", "e4m3", OUT_NAMES[out_dtype], "k", "k", (lda,), (ldb,))
+    cfg = config
+    if cfg is None:
+        cfg = policy_for("sm_90a", num_sms).choose_dense(problem, epilogue=EpilogueSpec(alpha=scaled), fp8_blockwise=True)
+        cfg = replace(cfg, sfb_cols=True, split_k=1, split_cluster=False, split_tail=False)
+    if scaled and not cfg.epilogue.alpha:
+        cfg = replace(cfg, epilogue=replace(cfg.epilogue, alpha=True))
+    ok, why = can_implement(cfg, problem)
+    if not ok:
+        raise ValueError(f"cannot run {cfg.name}: {why}")
+    return cfg
 
 
 _WARM: dict = {}  # warm_key -> _Warm
@@ -283,15 +338,15 @@ def warm_key(a, b, scale_a, scale_b) -> tuple:
 
 
 class _Warm:
-    """A warm bare call's launch: the kernel, its operand views' shapes and strides, the scale
-    gather and the scale tensors' span lengths, the persistent grid and the dynamic scheduler's
-    counter (reset in-stream per call, as the dense plans' are)."""
+    """A warm bare call's launch (the per-column kernel): the kernel, its operand views' shapes and
+    strides, the recipe and K, the persistent grid and the workspace (left zeroed by every
+    launch)."""
 
-    __slots__ = ("fn", "a_view", "b_view", "spans", "gather", "m", "n", "device", "device_index", "max_clusters",
+    __slots__ = ("fn", "a_view", "b_view", "recipe", "k", "m", "n", "device", "device_index", "max_clusters",
                  "workspace")  # fmt: skip
 
     def run(self, a, b, scale_a, scale_b):
-        sfa, sfb = self.gather.scales(scale_a.as_strided(self.spans[0], (1,)), scale_b.as_strided(self.spans[1], (1,)))
+        sfa, sfb = column_scales(self.recipe, self.m, self.k, scale_a, scale_b)
         written, c_view = output_view(None, 1, self.m, self.n, torch.bfloat16, self.device, False)
         self.fn(*KernelArgs(
             a.as_strided(*self.a_view), b.as_strided(*self.b_view), c_view, alpha=1.0, max_clusters=self.max_clusters,
@@ -300,14 +355,12 @@ class _Warm:
         return finish_output(None, written)
 
 
-def _remember_warm(a, b, scale_a, scale_b, cfg, views, gather, span_a, span_b) -> None:
-    """Records the bare call's launch for :func:`warm_call`, after a cold call took the gather path
-    (``gather`` and the scale spans: what its :func:`_gather_for` gave)."""
+def _remember_warm(recipe, a, b, scale_a, scale_b, cfg, views) -> None:
+    """Records the bare call's launch for :func:`warm_call`, after a cold call ran it."""
     m, n = a.shape[0], b.shape[1]
     w = _Warm()
-    w.fn, w.m, w.n, w.device, w.device_index = DENSE_CACHE.get(cfg), m, n, a.device, a.device.index
+    w.fn, w.m, w.n, w.k, w.recipe, w.device, w.device_index = DENSE_CACHE.get(cfg), m, n, a.shape[1], recipe, a.device, a.device.index
     w.a_view, w.b_view = ((v.shape, v.stride()) for v in views)
-    w.spans, w.gather = ((span_a.numel(),), (span_b.numel(),)), gather
     w.max_clusters = max_clusters_for(cfg, a.device)
     w.workspace = new_workspace(cfg, a.device)
     if len(_WARM) >= _MAX_WARM:

@@ -119,7 +119,8 @@ def dense_fake_args(cfg: GemmConfig, offs=None):
     if cfg.blockscaled:
         sfa, sfb = _fake_scales(cfg.sf_dtype), _fake_scales(cfg.sf_dtype)
     elif cfg.fp8_blockwise:
-        sfa, sfb = _fake_block_scale_a(), _fake_block_scales(3 if cfg.grouped else 2)
+        # sfb_cols: scale_b (N, ceil(K/128)) per column, N-major, TMA-loaded like scale_a's layout
+        sfa, sfb = _fake_block_scale_a(), _fake_block_scale_a() if cfg.sfb_cols else _fake_block_scales(3 if cfg.grouped else 2)
     elif cfg.fp8_mx:
         sfa, sfb = _fake_mx_scales(k_major=True), _fake_mx_scales(k_major=False)
     out_scales, out_gs, *vecs = epilogue_fake_args(epi)

@@ -172,36 +172,78 @@ def test_gather_declines_scales_sliced_from_wide_buffers():
     assert gathered_scales(recipe, m, n, k, 128, sa, sliced) is None
 
 
+def _column_kernel_model(x8, y8, sfa, sfb, k):
+    """What the block-scaled kernel with per-column B scales (config.sfb_cols) computes from its
+    inputs: per 128-wide K tile, the raw e4m3 product times mSFA[row, kt] * mSFB[col, kt] (fp64)."""
+    acc = torch.zeros(x8.shape[0], y8.shape[0], dtype=torch.float64)
+    for kt in range(-(-k // 128)):
+        sl = slice(kt * 128, min(k, (kt + 1) * 128))
+        acc += (x8[:, sl].double() @ y8[:, sl].double().t()) * sfa[:, kt : kt + 1].double() * sfb[:, kt].double()
+    return acc
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(1, 300), n=st.integers(1, 300), kb16=st.integers(1, 40), lhs=st.sampled_from([1, 128]),
+       pad=st.booleans(), layout=st.sampled_from(["torch", "row", "col"]), seed=st.integers(0, 2**16))  # fmt: skip
+def test_column_scales_feed_the_kernel_the_recipe(m, n, kb16, lhs, pad, layout, seed):
+    """column_scales gives the per-column kernel (config.sfb_cols) mSFA (M, KB) M-major and mSFB
+    (N, KB) N-major, TMA-addressable (K-block strides of 4-element multiples, 16-byte aligned),
+    in place for torch's layouts; the kernel's arithmetic on them (``_column_kernel_model``) is the
+    block-dequantized product, for scales in torch's, row-major and column-major layouts."""
+    from cutegemm.blockscaled.fp8_blocks import column_scales
+
+    k = 16 * kb16
+    x8, y8, sa, sb, sa_el, sb_el = _operands(m, n, k, lhs, seed, pad)
+    if layout == "row":
+        sa, sb = sa.contiguous(), sb.contiguous()
+    elif layout == "col":
+        sa, sb = sa.t().contiguous().t(), sb.t().contiguous().t()
+    recipe = vector_block_recipe(x8, y8.t(), sa, sb)
+    if recipe is None:  # one K block: the row-wise recipe's shapes (torch's order)
+        return
+    sfa, sfb = column_scales(recipe, m, k, sa, sb)
+    kb = -(-k // 128)
+    assert sfa.shape == (m, kb) and sfb.shape == (n, kb)
+    for t in (sfa, sfb):
+        assert (t.stride(0) == 1 or t.shape[0] == 1) and t.stride(1) % 4 == 0 and t.data_ptr() % 16 == 0
+    if layout == "torch" and n % 4 == 0:
+        assert sfb.data_ptr() == sb.data_ptr()  # torch's N-major scale_b read in place
+    want = _exact(x8, y8, sa_el, sb_el)
+    got = _column_kernel_model(x8, y8, sfa, sfb, k)
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9 * want.abs().max().item())
+
+
 def test_warm_plan_launches_what_the_cold_call_launches(monkeypatch):
-    """A bare call's warm plan (fp8_blocks.warm_call) hands the kernel the cold call's operand
-    views, the same mSFA / mSFB values and layouts (kernel_sfa / kernel_sfb of recipe_scales),
-    an (M, N, 1) output view and the grid; a call with other strides finds no plan."""
+    """A bare call's warm plan (fp8_blocks.warm_call) hands the per-column kernel the cold call's
+    operand views, column_scales' mSFA / mSFB, an (M, N, 1) output view and the grid; a call with
+    other strides finds no plan."""
     from cutegemm.blockscaled import fp8_blocks
-    from cutegemm.blockscaled.mx_sm90 import emulation_config
     from cutegemm.gemm.args import KernelArgs
 
     m, n, k = 200, 264, 640
-    x8, y8, sa, sb, _, _ = _operands(m, n, k, 1, seed=3)
-    b = y8.t()
-    recipe = vector_block_recipe(x8, b, sa, sb)
-    cfg = emulation_config(m, n, k, torch.bfloat16, 1.0, None)
-    calls = []
-    monkeypatch.setattr(fp8_blocks.DENSE_CACHE, "get", lambda c: lambda *args: calls.append(args))
-    monkeypatch.setattr(fp8_blocks, "max_clusters_for", lambda c, d: 7)
-    monkeypatch.setattr(fp8_blocks, "current_device", lambda: None)
-    monkeypatch.setattr(fp8_blocks, "eager_cuda", lambda t: True)  # CPU tensors stand in for CUDA ones
-    views = [t.as_strided((t.shape[0], k, 1), (t.stride(0), 1, t.shape[0] * t.stride(0))) for t in (x8, y8)]
-    assert fp8_blocks.gathered_scales(recipe, m, n, k, cfg.tile_n, sa, sb) is not None
-    fp8_blocks._remember_warm(x8, b, sa, sb, cfg, views, *fp8_blocks._gather_for(recipe, m, n, k, cfg.tile_n, sa, sb))
-    out = fp8_blocks.warm_call(x8, b, sa, sb)
-    assert out.shape == (m, n) and out.dtype == torch.bfloat16 and len(calls) == 1
-    args = KernelArgs(*calls[0])
-    for got, want in ((args.a, views[0]), (args.b, views[1])):
-        assert got.shape == want.shape and got.stride() == want.stride() and got.data_ptr() == want.data_ptr()
-    rsa, rsb = recipe_scales(recipe, m, k, sa, sb)
-    for got, want in ((args.sfa, kernel_sfa(rsa, k, 4)), (args.sfb, kernel_sfb(rsb, k, cfg.tile_n, 4))):
-        assert got.shape == want.shape and got.stride() == want.stride() and torch.equal(got, want)
-    assert args.out.shape == (m, n, 1) and args.max_clusters == 7 and args.alpha == 1.0
-    assert fp8_blocks.warm_call(x8, b, sa.contiguous(), sb) is None
-    monkeypatch.setattr(fp8_blocks, "eager_cuda", lambda t: False)  # traced: the plan is not used
-    assert fp8_blocks.warm_call(x8, b, sa, sb) is None and len(calls) == 1
+    for lhs in (1, 128):
+        x8, y8, sa, sb, _, _ = _operands(m, n, k, lhs, seed=3)
+        b = y8.t()
+        recipe = vector_block_recipe(x8, b, sa, sb)
+        cfg = fp8_blocks.column_config(m, n, k, k, k, torch.bfloat16, False, None, 132)
+        assert cfg.fp8_blockwise and cfg.sfb_cols and cfg.split_k == 1
+        calls = []
+        monkeypatch.setattr(fp8_blocks.DENSE_CACHE, "get", lambda c, calls=calls: lambda *a, calls=calls: calls.append(a))
+        monkeypatch.setattr(fp8_blocks, "max_clusters_for", lambda c, d: 7)
+        monkeypatch.setattr(fp8_blocks, "current_device", lambda: None)
+        monkeypatch.setattr(fp8_blocks, "eager_cuda", lambda t: True)  # CPU tensors stand in for CUDA ones
+        views = [t.as_strided((t.shape[0], k, 1), (t.stride(0), 1, t.shape[0] * t.stride(0))) for t in (x8, y8)]
+        fp8_blocks._remember_warm(recipe, x8, b, sa, sb, cfg, views)
+        out = fp8_blocks.warm_call(x8, b, sa, sb)
+        assert out.shape == (m, n) and out.dtype == torch.bfloat16 and len(calls) == 1
+        kargs = KernelArgs(*calls[0])
+        for got, want in ((kargs.a, views[0]), (kargs.b, views[1])):
+            assert got.shape == want.shape and got.stride() == want.stride() and got.data_ptr() == want.data_ptr()
+        for got, want in zip((kargs.sfa, kargs.sfb), fp8_blocks.column_scales(recipe, m, k, sa, sb), strict=True):
+            assert got.shape == want.shape and got.stride() == want.stride() and torch.equal(got, want)
+        assert kargs.out.shape == (m, n, 1) and kargs.max_clusters == 7 and kargs.alpha == 1.0
+        assert fp8_blocks.warm_call(x8, b, sa.contiguous(), sb) is None
+        monkeypatch.setattr(fp8_blocks, "eager_cuda", lambda t: False)  # traced: the plan is not used
+        assert fp8_blocks.warm_call(x8, b, sa, sb) is None and len(calls) == 1
+        fp8_blocks._WARM.clear()
+

@@ -1,6 +1,6 @@
 """torch._scaled_mm's 1x128 x 1x128 and 128x128 x 1x128 FP8 block recipes on sm_90a
-(``cutegemm.blockscaled.fp8_blocks``: the MXFP8 emulation kernel fed the scales expanded to 32-wide
-K blocks), in torch's scale layouts (scale_a M-major or the padded (L4, M/128) view, scale_b
+(``cutegemm.blockscaled.fp8_blocks``: the block-scaled kernel with per-column B scales,
+``GemmConfig.sfb_cols``), in torch's scale layouts (scale_a M-major or the padded (L4, M/128) view, scale_b
 (N, K/128) N-major).
 
 Reference: the block-dequantized product in float64. Our error must stay within 2x a
@@ -187,3 +187,24 @@ def test_warm_bare_calls_equal_the_cold_path(lhs_block, m, n, k):
         cold = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, out_dtype=BF16)
         assert warm.shape == (m, n) and warm.is_contiguous() and torch.equal(warm, cold)
     assert not torch.equal(first, warm)
+
+
+def test_default_is_the_column_kernel_and_a_forced_emulation_agrees(monkeypatch):
+    """A call without a config runs the block-scaled kernel with per-column B scales
+    (config.sfb_cols); a forced MXFP8-emulation config (fp8_mx) still runs; both within 2x the
+    same-precision baseline, into NaN-poisoned outputs."""
+    from cutegemm.blockscaled import fp8_blocks
+    from cutegemm.blockscaled.mx_sm90 import emulation_config
+
+    seen = []
+    get = fp8_blocks.DENSE_CACHE.get
+    monkeypatch.setattr(fp8_blocks.DENSE_CACHE, "get", lambda cfg: seen.append(cfg) or get(cfg))
+    m, n, k = 300, 264, 1040
+    for lhs in (1, 128):
+        a, b, sa, sb = _case(m, n, k, lhs, seed=5)
+        for config in (None, emulation_config(m, n, k, BF16, 1.0, None)):
+            buf, out = poisoned_out((m, n), BF16)
+            assert cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, out=out, config=config) is out
+            assert_outside_untouched(buf, m, n)
+            _check(out, a, b, sa, sb, f"{'default' if config is None else 'emulation'} lhs {lhs}")
+            assert seen[-1].sfb_cols == (config is None) and seen[-1].fp8_mx == (config is not None)

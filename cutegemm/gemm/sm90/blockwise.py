@@ -22,6 +22,12 @@ Grouped tiles start at any row; the box starts at the row rounded down to 4 (16 
 alignment of the contiguous mode) and the consumers read that many rows further in. The B scales
 (one or two per K tile per tile) are loaded by the consumers from global memory one K tile
 ahead; the K loop is unrolled by two K tiles whose B-scale registers swap roles.
+
+``config.sfb_cols`` (dense): scale_b per column and K block instead, (N, K/128) N-major (torch's
+1x128 blocks of B): it rides the stage ring too (one TMA box of tile_n columns of K block kt per
+stage, beside scale_a), and the promotion is ``acc_sum[r, c] += acc[r, c] * scale_a[r, kt] *
+scale_b[c, kt]``, a thread reading its tile_n / 4 columns' scales from the stage before it
+releases it.
 """
 
 from __future__ import annotations
@@ -56,6 +62,41 @@ class BlockwiseMainloop:
         """(rows, 1, stage) fp32 scale_a stages, rows contiguous, each stage 128-byte aligned."""
         r, st = self.sfa_rows(), self.sfa_stage_floats()
         return cute.make_layout((r, 1, self.k.ab_stage), stride=(1, st, st))
+
+    def sfb_stage_floats(self) -> int:
+        """config.sfb_cols: shared-memory floats per scale_b stage (tile_n, 128-byte aligned)."""
+        return -(-self.k.config.tile_n // 32) * 32
+
+    def sfb_layout(self):
+        """config.sfb_cols: (tile_n, 1, stage) fp32 scale_b stages, columns contiguous."""
+        n, st = self.k.config.tile_n, self.sfb_stage_floats()
+        return cute.make_layout((n, 1, self.k.ab_stage), stride=(1, st, st))
+
+    def stage_bytes(self) -> int:
+        """Scale bytes one stage receives: scale_a's box, and scale_b's with config.sfb_cols."""
+        return (self.sfa_rows() + (self.k.config.tile_n if self.k.config.sfb_cols else 0)) * 4
+
+    def sfb_tma(self, mSFB: cute.Tensor):
+        """config.sfb_cols: TMA atom and coordinate tensor of scale_b (N, KB) (N-major) as (N, KB,
+        1): one box of tile_n x 1 per stage, every CTA for itself."""
+        m3 = cute.make_tensor(mSFB.iterator, cute.append(mSFB.layout, cute.make_layout(1)))
+        return cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), m3, cute.slice_(self.sfb_layout(), (None, None, 0)),
+            (self.k.config.tile_n, 1),
+        )  # fmt: skip
+
+    def sfb_load_operand(self, tma_atom, mSFB, sSFB):
+        """config.sfb_cols: the scale_b operand for ``GemmBase.load_ab``: n-tile tile[1]'s columns."""
+        one = cute.make_layout(1)
+        tBsSFB, tBgSFB = cpasync.tma_partition(
+            tma_atom, 0, one, cute.group_modes(sSFB, 0, 2),
+            cute.group_modes(cute.local_tile(mSFB, (self.k.config.tile_n, 1), (None, None, None)), 0, 2),
+        )  # fmt: skip
+
+        def sfb_tiles(tile):
+            return tBgSFB[(None, tile[1], None, tile[2])]
+
+        return (tma_atom, sfb_tiles, tBsSFB, None)
 
     def sfa_box_row(self, tile):
         """(first row of grouped tile ``tile``'s scale_a box, the tile's first row's offset in it):
@@ -109,8 +150,14 @@ class BlockwiseMainloop:
         for i in range(n_sa):
             sa_rows[i] = tCcTile[frag_idx(i, 0)][0]
         sa_vals = cute.make_rmem_tensor((n_sa,), cutlass.Float32)
-        sb_cur = cute.make_rmem_tensor((n_sb,), cutlass.Float32)
-        sb_next = cute.make_rmem_tensor((n_sb,), cutlass.Float32)
+        if cutlass.const_expr(cfg.sfb_cols):  # sb_next[0]: this thread's first tile-local column
+            two_nb = False
+            sb_next = cute.make_rmem_tensor((1,), cutlass.Int32)
+            sb_next[0] = tCcTile[frag_idx(0, 0)][1]
+            sb_cur = sb_next
+        else:
+            sb_cur = cute.make_rmem_tensor((n_sb,), cutlass.Float32)
+            sb_next = cute.make_rmem_tensor((n_sb,), cutlass.Float32)
         return sSFA, mSFB, n_sa, two_nb, sa_rows, sa_vals, sb_cur, sb_next, acc_shape
 
     def blockwise_tile_start(self, bw, tile):
@@ -134,7 +181,8 @@ class BlockwiseMainloop:
         n_blk1 = cutlass.min(col0 // 128 + 1, sfb.shape[0] - 1)
         nb_split = (128 - col0 % 128) // 8
         bw_at = (sfb, n_blk, n_blk1, sa_off)
-        self.load_b_scales(sb_cur, bw_at, 0, two_nb)
+        if cutlass.const_expr(not cfg.sfb_cols):  # (per-column scales ride the stages)
+            self.load_b_scales(sb_cur, bw_at, 0, two_nb)
         return bw_at, nb_split
 
     @cute.jit
@@ -160,6 +208,13 @@ class BlockwiseMainloop:
         Returns (tiled_mma, read_state, release_state)."""
         _, _, _, _, _, _, sb_cur, sb_next, _ = bw
         bw_k = (bw, bw_at, nb_split, my_wg)
+        if cutlass.const_expr(self.k.config.sfb_cols):  # the scales of both operands ride the stages
+            for _kt in range(kt_cnt):
+                tiled_mma, read_state, release_state = self.blockwise_k_tile(
+                    ab_pipeline, read_state, release_state, tiled_mma, acc, acc_sum, tCrA, tCrB, num_k_blocks,
+                    sb_cur, sb_next, 0, bw_k,
+                )  # fmt: skip
+            return tiled_mma, read_state, release_state
         for kp in range(kt_cnt // 2):
             tiled_mma, read_state, release_state = self.blockwise_k_tile(
                 ab_pipeline, read_state, release_state, tiled_mma, acc, acc_sum, tCrA, tCrB, num_k_blocks,
@@ -204,6 +259,15 @@ class BlockwiseMainloop:
         tiled_mma = self.k.consumers.issue_k_tile(tiled_mma, acc, tCrA, tCrB, read_state.index, num_k_blocks, True, my_wg)
         for i in cutlass.range_constexpr(n_sa):  # before the stage is released
             sa_vals[i] = sSFA[(sa_off + sa_rows[i], 0, read_state.index)]
+        if cutlass.const_expr(self.k.config.sfb_cols):
+            # the columns' scales are read from the stage as they are used (no register copy of
+            # tile_n / 4 of them), so the stage is released after the promotion
+            warpgroup.wait_group(0)
+            self.promote_columns(acc_sum, acc, sa_vals, bw_at[0], sb_load[0], read_state.index, n_sa, acc_shape)
+            ab_pipeline.consumer_release(read_state)
+            release_state.advance()
+            read_state.advance()
+            return tiled_mma, read_state, release_state
         self.load_b_scales(sb_load, bw_at, k_load, two_nb)
         warpgroup.wait_group(0)
         ab_pipeline.consumer_release(read_state)
@@ -244,3 +308,15 @@ class BlockwiseMainloop:
                 if cutlass.const_expr(split is not None and v // 2 >= split):
                     s = scale1
                 acc_sum[frag_idx(i, v)] = acc_sum[frag_idx(i, v)] + acc[frag_idx(i, v)] * s
+
+    @cute.jit
+    def promote_columns(self, acc_sum: cute.Tensor, acc: cute.Tensor, sa: cute.Tensor, sSFB: cute.Tensor,
+                        col0: cutlass.Int32, stage: cutlass.Int32, n_sa: cutlass.Constexpr,
+                        acc_shape: cutlass.Constexpr):  # fmt: skip
+        """config.sfb_cols: acc_sum += acc * scale_a[row] * scale_b[column] for one K tile, the
+        column scales read from stage ``stage`` of ``sSFB``. A thread's fragment column v is
+        col0 + 8 (v // 2) + v % 2 (col0: its first, (lane % 4) * 2: ``accumulators``)."""
+        for v in cutlass.range_constexpr(cute.size(acc_shape[0]) // 2):
+            sb = sSFB[(col0 + (v // 2) * 8 + v % 2, 0, stage)]
+            for i in cutlass.range_constexpr(n_sa):
+                acc_sum[frag_idx(i, v)] = acc_sum[frag_idx(i, v)] + acc[frag_idx(i, v)] * (sa[i] * sb)

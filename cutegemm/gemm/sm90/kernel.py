@@ -150,8 +150,8 @@ class GemmSm90(GemmBase):
         ab_bytes = (cfg.tile_m + cfg.tile_n) * self.tile_shape_mnk[2] * self.a_dtype.width // 8
         if cfg.fp8_mx:  # the K tile's scales ride with A and B
             ab_bytes += self.mx.mx_stage_bytes()
-        if cfg.fp8_blockwise:  # the K tile's scale_a rows ride with A and B
-            ab_bytes += self.blockwise.sfa_stage_floats() * 4
+        if cfg.fp8_blockwise:  # the K tile's scale_a rows (sfb_cols: and scale_b columns) ride with A and B
+            ab_bytes += (self.blockwise.sfa_stage_floats() + (self.blockwise.sfb_stage_floats() if cfg.sfb_cols else 0)) * 4
         epi_stage_bytes = cute.size(self.epi_tile_out) * self.c_dtype.width // 8 * self.epi_groups
         if epi.preact:  # + the ring of the values before the gate (Sm90Epilogue.preact_smem_layout)
             epi_stage_bytes += cute.size(self.epi_tile) * self.c_dtype.width // 8 * self.epi_groups
@@ -286,6 +286,8 @@ class GemmSm90(GemmBase):
             tma_atom_sfa, mSFA, tma_atom_sfb, mSFB = self.mx.mx_tma(mSFA, mSFB)
         if cutlass.const_expr(cfg.fp8_blockwise):
             tma_atom_sfa, mSFA = self.blockwise.sfa_tma(mSFA)
+            if cutlass.const_expr(cfg.sfb_cols):
+                tma_atom_sfb, mSFB = self.blockwise.sfb_tma(mSFB)
         table_len = tile_table_len(cfg.grouped or cfg.listed)
         # Scale stages are TMA destinations: 128-byte aligned (MXFP8 emulation: both; block scales:
         # scale_a); otherwise one unused word each.
@@ -293,6 +295,8 @@ class GemmSm90(GemmBase):
         sf_align = (128, 128) if cfg.fp8_mx else (16, 16)
         if cutlass.const_expr(cfg.fp8_blockwise):
             sf_len, sf_align = (cute.cosize(self.blockwise.sfa_layout()), 1), (128, 16)
+            if cutlass.const_expr(cfg.sfb_cols):
+                sf_len, sf_align = (sf_len[0], cute.cosize(self.blockwise.sfb_layout())), (128, 128)
         # The dynamic schedulers' tile ring (static: a 1-slot stub; every field here sits below
         # the 1 KiB-aligned sA, so it moves nothing).
         ring = ring_storage_fields(RING_DEPTH if cfg.scheduler != "static" else 1)
@@ -434,7 +438,7 @@ class GemmSm90(GemmBase):
         if cutlass.const_expr(self.config.fp8_mx):
             tma_bytes += self.mx.mx_stage_bytes()
         if cutlass.const_expr(self.config.fp8_blockwise):
-            tma_bytes += self.blockwise.sfa_rows() * 4
+            tma_bytes += self.blockwise.stage_bytes()
         if cutlass.const_expr(self.config.a_rows):  # A's box holds a_rows of the tile_m rows
             tma_bytes -= (self.config.tile_m - self.a_box_rows) * self.tile_shape_mnk[2] * self.a_dtype.width // 8
         if cutlass.const_expr(self.config.gathers):  # A (B) arrives by cp.async (its own arrivals)
@@ -627,7 +631,8 @@ class GemmSm90(GemmBase):
             sSFA, sSFB, mx_parts = self.mx.mx_partition(storage, tma_atom_sfa, mSFA, tma_atom_sfb, mSFB)
             block_scales = (sSFA, sSFB)
         if cutlass.const_expr(cfg.fp8_blockwise):
-            block_scales = (storage.sSFA.get_tensor(self.blockwise.sfa_layout()), mSFB)
+            sfb_stages = storage.sSFB.get_tensor(self.blockwise.sfb_layout()) if cfg.sfb_cols else mSFB
+            block_scales = (storage.sSFA.get_tensor(self.blockwise.sfa_layout()), sfb_stages)
         warp_group_idx = cute.arch.make_warp_uniform(tidx // self.threads_per_warpgroup)
         if warp_group_idx == 0:
             cute.arch.setmaxregister_decrease(self.load_registers)
@@ -645,6 +650,8 @@ class GemmSm90(GemmBase):
                     extra = self.mx.mx_load_operands(tma_atom_sfa, tma_atom_sfb, mx_parts, mSFA, block_scales[0])
                 if cutlass.const_expr(cfg.fp8_blockwise):
                     extra = (self.blockwise.sfa_load_operand(tma_atom_sfa, mSFA, block_scales[0]),)
+                    if cutlass.const_expr(cfg.sfb_cols):
+                        extra = (*extra, self.blockwise.sfb_load_operand(tma_atom_sfb, mSFB, block_scales[1]))
                 b_atom, tx_bytes = tma_atom_b, None
                 if cutlass.const_expr(cfg.swap_ab):  # the tokens, chunk by chunk
                     extra, tx_bytes = self.swap.swap_token_loads(tma_atom_b, sB, mB_nkl, b_mcast_mask)
