@@ -244,7 +244,7 @@ def fp8_blockwise_variants(arch: str) -> list[GemmConfig]:
         # B's scales per column (sfb_cols: torch's 1x128 x 1x128 / 128x128 x 1x128 recipes): the policy's tiles
         *([GemmConfig(arch=arch, **fp8, sfb_cols=True, tile_m=128, tile_n=192, cluster_m=2, raster="n", group=8,
                       wg_order=True),
-           GemmConfig(arch=arch, **fp8, sfb_cols=True, tile_m=128, tile_n=128, cluster_m=2, raster="n", group=8,
+           GemmConfig(arch=arch, **fp8, sfb_cols=True, tile_m=128, tile_n=128, cluster_n=2, raster="m", group=8,
                       wg_order=True),
            GemmConfig(arch=arch, **fp8, sfb_cols=True, tile_m=128, tile_n=64, raster="n", group=1, out_dtype="fp32",
                       epilogue=EpilogueSpec(alpha=True)),

@@ -8,6 +8,7 @@ import torch
 from hypothesis import strategies as st
 
 import cutegemm
+from cutegemm.gemm.launch import packed_m_major
 
 BF = torch.bfloat16
 
@@ -89,15 +90,16 @@ def check_m_major_out(device, counts, tail, k, m, dtype, used_configs):
     """The packed form into an M-major out (the transposed view of an (N, total) buffer) and the
     3d x 2d form, whose result is the packed form's transpose: equal to the twin, NaN poison kept
     past offs[-1] (rows of the packed out, columns of the 3d x 2d out), and stored M-major in place
-    (config.c_major "m") exactly where the kernel can: a 16-bit out whose M-major rows are 16-byte
-    multiples, more than one column. ``used_configs()``: the configs of the kernels run since the
+    (config.c_major "m") exactly where the kernel can, with ``gemm.launch.PACKED_M_MAJOR`` on: a
+    16-bit out whose M-major rows are 16-byte multiples, more than one column; with it off, through
+    the row-major scratch. ``used_configs()``: the configs of the kernels run since the
     last call of it."""
     torch.manual_seed(0)
     e, end = len(counts), sum(counts)
     total = end + tail
     offs = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(device=device, dtype=torch.int32)
     in_dtype = BF if dtype == torch.float32 else dtype
-    in_place = dtype != torch.float32 and total > 0 and total % 8 == 0 and m > 1
+    in_place = packed_m_major() and dtype != torch.float32 and total > 0 and total % 8 == 0 and m > 1
     # packed 2d x 3d: a (total, k) x b (e, k, m) into out = buf.t(), buf (m, total)
     a = torch.randn(total, k, device=device).to(in_dtype)
     b = (torch.randn(e, k, m, device=device) * k**-0.5).to(in_dtype)

@@ -172,6 +172,20 @@ def m_major_ok(arch: str, itemsize: int, n: int) -> bool:
     return arch == "sm_90a" and itemsize == 2 and n > 1
 
 
+# The packed form's M-major store (``c_major`` "m" on a grouped config: an M-major ``out``, the 3d x
+# 2d form's transposed result) is built and compile-checked, but its route is off. On the H100 it
+# passed where every expert starts at a multiple of 8 rows and faulted (illegal instruction) where
+# one does not: the TMA store's box then starts inside a 16-byte piece of the unit-stride mode. The
+# epilogue now stores such experts' tiles by predicated copies, which has not run on a GPU yet; until
+# it has, M-major outs of the packed form take a row-major scratch and a copy, as before.
+PACKED_M_MAJOR = False
+
+
+def packed_m_major() -> bool:
+    """Whether the packed form stores M-major outs in place (:data:`PACKED_M_MAJOR`)."""
+    return PACKED_M_MAJOR
+
+
 def stores_m_major(out: torch.Tensor, arch: str) -> bool:
     """Whether an M-major ``out`` is stored in place by an M-major kernel on ``arch``
     (:func:`m_major_ok` and :func:`tma_storable_t`); the packed form adds its epilogue's rules

@@ -14,11 +14,10 @@ passed in (``run`` / ``run_ref``), so this module does not import it.
   ``out[:, n_g] = a[g] @ b[:, n_g]``. Computed transposed, as the packed form: out^T (total_N, M)
   = b^T (total_N, K) x a^T (G, K, M) with the same offs (one launch, no host sync, capturable;
   FP8: ``scale_a`` (G, M) per group and row of a becomes the packed form's per-expert column scale,
-  ``scale_b`` (total_N,) its per-row scale). On sm_90a with a 16-bit output the kernel stores
-  out^T M-major (config.c_major "m"), i.e. the row-major (M, total_N) result in place; elsewhere
-  (sm_100a, an fp32 output, a forced swap_ab config) it writes a (total_N, M) buffer: an ``out``
+  ``scale_b`` (total_N,) its per-row scale). The kernel writes a (total_N, M) buffer: an ``out``
   given column-major (``out.t()`` row-major, 16-byte rows) in place, any other out (or none) by
-  one copy into a row-major result. Columns at or past offs[-1] of a given out keep their values.
+  one copy into a row-major result. (With ``gemm.launch.PACKED_M_MAJOR``, off until its GPU test
+  passes, sm_90a stores out^T M-major, i.e. the row-major result in place, for 16-bit outputs.) Columns at or past offs[-1] of a given out keep their values.
   Epilogue: alpha, an elementwise activation.
 
 Both forms take ``out``, ``out_dtype``, ``alpha``, ``config``; quantized outputs and user
@@ -33,7 +32,7 @@ import torch
 
 from ..config import ACTIVATIONS, Form
 from ..gemm.dense import gemm
-from ..gemm.launch import check_offs_values, stores_m_major
+from ..gemm.launch import check_offs_values, packed_m_major, stores_m_major
 from ..runtime.device import device_info
 
 _BATCH_OFFS: dict = {}
@@ -194,7 +193,8 @@ def grouped_3d(a, b, offs, run, **options):
     options["out_dtype"] = out_dtype
     if out is None:
         res = torch.empty(M, total_n, dtype=out_dtype, device=a.device)
-        if stores_m_major(res.t(), device_info(a.device.index)[0]) and not (config is not None and config.swap_ab):  # stored in place, M-major
+        m_major = packed_m_major() and stores_m_major(res.t(), device_info(a.device.index)[0])
+        if m_major and not (config is not None and config.swap_ab):  # stored in place, M-major
             run(bt, at, offs=offs, out=res.t(), scale_a=sb, scale_b=sa, **options)
             return res
         return run(bt, at, offs=offs, scale_a=sb, scale_b=sa, **options).t().contiguous()

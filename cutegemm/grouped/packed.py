@@ -103,6 +103,7 @@ from ..gemm.launch import (
     kernel_view,
     memo_view,
     new_workspace,
+    packed_m_major,
     padded_rows,
     quant_outputs,
     quant_result,
@@ -570,7 +571,8 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
     b = aligned_operand(b)
     # An M-major out (e.g. the 3d x 2d form's transposed result) is stored M-major in place where
     # the kernel can (config.c_major "m"); else a row-major scratch and a copy.
-    m_major = user_out_given and not gated and not (config is not None and config.swap_ab) and stores_m_major(out, device_info(a.device.index)[0])
+    m_major = (packed_m_major() and user_out_given and not gated and not (config is not None and config.swap_ab)
+               and stores_m_major(out, device_info(a.device.index)[0]))  # fmt: skip
     if quant is None and not tma_storable(out) and not m_major:
         out = padded_rows(out.shape, out.dtype, out.device)
         if user_out_given:

@@ -3,6 +3,7 @@ rejected), on the GPU: hypothesis over operand / out views with NaN-poisoned out
 (tests/layout_cases.py; the CPU twin is tests/cpu/test_grouped_layouts_cpu.py)."""
 
 import pytest
+import torch
 from hypothesis import given, settings
 
 from cutegemm.grouped import packed
@@ -32,9 +33,30 @@ class _Recording:
 @settings(max_examples=25, deadline=None)
 @given(**M_MAJOR_STRATEGY)
 def test_m_major_out_in_place(counts, tail, k, m, dtype):
-    """The packed form into an M-major out and the 3d x 2d form: the kernel stores C M-major in
-    place where it can (config.c_major "m"), else through the scratch; NaN poison kept past
-    offs[-1] (tests/layout_cases.py)."""
+    """The packed form into an M-major out and the 3d x 2d form, as shipped (``PACKED_M_MAJOR``
+    off: through the row-major scratch); NaN poison kept past offs[-1] (tests/layout_cases.py)."""
+    _m_major_gpu(counts, tail, k, m, dtype)
+
+
+@settings(max_examples=25, deadline=None)
+@given(**M_MAJOR_STRATEGY)
+def test_m_major_route_with_unaligned_experts(counts, tail, k, m, dtype):
+    """``PACKED_M_MAJOR`` on: the kernel stores C M-major in place (config.c_major "m"), experts
+    starting at a row that is not a multiple of 8 by predicated copies (an H100 faulted with an
+    illegal instruction on counts [146, 146, 247], tail 13, k 64, m 7 before that guard; the
+    guard has not run on a GPU yet: this test is its check, and the route stays off until it
+    passes)."""
+    from cutegemm.gemm import launch
+
+    saved, launch.PACKED_M_MAJOR = launch.PACKED_M_MAJOR, True
+    try:
+        _m_major_gpu([146, 146, 247], 13, 64, 7, torch.bfloat16)
+        _m_major_gpu(counts, tail, k, m, dtype)
+    finally:
+        launch.PACKED_M_MAJOR = saved
+
+
+def _m_major_gpu(counts, tail, k, m, dtype):
     saved = packed.GROUPED_CACHE
     packed.GROUPED_CACHE = rec = _Recording(saved)
     packed.PLANS.clear()  # every call below cold once: its config is recorded

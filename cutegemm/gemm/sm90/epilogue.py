@@ -154,6 +154,11 @@ class Sm90Epilogue:
             gC, gC_real, rows_left, cols_left, full_tile = grouped_out_tile(
                 mC_mnl, mC_gmem, tile, gC_mnl.shape[:2]
             )
+            if cutlass.const_expr(self.k.config.c_major == "m"):
+                # C M-major: the TMA store's box starts at the tile's first row along the unit-stride
+                # mode, which must be 16-byte aligned (8 elements): an expert starting elsewhere
+                # stores every tile by predicated copies
+                full_tile = full_tile and tile[3] % 8 == 0
             tile_quant_args = (*quant_args, tile[4])  # no scales for the next expert's rows
         else:
             gC = gC_mnl[(None, None, tile[0], tile[1], tile[2])]
