@@ -173,8 +173,8 @@ class GemmConfig:
     raster/group: tile order of the persistent scheduler (see schedulers/static.py); grouped: the
     order inside each expert (schedulers/grouped.py; raster "m" with group 1 is m fastest over the
     whole expert, the policy's choice for most shapes).
-    scheduler: "static" (strided walk), "dynamic" (global atomic tile counter, both archs; the API
-    zeroes its workspace in-stream before each launch) or "clc" (sm_100a cluster launch control);
+    scheduler: "static" (strided walk), "dynamic" (global atomic tile counter, both archs; every
+    launch leaves it at 0 for the next) or "clc" (sm_100a cluster launch control);
     the dynamic ones need the cooperative schedule (see schedulers/dynamic.py).
     pingpong (sm_90a): the two consumer warpgroups take alternate tiles, so one runs its epilogue
     while the other runs its mainloop; tile_m x tile_n is then one warpgroup's tile (<= 128x128

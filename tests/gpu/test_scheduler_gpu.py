@@ -119,7 +119,7 @@ def test_grouped_dynamic_matches_static_and_reference(cfg, counts, n8, k8, pad):
 @pytest.mark.parametrize("cfg", GROUPED[:2], ids=_gids[:2])
 def test_grouped_graph_replay_with_changing_offs(cfg):
     """20 replays of one captured graph, offs changed in place before each (some experts empty):
-    each replay must equal an eager static-scheduler call. The graph holds the counter reset."""
+    each replay must equal an eager static-scheduler call. Every replay leaves the counter at 0 for the next."""
     cfg = _on_this_gpu(cfg)
     torch.manual_seed(0)
     E, n, k, total = 16, 512, 256, 4096
