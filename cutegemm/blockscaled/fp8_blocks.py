@@ -254,7 +254,7 @@ def gemm_fp8_vector_blocks(a, b, *, scale_a, scale_b, out_dtype=None, alpha: flo
                                                 alpha=alpha, config=config))  # fmt: skip
     if a.device.type != "cuda":
         raise ValueError(f"FP8 block scaling {recipe}: expected CUDA tensors, got {a.device}")
-    arch = device_info(a.device.index if a.device.index is not None else torch.cuda.current_device())[0]
+    arch, num_sms = device_info(a.device.index if a.device.index is not None else torch.cuda.current_device())
     if arch != "sm_90a":
         raise NotImplementedError(f"FP8 block scaling {recipe} is built for sm_90a only (this GPU: {arch})")
     if k % 16:
@@ -266,7 +266,6 @@ def gemm_fp8_vector_blocks(a, b, *, scale_a, scale_b, out_dtype=None, alpha: flo
     a_k, b_k = _k_major(a), _k_major(b.t())  # (M, K), (N, K)
     views = [t.as_strided((t.shape[0], k, 1), (t.stride(0), 1, t.shape[0] * t.stride(0))) for t in (a_k, b_k)]
     if config is None or not config.fp8_mx:  # the block-scaled kernel with per-column B scales
-        num_sms = device_info(a.device.index if a.device.index is not None else torch.cuda.current_device())[1]
         cfg = column_config(m, n, k, a_k.stride(0), b_k.stride(0), out_dtype, alpha != 1.0, config, num_sms)
         sfa, sfb = column_scales(recipe, m, k, scale_a, scale_b)
         written, c_view = output_view(out, 1, m, n, out_dtype, a.device, False)

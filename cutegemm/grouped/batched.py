@@ -17,8 +17,9 @@ passed in (``run`` / ``run_ref``), so this module does not import it.
   ``scale_b`` (total_N,) its per-row scale). The kernel writes a (total_N, M) buffer: an ``out``
   given column-major (``out.t()`` row-major, 16-byte rows) in place, any other out (or none) by
   one copy into a row-major result. (With ``gemm.launch.PACKED_M_MAJOR``, off until its GPU test
-  passes, sm_90a stores out^T M-major, i.e. the row-major result in place, for 16-bit outputs.) Columns at or past offs[-1] of a given out keep their values.
-  Epilogue: alpha, an elementwise activation.
+  passes, sm_90a stores out^T M-major, i.e. the row-major result in place, for 16-bit outputs.)
+  Columns at or past offs[-1] of a given out keep their values. Epilogue: alpha, an elementwise
+  activation.
 
 Both forms take ``out``, ``out_dtype``, ``alpha``, ``config``; quantized outputs and user
 epilogues are for the 2-D forms. The reference twins apply the same rewriting to the packed
@@ -192,11 +193,11 @@ def grouped_3d(a, b, offs, run, **options):
         raise ValueError(f"out must be an ({M}, {total_n}) {out_dtype} tensor")
     options["out_dtype"] = out_dtype
     if out is None:
-        res = torch.empty(M, total_n, dtype=out_dtype, device=a.device)
-        m_major = packed_m_major() and stores_m_major(res.t(), device_info(a.device.index)[0])
-        if m_major and not (config is not None and config.swap_ab):  # stored in place, M-major
-            run(bt, at, offs=offs, out=res.t(), scale_a=sb, scale_b=sa, **options)
-            return res
+        if packed_m_major() and not (config is not None and config.swap_ab):  # the result stored in place, M-major
+            res = torch.empty(M, total_n, dtype=out_dtype, device=a.device)
+            if stores_m_major(res.t(), device_info(a.device.index)[0]):
+                run(bt, at, offs=offs, out=res.t(), scale_a=sb, scale_b=sa, **options)
+                return res
         return run(bt, at, offs=offs, scale_a=sb, scale_b=sa, **options).t().contiguous()
     run(bt, at, offs=offs, out=out.t(), scale_a=sb, scale_b=sa, **options)
     return out

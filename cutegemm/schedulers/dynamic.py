@@ -308,8 +308,7 @@ def simulate_dynamic(total: int, num_clusters: int, rng: random.Random, cost=Non
     Returns {cluster: [tiles]}; ``counter``: a one-element list holding the counter at the launch's
     start, left holding it at the end."""
     cost = cost or (lambda t: rng.random())
-    start = counter[0] if counter is not None else 0
-    counter_ = start
+    counter_ = counter[0] if counter is not None else 0
     done = {c: [] for c in range(num_clusters)}
     clock = []  # (finish time, cluster, tile)
     for c in range(num_clusters):
