@@ -173,12 +173,13 @@ def m_major_ok(arch: str, itemsize: int, n: int) -> bool:
 
 
 # The packed form's M-major store (``c_major`` "m" on a grouped config: an M-major ``out``, the 3d x
-# 2d form's transposed result) is built and compile-checked, but its route is off. On the H100 it
-# passed where every expert starts at a multiple of 8 rows and faulted (illegal instruction) where
-# one does not: the TMA store's box then starts inside a 16-byte piece of the unit-stride mode. The
-# epilogue now stores such experts' tiles by predicated copies, which has not run on a GPU yet; until
-# it has, M-major outs of the packed form take a row-major scratch and a copy, as before.
-PACKED_M_MAJOR = False
+# 2d form's transposed result). Where an expert starts at a row that is not a multiple of 8, the TMA
+# store's box would start inside a 16-byte piece of the unit-stride mode (an H100 faulted with an
+# illegal instruction there): the epilogue stores such experts' tiles by predicated copies. H100:
+# the GPU test of the route (hypothesis over counts, tails, K and M, the faulting case included)
+# passed, and compute-sanitizer's memcheck found no error on it. Off: M-major outs take a row-major
+# scratch and a copy (the route before it).
+PACKED_M_MAJOR = True
 
 
 def packed_m_major() -> bool:

@@ -15,9 +15,9 @@ passed in (``run`` / ``run_ref``), so this module does not import it.
   = b^T (total_N, K) x a^T (G, K, M) with the same offs (one launch, no host sync, capturable;
   FP8: ``scale_a`` (G, M) per group and row of a becomes the packed form's per-expert column scale,
   ``scale_b`` (total_N,) its per-row scale). The kernel writes a (total_N, M) buffer: an ``out``
-  given column-major (``out.t()`` row-major, 16-byte rows) in place, any other out (or none) by
-  one copy into a row-major result. (With ``gemm.launch.PACKED_M_MAJOR``, off until its GPU test
-  passes, sm_90a stores out^T M-major, i.e. the row-major result in place, for 16-bit outputs.)
+  given column-major (``out.t()`` row-major, 16-byte rows) in place; on sm_90a with a 16-bit
+  output the kernel stores out^T M-major, i.e. the row-major result in place
+  (``gemm.launch.PACKED_M_MAJOR``); any other out (or none) by one copy into a row-major result.
   Columns at or past offs[-1] of a given out keep their values. Epilogue: alpha, an elementwise
   activation.
 

@@ -111,7 +111,7 @@ def test_3d_forms_route_and_match_torch():
 def test_m_major_out_in_place(counts, tail, k, m, dtype, route):
     """The packed form into an M-major out and the 3d x 2d form: with ``PACKED_M_MAJOR`` on
     (``route``) the kernel stores C M-major in place where it can (config.c_major "m"), else (and
-    with it off, the default) through the row-major scratch (tests/layout_cases.py)."""
+    with it off) through the row-major scratch (tests/layout_cases.py)."""
     from cutegemm.gemm import launch
 
     saved, launch.PACKED_M_MAJOR = launch.PACKED_M_MAJOR, route

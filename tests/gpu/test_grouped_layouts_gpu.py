@@ -33,19 +33,24 @@ class _Recording:
 @settings(max_examples=25, deadline=None)
 @given(**M_MAJOR_STRATEGY)
 def test_m_major_out_in_place(counts, tail, k, m, dtype):
-    """The packed form into an M-major out and the 3d x 2d form, as shipped (``PACKED_M_MAJOR``
-    off: through the row-major scratch); NaN poison kept past offs[-1] (tests/layout_cases.py)."""
-    _m_major_gpu(counts, tail, k, m, dtype)
+    """The packed form into an M-major out and the 3d x 2d form with ``PACKED_M_MAJOR`` off
+    (through the row-major scratch); NaN poison kept past offs[-1] (tests/layout_cases.py)."""
+    from cutegemm.gemm import launch
+
+    saved, launch.PACKED_M_MAJOR = launch.PACKED_M_MAJOR, False
+    try:
+        _m_major_gpu(counts, tail, k, m, dtype)
+    finally:
+        launch.PACKED_M_MAJOR = saved
 
 
 @settings(max_examples=25, deadline=None)
 @given(**M_MAJOR_STRATEGY)
 def test_m_major_route_with_unaligned_experts(counts, tail, k, m, dtype):
-    """``PACKED_M_MAJOR`` on: the kernel stores C M-major in place (config.c_major "m"), experts
-    starting at a row that is not a multiple of 8 by predicated copies (an H100 faulted with an
-    illegal instruction on counts [146, 146, 247], tail 13, k 64, m 7 before that guard; the
-    guard has not run on a GPU yet: this test is its check, and the route stays off until it
-    passes)."""
+    """``PACKED_M_MAJOR`` on (as shipped): the kernel stores C M-major in place (config.c_major
+    "m"), experts starting at a row that is not a multiple of 8 by predicated copies (an H100
+    faulted with an illegal instruction on counts [146, 146, 247], tail 13, k 64, m 7 before that
+    guard)."""
     from cutegemm.gemm import launch
 
     saved, launch.PACKED_M_MAJOR = launch.PACKED_M_MAJOR, True
