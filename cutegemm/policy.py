@@ -64,9 +64,13 @@ TALL_RATE = 0.95
 SHORT_RATE = 0.55
 # e4m3 128x64 (0.43, its rate at 512 x 2048 x 4096): one wave of 128 tiles where 128x128 2x1 fills
 # half of one (H100, FP8 row-wise, same process: 1.19x torch._scaled_mm against 0.95).
-# 128x96 (0.75) in 2x1 clusters where there are two M tiles, as 128x128: 1024 x 1536 x 7168 is 128
-# such tiles, one wave (0.89x cuBLAS against 128x128 2x1's 0.86; cuBLAS's own tile there, ncu);
-# its rate on 1-19 wave shapes was 0.72-0.86. In 1x1 clusters it ran 0.74-0.75 there.
+# 128x96 (0.75) in 1x2 clusters (A multicast: cuBLAS's own tile and cluster there, ncu): 1024 x 1536
+# x 7168 is 128 such tiles, one wave. H100, one process, 4 interleaved rounds of 10 L2-flushed reps
+# (x cuBLAS): 1x2 0.93, 2x1 (B multicast, the pick before) 0.85-0.87, 128x128 1x2 / 2x1 0.86 / 0.84;
+# 1x2 also led 2x1 at 2048 x 1536 x 7168 (0.79 / 0.74), 1024 x 576 x 7168 (0.79 / 0.74) and 2048 x
+# 7168 x 16384 (0.72 / 0.68), and trailed it by 3-5% at 512 x 4096 x 4096 and 512 x 28672 x 4096.
+# Under ncu the 2x1 kernel ran at 79% of the L2's throughput against cuBLAS's 61%. Its rate on 1-19
+# wave shapes was 0.72-0.86 (2x1); in 1x1 clusters it ran 0.74-0.75 there.
 TILE_RATES = {
     "16-bit": {(128, 256): 1.00, (128, 192): 0.96, (128, 160): 0.95, (128, 128): 0.88, (128, 96): 0.75,
                (192, 192): TALL_RATE, (64, 96): SHORT_RATE},
@@ -116,8 +120,8 @@ class WaveCandidate:
 
     def fields(self) -> dict:
         """The GemmConfig fields: 2x1 clusters with an N-major raster (the measured large-shape
-        tiles; 16-bit 128x128: M-major, as measured), 1x1 with an M-major one; 64-row tiles (1x2)
-        N-major, as measured."""
+        tiles; 16-bit 128x128: M-major, as measured), 1x1 and 128x96's 1x2 with an M-major one;
+        64-row tiles (1x2) N-major, as measured."""
         raster = "n" if (self.cluster_m == 2 and (self.tile_n > 128 or self.fp8)) or self.tile_m == 64 else "m"
         return dict(tile_m=self.tile_m, tile_n=self.tile_n, cluster_m=self.cluster_m, cluster_n=self.cluster_n,
                     split_k=self.split_k, split_tail=self.tail, raster=raster, group=1 if self.tile_m == 64 else 8)  # fmt: skip
@@ -156,7 +160,8 @@ def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,), extra_rates=None,
                     other_m: bool = True) -> list[WaveCandidate]:  # fmt: skip
     """Every (tile, cluster, split) the model weighs for ``p``, the default (widest tile) first.
     2x1 clusters where there are two M tiles (B multicast: 16-bit 128x128 too, H100 `bench
-    tiles`: 512 x 4096 x 14336 0.78 -> 0.96x cuBLAS, 512 x 4096 x 4096 0.91 -> 0.95); split
+    tiles`: 512 x 4096 x 14336 0.78 -> 0.96x cuBLAS, 512 x 4096 x 4096 0.91 -> 0.95), but 1x2
+    (A multicast) for 128x96 where there are two N tiles, and for 64-row tiles; split
     K on 1x1 clusters only (split_k_errors) and tiles up to 128x192 (128x256's partial-sum
     fix-up spills registers), with at least 24 K tiles of 64 (16-bit) / 12 of 128 (FP8) per
     range, as split_few_tiles. ``extra_rates``: more (tile_m, tile_n): rate entries to weigh;
@@ -169,11 +174,12 @@ def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,), extra_rates=None,
     k_tiles, min_tiles = (ceil_div(p.k, 128), 12) if fp8 else (ceil_div(p.k, 64), 24)
     out = []
     for (tm, tn), rate in rates.items():
-        pair = 2 if ceil_div(p.m, tm) >= 2 and tn >= 96 and tm == 128 else 1  # 2x1: B multicast
-        cn = 2 if tm == 64 else 1  # 64-row tiles: 1x2 clusters (A multicast), as measured
+        pair = 2 if ceil_div(p.m, tm) >= 2 and tn > 96 and tm == 128 else 1  # 2x1: B multicast
+        # 64-row tiles and 128x96: 1x2 clusters (A multicast), as measured
+        cn = 2 if tm == 64 or (tn == 96 and ceil_div(p.n, tn) >= 2) else 1
         tail_ok = tail and ceil_div(p.m, tm) * ceil_div(p.n, tn) * p.l >= num_sms and ceil_div(p.n, tn) <= TAIL_MAX_N_TILES
         for split in splits:
-            cl = pair if split == 1 else 1
+            cl, cn = (pair, cn) if split == 1 else (1, 1)  # split K runs 1x1 clusters (split_k_errors)
             # (split K of 192- / 64-row tiles, and of 128x96 beyond one M tile, never ran on a GPU)
             if split > 1 and (k_tiles < min_tiles * split or tn > 192 or tm != 128 or (tn == 96 and p.m > 128)):
                 continue
@@ -246,7 +252,7 @@ def small_m_alternative(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmCo
     if (cfg.tile_m, cfg.tile_n) not in rates:
         return None
     now = wave_seconds(p, 128, cfg.tile_n, 1, max(1, cfg.split_k), num_sms, rates[(128, cfg.tile_n)])
-    # one 128-row tile: wave_candidates' clusters are all 1x1 here
+    # one 128-row tile: 1x1 clusters (the config below), whatever cluster a candidate names
     splits = SMALL_M_SPLITS[dtype_family(p.a_dtype)]
     best = min(wave_candidates(p, num_sms, splits, extra, other_m=False), key=lambda c: c.seconds)
     if best.seconds * MODEL_MARGIN >= now:

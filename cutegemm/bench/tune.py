@@ -120,9 +120,10 @@ SM90_CANDIDATES = [
     dict(tile_m=128, tile_n=160, cluster_m=2, cluster_n=1, raster="n", group=8),
     dict(tile_m=128, tile_n=160, cluster_m=1, cluster_n=1, raster="n", group=1),
     # 128x96 / 64x96: one wave where N = 1536 at M = 1024 / 512 (cuBLAS's tiles there, ncu:
-    # 128x96 2x1; 64x96 1x2, and 2x4 at 1024 x 576)
+    # 128x96 in 1x2 clusters, their 2x1 in the transposed view; 64x96 1x2, and 2x4 at 1024 x 576)
     dict(tile_m=128, tile_n=96, cluster_m=1, cluster_n=1, raster="n", group=1),
     dict(tile_m=128, tile_n=96, cluster_m=2, cluster_n=1, raster="n", group=8),
+    dict(tile_m=128, tile_n=96, cluster_m=1, cluster_n=2, raster="m", group=8),
     dict(tile_m=64, tile_n=96, cluster_m=1, cluster_n=1, raster="n", group=1),
     dict(tile_m=64, tile_n=96, cluster_m=1, cluster_n=2, raster="n", group=1),
     dict(tile_m=64, tile_n=96, cluster_m=2, cluster_n=2, raster="n", group=1),

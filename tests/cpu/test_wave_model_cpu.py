@@ -280,20 +280,27 @@ def test_h100_split_costs_and_128x160_rate():
         assert not config_errors(cfg)
 
 
-def test_128x96_one_m_tile_1x1_else_2x1():
+def test_128x96_one_m_tile_1x1_else_1x2():
     """128x96 tiles (sm_90a tile_n: any whole number of 32-column subtiles from 64 to 256): for
-    64 < M <= 128 in 1x1 clusters (Llama-3-70B qkv at M = 128: 107 tiles, one round); above, in
-    2x1 clusters only (DeepSeek-V3 q_a at M = 1024: 128 tiles, one wave; 1x1 ran 0.74x cuBLAS
-    there); 16-bit only."""
+    64 < M <= 128 in 1x1 clusters (Llama-3-70B qkv at M = 128: 107 tiles, one round; a split-K
+    candidate names 1x1 too); above, in 1x2 clusters with an M-major raster (A multicast: DeepSeek-V3
+    q_a at M = 1024 and kv_a at M = 2048, one wave; H100: 0.93x cuBLAS against 2x1's 0.85, 1x1
+    0.74); 16-bit only."""
     from cutegemm.config import GemmConfig, config_errors
 
     ok = GemmConfig(arch="sm_90a", a_major="k", b_major="k", tile_m=128, tile_n=96)
     assert not config_errors(ok) and not config_errors(replace(ok, tile_n=224))
     assert any("tile_n" in e for e in config_errors(replace(ok, tile_n=80)))
     assert dense(128, 10240, 8192).tile_n == 96
-    q_a = dense(1024, 1536, 7168)
-    assert (q_a.tile_m, q_a.tile_n, q_a.cluster_m, q_a.split_k) == (128, 96, 2, 1), q_a.name
-    assert all(c.cluster_m == 2 for c in wave_candidates(problem(1024, 1536, 7168), SMS) if (c.tile_m, c.tile_n) == (128, 96))
+    for m, n in ((1024, 1536), (2048, 576)):
+        cfg = dense(m, n, 7168)
+        assert (cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.cluster_n, cfg.raster, cfg.split_k) == (
+            128, 96, 1, 2, "m", 1), cfg.name  # fmt: skip
+        assert not config_errors(cfg)
+    assert all((c.cluster_m, c.cluster_n) == (1, 2)
+               for c in wave_candidates(problem(1024, 1536, 7168), SMS) if (c.tile_m, c.tile_n) == (128, 96))  # fmt: skip
+    small = wave_candidates(problem(128, 10240, 8192), SMS, (1, 2), {(128, 96): 0.85}, other_m=False)
+    assert {(c.cluster_m, c.cluster_n) for c in small if c.tile_n == 96 and c.split_k > 1} == {(1, 1)}
     for m, n, k in [(1024, 1536, 7168), (2048, 576, 7168), (8192, 8192, 8192)]:
         assert dense(m, n, k, "e4m3").tile_n != 96, (m, n, k)
     assert dense(8192, 8192, 8192).tile_n == 256

@@ -1,5 +1,5 @@
 """The configs the sm_90a wave model picks for M > 128 (policy.wave_choice: 128x192 2x1 tiles, 128x128
-/ 128x96 2x1 M-major, 128x64, split K of 128x128 / 128x192 tiles, 192x192, 64x96 1x2), on the GPU
+/ 128x96 M-major (2x1 / 1x2), 128x64, split K of 128x128 / 128x192 tiles, 192x192, 64x96 1x2), on the GPU
 through the public API: every pick of a sweep of real-model shapes (bf16 and FP8 row-wise) against
 an fp64 reference within 2x torch's error, into NaN-poisoned outputs, bitwise equal on a second call
 (split K adds the ranges in range order)."""
