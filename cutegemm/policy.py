@@ -58,8 +58,8 @@ def ceil_div(a: int, b: int) -> int:
 # for 128x192 with a split tail; cuBLAS runs 192x192 there, ncu). Its rate there and on 2-4 wave
 # shapes was 0.97-1.0 of 128x256 2x1's; in 2x1 or 1x2 clusters it lost on wide N.
 TALL_RATE = 0.95
-# 64x96 in 1x2 clusters (A multicast): one wave of 64-row tiles where N is a multiple of 96 and the
-# 128-row tiles fill part of one (1024 x 576 x 7168: 96 tiles, 0.99x cuBLAS against 0.86 for 128x160
+# 64x96 (in the clusters of short_tile_cluster): one wave of 64-row tiles where N is a multiple of 96
+# and the 128-row tiles fill part of one (1024 x 576 x 7168: 96 tiles, 0.99x cuBLAS against 0.86 for 128x160
 # in 4 ranges; cuBLAS runs 64x96 2x4 there). Its rate on one-wave shapes was 0.48-0.59.
 SHORT_RATE = 0.55
 # e4m3 128x64 (0.43, its rate at 512 x 2048 x 4096): one wave of 128 tiles where 128x128 2x1 fills
@@ -121,18 +121,20 @@ class WaveCandidate:
     def fields(self) -> dict:
         """The GemmConfig fields: 2x1 clusters with an N-major raster (the measured large-shape
         tiles; 16-bit 128x128: M-major, as measured), 1x1 and 128x96's 1x2 with an M-major one;
-        64-row tiles (1x2) N-major, as measured."""
+        64-row tiles (short_tile_cluster) N-major, as measured."""
         raster = "n" if (self.cluster_m == 2 and (self.tile_n > 128 or self.fp8)) or self.tile_m == 64 else "m"
         return dict(tile_m=self.tile_m, tile_n=self.tile_n, cluster_m=self.cluster_m, cluster_n=self.cluster_n,
                     split_k=self.split_k, split_tail=self.tail, raster=raster, group=1 if self.tile_m == 64 else 8)  # fmt: skip
 
 
 def wave_seconds(p: GemmProblem, tile_m: int, tile_n: int, cluster_m: int, split: int, num_sms: int,
-                 rate: float, tail: bool = False) -> float:  # fmt: skip
-    """The model's time of ``p`` in (tile_m x tile_n) tiles, 2x1 clusters or not, K cut in
-    ``split`` ranges, on ``num_sms`` SMs (see TILE_RATES); ``tail``: only the tiles past the whole
-    waves cut (GemmConfig.split_tail: whole waves of unsplit units, then the split ones)."""
-    tiles = ceil_div(p.m, tile_m) * ceil_div(p.n, tile_n) * p.l
+                 rate: float, tail: bool = False, cluster_n: int = 1) -> float:  # fmt: skip
+    """The model's time of ``p`` in (tile_m x tile_n) tiles, (cluster_m x cluster_n) clusters, K
+    cut in ``split`` ranges, on ``num_sms`` SMs (see TILE_RATES); ``tail``: only the tiles past the
+    whole waves cut (GemmConfig.split_tail: whole waves of unsplit units, then the split ones).
+    The tiles are counted in whole clusters: a cluster past an odd tile count runs a CTA on a tile
+    of nothing."""
+    tiles = padded_tiles(p.m, tile_m, cluster_m) * padded_tiles(p.n, tile_n, cluster_n) * p.l
     flops = SM_FLOPS * (2 if p.a_dtype == "e4m3" else 1) * rate
     out_bytes = 4 if p.out_dtype == "fp32" else 1 if p.out_dtype == "e4m3" else 2
 
@@ -143,12 +145,34 @@ def wave_seconds(p: GemmProblem, tile_m: int, tile_n: int, cluster_m: int, split
             sec += tile_m * tile_n * 8 / SM_PARTIAL_BYTES + split_cost
         return sec
 
-    ctas = num_sms - num_sms % cluster_m
+    ctas = num_sms - num_sms % (cluster_m * cluster_n)
     if tail and split > 1 and tiles >= ctas:
         whole = tiles // ctas
         return whole * unit(1, 0.0) + ceil_div((tiles - whole * ctas) * split, ctas) * unit(split, TAIL_SPLIT_SECONDS)
     units = tiles * split
     return ceil_div(units, min(units, ctas)) * unit(split, SPLIT_UNIT_SECONDS[dtype_family(p.a_dtype)])
+
+
+def padded_tiles(extent: int, tile: int, cluster: int) -> int:
+    """Tiles of ``tile`` over ``extent``, rounded up to whole clusters of ``cluster`` tiles."""
+    return ceil_div(ceil_div(extent, tile), cluster) * cluster
+
+
+def short_tile_cluster(p: GemmProblem, tile_m: int, tile_n: int) -> tuple[int, int]:
+    """(cluster_m, cluster_n) of 64x96 tiles: the pair along the side with fewer tiles where that
+    count is even, else along the other side where its count is, else 1x1. H100, one process, 4
+    interleaved rounds of 10 L2-flushed reps, x cuBLAS, 1x2 / 2x1 (M tiles x N tiles): 2x1 led
+    where M has fewer tiles, 512 x 1536 x 4096 (8 x 16) 0.89 / 0.95, 384 x 2048 x 4096 (6 x 22)
+    0.72 / 0.89, 256 x 3072 x 4096 0.92 / 0.99, 640 x 1152 x 7168 0.86 / 0.89, 512 x 1536 x 7168
+    0.90 / 0.95; 1x2 led where N has fewer, 1024 x 576 x 4096 (16 x 6) 0.99 / 0.84, 1024 x 768 x
+    4096 0.84 / 0.78, 2048 x 384 x 4096 0.92 / 0.82, 1280 x 576 x 7168 0.98 / 0.88; an odd count
+    pads a cluster (768 x 1024 x 7168, 12 x 11: 0.59 / 0.95; 1536 x 288 x 7168, 24 x 3: 0.83 /
+    0.98). 128x96 tiles measured otherwise: 1x2 (TILE_RATES' note)."""
+    mt, nt = ceil_div(p.m, tile_m), ceil_div(p.n, tile_n)
+    for along_m in ((mt <= nt), not (mt <= nt)):
+        if (mt if along_m else nt) % 2 == 0:
+            return (2, 1) if along_m else (1, 2)
+    return 1, 1
 
 
 def dtype_family(a_dtype: str) -> str:
@@ -161,12 +185,12 @@ def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,), extra_rates=None,
     """Every (tile, cluster, split) the model weighs for ``p``, the default (widest tile) first.
     2x1 clusters where there are two M tiles (B multicast: 16-bit 128x128 too, H100 `bench
     tiles`: 512 x 4096 x 14336 0.78 -> 0.96x cuBLAS, 512 x 4096 x 4096 0.91 -> 0.95), but 1x2
-    (A multicast) for 128x96 where there are two N tiles, and for 64-row tiles; split
+    (A multicast) for 128x96 where there are two N tiles; 64-row tiles in short_tile_cluster's; split
     K on 1x1 clusters only (split_k_errors) and tiles up to 128x192 (128x256's partial-sum
     fix-up spills registers), with at least 24 K tiles of 64 (16-bit) / 12 of 128 (FP8) per
     range, as split_few_tiles. ``extra_rates``: more (tile_m, tile_n): rate entries to weigh;
     ``tail``: the splits of the last wave only too, where the tiles fill a wave and span at most
-    TAIL_MAX_N_TILES columns; ``other_m``: TILE_RATES' 192-row (1x1, unsplit), 64-row (1x2,
+    TAIL_MAX_N_TILES columns; ``other_m``: TILE_RATES' 192-row (1x1, unsplit), 64-row (paired,
     unsplit) and 128x96 tiles too (16-bit dense forms only: ArchPolicy.choose falls back without)."""
     fp8 = p.a_dtype == "e4m3"
     base = TILE_RATES[dtype_family(p.a_dtype)]
@@ -175,16 +199,17 @@ def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,), extra_rates=None,
     out = []
     for (tm, tn), rate in rates.items():
         pair = 2 if ceil_div(p.m, tm) >= 2 and tn > 96 and tm == 128 else 1  # 2x1: B multicast
-        # 64-row tiles and 128x96: 1x2 clusters (A multicast), as measured
-        cn = 2 if tm == 64 or (tn == 96 and ceil_div(p.n, tn) >= 2) else 1
+        cn = 2 if tn == 96 and tm == 128 and ceil_div(p.n, tn) >= 2 else 1  # 128x96: 1x2 (A multicast)
+        if tm == 64:  # 64x96: short_tile_cluster
+            pair, cn = short_tile_cluster(p, tm, tn)
         tail_ok = tail and ceil_div(p.m, tm) * ceil_div(p.n, tn) * p.l >= num_sms and ceil_div(p.n, tn) <= TAIL_MAX_N_TILES
         for split in splits:
-            cl, cn = (pair, cn) if split == 1 else (1, 1)  # split K runs 1x1 clusters (split_k_errors)
+            cl, cln = (pair, cn) if split == 1 else (1, 1)  # split K runs 1x1 clusters (split_k_errors)
             # (split K of 192- / 64-row tiles, and of 128x96 beyond one M tile, never ran on a GPU)
             if split > 1 and (k_tiles < min_tiles * split or tn > 192 or tm != 128 or (tn == 96 and p.m > 128)):
                 continue
-            out.append(WaveCandidate(tm, tn, cl, split, wave_seconds(p, tm, tn, cl * cn, split, num_sms, rate), fp8,
-                                     cluster_n=cn))  # fmt: skip
+            sec = wave_seconds(p, tm, tn, cl, split, num_sms, rate, cluster_n=cln)
+            out.append(WaveCandidate(tm, tn, cl, split, sec, fp8, cluster_n=cln))
             if split > 1 and tail_ok:
                 out.append(WaveCandidate(tm, tn, cl, split, wave_seconds(p, tm, tn, cl, split, num_sms, rate, True),
                                          fp8, tail=True))  # fmt: skip

@@ -11,7 +11,15 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from cutegemm.config import EpilogueSpec, GemmProblem, can_implement, config_errors
-from cutegemm.policy import MODEL_MARGIN, policy_for, wave_candidates, wave_choice, wave_seconds
+from cutegemm.policy import (
+    MODEL_MARGIN,
+    padded_tiles,
+    policy_for,
+    short_tile_cluster,
+    wave_candidates,
+    wave_choice,
+    wave_seconds,
+)
 
 SMS = 132
 POL = policy_for("sm_90a", SMS)
@@ -64,12 +72,34 @@ def test_192_row_tiles_where_they_fill_one_wave():
 
 
 def test_64x96_tiles_where_128_row_tiles_fill_part_of_a_wave():
-    """DeepSeek-V3 kv_a / q_a at M = 1024 / 512: 96 / 128 tiles of 64x96 in 1x2 clusters."""
-    for m, n in ((1024, 576), (512, 1536)):
+    """DeepSeek-V3 kv_a / q_a at M = 1024 / 512: 96 / 128 tiles of 64x96, paired along the side
+    with fewer tiles (16 x 6: 1x2; 8 x 16: 2x1)."""
+    for m, n, cluster in ((1024, 576, (1, 2)), (512, 1536, (2, 1))):
         cfg = dense(m, n, 7168)
-        assert (cfg.tile_m, cfg.tile_n, cfg.cluster_n, cfg.split_k) == (64, 96, 2, 1), cfg.name
+        assert (cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.cluster_n, cfg.split_k) == (64, 96, *cluster, 1), cfg.name
         assert not config_errors(cfg)
     assert dense(8192, 576, 7168, "e4m3").tile_m == 128  # FP8 weighs 128-row tiles only
+
+
+@pytest.mark.parametrize("m,n,cluster", [
+    (512, 1536, (2, 1)), (1024, 576, (1, 2)), (768, 1024, (2, 1)), (1536, 288, (2, 1)), (384, 2048, (2, 1)),
+    (2048, 384, (1, 2)), (192, 288, (1, 1)), (640, 576, (1, 2)),
+])  # fmt: skip
+def test_short_tile_cluster_pairs_along_the_side_with_fewer_tiles(m, n, cluster):
+    """64x96 clusters: the pair along the side with fewer tiles where its count is even (8 x 16:
+    2x1, 16 x 6: 1x2), along the other where it is odd (12 x 11 and 24 x 3: 2x1), 1x1 where both
+    are odd (3 x 3)."""
+    assert short_tile_cluster(problem(m, n, 4096), 64, 96) == cluster
+
+
+def test_wave_seconds_counts_whole_clusters():
+    """A cluster past an odd tile count runs a CTA on nothing: 3 M tiles of 128 in 2x1 clusters
+    take the time of 4, so at N = 10240 (40 tiles of 256) 128x256 2x1 is 160 tiles (1.2 waves)
+    and 192x192 1x1 (2 x 54 = 108 tiles, one wave) is picked."""
+    p = problem(384, 10240, 8192)
+    assert wave_seconds(p, 128, 256, 2, 1, SMS, 1.0) == wave_seconds(problem(512, 10240, 8192), 128, 256, 2, 1, SMS, 1.0)
+    assert wave_seconds(p, 128, 256, 1, 1, SMS, 1.0) < wave_seconds(p, 128, 256, 2, 1, SMS, 1.0)
+    assert padded_tiles(384, 128, 2) == 4 and padded_tiles(1024, 96, 2) == 12 and padded_tiles(576, 96, 2) == 6
 
 
 def test_split_tail_where_few_tile_columns_leave_a_short_wave():
@@ -227,7 +257,7 @@ def test_16bit_128x128_multicasts_b_over_two_m_tiles():
     cands = wave_candidates(problem(128 + 1, 4096, 4096), SMS)
     assert all(c.cluster_m == 2 for c in cands if c.tile_n >= 128 and c.tile_m == 128)
     one_tile = wave_candidates(problem(128, 4096, 4096), SMS)
-    assert all(c.cluster_m == 1 for c in one_tile)
+    assert all(c.cluster_m == 1 for c in one_tile if c.tile_m == 128)
 
 
 def test_128x64_is_a_candidate_above_128_rows():
