@@ -169,7 +169,8 @@ def short_tile_cluster(p: GemmProblem, tile_m: int, tile_n: int) -> tuple[int, i
     pads a cluster (768 x 1024 x 7168, 12 x 11: 0.59 / 0.95; 1536 x 288 x 7168, 24 x 3: 0.83 /
     0.98). 128x96 tiles measured otherwise: 1x2 (TILE_RATES' note)."""
     mt, nt = ceil_div(p.m, tile_m), ceil_div(p.n, tile_n)
-    for along_m in ((mt <= nt), not (mt <= nt)):
+    fewer_m = mt <= nt
+    for along_m in (fewer_m, not fewer_m):  # the side with fewer tiles first
         if (mt if along_m else nt) % 2 == 0:
             return (2, 1) if along_m else (1, 2)
     return 1, 1

@@ -126,6 +126,7 @@ SM90_CANDIDATES = [
     dict(tile_m=128, tile_n=96, cluster_m=1, cluster_n=2, raster="m", group=8),
     dict(tile_m=64, tile_n=96, cluster_m=1, cluster_n=1, raster="n", group=1),
     dict(tile_m=64, tile_n=96, cluster_m=1, cluster_n=2, raster="n", group=1),
+    dict(tile_m=64, tile_n=96, cluster_m=2, cluster_n=1, raster="n", group=1),
     dict(tile_m=64, tile_n=96, cluster_m=2, cluster_n=2, raster="n", group=1),
     # 192-row tiles (three consumer warpgroups): one wave where 128-row tiles leave a short one
     # (cuBLAS's 192x192 at 8192 x 576)
