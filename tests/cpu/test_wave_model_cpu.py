@@ -92,6 +92,19 @@ def test_short_tile_cluster_pairs_along_the_side_with_fewer_tiles(m, n, cluster)
     assert short_tile_cluster(problem(m, n, 4096), 64, 96) == cluster
 
 
+@settings(max_examples=200, deadline=None)
+@given(m=st.integers(1, 20000), n=st.integers(1, 40000), l=st.integers(1, 4),
+       tile=st.sampled_from([(64, 96), (128, 96), (128, 128), (128, 256), (192, 192)]),
+       cluster=st.sampled_from([(1, 1), (2, 1), (1, 2), (2, 2)]))  # fmt: skip
+def test_padded_tiles_count_the_schedulers_cluster_tiles(m, n, l, tile, cluster):
+    """The model's tile count is the static scheduler's: its persistent grid (no cap) walks
+    cluster tiles, each of cluster_m x cluster_n CTA tiles."""
+    from cutegemm.schedulers.static import persistent_grid
+
+    cm, cn, clusters = persistent_grid((m, n, l), tile, cluster, 2**40)
+    assert padded_tiles(m, tile[0], cm) * padded_tiles(n, tile[1], cn) * l == clusters * cm * cn
+
+
 def test_wave_seconds_counts_whole_clusters():
     """A cluster past an odd tile count runs a CTA on nothing: 3 M tiles of 128 in 2x1 clusters
     take the time of 4, so at N = 10240 (40 tiles of 256) 128x256 2x1 is 160 tiles (1.2 waves)
