@@ -170,10 +170,13 @@ def default_config(
     num_groups: int = 1,
     num_sms: int | None = None,
 ) -> GemmConfig:
-    """The policy's deterministic choice (what the API uses when tuning is off)."""
+    """The policy's deterministic choice (what the API uses when tuning is off): dense calls the
+    full dense rule (``choose_dense``: the wave model's K split, the short A box and the K split
+    of decode-sized M), so the candidates built on it keep those and a tuned winner is timed
+    against the config the call would run untuned."""
     pol = policy_for(arch, num_sms)
     if family == "dense":
-        return pol.choose(p, epilogue=epilogue)
+        return pol.choose_dense(p, epilogue=epilogue)
     if family == "grouped":
         return pol.choose_grouped(p, num_groups, epilogue=epilogue)
     raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")

@@ -88,9 +88,11 @@ def test_default_config_is_the_policy_choice():
     from cutegemm.policy import policy_for
 
     p = problem(128, 7168, 2048)
-    assert tuning.default_config("sm_90a", "dense", p, num_sms=132) == policy_for("sm_90a", 132).choose(
-        p, epilogue=EpilogueSpec()
-    )
+    for dense in (p, problem(16, 4096, 7168), problem(96, 1536, 7168)):  # the latter two split K
+        assert tuning.default_config("sm_90a", "dense", dense, num_sms=132) == policy_for("sm_90a", 132).choose_dense(
+            dense, epilogue=EpilogueSpec()
+        )  # fmt: skip
+    assert tuning.default_config("sm_90a", "dense", problem(96, 1536, 7168), num_sms=132).split_k > 1
     assert tuning.default_config("sm_90a", "grouped", p, num_groups=8) == policy_for("sm_90a").choose_grouped(
         p, 8, epilogue=EpilogueSpec()
     )
