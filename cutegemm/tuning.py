@@ -43,7 +43,8 @@ from .runtime.timer import Timer
 
 ENV_VAR = "CUTEGEMM_AUTOTUNE"
 FILE_NAME = "autotune.json"
-FORMAT_VERSION = 1
+# 2: dense records hold knobs over choose_dense's config (1: over choose's; not read any more)
+FORMAT_VERSION = 2
 FAMILIES = ("dense", "grouped")
 # The GemmConfig fields a record stores (everything else comes from the problem and the policy).
 KNOBS = (
