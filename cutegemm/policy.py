@@ -67,8 +67,9 @@ SHORT_RATE = 0.55
 # 128x96 (0.75) in 1x2 clusters (A multicast: cuBLAS's own tile and cluster there, ncu): 1024 x 1536
 # x 7168 is 128 such tiles, one wave. H100, one process, 4 interleaved rounds of 10 L2-flushed reps
 # (x cuBLAS): 1x2 0.93, 2x1 (B multicast, the pick before) 0.85-0.87, 128x128 1x2 / 2x1 0.86 / 0.84;
-# 1x2 also led 2x1 at 2048 x 1536 x 7168 (0.79 / 0.74), 1024 x 576 x 7168 (0.79 / 0.74) and 2048 x
-# 7168 x 16384 (0.72 / 0.68), and trailed it by 3-5% at 512 x 4096 x 4096 and 512 x 28672 x 4096.
+# 1x2 also led 2x1 at 2048 x 1536 x 7168 (0.79 / 0.74) and 2048 x 7168 x 16384 (0.72 / 0.68), tied
+# or led at 1024 x 576 x 7168 (0.79 / 0.74-0.79), and trailed it by 3-5% at 512 x 4096 x 4096 and
+# 512 x 28672 x 4096.
 # Under ncu the 2x1 kernel ran at 79% of the L2's throughput against cuBLAS's 61%. Its rate on 1-19
 # wave shapes was 0.72-0.86 (2x1); in 1x1 clusters it ran 0.74-0.75 there.
 TILE_RATES = {
