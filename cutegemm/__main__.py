@@ -59,7 +59,8 @@ def cmd_bench(args) -> int:
             print(quant_markdown_table(rows, f"quantize (bf16 input) on {gpu}"))
             print(f"results: {write_quant_results(rows, outdir)}")
         elif fam == "sweep":  # real-model layers x M, bf16 and FP8 row-wise, vs torch
-            results = layer_sweep.sweep(out=outdir / "sweep")
+            m_values = tuple(int(v) for v in args.m_values.split(",")) if args.m_values else layer_sweep.M_VALUES
+            results = layer_sweep.sweep(m_values=m_values, out=outdir / "sweep")
             print(layer_sweep.markdown(results))
             print(f"results: {outdir / 'sweep'}")
         elif fam == "moe":  # the MoE expert layer, fwd and fwd+bwd: torch, cutegemm, transformers backend, SonicMoE
@@ -129,6 +130,8 @@ def main(argv=None) -> int:
                    help="moe: shape names (substrings, comma separated); tiles: MxNxK,...; default all")
     b.add_argument("--impls", default="", help="moe: torch,cutegemm,cutegemm-hf,sonicmoe (torch always runs)")
     b.add_argument("--rounds", type=int, default=4, help="moe: interleaved rounds")
+    b.add_argument("--m-values", default="",
+                   help="sweep: token counts M, comma separated (default 1,16,64,128,512,1024,2048,8192)")
     b.set_defaults(fn=cmd_bench)
     c = sub.add_parser("compile-check", help="compile every variant for each arch and check its SASS")
     c.add_argument("--arch", default="sm_90a,sm_100a")
