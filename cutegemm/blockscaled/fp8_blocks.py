@@ -299,15 +299,12 @@ def column_scales(recipe: str, m: int, k: int, scale_a, scale_b):
     return sa, tma_scale_a(scale_b)
 
 
+@functools.lru_cache(maxsize=1024)
 def column_config(m: int, n: int, k: int, lda: int, ldb: int, out_dtype, scaled: bool, config, num_sms: int):
     """The config of the block-scaled kernel with per-column B scales (``fp8_blockwise`` and
     ``sfb_cols``): ``config``, or the dense policy's DeepSeek-recipe tile for (m, n, k) (unsplit);
-    alpha on where the call scales; checked by ``can_implement`` (its errors raised anew per call)."""
-    return _column_config(m, n, k, lda, ldb, out_dtype, scaled, config, num_sms)
-
-
-@functools.lru_cache(maxsize=1024)
-def _column_config(m, n, k, lda, ldb, out_dtype, scaled, config, num_sms):
+    alpha on where the call scales; checked by ``can_implement`` (cached; a failure is not, so its
+    error is raised anew per call)."""
     if config is not None and not (config.fp8_blockwise and config.sfb_cols and config.form is Form.DENSE):
         raise ValueError(f"config {config.name}: the 1x128 x 1x128 / 128x128 x 1x128 recipes run a dense "
                          "fp8_blockwise config with sfb_cols=True (or an fp8_mx one: the MXFP8 emulation)")  # fmt: skip

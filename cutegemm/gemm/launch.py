@@ -166,6 +166,14 @@ def tma_storable_t(out: torch.Tensor) -> bool:
     )
 
 
+def c_major_of(out: torch.Tensor) -> str | None:
+    """C's unit-stride mode (``config.c_major``) of an output whose last two dims are (M, N): "n"
+    (row-major, or one column), "m" (M-major), None (neither has unit stride)."""
+    if out.stride(-1) == 1 or out.shape[-1] == 1:
+        return "n"
+    return "m" if out.stride(-2) == 1 else None
+
+
 def m_major_ok(arch: str, itemsize: int, n: int) -> bool:
     """Where the sm_90a kernels store C M-major (config.c_major "m", ``config.c_major_ok``): a
     16-bit C of more than one column (a one-column C takes the N-major kernel, as it always did)."""

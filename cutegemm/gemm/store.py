@@ -44,6 +44,27 @@ def _store_n_major(sC, gC, rows_valid, cols_valid, tidx, num_threads: cutlass.Co
     )
     used = thr_m * thr_n
     thr = tiled.get_slice(cutlass.min(tidx, used - 1) if cutlass.const_expr(used < num_threads) else tidx)
+    _copy_valid(atom, thr, sC, gC, rows_valid, cols_valid, tidx < used)
+
+
+@cute.jit
+def _store_m_major(sC, gC, rows_valid, cols_valid, tidx, num_threads: cutlass.Constexpr):
+    """:func:`store_subtile_predicated` of an M-major subtile: one element per copy."""
+    dtype = sC.element_type
+    thr_m = min(num_threads, cute.size(sC, mode=[0]))
+    thr_n = num_threads // thr_m
+    atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=dtype.width)
+    tiled = cute.make_tiled_copy_tv(
+        atom, cute.make_layout((thr_m, thr_n), stride=(1, thr_m)), cute.make_layout((1, 1))
+    )
+    _copy_valid(atom, tiled.get_slice(tidx), sC, gC, rows_valid, cols_valid, True)
+
+
+@cute.jit
+def _copy_valid(atom, thr, sC, gC, rows_valid, cols_valid, live):
+    """This thread's pieces of the subtile (``thr``: its slice of the tiled copy), each copied when
+    its first element's row and column are valid and the thread is ``live``."""
+    epi_m, epi_n = cute.size(sC, mode=[0]), cute.size(sC, mode=[1])
     # (CPY, CPY_M, CPY_N)
     tS = thr.partition_S(sC)
     tD = thr.partition_D(gC)
@@ -51,27 +72,5 @@ def _store_n_major(sC, gC, rows_valid, cols_valid, tidx, num_threads: cutlass.Co
     for i in cutlass.range_constexpr(cute.size(tS, mode=[1])):
         for j in cutlass.range_constexpr(cute.size(tS, mode=[2])):
             row, col = tI[(0, i, j)]
-            if row < rows_valid and col < cols_valid and tidx < used:
-                cute.copy(atom, tS[(None, i, j)], tD[(None, i, j)])
-
-
-@cute.jit
-def _store_m_major(sC, gC, rows_valid, cols_valid, tidx, num_threads: cutlass.Constexpr):
-    """:func:`store_subtile_predicated` of an M-major subtile: one element per copy."""
-    dtype = sC.element_type
-    epi_m, epi_n = cute.size(sC, mode=[0]), cute.size(sC, mode=[1])
-    thr_m = min(num_threads, epi_m)
-    thr_n = num_threads // thr_m
-    atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=dtype.width)
-    tiled = cute.make_tiled_copy_tv(
-        atom, cute.make_layout((thr_m, thr_n), stride=(1, thr_m)), cute.make_layout((1, 1))
-    )
-    thr = tiled.get_slice(tidx)
-    tS = thr.partition_S(sC)
-    tD = thr.partition_D(gC)
-    tI = thr.partition_S(cute.make_identity_tensor((epi_m, epi_n)))
-    for i in cutlass.range_constexpr(cute.size(tS, mode=[1])):
-        for j in cutlass.range_constexpr(cute.size(tS, mode=[2])):
-            row, col = tI[(0, i, j)]
-            if row < rows_valid and col < cols_valid:
+            if row < rows_valid and col < cols_valid and live:
                 cute.copy(atom, tS[(None, i, j)], tD[(None, i, j)])

@@ -39,6 +39,7 @@ from ..gemm.launch import (
     INPUT_TO_NAME,
     TORCH_TO_NAME,
     aligned_operand,
+    c_major_of,
     check_offs_values,
     check_operand,
     kernel_view,
@@ -276,7 +277,7 @@ def _kgrouped_plan(a, b, out, alpha, config):
     dev = a.device
     arch, num_sms = device_info(dev.index if dev.index is not None else torch.cuda.current_device())
     # C row-major, or M-major (sm_90a, 16-bit: config.c_major "m")
-    c_major = "n" if out.stride(2) == 1 or out.shape[2] == 1 else "m" if out.stride(1) == 1 else None
+    c_major = c_major_of(out)
     if arch not in ("sm_90a", "sm_100a") or c_major is None:
         return False
     if c_major == "m" and not m_major_ok(arch, out.element_size(), out.shape[2]):

@@ -93,6 +93,7 @@ from ..gemm.launch import (
     NAME_TO_TORCH,
     TORCH_TO_NAME,
     aligned_operand,
+    c_major_of,
     check_activation,
     check_offs_values,
     check_operand,
@@ -258,7 +259,7 @@ def _plan_packed(a, b, offs, out, out_dtype, alpha, config, epi_in: _Epi, fast_a
     if b_unit is None:
         raise ValueError("b must have a contiguous K or N dim (e.g. (E, K, N) or (E, N, K).transpose(1, 2))")
     # An out the caller gave M-major (grouped_gemm checked stores_m_major): config.c_major "m"
-    c_major = "n" if out.stride(1) == 1 or out.shape[1] == 1 else "m"
+    c_major = c_major_of(out)
     views = (
         kernel_view(a.unsqueeze(0), 2, (1, 2, 0), "a"),
         kernel_view(b, b_unit, (2, 1, 0), "b"),
