@@ -72,9 +72,19 @@ SHORT_RATE = 0.55
 # 512 x 28672 x 4096.
 # Under ncu the 2x1 kernel ran at 79% of the L2's throughput against cuBLAS's 61%. Its rate on 1-19
 # wave shapes was 0.72-0.86 (2x1); in 1x1 clusters it ran 0.74-0.75 there.
+# 128x224 (2x1, N-major raster, 16-bit dense only: config_errors): 7 waves where 128x256 fills part
+# of a fourth or fifth one (2048 x 7168 x 16384: 512 tiles, 3.9 waves, against 448 of 128x256, 3.4).
+# H100, one process, 4 interleaved rounds of 10 L2-flushed reps, x cuBLAS, 128x256 (or the pick) ->
+# 128x224: DeepSeek-V3 o (N 7168, K 16384) at M = 512 / 1024 / 1536 / 2048 0.98 / 1.00 / 0.92 /
+# 0.89 -> 1.05 / 1.10 / 1.02 / 0.99; 512 x 14336 x 4096 0.99 -> 1.09; 512 x 51200 x 5120 (128x160)
+# 0.98 -> 1.03; 1152 x 5120 x 25600 (128x192 in 2 ranges) 0.58 -> 0.85; 512 x 28672 x 4096 0.98 /
+# 0.97; 8192^3 1.02 / 1.02 (not a pick). It lost at 384 x 7168 x 16384 (0.75 -> 0.70: one round
+# either way, where B's 235 MB read twice bounds the call, which the model does not count).
+# Outputs bit-equal to 128x256's. The rate fits those runs.
+WIDE_RATE = 0.97
 TILE_RATES = {
-    "16-bit": {(128, 256): 1.00, (128, 192): 0.96, (128, 160): 0.95, (128, 128): 0.88, (128, 96): 0.75,
-               (192, 192): TALL_RATE, (64, 96): SHORT_RATE},
+    "16-bit": {(128, 256): 1.00, (128, 224): WIDE_RATE, (128, 192): 0.96, (128, 160): 0.95, (128, 128): 0.88,
+               (128, 96): 0.75, (192, 192): TALL_RATE, (64, 96): SHORT_RATE},
     "e4m3": {(128, 192): 0.96, (128, 128): 0.85, (128, 64): 0.43},
 }
 SM_FLOPS = 6.0e12  # 16-bit WGMMA flop/s of one SM at the power-capped clock (802 TFLOP/s / 132); e4m3 twice
@@ -177,6 +187,24 @@ def short_tile_cluster(p: GemmProblem, tile_m: int, tile_n: int) -> tuple[int, i
     return 1, 1
 
 
+ODD_M_TILES = frozenset({3, 5})  # odd_m_pairs_n (empty: 2x1 only, the policy before it)
+
+
+def odd_m_pairs_n(p: GemmProblem, tile_m: int, tile_n: int) -> bool:
+    """Whether the wave model also weighs a 2x1-clustered 16-bit tile in 1x2 clusters (A
+    multicast): an odd count of M tiles (M = 384, 640: a 2x1 cluster pads one, so a third or a
+    fifth of the CTAs of that row of clusters run on nothing) and an even count of N tiles (no
+    padding along N). The tiles then count as they are, and the pick moves to 1x2 where that saves a
+    round. H100, one process, 4 interleaved rounds of 10 L2-flushed reps, x cuBLAS, 2x1 -> 1x2 (M-major
+    raster; N-major 0.94-0.96): 640 x 28672 x 4096 (128x192) 0.75 -> 0.98, 640 x 24576 x 4096
+    (128x160) 0.69 -> 0.99, 640 x 24576 x 1536 (128x160) 0.76 -> 1.01; where the rounds stay the same,
+    384 x 7168 x 16384 / 384 x 7168 x 4096 (128x256) 0.75 / 0.80 either way and 640 x 14336 x 4096
+    (128x256) 0.82 -> 0.78. Only 3 or 5 M tiles (ODD_M_TILES: where the padding idles a sixth of the
+    CTAs or more, as measured); e4m3 keeps 2x1 (not measured)."""
+    mt = ceil_div(p.m, tile_m)
+    return p.a_dtype != "e4m3" and tile_m == 128 and mt in ODD_M_TILES and ceil_div(p.n, tile_n) % 2 == 0
+
+
 def dtype_family(a_dtype: str) -> str:
     """TILE_RATES' key of an operand dtype."""
     return "e4m3" if a_dtype == "e4m3" else "16-bit"
@@ -196,7 +224,7 @@ def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,), extra_rates=None,
     unsplit) and 128x96 tiles too (16-bit dense forms only: ArchPolicy.choose falls back without)."""
     fp8 = p.a_dtype == "e4m3"
     base = TILE_RATES[dtype_family(p.a_dtype)]
-    rates = {**{t: r for t, r in base.items() if other_m or (t[0] == 128 and t[1] != 96)}, **(extra_rates or {})}
+    rates = {**{t: r for t, r in base.items() if other_m or (t[0] == 128 and t[1] not in (96, 224))}, **(extra_rates or {})}
     k_tiles, min_tiles = (ceil_div(p.k, 128), 12) if fp8 else (ceil_div(p.k, 64), 24)
     out = []
     for (tm, tn), rate in rates.items():
@@ -212,6 +240,9 @@ def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,), extra_rates=None,
                 continue
             sec = wave_seconds(p, tm, tn, cl, split, num_sms, rate, cluster_n=cln)
             out.append(WaveCandidate(tm, tn, cl, split, sec, fp8, cluster_n=cln))
+            if split == 1 and cl == 2 and odd_m_pairs_n(p, tm, tn):  # 1x2 too: no CTA on a padded M tile
+                out.append(WaveCandidate(tm, tn, 1, 1, wave_seconds(p, tm, tn, 1, 1, num_sms, rate, cluster_n=2),
+                                         fp8, cluster_n=2))  # fmt: skip
             if split > 1 and tail_ok:
                 out.append(WaveCandidate(tm, tn, cl, split, wave_seconds(p, tm, tn, cl, split, num_sms, rate, True),
                                          fp8, tail=True))  # fmt: skip

@@ -144,16 +144,16 @@ def previous_config(cfg, m: int, n: int, sms: int):
 
 @contextlib.contextmanager
 def previous_policy():
-    """The policy before the FP8 decode read model (policy.DECODE_READ_MODEL) and e4m3 128x160 for
-    64 < M <= 128 (policy.SMALL_M_ONLY_RATES), for the sweep's same-round comparison on the cases
-    where it picks another config."""
-    saved = policy.DECODE_READ_MODEL, policy.SMALL_M_ONLY_RATES
-    policy.DECODE_READ_MODEL = False
-    policy.SMALL_M_ONLY_RATES = {**saved[1], "e4m3": {t: r for t, r in saved[1]["e4m3"].items() if t != (128, 160)}}
+    """The policy before 128x224 tiles (policy.WIDE_RATE) and the 1x2 clusters of odd M-tile
+    counts (policy.odd_m_pairs_n), for the sweep's same-round comparison on the cases where it
+    picks another config."""
+    saved = policy.TILE_RATES, policy.ODD_M_TILES
+    policy.TILE_RATES = {fam: {t: r for t, r in rates.items() if t != (128, 224)} for fam, rates in saved[0].items()}
+    policy.ODD_M_TILES = frozenset()
     try:
         yield
     finally:
-        policy.DECODE_READ_MODEL, policy.SMALL_M_ONLY_RATES = saved
+        policy.TILE_RATES, policy.ODD_M_TILES = saved
 
 
 def alternative_config(cfg, args, kwargs):
@@ -307,7 +307,7 @@ def markdown(results: list[Result]) -> str:
                   + (f"; on those cases ours {stats['changed_geomean']:.3f}, the previous rule "
                      f"{stats['changed_before_geomean']:.3f}." if stats["changed"] else "."), ""]  # fmt: skip
         if stats["alternatives"]:
-            lines += [f"The policy before the FP8 decode read model and e4m3 128x160 (previous_policy), timed in the same rounds on "
+            lines += [f"The policy before 128x224 tiles and odd M-tile counts' 1x2 clusters (previous_policy), timed in the same rounds on "
                       f"the {stats['alternatives']} cases where they differ: ours {stats['alt_ours_geomean']:.3f}, "
                       f"the picks {stats['alt_geomean']:.3f} ("
                       + "; ".join(f"{name} {ours:.2f} -> {alt:.2f}" for name, ours, alt, _ in stats["alt_cases"])

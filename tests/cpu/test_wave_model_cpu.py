@@ -10,6 +10,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from cutegemm import policy
 from cutegemm.config import EpilogueSpec, GemmProblem, can_implement, config_errors
 from cutegemm.policy import (
     MODEL_MARGIN,
@@ -311,13 +312,15 @@ def test_h100_split_costs_and_128x160_rate():
     """The H100 recalibration (16-bit split K at 10 µs a range, 128x160 at 0.95 of 128x256):
     DeepSeek-V3 q_a at M = 512 runs 128x64 unsplit (0.93x cuBLAS in `bench tiles` against 4 ranges
     of 128x192's 0.83), Qwen3-32B qkv at M = 128 128x128 unsplit (0.97 against 0.91), Qwen3-32B
-    gate_up at M = 512 128x160 2x1 (1.00 against 128x256's 0.93); e4m3 keeps its split pick."""
+    gate_up at M = 512 128x160 2x1 (1.00 against 128x256's 0.93; without 128x224, which runs it 1.03
+    since); e4m3 keeps its split pick."""
     q_a = wave_choice(problem(512, 1536, 7168), SMS, (1, 2, 3, 4), True, other_m=False)  # (64x96 now, above)
     assert (q_a.tile_m, q_a.tile_n, q_a.split_k) == (128, 64, 1), q_a
     qkv = dense(128, 10240, 5120)
     assert (qkv.tile_n, qkv.split_k) == (96, 1), qkv.name  # 128x96 since (0.95 -> 0.96 in the H100 sweep)
     gate_up = dense(512, 51200, 5120)
-    assert (gate_up.tile_n, gate_up.cluster_m, gate_up.split_k) == (160, 2, 1), gate_up.name
+    assert (gate_up.tile_n, gate_up.cluster_m, gate_up.split_k) == (224, 2, 1), gate_up.name
+    assert wave_choice(problem(512, 51200, 5120), SMS, other_m=False).tile_n == 160  # 224 is 16-bit dense only
     assert dense(512, 1536, 7168, "e4m3").split_k > 1
     for cfg in (qkv, gate_up):
         assert not config_errors(cfg)
@@ -395,3 +398,37 @@ def test_fp8_decode_tile_streams_the_weight_sooner(m):
     # a part-filled round of c CTAs costs max(c, DECODE_SAT_CTAS) columns
     assert policy.decode_read_time(SMS + 1, 64, SMS) == (SMS + policy.DECODE_SAT_CTAS) * 64
     assert dense(m, 10240, 8192).tile_n == 128 and dense(m, 51200, 5120).tile_n == 128  # bf16: N / 128 >= SMs / 3
+
+
+def test_128x224_where_128x256_leaves_a_part_filled_wave():
+    """128x224 2x1 (policy.WIDE_RATE): DeepSeek-V3 o at M = 2048 is 512 tiles (3.9 waves) where
+    128x256 makes 448 (3.4: a fourth round for a third of the SMs); H100 0.89 -> 0.99x cuBLAS.
+    Shapes 128x256 fills (8192^3, 4096^3) keep it; 224 is 16-bit dense only (no e4m3, no quantized
+    output: the other_m=False fallback never weighs it)."""
+    o = dense(2048, 7168, 16384)
+    assert (o.tile_m, o.tile_n, o.cluster_m, o.cluster_n, o.raster) == (128, 224, 2, 1, "n"), o.name
+    assert not config_errors(o)
+    for m, n, k in ((8192, 8192, 8192), (4096, 4096, 4096), (1024, 4096, 4096)):
+        assert dense(m, n, k).tile_n == 256
+    assert dense(2048, 7168, 16384, "e4m3").tile_n != 224
+    assert all(c.tile_n != 224 for c in wave_candidates(problem(2048, 7168, 16384), SMS, other_m=False))
+
+
+@pytest.mark.parametrize("m,n,tile_n", [(640, 28672, 224), (640, 24576, 192), (384, 28672, 224)])
+def test_odd_m_tile_counts_weigh_1x2_clusters(m, n, tile_n):
+    """3 or 5 M tiles (M = 384, 640): a 2x1 cluster pads one, so the model weighs 1x2 too and takes
+    it where it saves a round (H100: 640 x 24576 x 4096 0.69 -> 0.99x cuBLAS in 128x160 1x2)."""
+    cfg = dense(m, n, 4096)
+    assert (cfg.tile_n, cfg.cluster_m, cfg.cluster_n, cfg.raster) == (tile_n, 1, 2, "m"), cfg.name
+    assert not config_errors(cfg)
+
+
+def test_odd_m_pairs_only_few_odd_16bit_m_tiles():
+    """odd_m_pairs_n: 16-bit, 128-row tiles, 3 or 5 M tiles, an even count of N tiles."""
+    assert policy.odd_m_pairs_n(problem(640, 28672, 4096), 128, 224)  # 5 x 128
+    assert policy.odd_m_pairs_n(problem(384, 7168, 4096), 128, 256)  # 3 x 28
+    assert not policy.odd_m_pairs_n(problem(512, 28672, 4096), 128, 224)  # 4 M tiles
+    assert not policy.odd_m_pairs_n(problem(1152, 5120, 4096), 128, 224)  # 9 M tiles
+    assert not policy.odd_m_pairs_n(problem(640, 7424, 4096), 128, 256)  # 29 N tiles
+    assert not policy.odd_m_pairs_n(problem(640, 7168, 4096, "e4m3"), 128, 192)
+    assert not policy.odd_m_pairs_n(problem(640, 7168, 4096), 64, 96)
