@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from .config import INPUT_DTYPES, OUTPUT_DTYPES, EpilogueSpec, GemmConfig, GemmProblem, can_implement
-from .policy import ceil_div, policy_for
+from .policy import ceil_div, policy_for, short_a_box
 from .runtime.cache import cache_dir
 from .runtime.timer import Timer
 
@@ -123,6 +123,7 @@ def record_key(
 _SM90_DENSE = [
     dict(tile_m=128, tile_n=256, cluster_m=2, cluster_n=1, pingpong=False, raster="n", group=8),
     dict(tile_m=128, tile_n=256, cluster_m=1, cluster_n=2, pingpong=False, raster="m", group=8),
+    dict(tile_m=128, tile_n=224, cluster_m=2, cluster_n=1, pingpong=False, raster="n", group=8),  # 16-bit dense
     dict(tile_m=128, tile_n=128, cluster_m=2, cluster_n=1, pingpong=True, raster="m", group=8),
     dict(tile_m=128, tile_n=192, cluster_m=2, cluster_n=1, pingpong=True, raster="n", group=8),  # 16-bit, light epilogues
     dict(tile_m=128, tile_n=128, cluster_m=1, cluster_n=1, pingpong=False, raster="m", group=8),
@@ -197,6 +198,8 @@ def candidates(
     out = [default]
     for v in _VARIANTS.get((arch, family), []):
         cfg = replace(default, **v)
+        if cfg.a_rows:  # the default's short A box (policy.short_a_box), fitted to the variant's tile
+            cfg = short_a_box(replace(cfg, a_rows=0), p)
         if cfg not in out and can_implement(cfg, p)[0]:
             out.append(cfg)
         if len(out) >= MAX_CANDIDATES:
