@@ -72,8 +72,8 @@ SHORT_RATE = 0.55
 # 512 x 28672 x 4096.
 # Under ncu the 2x1 kernel ran at 79% of the L2's throughput against cuBLAS's 61%. Its rate on 1-19
 # wave shapes was 0.72-0.86 (2x1); in 1x1 clusters it ran 0.74-0.75 there.
-# 128x224 (2x1, N-major raster, 16-bit dense only: config_errors): 7 waves where 128x256 fills part
-# of a fourth or fifth one (2048 x 7168 x 16384: 512 tiles, 3.9 waves, against 448 of 128x256, 3.4).
+# 128x224 (2x1, N-major raster, 16-bit dense only: config_errors): nearly whole waves where 128x256
+# fills part of its last one (2048 x 7168 x 16384: 512 tiles, 3.9 waves, against 448 of 128x256, 3.4).
 # H100, one process, 4 interleaved rounds of 10 L2-flushed reps, x cuBLAS, 128x256 (or the pick) ->
 # 128x224: DeepSeek-V3 o (N 7168, K 16384) at M = 512 / 1024 / 1536 / 2048 0.98 / 1.00 / 0.92 /
 # 0.89 -> 1.05 / 1.10 / 1.02 / 0.99; 512 x 14336 x 4096 0.99 -> 1.09; 512 x 51200 x 5120 (128x160)
@@ -214,7 +214,8 @@ def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,), extra_rates=None,
                     other_m: bool = True) -> list[WaveCandidate]:  # fmt: skip
     """Every (tile, cluster, split) the model weighs for ``p``, the default (widest tile) first.
     2x1 clusters where there are two M tiles (B multicast: 16-bit 128x128 too, H100 `bench
-    tiles`: 512 x 4096 x 14336 0.78 -> 0.96x cuBLAS, 512 x 4096 x 4096 0.91 -> 0.95), but 1x2
+    tiles`: 512 x 4096 x 14336 0.78 -> 0.96x cuBLAS, 512 x 4096 x 4096 0.91 -> 0.95), and 1x2 beside
+    them where odd_m_pairs_n says so (3 or 5 M tiles, 16-bit), but 1x2
     (A multicast) for 128x96 where there are two N tiles; 64-row tiles in short_tile_cluster's; split
     K on 1x1 clusters only (split_k_errors) and tiles up to 128x192 (128x256's partial-sum
     fix-up spills registers), with at least 24 K tiles of 64 (16-bit) / 12 of 128 (FP8) per
