@@ -102,6 +102,8 @@ def _route_defaults(fn, supported: tuple[str, ...]) -> dict:
 def gemm(a, b, **options):
     if isinstance(a, BlockScaledTensor) or isinstance(b, BlockScaledTensor):
         if is_fp4_weight_call(a, b):
+            if not options:  # every option at its default (the decode call): gemm_fp4_weight's defaults are the same
+                return gemm_fp4_weight(a, b)
             return gemm_fp4_weight(a, b, **_supported(dense.gemm, options, ("scale_a", *BLOCKSCALED_OPTIONS)))
         return gemm_blockscaled(a, b, **_supported(dense.gemm, options, BLOCKSCALED_OPTIONS))
     sb = options.get("scale_b")
