@@ -128,6 +128,12 @@ SM90_CANDIDATES = [
     dict(tile_m=64, tile_n=96, cluster_m=1, cluster_n=2, raster="n", group=1),
     dict(tile_m=64, tile_n=96, cluster_m=2, cluster_n=1, raster="n", group=1),
     dict(tile_m=64, tile_n=96, cluster_m=2, cluster_n=2, raster="n", group=1),
+    # 128x224 (whole waves where 128x256 part-fills its last) and the 1x2 clusters the wave model
+    # weighs for 3 or 5 M tiles (policy.odd_m_pairs_n)
+    dict(tile_m=128, tile_n=224, cluster_m=2, cluster_n=1, raster="n", group=8),
+    dict(tile_m=128, tile_n=224, cluster_m=1, cluster_n=2, raster="m", group=8),
+    dict(tile_m=128, tile_n=192, cluster_m=1, cluster_n=2, raster="m", group=8),
+    dict(tile_m=128, tile_n=160, cluster_m=1, cluster_n=2, raster="m", group=8),
     # 192-row tiles (three consumer warpgroups): one wave where 128-row tiles leave a short one
     # (cuBLAS's 192x192 at 8192 x 576)
     *(dict(tile_m=192, tile_n=tn, cluster_m=cm, cluster_n=cn, raster="m", group=8)
