@@ -32,6 +32,8 @@ releases it.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
@@ -39,6 +41,21 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ..fp8_scales import SCALE_A_ROW_ALIGN as SFA_ALIGN  # fp32 rows per 16 bytes
 from .accumulators import frag_dims, frag_idx
+
+
+class BlockwiseRegs(NamedTuple):
+    """A consumer thread's block-scale state (:meth:`BlockwiseMainloop.blockwise_setup`, once)."""
+
+    sSFA: object  # scale_a's stages (shared memory)
+    sfb: object  # scale_b: the (NB, KB[, E]) fp32 tensor, or with config.sfb_cols its stages (shared memory)
+    n_sa: int  # accumulator rows of this thread
+    two_nb: bool  # a tile spans two 128-column N blocks of B's scales
+    sa_rows: object  # (n_sa,) Int32: the tile-local rows of the thread's accumulator registers
+    sa_vals: object  # (n_sa,) Float32: their scale_a in the current K tile
+    sb_cur: object  # (1 or 2,) Float32: B's scale(s) of the current K tile (None with config.sfb_cols)
+    sb_next: object  # ... of the K tile loaded a tile ahead (None with config.sfb_cols)
+    col0: object  # config.sfb_cols: (1,) Int32, the thread's first tile-local column (else None)
+    acc_shape: object
 
 
 class BlockwiseMainloop:
@@ -76,14 +93,18 @@ class BlockwiseMainloop:
         """Scale bytes one stage receives: scale_a's box, and scale_b's with config.sfb_cols."""
         return (self.sfa_rows() + (self.k.config.tile_n if self.k.config.sfb_cols else 0)) * 4
 
-    def sfb_tma(self, mSFB: cute.Tensor):
-        """config.sfb_cols: TMA atom and coordinate tensor of scale_b (N, KB) (N-major) as (N, KB,
-        1): one box of tile_n x 1 per stage, every CTA for itself."""
-        m3 = cute.make_tensor(mSFB.iterator, cute.append(mSFB.layout, cute.make_layout(1)))
+    @staticmethod
+    def scale_tma(m: cute.Tensor, stages, rows: int):
+        """TMA atom and coordinate tensor of a (rows-major) scale tensor (R, KB) as (R, KB, 1): one box
+        of ``rows`` x 1 per stage of ``stages`` (its layout), every CTA for itself (no multicast)."""
+        m3 = cute.make_tensor(m.iterator, cute.append(m.layout, cute.make_layout(1)))
         return cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileG2SOp(), m3, cute.slice_(self.sfb_layout(), (None, None, 0)),
-            (self.k.config.tile_n, 1),
-        )  # fmt: skip
+            cpasync.CopyBulkTensorTileG2SOp(), m3, cute.slice_(stages, (None, None, 0)), (rows, 1)
+        )
+
+    def sfb_tma(self, mSFB: cute.Tensor):
+        """config.sfb_cols: scale_b (N, KB) (N-major): one box of tile_n x 1 per stage."""
+        return self.scale_tma(mSFB, self.sfb_layout(), self.k.config.tile_n)
 
     def sfb_load_operand(self, tma_atom, mSFB, sSFB):
         """config.sfb_cols: the scale_b operand for ``GemmBase.load_ab``: n-tile tile[1]'s columns."""
@@ -107,12 +128,8 @@ class BlockwiseMainloop:
         return row0 - off, off
 
     def sfa_tma(self, mSFA: cute.Tensor):
-        """TMA atom and coordinate tensor of scale_a (M, KB) (M-major) as (M, KB, 1): one box of
-        sfa_rows() x 1 per stage, every CTA for itself (no multicast)."""
-        m3 = cute.make_tensor(mSFA.iterator, cute.append(mSFA.layout, cute.make_layout(1)))
-        return cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileG2SOp(), m3, cute.slice_(self.sfa_layout(), (None, None, 0)), (self.sfa_rows(), 1)
-        )
+        """scale_a (M, KB) (M-major): one box of sfa_rows() x 1 per stage (:meth:`scale_tma`)."""
+        return self.scale_tma(mSFA, self.sfa_layout(), self.sfa_rows())
 
     def sfa_load_operand(self, tma_atom, mSFA, sSFA):
         """The scale_a operand for ``GemmBase.load_ab`` (``mSFA``: the TMA coordinate tensor of
@@ -137,9 +154,7 @@ class BlockwiseMainloop:
         return (tma_atom, sfa_tiles, tAsSFA, None)
 
     def blockwise_setup(self, thr_mma, acc_shape, block_scales):
-        """Per consumer thread, once: (sSFA, mSFB, n_sa, two_nb, tile-local rows of the
-        accumulator registers, the row scales of the current K tile, two B-scale buffers,
-        acc_shape)."""
+        """Per consumer thread, once: its :class:`BlockwiseRegs`."""
         cfg = self.k.config
         sSFA, mSFB = block_scales
         n_sa = frag_dims(acc_shape, cfg.tile_n)[0]
@@ -150,15 +165,13 @@ class BlockwiseMainloop:
         for i in range(n_sa):
             sa_rows[i] = tCcTile[frag_idx(i, 0)][0]
         sa_vals = cute.make_rmem_tensor((n_sa,), cutlass.Float32)
-        if cutlass.const_expr(cfg.sfb_cols):  # sb_next[0]: this thread's first tile-local column
-            two_nb = False
-            sb_next = cute.make_rmem_tensor((1,), cutlass.Int32)
-            sb_next[0] = tCcTile[frag_idx(0, 0)][1]
-            sb_cur = sb_next
-        else:
-            sb_cur = cute.make_rmem_tensor((n_sb,), cutlass.Float32)
-            sb_next = cute.make_rmem_tensor((n_sb,), cutlass.Float32)
-        return sSFA, mSFB, n_sa, two_nb, sa_rows, sa_vals, sb_cur, sb_next, acc_shape
+        if cutlass.const_expr(cfg.sfb_cols):  # the column scales are read from the stages as used
+            col0 = cute.make_rmem_tensor((1,), cutlass.Int32)
+            col0[0] = tCcTile[frag_idx(0, 0)][1]
+            return BlockwiseRegs(sSFA, mSFB, n_sa, False, sa_rows, sa_vals, None, None, col0, acc_shape)
+        sb_cur = cute.make_rmem_tensor((n_sb,), cutlass.Float32)
+        sb_next = cute.make_rmem_tensor((n_sb,), cutlass.Float32)
+        return BlockwiseRegs(sSFA, mSFB, n_sa, two_nb, sa_rows, sa_vals, sb_cur, sb_next, None, acc_shape)
 
     def blockwise_tile_start(self, bw, tile):
         """A tile's N block(s) and K tile 0's B scales into the first buffer. Returns (the
@@ -170,11 +183,10 @@ class BlockwiseMainloop:
         last read the last N block's scales (clamped: memcheck found the read past B's scales),
         never stored."""
         cfg = self.k.config
-        _, mSFB, _, two_nb, _, _, sb_cur, _, _ = bw
-        sfb = mSFB
+        sfb = bw.sfb
         sa_off = 0
         if cfg.grouped:  # (plain Python, traced inline: a compile-time branch)
-            sfb = mSFB[(None, None, tile[2])]
+            sfb = bw.sfb[(None, None, tile[2])]
             sa_off = self.sfa_box_row(tile)[1]
         col0 = tile[1] * cfg.tile_n
         n_blk = cutlass.min(col0 // 128, sfb.shape[0] - 1)
@@ -182,7 +194,7 @@ class BlockwiseMainloop:
         nb_split = (128 - col0 % 128) // 8
         bw_at = (sfb, n_blk, n_blk1, sa_off)
         if cutlass.const_expr(not cfg.sfb_cols):  # (per-column scales ride the stages)
-            self.load_b_scales(sb_cur, bw_at, 0, two_nb)
+            self.load_b_scales(bw.sb_cur, bw_at, 0, bw.two_nb)
         return bw_at, nb_split
 
     @cute.jit
@@ -206,13 +218,13 @@ class BlockwiseMainloop:
         """A tile's K loop, unrolled by two K tiles whose B-scale buffers swap roles: the B
         scales loaded for K tile k + 1 are first read by its promotion, a whole K tile later.
         Returns (tiled_mma, read_state, release_state)."""
-        _, _, _, _, _, _, sb_cur, sb_next, _ = bw
+        sb_cur, sb_next = bw.sb_cur, bw.sb_next
         bw_k = (bw, bw_at, nb_split, my_wg)
         if cutlass.const_expr(self.k.config.sfb_cols):  # the scales of both operands ride the stages
             for _kt in range(kt_cnt):
                 tiled_mma, read_state, release_state = self.blockwise_k_tile(
                     ab_pipeline, read_state, release_state, tiled_mma, acc, acc_sum, tCrA, tCrB, num_k_blocks,
-                    sb_cur, sb_next, 0, bw_k,
+                    None, None, 0, bw_k,
                 )  # fmt: skip
             return tiled_mma, read_state, release_state
         for kp in range(kt_cnt // 2):
@@ -253,7 +265,7 @@ class BlockwiseMainloop:
         while the WGMMAs run, then acc_sum += partial * scale_a[row] * scale_b (``sb_use``).
         Returns (tiled_mma, read_state, release_state)."""
         bw, bw_at, nb_split, my_wg = bw_k
-        sSFA, _, n_sa, two_nb, sa_rows, sa_vals, _, _, acc_shape = bw
+        sSFA, n_sa, two_nb, sa_rows, sa_vals, acc_shape = bw.sSFA, bw.n_sa, bw.two_nb, bw.sa_rows, bw.sa_vals, bw.acc_shape
         sa_off = bw_at[3]
         ab_pipeline.consumer_wait(read_state)
         tiled_mma = self.k.consumers.issue_k_tile(tiled_mma, acc, tCrA, tCrB, read_state.index, num_k_blocks, True, my_wg)
@@ -263,7 +275,7 @@ class BlockwiseMainloop:
             # the columns' scales are read from the stage as they are used (no register copy of
             # tile_n / 4 of them), so the stage is released after the promotion
             warpgroup.wait_group(0)
-            self.promote_columns(acc_sum, acc, sa_vals, bw_at[0], sb_load[0], read_state.index, n_sa, acc_shape)
+            self.promote_columns(acc_sum, acc, sa_vals, bw.sfb, bw.col0[0], read_state.index, n_sa, acc_shape)
             ab_pipeline.consumer_release(read_state)
             release_state.advance()
             read_state.advance()
