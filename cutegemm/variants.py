@@ -56,6 +56,8 @@ def dense_variants(arch: str) -> list[GemmConfig]:
             GemmConfig(arch=arch, tile_m=128, tile_n=224, cluster_m=2, raster="n", a_major="k", b_major="k"),
             # 1x2 clusters of 3 or 5 M tiles (policy.odd_m_pairs_n), M-major raster
             GemmConfig(arch=arch, tile_m=128, tile_n=224, cluster_n=2, a_major="k", b_major="k", form=Form.FLAT),
+            GemmConfig(arch=arch, tile_m=128, tile_n=224, cluster_n=2, a_major="k", b_major="k",
+                       epilogue=EpilogueSpec(bias=True, gated="swiglu")),
             GemmConfig(arch=arch, tile_m=128, tile_n=192, cluster_n=2, a_major="k", b_major="k", form=Form.FLAT),
             # the wave model's 192-row (three consumer warpgroups), 64x96 1x2 / 2x1 and 128x96 1x2 picks
             GemmConfig(arch=arch, tile_m=128, tile_n=96, cluster_n=2, a_major="k", b_major="k", form=Form.FLAT),

@@ -98,9 +98,13 @@ def test_activation_and_bias(activation, bias_dtype, out_dtype):
 
 
 @pytest.mark.parametrize("tile_kw", [dict(tile_m=192, tile_n=192), dict(tile_m=192, tile_n=128, cluster_n=2),
-                                     dict(tile_m=64, tile_n=96, cluster_n=2, raster="n", group=1)])  # fmt: skip
+                                     dict(tile_m=64, tile_n=96, cluster_n=2, raster="n", group=1),
+                                     dict(tile_m=128, tile_n=224, cluster_m=2, raster="n"),
+                                     dict(tile_m=128, tile_n=224, cluster_n=2, raster="m"),
+                                     dict(tile_m=128, tile_n=192, cluster_n=2, raster="m")])  # fmt: skip
 def test_wave_model_tiles_with_epilogues(tile_kw):
-    """The sm_90a wave model's 192-row and 64x96 tiles under alpha, beta * C, bias and silu, ragged."""
+    """The sm_90a wave model's 192-row, 64x96, 128x224 and odd M-tile 1x2 tiles under alpha, beta *
+    C, bias and silu, ragged (1000 columns: an odd count of 224-column tiles pads a 1x2 cluster)."""
     if _arch() != "sm_90a":
         pytest.skip("192-row and 96-column tiles are sm_90a")
     a = operand(421, 328)
@@ -172,11 +176,13 @@ def test_beta_zero_never_reads_c():
         ("swiglu", "interleaved", BF16, BF16, dict(tile_m=64, tile_n=128)),
         ("swiglu", "interleaved", BF16, BF16, dict(tile_m=192, tile_n=192)),
         ("geglu", "halves", None, torch.float32, dict(tile_m=64, tile_n=96, cluster_n=2, raster="n", group=1)),
+        ("swiglu", "interleaved", BF16, BF16, dict(tile_m=128, tile_n=224, cluster_m=2, raster="n")),
+        ("geglu", "halves", None, BF16, dict(tile_m=128, tile_n=224, cluster_n=2, raster="m")),
     ],
 )
 def test_gated(activation, gate_layout, bias_dtype, out_dtype, tile_kw):
-    if _arch() == "sm_100a" and (tile_kw.get("pingpong") or tile_kw["tile_m"] == 192 or tile_kw["tile_n"] == 96):
-        pytest.skip("pingpong, 192-row and 96-column tiles are sm_90a")
+    if _arch() == "sm_100a" and (tile_kw.get("pingpong") or tile_kw["tile_m"] == 192 or tile_kw["tile_n"] in (96, 224)):
+        pytest.skip("pingpong, 192-row and 96- / 224-column tiles are sm_90a")
     a = operand(333, 264)
     b = operand(264, 2 * 264, row_major=False)  # 528 GEMM columns -> 264 outputs (ragged in 128)
     bias = None if bias_dtype is None else torch.randn(528, device="cuda").to(bias_dtype)
