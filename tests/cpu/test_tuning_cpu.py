@@ -43,6 +43,7 @@ def _isolated(tmp_path, monkeypatch):
 
 @settings(max_examples=60, deadline=None)
 @example(arch="sm_90a", m=129, n=5640, k=8, l=3, majors="kk", epi=EpilogueSpec(), out="fp32")  # 192x192 with A's short box
+@example(arch="sm_90a", m=1, n=8, k=6088, l=1, majors="kk", epi=EpilogueSpec(), out="bf16")  # split K in a cluster
 @given(
     arch=st.sampled_from(["sm_90a", "sm_100a"]),
     m=st.integers(1, 20000),
