@@ -200,9 +200,11 @@ def candidates(
         cfg = replace(default, **v)
         if cfg.a_rows:  # the default's short A box (policy.short_a_box), fitted to the variant's tile
             cfg = short_a_box(replace(cfg, a_rows=0), p)
-        if cfg.split_k > 1 and not can_implement(cfg, p)[0]:  # the default's K split does not take this tile
+        ok = can_implement(cfg, p)[0]
+        if not ok and cfg.split_k > 1:  # the default's K split does not take this tile: unsplit
             cfg = replace(cfg, split_k=1, split_cluster=False, split_tail=False)
-        if cfg not in out and can_implement(cfg, p)[0]:
+            ok = can_implement(cfg, p)[0]
+        if ok and cfg not in out:
             out.append(cfg)
         if len(out) >= MAX_CANDIDATES:
             break
