@@ -187,22 +187,32 @@ def short_tile_cluster(p: GemmProblem, tile_m: int, tile_n: int) -> tuple[int, i
     return 1, 1
 
 
-ODD_M_TILES = frozenset({3, 5})  # odd_m_pairs_n (empty: 2x1 only, the policy before it)
+PAIR_ODD_M = True  # odd_m_pairs_n (False: 2x1 only, the policy before it)
+ODD_M_MAX_TILES = 9  # up to 9 M tiles (a padded tile idles a tenth of the CTAs or more), as measured
 
 
 def odd_m_pairs_n(p: GemmProblem, tile_m: int, tile_n: int) -> bool:
-    """Whether the wave model also weighs a 2x1-clustered 16-bit tile in 1x2 clusters (A
-    multicast): an odd count of M tiles (M = 384, 640: a 2x1 cluster pads one, so a third or a
-    fifth of the CTAs of that row of clusters run on nothing) and an even count of N tiles (no
-    padding along N). The tiles then count as they are, and the pick moves to 1x2 where that saves a
-    round. H100, one process, 4 interleaved rounds of 10 L2-flushed reps, x cuBLAS, 2x1 -> 1x2 (M-major
-    raster; N-major 0.94-0.96): 640 x 28672 x 4096 (128x192) 0.75 -> 0.98, 640 x 24576 x 4096
-    (128x160) 0.69 -> 0.99, 640 x 24576 x 1536 (128x160) 0.76 -> 1.01; where the rounds stay the same,
-    384 x 7168 x 16384 / 384 x 7168 x 4096 (128x256) 0.75 / 0.80 either way and 640 x 14336 x 4096
-    (128x256) 0.82 -> 0.78. Only 3 or 5 M tiles (ODD_M_TILES: where the padding idles a sixth of the
-    CTAs or more, as measured); e4m3 keeps 2x1 (not measured)."""
-    mt = ceil_div(p.m, tile_m)
-    return p.a_dtype != "e4m3" and tile_m == 128 and mt in ODD_M_TILES and ceil_div(p.n, tile_n) % 2 == 0
+    """Whether a 128-row tile's cluster pairs along N (1x2, A multicast, M-major raster) instead of
+    along M (2x1): where the M tiles are odd and the pair along N pads fewer tiles. A cluster past
+    the last tile still runs a CTA (its peer's multicast needs it) on a tile of nothing, so a 2x1
+    cluster over an odd M count costs a round of work for a third (3 M tiles) to a ninth (9) of
+    its CTAs, which the model counts, and even where the rounds come out equal it ran slower.
+    H100, one process, 4 interleaved rounds of 10 L2-flushed reps, x cuBLAS / torch._scaled_mm,
+    2x1 -> 1x2 on the sweep's layers at M = 384 / 640 / 896 / 1152 (3, 5, 7, 9 M tiles; outputs
+    equal bit for bit): 42 cases where the pick changed, geomean 0.888 -> 1.041; bf16 Llama-3-70B
+    qkv M=896 0.75 -> 0.99, DeepSeek-V3 o M=1152 0.77 -> 1.00 (128x256), Qwen3-32B gate_up M=1152
+    0.92 -> 1.00; FP8 Qwen3-32B qkv M=896 0.87 -> 1.18, Qwen3-32B down M=384 0.75 -> 1.03 (a
+    split-K pick before), Mistral-7B lm_head M=384 0.78 -> 1.03. Three losses, all where 1x2
+    128x256 replaced 192x192 at 9 M tiles (0.97 -> 0.95 / 0.93 / 0.96). `bench tiles` (one
+    run, 10 reps) where the rounds tie: 1152 x 1536 x 7168 128x128 2x1 0.65, 1x1 0.86, pingpong
+    1x2 0.89; with an odd N too, 1x2 padding N: 640 x 7168 x 16384 128x160 0.61 -> 0.95, 384 x 8192 x
+    28672 128x224 0.45 -> 0.91, 1152 x 2048 x 4096 128x160 0.79 -> 0.84. Up to ODD_M_MAX_TILES:
+    with many M tiles the pad is a small share, and 1x2 clusters of large problems ran slower
+    (8192^3 in 128x192 1x2: 2.06 ms against 1.38 in 2x1, bench/RESULTS.md)."""
+    if not PAIR_ODD_M or tile_m != 128:
+        return False
+    mt, nt = ceil_div(p.m, tile_m), ceil_div(p.n, tile_n)
+    return mt % 2 == 1 and mt <= ODD_M_MAX_TILES and mt * padded_tiles(p.n, tile_n, 2) < padded_tiles(p.m, tile_m, 2) * nt
 
 
 def dtype_family(a_dtype: str) -> str:
@@ -215,8 +225,8 @@ def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,), extra_rates=None,
     """Every (tile, cluster, split) the model weighs for ``p``, the default (widest tile) first.
     2x1 clusters where there are two M tiles (B multicast: 16-bit 128x128 too, H100 `bench
     tiles`: 512 x 4096 x 14336 0.78 -> 0.96x cuBLAS, 512 x 4096 x 4096 0.91 -> 0.95), and 1x2 beside
-    them where odd_m_pairs_n says so (3 or 5 M tiles, 16-bit), but 1x2
-    (A multicast) for 128x96 where there are two N tiles; 64-row tiles in short_tile_cluster's; split
+    them where odd_m_pairs_n says so (an odd count of M tiles, where pairing along N pads fewer;
+    wave_choice takes the 1x2 twin of a 2x1 pick there), but 1x2 (A multicast) for 128x96 where there are two N tiles; 64-row tiles in short_tile_cluster's; split
     K on 1x1 clusters only (split_k_errors) and tiles up to 128x192 (128x256's partial-sum
     fix-up spills registers), with at least 24 K tiles of 64 (16-bit) / 12 of 128 (FP8) per
     range, as split_few_tiles. ``extra_rates``: more (tile_m, tile_n): rate entries to weigh;
@@ -241,7 +251,7 @@ def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,), extra_rates=None,
                 continue
             sec = wave_seconds(p, tm, tn, cl, split, num_sms, rate, cluster_n=cln)
             out.append(WaveCandidate(tm, tn, cl, split, sec, fp8, cluster_n=cln))
-            if split == 1 and cl == 2 and odd_m_pairs_n(p, tm, tn):  # 1x2 too: no CTA on a padded M tile
+            if split == 1 and cl == 2 and odd_m_pairs_n(p, tm, tn):  # 1x2 beside it (wave_choice)
                 out.append(WaveCandidate(tm, tn, 1, 1, wave_seconds(p, tm, tn, 1, 1, num_sms, rate, cluster_n=2),
                                          fp8, cluster_n=2))  # fmt: skip
             if split > 1 and tail_ok:
@@ -256,7 +266,11 @@ def wave_choice(p: GemmProblem, num_sms: int, splits=(1,), tail: bool = False, o
     2048 x 4096: 128x64 0.98x cuBLAS, 128x128 with 2 K ranges 0.85)."""
     cands = wave_candidates(p, num_sms, splits, SMALL_M_RATES if p.a_dtype != "e4m3" else None, tail, other_m)
     best = min(cands, key=lambda c: c.seconds)
-    return best if best.seconds * MODEL_MARGIN < cands[0].seconds else cands[0]
+    pick = best if best.seconds * MODEL_MARGIN < cands[0].seconds else cands[0]
+    if pick.cluster_m == 2 and pick.split_k == 1 and odd_m_pairs_n(p, pick.tile_m, pick.tile_n):
+        # its 1x2 twin (fewer tiles padded, and faster where the rounds tie: odd_m_pairs_n)
+        return next(c for c in cands if (c.tile_m, c.tile_n, c.cluster_n, c.split_k) == (pick.tile_m, pick.tile_n, 2, 1))
+    return pick
 
 
 # 64 < M <= 128 (one 128-row tile; the decode rule's 128x64 / 128x128, split only where few tiles):

@@ -147,13 +147,13 @@ def previous_policy():
     """The policy before 128x224 tiles (policy.WIDE_RATE) and the 1x2 clusters of odd M-tile
     counts (policy.odd_m_pairs_n), for the sweep's same-round comparison on the cases where it
     picks another config."""
-    saved = policy.TILE_RATES, policy.ODD_M_TILES
+    saved = policy.TILE_RATES, policy.PAIR_ODD_M
     policy.TILE_RATES = {fam: {t: r for t, r in rates.items() if t != (128, 224)} for fam, rates in saved[0].items()}
-    policy.ODD_M_TILES = frozenset()
+    policy.PAIR_ODD_M = False
     try:
         yield
     finally:
-        policy.TILE_RATES, policy.ODD_M_TILES = saved
+        policy.TILE_RATES, policy.PAIR_ODD_M = saved
 
 
 def alternative_config(cfg, args, kwargs):

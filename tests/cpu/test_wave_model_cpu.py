@@ -414,21 +414,39 @@ def test_128x224_where_128x256_leaves_a_part_filled_wave():
     assert all(c.tile_n != 224 for c in wave_candidates(problem(2048, 7168, 16384), SMS, other_m=False))
 
 
-@pytest.mark.parametrize("m,n,tile_n", [(640, 28672, 224), (640, 24576, 192), (384, 28672, 224)])
-def test_odd_m_tile_counts_weigh_1x2_clusters(m, n, tile_n):
-    """3 or 5 M tiles (M = 384, 640): a 2x1 cluster pads one, so the model weighs 1x2 too and takes
-    it where it saves a round (H100: 640 x 24576 x 4096 0.69 -> 0.99x cuBLAS in 128x160 1x2)."""
-    cfg = dense(m, n, 4096)
-    assert (cfg.tile_n, cfg.cluster_m, cfg.cluster_n, cfg.raster) == (tile_n, 1, 2, "m"), cfg.name
+@pytest.mark.parametrize(
+    "m,n,k,dtype,tile_n",
+    [(640, 28672, 4096, "bf16", 224), (640, 24576, 4096, "bf16", 192), (384, 28672, 4096, "bf16", 224),
+     (1152, 1536, 7168, "bf16", 128), (896, 10240, 8192, "bf16", 192), (640, 7168, 16384, "bf16", 160),
+     (896, 10240, 8192, "e4m3", 192), (384, 28672, 4096, "e4m3", 192)],
+)  # fmt: skip
+def test_odd_m_tile_counts_pair_along_n(m, n, k, dtype, tile_n):
+    """An odd count of M tiles (3 to 9): the cluster pairs along N (1x2, M-major raster), both
+    dtypes, also where the rounds tie (1152 x 1536 x 7168: 9 x 12 tiles of 128x128, one wave
+    either way; H100 `bench tiles` 0.65x cuBLAS in 2x1) and where N's tile count is odd and
+    padded (640 x 7168 x 16384: 45 tiles of 128x160)."""
+    cfg = dense(m, n, k, dtype)
+    assert (cfg.tile_n, cfg.cluster_m, cfg.cluster_n, cfg.raster, cfg.split_k) == (tile_n, 1, 2, "m", 1), cfg.name
     assert not config_errors(cfg)
 
 
-def test_odd_m_pairs_only_few_odd_16bit_m_tiles():
-    """odd_m_pairs_n: 16-bit, 128-row tiles, 3 or 5 M tiles, an even count of N tiles."""
+def test_odd_m_pairs_where_the_pair_along_n_pads_fewer():
+    """odd_m_pairs_n: 128-row tiles, an odd count of M tiles up to ODD_M_MAX_TILES, and fewer tiles
+    padded along N than along M; else (even M tiles, many M tiles, one N tile) 2x1 as before."""
     assert policy.odd_m_pairs_n(problem(640, 28672, 4096), 128, 224)  # 5 x 128
     assert policy.odd_m_pairs_n(problem(384, 7168, 4096), 128, 256)  # 3 x 28
+    assert policy.odd_m_pairs_n(problem(1152, 5120, 4096), 128, 224)  # 9 x 23: 9 x 24 < 10 x 23
+    assert policy.odd_m_pairs_n(problem(640, 7424, 4096), 128, 256)  # 5 x 29: 5 x 30 < 6 x 29
+    assert policy.odd_m_pairs_n(problem(640, 7168, 4096, "e4m3"), 128, 192)
     assert not policy.odd_m_pairs_n(problem(512, 28672, 4096), 128, 224)  # 4 M tiles
-    assert not policy.odd_m_pairs_n(problem(1152, 5120, 4096), 128, 224)  # 9 M tiles
-    assert not policy.odd_m_pairs_n(problem(640, 7424, 4096), 128, 256)  # 29 N tiles
-    assert not policy.odd_m_pairs_n(problem(640, 7168, 4096, "e4m3"), 128, 192)
+    assert not policy.odd_m_pairs_n(problem(1408, 28672, 4096), 128, 224)  # 11 M tiles: past the cap
+    assert not policy.odd_m_pairs_n(problem(8000, 576, 7168), 128, 192)  # 63 x 3
+    assert not policy.odd_m_pairs_n(problem(384, 200, 4096), 128, 256)  # 3 x 1: 3 x 2 > 4 x 1
     assert not policy.odd_m_pairs_n(problem(640, 7168, 4096), 64, 96)
+    saved = policy.PAIR_ODD_M
+    policy.PAIR_ODD_M = False
+    try:
+        assert not policy.odd_m_pairs_n(problem(640, 28672, 4096), 128, 224)
+        assert dense(1152, 1536, 7168).cluster_m == 2
+    finally:
+        policy.PAIR_ODD_M = saved
