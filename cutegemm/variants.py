@@ -54,7 +54,7 @@ def dense_variants(arch: str) -> list[GemmConfig]:
             # 128x96 (64 < M <= 128 wave picks) and 128x224: tile_n of 3 / 7 32-column subtiles
             GemmConfig(arch=arch, tile_m=128, tile_n=96, raster="n", group=1, a_major="k", b_major="k", form=Form.FLAT),
             GemmConfig(arch=arch, tile_m=128, tile_n=224, cluster_m=2, raster="n", a_major="k", b_major="k"),
-            # 1x2 clusters of 3 or 5 M tiles (policy.odd_m_pairs_n), M-major raster
+            # 1x2 clusters of odd M-tile counts (policy.odd_m_pairs_n), M-major raster
             GemmConfig(arch=arch, tile_m=128, tile_n=224, cluster_n=2, a_major="k", b_major="k", form=Form.FLAT),
             GemmConfig(arch=arch, tile_m=128, tile_n=224, cluster_n=2, a_major="k", b_major="k",
                        epilogue=EpilogueSpec(bias=True, gated="swiglu")),
@@ -157,7 +157,11 @@ def fp8_variants(arch: str) -> list[GemmConfig]:
            GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=64, raster="n", group=1, split_k=2, epilogue=ab),
            GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=192, form=Form.FLAT, split_k=2, split_tail=True, epilogue=ab),
            GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=64, raster="n", group=1, form=Form.FLAT, a_rows=16, split_k=4,
-                      split_cluster=True, epilogue=ab)]
+                      split_cluster=True, epilogue=ab),
+           # 1x2 clusters of odd M-tile counts (policy.odd_m_pairs_n), M-major raster
+           GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=192, cluster_n=2, form=Form.FLAT, epilogue=ab),
+           GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=128, cluster_n=2,
+                      epilogue=E(scale_a=True, scale_b=True, bias=True, bias_dtype="bf16", activation="silu"))]
           if arch == "sm_90a" else []),
         GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=128, pingpong=True, cluster_n=2, epilogue=ab),
         GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=192, form=Form.FLAT, split_k=4, epilogue=ab),
