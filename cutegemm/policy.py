@@ -189,6 +189,12 @@ def short_tile_cluster(p: GemmProblem, tile_m: int, tile_n: int) -> tuple[int, i
 
 PAIR_ODD_M = True  # odd_m_pairs_n (False: 2x1 only, the policy before it)
 ODD_M_MAX_TILES = 9  # up to 9 M tiles (a padded tile idles a tenth of the CTAs or more), as measured
+# The rate of a 1x2 pair relative to its tile's 2x1 one (16-bit: A multicast, B read by each CTA of
+# the pair). H100 same-round A/Bs at M = 1152 (9 M tiles): 192x192 (TALL_RATE, 6 M tiles, no pad)
+# ran 0.97 / 0.97 / 0.97x cuBLAS where the 1x2 pairs at the full rate ran 0.84 (Llama-3-70B down,
+# 128x192), 0.93 (DeepSeek-V3 q_b, 128x256), 0.95 (Llama-3-8B gate_up, 128x256); at 0.96 the model
+# takes 192x192 there and no other off-grid pick of the sweep moves. e4m3 has no 192-row tile: 1.
+PAIR_N_RATE = {"16-bit": 0.96, "e4m3": 1.0}
 
 
 def odd_m_pairs_n(p: GemmProblem, tile_m: int, tile_n: int) -> bool:
@@ -203,7 +209,8 @@ def odd_m_pairs_n(p: GemmProblem, tile_m: int, tile_n: int) -> bool:
     qkv M=896 0.75 -> 0.99, DeepSeek-V3 o M=1152 0.77 -> 1.00 (128x256), Qwen3-32B gate_up M=1152
     0.92 -> 1.00; FP8 Qwen3-32B qkv M=896 0.87 -> 1.18, Qwen3-32B down M=384 0.75 -> 1.03 (a
     split-K pick before), Mistral-7B lm_head M=384 0.78 -> 1.03. Three losses, all where 1x2
-    128x256 replaced 192x192 at 9 M tiles (0.97 -> 0.95 / 0.93 / 0.96). `bench tiles` (one
+    128x256 replaced 192x192 at 9 M tiles (0.97 -> 0.95 / 0.93 / 0.96; PAIR_N_RATE keeps 192x192
+    for the first two). `bench tiles` (one
     run, 10 reps) where the rounds tie: 1152 x 1536 x 7168 128x128 2x1 0.65, 1x1 0.86, pingpong
     1x2 0.89; with an odd N too, 1x2 padding N: 640 x 7168 x 16384 128x160 0.61 -> 0.95, 384 x 8192 x
     28672 128x224 0.45 -> 0.91, 1152 x 2048 x 4096 128x160 0.79 -> 0.84. Up to ODD_M_MAX_TILES:
@@ -252,7 +259,8 @@ def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,), extra_rates=None,
             sec = wave_seconds(p, tm, tn, cl, split, num_sms, rate, cluster_n=cln)
             out.append(WaveCandidate(tm, tn, cl, split, sec, fp8, cluster_n=cln))
             if split == 1 and cl == 2 and odd_m_pairs_n(p, tm, tn):  # 1x2 beside it (wave_choice)
-                out.append(WaveCandidate(tm, tn, 1, 1, wave_seconds(p, tm, tn, 1, 1, num_sms, rate, cluster_n=2),
+                pair_rate = rate * PAIR_N_RATE[dtype_family(p.a_dtype)]
+                out.append(WaveCandidate(tm, tn, 1, 1, wave_seconds(p, tm, tn, 1, 1, num_sms, pair_rate, cluster_n=2),
                                          fp8, cluster_n=2))  # fmt: skip
             if split > 1 and tail_ok:
                 out.append(WaveCandidate(tm, tn, cl, split, wave_seconds(p, tm, tn, cl, split, num_sms, rate, True),

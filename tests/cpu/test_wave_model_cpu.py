@@ -430,6 +430,16 @@ def test_odd_m_tile_counts_pair_along_n(m, n, k, dtype, tile_n):
     assert not config_errors(cfg)
 
 
+def test_192_row_tiles_lead_16bit_pairs_at_nine_m_tiles():
+    """PAIR_N_RATE: at M = 1152 (9 M tiles) 16-bit 192x192 (6 M tiles, no pad) is the pick where
+    the 1x2 pairs ran slower in the same rounds (H100: Llama-3-70B down 0.97 against 0.84x
+    cuBLAS); where a pair saves a round it stays (Llama-3-70B qkv M = 1152, 128x256 1x2, 1.02)."""
+    down = dense(1152, 8192, 28672)
+    assert (down.tile_m, down.tile_n, down.cluster_m, down.cluster_n) == (192, 192, 1, 1), down.name
+    qkv = dense(1152, 10240, 8192)
+    assert (qkv.tile_m, qkv.tile_n, qkv.cluster_m, qkv.cluster_n) == (128, 256, 1, 2), qkv.name
+
+
 def test_odd_m_pairs_where_the_pair_along_n_pads_fewer():
     """odd_m_pairs_n: 128-row tiles, an odd count of M tiles up to ODD_M_MAX_TILES, and fewer tiles
     padded along N than along M; else (even M tiles, many M tiles, one N tile) 2x1 as before."""
