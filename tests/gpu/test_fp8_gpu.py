@@ -238,3 +238,31 @@ def test_fp8_fp32_out_promote_k(m, n, k):
     sbp = torch.nn.functional.pad(sb, (0, pad), value=1.0)
     tfp32 = torch._scaled_mm(a, bp, scale_a=sa, scale_b=sbp, out_dtype=torch.float32)[:, :n]
     assert_within_torch_error(out, tfp32, ref, what="fp8 fp32 out promote_k 32")
+
+
+@pytest.mark.parametrize("tile_n,bias", [(192, False), (128, True)])
+def test_fp8_pairs_along_n_over_odd_m_tiles(tile_n, bias):
+    """The wave model's 1x2 clusters over an odd count of M tiles (policy.odd_m_pairs_n): 300 rows
+    (3 M tiles, the last partial) and 1000 columns (an odd count of 192-column tiles: the pair
+    pads one), with bias and silu in the epilogue on 128x128; bitwise equal to the 2x1 cluster,
+    nothing written outside the output, within torch's error."""
+    if not _sm90():
+        pytest.skip("the wave model's clusters are sm_90a picks")
+    m, n, k = 300, 1000, 1024
+    a, b = _operands(m, n, k, seed=11)
+    sa, sb = _scales("row", m, n, seed=3)
+    bias_t = torch.randn(n, device="cuda").to(BF16) if bias else None
+    epi = EpilogueSpec(scale_a=True, scale_b=True)
+    if bias:
+        epi = EpilogueSpec(scale_a=True, scale_b=True, bias=True, bias_dtype="bf16", activation="silu")
+    cfg = GemmConfig(arch="sm_90a", a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k", tile_m=128,
+                     tile_n=tile_n, cluster_n=2, raster="m", epilogue=epi)  # fmt: skip
+    kw = dict(scale_a=sa, scale_b=sb, bias=bias_t, activation="silu" if bias else None)
+    buf, out = poisoned_out((m, n), BF16)
+    cutegemm.gemm(a, b, out=out, config=cfg, **kw)
+    assert_outside_untouched(buf, m, n)
+    assert torch.equal(out, cutegemm.gemm(a, b, config=replace(cfg, cluster_n=1, cluster_m=2, raster="n"), **kw))
+    ref, tsame = _reference(a, b, sa, sb), _torch_same_precision(a, b, sa, sb).float()
+    if bias:
+        ref, tsame = torch.nn.functional.silu(ref + bias_t.double()), torch.nn.functional.silu(tsame + bias_t.float())
+    assert_within_torch_error(out, tsame.to(BF16), ref, what=f"fp8 1x2 {tile_n}")
