@@ -134,6 +134,10 @@ SM90_CANDIDATES = [
     dict(tile_m=128, tile_n=224, cluster_m=1, cluster_n=2, raster="m", group=8),
     dict(tile_m=128, tile_n=192, cluster_m=1, cluster_n=2, raster="m", group=8),
     dict(tile_m=128, tile_n=160, cluster_m=1, cluster_n=2, raster="m", group=8),
+    # clusters of 4 (the kernel's limit): cuBLAS runs 4x1 / 4x2 / 2x4 clusters where K is long and M
+    # small (ncu, bench/RESULTS.md "The worst cases under ncu"); the policy weighs pairs only
+    *(dict(tile_m=tm, tile_n=tn, cluster_m=cm, cluster_n=cn, raster="m" if cn > 1 else "n", group=8 if tm > 64 else 1)
+      for tm, tn in ((64, 128), (128, 128), (128, 192)) for cm, cn in ((2, 2), (1, 4), (4, 1))),
     # 192-row tiles (three consumer warpgroups): one wave where 128-row tiles leave a short one
     # (cuBLAS's 192x192 at 8192 x 576)
     *(dict(tile_m=192, tile_n=tn, cluster_m=cm, cluster_n=cn, raster="m", group=8)
