@@ -308,7 +308,10 @@ def quant_and_user_variants(arch: str) -> list[GemmConfig]:
         replace(t128, out_dtype="u8", epilogue=E(alpha=True, quant="mxfp4")),
         replace(t64, out_dtype="e4m3", epilogue=E(gated="geglu", quant="mxfp8")),
         # the decode policy's 64x64 tile with an FP4 output (its stage budget once overflowed)
-        *([replace(t64, tile_n=64, out_dtype="u8", epilogue=E(quant="mxfp4"))] if arch == "sm_90a" else []),
+        *([replace(t64, tile_n=64, out_dtype="u8", epilogue=E(quant="mxfp4")),
+           # the wave model's 1x2 pair over an odd M-tile count (policy.odd_m_pairs_n), 160 columns
+           GemmConfig(arch=arch, tile_m=128, tile_n=160, cluster_n=2, out_dtype="e4m3",
+                      epilogue=E(gated="swiglu", quant="mxfp8"))] if arch == "sm_90a" else []),
         replace(t256, epilogue=E(alpha=True, user=user, user_args=("bf16", "fp32"))),
         replace(t128, epilogue=E(user=user, user_args=("fp32", "fp32"))),
         replace(t256, out_dtype="e4m3", epilogue=E(user=user, user_args=("bf16", "bf16"), quant="mxfp8")),
