@@ -213,9 +213,9 @@ def odd_m_pairs_n(p: GemmProblem, tile_m: int, tile_n: int) -> bool:
     for the first two). `bench tiles` (one run, 10 reps) where the rounds tie: 1152 x 1536 x 7168
     128x128 2x1 0.65, 1x1 0.86, pingpong 1x2 0.89; with an odd N too, 1x2 padding N: 640 x 7168 x
     16384 128x160 0.61 -> 0.95, 384 x 8192 x 28672 128x224 0.45 -> 0.91, 1152 x 2048 x 4096 128x160
-    0.79 -> 0.84. Up to ODD_M_MAX_TILES:
-    with many M tiles the pad is a small share, and 1x2 clusters of large problems ran slower
-    (8192^3 in 128x192 1x2: 2.06 ms against 1.38 in 2x1, bench/RESULTS.md)."""
+    0.79 -> 0.84. Up to ODD_M_MAX_TILES: with many M tiles the pad is a small share, and 1x2
+    clusters of large problems ran slower (8192^3 in 128x192 1x2: 2.06 ms against 1.38 in 2x1,
+    bench/RESULTS.md)."""
     if not PAIR_ODD_M or tile_m != 128:
         return False
     mt, nt = ceil_div(p.m, tile_m), ceil_div(p.n, tile_n)
@@ -236,8 +236,8 @@ def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,), extra_rates=None,
     wave_choice takes the 1x2 twin of a 2x1 pick there), but 1x2 (A multicast) for 128x96 where
     there are two N tiles; 64-row tiles in short_tile_cluster's; split K on 1x1 clusters only
     (split_k_errors) and tiles up to 128x192 (128x256's partial-sum fix-up spills registers), with
-    at least 24 K tiles of 64 (16-bit) / 12 of 128 (FP8) per
-    range, as split_few_tiles. ``extra_rates``: more (tile_m, tile_n): rate entries to weigh;
+    at least 24 K tiles of 64 (16-bit) / 12 of 128 (FP8) per range, as split_few_tiles.
+    ``extra_rates``: more (tile_m, tile_n): rate entries to weigh;
     ``tail``: the splits of the last wave only too, where the tiles fill a wave and span at most
     TAIL_MAX_N_TILES columns; ``other_m``: TILE_RATES' 192-row (1x1, unsplit), 64-row (paired,
     unsplit) and 128x96 tiles too (16-bit dense forms only: ArchPolicy.choose falls back without)."""
@@ -272,8 +272,8 @@ def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,), extra_rates=None,
 def wave_choice(p: GemmProblem, num_sms: int, splits=(1,), tail: bool = False, other_m: bool = True) -> WaveCandidate:
     """The model's pick: the fastest candidate if MODEL_MARGIN ahead of the default, else the
     default; a 2x1 pick over an odd count of M tiles gives way to its 1x2 twin where
-    odd_m_pairs_n says so. 16-bit weighs 128x64 tiles too (1x1, the small-M rate: H100 `bench tiles`, 512 x
-    2048 x 4096: 128x64 0.98x cuBLAS, 128x128 with 2 K ranges 0.85)."""
+    odd_m_pairs_n says so. 16-bit weighs 128x64 tiles too (1x1, the small-M rate: H100 `bench
+    tiles`, 512 x 2048 x 4096: 128x64 0.98x cuBLAS, 128x128 with 2 K ranges 0.85)."""
     cands = wave_candidates(p, num_sms, splits, SMALL_M_RATES if p.a_dtype != "e4m3" else None, tail, other_m)
     best = min(cands, key=lambda c: c.seconds)
     pick = best if best.seconds * MODEL_MARGIN < cands[0].seconds else cands[0]

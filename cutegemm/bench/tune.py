@@ -129,7 +129,7 @@ SM90_CANDIDATES = [
     dict(tile_m=64, tile_n=96, cluster_m=2, cluster_n=1, raster="n", group=1),
     dict(tile_m=64, tile_n=96, cluster_m=2, cluster_n=2, raster="n", group=1),
     # 128x224 (whole waves where 128x256 part-fills its last) and the 1x2 clusters the wave model
-    # weighs for 3 or 5 M tiles (policy.odd_m_pairs_n)
+    # takes over an odd count of 3 to 9 M tiles (policy.odd_m_pairs_n)
     dict(tile_m=128, tile_n=224, cluster_m=2, cluster_n=1, raster="n", group=8),
     dict(tile_m=128, tile_n=224, cluster_m=1, cluster_n=2, raster="m", group=8),
     dict(tile_m=128, tile_n=192, cluster_m=1, cluster_n=2, raster="m", group=8),
