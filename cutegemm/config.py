@@ -406,8 +406,10 @@ def config_errors(cfg: GemmConfig) -> list[str]:
             err.append(f"sm_90a tile_m must be 64 or 128 (192: 16-bit dense cooperative, unsplit, no quantized output), got {cfg.tile_m}")
         if cfg.tile_n not in SM90_TILE_N and not cfg.swap_ab:
             err.append(f"sm_90a tile_n must be one of {SM90_TILE_N}, got {cfg.tile_n}")
-        elif cfg.tile_n in (96, 224) and (cfg.form not in (Form.DENSE, Form.FLAT) or cfg.a_dtype == "e4m3" or cfg.epilogue.quant):
+        elif cfg.tile_n in (80, 96, 224) and (cfg.form not in (Form.DENSE, Form.FLAT) or cfg.a_dtype == "e4m3" or cfg.epilogue.quant):
             err.append(f"sm_90a tile_n {cfg.tile_n}: 16-bit dense, no quantized output, so far (the variants run on a GPU)")
+        elif cfg.tile_n == 80 and (cfg.pingpong or cfg.split_k > 1 or cfg.epilogue.gated or cfg.epilogue.preact or cfg.epilogue.user):  # fmt: skip
+            err.append("sm_90a tile_n 80 (16-column epilogue subtiles): cooperative, unsplit, no gated, preact or user epilogue")
     elif cfg.arch == "sm_100a":
         if cfg.pingpong:
             err.append("pingpong is an sm_90a schedule")
@@ -554,12 +556,11 @@ def swap_ab_errors(cfg: GemmConfig) -> list[str]:
     return err
 
 
-SM90_TILE_N, SPLIT_K_CHOICES = (64, 96, 128, 160, 192, 224, 256), (2, 3, 4, 5, 6, 8)  # tile_n: 32-column subtiles
+SM90_TILE_N, SPLIT_K_CHOICES = (64, 80, 96, 128, 160, 192, 224, 256), (2, 3, 4, 5, 6, 8)  # tile_n: 32-column subtiles (80: 16)
 SPLIT_CLUSTER_CHOICES = (2, 4, 8)  # split_cluster: a cluster of split_k CTAs along z
 # split_cluster: range 0's receive slots, at most this many bytes (64x64 tiles, 8 ranges; the rest of 227 KiB: stages)
 SPLIT_CLUSTER_RECV_MAX = 112 * 1024
-# split_cluster launches one CTA per work unit along the grid's z, which stops here
-GRID_Z_MAX = 65535
+GRID_Z_MAX = 65535  # split_cluster launches one CTA per work unit along the grid's z, which stops here
 
 
 def split_k_errors(cfg: GemmConfig) -> list[str]:

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cutegemm
-from cutegemm.config import GemmConfig
+from cutegemm.config import GemmConfig, a_rows_for
 
 from ..gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
 
@@ -120,6 +120,38 @@ def test_192_row_tiles(m, n8, k8, tile, a_rowmajor, b_rowmajor, out_dtype):
     tn, cm, cn = tile
     cfg = GemmConfig(arch="sm_90a", a_major="k" if a_rowmajor else "m", b_major="n" if b_rowmajor else "k",
                      out_dtype=out_dtype, tile_m=192, tile_n=tn, cluster_m=cm, cluster_n=cn)  # fmt: skip
+    check_gemm(a, b, DTYPES[out_dtype], config=cfg)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    m=st.integers(1, 400),
+    n8=st.integers(1, 120),
+    k8=st.integers(1, 120),
+    tile=st.sampled_from([(64, 1, 1), (64, 2, 1), (64, 1, 2), (128, 1, 1), (128, 2, 1)]),
+    a_rowmajor=st.booleans(),
+    b_rowmajor=st.booleans(),
+    out_dtype=st.sampled_from(["bf16", "fp16", "fp32"]),
+    short_box=st.booleans(),
+)
+def test_80_column_tiles(m, n8, k8, tile, a_rowmajor, b_rowmajor, out_dtype, short_box):
+    """sm_90a 80-column tiles (16-column epilogue subtiles) on ragged shapes, both majors, partial
+    tiles and clusters, a short A box (M <= 16); fp16 operands for an fp16 output: within
+    2x torch's error, nothing written outside the output."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("80-column tiles are sm_90a")
+    n, k = 8 * n8, 8 * k8
+    if not a_rowmajor:
+        m = 8 * max(1, m // 8)
+    in_dtype = "fp16" if out_dtype == "fp16" else "bf16"
+    a = make_operand(m, k, DTYPES[in_dtype], a_rowmajor)
+    b = make_operand(k, n, DTYPES[in_dtype], b_rowmajor)
+    tm, cm, cn = tile
+    cfg = GemmConfig(arch="sm_90a", a_dtype=in_dtype, b_dtype=in_dtype, a_major="k" if a_rowmajor else "m",
+                     b_major="n" if b_rowmajor else "k", out_dtype=out_dtype, tile_m=tm, tile_n=80, cluster_m=cm,
+                     cluster_n=cn, raster="m" if cn == 2 else "n", group=1)  # fmt: skip
+    if short_box and a_rowmajor and cn == 1 and m <= 16:
+        cfg = replace(cfg, a_rows=a_rows_for(m))
     check_gemm(a, b, DTYPES[out_dtype], config=cfg)
 
 

@@ -140,7 +140,7 @@ class GemmSm90(GemmBase):
         # A quantized output takes 32 output columns per subtile (whole scale blocks).
         epi = cfg.epilogue
         cpo = epi.cols_per_output
-        self.epi_tile = (64 * self.wg_per_tile, 32 * cpo if epi.quant else 32)
+        self.epi_tile = (64 * self.wg_per_tile, 32 * cpo if epi.quant else 32 if cfg.tile_n % 32 == 0 else 16)
         # Accumulator (rows, columns) per stored element: gated halves the GEMM's columns (one
         # output per gate/up pair), FP4 stores bytes holding two. swap_ab: the stored rows are the
         # GEMM's columns, so gated halves the rows (swap takes no quantized output).
