@@ -345,6 +345,45 @@ def small_m_alternative(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmCo
     return None if config_errors(alt) or (alt.split_k > 1 and split_k_errors(alt)) else alt
 
 
+# 16-bit, 112 < M <= 128 (two 64-row tiles, the second nearly full; below, the 128-row tile's short
+# A box pays more): the call streams the weight, and the SMs streaming it set the pace. A 2x1 pair
+# of 64-row tiles (B multicast) puts two SMs on each weight tile with no K split, where the picks
+# above put one SM on each 128-row tile or split its K. small_m_pair takes the pair where it engages
+# at least as many SMs as the pick's work units; its tile_n is the one whose rounds of pairs stream
+# the fewest bytes per SM, each CTA streaming its 64 A rows and tile_n B columns: rounds x (64 +
+# tile_n), ties to the narrower. H200, one process, 4 interleaved rounds of 10 L2-flushed reps, x
+# cuBLAS, the sweep's 16 layers at M = 128, the pick -> the pair: taken on 14, geomean +3.3%
+# (Llama-3-70B qkv 0.96 -> 1.01 in 64x160, Qwen3-30B-A3B qkv 0.92 -> 0.96 in 64x80, DeepSeek-V3 o
+# 0.99 -> 1.06 in 64x128 where the pick split K in 2, Llama-3-8B o 0.994 -> 0.989 the one loss); its
+# tile_n was the fastest pair's on 12 of the 14. Not taken on DeepSeek-V3 q_a / kv_a (N 1536 / 576: 48 / 18
+# CTAs against the pick's 96 / 72 K-split units; the pairs ran 0.83 / 0.60 against 0.96 / 1.01). At
+# M = 80 (a second tile of 16 rows) the pairs lost to the short-box picks on 13 of 16 layers.
+SMALL_M_PAIRS = True
+PAIR_TILE_N = (64, 80, 96, 128, 160, 192)
+
+
+def small_m_pair(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig | None:
+    """The 2x1 pair of 64-row tiles for a 16-bit sm_90a dense call with 112 < M <= 128 where it
+    engages at least as many SMs as ``cfg``'s work units (see SMALL_M_PAIRS), else None."""
+    if (not SMALL_M_PAIRS or cfg.arch != "sm_90a" or p.a_dtype not in ("bf16", "fp16") or not 112 < p.m <= 128
+            or cfg.form not in (Form.DENSE, Form.FLAT) or cfg.pingpong or cfg.cluster_n > 1):  # fmt: skip
+        return None
+    units = ceil_div(p.m, cfg.tile_m) * ceil_div(p.n, cfg.tile_n) * p.l * max(1, cfg.split_k)
+    pairs = num_sms // 2
+
+    def streamed(tn: int) -> int:  # rounds of pairs x the columns each CTA streams per K step
+        return ceil_div(ceil_div(p.n, tn) * p.l, pairs) * (64 + tn)
+
+    for tn in sorted(PAIR_TILE_N, key=lambda t: (streamed(t), t)):
+        if min(2 * ceil_div(p.n, tn) * p.l, 2 * pairs) < min(units, num_sms):
+            continue
+        alt = replace(cfg, tile_m=64, tile_n=tn, cluster_m=2, cluster_n=1, split_k=1, split_tail=False,
+                      split_cluster=False, raster="n", group=1, a_rows=0)  # fmt: skip
+        if not config_errors(alt):
+            return alt
+    return None
+
+
 @dataclass(frozen=True)
 class ArchPolicy:
     arch: str
@@ -353,7 +392,8 @@ class ArchPolicy:
 
     def choose_dense(self, p: GemmProblem, **overrides) -> GemmConfig:
         """A dense call's config: :meth:`choose`, then the decode-sized-M options
-        (:func:`small_m_options`; no-ops where the arch or the config does not take them); for
+        (:func:`small_m_options`, :func:`small_m_alternative`, :func:`small_m_pair`; no-ops where
+        the arch or the config does not take them); for
         M > 128 on sm_90a the wave model may cut K too (:func:`wave_choice` with SPLITS)."""
         cfg = self.choose(p, **overrides)
         explicit = bool(set(overrides) & EXPLICIT_TILE)  # the caller's tile, split or recipe stands
@@ -365,6 +405,8 @@ class ArchPolicy:
         cfg = small_m_options(cfg, p, self.num_sms)
         if dtype_family(p.a_dtype) in SMALL_M_WAVES and not explicit:
             cfg = small_m_alternative(cfg, p, self.num_sms) or cfg
+        if not explicit:
+            cfg = small_m_pair(cfg, p, self.num_sms) or cfg
         return cfg
 
     def choose(self, p: GemmProblem, **overrides) -> GemmConfig:

@@ -67,6 +67,17 @@ def dense_variants(arch: str) -> list[GemmConfig]:
                        form=Form.FLAT),
             GemmConfig(arch=arch, tile_m=64, tile_n=96, cluster_m=2, raster="n", group=1, a_major="k", b_major="k",
                        form=Form.FLAT),
+            # 80-column tiles (16-column epilogue subtiles) and the 64-row 2x1 pairs of 112 < M <= 128
+            # (policy.small_m_pair), with a short A box, bias + silu, an fp32 output, SwiGLU
+            GemmConfig(arch=arch, tile_m=64, tile_n=80, cluster_m=2, raster="n", group=1, a_major="k", b_major="k",
+                       form=Form.FLAT),
+            GemmConfig(arch=arch, tile_m=64, tile_n=80, raster="n", group=1, a_major="k", b_major="k", form=Form.FLAT,
+                       a_rows=16, epilogue=EpilogueSpec(bias=True, activation="silu")),
+            GemmConfig(arch=arch, tile_m=128, tile_n=80, a_major="m", b_major="n", out_dtype="fp32"),
+            GemmConfig(arch=arch, tile_m=64, tile_n=160, cluster_m=2, raster="n", group=1, a_major="k", b_major="k",
+                       form=Form.FLAT, epilogue=EpilogueSpec(bias=True, gated="swiglu")),
+            GemmConfig(arch=arch, tile_m=64, tile_n=192, cluster_m=2, raster="n", group=1, a_major="k", b_major="k",
+                       form=Form.FLAT),
             GemmConfig(arch=arch, tile_m=128, tile_n=64, pingpong=True, a_major="m", b_major="k"),  # last: see flat
         ]
     else:

@@ -144,16 +144,14 @@ def previous_config(cfg, m: int, n: int, sms: int):
 
 @contextlib.contextmanager
 def previous_policy():
-    """The policy before 128x224 tiles (policy.WIDE_RATE) and the 1x2 clusters of odd M-tile
-    counts (policy.odd_m_pairs_n), for the sweep's same-round comparison on the cases where it
-    picks another config."""
-    saved = policy.TILE_RATES, policy.PAIR_ODD_M
-    policy.TILE_RATES = {fam: {t: r for t, r in rates.items() if t != (128, 224)} for fam, rates in saved[0].items()}
-    policy.PAIR_ODD_M = False
+    """The policy before the 64-row pairs of 112 < M <= 128 (policy.small_m_pair), for the sweep's
+    same-round comparison on the cases where it picks another config."""
+    saved = policy.SMALL_M_PAIRS
+    policy.SMALL_M_PAIRS = False
     try:
         yield
     finally:
-        policy.TILE_RATES, policy.PAIR_ODD_M = saved
+        policy.SMALL_M_PAIRS = saved
 
 
 def alternative_config(cfg, args, kwargs):

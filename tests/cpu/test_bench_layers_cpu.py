@@ -78,26 +78,24 @@ def test_previous_rule_is_timed_where_it_differs():
 
 
 def test_previous_policy_is_precompiled_and_restored():
-    """``previous_policy`` (before 128x224 tiles and the 1x2 clusters of odd M-tile counts) picks
-    the earlier configs inside and restores the policy after; the sweep's precompile list holds
-    both picks (Llama-3-8B gate_up at M = 512: 128x224 2x1 now, 128x256 2x1 before; at M = 640:
-    128x224 1x2 now, 128x192 2x1 before; DeepSeek-V3 o at M = 640 128x160 1x2 now, 128x192 in 2 K
-    ranges before)."""
+    """``previous_policy`` (before the 64-row pairs at M = 128) picks the earlier configs inside and
+    restores the policy after; the sweep's precompile list holds both picks (Llama-3-70B qkv at M =
+    128: 64x160 2x1 now, 128x96 before; DeepSeek-V3 o: 64x128 2x1 now, 128x128 in 2 K ranges
+    before; at M = 512 neither changes)."""
     from cutegemm import policy
 
-    before = policy.TILE_RATES, policy.PAIR_ODD_M
-    lay = [("Llama-3-8B", "gate_up", 28672, 4096), ("DeepSeek-V3", "o", 7168, 16384)]
-    plan = dict(layers=lay, m_values=(512, 640), kinds=("bf16",))
+    assert policy.SMALL_M_PAIRS
+    lay = [("Llama-3-70B", "qkv", 10240, 8192), ("DeepSeek-V3", "o", 7168, 16384)]
+    plan = dict(layers=lay, m_values=(128, 512), kinds=("bf16",))
     now = {c.name: cfgs[-1] for c, cfgs in layers.sweep_plan(**plan)}
     with layers.previous_policy():
-        assert not policy.PAIR_ODD_M and all((128, 224) not in rates for rates in policy.TILE_RATES.values())
+        assert not policy.SMALL_M_PAIRS
         old = {c.name: cfgs[-1] for c, cfgs in layers.sweep_plan(**plan)}
-    assert (policy.TILE_RATES, policy.PAIR_ODD_M) == before and (128, 224) in policy.TILE_RATES["16-bit"]
-    tiles = {name: ((now[name].tile_n, now[name].cluster_m, now[name].cluster_n),
-                    (old[name].tile_n, old[name].cluster_m, old[name].cluster_n)) for name in now}  # fmt: skip
-    assert tiles == {"Llama-3-8B gate_up M=512": ((224, 2, 1), (256, 2, 1)),
-                     "Llama-3-8B gate_up M=640": ((224, 1, 2), (192, 2, 1)),
-                     "DeepSeek-V3 o M=512": ((224, 2, 1), (256, 2, 1)),
-                     "DeepSeek-V3 o M=640": ((160, 1, 2), (192, 1, 1))}, tiles  # fmt: skip
+    assert policy.SMALL_M_PAIRS
+    tiles = {name: ((now[name].tile_m, now[name].tile_n, now[name].cluster_m, now[name].split_k),
+                    (old[name].tile_m, old[name].tile_n, old[name].cluster_m, old[name].split_k)) for name in now}  # fmt: skip
+    assert tiles["Llama-3-70B qkv M=128"] == ((64, 160, 2, 1), (128, 96, 1, 1)), tiles
+    assert tiles["DeepSeek-V3 o M=128"] == ((64, 128, 2, 1), (128, 128, 1, 2)), tiles
+    assert all(now[n] == old[n] for n in now if n.endswith("M=512")), tiles
     cfgs = layers.configs_of_sweep(**plan)
     assert all(now[n] in cfgs and old[n] in cfgs for n in now)

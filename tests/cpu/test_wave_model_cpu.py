@@ -36,6 +36,15 @@ def dense(m, n, k, dtype="bf16"):
     return POL.choose_dense(p, **({"epilogue": SCALED} if dtype == "e4m3" else {}))
 
 
+def dense_no_pairs(m, n, k, dtype="bf16"):
+    """dense() without the 64-row pairs of 112 < M <= 128 (policy.small_m_pair): the pick they replace."""
+    saved, policy.SMALL_M_PAIRS = policy.SMALL_M_PAIRS, False
+    try:
+        return dense(m, n, k, dtype)
+    finally:
+        policy.SMALL_M_PAIRS = saved
+
+
 @pytest.mark.parametrize("m,n,k", [(8192, 8192, 8192), (4096, 4096, 4096), (16384, 7168, 2048), (2048, 4096, 7168)])
 def test_measured_parity_shapes_keep_their_tile(m, n, k):
     """bench/RESULTS.md's dense bf16 shapes (cuBLAS parity with 128x256 2x1) and FP8's large
@@ -188,14 +197,16 @@ def test_pick_is_valid_and_never_predicted_slower(m, n, k, dtype):
 @pytest.mark.parametrize("m", [1, 16, 64, 100, 128])
 def test_decode_sizes_untouched(m):
     """M <= 64 keeps the measured decode rules (decode_tile, split_few_tiles); 64 < M <= 128 the
-    128-row rule's config or the wave model's pick over it (SMALL_M_WAVES), 1x1 clusters."""
+    128-row rule's config or the wave model's pick over it (SMALL_M_WAVES), 1x1 clusters, or
+    past 112 rows the 64-row pair over that (small_m_pair)."""
     from cutegemm import policy
 
     for n, k in ((4096, 7168), (28672, 4096), (1536, 7168)):
         cfg, rule = dense(m, n, k), decode_rule(problem(m, n, k))
-        assert cfg.tile_m == (64 if m <= 64 else 128) and cfg.cluster_m == 1
+        assert rule.tile_m == (64 if m <= 64 else 128) and rule.cluster_m == 1
         assert rule.tile_n in (64, 128)
-        assert cfg == (policy.small_m_alternative(rule, problem(m, n, k), SMS) or rule)
+        alt = policy.small_m_alternative(rule, problem(m, n, k), SMS) or rule
+        assert cfg == (policy.small_m_pair(alt, problem(m, n, k), SMS) or alt)
 
 
 def test_explicit_tiles_and_other_forms_are_left_alone():
@@ -206,22 +217,25 @@ def test_explicit_tiles_and_other_forms_are_left_alone():
 
 
 def decode_rule(p, **kw):
-    """choose_dense's config with no dtype family in SMALL_M_WAVES (the decode rule's for M <= 128)."""
+    """choose_dense's config with no dtype family in SMALL_M_WAVES and no 64-row pairs (the decode
+    rule's for M <= 128)."""
     from cutegemm import policy
 
-    saved, policy.SMALL_M_WAVES = policy.SMALL_M_WAVES, frozenset()
+    saved, policy.SMALL_M_WAVES, policy.SMALL_M_PAIRS = (policy.SMALL_M_WAVES, policy.SMALL_M_PAIRS), frozenset(), False
     try:
         return POL.choose_dense(p, **kw)
     finally:
-        policy.SMALL_M_WAVES = saved
+        policy.SMALL_M_WAVES, policy.SMALL_M_PAIRS = saved
 
 
 def test_small_m_wave_picks_are_taken_and_valid(monkeypatch):
     """policy.small_m_alternative (64 < M <= 128): choose_dense takes its picks for the dtype
     families in SMALL_M_WAVES (16-bit and e4m3; e4m3 without split K), keeps the decode rule's
-    config for the others and for explicit tiles; the picks are valid configs."""
+    config for the others and for explicit tiles; the picks are valid configs (the 64-row pairs
+    that follow them at M = 128 off: tested below)."""
     from cutegemm import policy
 
+    monkeypatch.setattr(policy, "SMALL_M_PAIRS", False)
     assert policy.SMALL_M_WAVES == frozenset({"16-bit", "e4m3"})
     p = problem(128, 10240, 8192)  # Llama-3-70B qkv at M = 128: 160 tiles of 128x64, 1.21 waves (0.74x cuBLAS)
     cfg = decode_rule(p)
@@ -266,7 +280,7 @@ def test_small_m_wave_picks_predicted_faster(m, n, k, dtype):
 
     assert t(alt) * MODEL_MARGIN < t(cfg)
     assert dtype == "bf16" or alt.split_k == 1
-    assert POL.choose_dense(p, **({"epilogue": SCALED} if dtype == "e4m3" else {})) == alt
+    assert POL.choose_dense(p, **({"epilogue": SCALED} if dtype == "e4m3" else {})) == (policy.small_m_pair(alt, p, SMS) or alt)
 
 
 def test_16bit_128x128_multicasts_b_over_two_m_tiles():
@@ -324,7 +338,7 @@ def test_h100_split_costs_and_128x160_rate():
     since); e4m3 keeps its split pick."""
     q_a = wave_choice(problem(512, 1536, 7168), SMS, (1, 2, 3, 4), True, other_m=False)  # (64x96 now, above)
     assert (q_a.tile_m, q_a.tile_n, q_a.split_k) == (128, 64, 1), q_a
-    qkv = dense(128, 10240, 5120)
+    qkv = dense_no_pairs(128, 10240, 5120)
     assert (qkv.tile_n, qkv.split_k) == (96, 1), qkv.name  # 128x96 since (0.95 -> 0.96 in the H100 sweep)
     gate_up = dense(512, 51200, 5120)
     assert (gate_up.tile_n, gate_up.cluster_m, gate_up.split_k) == (224, 2, 1), gate_up.name
@@ -335,7 +349,7 @@ def test_h100_split_costs_and_128x160_rate():
 
 
 def test_128x96_one_m_tile_1x1_else_1x2():
-    """128x96 tiles (sm_90a tile_n: any whole number of 32-column subtiles from 64 to 256): for
+    """128x96 tiles (sm_90a tile_n: any whole number of 32-column subtiles from 64 to 256, or 80): for
     64 < M <= 128 in 1x1 clusters (Llama-3-70B qkv at M = 128: 107 tiles, one round; a split-K
     candidate names 1x1 too); above, in 1x2 clusters with an M-major raster (A multicast: DeepSeek-V3
     q_a at M = 1024 and kv_a at M = 2048, one wave; H100: 0.93x cuBLAS against 2x1's 0.85, 1x1
@@ -344,8 +358,8 @@ def test_128x96_one_m_tile_1x1_else_1x2():
 
     ok = GemmConfig(arch="sm_90a", a_major="k", b_major="k", tile_m=128, tile_n=96)
     assert not config_errors(ok) and not config_errors(replace(ok, tile_n=224))
-    assert any("tile_n" in e for e in config_errors(replace(ok, tile_n=80)))
-    assert dense(128, 10240, 8192).tile_n == 96
+    assert any("tile_n" in e for e in config_errors(replace(ok, tile_n=112)))
+    assert dense_no_pairs(128, 10240, 8192).tile_n == 96
     for m, n in ((1024, 1536), (2048, 576)):
         cfg = dense(m, n, 7168)
         assert (cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.cluster_n, cfg.raster, cfg.split_k) == (
@@ -468,3 +482,73 @@ def test_odd_m_pairs_where_the_pair_along_n_pads_fewer():
         assert dense(1152, 1536, 7168).cluster_m == 2
     finally:
         policy.PAIR_ODD_M = saved
+
+
+@pytest.mark.parametrize(
+    "n,k,tile_n",
+    [(6144, 4096, 96), (4096, 4096, 64), (28672, 4096, 160), (10240, 8192, 160), (8192, 28672, 128),
+     (51200, 5120, 160), (5120, 25600, 80), (5120, 2048, 80), (2048, 4096, 64), (24576, 1536, 192),
+     (7168, 16384, 128), (32768, 4096, 128), (4096, 14336, 64)],
+)  # fmt: skip
+def test_m128_takes_64_row_pairs(n, k, tile_n):
+    """policy.small_m_pair at M = 128 (16-bit): 2x1 pairs of 64-row tiles, the tile_n whose rounds of
+    pairs stream the fewest columns per SM (the H200's fastest pair on those layers but two), unsplit,
+    N-major; valid configs."""
+    cfg = dense(128, n, k)
+    assert (cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.cluster_n, cfg.split_k, cfg.a_rows) == (64, tile_n, 2, 1, 1, 0), cfg.name
+    assert not config_errors(cfg)
+    assert dense(128, n, k, "fp16").tile_n == tile_n
+
+
+@pytest.mark.parametrize("m,n,k", [(128, 1536, 7168), (128, 576, 7168), (112, 10240, 8192), (80, 10240, 8192),
+                                   (129, 10240, 8192), (64, 10240, 8192), (128, 10240, 8192, )])  # fmt: skip
+def test_64_row_pairs_only_past_112_rows_and_where_they_engage_as_many_sms(m, n, k):
+    """No pair where the pick's K-split units outnumber the pair's CTAs (DeepSeek-V3 q_a / kv_a), at
+    or below 112 rows (the short A box), past 128, for e4m3, or for an explicit tile."""
+    from cutegemm import policy
+
+    cfg = dense(m, n, k)
+    taken = 112 < m <= 128 and n > 1536
+    assert (cfg.tile_m == 64 and cfg.cluster_m == 2) == taken, cfg.name
+    if taken:
+        rule = decode_rule(problem(m, n, k))
+        alt = policy.small_m_alternative(rule, problem(m, n, k), SMS) or rule
+        units = -(-m // alt.tile_m) * -(-n // alt.tile_n) * max(1, alt.split_k)
+        assert min(2 * -(-n // cfg.tile_n), SMS) >= min(units, SMS)
+    fp8 = POL.choose_dense(problem(m, n, k, "e4m3"), epilogue=SCALED)
+    assert not (fp8.tile_m == 64 and fp8.cluster_m == 2)
+    if m <= 128:
+        assert POL.choose_dense(problem(m, n, k), tile_n=128).cluster_m == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(m=st.integers(113, 128), n=st.integers(1, 60000), k=st.integers(16, 40000), l=st.integers(1, 3),
+       act=st.sampled_from([None, "silu", "swiglu"]))  # fmt: skip
+def test_64_row_pairs_are_valid_and_stream_least(m, n, k, l, act):
+    """Every pair small_m_pair returns is a valid config for its epilogue, unsplit, with the tile_n
+    of the fewest streamed columns (ties: the narrower) among the valid ones that engage at least as
+    many SMs as the config before it; where it returns none, no tile_n qualifies."""
+    from cutegemm import policy
+
+    epi = EpilogueSpec(gated="swiglu") if act == "swiglu" else EpilogueSpec(activation=act)
+    p = GemmProblem(m, n, k, l, "bf16", "bf16", "bf16", "k", "k")
+    saved, policy.SMALL_M_PAIRS = policy.SMALL_M_PAIRS, False
+    try:
+        before = POL.choose_dense(p, epilogue=epi)
+    finally:
+        policy.SMALL_M_PAIRS = saved
+    cfg = POL.choose_dense(p, epilogue=epi)
+    units = -(-m // before.tile_m) * -(-n // before.tile_n) * l * max(1, before.split_k)
+
+    def streamed(tn):
+        return -(-(-(-n // tn) * l) // (SMS // 2)) * (64 + tn)
+
+    pair = replace(before, tile_m=64, cluster_m=2, cluster_n=1, split_k=1, split_tail=False, split_cluster=False, raster="n",
+                   group=1, a_rows=0)  # fmt: skip
+    ok = [tn for tn in policy.PAIR_TILE_N
+          if min(2 * -(-n // tn) * l, SMS) >= min(units, SMS) and not config_errors(replace(pair, tile_n=tn))]
+    if before.cluster_n > 1 or not ok:
+        assert cfg == before
+        return
+    assert cfg == replace(pair, tile_n=min(ok, key=lambda tn: (streamed(tn), tn))), cfg.name
+    assert cfg.epilogue == epi

@@ -101,10 +101,14 @@ def test_activation_and_bias(activation, bias_dtype, out_dtype):
                                      dict(tile_m=64, tile_n=96, cluster_n=2, raster="n", group=1),
                                      dict(tile_m=128, tile_n=224, cluster_m=2, raster="n"),
                                      dict(tile_m=128, tile_n=224, cluster_n=2, raster="m"),
-                                     dict(tile_m=128, tile_n=192, cluster_n=2, raster="m")])  # fmt: skip
+                                     dict(tile_m=128, tile_n=192, cluster_n=2, raster="m"),
+                                     dict(tile_m=64, tile_n=80, cluster_m=2, raster="n", group=1),
+                                     dict(tile_m=64, tile_n=80, cluster_n=2, raster="m", group=1),
+                                     dict(tile_m=128, tile_n=80)])  # fmt: skip
 def test_wave_model_tiles_with_epilogues(tile_kw):
-    """The sm_90a wave model's 192-row, 64x96, 128x224 and odd M-tile 1x2 tiles under alpha, beta *
-    C, bias and silu, ragged (1000 columns: an odd count of 224-column tiles pads a 1x2 cluster)."""
+    """The sm_90a wave model's 192-row, 64x96, 128x224, 80-column and odd M-tile 1x2 tiles under
+    alpha, beta * C, bias and silu, ragged (1000 columns: an odd count of 224-column tiles pads a
+    1x2 cluster; 12.5 tiles of 80)."""
     if _arch() != "sm_90a":
         pytest.skip("192-row and 96-column tiles are sm_90a")
     a = operand(421, 328)
@@ -112,6 +116,23 @@ def test_wave_model_tiles_with_epilogues(tile_kw):
     c = operand(421, 1000)
     bias = torch.randn(1000, device="cuda").to(BF16)
     check(a, b, alpha=0.5, beta=0.75, c=c, bias=bias, activation="silu", tile_kw=tile_kw)
+
+
+@pytest.mark.parametrize("tile_n", [64, 80, 96, 128, 160, 192])
+def test_64_row_pairs_with_epilogues(tile_n):
+    """The 2x1 pairs of 64-row tiles the sm_90a policy takes at 112 < M <= 128 (policy.small_m_pair),
+    every tile_n of PAIR_TILE_N, under alpha, beta * C, bias and silu, and (not 80: its 16-column
+    subtiles take no gated output) SwiGLU with a bias; ragged N (1000: a part tile)."""
+    if _arch() != "sm_90a":
+        pytest.skip("the 64-row pairs are the sm_90a policy's")
+    kw = dict(tile_m=64, tile_n=tile_n, cluster_m=2, raster="n", group=1)
+    a = operand(120, 328)
+    b = operand(328, 1000, row_major=False)
+    c = operand(120, 1000)
+    bias = torch.randn(1000, device="cuda").to(BF16)
+    check(a, b, alpha=0.5, beta=0.75, c=c, bias=bias, activation="silu", tile_kw=kw)
+    if tile_n != 80:
+        check(a, b, bias=bias, activation="swiglu", tile_kw=kw)
 
 
 def test_alpha_bias_fp32_out_default_policy():

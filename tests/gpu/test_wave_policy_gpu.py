@@ -93,3 +93,17 @@ def test_small_m_wave_picks_are_correct_and_deterministic(kind, m, n, k, monkeyp
     if alt is None:
         pytest.skip(f"no wave pick for {kind} {m}x{n}x{k}")
     _check(kind, x, w, kwargs, alt.name, config=alt)
+
+
+@pytest.mark.parametrize("m,n,k", [(128, 10240, 8192), (120, 5120, 2048), (128, 4096, 14336), (128, 24576, 1536),
+                                   (128, 51200, 5120), (113, 7168, 16384)])  # fmt: skip
+def test_64_row_pairs_at_m128_are_correct_and_deterministic(m, n, k):
+    """The policy's 2x1 pairs of 64-row tiles at 112 < M <= 128 (policy.small_m_pair), bf16,
+    through the public API: as above."""
+    if not _sm90():
+        pytest.skip("the 64-row pairs are the sm_90a policy's")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    x, w, kwargs, p, epi = _operands("bf16", m, n, k)
+    cfg = policy_for("sm_90a", sms).choose_dense(p, epilogue=epi)
+    assert (cfg.tile_m, cfg.cluster_m) == (64, 2), cfg.name
+    _check("bf16", x, w, kwargs, cfg.name)
