@@ -57,7 +57,7 @@ def test_cluster_tile_counts_cover_problem():
         (dict(a_dtype="fp32", b_dtype="fp32"), "a/b dtype"),
         (dict(out_dtype="int8"), "out dtype"),
         (dict(tile_m=96), "tile_m"),
-        (dict(tile_n=80), "tile_n"),
+        (dict(tile_n=112), "tile_n"),
         (dict(cluster_m=3), "cluster_m"),
         (dict(cluster_m=4, cluster_n=2), "cluster size"),
         (dict(two_cta=True), "two_cta"),
