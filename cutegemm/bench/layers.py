@@ -142,6 +142,9 @@ def previous_config(cfg, m: int, n: int, sms: int):
     return None if prev == cfg else prev
 
 
+PREVIOUS_POLICY = "policy before the 64-row pairs of 112 < M <= 128 (small_m_pair)"
+
+
 @contextlib.contextmanager
 def previous_policy():
     """The policy before the 64-row pairs of 112 < M <= 128 (policy.small_m_pair), for the sweep's
@@ -305,7 +308,7 @@ def markdown(results: list[Result]) -> str:
                   + (f"; on those cases ours {stats['changed_geomean']:.3f}, the previous rule "
                      f"{stats['changed_before_geomean']:.3f}." if stats["changed"] else "."), ""]  # fmt: skip
         if stats["alternatives"]:
-            lines += [f"The policy before 128x224 tiles and odd M-tile counts' 1x2 clusters (previous_policy), timed in the same rounds on "
+            lines += [f"The {PREVIOUS_POLICY} (previous_policy), timed in the same rounds on "
                       f"the {stats['alternatives']} cases where they differ: ours {stats['alt_ours_geomean']:.3f}, "
                       f"the picks {stats['alt_geomean']:.3f} ("
                       + "; ".join(f"{name} {ours:.2f} -> {alt:.2f}" for name, ours, alt, _ in stats["alt_cases"])
