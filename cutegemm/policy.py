@@ -351,13 +351,16 @@ def small_m_alternative(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmCo
 # above put one SM on each 128-row tile or split its K. small_m_pair takes the pair where it engages
 # at least as many SMs as the pick's work units; its tile_n is the one whose rounds of pairs stream
 # the fewest bytes per SM, each CTA streaming its 64 A rows and tile_n B columns: rounds x (64 +
-# tile_n), ties to the narrower. H200, one process, 4 interleaved rounds of 10 L2-flushed reps, x
-# cuBLAS, the sweep's 16 layers at M = 128, the pick -> the pair: taken on 14, geomean +3.3%
-# (Llama-3-70B qkv 0.96 -> 1.01 in 64x160, Qwen3-30B-A3B qkv 0.92 -> 0.96 in 64x80, DeepSeek-V3 o
-# 0.99 -> 1.06 in 64x128 where the pick split K in 2, Llama-3-8B o 0.994 -> 0.989 the one loss); its
-# tile_n was the fastest pair's on 12 of the 14. Not taken on DeepSeek-V3 q_a / kv_a (N 1536 / 576: 48 / 18
-# CTAs against the pick's 96 / 72 K-split units; the pairs ran 0.83 / 0.60 against 0.96 / 1.01). At
-# M = 80 (a second tile of 16 rows) the pairs lost to the short-box picks on 13 of 16 layers.
+# tile_n), ties to the narrower. Fitted on the H200 (one process, 4 interleaved rounds of 10
+# L2-flushed reps, x cuBLAS, the sweep's 16 layers at M = 128, the pick -> the pair): taken on 14,
+# geomean +3.3% (Llama-3-70B qkv 0.96 -> 1.01 in 64x160, Qwen3-30B-A3B qkv 0.92 -> 0.96 in 64x80,
+# DeepSeek-V3 o 0.99 -> 1.06 in 64x128 where the pick split K in 2; Llama-3-8B o 0.994 -> 0.989 the
+# one loss); its tile_n was the fastest pair's on 12 of the 14. Not taken on DeepSeek-V3 q_a / kv_a
+# (N 1536 / 576: 48 / 18 CTAs against the pick's 96 / 72 K-split units; the pairs ran 0.83 / 0.60
+# against 0.96 / 1.01). At M = 80 (a second tile of 16 rows) the pairs lost to the short-box picks
+# on 13 of 16 layers. Checked on an H100 (`bench sweep`, the previous picks in the same rounds): the
+# 14 cases 0.980 -> 1.022 at M = 128 and 0.978 -> 1.021 at M = 120, every one faster. FP8 pairs at
+# M = 128 led the pick on 7 layers and trailed on 9 (up to 14%): 16-bit only.
 SMALL_M_PAIRS = True
 PAIR_TILE_N = (64, 80, 96, 128, 160, 192)
 
