@@ -367,9 +367,12 @@ PAIR_TILE_N = (64, 80, 96, 128, 160, 192)
 
 def small_m_pair(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig | None:
     """The 2x1 pair of 64-row tiles for a 16-bit sm_90a dense call with 112 < M <= 128 where it
-    engages at least as many SMs as ``cfg``'s work units (see SMALL_M_PAIRS), else None."""
+    engages at least as many SMs as ``cfg``'s work units (see SMALL_M_PAIRS), else None. Plain,
+    alpha, beta * C, bias, activation and gated outputs (the forms its GPU tests run)."""
+    epi = cfg.epilogue  # (quantized, preact and user outputs on the pairs have not run on a GPU)
     if (not SMALL_M_PAIRS or cfg.arch != "sm_90a" or p.a_dtype not in ("bf16", "fp16") or not 112 < p.m <= 128
-            or cfg.form not in (Form.DENSE, Form.FLAT) or cfg.pingpong or cfg.cluster_n > 1):  # fmt: skip
+            or cfg.form not in (Form.DENSE, Form.FLAT) or cfg.pingpong or cfg.cluster_n > 1 or epi.quant
+            or epi.preact or epi.user):  # fmt: skip
         return None
     units = ceil_div(p.m, cfg.tile_m) * ceil_div(p.n, cfg.tile_n) * p.l * max(1, cfg.split_k)
     pairs = num_sms // 2

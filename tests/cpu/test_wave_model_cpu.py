@@ -504,7 +504,8 @@ def test_m128_takes_64_row_pairs(n, k, tile_n):
                                    (129, 10240, 8192), (64, 10240, 8192), (128, 10240, 8192, )])  # fmt: skip
 def test_64_row_pairs_only_past_112_rows_and_where_they_engage_as_many_sms(m, n, k):
     """No pair where the pick's K-split units outnumber the pair's CTAs (DeepSeek-V3 q_a / kv_a), at
-    or below 112 rows (the short A box), past 128, for e4m3, or for an explicit tile."""
+    or below 112 rows (the short A box), past 128, for e4m3, for an explicit tile, or for a
+    quantized or preact output."""
     from cutegemm import policy
 
     cfg = dense(m, n, k)
@@ -519,6 +520,9 @@ def test_64_row_pairs_only_past_112_rows_and_where_they_engage_as_many_sms(m, n,
     assert not (fp8.tile_m == 64 and fp8.cluster_m == 2)
     if m <= 128:
         assert POL.choose_dense(problem(m, n, k), tile_n=128).cluster_m == 1
+    for epi in (EpilogueSpec(quant="mxfp8"), EpilogueSpec(gated="swiglu", preact=True)):  # not run on a GPU: no pair
+        cfg = POL.choose_dense(problem(m, n, k), epilogue=epi)
+        assert not (cfg.tile_m == 64 and cfg.cluster_m == 2), cfg.name
 
 
 @settings(max_examples=200, deadline=None)
