@@ -4,6 +4,7 @@ configs it picks for M > 128: its CPU twin. The kernels it picks are compile-che
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 
 import pytest
@@ -36,13 +37,23 @@ def dense(m, n, k, dtype="bf16"):
     return POL.choose_dense(p, **({"epilogue": SCALED} if dtype == "e4m3" else {}))
 
 
+@contextlib.contextmanager
+def policy_flags(**flags):
+    """The policy module's switches set to ``flags`` inside, restored after."""
+    saved = {name: getattr(policy, name) for name in flags}
+    for name, value in flags.items():
+        setattr(policy, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(policy, name, value)
+
+
 def dense_no_pairs(m, n, k, dtype="bf16"):
     """dense() without the 64-row pairs of 112 < M <= 128 (policy.small_m_pair): the pick they replace."""
-    saved, policy.SMALL_M_PAIRS = policy.SMALL_M_PAIRS, False
-    try:
+    with policy_flags(SMALL_M_PAIRS=False):
         return dense(m, n, k, dtype)
-    finally:
-        policy.SMALL_M_PAIRS = saved
 
 
 @pytest.mark.parametrize("m,n,k", [(8192, 8192, 8192), (4096, 4096, 4096), (16384, 7168, 2048), (2048, 4096, 7168)])
@@ -219,13 +230,8 @@ def test_explicit_tiles_and_other_forms_are_left_alone():
 def decode_rule(p, **kw):
     """choose_dense's config with no dtype family in SMALL_M_WAVES and no 64-row pairs (the decode
     rule's for M <= 128)."""
-    from cutegemm import policy
-
-    saved, policy.SMALL_M_WAVES, policy.SMALL_M_PAIRS = (policy.SMALL_M_WAVES, policy.SMALL_M_PAIRS), frozenset(), False
-    try:
+    with policy_flags(SMALL_M_WAVES=frozenset(), SMALL_M_PAIRS=False):
         return POL.choose_dense(p, **kw)
-    finally:
-        policy.SMALL_M_WAVES, policy.SMALL_M_PAIRS = saved
 
 
 def test_small_m_wave_picks_are_taken_and_valid(monkeypatch):
@@ -536,11 +542,8 @@ def test_64_row_pairs_are_valid_and_stream_least(m, n, k, l, act):
 
     epi = EpilogueSpec(gated="swiglu") if act == "swiglu" else EpilogueSpec(activation=act)
     p = GemmProblem(m, n, k, l, "bf16", "bf16", "bf16", "k", "k")
-    saved, policy.SMALL_M_PAIRS = policy.SMALL_M_PAIRS, False
-    try:
+    with policy_flags(SMALL_M_PAIRS=False):
         before = POL.choose_dense(p, epilogue=epi)
-    finally:
-        policy.SMALL_M_PAIRS = saved
     cfg = POL.choose_dense(p, epilogue=epi)
     units = -(-m // before.tile_m) * -(-n // before.tile_n) * l * max(1, before.split_k)
 

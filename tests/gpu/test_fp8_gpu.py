@@ -180,7 +180,6 @@ def test_fp8_fast_accum_matches_torch_fast_accum_error(m, n, k):
     assert_within_torch_error(promoted, _torch_same_precision(a, b, sa, sb), ref, what="fp8 promoted")
 
 
-
 @pytest.mark.parametrize("m,n,k", [(1000, 520, 2048), (256, 384, 128), (129, 200, 4096)])
 def test_fp8_wg_order_is_bitwise_equal(m, n, k):
     """config.wg_order (the consumer warpgroups take turns per K tile) changes the issue order
