@@ -622,6 +622,11 @@ _BELOW_AUTOGRAD = torch._C._after_autograd_keyset.remove(torch._C.DispatchKey.AD
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _CUDA_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
 
+# op name -> [CPU function, CUDA function] of its no-gradient path: a list the registered kernel
+# reads on every call, so tests/host_overhead_cpu.py can point an op's CPU entry at its CUDA
+# function and time that function's host work on CPU tensors
+NO_GRAD_FUNCTIONS: dict = {}
+
 
 def _register_no_grad_path(opdef, cuda_fn) -> None:
     """Registers ``opdef``'s AutogradCPU and AutogradCUDA kernels (they take precedence over the
@@ -632,16 +637,16 @@ def _register_no_grad_path(opdef, cuda_fn) -> None:
     ours return fresh tensors) at about twice the host time. Every other call takes custom_op's
     own Autograd kernel, so gradients, fake tensors and tracing are unchanged."""
     slow = make_autograd_impl(opdef._opoverload, opdef)  # what custom_op registers for "Autograd"
-    cpu_fn = opdef._init_fn
+    fns = NO_GRAD_FUNCTIONS[opdef._name] = [opdef._init_fn, cuda_fn]
     disabled = getattr(opdef, "_disabled_kernel", set())  # set_kernel_enabled's set, updated in place
 
     def kernel(keyset, *args, **kwargs):
         if not (torch._C.is_grad_enabled() and torch._C._any_requires_grad(*args)):
             below = keyset & _BELOW_AUTOGRAD
             if below == _CPU_KEYS:
-                fn = cpu_fn
+                fn = fns[0]
             elif below == _CUDA_KEYS:
-                fn = cpu_fn if "cuda" in disabled else cuda_fn  # switched off: custom_op runs the body too
+                fn = fns[0] if "cuda" in disabled else fns[1]  # switched off: custom_op runs the body too
             else:
                 fn = None
             if fn is not None:

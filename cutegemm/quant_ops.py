@@ -71,6 +71,8 @@ the device, or quantize outside the graph).
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Optional
 
 import torch
@@ -149,25 +151,38 @@ _X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 def _quantize_outputs(x, fmt_name: str, global_scale, scale_rule: str):
     """Validates a quantize call; returns (data shape, data dtype, scales shape, scales dtype)."""
+    gs_shape = None if global_scale is None else global_scale.shape
+    return _quantize_layout(x.shape, x.dtype, fmt_name, gs_shape, scale_rule)
+
+
+def _quantize_layout(shape, dtype, fmt_name: str, gs_shape, scale_rule: str):
+    """:func:`_quantize_outputs` from x's shape and dtype and the global scale's shape (None: no
+    global scale); shapes may hold SymInts (the fake implementation)."""
     if fmt_name not in _QUANTIZE_FORMATS:
         raise ValueError(f"fmt must be one of {_QUANTIZE_FORMATS}, got {fmt_name!r}")
     fmt = get_format(fmt_name)
-    if x.dtype not in _X_DTYPES:
-        raise TypeError(f"x: expected dtype float32, bfloat16 or float16, got {x.dtype}")
-    if x.dim() not in (2, 3):
-        raise ValueError(f"x: expected a (rows, K) or (L, rows, K) tensor, got {tuple(x.shape)}")
+    if dtype not in _X_DTYPES:
+        raise TypeError(f"x: expected dtype float32, bfloat16 or float16, got {dtype}")
+    if len(shape) not in (2, 3):
+        raise ValueError(f"x: expected a (rows, K) or (L, rows, K) tensor, got {tuple(shape)}")
     if scale_rule not in ("ocp", "ceil") or (fmt.has_global_scale and scale_rule != "ocp"):
         raise ValueError(f"scale_rule: {scale_rule!r} is not valid for {fmt.name} ('ocp', or 'ceil' for MX)")
-    if global_scale is not None and not fmt.has_global_scale:
+    if gs_shape is not None and not fmt.has_global_scale:
         raise ValueError(f"global_scale: format {fmt.name} has no global scale")
-    if global_scale is not None and global_scale.numel() != 1:
-        raise TypeError(f"global_scale: expected a one-element tensor, got shape {tuple(global_scale.shape)}")
-    k = x.shape[-1]
+    if gs_shape is not None and math.prod(gs_shape) != 1:
+        raise TypeError(f"global_scale: expected a one-element tensor, got shape {tuple(gs_shape)}")
+    k = shape[-1]
     if fmt.elems_per_byte == 2 and k % 2:
         raise ValueError(f"x: {fmt.name} packs two elements per byte, so K must be even, got {k}")
-    rows_p, cols_p = swizzled_shape(x.shape[-2], -(-k // fmt.block_size))
-    data_shape = (*x.shape[:-1], k // fmt.elems_per_byte)
-    return data_shape, fmt.elem_dtype, (*x.shape[:-2], rows_p, cols_p), fmt.scale_dtype
+    rows_p, cols_p = swizzled_shape(shape[-2], -(-k // fmt.block_size))
+    data_shape = (*shape[:-1], k // fmt.elems_per_byte)
+    return data_shape, fmt.elem_dtype, (*shape[:-2], rows_p, cols_p), fmt.scale_dtype
+
+
+# The CUDA function's validation, memoized per (shape, dtype, format, global-scale shape, rule):
+# a pure function of those (concrete shapes only; an invalid call raises every time, nothing is
+# cached for it), and about 2 us of Python per call where a key lookup costs a few hundred ns.
+_quantize_layout_cached = functools.lru_cache(maxsize=512)(_quantize_layout)
 
 
 def _gemm_quantized_outputs(a, b, bias, out_global_scale, out_dtype, activation):
@@ -269,7 +284,8 @@ def _quantize_tuple(q: BlockScaledTensor, x, global_scale, fresh_elements: bool 
     """The op's outputs; ``fresh_elements``: q's data and scales are known to be new tensors (the
     CUDA kernel allocates them), so only the global scale (possibly the given one) is checked."""
     gs = q.global_scale
-    gs = x.new_empty((0,), dtype=torch.float32) if gs is None else _fresh(gs.reshape(()), (x, global_scale))
+    # (an empty fp32 tensor on x's device: x.new_empty((0,), dtype=torch.float32) for a strided x)
+    gs = torch.empty(0, dtype=torch.float32, device=x.device) if gs is None else _fresh(gs.reshape(()), (x, global_scale))
     if fresh_elements:
         return q.data, q.scales, gs
     return _fresh(q.data, (x,)), _fresh(q.scales, (x,)), gs
@@ -277,7 +293,7 @@ def _quantize_tuple(q: BlockScaledTensor, x, global_scale, fresh_elements: bool 
 
 @quantize_op.register_kernel("cuda")
 def _quantize_cuda(x, fmt, global_scale=None, *, scale_rule="ocp"):
-    _quantize_outputs(x, fmt, global_scale, scale_rule)
+    _quantize_layout_cached(x.shape, x.dtype, fmt, None if global_scale is None else global_scale.shape, scale_rule)
     q = quantize_kernel(x, fmt, global_scale=global_scale, scale_rule=scale_rule)
     return _quantize_tuple(q, x, global_scale, fresh_elements=True)
 
@@ -297,11 +313,13 @@ def quantize(x: torch.Tensor, fmt: str, *, global_scale=None, scale_rule: str = 
     """``cutegemm.quantize`` through the ``cutegemm::quantize`` custom op (torch.compile /
     CUDA graphs; CPU: ``quantize_ref``): a :class:`BlockScaledTensor` with swizzled scales.
     ``global_scale``: NVFP4 only, a float or one-element tensor, None for the default."""
-    fmt_name = get_format(fmt).name
+    f = get_format(fmt)
     if global_scale is not None and not isinstance(global_scale, torch.Tensor):
         global_scale = torch.tensor(float(global_scale), dtype=torch.float32, device=x.device)
-    data, scales, gs = torch.ops.cutegemm.quantize(x, fmt_name, global_scale, scale_rule=scale_rule)
-    f = get_format(fmt_name)
+    if scale_rule == "ocp":  # the schema's default, left out: a keyword argument costs the dispatcher ~2 us
+        data, scales, gs = torch.ops.cutegemm.quantize(x, f.name, global_scale)
+    else:
+        data, scales, gs = torch.ops.cutegemm.quantize(x, f.name, global_scale, scale_rule=scale_rule)
     return BlockScaledTensor(
         data=data, scales=scales, fmt=f, shape=x.shape, global_scale=gs if f.has_global_scale else None,
         scales_swizzled=True,

@@ -222,6 +222,26 @@ def cpu_quantize_path(kernel: NoOpKernel | None = None):
         plans.clear()
 
 
+@contextlib.contextmanager
+def cuda_functions_on_cpu(*names: str):
+    """Points the no-gradient path of each ``torch.ops.cutegemm`` op in ``names`` (CPU tensors)
+    at the op's CUDA function (``cutegemm.ops.NO_GRAD_FUNCTIONS``) instead of its CPU body, so
+    that, inside the context managers above, ``torch.ops.cutegemm.<name>`` runs the host work
+    of a CUDA call: dispatcher, our Autograd kernel, the CUDA function and the warm path below it.
+    Yields False (and changes nothing) where torch lacks the private names that path needs."""
+    from cutegemm import ops
+
+    fns = ops.NO_GRAD_FUNCTIONS
+    saved = {name: fns[name][0] for name in names if name in fns}
+    for name in saved:
+        fns[name][0] = fns[name][1]
+    try:
+        yield len(saved) == len(names)
+    finally:
+        for name, cpu_fn in saved.items():
+            fns[name][0] = cpu_fn
+
+
 def _time(fn, calls: int, rounds: int = 25) -> float:
     """µs per call: the fastest of ``rounds`` rounds of ``calls / rounds`` calls (CPU time), so
     that other processes on the machine disturb it little."""
@@ -304,6 +324,18 @@ def measure(calls: int = 20000) -> dict:
         res["quantize(x 16x1024, mxfp8)"] = _time(lambda: cutegemm.quantize(xs, "mxfp8"), calls)
         res["quantize(x 128x1024, nvfp4, gs)"] = _time(lambda: cutegemm.quantize(xq, "nvfp4", global_scale=0.5), calls)
         assert k.calls > 3 * calls
+    # torch.ops.cutegemm (no gradient needed) over the CUDA functions, with the warm paths above
+    op = torch.ops.cutegemm
+    with cpu_fast_path(), cuda_functions_on_cpu("gemm", "grouped_gemm") as routed:
+        if routed:
+            res["torch.ops.cutegemm.gemm(a, b)"] = _time(lambda: op.gemm(a, b), calls)
+            res["ops.gemm(a, b, bias, alpha, act)"] = _time(
+                lambda: op.gemm(a, b, bias, alpha=0.5, activation="silu"), calls
+            )
+            res["ops.grouped_gemm(x, w, offs)"] = _time(lambda: op.grouped_gemm(x, w, offs), calls)
+    with cpu_quantize_path(), cuda_functions_on_cpu("quantize") as routed:
+        if routed:
+            res["ops.quantize(x 128x1024, mxfp8)"] = _time(lambda: ops.quantize(xq, "mxfp8"), calls)
     res["torch.empty(128, 128)"] = _time(lambda: torch.empty(128, 128, dtype=bf), calls)
     # torch.ops.cutegemm (no gradient needed): the dispatcher's and the op's Python layers over the
     # registered function, on 1x1 CPU operands (the CPU twin's work is small beside them)

@@ -146,3 +146,44 @@ def test_warm_result_is_what_the_kernel_wrote(fmt):
             assert torch.equal(data.reshape(-1, 4), torch.tensor([[4, 3, 2, 1]], dtype=torch.uint8).expand(data.numel() // 4, 4))
             assert bool((scales == 7).all()) and scales.shape == (2, 128, 4)
         assert len(ql._PLANS) == 1
+
+
+def test_quantize_op_cuda_function_keeps_its_checks_and_results(kernel, monkeypatch):
+    """torch.ops.cutegemm.quantize through its CUDA function (CPU tensors, the warm quantize path
+    below it): the wrapper's BlockScaledTensor matches cutegemm.quantize's and the kernel gets the
+    same arguments (the default scale rule left out of the dispatcher call, 'ceil' passed); the
+    memoized validation still rejects every invalid call, also after valid calls of its shape."""
+    from cutegemm import ops, quant_ops
+
+    from ..host_overhead_cpu import cuda_functions_on_cpu
+
+    rules, real = [], quant_ops.quantize_kernel
+    monkeypatch.setattr(quant_ops, "quantize_kernel", lambda *a, **kw: rules.append(kw["scale_rule"]) or real(*a, **kw))
+    x = torch.randn(64, 256, dtype=BF)
+    with cuda_functions_on_cpu("quantize") as routed:
+        if not routed:
+            pytest.skip("this torch has no make_autograd_impl: custom_op's own path only")
+        for fmt, kw in (("mxfp8", {}), ("mxfp8", {"scale_rule": "ceil"}), ("mxfp4", {}), ("nvfp4", {"global_scale": 0.5})):
+            direct = cutegemm.quantize(x, fmt, **kw)
+            want = _args(kernel, fresh=(1, 2, 3))
+            for _ in range(2):
+                rules.clear()
+                q = ops.quantize(x, fmt, **kw)
+                assert rules == [kw.get("scale_rule", "ocp")]
+                assert _args(kernel, fresh=(1, 2, 3)) == want
+                assert _result(q) == _result(direct) and q.fmt is direct.fmt and q.scales_swizzled
+                assert (q.global_scale is None) == (fmt != "nvfp4")
+        gs2 = torch.ones(2)
+        for _ in range(2):
+            with pytest.raises(TypeError, match="one-element"):
+                torch.ops.cutegemm.quantize(x, "nvfp4", gs2)
+            with pytest.raises(ValueError, match="fmt must be"):
+                torch.ops.cutegemm.quantize(x, "MXFP8", None)
+            with pytest.raises(ValueError, match="scale_rule"):
+                torch.ops.cutegemm.quantize(x, "mxfp8", None, scale_rule="bogus")
+            with pytest.raises(ValueError, match="global scale"):
+                torch.ops.cutegemm.quantize(x, "mxfp8", torch.ones(()))
+            with pytest.raises(TypeError, match="dtype"):
+                torch.ops.cutegemm.quantize(x.double(), "mxfp8", None)
+        data, scales, gs = torch.ops.cutegemm.quantize(x, "mxfp8", None)
+        assert gs.shape == (0,) and gs.dtype == torch.float32 and gs.device == x.device
