@@ -222,6 +222,46 @@ def cpu_quantize_path(kernel: NoOpKernel | None = None):
         plans.clear()
 
 
+def _check_dequant_operand_cpu(q, what: str = "q") -> None:
+    """dequant.check_dequant_operand without its CUDA rule."""
+    from cutegemm.blockscaled import dequant
+
+    dequant.check_elements(q, what)
+    d = q.data
+    if not d.is_contiguous() or d.data_ptr() % 16:
+        raise ValueError(f"{what}: the elements must be contiguous and 16-byte aligned")
+    if q.shape[-1] % dequant.CHUNK:
+        raise ValueError(f"{what}: K must be a multiple of {dequant.CHUNK}, got {q.shape[-1]}")
+    if q.shape.numel() > dequant.MAX_ELEMENTS:
+        raise ValueError(f"{what}: at most {dequant.MAX_ELEMENTS} elements per call, got {q.shape.numel()}")
+
+
+@contextlib.contextmanager
+def cpu_dequant_path(kernel: NoOpKernel | None = None):
+    """As :func:`cpu_fast_path`, for ``dequantize`` (``cutegemm.blockscaled.dequant``): CPU
+    elements the kernel takes (its rules but the CUDA one), an sm_90a device, ``kernel`` as every
+    compiled dequantize kernel. Its plans are dropped on entry and exit."""
+    from cutegemm.blockscaled import dequant
+
+    kernel = kernel or NoOpKernel()
+    cache = _FakeCache(kernel)
+    names = ("check_dequant_operand", "kernel_takes", "arch_of", "_cache")
+    saved = {name: getattr(dequant, name) for name in names}
+    dequant.check_dequant_operand = _check_dequant_operand_cpu
+    dequant.kernel_takes = dequant.dequantizable
+    dequant.arch_of = lambda index: "sm_90a"
+    dequant._cache = lambda: cache
+    dequant._launch_plan.cache_clear()
+    dequant._WARM.clear()
+    try:
+        yield kernel
+    finally:
+        for name, value in saved.items():
+            setattr(dequant, name, value)
+        dequant._launch_plan.cache_clear()
+        dequant._WARM.clear()
+
+
 @contextlib.contextmanager
 def cuda_functions_on_cpu(*names: str):
     """Points the no-gradient path of each ``torch.ops.cutegemm`` op in ``names`` (CPU tensors)
@@ -324,6 +364,11 @@ def measure(calls: int = 20000) -> dict:
         res["quantize(x 16x1024, mxfp8)"] = _time(lambda: cutegemm.quantize(xs, "mxfp8"), calls)
         res["quantize(x 128x1024, nvfp4, gs)"] = _time(lambda: cutegemm.quantize(xq, "nvfp4", global_scale=0.5), calls)
         assert k.calls > 3 * calls
+    qd = quantize_ref(torch.randn(128, 1024), "mxfp8")
+    with cpu_dequant_path() as k:
+        res["dequantize(q 128x1024 mxfp8, bf16)"] = _time(lambda: cutegemm.dequantize(qd, bf), calls)
+        res["dequantize(q 128x1024 mxfp8, fp32)"] = _time(lambda: cutegemm.dequantize(qd), calls)
+        assert k.calls > 2 * calls
     # torch.ops.cutegemm (no gradient needed) over the CUDA functions, with the warm paths above
     op = torch.ops.cutegemm
     with cpu_fast_path(), cuda_functions_on_cpu("gemm", "grouped_gemm") as routed:

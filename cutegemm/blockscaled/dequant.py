@@ -300,7 +300,16 @@ def dequantize(q: BlockScaledTensor, out_dtype: torch.dtype = torch.float32) -> 
         raise TypeError(f"q: expected a BlockScaledTensor, got {type(q).__name__}")
     if out_dtype not in _OUT_DTYPES:
         raise TypeError(f"out_dtype must be one of {list(_OUT_DTYPES)}, got {out_dtype}")
-    if q.data.is_cuda and dequantizable(q) and arch_of(q.data.device.index or 0) in ("sm_90a", "sm_100a"):
+    kernel_dtype = torch.bfloat16 if out_dtype == torch.bfloat16 else torch.float32
+    try:  # a warm call: the key fixes every rule of kernel_takes but the elements' alignment
+        plan = _WARM.get(_warm_key(q, kernel_dtype))
+    except (AttributeError, TypeError, RuntimeError):  # not strided tensors, an unhashable shape...
+        plan = None  # ... the checks below say what is wrong
+    if plan is not None and not q.data.data_ptr() % 16:
+        d = q.data
+        out = _launch(plan, q, torch.empty(*q.shape, dtype=kernel_dtype, device=d.device), d.device)
+        return out if out_dtype == kernel_dtype else out.to(out_dtype)
+    if kernel_takes(q):
         if out_dtype == torch.bfloat16:
             return dequantize_checked(q)
         out = dequantize_checked(q, out_dtype=torch.float32)
@@ -309,17 +318,47 @@ def dequantize(q: BlockScaledTensor, out_dtype: torch.dtype = torch.float32) -> 
     return out if out_dtype == torch.float32 else out.to(out_dtype)
 
 
+def kernel_takes(q: BlockScaledTensor) -> bool:
+    """Whether :func:`dequantize` runs the kernel on ``q``: CUDA elements :func:`dequantizable`
+    on an sm_90a / sm_100a GPU."""
+    return q.data.is_cuda and dequantizable(q) and arch_of(q.data.device.index or 0) in ("sm_90a", "sm_100a")
+
+
+# Warm dequantize calls: _warm_key -> the launch plan (_launch_plan's) of a q that
+# :func:`kernel_takes`, recorded by :func:`dequantize_checked`. The key fixes everything that
+# test reads but the elements' data pointer (re-checked per call); the plan holds no tensor.
+_WARM: dict = {}
+_MAX_WARM = 512  # as _launch_plan's cache: a stream of new shapes cannot grow it forever
+
+
+def _warm_key(q: BlockScaledTensor, kernel_dtype: torch.dtype) -> tuple:
+    d = q.data
+    return (q.fmt.name, d.dtype, d.shape, d.stride(), d.device, q.shape, kernel_dtype)
+
+
 def dequantize_checked(q: BlockScaledTensor, out: torch.Tensor | None = None,
                        out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:  # fmt: skip
     """:func:`dequantize_bf16` (``out_dtype`` bf16, or fp32) for a caller that has already checked
     ``q`` with :func:`check_dequant_operand` (and ``out``, which then sets the dtype): the launch
-    only (its kernel and integer arguments kept per format, shape, output dtype and device)."""
+    only (its kernel and integer arguments kept per format, shape, output dtype and device). A
+    ``q`` that :func:`kernel_takes` makes its key warm for :func:`dequantize`."""
     dev = q.data.device
     if out is None:
-        out = torch.empty(q.shape, dtype=out_dtype, device=dev)
+        out = torch.empty(*q.shape, dtype=out_dtype, device=dev)  # ints: a torch.Size costs ~1 us more to parse
     plan = _launch_plan(q.fmt.name, q.shape, out.dtype, dev)
     if plan is None:  # no elements
         return out
+    _launch(plan, q, out, dev)
+    key = _warm_key(q, out.dtype)
+    if key not in _WARM and kernel_takes(q):
+        if len(_WARM) >= _MAX_WARM:
+            _WARM.clear()
+        _WARM[key] = plan
+    return out
+
+
+def _launch(plan, q: BlockScaledTensor, out: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """Runs ``plan`` on q's contiguous elements into the contiguous ``out``; returns ``out``."""
     fn, fp4, ints = plan
     gs = q.global_scale
     gs = ones_on(dev) if gs is None else gs.detach().to(device=dev, dtype=torch.float32).reshape(1)

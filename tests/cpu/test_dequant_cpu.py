@@ -70,3 +70,39 @@ def test_routing_rule_and_operand_checks():
         dequant.check_dequant_operand(quantize_ref(torch.randn(4, 64), "nvfp4"))
     with pytest.raises(ValueError, match="fmt"):
         dequant.DequantConfig(fmt="fp4")
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "mxfp4", "nvfp4"])
+def test_warm_dequantize_passes_what_the_cold_call_passes(fmt):
+    """dequantize's warm path (tests/host_overhead_cpu.py ``cpu_dequant_path``: CPU elements, a
+    no-op kernel): the same kernel arguments and result as the cold call, for each output dtype;
+    it re-checks the elements' alignment, and a key the kernel does not take never turns warm."""
+    from ..host_overhead_cpu import cpu_dequant_path, kernel_args
+
+    q = quantize_ref(torch.randn(2, 128, 64), fmt)
+    with cpu_dequant_path() as k:
+        for dt in (torch.bfloat16, torch.float32, torch.float16):
+            cold = dequant.dequantize(q, dt)
+            cold_args = kernel_args(k)
+            assert len(dequant._WARM) >= 1
+            warm = dequant.dequantize(q, dt)
+            warm_args = kernel_args(k)
+            # the same arguments but the fresh output (its shape, strides and dtype the same)
+            assert warm_args[:3] + warm_args[4:] == cold_args[:3] + cold_args[4:]
+            assert warm_args[3][:2] + warm_args[3][3:] == cold_args[3][:2] + cold_args[3][3:]
+            assert (warm.shape, warm.dtype, warm.stride()) == (cold.shape, cold.dtype, cold.stride()) == (
+                q.shape, dt, cold.stride())
+        calls = k.calls
+        # misaligned elements (same key): the cold checks, which send them to the reference
+        buf = torch.empty(q.data.numel() + 1, dtype=torch.uint8)
+        data = buf[1:].view(q.data.dtype).view(q.data.shape)
+        data.copy_(q.data)
+        q_off = dequant.BlockScaledTensor(data=data, scales=q.scales, fmt=q.fmt, shape=q.shape,
+                                          global_scale=q.global_scale)  # fmt: skip
+        out = dequant.dequantize(q_off, torch.bfloat16)
+        assert k.calls == calls and torch.equal(out, dequantize_ref(q).to(torch.bfloat16))
+        # K not a multiple of 16: never the kernel, cold or warm
+        q_odd = quantize_ref(torch.randn(4, 40), "mxfp8")
+        for _ in range(2):
+            assert torch.equal(dequant.dequantize(q_odd), dequantize_ref(q_odd))
+        assert k.calls == calls
