@@ -171,8 +171,10 @@ class _Plan:
         work, slot0 = self.gs_words, 0
         if self.split is not None:
             work, slot0 = _workspace(self.device, *self.split)
+        # xf is contiguous (used as it is only then, else a contiguous copy): ravel is its flat
+        # view with less argument parsing than view(-1)
         self.fn(
-            xf.view(torch.int32).view(-1), self.data, self.scales, out.view(-1),
+            xf.view(torch.int32).ravel(), self.data, self.scales, out.ravel(),
             self.gs_words if offs is None else offs, self.gs, self.gs, work,
             m, self.n, self.k, self.batches, 1, self.n_ctas, slot0, self.sf_cols, float(alpha),
         )  # fmt: skip

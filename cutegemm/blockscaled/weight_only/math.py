@@ -233,7 +233,7 @@ def fragment_order_x(x: torch.Tensor) -> torch.Tensor:
         x = torch.nn.functional.pad(x.view(torch.uint8) if x.element_size() == 1 else x, (0, kp - k))
         x = x.view(torch.float8_e4m3fn) if x.dtype == torch.uint8 else x
     v = x.reshape(rows, kp // CHUNK_K, 4, 4, 2, 4)  # (m, c, t, j, half, i): K = 128c + 32t + 8j + 4half + i
-    out = torch.empty((kp // CHUNK_K, 4, rows, 4, 4, 2), dtype=torch.bfloat16, device=x.device)
+    out = torch.empty(kp // CHUNK_K, 4, rows, 4, 4, 2, dtype=torch.bfloat16, device=x.device)  # ints: cheaper than a tuple
     out.copy_(v.permute(1, 3, 0, 2, 5, 4))
     return out.view(kp // CHUNK_K * 4, rows, 4, 8)
 
