@@ -37,6 +37,7 @@ from .launch import (
     copy_unaligned_out,
     current_device,
     epilogue_vectors,
+    follow_stream,
     global_scale,
     interleave_b,
     kernel_view,
@@ -46,6 +47,7 @@ from .launch import (
     quant_outputs,
     quant_result,
     rowmajor_operand,
+    stream_of,
     tma_storable,
     unit_mode,
 )
@@ -55,12 +57,14 @@ class _Plan:
     """Everything one (shapes, strides, dtypes, device, options) signature needs to launch."""
 
     __slots__ = ("fn", "views", "c_view", "has_bias", "flat", "out_shape", "out_dtype", "max_clusters", "config", "direct",
-                 "quant", "n_vectors", "workspace", "block_scales",
+                 "quant", "n_vectors", "workspace", "ws_stream", "block_scales",
                  "device", "device_index", "out_dims", "b_memo", "tail", "sb_memo", "scaled_tail", "sfb")  # fmt: skip
 
     def launch(self, sources, alpha, beta, epi_extra=(None, None)):
         """sources: (a, b, out, c, bias), the tensors the views apply to; epi_extra: (quantized
         output scale bytes, NVFP4 global scale, *user epilogue vectors) (``gemm.args.KernelArgs``)."""
+        if self.ws_stream is not None:  # split K: its workspace must be the launch stream's
+            follow_stream(self)
         cv = self.c_view
         if self.flat:  # the caller's own 2-D tensors (see GemmConfig.flat)
             a, b, o = sources[0], sources[1], sources[2]
@@ -86,6 +90,8 @@ class _Plan:
 
     def launch_scaled(self, a, b, o, v0, v1):
         """The warm FP8 row-wise call: :meth:`launch`'s arguments, v0 / v1 the scales' 1-D views."""
+        if self.ws_stream is not None:  # split K: its workspace must be the launch stream's
+            follow_stream(self)
         if not self.flat:
             (sa, ta), (sb, tb), (sc, tc) = self.views
             a, b, o = a.as_strided(sa, ta), memo_view(self, b, sb, tb), o.as_strided(sc, tc)
@@ -94,15 +100,13 @@ class _Plan:
 
     def new_output(self, device=None):
         """A fresh output on the plan's device: the tensor the kernel writes and, when quantized,
-        the zeroed scale bytes. (``*out_dims``: torch.empty parses plain ints faster than a
-        torch.Size.)"""
+        the zeroed scale bytes (``*out_dims``: plain ints parse faster than a torch.Size)."""
         if self.quant is None:
             return torch.empty(*self.out_dims, dtype=self.out_dtype, device=self.device), None
         return quant_outputs(self.quant, self.out_shape, self.device)
 
     def bind(self, device: torch.device):
-        """Records what the fast path needs: the device (launch and allocation) and the output
-        dims as plain ints."""
+        """Records what the fast path needs: the device and the output dims as plain ints."""
         self.device = device
         self.device_index = device.index
         self.out_dims = tuple(int(d) for d in self.out_shape)
@@ -325,7 +329,7 @@ def _plan(
             plan.fn = DENSE_CACHE.get(cfg)
         except Exception as exc:
             raise ValueError(f"the user epilogue could not be traced into the kernel: {type(exc).__name__}: {exc}") from exc
-    plan.quant, plan.sfb, plan.sb_memo = quant, None, None  # sfb, sb_memo: the FP8 warm plan's (_cache_scaled)
+    plan.quant, plan.sfb, plan.sb_memo, plan.scaled_tail = quant, None, None, None  # the FP8 warm plan's (_cache_scaled)
     plan.block_scales = blockwise
     plan.n_vectors = len(vectors)
     plan.views = views
@@ -335,6 +339,7 @@ def _plan(
     plan.out_dtype = out_dtype
     plan.max_clusters = max_clusters_for(cfg, a.device, num_sms)
     plan.workspace = new_workspace(cfg, a.device, problem, plan.max_clusters)
+    plan.ws_stream = (a.device, stream_of(a.device)) if cfg.split_k > 1 and not cfg.split_cluster else None
     plan.tail = KernelArgs(None, None, None, workspace=plan.workspace).tail()
     plan.config = cfg
     plan.direct = direct
@@ -428,15 +433,11 @@ def gemm(
     tensors serve both: ``out = sum_kb (a[:, kb] @ b[kb, :]) * scale_a[:, kb] * scale_b[kb, n // 128]``
     in fp32, then the epilogue and the cast. Scales of an (N, K) weight stored as
     (ceil(N/128), ceil(K/128)) go in as ``.t()`` (like ``b = w.t()``). Any layout is accepted;
-    torch's are read in place: scale_a M-major (``s.t().contiguous().t()``; TMA-loaded into every
-    pipeline stage beside A: a K-block stride that is a multiple of 4 rows and a 16-byte aligned
-    start, else it is copied per call into such a buffer) and scale_b column-major (a K-strided
-    view, e.g. a row-major (K/128, N/128) scale_b, is copied K-contiguous per call from 256 rows
-    of a on: ``gemm.fp8_args``). K need not
-    be a multiple of 128 (the last block is partial) but must be a multiple of 16 (TMA).
-    The scales multiply each 128-wide K tile's partial sum as it is promoted into the fp32
-    accumulator (no ``fast_accum``). With a single K block and a single N block the shapes are
-    per-row x per-tensor scales, computed by the row-wise path (the same product). torch's
+    torch's are read in place (scale_a M-major, scale_b column-major; others are copied per call
+    into such buffers: ``gemm.fp8_args``). K need not be a multiple of 128 (the last block is
+    partial) but must be a multiple of 16 (TMA). The scales multiply each 128-wide K tile's
+    partial sum as it is promoted into the fp32 accumulator (no ``fast_accum``); one K block and
+    one N block are per-row x per-tensor scales (the row-wise path, the same product). torch's
     1x128 x 1x128 / 128x128 x 1x128 recipes: ``cutegemm.gemm`` routes them (``blockscaled.fp8_blocks``).
 
     Per-call cost: the first call for a (shapes, strides, dtypes, device, options) signature
@@ -457,7 +458,7 @@ def gemm(
             pkey = plan = None
         if plan is not None and current_device() == plan.device_index and not (a.data_ptr() % 16 or b.data_ptr() % 16):
             out = torch.empty(*plan.out_dims, dtype=plan.out_dtype, device=plan.device)
-            if plan.flat:
+            if plan.flat and plan.ws_stream is None:  # (split K: launch checks its workspace's stream)
                 # LEADING fields, then the plan's tail (gemm.args)
                 plan.fn(a, b, out, None, None, 1.0, 0.0, plan.max_clusters, None, *plan.tail)
             else:

@@ -15,8 +15,9 @@ from ..config import ACTIVATIONS, GATED, MAX_EPILOGUE_ARGS, TMA_ALIGN_BYTES, Gem
 from ..epilogue.quant import QUANT
 from ..epilogue.reference import GATE_LAYOUTS, interleave_gate_up
 from ..runtime.cache import KernelCache
+from ..runtime.device import current_stream_id
 from ..schedulers.static import tail_units
-from .args import dense_fake_args, fake_list_table, fake_offs, grouped_fake_args
+from .args import KernelArgs, dense_fake_args, fake_list_table, fake_offs, grouped_fake_args, scaled_tail
 from .sm90.kernel import GemmSm90
 from .sm90.split import split_workspace_words
 from .sm100.kernel import GemmSm100
@@ -29,11 +30,13 @@ NAME_TO_TORCH = {v: k for k, v in TORCH_TO_NAME.items()}
 def new_workspace(config: GemmConfig, device, problem: GemmProblem | None = None, max_clusters: int = 0):
     """Scheduler "dynamic": the (1,) int32 tile counter, allocated once per plan. Split K (dense,
     ``problem`` given): the split tiles' counters and partial-sum slots (``gemm.sm90.split``;
-    split_tail: only the tiles past the whole waves of the launch's ``max_clusters`` CTAs),
-    zeroed once here (``split_cluster``: none, the partial sums meet in shared memory). Else None.
+    split_tail: only the tiles past the whole waves of the launch's ``max_clusters`` CTAs), a
+    prefix of the current stream's shared buffer (:func:`split_workspace`; ``split_cluster``:
+    none, the partial sums meet in shared memory). Else None.
     Every launch leaves its workspace zeroed (the counter: ``schedulers.dynamic``; split K:
     ``gemm.sm90.split``), so no reset runs between launches; one plan must not run on two
-    streams at once."""
+    streams at once (split K: a plan called on another stream moves to that stream's buffer,
+    :func:`follow_stream`)."""
     if config.split_k > 1 and not config.split_cluster:
         tiles = -(-problem.m // config.tile_m) * -(-problem.n // config.tile_n) * problem.l
         if config.split_tail:
@@ -41,8 +44,58 @@ def new_workspace(config: GemmConfig, device, problem: GemmProblem | None = None
                 raise ValueError("split_tail: the workspace needs the launch's max_clusters")
             tiles -= tail_units(tiles, max_clusters, config.split_k)[0]
         words = split_workspace_words(max(tiles, 1), config.split_k, config.tile_m, config.tile_n)
-        return torch.zeros(words, dtype=torch.int32, device=device)
+        return split_workspace(device, words)[0]
     return torch.zeros(1, dtype=torch.int32, device=device) if config.scheduler == "dynamic" else None
+
+
+# Split-K workspaces: one zeroed int32 buffer per (device, stream), shared by the split plans that
+# launch on that stream. Launches on one stream run one after another and each leaves its prefix
+# zeroed, so they can share it; a plan per token count each holding its own partial-sum slots
+# added up to GBs in a process that saw many token counts (DeepSeek-V3's kv_a projection over
+# M = 1..2048: 640 split plans, 2.9 GB). A buffer too small for a new plan is replaced by one
+# twice the size; the old one stays allocated (zeroed, large enough for the plans bound to it,
+# and a CUDA graph captured with one of them keeps its pointer): no buffer is ever freed.
+_SPLIT_BUFFERS: dict = {}  # (device, stream handle) -> the current buffer
+_SPLIT_RETIRED: list = []  # the buffers grown out of, kept alive
+
+
+def stream_of(device: torch.device) -> int:
+    """The handle of ``device``'s current stream (0 off CUDA: the CPU test harness)."""
+    return current_stream_id(device.index) if device.type == "cuda" else 0
+
+
+def split_workspace(device: torch.device, words: int) -> tuple[torch.Tensor, int]:
+    """``words`` zeroed int32 words of the current stream's split-K buffer (a prefix view) and that
+    stream's handle; the buffer grows (doubling) when a plan needs more."""
+    device = torch.device(device)
+    stream = stream_of(device)
+    key = (device, stream)
+    buf = _SPLIT_BUFFERS.get(key)
+    if buf is None or buf.numel() < words:
+        if buf is not None:
+            _SPLIT_RETIRED.append(buf)
+        buf = torch.zeros(max(words, 2 * buf.numel() if buf is not None else 0), dtype=torch.int32, device=device)
+        _SPLIT_BUFFERS[key] = buf
+    return buf[:words], stream
+
+
+def split_buffer_bytes() -> int:
+    """Bytes held by split-K workspaces (current and grown-out buffers, every device and stream)."""
+    return sum(b.numel() * 4 for b in (*_SPLIT_BUFFERS.values(), *_SPLIT_RETIRED))
+
+
+def follow_stream(plan) -> None:
+    """Points a split-K dense plan (``plan.ws_stream``: (device, stream handle) of its workspace)
+    at the buffer of the stream it launches on now, where that is another one: its workspace and
+    the argument tails built on it."""
+    device, bound = plan.ws_stream
+    if stream_of(device) == bound:
+        return
+    ws, stream = split_workspace(device, plan.workspace.numel())
+    plan.workspace, plan.ws_stream = ws, (device, stream)
+    plan.tail = KernelArgs(None, None, None, workspace=ws).tail()
+    if plan.scaled_tail is not None:
+        plan.scaled_tail = scaled_tail(plan.tail, plan.scaled_tail[2])
 
 
 def kernel_class(arch: str):
