@@ -47,9 +47,9 @@ from .launch import (
     quant_outputs,
     quant_result,
     rowmajor_operand,
-    stream_of,
     tma_storable,
     unit_mode,
+    workspace_stream,
 )
 
 
@@ -339,7 +339,7 @@ def _plan(
     plan.out_dtype = out_dtype
     plan.max_clusters = max_clusters_for(cfg, a.device, num_sms)
     plan.workspace = new_workspace(cfg, a.device, problem, plan.max_clusters)
-    plan.ws_stream = (a.device, stream_of(a.device)) if cfg.split_k > 1 and not cfg.split_cluster else None
+    plan.ws_stream = workspace_stream(cfg, a.device, problem, plan.max_clusters)
     plan.tail = KernelArgs(None, None, None, workspace=plan.workspace).tail()
     plan.config = cfg
     plan.direct = direct

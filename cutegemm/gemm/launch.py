@@ -19,7 +19,7 @@ from ..runtime.device import current_stream_id
 from ..schedulers.static import tail_units
 from .args import KernelArgs, dense_fake_args, fake_list_table, fake_offs, grouped_fake_args, scaled_tail
 from .sm90.kernel import GemmSm90
-from .sm90.split import split_workspace_words
+from .sm90.split import split_counter_words, split_workspace_words
 from .sm100.kernel import GemmSm100
 
 TORCH_TO_NAME = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -30,32 +30,41 @@ NAME_TO_TORCH = {v: k for k, v in TORCH_TO_NAME.items()}
 def new_workspace(config: GemmConfig, device, problem: GemmProblem | None = None, max_clusters: int = 0):
     """Scheduler "dynamic": the (1,) int32 tile counter, allocated once per plan. Split K (dense,
     ``problem`` given): the split tiles' counters and partial-sum slots (``gemm.sm90.split``;
-    split_tail: only the tiles past the whole waves of the launch's ``max_clusters`` CTAs), a
-    prefix of the current stream's shared buffer (:func:`split_workspace`; ``split_cluster``:
-    none, the partial sums meet in shared memory). Else None.
-    Every launch leaves its workspace zeroed (the counter: ``schedulers.dynamic``; split K:
-    ``gemm.sm90.split``), so no reset runs between launches; one plan must not run on two
-    streams at once (split K: a plan called on another stream moves to that stream's buffer,
+    split_tail: only the tiles past the whole waves of the launch's ``max_clusters`` CTAs), a view
+    of the current stream's shared buffer (:func:`split_workspace`; ``split_cluster``: none, the
+    partial sums meet in shared memory). Else None.
+    Every launch leaves its counters at zero (the dynamic scheduler's: ``schedulers.dynamic``;
+    split K's: ``gemm.sm90.split``), so no reset runs between launches; one plan must not run on
+    two streams at once (split K: a plan called on another stream moves to that stream's buffer,
     :func:`follow_stream`)."""
     if config.split_k > 1 and not config.split_cluster:
-        tiles = -(-problem.m // config.tile_m) * -(-problem.n // config.tile_n) * problem.l
-        if config.split_tail:
-            if max_clusters < 1:
-                raise ValueError("split_tail: the workspace needs the launch's max_clusters")
-            tiles -= tail_units(tiles, max_clusters, config.split_k)[0]
-        words = split_workspace_words(max(tiles, 1), config.split_k, config.tile_m, config.tile_n)
-        return split_workspace(device, words)[0]
+        return split_workspace(device, *split_words(config, problem, max_clusters))[0]
     return torch.zeros(1, dtype=torch.int32, device=device) if config.scheduler == "dynamic" else None
 
 
-# Split-K workspaces: one zeroed int32 buffer per (device, stream), shared by the split plans that
-# launch on that stream. Launches on one stream run one after another and each leaves its prefix
-# zeroed, so they can share it; a plan per token count each holding its own partial-sum slots
-# added up to GBs in a process that saw many token counts (DeepSeek-V3's kv_a projection over
-# M = 1..2048: 640 split plans, 2.9 GB). A buffer too small for a new plan is replaced by one
-# twice the size; the old one stays allocated (zeroed, large enough for the plans bound to it,
-# and a CUDA graph captured with one of them keeps its pointer): no buffer is ever freed.
-_SPLIT_BUFFERS: dict = {}  # (device, stream handle) -> the current buffer
+def split_words(config: GemmConfig, problem: GemmProblem, max_clusters: int) -> tuple[int, int]:
+    """(counter words, slot words) of a split-K launch's workspace (``gemm.sm90.split``)."""
+    tiles = -(-problem.m // config.tile_m) * -(-problem.n // config.tile_n) * problem.l
+    if config.split_tail:
+        if max_clusters < 1:
+            raise ValueError("split_tail: the workspace needs the launch's max_clusters")
+        tiles -= tail_units(tiles, max_clusters, config.split_k)[0]
+    tiles = max(tiles, 1)
+    counters = split_counter_words(tiles)
+    return counters, split_workspace_words(tiles, config.split_k, config.tile_m, config.tile_n) - counters
+
+
+# Split-K workspaces: one buffer per (device, stream), shared by the split plans that launch on that
+# stream, where each plan held its own (a plan per token count: DeepSeek-V3's kv_a projection over M
+# = 1..2048 held 640 of them, 2.9 GB). A workspace is its tiles' counters, then their partial-sum
+# slots; a launch leaves its counters at zero but its slots full. So the buffer is a zeroed
+# counter zone of ``zone`` words, then the slot zone, and a plan's view starts ``counters`` words
+# before the zone's end: every plan's counters lie in the counter zone (zero between launches,
+# whatever plan ran last) and its slots in the slot zone (stale sums, never read before written).
+# Launches on one stream run one after another, so they can share it. A plan that needs a larger
+# zone gets a new buffer of twice the need; the old one stays allocated (plans and captured CUDA
+# graphs keep pointing into it): no buffer is ever freed.
+_SPLIT_BUFFERS: dict = {}  # (device, stream handle) -> (counter zone words, the current buffer)
 _SPLIT_RETIRED: list = []  # the buffers grown out of, kept alive
 
 
@@ -64,35 +73,44 @@ def stream_of(device: torch.device) -> int:
     return current_stream_id(device.index) if device.type == "cuda" else 0
 
 
-def split_workspace(device: torch.device, words: int) -> tuple[torch.Tensor, int]:
-    """``words`` zeroed int32 words of the current stream's split-K buffer (a prefix view) and that
-    stream's handle; the buffer grows (doubling) when a plan needs more."""
+def split_workspace(device, counters: int, slots: int) -> tuple[torch.Tensor, int]:
+    """A split-K workspace of ``counters`` counter words then ``slots`` slot words, from the
+    current stream's shared buffer (see _SPLIT_BUFFERS; a new, larger buffer where it is too
+    small), and that stream's handle."""
     device = torch.device(device)
     stream = stream_of(device)
-    key = (device, stream)
-    buf = _SPLIT_BUFFERS.get(key)
-    if buf is None or buf.numel() < words:
+    zone, buf = _SPLIT_BUFFERS.get((device, stream), (0, None))
+    if buf is None or counters > zone or zone + slots > buf.numel():
         if buf is not None:
             _SPLIT_RETIRED.append(buf)
-        buf = torch.zeros(max(words, 2 * buf.numel() if buf is not None else 0), dtype=torch.int32, device=device)
-        _SPLIT_BUFFERS[key] = buf
-    return buf[:words], stream
+        zone, size = max(zone, 2 * counters), max(buf.numel() - zone if buf is not None else 0, 2 * slots)
+        buf = torch.zeros(zone + size, dtype=torch.int32, device=device)
+        _SPLIT_BUFFERS[(device, stream)] = zone, buf
+    return buf[zone - counters : zone + slots], stream
 
 
 def split_buffer_bytes() -> int:
     """Bytes held by split-K workspaces (current and grown-out buffers, every device and stream)."""
-    return sum(b.numel() * 4 for b in (*_SPLIT_BUFFERS.values(), *_SPLIT_RETIRED))
+    return sum(b.numel() * 4 for b in (*(buf for _, buf in _SPLIT_BUFFERS.values()), *_SPLIT_RETIRED))
+
+
+def workspace_stream(config: GemmConfig, device, problem: GemmProblem, max_clusters: int):
+    """A dense plan's ``ws_stream``: (device, stream handle, counter words) of its split-K
+    workspace (:func:`new_workspace`, made on the current stream), or None (no such workspace)."""
+    if config.split_k < 2 or config.split_cluster:
+        return None
+    return device, stream_of(device), split_words(config, problem, max_clusters)[0]
 
 
 def follow_stream(plan) -> None:
-    """Points a split-K dense plan (``plan.ws_stream``: (device, stream handle) of its workspace)
-    at the buffer of the stream it launches on now, where that is another one: its workspace and
-    the argument tails built on it."""
-    device, bound = plan.ws_stream
+    """Points a split-K dense plan (``plan.ws_stream``: (device, stream handle, counter words) of
+    its workspace) at the buffer of the stream it launches on now, where that is another one: its
+    workspace and the argument tails built on it."""
+    device, bound, counters = plan.ws_stream
     if stream_of(device) == bound:
         return
-    ws, stream = split_workspace(device, plan.workspace.numel())
-    plan.workspace, plan.ws_stream = ws, (device, stream)
+    ws, stream = split_workspace(device, counters, plan.workspace.numel() - counters)
+    plan.workspace, plan.ws_stream = ws, (device, stream, counters)
     plan.tail = KernelArgs(None, None, None, workspace=ws).tail()
     if plan.scaled_tail is not None:
         plan.scaled_tail = scaled_tail(plan.tail, plan.scaled_tail[2])

@@ -32,27 +32,50 @@ def storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
+def _zone_and_buffer(stream=0):
+    return launch._SPLIT_BUFFERS[(torch.device("cpu"), stream)]
+
+
 def test_plans_of_many_token_counts_share_one_buffer(kernel):
-    """DeepSeek-V3 q_a (N 1536, K 7168) at 65..128 tokens: the policy splits K in 128x64 tiles;
-    every plan's workspace is a zeroed prefix of one buffer, which holds at most twice the largest
-    plan's words (it doubles when a plan needs more)."""
-    b = torch.randn(1536, 7168, dtype=torch.bfloat16).t()
+    """DeepSeek-V3 q_a (N 1536, K 7168) at 65..128 tokens, then kv_a (N 576) at 512: the policy
+    splits K; every plan's workspace is a zeroed view of one live buffer, its counters in the
+    buffer's counter zone and its slots past it, and the buffers hold at most twice the largest
+    need plus the smaller steps."""
     need = []
-    for m in range(65, 129, 9):
-        cutegemm.gemm(torch.randn(m, 7168, dtype=torch.bfloat16), b)
+    for m, n in [*((m, 1536) for m in range(65, 129, 9)), (512, 576)]:
+        cutegemm.gemm(torch.randn(m, 7168, dtype=torch.bfloat16), torch.randn(n, 7168, dtype=torch.bfloat16).t())
         ws = kernel.args[WS]
         assert isinstance(ws, torch.Tensor) and ws.dtype == torch.int32 and not ws.any()
         need.append(ws.numel())
     plans = split_plans()
-    assert len(plans) == len(need) > 1
-    assert len({storage(p.workspace) for p in plans}) <= len(launch._SPLIT_RETIRED) + 1
-    current = launch._SPLIT_BUFFERS[(torch.device("cpu"), 0)]
-    assert current.numel() >= max(need) and current.numel() <= 2 * max(need)
-    assert launch.split_buffer_bytes() <= 4 * 4 * max(need)  # the current buffer and the ones it doubled from
-    # every plan's view lies inside a live buffer
-    live = [current, *launch._SPLIT_RETIRED]
+    assert len(plans) == len(need) > 2
+    assert len({storage(p.workspace) for p in plans}) <= len(launch._SPLIT_RETIRED) + 1 < len(plans)
+    zone, current = _zone_and_buffer()
+    assert launch.split_buffer_bytes() <= 4 * 4 * max(need)
+    live = {storage(buf): buf for buf in (current, *launch._SPLIT_RETIRED)}
+    zones = {storage(current): zone}
     for p in plans:
-        assert any(storage(p.workspace) == storage(buf) and p.workspace.numel() <= buf.numel() for buf in live)
+        buf = live[storage(p.workspace)]
+        counters = p.ws_stream[2]
+        end = p.workspace.storage_offset() + counters  # where its counters end and its slots start
+        assert p.workspace.storage_offset() + p.workspace.numel() <= buf.numel()
+        assert zones.setdefault(storage(buf), end) == end, "plans of one buffer disagree on its counter zone"
+
+
+def test_stale_slots_never_reach_another_plans_counters(kernel):
+    """A launch leaves its counters at zero but its slots full of partial sums. With the slot zone
+    of every buffer filled with garbage (what earlier launches leave), every plan's counters still
+    read zero, whichever plan ran last and however many tiles it had."""
+    for m, n in ((72, 1536), (104, 1536), (512, 576), (100, 576)):
+        cutegemm.gemm(torch.randn(m, 7168, dtype=torch.bfloat16), torch.randn(n, 7168, dtype=torch.bfloat16).t())
+    plans = split_plans()
+    assert len({p.ws_stream[2] for p in plans}) > 1  # plans of different counter counts
+    for p in plans:  # each launch leaves its slots full of partial sums (fp32 1.0 here)
+        p.workspace[p.ws_stream[2]:] = 0x3F800000
+    for p in plans:
+        counters = p.ws_stream[2]
+        assert not p.workspace[:counters].any(), f"{p.config.name}: its counters overlap another plan's slots"
+        assert p.workspace.numel() - counters >= p.config.split_k * p.config.tile_m * p.config.tile_n
 
 
 @pytest.mark.parametrize("fp8", [False, True])
@@ -72,11 +95,11 @@ def test_a_plan_follows_the_launch_stream(kernel, monkeypatch, fp8):
     cutegemm.gemm(a, b, **kw)
     moved = kernel.args[WS]
     assert storage(moved) != storage(first) and moved.numel() == first.numel() and not moved.any()
-    assert plan.ws_stream == (torch.device("cpu"), 5)
-    assert storage(launch._SPLIT_BUFFERS[(torch.device("cpu"), 5)]) == storage(moved)
+    assert plan.ws_stream[:2] == (torch.device("cpu"), 5)
+    assert storage(_zone_and_buffer(5)[1]) == storage(moved)
     monkeypatch.setattr(launch, "stream_of", lambda device: 0)
     cutegemm.gemm(a, b, **kw)
-    assert storage(kernel.args[WS]) == storage(first) and plan.ws_stream == (torch.device("cpu"), 0)
+    assert storage(kernel.args[WS]) == storage(first) and plan.ws_stream[:2] == (torch.device("cpu"), 0)
 
 
 def test_unsplit_and_cluster_split_plans_take_no_buffer(kernel):
@@ -89,16 +112,20 @@ def test_unsplit_and_cluster_split_plans_take_no_buffer(kernel):
 
 
 def test_growth_keeps_the_smaller_buffer():
-    """A plan that needs more words than the stream's buffer gets a new, zeroed one of twice the
-    size; the old one stays allocated (plans and captured graphs may point into it)."""
+    """A plan whose counters or slots do not fit gets a new, zeroed buffer of twice its need (the
+    counter zone and the slot zone alike); the old one stays allocated (plans and captured graphs
+    may point into it). A view's counters end where the counter zone does."""
     saved = launch._SPLIT_BUFFERS, launch._SPLIT_RETIRED
     launch._SPLIT_BUFFERS, launch._SPLIT_RETIRED = {}, []
     try:
-        small, s = launch.split_workspace("cpu", 100)
-        same, _ = launch.split_workspace("cpu", 60)
-        assert s == 0 and storage(same) == storage(small)
-        big, _ = launch.split_workspace("cpu", 150)
-        assert storage(big) != storage(small) and launch._SPLIT_RETIRED[0].numel() == 100
-        assert launch._SPLIT_BUFFERS[(torch.device("cpu"), 0)].numel() == 200 and not big.any()
+        small, s = launch.split_workspace("cpu", 8, 100)
+        zone, buf = _zone_and_buffer()
+        assert s == 0 and (zone, buf.numel()) == (16, 216) and small.storage_offset() == 8 and small.numel() == 108
+        same, _ = launch.split_workspace("cpu", 4, 150)
+        assert storage(same) == storage(small) and same.storage_offset() == 12
+        big, _ = launch.split_workspace("cpu", 20, 50)  # more counters than the zone holds
+        zone, buf = _zone_and_buffer()
+        assert storage(big) != storage(small) and launch._SPLIT_RETIRED[0].numel() == 216
+        assert (zone, buf.numel()) == (40, 240) and big.storage_offset() == 20 and not big.any()
     finally:
         launch._SPLIT_BUFFERS, launch._SPLIT_RETIRED = saved
