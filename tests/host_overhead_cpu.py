@@ -205,21 +205,29 @@ def cpu_quantize_path(kernel: NoOpKernel | None = None):
 
     kernel = kernel or NoOpKernel()
     cache = _FakeCache(kernel)
-    names = ("_check_x", "arch_of", "kernel_cache")
-    saved = {name: getattr(ql, name) for name in names}
-    ql._check_x = _check_x_cpu
-    ql.arch_of = lambda index: "sm_90a"
-    ql.kernel_cache = lambda: cache
     plans = getattr(ql, "_PLANS", {})
-    ql._plan.cache_clear()
-    plans.clear()
-    try:
-        yield kernel
-    finally:
-        for name, value in saved.items():
-            setattr(ql, name, value)
+
+    def clear():
         ql._plan.cache_clear()
         plans.clear()
+
+    with _patched(ql, dict(_check_x=_check_x_cpu, arch_of=lambda index: "sm_90a", kernel_cache=lambda: cache), clear):
+        yield kernel
+
+
+@contextlib.contextmanager
+def _patched(module, values: dict, clear):
+    """``module``'s attributes set to ``values`` inside (restored after), ``clear()`` on entry and exit."""
+    saved = {name: getattr(module, name) for name in values}
+    for name, value in values.items():
+        setattr(module, name, value)
+    clear()
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(module, name, value)
+        clear()
 
 
 def _check_dequant_operand_cpu(q, what: str = "q") -> None:
@@ -245,21 +253,15 @@ def cpu_dequant_path(kernel: NoOpKernel | None = None):
 
     kernel = kernel or NoOpKernel()
     cache = _FakeCache(kernel)
-    names = ("check_dequant_operand", "kernel_takes", "arch_of", "_cache")
-    saved = {name: getattr(dequant, name) for name in names}
-    dequant.check_dequant_operand = _check_dequant_operand_cpu
-    dequant.kernel_takes = dequant.dequantizable
-    dequant.arch_of = lambda index: "sm_90a"
-    dequant._cache = lambda: cache
-    dequant._launch_plan.cache_clear()
-    dequant._WARM.clear()
-    try:
-        yield kernel
-    finally:
-        for name, value in saved.items():
-            setattr(dequant, name, value)
+
+    def clear():
         dequant._launch_plan.cache_clear()
         dequant._WARM.clear()
+
+    values = dict(check_dequant_operand=_check_dequant_operand_cpu, kernel_takes=dequant.dequantizable,
+                  arch_of=lambda index: "sm_90a", _cache=lambda: cache)  # fmt: skip
+    with _patched(dequant, values, clear):
+        yield kernel
 
 
 @contextlib.contextmanager
