@@ -171,8 +171,10 @@ def unit_mode(t3: torch.Tensor) -> int | None:
 def padded_rows(shape, dtype: torch.dtype, device) -> torch.Tensor:
     """A ``shape`` view into a fresh buffer whose rows are padded to a multiple of 16 bytes (the
     TMA store writes whole 16-byte row pieces: up to 15 bytes past the last column)."""
-    align = TMA_ALIGN_BYTES // torch.empty((), dtype=dtype).element_size()
+    align = TMA_ALIGN_BYTES // dtype.itemsize
     n = shape[-1]
+    if n % align == 0:  # rows of whole 16-byte pieces: no padding (and no slice: ~1 us less per call)
+        return torch.empty(shape, dtype=dtype, device=device)
     return torch.empty((*shape[:-1], -(-n // align) * align), dtype=dtype, device=device)[..., :n]
 
 

@@ -250,3 +250,25 @@ def test_warm_plan_launches_what_the_cold_call_launches(monkeypatch):
         assert fp8_blocks.warm_call(x8, b, sa, sb) is None and len(calls) == 1
         fp8_blocks._WARM.clear()
 
+
+
+@pytest.mark.parametrize("n", [256, 200, 7])
+def test_warm_run_output_view(n):
+    """A warm 1x128 x 1x128 call hands the kernel the output view output_view would make (shape,
+    strides; 16-byte rows written in place, others padded) and returns an (M, N) bf16 result."""
+    from cutegemm.blockscaled import fp8_blocks as fb
+    from cutegemm.blockscaled.operands import output_view
+
+    m, k = 128, 256
+    a8 = torch.randn(m, k).to(torch.float8_e4m3fn)
+    b8 = torch.randn(n, k).to(torch.float8_e4m3fn).t()
+    sa, sb = torch.rand(2, m).t(), torch.rand(2, n).t()
+    got = []
+    w = fb._Warm()
+    w.fn, w.m, w.n, w.k, w.recipe, w.device, w.device_index = (lambda *args: got.append(args)), m, n, k, fb.RECIPES[0], a8.device, None
+    w.a_view, w.b_view, w.max_clusters, w.workspace = (a8.shape, a8.stride()), (b8.shape, b8.stride()), 132, None
+    res = w.run(a8, b8, sa, sb)
+    _, want = output_view(None, 1, m, n, torch.bfloat16, a8.device, False)
+    c = got[-1][2]
+    assert (c.shape, c.stride(), c.dtype) == (want.shape, want.stride(), want.dtype)
+    assert res.shape == (m, n) and res.dtype == torch.bfloat16 and res.is_contiguous()
