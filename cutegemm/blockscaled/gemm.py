@@ -273,7 +273,7 @@ def grouped_gemm_blockscaled(qa, qb, *, offs, out_dtype=torch.bfloat16, alpha: f
     total_m = qa.shape[0]
     if E > GROUPED_MAX_GROUPS:
         raise ValueError(f"at most {GROUPED_MAX_GROUPS} experts are supported, got {E}")
-    elem_bytes = torch.empty((), dtype=out_dtype).element_size()
+    elem_bytes = out_dtype.itemsize
     if (n * elem_bytes) % 16:  # partial tiles store whole 16-byte row pieces
         raise ValueError(f"N * {elem_bytes} bytes must be a multiple of 16, got N={n}")
     if out is None:
