@@ -69,7 +69,10 @@ def cmd_bench(args) -> int:
             print(moe_bench.markdown(results))
             print(f"results: {outdir / 'moe'}")
         elif fam == "tiles":  # every sm_90a tile candidate on the dense benchmark shapes (or --shapes)
-            sweep_dense(_parse_shapes(args.shapes, 3) if args.shapes else benchmarks.DENSE_SHAPES, reps=args.reps)
+            m_values = [int(v) for v in args.m_values.split(",")] if args.m_values else None
+            shapes = (_parse_shapes(args.shapes, 3) if args.shapes else layer_sweep.layer_shapes(m_values) if m_values
+                      else benchmarks.DENSE_SHAPES)  # fmt: skip
+            sweep_dense(shapes, reps=args.reps, rounds=args.rounds if args.m_values or args.shapes else 1, out=outdir / "tiles")
     return 0
 
 
@@ -129,9 +132,10 @@ def main(argv=None) -> int:
     b.add_argument("--shapes", default="",
                    help="moe: shape names (substrings, comma separated); tiles: MxNxK,...; default all")
     b.add_argument("--impls", default="", help="moe: torch,cutegemm,cutegemm-hf,sonicmoe (torch always runs)")
-    b.add_argument("--rounds", type=int, default=4, help="moe: interleaved rounds")
+    b.add_argument("--rounds", type=int, default=4, help="moe, tiles (with --shapes or --m-values): interleaved rounds")
     b.add_argument("--m-values", default="",
-                   help="sweep: token counts M, comma separated (default 1,16,64,128,512,1024,2048,8192)")
+                   help="sweep: token counts M, comma separated (default 1,16,64,128,512,1024,2048,8192); "
+                        "tiles: the sweep's layers at these M")
     b.set_defaults(fn=cmd_bench)
     c = sub.add_parser("compile-check", help="compile every variant for each arch and check its SASS")
     c.add_argument("--arch", default="sm_90a,sm_100a")

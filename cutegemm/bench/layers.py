@@ -54,6 +54,11 @@ M_VALUES = (1, 16, 64, 128, 512, 1024, 2048, 8192)
 KINDS = ("bf16", "fp8")
 
 
+def layer_shapes(m_values) -> list[tuple[int, int, int]]:
+    """(M, N, K) of the sweep's layers at each of ``m_values`` (``bench tiles --m-values``)."""
+    return [(m, n, k) for m in m_values for _, _, n, k in LAYERS]
+
+
 @dataclass
 class Case:
     kind: str  # "bf16" or "fp8" (row-wise)

@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import json
+import statistics
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
@@ -160,30 +163,46 @@ def tile_candidates(pol, p: GemmProblem) -> list:
     return out
 
 
-def sweep_dense(shapes=DENSE_SHAPES, dtype=torch.bfloat16, reps=20):
+def sweep_dense(shapes=DENSE_SHAPES, dtype=torch.bfloat16, reps=20, rounds: int = 1, out=None):
     """Print the time of the policy's pick and of every other :func:`tile_candidates` config per
-    shape, beside torch.matmul's (sets the policy by hand)."""
+    shape, beside torch.matmul's (sets the policy by hand): the median over ``rounds`` interleaved
+    rounds (each in the other order than the last) of ``reps`` L2-flushed reps; ``out``: a
+    directory to which every shape's times go as one JSON line (tiles.jsonl)."""
     timer = Timer()
     arch, sms = device_info(torch.cuda.current_device())
     pol = policy_for(arch, sms)
     name = TORCH_TO_NAME[dtype]
+    log = None
+    if out is not None:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        log = open(Path(out) / "tiles.jsonl", "a")  # noqa: SIM115 (closed below)
     for m, n, k in shapes:
         a, b = dense_inputs(m, n, k, dtype)
         cfgs = tile_candidates(pol, GemmProblem(m, n, k, 1, name, name, name, "k", "k"))
-        t_torch = timer(lambda a=a, b=b: torch.matmul(a, b), reps)
-        flops = 2.0 * m * n * k
-        print(f"== {m}x{n}x{k}: torch {flops / t_torch / 1e9:.1f} TFLOP/s ({t_torch * 1e3:.1f} us); "
-              f"policy picks {cfgs[0].name}", flush=True)  # fmt: skip
-        best = None
+        calls = [("torch", lambda a=a, b=b: torch.matmul(a, b))]
         for cfg in cfgs:
             try:
-                t = timer(lambda a=a, b=b, cfg=cfg: gemm(a, b, config=cfg), reps)
+                gemm(a, b, config=cfg)
             except Exception as exc:
                 print(f"   {cfg.name}: FAILED {type(exc).__name__}: {str(exc)[:200]}")
                 continue
-            tf = flops / t / 1e9
-            print(f"   {tf:7.1f} TFLOP/s {t * 1e3:8.1f} us {t_torch / t:5.2f}x  {cfg.name}", flush=True)
-            if best is None or t < best[0]:
-                best = (t, cfg)
-        if best:
-            print(f"   best: {flops / best[0] / 1e9:.1f} TFLOP/s ({t_torch / best[0]:.2f}x) {best[1].name}")
+            calls.append((cfg.name, lambda a=a, b=b, cfg=cfg: gemm(a, b, config=cfg)))
+        times = {label: [] for label, _ in calls}
+        for r in range(rounds):
+            for label, fn in calls if r % 2 == 0 else calls[::-1]:
+                times[label].append(timer(fn, reps))
+        med = {label: statistics.median(v) for label, v in times.items()}
+        t_torch, flops = med.pop("torch"), 2.0 * m * n * k
+        print(f"== {m}x{n}x{k}: torch {flops / t_torch / 1e9:.1f} TFLOP/s ({t_torch * 1e3:.1f} us); "
+              f"policy picks {cfgs[0].name}", flush=True)  # fmt: skip
+        for label, t in med.items():
+            print(f"   {flops / t / 1e9:7.1f} TFLOP/s {t * 1e3:8.1f} us {t_torch / t:5.2f}x  {label}", flush=True)
+        if med:
+            best = min(med, key=med.get)
+            print(f"   best: {flops / med[best] / 1e9:.1f} TFLOP/s ({t_torch / med[best]:.2f}x) {best}")
+        if log is not None:
+            log.write(json.dumps(dict(m=m, n=n, k=k, pick=cfgs[0].name, torch_ms=t_torch, ms=med,
+                                      spread={lb: (min(v), max(v)) for lb, v in times.items()})) + "\n")  # fmt: skip
+            log.flush()
+    if log is not None:
+        log.close()

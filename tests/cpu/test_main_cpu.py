@@ -86,3 +86,35 @@ def test_bench_host_table(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "Fake GPU" in out and "0.75x" in out and "n/a" in out and "not in this torch" in out
     assert [group for group, _ in host.GROUPS] == ["dense", "grouped", "FP8", "quantized", "torch ops"]
+
+
+@pytest.mark.parametrize(
+    "shapes, m_values, rounds, expected",
+    [
+        ("", "384,640", 3, "layers"),
+        ("512x576x7168,64x4096x4096", "", 2, [(512, 576, 7168), (64, 4096, 4096)]),
+        ("", "", 4, "dense"),
+    ],
+)
+def test_bench_tiles_shapes(monkeypatch, tmp_path, shapes, m_values, rounds, expected):
+    """`bench tiles`: --shapes, else the sweep's layers at --m-values (interleaved --rounds), else
+    the dense benchmark's shapes in one round; every candidate's times go to OUT/tiles."""
+    import cutegemm.__main__ as main
+    import cutegemm.bench.core as bench
+    from cutegemm.bench.layers import LAYERS
+
+    seen = {}
+    monkeypatch.setattr(main, "_has_gpu", lambda: True)
+    monkeypatch.setattr(main, "sweep_dense", lambda shapes, reps, rounds, out: seen.update(shapes=shapes, rounds=rounds, out=out))
+    args = types.SimpleNamespace(family="tiles", reps=5, out=str(tmp_path), shapes=shapes, m_values=m_values, rounds=rounds)
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU")
+    assert main.cmd_bench(args) == 0
+    if expected == "layers":
+        assert seen["shapes"] == [(m, n, k) for m in (384, 640) for _, _, n, k in LAYERS] and seen["rounds"] == 3
+    elif expected == "dense":
+        assert seen["shapes"] == bench.DENSE_SHAPES and seen["rounds"] == 1
+    else:
+        assert seen["shapes"] == expected and seen["rounds"] == 2
+    assert seen["out"] == tmp_path / "tiles"
