@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import cutegemm
+from cutegemm.config import GemmConfig
 from cutegemm.gemm import dense, launch
 
 from ..gemm_check import assert_within_torch_error
@@ -106,10 +107,16 @@ def test_graph_replay_after_the_buffer_grew():
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, stream=s):
             cutegemm.gemm(x, b, out=out)
-        # a larger split call on the capture stream grows its buffer after the capture
-        big_a, big_b = _ops(512, 576, 7168, seed=22)
-        cutegemm.gemm(big_a, big_b)
+        # a split call with more tiles and ranges on the capture stream grows its buffer after the
+        # capture (64 tiles of 128x64 in 4 ranges: more counters and slots than the 24-tile plan's)
+        retired = len(launch._SPLIT_RETIRED)
+        big_a, big_b = _ops(96, 4096, 7168, seed=22)
+        cfg = GemmConfig(arch="sm_90a", a_dtype="bf16", b_dtype="bf16", out_dtype="bf16", a_major="k", b_major="k",
+                         tile_m=128, tile_n=64, split_k=4, raster="n", group=1)  # fmt: skip
+        big = cutegemm.gemm(big_a, big_b, config=cfg)
+        assert len(launch._SPLIT_RETIRED) > retired, "the capture stream's buffer did not grow"
     torch.cuda.current_stream().wait_stream(s)
+    assert_within_torch_error(big, big_a @ big_b, big_a.double() @ big_b.double(), what="the larger split call")
     for i in range(10):
         x.copy_(_ops(m, n, k, seed=100 + i)[0])
         g.replay()
