@@ -34,8 +34,10 @@ def output_view(out, L: int, m: int, n: int, out_dtype, device, batched: bool):
     if out is not None:
         check_out(out, shape, out_dtype, device)
     written = out if out is not None and (n * out.element_size()) % 16 == 0 else padded_rows(shape, out_dtype, device)
-    w3 = written if batched else written.unsqueeze(0)
-    return written, w3.permute(1, 2, 0)
+    if not batched:  # one as_strided where unsqueeze(0).permute(1, 2, 0) took two views (same strides)
+        ld = written.stride(0)
+        return written, written.as_strided((m, n, 1), (ld, written.stride(1), m * ld))
+    return written, written.permute(1, 2, 0)
 
 
 def check_out(out, shape, out_dtype, device) -> None:
