@@ -310,15 +310,12 @@ def dequantize(q: BlockScaledTensor, out_dtype: torch.dtype = torch.float32) -> 
         out = _launch(plan, q, torch.empty(*q.shape, dtype=kernel_dtype, device=d.device), d.device)
         return out if out_dtype == kernel_dtype else out.to(out_dtype)
     if kernel_takes(q):
-        out = dequantize_checked(q, out_dtype=kernel_dtype)
-        plan = _launch_plan(q.fmt.name, q.shape, kernel_dtype, q.data.device)
-        if plan is not None:  # the key warm (see _WARM)
-            if len(_WARM) >= _MAX_WARM:
-                _WARM.clear()
-            _WARM[_warm_key(q, kernel_dtype)] = plan
+        if out_dtype == torch.bfloat16:
+            return dequantize_checked(q)
+        out = dequantize_checked(q, out_dtype=torch.float32)
     else:
         out = dequantize_ref(q)
-    return out if out.dtype == out_dtype else out.to(out_dtype)
+    return out if out_dtype == torch.float32 else out.to(out_dtype)
 
 
 def kernel_takes(q: BlockScaledTensor) -> bool:
@@ -328,9 +325,8 @@ def kernel_takes(q: BlockScaledTensor) -> bool:
 
 
 # Warm dequantize calls: _warm_key -> the launch plan (_launch_plan's) of a q that
-# :func:`kernel_takes`, recorded by :func:`dequantize`'s cold call (not by dequantize_checked,
-# whose other callers never read it). The key fixes everything that test reads but the elements'
-# data pointer (re-checked per call); the plan holds no tensor.
+# :func:`kernel_takes`, recorded by :func:`dequantize_checked`. The key fixes everything that
+# test reads but the elements' data pointer (re-checked per call); the plan holds no tensor.
 _WARM: dict = {}
 _MAX_WARM = 512  # as _launch_plan's cache: a stream of new shapes cannot grow it forever
 
@@ -344,14 +340,21 @@ def dequantize_checked(q: BlockScaledTensor, out: torch.Tensor | None = None,
                        out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:  # fmt: skip
     """:func:`dequantize_bf16` (``out_dtype`` bf16, or fp32) for a caller that has already checked
     ``q`` with :func:`check_dequant_operand` (and ``out``, which then sets the dtype): the launch
-    only (its kernel and integer arguments kept per format, shape, output dtype and device)."""
+    only (its kernel and integer arguments kept per format, shape, output dtype and device). A
+    ``q`` that :func:`kernel_takes` makes its key warm for :func:`dequantize`."""
     dev = q.data.device
     if out is None:
         out = torch.empty(*q.shape, dtype=out_dtype, device=dev)  # ints: a torch.Size costs ~1 us more to parse
     plan = _launch_plan(q.fmt.name, q.shape, out.dtype, dev)
     if plan is None:  # no elements
         return out
-    return _launch(plan, q, out, dev)
+    _launch(plan, q, out, dev)
+    key = _warm_key(q, out.dtype)
+    if key not in _WARM and kernel_takes(q):
+        if len(_WARM) >= _MAX_WARM:
+            _WARM.clear()
+        _WARM[key] = plan
+    return out
 
 
 def _launch(plan, q: BlockScaledTensor, out: torch.Tensor, dev: torch.device) -> torch.Tensor:
