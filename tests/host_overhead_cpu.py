@@ -265,6 +265,21 @@ def cpu_dequant_path(kernel: NoOpKernel | None = None):
 
 
 @contextlib.contextmanager
+def cpu_blockscaled_path(kernel: NoOpKernel | None = None):
+    """As :func:`cpu_fast_path`, for the block-scaled GEMM of two BlockScaledTensors on sm_90a
+    (``cutegemm.blockscaled.gemm`` -> ``mx_sm90``): CPU operands (the CUDA rule of its checks
+    left out), an sm_90a device, ``kernel`` as every compiled kernel of the routes below it (the
+    dequantize kernel of :func:`cpu_dequant_path`, the weight GEMM of :func:`cpu_weight_path`)."""
+    from cutegemm.blockscaled import gemm as bgemm
+
+    kernel = kernel or NoOpKernel()
+    values = dict(_check=lambda qa, qb, out_dtype: bgemm.check_operands(qa, qb, out_dtype),
+                  capability=lambda index: (9, 0))  # fmt: skip
+    with cpu_dequant_path(kernel), cpu_weight_path(kernel), _patched(bgemm, values, lambda: None):
+        yield kernel
+
+
+@contextlib.contextmanager
 def cuda_functions_on_cpu(*names: str):
     """Points the no-gradient path of each ``torch.ops.cutegemm`` op in ``names`` (CPU tensors)
     at the op's CUDA function (``cutegemm.ops.NO_GRAD_FUNCTIONS``) instead of its CPU body, so
@@ -371,6 +386,10 @@ def measure(calls: int = 20000) -> dict:
         res["dequantize(q 128x1024 mxfp8, bf16)"] = _time(lambda: cutegemm.dequantize(qd, bf), calls)
         res["dequantize(q 128x1024 mxfp8, fp32)"] = _time(lambda: cutegemm.dequantize(qd), calls)
         assert k.calls > 2 * calls
+    qa, qb = quantize_ref(torch.randn(16, 512), "mxfp8"), quantize_ref(torch.randn(1024, 512), "mxfp8")
+    with cpu_blockscaled_path() as k:
+        res["gemm(mxfp8 qa 16x512, mxfp8 qb) sm_90a"] = _time(lambda: cutegemm.gemm(qa, qb), calls)
+        assert k.calls > 2 * calls  # two launches per call: A's dequantize, the weight GEMM
     # torch.ops.cutegemm (no gradient needed) over the CUDA functions, with the warm paths above
     op = torch.ops.cutegemm
     with cpu_fast_path(), cuda_functions_on_cpu("gemm", "grouped_gemm") as routed:

@@ -282,6 +282,8 @@ def dequantize_bf16(q: BlockScaledTensor, out: torch.Tensor | None = None) -> to
 
 
 _OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# out_dtype -> the kernel's output dtype (float16: the fp32 pass, then a cast)
+_KERNEL_DTYPE = {torch.float32: torch.float32, torch.bfloat16: torch.bfloat16, torch.float16: torch.float32}
 
 
 def dequantize(q: BlockScaledTensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -298,21 +300,24 @@ def dequantize(q: BlockScaledTensor, out_dtype: torch.dtype = torch.float32) -> 
     """
     if not isinstance(q, BlockScaledTensor):
         raise TypeError(f"q: expected a BlockScaledTensor, got {type(q).__name__}")
-    if out_dtype not in _OUT_DTYPES:
+    try:
+        kernel_dtype = _KERNEL_DTYPE.get(out_dtype)
+    except TypeError:  # unhashable
+        kernel_dtype = None
+    if kernel_dtype is None:
         raise TypeError(f"out_dtype must be one of {list(_OUT_DTYPES)}, got {out_dtype}")
-    kernel_dtype = torch.bfloat16 if out_dtype == torch.bfloat16 else torch.float32
     try:  # a warm call: the key fixes every rule of kernel_takes but the elements' alignment
-        plan = _WARM.get(_warm_key(q, kernel_dtype))
-    except (AttributeError, TypeError, RuntimeError):  # not strided tensors, an unhashable shape...
-        plan = None  # ... the checks below say what is wrong
-    if plan is not None and not q.data.data_ptr() % 16:
         d = q.data
-        out = _launch(plan, q, torch.empty(*q.shape, dtype=kernel_dtype, device=d.device), d.device)
-        return out if out_dtype == kernel_dtype else out.to(out_dtype)
+        warm = _WARM.get((q.fmt.name, d.dtype, d.shape, d.stride(), d.device, q.shape, kernel_dtype))
+    except (AttributeError, TypeError, RuntimeError):  # not strided tensors, an unhashable shape...
+        warm = None  # ... the checks below say what is wrong
+    if warm is not None and not d.data_ptr() % 16:
+        out = warm.run(q, torch.empty(*warm.shape, dtype=kernel_dtype, device=warm.device))
+        return out if out_dtype is kernel_dtype else out.to(out_dtype)
     if kernel_takes(q):
-        if out_dtype == torch.bfloat16:
-            return dequantize_checked(q)
-        out = dequantize_checked(q, out_dtype=torch.float32)
+        if kernel_dtype is torch.bfloat16:
+            return dequantize_checked(q, record=True)
+        out = dequantize_checked(q, out_dtype=torch.float32, record=True)
     else:
         out = dequantize_ref(q)
     return out if out_dtype == torch.float32 else out.to(out_dtype)
@@ -324,9 +329,11 @@ def kernel_takes(q: BlockScaledTensor) -> bool:
     return q.data.is_cuda and dequantizable(q) and arch_of(q.data.device.index or 0) in ("sm_90a", "sm_100a")
 
 
-# Warm dequantize calls: _warm_key -> the launch plan (_launch_plan's) of a q that
-# :func:`kernel_takes`, recorded by :func:`dequantize_checked`. The key fixes everything that
-# test reads but the elements' data pointer (re-checked per call); the plan holds no tensor.
+# Warm dequantize calls: _warm_key -> a _Warm (the launch plan of a q that :func:`kernel_takes`),
+# recorded by :func:`dequantize_checked` when its caller asks (``record``: :func:`dequantize`,
+# the one reader of the table; the GEMM routes that launch through dequantize_checked do not
+# pay for a key they never look up). The key fixes everything that test reads but the elements'
+# data pointer (re-checked per call); the plan holds no tensor of q.
 _WARM: dict = {}
 _MAX_WARM = 512  # as _launch_plan's cache: a stream of new shapes cannot grow it forever
 
@@ -337,47 +344,60 @@ def _warm_key(q: BlockScaledTensor, kernel_dtype: torch.dtype) -> tuple:
 
 
 def dequantize_checked(q: BlockScaledTensor, out: torch.Tensor | None = None,
-                       out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:  # fmt: skip
+                       out_dtype: torch.dtype = torch.bfloat16, record: bool = False) -> torch.Tensor:  # fmt: skip
     """:func:`dequantize_bf16` (``out_dtype`` bf16, or fp32) for a caller that has already checked
     ``q`` with :func:`check_dequant_operand` (and ``out``, which then sets the dtype): the launch
-    only (its kernel and integer arguments kept per format, shape, output dtype and device). A
-    ``q`` that :func:`kernel_takes` makes its key warm for :func:`dequantize`."""
+    only (its kernel and integer arguments kept per format, shape, output dtype and device).
+    ``record``: a ``q`` that :func:`kernel_takes` makes its key warm for :func:`dequantize`."""
     dev = q.data.device
     if out is None:
         out = torch.empty(*q.shape, dtype=out_dtype, device=dev)  # ints: a torch.Size costs ~1 us more to parse
     plan = _launch_plan(q.fmt.name, q.shape, out.dtype, dev)
     if plan is None:  # no elements
         return out
-    _launch(plan, q, out, dev)
-    key = _warm_key(q, out.dtype)
-    if key not in _WARM and kernel_takes(q):
-        if len(_WARM) >= _MAX_WARM:
-            _WARM.clear()
-        _WARM[key] = plan
+    plan.run(q, out)
+    if record:
+        key = _warm_key(q, out.dtype)
+        if key not in _WARM and kernel_takes(q):
+            if len(_WARM) >= _MAX_WARM:
+                _WARM.clear()
+            _WARM[key] = plan
     return out
 
 
-def _launch(plan, q: BlockScaledTensor, out: torch.Tensor, dev: torch.device) -> torch.Tensor:
-    """Runs ``plan`` on q's contiguous elements into the contiguous ``out``; returns ``out``."""
-    fn, fp4, ints = plan
-    gs = q.global_scale
-    gs = ones_on(dev) if gs is None else gs.detach().to(device=dev, dtype=torch.float32).reshape(1)
-    fn(q.data.view(torch.uint8).view(-1) if fp4 else q.data.view(-1),
-       q.swizzled_scales().view(torch.uint8).reshape(-1), gs, out.view(-1), *ints)  # fmt: skip
-    return out
+class _Launch:
+    """One dequantize launch signature (format, shape, output dtype, device): the kernel, its
+    integer arguments, and what :meth:`run` needs to pass them without looking anything up."""
+
+    __slots__ = ("fn", "fp4", "ints", "shape", "device", "ones")
+
+    def __init__(self, fn, fp4: bool, ints: tuple, shape: tuple, device: torch.device):
+        self.fn, self.fp4, self.ints, self.shape, self.device = fn, fp4, ints, shape, device
+        self.ones = ones_on(device)
+
+    def run(self, q: BlockScaledTensor, out: torch.Tensor) -> torch.Tensor:
+        """Runs the kernel on q's contiguous elements into the contiguous ``out``; returns ``out``.
+        (``ravel`` of a contiguous tensor is the flat view ``view(-1)`` gives, with less argument
+        parsing; of the scales, a contiguous copy where they are not.)"""
+        gs = q.global_scale
+        gs = self.ones if gs is None else gs.detach().to(device=self.device, dtype=torch.float32).reshape(1)
+        d = q.data
+        self.fn(d.view(torch.uint8).ravel() if self.fp4 else d.ravel(),
+                q.swizzled_scales().view(torch.uint8).ravel(), gs, out.ravel(), *self.ints)  # fmt: skip
+        return out
 
 
 @functools.lru_cache(maxsize=512)
 def _launch_plan(fmt: str, shape: torch.Size, out_dtype: torch.dtype, device: torch.device):
-    """(kernel, FP4?, its integer arguments) of a :func:`dequantize_checked` launch; None for an
-    empty tensor."""
+    """The :class:`_Launch` of a :func:`dequantize_checked` call; None for an empty tensor."""
     numel = shape.numel()
     if numel == 0:
         return None
     rows, k = shape[-2], shape[-1]
     cfg = DequantConfig(fmt=fmt, arch=arch_of(device.index or 0), out="fp32" if out_dtype == torch.float32 else "bf16")
     strides = scale_strides(rows, -(-k // _BLOCK[fmt]))
-    return _cache().get(cfg), cfg.fp4, (rows, k // CHUNK, numel // CHUNK, *strides)
+    ints = (rows, k // CHUNK, numel // CHUNK, *strides)
+    return _Launch(_cache().get(cfg), cfg.fp4, ints, tuple(shape), device)
 
 
 def dequantize_bf16_ref(q: BlockScaledTensor) -> torch.Tensor:

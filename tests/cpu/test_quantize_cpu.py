@@ -240,8 +240,9 @@ def test_dequantize_routes_to_the_kernel(monkeypatch):
     ref = dequant.dequantize_ref(q)
     launched = []
 
-    def fake_launch(q, out=None, out_dtype=torch.bfloat16):
-        launched.append(out_dtype)
+    def fake_launch(q, out=None, out_dtype=torch.bfloat16, record=False):
+        assert record, "dequantize must ask dequantize_checked to make its key warm"
+        launched.append(out_dtype)  # records nothing: every call must come back here
         return ref.to(out_dtype)
 
     monkeypatch.setattr(dequant, "dequantize_checked", fake_launch)
