@@ -271,11 +271,12 @@ def cpu_blockscaled_path(kernel: NoOpKernel | None = None):
     left out), an sm_90a device, ``kernel`` as every compiled kernel of the routes below it (the
     dequantize kernel of :func:`cpu_dequant_path`, the weight GEMM of :func:`cpu_weight_path`)."""
     from cutegemm.blockscaled import gemm as bgemm
+    from cutegemm.blockscaled import mx_sm90
 
     kernel = kernel or NoOpKernel()
     values = dict(_check=lambda qa, qb, out_dtype: bgemm.check_operands(qa, qb, out_dtype),
                   capability=lambda index: (9, 0))  # fmt: skip
-    with cpu_dequant_path(kernel), cpu_weight_path(kernel), _patched(bgemm, values, lambda: None):
+    with cpu_dequant_path(kernel), cpu_weight_path(kernel), _patched(bgemm, values, mx_sm90._RING.clear):
         yield kernel
 
 

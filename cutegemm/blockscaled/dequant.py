@@ -312,7 +312,7 @@ def dequantize(q: BlockScaledTensor, out_dtype: torch.dtype = torch.float32) -> 
     except (AttributeError, TypeError, RuntimeError):  # not strided tensors, an unhashable shape...
         warm = None  # ... the checks below say what is wrong
     if warm is not None and not d.data_ptr() % 16:
-        out = warm.run(q, torch.empty(*warm.shape, dtype=kernel_dtype, device=warm.device))
+        out = warm.run_new(q, kernel_dtype)
         return out if out_dtype is kernel_dtype else out.to(out_dtype)
     if kernel_takes(q):
         if kernel_dtype is torch.bfloat16:
@@ -385,6 +385,17 @@ class _Launch:
         self.fn(d.view(torch.uint8).ravel() if self.fp4 else d.ravel(),
                 q.swizzled_scales().view(torch.uint8).ravel(), gs, out.ravel(), *self.ints)  # fmt: skip
         return out
+
+    def run_new(self, q: BlockScaledTensor, out_dtype: torch.dtype) -> torch.Tensor:
+        """:meth:`run` into a new ``out_dtype`` tensor of q's shape (the launch's output dtype)."""
+        return self.run(q, torch.empty(*self.shape, dtype=out_dtype, device=self.device))
+
+
+def launch_of(q: BlockScaledTensor, out_dtype: torch.dtype = torch.bfloat16):
+    """The launch :func:`dequantize_checked` runs for ``q`` into ``out_dtype`` (None: no
+    elements): a caller that memoizes its own checks keeps it and calls its ``run_new(q, out_dtype)``
+    on a ``q`` of the same format, shape and device, its elements checked as before."""
+    return _launch_plan(q.fmt.name, q.shape, out_dtype, q.data.device)
 
 
 @functools.lru_cache(maxsize=512)

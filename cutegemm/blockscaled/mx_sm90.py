@@ -34,7 +34,8 @@ from ..gemm.dense import gemm
 from ..gemm.launch import DENSE_CACHE, GROUPED_CACHE, new_workspace
 from ..grouped.packed import grouped_gemm
 from ..runtime.device import max_clusters_for
-from .dequant import check_dequant_operand, check_elements, dequantizable, dequantize_checked
+from .dequant import check_dequant_operand, check_elements, dequantizable, dequantize_checked, launch_of
+from .formats import MXFP8
 from .operands import OUT_NAMES, finish_output, l1_view, operand_view, output_view
 from .reference import BlockScaledTensor, e8m0_to_float
 from .weight_only.launch import gemm_fp4_weight
@@ -213,6 +214,45 @@ def _ring_gemm(qa, qb, out_dtype, alpha, out, offs):
     return gemm_fp4_weight(dequantize_checked(qa), qb, offs=offs, out=out, out_dtype=out_dtype, alpha=alpha)
 
 
+# Warm dense MXFP8 x MXFP8 calls of the ring route (gemm_blockscaled with no config and no out):
+# ring_key -> A's dequantize launch (dequant.launch_of). The key fixes every rule checked on the way
+# to _ring_gemm (sm100.check_operands, the CUDA device and its arch, check_mx_operands, ring_first)
+# but A's elements' alignment, re-checked per call; both formats must be the MXFP8 object itself.
+# qb's own rules are gemm_fp4_weight's (its warm plan, or its checks), as on the cold route.
+_RING: dict = {}
+_MAX_RING = 512  # as the other plan tables: a stream of new shapes cannot grow it forever
+
+
+def ring_key(qa: BlockScaledTensor, qb: BlockScaledTensor, out_dtype) -> tuple:
+    a, b = qa.data, qb.data
+    return (a.shape, a.stride(), a.dtype, a.device, qa.shape, b.dtype, b.device, qb.shape, out_dtype)
+
+
+def _record_ring(qa: BlockScaledTensor, qb: BlockScaledTensor, out_dtype) -> None:
+    launch = launch_of(qa)
+    if qa.fmt is MXFP8 and qb.fmt is MXFP8 and launch is not None:
+        if len(_RING) >= _MAX_RING:
+            _RING.clear()
+        _RING[ring_key(qa, qb, out_dtype)] = launch
+
+
+def warm_ring(qa, qb, out_dtype, alpha) -> torch.Tensor | None:
+    """The result of a dense sm_90a call (no config, no out) whose signature took the ring route
+    before: A dequantized by the kept launch, then the MXFP8-weight GEMM, as :func:`_ring_gemm`;
+    None for any other call (the caller then checks and routes it)."""
+    if not _RING or not (isinstance(qa, BlockScaledTensor) and isinstance(qb, BlockScaledTensor)):
+        return None
+    if qa.fmt is not MXFP8 or qb.fmt is not MXFP8:
+        return None
+    try:
+        launch = _RING.get(ring_key(qa, qb, out_dtype))
+    except (AttributeError, TypeError, RuntimeError):  # not strided tensors, an unhashable out_dtype...
+        return None
+    if launch is None or qa.data.data_ptr() % 16:
+        return None
+    return gemm_fp4_weight(launch.run_new(qa, torch.bfloat16), qb, out_dtype=out_dtype, alpha=float(alpha))
+
+
 def dequantized_gemm(qa, qb, out_dtype, alpha, out, offs):
     """bf16 copies of both operands (one kernel pass each), then the bf16 GEMM (dense / batched,
     or the packed grouped form with ``offs``). MX operands are exact in bf16, NVFP4's global
@@ -251,6 +291,8 @@ def gemm_mx_sm90(
         check_dequant_operand(qb, "qb")
         return dequantized_gemm(qa, qb, out_dtype, alpha, out, offs)
     if config is None and ring_first(qa, qb):
+        if offs is None and out is None:  # gemm_blockscaled's call: warm from now on (warm_ring)
+            _record_ring(qa, qb, out_dtype)
         return _ring_gemm(qa, qb, out_dtype, alpha, out, offs)
     if config is None and dequantize_first(m // qb.shape[0] if grouped else m, n, qa, qb):
         return dequantized_gemm(qa, qb, out_dtype, alpha, out, offs)

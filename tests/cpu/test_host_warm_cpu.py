@@ -8,6 +8,7 @@ import torch
 
 import cutegemm
 from cutegemm.blockscaled import dequant, quantize_ref
+from cutegemm.blockscaled.formats import MXFP8_E5M2
 from cutegemm.blockscaled.reference import BlockScaledTensor
 
 from ..host_overhead_cpu import cpu_dequant_path, kernel_args
@@ -72,3 +73,96 @@ def test_warm_dequantize_keeps_every_check():
         for _ in range(2):
             assert torch.equal(cutegemm.dequantize(q2), dequant.dequantize_ref(q2))
         assert k.calls == calls
+
+
+class _Recorder:
+    """A no-op kernel that keeps every call's arguments (tensors as shape, strides, dtype, and
+    whether they alias an operand's elements)."""
+
+    def __init__(self):
+        self.calls, self.args, self.log = 0, None, []
+
+    def __call__(self, *args):
+        self.calls += 1
+        self.args = args
+        self.log.append(args)
+
+    def metas(self, start: int, owners) -> list:
+        ptrs = {t.data_ptr(): name for name, t in owners.items()}
+        return [[(tuple(a.shape), a.stride(), a.dtype, ptrs.get(a.data_ptr())) if isinstance(a, torch.Tensor) else a
+                 for a in args] for args in self.log[start:]]  # fmt: skip
+
+
+def _mx(rows, k=512, seed=0):
+    return quantize_ref(torch.randn(rows, k, generator=torch.Generator().manual_seed(seed)), "mxfp8")
+
+
+def test_warm_ring_route_is_the_cold_route():
+    """gemm(MXFP8 qa, MXFP8 qb) on sm_90a (A dequantized, then the MXFP8-weight GEMM): the warm
+    call launches what the cold call launches (fresh outputs aside), for each output dtype and
+    alpha, and returns the same kind of result."""
+    from cutegemm.blockscaled import mx_sm90
+
+    from ..host_overhead_cpu import cpu_blockscaled_path
+
+    qa, qb = _mx(16), _mx(256, seed=1)
+    owners = {"qa": qa.data, "qa_scales": qa.scales, "qb": qb.data}
+    with cpu_blockscaled_path(_Recorder()) as k:
+        for out_dtype, alpha in ((BF, 1.0), (torch.float32, 0.5), (torch.float16, 2)):
+            mx_sm90._RING.clear()
+            n = len(k.log)
+            cold = cutegemm.gemm(qa, qb, out_dtype=out_dtype, alpha=alpha)
+            cold_log = k.metas(n, owners)
+            assert len(cold_log) == 2 and len(mx_sm90._RING) == 1  # A's dequantize, the weight GEMM
+            n = len(k.log)
+            warm = cutegemm.gemm(qa, qb, out_dtype=out_dtype, alpha=alpha)
+            assert k.metas(n, owners) == cold_log
+            assert (warm.shape, warm.stride(), warm.dtype) == (cold.shape, cold.stride(), cold.dtype) == (
+                (16, 256), cold.stride(), out_dtype)  # fmt: skip
+
+
+def test_warm_ring_route_keeps_every_check():
+    """After warm calls, an input off the warm signature raises the cold call's error or takes
+    the cold route: another format, K, rank, element dtype or out_dtype; misaligned A elements;
+    ``out`` or ``config`` given."""
+    from cutegemm.blockscaled import mx_sm90
+
+    from ..host_overhead_cpu import cpu_blockscaled_path
+
+    qa, qb = _mx(16), _mx(256, seed=1)
+    with cpu_blockscaled_path(_Recorder()) as k:
+        for _ in range(2):
+            cutegemm.gemm(qa, qb)
+        assert len(mx_sm90._RING) == 1
+        with pytest.raises(ValueError, match="K mismatch"):
+            cutegemm.gemm(qa, _mx(256, k=256))
+        with pytest.raises(ValueError, match="out_dtype"):
+            cutegemm.gemm(qa, qb, out_dtype=torch.float64)
+        with pytest.raises(TypeError, match="BlockScaledTensor"):
+            cutegemm.gemm(qa, qb.data)
+        with pytest.raises(ValueError, match="format|share"):
+            cutegemm.gemm(qa, quantize_ref(torch.randn(256, 512), "nvfp4"))
+        with pytest.raises(ValueError, match="no sm_100a kernel"):  # the same key but the format
+            cutegemm.gemm(qa, BlockScaledTensor(qb.data, qb.scales, MXFP8_E5M2, qb.shape))
+        with pytest.raises(ValueError, match="elements must be"):  # e5m2 bytes labelled MXFP8
+            cutegemm.gemm(qa, BlockScaledTensor(qb.data.view(torch.float8_e5m2), qb.scales, qb.fmt, qb.shape))
+        with pytest.raises(ValueError, match="batch mismatch"):
+            cutegemm.gemm(qa, quantize_ref(torch.randn(1, 256, 512), "mxfp8"))
+        # misaligned A elements (the same key): the cold checks, which take the emulation route
+        buf = torch.empty(qa.data.numel() + 1, dtype=torch.uint8)
+        data = buf[1:].view(qa.data.dtype).view(qa.data.shape)
+        data.copy_(qa.data)
+        q_off = BlockScaledTensor(data=data, scales=qa.scales, fmt=qa.fmt, shape=qa.shape)
+        routes = []
+        real = mx_sm90.launch_emulated
+        mx_sm90.launch_emulated = lambda *a, **kw: routes.append("emulated") or torch.empty(16, 256, dtype=BF)
+        try:
+            cutegemm.gemm(q_off, qb)
+        finally:
+            mx_sm90.launch_emulated = real
+        assert routes == ["emulated"]
+        with pytest.raises(ValueError, match="out must be"):
+            cutegemm.gemm(qa, qb, out=torch.empty(16, 255, dtype=BF))
+        with pytest.raises(ValueError, match="config"):
+            cutegemm.gemm(qa, qb, config=cutegemm.GemmConfig(arch="sm_90a"))
+        assert len(mx_sm90._RING) == 1 and k.calls
