@@ -82,7 +82,7 @@ from .blockscaled.gemm import RECIPES as _BLOCKSCALED_RECIPES
 from .blockscaled.gemm import gemm_blockscaled as _gemm_blockscaled_kernel
 from .blockscaled.gemm import gemm_blockscaled_ref as _gemm_blockscaled_ref
 from .blockscaled.layout import swizzled_shape
-from .blockscaled.quantize_launch import quantize as quantize_kernel
+from .blockscaled.quantize_launch import quantize_tensors
 from .blockscaled.reference import BlockScaledTensor, quantize_ref
 from .blockscaled.weight_only.launch import check_args, gemm_fp4_weight_ref
 from .blockscaled.weight_only.launch import gemm_fp4_weight as kernel
@@ -280,22 +280,26 @@ def quantize_op(
     return _quantize_tuple(q, x, global_scale)
 
 
-def _quantize_tuple(q: BlockScaledTensor, x, global_scale, fresh_elements: bool = False):
-    """The op's outputs; ``fresh_elements``: q's data and scales are known to be new tensors (the
-    CUDA kernel allocates them), so only the global scale (possibly the given one) is checked."""
-    gs = q.global_scale
+def _quantize_tuple(q: BlockScaledTensor, x, global_scale):
+    """The op's outputs (copies of q's tensors that share storage with x)."""
+    return _fresh(q.data, (x,)), _fresh(q.scales, (x,)), _op_global_scale(q.global_scale, x, global_scale)
+
+
+def _op_global_scale(gs, x, global_scale) -> torch.Tensor:
+    """The op's global-scale output: gs (0-d; a copy where it shares storage with x or the given
+    one), or an empty fp32 tensor on x's device when the format has none."""
     # (an empty fp32 tensor on x's device: x.new_empty((0,), dtype=torch.float32) for a strided x)
-    gs = torch.empty(0, dtype=torch.float32, device=x.device) if gs is None else _fresh(gs.reshape(()), (x, global_scale))
-    if fresh_elements:
-        return q.data, q.scales, gs
-    return _fresh(q.data, (x,)), _fresh(q.scales, (x,)), gs
+    if gs is None:
+        return torch.empty(0, dtype=torch.float32, device=x.device)
+    return _fresh(gs.reshape(()), (x, global_scale))
 
 
 @quantize_op.register_kernel("cuda")
 def _quantize_cuda(x, fmt, global_scale=None, *, scale_rule="ocp"):
     _quantize_layout_cached(x.shape, x.dtype, fmt, None if global_scale is None else global_scale.shape, scale_rule)
-    q = quantize_kernel(x, fmt, global_scale=global_scale, scale_rule=scale_rule)
-    return _quantize_tuple(q, x, global_scale, fresh_elements=True)
+    # the kernel's data and scales are new tensors: only the global scale (maybe the given one) is checked
+    data, scales, gs = quantize_tensors(x, fmt, global_scale, scale_rule)
+    return data, scales, _op_global_scale(gs, x, global_scale)
 
 
 @quantize_op.register_fake

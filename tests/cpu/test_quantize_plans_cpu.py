@@ -157,8 +157,8 @@ def test_quantize_op_cuda_function_keeps_its_checks_and_results(kernel, monkeypa
 
     from ..host_overhead_cpu import cuda_functions_on_cpu
 
-    rules, real = [], quant_ops.quantize_kernel
-    monkeypatch.setattr(quant_ops, "quantize_kernel", lambda *a, **kw: rules.append(kw["scale_rule"]) or real(*a, **kw))
+    rules, real = [], quant_ops.quantize_tensors
+    monkeypatch.setattr(quant_ops, "quantize_tensors", lambda x, f, gs, rule: rules.append(rule) or real(x, f, gs, rule))
     x = torch.randn(64, 256, dtype=BF)
     with cuda_functions_on_cpu("quantize") as routed:
         if not routed:
