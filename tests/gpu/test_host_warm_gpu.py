@@ -1,0 +1,88 @@
+"""Warm (memoized) host paths on the GPU: the second call of a signature must take the warm path
+and return exactly what the cold call returned (quantize, torch.ops.cutegemm.quantize,
+dequantize, the sm_90a MXFP8 x MXFP8 gemm's ring route), and a wrong input after warm calls
+must still raise."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import cutegemm
+from cutegemm.blockscaled import dequant, mx_sm90
+from cutegemm.blockscaled import quantize_launch as ql
+from cutegemm.blockscaled.reference import dequantize_ref, quantize_ref
+
+pytestmark = pytest.mark.gpu
+
+
+def _x(shape, seed, dtype=torch.bfloat16):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return (torch.randn(shape, device="cuda", generator=g) * 10).to(dtype)
+
+
+def _same(a, b) -> bool:
+    fields = ("data", "scales", "global_scale")
+    return all(
+        (getattr(a, f) is None and getattr(b, f) is None)
+        or torch.equal(getattr(a, f).view(torch.uint8), getattr(b, f).view(torch.uint8))
+        for f in fields
+    ) and (a.fmt, a.shape) == (b.fmt, b.shape)
+
+
+@pytest.mark.parametrize("fmt, gs", [("mxfp8", None), ("mxfp4", None), ("nvfp4", 0.25), ("nvfp4", None)])
+@pytest.mark.parametrize("shape", [(128, 1024), (16, 512), (2, 40, 64)])
+def test_warm_quantize_equals_cold(fmt, gs, shape):
+    from cutegemm import ops
+
+    ql._PLANS.clear()
+    x = _x(shape, seed=sum(shape))
+    kw = {} if gs is None else {"global_scale": gs}
+    cold = cutegemm.quantize(x, fmt, **kw)
+    assert ql._PLANS, "the cold call made no warm plan"
+    x2 = x.clone()  # another tensor of the same signature
+    warm = cutegemm.quantize(x2, fmt, **kw)
+    assert _same(warm, cold) and _same(cold, quantize_ref(x, fmt, **kw))
+    for _ in range(2):
+        assert _same(ops.quantize(x2, fmt, **kw), cold)
+    with pytest.raises(TypeError, match="dtype"):
+        cutegemm.quantize(x.double(), fmt)
+    with pytest.raises(ValueError, match="CUDA"):
+        cutegemm.quantize(x.cpu(), fmt)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "mxfp4", "nvfp4"])
+def test_warm_dequantize_equals_cold(fmt):
+    q = cutegemm.quantize(_x((3, 128, 256), seed=5), fmt)
+    ref = dequantize_ref(q)
+    dequant._WARM.clear()
+    for dt in (torch.bfloat16, torch.float32, torch.float16):
+        cold = cutegemm.dequantize(q, dt)
+        warm = cutegemm.dequantize(q, dt)
+        assert dequant._WARM and torch.equal(warm, cold) and torch.equal(cold, ref.to(dt))
+    with pytest.raises(TypeError, match="out_dtype"):
+        cutegemm.dequantize(q, torch.float64)
+
+
+def test_warm_ring_gemm_equals_cold():
+    """sm_90a, 2-D MXFP8 x MXFP8 without config / out: A dequantized, then the MXFP8-weight GEMM."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the ring route is the sm_90a path")
+    mx_sm90._RING.clear()
+    qb = cutegemm.quantize(_x((1024, 512), seed=1), "mxfp8")
+    for m, out_dtype, alpha in (
+        (16, torch.bfloat16, 1.0),
+        (1, torch.float32, 0.5),
+        (200, torch.bfloat16, 2.0),
+    ):
+        qa = cutegemm.quantize(_x((m, 512), seed=m), "mxfp8")
+        cold = cutegemm.gemm(qa, qb, out_dtype=out_dtype, alpha=alpha)
+        assert mx_sm90._RING, "the cold call did not make its signature warm"
+        qa2 = cutegemm.quantize(_x((m, 512), seed=m), "mxfp8")  # new tensors, the same signature
+        warm = cutegemm.gemm(qa2, qb, out_dtype=out_dtype, alpha=alpha)
+        assert warm.dtype == out_dtype and warm.shape == (m, 1024)
+        assert torch.equal(warm, cold)
+        ref = cutegemm.gemm_ref(qa, qb, out_dtype=torch.float32, alpha=alpha)
+        torch.testing.assert_close(warm.float(), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
+    with pytest.raises(ValueError, match="K mismatch"):
+        cutegemm.gemm(qa2, cutegemm.quantize(_x((1024, 256), seed=3), "mxfp8"))
