@@ -69,11 +69,11 @@ def forbidden_markers(cfg: GemmConfig) -> dict[str, str]:
 def _mma_markers(cfg: GemmConfig) -> dict[str, str]:
     if not cfg.blockscaled:
         required = dict(REQUIRED[cfg.arch])
-        if cfg.arch == "sm_90a" and cfg.a_dtype == "e4m3":  # FP8 WGMMA
+        if cfg.arch == "sm_90a" and cfg.fp8:  # FP8 WGMMA (e4m3 / e5m2)
             del required["HGMMA"]
-            required["QGMMA"] = r"\bQGMMA\."
+            required["QGMMA"] = rf"\bQGMMA\.\S+\.{cfg.a_dtype.upper()}\.{cfg.b_dtype.upper()}\b"  # A's, B's type
         mma = "UTCHMMA"
-        if cfg.arch == "sm_100a" and cfg.a_dtype == "e4m3":  # FP8 UMMA: kind::f8f6f4
+        if cfg.arch == "sm_100a" and cfg.fp8:  # FP8 UMMA: kind::f8f6f4
             del required["UTCHMMA"]
             required["UTCQMMA"] = r"\bUTCQMMA"
             mma = "UTCQMMA"

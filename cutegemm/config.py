@@ -8,7 +8,7 @@ from enum import Enum
 
 ARCHS = ("sm_90a", "sm_100a")
 INPUT_DTYPES = ("bf16", "fp16")
-FP8_DTYPES = ("e4m3",)  # dense FP8 (sm_90a WGMMA): K-major A and B, fp32 scales in the epilogue
+FP8_DTYPES = ("e4m3", "e5m2")  # dense FP8: K-major A and B, fp32 scales in the epilogue; e5m2 dense only, either side
 OUTPUT_DTYPES = ("bf16", "fp16", "fp32")
 QUANT_OUT_DTYPES = {"mxfp8": "e4m3", "mxfp4": "u8", "nvfp4": "u8"}  # storage of quantized outputs
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -23,7 +23,7 @@ BLOCKSCALED_RECIPES = {
 }
 # MXFP8 x MXFP4 (either order): kind::mxf8f6f4, e8m0 scales per 32 K; FP4 unpacked to bytes in smem (K % 128 == 0)
 BLOCKSCALED_MIXED = {("e4m3", "e2m1"), ("e2m1", "e4m3")}
-ELEMENT_BITS = {"bf16": 16, "fp16": 16, "fp32": 32, "e4m3": 8, "e2m1": 4, "u8": 8}
+ELEMENT_BITS = {"bf16": 16, "fp16": 16, "fp32": 32, "e4m3": 8, "e5m2": 8, "e2m1": 4, "u8": 8}
 GATHER_K_TILES = (64, 128, 256)  # K-grouped gathering: the gathered operand's tile (128 cp.async threads)
 QUANT_FORMATS = ("mxfp8", "mxfp4", "nvfp4")  # quantized outputs (epilogue.quant)
 MAX_EPILOGUE_ARGS = 4  # vectors a user epilogue may take (epilogue.user)
@@ -259,6 +259,7 @@ class GemmConfig:
     kgrouped = property(lambda self: self.form is Form.KGROUPED)
     listed = property(lambda self: self.form is Form.LISTED)
     gathers = property(lambda self: self.gather_a or self.gather_b)  # an operand read through an index
+    fp8 = property(lambda self: self.a_dtype in FP8_DTYPES)  # FP8 (e4m3 / e5m2) A
 
     @property
     def name(self) -> str:
@@ -277,11 +278,8 @@ class GemmConfig:
         family = Form(self.form).value
         if self.blockscaled:
             family += f"-bs-{self.sf_dtype}v{self.sf_vec}"
-        return (
-            f"{family}_{self.a_dtype}{self.b_dtype}_{self.out_dtype}_{self.a_major}{self.b_major}"
-            f"_t{tile}_c{self.cluster_m}x{self.cluster_n}_epi-{self.epilogue.name}"
-            f"_{self.scheduler}-{self.raster}{self.group}_{self.arch}"
-        )
+        return (f"{family}_{self.a_dtype}{self.b_dtype}_{self.out_dtype}_{self.a_major}{self.b_major}_t{tile}"
+                f"_c{self.cluster_m}x{self.cluster_n}_epi-{self.epilogue.name}_{self.scheduler}-{self.raster}{self.group}_{self.arch}")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -308,9 +306,9 @@ def config_errors(cfg: GemmConfig) -> list[str]:
     err = []
     if cfg.arch not in ARCHS:
         err.append(f"arch {cfg.arch!r} not in {ARCHS}")
-    if cfg.fast_accum and (cfg.a_dtype != "e4m3" or cfg.arch != "sm_90a"):
-        err.append("fast_accum is an sm_90a FP8 (e4m3) option (the sm_100a policy drops it: no promotion there)")
-    if cfg.promote_k and (cfg.promote_k not in (32, 64) or cfg.a_dtype != "e4m3" or cfg.fast_accum or cfg.fp8_blockwise
+    if cfg.fast_accum and (not cfg.fp8 or cfg.arch != "sm_90a"):
+        err.append("fast_accum is an sm_90a FP8 option (the sm_100a policy drops it: no promotion there)")
+    if cfg.promote_k and (cfg.promote_k not in (32, 64) or not cfg.fp8 or cfg.fast_accum or cfg.fp8_blockwise
                           or cfg.arch != "sm_90a" or cfg.fp8_mx or cfg.wg_order or cfg.swap_ab or cfg.kgrouped or cfg.pingpong
                           or cfg.tile_n not in (64, 128, 192)):  # fmt: skip
         err.append("promote_k (32 or 64): sm_90a FP8 with promotion, cooperative, tile_n 64 / 128 / 192; not "
@@ -331,9 +329,7 @@ def config_errors(cfg: GemmConfig) -> list[str]:
                    "output, not swap_ab or split K")  # fmt: skip
     if cfg.fp8_blockwise:
         err += fp8_blockwise_errors(cfg)
-    if cfg.wg_order and (
-        cfg.arch != "sm_90a" or cfg.a_dtype != "e4m3" or cfg.fast_accum or cfg.fp8_mx or cfg.pingpong or cfg.tile_m != 128
-    ):
+    if cfg.wg_order and (cfg.arch != "sm_90a" or not cfg.fp8 or cfg.fast_accum or cfg.fp8_mx or cfg.pingpong or cfg.tile_m != 128):
         err.append("wg_order: sm_90a FP8 with promotion (not fast_accum / fp8_mx), cooperative 128-row tiles only")
     if cfg.fp8_mx:
         err += fp8_mx_errors(cfg)
@@ -353,14 +349,16 @@ def config_errors(cfg: GemmConfig) -> list[str]:
         err += blockscaled_errors(cfg)
     elif cfg.sf_dtype:
         err.append(f"sf_dtype={cfg.sf_dtype!r} needs sf_vec > 0 (block-scaled)")
-    elif cfg.a_dtype in FP8_DTYPES and cfg.b_dtype == cfg.a_dtype:
+    elif cfg.fp8 and cfg.b_dtype in FP8_DTYPES:
         if cfg.a_major != "k" or cfg.b_major != "k":  # (sm_100a's UMMA could read MN-major FP8: not built)
             err.append("FP8 needs K-major A and B (a_major='k', b_major='k')")
+        if "e5m2" in (cfg.a_dtype, cfg.b_dtype) and cfg.form not in (Form.DENSE, Form.FLAT):
+            err.append(f"e5m2 operands: the dense form only, got {cfg.a_dtype}/{cfg.b_dtype} {Form(cfg.form).value}")
         if cfg.arch == "sm_90a" and not cfg.fast_accum and (cfg.tile_m * cfg.tile_n // (1 if cfg.pingpong else cfg.tile_m // 64)) > 64 * 192:
             err.append("FP8 with promotion holds two fp32 accumulators: at most 64x192 per warpgroup "
                        f"(tile {cfg.tile_m}x{cfg.tile_n}{' pingpong' if cfg.pingpong else ''}); or fast_accum=True")  # fmt: skip
     elif cfg.a_dtype not in INPUT_DTYPES or cfg.b_dtype != cfg.a_dtype:
-        err.append(f"a/b dtype must be equal and one of {INPUT_DTYPES + FP8_DTYPES}, got {cfg.a_dtype}/{cfg.b_dtype}")
+        err.append(f"a/b dtype must be equal and one of {INPUT_DTYPES}, or both FP8 {FP8_DTYPES}; got {cfg.a_dtype}/{cfg.b_dtype}")
     epi = cfg.epilogue
     if epi.quant is not None:
         if cfg.out_dtype != QUANT_OUT_DTYPES[epi.quant]:
@@ -399,14 +397,14 @@ def config_errors(cfg: GemmConfig) -> list[str]:
     if cfg.arch == "sm_90a":
         if cfg.two_cta:
             err.append("two_cta is an sm_100a feature")
-        if cfg.pingpong and cfg.tile_m * cfg.tile_n > 128 * (192 if cfg.a_dtype != "e4m3" and cfg.epilogue.light else 128):
+        if cfg.pingpong and cfg.tile_m * cfg.tile_n > 128 * (192 if not cfg.fp8 and cfg.epilogue.light else 128):
             err.append(f"sm_90a pingpong tile must hold <= 128x128 accumulators per warpgroup (128x192: 16-bit, no beta, bias, quant, user or preact), got {cfg.tile_m}x{cfg.tile_n}")  # fmt: skip
-        tall = not (cfg.pingpong or cfg.a_dtype == "e4m3" or cfg.split_k > 1 or cfg.form not in (Form.DENSE, Form.FLAT) or cfg.epilogue.quant)
+        tall = not (cfg.pingpong or cfg.fp8 or cfg.split_k > 1 or cfg.form not in (Form.DENSE, Form.FLAT) or cfg.epilogue.quant)
         if cfg.tile_m not in (64, 128) and (cfg.tile_m != 192 or not tall):
             err.append(f"sm_90a tile_m must be 64 or 128 (192: 16-bit dense cooperative, unsplit, no quantized output), got {cfg.tile_m}")
         if cfg.tile_n not in SM90_TILE_N and not cfg.swap_ab:
             err.append(f"sm_90a tile_n must be one of {SM90_TILE_N}, got {cfg.tile_n}")
-        elif cfg.tile_n in (80, 96, 224) and (cfg.form not in (Form.DENSE, Form.FLAT) or cfg.a_dtype == "e4m3" or cfg.epilogue.quant):
+        elif cfg.tile_n in (80, 96, 224) and (cfg.form not in (Form.DENSE, Form.FLAT) or cfg.fp8 or cfg.epilogue.quant):
             err.append(f"sm_90a tile_n {cfg.tile_n}: 16-bit dense, no quantized output, so far (the variants run on a GPU)")
         elif cfg.tile_n == 80 and (cfg.pingpong or cfg.split_k > 1 or cfg.epilogue.gated or cfg.epilogue.preact or cfg.epilogue.user):  # fmt: skip
             err.append("sm_90a tile_n 80 (16-column epilogue subtiles): cooperative, unsplit, no gated, preact or user epilogue")

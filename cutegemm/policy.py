@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .config import (
+    FP8_DTYPES,
     EpilogueSpec,
     Form,
     GemmConfig,
@@ -146,7 +147,7 @@ def wave_seconds(p: GemmProblem, tile_m: int, tile_n: int, cluster_m: int, split
     The tiles are counted in whole clusters: a cluster past an odd tile count runs a CTA on a tile
     of nothing."""
     tiles = padded_tiles(p.m, tile_m, cluster_m) * padded_tiles(p.n, tile_n, cluster_n) * p.l
-    flops = SM_FLOPS * (2 if p.a_dtype == "e4m3" else 1) * rate
+    flops = SM_FLOPS * (2 if p.a_dtype in FP8_DTYPES else 1) * rate
     out_bytes = 4 if p.out_dtype == "fp32" else 1 if p.out_dtype == "e4m3" else 2
 
     def unit(ranges: int, split_cost: float) -> float:
@@ -224,7 +225,7 @@ def odd_m_pairs_n(p: GemmProblem, tile_m: int, tile_n: int) -> bool:
 
 def dtype_family(a_dtype: str) -> str:
     """TILE_RATES' key of an operand dtype."""
-    return "e4m3" if a_dtype == "e4m3" else "16-bit"
+    return "e4m3" if a_dtype in FP8_DTYPES else "16-bit"
 
 
 def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,), extra_rates=None, tail: bool = False,
@@ -241,7 +242,7 @@ def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,), extra_rates=None,
     ``tail``: the splits of the last wave only too, where the tiles fill a wave and span at most
     TAIL_MAX_N_TILES columns; ``other_m``: TILE_RATES' 192-row (1x1, unsplit), 64-row (paired,
     unsplit) and 128x96 tiles too (16-bit dense forms only: ArchPolicy.choose falls back without)."""
-    fp8 = p.a_dtype == "e4m3"
+    fp8 = p.a_dtype in FP8_DTYPES
     base = TILE_RATES[dtype_family(p.a_dtype)]
     rates = {**{t: r for t, r in base.items() if other_m or (t[0] == 128 and t[1] not in (96, 224))}, **(extra_rates or {})}
     k_tiles, min_tiles = (ceil_div(p.k, 128), 12) if fp8 else (ceil_div(p.k, 64), 24)
@@ -274,7 +275,7 @@ def wave_choice(p: GemmProblem, num_sms: int, splits=(1,), tail: bool = False, o
     default; a 2x1 pick over an odd count of M tiles gives way to its 1x2 twin where
     odd_m_pairs_n says so. 16-bit weighs 128x64 tiles too (1x1, the small-M rate: H100 `bench
     tiles`, 512 x 2048 x 4096: 128x64 0.98x cuBLAS, 128x128 with 2 K ranges 0.85)."""
-    cands = wave_candidates(p, num_sms, splits, SMALL_M_RATES if p.a_dtype != "e4m3" else None, tail, other_m)
+    cands = wave_candidates(p, num_sms, splits, SMALL_M_RATES if p.a_dtype not in FP8_DTYPES else None, tail, other_m)
     best = min(cands, key=lambda c: c.seconds)
     pick = best if best.seconds * MODEL_MARGIN < cands[0].seconds else cands[0]
     if pick.cluster_m == 2 and pick.split_k == 1 and odd_m_pairs_n(p, pick.tile_m, pick.tile_n):
@@ -327,7 +328,7 @@ def small_m_alternative(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmCo
     """The wave model's config for a bf16 / fp16 / e4m3 sm_90a dense call with 64 < M <= 128
     where it is predicted MODEL_MARGIN faster than ``cfg`` (the decode rule's, 128-row tiles),
     else None."""
-    if (cfg.arch != "sm_90a" or p.a_dtype not in ("bf16", "fp16", "e4m3") or not 64 < p.m <= 128
+    if (cfg.arch != "sm_90a" or p.a_dtype not in ("bf16", "fp16", *FP8_DTYPES) or not 64 < p.m <= 128
             or cfg.tile_m != 128 or cfg.form not in (Form.DENSE, Form.FLAT) or cfg.split_cluster
             or cfg.pingpong or cfg.fp8_blockwise or cfg.fp8_mx):  # fmt: skip
         return None
@@ -418,7 +419,7 @@ class ArchPolicy:
     def choose(self, p: GemmProblem, **overrides) -> GemmConfig:
         if "fast_accum" in overrides and self.arch != "sm_90a":  # sm_100a's FP8 MMA has no promotion step
             overrides = {k: v for k, v in overrides.items() if k != "fast_accum"}
-        if overrides.get("fast_accum") and self.arch == "sm_90a" and p.a_dtype == "e4m3" and p.m > 128:
+        if overrides.get("fast_accum") and self.arch == "sm_90a" and p.a_dtype in FP8_DTYPES and p.m > 128:
             # FP8 fast accumulation (bench_fp8 on the H200): pingpong 128x128 + 2x1
             # cluster was best or tied on every shape > 128 rows (+15% at 16384x7168x2048).
             overrides = dict(tile_m=128, tile_n=128, pingpong=True, cluster_m=2, raster="n", group=8, **overrides)
@@ -473,11 +474,11 @@ class ArchPolicy:
         FP8 since: the tile of the two that :func:`decode_read_time` predicts sooner (the rule
         before it: 64x128 from as many tiles as SMs)."""
         rows = ceil_div(p.m, 64) * p.l
-        if p.a_dtype == "e4m3" and DECODE_READ_MODEL:  # FP8: the tile that streams the weight sooner
+        if p.a_dtype in FP8_DTYPES and DECODE_READ_MODEL:  # FP8: the tile that streams the weight sooner
             sms = self.num_sms
             wide = decode_read_time(rows * ceil_div(p.n, 128), 128, sms) <= decode_read_time(rows * ceil_div(p.n, 64), 64, sms)
         else:
-            wide = rows * ceil_div(p.n, 128) >= (self.num_sms if p.a_dtype == "e4m3" else self.num_sms // 3)
+            wide = rows * ceil_div(p.n, 128) >= (self.num_sms if p.a_dtype in FP8_DTYPES else self.num_sms // 3)
         return dict(tile_m=64, tile_n=128 if wide else 64, raster="n", group=1)
 
     def choose_grouped(self, p: GemmProblem, num_groups: int, packed: bool = True, **overrides) -> GemmConfig:
@@ -494,7 +495,7 @@ class ArchPolicy:
               and rows >= PINGPONG_MIN_ROWS and epi.light):  # fmt: skip
             tile = dict(tile_m=128, tile_n=192, cluster_m=2, pingpong=True)  # see PINGPONG_MAX_K
         elif (packed and self.arch == "sm_90a" and rows <= SWAP_MAX_ROWS
-              and (p.a_dtype in ("bf16", "fp16") or (p.a_dtype == "e4m3" and overrides.get("fast_accum", False)))
+              and (p.a_dtype in ("bf16", "fp16") or (p.a_dtype in FP8_DTYPES and overrides.get("fast_accum", False)))
               and swap_ab_epilogue(epi) and overrides.get("c_major", "n") == "n"):  # fmt: skip
             # Tokens along the WGMMA's N (swap_ab): an expert's last tile costs its real tokens'
             # tensor work and loads, not a whole 128-row tile's. H200 (same
@@ -511,7 +512,7 @@ class ArchPolicy:
             # (H200, a sweep of grouped configs: DeepSeek-V3 up / down, Qwen3 (ahead of
             # pingpong 128x128 by 6%), Mixtral; 2x1 clusters and pingpong 64x256 were slower)
             tile = dict(tile_m=128, tile_n=256, cluster_n=2, scheduler="dynamic")
-        if p.a_dtype == "e4m3" and not tile.get("swap_ab"):
+        if p.a_dtype in FP8_DTYPES and not tile.get("swap_ab"):
             tile.pop("scheduler", None)  # FP8 grouped was measured with the static scheduler only
             if not overrides.get("fast_accum", False):
                 # FP8 with promotion: two fp32 accumulators, at most 64x192 per warpgroup. Row-wise
@@ -570,7 +571,7 @@ def fp32_promotion(cfg: GemmConfig, overrides: dict) -> GemmConfig:
     adds under the other half's WGMMA (the MXFP8 emulation's mainloop); its speed is not measured
     yet, so only fp32 outputs take it. Configs the promote_k rule refuses (fast_accum, block
     scales, pingpong, swap AB, K-grouped, tile_n 256) pass through."""
-    if cfg.arch != "sm_90a" or cfg.a_dtype != "e4m3" or cfg.out_dtype != "fp32" or cfg.promote_k or "promote_k" in overrides:
+    if cfg.arch != "sm_90a" or cfg.a_dtype not in FP8_DTYPES or cfg.out_dtype != "fp32" or cfg.promote_k or "promote_k" in overrides:
         return cfg
     promoted = replace(cfg, promote_k=32, wg_order=False)
     return cfg if config_errors(promoted) else promoted
@@ -621,8 +622,8 @@ def split_few_tiles(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig
     (13.5 with 2), 16 x 4096 x 7168 (64 tiles) 16.6 -> 18.0 with 2; 128-row tiles as above: 96 x
     1536 x 7168 17.5 -> 13.1 with 4, 128 x 4096 x 7168 19.9 -> 19.4 with 2; 16 K tiles (K = 2048)
     do not split (128 x 7168 x 2048: 12.0 -> 17.8 with 2)."""
-    fp8 = cfg.a_dtype == "e4m3"
-    if p.m > 128 or cfg.split_k != 1 or cfg.a_dtype not in ("bf16", "fp16", "e4m3"):
+    fp8 = cfg.a_dtype in FP8_DTYPES
+    if p.m > 128 or cfg.split_k != 1 or cfg.a_dtype not in ("bf16", "fp16", *FP8_DTYPES):
         return cfg
     tiles = ceil_div(p.m, cfg.tile_m) * ceil_div(p.n, cfg.tile_n) * p.l
     if cfg.tile_m == 128:
@@ -669,7 +670,7 @@ class Sm90Policy(ArchPolicy):
             # us: 96 x 28672 x 4096 75.4 with 128x64 tiles (A's box of
             # 96 rows) -> 71.2 (torch 71.9); FP8 128 x 28672 x 4096 47.4 -> 43.6 (43.3))
             wide = ceil_div(p.n, 128) * p.l >= self.num_sms
-            if p.a_dtype != "e4m3" and few_tiles(ceil_div(p.m, 64) * ceil_div(p.n, 64) * p.l, self.num_sms):
+            if p.a_dtype not in FP8_DTYPES and few_tiles(ceil_div(p.m, 64) * ceil_div(p.n, 64) * p.l, self.num_sms):
                 # So few tiles that 64x64 ones still take 4 K ranges (split_few_tiles): twice the
                 # CTAs of 128x64 (H100, 128 x 576 x 7168: 64x64 with 4 ranges 1.07x cuBLAS, 128x64 0.89)
                 return dict(tile_m=64, tile_n=64, raster="n", group=1)

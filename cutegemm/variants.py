@@ -149,6 +149,7 @@ def fp8_sm100_variants(arch: str) -> list[GemmConfig]:
         GemmConfig(**fp8, tile_m=256, tile_n=256, two_cta=True, cluster_m=2, out_dtype="fp32", epilogue=ab),
         GemmConfig(**fp8, tile_m=128, tile_n=256, cluster_n=2, epilogue=E(scale_a=True, scale_b=True, bias=True,
                                                                            bias_dtype="bf16", gated="swiglu")),
+        GemmConfig(**{**fp8, "a_dtype": "e5m2"}, tile_m=128, tile_n=128, epilogue=ab),  # e5m2 x e4m3 (FP8 training's dgrad)
     ]
 
 
@@ -186,6 +187,12 @@ def fp8_variants(arch: str) -> list[GemmConfig]:
                    promote_k=64, split_k=2, epilogue=ab),
         GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=128, out_dtype="e4m3",
                    epilogue=E(scale_a=True, scale_b=True, bias=True, bias_dtype="bf16", gated="swiglu", quant="mxfp8")),
+        # e5m2 operands (either side, or both): the policy's tiles of the same shapes
+        GemmConfig(arch=arch, **{**fp8, "a_dtype": "e5m2"}, tile_m=128, tile_n=128, cluster_m=2, epilogue=ab),
+        GemmConfig(arch=arch, **{**fp8, "b_dtype": "e5m2"}, tile_m=64, tile_n=128, raster="n", group=1, form=Form.FLAT,
+                   epilogue=ab),
+        GemmConfig(arch=arch, **{**fp8, "a_dtype": "e5m2", "b_dtype": "e5m2"}, tile_m=128, tile_n=256, cluster_m=2,
+                   fast_accum=True, epilogue=E(scale_a=True)),
     ] + fp8_blockwise_variants(arch) + fp8_mx_variants(arch)  # fmt: skip
 
 

@@ -24,11 +24,12 @@ from ..policy import policy_for
 from ..runtime.device import device_info, max_clusters_for, resident_clusters  # noqa: F401 (re-exported)
 from ..tuning import tuned_config
 from .args import KernelArgs, scaled_tail
-from .fp8_scales import fp8_block_scales, fp8_blockwise_ref, fp8_scales, not_e4m3
+from .fp8_scales import fp8_block_scales, fp8_blockwise_ref, fp8_scales, not_fp8, warm_scale_view
 from .launch import (
     DENSE_CACHE,
+    DENSE_INPUT_TO_NAME,
     EPI_TORCH_DTYPES,
-    INPUT_TO_NAME,
+    FP8_INPUTS,
     NAME_TO_TORCH,
     TORCH_TO_NAME,
     aligned_operand,
@@ -118,18 +119,13 @@ PLAIN_PLANS: dict = {}  # plans of gemm(a, b) with every option at its default, 
 _NO_VECTORS = (None, None, None, None)
 
 
-def warm_scale_view(t: torch.Tensor) -> torch.Tensor:
-    """A row-wise FP8 scale's 1-D view on a warm path: ``fp8_scales.scale_vector``'s when it does not copy."""
-    return t if t.dim() == 1 else t.view(-1)
-
-
 def _check_args(a, b, out, out_dtype, gated: bool = False):
     check_operand("a", a)
     check_operand("b", b)
-    if a.dtype not in INPUT_TO_NAME:
-        raise TypeError(f"a.dtype must be torch.bfloat16, torch.float16 or torch.float8_e4m3fn, got {a.dtype}")
-    if b.dtype != a.dtype:
-        raise TypeError(f"b.dtype ({b.dtype}) must equal a.dtype ({a.dtype})")
+    if a.dtype not in DENSE_INPUT_TO_NAME:
+        raise TypeError(f"a.dtype must be torch.bfloat16, torch.float16, torch.float8_e4m3fn or torch.float8_e5m2, got {a.dtype}")
+    if b.dtype != a.dtype and not (a.dtype in FP8_INPUTS and b.dtype in FP8_INPUTS):
+        raise TypeError(f"b.dtype ({b.dtype}) must equal a.dtype ({a.dtype}) (FP8: e4m3 / e5m2 in any pair)")
     if a.device != b.device:
         raise ValueError(f"a and b must be on the same device, got {a.device} and {b.device}")
     if isinstance(out_dtype, str):
@@ -237,7 +233,7 @@ def _plan(
         o3 = out.unsqueeze(0) if out.dim() == 2 else out
         r3 = None if c is None else (c.unsqueeze(0) if c.dim() == 2 else c)
     a3s, b3s = aligned_operand(a3), aligned_operand(b3)
-    fp8 = a.dtype == torch.float8_e4m3fn
+    fp8 = a.dtype in FP8_INPUTS
     # FP8 block scaling: vectors = (scale_a (M, KB), scale_b (NB, KB)) from fp8_block_scales
     blockwise = fp8 and len(vectors) == 2 and vectors[0] is not None and vectors[0].dim() == 2
     if fp8 and unit_mode(a3s) != 2:  # FP8 WGMMA reads K-major operands only: copy (rows padded to 16 bytes)
@@ -264,7 +260,7 @@ def _plan(
     )
     out_name = QUANT_OUT_DTYPES[quant] if quant is not None else TORCH_TO_NAME[out_dtype]
     problem = GemmProblem(
-        M, N, K, L, INPUT_TO_NAME[a.dtype], INPUT_TO_NAME[b.dtype], out_name, a_major, b_major
+        M, N, K, L, DENSE_INPUT_TO_NAME[a.dtype], DENSE_INPUT_TO_NAME[b.dtype], out_name, a_major, b_major
     )
     epi = EpilogueSpec(
         alpha=alpha != 1.0,
@@ -417,10 +413,10 @@ def gemm(
     (see :mod:`cutegemm.epilogue.user`): traced into the kernel, replacing beta / bias /
     activation (alpha still scales acc first).
 
-    FP8 (sm_90a; sm_100a compiled only): a, b ``torch.float8_e4m3fn`` with fp32 ``scale_a`` (one per row of a: shape
-    (M,) or (M, 1), or one element: per tensor) and ``scale_b`` (per column of b: (N,) or (1, N),
-    or one element), as ``torch._scaled_mm``: ``out = (a @ b) * scale_a * scale_b`` then the
-    epilogue above. Both operands are read K-major (a row-major, b column-major, e.g.
+    FP8 (sm_90a; sm_100a compiled only): a, b ``float8_e4m3fn`` / ``float8_e5m2`` (any pair; block scales: e4m3)
+    with fp32 ``scale_a`` (one per row of a: shape (M,) or (M, 1), or one element: per tensor) and ``scale_b``
+    (per column of b: (N,) or (1, N), or one element), as ``torch._scaled_mm``: ``out = (a @ b) * scale_a *
+    scale_b`` then the epilogue above. Both operands are read K-major (a row-major, b column-major, e.g.
     ``w.t()`` of an (N, K) weight); other layouts are copied first. Scales may be omitted (1).
     sm_90a promotes the WGMMA partial sums into fp32 every 128 K (torch._scaled_mm's default);
     ``fast_accum=True`` keeps them in the tensor core (faster, error grows with K, as torch's
@@ -487,7 +483,7 @@ def gemm(
             return out
     if out_dtype is None:
         out_dtype = out.dtype if isinstance(out, torch.Tensor) else getattr(a, "dtype", None)
-        if out_dtype == torch.float8_e4m3fn:
+        if out_dtype in FP8_INPUTS:
             out_dtype = torch.bfloat16  # FP8 inputs: bf16 output by default
     if activation is not None:
         check_activation(activation, gate_layout)
@@ -507,12 +503,12 @@ def gemm(
         vectors = epilogue_vectors(epilogue_args, getattr(a, "device", None))
     elif epilogue_args:
         raise ValueError("epilogue_args given without an epilogue function")
-    if getattr(a, "dtype", None) == torch.float8_e4m3fn:
+    if getattr(a, "dtype", None) in FP8_INPUTS:
         if epilogue is not None:
             raise ValueError("a user epilogue cannot be combined with FP8 inputs yet")
         vectors = fp8_block_scales(a, b, scale_a, scale_b) or fp8_scales(a, b, scale_a, scale_b)
     elif scale_a is not None or scale_b is not None:
-        raise not_e4m3(a)
+        raise not_fp8(a)
     if quant is not None or out_global_scale is not None:
         gs = global_scale(quant, out_global_scale, getattr(a, "device", None))
     try:
@@ -578,7 +574,7 @@ def _cache_scaled(skey, plan, a, vectors, scale_a, scale_b) -> None:
     """Files the bound ``plan`` under the FP8 key ``skey`` if the warm path passes what this call
     did (block scales: scale_a itself and a view of scale_b, ``plan.sfb`` its size and stride)."""
     v0, v1 = (*vectors, None, None)[:2] if vectors else (None, None)
-    if skey is None or a.dtype != torch.float8_e4m3fn or plan.quant or v0 is None or v1 is None:
+    if skey is None or a.dtype not in FP8_INPUTS or plan.quant or v0 is None or v1 is None:
         return
     if plan.block_scales:
         if v0 is not scale_a or v1.data_ptr() != scale_b.data_ptr():
@@ -639,8 +635,8 @@ def gemm_ref(
         raise ValueError(f"beta={beta} needs the residual tensor c")
     if beta != 0.0 and activation in GATED:
         raise ValueError(f"beta * c cannot be combined with the gated activation {activation!r}")
-    out_dtype = out_dtype or (torch.bfloat16 if a.dtype == torch.float8_e4m3fn else a.dtype)
-    if a.dtype == torch.float8_e4m3fn and fp8_block_scales(a, b, scale_a, scale_b, kernel_layout=False) is not None:
+    out_dtype = out_dtype or (torch.bfloat16 if a.dtype in FP8_INPUTS else a.dtype)
+    if a.dtype in FP8_INPUTS and fp8_block_scales(a, b, scale_a, scale_b, kernel_layout=False) is not None:
         acc = fp8_blockwise_ref(a, b, scale_a, scale_b, compute_dtype)  # DeepSeek block scales
         scale_a = scale_b = None
     else:
@@ -652,7 +648,7 @@ def gemm_ref(
         acc = acc * (sa if sa.numel() == 1 else sa.unsqueeze(-1))
     if scale_b is not None:
         acc = acc * scale_b.to(compute_dtype).reshape(-1)
-    if a.dtype == torch.float8_e4m3fn and out_dtype == a.dtype:
+    if a.dtype in FP8_INPUTS and out_dtype in FP8_INPUTS:
         out_dtype = torch.bfloat16
     if epilogue is not None:
         if beta != 0.0 or bias is not None or activation is not None:

@@ -10,9 +10,21 @@ from ..config import TMA_ALIGN_BYTES
 
 
 def not_e4m3(a) -> ValueError:
-    """The error of FP8 scales passed with operands that are not float8_e4m3fn."""
+    """The error of FP8 scales passed to a form that takes float8_e4m3fn operands only (grouped)
+    with operands of another dtype."""
     return ValueError(f"scale_a / scale_b are for torch.float8_e4m3fn inputs, got a.dtype {getattr(a, 'dtype', None)} "
-                      "(FP8 operands must be e4m3: e5m2 is not supported)")
+                      "(FP8 operands of the grouped forms must be e4m3; the dense form also takes e5m2)")
+
+
+def not_fp8(a) -> ValueError:
+    """The error of FP8 scales passed to the dense form with operands that are not FP8."""
+    return ValueError(f"scale_a / scale_b are for FP8 inputs (torch.float8_e4m3fn / float8_e5m2), got a.dtype "
+                      f"{getattr(a, 'dtype', None)}")
+
+
+def warm_scale_view(t: torch.Tensor) -> torch.Tensor:
+    """A row-wise FP8 scale's 1-D view on a warm path: :func:`scale_vector`'s when it does not copy."""
+    return t if t.dim() == 1 else t.view(-1)
 
 
 def check_fp32_scale(name: str, t, device, rule: str = "") -> None:
@@ -132,6 +144,8 @@ def fp8_block_scales(a, b, scale_a, scale_b, kernel_layout: bool = True):
     if not blockwise and not looks_blockwise:
         return None
     rule = "FP8 block scaling (1x128 scales of a, 128x128 scales of b, as torch._scaled_mm)"
+    if a.dtype != torch.float8_e4m3fn or b.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"{rule} takes float8_e4m3fn a and b, got {a.dtype} and {b.dtype}")
     if a.dim() != 2 or b.dim() != 2:
         raise ValueError(f"{rule} needs 2-D a and b, got shapes {tuple(a.shape)} and {tuple(b.shape)}")
     sa_shape, sb_shape = fp8_block_shapes(a, b)

@@ -24,6 +24,8 @@ from .sm100.kernel import GemmSm100
 
 TORCH_TO_NAME = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 INPUT_TO_NAME = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float8_e4m3fn: "e4m3"}
+DENSE_INPUT_TO_NAME = {**INPUT_TO_NAME, torch.float8_e5m2: "e5m2"}  # e5m2: the dense form only
+FP8_INPUTS = (torch.float8_e4m3fn, torch.float8_e5m2)
 NAME_TO_TORCH = {v: k for k, v in TORCH_TO_NAME.items()}
 
 

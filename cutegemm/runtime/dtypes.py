@@ -6,7 +6,8 @@ CUTLASS_DTYPES = {
     "bf16": cutlass.BFloat16,
     "fp16": cutlass.Float16,
     "fp32": cutlass.Float32,
-    "e4m3": cutlass.Float8E4M3FN,  # block-scaled operands (sm_100a)
+    "e4m3": cutlass.Float8E4M3FN,  # FP8 and block-scaled operands
+    "e5m2": cutlass.Float8E5M2,  # FP8 dense operands
     "e2m1": cutlass.Float4E2M1FN,
     "u8": cutlass.Uint8,  # packed FP4 pairs of a quantized output
 }

@@ -1,9 +1,9 @@
 """torch._scaled_mm / torch._scaled_grouped_mm's own test cases (pytorch/pytorch
 test/test_scaled_matmul_cuda.py), rewritten for ``cutegemm.gemm`` / ``cutegemm.grouped_gemm`` with
-FP8 (e4m3) operands and fp32 scales (``out = (a @ b) * scale_a * scale_b``, torch's semantics).
+FP8 operands (e4m3; e5m2 in the dense form) and fp32 scales (``out = (a @ b) * scale_a * scale_b``, torch's semantics).
 Each case keeps the source's inputs, emulation and tolerance; layouts torch refuses on sm_90
 (everything but "TN") are computed by cutegemm (its operands are copied K-major). Cases of forms
-cutegemm does not support (e5m2 operands, FP8 outputs)
+cutegemm does not support (e5m2 in the grouped forms and with block scales, FP8 outputs)
 assert the clear error. See tests/conformance/helpers.py for the cuda / cpu variants."""
 
 from __future__ import annotations
@@ -60,16 +60,33 @@ def test_float8_basics(device, size, out_dtype, x_cm, y_cm):
         torch.testing.assert_close(out.float(), expected)
 
 
-# pytorch/pytorch test/test_scaled_matmul_cuda.py::test_float8_basics (e5m2 operands: torch refuses e5m2 x e5m2
-# on CUDA and computes the mixed pairs) and ::test_float8_error_messages (e5m2 b)
+# pytorch/pytorch test/test_scaled_matmul_cuda.py::test_float8_basics (e5m2 operands: the source's mixed pairs,
+# e4m3 x e5m2 at size 32 and e5m2 x e4m3 at 48; e5m2 x e5m2, which torch refuses on CUDA, is computed here too)
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("a_dtype,b_dtype,size", [(E4M3, E5M2, 32), (E5M2, E4M3, 48), (E5M2, E5M2, 16)])
+def test_float8_basics_e5m2(device, a_dtype, b_dtype, size):
+    torch.manual_seed(0)
+    x = torch.rand(size, size, device=device).to(a_dtype)
+    y = torch.eye(size, device=device).to(b_dtype).t()
+    expected = torch.mm(x.float(), y.float())
+    ours, twin = run_and_ref(device, cutegemm.gemm, cutegemm.gemm_ref, x, y, scale_a=_one(device), scale_b=_one(device))
+    for out in (ours, twin):
+        assert out.dtype == BF
+        torch.testing.assert_close(out.float(), expected)
+
+
+# pytorch/pytorch test/test_scaled_matmul_cuda.py::test_float8_error_messages (e5m2 in a form that takes e4m3
+# only: the grouped forms, and block scales)
 @pytest.mark.unsupported
-@pytest.mark.parametrize("a_dtype,b_dtype,match", [(E5M2, E5M2, "e5m2 is not supported"),
-                                                   (E4M3, E5M2, "b.dtype"), (E5M2, E4M3, "e5m2 is not supported")])
-def test_float8_e5m2_not_supported(a_dtype, b_dtype, match):
-    x = torch.rand(32, 32).to(a_dtype)
-    y = torch.eye(32).to(b_dtype).t()
-    with pytest.raises((TypeError, ValueError), match=match):
-        run("cpu", cutegemm.gemm, x, y, scale_a=_one("cpu"), scale_b=_one("cpu"))
+def test_float8_e5m2_grouped_and_block_scales_rejected():
+    a = torch.rand(32, 256).to(E5M2)
+    w = torch.rand(2, 64, 256).to(E4M3)
+    with pytest.raises((TypeError, ValueError), match="e4m3"):
+        run("cpu", cutegemm.grouped_gemm, a, w.transpose(-2, -1), offs=torch.tensor([16, 32], dtype=torch.int32),
+            scale_a=torch.ones(32), scale_b=torch.ones(2, 64))  # fmt: skip
+    b = torch.rand(256, 128).to(E4M3)
+    with pytest.raises(ValueError, match="float8_e4m3fn"):
+        run("cpu", cutegemm.gemm, a, b.t().contiguous().t(), scale_a=torch.ones(32, 2), scale_b=torch.ones(2, 1))
 
 
 # pytorch/pytorch test/test_scaled_matmul_cuda.py::test_float8_basics (out_dtype e5m2: torch raises, so do we)

@@ -73,7 +73,7 @@ class Sm90Consumers:
         # fp32 accumulator in registers once they retire, so the tensor core's reduced-precision
         # FP8 accumulation spans 128 K only (as cuBLAS without fast accumulation / DeepGEMM), or
         # config.promote_k (32 / 64, gemm.sm90.mx's K-tile step without its scales).
-        promote = self.k.config.a_dtype == "e4m3" and not self.k.config.fast_accum
+        promote = self.k.config.fp8 and not self.k.config.fast_accum
         acc_sum = cute.make_rmem_tensor(acc_shape, self.k.acc_dtype) if promote else acc
         num_k_blocks = cute.size(tCrA, mode=[2])
         swap = self.k.config.swap_ab
