@@ -375,7 +375,10 @@ def measure(calls: int = 20000) -> dict:
             res[f"grouped_gemm(x, {fmt} w, offs)"] = _time(
                 lambda qe=qe: cutegemm.grouped_gemm(xg, qe, offs=offs), calls
             )
-        assert k.calls > 6 * calls
+        # decode: one token, a weight of at least as many 128-row tiles as SMs (no split grid)
+        x1, qbig = torch.randn(1, 512, dtype=bf), quantize_ref(torch.randn(16896, 512), "nvfp4")
+        res["gemm(x 1x512, nvfp4 w 16896x512)"] = _time(lambda: cutegemm.gemm(x1, qbig), calls)
+        assert k.calls > 7 * calls
     xq, xs = torch.randn(128, 1024, dtype=bf), torch.randn(16, 1024, dtype=bf)
     with cpu_quantize_path() as k:
         res["quantize(x 128x1024, mxfp8)"] = _time(lambda: cutegemm.quantize(xq, "mxfp8"), calls)

@@ -30,6 +30,7 @@ from ..blockscaled.gemm import (
 )
 from ..blockscaled.reference import BlockScaledTensor
 from ..blockscaled.weight_only.launch import gemm_fp4_weight, gemm_fp4_weight_ref, is_fp4_weight_call
+from ..blockscaled.weight_only.launch import warm_call as warm_weight_only
 from ..gemm import dense
 from ..gemm.launch import check_offs_values
 from ..grouped import packed
@@ -100,6 +101,10 @@ def _route_defaults(fn, supported: tuple[str, ...]) -> dict:
 
 @functools.wraps(dense.gemm)
 def gemm(a, b, **options):
+    if not options and isinstance(b, BlockScaledTensor) and isinstance(a, torch.Tensor):  # the decode call
+        res = warm_weight_only(a, b)  # its plan (filed by gemm_fp4_weight only), else the routing below
+        if res is not None:
+            return res
     if isinstance(a, BlockScaledTensor) or isinstance(b, BlockScaledTensor):
         if is_fp4_weight_call(a, b):
             if not options:  # every option at its default (the decode call): gemm_fp4_weight's defaults are the same
@@ -180,7 +185,15 @@ def _grouped_route(fn, a, b, options: dict):
 
 @functools.wraps(packed.grouped_gemm)
 def grouped_gemm(a, b, **options):
+    if options.keys() == _OFFS_ONLY and isinstance(b, BlockScaledTensor) and isinstance(a, torch.Tensor):
+        offs = options["offs"]  # the MoE weight-only call: its plan (filed by gemm_fp4_weight), else the route
+        res = warm_weight_only(a, b, offs) if isinstance(offs, torch.Tensor) else None
+        if res is not None:
+            return res
     return _grouped_route(packed.grouped_gemm, a, b, options)
+
+
+_OFFS_ONLY = frozenset({"offs"})
 
 
 @functools.wraps(packed.grouped_gemm_ref)

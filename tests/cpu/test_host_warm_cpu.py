@@ -166,3 +166,172 @@ def test_warm_ring_route_keeps_every_check():
         with pytest.raises(ValueError, match="config"):
             cutegemm.gemm(qa, qb, config=cutegemm.GemmConfig(arch="sm_90a"))
         assert len(mx_sm90._RING) == 1 and k.calls
+
+
+# --- the weight-only GEMM's warm call from the face (cutegemm.gemm(x, qw), grouped_gemm(x, qw, offs=offs))
+
+
+def _weight_args(k, owners):
+    """The last launch's arguments: tensors as (shape, strides, dtype, which operand's memory)."""
+    return k.metas(len(k.log) - 1, owners)[0]
+
+
+def _x_variants(m, k=512):
+    """x as the caller may pass it: contiguous bf16, a strided view, 2-byte misaligned, e4m3."""
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m), dtype=BF)
+    wide = torch.randn(m, 2 * k, dtype=BF)[:, ::2].copy_(x)
+    buf = torch.empty(m * k + 1, dtype=BF)
+    off = buf[1:].view(m, k).copy_(x)
+    return {"contiguous": x, "strided": wide, "misaligned": off, "e4m3": x.to(torch.float8_e4m3fn)}
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
+@pytest.mark.parametrize("n, m", [(1024, 1), (1024, 16), (28672, 1), (28672, 64)])  # split grid or not
+def test_warm_weight_only_call_is_the_cold_call(fmt, n, m):
+    """cutegemm.gemm(x, qw) with no options: the warm call (launch.warm_call from the face)
+    launches what the cold call launches (x's copies and the output fresh tensors of the same
+    layout), for each kind of x, and returns the same kind of result."""
+    from cutegemm.blockscaled.weight_only import launch
+
+    from ..host_overhead_cpu import cpu_weight_path
+
+    qw = quantize_ref(torch.randn(n, 256), fmt, **({"global_scale": 0.5} if fmt == "nvfp4" else {}))
+    owners = {"data": qw.data, "scales": qw.scales}
+    with cpu_weight_path(_Recorder()) as k:
+        for name, x in _x_variants(m, 256).items():
+            owners["x"] = x
+            launch._PLANS.clear()
+            cold = cutegemm.gemm(x, qw)
+            cold_args = _weight_args(k, owners)
+            assert len(launch._PLANS) == 1, name
+            calls = k.calls
+            warm = cutegemm.gemm(x, qw)
+            assert k.calls == calls + 1
+            assert _weight_args(k, owners) == cold_args, name
+            assert (warm.shape, warm.stride(), warm.dtype) == (cold.shape, cold.stride(), cold.dtype) == (
+                (m, n), cold.stride(), BF)  # fmt: skip
+            if name == "contiguous" and launch._PLANS[launch._plan_key(x, qw, None, BF)].ring:
+                assert cold_args[0][3] == "x"  # x itself, no copy
+            if name == "misaligned":
+                assert cold_args[0][3] != "x"  # an aligned copy
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
+def test_warm_grouped_weight_only_call_is_the_cold_call(fmt):
+    from cutegemm.blockscaled.weight_only import launch
+
+    from ..host_overhead_cpu import cpu_weight_path
+
+    qe = quantize_ref(torch.randn(4, 256, 512), fmt)
+    offs = torch.tensor([10, 10, 40, 64], dtype=torch.int32)
+    owners = {"data": qe.data, "scales": qe.scales, "offs": offs}
+    with cpu_weight_path(_Recorder()) as k:
+        for name, x in _x_variants(70).items():
+            owners["x"] = x
+            launch._PLANS.clear()
+            cold = cutegemm.grouped_gemm(x, qe, offs=offs)
+            cold_args = _weight_args(k, owners)
+            assert len(launch._PLANS) == 1 and cold_args[4][3] == "offs"
+            warm = cutegemm.grouped_gemm(x, qe, offs=offs)
+            assert _weight_args(k, owners) == cold_args, name
+            assert (warm.shape, warm.dtype) == (cold.shape, cold.dtype) == ((70, 256), BF)
+            offs2 = offs.clone()  # other offs contents, the same key: passed as they are
+            owners["offs"] = offs2
+            cutegemm.grouped_gemm(x, qe, offs=offs2)
+            assert _weight_args(k, owners)[4][3] == "offs"
+            owners["offs"] = offs
+
+
+def test_warm_weight_only_call_keeps_every_check():
+    """After warm calls, an input off the plan raises the cold call's error or takes the cold
+    path: another K, rank, format or element dtype; a replaced data / scales / global scale; a
+    weight of the same id after the first was freed; another current device; options given."""
+    import gc
+
+    from cutegemm.blockscaled.weight_only import launch
+
+    from ..host_overhead_cpu import cpu_weight_path
+
+    qw = quantize_ref(torch.randn(512, 256), "nvfp4", global_scale=2.0)
+    x = torch.randn(4, 256, dtype=BF)
+    with cpu_weight_path(_Recorder()) as k:
+        for _ in range(2):
+            cutegemm.gemm(x, qw)
+        assert len(launch._PLANS) == 1
+        with pytest.raises(ValueError, match="K mismatch"):
+            cutegemm.gemm(torch.randn(4, 512, dtype=BF), qw)
+        with pytest.raises(ValueError, match="expected \\(M, K\\)"):
+            cutegemm.gemm(x.view(1, 4, 256), qw)
+        with pytest.raises(TypeError, match="bf16 or float8_e4m3fn"):
+            cutegemm.gemm(x.half(), qw)
+        with pytest.raises(TypeError, match="float8_e4m3fn"):  # e5m2 bytes labelled MXFP8
+            q8 = quantize_ref(torch.randn(512, 256), "mxfp8")
+            cutegemm.gemm(x, q8)
+            cutegemm.gemm(x, BlockScaledTensor(q8.data.view(torch.float8_e5m2), q8.scales, q8.fmt, q8.shape))
+        with pytest.raises(ValueError, match="out must be"):
+            cutegemm.gemm(x, qw, out=torch.empty(4, 511, dtype=BF))
+        with pytest.raises(ValueError, match="supports only"):
+            cutegemm.gemm(x, qw, bias=torch.zeros(512, dtype=BF))
+        with pytest.raises(ValueError, match="offs"):
+            cutegemm.grouped_gemm(x, quantize_ref(torch.randn(2, 512, 256), "nvfp4"), offs=None)
+        for field in ("data", "scales", "global_scale"):  # replaced tensors: the new ones are passed
+            new = getattr(qw, field).clone()
+            setattr(qw, field, new)
+            cutegemm.gemm(x, qw)
+            assert any(isinstance(a, torch.Tensor) and a.data_ptr() == new.data_ptr() for a in k.args), field
+        plan = launch._PLANS[launch._plan_key(x, qw, None, BF)]
+        real = launch.current_device
+        launch.current_device = lambda: 1  # another device than the plan's: the cold path
+        cold_calls = []
+        check = launch.check_args
+        launch.check_args = lambda *a: cold_calls.append(1) or check(*a)
+        try:
+            cutegemm.gemm(x, qw)
+        finally:
+            launch.current_device, launch.check_args = real, check
+        assert cold_calls == [1] and plan.serves(qw)
+        # a freed weight takes its plans with it; a new weight never meets them
+        del qw, q8, plan
+        gc.collect()
+        assert not launch._PLANS
+        q2 = quantize_ref(torch.randn(512, 256), "mxfp4")
+        cutegemm.gemm(x, q2)
+        assert any(isinstance(a, torch.Tensor) and a.data_ptr() == q2.data.data_ptr() for a in k.args)
+
+
+def test_warm_split_call_takes_the_current_streams_workspace():
+    """A split-grid plan passes the workspace of the stream current at the call, as the cold call
+    does, and follows a workspace that grew."""
+    from cutegemm.blockscaled.weight_only import launch
+
+    from ..host_overhead_cpu import _Stream, cpu_weight_path
+
+    qw = quantize_ref(torch.randn(1024, 256), "mxfp8")
+    x = torch.randn(16, 256, dtype=BF)
+    saved_ws, saved_stream = dict(launch._WORKSPACES), _Stream.cuda_stream
+    launch._WORKSPACES.clear()
+    try:
+        with cpu_weight_path(_Recorder()) as k:
+            cutegemm.gemm(x, qw)
+            assert launch._PLANS[launch._plan_key(x, qw, None, BF)].split is not None
+            ws0 = k.args[7]
+            cutegemm.gemm(x, qw)
+            assert k.args[7] is ws0
+            _Stream.cuda_stream = 7
+            cutegemm.gemm(x, qw)
+            ws7, slot7 = k.args[7], k.args[14]
+            assert ws7 is not ws0 and ws7 is launch._WORKSPACES[(None, 7)][0]
+            launch._PLANS.clear()
+            cutegemm.gemm(x, qw)  # the cold call on stream 7 passes the same
+            assert k.args[7] is ws7 and k.args[14] == slot7
+            cutegemm.gemm(torch.randn(64, 256, dtype=BF), qw)  # more segments: the workspace grows
+            _Stream.cuda_stream = 0
+            cutegemm.gemm(x, qw)
+            _Stream.cuda_stream = 7
+            cutegemm.gemm(x, qw)
+            assert k.args[7] is launch._WORKSPACES[(None, 7)][0] is not ws7
+            assert k.args[14] == launch._WORKSPACES[(None, 7)][1]
+    finally:
+        _Stream.cuda_stream = saved_stream
+        launch._WORKSPACES.clear()
+        launch._WORKSPACES.update(saved_ws)

@@ -86,3 +86,36 @@ def test_warm_ring_gemm_equals_cold():
         torch.testing.assert_close(warm.float(), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
     with pytest.raises(ValueError, match="K mismatch"):
         cutegemm.gemm(qa2, cutegemm.quantize(_x((1024, 256), seed=3), "mxfp8"))
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
+@pytest.mark.parametrize("n", [1024, 17408])  # split grid (fewer weight tiles than SMs) or not
+def test_warm_weight_only_gemm_equals_cold(fmt, n):
+    """cutegemm.gemm(x, qw) with no options (decode rows; the face's launch.warm_call) and the
+    grouped form with only offs: the warm call returns the cold call's bits, for a contiguous, a
+    strided and a misaligned x."""
+    from cutegemm.blockscaled.weight_only import launch
+
+    qw = cutegemm.quantize(_x((n, 512), seed=n), fmt, **({"global_scale": 0.5} if fmt == "nvfp4" else {}))
+    for m in (1, 16, 64):
+        x = _x((m, 512), seed=m)
+        wide = torch.empty(m, 1024, dtype=torch.bfloat16, device="cuda")[:, ::2]
+        off = torch.empty(m * 512 + 1, dtype=torch.bfloat16, device="cuda")[1:].view(m, 512)
+        for xv in (x, wide.copy_(x), off.copy_(x)):
+            launch._PLANS.clear()
+            cold = cutegemm.gemm(xv, qw)
+            assert launch._PLANS, "the cold call made no plan"
+            warm = cutegemm.gemm(xv.clone() if xv.is_contiguous() else xv, qw)
+            assert torch.equal(warm, cold)
+            assert torch.equal(cutegemm.gemm(xv, qw), cold)
+        ref = cutegemm.gemm_ref(x, qw, out_dtype=torch.float32)
+        torch.testing.assert_close(cold.float(), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
+    qe = cutegemm.quantize(_x((4, 256, 512), seed=7), fmt)
+    x = _x((70, 512), seed=70)
+    offs = torch.tensor([10, 10, 40, 64], dtype=torch.int32, device="cuda")
+    launch._PLANS.clear()
+    cold = cutegemm.grouped_gemm(x, qe, offs=offs)
+    warm = cutegemm.grouped_gemm(x.clone(), qe, offs=offs.clone())
+    assert launch._PLANS and torch.equal(warm[:64], cold[:64])
+    with pytest.raises(ValueError, match="K mismatch"):
+        cutegemm.gemm(_x((16, 256), seed=2), qw)
