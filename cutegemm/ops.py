@@ -114,15 +114,12 @@ GROUPED_SCHEMA = (
 )
 
 
-
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 # ----------------------------------------------------------------------------------------------
 # validation shared by the CPU and fake implementations (the CUDA functions validate themselves)
-
-
 
 
 def _check_gemm(a, b, out_dtype, bias, activation):
@@ -622,9 +619,19 @@ _BELOW_AUTOGRAD = torch._C._after_autograd_keyset.remove(torch._C.DispatchKey.AD
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _CUDA_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
 
-# op name -> [CPU function, CUDA function] of its no-gradient path: a list the registered kernel
-# reads on every call, so tests/host_overhead_cpu.py can point an op's CPU entry at its CUDA
-# function and time that function's host work on CPU tensors
+_BELOW: dict = {}  # a dispatch key set's bits -> _below_autograd's answer
+
+
+def _below_autograd(keyset) -> int:
+    """Below autograd in a call's ``keyset``: 0 only the CPU key, 1 only CUDA, 2 anything else."""
+    below = keyset & _BELOW_AUTOGRAD
+    kind = 0 if below == _CPU_KEYS else 1 if below == _CUDA_KEYS else 2
+    _BELOW[keyset.raw_repr()] = kind
+    return kind
+
+
+# op name -> [CPU function, CUDA function] of its no-gradient path, read on every call (so
+# tests/host_overhead_cpu.py can point the CPU entry at the CUDA function on CPU tensors)
 NO_GRAD_FUNCTIONS: dict = {}
 
 
@@ -635,28 +642,48 @@ def _register_no_grad_path(opdef, cuda_fn) -> None:
     autograd) runs that device's function below autograd in this frame, as custom_op's Autograd
     kernel does through a redispatch into a second Python kernel (its output-aliasing check:
     ours return fresh tensors) at about twice the host time. Every other call takes custom_op's
-    own Autograd kernel, so gradients, fake tensors and tracing are unchanged."""
+    own Autograd kernel, so gradients, fake tensors and tracing are unchanged. Dynamo never traces
+    them, as custom_op's (``torch._disable_dynamo``): with Dynamo off on this thread (no eval-frame
+    callback: eager code, a compiled graph's own run) and no export, the kernel runs as the disable
+    wrapper would run it, without its cost (~0.6 us); otherwise through it. Dynamo skips its frame."""
     slow = make_autograd_impl(opdef._opoverload, opdef)  # what custom_op registers for "Autograd"
     fns = NO_GRAD_FUNCTIONS[opdef._name] = [opdef._init_fn, cuda_fn]
     disabled = getattr(opdef, "_disabled_kernel", set())  # set_kernel_enabled's set, updated in place
 
-    def kernel(keyset, *args, **kwargs):
+    def kernel(keyset, *args, _below_dynamo=False, **kwargs):
+        if not _below_dynamo and (_dynamo_callback() is not None or torch.compiler.is_exporting()):
+            return off(keyset, *args, _below_dynamo=True, **kwargs)  # Dynamo on: through its disable
         if not (torch._C.is_grad_enabled() and torch._C._any_requires_grad(*args)):
-            below = keyset & _BELOW_AUTOGRAD
-            if below == _CPU_KEYS:
-                fn = fns[0]
-            elif below == _CUDA_KEYS:
-                fn = fns[0] if "cuda" in disabled else fns[1]  # switched off: custom_op runs the body too
-            else:
-                fn = None
-            if fn is not None:
+            below = _BELOW.get(keyset.raw_repr())
+            if below is None:
+                below = _below_autograd(keyset)
+            if below == 1 and "cuda" in disabled:  # switched off: custom_op runs the body too
+                below = 0
+            if below < 2:
                 with torch._C._AutoDispatchBelowAutograd():
-                    return fn(*args, **kwargs)
+                    return fns[below](*args, **kwargs)
         return slow(keyset, *args, **kwargs)
 
-    kernel = torch._disable_dynamo(kernel)  # as custom_op's kernels: never traced by Dynamo
+    off = torch._disable_dynamo(kernel)  # as custom_op's kernels: never traced by Dynamo
+    registered = kernel if _dynamo_callback is not None and _skip_frame(kernel) else off
     for key in ("AutogradCPU", "AutogradCUDA"):
-        _LIB.impl(opdef._name, kernel, key, with_keyset=True)
+        _LIB.impl(opdef._name, registered, key, with_keyset=True)
+
+
+try:  # private: this thread's eval-frame callback (None: Dynamo off); a code's frame action
+    from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+    from torch._C._dynamo.eval_frame import get_eval_frame_callback as _dynamo_callback
+except ImportError:
+    _dynamo_callback = None
+
+
+def _skip_frame(fn) -> bool:
+    """Dynamo skips ``fn``'s frames, not its callees' (torch._dynamo's skip_code without importing it)."""
+    try:
+        set_code_exec_strategy(fn.__code__, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT))
+    except (AttributeError, TypeError, RuntimeError):
+        return False
+    return True
 
 
 try:  # private torch names (make_autograd_impl, CustomOpDef._init_fn): without them, custom_op's path

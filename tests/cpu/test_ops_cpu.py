@@ -491,3 +491,86 @@ def test_no_grad_fast_path_is_registered(name):
         fast = torch.ops.cutegemm.quantize(x, "mxfp8", None)
         slow = torch.ops.cutegemm.quantize(x.clone().requires_grad_(), "mxfp8", None)  # custom_op's path
         assert all(torch.equal(f.view(torch.uint8), s.view(torch.uint8)) for f, s in zip(fast[:2], slow[:2], strict=True))
+
+
+def _frames_offered_to_dynamo(call):
+    """(result, [(function, file)] of every frame Dynamo's eval-frame hook was offered) of
+    ``call()`` run with a recording callback installed (each frame then runs as it is)."""
+    from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_eval_frame
+    from torch._dynamo.types import ConvertFrameReturn
+
+    seen = []
+
+    def callback(frame, cache_entry, frame_state):
+        seen.append((frame.f_code.co_name, frame.f_code.co_filename.replace("\\", "/")))
+        run_as_is = _FrameExecStrategy(_FrameAction.DEFAULT, _FrameAction.DEFAULT)
+        return ConvertFrameReturn(frame_exec_strategy=run_as_is, apply_to_code=False)
+
+    prior = set_eval_frame(callback)
+    try:
+        res = call()
+    finally:
+        set_eval_frame(prior)
+    return res, seen
+
+
+def _counting_disable(monkeypatch) -> list:
+    """Counts the set_eval_frame calls of torch._dynamo's disable wrapper (two or more per call
+    that goes through it)."""
+    import torch._dynamo.eval_frame as ef
+
+    calls = []
+    real = ef.set_eval_frame
+    monkeypatch.setattr(ef, "set_eval_frame", lambda cb: calls.append(cb) or real(cb))
+    return calls
+
+
+@pytest.mark.parametrize("name", ["gemm", "grouped_gemm", "quantize"])
+def test_no_grad_path_is_never_traced_by_dynamo(name, monkeypatch):
+    """ops._register_no_grad_path: with Dynamo's eval-frame callback set (a frame Dynamo skips
+    calling the op), Dynamo is offered no frame of ours (the kernel's frame is skipped, the rest
+    runs under torch._dynamo's disable, as custom_op's kernels do); with no callback (eager, a
+    compiled graph's own run) the disable wrapper is not run; under torch.export's flag it is.
+    The result is the same each way."""
+    if ops.make_autograd_impl is None:
+        pytest.skip("this torch has no make_autograd_impl: custom_op's own path only")
+    a, b = torch.randn(6, 8), torch.randn(8, 5)
+    calls = {
+        "gemm": lambda: OP.gemm(a, b, alpha=0.5),
+        "grouped_gemm": lambda: OP.grouped_gemm(a, torch.randn(2, 8, 5), make_offs([2, 4])),
+        "quantize": lambda: OP.quantize(torch.randn(4, 64), "mxfp8", None)[0].view(torch.uint8),
+    }
+    torch.manual_seed(1)
+    want = calls[name]()
+    for _ in range(2):  # the first run builds the disable wrapper (torch's frames)
+        torch.manual_seed(1)
+        got, seen = _frames_offered_to_dynamo(calls[name])
+        assert torch.equal(got, want)
+        ours = [f for f in seen if "/cutegemm/" in f[1]]
+        assert not ours, ours
+        assert ("_fn", ) in {(f[0],) for f in seen if f[1].endswith("torch/_dynamo/eval_frame.py")}
+    wrapper = _counting_disable(monkeypatch)
+    for exporting in (False, True):
+        monkeypatch.setattr(torch.compiler, "_is_exporting_flag", exporting)
+        torch.manual_seed(1)  # (itself runs under the disable wrapper)
+        wrapper.clear()
+        got = calls[name]()
+        assert torch.equal(got, want) and bool(wrapper) == exporting  # export: through the wrapper
+
+
+def test_no_grad_path_reads_the_key_set_below_autograd():
+    """ops._below_autograd (memoized by the key set's bits) is the rule it replaced: the CPU key
+    alone, the CUDA key alone, or anything else (a mode's Python key, another device)."""
+    K = torch._C.DispatchKey
+    autograd = torch._C.DispatchKeySet(K.AutogradCPU) | torch._C.DispatchKeySet(K.ADInplaceOrView)
+    cases = {
+        0: torch._C._dispatch_keys(torch.randn(2)) | autograd,
+        1: torch._C.DispatchKeySet(K.CUDA) | torch._C.DispatchKeySet(K.AutogradCUDA),
+        2: torch._C._dispatch_keys(torch.randn(2)) | torch._C.DispatchKeySet(K.Python) | autograd,
+    }
+    cases[3] = torch._C.DispatchKeySet(K.Meta) | autograd
+    for want, ks in cases.items():
+        below = ks & ops._BELOW_AUTOGRAD
+        old = 0 if below == ops._CPU_KEYS else 1 if below == ops._CUDA_KEYS else 2
+        assert ops._below_autograd(ks) == old == min(want, 2)
+        assert ops._BELOW[ks.raw_repr()] == old

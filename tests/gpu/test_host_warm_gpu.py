@@ -119,3 +119,30 @@ def test_warm_weight_only_gemm_equals_cold(fmt, n):
     assert launch._PLANS and torch.equal(warm[:64], cold[:64])
     with pytest.raises(ValueError, match="K mismatch"):
         cutegemm.gemm(_x((16, 256), seed=2), qw)
+
+
+def test_ops_no_grad_path_equals_custom_ops_path():
+    """torch.ops.cutegemm.gemm / grouped_gemm / quantize with no gradient needed (our Autograd
+    kernel, Dynamo's disable wrapper skipped where Dynamo is off) return the bits of custom_op's
+    own path (an operand requiring grad), of cutegemm.gemm / grouped_gemm, and of a
+    torch.compile(fullgraph=True) call."""
+    op = torch.ops.cutegemm
+    a, b = _x((64, 256), seed=11), _x((256, 512), seed=12)
+    x, w = _x((96, 256), seed=13), _x((4, 256, 128), seed=14)
+    offs = torch.tensor([16, 40, 40, 96], dtype=torch.int32, device="cuda")
+    for _ in range(2):  # cold, then warm
+        fast = op.gemm(a, b, alpha=0.5, activation="silu")
+        slow = op.gemm(a.clone().requires_grad_(), b, alpha=0.5, activation="silu").detach()
+        assert torch.equal(fast, slow) and torch.equal(fast, cutegemm.gemm(a, b, alpha=0.5, activation="silu"))
+        g_fast = op.grouped_gemm(x, w, offs)
+        g_slow = op.grouped_gemm(x, w.clone().requires_grad_(), offs).detach()
+        assert torch.equal(g_fast, g_slow) and torch.equal(g_fast, cutegemm.grouped_gemm(x, w, offs=offs))
+        q_fast = op.quantize(a, "mxfp8", None)
+        q_slow = op.quantize(a.clone().requires_grad_(), "mxfp8", None)
+        for f, s in zip(q_fast[:2], q_slow[:2], strict=True):
+            assert torch.equal(f.view(torch.uint8), s.view(torch.uint8))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda a, b, x, w, offs: (op.gemm(a, b, alpha=0.5, activation="silu"),
+                                                       op.grouped_gemm(x, w, offs)), fullgraph=True)  # fmt: skip
+    got = compiled(a, b, x, w, offs)
+    assert torch.equal(got[0], fast) and torch.equal(got[1], g_fast)
