@@ -378,7 +378,10 @@ def measure(calls: int = 20000) -> dict:
         # decode: one token, a weight of at least as many 128-row tiles as SMs (no split grid)
         x1, qbig = torch.randn(1, 512, dtype=bf), quantize_ref(torch.randn(16896, 512), "nvfp4")
         res["gemm(x 1x512, nvfp4 w 16896x512)"] = _time(lambda: cutegemm.gemm(x1, qbig), calls)
-        assert k.calls > 7 * calls
+        res["gemm(x, nvfp4 w, out_dtype, alpha)"] = _time(
+            lambda: cutegemm.gemm(x16, qbig, out_dtype=torch.float16, alpha=0.5), calls
+        )
+        assert k.calls > 8 * calls
     xq, xs = torch.randn(128, 1024, dtype=bf), torch.randn(16, 1024, dtype=bf)
     with cpu_quantize_path() as k:
         res["quantize(x 128x1024, mxfp8)"] = _time(lambda: cutegemm.quantize(xq, "mxfp8"), calls)
@@ -393,6 +396,9 @@ def measure(calls: int = 20000) -> dict:
     qa, qb = quantize_ref(torch.randn(16, 512), "mxfp8"), quantize_ref(torch.randn(1024, 512), "mxfp8")
     with cpu_blockscaled_path() as k:
         res["gemm(mxfp8 qa 16x512, mxfp8 qb) sm_90a"] = _time(lambda: cutegemm.gemm(qa, qb), calls)
+        res["gemm(mxfp8 qa, qb, out_dtype fp32) sm_90a"] = _time(
+            lambda: cutegemm.gemm(qa, qb, out_dtype=torch.float32), calls
+        )
         assert k.calls > 2 * calls  # two launches per call: A's dequantize, the weight GEMM
     # torch.ops.cutegemm (no gradient needed) over the CUDA functions, with the warm paths above
     op = torch.ops.cutegemm

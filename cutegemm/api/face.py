@@ -64,13 +64,29 @@ def _is_default(value, default) -> bool:
         return False
 
 
-def _supported(fn, options: dict, supported: tuple[str, ...], what: str = "BlockScaledTensor operands") -> dict:
-    """The ``supported`` options of a call of ``fn`` (defaults filled in); a ValueError names every
-    other option that is not at its default (not supported on the route of ``what``)."""
-    if options.keys() <= _names(supported):  # no other option can be off its default
-        opts = dict(_route_defaults(fn, supported))
-        opts.update(options)
+class _Route:
+    """The options a route of the public function ``fn`` takes (``supported``), for
+    :func:`_supported`; ``fn``'s defaults are read at the first call."""
+
+    def __init__(self, fn, supported: tuple[str, ...], what: str = "BlockScaledTensor operands"):
+        self.fn, self.supported, self.what = fn, supported, what
+        self.names = frozenset(supported)
+        self.out_dtype = "out_dtype" in self.names
+        self.defaults = None  # the supported options' defaults
+
+    def fill(self, options: dict) -> dict:
+        if self.defaults is None:
+            self.defaults = {name: default for name, default in _defaults(self.fn) if name in self.names}
+        return {**self.defaults, **options}
+
+
+def _supported(route: _Route, options: dict) -> dict:
+    """The options of a call on ``route`` (its defaults filled in); a ValueError names every
+    other option that is not at its default (not supported on the route)."""
+    if options.keys() <= route.names:  # no other option can be off its default
+        opts = route.fill(options)
     else:
+        fn, supported = route.fn, route.supported
         unknown = set(options) - {name for name, _ in _defaults(fn)}
         if unknown:
             raise TypeError(f"{fn.__name__}() got unexpected keyword arguments {sorted(unknown)}")
@@ -78,39 +94,51 @@ def _supported(fn, options: dict, supported: tuple[str, ...], what: str = "Block
                if name not in supported and not _is_default(options.get(name, default), default)]  # fmt: skip
         if bad:
             raise ValueError(
-                f"{fn.__name__} with {what} supports only {', '.join(supported)} so far; "
+                f"{fn.__name__} with {route.what} supports only {', '.join(supported)} so far; "
                 f"got {', '.join(bad)}"
             )
         opts = {name: options.get(name, default) for name, default in _defaults(fn) if name in supported}
-    if "out_dtype" in opts and opts["out_dtype"] is None:
+    if route.out_dtype and opts["out_dtype"] is None:
         out = opts.get("out")
         opts["out_dtype"] = out.dtype if isinstance(out, torch.Tensor) else torch.bfloat16
     return opts
 
 
-@functools.cache
-def _names(supported: tuple[str, ...]) -> frozenset:
-    return frozenset(supported)
-
-
-@functools.cache
-def _route_defaults(fn, supported: tuple[str, ...]) -> dict:
-    """``fn``'s defaults of the ``supported`` options."""
-    return {name: default for name, default in _defaults(fn) if name in supported}
+# each route's options (kernel / reference twin)
+_BLOCKSCALED = _Route(dense.gemm, BLOCKSCALED_OPTIONS)
+_WEIGHT_ONLY = _Route(dense.gemm, ("scale_a", *BLOCKSCALED_OPTIONS))
+_FP8_BLOCKS = _Route(dense.gemm, FP8_BLOCKS_OPTIONS, FP8_BLOCKS)
+_BLOCKSCALED_REF = _Route(dense.gemm_ref, BLOCKSCALED_REF_OPTIONS)
+_WEIGHT_ONLY_REF = _Route(dense.gemm_ref, ("scale_a", *BLOCKSCALED_REF_OPTIONS))
+_FP8_BLOCKS_REF = _Route(dense.gemm_ref, FP8_BLOCKS_REF_OPTIONS, FP8_BLOCKS)
+_GROUPED = {(fn, extra): _Route(fn, (*(GROUPED_REF_OPTIONS if fn is packed.grouped_gemm_ref else GROUPED_OPTIONS), *extra))
+            for fn in (packed.grouped_gemm, packed.grouped_gemm_ref) for extra in ((), ("scale_a",))}  # fmt: skip
+# the options of a warm block-scaled call (out_dtype None: bf16, as _supported gives without out)
+_OUT_ALPHA = frozenset({"out_dtype", "alpha"})
+_OFFS_OUT_ALPHA = frozenset({"offs", "out_dtype", "alpha"})
+_BF16 = torch.bfloat16
 
 
 @functools.wraps(dense.gemm)
 def gemm(a, b, **options):
-    if not options and isinstance(b, BlockScaledTensor) and isinstance(a, torch.Tensor):  # the decode call
-        res = warm_weight_only(a, b)  # its plan (filed by gemm_fp4_weight only), else the routing below
-        if res is not None:
-            return res
+    if isinstance(b, BlockScaledTensor):
+        if not options or options.keys() <= _OUT_ALPHA:  # every other option at its default: the routes' own
+            out_dtype, alpha = _BF16, 1.0
+            if options:
+                out_dtype, alpha = options.get("out_dtype", _BF16), options.get("alpha", 1.0)
+                out_dtype = _BF16 if out_dtype is None else out_dtype
+            if isinstance(a, torch.Tensor):  # the decode call: its plan (filed by gemm_fp4_weight), else the route
+                res = warm_weight_only(a, b, None, out_dtype, alpha)
+                if res is not None:
+                    return res
+            if is_fp4_weight_call(a, b):
+                return gemm_fp4_weight(a, b, out_dtype=out_dtype, alpha=alpha)
+            if isinstance(a, BlockScaledTensor):
+                return gemm_blockscaled(a, b, out_dtype=out_dtype, alpha=alpha)
     if isinstance(a, BlockScaledTensor) or isinstance(b, BlockScaledTensor):
         if is_fp4_weight_call(a, b):
-            if not options:  # every option at its default (the decode call): gemm_fp4_weight's defaults are the same
-                return gemm_fp4_weight(a, b)
-            return gemm_fp4_weight(a, b, **_supported(dense.gemm, options, ("scale_a", *BLOCKSCALED_OPTIONS)))
-        return gemm_blockscaled(a, b, **_supported(dense.gemm, options, BLOCKSCALED_OPTIONS))
+            return gemm_fp4_weight(a, b, **_supported(_WEIGHT_ONLY, options))
+        return gemm_blockscaled(a, b, **_supported(_BLOCKSCALED, options))
     sb = options.get("scale_b")
     if sb is not None and _n_rows_scale_b(b, sb):  # FP8 block scales of blockscaled.fp8_blocks?
         if options.keys() == _BARE_SCALED:  # a warm call
@@ -118,7 +146,7 @@ def gemm(a, b, **options):
             if res is not None:
                 return res
         if _vector_blocks(a, b, options):
-            opts = _supported(dense.gemm, options, FP8_BLOCKS_OPTIONS, FP8_BLOCKS)
+            opts = _supported(_FP8_BLOCKS, options)
             opts.pop("fast_accum")  # the kernel promotes every K tile (the emulation every 32 K) either way
             return gemm_fp8_vector_blocks(a, b, **opts)
     return dense.gemm(a, b, **options)
@@ -144,11 +172,10 @@ _BARE_SCALED = frozenset({"scale_a", "scale_b"})
 def gemm_ref(a, b, **options):
     if isinstance(a, BlockScaledTensor) or isinstance(b, BlockScaledTensor):
         if is_fp4_weight_call(a, b):
-            opts = _supported(dense.gemm_ref, options, ("scale_a", *BLOCKSCALED_REF_OPTIONS))
-            return gemm_fp4_weight_ref(a, b, **opts)
-        return gemm_blockscaled_ref(a, b, **_supported(dense.gemm_ref, options, BLOCKSCALED_REF_OPTIONS))
+            return gemm_fp4_weight_ref(a, b, **_supported(_WEIGHT_ONLY_REF, options))
+        return gemm_blockscaled_ref(a, b, **_supported(_BLOCKSCALED_REF, options))
     if _vector_blocks(a, b, options):
-        opts = _supported(dense.gemm_ref, options, FP8_BLOCKS_REF_OPTIONS, FP8_BLOCKS)
+        opts = _supported(_FP8_BLOCKS_REF, options)
         return gemm_fp8_vector_blocks_ref(a, b, **opts)
     return dense.gemm_ref(a, b, **options)
 
@@ -158,11 +185,10 @@ def _grouped_quantized(fn, a, b, options: dict, run, run_ref, extra: tuple):
     twin) with its options only."""
     if options.get("offs") is None:
         raise ValueError("offs is required (int32 cumulative end rows of the experts, on the GPU)")
-    ref = fn is packed.grouped_gemm_ref
-    opts = _supported(fn, options, (*(GROUPED_REF_OPTIONS if ref else GROUPED_OPTIONS), *extra))
+    opts = _supported(_GROUPED[fn, extra], options)
     if opts.pop("check_offs", False):
         check_offs_values(opts["offs"], a.shape[0])
-    return (run_ref if ref else run)(a, b, **opts)
+    return (run_ref if fn is packed.grouped_gemm_ref else run)(a, b, **opts)
 
 
 def _grouped_route(fn, a, b, options: dict):
@@ -185,15 +211,14 @@ def _grouped_route(fn, a, b, options: dict):
 
 @functools.wraps(packed.grouped_gemm)
 def grouped_gemm(a, b, **options):
-    if options.keys() == _OFFS_ONLY and isinstance(b, BlockScaledTensor) and isinstance(a, torch.Tensor):
-        offs = options["offs"]  # the MoE weight-only call: its plan (filed by gemm_fp4_weight), else the route
-        res = warm_weight_only(a, b, offs) if isinstance(offs, torch.Tensor) else None
-        if res is not None:
-            return res
+    if isinstance(b, BlockScaledTensor) and isinstance(a, torch.Tensor) and options.keys() <= _OFFS_OUT_ALPHA:
+        offs, out_dtype = options.get("offs"), options.get("out_dtype")  # the MoE weight-only call: its plan
+        if isinstance(offs, torch.Tensor):
+            out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
+            res = warm_weight_only(a, b, offs, out_dtype, options.get("alpha", 1.0))
+            if res is not None:
+                return res
     return _grouped_route(packed.grouped_gemm, a, b, options)
-
-
-_OFFS_ONLY = frozenset({"offs"})
 
 
 @functools.wraps(packed.grouped_gemm_ref)

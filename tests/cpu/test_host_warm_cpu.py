@@ -335,3 +335,99 @@ def test_warm_split_call_takes_the_current_streams_workspace():
         _Stream.cuda_stream = saved_stream
         launch._WORKSPACES.clear()
         launch._WORKSPACES.update(saved_ws)
+
+
+@pytest.mark.parametrize("opts", [{}, {"out_dtype": None}, {"alpha": 0.5}, {"out_dtype": torch.float16, "alpha": 2},
+                                  {"out_dtype": torch.float32}])  # fmt: skip
+def test_face_block_scaled_options_pass_what_gemm_fp4_weight_passes(opts):
+    """cutegemm.gemm(x, qw, **opts) with only out_dtype / alpha (the face's branch that skips
+    _supported, cold and warm) launches what gemm_fp4_weight with every option spelled out does."""
+    from cutegemm.blockscaled.weight_only import launch
+
+    from ..host_overhead_cpu import cpu_weight_path
+
+    qw = quantize_ref(torch.randn(512, 256), "nvfp4", global_scale=0.5)
+    x = torch.randn(8, 256, dtype=BF)
+    owners = {"x": x, "data": qw.data, "scales": qw.scales}
+    out_dtype = opts.get("out_dtype") or BF
+    with cpu_weight_path(_Recorder()) as k:
+        launch._PLANS.clear()
+        launch.gemm_fp4_weight(x, qw, out_dtype=out_dtype, alpha=opts.get("alpha", 1.0), out=None, scale_a=None,
+                               config=None)  # fmt: skip
+        want = _weight_args(k, owners)
+        launch._PLANS.clear()
+        for _ in range(2):  # cold, warm
+            res = cutegemm.gemm(x, qw, **opts)
+            assert _weight_args(k, owners) == want and res.dtype == out_dtype and res.shape == (8, 512)
+        grouped = quantize_ref(torch.randn(2, 512, 256), "mxfp8")
+        offs = torch.tensor([3, 8], dtype=torch.int32)
+        owners.update(data=grouped.data, scales=grouped.scales, offs=offs)
+        launch.gemm_fp4_weight(x, grouped, offs=offs, out_dtype=out_dtype, alpha=opts.get("alpha", 1.0))
+        want = _weight_args(k, owners)
+        launch._PLANS.clear()
+        for _ in range(2):
+            res = cutegemm.grouped_gemm(x, grouped, offs=offs, **opts)
+            assert _weight_args(k, owners) == want and res.dtype == out_dtype
+
+
+def test_face_block_scaled_options_keep_every_check():
+    """After warm calls: a bad out_dtype (not a dtype, unhashable, not floating, unsupported) or
+    alpha raises the cold call's error; other options off their default are named; a weight
+    whose format, shape or scale layout was changed in place takes the cold path."""
+    from cutegemm.blockscaled.formats import MXFP4
+    from cutegemm.blockscaled.weight_only import launch
+
+    from ..host_overhead_cpu import cpu_weight_path
+
+    qw = quantize_ref(torch.randn(512, 256), "nvfp4")
+    x = torch.randn(8, 256, dtype=BF)
+    with cpu_weight_path(_Recorder()):
+        for od in (None, torch.float16):
+            for _ in range(2):
+                cutegemm.gemm(x, qw, out_dtype=od, alpha=0.5)
+        for bad, err in ((0, TypeError), ([BF], TypeError), (torch.int32, TypeError), (torch.float64, TypeError),
+                         ("mxfp8", TypeError)):  # fmt: skip
+            with pytest.raises(err, match="out_dtype"):
+                cutegemm.gemm(x, qw, out_dtype=bad)
+        with pytest.raises(ValueError, match="float"):
+            cutegemm.gemm(x, qw, alpha="half")
+        with pytest.raises(ValueError, match="supports only .*got bias"):
+            cutegemm.gemm(x, qw, alpha=0.5, bias=torch.zeros(512))
+        with pytest.raises(TypeError, match="unexpected keyword"):
+            cutegemm.gemm(x, qw, alpah=0.5)
+        plan = launch._PLANS[launch._plan_key(x, qw, None, BF)]
+        cold = []
+        real = launch.check_args
+        launch.check_args = lambda *a: cold.append(1) or real(*a)
+        try:
+            for field, value in (("fmt", MXFP4), ("shape", torch.Size(qw.shape)), ("scales_swizzled", False)):
+                old = getattr(qw, field)
+                setattr(qw, field, value)
+                assert not plan.serves(qw), field
+                cold.clear()
+                try:
+                    cutegemm.gemm(x, qw)
+                except (ValueError, TypeError):
+                    pass  # the cold checks may refuse the changed weight: either way not the plan
+                assert cold, f"a changed {field} took the warm path"
+                setattr(qw, field, old)
+            assert plan.serves(qw)
+        finally:
+            launch.check_args = real
+
+
+def test_routes_fill_defaults_as_the_signature():
+    """face._supported over each route: the route's options with the public function's defaults,
+    out_dtype None -> out's dtype or bf16."""
+    from cutegemm.api import face
+
+    opts = face._supported(face._WEIGHT_ONLY, {"alpha": 2})
+    assert opts == {"scale_a": None, "out_dtype": BF, "alpha": 2, "config": None, "out": None}
+    out = torch.empty(2, 2, dtype=torch.float16)
+    assert face._supported(face._BLOCKSCALED, {"out": out})["out_dtype"] == torch.float16
+    assert face._supported(face._BLOCKSCALED, {"out": out, "bias": None, "beta": 0.0})["out_dtype"] == torch.float16
+    ref = face._supported(face._BLOCKSCALED_REF, {})
+    assert ref == {"out_dtype": BF, "alpha": 1.0, "compute_dtype": torch.float32}
+    grouped = face._supported(face._GROUPED[cutegemm.grouped.packed.grouped_gemm, ("scale_a",)], {"offs": 1})
+    assert grouped == {"offs": 1, "out_dtype": BF, "alpha": 1.0, "out": None, "config": None, "check_offs": False,
+                       "scale_a": None}  # fmt: skip

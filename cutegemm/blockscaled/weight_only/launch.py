@@ -135,7 +135,7 @@ _PLANS: dict = {}
 @dataclass(eq=False)
 class _Plan:
     qw: weakref.ref
-    srcs: tuple  # (qw.data, qw.scales, qw.global_scale) the views below come from
+    srcs: tuple  # qw's fields the plan was made from (_sources): data, scales, global scale, format, ...
     fn: object
     ring: bool
     data: torch.Tensor
@@ -153,9 +153,7 @@ class _Plan:
     x_dtype: torch.dtype
 
     def serves(self, qw) -> bool:
-        return self.qw() is qw and self.srcs[0] is qw.data and self.srcs[1] is qw.scales and (
-            self.srcs[2] is qw.global_scale
-        )
+        return self.qw() is qw and _same_sources(self.srcs, qw)
 
     def __post_init__(self):
         self.gs_words = self.gs.view(torch.int32)
@@ -201,18 +199,30 @@ def _plan_key(x, qw, offs, out_dtype):
 _BF16 = torch.bfloat16
 
 
-def warm_call(x, qw, offs=None):
-    """``gemm_fp4_weight(x, qw)`` (``offs``: the grouped form) with every other option at its
-    default, from the plan an earlier such call filed; None where no plan serves the call (the
+def warm_call(x, qw, offs=None, out_dtype=_BF16, alpha=1.0):
+    """``gemm_fp4_weight(x, qw, offs=offs, out_dtype=out_dtype, alpha=alpha)`` (no out, scale_a
+    or config) from the plan an earlier such call filed; None where no plan serves the call (the
     caller then runs :func:`gemm_fp4_weight`). ``x`` a torch.Tensor, ``offs`` None or one."""
-    key = (id(qw), x.shape, x.dtype, x.device, _BF16, None if offs is None else (offs.dtype, offs.shape, offs.device))
+    if out_dtype.__class__ is not torch.dtype:  # (unhashable or not a dtype: the checks' error)
+        return None
+    key = (id(qw), x.shape, x.dtype, x.device, out_dtype,
+           None if offs is None else (offs.dtype, offs.shape, offs.device))  # fmt: skip
     plan = _PLANS.get(key)
-    if plan is None or plan.qw() is not qw or current_device() != plan.index:
+    if plan is None or plan.qw() is not qw or current_device() != plan.index or not _same_sources(plan.srcs, qw):
         return None
-    srcs = plan.srcs
-    if srcs[0] is not qw.data or srcs[1] is not qw.scales or srcs[2] is not qw.global_scale:
-        return None
-    return plan.run(x, offs, 1.0)
+    return plan.run(x, offs, alpha)
+
+
+def _sources(qw) -> tuple:
+    """The fields of ``qw`` a plan is made from: its tensors (the plan holds views of them), its
+    format, logical shape and scale layout (the weight's config, views and checks)."""
+    return qw.data, qw.scales, qw.global_scale, qw.fmt, qw.shape, qw.scales_swizzled
+
+
+def _same_sources(srcs: tuple, qw) -> bool:
+    """Whether ``qw`` still holds the very objects of ``srcs`` (:func:`_sources`)."""
+    return (srcs[0] is qw.data and srcs[1] is qw.scales and srcs[2] is qw.global_scale and srcs[3] is qw.fmt
+            and srcs[4] is qw.shape and srcs[5] is qw.scales_swizzled)  # fmt: skip
 
 
 def gemm_fp4_weight(
@@ -236,7 +246,8 @@ def gemm_fp4_weight(
     sm_100."""
     if out_dtype is None:
         out_dtype = out.dtype if isinstance(out, torch.Tensor) else torch.bfloat16
-    warm = out is None and scale_a is None and config is None and isinstance(x, torch.Tensor)
+    warm = (out is None and scale_a is None and config is None and isinstance(x, torch.Tensor)
+            and out_dtype.__class__ is torch.dtype)  # (else unhashable, or the checks' error)  # fmt: skip
     if warm:
         plan = _PLANS.get(_plan_key(x, qw, offs, out_dtype))
         if plan is not None and plan.serves(qw) and current_device() == plan.index:
@@ -332,7 +343,7 @@ def gemm_fp4_weight(
         key = _plan_key(x, qw, offs, out_dtype)
         weakref.finalize(qw, _PLANS.pop, key, None)  # the plan goes with the weight
         _PLANS[key] = _Plan(
-            weakref.ref(qw), (qw.data, qw.scales, qw.global_scale), fn, bool(cfg.ring), data.view(torch.int32),
+            weakref.ref(qw), _sources(qw), fn, bool(cfg.ring), data.view(torch.int32),
             scales, gs, n, k, batches, n_ctas, split, 128 * cols_p, out_dtype, dev, m, x.dtype,
         )  # fmt: skip
     return out
