@@ -88,6 +88,20 @@ def test_errors(kernel):
                               scale_b=torch.ones(2, 64))  # fmt: skip
 
 
+@pytest.mark.parametrize("a_dtype,b_dtype", PAIRS)
+@pytest.mark.parametrize("scaled", [False, True])
+def test_3d_grouped_forms_reject_e5m2(kernel, a_dtype, b_dtype, scaled):
+    """The 3d x 3d and 3d x 2d grouped forms take e4m3 only: e5m2 raises, with or without scales
+    (the 3d x 3d form's dense route must not take it and drop the scales)."""
+    a = torch.randn(2, 32, 64).to(a_dtype)
+    kw = dict(scale_a=torch.ones(2, 32), scale_b=torch.ones(2, 48)) if scaled else {}
+    with pytest.raises(TypeError, match="float8_e4m3fn"):
+        cutegemm.grouped_gemm(a, torch.randn(2, 48, 64).to(b_dtype).transpose(-2, -1), **kw)
+    with pytest.raises(TypeError, match="float8_e4m3fn"):
+        cutegemm.grouped_gemm(a, torch.randn(64, 96).to(b_dtype), offs=torch.tensor([48, 96], dtype=torch.int32))
+    assert kernel.calls == 0
+
+
 def test_rules():
     base = dict(arch="sm_90a", a_dtype="e5m2", b_dtype="e4m3", out_dtype="bf16", a_major="k", b_major="k",
                 tile_m=128, tile_n=128)  # fmt: skip
