@@ -1,7 +1,8 @@
 """Warm (memoized) host paths on the GPU: the second call of a signature must take the warm path
 and return exactly what the cold call returned (quantize, torch.ops.cutegemm.quantize,
-dequantize, the sm_90a MXFP8 x MXFP8 gemm's ring route), and a wrong input after warm calls
-must still raise."""
+dequantize, the sm_90a MXFP8 x MXFP8 gemm's ring route, the weight-only gemm / grouped_gemm from
+the face with and without out_dtype / alpha, torch.ops.cutegemm's no-gradient path), and a wrong
+input after warm calls must still raise."""
 
 from __future__ import annotations
 
@@ -110,6 +111,13 @@ def test_warm_weight_only_gemm_equals_cold(fmt, n):
             assert torch.equal(cutegemm.gemm(xv, qw), cold)
         ref = cutegemm.gemm_ref(x, qw, out_dtype=torch.float32)
         torch.testing.assert_close(cold.float(), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
+        for opts in ({"out_dtype": torch.float16, "alpha": 0.5}, {"out_dtype": torch.float32}, {"alpha": 2.0}):
+            launch._PLANS.clear()  # the face's out_dtype / alpha branch: cold, warm, and spelled out in full
+            cold = cutegemm.gemm(x, qw, **opts)
+            assert torch.equal(cutegemm.gemm(x.clone(), qw, **opts), cold)
+            full = launch.gemm_fp4_weight(x, qw, out=None, scale_a=None, config=None, out_dtype=opts.get(
+                "out_dtype", torch.bfloat16), alpha=opts.get("alpha", 1.0))  # fmt: skip
+            assert torch.equal(full, cold) and cold.dtype == opts.get("out_dtype", torch.bfloat16)
     qe = cutegemm.quantize(_x((4, 256, 512), seed=7), fmt)
     x = _x((70, 512), seed=70)
     offs = torch.tensor([10, 10, 40, 64], dtype=torch.int32, device="cuda")
@@ -117,6 +125,9 @@ def test_warm_weight_only_gemm_equals_cold(fmt, n):
     cold = cutegemm.grouped_gemm(x, qe, offs=offs)
     warm = cutegemm.grouped_gemm(x.clone(), qe, offs=offs.clone())
     assert launch._PLANS and torch.equal(warm[:64], cold[:64])
+    cold = cutegemm.grouped_gemm(x, qe, offs=offs, out_dtype=torch.float32, alpha=0.5)
+    warm = cutegemm.grouped_gemm(x.clone(), qe, offs=offs, out_dtype=torch.float32, alpha=0.5)
+    assert torch.equal(warm[:64], cold[:64]) and warm.dtype == torch.float32
     with pytest.raises(ValueError, match="K mismatch"):
         cutegemm.gemm(_x((16, 256), seed=2), qw)
 
