@@ -26,7 +26,7 @@ def _same(a, b) -> bool:
     fields = ("data", "scales", "global_scale")
     return all(
         (getattr(a, f) is None and getattr(b, f) is None)
-        or torch.equal(getattr(a, f).view(torch.uint8), getattr(b, f).view(torch.uint8))
+        or torch.equal(getattr(a, f).reshape(-1).view(torch.uint8), getattr(b, f).reshape(-1).view(torch.uint8))
         for f in fields
     ) and (a.fmt, a.shape) == (b.fmt, b.shape)
 
