@@ -14,11 +14,18 @@ from .config import (
     Form,
     GemmConfig,
     GemmProblem,
-    a_rows_errors,
-    a_rows_for,
     config_errors,
     split_k_errors,
     swap_ab_epilogue,
+)
+from .small_m import (  # noqa: F401 (re-exported: tuning, bench.tune, tests)
+    FEW_TILES_SPLIT4,
+    ceil_div,
+    few_tiles,
+    quad_clusters,
+    short_a_box,
+    small_m_options,
+    split_few_tiles,
 )
 
 # Packed grouped bf16 / fp16 with at most this many mean rows per expert (and more than 64) runs
@@ -33,10 +40,6 @@ SWAP_MAX_ROWS = 1024
 # 0.706 (torch._grouped_mm 0.718); bench/RESULTS.md, "Short-K expert GEMMs".
 PINGPONG_MAX_K = 1536
 PINGPONG_MIN_ROWS = 512
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 # ---- The wave model (sm_90a dense-family tiles for M > 128) ----
@@ -399,7 +402,7 @@ class ArchPolicy:
 
     def choose_dense(self, p: GemmProblem, **overrides) -> GemmConfig:
         """A dense call's config: :meth:`choose`, then the decode-sized-M options
-        (:func:`small_m_options`, :func:`small_m_alternative`, :func:`small_m_pair`; no-ops where
+        (:func:`small_m_options`, :func:`quad_clusters`, :func:`small_m_alternative`, :func:`small_m_pair`; no-ops where
         the arch or the config does not take them); for
         M > 128 on sm_90a the wave model may cut K too (:func:`wave_choice` with SPLITS)."""
         cfg = self.choose(p, **overrides)
@@ -410,6 +413,8 @@ class ArchPolicy:
             if alt is not None and not split_k_errors(alt) and not config_errors(alt):
                 cfg = alt
         cfg = small_m_options(cfg, p, self.num_sms)
+        if not explicit:
+            cfg = quad_clusters(cfg, p) or cfg
         if dtype_family(p.a_dtype) in SMALL_M_WAVES and not explicit:
             cfg = small_m_alternative(cfg, p, self.num_sms) or cfg
         if not explicit:
@@ -575,86 +580,6 @@ def fp32_promotion(cfg: GemmConfig, overrides: dict) -> GemmConfig:
         return cfg
     promoted = replace(cfg, promote_k=32, wg_order=False)
     return cfg if config_errors(promoted) else promoted
-
-
-def short_a_box(cfg: GemmConfig, p: GemmProblem) -> GemmConfig:
-    """The dense call's config with ``a_rows`` (A's TMA box: M rounded up to 8 or a multiple of
-    16) when M fits in fewer rows than the tile has and the config allows it (sm_90a dense,
-    K-major A, no A multicast); else cfg. The zeros the TMA unit fills in past M take time with
-    the rows. H200 (bench/RESULTS.md, us, torch.matmul in
-    the same run): 16 x 4096 x 7168 in 64x64 tiles, M = 1 / 16 / 32 / 64: 37.7 / 32.6 / 28.5 /
-    25.7 (torch 25.6-26.1); with the box, 128x64 tiles: 72 x 4096 x 7168 33.7 -> 27.4 (27.2),
-    96 x 7168 x 2048 17.3 -> 15.8 (15.1), 96 x 28672 x 4096 93.5 -> 75.4 (71.9); FP8 96 x 7168 x
-    2048 12.5 -> 11.8 (torch._scaled_mm 12.6); 64x64 tiles: 40 x 4096 x 7168 26.2 -> 25.0 (25.9).
-    DeepSeek block scales take it too (their scale_a rows keep a box of tile_m rows)."""
-    box = a_rows_for(p.m)
-    if cfg.a_rows or box >= cfg.tile_m or a_rows_errors(replace(cfg, a_rows=box)):
-        return cfg
-    return replace(cfg, a_rows=box)
-
-
-# 16-bit 64-row tiles take 4 K ranges (not 2) while 8 units per tile would fill at most this share of
-# the SMs: the H100 rows of split_few_tiles (18 tiles: 4 ranges 1.07x cuBLAS, 2 ranges 0.93) and
-# the H200 ones (32 tiles: 2 ranges).
-FEW_TILES_SPLIT4 = 1.25
-
-
-def few_tiles(tiles: int, num_sms: int) -> bool:
-    """Whether 16-bit 64-row tiles this few take 4 K ranges (FEW_TILES_SPLIT4)."""
-    return 8 * tiles <= num_sms * FEW_TILES_SPLIT4
-
-
-def split_few_tiles(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig:
-    """The dense call's config with ``split_k`` when M <= 128 gives too few output tiles to keep
-    the SMs busy (16-bit inputs and FP8 row-wise; not DeepSeek block scales, see split_k_errors).
-    128-row tiles (their WGMMA time per K tile is twice a 64-row tile's): 4 or 2 K ranges while
-    the units fit in one wave; 64-row tiles (memory-bound): 2 ranges from a quarter of the SMs
-    down. Each range keeps at least 24 K tiles of 64 (the measured calls had 28-56; a range's
-    partial sums cost a store, a counter and a read, ~2 us in all at 16 x 4096 x 7168); FP8: see
-    below.
-    H200 (bench/RESULTS.md, us, torch.matmul in the same run):
-    96 x 1536 x 7168 (24 tiles of 128x64) 25.0 ->
-    17.2 with 4 ranges (15.1); 128 x 4096 x 7168 (64 tiles) 32.4 -> 28.3 with 2 (26.0); 16 x 2048 x
-    7168 (32 tiles of 64x64) 19.3 -> 17.6 with 2 (16.5); not taken at 16 x 4096 x 7168 (64 tiles
-    of 64x64: 25.1 -> 26.2 with 2, torch 25.8).
-    FP8 row-wise (bench/RESULTS.md, us, torch._scaled_mm 22.2-24.5):
-    64-row tiles take 4 ranges or none: 16 x 2048 x 7168 (32 tiles of 64x64) 15.6 -> 12.9 with 4
-    (13.5 with 2), 16 x 4096 x 7168 (64 tiles) 16.6 -> 18.0 with 2; 128-row tiles as above: 96 x
-    1536 x 7168 17.5 -> 13.1 with 4, 128 x 4096 x 7168 19.9 -> 19.4 with 2; 16 K tiles (K = 2048)
-    do not split (128 x 7168 x 2048: 12.0 -> 17.8 with 2)."""
-    fp8 = cfg.a_dtype in FP8_DTYPES
-    if p.m > 128 or cfg.split_k != 1 or cfg.a_dtype not in ("bf16", "fp16", *FP8_DTYPES):
-        return cfg
-    tiles = ceil_div(p.m, cfg.tile_m) * ceil_div(p.n, cfg.tile_n) * p.l
-    if cfg.tile_m == 128:
-        split = 4 if 4 * tiles <= num_sms else 2 if 2 * tiles <= num_sms else 1
-    else:
-        split = (4 if fp8 or few_tiles(tiles, num_sms) else 2) if 4 * tiles <= num_sms else 1
-    # K tiles of 64 (16-bit) / 128 (FP8) elements per range: at least 24 / 12 (3 / 1.5 KB a row)
-    k_tiles, min_tiles = (ceil_div(p.k, 128), 12) if fp8 else (ceil_div(p.k, 64), 24)
-    while split > 1 and k_tiles < min_tiles * split:
-        split //= 2
-    if split == 1 or split_k_errors(replace(cfg, split_k=split)):
-        return cfg
-    # Two ranges of tiles up to 128x64 meet in shared memory (split_cluster), the rest through the
-    # workspace: one run on the H200 (bench/RESULTS.md, us, cluster vs
-    # workspace): 2 ranges bf16 128 x 4096 x 7168 27.1 vs 28.0, 16 x 2048 x 7168 16.3 vs 17.1,
-    # FP8 128 x 4096 x 7168 18.1 vs 19.0; slower with 4 ranges (range 0 receives 3 slots at once:
-    # 96 x 1536 x 7168 19.2 vs 16.6, FP8 16 x 2048 x 7168 16.2 vs 12.8) and with 128x128 tiles
-    # (64 KiB slots: 128 x 4096 x 7168 37.8 vs 31.7).
-    # 16-bit 64x64 tiles with 4 ranges meet in shared memory too (H100, `bench tiles`, x cuBLAS,
-    # cluster vs workspace, 9 tiles of N = 576, K = 7168: M = 1 0.95 vs 0.87, 16 0.96 vs 0.91, 64
-    # 1.02 vs 0.92, 2 ranges in a cluster 0.79 / 0.80 / 0.85; 128 rows in 64x64 tiles, 18 tiles:
-    # 1.07 vs 1.02, 2 ranges 0.93).
-    small = cfg.tile_m * cfg.tile_n <= (128 * 64 if split == 2 else 64 * 64 if split == 4 and not fp8 else 0)
-    cluster = small and not split_k_errors(replace(cfg, split_k=split, split_cluster=True))
-    return replace(cfg, split_k=split, split_cluster=cluster)
-
-
-def small_m_options(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig:
-    """The policy's decode-sized-M options of a dense sm_90a config: :func:`short_a_box`, then
-    :func:`split_few_tiles`."""
-    return split_few_tiles(short_a_box(cfg, p), p, num_sms)
 
 
 class Sm90Policy(ArchPolicy):

@@ -20,6 +20,7 @@ FLOORS = {
     "cutegemm.config": 0,
     "cutegemm.runtime": 1,
     "cutegemm.policy": 1,
+    "cutegemm.small_m": 1,
     "cutegemm.tuning": 1,
     "cutegemm.schedulers": 2,
     "cutegemm.epilogue": 2,

@@ -30,7 +30,7 @@ _PKG_ROOT = Path(__file__).resolve().parent.parent
 # construct the kernel object from the config).
 HOST_ONLY = frozenset({
     "__init__.py", "__main__.py", "compile_check.py", "nn.py", "ops.py", "parallel.py", "quant_ops.py",
-    "tuning.py", "policy.py", "variants.py", "moe.py", "api/__init__.py", "api/face.py",
+    "tuning.py", "policy.py", "small_m.py", "variants.py", "moe.py", "api/__init__.py", "api/face.py",
     "gemm/dense.py", "grouped/packed.py", "grouped/__init__.py", "grouped/k_grouped.py", "grouped/list_form.py",
     "grouped/batched.py", "grouped/gather.py",
     "blockscaled/reference.py", "blockscaled/__init__.py", "blockscaled/weight_only/launch.py",

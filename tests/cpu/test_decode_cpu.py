@@ -4,6 +4,7 @@ and split K's K ranges and workspace."""
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -209,3 +210,31 @@ def test_split_counter_protocol_in_any_arrival_order(tiles, ctas, split, tail, s
                 counters[i] = 0
         assert counters == [0] * n_split
         assert done == want  # bit-equal floats: the same additions in the same order
+
+
+@pytest.mark.parametrize("m,n,k,want", [
+    (64, 10240, 8192, True), (64, 8192, 28672, True), (64, 10240, 5120, True), (64, 51200, 5120, True),  # measured gains
+    (64, 6144, 4096, False), (64, 28672, 4096, False),  # K = 4096: lost or tied
+    (49, 10240, 8192, True), (56, 10240, 8192, True),  # A's whole 64-row box (a_rows 0)
+    (48, 10240, 8192, False), (16, 10240, 8192, False),  # a short A box: no multicast
+    (64, 4096, 14336, False),  # 64x64 tiles (few N tiles): not this rule
+    (65, 10240, 8192, False), (128, 10240, 8192, False),
+])  # fmt: skip
+def test_policy_quad_clusters(m, n, k, want):
+    """16-bit 64x128 decode tiles with K >= QUAD_MIN_K take 1x4 clusters (A multicast), as
+    measured; everything else keeps its config."""
+    from cutegemm.small_m import QUAD_MIN_K, quad_clusters
+
+    pol = policy_for("sm_90a", 132)
+    for dt in ("bf16", "fp16", "e4m3"):
+        p = GemmProblem(m, n, k, 1, dt, dt, "bf16", "k", "k")
+        cfg = pol.choose_dense(p)
+        quad = (cfg.cluster_m, cfg.cluster_n, cfg.raster, cfg.group) == (1, 4, "m", 1)
+        assert quad == (want and dt != "e4m3"), (dt, cfg.name)
+        if quad:
+            assert (cfg.tile_m, cfg.tile_n, cfg.split_k, cfg.a_rows) == (64, 128, 1, 0) and k >= QUAD_MIN_K
+            assert not config_errors(cfg)
+            base = pol.choose(p)
+            assert quad_clusters(replace(base, cluster_n=2), p) is None  # a multicast pick stays
+        # an explicit tile stands
+        assert pol.choose_dense(p, tile_m=64, tile_n=128).cluster_n == 1

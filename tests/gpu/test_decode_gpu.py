@@ -468,3 +468,33 @@ def test_split_cluster_config_rules():
                        (dict(split_k=8, tile_n=128, split_cluster=True), "receives")):  # fmt: skip
         with pytest.raises(ValueError, match=match):
             cutegemm.gemm(a, b, config=replace(_cfg(), **bad))
+
+
+# --- clusters of four 64x128 tiles (small_m.quad_clusters) -------------------------------------
+@pytest.mark.parametrize("m,n,k,dtype", [(64, 10240, 8192, BF16), (56, 6000, 5120, BF16), (49, 5656, 5184, torch.float16),
+                                         (64, 8200, 5120, BF16), (64, 6144, 6144, torch.float16)])  # fmt: skip
+def test_quad_clusters_policy_calls(m, n, k, dtype):
+    """The policy's 1x4 clusters of 64x128 tiles (A multicast to four CTAs), including N tile
+    counts that are not a multiple of 4 (a cluster's CTAs past the last tile run on nothing):
+    poisoned output, within 2x torch's error, the same bits as the 1x1 config's (the same
+    per-tile sums) and on a second call; with a bias and an activation too."""
+    _need_sm90()
+    a, b = _ops(m, n, k, dtype, seed=m + n)
+    pol = policy_for("sm_90a", 132)
+    from cutegemm.config import GemmProblem
+
+    name = {BF16: "bf16", torch.float16: "fp16"}[dtype]
+    cfg = pol.choose_dense(GemmProblem(m, n, k, 1, name, name, name, "k", "k"))
+    assert (cfg.tile_m, cfg.tile_n, cfg.cluster_n) == (64, 128, 4), cfg.name
+    buf, out = poisoned_out((m, n), dtype)
+    cutegemm.gemm(a, b, out=out)
+    assert_outside_untouched(buf, m, n)
+    _check(out, a, b, f"1x4 {m}x{n}x{k}")
+    assert torch.equal(out, cutegemm.gemm(a, b))
+    single = cutegemm.gemm(a, b, config=replace(cfg, cluster_n=1, raster="n"))
+    assert torch.equal(out, single), "1x4 and 1x1 clusters gave other bits"
+    bias = torch.randn(n, device="cuda").to(dtype)
+    fused = cutegemm.gemm(a, b, bias=bias, activation="silu")
+    ref = torch.nn.functional.silu(a.double() @ b.double() + bias.double())
+    same = torch.nn.functional.silu((a @ b).float() + bias.float()).to(dtype)
+    assert_within_torch_error(fused, same, ref, what="1x4 bias + silu")
