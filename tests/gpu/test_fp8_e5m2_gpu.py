@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import cutegemm
 
 from ..gemm_check import assert_outside_untouched, assert_within_torch_error, poisoned_out
+from .test_fp8_gpu import _operands, _scales  # a (M, K), b = w.t(); per-row / per-tensor scales
 
 pytestmark = pytest.mark.gpu
 E4, E5, BF16 = torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16
@@ -27,22 +28,6 @@ PAIRS = [(E5, E4), (E4, E5), (E5, E5)]
 def _fp8_gpu():
     if torch.cuda.get_device_capability()[0] not in (9, 10):
         pytest.skip("dense FP8 runs on sm_90a / sm_100a")
-
-
-def _operands(m, n, k, a_dtype, b_dtype, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    a = (torch.randn(m, k, generator=g, device="cuda") * 3).to(a_dtype)
-    w = (torch.randn(n, k, generator=g, device="cuda") * 3).to(b_dtype)  # (N, K) weight: b = w.t()
-    return a, w.t()
-
-
-def _scales(kind, m, n, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed + 1)
-    if kind == "row":
-        return torch.rand(m, 1, generator=g, device="cuda") + 0.1, torch.rand(
-            1, n, generator=g, device="cuda"
-        ) + 0.1
-    return torch.tensor(0.37, device="cuda"), torch.tensor(1.9, device="cuda")
 
 
 def _check(a, b, sa, sb, what, fast_accum=False):
@@ -69,7 +54,7 @@ def _check(a, b, sa, sb, what, fast_accum=False):
 @pytest.mark.parametrize("m,n,k", [(128, 256, 512), (100, 272, 4096), (1024, 1536, 7168), (16, 2048, 7168),
                                    (1, 576, 7168), (2048, 4096, 1024)])  # fmt: skip
 def test_e5m2_pairs(a_dtype, b_dtype, kind, m, n, k):
-    a, b = _operands(m, n, k, a_dtype, b_dtype, seed=m + n)
+    a, b = _operands(m, n, k, seed=m + n, a_dtype=a_dtype, b_dtype=b_dtype)
     sa, sb = _scales(kind, m, n, seed=k)
     _check(a, b, sa, sb, f"{a_dtype}x{b_dtype} {kind} {m}x{n}x{k}")
 
@@ -78,7 +63,7 @@ def test_e5m2_pairs(a_dtype, b_dtype, kind, m, n, k):
 def test_e5m2_fast_accum(a_dtype, b_dtype):
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("fast accumulation is an sm_90a option")
-    a, b = _operands(512, 1024, 2048, a_dtype, b_dtype, seed=7)
+    a, b = _operands(512, 1024, 2048, seed=7, a_dtype=a_dtype, b_dtype=b_dtype)
     sa, sb = _scales("tensor", 512, 1024)
     _check(a, b, sa, sb, f"{a_dtype}x{b_dtype} fast_accum", fast_accum=True)
 
@@ -100,6 +85,6 @@ def test_e5m2_gradient_matmul():
 @given(m=st.integers(1, 700), n=st.integers(1, 80).map(lambda v: v * 16), k=st.integers(1, 60).map(lambda v: v * 16),
        pair=st.sampled_from(PAIRS), kind=st.sampled_from(["tensor", "row"]))  # fmt: skip
 def test_e5m2_hypothesis(m, n, k, pair, kind):
-    a, b = _operands(m, n, k, *pair, seed=m * 7 + n)
+    a, b = _operands(m, n, k, m * 7 + n, *pair)
     sa, sb = _scales(kind, m, n, seed=k)
     _check(a, b, sa, sb, f"{pair} {kind} {m}x{n}x{k}")

@@ -36,10 +36,10 @@ def _fp8_gpu():
     return torch.cuda.get_device_capability()[0] in (9, 10)
 
 
-def _operands(m, n, k, seed=0):
+def _operands(m, n, k, seed=0, a_dtype=F8, b_dtype=F8):
     g = torch.Generator(device="cuda").manual_seed(seed)
-    a = (torch.randn(m, k, generator=g, device="cuda") * 3).to(F8)
-    w = (torch.randn(n, k, generator=g, device="cuda") * 3).to(F8)  # (N, K) weight: b = w.t()
+    a = (torch.randn(m, k, generator=g, device="cuda") * 3).to(a_dtype)
+    w = (torch.randn(n, k, generator=g, device="cuda") * 3).to(b_dtype)  # (N, K) weight: b = w.t()
     return a, w.t()
 
 
