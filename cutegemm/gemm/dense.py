@@ -648,7 +648,7 @@ def gemm_ref(
         acc = acc * (sa if sa.numel() == 1 else sa.unsqueeze(-1))
     if scale_b is not None:
         acc = acc * scale_b.to(compute_dtype).reshape(-1)
-    if a.dtype in FP8_INPUTS and out_dtype in FP8_INPUTS:
+    if a.dtype in FP8_INPUTS and out_dtype == a.dtype:
         out_dtype = torch.bfloat16
     if epilogue is not None:
         if beta != 0.0 or bias is not None or activation is not None:
