@@ -205,10 +205,8 @@ def warm_call(x, qw, offs=None, out_dtype=_BF16, alpha=1.0):
     caller then runs :func:`gemm_fp4_weight`). ``x`` a torch.Tensor, ``offs`` None or one."""
     if out_dtype.__class__ is not torch.dtype:  # (unhashable or not a dtype: the checks' error)
         return None
-    key = (id(qw), x.shape, x.dtype, x.device, out_dtype,
-           None if offs is None else (offs.dtype, offs.shape, offs.device))  # fmt: skip
-    plan = _PLANS.get(key)
-    if plan is None or plan.qw() is not qw or current_device() != plan.index or not _same_sources(plan.srcs, qw):
+    plan = _PLANS.get(_plan_key(x, qw, offs, out_dtype))
+    if plan is None or not plan.serves(qw) or current_device() != plan.index:
         return None
     return plan.run(x, offs, alpha)
 
@@ -249,9 +247,9 @@ def gemm_fp4_weight(
     warm = (out is None and scale_a is None and config is None and isinstance(x, torch.Tensor)
             and out_dtype.__class__ is torch.dtype)  # (else unhashable, or the checks' error)  # fmt: skip
     if warm:
-        plan = _PLANS.get(_plan_key(x, qw, offs, out_dtype))
-        if plan is not None and plan.serves(qw) and current_device() == plan.index:
-            return plan.run(x, offs, alpha)
+        res = warm_call(x, qw, offs, out_dtype, alpha)
+        if res is not None:
+            return res
     check_args(x, qw, offs, out_dtype, scale_a)
     if out_dtype not in OUT_NAMES:
         raise TypeError(f"out_dtype must be one of {list(OUT_NAMES)}, got {out_dtype}")
