@@ -37,20 +37,19 @@ from .launch import (
     check_operand,
     copy_unaligned_out,
     current_device,
+    dense_workspace,
     epilogue_vectors,
     follow_stream,
     global_scale,
     interleave_b,
     kernel_view,
     memo_view,
-    new_workspace,
     padded_rows,
     quant_outputs,
     quant_result,
     rowmajor_operand,
     tma_storable,
     unit_mode,
-    workspace_stream,
 )
 
 
@@ -334,8 +333,7 @@ def _plan(
     plan.out_shape = res_shape
     plan.out_dtype = out_dtype
     plan.max_clusters = max_clusters_for(cfg, a.device, num_sms)
-    plan.workspace = new_workspace(cfg, a.device, problem, plan.max_clusters)
-    plan.ws_stream = workspace_stream(cfg, a.device, problem, plan.max_clusters)
+    plan.workspace, plan.ws_stream = dense_workspace(cfg, a.device, problem, plan.max_clusters)
     plan.tail = KernelArgs(None, None, None, workspace=plan.workspace).tail()
     plan.config = cfg
     plan.direct = direct

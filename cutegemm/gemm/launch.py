@@ -96,12 +96,14 @@ def split_buffer_bytes() -> int:
     return sum(b.numel() * 4 for b in (*(buf for _, buf in _SPLIT_BUFFERS.values()), *_SPLIT_RETIRED))
 
 
-def workspace_stream(config: GemmConfig, device, problem: GemmProblem, max_clusters: int):
-    """A dense plan's ``ws_stream``: (device, stream handle, counter words) of its split-K
-    workspace (:func:`new_workspace`, made on the current stream), or None (no such workspace)."""
+def dense_workspace(config: GemmConfig, device, problem: GemmProblem, max_clusters: int):
+    """A dense plan's (workspace, ``ws_stream``): :func:`new_workspace`'s workspace, and for a
+    split-K one in the current stream's buffer, (device, stream handle, counter words), else None."""
     if config.split_k < 2 or config.split_cluster:
-        return None
-    return device, stream_of(device), split_words(config, problem, max_clusters)[0]
+        return new_workspace(config, device), None
+    counters, slots = split_words(config, problem, max_clusters)
+    ws, stream = split_workspace(device, counters, slots)
+    return ws, (device, stream, counters)
 
 
 def follow_stream(plan) -> None:
