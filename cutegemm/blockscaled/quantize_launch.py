@@ -107,12 +107,8 @@ def quantize(
         TypeError / ValueError: as ``quantize_ref`` does, plus: x not on a CUDA device, more than
             2**31 - 1 elements, or a GPU other than sm_90 / sm_100.
     """
-    try:  # the warm path: the key fixes every check below but x's alignment (and the global scale's)
-        key = (x.shape, x.stride(), x.dtype, x.device, fmt, scale_rule, global_scale is None)
-        warm = _PLANS.get(key)
-    except (AttributeError, TypeError):
-        key = warm = None
-    if warm is not None and not x.data_ptr() % 16:
+    key, warm = _warm_plan(x, fmt, global_scale, scale_rule)
+    if warm is not None:
         data, scales, gs = warm.run(x, global_scale)
         # positional arguments: ~0.15 us less than keywords
         return BlockScaledTensor(data, scales, warm.fmt, x.shape, gs)
@@ -122,15 +118,23 @@ def quantize(
 def quantize_tensors(x: torch.Tensor, fmt: BlockFormat | str, global_scale=None, scale_rule: str = "ocp"):
     """:func:`quantize`'s (data, scales, global scale) without the BlockScaledTensor (the custom
     op returns the tensors): the same checks, warm path and results."""
-    try:  # quantize's warm path
-        key = (x.shape, x.stride(), x.dtype, x.device, fmt, scale_rule, global_scale is None)
-        warm = _PLANS.get(key)
-    except (AttributeError, TypeError):
-        key = warm = None
-    if warm is not None and not x.data_ptr() % 16:
+    key, warm = _warm_plan(x, fmt, global_scale, scale_rule)
+    if warm is not None:
         return warm.run(x, global_scale)
     q = _quantize_cold(x, fmt, global_scale, scale_rule, key)
     return q.data, q.scales, q.global_scale
+
+
+def _warm_plan(x, fmt, global_scale, scale_rule: str):
+    """(the call's plan key, its warm plan where one serves x, else None); (None, None) where the
+    arguments cannot form a key (the checks then say what is wrong). The key fixes every check of
+    the cold path but x's alignment (and the global scale's), checked here."""
+    try:
+        key = (x.shape, x.stride(), x.dtype, x.device, fmt, scale_rule, global_scale is None)
+        warm = _PLANS.get(key)
+    except (AttributeError, TypeError):
+        return None, None
+    return key, (warm if warm is not None and not x.data_ptr() % 16 else None)
 
 
 def _quantize_cold(x, fmt, global_scale, scale_rule: str, key) -> BlockScaledTensor:
