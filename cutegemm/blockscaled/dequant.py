@@ -307,11 +307,10 @@ def dequantize(q: BlockScaledTensor, out_dtype: torch.dtype = torch.float32) -> 
     if kernel_dtype is None:
         raise TypeError(f"out_dtype must be one of {list(_OUT_DTYPES)}, got {out_dtype}")
     try:  # a warm call: the key fixes every rule of kernel_takes but the elements' alignment
-        d = q.data
-        warm = _WARM.get((q.fmt.name, d.dtype, d.shape, d.stride(), d.device, q.shape, kernel_dtype))
+        warm = _WARM.get(_warm_key(q, kernel_dtype))
     except (AttributeError, TypeError, RuntimeError):  # not strided tensors, an unhashable shape...
         warm = None  # ... the checks below say what is wrong
-    if warm is not None and not d.data_ptr() % 16:
+    if warm is not None and not q.data.data_ptr() % 16:
         out = warm.run_new(q, kernel_dtype)
         return out if out_dtype is kernel_dtype else out.to(out_dtype)
     if kernel_takes(q):
@@ -329,7 +328,7 @@ def kernel_takes(q: BlockScaledTensor) -> bool:
     return q.data.is_cuda and dequantizable(q) and arch_of(q.data.device.index or 0) in ("sm_90a", "sm_100a")
 
 
-# Warm dequantize calls: _warm_key -> a _Warm (the launch plan of a q that :func:`kernel_takes`),
+# Warm dequantize calls: _warm_key -> a _Launch (the launch plan of a q that :func:`kernel_takes`),
 # recorded by :func:`dequantize_checked` when its caller asks (``record``: :func:`dequantize`,
 # the one reader of the table; the GEMM routes that launch through dequantize_checked do not
 # pay for a key they never look up). The key fixes everything that test reads but the elements'
