@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from .blockscaled import dequant
 from .blockscaled import quantizer as quantize_kernels
 from .blockscaled.weight_only import kernel as weight_only
-from .config import ELEMENT_BITS, GemmConfig
+from .config import ELEMENT_BITS, FP8_DTYPES, GemmConfig
 from .epilogue import combine as combine_kernels
 from .epilogue import dispatch as dispatch_kernels
 from .epilogue import gated_grads as gated_kernels
@@ -53,7 +53,11 @@ def scheduler_markers(cfg: GemmConfig) -> dict[str, str]:
 
 def required_markers(cfg: GemmConfig) -> dict[str, str]:
     listed = {"UTMACCTL.IV": r"\bUTMACCTL\.IV"} if cfg.listed else {}  # the groups' descriptors: acquire fences
-    return {**_mma_markers(cfg), **scheduler_markers(cfg), **listed}
+    fp8_out = {}
+    if cfg.out_dtype in FP8_DTYPES and not cfg.epilogue.quant:  # an FP8 output: the saturating conversion
+        t = cfg.out_dtype.upper()
+        fp8_out = {f"F2FP.SATFINITE.{t}": rf"\bF2FP\.SATFINITE\.{t}\.F32"}
+    return {**_mma_markers(cfg), **scheduler_markers(cfg), **listed, **fp8_out}
 
 
 def forbidden_markers(cfg: GemmConfig) -> dict[str, str]:

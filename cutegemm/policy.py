@@ -151,7 +151,7 @@ def wave_seconds(p: GemmProblem, tile_m: int, tile_n: int, cluster_m: int, split
     of nothing."""
     tiles = padded_tiles(p.m, tile_m, cluster_m) * padded_tiles(p.n, tile_n, cluster_n) * p.l
     flops = SM_FLOPS * (2 if p.a_dtype in FP8_DTYPES else 1) * rate
-    out_bytes = 4 if p.out_dtype == "fp32" else 1 if p.out_dtype == "e4m3" else 2
+    out_bytes = 4 if p.out_dtype == "fp32" else 1 if p.out_dtype in FP8_DTYPES else 2
 
     def unit(ranges: int, split_cost: float) -> float:
         sec = (2 * tile_m * tile_n * ceil_div(p.k, ranges) / flops + tile_m * tile_n * out_bytes / SM_STORE_BYTES

@@ -193,6 +193,13 @@ def fp8_variants(arch: str) -> list[GemmConfig]:
                    epilogue=ab),
         GemmConfig(arch=arch, **{**fp8, "a_dtype": "e5m2", "b_dtype": "e5m2"}, tile_m=128, tile_n=256, cluster_m=2,
                    fast_accum=True, epilogue=E(scale_a=True)),
+        # FP8 outputs (torch._scaled_mm's out_dtype float8): saturated, stored by coordinate
+        *([GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=128, cluster_m=2, out_dtype="e4m3", epilogue=ab),
+           GemmConfig(arch=arch, **{**fp8, "a_dtype": "e5m2"}, tile_m=128, tile_n=128, cluster_n=2, out_dtype="e5m2",
+                      epilogue=E(scale_a=True, scale_b=True, bias=True, bias_dtype="bf16", activation="relu")),
+           GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=128, raster="n", group=1, form=Form.FLAT, split_k=2,
+                      out_dtype="e4m3", epilogue=ab)]
+          if arch == "sm_90a" else []),
     ] + fp8_blockwise_variants(arch) + fp8_mx_variants(arch)  # fmt: skip
 
 

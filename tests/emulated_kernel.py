@@ -6,7 +6,7 @@ routing, staging copies, kernel views, scratch outputs, the copies back) and the
 the math in fp32: the packed grouped form (and its swap-AB variant) per expert from offs, the
 K-grouped form per K slice, the dense (batched or flat) GEMM; FP8 block scales (grouped form); the
 epilogue of alpha, FP8 row / column scales and block scales, beta * C, bias and (gated)
-activations. What it does not model (quantized and user epilogues) raises NotImplementedError. So a
+activations; FP8 outputs saturated. What it does not model (quantized and user epilogues) raises NotImplementedError. So a
 CPU test can check that a layout torch accepts reaches the kernel as views of the right values,
 and that the result lands in the right elements of ``out`` (and nowhere else), without a GPU. Kernel numerics are the GPU tests'.
 """
@@ -121,7 +121,10 @@ class EmulatedKernel:
             else:
                 acc = a3[:, :, l].to(f32) @ b3[:, :, l].to(f32).t()
             c = None if c3 is None else c3[:, :, l].to(f32)
-            o3[:, :, l] = finish(acc, bias, vec(k.v0, 0, acc.shape[0]), k.v1, c).to(o3.dtype)
+            y = finish(acc, bias, vec(k.v0, 0, acc.shape[0]), k.v1, c)
+            if o3.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):  # an FP8 output saturates (cvt.satfinite)
+                y = y.clamp(-torch.finfo(o3.dtype).max, torch.finfo(o3.dtype).max)
+            o3[:, :, l] = y.to(o3.dtype)
 
 
 def _block_scaled(a, w, sfa, sfb, block=128):

@@ -261,6 +261,31 @@ def epilogue_subtile(
     return (y, gated) if preact else gated
 
 
+# The largest finite value of each FP8 output type (an FP8 output saturates to it, as PTX's
+# cvt.satfinite: finite overflow and infinities go to +-max, NaN stays NaN)
+FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
+
+
+def store_saturated(out: cute.TensorSSA, local, s_out: cute.Tensor, max_value: float):
+    """Write one subtile's values into an 8-bit (FP8) output subtile in shared memory.
+
+    out: from :func:`epilogue_subtile`; local: the subtile-local (m, n) of every value (same
+    order); s_out: (EPI_M, EPI_N) smem buffer of the FP8 type; max_value: its largest finite
+    value (:data:`FP8_MAX`). Values are clamped to +-max_value (NaN kept), then rounded to
+    nearest-even. One st.shared per value: stmatrix moves 16-bit elements.
+    """
+    n = cute.size(out.shape)
+    r = cute.make_rmem_tensor(n, cutlass.Float32)
+    r.store(out)
+    for v in range(n):
+        y = r[v]
+        r[v] = cutlass.select_(y == y, cute.arch.fmin(cute.arch.fmax(y, -max_value), max_value), y)
+    r8 = cute.make_rmem_tensor(n, s_out.element_type)
+    r8.store(r.load().to(s_out.element_type))
+    for v in range(n):
+        s_out[local[v]] = r8[v]
+
+
 def store_gated(out: cute.TensorSSA, coords, local, s_out: cute.Tensor, dtype):
     """Write the gated values of one subtile into the output subtile in shared memory.
 

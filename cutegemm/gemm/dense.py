@@ -31,6 +31,7 @@ from .launch import (
     EPI_TORCH_DTYPES,
     FP8_INPUTS,
     NAME_TO_TORCH,
+    OUT_TO_NAME,
     TORCH_TO_NAME,
     aligned_operand,
     check_activation,
@@ -50,6 +51,7 @@ from .launch import (
     rowmajor_operand,
     tma_storable,
     unit_mode,
+    views_are_flat,
 )
 
 
@@ -132,8 +134,12 @@ def _check_args(a, b, out, out_dtype, gated: bool = False):
             raise ValueError(f"a quantized out_dtype must be one of {QUANT_FORMATS}, got {out_dtype!r}")
         if out is not None:
             raise ValueError(f"out= is not supported with a quantized output ({out_dtype})")
+    elif out_dtype in FP8_INPUTS:
+        if a.dtype not in FP8_INPUTS:
+            raise TypeError(f"an FP8 out_dtype ({out_dtype}) needs FP8 operands (torch._scaled_mm's), got {a.dtype}")
     elif out_dtype not in TORCH_TO_NAME:
-        raise TypeError(f"out_dtype must be torch.bfloat16, torch.float16, torch.float32 or one of {QUANT_FORMATS}, got {out_dtype}")
+        raise TypeError(f"out_dtype must be torch.bfloat16, torch.float16, torch.float32, one of {QUANT_FORMATS} or, "
+                        f"with FP8 operands, torch.float8_e4m3fn / float8_e5m2; got {out_dtype}")  # fmt: skip
     if a.shape[-1] != b.shape[-2]:
         raise ValueError(f"a and b shapes do not match for a @ b: {tuple(a.shape)} @ {tuple(b.shape)}")
     if a.dim() == 3 and b.dim() == 3 and a.shape[0] != b.shape[0]:
@@ -257,7 +263,7 @@ def _plan(
     arch, num_sms = device_info(
         a.device.index if a.device.index is not None else torch.cuda.current_device()
     )
-    out_name = QUANT_OUT_DTYPES[quant] if quant is not None else TORCH_TO_NAME[out_dtype]
+    out_name = QUANT_OUT_DTYPES[quant] if quant is not None else OUT_TO_NAME[out_dtype]
     problem = GemmProblem(
         M, N, K, L, DENSE_INPUT_TO_NAME[a.dtype], DENSE_INPUT_TO_NAME[b.dtype], out_name, a_major, b_major
     )
@@ -307,7 +313,7 @@ def _plan(
         and (r3s is None or (r3s is r3 and r3.data_ptr() == c.data_ptr()))
         and bias_s is bias
     )  # fmt: skip
-    flat_ok = direct and _flat_ok(a, b, out, views)
+    flat_ok = direct and views_are_flat(a, b, out, views)
     if config is None and flat_ok and not config_errors(replace(cfg, form=Form.FLAT)):
         cfg = replace(cfg, form=Form.FLAT)  # the caller's 2-D tensors go to the kernel as they are
     elif cfg.flat and not flat_ok:
@@ -340,20 +346,6 @@ def _plan(
     if plan.direct:
         return plan, (a, b, out, c, bias), scales
     return plan, (a3s, b3s, out, r3s, bias_s), scales
-
-
-def _flat_ok(a, b, out, views) -> bool:
-    """Whether the caller's 2-D a, b, out are exactly the kernel's views without their unit L
-    mode (so a flat launch passes them as they are): same sizes and strides, no size-1 mode
-    whose stride the view had to replace."""
-    if a.dim() != 2 or b.dim() != 2 or out.dim() != 2:
-        return False
-    (sa, ta), (sb, tb), (sc, tc) = views
-    return (
-        (tuple(a.shape), a.stride()) == (tuple(sa[:2]), tuple(ta[:2]))
-        and (tuple(b.shape), b.stride()) == ((sb[1], sb[0]), (tb[1], tb[0]))
-        and (tuple(out.shape), out.stride()) == (tuple(sc[:2]), tuple(tc[:2]))
-    )
 
 
 def gemm(
@@ -416,6 +408,10 @@ def gemm(
     (per column of b: (N,) or (1, N), or one element), as ``torch._scaled_mm``: ``out = (a @ b) * scale_a *
     scale_b`` then the epilogue above. Both operands are read K-major (a row-major, b column-major, e.g.
     ``w.t()`` of an (N, K) weight); other layouts are copied first. Scales may be omitted (1).
+    ``out_dtype=torch.float8_e4m3fn / float8_e5m2`` (sm_90a, per-tensor or row-wise scales, not
+    gated): the fp32 epilogue values saturated to the type's finite range (NaN kept) and rounded
+    once to nearest-even, as ``torch._scaled_mm(..., out_dtype=float8)`` without ``scale_result``
+    (fold that into ``scale_b`` or ``alpha``).
     sm_90a promotes the WGMMA partial sums into fp32 every 128 K (torch._scaled_mm's default);
     ``fast_accum=True`` keeps them in the tensor core (faster, error grows with K, as torch's
     ``use_fast_accum=True``). sm_100a has no promotion step (``fast_accum`` changes nothing).
@@ -480,9 +476,11 @@ def gemm(
             plan.launch_scaled(a, b, out, scale_a if scale_a.dim() == 1 else scale_a.view(-1), sb)
             return out
     if out_dtype is None:
-        out_dtype = out.dtype if isinstance(out, torch.Tensor) else getattr(a, "dtype", None)
-        if out_dtype in FP8_INPUTS:
-            out_dtype = torch.bfloat16  # FP8 inputs: bf16 output by default
+        if isinstance(out, torch.Tensor):
+            out_dtype = out.dtype
+        else:
+            out_dtype = getattr(a, "dtype", None)
+            out_dtype = torch.bfloat16 if out_dtype in FP8_INPUTS else out_dtype  # FP8 inputs: bf16 by default
     if activation is not None:
         check_activation(activation, gate_layout)
         if gate_layout == "halves" and activation in GATED:
@@ -634,6 +632,8 @@ def gemm_ref(
     if beta != 0.0 and activation in GATED:
         raise ValueError(f"beta * c cannot be combined with the gated activation {activation!r}")
     out_dtype = out_dtype or (torch.bfloat16 if a.dtype in FP8_INPUTS else a.dtype)
+    if out_dtype in FP8_INPUTS and a.dtype not in FP8_INPUTS:
+        raise TypeError(f"an FP8 out_dtype ({out_dtype}) needs FP8 operands (torch._scaled_mm's), got {a.dtype}")
     if a.dtype in FP8_INPUTS and fp8_block_scales(a, b, scale_a, scale_b, kernel_layout=False) is not None:
         acc = fp8_blockwise_ref(a, b, scale_a, scale_b, compute_dtype)  # DeepSeek block scales
         scale_a = scale_b = None
@@ -646,8 +646,6 @@ def gemm_ref(
         acc = acc * (sa if sa.numel() == 1 else sa.unsqueeze(-1))
     if scale_b is not None:
         acc = acc * scale_b.to(compute_dtype).reshape(-1)
-    if a.dtype in FP8_INPUTS and out_dtype == a.dtype:
-        out_dtype = torch.bfloat16
     if epilogue is not None:
         if beta != 0.0 or bias is not None or activation is not None:
             raise ValueError("a user epilogue replaces beta * c, bias and activation: apply them inside it")
@@ -661,6 +659,9 @@ def gemm_ref(
             raise ValueError(f"a quantized out_dtype must be one of {QUANT_FORMATS}, got {out_dtype!r}")
         gs = global_scale(out_dtype, out_global_scale, res.device)
         return quantize_ref(res.float(), out_dtype, global_scale=gs)
+    if out_dtype in FP8_INPUTS:  # saturated to the type's finite range, NaN kept (the kernel's cvt.satfinite)
+        top = torch.finfo(out_dtype).max
+        return res.clamp(-top, top).to(out_dtype)
     return res.to(out_dtype)
 
 

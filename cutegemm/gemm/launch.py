@@ -26,6 +26,7 @@ TORCH_TO_NAME = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "
 INPUT_TO_NAME = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float8_e4m3fn: "e4m3"}
 DENSE_INPUT_TO_NAME = {**INPUT_TO_NAME, torch.float8_e5m2: "e5m2"}  # e5m2: the dense form only
 FP8_INPUTS = (torch.float8_e4m3fn, torch.float8_e5m2)
+OUT_TO_NAME = {**TORCH_TO_NAME, torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}  # FP8: FP8 operands' dense form
 NAME_TO_TORCH = {v: k for k, v in TORCH_TO_NAME.items()}
 
 
@@ -218,6 +219,20 @@ def rowmajor_operand(t: torch.Tensor) -> torch.Tensor:
     if (t.shape[-1] == 1 or t.stride(-1) == 1) and tma_addressable(t, t.dim() - 1):
         return t
     return padded_rows(t.shape, t.dtype, t.device).copy_(t)
+
+
+def views_are_flat(a, b, out, views) -> bool:
+    """Whether the caller's 2-D a, b, out are exactly the kernel's views without their unit L
+    mode (so a flat launch passes them as they are): same sizes and strides, no size-1 mode
+    whose stride the view had to replace."""
+    if a.dim() != 2 or b.dim() != 2 or out.dim() != 2:
+        return False
+    (sa, ta), (sb, tb), (sc, tc) = views
+    return (
+        (tuple(a.shape), a.stride()) == (tuple(sa[:2]), tuple(ta[:2]))
+        and (tuple(b.shape), b.stride()) == ((sb[1], sb[0]), (tb[1], tb[0]))
+        and (tuple(out.shape), out.stride()) == (tuple(sc[:2]), tuple(tc[:2]))
+    )
 
 
 def tma_storable(out: torch.Tensor) -> bool:

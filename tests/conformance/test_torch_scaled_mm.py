@@ -3,8 +3,8 @@ test/test_scaled_matmul_cuda.py), rewritten for ``cutegemm.gemm`` / ``cutegemm.g
 FP8 operands (e4m3; e5m2 in the dense form) and fp32 scales (``out = (a @ b) * scale_a * scale_b``, torch's semantics).
 Each case keeps the source's inputs, emulation and tolerance; layouts torch refuses on sm_90
 (everything but "TN") are computed by cutegemm (its operands are copied K-major). Cases of forms
-cutegemm does not support (e5m2 in the grouped forms and with block scales, FP8 outputs)
-assert the clear error. See tests/conformance/helpers.py for the cuda / cpu variants."""
+cutegemm does not support (e5m2 in the grouped forms and with block scales) assert the clear
+error; FP8 outputs (the dense form, saturated) are computed, e5m2 ones too where torch refuses them. See tests/conformance/helpers.py for the cuda / cpu variants."""
 
 from __future__ import annotations
 
@@ -89,11 +89,19 @@ def test_float8_e5m2_grouped_and_block_scales_rejected():
         run("cpu", cutegemm.gemm, a, b.t().contiguous().t(), scale_a=torch.ones(32, 2), scale_b=torch.ones(2, 1))
 
 
-# pytorch/pytorch test/test_scaled_matmul_cuda.py::test_float8_basics (out_dtype e5m2: torch raises, so do we)
-def test_float8_fp8_out_dtype_rejected():
-    x = torch.rand(16, 16).to(E4M3)
-    with pytest.raises(TypeError, match="out_dtype"):
-        run("cpu", cutegemm.gemm, x, x.t(), scale_a=_one("cpu"), scale_b=_one("cpu"), out_dtype=E5M2)
+# pytorch/pytorch test/test_scaled_matmul_cuda.py::test_float8_basics (out_dtype e5m2: torch raises on CUDA, where
+# cuBLAS has no e5m2 output for e4m3 operands; cutegemm computes it, and torch's CPU path's rounding is what we check)
+@pytest.mark.parametrize("device", DEVICES)
+def test_float8_basics_fp8_out_dtype(device):
+    torch.manual_seed(0)
+    x = torch.rand(16, 16, device=device).to(E4M3)
+    y = torch.eye(16, device=device).to(E4M3).t()
+    ours, twin = run_and_ref(device, cutegemm.gemm, cutegemm.gemm_ref, x, y, scale_a=_one(device), scale_b=_one(device),
+                             out_dtype=E5M2)  # fmt: skip
+    expected = torch.mm(x.float(), y.float()).to(E5M2)  # one rounding of the exact product
+    for out in (ours, twin):
+        assert out.dtype == E5M2
+        torch.testing.assert_close(out.float(), expected.float(), atol=0, rtol=0)
 
 
 # pytorch/pytorch test/test_scaled_matmul_cuda.py::test_float8_scale (y in e4m3, as the source runs it where
@@ -196,13 +204,20 @@ def test_float32_output_with_bias(device):
         torch.testing.assert_close(out, expected)
 
 
-# pytorch/pytorch test/test_scaled_matmul_cuda.py::test_float8_scale_fast_accum (an e4m3 output)
-@pytest.mark.unsupported
-def test_float8_scale_fast_accum_fp8_output_not_supported():
-    x = torch.full((16, 16), 0.5).to(E4M3)
-    with pytest.raises(TypeError, match="out_dtype"):
-        run("cpu", cutegemm.gemm, x, x.t(), scale_a=torch.tensor(1.5), scale_b=torch.tensor(0.66), out_dtype=E4M3,
-            fast_accum=True)  # fmt: skip
+# pytorch/pytorch test/test_scaled_matmul_cuda.py::test_float8_scale_fast_accum (an e4m3 output; y e5m2 as the
+# source runs it on CUDA)
+@pytest.mark.parametrize("device", DEVICES)
+def test_float8_scale_fast_accum(device):
+    x = torch.full((16, 16), 0.5, device=device).to(E4M3)
+    y = torch.full((16, 16), 0.5, device=device).to(E5M2).t()
+    sa, sb = torch.tensor(1.5, device=device), torch.tensor(0.66, device=device)
+    out = run(device, cutegemm.gemm, x, y, scale_a=sa, scale_b=sb, out_dtype=E4M3, fast_accum=True)
+    assert out.dtype == E4M3
+    torch.testing.assert_close(out.float(), torch.full((16, 16), 4.0, device=device))
+    again = run(device, cutegemm.gemm, x, y, scale_a=sa, scale_b=sb, out_dtype=E4M3, fast_accum=True)
+    assert torch.equal(out.view(torch.uint8), again.view(torch.uint8))
+    twin = cutegemm.gemm_ref(x, y, scale_a=sa, scale_b=sb, out_dtype=E4M3)
+    torch.testing.assert_close(twin.float(), out.float(), atol=0, rtol=0)
 
 
 # pytorch/pytorch test/test_scaled_matmul_cuda.py::test_float8_rowwise_scaling_sanity

@@ -60,8 +60,7 @@ class Sm90Consumers:
         ``wg``: this warpgroup's turn in pingpong (0/1; always 0 in cooperative). ``mma_tidx``:
         thread index among the threads that share a tile.
         """
-        epi = self.k.config.epilogue
-        direct = epi.gated is None and epi.quant is None  # registers -> stmatrix -> smem
+        direct = self.k.direct_store  # registers -> stmatrix -> smem
         thr_mma = tiled_mma.get_slice(mma_tidx)
         # (MMA, MMA_M, MMA_K, STAGE), (MMA, MMA_N, MMA_K, STAGE)
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))

@@ -26,6 +26,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ...epilogue import epilogue_subtile, store_gated
+from ...epilogue.ops import FP8_MAX, store_saturated
 from ...epilogue.quant import store_quantized_subtile
 from ..grouped_parts import grouped_acc_coords, grouped_out_tile
 from ..store import store_subtile_predicated
@@ -78,11 +79,11 @@ class Sm90Epilogue:
                        sZ=None) -> EpiParts:  # fmt: skip
         """The epilogue's copies, register buffers, TMA-store pipeline and barrier, once per CTA."""
         epi = self.k.config.epilogue
-        direct = epi.gated is None and epi.quant is None  # registers -> stmatrix -> smem
+        direct = self.k.direct_store  # registers -> stmatrix -> smem
         tRS_sC = tRS_rD_out = tRS_cE = tRS_sZ = tRS_rZ = None
         # Epilogue copies: registers -> smem with stmatrix, then one warp TMA-stores the subtile.
-        # (Gated / quantized outputs store by coordinate; the stmatrix partition still gives
-        # the register order: built for bf16 then, or for the output's type with preact.)
+        # (Gated, quantized and FP8 outputs store by coordinate; the stmatrix partition still
+        # gives the register order: built for bf16 then, or for the output's type with preact.)
         r2s_dtype = self.k.c_dtype if direct or epi.preact else cutlass.BFloat16
         copy_atom_r2s = sm90_utils.sm90_get_smem_store_op(
             self.k.c_layout, elem_ty_d=r2s_dtype, elem_ty_acc=self.k.acc_dtype
@@ -135,7 +136,8 @@ class Sm90Epilogue:
         epi_sub = self.k.accum.epilogue_after_pre()
         gated = epi.gated is not None
         quant = epi.quant is not None
-        direct = not gated and not quant
+        direct = self.k.direct_store
+        fp8_out = not direct and not gated and not quant  # an FP8 output (config.fp8_out_errors)
         swap = self.k.config.swap_ab
         # swap_ab + gated: the subtile's values before gating (its gate / up pairs lie in two
         # threads; ``swap_gated_store`` pairs them)
@@ -220,6 +222,8 @@ class Sm90Epilogue:
                 buf = wg * self.k.epi_stage + epi_count % self.k.epi_stage
                 if cutlass.const_expr(direct):
                     cute.copy(tiled_copy_r2s, tRS_rD_out, tRS_sC[(None, None, None, buf)])
+                elif cutlass.const_expr(fp8_out):
+                    store_saturated(out, tRS_cE, sC[(None, None, buf)], FP8_MAX[self.k.config.out_dtype])
                 elif cutlass.const_expr(quant):
                     store_quantized_subtile(
                         epi_sub, out, coords, tRS_cE, sC[(None, None, buf)], tile_quant_args, 4, 1 if gated else 2

@@ -55,7 +55,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.tensor_utils import LayoutEnum
 
-from ...config import SWAP_CHUNK
+from ...config import FP8_DTYPES, SWAP_CHUNK
 from ...epilogue.quant import quant_storage
 from ...schedulers.dynamic import RING_DEPTH, ring_storage_fields
 from ...schedulers.grouped import group_range
@@ -108,6 +108,8 @@ class GemmSm90(GemmBase):
         if config.gathers:  # the producer warpgroup computes addresses: registers from the consumers
             self.load_registers, self.mma_registers = 56, 224
         self.out_per_elem = quant_storage(config.epilogue.quant)[1] if config.epilogue.quant else 1
+        # registers -> stmatrix -> smem, else by coordinate (gated, quantized, FP8: epilogue.ops.store_saturated)
+        self.direct_store = not (config.epilogue.gated or config.epilogue.quant or config.out_dtype in FP8_DTYPES)
         self.pingpong = config.pingpong
         self.num_mma_wg = 2 if self.pingpong else config.tile_m // 64
         if self.num_mma_wg == 3:  # 192-row tiles: three consumer warpgroups share the register file
