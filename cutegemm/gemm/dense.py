@@ -24,7 +24,15 @@ from ..policy import policy_for
 from ..runtime.device import device_info, max_clusters_for, resident_clusters  # noqa: F401 (re-exported)
 from ..tuning import tuned_config
 from .args import KernelArgs, scaled_tail
-from .fp8_scales import fp8_block_scales, fp8_blockwise_ref, fp8_scales, not_fp8, warm_scale_view
+from .fp8_scales import (
+    check_scale_result,
+    fold_scale_result,
+    fp8_block_scales,
+    fp8_blockwise_ref,
+    fp8_scales,
+    not_fp8,
+    warm_scale_view,
+)
 from .launch import (
     DENSE_CACHE,
     DENSE_INPUT_TO_NAME,
@@ -38,6 +46,7 @@ from .launch import (
     check_operand,
     copy_unaligned_out,
     current_device,
+    degenerate_result,
     dense_workspace,
     epilogue_vectors,
     follow_stream,
@@ -367,6 +376,7 @@ def gemm(
     scale_a=None,
     scale_b=None,
     fast_accum: bool = False,
+    scale_result=None,
 ):
     """``out = act(alpha * (a @ b) + beta * c + bias)`` with fp32 accumulation and an fp32
     epilogue, fused into the GEMM.
@@ -410,8 +420,9 @@ def gemm(
     ``w.t()`` of an (N, K) weight); other layouts are copied first. Scales may be omitted (1).
     ``out_dtype=torch.float8_e4m3fn / float8_e5m2`` (sm_90a, per-tensor or row-wise scales, not
     gated): the fp32 epilogue values saturated to the type's finite range (NaN kept) and rounded
-    once to nearest-even, as ``torch._scaled_mm(..., out_dtype=float8)`` without ``scale_result``
-    (fold that into ``scale_b`` or ``alpha``).
+    once to nearest-even, as ``torch._scaled_mm(..., out_dtype=float8)``.
+    ``scale_result`` (one fp32 element, FP8 outputs, no activation): multiplies the epilogue's result
+    before the conversion, torch's D scale; folded into ``scale_b`` (and ``bias``) by a small kernel.
     sm_90a promotes the WGMMA partial sums into fp32 every 128 K (torch._scaled_mm's default);
     ``fast_accum=True`` keeps them in the tensor core (faster, error grows with K, as torch's
     ``use_fast_accum=True``). sm_100a has no promotion step (``fast_accum`` changes nothing).
@@ -436,6 +447,8 @@ def gemm(
     """
     # gemm(a, b) with every option at its default, and the FP8 row-wise call (scales, out_dtype,
     # fast_accum): a small key each. ``(x == v) is True``: a tensor alpha goes to the TypeError.
+    if scale_result is not None:  # torch's D scale of an FP8 output: into scale_b and bias (no sync)
+        scale_b, bias = fold_scale_result(scale_result, a, out, out_dtype, scale_b, bias, activation, beta, epilogue)
     bare = (out is None and bias is None and activation is None and config is None and epilogue is None and not epilogue_args
             and out_global_scale is None and (alpha == 1.0) is True and (beta == 0.0) is True and gate_layout == "interleaved")  # fmt: skip
     plain = bare and out_dtype is None and scale_a is None and scale_b is None and not fast_accum
@@ -545,7 +558,7 @@ def gemm(
     user_out, out = out, sources[2]
     if plan is None:  # empty output or K == 0
         out = copy_unaligned_out(user_out, out) if quant is None else out
-        res = _degenerate(out, b, quant, scales, gs, alpha, beta, c, bias, activation, epilogue, vectors)
+        res = degenerate_result(out, b, quant, scales, gs, alpha, beta, c, bias, activation, epilogue, vectors)
         return res.contiguous() if user_out is None and quant is None else res  # an odd N's padded scratch
     # Cached only when the kernel writes the caller's out or a fresh compact one (no scratch copy).
     if plan.direct and key is not None and (out is user_out or (user_out is None and out.is_contiguous())):
@@ -585,25 +598,6 @@ def _cache_scaled(skey, plan, a, vectors, scale_a, scale_b) -> None:
     PLAIN_PLANS[skey] = plan
 
 
-def _degenerate(out, b, quant, scales, gs, alpha, beta, c, bias, activation, epilogue, vectors):
-    """Empty output or K == 0: the epilogue of a zero accumulator, in torch."""
-    shape = (*out.shape[:-1], b.shape[-1] if activation not in GATED else b.shape[-1] // 2)
-    if quant is not None and out.numel() == 0:
-        return quant_result(quant, shape, out, scales, gs)
-    if out.numel() == 0:
-        return out
-    acc = torch.zeros(*out.shape[:-1], b.shape[-1], dtype=torch.float32, device=out.device)
-    if epilogue is not None:
-        y = apply_user_ref(epilogue, acc * alpha, vectors)
-    else:
-        y = epilogue_ref(acc, alpha=alpha, beta=beta, c=c, bias=bias, activation=activation)
-    if quant is not None:
-        return quantize_ref(y, quant, global_scale=None if gs is None else gs)
-    if beta == 0.0 and bias is None and activation is None and epilogue is None:
-        return out.zero_()
-    return out.copy_(y)
-
-
 def gemm_ref(
     a,
     b,
@@ -621,6 +615,7 @@ def gemm_ref(
     out_global_scale=None,
     scale_a=None,
     scale_b=None,
+    scale_result=None,
 ):
     """Plain-torch twin of :func:`gemm`: the matmul and the epilogue in ``compute_dtype``
     (``cutegemm.epilogue.epilogue_ref``, or the user ``epilogue`` evaluated on torch tensors),
@@ -659,6 +654,9 @@ def gemm_ref(
             raise ValueError(f"a quantized out_dtype must be one of {QUANT_FORMATS}, got {out_dtype!r}")
         gs = global_scale(out_dtype, out_global_scale, res.device)
         return quantize_ref(res.float(), out_dtype, global_scale=gs)
+    if scale_result is not None:
+        check_scale_result(scale_result, out_dtype, activation, beta, epilogue)
+        res = res * scale_result.to(res.dtype).reshape(())
     if out_dtype in FP8_INPUTS:  # saturated to the type's finite range, NaN kept (the kernel's cvt.satfinite)
         top = torch.finfo(out_dtype).max
         return res.clamp(-top, top).to(out_dtype)

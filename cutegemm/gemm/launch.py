@@ -10,10 +10,11 @@ import torch
 
 from ..blockscaled.formats import get_format
 from ..blockscaled.layout import swizzled_shape
-from ..blockscaled.reference import BlockScaledTensor
+from ..blockscaled.reference import BlockScaledTensor, quantize_ref
 from ..config import ACTIVATIONS, GATED, MAX_EPILOGUE_ARGS, TMA_ALIGN_BYTES, GemmConfig, GemmProblem
 from ..epilogue.quant import QUANT
-from ..epilogue.reference import GATE_LAYOUTS, interleave_gate_up
+from ..epilogue.reference import GATE_LAYOUTS, epilogue_ref, interleave_gate_up
+from ..epilogue.user import apply_user_ref
 from ..runtime.cache import KernelCache
 from ..runtime.device import current_stream_id
 from ..schedulers.static import tail_units
@@ -189,6 +190,27 @@ def copy_unaligned_out(out, written):
         out.copy_(written)
         return out
     return written
+
+
+def degenerate_result(out, b, quant, scales, gs, alpha, beta, c, bias, activation, epilogue, vectors):
+    """Empty output or K == 0: the epilogue of a zero accumulator, in torch."""
+    shape = (*out.shape[:-1], b.shape[-1] if activation not in GATED else b.shape[-1] // 2)
+    if quant is not None and out.numel() == 0:
+        return quant_result(quant, shape, out, scales, gs)
+    if out.numel() == 0:
+        return out
+    acc = torch.zeros(*out.shape[:-1], b.shape[-1], dtype=torch.float32, device=out.device)
+    if epilogue is not None:
+        y = apply_user_ref(epilogue, acc * alpha, vectors)
+    else:
+        y = epilogue_ref(acc, alpha=alpha, beta=beta, c=c, bias=bias, activation=activation)
+    if quant is not None:
+        return quantize_ref(y, quant, global_scale=None if gs is None else gs)
+    if beta == 0.0 and bias is None and activation is None and epilogue is None:
+        return out.zero_()
+    if out.dtype in FP8_INPUTS:  # an FP8 output saturates, as the kernel's
+        y = y.clamp(-torch.finfo(out.dtype).max, torch.finfo(out.dtype).max)
+    return out.copy_(y)
 
 
 def tma_addressable(t: torch.Tensor, unit: int) -> bool:

@@ -18,6 +18,7 @@ from cutegemm.epilogue import EpilogueSpec
 from cutegemm.gemm import dense
 from cutegemm.policy import policy_for
 
+from ..emulated_kernel import emulated_kernels
 from ..host_overhead_cpu import cpu_fast_path
 
 E4, E5, BF = torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16
@@ -120,3 +121,34 @@ def test_errors(kernel):
     with pytest.raises(ValueError, match="e4m3"):  # block scales: bf16 / fp32 outputs (torch's blockwise recipe)
         cutegemm.gemm(torch.randn(128, 256).to(E4), torch.randn(256, 128).to(E4).t().contiguous().t(),
                       scale_a=torch.ones(128, 2), scale_b=torch.ones(2, 1), out_dtype=E4)  # fmt: skip
+
+
+def test_scale_result_folds_into_scale_b_and_bias():
+    """torch's D scale: ``sr * (acc * sa * sb + bias)``, through the host path (the emulated kernel)
+    and the reference twin, against float64."""
+    a, b = torch.randn(32, 64).to(E4), torch.randn(48, 64).to(E4).t()
+    sa, sb, sr = torch.rand(32, 1) + 0.5, torch.tensor(1.5), torch.tensor(0.25)
+    bias = torch.randn(48, dtype=BF) * 4
+    exact = ((a.double() @ b.double()) * sa.double() * 1.5 + bias.double()) * 0.25
+    twin = cutegemm.gemm_ref(a, b, scale_a=sa, scale_b=sb, bias=bias, out_dtype=E4, scale_result=sr)
+    with emulated_kernels():
+        ours = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, bias=bias, out_dtype=E4, scale_result=sr)
+        no_sb = cutegemm.gemm(a, b, scale_a=sa, out_dtype=E5, scale_result=sr)
+    assert torch.equal(ours.view(torch.uint8), twin.view(torch.uint8))
+    assert torch.equal(ours.float(), exact.float().to(E4).float())
+    assert torch.equal(no_sb.float(), ((a.double() @ b.double()) * sa.double() * 0.25).float().to(E5).float())
+    assert sb.item() == 1.5 and bias.dtype == BF  # the caller's tensors are not changed
+
+
+@pytest.mark.parametrize(
+    "kw,err,match",
+    [(dict(out_dtype=BF), ValueError, "FP8 output"), (dict(activation="relu"), ValueError, "activation"),
+     (dict(scale_result=torch.ones(2)), ValueError, "one element"),
+     (dict(scale_result=torch.tensor(1.0, dtype=torch.float64)), TypeError, "float32")],
+)  # fmt: skip
+def test_scale_result_errors(kernel, kw, err, match):
+    a = torch.randn(16, 32).to(E4)
+    kw = {"out_dtype": E4, "scale_result": torch.tensor(0.5), **kw}
+    for fn in (cutegemm.gemm, cutegemm.gemm_ref):
+        with pytest.raises(err, match=match):
+            fn(a, a.t(), scale_a=torch.rand(()), scale_b=torch.rand(()), **kw)

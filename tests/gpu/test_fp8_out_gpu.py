@@ -6,7 +6,7 @@ Every element within one FP8 step (ulp) of the float64 product of the dequantize
 saturated; the error against float64 within 2x torch._scaled_mm's on the same operands where
 torch computes the call (tensor-wise scales); NaN-poisoned outputs, nothing written outside the
 output view; the same bits on a second call; overflow and infinite scales give +-max, a NaN input
-NaN; hypothesis over shapes (ragged M, N, K; the policy's split-K and decode tiles among them)."""
+NaN; ``scale_result`` with a bias; hypothesis over shapes (ragged M, N, K; the policy's split-K and decode tiles among them)."""
 
 from __future__ import annotations
 
@@ -107,6 +107,21 @@ def test_fp8_out_saturates(out_dtype):
     a_nan[3, 7] = float("nan")
     out = cutegemm.gemm(a_nan, b, scale_a=one, scale_b=one, out_dtype=out_dtype).float()
     assert out[3].isnan().all() and not out[torch.arange(256, device="cuda") != 3].isnan().any()
+
+
+def test_fp8_out_scale_result():
+    """torch's D scale (``scale_result``) with a bias: ``sr * (acc * sa * sb + bias)``, against float64
+    and torch._scaled_mm's same call."""
+    m, n, k = 512, 1024, 2048
+    a, b = _operands(m, n, k, seed=9)
+    sa, sb, sr = (torch.tensor(v, device="cuda") for v in (0.02, 0.5, 0.25))
+    bias = torch.randn(n, device="cuda", dtype=BF16) * 8
+    ours = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, bias=bias, out_dtype=E4, scale_result=sr)
+    ref = ((a.double() @ b.double()) * 0.01 + bias.double()) * 0.25
+    _assert_within_one_step(ours.float(), ref.clamp(-448, 448), "scale_result")
+    theirs = torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, bias=bias, out_dtype=E4, scale_result=sr)
+    (o_max, o_mean), (t_max, t_mean) = error_stats(ours.float(), ref), error_stats(theirs.float(), ref)
+    assert o_max <= 2 * t_max + 1e-12 and o_mean <= 2 * t_mean + 1e-12, f"{o_max, o_mean} vs torch {t_max, t_mean}"
 
 
 def _ragged_n(x):  # N not always a multiple of 16 (the padded scratch and its copy)
