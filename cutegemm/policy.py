@@ -394,6 +394,28 @@ def small_m_pair(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig | 
     return None
 
 
+# Dense 16-bit calls with a short K (<= PINGPONG_MAX_K) and >= PINGPONG_MIN_ROWS rows take the
+# packed grouped form's short-K tile (pingpong 128x192 in 2x1 clusters: one warpgroup's epilogue
+# under the other's mainloop), where its tiles fill SHORT_K_MIN_WAVES waves (with few tiles
+# 128x192 pingpong ran 30% slower, bench.tune). H100 `bench tiles`, x cuBLAS, two runs: DeepSeek-V3
+# q_b (24576 x 1536) at M = 1024 1.054 / 1.049 against the pick's (128x256 2x1) 1.005 / 0.998; at
+# M = 512 1.012 against 0.990.
+SHORT_K_PINGPONG = True
+SHORT_K_MIN_WAVES = 2
+
+
+def short_k_pingpong(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig | None:
+    """The pingpong 128x192 2x1 tile for a short-K 16-bit sm_90a dense call (see SHORT_K_PINGPONG),
+    else None."""
+    if (not SHORT_K_PINGPONG or cfg.arch != "sm_90a" or p.a_dtype not in ("bf16", "fp16") or p.k > PINGPONG_MAX_K
+            or p.m < PINGPONG_MIN_ROWS or cfg.form not in (Form.DENSE, Form.FLAT) or not cfg.epilogue.light
+            or ceil_div(p.m, 128) * ceil_div(p.n, 192) * p.l < SHORT_K_MIN_WAVES * num_sms):  # fmt: skip
+        return None
+    alt = replace(cfg, tile_m=128, tile_n=192, pingpong=True, cluster_m=2, cluster_n=1, raster="n", group=8, split_k=1,
+                  split_tail=False, split_cluster=False)  # fmt: skip
+    return None if config_errors(alt) else alt
+
+
 @dataclass(frozen=True)
 class ArchPolicy:
     arch: str
@@ -404,7 +426,8 @@ class ArchPolicy:
         """A dense call's config: :meth:`choose`, then the decode-sized-M options
         (:func:`small_m_options`, :func:`quad_clusters`, :func:`small_m_alternative`, :func:`small_m_pair`; no-ops where
         the arch or the config does not take them); for
-        M > 128 on sm_90a the wave model may cut K too (:func:`wave_choice` with SPLITS)."""
+        M > 128 on sm_90a the wave model may cut K too (:func:`wave_choice` with SPLITS), and a short K
+        takes the pingpong tile (:func:`short_k_pingpong`)."""
         cfg = self.choose(p, **overrides)
         explicit = bool(set(overrides) & EXPLICIT_TILE)  # the caller's tile, split or recipe stands
         if p.m > 128 and self.arch == "sm_90a" and cfg.form in (Form.DENSE, Form.FLAT) and not explicit:
@@ -412,6 +435,8 @@ class ArchPolicy:
             alt = replace(cfg, **pick.fields()) if pick.split_k > 1 else None
             if alt is not None and not split_k_errors(alt) and not config_errors(alt):
                 cfg = alt
+        if not explicit:
+            cfg = short_k_pingpong(cfg, p, self.num_sms) or cfg
         cfg = small_m_options(cfg, p, self.num_sms)
         if not explicit:
             cfg = quad_clusters(cfg, p) or cfg

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from .. import policy
+from .. import policy, small_m
 from ..api import gemm
 from ..gemm import dense
 from ..runtime.timer import Timer
@@ -147,19 +147,20 @@ def previous_config(cfg, m: int, n: int, sms: int):
     return None if prev == cfg else prev
 
 
-PREVIOUS_POLICY = "policy before the 64-row pairs of 112 < M <= 128 (small_m_pair)"
+PREVIOUS_POLICY = "policy before the short-K pingpong tiles (short_k_pingpong) and the 1x4 decode clusters (quad_clusters)"
 
 
 @contextlib.contextmanager
 def previous_policy():
-    """The policy before the 64-row pairs of 112 < M <= 128 (policy.small_m_pair), for the sweep's
-    same-round comparison on the cases where it picks another config."""
-    saved = policy.SMALL_M_PAIRS
-    policy.SMALL_M_PAIRS = False
+    """The policy before the short-K pingpong tiles (policy.short_k_pingpong) and the 1x4 clusters of
+    48 < M <= 64 (small_m.quad_clusters), for the sweep's same-round comparison on the cases where it
+    picks another config."""
+    saved = policy.SHORT_K_PINGPONG, small_m.QUAD_CLUSTERS
+    policy.SHORT_K_PINGPONG = small_m.QUAD_CLUSTERS = False
     try:
         yield
     finally:
-        policy.SMALL_M_PAIRS = saved
+        policy.SHORT_K_PINGPONG, small_m.QUAD_CLUSTERS = saved
 
 
 def alternative_config(cfg, args, kwargs):

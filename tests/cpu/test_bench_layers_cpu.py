@@ -78,24 +78,25 @@ def test_previous_rule_is_timed_where_it_differs():
 
 
 def test_previous_policy_is_precompiled_and_restored():
-    """``previous_policy`` (before the 64-row pairs at M = 128) picks the earlier configs inside and
-    restores the policy after; the sweep's precompile list holds both picks (Llama-3-70B qkv at M =
-    128: 64x160 2x1 now, 128x96 before; DeepSeek-V3 o: 64x128 2x1 now, 128x128 in 2 K ranges
-    before; at M = 512 neither changes)."""
-    from cutegemm import policy
+    """``previous_policy`` (before the short-K pingpong tiles and the 1x4 decode clusters) picks the
+    earlier configs inside and restores the policy after; the sweep's precompile list holds both
+    picks (DeepSeek-V3 q_b at M = 1024: pingpong 128x192 2x1 now, 128x256 2x1 before; Llama-3-70B
+    qkv at M = 64: 64x128 in 1x4 clusters now, 1x1 before; at M = 128 neither changes)."""
+    from cutegemm import policy, small_m
 
-    assert policy.SMALL_M_PAIRS
-    lay = [("Llama-3-70B", "qkv", 10240, 8192), ("DeepSeek-V3", "o", 7168, 16384)]
-    plan = dict(layers=lay, m_values=(128, 512), kinds=("bf16",))
+    assert policy.SHORT_K_PINGPONG and small_m.QUAD_CLUSTERS
+    lay = [("Llama-3-70B", "qkv", 10240, 8192), ("DeepSeek-V3", "q_b", 24576, 1536)]
+    plan = dict(layers=lay, m_values=(64, 128, 1024), kinds=("bf16",))
     now = {c.name: cfgs[-1] for c, cfgs in layers.sweep_plan(**plan)}
     with layers.previous_policy():
-        assert not policy.SMALL_M_PAIRS
+        assert not policy.SHORT_K_PINGPONG and not small_m.QUAD_CLUSTERS
         old = {c.name: cfgs[-1] for c, cfgs in layers.sweep_plan(**plan)}
-    assert policy.SMALL_M_PAIRS
-    tiles = {name: ((now[name].tile_m, now[name].tile_n, now[name].cluster_m, now[name].split_k),
-                    (old[name].tile_m, old[name].tile_n, old[name].cluster_m, old[name].split_k)) for name in now}  # fmt: skip
-    assert tiles["Llama-3-70B qkv M=128"] == ((64, 160, 2, 1), (128, 96, 1, 1)), tiles
-    assert tiles["DeepSeek-V3 o M=128"] == ((64, 128, 2, 1), (128, 128, 1, 2)), tiles
-    assert all(now[n] == old[n] for n in now if n.endswith("M=512")), tiles
+    assert policy.SHORT_K_PINGPONG and small_m.QUAD_CLUSTERS
+    tiles = {name: ((now[name].tile_m, now[name].tile_n, now[name].cluster_m, now[name].cluster_n, now[name].pingpong),
+                    (old[name].tile_m, old[name].tile_n, old[name].cluster_m, old[name].cluster_n, old[name].pingpong))
+             for name in now}  # fmt: skip
+    assert tiles["DeepSeek-V3 q_b M=1024"] == ((128, 192, 2, 1, True), (128, 256, 2, 1, False)), tiles
+    assert tiles["Llama-3-70B qkv M=64"] == ((64, 128, 1, 4, False), (64, 128, 1, 1, False)), tiles
+    assert all(now[n] == old[n] for n in now if n.endswith("M=128")), tiles
     cfgs = layers.configs_of_sweep(**plan)
     assert all(now[n] in cfgs and old[n] in cfgs for n in now)

@@ -559,3 +559,23 @@ def test_64_row_pairs_are_valid_and_stream_least(m, n, k, l, act):
         return
     assert cfg == replace(pair, tile_n=min(ok, key=lambda tn: (streamed(tn), tn))), cfg.name
     assert cfg.epilogue == epi
+
+
+def test_short_k_takes_the_pingpong_tile_where_it_fills_waves():
+    """policy.short_k_pingpong: 16-bit, K <= PINGPONG_MAX_K, M >= PINGPONG_MIN_ROWS, a light
+    epilogue and at least SHORT_K_MIN_WAVES waves of 128x192 tiles."""
+    q_b = dense(1024, 24576, 1536)  # DeepSeek-V3 q_b
+    assert (q_b.tile_m, q_b.tile_n, q_b.pingpong, q_b.cluster_m, q_b.split_k) == (128, 192, True, 2, 1)
+    assert not config_errors(q_b)
+    with policy_flags(SHORT_K_PINGPONG=False):
+        assert not dense(1024, 24576, 1536).pingpong
+
+    def short_k_tile(c):
+        return c.pingpong and c.tile_n == 192
+
+    assert short_k_tile(dense(512, 24576, 1536)) and short_k_tile(dense(8192, 6144, 1024))
+    for m, n, k, dtype in [(1024, 24576, 2048, "bf16"), (256, 24576, 1536, "bf16"), (512, 1536, 1536, "bf16"),
+                           (1024, 24576, 1536, "e4m3")]:  # fmt: skip
+        assert not short_k_tile(dense(m, n, k, dtype)), (m, n, k, dtype)
+    biased = POL.choose_dense(problem(1024, 24576, 1536), epilogue=EpilogueSpec(bias=True))
+    assert not short_k_tile(biased) and not config_errors(biased)
