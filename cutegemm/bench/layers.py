@@ -143,7 +143,7 @@ def previous_config(cfg, m: int, n: int, sms: int):
         tile = dict(tile_m=128, tile_n=256, cluster_m=2, raster="n", group=8)
     else:
         tile = dict(tile_m=128, tile_n=128, cluster_m=1, raster="m", group=8)
-    prev = replace(cfg, **tile, split_k=1, split_cluster=False, split_tail=False)
+    prev = replace(cfg, **tile, split_k=1, split_cluster=False, split_tail=False, pingpong=False)
     return None if prev == cfg else prev
 
 

@@ -100,3 +100,14 @@ def test_previous_policy_is_precompiled_and_restored():
     assert all(now[n] == old[n] for n in now if n.endswith("M=128")), tiles
     cfgs = layers.configs_of_sweep(**plan)
     assert all(now[n] in cfgs and old[n] in cfgs for n in now)
+
+
+def test_every_config_of_the_sweep_is_valid():
+    """The sweep's precompile list (its picks, the previous tile rule's and the previous policy's)
+    holds valid configs only: the sweep times each with ``config=`` (the layers of each rule: the
+    short-K pingpong tile, whose previous tile rule's twin was once a 128x256 pingpong tile)."""
+    from cutegemm.config import config_errors
+
+    lay = [("Llama-3-70B", "qkv", 10240, 8192), ("DeepSeek-V3", "q_b", 24576, 1536), ("DeepSeek-V3", "kv_a", 576, 7168)]
+    bad = {c.name: config_errors(c) for c in layers.configs_of_sweep(layers=lay) if config_errors(c)}
+    assert not bad, bad
