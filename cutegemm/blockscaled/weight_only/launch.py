@@ -457,16 +457,16 @@ def _workspace(dev: torch.device, segs: int, slot_words: int) -> tuple[torch.Ten
 def _workspace_at(idx: int, dev: torch.device, segs: int, slot_words: int) -> tuple[torch.Tensor, int]:
     """:func:`_workspace` on device index ``idx`` (``dev``'s)."""
     key = (idx, current_stream_id(idx))
-    ws, counters, words = _WORKSPACES.get(key, _NO_WORKSPACE)
+    ws, counters = _WORKSPACES.get(key, _NO_WORKSPACE)
+    words = 0 if ws is None else ws.numel()
     if counters < segs or words < counters + slot_words:
         counters = max(counters, -(-segs // 256) * 256)
-        words = max(counters + slot_words, words)
-        ws = torch.zeros(words, dtype=torch.int32, device=dev)
-        _WORKSPACES[key] = (ws, counters, words)
+        ws = torch.zeros(max(counters + slot_words, words), dtype=torch.int32, device=dev)
+        _WORKSPACES[key] = (ws, counters)
     return ws, counters
 
 
-_NO_WORKSPACE = (None, 0, 0)
+_NO_WORKSPACE = (None, 0)
 
 
 def policy_config(m: int, n: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bool, batches: int,
