@@ -153,38 +153,43 @@ def test_scaled_mm_change_stride(device, base_dtype):
     _tensorwise_vs_emulated(device, x, y, base_dtype)
 
 
+# (the next three: torch._scaled_mm's default output is the operands' FP8 type, cutegemm's bf16: both)
 # pytorch/pytorch test/test_scaled_matmul_cuda.py::test_float8_bias
 @pytest.mark.parametrize("device", DEVICES)
-def test_float8_bias(device):
+@pytest.mark.parametrize("out_dtype", [None, E4M3])
+def test_float8_bias(device, out_dtype):
     k, l, m = 16, 48, 32
     x = torch.ones(k, l, device=device).to(E4M3)
     y = torch.full((m, l), 0.25, device=device).to(E4M3).t()
     bias = torch.full((m,), 4.0, device=device, dtype=BF)
-    out = run(device, cutegemm.gemm, x, y, scale_a=_one(device), scale_b=_one(device))
-    outb = run(device, cutegemm.gemm, x, y, scale_a=_one(device), scale_b=_one(device), bias=bias)
-    torch.testing.assert_close((out.float() - outb.float()).abs(), torch.full_like(out, 4.0, dtype=F32))
+    out = run(device, cutegemm.gemm, x, y, scale_a=_one(device), scale_b=_one(device), out_dtype=out_dtype)
+    outb = run(device, cutegemm.gemm, x, y, scale_a=_one(device), scale_b=_one(device), bias=bias, out_dtype=out_dtype)
+    assert out.dtype == outb.dtype == (out_dtype or BF)
+    torch.testing.assert_close((out.float() - outb.float()).abs(), torch.full((k, m), 4.0, device=device))
 
 
 # pytorch/pytorch test/test_scaled_matmul_cuda.py::test_non_divisible_leading_dim
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("bias", [True, False])
-def test_non_divisible_leading_dim(device, bias):
+@pytest.mark.parametrize("out_dtype", [None, E4M3])
+def test_non_divisible_leading_dim(device, bias, out_dtype):
     torch.manual_seed(0)
     x = torch.rand(17, 16, device=device).to(E4M3)
     y = torch.rand(16, 16, device=device).to(E4M3).t()
     b = torch.rand(16, device=device).to(BF) if bias else None
-    out = run(device, cutegemm.gemm, x, y, scale_a=_one(device), scale_b=_one(device), bias=b)
-    assert out.shape == (17, 16)
+    out = run(device, cutegemm.gemm, x, y, scale_a=_one(device), scale_b=_one(device), bias=b, out_dtype=out_dtype)
+    assert out.shape == (17, 16) and out.dtype == (out_dtype or BF)
 
 
 # pytorch/pytorch test/test_scaled_matmul_cuda.py::test_float8_bias_relu_edgecase
 @pytest.mark.parametrize("device", DEVICES)
-def test_float8_bias_relu_edgecase(device):
+@pytest.mark.parametrize("out_dtype", [None, E4M3])
+def test_float8_bias_relu_edgecase(device, out_dtype):
     k, l, m = 16, 48, 32
     x = torch.zeros(k, l, device=device).to(E4M3)
     y = torch.ones(m, l, device=device).to(E4M3).t()
     bias = torch.full((m,), -3.0, device=device, dtype=BF)
-    out = run(device, cutegemm.gemm, x, y, scale_a=_one(device), scale_b=_one(device), bias=bias)
+    out = run(device, cutegemm.gemm, x, y, scale_a=_one(device), scale_b=_one(device), bias=bias, out_dtype=out_dtype)
     torch.testing.assert_close(out.float(), torch.full((k, m), -3.0, device=device))
 
 
