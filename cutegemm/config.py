@@ -365,10 +365,10 @@ def config_errors(cfg: GemmConfig) -> list[str]:
             err.append(f"quantized output {epi.quant} is stored as {QUANT_OUT_DTYPES[epi.quant]!r}, got out dtype {cfg.out_dtype!r}")
         if cfg.arch == "sm_100a" and cfg.tile_m // (2 if cfg.two_cta else 1) != 128:
             err.append("quantized-output epilogue on sm_100a: 128 rows per CTA (a thread must own whole rows)")
-    elif cfg.out_dtype in FP8_DTYPES and (cfg.arch != "sm_90a" or not cfg.fp8 or cfg.form not in (Form.DENSE, Form.FLAT)
-                                          or cfg.c_major != "n" or epi.gated or epi.preact or epi.user or cfg.fp8_blockwise):  # fmt: skip
+    elif cfg.out_dtype in FP8_DTYPES and (not cfg.fp8 or cfg.form not in (Form.DENSE, Form.FLAT) or cfg.c_major != "n"
+                                          or epi.gated or epi.preact or epi.user or cfg.fp8_blockwise):  # fmt: skip
         err.append(f"out dtype {cfg.out_dtype!r} (an FP8 output, stored by coordinate, saturated): FP8 operands in the dense "
-                   "sm_90a kernel, per-tensor or row-wise scales, no gated, preact or user epilogue (sm_100a: not built)")  # fmt: skip
+                   "kernel, per-tensor or row-wise scales, no gated, preact or user epilogue")  # fmt: skip
     elif cfg.out_dtype not in (*OUTPUT_DTYPES, *FP8_DTYPES):
         err.append(f"out dtype {cfg.out_dtype!r} not in {OUTPUT_DTYPES} (FP8 operands: or {FP8_DTYPES})")
     if cfg.a_major not in ("k", "m") or cfg.b_major not in ("k", "n"):

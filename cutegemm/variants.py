@@ -140,7 +140,7 @@ def epilogue_variants(arch: str, big: GemmConfig) -> list[GemmConfig]:
 def fp8_sm100_variants(arch: str) -> list[GemmConfig]:
     """Dense FP8 row-wise on sm_100a (tcgen05 ``kind::f8f6f4`` into the fp32 TMEM accumulator, the
     scales in the epilogue): the policy's 128x128 and 256x256 2-CTA tiles, an fp32 output, a
-    gated output with a bias."""
+    gated output with a bias, e5m2 A, FP8 outputs."""
     E = EpilogueSpec
     fp8 = dict(arch=arch, a_dtype="e4m3", b_dtype="e4m3", a_major="k", b_major="k")
     ab = E(scale_a=True, scale_b=True)
@@ -150,6 +150,10 @@ def fp8_sm100_variants(arch: str) -> list[GemmConfig]:
         GemmConfig(**fp8, tile_m=128, tile_n=256, cluster_n=2, epilogue=E(scale_a=True, scale_b=True, bias=True,
                                                                            bias_dtype="bf16", gated="swiglu")),
         GemmConfig(**{**fp8, "a_dtype": "e5m2"}, tile_m=128, tile_n=128, epilogue=ab),  # e5m2 x e4m3 (FP8 training's dgrad)
+        # FP8 outputs (saturated, stored by coordinate)
+        GemmConfig(**fp8, tile_m=128, tile_n=128, out_dtype="e4m3", epilogue=ab),
+        GemmConfig(**{**fp8, "a_dtype": "e5m2"}, tile_m=256, tile_n=256, two_cta=True, cluster_m=2, out_dtype="e5m2",
+                   epilogue=E(scale_a=True, scale_b=True, bias=True, bias_dtype="bf16", activation="relu")),
     ]
 
 

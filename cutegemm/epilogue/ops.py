@@ -283,7 +283,8 @@ def store_saturated(out: cute.TensorSSA, local, s_out: cute.Tensor, max_value: f
     r8 = cute.make_rmem_tensor(n, s_out.element_type)
     r8.store(r.load().to(s_out.element_type))
     for v in range(n):
-        s_out[local[v]] = r8[v]
+        mn = local[v]
+        s_out[(mn[0], mn[1])] = r8[v]
 
 
 def store_gated(out: cute.TensorSSA, coords, local, s_out: cute.Tensor, dtype):

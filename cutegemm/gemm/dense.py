@@ -418,8 +418,7 @@ def gemm(
     (per column of b: (N,) or (1, N), or one element), as ``torch._scaled_mm``: ``out = (a @ b) * scale_a *
     scale_b`` then the epilogue above. Both operands are read K-major (a row-major, b column-major, e.g.
     ``w.t()`` of an (N, K) weight); other layouts are copied first. Scales may be omitted (1).
-    ``out_dtype=torch.float8_e4m3fn / float8_e5m2`` (sm_90a, per-tensor or row-wise scales, not
-    gated): the fp32 epilogue values saturated to the type's finite range (NaN kept) and rounded
+    ``out_dtype=torch.float8_e4m3fn / float8_e5m2`` (per-tensor or row-wise scales, not gated): the fp32 epilogue values saturated to the type's finite range (NaN kept) and rounded
     once to nearest-even, as ``torch._scaled_mm(..., out_dtype=float8)``.
     ``scale_result`` (one fp32 element, FP8 outputs, no activation): multiplies the epilogue's result
     before the conversion, torch's D scale; folded into ``scale_b`` (and ``bias``) by a small kernel.

@@ -1,6 +1,6 @@
 """FP8 outputs (``out_dtype=torch.float8_e4m3fn / float8_e5m2``, torch._scaled_mm's FP8
-``out_dtype``), on the CPU: the rules (FP8 operands, the dense sm_90a kernel, no gated / preact /
-user / block-scaled epilogue), the policy's pick for every layer shape of the sweep is a valid
+``out_dtype``), on the CPU: the rules (FP8 operands, the dense kernel of either arch, no gated /
+preact / user / block-scaled epilogue), the policy's pick for every layer shape of the sweep is a valid
 config, the host path builds a config with the output's type and allocates an FP8 output (rows
 padded where N is not a multiple of 16), and the reference twin saturates as the kernel's
 ``cvt.satfinite`` (finite overflow and infinities to +-max, NaN kept). The GPU half is
@@ -49,13 +49,15 @@ def _cfg(**kw):
 def test_rules_accept_the_dense_fp8_kernel(out):
     for cfg in (_cfg(out_dtype=out), _cfg(out_dtype=out, form=Form.FLAT, tile_m=64, split_k=2),
                 _cfg(out_dtype=out, a_dtype="e5m2", cluster_n=2,
-                     epilogue=replace(SCALED, bias=True, bias_dtype="bf16", activation="gelu"))):  # fmt: skip
+                     epilogue=replace(SCALED, bias=True, bias_dtype="bf16", activation="gelu")),
+                _cfg(out_dtype=out, arch="sm_100a"), _cfg(out_dtype=out, arch="sm_100a", tile_m=256, tile_n=256,
+                                                           two_cta=True, cluster_m=2)):  # fmt: skip
         assert config_errors(cfg) == [], cfg.name
 
 
 @pytest.mark.parametrize(
     "kw",
-    [dict(arch="sm_100a"), dict(a_dtype="bf16", b_dtype="bf16", epilogue=EpilogueSpec()), dict(form=Form.GROUPED),
+    [dict(a_dtype="bf16", b_dtype="bf16", epilogue=EpilogueSpec()), dict(form=Form.GROUPED),
      dict(epilogue=replace(SCALED, gated="swiglu")), dict(epilogue=replace(SCALED, gated="swiglu", preact=True)),
      dict(fp8_blockwise=True, epilogue=EpilogueSpec())],
 )  # fmt: skip
@@ -65,8 +67,9 @@ def test_rules_refuse_other_kernels(kw):
 
 
 @pytest.mark.parametrize("out", ["e4m3", "e5m2"])
-def test_policy_picks_valid_configs_for_every_sweep_shape(out):
-    pol = policy_for("sm_90a", 132)
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_policy_picks_valid_configs_for_every_sweep_shape(out, arch):
+    pol = policy_for(arch, 132 if arch == "sm_90a" else 148)
     for _, _, n, k in LAYERS:
         for m in M_VALUES:
             for epi in (SCALED, EpilogueSpec(scale_a=True), replace(SCALED, bias=True, bias_dtype="bf16", activation="relu")):

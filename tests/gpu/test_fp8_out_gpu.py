@@ -1,6 +1,7 @@
 """FP8 outputs (``out_dtype=torch.float8_e4m3fn / float8_e5m2``, torch._scaled_mm's FP8
-``out_dtype``), sm_90a: the epilogue saturates the fp32 values to the type's finite range (NaN
-kept) and rounds them once to nearest-even (cvt.rn.satfinite).
+``out_dtype``), sm_90a, and sm_100a where capability 10 runs the same cases: the epilogue
+saturates the fp32 values to the type's finite range (NaN kept) and rounds them once to
+nearest-even (cvt.rn.satfinite).
 
 Every element within one FP8 step (ulp) of the float64 product of the dequantized operands,
 saturated; the error against float64 within 2x torch._scaled_mm's on the same operands where
@@ -27,9 +28,9 @@ MIN_EXP = {E4: -6, E5: -14}  # the smallest normal binade
 
 
 @pytest.fixture(autouse=True)
-def _sm90():
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("FP8 outputs: the sm_90a kernel (sm_100a: not built)")
+def _fp8_gpu():
+    if torch.cuda.get_device_capability()[0] not in (9, 10):
+        pytest.skip("FP8 outputs: the dense FP8 kernels of sm_90a / sm_100a")
 
 
 def _saturated_reference(a, b, sa, sb, out_dtype, bias=None, activation=None):

@@ -14,6 +14,7 @@ import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass.cute.nvgpu import cpasync, tcgen05
 
 from ...epilogue import epilogue_subtile, store_gated
+from ...epilogue.ops import FP8_MAX, store_saturated
 from ...epilogue.quant import store_quantized_subtile
 from ..grouped_parts import grouped_acc_coords, grouped_acc_space, grouped_out_tile
 from ..store import store_subtile_predicated
@@ -59,7 +60,8 @@ class Sm100Epilogue:
         epi = self.k.config.epilogue
         gated = epi.gated is not None
         quant = epi.quant is not None
-        direct = not gated and not quant  # registers -> smem by the r2s copy
+        direct = self.k.direct_store  # registers -> smem by the r2s copy
+        fp8_out = not direct and not gated and not quant  # an FP8 output (saturated, by coordinate)
         tmem.allocate(self.k.num_tmem_cols)  # by warp epi_warp_ids[0]; the others wait for the address
         tmem.wait_for_alloc()
         tmem_ptr = tmem.retrieve_ptr(self.k.acc_dtype)
@@ -196,6 +198,8 @@ class Sm100Epilogue:
                 buf = epi_count % self.k.epi_stage
                 if cutlass.const_expr(direct):
                     cute.copy(tiled_copy_r2s, tRS_rC, tRS_sC[(None, None, None, buf)])
+                elif cutlass.const_expr(fp8_out):
+                    store_saturated(out, tRS_cE, sC[(None, None, buf)], FP8_MAX[self.k.config.out_dtype])
                 elif cutlass.const_expr(quant):
                     # tcgen05.ld 32dp32b: a thread holds whole rows of the subtile (quad = 1)
                     store_quantized_subtile(epi, out, coords, tRS_cE, sC[(None, None, buf)], tile_quant_args, 1, 0)

@@ -81,6 +81,7 @@ from cutlass.cute.nvgpu import cpasync, tcgen05
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.tensor_utils import LayoutEnum
 
+from ...config import FP8_DTYPES
 from ...epilogue.quant import quant_storage
 from ...runtime.dtypes import SF_DTYPES
 from ...schedulers.dynamic import ring_storage_fields
@@ -181,12 +182,14 @@ class GemmSm100(GemmBase):
             cute.make_layout((*self.cluster_shape_mn, 1)), (self.tiled_mma.thr_id.shape,)
         )
         epi = cfg.epilogue
-        # Gated / quantized outputs store by coordinate: their subtile follows a bf16 output.
-        self.r2s_dtype = self.c_dtype if self.out_div == 1 and epi.quant is None else cutlass.BFloat16
+        # Gated, quantized and FP8 outputs store by coordinate: their subtile follows a bf16 output.
+        self.direct_store = not (epi.gated or epi.quant or cfg.out_dtype in FP8_DTYPES)
+        self.r2s_dtype = self.c_dtype if self.direct_store else cutlass.BFloat16
         self.epi_tile = sm100_utils.compute_epilogue_tile_shape(
             self.cta_tile_shape_mnk, self.use_2cta, c_layout, self.r2s_dtype
         )
-        if epi.quant is not None:  # whole scale blocks: 32 output columns per subtile
+        if epi.quant is not None or cfg.out_dtype in FP8_DTYPES:  # 32 columns per subtile: whole scale
+            # blocks (quantized), the 8-bit subtile of an FP8 output (stored by coordinate)
             epi_m, _ = cute.product_each(cute.shape(self.epi_tile))
             self.epi_tile = (epi_m, 32 * epi.cols_per_output)
         # What one subtile writes: half the columns when gated (one output per gate/up pair), in
