@@ -59,16 +59,16 @@ def fp8_scales(a, b, scale_a, scale_b):
     )
 
 
-_FP8_OUTPUTS = (torch.float8_e4m3fn, torch.float8_e5m2)
+FP8_OUTPUTS = (torch.float8_e4m3fn, torch.float8_e5m2)  # (gemm.launch imports the kernels, which import this module)
 
 
 def check_scale_result(scale_result, out_dtype, activation, beta, epilogue, device=None) -> None:
     """torch._scaled_mm's ``scale_result`` (the D scale of an FP8 output): one fp32 element, an FP8
     ``out_dtype``, and an epilogue it commutes with (alpha, bias; no activation, beta * C or user
     epilogue)."""
-    if out_dtype not in _FP8_OUTPUTS:
+    if out_dtype not in FP8_OUTPUTS:
         raise ValueError(f"scale_result scales an FP8 output (out_dtype float8_e4m3fn / float8_e5m2), got {out_dtype}")
-    check_fp32_scale("scale_result", scale_result, scale_result.device if device is None else device)
+    check_fp32_scale("scale_result", scale_result, getattr(scale_result, "device", None) if device is None else device)
     if scale_result.numel() != 1:
         raise ValueError(f"scale_result must have one element, got shape {tuple(scale_result.shape)}")
     if activation is not None or beta != 0.0 or epilogue is not None:
@@ -84,8 +84,7 @@ def fold_scale_result(scale_result, a, out, out_dtype, scale_b, bias, activation
     check_scale_result(scale_result, out_dtype, activation, beta, epilogue, getattr(a, "device", None))
     sr = scale_result.reshape(())
     scale_b = sr.reshape(1) if scale_b is None else (scale_b * sr if isinstance(scale_b, torch.Tensor) else scale_b)
-    bias = bias * sr if isinstance(bias, torch.Tensor) and bias.dtype == torch.float32 else (
-        bias.float() * sr if isinstance(bias, torch.Tensor) else bias)  # fmt: skip
+    bias = bias.float() * sr if isinstance(bias, torch.Tensor) else bias  # an fp32 bias (bf16 would round)
     return scale_b, bias
 
 

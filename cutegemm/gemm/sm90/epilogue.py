@@ -137,7 +137,7 @@ class Sm90Epilogue:
         gated = epi.gated is not None
         quant = epi.quant is not None
         direct = self.k.direct_store
-        fp8_out = not direct and not gated and not quant  # an FP8 output (config.fp8_out_errors)
+        fp8_out = not direct and not gated and not quant  # an FP8 output (epilogue.ops.store_saturated)
         swap = self.k.config.swap_ab
         # swap_ab + gated: the subtile's values before gating (its gate / up pairs lie in two
         # threads; ``swap_gated_store`` pairs them)
