@@ -418,8 +418,9 @@ def gemm(
     (per column of b: (N,) or (1, N), or one element), as ``torch._scaled_mm``: ``out = (a @ b) * scale_a *
     scale_b`` then the epilogue above. Both operands are read K-major (a row-major, b column-major, e.g.
     ``w.t()`` of an (N, K) weight); other layouts are copied first. Scales may be omitted (1).
-    ``out_dtype=torch.float8_e4m3fn / float8_e5m2`` (per-tensor or row-wise scales, not gated): the fp32 epilogue values saturated to the type's finite range (NaN kept) and rounded
-    once to nearest-even, as ``torch._scaled_mm(..., out_dtype=float8)``.
+    ``out_dtype=torch.float8_e4m3fn / float8_e5m2`` (per-tensor or row-wise scales, not gated): the
+    fp32 epilogue values saturated to the type's finite range (NaN kept) and rounded once to
+    nearest-even, as ``torch._scaled_mm(..., out_dtype=float8)``.
     ``scale_result`` (one fp32 element, FP8 outputs, no activation): multiplies the epilogue's result
     before the conversion, torch's D scale; folded into ``scale_b`` (and ``bias``) by a small kernel.
     sm_90a promotes the WGMMA partial sums into fp32 every 128 K (torch._scaled_mm's default);
@@ -444,10 +445,10 @@ def gemm(
     validates, picks the config and compiles (or loads it from the disk cache); later calls only
     check data-pointer alignment and launch (FP8 row-wise: and view the scales).
     """
-    # gemm(a, b) with every option at its default, and the FP8 row-wise call (scales, out_dtype,
-    # fast_accum): a small key each. ``(x == v) is True``: a tensor alpha goes to the TypeError.
     if scale_result is not None:  # torch's D scale of an FP8 output: into scale_b and bias (no sync)
         scale_b, bias = fold_scale_result(scale_result, a, out, out_dtype, scale_b, bias, activation, beta, epilogue)
+    # gemm(a, b) with every option at its default, and the FP8 row-wise call (scales, out_dtype,
+    # fast_accum): a small key each. ``(x == v) is True``: a tensor alpha goes to the TypeError.
     bare = (out is None and bias is None and activation is None and config is None and epilogue is None and not epilogue_args
             and out_global_scale is None and (alpha == 1.0) is True and (beta == 0.0) is True and gate_layout == "interleaved")  # fmt: skip
     plain = bare and out_dtype is None and scale_a is None and scale_b is None and not fast_accum
