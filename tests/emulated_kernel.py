@@ -19,6 +19,7 @@ import torch
 
 from cutegemm.epilogue import epilogue_ref
 from cutegemm.gemm.args import KernelArgs
+from cutegemm.gemm.fp8_scales import FP8_INPUTS, fp8_saturated
 from cutegemm.gemm.sm100.gather import INDEX_PAD
 from cutegemm.schedulers.grouped import expert_rows
 
@@ -122,9 +123,7 @@ class EmulatedKernel:
                 acc = a3[:, :, l].to(f32) @ b3[:, :, l].to(f32).t()
             c = None if c3 is None else c3[:, :, l].to(f32)
             y = finish(acc, bias, vec(k.v0, 0, acc.shape[0]), k.v1, c)
-            if o3.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):  # an FP8 output saturates (cvt.satfinite)
-                y = y.clamp(-torch.finfo(o3.dtype).max, torch.finfo(o3.dtype).max)
-            o3[:, :, l] = y.to(o3.dtype)
+            o3[:, :, l] = fp8_saturated(y, o3.dtype) if o3.dtype in FP8_INPUTS else y.to(o3.dtype)
 
 
 def _block_scaled(a, w, sfa, sfb, block=128):

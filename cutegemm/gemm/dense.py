@@ -25,10 +25,12 @@ from ..runtime.device import device_info, max_clusters_for, resident_clusters  #
 from ..tuning import tuned_config
 from .args import KernelArgs, scaled_tail
 from .fp8_scales import (
+    check_fp8_out,
     check_scale_result,
     fold_scale_result,
     fp8_block_scales,
     fp8_blockwise_ref,
+    fp8_saturated,
     fp8_scales,
     not_fp8,
     warm_scale_view,
@@ -144,8 +146,7 @@ def _check_args(a, b, out, out_dtype, gated: bool = False):
         if out is not None:
             raise ValueError(f"out= is not supported with a quantized output ({out_dtype})")
     elif out_dtype in FP8_INPUTS:
-        if a.dtype not in FP8_INPUTS:
-            raise TypeError(f"an FP8 out_dtype ({out_dtype}) needs FP8 operands (torch._scaled_mm's), got {a.dtype}")
+        check_fp8_out(a.dtype, out_dtype)
     elif out_dtype not in TORCH_TO_NAME:
         raise TypeError(f"out_dtype must be torch.bfloat16, torch.float16, torch.float32, one of {QUANT_FORMATS} or, "
                         f"with FP8 operands, torch.float8_e4m3fn / float8_e5m2; got {out_dtype}")  # fmt: skip
@@ -627,8 +628,7 @@ def gemm_ref(
     if beta != 0.0 and activation in GATED:
         raise ValueError(f"beta * c cannot be combined with the gated activation {activation!r}")
     out_dtype = out_dtype or (torch.bfloat16 if a.dtype in FP8_INPUTS else a.dtype)
-    if out_dtype in FP8_INPUTS and a.dtype not in FP8_INPUTS:
-        raise TypeError(f"an FP8 out_dtype ({out_dtype}) needs FP8 operands (torch._scaled_mm's), got {a.dtype}")
+    check_fp8_out(a.dtype, out_dtype)
     if a.dtype in FP8_INPUTS and fp8_block_scales(a, b, scale_a, scale_b, kernel_layout=False) is not None:
         acc = fp8_blockwise_ref(a, b, scale_a, scale_b, compute_dtype)  # DeepSeek block scales
         scale_a = scale_b = None
@@ -657,10 +657,7 @@ def gemm_ref(
     if scale_result is not None:
         check_scale_result(scale_result, out_dtype, activation, beta, epilogue)
         res = res * scale_result.to(res.dtype).reshape(())
-    if out_dtype in FP8_INPUTS:  # saturated to the type's finite range, NaN kept (the kernel's cvt.satfinite)
-        top = torch.finfo(out_dtype).max
-        return res.clamp(-top, top).to(out_dtype)
-    return res.to(out_dtype)
+    return fp8_saturated(res, out_dtype) if out_dtype in FP8_INPUTS else res.to(out_dtype)
 
 
 def dense_runner(p: GemmProblem, epi: EpilogueSpec, num_groups: int = 1):

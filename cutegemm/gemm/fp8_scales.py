@@ -59,14 +59,27 @@ def fp8_scales(a, b, scale_a, scale_b):
     )
 
 
-FP8_OUTPUTS = (torch.float8_e4m3fn, torch.float8_e5m2)  # (gemm.launch imports the kernels, which import this module)
+FP8_INPUTS = (torch.float8_e4m3fn, torch.float8_e5m2)  # torch's FP8 types: the dense form's operands and outputs
+
+
+def check_fp8_out(a_dtype, out_dtype) -> None:
+    """An FP8 ``out_dtype`` (torch._scaled_mm's) needs FP8 operands: TypeError otherwise."""
+    if out_dtype in FP8_INPUTS and a_dtype not in FP8_INPUTS:
+        raise TypeError(f"an FP8 out_dtype ({out_dtype}) needs FP8 operands (torch._scaled_mm's), got {a_dtype}")
+
+
+def fp8_saturated(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``y`` in the FP8 ``dtype`` as the kernels store it: clamped to the finite range (NaN kept, the
+    PTX cvt.satfinite), then rounded to nearest-even (torch's own cast does not saturate)."""
+    top = torch.finfo(dtype).max
+    return y.clamp(-top, top).to(dtype)
 
 
 def check_scale_result(scale_result, out_dtype, activation, beta, epilogue, device=None) -> None:
     """torch._scaled_mm's ``scale_result`` (the D scale of an FP8 output): one fp32 element, an FP8
     ``out_dtype``, and an epilogue it commutes with (alpha, bias; no activation, beta * C or user
     epilogue)."""
-    if out_dtype not in FP8_OUTPUTS:
+    if out_dtype not in FP8_INPUTS:
         raise ValueError(f"scale_result scales an FP8 output (out_dtype float8_e4m3fn / float8_e5m2), got {out_dtype}")
     check_fp32_scale("scale_result", scale_result, getattr(scale_result, "device", None) if device is None else device)
     if scale_result.numel() != 1:

@@ -19,6 +19,7 @@ from ..runtime.cache import KernelCache
 from ..runtime.device import current_stream_id
 from ..schedulers.static import tail_units
 from .args import KernelArgs, dense_fake_args, fake_list_table, fake_offs, grouped_fake_args, scaled_tail
+from .fp8_scales import FP8_INPUTS, fp8_saturated
 from .sm90.kernel import GemmSm90
 from .sm90.split import split_counter_words, split_workspace_words
 from .sm100.kernel import GemmSm100
@@ -26,7 +27,6 @@ from .sm100.kernel import GemmSm100
 TORCH_TO_NAME = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 INPUT_TO_NAME = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float8_e4m3fn: "e4m3"}
 DENSE_INPUT_TO_NAME = {**INPUT_TO_NAME, torch.float8_e5m2: "e5m2"}  # e5m2: the dense form only
-FP8_INPUTS = (torch.float8_e4m3fn, torch.float8_e5m2)
 OUT_TO_NAME = {**TORCH_TO_NAME, torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}  # FP8: FP8 operands' dense form
 NAME_TO_TORCH = {v: k for k, v in TORCH_TO_NAME.items()}
 
@@ -208,9 +208,7 @@ def degenerate_result(out, b, quant, scales, gs, alpha, beta, c, bias, activatio
         return quantize_ref(y, quant, global_scale=None if gs is None else gs)
     if beta == 0.0 and bias is None and activation is None and epilogue is None:
         return out.zero_()
-    if out.dtype in FP8_INPUTS:  # an FP8 output saturates, as the kernel's
-        y = y.clamp(-torch.finfo(out.dtype).max, torch.finfo(out.dtype).max)
-    return out.copy_(y)
+    return out.copy_(fp8_saturated(y, out.dtype) if out.dtype in FP8_INPUTS else y)
 
 
 def tma_addressable(t: torch.Tensor, unit: int) -> bool:
