@@ -163,17 +163,19 @@ def cpu_weight_path(kernel: NoOpKernel | None = None):
     (``cutegemm.blockscaled.weight_only.launch``): CPU tensors, an sm_90a device with 132 SMs,
     ``kernel`` as every compiled kernel. Its plans are dropped on exit."""
     from cutegemm.blockscaled.weight_only import launch
+    from cutegemm.gemm import launch as split_launch  # the split-K buffers: keyed by (device, stream_of)
 
     kernel = kernel or NoOpKernel()
-    names = ("kernel_cache", "weight_arch", "_sm_count", "check_devices", "current_device", "current_stream_id")
+    names = ("kernel_cache", "weight_arch", "_sm_count", "check_devices", "current_device", "stream_of")
     saved = {name: getattr(launch, name) for name in names}
+    saved_stream_of = split_launch.stream_of
     cache = _FakeCache(kernel)
     launch.kernel_cache = lambda: cache
     launch.weight_arch = lambda index: "sm_90a"
     launch._sm_count = lambda index: 132
     launch.check_devices = lambda x, qw, offs: None
     launch.current_device = type(None)  # a CPU tensor's device index
-    launch.current_stream_id = lambda index: _Stream.cuda_stream
+    launch.stream_of = split_launch.stream_of = lambda device: _Stream.cuda_stream
     old_stream, old_cur = torch.cuda.current_stream, torch.cuda.current_device
     torch.cuda.current_stream = lambda index=None: _Stream
     torch.cuda.current_device = _emulated_current_device
@@ -184,6 +186,7 @@ def cpu_weight_path(kernel: NoOpKernel | None = None):
         torch.cuda.current_stream, torch.cuda.current_device = old_stream, old_cur
         for name, value in saved.items():
             setattr(launch, name, value)
+        split_launch.stream_of = saved_stream_of
         launch._PLANS.clear()
 
 

@@ -301,40 +301,49 @@ def test_warm_weight_only_call_keeps_every_check():
 
 def test_warm_split_call_takes_the_current_streams_workspace():
     """A split-grid plan passes the workspace of the stream current at the call, as the cold call
-    does, and follows a workspace that grew."""
+    does: a view of that stream's split-K buffer (``gemm.launch.split_workspace``, shared with the
+    dense split plans), its counters ending where the buffer's counter zone does."""
     from cutegemm.blockscaled.weight_only import launch
+    from cutegemm.gemm import launch as split_launch
 
     from ..host_overhead_cpu import _Stream, cpu_weight_path
 
+    def at(ws):  # (buffer storage, where the view's slots start)
+        return ws.untyped_storage().data_ptr(), ws.storage_offset()
+
+    def current(stream):
+        zone, buf = split_launch._SPLIT_BUFFERS[(torch.device("cpu"), stream)]
+        return buf.untyped_storage().data_ptr(), zone
+
     qw = quantize_ref(torch.randn(1024, 256), "mxfp8")
     x = torch.randn(16, 256, dtype=BF)
-    saved_ws, saved_stream = dict(launch._WORKSPACES), _Stream.cuda_stream
-    launch._WORKSPACES.clear()
+    saved = split_launch._SPLIT_BUFFERS, split_launch._SPLIT_RETIRED, _Stream.cuda_stream
+    split_launch._SPLIT_BUFFERS, split_launch._SPLIT_RETIRED = {}, []
     try:
         with cpu_weight_path(_Recorder()) as k:
             cutegemm.gemm(x, qw)
             assert launch._PLANS[launch._plan_key(x, qw, None, BF)].split is not None
-            ws0 = k.args[7]
+            ws0, slot0 = k.args[7], k.args[14]
+            assert slot0 % 4 == 0 and (at(ws0)[0], at(ws0)[1] + slot0) == current(0) and not ws0[:slot0].any()
             cutegemm.gemm(x, qw)
-            assert k.args[7] is ws0
+            assert at(k.args[7]) == at(ws0) and k.args[14] == slot0
             _Stream.cuda_stream = 7
             cutegemm.gemm(x, qw)
             ws7, slot7 = k.args[7], k.args[14]
-            assert ws7 is not ws0 and ws7 is launch._WORKSPACES[(None, 7)][0]
+            assert (at(ws7)[0], at(ws7)[1] + slot7) == current(7) != current(0)
             launch._PLANS.clear()
             cutegemm.gemm(x, qw)  # the cold call on stream 7 passes the same
-            assert k.args[7] is ws7 and k.args[14] == slot7
-            cutegemm.gemm(torch.randn(64, 256, dtype=BF), qw)  # more segments: the workspace grows
+            assert at(k.args[7]) == at(ws7) and k.args[14] == slot7
+            cutegemm.gemm(torch.randn(128, 256, dtype=BF), qw)  # more slots: stream 7's buffer grows
+            assert current(7)[0] != at(ws7)[0] and split_launch._SPLIT_RETIRED  # the old one kept alive
             _Stream.cuda_stream = 0
             cutegemm.gemm(x, qw)
+            assert at(k.args[7])[0] == current(0)[0]
             _Stream.cuda_stream = 7
-            cutegemm.gemm(x, qw)
-            assert k.args[7] is launch._WORKSPACES[(None, 7)][0] is not ws7
-            assert k.args[14] == launch._WORKSPACES[(None, 7)][1]
+            cutegemm.gemm(x, qw)  # back on stream 7: its current (grown) buffer
+            assert (at(k.args[7])[0], at(k.args[7])[1] + k.args[14]) == current(7)
     finally:
-        _Stream.cuda_stream = saved_stream
-        launch._WORKSPACES.clear()
-        launch._WORKSPACES.update(saved_ws)
+        split_launch._SPLIT_BUFFERS, split_launch._SPLIT_RETIRED, _Stream.cuda_stream = saved
 
 
 @pytest.mark.parametrize("opts", [{}, {"out_dtype": None}, {"alpha": 0.5}, {"out_dtype": torch.float16, "alpha": 2},

@@ -129,3 +129,25 @@ def test_growth_keeps_the_smaller_buffer():
         assert (zone, buf.numel()) == (40, 240) and big.storage_offset() == 20 and not big.any()
     finally:
         launch._SPLIT_BUFFERS, launch._SPLIT_RETIRED = saved
+
+
+def test_weight_only_workspace_is_a_view_of_the_shared_buffer(monkeypatch):
+    """The FP4 / MXFP8-weight kernel's split grid and cut tail take their counters and slots from
+    the same per-(device, stream) buffer as the dense split-K plans: counters rounded up to 16
+    bytes (the first slot word), zero, ahead of the slots; a larger need moves to a new buffer and
+    keeps the outgrown one alive (a captured graph may still point into it)."""
+    from cutegemm.blockscaled.weight_only import launch as weight_only
+
+    monkeypatch.setattr(launch, "_SPLIT_BUFFERS", {})
+    monkeypatch.setattr(launch, "_SPLIT_RETIRED", [])
+    cpu = torch.device("cpu")
+    ws, slot0, stream = weight_only._workspace(cpu, 5, 1000)
+    assert (slot0, stream) == (8, 0) and ws.dtype == torch.int32 and ws.numel() == 8 + 1000 and not ws.any()
+    zone, buf = _zone_and_buffer()
+    assert storage(ws) == storage(buf) and ws.storage_offset() + slot0 == zone  # counters end where the zone does
+    ws.fill_(7)  # slots written by a launch: the counter zone of the next view is still zero
+    ws[:slot0] = 0
+    again, slot0, _ = weight_only._workspace(cpu, 3, 500)
+    assert slot0 == 4 and storage(again) == storage(buf) and not again[:slot0].any()
+    big, slot0, _ = weight_only._workspace(cpu, 40, 10**5)
+    assert storage(big) != storage(buf) and launch._SPLIT_RETIRED[-1] is buf and not big[:slot0].any()

@@ -123,3 +123,39 @@ def test_graph_replay_after_the_buffer_grew():
         eager = cutegemm.gemm(x, b)
         torch.cuda.synchronize()
         assert torch.equal(out, eager), f"replay {i}"
+
+
+def test_weight_only_graph_replay_after_the_buffer_grew():
+    """The MXFP8-weight kernel's split grid takes its counters and slots from the same per-stream
+    buffer: a graph captured with a weight-only split call (the stream's buffer made before the
+    capture, in the allocator's common pool) replays with the same bits as eager calls after a
+    larger call moved that stream to a new buffer and fresh NaN-filled allocations took the freed
+    memory (the outgrown buffer stays allocated)."""
+    from cutegemm.blockscaled.weight_only import launch as weight_only
+
+    g = torch.Generator(device="cuda").manual_seed(31)
+    qw = cutegemm.quantize(torch.randn(1024, 256, generator=g, device="cuda"), "mxfp8")
+    x = torch.randn(16, 256, generator=g, device="cuda").to(BF16)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        out = cutegemm.gemm(x, qw)  # the plan, and stream s's buffer, before the capture
+        assert weight_only._PLANS[weight_only._plan_key(x, qw, None, BF16)].split is not None, "no split grid"
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=s):
+            cutegemm.gemm(x, qw, out=out)
+        retired = len(launch._SPLIT_RETIRED)
+        big_x = torch.randn(512, 256, generator=g, device="cuda").to(BF16)
+        big = cutegemm.gemm(big_x, qw)  # more slots: stream s moves to a larger buffer
+        assert len(launch._SPLIT_RETIRED) > retired, "stream s's buffer did not grow"
+    torch.cuda.current_stream().wait_stream(s)
+    junk = [torch.full((1 << 20,), float("nan"), device="cuda") for _ in range(64)]  # reuse of freed memory
+    w = cutegemm.dequantize(qw, torch.float32)
+    assert_within_torch_error(big, (big_x.float() @ w.t()).to(BF16), big_x.double() @ w.double().t(), what="big")
+    for i in range(5):
+        x.copy_(torch.randn(16, 256, generator=g, device="cuda").to(BF16))
+        graph.replay()
+        eager = cutegemm.gemm(x, qw)
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager), f"replay {i}"
+    del junk

@@ -37,10 +37,12 @@ CTAs (``Fp4WeightConfig.tail_split``; cut units meet through the workspace below
 reproducibly). A forced ``config`` always runs the kernel.
 
 Dense calls with several token passes use the split grid (``Fp4WeightConfig.split``) or the cut
-tail: they keep a workspace per (device, stream) (counters the kernel leaves at zero + two fp32
-partial-sum slots of a CTA's tile per CTA: ~35 MB on 132 SMs), so calls on one stream are safe. A CUDA graph keeps the workspace of the stream it was captured on:
-do not replay it concurrently with split calls on that stream, or with another graph captured on
-the same stream (replays one after another are fine).
+tail: their workspace (counters the kernel leaves at zero + two fp32 partial-sum slots of a
+CTA's tile per CTA: ~35 MB on 132 SMs) is a view of the split-K buffer of the current (device,
+stream) that the dense split-K plans share (``gemm.launch.split_workspace``), so calls on one
+stream are safe, and a buffer that is outgrown stays allocated. A CUDA graph keeps the workspace
+of the stream it was captured on: do not replay it concurrently with split calls on that stream,
+or with another graph captured on the same stream (replays one after another are fine).
 """
 
 from __future__ import annotations
@@ -51,9 +53,10 @@ from dataclasses import dataclass
 import torch
 
 from ...gemm.dense import gemm
-from ...gemm.launch import current_device
+from ...gemm.launch import current_device, split_workspace, stream_of
+from ...gemm.sm90.split import split_counter_words
 from ...grouped.packed import grouped_gemm
-from ...runtime.device import current_stream_id, device_info
+from ...runtime.device import device_info
 from ..dequant import dequantizable, dequantize_checked
 from ..formats import MXFP4, MXFP8, NVFP4
 from ..quantize_launch import ones_on
@@ -160,6 +163,7 @@ class _Plan:
         self.index = self.device.index  # what current_device() returns on the plan's device
         self.x_ready = self.ring and self.x_dtype == torch.bfloat16  # x itself where contiguous and aligned
         self.tail = self._tail(self.gs_words, 0)
+        self.bound = None  # split: the stream handle whose workspace ``tail`` holds
 
     def _tail(self, work, slot0) -> tuple:
         """The kernel's arguments after (x, data, scales, out, offs) but alpha."""
@@ -178,10 +182,10 @@ class _Plan:
             xf = xf.clone()
         out = torch.empty(self.m, self.n, dtype=self.out_dtype, device=self.device)
         tail = self.tail
-        if self.split is not None:
-            work, slot0 = _workspace_at(self.index, self.device, *self.split)
-            if tail[2] is not work:  # a new workspace on this stream (or another stream's)
-                tail = self.tail = self._tail(work, slot0)
+        if self.split is not None and stream_of(self.device) != self.bound:
+            # the workspace of the stream it launches on (first call, or another stream than the last)
+            work, slot0, self.bound = _workspace(self.device, *self.split)
+            tail = self.tail = self._tail(work, slot0)
         # xf is contiguous (used as it is only then, else a contiguous copy): ravel is its flat
         # view with less argument parsing than view(-1)
         self.fn(xf.view(torch.int32).ravel(), self.data, self.scales, out.ravel(),
@@ -316,7 +320,7 @@ def gemm_fp4_weight(
                 raise ValueError(f"Fp4WeightConfig.tail_split: {batches} batches need too large a workspace")
             split = (segs, slot_words)
     if split is not None:
-        work, slot0 = _workspace(dev, *split)
+        work, slot0, _ = _workspace(dev, *split)
     fn = kernel_cache().get(cfg)
     fn(
         xf.view(torch.int32).reshape(-1),
@@ -430,9 +434,6 @@ def _dequantized(x, qw, offs, out, out_dtype, alpha, scale_a):
     return out.copy_(acc.mul_(scale_a.view(-1, 1)))
 
 
-_WORKSPACES: dict = {}
-
-
 def _split_geometry(cfg, idx: int, m: int, n: int, k: int, batches: int) -> tuple[int, tuple[int, int]]:
     """(CTA count, (counters, slot words)) of a split launch: as many CTAs as the SMs' shared
     memory holds at once, at most 2 per SM (never more than there are units; a grid larger than
@@ -447,26 +448,15 @@ def _split_geometry(cfg, idx: int, m: int, n: int, k: int, batches: int) -> tupl
     return n_ctas, (segs, n_ctas * 2 * cfg.rows_per_cta * cfg.tokens_per_pass)
 
 
-def _workspace(dev: torch.device, segs: int, slot_words: int) -> tuple[torch.Tensor, int]:
-    """(workspace, first slot word) of a launch that meets partial sums through memory (the
-    split grid, ``tail_split``): ``segs`` counters (zero; every launch leaves its counters zero),
-    then ``slot_words`` of partial-sum slots, cached per (device, stream) (module docstring)."""
-    return _workspace_at(dev.index if dev.index is not None else torch.cuda.current_device(), dev, segs, slot_words)
-
-
-def _workspace_at(idx: int, dev: torch.device, segs: int, slot_words: int) -> tuple[torch.Tensor, int]:
-    """:func:`_workspace` on device index ``idx`` (``dev``'s)."""
-    key = (idx, current_stream_id(idx))
-    ws, counters = _WORKSPACES.get(key, _NO_WORKSPACE)
-    words = 0 if ws is None else ws.numel()
-    if counters < segs or words < counters + slot_words:
-        counters = max(counters, -(-segs // 256) * 256)
-        ws = torch.zeros(max(counters + slot_words, words), dtype=torch.int32, device=dev)
-        _WORKSPACES[key] = (ws, counters)
-    return ws, counters
-
-
-_NO_WORKSPACE = (None, 0)
+def _workspace(dev: torch.device, segs: int, slot_words: int) -> tuple[torch.Tensor, int, int]:
+    """(workspace, first slot word, stream handle) of a launch that meets partial sums through memory
+    (the split grid, ``tail_split``): ``segs`` counters (zero; every launch leaves its counters zero)
+    rounded up to 16 bytes, then ``slot_words`` of partial-sum slots, a view of the current stream's
+    split-K buffer, the one the dense split-K plans share (``gemm.launch.split_workspace``: a buffer
+    that is outgrown stays allocated, so a captured CUDA graph never points into freed memory)."""
+    counters = split_counter_words(segs)
+    ws, stream = split_workspace(dev, counters, slot_words)
+    return ws, counters, stream
 
 
 def policy_config(m: int, n: int, fmt: str, out_dtype: torch.dtype, arch: str, grouped: bool, batches: int,
