@@ -574,7 +574,27 @@ def _fp8_cases():
         err = (host[:end].float() - ref).abs().max().item()
         assert err <= 0.02 * ref.abs().max().item(), f"grouped fp8 {kind}: max error {err:.4g}"
 
+    def fp8_out(out_dtype, config=None, m=300, k=640):
+        """An FP8 output (saturated, stored by coordinate) into rows of a NaN-poisoned buffer."""
+        n = 392
+        a, w = (cpu(m, k) * 2).to(F8), (cpu(n, k) * 2).to(F8)
+        sa, sb = cpu(m, 1, dtype=F32).abs() * 0.1 + 0.01, cpu(1, n, dtype=F32).abs() + 0.1
+        buf = torch.full((m + 2, n), float("nan")).to(out_dtype).cuda()
+        cutegemm.gemm(a.cuda(), w.cuda().t(), scale_a=sa.cuda(), scale_b=sb.cuda(), out=buf[:m], config=config)
+        torch.cuda.synchronize()
+        host = buf.cpu().float()
+        assert torch.isnan(host[m:]).all(), "fp8 out: a row past the output was written"
+        ref = cutegemm.gemm_ref(a, w.t(), scale_a=sa, scale_b=sb, out_dtype=out_dtype).float()
+        acc_bound = 2.0**-12 * (a.float().abs() @ w.float().abs().t()) * sa * sb  # the FP8 accumulator's error
+        bad = ((host[:m] - ref).abs() > 0.26 * ref.abs() + 1e-3 + acc_bound).sum().item()  # one step of e5m2: 25%
+        assert bad == 0, f"fp8 out {out_dtype}: {bad} elements off the reference"
+
     return {
+        "fp8-out-e4m3": lambda: fp8_out(F8),
+        "fp8-out-e5m2-decode": lambda: fp8_out(torch.float8_e5m2, m=40, k=4096),  # the policy's decode pick
+        "fp8-out-e4m3-split": lambda: fp8_out(F8, m=40, k=4096, config=GemmConfig(
+            arch="sm_90a", a_dtype="e4m3", b_dtype="e4m3", out_dtype="e4m3", a_major="k", b_major="k", tile_m=64,
+            tile_n=128, raster="n", group=1, form=Form.FLAT, split_k=2, epilogue=EpilogueSpec(scale_a=True, scale_b=True))),
         "fp8-rowwise-promoted": lambda: dense("rowwise"),
         "fp8-blockwise-wg-order": lambda: dense("blockwise"),
         "fp8-blockwise-192-wide": lambda: dense("blockwise", GemmConfig(
