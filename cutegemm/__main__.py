@@ -60,7 +60,10 @@ def cmd_bench(args) -> int:
             print(f"results: {write_quant_results(rows, outdir)}")
         elif fam == "sweep":  # real-model layers x M, bf16 and FP8 row-wise, vs torch
             m_values = tuple(int(v) for v in args.m_values.split(",")) if args.m_values else layer_sweep.M_VALUES
-            results = layer_sweep.sweep(m_values=m_values, out=outdir / "sweep")
+            kinds = tuple(args.kinds.split(",")) if args.kinds else layer_sweep.KINDS
+            if not set(kinds) <= set(layer_sweep.ALL_KINDS):
+                raise SystemExit(f"--kinds: choose from {','.join(layer_sweep.ALL_KINDS)}, got {args.kinds}")
+            results = layer_sweep.sweep(kinds=kinds, m_values=m_values, out=outdir / "sweep")
             print(layer_sweep.markdown(results))
             print(f"results: {outdir / 'sweep'}")
         elif fam == "moe":  # the MoE expert layer, fwd and fwd+bwd: torch, cutegemm, transformers backend, SonicMoE
@@ -136,6 +139,8 @@ def main(argv=None) -> int:
     b.add_argument("--m-values", default="",
                    help="sweep: token counts M, comma separated (default 1,16,64,128,512,1024,2048,8192); "
                         "tiles: the sweep's layers at these M")
+    b.add_argument("--kinds", default="",
+                   help="sweep: bf16,fp8,fp8t (fp8t: per-tensor FP8 vs torch's cuBLASLt path; default bf16,fp8)")
     b.set_defaults(fn=cmd_bench)
     c = sub.add_parser("compile-check", help="compile every variant for each arch and check its SASS")
     c.add_argument("--arch", default="sm_90a,sm_100a")

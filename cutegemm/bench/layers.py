@@ -51,7 +51,12 @@ LAYERS = [
     ("Mistral-7B", "lm_head", 32768, 4096),
 ]
 M_VALUES = (1, 16, 64, 128, 512, 1024, 2048, 8192)
-KINDS = ("bf16", "fp8")
+KINDS = ("bf16", "fp8")  # the default sweep
+# "fp8t": FP8 with per-tensor scales against torch._scaled_mm's tensor-wise path (cuBLASLt's FP8
+# kernels, faster than the row-wise CUTLASS kernels "fp8" meets): `bench sweep --kinds bf16,fp8,fp8t`
+ALL_KINDS = ("bf16", "fp8", "fp8t")
+BASELINES = {"bf16": "cuBLAS (torch.matmul)", "fp8": "torch._scaled_mm (row-wise)",
+             "fp8t": "torch._scaled_mm (per-tensor: cuBLASLt)"}
 
 
 def layer_shapes(m_values) -> list[tuple[int, int, int]]:
@@ -61,7 +66,7 @@ def layer_shapes(m_values) -> list[tuple[int, int, int]]:
 
 @dataclass
 class Case:
-    kind: str  # "bf16" or "fp8" (row-wise)
+    kind: str  # "bf16", "fp8" (row-wise scales) or "fp8t" (per-tensor scales)
     family: str
     layer: str
     m: int
@@ -108,11 +113,12 @@ def operands(case: Case, device="cuda"):
     if case.kind == "bf16":
         return (x, w.t()), {}
     x8, w8 = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+    rows, cols = ((case.m, 1), (1, case.n)) if case.kind == "fp8" else ((), ())  # fp8t: 0-d scales
     if device == "cuda":
-        sa = torch.rand(case.m, 1, device=device) * 0.5 + 0.5
-        sb = torch.rand(1, case.n, device=device) * 0.5 + 0.5
+        sa = torch.rand(rows, device=device) * 0.5 + 0.5
+        sb = torch.rand(cols, device=device) * 0.5 + 0.5
     else:
-        sa, sb = torch.ones(case.m, 1), torch.ones(1, case.n)
+        sa, sb = torch.ones(rows), torch.ones(cols)
     return (x8, w8.t()), dict(scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
 
 
@@ -297,7 +303,7 @@ def markdown(results: list[Result]) -> str:
     for kind, stats in summary(results).items():
         rs = [r for r in results if r.case.kind == kind]
         ms = sorted({r.case.m for r in rs})
-        base = "cuBLAS (torch.matmul)" if kind == "bf16" else "torch._scaled_mm (row-wise)"
+        base = BASELINES[kind]
         lines += [f"#### {kind}: torch time / ours vs {base}", "",
                   "| layer (N x K) | " + " | ".join(f"M={m}" for m in ms) + " |",
                   "|---|" + "---|" * len(ms)]  # fmt: skip

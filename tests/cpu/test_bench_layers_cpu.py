@@ -3,6 +3,8 @@
 
 import random
 
+import torch
+
 from cutegemm.bench import layers
 from cutegemm.bench.layers import Case, Result
 from cutegemm.config import GemmConfig
@@ -111,3 +113,21 @@ def test_every_config_of_the_sweep_is_valid():
     lay = [("Llama-3-70B", "qkv", 10240, 8192), ("DeepSeek-V3", "q_b", 24576, 1536), ("DeepSeek-V3", "kv_a", 576, 7168)]
     bad = {c.name: config_errors(c) for c in layers.configs_of_sweep(layers=lay) if config_errors(c)}
     assert not bad, bad
+
+
+def test_per_tensor_fp8_kind():
+    """``--kinds ...,fp8t``: FP8 with 0-d scales, against torch._scaled_mm's tensor-wise (cuBLASLt)
+    path; its calls run valid configs found on the CPU, and its table names that baseline."""
+    case = Case("fp8t", "Llama-3-8B", "o", 1024, 4096, 4096)
+    (a, b), kw = layers.operands(case, device="cpu")
+    assert a.dtype == b.dtype == torch.float8_e4m3fn and kw["out_dtype"] == torch.bfloat16
+    assert kw["scale_a"].dim() == kw["scale_b"].dim() == 0 and a.shape == (1024, 4096) and b.shape == (4096, 4096)
+    row = Case("fp8", "Llama-3-8B", "o", 1024, 4096, 4096)
+    assert layers.operands(row, device="cpu")[1]["scale_a"].shape == (1024, 1)
+    lay = [("Llama-3-8B", "o", 4096, 4096), ("DeepSeek-V3", "kv_a", 576, 7168)]
+    plan = layers.sweep_plan(kinds=("fp8t",), layers=lay, m_values=(1, 128, 1024))
+    assert len(plan) == 6 and all(cfgs and cfgs[-1].a_dtype == "e4m3" for _, cfgs in plan)
+    res = [Result(c, 10.0, 9.0, 0.9, 0.9, 0.9, "cfg", 1e-3, 1e-3) for c, _ in plan]
+    md = layers.markdown(res)
+    assert "fp8t: torch time / ours vs torch._scaled_mm (per-tensor: cuBLASLt)" in md and "**0.90**" in md
+    assert set(layers.KINDS) < set(layers.ALL_KINDS) == {"bf16", "fp8", "fp8t"}
