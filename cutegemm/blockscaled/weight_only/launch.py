@@ -316,7 +316,7 @@ def gemm_fp4_weight(
         if cfg.tail_split:
             segs = batches * -(-n // cfg.rows_per_cta) * -(-m // cfg.tokens_per_pass)
             slot_words = batches * n_ctas * 2 * cfg.rows_per_cta * cfg.tokens_per_pass
-            if segs + 256 + slot_words >= 2**31:  # the kernel's Int32 word offsets
+            if split_counter_words(segs) + slot_words >= 2**31:  # the kernel's Int32 word offsets (its view: counters, slots)
                 raise ValueError(f"Fp4WeightConfig.tail_split: {batches} batches need too large a workspace")
             split = (segs, slot_words)
     if split is not None:
