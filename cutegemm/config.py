@@ -1,5 +1,4 @@
-"""GemmConfig (the compile-cache key), GemmProblem, and ``can_implement``: the one statement of
-what the dense kernels support."""
+"""GemmConfig (the compile-cache key), GemmProblem and ``can_implement``: what the kernels support."""
 
 from __future__ import annotations
 
@@ -25,6 +24,7 @@ BLOCKSCALED_RECIPES = {
 BLOCKSCALED_MIXED = {("e4m3", "e2m1"), ("e2m1", "e4m3")}
 ELEMENT_BITS = {"bf16": 16, "fp16": 16, "fp32": 32, "e4m3": 8, "e5m2": 8, "e2m1": 4, "u8": 8}
 GATHER_K_TILES = (64, 128, 256)  # K-grouped gathering: the gathered operand's tile (128 cp.async threads)
+PROMOTE_TILE_N = (64, 128, 192)  # the tile widths FP8 with promote_k runs
 QUANT_FORMATS = ("mxfp8", "mxfp4", "nvfp4")  # quantized outputs (epilogue.quant)
 MAX_EPILOGUE_ARGS = 4  # vectors a user epilogue may take (epilogue.user)
 EPI_DTYPES = ("bf16", "fp16", "fp32")
@@ -310,7 +310,7 @@ def config_errors(cfg: GemmConfig) -> list[str]:
         err.append("fast_accum is an sm_90a FP8 option (the sm_100a policy drops it: no promotion there)")
     if cfg.promote_k and (cfg.promote_k not in (32, 64) or not cfg.fp8 or cfg.fast_accum or cfg.fp8_blockwise
                           or cfg.arch != "sm_90a" or cfg.fp8_mx or cfg.wg_order or cfg.swap_ab or cfg.kgrouped or cfg.pingpong
-                          or cfg.tile_n not in (64, 128, 192)):  # fmt: skip
+                          or cfg.tile_n not in PROMOTE_TILE_N):  # fmt: skip
         err.append("promote_k (32 or 64): sm_90a FP8 with promotion, cooperative, tile_n 64 / 128 / 192; not "
                    "fast_accum, fp8_blockwise, fp8_mx, wg_order, swap_ab or K-grouped")  # fmt: skip
     if cfg.gather_a and not cfg.kgrouped and (not cfg.grouped or cfg.a_dtype not in INPUT_DTYPES or cfg.swap_ab

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 from .config import (
     FP8_DTYPES,
+    PROMOTE_TILE_N,
     EpilogueSpec,
     Form,
     GemmConfig,
@@ -86,10 +87,17 @@ SHORT_RATE = 0.55
 # either way, where B's 235 MB read twice bounds the call, which the model does not count).
 # Outputs bit-equal to 128x256's. The rate fits those runs.
 WIDE_RATE = 0.97
+# e4m3 128x160 (2x1) beside 128x192 for M > 128: whole waves where N is a multiple of 5 x 1024 and
+# on N = 7168 / 28672. H100, one process, 3 interleaved rounds of 8 L2-flushed reps, 96 shapes (the
+# sweep's 16 layers x M = 256 to 8192; x torch._scaled_mm per-tensor, cuBLASLt): with it the picks
+# ran 0.943 -> 0.958 geomean, e.g. 1024 x 7168 x 16384 0.87 -> 0.98, 512 x 10240 x 8192 0.98 ->
+# 1.09, 256 x 51200 x 5120 0.88 -> 0.99; no pick it changed lost more than 0.5%. Its rate there
+# was 0.92-0.96 of the model's (the picks equal across that range).
+E4M3_160_RATE = 0.94
 TILE_RATES = {
     "16-bit": {(128, 256): 1.00, (128, 224): WIDE_RATE, (128, 192): 0.96, (128, 160): 0.95, (128, 128): 0.88,
                (128, 96): 0.75, (192, 192): TALL_RATE, (64, 96): SHORT_RATE},
-    "e4m3": {(128, 192): 0.96, (128, 128): 0.85, (128, 64): 0.43},
+    "e4m3": {(128, 192): 0.96, (128, 160): E4M3_160_RATE, (128, 128): 0.85, (128, 64): 0.43},
 }
 SM_FLOPS = 6.0e12  # 16-bit WGMMA flop/s of one SM at the power-capped clock (802 TFLOP/s / 132); e4m3 twice
 SM_STORE_BYTES = 30e9  # HBM bytes/s of one SM's share (4 TB/s / 132): the epilogue's stores
@@ -99,9 +107,11 @@ UNIT_SECONDS = 0.5e-6  # a work unit's fixed cost (pipeline fill and drain, the 
 # range, from the H100's bf16 layer sweep, where the split picks ran 1.1-1.3x the model's time at
 # 4 µs while unsplit ones ran 0.93x (DeepSeek-V3 q_a 512 x 1536 x 7168: 128x192 in 4 ranges 0.83x
 # cuBLAS, 128x64 unsplit 0.93 in `bench tiles`; Qwen3-32B qkv M = 128: 128x160 in 2 ranges 0.91,
-# 128x128 unsplit 0.97). e4m3 keeps the H200 calibration's 4 µs (not re-measured).
+# 128x128 unsplit 0.97). e4m3 too since the H100's FP8 timing of 96 shapes (E4M3_160_RATE's):
+# at the H200's 4 µs, 512 x 1536 x 7168 took 128x192 in 4 ranges (0.72x torch._scaled_mm against
+# 0.92 for 128x64 unsplit) and 256 x 2048 x 4096 128x64 in 2 (0.81 against 0.82).
 SM_PARTIAL_BYTES = 30e9
-SPLIT_UNIT_SECONDS = {"16-bit": 10e-6, "e4m3": 4e-6}
+SPLIT_UNIT_SECONDS = {"16-bit": 10e-6, "e4m3": 10e-6}
 MODEL_MARGIN = 1.05
 # K ranges the wave model weighs (3: 512 x 576 x 7168 in 128x64 tiles, 36 tiles x 3 = 108 units:
 # 0.91x cuBLAS on the H200's `bench tiles`, against 0.89 in 2 ranges and the 4-range pick's 0.85)
@@ -248,6 +258,8 @@ def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,), extra_rates=None,
     fp8 = p.a_dtype in FP8_DTYPES
     base = TILE_RATES[dtype_family(p.a_dtype)]
     rates = {**{t: r for t, r in base.items() if other_m or (t[0] == 128 and t[1] not in (96, 224))}, **(extra_rates or {})}
+    if fp8 and p.out_dtype == "fp32":  # promoted per WGMMA (fp32_promotion): its tile widths only
+        rates = {t: r for t, r in rates.items() if t[1] in PROMOTE_TILE_N}
     k_tiles, min_tiles = (ceil_div(p.k, 128), 12) if fp8 else (ceil_div(p.k, 64), 24)
     out = []
     for (tm, tn), rate in rates.items():

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from .. import policy, small_m
+from .. import policy
 from ..api import gemm
 from ..gemm import dense
 from ..runtime.timer import Timer
@@ -153,20 +153,21 @@ def previous_config(cfg, m: int, n: int, sms: int):
     return None if prev == cfg else prev
 
 
-PREVIOUS_POLICY = "policy before the short-K pingpong tiles (short_k_pingpong) and the 1x4 decode clusters (quad_clusters)"
+PREVIOUS_POLICY = "policy before e4m3 128x160 tiles for M > 128 and its 10 µs split cost (E4M3_160_RATE)"
 
 
 @contextlib.contextmanager
 def previous_policy():
-    """The policy before the short-K pingpong tiles (policy.short_k_pingpong) and the 1x4 clusters of
-    48 < M <= 64 (small_m.quad_clusters), for the sweep's same-round comparison on the cases where it
-    picks another config."""
-    saved = policy.SHORT_K_PINGPONG, small_m.QUAD_CLUSTERS
-    policy.SHORT_K_PINGPONG = small_m.QUAD_CLUSTERS = False
+    """The policy before e4m3's 128x160 tiles for M > 128 (policy.E4M3_160_RATE) and its 10 µs split
+    cost (policy.SPLIT_UNIT_SECONDS; 4 µs before), for the sweep's same-round comparison on the
+    cases where it picks another config."""
+    rates, split = policy.TILE_RATES["e4m3"], policy.SPLIT_UNIT_SECONDS["e4m3"]
+    policy.TILE_RATES["e4m3"] = {t: r for t, r in rates.items() if t != (128, 160)}
+    policy.SPLIT_UNIT_SECONDS["e4m3"] = 4e-6
     try:
         yield
     finally:
-        policy.SHORT_K_PINGPONG, small_m.QUAD_CLUSTERS = saved
+        policy.TILE_RATES["e4m3"], policy.SPLIT_UNIT_SECONDS["e4m3"] = rates, split
 
 
 def alternative_config(cfg, args, kwargs):

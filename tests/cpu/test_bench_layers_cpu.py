@@ -80,26 +80,27 @@ def test_previous_rule_is_timed_where_it_differs():
 
 
 def test_previous_policy_is_precompiled_and_restored():
-    """``previous_policy`` (before the short-K pingpong tiles and the 1x4 decode clusters) picks the
-    earlier configs inside and restores the policy after; the sweep's precompile list holds both
-    picks (DeepSeek-V3 q_b at M = 1024: pingpong 128x192 2x1 now, 128x256 2x1 before; Llama-3-70B
-    qkv at M = 64: 64x128 in 1x4 clusters now, 1x1 before; at M = 128 neither changes)."""
-    from cutegemm import policy, small_m
+    """``previous_policy`` (before e4m3's 128x160 tiles for M > 128 and its 10 µs split cost) picks
+    the earlier configs inside and restores the policy after; the sweep's precompile list holds
+    both picks (FP8 DeepSeek-V3 o at M = 1024: 128x160 2x1 now, 128x192 2x1 before; DeepSeek-V3 q_a
+    at M = 512: 128x64 unsplit now, 128x192 in 4 ranges before; bf16 unchanged)."""
+    from cutegemm import policy
 
-    assert policy.SHORT_K_PINGPONG and small_m.QUAD_CLUSTERS
-    lay = [("Llama-3-70B", "qkv", 10240, 8192), ("DeepSeek-V3", "q_b", 24576, 1536)]
-    plan = dict(layers=lay, m_values=(64, 128, 1024), kinds=("bf16",))
-    now = {c.name: cfgs[-1] for c, cfgs in layers.sweep_plan(**plan)}
+    rates, split = dict(policy.TILE_RATES["e4m3"]), policy.SPLIT_UNIT_SECONDS["e4m3"]
+    assert (128, 160) in rates and split == 10e-6
+    lay = [("DeepSeek-V3", "o", 7168, 16384), ("DeepSeek-V3", "q_a", 1536, 7168)]
+    plan = dict(layers=lay, m_values=(128, 512, 1024), kinds=("bf16", "fp8"))
+    now = {(c.kind, c.name): cfgs[-1] for c, cfgs in layers.sweep_plan(**plan)}
     with layers.previous_policy():
-        assert not policy.SHORT_K_PINGPONG and not small_m.QUAD_CLUSTERS
-        old = {c.name: cfgs[-1] for c, cfgs in layers.sweep_plan(**plan)}
-    assert policy.SHORT_K_PINGPONG and small_m.QUAD_CLUSTERS
-    tiles = {name: ((now[name].tile_m, now[name].tile_n, now[name].cluster_m, now[name].cluster_n, now[name].pingpong),
-                    (old[name].tile_m, old[name].tile_n, old[name].cluster_m, old[name].cluster_n, old[name].pingpong))
+        assert (128, 160) not in policy.TILE_RATES["e4m3"] and policy.SPLIT_UNIT_SECONDS["e4m3"] == 4e-6
+        old = {(c.kind, c.name): cfgs[-1] for c, cfgs in layers.sweep_plan(**plan)}
+    assert policy.TILE_RATES["e4m3"] == rates and policy.SPLIT_UNIT_SECONDS["e4m3"] == split
+    tiles = {name: ((now[name].tile_m, now[name].tile_n, now[name].cluster_m, now[name].split_k),
+                    (old[name].tile_m, old[name].tile_n, old[name].cluster_m, old[name].split_k))
              for name in now}  # fmt: skip
-    assert tiles["DeepSeek-V3 q_b M=1024"] == ((128, 192, 2, 1, True), (128, 256, 2, 1, False)), tiles
-    assert tiles["Llama-3-70B qkv M=64"] == ((64, 128, 1, 4, False), (64, 128, 1, 1, False)), tiles
-    assert all(now[n] == old[n] for n in now if n.endswith("M=128")), tiles
+    assert tiles["fp8", "DeepSeek-V3 o M=1024"] == ((128, 160, 2, 1), (128, 192, 2, 1)), tiles
+    assert tiles["fp8", "DeepSeek-V3 q_a M=512"] == ((128, 64, 1, 1), (128, 192, 1, 4)), tiles
+    assert all(now[n] == old[n] for n in now if n[0] == "bf16"), tiles
     cfgs = layers.configs_of_sweep(**plan)
     assert all(now[n] in cfgs and old[n] in cfgs for n in now)
 

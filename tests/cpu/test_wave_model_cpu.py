@@ -341,7 +341,7 @@ def test_h100_split_costs_and_128x160_rate():
     DeepSeek-V3 q_a at M = 512 runs 128x64 unsplit (0.93x cuBLAS in `bench tiles` against 4 ranges
     of 128x192's 0.83), Qwen3-32B qkv at M = 128 128x128 unsplit (0.97 against 0.91), Qwen3-32B
     gate_up at M = 512 128x160 2x1 (1.00 against 128x256's 0.93; without 128x224, which runs it 1.03
-    since); e4m3 keeps its split pick."""
+    since); e4m3 too since its H100 timing (test_e4m3_128x160_and_split_cost)."""
     q_a = wave_choice(problem(512, 1536, 7168), SMS, (1, 2, 3, 4), True, other_m=False)  # (64x96 now, above)
     assert (q_a.tile_m, q_a.tile_n, q_a.split_k) == (128, 64, 1), q_a
     qkv = dense_no_pairs(128, 10240, 5120)
@@ -349,9 +349,27 @@ def test_h100_split_costs_and_128x160_rate():
     gate_up = dense(512, 51200, 5120)
     assert (gate_up.tile_n, gate_up.cluster_m, gate_up.split_k) == (224, 2, 1), gate_up.name
     assert wave_choice(problem(512, 51200, 5120), SMS, other_m=False).tile_n == 160  # 224 is 16-bit dense only
-    assert dense(512, 1536, 7168, "e4m3").split_k > 1
     for cfg in (qkv, gate_up):
         assert not config_errors(cfg)
+
+
+def test_e4m3_128x160_and_split_cost():
+    """e4m3 for M > 128 weighs 128x160 (2x1) beside 128x192 and splits K at 16-bit's 10 µs a range
+    (H100, x torch._scaled_mm per-tensor, policy.E4M3_160_RATE): DeepSeek-V3 o at M = 1024 (360
+    tiles, 2.7 waves, against 304 of 128x192 in 2.3) 0.87 -> 0.98, Qwen3-32B gate_up at M = 256
+    0.88 -> 0.99, Llama-3-70B qkv at M = 512 0.98 -> 1.09; DeepSeek-V3 q_a at M = 512 128x64
+    unsplit (0.92, against 128x192 in 4 ranges' 0.72). N = 6144 (32 tiles of 192) keeps 128x192, and
+    the M <= 128 rule keeps its own 128x160 rate (policy.SMALL_M_ONLY_RATES)."""
+    for m, n, k in ((1024, 7168, 16384), (256, 51200, 5120), (512, 10240, 8192), (2048, 5120, 25600)):
+        cfg = dense(m, n, k, "e4m3")
+        assert (cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.cluster_n, cfg.split_k) == (128, 160, 2, 1, 1), cfg.name
+        assert not config_errors(cfg)
+    q_a = dense(512, 1536, 7168, "e4m3")
+    assert (q_a.tile_m, q_a.tile_n, q_a.split_k) == (128, 64, 1), q_a.name
+    for m in (512, 1024, 8192):
+        assert dense(m, 6144, 4096, "e4m3").tile_n == 192
+    assert policy.SMALL_M_ONLY_RATES["e4m3"][(128, 160)] < policy.E4M3_160_RATE
+    assert dense(128, 51200, 5120, "e4m3").tile_n == 160  # the M <= 128 pick it had (2.4 waves)
 
 
 def test_128x96_one_m_tile_1x1_else_1x2():

@@ -1,5 +1,5 @@
 """The configs the sm_90a wave model picks for M > 128 (policy.wave_choice: 128x192 2x1 tiles, 128x128
-/ 128x96 M-major (2x1 / 1x2), 128x64, split K of 128x128 / 128x192 tiles, 192x192, 64x96 1x2), on the GPU
+/ 128x96 M-major (2x1 / 1x2), e4m3 128x160 (2x1 / 1x2), 128x64, split K of 128x128 / 128x192 tiles, 192x192, 64x96 1x2), on the GPU
 through the public API: every pick of a sweep of real-model shapes (bf16 and FP8 row-wise) against
 an fp64 reference within 2x torch's error, into NaN-poisoned outputs, bitwise equal on a second call
 (split K adds the ranges in range order)."""
@@ -26,7 +26,9 @@ SHAPES = [(512, 576, 7168), (1024, 576, 7168), (512, 1536, 7168), (1024, 6144, 4
           # odd M tiles paired along N (policy.odd_m_pairs_n), an odd N tile count padded: 1x2 clusters
           (1152, 1536, 7168), (640, 7168, 16384), (384, 8192, 28672), (300, 6144, 4096), (1152, 2048, 4096),
           # short K: pingpong 128x192 2x1 (policy.short_k_pingpong); a partial last M and N tile
-          (1024, 24576, 1536), (1500, 6100, 1024), (2048, 24576, 1536)]  # fmt: skip
+          (1024, 24576, 1536), (1500, 6100, 1024), (2048, 24576, 1536),
+          # FP8 128x160 (policy.E4M3_160_RATE): 2x1 with a partial last N tile, 1x2 over odd M tiles
+          (1024, 7168, 16384), (2000, 5120, 2048), (1000, 28672, 4096), (640, 7168, 16384), (896, 5120, 2048)]  # fmt: skip
 
 
 def _sm90():
