@@ -451,7 +451,7 @@ class ArchPolicy:
             cfg = short_k_pingpong(cfg, p, self.num_sms) or cfg
         cfg = small_m_options(cfg, p, self.num_sms)
         if not explicit:
-            cfg = quad_clusters(cfg, p) or cfg
+            cfg = quad_clusters(cfg, p, self.num_sms) or cfg
         if dtype_family(p.a_dtype) in SMALL_M_WAVES and not explicit:
             cfg = small_m_alternative(cfg, p, self.num_sms) or cfg
         if not explicit:

@@ -109,20 +109,32 @@ def small_m_options(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig
 # layers at M = 64 where the decode rule takes 64x128 (1x1 -> 1x4): Llama-3-70B qkv (N 10240, K
 # 8192) 0.923 -> 0.980, down (8192, 28672) 0.949 -> 1.035, Qwen3-32B qkv (10240, 5120) 0.934 ->
 # 0.989, gate_up (51200, 5120) 0.978 -> 1.010; at K = 4096 it lost or tied (Llama-3-8B qkv N
-# 6144: 0.986 -> 0.966; gate_up 28672: 0.989 -> 0.998), so shorter K keeps 1x1. FP8 was not timed;
-# M <= 48 takes a short A box (short_a_box), which excludes multicast.
+# 6144: 0.986 -> 0.966; gate_up 28672: 0.989 -> 0.998), so shorter K keeps 1x1. M <= 48 takes a
+# short A box (short_a_box), which excludes multicast.
+# e4m3 (QUAD_FP8) at any M <= 64, the short box given up for A's whole one, where the 64x128 tiles
+# fit in one round (N / 128 <= SMs). H100, one process, 3 interleaved rounds of 8 L2-flushed reps,
+# x torch._scaled_mm per-tensor (cuBLASLt), M = 1 / 16 / 64: Llama-3-70B qkv (N 10240, K 8192)
+# 0.91 / 0.91 / 0.92 -> 0.96 / 0.95 / 0.98, Qwen3-32B qkv (10240, 5120) 0.93 / 0.90 / 0.93 -> 0.96
+# / 0.94 / 0.98; more than a round of them lost (N 32768, K 4096 at M = 1: 0.99 -> 0.87).
 QUAD_CLUSTERS = True
+QUAD_FP8 = True
 QUAD_MIN_K = 5120
 
 
-def quad_clusters(cfg: GemmConfig, p: GemmProblem) -> GemmConfig | None:
-    """The 1x4 cluster of a 16-bit sm_90a dense 64x128 config for 48 < M <= 64 (see
-    QUAD_CLUSTERS), or None where it does not apply (another tile, cluster, split, short A box,
-    form or epilogue, fewer than 4 N tiles, K < QUAD_MIN_K)."""
-    if (not QUAD_CLUSTERS or cfg.arch != "sm_90a" or p.a_dtype not in ("bf16", "fp16") or not 48 < p.m <= 64
-            or p.k < QUAD_MIN_K or (cfg.tile_m, cfg.tile_n) != (64, 128) or cfg.cluster_m * cfg.cluster_n != 1
-            or cfg.split_k != 1 or cfg.a_rows or cfg.pingpong or cfg.form not in (Form.DENSE, Form.FLAT)
-            or ceil_div(p.n, 128) < 4 or cfg.epilogue.quant or cfg.epilogue.user):  # fmt: skip
+def quad_clusters(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig | None:
+    """The 1x4 cluster of an sm_90a dense 64x128 config, 16-bit for 48 < M <= 64 (see
+    QUAD_CLUSTERS), e4m3 for M <= 64 in one round of tiles (QUAD_FP8, A's whole box), or None where
+    it does not apply (another tile, cluster, split, form or epilogue, a short A box on 16-bit,
+    fewer than 4 N tiles, K < QUAD_MIN_K)."""
+    fp8 = p.a_dtype == "e4m3" and p.b_dtype == "e4m3"
+    if fp8:
+        applies = QUAD_FP8 and p.m <= 64 and ceil_div(p.n, 128) <= num_sms
+    else:
+        applies = QUAD_CLUSTERS and p.a_dtype in ("bf16", "fp16") and 48 < p.m <= 64 and not cfg.a_rows
+    if (not applies or cfg.arch != "sm_90a" or p.k < QUAD_MIN_K or (cfg.tile_m, cfg.tile_n) != (64, 128)
+            or cfg.cluster_m * cfg.cluster_n != 1 or cfg.split_k != 1 or cfg.pingpong
+            or cfg.form not in (Form.DENSE, Form.FLAT) or ceil_div(p.n, 128) < 4 or cfg.epilogue.quant
+            or cfg.epilogue.user or cfg.fp8_blockwise or cfg.fp8_mx or cfg.fast_accum):  # fmt: skip
         return None
-    alt = replace(cfg, cluster_n=4, raster="m", group=1)
+    alt = replace(cfg, cluster_n=4, raster="m", group=1, a_rows=0)
     return None if config_errors(alt) else alt

@@ -595,6 +595,10 @@ def _fp8_cases():
         "fp8-out-e4m3-split": lambda: fp8_out(F8, m=40, k=4096, config=GemmConfig(
             arch="sm_90a", a_dtype="e4m3", b_dtype="e4m3", out_dtype="e4m3", a_major="k", b_major="k", tile_m=64,
             tile_n=128, raster="n", group=1, form=Form.FLAT, split_k=2, epilogue=EpilogueSpec(scale_a=True, scale_b=True))),
+        # the e4m3 decode rule's 1x4 cluster (small_m.QUAD_FP8): 4 N tiles, the last a partial one
+        "fp8-out-e4m3-quad": lambda: fp8_out(F8, m=16, k=5120, config=GemmConfig(
+            arch="sm_90a", a_dtype="e4m3", b_dtype="e4m3", out_dtype="e4m3", a_major="k", b_major="k", tile_m=64,
+            tile_n=128, cluster_n=4, raster="m", group=1, epilogue=EpilogueSpec(scale_a=True, scale_b=True))),
         "fp8-rowwise-promoted": lambda: dense("rowwise"),
         "fp8-blockwise-wg-order": lambda: dense("blockwise"),
         "fp8-blockwise-192-wide": lambda: dense("blockwise", GemmConfig(

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from .. import policy
+from .. import policy, small_m
 from ..api import gemm
 from ..gemm import dense
 from ..runtime.timer import Timer
@@ -153,21 +153,21 @@ def previous_config(cfg, m: int, n: int, sms: int):
     return None if prev == cfg else prev
 
 
-PREVIOUS_POLICY = "policy before e4m3 128x160 tiles for M > 128 and its 10 µs split cost (E4M3_160_RATE)"
+PREVIOUS_POLICY = "policy before e4m3 128x160 tiles for M > 128, its 10 µs split cost and 1x4 decode clusters"
 
 
 @contextlib.contextmanager
 def previous_policy():
-    """The policy before e4m3's 128x160 tiles for M > 128 (policy.E4M3_160_RATE) and its 10 µs split
-    cost (policy.SPLIT_UNIT_SECONDS; 4 µs before), for the sweep's same-round comparison on the
-    cases where it picks another config."""
-    rates, split = policy.TILE_RATES["e4m3"], policy.SPLIT_UNIT_SECONDS["e4m3"]
+    """The policy before e4m3's 128x160 tiles for M > 128 (policy.E4M3_160_RATE), its 10 µs split
+    cost (policy.SPLIT_UNIT_SECONDS; 4 µs before) and its 1x4 decode clusters (small_m.QUAD_FP8),
+    for the sweep's same-round comparison on the cases where it picks another config."""
+    rates, split, quad = policy.TILE_RATES["e4m3"], policy.SPLIT_UNIT_SECONDS["e4m3"], small_m.QUAD_FP8
     policy.TILE_RATES["e4m3"] = {t: r for t, r in rates.items() if t != (128, 160)}
-    policy.SPLIT_UNIT_SECONDS["e4m3"] = 4e-6
+    policy.SPLIT_UNIT_SECONDS["e4m3"], small_m.QUAD_FP8 = 4e-6, False
     try:
         yield
     finally:
-        policy.TILE_RATES["e4m3"], policy.SPLIT_UNIT_SECONDS["e4m3"] = rates, split
+        policy.TILE_RATES["e4m3"], policy.SPLIT_UNIT_SECONDS["e4m3"], small_m.QUAD_FP8 = rates, split, quad
 
 
 def alternative_config(cfg, args, kwargs):

@@ -8,7 +8,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cutegemm.config import Form, GemmConfig, GemmProblem, a_rows_errors, can_implement, config_errors
+from cutegemm.config import (
+    EpilogueSpec,
+    Form,
+    GemmConfig,
+    GemmProblem,
+    a_rows_errors,
+    can_implement,
+    config_errors,
+)
 from cutegemm.gemm.sm90.split import split_workspace_words
 from cutegemm.policy import policy_for, short_a_box, small_m_options
 from cutegemm.schedulers.static import split_k_range, tail_unit, tail_units
@@ -212,29 +220,36 @@ def test_split_counter_protocol_in_any_arrival_order(tiles, ctas, split, tail, s
         assert done == want  # bit-equal floats: the same additions in the same order
 
 
-@pytest.mark.parametrize("m,n,k,want", [
-    (64, 10240, 8192, True), (64, 8192, 28672, True), (64, 10240, 5120, True), (64, 51200, 5120, True),  # measured gains
-    (64, 6144, 4096, False), (64, 28672, 4096, False),  # K = 4096: lost or tied
-    (49, 10240, 8192, True), (56, 10240, 8192, True),  # A's whole 64-row box (a_rows 0)
-    (48, 10240, 8192, False), (16, 10240, 8192, False),  # a short A box: no multicast
-    (64, 4096, 14336, False),  # 64x64 tiles (few N tiles): not this rule
-    (65, 10240, 8192, False), (128, 10240, 8192, False),
+@pytest.mark.parametrize("m,n,k,want16,want8", [
+    (64, 10240, 8192, True, True), (64, 10240, 5120, True, True),  # measured gains, both
+    (64, 8192, 28672, True, False), (64, 51200, 5120, True, False),  # e4m3 takes 64x64 tiles there
+    (64, 6144, 4096, False, False), (64, 28672, 4096, False, False),  # K = 4096: lost or tied
+    (49, 10240, 8192, True, True), (56, 10240, 8192, True, True),  # A's whole 64-row box (a_rows 0)
+    (48, 10240, 8192, False, True), (16, 10240, 8192, False, True),  # 16-bit: a short A box, no multicast
+    (1, 10240, 5120, False, True),  # e4m3 gives up the short box: measured at M = 1 and 16
+    (64, 4096, 14336, False, False),  # 64x64 tiles (few N tiles): not this rule
+    (65, 10240, 8192, False, False), (128, 10240, 8192, False, False),
 ])  # fmt: skip
-def test_policy_quad_clusters(m, n, k, want):
-    """16-bit 64x128 decode tiles with K >= QUAD_MIN_K take 1x4 clusters (A multicast), as
-    measured; everything else keeps its config."""
+def test_policy_quad_clusters(m, n, k, want16, want8):
+    """64x128 decode tiles with K >= QUAD_MIN_K take 1x4 clusters (A multicast), as measured:
+    16-bit for 48 < M <= 64, e4m3 for M <= 64 (A's whole box) where the tiles fit in one round;
+    everything else keeps its config."""
     from cutegemm.small_m import QUAD_MIN_K, quad_clusters
 
     pol = policy_for("sm_90a", 132)
     for dt in ("bf16", "fp16", "e4m3"):
         p = GemmProblem(m, n, k, 1, dt, dt, "bf16", "k", "k")
-        cfg = pol.choose_dense(p)
-        quad = (cfg.cluster_m, cfg.cluster_n, cfg.raster, cfg.group) == (1, 4, "m", 1)
-        assert quad == (want and dt != "e4m3"), (dt, cfg.name)
-        if quad:
-            assert (cfg.tile_m, cfg.tile_n, cfg.split_k, cfg.a_rows) == (64, 128, 1, 0) and k >= QUAD_MIN_K
-            assert not config_errors(cfg)
-            base = pol.choose(p)
-            assert quad_clusters(replace(base, cluster_n=2), p) is None  # a multicast pick stays
-        # an explicit tile stands
-        assert pol.choose_dense(p, tile_m=64, tile_n=128).cluster_n == 1
+        for epi in ({}, {"epilogue": EpilogueSpec(scale_a=True, scale_b=True)}) if dt == "e4m3" else ({},):
+            cfg = pol.choose_dense(p, **epi)
+            quad = (cfg.cluster_m, cfg.cluster_n, cfg.raster, cfg.group) == (1, 4, "m", 1)
+            assert quad == (want8 if dt == "e4m3" else want16), (dt, cfg.name)
+            if quad:
+                assert (cfg.tile_m, cfg.tile_n, cfg.split_k, cfg.a_rows) == (64, 128, 1, 0) and k >= QUAD_MIN_K
+                assert not config_errors(cfg)
+                base = pol.choose(p, **epi)
+                assert quad_clusters(replace(base, cluster_n=2), p, 132) is None  # a multicast pick stays
+            # an explicit tile stands
+            assert pol.choose_dense(p, tile_m=64, tile_n=128, **epi).cluster_n == 1
+    # e4m3 tiles past one round keep 1x1 (N 32768 at M = 1 lost 0.99 -> 0.87 in 1x4)
+    p = GemmProblem(16, 10240, 8192, 1, "e4m3", "e4m3", "bf16", "k", "k")
+    assert quad_clusters(pol.choose(p), p, 132) is not None and quad_clusters(pol.choose(p), p, 64) is None

@@ -498,3 +498,37 @@ def test_quad_clusters_policy_calls(m, n, k, dtype):
     ref = torch.nn.functional.silu(a.double() @ b.double() + bias.double())
     same = torch.nn.functional.silu((a @ b).float() + bias.float()).to(dtype)
     assert_within_torch_error(fused, same, ref, what="1x4 bias + silu")
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 10240, 5120), (16, 10240, 8192), (40, 10000, 5120), (64, 10240, 5120),
+                                   (7, 9000, 8192)])  # fmt: skip
+@pytest.mark.parametrize("rowwise", [False, True])
+def test_quad_clusters_fp8_policy_calls(m, n, k, rowwise):
+    """e4m3 decode calls in the policy's 1x4 clusters of 64x128 tiles (small_m.QUAD_FP8: A's whole
+    64-row box, the short one given up), N tile counts not a multiple of 4 included: per-tensor and
+    row-wise scales into a poisoned output, within 2x torch._scaled_mm's error of fp64 (torch on N
+    padded to 16), the same bits as the 1x1 short-box config's and on a second call."""
+    _need_sm90()
+    from cutegemm.config import EpilogueSpec, GemmProblem
+
+    a, b = _ops(m, n, k, F8, seed=m + n + k)
+    g = torch.Generator(device="cuda").manual_seed(k)
+    if rowwise:
+        sa, sb = torch.rand(m, 1, generator=g, device="cuda") + 0.5, torch.rand(1, n, generator=g, device="cuda") + 0.5
+    else:
+        sa, sb = torch.tensor(0.25, device="cuda"), torch.tensor(1.5, device="cuda")
+    p = GemmProblem(m, n, k, 1, "e4m3", "e4m3", "bf16", "k", "k")
+    cfg = policy_for("sm_90a", 132).choose_dense(p, epilogue=EpilogueSpec(scale_a=True, scale_b=True))
+    assert (cfg.tile_m, cfg.tile_n, cfg.cluster_n, cfg.a_rows) == (64, 128, 4, 0), cfg.name
+    buf, out = poisoned_out((m, n), BF16)
+    cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, out_dtype=BF16, out=out)
+    assert_outside_untouched(buf, m, n)
+    ref = (a.double() @ b.double()) * sa.double() * sb.double()
+    pn = -n % 16
+    bp = torch.nn.functional.pad(b.t().contiguous().view(torch.uint8), (0, 0, 0, pn)).view(F8).t()
+    sbp = torch.nn.functional.pad(sb, (0, pn), value=1.0) if rowwise else sb
+    same = torch._scaled_mm(a, bp, scale_a=sa, scale_b=sbp, out_dtype=BF16)[:, :n]
+    assert_within_torch_error(out, same, ref, what=f"fp8 1x4 {m}x{n}x{k}")
+    single = short_a_box(replace(cfg, cluster_n=1, raster="n"), p)
+    assert torch.equal(out, cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, out_dtype=BF16, config=single)), single.name
+    assert torch.equal(out, cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, out_dtype=BF16))
