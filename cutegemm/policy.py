@@ -23,6 +23,7 @@ from .small_m import (  # noqa: F401 (re-exported: tuning, bench.tune, tests)
     FEW_TILES_SPLIT4,
     ceil_div,
     few_tiles,
+    fp8_row_split,
     quad_clusters,
     short_a_box,
     small_m_options,
@@ -436,7 +437,8 @@ class ArchPolicy:
 
     def choose_dense(self, p: GemmProblem, **overrides) -> GemmConfig:
         """A dense call's config: :meth:`choose`, then the decode-sized-M options
-        (:func:`small_m_options`, :func:`quad_clusters`, :func:`small_m_alternative`, :func:`small_m_pair`; no-ops where
+        (:func:`small_m_options`, :func:`quad_clusters`, :func:`small_m_alternative`, :func:`small_m_pair`,
+        :func:`fp8_row_split`; no-ops where
         the arch or the config does not take them); for
         M > 128 on sm_90a the wave model may cut K too (:func:`wave_choice` with SPLITS), and a short K
         takes the pingpong tile (:func:`short_k_pingpong`)."""
@@ -455,7 +457,7 @@ class ArchPolicy:
         if dtype_family(p.a_dtype) in SMALL_M_WAVES and not explicit:
             cfg = small_m_alternative(cfg, p, self.num_sms) or cfg
         if not explicit:
-            cfg = small_m_pair(cfg, p, self.num_sms) or cfg
+            cfg = small_m_pair(cfg, p, self.num_sms) or fp8_row_split(cfg, p, self.num_sms) or cfg
         return cfg
 
     def choose(self, p: GemmProblem, **overrides) -> GemmConfig:

@@ -176,6 +176,9 @@ def fp8_variants(arch: str) -> list[GemmConfig]:
                       split_cluster=True, epilogue=ab),
            # 1x2 clusters of odd M-tile counts (policy.odd_m_pairs_n), M-major raster
            GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=192, cluster_n=2, form=Form.FLAT, epilogue=ab),
+           # 112 < M <= 128 (small_m.FP8_ROW_SPLIT): 2x1 pairs of 64x64 tiles, fp32 out promoted per WGMMA
+           GemmConfig(arch=arch, **fp8, tile_m=64, tile_n=64, cluster_m=2, raster="n", group=1, out_dtype="fp32",
+                      promote_k=32, epilogue=ab),
            # 128x160 for M > 128 (policy.E4M3_160_RATE): 2x1 N-major, and 1x2 into an FP8 output
            GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=160, cluster_m=2, raster="n", group=8, epilogue=ab),
            GemmConfig(arch=arch, **fp8, tile_m=128, tile_n=160, cluster_n=2, out_dtype="e4m3", epilogue=ab),

@@ -153,21 +153,24 @@ def previous_config(cfg, m: int, n: int, sms: int):
     return None if prev == cfg else prev
 
 
-PREVIOUS_POLICY = "policy before e4m3 128x160 tiles for M > 128, its 10 µs split cost and 1x4 decode clusters"
+PREVIOUS_POLICY = "policy before the e4m3 rules of 128x160 tiles, 10 µs splits, 1x4 decode clusters and 64x64 at M=128"
 
 
 @contextlib.contextmanager
 def previous_policy():
     """The policy before e4m3's 128x160 tiles for M > 128 (policy.E4M3_160_RATE), its 10 µs split
-    cost (policy.SPLIT_UNIT_SECONDS; 4 µs before) and its 1x4 decode clusters (small_m.QUAD_FP8),
-    for the sweep's same-round comparison on the cases where it picks another config."""
-    rates, split, quad = policy.TILE_RATES["e4m3"], policy.SPLIT_UNIT_SECONDS["e4m3"], small_m.QUAD_FP8
+    cost (policy.SPLIT_UNIT_SECONDS; 4 µs before), its 1x4 decode clusters (small_m.QUAD_FP8) and its
+    64x64 tiles at M = 128 (small_m.FP8_ROW_SPLIT), for the sweep's same-round comparison on the
+    cases where it picks another config."""
+    rates, split = policy.TILE_RATES["e4m3"], policy.SPLIT_UNIT_SECONDS["e4m3"]
+    flags = small_m.QUAD_FP8, small_m.FP8_ROW_SPLIT
     policy.TILE_RATES["e4m3"] = {t: r for t, r in rates.items() if t != (128, 160)}
-    policy.SPLIT_UNIT_SECONDS["e4m3"], small_m.QUAD_FP8 = 4e-6, False
+    policy.SPLIT_UNIT_SECONDS["e4m3"], small_m.QUAD_FP8, small_m.FP8_ROW_SPLIT = 4e-6, False, False
     try:
         yield
     finally:
-        policy.TILE_RATES["e4m3"], policy.SPLIT_UNIT_SECONDS["e4m3"], small_m.QUAD_FP8 = rates, split, quad
+        policy.TILE_RATES["e4m3"], policy.SPLIT_UNIT_SECONDS["e4m3"] = rates, split
+        small_m.QUAD_FP8, small_m.FP8_ROW_SPLIT = flags
 
 
 def alternative_config(cfg, args, kwargs):

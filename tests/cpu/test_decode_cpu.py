@@ -253,3 +253,30 @@ def test_policy_quad_clusters(m, n, k, want16, want8):
     # e4m3 tiles past one round keep 1x1 (N 32768 at M = 1 lost 0.99 -> 0.87 in 1x4)
     p = GemmProblem(16, 10240, 8192, 1, "e4m3", "e4m3", "bf16", "k", "k")
     assert quad_clusters(pol.choose(p), p, 132) is not None and quad_clusters(pol.choose(p), p, 64) is None
+
+
+@pytest.mark.parametrize("m,n,k,want", [
+    (128, 576, 7168, (1, 4, True)), (128, 1536, 7168, (1, 2, True)), (128, 2048, 4096, (1, 2, True)),  # ranges
+    (128, 4096, 4096, (2, 1, False)), (120, 4096, 14336, (2, 1, False)),  # 2x1 pairs: one range fills the SMs
+    (128, 10240, 8192, None), (128, 6144, 4096, None),  # unsplit picks keep their tiles
+    (112, 576, 7168, None), (100, 2048, 4096, None),  # M <= 112: a short second 64-row tile
+])  # fmt: skip
+def test_fp8_row_split(m, n, k, want):
+    """e4m3 picks that cut K over 128x64 tiles at 112 < M <= 128 run 64x64 tiles (small_m.FP8_ROW_SPLIT):
+    the most K ranges (in a cluster) whose units fit one round, else 2x1 pairs; 16-bit keeps its rules."""
+    pol = policy_for("sm_90a", 132)
+    epi = EpilogueSpec(scale_a=True, scale_b=True)
+    for od in ("bf16", "e4m3", "fp32"):
+        cfg = pol.choose_dense(GemmProblem(m, n, k, 1, "e4m3", "e4m3", od, "k", "k"), epilogue=epi)
+        assert not config_errors(cfg)
+        if want is None:
+            assert cfg.tile_m != 64 or m <= 64, cfg.name
+            continue
+        assert (cfg.tile_m, cfg.tile_n, cfg.a_rows) == (64, 64, 0), cfg.name
+        assert (cfg.cluster_m, cfg.split_k, cfg.split_cluster) == want, cfg.name
+        assert 2 * -(-n // 64) * cfg.split_k <= 132 or cfg.split_k == 1
+        assert bool(cfg.promote_k) == (od == "fp32")  # fp32 outputs keep their promotion
+    bf = pol.choose_dense(GemmProblem(m, n, k, 1, "bf16", "bf16", "bf16", "k", "k"))
+    assert bf == pol.choose_dense(GemmProblem(m, n, k, 1, "bf16", "bf16", "bf16", "k", "k"))
+    assert pol.choose_dense(GemmProblem(m, n, k, 1, "e4m3", "e4m3", "bf16", "k", "k"), epilogue=epi,
+                            tile_m=128, tile_n=64, split_k=2).tile_m == 128  # an explicit tile stands

@@ -532,3 +532,36 @@ def test_quad_clusters_fp8_policy_calls(m, n, k, rowwise):
     single = short_a_box(replace(cfg, cluster_n=1, raster="n"), p)
     assert torch.equal(out, cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, out_dtype=BF16, config=single)), single.name
     assert torch.equal(out, cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, out_dtype=BF16))
+
+
+@pytest.mark.parametrize("m,n,k", [(128, 576, 7168), (120, 1536, 7168), (128, 2048, 4096), (113, 4096, 4096),
+                                   (128, 4000, 14336)])  # fmt: skip
+@pytest.mark.parametrize("rowwise", [False, True])
+def test_fp8_row_split_policy_calls(m, n, k, rowwise):
+    """e4m3 at 112 < M <= 128 in the policy's 64x64 tiles where its 128x64 pick cut K
+    (small_m.FP8_ROW_SPLIT: K ranges meeting in a cluster, or 2x1 pairs): per-tensor and row-wise
+    scales into a poisoned output, within 2x torch._scaled_mm's error of fp64 (torch on N padded to
+    16), the same bits on a second call (the ranges added in range order)."""
+    _need_sm90()
+    from cutegemm.config import EpilogueSpec, GemmProblem
+
+    a, b = _ops(m, n, k, F8, seed=m + n + k)
+    g = torch.Generator(device="cuda").manual_seed(k)
+    if rowwise:
+        sa, sb = torch.rand(m, 1, generator=g, device="cuda") + 0.5, torch.rand(1, n, generator=g, device="cuda") + 0.5
+    else:
+        sa, sb = torch.tensor(0.25, device="cuda"), torch.tensor(1.5, device="cuda")
+    p = GemmProblem(m, n, k, 1, "e4m3", "e4m3", "bf16", "k", "k")
+    cfg = policy_for("sm_90a", 132).choose_dense(p, epilogue=EpilogueSpec(scale_a=True, scale_b=True))
+    assert (cfg.tile_m, cfg.tile_n) == (64, 64) and (cfg.split_cluster or cfg.cluster_m == 2), cfg.name
+    buf, out = poisoned_out((m, n), BF16)
+    cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, out_dtype=BF16, out=out)
+    assert_outside_untouched(buf, m, n)
+    ref = (a.double() @ b.double()) * sa.double() * sb.double()
+    pn = -n % 16
+    bp = torch.nn.functional.pad(b.t().contiguous().view(torch.uint8), (0, 0, 0, pn)).view(F8).t()
+    sbp = torch.nn.functional.pad(sb, (0, pn), value=1.0) if rowwise else sb
+    same = torch._scaled_mm(a, bp, scale_a=sa, scale_b=sbp, out_dtype=BF16)[:, :n]
+    assert_within_torch_error(out, same, ref, what=f"fp8 64x64 {m}x{n}x{k} {cfg.name}")
+    for _ in range(2):
+        assert torch.equal(out, cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, out_dtype=BF16)), cfg.name
