@@ -38,6 +38,7 @@ def short_a_box(cfg: GemmConfig, p: GemmProblem) -> GemmConfig:
     return replace(cfg, a_rows=box)
 
 
+FP8_CLUSTER4_SHARE = 0.75  # split_few_tiles: FP8 64x64 tiles' 4 ranges meet in a cluster up to this share of the SMs
 # 16-bit 64-row tiles take 4 K ranges (not 2) while 8 units per tile would fill at most this share of
 # the SMs: the H100 rows of split_few_tiles (18 tiles: 4 ranges 1.07x cuBLAS, 2 ranges 0.93) and
 # the H200 ones (32 tiles: 2 ranges).
@@ -90,8 +91,12 @@ def split_few_tiles(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig
     # 16-bit 64x64 tiles with 4 ranges meet in shared memory too (H100, `bench tiles`, x cuBLAS,
     # cluster vs workspace, 9 tiles of N = 576, K = 7168: M = 1 0.95 vs 0.87, 16 0.96 vs 0.91, 64
     # 1.02 vs 0.92, 2 ranges in a cluster 0.79 / 0.80 / 0.85; 128 rows in 64x64 tiles, 18 tiles:
-    # 1.07 vs 1.02, 2 ranges 0.93).
-    small = cfg.tile_m * cfg.tile_n <= (128 * 64 if split == 2 else 64 * 64 if split == 4 and not fp8 else 0)
+    # 1.07 vs 1.02, 2 ranges 0.93). FP8 64x64 tiles too where the 4 ranges' units fill at most
+    # FP8_CLUSTER4_SHARE of the SMs (H100, x torch._scaled_mm per-tensor, cluster vs workspace, M = 1
+    # / 16 / 64: N = 576, K = 7168 (36 units) 0.99 / 1.01 / 1.04 vs 0.93 / 0.95 / 0.99; N = 1536 (96
+    # units) 1.00 / 1.01 / 0.95 vs 0.96 / 0.98 / 0.93; the H200's 128 units above ran slower).
+    four = split == 4 and (not fp8 or 4 * tiles <= FP8_CLUSTER4_SHARE * num_sms)
+    small = cfg.tile_m * cfg.tile_n <= (128 * 64 if split == 2 else 64 * 64 if four else 0)
     cluster = small and not split_k_errors(replace(cfg, split_k=split, split_cluster=True))
     return replace(cfg, split_k=split, split_cluster=cluster)
 

@@ -153,24 +153,26 @@ def previous_config(cfg, m: int, n: int, sms: int):
     return None if prev == cfg else prev
 
 
-PREVIOUS_POLICY = "policy before the e4m3 rules of 128x160 tiles, 10 µs splits, 1x4 decode clusters and 64x64 at M=128"
+PREVIOUS_POLICY = "policy before the e4m3 rules (128x160, 10 µs splits, 1x4 and 4-range cluster decode, 64x64 at M=128)"
 
 
 @contextlib.contextmanager
 def previous_policy():
     """The policy before e4m3's 128x160 tiles for M > 128 (policy.E4M3_160_RATE), its 10 µs split
-    cost (policy.SPLIT_UNIT_SECONDS; 4 µs before), its 1x4 decode clusters (small_m.QUAD_FP8) and its
-    64x64 tiles at M = 128 (small_m.FP8_ROW_SPLIT), for the sweep's same-round comparison on the
-    cases where it picks another config."""
+    cost (policy.SPLIT_UNIT_SECONDS; 4 µs before), its 1x4 decode clusters (small_m.QUAD_FP8), its
+    64x64 tiles at M = 128 (small_m.FP8_ROW_SPLIT) and its 4 decode K ranges in a cluster
+    (small_m.FP8_CLUSTER4_SHARE), for the sweep's same-round comparison on the cases where it picks
+    another config."""
     rates, split = policy.TILE_RATES["e4m3"], policy.SPLIT_UNIT_SECONDS["e4m3"]
-    flags = small_m.QUAD_FP8, small_m.FP8_ROW_SPLIT
+    flags = small_m.QUAD_FP8, small_m.FP8_ROW_SPLIT, small_m.FP8_CLUSTER4_SHARE
     policy.TILE_RATES["e4m3"] = {t: r for t, r in rates.items() if t != (128, 160)}
-    policy.SPLIT_UNIT_SECONDS["e4m3"], small_m.QUAD_FP8, small_m.FP8_ROW_SPLIT = 4e-6, False, False
+    policy.SPLIT_UNIT_SECONDS["e4m3"] = 4e-6
+    small_m.QUAD_FP8, small_m.FP8_ROW_SPLIT, small_m.FP8_CLUSTER4_SHARE = False, False, 0.0
     try:
         yield
     finally:
         policy.TILE_RATES["e4m3"], policy.SPLIT_UNIT_SECONDS["e4m3"] = rates, split
-        small_m.QUAD_FP8, small_m.FP8_ROW_SPLIT = flags
+        small_m.QUAD_FP8, small_m.FP8_ROW_SPLIT, small_m.FP8_CLUSTER4_SHARE = flags
 
 
 def alternative_config(cfg, args, kwargs):

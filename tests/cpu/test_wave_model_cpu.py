@@ -314,14 +314,17 @@ def test_128x64_is_a_candidate_above_128_rows():
 @pytest.mark.parametrize("m", [1, 16, 64, 128])
 def test_few_tiles_take_four_ranges_in_a_cluster(m):
     """N = 576, K = 7168 (9 tiles of 64x64 per 64 rows): 4 K ranges meeting in shared memory
-    (H100: 0.95-1.07x cuBLAS against 2 ranges' 0.79-0.85); M = 128 in 64x64 tiles. FP8 keeps 4
-    ranges through the workspace at M <= 64; at M = 128 64x64 tiles in a cluster too
-    (small_m.FP8_ROW_SPLIT, where its 128x64 pick took 4 ranges)."""
+    (H100: 0.95-1.07x cuBLAS against 2 ranges' 0.79-0.85); M = 128 in 64x64 tiles. FP8 too (its 36
+    units within small_m.FP8_CLUSTER4_SHARE of the SMs; at M = 128 by small_m.FP8_ROW_SPLIT, where
+    its 128x64 pick took 4 ranges); FP8 units past that share go through the workspace."""
     cfg = dense(m, 576, 7168)
     assert (cfg.tile_m, cfg.tile_n, cfg.split_k, cfg.split_cluster) == (64, 64, 4, True), cfg.name
     assert not config_errors(cfg)
     f8 = dense(m, 576, 7168, "e4m3")
-    assert (f8.tile_m, f8.split_k, f8.split_cluster) == (64, 4, m == 128), f8.name
+    assert (f8.tile_m, f8.split_k, f8.split_cluster) == (64, 4, True), f8.name
+    if m <= 64:  # 32 tiles of 64x64: 128 units, past FP8_CLUSTER4_SHARE of 132 SMs
+        wide = dense(m, 2048, 7168, "e4m3")
+        assert (wide.tile_m, wide.tile_n, wide.split_k, wide.split_cluster) == (64, 64, 4, False), wide.name
 
 
 def test_more_tiles_keep_two_ranges():

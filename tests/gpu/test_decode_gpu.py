@@ -374,11 +374,13 @@ def test_policy_split_calls(m, n, k):
     assert torch.equal(out, cutegemm.gemm(a, b))
 
 
-@pytest.mark.parametrize("m,n,k", [(96, 1536, 7168), (16, 2048, 7168), (128, 4096, 7168), (40, 2048, 3072)])
+@pytest.mark.parametrize("m,n,k", [(96, 1536, 7168), (16, 2048, 7168), (128, 2048, 7168), (40, 2048, 3072),
+                                   (1, 576, 7168), (16, 1536, 7168), (64, 576, 7168), (40, 1500, 7168)])  # fmt: skip
 def test_policy_split_calls_fp8(m, n, k):
-    """FP8 row-wise calls the policy splits: poisoned output, the same error as the whole-K
-    config's (its bits may differ: the partial sums add per range), the same bits on a second
-    call."""
+    """FP8 row-wise calls the policy splits (4 ranges in a cluster where their units fill at most
+    small_m.FP8_CLUSTER4_SHARE of the SMs: N = 576 / 1536): poisoned output, the same error as the
+    whole-K config's (its bits may differ: the partial sums add per range), the same bits on a
+    second call."""
     _need_sm90()
     from cutegemm.config import GemmProblem
 
