@@ -19,7 +19,7 @@ import torch
 
 from cutegemm.epilogue import epilogue_ref
 from cutegemm.gemm.args import KernelArgs
-from cutegemm.gemm.fp8_scales import FP8_INPUTS, fp8_saturated
+from cutegemm.gemm.fp8_scales import TORCH_FP8, fp8_saturated
 from cutegemm.gemm.sm100.gather import INDEX_PAD
 from cutegemm.schedulers.grouped import expert_rows
 
@@ -123,7 +123,7 @@ class EmulatedKernel:
                 acc = a3[:, :, l].to(f32) @ b3[:, :, l].to(f32).t()
             c = None if c3 is None else c3[:, :, l].to(f32)
             y = finish(acc, bias, vec(k.v0, 0, acc.shape[0]), k.v1, c)
-            o3[:, :, l] = fp8_saturated(y, o3.dtype) if o3.dtype in FP8_INPUTS else y.to(o3.dtype)
+            o3[:, :, l] = fp8_saturated(y, o3.dtype) if o3.dtype in TORCH_FP8 else y.to(o3.dtype)
 
 
 def _block_scaled(a, w, sfa, sfb, block=128):

@@ -39,9 +39,9 @@ from .launch import (
     DENSE_CACHE,
     DENSE_INPUT_TO_NAME,
     EPI_TORCH_DTYPES,
-    FP8_INPUTS,
     NAME_TO_TORCH,
     OUT_TO_NAME,
+    TORCH_FP8,
     TORCH_TO_NAME,
     aligned_operand,
     check_activation,
@@ -136,7 +136,7 @@ def _check_args(a, b, out, out_dtype, gated: bool = False):
     check_operand("b", b)
     if a.dtype not in DENSE_INPUT_TO_NAME:
         raise TypeError(f"a.dtype must be torch.bfloat16, torch.float16, torch.float8_e4m3fn or torch.float8_e5m2, got {a.dtype}")
-    if b.dtype != a.dtype and not (a.dtype in FP8_INPUTS and b.dtype in FP8_INPUTS):
+    if b.dtype != a.dtype and not (a.dtype in TORCH_FP8 and b.dtype in TORCH_FP8):
         raise TypeError(f"b.dtype ({b.dtype}) must equal a.dtype ({a.dtype}) (FP8: e4m3 / e5m2 in any pair)")
     if a.device != b.device:
         raise ValueError(f"a and b must be on the same device, got {a.device} and {b.device}")
@@ -145,7 +145,7 @@ def _check_args(a, b, out, out_dtype, gated: bool = False):
             raise ValueError(f"a quantized out_dtype must be one of {QUANT_FORMATS}, got {out_dtype!r}")
         if out is not None:
             raise ValueError(f"out= is not supported with a quantized output ({out_dtype})")
-    elif out_dtype in FP8_INPUTS:
+    elif out_dtype in TORCH_FP8:
         check_fp8_out(a.dtype, out_dtype)
     elif out_dtype not in TORCH_TO_NAME:
         raise TypeError(f"out_dtype must be torch.bfloat16, torch.float16, torch.float32, one of {QUANT_FORMATS} or, "
@@ -248,7 +248,7 @@ def _plan(
         o3 = out.unsqueeze(0) if out.dim() == 2 else out
         r3 = None if c is None else (c.unsqueeze(0) if c.dim() == 2 else c)
     a3s, b3s = aligned_operand(a3), aligned_operand(b3)
-    fp8 = a.dtype in FP8_INPUTS
+    fp8 = a.dtype in TORCH_FP8
     # FP8 block scaling: vectors = (scale_a (M, KB), scale_b (NB, KB)) from fp8_block_scales
     blockwise = fp8 and len(vectors) == 2 and vectors[0] is not None and vectors[0].dim() == 2
     if fp8 and unit_mode(a3s) != 2:  # FP8 WGMMA reads K-major operands only: copy (rows padded to 16 bytes)
@@ -494,7 +494,7 @@ def gemm(
             out_dtype = out.dtype
         else:
             out_dtype = getattr(a, "dtype", None)
-            out_dtype = torch.bfloat16 if out_dtype in FP8_INPUTS else out_dtype  # FP8 inputs: bf16 by default
+            out_dtype = torch.bfloat16 if out_dtype in TORCH_FP8 else out_dtype  # FP8 inputs: bf16 by default
     if activation is not None:
         check_activation(activation, gate_layout)
         if gate_layout == "halves" and activation in GATED:
@@ -513,7 +513,7 @@ def gemm(
         vectors = epilogue_vectors(epilogue_args, getattr(a, "device", None))
     elif epilogue_args:
         raise ValueError("epilogue_args given without an epilogue function")
-    if getattr(a, "dtype", None) in FP8_INPUTS:
+    if getattr(a, "dtype", None) in TORCH_FP8:
         if epilogue is not None:
             raise ValueError("a user epilogue cannot be combined with FP8 inputs yet")
         vectors = fp8_block_scales(a, b, scale_a, scale_b) or fp8_scales(a, b, scale_a, scale_b)
@@ -584,7 +584,7 @@ def _cache_scaled(skey, plan, a, vectors, scale_a, scale_b) -> None:
     """Files the bound ``plan`` under the FP8 key ``skey`` if the warm path passes what this call
     did (block scales: scale_a itself and a view of scale_b, ``plan.sfb`` its size and stride)."""
     v0, v1 = (*vectors, None, None)[:2] if vectors else (None, None)
-    if skey is None or a.dtype not in FP8_INPUTS or plan.quant or v0 is None or v1 is None:
+    if skey is None or a.dtype not in TORCH_FP8 or plan.quant or v0 is None or v1 is None:
         return
     if plan.block_scales:
         if v0 is not scale_a or v1.data_ptr() != scale_b.data_ptr():
@@ -627,9 +627,9 @@ def gemm_ref(
         raise ValueError(f"beta={beta} needs the residual tensor c")
     if beta != 0.0 and activation in GATED:
         raise ValueError(f"beta * c cannot be combined with the gated activation {activation!r}")
-    out_dtype = out_dtype or (torch.bfloat16 if a.dtype in FP8_INPUTS else a.dtype)
+    out_dtype = out_dtype or (torch.bfloat16 if a.dtype in TORCH_FP8 else a.dtype)
     check_fp8_out(a.dtype, out_dtype)
-    if a.dtype in FP8_INPUTS and fp8_block_scales(a, b, scale_a, scale_b, kernel_layout=False) is not None:
+    if a.dtype in TORCH_FP8 and fp8_block_scales(a, b, scale_a, scale_b, kernel_layout=False) is not None:
         acc = fp8_blockwise_ref(a, b, scale_a, scale_b, compute_dtype)  # DeepSeek block scales
         scale_a = scale_b = None
     else:
@@ -657,7 +657,7 @@ def gemm_ref(
     if scale_result is not None:
         check_scale_result(scale_result, out_dtype, activation, beta, epilogue)
         res = res * scale_result.to(res.dtype).reshape(())
-    return fp8_saturated(res, out_dtype) if out_dtype in FP8_INPUTS else res.to(out_dtype)
+    return fp8_saturated(res, out_dtype) if out_dtype in TORCH_FP8 else res.to(out_dtype)
 
 
 def dense_runner(p: GemmProblem, epi: EpilogueSpec, num_groups: int = 1):

@@ -59,12 +59,12 @@ def fp8_scales(a, b, scale_a, scale_b):
     )
 
 
-FP8_INPUTS = (torch.float8_e4m3fn, torch.float8_e5m2)  # torch's FP8 types: the dense form's operands and outputs
+TORCH_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)  # torch's FP8 dtypes (operands; the dense form's outputs too)
 
 
 def check_fp8_out(a_dtype, out_dtype) -> None:
     """An FP8 ``out_dtype`` (torch._scaled_mm's) needs FP8 operands: TypeError otherwise."""
-    if out_dtype in FP8_INPUTS and a_dtype not in FP8_INPUTS:
+    if out_dtype in TORCH_FP8 and a_dtype not in TORCH_FP8:
         raise TypeError(f"an FP8 out_dtype ({out_dtype}) needs FP8 operands (torch._scaled_mm's), got {a_dtype}")
 
 
@@ -79,7 +79,7 @@ def check_scale_result(scale_result, out_dtype, activation, beta, epilogue, devi
     """torch._scaled_mm's ``scale_result`` (the D scale of an FP8 output): one fp32 element, an FP8
     ``out_dtype``, and an epilogue it commutes with (alpha, bias; no activation, beta * C or user
     epilogue)."""
-    if out_dtype not in FP8_INPUTS:
+    if out_dtype not in TORCH_FP8:
         raise ValueError(f"scale_result scales an FP8 output (out_dtype float8_e4m3fn / float8_e5m2), got {out_dtype}")
     check_fp32_scale("scale_result", scale_result, getattr(scale_result, "device", None) if device is None else device)
     if scale_result.numel() != 1:

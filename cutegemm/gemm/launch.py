@@ -19,7 +19,7 @@ from ..runtime.cache import KernelCache
 from ..runtime.device import current_stream_id
 from ..schedulers.static import tail_units
 from .args import KernelArgs, dense_fake_args, fake_list_table, fake_offs, grouped_fake_args, scaled_tail
-from .fp8_scales import FP8_INPUTS, fp8_saturated
+from .fp8_scales import TORCH_FP8, fp8_saturated
 from .sm90.kernel import GemmSm90
 from .sm90.split import split_counter_words, split_workspace_words
 from .sm100.kernel import GemmSm100
@@ -208,7 +208,7 @@ def degenerate_result(out, b, quant, scales, gs, alpha, beta, c, bias, activatio
         return quantize_ref(y, quant, global_scale=None if gs is None else gs)
     if beta == 0.0 and bias is None and activation is None and epilogue is None:
         return out.zero_()
-    return out.copy_(fp8_saturated(y, out.dtype) if out.dtype in FP8_INPUTS else y)
+    return out.copy_(fp8_saturated(y, out.dtype) if out.dtype in TORCH_FP8 else y)
 
 
 def tma_addressable(t: torch.Tensor, unit: int) -> bool:

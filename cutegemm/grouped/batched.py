@@ -33,7 +33,7 @@ import torch
 
 from ..config import ACTIVATIONS, Form
 from ..gemm.dense import gemm
-from ..gemm.launch import FP8_INPUTS, check_offs_values, packed_m_major, stores_m_major
+from ..gemm.launch import TORCH_FP8, check_offs_values, packed_m_major, stores_m_major
 from ..runtime.device import device_info
 
 _BATCH_OFFS: dict = {}
@@ -128,7 +128,7 @@ def transposed_operands(a, b, out_dtype, out=None):
     """3d x 2d as the packed form: (A = b^T (total_N, K), B = a^T (G, K, M), the output dtype). A
     row-major b makes an M-major A, which the packed form would stage on every call (a cold call):
     b^T is made row-major here instead (the same copy), so a repeated call finds its plan."""
-    fp8 = a.dtype in FP8_INPUTS
+    fp8 = a.dtype in TORCH_FP8
     out_dtype = out_dtype or (out.dtype if isinstance(out, torch.Tensor) else torch.bfloat16 if fp8 else a.dtype)
     return k_major_t(b), a.mT, out_dtype
 
@@ -169,7 +169,7 @@ def grouped_3d(a, b, offs, run, **options):
     ``run`` is the packed form's ``grouped_gemm``; ``options`` its keyword arguments."""
     _check_3d(a, b, offs)
     G, M, K = a.shape
-    fp8 = a.dtype in FP8_INPUTS  # (e5m2: the packed form's checks name what it takes)
+    fp8 = a.dtype in TORCH_FP8  # (e5m2: the packed form's checks name what it takes)
     config = options.get("config")
     if b.dim() == 3:
         _no_extras("3d x 3d", options, ("bias", "activation", "gate_layout"))

@@ -88,10 +88,10 @@ from ..gemm.fp8_scales import fp8_grouped_block_scales, not_e4m3, scale_vector
 from ..gemm.grouped_parts import GROUPED_MAX_GROUPS
 from ..gemm.launch import (
     EPI_TORCH_DTYPES,
-    FP8_INPUTS,
     GROUPED_CACHE,
     INPUT_TO_NAME,
     NAME_TO_TORCH,
+    TORCH_FP8,
     TORCH_TO_NAME,
     aligned_operand,
     c_major_of,
@@ -449,7 +449,7 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
         _no_epilogue("the list form", bias, None, epilogue, out_global_scale, scale_a, scale_b, out_dtype)
         return grouped_list(a, b, offs=offs, out_dtype=out_dtype, alpha=alpha, activation=activation)
     elif isinstance(a, torch.Tensor) and a.dim() == 3:  # torch._grouped_mm's 3d x 3d and 3d x 2d forms
-        if offs is None and not epilogue_inputs and config is None and a.dtype not in FP8_INPUTS:
+        if offs is None and not epilogue_inputs and config is None and a.dtype not in TORCH_FP8:
             return batched_dense(a, b, out, out_dtype, alpha)  # grouped_3d's route for these options
         res = grouped_3d(a, b, offs, grouped_gemm, out=out, out_dtype=out_dtype, alpha=alpha, bias=bias,
                          activation=activation, gate_layout=gate_layout, epilogue=epilogue,

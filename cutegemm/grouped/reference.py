@@ -8,7 +8,7 @@ import torch
 from ..blockscaled.reference import quantize_ref
 from ..epilogue import GATED, epilogue_ref
 from ..epilogue.user import apply_user_ref
-from ..gemm.fp8_scales import FP8_INPUTS, fp8_blockwise_ref
+from ..gemm.fp8_scales import TORCH_FP8, fp8_blockwise_ref
 from ..gemm.launch import global_scale
 from ..schedulers.grouped import expert_rows
 from .batched import grouped_3d_ref
@@ -31,7 +31,7 @@ def grouped_gemm_ref(a, b, *, offs=None, out_dtype=None, alpha: float = 1.0, bia
                               activation=activation, gate_layout=gate_layout, epilogue=epilogue,
                               epilogue_args=epilogue_args, out_global_scale=out_global_scale, scale_a=scale_a,
                               scale_b=scale_b, compute_dtype=compute_dtype)  # fmt: skip
-    fp8 = a.dtype in FP8_INPUTS
+    fp8 = a.dtype in TORCH_FP8
     out_dtype = out_dtype or (torch.bfloat16 if fp8 else a.dtype)
     bounds = offs.tolist()
     if b.dim() == 3:
