@@ -46,6 +46,9 @@ FP8_BLOCKS_REF_OPTIONS = ("scale_a", "scale_b", "out_dtype", "alpha", "compute_d
 FP8_BLOCKS = "1x128 x 1x128 or 128x128 x 1x128 FP8 block scales"
 
 
+_BF16 = torch.bfloat16
+
+
 @functools.cache
 def _defaults(fn) -> tuple:
     """(name, default) of ``fn``'s keyword parameters."""
@@ -100,7 +103,7 @@ def _supported(route: _Route, options: dict) -> dict:
         opts = {name: options.get(name, default) for name, default in _defaults(fn) if name in supported}
     if route.out_dtype and opts["out_dtype"] is None:
         out = opts.get("out")
-        opts["out_dtype"] = out.dtype if isinstance(out, torch.Tensor) else torch.bfloat16
+        opts["out_dtype"] = out.dtype if isinstance(out, torch.Tensor) else _BF16
     return opts
 
 
@@ -116,17 +119,20 @@ _GROUPED = {(fn, extra): _Route(fn, (*(GROUPED_REF_OPTIONS if fn is packed.group
 # the options of a warm block-scaled call (out_dtype None: bf16, as _supported gives without out)
 _OUT_ALPHA = frozenset({"out_dtype", "alpha"})
 _OFFS_OUT_ALPHA = frozenset({"offs", "out_dtype", "alpha"})
-_BF16 = torch.bfloat16
+
+
+def _warm_out_dtype(options: dict) -> torch.dtype:
+    """A warm block-scaled call's output dtype: ``out_dtype``, bf16 where None or left out (no
+    ``out`` on these calls, so :func:`_supported`'s default)."""
+    out_dtype = options.get("out_dtype")
+    return _BF16 if out_dtype is None else out_dtype
 
 
 @functools.wraps(dense.gemm)
 def gemm(a, b, **options):
     if isinstance(b, BlockScaledTensor):
         if not options or options.keys() <= _OUT_ALPHA:  # every other option at its default: the routes' own
-            out_dtype, alpha = _BF16, 1.0
-            if options:
-                out_dtype, alpha = options.get("out_dtype", _BF16), options.get("alpha", 1.0)
-                out_dtype = _BF16 if out_dtype is None else out_dtype
+            out_dtype, alpha = (_warm_out_dtype(options), options.get("alpha", 1.0)) if options else (_BF16, 1.0)
             if isinstance(a, torch.Tensor):  # the decode call: its plan (filed by gemm_fp4_weight), else the route
                 res = warm_weight_only(a, b, None, out_dtype, alpha)
                 if res is not None:
@@ -212,10 +218,9 @@ def _grouped_route(fn, a, b, options: dict):
 @functools.wraps(packed.grouped_gemm)
 def grouped_gemm(a, b, **options):
     if isinstance(b, BlockScaledTensor) and isinstance(a, torch.Tensor) and options.keys() <= _OFFS_OUT_ALPHA:
-        offs, out_dtype = options.get("offs"), options.get("out_dtype")  # the MoE weight-only call: its plan
+        offs = options.get("offs")  # the MoE weight-only call: its plan
         if isinstance(offs, torch.Tensor):
-            out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
-            res = warm_weight_only(a, b, offs, out_dtype, options.get("alpha", 1.0))
+            res = warm_weight_only(a, b, offs, _warm_out_dtype(options), options.get("alpha", 1.0))
             if res is not None:
                 return res
     return _grouped_route(packed.grouped_gemm, a, b, options)
