@@ -58,7 +58,7 @@ def cmd_bench(args) -> int:
             rows = bench_quantize(reps=args.reps)
             print(quant_markdown_table(rows, f"quantize (bf16 input) on {gpu}"))
             print(f"results: {write_quant_results(rows, outdir)}")
-        elif fam == "sweep":  # real-model layers x M, bf16 and FP8 row-wise, vs torch
+        elif fam == "sweep":  # real-model layers x M, bf16 and FP8 row-wise / per-tensor, vs torch
             m_values = tuple(int(v) for v in args.m_values.split(",")) if args.m_values else layer_sweep.M_VALUES
             kinds = tuple(args.kinds.split(",")) if args.kinds else layer_sweep.KINDS
             if not set(kinds) <= set(layer_sweep.ALL_KINDS):

@@ -51,10 +51,9 @@ LAYERS = [
     ("Mistral-7B", "lm_head", 32768, 4096),
 ]
 M_VALUES = (1, 16, 64, 128, 512, 1024, 2048, 8192)
-KINDS = ("bf16", "fp8")  # the default sweep
 # "fp8t": FP8 with per-tensor scales against torch._scaled_mm's tensor-wise path (cuBLASLt's FP8
-# kernels, faster than the row-wise CUTLASS kernels "fp8" meets): `bench sweep --kinds bf16,fp8,fp8t`
-ALL_KINDS = ("bf16", "fp8", "fp8t")
+# kernels, faster than the row-wise CUTLASS kernels "fp8" meets), the same configs as "fp8"
+KINDS = ALL_KINDS = ("bf16", "fp8", "fp8t")  # the default sweep: every kind
 BASELINES = {"bf16": "cuBLAS (torch.matmul)", "fp8": "torch._scaled_mm (row-wise)",
              "fp8t": "torch._scaled_mm (per-tensor: cuBLASLt)"}
 
