@@ -147,7 +147,7 @@ def quad_clusters(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig |
 
 # e4m3 112 < M <= 128 where the pick cuts K over 128x64 tiles (few N tiles, split_few_tiles /
 # the wave model): 64x64 tiles instead, two M tiles on each N tile, in the most K ranges (4, 2 or
-# 1, in a cluster: split_cluster) whose units fit in one round, and 2x1 pairs (B multicast) where
+# 1, in a cluster: split_cluster; at most the pick's) whose units fit in one round, and 2x1 pairs (B multicast) where
 # one range already fills it. H100, one process, 3 interleaved rounds of 8 L2-flushed reps, x
 # torch._scaled_mm per-tensor, M = 128 (the pick -> this): N 576 K 7168 (128x64 in 4 ranges) 0.90 ->
 # 1.06 (4 ranges), N 1536 K 7168 0.88 -> 0.95 (2), N 2048 K 4096 (2 ranges) 0.86 -> 0.93 (2), N
@@ -165,7 +165,8 @@ def fp8_row_split(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig |
             or cfg.epilogue.quant or cfg.epilogue.user):  # fmt: skip
         return None
     units = 2 * ceil_div(p.n, 64) * p.l  # two 64-row tiles on each N tile
-    split = next(s for s in (4, 2, 1) if s == 1 or units * s <= num_sms)
+    # at most the pick's ranges (its split met split_few_tiles' least K per range)
+    split = next(s for s in (4, 2, 1) if s == 1 or (s <= cfg.split_k and units * s <= num_sms))
     alt = replace(cfg, tile_m=64, tile_n=64, cluster_m=1 if split > 1 else 2, cluster_n=1, split_k=split,
                   split_cluster=split > 1, raster="n", group=1, a_rows=0)  # fmt: skip
     return None if config_errors(alt) or (split > 1 and split_k_errors(alt)) else alt

@@ -257,6 +257,7 @@ def test_policy_quad_clusters(m, n, k, want16, want8):
 
 @pytest.mark.parametrize("m,n,k,want", [
     (128, 576, 7168, (1, 4, True)), (128, 1536, 7168, (1, 2, True)), (128, 2048, 4096, (1, 2, True)),  # ranges
+    (128, 576, 3072, (1, 2, True)),  # at most the pick's 2 ranges (a shorter K: fewer K tiles per range)
     (128, 4096, 4096, (2, 1, False)), (120, 4096, 14336, (2, 1, False)),  # 2x1 pairs: one range fills the SMs
     (128, 10240, 8192, None), (128, 6144, 4096, None),  # unsplit picks keep their tiles
     (112, 576, 7168, None), (100, 2048, 4096, None),  # M <= 112: a short second 64-row tile
