@@ -90,10 +90,11 @@ SHORT_RATE = 0.55
 WIDE_RATE = 0.97
 # e4m3 128x160 (2x1) beside 128x192 for M > 128: whole waves where N is a multiple of 5 x 1024 and
 # on N = 7168 / 28672. H100, one process, 3 interleaved rounds of 8 L2-flushed reps, 96 shapes (the
-# sweep's 16 layers x M = 256 to 8192; x torch._scaled_mm per-tensor, cuBLASLt): with it the picks
-# ran 0.943 -> 0.958 geomean, e.g. 1024 x 7168 x 16384 0.87 -> 0.98, 512 x 10240 x 8192 0.98 ->
-# 1.09, 256 x 51200 x 5120 0.88 -> 0.99; no pick it changed lost more than 0.5%. Its rate there
-# was 0.92-0.96 of the model's (the picks equal across that range).
+# sweep's 16 layers x M = 256 to 8192; x torch._scaled_mm per-tensor, cuBLASLt): with it and
+# e4m3's 10 µs split cost (SPLIT_UNIT_SECONDS) the picks ran 0.943 -> 0.958 geomean, e.g. 1024 x
+# 7168 x 16384 0.87 -> 0.98, 512 x 10240 x 8192 0.98 -> 1.09, 256 x 51200 x 5120 0.88 -> 0.99; no
+# pick it changed lost more than 0.5%. Its rate there was 0.92-0.96 of the model's (the picks
+# equal across that range).
 E4M3_160_RATE = 0.94
 TILE_RATES = {
     "16-bit": {(128, 256): 1.00, (128, 224): WIDE_RATE, (128, 192): 0.96, (128, 160): 0.95, (128, 128): 0.88,
