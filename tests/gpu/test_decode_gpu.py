@@ -502,15 +502,10 @@ def test_quad_clusters_policy_calls(m, n, k, dtype):
     assert_within_torch_error(fused, same, ref, what="1x4 bias + silu")
 
 
-@pytest.mark.parametrize("m,n,k", [(1, 10240, 5120), (16, 10240, 8192), (40, 10000, 5120), (64, 10240, 5120),
-                                   (7, 9000, 8192)])  # fmt: skip
-@pytest.mark.parametrize("rowwise", [False, True])
-def test_quad_clusters_fp8_policy_calls(m, n, k, rowwise):
-    """e4m3 decode calls in the policy's 1x4 clusters of 64x128 tiles (small_m.QUAD_FP8: A's whole
-    64-row box, the short one given up), N tile counts not a multiple of 4 included: per-tensor and
-    row-wise scales into a poisoned output, within 2x torch._scaled_mm's error of fp64 (torch on N
-    padded to 16), the same bits as the 1x1 short-box config's and on a second call."""
-    _need_sm90()
+def _fp8_policy_call(m, n, k, rowwise):
+    """An e4m3 policy call (per-tensor or row-wise scales) into a poisoned output, checked within 2x
+    torch._scaled_mm's error of fp64 (torch on N padded to 16) and for writes outside:
+    (a, b, sa, sb, the GemmProblem, the policy's config, out)."""
     from cutegemm.config import EpilogueSpec, GemmProblem
 
     a, b = _ops(m, n, k, F8, seed=m + n + k)
@@ -521,7 +516,6 @@ def test_quad_clusters_fp8_policy_calls(m, n, k, rowwise):
         sa, sb = torch.tensor(0.25, device="cuda"), torch.tensor(1.5, device="cuda")
     p = GemmProblem(m, n, k, 1, "e4m3", "e4m3", "bf16", "k", "k")
     cfg = policy_for("sm_90a", 132).choose_dense(p, epilogue=EpilogueSpec(scale_a=True, scale_b=True))
-    assert (cfg.tile_m, cfg.tile_n, cfg.cluster_n, cfg.a_rows) == (64, 128, 4, 0), cfg.name
     buf, out = poisoned_out((m, n), BF16)
     cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, out_dtype=BF16, out=out)
     assert_outside_untouched(buf, m, n)
@@ -530,7 +524,21 @@ def test_quad_clusters_fp8_policy_calls(m, n, k, rowwise):
     bp = torch.nn.functional.pad(b.t().contiguous().view(torch.uint8), (0, 0, 0, pn)).view(F8).t()
     sbp = torch.nn.functional.pad(sb, (0, pn), value=1.0) if rowwise else sb
     same = torch._scaled_mm(a, bp, scale_a=sa, scale_b=sbp, out_dtype=BF16)[:, :n]
-    assert_within_torch_error(out, same, ref, what=f"fp8 1x4 {m}x{n}x{k}")
+    assert_within_torch_error(out, same, ref, what=f"fp8 {m}x{n}x{k} {cfg.name}")
+    return a, b, sa, sb, p, cfg, out
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 10240, 5120), (16, 10240, 8192), (40, 10000, 5120), (64, 10240, 5120),
+                                   (7, 9000, 8192)])  # fmt: skip
+@pytest.mark.parametrize("rowwise", [False, True])
+def test_quad_clusters_fp8_policy_calls(m, n, k, rowwise):
+    """e4m3 decode calls in the policy's 1x4 clusters of 64x128 tiles (small_m.QUAD_FP8: A's whole
+    64-row box, the short one given up), N tile counts not a multiple of 4 included: per-tensor and
+    row-wise scales (_fp8_policy_call), the same bits as the 1x1 short-box config's and on a second
+    call."""
+    _need_sm90()
+    a, b, sa, sb, p, cfg, out = _fp8_policy_call(m, n, k, rowwise)
+    assert (cfg.tile_m, cfg.tile_n, cfg.cluster_n, cfg.a_rows) == (64, 128, 4, 0), cfg.name
     single = short_a_box(replace(cfg, cluster_n=1, raster="n"), p)
     assert torch.equal(out, cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, out_dtype=BF16, config=single)), single.name
     assert torch.equal(out, cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, out_dtype=BF16))
@@ -542,28 +550,9 @@ def test_quad_clusters_fp8_policy_calls(m, n, k, rowwise):
 def test_fp8_row_split_policy_calls(m, n, k, rowwise):
     """e4m3 at 112 < M <= 128 in the policy's 64x64 tiles where its 128x64 pick cut K
     (small_m.FP8_ROW_SPLIT: K ranges meeting in a cluster, or 2x1 pairs): per-tensor and row-wise
-    scales into a poisoned output, within 2x torch._scaled_mm's error of fp64 (torch on N padded to
-    16), the same bits on a second call (the ranges added in range order)."""
+    scales (_fp8_policy_call), the same bits on a second call (the ranges added in range order)."""
     _need_sm90()
-    from cutegemm.config import EpilogueSpec, GemmProblem
-
-    a, b = _ops(m, n, k, F8, seed=m + n + k)
-    g = torch.Generator(device="cuda").manual_seed(k)
-    if rowwise:
-        sa, sb = torch.rand(m, 1, generator=g, device="cuda") + 0.5, torch.rand(1, n, generator=g, device="cuda") + 0.5
-    else:
-        sa, sb = torch.tensor(0.25, device="cuda"), torch.tensor(1.5, device="cuda")
-    p = GemmProblem(m, n, k, 1, "e4m3", "e4m3", "bf16", "k", "k")
-    cfg = policy_for("sm_90a", 132).choose_dense(p, epilogue=EpilogueSpec(scale_a=True, scale_b=True))
+    a, b, sa, sb, _, cfg, out = _fp8_policy_call(m, n, k, rowwise)
     assert (cfg.tile_m, cfg.tile_n) == (64, 64) and (cfg.split_cluster or cfg.cluster_m == 2), cfg.name
-    buf, out = poisoned_out((m, n), BF16)
-    cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, out_dtype=BF16, out=out)
-    assert_outside_untouched(buf, m, n)
-    ref = (a.double() @ b.double()) * sa.double() * sb.double()
-    pn = -n % 16
-    bp = torch.nn.functional.pad(b.t().contiguous().view(torch.uint8), (0, 0, 0, pn)).view(F8).t()
-    sbp = torch.nn.functional.pad(sb, (0, pn), value=1.0) if rowwise else sb
-    same = torch._scaled_mm(a, bp, scale_a=sa, scale_b=sbp, out_dtype=BF16)[:, :n]
-    assert_within_torch_error(out, same, ref, what=f"fp8 64x64 {m}x{n}x{k} {cfg.name}")
     for _ in range(2):
         assert torch.equal(out, cutegemm.gemm(a, b, scale_a=sa, scale_b=sb, out_dtype=BF16)), cfg.name
