@@ -205,6 +205,29 @@ def test_pick_is_valid_and_never_predicted_slower(m, n, k, dtype):
         assert -(-k // tile_k) >= least * cfg.split_k
 
 
+@settings(max_examples=300, deadline=None)
+@given(m=st.integers(1, 16384), n=st.integers(1, 60000), k=st.integers(16, 40000).map(lambda k: k // 16 * 16),
+       out=st.sampled_from(["bf16", "fp16", "fp32", "e4m3"]), scaled=st.booleans())  # fmt: skip
+@example(m=128, n=576, k=7168, out="fp32", scaled=True)  # FP8_ROW_SPLIT: 64x64 in 4 cluster ranges, promoted
+@example(m=16, n=10240, k=8192, out="e4m3", scaled=True)  # QUAD_FP8 into an FP8 output
+@example(m=1024, n=7168, k=16384, out="fp32", scaled=True)  # 128x160's shape: fp32 keeps promote_k tiles
+def test_e4m3_picks_are_valid_for_every_output(m, n, k, out, scaled):
+    """Every e4m3 pick of the policy (the wave model, 128x160, the 1x4 decode clusters, the 64x64
+    tiles at M = 128, the cluster K ranges), for each output dtype, with or without the scale
+    epilogue: a valid config that implements the problem, fp32 outputs promoted per WGMMA
+    (policy.fp32_promotion) and each K range at least 12 K tiles of 128."""
+    p = problem(m, n, k, "e4m3", out)
+    cfg = POL.choose_dense(p, **({"epilogue": SCALED} if scaled else {}))
+    assert not config_errors(cfg), (cfg.name, config_errors(cfg))
+    ok, why = can_implement(cfg, p)
+    assert ok, (cfg.name, why)
+    assert bool(cfg.promote_k) == (out == "fp32"), cfg.name
+    if cfg.split_k > 1:
+        assert -(-k // 128) >= 12 * cfg.split_k, cfg.name
+    if cfg.cluster_n == 4:  # the decode rule's 1x4 clusters: 64x128, A's whole box, one round of tiles
+        assert (cfg.tile_m, cfg.tile_n, cfg.a_rows) == (64, 128, 0) and m <= 64 and -(-n // 128) <= SMS, cfg.name
+
+
 @pytest.mark.parametrize("m", [1, 16, 64, 100, 128])
 def test_decode_sizes_untouched(m):
     """M <= 64 keeps the measured decode rules (decode_tile, split_few_tiles); 64 < M <= 128 the
