@@ -262,7 +262,7 @@ def test_policy_quad_clusters(m, n, k, want16, want8):
     (128, 10240, 8192, None), (128, 6144, 4096, None),  # unsplit picks keep their tiles
     (112, 576, 7168, None), (100, 2048, 4096, None),  # M <= 112: a short second 64-row tile
 ])  # fmt: skip
-def test_fp8_row_split(m, n, k, want):
+def test_fp8_row_split(m, n, k, want, monkeypatch):
     """e4m3 picks that cut K over 128x64 tiles at 112 < M <= 128 run 64x64 tiles (small_m.FP8_ROW_SPLIT):
     the most K ranges (in a cluster) whose units fit one round, else 2x1 pairs; 16-bit keeps its rules."""
     pol = policy_for("sm_90a", 132)
@@ -277,7 +277,13 @@ def test_fp8_row_split(m, n, k, want):
         assert (cfg.cluster_m, cfg.split_k, cfg.split_cluster) == want, cfg.name
         assert 2 * -(-n // 64) * cfg.split_k <= 132 or cfg.split_k == 1
         assert bool(cfg.promote_k) == (od == "fp32")  # fp32 outputs keep their promotion
+    from cutegemm import small_m
+
     bf = pol.choose_dense(GemmProblem(m, n, k, 1, "bf16", "bf16", "bf16", "k", "k"))
-    assert bf == pol.choose_dense(GemmProblem(m, n, k, 1, "bf16", "bf16", "bf16", "k", "k"))
+    monkeypatch.setattr(small_m, "FP8_ROW_SPLIT", False)
+    assert bf == pol.choose_dense(GemmProblem(m, n, k, 1, "bf16", "bf16", "bf16", "k", "k"))  # 16-bit: not this rule
+    if want is not None:  # the rule off: the 128x64 pick that cut K
+        off = pol.choose_dense(GemmProblem(m, n, k, 1, "e4m3", "e4m3", "bf16", "k", "k"), epilogue=epi)
+        assert (off.tile_m, off.tile_n) == (128, 64) and off.split_k > 1, off.name
     assert pol.choose_dense(GemmProblem(m, n, k, 1, "e4m3", "e4m3", "bf16", "k", "k"), epilogue=epi,
                             tile_m=128, tile_n=64, split_k=2).tile_m == 128  # an explicit tile stands
