@@ -117,23 +117,26 @@ def small_m_options(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig
 # 6144: 0.986 -> 0.966; gate_up 28672: 0.989 -> 0.998), so shorter K keeps 1x1. M <= 48 takes a
 # short A box (short_a_box), which excludes multicast.
 # e4m3 (QUAD_FP8) at any M <= 64, the short box given up for A's whole one, where the 64x128 tiles
-# fit in one round (N / 128 <= SMs). H100, one process, 3 interleaved rounds of 8 L2-flushed reps,
-# x torch._scaled_mm per-tensor (cuBLASLt), M = 1 / 16 / 64: Llama-3-70B qkv (N 10240, K 8192)
-# 0.91 / 0.91 / 0.92 -> 0.96 / 0.95 / 0.98, Qwen3-32B qkv (10240, 5120) 0.93 / 0.90 / 0.93 -> 0.96
-# / 0.94 / 0.98; more than a round of them lost (N 32768, K 4096 at M = 1: 0.99 -> 0.87).
+# fill at most QUAD_FP8_SHARE of the SMs. H100, one process, 3 interleaved rounds of 8 L2-flushed
+# reps, x torch._scaled_mm per-tensor (cuBLASLt), M = 1 / 16 / 64: Llama-3-70B qkv (N 10240, K
+# 8192; 80 tiles) 0.91 / 0.91 / 0.92 -> 0.96 / 0.95 / 0.98, Qwen3-32B qkv (10240, 5120) 0.93 / 0.90
+# / 0.93 -> 0.96 / 0.94 / 0.98; more than a round of them lost (N 32768, K 4096 at M = 1: 0.99 ->
+# 0.87), and so did a nearly full one: 128 64x64 tiles in 1x4 clusters (N 8192, K 28672, M = 64)
+# ran 0.73 against 0.99 in 1x1 (clusters of four pack into the GPCs, whose SMs may not hold 32).
 QUAD_CLUSTERS = True
 QUAD_FP8 = True
+QUAD_FP8_SHARE = 0.75
 QUAD_MIN_K = 5120
 
 
 def quad_clusters(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig | None:
     """The 1x4 cluster of an sm_90a dense 64x128 config, 16-bit for 48 < M <= 64 (see
-    QUAD_CLUSTERS), e4m3 for M <= 64 in one round of tiles (QUAD_FP8, A's whole box), or None where
+    QUAD_CLUSTERS), e4m3 for M <= 64 on at most QUAD_FP8_SHARE of the SMs (QUAD_FP8, A's whole box), or None where
     it does not apply (another tile, cluster, split, form or epilogue, a short A box on 16-bit,
     fewer than 4 N tiles, K < QUAD_MIN_K)."""
     fp8 = p.a_dtype == "e4m3" and p.b_dtype == "e4m3"
     if fp8:
-        applies = QUAD_FP8 and p.m <= 64 and ceil_div(p.n, 128) <= num_sms
+        applies = QUAD_FP8 and p.m <= 64 and ceil_div(p.n, 128) <= QUAD_FP8_SHARE * num_sms
     else:
         applies = QUAD_CLUSTERS and p.a_dtype in ("bf16", "fp16") and 48 < p.m <= 64 and not cfg.a_rows
     if (not applies or cfg.arch != "sm_90a" or p.k < QUAD_MIN_K or (cfg.tile_m, cfg.tile_n) != (64, 128)
