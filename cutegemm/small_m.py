@@ -129,20 +129,29 @@ QUAD_FP8_SHARE = 0.75
 QUAD_MIN_K = 5120
 
 
+def _plain_sm90_dense(cfg: GemmConfig) -> bool:
+    """Whether ``cfg`` is the sm_90a dense kernel with per-tile (or no) scales and a plain output:
+    the configs the measured decode-sized rules below rewrite (no block / MX scales, no fast
+    accumulation, no quantized or user epilogue)."""
+    return (cfg.arch == "sm_90a" and cfg.form in (Form.DENSE, Form.FLAT) and not cfg.fp8_blockwise
+            and not cfg.fp8_mx and not cfg.fast_accum and not cfg.epilogue.quant and not cfg.epilogue.user)  # fmt: skip
+
+
+def _e4m3(p: GemmProblem) -> bool:
+    return p.a_dtype == "e4m3" and p.b_dtype == "e4m3"
+
+
 def quad_clusters(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig | None:
     """The 1x4 cluster of an sm_90a dense 64x128 config, 16-bit for 48 < M <= 64 (see
     QUAD_CLUSTERS), e4m3 for M <= 64 on at most QUAD_FP8_SHARE of the SMs (QUAD_FP8, A's whole box), or None where
     it does not apply (another tile, cluster, split, form or epilogue, a short A box on 16-bit,
     fewer than 4 N tiles, K < QUAD_MIN_K)."""
-    fp8 = p.a_dtype == "e4m3" and p.b_dtype == "e4m3"
-    if fp8:
+    if _e4m3(p):
         applies = QUAD_FP8 and p.m <= 64 and ceil_div(p.n, 128) <= QUAD_FP8_SHARE * num_sms
     else:
         applies = QUAD_CLUSTERS and p.a_dtype in ("bf16", "fp16") and 48 < p.m <= 64 and not cfg.a_rows
-    if (not applies or cfg.arch != "sm_90a" or p.k < QUAD_MIN_K or (cfg.tile_m, cfg.tile_n) != (64, 128)
-            or cfg.cluster_m * cfg.cluster_n != 1 or cfg.split_k != 1 or cfg.pingpong
-            or cfg.form not in (Form.DENSE, Form.FLAT) or ceil_div(p.n, 128) < 4 or cfg.epilogue.quant
-            or cfg.epilogue.user or cfg.fp8_blockwise or cfg.fp8_mx or cfg.fast_accum):  # fmt: skip
+    if (not applies or not _plain_sm90_dense(cfg) or p.k < QUAD_MIN_K or (cfg.tile_m, cfg.tile_n) != (64, 128)
+            or cfg.cluster_m * cfg.cluster_n != 1 or cfg.split_k != 1 or cfg.pingpong or ceil_div(p.n, 128) < 4):  # fmt: skip
         return None
     alt = replace(cfg, cluster_n=4, raster="m", group=1, a_rows=0)
     return None if config_errors(alt) else alt
@@ -162,10 +171,8 @@ FP8_ROW_SPLIT = True
 def fp8_row_split(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig | None:
     """The 64x64 config of an e4m3 sm_90a dense call with 112 < M <= 128 whose config cuts K over
     128x64 tiles (see FP8_ROW_SPLIT), else None."""
-    if (not FP8_ROW_SPLIT or cfg.arch != "sm_90a" or (p.a_dtype, p.b_dtype) != ("e4m3", "e4m3")
-            or not 112 < p.m <= 128 or (cfg.tile_m, cfg.tile_n) != (128, 64) or cfg.split_k < 2 or cfg.split_tail
-            or cfg.form not in (Form.DENSE, Form.FLAT) or cfg.fp8_blockwise or cfg.fp8_mx or cfg.fast_accum
-            or cfg.epilogue.quant or cfg.epilogue.user):  # fmt: skip
+    if (not FP8_ROW_SPLIT or not _plain_sm90_dense(cfg) or not _e4m3(p) or not 112 < p.m <= 128
+            or (cfg.tile_m, cfg.tile_n) != (128, 64) or cfg.split_k < 2 or cfg.split_tail):  # fmt: skip
         return None
     units = 2 * ceil_div(p.n, 64) * p.l  # two 64-row tiles on each N tile
     # at most the pick's ranges (its split met split_few_tiles' least K per range)
