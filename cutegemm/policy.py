@@ -24,6 +24,7 @@ from .small_m import (  # noqa: F401 (re-exported: tuning, bench.tune, tests)
     ceil_div,
     few_tiles,
     fp8_row_split,
+    plain_sm90_dense,
     quad_clusters,
     short_a_box,
     small_m_options,
@@ -388,9 +389,8 @@ def small_m_pair(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig | 
     engages at least as many SMs as ``cfg``'s work units (see SMALL_M_PAIRS), else None. Plain,
     alpha, beta * C, bias, activation and gated outputs (the forms its GPU tests run)."""
     epi = cfg.epilogue  # (quantized, preact and user outputs on the pairs have not run on a GPU)
-    if (not SMALL_M_PAIRS or cfg.arch != "sm_90a" or p.a_dtype not in ("bf16", "fp16") or not 112 < p.m <= 128
-            or cfg.form not in (Form.DENSE, Form.FLAT) or cfg.pingpong or cfg.cluster_n > 1 or epi.quant
-            or epi.preact or epi.user):  # fmt: skip
+    if (not SMALL_M_PAIRS or not plain_sm90_dense(cfg) or p.a_dtype not in ("bf16", "fp16") or not 112 < p.m <= 128
+            or cfg.pingpong or cfg.cluster_n > 1 or epi.preact):  # fmt: skip
         return None
     units = ceil_div(p.m, cfg.tile_m) * ceil_div(p.n, cfg.tile_n) * p.l * max(1, cfg.split_k)
     pairs = num_sms // 2

@@ -38,11 +38,11 @@ def short_a_box(cfg: GemmConfig, p: GemmProblem) -> GemmConfig:
     return replace(cfg, a_rows=box)
 
 
-FP8_CLUSTER4_SHARE = 0.75  # split_few_tiles: FP8 64x64 tiles' 4 ranges meet in a cluster up to this share of the SMs
 # 16-bit 64-row tiles take 4 K ranges (not 2) while 8 units per tile would fill at most this share of
 # the SMs: the H100 rows of split_few_tiles (18 tiles: 4 ranges 1.07x cuBLAS, 2 ranges 0.93) and
 # the H200 ones (32 tiles: 2 ranges).
 FEW_TILES_SPLIT4 = 1.25
+FP8_CLUSTER4_SHARE = 0.75  # split_few_tiles: FP8 64x64 tiles' 4 ranges meet in a cluster up to this share of the SMs
 
 
 def few_tiles(tiles: int, num_sms: int) -> bool:
@@ -129,7 +129,7 @@ QUAD_FP8_SHARE = 0.75
 QUAD_MIN_K = 5120
 
 
-def _plain_sm90_dense(cfg: GemmConfig) -> bool:
+def plain_sm90_dense(cfg: GemmConfig) -> bool:
     """Whether ``cfg`` is the sm_90a dense kernel with per-tile (or no) scales and a plain output:
     the configs the measured decode-sized rules below rewrite (no block / MX scales, no fast
     accumulation, no quantized or user epilogue)."""
@@ -150,7 +150,7 @@ def quad_clusters(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig |
         applies = QUAD_FP8 and p.m <= 64 and ceil_div(p.n, 128) <= QUAD_FP8_SHARE * num_sms
     else:
         applies = QUAD_CLUSTERS and p.a_dtype in ("bf16", "fp16") and 48 < p.m <= 64 and not cfg.a_rows
-    if (not applies or not _plain_sm90_dense(cfg) or p.k < QUAD_MIN_K or (cfg.tile_m, cfg.tile_n) != (64, 128)
+    if (not applies or not plain_sm90_dense(cfg) or p.k < QUAD_MIN_K or (cfg.tile_m, cfg.tile_n) != (64, 128)
             or cfg.cluster_m * cfg.cluster_n != 1 or cfg.split_k != 1 or cfg.pingpong or ceil_div(p.n, 128) < 4):  # fmt: skip
         return None
     alt = replace(cfg, cluster_n=4, raster="m", group=1, a_rows=0)
@@ -171,7 +171,7 @@ FP8_ROW_SPLIT = True
 def fp8_row_split(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig | None:
     """The 64x64 config of an e4m3 sm_90a dense call with 112 < M <= 128 whose config cuts K over
     128x64 tiles (see FP8_ROW_SPLIT), else None."""
-    if (not FP8_ROW_SPLIT or not _plain_sm90_dense(cfg) or not _e4m3(p) or not 112 < p.m <= 128
+    if (not FP8_ROW_SPLIT or not plain_sm90_dense(cfg) or not _e4m3(p) or not 112 < p.m <= 128
             or (cfg.tile_m, cfg.tile_n) != (128, 64) or cfg.split_k < 2 or cfg.split_tail):  # fmt: skip
         return None
     units = 2 * ceil_div(p.n, 64) * p.l  # two 64-row tiles on each N tile
