@@ -97,9 +97,19 @@ WIDE_RATE = 0.97
 # pick it changed lost more than 0.5%. Its rate there was 0.92-0.96 of the model's (the picks
 # equal across that range).
 E4M3_160_RATE = 0.94
+# 192x128 (1x2 clusters: A multicast) and 192x160 (1x1): the 192-row tiles of M = 384 / 576 / 1152,
+# where 128-row tiles leave an odd count of 3 / 9 M tiles. H100 `bench tiles`, every candidate
+# beside the pick (3 interleaved rounds of 8 L2-flushed reps, 109 shapes: the sweep's 16 layers at M
+# = 256 to 1536 off its grid): their rates there, as the model counts them, were 0.95 / 0.94 of
+# 128x256 2x1's (medians); weighed below that, the model took them on 9 measured shapes, with
+# 384 x 8192 x 28672 0.85 -> 0.99x cuBLAS (192x128 1x2, against 128x192 1x2), 1152 x 5120 x 25600
+# 0.86 -> 0.98, 1152 x 10240 x 5120 1.00 -> 1.05 (192x160), 384 x 51200 x 5120 0.96 -> 1.03.
+TALL_128_RATE = 0.93
+TALL_160_RATE = 0.91
 TILE_RATES = {
     "16-bit": {(128, 256): 1.00, (128, 224): WIDE_RATE, (128, 192): 0.96, (128, 160): 0.95, (128, 128): 0.88,
-               (128, 96): 0.75, (192, 192): TALL_RATE, (64, 96): SHORT_RATE},
+               (128, 96): 0.75, (192, 192): TALL_RATE, (192, 160): TALL_160_RATE, (192, 128): TALL_128_RATE,
+               (64, 96): SHORT_RATE},
     "e4m3": {(128, 192): 0.96, (128, 160): E4M3_160_RATE, (128, 128): 0.85, (128, 64): 0.43},
 }
 SM_FLOPS = 6.0e12  # 16-bit WGMMA flop/s of one SM at the power-capped clock (802 TFLOP/s / 132); e4m3 twice
@@ -148,9 +158,9 @@ class WaveCandidate:
 
     def fields(self) -> dict:
         """The GemmConfig fields: 2x1 clusters with an N-major raster (the measured large-shape
-        tiles; 16-bit 128x128: M-major, as measured), 1x1 and 128x96's 1x2 with an M-major one;
+        tiles and 128x96's; 16-bit 128x128: M-major, as measured), 1x1 and 1x2 with an M-major one;
         64-row tiles (short_tile_cluster) N-major, as measured."""
-        raster = "n" if (self.cluster_m == 2 and (self.tile_n > 128 or self.fp8)) or self.tile_m == 64 else "m"
+        raster = "n" if (self.cluster_m == 2 and (self.tile_n != 128 or self.fp8)) or self.tile_m == 64 else "m"
         return dict(tile_m=self.tile_m, tile_n=self.tile_n, cluster_m=self.cluster_m, cluster_n=self.cluster_n,
                     split_k=self.split_k, split_tail=self.tail, raster=raster, group=1 if self.tile_m == 64 else 8)  # fmt: skip
 
@@ -239,6 +249,23 @@ def odd_m_pairs_n(p: GemmProblem, tile_m: int, tile_n: int) -> bool:
     return mt % 2 == 1 and mt <= ODD_M_MAX_TILES and mt * padded_tiles(p.n, tile_n, 2) < padded_tiles(p.m, tile_m, 2) * nt
 
 
+# 128x96 pairs along M (2x1, B multicast) where N has at least this many times the M tiles (and the M
+# count is even); along N (1x2) otherwise.
+WIDE_N_TILES_PER_M = 3
+
+
+def wide_n_pairs_m(p: GemmProblem) -> bool:
+    """Whether a 128x96 tile's cluster is 2x1 (B multicast, N-major raster) instead of its 1x2
+    (TILE_RATES' note): where the N tiles are at least WIDE_N_TILES_PER_M times the M tiles, an
+    even count of them. H100 `bench tiles` (3 interleaved rounds of 8 L2-flushed reps, x cuBLAS),
+    1x2 -> 2x1: 256 x 6144 x 4096 (2 x 64 tiles) 0.94 -> 0.99, 256 x 5120 x 2048 0.90 -> 0.96, 768 x
+    2048 x 4096 (6 x 22) 0.92 -> 0.96, and 2x1 led by 3-5% at 512 x 4096 x 4096 and 512 x 28672 x 4096
+    before; 1x2 led where the counts are near (1024 x 1536 x 7168, 8 x 16: 0.93 against 0.85-0.87;
+    2048 x 1536 x 7168, 16 x 16; 1024 x 576 x 7168, 8 x 6)."""
+    mt, nt = ceil_div(p.m, 128), ceil_div(p.n, 96)
+    return mt % 2 == 0 and nt >= WIDE_N_TILES_PER_M * mt
+
+
 def dtype_family(a_dtype: str) -> str:
     """TILE_RATES' key of an operand dtype."""
     return "e4m3" if a_dtype in FP8_DTYPES else "16-bit"
@@ -268,6 +295,10 @@ def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,), extra_rates=None,
     for (tm, tn), rate in rates.items():
         pair = 2 if ceil_div(p.m, tm) >= 2 and tn > 96 and tm == 128 else 1  # 2x1: B multicast
         cn = 2 if tn == 96 and tm == 128 and ceil_div(p.n, tn) >= 2 else 1  # 128x96: 1x2 (A multicast)
+        if tm == 128 and tn == 96 and wide_n_pairs_m(p):  # ... or 2x1 where N has many more tiles
+            pair, cn = 2, 1
+        if tm == 192 and tn == 128 and ceil_div(p.n, tn) >= 2:  # 192x128: 1x2 (TALL_128_RATE)
+            cn = 2
         if tm == 64:  # 64x96: short_tile_cluster
             pair, cn = short_tile_cluster(p, tm, tn)
         tail_ok = tail and ceil_div(p.m, tm) * ceil_div(p.n, tn) * p.l >= num_sms and ceil_div(p.n, tn) <= TAIL_MAX_N_TILES
@@ -416,6 +447,7 @@ def small_m_pair(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig | 
 # M = 512 1.012 against 0.990.
 SHORT_K_PINGPONG = True
 SHORT_K_MIN_WAVES = 2
+PINGPONG_ODD_M = False  # True: the rule takes odd M-tile counts too (the rule before)
 
 
 def short_k_pingpong(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig | None:
@@ -423,7 +455,8 @@ def short_k_pingpong(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfi
     else None."""
     if (not SHORT_K_PINGPONG or cfg.arch != "sm_90a" or p.a_dtype not in ("bf16", "fp16") or p.k > PINGPONG_MAX_K
             or p.m < PINGPONG_MIN_ROWS or cfg.form not in (Form.DENSE, Form.FLAT) or not cfg.epilogue.light
-            or ceil_div(p.m, 128) * ceil_div(p.n, 192) * p.l < SHORT_K_MIN_WAVES * num_sms):  # fmt: skip
+            or ceil_div(p.m, 128) * ceil_div(p.n, 192) * p.l < SHORT_K_MIN_WAVES * num_sms
+            or not PINGPONG_ODD_M and ceil_div(p.m, 128) % 2 == 1 and ceil_div(p.m, 128) <= ODD_M_MAX_TILES):  # fmt: skip
         return None
     alt = replace(cfg, tile_m=128, tile_n=192, pingpong=True, cluster_m=2, cluster_n=1, raster="n", group=8, split_k=1,
                   split_tail=False, split_cluster=False)  # fmt: skip

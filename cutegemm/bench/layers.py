@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from .. import policy, small_m
+from .. import policy
 from ..api import gemm
 from ..gemm import dense
 from ..runtime.timer import Timer
@@ -152,26 +152,22 @@ def previous_config(cfg, m: int, n: int, sms: int):
     return None if prev == cfg else prev
 
 
-PREVIOUS_POLICY = "policy before the e4m3 rules (128x160, 10 µs splits, 1x4 and 4-range cluster decode, 64x64 at M=128)"
+PREVIOUS_POLICY = "policy before the 192x128 / 192x160 tiles, 128x96 2x1 pairs and the odd-M short-K exception"
 
 
 @contextlib.contextmanager
 def previous_policy():
-    """The policy before e4m3's 128x160 tiles for M > 128 (policy.E4M3_160_RATE), its 10 µs split
-    cost (policy.SPLIT_UNIT_SECONDS; 4 µs before), its 1x4 decode clusters (small_m.QUAD_FP8), its
-    64x64 tiles at M = 128 (small_m.FP8_ROW_SPLIT) and its 4 decode K ranges in a cluster
-    (small_m.FP8_CLUSTER4_SHARE), for the sweep's same-round comparison on the cases where it picks
-    another config."""
-    rates, split = policy.TILE_RATES["e4m3"], policy.SPLIT_UNIT_SECONDS["e4m3"]
-    flags = small_m.QUAD_FP8, small_m.FP8_ROW_SPLIT, small_m.FP8_CLUSTER4_SHARE
-    policy.TILE_RATES["e4m3"] = {t: r for t, r in rates.items() if t != (128, 160)}
-    policy.SPLIT_UNIT_SECONDS["e4m3"] = 4e-6
-    small_m.QUAD_FP8, small_m.FP8_ROW_SPLIT, small_m.FP8_CLUSTER4_SHARE = False, False, 0.0
+    """The policy before the 16-bit 192x128 / 192x160 tiles of the wave model (policy.TALL_128_RATE,
+    TALL_160_RATE), 128x96's 2x1 clusters (policy.wide_n_pairs_m) and short_k_pingpong's odd-M
+    exception (policy.PINGPONG_ODD_M), for the sweep's same-round comparison on the cases where it
+    picks another config."""
+    rates, ratio, odd = policy.TILE_RATES["16-bit"], policy.WIDE_N_TILES_PER_M, policy.PINGPONG_ODD_M
+    policy.TILE_RATES["16-bit"] = {t: r for t, r in rates.items() if t not in ((192, 128), (192, 160))}
+    policy.WIDE_N_TILES_PER_M, policy.PINGPONG_ODD_M = 1 << 30, True
     try:
         yield
     finally:
-        policy.TILE_RATES["e4m3"], policy.SPLIT_UNIT_SECONDS["e4m3"] = rates, split
-        small_m.QUAD_FP8, small_m.FP8_ROW_SPLIT, small_m.FP8_CLUSTER4_SHARE = flags
+        policy.TILE_RATES["16-bit"], policy.WIDE_N_TILES_PER_M, policy.PINGPONG_ODD_M = rates, ratio, odd
 
 
 def alternative_config(cfg, args, kwargs):

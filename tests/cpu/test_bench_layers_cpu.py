@@ -80,27 +80,34 @@ def test_previous_rule_is_timed_where_it_differs():
 
 
 def test_previous_policy_is_precompiled_and_restored():
-    """``previous_policy`` (before e4m3's 128x160 tiles for M > 128 and its 10 µs split cost) picks
-    the earlier configs inside and restores the policy after; the sweep's precompile list holds
-    both picks (FP8 DeepSeek-V3 o at M = 1024: 128x160 2x1 now, 128x192 2x1 before; DeepSeek-V3 q_a
-    at M = 512: 128x64 unsplit now, 128x192 in 4 ranges before; bf16 unchanged)."""
+    """``previous_policy`` (before the 16-bit 192x128 / 192x160 tiles, 128x96's 2x1 pairs and the
+    short-K pingpong's odd-M exception) picks the earlier configs inside and restores the policy
+    after; the sweep's precompile list holds both picks. bf16: Llama-3-70B down at M = 384 192x128
+    1x2 now, 128x192 1x2 before; Qwen3-32B qkv at M = 1152 192x160 now, 128x256 1x2 before;
+    Qwen3-30B-A3B qkv at M = 256 128x96 2x1 now, 1x2 before; DeepSeek-V3 q_b at M = 640 128x192
+    1x2 now, pingpong 128x192 2x1 before; FP8 unchanged."""
     from cutegemm import policy
 
-    rates, split = dict(policy.TILE_RATES["e4m3"]), policy.SPLIT_UNIT_SECONDS["e4m3"]
-    assert (128, 160) in rates and split == 10e-6
-    lay = [("DeepSeek-V3", "o", 7168, 16384), ("DeepSeek-V3", "q_a", 1536, 7168)]
-    plan = dict(layers=lay, m_values=(128, 512, 1024), kinds=("bf16", "fp8"))
+    rates, ratio, odd = dict(policy.TILE_RATES["16-bit"]), policy.WIDE_N_TILES_PER_M, policy.PINGPONG_ODD_M
+    assert (192, 128) in rates and (192, 160) in rates and not odd
+    lay = [("Llama-3-70B", "down", 8192, 28672), ("Qwen3-32B", "qkv", 10240, 5120),
+           ("Qwen3-30B-A3B", "qkv", 5120, 2048), ("DeepSeek-V3", "q_b", 24576, 1536)]  # fmt: skip
+    plan = dict(layers=lay, m_values=(256, 384, 640, 1152), kinds=("bf16", "fp8"))
     now = {(c.kind, c.name): cfgs[-1] for c, cfgs in layers.sweep_plan(**plan)}
     with layers.previous_policy():
-        assert (128, 160) not in policy.TILE_RATES["e4m3"] and policy.SPLIT_UNIT_SECONDS["e4m3"] == 4e-6
+        assert (192, 128) not in policy.TILE_RATES["16-bit"] and policy.PINGPONG_ODD_M
         old = {(c.kind, c.name): cfgs[-1] for c, cfgs in layers.sweep_plan(**plan)}
-    assert policy.TILE_RATES["e4m3"] == rates and policy.SPLIT_UNIT_SECONDS["e4m3"] == split
-    tiles = {name: ((now[name].tile_m, now[name].tile_n, now[name].cluster_m, now[name].split_k),
-                    (old[name].tile_m, old[name].tile_n, old[name].cluster_m, old[name].split_k))
-             for name in now}  # fmt: skip
-    assert tiles["fp8", "DeepSeek-V3 o M=1024"] == ((128, 160, 2, 1), (128, 192, 2, 1)), tiles
-    assert tiles["fp8", "DeepSeek-V3 q_a M=512"] == ((128, 64, 1, 1), (128, 192, 1, 4)), tiles
-    assert all(now[n] == old[n] for n in now if n[0] == "bf16"), tiles
+    assert policy.TILE_RATES["16-bit"] == rates and (policy.WIDE_N_TILES_PER_M, policy.PINGPONG_ODD_M) == (ratio, odd)
+
+    def tile(c):
+        return c.tile_m, c.tile_n, c.cluster_m, c.cluster_n, c.pingpong
+
+    tiles = {name: (tile(now[name]), tile(old[name])) for name in now}
+    assert tiles["bf16", "Llama-3-70B down M=384"] == ((192, 128, 1, 2, False), (128, 192, 1, 2, False)), tiles
+    assert tiles["bf16", "Qwen3-32B qkv M=1152"] == ((192, 160, 1, 1, False), (128, 256, 1, 2, False)), tiles
+    assert tiles["bf16", "Qwen3-30B-A3B qkv M=256"] == ((128, 96, 2, 1, False), (128, 96, 1, 2, False)), tiles
+    assert tiles["bf16", "DeepSeek-V3 q_b M=640"] == ((128, 192, 1, 2, False), (128, 192, 2, 1, True)), tiles
+    assert all(now[n] == old[n] for n in now if n[0] == "fp8"), tiles
     cfgs = layers.configs_of_sweep(**plan)
     assert all(now[n] in cfgs and old[n] in cfgs for n in now)
 

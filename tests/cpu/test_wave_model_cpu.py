@@ -137,13 +137,16 @@ def test_wave_seconds_counts_whole_clusters():
 
 
 def test_split_tail_where_few_tile_columns_leave_a_short_wave():
-    """6144 x 576 x 7168: 48 x 4 = 192 tiles of 128x160 = one whole wave, then 60 tiles in 2
-    ranges (120 units). Wide N (2048 x 7168 x 16384, 38 columns) keeps its 2x1 tile: the tail's
+    """7168 x 576 x 7168: 56 x 3 = 168 tiles of 128x192 = one whole wave, then 36 tiles in 3
+    ranges (108 units). Wide N (2048 x 7168 x 16384, 38 columns) keeps its 2x1 tile: the tail's
     1x1 clusters lost there. A tail that would take two rounds of split units is no gain (16384 x
-    576: 2 whole waves + 120 tiles x 2 ranges)."""
-    cfg = dense(6144, 576, 7168)
-    assert (cfg.tile_n, cfg.split_k, cfg.split_tail, cfg.cluster_m) == (160, 2, True, 1), cfg.name
+    576: 2 whole waves + 120 tiles x 2 ranges). 6144 rows (48 x 4 tiles of 128x160, a whole wave
+    and 60 more, which took a split tail) fit one wave of 192x160 tiles (32 x 4 = 128)."""
+    cfg = dense(7168, 576, 7168)
+    assert (cfg.tile_n, cfg.split_k, cfg.split_tail, cfg.cluster_m) == (192, 3, True, 1), cfg.name
     assert not config_errors(cfg)
+    tall = dense(6144, 576, 7168)
+    assert (tall.tile_m, tall.tile_n, tall.split_k, tall.cluster_m) == (192, 160, 1, 1), tall.name
     assert not dense(2048, 7168, 16384).split_tail
     assert not dense(16384, 576, 7168).split_tail
     assert not dense(4096, 576, 7168).split_tail  # 96 tiles: less than a wave, no tail to split
@@ -506,11 +509,15 @@ def test_odd_m_tile_counts_pair_along_n(m, n, k, dtype, tile_n):
 def test_192_row_tiles_lead_16bit_pairs_at_nine_m_tiles():
     """PAIR_N_RATE: at M = 1152 (9 M tiles) 16-bit 192x192 (6 M tiles, no pad) is the pick where
     the 1x2 pairs ran slower in the same rounds (H100: Llama-3-70B down 0.97 against 0.84x
-    cuBLAS); where a pair saves a round it stays (Llama-3-70B qkv M = 1152, 128x256 1x2, 1.02)."""
+    cuBLAS). Llama-3-70B qkv M = 1152 (N 10240) kept 128x256 1x2 (1.00) until 192x160 tiles were
+    weighed (TALL_160_RATE: 1.04 in the same `bench tiles` rounds); Qwen3-32B down (N 5120, K
+    25600) takes 192x128 in 1x2 pairs (0.98 against 128x192 1x2's 0.86)."""
     down = dense(1152, 8192, 28672)
     assert (down.tile_m, down.tile_n, down.cluster_m, down.cluster_n) == (192, 192, 1, 1), down.name
     qkv = dense(1152, 10240, 8192)
-    assert (qkv.tile_m, qkv.tile_n, qkv.cluster_m, qkv.cluster_n) == (128, 256, 1, 2), qkv.name
+    assert (qkv.tile_m, qkv.tile_n, qkv.cluster_m, qkv.cluster_n) == (192, 160, 1, 1), qkv.name
+    qdown = dense(1152, 5120, 25600)
+    assert (qdown.tile_m, qdown.tile_n, qdown.cluster_m, qdown.cluster_n) == (192, 128, 1, 2), qdown.name
 
 
 def test_odd_m_pairs_where_the_pair_along_n_pads_fewer():
@@ -624,3 +631,25 @@ def test_short_k_takes_the_pingpong_tile_where_it_fills_waves():
         assert not short_k_tile(dense(m, n, k, dtype)), (m, n, k, dtype)
     biased = POL.choose_dense(problem(1024, 24576, 1536), epilogue=EpilogueSpec(bias=True))
     assert not short_k_tile(biased) and not config_errors(biased)
+
+
+def test_128x96_pairs_along_m_where_n_has_many_more_tiles():
+    """policy.wide_n_pairs_m: 128x96 in 2x1 clusters (N-major raster) where the N tiles are at least
+    three times the (even) M tiles; 1x2 where the counts are near or the M count is odd."""
+    for m, n, k in [(256, 6144, 4096), (768, 2048, 4096), (250, 6100, 2048)]:
+        cfg = dense(m, n, k)
+        assert (cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.cluster_n, cfg.raster) == (128, 96, 2, 1, "n"), cfg.name
+    cfg = dense(1024, 1536, 7168)  # 8 x 16 tiles
+    assert (cfg.tile_n, cfg.cluster_m, cfg.cluster_n) == (96, 1, 2), cfg.name
+    assert not policy.wide_n_pairs_m(problem(384, 6144, 4096))  # 3 M tiles: a pair along M pads one
+    assert policy.wide_n_pairs_m(problem(256, 576, 4096)) and not policy.wide_n_pairs_m(problem(256, 480, 4096))
+
+
+def test_short_k_pingpong_skips_odd_m_tile_counts():
+    """short_k_pingpong's 2x1 clusters pad a tile over an odd M count (5 / 7 / 9 at M = 640 / 896 /
+    1152): the wave model's pick runs there; even counts and 11+ M tiles keep the pingpong tile."""
+    for m in (640, 896, 1152):
+        assert not dense(m, 24576, 1536).pingpong
+    for m in (512, 768, 1024, 1408):
+        cfg = dense(m, 24576, 1536)
+        assert cfg.pingpong and (cfg.tile_m, cfg.tile_n, cfg.cluster_m) == (128, 192, 2), (m, cfg.name)

@@ -28,7 +28,10 @@ SHAPES = [(512, 576, 7168), (1024, 576, 7168), (512, 1536, 7168), (1024, 6144, 4
           # short K: pingpong 128x192 2x1 (policy.short_k_pingpong); a partial last M and N tile
           (1024, 24576, 1536), (1500, 6100, 1024), (2048, 24576, 1536),
           # FP8 128x160 (policy.E4M3_160_RATE): 2x1 with a partial last N tile, 1x2 over odd M tiles
-          (1024, 7168, 16384), (2000, 5120, 2048), (1000, 28672, 4096), (640, 7168, 16384), (896, 5120, 2048)]  # fmt: skip
+          (1024, 7168, 16384), (2000, 5120, 2048), (1000, 28672, 4096), (640, 7168, 16384), (896, 5120, 2048),
+          # 16-bit 192x128 1x2 / 192x160 (policy.TALL_128_RATE / TALL_160_RATE), 128x96 2x1
+          # (policy.wide_n_pairs_m), no pingpong over odd M tiles: partial last M and N tiles
+          (1100, 5000, 25600), (1100, 10200, 5120), (6000, 570, 7000), (250, 6100, 2048), (640, 24576, 1536)]  # fmt: skip
 
 
 def _sm90():
