@@ -98,12 +98,14 @@ WIDE_RATE = 0.97
 # equal across that range).
 E4M3_160_RATE = 0.94
 # 192x128 (1x2 clusters: A multicast) and 192x160 (1x1): the 192-row tiles of M = 384 / 576 / 1152,
-# where 128-row tiles leave an odd count of 3 / 9 M tiles. H100 `bench tiles`, every candidate
-# beside the pick (3 interleaved rounds of 8 L2-flushed reps, 109 shapes: the sweep's 16 layers at M
-# = 256 to 1536 off its grid): their rates there, as the model counts them, were 0.95 / 0.94 of
-# 128x256 2x1's (medians); weighed below that, the model took them on 9 measured shapes, with
-# 384 x 8192 x 28672 0.85 -> 0.99x cuBLAS (192x128 1x2, against 128x192 1x2), 1152 x 5120 x 25600
-# 0.86 -> 0.98, 1152 x 10240 x 5120 1.00 -> 1.05 (192x160), 384 x 51200 x 5120 0.96 -> 1.03.
+# where 128-row tiles leave an odd count of 3 / 5 / 9 M tiles. H100 `bench tiles`, every candidate
+# beside the pick (3 interleaved rounds of 8 L2-flushed reps, 109 shapes: the sweep's 16 layers at
+# M = 256 to 1536 off its grid): their rates there, as the model counts them, were 0.95 / 0.94 of
+# 128x256 2x1's (medians); weighed a little below that. `bench sweep` at M = 256 to 1152 and 6144,
+# same rounds, on the 16 cases where they are the pick against `previous_policy`: e.g. Qwen3-32B
+# down M = 1152 0.84 -> 0.98x cuBLAS (192x128 1x2 against 128x192 1x2), Llama-3-70B qkv M = 576 0.85
+# -> 0.97, Qwen3-32B qkv M = 1152 1.01 -> 1.06 (192x160), DeepSeek-V3 kv_a M = 6144 0.66 -> 0.82
+# (192x160 against 128x160 with a split tail); one loss, DeepSeek-V3 o M = 384 0.921 -> 0.916.
 TALL_128_RATE = 0.93
 TALL_160_RATE = 0.91
 TILE_RATES = {
@@ -444,7 +446,11 @@ def small_m_pair(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig | 
 # under the other's mainloop), where its tiles fill SHORT_K_MIN_WAVES waves (with few tiles
 # 128x192 pingpong ran 30% slower, bench.tune). H100 `bench tiles`, x cuBLAS, two runs: DeepSeek-V3
 # q_b (24576 x 1536) at M = 1024 1.054 / 1.049 against the pick's (128x256 2x1) 1.005 / 0.998; at
-# M = 512 1.012 against 0.990.
+# M = 512 1.012 against 0.990. Not over an odd count of up to ODD_M_MAX_TILES M tiles, where the 2x1
+# cluster pads one (odd_m_pairs_n): q_b at M = 640 / 896 / 1152 (5 / 7 / 9 M tiles) ran 0.81 / 0.90 /
+# 0.89x cuBLAS in it and 1.00 / 0.97 / 0.97 in the wave model's pick (`bench tiles`, as
+# wide_n_pairs_m's); `bench sweep`, same rounds, M = 576 / 640 / 1152: 0.71 / 0.81 / 0.88 -> 0.96 /
+# 1.02 / 0.97.
 SHORT_K_PINGPONG = True
 SHORT_K_MIN_WAVES = 2
 PINGPONG_ODD_M = False  # True: the rule takes odd M-tile counts too (the rule before)
