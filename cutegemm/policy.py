@@ -97,15 +97,13 @@ WIDE_RATE = 0.97
 # pick it changed lost more than 0.5%. Its rate there was 0.92-0.96 of the model's (the picks
 # equal across that range).
 E4M3_160_RATE = 0.94
-# 192x128 (1x2 clusters: A multicast) and 192x160 (1x1): the 192-row tiles of M = 384 / 576 / 1152,
-# where 128-row tiles leave an odd count of 3 / 5 / 9 M tiles. H100 `bench tiles`, every candidate
-# beside the pick (3 interleaved rounds of 8 L2-flushed reps, 109 shapes: the sweep's 16 layers at
-# M = 256 to 1536 off its grid): their rates there, as the model counts them, were 0.95 / 0.94 of
-# 128x256 2x1's (medians); weighed a little below that. `bench sweep` at M = 256 to 1152 and 6144,
-# same rounds, on the 16 cases where they are the pick against `previous_policy`: e.g. Qwen3-32B
-# down M = 1152 0.84 -> 0.98x cuBLAS (192x128 1x2 against 128x192 1x2), Llama-3-70B qkv M = 576 0.85
-# -> 0.97, Qwen3-32B qkv M = 1152 1.01 -> 1.06 (192x160), DeepSeek-V3 kv_a M = 6144 0.66 -> 0.82
-# (192x160 against 128x160 with a split tail); one loss, DeepSeek-V3 o M = 384 0.921 -> 0.916.
+# 192x128 (1x2: A multicast) and 192x160 (1x1): M = 384 / 576 / 1152 in 2 / 3 / 6 M tiles where
+# 128-row tiles leave 3 / 5 / 9. H100 `bench tiles` (109 shapes, the sweep's layers at M = 256 to
+# 1536): their rates 0.95 / 0.94 of 128x256 2x1's (medians), weighed a little below. `bench sweep`,
+# same rounds against `previous_policy`, the 16 cases they take: Qwen3-32B down M = 1152 0.84 ->
+# 0.98x cuBLAS (192x128 1x2 against 128x192 1x2), Llama-3-70B qkv M = 576 0.85 -> 0.97, Qwen3-32B
+# qkv M = 1152 1.01 -> 1.06 (192x160), DeepSeek-V3 kv_a M = 6144 0.66 -> 0.82 (192x160 against
+# 128x160 with a split tail); one loss, DeepSeek-V3 o M = 384 0.921 -> 0.916.
 TALL_128_RATE = 0.93
 TALL_160_RATE = 0.91
 TILE_RATES = {
@@ -257,13 +255,13 @@ WIDE_N_TILES_PER_M = 3
 
 
 def wide_n_pairs_m(p: GemmProblem) -> bool:
-    """Whether a 128x96 tile's cluster is 2x1 (B multicast, N-major raster) instead of its 1x2
-    (TILE_RATES' note): where the N tiles are at least WIDE_N_TILES_PER_M times the M tiles, an
-    even count of them. H100 `bench tiles` (3 interleaved rounds of 8 L2-flushed reps, x cuBLAS),
-    1x2 -> 2x1: 256 x 6144 x 4096 (2 x 64 tiles) 0.94 -> 0.99, 256 x 5120 x 2048 0.90 -> 0.96, 768 x
-    2048 x 4096 (6 x 22) 0.92 -> 0.96, and 2x1 led by 3-5% at 512 x 4096 x 4096 and 512 x 28672 x 4096
+    """Whether a 128x96 tile's cluster is 2x1 (B multicast, N-major raster) instead of 1x2 (TILE_RATES'
+    note): where the N tiles are at least WIDE_N_TILES_PER_M times an even count of M tiles. H100
+    `bench tiles`, 1x2 -> 2x1 (x cuBLAS): 256 x 6144 x 4096 (2 x 64 tiles) 0.94 -> 0.99, 768 x 2048
+    x 4096 (6 x 22) 0.92 -> 0.96; 2x1 led by 3-5% at 512 x 4096 x 4096 and 512 x 28672 x 4096
     before; 1x2 led where the counts are near (1024 x 1536 x 7168, 8 x 16: 0.93 against 0.85-0.87;
-    2048 x 1536 x 7168, 16 x 16; 1024 x 576 x 7168, 8 x 6)."""
+    2048 x 1536 x 7168; 1024 x 576 x 7168). `bench sweep`, same rounds: Llama-3-8B qkv M = 256 0.95
+    -> 0.97, Qwen3-30B-A3B qkv M = 256 0.90 -> 0.94, o M = 768 0.91 -> 0.96."""
     mt, nt = ceil_div(p.m, 128), ceil_div(p.n, 96)
     return mt % 2 == 0 and nt >= WIDE_N_TILES_PER_M * mt
 
@@ -447,10 +445,8 @@ def small_m_pair(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig | 
 # 128x192 pingpong ran 30% slower, bench.tune). H100 `bench tiles`, x cuBLAS, two runs: DeepSeek-V3
 # q_b (24576 x 1536) at M = 1024 1.054 / 1.049 against the pick's (128x256 2x1) 1.005 / 0.998; at
 # M = 512 1.012 against 0.990. Not over an odd count of up to ODD_M_MAX_TILES M tiles, where the 2x1
-# cluster pads one (odd_m_pairs_n): q_b at M = 640 / 896 / 1152 (5 / 7 / 9 M tiles) ran 0.81 / 0.90 /
-# 0.89x cuBLAS in it and 1.00 / 0.97 / 0.97 in the wave model's pick (`bench tiles`, as
-# wide_n_pairs_m's); `bench sweep`, same rounds, M = 576 / 640 / 1152: 0.71 / 0.81 / 0.88 -> 0.96 /
-# 1.02 / 0.97.
+# cluster pads one (odd_m_pairs_n): `bench sweep`, same rounds, q_b at M = 576 / 640 / 1152 0.71 /
+# 0.81 / 0.88x cuBLAS in it, 0.96 / 1.02 / 0.97 in the wave model's pick.
 SHORT_K_PINGPONG = True
 SHORT_K_MIN_WAVES = 2
 PINGPONG_ODD_M = False  # True: the rule takes odd M-tile counts too (the rule before)
