@@ -63,6 +63,12 @@ def dense_variants(arch: str) -> list[GemmConfig]:
             GemmConfig(arch=arch, tile_m=128, tile_n=96, cluster_n=2, a_major="k", b_major="k", form=Form.FLAT),
             GemmConfig(arch=arch, tile_m=192, tile_n=192, a_major="k", b_major="k", form=Form.FLAT,
                        epilogue=EpilogueSpec(bias=True, activation="silu")),
+            # 192x128 in 1x2 pairs and 192x160 (policy.TALL_128_RATE / TALL_160_RATE); 128x96 2x1 (wide_n_pairs_m)
+            GemmConfig(arch=arch, tile_m=192, tile_n=128, cluster_n=2, a_major="k", b_major="k", form=Form.FLAT),
+            GemmConfig(arch=arch, tile_m=192, tile_n=160, a_major="k", b_major="k", form=Form.FLAT,
+                       epilogue=EpilogueSpec(bias=True, activation="silu")),
+            GemmConfig(arch=arch, tile_m=128, tile_n=96, cluster_m=2, raster="n", a_major="k", b_major="k",
+                       form=Form.FLAT),
             GemmConfig(arch=arch, tile_m=64, tile_n=96, cluster_n=2, raster="n", group=1, a_major="k", b_major="k",
                        form=Form.FLAT),
             GemmConfig(arch=arch, tile_m=64, tile_n=96, cluster_m=2, raster="n", group=1, a_major="k", b_major="k",
