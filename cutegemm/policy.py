@@ -97,13 +97,10 @@ WIDE_RATE = 0.97
 # pick it changed lost more than 0.5%. Its rate there was 0.92-0.96 of the model's (the picks
 # equal across that range).
 E4M3_160_RATE = 0.94
-# 192x128 (1x2: A multicast) and 192x160 (1x1): M = 384 / 576 / 1152 in 2 / 3 / 6 M tiles where
-# 128-row tiles leave 3 / 5 / 9. H100 `bench tiles` (109 shapes, the sweep's layers at M = 256 to
-# 1536): their rates 0.95 / 0.94 of 128x256 2x1's (medians), weighed a little below. `bench sweep`,
-# same rounds against `previous_policy`, the 16 cases they take: Qwen3-32B down M = 1152 0.84 ->
-# 0.98x cuBLAS (192x128 1x2 against 128x192 1x2), Llama-3-70B qkv M = 576 0.85 -> 0.97, Qwen3-32B
-# qkv M = 1152 1.01 -> 1.06 (192x160), DeepSeek-V3 kv_a M = 6144 0.66 -> 0.82 (192x160 against
-# 128x160 with a split tail); one loss, DeepSeek-V3 o M = 384 0.921 -> 0.916.
+# 192x128 (1x2: A multicast) and 192x160 (1x1): M = 384 / 576 / 1152 in 2 / 3 / 6 M tiles where 128-row
+# tiles leave 3 / 5 / 9. Their rates in H100 `bench tiles` (109 shapes, M = 256 to 1536): 0.95 / 0.94 of
+# 128x256 2x1's, weighed a little below. `bench sweep`, same rounds, the 16 cases they take: 0.913 ->
+# 0.979x cuBLAS (Qwen3-32B down M = 1152 0.84 -> 0.98; one loss, DeepSeek-V3 o M = 384 0.92 -> 0.92).
 TALL_128_RATE = 0.93
 TALL_160_RATE = 0.91
 TILE_RATES = {
@@ -205,7 +202,7 @@ def short_tile_cluster(p: GemmProblem, tile_m: int, tile_n: int) -> tuple[int, i
     0.90 / 0.95; 1x2 led where N has fewer, 1024 x 576 x 4096 (16 x 6) 0.99 / 0.84, 1024 x 768 x
     4096 0.84 / 0.78, 2048 x 384 x 4096 0.92 / 0.82, 1280 x 576 x 7168 0.98 / 0.88; an odd count
     pads a cluster (768 x 1024 x 7168, 12 x 11: 0.59 / 0.95; 1536 x 288 x 7168, 24 x 3: 0.83 /
-    0.98). 128x96 tiles measured otherwise: 1x2 (TILE_RATES' note)."""
+    0.98). 128x96: wide_n_pairs_m."""
     mt, nt = ceil_div(p.m, tile_m), ceil_div(p.n, tile_n)
     fewer_m = mt <= nt
     for along_m in (fewer_m, not fewer_m):  # the side with fewer tiles first
@@ -226,44 +223,55 @@ PAIR_N_RATE = {"16-bit": 0.96, "e4m3": 1.0}
 
 def odd_m_pairs_n(p: GemmProblem, tile_m: int, tile_n: int) -> bool:
     """Whether a 128-row tile's cluster pairs along N (1x2, A multicast, M-major raster) instead of
-    along M (2x1): where the M tiles are odd and the pair along N pads fewer tiles. A cluster past
-    the last tile still runs a CTA (its peer's multicast needs it) on a tile of nothing, so a 2x1
-    cluster over an odd M count costs a round of work for a third (3 M tiles) to a ninth (9) of
-    its CTAs, which the model counts, and even where the rounds come out equal it ran slower.
-    H100, one process, 4 interleaved rounds of 10 L2-flushed reps, x cuBLAS / torch._scaled_mm,
-    2x1 -> 1x2 on the sweep's layers at M = 384 / 640 / 896 / 1152 (3, 5, 7, 9 M tiles; outputs
-    equal bit for bit): 42 cases where the pick changed, geomean 0.888 -> 1.041; bf16 Llama-3-70B
-    qkv M=896 0.75 -> 0.99, DeepSeek-V3 o M=1152 0.77 -> 1.00 (128x256), Qwen3-32B gate_up M=1152
-    0.92 -> 1.00; FP8 Qwen3-32B qkv M=896 0.87 -> 1.18, Qwen3-32B down M=384 0.75 -> 1.03 (a
-    split-K pick before), Mistral-7B lm_head M=384 0.78 -> 1.03. Three losses, all where 1x2
-    128x256 replaced 192x192 at 9 M tiles (0.97 -> 0.95 / 0.93 / 0.96; PAIR_N_RATE keeps 192x192
-    for the first two). `bench tiles` (one run, 10 reps) where the rounds tie: 1152 x 1536 x 7168
-    128x128 2x1 0.65, 1x1 0.86, pingpong 1x2 0.89; with an odd N too, 1x2 padding N: 640 x 7168 x
-    16384 128x160 0.61 -> 0.95, 384 x 8192 x 28672 128x224 0.45 -> 0.91, 1152 x 2048 x 4096 128x160
-    0.79 -> 0.84. Up to ODD_M_MAX_TILES: with many M tiles the pad is a small share, and 1x2
-    clusters of large problems ran slower (8192^3 in 128x192 1x2: 2.06 ms against 1.38 in 2x1,
-    bench/RESULTS.md)."""
-    if not PAIR_ODD_M or tile_m != 128:
+    along M (2x1): where the M tiles are odd (pads_odd_m) and the pair along N pads fewer tiles. A
+    cluster past the last tile still runs a CTA (its peer's multicast needs it) on a tile of
+    nothing, which the model counts; even where the rounds come out equal, the 2x1 ran slower.
+    H100, one process, 4 interleaved rounds of 10 L2-flushed reps, 2x1 -> 1x2 on the sweep's layers
+    at M = 384 / 640 / 896 / 1152: 42 cases where the pick changed, geomean 0.888 -> 1.041x torch
+    (bf16 Llama-3-70B qkv M=896 0.75 -> 0.99, FP8 Qwen3-32B qkv M=896 0.87 -> 1.18); three losses,
+    where 1x2 128x256 replaced 192x192 at 9 M tiles (PAIR_N_RATE keeps 192x192 for two). Up to
+    ODD_M_MAX_TILES: with many M tiles the pad is a small share, and 1x2 clusters of large problems
+    ran slower (8192^3 in 128x192: 2.06 ms against 1.38 in 2x1). Every case: bench/RESULTS.md, "Odd
+    M-tile counts pair their clusters along N"."""
+    if not PAIR_ODD_M or tile_m != 128 or not pads_odd_m(p, tile_m):
         return False
     mt, nt = ceil_div(p.m, tile_m), ceil_div(p.n, tile_n)
-    return mt % 2 == 1 and mt <= ODD_M_MAX_TILES and mt * padded_tiles(p.n, tile_n, 2) < padded_tiles(p.m, tile_m, 2) * nt
+    return mt * padded_tiles(p.n, tile_n, 2) < padded_tiles(p.m, tile_m, 2) * nt
 
 
-# 128x96 pairs along M (2x1, B multicast) where N has at least this many times the M tiles (and the M
-# count is even); along N (1x2) otherwise.
-WIDE_N_TILES_PER_M = 3
+def pads_odd_m(p: GemmProblem, tile_m: int = 128) -> bool:
+    """Whether ``p`` has an odd count of up to ODD_M_MAX_TILES M tiles: where a 2x1 cluster pads
+    one (odd_m_pairs_n, short_k_pingpong)."""
+    mt = ceil_div(p.m, tile_m)
+    return mt % 2 == 1 and mt <= ODD_M_MAX_TILES
+
+
+WIDE_N_TILES_PER_M = 3  # wide_n_pairs_m: 128x96 pairs along M from this many N tiles per M tile
 
 
 def wide_n_pairs_m(p: GemmProblem) -> bool:
     """Whether a 128x96 tile's cluster is 2x1 (B multicast, N-major raster) instead of 1x2 (TILE_RATES'
     note): where the N tiles are at least WIDE_N_TILES_PER_M times an even count of M tiles. H100
     `bench tiles`, 1x2 -> 2x1 (x cuBLAS): 256 x 6144 x 4096 (2 x 64 tiles) 0.94 -> 0.99, 768 x 2048
-    x 4096 (6 x 22) 0.92 -> 0.96; 2x1 led by 3-5% at 512 x 4096 x 4096 and 512 x 28672 x 4096
-    before; 1x2 led where the counts are near (1024 x 1536 x 7168, 8 x 16: 0.93 against 0.85-0.87;
-    2048 x 1536 x 7168; 1024 x 576 x 7168). `bench sweep`, same rounds: Llama-3-8B qkv M = 256 0.95
-    -> 0.97, Qwen3-30B-A3B qkv M = 256 0.90 -> 0.94, o M = 768 0.91 -> 0.96."""
+    x 4096 (6 x 22) 0.92 -> 0.96; 1x2 led where the counts are near (1024 x 1536 x 7168, 8 x 16:
+    0.93 against 0.85-0.87). `bench sweep`, same rounds: Qwen3-30B-A3B qkv M = 256 0.90 -> 0.94."""
     mt, nt = ceil_div(p.m, 128), ceil_div(p.n, 96)
     return mt % 2 == 0 and nt >= WIDE_N_TILES_PER_M * mt
+
+
+def candidate_cluster(p: GemmProblem, tile_m: int, tile_n: int) -> tuple[int, int]:
+    """(cluster_m, cluster_n) of an unsplit wave-model tile: 128-row tiles wider than 96 in 2x1
+    pairs where there are two M tiles (B multicast; odd_m_pairs_n weighs the 1x2 twin beside them);
+    128x96 in 1x2 (A multicast), or 2x1 where wide_n_pairs_m; 192x128 in 1x2 (TALL_128_RATE);
+    64x96 in short_tile_cluster's; else 1x1."""
+    if tile_m == 64:
+        return short_tile_cluster(p, tile_m, tile_n)
+    two_n = ceil_div(p.n, tile_n) >= 2
+    if tile_m == 128 and tile_n == 96:
+        return (2, 1) if wide_n_pairs_m(p) else (1, 2 if two_n else 1)
+    if tile_m == 128 and tile_n > 96:
+        return (2 if ceil_div(p.m, tile_m) >= 2 else 1), 1
+    return (1, 2) if tile_m == 192 and tile_n == 128 and two_n else (1, 1)
 
 
 def dtype_family(a_dtype: str) -> str:
@@ -274,16 +282,14 @@ def dtype_family(a_dtype: str) -> str:
 def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,), extra_rates=None, tail: bool = False,
                     other_m: bool = True) -> list[WaveCandidate]:  # fmt: skip
     """Every (tile, cluster, split) the model weighs for ``p``, the default (widest tile) first.
-    2x1 clusters where there are two M tiles (B multicast: 16-bit 128x128 too, H100 `bench
-    tiles`: 512 x 4096 x 14336 0.78 -> 0.96x cuBLAS, 512 x 4096 x 4096 0.91 -> 0.95), and 1x2 beside
-    them where odd_m_pairs_n says so (an odd count of M tiles, where pairing along N pads fewer;
-    wave_choice takes the 1x2 twin of a 2x1 pick there), but 1x2 (A multicast) for 128x96 where
-    there are two N tiles; 64-row tiles in short_tile_cluster's; split K on 1x1 clusters only
+    Unsplit tiles in candidate_cluster's clusters (2x1 over two M tiles, 16-bit 128x128 too, H100
+    `bench tiles`: 512 x 4096 x 14336 0.78 -> 0.96x cuBLAS), and 1x2 beside a 2x1 where
+    odd_m_pairs_n says so (wave_choice takes that twin of a 2x1 pick); split K on 1x1 clusters only
     (split_k_errors) and tiles up to 128x192 (128x256's partial-sum fix-up spills registers), with
     at least 24 K tiles of 64 (16-bit) / 12 of 128 (FP8) per range, as split_few_tiles.
     ``extra_rates``: more (tile_m, tile_n): rate entries to weigh;
     ``tail``: the splits of the last wave only too, where the tiles fill a wave and span at most
-    TAIL_MAX_N_TILES columns; ``other_m``: TILE_RATES' 192-row (1x1, unsplit), 64-row (paired,
+    TAIL_MAX_N_TILES columns; ``other_m``: TILE_RATES' 192-row (unsplit), 64-row (paired,
     unsplit) and 128x96 tiles too (16-bit dense forms only: ArchPolicy.choose falls back without)."""
     fp8 = p.a_dtype in FP8_DTYPES
     base = TILE_RATES[dtype_family(p.a_dtype)]
@@ -293,14 +299,7 @@ def wave_candidates(p: GemmProblem, num_sms: int, splits=(1,), extra_rates=None,
     k_tiles, min_tiles = (ceil_div(p.k, 128), 12) if fp8 else (ceil_div(p.k, 64), 24)
     out = []
     for (tm, tn), rate in rates.items():
-        pair = 2 if ceil_div(p.m, tm) >= 2 and tn > 96 and tm == 128 else 1  # 2x1: B multicast
-        cn = 2 if tn == 96 and tm == 128 and ceil_div(p.n, tn) >= 2 else 1  # 128x96: 1x2 (A multicast)
-        if tm == 128 and tn == 96 and wide_n_pairs_m(p):  # ... or 2x1 where N has many more tiles
-            pair, cn = 2, 1
-        if tm == 192 and tn == 128 and ceil_div(p.n, tn) >= 2:  # 192x128: 1x2 (TALL_128_RATE)
-            cn = 2
-        if tm == 64:  # 64x96: short_tile_cluster
-            pair, cn = short_tile_cluster(p, tm, tn)
+        pair, cn = candidate_cluster(p, tm, tn)
         tail_ok = tail and ceil_div(p.m, tm) * ceil_div(p.n, tn) * p.l >= num_sms and ceil_div(p.n, tn) <= TAIL_MAX_N_TILES
         for split in splits:
             cl, cln = (pair, cn) if split == 1 else (1, 1)  # split K runs 1x1 clusters (split_k_errors)
@@ -444,9 +443,8 @@ def small_m_pair(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfig | 
 # under the other's mainloop), where its tiles fill SHORT_K_MIN_WAVES waves (with few tiles
 # 128x192 pingpong ran 30% slower, bench.tune). H100 `bench tiles`, x cuBLAS, two runs: DeepSeek-V3
 # q_b (24576 x 1536) at M = 1024 1.054 / 1.049 against the pick's (128x256 2x1) 1.005 / 0.998; at
-# M = 512 1.012 against 0.990. Not over an odd count of up to ODD_M_MAX_TILES M tiles, where the 2x1
-# cluster pads one (odd_m_pairs_n): `bench sweep`, same rounds, q_b at M = 576 / 640 / 1152 0.71 /
-# 0.81 / 0.88x cuBLAS in it, 0.96 / 1.02 / 0.97 in the wave model's pick.
+# M = 512 1.012 against 0.990. Not where its 2x1 cluster pads an M tile (pads_odd_m): `bench sweep`, same
+# rounds, q_b at M = 576 / 640 / 1152 0.71 / 0.81 / 0.88x cuBLAS in it, 0.96 / 1.02 / 0.97 without.
 SHORT_K_PINGPONG = True
 SHORT_K_MIN_WAVES = 2
 PINGPONG_ODD_M = False  # True: the rule takes odd M-tile counts too (the rule before)
@@ -458,7 +456,7 @@ def short_k_pingpong(cfg: GemmConfig, p: GemmProblem, num_sms: int) -> GemmConfi
     if (not SHORT_K_PINGPONG or cfg.arch != "sm_90a" or p.a_dtype not in ("bf16", "fp16") or p.k > PINGPONG_MAX_K
             or p.m < PINGPONG_MIN_ROWS or cfg.form not in (Form.DENSE, Form.FLAT) or not cfg.epilogue.light
             or ceil_div(p.m, 128) * ceil_div(p.n, 192) * p.l < SHORT_K_MIN_WAVES * num_sms
-            or not PINGPONG_ODD_M and ceil_div(p.m, 128) % 2 == 1 and ceil_div(p.m, 128) <= ODD_M_MAX_TILES):  # fmt: skip
+            or not PINGPONG_ODD_M and pads_odd_m(p)):  # fmt: skip
         return None
     alt = replace(cfg, tile_m=128, tile_n=192, pingpong=True, cluster_m=2, cluster_n=1, raster="n", group=8, split_k=1,
                   split_tail=False, split_cluster=False)  # fmt: skip
