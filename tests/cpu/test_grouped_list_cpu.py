@@ -2,6 +2,7 @@
 scheduler, the config rules and policy, the compile-check variants."""
 
 import bisect
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -72,6 +73,7 @@ def test_list_table_rows(shapes):
     map twin; groups without work carry the template's operands."""
     from cutegemm.grouped.list_form import list_table
     from cutegemm.schedulers.grouped import (
+        LIST_COUNTER,
         LIST_FIELDS,
         LIST_K,
         LIST_LD_A,
@@ -91,6 +93,7 @@ def test_list_table_rows(shapes):
     assert len(table) == LIST_FIELDS * (G + 1)
     starts = list_tile_starts([(m if k else 0, n) for m, n, k in shapes], 128, 256)  # K = 0: no tiles
     assert table[G * LIST_FIELDS + LIST_TILE] == starts[-1]
+    assert LIST_TILE < LIST_COUNTER < LIST_FIELDS and table[G * LIST_FIELDS + LIST_COUNTER] == 0  # the tile counter
     for g, (m, n, k) in enumerate(shapes):
         row = table[g * LIST_FIELDS : (g + 1) * LIST_FIELDS]
         assert row[LIST_M : LIST_K + 1] == [m, n, k] and row[LIST_TILE] == starts[g] and row[LIST_LD_C] == n
@@ -225,6 +228,40 @@ def test_warm_list_call_launches_what_the_cold_call_does(shapes, same_n, alpha):
         t = live[0]
         xs3[t] = torch.empty(xs3[t].numel() + 1, dtype=torch.bfloat16)[1:].view(xs3[t].shape)  # 2 bytes off
         assert list_form.PLANS[next(iter(list_form.PLANS))].run(xs3, ws3, alpha) is None
+    finally:
+        mp.undo()
+
+
+@pytest.mark.parametrize("warm", [False, True])
+def test_dynamic_list_call_counts_tiles_in_its_table(warm):
+    """A list config on the dynamic scheduler gets no separately zeroed counter: its workspace is
+    the (1,) int32 low half of the table's LIST_COUNTER word of the last row, zero as copied, cold
+    and warm."""
+    import torch
+
+    from cutegemm.gemm.args import KernelArgs
+    from cutegemm.grouped import list_form
+    from cutegemm.schedulers.grouped import LIST_COUNTER, LIST_FIELDS
+
+    shapes = [(300, 256, 64), (0, 256, 64), (1000, 256, 128)]
+    mp = pytest.MonkeyPatch()
+    rec = _Recorder()
+    try:
+        _fake_cuda(mp, rec)
+        dyn = replace(list_form.list_config("sm_90a", 132, 2, 1300, 256, 96, "bf16", "bf16", "k", "n", False),
+                      scheduler="dynamic", tile_m=128, tile_n=256)  # fmt: skip
+        mp.setattr(list_form, "list_config", lambda *a, **k: dyn)
+        for _ in range(2 if warm else 1):
+            xs = [torch.randn(m, k).bfloat16() for m, _, k in shapes]
+            ws = [torch.randn(k, n).bfloat16() for _, n, k in shapes]
+            list_form.grouped_list(xs, ws, offs=None, out_dtype=None, alpha=1.0)
+        assert len(rec.calls) == (2 if warm else 1) and len(list_form.PLANS) == 1
+        args = KernelArgs(*rec.calls[-1])
+        table, ws = args.offs, args.workspace
+        word = len(shapes) * LIST_FIELDS + LIST_COUNTER
+        assert ws.dtype == torch.int32 and tuple(ws.shape) == (1,)
+        assert ws.data_ptr() == table.data_ptr() + 8 * word and int(ws[0]) == 0 and int(table[word]) == 0
+        assert int(table[len(shapes) * LIST_FIELDS + list_form.LIST_TILE]) == 3 + 8  # 3 x 1 and 8 x 1 tiles
     finally:
         mp.undo()
 

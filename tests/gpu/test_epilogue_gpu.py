@@ -98,6 +98,7 @@ def test_activation_and_bias(activation, bias_dtype, out_dtype):
 
 
 @pytest.mark.parametrize("tile_kw", [dict(tile_m=192, tile_n=192), dict(tile_m=192, tile_n=128, cluster_n=2),
+                                     dict(tile_m=192, tile_n=160),
                                      dict(tile_m=64, tile_n=96, cluster_n=2, raster="n", group=1),
                                      dict(tile_m=128, tile_n=224, cluster_m=2, raster="n"),
                                      dict(tile_m=128, tile_n=224, cluster_n=2, raster="m"),
@@ -108,7 +109,7 @@ def test_activation_and_bias(activation, bias_dtype, out_dtype):
 def test_wave_model_tiles_with_epilogues(tile_kw):
     """The sm_90a wave model's 192-row, 64x96, 128x224, 80-column and odd M-tile 1x2 tiles under
     alpha, beta * C, bias and silu, ragged (1000 columns: an odd count of 224-column tiles pads a
-    1x2 cluster; 12.5 tiles of 80)."""
+    1x2 cluster; 12.5 tiles of 80, 6.25 of 160; 421 rows: 2.2 tiles of 192)."""
     if _arch() != "sm_90a":
         pytest.skip("192-row and 96-column tiles are sm_90a")
     a = operand(421, 328)
