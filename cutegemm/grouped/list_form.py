@@ -130,11 +130,13 @@ def _launch(fn, cfg, rows, words, dev, a_list, b_list, outs, t, views, alpha, ma
     if cfg.scheduler == "dynamic":  # (1,) int32: the low half of the counter word (little-endian)
         workspace = table.view(torch.int32).as_strided((1,), (1,), 2 * (len(rows) - LIST_FIELDS + LIST_COUNTER))
     va, vb, vc = views
-    fn(*KernelArgs(
-        a_list[t].as_strided(*va), b_list[t].as_strided(*vb), outs[t].as_strided(*vc), alpha=float(alpha),
-        max_clusters=max_clusters, offs=table, workspace=workspace,
-    ))  # fmt: skip
+    # KernelArgs' LEADING fields (c, bias and beta unused), then its tail (gemm.args)
+    fn(a_list[t].as_strided(*va), b_list[t].as_strided(*vb), outs[t].as_strided(*vc), None, None, float(alpha), 0.0,
+       max_clusters, table, *(_NO_TAIL if workspace is None else KernelArgs(None, None, None, workspace=workspace).tail()))
     return outs
+
+
+_NO_TAIL = KernelArgs(None, None, None).tail()  # every field after offs None: no scales, vectors or workspace
 
 
 def _list_lds(shapes, strides, ptrs, unit_dim: int, align: int, live) -> list[int] | None:
