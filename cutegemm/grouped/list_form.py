@@ -31,7 +31,11 @@ from ..gemm.grouped_parts import GROUPED_MAX_GROUPS
 from ..gemm.launch import DENSE_CACHE, INPUT_TO_NAME, TORCH_TO_NAME, kernel_view
 from ..policy import policy_for
 from ..runtime.device import device_info
-from ..schedulers.grouped import LIST_COUNTER, LIST_FIELDS, LIST_TILE
+from ..schedulers.grouped import LIST_FIELDS, LIST_TILE
+
+# The word of the table's last row (after its LIST_TILE total) that holds the dynamic scheduler's
+# tile counter of a launch: zero as the host writes the table, so it needs no fill kernel.
+LIST_COUNTER = LIST_TILE + 1
 
 
 def grouped_list(a_list, b_list, *, offs, out_dtype, alpha, activation=None):

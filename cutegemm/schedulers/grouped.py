@@ -226,13 +226,10 @@ class GroupedScheduler(PersistentWalk):
 
 # --- list form -------------------------------------------------------------------------------
 # The list-form kernel's group table: LIST_FIELDS int64 per group (row g), and one more row whose
-# LIST_TILE field holds the total tile count (and whose LIST_COUNTER field, zero as the host writes
-# it, is the dynamic scheduler's tile counter of that launch). Built on the host from the tensors'
-# metadata (``grouped.list_form``), read on the device by the scheduler, the producer and the
-# descriptor prep.
+# LIST_TILE field holds the total tile count. Built on the host from the tensors' metadata
+# (``grouped.packed``), read on the device by the scheduler, the producer and the descriptor prep.
 LIST_FIELDS = 16
 LIST_PTR_A, LIST_PTR_B, LIST_PTR_C, LIST_M, LIST_N, LIST_K, LIST_LD_A, LIST_LD_B, LIST_LD_C, LIST_TILE = range(10)
-LIST_COUNTER = LIST_TILE + 1
 
 
 def list_tile_map(shapes, tile_m: int, tile_n: int):

@@ -71,9 +71,8 @@ def test_list_config_is_valid(groups, majors):
 def test_list_table_rows(shapes):
     """The host's group table: each row's fields, the first tiles and the total match the tile
     map twin; groups without work carry the template's operands."""
-    from cutegemm.grouped.list_form import list_table
+    from cutegemm.grouped.list_form import LIST_COUNTER, list_table
     from cutegemm.schedulers.grouped import (
-        LIST_COUNTER,
         LIST_FIELDS,
         LIST_K,
         LIST_LD_A,
@@ -241,7 +240,8 @@ def test_dynamic_list_call_counts_tiles_in_its_table(warm):
 
     from cutegemm.gemm.args import KernelArgs
     from cutegemm.grouped import list_form
-    from cutegemm.schedulers.grouped import LIST_COUNTER, LIST_FIELDS
+    from cutegemm.grouped.list_form import LIST_COUNTER
+    from cutegemm.schedulers.grouped import LIST_FIELDS
 
     shapes = [(300, 256, 64), (0, 256, 64), (1000, 256, 128)]
     mp = pytest.MonkeyPatch()
