@@ -124,12 +124,12 @@ def _output_views(flat, shapes, offsets, uniform):
 
 
 def _launch(fn, cfg, rows, words, dev, a_list, b_list, outs, t, views, alpha, max_clusters):
-    """The group table (its rows copied asynchronously from pinned memory, then room for the
-    descriptors the prep kernel writes) and the launch on the template group ``t``'s views. The
-    dynamic scheduler's tile counter is the table's LIST_COUNTER word of its last row: zero as
-    copied in-stream with the rows, so no fill kernel runs before the launch."""
-    table = torch.empty(words, dtype=torch.int64, device=dev)
-    table[: len(rows)].copy_(torch.frombuffer(array.array("q", rows), dtype=torch.int64).pin_memory(), non_blocking=True)
+    """The group table (its rows, then room for the descriptors the prep kernel writes: one
+    device tensor, copied asynchronously from pinned memory) and the launch on the template group
+    ``t``'s views. The dynamic scheduler's tile counter is the table's LIST_COUNTER word of its
+    last row: zero as copied in-stream with the rows, so no fill kernel runs before the launch."""
+    host = array.array("q", rows) + _zero_words(words - len(rows))  # the descriptors' space: zeros, overwritten
+    table = torch.frombuffer(host, dtype=torch.int64).pin_memory().to(dev, non_blocking=True)
     workspace = None
     if cfg.scheduler == "dynamic":  # (1,) int32: the low half of the counter word (little-endian)
         workspace = table.view(torch.int32).as_strided((1,), (1,), 2 * (len(rows) - LIST_FIELDS + LIST_COUNTER))
@@ -138,6 +138,12 @@ def _launch(fn, cfg, rows, words, dev, a_list, b_list, outs, t, views, alpha, ma
     fn(a_list[t].as_strided(*va), b_list[t].as_strided(*vb), outs[t].as_strided(*vc), None, None, float(alpha), 0.0,
        max_clusters, table, *(_NO_TAIL if workspace is None else KernelArgs(None, None, None, workspace=workspace).tail()))
     return outs
+
+
+@functools.lru_cache(maxsize=64)
+def _zero_words(n: int) -> array.array:
+    """n zero int64 words (the table's descriptor space: 48 per group), made once per n."""
+    return array.array("q", bytes(8 * n))
 
 
 _NO_TAIL = KernelArgs(None, None, None).tail()  # every field after offs None: no scales, vectors or workspace
