@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import statistics
 import sys
 import time
@@ -163,7 +164,7 @@ def previous_policy():
     picks another config."""
     rates, ratio, odd = policy.TILE_RATES["16-bit"], policy.WIDE_N_TILES_PER_M, policy.PINGPONG_ODD_M
     policy.TILE_RATES["16-bit"] = {t: r for t, r in rates.items() if t not in ((192, 128), (192, 160))}
-    policy.WIDE_N_TILES_PER_M, policy.PINGPONG_ODD_M = 1 << 30, True
+    policy.WIDE_N_TILES_PER_M, policy.PINGPONG_ODD_M = math.inf, True  # inf: no 2x1 pairs of 128x96
     try:
         yield
     finally:
