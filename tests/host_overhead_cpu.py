@@ -129,6 +129,35 @@ def cpu_fast_path(kernel: NoOpKernel | None = None):
         grouped.PLANS.clear()
 
 
+@contextlib.contextmanager
+def cpu_list_path(kernel: NoOpKernel | None = None):
+    """Patches the list form (``grouped_gemm([a...], [b...])``) so that CPU tensors run its host
+    steps (plan, table, views) with ``kernel`` (a fresh :class:`NoOpKernel` by default) as the
+    compiled kernel: the tensors claim CUDA device 0, pinning is the identity and the table's
+    device copy stays on the CPU. Yields the kernel; plans made inside are dropped on exit."""
+    from cutegemm.grouped import list_form
+
+    kernel = kernel or NoOpKernel()
+    tensor_saved = {name: getattr(torch.Tensor, name) for name in ("is_cuda", "get_device", "pin_memory")}
+    values = {"device_info": lambda index: ("sm_90a", 132), "DENSE_CACHE": _FakeCache(kernel), "PLANS": {}}
+    saved = {name: getattr(list_form, name) for name in values}
+    capturing, current = torch.cuda.is_current_stream_capturing, torch.cuda.current_device
+    torch.Tensor.is_cuda = property(lambda t: True)
+    torch.Tensor.get_device = lambda t: 0
+    torch.Tensor.pin_memory = lambda t: t
+    torch.cuda.is_current_stream_capturing, torch.cuda.current_device = (lambda: False), (lambda: 0)
+    for name, value in values.items():
+        setattr(list_form, name, value)
+    try:
+        yield kernel
+    finally:
+        for name, value in saved.items():
+            setattr(list_form, name, value)
+        for name, value in tensor_saved.items():
+            setattr(torch.Tensor, name, value)
+        torch.cuda.is_current_stream_capturing, torch.cuda.current_device = capturing, current
+
+
 def tensor_meta(t):
     """What a kernel argument tensor is: (shape, strides, data pointer, dtype); None stays None."""
     return None if t is None else (tuple(t.shape), t.stride(), t.data_ptr(), t.dtype)
@@ -366,6 +395,10 @@ def measure(calls: int = 20000) -> dict:
         res["grouped_gemm FP8 block scales"] = _time(
             lambda: cutegemm.grouped_gemm(x8k, w8k, offs=offs, scale_a=gbsa, scale_b=gbsb), calls
         )
+    xs, ws = [torch.randn(64, 128, dtype=bf) for _ in range(4)], [torch.randn(128, 128, dtype=bf) for _ in range(4)]
+    with cpu_list_path() as k:
+        res["grouped_gemm list (4 groups)"] = _time(lambda: cutegemm.grouped_gemm(xs, ws), calls)
+        assert k.calls >= calls
     from cutegemm.blockscaled import quantize_ref
 
     x16 = torch.randn(16, 512, dtype=bf)

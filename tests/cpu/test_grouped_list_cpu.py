@@ -2,6 +2,7 @@
 scheduler, the config rules and policy, the compile-check variants."""
 
 import bisect
+import contextlib
 from dataclasses import replace
 
 import pytest
@@ -10,6 +11,8 @@ from hypothesis import strategies as st
 
 from cutegemm.config import EpilogueSpec, Form, GemmConfig, config_errors
 from cutegemm.schedulers.grouped import list_tile_map, list_tile_starts
+
+from ..host_overhead_cpu import NoOpKernel, cpu_list_path
 
 
 def _search(starts, work):
@@ -137,27 +140,16 @@ def test_list_leading_dims_rules():
 
 
 # --- the warm plan (list_form.PLANS) against the cold call, CUDA pieces replaced -----------------
-class _Recorder:
+class _Recorder(NoOpKernel):
+    """A no-op kernel that keeps every call's arguments (``seen``)."""
+
     def __init__(self):
-        self.calls = []
+        super().__init__()
+        self.seen = []
 
-    def get(self, cfg):
-        return lambda *args: self.calls.append(args)
-
-
-def _fake_cuda(monkeypatch, recorder):
-    import torch
-
-    from cutegemm.grouped import list_form
-
-    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
-    monkeypatch.setattr(torch.Tensor, "get_device", lambda t: 0)
-    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t: t)
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(list_form, "device_info", lambda index: ("sm_90a", 132))
-    monkeypatch.setattr(list_form, "DENSE_CACHE", recorder)
-    monkeypatch.setattr(list_form, "PLANS", {})
+    def __call__(self, *args):
+        super().__call__(*args)
+        self.seen.append(args)
 
 
 def _table(args):
@@ -183,10 +175,10 @@ def test_warm_list_call_launches_what_the_cold_call_does(shapes, same_n, alpha):
 
     if same_n:
         shapes = [(m, shapes[0][1], k) for m, _, k in shapes]
-    mp = pytest.MonkeyPatch()
+    mp, stack = pytest.MonkeyPatch(), contextlib.ExitStack()
     rec = _Recorder()
     try:
-        _fake_cuda(mp, rec)
+        stack.enter_context(cpu_list_path(rec))
 
         def operands():
             return ([torch.randn(m, k).bfloat16() for m, _, k in shapes],
@@ -194,17 +186,17 @@ def test_warm_list_call_launches_what_the_cold_call_does(shapes, same_n, alpha):
 
         xs, ws = operands()
         list_form.grouped_list(xs, ws, offs=None, out_dtype=None, alpha=alpha)
-        launched = bool(rec.calls)
+        launched = bool(rec.seen)
         assert len(list_form.PLANS) == launched  # a plan exactly where a kernel was launched
         if not launched:
             return
         xs2, ws2 = operands()
         outs = list_form.grouped_list(xs2, ws2, offs=None, out_dtype=None, alpha=alpha)
-        warm = rec.calls[-1]
+        warm = rec.seen[-1]
         list_form.PLANS.clear()
         cold_outs = list_form.grouped_list(xs2, ws2, offs=None, out_dtype=None, alpha=alpha)
-        cold = rec.calls[-1]
-        assert len(rec.calls) == 3
+        cold = rec.seen[-1]
+        assert len(rec.seen) == 3
         assert [o.shape for o in outs] == [o.shape for o in cold_outs]
         for g, (m, n, k) in enumerate(shapes):
             if m and n and not k:
@@ -229,6 +221,7 @@ def test_warm_list_call_launches_what_the_cold_call_does(shapes, same_n, alpha):
         assert list_form.PLANS[next(iter(list_form.PLANS))].run(xs3, ws3, alpha) is None
     finally:
         mp.undo()
+        stack.close()
 
 
 @pytest.mark.parametrize("warm", [False, True])
@@ -244,10 +237,10 @@ def test_dynamic_list_call_counts_tiles_in_its_table(warm):
     from cutegemm.schedulers.grouped import LIST_FIELDS
 
     shapes = [(300, 256, 64), (0, 256, 64), (1000, 256, 128)]
-    mp = pytest.MonkeyPatch()
+    mp, stack = pytest.MonkeyPatch(), contextlib.ExitStack()
     rec = _Recorder()
     try:
-        _fake_cuda(mp, rec)
+        stack.enter_context(cpu_list_path(rec))
         dyn = replace(list_form.list_config("sm_90a", 132, 2, 1300, 256, 96, "bf16", "bf16", "k", "n", False),
                       scheduler="dynamic", tile_m=128, tile_n=256)  # fmt: skip
         mp.setattr(list_form, "list_config", lambda *a, **k: dyn)
@@ -255,8 +248,8 @@ def test_dynamic_list_call_counts_tiles_in_its_table(warm):
             xs = [torch.randn(m, k).bfloat16() for m, _, k in shapes]
             ws = [torch.randn(k, n).bfloat16() for _, n, k in shapes]
             list_form.grouped_list(xs, ws, offs=None, out_dtype=None, alpha=1.0)
-        assert len(rec.calls) == (2 if warm else 1) and len(list_form.PLANS) == 1
-        args = KernelArgs(*rec.calls[-1])
+        assert len(rec.seen) == (2 if warm else 1) and len(list_form.PLANS) == 1
+        args = KernelArgs(*rec.seen[-1])
         table, ws = args.offs, args.workspace
         word = len(shapes) * LIST_FIELDS + LIST_COUNTER
         assert ws.dtype == torch.int32 and tuple(ws.shape) == (1,)
@@ -264,6 +257,7 @@ def test_dynamic_list_call_counts_tiles_in_its_table(warm):
         assert int(table[len(shapes) * LIST_FIELDS + list_form.LIST_TILE]) == 3 + 8  # 3 x 1 and 8 x 1 tiles
     finally:
         mp.undo()
+        stack.close()
 
 
 def test_list_plans_are_bounded():
@@ -272,9 +266,9 @@ def test_list_plans_are_bounded():
 
     from cutegemm.grouped import list_form
 
-    mp = pytest.MonkeyPatch()
+    mp, stack = pytest.MonkeyPatch(), contextlib.ExitStack()
     try:
-        _fake_cuda(mp, _Recorder())
+        stack.enter_context(cpu_list_path())
         mp.setattr(list_form, "MAX_PLANS", 4)
         for m in range(1, 11):
             list_form.grouped_list([torch.randn(m, 8).bfloat16()], [torch.randn(8, 8).bfloat16()], offs=None,
@@ -283,6 +277,7 @@ def test_list_plans_are_bounded():
         assert [key[0][0][0][0] for key in list_form.PLANS] == [7, 8, 9, 10]  # the newest, in order
     finally:
         mp.undo()
+        stack.close()
 
 
 def test_kgrouped_without_its_kernel_runs_as_one_list_call():
@@ -295,10 +290,10 @@ def test_kgrouped_without_its_kernel_runs_as_one_list_call():
     import cutegemm
     from cutegemm.grouped import k_grouped, list_form, packed
 
-    mp = pytest.MonkeyPatch()
+    mp, stack = pytest.MonkeyPatch(), contextlib.ExitStack()
     rec = _Recorder()
     try:
-        _fake_cuda(mp, rec)
+        stack.enter_context(cpu_list_path(rec))
         for mod in (list_form, k_grouped):
             mp.setattr(mod, "device_info", lambda index: ("sm_100a", 148))
         for mod in (packed, k_grouped):
@@ -307,9 +302,9 @@ def test_kgrouped_without_its_kernel_runs_as_one_list_call():
         a, dy = torch.randn(64, 40).bfloat16(), torch.randn(40, 32).bfloat16()  # a K-major: slices at 16-byte steps
         offs = torch.tensor([8, 8, 24, 40], dtype=torch.int32)
         out = cutegemm.grouped_gemm(a, dy, offs=offs)
-        assert len(rec.calls) == 1 and out.shape == (4, 64, 32)
+        assert len(rec.seen) == 1 and out.shape == (4, 64, 32)
         assert (out[1] == 0).all()
-        table, fields = _table(rec.calls[0]), list_form.LIST_FIELDS
+        table, fields = _table(rec.seen[0]), list_form.LIST_FIELDS
         starts = [0, 8, 8, 24]
         for g, (s, e) in enumerate(zip(starts, offs.tolist(), strict=True)):
             row = table[g * fields : (g + 1) * fields]
@@ -319,6 +314,7 @@ def test_kgrouped_without_its_kernel_runs_as_one_list_call():
                 assert row[:2] == [a.data_ptr() + 2 * s, dy.data_ptr() + 2 * 32 * s]
     finally:
         mp.undo()
+        stack.close()
 
 
 def test_kgrouped_sm100_route_writes_its_table_on_the_device():
