@@ -138,24 +138,16 @@ def cpu_list_path(kernel: NoOpKernel | None = None):
     from cutegemm.grouped import list_form
 
     kernel = kernel or NoOpKernel()
-    tensor_saved = {name: getattr(torch.Tensor, name) for name in ("is_cuda", "get_device", "pin_memory")}
-    values = {"device_info": lambda index: ("sm_90a", 132), "DENSE_CACHE": _FakeCache(kernel), "PLANS": {}}
-    saved = {name: getattr(list_form, name) for name in values}
-    capturing, current = torch.cuda.is_current_stream_capturing, torch.cuda.current_device
-    torch.Tensor.is_cuda = property(lambda t: True)
-    torch.Tensor.get_device = lambda t: 0
-    torch.Tensor.pin_memory = lambda t: t
-    torch.cuda.is_current_stream_capturing, torch.cuda.current_device = (lambda: False), (lambda: 0)
-    for name, value in values.items():
-        setattr(list_form, name, value)
-    try:
+    on_cuda = dict(is_cuda=property(lambda t: True), get_device=lambda t: 0, pin_memory=lambda t: t)
+    cuda = dict(is_current_stream_capturing=lambda: False, current_device=lambda: 0)
+    values = dict(device_info=lambda index: ("sm_90a", 132), DENSE_CACHE=_FakeCache(kernel), PLANS={})
+    with _patched(torch.Tensor, on_cuda, _nothing), _patched(torch.cuda, cuda, _nothing), \
+            _patched(list_form, values, _nothing):  # fmt: skip
         yield kernel
-    finally:
-        for name, value in saved.items():
-            setattr(list_form, name, value)
-        for name, value in tensor_saved.items():
-            setattr(torch.Tensor, name, value)
-        torch.cuda.is_current_stream_capturing, torch.cuda.current_device = capturing, current
+
+
+def _nothing():
+    pass
 
 
 def tensor_meta(t):
@@ -249,8 +241,9 @@ def cpu_quantize_path(kernel: NoOpKernel | None = None):
 
 @contextlib.contextmanager
 def _patched(module, values: dict, clear):
-    """``module``'s attributes set to ``values`` inside (restored after), ``clear()`` on entry and exit."""
-    saved = {name: getattr(module, name) for name in values}
+    """``module``'s (or a class's) attributes set to ``values`` inside, restored after (an inherited
+    one deleted again), ``clear()`` on entry and exit."""
+    saved = {name: vars(module).get(name, _INHERITED) for name in values}
     for name, value in values.items():
         setattr(module, name, value)
     clear()
@@ -258,8 +251,14 @@ def _patched(module, values: dict, clear):
         yield
     finally:
         for name, value in saved.items():
-            setattr(module, name, value)
+            if value is _INHERITED:
+                delattr(module, name)
+            else:
+                setattr(module, name, value)
         clear()
+
+
+_INHERITED = object()
 
 
 def _check_dequant_operand_cpu(q, what: str = "q") -> None:

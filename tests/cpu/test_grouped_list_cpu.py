@@ -2,7 +2,6 @@
 scheduler, the config rules and policy, the compile-check variants."""
 
 import bisect
-import contextlib
 from dataclasses import replace
 
 import pytest
@@ -175,10 +174,8 @@ def test_warm_list_call_launches_what_the_cold_call_does(shapes, same_n, alpha):
 
     if same_n:
         shapes = [(m, shapes[0][1], k) for m, _, k in shapes]
-    mp, stack = pytest.MonkeyPatch(), contextlib.ExitStack()
     rec = _Recorder()
-    try:
-        stack.enter_context(cpu_list_path(rec))
+    with cpu_list_path(rec):
 
         def operands():
             return ([torch.randn(m, k).bfloat16() for m, _, k in shapes],
@@ -219,9 +216,6 @@ def test_warm_list_call_launches_what_the_cold_call_does(shapes, same_n, alpha):
         t = live[0]
         xs3[t] = torch.empty(xs3[t].numel() + 1, dtype=torch.bfloat16)[1:].view(xs3[t].shape)  # 2 bytes off
         assert list_form.PLANS[next(iter(list_form.PLANS))].run(xs3, ws3, alpha) is None
-    finally:
-        mp.undo()
-        stack.close()
 
 
 @pytest.mark.parametrize("warm", [False, True])
@@ -237,10 +231,8 @@ def test_dynamic_list_call_counts_tiles_in_its_table(warm):
     from cutegemm.schedulers.grouped import LIST_FIELDS
 
     shapes = [(300, 256, 64), (0, 256, 64), (1000, 256, 128)]
-    mp, stack = pytest.MonkeyPatch(), contextlib.ExitStack()
     rec = _Recorder()
-    try:
-        stack.enter_context(cpu_list_path(rec))
+    with cpu_list_path(rec), pytest.MonkeyPatch.context() as mp:
         dyn = replace(list_form.list_config("sm_90a", 132, 2, 1300, 256, 96, "bf16", "bf16", "k", "n", False),
                       scheduler="dynamic", tile_m=128, tile_n=256)  # fmt: skip
         mp.setattr(list_form, "list_config", lambda *a, **k: dyn)
@@ -255,9 +247,6 @@ def test_dynamic_list_call_counts_tiles_in_its_table(warm):
         assert ws.dtype == torch.int32 and tuple(ws.shape) == (1,)
         assert ws.data_ptr() == table.data_ptr() + 8 * word and int(ws[0]) == 0 and int(table[word]) == 0
         assert int(table[len(shapes) * LIST_FIELDS + list_form.LIST_TILE]) == 3 + 8  # 3 x 1 and 8 x 1 tiles
-    finally:
-        mp.undo()
-        stack.close()
 
 
 def test_list_plans_are_bounded():
@@ -266,18 +255,13 @@ def test_list_plans_are_bounded():
 
     from cutegemm.grouped import list_form
 
-    mp, stack = pytest.MonkeyPatch(), contextlib.ExitStack()
-    try:
-        stack.enter_context(cpu_list_path())
+    with cpu_list_path(), pytest.MonkeyPatch.context() as mp:
         mp.setattr(list_form, "MAX_PLANS", 4)
         for m in range(1, 11):
             list_form.grouped_list([torch.randn(m, 8).bfloat16()], [torch.randn(8, 8).bfloat16()], offs=None,
                                    out_dtype=None, alpha=1.0)  # fmt: skip
             assert len(list_form.PLANS) == min(m, 4)
         assert [key[0][0][0][0] for key in list_form.PLANS] == [7, 8, 9, 10]  # the newest, in order
-    finally:
-        mp.undo()
-        stack.close()
 
 
 def test_kgrouped_without_its_kernel_runs_as_one_list_call():
@@ -290,10 +274,8 @@ def test_kgrouped_without_its_kernel_runs_as_one_list_call():
     import cutegemm
     from cutegemm.grouped import k_grouped, list_form, packed
 
-    mp, stack = pytest.MonkeyPatch(), contextlib.ExitStack()
     rec = _Recorder()
-    try:
-        stack.enter_context(cpu_list_path(rec))
+    with cpu_list_path(rec), pytest.MonkeyPatch.context() as mp:
         for mod in (list_form, k_grouped):
             mp.setattr(mod, "device_info", lambda index: ("sm_100a", 148))
         for mod in (packed, k_grouped):
@@ -312,9 +294,6 @@ def test_kgrouped_without_its_kernel_runs_as_one_list_call():
             assert row[3:6] == [64, 32, e - s]  # M, N, the expert's K
             if e > s:
                 assert row[:2] == [a.data_ptr() + 2 * s, dy.data_ptr() + 2 * 32 * s]
-    finally:
-        mp.undo()
-        stack.close()
 
 
 def test_kgrouped_sm100_route_writes_its_table_on_the_device():
