@@ -133,12 +133,11 @@ def cpu_fast_path(kernel: NoOpKernel | None = None):
 def cpu_list_path(kernel: NoOpKernel | None = None):
     """Patches the list form (``grouped_gemm([a...], [b...])``) so that CPU tensors run its host
     steps (plan, table, views) with ``kernel`` (a fresh :class:`NoOpKernel` by default) as the
-    compiled kernel: the tensors claim CUDA device 0, pinning is the identity and the table's
-    device copy stays on the CPU. Yields the kernel; plans made inside are dropped on exit."""
+    compiled kernel: the tensors claim CUDA device 0 and the table's device copy stays on the CPU. Yields the kernel; plans made inside are dropped on exit."""
     from cutegemm.grouped import list_form
 
     kernel = kernel or NoOpKernel()
-    on_cuda = dict(is_cuda=property(lambda t: True), get_device=lambda t: 0, pin_memory=lambda t: t)
+    on_cuda = dict(is_cuda=property(lambda t: True), get_device=lambda t: 0)
     cuda = dict(is_current_stream_capturing=lambda: False, current_device=lambda: 0)
     values = dict(device_info=lambda index: ("sm_90a", 132), DENSE_CACHE=_FakeCache(kernel), PLANS={})
     with _patched(torch.Tensor, on_cuda, _nothing), _patched(torch.cuda, cuda, _nothing), \
