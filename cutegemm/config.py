@@ -28,8 +28,8 @@ PROMOTE_TILE_N = (64, 128, 192)  # the tile widths FP8 with promote_k runs
 QUANT_FORMATS = ("mxfp8", "mxfp4", "nvfp4")  # quantized outputs (epilogue.quant)
 MAX_EPILOGUE_ARGS = 4  # vectors a user epilogue may take (epilogue.user)
 EPI_DTYPES = ("bf16", "fp16", "fp32")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
-GATED = ("swiglu", "geglu")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "relu_sq", "tanh", "sigmoid")
+GATED = ("swiglu", "geglu", "geglu_tanh", "reglu", "glu")  # act(gate) * up: silu, erf gelu, tanh gelu, relu, sigmoid
 
 
 @dataclass(frozen=True)
@@ -41,9 +41,9 @@ class EpilogueSpec:
     beta: add ``beta * C`` (runtime fp32 scalar; C an input tensor of the output's shape, row
         major, dtype ``c_dtype``).
     bias: add a per-GEMM-column vector of dtype ``bias_dtype``.
-    activation: None | "relu" | "gelu" (erf) | "gelu_tanh" | "silu", applied last.
-    gated: None | "swiglu" | "geglu" (erf gelu): the output has half the GEMM's columns; B's
-        columns alternate gate, up. Excludes ``activation`` and ``beta``.
+    activation: None | one of ACTIVATIONS (relu_sq: relu(y)^2; gelu: erf), applied last.
+    gated: None | one of GATED: act(gate) * up (ops.GATE_ACTIVATION names act); the output has
+        half the GEMM's columns; B's columns alternate gate, up. Excludes activation and beta.
     preact: gated: also store the values before the gate (all GEMM columns) to a second output.
     c_dtype / bias_dtype: dtypes of C and bias; "fp32" when the op is off (one kernel, one key).
     quant: None | "mxfp8" | "mxfp4" | "nvfp4": the output is block-quantized along its columns

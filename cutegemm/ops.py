@@ -83,7 +83,7 @@ try:  # private (custom_op's own Autograd kernel); without it the ops keep custo
 except ImportError:
     make_autograd_impl = None
 
-from .epilogue import ACTIVATIONS, GATED, split_gate_up
+from .epilogue import ACTIVATIONS, GATED, activation_ref, split_gate_up
 from .epilogue.combine import combine_rows_cuda
 from .epilogue.combine import kernel_takes as combine_takes
 from .epilogue.dispatch import dispatch_cuda, dispatch_ref
@@ -212,15 +212,15 @@ def _act_backward(name: str, grad: torch.Tensor, z: torch.Tensor) -> torch.Tenso
         return torch.ops.aten.gelu_backward(grad, z, approximate="none")
     if name == "gelu_tanh":
         return torch.ops.aten.gelu_backward(grad, z, approximate="tanh")
+    if name in ("tanh", "sigmoid"):  # their backward takes the output
+        return getattr(torch.ops.aten, name + "_backward")(grad, activation_ref(name, z))
+    if name == "relu_sq":
+        return grad * (2.0 * torch.relu(z))
     raise NotImplementedError(f"no derivative for activation {name!r}")
 
 
 def _act(name: str, z: torch.Tensor) -> torch.Tensor:
-    if name == "relu":
-        return torch.relu(z)
-    if name == "silu":
-        return torch.nn.functional.silu(z)
-    return torch.nn.functional.gelu(z, approximate="tanh" if name == "gelu_tanh" else "none")
+    return activation_ref(name, z)
 
 
 def _pre_activation_grad(a, b, bias, alpha, activation, grad):

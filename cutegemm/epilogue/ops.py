@@ -11,12 +11,13 @@ Order of operations on the fp32 accumulator ``acc`` of GEMM column ``n`` (all in
     y = alpha * acc            (alpha)
     y = y + beta * C[m, n]     (beta; C is read in its own dtype and converted to fp32)
     y = y + bias[n]            (bias; bias converted to fp32)
-    out = act(y)               (activation: relu | gelu | gelu_tanh | silu)
+    out = act(y)               (activation: relu | gelu | gelu_tanh | silu | relu_sq | tanh | sigmoid)
 
-Gated (``gated``: swiglu | geglu): the GEMM computes 2*N' columns, interleaved gate, up, gate,
-up, ... (column 2j is gate j, 2j+1 is up j); ``y`` above is computed for every GEMM column (bias
-has 2*N' entries, one per pre-activation column) and output column j is
-``act(y[2j]) * y[2j+1]`` with act = silu (swiglu) or erf-gelu (geglu).
+Gated (``gated``: swiglu | geglu | geglu_tanh | reglu | glu): the GEMM computes 2*N' columns,
+interleaved gate, up, gate, up, ... (column 2j is gate j, 2j+1 is up j); ``y`` above is computed
+for every GEMM column (bias has 2*N' entries, one per pre-activation column) and output column j
+is ``act(y[2j]) * y[2j+1]`` with act = silu (swiglu), erf gelu (geglu), tanh gelu (geglu_tanh),
+relu (reglu) or sigmoid (glu).
 
 The torch twins of these formulas are in :mod:`cutegemm.epilogue.reference`.
 """
@@ -111,8 +112,37 @@ def gelu_tanh(x, m=CUTE_MATH):
     return x * _sigmoid(x * _GELU_TANH_2K * (1.0 + 0.044715 * x * x), m)
 
 
-ACTIVATION_FNS = {"relu": relu, "gelu": gelu, "gelu_tanh": gelu_tanh, "silu": silu}
-GATE_ACTIVATION = {"swiglu": "silu", "geglu": "gelu"}
+def relu_sq(x, m=CUTE_MATH):
+    """relu(x)^2 (squared ReLU); NaN stays NaN."""
+    r = relu(x, m)
+    return r * r
+
+
+def sigmoid(x, m=CUTE_MATH):
+    """1 / (1 + exp(-x))."""
+    return _sigmoid(x, m)
+
+
+# tanh(x) = x (1 + x^2 P(x^2)) for |x| < _TANH_SMALL (the Taylor series through x^17: its next
+# term is below 2^-25 of the value there); above it 1 - 2 / (exp(2|x|) + 1), whose cancellation
+# costs at most a factor 2 at |x| = _TANH_SMALL (tanh = 0.50): a few fp32 ulps either way
+_TANH_SMALL = 0.55
+_TANH_TAYLOR = (-1.0 / 3.0, 2.0 / 15.0, -17.0 / 315.0, 62.0 / 2835.0, -1382.0 / 155925.0, 21844.0 / 6081075.0,
+                -929569.0 / 638512875.0, 6404582.0 / 10854718875.0)  # fmt: skip
+
+
+def tanh(x, m=CUTE_MATH):
+    """tanh(x), odd, +-1 at +-inf, NaN stays NaN (see _TANH_SMALL)."""
+    a = m.abs(x)
+    x2 = x * x
+    small = x + x * (x2 * _poly(x2, _TANH_TAYLOR))
+    big = 1.0 - 2.0 * m.rcp(m.exp(a * 2.0) + 1.0)
+    return m.where(a < _TANH_SMALL, small, m.where(x < 0.0, big * -1.0, big))
+
+
+ACTIVATION_FNS = {"relu": relu, "gelu": gelu, "gelu_tanh": gelu_tanh, "silu": silu, "relu_sq": relu_sq, "tanh": tanh,
+                  "sigmoid": sigmoid}  # fmt: skip
+GATE_ACTIVATION = {"swiglu": "silu", "geglu": "gelu", "geglu_tanh": "gelu_tanh", "reglu": "relu", "glu": "sigmoid"}
 
 
 def apply_epilogue(
@@ -137,7 +167,7 @@ def apply_epilogue(
 
 
 def apply_gate(spec: EpilogueSpec, gate: cute.TensorSSA, up: cute.TensorSSA):
-    """``act(gate) * up`` for a gated spec (swiglu: silu; geglu: erf gelu)."""
+    """``act(gate) * up`` for a gated spec (:data:`GATE_ACTIVATION` names act)."""
     return ACTIVATION_FNS[GATE_ACTIVATION[spec.gated]](gate) * up
 
 

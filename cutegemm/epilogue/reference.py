@@ -13,7 +13,7 @@ GATE_LAYOUTS = ("interleaved", "halves")
 
 
 def activation_ref(name: str, x: torch.Tensor) -> torch.Tensor:
-    """relu, gelu (erf), gelu_tanh, silu: torch's definitions."""
+    """relu, gelu (erf), gelu_tanh, silu, relu_sq, tanh, sigmoid: torch's definitions."""
     if name == "relu":
         return torch.relu(x)
     if name == "gelu":
@@ -22,6 +22,12 @@ def activation_ref(name: str, x: torch.Tensor) -> torch.Tensor:
         return F.gelu(x, approximate="tanh")
     if name == "silu":
         return F.silu(x)
+    if name == "relu_sq":
+        return torch.relu(x).square()
+    if name == "tanh":
+        return torch.tanh(x)
+    if name == "sigmoid":
+        return torch.sigmoid(x)
     raise ValueError(f"activation must be one of {ACTIVATIONS}, got {name!r}")
 
 
@@ -48,7 +54,7 @@ def epilogue_ref(
     gate_layout: str = "interleaved",
 ) -> torch.Tensor:
     """The epilogue on an accumulator ``acc`` (..., M, N), computed in ``acc.dtype``:
-    ``act(alpha * acc + beta * c + bias)``; gated activations (swiglu, geglu) return
+    ``act(alpha * acc + beta * c + bias)``; gated activations (:data:`GATED`) return
     ``act(gate) * up`` with half the columns. ``c`` is read only when ``beta != 0``."""
     y = acc
     if alpha != 1.0:

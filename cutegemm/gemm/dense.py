@@ -394,9 +394,9 @@ def gemm(
       fp16 / fp32, any strides (a row-major view with 16-byte aligned strides is read in place,
       anything else is copied first). ``beta == 0`` never reads c. c may be ``out`` itself.
     - ``bias``: (N,) bf16 / fp16 / fp32, added to every row.
-    - ``activation``: None, "relu", "gelu" (erf), "gelu_tanh", "silu": applied last; or gated
-      "swiglu" (silu(gate) * up) / "geglu" (erf-gelu(gate) * up): b has 2 * N' columns, out has
-      N'. ``gate_layout="interleaved"`` (default): b's columns alternate gate, up, gate, up, ...;
+    - ``activation``: None, "relu", "gelu" (erf), "gelu_tanh", "silu", "relu_sq", "tanh",
+      "sigmoid": applied last; or gated act(gate) * up, "swiglu" (silu), "geglu" (erf gelu),
+      "geglu_tanh", "reglu" (relu), "glu" (sigmoid): b has 2 * N' columns, out has N'. ``gate_layout="interleaved"`` (default): b's columns alternate gate, up, gate, up, ...;
       ``"halves"``: b = [gate | up]; the kernel reads interleaved columns, so "halves" costs a
       copy of b (and of bias) on every call: convert the weight once with
       ``cutegemm.epilogue.interleave_gate_up`` instead. For gated activations ``bias`` has 2 * N'

@@ -9,7 +9,7 @@ Routes (one per call):
 - the gather kernel (``GemmConfig.gather_a``; sm_90a: cp.async row loads, sm_100a: the TMA
   unit's gather4 mode, compiled and SASS-checked only): bf16 / fp16 ``x`` row-major with 16-byte
   aligned rows, K a multiple of 64, ``w`` (E, K, N) with K or N contiguous, options ``alpha``,
-  ``activation`` (elementwise, or ``swiglu`` / ``geglu`` on interleaved gate/up columns),
+  ``activation`` (elementwise, or gated on interleaved gate/up columns),
   ``out_dtype`` (bf16 / fp16 / fp32) and an ``out`` the TMA store can write. No host sync; the
   index is read on the device. A row whose index lies outside [0, x.shape[0]) gets unspecified
   values (sm_90a clamps the index into x, sm_100a's TMA reads zeros), and no load leaves x:

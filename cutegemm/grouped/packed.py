@@ -17,7 +17,7 @@ Forms:
 
   Epilogues (packed form, one kernel, the dense formulas of :mod:`cutegemm.epilogue.ops` per
   expert): ``bias`` (E, N) per expert and GEMM column (or (N,) shared by every expert),
-  ``activation`` relu / gelu / gelu_tanh / silu or gated swiglu / geglu (b's columns interleaved
+  ``activation`` (any of config.ACTIVATIONS) or gated (config.GATED; b's columns interleaved
   gate, up; ``gate_layout="halves"`` copies b per call), ``alpha``; a quantized ``out_dtype``
   ("mxfp8" / "mxfp4" / "nvfp4", with ``out_global_scale`` for NVFP4) returns a
   BlockScaledTensor of the packed (total_M, N') output, scales in the 128x4 swizzled layout over

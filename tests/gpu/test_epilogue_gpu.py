@@ -88,6 +88,9 @@ def check(a, b, out_dtype=BF16, *, alpha=1.0, beta=0.0, c=None, bias=None, activ
         ("gelu_tanh", None, BF16),
         ("silu", None, torch.float32),
         (None, torch.float32, torch.float32),
+        ("relu_sq", BF16, BF16),
+        ("tanh", None, torch.float32),
+        ("sigmoid", torch.float32, BF16),
     ],
 )
 def test_activation_and_bias(activation, bias_dtype, out_dtype):
@@ -200,6 +203,9 @@ def test_beta_zero_never_reads_c():
         ("geglu", "halves", None, torch.float32, dict(tile_m=64, tile_n=96, cluster_n=2, raster="n", group=1)),
         ("swiglu", "interleaved", BF16, BF16, dict(tile_m=128, tile_n=224, cluster_m=2, raster="n")),
         ("geglu", "halves", None, BF16, dict(tile_m=128, tile_n=224, cluster_n=2, raster="m")),
+        ("geglu_tanh", "interleaved", BF16, BF16, dict(tile_m=128, tile_n=128)),
+        ("reglu", "halves", None, torch.float32, dict(tile_m=128, tile_n=128)),
+        ("glu", "interleaved", torch.float32, BF16, dict(tile_m=128, tile_n=128, pingpong=True)),
     ],
 )
 def test_gated(activation, gate_layout, bias_dtype, out_dtype, tile_kw):

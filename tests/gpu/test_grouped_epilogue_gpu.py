@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from cutegemm import grouped_gemm, grouped_gemm_ref
 from cutegemm.config import Form
-from cutegemm.epilogue import epilogue_ref, interleave_gate_up
+from cutegemm.epilogue import GATED, epilogue_ref, interleave_gate_up
 from cutegemm.nn import GroupedExperts
 
 from ..gemm_check import assert_within_torch_error
@@ -59,7 +59,7 @@ def check_epilogue(counts, n, k, *, bias_kind="expert", activation=None, gate_la
         bias = torch.randn(E, n, device="cuda").to(BF16)
     elif bias_kind == "shared":
         bias = torch.randn(n, device="cuda", dtype=torch.float32)
-    gated = activation in ("swiglu", "geglu")
+    gated = activation in GATED
     n_out = n // 2 if gated else n
     out = torch.full((a.shape[0], n_out), float("nan"), device="cuda", dtype=BF16)
     kw = dict(bias=bias, activation=activation, gate_layout=gate_layout)
@@ -73,13 +73,13 @@ def check_epilogue(counts, n, k, *, bias_kind="expert", activation=None, gate_la
     assert torch.isnan(out[end:]).all(), "rows past offs[-1] were written"
 
 
-@pytest.mark.parametrize("activation", [None, "relu", "gelu", "gelu_tanh", "silu"])
+@pytest.mark.parametrize("activation", [None, "relu", "gelu", "gelu_tanh", "silu", "relu_sq", "tanh"])
 @pytest.mark.parametrize("bias_kind", ["expert", "shared"])
 def test_bias_and_activations(activation, bias_kind):
     check_epilogue([129, 0, 300, 1, 77], 320, 192, bias_kind=bias_kind, activation=activation)
 
 
-@pytest.mark.parametrize("gated", ["swiglu", "geglu"])
+@pytest.mark.parametrize("gated", GATED)
 @pytest.mark.parametrize("gate_layout", ["interleaved", "halves"])
 def test_gated(gated, gate_layout):
     check_epilogue([200, 64, 0, 513, 3], 512, 256, bias_kind="expert", activation=gated, gate_layout=gate_layout)
@@ -223,7 +223,7 @@ def test_grouped_epilogue_bad_inputs():
     with pytest.raises(ValueError, match="bias must have shape"):
         grouped_gemm(a, b, offs=offs, bias=torch.zeros(3, 64, device="cuda"))
     with pytest.raises(ValueError, match="activation"):
-        grouped_gemm(a, b, offs=offs, activation="tanh")
+        grouped_gemm(a, b, offs=offs, activation="softplus")
     with pytest.raises(ValueError, match="even number"):
         grouped_gemm(a, b[:, :, :48].contiguous()[:, :, :47], offs=offs, activation="swiglu")
     with pytest.raises(ValueError, match="packed"):
