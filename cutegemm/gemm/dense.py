@@ -396,7 +396,8 @@ def gemm(
     - ``bias``: (N,) bf16 / fp16 / fp32, added to every row.
     - ``activation``: None, "relu", "gelu" (erf), "gelu_tanh", "silu", "relu_sq", "tanh",
       "sigmoid": applied last; or gated act(gate) * up, "swiglu" (silu), "geglu" (erf gelu),
-      "geglu_tanh", "reglu" (relu), "glu" (sigmoid): b has 2 * N' columns, out has N'. ``gate_layout="interleaved"`` (default): b's columns alternate gate, up, gate, up, ...;
+      "geglu_tanh", "reglu" (relu), "glu" (sigmoid): b has 2 * N' columns, out has N'.
+      ``gate_layout="interleaved"`` (default): b's columns alternate gate, up, gate, up, ...;
       ``"halves"``: b = [gate | up]; the kernel reads interleaved columns, so "halves" costs a
       copy of b (and of bias) on every call: convert the weight once with
       ``cutegemm.epilogue.interleave_gate_up`` instead. For gated activations ``bias`` has 2 * N'

@@ -129,8 +129,9 @@ def _launch(fn, cfg, rows, words, dev, a_list, b_list, outs, t, views, alpha, ma
     pageable memory: the copy returns once CUDA has staged the bytes (the array may go at once)
     and is ordered in the stream like any copy, with no pinned block to allocate and track (about
     17 us less per call than ``pin_memory()`` first on an H100 host). Never inside a capture:
-    ``grouped_list`` takes the per-group route there. The dynamic scheduler's tile counter is the table's LIST_COUNTER word of its
-    last row: zero as copied in-stream with the rows, so no fill kernel runs before the launch."""
+    ``grouped_list`` takes the per-group route there. The dynamic scheduler's tile counter is the
+    table's LIST_COUNTER word of its last row: zero as copied in-stream with the rows, so no fill
+    kernel runs before the launch."""
     host = array.array("q", rows) + _zero_words(words - len(rows))  # the descriptors' space: zeros, overwritten
     table = torch.frombuffer(host, dtype=torch.int64).to(dev, non_blocking=True)
     workspace = None
