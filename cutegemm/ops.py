@@ -212,15 +212,13 @@ def _act_backward(name: str, grad: torch.Tensor, z: torch.Tensor) -> torch.Tenso
         return torch.ops.aten.gelu_backward(grad, z, approximate="none")
     if name == "gelu_tanh":
         return torch.ops.aten.gelu_backward(grad, z, approximate="tanh")
-    if name in ("tanh", "sigmoid"):  # their backward takes the output
-        return getattr(torch.ops.aten, name + "_backward")(grad, activation_ref(name, z))
+    if name == "tanh":  # aten's tanh / sigmoid backward take the output
+        return torch.ops.aten.tanh_backward(grad, torch.tanh(z))
+    if name == "sigmoid":
+        return torch.ops.aten.sigmoid_backward(grad, torch.sigmoid(z))
     if name == "relu_sq":
         return grad * (2.0 * torch.relu(z))
     raise NotImplementedError(f"no derivative for activation {name!r}")
-
-
-def _act(name: str, z: torch.Tensor) -> torch.Tensor:
-    return activation_ref(name, z)
 
 
 def _pre_activation_grad(a, b, bias, alpha, activation, grad):
@@ -244,7 +242,7 @@ def activation_grad(
         gate, up = split_gate_up(z, gate_layout)
         act = GATE_ACTIVATION[activation]
         d_gate = _act_backward(act, g * up, gate)
-        d_up = g * _act(act, gate)
+        d_up = g * activation_ref(act, gate)
         if gate_layout == "halves":
             return torch.cat((d_gate, d_up), dim=-1)
         return torch.stack((d_gate, d_up), dim=-1).flatten(-2)
@@ -284,7 +282,7 @@ def _gated_grads_torch(activation, dh, z, gate_layout, want_h=True):
     cd = _compute_dtype(z.dtype)
     gate, up = split_gate_up(z.to(cd), gate_layout)
     act = GATE_ACTIVATION[activation]
-    a = _act(act, gate)
+    a = activation_ref(act, gate)
     h = (a * up).to(z.dtype) if want_h else None
     if dh is None:
         return h, None
@@ -345,7 +343,7 @@ def _routed_grads_torch(activation, dhp, z, w, gate_layout):
     cd = _compute_dtype(z.dtype)
     gate, up = split_gate_up(z.to(cd), gate_layout)
     act = GATE_ACTIVATION[activation]
-    a = _act(act, gate)
+    a = activation_ref(act, gate)
     h = a * up
     g = dhp.to(cd)
     wc = w.to(cd).unsqueeze(-1)

@@ -133,7 +133,8 @@ def cpu_fast_path(kernel: NoOpKernel | None = None):
 def cpu_list_path(kernel: NoOpKernel | None = None):
     """Patches the list form (``grouped_gemm([a...], [b...])``) so that CPU tensors run its host
     steps (plan, table, views) with ``kernel`` (a fresh :class:`NoOpKernel` by default) as the
-    compiled kernel: the tensors claim CUDA device 0 and the table's device copy stays on the CPU. Yields the kernel; plans made inside are dropped on exit."""
+    compiled kernel: the tensors claim CUDA device 0 and the table's device copy stays on the
+    CPU. Yields the kernel; plans made inside are dropped on exit."""
     from cutegemm.grouped import list_form
 
     kernel = kernel or NoOpKernel()
