@@ -29,7 +29,7 @@ QUANT_FORMATS = ("mxfp8", "mxfp4", "nvfp4")  # quantized outputs (epilogue.quant
 MAX_EPILOGUE_ARGS = 4  # vectors a user epilogue may take (epilogue.user)
 EPI_DTYPES = ("bf16", "fp16", "fp32")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "relu_sq", "tanh", "sigmoid")
-GATED = ("swiglu", "geglu", "geglu_tanh", "reglu", "glu")  # act(gate) * up: silu, erf gelu, tanh gelu, relu, sigmoid
+GATED = ("swiglu", "geglu", "geglu_tanh", "reglu", "glu", "swiglu_oai")  # epilogue.ops.gated_out
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class EpilogueSpec:
         major, dtype ``c_dtype``).
     bias: add a per-GEMM-column vector of dtype ``bias_dtype``.
     activation: None | one of ACTIVATIONS (relu_sq: relu(y)^2; gelu: erf), applied last.
-    gated: None | one of GATED: act(gate) * up (ops.GATE_ACTIVATION names act); the output has
+    gated: None | one of GATED: act(gate) * up (ops.gated_out); the output has
         half the GEMM's columns; B's columns alternate gate, up. Excludes activation and beta.
     preact: gated: also store the values before the gate (all GEMM columns) to a second output.
     c_dtype / bias_dtype: dtypes of C and bias; "fp32" when the op is off (one kernel, one key).

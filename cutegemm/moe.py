@@ -408,7 +408,8 @@ def grouped_experts(
         w_down: (E, I, hidden), the down projection's b operand (likewise any view).
         offs: int32 (E,) cumulative end row of each expert, on x's device.
         activation: a gated activation (config.GATED: "swiglu", "geglu", "geglu_tanh", "reglu",
-            "glu"; the one-pass SwiGLU kernels serve "swiglu", torch's formulas the others).
+            "glu", "swiglu_oai"; the one-pass SwiGLU kernels serve "swiglu", torch's formulas the
+            others).
         gather_index: optional (rows,) int32 / int64: x then holds the tokens as they are and row
             r of the experts' input is ``x[gather_index[r]]`` (a MoE dispatch's token per sorted
             (token, slot) pair). Without a gradient, on CUDA, with interleaved gate/up, the up

@@ -83,13 +83,13 @@ try:  # private (custom_op's own Autograd kernel); without it the ops keep custo
 except ImportError:
     make_autograd_impl = None
 
-from .epilogue import ACTIVATIONS, GATED, activation_ref, split_gate_up
+from .epilogue import ACTIVATIONS, GATED, split_gate_up
 from .epilogue.combine import combine_rows_cuda
 from .epilogue.combine import kernel_takes as combine_takes
 from .epilogue.dispatch import dispatch_cuda, dispatch_ref
 from .epilogue.dispatch import kernel_takes as dispatch_takes
 from .epilogue.gated_grads import gated_grads_cuda, kernel_takes
-from .epilogue.ops import GATE_ACTIVATION
+from .epilogue.reference import activation_grad, gate_act, gated_dz, gated_h
 from .epilogue.routed_grads import kernel_takes as routed_takes
 from .epilogue.routed_grads import routed_grads_cuda
 from .epilogue.zero_tail import kernel_takes as zero_tail_takes
@@ -202,25 +202,6 @@ def _gemm_setup_context(ctx, inputs, keyword_only_inputs, output):
     ctx.save_for_backward(a, b, bias)
 
 
-def _act_backward(name: str, grad: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """grad * act'(z) with aten's own derivative formulas."""
-    if name == "relu":
-        return torch.ops.aten.threshold_backward(grad, z, 0)
-    if name == "silu":
-        return torch.ops.aten.silu_backward(grad, z)
-    if name == "gelu":
-        return torch.ops.aten.gelu_backward(grad, z, approximate="none")
-    if name == "gelu_tanh":
-        return torch.ops.aten.gelu_backward(grad, z, approximate="tanh")
-    if name == "tanh":  # aten's tanh / sigmoid backward take the output
-        return torch.ops.aten.tanh_backward(grad, torch.tanh(z))
-    if name == "sigmoid":
-        return torch.ops.aten.sigmoid_backward(grad, torch.sigmoid(z))
-    if name == "relu_sq":
-        return grad * (2.0 * torch.relu(z))
-    raise NotImplementedError(f"no derivative for activation {name!r}")
-
-
 def _pre_activation_grad(a, b, bias, alpha, activation, grad):
     """dZ in the compute dtype (fp32, or fp64 for fp64 operands)."""
     cd = _compute_dtype(a.dtype)
@@ -229,24 +210,6 @@ def _pre_activation_grad(a, b, bias, alpha, activation, grad):
         return g
     z = torch.ops.cutegemm.gemm(a, b, bias, alpha=alpha, out_dtype=cd)  # recomputed pre-activation
     return activation_grad(activation, g, z)
-
-
-def activation_grad(
-    activation: str, g: torch.Tensor, z: torch.Tensor, gate_layout: str = "interleaved"
-) -> torch.Tensor:
-    """dZ = g * act'(z) in g's and z's dtype, with aten's derivative formulas. Gated activations
-    (swiglu, geglu): z holds 2 * N' gate/up columns, interleaved (the kernels' layout: 2j gate j,
-    2j + 1 up j) or as ``[gate | up]`` halves (``gate_layout="halves"``), and g has N' columns;
-    dZ comes back in z's layout."""
-    if activation in GATED:
-        gate, up = split_gate_up(z, gate_layout)
-        act = GATE_ACTIVATION[activation]
-        d_gate = _act_backward(act, g * up, gate)
-        d_up = g * activation_ref(act, gate)
-        if gate_layout == "halves":
-            return torch.cat((d_gate, d_up), dim=-1)
-        return torch.stack((d_gate, d_up), dim=-1).flatten(-2)
-    return _act_backward(activation, g, z)
 
 
 def _on_kernels(t: torch.Tensor) -> bool:
@@ -281,22 +244,11 @@ def gated_grads(activation: str, dh: torch.Tensor | None, z: torch.Tensor, gate_
 def _gated_grads_torch(activation, dh, z, gate_layout, want_h=True):
     cd = _compute_dtype(z.dtype)
     gate, up = split_gate_up(z.to(cd), gate_layout)
-    act = GATE_ACTIVATION[activation]
-    a = activation_ref(act, gate)
-    h = (a * up).to(z.dtype) if want_h else None
+    a = gate_act(activation, gate)
+    h = gated_h(activation, gate, up, a).to(z.dtype) if want_h else None
     if dh is None:
         return h, None
-    return h, _gated_dz(act, dh.to(cd), gate, up, a, z, gate_layout)
-
-
-def _gated_dz(act, d, gate, up, a, z, gate_layout):
-    """dZ of H = act(gate) * up for the gradient d of H (a = act(gate), all in the compute
-    dtype), written straight into Z's layout and dtype."""
-    dz = torch.empty_like(z)
-    dz_gate, dz_up = split_gate_up(dz, gate_layout)
-    dz_up.copy_(d * a)
-    dz_gate.copy_(_act_backward(act, d * up, gate))
-    return dz
+    return h, gated_dz(activation, dh.to(cd), gate, up, a, z, gate_layout)
 
 
 @torch.library.custom_op("cutegemm::swiglu", mutates_args=())
@@ -342,12 +294,11 @@ def routed_gated_grads(activation: str, dhp: torch.Tensor, z: torch.Tensor, w: t
 def _routed_grads_torch(activation, dhp, z, w, gate_layout):
     cd = _compute_dtype(z.dtype)
     gate, up = split_gate_up(z.to(cd), gate_layout)
-    act = GATE_ACTIVATION[activation]
-    a = activation_ref(act, gate)
-    h = a * up
+    a = gate_act(activation, gate)
+    h = gated_h(activation, gate, up, a)
     g = dhp.to(cd)
     wc = w.to(cd).unsqueeze(-1)
-    return (h * wc).to(z.dtype), _gated_dz(act, g * wc, gate, up, a, z, gate_layout), (g * h).sum(-1)
+    return (h * wc).to(z.dtype), gated_dz(activation, g * wc, gate, up, a, z, gate_layout), (g * h).sum(-1)
 
 
 @torch.library.custom_op("cutegemm::routed_swiglu_grads", mutates_args=())

@@ -123,6 +123,7 @@ def epilogue_variants(arch: str, big: GemmConfig) -> list[GemmConfig]:
         E(gated="geglu_tanh", bias=True, bias_dtype="bf16"),
         E(gated="reglu"),
         E(gated="glu", bias=True, bias_dtype="fp32"),
+        E(gated="swiglu_oai", bias=True, bias_dtype="bf16"),
         E(alpha=True, beta=True, c_dtype="bf16"),
         E(alpha=True, beta=True, c_dtype="fp32", bias=True, bias_dtype="fp16", activation="gelu_tanh"),
     ]

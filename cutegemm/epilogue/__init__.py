@@ -2,7 +2,14 @@
 
 from ..config import ACTIVATIONS, EPI_DTYPES, GATED, EpilogueSpec
 from .ops import apply_epilogue, epilogue_subtile, store_gated
-from .reference import GATE_LAYOUTS, activation_ref, epilogue_ref, interleave_gate_up, split_gate_up
+from .reference import (
+    GATE_LAYOUTS,
+    activation_ref,
+    epilogue_ref,
+    gated_ref,
+    interleave_gate_up,
+    split_gate_up,
+)
 
 __all__ = [
     "ACTIVATIONS",
@@ -14,6 +21,7 @@ __all__ = [
     "apply_epilogue",
     "epilogue_ref",
     "epilogue_subtile",
+    "gated_ref",
     "interleave_gate_up",
     "split_gate_up",
     "store_gated",

@@ -13,11 +13,12 @@ Order of operations on the fp32 accumulator ``acc`` of GEMM column ``n`` (all in
     y = y + bias[n]            (bias; bias converted to fp32)
     out = act(y)               (activation: relu | gelu | gelu_tanh | silu | relu_sq | tanh | sigmoid)
 
-Gated (``gated``: swiglu | geglu | geglu_tanh | reglu | glu): the GEMM computes 2*N' columns,
-interleaved gate, up, gate, up, ... (column 2j is gate j, 2j+1 is up j); ``y`` above is computed
-for every GEMM column (bias has 2*N' entries, one per pre-activation column) and output column j
-is ``act(y[2j]) * y[2j+1]`` with act = silu (swiglu), erf gelu (geglu), tanh gelu (geglu_tanh),
-relu (reglu) or sigmoid (glu).
+Gated (``gated``: swiglu | geglu | geglu_tanh | reglu | glu | swiglu_oai): the GEMM computes 2*N'
+columns, interleaved gate, up, gate, up, ... (column 2j is gate j, 2j+1 is up j); ``y`` above is
+computed for every GEMM column (bias has 2*N' entries, one per pre-activation column) and output
+column j is ``act(y[2j]) * y[2j+1]`` with act = silu (swiglu), erf gelu (geglu), tanh gelu
+(geglu_tanh), relu (reglu) or sigmoid (glu); swiglu_oai is gpt-oss's clamped form,
+``g * sigmoid(1.702 g) * (u + 1)`` with g = min(y[2j], 7) and u = clamp(y[2j+1], -7, 7).
 
 The torch twins of these formulas are in :mod:`cutegemm.epilogue.reference`.
 """
@@ -142,7 +143,29 @@ def tanh(x, m=CUTE_MATH):
 
 ACTIVATION_FNS = {"relu": relu, "gelu": gelu, "gelu_tanh": gelu_tanh, "silu": silu, "relu_sq": relu_sq, "tanh": tanh,
                   "sigmoid": sigmoid}  # fmt: skip
+# the gated forms act(gate) * up, by the act they apply to the gate column
 GATE_ACTIVATION = {"swiglu": "silu", "geglu": "gelu", "geglu_tanh": "gelu_tanh", "reglu": "relu", "glu": "sigmoid"}
+
+# gpt-oss's clamped SwiGLU (vLLM / SGLang / ggml call it swiglu_oai): gate clamped above at the
+# limit, up clamped to +-limit, then gate * sigmoid(alpha * gate) * (up + 1)
+SWIGLU_OAI_ALPHA = 1.702
+SWIGLU_OAI_LIMIT = 7.0
+
+
+def swiglu_oai(gate, up, m=CUTE_MATH):
+    """min(gate, 7) * sigmoid(1.702 min(gate, 7)) * (clamp(up, -7, 7) + 1); NaN stays NaN (the
+    clamps select only on a true comparison, as torch.clamp propagates NaN)."""
+    lim = SWIGLU_OAI_LIMIT
+    g = m.where(gate > lim, lim, gate)
+    u = m.where(up > lim, lim, m.where(up < -lim, -lim, up))
+    return g * _sigmoid(g * SWIGLU_OAI_ALPHA, m) * (u + 1.0)
+
+
+def gated_out(name: str, gate, up, m=CUTE_MATH):
+    """Output column j of a gated form from its gate and up pre-activations."""
+    if name == "swiglu_oai":
+        return swiglu_oai(gate, up, m)
+    return ACTIVATION_FNS[GATE_ACTIVATION[name]](gate, m) * up
 
 
 def apply_epilogue(
@@ -167,8 +190,8 @@ def apply_epilogue(
 
 
 def apply_gate(spec: EpilogueSpec, gate: cute.TensorSSA, up: cute.TensorSSA):
-    """``act(gate) * up`` for a gated spec (:data:`GATE_ACTIVATION` names act)."""
-    return ACTIVATION_FNS[GATE_ACTIVATION[spec.gated]](gate) * up
+    """The gated spec's output from its gate and up columns (:func:`gated_out`)."""
+    return gated_out(spec.gated, gate, up)
 
 
 # --- per-element inputs and gating, from a coordinate tensor ----------------------------------

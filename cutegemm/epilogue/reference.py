@@ -1,5 +1,6 @@
 """Plain-torch twins of the epilogue ops (:mod:`cutegemm.epilogue.ops`), used by ``gemm_ref`` and
-the tests. Same formulas, same order; torch's own activation functions."""
+the tests, and the activations' derivatives (the autograd of :mod:`cutegemm.ops` and the MoE
+backward). Same formulas, same order; torch's own activation functions and aten's derivatives."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ACTIVATIONS, GATED
-from .ops import GATE_ACTIVATION
+from .ops import GATE_ACTIVATION, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 
 GATE_LAYOUTS = ("interleaved", "halves")
 
@@ -29,6 +30,18 @@ def activation_ref(name: str, x: torch.Tensor) -> torch.Tensor:
     if name == "sigmoid":
         return torch.sigmoid(x)
     raise ValueError(f"activation must be one of {ACTIVATIONS}, got {name!r}")
+
+
+def gated_ref(name: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """A gated form's output from its gate and up columns: act(gate) * up (:data:`GATE_ACTIVATION`),
+    or gpt-oss's swiglu_oai, ``g * sigmoid(1.702 g) * (u + 1)`` with g = gate clamped above at 7,
+    u = up clamped to +-7."""
+    if name == "swiglu_oai":
+        g = gate.clamp(max=SWIGLU_OAI_LIMIT)
+        return g * torch.sigmoid(g * SWIGLU_OAI_ALPHA) * (up.clamp(-SWIGLU_OAI_LIMIT, SWIGLU_OAI_LIMIT) + 1.0)
+    if name not in GATE_ACTIVATION:
+        raise ValueError(f"gated activation must be one of {GATED}, got {name!r}")
+    return activation_ref(GATE_ACTIVATION[name], gate) * up
 
 
 def split_gate_up(y: torch.Tensor, gate_layout: str = "interleaved") -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,7 +68,7 @@ def epilogue_ref(
 ) -> torch.Tensor:
     """The epilogue on an accumulator ``acc`` (..., M, N), computed in ``acc.dtype``:
     ``act(alpha * acc + beta * c + bias)``; gated activations (:data:`GATED`) return
-    ``act(gate) * up`` with half the columns. ``c`` is read only when ``beta != 0``."""
+    :func:`gated_ref` of the gate / up columns (half the columns). ``c`` is read only when ``beta != 0``."""
     y = acc
     if alpha != 1.0:
         y = y * alpha
@@ -65,7 +78,7 @@ def epilogue_ref(
         y = y + bias.to(y.dtype)
     if activation in GATED:
         gate, up = split_gate_up(y, gate_layout)
-        return activation_ref(GATE_ACTIVATION[activation], gate) * up
+        return gated_ref(activation, gate, up)
     if activation is not None:
         y = activation_ref(activation, y)
     return y
@@ -82,3 +95,74 @@ def interleave_gate_up(t: torch.Tensor, dim: int = -1) -> torch.Tensor:
     if n2 % 2:
         raise ValueError(f"gated tensor needs an even size along dim {dim}, got {n2}")
     return t.unflatten(dim, (2, n2 // 2)).transpose(dim, dim + 1).flatten(dim, dim + 1).contiguous()
+
+
+# --- derivatives -------------------------------------------------------------------------------
+def act_backward(name: str, grad: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """grad * act'(z) with aten's own derivative formulas."""
+    if name == "relu":
+        return torch.ops.aten.threshold_backward(grad, z, 0)
+    if name == "silu":
+        return torch.ops.aten.silu_backward(grad, z)
+    if name == "gelu":
+        return torch.ops.aten.gelu_backward(grad, z, approximate="none")
+    if name == "gelu_tanh":
+        return torch.ops.aten.gelu_backward(grad, z, approximate="tanh")
+    if name == "tanh":  # aten's tanh / sigmoid backward take the output
+        return torch.ops.aten.tanh_backward(grad, torch.tanh(z))
+    if name == "sigmoid":
+        return torch.ops.aten.sigmoid_backward(grad, torch.sigmoid(z))
+    if name == "relu_sq":
+        return grad * (2.0 * torch.relu(z))
+    raise NotImplementedError(f"no derivative for activation {name!r}")
+
+
+def activation_grad(
+    activation: str, g: torch.Tensor, z: torch.Tensor, gate_layout: str = "interleaved"
+) -> torch.Tensor:
+    """dZ = g * act'(z) in g's and z's dtype, with aten's derivative formulas. Gated activations
+    (:data:`GATED`): z holds 2 * N' gate/up columns, interleaved (the kernels' layout: 2j gate j,
+    2j + 1 up j) or as ``[gate | up]`` halves (``gate_layout="halves"``), and g has N' columns;
+    dZ comes back in z's layout."""
+    if activation in GATED:
+        gate, up = split_gate_up(z, gate_layout)
+        d_gate, d_up = gated_backward(activation, g, gate, up)
+        if gate_layout == "halves":
+            return torch.cat((d_gate, d_up), dim=-1)
+        return torch.stack((d_gate, d_up), dim=-1).flatten(-2)
+    return act_backward(activation, g, z)
+
+
+def gated_backward(activation: str, d, gate, up, a=None):
+    """(dgate, dup) of a gated form's output (:func:`gated_ref`) for its gradient d. ``a`` is
+    act(gate) when the caller has it (the act(gate) * up forms)."""
+    if activation == "swiglu_oai":  # torch.clamp's gradient: zero where the clamp took the limit
+        lim = SWIGLU_OAI_LIMIT
+        g = gate.clamp(max=lim)
+        s = torch.sigmoid(g * SWIGLU_OAI_ALPHA)
+        act = g * s
+        d_gate = d * (up.clamp(-lim, lim) + 1.0) * (s + SWIGLU_OAI_ALPHA * act * (1.0 - s))
+        zero = d.new_zeros(())
+        return torch.where(gate <= lim, d_gate, zero), torch.where((up >= -lim) & (up <= lim), d * act, zero)
+    act = GATE_ACTIVATION[activation]
+    return act_backward(act, d * up, gate), d * (activation_ref(act, gate) if a is None else a)
+
+
+def gate_act(activation, gate):
+    """act(gate) of an act(gate) * up form, shared by H and dZ (None for swiglu_oai)."""
+    return activation_ref(GATE_ACTIVATION[activation], gate) if activation in GATE_ACTIVATION else None
+
+
+def gated_h(activation, gate, up, a):
+    return gated_ref(activation, gate, up) if a is None else a * up
+
+
+def gated_dz(activation, d, gate, up, a, z, gate_layout):
+    """dZ of H = gated(gate, up) for the gradient d of H (a from :func:`gate_act`, all in the
+    compute dtype), written straight into Z's layout and dtype."""
+    dz = torch.empty_like(z)
+    dz_gate, dz_up = split_gate_up(dz, gate_layout)
+    d_gate, d_up = gated_backward(activation, d, gate, up, a)
+    dz_up.copy_(d_up)
+    dz_gate.copy_(d_gate)
+    return dz

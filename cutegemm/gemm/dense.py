@@ -396,7 +396,9 @@ def gemm(
     - ``bias``: (N,) bf16 / fp16 / fp32, added to every row.
     - ``activation``: None, "relu", "gelu" (erf), "gelu_tanh", "silu", "relu_sq", "tanh",
       "sigmoid": applied last; or gated act(gate) * up, "swiglu" (silu), "geglu" (erf gelu),
-      "geglu_tanh", "reglu" (relu), "glu" (sigmoid): b has 2 * N' columns, out has N'.
+      "geglu_tanh", "reglu" (relu), "glu" (sigmoid), or gpt-oss's clamped "swiglu_oai"
+      (``g * sigmoid(1.702 g) * (u + 1)``, g = min(gate, 7), u = clamp(up, -7, 7)): b has
+      2 * N' columns, out has N'.
       ``gate_layout="interleaved"`` (default): b's columns alternate gate, up, gate, up, ...;
       ``"halves"``: b = [gate | up]; the kernel reads interleaved columns, so "halves" costs a
       copy of b (and of bias) on every call: convert the weight once with

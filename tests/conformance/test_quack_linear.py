@@ -104,14 +104,13 @@ def test_linear_act(device, activation, has_bias, out_features, in_features):
     _within_2x(postact, ref, pt, 1e-6)
 
 
-# Dao-AILab/quack tests/test_linear.py::test_linear_act / ::test_gemm_act_alpha / ::test_gemm_gated (the
-# activations and outputs cutegemm does not have)
+# Dao-AILab/quack tests/test_linear.py::test_linear_act / ::test_gemm_act_alpha (the outputs and alpha form
+# cutegemm does not have)
 @pytest.mark.unsupported
 @pytest.mark.parametrize("kwargs,error,match", [
-    ({"activation": "swiglu_oai"}, ValueError, "activation must be"),
     ({"activation": "relu", "store_preact": True}, TypeError, "store_preact"),
     ({"activation": "relu", "alpha": torch.tensor(0.5)}, TypeError, "alpha and beta must be Python numbers"),
-], ids=["swiglu_oai", "store_preact", "tensor-alpha"])  # fmt: skip
+], ids=["store_preact", "tensor-alpha"])  # fmt: skip
 def test_linear_act_not_supported(kwargs, error, match):
     x = torch.randn(64, 32, dtype=BF)
     w = torch.randn(64, 32, dtype=BF)
@@ -208,14 +207,23 @@ def test_gemm_add_out_reuses_c_storage(device):
     _add_check(device, a, b, c_og, c, 0.5, 1.0, 1e-5)
 
 
+def _swiglu_oai(gate, up):
+    """gpt-oss's clamped form (its model code: alpha 1.702, limit 7), which cutegemm's swiglu_oai
+    computes; quack's swiglu_oai has no clamp (the same function where |gate|, |up| < 7)."""
+    g = gate.clamp(max=7.0)
+    return g * torch.sigmoid(1.702 * g) * (up.clamp(-7.0, 7.0) + 1)
+
+
 # quack's gated activations (its gated_to_pytorch_fn_map) and cutegemm's names for them; quack's "geglu"
 # is the tanh GELU (cutegemm: "geglu_tanh"; cutegemm's "geglu" is the erf GELU, torch's default)
-GATED_ACT = {"swiglu": ("swiglu", F.silu), "reglu": ("reglu", F.relu), "glu": ("glu", torch.sigmoid),
-             "geglu": ("geglu_tanh", lambda t: F.gelu(t, approximate="tanh"))}
+GATED_ACT = {"swiglu": ("swiglu", lambda g, u: F.silu(g) * u), "reglu": ("reglu", lambda g, u: F.relu(g) * u),
+             "glu": ("glu", lambda g, u: torch.sigmoid(g) * u),
+             "geglu": ("geglu_tanh", lambda g, u: F.gelu(g, approximate="tanh") * u),
+             "swiglu_oai": ("swiglu_oai", _swiglu_oai)}  # fmt: skip
 
 
 # Dao-AILab/quack tests/test_linear.py::test_gemm_gated (gate / up interleaved as quack stores them;
-# store_preact and concat layouts are quack's; swiglu_oai: above)
+# store_preact and concat layouts are quack's)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("in_features", [736, 4096])
 @pytest.mark.parametrize("out_features", [1504, 2048])
@@ -234,7 +242,7 @@ def test_gemm_gated(device, activation, bias_dtype, out_features, in_features):
     assert postact.shape == (x.shape[0], out_features)
 
     def gated(pre):
-        return gate_act(pre[..., ::2]) * pre[..., 1::2]
+        return gate_act(pre[..., ::2], pre[..., 1::2])
 
     pre_ref = x.float() @ w.float().T + (0 if bias is None else bias.float())
     pre_pt = _mm_lowp(device, x, w.T)

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cutegemm
-from cutegemm.config import ACTIVATIONS, GemmConfig
+from cutegemm.config import ACTIVATIONS, GATED, GemmConfig
 from cutegemm.epilogue import EpilogueSpec, epilogue_ref, interleave_gate_up, ops, split_gate_up
 from cutegemm.gemm.args import dense_fake_args
 from cutegemm.gemm.dense import _check_epilogue_args
@@ -103,13 +103,35 @@ def test_normal_cdf_accuracy():
     assert (phi - ref).abs().max().item() < 1.5e-7
 
 
-@pytest.mark.parametrize("gated,act", sorted(ops.GATE_ACTIVATION.items()))
-def test_kernel_gate_formula(gated, act):
-    g = torch.randn(4096, dtype=torch.float64) * 4
+def _swiglu_oai(g, u):
+    """gpt-oss's gate, written out as its model code has it (alpha 1.702, limit 7)."""
+    g = g.clamp(min=None, max=7.0)
+    u = u.clamp(min=-7.0, max=7.0)
+    return (u + 1) * (g * torch.sigmoid(g * 1.702))
+
+
+GATED_REFERENCES = {**{k: (lambda act: lambda g, u: REFERENCES[act](g) * u)(a) for k, a in ops.GATE_ACTIVATION.items()},
+                    "swiglu_oai": _swiglu_oai}  # fmt: skip
+
+
+@pytest.mark.parametrize("gated", GATED)
+def test_kernel_gate_formula(gated):
+    g = torch.randn(4096, dtype=torch.float64) * 4  # past swiglu_oai's clamps at +-7 too
     u = torch.randn(4096, dtype=torch.float64) * 4
     spec = EpilogueSpec(gated=gated)
-    ours = ops.ACTIVATION_FNS[ops.GATE_ACTIVATION[spec.gated]](g.float(), TM).double() * u.float().double()
-    torch.testing.assert_close(ours, REFERENCES[act](g) * u, atol=1e-5, rtol=1e-5)
+    ours = ops.gated_out(spec.gated, g.float(), u.float(), TM).double()
+    torch.testing.assert_close(ours, GATED_REFERENCES[gated](g, u), atol=1e-5, rtol=1e-5)
+
+
+def test_kernel_swiglu_oai_nan_and_inf():
+    """NaN in either column stays NaN (torch.clamp propagates it); +inf and up's -inf are clamped;
+    gate = -inf gives NaN, as torch's formula does (-inf * sigmoid(-inf))."""
+    nan, inf = float("nan"), float("inf")
+    g = torch.tensor([nan, 1.0, inf, -inf, 1.0, 1.0, 7.5])
+    u = torch.tensor([1.0, nan, 1.0, 1.0, inf, -inf, -7.5])
+    ours = ops.gated_out("swiglu_oai", g, u, TM)
+    torch.testing.assert_close(ours, _swiglu_oai(g, u), equal_nan=True, atol=1e-6, rtol=1e-6)
+    assert ours[[0, 1, 3]].isnan().all() and ours[[2, 4, 5, 6]].isfinite().all()
 
 
 # --- torch twins -------------------------------------------------------------------------------
@@ -134,18 +156,19 @@ def test_gemm_ref_each_activation_with_alpha_beta_bias(activation):
     torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
 
 
-@pytest.mark.parametrize("activation,act", sorted(ops.GATE_ACTIVATION.items()))
-def test_gemm_ref_gated_layouts(activation, act):
+@pytest.mark.parametrize("activation", GATED)
+def test_gemm_ref_gated_layouts(activation):
     a, b, exact = _mm(n=48)
-    bias = torch.randn(48, dtype=torch.float32)
+    bias = torch.randn(48, dtype=torch.float32) * 4  # pre-activations past swiglu_oai's clamps too
     y = exact + bias.double()
+    act = GATED_REFERENCES[activation]
     got_il = cutegemm.gemm_ref(a, b, out_dtype=torch.float64, bias=bias, activation=activation, compute_dtype=torch.float64)
-    torch.testing.assert_close(got_il, REFERENCES[act](y[:, 0::2]) * y[:, 1::2], atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(got_il, act(y[:, 0::2], y[:, 1::2]), atol=1e-12, rtol=1e-12)
     got_h = cutegemm.gemm_ref(
         a, b, out_dtype=torch.float64, bias=bias, activation=activation, gate_layout="halves",
         compute_dtype=torch.float64,
     )  # fmt: skip
-    torch.testing.assert_close(got_h, REFERENCES[act](y[:, :24]) * y[:, 24:], atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(got_h, act(y[:, :24], y[:, 24:]), atol=1e-12, rtol=1e-12)
     # "halves" is "interleaved" on interleaved columns (what the API hands the kernel)
     got_conv = cutegemm.gemm_ref(
         a, interleave_gate_up(b), out_dtype=torch.float64, bias=interleave_gate_up(bias), activation=activation,
@@ -197,7 +220,7 @@ def test_interleave_gate_up(n2, k, lead):
     "kwargs,match",
     [
         (dict(activation="softplus"), "activation must be"),
-        (dict(gated="swiglu_oai"), "gated must be"),
+        (dict(gated="swiglu_step"), "gated must be"),
         (dict(gated="swiglu", activation="relu"), "activation must be None"),
         (dict(gated="geglu", beta=True), "cannot be combined with a gated"),
         (dict(c_dtype="bf16"), "without beta=True"),

@@ -14,8 +14,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cutegemm.epilogue import activation_ref, split_gate_up
-from cutegemm.epilogue.ops import GATE_ACTIVATION
+from cutegemm.epilogue import gated_ref, split_gate_up
 from cutegemm.moe import (
     gather_tokens,
     grouped_experts,
@@ -30,7 +29,12 @@ from ..gemm_check import assert_within_torch_error
 
 F64 = torch.float64
 BF16 = torch.bfloat16
-ACT = {"swiglu": F.silu, "geglu": F.gelu}
+# the gated forms written out (swiglu_oai as gpt-oss's model code has it: alpha 1.702, limit 7)
+ACT = {
+    "swiglu": lambda gate, up: F.silu(gate) * up,
+    "geglu": lambda gate, up: F.gelu(gate) * up,
+    "swiglu_oai": lambda gate, up: (up.clamp(-7.0, 7.0) + 1) * (gate.clamp(max=7.0) * torch.sigmoid(gate.clamp(max=7.0) * 1.702)),
+}
 
 
 def gated_activation(z, activation, gate_layout, dtype):
@@ -38,7 +42,7 @@ def gated_activation(z, activation, gate_layout, dtype):
     cast to ``dtype``."""
     cd = torch.float64 if z.dtype == torch.float64 else torch.float32
     gate, up = split_gate_up(z.to(cd), gate_layout)
-    return (activation_ref(GATE_ACTIVATION[activation], gate) * up).to(dtype)
+    return gated_ref(activation, gate, up).to(dtype)
 
 
 def make_offs(counts):
@@ -56,7 +60,7 @@ def experts_torch(x, w1, w2, counts, activation="swiglu", layout="interleaved"):
     outs, prev = [], 0
     for e, c in enumerate(counts):
         gate, up = split(x[prev : prev + c] @ w1[e], layout)
-        outs.append((ACT[activation](gate) * up) @ w2[e])
+        outs.append(ACT[activation](gate, up) @ w2[e])
         prev += c
     return torch.cat(outs) if outs else x.new_zeros(0, w2.shape[2])
 
@@ -92,7 +96,7 @@ def _seed():
 # ---------------------------------------------------------------------------------------------- gradcheck
 
 
-@pytest.mark.parametrize("activation", ["swiglu", "geglu"])
+@pytest.mark.parametrize("activation", ["swiglu", "geglu", "swiglu_oai"])
 @pytest.mark.parametrize("layout", ["interleaved", "halves"])
 @pytest.mark.parametrize("storage", ["linear", "kn"])
 def test_gradcheck_fp64(activation, layout, storage):
@@ -317,7 +321,7 @@ def test_gather_tokens_backward_sums_each_tokens_rows():
 @given(
     rows=st.integers(0, 40),
     inter=st.integers(1, 24),
-    activation=st.sampled_from(["swiglu", "geglu"]),
+    activation=st.sampled_from(["swiglu", "geglu", "swiglu_oai"]),
     layout=st.sampled_from(["interleaved", "halves"]),
     dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32, torch.float64]),
     want_h=st.booleans(),
@@ -634,13 +638,13 @@ def _routed_reference(x, ids, wts, w1, w2, activation, layout):
             e = int(ids[t, j])
             if 0 <= e < E:
                 gate, up = split(x[t : t + 1] @ w1[e], layout)
-                out = out.index_add(0, torch.tensor([t]), wts[t, j] * ((ACT[activation](gate) * up) @ w2[e]))
+                out = out.index_add(0, torch.tensor([t]), wts[t, j] * (ACT[activation](gate, up) @ w2[e]))
     return out
 
 
 @settings(max_examples=25, deadline=None)
 @given(tokens=st.integers(1, 9), k=st.integers(1, 3), experts=st.integers(1, 4), spill=st.booleans(),
-       activation=st.sampled_from(["swiglu", "geglu"]), layout=st.sampled_from(["interleaved", "halves"]),
+       activation=st.sampled_from(["swiglu", "geglu", "swiglu_oai"]), layout=st.sampled_from(["interleaved", "halves"]),
        seed=st.integers(0, 2**16))  # fmt: skip
 def test_routed_experts_equals_the_per_token_formula(tokens, k, experts, spill, activation, layout, seed):
     """moe.routed_experts (one node: dispatch, experts, combine; saves neither the gathered rows

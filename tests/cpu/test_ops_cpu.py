@@ -177,7 +177,7 @@ def test_gradcheck_grouped_packed(counts, pad):
     assert torch.autograd.gradcheck(f, (a, b))
 
 
-@pytest.mark.parametrize("activation", ["relu", "silu", "gelu_tanh", "relu_sq", "tanh", "swiglu", "geglu", "glu"])
+@pytest.mark.parametrize("activation", ["relu", "silu", "gelu_tanh", "relu_sq", "tanh", "swiglu", "geglu", "glu", "swiglu_oai"])
 def test_gradcheck_grouped_packed_activation(activation):
     """The packed op with an activation: dZ = dY * act'(Z), Z recomputed by the op."""
     counts = [3, 0, 4]

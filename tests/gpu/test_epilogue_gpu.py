@@ -206,6 +206,9 @@ def test_beta_zero_never_reads_c():
         ("geglu_tanh", "interleaved", BF16, BF16, dict(tile_m=128, tile_n=128)),
         ("reglu", "halves", None, torch.float32, dict(tile_m=128, tile_n=128)),
         ("glu", "interleaved", torch.float32, BF16, dict(tile_m=128, tile_n=128, pingpong=True)),
+        # pre-activations of about 16 standard deviation: swiglu_oai's clamps at +-7 taken often
+        ("swiglu_oai", "interleaved", BF16, BF16, dict(tile_m=128, tile_n=128)),
+        ("swiglu_oai", "halves", torch.float32, torch.float32, dict(tile_m=64, tile_n=128)),
     ],
 )
 def test_gated(activation, gate_layout, bias_dtype, out_dtype, tile_kw):
