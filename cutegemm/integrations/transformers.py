@@ -24,8 +24,12 @@ The expert MLPs, by what the experts class declares:
   reads interleaved columns; interleaving would copy the weight on every call), so
   ``act(gate) * up`` runs in torch between the two grouped GEMMs (fp32 math). Training saves the
   pre-activations (T k, 2I) and runs the backward as four grouped GEMMs (see :mod:`cutegemm.moe`).
-- anything else (biases, a model's own gate such as gpt-oss's clamped ``(up + 1) * gate *
-  sigmoid(alpha * gate)``, ungated experts, a post-expert norm): both projections through
+- gpt-oss's experts (interleaved gate / up with biases, its clamped ``(up + 1) * gate *
+  sigmoid(alpha * gate)`` at alpha 1.702, limit 7) without a gradient: two grouped GEMMs, the
+  gate / up bias and that gate fused into the first one's epilogue (``activation="swiglu_oai"``,
+  fp32 math), the down bias into the second's. With a gradient, as below.
+- anything else (biases, a model's own gate such as gpt-oss's when training, ungated experts, a
+  post-expert norm): both projections through
   ``torch.ops.cutegemm.grouped_gemm`` (differentiable custom op), with the bias, the model's own
   ``_apply_gate`` / ``act_fn`` and the norm in torch, exactly as transformers' ``grouped_mm``
   backend composes them.
@@ -75,6 +79,7 @@ from ..api import dequantize, grouped_gemm, grouped_gemm_ref, quantize
 from ..blockscaled.formats import MXFP4, get_format
 from ..blockscaled.layout import to_swizzled
 from ..blockscaled.reference import BlockScaledTensor, dequantize_ref, e8m0_to_float, quantize_ref
+from ..epilogue.ops import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 from ..gemm.fp8_scales import FP8_BLOCK
 from ..moe import (
     combine,
@@ -151,6 +156,25 @@ def _mlp(experts, x, ids, offs, sentinels, project):
     if experts.has_bias:
         y = y + experts.down_proj_bias[ids]
     return y
+
+
+def _oai_gate(experts) -> bool:
+    """gpt-oss's experts (its class's ``_apply_gate``, interleaved, biases, no norm) at the alpha and
+    limit that cutegemm's swiglu_oai epilogue computes."""
+    gate = getattr(type(experts), "_apply_gate", None)
+    return (getattr(gate, "__qualname__", "") == "GptOssExperts._apply_gate" and experts.has_gate
+            and experts.has_bias and not experts.is_concatenated
+            and not getattr(experts, "has_post_expert_norm", False)
+            and getattr(experts, "alpha", None) == SWIGLU_OAI_ALPHA
+            and getattr(experts, "limit", None) == SWIGLU_OAI_LIMIT)  # fmt: skip
+
+
+def _oai_mlp(experts, x, offs):
+    """gpt-oss's expert MLP without a gradient: bias and gate in the gate / up GEMM's epilogue,
+    the down bias in the down GEMM's."""
+    t = experts.is_transposed
+    h = _grouped(x, _b(experts.gate_up_proj, t), offs, None, bias=experts.gate_up_proj_bias, activation="swiglu_oai")
+    return _grouped(h, _b(experts.down_proj, t), offs, None, bias=experts.down_proj_bias)
 
 
 def _generic_mlp(experts, x, ids, offs, sentinels):
@@ -396,7 +420,7 @@ def experts_forward(experts, hidden_states: torch.Tensor, top_k_index: torch.Ten
                             gather_index=rows if gather else None,
                             out_scale=row_weights.float() if fuse_weights else None)  # fmt: skip
     else:
-        y = _generic_mlp(experts, x, ids, offs, sentinels)
+        y = _oai_mlp(experts, x, offs) if not train and _oai_gate(experts) else _generic_mlp(experts, x, ids, offs, sentinels)
     if sentinels:
         y = zero_rows_past_end(y, offs)  # rows past offs[-1] are not written by the kernels
     if getattr(experts, "has_post_expert_norm", False):

@@ -171,14 +171,36 @@ def test_from_config_with_cutegemm():
 
 def test_routes():
     """Plain SwiGLU experts take grouped_experts (halves layout); gpt-oss (biases, clamped custom
-    gate, interleaved, transposed) takes the generic custom-op route."""
+    gate, interleaved, transposed) takes the generic custom-op route when training and the fused
+    swiglu_oai epilogue without a gradient."""
     for name in ("qwen3_moe", "mixtral", "olmoe", "deepseek_v3"):
         (experts, *_) = experts_modules(tiny_model(name))
         assert cg_tf._gated_activation(experts) == "swiglu", name
         assert experts.is_concatenated and not experts.is_transposed
+        assert not cg_tf._oai_gate(experts), name
     (experts, *_) = experts_modules(tiny_model("gpt_oss"))
     assert cg_tf._gated_activation(experts) is None
     assert experts.has_bias and experts.is_transposed and not experts.is_concatenated
+    assert cg_tf._oai_gate(experts)  # without a gradient: bias and gate in the GEMMs' epilogues
+    experts.limit = 6.0
+    assert not cg_tf._oai_gate(experts)  # another clamp than the epilogue's: the generic route
+
+
+def test_gpt_oss_fused_inference_route():
+    """gpt-oss without a gradient (bias and clamped gate in the grouped GEMMs' epilogues), with
+    expert-parallel sentinels and pre-activations past the clamps at +-7: transformers' grouped_mm
+    backend's result."""
+    (experts, *_) = experts_modules(tiny_model("gpt_oss"))
+    experts._is_expert_parallel = True
+    x, idx, w = _routing(17, experts.num_experts, 2, seed=6, sentinel_every=4)
+    x = x * 40  # gate / up pre-activations well past the clamps
+    with torch.no_grad():
+        z = x @ experts.gate_up_proj[0] + experts.gate_up_proj_bias[0]
+        assert z.abs().max() > 7 and z.abs().min() < 7
+        got = cg_tf.experts_forward(experts, x, idx, w)
+        want = hf_moe.grouped_mm_experts_forward(experts, x, idx, w)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
 
 
 def _routing(T, E, k, seed, sentinel_every=0):

@@ -95,3 +95,27 @@ def test_training_step_is_bitwise_deterministic(name, routed, monkeypatch):
     assert torch.equal(loss_a, loss_b)
     for n, g in grads_a.items():
         assert (g is None and grads_b[n] is None) or torch.equal(g, grads_b[n]), n
+
+
+@pytest.mark.parametrize("tokens", [1, 37, 512])
+def test_gpt_oss_fused_inference_layer(tokens):
+    """gpt-oss's experts layer without a gradient (bias and clamped gate in the grouped GEMMs'
+    epilogues), bf16, pre-activations past the clamps at +-7: within 2x the grouped_mm backend's
+    error against its fp32 result, into outputs that are then finite; the fused route is taken."""
+    model = tiny_model("gpt_oss", dtype=torch.float32, device="cuda", **SIZES)
+    experts = next(m for m in model.modules() if type(m).__name__ == "GptOssExperts")
+    assert cg_tf._oai_gate(experts)
+    g = torch.Generator("cuda").manual_seed(tokens)
+    x = torch.randn(tokens, SIZES["hidden_size"], device="cuda", generator=g) * 8
+    idx = torch.rand(tokens, experts.num_experts, device="cuda", generator=g).argsort(1)[:, :2]
+    w = torch.rand(tokens, 2, device="cuda", generator=g).softmax(-1)
+    with torch.no_grad():
+        z = x @ experts.gate_up_proj[0] + experts.gate_up_proj_bias[0]
+        assert (z.abs() > 7).any() and (z.abs() < 7).any()
+        ref = hf_moe.grouped_mm_experts_forward(experts, x, idx, w)
+        bf = copy.deepcopy(experts).to(torch.bfloat16)
+        ours = cg_tf.experts_forward(bf, x.bfloat16(), idx, w.bfloat16())
+        theirs = hf_moe.grouped_mm_experts_forward(bf, x.bfloat16(), idx, w.bfloat16())
+    assert torch.isfinite(ours).all()
+    eo, et = rel_err(ours, ref), rel_err(theirs, ref)
+    assert eo <= 2 * et + 1e-3, f"rel err {eo:.3g} > 2 x grouped_mm {et:.3g}"
