@@ -30,12 +30,12 @@ Devices:
 
 ``gemm``: ``act(alpha * (a @ b) + bias)`` (no ``beta * c`` / gate_layout: use :func:`cutegemm.gemm`), a (M, K) or (L, M, K), b (K, N) or (L, K, N), bias (N,)
 (gated activations: b and bias have 2 * N' columns, interleaved gate/up, out has N'), activation
-None, "relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu". out_dtype defaults to a.dtype.
+None or one of config.ACTIVATIONS / config.GATED. out_dtype defaults to a.dtype.
 
 ``grouped_gemm`` (form chosen by b's rank):
 - packed MoE: a (T, K), b (E, K, N), offs int32 (E,) cumulative END rows -> (T, N); with an
-  ``activation`` (packed form only: relu, gelu, gelu_tanh, silu, or gated swiglu / geglu over
-  b's interleaved gate/up columns -> (T, N / 2)) applied in the kernel's epilogue.
+  ``activation`` (packed form only: any of config.ACTIVATIONS, or of config.GATED over b's
+  interleaved gate/up columns -> (T, N / 2)) applied in the kernel's epilogue.
   Contract: rows at or past ``offs[-1]`` of the result are UNSPECIFIED (the CUDA kernel does not
   write them: the output is ``torch.empty``, no memset; the CPU twin happens to give zeros).
   Compare / consume only rows < offs[-1]; before anything that mixes rows (a dense layer's
