@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cutegemm
-from cutegemm.config import EpilogueSpec, GemmProblem
+from cutegemm.config import ACTIVATIONS, GATED, EpilogueSpec, GemmProblem
 from cutegemm.moe import grouped_experts
 from cutegemm.policy import gather_pays, policy_for
 
@@ -45,8 +45,7 @@ def _same_tile(xg, w, offs, act=None):
     """The packed form on the gathered copy with the gather call's tile (gather_a off): the same
     WGMMAs in the same order, TMA loads."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    epi = EpilogueSpec(activation=act if act in ("silu", "relu", "gelu", "gelu_tanh") else None,
-                       gated=act if act in ("swiglu", "geglu") else None)  # fmt: skip
+    epi = EpilogueSpec(activation=act if act in ACTIVATIONS else None, gated=act if act in GATED else None)
     E, K, N = w.shape
     problem = GemmProblem(xg.shape[0], N, K, 1, "bf16", "bf16", "bf16", "k", "k" if w.stride(1) == 1 else "n")
     cfg = policy_for(_arch(), sms).choose_gathered(problem, E, epilogue=epi)
@@ -60,7 +59,7 @@ def _check(tokens, k, experts, hidden, n, act=None, tail=3, seed=0):
     idx, offs = _routing(tokens, k, experts, gen)
     rows = idx.shape[0]
     idx = torch.cat([idx, torch.zeros(tail, dtype=torch.int32, device="cuda")])
-    n_out = n // 2 if act in ("swiglu", "geglu") else n
+    n_out = n // 2 if act in GATED else n
     out = torch.full((rows + tail, n_out), float("nan"), device="cuda", dtype=BF)
     cutegemm.grouped_gemm(x, w, offs=offs, gather_index=idx, activation=act, out=out)
     torch.cuda.synchronize()
@@ -82,7 +81,8 @@ def _check(tokens, k, experts, hidden, n, act=None, tail=3, seed=0):
      (4096, 8, 128, 2048, 1536, "swiglu"),  # Qwen3-30B-A3B prefill
      (2048, 2, 8, 4096, 2048, None),  # Mixtral-like, few big experts
      (1000, 8, 64, 2048, 2048, "swiglu"),  # OLMoE, ragged
-     (7, 2, 4, 64, 48, None), (300, 4, 16, 128, 256, "silu")],
+     (7, 2, 4, 64, 48, None), (300, 4, 16, 128, 256, "silu"),
+     (300, 4, 32, 2880, 5760, "swiglu_oai")],  # gpt-oss-20b's dims, its gate clamped past +-7
 )  # fmt: skip
 def test_gather_matches_the_tma_kernel_on_the_copy(tokens, k, experts, hidden, n, act):
     if _arch() is None:
