@@ -419,8 +419,10 @@ def experts_forward(experts, hidden_states: torch.Tensor, top_k_index: torch.Ten
         y = grouped_experts(x, w1, w2, offs, activation=activation, gate_layout=layout,
                             gather_index=rows if gather else None,
                             out_scale=row_weights.float() if fuse_weights else None)  # fmt: skip
+    elif not train and _oai_gate(experts):
+        y = _oai_mlp(experts, x, offs)
     else:
-        y = _oai_mlp(experts, x, offs) if not train and _oai_gate(experts) else _generic_mlp(experts, x, ids, offs, sentinels)
+        y = _generic_mlp(experts, x, ids, offs, sentinels)
     if sentinels:
         y = zero_rows_past_end(y, offs)  # rows past offs[-1] are not written by the kernels
     if getattr(experts, "has_post_expert_norm", False):
