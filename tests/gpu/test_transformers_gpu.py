@@ -106,7 +106,7 @@ def test_gpt_oss_fused_inference_layer(tokens):
     experts = next(m for m in model.modules() if type(m).__name__ == "GptOssExperts")
     assert cg_tf._oai_gate(experts)
     g = torch.Generator("cuda").manual_seed(tokens)
-    x = torch.randn(tokens, SIZES["hidden_size"], device="cuda", generator=g) * 8
+    x = torch.randn(tokens, SIZES["hidden_size"], device="cuda", generator=g) * 20
     idx = torch.rand(tokens, experts.num_experts, device="cuda", generator=g).argsort(1)[:, :2]
     w = torch.rand(tokens, 2, device="cuda", generator=g).softmax(-1)
     with torch.no_grad():
