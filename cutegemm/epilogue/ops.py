@@ -143,29 +143,39 @@ def tanh(x, m=CUTE_MATH):
 
 ACTIVATION_FNS = {"relu": relu, "gelu": gelu, "gelu_tanh": gelu_tanh, "silu": silu, "relu_sq": relu_sq, "tanh": tanh,
                   "sigmoid": sigmoid}  # fmt: skip
-# the gated forms act(gate) * up, by the act they apply to the gate column
-GATE_ACTIVATION = {"swiglu": "silu", "geglu": "gelu", "geglu_tanh": "gelu_tanh", "reglu": "relu", "glu": "sigmoid"}
-
 # gpt-oss's clamped SwiGLU (vLLM / SGLang / ggml call it swiglu_oai): gate clamped above at the
 # limit, up clamped to +-limit, then gate * sigmoid(alpha * gate) * (up + 1)
 SWIGLU_OAI_ALPHA = 1.702
 SWIGLU_OAI_LIMIT = 7.0
 
 
-def swiglu_oai(gate, up, m=CUTE_MATH):
-    """min(gate, 7) * sigmoid(1.702 min(gate, 7)) * (clamp(up, -7, 7) + 1); NaN stays NaN (the
-    clamps select only on a true comparison, as torch.clamp propagates NaN)."""
+def swiglu_oai_gate(x, m=CUTE_MATH):
+    """g * sigmoid(1.702 g), g = min(x, 7); NaN stays NaN (the clamp selects only on a true
+    comparison, as torch.clamp propagates NaN)."""
+    g = m.where(x > SWIGLU_OAI_LIMIT, SWIGLU_OAI_LIMIT, x)
+    return g * _sigmoid(g * SWIGLU_OAI_ALPHA, m)
+
+
+def swiglu_oai_up(x, m=CUTE_MATH):
+    """clamp(x, -7, 7) + 1; NaN stays NaN."""
     lim = SWIGLU_OAI_LIMIT
-    g = m.where(gate > lim, lim, gate)
-    u = m.where(up > lim, lim, m.where(up < -lim, -lim, up))
-    return g * _sigmoid(g * SWIGLU_OAI_ALPHA, m) * (u + 1.0)
+    return m.where(x > lim, lim, m.where(x < -lim, -lim, x)) + 1.0
+
+
+# A gated form's output column j is gate_act(gate) * up_map(up): the act of each form's gate column
+# (by name, as the torch twins and derivatives name them), and the map of its up column where it
+# is not the identity
+GATE_ACTIVATION = {"swiglu": "silu", "geglu": "gelu", "geglu_tanh": "gelu_tanh", "reglu": "relu", "glu": "sigmoid",
+                   "swiglu_oai": "swiglu_oai_gate"}  # fmt: skip
+UP_MAP = {"swiglu_oai": "swiglu_oai_up"}
+GATE_FNS = {**ACTIVATION_FNS, "swiglu_oai_gate": swiglu_oai_gate, "swiglu_oai_up": swiglu_oai_up}
 
 
 def gated_out(name: str, gate, up, m=CUTE_MATH):
     """Output column j of a gated form from its gate and up pre-activations."""
-    if name == "swiglu_oai":
-        return swiglu_oai(gate, up, m)
-    return ACTIVATION_FNS[GATE_ACTIVATION[name]](gate, m) * up
+    if name in UP_MAP:
+        up = GATE_FNS[UP_MAP[name]](up, m)
+    return GATE_FNS[GATE_ACTIVATION[name]](gate, m) * up
 
 
 def apply_epilogue(

@@ -8,13 +8,14 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ACTIVATIONS, GATED
-from .ops import GATE_ACTIVATION, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
+from .ops import GATE_ACTIVATION, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, UP_MAP
 
 GATE_LAYOUTS = ("interleaved", "halves")
 
 
 def activation_ref(name: str, x: torch.Tensor) -> torch.Tensor:
-    """relu, gelu (erf), gelu_tanh, silu, relu_sq, tanh, sigmoid: torch's definitions."""
+    """relu, gelu (erf), gelu_tanh, silu, relu_sq, tanh, sigmoid: torch's definitions; and the
+    gated forms' own maps of their gate / up columns (:data:`GATE_ACTIVATION`, :data:`UP_MAP`)."""
     if name == "relu":
         return torch.relu(x)
     if name == "gelu":
@@ -29,19 +30,27 @@ def activation_ref(name: str, x: torch.Tensor) -> torch.Tensor:
         return torch.tanh(x)
     if name == "sigmoid":
         return torch.sigmoid(x)
+    if name == "swiglu_oai_gate":
+        g = x.clamp(max=SWIGLU_OAI_LIMIT)
+        return g * torch.sigmoid(g * SWIGLU_OAI_ALPHA)
+    if name == "swiglu_oai_up":
+        return x.clamp(-SWIGLU_OAI_LIMIT, SWIGLU_OAI_LIMIT) + 1.0
     raise ValueError(f"activation must be one of {ACTIVATIONS}, got {name!r}")
 
 
 def gated_ref(name: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """A gated form's output from its gate and up columns: act(gate) * up (:data:`GATE_ACTIVATION`),
-    or gpt-oss's swiglu_oai, ``g * sigmoid(1.702 g) * (u + 1)`` with g = gate clamped above at 7,
-    u = up clamped to +-7."""
-    if name == "swiglu_oai":
-        g = gate.clamp(max=SWIGLU_OAI_LIMIT)
-        return g * torch.sigmoid(g * SWIGLU_OAI_ALPHA) * (up.clamp(-SWIGLU_OAI_LIMIT, SWIGLU_OAI_LIMIT) + 1.0)
+    """A gated form's output from its gate and up columns, act(gate) * up_map(up) (the kernels'
+    ``gated_out``): act by :data:`GATE_ACTIVATION`, up_map the identity but where :data:`UP_MAP`
+    names one (swiglu_oai: gpt-oss's ``g * sigmoid(1.702 g) * (u + 1)``, g = min(gate, 7), u =
+    clamp(up, -7, 7))."""
     if name not in GATE_ACTIVATION:
         raise ValueError(f"gated activation must be one of {GATED}, got {name!r}")
-    return activation_ref(GATE_ACTIVATION[name], gate) * up
+    return activation_ref(GATE_ACTIVATION[name], gate) * up_ref(name, up)
+
+
+def up_ref(name: str, up: torch.Tensor) -> torch.Tensor:
+    """The gated form's map of its up column (:data:`UP_MAP`; the identity elsewhere)."""
+    return activation_ref(UP_MAP[name], up) if name in UP_MAP else up
 
 
 def split_gate_up(y: torch.Tensor, gate_layout: str = "interleaved") -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,6 +123,13 @@ def act_backward(name: str, grad: torch.Tensor, z: torch.Tensor) -> torch.Tensor
         return torch.ops.aten.sigmoid_backward(grad, torch.sigmoid(z))
     if name == "relu_sq":
         return grad * (2.0 * torch.relu(z))
+    zero = grad.new_zeros(())  # the clamps: torch.clamp's gradient, zero where the clamp took the limit
+    if name == "swiglu_oai_gate":
+        s = torch.sigmoid(z.clamp(max=SWIGLU_OAI_LIMIT) * SWIGLU_OAI_ALPHA)
+        d = grad * (s + SWIGLU_OAI_ALPHA * activation_ref(name, z) * (1.0 - s))
+        return torch.where(z <= SWIGLU_OAI_LIMIT, d, zero)
+    if name == "swiglu_oai_up":
+        return torch.where((z >= -SWIGLU_OAI_LIMIT) & (z <= SWIGLU_OAI_LIMIT), grad, zero)
     raise NotImplementedError(f"no derivative for activation {name!r}")
 
 
@@ -134,27 +150,24 @@ def activation_grad(
 
 
 def gated_backward(activation: str, d, gate, up, a=None):
-    """(dgate, dup) of a gated form's output (:func:`gated_ref`) for its gradient d. ``a`` is
-    act(gate) when the caller has it (the act(gate) * up forms)."""
-    if activation == "swiglu_oai":  # torch.clamp's gradient: zero where the clamp took the limit
-        lim = SWIGLU_OAI_LIMIT
-        g = gate.clamp(max=lim)
-        s = torch.sigmoid(g * SWIGLU_OAI_ALPHA)
-        act = g * s
-        d_gate = d * (up.clamp(-lim, lim) + 1.0) * (s + SWIGLU_OAI_ALPHA * act * (1.0 - s))
-        zero = d.new_zeros(())
-        return torch.where(gate <= lim, d_gate, zero), torch.where((up >= -lim) & (up <= lim), d * act, zero)
+    """(dgate, dup) of a gated form's output (:func:`gated_ref`) for its gradient d; ``a`` is
+    act(gate) (:func:`gate_act`) when the caller has it."""
     act = GATE_ACTIVATION[activation]
-    return act_backward(act, d * up, gate), d * (activation_ref(act, gate) if a is None else a)
+    a = activation_ref(act, gate) if a is None else a
+    d_up = d * a
+    if activation in UP_MAP:
+        d_up = act_backward(UP_MAP[activation], d_up, up)
+    return act_backward(act, d * up_ref(activation, up), gate), d_up
 
 
 def gate_act(activation, gate):
-    """act(gate) of an act(gate) * up form, shared by H and dZ (None for swiglu_oai)."""
-    return activation_ref(GATE_ACTIVATION[activation], gate) if activation in GATE_ACTIVATION else None
+    """act(gate) of a gated form, shared by H and dZ."""
+    return activation_ref(GATE_ACTIVATION[activation], gate)
 
 
 def gated_h(activation, gate, up, a):
-    return gated_ref(activation, gate, up) if a is None else a * up
+    """H of a gated form from a = act(gate)."""
+    return a * up_ref(activation, up)
 
 
 def gated_dz(activation, d, gate, up, a, z, gate_layout):
