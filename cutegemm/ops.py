@@ -5,7 +5,8 @@
 Registering them makes cutegemm usable inside ``torch.compile(fullgraph=True)`` (each op has a
 fake implementation: output shape and dtype from the input shapes alone, never from offs'
 contents) and differentiable (``torch.library.register_autograd``). Importing this module only
-registers; it queries no device (``import cutegemm`` imports it).
+registers; it queries no device (``import cutegemm`` leaves it out: ``import cutegemm.ops``, or
+``cutegemm.moe`` / ``cutegemm.nn``, which use the ops).
 
 Schemas::
 
@@ -440,7 +441,7 @@ def _gemm_backward(ctx, grad):
         return None, None, None
     dz = _pre_activation_grad(a, b, bias, alpha, ctx.activation, grad)
     if need_bias:
-        dbias = dz.reshape(-1, dz.shape[-1]).sum(0).to(bias.dtype)
+        dbias = dz.flatten(0, -2).sum(0).to(bias.dtype)  # (flatten: zero-size dims too)
     dzk = dz.to(a.dtype)  # the kernels' operand dtype
     op = torch.ops.cutegemm.gemm
     if need_a:
@@ -448,7 +449,7 @@ def _gemm_backward(ctx, grad):
             L, M, N = dzk.shape
             da = op(
                 dzk.permute(1, 0, 2).reshape(M, L * N),
-                b.mT.reshape(L * N, -1),
+                b.mT.reshape(L * N, b.shape[-2]),
                 alpha=alpha,
                 out_dtype=a.dtype,
             )
@@ -456,8 +457,7 @@ def _gemm_backward(ctx, grad):
             da = op(dzk, b.mT, alpha=alpha, out_dtype=a.dtype)
     if need_b:
         if a.dim() == 3 and b.dim() == 2:  # b shared by every batch: sum over L
-            da3 = a.reshape(-1, a.shape[-1])
-            db = op(da3.mT, dzk.reshape(-1, dzk.shape[-1]), alpha=alpha, out_dtype=b.dtype)
+            db = op(a.flatten(0, -2).mT, dzk.flatten(0, -2), alpha=alpha, out_dtype=b.dtype)
         else:
             db = op(a.mT, dzk, alpha=alpha, out_dtype=b.dtype)
     return da, db, dbias  # one gradient per positional input (a, b, bias)

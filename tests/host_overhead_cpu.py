@@ -40,11 +40,10 @@ class _FakeCache:
         return self.kernel
 
 
-def _check_operand_cpu(name, t, dims=(2, 3)):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dim() not in dims:
-        raise ValueError(f"{name} must have {' or '.join(map(str, dims))} dims, got shape {tuple(t.shape)}")
+def _check_operand_cpu(name, t, dims=(2, 3), written=False):
+    from cutegemm.gemm.launch import check_tensor
+
+    check_tensor(name, t, dims, written)  # check_operand but the device
 
 
 def _is_initialized():

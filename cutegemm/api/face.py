@@ -204,6 +204,8 @@ def _grouped_route(fn, a, b, options: dict):
     if options.get("gather_index") is not None:
         if isinstance(a, BlockScaledTensor) or isinstance(b, BlockScaledTensor):
             raise ValueError("gather_index is for bf16 / fp16 / fp8 tensor operands, not BlockScaledTensor")
+        if not (isinstance(a, torch.Tensor) and a.dim() == 2 and isinstance(b, torch.Tensor) and b.dim() == 3):
+            raise ValueError("gather_index: the packed form only, a 2-D a (rows, K) and a 3-D b (E, K, N) tensor")
         if fn is packed.grouped_gemm_ref:
             return gathered_grouped_gemm_ref(a, b, run_ref=fn, **options)
         return gathered_grouped_gemm(a, b, run=fn, **options)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from numbers import Real
 from types import SimpleNamespace
 
 import torch
@@ -45,6 +46,7 @@ from .launch import (
     TORCH_TO_NAME,
     aligned_operand,
     check_activation,
+    check_config,
     check_operand,
     copy_unaligned_out,
     current_device,
@@ -161,7 +163,7 @@ def _check_args(a, b, out, out_dtype, gated: bool = False):
         n_out //= 2
     res_shape = torch.Size([*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], n_out])
     if out is not None:
-        check_operand("out", out)
+        check_operand("out", out, written=True)
         if out.shape != res_shape:
             raise ValueError(f"out must have shape {tuple(res_shape)}, got {tuple(out.shape)}")
         if out.dtype != out_dtype:
@@ -253,7 +255,8 @@ def _plan(
     blockwise = fp8 and len(vectors) == 2 and vectors[0] is not None and vectors[0].dim() == 2
     if fp8 and unit_mode(a3s) != 2:  # FP8 WGMMA reads K-major operands only: copy (rows padded to 16 bytes)
         a3s = rowmajor_operand(a3s)
-    if fp8 and unit_mode(b3s) != 1:
+    b_prefer = 1 if fp8 else 2  # (a size-1 N or K: either mode; FP8 takes K)
+    if fp8 and unit_mode(b3s, b_prefer) != 1:
         b3s = rowmajor_operand(b3s.mT).mT
     r3s = None if r3 is None else rowmajor_operand(r3)
     bias_s = None
@@ -261,7 +264,7 @@ def _plan(
         bias_s = bias if bias.stride(0) == 1 and bias.data_ptr() % TMA_ALIGN_BYTES == 0 else bias.clone()
     L, M, K = a3s.shape
     N = b3s.shape[2]  # GEMM columns (gated: 2 x the output's)
-    a_unit, b_unit = unit_mode(a3s), unit_mode(b3s)
+    a_unit, b_unit = unit_mode(a3s), unit_mode(b3s, b_prefer)
     a_major = "k" if a_unit == 2 else "m"
     b_major = "n" if b_unit == 2 else "k"
     # Kernel views: A (M, K, L), B (N, K, L), C (M, N, L).
@@ -383,10 +386,14 @@ def gemm(
     epilogue, fused into the GEMM.
 
     a: (M, K) or (L, M, K); b: (K, N) or (L, K, N) (a 2-D operand is shared by every batch);
-    any row- or column-major views with 16-byte aligned strides; bf16 or fp16, a.dtype == b.dtype.
-    out_dtype: torch.bfloat16 / float16 / float32 (default: a.dtype). ``out``: optional row-major
-    output of the result shape. ``config``: force a kernel configuration (must pass
-    can_implement); its ``epilogue`` is taken from the call's arguments when left at the default.
+    any views torch accepts (row- or column-major with 16-byte aligned strides are read in place;
+    others, e.g. slices with odd strides or offsets, stepped or expanded views, are copied into
+    such a layout first); bf16 or fp16, a.dtype == b.dtype. out_dtype: torch.bfloat16 / float16 /
+    float32 (default: ``out.dtype`` where ``out`` is given, else a.dtype). ``out``: optional
+    output of the result shape, any strides with no two elements at one address (one the TMA
+    store cannot write is computed into a scratch and copied in). ``config``: force a kernel
+    configuration (must pass can_implement); its ``epilogue`` is taken from the call's arguments
+    when left at the default.
 
     Epilogue (all in fp32, in this order; see ``cutegemm.epilogue.ops``):
     - ``alpha``: scales a @ b.
@@ -556,12 +563,15 @@ def gemm(
     if isinstance(alpha, torch.Tensor) or isinstance(beta, torch.Tensor):
         raise TypeError("alpha and beta must be Python numbers, not tensors (reading a tensor's value is a host "
                         "sync): pass float(t)")
+    if not (isinstance(alpha, Real) and isinstance(beta, Real)):
+        raise TypeError(f"alpha and beta must be real numbers, got {type(alpha).__name__} and {type(beta).__name__}")
+    check_config(config)
     plan, sources, scales = _plan(
         a, b, out, out_dtype, alpha, config, beta, c, bias, activation, user, vectors or (), fast_accum
     )
     user_out, out = out, sources[2]
-    if plan is None:  # empty output or K == 0
-        out = copy_unaligned_out(user_out, out) if quant is None else out
+    if plan is None:  # empty output or K == 0: computed in torch into the caller's out itself (c may be out)
+        out = user_out if user_out is not None and quant is None else out
         res = degenerate_result(out, b, quant, scales, gs, alpha, beta, c, bias, activation, epilogue, vectors)
         return res.contiguous() if user_out is None and quant is None else res  # an odd N's padded scratch
     # Cached only when the kernel writes the caller's out or a fresh compact one (no scratch copy).
@@ -630,13 +640,25 @@ def gemm_ref(
         raise ValueError(f"beta={beta} needs the residual tensor c")
     if beta != 0.0 and activation in GATED:
         raise ValueError(f"beta * c cannot be combined with the gated activation {activation!r}")
-    out_dtype = out_dtype or (torch.bfloat16 if a.dtype in TORCH_FP8 else a.dtype)
+    fp8 = a.dtype in TORCH_FP8
+    out_dtype = out_dtype or (torch.bfloat16 if fp8 else a.dtype)
     check_fp8_out(a.dtype, out_dtype)
-    if a.dtype in TORCH_FP8 and fp8_block_scales(a, b, scale_a, scale_b, kernel_layout=False) is not None:
+    if fp8 and not isinstance(out_dtype, str) and out_dtype not in OUT_TO_NAME and out_dtype != torch.float64:
+        raise TypeError(f"out_dtype of FP8 operands: torch.bfloat16, torch.float16, torch.float32 or an FP8 dtype (the "
+                        f"twin: float64 too), got {out_dtype}")  # fmt: skip
+    if fp8 and fp8_block_scales(a, b, scale_a, scale_b, kernel_layout=False) is not None:
+        if out_dtype in TORCH_FP8:
+            raise ValueError("an FP8 output takes per-tensor or row-wise scales, not block scales")
         acc = fp8_blockwise_ref(a, b, scale_a, scale_b, compute_dtype)  # DeepSeek block scales
         scale_a = scale_b = None
     else:
         acc = torch.matmul(a.to(compute_dtype), b.to(compute_dtype))
+        if fp8:  # validated and flattened as gemm's (one per row / column, or per tensor)
+            scale_a, scale_b = fp8_scales(a, b, scale_a, scale_b)
+        elif scale_a is not None or scale_b is not None:
+            raise not_fp8(a)
+    if out_dtype in TORCH_FP8 and activation in GATED:
+        raise ValueError(f"an FP8 output cannot be combined with the gated activation {activation!r}")
     if a.shape[-1] == 0:  # K = 0: a zero product, whatever the scales (torch._scaled_mm: zeros)
         scale_a = scale_b = None
     if scale_a is not None:  # FP8 scales: per row of a / per column of b, or per tensor

@@ -136,13 +136,31 @@ def build_dense(config: GemmConfig):
 
 
 DENSE_CACHE = KernelCache(build_dense)
-def check_operand(name: str, t, dims=(2, 3)):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+def check_operand(name: str, t, dims=(2, 3), written: bool = False):
+    """A dense (strided) CUDA tensor of ``dims`` dims (:func:`check_tensor`)."""
+    check_tensor(name, t, dims, written)
     if t.device.type != "cuda":
         raise ValueError(f"{name} must be a CUDA tensor, got device {t.device}")
+
+
+def check_tensor(name: str, t, dims=(2, 3), written: bool = False):
+    """A dense (strided) tensor of ``dims`` dims; ``written`` (an output): no two of its elements
+    at one address (a stride-0 mode, e.g. an ``expand``ed view), as torch refuses."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.layout != torch.strided or t.is_nested:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}{' (nested)' * t.is_nested}")
     if t.dim() not in dims:
         raise ValueError(f"{name} must have {' or '.join(map(str, dims))} dims, got shape {tuple(t.shape)}")
+    if written and any(st == 0 and size > 1 for size, st in zip(t.shape, t.stride(), strict=True)):
+        raise ValueError(f"{name}: more than one of its elements refers to one memory location (a stride-0 "
+                         "view); clone() it first")  # fmt: skip
+
+
+def check_config(config) -> None:
+    """A ``config=`` argument: None (the policy picks) or a GemmConfig (TypeError otherwise)."""
+    if config is not None and not isinstance(config, GemmConfig):
+        raise TypeError(f"config must be a cutegemm.GemmConfig (None: the policy's), got {type(config).__name__}")
 
 
 def kernel_view(t3: torch.Tensor, unit_mode: int, order: tuple[int, int, int], name: str):
@@ -165,12 +183,14 @@ def kernel_view(t3: torch.Tensor, unit_mode: int, order: tuple[int, int, int], n
     return tuple(t3.shape[i] for i in order), tuple(strides[i] for i in order)
 
 
-def unit_mode(t3: torch.Tensor) -> int | None:
-    """Which of modes 2 (cols) / 1 (rows) of a (L, rows, cols) tensor is contiguous."""
-    if t3.stride(2) == 1 or t3.shape[2] == 1:
-        return 2
-    if t3.stride(1) == 1 or t3.shape[1] == 1:
-        return 1
+def unit_mode(t3: torch.Tensor, prefer: int = 2) -> int | None:
+    """Which of modes 2 (cols) / 1 (rows) of a (L, rows, cols) tensor is contiguous (a size-1 mode
+    is, at any stride); ``prefer`` where both are (an FP8 B: 1, its K mode)."""
+    other = 3 - prefer
+    if t3.stride(prefer) == 1 or t3.shape[prefer] == 1:
+        return prefer
+    if t3.stride(other) == 1 or t3.shape[other] == 1:
+        return other
     return None
 
 
@@ -221,11 +241,12 @@ def tma_addressable(t: torch.Tensor, unit: int) -> bool:
     )
 
 
-def aligned_operand(t3: torch.Tensor) -> torch.Tensor:
+def aligned_operand(t3: torch.Tensor, prefer: int = 2) -> torch.Tensor:
     """t3 (L, rows, cols) itself when TMA can read it in place (a unit-stride mode,
     ``tma_addressable``), else a copy that it can: the same major mode, its leading dimension
-    padded to 16 bytes (a slice of a larger or odd-sized buffer, any strides torch accepts)."""
-    unit = unit_mode(t3)
+    padded to 16 bytes (a slice of a larger or odd-sized buffer, any strides torch accepts);
+    ``prefer``: :func:`unit_mode`'s."""
+    unit = unit_mode(t3, prefer)
     if unit is not None and tma_addressable(t3, unit):
         return t3
     if unit == 1:  # column-major: keep the rows contiguous, pad the columns' stride

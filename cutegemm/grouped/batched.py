@@ -176,8 +176,9 @@ def grouped_3d(a, b, offs, run, **options):
         options.pop("check_offs", None)
         bias = options.get("bias")
         per_group_bias = isinstance(bias, torch.Tensor) and tuple(bias.shape) != (b.shape[-1],)
-        if fp8 or per_group_bias or (config is not None and config.form == Form.GROUPED):
-            return _packed_3d3d(a, b, options, run)
+        scaled = options.get("scale_a") is not None or options.get("scale_b") is not None
+        if fp8 or scaled or per_group_bias or (config is not None and config.form == Form.GROUPED):
+            return _packed_3d3d(a, b, options, run)  # (16-bit scale_a: the packed form's per-row output scale)
         kw = {k: v for k, v in options.items() if k not in ("scale_a", "scale_b", "fast_accum")}
         return gemm(a, b, **kw)  # the dense path's batched GEMM
     _no_extras("3d x 2d", options, ("activation",))
@@ -186,6 +187,7 @@ def grouped_3d(a, b, offs, run, **options):
         raise ValueError(f"the 3d x 2d form takes activation None or one of {ACTIVATIONS} (no gated ones), got {act!r}")
     out = options.pop("out", None)
     sa, sb = options.pop("scale_a", None), options.pop("scale_b", None)
+    _fp8_scales_only(a, sa, sb)
     total_n = b.shape[1]
     # out^T (total_N, M) = b^T (total_N, K) x a^T (G, K, M), grouped over the rows of b^T
     bt, at, out_dtype = transposed_operands(a, b, options.get("out_dtype"), out)
@@ -203,6 +205,14 @@ def grouped_3d(a, b, offs, run, **options):
     return out
 
 
+def _fp8_scales_only(a, sa, sb) -> None:
+    """The 3d x 2d form's scales are FP8 ones: with 16-bit operands (the packed form's per-row output
+    scale would fall on out's columns here) they are refused."""
+    if a.dtype not in TORCH_FP8 and (sa is not None or sb is not None):
+        raise ValueError("scale_a / scale_b in the 3d x 2d form are FP8 scales (float8_e4m3fn operands); with "
+                         f"{a.dtype} operands scale the result instead")  # fmt: skip
+
+
 def grouped_3d_ref(a, b, offs, run_ref, **options):
     """The reference twin of :func:`grouped_3d`: the same rewriting, on the packed form's
     reference ``run_ref``."""
@@ -213,6 +223,7 @@ def grouped_3d_ref(a, b, offs, run_ref, **options):
         res = run_ref(a.reshape(G * M, K), b, offs=batch_offs(G, M, a.device), scale_a=sa, **options)
         return res.view(G, M, res.shape[-1])
     sa, sb = options.pop("scale_a", None), options.pop("scale_b", None)
+    _fp8_scales_only(a, sa, sb)
     return run_ref(b.t(), a.mT, offs=offs, scale_a=sb, scale_b=sa, **options).t()
 
 

@@ -8,9 +8,10 @@ reads the tokens as they are.
 Routes (one per call):
 - the gather kernel (``GemmConfig.gather_a``; sm_90a: cp.async row loads, sm_100a: the TMA
   unit's gather4 mode, compiled and SASS-checked only): bf16 / fp16 ``x`` row-major with 16-byte
-  aligned rows, K a multiple of 64, ``w`` (E, K, N) with K or N contiguous, options ``alpha``,
-  ``activation`` (elementwise, or gated on interleaved gate/up columns),
-  ``out_dtype`` (bf16 / fp16 / fp32) and an ``out`` the TMA store can write. No host sync; the
+  aligned rows, K a multiple of 64, ``w`` (E, K, N) with K or N contiguous and its other strides
+  16-byte multiples, options ``alpha``, ``activation`` (elementwise, or gated on interleaved
+  gate/up columns), ``out_dtype`` (bf16 / fp16 / fp32) and an ``out`` the TMA store can write
+  (none given: output rows of whole 16-byte pieces). No host sync; the
   index is read on the device. A row whose index lies outside [0, x.shape[0]) gets unspecified
   values (sm_90a clamps the index into x, sm_100a's TMA reads zeros), and no load leaves x:
   ``check_offs=True`` checks offs and the index on the host (a sync) instead. sm_100a reads the
@@ -36,6 +37,7 @@ from ..gemm.launch import (
     current_device,
     kernel_view,
     new_workspace,
+    tma_addressable,
     tma_storable,
 )
 from ..gemm.sm100.gather import INDEX_PAD
@@ -115,7 +117,12 @@ def _kernel_route(a, b, options, rows: int = -1, archs=("sm_90a", "sm_100a")) ->
         return False
     if not (b.stride(2) == 1 or b.stride(1) == 1) or (act in GATED and N % 2):
         return False
+    if not tma_addressable(b, 2 if b.stride(2) == 1 else 1):  # the kernel reads b in place (no staging copy)
+        return False
     if out is not None and not (isinstance(out, torch.Tensor) and tma_storable(out)):
+        return False
+    n_out = N // 2 if act in GATED else N
+    if out is None and (n_out * (out_dtype or a.dtype).itemsize) % 16:  # the output it makes: whole 16-byte rows
         return False
     arch = device_info(a.device.index)[0]
     if options.get("preact_out") is not None:

@@ -62,7 +62,7 @@ def _kgrouped_out(out, shape, out_dtype, device, offs, K, check_offs):
     against K when asked (a host sync)."""
     if out is None:
         out = torch.empty(shape, dtype=out_dtype, device=device)
-    elif check_operand("out", out, dims=(3,)) or out.shape != shape or out.dtype != out_dtype:
+    elif check_operand("out", out, dims=(3,), written=True) or out.shape != shape or out.dtype != out_dtype:
         raise ValueError(f"out must be an ({shape[0]}, {shape[1]}, {shape[2]}) {out_dtype} tensor")
     if check_offs:
         check_offs_values(offs, K)

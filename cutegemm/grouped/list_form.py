@@ -49,8 +49,6 @@ def grouped_list(a_list, b_list, *, offs, out_dtype, alpha, activation=None):
         raise ValueError("offs is not used with lists of tensors")
     if not isinstance(a_list, (list, tuple)) or not isinstance(b_list, (list, tuple)) or len(a_list) != len(b_list):
         raise ValueError("the list form takes two lists of equal length")
-    if a_list and len({t.dtype for t in [*a_list, *b_list]}) != 1:
-        raise TypeError("all groups must share one dtype")
     a_shapes, b_shapes = [], []
     for i, (x, w) in enumerate(zip(a_list, b_list, strict=True)):
         if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor) or x.dim() != 2 or w.dim() != 2:
@@ -60,6 +58,8 @@ def grouped_list(a_list, b_list, *, offs, out_dtype, alpha, activation=None):
             raise ValueError(f"group {i}: shapes do not match: a (M, K={sa[1]}) and b (K={sb[0]}, N)")
         a_shapes.append(sa)
         b_shapes.append(sb)
+    if a_list and len({t.dtype for t in [*a_list, *b_list]}) != 1:
+        raise TypeError("all groups must share one dtype")
     outs = list_launch(list(a_list), list(b_list), out_dtype, alpha, activation=activation, shapes=(a_shapes, b_shapes),
                        plan_key=key)  # fmt: skip
     if outs is not None:

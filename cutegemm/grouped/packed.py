@@ -12,8 +12,9 @@ Forms:
   map is computed on the device from offs, so there is no host sync and the call can be captured
   in a CUDA graph and replayed with new offs contents. Rows at or past ``offs[-1]`` are not
   written. offs contents are not checked on this path (that would need a sync): bad offsets are
-  clamped into [0, total_M] and made non-decreasing per expert, so the kernel stays memory-safe;
-  ``check_offs=True`` validates them with a sync and raises ValueError.
+  clamped into [0, total_M] (expert e's rows are [offs[e-1], max(offs[e], offs[e-1])), so with
+  decreasing offsets two experts' rows can overlap; the results are then unspecified) and the
+  kernel stays memory-safe; ``check_offs=True`` validates them with a sync and raises ValueError.
 
   Epilogues (packed form, one kernel, the dense formulas of :mod:`cutegemm.epilogue.ops` per
   expert): ``bias`` (E, N) per expert and GEMM column (or (N,) shared by every expert),
@@ -75,6 +76,7 @@ and :mod:`cutegemm.grouped.list_form`.
 from __future__ import annotations
 
 from dataclasses import replace
+from numbers import Real
 from types import SimpleNamespace
 
 import torch
@@ -96,6 +98,7 @@ from ..gemm.launch import (
     aligned_operand,
     c_major_of,
     check_activation,
+    check_config,
     check_offs_values,
     check_operand,
     current_device,
@@ -112,6 +115,7 @@ from ..gemm.launch import (
     rowmajor_operand,
     stores_m_major,
     tma_storable,
+    unit_mode,
 )
 from ..policy import policy_for
 from ..runtime.device import device_info, max_clusters_for
@@ -256,7 +260,7 @@ def _plan_packed(a, b, offs, out, out_dtype, alpha, config, epi_in: _Epi, fast_a
     total_m = a.shape[0]
     if a.stride(1) != 1 and K > 1:
         raise ValueError("a must be row-major (stride 1 along K) for the packed grouped form")
-    b_unit = 2 if (b.stride(2) == 1 or N == 1) else 1 if (b.stride(1) == 1 or K == 1) else None
+    b_unit = unit_mode(b, 1 if a.dtype in TORCH_FP8 else 2)  # (FP8 reads B K-major: K where N is 1)
     if b_unit is None:
         raise ValueError("b must have a contiguous K or N dim (e.g. (E, K, N) or (E, N, K).transpose(1, 2))")
     # An out the caller gave M-major (grouped_gemm checked stores_m_major): config.c_major "m"
@@ -447,8 +451,15 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
         if activation is not None and activation not in ACTIVATIONS:
             raise ValueError(f"the list form takes activation None or one of {ACTIVATIONS} (no gated ones), got {activation!r}")
         _no_epilogue("the list form", bias, None, epilogue, out_global_scale, scale_a, scale_b, out_dtype)
+        extra = {"out": out is not None, "config": config is not None, "check_offs": bool(check_offs),
+                 "epilogue_args": bool(epilogue_args), "gate_layout": gate_layout != "interleaved",
+                 "fast_accum": bool(fast_accum)}  # fmt: skip
+        if any(extra.values()):
+            raise ValueError(f"the list form takes out_dtype, alpha and activation only (it returns new outputs), got "
+                             f"{[k for k, v in extra.items() if v]}")  # fmt: skip
         return grouped_list(a, b, offs=offs, out_dtype=out_dtype, alpha=alpha, activation=activation)
     elif isinstance(a, torch.Tensor) and a.dim() == 3:  # torch._grouped_mm's 3d x 3d and 3d x 2d forms
+        check_config(config)
         if offs is None and not epilogue_inputs and config is None and a.dtype not in TORCH_FP8:
             return batched_dense(a, b, out, out_dtype, alpha)  # grouped_3d's route for these options
         res = grouped_3d(a, b, offs, grouped_gemm, out=out, out_dtype=out_dtype, alpha=alpha, bias=bias,
@@ -464,9 +475,12 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
         return res
     fp8 = getattr(a, "dtype", None) == torch.float8_e4m3fn
     if plan is None:
+        check_config(config)
         if isinstance(alpha, torch.Tensor):
             raise TypeError("alpha must be a Python number, not a tensor (reading its value is a host sync): "
                             "pass float(alpha)")
+        if not isinstance(alpha, Real):
+            raise TypeError(f"alpha must be a real number, got {type(alpha).__name__}")
         check_operand("a", a, dims=(2,))
         check_operand("b", b, dims=(2, 3))
         if offs is None:
@@ -543,7 +557,7 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
     elif out is None:
         out = torch.empty(total_m, n_out, dtype=out_dtype, device=a.device)
     else:
-        check_operand("out", out, dims=(2,))
+        check_operand("out", out, dims=(2,), written=True)
         if out.shape != (total_m, n_out) or out.dtype != out_dtype or out.device != a.device:
             raise ValueError(f"out must be a ({total_m}, {n_out}) {out_dtype} tensor on {a.device}")
     if check_offs:
@@ -554,14 +568,16 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
 
     if E == 0 or total_m == 0 or n_out == 0:
         return result()
-    if K == 0:
+    if K == 0:  # the epilogue of a zero product; rows at or past offs[-1] keep their values (no sync)
         if bias is None and activation is None and epilogue is None and quant is None:
-            return out.zero_()
-        ref = grouped_gemm_ref(a, b, offs=offs, out_dtype=out_dtype, alpha=alpha, bias=bias, activation=activation,
-                               epilogue=epilogue, epilogue_args=epilogue_args, out_global_scale=out_global_scale)  # fmt: skip
-        if quant is not None:
-            return ref
-        return out.copy_(ref)
+            ref = torch.zeros((), dtype=out.dtype, device=out.device)
+        else:
+            ref = grouped_gemm_ref(a, b, offs=offs, out_dtype=out_dtype, alpha=alpha, bias=bias, activation=activation,
+                                   epilogue=epilogue, epilogue_args=epilogue_args, out_global_scale=out_global_scale)  # fmt: skip
+            if quant is not None:
+                return ref
+        rows = torch.arange(total_m, device=out.device).unsqueeze(1) < offs[-1].to(out.device)
+        return out.copy_(torch.where(rows, ref, out))
     # The staging route (layouts TMA cannot address, as torch accepts them): a row-major copy of a
     # (its rows padded to 16 bytes), b with its leading dimension padded (FP8: K-major), and an
     # out the TMA store cannot write computed into a padded scratch that starts as a copy of out
@@ -570,7 +586,7 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
     a = rowmajor_operand(a)
     if fp8 and b.stride(1) != 1 and K > 1:
         b = padded_rows((E, N, K), b.dtype, b.device).copy_(b.mT).mT  # FP8 WGMMA reads B K-major
-    b = aligned_operand(b)
+    b = aligned_operand(b, 1 if fp8 else 2)
     # An M-major out (e.g. the 3d x 2d form's transposed result) is stored M-major in place where
     # the kernel can (config.c_major "m"); else a row-major scratch and a copy.
     m_major = (packed_m_major() and user_out_given and not gated and not (config is not None and config.swap_ab)

@@ -33,32 +33,35 @@ def grouped_gemm_ref(a, b, *, offs=None, out_dtype=None, alpha: float = 1.0, bia
                               scale_b=scale_b, compute_dtype=compute_dtype)  # fmt: skip
     fp8 = a.dtype in TORCH_FP8
     out_dtype = out_dtype or (torch.bfloat16 if fp8 else a.dtype)
+    if not isinstance(offs, torch.Tensor) or offs.dim() != 1:
+        raise TypeError("offs must be a 1-D integer tensor (cumulative end of every group)")
     bounds = offs.tolist()
     if b.dim() == 3:
         E, _, N = b.shape
+        if len(bounds) != E:
+            raise ValueError(f"offs has {len(bounds)} entries but b has {E} experts")
+        rows = expert_rows(bounds, a.shape[0])  # the kernel's clamping of bad offsets
         gated = activation in GATED
         acc = torch.zeros(a.shape[0], N, dtype=compute_dtype, device=a.device)
         blockwise = isinstance(scale_b, torch.Tensor) and scale_b.dim() == 3  # DeepSeek 1x128 / 128x128
-        prev = 0
-        for e, end in enumerate(bounds):
+        for e, (prev, end) in enumerate(rows):
             if blockwise:
                 acc[prev:end] = fp8_blockwise_ref(a[prev:end], b[e], scale_a[prev:end], scale_b[e], compute_dtype)
             else:
                 acc[prev:end] = a[prev:end].to(compute_dtype) @ b[e].to(compute_dtype)
-            prev = end
-        if blockwise:
-            scale_a = scale_b = None  # applied per block above
+        if blockwise or a.shape[1] == 0:  # applied per block above; K = 0: a zero product whatever the scales
+            scale_a = scale_b = None
         if scale_a is not None:
             sa = scale_a.to(compute_dtype).reshape(-1)
             acc = acc * (sa if sa.numel() == 1 else sa.unsqueeze(-1))
         n_out = N // 2 if gated else N
         res = torch.zeros(a.shape[0], n_out, dtype=compute_dtype, device=a.device)
+        last = rows[-1][1] if rows else 0
         if epilogue is not None:
             y = acc * alpha if alpha != 1.0 else acc
-            res[: bounds[-1] if bounds else 0] = apply_user_ref(epilogue, y, tuple(epilogue_args))[: bounds[-1] if bounds else 0]
+            res[:last] = apply_user_ref(epilogue, y, tuple(epilogue_args))[:last]
         else:
-            prev = 0
-            for e, end in enumerate(bounds):
+            for e, (prev, end) in enumerate(rows):
                 if end > prev:
                     y = acc[prev:end]
                     if scale_b is not None:
@@ -66,7 +69,6 @@ def grouped_gemm_ref(a, b, *, offs=None, out_dtype=None, alpha: float = 1.0, bia
                     bias_e = None if bias is None else _expert_row(bias, e, E, N, compute_dtype)
                     res[prev:end] = epilogue_ref(y, alpha=alpha, bias=bias_e, activation=activation,
                                                  gate_layout=gate_layout)  # fmt: skip
-                prev = max(prev, end)
         if isinstance(out_dtype, str):
             gs = global_scale(out_dtype, out_global_scale, res.device)
             return quantize_ref(res.float(), out_dtype, global_scale=gs)

@@ -1,0 +1,228 @@
+"""Inputs a random search of the public host paths found mishandled (each case: what torch does, and
+what cutegemm now does), on the CPU: the whole host path of every call runs with the compiled
+kernels replaced by tests/emulated_kernel.py, into NaN-poisoned outputs where an output is given.
+Wrong values (K = 0 with c being out; a dropped 16-bit scale_a; rows past offs[-1] written), valid
+inputs refused (FP8 with N = 1, torch's padded one-block scale_b, gather_index over a weight the
+gather kernel cannot read in place) and internal errors in place of clear ones."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import cutegemm
+import cutegemm.ops  # noqa: F401  (registers torch.ops.cutegemm)
+
+from ..emulated_kernel import emulated_kernels
+
+BF, E4 = torch.bfloat16, torch.float8_e4m3fn
+
+
+def _offs(*ends):
+    return torch.tensor(ends, dtype=torch.int32)
+
+
+def _randn(*shape, dtype=BF, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+# ---------------------------------------------------------------------------------------------- dense
+
+
+@pytest.mark.parametrize("view", ["stepped", "odd_rows"])
+def test_k0_with_c_being_out_that_needs_a_scratch(view):
+    """K = 0, ``c=out`` and an out the TMA store cannot write (a stepped view; rows of 6 bytes):
+    beta * c (+ bias), as torch.addmm; it read the never-written scratch copied over c before."""
+    a, b = _randn(4, 0), _randn(0, 3)
+    buf = torch.full((4, 6), float("nan"), dtype=BF)
+    out = buf[:, ::2] if view == "stepped" else torch.empty(4, 3, dtype=BF)
+    out.copy_(_randn(4, 3, seed=1))
+    c0, bias = out.clone(), _randn(3, seed=2)
+    with emulated_kernels():
+        res = cutegemm.gemm(a, b, out=out, beta=0.5, c=out, bias=bias)
+    assert res is out
+    torch.testing.assert_close(out, torch.addmm(bias.float(), a.float(), b.float(), beta=1).add(0.5 * c0.float()).to(BF))
+    if view == "stepped":
+        assert torch.isnan(buf[:, 1::2]).all()
+
+
+@pytest.mark.parametrize("shapes", [((3, 5), (5, 0), (0,)), ((2, 3, 0), (0, 4)), ((3, 5), (2, 5, 0)), ((2, 0, 5), (5, 4))],
+                         ids=["n0_bias", "3dx2d_k0", "2dx3d_n0", "m0"])  # fmt: skip
+def test_op_backward_with_zero_size_dims(shapes):
+    """torch.ops.cutegemm.gemm's backward where a dimension is 0: zero-size or zero gradients, as
+    torch.matmul's (it raised reshaping a 0-element tensor with a -1)."""
+    args = [_randn(*s, seed=i).requires_grad_() for i, s in enumerate(shapes)]
+    torch.ops.cutegemm.gemm(*args).sum().backward()
+    ref = [x.detach().double().requires_grad_() for x in args]
+    (torch.matmul(ref[0], ref[1]) + (ref[2] if len(ref) > 2 else 0)).sum().backward()
+    for x, r in zip(args, ref, strict=True):
+        assert x.grad.shape == r.grad.shape
+        torch.testing.assert_close(x.grad.double(), r.grad)
+
+
+def test_bad_inputs_get_clear_errors():
+    a, b = _randn(16, 32), _randn(32, 16)
+    with emulated_kernels():
+        with pytest.raises(ValueError, match="one memory location"):  # torch refuses it too
+            cutegemm.gemm(a, b, out=torch.zeros(1, 16, dtype=BF).expand(16, 16))
+        with pytest.raises(TypeError, match="dense \\(strided\\)"):
+            cutegemm.gemm(a.to_sparse(), b)
+        with pytest.raises(TypeError, match="real numbers"):
+            cutegemm.gemm(a, b, alpha="2")
+        with pytest.raises(TypeError, match="config must be a cutegemm.GemmConfig"):
+            cutegemm.gemm(a, b, config="x")
+        offs = _offs(8, 16)
+        with pytest.raises(TypeError, match="config must be a cutegemm.GemmConfig"):
+            cutegemm.grouped_gemm(a, _randn(2, 32, 16), offs=offs, config="x")
+        with pytest.raises(TypeError, match="config must be a cutegemm.GemmConfig"):
+            cutegemm.grouped_gemm(_randn(2, 8, 32), _randn(2, 32, 16), config="x")
+        with pytest.raises(TypeError, match="config must be a cutegemm.GemmConfig"):
+            cutegemm.grouped_gemm(a.t(), _randn(16, 8), offs=offs, config="x")  # K-grouped
+        with pytest.raises(TypeError, match="alpha must be a real number"):
+            cutegemm.grouped_gemm(a, _randn(2, 32, 16), offs=offs, alpha=None)
+        with pytest.raises(ValueError, match="group 0"):
+            cutegemm.grouped_gemm([1.0], [b])
+        with pytest.raises(ValueError, match="gather_index: the packed form only"):
+            cutegemm.grouped_gemm([a], [b], gather_index=torch.zeros(3, dtype=torch.int32))
+        with pytest.raises(ValueError, match="gather_index: the packed form only"):
+            cutegemm.grouped_gemm(_randn(2, 8, 32), _randn(2, 32, 16), offs=offs,
+                                  gather_index=torch.zeros(3, dtype=torch.int32))  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------- grouped
+
+
+@pytest.mark.parametrize("w_layout", ["transposed_n5", "rowmajor_n5", "rowmajor_n12_gated"])
+def test_gather_index_over_layouts_the_kernel_cannot_read(w_layout):
+    """gather_index with a weight whose strides are not 16-byte multiples (N = 5), or an output of
+    rows that are not (gated N' = 6): the copy route (x[idx] and the packed form, which stages such
+    layouts), as torch._grouped_mm(x[idx], w) computes; the gather route refused these."""
+    x, idx, offs = _randn(4, 64), torch.tensor([2, 0, 1, 3, 3], dtype=torch.int32), _offs(3, 5)
+    act = "swiglu" if w_layout.endswith("gated") else None
+    n = 12 if act else 5
+    w = _randn(2, n, 64, seed=1).transpose(1, 2) if w_layout.startswith("transposed") else _randn(2, 64, n, seed=1)
+    with emulated_kernels():
+        got = cutegemm.grouped_gemm(x, w, offs=offs, gather_index=idx, activation=act)
+    ref = cutegemm.grouped_gemm_ref(x[idx.long()], w, offs=offs, activation=act)
+    torch.testing.assert_close(got.float(), ref.float(), atol=0.05, rtol=0.02)
+
+
+@pytest.mark.parametrize("case", ["bf16", "bf16_bias_relu", "fp8", "3d_x_2d"])
+def test_k0_leaves_rows_past_offs_alone(case):
+    """K = 0 into a given out: the epilogue of a zero product in rows below offs[-1] (columns, in
+    the 3d x 2d form), the rest of out untouched (it zeroed or overwrote all of it)."""
+    kw = {}
+    if case == "3d_x_2d":
+        a, b, offs = _randn(2, 4, 0), _randn(0, 10), _offs(3, 7)
+        out = torch.full((4, 10), float("nan"), dtype=BF)
+    else:
+        dtype = E4 if case == "fp8" else BF
+        a, b, offs = torch.zeros(8, 0, dtype=dtype), torch.zeros(2, 0, 6, dtype=dtype), _offs(2, 5)
+        out = torch.full((8, 6), float("nan"), dtype=BF)
+        if case == "fp8":
+            kw = dict(scale_a=torch.ones(8), scale_b=torch.ones(2, 6))
+        if case == "bf16_bias_relu":
+            kw = dict(bias=torch.full((2, 6), 2.0, dtype=BF), activation="relu")
+    with emulated_kernels():
+        cutegemm.grouped_gemm(a, b, offs=offs, out=out, **kw)
+    written = out[:, :7] if case == "3d_x_2d" else out[:5]
+    rest = out[:, 7:] if case == "3d_x_2d" else out[5:]
+    assert torch.equal(written, torch.full_like(written, 2.0 if kw.get("bias") is not None else 0.0))
+    assert torch.isnan(rest).all()
+
+
+def test_grouped_ref_k0_with_infinite_scales_is_zero():
+    """K = 0: a zero product whatever the scales (torch._scaled_mm: zeros), as the dense twin."""
+    a, b = torch.zeros(8, 0, dtype=E4), torch.zeros(2, 0, 32, dtype=E4)
+    res = cutegemm.grouped_gemm_ref(a, b, offs=_offs(2, 4), scale_a=torch.full((8,), float("inf")),
+                                    scale_b=torch.ones(2, 32))  # fmt: skip
+    assert torch.equal(res[:4].float(), torch.zeros(4, 32))
+
+
+def test_3d_x_3d_16_bit_scale_a_is_applied():
+    """3d x 3d bf16 with scale_a (a per-row output scale): it was dropped on the way to the batched
+    dense GEMM (its twin applied it)."""
+    a, b, sa = _randn(2, 8, 16), _randn(2, 16, 8, seed=1), torch.rand(2, 8) + 0.5
+    with emulated_kernels():
+        got = cutegemm.grouped_gemm(a, b, scale_a=sa)
+    ref = (torch.bmm(a.float(), b.float()) * sa.unsqueeze(-1)).to(BF)
+    torch.testing.assert_close(got, ref)
+    torch.testing.assert_close(cutegemm.grouped_gemm_ref(a, b, scale_a=sa), ref)
+
+
+@pytest.mark.parametrize("scale", ["scale_a", "scale_b"])
+def test_3d_x_2d_refuses_16_bit_scales(scale):
+    """The 3d x 2d form's scales are FP8 ones; 16-bit scale_a got a misleading error and scale_b
+    was applied per column of out, undocumented: both refused, by the twin too."""
+    a, b, offs = _randn(2, 4, 16), _randn(16, 10), _offs(3, 10)
+    kw = {scale: torch.ones(4 if scale == "scale_a" else 10)}
+    for fn in (cutegemm.grouped_gemm, cutegemm.grouped_gemm_ref):
+        with emulated_kernels(), pytest.raises(ValueError, match="FP8 scales"):
+            fn(a, b, offs=offs, **kw)
+
+
+@pytest.mark.parametrize("option", ["out", "config", "check_offs", "epilogue_args", "gate_layout", "fast_accum"])
+def test_list_form_refuses_options_it_does_not_take(option):
+    """The list form returns new outputs and takes out_dtype / alpha / activation only: the other
+    options were ignored without a word."""
+    a, b = _randn(4, 8), _randn(8, 6)
+    value = {"out": torch.empty(4, 6, dtype=BF), "config": cutegemm.GemmConfig(arch="sm_90a"), "check_offs": True,
+             "epilogue_args": (torch.ones(6),), "gate_layout": "halves", "fast_accum": True}[option]  # fmt: skip
+    with emulated_kernels(), pytest.raises(ValueError, match="the list form takes"):
+        cutegemm.grouped_gemm([a], [b], **{option: value})
+
+
+# ---------------------------------------------------------------------------------------------- FP8
+
+
+def test_padded_one_block_scale_b():
+    """FP8 block scales of one K block and one N block in torch's padded layout (scale_b (4, 1),
+    the padding inf): per-row x per-tensor scales, in gemm and its twin (refused before)."""
+    a, b = _randn(64, 64, dtype=E4), _randn(80, 64, dtype=E4, seed=1).t()
+    sa = torch.rand(64, 1) + 0.5
+    sb = torch.tensor([[0.5], [float("inf")], [float("inf")], [float("inf")]])
+    ref = cutegemm.gemm_ref(a, b, scale_a=sa, scale_b=sb[:1])
+    with emulated_kernels():
+        got = cutegemm.gemm(a, b, scale_a=sa, scale_b=sb)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, ref)
+    assert torch.equal(cutegemm.gemm_ref(a, b, scale_a=sa, scale_b=sb), ref)
+
+
+@pytest.mark.parametrize("form", ["dense_t", "dense_contiguous", "grouped", "3d_x_2d_m1"])
+def test_fp8_with_one_column(form):
+    """FP8 with N = 1 (or M = 1 in the 3d x 2d form, its packed N): B is read K-major, as FP8
+    needs (a size-1 N mode was taken for B's unit-stride one and the call refused)."""
+    one = torch.ones(1)
+    with emulated_kernels():
+        if form.startswith("dense"):
+            a = _randn(8, 64, dtype=E4)
+            w = _randn(1, 64, dtype=E4, seed=1).t() if form == "dense_t" else _randn(64, 1, dtype=E4, seed=1)
+            got, ref = cutegemm.gemm(a, w, scale_a=one, scale_b=one), cutegemm.gemm_ref(a, w, scale_a=one, scale_b=one)
+        elif form == "grouped":
+            a, w = _randn(8, 64, dtype=E4), _randn(2, 1, 64, dtype=E4, seed=1).transpose(1, 2)
+            kw = dict(offs=_offs(4, 8), scale_a=torch.ones(8), scale_b=torch.ones(2, 1))
+            got, ref = cutegemm.grouped_gemm(a, w, **kw), cutegemm.grouped_gemm_ref(a, w, **kw)
+        else:
+            a, w = _randn(2, 1, 64, dtype=E4), _randn(10, 64, dtype=E4, seed=1).t()
+            kw = dict(offs=_offs(3, 10), scale_a=torch.ones(2, 1), scale_b=torch.ones(10))
+            got, ref = cutegemm.grouped_gemm(a, w, **kw), cutegemm.grouped_gemm_ref(a, w, **kw)
+    torch.testing.assert_close(got.float(), ref.float(), atol=0.1, rtol=0.02)
+
+
+@pytest.mark.parametrize("kw,error,match", [
+    (dict(scale_a=torch.ones(33, 1), scale_b=torch.ones(1, 80)), ValueError, "scale_a must have 1 or 64"),
+    (dict(scale_a=1.0, scale_b=1.0), TypeError, "scale_a must be a torch.Tensor"),
+    (dict(scale_a=torch.ones(64, 1, dtype=torch.float16), scale_b=torch.ones(1, 80)), TypeError, "float32"),
+    (dict(scale_a=torch.ones(64, 1), scale_b=torch.ones(1, 80), out_dtype=torch.int32), TypeError, "out_dtype"),
+], ids=["scale_shape", "float_scales", "fp16_scales", "int_out"])  # fmt: skip
+def test_gemm_ref_checks_fp8_arguments_as_gemm(kw, error, match):
+    """gemm_ref ("same arguments, same rules") refuses what gemm refuses, with its error (it raised
+    torch's broadcasting errors, an AttributeError, or computed)."""
+    a, b = _randn(64, 64, dtype=E4), _randn(80, 64, dtype=E4, seed=1).t()
+    with pytest.raises(error, match=match):
+        cutegemm.gemm_ref(a, b, **kw)
+    with emulated_kernels(), pytest.raises(error, match=match):
+        cutegemm.gemm(a, b, **kw)
+    with pytest.raises(ValueError, match="for FP8 inputs"):
+        cutegemm.gemm_ref(_randn(4, 8), _randn(8, 4), scale_a=torch.ones(4))
