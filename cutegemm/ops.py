@@ -246,10 +246,10 @@ def _gated_grads_torch(activation, dh, z, gate_layout, want_h=True):
     cd = _compute_dtype(z.dtype)
     gate, up = split_gate_up(z.to(cd), gate_layout)
     a = gate_act(activation, gate)
-    h = gated_h(activation, gate, up, a).to(z.dtype) if want_h else None
+    h = gated_h(activation, gate, up, a).to(z.dtype).contiguous() if want_h else None  # row-major, as the kernel's
     if dh is None:
         return h, None
-    return h, gated_dz(activation, dh.to(cd), gate, up, a, z, gate_layout)
+    return h, gated_dz(activation, dh.to(cd), gate, up, a, z, gate_layout).contiguous()
 
 
 @torch.library.custom_op("cutegemm::swiglu", mutates_args=())
@@ -275,7 +275,7 @@ def _(z, gate_layout):
 
 @swiglu_grads.register_fake
 def _(dh, z, gate_layout):
-    return z.new_empty(z.shape[:-1] + (z.shape[-1] // 2,)), torch.empty_like(z)
+    return z.new_empty(z.shape[:-1] + (z.shape[-1] // 2,)), z.new_empty(z.shape)
 
 
 def routed_gated_grads(activation: str, dhp: torch.Tensor, z: torch.Tensor, w: torch.Tensor,
@@ -299,7 +299,8 @@ def _routed_grads_torch(activation, dhp, z, w, gate_layout):
     h = gated_h(activation, gate, up, a)
     g = dhp.to(cd)
     wc = w.to(cd).unsqueeze(-1)
-    return (h * wc).to(z.dtype), gated_dz(activation, g * wc, gate, up, a, z, gate_layout), (g * h).sum(-1)
+    dz = gated_dz(activation, g * wc, gate, up, a, z, gate_layout)
+    return (h * wc).to(z.dtype).contiguous(), dz.contiguous(), (g * h).sum(-1)  # row-major, as the kernel's
 
 
 @torch.library.custom_op("cutegemm::routed_swiglu_grads", mutates_args=())
@@ -313,8 +314,8 @@ def routed_swiglu_grads(dhp: torch.Tensor, z: torch.Tensor, w: torch.Tensor,
 
 
 @routed_swiglu_grads.register_fake
-def _(dhp, z, w, gate_layout):
-    return torch.empty_like(dhp), torch.empty_like(z), z.new_empty(z.shape[0], dtype=torch.float32)
+def _(dhp, z, w, gate_layout):  # w H in Z's dtype, the dots fp32 (fp64 for fp64)
+    return z.new_empty(dhp.shape), z.new_empty(z.shape), z.new_empty(z.shape[0], dtype=_compute_dtype(z.dtype))
 
 
 def combine_rows(src: torch.Tensor, idx: torch.Tensor, w: torch.Tensor | None, k: int,
@@ -397,7 +398,7 @@ def _(src, idx, w, k):
 
 @_combine_rows_dot_op.register_fake
 def _(src, idx, w, other):
-    return src.new_empty(idx.shape[0], src.shape[1]), src.new_empty(idx.shape[0], dtype=torch.float32)
+    return src.new_empty(idx.shape[0], src.shape[1]), src.new_empty(idx.shape[0], dtype=_compute_dtype(src.dtype))
 
 
 # moe.dispatch's one-launch sort (cutegemm.epilogue.dispatch) on CUDA where it takes the ids (up to

@@ -226,3 +226,32 @@ def test_gemm_ref_checks_fp8_arguments_as_gemm(kw, error, match):
         cutegemm.gemm(a, b, **kw)
     with pytest.raises(ValueError, match="for FP8 inputs"):
         cutegemm.gemm_ref(_randn(4, 8), _randn(8, 4), scale_a=torch.ones(4))
+
+
+# ---------------------------------------------------------------------------------------------- custom ops
+
+
+def _opcheck_cases():
+    zt = _randn(6, 5, dtype=torch.float32).t()  # a column-major Z (T = 5, 2I = 6)
+    zb, dh = _randn(4, 6), _randn(4, 3, dtype=torch.float32)
+    src, idx = _randn(3, 4, dtype=torch.float64), torch.tensor([0, 2], dtype=torch.int32)
+    return {
+        "swiglu_colmajor_z": (torch.ops.cutegemm.swiglu.default, (zt, "interleaved")),
+        "swiglu_grads_colmajor_z": (torch.ops.cutegemm.swiglu_grads.default, (_randn(5, 3, dtype=torch.float32), zt,
+                                                                             "halves")),  # fmt: skip
+        "routed_colmajor_z": (torch.ops.cutegemm.routed_swiglu_grads.default, (_randn(5, 3, dtype=torch.float32), zt,
+                                                                              torch.rand(5), "interleaved")),  # fmt: skip
+        "routed_bf16_z": (torch.ops.cutegemm.routed_swiglu_grads.default, (dh, zb, torch.rand(4), "halves")),
+        "routed_fp64": (torch.ops.cutegemm.routed_swiglu_grads.default, (dh.double(), zb.double(),
+                                                                        torch.rand(4, dtype=torch.float64), "halves")),  # fmt: skip
+        "combine_dot_fp64": (torch.ops.cutegemm.combine_rows_dot.default, (src, idx, None, _randn(2, 4, dtype=torch.float64))),
+    }
+
+
+@pytest.mark.parametrize("name", list(_opcheck_cases()))
+def test_helper_ops_fakes_match_the_real_ops(name):
+    """The fake (meta) kernels give the real ops' shapes, strides and dtypes (torch.library.opcheck):
+    the torch fallbacks kept Z's strides in H / dZ where the fakes and the kernels are row-major,
+    and the fakes gave fp32 w H / dots where the ops give Z's dtype / fp64 for fp64."""
+    op, args = _opcheck_cases()[name]
+    torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
