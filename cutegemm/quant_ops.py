@@ -163,8 +163,8 @@ def _quantize_layout(shape, dtype, fmt_name: str, gs_shape, scale_rule: str):
     fmt = get_format(fmt_name)
     if dtype not in _X_DTYPES:
         raise TypeError(f"x: expected dtype float32, bfloat16 or float16, got {dtype}")
-    if len(shape) not in (2, 3):
-        raise ValueError(f"x: expected a (rows, K) or (L, rows, K) tensor, got {tuple(shape)}")
+    if len(shape) not in (2, 3) or any(d == 0 for d in shape):  # (as quantize and quantize_ref refuse)
+        raise ValueError(f"x: expected a non-empty (rows, K) or (L, rows, K) tensor, got {tuple(shape)}")
     if scale_rule not in ("ocp", "ceil") or (fmt.has_global_scale and scale_rule != "ocp"):
         raise ValueError(f"scale_rule: {scale_rule!r} is not valid for {fmt.name} ('ocp', or 'ceil' for MX)")
     if gs_shape is not None and not fmt.has_global_scale:

@@ -255,3 +255,15 @@ def test_helper_ops_fakes_match_the_real_ops(name):
     and the fakes gave fp32 w H / dots where the ops give Z's dtype / fp64 for fp64."""
     op, args = _opcheck_cases()[name]
     torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+
+
+def test_quantize_fake_refuses_empty_x_as_the_op_does():
+    """torch.ops.cutegemm.quantize refuses an empty x (as cutegemm.quantize and quantize_ref); its
+    fake accepted it, so a compiled graph traced and then failed at run time."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    for shape in ((0, 32), (4, 0)):
+        with pytest.raises(ValueError, match="non-empty"):
+            torch.ops.cutegemm.quantize(torch.randn(*shape), "mxfp8")
+        with FakeTensorMode(), pytest.raises(ValueError, match="non-empty"):
+            torch.ops.cutegemm.quantize(torch.empty(*shape), "mxfp8")
