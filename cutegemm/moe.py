@@ -210,8 +210,10 @@ def dispatch(top_k_index: torch.Tensor, num_experts: int) -> Dispatch:
     """Sort the (token, slot) pairs of ``top_k_index`` (T, k) by expert (see :class:`Dispatch`):
     a stable sort, no host sync; on CUDA with ``ops.DISPATCH_KERNEL``, one launch for up to
     ``epilogue.dispatch.MAX_PAIRS`` pairs (torch's argsort, gather and counts otherwise)."""
-    if top_k_index.dim() != 2 or top_k_index.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"top_k_index must be a (tokens, k) int32 / int64 tensor, got {top_k_index.dtype} "
+    if not isinstance(top_k_index, torch.Tensor):
+        raise TypeError(f"top_k_index must be a torch.Tensor, got {type(top_k_index).__name__}")
+    if top_k_index.dim() != 2 or top_k_index.dtype not in (torch.int32, torch.int64) or top_k_index.shape[1] == 0:
+        raise ValueError(f"top_k_index must be a (tokens, k >= 1) int32 / int64 tensor, got {top_k_index.dtype} "
                          f"{tuple(top_k_index.shape)}")  # fmt: skip
     return Dispatch(*ops.dispatch(top_k_index.reshape(-1).contiguous(), top_k_index.shape[1], num_experts))
 
@@ -336,6 +338,8 @@ def combine(y: torch.Tensor, order: torch.Tensor, k: int, weights: torch.Tensor 
     passes over the R rows. Another ``out_dtype`` takes those in torch (the sums unrounded).
     ``inverse``: order's inverse permutation when the caller has it (:class:`Dispatch`), else it
     is computed here. Differentiable in y and weights."""
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be a positive int (slots per token), got {k!r}")
     if order.numel() != y.shape[0] or order.numel() % k:
         raise ValueError(f"order must hold one entry per row of y ({y.shape[0]}), a multiple of k = {k}")
     if weights is not None and weights.shape != (order.numel() // k, k):
@@ -426,6 +430,11 @@ def grouped_experts(
     docstring for what is saved and how the backward runs).
     """
     check_experts(x, w_gate_up, w_down, offs, activation, gate_layout)
+    if out_scale is not None:
+        rows = x.shape[0] if gather_index is None else getattr(gather_index, "shape", (None,))[0]
+        if not isinstance(out_scale, torch.Tensor) or out_scale.shape != (rows,) or not out_scale.is_floating_point():
+            raise TypeError(f"out_scale must be a floating-point ({rows},) tensor (one value per row), got "
+                            f"{tuple(out_scale.shape) if isinstance(out_scale, torch.Tensor) else type(out_scale).__name__}")  # fmt: skip
     needs_grad = torch.is_grad_enabled() and (
         x.requires_grad or w_gate_up.requires_grad or w_down.requires_grad
     )
@@ -501,7 +510,8 @@ class _RoutedExperts(torch.autograd.Function):
 def _routed_combine(y, weights, rows, offs, inverse, k):
     """The routed layer's combine of y (R + 1, H: the down projection's rows and a zero row R):
     (out, its row index per pair). The pairs routed outside [0, E) (rows past offs[-1]) read row R."""
-    inv = torch.where(inverse < offs[-1], inverse, rows.shape[0]).to(torch.int32)
+    end = offs[-1] if offs.numel() else 0  # no experts: every pair reads the zero row
+    inv = torch.where(inverse < end, inverse, rows.shape[0]).to(torch.int32)
     return combine_rows(y, inv, weights.reshape(-1).to(_weights_dtype(y.dtype)), k)[0], inv
 
 
@@ -587,13 +597,23 @@ def routed_experts(x, top_k_index, top_k_weights, w_gate_up, w_down, *, activati
     no extra GEMM: its cost is one row pass over R x I (``ops.routed_gated_grads``: w H, dZ and the
     dots from dH', Z and w; the swiglu kernel on CUDA bf16 / fp16) and the gather. Gradients flow
     to x, top_k_weights, w_gate_up and w_down; deterministic (no atomics)."""
+    for name, t in (("x", x), ("top_k_index", top_k_index), ("top_k_weights", top_k_weights)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if top_k_index.dim() != 2 or top_k_weights.shape != top_k_index.shape or x.shape[0] != top_k_index.shape[0]:
         raise ValueError(f"x (T, H), top_k_index and top_k_weights (T, k) must agree, got {tuple(x.shape)}, "
                          f"{tuple(top_k_index.shape)}, {tuple(top_k_weights.shape)}")  # fmt: skip
     if top_k_weights.device != x.device or top_k_index.device != x.device or not top_k_weights.is_floating_point():
         raise ValueError(f"top_k_index and top_k_weights (floating point) must be on x's device {x.device}, got "
                          f"{top_k_index.device} and {top_k_weights.dtype} on {top_k_weights.device}")  # fmt: skip
+    if top_k_index.shape[1] == 0:  # no slots: every token's sum is empty (zeros; gradients zero / none)
+        no_rows = torch.zeros(getattr(w_gate_up, "shape", (0,))[0], dtype=torch.int32, device=x.device)  # all empty
+        check_experts(x, w_gate_up, w_down, no_rows, activation, gate_layout)
+        return x[:, :0].sum(-1, keepdim=True).expand(x.shape).contiguous()  # zeros, x's zero gradient (no NaN)
     routing = dispatch(top_k_index, w_gate_up.shape[0]) if routing is None else routing
+    if routing.order.numel() != top_k_index.numel():
+        raise ValueError(f"routing sorts {routing.order.numel()} (token, slot) pairs, top_k_index has "
+                         f"{top_k_index.numel()}: pass the dispatch of this top_k_index")  # fmt: skip
     check_experts(x, w_gate_up, w_down, routing.offs, activation, gate_layout)
     if not (torch.is_grad_enabled() and any(t.requires_grad for t in (x, top_k_weights, w_gate_up, w_down))):
         return _routed_inference(x, top_k_weights, w_gate_up, w_down, routing, top_k_index.shape[1], activation,

@@ -267,3 +267,45 @@ def test_quantize_fake_refuses_empty_x_as_the_op_does():
             torch.ops.cutegemm.quantize(torch.randn(*shape), "mxfp8")
         with FakeTensorMode(), pytest.raises(ValueError, match="non-empty"):
             torch.ops.cutegemm.quantize(torch.empty(*shape), "mxfp8")
+
+
+# ---------------------------------------------------------------------------------------------- MoE layer
+
+
+def _moe(T=5, H=8, I=4, E=3, k=2):
+    g = torch.Generator().manual_seed(0)
+    x, w1, w2 = torch.randn(T, H, generator=g), torch.randn(E, H, 2 * I, generator=g), torch.randn(E, I, H, generator=g)
+    return x, torch.randint(0, E, (T, k), generator=g), torch.rand(T, k, generator=g), w1, w2
+
+
+def test_routed_experts_without_slots_or_experts():
+    """k = 0 (no slots: zeros, x's gradient zero; it returned (0, H) and its backward failed) and
+    E = 0 (every slot a sentinel: zeros; it raised an IndexError)."""
+    from cutegemm.moe import routed_experts
+
+    x, ids, w, w1, w2 = _moe()
+    xg = x.clone().requires_grad_()
+    out = routed_experts(xg, ids[:, :0], w[:, :0], w1, w2)
+    assert out.shape == x.shape and not out.any()
+    out.sum().backward()
+    assert torch.equal(xg.grad, torch.zeros_like(x))
+    assert not routed_experts(x, torch.full_like(ids, -1), w, w1[:0], w2[:0]).any()
+
+
+def test_moe_bad_inputs_get_clear_errors():
+    from cutegemm.moe import combine, dispatch, grouped_experts, routed_experts
+
+    x, ids, w, w1, w2 = _moe()
+    offs = _offs(2, 3, 5)
+    with pytest.raises(ValueError, match="k must be a positive int"):
+        combine(torch.zeros(0, 4), torch.zeros(0, dtype=torch.int32), 0)
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        routed_experts(x.tolist(), ids, w, w1, w2)
+    with pytest.raises(TypeError, match="top_k_index must be a torch.Tensor"):
+        dispatch(ids.tolist(), 3)
+    with pytest.raises(TypeError, match="out_scale must be"):
+        grouped_experts(x, w1, w2, offs, out_scale=2.0)
+    with pytest.raises(TypeError, match="out_scale must be"):  # it broadcast to (5, 5, 8)
+        grouped_experts(x, w1, w2, offs, out_scale=torch.rand(5, 1))
+    with pytest.raises(ValueError, match="routing sorts 5"):  # a routing of another top_k_index
+        routed_experts(x, ids, w, w1, w2, routing=dispatch(ids[:, :1], 3))
