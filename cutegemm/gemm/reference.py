@@ -18,7 +18,7 @@ from .fp8_scales import (
     fp8_scales,
     not_fp8,
 )
-from .launch import OUT_TO_NAME, TORCH_FP8, check_activation, global_scale
+from .launch import OUT_TO_NAME, TORCH_FP8, check_activation, global_scale, quant_outputs, quant_result
 
 
 def gemm_ref(
@@ -87,6 +87,8 @@ def gemm_ref(
         if out_dtype not in QUANT_FORMATS:
             raise ValueError(f"a quantized out_dtype must be one of {QUANT_FORMATS}, got {out_dtype!r}")
         gs = global_scale(out_dtype, out_global_scale, res.device)
+        if res.numel() == 0:  # an empty result, as the kernel path returns it (quantize_ref takes no empty x)
+            return quant_result(out_dtype, tuple(res.shape), *quant_outputs(out_dtype, res.shape, res.device), gs)
         return quantize_ref(res.float(), out_dtype, global_scale=gs)
     if scale_result is not None:
         check_scale_result(scale_result, out_dtype, activation, beta, epilogue)

@@ -309,3 +309,17 @@ def test_moe_bad_inputs_get_clear_errors():
         grouped_experts(x, w1, w2, offs, out_scale=torch.rand(5, 1))
     with pytest.raises(ValueError, match="routing sorts 5"):  # a routing of another top_k_index
         routed_experts(x, ids, w, w1, w2, routing=dispatch(ids[:, :1], 3))
+
+
+@pytest.mark.parametrize("shape_a,shape_b,fmt", [((0, 3), (3, 32), "mxfp8"), ((2, 0, 3), (2, 3, 64), "nvfp4")])
+def test_quantized_output_of_no_rows(shape_a, shape_b, fmt):
+    """A quantized output of M = 0 rows: the twin (and the custom op's CPU kernel) return an empty
+    BlockScaledTensor, as the kernel path and the op's fake do (the twin raised quantize_ref's
+    non-empty error)."""
+    a, b = torch.randn(*shape_a), torch.randn(*shape_b)
+    gs = torch.ones(()) if fmt == "nvfp4" else None
+    q = cutegemm.gemm_ref(a, b, out_dtype=fmt, out_global_scale=gs)
+    assert q.shape == (*shape_a[:-1], shape_b[-1]) and q.data.numel() == 0
+    args, kwargs = (a, b, None, gs), dict(out_dtype=fmt)
+    torch.library.opcheck(torch.ops.cutegemm.gemm_quantized.default, args, kwargs,
+                          test_utils=("test_schema", "test_faketensor"))  # fmt: skip
