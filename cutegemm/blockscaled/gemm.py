@@ -79,7 +79,7 @@ def check_operands(qa, qb, out_dtype=torch.bfloat16, grouped: bool = False):
         if not isinstance(q, BlockScaledTensor):
             raise TypeError(f"{nm} must be a BlockScaledTensor, got {type(q).__name__}")
         if q.fmt.name not in RECIPES:
-            raise ValueError(f"{nm}: format {q.fmt.name!r} has no sm_100a kernel (have {sorted(RECIPES)})")
+            raise ValueError(f"{nm}: format {q.fmt.name!r} has no block-scaled GEMM (have {sorted(RECIPES)})")
         if len(q.shape) not in (2, 3):
             raise ValueError(f"{nm} must be (rows, K) or (L, rows, K), got {tuple(q.shape)}")
     if qa.fmt != qb.fmt and {qa.fmt.name, qb.fmt.name} != MIXED_FORMATS:
@@ -320,6 +320,10 @@ def grouped_gemm_blockscaled_ref(qa, qb, *, offs, out_dtype=torch.bfloat16, alph
     """Plain-torch twin: dequantize both, then the grouped reference per expert (rows past
     offs[-1] are zero here, unwritten by the kernel)."""
     check_grouped_operands(qa, qb, offs, out_dtype if out_dtype in OUT_NAMES else torch.bfloat16)
+    if not (isinstance(out_dtype, torch.dtype) and out_dtype.is_floating_point):  # as gemm_blockscaled_ref
+        raise ValueError(
+            f"out_dtype must be one of {list(OUT_NAMES)} (or float64 for the reference), got {out_dtype}"
+        )
     a = dequantize_ref(qa).to(compute_dtype)
     b = dequantize_ref(qb).to(compute_dtype).transpose(1, 2)
     return grouped_gemm_ref(a, b, offs=offs, out_dtype=out_dtype, alpha=alpha, compute_dtype=compute_dtype)

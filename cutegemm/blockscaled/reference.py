@@ -16,7 +16,9 @@ MX formats (MXFP8, MXFP8_E5M2, MXFP4; OCP MX v1.0):
       ``|x| / 2**E`` exceeds the element max saturate to ``±elem_max`` (this is how OCP
       clips amax values in ``(elem_max, 2**(emax_elem + 1))``).
     * ``scale_rule="ceil"``: the smallest ``E`` with ``amax <= elem_max * 2**E``, i.e.
-      ``ceil(log2(amax / elem_max))`` evaluated exactly, so nothing saturates.
+      ``ceil(log2(amax / elem_max))`` evaluated exactly, so nothing saturates. (An element
+      rounded up at the top of fp32's range, e.g. x = 3.4e38 stored as 256 x 2**120, then
+      dequantizes to 2**128: inf in fp32.)
     * ``E`` is clamped to the e8m0 range ``[-127, 127]``; the scale byte is ``E + 127``.
     * All-zero block: ``E = -127`` (byte 0x00, the smallest e8m0) and all elements zero.
     * A block containing NaN or ±Inf: scale byte 0xFF (e8m0 NaN) and all elements stored as
@@ -50,7 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from .formats import BlockFormat, get_format
-from .layout import from_swizzled, to_swizzled
+from .layout import from_swizzled, swizzled_shape, to_swizzled
 
 __all__ = [
     "BlockScaledTensor",
@@ -287,15 +289,41 @@ def quantize_ref(
     )
 
 
+def check_block_scaled(q, name: str = "q") -> None:
+    """That a BlockScaledTensor's fields agree (one built or edited by hand): its format, element
+    dtype and shape, scale dtype and (plain or swizzled) shape, and a one-element global scale
+    only for a format that has one (TypeError / ValueError naming the field)."""
+    if not isinstance(q, BlockScaledTensor):
+        raise TypeError(f"{name}: expected a BlockScaledTensor, got {type(q).__name__}")
+    fmt, shape = q.fmt, tuple(q.shape)
+    if not isinstance(fmt, BlockFormat):
+        raise TypeError(f"{name}.fmt: expected a BlockFormat (get_format(name)), got {type(fmt).__name__}")
+    if len(shape) not in (2, 3) or fmt.elems_per_byte == 2 and shape[-1] % 2:
+        raise ValueError(f"{name}.shape: expected (rows, K) or (L, rows, K) (FP4: K even), got {shape}")
+    data_shape = (*shape[:-1], shape[-1] // fmt.elems_per_byte)
+    if q.data.dtype != fmt.elem_dtype or tuple(q.data.shape) != data_shape:
+        raise ValueError(f"{name}.data: expected {fmt.elem_dtype} {data_shape} ({fmt.name} of shape {shape}), got "
+                         f"{q.data.dtype} {tuple(q.data.shape)}")  # fmt: skip
+    kb = -(-shape[-1] // fmt.block_size)
+    scale_shape = (*shape[:-2], *swizzled_shape(shape[-2], kb)) if q.scales_swizzled else (*shape[:-1], kb)
+    if q.scales.dtype != fmt.scale_dtype or tuple(q.scales.shape) != scale_shape:
+        raise ValueError(f"{name}.scales: expected {fmt.scale_dtype} {scale_shape} "
+                         f"({'swizzled' if q.scales_swizzled else 'plain'}), got {q.scales.dtype} {tuple(q.scales.shape)}")  # fmt: skip
+    gs = q.global_scale
+    if gs is not None and (not fmt.has_global_scale or not isinstance(gs, torch.Tensor) or gs.numel() != 1):
+        raise ValueError(f"{name}.global_scale: a one-element tensor for a format with a global scale (NVFP4), got "
+                         f"{type(gs).__name__} with format {fmt.name}")  # fmt: skip
+
+
 def dequantize_ref(q: BlockScaledTensor) -> torch.Tensor:
     """Decode a :class:`BlockScaledTensor` to fp32 of shape ``q.shape``.
 
     Value = ``element * scale`` (MX: ``scale = 2**(byte - 127)``, NaN for byte 0xFF), and for
     NVFP4 ``(element * scale_e4m3) * global_scale``. A NaN scale makes its whole block NaN.
-    For MX formats the result is exact in fp32.
+    For MX formats the result is exact in fp32 where it is in fp32's range (an element times
+    2**127, or a "ceil"-rule element rounded up next to fp32's max, can pass it: inf).
     """
-    if not isinstance(q, BlockScaledTensor):
-        raise TypeError(f"q: expected a BlockScaledTensor, got {type(q).__name__}")
+    check_block_scaled(q)
     fmt = q.fmt
     k = q.shape[-1]
     if fmt.elems_per_byte == 2:

@@ -24,6 +24,9 @@ def grouped_gemm_ref(a, b, *, offs=None, out_dtype=None, alpha: float = 1.0, bia
     offs[-1] are zero here and not written by the kernel. A quantized ``out_dtype`` returns
     ``quantize_ref`` of the fp32 result."""
     if isinstance(a, (list, tuple)):
+        for i, (x, w) in enumerate(zip(a, b, strict=True)):  # the list form's rule (grouped_list)
+            if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor) or x.dim() != 2 or w.dim() != 2:
+                raise ValueError(f"group {i}: the list form takes 2-D a (M, K) and b (K, N) tensors")
         return [epilogue_ref(x.to(compute_dtype) @ w.to(compute_dtype), alpha=alpha, activation=activation).to(out_dtype or x.dtype)
                 for x, w in zip(a, b, strict=True)]  # fmt: skip
     if a.dim() == 3:

@@ -323,3 +323,56 @@ def test_quantized_output_of_no_rows(shape_a, shape_b, fmt):
     args, kwargs = (a, b, None, gs), dict(out_dtype=fmt)
     torch.library.opcheck(torch.ops.cutegemm.gemm_quantized.default, args, kwargs,
                           test_utils=("test_schema", "test_faketensor"))  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------- block-scaled
+
+
+def test_block_scaled_twins_follow_the_kernel_rules():
+    """The block-scaled twins: the grouped one refuses a non-floating out_dtype (as its dense twin
+    and the kernel), the weight-only grouped one clamps offs as the kernel does (negative offs
+    sliced from the end), a list-form call with a BlockScaledTensor gets the list form's error."""
+    from cutegemm.blockscaled.reference import dequantize_ref, quantize_ref
+
+    torch.manual_seed(0)
+    qa, qb = quantize_ref(torch.randn(4, 32), "nvfp4"), quantize_ref(torch.randn(2, 8, 32), "nvfp4")
+    with pytest.raises(ValueError, match="out_dtype"):
+        cutegemm.grouped_gemm_ref(qa, qb, offs=_offs(2, 4), out_dtype=torch.int32)
+    x, offs = torch.randn(4, 32).bfloat16(), _offs(-2, 4)
+    got = cutegemm.grouped_gemm_ref(x, qb, offs=offs, out_dtype=torch.float32)
+    ref = cutegemm.grouped_gemm_ref(x.float(), dequantize_ref(qb).mT.contiguous(), offs=offs, out_dtype=torch.float32)
+    torch.testing.assert_close(got, ref)
+    with pytest.raises(ValueError, match="group 0"):
+        cutegemm.grouped_gemm_ref([x], [quantize_ref(torch.randn(16, 32), "nvfp4")])
+
+
+@pytest.mark.parametrize("edit", ["fp32_scales", "short_scales", "wide_scales", "mx_global_scale", "e5m2_data",
+                                  "shape", "fp4_uint8_scales", "data_k", "swizzled_flag", "global_scale_2"])  # fmt: skip
+def test_edited_block_scaled_tensor_is_refused(edit):
+    """A BlockScaledTensor whose fields disagree (built or edited by hand) is refused by the twins
+    (dequantize_ref, gemm_ref) with an error naming the field; they computed silently wrong values
+    (float32 scales, a broadcast scale row, a global scale on an MX format...) or raised internal
+    errors."""
+    from dataclasses import replace
+
+    from cutegemm.blockscaled.reference import dequantize_ref, quantize_ref
+
+    torch.manual_seed(0)
+    q8 = quantize_ref(torch.randn(4, 64), "mxfp8", swizzle=False)
+    q4 = quantize_ref(torch.randn(4, 32), "nvfp4", swizzle=False)
+    bad = {
+        "fp32_scales": replace(q8, scales=q8.scales.float()),
+        "short_scales": replace(q8, scales=q8.scales[:1]),
+        "wide_scales": replace(q8, scales=torch.cat([q8.scales, q8.scales[:, :1]], 1)),
+        "mx_global_scale": replace(q8, global_scale=torch.tensor(2.0)),
+        "e5m2_data": replace(q8, data=q8.data.view(torch.float8_e5m2)),
+        "shape": replace(q8, shape=torch.Size((2, 64))),
+        "fp4_uint8_scales": replace(q4, scales=q4.scales.view(torch.uint8)),
+        "data_k": replace(q8, data=q8.data[:, :32]),
+        "swizzled_flag": replace(q8, scales=q8.swizzled_scales()),
+        "global_scale_2": replace(q4, global_scale=torch.ones(2)),
+    }[edit]
+    with pytest.raises(ValueError, match=r"q\.(scales|global_scale|data|shape)"):
+        dequantize_ref(bad)
+    with pytest.raises((TypeError, ValueError)):
+        cutegemm.gemm_ref(torch.randn(2, bad.shape[-1]).bfloat16(), bad)

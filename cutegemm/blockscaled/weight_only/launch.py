@@ -57,6 +57,7 @@ from ...gemm.launch import current_device, split_workspace, stream_of
 from ...gemm.sm90.split import split_counter_words
 from ...grouped.packed import grouped_gemm
 from ...runtime.device import device_info
+from ...schedulers.grouped import expert_rows
 from ..dequant import dequantizable, dequantize_checked
 from ..formats import MXFP4, MXFP8, NVFP4
 from ..quantize_launch import ones_on
@@ -501,8 +502,6 @@ def gemm_fp4_weight_ref(
         acc = xc @ w.mT
     else:
         acc = torch.zeros(x.shape[0], w.shape[-2], dtype=compute_dtype, device=x.device)
-        prev = 0
-        for e, end in enumerate(offs.tolist()):
-            acc[prev:end] = xc[prev:end] @ w[e].mT
-            prev = end
+        for e, (start, end) in enumerate(expert_rows(offs.tolist(), x.shape[0])):  # the kernel's clamping
+            acc[start:end] = xc[start:end] @ w[e].mT
     return (acc * alpha if alpha != 1.0 else acc).to(out_dtype)
