@@ -451,12 +451,12 @@ def grouped_gemm(a, b, *, offs=None, out=None, out_dtype=None, alpha: float = 1.
         if activation is not None and activation not in ACTIVATIONS:
             raise ValueError(f"the list form takes activation None or one of {ACTIVATIONS} (no gated ones), got {activation!r}")
         _no_epilogue("the list form", bias, None, epilogue, out_global_scale, scale_a, scale_b, out_dtype)
-        extra = {"out": out is not None, "config": config is not None, "check_offs": bool(check_offs),
-                 "epilogue_args": bool(epilogue_args), "gate_layout": gate_layout != "interleaved",
-                 "fast_accum": bool(fast_accum)}  # fmt: skip
-        if any(extra.values()):
+        if (out is not None or config is not None or check_offs or epilogue_args or gate_layout != "interleaved"
+                or fast_accum):  # fmt: skip
+            given = {"out": out is not None, "config": config is not None, "check_offs": check_offs,
+                     "epilogue_args": epilogue_args, "gate_layout": gate_layout != "interleaved", "fast_accum": fast_accum}  # fmt: skip
             raise ValueError(f"the list form takes out_dtype, alpha and activation only (it returns new outputs), got "
-                             f"{[k for k, v in extra.items() if v]}")  # fmt: skip
+                             f"{[k for k, v in given.items() if v]}")  # fmt: skip
         return grouped_list(a, b, offs=offs, out_dtype=out_dtype, alpha=alpha, activation=activation)
     elif isinstance(a, torch.Tensor) and a.dim() == 3:  # torch._grouped_mm's 3d x 3d and 3d x 2d forms
         check_config(config)
