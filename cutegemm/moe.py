@@ -432,9 +432,10 @@ def grouped_experts(
     check_experts(x, w_gate_up, w_down, offs, activation, gate_layout)
     if out_scale is not None:
         rows = x.shape[0] if gather_index is None else getattr(gather_index, "shape", (None,))[0]
-        if not isinstance(out_scale, torch.Tensor) or out_scale.shape != (rows,) or not out_scale.is_floating_point():
-            raise TypeError(f"out_scale must be a floating-point ({rows},) tensor (one value per row), got "
-                            f"{tuple(out_scale.shape) if isinstance(out_scale, torch.Tensor) else type(out_scale).__name__}")  # fmt: skip
+        if not isinstance(out_scale, torch.Tensor) or not out_scale.is_floating_point():
+            raise TypeError(f"out_scale must be a floating-point tensor, got {getattr(out_scale, 'dtype', type(out_scale).__name__)}")
+        if out_scale.shape != (rows,):
+            raise ValueError(f"out_scale must hold one value per row, shape ({rows},), got {tuple(out_scale.shape)}")
     needs_grad = torch.is_grad_enabled() and (
         x.requires_grad or w_gate_up.requires_grad or w_down.requires_grad
     )

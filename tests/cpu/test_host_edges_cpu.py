@@ -305,7 +305,7 @@ def test_moe_bad_inputs_get_clear_errors():
         dispatch(ids.tolist(), 3)
     with pytest.raises(TypeError, match="out_scale must be"):
         grouped_experts(x, w1, w2, offs, out_scale=2.0)
-    with pytest.raises(TypeError, match="out_scale must be"):  # it broadcast to (5, 5, 8)
+    with pytest.raises(ValueError, match="out_scale must hold one value per row"):  # it broadcast to (5, 5, 8)
         grouped_experts(x, w1, w2, offs, out_scale=torch.rand(5, 1))
     with pytest.raises(ValueError, match="routing sorts 5"):  # a routing of another top_k_index
         routed_experts(x, ids, w, w1, w2, routing=dispatch(ids[:, :1], 3))
