@@ -95,6 +95,14 @@ class BlockScaledTensor:
     global_scale: torch.Tensor | None = None
     scales_swizzled: bool = True
 
+    def __post_init__(self):
+        # A format given by name (``fmt="mxfp8"``) is looked up here, so every route sees a
+        # BlockFormat; anything else is a TypeError at construction, not an AttributeError later.
+        if not isinstance(self.fmt, BlockFormat):
+            if not isinstance(self.fmt, str):
+                raise TypeError(f"fmt: expected a BlockFormat or str, got {type(self.fmt).__name__}")
+            self.fmt = get_format(self.fmt)
+
     def swizzled_scales(self) -> torch.Tensor:
         """The scales in the 128x4 swizzled layout (a copy when they are stored plain)."""
         return self.scales if self.scales_swizzled else to_swizzled(self.scales)

@@ -376,3 +376,23 @@ def test_edited_block_scaled_tensor_is_refused(edit):
         dequantize_ref(bad)
     with pytest.raises((TypeError, ValueError)):
         cutegemm.gemm_ref(torch.randn(2, bad.shape[-1]).bfloat16(), bad)
+
+
+def test_block_scaled_tensor_format_by_name():
+    """``fmt`` given by name is looked up at construction (gemm_ref raised AttributeError on a str),
+    anything else is a TypeError there."""
+    from dataclasses import replace
+
+    from cutegemm.blockscaled.reference import dequantize_ref, quantize_ref
+
+    torch.manual_seed(0)
+    q = quantize_ref(torch.randn(8, 64), "mxfp8")
+    named = replace(q, fmt="mxfp8")
+    assert named.fmt is q.fmt
+    x = torch.randn(3, 64).bfloat16()
+    assert torch.equal(cutegemm.gemm_ref(x, named), cutegemm.gemm_ref(x, q))
+    assert torch.equal(dequantize_ref(named), dequantize_ref(q))
+    with pytest.raises(TypeError, match="fmt: expected a BlockFormat or str, got int"):
+        replace(q, fmt=8)
+    with pytest.raises(ValueError, match="unknown block-scaled format"):
+        replace(q, fmt="mxfp9")
