@@ -91,6 +91,21 @@ def _torch_block_wise(a8, b8, sa, sb, b_scaling: str):
     return lambda: block(a8, b8, sa, scaling.BlockWise1x128, sb, getattr(scaling, b_scaling), output_dtype=BF)
 
 
+def _torch_mx_quantize(x):
+    """MXFP8 (e4m3, 32-element blocks, OCP scale) as a torch user writes it without a kernel: block
+    amax, a power-of-two scale, the scaled cast and the e8m0 bytes (plain scales, not swizzled)."""
+    blocks = x.float().unflatten(-1, (-1, 32))
+    e = torch.floor(torch.log2(blocks.abs().amax(-1, keepdim=True))).sub_(8).clamp_(-127, 127)
+    data = (blocks / torch.exp2(e)).clamp_(-448.0, 448.0).to(E4M3).flatten(-2)
+    return data, (e + 127).to(torch.uint8).view(torch.float8_e8m0fnu).squeeze(-1)
+
+
+def _torch_mx_dequantize(data, scales, dtype):
+    """The inverse in torch ops: elements times 2**(byte - 127) per block, cast to ``dtype``."""
+    e = scales.view(torch.uint8).float().sub_(127).unsqueeze(-1)
+    return (data.float().unflatten(-1, (-1, 32)) * torch.exp2(e)).flatten(-2).to(dtype)
+
+
 def _quantized():
     x16, xg, offs = _r(16, 1024), _r(64, 1024), _i32([16, 32, 48, 64])
     w, we = _r(1024, 1024), _r(4, 1024, 1024)
@@ -105,11 +120,17 @@ def _quantized():
     a, b = _r(128, 256), _r(256, 256)
     xq = _r(128, 1024)
     q = quantize(xq, "mxfp8")
+    plain = q.plain_scales()
     cases += [
         ("block-scaled MXFP8 x MXFP8", lambda: gemm(qa, qb), "torch.matmul bf16", lambda: torch.matmul(a, b.t())),
         ("quantize MXFP8 (128 x 1024)", lambda: quantize(xq, "mxfp8"), "x.to(float8_e4m3fn)", lambda: xq.to(E4M3)),
         ("dequantize MXFP8 -> bf16", lambda: dequantize(q, BF), "x8.to(bfloat16)", lambda: q.data.to(BF)),
         ("dequantize MXFP8 -> fp32", lambda: dequantize(q), "x8.to(float32)", lambda: q.data.float()),
+        # the same calls against the recipe in torch ops (scales and all), not one cast
+        ("quantize MXFP8 (128 x 1024)", lambda: quantize(xq, "mxfp8"), "MX recipe in torch ops",
+         lambda: _torch_mx_quantize(xq)),
+        ("dequantize MXFP8 -> bf16", lambda: dequantize(q, BF), "MX recipe in torch ops",
+         lambda: _torch_mx_dequantize(q.data, plain, BF)),
     ]  # fmt: skip
     return cases
 
