@@ -35,7 +35,7 @@ from ..runtime.sass import check_sass
 from .quantize_launch import arch_of, ones_on
 from .quantizer import MAX_ELEMENTS, CuteOps, scale_strides, swizzle_offset
 from .quantizer import TorchOps as T
-from .reference import BlockScaledTensor, dequantize_ref
+from .reference import BlockScaledTensor, check_block_scaled, dequantize_ref
 
 __all__ = ["DequantConfig", "dequantizable", "dequantize", "dequantize_bf16", "dequantize_bf16_ref"]
 
@@ -236,11 +236,14 @@ def check_variant(cfg: DequantConfig) -> tuple[bool, dict, str]:
 
 
 def check_elements(q: BlockScaledTensor, what: str = "q") -> None:
-    """A supported format whose elements have its torch dtype (FP4: float4_e2m1fn_x2)."""
+    """A supported format whose elements have its torch dtype (FP4: float4_e2m1fn_x2), and fields
+    that agree (``check_block_scaled``: scales of the right dtype and shape, a global scale only
+    for NVFP4)."""
     if q.fmt.name not in _ELEM:
         raise ValueError(f"{what}: dequantize_bf16 takes {sorted(_ELEM)}, got {q.fmt.name}")
     if q.data.dtype != _TORCH_ELEM[q.fmt.name]:
         raise ValueError(f"{what}: {q.fmt.name} elements must be {_TORCH_ELEM[q.fmt.name]}, got {q.data.dtype}")
+    check_block_scaled(q, what)
 
 
 def check_dequant_operand(q: BlockScaledTensor, what: str = "q") -> None:
@@ -338,8 +341,10 @@ _MAX_WARM = 512  # as _launch_plan's cache: a stream of new shapes cannot grow i
 
 
 def _warm_key(q: BlockScaledTensor, kernel_dtype: torch.dtype) -> tuple:
-    d = q.data
-    return (q.fmt.name, d.dtype, d.shape, d.stride(), d.device, q.shape, kernel_dtype)
+    d, s, g = q.data, q.scales, q.global_scale
+    # the scales' and global scale's shapes and dtypes too: a warm hit skips check_block_scaled
+    return (q.fmt.name, d.dtype, d.shape, d.stride(), d.device, q.shape, kernel_dtype, s.shape, s.dtype,
+            q.scales_swizzled, None if g is None else g.shape)  # fmt: skip
 
 
 def dequantize_checked(q: BlockScaledTensor, out: torch.Tensor | None = None,

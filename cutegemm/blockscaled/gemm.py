@@ -33,7 +33,7 @@ from .formats import MXFP4, MXFP8, NVFP4
 from .grouped_sf import grouped_scales_a
 from .mx_sm90 import check_mx_operands, gemm_mx_sm90, warm_ring
 from .operands import OUT_NAMES, check_out, finish_output, l1_view, operand_view, output_view
-from .reference import BlockScaledTensor, dequantize_ref
+from .reference import BlockScaledTensor, check_block_scaled, dequantize_ref
 
 # format name -> (element dtype, scale dtype, vec) of GemmConfig
 RECIPES = {
@@ -82,6 +82,7 @@ def check_operands(qa, qb, out_dtype=torch.bfloat16, grouped: bool = False):
             raise ValueError(f"{nm}: format {q.fmt.name!r} has no block-scaled GEMM (have {sorted(RECIPES)})")
         if len(q.shape) not in (2, 3):
             raise ValueError(f"{nm} must be (rows, K) or (L, rows, K), got {tuple(q.shape)}")
+        check_block_scaled(q, nm)  # fields that disagree would send the kernel past its scales
     if qa.fmt != qb.fmt and {qa.fmt.name, qb.fmt.name} != MIXED_FORMATS:
         raise ValueError(
             f"qa and qb must share a format (or pair MXFP8 with MXFP4), got {qa.fmt.name} and {qb.fmt.name}"

@@ -224,8 +224,10 @@ _MAX_RING = 512  # as the other plan tables: a stream of new shapes cannot grow 
 
 
 def ring_key(qa: BlockScaledTensor, qb: BlockScaledTensor, out_dtype) -> tuple:
-    a, b = qa.data, qb.data
-    return (a.shape, a.stride(), a.dtype, a.device, qa.shape, b.dtype, b.device, qb.shape, out_dtype)
+    a, b, s = qa.data, qb.data, qa.scales
+    # A's scales and global scale too (a warm hit skips check_block_scaled on qa; qb: its weight plan)
+    return (a.shape, a.stride(), a.dtype, a.device, qa.shape, b.dtype, b.device, qb.shape, out_dtype,
+            s.shape, s.dtype, qa.scales_swizzled, qa.global_scale is None)  # fmt: skip
 
 
 def _record_ring(qa: BlockScaledTensor, qb: BlockScaledTensor, out_dtype) -> None:

@@ -396,3 +396,43 @@ def test_block_scaled_tensor_format_by_name():
         replace(q, fmt=8)
     with pytest.raises(ValueError, match="unknown block-scaled format"):
         replace(q, fmt="mxfp9")
+
+
+@pytest.mark.parametrize("edit", ["short_scales", "wide_scales", "fp32_scales", "mx_global_scale"])
+@pytest.mark.parametrize("path", ["weight", "dequantize", "blockscaled_a", "blockscaled_b"])
+def test_kernel_paths_refuse_edited_block_scaled_tensor(edit, path):
+    """The kernel paths (weight-only GEMM, dequantize, MXFP8 x MXFP8) check a BlockScaledTensor's
+    fields as the twins do, on a cold call and after warm calls of the same elements' signature
+    (the warm keys carry the scales' and global scale's shapes): short or wide scales sent the
+    kernel reading past or beside them, silently."""
+    from dataclasses import replace
+
+    from cutegemm.blockscaled.reference import quantize_ref
+
+    from ..host_overhead_cpu import cpu_blockscaled_path, cpu_dequant_path, cpu_weight_path
+
+    g = torch.Generator().manual_seed(0)
+    q = quantize_ref(torch.randn(256, 512, generator=g), "mxfp8")
+    qa = quantize_ref(torch.randn(16, 512, generator=g), "mxfp8")
+    s = q.scales if path != "blockscaled_a" else qa.scales
+    base = qa if path == "blockscaled_a" else q
+    bad = {
+        "short_scales": replace(base, scales=s[:-1]),
+        "wide_scales": replace(base, scales=torch.cat([s, s[:, :1]], 1)),
+        "fp32_scales": replace(base, scales=s.float()),
+        "mx_global_scale": replace(base, global_scale=torch.tensor(2.0)),
+    }[edit]
+    x = torch.randn(16, 512, generator=g).bfloat16()
+    ctx, call, good = {
+        "weight": (cpu_weight_path, lambda w: cutegemm.gemm(x, w), q),
+        "dequantize": (cpu_dequant_path, lambda w: cutegemm.dequantize(w, torch.bfloat16), q),
+        "blockscaled_a": (cpu_blockscaled_path, lambda a: cutegemm.gemm(a, q), qa),
+        "blockscaled_b": (cpu_blockscaled_path, lambda b: cutegemm.gemm(qa, b), q),
+    }[path]
+    with ctx():
+        with pytest.raises((TypeError, ValueError), match=r"\.(scales|global_scale)"):
+            call(bad)
+        for _ in range(2):
+            call(good)  # warm
+        with pytest.raises((TypeError, ValueError), match=r"\.(scales|global_scale)"):
+            call(bad)

@@ -61,7 +61,7 @@ from ...schedulers.grouped import expert_rows
 from ..dequant import dequantizable, dequantize_checked
 from ..formats import MXFP4, MXFP8, NVFP4
 from ..quantize_launch import ones_on
-from ..reference import BlockScaledTensor, dequantize_ref
+from ..reference import BlockScaledTensor, check_block_scaled, dequantize_ref
 from .kernel import kernel_cache
 from .math import fragment_order_x
 from .policy import OUT_NAMES, pick_config
@@ -96,6 +96,7 @@ def check_args(x, qw, offs=None, out_dtype=torch.bfloat16, scale_a=None) -> None
         )
     if qw.fmt.name == MXFP8.name and qw.data.dtype != torch.float8_e4m3fn:
         raise TypeError(f"qw: MXFP8 weight elements must be float8_e4m3fn, got {qw.data.dtype}")
+    check_block_scaled(qw, "qw")  # (cold calls only: a warm plan serves the very tensors it checked)
     if x.dtype not in (torch.bfloat16, torch.float8_e4m3fn):
         raise TypeError(f"x: the FP4-weight GEMM takes bf16 or float8_e4m3fn activations, got {x.dtype}")
     grouped = offs is not None
