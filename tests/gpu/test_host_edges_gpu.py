@@ -82,3 +82,23 @@ def test_3d_x_3d_16_bit_scale_a_is_applied():
     got = cutegemm.grouped_gemm(a, b, scale_a=sa)
     ref = torch.bmm(a.double(), b.double()) * sa.double().unsqueeze(-1)
     torch.testing.assert_close(got.double(), ref, atol=0.05, rtol=0.02)
+
+
+@pytest.mark.parametrize("path", ["weight", "dequantize", "blockscaled"])
+def test_edited_block_scaled_tensor_refused_after_warm_calls(path):
+    """A BlockScaledTensor whose scales were cut short is refused by the kernel paths, after warm
+    calls of the same elements' signature too (sm_90a routes; the MXFP8 x MXFP8 GEMM runs there)."""
+    from dataclasses import replace
+
+    if _major() != 9:
+        pytest.skip("the sm_90a routes")
+    torch.manual_seed(3)
+    q = cutegemm.quantize(torch.randn(256, 512, device="cuda", dtype=BF), "mxfp8")
+    qa = cutegemm.quantize(torch.randn(16, 512, device="cuda", dtype=BF), "mxfp8")
+    x = torch.randn(16, 512, device="cuda", dtype=BF)
+    call = {"weight": lambda w: cutegemm.gemm(x, w), "dequantize": lambda w: cutegemm.dequantize(w, BF),
+            "blockscaled": lambda w: cutegemm.gemm(qa, w)}[path]  # fmt: skip
+    want = call(q)
+    torch.testing.assert_close(call(q), want, rtol=0, atol=0)  # warm
+    with pytest.raises(ValueError, match=r"\.scales"):
+        call(replace(q, scales=q.scales[:-1]))
