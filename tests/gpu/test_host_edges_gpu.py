@@ -1,7 +1,8 @@
 """tests/cpu/test_host_edges_cpu.py's cases that reach a kernel, on the GPU (sm_90a: FP8; the
 16-bit cases on sm_90a and sm_100a), into NaN-poisoned buffers: FP8 with one output column (B
 read K-major through a size-1 N mode), gather_index over a weight the gather kernel cannot read
-in place, and a 3d x 3d call with a 16-bit scale_a."""
+in place, a 3d x 3d call with a 16-bit scale_a, and a BlockScaledTensor with cut-short scales
+refused by the kernel paths after warm calls."""
 
 from __future__ import annotations
 
